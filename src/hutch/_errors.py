@@ -1,0 +1,168 @@
+"""Every error hutch raises, with a stable machine-readable ``code``.
+
+The tree::
+
+    HutchError                         code            HTTP
+    ├── NotFound (LookupError)          not_found         404
+    ├── SandboxFileNotFound (FileNotFoundError)
+    │                                   file_not_found    404
+    ├── SandboxIsADirectory (IsADirectoryError)
+    │                                   is_a_directory    400
+    ├── SandboxPermissionDenied (PermissionError)
+    │                                   permission_denied 403
+    ├── ExecTimeout (TimeoutError)      exec_timeout      408
+    ├── OutputLimitExceeded             output_limit_exceeded 413
+    ├── SandboxUnavailable              sandbox_unavailable   409
+    ├── ReadBeforeWrite                 read_before_write     409
+    ├── InvalidState                    invalid_state         409
+    ├── TimeoutTooLarge                 timeout_too_large     400
+    ├── InvalidArgument (ValueError)    invalid_argument      400
+    ├── SandboxExpired                  (abstract: 410)
+    │   ├── IdleTimeoutExpired          idle_timeout          410
+    │   ├── MaxLifetimeExceeded         max_lifetime_exceeded 410
+    │   └── TimeoutExpired              timeout_expired       410
+    ├── Unauthorized                    unauthorized          401
+    ├── CapabilityUnsupported (NotImplementedError)
+    │                                   capability_unsupported 501
+    └── ProviderError                   provider_error        502
+
+Subclasses that match a built-in also derive from it, so ``except
+FileNotFoundError`` works on a sandbox file exactly as on a host file. The
+same table drives the HTTP server (code -> status) and the client (code ->
+class), so the wire and the library cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class HutchError(Exception):
+    """Root of every hutch error. ``code`` is stable and travels on the wire."""
+
+    code: ClassVar[str] = "hutch_error"
+    http_status: ClassVar[int] = 500
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self) -> tuple[type[HutchError], tuple[str]]:
+        # OSError subclasses pickle their args in odd ways; keep the message.
+        return (type(self), (self.message,))
+
+
+class NotFound(HutchError, LookupError):
+    code = "not_found"
+    http_status = 404
+
+
+class SandboxFileNotFound(HutchError, FileNotFoundError):
+    code = "file_not_found"
+    http_status = 404
+
+
+class SandboxIsADirectory(HutchError, IsADirectoryError):
+    code = "is_a_directory"
+    http_status = 400
+
+
+class SandboxPermissionDenied(HutchError, PermissionError):
+    code = "permission_denied"
+    http_status = 403
+
+
+class ExecTimeout(HutchError, TimeoutError):
+    code = "exec_timeout"
+    http_status = 408
+
+
+class OutputLimitExceeded(HutchError):
+    code = "output_limit_exceeded"
+    http_status = 413
+
+
+class SandboxUnavailable(HutchError):
+    code = "sandbox_unavailable"
+    http_status = 409
+
+
+class ReadBeforeWrite(HutchError):
+    code = "read_before_write"
+    http_status = 409
+
+
+class InvalidState(HutchError):
+    """An illegal lifecycle transition (pause a suspended sandbox, ...)."""
+
+    code = "invalid_state"
+    http_status = 409
+
+
+class TimeoutTooLarge(HutchError):
+    code = "timeout_too_large"
+    http_status = 400
+
+
+class InvalidArgument(HutchError, ValueError):
+    code = "invalid_argument"
+    http_status = 400
+
+
+class SandboxExpired(HutchError):
+    """A sandbox terminated because it crossed a time bound."""
+
+    code = "sandbox_expired"
+    http_status = 410
+
+
+class IdleTimeoutExpired(SandboxExpired):
+    code = "idle_timeout"
+
+
+class MaxLifetimeExceeded(SandboxExpired):
+    code = "max_lifetime_exceeded"
+
+
+class TimeoutExpired(SandboxExpired):
+    code = "timeout_expired"
+
+
+class Unauthorized(HutchError):
+    code = "unauthorized"
+    http_status = 401
+
+
+class CapabilityUnsupported(HutchError, NotImplementedError):
+    code = "capability_unsupported"
+    http_status = 501
+
+    @classmethod
+    def for_provider(cls, provider: str, capability: str) -> CapabilityUnsupported:
+        return cls(f"provider {provider!r} does not support {capability!r}")
+
+
+class ProviderError(HutchError):
+    code = "provider_error"
+    http_status = 502
+
+
+def _all_subclasses(root: type[HutchError]) -> list[type[HutchError]]:
+    out: list[type[HutchError]] = []
+    for sub in root.__subclasses__():
+        out.append(sub)
+        out.extend(_all_subclasses(sub))
+    return out
+
+
+ERRORS_BY_CODE: dict[str, type[HutchError]] = {
+    cls.code: cls for cls in [HutchError, *_all_subclasses(HutchError)]
+}
+
+
+def error_from_code(code: str, message: str) -> HutchError:
+    """Rebuild the typed error a server sent (unknown codes become the root)."""
+    return ERRORS_BY_CODE.get(code, HutchError)(message)

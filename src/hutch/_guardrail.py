@@ -1,0 +1,32 @@
+"""Read before write: a session may overwrite or delete an existing file only
+after it has read it (or found it through grep) in that session.
+
+Agents that write blind clobber work they never looked at; this makes them
+look first. Creating a new file is always allowed.
+"""
+
+from __future__ import annotations
+
+from ._errors import ReadBeforeWrite
+
+
+class ReadBeforeWriteGuard:
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self._seen: set[str] = set()
+
+    def mark_read(self, path: str) -> None:
+        self._seen.add(path)
+
+    def forget(self, path: str) -> None:
+        self._seen.discard(path)
+
+    def needs_check(self, path: str) -> bool:
+        """Whether a write to ``path`` must first check that it does not exist."""
+        return self.enabled and path not in self._seen
+
+    def refuse(self, path: str, action: str) -> ReadBeforeWrite:
+        return ReadBeforeWrite(
+            f"refusing to {action} {path}: it exists and this session has not read it; "
+            "read it (or find it with grep) first, or turn off read_before_write"
+        )

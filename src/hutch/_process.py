@@ -1,0 +1,172 @@
+"""Running commands on top of a backend: exec with timeout and output cap,
+background processes with wait / stream / kill.
+
+Written once for every provider against :class:`BackendProcess`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import anyio
+
+from ._errors import ExecTimeout, OutputLimitExceeded
+from ._types import KILL_GRACE_SECONDS, ExecResult, OutputChunk
+from .providers.base import BackendProcess
+
+
+@dataclass(frozen=True, slots=True)
+class ExitStatus:
+    """The last event of a stream: the command has ended."""
+
+    exit_code: int
+
+
+StreamEvent = OutputChunk | ExitStatus
+
+
+def _limit_error(limit: int) -> OutputLimitExceeded:
+    return OutputLimitExceeded(
+        f"command output exceeded the cap of {limit} bytes; the command was killed "
+        "(raise output_limit, or redirect the output to a file and read it in parts)"
+    )
+
+
+async def kill_shielded(proc: BackendProcess) -> None:
+    # Cleanup must finish even when the caller is being cancelled.
+    with anyio.CancelScope(shield=True):
+        await proc.kill(KILL_GRACE_SECONDS)
+
+
+async def run_to_completion(
+    proc: BackendProcess, *, timeout: float | None, output_limit: int
+) -> ExecResult:
+    """Collect a process's output and exit code, enforcing timeout and cap."""
+    out: list[bytes] = []
+    err: list[bytes] = []
+    total = 0
+    try:
+        with anyio.fail_after(timeout):
+            while (chunk := await proc.read()) is not None:
+                total += len(chunk.data)
+                if total > output_limit:
+                    raise _limit_error(output_limit)
+                (out if chunk.stream == "stdout" else err).append(chunk.data)
+            code = await proc.wait()
+    except TimeoutError:
+        await kill_shielded(proc)
+        raise ExecTimeout(
+            f"command timed out after {timeout} s; its whole process tree was killed"
+        ) from None
+    except BaseException:
+        await kill_shielded(proc)
+        raise
+    return ExecResult(code, b"".join(out), b"".join(err))
+
+
+class Process:
+    """A command started in the background: wait on it, stream it, kill it.
+
+    A pump task reads its output as it comes (so a chatty job never blocks on
+    a full pipe) into a buffer capped at ``output_limit``; past the cap the
+    command is killed and ``wait`` raises ``OutputLimitExceeded``.
+    """
+
+    def __init__(
+        self,
+        backend_proc: BackendProcess,
+        *,
+        command: str,
+        output_limit: int,
+        on_exit: Callable[[Process], None] | None = None,
+    ) -> None:
+        self.id = uuid.uuid4().hex[:12]
+        self.command = command
+        self._proc = backend_proc
+        self._limit = output_limit
+        self._chunks: list[OutputChunk] = []
+        self._size = 0
+        self._exit_code: int | None = None
+        self._error: BaseException | None = None
+        self._changed = asyncio.Condition()
+        self._done = asyncio.Event()
+        self._on_exit = on_exit
+        self._pump_task = asyncio.get_running_loop().create_task(self._pump())
+
+    @property
+    def running(self) -> bool:
+        return not self._done.is_set()
+
+    @property
+    def exit_code(self) -> int | None:
+        return self._exit_code
+
+    async def _pump(self) -> None:
+        try:
+            while (chunk := await self._proc.read()) is not None:
+                self._size += len(chunk.data)
+                if self._size > self._limit:
+                    raise _limit_error(self._limit)
+                async with self._changed:
+                    self._chunks.append(chunk)
+                    self._changed.notify_all()
+            self._exit_code = await self._proc.wait()
+        except asyncio.CancelledError:
+            await kill_shielded(self._proc)
+            self._error = ExecTimeout("background command was cancelled and killed")
+            raise
+        except BaseException as exc:  # noqa: BLE001 - handed to wait()
+            await kill_shielded(self._proc)
+            self._error = exc
+            self._exit_code = self._proc.returncode
+        finally:
+            self._done.set()
+            async with self._changed:
+                self._changed.notify_all()
+            if self._on_exit is not None:
+                self._on_exit(self)
+
+    async def wait(self, timeout: float | None = None) -> ExecResult:
+        """Wait for the command to end; ``ExecTimeout`` if it outlives ``timeout``
+        (the command keeps running: kill it if that is what you want)."""
+        try:
+            with anyio.fail_after(timeout):
+                await self._done.wait()
+        except TimeoutError:
+            raise ExecTimeout(
+                f"background command {self.id} still running after {timeout} s"
+            ) from None
+        if self._error is not None:
+            raise self._error
+        out = b"".join(c.data for c in self._chunks if c.stream == "stdout")
+        err = b"".join(c.data for c in self._chunks if c.stream == "stderr")
+        return ExecResult(self._exit_code if self._exit_code is not None else -1, out, err)
+
+    async def stream(self) -> AsyncIterator[StreamEvent]:
+        """Every output chunk from the start, live, then the exit status."""
+        index = 0
+        while True:
+            async with self._changed:
+                while index >= len(self._chunks) and not self._done.is_set():
+                    await self._changed.wait()
+                pending = self._chunks[index:]
+                index = len(self._chunks)
+                done = self._done.is_set()
+            for chunk in pending:
+                yield chunk
+            if done and index >= len(self._chunks):
+                if self._error is not None:
+                    raise self._error
+                yield ExitStatus(self._exit_code if self._exit_code is not None else -1)
+                return
+
+    async def kill(self) -> None:
+        """End the command's whole process tree (SIGTERM, a grace, SIGKILL)."""
+        if self._done.is_set():
+            return
+        await kill_shielded(self._proc)
+        with anyio.move_on_after(KILL_GRACE_SECONDS + 5):
+            await self._done.wait()

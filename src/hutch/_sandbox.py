@@ -1,0 +1,393 @@
+"""The sandbox every caller uses, whatever provider runs it.
+
+:class:`Sandbox` is async. It owns what is the same on every provider: path
+resolution against the working directory, exec timeouts and output caps,
+background processes, the read-before-write guardrail, capability checks, and
+the single gate (:meth:`Sandbox._operation`) every operation passes through,
+where the lifecycle engine tracks activity and resumes a suspended sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shlex
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+from ._errors import (
+    CapabilityUnsupported,
+    HutchError,
+    InvalidArgument,
+    ProviderError,
+    SandboxIsADirectory,
+    SandboxUnavailable,
+)
+from ._guardrail import ReadBeforeWriteGuard
+from ._process import ExitStatus, Process, StreamEvent, run_to_completion
+from ._types import (
+    DEFAULT_OUTPUT_LIMIT,
+    DEFAULT_READ_LIMIT,
+    Capabilities,
+    Command,
+    ExecResult,
+    FileInfo,
+    FileType,
+    GrepMatch,
+)
+from .providers.base import SandboxBackend, join_path
+
+if TYPE_CHECKING:
+    from .lifecycle.gate import LifecycleGate
+
+
+class Sandbox:
+    """One sandbox: exec, files, grep, glob, and its lifecycle.
+
+    Make one with :func:`hutch.create_sandbox`; use it as an async context
+    manager (or call :meth:`close`) so its resources are released.
+    """
+
+    def __init__(
+        self,
+        backend: SandboxBackend,
+        *,
+        sandbox_id: str | None = None,
+        read_before_write: bool = True,
+        output_limit: int = DEFAULT_OUTPUT_LIMIT,
+        gate: LifecycleGate | None = None,
+    ) -> None:
+        self.id = sandbox_id or backend.sandbox_id
+        self.backend = backend
+        self.output_limit = output_limit
+        self.guard = ReadBeforeWriteGuard(read_before_write)
+        self.created_at = time.time()
+        self._processes: dict[str, Process] = {}
+        self._open_ops = 0
+        self._closed = False
+        self._gate = gate
+
+    # -- identity -------------------------------------------------------------
+    @property
+    def provider(self) -> str:
+        return self.backend.provider
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.backend.capabilities
+
+    @property
+    def workdir(self) -> str:
+        return self.backend.workdir
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def open_operations(self) -> int:
+        """Execs, streams and running background commands open right now."""
+        return self._open_ops + sum(1 for p in self._processes.values() if p.running)
+
+    def require(self, capability: str) -> None:
+        if not self.capabilities.supports(capability):
+            raise CapabilityUnsupported.for_provider(self.provider, capability)
+
+    # -- the gate ---------------------------------------------------------------
+    @asynccontextmanager
+    async def _operation(self, name: str, *, activity: bool = True) -> AsyncIterator[None]:
+        if self._closed:
+            raise SandboxUnavailable(f"sandbox {self.id} has been closed")
+        if self._gate is not None:
+            await self._gate.enter(self, name, activity=activity)
+        self._open_ops += 1
+        try:
+            yield
+        except HutchError:
+            raise
+        except (OSError, ValueError, NotImplementedError, TimeoutError):
+            raise
+        except Exception as exc:  # a backend failure that is not ours
+            raise ProviderError(f"{self.provider} sandbox {self.id}: {exc}") from exc
+        finally:
+            self._open_ops -= 1
+            if self._gate is not None:
+                self._gate.leave(self, name, activity=activity)
+
+    def path(self, path: str) -> str:
+        """The absolute path inside the sandbox that ``path`` names."""
+        if not isinstance(path, str):
+            raise InvalidArgument(f"path must be a string, not {type(path).__name__}")
+        if "\0" in path:
+            raise InvalidArgument(f"path {path!r} contains a NUL byte")
+        return join_path(self.workdir, path)
+
+    # -- exec ---------------------------------------------------------------------
+    def _argv(self, cmd: Command) -> list[str]:
+        if isinstance(cmd, str):
+            if not cmd.strip():
+                raise InvalidArgument("command is empty")
+            return self.backend.shell_argv(cmd)
+        argv = list(cmd)
+        if not argv or not all(isinstance(a, str) for a in argv):
+            raise InvalidArgument("command must be a non-empty string or list of strings")
+        return argv
+
+    async def _start_backend(
+        self,
+        cmd: Command,
+        cwd: str | None,
+        env: Mapping[str, str] | None,
+        stdin: bytes | str | None,
+        user: str | None,
+    ) -> Any:
+        self.require("processes")
+        if user is not None:
+            self.require("users")
+        if isinstance(stdin, str):
+            stdin = stdin.encode()
+        return await self.backend.start_process(
+            self._argv(cmd),
+            cwd=self.path(cwd) if cwd is not None else self.workdir,
+            env=dict(env or {}),
+            stdin=stdin,
+            user=user,
+        )
+
+    async def exec(
+        self,
+        cmd: Command,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        user: str | None = None,
+        timeout: float | None = None,
+        output_limit: int | None = None,
+    ) -> ExecResult:
+        """Run ``cmd`` to completion. A non-zero exit is a result, not an error.
+
+        ``timeout`` kills the command's whole process tree and raises
+        ``ExecTimeout``; output past ``output_limit`` bytes kills it and raises
+        ``OutputLimitExceeded``.
+        """
+        if timeout is not None and timeout <= 0:
+            raise InvalidArgument(f"timeout must be positive, got {timeout}")
+        async with self._operation("exec"):
+            proc = await self._start_backend(cmd, cwd, env, stdin, user)
+            return await run_to_completion(
+                proc, timeout=timeout, output_limit=output_limit or self.output_limit
+            )
+
+    async def start(
+        self,
+        cmd: Command,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        user: str | None = None,
+        output_limit: int | None = None,
+    ) -> Process:
+        """Start ``cmd`` in the background; the handle waits, streams or kills."""
+        async with self._operation("start"):
+            proc = await self._start_backend(cmd, cwd, env, stdin, user)
+            process = Process(
+                proc,
+                command=cmd if isinstance(cmd, str) else shlex.join(cmd),
+                output_limit=output_limit or self.output_limit,
+                on_exit=self._process_exited,
+            )
+            self._processes[process.id] = process
+            return process
+
+    def _process_exited(self, process: Process) -> None:
+        if self._gate is not None:
+            self._gate.touch(self)
+
+    def process(self, process_id: str) -> Process:
+        from ._errors import NotFound
+
+        try:
+            return self._processes[process_id]
+        except KeyError:
+            raise NotFound(f"no background command {process_id} in sandbox {self.id}") from None
+
+    def processes(self) -> list[Process]:
+        return list(self._processes.values())
+
+    async def exec_stream(
+        self,
+        cmd: Command,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        user: str | None = None,
+        timeout: float | None = None,
+        output_limit: int | None = None,
+    ) -> AsyncIterator[StreamEvent]:
+        """Run ``cmd`` and yield its output as it is produced, then its exit status."""
+        process = await self.start(
+            cmd, cwd=cwd, env=env, stdin=stdin, user=user, output_limit=output_limit
+        )
+        self._open_ops += 1
+        try:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            stream = process.stream()
+            while True:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                try:
+                    event = await asyncio.wait_for(anext(stream), remaining)
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    await process.kill()
+                    from ._errors import ExecTimeout
+
+                    raise ExecTimeout(
+                        f"command timed out after {timeout} s; its whole process tree was killed"
+                    ) from None
+                yield event
+                if isinstance(event, ExitStatus):
+                    return
+        finally:
+            self._open_ops -= 1
+            if process.running:
+                await process.kill()
+            self._processes.pop(process.id, None)
+
+    # -- files --------------------------------------------------------------------
+    async def read_bytes(self, path: str, *, limit: int = DEFAULT_READ_LIMIT) -> bytes:
+        full = self.path(path)
+        async with self._operation("read"):
+            data = await self.backend.read_file(full, limit)
+        self.guard.mark_read(full)
+        return data
+
+    async def read_text(
+        self, path: str, *, limit: int = DEFAULT_READ_LIMIT, encoding: str = "utf-8"
+    ) -> str:
+        return (await self.read_bytes(path, limit=limit)).decode(encoding)
+
+    async def write_bytes(self, path: str, data: bytes) -> None:
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise InvalidArgument(f"data must be bytes, not {type(data).__name__}")
+        full = self.path(path)
+        async with self._operation("write"):
+            if self.guard.needs_check(full):
+                try:
+                    info = await self.backend.stat(full)
+                except FileNotFoundError:
+                    pass
+                else:
+                    if info.type == FileType.DIRECTORY:
+                        raise SandboxIsADirectory(f"{full} is a directory")
+                    raise self.guard.refuse(full, "overwrite")
+            await self.backend.write_file(full, bytes(data))
+        # What this session wrote, it knows: it may overwrite it again.
+        self.guard.mark_read(full)
+
+    async def write_text(self, path: str, text: str, *, encoding: str = "utf-8") -> None:
+        await self.write_bytes(path, text.encode(encoding))
+
+    async def stat(self, path: str) -> FileInfo:
+        async with self._operation("stat"):
+            return await self.backend.stat(self.path(path))
+
+    async def exists(self, path: str) -> bool:
+        async with self._operation("stat"):
+            return await self.backend.exists(self.path(path))
+
+    async def list_dir(self, path: str = ".") -> list[FileInfo]:
+        async with self._operation("list"):
+            return await self.backend.list_dir(self.path(path))
+
+    async def remove(self, path: str, *, recursive: bool = False) -> None:
+        full = self.path(path)
+        async with self._operation("remove"):
+            if self.guard.needs_check(full):
+                info = await self.backend.stat(full)  # FileNotFoundError if missing
+                if info.type != FileType.DIRECTORY:
+                    raise self.guard.refuse(full, "delete")
+            await self.backend.remove(full, recursive)
+        self.guard.forget(full)
+
+    async def grep(
+        self,
+        pattern: str,
+        path: str = ".",
+        *,
+        glob: str | None = None,
+        ignore_case: bool = False,
+        limit: int = DEFAULT_READ_LIMIT,
+    ) -> list[GrepMatch]:
+        """Lines matching the regex ``pattern`` in files below ``path``."""
+        try:
+            regex = re.compile(pattern, re.IGNORECASE if ignore_case else 0)
+        except re.error as exc:
+            raise InvalidArgument(f"bad regular expression {pattern!r}: {exc}") from None
+        async with self._operation("grep"):
+            matches = await self.backend.grep(regex, self.path(path), glob, limit)
+        for match in matches:
+            self.guard.mark_read(match.path)
+        return matches
+
+    async def glob(self, pattern: str, path: str = ".") -> list[str]:
+        """Files below ``path`` whose relative path matches ``pattern`` (``**`` ok)."""
+        async with self._operation("glob"):
+            return await self.backend.glob(pattern, self.path(path))
+
+    async def preview_url(self, port: int) -> str:
+        if not 0 < port < 65536:
+            raise InvalidArgument(f"port must be 1..65535, got {port}")
+        self.require("preview_url")
+        return await self.backend.preview_url(port)
+
+    # -- lifecycle ------------------------------------------------------------------
+    async def pause(self) -> None:
+        self.require("pause")
+        if self._gate is not None:
+            await self._gate.pause(self)
+        else:
+            await self.backend.pause()
+
+    async def suspend(self) -> None:
+        self.require("suspend")
+        if self._gate is not None:
+            await self._gate.suspend(self)
+        else:
+            await self.backend.suspend()
+
+    async def resume(self) -> None:
+        if self._gate is not None:
+            await self._gate.resume(self)
+        else:
+            raise CapabilityUnsupported.for_provider(self.provider, "resume")
+
+    async def close(self) -> None:
+        """Kill background commands and release the sandbox. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for process in list(self._processes.values()):
+            await process.kill()
+        if self._gate is not None:
+            await self._gate.closed(self)
+        await self.backend.close()
+
+    async def __aenter__(self) -> Sandbox:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"<Sandbox {self.id} provider={self.provider}>"
+
+
+def new_sandbox_id() -> str:
+    return "sb-" + uuid.uuid4().hex[:12]

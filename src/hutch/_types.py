@@ -1,0 +1,117 @@
+"""Plain data that crosses the sandbox interface (and the wire)."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+#: A command: an argv list run as is, or a string run by ``bash -c`` (``sh -c``
+#: where the sandbox has no bash).
+Command = str | Sequence[str]
+
+DEFAULT_OUTPUT_LIMIT = 16 * 1024 * 1024
+DEFAULT_READ_LIMIT = 256 * 1024 * 1024
+#: What a timed-out or killed command gets between SIGTERM and SIGKILL.
+KILL_GRACE_SECONDS = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class ExecResult:
+    """The outcome of a command. A non-zero exit is data, not an error."""
+
+    exit_code: int
+    stdout_bytes: bytes
+    stderr_bytes: bytes
+
+    @property
+    def stdout(self) -> str:
+        return self.stdout_bytes.decode("utf-8", errors="replace")
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_bytes.decode("utf-8", errors="replace")
+
+    @property
+    def success(self) -> bool:
+        return self.exit_code == 0
+
+
+@dataclass(frozen=True, slots=True)
+class OutputChunk:
+    """A piece of live output from a running command."""
+
+    stream: Literal["stdout", "stderr"]
+    data: bytes
+
+
+class FileType(enum.StrEnum):
+    FILE = "file"
+    DIRECTORY = "directory"
+    SYMLINK = "symlink"
+    OTHER = "other"
+
+
+@dataclass(frozen=True, slots=True)
+class FileInfo:
+    path: str
+    type: FileType
+    size: int
+    mode: int
+    mtime: float
+
+    @property
+    def name(self) -> str:
+        return self.path.rstrip("/").rsplit("/", 1)[-1]
+
+
+@dataclass(frozen=True, slots=True)
+class GrepMatch:
+    path: str
+    line_number: int
+    line: str
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a provider can do. Callers ask before they act.
+
+    ``processes``: runs real processes (exec, background commands).
+    ``pause``: holds processes and memory in place (freezer, docker pause).
+    ``suspend``: frees memory, keeps state on disk, resumes later.
+    ``suspend_keeps_processes``: whether processes survive a suspend (honest:
+    a container commit keeps files, not processes).
+    ``snapshot`` / ``fork``: capture state and start new sandboxes from it.
+    ``network_isolation``: the sandbox has no network unless asked.
+    ``resource_limits``: memory, CPU and pids limits are enforced.
+    ``users``: ``exec(user=...)`` can switch user.
+    ``preview_url``: ports inside are reachable at a URL.
+    """
+
+    processes: bool = True
+    pause: bool = False
+    suspend: bool = False
+    suspend_keeps_processes: bool = False
+    snapshot: bool = False
+    fork: bool = False
+    network_isolation: bool = False
+    resource_limits: bool = False
+    users: bool = False
+    preview_url: bool = False
+    extra: frozenset[str] = field(default_factory=frozenset)
+
+    def supports(self, capability: str) -> bool:
+        value = getattr(self, capability, None)
+        if isinstance(value, bool):
+            return value
+        return capability in self.extra
+
+    def as_dict(self) -> dict[str, bool]:
+        names = [
+            "processes", "pause", "suspend", "suspend_keeps_processes", "snapshot",
+            "fork", "network_isolation", "resource_limits", "users", "preview_url",
+        ]
+        out = {n: bool(getattr(self, n)) for n in names}
+        out.update({n: True for n in self.extra})
+        return out

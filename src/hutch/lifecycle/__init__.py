@@ -1,0 +1,1 @@
+"""The lifecycle engine: states, pause/suspend/resume, idleness, time limits."""

@@ -1,0 +1,12 @@
+"""Sandbox providers: one interface (:mod:`.base`), many backends."""
+
+from .base import BackendProcess, SandboxBackend
+from .registry import available_providers, get_provider, register_provider
+
+__all__ = [
+    "BackendProcess",
+    "SandboxBackend",
+    "available_providers",
+    "get_provider",
+    "register_provider",
+]

@@ -1,0 +1,169 @@
+"""Files on this host's file system, with hutch's typed errors."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import stat as stat_mod
+from collections.abc import Callable
+from typing import TypeVar
+
+import anyio.to_thread
+
+from .._errors import (
+    HutchError,
+    InvalidArgument,
+    OutputLimitExceeded,
+    ProviderError,
+    SandboxFileNotFound,
+    SandboxIsADirectory,
+    SandboxPermissionDenied,
+)
+from .._types import FileInfo, FileType
+
+T = TypeVar("T")
+
+#: Past this size, file I/O moves off the event loop.
+_THREAD_THRESHOLD = 1024 * 1024
+
+
+def map_oserror(exc: OSError, path: str) -> HutchError:
+    code = exc.errno
+    if code == errno.ENOENT or code == errno.ENOTDIR:
+        return SandboxFileNotFound(f"no such file or directory: {path}")
+    if code == errno.EISDIR:
+        return SandboxIsADirectory(f"{path} is a directory")
+    if code in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return SandboxPermissionDenied(f"permission denied: {path}")
+    if code == errno.ENAMETOOLONG:
+        return InvalidArgument(f"file name too long: {path}")
+    return ProviderError(f"{path}: {exc.strerror or exc}")
+
+
+def _call(fn: Callable[[], T], path: str) -> T:
+    try:
+        return fn()
+    except OSError as exc:
+        raise map_oserror(exc, path) from None
+
+
+def info_from_stat(path: str, st: os.stat_result) -> FileInfo:
+    if stat_mod.S_ISDIR(st.st_mode):
+        kind = FileType.DIRECTORY
+    elif stat_mod.S_ISREG(st.st_mode):
+        kind = FileType.FILE
+    elif stat_mod.S_ISLNK(st.st_mode):
+        kind = FileType.SYMLINK
+    else:
+        kind = FileType.OTHER
+    return FileInfo(path, kind, st.st_size, stat_mod.S_IMODE(st.st_mode), st.st_mtime)
+
+
+class HostFiles:
+    """File operations on a host directory tree that maps 1:1 to sandbox paths.
+
+    ``to_host`` turns a sandbox path into the host path (identity for
+    ``local``; a prefix for providers whose root file system lives on the host).
+    """
+
+    def __init__(self, to_host: Callable[[str], str] = lambda p: p) -> None:
+        self.to_host = to_host
+
+    def _read(self, path: str, limit: int) -> bytes:
+        host = self.to_host(path)
+        with open(host, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size > limit:
+                raise OutputLimitExceeded(
+                    f"{path} is {size} bytes, over the read limit of {limit} bytes"
+                )
+            data = fh.read(limit + 1)
+        if len(data) > limit:
+            raise OutputLimitExceeded(f"{path} is over the read limit of {limit} bytes")
+        return data
+
+    async def read(self, path: str, limit: int) -> bytes:
+        host = self.to_host(path)
+        size = _call(lambda: os.stat(host), path).st_size
+        if size > _THREAD_THRESHOLD:
+            return await anyio.to_thread.run_sync(lambda: _call(lambda: self._read(path, limit), path))
+        return _call(lambda: self._read(path, limit), path)
+
+    def _write(self, path: str, data: bytes) -> None:
+        host = self.to_host(path)
+        parent = os.path.dirname(host)
+        try:
+            os.makedirs(parent, exist_ok=True)
+        except FileExistsError:
+            raise SandboxFileNotFound(f"a parent of {path} is not a directory") from None
+        if os.path.isdir(host):
+            raise SandboxIsADirectory(f"{path} is a directory")
+        with open(host, "wb") as fh:
+            fh.write(data)
+
+    async def write(self, path: str, data: bytes) -> None:
+        if len(data) > _THREAD_THRESHOLD:
+            await anyio.to_thread.run_sync(lambda: _call(lambda: self._write(path, data), path))
+        else:
+            _call(lambda: self._write(path, data), path)
+
+    async def stat(self, path: str) -> FileInfo:
+        return info_from_stat(path, _call(lambda: os.lstat(self.to_host(path)), path))
+
+    async def list_dir(self, path: str) -> list[FileInfo]:
+        host = self.to_host(path)
+
+        def listing() -> list[FileInfo]:
+            with os.scandir(host) as it:
+                return sorted(
+                    (
+                        info_from_stat(
+                            path.rstrip("/") + "/" + e.name, e.stat(follow_symlinks=False)
+                        )
+                        for e in it
+                    ),
+                    key=lambda i: i.path,
+                )
+
+        if not os.path.isdir(host) and os.path.exists(host):
+            raise InvalidArgument(f"{path} is not a directory")
+        return _call(listing, path)
+
+    async def remove(self, path: str, recursive: bool) -> None:
+        host = self.to_host(path)
+
+        def rm() -> None:
+            if os.path.isdir(host) and not os.path.islink(host):
+                if recursive:
+                    shutil.rmtree(host)
+                else:
+                    try:
+                        os.rmdir(host)
+                    except OSError as exc:
+                        if exc.errno == errno.ENOTEMPTY:
+                            raise SandboxIsADirectory(
+                                f"{path} is a non-empty directory; pass recursive=True"
+                            ) from None
+                        raise
+            else:
+                os.unlink(host)
+
+        _call(rm, path)
+
+    async def walk_files(self, root: str) -> list[str]:
+        host_root = self.to_host(root)
+        if not os.path.exists(host_root):
+            raise SandboxFileNotFound(f"no such file or directory: {root}")
+
+        def walk() -> list[str]:
+            out: list[str] = []
+            strip = len(host_root.rstrip("/"))
+            base = root.rstrip("/")
+            for dirpath, _dirs, files in os.walk(host_root):
+                rel = dirpath[strip:]
+                for name in files:
+                    out.append(f"{base}{rel}/{name}")
+            return out
+
+        return await anyio.to_thread.run_sync(walk)

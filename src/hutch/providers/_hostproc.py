@@ -1,0 +1,151 @@
+"""Processes on this host: spawn in a new session, read both pipes, and kill a
+whole tree, for the providers whose commands run as host processes.
+
+Every process hutch starts carries ``HUTCH_EXEC_ID`` (and ``HUTCH_SANDBOX_ID``)
+in its environment. Children inherit it, so a kill finds the whole tree even
+when a child left the process group (``setsid``, ``nohup ... &``), and the
+lifecycle engine can count what is still running in a sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+
+from .._errors import SandboxFileNotFound, SandboxPermissionDenied
+from .._types import OutputChunk
+from .base import BackendProcess
+
+EXEC_MARKER = "HUTCH_EXEC_ID"
+SANDBOX_MARKER = "HUTCH_SANDBOX_ID"
+_READ_SIZE = 256 * 1024
+
+
+def pids_with_env(name: str, value: str) -> list[int]:
+    """PIDs of host processes whose environment has ``name=value``."""
+    needle = f"{name}={value}".encode()
+    found: list[int] = []
+    own = os.getpid()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        if pid == own:
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                env = fh.read()
+        except OSError:
+            continue
+        if needle + b"\0" in env or env.endswith(needle):
+            found.append(pid)
+    return found
+
+
+def _signal_all(pids: Sequence[int], pgid: int | None, sig: int) -> None:
+    if pgid is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+class HostProcess(BackendProcess):
+    def __init__(self, proc: asyncio.subprocess.Process, exec_id: str, stdin: bytes | None) -> None:
+        self._proc = proc
+        self._exec_id = exec_id
+        self._queue: asyncio.Queue[OutputChunk | None] = asyncio.Queue()
+        self._open_streams = 2
+        loop = asyncio.get_running_loop()
+        assert proc.stdout is not None and proc.stderr is not None
+        self._tasks = [
+            loop.create_task(self._pipe(proc.stdout, "stdout")),
+            loop.create_task(self._pipe(proc.stderr, "stderr")),
+        ]
+        if stdin is not None:
+            self._tasks.append(loop.create_task(self._feed(stdin)))
+
+    async def _feed(self, data: bytes) -> None:
+        stdin = self._proc.stdin
+        assert stdin is not None
+        # A command that exits without reading its stdin is not an error.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            stdin.write(data)
+            await stdin.drain()
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            stdin.close()
+
+    async def _pipe(self, reader: asyncio.StreamReader, name: str) -> None:
+        try:
+            while data := await reader.read(_READ_SIZE):
+                await self._queue.put(OutputChunk(name, data))  # type: ignore[arg-type]
+        finally:
+            await self._queue.put(None)
+
+    async def read(self) -> OutputChunk | None:
+        while self._open_streams:
+            item = await self._queue.get()
+            if item is not None:
+                return item
+            self._open_streams -= 1
+        return None
+
+    async def wait(self) -> int:
+        return await self._proc.wait()
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.returncode
+
+    async def kill(self, grace: float) -> None:
+        pgid = self._proc.pid
+        _signal_all(pids_with_env(EXEC_MARKER, self._exec_id), pgid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(self._proc.wait(), grace)
+        except TimeoutError:
+            pass
+        # SIGTERM may be ignored by children even after the leader exits.
+        _signal_all(pids_with_env(EXEC_MARKER, self._exec_id), pgid, signal.SIGKILL)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._proc.wait(), 5)
+        for task in self._tasks:
+            task.cancel()
+        self._open_streams = 0
+
+
+async def spawn(
+    argv: Sequence[str],
+    *,
+    cwd: str,
+    env: Mapping[str, str],
+    stdin: bytes | None,
+    user: str | None,
+    exec_id: str,
+) -> HostProcess:
+    if not os.path.isdir(cwd):
+        raise SandboxFileNotFound(f"working directory {cwd} does not exist")
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            cwd=cwd,
+            env=dict(env),
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            user=user,
+        )
+    except PermissionError:
+        raise SandboxPermissionDenied(f"cannot execute {argv[0]}: permission denied") from None
+    except FileNotFoundError:
+        raise SandboxFileNotFound(f"command not found: {argv[0]}") from None
+    except KeyError:
+        from .._errors import InvalidArgument
+
+        raise InvalidArgument(f"no such user {user!r}") from None
+    return HostProcess(proc, exec_id, stdin)

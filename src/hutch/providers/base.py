@@ -1,0 +1,185 @@
+"""The provider seam: what every backend implements.
+
+A provider is a :class:`SandboxBackend` subclass. Its ``create`` classmethod
+provisions one sandbox from a config model; the instance it returns is the
+runtime that executes commands and moves files. Everything above this seam
+(exec timeouts and output caps, background processes, the read-before-write
+guardrail, the lifecycle engine, the daemon) is written once against it, so a
+backend may change its transport (docker's exec API, an agent inside the
+sandbox, ssh) without touching anything above.
+
+Backends raise hutch's typed errors (``hutch._errors``); a backend failure
+that is not one of them is wrapped as ``ProviderError`` by the caller.
+"""
+
+from __future__ import annotations
+
+import abc
+import posixpath
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from pydantic import BaseModel
+
+from .._errors import CapabilityUnsupported, SandboxIsADirectory
+from .._globmatch import compile_glob
+from .._types import Capabilities, FileInfo, FileType, GrepMatch, OutputChunk
+
+
+class BackendProcess(abc.ABC):
+    """A process running in a sandbox, as the backend sees it.
+
+    ``read`` returns output chunks in the order they were produced and
+    ``None`` once both streams are closed. ``kill`` ends the whole process
+    tree the command started (SIGTERM, ``grace`` seconds, SIGKILL), including
+    children that ignore SIGTERM or left the process group.
+    """
+
+    @abc.abstractmethod
+    async def read(self) -> OutputChunk | None: ...
+
+    @abc.abstractmethod
+    async def wait(self) -> int: ...
+
+    @abc.abstractmethod
+    async def kill(self, grace: float) -> None: ...
+
+    @property
+    def returncode(self) -> int | None:
+        return None
+
+
+class SandboxBackend(abc.ABC):
+    """One sandbox, as a provider runs it."""
+
+    #: The registry name (``local``, ``docker``...).
+    provider: ClassVar[str]
+    #: What this provider can do; see :class:`hutch.Capabilities`.
+    capabilities: ClassVar[Capabilities]
+    #: The pydantic model ``create`` takes (``type: Literal[provider]``).
+    config_model: ClassVar[type[BaseModel]]
+
+    def __init__(self, sandbox_id: str, workdir: str) -> None:
+        self.sandbox_id = sandbox_id
+        #: Absolute path, inside the sandbox, that relative paths resolve from.
+        self.workdir = workdir
+
+    # -- provisioning ------------------------------------------------------
+    @classmethod
+    @abc.abstractmethod
+    async def create(cls, config: Any, sandbox_id: str) -> SandboxBackend:
+        """Provision a new sandbox from ``config`` (an instance of config_model)."""
+
+    def describe(self) -> dict[str, Any]:
+        """What the store keeps to find this sandbox again after a restart."""
+        return {"provider": self.provider, "workdir": self.workdir}
+
+    # -- processes ---------------------------------------------------------
+    def shell_argv(self, command: str) -> list[str]:
+        """The argv that runs a shell string: bash where there is one, else sh."""
+        return ["bash", "-c", command]
+
+    async def start_process(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        stdin: bytes | None,
+        user: str | None,
+    ) -> BackendProcess:
+        raise CapabilityUnsupported.for_provider(self.provider, "processes")
+
+    async def count_busy_processes(self) -> int:
+        """Processes alive in the sandbox other than its own keeper."""
+        return 0
+
+    # -- files ---------------------------------------------------------------
+    @abc.abstractmethod
+    async def read_file(self, path: str, limit: int) -> bytes:
+        """Bytes of ``path`` (absolute); OutputLimitExceeded past ``limit``."""
+
+    @abc.abstractmethod
+    async def write_file(self, path: str, data: bytes) -> None:
+        """Write ``data`` to ``path`` (absolute), creating parent directories."""
+
+    @abc.abstractmethod
+    async def stat(self, path: str) -> FileInfo: ...
+
+    @abc.abstractmethod
+    async def list_dir(self, path: str) -> list[FileInfo]: ...
+
+    @abc.abstractmethod
+    async def remove(self, path: str, recursive: bool) -> None: ...
+
+    @abc.abstractmethod
+    async def walk_files(self, root: str) -> list[str]:
+        """Every regular file below ``root`` (absolute paths), for grep and glob."""
+
+    async def exists(self, path: str) -> bool:
+        try:
+            await self.stat(path)
+        except FileNotFoundError:
+            return False
+        return True
+
+    async def glob(self, pattern: str, root: str) -> list[str]:
+        matcher = compile_glob(pattern)
+        prefix = root.rstrip("/") + "/"
+        return sorted(
+            p for p in await self.walk_files(root) if matcher.match(p[len(prefix):])
+        )
+
+    async def grep(
+        self, pattern: re.Pattern[str], root: str, glob: str | None, limit: int
+    ) -> list[GrepMatch]:
+        """Regex search of text files below ``root`` (or ``root`` itself)."""
+        info = await self.stat(root)
+        if info.type == FileType.DIRECTORY:
+            files = await self.glob(glob or "**", root)
+        else:
+            files = [root]
+        matches: list[GrepMatch] = []
+        for path in files:
+            try:
+                data = await self.read_file(path, limit)
+            except (SandboxIsADirectory, PermissionError, FileNotFoundError):
+                continue
+            if b"\0" in data[:8192]:
+                continue  # binary: grep skips it, and so do we
+            for number, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
+                if pattern.search(line):
+                    matches.append(GrepMatch(path, number, line))
+        return matches
+
+    async def preview_url(self, port: int) -> str:
+        raise CapabilityUnsupported.for_provider(self.provider, "preview_url")
+
+    # -- lifecycle primitives (each behind a capability) ----------------------
+    async def pause(self) -> None:
+        raise CapabilityUnsupported.for_provider(self.provider, "pause")
+
+    async def unpause(self) -> None:
+        raise CapabilityUnsupported.for_provider(self.provider, "pause")
+
+    async def suspend(self) -> None:
+        raise CapabilityUnsupported.for_provider(self.provider, "suspend")
+
+    async def resume(self) -> None:
+        raise CapabilityUnsupported.for_provider(self.provider, "suspend")
+
+    async def is_alive(self) -> bool:
+        """Whether the sandbox's runtime still exists (for reconciliation)."""
+        return True
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release everything this sandbox holds. Idempotent."""
+
+
+def join_path(workdir: str, path: str) -> str:
+    """Resolve ``path`` against ``workdir`` inside the sandbox (POSIX rules)."""
+    if not path:
+        path = "."
+    return posixpath.normpath(posixpath.join(workdir, path))

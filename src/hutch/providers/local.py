@@ -1,0 +1,118 @@
+"""``local``: commands run on the host, in a working directory. No isolation.
+
+The built-in default. The environment passed on is this process's, less
+secrets (see :func:`filter_env`). Cleanup is a no-op: the working directory
+is the user's and stays as it is.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from .._types import Capabilities, FileInfo
+from ._hostfs import HostFiles
+from ._hostproc import EXEC_MARKER, SANDBOX_MARKER, HostProcess, pids_with_env, spawn
+from .base import SandboxBackend
+
+SECRET_SUFFIXES = ("_API_KEY", "_SECRET", "_TOKEN", "_PASSWORD", "_CREDENTIAL")
+SAFE_VARIABLES = frozenset(
+    {"PATH", "HOME", "USER", "SHELL", "LANG", "TERM", "TMPDIR", "GOPATH", "CARGO_HOME", "NVM_DIR"}
+)
+
+
+def filter_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment minus variables that look like secrets.
+
+    A name ending in one of :data:`SECRET_SUFFIXES` (case-insensitively) is
+    dropped unless it is in :data:`SAFE_VARIABLES`, which always pass.
+    """
+    return {
+        k: v
+        for k, v in environ.items()
+        if k in SAFE_VARIABLES or not k.upper().endswith(SECRET_SUFFIXES)
+    }
+
+
+class LocalConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["local"] = "local"
+    #: The host directory commands run in and relative paths resolve from;
+    #: the current directory when unset.
+    workdir: str | None = None
+    #: Extra variables for every command (not filtered: you set them).
+    env: dict[str, str] = {}
+
+
+class LocalSandbox(SandboxBackend):
+    provider = "local"
+    capabilities = Capabilities(processes=True, users=True, preview_url=True)
+    config_model = LocalConfig
+
+    def __init__(self, sandbox_id: str, workdir: str, env: Mapping[str, str]) -> None:
+        super().__init__(sandbox_id, workdir)
+        self._extra_env = dict(env)
+        self._files = HostFiles()
+        self._has_bash = shutil.which("bash") is not None
+
+    @classmethod
+    async def create(cls, config: LocalConfig, sandbox_id: str) -> LocalSandbox:
+        workdir = os.path.abspath(os.path.expanduser(config.workdir or os.getcwd()))
+        os.makedirs(workdir, exist_ok=True)
+        return cls(sandbox_id, workdir, config.env)
+
+    def describe(self) -> dict[str, object]:
+        return {**super().describe(), "env": self._extra_env}
+
+    def shell_argv(self, command: str) -> list[str]:
+        return ["bash" if self._has_bash else "sh", "-c", command]
+
+    async def start_process(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        stdin: bytes | None,
+        user: str | None,
+    ) -> HostProcess:
+        exec_id = uuid.uuid4().hex
+        full_env = filter_env(os.environ)
+        full_env.update(self._extra_env)
+        full_env.update(env)
+        full_env[EXEC_MARKER] = exec_id
+        full_env[SANDBOX_MARKER] = self.sandbox_id
+        return await spawn(argv, cwd=cwd, env=full_env, stdin=stdin, user=user, exec_id=exec_id)
+
+    async def count_busy_processes(self) -> int:
+        return len(pids_with_env(SANDBOX_MARKER, self.sandbox_id))
+
+    async def read_file(self, path: str, limit: int) -> bytes:
+        return await self._files.read(path, limit)
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        await self._files.write(path, data)
+
+    async def stat(self, path: str) -> FileInfo:
+        return await self._files.stat(path)
+
+    async def list_dir(self, path: str) -> list[FileInfo]:
+        return await self._files.list_dir(path)
+
+    async def remove(self, path: str, recursive: bool) -> None:
+        await self._files.remove(path, recursive)
+
+    async def walk_files(self, root: str) -> list[str]:
+        return await self._files.walk_files(root)
+
+    async def preview_url(self, port: int) -> str:
+        return f"http://127.0.0.1:{port}"
+
+    async def close(self) -> None:
+        return None

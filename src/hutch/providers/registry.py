@@ -1,0 +1,72 @@
+"""Providers by name: built-ins imported lazily, third parties by entry point.
+
+A third-party provider registers a :class:`SandboxBackend` subclass under the
+``hutch.providers`` entry-point group::
+
+    [project.entry-points."hutch.providers"]
+    myprovider = "my_package.module:MySandbox"
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import entry_points
+
+from .._errors import InvalidArgument
+from .base import SandboxBackend
+
+#: name -> (import path, what to install if the import fails)
+BUILTIN_PROVIDERS: dict[str, tuple[str, str | None]] = {
+    "local": ("hutch.providers.local:LocalSandbox", None),
+    "virtual": ("hutch.providers.virtual:VirtualSandbox", None),
+    "docker": ("hutch.providers.docker:DockerSandbox", "pip install 'hutch[docker]'"),
+}
+
+ENTRY_POINT_GROUP = "hutch.providers"
+
+_loaded: dict[str, type[SandboxBackend]] = {}
+
+
+def _import(target: str) -> type[SandboxBackend]:
+    module_name, _, attr = target.partition(":")
+    cls = getattr(importlib.import_module(module_name), attr)
+    if not (isinstance(cls, type) and issubclass(cls, SandboxBackend)):
+        raise InvalidArgument(f"{target} is not a SandboxBackend subclass")
+    return cls
+
+
+def available_providers() -> list[str]:
+    names = set(BUILTIN_PROVIDERS) | set(_loaded)
+    names.update(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+    return sorted(names)
+
+
+def register_provider(name: str, cls: type[SandboxBackend]) -> None:
+    """Register a provider class at run time (tests, embedding applications)."""
+    _loaded[name] = cls
+
+
+def get_provider(name: str) -> type[SandboxBackend]:
+    """The backend class for ``name``; ``InvalidArgument`` naming what to install."""
+    if name in _loaded:
+        return _loaded[name]
+    if name in BUILTIN_PROVIDERS:
+        target, hint = BUILTIN_PROVIDERS[name]
+        try:
+            cls = _import(target)
+        except ImportError as exc:
+            raise InvalidArgument(
+                f"provider {name!r} needs a dependency that is missing ({exc.name})"
+                + (f": {hint}" if hint else "")
+            ) from exc
+    else:
+        matches = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
+        if not matches:
+            raise InvalidArgument(
+                f"unknown provider {name!r}; available: {', '.join(available_providers())}"
+            )
+        cls = matches[0].load()
+        if not (isinstance(cls, type) and issubclass(cls, SandboxBackend)):
+            raise InvalidArgument(f"entry point {name!r} is not a SandboxBackend subclass")
+    _loaded[name] = cls
+    return cls

@@ -1,0 +1,161 @@
+"""``virtual``: files in memory, no processes.
+
+For fast tests of everything that needs no real process: the lifecycle
+engine, the guardrail, the daemon's bookkeeping. It declares pause and suspend
+so lifecycle logic can be exercised without a container; "suspending" it
+moves its files into a frozen copy, as a real provider moves state to disk.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import time
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from .._errors import (
+    InvalidArgument,
+    OutputLimitExceeded,
+    SandboxFileNotFound,
+    SandboxIsADirectory,
+    SandboxUnavailable,
+)
+from .._types import Capabilities, FileInfo, FileType
+from .base import SandboxBackend
+
+
+class VirtualConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["virtual"] = "virtual"
+    workdir: str = "/workspace"
+    #: Files to start with: path -> text.
+    files: dict[str, str] = {}
+
+
+class VirtualSandbox(SandboxBackend):
+    provider = "virtual"
+    capabilities = Capabilities(processes=False, pause=True, suspend=True)
+    config_model = VirtualConfig
+
+    def __init__(self, sandbox_id: str, workdir: str) -> None:
+        super().__init__(sandbox_id, workdir)
+        self.files: dict[str, tuple[bytes, float]] = {}
+        self.dirs: set[str] = {"/", workdir}
+        self._add_parents(workdir)
+        self.paused = False
+        self._suspended: tuple[dict[str, tuple[bytes, float]], set[str]] | None = None
+
+    @classmethod
+    async def create(cls, config: VirtualConfig, sandbox_id: str) -> VirtualSandbox:
+        sandbox = cls(sandbox_id, config.workdir)
+        for path, text in config.files.items():
+            await sandbox.write_file(posixpath.join(config.workdir, path), text.encode())
+        return sandbox
+
+    # -- state checks: a suspended or paused sandbox has no live file system ----
+    def _live(self) -> None:
+        if self._suspended is not None:
+            raise SandboxUnavailable(f"virtual sandbox {self.sandbox_id} is suspended")
+        if self.paused:
+            raise SandboxUnavailable(f"virtual sandbox {self.sandbox_id} is paused")
+
+    def _add_parents(self, path: str) -> None:
+        parent = posixpath.dirname(path)
+        while parent not in self.dirs:
+            if parent in self.files:
+                raise SandboxFileNotFound(f"a parent of {path} is not a directory")
+            self.dirs.add(parent)
+            parent = posixpath.dirname(parent)
+
+    async def read_file(self, path: str, limit: int) -> bytes:
+        self._live()
+        if path in self.dirs:
+            raise SandboxIsADirectory(f"{path} is a directory")
+        try:
+            data, _ = self.files[path]
+        except KeyError:
+            raise SandboxFileNotFound(f"no such file or directory: {path}") from None
+        if len(data) > limit:
+            raise OutputLimitExceeded(
+                f"{path} is {len(data)} bytes, over the read limit of {limit} bytes"
+            )
+        return data
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        self._live()
+        if path in self.dirs:
+            raise SandboxIsADirectory(f"{path} is a directory")
+        self._add_parents(path)
+        self.files[path] = (bytes(data), time.time())
+
+    async def stat(self, path: str) -> FileInfo:
+        self._live()
+        if path in self.dirs:
+            return FileInfo(path, FileType.DIRECTORY, 0, 0o755, 0.0)
+        if path in self.files:
+            data, mtime = self.files[path]
+            return FileInfo(path, FileType.FILE, len(data), 0o644, mtime)
+        raise SandboxFileNotFound(f"no such file or directory: {path}")
+
+    def _children(self, path: str) -> list[str]:
+        prefix = path.rstrip("/") + "/"
+        names = {
+            p for p in [*self.files, *self.dirs]
+            if p.startswith(prefix) and p != path and "/" not in p[len(prefix):]
+        }
+        return sorted(names)
+
+    async def list_dir(self, path: str) -> list[FileInfo]:
+        info = await self.stat(path)
+        if info.type != FileType.DIRECTORY:
+            raise InvalidArgument(f"{path} is not a directory")
+        return [await self.stat(p) for p in self._children(path)]
+
+    async def remove(self, path: str, recursive: bool) -> None:
+        self._live()
+        if path in self.files:
+            del self.files[path]
+            return
+        if path not in self.dirs:
+            raise SandboxFileNotFound(f"no such file or directory: {path}")
+        prefix = path.rstrip("/") + "/"
+        inside = [p for p in self.files if p.startswith(prefix)]
+        subdirs = [d for d in self.dirs if d.startswith(prefix)]
+        if (inside or subdirs) and not recursive:
+            raise SandboxIsADirectory(f"{path} is a non-empty directory; pass recursive=True")
+        for p in inside:
+            del self.files[p]
+        for d in subdirs:
+            self.dirs.discard(d)
+        self.dirs.discard(path)
+
+    async def walk_files(self, root: str) -> list[str]:
+        self._live()
+        if root in self.files:
+            return [root]
+        if root not in self.dirs:
+            raise SandboxFileNotFound(f"no such file or directory: {root}")
+        prefix = root.rstrip("/") + "/"
+        return sorted(p for p in self.files if p.startswith(prefix))
+
+    # -- lifecycle primitives ---------------------------------------------------
+    async def pause(self) -> None:
+        self.paused = True
+
+    async def unpause(self) -> None:
+        self.paused = False
+
+    async def suspend(self) -> None:
+        self._suspended = (self.files, self.dirs)
+        self.files, self.dirs = {}, set()
+
+    async def resume(self) -> None:
+        if self._suspended is not None:
+            self.files, self.dirs = self._suspended
+            self._suspended = None
+
+    async def close(self) -> None:
+        self.files.clear()
+        self.dirs.clear()
