@@ -44,6 +44,8 @@ def map_oserror(exc: OSError, path: str) -> HutchError:
 def _call(fn: Callable[[], T], path: str) -> T:
     try:
         return fn()
+    except HutchError:
+        raise
     except OSError as exc:
         raise map_oserror(exc, path) from None
 

@@ -1,0 +1,115 @@
+"""The conformance suite's sandboxes: one fixture per kind, one param per provider.
+
+A provider joins the suite by adding one entry to ``MAKERS``: an async
+context manager that yields a running sandbox with the guardrail off. Tests
+that need real processes use ``sandbox``; tests of files alone use
+``files_sandbox``, which also covers providers without processes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+import hutch
+from tests.conftest import TEST_IMAGE
+
+
+@dataclass
+class Harness:
+    """A sandbox under test, and what the test may know about its host side."""
+
+    sandbox: Any
+    provider: str
+    #: Host directory that is the sandbox's working directory, where one exists.
+    host_workdir: str | None = None
+
+
+@asynccontextmanager
+async def _local() -> AsyncIterator[Harness]:
+    workdir = tempfile.mkdtemp(prefix="hutch-conf-")
+    try:
+        async with await hutch.create_sandbox(
+            "local", workdir=workdir, read_before_write=False
+        ) as sb:
+            yield Harness(sb, "local", workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@asynccontextmanager
+async def _virtual() -> AsyncIterator[Harness]:
+    async with await hutch.create_sandbox("virtual", read_before_write=False) as sb:
+        yield Harness(sb, "virtual")
+
+
+@asynccontextmanager
+async def _docker() -> AsyncIterator[Harness]:
+    host_workdir = tempfile.mkdtemp(prefix="hutch-conf-docker-")
+    try:
+        async with await hutch.create_sandbox(
+            "docker", image=TEST_IMAGE, host_workdir=host_workdir, read_before_write=False
+        ) as sb:
+            yield Harness(sb, "docker", host_workdir)
+    finally:
+        shutil.rmtree(host_workdir, ignore_errors=True)
+
+
+Maker = Callable[[], AbstractAsyncContextManager[Harness]]
+
+#: provider -> (maker, runs processes, pytest marks)
+MAKERS: dict[str, tuple[Maker, bool, list[pytest.MarkDecorator]]] = {
+    "local": (_local, True, []),
+    "virtual": (_virtual, False, []),
+    "docker": (_docker, True, [pytest.mark.docker]),
+}
+
+# Remote makers (through hutch.Client / AsyncClient against a live daemon) are
+# added by tests/conformance/remote.py when the daemon is available.
+try:
+    from tests.conformance.remote import REMOTE_MAKERS
+
+    MAKERS.update(REMOTE_MAKERS)
+except ImportError:
+    pass
+
+_selected = os.environ.get("HUTCH_CONFORMANCE_PROVIDERS")
+if _selected:
+    MAKERS = {k: v for k, v in MAKERS.items() if k in _selected.split(",")}
+
+
+def _params(need_processes: bool) -> list[Any]:
+    return [
+        pytest.param(name, marks=marks, id=name)
+        for name, (_, processes, marks) in MAKERS.items()
+        if processes or not need_processes
+    ]
+
+
+@pytest.fixture(params=_params(need_processes=True))
+async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
+    async with MAKERS[request.param][0]() as h:
+        yield h
+
+
+@pytest.fixture(params=_params(need_processes=False))
+async def files_harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
+    async with MAKERS[request.param][0]() as h:
+        yield h
+
+
+@pytest.fixture
+def sandbox(harness: Harness) -> Any:
+    return harness.sandbox
+
+
+@pytest.fixture
+def files_sandbox(files_harness: Harness) -> Any:
+    return files_harness.sandbox
