@@ -30,8 +30,9 @@ async def create_sandbox(
         if provider is not None:
             flags["provider"] = provider
         if options is not None:
-            opts = options.model_dump() if isinstance(options, SandboxOptions) else dict(options)
-            flags["options"] = opts
+            flags["options"] = (
+                options.model_dump() if isinstance(options, SandboxOptions) else dict(options)
+            )
         spec = resolve_spec(flags=flags)
     backend_cls = get_provider(spec.provider.type)
     sid = sandbox_id or new_sandbox_id()

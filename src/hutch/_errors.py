@@ -152,15 +152,15 @@ class ProviderError(HutchError):
 
 def _all_subclasses(root: type[HutchError]) -> list[type[HutchError]]:
     out: list[type[HutchError]] = []
-    for sub in root.__subclasses__():
+    subclasses: list[type[HutchError]] = root.__subclasses__()
+    for sub in subclasses:
         out.append(sub)
         out.extend(_all_subclasses(sub))
     return out
 
 
-ERRORS_BY_CODE: dict[str, type[HutchError]] = {
-    cls.code: cls for cls in [HutchError, *_all_subclasses(HutchError)]
-}
+_ALL_ERRORS: list[type[HutchError]] = [HutchError, *_all_subclasses(HutchError)]
+ERRORS_BY_CODE: dict[str, type[HutchError]] = {cls.code: cls for cls in _ALL_ERRORS}
 
 
 def error_from_code(code: str, message: str) -> HutchError:

@@ -168,8 +168,9 @@ async def test_streamed_output_arrives_as_produced(sandbox: Any) -> None:
             first_at = time.monotonic() - started
         events.append(event)
     assert first_at is not None and first_at < 0.9, "first chunk waited for the command to end"
-    out = b"".join(e.data for e in events if isinstance(e, hutch.OutputChunk) and e.stream == "stdout")
-    err = b"".join(e.data for e in events if isinstance(e, hutch.OutputChunk) and e.stream == "stderr")
+    chunks = [e for e in events if isinstance(e, hutch.OutputChunk)]
+    out = b"".join(c.data for c in chunks if c.stream == "stdout")
+    err = b"".join(c.data for c in chunks if c.stream == "stderr")
     assert out == b"one\ntwo\n"
     assert err == b"err\n"
     assert events[-1] == hutch.ExitStatus(0)

@@ -89,7 +89,9 @@ class HostFiles:
         host = self.to_host(path)
         size = _call(lambda: os.stat(host), path).st_size
         if size > _THREAD_THRESHOLD:
-            return await anyio.to_thread.run_sync(lambda: _call(lambda: self._read(path, limit), path))
+            return await anyio.to_thread.run_sync(
+                lambda: _call(lambda: self._read(path, limit), path)
+            )
         return _call(lambda: self._read(path, limit), path)
 
     def _write(self, path: str, data: bytes) -> None:

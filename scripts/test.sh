@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Install everything the tests need on a fresh Debian 12 machine, then run them
+# all: lint, type check, and the full pytest suite (Docker tests included).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '[test] %s\n' "$*" >&2; }
+
+# System packages: chattr (e2fsprogs) for permission tests, procps, and the
+# Docker Engine (scripts/ensure-docker.sh installs and starts it).
+need=()
+command -v chattr >/dev/null 2>&1 || need+=(e2fsprogs)
+command -v ps >/dev/null 2>&1 || need+=(procps)
+if [ ${#need[@]} -gt 0 ]; then
+  log "installing ${need[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+bash scripts/ensure-docker.sh
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  log "creating .venv"
+  "$PY" -m venv .venv
+fi
+log "installing hutch and its test dependencies"
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+
+log "ruff"
+.venv/bin/ruff check src tests bench
+log "mypy (strict)"
+.venv/bin/mypy
+log "pytest"
+exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
