@@ -80,7 +80,11 @@ class HostFiles:
                 raise OutputLimitExceeded(
                     f"{path} is {size} bytes, over the read limit of {limit} bytes"
                 )
-            data = fh.read(limit + 1)
+            # Read what fstat promised plus one byte to notice growth; a read of
+            # ``limit + 1`` would allocate the whole limit up front.
+            data = fh.read(size + 1)
+            if len(data) > size:
+                data += fh.read(limit + 1 - len(data))
         if len(data) > limit:
             raise OutputLimitExceeded(f"{path} is over the read limit of {limit} bytes")
         return data
