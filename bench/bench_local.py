@@ -13,9 +13,8 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from _common import header, row, time_async, time_sync  # noqa: E402
-
-import hutch  # noqa: E402
+import hutch
+from _common import header, row, time_async, time_sync
 
 RUNS = 200
 MB = os.urandom(1024 * 1024)

@@ -71,7 +71,9 @@ def test_builtin_default_is_local() -> None:
 
 def test_precedence_flag_over_file_over_server() -> None:
     server = {"provider": "virtual", "idle_timeout": 10, "max_lifetime": 100}
-    file = {"provider": "docker", "idle_timeout": 20, "providers": {"docker": {"image": "img:file"}}}
+    file = {
+        "provider": "docker", "idle_timeout": 20, "providers": {"docker": {"image": "img:file"}}
+    }
     flags = {"idle_timeout": 30, "pids_limit": 64}
     spec = resolve_spec(flags=flags, config_file=file, server_defaults=server)
     assert spec.provider.type == "docker"
@@ -120,7 +122,7 @@ def test_registry_finds_builtins_lazily() -> None:
 
 
 def test_registry_unknown_provider_names_the_choices() -> None:
-    with pytest.raises(hutch.InvalidArgument, match="available: .*local"):
+    with pytest.raises(hutch.InvalidArgument, match=r"available: .*local"):
         get_provider("no-such-provider")
 
 
@@ -210,7 +212,7 @@ async def test_missing_capability_names_provider_and_capability() -> None:
     with tempfile.TemporaryDirectory() as workdir:
         async with await hutch.create_sandbox("local", workdir=workdir) as local:
             assert not local.capabilities.pause and not local.capabilities.suspend
-            with pytest.raises(hutch.CapabilityUnsupported, match="'local'.*'pause'"):
+            with pytest.raises(hutch.CapabilityUnsupported, match=r"'local'.*'pause'"):
                 await local.pause()
             with pytest.raises(hutch.CapabilityUnsupported, match="suspend"):
                 await local.suspend()
