@@ -118,7 +118,7 @@ class Process:
             await kill_shielded(self._proc)
             self._error = ExecTimeout("background command was cancelled and killed")
             raise
-        except BaseException as exc:  # noqa: BLE001 - handed to wait()
+        except BaseException as exc:
             await kill_shielded(self._proc)
             self._error = exc
             self._exit_code = self._proc.returncode
