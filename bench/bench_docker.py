@@ -14,11 +14,10 @@ import tarfile
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from _common import header, row, time_async, time_sync  # noqa: E402
+import docker
 
-import docker  # noqa: E402
-
-import hutch  # noqa: E402
+import hutch
+from _common import header, row, time_async, time_sync
 
 IMAGE = os.environ.get("HUTCH_TEST_IMAGE", "hutch-test:bookworm")
 EXEC_RUNS = 60
