@@ -8,6 +8,7 @@ from typing import Any
 from ._sandbox import Sandbox, new_sandbox_id
 from ._sync import SyncProxy, run_sync_factory
 from .config import SandboxOptions, SandboxSpec, resolve_spec
+from .lifecycle.engine import LifecycleEngine, default_engine
 from .providers.registry import get_provider
 
 
@@ -17,6 +18,7 @@ async def create_sandbox(
     spec: SandboxSpec | None = None,
     options: SandboxOptions | Mapping[str, Any] | None = None,
     sandbox_id: str | None = None,
+    engine: LifecycleEngine | None = None,
     **settings: Any,
 ) -> Sandbox:
     """Provision a sandbox and return it, running.
@@ -44,6 +46,11 @@ async def create_sandbox(
         read_before_write=opts.read_before_write,
         output_limit=opts.output_limit,
     )
+    try:
+        await (engine or default_engine()).attach(sandbox, opts)
+    except BaseException:
+        await backend.close()
+        raise
     return sandbox
 
 

@@ -41,7 +41,9 @@ from ._types import (
 from .providers.base import SandboxBackend, join_path
 
 if TYPE_CHECKING:
+    from .lifecycle.engine import LifecycleRecord, SandboxStatus
     from .lifecycle.gate import LifecycleGate
+    from .lifecycle.state import SandboxState
 
 
 class Sandbox:
@@ -69,6 +71,8 @@ class Sandbox:
         self._open_ops = 0
         self._closed = False
         self._gate = gate
+        #: Set by the lifecycle engine that tracks this sandbox.
+        self._record: LifecycleRecord | None = None
 
     # -- identity -------------------------------------------------------------
     @property
@@ -99,10 +103,11 @@ class Sandbox:
     # -- the gate ---------------------------------------------------------------
     @asynccontextmanager
     async def _operation(self, name: str, *, activity: bool = True) -> AsyncIterator[None]:
+        if self._gate is not None:
+            # The gate knows why a sandbox is gone (expired, closed) and says so.
+            await self._gate.enter(self, name, activity=activity)
         if self._closed:
             raise SandboxUnavailable(f"sandbox {self.id} has been closed")
-        if self._gate is not None:
-            await self._gate.enter(self, name, activity=activity)
         self._open_ops += 1
         try:
             yield
@@ -348,36 +353,63 @@ class Sandbox:
         return await self.backend.preview_url(port)
 
     # -- lifecycle ------------------------------------------------------------------
+    def _engine(self) -> Any:
+        if self._gate is None:
+            raise SandboxUnavailable(f"sandbox {self.id} has no lifecycle engine")
+        return self._gate
+
+    @property
+    def state(self) -> SandboxState:
+        from .lifecycle.state import SandboxState
+
+        if self._record is not None:
+            return self._record.state
+        return SandboxState.TERMINATED if self._closed else SandboxState.RUNNING
+
+    def status(self) -> SandboxStatus:
+        """State, reason, deadline, idle time and meter. Reading it is not activity."""
+        status: SandboxStatus = self._engine().status(self)
+        return status
+
     async def pause(self) -> None:
+        """Hold the sandbox as it is: processes and memory stay, no CPU is used."""
         self.require("pause")
-        if self._gate is not None:
-            await self._gate.pause(self)
-        else:
-            await self.backend.pause()
+        await self._engine().pause(self)
 
     async def suspend(self) -> None:
+        """Free the sandbox's memory and keep its state on disk until resume."""
         self.require("suspend")
-        if self._gate is not None:
-            await self._gate.suspend(self)
-        else:
-            await self.backend.suspend()
+        await self._engine().suspend(self)
 
     async def resume(self) -> None:
-        if self._gate is not None:
-            await self._gate.resume(self)
-        else:
-            raise CapabilityUnsupported.for_provider(self.provider, "resume")
+        """Bring a paused or suspended sandbox back to running."""
+        await self._engine().resume(self)
+
+    async def set_timeout(self, seconds: float) -> float:
+        """Make the sandbox's deadline now + ``seconds``; returns it as Unix time."""
+        deadline: float = self._engine().set_timeout(self, seconds)
+        return deadline
+
+    async def _kill_processes(self) -> None:
+        for process in list(self._processes.values()):
+            await process.kill()
+        self._processes.clear()
+
+    async def _release(self) -> None:
+        """Kill what runs and free the backend (the lifecycle engine's reaping)."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._kill_processes()
+        await self.backend.close()
 
     async def close(self) -> None:
         """Kill background commands and release the sandbox. Idempotent."""
         if self._closed:
             return
-        self._closed = True
-        for process in list(self._processes.values()):
-            await process.kill()
         if self._gate is not None:
             await self._gate.closed(self)
-        await self.backend.close()
+        await self._release()
 
     async def __aenter__(self) -> Sandbox:
         return self

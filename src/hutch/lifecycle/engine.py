@@ -1,0 +1,502 @@
+"""The lifecycle engine: states, pause/suspend/resume, work-aware idleness and
+time limits, for every sandbox of one event loop.
+
+Each sandbox has a :class:`LifecycleRecord`. Operations pass through
+:meth:`LifecycleEngine.enter` (the gate): on a running sandbox that is one
+attribute check and a timestamp; a suspended one is resumed first (or
+refused in strict mode); an expired one fails with the typed error of its
+reason. Timers live in one :class:`Scheduler`: each record has one entry, at
+the earliest moment something could be due for it, and is re-evaluated then.
+
+Idleness is work-aware: an open operation, a running background command, or
+any process in the sandbox other than its keeper makes it busy, and a busy
+sandbox's idle clock restarts. A paused sandbox's idle clock is stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import weakref
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .._errors import (
+    HutchError,
+    IdleTimeoutExpired,
+    InvalidArgument,
+    MaxLifetimeExceeded,
+    SandboxExpired,
+    SandboxUnavailable,
+    TimeoutExpired,
+    TimeoutTooLarge,
+)
+from .clock import Clock, RealClock, VirtualClock
+from .scheduler import Scheduler
+from .state import FINAL, SandboxState, check_transition
+
+if TYPE_CHECKING:
+    from .._sandbox import Sandbox
+    from ..config import SandboxOptions
+
+log = logging.getLogger("hutch.lifecycle")
+
+DEFAULT_TIMEOUT_CEILING = 86400.0
+#: How often a busy sandbox is looked at again once an idle window is due.
+BUSY_POLL_SECONDS = 1.0
+
+TransitionHook = Callable[[str, SandboxState, SandboxState, str | None], Awaitable[None] | None]
+
+_EXPIRY: dict[str, tuple[type[SandboxExpired], str]] = {
+    "max_lifetime_exceeded": (
+        MaxLifetimeExceeded,
+        "it reached its max_lifetime; make a new sandbox (and give it a longer max_lifetime "
+        "if it needs one)",
+    ),
+    "idle_timeout": (
+        IdleTimeoutExpired,
+        "it was idle longer than its idle_timeout; make a new sandbox, and keep it busy or "
+        "call set_timeout before it goes idle",
+    ),
+    "timeout_expired": (
+        TimeoutExpired,
+        "its set_timeout deadline passed; make a new sandbox, and call set_timeout earlier "
+        "to extend it",
+    ),
+}
+
+
+@dataclass
+class Meter:
+    """Seconds spent in each state, the current stretch included."""
+
+    seconds: dict[SandboxState, float] = field(default_factory=dict)
+    state: SandboxState = SandboxState.CREATING
+    since: float = 0.0
+
+    def switch(self, state: SandboxState, now: float) -> None:
+        self.seconds[self.state] = self.seconds.get(self.state, 0.0) + (now - self.since)
+        self.state, self.since = state, now
+
+    def total(self, state: SandboxState, now: float) -> float:
+        current = now - self.since if state == self.state else 0.0
+        return self.seconds.get(state, 0.0) + current
+
+    def as_dict(self, now: float) -> dict[str, float]:
+        return {
+            "running_s": round(self.total(SandboxState.RUNNING, now), 3),
+            "paused_s": round(self.total(SandboxState.PAUSED, now), 3),
+            "suspended_s": round(self.total(SandboxState.SUSPENDED, now), 3),
+        }
+
+
+@dataclass
+class LifecycleRecord:
+    sandbox_id: str
+    options: SandboxOptions
+    state: SandboxState
+    created_mono: float
+    created_unix: float
+    last_activity_mono: float
+    meter: Meter
+    reason: str | None = None
+    live_deadline_mono: float | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: A transition is under way: operations wait for it instead of racing it.
+    transitioning: bool = False
+    can_suspend: bool = False
+
+
+@dataclass(frozen=True)
+class SandboxStatus:
+    """What a dashboard shows; reading it is not activity."""
+
+    id: str
+    state: SandboxState
+    reason: str | None
+    created_at_unix: float
+    last_active_unix: float
+    idle_seconds: float
+    deadline_unix: float | None
+    meter: dict[str, float]
+
+
+class LifecycleEngine:
+    """Lifecycle of every sandbox on one event loop (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        clock: Clock | None = None,
+        timeout_ceiling: float = DEFAULT_TIMEOUT_CEILING,
+        busy_poll: float = BUSY_POLL_SECONDS,
+        on_transition: TransitionHook | None = None,
+    ) -> None:
+        self.clock: Clock = clock or RealClock()
+        self.timeout_ceiling = timeout_ceiling
+        self.busy_poll = busy_poll
+        self.on_transition = on_transition
+        # A virtual clock is driven by advance(), never by a sleeping task.
+        self.scheduler = Scheduler(
+            self.clock, self._evaluate, drive=not isinstance(self.clock, VirtualClock)
+        )
+        self._sandboxes: dict[str, Sandbox] = {}
+
+    # -- registration --------------------------------------------------------------
+    async def attach(self, sandbox: Sandbox, options: SandboxOptions) -> LifecycleRecord:
+        """Track a sandbox whose backend has just been created."""
+        now = self.clock.monotonic()
+        record = LifecycleRecord(
+            sandbox_id=sandbox.id,
+            options=options,
+            state=SandboxState.CREATING,
+            created_mono=now,
+            created_unix=self.clock.time(),
+            last_activity_mono=now,
+            meter=Meter(since=now),
+            can_suspend=sandbox.capabilities.suspend,
+        )
+        sandbox._record = record
+        sandbox._gate = self
+        self._sandboxes[sandbox.id] = sandbox
+        await self._transition(sandbox, SandboxState.RUNNING, None)
+        self._reschedule(sandbox)
+        return record
+
+    def tracked(self) -> int:
+        return len(self._sandboxes)
+
+    @staticmethod
+    def _record(sandbox: Sandbox) -> LifecycleRecord:
+        record: LifecycleRecord | None = getattr(sandbox, "_record", None)
+        if record is None:
+            raise SandboxUnavailable(f"sandbox {sandbox.id} is not tracked by a lifecycle engine")
+        return record
+
+    # -- the gate (hot path) -----------------------------------------------------------
+    async def enter(self, sandbox: Sandbox, op: str, *, activity: bool) -> None:
+        record = self._record(sandbox)
+        if record.state is SandboxState.RUNNING and not record.transitioning:
+            if activity:
+                record.last_activity_mono = self.clock.monotonic()
+            return
+        await self._enter_slow(sandbox, record, op)
+        if activity:
+            record.last_activity_mono = self.clock.monotonic()
+
+    async def _enter_slow(self, sandbox: Sandbox, record: LifecycleRecord, op: str) -> None:
+        async with record.lock:  # waits out a transition under way
+            state = record.state
+            if state is SandboxState.RUNNING:
+                return
+            if state in FINAL:
+                raise self.expired_error(record)
+            if state is SandboxState.PAUSED:
+                raise SandboxUnavailable(
+                    f"sandbox {record.sandbox_id} is paused; resume it before {op}"
+                )
+            if state is SandboxState.SUSPENDED:
+                if not record.options.auto_resume:
+                    raise SandboxUnavailable(
+                        f"sandbox {record.sandbox_id} is suspended and auto_resume is off; "
+                        f"resume it before {op}"
+                    )
+                await self._resume_locked(sandbox, record)
+                return
+            raise SandboxUnavailable(f"sandbox {record.sandbox_id} is {state.value}")
+
+    def leave(self, sandbox: Sandbox, op: str, *, activity: bool) -> None:
+        if activity:
+            record: LifecycleRecord | None = getattr(sandbox, "_record", None)
+            if record is not None:
+                record.last_activity_mono = self.clock.monotonic()
+
+    def touch(self, sandbox: Sandbox) -> None:
+        self.leave(sandbox, "touch", activity=True)
+
+    def expired_error(self, record: LifecycleRecord) -> HutchError:
+        reason = record.reason or "terminated"
+        if reason in _EXPIRY:
+            cls, advice = _EXPIRY[reason]
+            return cls(f"sandbox {record.sandbox_id} was terminated: {advice}")
+        if reason == "closed":
+            return SandboxUnavailable(f"sandbox {record.sandbox_id} has been closed")
+        return SandboxUnavailable(
+            f"sandbox {record.sandbox_id} is {record.state.value} ({reason})"
+        )
+
+    # -- transitions ----------------------------------------------------------------------
+    async def _transition(
+        self, sandbox: Sandbox, new: SandboxState, reason: str | None
+    ) -> None:
+        record = self._record(sandbox)
+        old = record.state
+        check_transition(record.sandbox_id, old, new)
+        now = self.clock.monotonic()
+        record.state = new
+        record.reason = reason
+        record.meter.switch(new, now)
+        if new in (SandboxState.RUNNING,):
+            # Coming back (unpause, resume) is activity: the idle clock restarts.
+            record.last_activity_mono = now
+        log.info(
+            "sandbox %s: %s -> %s%s", record.sandbox_id, old.value, new.value,
+            f" ({reason})" if reason else "",
+        )
+        if self.on_transition is not None:
+            result = self.on_transition(record.sandbox_id, old, new, reason)
+            if inspect.isawaitable(result):
+                await result
+
+    async def pause(self, sandbox: Sandbox) -> None:
+        record = self._record(sandbox)
+        async with record.lock:
+            check_transition(record.sandbox_id, record.state, SandboxState.PAUSED)
+            await self._guarded(sandbox, record, sandbox.backend.pause)
+            await self._transition(sandbox, SandboxState.PAUSED, None)
+        self._reschedule(sandbox)
+
+    async def suspend(self, sandbox: Sandbox, reason: str | None = None) -> None:
+        record = self._record(sandbox)
+        async with record.lock:
+            await self._suspend_locked(sandbox, record, reason)
+        self._reschedule(sandbox)
+
+    async def _suspend_locked(
+        self, sandbox: Sandbox, record: LifecycleRecord, reason: str | None
+    ) -> None:
+        check_transition(record.sandbox_id, record.state, SandboxState.SUSPENDED)
+        if not sandbox.capabilities.suspend_keeps_processes:
+            # They die with the suspend; say so rather than leave handles hanging.
+            await sandbox._kill_processes()
+        await self._guarded(sandbox, record, sandbox.backend.suspend)
+        await self._transition(sandbox, SandboxState.SUSPENDED, reason)
+
+    async def resume(self, sandbox: Sandbox) -> None:
+        record = self._record(sandbox)
+        async with record.lock:
+            await self._resume_locked(sandbox, record)
+        self._reschedule(sandbox)
+
+    async def _resume_locked(self, sandbox: Sandbox, record: LifecycleRecord) -> None:
+        if record.state in FINAL:
+            raise self.expired_error(record)
+        check_transition(record.sandbox_id, record.state, SandboxState.RUNNING)
+        step = (
+            sandbox.backend.unpause if record.state is SandboxState.PAUSED
+            else sandbox.backend.resume
+        )
+        await self._guarded(sandbox, record, step)
+        await self._transition(sandbox, SandboxState.RUNNING, None)
+
+    async def _guarded(
+        self, sandbox: Sandbox, record: LifecycleRecord, step: Callable[[], Awaitable[None]]
+    ) -> None:
+        record.transitioning = True
+        try:
+            await step()
+        except HutchError:
+            raise
+        except Exception as exc:
+            await self._transition(sandbox, SandboxState.FAILED, f"{type(exc).__name__}: {exc}")
+            raise
+        finally:
+            record.transitioning = False
+
+    async def terminate(self, sandbox: Sandbox, reason: str) -> None:
+        """End a sandbox with ``reason``; later calls fail with its typed error."""
+        record = self._record(sandbox)
+        async with record.lock:
+            if record.state in FINAL:
+                return
+            await self._transition(sandbox, SandboxState.TERMINATED, reason)
+        self.scheduler.cancel(record.sandbox_id)
+        self._sandboxes.pop(record.sandbox_id, None)
+        log.warning("sandbox %s terminated: %s", record.sandbox_id, reason)
+        await sandbox._release()
+
+    async def closed(self, sandbox: Sandbox) -> None:
+        """The owner closed the sandbox: forget its timers."""
+        record: LifecycleRecord | None = getattr(sandbox, "_record", None)
+        if record is None:
+            return
+        self.scheduler.cancel(record.sandbox_id)
+        self._sandboxes.pop(record.sandbox_id, None)
+        async with record.lock:
+            if record.state not in FINAL:
+                await self._transition(sandbox, SandboxState.TERMINATED, "closed")
+
+    # -- time limits ------------------------------------------------------------------------
+    def set_timeout(self, sandbox: Sandbox, seconds: float) -> float:
+        """Make the deadline now + ``seconds``; return it as Unix time.
+
+        A deadline in the past reaps the sandbox; one above the ceiling is
+        refused, never clamped.
+        """
+        record = self._record(sandbox)
+        if record.state in FINAL:
+            raise self.expired_error(record)
+        if not isinstance(seconds, int | float) or seconds != seconds:
+            raise InvalidArgument(f"timeout_seconds must be a number, got {seconds!r}")
+        if seconds > self.timeout_ceiling:
+            raise TimeoutTooLarge(
+                f"timeout of {seconds:g} s for sandbox {record.sandbox_id} is above the "
+                f"ceiling of {self.timeout_ceiling:g} s"
+            )
+        record.live_deadline_mono = self.clock.monotonic() + seconds
+        self._reschedule(sandbox)
+        if seconds <= 0:
+            # Due now: the scheduler reaps it on its next turn.
+            self.scheduler.schedule(record.sandbox_id, self.clock.monotonic())
+        return self.clock.time() + seconds
+
+    def status(self, sandbox: Sandbox) -> SandboxStatus:
+        record = self._record(sandbox)
+        now = self.clock.monotonic()
+        wall = self.clock.time()
+        deadlines = [d for d in self._hard_deadlines(record) if d is not None]
+        deadline_unix = wall + (min(deadlines) - now) if deadlines else None
+        return SandboxStatus(
+            id=record.sandbox_id,
+            state=record.state,
+            reason=record.reason,
+            created_at_unix=record.created_unix,
+            last_active_unix=wall - (now - record.last_activity_mono),
+            idle_seconds=0.0 if sandbox.open_operations else now - record.last_activity_mono,
+            deadline_unix=deadline_unix,
+            meter=record.meter.as_dict(now),
+        )
+
+    # -- the timers ------------------------------------------------------------------------
+    @staticmethod
+    def _hard_deadlines(record: LifecycleRecord) -> tuple[float | None, float | None]:
+        lifetime = record.options.max_lifetime
+        return (
+            record.created_mono + lifetime if lifetime is not None else None,
+            record.live_deadline_mono,
+        )
+
+    def _idle_windows(self, record: LifecycleRecord, now: float) -> list[tuple[float, str]]:
+        """(window, action) pairs that apply in the record's current state."""
+        opts = record.options
+        live_future = record.live_deadline_mono is not None and record.live_deadline_mono > now
+        windows: list[tuple[float, str]] = []
+        # A provider that cannot suspend ignores idle_suspend_after.
+        if (
+            record.state is SandboxState.RUNNING
+            and opts.idle_suspend_after is not None
+            and record.can_suspend
+        ):
+            windows.append((opts.idle_suspend_after, "suspend"))
+        # The live deadline, while in the future, has authority over the idle clock.
+        if opts.idle_timeout is not None and not live_future and record.state in (
+            SandboxState.RUNNING, SandboxState.SUSPENDED
+        ):
+            windows.append((opts.idle_timeout, "terminate"))
+        return windows
+
+    def _reschedule(self, sandbox: Sandbox) -> None:
+        record: LifecycleRecord | None = getattr(sandbox, "_record", None)
+        if record is None or record.state in FINAL:
+            return
+        now = self.clock.monotonic()
+        candidates = [d for d in self._hard_deadlines(record) if d is not None]
+        candidates += [record.last_activity_mono + w for w, _ in self._idle_windows(record, now)]
+        if candidates:
+            self.scheduler.schedule(record.sandbox_id, min(candidates))
+        else:
+            self.scheduler.cancel(record.sandbox_id)
+
+    async def _is_busy(self, sandbox: Sandbox) -> bool:
+        if sandbox.open_operations:
+            return True
+        if sandbox.capabilities.processes:
+            try:
+                return await sandbox.backend.count_busy_processes() > 0
+            except Exception:  # an unreachable backend is not proof of idleness
+                log.exception("sandbox %s: could not count its processes", sandbox.id)
+                return True
+        return False
+
+    async def _evaluate(self, sandbox_id: str) -> None:
+        sandbox = self._sandboxes.get(sandbox_id)
+        if sandbox is None:
+            return
+        record = self._record(sandbox)
+        now = self.clock.monotonic()
+        lifetime, live = self._hard_deadlines(record)
+        try:
+            if record.state in FINAL:
+                return
+            if lifetime is not None and now >= lifetime:
+                await self.terminate(sandbox, "max_lifetime_exceeded")
+                return
+            if live is not None and now >= live:
+                await self.terminate(sandbox, "timeout_expired")
+                return
+            due = [(w, a) for w, a in self._idle_windows(record, now)
+                   if now - record.last_activity_mono >= w]
+            if due and not record.transitioning:
+                if record.state is SandboxState.RUNNING and await self._is_busy(sandbox):
+                    # Working, not idle: the idle clock starts again from now.
+                    record.last_activity_mono = self.clock.monotonic()
+                    self._poll_busy(sandbox, record)
+                    return
+                if any(a == "terminate" for _, a in due):
+                    await self.terminate(sandbox, "idle_timeout")
+                    return
+                async with record.lock:
+                    if record.state is SandboxState.RUNNING and not sandbox.open_operations:
+                        await self._suspend_locked(sandbox, record, "idle")
+        except HutchError as exc:
+            log.error("sandbox %s: lifecycle step failed: %s", sandbox_id, exc)
+        self._reschedule(sandbox)
+
+    def _poll_busy(self, sandbox: Sandbox, record: LifecycleRecord) -> None:
+        """Look at a busy sandbox again soon, not a whole idle window later."""
+        now = self.clock.monotonic()
+        candidates = [d for d in self._hard_deadlines(record) if d is not None]
+        windows = [w for w, _ in self._idle_windows(record, now)]
+        if windows:
+            candidates.append(now + min(min(windows), self.busy_poll))
+        if candidates:
+            self.scheduler.schedule(record.sandbox_id, min(candidates))
+
+    async def advance(self, seconds: float) -> None:
+        """Virtual clock only: move time forward, running every timer due on the way."""
+        if not isinstance(self.clock, VirtualClock):
+            raise InvalidArgument("advance() needs an engine with a VirtualClock")
+        target = self.clock.monotonic() + seconds
+        while True:
+            due = self.scheduler.next_due()
+            if due is None or due > target:
+                break
+            self.clock.step(max(0.0, due - self.clock.monotonic()))
+            tasks = self.scheduler.run_due()
+            if tasks:
+                await asyncio.gather(*tasks)
+        self.clock.step(target - self.clock.monotonic())
+        tasks = self.scheduler.run_due()
+        if tasks:
+            await asyncio.gather(*tasks)
+
+    async def close(self) -> None:
+        await self.scheduler.close()
+        self._sandboxes.clear()
+
+
+_default_engines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LifecycleEngine] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def default_engine() -> LifecycleEngine:
+    """The engine of the running event loop (one per loop, made on first use)."""
+    loop = asyncio.get_running_loop()
+    engine = _default_engines.get(loop)
+    if engine is None:
+        engine = _default_engines[loop] = LifecycleEngine()
+    return engine
+
