@@ -1,0 +1,109 @@
+"""Bench: lifecycle operations beside the docker SDK, and the timers' idle cost.
+
+Floors: pause+resume = docker pause + unpause; suspend+resume-to-first-exec =
+commit + remove + create + start + exec. Timer cost: CPU per second with
+100 000 idle sandboxes tracked, beside an event loop tracking none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import docker
+
+import hutch
+from _common import header, row, time_async, time_sync
+from hutch.lifecycle.engine import LifecycleEngine
+
+IMAGE = os.environ.get("HUTCH_TEST_IMAGE", "hutch-test:bookworm")
+TRACKED = 100_000
+
+
+def raw_exec(api: docker.APIClient, container: str) -> None:
+    created = api.exec_create(container, ["true"])
+    api.exec_start(created["Id"])
+    api.exec_inspect(created["Id"])
+
+
+async def docker_part() -> None:
+    api = docker.APIClient(version="auto")
+    header("lifecycle on docker (floor: the docker SDK directly)")
+    async with await hutch.create_sandbox("docker", image=IMAGE) as sb:
+        container = sb.backend.container_id
+
+        def raw_pause() -> None:
+            api.pause(container)
+            api.unpause(container)
+
+        async def ours_pause() -> None:
+            await sb.pause()
+            await sb.resume()
+
+        row("pause + resume", await time_async(ours_pause, 30), time_sync(raw_pause, 30),
+            "goal: <= 1.2x")
+        await sb.exec("head -c 10485760 /dev/urandom > /root/ten-mb.bin")
+
+        async def ours_suspend() -> None:
+            await sb.suspend()
+            await sb.resume()
+            await sb.exec(["true"])
+
+        ours = await time_async(ours_suspend, 5, warmup=1)
+
+    raw = api.create_container(IMAGE, ["sleep", "infinity"], detach=True)
+    api.start(raw["Id"])
+    raw_exec(api, raw["Id"])
+    api.exec_start(api.exec_create(raw["Id"], ["sh", "-c",
+                   "head -c 10485760 /dev/urandom > /root/ten-mb.bin"])["Id"])
+    current = {"id": raw["Id"]}
+
+    def raw_suspend() -> None:
+        image = api.commit(current["id"], repository="hutch-bench", tag="raw")
+        api.remove_container(current["id"], force=True)
+        made = api.create_container(image["Id"], ["sleep", "infinity"], detach=True)
+        api.start(made["Id"])
+        raw_exec(api, made["Id"])
+        current["id"] = made["Id"]
+
+    floor = time_sync(raw_suspend, 5, warmup=1)
+    api.remove_container(current["id"], force=True)
+    api.remove_image("hutch-bench:raw", force=True)
+    row("suspend + resume + first exec (10 MB change)", ours, floor)
+
+
+async def timer_part() -> None:
+    header(f"timers with {TRACKED} idle sandboxes tracked (floor: an idle event loop)")
+    window = 3.0
+
+    async def idle_cpu() -> float:
+        start_cpu, start = time.process_time(), time.perf_counter()
+        await asyncio.sleep(window)
+        return (time.process_time() - start_cpu) / (time.perf_counter() - start) * 1000
+
+    floor = await idle_cpu()
+    engine = LifecycleEngine()
+    sandboxes = [
+        await hutch.create_sandbox("virtual", engine=engine, idle_timeout=3600,
+                                   idle_suspend_after=1800, max_lifetime=86400)
+        for _ in range(TRACKED)
+    ]
+    assert engine.tracked() == TRACKED
+    ours = await idle_cpu()
+    print(f"{'CPU ms per second while nothing is due':<44} {ours:>9.3f}ms {floor:>9.3f}ms"
+          f"   (heap entries: {len(engine.scheduler)})")
+    await engine.close()
+    del sandboxes
+
+
+async def main() -> None:
+    await docker_part()
+    await timer_part()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
