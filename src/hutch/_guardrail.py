@@ -7,7 +7,15 @@ look first. Creating a new file is always allowed.
 
 from __future__ import annotations
 
+from contextvars import ContextVar
+
 from ._errors import ReadBeforeWrite
+
+#: The guard of the session making the current call, when a server runs
+#: several sessions over one sandbox (each has its own read set).
+session_guard: ContextVar[ReadBeforeWriteGuard | None] = ContextVar(
+    "hutch_session_guard", default=None
+)
 
 
 class ReadBeforeWriteGuard:

@@ -26,7 +26,7 @@ from ._errors import (
     SandboxIsADirectory,
     SandboxUnavailable,
 )
-from ._guardrail import ReadBeforeWriteGuard
+from ._guardrail import ReadBeforeWriteGuard, session_guard
 from ._process import ExitStatus, Process, StreamEvent, run_to_completion
 from ._types import (
     DEFAULT_OUTPUT_LIMIT,
@@ -65,7 +65,7 @@ class Sandbox:
         self.id = sandbox_id or backend.sandbox_id
         self.backend = backend
         self.output_limit = output_limit
-        self.guard = ReadBeforeWriteGuard(read_before_write)
+        self._guard = ReadBeforeWriteGuard(read_before_write)
         self.created_at = time.time()
         self._processes: dict[str, Process] = {}
         self._open_ops = 0
@@ -86,6 +86,11 @@ class Sandbox:
     @property
     def workdir(self) -> str:
         return self.backend.workdir
+
+    @property
+    def guard(self) -> ReadBeforeWriteGuard:
+        """The read-before-write guard of the session making this call."""
+        return session_guard.get() or self._guard
 
     @property
     def closed(self) -> bool:

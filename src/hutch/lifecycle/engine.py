@@ -145,15 +145,25 @@ class LifecycleEngine:
         self._sandboxes: dict[str, Sandbox] = {}
 
     # -- registration --------------------------------------------------------------
-    async def attach(self, sandbox: Sandbox, options: SandboxOptions) -> LifecycleRecord:
-        """Track a sandbox whose backend has just been created."""
+    async def attach(
+        self,
+        sandbox: Sandbox,
+        options: SandboxOptions,
+        *,
+        state: SandboxState = SandboxState.RUNNING,
+        created_unix: float | None = None,
+    ) -> LifecycleRecord:
+        """Track a sandbox whose backend has just been created (or was adopted
+        after a restart in ``state``, made at ``created_unix``)."""
         now = self.clock.monotonic()
+        wall = self.clock.time()
+        age = max(0.0, wall - created_unix) if created_unix is not None else 0.0
         record = LifecycleRecord(
             sandbox_id=sandbox.id,
             options=options,
             state=SandboxState.CREATING,
-            created_mono=now,
-            created_unix=self.clock.time(),
+            created_mono=now - age,
+            created_unix=created_unix if created_unix is not None else wall,
             last_activity_mono=now,
             meter=Meter(since=now),
             can_suspend=sandbox.capabilities.suspend,
@@ -161,7 +171,12 @@ class LifecycleEngine:
         sandbox._record = record
         sandbox._gate = self
         self._sandboxes[sandbox.id] = sandbox
-        await self._transition(sandbox, SandboxState.RUNNING, None)
+        if state is SandboxState.RUNNING:
+            await self._transition(sandbox, SandboxState.RUNNING, None)
+        else:
+            # Adopted as it was: no transition happened, nothing to persist.
+            record.state = state
+            record.meter.switch(state, now)
         self._reschedule(sandbox)
         return record
 

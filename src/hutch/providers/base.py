@@ -75,6 +75,15 @@ class SandboxBackend(abc.ABC):
         """What the store keeps to find this sandbox again after a restart."""
         return {"provider": self.provider, "workdir": self.workdir}
 
+    @classmethod
+    async def reconnect(cls, sandbox_id: str, description: Mapping[str, Any]) -> SandboxBackend:
+        """Rebuild a sandbox made by an earlier process from its ``describe()``."""
+        raise CapabilityUnsupported.for_provider(cls.provider, "reconnect")
+
+    async def memory_bytes(self) -> int | None:
+        """Memory the sandbox holds now, where the provider can tell."""
+        return None
+
     # -- processes ---------------------------------------------------------
     def shell_argv(self, command: str) -> list[str]:
         """The argv that runs a shell string: bash where there is one, else sh."""

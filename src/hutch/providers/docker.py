@@ -762,6 +762,21 @@ class DockerSandbox(SandboxBackend):
         image = self.suspended_image or self.config.image
         self.container_id = await self._run_container(image)
 
+    async def memory_bytes(self) -> int | None:
+        if self.container_id is None:
+            return 0  # suspended: nothing in memory
+        # cgroup v1 with the cgroupfs driver: a file read, not a stats call.
+        for path in (
+            f"/sys/fs/cgroup/memory/docker/{self.container_id}/memory.usage_in_bytes",
+            f"/sys/fs/cgroup/system.slice/docker-{self.container_id}.scope/memory.current",
+        ):
+            try:
+                with open(path) as fh:  # noqa: ASYNC230 - a cgroup file, microseconds
+                    return int(fh.read().strip())
+            except (OSError, ValueError):
+                continue
+        return None
+
     async def is_alive(self) -> bool:
         if self.container_id is None:
             return False

@@ -11,7 +11,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -67,8 +67,12 @@ class LocalSandbox(SandboxBackend):
         os.makedirs(workdir, exist_ok=True)
         return cls(sandbox_id, workdir, config.env)
 
-    def describe(self) -> dict[str, object]:
+    def describe(self) -> dict[str, Any]:
         return {**super().describe(), "env": self._extra_env}
+
+    @classmethod
+    async def reconnect(cls, sandbox_id: str, description: Mapping[str, Any]) -> LocalSandbox:
+        return cls(sandbox_id, str(description["workdir"]), description.get("env") or {})
 
     def shell_argv(self, command: str) -> list[str]:
         return ["bash" if self._has_bash else "sh", "-c", command]
