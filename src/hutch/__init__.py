@@ -33,6 +33,9 @@ from ._process import ExitStatus, Process
 from ._sandbox import Sandbox
 from ._types import Capabilities, ExecResult, FileInfo, FileType, GrepMatch, OutputChunk
 from .config import SandboxOptions, SandboxSpec
+from .lifecycle.clock import RealClock, VirtualClock
+from .lifecycle.engine import LifecycleEngine, SandboxStatus, default_engine
+from .lifecycle.state import SandboxState
 
 __version__ = "0.1.0"
 
@@ -49,6 +52,7 @@ __all__ = [
     "IdleTimeoutExpired",
     "InvalidArgument",
     "InvalidState",
+    "LifecycleEngine",
     "MaxLifetimeExceeded",
     "NotFound",
     "OutputChunk",
@@ -56,6 +60,7 @@ __all__ = [
     "Process",
     "ProviderError",
     "ReadBeforeWrite",
+    "RealClock",
     "Sandbox",
     "SandboxExpired",
     "SandboxFileNotFound",
@@ -63,10 +68,14 @@ __all__ = [
     "SandboxOptions",
     "SandboxPermissionDenied",
     "SandboxSpec",
+    "SandboxState",
+    "SandboxStatus",
     "SandboxUnavailable",
     "TimeoutExpired",
     "TimeoutTooLarge",
     "Unauthorized",
+    "VirtualClock",
     "create_sandbox",
     "create_sandbox_sync",
+    "default_engine",
 ]

@@ -376,6 +376,15 @@ class Sandbox:
         status: SandboxStatus = self._engine().status(self)
         return status
 
+    def info(self) -> SandboxStatus:
+        """The same as :meth:`status`."""
+        return self.status()
+
+    @property
+    def meter(self) -> dict[str, float]:
+        """Seconds spent running, paused and suspended so far."""
+        return self.status().meter
+
     async def pause(self) -> None:
         """Hold the sandbox as it is: processes and memory stay, no CPU is used."""
         self.require("pause")

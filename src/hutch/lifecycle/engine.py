@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -46,6 +45,8 @@ log = logging.getLogger("hutch.lifecycle")
 DEFAULT_TIMEOUT_CEILING = 86400.0
 #: How often a busy sandbox is looked at again once an idle window is due.
 BUSY_POLL_SECONDS = 1.0
+#: How long after a failed lifecycle step (a suspend the backend refused) it is tried again.
+RETRY_AFTER_SECONDS = 10.0
 
 TransitionHook = Callable[[str, SandboxState, SandboxState, str | None], Awaitable[None] | None]
 
@@ -122,6 +123,19 @@ class SandboxStatus:
     deadline_unix: float | None
     meter: dict[str, float]
 
+    def as_dict(self) -> dict[str, object]:
+        """Plain JSON-ready data (for the wire and ``hutch ls``)."""
+        return {
+            "id": self.id,
+            "state": self.state.value,
+            "reason": self.reason,
+            "created_at_unix": self.created_at_unix,
+            "last_active_unix": self.last_active_unix,
+            "idle_seconds": self.idle_seconds,
+            "deadline_unix": self.deadline_unix,
+            "meter": dict(self.meter),
+        }
+
 
 class LifecycleEngine:
     """Lifecycle of every sandbox on one event loop (see the module docstring)."""
@@ -132,11 +146,13 @@ class LifecycleEngine:
         clock: Clock | None = None,
         timeout_ceiling: float = DEFAULT_TIMEOUT_CEILING,
         busy_poll: float = BUSY_POLL_SECONDS,
+        retry_after: float = RETRY_AFTER_SECONDS,
         on_transition: TransitionHook | None = None,
     ) -> None:
         self.clock: Clock = clock or RealClock()
         self.timeout_ceiling = timeout_ceiling
         self.busy_poll = busy_poll
+        self.retry_after = retry_after
         self.on_transition = on_transition
         # A virtual clock is driven by advance(), never by a sleeping task.
         self.scheduler = Scheduler(
@@ -219,6 +235,7 @@ class LifecycleEngine:
                         f"resume it before {op}"
                     )
                 await self._resume_locked(sandbox, record)
+                self._reschedule(sandbox)
                 return
             raise SandboxUnavailable(f"sandbox {record.sandbox_id} is {state.value}")
 
@@ -230,6 +247,11 @@ class LifecycleEngine:
 
     def touch(self, sandbox: Sandbox) -> None:
         self.leave(sandbox, "touch", activity=True)
+
+    def _check_live(self, record: LifecycleRecord) -> None:
+        """A terminated sandbox answers every call with the error of its reason."""
+        if record.state in FINAL:
+            raise self.expired_error(record)
 
     def expired_error(self, record: LifecycleRecord) -> HutchError:
         reason = record.reason or "terminated"
@@ -268,6 +290,7 @@ class LifecycleEngine:
     async def pause(self, sandbox: Sandbox) -> None:
         record = self._record(sandbox)
         async with record.lock:
+            self._check_live(record)
             check_transition(record.sandbox_id, record.state, SandboxState.PAUSED)
             await self._guarded(sandbox, record, sandbox.backend.pause)
             await self._transition(sandbox, SandboxState.PAUSED, None)
@@ -282,11 +305,18 @@ class LifecycleEngine:
     async def _suspend_locked(
         self, sandbox: Sandbox, record: LifecycleRecord, reason: str | None
     ) -> None:
+        self._check_live(record)
         check_transition(record.sandbox_id, record.state, SandboxState.SUSPENDED)
-        if not sandbox.capabilities.suspend_keeps_processes:
-            # They die with the suspend; say so rather than leave handles hanging.
-            await sandbox._kill_processes()
-        await self._guarded(sandbox, record, sandbox.backend.suspend)
+        # From here on, operations wait for the lock (and then resume the
+        # sandbox) instead of slipping in while it goes down.
+        record.transitioning = True
+        try:
+            if not sandbox.capabilities.suspend_keeps_processes:
+                # They die with the suspend; end them rather than leave handles hanging.
+                await sandbox._kill_processes()
+            await self._guarded(sandbox, record, sandbox.backend.suspend)
+        finally:
+            record.transitioning = False
         await self._transition(sandbox, SandboxState.SUSPENDED, reason)
 
     async def resume(self, sandbox: Sandbox) -> None:
@@ -296,8 +326,7 @@ class LifecycleEngine:
         self._reschedule(sandbox)
 
     async def _resume_locked(self, sandbox: Sandbox, record: LifecycleRecord) -> None:
-        if record.state in FINAL:
-            raise self.expired_error(record)
+        self._check_live(record)
         check_transition(record.sandbox_id, record.state, SandboxState.RUNNING)
         step = (
             sandbox.backend.unpause if record.state is SandboxState.PAUSED
@@ -326,11 +355,19 @@ class LifecycleEngine:
         async with record.lock:
             if record.state in FINAL:
                 return
-            await self._transition(sandbox, SandboxState.TERMINATED, reason)
+            await self._terminate_locked(sandbox, record, reason)
+        self._forget(record)
+        await sandbox._release()
+
+    async def _terminate_locked(
+        self, sandbox: Sandbox, record: LifecycleRecord, reason: str
+    ) -> None:
+        await self._transition(sandbox, SandboxState.TERMINATED, reason)
+        log.warning("sandbox %s terminated: %s", record.sandbox_id, reason)
+
+    def _forget(self, record: LifecycleRecord) -> None:
         self.scheduler.cancel(record.sandbox_id)
         self._sandboxes.pop(record.sandbox_id, None)
-        log.warning("sandbox %s terminated: %s", record.sandbox_id, reason)
-        await sandbox._release()
 
     async def closed(self, sandbox: Sandbox) -> None:
         """The owner closed the sandbox: forget its timers."""
@@ -367,7 +404,12 @@ class LifecycleEngine:
             self.scheduler.schedule(record.sandbox_id, self.clock.monotonic())
         return self.clock.time() + seconds
 
+    def state(self, sandbox: Sandbox) -> SandboxStatus:
+        """State, reason, deadline, timestamps and meter (the daemon's view)."""
+        return self.status(sandbox)
+
     def status(self, sandbox: Sandbox) -> SandboxStatus:
+        """What :meth:`state` returns. Reading it is not activity."""
         record = self._record(sandbox)
         now = self.clock.monotonic()
         wall = self.clock.time()
@@ -436,48 +478,81 @@ class LifecycleEngine:
         return False
 
     async def _evaluate(self, sandbox_id: str) -> None:
+        """A timer fired: decide, under the record's lock, what is due."""
         sandbox = self._sandboxes.get(sandbox_id)
         if sandbox is None:
             return
         record = self._record(sandbox)
+        release = False
+        next_due: float | None = None
+        try:
+            # The lock waits out a transition under way (a pause, a resume by
+            # an operation) instead of racing it or polling until it is over.
+            async with record.lock:
+                release, next_due = await self._decide(sandbox, record)
+        except Exception:
+            # A failed step (a backend that could not suspend) is retried
+            # later; the sandbox is never silently dropped from the timers.
+            log.exception("sandbox %s: lifecycle step failed", sandbox_id)
+            next_due = self.clock.monotonic() + self.retry_after
+        if release:
+            self._forget(record)
+            await sandbox._release()
+            return
+        if record.state in FINAL:
+            self._forget(record)
+            return
+        if next_due is None:
+            self._reschedule(sandbox)
+        else:
+            self.scheduler.schedule(record.sandbox_id, next_due)
+
+    async def _decide(
+        self, sandbox: Sandbox, record: LifecycleRecord
+    ) -> tuple[bool, float | None]:
+        """(release the backend?, when to look again or None for the usual time)."""
+        if record.state in FINAL:
+            return False, None
         now = self.clock.monotonic()
         lifetime, live = self._hard_deadlines(record)
-        try:
-            if record.state in FINAL:
-                return
-            if lifetime is not None and now >= lifetime:
-                await self.terminate(sandbox, "max_lifetime_exceeded")
-                return
-            if live is not None and now >= live:
-                await self.terminate(sandbox, "timeout_expired")
-                return
-            due = [(w, a) for w, a in self._idle_windows(record, now)
-                   if now - record.last_activity_mono >= w]
-            if due and not record.transitioning:
-                if record.state is SandboxState.RUNNING and await self._is_busy(sandbox):
-                    # Working, not idle: the idle clock starts again from now.
-                    record.last_activity_mono = self.clock.monotonic()
-                    self._poll_busy(sandbox, record)
-                    return
-                if any(a == "terminate" for _, a in due):
-                    await self.terminate(sandbox, "idle_timeout")
-                    return
-                async with record.lock:
-                    if record.state is SandboxState.RUNNING and not sandbox.open_operations:
-                        await self._suspend_locked(sandbox, record, "idle")
-        except HutchError as exc:
-            log.error("sandbox %s: lifecycle step failed: %s", sandbox_id, exc)
-        self._reschedule(sandbox)
+        if lifetime is not None and now >= lifetime:
+            await self._terminate_locked(sandbox, record, "max_lifetime_exceeded")
+            return True, None
+        if live is not None and now >= live:
+            await self._terminate_locked(sandbox, record, "timeout_expired")
+            return True, None
+        idle_for = now - record.last_activity_mono
+        due = [action for window, action in self._idle_windows(record, now) if idle_for >= window]
+        if not due:
+            return False, None
+        if record.state is SandboxState.RUNNING:
+            seen = record.last_activity_mono
+            if await self._is_busy(sandbox):
+                # Working, not idle: the idle clock starts again from now, and
+                # the sandbox is looked at again soon, not a whole window later.
+                record.last_activity_mono = self.clock.monotonic()
+                return False, self._busy_recheck(record)
+            if sandbox.open_operations or record.last_activity_mono != seen:
+                return False, None  # an operation came in while we were looking
+        if "terminate" in due:
+            await self._terminate_locked(sandbox, record, "idle_timeout")
+            return True, None
+        if record.state is SandboxState.RUNNING:
+            await self._suspend_locked(sandbox, record, "idle")
+        return False, None
 
-    def _poll_busy(self, sandbox: Sandbox, record: LifecycleRecord) -> None:
-        """Look at a busy sandbox again soon, not a whole idle window later."""
+    def _busy_recheck(self, record: LifecycleRecord) -> float:
+        """When to look at a busy sandbox again: within a second for short
+        windows, within 5 % of the window for long ones (a process count
+        every second for a 1-hour window would cost more than it tells)."""
         now = self.clock.monotonic()
-        candidates = [d for d in self._hard_deadlines(record) if d is not None]
         windows = [w for w, _ in self._idle_windows(record, now)]
+        interval = self.busy_poll
         if windows:
-            candidates.append(now + min(min(windows), self.busy_poll))
-        if candidates:
-            self.scheduler.schedule(record.sandbox_id, min(candidates))
+            window = min(windows)
+            interval = min(window, max(self.busy_poll, window / 20))
+        candidates = [d for d in self._hard_deadlines(record) if d is not None]
+        return min([now + interval, *candidates])
 
     async def advance(self, seconds: float) -> None:
         """Virtual clock only: move time forward, running every timer due on the way."""
@@ -502,16 +577,19 @@ class LifecycleEngine:
         self._sandboxes.clear()
 
 
-_default_engines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LifecycleEngine] = (
-    weakref.WeakKeyDictionary()
-)
+_ENGINE_ATTRIBUTE = "_hutch_lifecycle_engine"
 
 
 def default_engine() -> LifecycleEngine:
-    """The engine of the running event loop (one per loop, made on first use)."""
+    """The engine of the running event loop (one per loop, made on first use).
+
+    It hangs off the loop itself, so it goes when the loop goes (a mapping
+    keyed by loop would keep every loop alive through its engine's task).
+    """
     loop = asyncio.get_running_loop()
-    engine = _default_engines.get(loop)
+    engine: LifecycleEngine | None = getattr(loop, _ENGINE_ATTRIBUTE, None)
     if engine is None:
-        engine = _default_engines[loop] = LifecycleEngine()
+        engine = LifecycleEngine()
+        setattr(loop, _ENGINE_ATTRIBUTE, engine)
     return engine
 
