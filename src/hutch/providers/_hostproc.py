@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import pwd
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-from .._errors import SandboxFileNotFound, SandboxPermissionDenied
+from .._errors import InvalidArgument, SandboxFileNotFound, SandboxPermissionDenied
 from .._types import OutputChunk
 from .base import BackendProcess
 
@@ -129,6 +130,10 @@ async def spawn(
 ) -> HostProcess:
     if not os.path.isdir(cwd):
         raise SandboxFileNotFound(f"working directory {cwd} does not exist")
+    extra: dict[str, object] = {}
+    if user is not None:
+        # preexec_fn, not user=: uvloop (the daemon's loop) has no user=.
+        extra["preexec_fn"] = _switch_user(user)
     try:
         proc = await asyncio.create_subprocess_exec(
             *argv,
@@ -138,14 +143,24 @@ async def spawn(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
-            user=user,
+            **extra,  # type: ignore[arg-type]
         )
     except PermissionError:
         raise SandboxPermissionDenied(f"cannot execute {argv[0]}: permission denied") from None
     except FileNotFoundError:
         raise SandboxFileNotFound(f"command not found: {argv[0]}") from None
-    except KeyError:
-        from .._errors import InvalidArgument
-
-        raise InvalidArgument(f"no such user {user!r}") from None
     return HostProcess(proc, exec_id, stdin)
+
+
+def _switch_user(user: str) -> Callable[[], None]:
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        raise InvalidArgument(f"no such user {user!r}") from None
+
+    def switch() -> None:  # runs in the child, between fork and exec
+        os.initgroups(entry.pw_name, entry.pw_gid)
+        os.setgid(entry.pw_gid)
+        os.setuid(entry.pw_uid)
+
+    return switch

@@ -1,0 +1,473 @@
+"""The HTTP API (docs/wire.md) over :class:`Daemon`.
+
+Handlers return plain dicts through ``JSONResponse``; the request models
+validate input and document it in the OpenAPI schema. Every error leaves as
+``{"error": {"code", "message"}}`` with the status of its code.
+"""
+
+from __future__ import annotations
+
+import base64
+import hmac
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+from fastapi import APIRouter, FastAPI, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .._errors import ExecTimeout, HutchError, InvalidArgument
+from .._process import ExitStatus, Process
+from .._sandbox import Sandbox
+from .._types import ExecResult, FileInfo, OutputChunk
+from .daemon import Daemon
+
+SESSION_HEADER = "x-hutch-session"
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+class ServerSettings(BaseModel):
+    data_dir: str | None = None
+    token: str | None = None
+    sandbox_defaults: dict[str, Any] = {}
+    timeout_ceiling: float = 86400.0
+
+
+# -- request bodies ------------------------------------------------------------------
+
+
+class ExecBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    cmd: str | list[str]
+    timeout: float | None = Field(default=None, gt=0)
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+    stdin: str | None = None
+    stdin_b64: str | None = None
+    user: str | None = None
+    output_limit: int | None = Field(default=None, gt=0)
+
+    def stdin_bytes(self) -> bytes | None:
+        if self.stdin_b64 is not None:
+            try:
+                return base64.b64decode(self.stdin_b64, validate=True)
+            except ValueError:
+                raise InvalidArgument("stdin_b64 is not valid base64") from None
+        return self.stdin.encode() if self.stdin is not None else None
+
+
+class SandboxRef(BaseModel):
+    sandbox: str
+
+
+class SetTimeoutBody(BaseModel):
+    timeout_seconds: float
+
+
+class SetTimeoutRef(SetTimeoutBody):
+    sandbox: str
+
+
+class WaitBody(BaseModel):
+    timeout: float | None = Field(default=None, gt=0)
+
+
+class GrepBody(BaseModel):
+    pattern: str
+    path: str = "."
+    glob: str | None = None
+    ignore_case: bool = False
+
+
+class GlobBody(BaseModel):
+    pattern: str
+    path: str = "."
+
+
+class WorkspaceSuspendBody(BaseModel):
+    diff: bool = False
+
+
+# -- encoding helpers -------------------------------------------------------------------
+
+
+def _text_or_b64(key: str, data: bytes, out: dict[str, Any]) -> None:
+    try:
+        out[key] = data.decode("utf-8")
+    except UnicodeDecodeError:
+        out[f"{key}_b64"] = base64.b64encode(data).decode()
+
+
+def exec_json(result: ExecResult) -> dict[str, Any]:
+    out: dict[str, Any] = {"exit_code": result.exit_code}
+    _text_or_b64("stdout", result.stdout_bytes, out)
+    _text_or_b64("stderr", result.stderr_bytes, out)
+    return out
+
+
+def file_json(info: FileInfo) -> dict[str, Any]:
+    return {"path": info.path, "type": info.type.value, "size": info.size,
+            "mode": info.mode, "mtime": info.mtime}
+
+
+def error_json(exc: HutchError) -> dict[str, Any]:
+    return {"error": {"code": exc.code, "message": exc.message}}
+
+
+def event_line(event: OutputChunk | ExitStatus) -> bytes:
+    if isinstance(event, ExitStatus):
+        return json.dumps({"exit_code": event.exit_code}).encode() + b"\n"
+    out: dict[str, Any] = {"stream": event.stream}
+    _text_or_b64("data", event.data, out)
+    return json.dumps(out).encode() + b"\n"
+
+
+def process_json(process: Process) -> dict[str, Any]:
+    return {"id": process.id, "running": process.running, "exit_code": process.exit_code,
+            "command": process.command}
+
+
+async def ndjson(process: Process, timeout: float | None) -> AsyncIterator[bytes]:
+    """A process's events as NDJSON; a failure midway is the last line."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        stream = process.stream()
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                with anyio.fail_after(remaining):
+                    event = await anext(stream)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                await process.kill()
+                yield json.dumps(error_json(ExecTimeout(
+                    f"command timed out after {timeout} s; its whole process tree was killed"
+                ))).encode() + b"\n"
+                return
+            yield event_line(event)
+    except HutchError as exc:
+        yield json.dumps(error_json(exc)).encode() + b"\n"
+    finally:
+        if process.running and timeout is not None:
+            await process.kill()
+
+
+# -- authentication -----------------------------------------------------------------------
+
+
+class TokenAuth:
+    """Pure ASGI middleware: every HTTP request needs the bearer token when one is set."""
+
+    def __init__(self, app: Any, token: str | None) -> None:
+        self.app = app
+        self.expected = f"Bearer {token}".encode() if token else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.expected is not None and scope["type"] == "http":
+            given = b""
+            for name, value in scope["headers"]:
+                if name == b"authorization":
+                    given = value
+                    break
+            if not hmac.compare_digest(given, self.expected):
+                body = json.dumps({"error": {
+                    "code": "unauthorized",
+                    "message": "missing or wrong token (send Authorization: Bearer <token>)",
+                }}).encode()
+                await send({"type": "http.response.start", "status": 401, "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"www-authenticate", b"Bearer"),
+                ]})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
+
+
+# -- the application ---------------------------------------------------------------------------
+
+
+def create_app(settings: ServerSettings | None = None) -> FastAPI:
+    settings = settings or ServerSettings()
+    holder: dict[str, Daemon] = {}
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        daemon = Daemon(
+            settings.data_dir, sandbox_defaults=settings.sandbox_defaults,
+            timeout_ceiling=settings.timeout_ceiling,
+        )
+        await daemon.start()
+        holder["daemon"] = daemon
+        try:
+            yield
+        finally:
+            await daemon.stop()
+
+    app = FastAPI(
+        title="hutch", version="1", lifespan=lifespan, default_response_class=JSONResponse,
+        description="A self-hosted sandbox manager for AI agents.",
+    )
+
+    def daemon() -> Daemon:
+        return holder["daemon"]
+
+    def sandbox_for(request: Request, sandbox_id: str) -> Sandbox:
+        return daemon().session(sandbox_id, request.headers.get(SESSION_HEADER))
+
+    @app.exception_handler(HutchError)
+    async def hutch_error(_: Request, exc: HutchError) -> JSONResponse:
+        return JSONResponse(error_json(exc), status_code=exc.http_status)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        details = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        )
+        return JSONResponse(
+            {"error": {"code": "invalid_argument", "message": details}}, status_code=400
+        )
+
+    @app.exception_handler(Exception)
+    async def unexpected_error(_: Request, exc: Exception) -> JSONResponse:
+        logging.getLogger("hutch.server").exception("unexpected error")
+        return JSONResponse(
+            {"error": {"code": "hutch_error", "message": f"{type(exc).__name__}: {exc}"}},
+            status_code=500,
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "invalid_argument", 401: "unauthorized"}.get(
+            exc.status_code, "invalid_argument"
+        )
+        return JSONResponse(
+            {"error": {"code": code, "message": str(exc.detail)}}, status_code=exc.status_code
+        )
+
+    v1 = APIRouter(prefix="/v1")
+
+    # -- sandboxes --
+    @v1.post("/sandboxes", status_code=201)
+    async def create_sandbox(body: dict[str, Any]) -> JSONResponse:
+        d = daemon()
+        sandbox = await d.create_sandbox(d.spec_from_request(body))
+        return JSONResponse(await d.info(sandbox), status_code=201)
+
+    @v1.get("/sandboxes")
+    async def list_sandboxes() -> JSONResponse:
+        d = daemon()
+        return JSONResponse({"sandboxes": [await d.info(s) for s in list(d.sandboxes.values())]})
+
+    @v1.get("/sandboxes/{sandbox_id}")
+    async def get_sandbox(sandbox_id: str) -> JSONResponse:
+        d = daemon()
+        return JSONResponse(await d.info(d.get(sandbox_id)))
+
+    @v1.delete("/sandboxes/{sandbox_id}", status_code=204)
+    async def delete_sandbox(sandbox_id: str) -> Response:
+        await daemon().delete_sandbox(sandbox_id)
+        return Response(status_code=204)
+
+    async def lifecycle(sandbox_id: str, action: str) -> JSONResponse:
+        d = daemon()
+        sandbox = d.get(sandbox_id)
+        await getattr(sandbox, action)()
+        return JSONResponse(await d.info(sandbox))
+
+    @v1.post("/sandboxes/{sandbox_id}/pause")
+    async def pause(sandbox_id: str) -> JSONResponse:
+        return await lifecycle(sandbox_id, "pause")
+
+    @v1.post("/sandboxes/{sandbox_id}/suspend")
+    async def suspend(sandbox_id: str) -> JSONResponse:
+        return await lifecycle(sandbox_id, "suspend")
+
+    @v1.post("/sandboxes/{sandbox_id}/resume")
+    async def resume(sandbox_id: str) -> JSONResponse:
+        return await lifecycle(sandbox_id, "resume")
+
+    @v1.post("/sandboxes/{sandbox_id}/set_timeout")
+    async def set_timeout(sandbox_id: str, body: SetTimeoutBody) -> JSONResponse:
+        deadline = await daemon().get(sandbox_id).set_timeout(body.timeout_seconds)
+        return JSONResponse({"deadline_unix": deadline})
+
+    # The seed-named endpoints other tools already speak.
+    @v1.post("/set_timeout")
+    async def set_timeout_named(body: SetTimeoutRef) -> JSONResponse:
+        deadline = await daemon().get(body.sandbox).set_timeout(body.timeout_seconds)
+        return JSONResponse({"deadline_unix": deadline})
+
+    @v1.post("/pause")
+    async def pause_named(body: SandboxRef) -> JSONResponse:
+        return await lifecycle(body.sandbox, "pause")
+
+    @v1.post("/resume")
+    async def resume_named(body: SandboxRef) -> JSONResponse:
+        return await lifecycle(body.sandbox, "resume")
+
+    # -- exec --
+    @v1.post("/sandboxes/{sandbox_id}/exec")
+    async def exec_(request: Request, sandbox_id: str, body: ExecBody) -> JSONResponse:
+        sandbox = sandbox_for(request, sandbox_id)
+        result = await sandbox.exec(
+            body.cmd, cwd=body.cwd, env=body.env, stdin=body.stdin_bytes(), user=body.user,
+            timeout=body.timeout, output_limit=body.output_limit,
+        )
+        return JSONResponse(exec_json(result))
+
+    async def start_process(request: Request, sandbox_id: str, body: ExecBody) -> Process:
+        sandbox = sandbox_for(request, sandbox_id)
+        return await sandbox.start(
+            body.cmd, cwd=body.cwd, env=body.env, stdin=body.stdin_bytes(), user=body.user,
+            output_limit=body.output_limit,
+        )
+
+    @v1.post("/sandboxes/{sandbox_id}/exec/stream")
+    async def exec_stream(request: Request, sandbox_id: str, body: ExecBody) -> StreamingResponse:
+        process = await start_process(request, sandbox_id, body)
+        sandbox = daemon().get(sandbox_id)
+
+        async def events() -> AsyncIterator[bytes]:
+            try:
+                async for line in ndjson(process, body.timeout):
+                    yield line
+            finally:
+                if process.running:
+                    await process.kill()
+                sandbox._processes.pop(process.id, None)
+
+        return StreamingResponse(events(), media_type="application/x-ndjson")
+
+    @v1.post("/sandboxes/{sandbox_id}/processes", status_code=201)
+    async def start(request: Request, sandbox_id: str, body: ExecBody) -> JSONResponse:
+        process = await start_process(request, sandbox_id, body)
+        return JSONResponse(process_json(process), status_code=201)
+
+    @v1.get("/sandboxes/{sandbox_id}/processes")
+    async def processes(sandbox_id: str) -> JSONResponse:
+        sandbox = daemon().get(sandbox_id)
+        return JSONResponse({"processes": [process_json(p) for p in sandbox.processes()]})
+
+    @v1.get("/sandboxes/{sandbox_id}/processes/{process_id}")
+    async def process(sandbox_id: str, process_id: str) -> JSONResponse:
+        return JSONResponse(process_json(daemon().get(sandbox_id).process(process_id)))
+
+    @v1.post("/sandboxes/{sandbox_id}/processes/{process_id}/wait")
+    async def wait(sandbox_id: str, process_id: str, body: WaitBody) -> JSONResponse:
+        result = await daemon().get(sandbox_id).process(process_id).wait(timeout=body.timeout)
+        return JSONResponse(exec_json(result))
+
+    @v1.get("/sandboxes/{sandbox_id}/processes/{process_id}/stream")
+    async def process_stream(sandbox_id: str, process_id: str) -> StreamingResponse:
+        proc = daemon().get(sandbox_id).process(process_id)
+        return StreamingResponse(ndjson(proc, None), media_type="application/x-ndjson")
+
+    @v1.post("/sandboxes/{sandbox_id}/processes/{process_id}/kill", status_code=204)
+    async def kill(sandbox_id: str, process_id: str) -> Response:
+        await daemon().get(sandbox_id).process(process_id).kill()
+        return Response(status_code=204)
+
+    # -- files --
+    @v1.put("/sandboxes/{sandbox_id}/files", status_code=204)
+    async def write_file(request: Request, sandbox_id: str, path: str = Query()) -> Response:
+        sandbox = sandbox_for(request, sandbox_id)
+        await sandbox.write_bytes(path, await request.body())
+        return Response(status_code=204)
+
+    @v1.get("/sandboxes/{sandbox_id}/files")
+    async def read_file(
+        request: Request, sandbox_id: str, path: str = Query(),
+        limit: int = Query(default=256 * 1024 * 1024, gt=0),
+    ) -> Response:
+        sandbox = sandbox_for(request, sandbox_id)
+        data = await sandbox.read_bytes(path, limit=limit)
+        return Response(data, media_type="application/octet-stream")
+
+    @v1.delete("/sandboxes/{sandbox_id}/files", status_code=204)
+    async def remove_file(
+        request: Request, sandbox_id: str, path: str = Query(), recursive: bool = False
+    ) -> Response:
+        await sandbox_for(request, sandbox_id).remove(path, recursive=recursive)
+        return Response(status_code=204)
+
+    @v1.get("/sandboxes/{sandbox_id}/stat")
+    async def stat(request: Request, sandbox_id: str, path: str = Query()) -> JSONResponse:
+        return JSONResponse(file_json(await sandbox_for(request, sandbox_id).stat(path)))
+
+    @v1.get("/sandboxes/{sandbox_id}/list")
+    async def list_dir(request: Request, sandbox_id: str, path: str = ".") -> JSONResponse:
+        entries = await sandbox_for(request, sandbox_id).list_dir(path)
+        return JSONResponse({"entries": [file_json(e) for e in entries]})
+
+    @v1.post("/sandboxes/{sandbox_id}/grep")
+    async def grep(request: Request, sandbox_id: str, body: GrepBody) -> JSONResponse:
+        matches = await sandbox_for(request, sandbox_id).grep(
+            body.pattern, body.path, glob=body.glob, ignore_case=body.ignore_case
+        )
+        return JSONResponse({"matches": [
+            {"path": m.path, "line_number": m.line_number, "line": m.line} for m in matches
+        ]})
+
+    @v1.post("/sandboxes/{sandbox_id}/glob")
+    async def glob(request: Request, sandbox_id: str, body: GlobBody) -> JSONResponse:
+        paths = await sandbox_for(request, sandbox_id).glob(body.pattern, body.path)
+        return JSONResponse({"paths": paths})
+
+    # -- workspaces --
+    @v1.get("/workspaces")
+    async def list_workspaces() -> JSONResponse:
+        d = daemon()
+        return JSONResponse({"workspaces": [d.workspace_json(w) for w in d.list_workspaces()]})
+
+    @v1.post("/workspaces", status_code=201)
+    async def create_workspace(body: dict[str, Any]) -> JSONResponse:
+        d = daemon()
+        row = await d.create_workspace(body)
+        return JSONResponse(d.workspace_json(row), status_code=201)
+
+    @v1.get("/workspaces/{name}")
+    async def get_workspace(name: str) -> JSONResponse:
+        d = daemon()
+        return JSONResponse(d.workspace_json(d.get_workspace(name)))
+
+    @v1.delete("/workspaces/{name}", status_code=204)
+    async def delete_workspace(name: str) -> Response:
+        await daemon().delete_workspace(name)
+        return Response(status_code=204)
+
+    @v1.post("/workspaces/{name}/suspend")
+    async def suspend_workspace(
+        name: str, body: WorkspaceSuspendBody | None = None
+    ) -> JSONResponse:
+        d = daemon()
+        row = await d.suspend_workspace(name, diff=bool(body and body.diff))
+        return JSONResponse(d.workspace_json(row))
+
+    @v1.post("/workspaces/{name}/resume")
+    async def resume_workspace(name: str) -> JSONResponse:
+        d = daemon()
+        return JSONResponse(d.workspace_json(await d.resume_workspace(name)))
+
+    @v1.get("/events")
+    async def events(subject: str | None = None, limit: int = 100) -> JSONResponse:
+        return JSONResponse({"events": daemon().store.events(subject, limit)})
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    app.include_router(v1)
+    app.add_middleware(TokenAuth, token=settings.token)
+    return app

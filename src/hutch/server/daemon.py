@@ -1,0 +1,514 @@
+"""The daemon's core, free of HTTP: sandboxes and workspaces that outlive the
+process, written through the store before they are acknowledged.
+
+Start-up reconciles the store with what really runs: sandboxes whose runtime
+is alive are adopted, running workspaces whose sandbox is gone become
+``stale``, half-made records (a create cut short) are dropped with whatever
+they made, and hutch-labelled containers nobody knows are removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import anyio.to_thread
+
+from .._errors import (
+    CapabilityUnsupported,
+    HutchError,
+    InvalidArgument,
+    InvalidState,
+    NotFound,
+    ProviderError,
+)
+from .._guardrail import ReadBeforeWriteGuard, session_guard
+from .._sandbox import Sandbox, new_sandbox_id
+from ..config import SandboxSpec, resolve_spec
+from ..lifecycle.engine import LifecycleEngine
+from ..lifecycle.state import SandboxState
+from ..providers.registry import get_provider
+from ..store import SandboxRow, SQLiteStore, Store, WorkspaceRow
+
+log = logging.getLogger("hutch.daemon")
+
+WORKSPACE_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+STATE_REPOSITORY = "hutch-workspace"
+
+
+def default_data_dir() -> str:
+    return os.environ.get("HUTCH_HOME") or os.path.expanduser("~/.local/share/hutch")
+
+
+class Daemon:
+    def __init__(
+        self,
+        data_dir: str | None = None,
+        *,
+        sandbox_defaults: Mapping[str, Any] | None = None,
+        timeout_ceiling: float = 86400.0,
+        store: Store | None = None,
+    ) -> None:
+        self.data_dir = os.path.abspath(data_dir or default_data_dir())
+        os.makedirs(self.data_dir, exist_ok=True)
+        # Providers that keep files on the host keep them under the data dir.
+        os.environ["HUTCH_HOME"] = self.data_dir
+        self.store = store or SQLiteStore(os.path.join(self.data_dir, "hutch.db"))
+        self.sandbox_defaults = dict(sandbox_defaults or {})
+        self.engine = LifecycleEngine(
+            timeout_ceiling=timeout_ceiling, on_transition=self._persist_transition
+        )
+        self.sandboxes: dict[str, Sandbox] = {}
+        self._guards: dict[tuple[str, str], ReadBeforeWriteGuard] = {}
+        self._workspace_locks: dict[str, asyncio.Lock] = {}
+
+    # -- persistence of transitions ---------------------------------------------------
+    async def _persist_transition(
+        self, sandbox_id: str, old: SandboxState, new: SandboxState, reason: str | None
+    ) -> None:
+        row = self.store.get_sandbox(sandbox_id)
+        sandbox = self.sandboxes.get(sandbox_id)
+        if row is None:
+            return
+        row.state, row.reason = new.value, reason
+        if sandbox is not None:
+            row.description = sandbox.backend.describe()
+        await anyio.to_thread.run_sync(self.store.put_sandbox, row)
+        self.store.log_event(
+            sandbox_id, "transition",
+            f"{old.value} -> {new.value}" + (f" ({reason})" if reason else ""),
+        )
+        if new in (SandboxState.TERMINATED, SandboxState.FAILED):
+            self.sandboxes.pop(sandbox_id, None)
+            if reason not in (None, "closed"):
+                log.warning("sandbox %s reaped: %s", sandbox_id, reason)
+
+    # -- sandboxes ---------------------------------------------------------------------
+    def spec_from_request(self, body: Mapping[str, Any]) -> SandboxSpec:
+        return resolve_spec(flags=body, server_defaults=self.sandbox_defaults)
+
+    async def create_sandbox(
+        self, spec: SandboxSpec, *, workspace: str | None = None, sandbox_id: str | None = None
+    ) -> Sandbox:
+        sid = sandbox_id or new_sandbox_id()
+        now = time.time()
+        row = SandboxRow(
+            id=sid, provider=spec.provider.type, state=SandboxState.CREATING.value,
+            spec=spec.model_dump(), workspace=workspace, created_at_unix=now,
+        )
+        # Intent first: a daemon killed mid-create finds this row and cleans up.
+        await anyio.to_thread.run_sync(self.store.put_sandbox, row)
+        backend_cls = get_provider(spec.provider.type)
+        try:
+            backend = await backend_cls.create(spec.provider, sid)
+        except BaseException:
+            self.store.delete_sandbox(sid)
+            raise
+        sandbox = self._wrap(backend, spec)
+        self.sandboxes[sid] = sandbox
+        try:
+            await self.engine.attach(sandbox, spec.options)
+        except BaseException:
+            self.sandboxes.pop(sid, None)
+            await backend.close()
+            self.store.delete_sandbox(sid)
+            raise
+        self.store.log_event(sid, "created", f"{spec.provider.type} sandbox created")
+        return sandbox
+
+    @staticmethod
+    def _wrap(backend: Any, spec: SandboxSpec) -> Sandbox:
+        return Sandbox(
+            backend,
+            sandbox_id=backend.sandbox_id,
+            read_before_write=spec.options.read_before_write,
+            output_limit=spec.options.output_limit,
+        )
+
+    def get(self, sandbox_id: str) -> Sandbox:
+        try:
+            return self.sandboxes[sandbox_id]
+        except KeyError:
+            row = self.store.get_sandbox(sandbox_id)
+            if row is not None and row.state in ("terminated", "failed"):
+                record = _FinalRecord(row)
+                raise self.engine.expired_error(record) from None  # type: ignore[arg-type]
+            raise NotFound(f"no sandbox {sandbox_id}") from None
+
+    def session(self, sandbox_id: str, session: str | None) -> Sandbox:
+        """The sandbox, with the calling session's read-before-write guard in effect."""
+        sandbox = self.get(sandbox_id)
+        if session:
+            key = (sandbox_id, session)
+            guard = self._guards.get(key)
+            if guard is None:
+                guard = self._guards[key] = ReadBeforeWriteGuard(sandbox._guard.enabled)
+            session_guard.set(guard)
+        return sandbox
+
+    async def info(self, sandbox: Sandbox) -> dict[str, Any]:
+        status = sandbox.status()
+        memory = None
+        with contextlib.suppress(Exception):
+            memory = await sandbox.backend.memory_bytes()
+        row_workspace = None
+        return {
+            "id": sandbox.id,
+            "provider": sandbox.provider,
+            "state": status.state.value,
+            "reason": status.reason,
+            "workdir": sandbox.workdir,
+            "capabilities": sandbox.capabilities.as_dict(),
+            "created_at_unix": status.created_at_unix,
+            "last_active_unix": status.last_active_unix,
+            "idle_seconds": status.idle_seconds,
+            "deadline_unix": status.deadline_unix,
+            "meter": status.meter,
+            "memory_bytes": memory,
+            "workspace": row_workspace,
+        }
+
+    async def delete_sandbox(self, sandbox_id: str) -> None:
+        sandbox = self.get(sandbox_id)
+        await sandbox.close()
+        self.sandboxes.pop(sandbox_id, None)
+        self._guards = {k: v for k, v in self._guards.items() if k[0] != sandbox_id}
+
+    # -- workspaces ----------------------------------------------------------------------
+    def _lock(self, name: str) -> asyncio.Lock:
+        return self._workspace_locks.setdefault(name, asyncio.Lock())
+
+    def _workspace(self, name: str) -> WorkspaceRow:
+        row = self.store.get_workspace(name)
+        if row is None:
+            raise NotFound(f"no workspace {name!r}")
+        return row
+
+    def workspace_json(self, row: WorkspaceRow) -> dict[str, Any]:
+        status = row.status
+        live = self.sandboxes.get(row.live_sandbox_id or "")
+        if status == "running" and live is not None:
+            if live.state is SandboxState.SUSPENDED:
+                status = "suspended"  # suspended on idle; the next call resumes it
+            live_record = live._record
+            if live_record is not None:
+                row.last_active_unix = live.status().last_active_unix
+        return {
+            "name": row.name,
+            "status": status,
+            "provider": row.provider,
+            "live_sandbox_id": row.live_sandbox_id,
+            "current_state_tag": row.current_state_tag,
+            "source_snapshot_tag": row.source_snapshot_tag,
+            "image": row.image,
+            "host_workdir": row.host_workdir,
+            "created_at_unix": row.created_at_unix,
+            "last_active_unix": row.last_active_unix,
+        }
+
+    def list_workspaces(self) -> list[WorkspaceRow]:
+        return self.store.list_workspaces()
+
+    def get_workspace(self, name: str) -> WorkspaceRow:
+        return self._workspace(name)
+
+    async def create_workspace(self, body: Mapping[str, Any]) -> WorkspaceRow:
+        body = dict(body)
+        name = str(body.pop("name", "") or "")
+        if not WORKSPACE_NAME.match(name):
+            raise InvalidArgument(
+                f"workspace name {name!r} must be 1-63 characters of a-z, 0-9, '.', '_', '-'"
+            )
+        snapshot_tag = body.pop("snapshot_tag", None)
+        image = body.pop("image", None)
+        if bool(snapshot_tag) == bool(image):
+            raise InvalidArgument("a workspace is made from exactly one of snapshot_tag or image")
+        provider = body.setdefault("provider", "docker")
+        if provider != "docker":
+            raise CapabilityUnsupported.for_provider(str(provider), "workspaces")
+        async with self._lock(name):
+            if self.store.get_workspace(name) is not None:
+                raise InvalidState(f"workspace {name!r} already exists")
+            host_workdir = os.path.join(self.data_dir, "workspaces", name, "workspace")
+            os.makedirs(host_workdir, exist_ok=True)
+            spec = self.spec_from_request(
+                {**body, "image": snapshot_tag or image, "host_workdir": host_workdir}
+            )
+            now = time.time()
+            sid = new_sandbox_id()
+            row = WorkspaceRow(
+                name=name, status="creating", provider="docker", spec=spec.model_dump(),
+                live_sandbox_id=sid, source_snapshot_tag=snapshot_tag, image=image,
+                host_workdir=host_workdir, created_at_unix=now, last_active_unix=now,
+            )
+            self.store.put_workspace(row)
+            try:
+                await self.create_sandbox(spec, workspace=name, sandbox_id=sid)
+            except BaseException:
+                self.store.delete_workspace(name)
+                shutil.rmtree(os.path.dirname(host_workdir), ignore_errors=True)
+                raise
+            row.status = "running"
+            self.store.put_workspace(row)
+            self.store.log_event(name, "workspace", f"created from {snapshot_tag or image}")
+            return row
+
+    async def suspend_workspace(self, name: str, *, diff: bool) -> WorkspaceRow:
+        """Capture the workspace's state into its one state snapshot, free the sandbox.
+
+        ``diff``: commit only the changes since the state the sandbox started
+        from (one more layer on the last snapshot). Otherwise the whole file
+        system is flattened into a fresh single-layer image.
+        """
+        async with self._lock(name):
+            row = self._workspace(name)
+            sandbox = self.sandboxes.get(row.live_sandbox_id or "")
+            if row.status != "running" or sandbox is None:
+                raise InvalidState(
+                    f"workspace {name!r} is {row.status}; only a running one suspends"
+                )
+            if sandbox.state in (SandboxState.SUSPENDED, SandboxState.PAUSED):
+                await sandbox.resume()
+            row.status = "suspending"
+            self.store.put_workspace(row)
+            tag = f"{STATE_REPOSITORY}-{name}:state"
+            previous = row.current_state_tag
+            try:
+                await self._capture_state(sandbox, tag, diff=diff)
+            except BaseException:
+                row.status = "running"
+                self.store.put_workspace(row)
+                raise
+            row.status, row.current_state_tag, row.live_sandbox_id = "suspended", tag, None
+            row.last_active_unix = time.time()
+            self.store.put_workspace(row)
+            await sandbox.close()
+            self.sandboxes.pop(sandbox.id, None)
+            self.store.log_event(
+                name, "workspace", f"suspended into {tag} ({'diff' if diff else 'full'})"
+                + (f", replacing {previous}" if previous and previous != tag else "")
+            )
+            return row
+
+    async def _capture_state(self, sandbox: Sandbox, tag: str, *, diff: bool) -> None:
+        from ..providers.docker import DockerSandbox, engine
+
+        backend = sandbox.backend
+        if not isinstance(backend, DockerSandbox) or backend.container_id is None:
+            raise CapabilityUnsupported.for_provider(sandbox.provider, "workspace suspend")
+        container = backend.container_id
+        repository, _, label = tag.partition(":")
+        api = engine()
+        old_image: str | None = None
+        with contextlib.suppress(Exception):
+            old_image = api.inspect_image(tag)["Id"]
+        if diff:
+            await anyio.to_thread.run_sync(
+                lambda: api.commit(container, repository=repository, tag=label)
+            )
+        else:
+            def flatten() -> None:
+                exporter = subprocess.Popen(
+                    ["docker", "export", container], stdout=subprocess.PIPE
+                )
+                importer = subprocess.run(
+                    ["docker", "import", "-", tag], stdin=exporter.stdout, capture_output=True,
+                    check=False,
+                )
+                exporter.wait()
+                if exporter.returncode or importer.returncode:
+                    raise ProviderError(
+                        f"flattening {container} into {tag} failed: {importer.stderr.decode()}"
+                    )
+
+            await anyio.to_thread.run_sync(flatten)
+        if old_image is not None:
+            # The old snapshot is replaced; docker keeps it while a newer layer needs it.
+            with contextlib.suppress(Exception):
+                await anyio.to_thread.run_sync(lambda: api.remove_image(old_image))
+
+    async def resume_workspace(self, name: str) -> WorkspaceRow:
+        async with self._lock(name):
+            row = self._workspace(name)
+            live = self.sandboxes.get(row.live_sandbox_id or "")
+            if row.status == "running" and live is not None:
+                if live.state in (SandboxState.SUSPENDED, SandboxState.PAUSED):
+                    await live.resume()
+                    return row
+                raise InvalidState(f"workspace {name!r} is already running")
+            if row.status not in ("suspended", "stale"):
+                raise InvalidState(f"workspace {name!r} is {row.status}; it cannot resume")
+            image = row.current_state_tag or row.source_snapshot_tag or row.image
+            spec = SandboxSpec.model_validate(row.spec)
+            spec = spec.model_copy(
+                update={"provider": spec.provider.model_copy(update={"image": image})}
+            )
+            sid = new_sandbox_id()
+            row.live_sandbox_id, row.status = sid, "resuming"
+            self.store.put_workspace(row)
+            try:
+                await self.create_sandbox(spec, workspace=name, sandbox_id=sid)
+            except BaseException:
+                row.live_sandbox_id, row.status = None, "stale"
+                self.store.put_workspace(row)
+                raise
+            row.status, row.last_active_unix = "running", time.time()
+            self.store.put_workspace(row)
+            self.store.log_event(name, "workspace", f"resumed from {image}")
+            return row
+
+    async def delete_workspace(self, name: str) -> None:
+        async with self._lock(name):
+            row = self._workspace(name)
+            live = self.sandboxes.get(row.live_sandbox_id or "")
+            if live is not None:
+                await live.close()
+                self.sandboxes.pop(live.id, None)
+            if row.current_state_tag:
+                from ..providers.docker import engine
+
+                with contextlib.suppress(Exception):
+                    await anyio.to_thread.run_sync(
+                        lambda: engine().remove_image(row.current_state_tag, force=True)
+                    )
+            if row.host_workdir:
+                workspace_dir = os.path.dirname(row.host_workdir)
+                await anyio.to_thread.run_sync(
+                    lambda: shutil.rmtree(workspace_dir, ignore_errors=True)
+                )
+            self.store.delete_workspace(name)
+            self.store.log_event(name, "workspace", "deleted (its source is kept)")
+
+    # -- start-up and shut-down ------------------------------------------------------------
+    async def start(self) -> None:
+        await self.reconcile()
+
+    async def reconcile(self) -> None:
+        for row in self.store.list_sandboxes():
+            await self._reconcile_sandbox(row)
+        for ws in self.store.list_workspaces():
+            self._reconcile_workspace(ws)
+        await self._remove_orphan_containers()
+
+    async def _reconcile_sandbox(self, row: SandboxRow) -> None:
+        if row.state == SandboxState.CREATING.value:
+            await self._remove_container_of(row.id, "its create was cut short")
+            self.store.delete_sandbox(row.id)
+            log.warning("dropped sandbox %s: its create was cut short", row.id)
+            return
+        try:
+            backend_cls = get_provider(row.provider)
+            backend = await backend_cls.reconnect(row.id, row.description)
+            spec = SandboxSpec.model_validate(row.spec)
+        except (HutchError, KeyError, ValueError) as exc:
+            self._mark_lost(row, f"lost: cannot reconnect after a restart ({exc})")
+            return
+        state = SandboxState(row.state)
+        if state in (SandboxState.RUNNING, SandboxState.PAUSED) and not await backend.is_alive():
+            self._mark_lost(row, "lost: its runtime is gone")
+            return
+        sandbox = self._wrap(backend, spec)
+        self.sandboxes[row.id] = sandbox
+        await self.engine.attach(
+            sandbox, spec.options, state=state, created_unix=row.created_at_unix
+        )
+        self.store.log_event(row.id, "adopted", f"adopted after restart as {state.value}")
+        log.info("adopted sandbox %s (%s)", row.id, state.value)
+
+    def _mark_lost(self, row: SandboxRow, reason: str) -> None:
+        row.state, row.reason = SandboxState.TERMINATED.value, reason
+        self.store.put_sandbox(row)
+        self.store.log_event(row.id, "lost", reason)
+        log.warning("sandbox %s %s", row.id, reason)
+
+    def _reconcile_workspace(self, ws: WorkspaceRow) -> None:
+        live = ws.live_sandbox_id in self.sandboxes
+        if ws.status == "creating":
+            if ws.live_sandbox_id and ws.live_sandbox_id in self.sandboxes:
+                ws.status = "running"  # the create finished; only its last write did not
+                self.store.put_workspace(ws)
+            else:
+                self.store.delete_workspace(ws.name)
+                log.warning("dropped workspace %s: its create was cut short", ws.name)
+            return
+        if ws.status in ("running", "suspending", "resuming") and not live:
+            ws.status = "suspended" if ws.status == "suspending" and self._image_exists(
+                ws.current_state_tag
+            ) else "stale"
+            ws.live_sandbox_id = None
+            self.store.put_workspace(ws)
+            log.warning("workspace %s is %s: its sandbox is gone", ws.name, ws.status)
+        elif ws.status in ("suspending", "resuming") and live:
+            ws.status = "running"
+            self.store.put_workspace(ws)
+
+    @staticmethod
+    def _image_exists(tag: str | None) -> bool:
+        if not tag:
+            return False
+        from ..providers.docker import engine
+
+        try:
+            engine().inspect_image(tag)
+        except Exception:
+            return False
+        return True
+
+    async def _remove_container_of(self, sandbox_id: str, why: str) -> None:
+        try:
+            from ..providers.docker import engine
+
+            api = engine()
+            await anyio.to_thread.run_sync(
+                lambda: api.remove_container(f"hutch-{sandbox_id}", force=True)
+            )
+            log.warning("removed container hutch-%s: %s", sandbox_id, why)
+        except Exception:
+            pass
+
+    async def _remove_orphan_containers(self) -> None:
+        try:
+            from ..providers.docker import engine, list_managed_containers
+
+            containers = await anyio.to_thread.run_sync(list_managed_containers)
+        except Exception as exc:
+            log.info("no Docker Engine to reconcile with (%s)", exc)
+            return
+        api = engine()
+        for sandbox_id, container_id, _status in containers:
+            sandbox = self.sandboxes.get(sandbox_id)
+            backend_container = getattr(sandbox.backend, "container_id", None) if sandbox else None
+            if backend_container == container_id:
+                continue
+            if sandbox is None:
+                row = self.store.get_sandbox(sandbox_id)
+                if row is not None and row.description.get("config", {}).get("preserve"):
+                    continue
+            await anyio.to_thread.run_sync(
+                functools.partial(api.remove_container, container_id, force=True)
+            )
+            self.store.log_event(sandbox_id or container_id, "orphan", "removed orphan container")
+            log.warning("removed orphan container %s (sandbox %s)", container_id[:12], sandbox_id)
+
+    async def stop(self) -> None:
+        """Stop the daemon, leaving every sandbox running for the next start to adopt."""
+        await self.engine.close()
+        self.store.close()
+
+
+class _FinalRecord:
+    """Enough of a lifecycle record to name why a finished sandbox is gone."""
+
+    def __init__(self, row: SandboxRow) -> None:
+        self.sandbox_id = row.id
+        self.reason = row.reason
+        self.state = SandboxState(row.state)
