@@ -26,6 +26,10 @@ async def wait_for_state(sb: Any, state: SandboxState, within: float) -> float:
     raise AssertionError(f"sandbox stayed {sb.state} for {within} s, expected {state}")
 
 
+def container_of(sb: hutch.Sandbox) -> str:
+    return str(getattr(sb.backend, "container_id", None))
+
+
 def container_exists(container_id: str) -> bool:
     return any(c["Id"] == container_id for c in docker.APIClient().containers(all=True))
 
@@ -36,7 +40,7 @@ async def test_twenty_suspend_resume_cycles_keep_every_file() -> None:
         for i in range(20):
             await sb.write_text(f"/root/cycle-{i}.txt", f"rootfs {i}")
             await sb.write_text(f"work-{i}.txt", f"workspace {i}")
-            container = sb.backend.container_id
+            container = container_of(sb)
             await sb.suspend()
             assert sb.state == SandboxState.SUSPENDED
             assert not container_exists(container), "suspend left the container (and its memory)"
@@ -68,7 +72,7 @@ async def test_suspended_docker_sandbox_auto_resumes_or_refuses() -> None:
         "docker", image=TEST_IMAGE, idle_suspend_after=1
     ) as sb:
         await sb.write_text("/root/kept.txt", "kept")
-        container = sb.backend.container_id
+        container = container_of(sb)
         await wait_for_state(sb, SandboxState.SUSPENDED, within=8)
         assert not container_exists(container)
         result = await sb.exec(["cat", "/root/kept.txt"])

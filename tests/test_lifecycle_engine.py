@@ -1,0 +1,317 @@
+"""Lifecycle engine internals: the scheduler, work-aware idleness with a fake
+process count, transitions racing operations, failures, and process exit.
+
+Everything runs on the virtual provider; the clock is virtual except where
+the scheduler's own sleeping task is the thing under test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+import hutch
+from hutch._types import Capabilities
+from hutch.lifecycle.clock import RealClock, VirtualClock
+from hutch.lifecycle.engine import LifecycleEngine
+from hutch.lifecycle.scheduler import Scheduler
+from hutch.lifecycle.state import ALLOWED, FINAL, SandboxState, check_transition
+from hutch.providers.virtual import VirtualSandbox
+
+pytestmark = pytest.mark.anyio
+
+
+class BusyVirtual(VirtualSandbox):
+    """A virtual sandbox that reports ``busy`` processes besides its keeper."""
+
+    capabilities = Capabilities(processes=True, pause=True, suspend=True)
+
+    def __init__(self, sandbox_id: str, workdir: str = "/workspace") -> None:
+        super().__init__(sandbox_id, workdir)
+        self.busy = 0
+        self.counted = 0
+        self.gate: asyncio.Event | None = None
+        self.fail_pause = False
+
+    async def count_busy_processes(self) -> int:
+        self.counted += 1
+        return self.busy
+
+    async def suspend(self) -> None:
+        if self.gate is not None:
+            await self.gate.wait()
+        await super().suspend()
+
+    async def pause(self) -> None:
+        if self.fail_pause:
+            raise RuntimeError("the freezer is stuck")
+        await super().pause()
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[LifecycleEngine]:
+    eng = LifecycleEngine(clock=VirtualClock())
+    yield eng
+    await eng.close()
+
+
+async def busy_sandbox(engine: LifecycleEngine, **options: Any) -> tuple[Any, BusyVirtual]:
+    backend = BusyVirtual(f"sb-busy-{id(options)}")
+    sandbox = hutch.Sandbox(backend, read_before_write=False)
+    await engine.attach(sandbox, hutch.SandboxOptions(**options))
+    return sandbox, backend
+
+
+# -- the state machine ---------------------------------------------------------------
+def test_every_illegal_transition_is_a_typed_error() -> None:
+    for old in SandboxState:
+        for new in SandboxState:
+            if new in ALLOWED[old]:
+                check_transition("sb", old, new)
+            else:
+                with pytest.raises(hutch.InvalidState) as info:
+                    check_transition("sb", old, new)
+                assert info.value.code == "invalid_state"
+    assert all(not ALLOWED[s] for s in FINAL)
+
+
+async def test_expired_sandbox_answers_every_call_with_its_reason(
+    engine: LifecycleEngine,
+) -> None:
+    sb = await hutch.create_sandbox("virtual", engine=engine, max_lifetime=10)
+    await engine.advance(11)
+    for call in (sb.pause, sb.suspend, sb.resume, lambda: sb.set_timeout(5),
+                 lambda: sb.read_text("x"), lambda: sb.glob("*")):
+        with pytest.raises(hutch.MaxLifetimeExceeded, match="make a new sandbox"):
+            await call()
+    assert sb.status().reason == "max_lifetime_exceeded"
+    assert sb.closed, "reaping released the backend"
+
+
+async def test_failed_backend_step_is_the_failed_state(engine: LifecycleEngine) -> None:
+    sb, backend = await busy_sandbox(engine)
+    backend.fail_pause = True
+    with pytest.raises(RuntimeError, match="freezer"):
+        await sb.pause()
+    assert sb.state == SandboxState.FAILED
+    assert "freezer" in (sb.status().reason or "")
+    with pytest.raises(hutch.SandboxUnavailable, match="failed"):
+        await sb.read_text("x")
+
+
+# -- idleness ---------------------------------------------------------------------------
+async def test_busy_processes_keep_a_sandbox_awake(engine: LifecycleEngine) -> None:
+    sb, backend = await busy_sandbox(engine, idle_suspend_after=2, idle_timeout=5)
+    backend.busy = 1  # `nohup sleep 600 &`: no calls, but work going on
+    await engine.advance(600)
+    assert sb.state == SandboxState.RUNNING
+    backend.busy = 0
+    await engine.advance(3.5)
+    assert sb.state == SandboxState.SUSPENDED
+    await engine.advance(6)
+    assert sb.state == SandboxState.TERMINATED
+    assert sb.status().reason == "idle_timeout"
+
+
+async def test_busy_recheck_is_cheap_for_long_windows(engine: LifecycleEngine) -> None:
+    sb, backend = await busy_sandbox(engine, idle_timeout=600)
+    backend.busy = 1
+    await engine.advance(3600)
+    assert sb.state == SandboxState.RUNNING
+    # Looked at every 30 s (5 % of the window), not every second.
+    assert backend.counted <= 3600 / 30 + 2
+    backend.busy = 0
+    await engine.advance(600 + 31)
+    assert sb.state == SandboxState.TERMINATED
+
+
+async def test_open_operation_is_activity(engine: LifecycleEngine) -> None:
+    sb, _ = await busy_sandbox(engine, idle_suspend_after=5)
+    sb._open_ops += 1  # an exec stream held open for a long time
+    await engine.advance(100)
+    assert sb.state == SandboxState.RUNNING
+    assert sb.status().idle_seconds == 0
+    sb._open_ops -= 1
+    await engine.advance(7)
+    assert sb.state == SandboxState.SUSPENDED
+
+
+async def test_idle_suspend_rearms_after_auto_resume(engine: LifecycleEngine) -> None:
+    sb: Any = await hutch.create_sandbox(
+        "virtual", engine=engine, read_before_write=False, idle_suspend_after=10
+    )
+    await sb.write_text("f", "kept")
+    for _ in range(5):
+        await engine.advance(11)
+        assert sb.state == SandboxState.SUSPENDED
+        assert await sb.read_text("f") == "kept"
+        assert sb.state == SandboxState.RUNNING
+    assert sb.meter["suspended_s"] == pytest.approx(5 * 1)
+
+
+async def test_paused_sandbox_still_meets_its_hard_bounds(engine: LifecycleEngine) -> None:
+    sb = await hutch.create_sandbox("virtual", engine=engine, max_lifetime=50, idle_timeout=5)
+    await sb.pause()
+    await engine.advance(49)
+    assert sb.state == SandboxState.PAUSED  # idle clock stopped
+    await engine.advance(2)
+    assert sb.status().reason == "max_lifetime_exceeded"
+
+
+async def test_suspended_sandbox_is_reaped_by_idle_timeout(engine: LifecycleEngine) -> None:
+    sb = await hutch.create_sandbox(
+        "virtual", engine=engine, idle_suspend_after=5, idle_timeout=20
+    )
+    await engine.advance(6)
+    assert sb.state == SandboxState.SUSPENDED
+    await engine.advance(15)
+    assert sb.status().reason == "idle_timeout"
+
+
+async def test_local_provider_ignores_idle_suspend_and_says_so() -> None:
+    from hutch.providers.local import LocalSandbox
+
+    assert not LocalSandbox.capabilities.pause
+    assert not LocalSandbox.capabilities.suspend
+    eng = LifecycleEngine(clock=VirtualClock())
+    sb = await hutch.create_sandbox("local", engine=eng, idle_suspend_after=5)
+    await eng.advance(100)
+    assert sb.state == SandboxState.RUNNING
+    with pytest.raises(hutch.CapabilityUnsupported, match="suspend"):
+        await sb.suspend()
+    with pytest.raises(hutch.CapabilityUnsupported, match="pause"):
+        await sb.pause()
+    await sb.close()
+    await eng.close()
+
+
+# -- transitions and operations ------------------------------------------------------------
+async def test_operation_during_suspend_waits_then_resumes(engine: LifecycleEngine) -> None:
+    sb, backend = await busy_sandbox(engine)
+    await sb.write_text("f", "kept")
+    backend.gate = asyncio.Event()
+    suspending = asyncio.ensure_future(sb.suspend())
+    await asyncio.sleep(0)
+    reading = asyncio.ensure_future(sb.read_text("f"))
+    await asyncio.sleep(0.01)
+    assert not reading.done(), "an operation slipped into a sandbox going down"
+    backend.gate.set()
+    await suspending
+    assert await reading == "kept"
+    assert sb.state == SandboxState.RUNNING
+
+
+async def test_transition_hook_sees_pause_resume_and_close(engine: LifecycleEngine) -> None:
+    calls: list[str] = []
+
+    def hook(sid: str, old: SandboxState, new: SandboxState, reason: str | None) -> None:
+        calls.append(new.value)
+
+    engine.on_transition = hook
+    sb = await hutch.create_sandbox("virtual", engine=engine)
+    await sb.pause()
+    await sb.resume()
+    await sb.close()
+    assert calls == ["running", "paused", "running", "terminated"]
+
+
+async def test_state_for_the_daemon(engine: LifecycleEngine) -> None:
+    sb = await hutch.create_sandbox("virtual", engine=engine, read_before_write=False)
+    await engine.advance(3)
+    await sb.write_text("x", "y")
+    await engine.advance(4)
+    deadline = engine.set_timeout(sb, 100)
+    view = engine.state(sb)
+    assert view.state is SandboxState.RUNNING
+    assert view.deadline_unix == deadline == engine.clock.time() + 100
+    assert view.created_at_unix == engine.clock.time() - 7
+    assert view.last_active_unix == engine.clock.time() - 4
+    assert view.idle_seconds == 4
+    assert view.as_dict()["meter"] == {"running_s": 7, "paused_s": 0, "suspended_s": 0}
+    assert sb.info() == view
+
+
+# -- the scheduler ---------------------------------------------------------------------------
+async def test_scheduler_keeps_one_live_entry_per_key() -> None:
+    fired: list[str] = []
+
+    async def callback(key: str) -> None:
+        fired.append(key)
+
+    clock = VirtualClock()
+    scheduler = Scheduler(clock, callback, drive=False)
+    for i in range(1000):
+        scheduler.schedule("a", 10 + i)  # rescheduled 1000 times
+    scheduler.schedule("b", 5)
+    scheduler.cancel("b")
+    assert len(scheduler) == 1
+    assert scheduler.next_due() == 1009
+    clock.step(2000)
+    await asyncio.gather(*scheduler.run_due())
+    assert fired == ["a"]
+    assert len(scheduler) == 0
+
+
+async def test_scheduler_task_wakes_early_and_closes() -> None:
+    fired: list[tuple[str, float]] = []
+
+    async def callback(key: str) -> None:
+        fired.append((key, time.monotonic()))
+
+    scheduler = Scheduler(RealClock(), callback)
+    start = time.monotonic()
+    scheduler.schedule("late", start + 60)
+    await asyncio.sleep(0.01)  # the task now sleeps for a minute
+    scheduler.schedule("soon", start + 0.1)
+    await asyncio.sleep(0.4)
+    assert [k for k, _ in fired] == ["soon"]
+    assert fired[0][1] - start < 0.35
+    await scheduler.close()
+    assert scheduler._task is not None and scheduler._task.done()
+
+
+async def test_many_idle_sandboxes_cost_nothing_while_nothing_is_due() -> None:
+    calls = 0
+
+    async def callback(key: str) -> None:
+        nonlocal calls
+        calls += 1
+
+    clock = VirtualClock()
+    scheduler = Scheduler(clock, callback, drive=False)
+    for i in range(100_000):
+        scheduler.schedule(f"sb-{i}", 3600 + i % 100)
+    clock.step(3599)
+    started = time.process_time()
+    for _ in range(1000):  # a thousand wake-ups with nothing due
+        assert not scheduler.run_due()
+    assert time.process_time() - started < 0.5
+    assert calls == 0
+
+
+def test_timers_never_keep_the_process_alive() -> None:
+    script = textwrap.dedent(
+        """
+        import asyncio, hutch
+        async def main():
+            sb = await hutch.create_sandbox(
+                "virtual", idle_timeout=3600, idle_suspend_after=600, max_lifetime=7200
+            )
+            await sb.set_timeout(3000)
+        asyncio.run(main())
+        print("done")
+        """
+    )
+    started = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=30, check=True
+    )
+    assert out.stdout.strip() == "done"
+    assert time.monotonic() - started < 15
