@@ -32,6 +32,7 @@ from ._errors import (
 from ._process import ExitStatus, Process
 from ._sandbox import Sandbox
 from ._types import Capabilities, ExecResult, FileInfo, FileType, GrepMatch, OutputChunk
+from .client import AsyncClient, Client
 from .config import SandboxOptions, SandboxSpec
 from .lifecycle.clock import RealClock, VirtualClock
 from .lifecycle.engine import LifecycleEngine, SandboxStatus, default_engine
@@ -40,6 +41,8 @@ from .lifecycle.state import SandboxState
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncClient",
+    "Client",
     "Capabilities",
     "CapabilityUnsupported",
     "ExecResult",

@@ -1,0 +1,121 @@
+"""The Python SDK: ``hutch.Client`` and ``hutch.AsyncClient``.
+
+Both faces are built from one table of operations (:mod:`._core`), so they
+have the same methods with the same signatures, and the sandboxes they return
+behave like in-process :class:`hutch.Sandbox` objects: the same results, the
+same typed errors. ``HUTCH_URL`` and ``HUTCH_TOKEN`` are read when not given.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._core import ClientOps, ProcessOps, SandboxOps, build_async, build_sync
+from ._transports import AsyncTransport, SyncTransport
+
+
+class _ProcessState(ProcessOps):
+    def __init__(self, transport: Any, sandbox_id: str, info: dict[str, Any]) -> None:
+        self._transport = transport
+        self.sandbox_id = sandbox_id
+        self.id = str(info["id"])
+        self.command = str(info.get("command", ""))
+        self._running = bool(info.get("running", True))
+        self._exit_code = info.get("exit_code")
+
+    def __repr__(self) -> str:
+        return f"<remote process {self.id} in {self.sandbox_id}>"
+
+
+class _SandboxState(SandboxOps):
+    def __init__(self, transport: Any, info: dict[str, Any]) -> None:
+        self._transport = transport
+        self.id = str(info["id"])
+        self._info = info
+
+    def __repr__(self) -> str:
+        return f"<remote sandbox {self.id} provider={self._info.get('provider')}>"
+
+
+AsyncRemoteProcess = build_async(_ProcessState, "AsyncRemoteProcess")
+RemoteProcess = build_sync(_ProcessState, "RemoteProcess")
+_AsyncRemoteSandbox = build_async(_SandboxState, "AsyncRemoteSandbox")
+_RemoteSandbox = build_sync(_SandboxState, "RemoteSandbox")
+
+
+class AsyncRemoteSandbox(_AsyncRemoteSandbox):  # type: ignore[misc, valid-type]
+    """A sandbox owned by the daemon, used from async code."""
+
+    async def __aenter__(self) -> AsyncRemoteSandbox:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class RemoteSandbox(_RemoteSandbox):  # type: ignore[misc, valid-type]
+    """A sandbox owned by the daemon, used from sync code."""
+
+    def __enter__(self) -> RemoteSandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _ClientState(ClientOps):
+    pass
+
+
+_AsyncClient = build_async(_ClientState, "AsyncClient")
+_Client = build_sync(_ClientState, "Client")
+
+
+class AsyncClient(_AsyncClient):  # type: ignore[misc, valid-type]
+    """The daemon, from async code: ``async with hutch.AsyncClient() as client``."""
+
+    def __init__(self, url: str | None = None, *, token: str | None = None) -> None:
+        self._transport = AsyncTransport(
+            url, token, {"sandbox": AsyncRemoteSandbox, "process": AsyncRemoteProcess}
+        )
+
+    @property
+    def url(self) -> str:
+        return str(self._transport.url)
+
+    async def aclose(self) -> None:
+        await self._transport.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class Client(_Client):  # type: ignore[misc, valid-type]
+    """The daemon, from sync code: ``with hutch.Client() as client``."""
+
+    def __init__(self, url: str | None = None, *, token: str | None = None) -> None:
+        self._transport = SyncTransport(
+            url, token, {"sandbox": RemoteSandbox, "process": RemoteProcess}
+        )
+
+    @property
+    def url(self) -> str:
+        return str(self._transport.url)
+
+    def close(self) -> None:
+        self._transport.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = [
+    "AsyncClient", "AsyncRemoteProcess", "AsyncRemoteSandbox", "Client", "RemoteProcess",
+    "RemoteSandbox",
+]

@@ -1,0 +1,502 @@
+"""The SDK's I/O-free core: every operation written once, as a generator.
+
+An operation yields :class:`Call` objects (what to send) and receives the
+decoded answer; it returns the value the caller gets. A *driver* does the
+I/O: the async one over ``httpx.AsyncClient``, the sync one over
+``httpx.Client``. :func:`build_facades` turns the one table of operations
+into the async and the sync classes, so the two faces have the same methods
+with the same signatures by construction, and there is one place where a
+request is built or an answer decoded.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from .._errors import HutchError, InvalidArgument, SandboxUnavailable, error_from_code
+from .._process import ExitStatus
+from .._types import Capabilities, ExecResult, FileInfo, FileType, GrepMatch, OutputChunk
+
+SESSION_HEADER = "X-Hutch-Session"
+DEFAULT_URL = "http://127.0.0.1:8787"
+#: Headroom on top of a command's own timeout before the HTTP call gives up.
+HTTP_GRACE_SECONDS = 30.0
+
+
+@dataclass
+class Call:
+    method: str
+    path: str
+    params: dict[str, Any] | None = None
+    json: Any = None
+    content: bytes | None = None
+    #: Seconds to wait for the answer; None waits as long as it takes.
+    timeout: float | None = 60.0
+    #: The answer is NDJSON events, handed to the caller as they come.
+    stream: bool = False
+    #: The answer is raw bytes rather than JSON.
+    raw: bool = False
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+Op = Generator[Call, Any, Any]
+
+
+# -- decoding ---------------------------------------------------------------------------
+
+
+def raise_for_error(status: int, body: bytes) -> None:
+    if status < 400:
+        return
+    try:
+        error = json.loads(body)["error"]
+        raise error_from_code(str(error["code"]), str(error["message"]))
+    except (ValueError, KeyError, TypeError):
+        raise HutchError(f"daemon answered {status}: {body[:200]!r}") from None
+
+
+def unreachable(url: str, exc: Exception) -> SandboxUnavailable:
+    return SandboxUnavailable(
+        f"the hutch daemon at {url} is not reachable ({type(exc).__name__}); "
+        "start it with `hutch serve`"
+    )
+
+
+def _bytes_field(data: Mapping[str, Any], key: str) -> bytes:
+    if f"{key}_b64" in data:
+        return base64.b64decode(data[f"{key}_b64"])
+    return str(data.get(key, "")).encode()
+
+
+def decode_exec(data: Mapping[str, Any]) -> ExecResult:
+    return ExecResult(int(data["exit_code"]), _bytes_field(data, "stdout"),
+                      _bytes_field(data, "stderr"))
+
+
+def decode_event(data: Mapping[str, Any]) -> OutputChunk | ExitStatus:
+    if "error" in data:
+        raise error_from_code(str(data["error"]["code"]), str(data["error"]["message"]))
+    if "exit_code" in data:
+        return ExitStatus(int(data["exit_code"]))
+    if data.get("stream") == "stderr":
+        return OutputChunk("stderr", _bytes_field(data, "data"))
+    return OutputChunk("stdout", _bytes_field(data, "data"))
+
+
+def decode_file(data: Mapping[str, Any]) -> FileInfo:
+    return FileInfo(str(data["path"]), FileType(data["type"]), int(data["size"]),
+                    int(data["mode"]), float(data["mtime"]))
+
+
+def exec_body(
+    cmd: str | Sequence[str], cwd: str | None, env: Mapping[str, str] | None,
+    stdin: bytes | str | None, user: str | None, timeout: float | None,
+    output_limit: int | None,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"cmd": cmd if isinstance(cmd, str) else list(cmd)}
+    for key, value in (("cwd", cwd), ("env", dict(env) if env else None), ("user", user),
+                       ("timeout", timeout), ("output_limit", output_limit)):
+        if value is not None:
+            body[key] = value
+    if isinstance(stdin, str):
+        body["stdin"] = stdin
+    elif stdin is not None:
+        body["stdin_b64"] = base64.b64encode(bytes(stdin)).decode()
+    return body
+
+
+def http_timeout(timeout: float | None) -> float | None:
+    return None if timeout is None else timeout + HTTP_GRACE_SECONDS
+
+
+# -- references the drivers turn into facade objects ------------------------------------
+
+
+@dataclass
+class SandboxRef:
+    info: dict[str, Any]
+
+
+@dataclass
+class ProcessRef:
+    sandbox_id: str
+    info: dict[str, Any]
+
+
+# -- the operations ----------------------------------------------------------------------
+
+
+def op(fn: Callable[..., Op]) -> Callable[..., Op]:
+    fn.__hutch_op__ = "call"  # type: ignore[attr-defined]
+    return fn
+
+
+def stream_op(fn: Callable[..., Op]) -> Callable[..., Op]:
+    fn.__hutch_op__ = "stream"  # type: ignore[attr-defined]
+    return fn
+
+
+class ClientOps:
+    """Operations of the client itself (sandboxes by id, workspaces)."""
+
+    @op
+    def create_sandbox(self, provider: str | None = None, **settings: Any) -> Op:
+        body = dict(settings)
+        if provider is not None:
+            body["provider"] = provider
+        return SandboxRef((yield Call("POST", "/v1/sandboxes", json=body, timeout=600)))
+
+    @op
+    def get_sandbox(self, sandbox_id: str) -> Op:
+        return SandboxRef((yield Call("GET", f"/v1/sandboxes/{sandbox_id}")))
+
+    @op
+    def list_sandboxes(self) -> Op:
+        return (yield Call("GET", "/v1/sandboxes"))["sandboxes"]
+
+    @op
+    def delete_sandbox(self, sandbox_id: str) -> Op:
+        yield Call("DELETE", f"/v1/sandboxes/{sandbox_id}", timeout=120)
+
+    @op
+    def pause(self, sandbox_id: str) -> Op:
+        return (yield Call("POST", "/v1/pause", json={"sandbox": sandbox_id}, timeout=120))
+
+    @op
+    def resume(self, sandbox_id: str) -> Op:
+        return (yield Call("POST", "/v1/resume", json={"sandbox": sandbox_id}, timeout=600))
+
+    @op
+    def suspend(self, sandbox_id: str) -> Op:
+        return (yield Call("POST", f"/v1/sandboxes/{sandbox_id}/suspend", timeout=600))
+
+    @op
+    def set_timeout(self, sandbox_id: str, seconds: float) -> Op:
+        answer = yield Call("POST", "/v1/set_timeout",
+                            json={"sandbox": sandbox_id, "timeout_seconds": seconds})
+        return float(answer["deadline_unix"])
+
+    @op
+    def create_workspace(
+        self, name: str, *, image: str | None = None, snapshot_tag: str | None = None,
+        **settings: Any,
+    ) -> Op:
+        body = {"name": name, **settings}
+        if image is not None:
+            body["image"] = image
+        if snapshot_tag is not None:
+            body["snapshot_tag"] = snapshot_tag
+        return (yield Call("POST", "/v1/workspaces", json=body, timeout=600))
+
+    @op
+    def get_workspace(self, name: str) -> Op:
+        return (yield Call("GET", f"/v1/workspaces/{name}"))
+
+    @op
+    def list_workspaces(self) -> Op:
+        return (yield Call("GET", "/v1/workspaces"))["workspaces"]
+
+    @op
+    def suspend_workspace(self, name: str, *, diff: bool = False) -> Op:
+        return (yield Call("POST", f"/v1/workspaces/{name}/suspend", json={"diff": diff},
+                           timeout=600))
+
+    @op
+    def resume_workspace(self, name: str) -> Op:
+        return (yield Call("POST", f"/v1/workspaces/{name}/resume", timeout=600))
+
+    @op
+    def delete_workspace(self, name: str) -> Op:
+        yield Call("DELETE", f"/v1/workspaces/{name}", timeout=600)
+
+    @op
+    def events(self, subject: str | None = None, limit: int = 100) -> Op:
+        params: dict[str, Any] = {"limit": limit}
+        if subject is not None:
+            params["subject"] = subject
+        return (yield Call("GET", "/v1/events", params=params))["events"]
+
+
+class SandboxOps:
+    """Operations on one sandbox; the same names and results as hutch.Sandbox."""
+
+    id: str
+
+    def _path(self, suffix: str) -> str:
+        return f"/v1/sandboxes/{self.id}{suffix}"
+
+    @op
+    def info(self) -> Op:
+        return (yield Call("GET", self._path("")))
+
+    @op
+    def exec(
+        self, cmd: str | Sequence[str], *, cwd: str | None = None,
+        env: Mapping[str, str] | None = None, stdin: bytes | str | None = None,
+        user: str | None = None, timeout: float | None = None, output_limit: int | None = None,
+    ) -> Op:
+        body = exec_body(cmd, cwd, env, stdin, user, timeout, output_limit)
+        return decode_exec((yield Call("POST", self._path("/exec"), json=body,
+                                       timeout=http_timeout(timeout))))
+
+    @stream_op
+    def exec_stream(
+        self, cmd: str | Sequence[str], *, cwd: str | None = None,
+        env: Mapping[str, str] | None = None, stdin: bytes | str | None = None,
+        user: str | None = None, timeout: float | None = None, output_limit: int | None = None,
+    ) -> Op:
+        body = exec_body(cmd, cwd, env, stdin, user, timeout, output_limit)
+        return (yield Call("POST", self._path("/exec/stream"), json=body, stream=True,
+                           timeout=None))
+
+    @op
+    def start(
+        self, cmd: str | Sequence[str], *, cwd: str | None = None,
+        env: Mapping[str, str] | None = None, stdin: bytes | str | None = None,
+        user: str | None = None, output_limit: int | None = None,
+    ) -> Op:
+        body = exec_body(cmd, cwd, env, stdin, user, None, output_limit)
+        return ProcessRef(self.id, (yield Call("POST", self._path("/processes"), json=body)))
+
+    @op
+    def read_bytes(self, path: str, *, limit: int = 256 * 1024 * 1024) -> Op:
+        return (yield Call("GET", self._path("/files"), params={"path": path, "limit": limit},
+                           raw=True, timeout=600))
+
+    @op
+    def read_text(
+        self, path: str, *, limit: int = 256 * 1024 * 1024, encoding: str = "utf-8"
+    ) -> Op:
+        data = yield Call("GET", self._path("/files"), params={"path": path, "limit": limit},
+                          raw=True, timeout=600)
+        return bytes(data).decode(encoding)
+
+    @op
+    def write_bytes(self, path: str, data: bytes) -> Op:
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise InvalidArgument(f"data must be bytes, not {type(data).__name__}")
+        yield Call("PUT", self._path("/files"), params={"path": path}, content=bytes(data),
+                   timeout=600)
+
+    @op
+    def write_text(self, path: str, text: str, *, encoding: str = "utf-8") -> Op:
+        yield Call("PUT", self._path("/files"), params={"path": path},
+                   content=text.encode(encoding), timeout=600)
+
+    @op
+    def stat(self, path: str) -> Op:
+        return decode_file((yield Call("GET", self._path("/stat"), params={"path": path})))
+
+    @op
+    def exists(self, path: str) -> Op:
+        try:
+            yield Call("GET", self._path("/stat"), params={"path": path})
+        except FileNotFoundError:
+            return False
+        return True
+
+    @op
+    def list_dir(self, path: str = ".") -> Op:
+        answer = yield Call("GET", self._path("/list"), params={"path": path})
+        return [decode_file(e) for e in answer["entries"]]
+
+    @op
+    def remove(self, path: str, *, recursive: bool = False) -> Op:
+        yield Call("DELETE", self._path("/files"),
+                   params={"path": path, "recursive": str(recursive).lower()})
+
+    @op
+    def grep(
+        self, pattern: str, path: str = ".", *, glob: str | None = None,
+        ignore_case: bool = False, limit: int = 256 * 1024 * 1024,
+    ) -> Op:
+        answer = yield Call("POST", self._path("/grep"), json={
+            "pattern": pattern, "path": path, "glob": glob, "ignore_case": ignore_case,
+        }, timeout=600)
+        return [GrepMatch(m["path"], int(m["line_number"]), m["line"]) for m in answer["matches"]]
+
+    @op
+    def glob(self, pattern: str, path: str = ".") -> Op:
+        answer = yield Call("POST", self._path("/glob"), json={"pattern": pattern, "path": path},
+                            timeout=600)
+        return list(answer["paths"])
+
+    @op
+    def pause(self) -> Op:
+        self._absorb((yield Call("POST", self._path("/pause"), timeout=120)))
+
+    @op
+    def suspend(self) -> Op:
+        self._absorb((yield Call("POST", self._path("/suspend"), timeout=600)))
+
+    @op
+    def resume(self) -> Op:
+        self._absorb((yield Call("POST", self._path("/resume"), timeout=600)))
+
+    @op
+    def set_timeout(self, seconds: float) -> Op:
+        answer = yield Call("POST", self._path("/set_timeout"), json={"timeout_seconds": seconds})
+        return float(answer["deadline_unix"])
+
+    @op
+    def close(self) -> Op:
+        try:
+            yield Call("DELETE", self._path(""), timeout=120)
+        except HutchError as exc:
+            # Closing what is already gone is not an error.
+            if exc.code not in ("not_found", "sandbox_unavailable", "idle_timeout",
+                                "max_lifetime_exceeded", "timeout_expired"):
+                raise
+
+    def _absorb(self, info: dict[str, Any]) -> None:
+        self._info = info
+
+    # -- what the sandbox answered when it was made ------------------------------------
+    _info: dict[str, Any]
+
+    @property
+    def provider(self) -> str:
+        return str(self._info["provider"])
+
+    @property
+    def workdir(self) -> str:
+        return str(self._info["workdir"])
+
+    @property
+    def capabilities(self) -> Capabilities:
+        caps = self._info.get("capabilities", {})
+        known: dict[str, Any] = {
+            k: bool(v) for k, v in caps.items()
+            if k in Capabilities.__dataclass_fields__ and k != "extra"
+        }
+        return Capabilities(**known)
+
+    @property
+    def state(self) -> str:
+        """The state at the last answer; ``info()`` asks afresh."""
+        return str(self._info["state"])
+
+
+class ProcessOps:
+    """Operations on a background command; the same as hutch.Process."""
+
+    id: str
+    sandbox_id: str
+    command: str
+    _running: bool
+    _exit_code: int | None
+
+    def _path(self, suffix: str = "") -> str:
+        return f"/v1/sandboxes/{self.sandbox_id}/processes/{self.id}{suffix}"
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    @property
+    def exit_code(self) -> int | None:
+        return self._exit_code
+
+    @op
+    def wait(self, timeout: float | None = None) -> Op:
+        answer = yield Call("POST", self._path("/wait"), json={"timeout": timeout},
+                            timeout=http_timeout(timeout))
+        result = decode_exec(answer)
+        self._running, self._exit_code = False, result.exit_code
+        return result
+
+    @stream_op
+    def stream(self) -> Op:
+        return (yield Call("GET", self._path("/stream"), stream=True, timeout=None))
+
+    @op
+    def kill(self) -> Op:
+        yield Call("POST", self._path("/kill"), timeout=60)
+        self._running = False
+
+
+# -- drivers and facades ---------------------------------------------------------------------
+
+
+def _ops(cls: type) -> dict[str, tuple[str, Callable[..., Op]]]:
+    found: dict[str, tuple[str, Callable[..., Op]]] = {}
+    for klass in reversed(cls.__mro__):
+        for name, fn in vars(klass).items():
+            if callable(fn) and hasattr(fn, "__hutch_op__"):
+                found[name] = (fn.__hutch_op__, fn)
+    return found
+
+
+def build_async(ops_cls: type, name: str) -> type:
+    """The async facade: one coroutine method per operation."""
+    namespace: dict[str, Any] = {}
+    for attr, (kind, fn) in _ops(ops_cls).items():
+        if kind == "stream":
+            def make_stream(fn: Callable[..., Op] = fn) -> Callable[..., Any]:
+                @functools.wraps(fn)
+                def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+                    return self._transport.drive_stream(fn(self, *args, **kwargs), self)
+                return method
+            namespace[attr] = make_stream()
+        else:
+            def make_call(fn: Callable[..., Op] = fn) -> Callable[..., Any]:
+                @functools.wraps(fn)
+                async def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+                    return await self._transport.drive(fn(self, *args, **kwargs), self)
+                return method
+            namespace[attr] = make_call()
+    return type(name, (ops_cls,), namespace)
+
+
+def build_sync(ops_cls: type, name: str) -> type:
+    """The sync facade: one blocking method per operation."""
+    namespace: dict[str, Any] = {}
+    for attr, (kind, fn) in _ops(ops_cls).items():
+        def make(fn: Callable[..., Op] = fn, kind: str = kind) -> Callable[..., Any]:
+            @functools.wraps(fn)
+            def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+                gen = fn(self, *args, **kwargs)
+                if kind == "stream":
+                    return self._transport.drive_stream(gen, self)
+                return self._transport.drive(gen, self)
+            return method
+        namespace[attr] = make()
+    return type(name, (ops_cls,), namespace)
+
+
+def check_answer(response: httpx.Response) -> None:
+    raise_for_error(response.status_code, response.content)
+
+
+def decode_answer(call: Call, response: httpx.Response) -> Any:
+    if call.raw:
+        return response.content
+    if response.status_code == 204 or not response.content:
+        return None
+    return response.json()
+
+
+def request_kwargs(call: Call) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"params": call.params, "timeout": call.timeout}
+    if call.json is not None:
+        kwargs["json"] = call.json
+    if call.content is not None:
+        kwargs["content"] = call.content
+    return kwargs
+
+
+def step(gen: Op, answer: Any = None, error: BaseException | None = None) -> tuple[bool, Any]:
+    """Advance an operation: (done, value) where value is its result or next Call."""
+    try:
+        if error is not None:
+            return False, gen.throw(error)
+        return False, gen.send(answer)
+    except StopIteration as stop:
+        return True, stop.value

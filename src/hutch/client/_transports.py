@@ -1,0 +1,154 @@
+"""The two drivers of the core's operations: over httpx, async and sync."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+
+from .._errors import HutchError
+from .._process import ExitStatus
+from ._core import (
+    DEFAULT_URL,
+    SESSION_HEADER,
+    Call,
+    Op,
+    ProcessRef,
+    SandboxRef,
+    check_answer,
+    decode_answer,
+    decode_event,
+    request_kwargs,
+    step,
+    unreachable,
+)
+
+
+def client_headers(token: str | None) -> dict[str, str]:
+    headers = {SESSION_HEADER: uuid.uuid4().hex}
+    token = token if token is not None else os.environ.get("HUTCH_TOKEN") or None
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    return headers
+
+
+def client_url(url: str | None) -> str:
+    return (url or os.environ.get("HUTCH_URL") or DEFAULT_URL).rstrip("/")
+
+
+def _note_exit(owner: Any, event: Any) -> None:
+    if isinstance(event, ExitStatus) and hasattr(owner, "_running"):
+        owner._running, owner._exit_code = False, event.exit_code
+
+
+class AsyncTransport:
+    def __init__(self, url: str | None, token: str | None, factories: dict[str, Any]) -> None:
+        self.url = client_url(url)
+        self.http = httpx.AsyncClient(base_url=self.url, headers=client_headers(token))
+        self.factories = factories
+
+    async def send(self, call: Call) -> Any:
+        try:
+            response = await self.http.request(call.method, call.path, **request_kwargs(call))
+        except httpx.TransportError as exc:
+            raise unreachable(self.url, exc) from None
+        check_answer(response)
+        return decode_answer(call, response)
+
+    async def drive(self, gen: Op, owner: Any) -> Any:
+        done, value = step(gen)
+        while not done:
+            try:
+                answer = await self.send(value)
+            except HutchError as exc:
+                done, value = step(gen, error=exc)
+                continue
+            done, value = step(gen, answer)
+        return self.wrap(value)
+
+    def drive_stream(self, gen: Op, owner: Any) -> AsyncIterator[Any]:
+        async def events() -> AsyncIterator[Any]:
+            _, call = step(gen)
+            try:
+                async with self.http.stream(
+                    call.method, call.path, **request_kwargs(call)
+                ) as response:
+                    if response.status_code >= 400:
+                        check_answer(httpx.Response(response.status_code,
+                                                    content=await response.aread()))
+                    async for line in response.aiter_lines():
+                        if line:
+                            event = decode_event(json.loads(line))
+                            _note_exit(owner, event)
+                            yield event
+            except httpx.TransportError as exc:
+                raise unreachable(self.url, exc) from None
+
+        return events()
+
+    def wrap(self, value: Any) -> Any:
+        if isinstance(value, SandboxRef):
+            return self.factories["sandbox"](self, value.info)
+        if isinstance(value, ProcessRef):
+            return self.factories["process"](self, value.sandbox_id, value.info)
+        return value
+
+    async def close(self) -> None:
+        await self.http.aclose()
+
+
+class SyncTransport:
+    def __init__(self, url: str | None, token: str | None, factories: dict[str, Any]) -> None:
+        self.url = client_url(url)
+        self.http = httpx.Client(base_url=self.url, headers=client_headers(token))
+        self.factories = factories
+
+    def send(self, call: Call) -> Any:
+        try:
+            response = self.http.request(call.method, call.path, **request_kwargs(call))
+        except httpx.TransportError as exc:
+            raise unreachable(self.url, exc) from None
+        check_answer(response)
+        return decode_answer(call, response)
+
+    def drive(self, gen: Op, owner: Any) -> Any:
+        done, value = step(gen)
+        while not done:
+            try:
+                answer = self.send(value)
+            except HutchError as exc:
+                done, value = step(gen, error=exc)
+                continue
+            done, value = step(gen, answer)
+        return self.wrap(value)
+
+    def drive_stream(self, gen: Op, owner: Any) -> Iterator[Any]:
+        def events() -> Iterator[Any]:
+            _, call = step(gen)
+            try:
+                with self.http.stream(call.method, call.path, **request_kwargs(call)) as response:
+                    if response.status_code >= 400:
+                        check_answer(httpx.Response(response.status_code, content=response.read()))
+                    for line in response.iter_lines():
+                        if line:
+                            event = decode_event(json.loads(line))
+                            _note_exit(owner, event)
+                            yield event
+            except httpx.TransportError as exc:
+                raise unreachable(self.url, exc) from None
+
+        return events()
+
+    def wrap(self, value: Any) -> Any:
+        if isinstance(value, SandboxRef):
+            return self.factories["sandbox"](self, value.info)
+        if isinstance(value, ProcessRef):
+            return self.factories["process"](self, value.sandbox_id, value.info)
+        return value
+
+    def close(self) -> None:
+        self.http.close()
