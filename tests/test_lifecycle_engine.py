@@ -315,3 +315,30 @@ def test_timers_never_keep_the_process_alive() -> None:
     )
     assert out.stdout.strip() == "done"
     assert time.monotonic() - started < 15
+
+
+async def test_default_engine_ceiling_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def in_fresh_loop() -> float:
+        sb = await hutch.create_sandbox("virtual")
+        try:
+            with pytest.raises(hutch.TimeoutTooLarge, match="ceiling of 600 s"):
+                await sb.set_timeout(601)
+            return await sb.set_timeout(600)
+        finally:
+            await sb.close()
+
+    monkeypatch.setenv("HUTCH_TIMEOUT_CEILING", "600")
+    # A new loop gets a new default engine, which reads the variable.
+    deadline = await asyncio.to_thread(asyncio.run, in_fresh_loop())
+    assert deadline == pytest.approx(time.time() + 600, abs=5)
+
+
+def test_expiry_error_for_a_sandbox_known_only_from_a_store() -> None:
+    from hutch.lifecycle.engine import expiry_error
+
+    err = expiry_error("sb-1", SandboxState.TERMINATED, "idle_timeout")
+    assert isinstance(err, hutch.IdleTimeoutExpired) and "make a new sandbox" in str(err)
+    assert isinstance(expiry_error("sb-1", SandboxState.TERMINATED, "closed"),
+                      hutch.SandboxUnavailable)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -67,6 +68,20 @@ _EXPIRY: dict[str, tuple[type[SandboxExpired], str]] = {
         "to extend it",
     ),
 }
+
+
+def expiry_error(sandbox_id: str, state: SandboxState, reason: str | None) -> HutchError:
+    """The typed error every call on a terminated or failed sandbox gets.
+
+    Also for a daemon answering about a sandbox it only knows from its store.
+    """
+    reason = reason or "terminated"
+    if reason in _EXPIRY:
+        cls, advice = _EXPIRY[reason]
+        return cls(f"sandbox {sandbox_id} was terminated: {advice}")
+    if reason == "closed":
+        return SandboxUnavailable(f"sandbox {sandbox_id} has been closed")
+    return SandboxUnavailable(f"sandbox {sandbox_id} is {state.value} ({reason})")
 
 
 @dataclass
@@ -254,15 +269,7 @@ class LifecycleEngine:
             raise self.expired_error(record)
 
     def expired_error(self, record: LifecycleRecord) -> HutchError:
-        reason = record.reason or "terminated"
-        if reason in _EXPIRY:
-            cls, advice = _EXPIRY[reason]
-            return cls(f"sandbox {record.sandbox_id} was terminated: {advice}")
-        if reason == "closed":
-            return SandboxUnavailable(f"sandbox {record.sandbox_id} has been closed")
-        return SandboxUnavailable(
-            f"sandbox {record.sandbox_id} is {record.state.value} ({reason})"
-        )
+        return expiry_error(record.sandbox_id, record.state, record.reason)
 
     # -- transitions ----------------------------------------------------------------------
     async def _transition(
@@ -497,7 +504,10 @@ class LifecycleEngine:
             next_due = self.clock.monotonic() + self.retry_after
         if release:
             self._forget(record)
-            await sandbox._release()
+            try:
+                await sandbox._release()
+            except Exception:
+                log.exception("sandbox %s: releasing it after %s failed", sandbox_id, record.reason)
             return
         if record.state in FINAL:
             self._forget(record)
@@ -583,13 +593,19 @@ _ENGINE_ATTRIBUTE = "_hutch_lifecycle_engine"
 def default_engine() -> LifecycleEngine:
     """The engine of the running event loop (one per loop, made on first use).
 
+    Its set_timeout ceiling is ``HUTCH_TIMEOUT_CEILING`` seconds if set, else
+    86400; a daemon makes its own engine with the ceiling of its config.
+
     It hangs off the loop itself, so it goes when the loop goes (a mapping
     keyed by loop would keep every loop alive through its engine's task).
     """
     loop = asyncio.get_running_loop()
     engine: LifecycleEngine | None = getattr(loop, _ENGINE_ATTRIBUTE, None)
     if engine is None:
-        engine = LifecycleEngine()
+        ceiling = os.environ.get("HUTCH_TIMEOUT_CEILING")
+        engine = LifecycleEngine(
+            timeout_ceiling=float(ceiling) if ceiling else DEFAULT_TIMEOUT_CEILING
+        )
         setattr(loop, _ENGINE_ATTRIBUTE, engine)
     return engine
 
