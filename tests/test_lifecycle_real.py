@@ -135,3 +135,21 @@ async def test_real_set_timeout_deadlines() -> None:
             await wait_for_state(past, SandboxState.TERMINATED, within=2)
             with pytest.raises(hutch.TimeoutExpired):
                 await past.exec(["true"])
+
+
+@pytest.mark.docker
+async def test_nohup_job_keeps_docker_sandbox_from_suspend_and_reaping() -> None:
+    sb = await hutch.create_sandbox(
+        "docker", image=TEST_IMAGE, idle_suspend_after=1, idle_timeout=2
+    )
+    try:
+        await sb.exec("nohup sleep 600 >/dev/null 2>&1 &")
+        await asyncio.sleep(3)
+        assert sb.state == SandboxState.RUNNING, "a sandbox with a running job went idle"
+        await sb.exec("pkill -f 'sleep 600'; true")
+        await wait_for_state(sb, SandboxState.TERMINATED, within=8)
+        assert sb.status().reason == "idle_timeout"
+        with pytest.raises(hutch.IdleTimeoutExpired, match="make a new sandbox"):
+            await sb.exec(["true"])
+    finally:
+        await sb.close()
