@@ -34,7 +34,7 @@ async def docker_part() -> None:
     api = docker.APIClient(version="auto")
     header("lifecycle on docker (floor: the docker SDK directly)")
     async with await hutch.create_sandbox("docker", image=IMAGE) as sb:
-        container = sb.backend.container_id
+        container = str(getattr(sb.backend, "container_id", ""))
 
         def raw_pause() -> None:
             api.pause(container)
@@ -100,9 +100,34 @@ async def timer_part() -> None:
     del sandboxes
 
 
+async def gate_part() -> None:
+    header("the gate on the hot path (floor: the same sandbox with no engine)")
+    from hutch.providers.virtual import VirtualConfig, VirtualSandbox
+
+    engine = LifecycleEngine()
+    gated = await hutch.create_sandbox(
+        "virtual", engine=engine, idle_timeout=3600, idle_suspend_after=600
+    )
+    await gated.write_text("f", "x")
+    backend = await VirtualSandbox.create(VirtualConfig(), "sb-bare")
+    bare = hutch.Sandbox(backend)
+    await bare.write_text("f", "x")
+
+    async def many(sb: hutch.Sandbox) -> None:
+        for _ in range(1000):
+            await sb.read_bytes("f")
+
+    ours = await time_async(lambda: many(gated), 20) / 1000
+    floor = await time_async(lambda: many(bare), 20) / 1000
+    row("one read through the lifecycle gate", ours, floor)
+    await gated.close()
+    await engine.close()
+
+
 async def main() -> None:
     await docker_part()
     await timer_part()
+    await gate_part()
 
 
 if __name__ == "__main__":
