@@ -57,9 +57,10 @@ def raise_for_error(status: int, body: bytes) -> None:
         return
     try:
         error = json.loads(body)["error"]
-        raise error_from_code(str(error["code"]), str(error["message"]))
+        code, message = str(error["code"]), str(error["message"])
     except (ValueError, KeyError, TypeError):
         raise HutchError(f"daemon answered {status}: {body[:200]!r}") from None
+    raise error_from_code(code, message)
 
 
 def unreachable(url: str, exc: Exception) -> SandboxUnavailable:

@@ -15,7 +15,7 @@ import os
 import pwd
 import signal
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from .._errors import InvalidArgument, SandboxFileNotFound, SandboxPermissionDenied
 from .._types import OutputChunk
@@ -89,7 +89,7 @@ class HostProcess(BackendProcess):
             await self._queue.put(None)
 
     async def read(self) -> OutputChunk | None:
-        while self._open_streams:
+        while self._open_streams > 0:
             item = await self._queue.get()
             if item is not None:
                 return item
@@ -114,9 +114,10 @@ class HostProcess(BackendProcess):
         _signal_all(pids_with_env(EXEC_MARKER, self._exec_id), pgid, signal.SIGKILL)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._proc.wait(), 5)
+        # A pipe an escaped grandchild still holds would never reach EOF; the
+        # cancelled readers still post their end-of-stream marker.
         for task in self._tasks:
             task.cancel()
-        self._open_streams = 0
 
 
 async def spawn(
@@ -130,10 +131,10 @@ async def spawn(
 ) -> HostProcess:
     if not os.path.isdir(cwd):
         raise SandboxFileNotFound(f"working directory {cwd} does not exist")
-    extra: dict[str, object] = {}
     if user is not None:
-        # preexec_fn, not user=: uvloop (the daemon's loop) has no user=.
-        extra["preexec_fn"] = _switch_user(user)
+        # setpriv (util-linux), not user= or preexec_fn: uvloop (the daemon's
+        # loop) has no user=, and switches before it enters cwd.
+        argv = [*_as_user(user), *argv]
     try:
         proc = await asyncio.create_subprocess_exec(
             *argv,
@@ -143,7 +144,6 @@ async def spawn(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
-            **extra,  # type: ignore[arg-type]
         )
     except PermissionError:
         raise SandboxPermissionDenied(f"cannot execute {argv[0]}: permission denied") from None
@@ -152,15 +152,11 @@ async def spawn(
     return HostProcess(proc, exec_id, stdin)
 
 
-def _switch_user(user: str) -> Callable[[], None]:
+def _as_user(user: str) -> list[str]:
     try:
         entry = pwd.getpwnam(user)
     except KeyError:
         raise InvalidArgument(f"no such user {user!r}") from None
-
-    def switch() -> None:  # runs in the child, between fork and exec
-        os.initgroups(entry.pw_name, entry.pw_gid)
-        os.setgid(entry.pw_gid)
-        os.setuid(entry.pw_uid)
-
-    return switch
+    return [
+        "setpriv", f"--reuid={entry.pw_uid}", f"--regid={entry.pw_gid}", "--init-groups", "--",
+    ]

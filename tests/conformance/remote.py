@@ -1,0 +1,108 @@
+"""Conformance through the SDK: the same suite, against a live daemon.
+
+One daemon serves the whole test session. ``remote-async`` drives it with
+``hutch.AsyncClient``; ``remote-sync`` with ``hutch.Client``, each call run in
+a worker thread so the async tests can await it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio.to_thread
+import pytest
+
+import hutch
+from tests.conformance.conftest import Harness
+from tests.daemon_fixture import DaemonProcess
+
+_daemon: DaemonProcess | None = None
+
+
+def daemon() -> DaemonProcess:
+    global _daemon
+    if _daemon is None:
+        _daemon = DaemonProcess().start()
+        atexit.register(_daemon.stop)
+    return _daemon
+
+
+class _Deferred:
+    """A sync call, awaitable (run in a thread) or async-iterable (ditto per item)."""
+
+    def __init__(self, fn: Any, args: Any, kwargs: Any) -> None:
+        self._call = lambda: fn(*args, **kwargs)
+
+    def __await__(self) -> Any:
+        async def run() -> Any:
+            return adapt(await anyio.to_thread.run_sync(self._call))
+        return run().__await__()
+
+    async def __aiter__(self) -> AsyncIterator[Any]:
+        iterator = await anyio.to_thread.run_sync(lambda: iter(self._call()))
+        done = object()
+        while (item := await anyio.to_thread.run_sync(next, iterator, done)) is not done:
+            yield item
+
+
+class AsyncAdapter:
+    """The sync SDK object, seen through an async face for the shared tests."""
+
+    def __init__(self, target: Any) -> None:
+        self._target = target
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._target, name)
+        if callable(attr):
+            return lambda *a, **k: _Deferred(attr, a, k)
+        return attr
+
+
+def adapt(value: Any) -> Any:
+    if isinstance(value, hutch.client.RemoteSandbox | hutch.client.RemoteProcess):
+        return AsyncAdapter(value)
+    return value
+
+
+@asynccontextmanager
+async def _remote_async() -> AsyncIterator[Harness]:
+    d = daemon()
+    workdir = tempfile.mkdtemp(prefix="hutch-conf-remote-")
+    try:
+        async with hutch.AsyncClient(d.url, token=d.token) as client:
+            sb = await client.create_sandbox("local", workdir=workdir, read_before_write=False)
+            try:
+                yield Harness(sb, "remote-async", workdir)
+            finally:
+                await sb.close()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@asynccontextmanager
+async def _remote_sync() -> AsyncIterator[Harness]:
+    d = daemon()
+    workdir = tempfile.mkdtemp(prefix="hutch-conf-remote-")
+    client = hutch.Client(d.url, token=d.token)
+    try:
+        sb = await anyio.to_thread.run_sync(
+            lambda: client.create_sandbox("local", workdir=workdir, read_before_write=False)
+        )
+        try:
+            yield Harness(AsyncAdapter(sb), "remote-sync", workdir)
+        finally:
+            await anyio.to_thread.run_sync(sb.close)
+    finally:
+        client.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+REMOTE_MAKERS: dict[str, tuple[Any, bool, list[pytest.MarkDecorator]]] = {
+    "remote-async": (_remote_async, True, []),
+    "remote-sync": (_remote_sync, True, []),
+}

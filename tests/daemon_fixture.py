@@ -1,0 +1,79 @@
+"""A real ``hutch serve`` process on a free loopback port, for tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class DaemonProcess:
+    """Start, kill (SIGKILL as a crash would) and restart the daemon on one data dir."""
+
+    def __init__(self, data_dir: str | None = None, token: str = "test-token") -> None:
+        self.data_dir = data_dir or tempfile.mkdtemp(prefix="hutch-daemon-")
+        self.token = token
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = os.path.join(self.data_dir, "daemon.log")
+
+    def start(self, timeout: float = 30) -> DaemonProcess:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "hutch.server", "--host", "127.0.0.1",
+             "--port", str(self.port), "--token", self.token, "--data-dir", self.data_dir],
+            stdout=log, stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"daemon exited at start:\n{self.log()}")
+            try:
+                answer = httpx.get(f"{self.url}/healthz", timeout=1,
+                                   headers={"Authorization": f"Bearer {self.token}"})
+                if answer.status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"daemon did not answer in {timeout} s:\n{self.log()}")
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup runs, as after a crash."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+        self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self.proc = None
+
+    def restart(self) -> DaemonProcess:
+        self.kill()
+        return self.start()
+
+    def log(self) -> str:
+        try:
+            with open(self.log_path, encoding="utf-8", errors="replace") as fh:
+                return fh.read()[-5000:]
+        except OSError:
+            return ""
