@@ -32,6 +32,8 @@ class LifecycleMachine(RuleBasedStateMachine):
             )
         )
         self.files: dict[str, bytes] = {}
+        self.streams = 0
+        self.suspended_at_streams = False
         self.transitions: list[tuple[SandboxState, SandboxState]] = [
             (SandboxState.CREATING, SandboxState.RUNNING)
         ]
@@ -89,9 +91,34 @@ class LifecycleMachine(RuleBasedStateMachine):
         else:
             assert deadline == self.engine.clock.time() + seconds
 
+    @precondition(lambda self: self.alive)
+    @rule()
+    def open_stream(self) -> None:
+        # An exec stream held open: work, so idleness must not suspend or reap.
+        self.sandbox._open_ops += 1
+        self.streams += 1
+
+    @precondition(lambda self: self.streams > 0)
+    @rule()
+    def close_stream(self) -> None:
+        self.sandbox._open_ops -= 1
+        self.streams -= 1
+
+    @invariant()
+    def idleness_never_strikes_while_a_stream_is_open(self) -> None:
+        if self.streams:
+            reason = self.sandbox.status().reason
+            if self.sandbox.state is SandboxState.SUSPENDED and self.suspended_at_streams:
+                assert reason != "idle", "idle-suspended while a stream was open"
+            if self.sandbox.state in FINAL:
+                assert reason != "idle_timeout", "idle-reaped while a stream was open"
+
     @rule(seconds=st.sampled_from([0, 1, 10, 29, 31, 100, 500]))
     def advance(self, seconds: int) -> None:
+        was = self.sandbox.state
         self.run(self.engine.advance(seconds))
+        if was is not SandboxState.SUSPENDED and self.sandbox.state is SandboxState.SUSPENDED:
+            self.suspended_at_streams = self.streams > 0
 
     @invariant()
     def every_transition_is_legal_and_chained(self) -> None:

@@ -535,6 +535,10 @@ class LifecycleEngine:
         due = [action for window, action in self._idle_windows(record, now) if idle_for >= window]
         if not due:
             return False, None
+        if record.state is not SandboxState.RUNNING and sandbox.open_operations:
+            # An operation still open on a suspended sandbox (one that arrived
+            # as it went down, and waits to resume it) is not idleness.
+            return False, self._busy_recheck(record)
         if record.state is SandboxState.RUNNING:
             seen = record.last_activity_mono
             if await self._is_busy(sandbox):
