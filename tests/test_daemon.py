@@ -1,0 +1,350 @@
+"""The daemon as a real process: restarts, crashes, workspaces, auth, SDK parity."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import docker
+import httpx
+import pytest
+
+import hutch
+from hutch.client import AsyncRemoteSandbox, RemoteSandbox
+from tests.conftest import TEST_IMAGE
+from tests.daemon_fixture import DaemonProcess
+
+
+@pytest.fixture
+def daemon() -> Iterator[DaemonProcess]:
+    d = DaemonProcess().start()
+    yield d
+    d.stop()
+    # Whatever a test left, clean it so later tests start from an empty engine.
+    shutil.rmtree(d.data_dir, ignore_errors=True)
+
+
+def client(d: DaemonProcess) -> hutch.Client:
+    return hutch.Client(d.url, token=d.token)
+
+
+def managed_containers() -> dict[str, str]:
+    """sandbox id -> container id of every container hutch made."""
+    api = docker.APIClient()
+    return {
+        c["Labels"]["hutch.sandbox_id"]: c["Id"]
+        for c in api.containers(all=True, filters={"label": "hutch.managed=1"})
+    }
+
+
+def assert_store_and_engine_agree(c: hutch.Client) -> None:
+    live = {s["id"] for s in c.list_sandboxes() if s["state"] in ("running", "paused")}
+    containers = managed_containers()
+    assert set(containers) == live, f"store {live} vs engine {set(containers)}"
+    for ws in c.list_workspaces():
+        assert ws["status"] in ("running", "suspended", "stale"), ws
+
+
+def cleanup_workspaces(c: hutch.Client) -> None:
+    for ws in c.list_workspaces():
+        c.delete_workspace(ws["name"])
+
+
+# -- restarts --------------------------------------------------------------------------
+
+
+@pytest.mark.docker
+def test_workspace_survives_daemon_crash_with_container_alive(daemon: DaemonProcess) -> None:
+    with client(daemon) as c:
+        ws = c.create_workspace("alive", image=TEST_IMAGE)
+        sb = c.get_sandbox(ws["live_sandbox_id"])
+        for i in range(5):
+            sb.write_text(f"file-{i}.txt", f"content {i}")
+        sb.write_text("/root/in-rootfs.txt", "rootfs")
+    daemon.restart()  # SIGKILL, then start: no cleanup ran
+    with client(daemon) as c:
+        listed = c.list_workspaces()
+        assert [w["name"] for w in listed] == ["alive"]
+        assert listed[0]["status"] == "running"
+        sb = c.get_sandbox(listed[0]["live_sandbox_id"])
+        for i in range(5):
+            assert sb.read_text(f"file-{i}.txt") == f"content {i}"
+        assert sb.read_text("/root/in-rootfs.txt") == "rootfs"
+        assert len([s for s in c.list_sandboxes() if s["id"] == sb.id]) == 1
+        assert_store_and_engine_agree(c)
+        cleanup_workspaces(c)
+    assert managed_containers() == {}
+
+
+@pytest.mark.docker
+def test_workspace_goes_stale_when_its_container_is_gone(daemon: DaemonProcess) -> None:
+    with client(daemon) as c:
+        ws = c.create_workspace("reboot", image=TEST_IMAGE)
+        sb = c.get_sandbox(ws["live_sandbox_id"])
+        sb.write_text("kept.txt", "the working directory survives")
+    daemon.kill()
+    docker.APIClient().remove_container(f"hutch-{ws['live_sandbox_id']}", force=True)
+    daemon.start()
+    with client(daemon) as c:
+        stale = c.get_workspace("reboot")
+        assert stale["status"] == "stale"
+        assert stale["live_sandbox_id"] is None
+        resumed = c.resume_workspace("reboot")
+        assert resumed["status"] == "running"
+        sb = c.get_sandbox(resumed["live_sandbox_id"])
+        assert sb.read_text("kept.txt") == "the working directory survives"
+        assert len(c.list_workspaces()) == 1
+        assert_store_and_engine_agree(c)
+        cleanup_workspaces(c)
+    assert managed_containers() == {}
+
+
+@pytest.mark.docker
+def test_suspended_workspace_stays_suspended_across_a_crash(daemon: DaemonProcess) -> None:
+    with client(daemon) as c:
+        ws = c.create_workspace("sleeper", image=TEST_IMAGE)
+        sb = c.get_sandbox(ws["live_sandbox_id"])
+        sb.write_text("work.txt", "in the workspace dir")
+        sb.write_text("/root/layer.txt", "in the container layer")
+        suspended = c.suspend_workspace("sleeper", diff=True)
+        assert suspended["status"] == "suspended"
+        assert suspended["current_state_tag"]
+        assert managed_containers() == {}  # memory freed: no container
+    daemon.restart()
+    with client(daemon) as c:
+        assert c.get_workspace("sleeper")["status"] == "suspended"
+        resumed = c.resume_workspace("sleeper")
+        sb = c.get_sandbox(resumed["live_sandbox_id"])
+        assert sb.read_text("work.txt") == "in the workspace dir"
+        assert sb.read_text("/root/layer.txt") == "in the container layer"
+        # A full (flattened) snapshot, then a resume from it, keeps everything too.
+        sb.write_text("/root/second.txt", "second")
+        c.suspend_workspace("sleeper", diff=False)
+        again = c.get_sandbox(c.resume_workspace("sleeper")["live_sandbox_id"])
+        assert again.read_text("/root/layer.txt") == "in the container layer"
+        assert again.read_text("/root/second.txt") == "second"
+        assert_store_and_engine_agree(c)
+        tag = c.get_workspace("sleeper")["current_state_tag"]
+        c.delete_workspace("sleeper")
+        with pytest.raises(hutch.NotFound):
+            c.get_workspace("sleeper")
+    images = {t for i in docker.APIClient().images() for t in (i["RepoTags"] or [])}
+    assert tag not in images, "delete must drop the workspace's own state snapshot"
+    assert TEST_IMAGE in images, "delete must keep the image the workspace was made from"
+    assert managed_containers() == {}
+
+
+def _kill_during(daemon: DaemonProcess, request: Any, delay: float) -> None:
+    thread = threading.Thread(target=lambda: _swallow(request), daemon=True)
+    thread.start()
+    time.sleep(delay)
+    daemon.kill()
+    thread.join(30)
+
+
+def _swallow(request: Any) -> None:
+    try:
+        request()
+    except Exception:
+        pass
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("delay", [0.05, 0.2])
+def test_crash_in_the_middle_of_a_create(daemon: DaemonProcess, delay: float) -> None:
+    c = client(daemon)
+    _kill_during(daemon, lambda: c.create_workspace("halfmade", image=TEST_IMAGE), delay)
+    daemon.start()
+    with client(daemon) as c2:
+        assert_store_and_engine_agree(c2)
+        names = [w["name"] for w in c2.list_workspaces()]
+        assert names in ([], ["halfmade"])
+        if names:  # the create had finished: it is whole and usable
+            ws = c2.get_workspace("halfmade")
+            assert ws["status"] == "running"
+            assert c2.get_sandbox(ws["live_sandbox_id"]).exec("true").exit_code == 0
+        cleanup_workspaces(c2)
+    assert managed_containers() == {}
+
+
+@pytest.mark.docker
+def test_crash_in_the_middle_of_a_suspend(daemon: DaemonProcess) -> None:
+    with client(daemon) as c:
+        ws = c.create_workspace("midsuspend", image=TEST_IMAGE)
+        c.get_sandbox(ws["live_sandbox_id"]).write_text("keep.txt", "kept")
+        # Make the commit slow enough to be cut in the middle.
+        c.get_sandbox(ws["live_sandbox_id"]).exec(
+            "head -c 50000000 /dev/urandom > /root/big.bin"
+        )
+        _kill_during(daemon, lambda: c.suspend_workspace("midsuspend", diff=True), 0.3)
+    daemon.start()
+    with client(daemon) as c:
+        assert_store_and_engine_agree(c)
+        status = c.get_workspace("midsuspend")["status"]
+        assert status in ("running", "suspended", "stale")
+        if status != "running":
+            c.resume_workspace("midsuspend")
+        sb = c.get_sandbox(c.get_workspace("midsuspend")["live_sandbox_id"])
+        assert sb.read_text("keep.txt") == "kept"
+        cleanup_workspaces(c)
+    assert managed_containers() == {}
+
+
+@pytest.mark.docker
+def test_unknown_hutch_containers_are_removed_at_start(daemon: DaemonProcess) -> None:
+    api = docker.APIClient()
+    stray = api.create_container(
+        TEST_IMAGE, ["sleep", "infinity"], labels={"hutch.managed": "1",
+                                                   "hutch.sandbox_id": "sb-stray"},
+    )
+    api.start(stray["Id"])
+    daemon.restart()
+    assert "sb-stray" not in managed_containers()
+    with client(daemon) as c:
+        events = c.events("sb-stray")
+        assert any("orphan" in e["kind"] for e in events)
+
+
+def test_local_sandbox_is_adopted_after_a_crash(daemon: DaemonProcess) -> None:
+    workdir = tempfile.mkdtemp()
+    with client(daemon) as c:
+        sb = c.create_sandbox("local", workdir=workdir, max_lifetime=3600)
+        sb.write_text("note.txt", "before")
+        deadline = sb.info()["deadline_unix"]
+    daemon.restart()
+    with client(daemon) as c:
+        again = c.get_sandbox(sb.id)
+        assert again.read_text("note.txt") == "before"
+        assert again.info()["deadline_unix"] == pytest.approx(deadline, abs=2)
+        again.close()
+        with pytest.raises(hutch.SandboxUnavailable):
+            c.get_sandbox(sb.id).exec("true")
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_wire_names_and_errors(daemon: DaemonProcess) -> None:
+    headers = {"Authorization": f"Bearer {daemon.token}"}
+    with httpx.Client(base_url=daemon.url, headers=headers) as http:
+        made = http.post("/v1/sandboxes", json={"provider": "local", "workdir": daemon.data_dir})
+        assert made.status_code == 201
+        sid = made.json()["id"]
+        assert made.json()["state"] == "running"
+        answer = http.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": ["echo", "hi"]})
+        assert answer.json() == {"exit_code": 0, "stdout": "hi\n", "stderr": ""}
+        before = time.time()
+        deadline = http.post("/v1/set_timeout", json={"sandbox": sid, "timeout_seconds": 100})
+        assert before + 100 <= deadline.json()["deadline_unix"] <= time.time() + 100
+        too_big = http.post("/v1/set_timeout", json={"sandbox": sid, "timeout_seconds": 86401})
+        assert too_big.status_code == 400
+        assert too_big.json()["error"]["code"] == "timeout_too_large"
+        assert "86400" in too_big.json()["error"]["message"]
+        missing = http.get(f"/v1/sandboxes/{sid}/files", params={"path": "nope.txt"})
+        assert missing.status_code == 404
+        assert missing.json()["error"]["code"] == "file_not_found"
+        assert "nope.txt" in missing.json()["error"]["message"]
+        unsupported = http.post("/v1/pause", json={"sandbox": sid})
+        assert unsupported.status_code == 501
+        assert unsupported.json()["error"]["code"] == "capability_unsupported"
+        bad = http.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true", "timeout": -1})
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_argument"
+        gone = http.get("/v1/sandboxes/sb-nothing")
+        assert gone.status_code == 404 and gone.json()["error"]["code"] == "not_found"
+        assert http.delete(f"/v1/sandboxes/{sid}").status_code == 204
+
+
+def test_status_reads_are_not_activity(daemon: DaemonProcess) -> None:
+    with client(daemon) as c:
+        sb = c.create_sandbox("local", workdir=daemon.data_dir, idle_timeout=1)
+        for _ in range(12):
+            c.list_sandboxes()
+            time.sleep(0.25)
+        with pytest.raises(hutch.IdleTimeoutExpired):
+            sb.exec("true")
+
+
+def test_sessions_have_their_own_read_before_write(daemon: DaemonProcess) -> None:
+    workdir = tempfile.mkdtemp()
+    with client(daemon) as first, client(daemon) as second:
+        sb = first.create_sandbox("local", workdir=workdir)
+        sb.write_text("shared.txt", "by the first session")
+        other = second.get_sandbox(sb.id)
+        with pytest.raises(hutch.ReadBeforeWrite):
+            other.write_text("shared.txt", "blind overwrite")
+        assert other.read_text("shared.txt") == "by the first session"
+        other.write_text("shared.txt", "after reading")
+        sb.close()
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+# -- auth ---------------------------------------------------------------------------------
+
+
+def test_every_route_needs_the_token(daemon: DaemonProcess) -> None:
+    schema = httpx.get(f"{daemon.url}/openapi.json",
+                       headers={"Authorization": f"Bearer {daemon.token}"}).json()
+    routes = [(m.upper(), p) for p, ops in schema["paths"].items() for m in ops]
+    routes += [("GET", "/openapi.json"), ("GET", "/docs")]
+    assert len(routes) > 25
+    for method, path in routes:
+        url = daemon.url + re.sub(r"\{[^}]+\}", "x", path)
+        for headers in ({}, {"Authorization": "Bearer wrong-token"},
+                        {"Authorization": daemon.token}):
+            answer = httpx.request(method, url, headers=headers, json={})
+            assert answer.status_code == 401, (method, path, headers, answer.status_code)
+            if answer.headers.get("content-type") == "application/json":
+                assert answer.json()["error"]["code"] == "unauthorized"
+
+
+def test_non_loopback_bind_without_token_is_refused() -> None:
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "hutch.server", "--host", "0.0.0.0", "--port", "1"],
+        capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"},
+    )
+    assert result.returncode != 0
+    assert "token" in result.stderr
+
+
+# -- SDK parity ------------------------------------------------------------------------------
+
+
+def _public(cls: type) -> dict[str, inspect.Signature]:
+    return {
+        name: inspect.signature(getattr(cls, name))
+        for name in dir(cls)
+        if not name.startswith("_") and callable(getattr(cls, name))
+    }
+
+
+@pytest.mark.parametrize(
+    ("sync_cls", "async_cls"),
+    [(hutch.Client, hutch.AsyncClient), (RemoteSandbox, AsyncRemoteSandbox),
+     (hutch.client.RemoteProcess, hutch.client.AsyncRemoteProcess)],
+)
+def test_sync_and_async_have_the_same_methods(sync_cls: type, async_cls: type) -> None:
+    sync_methods, async_methods = _public(sync_cls), _public(async_cls)
+    # Closing is close() in sync code and aclose() in async code, as in httpx.
+    sync_methods.pop("close", None) if sync_cls is hutch.Client else None
+    async_methods.pop("aclose", None)
+    assert set(sync_methods) == set(async_methods)
+    for name, signature in sync_methods.items():
+        assert signature == async_methods[name], name
+        assert inspect.iscoroutinefunction(getattr(async_cls, name)) or name in (
+            "exec_stream", "stream"
+        ), name
+
+
+def test_remote_sandbox_offers_what_a_sandbox_offers() -> None:
+    local = {n for n in dir(hutch.Sandbox) if not n.startswith("_")}
+    remote = {n for n in dir(AsyncRemoteSandbox) if not n.startswith("_")}
+    missing = local - remote - {"backend", "guard", "closed", "open_operations", "require",
+                                "path", "process", "processes", "preview_url", "status", "meter"}
+    assert not missing, missing
