@@ -1,0 +1,1 @@
+"""The hutch command line."""

@@ -1,0 +1,334 @@
+"""The ``hutch`` command, on the SDK.
+
+Exit codes scripts can rely on:
+
+    0  done
+    1  any other error
+    2  bad usage or invalid argument (invalid_argument, timeout_too_large, invalid_state)
+    3  not found (no such sandbox, workspace or file)
+    4  sandbox unavailable or expired (sandbox_unavailable, idle_timeout, ...)
+    5  unauthorized (missing or wrong token)
+
+``hutch exec`` exits with the command's own exit code.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .._errors import HutchError
+from ..config import load_config_file
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+HELP = __doc__
+app = typer.Typer(help=HELP, no_args_is_help=True, add_completion=False)
+workspace_app = typer.Typer(help="Named workspaces that outlive the daemon.", no_args_is_help=True)
+app.add_typer(workspace_app, name="workspace")
+console = Console()
+err_console = Console(stderr=True)
+
+EXIT_CODES = {
+    "invalid_argument": 2, "timeout_too_large": 2, "invalid_state": 2,
+    "not_found": 3, "file_not_found": 3,
+    "sandbox_unavailable": 4, "idle_timeout": 4, "max_lifetime_exceeded": 4,
+    "timeout_expired": 4,
+    "unauthorized": 5,
+}
+
+
+def exit_code_for(exc: HutchError) -> int:
+    return EXIT_CODES.get(exc.code, 1)
+
+
+def reports_errors(fn: F) -> F:
+    """Turn a typed error into a one-line message and its documented exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except HutchError as exc:
+            err_console.print(f"[red]error[/red] ({exc.code}): {exc}")
+            raise typer.Exit(exit_code_for(exc)) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def client() -> Any:
+    from ..client import Client
+
+    return Client()
+
+
+def ago(unix: float | None) -> str:
+    if unix is None:
+        return "-"
+    return duration(time.time() - unix)
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = max(0.0, seconds)
+    if seconds < 90:
+        return f"{seconds:.0f}s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
+
+
+def size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.0f}{unit}"
+        n = int(n / 1024)
+    return f"{n}TiB"
+
+
+@app.command()
+def serve(
+    host: str = typer.Option("127.0.0.1", help="Address to bind (loopback unless a token is set)."),
+    port: int = typer.Option(8787),
+    token: str | None = typer.Option(None, envvar="HUTCH_TOKEN", help="Bearer token clients send."),
+    data_dir: str | None = typer.Option(None, envvar="HUTCH_HOME", help="Where state is kept."),
+) -> None:
+    """Run the daemon: the HTTP API, the state store, the timers."""
+    from ..server import serve as run
+
+    console.print(f"hutch serving on http://{host}:{port} (state in {data_dir or 'HUTCH_HOME'})")
+    try:
+        run(host, port, token, data_dir)
+    except HutchError as exc:
+        err_console.print(f"[red]error[/red] ({exc.code}): {exc}")
+        raise typer.Exit(exit_code_for(exc)) from None
+
+
+@app.command()
+@reports_errors
+def demo() -> None:
+    """Show hutch working in-process, with no daemon: a local sandbox in a temp dir."""
+    import hutch
+
+    workdir = tempfile.mkdtemp(prefix="hutch-demo-")
+    with hutch.create_sandbox_sync("local", workdir=workdir) as sb:
+        console.print(f"[bold]sandbox[/bold] {sb.id} (provider local) in {workdir}")
+        result = sb.exec("echo hello from $(basename $PWD); uname -s")
+        console.print(f"$ echo ...  -> exit {result.exit_code}: {result.stdout.strip()!r}")
+        failing = sb.exec("ls /no/such/dir")
+        console.print(f"$ ls /no/such/dir -> exit {failing.exit_code} (a result, not an error)")
+        name = "notes ü 'quoted'.txt"
+        sb.write_text(name, "hutch keeps your agent's work\n")
+        console.print(f"wrote {name!r}; read back: {sb.read_text(name).strip()!r}")
+        console.print(f"grep 'work': {[m.line for m in sb.grep('work')]}")
+        try:
+            sb.exec("sleep 10", timeout=0.5)
+        except hutch.ExecTimeout as exc:
+            console.print(f"timeout: {exc}")
+        status = sb.status()
+        console.print(f"state {status.state.value}, meter {status.meter}")
+    console.print("[green]done[/green]")
+
+
+@app.command("ls")
+@reports_errors
+def list_sandboxes(as_json: bool = typer.Option(False, "--json")) -> None:
+    """List sandboxes: state, age, idle time, deadline and memory."""
+    with client() as c:
+        sandboxes = c.list_sandboxes()
+    if as_json:
+        console.print_json(json.dumps(sandboxes))
+        return
+    table = Table("id", "provider", "state", "age", "idle for", "deadline", "memory")
+    for s in sandboxes:
+        deadline = s.get("deadline_unix")
+        table.add_row(
+            s["id"], s["provider"], s["state"] + (f" ({s['reason']})" if s.get("reason") else ""),
+            ago(s.get("created_at_unix")), duration(s.get("idle_seconds")),
+            f"in {duration(deadline - time.time())}" if deadline else "-",
+            size(s.get("memory_bytes")),
+        )
+    console.print(table)
+
+
+@app.command()
+@reports_errors
+def create(
+    provider: str | None = typer.Option(None, help="local, docker, virtual, ..."),
+    image: str | None = typer.Option(None, help="Container image (docker)."),
+    workdir: str | None = typer.Option(None, help="Working directory (local)."),
+    idle_suspend_after: float | None = typer.Option(None),
+    idle_timeout: float | None = typer.Option(None),
+    max_lifetime: float | None = typer.Option(None),
+    config: str | None = typer.Option(None, help="Run config file (default ./hutch.toml)."),
+) -> None:
+    """Create a sandbox. Flags beat hutch.toml, which beats the daemon's defaults."""
+    layer = load_config_file(config)
+    flags = {
+        "provider": provider, "image": image, "workdir": workdir,
+        "idle_suspend_after": idle_suspend_after, "idle_timeout": idle_timeout,
+        "max_lifetime": max_lifetime,
+    }
+    body = merge_layers(layer, {k: v for k, v in flags.items() if v is not None})
+    with client() as c, console.status("creating sandbox..."):
+        sb = c.create_sandbox(**body)
+    console.print(sb.id)
+
+
+def merge_layers(config_file: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]:
+    """One request body: the config file with the flags on top."""
+    body = dict(config_file)
+    provider = flags.get("provider") or body.get("provider")
+    providers = body.pop("providers", {}) or {}
+    if provider:
+        body.update(providers.get(provider, {}))
+        body["provider"] = provider
+    body.update(flags)
+    return body
+
+
+@app.command("exec", context_settings={"allow_extra_args": True})
+@reports_errors
+def exec_(
+    sandbox_id: str,
+    command: list[str] = typer.Argument(..., help="The command (after --)."),
+    timeout: float | None = typer.Option(None),
+    cwd: str | None = typer.Option(None),
+) -> None:
+    """Run a command in a sandbox, streaming its output; exit with its exit code."""
+    from .._process import ExitStatus
+
+    cmd: str | list[str] = command[0] if len(command) == 1 else command
+    code = 1
+    with client() as c:
+        sb = c.get_sandbox(sandbox_id)
+        for event in sb.exec_stream(cmd, timeout=timeout, cwd=cwd):
+            if isinstance(event, ExitStatus):
+                code = event.exit_code
+            else:
+                out = sys.stdout if event.stream == "stdout" else sys.stderr
+                out.buffer.write(event.data)
+                out.flush()
+    raise typer.Exit(code)
+
+
+def _lifecycle(action: str, sandbox_id: str) -> None:
+    with client() as c, console.status(f"{action} {sandbox_id}..."):
+        if action == "kill":
+            c.delete_sandbox(sandbox_id)
+            console.print(f"{sandbox_id} killed")
+            return
+        info = getattr(c, action)(sandbox_id)
+    console.print(f"{sandbox_id} {info['state']}")
+
+
+@app.command()
+@reports_errors
+def pause(sandbox_id: str) -> None:
+    """Hold a sandbox as it is (processes and memory stay, no CPU)."""
+    _lifecycle("pause", sandbox_id)
+
+
+@app.command()
+@reports_errors
+def suspend(sandbox_id: str) -> None:
+    """Free a sandbox's memory, keeping its state on disk."""
+    _lifecycle("suspend", sandbox_id)
+
+
+@app.command()
+@reports_errors
+def resume(sandbox_id: str) -> None:
+    """Bring a paused or suspended sandbox back."""
+    _lifecycle("resume", sandbox_id)
+
+
+@app.command()
+@reports_errors
+def kill(sandbox_id: str) -> None:
+    """End a sandbox and release everything it holds."""
+    _lifecycle("kill", sandbox_id)
+
+
+@app.command("set-timeout")
+@reports_errors
+def set_timeout(sandbox_id: str, seconds: float) -> None:
+    """Make a sandbox's deadline now + SECONDS; prints it as Unix time."""
+    with client() as c:
+        console.print(f"{c.set_timeout(sandbox_id, seconds):.3f}")
+
+
+@workspace_app.command("create")
+@reports_errors
+def workspace_create(
+    name: str,
+    snapshot: str | None = typer.Option(None, help="A snapshot tag to start from."),
+    image: str | None = typer.Option(None, help="An image to start from."),
+    idle_suspend_after: float | None = typer.Option(None),
+) -> None:
+    """Create a workspace from a snapshot tag or an image."""
+    extra = {"idle_suspend_after": idle_suspend_after} if idle_suspend_after else {}
+    with client() as c, console.status(f"creating workspace {name}..."):
+        ws = c.create_workspace(name, image=image, snapshot_tag=snapshot, **extra)
+    console.print(f"{ws['name']} {ws['status']} (sandbox {ws['live_sandbox_id']})")
+
+
+@workspace_app.command("suspend")
+@reports_errors
+def workspace_suspend(name: str, diff: bool = typer.Option(False, "--diff")) -> None:
+    """Capture a workspace's state and free its sandbox."""
+    with client() as c, console.status(f"suspending {name}..."):
+        ws = c.suspend_workspace(name, diff=diff)
+    console.print(f"{ws['name']} {ws['status']} ({ws['current_state_tag']})")
+
+
+@workspace_app.command("resume")
+@reports_errors
+def workspace_resume(name: str) -> None:
+    """Bring a suspended or stale workspace back from its last state."""
+    with client() as c, console.status(f"resuming {name}..."):
+        ws = c.resume_workspace(name)
+    console.print(f"{ws['name']} {ws['status']} (sandbox {ws['live_sandbox_id']})")
+
+
+@workspace_app.command("list")
+@reports_errors
+def workspace_list() -> None:
+    """List workspaces."""
+    with client() as c:
+        rows = c.list_workspaces()
+    table = Table("name", "status", "sandbox", "state snapshot", "from", "age", "last active")
+    for w in rows:
+        table.add_row(
+            w["name"], w["status"], w["live_sandbox_id"] or "-", w["current_state_tag"] or "-",
+            w["source_snapshot_tag"] or w["image"] or "-", ago(w["created_at_unix"]),
+            ago(w["last_active_unix"]),
+        )
+    console.print(table)
+
+
+@workspace_app.command("delete")
+@reports_errors
+def workspace_delete(name: str) -> None:
+    """Delete a workspace: its sandbox and its own state snapshot (not its source)."""
+    with client() as c, console.status(f"deleting {name}..."):
+        c.delete_workspace(name)
+    console.print(f"{name} deleted")
+
+
+if __name__ == "__main__":
+    app()
