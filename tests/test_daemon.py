@@ -34,18 +34,19 @@ def client(d: DaemonProcess) -> hutch.Client:
     return hutch.Client(d.url, token=d.token)
 
 
-def managed_containers() -> dict[str, str]:
-    """sandbox id -> container id of every container hutch made."""
+def managed_containers(data_dir: str | None = None) -> dict[str, str]:
+    """sandbox id -> container id of every container hutch made (for one daemon)."""
     api = docker.APIClient()
+    wanted = f"hutch.daemon={data_dir}" if data_dir else "hutch.managed=1"
     return {
         c["Labels"]["hutch.sandbox_id"]: c["Id"]
-        for c in api.containers(all=True, filters={"label": "hutch.managed=1"})
+        for c in api.containers(all=True, filters={"label": wanted})
     }
 
 
-def assert_store_and_engine_agree(c: hutch.Client) -> None:
+def assert_store_and_engine_agree(c: hutch.Client, d: DaemonProcess) -> None:
     live = {s["id"] for s in c.list_sandboxes() if s["state"] in ("running", "paused")}
-    containers = managed_containers()
+    containers = managed_containers(d.data_dir)
     assert set(containers) == live, f"store {live} vs engine {set(containers)}"
     for ws in c.list_workspaces():
         assert ws["status"] in ("running", "suspended", "stale"), ws
@@ -77,9 +78,9 @@ def test_workspace_survives_daemon_crash_with_container_alive(daemon: DaemonProc
             assert sb.read_text(f"file-{i}.txt") == f"content {i}"
         assert sb.read_text("/root/in-rootfs.txt") == "rootfs"
         assert len([s for s in c.list_sandboxes() if s["id"] == sb.id]) == 1
-        assert_store_and_engine_agree(c)
+        assert_store_and_engine_agree(c, daemon)
         cleanup_workspaces(c)
-    assert managed_containers() == {}
+    assert managed_containers(daemon.data_dir) == {}
 
 
 @pytest.mark.docker
@@ -100,9 +101,9 @@ def test_workspace_goes_stale_when_its_container_is_gone(daemon: DaemonProcess) 
         sb = c.get_sandbox(resumed["live_sandbox_id"])
         assert sb.read_text("kept.txt") == "the working directory survives"
         assert len(c.list_workspaces()) == 1
-        assert_store_and_engine_agree(c)
+        assert_store_and_engine_agree(c, daemon)
         cleanup_workspaces(c)
-    assert managed_containers() == {}
+    assert managed_containers(daemon.data_dir) == {}
 
 
 @pytest.mark.docker
@@ -115,7 +116,7 @@ def test_suspended_workspace_stays_suspended_across_a_crash(daemon: DaemonProces
         suspended = c.suspend_workspace("sleeper", diff=True)
         assert suspended["status"] == "suspended"
         assert suspended["current_state_tag"]
-        assert managed_containers() == {}  # memory freed: no container
+        assert managed_containers(daemon.data_dir) == {}  # memory freed: no container
     daemon.restart()
     with client(daemon) as c:
         assert c.get_workspace("sleeper")["status"] == "suspended"
@@ -129,7 +130,7 @@ def test_suspended_workspace_stays_suspended_across_a_crash(daemon: DaemonProces
         again = c.get_sandbox(c.resume_workspace("sleeper")["live_sandbox_id"])
         assert again.read_text("/root/layer.txt") == "in the container layer"
         assert again.read_text("/root/second.txt") == "second"
-        assert_store_and_engine_agree(c)
+        assert_store_and_engine_agree(c, daemon)
         tag = c.get_workspace("sleeper")["current_state_tag"]
         c.delete_workspace("sleeper")
         with pytest.raises(hutch.NotFound):
@@ -137,7 +138,7 @@ def test_suspended_workspace_stays_suspended_across_a_crash(daemon: DaemonProces
     images = {t for i in docker.APIClient().images() for t in (i["RepoTags"] or [])}
     assert tag not in images, "delete must drop the workspace's own state snapshot"
     assert TEST_IMAGE in images, "delete must keep the image the workspace was made from"
-    assert managed_containers() == {}
+    assert managed_containers(daemon.data_dir) == {}
 
 
 def _kill_during(daemon: DaemonProcess, request: Any, delay: float) -> None:
@@ -162,7 +163,7 @@ def test_crash_in_the_middle_of_a_create(daemon: DaemonProcess, delay: float) ->
     _kill_during(daemon, lambda: c.create_workspace("halfmade", image=TEST_IMAGE), delay)
     daemon.start()
     with client(daemon) as c2:
-        assert_store_and_engine_agree(c2)
+        assert_store_and_engine_agree(c2, daemon)
         names = [w["name"] for w in c2.list_workspaces()]
         assert names in ([], ["halfmade"])
         if names:  # the create had finished: it is whole and usable
@@ -170,7 +171,7 @@ def test_crash_in_the_middle_of_a_create(daemon: DaemonProcess, delay: float) ->
             assert ws["status"] == "running"
             assert c2.get_sandbox(ws["live_sandbox_id"]).exec("true").exit_code == 0
         cleanup_workspaces(c2)
-    assert managed_containers() == {}
+    assert managed_containers(daemon.data_dir) == {}
 
 
 @pytest.mark.docker
@@ -185,7 +186,7 @@ def test_crash_in_the_middle_of_a_suspend(daemon: DaemonProcess) -> None:
         _kill_during(daemon, lambda: c.suspend_workspace("midsuspend", diff=True), 0.3)
     daemon.start()
     with client(daemon) as c:
-        assert_store_and_engine_agree(c)
+        assert_store_and_engine_agree(c, daemon)
         status = c.get_workspace("midsuspend")["status"]
         assert status in ("running", "suspended", "stale")
         if status != "running":
@@ -193,19 +194,31 @@ def test_crash_in_the_middle_of_a_suspend(daemon: DaemonProcess) -> None:
         sb = c.get_sandbox(c.get_workspace("midsuspend")["live_sandbox_id"])
         assert sb.read_text("keep.txt") == "kept"
         cleanup_workspaces(c)
-    assert managed_containers() == {}
+    assert managed_containers(daemon.data_dir) == {}
 
 
 @pytest.mark.docker
 def test_unknown_hutch_containers_are_removed_at_start(daemon: DaemonProcess) -> None:
     api = docker.APIClient()
     stray = api.create_container(
-        TEST_IMAGE, ["sleep", "infinity"], labels={"hutch.managed": "1",
-                                                   "hutch.sandbox_id": "sb-stray"},
+        TEST_IMAGE, ["sleep", "infinity"], labels={
+            "hutch.managed": "1", "hutch.sandbox_id": "sb-stray",
+            "hutch.daemon": daemon.data_dir,
+        },
+    )
+    # An in-process sandbox (another program's) carries no daemon label: untouched.
+    other = api.create_container(
+        TEST_IMAGE, ["sleep", "infinity"],
+        labels={"hutch.managed": "1", "hutch.sandbox_id": "sb-in-process"},
     )
     api.start(stray["Id"])
-    daemon.restart()
-    assert "sb-stray" not in managed_containers()
+    api.start(other["Id"])
+    try:
+        daemon.restart()
+        assert "sb-stray" not in managed_containers()
+        assert "sb-in-process" in managed_containers()
+    finally:
+        api.remove_container(other["Id"], force=True)
     with client(daemon) as c:
         events = c.events("sb-stray")
         assert any("orphan" in e["kind"] for e in events)

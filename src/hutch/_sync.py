@@ -9,8 +9,11 @@ one implementation, and the sync face cannot drift from it.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import inspect
+import threading
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
@@ -110,4 +113,28 @@ def run_sync_factory(factory: Callable[..., Any], *args: Any, **kwargs: Any) -> 
     except BaseException:
         cm.__exit__(None, None, None)
         raise
-    return SyncProxy(target, portal, cm)
+    proxy = SyncProxy(target, portal, cm)
+    # A script that never closes its sandbox must still exit: the portal's
+    # thread is not a daemon thread, so close it at interpreter exit.
+    _unclosed.add(proxy)
+    return proxy
+
+
+_unclosed: weakref.WeakSet[SyncProxy] = weakref.WeakSet()
+
+
+def _close_unclosed() -> None:
+    for proxy in list(_unclosed):
+        try:
+            proxy.close()
+        except Exception:
+            pass
+
+
+# Non-daemon threads are joined before atexit handlers run; threading's own
+# pre-join hook (what concurrent.futures uses) runs in time.
+_register = getattr(threading, "_register_atexit", None)
+if _register is not None:
+    _register(_close_unclosed)
+else:  # pragma: no cover - older or other Pythons
+    atexit.register(_close_unclosed)

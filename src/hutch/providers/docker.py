@@ -151,11 +151,13 @@ async def _call(fn: Any, *args: Any, path: str | None = None, **kwargs: Any) -> 
     return await anyio.to_thread.run_sync(run)
 
 
-def list_managed_containers() -> list[tuple[str, str, str]]:
-    """(sandbox_id, container_id, status) of every container hutch made."""
+def list_managed_containers(*, with_labels: bool = False) -> list[tuple[str, str, Any]]:
+    """(sandbox_id, container_id, status) of every container hutch made;
+    with ``with_labels`` the third item is the container's labels instead."""
     containers = engine().containers(all=True, filters={"label": f"{MANAGED_LABEL}=1"})
     return [
-        (c["Labels"].get(SANDBOX_LABEL, ""), c["Id"], c["State"]) for c in containers
+        (c["Labels"].get(SANDBOX_LABEL, ""), c["Id"], c["Labels"] if with_labels else c["State"])
+        for c in containers
     ]
 
 
@@ -527,10 +529,8 @@ class DockerSandbox(SandboxBackend):
         return await proc.wait(), b"".join(out)
 
     async def count_busy_processes(self) -> int:
-        try:
-            top = await _call(engine().top, self._container(), ps_args="-e -o pid")
-        except HutchError:
-            return 0
+        # A failure propagates: the lifecycle engine takes "cannot tell" as busy.
+        top = await _call(engine().top, self._container(), ps_args="-e -o pid")
         return max(0, len(top.get("Processes") or []) - 1)
 
     # -- files -----------------------------------------------------------------------

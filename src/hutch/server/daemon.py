@@ -34,7 +34,7 @@ from .._errors import (
 from .._guardrail import ReadBeforeWriteGuard, session_guard
 from .._sandbox import Sandbox, new_sandbox_id
 from ..config import SandboxSpec, resolve_spec
-from ..lifecycle.engine import LifecycleEngine
+from ..lifecycle.engine import LifecycleEngine, expiry_error
 from ..lifecycle.state import SandboxState
 from ..providers.registry import get_provider
 from ..store import SandboxRow, SQLiteStore, Store, WorkspaceRow
@@ -43,6 +43,8 @@ log = logging.getLogger("hutch.daemon")
 
 WORKSPACE_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 STATE_REPOSITORY = "hutch-workspace"
+#: Label on every container a daemon makes: the data directory it belongs to.
+DAEMON_LABEL = "hutch.daemon"
 
 
 def default_data_dir() -> str:
@@ -94,7 +96,15 @@ class Daemon:
 
     # -- sandboxes ---------------------------------------------------------------------
     def spec_from_request(self, body: Mapping[str, Any]) -> SandboxSpec:
-        return resolve_spec(flags=body, server_defaults=self.sandbox_defaults)
+        spec = resolve_spec(flags=body, server_defaults=self.sandbox_defaults)
+        if spec.provider.type == "docker":
+            # Mark what this daemon made, so that reconciliation only ever
+            # removes its own containers, never another process's sandboxes.
+            labels = {**spec.provider.labels, DAEMON_LABEL: self.data_dir}
+            spec = spec.model_copy(
+                update={"provider": spec.provider.model_copy(update={"labels": labels})}
+            )
+        return spec
 
     async def create_sandbox(
         self, spec: SandboxSpec, *, workspace: str | None = None, sandbox_id: str | None = None
@@ -140,8 +150,7 @@ class Daemon:
         except KeyError:
             row = self.store.get_sandbox(sandbox_id)
             if row is not None and row.state in ("terminated", "failed"):
-                record = _FinalRecord(row)
-                raise self.engine.expired_error(record) from None  # type: ignore[arg-type]
+                raise expiry_error(row.id, SandboxState(row.state), row.reason) from None
             raise NotFound(f"no sandbox {sandbox_id}") from None
 
     def session(self, sandbox_id: str, session: str | None) -> Sandbox:
@@ -479,12 +488,16 @@ class Daemon:
         try:
             from ..providers.docker import engine, list_managed_containers
 
-            containers = await anyio.to_thread.run_sync(list_managed_containers)
+            containers = await anyio.to_thread.run_sync(
+                functools.partial(list_managed_containers, with_labels=True)
+            )
         except Exception as exc:
             log.info("no Docker Engine to reconcile with (%s)", exc)
             return
         api = engine()
-        for sandbox_id, container_id, _status in containers:
+        for sandbox_id, container_id, labels in containers:
+            if labels.get(DAEMON_LABEL) != self.data_dir:
+                continue  # another daemon's, or an in-process sandbox: not ours to judge
             sandbox = self.sandboxes.get(sandbox_id)
             backend_container = getattr(sandbox.backend, "container_id", None) if sandbox else None
             if backend_container == container_id:
@@ -503,12 +516,3 @@ class Daemon:
         """Stop the daemon, leaving every sandbox running for the next start to adopt."""
         await self.engine.close()
         self.store.close()
-
-
-class _FinalRecord:
-    """Enough of a lifecycle record to name why a finished sandbox is gone."""
-
-    def __init__(self, row: SandboxRow) -> None:
-        self.sandbox_id = row.id
-        self.reason = row.reason
-        self.state = SandboxState(row.state)
