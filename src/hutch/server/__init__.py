@@ -39,8 +39,10 @@ def serve(
         )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     app = create_app(ServerSettings(data_dir=data_dir, token=token))
+    # The asyncio loop, not uvloop: uvloop notices a child's exit ~4 ms late,
+    # which would be most of an exec's cost.
     uvicorn.run(
-        app, host=host, port=port, http="httptools", loop="uvloop", log_level="warning",
+        app, host=host, port=port, http="httptools", loop="asyncio", log_level="warning",
         access_log=False, timeout_graceful_shutdown=5,
     )
 
