@@ -45,11 +45,25 @@ def _note_exit(owner: Any, event: Any) -> None:
         owner._running, owner._exit_code = False, event.exit_code
 
 
-class AsyncTransport:
-    def __init__(self, url: str | None, token: str | None, factories: dict[str, Any]) -> None:
+class _Transport:
+    """What both drivers share: where the daemon is, and how answers become objects."""
+
+    def __init__(self, url: str | None, factories: dict[str, Any]) -> None:
         self.url = client_url(url)
-        self.http = httpx.AsyncClient(base_url=self.url, headers=client_headers(token))
         self.factories = factories
+
+    def wrap(self, value: Any) -> Any:
+        if isinstance(value, SandboxRef):
+            return self.factories["sandbox"](self, value.info)
+        if isinstance(value, ProcessRef):
+            return self.factories["process"](self, value.sandbox_id, value.info)
+        return value
+
+
+class AsyncTransport(_Transport):
+    def __init__(self, url: str | None, token: str | None, factories: dict[str, Any]) -> None:
+        super().__init__(url, factories)
+        self.http = httpx.AsyncClient(base_url=self.url, headers=client_headers(token))
 
     async def send(self, call: Call) -> Any:
         try:
@@ -90,22 +104,14 @@ class AsyncTransport:
 
         return events()
 
-    def wrap(self, value: Any) -> Any:
-        if isinstance(value, SandboxRef):
-            return self.factories["sandbox"](self, value.info)
-        if isinstance(value, ProcessRef):
-            return self.factories["process"](self, value.sandbox_id, value.info)
-        return value
-
     async def close(self) -> None:
         await self.http.aclose()
 
 
-class SyncTransport:
+class SyncTransport(_Transport):
     def __init__(self, url: str | None, token: str | None, factories: dict[str, Any]) -> None:
-        self.url = client_url(url)
+        super().__init__(url, factories)
         self.http = httpx.Client(base_url=self.url, headers=client_headers(token))
-        self.factories = factories
 
     def send(self, call: Call) -> Any:
         try:
@@ -142,13 +148,6 @@ class SyncTransport:
                 raise unreachable(self.url, exc) from None
 
         return events()
-
-    def wrap(self, value: Any) -> Any:
-        if isinstance(value, SandboxRef):
-            return self.factories["sandbox"](self, value.info)
-        if isinstance(value, ProcessRef):
-            return self.factories["process"](self, value.sandbox_id, value.info)
-        return value
 
     def close(self) -> None:
         self.http.close()
