@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from .._errors import HutchError
 from ..config import load_config_file
@@ -153,7 +153,8 @@ def list_sandboxes(as_json: bool = typer.Option(False, "--json")) -> None:
     if as_json:
         console.print_json(json.dumps(sandboxes))
         return
-    table = Table("id", "provider", "state", "age", "idle for", "deadline", "memory")
+    table = Table(Column("id", no_wrap=True), "provider", "state", "age", "idle for",
+                  "deadline", "memory", "running / paused / suspended")
     for s in sandboxes:
         deadline = s.get("deadline_unix")
         table.add_row(
@@ -161,6 +162,8 @@ def list_sandboxes(as_json: bool = typer.Option(False, "--json")) -> None:
             ago(s.get("created_at_unix")), duration(s.get("idle_seconds")),
             f"in {duration(deadline - time.time())}" if deadline else "-",
             size(s.get("memory_bytes")),
+            " / ".join(duration(s.get("meter", {}).get(k)) for k in
+                       ("running_s", "paused_s", "suspended_s")),
         )
     console.print(table)
 
