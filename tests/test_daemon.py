@@ -361,3 +361,20 @@ def test_remote_sandbox_offers_what_a_sandbox_offers() -> None:
     missing = local - remote - {"backend", "guard", "closed", "open_operations", "require",
                                 "path", "process", "processes", "preview_url", "status", "meter"}
     assert not missing, missing
+
+
+@pytest.mark.docker
+def test_workspace_auto_suspends_on_idle_and_comes_back(daemon: DaemonProcess) -> None:
+    with client(daemon) as c:
+        ws = c.create_workspace("napper", image=TEST_IMAGE, idle_suspend_after=1)
+        sb = c.get_sandbox(ws["live_sandbox_id"])
+        sb.write_text("/root/kept.txt", "kept")
+        deadline = time.monotonic() + 10
+        while c.get_workspace("napper")["status"] != "suspended":
+            assert time.monotonic() < deadline, "workspace never suspended on idle"
+            time.sleep(0.2)
+        assert managed_containers(daemon.data_dir) == {}  # its memory is freed
+        # The next call resumes it transparently, with its files.
+        assert sb.read_text("/root/kept.txt") == "kept"
+        assert c.get_workspace("napper")["status"] == "running"
+        cleanup_workspaces(c)
