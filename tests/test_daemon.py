@@ -68,6 +68,7 @@ def test_workspace_survives_daemon_crash_with_container_alive(daemon: DaemonProc
         for i in range(5):
             sb.write_text(f"file-{i}.txt", f"content {i}")
         sb.write_text("/root/in-rootfs.txt", "rootfs")
+        assert sb.info()["workspace"] == "alive"
     daemon.restart()  # SIGKILL, then start: no cleanup ran
     with client(daemon) as c:
         listed = c.list_workspaces()
@@ -77,6 +78,7 @@ def test_workspace_survives_daemon_crash_with_container_alive(daemon: DaemonProc
         for i in range(5):
             assert sb.read_text(f"file-{i}.txt") == f"content {i}"
         assert sb.read_text("/root/in-rootfs.txt") == "rootfs"
+        assert sb.info()["workspace"] == "alive"
         assert len([s for s in c.list_sandboxes() if s["id"] == sb.id]) == 1
         assert_store_and_engine_agree(c, daemon)
         cleanup_workspaces(c)

@@ -70,6 +70,8 @@ class Daemon:
             timeout_ceiling=timeout_ceiling, on_transition=self._persist_transition
         )
         self.sandboxes: dict[str, Sandbox] = {}
+        #: sandbox id -> the workspace it serves, for the sandboxes that serve one.
+        self.workspace_of: dict[str, str] = {}
         self._guards: dict[tuple[str, str], ReadBeforeWriteGuard] = {}
         self._workspace_locks: dict[str, asyncio.Lock] = {}
 
@@ -91,6 +93,7 @@ class Daemon:
         )
         if new in (SandboxState.TERMINATED, SandboxState.FAILED):
             self.sandboxes.pop(sandbox_id, None)
+            self.workspace_of.pop(sandbox_id, None)
             if reason not in (None, "closed"):
                 log.warning("sandbox %s reaped: %s", sandbox_id, reason)
 
@@ -125,6 +128,8 @@ class Daemon:
             raise
         sandbox = self._wrap(backend, spec)
         self.sandboxes[sid] = sandbox
+        if workspace is not None:
+            self.workspace_of[sid] = workspace
         try:
             await self.engine.attach(sandbox, spec.options)
         except BaseException:
@@ -169,7 +174,6 @@ class Daemon:
         memory = None
         with contextlib.suppress(Exception):
             memory = await sandbox.backend.memory_bytes()
-        row_workspace = None
         return {
             "id": sandbox.id,
             "provider": sandbox.provider,
@@ -183,7 +187,7 @@ class Daemon:
             "deadline_unix": status.deadline_unix,
             "meter": status.meter,
             "memory_bytes": memory,
-            "workspace": row_workspace,
+            "workspace": self.workspace_of.get(sandbox.id),
         }
 
     async def delete_sandbox(self, sandbox_id: str) -> None:
@@ -427,6 +431,8 @@ class Daemon:
             return
         sandbox = self._wrap(backend, spec)
         self.sandboxes[row.id] = sandbox
+        if row.workspace is not None:
+            self.workspace_of[row.id] = row.workspace
         await self.engine.attach(
             sandbox, spec.options, state=state, created_unix=row.created_at_unix
         )
