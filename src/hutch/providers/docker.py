@@ -793,7 +793,8 @@ class DockerSandbox(SandboxBackend):
         self._closed = True
         api = engine()
         if self.config.preserve and self.container_id is not None:
-            log.info(
+            # Said loudly: the user asked to keep it and needs to know how to reach it.
+            log.warning(
                 "sandbox %s kept (preserve): docker exec -it %s bash",
                 self.sandbox_id, self.container_name,
             )
