@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -21,7 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from tests.daemon_fixture import DaemonProcess
 
 import hutch
-from _common import header, row, time_async, time_sync
+from _common import header, median_ms, row
 
 RUNS = 300
 LOAD_SECONDS = 4
@@ -46,12 +47,26 @@ async def main() -> None:
     daemon = DaemonProcess().start()
     try:
         header("exec round trip, local provider (floor: subprocess.run)")
-        floor = time_sync(lambda: subprocess.run(["true"], check=True), RUNS)
-        async with await hutch.create_sandbox("local", workdir=workdir) as sb:
-            in_process = await time_async(lambda: sb.exec(["true"]), RUNS)
         with hutch.Client(daemon.url, token=daemon.token) as client:
             remote = client.create_sandbox("local", workdir=workdir)
-            through_daemon = time_sync(lambda: remote.exec(["true"]), RUNS)
+            async with await hutch.create_sandbox("local", workdir=workdir) as sb:
+                # Three figures, measured in turn within one loop.
+                samples: dict[str, list[float]] = {"floor": [], "in": [], "daemon": []}
+                for i in range(RUNS + 3):
+                    t = time.perf_counter()
+                    subprocess.run(["true"], check=True)
+                    t1 = time.perf_counter()
+                    await sb.exec(["true"])
+                    t2 = time.perf_counter()
+                    remote.exec(["true"])
+                    t3 = time.perf_counter()
+                    if i >= 3:
+                        samples["floor"].append(t1 - t)
+                        samples["in"].append(t2 - t1)
+                        samples["daemon"].append(t3 - t2)
+            floor, in_process, through_daemon = (
+                median_ms(samples[k]) for k in ("floor", "in", "daemon")
+            )
             row("in-process exec", in_process, floor)
             row("exec through the daemon (sync SDK)", through_daemon, floor)
             row("  daemon's own cost (vs in-process)", through_daemon, in_process,

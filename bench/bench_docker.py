@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import docker
 
 import hutch
-from _common import header, row, time_async, time_sync
+from _common import header, paired, row, time_async, time_sync
 
 IMAGE = os.environ.get("HUTCH_TEST_IMAGE", "hutch-test:bookworm")
 EXEC_RUNS = 60
@@ -54,8 +54,9 @@ async def main() -> None:
     header(f"docker provider (floor: the docker SDK directly), image {IMAGE}")
     async with await hutch.create_sandbox("docker", image=IMAGE, read_before_write=False) as sb:
         container = sb.backend.container_id
-        floor = time_sync(lambda: raw_exec(api, container), EXEC_RUNS)
-        ours = await time_async(lambda: sb.exec(["true"]), EXEC_RUNS)
+        ours, floor = await paired(
+            lambda: sb.exec(["true"]), lambda: raw_exec(api, container), EXEC_RUNS
+        )
         row("exec round trip (true)", ours, floor, "goal: <= 1.15x")
 
         def raw_write() -> None:
@@ -80,8 +81,9 @@ async def main() -> None:
             await fresh.exec(["true"])
 
     # Teardown is inside both figures, as in the raw loop.
-    floor = time_sync(lambda: raw_create_first_exec(api), CREATE_RUNS, warmup=1)
-    ours = await time_async(create_first_exec, CREATE_RUNS, warmup=1)
+    ours, floor = await paired(
+        create_first_exec, lambda: raw_create_first_exec(api), CREATE_RUNS, warmup=1
+    )
     row("create + first exec + remove", ours, floor, "goal: <= 1.1x")
 
 

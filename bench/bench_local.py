@@ -14,7 +14,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(__file__))
 
 import hutch
-from _common import header, row, time_async, time_sync
+from _common import header, paired, row, time_async, time_sync
 
 RUNS = 200
 MB = os.urandom(1024 * 1024)
@@ -23,10 +23,12 @@ MB = os.urandom(1024 * 1024)
 async def main() -> None:
     workdir = tempfile.mkdtemp(prefix="hutch-bench-", dir="/dev/shm")
     header("local provider (floor: subprocess / direct file I/O)")
-    floor_exec = time_sync(lambda: subprocess.run(["true"], check=True), RUNS)
+    def floor_exec() -> None:
+        subprocess.run(["true"], check=True)
+
     async with await hutch.create_sandbox("local", workdir=workdir, read_before_write=False) as sb:
-        hutch_exec = await time_async(lambda: sb.exec(["true"]), RUNS)
-        row("exec round trip (true)", hutch_exec, floor_exec, "goal: +2 ms at most")
+        ours, floor = await paired(lambda: sb.exec(["true"]), floor_exec, RUNS)
+        row("exec round trip (true)", ours, floor, "goal: +2 ms at most")
 
         async def create_first_exec() -> None:
             async with await hutch.create_sandbox(
@@ -34,8 +36,8 @@ async def main() -> None:
             ) as fresh:
                 await fresh.exec(["true"])
 
-        hutch_create = await time_async(create_first_exec, 50)
-        row("create to first exec", hutch_create, floor_exec)
+        ours, floor = await paired(create_first_exec, floor_exec, 50)
+        row("create to first exec", ours, floor)
 
         path = os.path.join(workdir, "floor.bin")
 
