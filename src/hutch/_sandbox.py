@@ -20,8 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 from ._errors import (
     CapabilityUnsupported,
+    ExecTimeout,
     HutchError,
     InvalidArgument,
+    NotFound,
     ProviderError,
     SandboxIsADirectory,
     SandboxUnavailable,
@@ -38,7 +40,7 @@ from ._types import (
     FileType,
     GrepMatch,
 )
-from .providers.base import SandboxBackend, join_path
+from .providers.base import BackendProcess, SandboxBackend, join_path
 
 if TYPE_CHECKING:
     from .lifecycle.engine import LifecycleRecord, SandboxStatus
@@ -153,7 +155,7 @@ class Sandbox:
         env: Mapping[str, str] | None,
         stdin: bytes | str | None,
         user: str | None,
-    ) -> Any:
+    ) -> BackendProcess:
         self.require("processes")
         if user is not None:
             self.require("users")
@@ -219,8 +221,6 @@ class Sandbox:
             self._gate.touch(self)
 
     def process(self, process_id: str) -> Process:
-        from ._errors import NotFound
-
         try:
             return self._processes[process_id]
         except KeyError:
@@ -256,8 +256,6 @@ class Sandbox:
                     return
                 except TimeoutError:
                     await process.kill()
-                    from ._errors import ExecTimeout
-
                     raise ExecTimeout(
                         f"command timed out after {timeout} s; its whole process tree was killed"
                     ) from None
