@@ -109,8 +109,10 @@ def serve(
 ) -> None:
     """Run the daemon: the HTTP API, the state store, the timers."""
     from ..server import serve as run
+    from ..server.daemon import default_data_dir
 
-    console.print(f"hutch serving on http://{host}:{port} (state in {data_dir or 'HUTCH_HOME'})")
+    where = data_dir or default_data_dir()
+    console.print(f"hutch serving on http://{host}:{port} (state in {where})")
     try:
         run(host, port, token, data_dir)
     except HutchError as exc:
