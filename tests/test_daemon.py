@@ -108,8 +108,13 @@ def test_workspace_goes_stale_when_its_container_is_gone(daemon: DaemonProcess) 
     assert managed_containers(daemon.data_dir) == {}
 
 
+def dangling_images() -> set[str]:
+    return {i["Id"] for i in docker.APIClient().images(filters={"dangling": True})}
+
+
 @pytest.mark.docker
 def test_suspended_workspace_stays_suspended_across_a_crash(daemon: DaemonProcess) -> None:
+    dangling_before = dangling_images()
     with client(daemon) as c:
         ws = c.create_workspace("sleeper", image=TEST_IMAGE)
         sb = c.get_sandbox(ws["live_sandbox_id"])
@@ -140,6 +145,7 @@ def test_suspended_workspace_stays_suspended_across_a_crash(daemon: DaemonProces
     images = {t for i in docker.APIClient().images() for t in (i["RepoTags"] or [])}
     assert tag not in images, "delete must drop the workspace's own state snapshot"
     assert TEST_IMAGE in images, "delete must keep the image the workspace was made from"
+    assert dangling_images() <= dangling_before, "replaced snapshots were left behind"
     assert managed_containers(daemon.data_dir) == {}
 
 
@@ -196,6 +202,8 @@ def test_crash_in_the_middle_of_a_suspend(daemon: DaemonProcess) -> None:
         sb = c.get_sandbox(c.get_workspace("midsuspend")["live_sandbox_id"])
         assert sb.read_text("keep.txt") == "kept"
         cleanup_workspaces(c)
+    images = {t for i in docker.APIClient().images() for t in (i["RepoTags"] or [])}
+    assert "hutch-workspace-midsuspend:state" not in images
     assert managed_containers(daemon.data_dir) == {}
 
 

@@ -47,6 +47,11 @@ STATE_REPOSITORY = "hutch-workspace"
 DAEMON_LABEL = "hutch.daemon"
 
 
+def state_tag(workspace: str) -> str:
+    """The one state snapshot of a workspace, overwritten on each suspend."""
+    return f"{STATE_REPOSITORY}-{workspace}:state"
+
+
 def default_data_dir() -> str:
     return os.environ.get("HUTCH_HOME") or os.path.expanduser("~/.local/share/hutch")
 
@@ -293,10 +298,10 @@ class Daemon:
                 await sandbox.resume()
             row.status = "suspending"
             self.store.put_workspace(row)
-            tag = f"{STATE_REPOSITORY}-{name}:state"
+            tag = state_tag(name)
             previous = row.current_state_tag
             try:
-                await self._capture_state(sandbox, tag, diff=diff)
+                replaced = await self._capture_state(sandbox, tag, diff=diff)
             except BaseException:
                 row.status = "running"
                 self.store.put_workspace(row)
@@ -306,13 +311,28 @@ class Daemon:
             self.store.put_workspace(row)
             await sandbox.close()
             self.sandboxes.pop(sandbox.id, None)
+            if replaced is not None:
+                # The old snapshot is replaced. Only now, with the container that
+                # ran from it gone, can it go; docker keeps it while a newer layer
+                # still builds on it.
+                await self._remove_image(replaced)
             self.store.log_event(
                 name, "workspace", f"suspended into {tag} ({'diff' if diff else 'full'})"
                 + (f", replacing {previous}" if previous and previous != tag else "")
             )
             return row
 
-    async def _capture_state(self, sandbox: Sandbox, tag: str, *, diff: bool) -> None:
+    @staticmethod
+    async def _remove_image(image: str, *, force: bool = False) -> None:
+        from ..providers.docker import engine
+
+        with contextlib.suppress(Exception):
+            await anyio.to_thread.run_sync(
+                functools.partial(engine().remove_image, image, force=force)
+            )
+
+    async def _capture_state(self, sandbox: Sandbox, tag: str, *, diff: bool) -> str | None:
+        """Write the sandbox's state to ``tag``; return the image the tag named before."""
         from ..providers.docker import DockerSandbox, engine
 
         backend = sandbox.backend
@@ -344,10 +364,7 @@ class Daemon:
                     )
 
             await anyio.to_thread.run_sync(flatten)
-        if old_image is not None:
-            # The old snapshot is replaced; docker keeps it while a newer layer needs it.
-            with contextlib.suppress(Exception):
-                await anyio.to_thread.run_sync(lambda: api.remove_image(old_image))
+        return old_image
 
     async def resume_workspace(self, name: str) -> WorkspaceRow:
         async with self._lock(name):
@@ -386,13 +403,9 @@ class Daemon:
             if live is not None:
                 await live.close()
                 self.sandboxes.pop(live.id, None)
-            if row.current_state_tag:
-                from ..providers.docker import engine
-
-                with contextlib.suppress(Exception):
-                    await anyio.to_thread.run_sync(
-                        lambda: engine().remove_image(row.current_state_tag, force=True)
-                    )
+            # The tag is derived from the name, so a snapshot a crash left
+            # unrecorded goes too.
+            await self._remove_image(state_tag(name), force=True)
             if row.host_workdir:
                 workspace_dir = os.path.dirname(row.host_workdir)
                 await anyio.to_thread.run_sync(
