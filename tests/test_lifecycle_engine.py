@@ -342,3 +342,59 @@ def test_expiry_error_for_a_sandbox_known_only_from_a_store() -> None:
     assert isinstance(err, hutch.IdleTimeoutExpired) and "make a new sandbox" in str(err)
     assert isinstance(expiry_error("sb-1", SandboxState.TERMINATED, "closed"),
                       hutch.SandboxUnavailable)
+
+
+async def test_a_failing_hook_neither_undoes_nor_wedges_a_transition(
+    engine: LifecycleEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def broken_store(*_: object) -> None:
+        raise OSError("disk full")
+
+    engine.on_transition = broken_store
+    sb = await hutch.create_sandbox("virtual", engine=engine, idle_timeout=5)
+    await sb.pause()
+    assert sb.state == SandboxState.PAUSED
+    await sb.resume()
+    await engine.advance(6)
+    assert sb.state == SandboxState.TERMINATED
+    assert sb.status().reason == "idle_timeout"
+    assert sb.closed, "a reaped sandbox keeps its backend because a hook failed"
+    assert engine.tracked() == 0 and len(engine.scheduler) == 0
+    assert "on_transition hook failed" in caplog.text
+
+
+async def test_set_timeout_refuses_what_is_not_a_duration(engine: LifecycleEngine) -> None:
+    import math
+
+    sb = await hutch.create_sandbox("virtual", engine=engine)
+    for bad in (True, math.nan, -math.inf, "60"):
+        with pytest.raises(hutch.InvalidArgument):
+            await sb.set_timeout(bad)  # type: ignore[arg-type]
+    with pytest.raises(hutch.TimeoutTooLarge):
+        await sb.set_timeout(math.inf)
+    assert sb.status().deadline_unix is None, "a refused timeout set a deadline"
+
+
+async def test_preview_url_of_an_expired_sandbox_names_its_reason() -> None:
+    eng = LifecycleEngine(clock=VirtualClock())
+    sb = await hutch.create_sandbox("local", engine=eng, max_lifetime=10)
+    assert (await sb.preview_url(8080)).endswith(":8080")
+    await eng.advance(11)
+    with pytest.raises(hutch.MaxLifetimeExceeded):
+        await sb.preview_url(8080)
+    await eng.close()
+
+
+async def test_scheduler_heap_stays_bounded_when_deadlines_move_earlier() -> None:
+    async def callback(key: str) -> None:
+        return None
+
+    scheduler = Scheduler(VirtualClock(), callback, drive=False)
+    for i in range(100):
+        scheduler.schedule(f"other-{i}", 1e9)
+    for i in range(100_000):
+        # A shorter set_timeout each time: every old entry sinks below the top.
+        scheduler.schedule("moving", 1e6 - i)
+    assert len(scheduler) == 101
+    assert len(scheduler._heap) <= max(2 * 101, 1024) + 1
+    assert scheduler.next_due() == 1e6 - 99_999

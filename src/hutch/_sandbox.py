@@ -353,7 +353,11 @@ class Sandbox:
         if not 0 < port < 65536:
             raise InvalidArgument(f"port must be 1..65535, got {port}")
         self.require("preview_url")
-        return await self.backend.preview_url(port)
+        # Through the gate, though not activity: an expired sandbox answers
+        # with its reason, and a suspended one is brought back (a URL into a
+        # removed container would lead nowhere).
+        async with self._operation("preview_url", activity=False):
+            return await self.backend.preview_url(port)
 
     # -- lifecycle ------------------------------------------------------------------
     def _engine(self) -> Any:

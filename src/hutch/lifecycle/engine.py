@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import math
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -290,9 +291,19 @@ class LifecycleEngine:
             f" ({reason})" if reason else "",
         )
         if self.on_transition is not None:
-            result = self.on_transition(record.sandbox_id, old, new, reason)
-            if inspect.isawaitable(result):
-                await result
+            try:
+                result = self.on_transition(record.sandbox_id, old, new, reason)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                # The transition has happened (the container is gone, the
+                # sandbox is reaped); a hook that could not record it must not
+                # undo it or wedge the record half-way (a reaped sandbox whose
+                # backend is never released).
+                log.exception(
+                    "sandbox %s: on_transition hook failed for %s -> %s",
+                    record.sandbox_id, old.value, new.value,
+                )
 
     async def pause(self, sandbox: Sandbox) -> None:
         record = self._record(sandbox)
@@ -397,7 +408,14 @@ class LifecycleEngine:
         record = self._record(sandbox)
         if record.state in FINAL:
             raise self.expired_error(record)
-        if not isinstance(seconds, int | float) or seconds != seconds:
+        # bool is an int to Python, never a timeout to a caller; NaN and -inf
+        # would make a deadline no clock can compare or JSON can carry.
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, int | float)
+            or seconds != seconds
+            or seconds == -math.inf
+        ):
             raise InvalidArgument(f"timeout_seconds must be a number, got {seconds!r}")
         if seconds > self.timeout_ceiling:
             raise TimeoutTooLarge(
@@ -502,7 +520,9 @@ class LifecycleEngine:
             # later; the sandbox is never silently dropped from the timers.
             log.exception("sandbox %s: lifecycle step failed", sandbox_id)
             next_due = self.clock.monotonic() + self.retry_after
-        if release:
+        # A sandbox terminated here is released even if a step after its
+        # transition failed: reaped means its backend is freed.
+        if release or record.state is SandboxState.TERMINATED:
             self._forget(record)
             try:
                 await sandbox._release()

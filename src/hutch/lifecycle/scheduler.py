@@ -21,6 +21,9 @@ from .clock import Clock
 
 Callback = Callable[[str], Coroutine[Any, Any, None]]
 
+#: Below this many entries the heap is never compacted (it costs nothing).
+_COMPACT_MIN = 1024
+
 
 class Scheduler:
     def __init__(self, clock: Clock, callback: Callback, *, drive: bool = True) -> None:
@@ -42,6 +45,8 @@ class Scheduler:
         self._generation[key] = generation
         earliest = self._heap[0][0] if self._heap else None
         heapq.heappush(self._heap, (due, next(self._seq), key, generation))
+        if len(self._heap) > _COMPACT_MIN and len(self._heap) > 2 * len(self._generation):
+            self._compact()
         if self._drive:
             self._ensure_task()
             if self._wake is not None and (earliest is None or due < earliest):
@@ -49,6 +54,17 @@ class Scheduler:
 
     def cancel(self, key: str) -> None:
         self._generation.pop(key, None)
+
+    def _compact(self) -> None:
+        """Drop every stale entry at once. Stale entries normally go when they
+        surface, but one superseded by an earlier due time (a shorter
+        set_timeout) sits below the top until its own time; without this a
+        sandbox whose deadline keeps moving earlier would grow the heap
+        without bound. Amortized O(1) a push: it runs only once the stale
+        entries outnumber the live ones."""
+        generation = self._generation
+        self._heap = [entry for entry in self._heap if generation.get(entry[2]) == entry[3]]
+        heapq.heapify(self._heap)
 
     def next_due(self) -> float | None:
         self._drop_stale()
