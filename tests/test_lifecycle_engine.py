@@ -398,3 +398,33 @@ async def test_scheduler_heap_stays_bounded_when_deadlines_move_earlier() -> Non
     assert len(scheduler) == 101
     assert len(scheduler._heap) <= max(2 * 101, 1024) + 1
     assert scheduler.next_due() == 1e6 - 99_999
+
+
+async def test_adopting_after_a_restart_keeps_every_bound(engine: LifecycleEngine) -> None:
+    wall = engine.clock.time()
+    options = hutch.SandboxOptions(idle_timeout=100, max_lifetime=1000)
+    meter = {"running_s": 40.0, "paused_s": 5.0, "suspended_s": 0.0}
+
+    async def adopt(**persisted: Any) -> Any:
+        sandbox = hutch.Sandbox(BusyVirtual(f"sb-adopted-{len(persisted)}"))
+        await engine.attach(sandbox, options, created_unix=wall - 50, **persisted)
+        return sandbox
+
+    sb = await adopt(deadline_unix=wall + 30, last_active_unix=wall - 20, meter=meter)
+    status = sb.status()
+    assert status.deadline_unix == wall + 30
+    assert status.idle_seconds == 20 and status.last_active_unix == wall - 20
+    assert status.meter == meter
+    await engine.advance(31)
+    assert sb.status().reason == "timeout_expired"
+
+    now = engine.clock.time()
+    idle = await adopt(last_active_unix=now - 90)
+    await engine.advance(9)
+    assert idle.state == SandboxState.RUNNING
+    await engine.advance(2)
+    assert idle.status().reason == "idle_timeout", "the idle clock started again on adoption"
+
+    late = await adopt(deadline_unix=engine.clock.time() - 1)  # passed while the daemon was down
+    await engine.advance(0)
+    assert late.status().reason == "timeout_expired"

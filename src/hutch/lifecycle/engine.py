@@ -20,7 +20,7 @@ import inspect
 import logging
 import math
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -184,27 +184,48 @@ class LifecycleEngine:
         *,
         state: SandboxState = SandboxState.RUNNING,
         created_unix: float | None = None,
+        deadline_unix: float | None = None,
+        last_active_unix: float | None = None,
+        meter: Mapping[str, float] | None = None,
     ) -> LifecycleRecord:
-        """Track a sandbox whose backend has just been created (or was adopted
-        after a restart in ``state``, made at ``created_unix``)."""
+        """Track a sandbox whose backend has just been created.
+
+        A daemon adopting a sandbox after a restart passes what it persisted,
+        so that no bound is forgotten or reset: the ``state`` it is in, when
+        it was made (``created_unix``: max_lifetime counts from there), its
+        set_timeout deadline (``deadline_unix``; one that passed while the
+        daemon was down reaps it at once), when it was last active (its idle
+        clock goes on from there) and its ``meter`` (as ``SandboxStatus.meter``).
+        """
         now = self.clock.monotonic()
         wall = self.clock.time()
         age = max(0.0, wall - created_unix) if created_unix is not None else 0.0
+        idle = max(0.0, wall - last_active_unix) if last_active_unix is not None else 0.0
         record = LifecycleRecord(
             sandbox_id=sandbox.id,
             options=options,
             state=SandboxState.CREATING,
             created_mono=now - age,
             created_unix=created_unix if created_unix is not None else wall,
-            last_activity_mono=now,
+            last_activity_mono=now - idle,
             meter=Meter(since=now),
             can_suspend=sandbox.capabilities.suspend,
+            live_deadline_mono=None if deadline_unix is None else now + (deadline_unix - wall),
         )
+        if meter is not None:
+            for key, value in meter.items():
+                try:
+                    counted = SandboxState(key.removesuffix("_s"))
+                except ValueError:
+                    continue  # a key from a newer daemon: not ours to count
+                record.meter.seconds[counted] = float(value)
         sandbox._record = record
         sandbox._gate = self
         self._sandboxes[sandbox.id] = sandbox
         if state is SandboxState.RUNNING:
             await self._transition(sandbox, SandboxState.RUNNING, None)
+            # Coming up is activity, but an adopted sandbox's idle clock goes on.
+            record.last_activity_mono = now - idle
         else:
             # Adopted as it was: no transition happened, nothing to persist.
             record.state = state
