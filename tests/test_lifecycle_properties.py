@@ -113,6 +113,25 @@ class LifecycleMachine(RuleBasedStateMachine):
             if self.sandbox.state in FINAL:
                 assert reason != "idle_timeout", "idle-reaped while a stream was open"
 
+    @precondition(lambda self: self.alive)
+    @rule(name=NAMES, data=st.binary(max_size=16), seconds=st.sampled_from([0, 31, 500]))
+    def write_while_timers_fire(self, name: str, data: bytes, seconds: int) -> None:
+        # An operation and the timers on one loop at once: whatever the
+        # interleaving, a write either lands (and is kept) or is refused whole.
+        async def both() -> tuple[BaseException | None, BaseException | None]:
+            wrote, advanced = await asyncio.gather(
+                self.sandbox.write_bytes(name, data), self.engine.advance(seconds),
+                return_exceptions=True,
+            )
+            return wrote, advanced
+
+        wrote, advanced = self.run(both())
+        assert advanced is None, f"the timers failed: {advanced!r}"
+        if wrote is None:
+            self.files[name] = data
+        else:
+            assert isinstance(wrote, hutch.SandboxUnavailable | hutch.SandboxExpired), wrote
+
     @rule(seconds=st.sampled_from([0, 1, 10, 29, 31, 100, 500]))
     def advance(self, seconds: int) -> None:
         was = self.sandbox.state
