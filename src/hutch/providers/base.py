@@ -155,11 +155,7 @@ class SandboxBackend(abc.ABC):
                 data = await self.read_file(path, limit)
             except (SandboxIsADirectory, PermissionError, FileNotFoundError):
                 continue
-            if b"\0" in data[:8192]:
-                continue  # binary: grep skips it, and so do we
-            for number, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
-                if pattern.search(line):
-                    matches.append(GrepMatch(path, number, line))
+            matches.extend(grep_data(path, data, pattern))
         return matches
 
     async def preview_url(self, port: int) -> str:
@@ -185,6 +181,18 @@ class SandboxBackend(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None:
         """Release everything this sandbox holds. Idempotent."""
+
+
+def grep_data(path: str, data: bytes, pattern: re.Pattern[str]) -> list[GrepMatch]:
+    """The lines of one file's ``data`` that ``pattern`` matches: the rule every
+    provider's grep answers by (a provider searching in place re-checks with it)."""
+    if b"\0" in data[:8192]:
+        return []  # binary: grep skips it, and so do we
+    return [
+        GrepMatch(path, number, line)
+        for number, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1)
+        if pattern.search(line)
+    ]
 
 
 def join_path(workdir: str, path: str) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import importlib
 import io
 import json
 import logging
@@ -29,6 +30,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any, Literal
 
 import anyio.to_thread
@@ -48,7 +50,7 @@ from .._errors import (
 from .._globmatch import compile_glob
 from .._types import Capabilities, FileInfo, FileType, GrepMatch, OutputChunk
 from ._hostproc import EXEC_MARKER, SANDBOX_MARKER
-from .base import BackendProcess, SandboxBackend
+from .base import BackendProcess, SandboxBackend, grep_data
 
 log = logging.getLogger("hutch.docker")
 
@@ -59,6 +61,11 @@ DEFAULT_CAP_DROP = ["NET_RAW", "MKNOD", "AUDIT_WRITE", "SYS_CHROOT", "SETFCAP"]
 MANAGED_LABEL = "hutch.managed"
 SANDBOX_LABEL = "hutch.sandbox_id"
 SUSPENDED_REPOSITORY = "hutch-suspended"
+#: overlay2 stacks at most 128 layers; a suspend that would pass this many
+#: flattens the container into a one-layer image instead of committing on top.
+MAX_SUSPEND_LAYERS = 100
+#: Symlinks followed by one read or write before it gives up (as the kernel's 40).
+_MAX_LINK_HOPS = 40
 #: Go's os.ModeDir and os.ModeSymlink bits, as the archive stat header uses them.
 _GO_MODE_DIR = 1 << 31
 _GO_MODE_SYMLINK = 1 << 27
@@ -165,6 +172,24 @@ def hutch_home() -> str:
     return os.environ.get("HUTCH_HOME") or os.path.expanduser("~/.local/share/hutch")
 
 
+def _pull(api: Any, image: str) -> None:
+    """Pull ``image``. The engine reports some failures inside a 200 stream,
+    so the stream is read to its end and its errors raised."""
+    import docker.errors
+
+    failure = ""
+    try:
+        for event in api.pull(image, stream=True, decode=True):
+            if isinstance(event, dict) and event.get("error"):
+                failure = str(event["error"])
+    except docker.errors.APIError as exc:
+        failure = _explanation(exc)
+    if failure:
+        raise NotFound(
+            f"image {image!r} is not on this Docker Engine and pulling it failed: {failure}"
+        )
+
+
 # -- processes ------------------------------------------------------------------
 
 # Kills every process whose environment carries the exec's marker: SIGTERM,
@@ -194,10 +219,13 @@ exit 0
 # extra round trip to find out.
 _SHELL_SHIM = 'if command -v bash >/dev/null 2>&1; then exec bash -c "$1"; else exec sh -c "$1"; fi'
 
-_OCI_FAILURE = b"OCI runtime exec failed"
+#: How the engine's first output line reads when the exec never started (exit 126).
+_START_FAILURES = (b"OCI runtime exec failed", b"unable to find user", b"unable to find group")
 
 
-def _oci_error(message: str, argv: Sequence[str], cwd: str) -> HutchError:
+def _oci_error(message: str, argv: Sequence[str], cwd: str, user: str | None) -> HutchError:
+    if "unable to find user" in message or "unable to find group" in message:
+        return InvalidArgument(f"no such user {user!r}")
     if "chdir to cwd" in message:
         return SandboxFileNotFound(f"working directory {cwd} does not exist")
     if "permission denied" in message:
@@ -219,6 +247,7 @@ class DockerProcess(BackendProcess):
         stdin: bytes | None,
         argv: Sequence[str],
         cwd: str,
+        user: str | None,
     ) -> None:
         self._sandbox = sandbox
         self._exec_id = exec_id
@@ -226,6 +255,7 @@ class DockerProcess(BackendProcess):
         self._sock = sock
         self._argv = list(argv)
         self._cwd = cwd
+        self._user = user
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[OutputChunk | BaseException | None] = asyncio.Queue()
         self._exit_code: int | None = None
@@ -309,14 +339,16 @@ class DockerProcess(BackendProcess):
                 self._first = False
                 # The runtime reports a failed start as output plus exit 126:
                 # hold that first chunk until the exit code says which it is.
-                if item.stream == "stdout" and item.data.startswith(_OCI_FAILURE):
+                if item.stream == "stdout" and item.data.startswith(_START_FAILURES):
                     self._held = item.data
                     continue
             return item
         if self._held is not None:
             held, self._held = self._held, None
             if await asyncio.shield(self._exit) == 126:
-                raise _oci_error(held.decode("utf-8", "replace"), self._argv, self._cwd)
+                raise _oci_error(
+                    held.decode("utf-8", "replace"), self._argv, self._cwd, self._user
+                )
             return OutputChunk("stdout", held)
         return None
 
@@ -341,6 +373,134 @@ class DockerProcess(BackendProcess):
         if not self._exit.done():
             with contextlib.suppress(OSError):
                 self._sock.shutdown(socket.SHUT_RDWR)
+
+
+# -- files ----------------------------------------------------------------------
+
+
+def _parse_mtime(value: object) -> float:
+    """The archive stat header's RFC 3339 time (nanoseconds) as a Unix time."""
+    if not isinstance(value, str):
+        return 0.0
+    try:
+        return datetime.fromisoformat(re.sub(r"(\.\d{6})\d*", r"\1", value)).timestamp()
+    except ValueError:
+        return 0.0
+
+
+# grep over what os.walk would list as files below $1 (links to files
+# included, links to directories not entered), their names matching $2.
+_GREP_TREE = (
+    'r=$1; n=$2; shift 2; '
+    'find "$r" -mindepth 1 ! -xtype d -name "$n" -print0 | xargs -0 -r grep "$@" --'
+)
+#: What grep, find, xargs or sh say when they are not the GNU tools this needs.
+_TOOL_FAILURES = (
+    b"unknown predicate", b"invalid predicate", b"nvalid option", b"nrecognized option",
+    b"not found", b"sage:",
+)
+#: grep's word (C locale) for a binary file with a matching line it did not print.
+_BINARY_MATCHES = re.compile(rb"^grep: (.*?): binary file matches$", re.MULTILINE)
+# Prints (NUL-terminated) each argument file with no NUL in its first 8 KiB.
+_NO_NUL_HEAD = (
+    'for f; do n=$(head -c 8192 -- "$f" | tr -d "\\000" | wc -c); '
+    'm=$(head -c 8192 -- "$f" | wc -c); [ "$n" = "$m" ] && printf "%s\\0" "$f"; done; true'
+)
+#: Characters str.splitlines() breaks a line at, besides \n (and \r\n).
+_LINE_BREAKS = ("\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029")
+_LINE_BREAK_CHARS = re.compile("[" + "".join(_LINE_BREAKS) + "]")
+#: Under re.IGNORECASE these letters also match non-ASCII characters (K and
+#: the Kelvin sign, s and the long s, i and the dotted and dotless I), which
+#: grep -i in the C locale would not: no literal holding them filters lines.
+_WIDE_FOLDING = frozenset("iksIKS")
+_SRE: Any = None
+
+
+def _literal_char_ok(code: int, ignore_case: bool) -> bool:
+    char = chr(code)
+    if code == 0 or 0xD800 <= code < 0xE000 or char == "\ufffd" or char == "\n":
+        return False  # not in an argv, or matches what "replace" decoding made
+    if _LINE_BREAK_CHARS.match(char):
+        return False
+    return not ignore_case or (code < 0x80 and char not in _WIDE_FOLDING)
+
+
+def _required_literals(pattern: re.Pattern[str]) -> list[str] | None:
+    """Strings one of which every line ``pattern`` matches must contain, or
+    None when no such filter can be read off the pattern (then every line is
+    a candidate). Conservative: any doubt gives None, never a wrong filter."""
+    global _SRE
+    if _SRE is None:
+        _SRE = (importlib.import_module("re._parser"), importlib.import_module("re._constants"))
+    parser, const = _SRE
+    ignore_case = bool(pattern.flags & re.IGNORECASE)
+    try:
+        parsed = parser.parse(pattern.pattern, pattern.flags)
+    except Exception:
+        return None
+
+    def of_sequence(items: Any) -> list[str] | None:
+        runs: list[str] = []
+        run: list[str] = []
+        options: list[list[str]] = []
+
+        def flush() -> None:
+            if run:
+                runs.append("".join(run))
+                run.clear()
+
+        def walk(items: Any) -> None:
+            for op, arg in items:
+                if op == const.LITERAL and _literal_char_ok(arg, ignore_case):
+                    run.append(chr(arg))
+                elif op == const.SUBPATTERN and not arg[1] and not arg[2]:
+                    walk(arg[3])  # a group matches in place: its literals join the run
+                elif op == const.BRANCH:
+                    flush()
+                    alternatives = [of_sequence(branch) for branch in arg[1]]
+                    if all(alternatives):
+                        options.append([s for alt in alternatives if alt for s in alt])
+                else:
+                    flush()
+
+        walk(items)
+        flush()
+        best = max(runs, key=len) if runs else None
+        for option in options:
+            if best is None or min(map(len, option)) > len(best):
+                return option
+        return [best] if best else None
+
+    return of_sequence(parsed)
+
+
+# -- suspend ----------------------------------------------------------------------
+
+
+def _flatten(
+    api: Any, container: str, config: Mapping[str, Any], labels: Mapping[str, str], tag: str
+) -> str:
+    """Export ``container``'s file system into a one-layer suspend image.
+
+    An import keeps files only, so the container's environment, user and
+    working directory go along as Dockerfile changes.
+    """
+
+    def quoted(value: str) -> str:
+        return json.dumps(value).replace("$", "\\$")  # "...", with ENV's $ kept literal
+
+    changes = [f"ENV {k}={quoted(v)}" for k, _, v in
+               (str(item).partition("=") for item in config.get("Env") or [])]
+    if config.get("User"):
+        changes.append(f"USER {config['User']}")
+    if config.get("WorkingDir"):
+        changes.append(f"WORKDIR {config['WorkingDir']}")
+    changes += [f"LABEL {quoted(k)}={quoted(v)}" for k, v in labels.items()]
+    api.import_image(
+        src=api.export(container, chunk_size=1 << 20), repository=SUSPENDED_REPOSITORY,
+        tag=tag, changes=changes, stream_src=True,
+    )
+    return str(api.inspect_image(f"{SUSPENDED_REPOSITORY}:{tag}")["Id"])
 
 
 # -- the sandbox ------------------------------------------------------------------
@@ -433,35 +593,52 @@ class DockerSandbox(SandboxBackend):
         }
 
     async def _run_container(self, image: str) -> str:
+        """Create and start this sandbox's container from ``image``: two API
+        calls on the happy path, as the raw SDK would make."""
         import docker.errors
 
         api = engine()
         cfg = self.config
 
-        def run() -> str:
-            spec = self._container_spec(image)
+        def create(spec: dict[str, Any]) -> str:
             try:
-                created = api.create_container(**spec)
+                return str(api.create_container(**spec)["Id"])
             except docker.errors.ImageNotFound:
                 if not cfg.pull_if_missing or image.startswith(SUSPENDED_REPOSITORY):
                     raise NotFound(f"image {image!r} is not on this Docker Engine") from None
-                try:
-                    api.pull(image)
-                except docker.errors.APIError as exc:
-                    raise ProviderError(
-                        f"image {image!r} is not on this Docker Engine and pulling it "
-                        f"failed: {_explanation(exc)}"
-                    ) from None
-                created = api.create_container(**spec)
+                _pull(api, image)
+                return str(api.create_container(**spec)["Id"])
+            except docker.errors.APIError as exc:
+                if _status(exc) != 409 or not self._remove_stale_namesake():
+                    raise
+                return str(api.create_container(**spec)["Id"])
+
+        def run() -> str:
+            container = create(self._container_spec(image))
             try:
-                api.start(created["Id"])
+                api.start(container)
             except BaseException:
-                api.remove_container(created["Id"], force=True)
+                api.remove_container(container, force=True)
                 raise
-            return str(created["Id"])
+            return container
 
         result: str = await _call(run)
         return result
+
+    def _remove_stale_namesake(self) -> bool:
+        """Remove a container left under this sandbox's name (a crash between
+        a resume's create and its record); never one that is not ours."""
+        import docker.errors
+
+        api = engine()
+        try:
+            labels = api.inspect_container(self.container_name)["Config"]["Labels"] or {}
+        except docker.errors.NotFound:
+            return True  # gone meanwhile: the retry will tell
+        if labels.get(SANDBOX_LABEL) != self.sandbox_id:
+            return False
+        api.remove_container(self.container_name, force=True)
+        return True
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -518,15 +695,20 @@ class DockerSandbox(SandboxBackend):
             return created["Id"], getattr(sock, "_sock", sock)
 
         exec_id, sock = await _call(start)
-        return DockerProcess(self, exec_id, marker, sock, stdin, argv, cwd)
+        return DockerProcess(self, exec_id, marker, sock, stdin, argv, cwd, user)
 
-    async def run_quiet(self, argv: Sequence[str], stdin: bytes | None = None) -> tuple[int, bytes]:
-        """Run a helper command to completion: (exit code, stdout + stderr)."""
-        proc = await self.start_process(argv, cwd="/", env={}, stdin=stdin, user=None)
-        out = []
+    async def run_quiet(
+        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None
+    ) -> tuple[int, bytes, bytes]:
+        """Run one of hutch's own helpers (kill, find, grep) to completion:
+        (exit code, stdout, stderr). As root, like the archive API, so that
+        what stat sees, list and walk see too, whatever the image's USER."""
+        proc = await self.start_process(argv, cwd="/", env=env or {}, stdin=None, user="0")
+        out: list[bytes] = []
+        err: list[bytes] = []
         while (chunk := await proc.read()) is not None:
-            out.append(chunk.data)
-        return await proc.wait(), b"".join(out)
+            (out if chunk.stream == "stdout" else err).append(chunk.data)
+        return await proc.wait(), b"".join(out), b"".join(err)
 
     async def count_busy_processes(self) -> int:
         # A failure propagates: the lifecycle engine takes "cannot tell" as busy.
@@ -544,6 +726,11 @@ class DockerSandbox(SandboxBackend):
             )
             if response.status_code == 404:
                 raise SandboxFileNotFound(f"no such file or directory: {path}")
+            if response.status_code >= 400:
+                # A HEAD answer has no body to say why (a parent that is a
+                # file, a loop of links): ask again with GET, on this error
+                # path only, for the engine's message.
+                api.get_archive(container, path)
             api._raise_for_status(response)
             header = response.headers.get("X-Docker-Container-Path-Stat", "")
             result: dict[str, Any] = json.loads(base64.b64decode(header))
@@ -563,14 +750,8 @@ class DockerSandbox(SandboxBackend):
             kind = FileType.FILE
         else:
             kind = FileType.OTHER
-        mtime = header.get("mtime", "")
-        try:
-            from datetime import datetime
-
-            ts = datetime.fromisoformat(re.sub(r"(\.\d{6})\d*", r"\1", mtime)).timestamp()
-        except (TypeError, ValueError):
-            ts = 0.0
-        return FileInfo(path, kind, int(header.get("size", 0)), mode & 0o7777, ts)
+        return FileInfo(path, kind, int(header.get("size", 0)), mode & 0o7777,
+                        _parse_mtime(header.get("mtime")))
 
     async def stat(self, path: str) -> FileInfo:
         return self._info(path, await self._stat_header(path))
@@ -579,54 +760,75 @@ class DockerSandbox(SandboxBackend):
         api = engine()
         container = self._container()
 
-        def get() -> bytes:
-            stream, header = api.get_archive(container, path, chunk_size=1 << 20)
-            if int(header.get("mode", 0)) & _GO_MODE_DIR:
+        def get(target: str) -> bytes | str:
+            """The file's bytes, or the path a symlink there points to."""
+            stream, header = api.get_archive(container, target, chunk_size=1 << 20)
+            mode = int(header.get("mode", 0))
+            try:
+                if mode & _GO_MODE_SYMLINK:
+                    return str(header.get("linkTarget") or "")  # resolved by the engine
+                if mode & _GO_MODE_DIR:
+                    raise SandboxIsADirectory(f"{path} is a directory")
+                # The stat header tells the size before a byte of content moves.
+                size = int(header.get("size", 0))
+                if size > limit:
+                    raise OutputLimitExceeded(
+                        f"{path} is {size} bytes, over the read limit of {limit} bytes"
+                    )
+                raw = b"".join(stream)
+            finally:
                 stream.close()
-                raise SandboxIsADirectory(f"{path} is a directory")
-            size = int(header.get("size", 0))
-            if size > limit:
-                stream.close()
-                raise OutputLimitExceeded(
-                    f"{path} is {size} bytes, over the read limit of {limit} bytes"
-                )
-            raw = b"".join(stream)
             with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
                 member = tar.next()
                 if member is None:
                     raise ProviderError(f"docker returned an empty archive for {path}")
-                if member.issym() or member.islnk():
-                    target = member.linkname
-                    raise _FollowLink(target)
                 extracted = tar.extractfile(member)
                 return extracted.read() if extracted is not None else b""
 
-        try:
-            data: bytes = await _call(get, path=path)
-        except _FollowLink as link:
-            target = link.args[0]
-            if not target.startswith("/"):
-                target = os.path.join(os.path.dirname(path), target)
-            resolved = target
-            return await self.read_file(os.path.normpath(resolved), limit)
+        def read() -> bytes:
+            target = path
+            for _ in range(_MAX_LINK_HOPS):
+                data = get(target)
+                if isinstance(data, bytes):
+                    return data
+                if not data:
+                    raise ProviderError(f"docker did not resolve the symlink {target}")
+                target = data
+            raise ProviderError(f"{path}: too many levels of symbolic links")
+
+        data: bytes = await _call(read, path=path)
         return data
 
     async def write_file(self, path: str, data: bytes) -> None:
         api = engine()
         container = self._container()
-        try:
-            info = await self.stat(path)
-        except FileNotFoundError:
-            pass
-        else:
+        mode = 0o644
+        target = path
+        for _ in range(_MAX_LINK_HOPS):
+            try:
+                header = await self._stat_header(target)
+            except FileNotFoundError:
+                break
+            info = self._info(target, header)
+            if info.type == FileType.SYMLINK and header.get("linkTarget"):
+                # Writing through a link writes its target, as open() does;
+                # an archive would replace the link with a file.
+                target = str(header["linkTarget"])
+                continue
             # Untarring a file over a directory would replace the whole tree.
             if info.type == FileType.DIRECTORY:
                 raise SandboxIsADirectory(f"{path} is a directory")
+            mode = info.mode  # an overwrite keeps the file's mode, as open() does
+            break
+        else:
+            raise ProviderError(f"{path}: too many levels of symbolic links")
         buffer = io.BytesIO()
+        # PAX headers carry any name (spaces, quotes, newlines, non-ASCII)
+        # byte for byte; relative to / so missing parents are created.
         with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            member = tarfile.TarInfo(path.lstrip("/"))
+            member = tarfile.TarInfo(target.lstrip("/"))
             member.size = len(data)
-            member.mode = 0o644
+            member.mode = mode
             member.mtime = int(time.time())
             tar.addfile(member, io.BytesIO(data))
         payload = buffer.getvalue()
@@ -641,12 +843,13 @@ class DockerSandbox(SandboxBackend):
         info = await self.stat(path)
         if info.type != FileType.DIRECTORY:
             raise InvalidArgument(f"{path} is not a directory")
-        code, out = await self.run_quiet(
+        # Paths travel as argv items and come back NUL-separated: no quoting.
+        code, out, err = await self.run_quiet(
             ["find", path, "-mindepth", "1", "-maxdepth", "1",
              "-printf", "%y\\t%s\\t%m\\t%T@\\t%f\\0"]
         )
-        if code != 0:
-            raise ProviderError(f"listing {path} failed: {out.decode('utf-8', 'replace')}")
+        if code != 0 and not out:
+            raise ProviderError(f"listing {path} failed: {err.decode('utf-8', 'replace')}")
         kinds = {"f": FileType.FILE, "d": FileType.DIRECTORY, "l": FileType.SYMLINK}
         entries = []
         for record in out.split(b"\0"):
@@ -669,37 +872,71 @@ class DockerSandbox(SandboxBackend):
             argv = ["rm", "-rf", "--", path] if recursive else ["rmdir", "--", path]
         else:
             argv = ["rm", "-f", "--", path]
-        code, out = await self.run_quiet(argv)
+        code, _, err = await self.run_quiet(argv)
         if code != 0:
-            message = out.decode("utf-8", "replace")
+            message = err.decode("utf-8", "replace")
             if "not empty" in message:
                 raise SandboxIsADirectory(f"{path} is a non-empty directory; pass recursive=True")
             if "ermission denied" in message or "not permitted" in message:
                 raise SandboxPermissionDenied(f"permission denied: {path}")
+            if "ead-only" in message:
+                raise SandboxPermissionDenied(f"read-only file system: {path}")
             raise ProviderError(f"removing {path} failed: {message.strip()}")
 
     async def walk_files(self, root: str) -> list[str]:
-        await self.stat(root)  # FileNotFoundError for a missing root
-        code, out = await self.run_quiet(["find", root, "-type", "f", "-print0"])
+        # What os.walk lists as files: everything but directories and links
+        # to them (-xtype d), the root followed if it is a link (-H).
+        code, out, _ = await self.run_quiet(
+            ["find", "-H", root, "-mindepth", "1", "!", "-xtype", "d", "-print0"]
+        )
         if code != 0 and not out:
-            raise ProviderError(f"walking {root} failed")
+            await self.stat(root)  # the typed error for a missing root, off the happy path
         return [p.decode("utf-8", "surrogateescape") for p in out.split(b"\0") if p]
 
     async def grep(
         self, pattern: re.Pattern[str], root: str, glob: str | None, limit: int
     ) -> list[GrepMatch]:
+        """grep in the container over lines that may match, re-checked here.
+
+        The container's ``grep -F`` (C locale, bytes) sends back only lines
+        holding a literal that every match must contain, so file content
+        never crosses the API in bulk. Each line is then matched with
+        Python's ``re`` exactly as the base class would on local; a file whose
+        lines Python would split differently than grep does (a lone CR, form
+        feed, U+2028...) or that grep stops reading as binary part way is
+        read whole and searched by the base rule. Where the tools are not GNU
+        ones (busybox), the base class's walk-and-read answers instead.
+        """
         info = await self.stat(root)
-        flags = ["-i"] if pattern.flags & re.IGNORECASE else []
-        # grep -P finds candidates fast in the container; Python's re re-checks
-        # each line so the answer is exactly what every other provider gives.
-        code, out = await self.run_quiet(
-            ["grep", "-rnIZP", *flags, "-e", pattern.pattern, "--", root]
-        )
-        if code == 2:  # PCRE unavailable or a pattern PCRE reads differently
-            code, out = await self.run_quiet(["grep", "-rnIZ", "-e", "", "--", root])
+        literals = _required_literals(pattern)
+        grep_args = ["-H", "-n", "-Z", "-F"]
+        if pattern.flags & re.IGNORECASE:
+            grep_args.append("-i")
+        if literals is None:
+            grep_args += ["-e", ""]
+        else:
+            for literal in [*literals, *_LINE_BREAKS]:
+                grep_args += ["-e", literal]
+        if info.type == FileType.DIRECTORY:
+            name = "*"
+            if glob and "/" not in glob and "[" not in glob and "\\" not in glob:
+                name = glob  # the same files find -name picks, checked again below
+            argv = ["sh", "-c", _GREP_TREE, "hutch-grep", root, name, *grep_args]
+        else:
+            argv = ["grep", *grep_args, "--", root]
+        _, out, err = await self.run_quiet(argv, env={"LC_ALL": "C"})
+        if not out and any(marker in err for marker in _TOOL_FAILURES):
+            return await super().grep(pattern, root, glob, limit)
         matcher = compile_glob(glob) if glob and info.type == FileType.DIRECTORY else None
         prefix = root.rstrip("/") + "/"
         matches: list[GrepMatch] = []
+        # grep calls a file binary at a NUL anywhere in what it has read; the
+        # base rule, only at a NUL in the first 8 KiB. Those it named are
+        # checked by that rule, and the ones it holds to be text read whole.
+        binary = {
+            m.decode("utf-8", "surrogateescape") for m in _BINARY_MATCHES.findall(err)
+        }
+        reread = await self._text_by_base_rule(sorted(binary)) if binary else set()
         pos = 0
         while pos < len(out):
             nul = out.find(b"\0", pos)
@@ -708,16 +945,34 @@ class DockerSandbox(SandboxBackend):
             path = out[pos:nul].decode("utf-8", "surrogateescape")
             end = out.find(b"\n", nul)
             end = len(out) if end < 0 else end
-            number, _, text = out[nul + 1:end].partition(b":")
+            number, _, raw = out[nul + 1:end].partition(b":")
             pos = end + 1
-            if info.type != FileType.DIRECTORY:
-                path = root
             if matcher is not None and not matcher.match(path[len(prefix):]):
                 continue
-            line = text.decode("utf-8", "replace")
-            if pattern.search(line):
-                matches.append(GrepMatch(path, int(number), line))
+            if path in reread or path in binary:
+                continue
+            text = raw.decode("utf-8", "replace")
+            body = text[:-1] if text.endswith("\r") else text  # CRLF: as splitlines
+            if _LINE_BREAK_CHARS.search(body):
+                reread.add(path)
+                continue
+            if pattern.search(body):
+                matches.append(GrepMatch(path, int(number), body))
+        for path in sorted(reread):
+            if matcher is not None and not matcher.match(path[len(prefix):]):
+                continue
+            matches = [m for m in matches if m.path != path]
+            try:
+                data = await self.read_file(path, limit)
+            except (SandboxIsADirectory, PermissionError, FileNotFoundError):
+                continue
+            matches.extend(grep_data(path, data, pattern))
         return sorted(matches, key=lambda m: (m.path, m.line_number))
+
+    async def _text_by_base_rule(self, paths: list[str]) -> set[str]:
+        """Those of ``paths`` with no NUL in their first 8 KiB."""
+        _, out, _ = await self.run_quiet(["sh", "-c", _NO_NUL_HEAD, "hutch-grep", *paths])
+        return {p.decode("utf-8", "surrogateescape") for p in out.split(b"\0") if p}
 
     async def preview_url(self, port: int) -> str:
         details = await _call(engine().inspect_container, self._container())
@@ -739,11 +994,17 @@ class DockerSandbox(SandboxBackend):
         api = engine()
         container = self._container()
         previous = self.suspended_image
+        labels = {**self.config.labels, MANAGED_LABEL: "1", SANDBOX_LABEL: self.sandbox_id}
 
         def commit() -> str:
+            source = api.inspect_image(previous or self.config.image)
+            if len(source["RootFS"].get("Layers") or []) >= MAX_SUSPEND_LAYERS:
+                # Each commit stacks a layer on the last; overlay2 stops at 128.
+                config = api.inspect_container(container)["Config"]
+                return _flatten(api, container, config, labels, self.sandbox_id)
             image = api.commit(
                 container, repository=SUSPENDED_REPOSITORY, tag=self.sandbox_id,
-                conf={"Labels": {MANAGED_LABEL: "1", SANDBOX_LABEL: self.sandbox_id}},
+                conf={"Labels": labels},
             )
             return str(image["Id"])
 
@@ -752,9 +1013,10 @@ class DockerSandbox(SandboxBackend):
         await _call(api.remove_container, container, force=True)
         self.container_id = None
         if previous and previous != image_id:
-            # Still a parent layer of the new image: docker keeps what it needs.
+            # Refused while the new image builds on it (a commit); after a
+            # flatten it goes, with the untagged layers below it.
             with contextlib.suppress(HutchError):
-                await _call(api.remove_image, previous, noprune=True)
+                await _call(api.remove_image, previous)
 
     async def resume(self) -> None:
         if self.container_id is not None:
@@ -792,12 +1054,19 @@ class DockerSandbox(SandboxBackend):
             return
         self._closed = True
         api = engine()
-        if self.config.preserve and self.container_id is not None:
+        if self.config.preserve:
             # Said loudly: the user asked to keep it and needs to know how to reach it.
-            log.warning(
-                "sandbox %s kept (preserve): docker exec -it %s bash",
-                self.sandbox_id, self.container_name,
-            )
+            if self.container_id is not None:
+                log.warning(
+                    "sandbox %s kept (preserve): docker exec -it %s bash",
+                    self.sandbox_id, self.container_name,
+                )
+            elif self.suspended_image is not None:
+                log.warning(
+                    "sandbox %s kept suspended (preserve): docker run -it --rm -v %s:%s %s bash",
+                    self.sandbox_id, self.host_workdir, self.config.mount_point,
+                    f"{SUSPENDED_REPOSITORY}:{self.sandbox_id}",
+                )
             return
         if self.container_id is not None:
             with contextlib.suppress(HutchError):
@@ -811,10 +1080,6 @@ class DockerSandbox(SandboxBackend):
             await anyio.to_thread.run_sync(
                 lambda: shutil.rmtree(os.path.dirname(self.host_workdir), ignore_errors=True)
             )
-
-
-class _FollowLink(Exception):
-    """A read hit a symlink: read its target instead."""
 
 
 __all__ = ["DockerConfig", "DockerSandbox", "list_managed_containers"]
