@@ -103,26 +103,51 @@ def test_workspace_goes_stale_when_its_container_is_gone(daemon: DaemonProcess) 
         sb = c.get_sandbox(resumed["live_sandbox_id"])
         assert sb.read_text("kept.txt") == "the working directory survives"
         assert len(c.list_workspaces()) == 1
+        # A workspace whose sandbox ends under it (deleted, reaped) is stale too.
+        sb.close()
+        assert c.get_workspace("reboot")["status"] == "stale"
+        again = c.get_sandbox(c.resume_workspace("reboot")["live_sandbox_id"])
+        assert again.read_text("kept.txt") == "the working directory survives"
         assert_store_and_engine_agree(c, daemon)
         cleanup_workspaces(c)
     assert managed_containers(daemon.data_dir) == {}
 
 
-def dangling_images() -> set[str]:
-    return {i["Id"] for i in docker.APIClient().images(filters={"dangling": True})}
+def image_id(tag: str) -> str:
+    return str(docker.APIClient().inspect_image(tag)["Id"])
+
+
+def image_ids() -> set[str]:
+    return {i["Id"] for i in docker.APIClient().images(all=True)}
+
+
+@pytest.fixture
+def image_with_config() -> Iterator[str]:
+    """The test image plus an ENV and a WORKDIR, as a user's image would have."""
+    api = docker.APIClient()
+    container = api.create_container(TEST_IMAGE, ["true"])
+    api.commit(container["Id"], repository="hutch-test-config", tag="probe", changes=[
+        'ENV HUTCH_PROBE="kept \\$value"', "WORKDIR /srv",
+    ])
+    api.remove_container(container["Id"], force=True)
+    yield "hutch-test-config:probe"
+    api.remove_image("hutch-test-config:probe", force=True)
 
 
 @pytest.mark.docker
-def test_suspended_workspace_stays_suspended_across_a_crash(daemon: DaemonProcess) -> None:
-    dangling_before = dangling_images()
+def test_suspended_workspace_stays_suspended_across_a_crash(
+    daemon: DaemonProcess, image_with_config: str
+) -> None:
+    state_images = []  # every snapshot the workspace makes; none may outlive it
     with client(daemon) as c:
-        ws = c.create_workspace("sleeper", image=TEST_IMAGE)
+        ws = c.create_workspace("sleeper", image=image_with_config)
         sb = c.get_sandbox(ws["live_sandbox_id"])
         sb.write_text("work.txt", "in the workspace dir")
         sb.write_text("/root/layer.txt", "in the container layer")
         suspended = c.suspend_workspace("sleeper", diff=True)
         assert suspended["status"] == "suspended"
         assert suspended["current_state_tag"]
+        state_images.append(image_id(suspended["current_state_tag"]))
         assert managed_containers(daemon.data_dir) == {}  # memory freed: no container
     daemon.restart()
     with client(daemon) as c:
@@ -133,10 +158,16 @@ def test_suspended_workspace_stays_suspended_across_a_crash(daemon: DaemonProces
         assert sb.read_text("/root/layer.txt") == "in the container layer"
         # A full (flattened) snapshot, then a resume from it, keeps everything too.
         sb.write_text("/root/second.txt", "second")
-        c.suspend_workspace("sleeper", diff=False)
+        state_images.append(image_id(c.suspend_workspace("sleeper", diff=False)[
+            "current_state_tag"]))
         again = c.get_sandbox(c.resume_workspace("sleeper")["live_sandbox_id"])
         assert again.read_text("/root/layer.txt") == "in the container layer"
         assert again.read_text("/root/second.txt") == "second"
+        # Flattening keeps the image's config, not only its files.
+        assert again.exec('echo "$HUTCH_PROBE"').stdout == "kept $value\n"
+        assert docker.APIClient().inspect_image(
+            "hutch-workspace-sleeper:state"
+        )["Config"]["WorkingDir"] == "/srv"
         assert_store_and_engine_agree(c, daemon)
         tag = c.get_workspace("sleeper")["current_state_tag"]
         c.delete_workspace("sleeper")
@@ -144,8 +175,8 @@ def test_suspended_workspace_stays_suspended_across_a_crash(daemon: DaemonProces
             c.get_workspace("sleeper")
     images = {t for i in docker.APIClient().images() for t in (i["RepoTags"] or [])}
     assert tag not in images, "delete must drop the workspace's own state snapshot"
-    assert TEST_IMAGE in images, "delete must keep the image the workspace was made from"
-    assert dangling_images() <= dangling_before, "replaced snapshots were left behind"
+    assert image_with_config in images, "delete must keep the image it was made from"
+    assert not set(state_images) & image_ids(), "replaced snapshots were left behind"
     assert managed_containers(daemon.data_dir) == {}
 
 
@@ -239,12 +270,17 @@ def test_local_sandbox_is_adopted_after_a_crash(daemon: DaemonProcess) -> None:
     with client(daemon) as c:
         sb = c.create_sandbox("local", workdir=workdir, max_lifetime=3600)
         sb.write_text("note.txt", "before")
-        deadline = sb.info()["deadline_unix"]
+        # The set_timeout deadline (sooner than max_lifetime) outlives the crash.
+        deadline = sb.set_timeout(1000)
+        time.sleep(0.5)
+        running_before = sb.info()["meter"]["running_s"]
     daemon.restart()
     with client(daemon) as c:
         again = c.get_sandbox(sb.id)
         assert again.read_text("note.txt") == "before"
-        assert again.info()["deadline_unix"] == pytest.approx(deadline, abs=2)
+        info = again.info()
+        assert info["deadline_unix"] == pytest.approx(deadline, abs=2)
+        assert info["meter"]["running_s"] >= running_before
         again.close()
         with pytest.raises(hutch.SandboxUnavailable):
             c.get_sandbox(sb.id).exec("true")
@@ -388,3 +424,25 @@ def test_workspace_auto_suspends_on_idle_and_comes_back(daemon: DaemonProcess) -
         assert sb.read_text("/root/kept.txt") == "kept"
         assert c.get_workspace("napper")["status"] == "running"
         cleanup_workspaces(c)
+
+
+@pytest.mark.docker
+def test_crash_in_the_middle_of_a_delete(daemon: DaemonProcess) -> None:
+    with client(daemon) as c:
+        ws = c.create_workspace("halfgone", image=TEST_IMAGE)
+        c.get_sandbox(ws["live_sandbox_id"]).write_text("/root/x.txt", "x")
+        c.suspend_workspace("halfgone", diff=True)
+        c.resume_workspace("halfgone")
+        _kill_during(daemon, lambda: c.delete_workspace("halfgone"), 0.1)
+    daemon.start()
+    with client(daemon) as c:
+        # Either the delete had not begun (the workspace is whole) or it is finished.
+        names = [w["name"] for w in c.list_workspaces()]
+        assert_store_and_engine_agree(c, daemon)
+        if names:
+            ws = c.get_workspace("halfgone")
+            assert ws["status"] in ("running", "stale")
+            cleanup_workspaces(c)
+    images = {t for i in docker.APIClient().images() for t in (i["RepoTags"] or [])}
+    assert "hutch-workspace-halfgone:state" not in images
+    assert managed_containers(daemon.data_dir) == {}

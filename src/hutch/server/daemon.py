@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import os
 import re
 import shutil
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import anyio.to_thread
@@ -45,6 +46,16 @@ WORKSPACE_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 STATE_REPOSITORY = "hutch-workspace"
 #: Label on every container a daemon makes: the data directory it belongs to.
 DAEMON_LABEL = "hutch.daemon"
+#: Store key written by a clean stop, cleared at start: after a crash it is absent.
+CLEAN_STOP = "clean_stop_unix"
+#: A diff suspend on an image this deep flattens instead: overlayfs stacks at
+#: most 128 layers, and every diff adds one.
+MAX_DIFF_LAYERS = 100
+#: How long a best-effort Docker cleanup may take before it is left for later.
+CLEANUP_TIMEOUT = 30.0
+#: What a workspace's state image keeps of the config of the image it came from.
+IMAGE_CONFIG_KEYS = ("Env", "WorkingDir", "User", "Entrypoint", "Cmd")
+FINAL_STATES = (SandboxState.TERMINATED, SandboxState.FAILED)
 
 
 def state_tag(workspace: str) -> str:
@@ -84,6 +95,7 @@ class Daemon:
     async def _persist_transition(
         self, sandbox_id: str, old: SandboxState, new: SandboxState, reason: str | None
     ) -> None:
+        """Write a transition durably; the engine acknowledges it only after this."""
         row = self.store.get_sandbox(sandbox_id)
         sandbox = self.sandboxes.get(sandbox_id)
         if row is None:
@@ -91,16 +103,50 @@ class Daemon:
         row.state, row.reason = new.value, reason
         if sandbox is not None:
             row.description = sandbox.backend.describe()
+            self._snapshot(row, sandbox)
         await anyio.to_thread.run_sync(self.store.put_sandbox, row)
         self.store.log_event(
             sandbox_id, "transition",
             f"{old.value} -> {new.value}" + (f" ({reason})" if reason else ""),
         )
-        if new in (SandboxState.TERMINATED, SandboxState.FAILED):
-            self.sandboxes.pop(sandbox_id, None)
-            self.workspace_of.pop(sandbox_id, None)
+        if new in FINAL_STATES:
+            self._forget(sandbox_id)
             if reason not in (None, "closed"):
                 log.warning("sandbox %s reaped: %s", sandbox_id, reason)
+            if row.workspace is not None:
+                self._workspace_lost_its_sandbox(row.workspace, sandbox_id, reason)
+
+    @staticmethod
+    def _snapshot(row: SandboxRow, sandbox: Sandbox) -> None:
+        """Copy what the engine knows and the store should outlive us with."""
+        if sandbox._record is None:
+            return
+        status = sandbox.status()
+        row.meter = dict(status.meter)
+        row.last_active_unix = status.last_active_unix
+
+    def _forget(self, sandbox_id: str) -> None:
+        self.sandboxes.pop(sandbox_id, None)
+        self.workspace_of.pop(sandbox_id, None)
+        self._guards = {k: v for k, v in self._guards.items() if k[0] != sandbox_id}
+
+    def _workspace_lost_its_sandbox(
+        self, name: str, sandbox_id: str, reason: str | None
+    ) -> None:
+        """A workspace whose sandbox ended (reaped, deleted) is stale, not running."""
+        ws = self.store.get_workspace(name)
+        # A suspend or a delete under way lets the sandbox go on purpose, and
+        # has already moved the row on.
+        if ws is None or ws.live_sandbox_id != sandbox_id or ws.status != "running":
+            return
+        ws.status, ws.live_sandbox_id = "stale", None
+        self.store.put_workspace(ws)
+        self.store.log_event(
+            name, "workspace",
+            f"stale: its sandbox {sandbox_id} ended ({reason}); "
+            "resume brings it back from its last state",
+        )
+        log.warning("workspace %s is stale: its sandbox %s ended (%s)", name, sandbox_id, reason)
 
     # -- sandboxes ---------------------------------------------------------------------
     def spec_from_request(self, body: Mapping[str, Any]) -> SandboxSpec:
@@ -198,8 +244,13 @@ class Daemon:
     async def delete_sandbox(self, sandbox_id: str) -> None:
         sandbox = self.get(sandbox_id)
         await sandbox.close()
-        self.sandboxes.pop(sandbox_id, None)
-        self._guards = {k: v for k, v in self._guards.items() if k[0] != sandbox_id}
+        self._forget(sandbox_id)
+
+    async def set_timeout(self, sandbox_id: str, seconds: float) -> float:
+        """Set the deadline and record it before answering: it outlives a restart."""
+        deadline = await self.get(sandbox_id).set_timeout(seconds)
+        await anyio.to_thread.run_sync(self.store.set_sandbox_deadline, sandbox_id, deadline)
+        return deadline
 
     # -- workspaces ----------------------------------------------------------------------
     def _lock(self, name: str) -> asyncio.Lock:
@@ -326,10 +377,9 @@ class Daemon:
     async def _remove_image(image: str, *, force: bool = False) -> None:
         from ..providers.docker import engine
 
-        with contextlib.suppress(Exception):
-            await anyio.to_thread.run_sync(
-                functools.partial(engine().remove_image, image, force=force)
-            )
+        await docker_cleanup(
+            f"removing image {image}", lambda: engine().remove_image(image, force=force)
+        )
 
     async def _capture_state(self, sandbox: Sandbox, tag: str, *, diff: bool) -> str | None:
         """Write the sandbox's state to ``tag``; return the image the tag named before."""
@@ -344,17 +394,40 @@ class Daemon:
         old_image: str | None = None
         with contextlib.suppress(Exception):
             old_image = api.inspect_image(tag)["Id"]
+
+        def source_image() -> dict[str, Any]:
+            image: dict[str, Any] = api.inspect_image(api.inspect_container(container)["Image"])
+            return image
+
+        source = await anyio.to_thread.run_sync(source_image)
+        depth = len(source.get("RootFS", {}).get("Layers") or [])
+        if diff and depth >= MAX_DIFF_LAYERS:
+            log.info("workspace image for %s has %d layers: flattening instead of a diff",
+                     tag, depth)
+            diff = False
+        source_config = source.get("Config") or {}
         if diff:
+            # The image's own config, not the container's run config (its
+            # keeper command, the mount point as working directory, the
+            # sandbox's extra env): the state image is the user's image plus
+            # their changes.
+            conf = {key: source_config[key] for key in IMAGE_CONFIG_KEYS
+                    if source_config.get(key)}
             await anyio.to_thread.run_sync(
-                lambda: api.commit(container, repository=repository, tag=label)
+                lambda: api.commit(container, repository=repository, tag=label, conf=conf)
             )
         else:
+            changes = import_changes(source_config)
+
             def flatten() -> None:
                 exporter = subprocess.Popen(
                     ["docker", "export", container], stdout=subprocess.PIPE
                 )
+                command = ["docker", "import"]
+                for change in changes:
+                    command += ["--change", change]
                 importer = subprocess.run(
-                    ["docker", "import", "-", tag], stdin=exporter.stdout, capture_output=True,
+                    [*command, "-", tag], stdin=exporter.stdout, capture_output=True,
                     check=False,
                 )
                 exporter.wait()
@@ -399,33 +472,43 @@ class Daemon:
     async def delete_workspace(self, name: str) -> None:
         async with self._lock(name):
             row = self._workspace(name)
-            live = self.sandboxes.get(row.live_sandbox_id or "")
-            if live is not None:
-                await live.close()
-                self.sandboxes.pop(live.id, None)
-            # The tag is derived from the name, so a snapshot a crash left
-            # unrecorded goes too.
-            await self._remove_image(state_tag(name), force=True)
-            if row.host_workdir:
-                workspace_dir = os.path.dirname(row.host_workdir)
-                await anyio.to_thread.run_sync(
-                    lambda: shutil.rmtree(workspace_dir, ignore_errors=True)
-                )
-            self.store.delete_workspace(name)
-            self.store.log_event(name, "workspace", "deleted (its source is kept)")
+            # Recorded first: a daemon killed half-way finishes the delete at start.
+            row.status = "deleting"
+            self.store.put_workspace(row)
+            await self._finish_delete(row)
+
+    async def _finish_delete(self, row: WorkspaceRow) -> None:
+        live = self.sandboxes.get(row.live_sandbox_id or "")
+        if live is not None:
+            await live.close()
+            self._forget(live.id)
+        # The tag is derived from the name, so a snapshot a crash left
+        # unrecorded goes too.
+        await self._remove_image(state_tag(row.name), force=True)
+        if row.host_workdir:
+            workspace_dir = os.path.dirname(row.host_workdir)
+            await anyio.to_thread.run_sync(
+                lambda: shutil.rmtree(workspace_dir, ignore_errors=True)
+            )
+        self.store.delete_workspace(row.name)
+        self.store.log_event(row.name, "workspace", "deleted (its source is kept)")
 
     # -- start-up and shut-down ------------------------------------------------------------
     async def start(self) -> None:
-        await self.reconcile()
+        # Whether the last run stopped cleanly; from now on, until our own
+        # clean stop, it did not.
+        clean = self.store.get_meta(CLEAN_STOP) is not None
+        self.store.set_meta(CLEAN_STOP, None)
+        await self.reconcile(after_clean_stop=clean)
 
-    async def reconcile(self) -> None:
+    async def reconcile(self, *, after_clean_stop: bool = False) -> None:
         for row in self.store.list_sandboxes():
-            await self._reconcile_sandbox(row)
+            await self._reconcile_sandbox(row, after_clean_stop=after_clean_stop)
         for ws in self.store.list_workspaces():
-            self._reconcile_workspace(ws)
+            await self._reconcile_workspace(ws)
         await self._remove_orphan_containers()
 
-    async def _reconcile_sandbox(self, row: SandboxRow) -> None:
+    async def _reconcile_sandbox(self, row: SandboxRow, *, after_clean_stop: bool) -> None:
         if row.state == SandboxState.CREATING.value:
             await self._remove_container_of(row.id, "its create was cut short")
             self.store.delete_sandbox(row.id)
@@ -446,8 +529,19 @@ class Daemon:
         self.sandboxes[row.id] = sandbox
         if row.workspace is not None:
             self.workspace_of[row.id] = row.workspace
+        # The meter was written with the row; the time since went to the state
+        # the row names (every transition is written before it is acknowledged).
+        meter = dict(row.meter)
+        if row.updated_at_unix:
+            key = f"{state.value}_s"
+            meter[key] = meter.get(key, 0.0) + max(0.0, time.time() - row.updated_at_unix)
         await self.engine.attach(
-            sandbox, spec.options, state=state, created_unix=row.created_at_unix
+            sandbox, spec.options, state=state, created_unix=row.created_at_unix,
+            deadline_unix=row.deadline_unix, meter=meter,
+            # After a crash the last activity on record may be long out of
+            # date (activity is not written per call): the idle clock starts
+            # again rather than reaping work that may have gone on until the end.
+            last_active_unix=row.last_active_unix if after_clean_stop else None,
         )
         self.store.log_event(row.id, "adopted", f"adopted after restart as {state.value}")
         log.info("adopted sandbox %s (%s)", row.id, state.value)
@@ -458,14 +552,20 @@ class Daemon:
         self.store.log_event(row.id, "lost", reason)
         log.warning("sandbox %s %s", row.id, reason)
 
-    def _reconcile_workspace(self, ws: WorkspaceRow) -> None:
+    async def _reconcile_workspace(self, ws: WorkspaceRow) -> None:
         live = ws.live_sandbox_id in self.sandboxes
+        if ws.status == "deleting":
+            log.warning("finishing the delete of workspace %s, cut short", ws.name)
+            await self._finish_delete(ws)
+            return
         if ws.status == "creating":
             if ws.live_sandbox_id and ws.live_sandbox_id in self.sandboxes:
                 ws.status = "running"  # the create finished; only its last write did not
                 self.store.put_workspace(ws)
             else:
                 self.store.delete_workspace(ws.name)
+                if ws.host_workdir:
+                    shutil.rmtree(os.path.dirname(ws.host_workdir), ignore_errors=True)
                 log.warning("dropped workspace %s: its create was cut short", ws.name)
             return
         if ws.status in ("running", "suspending", "resuming") and not live:
@@ -492,16 +592,14 @@ class Daemon:
         return True
 
     async def _remove_container_of(self, sandbox_id: str, why: str) -> None:
-        try:
-            from ..providers.docker import engine
+        from ..providers.docker import engine
 
-            api = engine()
-            await anyio.to_thread.run_sync(
-                lambda: api.remove_container(f"hutch-{sandbox_id}", force=True)
-            )
-            log.warning("removed container hutch-%s: %s", sandbox_id, why)
-        except Exception:
-            pass
+        name = f"hutch-{sandbox_id}"
+        if await docker_cleanup(
+            f"removing container {name}", lambda: engine().remove_container(name, force=True),
+            quiet_if_missing=True,
+        ):
+            log.warning("removed container %s: %s", name, why)
 
     async def _remove_orphan_containers(self) -> None:
         try:
@@ -525,13 +623,87 @@ class Daemon:
                 row = self.store.get_sandbox(sandbox_id)
                 if row is not None and row.description.get("config", {}).get("preserve"):
                     continue
-            await anyio.to_thread.run_sync(
-                functools.partial(api.remove_container, container_id, force=True)
-            )
+            if not await docker_cleanup(
+                f"removing orphan container {container_id[:12]}",
+                functools.partial(api.remove_container, container_id, force=True),
+            ):
+                continue
             self.store.log_event(sandbox_id or container_id, "orphan", "removed orphan container")
             log.warning("removed orphan container %s (sandbox %s)", container_id[:12], sandbox_id)
 
     async def stop(self) -> None:
-        """Stop the daemon, leaving every sandbox running for the next start to adopt."""
+        """Stop the daemon, leaving every sandbox running for the next start to adopt.
+
+        What the engine knows beyond the last transition (meter, last
+        activity) is written first, in one transaction, and the stop is
+        marked clean, so the next start goes on exactly from here.
+        """
         await self.engine.close()
-        self.store.close()
+        rows = []
+        for sandbox_id, sandbox in list(self.sandboxes.items()):
+            row = self.store.get_sandbox(sandbox_id)
+            if row is None or row.state in ("terminated", "failed"):
+                continue
+            self._snapshot(row, sandbox)
+            rows.append(row)
+        try:
+            await anyio.to_thread.run_sync(self.store.put_sandboxes, rows)
+            self.store.set_meta(CLEAN_STOP, str(time.time()))
+        finally:
+            self.store.close()
+
+
+async def docker_cleanup(
+    what: str,
+    call: Callable[[], object],
+    *,
+    timeout: float = CLEANUP_TIMEOUT,
+    quiet_if_missing: bool = False,
+) -> bool:
+    """Run a best-effort Docker call; True if it did what it was asked.
+
+    Bounded: a Docker Engine wedged on one container (an exec frozen by a
+    pause holds that container's lock, and image removal waits on it) must
+    not hang a suspend, a delete or the daemon's start. What is left is
+    found again by the next reconciliation.
+    """
+    with anyio.move_on_after(timeout) as scope:
+        try:
+            await anyio.to_thread.run_sync(call, abandon_on_cancel=True)
+        except Exception as exc:
+            missing = getattr(getattr(exc, "response", None), "status_code", None) == 404
+            if not (quiet_if_missing and missing):
+                log.info("%s failed: %s", what, exc)
+            return False
+        return True
+    if scope.cancelled_caught:
+        log.warning("%s: the Docker Engine did not answer in %.0f s; left for later",
+                    what, timeout)
+    return False
+
+
+def import_changes(config: Mapping[str, Any]) -> list[str]:
+    """Dockerfile lines that give an imported (flattened) image its source's config.
+
+    ``docker import`` keeps files only; without these the state image would
+    lose the image's environment, working directory, user and command.
+    """
+
+    def quoted(value: str) -> str:
+        # Double-quoted, with what ENV would otherwise interpret escaped.
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$")
+        return f'"{escaped}"'
+
+    changes = []
+    for item in config.get("Env") or []:
+        key, _, value = str(item).partition("=")
+        changes.append(f"ENV {key}={quoted(value)}")
+    if config.get("WorkingDir"):
+        changes.append(f"WORKDIR {config['WorkingDir']}")
+    if config.get("User"):
+        changes.append(f"USER {config['User']}")
+    if config.get("Entrypoint"):
+        changes.append(f"ENTRYPOINT {json.dumps(config['Entrypoint'])}")
+    if config.get("Cmd"):
+        changes.append(f"CMD {json.dumps(config['Cmd'])}")
+    return changes

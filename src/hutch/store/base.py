@@ -9,6 +9,7 @@ several daemons) joins by implementing :class:`Store`.
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,11 +20,18 @@ class SandboxRow:
     provider: str
     state: str
     spec: dict[str, Any]
+    #: What the provider needs to find the sandbox again (``backend.describe()``).
     description: dict[str, Any] = field(default_factory=dict)
     reason: str | None = None
     workspace: str | None = None
     created_at_unix: float = 0.0
+    #: When the row was last written; the meter below is as of this moment.
     updated_at_unix: float = 0.0
+    #: The set_timeout deadline, if one was set (max_lifetime counts from creation).
+    deadline_unix: float | None = None
+    last_active_unix: float | None = None
+    #: Seconds spent per state (``running_s``, ``paused_s``, ``suspended_s``).
+    meter: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -42,19 +50,30 @@ class WorkspaceRow:
 
 
 class Store(abc.ABC):
+    # -- sandboxes ---------------------------------------------------------------------
     @abc.abstractmethod
     def put_sandbox(self, row: SandboxRow) -> None:
-        """Insert or replace a sandbox row, durably."""
+        """Insert or replace a sandbox row, durably; sets ``updated_at_unix``."""
+
+    @abc.abstractmethod
+    def put_sandboxes(self, rows: Sequence[SandboxRow]) -> None:
+        """Insert or replace many rows in one durable transaction."""
+
+    @abc.abstractmethod
+    def set_sandbox_deadline(self, sandbox_id: str, deadline_unix: float | None) -> None:
+        """Record a set_timeout deadline, durably, touching nothing else."""
 
     @abc.abstractmethod
     def get_sandbox(self, sandbox_id: str) -> SandboxRow | None: ...
 
     @abc.abstractmethod
-    def list_sandboxes(self, *, include_final: bool = False) -> list[SandboxRow]: ...
+    def list_sandboxes(self, *, include_final: bool = False) -> list[SandboxRow]:
+        """Sandboxes not yet terminated or failed (all of them with ``include_final``)."""
 
     @abc.abstractmethod
     def delete_sandbox(self, sandbox_id: str) -> None: ...
 
+    # -- workspaces --------------------------------------------------------------------
     @abc.abstractmethod
     def put_workspace(self, row: WorkspaceRow) -> None: ...
 
@@ -67,12 +86,21 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def delete_workspace(self, name: str) -> None: ...
 
+    # -- events and the daemon's own facts ------------------------------------------------
     @abc.abstractmethod
     def log_event(self, subject: str, kind: str, message: str) -> None:
         """Append what happened to a sandbox or workspace, and why."""
 
     @abc.abstractmethod
-    def events(self, subject: str | None = None, limit: int = 100) -> list[dict[str, Any]]: ...
+    def events(self, subject: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        """The newest ``limit`` events (of one subject), oldest first."""
+
+    @abc.abstractmethod
+    def get_meta(self, key: str) -> str | None: ...
+
+    @abc.abstractmethod
+    def set_meta(self, key: str, value: str | None) -> None:
+        """Set a daemon-wide fact durably; ``None`` removes it."""
 
     @abc.abstractmethod
     def close(self) -> None: ...

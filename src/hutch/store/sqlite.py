@@ -6,12 +6,12 @@ the log, a millisecond or so, paid only on transitions (never per exec).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sqlite3
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from .base import SandboxRow, Store, WorkspaceRow
@@ -28,7 +28,10 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     spec TEXT NOT NULL,
     description TEXT NOT NULL,
     created_at_unix REAL NOT NULL,
-    updated_at_unix REAL NOT NULL
+    updated_at_unix REAL NOT NULL,
+    deadline_unix REAL,
+    last_active_unix REAL,
+    meter TEXT NOT NULL DEFAULT '{}'
 );
 CREATE TABLE IF NOT EXISTS workspaces (
     name TEXT PRIMARY KEY,
@@ -51,7 +54,37 @@ CREATE TABLE IF NOT EXISTS events (
     message TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_subject ON events(subject, seq);
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
 """
+
+#: Columns added after the first release, for data directories made before them.
+_ADDED_COLUMNS = {
+    "sandboxes": {
+        "deadline_unix": "REAL",
+        "last_active_unix": "REAL",
+        "meter": "TEXT NOT NULL DEFAULT '{}'",
+    },
+}
+
+_SANDBOX_COLUMNS = (
+    "id", "provider", "state", "reason", "workspace", "spec", "description",
+    "created_at_unix", "updated_at_unix", "deadline_unix", "last_active_unix", "meter",
+)
+_PUT_SANDBOX = (
+    f"INSERT OR REPLACE INTO sandboxes ({', '.join(_SANDBOX_COLUMNS)}) "
+    f"VALUES ({', '.join('?' for _ in _SANDBOX_COLUMNS)})"
+)
+_WORKSPACE_COLUMNS = (
+    "name", "status", "provider", "spec", "live_sandbox_id", "current_state_tag",
+    "source_snapshot_tag", "image", "host_workdir", "created_at_unix", "last_active_unix",
+)
+_PUT_WORKSPACE = (
+    f"INSERT OR REPLACE INTO workspaces ({', '.join(_WORKSPACE_COLUMNS)}) "
+    f"VALUES ({', '.join('?' for _ in _WORKSPACE_COLUMNS)})"
+)
 
 
 class SQLiteStore(Store):
@@ -59,6 +92,7 @@ class SQLiteStore(Store):
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self.path = path
         self._lock = threading.Lock()
+        # Autocommit: each statement is its own transaction unless we open one.
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -66,6 +100,14 @@ class SQLiteStore(Store):
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(_SCHEMA)
+        self._migrate()
+
+    def _migrate(self) -> None:
+        for table, columns in _ADDED_COLUMNS.items():
+            have = {r["name"] for r in self._db.execute(f"PRAGMA table_info({table})")}
+            for name, decl in columns.items():
+                if name not in have:
+                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
 
     def _write(self, sql: str, params: tuple[Any, ...]) -> None:
         with self._lock:
@@ -76,12 +118,33 @@ class SQLiteStore(Store):
             return list(self._db.execute(sql, params))
 
     # -- sandboxes -------------------------------------------------------------------
-    def put_sandbox(self, row: SandboxRow) -> None:
+    @staticmethod
+    def _sandbox_values(row: SandboxRow) -> tuple[Any, ...]:
         row.updated_at_unix = time.time()
+        return (
+            row.id, row.provider, row.state, row.reason, row.workspace, json.dumps(row.spec),
+            json.dumps(row.description), row.created_at_unix, row.updated_at_unix,
+            row.deadline_unix, row.last_active_unix, json.dumps(row.meter),
+        )
+
+    def put_sandbox(self, row: SandboxRow) -> None:
+        self._write(_PUT_SANDBOX, self._sandbox_values(row))
+
+    def put_sandboxes(self, rows: Sequence[SandboxRow]) -> None:
+        values = [self._sandbox_values(row) for row in rows]
+        with self._lock:
+            # One transaction: one fsync for all of them.
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.executemany(_PUT_SANDBOX, values)
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def set_sandbox_deadline(self, sandbox_id: str, deadline_unix: float | None) -> None:
         self._write(
-            "INSERT OR REPLACE INTO sandboxes VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (row.id, row.provider, row.state, row.reason, row.workspace, json.dumps(row.spec),
-             json.dumps(row.description), row.created_at_unix, row.updated_at_unix),
+            "UPDATE sandboxes SET deadline_unix = ? WHERE id = ?", (deadline_unix, sandbox_id)
         )
 
     @staticmethod
@@ -90,7 +153,8 @@ class SQLiteStore(Store):
             id=r["id"], provider=r["provider"], state=r["state"], reason=r["reason"],
             workspace=r["workspace"], spec=json.loads(r["spec"]),
             description=json.loads(r["description"]), created_at_unix=r["created_at_unix"],
-            updated_at_unix=r["updated_at_unix"],
+            updated_at_unix=r["updated_at_unix"], deadline_unix=r["deadline_unix"],
+            last_active_unix=r["last_active_unix"], meter=json.loads(r["meter"] or "{}"),
         )
 
     def get_sandbox(self, sandbox_id: str) -> SandboxRow | None:
@@ -112,19 +176,15 @@ class SQLiteStore(Store):
 
     # -- workspaces --------------------------------------------------------------------
     def put_workspace(self, row: WorkspaceRow) -> None:
-        values = dataclasses.asdict(row)
-        values["spec"] = json.dumps(row.spec)
-        with self._lock:
-            self._db.execute(
-                "INSERT OR REPLACE INTO workspaces VALUES (:name, :status, :provider, :spec, "
-                ":live_sandbox_id, :current_state_tag, :source_snapshot_tag, :image, "
-                ":host_workdir, :created_at_unix, :last_active_unix)",
-                values,
-            )
+        self._write(_PUT_WORKSPACE, (
+            row.name, row.status, row.provider, json.dumps(row.spec), row.live_sandbox_id,
+            row.current_state_tag, row.source_snapshot_tag, row.image, row.host_workdir,
+            row.created_at_unix, row.last_active_unix,
+        ))
 
     @staticmethod
     def _workspace(r: sqlite3.Row) -> WorkspaceRow:
-        values = dict(r)
+        values = {name: r[name] for name in _WORKSPACE_COLUMNS}
         values["spec"] = json.loads(values["spec"])
         return WorkspaceRow(**values)
 
@@ -138,7 +198,7 @@ class SQLiteStore(Store):
     def delete_workspace(self, name: str) -> None:
         self._write("DELETE FROM workspaces WHERE name = ?", (name,))
 
-    # -- events ---------------------------------------------------------------------------
+    # -- events and meta -------------------------------------------------------------------
     def log_event(self, subject: str, kind: str, message: str) -> None:
         self._write(
             "INSERT INTO events (at_unix, subject, kind, message) VALUES (?, ?, ?, ?)",
@@ -154,6 +214,16 @@ class SQLiteStore(Store):
                 (subject, limit),
             )
         return [dict(r) for r in reversed(rows)]
+
+    def get_meta(self, key: str) -> str | None:
+        rows = self._read("SELECT value FROM meta WHERE key = ?", (key,))
+        return str(rows[0]["value"]) if rows else None
+
+    def set_meta(self, key: str, value: str | None) -> None:
+        if value is None:
+            self._write("DELETE FROM meta WHERE key = ?", (key,))
+        else:
+            self._write("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
 
     def close(self) -> None:
         with self._lock:

@@ -1,0 +1,109 @@
+"""The HTTP layer: the fast path answers exactly as the FastAPI routes do."""
+
+from __future__ import annotations
+
+import base64
+import shutil
+import tempfile
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from hutch.server.daemon import import_changes
+from tests.daemon_fixture import DaemonProcess
+
+#: The fast path takes application/json; FastAPI also takes any +json type, so
+#: this content type reaches the FastAPI route with the same body.
+VIA_FASTAPI = "application/vnd.hutch+json"
+
+
+@pytest.fixture(scope="module")
+def http() -> Iterator[tuple[httpx.Client, str]]:
+    daemon = DaemonProcess().start()
+    workdir = tempfile.mkdtemp()
+    headers = {"Authorization": f"Bearer {daemon.token}"}
+    try:
+        with httpx.Client(base_url=daemon.url, headers=headers, timeout=30) as client:
+            made = client.post("/v1/sandboxes", json={"provider": "local", "workdir": workdir})
+            assert made.status_code == 201, made.text
+            yield client, made.json()["id"]
+    finally:
+        daemon.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(daemon.data_dir, ignore_errors=True)
+
+
+def both_ways(client: httpx.Client, path: str, body: dict[str, object]) -> list[httpx.Response]:
+    return [
+        client.post(path, json=body),
+        client.post(path, content=httpx.Request("POST", "/", json=body).content,
+                    headers={"content-type": VIA_FASTAPI}),
+    ]
+
+
+@pytest.mark.parametrize("body", [
+    {"cmd": ["echo", "hi"]},
+    {"cmd": "printf '\\377\\376'; echo err >&2; exit 3"},  # not UTF-8: base64 on the wire
+    {"cmd": "cat; echo $X", "stdin_b64": base64.b64encode(b"in\n").decode(), "env": {"X": "1"}},
+    {"cmd": "sleep 5", "timeout": 0.2},  # an error: exec_timeout
+    {"cmd": []},  # an error raised by the sandbox: invalid_argument
+    {"cmd": "true", "timeout": -1},  # refused by validation: the fast path falls through
+    {"cmd": "true", "bogus": 1},
+])
+def test_exec_fast_path_and_route_agree(http: tuple[httpx.Client, str], body: dict[str, object]
+                                        ) -> None:
+    client, sid = http
+    fast, routed = both_ways(client, f"/v1/sandboxes/{sid}/exec", body)
+    assert (fast.status_code, fast.json()) == (routed.status_code, routed.json())
+
+
+def test_missing_sandbox_reads_alike(http: tuple[httpx.Client, str]) -> None:
+    client, _ = http
+    fast, routed = both_ways(client, "/v1/sandboxes/sb-none/exec", {"cmd": "true"})
+    assert fast.status_code == routed.status_code == 404
+    assert fast.json() == routed.json()
+    assert client.get("/v1/sandboxes/sb-none").json()["error"]["code"] == "not_found"
+
+
+def test_files_fast_path_and_route_agree(http: tuple[httpx.Client, str]) -> None:
+    client, sid = http
+    files = f"/v1/sandboxes/{sid}/files"
+    name = "a dir/ünï 'quoted' \"name\".bin"
+    data = bytes(range(256)) * 10
+    assert client.put(files, params={"path": name}, content=data).status_code == 204
+    assert client.get(files, params={"path": name}).content == data
+    # "+10" is an int to FastAPI but not to the fast path: FastAPI answers it.
+    fast = client.get(files, params={"path": name, "limit": "10"})
+    routed = client.get(files, params={"path": name, "limit": "+10"})
+    assert fast.status_code == routed.status_code == 413
+    assert fast.json() == routed.json()
+    for bad in ({}, {"path": name, "limit": "0"}, {"path": name, "limit": "x"}):
+        answer = client.get(files, params=bad)
+        assert answer.status_code == 400
+        assert answer.json()["error"]["code"] == "invalid_argument"
+    assert client.put(files, content=b"x").json()["error"]["code"] == "invalid_argument"
+    missing = client.get(files, params={"path": "nope"})
+    assert (missing.status_code, missing.json()["error"]["code"]) == (404, "file_not_found")
+
+
+def test_status_is_the_same_through_both(http: tuple[httpx.Client, str]) -> None:
+    client, sid = http
+    one = client.get(f"/v1/sandboxes/{sid}").json()
+    listed = [s for s in client.get("/v1/sandboxes").json()["sandboxes"] if s["id"] == sid]
+    assert set(one) == set(listed[0])
+    assert one["state"] == "running" and one["workspace"] is None
+
+
+def test_flattened_images_keep_their_config() -> None:
+    changes = import_changes({
+        "Env": ["PATH=/usr/bin:/bin", 'TRICKY=a "b" $c \\d'],
+        "WorkingDir": "/srv", "User": "app", "Cmd": ["bash", "-l"], "Entrypoint": None,
+    })
+    assert changes == [
+        'ENV PATH="/usr/bin:/bin"',
+        'ENV TRICKY="a \\"b\\" \\$c \\\\d"',
+        "WORKDIR /srv",
+        "USER app",
+        'CMD ["bash", "-l"]',
+    ]
