@@ -279,7 +279,9 @@ class DockerProcess(BackendProcess):
             self._sock.shutdown(socket.SHUT_WR)
 
     def _post(self, item: OutputChunk | BaseException | None) -> None:
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        # The loop may be gone (a sync caller's loop ended): nobody is left to tell.
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
 
     def _recv_exact(self, size: int) -> bytes | None:
         parts = []
@@ -292,6 +294,7 @@ class DockerProcess(BackendProcess):
         return b"".join(parts)
 
     def _pump(self) -> None:
+        code = -1
         try:
             while True:
                 header = self._recv_exact(8)
@@ -303,13 +306,14 @@ class DockerProcess(BackendProcess):
                     break
                 self._post(OutputChunk("stderr" if kind == 2 else "stdout", payload))
             code = self._inspect_exit_code()
-            self._loop.call_soon_threadsafe(self._set_exit, code)
         except BaseException as exc:  # handed to the reader on the loop
             self._post(exc)
-            self._loop.call_soon_threadsafe(self._set_exit, -1)
         finally:
             with contextlib.suppress(OSError):
                 self._sock.close()
+            # The exit code is known before the reader sees the end of output.
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._set_exit, code)
             self._post(None)
 
     def _inspect_exit_code(self) -> int:
@@ -691,8 +695,12 @@ class DockerSandbox(SandboxBackend):
                 container, list(argv), stdin=stdin is not None, environment=full_env,
                 workdir=cwd, user=user or "",
             )
-            sock = api.exec_start(created["Id"], socket=True)
-            return created["Id"], getattr(sock, "_sock", sock)
+            sock = getattr(api.exec_start(created["Id"], socket=True), "_sock", None)
+            if not isinstance(sock, socket.socket):
+                raise ProviderError("docker exec gave no socket to read (TLS engine?)")
+            # The client's request timeout would end a command silent that long.
+            sock.settimeout(None)
+            return created["Id"], sock
 
         exec_id, sock = await _call(start)
         return DockerProcess(self, exec_id, marker, sock, stdin, argv, cwd, user)
@@ -1031,6 +1039,7 @@ class DockerSandbox(SandboxBackend):
         for path in (
             f"/sys/fs/cgroup/memory/docker/{self.container_id}/memory.usage_in_bytes",
             f"/sys/fs/cgroup/system.slice/docker-{self.container_id}.scope/memory.current",
+            f"/sys/fs/cgroup/docker/{self.container_id}/memory.current",
         ):
             try:
                 with open(path) as fh:  # noqa: ASYNC230 - a cgroup file, microseconds
