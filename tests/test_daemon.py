@@ -420,9 +420,14 @@ def test_workspace_auto_suspends_on_idle_and_comes_back(daemon: DaemonProcess) -
             assert time.monotonic() < deadline, "workspace never suspended on idle"
             time.sleep(0.2)
         assert managed_containers(daemon.data_dir) == {}  # its memory is freed
+    daemon.restart()  # a crash while it sleeps: it is adopted as it was
+    with client(daemon) as c:
+        assert c.get_workspace("napper")["status"] == "suspended"
+        sb = c.get_sandbox(ws["live_sandbox_id"])
         # The next call resumes it transparently, with its files.
         assert sb.read_text("/root/kept.txt") == "kept"
         assert c.get_workspace("napper")["status"] == "running"
+        assert_store_and_engine_agree(c, daemon)
         cleanup_workspaces(c)
 
 

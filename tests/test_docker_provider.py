@@ -70,6 +70,7 @@ async def test_container_is_labelled_named_and_hardened(sb: Any, api: docker.API
     assert host["PidsLimit"] == 300
     assert host["Memory"] == 256 * 1024 * 1024
     assert "NET_RAW" in host["CapDrop"]
+    assert host["Init"] is True  # orphans are reaped, not kept as zombies
     assert (sb.id, sb.backend.container_id, "running") in list_managed_containers()
 
 
@@ -170,6 +171,8 @@ async def test_timeout_kills_children_that_ignore_sigterm_or_left_the_session(sb
     assert time.monotonic() - started < 12
     left = (await sb.exec(["ps", "-eo", "args"])).stdout
     assert "sleep 30" not in left
+    assert "defunct" not in left  # init reaped what the kill left
+    assert await sb.backend.count_busy_processes() == 0
 
 
 async def test_background_kill_ends_a_setsid_child(sb: Any) -> None:

@@ -95,6 +95,10 @@ class DockerConfig(BaseModel):
     #: Keep the container after the sandbox closes (and log how to reach it).
     preserve: bool = False
     cap_drop: list[str] = Field(default_factory=lambda: list(DEFAULT_CAP_DROP))
+    #: Docker's init (tini) as PID 1, the keeper under it: orphans a kill
+    #: leaves behind are reaped, where ``sleep`` as PID 1 would keep them as
+    #: zombies (filling the pids limit, and looking busy forever).
+    init: bool = True
 
 
 # -- the engine connection ------------------------------------------------------
@@ -111,7 +115,9 @@ def engine() -> Any:
             import docker
 
             try:
-                _api_client = docker.APIClient(version="auto", timeout=600)
+                # A pool as wide as the execs a daemon runs at once, so that
+                # concurrent calls do not open and drop connections.
+                _api_client = docker.APIClient(version="auto", timeout=600, max_pool_size=64)
             except docker.errors.DockerException as exc:
                 raise SandboxUnavailable(
                     f"cannot reach the Docker Engine: {exc} (scripts/ensure-docker.sh starts one)"
@@ -193,15 +199,20 @@ def _pull(api: Any, image: str) -> None:
 # -- processes ------------------------------------------------------------------
 
 # Kills every process whose environment carries the exec's marker: SIGTERM,
-# up to $2 seconds of grace, then SIGKILL. Children that ignore SIGTERM or
-# left the process group still carry the marker, so none escapes.
+# up to $2 tenths of a second of grace, then SIGKILL. Children that ignore
+# SIGTERM or left the process group still carry the marker, so none escapes.
+# GNU grep -z reads every /proc/PID/environ in one process; without it
+# (busybox) each is read by a loop.
 _KILL_SCRIPT = r"""
 m="$1"; grace="$2"
+grep -qz x /dev/null 2>/dev/null; [ $? -eq 1 ] && fast=1 || fast=
 marked() {
+  if [ -n "$fast" ]; then
+    grep -lzxF -e "$m" /proc/[0-9]*/environ 2>/dev/null | sed 's#^/proc/##; s#/environ$##'
+    return
+  fi
   for d in /proc/[0-9]*; do
-    p=${d#/proc/}
-    [ "$p" = "$$" ] && continue
-    tr '\0' '\n' < "$d/environ" 2>/dev/null | grep -qxF "$m" && echo "$p"
+    tr '\0' '\n' < "$d/environ" 2>/dev/null | grep -qxF -e "$m" && echo "${d#/proc/}"
   done
 }
 pids=$(marked); [ -z "$pids" ] && exit 0
@@ -580,6 +591,7 @@ class DockerSandbox(SandboxBackend):
             mem_limit=cfg.memory,
             nano_cpus=int(cfg.cpus * 1e9) if cfg.cpus else None,
             pids_limit=cfg.pids_limit,
+            init=cfg.init,
             security_opt=["no-new-privileges"],
             cap_drop=cfg.cap_drop,
         )
@@ -719,9 +731,12 @@ class DockerSandbox(SandboxBackend):
         return await proc.wait(), b"".join(out), b"".join(err)
 
     async def count_busy_processes(self) -> int:
+        # The Engine's top runs ps on the host: no probe inside to count out.
         # A failure propagates: the lifecycle engine takes "cannot tell" as busy.
-        top = await _call(engine().top, self._container(), ps_args="-e -o pid")
-        return max(0, len(top.get("Processes") or []) - 1)
+        top = await _call(engine().top, self._container(), ps_args="-e -o pid,stat")
+        alive = [row for row in top.get("Processes") or [] if not row[1].startswith("Z")]
+        keepers = 2 if self.config.init else 1  # init and its sleep, or sleep alone
+        return max(0, len(alive) - keepers)
 
     # -- files -----------------------------------------------------------------------
     async def _stat_header(self, path: str) -> dict[str, Any]:
