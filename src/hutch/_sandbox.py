@@ -30,6 +30,7 @@ from ._errors import (
 )
 from ._guardrail import ReadBeforeWriteGuard, session_guard
 from ._process import ExitStatus, Process, StreamEvent, run_to_completion
+from ._snapshots import Fork, Snapshot, new_snapshot_id, snapshot_record
 from ._types import (
     DEFAULT_OUTPUT_LIMIT,
     DEFAULT_READ_LIMIT,
@@ -43,6 +44,7 @@ from ._types import (
 from .providers.base import BackendProcess, SandboxBackend, join_path
 
 if TYPE_CHECKING:
+    from .config import SandboxSpec
     from .lifecycle.engine import LifecycleRecord, SandboxStatus
     from .lifecycle.gate import LifecycleGate
     from .lifecycle.state import SandboxState
@@ -75,6 +77,11 @@ class Sandbox:
         self._gate = gate
         #: Set by the lifecycle engine that tracks this sandbox.
         self._record: LifecycleRecord | None = None
+        #: The settings it was made with (what a fork's branches start from).
+        self.spec: SandboxSpec | None = None
+        #: The snapshot it was started from or last captured: its parent in
+        #: the lineage tree of the next snapshot taken of it.
+        self.base_snapshot_id: str | None = None
 
     # -- identity -------------------------------------------------------------
     @property
@@ -400,6 +407,40 @@ class Sandbox:
     async def resume(self) -> None:
         """Bring a paused or suspended sandbox back to running."""
         await self._engine().resume(self)
+
+    # -- snapshots and forks ------------------------------------------------------------
+    async def snapshot(
+        self, label: str | None = None, *, diff: bool = True, snapshot_id: str | None = None
+    ) -> Snapshot:
+        """Capture this sandbox's state (running, paused or suspended; it stays
+        as it is) and return the snapshot. ``diff``: the provider may store
+        only what changed since the state this sandbox started from."""
+        self.require("snapshot")
+        sid = snapshot_id or new_snapshot_id()
+        if self._gate is not None:
+            async with self._gate.held(self):
+                handle = await self.backend.capture(sid, diff=diff)
+        else:
+            if self._closed:
+                raise SandboxUnavailable(f"sandbox {self.id} has been closed")
+            handle = await self.backend.capture(sid, diff=diff)
+        record = snapshot_record(
+            handle, label=label, sandbox_id=self.id, parent_id=self.base_snapshot_id,
+            spec=self.spec.model_dump() if self.spec is not None else {},
+        )
+        self.base_snapshot_id = record.id
+        return record
+
+    async def fork(self, label: str | None = None) -> Fork:
+        """Snapshot this sandbox and return a handle whose ``attach()`` starts
+        independent branches from that state (any number of them)."""
+        self.require("fork")
+        snapshot = await self.snapshot(label)
+        from .lifecycle.engine import LifecycleEngine
+
+        # Branches join the engine that tracks their origin (its clock, its timers).
+        engine = self._gate if isinstance(self._gate, LifecycleEngine) else None
+        return Fork(snapshot, engine)
 
     async def set_timeout(self, seconds: float) -> float:
         """Make the sandbox's deadline now + ``seconds``; returns it as Unix time."""

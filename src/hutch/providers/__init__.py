@@ -1,10 +1,11 @@
 """Sandbox providers: one interface (:mod:`.base`), many backends."""
 
-from .base import BackendProcess, SandboxBackend
+from .base import BackendProcess, ProviderSnapshot, SandboxBackend
 from .registry import available_providers, get_provider, register_provider
 
 __all__ = [
     "BackendProcess",
+    "ProviderSnapshot",
     "SandboxBackend",
     "available_providers",
     "get_provider",

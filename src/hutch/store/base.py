@@ -49,6 +49,27 @@ class WorkspaceRow:
     last_active_unix: float = 0.0
 
 
+@dataclass
+class SnapshotRow:
+    """A snapshot in the lineage tree. ``status`` is ``capturing`` from the
+    moment the capture is intended until the provider has finished it (a row
+    still ``capturing`` after a restart was cut short: its storage is freed
+    and the row dropped), then ``ready``; ``removing`` once its removal began."""
+
+    id: str
+    provider: str
+    status: str
+    label: str | None = None
+    sandbox_id: str | None = None
+    parent_id: str | None = None
+    size_bytes: int = 0
+    created_at_unix: float = 0.0
+    #: The provider's handle (``ProviderSnapshot.as_dict()``).
+    handle: dict[str, Any] = field(default_factory=dict)
+    #: The settings of the sandbox it was taken of (a ``SandboxSpec`` dump).
+    spec: dict[str, Any] = field(default_factory=dict)
+
+
 class Store(abc.ABC):
     # -- sandboxes ---------------------------------------------------------------------
     @abc.abstractmethod
@@ -85,6 +106,21 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def delete_workspace(self, name: str) -> None: ...
+
+    # -- snapshots ---------------------------------------------------------------------
+    @abc.abstractmethod
+    def put_snapshot(self, row: SnapshotRow) -> None:
+        """Insert or replace a snapshot row, durably."""
+
+    @abc.abstractmethod
+    def get_snapshot(self, snapshot_id: str) -> SnapshotRow | None: ...
+
+    @abc.abstractmethod
+    def list_snapshots(self) -> list[SnapshotRow]:
+        """Every snapshot row, oldest first."""
+
+    @abc.abstractmethod
+    def delete_snapshot(self, snapshot_id: str) -> None: ...
 
     # -- events and the daemon's own facts ------------------------------------------------
     @abc.abstractmethod

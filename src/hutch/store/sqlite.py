@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .base import SandboxRow, Store, WorkspaceRow
+from .base import SandboxRow, SnapshotRow, Store, WorkspaceRow
 
 FINAL_STATES = ("terminated", "failed")
 
@@ -46,6 +46,19 @@ CREATE TABLE IF NOT EXISTS workspaces (
     created_at_unix REAL NOT NULL,
     last_active_unix REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS snapshots (
+    id TEXT PRIMARY KEY,
+    provider TEXT NOT NULL,
+    status TEXT NOT NULL,
+    label TEXT,
+    sandbox_id TEXT,
+    parent_id TEXT,
+    size_bytes INTEGER NOT NULL DEFAULT 0,
+    created_at_unix REAL NOT NULL,
+    handle TEXT NOT NULL DEFAULT '{}',
+    spec TEXT NOT NULL DEFAULT '{}'
+);
+CREATE INDEX IF NOT EXISTS snapshots_parent ON snapshots(parent_id);
 CREATE TABLE IF NOT EXISTS events (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     at_unix REAL NOT NULL,
@@ -84,6 +97,14 @@ _WORKSPACE_COLUMNS = (
 _PUT_WORKSPACE = (
     f"INSERT OR REPLACE INTO workspaces ({', '.join(_WORKSPACE_COLUMNS)}) "
     f"VALUES ({', '.join('?' for _ in _WORKSPACE_COLUMNS)})"
+)
+_SNAPSHOT_COLUMNS = (
+    "id", "provider", "status", "label", "sandbox_id", "parent_id", "size_bytes",
+    "created_at_unix", "handle", "spec",
+)
+_PUT_SNAPSHOT = (
+    f"INSERT OR REPLACE INTO snapshots ({', '.join(_SNAPSHOT_COLUMNS)}) "
+    f"VALUES ({', '.join('?' for _ in _SNAPSHOT_COLUMNS)})"
 )
 
 
@@ -197,6 +218,31 @@ class SQLiteStore(Store):
 
     def delete_workspace(self, name: str) -> None:
         self._write("DELETE FROM workspaces WHERE name = ?", (name,))
+
+    # -- snapshots ---------------------------------------------------------------------
+    def put_snapshot(self, row: SnapshotRow) -> None:
+        self._write(_PUT_SNAPSHOT, (
+            row.id, row.provider, row.status, row.label, row.sandbox_id, row.parent_id,
+            row.size_bytes, row.created_at_unix, json.dumps(row.handle), json.dumps(row.spec),
+        ))
+
+    @staticmethod
+    def _snapshot(r: sqlite3.Row) -> SnapshotRow:
+        values = {name: r[name] for name in _SNAPSHOT_COLUMNS}
+        values["handle"] = json.loads(values["handle"])
+        values["spec"] = json.loads(values["spec"])
+        return SnapshotRow(**values)
+
+    def get_snapshot(self, snapshot_id: str) -> SnapshotRow | None:
+        rows = self._read("SELECT * FROM snapshots WHERE id = ?", (snapshot_id,))
+        return self._snapshot(rows[0]) if rows else None
+
+    def list_snapshots(self) -> list[SnapshotRow]:
+        rows = self._read("SELECT * FROM snapshots ORDER BY created_at_unix, id")
+        return [self._snapshot(r) for r in rows]
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        self._write("DELETE FROM snapshots WHERE id = ?", (snapshot_id,))
 
     # -- events and meta -------------------------------------------------------------------
     def log_event(self, subject: str, kind: str, message: str) -> None:
