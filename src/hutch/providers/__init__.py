@@ -1,12 +1,13 @@
 """Sandbox providers: one interface (:mod:`.base`), many backends."""
 
-from .base import BackendProcess, ProviderSnapshot, SandboxBackend
+from .base import BackendProcess, ProviderSnapshot, SandboxBackend, SandboxRuntime
 from .registry import available_providers, get_provider, register_provider
 
 __all__ = [
     "BackendProcess",
     "ProviderSnapshot",
     "SandboxBackend",
+    "SandboxRuntime",
     "available_providers",
     "get_provider",
     "register_provider",

@@ -1,12 +1,24 @@
-"""The provider seam: what every backend implements.
+"""The provider seam: what every backend implements, in two halves.
 
-A provider is a :class:`SandboxBackend` subclass. Its ``create`` classmethod
-provisions one sandbox from a config model; the instance it returns is the
-runtime that executes commands and moves files. Everything above this seam
-(exec timeouts and output caps, background processes, the read-before-write
-guardrail, the lifecycle engine, the daemon) is written once against it, so a
-backend may change its transport (docker's exec API, an agent inside the
-sandbox, ssh) without touching anything above.
+**Provisioning and lifecycle** (:class:`SandboxBackend`): ``create`` provisions
+one sandbox from a config model; ``describe``/``reconnect`` find it again
+after a restart; ``pause``/``suspend``/``resume``/``close`` and the rest are
+each behind a capability.
+
+**Runtime** (:class:`SandboxRuntime`): what executes and moves files in that
+sandbox: processes (``start_process``, ``shell_argv``), the busy count, files
+(read, write, stat, list, remove, walk), ``grep`` and ``glob``.
+
+Every backend *is* its own native runtime (docker exec and the archive API,
+a subprocess, ssh), so a provider implements both halves in one class as
+before. A backend that can hand its runtime over to another (hutch's agent
+inside the sandbox, :mod:`hutch.providers.agent`) overrides
+:attr:`SandboxBackend.runtime`; everything above this seam (exec timeouts and
+output caps, background processes, the read-before-write guardrail, the
+lifecycle engine, the daemon) calls ``backend.runtime``, never the runtime
+methods on the backend directly, so the transport changes without touching
+anything above. :meth:`SandboxBackend.sandbox_capabilities` says which
+runtime a sandbox has (``Capabilities.runtime``: ``native`` or ``agent``).
 
 Backends raise hutch's typed errors (``hutch._errors``); a backend failure
 that is not one of them is wrapped as ``ProviderError`` by the caller.
@@ -15,6 +27,7 @@ that is not one of them is wrapped as ``ProviderError`` by the caller.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import posixpath
 import re
 from collections.abc import Mapping, Sequence
@@ -86,76 +99,18 @@ class ProviderSnapshot:
         )
 
 
-class SandboxBackend(abc.ABC):
-    """One sandbox, as a provider runs it.
+class SandboxRuntime(abc.ABC):
+    """What executes commands and moves files in one sandbox."""
 
-    **Snapshots** (the ``snapshot`` capability) are four methods, and
-    everything hutch builds on captured state (``Sandbox.snapshot`` and
-    ``fork``, workspaces and their suspend, the daemon's reconciliation) is
-    written against these alone, never against a provider:
-
-    - :meth:`capture` (instance): write this sandbox's state (its file
-      system; memory too where the provider can, saying so in
-      ``includes_memory``) to provider storage named by the given snapshot
-      id, and return the :class:`ProviderSnapshot`. It must work in every
-      live state the provider has (running, paused, suspended) and leave the
-      sandbox in the state it found it. ``diff=True`` may store only what
-      changed since the state this sandbox was started from or last captured
-      (a layer on it: the backend remembers its own base, in ``describe()``
-      too, so that it survives a daemon restart); ``diff=False`` writes a
-      self-contained state. Either way the result must stay valid after the
-      sandbox it came from is closed and after any other snapshot is
-      removed: a provider that shares layers between snapshots keeps them
-      alive while any snapshot refers to them.
-    - :meth:`create_from_snapshot` (class): provision a new, independent
-      sandbox from a captured state, with ``config`` (the settings of the
-      sandbox the state came from, or of the caller) for everything the state
-      does not say. Writes in it are never seen by the snapshot, by the
-      origin, or by any other sandbox started from the same state. Should
-      cost little whatever the state's size (copy-on-write where possible).
-    - :meth:`remove_snapshot` (class): free the storage of one captured
-      state. Idempotent: removing what is gone succeeds. Sandboxes already
-      started from it keep working.
-    - :meth:`held_snapshots` (class): the snapshot ids this provider holds
-      storage for under the current hutch home (``$HUTCH_HOME``), so that a
-      daemon starting up can drop records whose storage is gone and free
-      storage no record names (a capture cut short by a crash).
-
-    Only ``capture`` is per sandbox; a provider that cannot snapshot leaves
-    all four as they are here (they raise ``capability_unsupported``), and
-    declares ``snapshot=False``.
-    """
-
-    #: The registry name (``local``, ``docker``...).
+    #: The provider name errors are reported under (``local``, ``docker``...).
     provider: ClassVar[str]
-    #: What this provider can do; see :class:`hutch.Capabilities`.
-    capabilities: ClassVar[Capabilities]
-    #: The pydantic model ``create`` takes (``type: Literal[provider]``).
-    config_model: ClassVar[type[BaseModel]]
+    #: Which runtime this is, as ``Capabilities.runtime`` reports it.
+    runtime_name: ClassVar[str] = "native"
 
     def __init__(self, sandbox_id: str, workdir: str) -> None:
         self.sandbox_id = sandbox_id
         #: Absolute path, inside the sandbox, that relative paths resolve from.
         self.workdir = workdir
-
-    # -- provisioning ------------------------------------------------------
-    @classmethod
-    @abc.abstractmethod
-    async def create(cls, config: Any, sandbox_id: str) -> SandboxBackend:
-        """Provision a new sandbox from ``config`` (an instance of config_model)."""
-
-    def describe(self) -> dict[str, Any]:
-        """What the store keeps to find this sandbox again after a restart."""
-        return {"provider": self.provider, "workdir": self.workdir}
-
-    @classmethod
-    async def reconnect(cls, sandbox_id: str, description: Mapping[str, Any]) -> SandboxBackend:
-        """Rebuild a sandbox made by an earlier process from its ``describe()``."""
-        raise CapabilityUnsupported.for_provider(cls.provider, "reconnect")
-
-    async def memory_bytes(self) -> int | None:
-        """Memory the sandbox holds now, where the provider can tell."""
-        return None
 
     # -- processes ---------------------------------------------------------
     def shell_argv(self, command: str) -> list[str]:
@@ -230,6 +185,85 @@ class SandboxBackend(abc.ABC):
                 continue
             matches.extend(grep_data(path, data, pattern))
         return matches
+
+
+
+class SandboxBackend(SandboxRuntime):
+    """One sandbox, as a provider provisions and runs it.
+
+    The runtime methods it inherits are its native runtime; callers reach
+    whichever runtime is in use through :attr:`runtime`.
+
+    **Snapshots** (the ``snapshot`` capability) are four methods, and
+    everything hutch builds on captured state (``Sandbox.snapshot`` and
+    ``fork``, workspaces and their suspend, the daemon's reconciliation) is
+    written against these alone, never against a provider:
+
+    - :meth:`capture` (instance): write this sandbox's state (its file
+      system; memory too where the provider can, saying so in
+      ``includes_memory``) to provider storage named by the given snapshot
+      id, and return the :class:`ProviderSnapshot`. It must work in every
+      live state the provider has (running, paused, suspended) and leave the
+      sandbox in the state it found it. ``diff=True`` may store only what
+      changed since the state this sandbox was started from or last captured
+      (a layer on it: the backend remembers its own base, in ``describe()``
+      too, so that it survives a daemon restart); ``diff=False`` writes a
+      self-contained state. Either way the result must stay valid after the
+      sandbox it came from is closed and after any other snapshot is
+      removed: a provider that shares layers between snapshots keeps them
+      alive while any snapshot refers to them.
+    - :meth:`create_from_snapshot` (class): provision a new, independent
+      sandbox from a captured state, with ``config`` (the settings of the
+      sandbox the state came from, or of the caller) for everything the state
+      does not say. Writes in it are never seen by the snapshot, by the
+      origin, or by any other sandbox started from the same state. Should
+      cost little whatever the state's size (copy-on-write where possible).
+    - :meth:`remove_snapshot` (class): free the storage of one captured
+      state. Idempotent: removing what is gone succeeds. Sandboxes already
+      started from it keep working.
+    - :meth:`held_snapshots` (class): the snapshot ids this provider holds
+      storage for under the current hutch home (``$HUTCH_HOME``), so that a
+      daemon starting up can drop records whose storage is gone and free
+      storage no record names (a capture cut short by a crash).
+
+    Only ``capture`` is per sandbox; a provider that cannot snapshot leaves
+    all four as they are here (they raise ``capability_unsupported``), and
+    declares ``snapshot=False``.
+    """
+
+    #: What this provider can do; see :class:`hutch.Capabilities`.
+    capabilities: ClassVar[Capabilities]
+    #: The pydantic model ``create`` takes (``type: Literal[provider]``).
+    config_model: ClassVar[type[BaseModel]]
+
+    @property
+    def runtime(self) -> SandboxRuntime:
+        """The runtime serving this sandbox now: the backend itself (native)
+        unless the provider hands its runtime to another, such as the agent."""
+        return self
+
+    def sandbox_capabilities(self) -> Capabilities:
+        """This sandbox's capabilities: the provider's, naming its runtime."""
+        return dataclasses.replace(self.capabilities, runtime=self.runtime.runtime_name)
+
+    # -- provisioning ------------------------------------------------------
+    @classmethod
+    @abc.abstractmethod
+    async def create(cls, config: Any, sandbox_id: str) -> SandboxBackend:
+        """Provision a new sandbox from ``config`` (an instance of config_model)."""
+
+    def describe(self) -> dict[str, Any]:
+        """What the store keeps to find this sandbox again after a restart."""
+        return {"provider": self.provider, "workdir": self.workdir}
+
+    @classmethod
+    async def reconnect(cls, sandbox_id: str, description: Mapping[str, Any]) -> SandboxBackend:
+        """Rebuild a sandbox made by an earlier process from its ``describe()``."""
+        raise CapabilityUnsupported.for_provider(cls.provider, "reconnect")
+
+    async def memory_bytes(self) -> int | None:
+        """Memory the sandbox holds now, where the provider can tell."""
+        return None
 
     async def preview_url(self, port: int) -> str:
         raise CapabilityUnsupported.for_provider(self.provider, "preview_url")
