@@ -46,7 +46,8 @@ def test_rows_round_trip(tmp_path: Path) -> None:
     assert len(store.list_sandboxes()) == 51
 
     ws = WorkspaceRow(name="ws", status="running", provider="docker", spec={"a": 1},
-                      live_sandbox_id="sb-1", image="img", host_workdir="/x/ws/workspace")
+                      live_sandbox_id="sb-1", state_snapshot_id="snap-2",
+                      source_snapshot_id="snap-1")
     store.put_workspace(ws)
     assert store.get_workspace("ws") == ws
     store.delete_workspace("ws")

@@ -86,6 +86,10 @@ async def create_sandbox_from_snapshot(
     engine: LifecycleEngine | None = None,
 ) -> Sandbox:
     """A new sandbox started from ``snapshot`` (a fork's ``attach``)."""
+    if snapshot.handle is None:
+        raise InvalidArgument(
+            f"snapshot {snapshot.id} is held by a daemon: attach through its client"
+        )
     spec = spec_for_attach(snapshot, options)
     backend_cls = get_provider(snapshot.provider)
     sid = sandbox_id or new_sandbox_id()
@@ -98,6 +102,10 @@ async def create_sandbox_from_snapshot(
 async def remove_snapshot(snapshot: Snapshot) -> None:
     """Free a snapshot's provider storage (in-process; the daemon also
     refuses while something depends on it). Idempotent."""
+    if snapshot.handle is None:
+        raise InvalidArgument(
+            f"snapshot {snapshot.id} is held by a daemon: remove it through its client"
+        )
     await get_provider(snapshot.provider).remove_snapshot(snapshot.handle)
 
 

@@ -40,10 +40,20 @@ class Snapshot:
     size_bytes: int
     created_at_unix: float
     provider: str
-    #: The provider's handle: what an attach and a removal need.
-    handle: ProviderSnapshot = field(repr=False)
+    #: The provider's handle: what an attach and a removal need (in-process
+    #: only; a snapshot the daemon holds is named by its id alone).
+    handle: ProviderSnapshot | None = field(default=None, repr=False)
     #: The settings (a ``SandboxSpec`` dump) of the sandbox it came from.
     spec: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> Snapshot:
+        return cls(
+            id=str(data["id"]), label=data.get("label"), sandbox_id=data.get("sandbox_id"),
+            parent_id=data.get("parent_id"), size_bytes=int(data.get("size_bytes") or 0),
+            created_at_unix=float(data.get("created_at_unix") or 0.0),
+            provider=str(data.get("provider", "")),
+        )
 
     def as_dict(self) -> dict[str, Any]:
         """The wire form (``GET /v1/snapshots/{id}``)."""

@@ -64,7 +64,8 @@ class AsyncAdapter:
 
 
 def adapt(value: Any) -> Any:
-    if isinstance(value, hutch.client.RemoteSandbox | hutch.client.RemoteProcess):
+    if isinstance(value, hutch.client.RemoteSandbox | hutch.client.RemoteProcess
+                  | hutch.client.RemoteFork):
         return AsyncAdapter(value)
     return value
 

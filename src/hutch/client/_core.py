@@ -20,8 +20,15 @@ from typing import Any
 
 import httpx
 
-from .._errors import HutchError, InvalidArgument, SandboxUnavailable, error_from_code
+from .._errors import (
+    CapabilityUnsupported,
+    HutchError,
+    InvalidArgument,
+    SandboxUnavailable,
+    error_from_code,
+)
 from .._process import ExitStatus
+from .._snapshots import Snapshot
 from .._types import Capabilities, ExecResult, FileInfo, FileType, GrepMatch, OutputChunk
 
 SESSION_HEADER = "X-Hutch-Session"
@@ -126,6 +133,12 @@ class SandboxRef:
 
 
 @dataclass
+class ForkRef:
+    snapshot: Snapshot
+    sandboxes: list[dict[str, Any]]
+
+
+@dataclass
 class ProcessRef:
     sandbox_id: str
     info: dict[str, Any]
@@ -183,6 +196,27 @@ class ClientOps:
         answer = yield Call("POST", "/v1/set_timeout",
                             json={"sandbox": sandbox_id, "timeout_seconds": seconds})
         return float(answer["deadline_unix"])
+
+    @op
+    def snapshots(self) -> Op:
+        """Every snapshot the daemon holds (the lineage tree, by ``parent_id``)."""
+        answer = yield Call("GET", "/v1/snapshots")
+        return [Snapshot.from_wire(s) for s in answer["snapshots"]]
+
+    @op
+    def get_snapshot(self, snapshot_id: str) -> Op:
+        return Snapshot.from_wire((yield Call("GET", f"/v1/snapshots/{snapshot_id}")))
+
+    @op
+    def delete_snapshot(self, snapshot_id: str, *, force: bool = False) -> Op:
+        yield Call("DELETE", f"/v1/snapshots/{snapshot_id}",
+                   params={"force": "true"} if force else None, timeout=600)
+
+    @op
+    def attach(self, snapshot_id: str, **options: Any) -> Op:
+        """A new sandbox started from a snapshot; ``options`` are sandbox options."""
+        body = {"from_snapshot": snapshot_id, **options}
+        return SandboxRef((yield Call("POST", "/v1/sandboxes", json=body, timeout=600)))
 
     @op
     def create_workspace(
@@ -347,6 +381,26 @@ class SandboxOps:
         return float(answer["deadline_unix"])
 
     @op
+    def snapshot(self, label: str | None = None, *, diff: bool = True) -> Op:
+        self._require("snapshot")
+        answer = yield Call("POST", self._path("/snapshots"),
+                            json={"label": label, "diff": diff}, timeout=600)
+        return Snapshot.from_wire(answer)
+
+    @op
+    def fork(self, label: str | None = None, *, count: int = 0) -> Op:
+        """Snapshot + a handle whose ``attach()`` starts branches; ``count``
+        branches are started at once (``fork.branches``)."""
+        self._require("fork")
+        answer = yield Call("POST", self._path("/fork"),
+                            json={"label": label, "count": count}, timeout=600)
+        return ForkRef(Snapshot.from_wire(answer["snapshot"]), list(answer["sandboxes"]))
+
+    def _require(self, capability: str) -> None:
+        if not self.capabilities.supports(capability):
+            raise CapabilityUnsupported.for_provider(self.provider, capability)
+
+    @op
     def close(self) -> Op:
         try:
             yield Call("DELETE", self._path(""), timeout=120)
@@ -383,6 +437,19 @@ class SandboxOps:
     def state(self) -> str:
         """The state at the last answer; ``info()`` asks afresh."""
         return str(self._info["state"])
+
+
+class ForkOps:
+    """A fork through the daemon; the same as hutch.Fork."""
+
+    snapshot: Snapshot
+    branches: list[Any]
+
+    @op
+    def attach(self, **options: Any) -> Op:
+        body = {"from_snapshot": self.snapshot.id, **options}
+        ref = SandboxRef((yield Call("POST", "/v1/sandboxes", json=body, timeout=600)))
+        return ref
 
 
 class ProcessOps:

@@ -307,6 +307,20 @@ class SandboxBackend(SandboxRuntime):
         """The ids of the captured states this provider holds storage for."""
         return []
 
+    # -- reconciliation (a daemon starting up) ------------------------------------
+    @classmethod
+    async def discard(cls, sandbox_id: str) -> None:
+        """Free whatever a create of ``sandbox_id`` cut short may have left
+        (a container, a directory). Idempotent; nothing there is fine."""
+        return None
+
+    @classmethod
+    async def reap_orphans(cls, known: set[str]) -> list[str]:
+        """Free what this provider made under the current hutch home for
+        sandboxes whose ids are not in ``known`` (kept on purpose excepted,
+        e.g. docker's ``preserve``); return what was freed."""
+        return []
+
     @abc.abstractmethod
     async def close(self) -> None:
         """Release everything this sandbox holds. Idempotent."""

@@ -32,19 +32,26 @@ class SandboxRow:
     last_active_unix: float | None = None
     #: Seconds spent per state (``running_s``, ``paused_s``, ``suspended_s``).
     meter: dict[str, float] = field(default_factory=dict)
+    #: The snapshot it was started from or last captured (its next snapshot's parent).
+    base_snapshot_id: str | None = None
 
 
 @dataclass
 class WorkspaceRow:
+    """A name over a live sandbox, its current state snapshot and its source.
+
+    Provider-neutral: the state is a snapshot (``state_snapshot_id``), the
+    source the snapshot it was made from (``source_snapshot_id``) or, when it
+    was made fresh, the settings in ``spec``.
+    """
+
     name: str
     status: str
     provider: str
     spec: dict[str, Any]
     live_sandbox_id: str | None = None
-    current_state_tag: str | None = None
-    source_snapshot_tag: str | None = None
-    image: str | None = None
-    host_workdir: str | None = None
+    state_snapshot_id: str | None = None
+    source_snapshot_id: str | None = None
     created_at_unix: float = 0.0
     last_active_unix: float = 0.0
 

@@ -31,7 +31,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     updated_at_unix REAL NOT NULL,
     deadline_unix REAL,
     last_active_unix REAL,
-    meter TEXT NOT NULL DEFAULT '{}'
+    meter TEXT NOT NULL DEFAULT '{}',
+    base_snapshot_id TEXT
 );
 CREATE TABLE IF NOT EXISTS workspaces (
     name TEXT PRIMARY KEY,
@@ -39,10 +40,8 @@ CREATE TABLE IF NOT EXISTS workspaces (
     provider TEXT NOT NULL,
     spec TEXT NOT NULL,
     live_sandbox_id TEXT,
-    current_state_tag TEXT,
-    source_snapshot_tag TEXT,
-    image TEXT,
-    host_workdir TEXT,
+    state_snapshot_id TEXT,
+    source_snapshot_id TEXT,
     created_at_unix REAL NOT NULL,
     last_active_unix REAL NOT NULL
 );
@@ -79,20 +78,25 @@ _ADDED_COLUMNS = {
         "deadline_unix": "REAL",
         "last_active_unix": "REAL",
         "meter": "TEXT NOT NULL DEFAULT '{}'",
+        "base_snapshot_id": "TEXT",
     },
+    # Workspaces on snapshots (provider-neutral); columns of the Docker-only
+    # rows of older data directories are left unread.
+    "workspaces": {"state_snapshot_id": "TEXT", "source_snapshot_id": "TEXT"},
 }
 
 _SANDBOX_COLUMNS = (
     "id", "provider", "state", "reason", "workspace", "spec", "description",
     "created_at_unix", "updated_at_unix", "deadline_unix", "last_active_unix", "meter",
+    "base_snapshot_id",
 )
 _PUT_SANDBOX = (
     f"INSERT OR REPLACE INTO sandboxes ({', '.join(_SANDBOX_COLUMNS)}) "
     f"VALUES ({', '.join('?' for _ in _SANDBOX_COLUMNS)})"
 )
 _WORKSPACE_COLUMNS = (
-    "name", "status", "provider", "spec", "live_sandbox_id", "current_state_tag",
-    "source_snapshot_tag", "image", "host_workdir", "created_at_unix", "last_active_unix",
+    "name", "status", "provider", "spec", "live_sandbox_id", "state_snapshot_id",
+    "source_snapshot_id", "created_at_unix", "last_active_unix",
 )
 _PUT_WORKSPACE = (
     f"INSERT OR REPLACE INTO workspaces ({', '.join(_WORKSPACE_COLUMNS)}) "
@@ -146,6 +150,7 @@ class SQLiteStore(Store):
             row.id, row.provider, row.state, row.reason, row.workspace, json.dumps(row.spec),
             json.dumps(row.description), row.created_at_unix, row.updated_at_unix,
             row.deadline_unix, row.last_active_unix, json.dumps(row.meter),
+            row.base_snapshot_id,
         )
 
     def put_sandbox(self, row: SandboxRow) -> None:
@@ -176,6 +181,7 @@ class SQLiteStore(Store):
             description=json.loads(r["description"]), created_at_unix=r["created_at_unix"],
             updated_at_unix=r["updated_at_unix"], deadline_unix=r["deadline_unix"],
             last_active_unix=r["last_active_unix"], meter=json.loads(r["meter"] or "{}"),
+            base_snapshot_id=r["base_snapshot_id"],
         )
 
     def get_sandbox(self, sandbox_id: str) -> SandboxRow | None:
@@ -199,8 +205,8 @@ class SQLiteStore(Store):
     def put_workspace(self, row: WorkspaceRow) -> None:
         self._write(_PUT_WORKSPACE, (
             row.name, row.status, row.provider, json.dumps(row.spec), row.live_sandbox_id,
-            row.current_state_tag, row.source_snapshot_tag, row.image, row.host_workdir,
-            row.created_at_unix, row.last_active_unix,
+            row.state_snapshot_id, row.source_snapshot_id, row.created_at_unix,
+            row.last_active_unix,
         ))
 
     @staticmethod
