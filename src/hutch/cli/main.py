@@ -298,7 +298,7 @@ def workspace_suspend(name: str, diff: bool = typer.Option(False, "--diff")) -> 
     """Capture a workspace's state and free its sandbox."""
     with client() as c, console.status(f"suspending {name}..."):
         ws = c.suspend_workspace(name, diff=diff)
-    console.print(f"{ws['name']} {ws['status']} ({ws['current_state_tag']})")
+    console.print(f"{ws['name']} {ws['status']} (state {ws['state_snapshot_id']})")
 
 
 @workspace_app.command("resume")
@@ -319,8 +319,8 @@ def workspace_list() -> None:
     table = Table("name", "status", "sandbox", "state snapshot", "from", "age", "last active")
     for w in rows:
         table.add_row(
-            w["name"], w["status"], w["live_sandbox_id"] or "-", w["current_state_tag"] or "-",
-            w["source_snapshot_tag"] or w["image"] or "-", ago(w["created_at_unix"]),
+            w["name"], w["status"], w["live_sandbox_id"] or "-", w["state_snapshot_id"] or "-",
+            w["source_snapshot_id"] or w["provider"], ago(w["created_at_unix"]),
             ago(w["last_active_unix"]),
         )
     console.print(table)

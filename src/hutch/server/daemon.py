@@ -298,11 +298,12 @@ class Daemon:
             raise
         return snapshot, branches
 
-    def snapshot_dependents(self, snapshot_id: str) -> list[str]:
+    def snapshot_dependents(self, snapshot_id: str, *, children: bool = True) -> list[str]:
         """What still needs a snapshot: child snapshots, workspaces made from
-        it or kept in it, live sandboxes started from it."""
+        it or kept in it, live sandboxes started from it. (A child's storage
+        never needs its parent's record: providers keep shared layers alive.)"""
         needs = [f"snapshot {r.id}" for r in self.store.list_snapshots()
-                 if r.parent_id == snapshot_id and r.status != "removing"]
+                 if children and r.parent_id == snapshot_id and r.status != "removing"]
         for ws in self.store.list_workspaces():
             if snapshot_id in (ws.source_snapshot_id, ws.state_snapshot_id):
                 needs.append(f"workspace {ws.name}")
@@ -345,7 +346,7 @@ class Daemon:
         if not snapshot_id:
             return
         row = self.store.get_snapshot(snapshot_id)
-        if row is None or self.snapshot_dependents(snapshot_id):
+        if row is None or self.snapshot_dependents(snapshot_id, children=False):
             return
         await self._remove_snapshot(row)
 
@@ -398,8 +399,29 @@ class Daemon:
 
     async def delete_sandbox(self, sandbox_id: str) -> None:
         sandbox = self.get(sandbox_id)
-        await sandbox.close()
+        workspace = self.workspace_of.get(sandbox_id)
+        if workspace is not None and sandbox.capabilities.snapshot:
+            # A workspace's work is not lost with its sandbox: its state is
+            # captured first, and the workspace (stale) resumes from it.
+            async with self._lock(workspace):
+                with contextlib.suppress(HutchError):
+                    await self._save_workspace_state(workspace, sandbox_id, diff=True)
+                await sandbox.close()
+        else:
+            await sandbox.close()
         self._forget(sandbox_id)
+
+    async def _save_workspace_state(self, name: str, sandbox_id: str, *, diff: bool) -> str:
+        """Snapshot a workspace's sandbox as the workspace's one state snapshot,
+        replacing (and releasing) the last one. Under the workspace's lock."""
+        row = self._workspace(name)
+        previous = row.state_snapshot_id
+        state = await self.snapshot_sandbox(sandbox_id, f"workspace {name} state", diff=diff)
+        row = self._workspace(name)
+        row.state_snapshot_id = state.id
+        self.store.put_workspace(row)
+        await self._release_snapshot(previous)
+        return state.id
 
     async def set_timeout(self, sandbox_id: str, seconds: float) -> float:
         """Set the deadline and record it before answering: it outlives a restart."""
@@ -672,6 +694,10 @@ class Daemon:
         state = SandboxState(row.state)
         if state in (SandboxState.RUNNING, SandboxState.PAUSED) and not await backend.is_alive():
             self._mark_lost(row, "lost: its runtime is gone")
+            if row.workspace is not None:
+                await self._salvage_workspace(row, backend)
+            with contextlib.suppress(HutchError):
+                await backend.close()
             return
         sandbox = self._wrap(backend, spec)
         self.sandboxes[row.id] = sandbox
@@ -693,6 +719,36 @@ class Daemon:
         )
         self.store.log_event(row.id, "adopted", f"adopted after restart as {state.value}")
         log.info("adopted sandbox %s (%s)", row.id, state.value)
+
+    async def _salvage_workspace(self, row: SandboxRow, backend: SandboxBackend) -> None:
+        """A workspace's sandbox died with the daemon down: what of its state
+        survives (a working directory on the host) becomes the workspace's
+        state, where the provider can capture it; otherwise the last state stays."""
+        name = row.workspace
+        ws = self.store.get_workspace(name) if name else None
+        if ws is None or not backend.capabilities.snapshot:
+            return
+        snap = SnapshotRow(
+            id=new_snapshot_id(), provider=row.provider, status="capturing",
+            label=f"workspace {ws.name} state (salvaged)", sandbox_id=row.id,
+            parent_id=row.base_snapshot_id, created_at_unix=time.time(), spec=row.spec,
+        )
+        self.store.put_snapshot(snap)
+        try:
+            handle = await backend.capture(snap.id, diff=True)
+        except Exception as exc:
+            log.warning("workspace %s: nothing of its lost sandbox could be kept (%s)",
+                        ws.name, exc)
+            await self._free_snapshot_storage(snap)
+            self.store.delete_snapshot(snap.id)
+            return
+        snap.status, snap.size_bytes, snap.handle = "ready", handle.size_bytes, handle.as_dict()
+        self.store.put_snapshot(snap)
+        previous, ws.state_snapshot_id = ws.state_snapshot_id, snap.id
+        self.store.put_workspace(ws)
+        await self._release_snapshot(previous)
+        self.store.log_event(ws.name, "workspace",
+                             f"kept what survived of its lost sandbox {row.id} as {snap.id}")
 
     def _mark_lost(self, row: SandboxRow, reason: str) -> None:
         row.state, row.reason = SandboxState.TERMINATED.value, reason
