@@ -26,12 +26,13 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from ._errors import InvalidArgument
 from ._types import MAX_DURATION, MAX_OUTPUT_LIMIT
+from .providers.bubblewrap import BubblewrapConfig
 from .providers.docker import DockerConfig
 from .providers.local import LocalConfig
 from .providers.virtual import VirtualConfig
 
 ProviderConfig = Annotated[
-    LocalConfig | VirtualConfig | DockerConfig, Field(discriminator="type")
+    LocalConfig | VirtualConfig | DockerConfig | BubblewrapConfig, Field(discriminator="type")
 ]
 _provider_adapter: TypeAdapter[Any] = TypeAdapter(ProviderConfig)
 
@@ -130,8 +131,10 @@ def resolve_spec(
         opts = SandboxOptions.model_validate(options)
     except ValidationError as exc:
         raise InvalidArgument(f"bad sandbox options: {_short(exc)}") from None
-    if provider not in ("local", "virtual", "docker"):
-        raise InvalidArgument(f"unknown provider {provider!r}; available: docker, local, virtual")
+    if provider not in ("local", "virtual", "docker", "bubblewrap"):
+        raise InvalidArgument(
+            f"unknown provider {provider!r}; available: bubblewrap, docker, local, virtual"
+        )
     return SandboxSpec(provider=parse_provider_config(settings), options=opts)
 
 

@@ -62,6 +62,17 @@ async def _docker() -> AsyncIterator[Harness]:
         shutil.rmtree(host_workdir, ignore_errors=True)
 
 
+@asynccontextmanager
+async def _bubblewrap() -> AsyncIterator[Harness]:
+    # The root file system is the test image, exported from Docker once.
+    async with await hutch.create_sandbox(
+        "bubblewrap", image=TEST_IMAGE, ephemeral=False, read_before_write=False
+    ) as sb:
+        # Its working directory, as a file in the overlay's upper layer.
+        layers = sb.backend.parts.layers
+        yield Harness(sb, "bubblewrap", layers.upper + sb.workdir)
+
+
 Maker = Callable[[], AbstractAsyncContextManager[Harness]]
 
 #: provider -> (maker, runs processes, pytest marks)
@@ -69,6 +80,7 @@ MAKERS: dict[str, tuple[Maker, bool, list[pytest.MarkDecorator]]] = {
     "local": (_local, True, []),
     "virtual": (_virtual, False, []),
     "docker": (_docker, True, [pytest.mark.docker]),
+    "bubblewrap": (_bubblewrap, True, [pytest.mark.docker]),
 }
 
 # Remote makers (through hutch.Client / AsyncClient against a live daemon) are

@@ -1,0 +1,16 @@
+"""hutch images: environments built once and used by name by docker and bubblewrap."""
+
+from __future__ import annotations
+
+import os
+
+
+def images_home() -> str:
+    home = os.environ.get("HUTCH_HOME") or os.path.expanduser("~/.local/share/hutch")
+    return os.path.join(home, "images")
+
+
+def hutch_image_rootfs(name: str) -> str | None:
+    """The unpacked root file system of hutch image ``name``, if it was built."""
+    path = os.path.join(images_home(), name.replace("/", "_"), "rootfs")
+    return path if os.path.isdir(path) else None
