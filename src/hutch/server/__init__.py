@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import math
 import os
 
 from .._errors import InvalidArgument
@@ -27,6 +28,7 @@ def serve(
     port: int = DEFAULT_PORT,
     token: str | None = None,
     data_dir: str | None = None,
+    retention_seconds: float | None = None,
 ) -> None:
     """Run the daemon until interrupted. Refuses a non-loopback bind without a token."""
     import uvicorn
@@ -38,7 +40,14 @@ def serve(
             "commands; pass --token (or HUTCH_TOKEN), or bind to 127.0.0.1"
         )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    app = create_app(ServerSettings(data_dir=data_dir, token=token))
+    if retention_seconds is not None and not 0 < retention_seconds < math.inf:
+        raise InvalidArgument(
+            f"retention must be a positive number of seconds, got {retention_seconds!r}"
+        )
+    settings = ServerSettings(data_dir=data_dir, token=token)
+    if retention_seconds is not None:
+        settings.retention_seconds = retention_seconds
+    app = create_app(settings)
     # The asyncio loop, not uvloop: uvloop notices a child's exit ~4 ms late,
     # which would be most of an exec's cost.
     uvicorn.run(

@@ -15,9 +15,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     parser.add_argument("--token", default=None)
     parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--retention", type=float, default=None,
+                        help="seconds an ended sandbox stays readable (default 86400)")
     args = parser.parse_args(argv)
     try:
-        serve(args.host, args.port, args.token, args.data_dir)
+        serve(args.host, args.port, args.token, args.data_dir, args.retention)
     except HutchError as exc:
         print(f"hutch serve: {exc}", file=sys.stderr)
         return 2
