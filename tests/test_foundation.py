@@ -142,11 +142,11 @@ def test_filter_env_drops_secrets_and_keeps_the_safelist() -> None:
     env = {
         "OPENAI_API_KEY": "x", "AWS_SECRET": "x", "GITHUB_TOKEN": "x", "DB_PASSWORD": "x",
         "GCP_CREDENTIAL": "x", "lower_api_key": "x", "PATH": "/bin", "HOME": "/root",
-        "EDITOR": "vi", "TOKENIZER": "keep", "MY_TOKEN_FILE": "keep",
+        "EDITOR": "vi", "PATTERN": "keep", "REPO_URL": "https://github.com/x/y",
     }
     assert filter_env(env) == {
-        "PATH": "/bin", "HOME": "/root", "EDITOR": "vi", "TOKENIZER": "keep",
-        "MY_TOKEN_FILE": "keep",
+        "PATH": "/bin", "HOME": "/root", "EDITOR": "vi", "PATTERN": "keep",
+        "REPO_URL": "https://github.com/x/y",
     }
 
 

@@ -69,10 +69,13 @@ _MAX_LINK_HOPS = 40
 #: Go's os.ModeDir and os.ModeSymlink bits, as the archive stat header uses them.
 _GO_MODE_DIR = 1 << 31
 _GO_MODE_SYMLINK = 1 << 27
+#: Ceilings of the settings, as the kernel takes them (pid_max's own ceiling).
+MAX_CPUS = 4096.0
+MAX_PIDS = 4 * 1024 * 1024
 
 
 class DockerConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     type: Literal["docker"] = "docker"
     image: str = "hutch-test:bookworm"
@@ -87,8 +90,8 @@ class DockerConfig(BaseModel):
     #: Memory limit, as Docker takes it (``512m``, ``2g``).
     memory: str | None = None
     #: CPU quota in CPUs (``1.5``).
-    cpus: float | None = Field(default=None, gt=0)
-    pids_limit: int = Field(default=1024, gt=0)
+    cpus: float | None = Field(default=None, gt=0, le=MAX_CPUS)
+    pids_limit: int = Field(default=1024, gt=0, le=MAX_PIDS)
     pull_if_missing: bool = True
     env: dict[str, str] = {}
     labels: dict[str, str] = {}

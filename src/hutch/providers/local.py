@@ -8,6 +8,7 @@ is the user's and stays as it is.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Mapping, Sequence
@@ -21,22 +22,42 @@ from ._hostproc import EXEC_MARKER, SANDBOX_MARKER, HostProcess, pids_with_env, 
 from .base import SandboxBackend
 
 SECRET_SUFFIXES = ("_API_KEY", "_SECRET", "_TOKEN", "_PASSWORD", "_CREDENTIAL")
+#: A name containing any of these (case-insensitively) is a secret's.
+SECRET_WORDS = (
+    "SECRET", "TOKEN", "PASSWORD", "PASSWD", "CREDENTIAL", "API_KEY", "PRIVATE_KEY",
+    "ACCESS_KEY",
+)
+#: ``PAT`` (a personal access token) only as a word of the name: GITHUB_PAT,
+#: not PATH or PATTERN.
+_PAT_WORD = re.compile(r"(?:^|[^A-Z0-9])PAT(?:[^A-Z0-9]|$)")
+#: A URL carrying a password: ``scheme://user:password@host``.
+_URL_WITH_PASSWORD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#@\s:]*:[^/?#@\s]+@")
 SAFE_VARIABLES = frozenset(
     {"PATH", "HOME", "USER", "SHELL", "LANG", "TERM", "TMPDIR", "GOPATH", "CARGO_HOME", "NVM_DIR"}
 )
 
 
-def filter_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The environment minus variables that look like secrets.
+def is_secret(name: str, value: str) -> bool:
+    """Whether a variable looks like a secret: by its name (see
+    :data:`SECRET_SUFFIXES`, :data:`SECRET_WORDS`, the word PAT) or by its
+    value (a URL with an embedded password). The safelist is not consulted."""
+    upper = name.upper()
+    return (
+        upper.endswith(SECRET_SUFFIXES)
+        or any(word in upper for word in SECRET_WORDS)
+        or _PAT_WORD.search(upper) is not None
+        or _URL_WITH_PASSWORD.search(value) is not None
+    )
 
-    A name ending in one of :data:`SECRET_SUFFIXES` (case-insensitively) is
-    dropped unless it is in :data:`SAFE_VARIABLES`, which always pass.
+
+def filter_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment minus variables that look like secrets (:func:`is_secret`).
+
+    Names in :data:`SAFE_VARIABLES` always pass. Variables a caller sets on
+    purpose (``env=`` on the call, the config's ``env``) are added after this
+    filter and are never dropped.
     """
-    return {
-        k: v
-        for k, v in environ.items()
-        if k in SAFE_VARIABLES or not k.upper().endswith(SECRET_SUFFIXES)
-    }
+    return {k: v for k, v in environ.items() if k in SAFE_VARIABLES or not is_secret(k, v)}
 
 
 class LocalConfig(BaseModel):
