@@ -95,6 +95,9 @@ class Capabilities:
     ``resource_limits``: memory, CPU and pids limits are enforced.
     ``users``: ``exec(user=...)`` can switch user.
     ``preview_url``: ports inside are reachable at a URL.
+    ``runtime``: what executes and moves files in this sandbox: ``native``
+    (the provider's own transport: docker exec, a subprocess, ssh) or
+    ``agent`` (hutch's agent inside the sandbox, on a kept connection).
     """
 
     processes: bool = True
@@ -107,6 +110,7 @@ class Capabilities:
     resource_limits: bool = False
     users: bool = False
     preview_url: bool = False
+    runtime: str = "native"
     extra: frozenset[str] = field(default_factory=frozenset)
 
     def supports(self, capability: str) -> bool:
@@ -115,11 +119,12 @@ class Capabilities:
             return value
         return capability in self.extra
 
-    def as_dict(self) -> dict[str, bool]:
+    def as_dict(self) -> dict[str, bool | str]:
         names = [
             "processes", "pause", "suspend", "suspend_keeps_processes", "snapshot",
             "fork", "network_isolation", "resource_limits", "users", "preview_url",
         ]
-        out = {n: bool(getattr(self, n)) for n in names}
+        out: dict[str, bool | str] = {n: bool(getattr(self, n)) for n in names}
         out.update({n: True for n in self.extra})
+        out["runtime"] = self.runtime
         return out

@@ -378,9 +378,9 @@ class SandboxOps:
         caps = self._info.get("capabilities", {})
         known: dict[str, Any] = {
             k: bool(v) for k, v in caps.items()
-            if k in Capabilities.__dataclass_fields__ and k != "extra"
+            if k in Capabilities.__dataclass_fields__ and k not in ("extra", "runtime")
         }
-        return Capabilities(**known)
+        return Capabilities(**known, runtime=str(caps.get("runtime", "native")))
 
     @property
     def state(self) -> str:
