@@ -48,6 +48,7 @@ from .._errors import (
     SandboxUnavailable,
 )
 from .._globmatch import compile_glob
+from .._paths import sandbox_workdir
 from .._types import Capabilities, FileInfo, FileType, GrepMatch, OutputChunk
 from ._hostproc import EXEC_MARKER, SANDBOX_MARKER
 from .base import BackendProcess, SandboxBackend, grep_data
@@ -177,8 +178,6 @@ def list_managed_containers(*, with_labels: bool = False) -> list[tuple[str, str
     ]
 
 
-def hutch_home() -> str:
-    return os.environ.get("HUTCH_HOME") or os.path.expanduser("~/.local/share/hutch")
 
 
 def _pull(api: Any, image: str) -> None:
@@ -571,7 +570,7 @@ class DockerSandbox(SandboxBackend):
         if config.host_workdir:
             host_workdir, owns = os.path.abspath(config.host_workdir), False
         else:
-            host_workdir = os.path.join(hutch_home(), "sandboxes", sandbox_id, "workspace")
+            host_workdir = sandbox_workdir(sandbox_id)
             owns = True
         os.makedirs(host_workdir, exist_ok=True)
         sandbox = cls(sandbox_id, config, host_workdir, owns, None)

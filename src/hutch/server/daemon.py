@@ -34,6 +34,7 @@ from .._errors import (
     ProviderError,
 )
 from .._guardrail import ReadBeforeWriteGuard, session_guard
+from .._paths import hutch_home
 from .._sandbox import Sandbox, new_sandbox_id
 from ..config import SandboxSpec, resolve_spec
 from ..lifecycle.engine import LifecycleEngine, expiry_error
@@ -67,7 +68,7 @@ def state_tag(workspace: str) -> str:
 
 
 def default_data_dir() -> str:
-    return os.environ.get("HUTCH_HOME") or os.path.expanduser("~/.local/share/hutch")
+    return hutch_home()
 
 
 class Daemon:
