@@ -30,15 +30,17 @@ class DaemonProcess:
         *,
         extra_args: Sequence[str] = (),
         extra_env: Mapping[str, str] | None = None,
+        log_path: str | None = None,
     ) -> None:
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="hutch-daemon-")
         self.token = token
-        self.extra_args = list(extra_args)
         self.extra_env = dict(extra_env or {})
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
-        self.log_path = os.path.join(self.data_dir, "daemon.log")
+        #: More ``hutch.server`` flags (``--retention 2``).
+        self.extra_args = list(extra_args)
+        self.log_path = log_path or os.path.join(self.data_dir, "daemon.log")
 
     def start(self, timeout: float = 30) -> DaemonProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child

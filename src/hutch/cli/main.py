@@ -109,6 +109,9 @@ def serve(
         "from HUTCH_TOKEN; never from the command line, where every user could read it.",
     ),
     data_dir: str | None = typer.Option(None, envvar="HUTCH_HOME", help="Where state is kept."),
+    retention: float | None = typer.Option(
+        None, help="Seconds an ended sandbox stays readable, with its events (default 86400)."
+    ),
 ) -> None:
     """Run the daemon: the HTTP API, the state store, the timers.
 
@@ -120,7 +123,7 @@ def serve(
     where = data_dir or default_data_dir()
     console.print(f"hutch serving on http://{host}:{port} (state in {where})")
     try:
-        run(host, port, data_dir=data_dir, token_file=token_file)
+        run(host, port, data_dir=data_dir, token_file=token_file, retention_seconds=retention)
     except HutchError as exc:
         err_console.print(f"[red]error[/red] ({exc.code}): {exc}")
         raise typer.Exit(exit_code_for(exc)) from None
@@ -154,10 +157,17 @@ def demo() -> None:
 
 @app.command("ls")
 @reports_errors
-def list_sandboxes(as_json: bool = typer.Option(False, "--json")) -> None:
+def list_sandboxes(
+    as_json: bool = typer.Option(False, "--json"),
+    include_ended: bool = typer.Option(
+        False, "--all", "-a",
+        help="Also show sandboxes that ended (terminated or failed) within the daemon's "
+        "retention period, with the reason.",
+    ),
+) -> None:
     """List sandboxes: state, age, idle time, deadline and memory."""
     with client() as c:
-        sandboxes = c.list_sandboxes()
+        sandboxes = c.list_sandboxes(include_ended=include_ended)
     if as_json:
         console.print_json(json.dumps(sandboxes))
         return
@@ -174,6 +184,31 @@ def list_sandboxes(as_json: bool = typer.Option(False, "--json")) -> None:
                        ("running_s", "paused_s", "suspended_s")),
         )
     console.print(table)
+
+
+@app.command()
+@reports_errors
+def events(
+    subject: str | None = typer.Argument(
+        None, help="A sandbox id or workspace name; all subjects when omitted."
+    ),
+    limit: int = typer.Option(100, help="How many of the newest events to show."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """What happened to a sandbox or workspace, and why (reaped, failed, adopted...)."""
+    with client() as c:
+        found = c.events(subject, limit=limit)
+    if as_json:
+        console.print_json(json.dumps(found))
+        return
+    if not found:
+        err_console.print(f"no events{f' for {subject}' if subject else ''}")
+        return
+    for event in found:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(event["at_unix"])))
+        who = "" if subject else f"{event['subject']}  "
+        # Plain print: an event's message is data, not rich markup.
+        print(f"{when}  {who}{event['kind']}: {event['message']}")
 
 
 @app.command()

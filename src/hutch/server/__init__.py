@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import ipaddress
 import logging
+import math
 import os
 import stat
 
@@ -78,6 +79,7 @@ def serve(
     port: int = DEFAULT_PORT,
     token: str | None = None,
     data_dir: str | None = None,
+    retention_seconds: float | None = None,
     *,
     token_file: str | None = None,
 ) -> None:
@@ -102,7 +104,14 @@ def serve(
     # ptrace. A child's exec makes it dumpable again, as usual.
     ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    app = create_app(ServerSettings(data_dir=data_dir, token=token))
+    if retention_seconds is not None and not 0 < retention_seconds < math.inf:
+        raise InvalidArgument(
+            f"retention must be a positive number of seconds, got {retention_seconds!r}"
+        )
+    settings = ServerSettings(data_dir=data_dir, token=token)
+    if retention_seconds is not None:
+        settings.retention_seconds = retention_seconds
+    app = create_app(settings)
     # The asyncio loop, not uvloop: uvloop notices a child's exit ~4 ms late,
     # which would be most of an exec's cost.
     uvicorn.run(

@@ -24,9 +24,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--token-file", default=None,
                         help="file holding the bearer token (no other user may read it)")
     parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--retention", type=float, default=None,
+                        help="seconds an ended sandbox stays readable (default 86400)")
     args = parser.parse_args(argv)
     try:
-        serve(args.host, args.port, data_dir=args.data_dir, token_file=args.token_file)
+        serve(args.host, args.port, data_dir=args.data_dir, retention_seconds=args.retention,
+              token_file=args.token_file)
     except HutchError as exc:
         print(f"hutch serve: {exc}", file=sys.stderr)
         return 2
