@@ -41,7 +41,7 @@ from ._types import (
     GrepMatch,
 )
 from .lifecycle.state import SandboxState
-from .providers.base import BackendProcess, SandboxBackend, join_path
+from .providers.base import BackendProcess, SandboxBackend, SandboxRuntime, join_path
 
 if TYPE_CHECKING:
     from .lifecycle.engine import LifecycleRecord, SandboxStatus
@@ -83,7 +83,12 @@ class Sandbox:
 
     @property
     def capabilities(self) -> Capabilities:
-        return self._backend.capabilities
+        return self._backend.sandbox_capabilities()
+
+    @property
+    def _runtime(self) -> SandboxRuntime:
+        """What executes and moves files here now (see providers.base)."""
+        return self._backend.runtime
 
     @property
     def workdir(self) -> str:
@@ -142,7 +147,7 @@ class Sandbox:
         if isinstance(cmd, str):
             if not cmd.strip():
                 raise InvalidArgument("command is empty")
-            return self._backend.shell_argv(cmd)
+            return self._runtime.shell_argv(cmd)
         argv = list(cmd)
         if not argv or not all(isinstance(a, str) for a in argv):
             raise InvalidArgument("command must be a non-empty string or list of strings")
@@ -161,7 +166,7 @@ class Sandbox:
             self.require("users")
         if isinstance(stdin, str):
             stdin = stdin.encode()
-        return await self._backend.start_process(
+        return await self._runtime.start_process(
             self._argv(cmd),
             cwd=self.path(cwd) if cwd is not None else self.workdir,
             env=dict(env or {}),
@@ -272,7 +277,7 @@ class Sandbox:
     async def read_bytes(self, path: str, *, limit: int = DEFAULT_READ_LIMIT) -> bytes:
         full = self.path(path)
         async with self._operation("read"):
-            data = await self._backend.read_file(full, limit)
+            data = await self._runtime.read_file(full, limit)
         self._session_guard.mark_read(full)
         return data
 
@@ -288,14 +293,14 @@ class Sandbox:
         async with self._operation("write"):
             if self._session_guard.needs_check(full):
                 try:
-                    info = await self._backend.stat(full)
+                    info = await self._runtime.stat(full)
                 except FileNotFoundError:
                     pass
                 else:
                     if info.type == FileType.DIRECTORY:
                         raise SandboxIsADirectory(f"{full} is a directory")
                     raise self._session_guard.refuse(full, "overwrite")
-            await self._backend.write_file(full, bytes(data))
+            await self._runtime.write_file(full, bytes(data))
         # What this session wrote, it knows: it may overwrite it again.
         self._session_guard.mark_read(full)
 
@@ -304,24 +309,24 @@ class Sandbox:
 
     async def stat(self, path: str) -> FileInfo:
         async with self._operation("stat"):
-            return await self._backend.stat(self.path(path))
+            return await self._runtime.stat(self.path(path))
 
     async def exists(self, path: str) -> bool:
         async with self._operation("stat"):
-            return await self._backend.exists(self.path(path))
+            return await self._runtime.exists(self.path(path))
 
     async def list_dir(self, path: str = ".") -> list[FileInfo]:
         async with self._operation("list"):
-            return await self._backend.list_dir(self.path(path))
+            return await self._runtime.list_dir(self.path(path))
 
     async def remove(self, path: str, *, recursive: bool = False) -> None:
         full = self.path(path)
         async with self._operation("remove"):
             if self._session_guard.needs_check(full):
-                info = await self._backend.stat(full)  # FileNotFoundError if missing
+                info = await self._runtime.stat(full)  # FileNotFoundError if missing
                 if info.type != FileType.DIRECTORY:
                     raise self._session_guard.refuse(full, "delete")
-            await self._backend.remove(full, recursive)
+            await self._runtime.remove(full, recursive)
         self._session_guard.forget(full)
 
     async def grep(
@@ -339,7 +344,7 @@ class Sandbox:
         except re.error as exc:
             raise InvalidArgument(f"bad regular expression {pattern!r}: {exc}") from None
         async with self._operation("grep"):
-            matches = await self._backend.grep(regex, self.path(path), glob, limit)
+            matches = await self._runtime.grep(regex, self.path(path), glob, limit)
         for match in matches:
             self._session_guard.mark_read(match.path)
         return matches
@@ -347,7 +352,7 @@ class Sandbox:
     async def glob(self, pattern: str, path: str = ".") -> list[str]:
         """Files below ``path`` whose relative path matches ``pattern`` (``**`` ok)."""
         async with self._operation("glob"):
-            return await self._backend.glob(pattern, self.path(path))
+            return await self._runtime.glob(pattern, self.path(path))
 
     async def preview_url(self, port: int) -> str:
         if not 0 < port < 65536:
