@@ -404,8 +404,9 @@ def test_sync_and_async_have_the_same_methods(sync_cls: type, async_cls: type) -
 def test_remote_sandbox_offers_what_a_sandbox_offers() -> None:
     local = {n for n in dir(hutch.Sandbox) if not n.startswith("_")}
     remote = {n for n in dir(AsyncRemoteSandbox) if not n.startswith("_")}
-    missing = local - remote - {"backend", "guard", "closed", "open_operations", "require",
-                                "path", "process", "processes", "preview_url", "status", "meter"}
+    missing = local - remote - {"backend", "runtime", "guard", "closed", "open_operations",
+                                "require", "path", "process", "processes", "preview_url",
+                                "status", "meter"}
     assert not missing, missing
 
 

@@ -15,6 +15,7 @@ import hutch
 from hutch._errors import ERRORS_BY_CODE, error_from_code
 from hutch.config import load_config_file, resolve_spec
 from hutch.providers import available_providers, get_provider, register_provider
+from hutch.providers.base import SandboxRuntime
 from hutch.providers.local import LocalSandbox, filter_env
 from hutch.providers.virtual import VirtualSandbox
 
@@ -142,11 +143,11 @@ def test_filter_env_drops_secrets_and_keeps_the_safelist() -> None:
     env = {
         "OPENAI_API_KEY": "x", "AWS_SECRET": "x", "GITHUB_TOKEN": "x", "DB_PASSWORD": "x",
         "GCP_CREDENTIAL": "x", "lower_api_key": "x", "PATH": "/bin", "HOME": "/root",
-        "EDITOR": "vi", "TOKENIZER": "keep", "MY_TOKEN_FILE": "keep",
+        "EDITOR": "vi", "PATTERN": "keep", "REPO_URL": "https://github.com/x/y",
     }
     assert filter_env(env) == {
-        "PATH": "/bin", "HOME": "/root", "EDITOR": "vi", "TOKENIZER": "keep",
-        "MY_TOKEN_FILE": "keep",
+        "PATH": "/bin", "HOME": "/root", "EDITOR": "vi", "PATTERN": "keep",
+        "REPO_URL": "https://github.com/x/y",
     }
 
 
@@ -216,6 +217,40 @@ async def test_missing_capability_names_provider_and_capability() -> None:
                 await local.pause()
             with pytest.raises(hutch.CapabilityUnsupported, match="suspend"):
                 await local.suspend()
+
+
+class _HandedOverRuntime(VirtualSandbox):
+    """A second in-memory file system standing in for another runtime."""
+
+    runtime_name = "handed-over"
+
+
+class _HandingOverSandbox(VirtualSandbox):
+    """A backend whose runtime is another object, as docker's is with the agent."""
+
+    def __init__(self, sandbox_id: str, workdir: str) -> None:
+        super().__init__(sandbox_id, workdir)
+        self.other = _HandedOverRuntime(sandbox_id, workdir)
+
+    @property
+    def runtime(self) -> SandboxRuntime:
+        return self.other
+
+
+@pytest.mark.anyio
+async def test_operations_go_through_the_runtime_the_backend_names() -> None:
+    backend = _HandingOverSandbox("sb-seam", "/workspace")
+    async with hutch.Sandbox(backend, read_before_write=False) as sb:
+        await sb.write_text("a.txt", "through the runtime")
+        assert "/workspace/a.txt" in backend.other.files
+        assert "/workspace/a.txt" not in backend.files  # the backend's own files untouched
+        assert await sb.read_text("a.txt") == "through the runtime"
+        assert [m.line for m in await sb.grep("runtime")] == ["through the runtime"]
+        assert await sb.glob("*.txt") == ["/workspace/a.txt"]
+        assert sb.capabilities.runtime == "handed-over"
+        assert sb.capabilities.as_dict()["runtime"] == "handed-over"
+    async with await hutch.create_sandbox("virtual") as plain:
+        assert plain.capabilities.runtime == "native"
 
 
 @pytest.mark.anyio

@@ -40,7 +40,7 @@ from ._types import (
     FileType,
     GrepMatch,
 )
-from .providers.base import BackendProcess, SandboxBackend, join_path
+from .providers.base import BackendProcess, SandboxBackend, SandboxRuntime, join_path
 
 if TYPE_CHECKING:
     from .lifecycle.engine import LifecycleRecord, SandboxStatus
@@ -83,7 +83,12 @@ class Sandbox:
 
     @property
     def capabilities(self) -> Capabilities:
-        return self.backend.capabilities
+        return self.backend.sandbox_capabilities()
+
+    @property
+    def runtime(self) -> SandboxRuntime:
+        """What executes and moves files here now (see providers.base)."""
+        return self.backend.runtime
 
     @property
     def workdir(self) -> str:
@@ -142,7 +147,7 @@ class Sandbox:
         if isinstance(cmd, str):
             if not cmd.strip():
                 raise InvalidArgument("command is empty")
-            return self.backend.shell_argv(cmd)
+            return self.runtime.shell_argv(cmd)
         argv = list(cmd)
         if not argv or not all(isinstance(a, str) for a in argv):
             raise InvalidArgument("command must be a non-empty string or list of strings")
@@ -161,7 +166,7 @@ class Sandbox:
             self.require("users")
         if isinstance(stdin, str):
             stdin = stdin.encode()
-        return await self.backend.start_process(
+        return await self.runtime.start_process(
             self._argv(cmd),
             cwd=self.path(cwd) if cwd is not None else self.workdir,
             env=dict(env or {}),
@@ -272,7 +277,7 @@ class Sandbox:
     async def read_bytes(self, path: str, *, limit: int = DEFAULT_READ_LIMIT) -> bytes:
         full = self.path(path)
         async with self._operation("read"):
-            data = await self.backend.read_file(full, limit)
+            data = await self.runtime.read_file(full, limit)
         self.guard.mark_read(full)
         return data
 
@@ -288,14 +293,14 @@ class Sandbox:
         async with self._operation("write"):
             if self.guard.needs_check(full):
                 try:
-                    info = await self.backend.stat(full)
+                    info = await self.runtime.stat(full)
                 except FileNotFoundError:
                     pass
                 else:
                     if info.type == FileType.DIRECTORY:
                         raise SandboxIsADirectory(f"{full} is a directory")
                     raise self.guard.refuse(full, "overwrite")
-            await self.backend.write_file(full, bytes(data))
+            await self.runtime.write_file(full, bytes(data))
         # What this session wrote, it knows: it may overwrite it again.
         self.guard.mark_read(full)
 
@@ -304,24 +309,24 @@ class Sandbox:
 
     async def stat(self, path: str) -> FileInfo:
         async with self._operation("stat"):
-            return await self.backend.stat(self.path(path))
+            return await self.runtime.stat(self.path(path))
 
     async def exists(self, path: str) -> bool:
         async with self._operation("stat"):
-            return await self.backend.exists(self.path(path))
+            return await self.runtime.exists(self.path(path))
 
     async def list_dir(self, path: str = ".") -> list[FileInfo]:
         async with self._operation("list"):
-            return await self.backend.list_dir(self.path(path))
+            return await self.runtime.list_dir(self.path(path))
 
     async def remove(self, path: str, *, recursive: bool = False) -> None:
         full = self.path(path)
         async with self._operation("remove"):
             if self.guard.needs_check(full):
-                info = await self.backend.stat(full)  # FileNotFoundError if missing
+                info = await self.runtime.stat(full)  # FileNotFoundError if missing
                 if info.type != FileType.DIRECTORY:
                     raise self.guard.refuse(full, "delete")
-            await self.backend.remove(full, recursive)
+            await self.runtime.remove(full, recursive)
         self.guard.forget(full)
 
     async def grep(
@@ -339,7 +344,7 @@ class Sandbox:
         except re.error as exc:
             raise InvalidArgument(f"bad regular expression {pattern!r}: {exc}") from None
         async with self._operation("grep"):
-            matches = await self.backend.grep(regex, self.path(path), glob, limit)
+            matches = await self.runtime.grep(regex, self.path(path), glob, limit)
         for match in matches:
             self.guard.mark_read(match.path)
         return matches
@@ -347,7 +352,7 @@ class Sandbox:
     async def glob(self, pattern: str, path: str = ".") -> list[str]:
         """Files below ``path`` whose relative path matches ``pattern`` (``**`` ok)."""
         async with self._operation("glob"):
-            return await self.backend.glob(pattern, self.path(path))
+            return await self.runtime.glob(pattern, self.path(path))
 
     async def preview_url(self, port: int) -> str:
         if not 0 < port < 65536:

@@ -13,6 +13,14 @@ Command = str | Sequence[str]
 
 DEFAULT_OUTPUT_LIMIT = 16 * 1024 * 1024
 DEFAULT_READ_LIMIT = 256 * 1024 * 1024
+# Ceilings on what a caller may ask for: every number hutch takes is finite and
+# bounded, so that no request can make the daemon hold more than this.
+#: The largest output cap one command may ask for, bytes.
+MAX_OUTPUT_LIMIT = 256 * 1024 * 1024
+#: The largest file read (and request body) hutch moves at once, bytes.
+MAX_READ_LIMIT = DEFAULT_READ_LIMIT
+#: The longest duration any setting takes (timeouts, lifetimes), seconds: a year.
+MAX_DURATION = 365 * 24 * 3600.0
 #: What a timed-out or killed command gets between SIGTERM and SIGKILL.
 KILL_GRACE_SECONDS = 1.0
 
@@ -87,6 +95,9 @@ class Capabilities:
     ``resource_limits``: memory, CPU and pids limits are enforced.
     ``users``: ``exec(user=...)`` can switch user.
     ``preview_url``: ports inside are reachable at a URL.
+    ``runtime``: what executes and moves files in this sandbox: ``native``
+    (the provider's own transport: docker exec, a subprocess, ssh) or
+    ``agent`` (hutch's agent inside the sandbox, on a kept connection).
     """
 
     processes: bool = True
@@ -99,6 +110,7 @@ class Capabilities:
     resource_limits: bool = False
     users: bool = False
     preview_url: bool = False
+    runtime: str = "native"
     extra: frozenset[str] = field(default_factory=frozenset)
 
     def supports(self, capability: str) -> bool:
@@ -107,11 +119,12 @@ class Capabilities:
             return value
         return capability in self.extra
 
-    def as_dict(self) -> dict[str, bool]:
+    def as_dict(self) -> dict[str, bool | str]:
         names = [
             "processes", "pause", "suspend", "suspend_keeps_processes", "snapshot",
             "fork", "network_isolation", "resource_limits", "users", "preview_url",
         ]
-        out = {n: bool(getattr(self, n)) for n in names}
+        out: dict[str, bool | str] = {n: bool(getattr(self, n)) for n in names}
         out.update({n: True for n in self.extra})
+        out["runtime"] = self.runtime
         return out

@@ -25,6 +25,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from ._errors import InvalidArgument
+from ._types import MAX_DURATION, MAX_OUTPUT_LIMIT
 from .providers.docker import DockerConfig
 from .providers.local import LocalConfig
 from .providers.ssh.config import SshConfig
@@ -52,20 +53,22 @@ class SandboxOptions(BaseModel):
     No time limit is implicit: unset means none.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    # Finite and bounded: a deadline no clock can reach would be stored, and
+    # then break every listing that has to render it.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     #: Suspend after this many seconds idle (work-aware); unset: never.
-    idle_suspend_after: float | None = Field(default=None, gt=0)
+    idle_suspend_after: float | None = Field(default=None, gt=0, le=MAX_DURATION)
     #: Resume a suspended sandbox on its next operation (else sandbox_unavailable).
     auto_resume: bool = True
     #: Terminate after this many seconds idle (work-aware).
-    idle_timeout: float | None = Field(default=None, gt=0)
+    idle_timeout: float | None = Field(default=None, gt=0, le=MAX_DURATION)
     #: Terminate this many seconds after start, whatever the activity.
-    max_lifetime: float | None = Field(default=None, gt=0)
+    max_lifetime: float | None = Field(default=None, gt=0, le=MAX_DURATION)
     #: Refuse to overwrite or delete a file this session has not read.
     read_before_write: bool = True
     #: Cap on one command's output, bytes.
-    output_limit: int = Field(default=16 * 1024 * 1024, gt=0)
+    output_limit: int = Field(default=16 * 1024 * 1024, gt=0, le=MAX_OUTPUT_LIMIT)
 
 
 OPTION_KEYS = frozenset(SandboxOptions.model_fields)

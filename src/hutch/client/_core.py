@@ -159,8 +159,11 @@ class ClientOps:
         return SandboxRef((yield Call("GET", f"/v1/sandboxes/{sandbox_id}")))
 
     @op
-    def list_sandboxes(self) -> Op:
-        return (yield Call("GET", "/v1/sandboxes"))["sandboxes"]
+    def list_sandboxes(self, *, include_ended: bool = False) -> Op:
+        """Live sandboxes; with ``include_ended`` also those that ended within
+        the daemon's retention period (state and reason say how)."""
+        params = {"all": "true"} if include_ended else None
+        return (yield Call("GET", "/v1/sandboxes", params=params))["sandboxes"]
 
     @op
     def delete_sandbox(self, sandbox_id: str) -> Op:
@@ -375,9 +378,9 @@ class SandboxOps:
         caps = self._info.get("capabilities", {})
         known: dict[str, Any] = {
             k: bool(v) for k, v in caps.items()
-            if k in Capabilities.__dataclass_fields__ and k != "extra"
+            if k in Capabilities.__dataclass_fields__ and k not in ("extra", "runtime")
         }
-        return Capabilities(**known)
+        return Capabilities(**known, runtime=str(caps.get("runtime", "native")))
 
     @property
     def state(self) -> str:

@@ -517,7 +517,7 @@ class LifecycleEngine:
             return True
         if sandbox.capabilities.processes:
             try:
-                return await sandbox.backend.count_busy_processes() > 0
+                return await sandbox.runtime.count_busy_processes() > 0
             except Exception:  # an unreachable backend is not proof of idleness
                 log.exception("sandbox %s: could not count its processes", sandbox.id)
                 return True

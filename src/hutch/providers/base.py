@@ -1,12 +1,24 @@
-"""The provider seam: what every backend implements.
+"""The provider seam: what every backend implements, in two halves.
 
-A provider is a :class:`SandboxBackend` subclass. Its ``create`` classmethod
-provisions one sandbox from a config model; the instance it returns is the
-runtime that executes commands and moves files. Everything above this seam
-(exec timeouts and output caps, background processes, the read-before-write
-guardrail, the lifecycle engine, the daemon) is written once against it, so a
-backend may change its transport (docker's exec API, an agent inside the
-sandbox, ssh) without touching anything above.
+**Provisioning and lifecycle** (:class:`SandboxBackend`): ``create`` provisions
+one sandbox from a config model; ``describe``/``reconnect`` find it again
+after a restart; ``pause``/``suspend``/``resume``/``close`` and the rest are
+each behind a capability.
+
+**Runtime** (:class:`SandboxRuntime`): what executes and moves files in that
+sandbox: processes (``start_process``, ``shell_argv``), the busy count, files
+(read, write, stat, list, remove, walk), ``grep`` and ``glob``.
+
+Every backend *is* its own native runtime (docker exec and the archive API,
+a subprocess, ssh), so a provider implements both halves in one class as
+before. A backend that can hand its runtime over to another (hutch's agent
+inside the sandbox, :mod:`hutch.providers.agent`) overrides
+:attr:`SandboxBackend.runtime`; everything above this seam (exec timeouts and
+output caps, background processes, the read-before-write guardrail, the
+lifecycle engine, the daemon) calls ``backend.runtime``, never the runtime
+methods on the backend directly, so the transport changes without touching
+anything above. :meth:`SandboxBackend.sandbox_capabilities` says which
+runtime a sandbox has (``Capabilities.runtime``: ``native`` or ``agent``).
 
 Backends raise hutch's typed errors (``hutch._errors``); a backend failure
 that is not one of them is wrapped as ``ProviderError`` by the caller.
@@ -15,6 +27,7 @@ that is not one of them is wrapped as ``ProviderError`` by the caller.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import posixpath
 import re
 from collections.abc import Mapping, Sequence
@@ -50,39 +63,18 @@ class BackendProcess(abc.ABC):
         return None
 
 
-class SandboxBackend(abc.ABC):
-    """One sandbox, as a provider runs it."""
+class SandboxRuntime(abc.ABC):
+    """What executes commands and moves files in one sandbox."""
 
-    #: The registry name (``local``, ``docker``...).
+    #: The provider name errors are reported under (``local``, ``docker``...).
     provider: ClassVar[str]
-    #: What this provider can do; see :class:`hutch.Capabilities`.
-    capabilities: ClassVar[Capabilities]
-    #: The pydantic model ``create`` takes (``type: Literal[provider]``).
-    config_model: ClassVar[type[BaseModel]]
+    #: Which runtime this is, as ``Capabilities.runtime`` reports it.
+    runtime_name: ClassVar[str] = "native"
 
     def __init__(self, sandbox_id: str, workdir: str) -> None:
         self.sandbox_id = sandbox_id
         #: Absolute path, inside the sandbox, that relative paths resolve from.
         self.workdir = workdir
-
-    # -- provisioning ------------------------------------------------------
-    @classmethod
-    @abc.abstractmethod
-    async def create(cls, config: Any, sandbox_id: str) -> SandboxBackend:
-        """Provision a new sandbox from ``config`` (an instance of config_model)."""
-
-    def describe(self) -> dict[str, Any]:
-        """What the store keeps to find this sandbox again after a restart."""
-        return {"provider": self.provider, "workdir": self.workdir}
-
-    @classmethod
-    async def reconnect(cls, sandbox_id: str, description: Mapping[str, Any]) -> SandboxBackend:
-        """Rebuild a sandbox made by an earlier process from its ``describe()``."""
-        raise CapabilityUnsupported.for_provider(cls.provider, "reconnect")
-
-    async def memory_bytes(self) -> int | None:
-        """Memory the sandbox holds now, where the provider can tell."""
-        return None
 
     # -- processes ---------------------------------------------------------
     def shell_argv(self, command: str) -> list[str]:
@@ -157,6 +149,49 @@ class SandboxBackend(abc.ABC):
                 continue
             matches.extend(grep_data(path, data, pattern))
         return matches
+
+
+
+class SandboxBackend(SandboxRuntime):
+    """One sandbox, as a provider provisions and runs it.
+
+    The runtime methods it inherits are its native runtime; callers reach
+    whichever runtime is in use through :attr:`runtime`.
+    """
+
+    #: What this provider can do; see :class:`hutch.Capabilities`.
+    capabilities: ClassVar[Capabilities]
+    #: The pydantic model ``create`` takes (``type: Literal[provider]``).
+    config_model: ClassVar[type[BaseModel]]
+
+    @property
+    def runtime(self) -> SandboxRuntime:
+        """The runtime serving this sandbox now: the backend itself (native)
+        unless the provider hands its runtime to another, such as the agent."""
+        return self
+
+    def sandbox_capabilities(self) -> Capabilities:
+        """This sandbox's capabilities: the provider's, naming its runtime."""
+        return dataclasses.replace(self.capabilities, runtime=self.runtime.runtime_name)
+
+    # -- provisioning ------------------------------------------------------
+    @classmethod
+    @abc.abstractmethod
+    async def create(cls, config: Any, sandbox_id: str) -> SandboxBackend:
+        """Provision a new sandbox from ``config`` (an instance of config_model)."""
+
+    def describe(self) -> dict[str, Any]:
+        """What the store keeps to find this sandbox again after a restart."""
+        return {"provider": self.provider, "workdir": self.workdir}
+
+    @classmethod
+    async def reconnect(cls, sandbox_id: str, description: Mapping[str, Any]) -> SandboxBackend:
+        """Rebuild a sandbox made by an earlier process from its ``describe()``."""
+        raise CapabilityUnsupported.for_provider(cls.provider, "reconnect")
+
+    async def memory_bytes(self) -> int | None:
+        """Memory the sandbox holds now, where the provider can tell."""
+        return None
 
     async def preview_url(self, port: int) -> str:
         raise CapabilityUnsupported.for_provider(self.provider, "preview_url")

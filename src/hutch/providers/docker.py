@@ -48,6 +48,7 @@ from .._errors import (
     SandboxUnavailable,
 )
 from .._globmatch import compile_glob
+from .._paths import sandbox_workdir
 from .._types import Capabilities, FileInfo, FileType, GrepMatch, OutputChunk
 from ._hostproc import EXEC_MARKER, SANDBOX_MARKER
 from .base import BackendProcess, SandboxBackend, grep_data
@@ -69,10 +70,13 @@ _MAX_LINK_HOPS = 40
 #: Go's os.ModeDir and os.ModeSymlink bits, as the archive stat header uses them.
 _GO_MODE_DIR = 1 << 31
 _GO_MODE_SYMLINK = 1 << 27
+#: Ceilings of the settings, as the kernel takes them (pid_max's own ceiling).
+MAX_CPUS = 4096.0
+MAX_PIDS = 4 * 1024 * 1024
 
 
 class DockerConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     type: Literal["docker"] = "docker"
     image: str = "hutch-test:bookworm"
@@ -87,8 +91,8 @@ class DockerConfig(BaseModel):
     #: Memory limit, as Docker takes it (``512m``, ``2g``).
     memory: str | None = None
     #: CPU quota in CPUs (``1.5``).
-    cpus: float | None = Field(default=None, gt=0)
-    pids_limit: int = Field(default=1024, gt=0)
+    cpus: float | None = Field(default=None, gt=0, le=MAX_CPUS)
+    pids_limit: int = Field(default=1024, gt=0, le=MAX_PIDS)
     pull_if_missing: bool = True
     env: dict[str, str] = {}
     labels: dict[str, str] = {}
@@ -174,8 +178,6 @@ def list_managed_containers(*, with_labels: bool = False) -> list[tuple[str, str
     ]
 
 
-def hutch_home() -> str:
-    return os.environ.get("HUTCH_HOME") or os.path.expanduser("~/.local/share/hutch")
 
 
 def _pull(api: Any, image: str) -> None:
@@ -568,7 +570,7 @@ class DockerSandbox(SandboxBackend):
         if config.host_workdir:
             host_workdir, owns = os.path.abspath(config.host_workdir), False
         else:
-            host_workdir = os.path.join(hutch_home(), "sandboxes", sandbox_id, "workspace")
+            host_workdir = sandbox_workdir(sandbox_id)
             owns = True
         os.makedirs(host_workdir, exist_ok=True)
         sandbox = cls(sandbox_id, config, host_workdir, owns, None)

@@ -38,8 +38,16 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .._errors import ExecTimeout, HutchError, InvalidArgument
 from .._process import ExitStatus, Process
 from .._sandbox import Sandbox
-from .._types import DEFAULT_READ_LIMIT, ExecResult, FileInfo, OutputChunk
-from .daemon import Daemon
+from .._types import (
+    DEFAULT_READ_LIMIT,
+    MAX_DURATION,
+    MAX_OUTPUT_LIMIT,
+    MAX_READ_LIMIT,
+    ExecResult,
+    FileInfo,
+    OutputChunk,
+)
+from .daemon import DEFAULT_RETENTION_SECONDS, Daemon
 
 log = logging.getLogger("hutch.server")
 
@@ -56,22 +64,28 @@ class ServerSettings(BaseModel):
     token: str | None = None
     sandbox_defaults: dict[str, Any] = {}
     timeout_ceiling: float = 86400.0
+    #: Seconds an ended sandbox stays readable (with its events) before it is pruned.
+    retention_seconds: float = DEFAULT_RETENTION_SECONDS
 
 
 # -- request bodies ------------------------------------------------------------------
 
 
+#: The most events one listing returns.
+MAX_EVENTS = 10_000
+
+
 class ExecBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     cmd: str | list[str]
-    timeout: float | None = Field(default=None, gt=0)
+    timeout: float | None = Field(default=None, gt=0, le=MAX_DURATION)
     cwd: str | None = None
     env: dict[str, str] | None = None
     stdin: str | None = None
     stdin_b64: str | None = None
     user: str | None = None
-    output_limit: int | None = Field(default=None, gt=0)
+    output_limit: int | None = Field(default=None, gt=0, le=MAX_OUTPUT_LIMIT)
 
     def stdin_bytes(self) -> bytes | None:
         if self.stdin_b64 is not None:
@@ -87,7 +101,9 @@ class SandboxRef(BaseModel):
 
 
 class SetTimeoutBody(BaseModel):
-    timeout_seconds: float
+    # Over the wire a timeout is a positive number (NaN, 0 and below are
+    # refused); one above the ceiling is the engine's timeout_too_large.
+    timeout_seconds: float = Field(gt=0)
 
 
 class SetTimeoutRef(SetTimeoutBody):
@@ -95,7 +111,9 @@ class SetTimeoutRef(SetTimeoutBody):
 
 
 class WaitBody(BaseModel):
-    timeout: float | None = Field(default=None, gt=0)
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    timeout: float | None = Field(default=None, gt=0, le=MAX_DURATION)
 
 
 class GrepBody(BaseModel):
@@ -355,7 +373,7 @@ class HotRoutes:
         return dict(parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True))
 
     async def _status(self, daemon: Daemon, scope: Scope, receive: Receive, send: Send) -> None:
-        info = await daemon.info(daemon.get(self._sandbox_id(scope)))
+        info = await daemon.describe(self._sandbox_id(scope))
         await _respond(send, 200, render_json(info), b"application/json")
 
     async def _exec(self, daemon: Daemon, scope: Scope, receive: Receive, send: Send) -> None:
@@ -378,7 +396,7 @@ class HotRoutes:
         if path is None or (limit_text is not None and not limit_text.isdigit()):
             raise _FallThrough()
         limit = int(limit_text) if limit_text is not None else DEFAULT_READ_LIMIT
-        if limit <= 0:
+        if not 0 < limit <= MAX_READ_LIMIT:
             raise _FallThrough()
         sandbox = daemon.session(self._sandbox_id(scope), self._session(scope))
         data = await sandbox.read_bytes(path, limit=limit)
@@ -431,6 +449,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         daemon = Daemon(
             settings.data_dir, sandbox_defaults=settings.sandbox_defaults,
             timeout_ceiling=settings.timeout_ceiling,
+            retention_seconds=settings.retention_seconds,
         )
         try:
             await daemon.start()
@@ -491,7 +510,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     @v1.get("/sandboxes/{sandbox_id}/files")
     async def read_file(
         request: Request, sandbox_id: str, path: str = Query(),
-        limit: int = Query(default=DEFAULT_READ_LIMIT, gt=0),
+        limit: int = Query(default=DEFAULT_READ_LIMIT, gt=0, le=MAX_READ_LIMIT),
     ) -> Response:
         sandbox = sandbox_for(request, sandbox_id)
         data = await sandbox.read_bytes(path, limit=limit)
@@ -536,13 +555,16 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     # -- sandboxes --
     @v1.get("/sandboxes/{sandbox_id}")
     async def get_sandbox(sandbox_id: str) -> JSONResponse:
-        d = daemon()
-        return JSONResponse(await d.info(d.get(sandbox_id)))
+        return JSONResponse(await daemon().describe(sandbox_id))
 
     @v1.get("/sandboxes")
-    async def list_sandboxes() -> JSONResponse:
-        d = daemon()
-        return JSONResponse({"sandboxes": [await d.info(s) for s in list(d.sandboxes.values())]})
+    async def list_sandboxes(
+        all: bool = Query(default=False, description=(
+            "Also list sandboxes that ended (terminated or failed) within the retention "
+            "period, with their state and reason."
+        )),
+    ) -> JSONResponse:
+        return JSONResponse({"sandboxes": await daemon().list_infos(include_ended=all)})
 
     @v1.post("/sandboxes", status_code=201)
     async def create_sandbox(body: dict[str, Any]) -> JSONResponse:
@@ -683,7 +705,9 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         return JSONResponse(d.workspace_json(await d.resume_workspace(name)))
 
     @v1.get("/events")
-    async def events(subject: str | None = None, limit: int = 100) -> JSONResponse:
+    async def events(
+        subject: str | None = None, limit: int = Query(default=100, gt=0, le=MAX_EVENTS)
+    ) -> JSONResponse:
         return JSONResponse({"events": daemon().store.events(subject, limit)})
 
     app.include_router(v1)

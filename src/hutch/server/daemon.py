@@ -14,6 +14,7 @@ import contextlib
 import functools
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -33,6 +34,7 @@ from .._errors import (
     ProviderError,
 )
 from .._guardrail import ReadBeforeWriteGuard, session_guard
+from .._paths import hutch_home
 from .._sandbox import Sandbox, new_sandbox_id
 from ..config import SandboxSpec, resolve_spec
 from ..lifecycle.engine import LifecycleEngine, expiry_error
@@ -56,6 +58,8 @@ CLEANUP_TIMEOUT = 30.0
 #: What a workspace's state image keeps of the config of the image it came from.
 IMAGE_CONFIG_KEYS = ("Env", "WorkingDir", "User", "Entrypoint", "Cmd")
 FINAL_STATES = (SandboxState.TERMINATED, SandboxState.FAILED)
+#: How long an ended (terminated or failed) sandbox stays readable, with its events.
+DEFAULT_RETENTION_SECONDS = 86400.0
 
 
 def state_tag(workspace: str) -> str:
@@ -64,7 +68,27 @@ def state_tag(workspace: str) -> str:
 
 
 def default_data_dir() -> str:
-    return os.environ.get("HUTCH_HOME") or os.path.expanduser("~/.local/share/hutch")
+    return hutch_home()
+
+
+def make_private_dir(path: str) -> None:
+    """Create ``path`` (if need be) as its owner's alone: 0700, whatever it was.
+
+    Sandboxes write into working directories below it (a setuid copy of a
+    shell, links to host files); no other host user may reach them.
+    """
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    os.chmod(path, 0o700)
+
+
+def make_private_file(path: str) -> str:
+    """Create ``path`` 0600 if it is missing, else make it 0600; return it.
+
+    SQLite creates its -wal and -shm files with the database's mode.
+    """
+    os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600))
+    os.chmod(path, 0o600)
+    return path
 
 
 class Daemon:
@@ -74,14 +98,23 @@ class Daemon:
         *,
         sandbox_defaults: Mapping[str, Any] | None = None,
         timeout_ceiling: float = 86400.0,
+        retention_seconds: float = DEFAULT_RETENTION_SECONDS,
         store: Store | None = None,
     ) -> None:
         self.data_dir = os.path.abspath(data_dir or default_data_dir())
-        os.makedirs(self.data_dir, exist_ok=True)
+        make_private_dir(self.data_dir)
         # Providers that keep files on the host keep them under the data dir.
         os.environ["HUTCH_HOME"] = self.data_dir
-        self.store = store or SQLiteStore(os.path.join(self.data_dir, "hutch.db"))
+        if store is None:
+            store = SQLiteStore(make_private_file(os.path.join(self.data_dir, "hutch.db")))
+        self.store = store
         self.sandbox_defaults = dict(sandbox_defaults or {})
+        if not 0 < retention_seconds < math.inf:
+            raise InvalidArgument(
+                f"retention must be a positive number of seconds, got {retention_seconds!r}"
+            )
+        self.retention_seconds = retention_seconds
+        self._pruner: asyncio.Task[None] | None = None
         self.engine = LifecycleEngine(
             timeout_ceiling=timeout_ceiling, on_transition=self._persist_transition
         )
@@ -239,12 +272,84 @@ class Daemon:
             "meter": status.meter,
             "memory_bytes": memory,
             "workspace": self.workspace_of.get(sandbox.id),
+            "ended_at_unix": None,
         }
 
+    @staticmethod
+    def ended_info(row: SandboxRow) -> dict[str, Any]:
+        """What :meth:`info` answers, for a sandbox that ended and is known
+        only from the store (for the retention period)."""
+        try:
+            capabilities = get_provider(row.provider).capabilities.as_dict()
+        except (HutchError, KeyError):
+            capabilities = {}
+        return {
+            "id": row.id,
+            "provider": row.provider,
+            "state": row.state,
+            "reason": row.reason,
+            "workdir": row.description.get("workdir"),
+            "capabilities": capabilities,
+            "created_at_unix": row.created_at_unix,
+            "last_active_unix": row.last_active_unix,
+            "idle_seconds": None,
+            "deadline_unix": None,
+            "meter": dict(row.meter),
+            "memory_bytes": None,
+            "workspace": row.workspace,
+            "ended_at_unix": row.updated_at_unix,
+        }
+
+    async def describe(self, sandbox_id: str) -> dict[str, Any]:
+        """A sandbox's state and reason: a live one's, or an ended one's from the store."""
+        sandbox = self.sandboxes.get(sandbox_id)
+        if sandbox is not None:
+            return await self.info(sandbox)
+        row = self.store.get_sandbox(sandbox_id)
+        if row is None or row.state not in FINAL_STATES:
+            raise NotFound(f"no sandbox {sandbox_id}")
+        return self.ended_info(row)
+
+    async def list_infos(self, *, include_ended: bool = False) -> list[dict[str, Any]]:
+        """Live sandboxes; with ``include_ended`` also those that ended within
+        the retention period, oldest first."""
+        live = [await self.info(s) for s in list(self.sandboxes.values())]
+        if not include_ended:
+            return live
+        ended = [
+            self.ended_info(row) for row in self.store.list_sandboxes(include_final=True)
+            if row.state in FINAL_STATES and row.id not in self.sandboxes
+        ]
+        return sorted([*live, *ended], key=lambda info: float(info["created_at_unix"] or 0))
+
     async def delete_sandbox(self, sandbox_id: str) -> None:
-        sandbox = self.get(sandbox_id)
+        """End a sandbox. Idempotent: one that already ended (expired, failed,
+        deleted) and is still on record is not an error."""
+        sandbox = self.sandboxes.get(sandbox_id)
+        if sandbox is None:
+            row = self.store.get_sandbox(sandbox_id)
+            if row is not None and row.state in FINAL_STATES:
+                return
+            raise NotFound(f"no sandbox {sandbox_id}")
         await sandbox.close()
         self._forget(sandbox_id)
+
+    def prune_ended(self) -> None:
+        """Forget sandboxes that ended longer ago than the retention period."""
+        pruned = self.store.prune_ended(time.time() - self.retention_seconds)
+        if pruned:
+            log.info("pruned %d sandboxes that ended over %.0f s ago",
+                     len(pruned), self.retention_seconds)
+
+    async def _prune_periodically(self) -> None:
+        # Often enough that nothing outlives its retention by more than ~10 %.
+        interval = min(600.0, max(0.5, self.retention_seconds / 10))
+        while True:
+            await anyio.sleep(interval)
+            try:
+                await anyio.to_thread.run_sync(self.prune_ended)
+            except Exception:
+                log.exception("pruning ended sandboxes failed; tried again in %.0f s", interval)
 
     async def set_timeout(self, sandbox_id: str, seconds: float) -> float:
         """Set the deadline and record it before answering: it outlives a restart."""
@@ -500,6 +605,8 @@ class Daemon:
         clean = self.store.get_meta(CLEAN_STOP) is not None
         self.store.set_meta(CLEAN_STOP, None)
         await self.reconcile(after_clean_stop=clean)
+        self.prune_ended()
+        self._pruner = asyncio.get_running_loop().create_task(self._prune_periodically())
 
     async def reconcile(self, *, after_clean_stop: bool = False) -> None:
         for row in self.store.list_sandboxes():
@@ -638,6 +745,10 @@ class Daemon:
         activity) is written first, in one transaction, and the stop is
         marked clean, so the next start goes on exactly from here.
         """
+        if self._pruner is not None:
+            self._pruner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pruner
         await self.engine.close()
         rows = []
         for sandbox_id, sandbox in list(self.sandboxes.items()):

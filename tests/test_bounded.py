@@ -1,0 +1,168 @@
+"""Bounded work: no request stalls the daemon, nothing unrepresentable gets in,
+and the daemon's memory stays bounded. Through a real daemon process."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+import hutch
+from tests.daemon_fixture import DaemonProcess
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[DaemonProcess]:
+    d = DaemonProcess().start()
+    yield d
+    d.stop()
+    shutil.rmtree(d.data_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def http(daemon: DaemonProcess) -> Iterator[httpx.Client]:
+    headers = {"Authorization": f"Bearer {daemon.token}"}
+    with httpx.Client(base_url=daemon.url, headers=headers, timeout=60) as client:
+        yield client
+
+
+def post_raw(client: httpx.Client, path: str, text: str) -> httpx.Response:
+    """A JSON body as written: Python's json would refuse to send NaN or Infinity."""
+    return client.post(path, content=text, headers={"content-type": "application/json"})
+
+
+def assert_invalid(answer: httpx.Response) -> None:
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["code"] == "invalid_argument", answer.text
+
+
+def sandbox_ids(client: httpx.Client) -> set[str]:
+    listing = client.get("/v1/sandboxes")
+    assert listing.status_code == 200, listing.text
+    return {s["id"] for s in listing.json()["sandboxes"]}
+
+
+@pytest.fixture
+def local_sandbox(http: httpx.Client) -> Iterator[str]:
+    workdir = tempfile.mkdtemp()
+    made = http.post("/v1/sandboxes", json={"provider": "local", "workdir": workdir})
+    assert made.status_code == 201, made.text
+    yield made.json()["id"]
+    http.delete(f"/v1/sandboxes/{made.json()['id']}")
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+# -- nothing unrepresentable gets in --------------------------------------------------
+
+
+@pytest.mark.parametrize("body", [
+    '{"provider": "virtual", "max_lifetime": Infinity}',
+    '{"provider": "virtual", "max_lifetime": NaN}',
+    '{"provider": "virtual", "idle_timeout": 1e300}',
+    '{"provider": "virtual", "idle_suspend_after": -Infinity}',
+    '{"provider": "virtual", "output_limit": 1000000000000}',
+    '{"provider": "docker", "cpus": Infinity}',
+    '{"provider": "docker", "pids_limit": 100000000000}',
+])
+def test_unrepresentable_numbers_make_nothing(http: httpx.Client, body: str) -> None:
+    before = sandbox_ids(http)
+    assert_invalid(post_raw(http, "/v1/sandboxes", body))
+    # Nothing was made, and listing still answers for everyone.
+    assert sandbox_ids(http) == before
+
+
+@pytest.mark.parametrize("seconds", ["-1", "0", "NaN", "-Infinity"])
+def test_set_timeout_takes_a_positive_finite_number(http: httpx.Client, seconds: str) -> None:
+    made = http.post("/v1/sandboxes", json={"provider": "virtual"})
+    sid = made.json()["id"]
+    try:
+        assert_invalid(post_raw(http, f"/v1/sandboxes/{sid}/set_timeout",
+                                f'{{"timeout_seconds": {seconds}}}'))
+        assert_invalid(post_raw(http, "/v1/set_timeout",
+                                f'{{"sandbox": "{sid}", "timeout_seconds": {seconds}}}'))
+        # Refused, so nothing changed: the sandbox runs with no deadline.
+        state = http.get(f"/v1/sandboxes/{sid}").json()
+        assert (state["state"], state["deadline_unix"]) == ("running", None)
+    finally:
+        http.delete(f"/v1/sandboxes/{sid}")
+
+
+@pytest.mark.parametrize("body", [
+    '{"cmd": "true", "output_limit": 1000000000000}',
+    '{"cmd": "true", "timeout": Infinity}',
+    '{"cmd": "true", "timeout": NaN}',
+    '{"cmd": "true", "timeout": 1e300}',
+])
+def test_exec_numbers_have_ceilings(http: httpx.Client, local_sandbox: str, body: str) -> None:
+    assert_invalid(post_raw(http, f"/v1/sandboxes/{local_sandbox}/exec", body))
+    assert_invalid(post_raw(http, f"/v1/sandboxes/{local_sandbox}/processes", body))
+
+
+def test_read_and_list_limits_have_ceilings(http: httpx.Client, local_sandbox: str) -> None:
+    for limit in ("1000000000000", "0", "-5"):
+        assert_invalid(http.get(f"/v1/sandboxes/{local_sandbox}/files",
+                                params={"path": "x", "limit": limit}))
+    for limit in ("1000000000", "-1"):
+        assert_invalid(http.get("/v1/events", params={"limit": limit}))
+    assert http.get("/v1/events", params={"limit": "5"}).status_code == 200
+
+
+def test_wait_timeout_is_finite(http: httpx.Client, local_sandbox: str) -> None:
+    started = http.post(f"/v1/sandboxes/{local_sandbox}/processes", json={"cmd": "true"})
+    assert started.status_code == 201, started.text
+    pid = started.json()["id"]
+    for timeout in ("Infinity", "NaN", "1e300"):
+        assert_invalid(post_raw(http, f"/v1/sandboxes/{local_sandbox}/processes/{pid}/wait",
+                                json.dumps({"timeout": 1}).replace("1", timeout)))
+
+
+# -- defaults a user would expect ------------------------------------------------------
+
+
+def test_local_sandbox_without_workdir_gets_a_fresh_one(
+    daemon: DaemonProcess, http: httpx.Client
+) -> None:
+    made = [http.post("/v1/sandboxes", json={"provider": "local"}) for _ in range(2)]
+    assert all(m.status_code == 201 for m in made), [m.text for m in made]
+    ids = [m.json()["id"] for m in made]
+    workdirs = [m.json()["workdir"] for m in made]
+    try:
+        assert workdirs[0] != workdirs[1]
+        for workdir in workdirs:
+            assert workdir.startswith(daemon.data_dir.rstrip("/") + "/"), workdir
+            assert os.listdir(workdir) == []
+        # Each is its own: what one writes, the other does not see.
+        wrote = http.post(f"/v1/sandboxes/{ids[0]}/exec", json={"cmd": "echo x > mine; pwd"})
+        assert wrote.json()["stdout"].strip() == workdirs[0]
+        assert os.listdir(workdirs[1]) == []
+    finally:
+        for sid in ids:
+            assert http.delete(f"/v1/sandboxes/{sid}").status_code == 204
+    # hutch made them, so hutch removes them with their sandbox.
+    assert not any(os.path.exists(w) for w in workdirs)
+
+
+@pytest.mark.anyio
+async def test_in_process_local_sandbox_gets_a_fresh_workdir_under_hutch_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HUTCH_HOME", str(tmp_path))
+    async with await hutch.create_sandbox() as sandbox:
+        assert sandbox.workdir.startswith(str(tmp_path) + "/")
+        assert sandbox.workdir != os.getcwd()
+        await sandbox.write_text("f", "x")
+        workdir = sandbox.workdir
+    assert not os.path.exists(workdir)
+
+
+@pytest.mark.anyio
+async def test_a_given_local_workdir_is_kept(tmp_path: Path) -> None:
+    async with await hutch.create_sandbox(provider="local", workdir=str(tmp_path)) as sandbox:
+        await sandbox.write_text("f", "x")
+    assert (tmp_path / "f").read_text() == "x"
