@@ -4,6 +4,7 @@ directory) and the runtime (exec, files, grep, glob, the busy count)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -62,9 +63,10 @@ _START_TIMEOUT = 60.0
 class SshSandbox(SandboxBackend):
     provider = "ssh"
     # ``host_outlives_sandbox``: no lifecycle on the host; close leaves the
-    # host and its files as they are. ``preview_url`` needs preview_url_base.
+    # host and its files as they are. ``preview_url`` only for a sandbox
+    # with preview_url_base (see sandbox_capabilities).
     capabilities = Capabilities(
-        processes=True, users=True, preview_url=True,
+        processes=True, users=True, preview_url=False,
         extra=frozenset({"host_outlives_sandbox"}),
     )
     config_model = SshConfig
@@ -78,6 +80,11 @@ class SshSandbox(SandboxBackend):
         self._files = SftpFiles(kept)
         self._has_bash = has_bash
         self._closed = False
+
+    def sandbox_capabilities(self) -> Capabilities:
+        return dataclasses.replace(
+            super().sandbox_capabilities(), preview_url=bool(self.config.preview_url_base)
+        )
 
     @property
     def destination(self) -> str:
