@@ -104,20 +104,26 @@ def size(n: int | None) -> str:
 def serve(
     host: str = typer.Option("127.0.0.1", help="Address to bind (loopback unless a token is set)."),
     port: int = typer.Option(8787),
-    token: str | None = typer.Option(None, envvar="HUTCH_TOKEN", help="Bearer token clients send."),
+    token_file: str | None = typer.Option(
+        None, help="File holding the bearer token (mode 0600). Without it the token comes "
+        "from HUTCH_TOKEN; never from the command line, where every user could read it.",
+    ),
     data_dir: str | None = typer.Option(None, envvar="HUTCH_HOME", help="Where state is kept."),
     retention: float | None = typer.Option(
         None, help="Seconds an ended sandbox stays readable, with its events (default 86400)."
     ),
 ) -> None:
-    """Run the daemon: the HTTP API, the state store, the timers."""
+    """Run the daemon: the HTTP API, the state store, the timers.
+
+    The token clients must send is read from HUTCH_TOKEN or --token-file.
+    """
     from ..server import serve as run
     from ..server.daemon import default_data_dir
 
     where = data_dir or default_data_dir()
     console.print(f"hutch serving on http://{host}:{port} (state in {where})")
     try:
-        run(host, port, token, data_dir, retention)
+        run(host, port, data_dir=data_dir, token_file=token_file, retention_seconds=retention)
     except HutchError as exc:
         err_console.print(f"[red]error[/red] ({exc.code}): {exc}")
         raise typer.Exit(exit_code_for(exc)) from None

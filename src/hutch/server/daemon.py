@@ -72,6 +72,26 @@ def default_data_dir() -> str:
     return hutch_home()
 
 
+def make_private_dir(path: str) -> None:
+    """Create ``path`` (if need be) as its owner's alone: 0700, whatever it was.
+
+    Sandboxes write into working directories below it (a setuid copy of a
+    shell, links to host files); no other host user may reach them.
+    """
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    os.chmod(path, 0o700)
+
+
+def make_private_file(path: str) -> str:
+    """Create ``path`` 0600 if it is missing, else make it 0600; return it.
+
+    SQLite creates its -wal and -shm files with the database's mode.
+    """
+    os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600))
+    os.chmod(path, 0o600)
+    return path
+
+
 class Daemon:
     def __init__(
         self,
@@ -83,10 +103,12 @@ class Daemon:
         store: Store | None = None,
     ) -> None:
         self.data_dir = os.path.abspath(data_dir or default_data_dir())
-        os.makedirs(self.data_dir, exist_ok=True)
+        make_private_dir(self.data_dir)
         # Providers that keep files on the host keep them under the data dir.
         os.environ["HUTCH_HOME"] = self.data_dir
-        self.store = store or SQLiteStore(os.path.join(self.data_dir, "hutch.db"))
+        if store is None:
+            store = SQLiteStore(make_private_file(os.path.join(self.data_dir, "hutch.db")))
+        self.store = store
         self.sandbox_defaults = dict(sandbox_defaults or {})
         if not 0 < retention_seconds < math.inf:
             raise InvalidArgument(
