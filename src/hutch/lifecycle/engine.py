@@ -410,7 +410,7 @@ class LifecycleEngine:
             if record.state not in (SandboxState.RUNNING, SandboxState.PAUSED):
                 return False
             try:
-                alive = await sandbox.backend.is_alive()
+                alive = await backend_of(sandbox).is_alive()
             except Exception as exc:  # cannot tell: never fail a sandbox on a guess
                 log.info("sandbox %s: could not confirm that its runtime died: %s",
                          record.sandbox_id, exc)
