@@ -4,13 +4,16 @@ and the daemon's memory stays bounded. Through a real daemon process."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 
+import hutch
 from tests.daemon_fixture import DaemonProcess
 
 
@@ -117,3 +120,49 @@ def test_wait_timeout_is_finite(http: httpx.Client, local_sandbox: str) -> None:
     for timeout in ("Infinity", "NaN", "1e300"):
         assert_invalid(post_raw(http, f"/v1/sandboxes/{local_sandbox}/processes/{pid}/wait",
                                 json.dumps({"timeout": 1}).replace("1", timeout)))
+
+
+# -- defaults a user would expect ------------------------------------------------------
+
+
+def test_local_sandbox_without_workdir_gets_a_fresh_one(
+    daemon: DaemonProcess, http: httpx.Client
+) -> None:
+    made = [http.post("/v1/sandboxes", json={"provider": "local"}) for _ in range(2)]
+    assert all(m.status_code == 201 for m in made), [m.text for m in made]
+    ids = [m.json()["id"] for m in made]
+    workdirs = [m.json()["workdir"] for m in made]
+    try:
+        assert workdirs[0] != workdirs[1]
+        for workdir in workdirs:
+            assert workdir.startswith(daemon.data_dir.rstrip("/") + "/"), workdir
+            assert os.listdir(workdir) == []
+        # Each is its own: what one writes, the other does not see.
+        wrote = http.post(f"/v1/sandboxes/{ids[0]}/exec", json={"cmd": "echo x > mine; pwd"})
+        assert wrote.json()["stdout"].strip() == workdirs[0]
+        assert os.listdir(workdirs[1]) == []
+    finally:
+        for sid in ids:
+            assert http.delete(f"/v1/sandboxes/{sid}").status_code == 204
+    # hutch made them, so hutch removes them with their sandbox.
+    assert not any(os.path.exists(w) for w in workdirs)
+
+
+@pytest.mark.anyio
+async def test_in_process_local_sandbox_gets_a_fresh_workdir_under_hutch_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HUTCH_HOME", str(tmp_path))
+    async with await hutch.create_sandbox() as sandbox:
+        assert sandbox.workdir.startswith(str(tmp_path) + "/")
+        assert sandbox.workdir != os.getcwd()
+        await sandbox.write_text("f", "x")
+        workdir = sandbox.workdir
+    assert not os.path.exists(workdir)
+
+
+@pytest.mark.anyio
+async def test_a_given_local_workdir_is_kept(tmp_path: Path) -> None:
+    async with await hutch.create_sandbox(provider="local", workdir=str(tmp_path)) as sandbox:
+        await sandbox.write_text("f", "x")
+    assert (tmp_path / "f").read_text() == "x"

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 
+from ._paths import hutch_home
+
 
 def images_home() -> str:
-    home = os.environ.get("HUTCH_HOME") or os.path.expanduser("~/.local/share/hutch")
-    return os.path.join(home, "images")
+    return os.path.join(hutch_home(), "images")
 
 
 def hutch_image_rootfs(name: str) -> str | None:

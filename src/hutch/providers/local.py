@@ -1,8 +1,9 @@
 """``local``: commands run on the host, in a working directory. No isolation.
 
 The built-in default. The environment passed on is this process's, less
-secrets (see :func:`filter_env`). Cleanup is a no-op: the working directory
-is the user's and stays as it is.
+secrets (see :func:`filter_env`). A working directory the caller gave is
+theirs and stays as it is; without one the sandbox gets a fresh directory of
+its own under hutch's data directory, removed when the sandbox closes.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+import anyio.to_thread
 from pydantic import BaseModel, ConfigDict
 
+from .._paths import sandbox_workdir
 from .._types import Capabilities, FileInfo
 from ._hostfs import HostFiles
 from ._hostproc import EXEC_MARKER, SANDBOX_MARKER, HostProcess, pids_with_env, spawn
@@ -64,8 +67,9 @@ class LocalConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     type: Literal["local"] = "local"
-    #: The host directory commands run in and relative paths resolve from;
-    #: the current directory when unset.
+    #: The host directory commands run in and relative paths resolve from; a
+    #: fresh one of the sandbox's own under hutch's data directory when unset
+    #: (and then removed with the sandbox).
     workdir: str | None = None
     #: Extra variables for every command (not filtered: you set them).
     env: dict[str, str] = {}
@@ -76,24 +80,36 @@ class LocalSandbox(SandboxBackend):
     capabilities = Capabilities(processes=True, users=True, preview_url=True)
     config_model = LocalConfig
 
-    def __init__(self, sandbox_id: str, workdir: str, env: Mapping[str, str]) -> None:
+    def __init__(
+        self, sandbox_id: str, workdir: str, env: Mapping[str, str], owns_workdir: bool = False
+    ) -> None:
         super().__init__(sandbox_id, workdir)
         self._extra_env = dict(env)
+        #: hutch made the working directory, so it goes with the sandbox.
+        self._owns_workdir = owns_workdir
         self._files = HostFiles()
         self._has_bash = shutil.which("bash") is not None
 
     @classmethod
     async def create(cls, config: LocalConfig, sandbox_id: str) -> LocalSandbox:
-        workdir = os.path.abspath(os.path.expanduser(config.workdir or os.getcwd()))
+        if config.workdir:
+            workdir, owns = os.path.abspath(os.path.expanduser(config.workdir)), False
+        else:
+            # Never the daemon's (or the caller's) current directory: sandboxes
+            # made without a directory would share it, and write into it.
+            workdir, owns = sandbox_workdir(sandbox_id), True
         os.makedirs(workdir, exist_ok=True)
-        return cls(sandbox_id, workdir, config.env)
+        return cls(sandbox_id, workdir, config.env, owns)
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "env": self._extra_env}
+        return {**super().describe(), "env": self._extra_env, "owns_workdir": self._owns_workdir}
 
     @classmethod
     async def reconnect(cls, sandbox_id: str, description: Mapping[str, Any]) -> LocalSandbox:
-        return cls(sandbox_id, str(description["workdir"]), description.get("env") or {})
+        return cls(
+            sandbox_id, str(description["workdir"]), description.get("env") or {},
+            bool(description.get("owns_workdir")),
+        )
 
     def shell_argv(self, command: str) -> list[str]:
         return ["bash" if self._has_bash else "sh", "-c", command]
@@ -140,4 +156,8 @@ class LocalSandbox(SandboxBackend):
         return f"http://127.0.0.1:{port}"
 
     async def close(self) -> None:
-        return None
+        if self._owns_workdir:
+            sandbox_dir = os.path.dirname(self.workdir)
+            await anyio.to_thread.run_sync(
+                lambda: shutil.rmtree(sandbox_dir, ignore_errors=True)
+            )

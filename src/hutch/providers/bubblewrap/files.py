@@ -185,13 +185,16 @@ class RootFiles:
                 if exc.errno != errno.ENOENT:
                     raise
                 parent = openat2(root, done or ".", os.O_PATH | os.O_DIRECTORY)
+                made = True
                 try:
                     os.mkdir(part, 0o755, dir_fd=parent)
                 except FileExistsError:
-                    pass  # made meanwhile (or a link to one): the next lookup decides
+                    made = False  # made meanwhile (or a link to one): the lookup decides
                 finally:
                     os.close(parent)
-                fd = openat2(root, here, os.O_PATH | os.O_DIRECTORY)
+                fd = openat2(root, here, os.O_RDONLY | os.O_DIRECTORY)
+                if made:
+                    os.fchmod(fd, 0o755)  # the mode asked for, whatever our umask
             os.close(fd)
             done = here
 
@@ -208,7 +211,12 @@ class RootFiles:
         with self._root_fd() as root:
             self._makedirs(root, parent, path)
             try:
-                fd = openat2(root, rel, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                try:
+                    fd = openat2(root, rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                    os.fchmod(fd, 0o644)  # a new file: the mode asked for, whatever our umask
+                except FileExistsError:
+                    # An existing file keeps its mode; a link is followed, in the root.
+                    fd = openat2(root, rel, os.O_WRONLY | os.O_TRUNC)
             except OSError as exc:
                 if exc.errno == errno.EISDIR:
                     raise SandboxIsADirectory(f"{path} is a directory") from None

@@ -35,6 +35,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from ..._errors import InvalidArgument, ProviderError, SandboxUnavailable
+from ..._paths import hutch_home
 from .cgroups import JOIN_AND_EXEC, SandboxCgroup
 from .seccomp import compile_filter
 
@@ -53,8 +54,7 @@ _SECCOMP: bytes | None = None
 
 
 def bubblewrap_home() -> str:
-    home = os.environ.get("HUTCH_HOME") or os.path.expanduser("~/.local/share/hutch")
-    return os.path.join(home, "bubblewrap")
+    return os.path.join(hutch_home(), "bubblewrap")
 
 
 def seccomp_fd() -> int:
@@ -136,6 +136,9 @@ class Layers:
                        f"size={self.disk_limit},mode=0700")
         os.makedirs(self.upper, exist_ok=True)
         os.makedirs(self.work, exist_ok=True)
+        # The upper layer's root is the sandbox's "/": 0755 whatever our umask
+        # (a daemon keeping its data private runs with 077).
+        os.chmod(self.upper, 0o755)
         if is_mount_point(self.merged):
             return
         options = (
