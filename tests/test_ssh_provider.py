@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 import hutch
+from hutch._sandbox import backend_of
 from hutch.providers._hostproc import pids_with_env
 from hutch.providers.ssh.config import SshConfig
 from hutch.providers.ssh.connection import SshTarget, acquire, release
@@ -63,8 +64,9 @@ async def sandbox(server: SshServer, workdir: str) -> AsyncIterator[Any]:
 
 
 def backend(sb: Any) -> SshSandbox:
-    assert isinstance(sb.backend, SshSandbox)
-    return sb.backend
+    found = backend_of(sb)
+    assert isinstance(found, SshSandbox)
+    return found
 
 
 # -- destinations and config ------------------------------------------------------
@@ -460,3 +462,15 @@ async def test_pool_is_per_loop_and_released(server: SshServer) -> None:
     fresh = acquire(target)
     assert fresh is not kept
     await release(fresh)
+
+
+async def test_liveness_is_the_working_directory(own_server: SshServer) -> None:
+    workdir = tempfile.mkdtemp(prefix="hutch-ssh-alive-")
+    async with await make(own_server, workdir, connect_timeout=3) as sb:
+        assert await backend(sb).is_alive()
+        own_server.kill_all()
+        with pytest.raises(hutch.SandboxUnavailable):  # cannot tell is not "gone"
+            await backend(sb).is_alive()
+        own_server.start()
+        os.rmdir(workdir)
+        assert not await backend(sb).is_alive()
