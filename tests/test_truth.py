@@ -13,10 +13,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from typing import Any
 
+import docker
 import pytest
 
 import hutch
+from tests.conftest import TEST_IMAGE
 from tests.daemon_fixture import DaemonProcess
 
 HUTCH = [sys.executable, "-m", "hutch.cli.main"]
@@ -113,3 +116,70 @@ def test_ended_sandboxes_are_pruned_after_the_retention_period() -> None:
         d.stop()
         shutil.rmtree(d.data_dir, ignore_errors=True)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+# -- 4. a sandbox whose runtime dies is noticed ----------------------------------------
+
+
+def container_of(sandbox_id: str) -> str:
+    api = docker.APIClient()
+    found = api.containers(all=True, filters={"label": f"hutch.sandbox_id={sandbox_id}"})
+    assert len(found) == 1, found
+    return str(found[0]["Id"])
+
+
+def wait_for_state(c: hutch.Client, sandbox_id: str, state: str, timeout: float) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+
+    def reached() -> bool:
+        seen.update(c.get_sandbox(sandbox_id).info())
+        return seen["state"] == state
+
+    wait_until(reached, timeout, f"{sandbox_id} becomes {state} (last seen {seen})")
+    return seen
+
+
+@pytest.mark.docker
+def test_a_container_removed_from_outside_fails_its_sandbox(daemon: DaemonProcess) -> None:
+    api = docker.APIClient()
+    with client(daemon) as c:
+        removed = c.create_sandbox("docker", image=TEST_IMAGE, idle_suspend_after=1)
+        killed = c.create_sandbox("docker", image=TEST_IMAGE)
+        removed.write_text("work.txt", "precious")
+        api.remove_container(container_of(removed.id), force=True)
+        api.kill(container_of(killed.id), signal="SIGKILL")
+        # 5 s is the promise; the margin is for a loaded machine.
+        info = wait_for_state(c, removed.id, "failed", 8)
+        assert "removed outside hutch" in info["reason"], info
+        info = wait_for_state(c, killed.id, "failed", 8)
+        assert "signal 9" in info["reason"] or "removed" in info["reason"], info
+        for call in (lambda: removed.exec("true"), lambda: removed.read_text("work.txt"),
+                     removed.resume, removed.pause, lambda: removed.set_timeout(60)):
+            with pytest.raises(hutch.SandboxUnavailable) as caught:
+                call()
+            assert removed.id in str(caught.value) and "removed outside hutch" in str(
+                caught.value
+            )
+        assert any("failed" in e["message"] and "removed outside hutch" in e["message"]
+                   for e in c.events(removed.id))
+        # Its timers stopped: the idle suspend (1 s) does not try, and fail, forever.
+        time.sleep(3)
+        assert "Traceback" not in daemon.log(), daemon.log()
+        removed.close()
+        c.delete_sandbox(killed.id)
+        assert c.get_sandbox(killed.id).info()["state"] == "failed"
+    assert not docker.APIClient().containers(
+        all=True, filters={"label": f"hutch.daemon={daemon.data_dir}"}
+    )
+
+
+@pytest.mark.docker
+def test_a_workspace_whose_container_is_removed_goes_stale(daemon: DaemonProcess) -> None:
+    with client(daemon) as c:
+        ws = c.create_workspace("dies", image=TEST_IMAGE)
+        sandbox_id = ws["live_sandbox_id"]
+        docker.APIClient().remove_container(container_of(sandbox_id), force=True)
+        wait_until(lambda: c.get_workspace("dies")["status"] == "stale", 8,
+                   "the workspace goes stale")
+        assert c.get_sandbox(sandbox_id).info()["state"] == "failed"
+        c.delete_workspace("dies")

@@ -35,10 +35,11 @@ from .._errors import (
 )
 from .._guardrail import ReadBeforeWriteGuard, session_guard
 from .._paths import hutch_home
-from .._sandbox import Sandbox, new_sandbox_id
+from .._sandbox import Sandbox, backend_of, new_sandbox_id
 from ..config import SandboxSpec, resolve_spec
 from ..lifecycle.engine import LifecycleEngine, expiry_error
 from ..lifecycle.state import SandboxState
+from ..providers.base import SandboxBackend
 from ..providers.registry import get_provider
 from ..store import SandboxRow, SQLiteStore, Store, WorkspaceRow
 from .policy import OperatorPolicy
@@ -119,6 +120,8 @@ class Daemon:
             )
         self.retention_seconds = retention_seconds
         self._pruner: asyncio.Task[None] | None = None
+        #: One watcher per provider in use, telling of runtimes that die outside hutch.
+        self._watchers: dict[type[SandboxBackend], asyncio.Task[None]] = {}
         self.engine = LifecycleEngine(
             timeout_ceiling=timeout_ceiling, on_transition=self._persist_transition
         )
@@ -139,7 +142,7 @@ class Daemon:
             return
         row.state, row.reason = new.value, reason
         if sandbox is not None:
-            row.description = sandbox.backend.describe()
+            row.description = backend_of(sandbox).describe()
             self._snapshot(row, sandbox)
         await anyio.to_thread.run_sync(self.store.put_sandbox, row)
         self.store.log_event(
@@ -238,7 +241,23 @@ class Daemon:
             self.store.delete_sandbox(sid)
             raise
         self.store.log_event(sid, "created", f"{spec.provider.type} sandbox created")
+        self._watch(type(backend))
         return sandbox
+
+    def _watch(self, provider: type[SandboxBackend]) -> None:
+        """Start the provider's watcher for runtimes that die, once per provider."""
+        if provider not in self._watchers:
+            self._watchers[provider] = asyncio.get_running_loop().create_task(
+                provider.watch_runtimes(self._runtime_died)
+            )
+
+    async def _runtime_died(self, sandbox_id: str, reason: str) -> None:
+        """A provider's watcher says this sandbox's runtime died outside hutch."""
+        sandbox = self.sandboxes.get(sandbox_id)
+        if sandbox is None:
+            return  # not ours, or already ended
+        if await self.engine.runtime_died(sandbox, reason):
+            log.warning("sandbox %s failed: %s", sandbox_id, reason)
 
     @staticmethod
     def _wrap(backend: Any, spec: SandboxSpec) -> Sandbox:
@@ -270,23 +289,9 @@ class Daemon:
         return sandbox
 
     async def info(self, sandbox: Sandbox) -> dict[str, Any]:
-        status = sandbox.status()
-        memory = None
-        with contextlib.suppress(Exception):
-            memory = await sandbox.backend.memory_bytes()
+        """The sandbox's own description, and what the daemon knows around it."""
         return {
-            "id": sandbox.id,
-            "provider": sandbox.provider,
-            "state": status.state.value,
-            "reason": status.reason,
-            "workdir": sandbox.workdir,
-            "capabilities": sandbox.capabilities.as_dict(),
-            "created_at_unix": status.created_at_unix,
-            "last_active_unix": status.last_active_unix,
-            "idle_seconds": status.idle_seconds,
-            "deadline_unix": status.deadline_unix,
-            "meter": status.meter,
-            "memory_bytes": memory,
+            **await sandbox.info(),
             "workspace": self.workspace_of.get(sandbox.id),
             "ended_at_unix": None,
         }
@@ -507,7 +512,7 @@ class Daemon:
         """Write the sandbox's state to ``tag``; return the image the tag named before."""
         from ..providers.docker import DockerSandbox, engine
 
-        backend = sandbox.backend
+        backend = backend_of(sandbox)
         if not isinstance(backend, DockerSandbox) or backend.container_id is None:
             raise CapabilityUnsupported.for_provider(sandbox.provider, "workspace suspend")
         container = backend.container_id
@@ -646,9 +651,15 @@ class Daemon:
             self._mark_lost(row, f"lost: cannot reconnect after a restart ({exc})")
             return
         state = SandboxState(row.state)
-        if state in (SandboxState.RUNNING, SandboxState.PAUSED) and not await backend.is_alive():
-            self._mark_lost(row, "lost: its runtime is gone")
-            return
+        if state in (SandboxState.RUNNING, SandboxState.PAUSED):
+            try:
+                alive = await backend.is_alive()
+            except HutchError as exc:
+                self._mark_lost(row, f"lost: its runtime cannot be reached ({exc})")
+                return
+            if not alive:
+                self._mark_lost(row, "lost: its runtime died while the daemon was down")
+                return
         sandbox = self._wrap(backend, spec)
         self.sandboxes[row.id] = sandbox
         if row.workspace is not None:
@@ -669,9 +680,10 @@ class Daemon:
         )
         self.store.log_event(row.id, "adopted", f"adopted after restart as {state.value}")
         log.info("adopted sandbox %s (%s)", row.id, state.value)
+        self._watch(type(backend))
 
     def _mark_lost(self, row: SandboxRow, reason: str) -> None:
-        row.state, row.reason = SandboxState.TERMINATED.value, reason
+        row.state, row.reason = SandboxState.FAILED.value, reason
         self.store.put_sandbox(row)
         self.store.log_event(row.id, "lost", reason)
         log.warning("sandbox %s %s", row.id, reason)
@@ -740,7 +752,9 @@ class Daemon:
             if labels.get(DAEMON_LABEL) != self.data_dir:
                 continue  # another daemon's, or an in-process sandbox: not ours to judge
             sandbox = self.sandboxes.get(sandbox_id)
-            backend_container = getattr(sandbox.backend, "container_id", None) if sandbox else None
+            backend_container = (
+                getattr(backend_of(sandbox), "container_id", None) if sandbox else None
+            )
             if backend_container == container_id:
                 continue
             if sandbox is None:
@@ -762,10 +776,12 @@ class Daemon:
         activity) is written first, in one transaction, and the stop is
         marked clean, so the next start goes on exactly from here.
         """
-        if self._pruner is not None:
-            self._pruner.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._pruner
+        for task in [self._pruner, *self._watchers.values()]:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        self._watchers.clear()
         await self.engine.close()
         rows = []
         for sandbox_id, sandbox in list(self.sandboxes.items()):
