@@ -34,6 +34,7 @@ from .._errors import (
     TimeoutExpired,
     TimeoutTooLarge,
 )
+from .._sandbox import backend_of
 from .clock import Clock, RealClock, VirtualClock
 from .scheduler import Scheduler
 from .state import FINAL, SandboxState, check_transition
@@ -331,7 +332,7 @@ class LifecycleEngine:
         async with record.lock:
             self._check_live(record)
             check_transition(record.sandbox_id, record.state, SandboxState.PAUSED)
-            await self._guarded(sandbox, record, sandbox.backend.pause)
+            await self._guarded(sandbox, record, backend_of(sandbox).pause)
             await self._transition(sandbox, SandboxState.PAUSED, None)
         self._reschedule(sandbox)
 
@@ -353,7 +354,7 @@ class LifecycleEngine:
             if not sandbox.capabilities.suspend_keeps_processes:
                 # They die with the suspend; end them rather than leave handles hanging.
                 await sandbox._kill_processes()
-            await self._guarded(sandbox, record, sandbox.backend.suspend)
+            await self._guarded(sandbox, record, backend_of(sandbox).suspend)
         finally:
             record.transitioning = False
         await self._transition(sandbox, SandboxState.SUSPENDED, reason)
@@ -368,8 +369,8 @@ class LifecycleEngine:
         self._check_live(record)
         check_transition(record.sandbox_id, record.state, SandboxState.RUNNING)
         step = (
-            sandbox.backend.unpause if record.state is SandboxState.PAUSED
-            else sandbox.backend.resume
+            backend_of(sandbox).unpause if record.state is SandboxState.PAUSED
+            else backend_of(sandbox).resume
         )
         await self._guarded(sandbox, record, step)
         await self._transition(sandbox, SandboxState.RUNNING, None)
@@ -397,6 +398,33 @@ class LifecycleEngine:
             await self._terminate_locked(sandbox, record, reason)
         self._forget(record)
         await sandbox._release()
+
+    async def runtime_died(self, sandbox: Sandbox, reason: str) -> bool:
+        """The provider says the sandbox's runtime died outside hutch: if it
+        did (the backend confirms it is gone) and the sandbox was meant to be
+        up, it becomes ``failed`` with ``reason``, its timers stop and what it
+        held is released. True if it failed; a stale or wrong report changes
+        nothing (a suspend or a close that removed the runtime on purpose)."""
+        record = self._record(sandbox)
+        async with record.lock:  # waits out a transition under way
+            if record.state not in (SandboxState.RUNNING, SandboxState.PAUSED):
+                return False
+            try:
+                alive = await backend_of(sandbox).is_alive()
+            except Exception as exc:  # cannot tell: never fail a sandbox on a guess
+                log.info("sandbox %s: could not confirm that its runtime died: %s",
+                         record.sandbox_id, exc)
+                return False
+            if alive:
+                return False
+            await self._transition(sandbox, SandboxState.FAILED, reason)
+        self._forget(record)
+        try:
+            await sandbox._release()
+        except Exception:
+            log.exception("sandbox %s: releasing it after its runtime died failed",
+                          record.sandbox_id)
+        return True
 
     async def _terminate_locked(
         self, sandbox: Sandbox, record: LifecycleRecord, reason: str
@@ -517,7 +545,7 @@ class LifecycleEngine:
             return True
         if sandbox.capabilities.processes:
             try:
-                return await sandbox.runtime.count_busy_processes() > 0
+                return await backend_of(sandbox).runtime.count_busy_processes() > 0
             except Exception:  # an unreachable backend is not proof of idleness
                 log.exception("sandbox %s: could not count its processes", sandbox.id)
                 return True
