@@ -235,7 +235,10 @@ async def test_state_for_the_daemon(engine: LifecycleEngine) -> None:
     assert view.last_active_unix == engine.clock.time() - 4
     assert view.idle_seconds == 4
     assert view.as_dict()["meter"] == {"running_s": 7, "paused_s": 0, "suspended_s": 0}
-    assert sb.info() == view
+    assert sb.status() == view
+    info = await sb.info()
+    assert {k: info[k] for k in view.as_dict()} == view.as_dict()
+    assert (info["provider"], info["open_operations"]) == ("virtual", 0)
 
 
 # -- the scheduler ---------------------------------------------------------------------------

@@ -58,14 +58,25 @@ class AsyncAdapter:
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._target, name)
-        if callable(attr):
+        # A check made on the spot (path, require) is the same plain function
+        # on both faces: it is called as it is, not awaited.
+        async_twin = getattr(_ASYNC_TWIN[type(self._target)], name, None)
+        if callable(attr) and getattr(type(self._target), name, None) is not async_twin:
             return lambda *a, **k: _Deferred(attr, a, k)
         return attr
+
+
+_ASYNC_TWIN: dict[type, type] = {
+    hutch.client.RemoteSandbox: hutch.client.AsyncRemoteSandbox,
+    hutch.client.RemoteProcess: hutch.client.AsyncRemoteProcess,
+}
 
 
 def adapt(value: Any) -> Any:
     if isinstance(value, hutch.client.RemoteSandbox | hutch.client.RemoteProcess):
         return AsyncAdapter(value)
+    if isinstance(value, list):
+        return [adapt(v) for v in value]
     return value
 
 

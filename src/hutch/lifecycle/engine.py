@@ -34,6 +34,7 @@ from .._errors import (
     TimeoutExpired,
     TimeoutTooLarge,
 )
+from .._sandbox import backend_of
 from .clock import Clock, RealClock, VirtualClock
 from .scheduler import Scheduler
 from .state import FINAL, SandboxState, check_transition
@@ -373,7 +374,8 @@ class LifecycleEngine:
         async with record.lock:
             self._check_live(record)
             check_transition(record.sandbox_id, record.state, SandboxState.PAUSED)
-            await self._step(sandbox, record, sandbox.backend.pause, sandbox.backend.unpause,
+            backend = backend_of(sandbox)
+            await self._step(sandbox, record, backend.pause, backend.unpause,
                              SandboxState.PAUSED, None)
         self._reschedule(sandbox)
 
@@ -397,7 +399,8 @@ class LifecycleEngine:
                 await sandbox._kill_processes()
         finally:
             record.transitioning = False
-        await self._step(sandbox, record, sandbox.backend.suspend, sandbox.backend.resume,
+        backend = backend_of(sandbox)
+        await self._step(sandbox, record, backend.suspend, backend.resume,
                          SandboxState.SUSPENDED, reason)
 
     async def resume(self, sandbox: Sandbox) -> None:
@@ -409,7 +412,7 @@ class LifecycleEngine:
     async def _resume_locked(self, sandbox: Sandbox, record: LifecycleRecord) -> None:
         self._check_live(record)
         check_transition(record.sandbox_id, record.state, SandboxState.RUNNING)
-        backend = sandbox.backend
+        backend = backend_of(sandbox)
         if record.state is SandboxState.PAUSED:
             step, undo = backend.unpause, backend.pause
         else:
@@ -451,7 +454,7 @@ class LifecycleEngine:
             if record.state not in (SandboxState.RUNNING, SandboxState.PAUSED):
                 return False
             try:
-                alive = await sandbox.backend.is_alive()
+                alive = await backend_of(sandbox).is_alive()
             except Exception as exc:  # cannot tell: never fail a sandbox on a guess
                 log.info("sandbox %s: could not confirm that its runtime died: %s",
                          record.sandbox_id, exc)
@@ -595,7 +598,7 @@ class LifecycleEngine:
             return True
         if sandbox.capabilities.processes:
             try:
-                return await sandbox.runtime.count_busy_processes() > 0
+                return await backend_of(sandbox).runtime.count_busy_processes() > 0
             except Exception:  # an unreachable backend is not proof of idleness
                 log.exception("sandbox %s: could not count its processes", sandbox.id)
                 return True

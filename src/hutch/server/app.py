@@ -547,6 +547,12 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             {"path": m.path, "line_number": m.line_number, "line": m.line} for m in matches
         ]})
 
+    @v1.get("/sandboxes/{sandbox_id}/preview_url")
+    async def preview_url(
+        request: Request, sandbox_id: str, port: int = Query(gt=0, lt=65536)
+    ) -> JSONResponse:
+        return JSONResponse({"url": await sandbox_for(request, sandbox_id).preview_url(port)})
+
     @v1.post("/sandboxes/{sandbox_id}/glob")
     async def glob(request: Request, sandbox_id: str, body: GlobBody) -> JSONResponse:
         paths = await sandbox_for(request, sandbox_id).glob(body.pattern, body.path)

@@ -36,7 +36,7 @@ from .._errors import (
 )
 from .._guardrail import ReadBeforeWriteGuard, session_guard
 from .._paths import hutch_home
-from .._sandbox import Sandbox, new_sandbox_id
+from .._sandbox import Sandbox, backend_of, new_sandbox_id
 from ..config import SandboxSpec, resolve_spec
 from ..lifecycle.engine import LifecycleEngine, expiry_error
 from ..lifecycle.state import SandboxState
@@ -140,7 +140,7 @@ class Daemon:
             return
         row.state, row.reason = new.value, reason
         if sandbox is not None:
-            row.description = sandbox.backend.describe()
+            row.description = backend_of(sandbox).describe()
             self._snapshot(row, sandbox)
         event = ("transition", f"{old.value} -> {new.value}" + (f" ({reason})" if reason else ""))
         # The row and its event in one transaction; StoreUnavailable if the
@@ -291,23 +291,9 @@ class Daemon:
         return sandbox
 
     async def info(self, sandbox: Sandbox) -> dict[str, Any]:
-        status = sandbox.status()
-        memory = None
-        with contextlib.suppress(Exception):
-            memory = await sandbox.backend.memory_bytes()
+        """The sandbox's own description, and what the daemon knows around it."""
         return {
-            "id": sandbox.id,
-            "provider": sandbox.provider,
-            "state": status.state.value,
-            "reason": status.reason,
-            "workdir": sandbox.workdir,
-            "capabilities": sandbox.capabilities.as_dict(),
-            "created_at_unix": status.created_at_unix,
-            "last_active_unix": status.last_active_unix,
-            "idle_seconds": status.idle_seconds,
-            "deadline_unix": status.deadline_unix,
-            "meter": status.meter,
-            "memory_bytes": memory,
+            **await sandbox.info(),
             "workspace": self.workspace_of.get(sandbox.id),
             "ended_at_unix": None,
         }
@@ -525,7 +511,7 @@ class Daemon:
         """Write the sandbox's state to ``tag``; return the image the tag named before."""
         from ..providers.docker import DockerSandbox, engine
 
-        backend = sandbox.backend
+        backend = backend_of(sandbox)
         if not isinstance(backend, DockerSandbox) or backend.container_id is None:
             raise CapabilityUnsupported.for_provider(sandbox.provider, "workspace suspend")
         container = backend.container_id
@@ -765,7 +751,9 @@ class Daemon:
             if labels.get(DAEMON_LABEL) != self.data_dir:
                 continue  # another daemon's, or an in-process sandbox: not ours to judge
             sandbox = self.sandboxes.get(sandbox_id)
-            backend_container = getattr(sandbox.backend, "container_id", None) if sandbox else None
+            backend_container = (
+                getattr(backend_of(sandbox), "container_id", None) if sandbox else None
+            )
             if backend_container == container_id:
                 continue
             if sandbox is None:
