@@ -20,6 +20,7 @@ import pytest
 import hutch
 from tests.conformance.conftest import Harness
 from tests.daemon_fixture import DaemonProcess
+from tests.ssh_server import ALIAS, shared_server
 
 _daemon: DaemonProcess | None = None
 
@@ -113,7 +114,28 @@ async def _remote_sync() -> AsyncIterator[Harness]:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+@asynccontextmanager
+async def _remote_ssh() -> AsyncIterator[Harness]:
+    # The ssh provider through the daemon: the daemon holds the kept connection.
+    d = daemon()
+    server = shared_server()
+    workdir = tempfile.mkdtemp(prefix="hutch-conf-remote-ssh-")
+    try:
+        async with hutch.AsyncClient(d.url, token=d.token) as client:
+            sb = await client.create_sandbox(
+                "ssh", destination=ALIAS, working_directory=workdir,
+                config_file=server.config_file, read_before_write=False,
+            )
+            try:
+                yield Harness(sb, "remote-ssh", workdir)
+            finally:
+                await sb.close()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
 REMOTE_MAKERS: dict[str, tuple[Any, bool, list[pytest.MarkDecorator]]] = {
     "remote-async": (_remote_async, True, []),
     "remote-sync": (_remote_sync, True, []),
+    "remote-ssh": (_remote_ssh, True, []),
 }
