@@ -10,6 +10,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -23,7 +24,9 @@ from hutch._sandbox import backend_of
 from hutch.providers._hostproc import pids_with_env
 from hutch.providers.ssh.config import SshConfig
 from hutch.providers.ssh.connection import SshTarget, acquire, release
+from hutch.providers.ssh.gitsource import GitSource, current_source, https_url
 from hutch.providers.ssh.provider import SshSandbox
+from tests.daemon_fixture import DaemonProcess
 from tests.ssh_server import ALIAS, SshServer, shared_server
 
 pytestmark = pytest.mark.anyio
@@ -474,3 +477,69 @@ async def test_liveness_is_the_working_directory(own_server: SshServer) -> None:
         own_server.start()
         os.rmdir(workdir)
         assert not await backend(sb).is_alive()
+
+
+# -- the local repository as the source (CLI --clone-current) -----------------------------
+
+
+@pytest.mark.parametrize(
+    ("remote", "https"),
+    [
+        ("git@github.com:owner/repo.git", "https://github.com/owner/repo.git"),
+        ("ssh://git@github.com/owner/repo.git", "https://github.com/owner/repo.git"),
+        ("ssh://git@git.example.com:2222/team/repo", "https://git.example.com/team/repo"),
+        ("git+ssh://me@host.example/x/y.git", "https://host.example/x/y.git"),
+        ("https://github.com/owner/repo.git", "https://github.com/owner/repo.git"),
+        ("/srv/git/repo.git", "/srv/git/repo.git"),
+        ("file:///srv/git/repo.git", "file:///srv/git/repo.git"),
+    ],
+)
+def test_ssh_remote_urls_become_https(remote: str, https: str) -> None:
+    assert https_url(remote) == https
+
+
+def test_current_source_reads_origin_and_branch(repository: str) -> None:
+    checkout = tempfile.mkdtemp(prefix="hutch-ssh-checkout-")
+    try:
+        _git("clone", "-q", "--branch", "feature", repository, checkout, cwd="/")
+        _git("remote", "set-url", "origin", "git@example.com:team/project.git", cwd=checkout)
+        assert current_source(checkout) == GitSource(
+            "https://example.com/team/project.git", "feature"
+        )
+        _git("checkout", "-q", "--detach", cwd=checkout)
+        assert current_source(checkout) == GitSource(
+            "https://example.com/team/project.git", None
+        )
+    finally:
+        shutil.rmtree(checkout, ignore_errors=True)
+    assert current_source(tempfile.gettempdir()) is None
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[DaemonProcess]:
+    d = DaemonProcess().start()
+    yield d
+    d.stop()
+
+
+def test_cli_clone_current(
+    daemon: DaemonProcess, server: SshServer, workdir: str, repository: str
+) -> None:
+    checkout = tempfile.mkdtemp(prefix="hutch-ssh-checkout-")
+    target = os.path.join(workdir, "from-cli")
+    try:
+        _git("clone", "-q", "--branch", "feature", repository, checkout, cwd="/")
+        env = dict(os.environ, HUTCH_URL=daemon.url, HUTCH_TOKEN=daemon.token)
+        done = subprocess.run(
+            [sys.executable, "-m", "hutch.cli.main", "create", "--provider", "ssh",
+             "--destination", ALIAS, "--working-directory", target,
+             "--ssh-config", server.config_file, "--clone-current"],
+            cwd=checkout, env=env, capture_output=True, text=True, timeout=120, check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        with open(os.path.join(target, "feature.txt")) as fh:
+            assert fh.read() == "on the feature branch\n"
+        head = _git("rev-parse", "--abbrev-ref", "HEAD", cwd=target)
+        assert head == "feature\n"
+    finally:
+        shutil.rmtree(checkout, ignore_errors=True)

@@ -31,7 +31,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field
@@ -52,6 +52,7 @@ from .._paths import sandbox_workdir
 from .._types import Capabilities, FileInfo, FileType, GrepMatch, OutputChunk
 from ._hostproc import EXEC_MARKER, SANDBOX_MARKER
 from .base import BackendProcess, RuntimeDeathReport, SandboxBackend, grep_data
+from .policy import Limit, ReachesHost, format_bytes, keeps_dropped, one_of, parse_bytes
 
 log = logging.getLogger("hutch.docker")
 
@@ -84,21 +85,31 @@ class DockerConfig(BaseModel):
     mount_point: str = "/workspace"
     #: Host directory bound at the mount point; a fresh one under hutch's data
     #: directory when unset (and then removed with the sandbox).
-    host_workdir: str | None = None
-    network_mode: str = "bridge"
+    host_workdir: Annotated[
+        str | None, ReachesHost("binds a host directory of the caller's choosing")
+    ] = None
+    network_mode: Annotated[
+        str, ReachesHost("shares a network namespace not its own (the host's or another "
+                         "container's)", one_of("bridge", "none", "default")),
+    ] = "bridge"
     #: Extra bind mounts, ``host:container[:ro]``.
-    mounts: list[str] = []
+    mounts: Annotated[list[str], ReachesHost("binds host paths into the sandbox")] = []
     #: Memory limit, as Docker takes it (``512m``, ``2g``).
-    memory: str | None = None
+    memory: Annotated[str | None, Limit("memory", parse_bytes, format_bytes)] = None
     #: CPU quota in CPUs (``1.5``).
-    cpus: float | None = Field(default=None, gt=0, le=MAX_CPUS)
-    pids_limit: int = Field(default=1024, gt=0, le=MAX_PIDS)
+    cpus: Annotated[float | None, Limit("cpus")] = Field(default=None, gt=0, le=MAX_CPUS)
+    pids_limit: Annotated[int, Limit("pids", int, int)] = Field(default=1024, gt=0, le=MAX_PIDS)
     pull_if_missing: bool = True
     env: dict[str, str] = {}
     labels: dict[str, str] = {}
     #: Keep the container after the sandbox closes (and log how to reach it).
     preserve: bool = False
-    cap_drop: list[str] = Field(default_factory=lambda: list(DEFAULT_CAP_DROP))
+    cap_drop: Annotated[
+        list[str], ReachesHost(
+            "gives back capabilities hutch drops (raw sockets, mknod, ...)",
+            keeps_dropped(DEFAULT_CAP_DROP),
+        ),
+    ] = Field(default_factory=lambda: list(DEFAULT_CAP_DROP))
     #: Docker's init (tini) as PID 1, the keeper under it: orphans a kill
     #: leaves behind are reaped, where ``sleep`` as PID 1 would keep them as
     #: zombies (filling the pids limit, and looking busy forever).

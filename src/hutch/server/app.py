@@ -48,6 +48,7 @@ from .._types import (
     OutputChunk,
 )
 from .daemon import DEFAULT_RETENTION_SECONDS, Daemon
+from .policy import OperatorPolicy
 
 log = logging.getLogger("hutch.server")
 
@@ -66,6 +67,15 @@ class ServerSettings(BaseModel):
     timeout_ceiling: float = 86400.0
     #: Seconds an ended sandbox stays readable (with its events) before it is pruned.
     retention_seconds: float = DEFAULT_RETENTION_SECONDS
+    #: Settings that reach the host which API clients may nonetheless set.
+    allow: list[str] = []
+    #: Resource limits (memory, cpus, pids) for requests that set none, and
+    #: the most a request may ask for; see hutch.server.policy.
+    limits: dict[str, Any] = {}
+    ceilings: dict[str, Any] = {}
+
+    def policy(self) -> OperatorPolicy:
+        return OperatorPolicy(self.allow, self.limits, self.ceilings)
 
 
 # -- request bodies ------------------------------------------------------------------
@@ -449,7 +459,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         daemon = Daemon(
             settings.data_dir, sandbox_defaults=settings.sandbox_defaults,
             timeout_ceiling=settings.timeout_ceiling,
-            retention_seconds=settings.retention_seconds,
+            retention_seconds=settings.retention_seconds, policy=settings.policy(),
         )
         try:
             await daemon.start()

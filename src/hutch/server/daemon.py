@@ -43,6 +43,7 @@ from ..lifecycle.state import SandboxState
 from ..providers.base import SandboxBackend
 from ..providers.registry import get_provider
 from ..store import SandboxRow, SQLiteStore, Store, WorkspaceRow
+from .policy import OperatorPolicy
 
 log = logging.getLogger("hutch.daemon")
 
@@ -102,7 +103,10 @@ class Daemon:
         timeout_ceiling: float = 86400.0,
         retention_seconds: float = DEFAULT_RETENTION_SECONDS,
         store: Store | None = None,
+        policy: OperatorPolicy | None = None,
     ) -> None:
+        #: What API clients may ask for: host-reaching settings, limits.
+        self.policy = policy or OperatorPolicy()
         self.data_dir = os.path.abspath(data_dir or default_data_dir())
         make_private_dir(self.data_dir)
         # Providers that keep files on the host keep them under the data dir.
@@ -203,8 +207,20 @@ class Daemon:
         log.warning("workspace %s is stale: its sandbox %s ended (%s)", name, sandbox_id, reason)
 
     # -- sandboxes ---------------------------------------------------------------------
-    def spec_from_request(self, body: Mapping[str, Any]) -> SandboxSpec:
+    def spec_from_request(
+        self, body: Mapping[str, Any], *, daemon_settings: Mapping[str, Any] | None = None
+    ) -> SandboxSpec:
+        """The spec a client's request asks for, as the operator's policy admits
+        it; ``daemon_settings`` are the daemon's own (a workspace's directory),
+        added after the check."""
         spec = resolve_spec(flags=body, server_defaults=self.sandbox_defaults)
+        operators = resolve_spec(
+            flags={"provider": spec.provider.type}, server_defaults=self.sandbox_defaults
+        )
+        provider = self.policy.admit(spec.provider, operators.provider)
+        if daemon_settings:
+            provider = provider.model_copy(update=dict(daemon_settings))
+        spec = spec.model_copy(update={"provider": provider})
         if spec.provider.type == "docker":
             # Mark what this daemon made, so that reconciliation only ever
             # removes its own containers, never another process's sandboxes.
@@ -436,7 +452,8 @@ class Daemon:
             host_workdir = os.path.join(self.data_dir, "workspaces", name, "workspace")
             os.makedirs(host_workdir, exist_ok=True)
             spec = self.spec_from_request(
-                {**body, "image": snapshot_tag or image, "host_workdir": host_workdir}
+                {**body, "image": snapshot_tag or image},
+                daemon_settings={"host_workdir": host_workdir},
             )
             now = time.time()
             sid = new_sandbox_id()
