@@ -458,7 +458,7 @@ class Sandbox:
 
     async def set_timeout(self, seconds: float) -> float:
         """Make the sandbox's deadline now + ``seconds``; returns it as Unix time."""
-        deadline: float = self._engine().set_timeout(self, seconds)
+        deadline: float = await self._engine().set_timeout(self, seconds)
         return deadline
 
     async def _kill_processes(self) -> None:

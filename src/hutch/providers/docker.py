@@ -521,17 +521,23 @@ def _required_literals(pattern: re.Pattern[str]) -> list[str] | None:
 
 async def _death_reason(container_id: str, action: str) -> str:
     """What happened to a container that died or went, in words for a person."""
-    if action == "die":
-        # A `docker rm -f` is a kill, a die and a destroy in quick succession:
-        # a moment's wait lets the inspect below tell "removed" from "stopped".
-        await asyncio.sleep(0.3)
     short = container_id[:12]
-    try:
-        details = await _call(engine().inspect_container, container_id)
-    except SandboxUnavailable:
-        return f"its container {short} was removed outside hutch"
-    except HutchError as exc:
-        return f"its container {short} {action}d ({exc})"
+    removed = f"its container {short} was removed outside hutch"
+    details: dict[str, Any] = {}
+    # A `docker rm -f` is a kill, a die and a destroy in quick succession:
+    # after a die, watch a moment for the removal before calling it a stop.
+    for _ in range(20 if action == "die" else 1):
+        try:
+            details = await _call(engine().inspect_container, container_id)
+        except SandboxUnavailable:
+            return removed
+        except HutchError as exc:
+            return f"its container {short} {action}d ({exc})"
+        state = details.get("State") or {}
+        if state.get("Status") == "removing" or state.get("Dead"):
+            return removed
+        if action == "die":
+            await asyncio.sleep(0.1)
     state = details.get("State") or {}
     if state.get("OOMKilled") or action == "oom":
         limit = (details.get("HostConfig") or {}).get("Memory") or 0
