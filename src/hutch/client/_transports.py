@@ -61,6 +61,8 @@ class _Transport:
             return self.factories["fork"](self, value.snapshot, branches)
         if isinstance(value, ProcessRef):
             return self.factories["process"](self, value.sandbox_id, value.info)
+        if isinstance(value, list) and value and isinstance(value[0], SandboxRef | ProcessRef):
+            return [self.wrap(v) for v in value]
         return value
 
 

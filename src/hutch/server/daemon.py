@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import re
 import time
@@ -22,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import anyio.to_thread
+from pydantic import BaseModel
 
 from .._api import spec_for_attach
 from .._errors import (
@@ -30,10 +32,11 @@ from .._errors import (
     InvalidArgument,
     InvalidState,
     NotFound,
+    StoreUnavailable,
 )
 from .._guardrail import ReadBeforeWriteGuard, session_guard
 from .._paths import hutch_home
-from .._sandbox import Sandbox, new_sandbox_id
+from .._sandbox import Sandbox, backend_of, new_sandbox_id
 from .._snapshots import Snapshot, new_snapshot_id
 from ..config import OPTION_KEYS, SandboxSpec, resolve_spec
 from ..lifecycle.engine import LifecycleEngine, expiry_error
@@ -41,6 +44,7 @@ from ..lifecycle.state import SandboxState
 from ..providers.base import ProviderSnapshot, SandboxBackend
 from ..providers.registry import available_providers, get_provider
 from ..store import SandboxRow, SnapshotRow, SQLiteStore, Store, WorkspaceRow
+from .policy import OperatorPolicy
 
 log = logging.getLogger("hutch.daemon")
 
@@ -51,10 +55,32 @@ FINAL_STATES = (SandboxState.TERMINATED, SandboxState.FAILED)
 #: Longest snapshot label, and most branches one fork request makes.
 MAX_LABEL = 200
 MAX_FORK = 64
+#: How long an ended (terminated or failed) sandbox stays readable, with its events.
+DEFAULT_RETENTION_SECONDS = 86400.0
 
 
 def default_data_dir() -> str:
     return hutch_home()
+
+
+def make_private_dir(path: str) -> None:
+    """Create ``path`` (if need be) as its owner's alone: 0700, whatever it was.
+
+    Sandboxes write into working directories below it (a setuid copy of a
+    shell, links to host files); no other host user may reach them.
+    """
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    os.chmod(path, 0o700)
+
+
+def make_private_file(path: str) -> str:
+    """Create ``path`` 0600 if it is missing, else make it 0600; return it.
+
+    SQLite creates its -wal and -shm files with the database's mode.
+    """
+    os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600))
+    os.chmod(path, 0o600)
+    return path
 
 
 class Daemon:
@@ -64,16 +90,31 @@ class Daemon:
         *,
         sandbox_defaults: Mapping[str, Any] | None = None,
         timeout_ceiling: float = 86400.0,
+        retention_seconds: float = DEFAULT_RETENTION_SECONDS,
         store: Store | None = None,
+        policy: OperatorPolicy | None = None,
     ) -> None:
+        #: What API clients may ask for: host-reaching settings, limits.
+        self.policy = policy or OperatorPolicy()
         self.data_dir = os.path.abspath(data_dir or default_data_dir())
-        os.makedirs(self.data_dir, exist_ok=True)
+        make_private_dir(self.data_dir)
         # Providers that keep files on the host keep them under the data dir.
         os.environ["HUTCH_HOME"] = self.data_dir
-        self.store = store or SQLiteStore(os.path.join(self.data_dir, "hutch.db"))
+        if store is None:
+            store = SQLiteStore(make_private_file(os.path.join(self.data_dir, "hutch.db")))
+        self.store = store
         self.sandbox_defaults = dict(sandbox_defaults or {})
+        if not 0 < retention_seconds < math.inf:
+            raise InvalidArgument(
+                f"retention must be a positive number of seconds, got {retention_seconds!r}"
+            )
+        self.retention_seconds = retention_seconds
+        self._pruner: asyncio.Task[None] | None = None
+        #: One watcher per provider in use, telling of runtimes that die outside hutch.
+        self._watchers: dict[type[SandboxBackend], asyncio.Task[None]] = {}
         self.engine = LifecycleEngine(
-            timeout_ceiling=timeout_ceiling, on_transition=self._persist_transition
+            timeout_ceiling=timeout_ceiling, on_transition=self._persist_transition,
+            on_deadline=self._persist_deadline,
         )
         self.sandboxes: dict[str, Sandbox] = {}
         #: sandbox id -> the workspace it serves, for the sandboxes that serve one.
@@ -92,19 +133,35 @@ class Daemon:
             return
         row.state, row.reason = new.value, reason
         if sandbox is not None:
-            row.description = sandbox.backend.describe()
+            row.description = backend_of(sandbox).describe()
             self._snapshot(row, sandbox)
-        await anyio.to_thread.run_sync(self.store.put_sandbox, row)
-        self.store.log_event(
-            sandbox_id, "transition",
-            f"{old.value} -> {new.value}" + (f" ({reason})" if reason else ""),
-        )
+        event = ("transition", f"{old.value} -> {new.value}" + (f" ({reason})" if reason else ""))
+        # The row and its event in one transaction; StoreUnavailable if the
+        # store cannot keep them, and then the engine undoes the transition.
+        await anyio.to_thread.run_sync(self.store.put_sandbox, row, event)
+        # Durable from here: nothing below may undo it.
         if new in FINAL_STATES:
             self._forget(sandbox_id)
             if reason not in (None, "closed"):
                 log.warning("sandbox %s reaped: %s", sandbox_id, reason)
             if row.workspace is not None:
-                self._workspace_lost_its_sandbox(row.workspace, sandbox_id, reason)
+                try:
+                    self._workspace_lost_its_sandbox(row.workspace, sandbox_id, reason)
+                except StoreUnavailable as exc:
+                    # The next start finds the workspace's sandbox ended and marks it stale.
+                    log.warning("workspace %s: could not record it stale: %s", row.workspace, exc)
+
+    async def _persist_deadline(self, sandbox_id: str, deadline_unix: float) -> None:
+        """Record a set_timeout deadline; the engine applies it only after this."""
+        await anyio.to_thread.run_sync(self.store.set_sandbox_deadline, sandbox_id, deadline_unix)
+
+    def _note(self, subject: str, kind: str, message: str) -> None:
+        """Log an event that tells of a change already recorded (best effort:
+        a store that cannot take it loses the note, never the change)."""
+        try:
+            self.store.log_event(subject, kind, message)
+        except StoreUnavailable as exc:
+            log.warning("event for %s not recorded (%s: %s): %s", subject, kind, message, exc)
 
     @staticmethod
     def _snapshot(row: SandboxRow, sandbox: Sandbox) -> None:
@@ -139,8 +196,24 @@ class Daemon:
         log.warning("workspace %s is stale: its sandbox %s ended (%s)", name, sandbox_id, reason)
 
     # -- sandboxes ---------------------------------------------------------------------
-    def spec_from_request(self, body: Mapping[str, Any]) -> SandboxSpec:
-        return resolve_spec(flags=body, server_defaults=self.sandbox_defaults)
+    def spec_from_request(
+        self, body: Mapping[str, Any], *, daemon_settings: Mapping[str, Any] | None = None
+    ) -> SandboxSpec:
+        """The spec a client's request asks for, as the operator's policy admits
+        it; ``daemon_settings`` are the daemon's own (a workspace's directory),
+        added after the check."""
+        spec = resolve_spec(flags=body, server_defaults=self.sandbox_defaults)
+        try:  # the operator's own settings for this provider, if they stand alone
+            operators: BaseModel | None = resolve_spec(
+                flags={"provider": spec.provider.type}, server_defaults=self.sandbox_defaults
+            ).provider
+        except InvalidArgument:
+            operators = None  # a provider with required settings the operator left out
+        provider = self.policy.admit(spec.provider, operators)
+        if daemon_settings:
+            provider = provider.model_copy(update=dict(daemon_settings))
+        spec = spec.model_copy(update={"provider": provider})
+        return spec
 
     async def create_sandbox(
         self,
@@ -184,8 +257,24 @@ class Daemon:
             await backend.close()
             self.store.delete_sandbox(sid)
             raise
-        self.store.log_event(sid, "created", f"{spec.provider.type} sandbox created")
+        self._note(sid, "created", f"{spec.provider.type} sandbox created")
+        self._watch(type(backend))
         return sandbox
+
+    def _watch(self, provider: type[SandboxBackend]) -> None:
+        """Start the provider's watcher for runtimes that die, once per provider."""
+        if provider not in self._watchers:
+            self._watchers[provider] = asyncio.get_running_loop().create_task(
+                provider.watch_runtimes(self._runtime_died)
+            )
+
+    async def _runtime_died(self, sandbox_id: str, reason: str) -> None:
+        """A provider's watcher says this sandbox's runtime died outside hutch."""
+        sandbox = self.sandboxes.get(sandbox_id)
+        if sandbox is None:
+            return  # not ours, or already ended
+        if await self.engine.runtime_died(sandbox, reason):
+            log.warning("sandbox %s failed: %s", sandbox_id, reason)
 
     @staticmethod
     def _wrap(backend: SandboxBackend, spec: SandboxSpec) -> Sandbox:
@@ -377,32 +466,73 @@ class Daemon:
         return sandbox
 
     async def info(self, sandbox: Sandbox) -> dict[str, Any]:
-        status = sandbox.status()
-        memory = None
-        with contextlib.suppress(Exception):
-            memory = await sandbox.backend.memory_bytes()
+        """The sandbox's own description, and what the daemon knows around it."""
         return {
-            "id": sandbox.id,
-            "provider": sandbox.provider,
-            "state": status.state.value,
-            "reason": status.reason,
-            "workdir": sandbox.workdir,
-            "capabilities": sandbox.capabilities.as_dict(),
-            "created_at_unix": status.created_at_unix,
-            "last_active_unix": status.last_active_unix,
-            "idle_seconds": status.idle_seconds,
-            "deadline_unix": status.deadline_unix,
-            "meter": status.meter,
-            "memory_bytes": memory,
+            **await sandbox.info(),
             "workspace": self.workspace_of.get(sandbox.id),
+            "ended_at_unix": None,
         }
 
+    @staticmethod
+    def ended_info(row: SandboxRow) -> dict[str, Any]:
+        """What :meth:`info` answers, for a sandbox that ended and is known
+        only from the store (for the retention period)."""
+        try:
+            capabilities = get_provider(row.provider).capabilities.as_dict()
+        except (HutchError, KeyError):
+            capabilities = {}
+        return {
+            "id": row.id,
+            "provider": row.provider,
+            "state": row.state,
+            "reason": row.reason,
+            "workdir": row.description.get("workdir"),
+            "capabilities": capabilities,
+            "created_at_unix": row.created_at_unix,
+            "last_active_unix": row.last_active_unix,
+            "idle_seconds": None,
+            "deadline_unix": None,
+            "meter": dict(row.meter),
+            "memory_bytes": None,
+            "workspace": row.workspace,
+            "ended_at_unix": row.updated_at_unix,
+        }
+
+    async def describe(self, sandbox_id: str) -> dict[str, Any]:
+        """A sandbox's state and reason: a live one's, or an ended one's from the store."""
+        sandbox = self.sandboxes.get(sandbox_id)
+        if sandbox is not None:
+            return await self.info(sandbox)
+        row = self.store.get_sandbox(sandbox_id)
+        if row is None or row.state not in FINAL_STATES:
+            raise NotFound(f"no sandbox {sandbox_id}")
+        return self.ended_info(row)
+
+    async def list_infos(self, *, include_ended: bool = False) -> list[dict[str, Any]]:
+        """Live sandboxes; with ``include_ended`` also those that ended within
+        the retention period, oldest first."""
+        live = [await self.info(s) for s in list(self.sandboxes.values())]
+        if not include_ended:
+            return live
+        ended = [
+            self.ended_info(row) for row in self.store.list_sandboxes(include_final=True)
+            if row.state in FINAL_STATES and row.id not in self.sandboxes
+        ]
+        return sorted([*live, *ended], key=lambda info: float(info["created_at_unix"] or 0))
+
     async def delete_sandbox(self, sandbox_id: str) -> None:
-        sandbox = self.get(sandbox_id)
+        """End a sandbox. Idempotent: one that already ended (expired, failed,
+        deleted) and is still on record is not an error. A workspace's work is
+        not lost with its sandbox: its state is captured first, and the
+        workspace (stale) resumes from it."""
+        sandbox = self.sandboxes.get(sandbox_id)
+        if sandbox is None:
+            row = self.store.get_sandbox(sandbox_id)
+            if row is not None and row.state in FINAL_STATES:
+                return
+            raise NotFound(f"no sandbox {sandbox_id}")
         workspace = self.workspace_of.get(sandbox_id)
         if workspace is not None and sandbox.capabilities.snapshot:
-            # A workspace's work is not lost with its sandbox: its state is
-            # captured first, and the workspace (stale) resumes from it.
             async with self._lock(workspace):
                 with contextlib.suppress(HutchError):
                     await self._save_workspace_state(workspace, sandbox_id, diff=True)
@@ -422,12 +552,26 @@ class Daemon:
         self.store.put_workspace(row)
         await self._release_snapshot(previous)
         return state.id
+    def prune_ended(self) -> None:
+        """Forget sandboxes that ended longer ago than the retention period."""
+        pruned = self.store.prune_ended(time.time() - self.retention_seconds)
+        if pruned:
+            log.info("pruned %d sandboxes that ended over %.0f s ago",
+                     len(pruned), self.retention_seconds)
+
+    async def _prune_periodically(self) -> None:
+        # Often enough that nothing outlives its retention by more than ~10 %.
+        interval = min(600.0, max(0.5, self.retention_seconds / 10))
+        while True:
+            await anyio.sleep(interval)
+            try:
+                await anyio.to_thread.run_sync(self.prune_ended)
+            except Exception:
+                log.exception("pruning ended sandboxes failed; tried again in %.0f s", interval)
 
     async def set_timeout(self, sandbox_id: str, seconds: float) -> float:
-        """Set the deadline and record it before answering: it outlives a restart."""
-        deadline = await self.get(sandbox_id).set_timeout(seconds)
-        await anyio.to_thread.run_sync(self.store.set_sandbox_deadline, sandbox_id, deadline)
-        return deadline
+        """Set the deadline; it takes effect once recorded, and outlives a restart."""
+        return await self.get(sandbox_id).set_timeout(seconds)
 
     # -- workspaces ----------------------------------------------------------------------
     def _lock(self, name: str) -> asyncio.Lock:
@@ -611,6 +755,8 @@ class Daemon:
         clean = self.store.get_meta(CLEAN_STOP) is not None
         self.store.set_meta(CLEAN_STOP, None)
         await self.reconcile(after_clean_stop=clean)
+        self.prune_ended()
+        self._pruner = asyncio.get_running_loop().create_task(self._prune_periodically())
 
     async def reconcile(self, *, after_clean_stop: bool = False) -> None:
         for row in self.store.list_sandboxes():
@@ -692,13 +838,19 @@ class Daemon:
             self._mark_lost(row, f"lost: cannot reconnect after a restart ({exc})")
             return
         state = SandboxState(row.state)
-        if state in (SandboxState.RUNNING, SandboxState.PAUSED) and not await backend.is_alive():
-            self._mark_lost(row, "lost: its runtime is gone")
-            if row.workspace is not None:
-                await self._salvage_workspace(row, backend)
-            with contextlib.suppress(HutchError):
-                await backend.close()
-            return
+        if state in (SandboxState.RUNNING, SandboxState.PAUSED):
+            try:
+                alive = await backend.is_alive()
+            except HutchError as exc:
+                self._mark_lost(row, f"lost: its runtime cannot be reached ({exc})")
+                return
+            if not alive:
+                self._mark_lost(row, "lost: its runtime died while the daemon was down")
+                if row.workspace is not None:
+                    await self._salvage_workspace(row, backend)
+                with contextlib.suppress(HutchError):
+                    await backend.close()
+                return
         sandbox = self._wrap(backend, spec)
         self.sandboxes[row.id] = sandbox
         if row.workspace is not None:
@@ -717,8 +869,9 @@ class Daemon:
             # again rather than reaping work that may have gone on until the end.
             last_active_unix=row.last_active_unix if after_clean_stop else None,
         )
-        self.store.log_event(row.id, "adopted", f"adopted after restart as {state.value}")
+        self._note(row.id, "adopted", f"adopted after restart as {state.value}")
         log.info("adopted sandbox %s (%s)", row.id, state.value)
+        self._watch(type(backend))
 
     async def _salvage_workspace(self, row: SandboxRow, backend: SandboxBackend) -> None:
         """A workspace's sandbox died with the daemon down: what of its state
@@ -751,7 +904,7 @@ class Daemon:
                              f"kept what survived of its lost sandbox {row.id} as {snap.id}")
 
     def _mark_lost(self, row: SandboxRow, reason: str) -> None:
-        row.state, row.reason = SandboxState.TERMINATED.value, reason
+        row.state, row.reason = SandboxState.FAILED.value, reason
         self.store.put_sandbox(row)
         self.store.log_event(row.id, "lost", reason)
         log.warning("sandbox %s %s", row.id, reason)
@@ -793,6 +946,12 @@ class Daemon:
         activity) is written first, in one transaction, and the stop is
         marked clean, so the next start goes on exactly from here.
         """
+        for task in [self._pruner, *self._watchers.values()]:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        self._watchers.clear()
         await self.engine.close()
         rows = []
         for sandbox_id, sandbox in list(self.sandboxes.items()):

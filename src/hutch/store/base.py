@@ -80,8 +80,13 @@ class SnapshotRow:
 class Store(abc.ABC):
     # -- sandboxes ---------------------------------------------------------------------
     @abc.abstractmethod
-    def put_sandbox(self, row: SandboxRow) -> None:
-        """Insert or replace a sandbox row, durably; sets ``updated_at_unix``."""
+    def put_sandbox(self, row: SandboxRow, event: tuple[str, str] | None = None) -> None:
+        """Insert or replace a sandbox row, durably; sets ``updated_at_unix``.
+
+        ``event`` (kind, message) is logged for the sandbox in the same
+        transaction: both are kept, or neither. A store that cannot write
+        raises ``StoreUnavailable`` and keeps nothing of the call.
+        """
 
     @abc.abstractmethod
     def put_sandboxes(self, rows: Sequence[SandboxRow]) -> None:
@@ -100,6 +105,11 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def delete_sandbox(self, sandbox_id: str) -> None: ...
+
+    @abc.abstractmethod
+    def prune_ended(self, ended_before_unix: float) -> list[str]:
+        """Drop terminated and failed sandboxes last written before the given
+        time, with their events, in one transaction; return their ids."""
 
     # -- workspaces --------------------------------------------------------------------
     @abc.abstractmethod
