@@ -248,9 +248,12 @@ class ClientOps:
         self, name: str, *, image: str | None = None, snapshot_tag: str | None = None,
         **settings: Any,
     ) -> Op:
+        """A workspace from a snapshot (``snapshot_tag``: its id) or fresh from
+        sandbox settings; ``image`` alone means a docker workspace of that image."""
         body = {"name": name, **settings}
         if image is not None:
             body["image"] = image
+            body.setdefault("provider", "docker")
         if snapshot_tag is not None:
             body["snapshot_tag"] = snapshot_tag
         return (yield Call("POST", "/v1/workspaces", json=body, timeout=600))

@@ -610,7 +610,7 @@ class Daemon:
 
     async def create_workspace(self, body: Mapping[str, Any]) -> WorkspaceRow:
         """A workspace from a snapshot (``snapshot_tag``, a snapshot id) or
-        fresh from sandbox settings (``provider``, ``image``...)."""
+        fresh from sandbox settings (``provider`` and its settings)."""
         body = dict(body)
         name = str(body.pop("name", "") or "")
         if not WORKSPACE_NAME.match(name):
@@ -623,8 +623,6 @@ class Daemon:
             source = self.get_snapshot(str(source_id))
             spec = self.attach_spec(source, body)
         else:
-            if body.get("image") is not None:
-                body.setdefault("provider", "docker")  # an image names a container
             spec = self.spec_from_request(body)
         provider = get_provider(spec.provider.type)
         if not provider.capabilities.snapshot:
