@@ -250,3 +250,14 @@ def test_snapshot_wire_shapes(daemon: DaemonProcess) -> None:
         assert wrong.status_code == 400
         local = http.post("/v1/sandboxes", json={"provider": "local"}).json()["id"]
         assert http.post(f"/v1/sandboxes/{local}/fork", json={}).status_code == 201
+
+
+@pytest.mark.parametrize("remote_cls", [hutch.client.AsyncRemoteFork, hutch.client.RemoteFork])
+def test_remote_fork_offers_what_a_fork_offers(remote_cls: type) -> None:
+    import inspect
+
+    local = {n for n in dir(hutch.Fork) if not n.startswith("_")}
+    remote = {n for n in dir(remote_cls) if not n.startswith("_")}
+    assert local == remote == {"attach"}
+    assert (inspect.signature(hutch.Fork.attach).parameters.keys()
+            == inspect.signature(remote_cls.attach).parameters.keys())

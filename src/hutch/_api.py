@@ -95,7 +95,7 @@ async def create_sandbox_from_snapshot(
     sid = sandbox_id or new_sandbox_id()
     backend = await backend_cls.create_from_snapshot(spec.provider, sid, snapshot.handle)
     sandbox = await _track(backend, spec, engine)
-    sandbox.base_snapshot_id = snapshot.id
+    sandbox.base_snapshot_id = sandbox.origin_snapshot_id = snapshot.id
     return sandbox
 
 

@@ -86,6 +86,9 @@ class Sandbox:
         #: The snapshot it was started from or last captured: its parent in
         #: the lineage tree of the next snapshot taken of it.
         self.base_snapshot_id: str | None = None
+        #: The snapshot it was started from, if any: it depends on that
+        #: snapshot until it captures a state of its own.
+        self.origin_snapshot_id: str | None = None
 
     # -- identity -------------------------------------------------------------
     @property
@@ -464,14 +467,12 @@ class Sandbox:
         await self._engine().resume(self)
 
     # -- snapshots and forks ------------------------------------------------------------
-    async def snapshot(
-        self, label: str | None = None, *, diff: bool = True, snapshot_id: str | None = None
-    ) -> Snapshot:
+    async def snapshot(self, label: str | None = None, *, diff: bool = True) -> Snapshot:
         """Capture this sandbox's state (running, paused or suspended; it stays
         as it is) and return the snapshot. ``diff``: the provider may store
         only what changed since the state this sandbox started from."""
         self.require("snapshot")
-        sid = snapshot_id or new_snapshot_id()
+        sid = new_snapshot_id()
         if self._gate is not None:
             async with self._gate.held(self):
                 handle = await self._backend.capture(sid, diff=diff)
@@ -486,16 +487,22 @@ class Sandbox:
         self.base_snapshot_id = record.id
         return record
 
-    async def fork(self, label: str | None = None) -> Fork:
+    async def fork(self, label: str | None = None, *, count: int = 0) -> Fork:
         """Snapshot this sandbox and return a handle whose ``attach()`` starts
-        independent branches from that state (any number of them)."""
+        independent branches from that state (any number of them); ``count``
+        branches are started at once (``fork.branches``)."""
         self.require("fork")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise InvalidArgument(f"fork count must be a non-negative integer, not {count!r}")
         snapshot = await self.snapshot(label)
         from .lifecycle.engine import LifecycleEngine
 
         # Branches join the engine that tracks their origin (its clock, its timers).
         engine = self._gate if isinstance(self._gate, LifecycleEngine) else None
-        return Fork(snapshot, engine)
+        fork = Fork(snapshot, engine)
+        for _ in range(count):
+            await fork.attach()
+        return fork
 
     async def set_timeout(self, seconds: float) -> float:
         """Make the sandbox's deadline now + ``seconds``; returns it as Unix time."""

@@ -71,6 +71,7 @@ class AsyncAdapter:
 _ASYNC_TWIN: dict[type, type] = {
     hutch.client.RemoteSandbox: hutch.client.AsyncRemoteSandbox,
     hutch.client.RemoteProcess: hutch.client.AsyncRemoteProcess,
+    hutch.client.RemoteFork: hutch.client.AsyncRemoteFork,
 }
 
 

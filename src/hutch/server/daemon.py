@@ -231,6 +231,7 @@ class Daemon:
             id=sid, provider=spec.provider.type, state=SandboxState.CREATING.value,
             spec=spec.model_dump(), workspace=workspace, created_at_unix=now,
             base_snapshot_id=from_snapshot.id if from_snapshot else None,
+            origin_snapshot_id=from_snapshot.id if from_snapshot else None,
         )
         # Intent first: a daemon killed mid-create finds this row and cleans up.
         await anyio.to_thread.run_sync(self.store.put_sandbox, row)
@@ -247,6 +248,7 @@ class Daemon:
             raise
         sandbox = self._wrap(backend, spec)
         sandbox.base_snapshot_id = row.base_snapshot_id
+        sandbox.origin_snapshot_id = row.origin_snapshot_id
         self.sandboxes[sid] = sandbox
         if workspace is not None:
             self.workspace_of[sid] = workspace
@@ -322,13 +324,15 @@ class Daemon:
         )
         await anyio.to_thread.run_sync(self.store.put_snapshot, row)
         try:
-            snapshot = await sandbox.snapshot(label, diff=diff, snapshot_id=row.id)
+            # Held as it is (no transition meanwhile), as Sandbox.snapshot does.
+            async with self.engine.held(sandbox):
+                handle = await backend_of(sandbox).capture(row.id, diff=diff)
         except BaseException:
             await self._free_snapshot_storage(row)
             self.store.delete_snapshot(row.id)
             raise
-        row.status, row.size_bytes = "ready", snapshot.size_bytes
-        row.handle = snapshot.handle.as_dict() if snapshot.handle is not None else {}
+        sandbox.base_snapshot_id = row.id
+        row.status, row.size_bytes, row.handle = "ready", handle.size_bytes, handle.as_dict()
         await anyio.to_thread.run_sync(self.store.put_snapshot, row)
         sandbox_row = self.store.get_sandbox(sandbox_id)
         if sandbox_row is not None:
@@ -396,8 +400,9 @@ class Daemon:
         for ws in self.store.list_workspaces():
             if snapshot_id in (ws.source_snapshot_id, ws.state_snapshot_id):
                 needs.append(f"workspace {ws.name}")
+        # A branch started from it that has not captured a state of its own since.
         needs += [f"sandbox {sid}" for sid, sb in self.sandboxes.items()
-                  if sb.base_snapshot_id == snapshot_id]
+                  if sb.origin_snapshot_id == snapshot_id == sb.base_snapshot_id]
         return needs
 
     async def delete_snapshot(self, snapshot_id: str, *, force: bool = False) -> list[str]:
@@ -850,6 +855,8 @@ class Daemon:
                     await backend.close()
                 return
         sandbox = self._wrap(backend, spec)
+        sandbox.base_snapshot_id = row.base_snapshot_id
+        sandbox.origin_snapshot_id = row.origin_snapshot_id
         self.sandboxes[row.id] = sandbox
         if row.workspace is not None:
             self.workspace_of[row.id] = row.workspace

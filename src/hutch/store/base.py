@@ -34,6 +34,8 @@ class SandboxRow:
     meter: dict[str, float] = field(default_factory=dict)
     #: The snapshot it was started from or last captured (its next snapshot's parent).
     base_snapshot_id: str | None = None
+    #: The snapshot it was started from, if it was (a branch, a resumed workspace).
+    origin_snapshot_id: str | None = None
 
 
 @dataclass

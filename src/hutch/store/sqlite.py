@@ -34,7 +34,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     deadline_unix REAL,
     last_active_unix REAL,
     meter TEXT NOT NULL DEFAULT '{}',
-    base_snapshot_id TEXT
+    base_snapshot_id TEXT,
+    origin_snapshot_id TEXT
 );
 CREATE TABLE IF NOT EXISTS workspaces (
     name TEXT PRIMARY KEY,
@@ -81,6 +82,7 @@ _ADDED_COLUMNS = {
         "last_active_unix": "REAL",
         "meter": "TEXT NOT NULL DEFAULT '{}'",
         "base_snapshot_id": "TEXT",
+        "origin_snapshot_id": "TEXT",
     },
     # Workspaces on snapshots (provider-neutral); columns of the Docker-only
     # rows of older data directories are left unread.
@@ -90,7 +92,7 @@ _ADDED_COLUMNS = {
 _SANDBOX_COLUMNS = (
     "id", "provider", "state", "reason", "workspace", "spec", "description",
     "created_at_unix", "updated_at_unix", "deadline_unix", "last_active_unix", "meter",
-    "base_snapshot_id",
+    "base_snapshot_id", "origin_snapshot_id",
 )
 _PUT_SANDBOX = (
     f"INSERT OR REPLACE INTO sandboxes ({', '.join(_SANDBOX_COLUMNS)}) "
@@ -180,7 +182,7 @@ class SQLiteStore(Store):
             row.id, row.provider, row.state, row.reason, row.workspace, json.dumps(row.spec),
             json.dumps(row.description), row.created_at_unix, row.updated_at_unix,
             row.deadline_unix, row.last_active_unix, json.dumps(row.meter),
-            row.base_snapshot_id,
+            row.base_snapshot_id, row.origin_snapshot_id,
         )
 
     def put_sandbox(self, row: SandboxRow, event: tuple[str, str] | None = None) -> None:
@@ -209,6 +211,7 @@ class SQLiteStore(Store):
             updated_at_unix=r["updated_at_unix"], deadline_unix=r["deadline_unix"],
             last_active_unix=r["last_active_unix"], meter=json.loads(r["meter"] or "{}"),
             base_snapshot_id=r["base_snapshot_id"],
+            origin_snapshot_id=r["origin_snapshot_id"],
         )
 
     def get_sandbox(self, sandbox_id: str) -> SandboxRow | None:
