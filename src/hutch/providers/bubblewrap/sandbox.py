@@ -13,7 +13,7 @@ import os
 import re
 import subprocess
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field
@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..._errors import InvalidArgument, ProviderError, SandboxUnavailable
 from ..._types import Capabilities, FileInfo
 from ..base import BackendProcess, SandboxBackend, SandboxRuntime
+from ..policy import Limit, ReachesHost, format_bytes, parse_bytes
 from .cgroups import SandboxCgroup
 from .provisioning import Keeper, Layers, bubblewrap_home, start_keeper
 from .rootfs import resolve_rootfs
@@ -54,21 +55,25 @@ class BubblewrapConfig(BaseModel):
 
     type: Literal["bubblewrap"] = "bubblewrap"
     #: A host directory to use as the (read-only, shared) root file system.
-    rootfs: str | None = None
+    rootfs: Annotated[
+        str | None, ReachesHost("shows a host directory of the caller's choosing as the root")
+    ] = None
     #: A hutch image, or a Docker image exported once and cached; the test
     #: image when neither this nor ``rootfs`` is set.
     image: str | None = None
     #: The working directory inside (made if missing).
     workdir: str = "/workspace"
     #: Memory limit (``512m``, ``2g``, or bytes).
-    memory: str | int | None = None
-    pids_limit: int = Field(default=1024, gt=0, le=4_194_304)
+    memory: Annotated[str | int | None, Limit("memory", parse_bytes, format_bytes)] = None
+    pids_limit: Annotated[int, Limit("pids", int, int)] = Field(
+        default=1024, gt=0, le=4_194_304
+    )
     #: CPU quota in CPUs (``1.5``).
-    cpus: float | None = Field(default=None, gt=0, le=1024)
+    cpus: Annotated[float | None, Limit("cpus")] = Field(default=None, gt=0, le=1024)
     #: No network at all (a loopback of its own). Other policies: not yet.
     network: Literal["none"] = "none"
     #: Cap on what the sandbox may write while it runs (its tmpfs upper layer).
-    disk: str | int = "4g"
+    disk: Annotated[str | int, Limit("disk", parse_bytes, format_bytes)] = "4g"
     env: dict[str, str] = {}
     hostname: str = Field(default="hutch", pattern=r"^[A-Za-z0-9][A-Za-z0-9.-]{0,62}$")
     #: End with the process that made it (``--die-with-parent``): for
