@@ -10,10 +10,16 @@ import math
 import os
 import socket
 import stat
-from collections.abc import Callable
+import tomllib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pydantic import ValidationError
 
 from .._errors import HutchError, InvalidArgument
+from ..config import CONFIG_FILE_NAME, load_config_file
 from .app import ServerSettings, create_app
+from .connections import connection_cap, guarded_protocol
 from .daemon import default_data_dir
 
 DEFAULT_HOST = "127.0.0.1"
@@ -47,6 +53,38 @@ def read_token_file(path: str) -> str:
     if not token or "\n" in token:
         raise InvalidArgument(f"token file {path} must hold the token on one line")
     return token
+
+
+def load_server_config(path: str | None) -> dict[str, Any]:
+    """The daemon's settings from ``path`` (else ``./hutch.toml`` if present)::
+
+        [server]
+        allow = ["mounts"]          # host-reaching settings clients may set
+        [server.limits]             # for requests that set none
+        memory = "2g"
+        cpus = 1
+        pids = 1024
+        [server.ceilings]           # the most a request may ask for
+        memory = "8g"
+
+    The file's ``[sandbox]`` and ``[providers]`` tables are the server's
+    sandbox defaults (the operator's: settings there are allowed).
+    """
+    file = load_config_file(path)
+    candidate = path or CONFIG_FILE_NAME
+    server: dict[str, Any] = {}
+    if os.path.exists(candidate):
+        with open(candidate, "rb") as fh:
+            server = dict(tomllib.load(fh).get("server", {}))
+    unknown = set(server) - {"allow", "limits", "ceilings"}
+    if unknown:
+        raise InvalidArgument(
+            f"unknown [server] settings in {candidate}: {', '.join(sorted(unknown))} "
+            "(known: allow, limits, ceilings)"
+        )
+    if file:
+        server["sandbox_defaults"] = file
+    return server
 
 
 def _scrub_initial_environ(name: str) -> None:
@@ -87,15 +125,24 @@ def serve(
     *,
     token_file: str | None = None,
     on_ready: Callable[[str, str], None] | None = None,
+    allow: Sequence[str] = (),
+    config_file: str | None = None,
+    max_connections: int | None = None,
 ) -> None:
     """Run the daemon until interrupted. Refuses a non-loopback bind without a token.
 
     ``token`` is for in-process callers; otherwise it comes from
-    ``token_file`` or ``HUTCH_TOKEN`` (see :func:`take_token`). Everything
-    that can be refused (the address, the data directory) is checked before
-    the daemon starts; ``on_ready(url, data_dir)`` is called once it serves.
+    ``token_file`` or ``HUTCH_TOKEN`` (see :func:`take_token`). ``allow``
+    names settings that reach the host which clients may set, on top of the
+    config file's (``hutch.toml``: see :func:`load_server_config`). Everything
+    that can be refused (the address, the data directory, the settings) is
+    checked before the daemon starts; ``on_ready(url, data_dir)`` is called
+    once it serves.
     """
     import uvicorn
+
+    server_config = load_server_config(config_file)
+    server_config["allow"] = sorted({*server_config.get("allow", []), *allow})
 
     taken = take_token(token_file)
     token = token or taken
@@ -115,9 +162,13 @@ def serve(
         raise InvalidArgument(
             f"retention must be a positive number of seconds, got {retention_seconds!r}"
         )
-    data_dir = prepare_data_dir(data_dir)
+    try:
+        settings = ServerSettings(data_dir=data_dir, token=token, **server_config)
+    except ValidationError as exc:
+        raise InvalidArgument(f"bad [server] settings: {exc}") from None
+    settings.policy()  # a bad allowance or limit fails here, before anything listens
+    settings.data_dir = prepare_data_dir(data_dir)
     listener = bind(host, port)
-    settings = ServerSettings(data_dir=data_dir, token=token)
     if retention_seconds is not None:
         settings.retention_seconds = retention_seconds
     url = f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
@@ -128,8 +179,8 @@ def serve(
     # The asyncio loop, not uvloop: uvloop notices a child's exit ~4 ms late,
     # which would be most of an exec's cost.
     server = uvicorn.Server(uvicorn.Config(
-        app, http="httptools", loop="asyncio", log_level="warning",
-        access_log=False, timeout_graceful_shutdown=5,
+        app, http=guarded_protocol(connection_cap(max_connections)), loop="asyncio",
+        log_level="warning", access_log=False, timeout_graceful_shutdown=5,
     ))
     server.run(sockets=[listener])
     if not server.started:
