@@ -19,6 +19,7 @@ import pytest
 
 import hutch
 from tests.conformance.conftest import Harness
+from tests.conftest import TEST_IMAGE
 from tests.daemon_fixture import DaemonProcess
 from tests.ssh_server import ALIAS, shared_server
 
@@ -115,6 +116,19 @@ async def _remote_sync() -> AsyncIterator[Harness]:
 
 
 @asynccontextmanager
+async def _remote_bubblewrap() -> AsyncIterator[Harness]:
+    d = daemon()
+    async with hutch.AsyncClient(d.url, token=d.token) as client:
+        sb = await client.create_sandbox("bubblewrap", image=TEST_IMAGE, read_before_write=False)
+        try:
+            # Its working directory, in the hot upper layer under the daemon's data dir.
+            host_workdir = f"{d.data_dir}/bubblewrap/sandboxes/{sb.id}/hot/upper{sb.workdir}"
+            yield Harness(sb, "remote-bubblewrap", host_workdir)
+        finally:
+            await sb.close()
+
+
+@asynccontextmanager
 async def _remote_ssh() -> AsyncIterator[Harness]:
     # The ssh provider through the daemon: the daemon holds the kept connection.
     d = daemon()
@@ -137,5 +151,6 @@ async def _remote_ssh() -> AsyncIterator[Harness]:
 REMOTE_MAKERS: dict[str, tuple[Any, bool, list[pytest.MarkDecorator]]] = {
     "remote-async": (_remote_async, True, []),
     "remote-sync": (_remote_sync, True, []),
+    "remote-bubblewrap": (_remote_bubblewrap, True, [pytest.mark.docker]),
     "remote-ssh": (_remote_ssh, True, []),
 }

@@ -114,6 +114,18 @@ def serve(
     retention: float | None = typer.Option(
         None, help="Seconds an ended sandbox stays readable, with its events (default 86400)."
     ),
+    allow: list[str] = typer.Option(
+        [], "--allow", metavar="SETTING",
+        help="Let API clients set this host-reaching setting (mounts, host_workdir, "
+        "network_mode, cap_drop); repeatable. Also `allow = [...]` under [server] in hutch.toml.",
+    ),
+    config: str | None = typer.Option(
+        None, help="hutch.toml with [server] allow/limits/ceilings (default: ./hutch.toml)."
+    ),
+    max_connections: int | None = typer.Option(
+        None, help="Most client connections at once (default 4096, or half the open-files "
+        "limit); past it the longest-idle one is closed.",
+    ),
 ) -> None:
     """Run the daemon: the HTTP API, the state store, the timers.
 
@@ -125,7 +137,8 @@ def serve(
     where = data_dir or default_data_dir()
     console.print(f"hutch serving on http://{host}:{port} (state in {where})")
     try:
-        run(host, port, data_dir=data_dir, token_file=token_file, retention_seconds=retention)
+        run(host, port, data_dir=data_dir, token_file=token_file, retention_seconds=retention,
+            allow=allow, config_file=config, max_connections=max_connections)
     except HutchError as exc:
         err_console.print(f"[red]error[/red] ({exc.code}): {exc}")
         raise typer.Exit(exit_code_for(exc)) from None
