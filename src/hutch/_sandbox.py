@@ -10,6 +10,7 @@ where the lifecycle engine tracks activity and resumes a suspended sandbox.
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import shlex
 import time
@@ -17,6 +18,8 @@ import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
+
+import anyio
 
 from ._errors import (
     CapabilityUnsupported,
@@ -33,6 +36,7 @@ from ._process import ExitStatus, Process, StreamEvent, run_to_completion
 from ._types import (
     DEFAULT_OUTPUT_LIMIT,
     DEFAULT_READ_LIMIT,
+    DEFAULT_SEARCH_TIMEOUT,
     Capabilities,
     Command,
     ExecResult,
@@ -337,22 +341,45 @@ class Sandbox:
         glob: str | None = None,
         ignore_case: bool = False,
         limit: int = DEFAULT_READ_LIMIT,
+        timeout: float = DEFAULT_SEARCH_TIMEOUT,
     ) -> list[GrepMatch]:
-        """Lines matching the regex ``pattern`` in files below ``path``."""
+        """Lines matching the regex ``pattern`` in files below ``path``.
+
+        Regular files only. Past ``timeout`` seconds the search is stopped,
+        with whatever it started, and ``ExecTimeout`` raised: a pattern that
+        backtracks or a tree too large costs its caller, never the others.
+        """
         try:
             regex = re.compile(pattern, re.IGNORECASE if ignore_case else 0)
         except re.error as exc:
             raise InvalidArgument(f"bad regular expression {pattern!r}: {exc}") from None
-        async with self._operation("grep"):
+        async with self._operation("grep"), self._bounded("grep", timeout):
             matches = await self._runtime.grep(regex, self.path(path), glob, limit)
         for match in matches:
             self._session_guard.mark_read(match.path)
         return matches
 
-    async def glob(self, pattern: str, path: str = ".") -> list[str]:
+    async def glob(
+        self, pattern: str, path: str = ".", *, timeout: float = DEFAULT_SEARCH_TIMEOUT
+    ) -> list[str]:
         """Files below ``path`` whose relative path matches ``pattern`` (``**`` ok)."""
-        async with self._operation("glob"):
+        async with self._operation("glob"), self._bounded("glob", timeout):
             return await self._runtime.glob(pattern, self.path(path))
+
+    @staticmethod
+    @asynccontextmanager
+    async def _bounded(what: str, timeout: float) -> AsyncIterator[None]:
+        """Stop the body after ``timeout`` s (cancelling what it started) with ExecTimeout."""
+        if not 0 < timeout < math.inf:
+            raise InvalidArgument(f"timeout must be a positive number, got {timeout}")
+        try:
+            with anyio.fail_after(timeout):
+                yield
+        except TimeoutError:
+            raise ExecTimeout(
+                f"{what} timed out after {timeout:g} s and was stopped "
+                "(narrow the path or the glob, or simplify the pattern)"
+            ) from None
 
     async def preview_url(self, port: int) -> str:
         if not 0 < port < 65536:

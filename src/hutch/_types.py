@@ -21,6 +21,8 @@ MAX_OUTPUT_LIMIT = 256 * 1024 * 1024
 MAX_READ_LIMIT = DEFAULT_READ_LIMIT
 #: The longest duration any setting takes (timeouts, lifetimes), seconds: a year.
 MAX_DURATION = 365 * 24 * 3600.0
+#: How long a grep or glob may run before it is stopped (``exec_timeout``).
+DEFAULT_SEARCH_TIMEOUT = 60.0
 #: What a timed-out or killed command gets between SIGTERM and SIGKILL.
 KILL_GRACE_SECONDS = 1.0
 

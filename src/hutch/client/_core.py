@@ -28,7 +28,15 @@ from .._errors import (
     error_from_code,
 )
 from .._process import ExitStatus
-from .._types import Capabilities, ExecResult, FileInfo, FileType, GrepMatch, OutputChunk
+from .._types import (
+    DEFAULT_SEARCH_TIMEOUT,
+    Capabilities,
+    ExecResult,
+    FileInfo,
+    FileType,
+    GrepMatch,
+    OutputChunk,
+)
 from ..lifecycle.engine import SandboxStatus
 from ..lifecycle.state import FINAL, SandboxState
 from ..providers.base import join_path
@@ -368,16 +376,23 @@ class SandboxOps:
     def grep(
         self, pattern: str, path: str = ".", *, glob: str | None = None,
         ignore_case: bool = False, limit: int = 256 * 1024 * 1024,
+        timeout: float = DEFAULT_SEARCH_TIMEOUT,
     ) -> Op:
         answer = yield Call("POST", self._path("/grep"), json={
             "pattern": pattern, "path": path, "glob": glob, "ignore_case": ignore_case,
-        }, timeout=600)
+            "timeout": timeout,
+        }, timeout=timeout + HTTP_GRACE_SECONDS)
         return [GrepMatch(m["path"], int(m["line_number"]), m["line"]) for m in answer["matches"]]
 
     @op
-    def glob(self, pattern: str, path: str = ".") -> Op:
-        answer = yield Call("POST", self._path("/glob"), json={"pattern": pattern, "path": path},
-                            timeout=600)
+    def glob(
+        self, pattern: str, path: str = ".", *, timeout: float = DEFAULT_SEARCH_TIMEOUT
+    ) -> Op:
+        answer = yield Call(
+            "POST", self._path("/glob"),
+            json={"pattern": pattern, "path": path, "timeout": timeout},
+            timeout=timeout + HTTP_GRACE_SECONDS,
+        )
         return list(answer["paths"])
 
     @op

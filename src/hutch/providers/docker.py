@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
+import anyio
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -49,9 +50,17 @@ from .._errors import (
 )
 from .._globmatch import compile_glob
 from .._paths import sandbox_workdir
-from .._types import Capabilities, FileInfo, FileType, GrepMatch, OutputChunk
+from .._types import (
+    KILL_GRACE_SECONDS,
+    Capabilities,
+    FileInfo,
+    FileType,
+    GrepMatch,
+    OutputChunk,
+)
+from ._grep import matching_indices
 from ._hostproc import EXEC_MARKER, SANDBOX_MARKER
-from .base import BackendProcess, RuntimeNotice, RuntimeReport, SandboxBackend, grep_data
+from .base import BackendProcess, RuntimeNotice, RuntimeReport, SandboxBackend
 from .policy import Limit, ReachesHost, format_bytes, keeps_dropped, one_of, parse_bytes
 
 log = logging.getLogger("hutch.docker")
@@ -471,11 +480,12 @@ def _parse_mtime(value: object) -> float:
         return 0.0
 
 
-# grep over what os.walk would list as files below $1 (links to files
-# included, links to directories not entered), their names matching $2.
+# grep over the regular files below $1 (links to them included, links to
+# directories not entered), their names matching $2: never a FIFO or a device,
+# whose read may never end.
 _GREP_TREE = (
     'r=$1; n=$2; shift 2; '
-    'find "$r" -mindepth 1 ! -xtype d -name "$n" -print0 | xargs -0 -r grep "$@" --'
+    'find "$r" -mindepth 1 -xtype f -name "$n" -print0 | xargs -0 -r grep "$@" --'
 )
 #: What grep, find, xargs or sh say when they are not the GNU tools this needs.
 _TOOL_FAILURES = (
@@ -837,9 +847,16 @@ class DockerSandbox(SandboxBackend):
         proc = await self.start_process(argv, cwd="/", env=env or {}, stdin=None, user="0")
         out: list[bytes] = []
         err: list[bytes] = []
-        while (chunk := await proc.read()) is not None:
-            (out if chunk.stream == "stdout" else err).append(chunk.data)
-        return await proc.wait(), b"".join(out), b"".join(err)
+        try:
+            while (chunk := await proc.read()) is not None:
+                (out if chunk.stream == "stdout" else err).append(chunk.data)
+            return await proc.wait(), b"".join(out), b"".join(err)
+        except BaseException:
+            # Cancelled (a grep's timeout, its caller gone): what it started
+            # inside the sandbox is killed, not left to run unseen.
+            with anyio.CancelScope(shield=True):
+                await proc.kill(KILL_GRACE_SECONDS)
+            raise
 
     async def count_busy_processes(self) -> int:
         # The Engine's top runs ps on the host: no probe inside to count out.
@@ -1018,10 +1035,10 @@ class DockerSandbox(SandboxBackend):
             raise ProviderError(f"removing {path} failed: {message.strip()}")
 
     async def walk_files(self, root: str) -> list[str]:
-        # What os.walk lists as files: everything but directories and links
-        # to them (-xtype d), the root followed if it is a link (-H).
+        # Regular files and links to them (-xtype f), as the base rule asks;
+        # the root followed if it is a link (-H).
         code, out, _ = await self.run_quiet(
-            ["find", "-H", root, "-mindepth", "1", "!", "-xtype", "d", "-print0"]
+            ["find", "-H", root, "-mindepth", "1", "-xtype", "f", "-print0"]
         )
         if code != 0 and not out:
             await self.stat(root)  # the typed error for a missing root, off the happy path
@@ -1035,7 +1052,8 @@ class DockerSandbox(SandboxBackend):
         The container's ``grep -F`` (C locale, bytes) sends back only lines
         holding a literal that every match must contain, so file content
         never crosses the API in bulk. Each line is then matched with
-        Python's ``re`` exactly as the base class would on local; a file whose
+        Python's ``re`` exactly as the base class would on local (in a worker
+        process, never on the event loop); a file whose
         lines Python would split differently than grep does (a lone CR, form
         feed, U+2028...) or that grep stops reading as binary part way is
         read whole and searched by the base rule. Where the tools are not GNU
@@ -1043,7 +1061,7 @@ class DockerSandbox(SandboxBackend):
         """
         info = await self.stat(root)
         literals = _required_literals(pattern)
-        grep_args = ["-H", "-n", "-Z", "-F"]
+        grep_args = ["-H", "-n", "-Z", "-F", "-D", "skip"]
         if pattern.flags & re.IGNORECASE:
             grep_args.append("-i")
         if literals is None:
@@ -1071,6 +1089,7 @@ class DockerSandbox(SandboxBackend):
             m.decode("utf-8", "surrogateescape") for m in _BINARY_MATCHES.findall(err)
         }
         reread = await self._text_by_base_rule(sorted(binary)) if binary else set()
+        candidates: list[GrepMatch] = []
         pos = 0
         while pos < len(out):
             nul = out.find(b"\0", pos)
@@ -1090,17 +1109,14 @@ class DockerSandbox(SandboxBackend):
             if _LINE_BREAK_CHARS.search(body):
                 reread.add(path)
                 continue
-            if pattern.search(body):
-                matches.append(GrepMatch(path, int(number), body))
-        for path in sorted(reread):
-            if matcher is not None and not matcher.match(path[len(prefix):]):
-                continue
-            matches = [m for m in matches if m.path != path]
-            try:
-                data = await self.read_file(path, limit)
-            except (SandboxIsADirectory, PermissionError, FileNotFoundError):
-                continue
-            matches.extend(grep_data(path, data, pattern))
+            candidates.append(GrepMatch(path, int(number), body))
+        found = await matching_indices(pattern, [c.line for c in candidates])
+        matches = [candidates[i] for i in found if candidates[i].path not in reread]
+        whole = [
+            path for path in sorted(reread)
+            if matcher is None or matcher.match(path[len(prefix):])
+        ]
+        matches.extend(await self.grep_files(pattern, whole, limit))
         return sorted(matches, key=lambda m: (m.path, m.line_number))
 
     async def _text_by_base_rule(self, paths: list[str]) -> set[str]:

@@ -40,6 +40,7 @@ from .._process import ExitStatus, Process
 from .._sandbox import Sandbox
 from .._types import (
     DEFAULT_READ_LIMIT,
+    DEFAULT_SEARCH_TIMEOUT,
     MAX_DURATION,
     MAX_OUTPUT_LIMIT,
     MAX_READ_LIMIT,
@@ -127,15 +128,22 @@ class WaitBody(BaseModel):
 
 
 class GrepBody(BaseModel):
+    model_config = ConfigDict(allow_inf_nan=False)
+
     pattern: str
     path: str = "."
     glob: str | None = None
     ignore_case: bool = False
+    #: Seconds before the search is stopped (exec_timeout).
+    timeout: float = Field(default=DEFAULT_SEARCH_TIMEOUT, gt=0, le=MAX_DURATION)
 
 
 class GlobBody(BaseModel):
+    model_config = ConfigDict(allow_inf_nan=False)
+
     pattern: str
     path: str = "."
+    timeout: float = Field(default=DEFAULT_SEARCH_TIMEOUT, gt=0, le=MAX_DURATION)
 
 
 class WorkspaceSuspendBody(BaseModel):
@@ -556,7 +564,8 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     @v1.post("/sandboxes/{sandbox_id}/grep")
     async def grep(request: Request, sandbox_id: str, body: GrepBody) -> JSONResponse:
         matches = await sandbox_for(request, sandbox_id).grep(
-            body.pattern, body.path, glob=body.glob, ignore_case=body.ignore_case
+            body.pattern, body.path, glob=body.glob, ignore_case=body.ignore_case,
+            timeout=body.timeout,
         )
         return JSONResponse({"matches": [
             {"path": m.path, "line_number": m.line_number, "line": m.line} for m in matches
@@ -570,7 +579,9 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
 
     @v1.post("/sandboxes/{sandbox_id}/glob")
     async def glob(request: Request, sandbox_id: str, body: GlobBody) -> JSONResponse:
-        paths = await sandbox_for(request, sandbox_id).glob(body.pattern, body.path)
+        paths = await sandbox_for(request, sandbox_id).glob(
+            body.pattern, body.path, timeout=body.timeout
+        )
         return JSONResponse({"paths": paths})
 
     # -- sandboxes --

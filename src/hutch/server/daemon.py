@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import anyio.to_thread
+from pydantic import BaseModel
 
 from .._errors import (
     CapabilityUnsupported,
@@ -214,10 +215,13 @@ class Daemon:
         it; ``daemon_settings`` are the daemon's own (a workspace's directory),
         added after the check."""
         spec = resolve_spec(flags=body, server_defaults=self.sandbox_defaults)
-        operators = resolve_spec(
-            flags={"provider": spec.provider.type}, server_defaults=self.sandbox_defaults
-        )
-        provider = self.policy.admit(spec.provider, operators.provider)
+        try:  # the operator's own settings for this provider, if they stand alone
+            operators: BaseModel | None = resolve_spec(
+                flags={"provider": spec.provider.type}, server_defaults=self.sandbox_defaults
+            ).provider
+        except InvalidArgument:
+            operators = None  # a provider with required settings the operator left out
+        provider = self.policy.admit(spec.provider, operators)
         if daemon_settings:
             provider = provider.model_copy(update=dict(daemon_settings))
         spec = spec.model_copy(update={"provider": provider})
