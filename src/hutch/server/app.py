@@ -266,7 +266,8 @@ class TokenAuth:
                     return
                 body = render_json({"error": {
                     "code": "unauthorized",
-                    "message": "missing or wrong token (send Authorization: Bearer <token>)",
+                    "message": "missing or wrong token: set HUTCH_TOKEN to the daemon's token "
+                    "(clients send it as Authorization: Bearer <token>)",
                 }})
                 await send({"type": "http.response.start", "status": 401, "headers": [
                     (b"content-type", b"application/json"),
@@ -462,7 +463,12 @@ def use_pidfd_child_watcher() -> Callable[[], None]:
 # -- the application ---------------------------------------------------------------------------
 
 
-def create_app(settings: ServerSettings | None = None) -> FastAPI:
+def create_app(
+    settings: ServerSettings | None = None,
+    *,
+    on_ready: Callable[[Daemon], None] | None = None,
+) -> FastAPI:
+    """The application; ``on_ready`` is called once the daemon has started."""
     settings = settings or ServerSettings()
     holder: dict[str, Daemon] = {}
 
@@ -477,6 +483,8 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         try:
             await daemon.start()
             holder["daemon"] = daemon
+            if on_ready is not None:
+                on_ready(daemon)
             yield
         finally:
             holder.pop("daemon", None)
