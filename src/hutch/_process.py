@@ -26,6 +26,8 @@ class ExitStatus:
     """The last event of a stream: the command has ended."""
 
     exit_code: int
+    #: As ``ExecResult.oom_killed``.
+    oom_killed: bool = False
 
 
 StreamEvent = OutputChunk | ExitStatus
@@ -67,7 +69,7 @@ async def run_to_completion(
     except BaseException:
         await kill_shielded(proc)
         raise
-    return ExecResult(code, b"".join(out), b"".join(err))
+    return ExecResult(code, b"".join(out), b"".join(err), oom_killed=proc.oom_killed)
 
 
 #: Output a background command keeps in memory; past it, its output is on disk.
@@ -190,7 +192,8 @@ class Process:
             raise self._error
         self._check_kept()
         out, err = self._spool.joined("stdout"), self._spool.joined("stderr")
-        return ExecResult(self._exit_code if self._exit_code is not None else -1, out, err)
+        return ExecResult(self._exit_code if self._exit_code is not None else -1, out, err,
+                          oom_killed=self._proc.oom_killed)
 
     def _check_kept(self) -> None:
         if self._released:
@@ -218,7 +221,8 @@ class Process:
             if done and position >= self._spool.size:
                 if self._error is not None:
                     raise self._error
-                yield ExitStatus(self._exit_code if self._exit_code is not None else -1)
+                yield ExitStatus(self._exit_code if self._exit_code is not None else -1,
+                                 oom_killed=self._proc.oom_killed)
                 return
 
     def release(self) -> None:

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import anyio.to_thread
+from pydantic import BaseModel
 
 from .._errors import (
     CapabilityUnsupported,
@@ -40,7 +41,7 @@ from .._sandbox import Sandbox, backend_of, new_sandbox_id
 from ..config import SandboxSpec, resolve_spec
 from ..lifecycle.engine import LifecycleEngine, expiry_error
 from ..lifecycle.state import SandboxState
-from ..providers.base import SandboxBackend
+from ..providers.base import RuntimeNotice, SandboxBackend
 from ..providers.registry import get_provider
 from ..store import SandboxRow, SQLiteStore, Store, WorkspaceRow
 from .policy import OperatorPolicy
@@ -214,10 +215,13 @@ class Daemon:
         it; ``daemon_settings`` are the daemon's own (a workspace's directory),
         added after the check."""
         spec = resolve_spec(flags=body, server_defaults=self.sandbox_defaults)
-        operators = resolve_spec(
-            flags={"provider": spec.provider.type}, server_defaults=self.sandbox_defaults
-        )
-        provider = self.policy.admit(spec.provider, operators.provider)
+        try:  # the operator's own settings for this provider, if they stand alone
+            operators: BaseModel | None = resolve_spec(
+                flags={"provider": spec.provider.type}, server_defaults=self.sandbox_defaults
+            ).provider
+        except InvalidArgument:
+            operators = None  # a provider with required settings the operator left out
+        provider = self.policy.admit(spec.provider, operators)
         if daemon_settings:
             provider = provider.model_copy(update=dict(daemon_settings))
         spec = spec.model_copy(update={"provider": provider})
@@ -266,16 +270,19 @@ class Daemon:
         """Start the provider's watcher for runtimes that die, once per provider."""
         if provider not in self._watchers:
             self._watchers[provider] = asyncio.get_running_loop().create_task(
-                provider.watch_runtimes(self._runtime_died)
+                provider.watch_runtimes(self._runtime_notice)
             )
 
-    async def _runtime_died(self, sandbox_id: str, reason: str) -> None:
-        """A provider's watcher says this sandbox's runtime died outside hutch."""
-        sandbox = self.sandboxes.get(sandbox_id)
+    async def _runtime_notice(self, notice: RuntimeNotice) -> None:
+        """A provider's watcher tells what happened to a sandbox outside hutch."""
+        sandbox = self.sandboxes.get(notice.sandbox_id)
         if sandbox is None:
             return  # not ours, or already ended
-        if await self.engine.runtime_died(sandbox, reason):
-            log.warning("sandbox %s failed: %s", sandbox_id, reason)
+        if not notice.may_have_died:
+            self._note(notice.sandbox_id, "runtime", notice.message)
+            log.warning("sandbox %s: %s", notice.sandbox_id, notice.message)
+        elif await self.engine.runtime_died(sandbox, notice.message):
+            log.warning("sandbox %s failed: %s", notice.sandbox_id, notice.message)
 
     @staticmethod
     def _wrap(backend: Any, spec: SandboxSpec) -> Sandbox:

@@ -111,12 +111,12 @@ class OperatorPolicy:
                     f"{_shown(kind, ceiling)}"
                 )
 
-    def admit(self, requested: BaseModel, operators: BaseModel) -> BaseModel:
+    def admit(self, requested: BaseModel, operators: BaseModel | None) -> BaseModel:
         """``requested`` (a provider config a client asked for) as the daemon runs
         it: refused if it reaches the host beyond what the operator set
         (``operators``: the same provider's config from the server defaults
         alone) or allowed, limits filled in and held to their ceilings."""
-        operator_set = host_reaching(operators)
+        operator_set = host_reaching(operators) if operators is not None else {}
         for name, why in host_reaching(requested).items():
             if name in self.allow:
                 continue

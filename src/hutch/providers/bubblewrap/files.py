@@ -215,8 +215,9 @@ class RootFiles:
                     fd = openat2(root, rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
                     os.fchmod(fd, 0o644)  # a new file: the mode asked for, whatever our umask
                 except FileExistsError:
-                    # An existing file keeps its mode; a link is followed, in the root.
-                    fd = openat2(root, rel, os.O_WRONLY | os.O_TRUNC)
+                    # An existing file keeps its mode; a link is followed (and
+                    # its target made if missing), in the root.
+                    fd = openat2(root, rel, os.O_WRONLY | os.O_TRUNC | os.O_CREAT, 0o644)
             except OSError as exc:
                 if exc.errno == errno.EISDIR:
                     raise SandboxIsADirectory(f"{path} is a directory") from None

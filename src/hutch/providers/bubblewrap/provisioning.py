@@ -6,8 +6,8 @@ Layout on the host, under ``$HUTCH_HOME/bubblewrap``::
     sandboxes/<id>/hot/        a tmpfs of the sandbox's own (capped at ``disk``)
                    hot/upper   the overlay's upper layer while it runs: file
                    hot/work    creation on tmpfs is ~30x faster than on ext4
-                   upper/      the upper layer on disk, once suspended (and
-                   work/       after: a resumed sandbox keeps it on disk)
+                   upper/      the upper layer on disk while suspended (a
+                               resume copies it back onto a fresh tmpfs)
                    merged/     the overlay: lower layers (read-only, shared)
                                + the upper layer; bwrap binds it as ``/``
     snapshots/<id>/layer/      a captured upper layer (a lower layer of forks)
@@ -157,7 +157,8 @@ class Layers:
             _umount(self.hot)
 
     def move_upper_to_disk(self) -> None:
-        """Copy the hot upper layer to disk (the overlay must be unmounted)."""
+        """Copy the hot upper layer to disk and free its tmpfs (the overlay
+        must be unmounted): what a suspended sandbox keeps."""
         if self.upper_on != "hot":
             return
         target = os.path.join(self.sandbox_dir, "upper")
@@ -165,8 +166,23 @@ class Layers:
         copy_tree(os.path.join(self.hot, "upper"), target)
         _umount(self.hot)
         shutil.rmtree(self.hot, ignore_errors=True)
-        shutil.rmtree(os.path.join(self.sandbox_dir, "work"), ignore_errors=True)
         self.upper_on = "disk"
+
+    def move_upper_to_hot(self) -> None:
+        """Bring a suspended upper layer back onto a fresh tmpfs (capped again)."""
+        if self.upper_on != "disk":
+            return
+        on_disk = os.path.join(self.sandbox_dir, "upper")
+        os.makedirs(self.hot, exist_ok=True)
+        if not is_mount_point(self.hot):
+            _mount("hutch-upper", self.hot, "tmpfs", _MS_NOSUID | _MS_NODEV,
+                   f"size={self.disk_limit},mode=0700")
+        hot_upper = os.path.join(self.hot, "upper")
+        shutil.rmtree(hot_upper, ignore_errors=True)
+        copy_tree(on_disk, hot_upper)
+        self.upper_on = "hot"
+        shutil.rmtree(on_disk, ignore_errors=True)
+        shutil.rmtree(os.path.join(self.sandbox_dir, "work"), ignore_errors=True)
 
     def remove(self) -> None:
         self.unmount()

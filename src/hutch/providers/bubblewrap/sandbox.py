@@ -9,25 +9,37 @@ in :mod:`.runtime`; the overlay and the keeper in :mod:`.provisioning`.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import subprocess
+import weakref
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..._errors import InvalidArgument, ProviderError, SandboxUnavailable
 from ..._types import Capabilities, FileInfo
-from ..base import BackendProcess, SandboxBackend, SandboxRuntime
+from ..base import (
+    BackendProcess,
+    RuntimeNotice,
+    RuntimeReport,
+    SandboxBackend,
+    SandboxRuntime,
+)
+from ..policy import Limit, ReachesHost, format_bytes, parse_bytes
 from .cgroups import SandboxCgroup
 from .provisioning import Keeper, Layers, bubblewrap_home, start_keeper
 from .rootfs import resolve_rootfs
 from .runtime import BubblewrapRuntime, SandboxParts
 
 DEFAULT_IMAGE = "hutch-test:bookworm"
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
+_WATCH_INTERVAL = 0.5
+log = logging.getLogger("hutch.bubblewrap")
+#: The sandboxes this process holds, for the death watcher.
+_live: weakref.WeakValueDictionary[str, BubblewrapSandbox] = weakref.WeakValueDictionary()
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _MAX_BYTES = 1 << 50
 
@@ -36,14 +48,10 @@ def parse_size(value: str | int | None, what: str) -> int | None:
     """Bytes from ``512m``, ``2g``, ``1.5G`` or a plain number."""
     if value is None:
         return None
-    if isinstance(value, int):
-        number = value
-    else:
-        match = _SIZE.match(value)
-        if match is None:
-            raise InvalidArgument(f"{what} {value!r} is not a size (like 512m or 2g)")
-        scale = 1024 ** "bkmgt".index((match.group(2) or "b").lower())
-        number = int(float(match.group(1)) * scale)
+    try:
+        number = int(parse_bytes(value))
+    except ValueError as exc:
+        raise InvalidArgument(f"{what}: {exc}") from None
     if not 0 < number <= _MAX_BYTES:
         raise InvalidArgument(f"{what} {value!r} is out of range (1 byte to 1 PiB)")
     return number
@@ -54,21 +62,23 @@ class BubblewrapConfig(BaseModel):
 
     type: Literal["bubblewrap"] = "bubblewrap"
     #: A host directory to use as the (read-only, shared) root file system.
-    rootfs: str | None = None
+    rootfs: Annotated[
+        str | None, ReachesHost("uses a host directory as the sandbox's root file system")
+    ] = None
     #: A hutch image, or a Docker image exported once and cached; the test
     #: image when neither this nor ``rootfs`` is set.
     image: str | None = None
     #: The working directory inside (made if missing).
     workdir: str = "/workspace"
     #: Memory limit (``512m``, ``2g``, or bytes).
-    memory: str | int | None = None
-    pids_limit: int = Field(default=1024, gt=0, le=4_194_304)
+    memory: Annotated[str | int | None, Limit("memory", parse_bytes, format_bytes)] = None
+    pids_limit: Annotated[int, Limit("pids", int, int)] = Field(default=1024, gt=0, le=4_194_304)
     #: CPU quota in CPUs (``1.5``).
-    cpus: float | None = Field(default=None, gt=0, le=1024)
+    cpus: Annotated[float | None, Limit("cpus")] = Field(default=None, gt=0, le=1024)
     #: No network at all (a loopback of its own). Other policies: not yet.
     network: Literal["none"] = "none"
     #: Cap on what the sandbox may write while it runs (its tmpfs upper layer).
-    disk: str | int = "4g"
+    disk: Annotated[str | int, Limit("disk", parse_bytes, format_bytes)] = "4g"
     env: dict[str, str] = {}
     hostname: str = Field(default="hutch", pattern=r"^[A-Za-z0-9][A-Za-z0-9.-]{0,62}$")
     #: End with the process that made it (``--die-with-parent``): for
@@ -87,6 +97,8 @@ class BubblewrapSandbox(SandboxBackend):
         suspend_keeps_processes=False,
         network_isolation=True,
         resource_limits=True,
+        # What it writes lands on a tmpfs of its own, capped at ``disk``.
+        disk_limit=True,
         users=True,
     )
     config_model = BubblewrapConfig
@@ -108,6 +120,7 @@ class BubblewrapSandbox(SandboxBackend):
         self._keeper_process = keeper_process
         self._runtime = BubblewrapRuntime(sandbox_id, workdir, parts)
         self._closed = False
+        _live[sandbox_id] = self
 
     @property
     def runtime(self) -> SandboxRuntime:
@@ -219,6 +232,32 @@ class BubblewrapSandbox(SandboxBackend):
             return os.path.isdir(self.parts.layers.upper)
         return keeper.alive() and os.path.ismount(self.parts.layers.merged)
 
+    def death_reason(self) -> str:
+        """Why the keeper is gone, as far as the host can tell."""
+        if self.parts.cgroup.oom_kills() > 0:
+            limit = self.parts.cgroup.memory_limit()
+            said = f" (memory limit {limit} bytes)" if limit is not None else ""
+            return f"killed by the OOM killer{said}"
+        return "its keeper ended outside hutch (killed, or the host restarted)"
+
+    @classmethod
+    async def watch_runtimes(cls, report: RuntimeReport) -> None:
+        """Every half second, each live sandbox of this process whose keeper has
+        ended outside hutch's hands is reported once, with what the cgroup says."""
+        reported: set[str] = set()
+        while True:
+            await anyio.sleep(_WATCH_INTERVAL)
+            for sandbox_id, sandbox in list(_live.items()):
+                keeper = sandbox.parts.keeper
+                if sandbox._closed or keeper is None or sandbox_id in reported:
+                    continue
+                if not keeper.alive():
+                    reported.add(sandbox_id)
+                    try:
+                        await report(RuntimeNotice(sandbox_id, sandbox.death_reason()))
+                    except Exception:
+                        log.exception("sandbox %s: reporting its death failed", sandbox_id)
+
     # -- lifecycle ---------------------------------------------------------------------
     def _require_running(self) -> None:
         if self.parts.keeper is None:
@@ -232,12 +271,13 @@ class BubblewrapSandbox(SandboxBackend):
         self.parts.cgroup.thaw()
 
     def _end_processes(self) -> None:
+        # No keeper first: a watcher must not take hutch's own kill for a death.
+        self.parts.keeper = None
         self.parts.cgroup.kill_all()
         if self._keeper_process is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._keeper_process.wait(5)
             self._keeper_process = None
-        self.parts.keeper = None
 
     async def suspend(self) -> None:
         """End every process; keep the upper layer, on disk."""
@@ -251,6 +291,7 @@ class BubblewrapSandbox(SandboxBackend):
         if self.parts.keeper is not None and self.parts.keeper.alive():
             return
         def run() -> None:
+            self.parts.layers.move_upper_to_hot()
             self.parts.layers.mount()
             self._start_keeper()
         await anyio.to_thread.run_sync(run)
@@ -271,6 +312,7 @@ class BubblewrapSandbox(SandboxBackend):
         if self._closed:
             return
         self._closed = True
+        _live.pop(self.sandbox_id, None)
         await self._destroy()
 
     # -- the runtime, delegated (callers use .runtime) -----------------------------------
