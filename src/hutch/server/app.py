@@ -164,6 +164,8 @@ def exec_json(result: ExecResult) -> dict[str, Any]:
     out: dict[str, Any] = {"exit_code": result.exit_code}
     _text_or_b64("stdout", result.stdout_bytes, out)
     _text_or_b64("stderr", result.stderr_bytes, out)
+    if result.oom_killed:
+        out["oom_killed"] = True
     return out
 
 
@@ -189,7 +191,10 @@ def render_json(content: Any) -> bytes:
 
 def event_line(event: OutputChunk | ExitStatus) -> bytes:
     if isinstance(event, ExitStatus):
-        return json.dumps({"exit_code": event.exit_code}).encode() + b"\n"
+        status: dict[str, Any] = {"exit_code": event.exit_code}
+        if event.oom_killed:
+            status["oom_killed"] = True
+        return json.dumps(status).encode() + b"\n"
     out: dict[str, Any] = {"stream": event.stream}
     _text_or_b64("data", event.data, out)
     return json.dumps(out).encode() + b"\n"
