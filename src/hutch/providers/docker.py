@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import importlib
 import io
 import json
 import logging
@@ -50,6 +49,9 @@ from .._errors import (
 from .._globmatch import compile_glob
 from .._paths import sandbox_workdir
 from .._types import Capabilities, FileInfo, FileType, GrepMatch, OutputChunk
+from ._grepfilter import LINE_BREAK_CHARS as _LINE_BREAK_CHARS
+from ._grepfilter import LINE_BREAKS as _LINE_BREAKS
+from ._grepfilter import required_literals as _required_literals
 from ._hostproc import EXEC_MARKER, SANDBOX_MARKER
 from .base import BackendProcess, SandboxBackend, grep_data
 
@@ -423,74 +425,6 @@ _NO_NUL_HEAD = (
     'for f; do n=$(head -c 8192 -- "$f" | tr -d "\\000" | wc -c); '
     'm=$(head -c 8192 -- "$f" | wc -c); [ "$n" = "$m" ] && printf "%s\\0" "$f"; done; true'
 )
-#: Characters str.splitlines() breaks a line at, besides \n (and \r\n).
-_LINE_BREAKS = ("\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029")
-_LINE_BREAK_CHARS = re.compile("[" + "".join(_LINE_BREAKS) + "]")
-#: Under re.IGNORECASE these letters also match non-ASCII characters (K and
-#: the Kelvin sign, s and the long s, i and the dotted and dotless I), which
-#: grep -i in the C locale would not: no literal holding them filters lines.
-_WIDE_FOLDING = frozenset("iksIKS")
-_SRE: Any = None
-
-
-def _literal_char_ok(code: int, ignore_case: bool) -> bool:
-    char = chr(code)
-    if code == 0 or 0xD800 <= code < 0xE000 or char == "\ufffd" or char == "\n":
-        return False  # not in an argv, or matches what "replace" decoding made
-    if _LINE_BREAK_CHARS.match(char):
-        return False
-    return not ignore_case or (code < 0x80 and char not in _WIDE_FOLDING)
-
-
-def _required_literals(pattern: re.Pattern[str]) -> list[str] | None:
-    """Strings one of which every line ``pattern`` matches must contain, or
-    None when no such filter can be read off the pattern (then every line is
-    a candidate). Conservative: any doubt gives None, never a wrong filter."""
-    global _SRE
-    if _SRE is None:
-        _SRE = (importlib.import_module("re._parser"), importlib.import_module("re._constants"))
-    parser, const = _SRE
-    ignore_case = bool(pattern.flags & re.IGNORECASE)
-    try:
-        parsed = parser.parse(pattern.pattern, pattern.flags)
-    except Exception:
-        return None
-
-    def of_sequence(items: Any) -> list[str] | None:
-        runs: list[str] = []
-        run: list[str] = []
-        options: list[list[str]] = []
-
-        def flush() -> None:
-            if run:
-                runs.append("".join(run))
-                run.clear()
-
-        def walk(items: Any) -> None:
-            for op, arg in items:
-                if op == const.LITERAL and _literal_char_ok(arg, ignore_case):
-                    run.append(chr(arg))
-                elif op == const.SUBPATTERN and not arg[1] and not arg[2]:
-                    walk(arg[3])  # a group matches in place: its literals join the run
-                elif op == const.BRANCH:
-                    flush()
-                    alternatives = [of_sequence(branch) for branch in arg[1]]
-                    if all(alternatives):
-                        options.append([s for alt in alternatives if alt for s in alt])
-                else:
-                    flush()
-
-        walk(items)
-        flush()
-        best = max(runs, key=len) if runs else None
-        for option in options:
-            if best is None or min(map(len, option)) > len(best):
-                return option
-        return [best] if best else None
-
-    return of_sequence(parsed)
-
-
 # -- suspend ----------------------------------------------------------------------
 
 
