@@ -18,6 +18,8 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 bash scripts/ensure-docker.sh
+# OpenSSH's server for the ssh provider's tests (they run their own sshd).
+bash scripts/ensure-sshd.sh
 
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 
 import httpx
 
@@ -22,20 +23,33 @@ def free_port() -> int:
 class DaemonProcess:
     """Start, kill (SIGKILL as a crash would) and restart the daemon on one data dir."""
 
-    def __init__(self, data_dir: str | None = None, token: str = "test-token") -> None:
+    def __init__(
+        self,
+        data_dir: str | None = None,
+        token: str = "test-token",
+        *,
+        extra_args: Sequence[str] = (),
+        extra_env: Mapping[str, str] | None = None,
+        log_path: str | None = None,
+    ) -> None:
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="hutch-daemon-")
         self.token = token
+        self.extra_env = dict(extra_env or {})
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
-        self.log_path = os.path.join(self.data_dir, "daemon.log")
+        #: More ``hutch.server`` flags (``--retention 2``).
+        self.extra_args = list(extra_args)
+        self.log_path = log_path or os.path.join(self.data_dir, "daemon.log")
 
     def start(self, timeout: float = 30) -> DaemonProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child
+        # The token goes in the environment: a command line is every user's to read.
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "hutch.server", "--host", "127.0.0.1",
-             "--port", str(self.port), "--token", self.token, "--data-dir", self.data_dir],
+             "--port", str(self.port), "--data-dir", self.data_dir, *self.extra_args],
             stdout=log, stderr=subprocess.STDOUT,
+            env={**os.environ, "HUTCH_TOKEN": self.token, **self.extra_env},
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

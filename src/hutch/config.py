@@ -28,12 +28,20 @@ from ._errors import InvalidArgument
 from ._types import MAX_DURATION, MAX_OUTPUT_LIMIT
 from .providers.docker import DockerConfig
 from .providers.local import LocalConfig
+from .providers.ssh.config import SshConfig
 from .providers.virtual import VirtualConfig
 
 ProviderConfig = Annotated[
-    LocalConfig | VirtualConfig | DockerConfig, Field(discriminator="type")
+    LocalConfig | VirtualConfig | DockerConfig | SshConfig, Field(discriminator="type")
 ]
 _provider_adapter: TypeAdapter[Any] = TypeAdapter(ProviderConfig)
+#: The providers whose settings this module knows (the ``type`` of each model).
+CONFIGURED_PROVIDERS: tuple[str, ...] = tuple(
+    sorted(
+        str(model.model_fields["type"].default)
+        for model in (LocalConfig, VirtualConfig, DockerConfig, SshConfig)
+    )
+)
 
 DEFAULT_PROVIDER = "local"
 CONFIG_FILE_NAME = "hutch.toml"
@@ -130,8 +138,10 @@ def resolve_spec(
         opts = SandboxOptions.model_validate(options)
     except ValidationError as exc:
         raise InvalidArgument(f"bad sandbox options: {_short(exc)}") from None
-    if provider not in ("local", "virtual", "docker"):
-        raise InvalidArgument(f"unknown provider {provider!r}; available: docker, local, virtual")
+    if provider not in CONFIGURED_PROVIDERS:
+        raise InvalidArgument(
+            f"unknown provider {provider!r}; available: {', '.join(CONFIGURED_PROVIDERS)}"
+        )
     return SandboxSpec(provider=parse_provider_config(settings), options=opts)
 
 

@@ -20,6 +20,7 @@ import pytest
 
 import hutch
 from tests.conftest import TEST_IMAGE
+from tests.ssh_server import ALIAS, shared_server
 
 
 @dataclass
@@ -62,6 +63,22 @@ async def _docker() -> AsyncIterator[Harness]:
         shutil.rmtree(host_workdir, ignore_errors=True)
 
 
+@asynccontextmanager
+async def _ssh() -> AsyncIterator[Harness]:
+    # The host is this machine, through a real sshd on loopback: the working
+    # directory is a host directory the test can also reach directly.
+    server = shared_server()
+    workdir = tempfile.mkdtemp(prefix="hutch-conf-ssh-")
+    try:
+        async with await hutch.create_sandbox(
+            "ssh", destination=ALIAS, working_directory=workdir,
+            config_file=server.config_file, read_before_write=False,
+        ) as sb:
+            yield Harness(sb, "ssh", workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
 Maker = Callable[[], AbstractAsyncContextManager[Harness]]
 
 #: provider -> (maker, runs processes, pytest marks)
@@ -69,6 +86,7 @@ MAKERS: dict[str, tuple[Maker, bool, list[pytest.MarkDecorator]]] = {
     "local": (_local, True, []),
     "virtual": (_virtual, False, []),
     "docker": (_docker, True, [pytest.mark.docker]),
+    "ssh": (_ssh, True, []),
 }
 
 # Remote makers (through hutch.Client / AsyncClient against a live daemon) are

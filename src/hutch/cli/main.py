@@ -104,17 +104,26 @@ def size(n: int | None) -> str:
 def serve(
     host: str = typer.Option("127.0.0.1", help="Address to bind (loopback unless a token is set)."),
     port: int = typer.Option(8787),
-    token: str | None = typer.Option(None, envvar="HUTCH_TOKEN", help="Bearer token clients send."),
+    token_file: str | None = typer.Option(
+        None, help="File holding the bearer token (mode 0600). Without it the token comes "
+        "from HUTCH_TOKEN; never from the command line, where every user could read it.",
+    ),
     data_dir: str | None = typer.Option(None, envvar="HUTCH_HOME", help="Where state is kept."),
+    retention: float | None = typer.Option(
+        None, help="Seconds an ended sandbox stays readable, with its events (default 86400)."
+    ),
 ) -> None:
-    """Run the daemon: the HTTP API, the state store, the timers."""
+    """Run the daemon: the HTTP API, the state store, the timers.
+
+    The token clients must send is read from HUTCH_TOKEN or --token-file.
+    """
     from ..server import serve as run
     from ..server.daemon import default_data_dir
 
     where = data_dir or default_data_dir()
     console.print(f"hutch serving on http://{host}:{port} (state in {where})")
     try:
-        run(host, port, token, data_dir)
+        run(host, port, data_dir=data_dir, token_file=token_file, retention_seconds=retention)
     except HutchError as exc:
         err_console.print(f"[red]error[/red] ({exc.code}): {exc}")
         raise typer.Exit(exit_code_for(exc)) from None
@@ -148,10 +157,17 @@ def demo() -> None:
 
 @app.command("ls")
 @reports_errors
-def list_sandboxes(as_json: bool = typer.Option(False, "--json")) -> None:
+def list_sandboxes(
+    as_json: bool = typer.Option(False, "--json"),
+    include_ended: bool = typer.Option(
+        False, "--all", "-a",
+        help="Also show sandboxes that ended (terminated or failed) within the daemon's "
+        "retention period, with the reason.",
+    ),
+) -> None:
     """List sandboxes: state, age, idle time, deadline and memory."""
     with client() as c:
-        sandboxes = c.list_sandboxes()
+        sandboxes = c.list_sandboxes(include_ended=include_ended)
     if as_json:
         console.print_json(json.dumps(sandboxes))
         return
@@ -168,6 +184,31 @@ def list_sandboxes(as_json: bool = typer.Option(False, "--json")) -> None:
                        ("running_s", "paused_s", "suspended_s")),
         )
     console.print(table)
+
+
+@app.command()
+@reports_errors
+def events(
+    subject: str | None = typer.Argument(
+        None, help="A sandbox id or workspace name; all subjects when omitted."
+    ),
+    limit: int = typer.Option(100, help="How many of the newest events to show."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """What happened to a sandbox or workspace, and why (reaped, failed, adopted...)."""
+    with client() as c:
+        found = c.events(subject, limit=limit)
+    if as_json:
+        console.print_json(json.dumps(found))
+        return
+    if not found:
+        err_console.print(f"no events{f' for {subject}' if subject else ''}")
+        return
+    for event in found:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(event["at_unix"])))
+        who = "" if subject else f"{event['subject']}  "
+        # Plain print: an event's message is data, not rich markup.
+        print(f"{when}  {who}{event['kind']}: {event['message']}")
 
 
 @app.command()

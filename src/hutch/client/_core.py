@@ -159,8 +159,11 @@ class ClientOps:
         return SandboxRef((yield Call("GET", f"/v1/sandboxes/{sandbox_id}")))
 
     @op
-    def list_sandboxes(self) -> Op:
-        return (yield Call("GET", "/v1/sandboxes"))["sandboxes"]
+    def list_sandboxes(self, *, include_ended: bool = False) -> Op:
+        """Live sandboxes; with ``include_ended`` also those that ended within
+        the daemon's retention period (state and reason say how)."""
+        params = {"all": "true"} if include_ended else None
+        return (yield Call("GET", "/v1/sandboxes", params=params))["sandboxes"]
 
     @op
     def delete_sandbox(self, sandbox_id: str) -> Op:

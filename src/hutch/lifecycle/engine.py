@@ -398,6 +398,33 @@ class LifecycleEngine:
         self._forget(record)
         await sandbox._release()
 
+    async def runtime_died(self, sandbox: Sandbox, reason: str) -> bool:
+        """The provider says the sandbox's runtime died outside hutch: if it
+        did (the backend confirms it is gone) and the sandbox was meant to be
+        up, it becomes ``failed`` with ``reason``, its timers stop and what it
+        held is released. True if it failed; a stale or wrong report changes
+        nothing (a suspend or a close that removed the runtime on purpose)."""
+        record = self._record(sandbox)
+        async with record.lock:  # waits out a transition under way
+            if record.state not in (SandboxState.RUNNING, SandboxState.PAUSED):
+                return False
+            try:
+                alive = await sandbox.backend.is_alive()
+            except Exception as exc:  # cannot tell: never fail a sandbox on a guess
+                log.info("sandbox %s: could not confirm that its runtime died: %s",
+                         record.sandbox_id, exc)
+                return False
+            if alive:
+                return False
+            await self._transition(sandbox, SandboxState.FAILED, reason)
+        self._forget(record)
+        try:
+            await sandbox._release()
+        except Exception:
+            log.exception("sandbox %s: releasing it after its runtime died failed",
+                          record.sandbox_id)
+        return True
+
     async def _terminate_locked(
         self, sandbox: Sandbox, record: LifecycleRecord, reason: str
     ) -> None:

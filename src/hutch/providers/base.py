@@ -30,7 +30,7 @@ import abc
 import dataclasses
 import posixpath
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from pydantic import BaseModel
@@ -61,6 +61,11 @@ class BackendProcess(abc.ABC):
     @property
     def returncode(self) -> int | None:
         return None
+
+
+#: How a provider's watcher tells of a sandbox whose runtime died outside
+#: hutch's hands: ``report(sandbox_id, what happened)``.
+RuntimeDeathReport = Callable[[str, str], Awaitable[None]]
 
 
 class SandboxRuntime(abc.ABC):
@@ -212,6 +217,16 @@ class SandboxBackend(SandboxRuntime):
     async def is_alive(self) -> bool:
         """Whether the sandbox's runtime still exists (for reconciliation)."""
         return True
+
+    @classmethod
+    async def watch_runtimes(cls, report: RuntimeDeathReport) -> None:
+        """Until cancelled, ``report`` each sandbox of this provider whose
+        runtime dies outside hutch's hands (removed, killed, OOM-killed), with
+        a reason that says what happened. A report is a hint, checked against
+        :meth:`is_alive`: one about a runtime hutch itself ended (a suspend, a
+        close) is harmless. Providers with nothing that can die apart from
+        hutch have nothing to watch: the default returns at once."""
+        return
 
     @abc.abstractmethod
     async def close(self) -> None:

@@ -53,7 +53,7 @@ from ._grepfilter import LINE_BREAK_CHARS as _LINE_BREAK_CHARS
 from ._grepfilter import LINE_BREAKS as _LINE_BREAKS
 from ._grepfilter import required_literals as _required_literals
 from ._hostproc import EXEC_MARKER, SANDBOX_MARKER
-from .base import BackendProcess, SandboxBackend, grep_data
+from .base import BackendProcess, RuntimeDeathReport, SandboxBackend, grep_data
 
 log = logging.getLogger("hutch.docker")
 
@@ -143,6 +143,10 @@ def _explanation(exc: BaseException) -> str:
 def _map_engine_error(exc: BaseException, path: str | None = None) -> HutchError:
     text = _explanation(exc)
     lowered = text.lower()
+    if "no such container" in lowered:
+        # The sandbox's container is gone (removed outside hutch): not a
+        # missing file, whatever the call was about.
+        return SandboxUnavailable(f"docker: its container is gone ({text})")
     if path is not None:
         if _status(exc) == 404 or "no such file" in lowered or "not a directory" in lowered:
             return SandboxFileNotFound(f"no such file or directory: {path}")
@@ -425,6 +429,33 @@ _NO_NUL_HEAD = (
     'for f; do n=$(head -c 8192 -- "$f" | tr -d "\\000" | wc -c); '
     'm=$(head -c 8192 -- "$f" | wc -c); [ "$n" = "$m" ] && printf "%s\\0" "$f"; done; true'
 )
+# -- deaths ------------------------------------------------------------------------
+
+
+async def _death_reason(container_id: str, action: str) -> str:
+    """What happened to a container that died or went, in words for a person."""
+    if action == "die":
+        # A `docker rm -f` is a kill, a die and a destroy in quick succession:
+        # a moment's wait lets the inspect below tell "removed" from "stopped".
+        await asyncio.sleep(0.3)
+    short = container_id[:12]
+    try:
+        details = await _call(engine().inspect_container, container_id)
+    except SandboxUnavailable:
+        return f"its container {short} was removed outside hutch"
+    except HutchError as exc:
+        return f"its container {short} {action}d ({exc})"
+    state = details.get("State") or {}
+    if state.get("OOMKilled") or action == "oom":
+        limit = (details.get("HostConfig") or {}).get("Memory") or 0
+        within = f" (memory limit {limit} bytes)" if limit else ""
+        return f"its container {short} was OOM-killed{within}"
+    code = state.get("ExitCode")
+    if isinstance(code, int) and code > 128:
+        return f"its container {short} was killed by signal {code - 128} outside hutch"
+    return f"its container {short} stopped outside hutch (exit code {code})"
+
+
 # -- suspend ----------------------------------------------------------------------
 
 
@@ -1004,10 +1035,68 @@ class DockerSandbox(SandboxBackend):
             return False
         try:
             details = await _call(engine().inspect_container, self.container_id)
-        except HutchError:
-            return False
+        except SandboxUnavailable:
+            return False  # no such container
         state = details.get("State", {})
         return bool(state.get("Running") or state.get("Paused"))
+
+    @classmethod
+    async def watch_runtimes(cls, report: RuntimeDeathReport) -> None:
+        """Docker's event stream: every hutch container that dies or is
+        removed is reported, with what its last inspect says happened."""
+        loop = asyncio.get_running_loop()
+        deaths: asyncio.Queue[tuple[str, str, str]] = asyncio.Queue()
+        stop = threading.Event()
+        current: list[Any] = []
+
+        def pump() -> None:
+            backoff = 0.5
+            while not stop.is_set():
+                try:
+                    stream = engine().events(decode=True, filters={
+                        "type": "container", "label": f"{MANAGED_LABEL}=1",
+                        "event": ["die", "destroy", "oom"],
+                    })
+                    current[:] = [stream]
+                    backoff = 0.5
+                    for event in stream:
+                        actor = event.get("Actor") or {}
+                        sandbox_id = (actor.get("Attributes") or {}).get(SANDBOX_LABEL)
+                        if sandbox_id:
+                            with contextlib.suppress(RuntimeError):  # the loop is gone
+                                loop.call_soon_threadsafe(deaths.put_nowait, (
+                                    sandbox_id, str(actor.get("ID") or ""),
+                                    str(event.get("Action") or event.get("status") or ""),
+                                ))
+                except Exception as exc:
+                    if not stop.is_set():
+                        log.info("docker event stream broke (%s); reconnecting", exc)
+                if not stop.wait(backoff):
+                    backoff = min(backoff * 2, 10.0)
+
+        async def tell(sandbox_id: str, container_id: str, action: str) -> None:
+            try:
+                await report(sandbox_id, await _death_reason(container_id, action))
+            except Exception:
+                log.exception("sandbox %s: reporting its container's %s failed",
+                              sandbox_id, action)
+
+        thread = threading.Thread(target=pump, name="hutch-docker-events", daemon=True)
+        thread.start()
+        tasks: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                sandbox_id, container_id, action = await deaths.get()
+                task = loop.create_task(tell(sandbox_id, container_id, action))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+        finally:
+            stop.set()
+            for stream in current:
+                with contextlib.suppress(Exception):
+                    stream.close()
+            for task in tasks:
+                task.cancel()
 
     async def close(self) -> None:
         if self._closed:

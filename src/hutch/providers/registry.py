@@ -20,6 +20,7 @@ BUILTIN_PROVIDERS: dict[str, tuple[str, str | None]] = {
     "local": ("hutch.providers.local:LocalSandbox", None),
     "virtual": ("hutch.providers.virtual:VirtualSandbox", None),
     "docker": ("hutch.providers.docker:DockerSandbox", "pip install 'hutch[docker]'"),
+    "ssh": ("hutch.providers.ssh.provider:SshSandbox", "pip install asyncssh"),
 }
 
 ENTRY_POINT_GROUP = "hutch.providers"

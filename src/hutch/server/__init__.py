@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import ctypes
 import ipaddress
 import logging
+import math
 import os
+import stat
 
 from .._errors import InvalidArgument
 from .app import ServerSettings, create_app
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8787
+TOKEN_ENV = "HUTCH_TOKEN"
+PR_SET_DUMPABLE = 4
 
 
 def is_loopback(host: str) -> bool:
@@ -22,23 +27,91 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def read_token_file(path: str) -> str:
+    """The token in ``path``: one line, in a file no other user can read."""
+    try:
+        info = os.stat(path)
+        with open(path, encoding="utf-8") as fh:
+            token = fh.read().strip()
+    except OSError as exc:
+        raise InvalidArgument(f"cannot read token file {path}: {exc.strerror}") from None
+    if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise InvalidArgument(
+            f"token file {path} is open to other users (mode {info.st_mode & 0o777:04o}); "
+            f"chmod 600 {path}"
+        )
+    if not token or "\n" in token:
+        raise InvalidArgument(f"token file {path} must hold the token on one line")
+    return token
+
+
+def _scrub_initial_environ(name: str) -> None:
+    """Zero ``name``'s value where the process started with it.
+
+    Unsetting a variable drops it from the environment children get, but its
+    bytes stay in the block ``/proc/PID/environ`` shows, which a process of the
+    same user (a ``local`` command) can read. Overwritten in place, it is gone.
+    """
+    libc = ctypes.CDLL(None)
+    libc.getenv.restype = ctypes.c_void_p
+    address = libc.getenv(name.encode())
+    if address:
+        ctypes.memset(address, 0, len(ctypes.string_at(address)))
+
+
+def take_token(token_file: str | None) -> str | None:
+    """The daemon's token, from ``token_file`` or ``HUTCH_TOKEN``; never a
+    command-line argument, which every user sees in ``/proc/PID/cmdline``.
+
+    ``HUTCH_TOKEN`` is removed from this process's environment, so that no
+    child (a ``local`` command, a docker CLI call) inherits the secret.
+    """
+    from_env = os.environ.get(TOKEN_ENV) or None
+    _scrub_initial_environ(TOKEN_ENV)
+    os.environ.pop(TOKEN_ENV, None)
+    if token_file is not None:
+        return read_token_file(token_file)
+    return from_env
+
+
 def serve(
     host: str = DEFAULT_HOST,
     port: int = DEFAULT_PORT,
     token: str | None = None,
     data_dir: str | None = None,
+    retention_seconds: float | None = None,
+    *,
+    token_file: str | None = None,
 ) -> None:
-    """Run the daemon until interrupted. Refuses a non-loopback bind without a token."""
+    """Run the daemon until interrupted. Refuses a non-loopback bind without a token.
+
+    ``token`` is for in-process callers; otherwise it comes from
+    ``token_file`` or ``HUTCH_TOKEN`` (see :func:`take_token`).
+    """
     import uvicorn
 
-    token = token or os.environ.get("HUTCH_TOKEN") or None
+    taken = take_token(token_file)
+    token = token or taken
     if not is_loopback(host) and not token:
         raise InvalidArgument(
             f"refusing to listen on {host} without a token: anyone who reaches it could run "
-            "commands; pass --token (or HUTCH_TOKEN), or bind to 127.0.0.1"
+            f"commands; set {TOKEN_ENV} or pass --token-file, or bind to 127.0.0.1"
         )
+    # Whatever the daemon writes (its store, working directories) is its user's alone.
+    os.umask(0o077)
+    # Not dumpable: a process of the same user (a ``local`` command is one)
+    # cannot read this one's memory, where the token lives, through /proc or
+    # ptrace. A child's exec makes it dumpable again, as usual.
+    ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    app = create_app(ServerSettings(data_dir=data_dir, token=token))
+    if retention_seconds is not None and not 0 < retention_seconds < math.inf:
+        raise InvalidArgument(
+            f"retention must be a positive number of seconds, got {retention_seconds!r}"
+        )
+    settings = ServerSettings(data_dir=data_dir, token=token)
+    if retention_seconds is not None:
+        settings.retention_seconds = retention_seconds
+    app = create_app(settings)
     # The asyncio loop, not uvloop: uvloop notices a child's exit ~4 ms late,
     # which would be most of an exec's cost.
     uvicorn.run(
@@ -47,4 +120,7 @@ def serve(
     )
 
 
-__all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "ServerSettings", "create_app", "is_loopback", "serve"]
+__all__ = [
+    "DEFAULT_HOST", "DEFAULT_PORT", "ServerSettings", "create_app", "is_loopback",
+    "read_token_file", "serve", "take_token",
+]

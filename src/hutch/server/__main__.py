@@ -1,4 +1,8 @@
-"""``python -m hutch.server --host H --port P [--token T] [--data-dir D]``."""
+"""``python -m hutch.server --host H --port P [--token-file F] [--data-dir D]``.
+
+The token comes from ``HUTCH_TOKEN`` or ``--token-file``, never from the
+command line (which every user on the host can read in /proc).
+"""
 
 from __future__ import annotations
 
@@ -10,14 +14,22 @@ from . import DEFAULT_HOST, DEFAULT_PORT, serve
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="hutch-server")
+    parser = argparse.ArgumentParser(
+        prog="hutch-server",
+        epilog="The bearer token is read from HUTCH_TOKEN or --token-file (mode 0600), "
+        "never from the command line.",
+    )
     parser.add_argument("--host", default=DEFAULT_HOST)
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
-    parser.add_argument("--token", default=None)
+    parser.add_argument("--token-file", default=None,
+                        help="file holding the bearer token (no other user may read it)")
     parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--retention", type=float, default=None,
+                        help="seconds an ended sandbox stays readable (default 86400)")
     args = parser.parse_args(argv)
     try:
-        serve(args.host, args.port, args.token, args.data_dir)
+        serve(args.host, args.port, data_dir=args.data_dir, retention_seconds=args.retention,
+              token_file=args.token_file)
     except HutchError as exc:
         print(f"hutch serve: {exc}", file=sys.stderr)
         return 2

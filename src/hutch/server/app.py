@@ -47,7 +47,7 @@ from .._types import (
     FileInfo,
     OutputChunk,
 )
-from .daemon import Daemon
+from .daemon import DEFAULT_RETENTION_SECONDS, Daemon
 
 log = logging.getLogger("hutch.server")
 
@@ -64,6 +64,8 @@ class ServerSettings(BaseModel):
     token: str | None = None
     sandbox_defaults: dict[str, Any] = {}
     timeout_ceiling: float = 86400.0
+    #: Seconds an ended sandbox stays readable (with its events) before it is pruned.
+    retention_seconds: float = DEFAULT_RETENTION_SECONDS
 
 
 # -- request bodies ------------------------------------------------------------------
@@ -371,7 +373,7 @@ class HotRoutes:
         return dict(parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True))
 
     async def _status(self, daemon: Daemon, scope: Scope, receive: Receive, send: Send) -> None:
-        info = await daemon.info(daemon.get(self._sandbox_id(scope)))
+        info = await daemon.describe(self._sandbox_id(scope))
         await _respond(send, 200, render_json(info), b"application/json")
 
     async def _exec(self, daemon: Daemon, scope: Scope, receive: Receive, send: Send) -> None:
@@ -447,6 +449,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         daemon = Daemon(
             settings.data_dir, sandbox_defaults=settings.sandbox_defaults,
             timeout_ceiling=settings.timeout_ceiling,
+            retention_seconds=settings.retention_seconds,
         )
         try:
             await daemon.start()
@@ -552,13 +555,16 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     # -- sandboxes --
     @v1.get("/sandboxes/{sandbox_id}")
     async def get_sandbox(sandbox_id: str) -> JSONResponse:
-        d = daemon()
-        return JSONResponse(await d.info(d.get(sandbox_id)))
+        return JSONResponse(await daemon().describe(sandbox_id))
 
     @v1.get("/sandboxes")
-    async def list_sandboxes() -> JSONResponse:
-        d = daemon()
-        return JSONResponse({"sandboxes": [await d.info(s) for s in list(d.sandboxes.values())]})
+    async def list_sandboxes(
+        all: bool = Query(default=False, description=(
+            "Also list sandboxes that ended (terminated or failed) within the retention "
+            "period, with their state and reason."
+        )),
+    ) -> JSONResponse:
+        return JSONResponse({"sandboxes": await daemon().list_infos(include_ended=all)})
 
     @v1.post("/sandboxes", status_code=201)
     async def create_sandbox(body: dict[str, Any]) -> JSONResponse:

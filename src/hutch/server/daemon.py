@@ -14,6 +14,7 @@ import contextlib
 import functools
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -38,6 +39,7 @@ from .._sandbox import Sandbox, new_sandbox_id
 from ..config import SandboxSpec, resolve_spec
 from ..lifecycle.engine import LifecycleEngine, expiry_error
 from ..lifecycle.state import SandboxState
+from ..providers.base import SandboxBackend
 from ..providers.registry import get_provider
 from ..store import SandboxRow, SQLiteStore, Store, WorkspaceRow
 
@@ -57,6 +59,8 @@ CLEANUP_TIMEOUT = 30.0
 #: What a workspace's state image keeps of the config of the image it came from.
 IMAGE_CONFIG_KEYS = ("Env", "WorkingDir", "User", "Entrypoint", "Cmd")
 FINAL_STATES = (SandboxState.TERMINATED, SandboxState.FAILED)
+#: How long an ended (terminated or failed) sandbox stays readable, with its events.
+DEFAULT_RETENTION_SECONDS = 86400.0
 
 
 def state_tag(workspace: str) -> str:
@@ -68,6 +72,26 @@ def default_data_dir() -> str:
     return hutch_home()
 
 
+def make_private_dir(path: str) -> None:
+    """Create ``path`` (if need be) as its owner's alone: 0700, whatever it was.
+
+    Sandboxes write into working directories below it (a setuid copy of a
+    shell, links to host files); no other host user may reach them.
+    """
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    os.chmod(path, 0o700)
+
+
+def make_private_file(path: str) -> str:
+    """Create ``path`` 0600 if it is missing, else make it 0600; return it.
+
+    SQLite creates its -wal and -shm files with the database's mode.
+    """
+    os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600))
+    os.chmod(path, 0o600)
+    return path
+
+
 class Daemon:
     def __init__(
         self,
@@ -75,14 +99,25 @@ class Daemon:
         *,
         sandbox_defaults: Mapping[str, Any] | None = None,
         timeout_ceiling: float = 86400.0,
+        retention_seconds: float = DEFAULT_RETENTION_SECONDS,
         store: Store | None = None,
     ) -> None:
         self.data_dir = os.path.abspath(data_dir or default_data_dir())
-        os.makedirs(self.data_dir, exist_ok=True)
+        make_private_dir(self.data_dir)
         # Providers that keep files on the host keep them under the data dir.
         os.environ["HUTCH_HOME"] = self.data_dir
-        self.store = store or SQLiteStore(os.path.join(self.data_dir, "hutch.db"))
+        if store is None:
+            store = SQLiteStore(make_private_file(os.path.join(self.data_dir, "hutch.db")))
+        self.store = store
         self.sandbox_defaults = dict(sandbox_defaults or {})
+        if not 0 < retention_seconds < math.inf:
+            raise InvalidArgument(
+                f"retention must be a positive number of seconds, got {retention_seconds!r}"
+            )
+        self.retention_seconds = retention_seconds
+        self._pruner: asyncio.Task[None] | None = None
+        #: One watcher per provider in use, telling of runtimes that die outside hutch.
+        self._watchers: dict[type[SandboxBackend], asyncio.Task[None]] = {}
         self.engine = LifecycleEngine(
             timeout_ceiling=timeout_ceiling, on_transition=self._persist_transition
         )
@@ -190,7 +225,23 @@ class Daemon:
             self.store.delete_sandbox(sid)
             raise
         self.store.log_event(sid, "created", f"{spec.provider.type} sandbox created")
+        self._watch(type(backend))
         return sandbox
+
+    def _watch(self, provider: type[SandboxBackend]) -> None:
+        """Start the provider's watcher for runtimes that die, once per provider."""
+        if provider not in self._watchers:
+            self._watchers[provider] = asyncio.get_running_loop().create_task(
+                provider.watch_runtimes(self._runtime_died)
+            )
+
+    async def _runtime_died(self, sandbox_id: str, reason: str) -> None:
+        """A provider's watcher says this sandbox's runtime died outside hutch."""
+        sandbox = self.sandboxes.get(sandbox_id)
+        if sandbox is None:
+            return  # not ours, or already ended
+        if await self.engine.runtime_died(sandbox, reason):
+            log.warning("sandbox %s failed: %s", sandbox_id, reason)
 
     @staticmethod
     def _wrap(backend: Any, spec: SandboxSpec) -> Sandbox:
@@ -240,12 +291,84 @@ class Daemon:
             "meter": status.meter,
             "memory_bytes": memory,
             "workspace": self.workspace_of.get(sandbox.id),
+            "ended_at_unix": None,
         }
 
+    @staticmethod
+    def ended_info(row: SandboxRow) -> dict[str, Any]:
+        """What :meth:`info` answers, for a sandbox that ended and is known
+        only from the store (for the retention period)."""
+        try:
+            capabilities = get_provider(row.provider).capabilities.as_dict()
+        except (HutchError, KeyError):
+            capabilities = {}
+        return {
+            "id": row.id,
+            "provider": row.provider,
+            "state": row.state,
+            "reason": row.reason,
+            "workdir": row.description.get("workdir"),
+            "capabilities": capabilities,
+            "created_at_unix": row.created_at_unix,
+            "last_active_unix": row.last_active_unix,
+            "idle_seconds": None,
+            "deadline_unix": None,
+            "meter": dict(row.meter),
+            "memory_bytes": None,
+            "workspace": row.workspace,
+            "ended_at_unix": row.updated_at_unix,
+        }
+
+    async def describe(self, sandbox_id: str) -> dict[str, Any]:
+        """A sandbox's state and reason: a live one's, or an ended one's from the store."""
+        sandbox = self.sandboxes.get(sandbox_id)
+        if sandbox is not None:
+            return await self.info(sandbox)
+        row = self.store.get_sandbox(sandbox_id)
+        if row is None or row.state not in FINAL_STATES:
+            raise NotFound(f"no sandbox {sandbox_id}")
+        return self.ended_info(row)
+
+    async def list_infos(self, *, include_ended: bool = False) -> list[dict[str, Any]]:
+        """Live sandboxes; with ``include_ended`` also those that ended within
+        the retention period, oldest first."""
+        live = [await self.info(s) for s in list(self.sandboxes.values())]
+        if not include_ended:
+            return live
+        ended = [
+            self.ended_info(row) for row in self.store.list_sandboxes(include_final=True)
+            if row.state in FINAL_STATES and row.id not in self.sandboxes
+        ]
+        return sorted([*live, *ended], key=lambda info: float(info["created_at_unix"] or 0))
+
     async def delete_sandbox(self, sandbox_id: str) -> None:
-        sandbox = self.get(sandbox_id)
+        """End a sandbox. Idempotent: one that already ended (expired, failed,
+        deleted) and is still on record is not an error."""
+        sandbox = self.sandboxes.get(sandbox_id)
+        if sandbox is None:
+            row = self.store.get_sandbox(sandbox_id)
+            if row is not None and row.state in FINAL_STATES:
+                return
+            raise NotFound(f"no sandbox {sandbox_id}")
         await sandbox.close()
         self._forget(sandbox_id)
+
+    def prune_ended(self) -> None:
+        """Forget sandboxes that ended longer ago than the retention period."""
+        pruned = self.store.prune_ended(time.time() - self.retention_seconds)
+        if pruned:
+            log.info("pruned %d sandboxes that ended over %.0f s ago",
+                     len(pruned), self.retention_seconds)
+
+    async def _prune_periodically(self) -> None:
+        # Often enough that nothing outlives its retention by more than ~10 %.
+        interval = min(600.0, max(0.5, self.retention_seconds / 10))
+        while True:
+            await anyio.sleep(interval)
+            try:
+                await anyio.to_thread.run_sync(self.prune_ended)
+            except Exception:
+                log.exception("pruning ended sandboxes failed; tried again in %.0f s", interval)
 
     async def set_timeout(self, sandbox_id: str, seconds: float) -> float:
         """Set the deadline and record it before answering: it outlives a restart."""
@@ -501,6 +624,8 @@ class Daemon:
         clean = self.store.get_meta(CLEAN_STOP) is not None
         self.store.set_meta(CLEAN_STOP, None)
         await self.reconcile(after_clean_stop=clean)
+        self.prune_ended()
+        self._pruner = asyncio.get_running_loop().create_task(self._prune_periodically())
 
     async def reconcile(self, *, after_clean_stop: bool = False) -> None:
         for row in self.store.list_sandboxes():
@@ -523,9 +648,15 @@ class Daemon:
             self._mark_lost(row, f"lost: cannot reconnect after a restart ({exc})")
             return
         state = SandboxState(row.state)
-        if state in (SandboxState.RUNNING, SandboxState.PAUSED) and not await backend.is_alive():
-            self._mark_lost(row, "lost: its runtime is gone")
-            return
+        if state in (SandboxState.RUNNING, SandboxState.PAUSED):
+            try:
+                alive = await backend.is_alive()
+            except HutchError as exc:
+                self._mark_lost(row, f"lost: its runtime cannot be reached ({exc})")
+                return
+            if not alive:
+                self._mark_lost(row, "lost: its runtime died while the daemon was down")
+                return
         sandbox = self._wrap(backend, spec)
         self.sandboxes[row.id] = sandbox
         if row.workspace is not None:
@@ -546,9 +677,10 @@ class Daemon:
         )
         self.store.log_event(row.id, "adopted", f"adopted after restart as {state.value}")
         log.info("adopted sandbox %s (%s)", row.id, state.value)
+        self._watch(type(backend))
 
     def _mark_lost(self, row: SandboxRow, reason: str) -> None:
-        row.state, row.reason = SandboxState.TERMINATED.value, reason
+        row.state, row.reason = SandboxState.FAILED.value, reason
         self.store.put_sandbox(row)
         self.store.log_event(row.id, "lost", reason)
         log.warning("sandbox %s %s", row.id, reason)
@@ -639,6 +771,12 @@ class Daemon:
         activity) is written first, in one transaction, and the stop is
         marked clean, so the next start goes on exactly from here.
         """
+        for task in [self._pruner, *self._watchers.values()]:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        self._watchers.clear()
         await self.engine.close()
         rows = []
         for sandbox_id, sandbox in list(self.sandboxes.items()):

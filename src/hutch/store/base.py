@@ -73,6 +73,11 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def delete_sandbox(self, sandbox_id: str) -> None: ...
 
+    @abc.abstractmethod
+    def prune_ended(self, ended_before_unix: float) -> list[str]:
+        """Drop terminated and failed sandboxes last written before the given
+        time, with their events, in one transaction; return their ids."""
+
     # -- workspaces --------------------------------------------------------------------
     @abc.abstractmethod
     def put_workspace(self, row: WorkspaceRow) -> None: ...

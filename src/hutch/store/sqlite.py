@@ -174,6 +174,23 @@ class SQLiteStore(Store):
     def delete_sandbox(self, sandbox_id: str) -> None:
         self._write("DELETE FROM sandboxes WHERE id = ?", (sandbox_id,))
 
+    def prune_ended(self, ended_before_unix: float) -> list[str]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                ids = [r["id"] for r in self._db.execute(
+                    "SELECT id FROM sandboxes WHERE state IN (?, ?) AND updated_at_unix < ?",
+                    (*FINAL_STATES, ended_before_unix),
+                )]
+                for sandbox_id in ids:
+                    self._db.execute("DELETE FROM events WHERE subject = ?", (sandbox_id,))
+                    self._db.execute("DELETE FROM sandboxes WHERE id = ?", (sandbox_id,))
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+        return ids
+
     # -- workspaces --------------------------------------------------------------------
     def put_workspace(self, row: WorkspaceRow) -> None:
         self._write(_PUT_WORKSPACE, (

@@ -1,0 +1,303 @@
+"""Commands on the host: how an argv travels, and the process that comes back.
+
+An SSH exec request carries one string that the host's login shell parses, so
+user data must never be spliced into it. Each word of the argv (and the cwd,
+the user, every ``NAME=value``) is encoded on its own: ``p`` + the word when it
+is made only of characters no shell treats specially, else ``b`` + its base64.
+A fixed wrapper script (:data:`WRAPPER`), the only shell text sent, decodes
+the words back into ``"$@"``, exports the markers and variables, enters the
+cwd, checks that the command can run, answers one status byte on stdout, and
+``exec``s the command. So what the command sees is exactly the argv given.
+
+Every process started this way carries ``HUTCH_EXEC_ID`` and
+``HUTCH_SANDBOX_ID`` in its environment, as on the local and docker
+providers: a kill finds the whole tree by it (children that called setsid or
+ignore SIGTERM included) and the busy count counts what is still running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import re
+from collections.abc import Mapping, Sequence
+
+import asyncssh
+
+from ..._errors import (
+    HutchError,
+    InvalidArgument,
+    ProviderError,
+    SandboxFileNotFound,
+    SandboxPermissionDenied,
+)
+from ..._types import OutputChunk
+from ..base import BackendProcess
+from .connection import KeptConnection, lost
+
+EXEC_MARKER = "HUTCH_EXEC_ID"
+SANDBOX_MARKER = "HUTCH_SANDBOX_ID"
+
+_READ_SIZE = 256 * 1024
+_PLAIN = re.compile(r"[A-Za-z0-9_./:@%+=,-]+")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+#: The status byte the wrapper writes before it execs the command.
+STARTED = b"\x01"
+#: ... or this, then a reason word and a newline, when it cannot.
+FAILED = b"\x02"
+
+# One line (a csh login shell rejects newlines inside quotes), no single
+# quote (it travels inside one). Arguments: exec id (or -), sandbox id, cwd,
+# user (empty: the login user), the number of NAME=value words, those words,
+# then the argv words.
+WRAPPER = (
+    'w() { case $1 in p*) v=${1#p} ;; *) v=$(printf "%s" "${1#b}" | base64 -d; printf .); '
+    "v=${v%.} ;; esac; }; "
+    'fail() { printf "\\002%s\\n" "$1"; exit 127; }; '
+    'mark=$1; sid=$2; w "$3"; cwd=$v; w "$4"; user=$v; nenv=$5; shift 5; '
+    'if [ "$mark" != - ]; then export HUTCH_EXEC_ID="$mark" HUTCH_SANDBOX_ID="$sid"; fi; '
+    'while [ "$nenv" -gt 0 ]; do w "$1"; export "$v"; shift; nenv=$((nenv - 1)); done; '
+    'n=$#; while [ "$n" -gt 0 ]; do w "$1"; shift; set -- "$@" "$v"; n=$((n - 1)); done; '
+    'cd "$cwd" 2>/dev/null || fail cwd; '
+    'case $1 in */*) if [ -d "$1" ]; then fail isdir; elif [ ! -e "$1" ]; then fail notfound; '
+    'elif [ ! -x "$1" ]; then fail noexec; fi ;; '
+    '*) command -v "$1" >/dev/null 2>&1 || fail notfound ;; esac; '
+    'if [ -n "$user" ]; then id -u "$user" >/dev/null 2>&1 || fail nouser; '
+    'if [ "$(id -u)" != 0 ]; then [ "$(id -un)" = "$user" ] || fail notroot; user=; fi; fi; '
+    'printf "\\001"; '
+    'if [ -n "$user" ]; then exec setpriv --reuid="$user" --regid="$(id -g "$user")" '
+    '--init-groups -- "$@"; fi; '
+    'exec "$@"'
+)
+assert "'" not in WRAPPER and "\n" not in WRAPPER
+
+
+def encode_word(value: str) -> str:
+    """One word for the wrapper: never shell syntax, whatever ``value`` holds."""
+    if _PLAIN.fullmatch(value):
+        return "p" + value
+    return "b" + base64.b64encode(value.encode("utf-8", "surrogateescape")).decode()
+
+
+def command_line(
+    argv: Sequence[str],
+    *,
+    cwd: str,
+    env: Mapping[str, str],
+    user: str | None,
+    exec_id: str | None,
+    sandbox_id: str,
+) -> str:
+    """The exec request's string: the fixed wrapper and encoded words only."""
+    for name in env:
+        if not _ENV_NAME.fullmatch(name):
+            raise InvalidArgument(f"environment variable name {name!r} is not valid")
+    words = [
+        exec_id or "-",
+        encode_word(sandbox_id),
+        encode_word(cwd),
+        encode_word(user or ""),
+        str(len(env)),
+        *(encode_word(f"{k}={v}") for k, v in env.items()),
+        *(encode_word(a) for a in argv),
+    ]
+    return f"sh -c '{WRAPPER}' hutch " + " ".join(words)
+
+
+def start_error(
+    reason: str, argv: Sequence[str], cwd: str, user: str | None, dest: str
+) -> HutchError:
+    if reason == "cwd":
+        return SandboxFileNotFound(f"working directory {cwd} does not exist on {dest}")
+    if reason == "notfound":
+        return SandboxFileNotFound(f"command not found on {dest}: {argv[0]}")
+    if reason == "noexec":
+        return SandboxPermissionDenied(f"cannot execute {argv[0]} on {dest}: permission denied")
+    if reason == "isdir":
+        return SandboxPermissionDenied(f"cannot execute {argv[0]} on {dest}: it is a directory")
+    if reason == "nouser":
+        return InvalidArgument(f"no such user {user!r} on {dest}")
+    if reason == "notroot":
+        return SandboxPermissionDenied(
+            f"running as {user!r} on {dest} needs the ssh login to be root"
+        )
+    return ProviderError(f"ssh {dest}: the command did not start ({reason})")
+
+
+def exit_code(process: asyncssh.SSHClientProcess[bytes]) -> int | None:
+    """The exit status, with a signal N as 128 + N (as on every provider)."""
+    code = process.returncode
+    if code is None:
+        return None
+    return 128 - code if code < 0 else code
+
+
+CHANNEL_ERRORS = (OSError, asyncssh.Error, asyncio.IncompleteReadError)
+
+
+async def open_process(
+    kept: KeptConnection,
+    command: str,
+) -> tuple[asyncssh.SSHClientConnection, asyncssh.SSHClientProcess[bytes]]:
+    """Open an exec channel; a connection found dead is made again once."""
+    for attempt in (1, 2):
+        conn = await kept.connection()
+        try:
+            process: asyncssh.SSHClientProcess[bytes] = await conn.create_process(
+                command, encoding=None
+            )
+        except CHANNEL_ERRORS as exc:
+            kept.forget(conn)
+            if attempt == 2:
+                raise lost(kept.target, exc) from None
+            continue
+        return conn, process
+    raise AssertionError("unreachable")
+
+
+class SshProcess(BackendProcess):
+    """A command running on the host, read through its exec channel."""
+
+    def __init__(
+        self,
+        kept: KeptConnection,
+        conn: asyncssh.SSHClientConnection,
+        process: asyncssh.SSHClientProcess[bytes],
+        exec_id: str,
+        stdin: bytes | None,
+    ) -> None:
+        self._kept = kept
+        self._conn = conn
+        self._proc = process
+        self._exec_id = exec_id
+        self._killed = False
+        self._lost: BaseException | None = None
+        self._queue: asyncio.Queue[OutputChunk | None] = asyncio.Queue()
+        self._open_streams = 2
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._pipe(process.stdout, "stdout")),
+            loop.create_task(self._pipe(process.stderr, "stderr")),
+            loop.create_task(self._feed(stdin)),
+        ]
+
+    async def _feed(self, data: bytes | None) -> None:
+        # A command that exits without reading its stdin is not an error.
+        with contextlib.suppress(*CHANNEL_ERRORS):
+            if data:
+                self._proc.stdin.write(data)
+                await self._proc.stdin.drain()
+            self._proc.stdin.write_eof()
+
+    async def _pipe(self, reader: asyncssh.SSHReader[bytes], name: str) -> None:
+        try:
+            while data := await reader.read(_READ_SIZE):
+                await self._queue.put(OutputChunk(name, data))  # type: ignore[arg-type]
+        except CHANNEL_ERRORS as exc:
+            self._lost = exc
+        finally:
+            await self._queue.put(None)
+
+    async def read(self) -> OutputChunk | None:
+        while self._open_streams > 0:
+            item = await self._queue.get()
+            if item is not None:
+                return item
+            self._open_streams -= 1
+        return None
+
+    async def wait(self) -> int:
+        with contextlib.suppress(*CHANNEL_ERRORS):
+            await self._proc.wait_closed()
+        code = exit_code(self._proc)
+        if code is not None:
+            return code
+        if self._killed:
+            return 128 + 9
+        self._kept.forget(self._conn)
+        raise lost(self._kept.target, self._lost)
+
+    @property
+    def returncode(self) -> int | None:
+        code = exit_code(self._proc)
+        if code is None and self._killed:
+            return 128 + 9
+        return code
+
+    async def kill(self, grace: float) -> None:
+        if exit_code(self._proc) is None:
+            self._killed = True
+            with contextlib.suppress(HutchError, TimeoutError):
+                await asyncio.wait_for(
+                    run_helper(
+                        self._kept,
+                        ["sh", "-c", KILL_SCRIPT, "hutch-kill",
+                         f"{EXEC_MARKER}={self._exec_id}", str(max(1, int(grace * 10)))],
+                    ),
+                    grace + 15,
+                )
+            with contextlib.suppress(TimeoutError, *CHANNEL_ERRORS):
+                await asyncio.wait_for(asyncio.shield(self._proc.wait_closed()), 5)
+        # An escaped grandchild holding a pipe would keep the channel open.
+        self._proc.close()
+        for task in self._tasks:
+            task.cancel()
+
+
+# Kills every process whose environment holds the marker ($1): SIGTERM, up to
+# $2 tenths of a second for them to go, then SIGKILL for what is left. GNU
+# grep -z reads each /proc/PID/environ as NUL-separated records in one process.
+KILL_SCRIPT = (
+    'm=$1; grace=$2; '
+    'marked() { grep -lzxF -e "$m" /proc/[0-9]*/environ 2>/dev/null '
+    "| sed 's#^/proc/##; s#/environ$##'; }; "
+    'pids=$(marked); [ -z "$pids" ] && exit 0; '
+    'kill -TERM $pids 2>/dev/null; '
+    'i=0; while [ "$i" -lt "$grace" ]; do sleep 0.1; i=$((i + 1)); '
+    'pids=$(marked); [ -z "$pids" ] && exit 0; done; '
+    'kill -KILL $(marked) 2>/dev/null; exit 0'
+)
+
+# Counts processes whose environment holds the marker ($1). Zombies have an
+# empty environ, so they do not count.
+COUNT_SCRIPT = 'grep -lzxF -e "$1" /proc/[0-9]*/environ 2>/dev/null | wc -l'
+
+
+async def run_helper(
+    kept: KeptConnection,
+    argv: Sequence[str],
+    *,
+    cwd: str = "/",
+    stdin: bytes | None = None,
+    timeout: float = 60,
+) -> tuple[int, bytes, bytes]:
+    """Run a command of hutch's own (unmarked: not the sandbox's work) to its end."""
+    command = command_line(argv, cwd=cwd, env={}, user=None, exec_id=None, sandbox_id="-")
+    conn, process = await open_process(kept, command)
+    try:
+        async with asyncio.timeout(timeout):
+            if not stdin:
+                process.stdin.write_eof()
+            out, err = await process.communicate(stdin)
+    except TimeoutError:
+        process.close()
+        raise ProviderError(
+            f"ssh {kept.target.destination}: {argv[0]} took over {timeout} s"
+        ) from None
+    except CHANNEL_ERRORS as exc:
+        kept.forget(conn)
+        raise lost(kept.target, exc) from None
+    out = out or b""
+    if out[:1] == STARTED:
+        out = out[1:]
+    elif out[:1] == FAILED:
+        raise start_error(
+            out[1:].split(b"\n", 1)[0].decode(), argv, cwd, None, kept.target.destination
+        )
+    code = exit_code(process)
+    if code is None:
+        kept.forget(conn)
+        raise lost(kept.target)
+    return code, out, err or b""

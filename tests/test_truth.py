@@ -1,0 +1,185 @@
+"""Truth and no loss (issue 7): what the daemon says is what happened.
+
+Every test here runs a real daemon process (tests/daemon_fixture.py); the
+docker ones a real Docker Engine.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import docker
+import pytest
+
+import hutch
+from tests.conftest import TEST_IMAGE
+from tests.daemon_fixture import DaemonProcess
+
+HUTCH = [sys.executable, "-m", "hutch.cli.main"]
+
+
+@pytest.fixture
+def daemon() -> Iterator[DaemonProcess]:
+    d = DaemonProcess().start()
+    yield d
+    d.stop()
+    shutil.rmtree(d.data_dir, ignore_errors=True)
+
+
+def client(d: DaemonProcess) -> hutch.Client:
+    return hutch.Client(d.url, token=d.token)
+
+
+def cli(d: DaemonProcess, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, COLUMNS="200", HUTCH_URL=d.url, HUTCH_TOKEN=d.token)
+    return subprocess.run([*HUTCH, *args], capture_output=True, text=True, env=env,
+                          timeout=120, check=False)
+
+
+def wait_until(predicate: object, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"not within {timeout} s: {what}")
+
+
+# -- 6. ending is idempotent and leaves a record ---------------------------------------
+
+
+def test_ending_an_ended_sandbox_succeeds_and_its_record_stays(daemon: DaemonProcess) -> None:
+    workdir = tempfile.mkdtemp()
+    with client(daemon) as c:
+        expired = c.create_sandbox("local", workdir=workdir, max_lifetime=1)
+        wait_until(lambda: c.get_sandbox(expired.id).info()["state"] == "terminated", 10,
+                   "the sandbox is reaped")
+        info = c.get_sandbox(expired.id).info()
+        assert info["reason"] == "max_lifetime_exceeded" and info["ended_at_unix"] is not None
+        with pytest.raises(hutch.MaxLifetimeExceeded):
+            expired.exec("true")
+        # Cleanup code needs no try/except: every way of ending it again succeeds.
+        c.delete_sandbox(expired.id)
+        expired.close()
+
+        deleted = c.create_sandbox("local", workdir=workdir)
+        c.delete_sandbox(deleted.id)
+        c.delete_sandbox(deleted.id)
+        deleted.close()
+        assert c.get_sandbox(deleted.id).info()["state"] == "terminated"
+
+        live = c.create_sandbox("local", workdir=workdir)
+        assert {s["id"] for s in c.list_sandboxes()} == {live.id}
+        everything = {s["id"]: s for s in c.list_sandboxes(include_ended=True)}
+        assert set(everything) == {expired.id, deleted.id, live.id}
+        assert everything[expired.id]["reason"] == "max_lifetime_exceeded"
+        assert everything[deleted.id]["reason"] == "closed"
+
+        with pytest.raises(hutch.NotFound):
+            c.delete_sandbox("sb-never-made")
+
+    listing = cli(daemon, "ls", "--all")
+    assert listing.returncode == 0, listing.stderr
+    assert expired.id in listing.stdout and "max_lifetime_exceeded" in listing.stdout
+    assert expired.id not in cli(daemon, "ls").stdout
+    told = cli(daemon, "events", expired.id)
+    assert told.returncode == 0, told.stderr
+    assert "running -> terminated (max_lifetime_exceeded)" in told.stdout
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_ended_sandboxes_are_pruned_after_the_retention_period() -> None:
+    d = DaemonProcess(extra_args=("--retention", "2")).start()
+    workdir = tempfile.mkdtemp()
+    try:
+        with client(d) as c:
+            sb = c.create_sandbox("local", workdir=workdir)
+            kept = c.create_sandbox("local", workdir=workdir)
+            sb.close()
+            assert c.get_sandbox(sb.id).info()["state"] == "terminated"
+            assert c.events(sb.id)
+            wait_until(lambda: not c.events(sb.id), 10, "the ended sandbox's events pruned")
+            with pytest.raises(hutch.NotFound):
+                c.get_sandbox(sb.id)
+            assert sb.id not in {s["id"] for s in c.list_sandboxes(include_ended=True)}
+            # A live sandbox is never pruned, however old.
+            assert kept.exec("echo alive").stdout == "alive\n"
+            assert c.events(kept.id)
+    finally:
+        d.stop()
+        shutil.rmtree(d.data_dir, ignore_errors=True)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+# -- 4. a sandbox whose runtime dies is noticed ----------------------------------------
+
+
+def container_of(sandbox_id: str) -> str:
+    api = docker.APIClient()
+    found = api.containers(all=True, filters={"label": f"hutch.sandbox_id={sandbox_id}"})
+    assert len(found) == 1, found
+    return str(found[0]["Id"])
+
+
+def wait_for_state(c: hutch.Client, sandbox_id: str, state: str, timeout: float) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+
+    def reached() -> bool:
+        seen.update(c.get_sandbox(sandbox_id).info())
+        return seen["state"] == state
+
+    wait_until(reached, timeout, f"{sandbox_id} becomes {state} (last seen {seen})")
+    return seen
+
+
+@pytest.mark.docker
+def test_a_container_removed_from_outside_fails_its_sandbox(daemon: DaemonProcess) -> None:
+    api = docker.APIClient()
+    with client(daemon) as c:
+        removed = c.create_sandbox("docker", image=TEST_IMAGE, idle_suspend_after=1)
+        killed = c.create_sandbox("docker", image=TEST_IMAGE)
+        removed.write_text("work.txt", "precious")
+        api.remove_container(container_of(removed.id), force=True)
+        api.kill(container_of(killed.id), signal="SIGKILL")
+        # 5 s is the promise; the margin is for a loaded machine.
+        info = wait_for_state(c, removed.id, "failed", 8)
+        assert "removed outside hutch" in info["reason"], info
+        info = wait_for_state(c, killed.id, "failed", 8)
+        assert "signal 9" in info["reason"] or "removed" in info["reason"], info
+        for call in (lambda: removed.exec("true"), lambda: removed.read_text("work.txt"),
+                     removed.resume, removed.pause, lambda: removed.set_timeout(60)):
+            with pytest.raises(hutch.SandboxUnavailable) as caught:
+                call()
+            assert removed.id in str(caught.value) and "removed outside hutch" in str(
+                caught.value
+            )
+        assert any("failed" in e["message"] and "removed outside hutch" in e["message"]
+                   for e in c.events(removed.id))
+        # Its timers stopped: the idle suspend (1 s) does not try, and fail, forever.
+        time.sleep(3)
+        assert "Traceback" not in daemon.log(), daemon.log()
+        removed.close()
+        c.delete_sandbox(killed.id)
+        assert c.get_sandbox(killed.id).info()["state"] == "failed"
+    assert not docker.APIClient().containers(
+        all=True, filters={"label": f"hutch.daemon={daemon.data_dir}"}
+    )
+
+
+@pytest.mark.docker
+def test_a_workspace_whose_container_is_removed_goes_stale(daemon: DaemonProcess) -> None:
+    with client(daemon) as c:
+        ws = c.create_workspace("dies", image=TEST_IMAGE)
+        sandbox_id = ws["live_sandbox_id"]
+        docker.APIClient().remove_container(container_of(sandbox_id), force=True)
+        wait_until(lambda: c.get_workspace("dies")["status"] == "stale", 8,
+                   "the workspace goes stale")
+        assert c.get_sandbox(sandbox_id).info()["state"] == "failed"
+        c.delete_workspace("dies")
