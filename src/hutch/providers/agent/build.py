@@ -7,7 +7,7 @@ toolchain's version, so an edit to the source (or a new toolchain) builds it
 again and nothing else does. The cache lives in ``HUTCH_AGENT_CACHE``, else
 ``/var/cache/hutch/agent`` when writable, else under hutch's data directory.
 
-``python -m hutch.providers.agent.build`` builds it ahead of time (the install
+``python -m hutch.providers.agent`` builds it ahead of time (the install
 scripts do); a provider that finds no binary and no toolchain falls back to
 its native runtime.
 """
@@ -21,7 +21,6 @@ import logging
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -91,7 +90,7 @@ def agent_binary(*, build: bool = True) -> Path:
     if go is None:
         raise AgentUnavailable(
             "hutch's agent is not built and no Go toolchain is here to build it "
-            "(apt-get install golang-go, then python -m hutch.providers.agent.build)"
+            "(apt-get install golang-go, then python -m hutch.providers.agent)"
         )
     if not build:
         raise AgentUnavailable(f"hutch's agent is not built yet ({binary})")
@@ -130,12 +129,3 @@ def _build(go: str, binary: Path, root: Path) -> None:
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-
-
-def main() -> None:
-    print(agent_binary())
-
-
-if __name__ == "__main__":
-    main()
-    sys.exit(0)

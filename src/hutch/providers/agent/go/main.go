@@ -25,6 +25,10 @@ import (
 const version = "1"
 
 func main() {
+	if len(os.Args) >= 2 && os.Args[1] == "become" {
+		become(os.Args[2:])
+		return
+	}
 	if len(os.Args) >= 2 && os.Args[1] == "version" {
 		fmt.Println(version)
 		return

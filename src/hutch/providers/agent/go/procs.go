@@ -259,8 +259,19 @@ func handleExec(c *conn, h header) {
 	}
 
 	attr := &syscall.ProcAttr{Dir: cwd, Env: envList, Sys: &syscall.SysProcAttr{Setsid: true}}
-	if acct != nil {
-		attr.Sys.Credential = &syscall.Credential{Uid: acct.uid, Gid: acct.gid, Groups: acct.groups}
+	if acct != nil && (acct.uid != 0 || acct.gid != 0) {
+		// The kernel would check the working directory against the new
+		// user if the switch came first (a fork sets the user, then changes
+		// directory): this agent, re-executed, changes directory as root,
+		// then becomes the user and executes the command, as runc does.
+		groups := make([]string, len(acct.groups))
+		for i, g := range acct.groups {
+			groups[i] = strconv.FormatUint(uint64(g), 10)
+		}
+		argv = append([]string{"hutch-agent", "become",
+			strconv.FormatUint(uint64(acct.uid), 10), strconv.FormatUint(uint64(acct.gid), 10),
+			strings.Join(groups, ","), path}, argv...)
+		path = "/proc/self/exe"
 	}
 	var (
 		parentEnds []*os.File // our ends: stdin writer, stdout reader, stderr reader
@@ -577,4 +588,40 @@ func ioctl(f *os.File, request uintptr, arg unsafe.Pointer) error {
 		return errno
 	}
 	return nil
+}
+
+// become: the far side of a user switch (see handleExec): already in the
+// working directory, drop to the user and execute the command in place.
+func become(args []string) {
+	if len(args) < 5 {
+		os.Exit(127)
+	}
+	uid, _ := strconv.Atoi(args[0])
+	gid, _ := strconv.Atoi(args[1])
+	var groups []int
+	for _, g := range strings.Split(args[2], ",") {
+		if n, err := strconv.Atoi(g); err == nil {
+			groups = append(groups, n)
+		}
+	}
+	path, argv := args[3], args[4:]
+	if err := syscall.Setgroups(groups); err != nil {
+		fail("setgroups", err)
+	}
+	if err := syscall.Setgid(gid); err != nil {
+		fail("setgid", err)
+	}
+	if err := syscall.Setuid(uid); err != nil {
+		fail("setuid", err)
+	}
+	err := syscall.Exec(path, argv, os.Environ())
+	fail(path, err)
+}
+
+func fail(what string, err error) {
+	os.Stderr.WriteString("hutch-agent: " + what + ": " + err.Error() + "\n")
+	if err == syscall.ENOENT {
+		os.Exit(127)
+	}
+	os.Exit(126)
 }
