@@ -656,7 +656,7 @@ class DockerSandbox(SandboxBackend):
                 raise SandboxUnavailable(f"docker sandbox {self.sandbox_id} is paused")
             if state.get("Running"):
                 with contextlib.suppress(AgentFailure):
-                    await self._agent.ping(timeout=1.0)
+                    await self._agent.ping(timeout=0.5)
                     return  # it answers again: the failure was the connection's
                 log.warning("docker sandbox %s: its agent is wedged (%s); restarting it",
                             self.sandbox_id, reason)

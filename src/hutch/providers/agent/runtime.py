@@ -17,7 +17,7 @@ import contextlib
 import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from ..._errors import (
     HutchError,
@@ -37,7 +37,7 @@ from .wire import MAX_PAYLOAD, AgentFailure, Channel, Header, connect_socket
 
 #: How long a request waits for the agent's next frame. The agent answers
 #: at once or beats a heartbeat every second (every two for a running command).
-ANSWER_TIMEOUT = 4.0
+ANSWER_TIMEOUT = 3.0
 EXEC_SILENCE_TIMEOUT = 6.0
 #: Idle connections kept for the next request.
 POOL_SIZE = 8
@@ -56,6 +56,7 @@ _ERRORS: dict[str, type[HutchError]] = {
 _TYPES = {t.value: t for t in FileType}
 
 Recover = Callable[[str], Awaitable[None]]
+T = TypeVar("T")
 
 
 def _typed_error(header: Header) -> HutchError:
@@ -80,6 +81,18 @@ def _info(header: Any) -> FileInfo:
         header["path"], kind, int(_number(header, "size")), int(_number(header, "mode")) & 0o7777,
         _number(header, "mtime"),
     )
+
+
+def _listing(reply: Header) -> list[FileInfo]:
+    entries = reply.get("entries")
+    if not isinstance(entries, list):
+        raise AgentFailure("the agent sent a listing without entries")
+    return sorted((_info(e) for e in entries), key=lambda e: e.path)
+
+
+def _ok(reply: Header) -> None:
+    if reply["t"] != "ok":
+        raise AgentFailure(f"the agent answered {reply['t']!r} where ok was due")
 
 
 class AgentProcess(BackendProcess):
@@ -173,7 +186,7 @@ class AgentProcess(BackendProcess):
             await self._runtime.request(
                 {"op": "kill", "pid": self._pid, "marker": f"{EXEC_MARKER}={self._marker}",
                  "grace": grace},
-                timeout=grace + ANSWER_TIMEOUT,
+                _ok, timeout=grace + ANSWER_TIMEOUT,
             )
         with contextlib.suppress(TimeoutError, HutchError):
             await asyncio.wait_for(asyncio.shield(self._exit), 5)
@@ -250,12 +263,19 @@ class AgentRuntime(SandboxRuntime):
         else:
             channel.close()
 
-    async def request(self, header: Header, *, timeout: float = ANSWER_TIMEOUT) -> Header:
-        """One request answered by one ``ok`` frame (or a typed error)."""
+    async def request(
+        self,
+        header: Header,
+        parse: Callable[[Header], T],
+        *,
+        timeout: float = ANSWER_TIMEOUT,
+    ) -> T:
+        """One request answered by one frame (or a typed error), read by
+        ``parse``: an answer it cannot read is the agent's failure too."""
         async with self._channel() as channel:
             await channel.send(header)
             reply, _ = await self._answer(channel, timeout)
-            return reply
+            return parse(reply)
 
     @staticmethod
     async def _answer(channel: Channel, timeout: float = ANSWER_TIMEOUT) -> tuple[Header, bytes]:
@@ -294,7 +314,7 @@ class AgentRuntime(SandboxRuntime):
         channel = await self._connect()
         try:
             await channel.send(header)
-            reply, _ = await self._answer(channel, ANSWER_TIMEOUT * 2)
+            reply, _ = await self._answer(channel)
             if reply["t"] != "started":
                 raise AgentFailure(f"the agent answered an exec with {reply['t']!r}")
             pid = int(_number(reply, "pid"))
@@ -307,8 +327,7 @@ class AgentRuntime(SandboxRuntime):
         return AgentProcess(self, channel, marker, pid, stdin)
 
     async def count_busy_processes(self) -> int:
-        reply = await self.request({"op": "busy"})
-        return max(0, int(_number(reply, "count")))
+        return await self.request({"op": "busy"}, lambda r: max(0, int(_number(r, "count"))))
 
     # -- files --------------------------------------------------------------------------
     async def read_file(self, path: str, limit: int) -> bytes:
@@ -337,20 +356,17 @@ class AgentRuntime(SandboxRuntime):
             for start in range(0, len(view), MAX_PAYLOAD):
                 await channel.send({"t": "in"}, view[start:start + MAX_PAYLOAD])
             await channel.send({"t": "eof"})
-            await self._answer(channel, ANSWER_TIMEOUT * 2)
+            reply, _ = await self._answer(channel, ANSWER_TIMEOUT * 2)
+            _ok(reply)
 
     async def stat(self, path: str) -> FileInfo:
-        return _info(await self.request({"op": "stat", "path": path}))
+        return await self.request({"op": "stat", "path": path}, _info)
 
     async def list_dir(self, path: str) -> list[FileInfo]:
-        reply = await self.request({"op": "list", "path": path})
-        entries = reply.get("entries")
-        if not isinstance(entries, list):
-            raise AgentFailure("the agent sent a listing without entries")
-        return sorted((_info(e) for e in entries), key=lambda e: e.path)
+        return await self.request({"op": "list", "path": path}, _listing)
 
     async def remove(self, path: str, recursive: bool) -> None:
-        await self.request({"op": "remove", "path": path, "recursive": recursive},
+        await self.request({"op": "remove", "path": path, "recursive": recursive}, _ok,
                            timeout=ANSWER_TIMEOUT * 8)
 
     async def walk_files(self, root: str) -> list[str]:
