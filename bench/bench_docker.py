@@ -18,6 +18,7 @@ import docker
 
 import hutch
 from _common import header, paired, row, time_async, time_sync
+from hutch._sandbox import backend_of
 
 IMAGE = os.environ.get("HUTCH_TEST_IMAGE", "hutch-test:bookworm")
 EXEC_RUNS = 60
@@ -53,7 +54,7 @@ async def main() -> None:
     api = docker.APIClient(version="auto")
     header(f"docker provider (floor: the docker SDK directly), image {IMAGE}")
     async with await hutch.create_sandbox("docker", image=IMAGE, read_before_write=False) as sb:
-        container = sb.backend.container_id
+        container = backend_of(sb).container_id
         ours, floor = await paired(
             lambda: sb.exec(["true"]), lambda: raw_exec(api, container), EXEC_RUNS
         )

@@ -21,6 +21,7 @@ import docker.errors
 
 import hutch
 from _common import header, paired, row
+from hutch._sandbox import backend_of
 from hutch.lifecycle.engine import LifecycleEngine
 
 IMAGE = os.environ.get("HUTCH_TEST_IMAGE", "hutch-test:bookworm")
@@ -41,7 +42,7 @@ async def docker_part() -> None:
     api = docker.APIClient(version="auto")
     header("lifecycle on docker (floor: the docker SDK directly)")
     async with await hutch.create_sandbox("docker", image=IMAGE) as sb:
-        container = str(getattr(sb.backend, "container_id", ""))
+        container = str(getattr(backend_of(sb), "container_id", ""))
 
         # Docker 20.10 updates a container's Paused flag from containerd events
         # that can arrive late, so back-to-back pause/unpause now and then gets

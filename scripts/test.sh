@@ -6,11 +6,13 @@ cd "$(dirname "$0")/.."
 
 log() { printf '[test] %s\n' "$*" >&2; }
 
-# System packages: chattr (e2fsprogs) for permission tests, procps, and the
+# System packages: chattr (e2fsprogs) for permission tests, procps, bubblewrap, and the
 # Docker Engine (scripts/ensure-docker.sh installs and starts it).
 need=()
 command -v chattr >/dev/null 2>&1 || need+=(e2fsprogs)
 command -v ps >/dev/null 2>&1 || need+=(procps)
+# bubblewrap: the bubblewrap provider's sandboxes (nsenter is util-linux's).
+command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 if [ ${#need[@]} -gt 0 ]; then
   log "installing ${need[*]}"
   apt-get update -qq

@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -166,3 +169,155 @@ async def test_a_given_local_workdir_is_kept(tmp_path: Path) -> None:
     async with await hutch.create_sandbox(provider="local", workdir=str(tmp_path)) as sandbox:
         await sandbox.write_text("f", "x")
     assert (tmp_path / "f").read_text() == "x"
+
+
+# -- one request never stalls the daemon -------------------------------------------------
+
+BACKTRACKING = "(a+)+$"  # over a line of a's and a '!': 2^n steps in Python's re
+
+
+def grep_workers(daemon: DaemonProcess) -> dict[int, str]:
+    """pid -> state (R running, S sleeping...) of the daemon's grep worker processes."""
+    assert daemon.proc is not None
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                cmdline = fh.read()
+        except OSError:
+            continue
+        if int(fields[1]) == daemon.proc.pid and b"_grepworker" in cmdline:
+            found[int(entry)] = fields[0]
+    return found
+
+
+class HealthProbe:
+    """Polls /healthz from a thread, recording the slowest answer."""
+
+    def __init__(self, daemon: DaemonProcess) -> None:
+        self.url = f"{daemon.url}/healthz"
+        self.headers = {"Authorization": f"Bearer {daemon.token}"}
+        self.slowest = 0.0
+        self.answers = 0
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(headers=self.headers, timeout=5) as client:
+            while not self._stop.is_set():
+                began = time.monotonic()
+                try:
+                    ok = client.get(self.url).status_code == 200
+                except httpx.HTTPError as exc:
+                    ok = False
+                    self.failures.append(repr(exc))
+                self.slowest = max(self.slowest, time.monotonic() - began)
+                self.answers += ok
+                time.sleep(0.1)
+
+    def __enter__(self) -> HealthProbe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def test_a_backtracking_grep_times_out_without_stalling_the_daemon(
+    daemon: DaemonProcess, http: httpx.Client, local_sandbox: str
+) -> None:
+    base = f"/v1/sandboxes/{local_sandbox}"
+    assert http.put(f"{base}/files", params={"path": "bad.txt"},
+                    content=b"a" * 27 + b"!\n").status_code == 204
+    with HealthProbe(daemon) as probe:
+        began = time.monotonic()
+        answer = http.post(f"{base}/grep", json={"pattern": BACKTRACKING, "timeout": 2})
+        took = time.monotonic() - began
+        # While it ran, other calls were answered too.
+        assert http.post(f"{base}/exec", json={"cmd": "echo ok"}).json()["stdout"] == "ok\n"
+    assert answer.status_code == 408, answer.text
+    assert answer.json()["error"]["code"] == "exec_timeout"
+    assert took < 10, took
+    assert probe.answers >= 5 and not probe.failures, (probe.answers, probe.failures)
+    assert probe.slowest < 1.0, probe.slowest
+    # What the grep started is gone: no worker is still matching.
+    time.sleep(0.5)
+    assert "R" not in grep_workers(daemon).values()
+    # A sane pattern on the same file answers as before.
+    fine = http.post(f"{base}/grep", json={"pattern": "a!$"})
+    assert fine.status_code == 200, fine.text
+    assert [m["line_number"] for m in fine.json()["matches"]] == [1]
+
+
+def test_grep_skips_what_is_not_a_regular_file(
+    http: httpx.Client, local_sandbox: str
+) -> None:
+    base = f"/v1/sandboxes/{local_sandbox}"
+    workdir = http.get(base).json()["workdir"]
+    os.mkfifo(os.path.join(workdir, "pipe"))
+    os.symlink("pipe", os.path.join(workdir, "link-to-pipe"))
+    assert http.put(f"{base}/files", params={"path": "text"},
+                    content=b"needle\n").status_code == 204
+    began = time.monotonic()
+    found = http.post(f"{base}/grep", json={"pattern": "needle", "timeout": 20})
+    assert found.status_code == 200, found.text
+    assert [m["path"] for m in found.json()["matches"]] == [os.path.join(workdir, "text")]
+    alone = http.post(f"{base}/grep", json={"pattern": "x", "path": "pipe", "timeout": 20})
+    assert (alone.status_code, alone.json()) == (200, {"matches": []})
+    # A read of a FIFO is refused at once, never left waiting for a writer.
+    read = http.get(f"{base}/files", params={"path": "pipe"})
+    assert read.status_code == 400, read.text
+    assert "not a regular file" in read.json()["error"]["message"]
+    assert time.monotonic() - began < 15
+    assert http.post(f"{base}/glob", json={"pattern": "*"}).json()["paths"] == [
+        os.path.join(workdir, "text")
+    ]
+
+
+@pytest.mark.parametrize("path", ["/dev", "/proc/self", "/proc/1"])
+def test_grep_over_special_trees_returns_or_times_out(
+    daemon: DaemonProcess, http: httpx.Client, local_sandbox: str, path: str
+) -> None:
+    with HealthProbe(daemon) as probe:
+        began = time.monotonic()
+        answer = http.post(f"/v1/sandboxes/{local_sandbox}/grep",
+                           json={"pattern": "zz-never-there", "path": path, "timeout": 5})
+        took = time.monotonic() - began
+    assert answer.status_code in (200, 408), answer.text
+    if answer.status_code == 200:
+        assert answer.json()["matches"] == []
+    assert took < 15, took
+    assert probe.slowest < 1.0, probe.slowest
+
+
+def test_grep_over_a_hundred_thousand_files_returns_or_times_out(
+    daemon: DaemonProcess, http: httpx.Client
+) -> None:
+    # On tmpfs where there is one: the tree is the test's input, not its subject.
+    workdir = tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    try:
+        subprocess.run(
+            ["bash", "-c", "mkdir d{0..99} && for d in d*; do (cd $d && touch f{0..999}); done"],
+            cwd=workdir, check=True,
+        )
+        made = http.post("/v1/sandboxes", json={"provider": "local", "workdir": workdir})
+        sid = made.json()["id"]
+        with HealthProbe(daemon) as probe:
+            began = time.monotonic()
+            answer = http.post(f"/v1/sandboxes/{sid}/grep",
+                               json={"pattern": "needle", "timeout": 10})
+            took = time.monotonic() - began
+        http.delete(f"/v1/sandboxes/{sid}")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    assert answer.status_code in (200, 408), answer.text
+    if answer.status_code == 200:
+        assert answer.json()["matches"] == []
+    assert took < 20, took
+    assert probe.slowest < 1.0, probe.slowest

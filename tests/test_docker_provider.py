@@ -23,6 +23,7 @@ import docker
 import pytest
 
 import hutch
+from hutch._sandbox import backend_of
 from hutch.providers import docker as docker_provider
 from hutch.providers.docker import DockerSandbox, list_managed_containers
 from tests.conftest import TEST_IMAGE
@@ -57,7 +58,7 @@ def images_of(api: docker.APIClient, sandbox_id: str) -> list[dict[str, Any]]:
 
 
 async def test_container_is_labelled_named_and_hardened(sb: Any, api: docker.APIClient) -> None:
-    details = api.inspect_container(sb.backend.container_id)
+    details = api.inspect_container(backend_of(sb).container_id)
     assert details["Name"] == f"/hutch-{sb.id}"
     # The keeper is hutch's agent, its executable mounted read-only.
     assert details["Config"]["Cmd"] == [
@@ -77,7 +78,7 @@ async def test_container_is_labelled_named_and_hardened(sb: Any, api: docker.API
     assert host["Memory"] == 256 * 1024 * 1024
     assert "NET_RAW" in host["CapDrop"]
     assert host["Init"] is True  # orphans are reaped, not kept as zombies
-    assert (sb.id, sb.backend.container_id, "running") in list_managed_containers()
+    assert (sb.id, backend_of(sb).container_id, "running") in list_managed_containers()
 
 
 async def test_capabilities_are_really_dropped(sb: Any) -> None:
@@ -107,7 +108,7 @@ async def test_config_env_reaches_every_exec(sb: Any) -> None:
 
 async def test_working_directory_is_the_host_bind_mount(sb: Any) -> None:
     await sb.write_text("from-sandbox.txt", "inside")
-    host = sb.backend.host_workdir
+    host = backend_of(sb).host_workdir
     assert host.endswith(os.path.join("sandboxes", sb.id, "workspace"))
     with open(os.path.join(host, "from-sandbox.txt")) as fh:
         assert fh.read() == "inside"
@@ -131,7 +132,7 @@ async def test_extra_mounts_and_read_only(api: docker.APIClient) -> None:
             assert refused.exit_code != 0 and "Read-only" in refused.stderr
             with pytest.raises(hutch.SandboxPermissionDenied):
                 await sandbox.remove("/data/given.txt")
-            details = api.inspect_container(sandbox.backend.container_id)
+            details = api.inspect_container(backend_of(sandbox).container_id)
             assert details["HostConfig"]["NetworkMode"] == "none"
     finally:
         shutil.rmtree(shared, ignore_errors=True)
@@ -178,7 +179,7 @@ async def test_timeout_kills_children_that_ignore_sigterm_or_left_the_session(sb
     left = (await sb.exec(["ps", "-eo", "args"])).stdout
     assert "sleep 30" not in left
     assert "defunct" not in left  # init reaped what the kill left
-    assert await sb.backend.count_busy_processes() == 0
+    assert await backend_of(sb).count_busy_processes() == 0
 
 
 async def test_background_kill_ends_a_setsid_child(sb: Any) -> None:
@@ -214,15 +215,15 @@ async def test_shell_falls_back_to_sh_without_bash(sb: Any) -> None:
 
 
 async def test_busy_processes_count_a_nohup_job(sb: Any) -> None:
-    assert await sb.backend.count_busy_processes() == 0
+    assert await backend_of(sb).count_busy_processes() == 0
     await sb.exec("nohup sleep 60 >/dev/null 2>&1 &")
-    assert await sb.backend.count_busy_processes() == 1
+    assert await backend_of(sb).count_busy_processes() == 1
     await sb.exec(["pkill", "-f", "sleep 60"])
     for _ in range(50):
-        if await sb.backend.count_busy_processes() == 0:
+        if await backend_of(sb).count_busy_processes() == 0:
             break
         await asyncio.sleep(0.1)
-    assert await sb.backend.count_busy_processes() == 0
+    assert await backend_of(sb).count_busy_processes() == 0
 
 
 async def test_preview_url_reaches_a_server_in_the_container(sb: Any) -> None:
@@ -261,7 +262,7 @@ async def test_ten_megabytes_with_an_odd_name_round_trip(sb: Any) -> None:
         assert await sb.read_bytes(path) == data
         size = await sb.exec(["stat", "-c", "%s", path])
         assert size.stdout == f"{len(data)}\n"
-    with open(os.path.join(sb.backend.host_workdir, ODD_NAME), "rb") as fh:
+    with open(os.path.join(backend_of(sb).host_workdir, ODD_NAME), "rb") as fh:
         assert fh.read() == data
     assert ODD_NAME in [i.name for i in await sb.list_dir(".")]
     assert f"/workspace/{ODD_NAME}" in await sb.glob("*.bin")
@@ -359,12 +360,12 @@ async def test_pause_keeps_files_and_processes(sb: Any, api: docker.APIClient) -
     await sb.exec("nohup sleep 300 >/dev/null 2>&1 &")
     await sb.write_text("/root/kept.txt", "kept")
     await sb.pause()
-    assert api.inspect_container(sb.backend.container_id)["State"]["Paused"]
-    assert await sb.backend.is_alive()
+    assert api.inspect_container(backend_of(sb).container_id)["State"]["Paused"]
+    assert await backend_of(sb).is_alive()
     await sb.resume()
     assert await sb.read_text("/root/kept.txt") == "kept"
     assert "sleep 300" in (await sb.exec("ps -eo args")).stdout
-    assert await sb.backend.count_busy_processes() == 1
+    assert await backend_of(sb).count_busy_processes() == 1
 
 
 async def test_suspend_frees_the_container_and_resume_restores_files(
@@ -373,20 +374,20 @@ async def test_suspend_frees_the_container_and_resume_restores_files(
     await sb.write_text("/root/rootfs.txt", "in the container layer")
     await sb.write_text("work.txt", "in the bind mount")
     await sb.exec("nohup sleep 300 >/dev/null 2>&1 &")
-    old = sb.backend.container_id
+    old = backend_of(sb).container_id
     await sb.suspend()
     assert not any(c["Id"] == old for c in api.containers(all=True))
-    assert not await sb.backend.is_alive()
+    assert not await backend_of(sb).is_alive()
     image = api.inspect_image(f"hutch-suspended:{sb.id}")
     assert image["Config"]["Labels"]["hutch.sandbox_id"] == sb.id
     # The daemon rebuilds the backend from what the store kept.
-    description = sb.backend.describe()
+    description = backend_of(sb).describe()
     assert description["suspended_image"] == image["Id"]
     again = await DockerSandbox.reconnect(sb.id, description)
-    assert again.host_workdir == sb.backend.host_workdir
+    assert again.host_workdir == backend_of(sb).host_workdir
     await sb.resume()
-    assert await sb.backend.is_alive()
-    details = api.inspect_container(sb.backend.container_id)
+    assert await backend_of(sb).is_alive()
+    details = api.inspect_container(backend_of(sb).container_id)
     assert details["Name"] == f"/hutch-{sb.id}"
     assert details["Config"]["Labels"]["team"] == "tests"
     assert details["HostConfig"]["PidsLimit"] == 300
@@ -394,7 +395,7 @@ async def test_suspend_frees_the_container_and_resume_restores_files(
     assert await sb.read_text("work.txt") == "in the bind mount"
     # Honest capabilities: a commit keeps files, not processes.
     assert not sb.capabilities.suspend_keeps_processes
-    assert await sb.backend.count_busy_processes() == 0
+    assert await backend_of(sb).count_busy_processes() == 0
 
 
 async def test_many_suspend_cycles_keep_files_and_flatten_before_the_layer_cap(
@@ -409,7 +410,7 @@ async def test_many_suspend_cycles_keep_files_and_flatten_before_the_layer_cap(
             await sandbox.write_text(f"/root/cycle-{cycle}", str(cycle))
             await sandbox.write_text(f"work-{cycle}", str(cycle))
             await sandbox.suspend()
-            layers = api.inspect_image(sandbox.backend.suspended_image)["RootFS"]["Layers"]
+            layers = api.inspect_image(backend_of(sandbox).suspended_image)["RootFS"]["Layers"]
             assert len(layers) <= 3
             await sandbox.resume()
             for seen in range(cycle + 1):
@@ -439,11 +440,11 @@ async def test_close_removes_container_image_and_own_workdir(api: docker.APIClie
     sandbox = await hutch.create_sandbox("docker", image=TEST_IMAGE)
     await sandbox.exec("echo x > /root/x")
     await sandbox.suspend()
-    image = sandbox.backend.suspended_image
+    image = backend_of(sandbox).suspended_image
     await sandbox.resume()
-    container, workdir = sandbox.backend.container_id, sandbox.backend.host_workdir
+    container, workdir = backend_of(sandbox).container_id, backend_of(sandbox).host_workdir
     await sandbox.close()
-    await sandbox.backend.close()  # idempotent
+    await backend_of(sandbox).close()  # idempotent
     assert not any(c["Id"] == container for c in api.containers(all=True))
     assert not any(i["Id"] == image for i in api.images(all=True))
     assert images_of(api, sandbox.id) == []
@@ -469,7 +470,7 @@ async def test_preserve_keeps_the_container_and_says_how_to_reach_it(
     sandbox = await hutch.create_sandbox(
         "docker", image=TEST_IMAGE, preserve=True, host_workdir=workdir
     )
-    container = sandbox.backend.container_id
+    container = backend_of(sandbox).container_id
     with caplog.at_level("WARNING", logger="hutch.docker"):
         await sandbox.close()
     try:
@@ -486,8 +487,8 @@ async def test_preserve_keeps_a_suspended_image(
 ) -> None:
     sandbox = await hutch.create_sandbox("docker", image=TEST_IMAGE, preserve=True)
     await sandbox.suspend()
-    image = sandbox.backend.suspended_image
-    workdir = sandbox.backend.host_workdir
+    image = backend_of(sandbox).suspended_image
+    workdir = backend_of(sandbox).host_workdir
     with caplog.at_level("WARNING", logger="hutch.docker"):
         await sandbox.close()
     try:
@@ -500,7 +501,7 @@ async def test_preserve_keeps_a_suspended_image(
 
 async def test_reconnect_from_description(sb: Any) -> None:
     await sb.write_text("/root/r.txt", "again")
-    again = await DockerSandbox.reconnect(sb.id, sb.backend.describe())
+    again = await DockerSandbox.reconnect(sb.id, backend_of(sb).describe())
     assert await again.is_alive()
     assert again.container_name == f"hutch-{sb.id}"
     assert await again.read_file("/root/r.txt", 100) == b"again"

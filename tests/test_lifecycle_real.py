@@ -11,6 +11,7 @@ import docker
 import pytest
 
 import hutch
+from hutch._sandbox import backend_of
 from hutch.lifecycle.state import SandboxState
 from tests.conftest import TEST_IMAGE
 
@@ -27,7 +28,7 @@ async def wait_for_state(sb: Any, state: SandboxState, within: float) -> float:
 
 
 def container_of(sb: hutch.Sandbox) -> str:
-    return str(getattr(sb.backend, "container_id", None))
+    return str(getattr(backend_of(sb), "container_id", None))
 
 
 def container_exists(container_id: str) -> bool:

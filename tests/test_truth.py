@@ -6,8 +6,10 @@ docker ones a real Docker Engine.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -183,3 +185,75 @@ def test_a_workspace_whose_container_is_removed_goes_stale(daemon: DaemonProcess
                    "the workspace goes stale")
         assert c.get_sandbox(sandbox_id).info()["state"] == "failed"
         c.delete_workspace("dies")
+
+
+# -- 2. the store is the truth, or the call fails ---------------------------------------
+
+
+def fill(directory: str) -> str:
+    """Fill the file system ``directory`` is on; return the filler's path."""
+    path = os.path.join(directory, "filler")
+    chunk = b"\0" * (1 << 20)
+    with open(path, "wb", buffering=0) as fh:
+        for size in (len(chunk), 4096, 1):  # what a big write cannot take, small ones do
+            with contextlib.suppress(OSError):
+                while fh.write(chunk[:size]):
+                    pass
+    return path
+
+
+def stored_state(data_dir: str, sandbox_id: str) -> tuple[str, float | None]:
+    """(state, deadline) as the daemon's SQLite file has them, read from outside."""
+    with contextlib.closing(sqlite3.connect(f"file:{data_dir}/hutch.db?mode=ro", uri=True)) as db:
+        row = db.execute("SELECT state, deadline_unix FROM sandboxes WHERE id = ?",
+                         (sandbox_id,)).fetchone()
+    return str(row[0]), row[1]
+
+
+@pytest.mark.docker
+def test_a_full_store_refuses_transitions_and_nothing_is_half_done() -> None:
+    mount = tempfile.mkdtemp(prefix="hutch-full-")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m,mode=0700", "tmpfs", mount],
+                   check=True)
+    log_dir = tempfile.mkdtemp(prefix="hutch-log-")
+    d = DaemonProcess(data_dir=mount, log_path=os.path.join(log_dir, "daemon.log"))
+    api = docker.APIClient()
+    try:
+        d.start()
+        with client(d) as c:
+            sb = c.create_sandbox("docker", image=TEST_IMAGE)
+            sb.write_text("work.txt", "written before the disk filled")
+            filler = fill(mount)
+            refused = {
+                "pause": sb.pause, "suspend": sb.suspend, "delete": sb.close,
+                "set_timeout": lambda: sb.set_timeout(600),
+            }
+            for name, call in refused.items():
+                with pytest.raises(hutch.StoreUnavailable) as caught:
+                    call()
+                assert "hutch.db" in str(caught.value), name
+                # The daemon, its store and the engine agree: nothing happened.
+                info = sb.info()
+                assert (info["state"], info["deadline_unix"]) == ("running", None), name
+                assert stored_state(mount, sb.id) == ("running", None), name
+                details = api.inspect_container(container_of(sb.id))["State"]
+                assert details["Running"] and not details["Paused"], name
+                assert sb.exec("cat work.txt").stdout == "written before the disk filled"
+
+            os.remove(filler)
+            sb.pause()
+            assert stored_state(mount, sb.id)[0] == "paused"
+            d.restart()  # a crash: what is adopted is what was acknowledged
+            again = c.get_sandbox(sb.id)
+            assert again.info()["state"] == "paused"
+            again.resume()
+            assert again.read_text("work.txt") == "written before the disk filled"
+            again.close()
+            assert stored_state(mount, sb.id)[0] == "terminated"
+    finally:
+        d.stop()
+        for container in api.containers(all=True, filters={"label": f"hutch.daemon={mount}"}):
+            api.remove_container(container["Id"], force=True)
+        subprocess.run(["umount", mount], check=False)
+        shutil.rmtree(mount, ignore_errors=True)
+        shutil.rmtree(log_dir, ignore_errors=True)

@@ -24,7 +24,8 @@ The tree::
     ├── Unauthorized                    unauthorized          401
     ├── CapabilityUnsupported (NotImplementedError)
     │                                   capability_unsupported 501
-    └── ProviderError                   provider_error        502
+    ├── ProviderError                   provider_error        502
+    └── StoreUnavailable                store_unavailable     503
 
 Subclasses that match a built-in also derive from it, so ``except
 FileNotFoundError`` works on a sandbox file exactly as on a host file. The
@@ -148,6 +149,14 @@ class CapabilityUnsupported(HutchError, NotImplementedError):
 class ProviderError(HutchError):
     code = "provider_error"
     http_status = 502
+
+
+class StoreUnavailable(HutchError):
+    """The daemon's state store cannot record a change (its disk is full, its
+    file is unwritable): the change was not made, or was put back."""
+
+    code = "store_unavailable"
+    http_status = 503
 
 
 def _all_subclasses(root: type[HutchError]) -> list[type[HutchError]]:

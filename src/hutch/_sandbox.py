@@ -10,6 +10,7 @@ where the lifecycle engine tracks activity and resumes a suspended sandbox.
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import shlex
 import time
@@ -17,6 +18,8 @@ import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
+
+import anyio
 
 from ._errors import (
     CapabilityUnsupported,
@@ -33,6 +36,7 @@ from ._process import ExitStatus, Process, StreamEvent, run_to_completion
 from ._types import (
     DEFAULT_OUTPUT_LIMIT,
     DEFAULT_READ_LIMIT,
+    DEFAULT_SEARCH_TIMEOUT,
     Capabilities,
     Command,
     ExecResult,
@@ -40,12 +44,12 @@ from ._types import (
     FileType,
     GrepMatch,
 )
+from .lifecycle.state import SandboxState
 from .providers.base import BackendProcess, SandboxBackend, SandboxRuntime, join_path
 
 if TYPE_CHECKING:
     from .lifecycle.engine import LifecycleRecord, SandboxStatus
     from .lifecycle.gate import LifecycleGate
-    from .lifecycle.state import SandboxState
 
 
 class Sandbox:
@@ -65,7 +69,7 @@ class Sandbox:
         gate: LifecycleGate | None = None,
     ) -> None:
         self.id = sandbox_id or backend.sandbox_id
-        self.backend = backend
+        self._backend = backend
         self.output_limit = output_limit
         self._guard = ReadBeforeWriteGuard(read_before_write)
         self.created_at = time.time()
@@ -79,23 +83,23 @@ class Sandbox:
     # -- identity -------------------------------------------------------------
     @property
     def provider(self) -> str:
-        return self.backend.provider
+        return self._backend.provider
 
     @property
     def capabilities(self) -> Capabilities:
-        return self.backend.sandbox_capabilities()
+        return self._backend.sandbox_capabilities()
 
     @property
-    def runtime(self) -> SandboxRuntime:
+    def _runtime(self) -> SandboxRuntime:
         """What executes and moves files here now (see providers.base)."""
-        return self.backend.runtime
+        return self._backend.runtime
 
     @property
     def workdir(self) -> str:
-        return self.backend.workdir
+        return self._backend.workdir
 
     @property
-    def guard(self) -> ReadBeforeWriteGuard:
+    def _session_guard(self) -> ReadBeforeWriteGuard:
         """The read-before-write guard of the session making this call."""
         return session_guard.get() or self._guard
 
@@ -147,7 +151,7 @@ class Sandbox:
         if isinstance(cmd, str):
             if not cmd.strip():
                 raise InvalidArgument("command is empty")
-            return self.runtime.shell_argv(cmd)
+            return self._runtime.shell_argv(cmd)
         argv = list(cmd)
         if not argv or not all(isinstance(a, str) for a in argv):
             raise InvalidArgument("command must be a non-empty string or list of strings")
@@ -166,7 +170,7 @@ class Sandbox:
             self.require("users")
         if isinstance(stdin, str):
             stdin = stdin.encode()
-        return await self.runtime.start_process(
+        return await self._runtime.start_process(
             self._argv(cmd),
             cwd=self.path(cwd) if cwd is not None else self.workdir,
             env=dict(env or {}),
@@ -277,8 +281,8 @@ class Sandbox:
     async def read_bytes(self, path: str, *, limit: int = DEFAULT_READ_LIMIT) -> bytes:
         full = self.path(path)
         async with self._operation("read"):
-            data = await self.runtime.read_file(full, limit)
-        self.guard.mark_read(full)
+            data = await self._runtime.read_file(full, limit)
+        self._session_guard.mark_read(full)
         return data
 
     async def read_text(
@@ -291,43 +295,43 @@ class Sandbox:
             raise InvalidArgument(f"data must be bytes, not {type(data).__name__}")
         full = self.path(path)
         async with self._operation("write"):
-            if self.guard.needs_check(full):
+            if self._session_guard.needs_check(full):
                 try:
-                    info = await self.runtime.stat(full)
+                    info = await self._runtime.stat(full)
                 except FileNotFoundError:
                     pass
                 else:
                     if info.type == FileType.DIRECTORY:
                         raise SandboxIsADirectory(f"{full} is a directory")
-                    raise self.guard.refuse(full, "overwrite")
-            await self.runtime.write_file(full, bytes(data))
+                    raise self._session_guard.refuse(full, "overwrite")
+            await self._runtime.write_file(full, bytes(data))
         # What this session wrote, it knows: it may overwrite it again.
-        self.guard.mark_read(full)
+        self._session_guard.mark_read(full)
 
     async def write_text(self, path: str, text: str, *, encoding: str = "utf-8") -> None:
         await self.write_bytes(path, text.encode(encoding))
 
     async def stat(self, path: str) -> FileInfo:
         async with self._operation("stat"):
-            return await self.runtime.stat(self.path(path))
+            return await self._runtime.stat(self.path(path))
 
     async def exists(self, path: str) -> bool:
         async with self._operation("stat"):
-            return await self.runtime.exists(self.path(path))
+            return await self._runtime.exists(self.path(path))
 
     async def list_dir(self, path: str = ".") -> list[FileInfo]:
         async with self._operation("list"):
-            return await self.runtime.list_dir(self.path(path))
+            return await self._runtime.list_dir(self.path(path))
 
     async def remove(self, path: str, *, recursive: bool = False) -> None:
         full = self.path(path)
         async with self._operation("remove"):
-            if self.guard.needs_check(full):
-                info = await self.runtime.stat(full)  # FileNotFoundError if missing
+            if self._session_guard.needs_check(full):
+                info = await self._runtime.stat(full)  # FileNotFoundError if missing
                 if info.type != FileType.DIRECTORY:
-                    raise self.guard.refuse(full, "delete")
-            await self.runtime.remove(full, recursive)
-        self.guard.forget(full)
+                    raise self._session_guard.refuse(full, "delete")
+            await self._runtime.remove(full, recursive)
+        self._session_guard.forget(full)
 
     async def grep(
         self,
@@ -337,22 +341,45 @@ class Sandbox:
         glob: str | None = None,
         ignore_case: bool = False,
         limit: int = DEFAULT_READ_LIMIT,
+        timeout: float = DEFAULT_SEARCH_TIMEOUT,
     ) -> list[GrepMatch]:
-        """Lines matching the regex ``pattern`` in files below ``path``."""
+        """Lines matching the regex ``pattern`` in files below ``path``.
+
+        Regular files only. Past ``timeout`` seconds the search is stopped,
+        with whatever it started, and ``ExecTimeout`` raised: a pattern that
+        backtracks or a tree too large costs its caller, never the others.
+        """
         try:
             regex = re.compile(pattern, re.IGNORECASE if ignore_case else 0)
         except re.error as exc:
             raise InvalidArgument(f"bad regular expression {pattern!r}: {exc}") from None
-        async with self._operation("grep"):
-            matches = await self.runtime.grep(regex, self.path(path), glob, limit)
+        async with self._operation("grep"), self._bounded("grep", timeout):
+            matches = await self._runtime.grep(regex, self.path(path), glob, limit)
         for match in matches:
-            self.guard.mark_read(match.path)
+            self._session_guard.mark_read(match.path)
         return matches
 
-    async def glob(self, pattern: str, path: str = ".") -> list[str]:
+    async def glob(
+        self, pattern: str, path: str = ".", *, timeout: float = DEFAULT_SEARCH_TIMEOUT
+    ) -> list[str]:
         """Files below ``path`` whose relative path matches ``pattern`` (``**`` ok)."""
-        async with self._operation("glob"):
-            return await self.runtime.glob(pattern, self.path(path))
+        async with self._operation("glob"), self._bounded("glob", timeout):
+            return await self._runtime.glob(pattern, self.path(path))
+
+    @staticmethod
+    @asynccontextmanager
+    async def _bounded(what: str, timeout: float) -> AsyncIterator[None]:
+        """Stop the body after ``timeout`` s (cancelling what it started) with ExecTimeout."""
+        if not 0 < timeout < math.inf:
+            raise InvalidArgument(f"timeout must be a positive number, got {timeout}")
+        try:
+            with anyio.fail_after(timeout):
+                yield
+        except TimeoutError:
+            raise ExecTimeout(
+                f"{what} timed out after {timeout:g} s and was stopped "
+                "(narrow the path or the glob, or simplify the pattern)"
+            ) from None
 
     async def preview_url(self, port: int) -> str:
         if not 0 < port < 65536:
@@ -362,7 +389,7 @@ class Sandbox:
         # with its reason, and a suspended one is brought back (a URL into a
         # removed container would lead nowhere).
         async with self._operation("preview_url", activity=False):
-            return await self.backend.preview_url(port)
+            return await self._backend.preview_url(port)
 
     # -- lifecycle ------------------------------------------------------------------
     def _engine(self) -> Any:
@@ -372,8 +399,6 @@ class Sandbox:
 
     @property
     def state(self) -> SandboxState:
-        from .lifecycle.state import SandboxState
-
         if self._record is not None:
             return self._record.state
         return SandboxState.TERMINATED if self._closed else SandboxState.RUNNING
@@ -383,9 +408,34 @@ class Sandbox:
         status: SandboxStatus = self._engine().status(self)
         return status
 
-    def info(self) -> SandboxStatus:
-        """The same as :meth:`status`."""
-        return self.status()
+    async def info(self) -> dict[str, Any]:
+        """What the sandbox is and how it is: identity, capabilities, status, memory.
+
+        Plain JSON-ready data, the same a daemon answers for the sandbox.
+        Reading it is not activity.
+        """
+        memory = None
+        if self.state not in (SandboxState.TERMINATED, SandboxState.FAILED):
+            try:
+                memory = await self._backend.memory_bytes()
+            except Exception:  # a figure for a dashboard: its absence is an answer
+                memory = None
+        status = self.status()
+        return {
+            "id": self.id,
+            "provider": self.provider,
+            "state": status.state.value,
+            "reason": status.reason,
+            "workdir": self.workdir,
+            "capabilities": self.capabilities.as_dict(),
+            "created_at_unix": status.created_at_unix,
+            "last_active_unix": status.last_active_unix,
+            "idle_seconds": status.idle_seconds,
+            "deadline_unix": status.deadline_unix,
+            "meter": status.meter,
+            "memory_bytes": memory,
+            "open_operations": self.open_operations,
+        }
 
     @property
     def meter(self) -> dict[str, float]:
@@ -408,7 +458,7 @@ class Sandbox:
 
     async def set_timeout(self, seconds: float) -> float:
         """Make the sandbox's deadline now + ``seconds``; returns it as Unix time."""
-        deadline: float = self._engine().set_timeout(self, seconds)
+        deadline: float = await self._engine().set_timeout(self, seconds)
         return deadline
 
     async def _kill_processes(self) -> None:
@@ -422,7 +472,7 @@ class Sandbox:
             return
         self._closed = True
         await self._kill_processes()
-        await self.backend.close()
+        await self._backend.close()
 
     async def close(self) -> None:
         """Kill background commands and release the sandbox. Idempotent."""
@@ -440,6 +490,16 @@ class Sandbox:
 
     def __repr__(self) -> str:
         return f"<Sandbox {self.id} provider={self.provider}>"
+
+
+def backend_of(sandbox: Sandbox) -> SandboxBackend:
+    """The provider backend under an in-process sandbox.
+
+    For the layers that drive a provider directly (the lifecycle engine, the
+    daemon) and for tests of a provider; callers of a sandbox never need it,
+    and a remote sandbox has none.
+    """
+    return sandbox._backend
 
 
 def new_sandbox_id() -> str:

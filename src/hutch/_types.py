@@ -21,6 +21,8 @@ MAX_OUTPUT_LIMIT = 256 * 1024 * 1024
 MAX_READ_LIMIT = DEFAULT_READ_LIMIT
 #: The longest duration any setting takes (timeouts, lifetimes), seconds: a year.
 MAX_DURATION = 365 * 24 * 3600.0
+#: How long a grep or glob may run before it is stopped (``exec_timeout``).
+DEFAULT_SEARCH_TIMEOUT = 60.0
 #: What a timed-out or killed command gets between SIGTERM and SIGKILL.
 KILL_GRACE_SECONDS = 1.0
 
@@ -93,6 +95,8 @@ class Capabilities:
     ``snapshot`` / ``fork``: capture state and start new sandboxes from it.
     ``network_isolation``: the sandbox has no network unless asked.
     ``resource_limits``: memory, CPU and pids limits are enforced.
+    ``disk_limit``: the sandbox's disk use (its working directory included)
+    is capped; where False, a sandbox can fill the host's disk.
     ``users``: ``exec(user=...)`` can switch user.
     ``preview_url``: ports inside are reachable at a URL.
     ``runtime``: what executes and moves files in this sandbox: ``native``
@@ -108,6 +112,7 @@ class Capabilities:
     fork: bool = False
     network_isolation: bool = False
     resource_limits: bool = False
+    disk_limit: bool = False
     users: bool = False
     preview_url: bool = False
     runtime: str = "native"
@@ -122,7 +127,8 @@ class Capabilities:
     def as_dict(self) -> dict[str, bool | str]:
         names = [
             "processes", "pause", "suspend", "suspend_keeps_processes", "snapshot",
-            "fork", "network_isolation", "resource_limits", "users", "preview_url",
+            "fork", "network_isolation", "resource_limits", "disk_limit", "users",
+            "preview_url",
         ]
         out: dict[str, bool | str] = {n: bool(getattr(self, n)) for n in names}
         out.update({n: True for n in self.extra})

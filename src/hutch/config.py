@@ -26,20 +26,22 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from ._errors import InvalidArgument
 from ._types import MAX_DURATION, MAX_OUTPUT_LIMIT
+from .providers.bubblewrap import BubblewrapConfig
 from .providers.docker import DockerConfig
 from .providers.local import LocalConfig
 from .providers.ssh.config import SshConfig
 from .providers.virtual import VirtualConfig
 
 ProviderConfig = Annotated[
-    LocalConfig | VirtualConfig | DockerConfig | SshConfig, Field(discriminator="type")
+    LocalConfig | VirtualConfig | DockerConfig | SshConfig | BubblewrapConfig,
+    Field(discriminator="type"),
 ]
 _provider_adapter: TypeAdapter[Any] = TypeAdapter(ProviderConfig)
 #: The providers whose settings this module knows (the ``type`` of each model).
 CONFIGURED_PROVIDERS: tuple[str, ...] = tuple(
     sorted(
         str(model.model_fields["type"].default)
-        for model in (LocalConfig, VirtualConfig, DockerConfig, SshConfig)
+        for model in (LocalConfig, VirtualConfig, DockerConfig, SshConfig, BubblewrapConfig)
     )
 )
 

@@ -74,6 +74,19 @@ def _docker_native() -> AbstractAsyncContextManager[Harness]:
 
 
 @asynccontextmanager
+async def _bubblewrap() -> AsyncIterator[Harness]:
+    # The root file system is the test image, exported from Docker once.
+    async with await hutch.create_sandbox(
+        "bubblewrap", image=TEST_IMAGE, ephemeral=True, read_before_write=False
+    ) as sb:
+        # Its working directory, as a directory of the overlay's upper layer.
+        from hutch.providers.bubblewrap.provisioning import bubblewrap_home
+
+        upper = f"{bubblewrap_home()}/sandboxes/{sb.id}/hot/upper"
+        yield Harness(sb, "bubblewrap", upper + sb.workdir)
+
+
+@asynccontextmanager
 async def _ssh() -> AsyncIterator[Harness]:
     # The host is this machine, through a real sshd on loopback: the working
     # directory is a host directory the test can also reach directly.
@@ -97,6 +110,7 @@ MAKERS: dict[str, tuple[Maker, bool, list[pytest.MarkDecorator]]] = {
     "virtual": (_virtual, False, []),
     "docker": (_docker_agent, True, [pytest.mark.docker]),
     "docker-native": (_docker_native, True, [pytest.mark.docker]),
+    "bubblewrap": (_bubblewrap, True, [pytest.mark.docker]),
     "ssh": (_ssh, True, []),
 }
 

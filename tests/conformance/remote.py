@@ -19,7 +19,9 @@ import pytest
 
 import hutch
 from tests.conformance.conftest import Harness
+from tests.conftest import TEST_IMAGE
 from tests.daemon_fixture import DaemonProcess
+from tests.ssh_server import ALIAS, shared_server
 
 _daemon: DaemonProcess | None = None
 
@@ -58,14 +60,25 @@ class AsyncAdapter:
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._target, name)
-        if callable(attr):
+        # A check made on the spot (path, require) is the same plain function
+        # on both faces: it is called as it is, not awaited.
+        async_twin = getattr(_ASYNC_TWIN[type(self._target)], name, None)
+        if callable(attr) and getattr(type(self._target), name, None) is not async_twin:
             return lambda *a, **k: _Deferred(attr, a, k)
         return attr
+
+
+_ASYNC_TWIN: dict[type, type] = {
+    hutch.client.RemoteSandbox: hutch.client.AsyncRemoteSandbox,
+    hutch.client.RemoteProcess: hutch.client.AsyncRemoteProcess,
+}
 
 
 def adapt(value: Any) -> Any:
     if isinstance(value, hutch.client.RemoteSandbox | hutch.client.RemoteProcess):
         return AsyncAdapter(value)
+    if isinstance(value, list):
+        return [adapt(v) for v in value]
     return value
 
 
@@ -102,7 +115,42 @@ async def _remote_sync() -> AsyncIterator[Harness]:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+@asynccontextmanager
+async def _remote_bubblewrap() -> AsyncIterator[Harness]:
+    d = daemon()
+    async with hutch.AsyncClient(d.url, token=d.token) as client:
+        sb = await client.create_sandbox("bubblewrap", image=TEST_IMAGE, read_before_write=False)
+        try:
+            # Its working directory, in the hot upper layer under the daemon's data dir.
+            host_workdir = f"{d.data_dir}/bubblewrap/sandboxes/{sb.id}/hot/upper{sb.workdir}"
+            yield Harness(sb, "remote-bubblewrap", host_workdir)
+        finally:
+            await sb.close()
+
+
+@asynccontextmanager
+async def _remote_ssh() -> AsyncIterator[Harness]:
+    # The ssh provider through the daemon: the daemon holds the kept connection.
+    d = daemon()
+    server = shared_server()
+    workdir = tempfile.mkdtemp(prefix="hutch-conf-remote-ssh-")
+    try:
+        async with hutch.AsyncClient(d.url, token=d.token) as client:
+            sb = await client.create_sandbox(
+                "ssh", destination=ALIAS, working_directory=workdir,
+                config_file=server.config_file, read_before_write=False,
+            )
+            try:
+                yield Harness(sb, "remote-ssh", workdir)
+            finally:
+                await sb.close()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
 REMOTE_MAKERS: dict[str, tuple[Any, bool, list[pytest.MarkDecorator]]] = {
     "remote-async": (_remote_async, True, []),
     "remote-sync": (_remote_sync, True, []),
+    "remote-bubblewrap": (_remote_bubblewrap, True, [pytest.mark.docker]),
+    "remote-ssh": (_remote_ssh, True, []),
 }

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 import tempfile
 import time
@@ -28,6 +29,7 @@ from rich.table import Column, Table
 
 from .._errors import HutchError
 from ..config import load_config_file
+from ..providers.ssh.gitsource import current_source
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -112,6 +114,18 @@ def serve(
     retention: float | None = typer.Option(
         None, help="Seconds an ended sandbox stays readable, with its events (default 86400)."
     ),
+    allow: list[str] = typer.Option(
+        [], "--allow", metavar="SETTING",
+        help="Let API clients set this host-reaching setting (mounts, host_workdir, "
+        "network_mode, cap_drop); repeatable. Also `allow = [...]` under [server] in hutch.toml.",
+    ),
+    config: str | None = typer.Option(
+        None, help="hutch.toml with [server] allow/limits/ceilings (default: ./hutch.toml)."
+    ),
+    max_connections: int | None = typer.Option(
+        None, help="Most client connections at once (default 4096, or half the open-files "
+        "limit); past it the longest-idle one is closed.",
+    ),
 ) -> None:
     """Run the daemon: the HTTP API, the state store, the timers.
 
@@ -123,7 +137,8 @@ def serve(
     where = data_dir or default_data_dir()
     console.print(f"hutch serving on http://{host}:{port} (state in {where})")
     try:
-        run(host, port, data_dir=data_dir, token_file=token_file, retention_seconds=retention)
+        run(host, port, data_dir=data_dir, token_file=token_file, retention_seconds=retention,
+            allow=allow, config_file=config, max_connections=max_connections)
     except HutchError as exc:
         err_console.print(f"[red]error[/red] ({exc.code}): {exc}")
         raise typer.Exit(exit_code_for(exc)) from None
@@ -214,9 +229,23 @@ def events(
 @app.command()
 @reports_errors
 def create(
-    provider: str | None = typer.Option(None, help="local, docker, virtual, ..."),
+    provider: str | None = typer.Option(None, help="local, docker, virtual, ssh, ..."),
     image: str | None = typer.Option(None, help="Container image (docker)."),
     workdir: str | None = typer.Option(None, help="Working directory (local)."),
+    destination: str | None = typer.Option(
+        None, help="user@host, a host, or an ssh config alias (ssh)."
+    ),
+    working_directory: str | None = typer.Option(
+        None, help="Absolute working directory on the host (ssh)."
+    ),
+    ssh_config: str | None = typer.Option(None, help="An ssh client config file (ssh)."),
+    preview_url_base: str | None = typer.Option(
+        None, help="Where the host's ports are reachable, e.g. http://devbox (ssh)."
+    ),
+    clone_current: bool = typer.Option(
+        False, "--clone-current",
+        help="Clone this directory's git origin (as https) at its current branch (ssh).",
+    ),
     idle_suspend_after: float | None = typer.Option(None),
     idle_timeout: float | None = typer.Option(None),
     max_lifetime: float | None = typer.Option(None),
@@ -224,11 +253,22 @@ def create(
 ) -> None:
     """Create a sandbox. Flags beat hutch.toml, which beats the daemon's defaults."""
     layer = load_config_file(config)
-    flags = {
+    flags: dict[str, Any] = {
         "provider": provider, "image": image, "workdir": workdir,
+        "destination": destination, "working_directory": working_directory,
+        "config_file": os.path.abspath(ssh_config) if ssh_config else None,
+        "preview_url_base": preview_url_base,
         "idle_suspend_after": idle_suspend_after, "idle_timeout": idle_timeout,
         "max_lifetime": max_lifetime,
     }
+    if clone_current:
+        source = current_source(os.getcwd())
+        if source is None:
+            err_console.print(
+                "no git repository with an origin here: the working directory is used as it is"
+            )
+        else:
+            flags.update(clone=True, repository=source.repository, branch=source.branch)
     body = merge_layers(layer, {k: v for k, v in flags.items() if v is not None})
     with client() as c, console.status("creating sandbox..."):
         sb = c.create_sandbox(**body)

@@ -20,9 +20,26 @@ from typing import Any
 
 import httpx
 
-from .._errors import HutchError, InvalidArgument, SandboxUnavailable, error_from_code
+from .._errors import (
+    CapabilityUnsupported,
+    HutchError,
+    InvalidArgument,
+    SandboxUnavailable,
+    error_from_code,
+)
 from .._process import ExitStatus
-from .._types import Capabilities, ExecResult, FileInfo, FileType, GrepMatch, OutputChunk
+from .._types import (
+    DEFAULT_SEARCH_TIMEOUT,
+    Capabilities,
+    ExecResult,
+    FileInfo,
+    FileType,
+    GrepMatch,
+    OutputChunk,
+)
+from ..lifecycle.engine import SandboxStatus
+from ..lifecycle.state import FINAL, SandboxState
+from ..providers.base import join_path
 
 SESSION_HEADER = "X-Hutch-Session"
 DEFAULT_URL = "http://127.0.0.1:8787"
@@ -111,6 +128,17 @@ def exec_body(
     elif stdin is not None:
         body["stdin_b64"] = base64.b64encode(bytes(stdin)).decode()
     return body
+
+
+def decode_status(info: Mapping[str, Any]) -> SandboxStatus:
+    return SandboxStatus(
+        id=str(info["id"]), state=SandboxState(info["state"]), reason=info.get("reason"),
+        created_at_unix=float(info["created_at_unix"]),
+        last_active_unix=float(info["last_active_unix"]),
+        idle_seconds=float(info["idle_seconds"]),
+        deadline_unix=None if info.get("deadline_unix") is None else float(info["deadline_unix"]),
+        meter={str(k): float(v) for k, v in dict(info.get("meter") or {}).items()},
+    )
 
 
 def http_timeout(timeout: float | None) -> float | None:
@@ -238,7 +266,17 @@ class SandboxOps:
 
     @op
     def info(self) -> Op:
-        return (yield Call("GET", self._path("")))
+        """What the sandbox is and how it is now (the daemon's description)."""
+        info = yield Call("GET", self._path(""))
+        self._absorb(info)
+        return info
+
+    @op
+    def status(self) -> Op:
+        """State, reason, deadline, idle time and meter. Reading it is not activity."""
+        info = yield Call("GET", self._path(""))
+        self._absorb(info)
+        return decode_status(info)
 
     @op
     def exec(
@@ -268,6 +306,24 @@ class SandboxOps:
     ) -> Op:
         body = exec_body(cmd, cwd, env, stdin, user, None, output_limit)
         return ProcessRef(self.id, (yield Call("POST", self._path("/processes"), json=body)))
+
+    @op
+    def processes(self) -> Op:
+        answer = yield Call("GET", self._path("/processes"))
+        return [ProcessRef(self.id, p) for p in answer["processes"]]
+
+    @op
+    def process(self, process_id: str) -> Op:
+        return ProcessRef(self.id, (yield Call("GET", self._path(f"/processes/{process_id}"))))
+
+    @op
+    def preview_url(self, port: int) -> Op:
+        if not 0 < port < 65536:
+            raise InvalidArgument(f"port must be 1..65535, got {port}")
+        self.require("preview_url")
+        answer = yield Call("GET", self._path("/preview_url"), params={"port": port},
+                            timeout=600)
+        return str(answer["url"])
 
     @op
     def read_bytes(self, path: str, *, limit: int = 256 * 1024 * 1024) -> Op:
@@ -320,16 +376,23 @@ class SandboxOps:
     def grep(
         self, pattern: str, path: str = ".", *, glob: str | None = None,
         ignore_case: bool = False, limit: int = 256 * 1024 * 1024,
+        timeout: float = DEFAULT_SEARCH_TIMEOUT,
     ) -> Op:
         answer = yield Call("POST", self._path("/grep"), json={
             "pattern": pattern, "path": path, "glob": glob, "ignore_case": ignore_case,
-        }, timeout=600)
+            "timeout": timeout,
+        }, timeout=timeout + HTTP_GRACE_SECONDS)
         return [GrepMatch(m["path"], int(m["line_number"]), m["line"]) for m in answer["matches"]]
 
     @op
-    def glob(self, pattern: str, path: str = ".") -> Op:
-        answer = yield Call("POST", self._path("/glob"), json={"pattern": pattern, "path": path},
-                            timeout=600)
+    def glob(
+        self, pattern: str, path: str = ".", *, timeout: float = DEFAULT_SEARCH_TIMEOUT
+    ) -> Op:
+        answer = yield Call(
+            "POST", self._path("/glob"),
+            json={"pattern": pattern, "path": path, "timeout": timeout},
+            timeout=timeout + HTTP_GRACE_SECONDS,
+        )
         return list(answer["paths"])
 
     @op
@@ -358,12 +421,27 @@ class SandboxOps:
             if exc.code not in ("not_found", "sandbox_unavailable", "idle_timeout",
                                 "max_lifetime_exceeded", "timeout_expired"):
                 raise
+        self._closed = True
 
     def _absorb(self, info: dict[str, Any]) -> None:
         self._info = info
 
-    # -- what the sandbox answered when it was made ------------------------------------
+    # -- checks made here, as the in-process sandbox makes them ----------------------------
+    def path(self, path: str) -> str:
+        """The absolute path inside the sandbox that ``path`` names."""
+        if not isinstance(path, str):
+            raise InvalidArgument(f"path must be a string, not {type(path).__name__}")
+        if "\0" in path:
+            raise InvalidArgument(f"path {path!r} contains a NUL byte")
+        return join_path(self.workdir, path)
+
+    def require(self, capability: str) -> None:
+        if not self.capabilities.supports(capability):
+            raise CapabilityUnsupported.for_provider(self.provider, capability)
+
+    # -- what the daemon answered last (info() and status() ask afresh) -----------------
     _info: dict[str, Any]
+    _closed: bool = False
 
     @property
     def provider(self) -> str:
@@ -380,12 +458,28 @@ class SandboxOps:
             k: bool(v) for k, v in caps.items()
             if k in Capabilities.__dataclass_fields__ and k not in ("extra", "runtime")
         }
-        return Capabilities(**known, runtime=str(caps.get("runtime", "native")))
+        extra = frozenset(k for k, v in caps.items() if k not in known and v is True)
+        return Capabilities(**known, runtime=str(caps.get("runtime", "native")), extra=extra)
 
     @property
-    def state(self) -> str:
-        """The state at the last answer; ``info()`` asks afresh."""
-        return str(self._info["state"])
+    def state(self) -> SandboxState:
+        """The state at the last answer; ``status()`` asks afresh."""
+        return SandboxState(self._info["state"])
+
+    @property
+    def meter(self) -> dict[str, float]:
+        """Seconds spent running, paused and suspended, at the last answer."""
+        return {str(k): float(v) for k, v in dict(self._info.get("meter") or {}).items()}
+
+    @property
+    def open_operations(self) -> int:
+        """Execs, streams and background commands open, at the last answer."""
+        return int(self._info.get("open_operations") or 0)
+
+    @property
+    def closed(self) -> bool:
+        """Closed through this handle, or ended, as far as the last answer knows."""
+        return self._closed or self.state in FINAL
 
 
 class ProcessOps:

@@ -57,6 +57,8 @@ class _Transport:
             return self.factories["sandbox"](self, value.info)
         if isinstance(value, ProcessRef):
             return self.factories["process"](self, value.sandbox_id, value.info)
+        if isinstance(value, list) and value and isinstance(value[0], SandboxRef | ProcessRef):
+            return [self.wrap(v) for v in value]
         return value
 
 

@@ -34,6 +34,7 @@ from .._errors import (
     TimeoutExpired,
     TimeoutTooLarge,
 )
+from .._sandbox import backend_of
 from .clock import Clock, RealClock, VirtualClock
 from .scheduler import Scheduler
 from .state import FINAL, SandboxState, check_transition
@@ -51,6 +52,8 @@ BUSY_POLL_SECONDS = 1.0
 RETRY_AFTER_SECONDS = 10.0
 
 TransitionHook = Callable[[str, SandboxState, SandboxState, str | None], Awaitable[None] | None]
+#: Records a set_timeout deadline (sandbox id, Unix time) before it takes effect.
+DeadlineHook = Callable[[str, float], Awaitable[None] | None]
 
 _EXPIRY: dict[str, tuple[type[SandboxExpired], str]] = {
     "max_lifetime_exceeded": (
@@ -164,12 +167,18 @@ class LifecycleEngine:
         busy_poll: float = BUSY_POLL_SECONDS,
         retry_after: float = RETRY_AFTER_SECONDS,
         on_transition: TransitionHook | None = None,
+        on_deadline: DeadlineHook | None = None,
     ) -> None:
         self.clock: Clock = clock or RealClock()
         self.timeout_ceiling = timeout_ceiling
         self.busy_poll = busy_poll
         self.retry_after = retry_after
+        #: Makes a transition durable (a daemon's store). If it raises, the
+        #: transition did not happen: the record is put back as it was, the
+        #: backend step undone, and the caller gets the error.
         self.on_transition = on_transition
+        #: The same for a set_timeout deadline.
+        self.on_deadline = on_deadline
         # A virtual clock is driven by advance(), never by a sleeping task.
         self.scheduler = Scheduler(
             self.clock, self._evaluate, drive=not isinstance(self.clock, VirtualClock)
@@ -223,7 +232,11 @@ class LifecycleEngine:
         sandbox._gate = self
         self._sandboxes[sandbox.id] = sandbox
         if state is SandboxState.RUNNING:
-            await self._transition(sandbox, SandboxState.RUNNING, None)
+            try:
+                await self._transition(sandbox, SandboxState.RUNNING, None)
+            except BaseException:
+                self._sandboxes.pop(sandbox.id, None)  # not recorded: not tracked
+                raise
             # Coming up is activity, but an adopted sandbox's idle clock goes on.
             record.last_activity_mono = now - idle
         else:
@@ -301,6 +314,8 @@ class LifecycleEngine:
         old = record.state
         check_transition(record.sandbox_id, old, new)
         now = self.clock.monotonic()
+        before = (record.reason, record.last_activity_mono, dict(record.meter.seconds),
+                  record.meter.state, record.meter.since)
         record.state = new
         record.reason = reason
         record.meter.switch(new, now)
@@ -316,23 +331,52 @@ class LifecycleEngine:
                 result = self.on_transition(record.sandbox_id, old, new, reason)
                 if inspect.isawaitable(result):
                     await result
-            except Exception:
-                # The transition has happened (the container is gone, the
-                # sandbox is reaped); a hook that could not record it must not
-                # undo it or wedge the record half-way (a reaped sandbox whose
-                # backend is never released).
-                log.exception(
-                    "sandbox %s: on_transition hook failed for %s -> %s",
-                    record.sandbox_id, old.value, new.value,
+            except BaseException as exc:
+                # Not recorded, so not acknowledged: the record goes back to
+                # what the store still says, and the caller undoes its step.
+                record.state = old
+                (record.reason, record.last_activity_mono, record.meter.seconds,
+                 record.meter.state, record.meter.since) = before
+                log.warning(
+                    "sandbox %s: %s -> %s could not be recorded, so it did not happen: %s",
+                    record.sandbox_id, old.value, new.value, exc,
                 )
+                raise
+
+    async def _step(
+        self,
+        sandbox: Sandbox,
+        record: LifecycleRecord,
+        step: Callable[[], Awaitable[None]],
+        undo: Callable[[], Awaitable[None]],
+        new: SandboxState,
+        reason: str | None,
+    ) -> None:
+        """Take a backend step and record its transition; if the record
+        cannot be written, ``undo`` puts the backend back, so that memory,
+        store and backend agree (the step is never left half done)."""
+        await self._guarded(sandbox, record, step)
+        try:
+            await self._transition(sandbox, new, reason)
+        except BaseException:
+            record.transitioning = True
+            try:
+                await undo()
+            except Exception:
+                log.exception("sandbox %s: undoing an unrecorded %s failed",
+                              record.sandbox_id, new.value)
+            finally:
+                record.transitioning = False
+            raise
 
     async def pause(self, sandbox: Sandbox) -> None:
         record = self._record(sandbox)
         async with record.lock:
             self._check_live(record)
             check_transition(record.sandbox_id, record.state, SandboxState.PAUSED)
-            await self._guarded(sandbox, record, sandbox.backend.pause)
-            await self._transition(sandbox, SandboxState.PAUSED, None)
+            backend = backend_of(sandbox)
+            await self._step(sandbox, record, backend.pause, backend.unpause,
+                             SandboxState.PAUSED, None)
         self._reschedule(sandbox)
 
     async def suspend(self, sandbox: Sandbox, reason: str | None = None) -> None:
@@ -353,10 +397,11 @@ class LifecycleEngine:
             if not sandbox.capabilities.suspend_keeps_processes:
                 # They die with the suspend; end them rather than leave handles hanging.
                 await sandbox._kill_processes()
-            await self._guarded(sandbox, record, sandbox.backend.suspend)
         finally:
             record.transitioning = False
-        await self._transition(sandbox, SandboxState.SUSPENDED, reason)
+        backend = backend_of(sandbox)
+        await self._step(sandbox, record, backend.suspend, backend.resume,
+                         SandboxState.SUSPENDED, reason)
 
     async def resume(self, sandbox: Sandbox) -> None:
         record = self._record(sandbox)
@@ -367,12 +412,12 @@ class LifecycleEngine:
     async def _resume_locked(self, sandbox: Sandbox, record: LifecycleRecord) -> None:
         self._check_live(record)
         check_transition(record.sandbox_id, record.state, SandboxState.RUNNING)
-        step = (
-            sandbox.backend.unpause if record.state is SandboxState.PAUSED
-            else sandbox.backend.resume
-        )
-        await self._guarded(sandbox, record, step)
-        await self._transition(sandbox, SandboxState.RUNNING, None)
+        backend = backend_of(sandbox)
+        if record.state is SandboxState.PAUSED:
+            step, undo = backend.unpause, backend.pause
+        else:
+            step, undo = backend.resume, backend.suspend
+        await self._step(sandbox, record, step, undo, SandboxState.RUNNING, None)
 
     async def _guarded(
         self, sandbox: Sandbox, record: LifecycleRecord, step: Callable[[], Awaitable[None]]
@@ -409,7 +454,7 @@ class LifecycleEngine:
             if record.state not in (SandboxState.RUNNING, SandboxState.PAUSED):
                 return False
             try:
-                alive = await sandbox.backend.is_alive()
+                alive = await backend_of(sandbox).is_alive()
             except Exception as exc:  # cannot tell: never fail a sandbox on a guess
                 log.info("sandbox %s: could not confirm that its runtime died: %s",
                          record.sandbox_id, exc)
@@ -440,18 +485,20 @@ class LifecycleEngine:
         record: LifecycleRecord | None = getattr(sandbox, "_record", None)
         if record is None:
             return
-        self.scheduler.cancel(record.sandbox_id)
-        self._sandboxes.pop(record.sandbox_id, None)
         async with record.lock:
             if record.state not in FINAL:
+                # Raises, with the sandbox still live and timed, if it cannot be recorded.
                 await self._transition(sandbox, SandboxState.TERMINATED, "closed")
+        self.scheduler.cancel(record.sandbox_id)
+        self._sandboxes.pop(record.sandbox_id, None)
 
     # -- time limits ------------------------------------------------------------------------
-    def set_timeout(self, sandbox: Sandbox, seconds: float) -> float:
+    async def set_timeout(self, sandbox: Sandbox, seconds: float) -> float:
         """Make the deadline now + ``seconds``; return it as Unix time.
 
         A deadline in the past reaps the sandbox; one above the ceiling is
-        refused, never clamped.
+        refused, never clamped. With ``on_deadline`` set, the deadline takes
+        effect only once it is recorded.
         """
         record = self._record(sandbox)
         if record.state in FINAL:
@@ -470,12 +517,19 @@ class LifecycleEngine:
                 f"timeout of {seconds:g} s for sandbox {record.sandbox_id} is above the "
                 f"ceiling of {self.timeout_ceiling:g} s"
             )
+        deadline_unix = self.clock.time() + seconds
+        if self.on_deadline is not None:
+            result = self.on_deadline(record.sandbox_id, deadline_unix)
+            if inspect.isawaitable(result):
+                await result
+            if record.state in FINAL:  # it ended while the deadline was written
+                raise self.expired_error(record)
         record.live_deadline_mono = self.clock.monotonic() + seconds
         self._reschedule(sandbox)
         if seconds <= 0:
             # Due now: the scheduler reaps it on its next turn.
             self.scheduler.schedule(record.sandbox_id, self.clock.monotonic())
-        return self.clock.time() + seconds
+        return deadline_unix
 
     def state(self, sandbox: Sandbox) -> SandboxStatus:
         """State, reason, deadline, timestamps and meter (the daemon's view)."""
@@ -544,7 +598,7 @@ class LifecycleEngine:
             return True
         if sandbox.capabilities.processes:
             try:
-                return await sandbox.runtime.count_busy_processes() > 0
+                return await backend_of(sandbox).runtime.count_busy_processes() > 0
             except Exception:  # an unreachable backend is not proof of idleness
                 log.exception("sandbox %s: could not count its processes", sandbox.id)
                 return True

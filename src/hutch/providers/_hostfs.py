@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 import stat as stat_mod
+import threading
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -20,7 +22,8 @@ from .._errors import (
     SandboxIsADirectory,
     SandboxPermissionDenied,
 )
-from .._types import FileInfo, FileType
+from .._types import FileInfo, FileType, GrepMatch
+from ._grep import grep_host_files
 
 T = TypeVar("T")
 
@@ -74,8 +77,21 @@ class HostFiles:
 
     def _read(self, path: str, limit: int) -> bytes:
         host = self.to_host(path)
-        with open(host, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
+        # O_NONBLOCK: opening a FIFO must not wait for a writer.
+        fd = os.open(host, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            info = os.fstat(fd)
+        except OSError:
+            os.close(fd)
+            raise
+        if not stat_mod.S_ISREG(info.st_mode):
+            os.close(fd)
+            if stat_mod.S_ISDIR(info.st_mode):
+                raise SandboxIsADirectory(f"{path} is a directory")
+            # A FIFO or a device may never end (or never start): not a file to read.
+            raise InvalidArgument(f"{path} is not a regular file; read it with exec")
+        with os.fdopen(fd, "rb") as fh:
+            size = info.st_size
             if size > limit:
                 raise OutputLimitExceeded(
                     f"{path} is {size} bytes, over the read limit of {limit} bytes"
@@ -160,18 +176,40 @@ class HostFiles:
         _call(rm, path)
 
     async def walk_files(self, root: str) -> list[str]:
+        """The regular files below ``root`` (and links to them), as os.walk finds
+        them, in a thread. A cancelled walk (a timeout) stops at its next
+        directory rather than running on unseen."""
         host_root = self.to_host(root)
         if not os.path.exists(host_root):
             raise SandboxFileNotFound(f"no such file or directory: {root}")
+        stop = threading.Event()
 
         def walk() -> list[str]:
             out: list[str] = []
             strip = len(host_root.rstrip("/"))
             base = root.rstrip("/")
-            for dirpath, _dirs, files in os.walk(host_root):
-                rel = dirpath[strip:]
-                for name in files:
-                    out.append(f"{base}{rel}/{name}")
+            pending = [host_root]
+            while pending and not stop.is_set():
+                directory = pending.pop()
+                try:
+                    with os.scandir(directory) as entries:
+                        for entry in entries:
+                            if entry.is_dir(follow_symlinks=False):
+                                pending.append(entry.path)
+                            elif entry.is_file():  # a regular file, or a link to one
+                                out.append(f"{base}{entry.path[strip:]}")
+                except OSError:
+                    continue  # unreadable or gone, as os.walk skips it
             return out
 
-        return await anyio.to_thread.run_sync(walk)
+        try:
+            return await anyio.to_thread.run_sync(walk, abandon_on_cancel=True)
+        finally:
+            stop.set()
+
+    async def grep_files(
+        self, pattern: re.Pattern[str], paths: list[str], limit: int
+    ) -> list[GrepMatch]:
+        """Matching lines of ``paths``, read and matched by a worker process: a
+        read that blocks or a pattern that backtracks is killed with it."""
+        return await grep_host_files(pattern, [(p, self.to_host(p)) for p in paths], limit)

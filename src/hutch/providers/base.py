@@ -35,9 +35,10 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
-from .._errors import CapabilityUnsupported, SandboxIsADirectory
+from .._errors import CapabilityUnsupported, InvalidArgument, SandboxIsADirectory
 from .._globmatch import compile_glob
 from .._types import Capabilities, FileInfo, FileType, GrepMatch, OutputChunk
+from ._grep import BATCH_BYTES, grep_contents
 
 
 class BackendProcess(abc.ABC):
@@ -121,7 +122,9 @@ class SandboxRuntime(abc.ABC):
 
     @abc.abstractmethod
     async def walk_files(self, root: str) -> list[str]:
-        """Every regular file below ``root`` (absolute paths), for grep and glob."""
+        """Every regular file below ``root`` (absolute paths), for grep and glob:
+        links to regular files too; never a FIFO, device or socket (a read of
+        one may never end)."""
 
     async def exists(self, path: str) -> bool:
         try:
@@ -146,15 +149,28 @@ class SandboxRuntime(abc.ABC):
             files = await self.glob(glob or "**", root)
         else:
             files = [root]
+        return await self.grep_files(pattern, files, limit)
+
+    async def grep_files(
+        self, pattern: re.Pattern[str], paths: list[str], limit: int
+    ) -> list[GrepMatch]:
+        """The matching lines of ``paths``, by the one rule (:func:`grep_contents`),
+        matched in a worker process; what is not a readable regular file is skipped."""
         matches: list[GrepMatch] = []
-        for path in files:
+        batch: list[tuple[str, bytes]] = []
+        size = 0
+        for path in paths:
             try:
                 data = await self.read_file(path, limit)
-            except (SandboxIsADirectory, PermissionError, FileNotFoundError):
+            except (SandboxIsADirectory, PermissionError, FileNotFoundError, InvalidArgument):
                 continue
-            matches.extend(grep_data(path, data, pattern))
+            batch.append((path, data))
+            size += len(data)
+            if size >= BATCH_BYTES:
+                matches.extend(await grep_contents(pattern, batch))
+                batch, size = [], 0
+        matches.extend(await grep_contents(pattern, batch))
         return matches
-
 
 
 class SandboxBackend(SandboxRuntime):
@@ -198,6 +214,7 @@ class SandboxBackend(SandboxRuntime):
         """Memory the sandbox holds now, where the provider can tell."""
         return None
 
+
     async def preview_url(self, port: int) -> str:
         raise CapabilityUnsupported.for_provider(self.provider, "preview_url")
 
@@ -231,18 +248,6 @@ class SandboxBackend(SandboxRuntime):
     @abc.abstractmethod
     async def close(self) -> None:
         """Release everything this sandbox holds. Idempotent."""
-
-
-def grep_data(path: str, data: bytes, pattern: re.Pattern[str]) -> list[GrepMatch]:
-    """The lines of one file's ``data`` that ``pattern`` matches: the rule every
-    provider's grep answers by (a provider searching in place re-checks with it)."""
-    if b"\0" in data[:8192]:
-        return []  # binary: grep skips it, and so do we
-    return [
-        GrepMatch(path, number, line)
-        for number, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1)
-        if pattern.search(line)
-    ]
 
 
 def join_path(workdir: str, path: str) -> str:

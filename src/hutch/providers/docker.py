@@ -30,8 +30,9 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
+import anyio
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -48,13 +49,22 @@ from .._errors import (
 )
 from .._globmatch import compile_glob
 from .._paths import hutch_home, sandbox_workdir
-from .._types import Capabilities, FileInfo, FileType, GrepMatch, OutputChunk
+from .._types import (
+    KILL_GRACE_SECONDS,
+    Capabilities,
+    FileInfo,
+    FileType,
+    GrepMatch,
+    OutputChunk,
+)
+from ._grep import matching_indices
 from ._grepfilter import LINE_BREAK_CHARS as _LINE_BREAK_CHARS
 from ._grepfilter import LINE_BREAKS as _LINE_BREAKS
 from ._grepfilter import required_literals as _required_literals
 from ._hostproc import EXEC_MARKER, SANDBOX_MARKER
 from .agent import AgentFailure, AgentRuntime, AgentUnavailable, agent_binary
-from .base import BackendProcess, RuntimeDeathReport, SandboxBackend, SandboxRuntime, grep_data
+from .base import BackendProcess, RuntimeDeathReport, SandboxBackend, SandboxRuntime
+from .policy import Limit, ReachesHost, format_bytes, keeps_dropped, one_of, parse_bytes
 
 log = logging.getLogger("hutch.docker")
 
@@ -95,21 +105,31 @@ class DockerConfig(BaseModel):
     mount_point: str = "/workspace"
     #: Host directory bound at the mount point; a fresh one under hutch's data
     #: directory when unset (and then removed with the sandbox).
-    host_workdir: str | None = None
-    network_mode: str = "bridge"
+    host_workdir: Annotated[
+        str | None, ReachesHost("binds a host directory of the caller's choosing")
+    ] = None
+    network_mode: Annotated[
+        str, ReachesHost("shares a network namespace not its own (the host's or another "
+                         "container's)", one_of("bridge", "none", "default")),
+    ] = "bridge"
     #: Extra bind mounts, ``host:container[:ro]``.
-    mounts: list[str] = []
+    mounts: Annotated[list[str], ReachesHost("binds host paths into the sandbox")] = []
     #: Memory limit, as Docker takes it (``512m``, ``2g``).
-    memory: str | None = None
+    memory: Annotated[str | None, Limit("memory", parse_bytes, format_bytes)] = None
     #: CPU quota in CPUs (``1.5``).
-    cpus: float | None = Field(default=None, gt=0, le=MAX_CPUS)
-    pids_limit: int = Field(default=1024, gt=0, le=MAX_PIDS)
+    cpus: Annotated[float | None, Limit("cpus")] = Field(default=None, gt=0, le=MAX_CPUS)
+    pids_limit: Annotated[int, Limit("pids", int, int)] = Field(default=1024, gt=0, le=MAX_PIDS)
     pull_if_missing: bool = True
     env: dict[str, str] = {}
     labels: dict[str, str] = {}
     #: Keep the container after the sandbox closes (and log how to reach it).
     preserve: bool = False
-    cap_drop: list[str] = Field(default_factory=lambda: list(DEFAULT_CAP_DROP))
+    cap_drop: Annotated[
+        list[str], ReachesHost(
+            "gives back capabilities hutch drops (raw sockets, mknod, ...)",
+            keeps_dropped(DEFAULT_CAP_DROP),
+        ),
+    ] = Field(default_factory=lambda: list(DEFAULT_CAP_DROP))
     #: Docker's init (tini) as PID 1, the keeper under it: orphans a kill
     #: leaves behind are reaped, where ``sleep`` as PID 1 would keep them as
     #: zombies (filling the pids limit, and looking busy forever).
@@ -440,11 +460,12 @@ def _parse_mtime(value: object) -> float:
         return 0.0
 
 
-# grep over what os.walk would list as files below $1 (links to files
-# included, links to directories not entered), their names matching $2.
+# grep over the regular files below $1 (links to them included, links to
+# directories not entered), their names matching $2: never a FIFO or a device,
+# whose read may never end.
 _GREP_TREE = (
     'r=$1; n=$2; shift 2; '
-    'find "$r" -mindepth 1 ! -xtype d -name "$n" -print0 | xargs -0 -r grep "$@" --'
+    'find "$r" -mindepth 1 -xtype f -name "$n" -print0 | xargs -0 -r grep "$@" --'
 )
 #: What grep, find, xargs or sh say when they are not the GNU tools this needs.
 _TOOL_FAILURES = (
@@ -463,17 +484,23 @@ _NO_NUL_HEAD = (
 
 async def _death_reason(container_id: str, action: str) -> str:
     """What happened to a container that died or went, in words for a person."""
-    if action == "die":
-        # A `docker rm -f` is a kill, a die and a destroy in quick succession:
-        # a moment's wait lets the inspect below tell "removed" from "stopped".
-        await asyncio.sleep(0.3)
     short = container_id[:12]
-    try:
-        details = await _call(engine().inspect_container, container_id)
-    except SandboxUnavailable:
-        return f"its container {short} was removed outside hutch"
-    except HutchError as exc:
-        return f"its container {short} {action}d ({exc})"
+    removed = f"its container {short} was removed outside hutch"
+    details: dict[str, Any] = {}
+    # A `docker rm -f` is a kill, a die and a destroy in quick succession:
+    # after a die, watch a moment for the removal before calling it a stop.
+    for _ in range(20 if action == "die" else 1):
+        try:
+            details = await _call(engine().inspect_container, container_id)
+        except SandboxUnavailable:
+            return removed
+        except HutchError as exc:
+            return f"its container {short} {action}d ({exc})"
+        state = details.get("State") or {}
+        if state.get("Status") == "removing" or state.get("Dead"):
+            return removed
+        if action == "die":
+            await asyncio.sleep(0.1)
     state = details.get("State") or {}
     if state.get("OOMKilled") or action == "oom":
         limit = (details.get("HostConfig") or {}).get("Memory") or 0
@@ -864,9 +891,16 @@ class DockerSandbox(SandboxBackend):
         proc = await self.start_process(argv, cwd="/", env=env or {}, stdin=None, user="0")
         out: list[bytes] = []
         err: list[bytes] = []
-        while (chunk := await proc.read()) is not None:
-            (out if chunk.stream == "stdout" else err).append(chunk.data)
-        return await proc.wait(), b"".join(out), b"".join(err)
+        try:
+            while (chunk := await proc.read()) is not None:
+                (out if chunk.stream == "stdout" else err).append(chunk.data)
+            return await proc.wait(), b"".join(out), b"".join(err)
+        except BaseException:
+            # Cancelled (a grep's timeout, its caller gone): what it started
+            # inside the sandbox is killed, not left to run unseen.
+            with anyio.CancelScope(shield=True):
+                await proc.kill(KILL_GRACE_SECONDS)
+            raise
 
     async def count_busy_processes(self) -> int:
         # The Engine's top runs ps on the host: no probe inside to count out.
@@ -1045,10 +1079,10 @@ class DockerSandbox(SandboxBackend):
             raise ProviderError(f"removing {path} failed: {message.strip()}")
 
     async def walk_files(self, root: str) -> list[str]:
-        # What os.walk lists as files: everything but directories and links
-        # to them (-xtype d), the root followed if it is a link (-H).
+        # Regular files and links to them (-xtype f), as the base rule asks;
+        # the root followed if it is a link (-H).
         code, out, _ = await self.run_quiet(
-            ["find", "-H", root, "-mindepth", "1", "!", "-xtype", "d", "-print0"]
+            ["find", "-H", root, "-mindepth", "1", "-xtype", "f", "-print0"]
         )
         if code != 0 and not out:
             await self.stat(root)  # the typed error for a missing root, off the happy path
@@ -1062,7 +1096,8 @@ class DockerSandbox(SandboxBackend):
         The container's ``grep -F`` (C locale, bytes) sends back only lines
         holding a literal that every match must contain, so file content
         never crosses the API in bulk. Each line is then matched with
-        Python's ``re`` exactly as the base class would on local; a file whose
+        Python's ``re`` exactly as the base class would on local (in a worker
+        process, never on the event loop); a file whose
         lines Python would split differently than grep does (a lone CR, form
         feed, U+2028...) or that grep stops reading as binary part way is
         read whole and searched by the base rule. Where the tools are not GNU
@@ -1070,7 +1105,7 @@ class DockerSandbox(SandboxBackend):
         """
         info = await self.stat(root)
         literals = _required_literals(pattern)
-        grep_args = ["-H", "-n", "-Z", "-F"]
+        grep_args = ["-H", "-n", "-Z", "-F", "-D", "skip"]
         if pattern.flags & re.IGNORECASE:
             grep_args.append("-i")
         if literals is None:
@@ -1098,6 +1133,7 @@ class DockerSandbox(SandboxBackend):
             m.decode("utf-8", "surrogateescape") for m in _BINARY_MATCHES.findall(err)
         }
         reread = await self._text_by_base_rule(sorted(binary)) if binary else set()
+        candidates: list[GrepMatch] = []
         pos = 0
         while pos < len(out):
             nul = out.find(b"\0", pos)
@@ -1117,17 +1153,14 @@ class DockerSandbox(SandboxBackend):
             if _LINE_BREAK_CHARS.search(body):
                 reread.add(path)
                 continue
-            if pattern.search(body):
-                matches.append(GrepMatch(path, int(number), body))
-        for path in sorted(reread):
-            if matcher is not None and not matcher.match(path[len(prefix):]):
-                continue
-            matches = [m for m in matches if m.path != path]
-            try:
-                data = await self.read_file(path, limit)
-            except (SandboxIsADirectory, PermissionError, FileNotFoundError):
-                continue
-            matches.extend(grep_data(path, data, pattern))
+            candidates.append(GrepMatch(path, int(number), body))
+        found = await matching_indices(pattern, [c.line for c in candidates])
+        matches = [candidates[i] for i in found if candidates[i].path not in reread]
+        whole = [
+            path for path in sorted(reread)
+            if matcher is None or matcher.match(path[len(prefix):])
+        ]
+        matches.extend(await self.grep_files(pattern, whole, limit))
         return sorted(matches, key=lambda m: (m.path, m.line_number))
 
     async def _text_by_base_rule(self, paths: list[str]) -> set[str]:

@@ -19,7 +19,7 @@ import anyio.to_thread
 from pydantic import BaseModel, ConfigDict
 
 from .._paths import sandbox_workdir
-from .._types import Capabilities, FileInfo
+from .._types import Capabilities, FileInfo, GrepMatch
 from ._hostfs import HostFiles
 from ._hostproc import EXEC_MARKER, SANDBOX_MARKER, HostProcess, pids_with_env, spawn
 from .base import SandboxBackend
@@ -151,6 +151,11 @@ class LocalSandbox(SandboxBackend):
 
     async def walk_files(self, root: str) -> list[str]:
         return await self._files.walk_files(root)
+
+    async def grep_files(
+        self, pattern: re.Pattern[str], paths: list[str], limit: int
+    ) -> list[GrepMatch]:
+        return await self._files.grep_files(pattern, paths, limit)
 
     async def preview_url(self, port: int) -> str:
         return f"http://127.0.0.1:{port}"

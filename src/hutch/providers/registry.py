@@ -21,6 +21,7 @@ BUILTIN_PROVIDERS: dict[str, tuple[str, str | None]] = {
     "virtual": ("hutch.providers.virtual:VirtualSandbox", None),
     "docker": ("hutch.providers.docker:DockerSandbox", "pip install 'hutch[docker]'"),
     "ssh": ("hutch.providers.ssh.provider:SshSandbox", "pip install asyncssh"),
+    "bubblewrap": ("hutch.providers.bubblewrap:BubblewrapSandbox", None),
 }
 
 ENTRY_POINT_GROUP = "hutch.providers"

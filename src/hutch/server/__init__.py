@@ -8,9 +8,16 @@ import logging
 import math
 import os
 import stat
+import tomllib
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import ValidationError
 
 from .._errors import InvalidArgument
+from ..config import CONFIG_FILE_NAME, load_config_file
 from .app import ServerSettings, create_app
+from .connections import connection_cap, guarded_protocol
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8787
@@ -43,6 +50,38 @@ def read_token_file(path: str) -> str:
     if not token or "\n" in token:
         raise InvalidArgument(f"token file {path} must hold the token on one line")
     return token
+
+
+def load_server_config(path: str | None) -> dict[str, Any]:
+    """The daemon's settings from ``path`` (else ``./hutch.toml`` if present)::
+
+        [server]
+        allow = ["mounts"]          # host-reaching settings clients may set
+        [server.limits]             # for requests that set none
+        memory = "2g"
+        cpus = 1
+        pids = 1024
+        [server.ceilings]           # the most a request may ask for
+        memory = "8g"
+
+    The file's ``[sandbox]`` and ``[providers]`` tables are the server's
+    sandbox defaults (the operator's: settings there are allowed).
+    """
+    file = load_config_file(path)
+    candidate = path or CONFIG_FILE_NAME
+    server: dict[str, Any] = {}
+    if os.path.exists(candidate):
+        with open(candidate, "rb") as fh:
+            server = dict(tomllib.load(fh).get("server", {}))
+    unknown = set(server) - {"allow", "limits", "ceilings"}
+    if unknown:
+        raise InvalidArgument(
+            f"unknown [server] settings in {candidate}: {', '.join(sorted(unknown))} "
+            "(known: allow, limits, ceilings)"
+        )
+    if file:
+        server["sandbox_defaults"] = file
+    return server
 
 
 def _scrub_initial_environ(name: str) -> None:
@@ -82,13 +121,21 @@ def serve(
     retention_seconds: float | None = None,
     *,
     token_file: str | None = None,
+    allow: Sequence[str] = (),
+    config_file: str | None = None,
+    max_connections: int | None = None,
 ) -> None:
     """Run the daemon until interrupted. Refuses a non-loopback bind without a token.
 
     ``token`` is for in-process callers; otherwise it comes from
-    ``token_file`` or ``HUTCH_TOKEN`` (see :func:`take_token`).
+    ``token_file`` or ``HUTCH_TOKEN`` (see :func:`take_token`). ``allow``
+    names settings that reach the host which clients may set, on top of the
+    config file's (``hutch.toml``: see :func:`load_server_config`).
     """
     import uvicorn
+
+    server_config = load_server_config(config_file)
+    server_config["allow"] = sorted({*server_config.get("allow", []), *allow})
 
     taken = take_token(token_file)
     token = token or taken
@@ -108,15 +155,19 @@ def serve(
         raise InvalidArgument(
             f"retention must be a positive number of seconds, got {retention_seconds!r}"
         )
-    settings = ServerSettings(data_dir=data_dir, token=token)
+    try:
+        settings = ServerSettings(data_dir=data_dir, token=token, **server_config)
+    except ValidationError as exc:
+        raise InvalidArgument(f"bad [server] settings: {exc}") from None
+    settings.policy()  # a bad allowance or limit fails here, before anything listens
     if retention_seconds is not None:
         settings.retention_seconds = retention_seconds
     app = create_app(settings)
     # The asyncio loop, not uvloop: uvloop notices a child's exit ~4 ms late,
     # which would be most of an exec's cost.
     uvicorn.run(
-        app, host=host, port=port, http="httptools", loop="asyncio", log_level="warning",
-        access_log=False, timeout_graceful_shutdown=5,
+        app, host=host, port=port, http=guarded_protocol(connection_cap(max_connections)),
+        loop="asyncio", log_level="warning", access_log=False, timeout_graceful_shutdown=5,
     )
 
 

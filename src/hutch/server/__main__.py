@@ -26,10 +26,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--retention", type=float, default=None,
                         help="seconds an ended sandbox stays readable (default 86400)")
+    parser.add_argument("--allow", action="append", default=[], metavar="SETTING",
+                        help="let clients set this host-reaching setting (mounts, "
+                        "host_workdir, network_mode, cap_drop); repeatable")
+    parser.add_argument("--config", default=None,
+                        help="hutch.toml with a [server] table (default: ./hutch.toml)")
+    parser.add_argument("--max-connections", type=int, default=None,
+                        help="most client connections at once (default 4096, or half "
+                        "the open-files limit)")
     args = parser.parse_args(argv)
     try:
         serve(args.host, args.port, data_dir=args.data_dir, retention_seconds=args.retention,
-              token_file=args.token_file)
+              token_file=args.token_file, allow=args.allow, config_file=args.config,
+              max_connections=args.max_connections)
     except HutchError as exc:
         print(f"hutch serve: {exc}", file=sys.stderr)
         return 2

@@ -40,6 +40,7 @@ from .._process import ExitStatus, Process
 from .._sandbox import Sandbox
 from .._types import (
     DEFAULT_READ_LIMIT,
+    DEFAULT_SEARCH_TIMEOUT,
     MAX_DURATION,
     MAX_OUTPUT_LIMIT,
     MAX_READ_LIMIT,
@@ -48,6 +49,7 @@ from .._types import (
     OutputChunk,
 )
 from .daemon import DEFAULT_RETENTION_SECONDS, Daemon
+from .policy import OperatorPolicy
 
 log = logging.getLogger("hutch.server")
 
@@ -66,6 +68,15 @@ class ServerSettings(BaseModel):
     timeout_ceiling: float = 86400.0
     #: Seconds an ended sandbox stays readable (with its events) before it is pruned.
     retention_seconds: float = DEFAULT_RETENTION_SECONDS
+    #: Settings that reach the host which API clients may nonetheless set.
+    allow: list[str] = []
+    #: Resource limits (memory, cpus, pids) for requests that set none, and
+    #: the most a request may ask for; see hutch.server.policy.
+    limits: dict[str, Any] = {}
+    ceilings: dict[str, Any] = {}
+
+    def policy(self) -> OperatorPolicy:
+        return OperatorPolicy(self.allow, self.limits, self.ceilings)
 
 
 # -- request bodies ------------------------------------------------------------------
@@ -117,15 +128,22 @@ class WaitBody(BaseModel):
 
 
 class GrepBody(BaseModel):
+    model_config = ConfigDict(allow_inf_nan=False)
+
     pattern: str
     path: str = "."
     glob: str | None = None
     ignore_case: bool = False
+    #: Seconds before the search is stopped (exec_timeout).
+    timeout: float = Field(default=DEFAULT_SEARCH_TIMEOUT, gt=0, le=MAX_DURATION)
 
 
 class GlobBody(BaseModel):
+    model_config = ConfigDict(allow_inf_nan=False)
+
     pattern: str
     path: str = "."
+    timeout: float = Field(default=DEFAULT_SEARCH_TIMEOUT, gt=0, le=MAX_DURATION)
 
 
 class WorkspaceSuspendBody(BaseModel):
@@ -449,7 +467,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         daemon = Daemon(
             settings.data_dir, sandbox_defaults=settings.sandbox_defaults,
             timeout_ceiling=settings.timeout_ceiling,
-            retention_seconds=settings.retention_seconds,
+            retention_seconds=settings.retention_seconds, policy=settings.policy(),
         )
         try:
             await daemon.start()
@@ -541,15 +559,24 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     @v1.post("/sandboxes/{sandbox_id}/grep")
     async def grep(request: Request, sandbox_id: str, body: GrepBody) -> JSONResponse:
         matches = await sandbox_for(request, sandbox_id).grep(
-            body.pattern, body.path, glob=body.glob, ignore_case=body.ignore_case
+            body.pattern, body.path, glob=body.glob, ignore_case=body.ignore_case,
+            timeout=body.timeout,
         )
         return JSONResponse({"matches": [
             {"path": m.path, "line_number": m.line_number, "line": m.line} for m in matches
         ]})
 
+    @v1.get("/sandboxes/{sandbox_id}/preview_url")
+    async def preview_url(
+        request: Request, sandbox_id: str, port: int = Query(gt=0, lt=65536)
+    ) -> JSONResponse:
+        return JSONResponse({"url": await sandbox_for(request, sandbox_id).preview_url(port)})
+
     @v1.post("/sandboxes/{sandbox_id}/glob")
     async def glob(request: Request, sandbox_id: str, body: GlobBody) -> JSONResponse:
-        paths = await sandbox_for(request, sandbox_id).glob(body.pattern, body.path)
+        paths = await sandbox_for(request, sandbox_id).glob(
+            body.pattern, body.path, timeout=body.timeout
+        )
         return JSONResponse({"paths": paths})
 
     # -- sandboxes --

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import anyio.to_thread
+from pydantic import BaseModel
 
 from .._errors import (
     CapabilityUnsupported,
@@ -32,16 +33,18 @@ from .._errors import (
     InvalidState,
     NotFound,
     ProviderError,
+    StoreUnavailable,
 )
 from .._guardrail import ReadBeforeWriteGuard, session_guard
 from .._paths import hutch_home
-from .._sandbox import Sandbox, new_sandbox_id
+from .._sandbox import Sandbox, backend_of, new_sandbox_id
 from ..config import SandboxSpec, resolve_spec
 from ..lifecycle.engine import LifecycleEngine, expiry_error
 from ..lifecycle.state import SandboxState
 from ..providers.base import SandboxBackend
 from ..providers.registry import get_provider
 from ..store import SandboxRow, SQLiteStore, Store, WorkspaceRow
+from .policy import OperatorPolicy
 
 log = logging.getLogger("hutch.daemon")
 
@@ -101,7 +104,10 @@ class Daemon:
         timeout_ceiling: float = 86400.0,
         retention_seconds: float = DEFAULT_RETENTION_SECONDS,
         store: Store | None = None,
+        policy: OperatorPolicy | None = None,
     ) -> None:
+        #: What API clients may ask for: host-reaching settings, limits.
+        self.policy = policy or OperatorPolicy()
         self.data_dir = os.path.abspath(data_dir or default_data_dir())
         make_private_dir(self.data_dir)
         # Providers that keep files on the host keep them under the data dir.
@@ -119,7 +125,8 @@ class Daemon:
         #: One watcher per provider in use, telling of runtimes that die outside hutch.
         self._watchers: dict[type[SandboxBackend], asyncio.Task[None]] = {}
         self.engine = LifecycleEngine(
-            timeout_ceiling=timeout_ceiling, on_transition=self._persist_transition
+            timeout_ceiling=timeout_ceiling, on_transition=self._persist_transition,
+            on_deadline=self._persist_deadline,
         )
         self.sandboxes: dict[str, Sandbox] = {}
         #: sandbox id -> the workspace it serves, for the sandboxes that serve one.
@@ -138,19 +145,35 @@ class Daemon:
             return
         row.state, row.reason = new.value, reason
         if sandbox is not None:
-            row.description = sandbox.backend.describe()
+            row.description = backend_of(sandbox).describe()
             self._snapshot(row, sandbox)
-        await anyio.to_thread.run_sync(self.store.put_sandbox, row)
-        self.store.log_event(
-            sandbox_id, "transition",
-            f"{old.value} -> {new.value}" + (f" ({reason})" if reason else ""),
-        )
+        event = ("transition", f"{old.value} -> {new.value}" + (f" ({reason})" if reason else ""))
+        # The row and its event in one transaction; StoreUnavailable if the
+        # store cannot keep them, and then the engine undoes the transition.
+        await anyio.to_thread.run_sync(self.store.put_sandbox, row, event)
+        # Durable from here: nothing below may undo it.
         if new in FINAL_STATES:
             self._forget(sandbox_id)
             if reason not in (None, "closed"):
                 log.warning("sandbox %s reaped: %s", sandbox_id, reason)
             if row.workspace is not None:
-                self._workspace_lost_its_sandbox(row.workspace, sandbox_id, reason)
+                try:
+                    self._workspace_lost_its_sandbox(row.workspace, sandbox_id, reason)
+                except StoreUnavailable as exc:
+                    # The next start finds the workspace's sandbox ended and marks it stale.
+                    log.warning("workspace %s: could not record it stale: %s", row.workspace, exc)
+
+    async def _persist_deadline(self, sandbox_id: str, deadline_unix: float) -> None:
+        """Record a set_timeout deadline; the engine applies it only after this."""
+        await anyio.to_thread.run_sync(self.store.set_sandbox_deadline, sandbox_id, deadline_unix)
+
+    def _note(self, subject: str, kind: str, message: str) -> None:
+        """Log an event that tells of a change already recorded (best effort:
+        a store that cannot take it loses the note, never the change)."""
+        try:
+            self.store.log_event(subject, kind, message)
+        except StoreUnavailable as exc:
+            log.warning("event for %s not recorded (%s: %s): %s", subject, kind, message, exc)
 
     @staticmethod
     def _snapshot(row: SandboxRow, sandbox: Sandbox) -> None:
@@ -185,8 +208,23 @@ class Daemon:
         log.warning("workspace %s is stale: its sandbox %s ended (%s)", name, sandbox_id, reason)
 
     # -- sandboxes ---------------------------------------------------------------------
-    def spec_from_request(self, body: Mapping[str, Any]) -> SandboxSpec:
+    def spec_from_request(
+        self, body: Mapping[str, Any], *, daemon_settings: Mapping[str, Any] | None = None
+    ) -> SandboxSpec:
+        """The spec a client's request asks for, as the operator's policy admits
+        it; ``daemon_settings`` are the daemon's own (a workspace's directory),
+        added after the check."""
         spec = resolve_spec(flags=body, server_defaults=self.sandbox_defaults)
+        try:  # the operator's own settings for this provider, if they stand alone
+            operators: BaseModel | None = resolve_spec(
+                flags={"provider": spec.provider.type}, server_defaults=self.sandbox_defaults
+            ).provider
+        except InvalidArgument:
+            operators = None  # a provider with required settings the operator left out
+        provider = self.policy.admit(spec.provider, operators)
+        if daemon_settings:
+            provider = provider.model_copy(update=dict(daemon_settings))
+        spec = spec.model_copy(update={"provider": provider})
         if spec.provider.type == "docker":
             # Mark what this daemon made, so that reconciliation only ever
             # removes its own containers, never another process's sandboxes.
@@ -224,7 +262,7 @@ class Daemon:
             await backend.close()
             self.store.delete_sandbox(sid)
             raise
-        self.store.log_event(sid, "created", f"{spec.provider.type} sandbox created")
+        self._note(sid, "created", f"{spec.provider.type} sandbox created")
         self._watch(type(backend))
         return sandbox
 
@@ -273,23 +311,9 @@ class Daemon:
         return sandbox
 
     async def info(self, sandbox: Sandbox) -> dict[str, Any]:
-        status = sandbox.status()
-        memory = None
-        with contextlib.suppress(Exception):
-            memory = await sandbox.backend.memory_bytes()
+        """The sandbox's own description, and what the daemon knows around it."""
         return {
-            "id": sandbox.id,
-            "provider": sandbox.provider,
-            "state": status.state.value,
-            "reason": status.reason,
-            "workdir": sandbox.workdir,
-            "capabilities": sandbox.capabilities.as_dict(),
-            "created_at_unix": status.created_at_unix,
-            "last_active_unix": status.last_active_unix,
-            "idle_seconds": status.idle_seconds,
-            "deadline_unix": status.deadline_unix,
-            "meter": status.meter,
-            "memory_bytes": memory,
+            **await sandbox.info(),
             "workspace": self.workspace_of.get(sandbox.id),
             "ended_at_unix": None,
         }
@@ -371,10 +395,8 @@ class Daemon:
                 log.exception("pruning ended sandboxes failed; tried again in %.0f s", interval)
 
     async def set_timeout(self, sandbox_id: str, seconds: float) -> float:
-        """Set the deadline and record it before answering: it outlives a restart."""
-        deadline = await self.get(sandbox_id).set_timeout(seconds)
-        await anyio.to_thread.run_sync(self.store.set_sandbox_deadline, sandbox_id, deadline)
-        return deadline
+        """Set the deadline; it takes effect once recorded, and outlives a restart."""
+        return await self.get(sandbox_id).set_timeout(seconds)
 
     # -- workspaces ----------------------------------------------------------------------
     def _lock(self, name: str) -> asyncio.Lock:
@@ -434,7 +456,8 @@ class Daemon:
             host_workdir = os.path.join(self.data_dir, "workspaces", name, "workspace")
             os.makedirs(host_workdir, exist_ok=True)
             spec = self.spec_from_request(
-                {**body, "image": snapshot_tag or image, "host_workdir": host_workdir}
+                {**body, "image": snapshot_tag or image},
+                daemon_settings={"host_workdir": host_workdir},
             )
             now = time.time()
             sid = new_sandbox_id()
@@ -509,7 +532,7 @@ class Daemon:
         """Write the sandbox's state to ``tag``; return the image the tag named before."""
         from ..providers.docker import DockerSandbox, engine
 
-        backend = sandbox.backend
+        backend = backend_of(sandbox)
         if not isinstance(backend, DockerSandbox) or backend.container_id is None:
             raise CapabilityUnsupported.for_provider(sandbox.provider, "workspace suspend")
         container = backend.container_id
@@ -675,7 +698,7 @@ class Daemon:
             # again rather than reaping work that may have gone on until the end.
             last_active_unix=row.last_active_unix if after_clean_stop else None,
         )
-        self.store.log_event(row.id, "adopted", f"adopted after restart as {state.value}")
+        self._note(row.id, "adopted", f"adopted after restart as {state.value}")
         log.info("adopted sandbox %s (%s)", row.id, state.value)
         self._watch(type(backend))
 
@@ -749,7 +772,9 @@ class Daemon:
             if labels.get(DAEMON_LABEL) != self.data_dir:
                 continue  # another daemon's, or an in-process sandbox: not ours to judge
             sandbox = self.sandboxes.get(sandbox_id)
-            backend_container = getattr(sandbox.backend, "container_id", None) if sandbox else None
+            backend_container = (
+                getattr(backend_of(sandbox), "container_id", None) if sandbox else None
+            )
             if backend_container == container_id:
                 continue
             if sandbox is None:

@@ -52,8 +52,13 @@ class WorkspaceRow:
 class Store(abc.ABC):
     # -- sandboxes ---------------------------------------------------------------------
     @abc.abstractmethod
-    def put_sandbox(self, row: SandboxRow) -> None:
-        """Insert or replace a sandbox row, durably; sets ``updated_at_unix``."""
+    def put_sandbox(self, row: SandboxRow, event: tuple[str, str] | None = None) -> None:
+        """Insert or replace a sandbox row, durably; sets ``updated_at_unix``.
+
+        ``event`` (kind, message) is logged for the sandbox in the same
+        transaction: both are kept, or neither. A store that cannot write
+        raises ``StoreUnavailable`` and keeps nothing of the call.
+        """
 
     @abc.abstractmethod
     def put_sandboxes(self, rows: Sequence[SandboxRow]) -> None:

@@ -11,9 +11,11 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
+from .._errors import StoreUnavailable
 from .base import SandboxRow, Store, WorkspaceRow
 
 FINAL_STATES = ("terminated", "failed")
@@ -86,6 +88,8 @@ _PUT_WORKSPACE = (
     f"VALUES ({', '.join('?' for _ in _WORKSPACE_COLUMNS)})"
 )
 
+_LOG_EVENT = "INSERT INTO events (at_unix, subject, kind, message) VALUES (?, ?, ?, ?)"
+
 
 class SQLiteStore(Store):
     def __init__(self, path: str) -> None:
@@ -109,9 +113,35 @@ class SQLiteStore(Store):
                 if name not in have:
                     self._db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
 
-    def _write(self, sql: str, params: tuple[Any, ...]) -> None:
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """One durable transaction; a write the file cannot take (a full
+        disk, an unwritable file) is rolled back whole and raised as
+        ``StoreUnavailable``, so a caller never acknowledges what is not kept."""
         with self._lock:
-            self._db.execute(sql, params)
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise self._unavailable(exc) from exc
+            try:
+                yield self._db
+                self._db.execute("COMMIT")
+            except BaseException as exc:
+                if self._db.in_transaction:
+                    try:
+                        self._db.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pass  # SQLite has rolled it back itself
+                if isinstance(exc, sqlite3.Error):
+                    raise self._unavailable(exc) from exc
+                raise
+
+    def _unavailable(self, exc: sqlite3.Error) -> StoreUnavailable:
+        return StoreUnavailable(f"the state store {self.path} cannot record the change: {exc}")
+
+    def _write(self, sql: str, params: tuple[Any, ...]) -> None:
+        with self._transaction() as db:
+            db.execute(sql, params)
 
     def _read(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
         with self._lock:
@@ -127,20 +157,17 @@ class SQLiteStore(Store):
             row.deadline_unix, row.last_active_unix, json.dumps(row.meter),
         )
 
-    def put_sandbox(self, row: SandboxRow) -> None:
-        self._write(_PUT_SANDBOX, self._sandbox_values(row))
+    def put_sandbox(self, row: SandboxRow, event: tuple[str, str] | None = None) -> None:
+        with self._transaction() as db:
+            db.execute(_PUT_SANDBOX, self._sandbox_values(row))
+            if event is not None:
+                db.execute(_LOG_EVENT, (time.time(), row.id, *event))
 
     def put_sandboxes(self, rows: Sequence[SandboxRow]) -> None:
         values = [self._sandbox_values(row) for row in rows]
-        with self._lock:
-            # One transaction: one fsync for all of them.
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                self._db.executemany(_PUT_SANDBOX, values)
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        # One transaction: one fsync for all of them.
+        with self._transaction() as db:
+            db.executemany(_PUT_SANDBOX, values)
 
     def set_sandbox_deadline(self, sandbox_id: str, deadline_unix: float | None) -> None:
         self._write(
@@ -175,20 +202,14 @@ class SQLiteStore(Store):
         self._write("DELETE FROM sandboxes WHERE id = ?", (sandbox_id,))
 
     def prune_ended(self, ended_before_unix: float) -> list[str]:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                ids = [r["id"] for r in self._db.execute(
-                    "SELECT id FROM sandboxes WHERE state IN (?, ?) AND updated_at_unix < ?",
-                    (*FINAL_STATES, ended_before_unix),
-                )]
-                for sandbox_id in ids:
-                    self._db.execute("DELETE FROM events WHERE subject = ?", (sandbox_id,))
-                    self._db.execute("DELETE FROM sandboxes WHERE id = ?", (sandbox_id,))
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        with self._transaction() as db:
+            ids = [r["id"] for r in db.execute(
+                "SELECT id FROM sandboxes WHERE state IN (?, ?) AND updated_at_unix < ?",
+                (*FINAL_STATES, ended_before_unix),
+            )]
+            for sandbox_id in ids:
+                db.execute("DELETE FROM events WHERE subject = ?", (sandbox_id,))
+                db.execute("DELETE FROM sandboxes WHERE id = ?", (sandbox_id,))
         return ids
 
     # -- workspaces --------------------------------------------------------------------
@@ -217,10 +238,7 @@ class SQLiteStore(Store):
 
     # -- events and meta -------------------------------------------------------------------
     def log_event(self, subject: str, kind: str, message: str) -> None:
-        self._write(
-            "INSERT INTO events (at_unix, subject, kind, message) VALUES (?, ?, ?, ?)",
-            (time.time(), subject, kind, message),
-        )
+        self._write(_LOG_EVENT, (time.time(), subject, kind, message))
 
     def events(self, subject: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
         if subject is None:

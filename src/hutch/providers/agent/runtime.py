@@ -30,9 +30,10 @@ from ..._errors import (
 )
 from ..._globmatch import compile_glob
 from ..._types import FileInfo, FileType, GrepMatch, OutputChunk
+from .._grep import BATCH_BYTES, grep_contents
 from .._grepfilter import required_literals
 from .._hostproc import EXEC_MARKER
-from ..base import BackendProcess, SandboxRuntime, grep_data
+from ..base import BackendProcess, SandboxRuntime
 from .wire import MAX_PAYLOAD, AgentFailure, Channel, Header, connect_socket
 
 #: How long a request waits for the agent's next frame. The agent answers
@@ -394,7 +395,8 @@ class AgentRuntime(SandboxRuntime):
         self, pattern: re.Pattern[str], root: str, glob: str | None, limit: int
     ) -> list[GrepMatch]:
         """The agent sends the text files that hold a literal every match must
-        contain; their lines are matched here by the base rule (grep_data)."""
+        contain; their lines are matched by the one rule (grep_contents, in a
+        worker process), in batches, as they come."""
         literals = required_literals(pattern)
         name = ""
         if glob and "/" not in glob and "[" not in glob and "\\" not in glob:
@@ -403,6 +405,8 @@ class AgentRuntime(SandboxRuntime):
         prefix = root.rstrip("/") + "/"
         matches: list[GrepMatch] = []
         big: list[str] = []
+        batch: list[tuple[str, bytes]] = []
+        size = 0
         async with self._channel() as channel:
             await channel.send({
                 "op": "grep", "root": root, "name": name, "literals": literals or [],
@@ -421,14 +425,14 @@ class AgentRuntime(SandboxRuntime):
                     continue
                 if kind == "big":
                     big.append(path)
-                else:
-                    matches.extend(grep_data(path, payload, pattern))
-        for path in big:
-            try:
-                data = await self.read_file(path, limit)
-            except (SandboxIsADirectory, PermissionError, FileNotFoundError):
-                continue
-            matches.extend(grep_data(path, data, pattern))
+                    continue
+                batch.append((path, payload))
+                size += len(payload)
+                if size >= BATCH_BYTES:
+                    matches.extend(await grep_contents(pattern, batch))
+                    batch, size = [], 0
+        matches.extend(await grep_contents(pattern, batch))
+        matches.extend(await self.grep_files(pattern, big, limit))
         return sorted(matches, key=lambda m: (m.path, m.line_number))
 
     async def ping(self, timeout: float = ANSWER_TIMEOUT) -> int:

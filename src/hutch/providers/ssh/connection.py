@@ -130,14 +130,18 @@ class KeptConnection:
             return self._conn
 
     async def _connect(self) -> asyncssh.SSHClientConnection:
+        # Attempts share one deadline: connect_timeout bounds the whole retry.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.target.connect_timeout
         last: BaseException | None = None
         for attempt in range(CONNECT_ATTEMPTS):
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            kwargs = self.target.connect_kwargs()
+            kwargs["connect_timeout"] = kwargs["login_timeout"] = remaining
             try:
-                conn = await asyncio.wait_for(
-                    asyncssh.connect(**self.target.connect_kwargs()),
-                    # asyncssh bounds each step; this bounds them all together.
-                    self.target.connect_timeout * 2,
-                )
+                conn = await asyncio.wait_for(asyncssh.connect(**kwargs), remaining)
             except (OSError, asyncssh.Error) as exc:
                 last = exc
                 if _is_permanent(exc):
@@ -146,9 +150,8 @@ class KeptConnection:
                 self.connects += 1
                 return conn
             if attempt < len(_BACKOFF_SECONDS):
-                await asyncio.sleep(_BACKOFF_SECONDS[attempt])
-        assert last is not None
-        raise connect_error(last, self.target) from None
+                await asyncio.sleep(min(_BACKOFF_SECONDS[attempt], max(0, deadline - loop.time())))
+        raise connect_error(last or TimeoutError(), self.target) from None
 
     async def sftp(self) -> asyncssh.SFTPClient:
         conn = await self.connection()

@@ -178,13 +178,13 @@ class SftpFiles:
         await self._call(path, op)
 
     async def walk_files(self, root: str) -> list[str]:
-        """What ``os.walk`` lists below ``root``: everything but directories and
-        links to directories, without following links. One ``find`` on the
-        host, not a round trip per directory."""
+        """The regular files below ``root`` and links to them (never a FIFO or a
+        device, whose read may never end), without entering linked
+        directories. One ``find`` on the host, not a round trip per directory."""
         await self.stat(root)  # a missing root is file_not_found
         _code, out, _err = await run_helper(
             self._kept,
-            ["find", root, "-mindepth", "1", "!", "-type", "d", "!", "-xtype", "d", "-print0"],
+            ["find", root, "-mindepth", "1", "-xtype", "f", "-print0"],
             timeout=600,
         )
         # find exits 1 when it met an unreadable directory; os.walk skips those.

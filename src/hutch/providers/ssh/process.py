@@ -56,7 +56,7 @@ WRAPPER = (
     'w() { case $1 in p*) v=${1#p} ;; *) v=$(printf "%s" "${1#b}" | base64 -d; printf .); '
     "v=${v%.} ;; esac; }; "
     'fail() { printf "\\002%s\\n" "$1"; exit 127; }; '
-    'mark=$1; sid=$2; w "$3"; cwd=$v; w "$4"; user=$v; nenv=$5; shift 5; '
+    'mark=$1; w "$2"; sid=$v; w "$3"; cwd=$v; w "$4"; user=$v; nenv=$5; shift 5; '
     'if [ "$mark" != - ]; then export HUTCH_EXEC_ID="$mark" HUTCH_SANDBOX_ID="$sid"; fi; '
     'while [ "$nenv" -gt 0 ]; do w "$1"; export "$v"; shift; nenv=$((nenv - 1)); done; '
     'n=$#; while [ "$n" -gt 0 ]; do w "$1"; shift; set -- "$@" "$v"; n=$((n - 1)); done; '

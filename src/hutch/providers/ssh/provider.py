@@ -116,10 +116,11 @@ class SshSandbox(SandboxBackend):
 
     async def is_alive(self) -> bool:
         # The host itself is not hutch's: the sandbox lives while its working
-        # directory can be reached.
+        # directory is there. An unreachable host raises SandboxUnavailable
+        # (cannot tell), which is not the same as gone.
         try:
             await self._files.stat(self.workdir)
-        except (SandboxUnavailable, FileNotFoundError):
+        except FileNotFoundError:
             return False
         return True
 

@@ -83,7 +83,8 @@ func handleStat(c *conn, h header) error {
 func handleRead(c *conn, h header) error {
 	path := str(h, "path")
 	limit := int64(num(h, "limit"))
-	f, err := os.Open(path)
+	// O_NONBLOCK: opening a FIFO must not wait for a writer.
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		if errors.Is(err, syscall.ELOOP) {
 			return c.fail("provider_error", path+": too many levels of symbolic links")
@@ -97,6 +98,10 @@ func handleRead(c *conn, h header) error {
 	}
 	if st.IsDir() {
 		return c.fail("is_a_directory", path+" is a directory")
+	}
+	if !st.Mode().IsRegular() {
+		// A FIFO or a device may never end (or never start): not a file to read.
+		return c.fail("invalid_argument", path+" is not a regular file; read it with exec")
 	}
 	if st.Size() > limit {
 		return c.fail("output_limit_exceeded",
@@ -292,9 +297,10 @@ func handleRemove(c *conn, h header) error {
 	return c.send(header{"t": "ok"}, nil)
 }
 
-// walk calls visit with every path below root that os.walk lists as a file:
-// everything but directories and links to directories; directories are
-// entered (links to them are not), the root followed if it is a link.
+// walk calls visit with every regular file below root, and every link to
+// one: never a FIFO, device or socket (a read of one may never end).
+// Directories are entered (links to them are not), the root followed if it
+// is a link.
 func walk(root string, visit func(string) error) error {
 	st, err := os.Stat(root)
 	if err != nil {
@@ -330,9 +336,11 @@ func walk(root string, visit func(string) error) error {
 				continue
 			}
 			if kind&fs.ModeSymlink != 0 {
-				if target, err := os.Stat(full); err == nil && target.IsDir() {
+				if target, err := os.Stat(full); err != nil || !target.Mode().IsRegular() {
 					continue
 				}
+			} else if !kind.IsRegular() {
+				continue
 			}
 			if err := visit(full); err != nil {
 				return err
@@ -444,13 +452,13 @@ func handleGrep(c *conn, h header) error {
 				return err
 			}
 		}
-		f, err := os.Open(path)
+		f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 		if err != nil {
 			return nil
 		}
 		defer f.Close()
 		st, err := f.Stat()
-		if err != nil || st.IsDir() {
+		if err != nil || !st.Mode().IsRegular() {
 			return nil
 		}
 		if st.Size() > chunkSize {

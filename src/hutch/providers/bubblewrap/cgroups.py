@@ -1,0 +1,203 @@
+"""Resource limits and the freezer for one sandbox, through cgroups.
+
+cgroup v1 (one hierarchy per controller: memory, pids, cpu, freezer), as this
+host has, or the unified v2 hierarchy where the host has that. Every process
+of a sandbox (its keeper and every exec) joins the sandbox's cgroups before it
+starts the sandbox (see ``JOIN_AND_EXEC``), so a fork bomb meets the pids limit
+(``fork`` fails with EAGAIN), a memory hog meets the OOM killer, and pause is
+one write to the freezer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+
+from ..._errors import ProviderError
+
+CGROUP_ROOT = "/sys/fs/cgroup"
+_V1_CONTROLLERS = ("memory", "pids", "cpu", "freezer")
+_CPU_PERIOD_US = 100_000
+
+#: The host-side launcher: join the cgroups named in $HUTCH_CGROUP_PROCS, then
+#: exec the rest of argv (bwrap, or nsenter + bwrap), so that nothing the
+#: sandbox starts ever runs outside its limits, not even for an instant.
+JOIN_AND_EXEC = 'for f in $HUTCH_CGROUP_PROCS; do echo $$ > "$f" || exit 125; done; exec "$@"'
+
+
+def unified() -> bool:
+    """Whether the host runs the cgroup v2 hierarchy alone."""
+    return os.path.exists(os.path.join(CGROUP_ROOT, "cgroup.controllers"))
+
+
+def _write(path: str, value: str) -> None:
+    with open(path, "w") as fh:
+        fh.write(value)
+
+
+def _read(path: str) -> str:
+    with open(path) as fh:
+        return fh.read()
+
+
+class SandboxCgroup:
+    """The cgroups of one sandbox, ``hutch/<sandbox id>`` in each hierarchy."""
+
+    def __init__(self, sandbox_id: str) -> None:
+        self.name = f"hutch/{sandbox_id}"
+        self.v2 = unified()
+        if self.v2:
+            self._dirs = {"unified": os.path.join(CGROUP_ROOT, self.name)}
+        else:
+            self._dirs = {c: os.path.join(CGROUP_ROOT, c, self.name) for c in _V1_CONTROLLERS}
+
+    def _dir(self, controller: str) -> str:
+        return self._dirs["unified" if self.v2 else controller]
+
+    # -- setup -------------------------------------------------------------------
+    def create(self, *, memory: int | None, pids: int | None, cpus: float | None) -> None:
+        try:
+            if self.v2:
+                self._create_v2(memory, pids, cpus)
+            else:
+                self._create_v1(memory, pids, cpus)
+        except OSError as exc:
+            self.remove()
+            raise ProviderError(f"cannot set up the cgroups of {self.name}: {exc}") from None
+
+    def _create_v1(self, memory: int | None, pids: int | None, cpus: float | None) -> None:
+        for directory in self._dirs.values():
+            os.makedirs(directory, exist_ok=True)
+        mem = self._dirs["memory"]
+        if memory is not None:
+            _write(f"{mem}/memory.limit_in_bytes", str(memory))
+            # No swap to escape into where the kernel accounts it.
+            with contextlib.suppress(OSError):
+                _write(f"{mem}/memory.memsw.limit_in_bytes", str(memory))
+        if pids is not None:
+            _write(f"{self._dirs['pids']}/pids.max", str(pids))
+        if cpus is not None:
+            cpu = self._dirs["cpu"]
+            _write(f"{cpu}/cpu.cfs_period_us", str(_CPU_PERIOD_US))
+            _write(f"{cpu}/cpu.cfs_quota_us", str(max(1000, int(cpus * _CPU_PERIOD_US))))
+
+    def _create_v2(self, memory: int | None, pids: int | None, cpus: float | None) -> None:
+        parent = os.path.dirname(self._dirs["unified"])
+        os.makedirs(parent, exist_ok=True)
+        for level in (CGROUP_ROOT, parent):
+            with contextlib.suppress(OSError):
+                _write(f"{level}/cgroup.subtree_control", "+memory +pids +cpu")
+        directory = self._dirs["unified"]
+        os.makedirs(directory, exist_ok=True)
+        if memory is not None:
+            _write(f"{directory}/memory.max", str(memory))
+            with contextlib.suppress(OSError):
+                _write(f"{directory}/memory.swap.max", "0")
+        if pids is not None:
+            _write(f"{directory}/pids.max", str(pids))
+        if cpus is not None:
+            _write(f"{directory}/cpu.max", f"{int(cpus * _CPU_PERIOD_US)} {_CPU_PERIOD_US}")
+
+    def procs_files(self) -> str:
+        """What ``JOIN_AND_EXEC`` reads from $HUTCH_CGROUP_PROCS."""
+        return " ".join(f"{d}/cgroup.procs" for d in self._dirs.values())
+
+    def exists(self) -> bool:
+        return all(os.path.isdir(d) for d in self._dirs.values())
+
+    # -- reading -----------------------------------------------------------------
+    def pids(self) -> list[int]:
+        try:
+            text = _read(f"{self._dir('pids')}/cgroup.procs")
+        except OSError:
+            return []
+        return [int(line) for line in text.split()]
+
+    def oom_kills(self) -> int:
+        """How many processes the OOM killer has ended in this sandbox."""
+        try:
+            if self.v2:
+                text = _read(f"{self._dir('memory')}/memory.events")
+            else:
+                text = _read(f"{self._dir('memory')}/memory.oom_control")
+        except OSError:
+            return 0
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+        return 0
+
+    def memory_limit(self) -> int | None:
+        path = "memory.max" if self.v2 else "memory.limit_in_bytes"
+        try:
+            value = _read(f"{self._dir('memory')}/{path}").strip()
+        except OSError:
+            return None
+        if value == "max" or int(value) >= 1 << 60:
+            return None
+        return int(value)
+
+    def memory_usage(self) -> int | None:
+        path = "memory.current" if self.v2 else "memory.usage_in_bytes"
+        try:
+            return int(_read(f"{self._dir('memory')}/{path}"))
+        except (OSError, ValueError):
+            return None
+
+    # -- the freezer ---------------------------------------------------------------
+    def freeze(self, timeout: float = 10.0) -> None:
+        self._set_frozen(True, timeout)
+
+    def thaw(self, timeout: float = 10.0) -> None:
+        self._set_frozen(False, timeout)
+
+    def _set_frozen(self, frozen: bool, timeout: float) -> None:
+        if self.v2:
+            _write(f"{self._dir('freezer')}/cgroup.freeze", "1" if frozen else "0")
+            path = f"{self._dir('freezer')}/cgroup.events"
+            want = "frozen 1" if frozen else "frozen 0"
+        else:
+            path = f"{self._dir('freezer')}/freezer.state"
+            want = "FROZEN" if frozen else "THAWED"
+            _write(path, want)
+
+        def check() -> bool:
+            text = _read(path)
+            return want in text.splitlines() if self.v2 else text.strip() == want
+
+        deadline = time.monotonic() + timeout
+        delay = 0.0001
+        while not check():
+            if time.monotonic() > deadline:
+                raise ProviderError(f"the freezer of {self.name} did not reach {want}")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.01)
+
+    # -- teardown ------------------------------------------------------------------
+    def kill_all(self, timeout: float = 10.0) -> None:
+        """SIGKILL every process in the sandbox and wait until none is left."""
+        deadline = time.monotonic() + timeout
+        while pids := self.pids():
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            # A frozen process dies only once it is thawed.
+            with contextlib.suppress(OSError, ProviderError):
+                self.thaw(timeout=1)
+            if time.monotonic() > deadline:
+                raise ProviderError(f"processes {pids} of {self.name} outlived SIGKILL")
+            time.sleep(0.002)
+
+    def remove(self) -> None:
+        for directory in self._dirs.values():
+            for _ in range(100):
+                try:
+                    os.rmdir(directory)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.01)  # the last exits are still being accounted

@@ -1,0 +1,315 @@
+"""The file API of a bubblewrap sandbox, resolved inside the sandbox's root.
+
+The sandbox's root file system is an overlay mounted on the host, so the
+daemon can reach its files directly, without entering the sandbox. A path is
+never joined to the host path and opened: a symlink made inside the sandbox
+(``ln -s /etc/shadow x``, or a directory swapped for a link mid-call) would
+then lead onto the host. Every lookup goes through ``openat2(2)`` with
+``RESOLVE_IN_ROOT`` on a descriptor of the overlay's root: the kernel resolves
+``..`` and every symlink, absolute or relative, as if the overlay were ``/``,
+atomically, so no race with the sandbox can move a lookup outside it.
+Magic links (``/proc/self/root`` and friends) and mount crossings are refused.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import shutil
+import stat as stat_mod
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TypeVar
+
+import anyio.to_thread
+
+from ..._errors import (
+    HutchError,
+    InvalidArgument,
+    OutputLimitExceeded,
+    SandboxFileNotFound,
+    SandboxIsADirectory,
+)
+from ..._types import FileInfo
+from .._hostfs import info_from_stat, map_oserror
+
+T = TypeVar("T")
+
+_SYS_OPENAT2 = 437  # the same number on every architecture (the unified table)
+RESOLVE_NO_XDEV = 0x01
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_IN_ROOT = 0x10
+_RESOLVE = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV
+#: Past this size, file I/O moves off the event loop.
+_THREAD_THRESHOLD = 1024 * 1024
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_syscall = _libc.syscall
+_syscall.restype = ctypes.c_long
+
+
+def openat2(dir_fd: int, path: str, flags: int, mode: int = 0, resolve: int = _RESOLVE) -> int:
+    """``openat2(2)``: open ``path`` below ``dir_fd`` with ``resolve`` rules."""
+    how = _OpenHow(flags | os.O_CLOEXEC, mode, resolve)
+    while True:
+        fd = _syscall(
+            _SYS_OPENAT2, ctypes.c_int(dir_fd), os.fsencode(path), ctypes.byref(how),
+            ctypes.c_size_t(ctypes.sizeof(how)),
+        )
+        if fd >= 0:
+            return int(fd)
+        err = ctypes.get_errno()
+        if err == errno.EAGAIN:  # a rename raced the lookup: the kernel asks to retry
+            continue
+        raise OSError(err, os.strerror(err), path)
+
+
+def _relative(path: str) -> str:
+    """A sandbox path (absolute) as the path below the root descriptor."""
+    rel = path.lstrip("/")
+    return rel or "."
+
+
+def _split(path: str) -> tuple[str, str]:
+    rel = _relative(path).rstrip("/")
+    parent, _, name = rel.rpartition("/")
+    return parent or ".", name
+
+
+class RootFiles:
+    """File operations inside the directory tree ``root`` (the overlay's merged
+    directory), never leaving it, whatever links the sandbox has made."""
+
+    def __init__(self, root: Callable[[], str]) -> None:
+        #: Where the root is now (it moves when a suspended sandbox comes back).
+        self._root = root
+
+    @contextmanager
+    def _root_fd(self) -> Iterator[int]:
+        fd = os.open(self._root(), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    @contextmanager
+    def _open(self, path: str, flags: int, mode: int = 0) -> Iterator[int]:
+        with self._root_fd() as root:
+            fd = openat2(root, _relative(path), flags, mode)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    @contextmanager
+    def open_path(self, path: str) -> Iterator[int]:
+        """An ``O_PATH`` descriptor of ``path`` (its last link followed, in the root)."""
+        with self._open(path, os.O_PATH) as fd:
+            yield fd
+
+    @contextmanager
+    def _parent(self, path: str) -> Iterator[tuple[int, str]]:
+        """A descriptor of ``path``'s parent directory and its last name."""
+        parent, name = _split(path)
+        if name in ("", ".", ".."):
+            raise InvalidArgument(f"{path} names no entry")
+        with self._open(parent, os.O_PATH | os.O_DIRECTORY) as fd:
+            yield fd, name
+
+    @staticmethod
+    def _run(fn: Callable[[], T], path: str) -> T:
+        try:
+            return fn()
+        except HutchError:
+            raise
+        except OSError as exc:
+            if exc.errno == errno.EXDEV:
+                raise SandboxFileNotFound(f"{path} is outside the sandbox's files") from None
+            if exc.errno == errno.ELOOP:
+                raise SandboxFileNotFound(f"{path}: too many levels of symbolic links") from None
+            raise map_oserror(exc, path) from None
+
+    async def _maybe_thread(self, fn: Callable[[], T], path: str, big: bool) -> T:
+        if big:
+            return await anyio.to_thread.run_sync(lambda: self._run(fn, path))
+        return self._run(fn, path)
+
+    # -- read ------------------------------------------------------------------
+    def _read(self, path: str, limit: int) -> bytes:
+        with self._open(path, os.O_RDONLY) as fd:
+            st = os.fstat(fd)
+            if stat_mod.S_ISDIR(st.st_mode):
+                raise SandboxIsADirectory(f"{path} is a directory")
+            if st.st_size > limit:
+                raise OutputLimitExceeded(
+                    f"{path} is {st.st_size} bytes, over the read limit of {limit} bytes"
+                )
+            with os.fdopen(os.dup(fd), "rb") as fh:
+                # What fstat promised plus one byte to notice growth.
+                data = fh.read(st.st_size + 1)
+                if len(data) > st.st_size:
+                    data += fh.read(limit + 1 - len(data))
+            if len(data) > limit:
+                raise OutputLimitExceeded(f"{path} is over the read limit of {limit} bytes")
+            return data
+
+    async def read(self, path: str, limit: int) -> bytes:
+        size = self._run(lambda: self._lstat_size(path), path)
+        return await self._maybe_thread(
+            lambda: self._read(path, limit), path, size > _THREAD_THRESHOLD
+        )
+
+    def _lstat_size(self, path: str) -> int:
+        with self._open(path, os.O_PATH) as fd:
+            return os.fstat(fd).st_size
+
+    # -- write -----------------------------------------------------------------
+    def _makedirs(self, root: int, rel_dir: str, path: str) -> None:
+        if rel_dir in ("", "."):
+            return
+        parts = [p for p in rel_dir.split("/") if p not in ("", ".")]
+        done = ""
+        for part in parts:
+            here = f"{done}/{part}" if done else part
+            try:
+                fd = openat2(root, here, os.O_PATH | os.O_DIRECTORY)
+            except OSError as exc:
+                if exc.errno == errno.ENOTDIR:
+                    raise SandboxFileNotFound(f"a parent of {path} is not a directory") from None
+                if exc.errno != errno.ENOENT:
+                    raise
+                parent = openat2(root, done or ".", os.O_PATH | os.O_DIRECTORY)
+                made = True
+                try:
+                    os.mkdir(part, 0o755, dir_fd=parent)
+                except FileExistsError:
+                    made = False  # made meanwhile (or a link to one): the lookup decides
+                finally:
+                    os.close(parent)
+                fd = openat2(root, here, os.O_RDONLY | os.O_DIRECTORY)
+                if made:
+                    os.fchmod(fd, 0o755)  # the mode asked for, whatever our umask
+            os.close(fd)
+            done = here
+
+    async def makedirs(self, path: str) -> None:
+        """Make directory ``path`` and its parents, inside the root."""
+        def run() -> None:
+            with self._root_fd() as root:
+                self._makedirs(root, _relative(path), path)
+        self._run(run, path)
+
+    def _write(self, path: str, data: bytes) -> None:
+        rel = _relative(path)
+        parent, _ = _split(path)
+        with self._root_fd() as root:
+            self._makedirs(root, parent, path)
+            try:
+                try:
+                    fd = openat2(root, rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                    os.fchmod(fd, 0o644)  # a new file: the mode asked for, whatever our umask
+                except FileExistsError:
+                    # An existing file keeps its mode; a link is followed (and
+                    # its target made if missing), in the root.
+                    fd = openat2(root, rel, os.O_WRONLY | os.O_TRUNC | os.O_CREAT, 0o644)
+            except OSError as exc:
+                if exc.errno == errno.EISDIR:
+                    raise SandboxIsADirectory(f"{path} is a directory") from None
+                raise
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+        finally:
+            os.close(fd)
+
+    async def write(self, path: str, data: bytes) -> None:
+        await self._maybe_thread(
+            lambda: self._write(path, data), path, len(data) > _THREAD_THRESHOLD
+        )
+
+    # -- metadata --------------------------------------------------------------
+    def _lstat(self, path: str) -> os.stat_result:
+        if _relative(path) == ".":
+            with self._root_fd() as root:
+                return os.stat(root)
+        with self._parent(path) as (parent, name):
+            return os.stat(name, dir_fd=parent, follow_symlinks=False)
+
+    async def stat(self, path: str) -> FileInfo:
+        return info_from_stat(path, self._run(lambda: self._lstat(path), path))
+
+    def _list(self, path: str) -> list[FileInfo]:
+        try:
+            handle = self._open(path, os.O_RDONLY | os.O_DIRECTORY)
+            fd = handle.__enter__()
+        except OSError as exc:
+            if exc.errno == errno.ENOTDIR:
+                raise InvalidArgument(f"{path} is not a directory") from None
+            raise
+        try:
+            base = path.rstrip("/")
+            with os.scandir(fd) as entries:
+                return sorted(
+                    (
+                        info_from_stat(f"{base}/{e.name}", e.stat(follow_symlinks=False))
+                        for e in entries
+                    ),
+                    key=lambda i: i.path,
+                )
+        finally:
+            handle.__exit__(None, None, None)
+
+    async def list_dir(self, path: str) -> list[FileInfo]:
+        return self._run(lambda: self._list(path), path)
+
+    # -- remove ----------------------------------------------------------------
+    def _remove(self, path: str, recursive: bool) -> None:
+        with self._parent(path) as (parent, name):
+            st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+            if not stat_mod.S_ISDIR(st.st_mode):
+                os.unlink(name, dir_fd=parent)
+                return
+            if recursive:
+                # fd-based: never follows a link, even one swapped in meanwhile.
+                shutil.rmtree(name, dir_fd=parent)
+                return
+            try:
+                os.rmdir(name, dir_fd=parent)
+            except OSError as exc:
+                if exc.errno == errno.ENOTEMPTY:
+                    raise SandboxIsADirectory(
+                        f"{path} is a non-empty directory; pass recursive=True"
+                    ) from None
+                raise
+
+    async def remove(self, path: str, recursive: bool) -> None:
+        await self._maybe_thread(lambda: self._remove(path, recursive), path, recursive)
+
+    # -- walk ------------------------------------------------------------------
+    def _walk(self, root_path: str) -> list[str]:
+        base = root_path.rstrip("/")
+        out: list[str] = []
+        with self._open(root_path, os.O_RDONLY | os.O_DIRECTORY) as fd:
+            # fwalk works on descriptors and does not follow links.
+            for dirpath, _dirs, files, _dfd in os.fwalk(".", dir_fd=fd):
+                rel = "" if dirpath == "." else "/" + dirpath[2:]
+                out.extend(f"{base}{rel}/{name}" for name in files)
+        return out
+
+    async def walk_files(self, root: str) -> list[str]:
+        def walk() -> list[str]:
+            try:
+                return self._walk(root)
+            except OSError as exc:
+                if exc.errno == errno.ENOTDIR:
+                    return []  # a file: no files below it (as os.walk answers)
+                raise
+        return await anyio.to_thread.run_sync(lambda: self._run(walk, root))

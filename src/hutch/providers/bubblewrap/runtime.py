@@ -1,0 +1,256 @@
+"""The native runtime of a bubblewrap sandbox: exec by joining its keeper's
+namespaces, files through the overlay resolved inside its root.
+
+An exec is ``sh`` (join the sandbox's cgroups) -> ``nsenter`` (its net, ipc,
+uts and cgroup namespaces, by descriptors checked against the keeper's
+recorded inodes, so a reused PID can never lead elsewhere) -> ``bwrap``
+(its PID namespace, the overlay as ``/``, a fresh /proc and /dev, no
+capabilities, NoNewPrivs, the seccomp filter, a new session). It joins the
+running sandbox: it sees the keeper's processes, shares its loopback and
+files, and its orphans are reaped by the sandbox's own init.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import posixpath
+import subprocess
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ..._errors import (
+    InvalidArgument,
+    SandboxFileNotFound,
+    SandboxPermissionDenied,
+    SandboxUnavailable,
+)
+from ..._types import FileInfo, OutputChunk
+from .._hostproc import EXEC_MARKER, SANDBOX_MARKER, HostProcess
+from ..base import SandboxRuntime
+from .cgroups import JOIN_AND_EXEC, SandboxCgroup
+from .files import RootFiles
+from .provisioning import KEEPER_MARKER, Keeper, Layers, seccomp_fd
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclass
+class SandboxParts:
+    """What the provisioning half owns and the runtime uses."""
+
+    layers: Layers
+    cgroup: SandboxCgroup
+    keeper: Keeper | None
+    env: dict[str, str] = field(default_factory=dict)
+
+
+class BubblewrapProcess(HostProcess):
+    """A command in the sandbox; a kill by the OOM killer is said on stderr."""
+
+    def __init__(
+        self,
+        proc: asyncio.subprocess.Process,
+        exec_id: str,
+        stdin: bytes | None,
+        cgroup: SandboxCgroup,
+    ) -> None:
+        super().__init__(proc, exec_id, stdin)
+        self._cgroup = cgroup
+        self._oom_kills_before = cgroup.oom_kills()
+        self._ended = False
+
+    async def read(self) -> OutputChunk | None:
+        chunk = await super().read()
+        if chunk is None and not self._ended:
+            self._ended = True
+            code = await self.wait()
+            if code == 128 + 9 and self._cgroup.oom_kills() > self._oom_kills_before:
+                limit = self._cgroup.memory_limit()
+                said = f" of {limit} bytes" if limit is not None else ""
+                return OutputChunk(
+                    "stderr",
+                    f"hutch: killed by the OOM killer: the sandbox reached its memory "
+                    f"limit{said}\n".encode(),
+                )
+        return chunk
+
+
+class BubblewrapRuntime(SandboxRuntime):
+    provider = "bubblewrap"
+
+    def __init__(self, sandbox_id: str, workdir: str, parts: SandboxParts) -> None:
+        super().__init__(sandbox_id, workdir)
+        self.parts = parts
+        self.files = RootFiles(lambda: parts.layers.merged)
+        self._shell: str | None = None
+
+    # -- processes ---------------------------------------------------------------
+    def shell_argv(self, command: str) -> list[str]:
+        if self._shell is None:
+            root = self.parts.layers.merged
+            self._shell = "bash" if any(
+                os.path.lexists(f"{root}{d}/bash") for d in ("/bin", "/usr/bin")
+            ) else "sh"
+        return [self._shell, "-c", command]
+
+    async def _is_dir(self, path: str) -> bool:
+        try:
+            with self.files.open_path(path) as fd:
+                return os.path.isdir(f"/proc/self/fd/{fd}")
+        except OSError:
+            return False
+
+    async def _check_command(self, name: str, cwd: str, path_env: str) -> None:
+        """What execve would say, said before the sandbox is entered: a missing
+        command is file_not_found, a non-executable one permission_denied."""
+        if "/" in name:
+            candidates = [posixpath.normpath(posixpath.join(cwd, name))]
+        else:
+            candidates = [posixpath.join(d or ".", name) for d in path_env.split(":")]
+            candidates = [c if c.startswith("/") else posixpath.join(cwd, c) for c in candidates]
+        denied = False
+        for candidate in candidates:
+            try:
+                with self.files.open_path(candidate) as fd:
+                    st = os.fstat(fd)
+            except OSError:
+                continue
+            if (st.st_mode & 0o170000) == 0o100000 and st.st_mode & 0o111:
+                return
+            denied = True
+        if denied:
+            raise SandboxPermissionDenied(f"cannot execute {name}: permission denied")
+        raise SandboxFileNotFound(f"command not found: {name}")
+
+    async def _user_ids(self, user: str) -> tuple[int, int]:
+        try:
+            passwd = (await self.files.read("/etc/passwd", 16 * 1024 * 1024)).decode(
+                errors="replace"
+            )
+        except FileNotFoundError:
+            passwd = ""
+        for line in passwd.splitlines():
+            fields = line.split(":")
+            if len(fields) >= 4 and (fields[0] == user or fields[2] == user):
+                return int(fields[2]), int(fields[3])
+        raise InvalidArgument(f"no such user {user!r} in sandbox {self.sandbox_id}")
+
+    async def start_process(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        stdin: bytes | None,
+        user: str | None,
+    ) -> HostProcess:
+        keeper = self.parts.keeper
+        if keeper is None:
+            raise SandboxUnavailable(f"sandbox {self.sandbox_id} is not running")
+        full_env = {"PATH": DEFAULT_PATH, "HOME": "/root", "LANG": "C.UTF-8"}
+        full_env.update(self.parts.env)
+        full_env.update(env)
+        exec_id = uuid.uuid4().hex
+        full_env[EXEC_MARKER] = exec_id
+        full_env[SANDBOX_MARKER] = self.sandbox_id
+        if not await self._is_dir(cwd):
+            raise SandboxFileNotFound(f"working directory {cwd} does not exist")
+        await self._check_command(argv[0], cwd, full_env["PATH"])
+        prefix: list[str] = []
+        caps: list[str] = []
+        if user is not None:
+            uid, gid = await self._user_ids(user)
+            # setpriv (util-linux) inside the sandbox drops to the user; its
+            # setuid away from 0 clears every capability it was given for that.
+            await self._check_command("setpriv", "/", DEFAULT_PATH)
+            prefix = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--init-groups", "--"]
+            caps = ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+            if uid != 0:
+                full_env["HOME"] = "/"
+        namespaces = keeper.open_namespaces()
+        filter_fd = seccomp_fd()
+        fds = [*namespaces.values(), filter_fd]
+        try:
+            setenv: list[str] = []
+            for key, value in full_env.items():
+                setenv += ["--setenv", key, value]
+            command = [
+                "/bin/sh", "-c", JOIN_AND_EXEC, "hutch-exec",
+                "nsenter",
+                *(f"--{name}=/proc/self/fd/{namespaces[name]}"
+                  for name in ("net", "ipc", "uts", "cgroup")),
+                "--",
+                "bwrap", "--pidns", str(namespaces["pid"]),
+                "--bind", self.parts.layers.merged, "/", "--proc", "/proc", "--dev", "/dev",
+                "--cap-drop", "ALL", *caps, "--new-session", "--die-with-parent",
+                "--seccomp", str(filter_fd), "--clearenv", *setenv, "--chdir", cwd,
+                "--", *prefix, *argv,
+            ]
+            host_env = {
+                "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+                "HUTCH_CGROUP_PROCS": self.parts.cgroup.procs_files(),
+                EXEC_MARKER: exec_id,
+                SANDBOX_MARKER: self.sandbox_id,
+            }
+            proc = await asyncio.create_subprocess_exec(
+                *command,
+                cwd="/",
+                env=host_env,
+                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                pass_fds=fds,
+            )
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return BubblewrapProcess(proc, exec_id, stdin, self.parts.cgroup)
+
+    async def count_busy_processes(self) -> int:
+        keeper = self.parts.keeper
+        if keeper is None:
+            return 0
+        return _count_busy(self.parts.cgroup.pids(), {keeper.outer_pid, keeper.init_pid})
+
+    # -- files -------------------------------------------------------------------
+    async def read_file(self, path: str, limit: int) -> bytes:
+        return await self.files.read(path, limit)
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        await self.files.write(path, data)
+
+    async def stat(self, path: str) -> FileInfo:
+        return await self.files.stat(path)
+
+    async def list_dir(self, path: str) -> list[FileInfo]:
+        return await self.files.list_dir(path)
+
+    async def remove(self, path: str, recursive: bool) -> None:
+        await self.files.remove(path, recursive)
+
+    async def walk_files(self, root: str) -> list[str]:
+        return await self.files.walk_files(root)
+
+
+def _count_busy(pids: list[int], keeper_pids: set[int]) -> int:
+    """Live processes among ``pids`` other than the keeper's (its outer bwrap,
+    its init, and the shell that carries the keeper marker)."""
+    busy = 0
+    marker = f"{KEEPER_MARKER}=1".encode()
+    for pid in pids:
+        if pid in keeper_pids:
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                environ = fh.read()
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        if marker in environ.split(b"\0") or stat[stat.rindex(b")") + 2:][:1] == b"Z":
+            continue
+        busy += 1
+    return busy

@@ -1,0 +1,346 @@
+"""``bubblewrap``: a sandbox in Linux namespaces on a shared read-only root
+file system, with a writable overlay of its own and cgroup limits.
+
+The provisioning and lifecycle half lives here (create, pause by the freezer,
+suspend, resume, close, adoption after a restart); the runtime (exec, files)
+in :mod:`.runtime`; the overlay and the keeper in :mod:`.provisioning`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import subprocess
+import weakref
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, Literal
+
+import anyio.to_thread
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..._errors import InvalidArgument, ProviderError, SandboxUnavailable
+from ..._types import Capabilities, FileInfo
+from ..base import BackendProcess, RuntimeDeathReport, SandboxBackend, SandboxRuntime
+from ..policy import Limit, ReachesHost, format_bytes, parse_bytes
+from .cgroups import SandboxCgroup
+from .provisioning import Keeper, Layers, bubblewrap_home, start_keeper
+from .rootfs import resolve_rootfs
+from .runtime import BubblewrapRuntime, SandboxParts
+
+DEFAULT_IMAGE = "hutch-test:bookworm"
+_WATCH_INTERVAL = 0.5
+log = logging.getLogger("hutch.bubblewrap")
+#: The sandboxes this process holds, for the death watcher.
+_live: weakref.WeakValueDictionary[str, BubblewrapSandbox] = weakref.WeakValueDictionary()
+_SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_MAX_BYTES = 1 << 50
+
+
+def parse_size(value: str | int | None, what: str) -> int | None:
+    """Bytes from ``512m``, ``2g``, ``1.5G`` or a plain number."""
+    if value is None:
+        return None
+    try:
+        number = int(parse_bytes(value))
+    except ValueError as exc:
+        raise InvalidArgument(f"{what}: {exc}") from None
+    if not 0 < number <= _MAX_BYTES:
+        raise InvalidArgument(f"{what} {value!r} is out of range (1 byte to 1 PiB)")
+    return number
+
+
+class BubblewrapConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["bubblewrap"] = "bubblewrap"
+    #: A host directory to use as the (read-only, shared) root file system.
+    rootfs: Annotated[
+        str | None, ReachesHost("uses a host directory as the sandbox's root file system")
+    ] = None
+    #: A hutch image, or a Docker image exported once and cached; the test
+    #: image when neither this nor ``rootfs`` is set.
+    image: str | None = None
+    #: The working directory inside (made if missing).
+    workdir: str = "/workspace"
+    #: Memory limit (``512m``, ``2g``, or bytes).
+    memory: Annotated[str | int | None, Limit("memory", parse_bytes, format_bytes)] = None
+    pids_limit: Annotated[int, Limit("pids", int, int)] = Field(default=1024, gt=0, le=4_194_304)
+    #: CPU quota in CPUs (``1.5``).
+    cpus: Annotated[float | None, Limit("cpus")] = Field(default=None, gt=0, le=1024)
+    #: No network at all (a loopback of its own). Other policies: not yet.
+    network: Literal["none"] = "none"
+    #: Cap on what the sandbox may write while it runs (its tmpfs upper layer).
+    disk: Annotated[str | int, Limit("disk", parse_bytes, format_bytes)] = "4g"
+    env: dict[str, str] = {}
+    hostname: str = Field(default="hutch", pattern=r"^[A-Za-z0-9][A-Za-z0-9.-]{0,62}$")
+    #: End with the process that made it (``--die-with-parent``): for
+    #: in-process use that must leave nothing behind. A daemon's sandboxes are
+    #: not ephemeral, so that a restarted daemon adopts them.
+    ephemeral: bool = False
+
+
+class BubblewrapSandbox(SandboxBackend):
+    provider = "bubblewrap"
+    capabilities = Capabilities(
+        processes=True,
+        pause=True,
+        suspend=True,
+        # Suspend ends the processes and keeps the upper layer on disk.
+        suspend_keeps_processes=False,
+        network_isolation=True,
+        resource_limits=True,
+        # What it writes lands on a tmpfs of its own, capped at ``disk``.
+        disk_limit=True,
+        users=True,
+    )
+    config_model = BubblewrapConfig
+
+    def __init__(
+        self,
+        sandbox_id: str,
+        workdir: str,
+        parts: SandboxParts,
+        *,
+        hostname: str,
+        ephemeral: bool,
+        keeper_process: subprocess.Popen[bytes] | None = None,
+    ) -> None:
+        super().__init__(sandbox_id, workdir)
+        self.parts = parts
+        self.hostname = hostname
+        self.ephemeral = ephemeral
+        self._keeper_process = keeper_process
+        self._runtime = BubblewrapRuntime(sandbox_id, workdir, parts)
+        self._closed = False
+        _live[sandbox_id] = self
+
+    @property
+    def runtime(self) -> SandboxRuntime:
+        return self._runtime
+
+    # -- provisioning ----------------------------------------------------------------
+    @classmethod
+    async def create(cls, config: BubblewrapConfig, sandbox_id: str) -> BubblewrapSandbox:
+        if not _SAFE_ID.match(sandbox_id):
+            raise InvalidArgument(f"sandbox id {sandbox_id!r} cannot name a directory")
+        if not config.workdir.startswith("/"):
+            raise InvalidArgument(f"workdir {config.workdir!r} must be an absolute path")
+        memory = parse_size(config.memory, "memory")
+        disk = parse_size(config.disk, "disk")
+        assert disk is not None
+        if config.rootfs is not None and config.image is not None:
+            raise InvalidArgument("give a bubblewrap sandbox rootfs or image, not both")
+        image = config.image or (None if config.rootfs else DEFAULT_IMAGE)
+        rootfs = await anyio.to_thread.run_sync(lambda: resolve_rootfs(config.rootfs, image))
+        layers = Layers(
+            os.path.join(bubblewrap_home(), "sandboxes", sandbox_id), [rootfs], disk_limit=disk
+        )
+        if os.path.exists(layers.sandbox_dir):
+            raise InvalidArgument(f"sandbox {sandbox_id} already exists")
+        return await cls._start(
+            sandbox_id, config.workdir, layers,
+            memory=memory, pids=config.pids_limit, cpus=config.cpus, env=config.env,
+            hostname=config.hostname, ephemeral=config.ephemeral,
+        )
+
+    @classmethod
+    async def _start(
+        cls,
+        sandbox_id: str,
+        workdir: str,
+        layers: Layers,
+        *,
+        memory: int | None,
+        pids: int | None,
+        cpus: float | None,
+        env: Mapping[str, str],
+        hostname: str,
+        ephemeral: bool,
+    ) -> BubblewrapSandbox:
+        cgroup = SandboxCgroup(sandbox_id)
+        parts = SandboxParts(layers, cgroup, None, dict(env))
+        sandbox = cls(sandbox_id, workdir, parts, hostname=hostname, ephemeral=ephemeral)
+        try:
+            os.makedirs(layers.sandbox_dir, exist_ok=True)
+            cgroup.create(memory=memory, pids=pids, cpus=cpus)
+            layers.mount()
+            await sandbox._runtime.files.makedirs(workdir)
+            sandbox._start_keeper()
+        except BaseException:
+            await sandbox._destroy()
+            raise
+        return sandbox
+
+    def _start_keeper(self) -> None:
+        keeper, process = start_keeper(
+            self.parts.layers, self.parts.cgroup,
+            hostname=self.hostname, network=False, ephemeral=self.ephemeral,
+            log_path=os.path.join(self.parts.layers.sandbox_dir, "keeper.log"),
+        )
+        self.parts.keeper = keeper
+        self._keeper_process = process
+
+    def describe(self) -> dict[str, Any]:
+        layers = self.parts.layers
+        return {
+            **super().describe(),
+            "sandbox_dir": layers.sandbox_dir,
+            "lowers": list(layers.lowers),
+            "upper_on": layers.upper_on,
+            "disk_limit": layers.disk_limit,
+            "keeper": self.parts.keeper.to_dict() if self.parts.keeper else None,
+            "env": dict(self.parts.env),
+            "hostname": self.hostname,
+            "ephemeral": self.ephemeral,
+        }
+
+    @classmethod
+    async def reconnect(
+        cls, sandbox_id: str, description: Mapping[str, Any]
+    ) -> BubblewrapSandbox:
+        layers = Layers(
+            str(description["sandbox_dir"]),
+            [str(p) for p in description["lowers"]],
+            upper_on=str(description.get("upper_on", "hot")),
+            disk_limit=int(description.get("disk_limit", 4 << 30)),
+        )
+        keeper_data = description.get("keeper")
+        keeper = Keeper.from_dict(dict(keeper_data)) if keeper_data else None
+        parts = SandboxParts(
+            layers, SandboxCgroup(sandbox_id), keeper, dict(description.get("env") or {})
+        )
+        return cls(
+            sandbox_id, str(description["workdir"]), parts,
+            hostname=str(description.get("hostname", "hutch")),
+            ephemeral=bool(description.get("ephemeral", False)),
+        )
+
+    async def memory_bytes(self) -> int | None:
+        return self.parts.cgroup.memory_usage()
+
+    async def is_alive(self) -> bool:
+        keeper = self.parts.keeper
+        if keeper is None:  # suspended: its files are on disk
+            return os.path.isdir(self.parts.layers.upper)
+        return keeper.alive() and os.path.ismount(self.parts.layers.merged)
+
+    def death_reason(self) -> str:
+        """Why the keeper is gone, as far as the host can tell."""
+        if self.parts.cgroup.oom_kills() > 0:
+            limit = self.parts.cgroup.memory_limit()
+            said = f" (memory limit {limit} bytes)" if limit is not None else ""
+            return f"killed by the OOM killer{said}"
+        return "its keeper ended outside hutch (killed, or the host restarted)"
+
+    @classmethod
+    async def watch_runtimes(cls, report: RuntimeDeathReport) -> None:
+        """Every half second, each live sandbox of this process whose keeper has
+        ended outside hutch's hands is reported once, with what the cgroup says."""
+        reported: set[str] = set()
+        while True:
+            await anyio.sleep(_WATCH_INTERVAL)
+            for sandbox_id, sandbox in list(_live.items()):
+                keeper = sandbox.parts.keeper
+                if sandbox._closed or keeper is None or sandbox_id in reported:
+                    continue
+                if not keeper.alive():
+                    reported.add(sandbox_id)
+                    try:
+                        await report(sandbox_id, sandbox.death_reason())
+                    except Exception:
+                        log.exception("sandbox %s: reporting its death failed", sandbox_id)
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def _require_running(self) -> None:
+        if self.parts.keeper is None:
+            raise SandboxUnavailable(f"sandbox {self.sandbox_id} is not running")
+
+    async def pause(self) -> None:
+        self._require_running()
+        self.parts.cgroup.freeze()
+
+    async def unpause(self) -> None:
+        self.parts.cgroup.thaw()
+
+    def _end_processes(self) -> None:
+        # No keeper first: a watcher must not take hutch's own kill for a death.
+        self.parts.keeper = None
+        self.parts.cgroup.kill_all()
+        if self._keeper_process is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._keeper_process.wait(5)
+            self._keeper_process = None
+
+    async def suspend(self) -> None:
+        """End every process; keep the upper layer, on disk."""
+        def run() -> None:
+            self._end_processes()
+            self.parts.layers.unmount_overlay()
+            self.parts.layers.move_upper_to_disk()
+        await anyio.to_thread.run_sync(run)
+
+    async def resume(self) -> None:
+        if self.parts.keeper is not None and self.parts.keeper.alive():
+            return
+        def run() -> None:
+            self.parts.layers.move_upper_to_hot()
+            self.parts.layers.mount()
+            self._start_keeper()
+        await anyio.to_thread.run_sync(run)
+
+    async def _destroy(self) -> None:
+        def run() -> None:
+            errors: list[str] = []
+            for step in (self._end_processes, self.parts.layers.remove, self.parts.cgroup.remove):
+                try:
+                    step()
+                except (OSError, ProviderError) as exc:
+                    errors.append(str(exc))
+            if errors:
+                raise ProviderError(f"closing sandbox {self.sandbox_id}: {'; '.join(errors)}")
+        await anyio.to_thread.run_sync(run)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        _live.pop(self.sandbox_id, None)
+        await self._destroy()
+
+    # -- the runtime, delegated (callers use .runtime) -----------------------------------
+    def shell_argv(self, command: str) -> list[str]:
+        return self._runtime.shell_argv(command)
+
+    async def start_process(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        stdin: bytes | None,
+        user: str | None,
+    ) -> BackendProcess:
+        return await self._runtime.start_process(argv, cwd=cwd, env=env, stdin=stdin, user=user)
+
+    async def count_busy_processes(self) -> int:
+        return await self._runtime.count_busy_processes()
+
+    async def read_file(self, path: str, limit: int) -> bytes:
+        return await self._runtime.read_file(path, limit)
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        await self._runtime.write_file(path, data)
+
+    async def stat(self, path: str) -> FileInfo:
+        return await self._runtime.stat(path)
+
+    async def list_dir(self, path: str) -> list[FileInfo]:
+        return await self._runtime.list_dir(path)
+
+    async def remove(self, path: str, recursive: bool) -> None:
+        await self._runtime.remove(path, recursive)
+
+    async def walk_files(self, root: str) -> list[str]:
+        return await self._runtime.walk_files(root)

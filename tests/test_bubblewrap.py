@@ -1,0 +1,345 @@
+"""The bubblewrap provider, from inside: tests that try to get out, limits
+that must hold, the lifecycle, and adoption after a daemon restart.
+
+Its root file system is the test image, exported from Docker once (so these
+tests need the engine, as the docker tests do).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import secrets
+import socket
+import tempfile
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import pytest
+
+import hutch
+from tests.conftest import TEST_IMAGE
+
+pytestmark = [pytest.mark.anyio, pytest.mark.docker]
+
+
+async def _make(**settings: Any) -> Any:
+    return await hutch.create_sandbox(
+        "bubblewrap", image=TEST_IMAGE, ephemeral=True, read_before_write=False, **settings
+    )
+
+
+@pytest.fixture
+async def sandbox() -> AsyncIterator[Any]:
+    sb = await _make()
+    try:
+        yield sb
+    finally:
+        await sb.close()
+
+
+@pytest.fixture
+def canary() -> Any:
+    """A host file a sandbox must never read or write, in a host directory."""
+    directory = tempfile.mkdtemp(prefix="hutch-canary-")
+    path = os.path.join(directory, "canary")
+    secret = f"HOST-SECRET-{secrets.token_hex(8)}"
+    with open(path, "w") as fh:
+        fh.write(secret)
+    yield directory, path, secret
+    with open(path) as fh:
+        assert fh.read() == secret, "the host canary was written"
+    assert sorted(os.listdir(directory)) == ["canary"], "a file appeared beside the canary"
+    os.remove(path)
+    os.rmdir(directory)
+
+
+# -- isolation ---------------------------------------------------------------------------
+
+
+async def test_no_capabilities_no_new_privileges_and_seccomp(sandbox: Any) -> None:
+    for user in (None, "nobody"):
+        status = (await sandbox.exec(["cat", "/proc/self/status"], user=user)).stdout
+        fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+        assert fields["NoNewPrivs"].strip() == "1"
+        assert int(fields["CapEff"], 16) == 0
+        assert int(fields["CapPrm"], 16) == 0
+        assert fields["Seccomp"].strip() == "2"
+
+
+async def test_syscalls_that_reach_the_kernel_are_refused(sandbox: Any) -> None:
+    result = await sandbox.exec(
+        "unshare -U true; echo unshare=$?; mount -t tmpfs x /mnt 2>/dev/null; echo mount=$?"
+    )
+    assert "unshare=0" not in result.stdout
+    assert "mount=0" not in result.stdout
+
+
+async def test_no_connection_leaves_the_sandbox(sandbox: Any) -> None:
+    # A listener on the host's loopback: the sandbox's loopback is its own.
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        targets = [("127.0.0.1", port), ("1.1.1.1", 53), ("169.254.169.254", 80)]
+        for address in _host_addresses():
+            targets.append((address, port))
+        for host, target_port in targets:
+            result = await sandbox.exec(
+                ["bash", "-c", f"exec 3<>/dev/tcp/{host}/{target_port} && echo connected"],
+                timeout=20,
+            )
+            assert result.exit_code != 0 and "connected" not in result.stdout, (host, target_port)
+    interfaces = await sandbox.exec("tail -n +3 /proc/net/dev | cut -d: -f1")
+    assert interfaces.stdout.split() == ["lo"]
+
+
+def _host_addresses() -> list[str]:
+    found = []
+    with open("/proc/net/fib_trie") as fh:
+        lines = fh.read().splitlines()
+    for previous, line in itertools.pairwise(lines):
+        if "32 host LOCAL" in line:
+            address = previous.strip().split()[-1]
+            if not address.startswith("127."):
+                found.append(address)
+    return sorted(set(found))
+
+
+async def test_host_files_outside_the_root_are_not_visible(sandbox: Any, canary: Any) -> None:
+    directory, path, secret = canary
+    result = await sandbox.exec(["cat", path])
+    assert result.exit_code != 0 and secret not in result.stdout
+    listing = await sandbox.exec(["ls", "/"])
+    assert os.path.basename(directory) not in listing.stdout
+    grep = await sandbox.exec(f"grep -rs {secret} /tmp /root /home /workspace; echo done")
+    assert secret not in grep.stdout
+
+
+async def test_proc_shows_only_the_sandboxs_processes(sandbox: Any) -> None:
+    result = await sandbox.exec(
+        "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done"
+    )
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    assert len(lines) < 10, lines
+    assert not any("pytest" in line or "dockerd" in line for line in lines)
+
+
+# -- the file API and symlinks made inside -------------------------------------------------
+
+
+async def test_symlinks_to_host_paths_resolve_inside(sandbox: Any, canary: Any) -> None:
+    directory, path, _secret = canary
+    depth = "../" * 12
+    await sandbox.exec(
+        f"ln -s {path} abs; ln -s {depth}{path.lstrip('/')} rel; ln -s {directory} dir; "
+        "ln -s /proc/1/root/etc/shadow magic"
+    )
+    for name in ("abs", "rel", "dir/canary", "magic"):
+        with pytest.raises(FileNotFoundError):
+            await sandbox.read_bytes(name)
+    with pytest.raises(FileNotFoundError):
+        await sandbox.list_dir("dir")
+    with pytest.raises(FileNotFoundError):
+        await sandbox.remove("dir/canary")
+    # A write through a link lands in the sandbox's own tree, or fails.
+    with pytest.raises(FileNotFoundError):
+        await sandbox.write_bytes("dir/new", b"x")
+    await sandbox.exec(["mkdir", "-p", os.path.dirname(path)])
+    await sandbox.write_bytes("abs", b"written through a link")
+    inside = await sandbox.exec(["cat", path])
+    assert inside.stdout == "written through a link"
+    await sandbox.remove("abs")
+    assert (await sandbox.exec(["cat", path])).stdout == "written through a link"
+    # The sandbox's /etc/shadow is the image's, not the host's.
+    shadow = await sandbox.exec(["cat", "/etc/shadow"])
+    assert await sandbox.read_text("/etc/shadow") == shadow.stdout
+
+
+async def test_directory_swapped_for_a_symlink_during_1000_writes(
+    sandbox: Any, canary: Any
+) -> None:
+    directory, path, secret = canary
+    # Inside, a loop swaps a directory for a link to the host directory's path.
+    swapper = await sandbox.start(
+        f"while :; do rm -rf sw; mkdir sw; rm -rf sw; ln -s {directory} sw; "
+        f"rm -f sw; ln -s {path} sw; rm -f sw; done"
+    )
+    refused = 0
+    try:
+        for i in range(1000):
+            try:
+                await sandbox.write_bytes("sw/canary", f"overwrite {i}".encode())
+                await sandbox.write_bytes("sw", b"through the file link")
+            except (FileNotFoundError, IsADirectoryError, hutch.HutchError):
+                refused += 1
+            if i % 100 == 0:
+                try:
+                    data = await sandbox.read_bytes("sw/canary")
+                except (FileNotFoundError, IsADirectoryError, hutch.HutchError):
+                    continue
+                assert secret.encode() not in data
+    finally:
+        await swapper.kill()
+    assert refused < 2000, "no write got through at all: the swap loop proved nothing"
+    # The canary fixture checks the host file and directory are untouched.
+
+
+# -- limits ------------------------------------------------------------------------------
+
+
+async def test_fork_bomb_meets_the_pids_limit_with_eagain() -> None:
+    sb = await _make(pids_limit=64)
+    try:
+        result = await sb.exec(
+            [
+                "python3", "-c",
+                "import os, errno, time\n"
+                "kids = []\n"
+                "while True:\n"
+                "    try:\n"
+                "        pid = os.fork()\n"
+                "    except OSError as e:\n"
+                "        print('errno', errno.errorcode[e.errno]); break\n"
+                "    if pid == 0:\n"
+                "        time.sleep(30); os._exit(0)\n"
+                "    kids.append(pid)\n"
+                "print('forked', len(kids))\n"
+                "for k in kids: os.kill(k, 9)\n",
+            ],
+            timeout=60,
+        )
+        assert "errno EAGAIN" in result.stdout, result
+        forked = int(result.stdout.split("forked")[1].split()[0])
+        assert 10 < forked < 64
+        # The host and other sandboxes keep answering.
+        other = await _make()
+        try:
+            assert (await other.exec(["echo", "ok"])).stdout == "ok\n"
+        finally:
+            await other.close()
+        assert (await sb.exec(["echo", "still"])).stdout == "still\n"
+    finally:
+        await sb.close()
+
+
+async def test_memory_hog_is_killed_and_said_so() -> None:
+    sb = await _make(memory="64m")
+    try:
+        result = await sb.exec(
+            ["python3", "-c", "b = bytearray(1 << 30); print('survived')"], timeout=60
+        )
+        assert result.exit_code == 137
+        assert "survived" not in result.stdout
+        assert "OOM killer" in result.stderr and str(64 << 20) in result.stderr
+        assert (await sb.exec(["echo", "alive"])).stdout == "alive\n"
+    finally:
+        await sb.close()
+
+
+async def test_writes_meet_the_disk_limit() -> None:
+    sb = await _make(disk="8m")
+    try:
+        result = await sb.exec("head -c 20000000 /dev/zero > big; echo rc=$?")
+        assert "rc=0" not in result.stdout
+        assert "No space left" in result.stderr
+    finally:
+        await sb.close()
+
+
+# -- lifecycle -----------------------------------------------------------------------------
+
+
+async def test_pause_freezes_processes_and_resume_thaws_them(sandbox: Any) -> None:
+    from hutch.providers.bubblewrap.provisioning import bubblewrap_home
+
+    # Read on the host, in the upper layer: a call through the sandbox would
+    # be activity, and could resume it.
+    count = f"{bubblewrap_home()}/sandboxes/{sandbox.id}/hot/upper/tmp/count"
+
+    def read() -> str:
+        with open(count) as fh:
+            return fh.read()
+
+    counter = await sandbox.start(
+        "i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count;"
+        " done"
+    )
+    await anyio.sleep(0.5)
+    await sandbox.pause()
+    assert sandbox.state.value == "paused"
+    held = read()
+    await anyio.sleep(0.5)
+    assert read() == held, "a paused sandbox kept running"
+    await sandbox.resume()
+    await anyio.sleep(0.5)
+    assert int(read()) > int(held)
+    await counter.kill()
+
+
+async def test_many_suspend_and_pause_cycles_keep_the_files(sandbox: Any) -> None:
+    await sandbox.write_text("kept.txt", "cycle 0")
+    await sandbox.exec("mkdir -p d && echo inside > d/f && rm -f /etc/motd")
+    for cycle in range(1, 6):
+        await sandbox.suspend()
+        assert sandbox.state.value == "suspended"
+        await sandbox.resume()
+        assert await sandbox.read_text("kept.txt") == f"cycle {cycle - 1}"
+        await sandbox.write_text("kept.txt", f"cycle {cycle}")
+        await sandbox.pause()
+        await sandbox.resume()
+    assert (await sandbox.exec("cat d/f; test -e /etc/motd; echo $?")).stdout == "inside\n1\n"
+
+
+async def test_suspend_ends_processes_as_declared(sandbox: Any) -> None:
+    assert sandbox.capabilities.suspend_keeps_processes is False
+    await sandbox.exec("nohup sleep 300 >/dev/null 2>&1 &")
+    await sandbox.suspend()
+    await sandbox.resume()
+    result = await sandbox.exec("for p in /proc/[0-9]*; do cat $p/comm; done")
+    assert "sleep" not in result.stdout.split()
+
+
+# -- through the daemon: adoption after a restart, a death outside hutch -----------------------
+
+
+def test_daemon_adopts_live_sandboxes_after_a_restart() -> None:
+    import time
+
+    from tests.daemon_fixture import DaemonProcess
+
+    daemon = DaemonProcess().start()
+    try:
+        client = hutch.Client(daemon.url, token=daemon.token)
+        sb = client.create_sandbox("bubblewrap", image=TEST_IMAGE, read_before_write=False)
+        sb.write_text("kept.txt", "before the crash")
+        sb.exec("nohup sleep 600 >/dev/null 2>&1 &")
+        pid_before = sb.exec("pgrep -x sleep").stdout.strip()
+        assert pid_before
+        client.close()
+        daemon.restart()  # SIGKILL: nothing is cleaned up, as in a crash
+        client = hutch.Client(daemon.url, token=daemon.token)
+        sb = client.get_sandbox(sb.id)
+        assert sb.read_text("kept.txt") == "before the crash"
+        # The same live sandbox: its process survived the daemon.
+        assert sb.exec("pgrep -x sleep").stdout.strip() == pid_before
+        # Its keeper killed from outside: the sandbox fails, within seconds, saying so.
+        from hutch.providers.bubblewrap.cgroups import SandboxCgroup
+
+        SandboxCgroup(sb.id).kill_all()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            info = sb.info()
+            if info["state"] == "failed":
+                break
+            time.sleep(0.2)
+        assert info["state"] == "failed", info
+        assert "keeper ended" in (info.get("reason") or ""), info
+        with pytest.raises(hutch.HutchError) as error:
+            sb.exec(["true"])
+        assert error.value.code in ("sandbox_unavailable", "not_found")
+        sb.close()
+        client.close()
+    finally:
+        daemon.stop()

@@ -1,0 +1,219 @@
+"""Settings that reach the host are the operator's; limits apply by default.
+
+Through a real daemon: each host-reaching setting a client asks for is
+refused with ``permission_denied`` naming it and how the operator allows it;
+the operator's ``--allow`` and hutch.toml ``[server]`` let it through; in
+process, where the caller is the operator, everything stays allowed. A docker
+sandbox made with no limits gets the server's, and an 8 GiB allocation in it
+is killed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import docker
+import httpx
+import pytest
+
+import hutch
+from tests.conftest import TEST_IMAGE
+from tests.daemon_fixture import DaemonProcess
+
+
+def start(*args: str) -> DaemonProcess:
+    return DaemonProcess(token=f"tok-{uuid.uuid4().hex}", extra_args=args).start()
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[DaemonProcess]:
+    d = start()
+    yield d
+    d.stop()
+    shutil.rmtree(d.data_dir, ignore_errors=True)
+
+
+def post(d: DaemonProcess, path: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(f"{d.url}{path}", json=body, timeout=120,
+                      headers={"Authorization": f"Bearer {d.token}"})
+
+
+def made(d: DaemonProcess) -> set[str]:
+    listed = httpx.get(f"{d.url}/v1/sandboxes?all=true",
+                       headers={"Authorization": f"Bearer {d.token}"}).json()
+    return {s["id"] for s in listed["sandboxes"]}
+
+
+HOST_REACHING = [
+    ("mounts", {"mounts": ["/etc:/host-etc"]}),
+    ("mounts", {"providers": {"docker": {"mounts": ["/:/host:ro"]}}}),
+    ("host_workdir", {"host_workdir": "/etc"}),
+    ("network_mode", {"network_mode": "host"}),
+    ("network_mode", {"network_mode": "container:some-other-sandbox"}),
+    ("cap_drop", {"cap_drop": []}),
+    ("cap_drop", {"cap_drop": ["MKNOD"]}),
+]
+
+
+@pytest.mark.parametrize(("setting", "body"), HOST_REACHING)
+def test_a_host_reaching_setting_is_refused(
+    daemon: DaemonProcess, setting: str, body: dict[str, Any]
+) -> None:
+    before = made(daemon)
+    answer = post(daemon, "/v1/sandboxes", {"provider": "docker", "image": TEST_IMAGE, **body})
+    assert answer.status_code == 403, answer.text
+    error = answer.json()["error"]
+    assert error["code"] == "permission_denied"
+    assert repr(setting) in error["message"]
+    assert f"--allow {setting}" in error["message"] and "[server]" in error["message"]
+    assert made(daemon) == before  # nothing was made
+
+
+@pytest.mark.parametrize("body", [{"host_workdir": "/etc"}, {"mounts": ["/root:/r"]}])
+def test_a_workspace_cannot_bring_host_settings(
+    daemon: DaemonProcess, body: dict[str, Any]
+) -> None:
+    answer = post(daemon, "/v1/workspaces",
+                  {"name": f"w{uuid.uuid4().hex[:8]}", "image": TEST_IMAGE, **body})
+    assert answer.status_code == 403, answer.text
+    assert answer.json()["error"]["code"] == "permission_denied"
+
+
+def test_an_unknown_allowance_is_refused_at_start() -> None:
+    d = DaemonProcess(extra_args=["--allow", "image"])
+    with pytest.raises(RuntimeError, match="not a setting that reaches the host"):
+        d.start()
+
+
+def test_a_limit_over_the_ceiling_is_refused(daemon: DaemonProcess) -> None:
+    answer = post(daemon, "/v1/sandboxes",
+                  {"provider": "docker", "image": TEST_IMAGE, "memory": "64g"})
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["code"] == "invalid_argument"
+    assert "ceiling of 16g" in error["message"] and "[server.ceilings]" in error["message"]
+
+
+# -- with a Docker Engine --------------------------------------------------------------------
+
+
+def host_config(sandbox_id: str) -> dict[str, Any]:
+    info: dict[str, Any] = docker.APIClient().inspect_container(f"hutch-{sandbox_id}")
+    return dict(info["HostConfig"])
+
+
+@pytest.mark.docker
+def test_the_operator_allows_a_setting_by_flag_and_by_config_file() -> None:
+    shared = tempfile.mkdtemp(prefix="hutch-allowed-")
+    with open(os.path.join(shared, "from-host.txt"), "w") as fh:
+        fh.write("shared on purpose")
+    config = os.path.join(tempfile.mkdtemp(prefix="hutch-conf-"), "hutch.toml")
+    with open(config, "w") as fh:
+        fh.write('[server]\nallow = ["host_workdir"]\n')
+    d = start("--allow", "mounts", "--config", config)
+    try:
+        with hutch.Client(d.url, token=d.token) as c:
+            sb = c.create_sandbox("docker", image=TEST_IMAGE, mounts=[f"{shared}:/shared:ro"])
+            try:
+                assert sb.exec("cat /shared/from-host.txt").stdout == "shared on purpose"
+            finally:
+                sb.close()
+            sb = c.create_sandbox("docker", image=TEST_IMAGE, host_workdir=shared)
+            try:
+                assert sb.read_text("from-host.txt") == "shared on purpose"
+            finally:
+                sb.close()
+            with pytest.raises(PermissionError, match="cap_drop"):
+                c.create_sandbox("docker", image=TEST_IMAGE, cap_drop=[])
+    finally:
+        d.stop()
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+@pytest.mark.docker
+@pytest.mark.anyio
+async def test_in_process_the_caller_is_the_operator() -> None:
+    shared = tempfile.mkdtemp(prefix="hutch-inproc-")
+    try:
+        async with await hutch.create_sandbox(
+            "docker", image=TEST_IMAGE, mounts=[f"{shared}:/shared"], cap_drop=[]
+        ) as sb:
+            await sb.exec("echo hi > /shared/x")
+        with open(os.path.join(shared, "x")) as fh:
+            assert fh.read() == "hi\n"
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+@pytest.mark.docker
+def test_server_limits_apply_when_a_request_sets_none(daemon: DaemonProcess) -> None:
+    with hutch.Client(daemon.url, token=daemon.token) as c:
+        plain = c.create_sandbox("docker", image=TEST_IMAGE)
+        chosen = c.create_sandbox("docker", image=TEST_IMAGE, memory="512m", cpus=0.5,
+                                  pids_limit=64)
+        try:
+            # Memory, CPU, pids are enforced; the disk is not, and the API says so.
+            assert plain.capabilities.resource_limits and not plain.capabilities.disk_limit
+            defaults = host_config(plain.id)
+            assert defaults["Memory"] == 2 * 1024**3
+            assert defaults["NanoCpus"] == 1_000_000_000
+            assert defaults["PidsLimit"] == 1024
+            own = host_config(chosen.id)
+            assert (own["Memory"], own["NanoCpus"], own["PidsLimit"]) == (
+                512 * 1024**2, 500_000_000, 64)
+        finally:
+            plain.close()
+            chosen.close()
+
+
+@pytest.mark.docker
+def test_operator_limits_from_the_config_file() -> None:
+    config = os.path.join(tempfile.mkdtemp(prefix="hutch-conf-"), "hutch.toml")
+    with open(config, "w") as fh:
+        fh.write('[server.limits]\nmemory = "256m"\npids = 100\n'
+                 '[server.ceilings]\nmemory = "1g"\n')
+    d = start("--config", config)
+    try:
+        with hutch.Client(d.url, token=d.token) as c:
+            sb = c.create_sandbox("docker", image=TEST_IMAGE)
+            try:
+                hc = host_config(sb.id)
+                assert (hc["Memory"], hc["PidsLimit"]) == (256 * 1024**2, 100)
+            finally:
+                sb.close()
+            with pytest.raises(ValueError, match="ceiling of 1g"):
+                c.create_sandbox("docker", image=TEST_IMAGE, memory="2g")
+    finally:
+        d.stop()
+
+
+#: Touches 8 GiB, 64 MiB at a time, saying how far it got.
+ALLOCATE_8G = (
+    "import sys\nheld = []\nfor i in range(128):\n"
+    "    held.append(bytearray(64 << 20))\n"
+    "    sys.stdout.write(f'{(i + 1) * 64}\\n'); sys.stdout.flush()\n"
+    "print('allocated 8 GiB')\n"
+)
+
+
+@pytest.mark.docker
+def test_an_8_gib_allocation_is_killed_at_the_default_limit(daemon: DaemonProcess) -> None:
+    with hutch.Client(daemon.url, token=daemon.token) as c:
+        sb = c.create_sandbox("docker", image=TEST_IMAGE)
+        try:
+            result = sb.exec(["python3", "-c", ALLOCATE_8G], timeout=120)
+            assert "allocated 8 GiB" not in result.stdout
+            assert result.exit_code == 137, result
+            reached = int(result.stdout.split()[-1]) if result.stdout.split() else 0
+            assert reached <= 2048, reached  # MiB: stopped at the 2 GiB default
+            oom = sb.exec("cat /sys/fs/cgroup/memory/memory.oom_control "
+                          "/sys/fs/cgroup/memory.events 2>/dev/null")
+            assert "oom_kill 1" in oom.stdout, oom.stdout
+            assert sb.exec("echo alive").stdout == "alive\n"
+        finally:
+            sb.close()
