@@ -18,6 +18,7 @@ import docker
 import pytest
 
 import hutch
+from hutch._sandbox import backend_of
 from hutch.lifecycle.state import SandboxState
 from hutch.providers.agent import AgentFailure, AgentRuntime
 from hutch.providers.agent.wire import connect_socket
@@ -108,16 +109,16 @@ async def test_orphans_are_reaped(init: bool) -> None:
         await asyncio.sleep(1)
         states = (await sb.exec(["ps", "-eo", "stat="])).stdout.split()
         assert not [s for s in states if s.startswith("Z")], states
-        assert await sb.runtime.count_busy_processes() == 0
+        assert await backend_of(sb).runtime.count_busy_processes() == 0
 
 
 @pytest.mark.docker
 async def test_busy_count_sees_a_nohup_job_and_not_the_keepers(sb: Any) -> None:
-    assert await sb.runtime.count_busy_processes() == 0
+    assert await backend_of(sb).runtime.count_busy_processes() == 0
     await sb.exec("nohup sleep 60 >/dev/null 2>&1 &")
-    assert await sb.runtime.count_busy_processes() == 1
+    assert await backend_of(sb).runtime.count_busy_processes() == 1
     await sb.exec("pkill -f 'sleep 60'; true")
-    await eventually(lambda: _equals(sb.runtime.count_busy_processes(), 0), within=3)
+    await eventually(lambda: _equals(backend_of(sb).runtime.count_busy_processes(), 0), within=3)
 
 
 async def _equals(value: Any, expected: Any) -> bool:
@@ -344,7 +345,7 @@ async def test_a_reconnected_backend_gets_its_agent_back(sb: Any) -> None:
     from hutch.providers.docker import DockerSandbox
 
     await sb.write_text("a.txt", "before")
-    again = await DockerSandbox.reconnect(sb.id, sb.backend.describe())
+    again = await DockerSandbox.reconnect(sb.id, backend_of(sb).describe())
     assert again.sandbox_capabilities().runtime == "agent"
     assert await again.runtime.read_file("/workspace/a.txt", 100) == b"before"
     assert await again.runtime.count_busy_processes() == 0
