@@ -58,6 +58,14 @@ HOST_REACHING = [
     ("cap_drop", {"cap_drop": []}),
     ("cap_drop", {"cap_drop": ["MKNOD"]}),
 ]
+#: Other providers' settings that reach the host, each refused alike.
+OTHER_PROVIDERS = [
+    ("config_file", {"provider": "ssh", "destination": "h", "working_directory": "/tmp",
+                     "config_file": "/tmp/evil-ssh-config-with-a-ProxyCommand"}),
+    ("known_hosts", {"provider": "ssh", "destination": "h", "working_directory": "/tmp",
+                     "known_hosts": "/etc/passwd"}),
+    ("rootfs", {"provider": "bubblewrap", "rootfs": "/"}),
+]
 
 
 @pytest.mark.parametrize(("setting", "body"), HOST_REACHING)
@@ -72,6 +80,15 @@ def test_a_host_reaching_setting_is_refused(
     assert repr(setting) in error["message"]
     assert f"--allow {setting}" in error["message"] and "[server]" in error["message"]
     assert made(daemon) == before  # nothing was made
+
+
+@pytest.mark.parametrize(("setting", "body"), OTHER_PROVIDERS)
+def test_other_providers_host_settings_are_refused(
+    daemon: DaemonProcess, setting: str, body: dict[str, Any]
+) -> None:
+    answer = post(daemon, "/v1/sandboxes", body)
+    assert answer.status_code == 403, answer.text
+    assert repr(setting) in answer.json()["error"]["message"]
 
 
 @pytest.mark.parametrize("body", [{"host_workdir": "/etc"}, {"mounts": ["/root:/r"]}])

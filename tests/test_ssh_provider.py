@@ -517,7 +517,8 @@ def test_current_source_reads_origin_and_branch(repository: str) -> None:
 
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[DaemonProcess]:
-    d = DaemonProcess().start()
+    # The operator lets clients name an ssh config file (the test server's).
+    d = DaemonProcess(extra_args=["--allow", "config_file"]).start()
     yield d
     d.stop()
 

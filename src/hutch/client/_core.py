@@ -95,14 +95,14 @@ def _bytes_field(data: Mapping[str, Any], key: str) -> bytes:
 
 def decode_exec(data: Mapping[str, Any]) -> ExecResult:
     return ExecResult(int(data["exit_code"]), _bytes_field(data, "stdout"),
-                      _bytes_field(data, "stderr"))
+                      _bytes_field(data, "stderr"), oom_killed=bool(data.get("oom_killed")))
 
 
 def decode_event(data: Mapping[str, Any]) -> OutputChunk | ExitStatus:
     if "error" in data:
         raise error_from_code(str(data["error"]["code"]), str(data["error"]["message"]))
     if "exit_code" in data:
-        return ExitStatus(int(data["exit_code"]))
+        return ExitStatus(int(data["exit_code"]), oom_killed=bool(data.get("oom_killed")))
     if data.get("stream") == "stderr":
         return OutputChunk("stderr", _bytes_field(data, "data"))
     return OutputChunk("stdout", _bytes_field(data, "data"))
@@ -135,7 +135,7 @@ def decode_status(info: Mapping[str, Any]) -> SandboxStatus:
         id=str(info["id"]), state=SandboxState(info["state"]), reason=info.get("reason"),
         created_at_unix=float(info["created_at_unix"]),
         last_active_unix=float(info["last_active_unix"]),
-        idle_seconds=float(info["idle_seconds"]),
+        idle_seconds=None if info.get("idle_seconds") is None else float(info["idle_seconds"]),
         deadline_unix=None if info.get("deadline_unix") is None else float(info["deadline_unix"]),
         meter={str(k): float(v) for k, v in dict(info.get("meter") or {}).items()},
     )

@@ -35,7 +35,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .._errors import ExecTimeout, HutchError, InvalidArgument
+from .._errors import ExecTimeout, HutchError, InvalidArgument, OutputLimitExceeded
 from .._process import ExitStatus, Process
 from .._sandbox import Sandbox
 from .._types import (
@@ -68,6 +68,8 @@ class ServerSettings(BaseModel):
     timeout_ceiling: float = 86400.0
     #: Seconds an ended sandbox stays readable (with its events) before it is pruned.
     retention_seconds: float = DEFAULT_RETENTION_SECONDS
+    #: The largest request body (a file upload) taken, bytes.
+    max_body_bytes: int = Field(default=MAX_READ_LIMIT, gt=0)
     #: Settings that reach the host which API clients may nonetheless set.
     allow: list[str] = []
     #: Resource limits (memory, cpus, pids) for requests that set none, and
@@ -164,6 +166,8 @@ def exec_json(result: ExecResult) -> dict[str, Any]:
     out: dict[str, Any] = {"exit_code": result.exit_code}
     _text_or_b64("stdout", result.stdout_bytes, out)
     _text_or_b64("stderr", result.stderr_bytes, out)
+    if result.oom_killed:
+        out["oom_killed"] = True
     return out
 
 
@@ -189,7 +193,10 @@ def render_json(content: Any) -> bytes:
 
 def event_line(event: OutputChunk | ExitStatus) -> bytes:
     if isinstance(event, ExitStatus):
-        return json.dumps({"exit_code": event.exit_code}).encode() + b"\n"
+        status: dict[str, Any] = {"exit_code": event.exit_code}
+        if event.oom_killed:
+            status["oom_killed"] = True
+        return json.dumps(status).encode() + b"\n"
     out: dict[str, Any] = {"stream": event.stream}
     _text_or_b64("data", event.data, out)
     return json.dumps(out).encode() + b"\n"
@@ -261,7 +268,8 @@ class TokenAuth:
                     return
                 body = render_json({"error": {
                     "code": "unauthorized",
-                    "message": "missing or wrong token (send Authorization: Bearer <token>)",
+                    "message": "missing or wrong token: set HUTCH_TOKEN to the daemon's token "
+                    "(clients send it as Authorization: Bearer <token>)",
                 }})
                 await send({"type": "http.response.start", "status": 401, "headers": [
                     (b"content-type", b"application/json"),
@@ -271,6 +279,51 @@ class TokenAuth:
                 await send({"type": "http.response.body", "body": body})
                 return
         await self.app(scope, receive, send)
+
+
+# -- request bodies ------------------------------------------------------------------------------
+
+
+class BodyLimit:
+    """Pure ASGI middleware: no request body past ``max_bytes``.
+
+    A body announced as larger is refused before a byte of it is read; one
+    that grows past the cap while it arrives (chunked) is cut off there. So
+    a caller's upload can never hold more than the cap of the daemon's memory.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    def _too_large(self, size: int | None) -> OutputLimitExceeded:
+        told = f" ({size} bytes)" if size is not None else ""
+        return OutputLimitExceeded(
+            f"request body{told} is over the cap of {self.max_bytes} bytes; "
+            "send large files in parts"
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        announced = _header(scope, b"content-length")
+        if announced is not None and announced.isdigit() and int(announced) > self.max_bytes:
+            exc = self._too_large(int(announced))
+            await _respond(send, exc.http_status, render_json(error_json(exc)),
+                           b"application/json")
+            return
+        received = 0
+
+        async def counted() -> Message:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.max_bytes:
+                raise self._too_large(None)
+            return message
+
+        await self.app(scope, counted, send)
 
 
 # -- the fast path -----------------------------------------------------------------------------
@@ -457,7 +510,12 @@ def use_pidfd_child_watcher() -> Callable[[], None]:
 # -- the application ---------------------------------------------------------------------------
 
 
-def create_app(settings: ServerSettings | None = None) -> FastAPI:
+def create_app(
+    settings: ServerSettings | None = None,
+    *,
+    on_ready: Callable[[Daemon], None] | None = None,
+) -> FastAPI:
+    """The application; ``on_ready`` is called once the daemon has started."""
     settings = settings or ServerSettings()
     holder: dict[str, Daemon] = {}
 
@@ -472,6 +530,8 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         try:
             await daemon.start()
             holder["daemon"] = daemon
+            if on_ready is not None:
+                on_ready(daemon)
             yield
         finally:
             holder.pop("daemon", None)
@@ -745,5 +805,6 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
 
     # The last added is the outermost: the token is checked before the fast path.
     app.add_middleware(HotRoutes, daemon=lambda: holder.get("daemon"))
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(TokenAuth, token=settings.token)
     return app

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import posixpath
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ..policy import ReachesHost
 
 # A destination is ``user@host``, a host name or an ssh config alias: one
 # token, never an option (a leading dash) and never whitespace.
@@ -24,12 +26,17 @@ class SshConfig(BaseModel):
     working_directory: str
     #: An OpenSSH client config file (IdentityFile, Port, ProxyJump,
     #: UserKnownHostsFile...), read instead of ``~/.ssh/config``.
-    config_file: str | None = None
+    config_file: Annotated[
+        str | None, ReachesHost("runs ssh with a host file of the caller's choosing as its "
+                                "config (a ProxyCommand there runs on the daemon's host)"),
+    ] = None
     #: Where the host's ports are reachable: ``{preview_url_base}:{port}``.
     preview_url_base: str | None = None
     #: A known_hosts file to check the host key against (default: the
     #: config's UserKnownHostsFile, else ~/.ssh/known_hosts).
-    known_hosts: str | None = None
+    known_hosts: Annotated[
+        str | None, ReachesHost("reads a host file of the caller's choosing as known_hosts")
+    ] = None
     #: Refuse a host whose key is not in known_hosts. Turning this off lets
     #: anyone on the path impersonate the host.
     check_host_key: bool = True
