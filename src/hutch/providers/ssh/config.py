@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import posixpath
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ..policy import ReachesHost
 
 # A destination is ``user@host``, a host name or an ssh config alias: one
 # token, never an option (a leading dash) and never whitespace.
@@ -18,18 +20,28 @@ class SshConfig(BaseModel):
 
     type: Literal["ssh"] = "ssh"
     #: ``user@host``, a host name, or a ``Host`` alias from the ssh config.
-    destination: str
+    #: Through the daemon, the connection is made with the daemon user's ssh
+    #: keys and config: the operator's to hand out.
+    destination: Annotated[
+        str, ReachesHost("connects with the daemon user's ssh keys", lambda _v: False)
+    ]
     #: Absolute path on the host that commands run in and relative paths
     #: resolve from; created if missing.
     working_directory: str
     #: An OpenSSH client config file (IdentityFile, Port, ProxyJump,
     #: UserKnownHostsFile...), read instead of ``~/.ssh/config``.
-    config_file: str | None = None
+    config_file: Annotated[
+        str | None,
+        ReachesHost("reads an ssh config on the daemon's host (its keys; ProxyCommand runs "
+                    "commands there)"),
+    ] = None
     #: Where the host's ports are reachable: ``{preview_url_base}:{port}``.
     preview_url_base: str | None = None
     #: A known_hosts file to check the host key against (default: the
     #: config's UserKnownHostsFile, else ~/.ssh/known_hosts).
-    known_hosts: str | None = None
+    known_hosts: Annotated[
+        str | None, ReachesHost("reads a known_hosts file on the daemon's host")
+    ] = None
     #: Refuse a host whose key is not in known_hosts. Turning this off lets
     #: anyone on the path impersonate the host.
     check_host_key: bool = True
