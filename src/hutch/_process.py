@@ -23,6 +23,8 @@ class ExitStatus:
     """The last event of a stream: the command has ended."""
 
     exit_code: int
+    #: As ``ExecResult.oom_killed``.
+    oom_killed: bool = False
 
 
 StreamEvent = OutputChunk | ExitStatus
@@ -64,7 +66,7 @@ async def run_to_completion(
     except BaseException:
         await kill_shielded(proc)
         raise
-    return ExecResult(code, b"".join(out), b"".join(err))
+    return ExecResult(code, b"".join(out), b"".join(err), oom_killed=proc.oom_killed)
 
 
 class Process:
@@ -143,7 +145,8 @@ class Process:
             raise self._error
         out = b"".join(c.data for c in self._chunks if c.stream == "stdout")
         err = b"".join(c.data for c in self._chunks if c.stream == "stderr")
-        return ExecResult(self._exit_code if self._exit_code is not None else -1, out, err)
+        return ExecResult(self._exit_code if self._exit_code is not None else -1, out, err,
+                          oom_killed=self._proc.oom_killed)
 
     async def stream(self) -> AsyncIterator[StreamEvent]:
         """Every output chunk from the start, live, then the exit status."""
@@ -160,7 +163,8 @@ class Process:
             if done and index >= len(self._chunks):
                 if self._error is not None:
                     raise self._error
-                yield ExitStatus(self._exit_code if self._exit_code is not None else -1)
+                yield ExitStatus(self._exit_code if self._exit_code is not None else -1,
+                                 oom_killed=self._proc.oom_killed)
                 return
 
     async def kill(self) -> None:

@@ -34,6 +34,9 @@ class ExecResult:
     exit_code: int
     stdout_bytes: bytes
     stderr_bytes: bytes
+    #: The kernel's OOM killer ended the command (its exit code is then 137):
+    #: the sandbox's memory limit, not the command, decided.
+    oom_killed: bool = False
 
     @property
     def stdout(self) -> str:

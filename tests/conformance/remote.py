@@ -29,7 +29,11 @@ _daemon: DaemonProcess | None = None
 def daemon() -> DaemonProcess:
     global _daemon
     if _daemon is None:
-        _daemon = DaemonProcess().start()
+        # The operator lets clients name an ssh destination and config file
+        # (the ssh harness's test server).
+        _daemon = DaemonProcess(
+            extra_args=["--allow", "destination", "--allow", "config_file"]
+        ).start()
         atexit.register(_daemon.stop)
     return _daemon
 
@@ -128,24 +132,10 @@ async def _remote_bubblewrap() -> AsyncIterator[Harness]:
             await sb.close()
 
 
-_ssh_daemon: DaemonProcess | None = None
-
-
-def ssh_daemon() -> DaemonProcess:
-    """A daemon whose operator lets clients name an ssh destination and config."""
-    global _ssh_daemon
-    if _ssh_daemon is None:
-        _ssh_daemon = DaemonProcess(
-            extra_args=["--allow", "destination", "--allow", "config_file"]
-        ).start()
-        atexit.register(_ssh_daemon.stop)
-    return _ssh_daemon
-
-
 @asynccontextmanager
 async def _remote_ssh() -> AsyncIterator[Harness]:
     # The ssh provider through the daemon: the daemon holds the kept connection.
-    d = ssh_daemon()
+    d = daemon()
     server = shared_server()
     workdir = tempfile.mkdtemp(prefix="hutch-conf-remote-ssh-")
     try:

@@ -95,14 +95,14 @@ def _bytes_field(data: Mapping[str, Any], key: str) -> bytes:
 
 def decode_exec(data: Mapping[str, Any]) -> ExecResult:
     return ExecResult(int(data["exit_code"]), _bytes_field(data, "stdout"),
-                      _bytes_field(data, "stderr"))
+                      _bytes_field(data, "stderr"), oom_killed=bool(data.get("oom_killed")))
 
 
 def decode_event(data: Mapping[str, Any]) -> OutputChunk | ExitStatus:
     if "error" in data:
         raise error_from_code(str(data["error"]["code"]), str(data["error"]["message"]))
     if "exit_code" in data:
-        return ExitStatus(int(data["exit_code"]))
+        return ExitStatus(int(data["exit_code"]), oom_killed=bool(data.get("oom_killed")))
     if data.get("stream") == "stderr":
         return OutputChunk("stderr", _bytes_field(data, "data"))
     return OutputChunk("stdout", _bytes_field(data, "data"))

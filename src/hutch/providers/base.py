@@ -61,12 +61,29 @@ class BackendProcess(abc.ABC):
 
     @property
     def returncode(self) -> int | None:
+        """The exit code once known: ``128 + N`` for a command killed by signal N."""
         return None
 
+    @property
+    def oom_killed(self) -> bool:
+        """Whether the kernel's OOM killer ended it, where the provider can tell."""
+        return False
 
-#: How a provider's watcher tells of a sandbox whose runtime died outside
-#: hutch's hands: ``report(sandbox_id, what happened)``.
-RuntimeDeathReport = Callable[[str, str], Awaitable[None]]
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeNotice:
+    """What a provider's watcher saw happen to a sandbox outside hutch's hands."""
+
+    sandbox_id: str
+    #: What happened, for a person ("its container ... was removed outside hutch").
+    message: str
+    #: The runtime may be gone (removed, killed): the sandbox fails if
+    #: ``is_alive`` confirms it. Otherwise it is only told in its events (a
+    #: process in it was OOM-killed).
+    may_have_died: bool = True
+
+
+RuntimeReport = Callable[[RuntimeNotice], Awaitable[None]]
 
 
 class SandboxRuntime(abc.ABC):
@@ -236,10 +253,11 @@ class SandboxBackend(SandboxRuntime):
         return True
 
     @classmethod
-    async def watch_runtimes(cls, report: RuntimeDeathReport) -> None:
-        """Until cancelled, ``report`` each sandbox of this provider whose
-        runtime dies outside hutch's hands (removed, killed, OOM-killed), with
-        a reason that says what happened. A report is a hint, checked against
+    async def watch_runtimes(cls, report: RuntimeReport) -> None:
+        """Until cancelled, ``report`` what happens to this provider's
+        sandboxes outside hutch's hands: a runtime that dies (removed, killed,
+        OOM-killed), with a message that says what happened, or a process in
+        it the OOM killer ended. A death is a hint, checked against
         :meth:`is_alive`: one about a runtime hutch itself ended (a suspend, a
         close) is harmless. Providers with nothing that can die apart from
         hutch have nothing to watch: the default returns at once."""

@@ -60,7 +60,7 @@ from .._types import (
 )
 from ._grep import matching_indices
 from ._hostproc import EXEC_MARKER, SANDBOX_MARKER
-from .base import BackendProcess, RuntimeDeathReport, SandboxBackend
+from .base import BackendProcess, RuntimeNotice, RuntimeReport, SandboxBackend
 from .policy import Limit, ReachesHost, format_bytes, keeps_dropped, one_of, parse_bytes
 
 log = logging.getLogger("hutch.docker")
@@ -158,8 +158,48 @@ def _explanation(exc: BaseException) -> str:
     return str(getattr(exc, "explanation", None) or exc)
 
 
+#: The host's path to a container's root file system, as the Engine's messages
+#: name it (``/var/lib/docker/overlay2/<id>/merged``): never shown to a caller.
+_HOST_ROOT = re.compile(r"/\S*?/(?:overlay2?|aufs|btrfs|zfs|vfs|fuse-overlayfs)/[^/\s]+/merged")
+
+
+def _sandbox_view(text: str) -> str:
+    """An Engine message with host paths turned into the sandbox's own paths."""
+    return _HOST_ROOT.sub("", text)
+
+
+def cgroup_dir(container_id: str, controller: str) -> str | None:
+    """The host directory of a container's cgroup for ``controller``
+    (cgroup v1 with the cgroupfs driver, or v2 with either driver)."""
+    for path in (
+        f"/sys/fs/cgroup/{controller}/docker/{container_id}",
+        f"/sys/fs/cgroup/system.slice/docker-{container_id}.scope",
+        f"/sys/fs/cgroup/docker/{container_id}",
+    ):
+        if os.path.isdir(path):
+            return path
+    return None
+
+
+def oom_kills(container_id: str) -> int | None:
+    """How many processes the OOM killer has killed in the container so far."""
+    where = cgroup_dir(container_id, "memory")
+    if where is None:
+        return None
+    for name in ("memory.events", "memory.oom_control"):  # v2, v1
+        try:
+            with open(os.path.join(where, name)) as fh:
+                for line in fh:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
 def _map_engine_error(exc: BaseException, path: str | None = None) -> HutchError:
-    text = _explanation(exc)
+    text = _sandbox_view(_explanation(exc))
     lowered = text.lower()
     if "no such container" in lowered:
         # The sandbox's container is gone (removed outside hutch): not a
@@ -172,6 +212,8 @@ def _map_engine_error(exc: BaseException, path: str | None = None) -> HutchError
             return SandboxPermissionDenied(f"permission denied: {path}")
         if "read-only" in lowered:
             return SandboxPermissionDenied(f"read-only file system: {path}")
+        if "too many links" in lowered:
+            return InvalidArgument(f"{path}: too many levels of symbolic links")
     return ProviderError(f"docker: {text}")
 
 
@@ -187,7 +229,7 @@ async def _call(fn: Any, *args: Any, path: str | None = None, **kwargs: Any) -> 
         except (docker.errors.DockerException, OSError) as exc:
             if isinstance(exc, HutchError):
                 raise
-            raise ProviderError(f"docker: {exc}") from None
+            raise ProviderError(f"docker: {_sandbox_view(str(exc))}") from None
 
     return await anyio.to_thread.run_sync(run)
 
@@ -296,6 +338,8 @@ class DockerProcess(BackendProcess):
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[OutputChunk | BaseException | None] = asyncio.Queue()
         self._exit_code: int | None = None
+        self._oom_before = oom_kills(sandbox.container_id or "")
+        self._oom_killed = False
         self._exit = self._loop.create_future()
         self._first = True
         self._held: bytes | None = None
@@ -343,6 +387,9 @@ class DockerProcess(BackendProcess):
                     break
                 self._post(OutputChunk("stderr" if kind == 2 else "stdout", payload))
             code = self._inspect_exit_code()
+            if code == 128 + 9 and self._oom_before is not None:
+                after = oom_kills(self._sandbox.container_id or "")
+                self._oom_killed = after is not None and after > self._oom_before
         except BaseException as exc:  # handed to the reader on the loop
             self._post(exc)
         finally:
@@ -399,6 +446,10 @@ class DockerProcess(BackendProcess):
     @property
     def returncode(self) -> int | None:
         return self._exit_code
+
+    @property
+    def oom_killed(self) -> bool:
+        return self._oom_killed
 
     async def kill(self, grace: float) -> None:
         if self._exit.done():
@@ -517,6 +568,16 @@ def _required_literals(pattern: re.Pattern[str]) -> list[str] | None:
 
 
 # -- deaths ------------------------------------------------------------------------
+
+
+async def _oom_message(container_id: str) -> str:
+    try:
+        details = await _call(engine().inspect_container, container_id)
+        limit = (details.get("HostConfig") or {}).get("Memory") or 0
+    except HutchError:
+        limit = 0
+    within = f" of {limit} bytes" if limit else ""
+    return f"the OOM killer killed a process in it: it reached its memory limit{within}"
 
 
 async def _death_reason(container_id: str, action: str) -> str:
@@ -1140,7 +1201,7 @@ class DockerSandbox(SandboxBackend):
         return bool(state.get("Running") or state.get("Paused"))
 
     @classmethod
-    async def watch_runtimes(cls, report: RuntimeDeathReport) -> None:
+    async def watch_runtimes(cls, report: RuntimeReport) -> None:
         """Docker's event stream: every hutch container that dies or is
         removed is reported, with what its last inspect says happened."""
         loop = asyncio.get_running_loop()
@@ -1175,7 +1236,15 @@ class DockerSandbox(SandboxBackend):
 
         async def tell(sandbox_id: str, container_id: str, action: str) -> None:
             try:
-                await report(sandbox_id, await _death_reason(container_id, action))
+                if action == "oom":
+                    # A process in it hit the memory limit; a die follows if it was PID 1.
+                    await report(RuntimeNotice(
+                        sandbox_id, await _oom_message(container_id), may_have_died=False
+                    ))
+                else:
+                    await report(RuntimeNotice(
+                        sandbox_id, await _death_reason(container_id, action)
+                    ))
             except Exception:
                 log.exception("sandbox %s: reporting its container's %s failed",
                               sandbox_id, action)

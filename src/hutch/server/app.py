@@ -164,6 +164,8 @@ def exec_json(result: ExecResult) -> dict[str, Any]:
     out: dict[str, Any] = {"exit_code": result.exit_code}
     _text_or_b64("stdout", result.stdout_bytes, out)
     _text_or_b64("stderr", result.stderr_bytes, out)
+    if result.oom_killed:
+        out["oom_killed"] = True
     return out
 
 
@@ -189,7 +191,10 @@ def render_json(content: Any) -> bytes:
 
 def event_line(event: OutputChunk | ExitStatus) -> bytes:
     if isinstance(event, ExitStatus):
-        return json.dumps({"exit_code": event.exit_code}).encode() + b"\n"
+        status: dict[str, Any] = {"exit_code": event.exit_code}
+        if event.oom_killed:
+            status["oom_killed"] = True
+        return json.dumps(status).encode() + b"\n"
     out: dict[str, Any] = {"stream": event.stream}
     _text_or_b64("data", event.data, out)
     return json.dumps(out).encode() + b"\n"
@@ -261,7 +266,8 @@ class TokenAuth:
                     return
                 body = render_json({"error": {
                     "code": "unauthorized",
-                    "message": "missing or wrong token (send Authorization: Bearer <token>)",
+                    "message": "missing or wrong token: set HUTCH_TOKEN to the daemon's token "
+                    "(clients send it as Authorization: Bearer <token>)",
                 }})
                 await send({"type": "http.response.start", "status": 401, "headers": [
                     (b"content-type", b"application/json"),
@@ -457,7 +463,12 @@ def use_pidfd_child_watcher() -> Callable[[], None]:
 # -- the application ---------------------------------------------------------------------------
 
 
-def create_app(settings: ServerSettings | None = None) -> FastAPI:
+def create_app(
+    settings: ServerSettings | None = None,
+    *,
+    on_ready: Callable[[Daemon], None] | None = None,
+) -> FastAPI:
+    """The application; ``on_ready`` is called once the daemon has started."""
     settings = settings or ServerSettings()
     holder: dict[str, Daemon] = {}
 
@@ -472,6 +483,8 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         try:
             await daemon.start()
             holder["daemon"] = daemon
+            if on_ready is not None:
+                on_ready(daemon)
             yield
         finally:
             holder.pop("daemon", None)

@@ -60,6 +60,11 @@ class BubblewrapProcess(HostProcess):
         self._cgroup = cgroup
         self._oom_kills_before = cgroup.oom_kills()
         self._ended = False
+        self._oom_killed = False
+
+    @property
+    def oom_killed(self) -> bool:
+        return self._oom_killed
 
     async def read(self) -> OutputChunk | None:
         chunk = await super().read()
@@ -67,6 +72,7 @@ class BubblewrapProcess(HostProcess):
             self._ended = True
             code = await self.wait()
             if code == 128 + 9 and self._cgroup.oom_kills() > self._oom_kills_before:
+                self._oom_killed = True
                 limit = self._cgroup.memory_limit()
                 said = f" of {limit} bytes" if limit is not None else ""
                 return OutputChunk(

@@ -22,7 +22,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..._errors import InvalidArgument, ProviderError, SandboxUnavailable
 from ..._types import Capabilities, FileInfo
-from ..base import BackendProcess, RuntimeDeathReport, SandboxBackend, SandboxRuntime
+from ..base import (
+    BackendProcess,
+    RuntimeNotice,
+    RuntimeReport,
+    SandboxBackend,
+    SandboxRuntime,
+)
 from ..policy import Limit, ReachesHost, format_bytes, parse_bytes
 from .cgroups import SandboxCgroup
 from .provisioning import Keeper, Layers, bubblewrap_home, start_keeper
@@ -235,7 +241,7 @@ class BubblewrapSandbox(SandboxBackend):
         return "its keeper ended outside hutch (killed, or the host restarted)"
 
     @classmethod
-    async def watch_runtimes(cls, report: RuntimeDeathReport) -> None:
+    async def watch_runtimes(cls, report: RuntimeReport) -> None:
         """Every half second, each live sandbox of this process whose keeper has
         ended outside hutch's hands is reported once, with what the cgroup says."""
         reported: set[str] = set()
@@ -248,7 +254,7 @@ class BubblewrapSandbox(SandboxBackend):
                 if not keeper.alive():
                     reported.add(sandbox_id)
                     try:
-                        await report(sandbox_id, sandbox.death_reason())
+                        await report(RuntimeNotice(sandbox_id, sandbox.death_reason()))
                     except Exception:
                         log.exception("sandbox %s: reporting its death failed", sandbox_id)
 

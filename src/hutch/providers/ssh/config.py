@@ -31,16 +31,15 @@ class SshConfig(BaseModel):
     #: An OpenSSH client config file (IdentityFile, Port, ProxyJump,
     #: UserKnownHostsFile...), read instead of ``~/.ssh/config``.
     config_file: Annotated[
-        str | None,
-        ReachesHost("reads an ssh config on the daemon's host (its keys; ProxyCommand runs "
-                    "commands there)"),
+        str | None, ReachesHost("runs ssh with a host file of the caller's choosing as its "
+                                "config (a ProxyCommand there runs on the daemon's host)"),
     ] = None
     #: Where the host's ports are reachable: ``{preview_url_base}:{port}``.
     preview_url_base: str | None = None
     #: A known_hosts file to check the host key against (default: the
     #: config's UserKnownHostsFile, else ~/.ssh/known_hosts).
     known_hosts: Annotated[
-        str | None, ReachesHost("reads a known_hosts file on the daemon's host")
+        str | None, ReachesHost("reads a host file of the caller's choosing as known_hosts")
     ] = None
     #: Refuse a host whose key is not in known_hosts. Turning this off lets
     #: anyone on the path impersonate the host.
