@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import threading
@@ -321,3 +322,67 @@ def test_grep_over_a_hundred_thousand_files_returns_or_times_out(
         assert answer.json()["matches"] == []
     assert took < 20, took
     assert probe.slowest < 1.0, probe.slowest
+
+
+# -- the daemon's memory is bounded -------------------------------------------------------
+
+
+def rss_bytes(daemon: DaemonProcess) -> int:
+    assert daemon.proc is not None
+    with open(f"/proc/{daemon.proc.pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_background_output_does_not_stay_in_the_daemons_memory(
+    daemon: DaemonProcess, http: httpx.Client, local_sandbox: str
+) -> None:
+    base = f"/v1/sandboxes/{local_sandbox}"
+    before = rss_bytes(daemon)
+    started = [
+        http.post(f"{base}/processes", json={"cmd": "head -c 15000000 /dev/zero"}).json()["id"]
+        for _ in range(30)
+    ]
+    for pid in started:
+        # Each still answers in full...
+        done = http.post(f"{base}/processes/{pid}/wait", json={"timeout": 120})
+        assert done.status_code == 200, done.text
+        assert len(done.json()["stdout"]) == 15_000_000
+    # ...but 450 MB of output is not held in the daemon (spooled to disk).
+    grown = rss_bytes(daemon) - before
+    assert grown < 150 * 1024 * 1024, f"the daemon grew by {grown / 2**20:.0f} MiB"
+
+
+def test_finished_background_commands_are_forgotten(
+    http: httpx.Client, local_sandbox: str
+) -> None:
+    base = f"/v1/sandboxes/{local_sandbox}"
+    started = [http.post(f"{base}/processes", json={"cmd": "true"}).json()["id"]
+               for _ in range(80)]
+    for pid in started[-5:]:
+        assert http.post(f"{base}/processes/{pid}/wait", json={"timeout": 60}).status_code == 200
+    deadline = time.monotonic() + 30
+    while any(p["running"] for p in http.get(f"{base}/processes").json()["processes"]):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    kept = {p["id"] for p in http.get(f"{base}/processes").json()["processes"]}
+    assert len(kept) <= 64, len(kept)
+    assert started[-1] in kept  # the newest stay, the oldest go first
+    gone = http.get(f"{base}/processes/{started[0]}")
+    assert gone.status_code == 404, gone.text
+
+
+def test_request_bodies_have_a_ceiling(daemon: DaemonProcess, local_sandbox: str) -> None:
+    # Announced as 1 GiB: refused before a byte of it is read.
+    request = (
+        f"PUT /v1/sandboxes/{local_sandbox}/files?path=big HTTP/1.1\r\n"
+        f"Host: 127.0.0.1\r\nAuthorization: Bearer {daemon.token}\r\n"
+        f"Content-Type: application/octet-stream\r\nContent-Length: {2**30}\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", daemon.port), timeout=10) as sock:
+        sock.sendall(request)
+        answer = sock.recv(65536).decode()
+    assert answer.startswith("HTTP/1.1 413"), answer
+    assert "output_limit_exceeded" in answer and str(256 * 1024 * 1024) in answer, answer

@@ -517,10 +517,27 @@ def test_current_source_reads_origin_and_branch(repository: str) -> None:
 
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[DaemonProcess]:
-    # The operator lets clients name an ssh config file (the test server's).
-    d = DaemonProcess(extra_args=["--allow", "config_file"]).start()
+    d = DaemonProcess(extra_args=["--allow", "destination", "--allow", "config_file"]).start()
     yield d
     d.stop()
+
+
+async def test_daemon_refuses_a_destination_its_operator_did_not_allow(
+    server: SshServer, workdir: str
+) -> None:
+    # The daemon's ssh keys are its operator's: a client may not aim them anywhere.
+    d = DaemonProcess().start()
+    try:
+        async with hutch.AsyncClient(d.url, token=d.token) as client:
+            with pytest.raises(PermissionError) as info:
+                await client.create_sandbox(
+                    "ssh", destination=ALIAS, working_directory=workdir,
+                    config_file=server.config_file,
+                )
+        assert info.value.code == "permission_denied"  # type: ignore[attr-defined]
+        assert "destination" in str(info.value) or "config_file" in str(info.value)
+    finally:
+        d.stop()
 
 
 def test_cli_clone_current(
