@@ -35,7 +35,13 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .._errors import ExecTimeout, HutchError, InvalidArgument, OutputLimitExceeded
+from .._errors import (
+    ERRORS_BY_CODE,
+    ExecTimeout,
+    HutchError,
+    InvalidArgument,
+    OutputLimitExceeded,
+)
 from .._process import ExitStatus, Process
 from .._sandbox import Sandbox
 from .._types import (
@@ -174,6 +180,31 @@ def exec_json(result: ExecResult) -> dict[str, Any]:
 def file_json(info: FileInfo) -> dict[str, Any]:
     return {"path": info.path, "type": info.type.value, "size": info.size,
             "mode": info.mode, "mtime": info.mtime}
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+
+
+class ErrorBody(BaseModel):
+    """Every error's body: ``{"error": {"code", "message"}}``."""
+
+    error: ErrorDetail
+
+
+def error_responses() -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI ``responses`` of every error status the API answers with,
+    from the one table of codes (hutch._errors); 500 is no answer of hutch's
+    but a bug, and so undocumented."""
+    by_status: dict[int, list[str]] = {}
+    for code, cls in sorted(ERRORS_BY_CODE.items()):
+        if cls.http_status != 500:
+            by_status.setdefault(cls.http_status, []).append(code)
+    return {
+        status: {"model": ErrorBody, "description": "error: " + ", ".join(codes)}
+        for status, codes in sorted(by_status.items())
+    }
 
 
 def error_json(exc: HutchError) -> dict[str, Any]:
@@ -577,7 +608,7 @@ def create_app(
         )
 
     # Routes are tried in the order they are declared: the busiest come first.
-    v1 = APIRouter(prefix="/v1")
+    v1 = APIRouter(prefix="/v1", responses=error_responses())
 
     # -- exec --
     @v1.post("/sandboxes/{sandbox_id}/exec")
@@ -799,7 +830,7 @@ def create_app(
 
     app.include_router(v1)
 
-    @app.get("/healthz")
+    @app.get("/healthz", responses={401: error_responses()[401]})
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
