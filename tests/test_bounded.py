@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 import hutch
+from tests.conftest import TEST_IMAGE
 from tests.daemon_fixture import DaemonProcess
 
 
@@ -388,3 +389,65 @@ def test_request_bodies_have_a_ceiling(daemon: DaemonProcess, local_sandbox: str
             answer += piece.decode()
     assert answer.startswith("HTTP/1.1 413"), answer
     assert "output_limit_exceeded" in answer and str(256 * 1024 * 1024) in answer, answer
+
+
+# -- acceptance: a sandbox under abuse does not take the daemon down -------------------------
+
+
+@pytest.mark.docker
+def test_one_abused_docker_sandbox_leaves_the_daemon_and_others_working(
+    daemon: DaemonProcess, http: httpx.Client
+) -> None:
+    made = [
+        http.post("/v1/sandboxes", json={
+            "provider": "docker", "image": TEST_IMAGE, "memory": "128m", "pids_limit": 128,
+        })
+        for _ in range(2)
+    ]
+    assert all(m.status_code == 201 for m in made), [m.text for m in made]
+    abused, other = (f"/v1/sandboxes/{m.json()['id']}" for m in made)
+    assert http.put(f"{abused}/files", params={"path": "bad.txt"},
+                    content=b"a" * 27 + b"!\n").status_code == 204
+    abuses = {
+        "fork bomb": ("exec", {"cmd": "f() { f | f & }; f; sleep 20", "timeout": 8}),
+        "memory hog": ("exec", {"cmd": "head -c 1000000000 /dev/zero | tail", "timeout": 30}),
+        "output flood": ("exec", {"cmd": "yes", "timeout": 30}),
+        "background flood": ("processes", {"cmd": "yes"}),
+        "backtracking grep": ("grep", {"pattern": BACKTRACKING, "timeout": 5}),
+    }
+    answers: dict[str, httpx.Response | BaseException] = {}
+
+    def abuse(name: str, route: str, body: dict[str, object]) -> None:
+        try:
+            with httpx.Client(base_url=daemon.url, timeout=120,
+                              headers={"Authorization": f"Bearer {daemon.token}"}) as c:
+                answers[name] = c.post(f"{abused}/{route}", json=body)
+        except BaseException as exc:
+            answers[name] = exc
+
+    others_ok = 0
+    try:
+        with HealthProbe(daemon) as probe:
+            threads = [threading.Thread(target=abuse, args=(name, *how))
+                       for name, how in abuses.items()]
+            for thread in threads:
+                thread.start()
+            while any(t.is_alive() for t in threads):
+                # Meanwhile another sandbox works as ever.
+                answer = http.post(f"{other}/exec", json={"cmd": "echo ok", "timeout": 30})
+                assert answer.status_code == 200 and answer.json()["stdout"] == "ok\n", answer.text
+                others_ok += 1
+                time.sleep(0.2)
+            for thread in threads:
+                thread.join()
+        assert probe.answers >= 10 and not probe.failures, (probe.answers, probe.failures)
+        assert probe.slowest < 1.0, f"/healthz took {probe.slowest:.2f} s"
+        assert others_ok >= 3
+        for name, answer in answers.items():
+            assert isinstance(answer, httpx.Response), (name, answer)
+            assert answer.status_code != 500, (name, answer.text)
+        assert answers["backtracking grep"].status_code == 408  # type: ignore[union-attr]
+        assert answers["output flood"].status_code == 413  # type: ignore[union-attr]
+    finally:
+        for sandbox in (abused, other):
+            http.delete(sandbox)

@@ -18,14 +18,18 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import hutch
 from hutch._sandbox import backend_of
+from hutch.lifecycle.state import SandboxState
 from hutch.providers._hostproc import pids_with_env
 from hutch.providers.ssh.config import SshConfig
 from hutch.providers.ssh.connection import SshTarget, acquire, release
 from hutch.providers.ssh.gitsource import GitSource, current_source, https_url
 from hutch.providers.ssh.provider import SshSandbox
+from tests.conformance.test_surface import settle
 from tests.daemon_fixture import DaemonProcess
 from tests.ssh_server import ALIAS, SshServer, shared_server
 
@@ -561,3 +565,75 @@ def test_cli_clone_current(
         assert head == "feature\n"
     finally:
         shutil.rmtree(checkout, ignore_errors=True)
+
+
+# -- lifecycle on top: idleness and daemon restarts ------------------------------------------
+
+
+async def test_a_nohup_job_on_the_host_keeps_the_sandbox_from_idling_out(
+    server: SshServer, workdir: str
+) -> None:
+    async with await make(server, workdir, idle_timeout=1) as sb:
+        await sb.exec("nohup sleep 5 >/dev/null 2>&1 &")
+        await asyncio.sleep(3)
+        assert sb.state is SandboxState.RUNNING, "reaped while a job started through hutch ran"
+        for _ in range(150):  # up to 30 s
+            if sb.state is not SandboxState.RUNNING:
+                break
+            await asyncio.sleep(0.2)
+        assert sb.state is SandboxState.TERMINATED  # idle once the job ended
+        assert (await settle(sb.status())).reason == "idle_timeout"
+
+
+def test_daemon_restart_adopts_an_ssh_sandbox(server: SshServer, workdir: str) -> None:
+    d = DaemonProcess(extra_args=["--allow", "destination", "--allow", "config_file"]).start()
+    try:
+        with hutch.Client(d.url, token=d.token) as client:
+            sb = client.create_sandbox(
+                "ssh", destination=ALIAS, working_directory=workdir,
+                config_file=server.config_file, read_before_write=False,
+            )
+            sb.write_text("kept.txt", "before the crash")
+        d.restart()  # SIGKILL, then start: the new daemon reconnects from the store
+        with hutch.Client(d.url, token=d.token) as client:
+            again = client.get_sandbox(sb.id)
+            assert again.info()["state"] == "running"
+            assert again.read_text("kept.txt") == "before the crash"
+            assert again.exec(["pwd"]).stdout.strip() == workdir
+            again.close()
+    finally:
+        d.stop()
+
+
+# -- any argv, any variable: what the command gets is what was sent ---------------------------
+
+_WORD = st.text(
+    alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"), max_size=24
+)
+
+
+@pytest.fixture(scope="module")
+def sync_sandbox() -> Iterator[Any]:
+    server = shared_server()
+    workdir = tempfile.mkdtemp(prefix="hutch-ssh-prop-")
+    sb = hutch.create_sandbox_sync(
+        "ssh", destination=ALIAS, working_directory=workdir, config_file=server.config_file,
+        read_before_write=False,
+    )
+    yield sb
+    sb.close()
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+@given(words=st.lists(_WORD, max_size=6), value=_WORD)
+@settings(max_examples=40, deadline=None)
+def test_any_argv_and_env_value_arrive_verbatim(
+    sync_sandbox: Any, words: list[str], value: str
+) -> None:
+    result = sync_sandbox.exec(
+        ["sh", "-c", 'for a; do printf "%s\\0" "$a"; done; printf "%s" "$HUTCH_PROP"', "sh",
+         *words],
+        env={"HUTCH_PROP": value},
+    )
+    expected = b"".join(w.encode() + b"\0" for w in words) + value.encode()
+    assert result.stdout_bytes == expected
