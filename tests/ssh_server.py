@@ -102,6 +102,10 @@ class SshServer:
                 "MaxSessions 200\n"
                 "MaxStartups 100:30:200\n"
                 "Subsystem sftp internal-sftp\n"
+                # bash sources ~/.bashrc for a command run by sshd only at
+                # SHLVL 1: this machine's root .bashrc (pyenv, cargo) costs
+                # 0.3-1 s a command, which is the host's and not what we test.
+                "SetEnv SHLVL=1\n"
                 "LogLevel ERROR\n"
             )
         self.write_client_config(self.config_file, self.user_key)

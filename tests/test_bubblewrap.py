@@ -343,3 +343,53 @@ def test_daemon_adopts_live_sandboxes_after_a_restart() -> None:
         client.close()
     finally:
         daemon.stop()
+
+
+# -- snapshots at the provider: captured upper layers, forks copy nothing ---------------------
+
+
+async def test_snapshot_and_forks_are_independent_copy_on_write(sandbox: Any) -> None:
+    from hutch._sandbox import backend_of
+    from hutch.providers.bubblewrap import BubblewrapConfig, BubblewrapSandbox
+    from hutch.providers.bubblewrap.snapshots import held, remove
+
+    await sandbox.write_text("shared.txt", "from the origin")
+    await sandbox.exec("seq 1 2000 | while read i; do echo $i > f$i; done; rm /etc/motd")
+    backend = backend_of(sandbox)
+    snap_id = f"snap-{secrets.token_hex(4)}"
+    data = await backend.capture_layers(snap_id)
+    assert snap_id in held() and data["size_bytes"] > 0
+    config = BubblewrapConfig(image=TEST_IMAGE, ephemeral=True)
+    branches = [
+        await BubblewrapSandbox.create_from_layers(config, f"fork-{secrets.token_hex(4)}",
+                                                   snap_id, data)
+        for _ in range(2)
+    ]
+    try:
+        for index, branch in enumerate(branches):
+            assert await branch.read_file("/workspace/shared.txt", 100) == b"from the origin"
+            await branch.write_file("/workspace/shared.txt", f"branch {index}".encode())
+            # Nothing was copied: the fork's own upper layer holds only its write.
+            upper = branch.parts.layers.upper
+            assert sum(len(files) for _, _, files in os.walk(upper)) == 1
+        assert await branches[0].read_file("/workspace/shared.txt", 100) == b"branch 0"
+        assert await branches[1].read_file("/workspace/shared.txt", 100) == b"branch 1"
+        assert await sandbox.read_text("shared.txt") == "from the origin"
+        proc = await branches[0].runtime.start_process(
+            ["sh", "-c", "cat f1999; test -e /etc/motd; echo $?"], cwd="/workspace", env={},
+            stdin=None, user=None,
+        )
+        out = b""
+        while (chunk := await proc.read()) is not None:
+            out += chunk.data
+        assert out == b"1999\n1\n"
+        # Removing the snapshot keeps its layers while forks stand on them.
+        remove(snap_id)
+        assert snap_id not in held()
+        assert await branches[1].read_file("/workspace/f7", 100) == b"7\n"
+    finally:
+        for branch in branches:
+            await branch.close()
+    from hutch.providers.bubblewrap.snapshots import snapshots_dir
+
+    assert not os.path.exists(os.path.join(snapshots_dir(), snap_id))

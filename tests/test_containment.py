@@ -52,8 +52,9 @@ def bystander(client: hutch.Client) -> Iterator[Any]:
 
 
 @pytest.fixture
-def hazard(client: hutch.Client) -> Iterator[Any]:
-    sb = client.create_sandbox("docker", image=TEST_IMAGE)
+def hazard(client: hutch.Client, request: pytest.FixtureRequest) -> Iterator[Any]:
+    runtime = getattr(request, "param", "auto")
+    sb = client.create_sandbox("docker", image=TEST_IMAGE, runtime=runtime)
     yield sb
     with contextlib.suppress(hutch.HutchError):
         sb.close()
@@ -108,6 +109,11 @@ def events_of(client: hutch.Client, sandbox_id: str) -> str:
     return "\n".join(e["message"] for e in client.events(sandbox_id))
 
 
+# The native runtime (docker exec): the agent, a Go program in the same pids
+# cgroup, dies when a fork bomb leaves it no thread to start (seen here: the
+# exec answers provider_error "the agent closed its connection mid-answer");
+# that is the agent's to fix (room of its own in the pids limit).
+@pytest.mark.parametrize("hazard", ["native"], indirect=True)
 def test_a_fork_bomb_is_held_to_the_pids_limit(
     daemon: DaemonProcess, client: hutch.Client, bystander: Any, hazard: Any
 ) -> None:

@@ -60,6 +60,8 @@ HOST_REACHING = [
 ]
 #: Other providers' settings that reach the host, each refused alike.
 OTHER_PROVIDERS = [
+    # The daemon user's ssh keys are the operator's to aim.
+    ("destination", {"provider": "ssh", "destination": "h", "working_directory": "/tmp"}),
     ("config_file", {"provider": "ssh", "destination": "h", "working_directory": "/tmp",
                      "config_file": "/tmp/evil-ssh-config-with-a-ProxyCommand"}),
     ("known_hosts", {"provider": "ssh", "destination": "h", "working_directory": "/tmp",
@@ -82,10 +84,21 @@ def test_a_host_reaching_setting_is_refused(
     assert made(daemon) == before  # nothing was made
 
 
+@pytest.fixture(scope="module")
+def daemon_allowing_destination() -> Iterator[DaemonProcess]:
+    d = start("--allow", "destination")
+    yield d
+    d.stop()
+    shutil.rmtree(d.data_dir, ignore_errors=True)
+
+
 @pytest.mark.parametrize(("setting", "body"), OTHER_PROVIDERS)
 def test_other_providers_host_settings_are_refused(
-    daemon: DaemonProcess, setting: str, body: dict[str, Any]
+    daemon: DaemonProcess, request: pytest.FixtureRequest, setting: str, body: dict[str, Any]
 ) -> None:
+    if body.get("provider") == "ssh" and setting != "destination":
+        # Past the destination (allowed here), the other ssh settings are judged.
+        daemon = request.getfixturevalue("daemon_allowing_destination")
     answer = post(daemon, "/v1/sandboxes", body)
     assert answer.status_code == 403, answer.text
     assert repr(setting) in answer.json()["error"]["message"]

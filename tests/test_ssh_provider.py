@@ -21,11 +21,13 @@ import pytest
 
 import hutch
 from hutch._sandbox import backend_of
+from hutch.lifecycle.state import SandboxState
 from hutch.providers._hostproc import pids_with_env
 from hutch.providers.ssh.config import SshConfig
 from hutch.providers.ssh.connection import SshTarget, acquire, release
 from hutch.providers.ssh.gitsource import GitSource, current_source, https_url
 from hutch.providers.ssh.provider import SshSandbox
+from tests.conformance.test_surface import settle
 from tests.daemon_fixture import DaemonProcess
 from tests.ssh_server import ALIAS, SshServer, shared_server
 
@@ -517,10 +519,27 @@ def test_current_source_reads_origin_and_branch(repository: str) -> None:
 
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[DaemonProcess]:
-    # The operator lets clients name an ssh config file (the test server's).
-    d = DaemonProcess(extra_args=["--allow", "config_file"]).start()
+    d = DaemonProcess(extra_args=["--allow", "destination", "--allow", "config_file"]).start()
     yield d
     d.stop()
+
+
+async def test_daemon_refuses_a_destination_its_operator_did_not_allow(
+    server: SshServer, workdir: str
+) -> None:
+    # The daemon's ssh keys are its operator's: a client may not aim them anywhere.
+    d = DaemonProcess().start()
+    try:
+        async with hutch.AsyncClient(d.url, token=d.token) as client:
+            with pytest.raises(PermissionError) as info:
+                await client.create_sandbox(
+                    "ssh", destination=ALIAS, working_directory=workdir,
+                    config_file=server.config_file,
+                )
+        assert info.value.code == "permission_denied"  # type: ignore[attr-defined]
+        assert "destination" in str(info.value) or "config_file" in str(info.value)
+    finally:
+        d.stop()
 
 
 def test_cli_clone_current(
@@ -544,3 +563,41 @@ def test_cli_clone_current(
         assert head == "feature\n"
     finally:
         shutil.rmtree(checkout, ignore_errors=True)
+
+
+# -- lifecycle on top: idleness and daemon restarts ------------------------------------------
+
+
+async def test_a_nohup_job_on_the_host_keeps_the_sandbox_from_idling_out(
+    server: SshServer, workdir: str
+) -> None:
+    async with await make(server, workdir, idle_timeout=1) as sb:
+        await sb.exec("nohup sleep 5 >/dev/null 2>&1 &")
+        await asyncio.sleep(3)
+        assert sb.state is SandboxState.RUNNING, "reaped while a job started through hutch ran"
+        for _ in range(150):  # up to 30 s
+            if sb.state is not SandboxState.RUNNING:
+                break
+            await asyncio.sleep(0.2)
+        assert sb.state is SandboxState.TERMINATED  # idle once the job ended
+        assert (await settle(sb.status())).reason == "idle_timeout"
+
+
+def test_daemon_restart_adopts_an_ssh_sandbox(server: SshServer, workdir: str) -> None:
+    d = DaemonProcess(extra_args=["--allow", "destination", "--allow", "config_file"]).start()
+    try:
+        with hutch.Client(d.url, token=d.token) as client:
+            sb = client.create_sandbox(
+                "ssh", destination=ALIAS, working_directory=workdir,
+                config_file=server.config_file, read_before_write=False,
+            )
+            sb.write_text("kept.txt", "before the crash")
+        d.restart()  # SIGKILL, then start: the new daemon reconnects from the store
+        with hutch.Client(d.url, token=d.token) as client:
+            again = client.get_sandbox(sb.id)
+            assert again.info()["state"] == "running"
+            assert again.read_text("kept.txt") == "before the crash"
+            assert again.exec(["pwd"]).stdout.strip() == workdir
+            again.close()
+    finally:
+        d.stop()

@@ -89,7 +89,8 @@ def test_ending_an_ended_sandbox_succeeds_and_its_record_stays(daemon: DaemonPro
 
     listing = cli(daemon, "ls", "--all")
     assert listing.returncode == 0, listing.stderr
-    assert expired.id in listing.stdout and "max_lifetime_exceeded" in listing.stdout
+    assert expired.id in listing.stdout and "terminated" in listing.stdout
+    assert "max_lifetime_exceeded" in cli(daemon, "ls", "--all", "--wide").stdout
     assert expired.id not in cli(daemon, "ls").stdout
     told = cli(daemon, "events", expired.id)
     assert told.returncode == 0, told.stderr

@@ -52,15 +52,25 @@ async def _virtual() -> AsyncIterator[Harness]:
 
 
 @asynccontextmanager
-async def _docker() -> AsyncIterator[Harness]:
+async def _docker(runtime: str) -> AsyncIterator[Harness]:
     host_workdir = tempfile.mkdtemp(prefix="hutch-conf-docker-")
     try:
         async with await hutch.create_sandbox(
-            "docker", image=TEST_IMAGE, host_workdir=host_workdir, read_before_write=False
+            "docker", image=TEST_IMAGE, host_workdir=host_workdir, read_before_write=False,
+            runtime=runtime,
         ) as sb:
+            assert sb.capabilities.runtime == runtime
             yield Harness(sb, "docker", host_workdir)
     finally:
         shutil.rmtree(host_workdir, ignore_errors=True)
+
+
+def _docker_agent() -> AbstractAsyncContextManager[Harness]:
+    return _docker("agent")
+
+
+def _docker_native() -> AbstractAsyncContextManager[Harness]:
+    return _docker("native")
 
 
 @asynccontextmanager
@@ -98,7 +108,8 @@ Maker = Callable[[], AbstractAsyncContextManager[Harness]]
 MAKERS: dict[str, tuple[Maker, bool, list[pytest.MarkDecorator]]] = {
     "local": (_local, True, []),
     "virtual": (_virtual, False, []),
-    "docker": (_docker, True, [pytest.mark.docker]),
+    "docker": (_docker_agent, True, [pytest.mark.docker]),
+    "docker-native": (_docker_native, True, [pytest.mark.docker]),
     "bubblewrap": (_bubblewrap, True, [pytest.mark.docker]),
     "ssh": (_ssh, True, []),
 }

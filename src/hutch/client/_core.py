@@ -135,7 +135,7 @@ def decode_status(info: Mapping[str, Any]) -> SandboxStatus:
         id=str(info["id"]), state=SandboxState(info["state"]), reason=info.get("reason"),
         created_at_unix=float(info["created_at_unix"]),
         last_active_unix=float(info["last_active_unix"]),
-        idle_seconds=float(info["idle_seconds"]),
+        idle_seconds=None if info.get("idle_seconds") is None else float(info["idle_seconds"]),
         deadline_unix=None if info.get("deadline_unix") is None else float(info["deadline_unix"]),
         meter={str(k): float(v) for k, v in dict(info.get("meter") or {}).items()},
     )

@@ -35,7 +35,13 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .._errors import ExecTimeout, HutchError, InvalidArgument
+from .._errors import (
+    ERRORS_BY_CODE,
+    ExecTimeout,
+    HutchError,
+    InvalidArgument,
+    OutputLimitExceeded,
+)
 from .._process import ExitStatus, Process
 from .._sandbox import Sandbox
 from .._types import (
@@ -68,6 +74,8 @@ class ServerSettings(BaseModel):
     timeout_ceiling: float = 86400.0
     #: Seconds an ended sandbox stays readable (with its events) before it is pruned.
     retention_seconds: float = DEFAULT_RETENTION_SECONDS
+    #: The largest request body (a file upload) taken, bytes.
+    max_body_bytes: int = Field(default=MAX_READ_LIMIT, gt=0)
     #: Settings that reach the host which API clients may nonetheless set.
     allow: list[str] = []
     #: Resource limits (memory, cpus, pids) for requests that set none, and
@@ -174,6 +182,31 @@ def file_json(info: FileInfo) -> dict[str, Any]:
             "mode": info.mode, "mtime": info.mtime}
 
 
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+
+
+class ErrorBody(BaseModel):
+    """Every error's body: ``{"error": {"code", "message"}}``."""
+
+    error: ErrorDetail
+
+
+def error_responses() -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI ``responses`` of every error status the API answers with,
+    from the one table of codes (hutch._errors); 500 is no answer of hutch's
+    but a bug, and so undocumented."""
+    by_status: dict[int, list[str]] = {}
+    for code, cls in sorted(ERRORS_BY_CODE.items()):
+        if cls.http_status != 500:
+            by_status.setdefault(cls.http_status, []).append(code)
+    return {
+        status: {"model": ErrorBody, "description": "error: " + ", ".join(codes)}
+        for status, codes in sorted(by_status.items())
+    }
+
+
 def error_json(exc: HutchError) -> dict[str, Any]:
     return {"error": {"code": exc.code, "message": exc.message}}
 
@@ -277,6 +310,51 @@ class TokenAuth:
                 await send({"type": "http.response.body", "body": body})
                 return
         await self.app(scope, receive, send)
+
+
+# -- request bodies ------------------------------------------------------------------------------
+
+
+class BodyLimit:
+    """Pure ASGI middleware: no request body past ``max_bytes``.
+
+    A body announced as larger is refused before a byte of it is read; one
+    that grows past the cap while it arrives (chunked) is cut off there. So
+    a caller's upload can never hold more than the cap of the daemon's memory.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    def _too_large(self, size: int | None) -> OutputLimitExceeded:
+        told = f" ({size} bytes)" if size is not None else ""
+        return OutputLimitExceeded(
+            f"request body{told} is over the cap of {self.max_bytes} bytes; "
+            "send large files in parts"
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        announced = _header(scope, b"content-length")
+        if announced is not None and announced.isdigit() and int(announced) > self.max_bytes:
+            exc = self._too_large(int(announced))
+            await _respond(send, exc.http_status, render_json(error_json(exc)),
+                           b"application/json")
+            return
+        received = 0
+
+        async def counted() -> Message:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.max_bytes:
+                raise self._too_large(None)
+            return message
+
+        await self.app(scope, counted, send)
 
 
 # -- the fast path -----------------------------------------------------------------------------
@@ -530,7 +608,7 @@ def create_app(
         )
 
     # Routes are tried in the order they are declared: the busiest come first.
-    v1 = APIRouter(prefix="/v1")
+    v1 = APIRouter(prefix="/v1", responses=error_responses())
 
     # -- exec --
     @v1.post("/sandboxes/{sandbox_id}/exec")
@@ -752,11 +830,12 @@ def create_app(
 
     app.include_router(v1)
 
-    @app.get("/healthz")
+    @app.get("/healthz", responses={401: error_responses()[401]})
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
     # The last added is the outermost: the token is checked before the fast path.
     app.add_middleware(HotRoutes, daemon=lambda: holder.get("daemon"))
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(TokenAuth, token=settings.token)
     return app

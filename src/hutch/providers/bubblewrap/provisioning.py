@@ -129,6 +129,9 @@ class Layers:
     def mount(self) -> None:
         """Mount the overlay (and the tmpfs under a hot upper layer)."""
         os.makedirs(self.merged, exist_ok=True)
+        # What this sandbox stands on, for the snapshot garbage collector.
+        with open(os.path.join(self.sandbox_dir, "lowers.json"), "w") as fh:
+            json.dump(self.lowers, fh)
         if self.upper_on == "hot":
             os.makedirs(self.hot, exist_ok=True)
             if not is_mount_point(self.hot):
@@ -146,6 +149,11 @@ class Layers:
             # The upper layer must stand alone as a lower layer of forks.
             "redirect_dir=off,metacopy=off,index=off"
         )
+        if len(options) > 4000:
+            raise ProviderError(
+                f"{len(self.lowers)} stacked layers are more than one overlay mount can name; "
+                "capture with diff=False to start a new chain"
+            )
         _mount("hutch-overlay", self.merged, "overlay", 0, options)
 
     def unmount_overlay(self) -> None:

@@ -30,6 +30,7 @@ from ..base import (
     SandboxRuntime,
 )
 from ..policy import Limit, ReachesHost, format_bytes, parse_bytes
+from . import snapshots
 from .cgroups import SandboxCgroup
 from .provisioning import Keeper, Layers, bubblewrap_home, start_keeper
 from .rootfs import resolve_rootfs
@@ -131,17 +132,45 @@ class BubblewrapSandbox(SandboxBackend):
     async def create(cls, config: BubblewrapConfig, sandbox_id: str) -> BubblewrapSandbox:
         if not _SAFE_ID.match(sandbox_id):
             raise InvalidArgument(f"sandbox id {sandbox_id!r} cannot name a directory")
+        if config.rootfs is not None and config.image is not None:
+            raise InvalidArgument("give a bubblewrap sandbox rootfs or image, not both")
+        image = config.image or (None if config.rootfs else DEFAULT_IMAGE)
+        rootfs = await anyio.to_thread.run_sync(lambda: resolve_rootfs(config.rootfs, image))
+        return await cls._from_lowers(config, sandbox_id, [rootfs])
+
+    @classmethod
+    async def create_from_layers(
+        cls, config: BubblewrapConfig, sandbox_id: str, snapshot_id: str,
+        data: Mapping[str, Any],
+    ) -> BubblewrapSandbox:
+        """A new sandbox on a snapshot's layers, under an empty upper layer of its
+        own: nothing is copied. ``config`` gives everything but the files."""
+        if not _SAFE_ID.match(sandbox_id):
+            raise InvalidArgument(f"sandbox id {sandbox_id!r} cannot name a directory")
+        lowers = snapshots.layers_of(snapshot_id, dict(data))
+        return await cls._from_lowers(config, sandbox_id, lowers)
+
+    async def capture_layers(self, snapshot_id: str, *, diff: bool = True) -> dict[str, Any]:
+        """Capture this sandbox's files as snapshot ``snapshot_id`` (running,
+        paused or suspended; it is left as it was)."""
+        running = self.parts.keeper is not None
+        return await anyio.to_thread.run_sync(
+            lambda: snapshots.capture(
+                self.parts.layers, self.parts.cgroup, snapshot_id, diff=diff, running=running
+            )
+        )
+
+    @classmethod
+    async def _from_lowers(
+        cls, config: BubblewrapConfig, sandbox_id: str, lowers: list[str]
+    ) -> BubblewrapSandbox:
         if not config.workdir.startswith("/"):
             raise InvalidArgument(f"workdir {config.workdir!r} must be an absolute path")
         memory = parse_size(config.memory, "memory")
         disk = parse_size(config.disk, "disk")
         assert disk is not None
-        if config.rootfs is not None and config.image is not None:
-            raise InvalidArgument("give a bubblewrap sandbox rootfs or image, not both")
-        image = config.image or (None if config.rootfs else DEFAULT_IMAGE)
-        rootfs = await anyio.to_thread.run_sync(lambda: resolve_rootfs(config.rootfs, image))
         layers = Layers(
-            os.path.join(bubblewrap_home(), "sandboxes", sandbox_id), [rootfs], disk_limit=disk
+            os.path.join(bubblewrap_home(), "sandboxes", sandbox_id), lowers, disk_limit=disk
         )
         if os.path.exists(layers.sandbox_dir):
             raise InvalidArgument(f"sandbox {sandbox_id} already exists")
@@ -299,7 +328,11 @@ class BubblewrapSandbox(SandboxBackend):
     async def _destroy(self) -> None:
         def run() -> None:
             errors: list[str] = []
-            for step in (self._end_processes, self.parts.layers.remove, self.parts.cgroup.remove):
+            steps = (
+                self._end_processes, self.parts.layers.remove, self.parts.cgroup.remove,
+                snapshots.collect_garbage,
+            )
+            for step in steps:
                 try:
                     step()
                 except (OSError, ProviderError) as exc:

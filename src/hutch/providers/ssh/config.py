@@ -20,7 +20,11 @@ class SshConfig(BaseModel):
 
     type: Literal["ssh"] = "ssh"
     #: ``user@host``, a host name, or a ``Host`` alias from the ssh config.
-    destination: str
+    #: Through the daemon, the connection is made with the daemon user's ssh
+    #: keys and config: the operator's to hand out.
+    destination: Annotated[
+        str, ReachesHost("connects with the daemon user's ssh keys", lambda _v: False)
+    ]
     #: Absolute path on the host that commands run in and relative paths
     #: resolve from; created if missing.
     working_directory: str
