@@ -18,6 +18,8 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import hutch
 from hutch._sandbox import backend_of
@@ -601,3 +603,37 @@ def test_daemon_restart_adopts_an_ssh_sandbox(server: SshServer, workdir: str) -
             again.close()
     finally:
         d.stop()
+
+
+# -- any argv, any variable: what the command gets is what was sent ---------------------------
+
+_WORD = st.text(
+    alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"), max_size=24
+)
+
+
+@pytest.fixture(scope="module")
+def sync_sandbox() -> Iterator[Any]:
+    server = shared_server()
+    workdir = tempfile.mkdtemp(prefix="hutch-ssh-prop-")
+    sb = hutch.create_sandbox_sync(
+        "ssh", destination=ALIAS, working_directory=workdir, config_file=server.config_file,
+        read_before_write=False,
+    )
+    yield sb
+    sb.close()
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+@given(words=st.lists(_WORD, max_size=6), value=_WORD)
+@settings(max_examples=40, deadline=None)
+def test_any_argv_and_env_value_arrive_verbatim(
+    sync_sandbox: Any, words: list[str], value: str
+) -> None:
+    result = sync_sandbox.exec(
+        ["sh", "-c", 'for a; do printf "%s\\0" "$a"; done; printf "%s" "$HUTCH_PROP"', "sh",
+         *words],
+        env={"HUTCH_PROP": value},
+    )
+    expected = b"".join(w.encode() + b"\0" for w in words) + value.encode()
+    assert result.stdout_bytes == expected

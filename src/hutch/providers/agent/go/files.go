@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -439,44 +440,84 @@ func handleGrep(c *conn, h header) error {
 			literals = append(literals, []byte(l))
 		}
 	}
+	st, err := os.Stat(root)
+	if err != nil {
+		return failPath(c, err, root)
+	}
+	// Files are read by a few workers at once (the tree walk feeds them), each
+	// with raw system calls into a buffer of its own: no poller, no per-file
+	// allocation. The host sorts what it gets.
+	paths := make(chan string, 256)
+	var sendErr error
+	var errMu sync.Mutex
+	var beatMu sync.Mutex
 	last := time.Now()
-	check := func(path string) error {
+	setErr := func(err error) {
+		errMu.Lock()
+		if sendErr == nil {
+			sendErr = err
+		}
+		errMu.Unlock()
+	}
+	check := func(path string, buf []byte) []byte {
 		if name != "" {
 			if ok, _ := filepath.Match(name, filepath.Base(path)); !ok {
-				return nil
+				return buf
 			}
 		}
+		beatMu.Lock()
 		if time.Since(last) > time.Second {
 			last = time.Now()
 			if err := c.send(header{"t": "hb"}, nil); err != nil {
-				return err
+				setErr(err)
 			}
 		}
-		f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+		beatMu.Unlock()
+		fd, err := syscall.Open(path, syscall.O_RDONLY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
 		if err != nil {
-			return nil
+			return buf
 		}
-		defer f.Close()
-		st, err := f.Stat()
-		if err != nil || !st.Mode().IsRegular() {
-			return nil
+		defer syscall.Close(fd)
+		var st syscall.Stat_t
+		if syscall.Fstat(fd, &st) != nil || st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+			return buf
 		}
-		if st.Size() > chunkSize {
-			return c.send(header{"t": "big", "path": path}, nil)
+		if st.Size > chunkSize {
+			if err := c.send(header{"t": "big", "path": path}, nil); err != nil {
+				setErr(err)
+			}
+			return buf
 		}
-		data, err := io.ReadAll(io.LimitReader(f, chunkSize+1))
-		if err != nil {
-			return nil
+		n := 0
+		for {
+			if n == len(buf) {
+				if len(buf) > chunkSize {
+					if err := c.send(header{"t": "big", "path": path}, nil); err != nil {
+						setErr(err)
+					}
+					return buf
+				}
+				buf = append(buf, make([]byte, len(buf))...)
+			}
+			m, err := syscall.Read(fd, buf[n:])
+			if err == syscall.EINTR {
+				continue
+			}
+			if err != nil {
+				return buf
+			}
+			if m == 0 {
+				break
+			}
+			n += m
 		}
-		if len(data) > chunkSize {
-			return c.send(header{"t": "big", "path": path}, nil)
-		}
+		data := buf[:n]
 		head := data
 		if len(head) > 8192 {
 			head = head[:8192]
 		}
 		if bytes.IndexByte(head, 0) >= 0 {
-			return nil
+			return buf
 		}
 		if len(literals) > 0 {
 			hay := data
@@ -491,21 +532,45 @@ func handleGrep(c *conn, h header) error {
 				}
 			}
 			if !found {
-				return nil
+				return buf
 			}
 		}
-		last = time.Now()
-		return c.send(header{"t": "file", "path": path}, data)
+		if err := c.send(header{"t": "file", "path": path}, data); err != nil {
+			setErr(err)
+		}
+		return buf
 	}
-	st, err := os.Stat(root)
-	if err != nil {
-		return failPath(c, err, root)
+	var workers sync.WaitGroup
+	for i := 0; i < 4; i++ {
+		workers.Add(1)
+		go func() {
+			defer workers.Done()
+			buf := make([]byte, 64<<10)
+			for p := range paths {
+				buf = check(p, buf)
+			}
+		}()
+	}
+	feed := func(p string) error {
+		errMu.Lock()
+		err := sendErr
+		errMu.Unlock()
+		if err != nil {
+			return err
+		}
+		paths <- p
+		return nil
 	}
 	if st.IsDir() {
-		err = walk(root, check)
+		err = walk(root, feed)
 	} else {
 		name = ""
-		err = check(root)
+		err = feed(root)
+	}
+	close(paths)
+	workers.Wait()
+	if err == nil {
+		err = sendErr
 	}
 	if err != nil {
 		return err

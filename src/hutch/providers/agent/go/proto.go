@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"sync"
 )
 
@@ -55,14 +56,19 @@ func (c *conn) send(h header, payload []byte) error {
 	if err != nil {
 		return err
 	}
-	buf := make([]byte, 8, 8+len(raw)+len(payload))
-	binary.BigEndian.PutUint32(buf[:4], uint32(len(raw)))
-	binary.BigEndian.PutUint32(buf[4:], uint32(len(payload)))
-	buf = append(buf, raw...)
-	buf = append(buf, payload...)
+	head := make([]byte, 8, 8+len(raw))
+	binary.BigEndian.PutUint32(head[:4], uint32(len(raw)))
+	binary.BigEndian.PutUint32(head[4:], uint32(len(payload)))
+	head = append(head, raw...)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	_, err = c.w.Write(buf)
+	if len(payload) < 4096 {
+		_, err = c.w.Write(append(head, payload...))
+		return err
+	}
+	// One writev, the payload not copied.
+	bufs := net.Buffers{head, payload}
+	_, err = bufs.WriteTo(c.w)
 	return err
 }
 
