@@ -263,12 +263,38 @@ async def test_sandboxes_on_one_destination_share_one_connection(
 ) -> None:
     async with await make(server, workdir) as one, await make(server, workdir) as two:
         assert backend(one)._kept is backend(two)._kept
+        # Within sshd's default MaxSessions (10): the SFTP session and 8 commands.
         results = await asyncio.gather(
-            *(sb.exec(["echo", str(i)]) for i, sb in enumerate([one, two] * 10)),
+            *(sb.exec(["echo", str(i)]) for i, sb in enumerate([one, two] * 4)),
             *(one.write_text(f"f{i}", str(i)) for i in range(10)),
         )
-        assert [r.stdout for r in results[:20]] == [f"{i}\n" for i in range(20)]
+        assert [r.stdout for r in results[:8]] == [f"{i}\n" for i in range(8)]
         assert backend(one)._kept.connects == 1
+
+
+async def test_past_the_hosts_session_cap_commands_overflow_to_more_connections(
+    workdir: str,
+) -> None:
+    capped = SshServer(max_sessions=3).start()
+    try:
+        async with await make(capped, workdir) as sb:
+            await sb.write_text("warm.txt", "the SFTP session takes one")
+            started = time.monotonic()
+            results = await asyncio.gather(*(sb.exec(["sleep", "1"]) for _ in range(8)))
+            assert [r.exit_code for r in results] == [0] * 8
+            assert time.monotonic() - started < 30
+            assert backend(sb)._kept.connects > 1
+            # With every session of the kept connection busy, a timeout still
+            # reaches the host to kill its command (the kill takes a session too).
+            busy = [await sb.start("sleep 300") for _ in range(3)]
+            with pytest.raises(TimeoutError):
+                await sb.exec(["sleep", "300"], timeout=1)
+            for process in busy:
+                await process.kill()
+                assert not process.running
+            assert await backend(sb).count_busy_processes() == 0
+    finally:
+        capped.cleanup()
 
 
 async def test_the_last_sandbox_closes_the_connection(server: SshServer, workdir: str) -> None:
