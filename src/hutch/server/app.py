@@ -22,10 +22,11 @@ import json
 import logging
 import os
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import IO, Any
 from urllib.parse import parse_qsl
 
 import anyio
@@ -433,6 +434,30 @@ async def _read_body(receive: Receive) -> bytes | None:
             return b"".join(chunks)
 
 
+#: Request body a spool keeps in memory; past it, the rest is on disk.
+SPOOL_MEMORY_BYTES = 1024 * 1024
+
+
+def new_spool() -> IO[bytes]:
+    """Where an upload lands as it arrives: memory for a small one, disk past
+    :data:`SPOOL_MEMORY_BYTES` (an unlinked temporary file, the daemon's own)."""
+    return tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY_BYTES)
+
+
+async def _spool_body(receive: Receive) -> IO[bytes] | None:
+    """The request body in a spool, rewound; None if the client went away."""
+    spool = new_spool()
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            spool.close()
+            return None
+        spool.write(message.get("body", b""))
+        if not message.get("more_body", False):
+            spool.seek(0)
+            return spool
+
+
 async def _respond(send: Send, status: int, body: bytes, content_type: bytes) -> None:
     headers = [] if status == 204 else [
         (b"content-type", content_type), (b"content-length", str(len(body)).encode()),
@@ -551,11 +576,12 @@ class HotRoutes:
         path = self._query(scope).get("path")
         if path is None:
             raise _FallThrough()
-        data = await _read_body(receive)
-        if data is None:
+        spool = await _spool_body(receive)
+        if spool is None:
             return
-        sandbox = daemon.session(self._sandbox_id(scope), self._session(scope))
-        await sandbox.write_bytes(path, data)
+        with spool:
+            sandbox = daemon.session(self._sandbox_id(scope), self._session(scope))
+            await sandbox.write_from(path, spool)
         await _respond(send, 204, b"", b"")
 
 
@@ -671,7 +697,11 @@ def create_app(
     @v1.put("/sandboxes/{sandbox_id}/files", status_code=204)
     async def write_file(request: Request, sandbox_id: str, path: str = Query()) -> Response:
         sandbox = sandbox_for(request, sandbox_id)
-        await sandbox.write_bytes(path, await request.body())
+        with new_spool() as spool:
+            async for piece in request.stream():
+                spool.write(piece)
+            spool.seek(0)
+            await sandbox.write_from(path, spool)
         return Response(status_code=204)
 
     @v1.delete("/sandboxes/{sandbox_id}/files", status_code=204)
