@@ -278,15 +278,17 @@ async def test_past_the_hosts_session_cap_commands_overflow_to_more_connections(
     capped = SshServer(max_sessions=3).start()
     try:
         async with await make(capped, workdir) as sb:
-            await sb.write_text("warm.txt", "the SFTP session takes one")
             started = time.monotonic()
             results = await asyncio.gather(*(sb.exec(["sleep", "1"]) for _ in range(8)))
             assert [r.exit_code for r in results] == [0] * 8
             assert time.monotonic() - started < 30
             assert backend(sb)._kept.connects > 1
             # With every session of the kept connection busy, a timeout still
-            # reaches the host to kill its command (the kill takes a session too).
+            # reaches the host to kill its command (the kill takes a session
+            # too), and files still move (the SFTP session was opened first).
             busy = [await sb.start("sleep 300") for _ in range(3)]
+            await sb.write_text("while-busy.txt", "files still move")
+            assert await sb.read_text("while-busy.txt") == "files still move"
             with pytest.raises(TimeoutError):
                 await sb.exec(["sleep", "300"], timeout=1)
             for process in busy:

@@ -131,7 +131,16 @@ class KeptConnection:
         async with self._lock:
             if not self._alive():
                 self._drop()
-                self._conn = await self._connect()
+                conn = await self._connect()
+                # The SFTP session is opened with the connection, while a
+                # session is free: later, running commands may fill the
+                # host's MaxSessions.
+                try:
+                    self._sftp = await conn.start_sftp_client()
+                except (OSError, asyncssh.Error) as exc:
+                    conn.close()
+                    raise lost(self.target, exc) from None
+                self._conn = self._sftp_conn = conn
             assert self._conn is not None
             return self._conn
 
@@ -168,6 +177,7 @@ class KeptConnection:
                 try:
                     self._sftp = await conn.start_sftp_client()
                 except (OSError, asyncssh.Error) as exc:
+                    self.forget(conn)
                     raise lost(self.target, exc) from None
                 self._sftp_conn = conn
             return self._sftp
