@@ -451,3 +451,37 @@ def test_one_abused_docker_sandbox_leaves_the_daemon_and_others_working(
     finally:
         for sandbox in (abused, other):
             http.delete(sandbox)
+
+
+def test_a_client_gone_cancels_what_its_call_started(
+    daemon: DaemonProcess, http: httpx.Client, local_sandbox: str
+) -> None:
+    marker = f"{time.time_ns() % 10**6 + 1000}.5"  # a sleep no one else runs
+
+    def sleepers() -> list[str]:
+        found = []
+        for entry in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                    if fh.read() == f"sleep\0{marker}\0".encode():
+                        found.append(entry)
+            except OSError:
+                continue
+        return found
+
+    def call() -> None:
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up and goes
+            http.post(f"/v1/sandboxes/{local_sandbox}/exec",
+                      json={"cmd": ["sleep", marker]}, timeout=3)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    deadline = time.monotonic() + 3
+    while not sleepers():
+        assert time.monotonic() < deadline, "the command did not start"
+        time.sleep(0.05)
+    caller.join()
+    deadline = time.monotonic() + 10
+    while sleepers():
+        assert time.monotonic() < deadline, "the command outlived its caller"
+        time.sleep(0.2)

@@ -357,6 +357,49 @@ class BodyLimit:
         await self.app(scope, counted, send)
 
 
+# -- a caller gone ------------------------------------------------------------------------------
+
+
+class CancelOnDisconnect:
+    """Pure ASGI middleware: a request whose client goes away is cancelled.
+
+    Once a request's body is in, the only message left to receive is the
+    disconnect; a watcher waits for it and cancels the handler, so what the
+    call started (a command with no timeout, a grep) is killed rather than
+    left running for no one. Streaming responses end the same way.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # Reads (a status, a file) are short, and a stream notices its client
+        # going itself: only calls with a body pay for the watcher.
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        body_read = anyio.Event()
+
+        async def tracked() -> Message:
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body_read.set()
+            return message
+
+        async with anyio.create_task_group() as group:
+
+            async def watch() -> None:
+                await body_read.wait()
+                if (await receive())["type"] == "http.disconnect":
+                    group.cancel_scope.cancel()
+
+            group.start_soon(watch)
+            try:
+                await self.app(scope, tracked, send)
+            finally:
+                group.cancel_scope.cancel()
+
+
 # -- the fast path -----------------------------------------------------------------------------
 
 
@@ -837,5 +880,6 @@ def create_app(
     # The last added is the outermost: the token is checked before the fast path.
     app.add_middleware(HotRoutes, daemon=lambda: holder.get("daemon"))
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(CancelOnDisconnect)
     app.add_middleware(TokenAuth, token=settings.token)
     return app
