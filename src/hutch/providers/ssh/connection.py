@@ -15,6 +15,7 @@ import os
 import weakref
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import asyncssh
 
@@ -51,7 +52,12 @@ class SshTarget:
         )
 
     def connect_kwargs(self) -> dict[str, Any]:
-        user, _, host = self.destination.rpartition("@")
+        port: int | None = None
+        if self.destination.startswith("ssh://"):  # ssh://[user@]host[:port], as ssh takes
+            parts = urlsplit(self.destination)
+            user, host, port = parts.username or "", parts.hostname or "", parts.port
+        else:
+            user, _, host = self.destination.rpartition("@")
         kwargs: dict[str, Any] = {
             "host": host,
             "connect_timeout": self.connect_timeout,
@@ -62,6 +68,8 @@ class SshTarget:
         }
         if user:
             kwargs["username"] = user
+        if port is not None:
+            kwargs["port"] = port
         if self.config_file is not None:
             kwargs["config"] = [self.config_file]
         if not self.check_host_key:
