@@ -15,9 +15,9 @@ import re
 import shlex
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import anyio
 
@@ -343,6 +343,16 @@ class Sandbox:
         if not isinstance(data, bytes | bytearray | memoryview):
             raise InvalidArgument(f"data must be bytes, not {type(data).__name__}")
         full = self.path(path)
+        await self._write(full, lambda: self._runtime.write_file(full, bytes(data)))
+
+    async def write_from(self, path: str, source: IO[bytes]) -> None:
+        """Write what the binary file ``source`` holds, from its position on, to
+        ``path``; where the provider can, in pieces, never whole in memory."""
+        full = self.path(path)
+        await self._write(full, lambda: self._runtime.write_file_from(full, source))
+
+    async def _write(self, full: str, write: Callable[[], Awaitable[None]]) -> None:
+        """A write, under the read-before-write guard."""
         async with self._operation("write"):
             if self._session_guard.needs_check(full):
                 try:
@@ -353,7 +363,7 @@ class Sandbox:
                     if info.type == FileType.DIRECTORY:
                         raise SandboxIsADirectory(f"{full} is a directory")
                     raise self._session_guard.refuse(full, "overwrite")
-            await self._runtime.write_file(full, bytes(data))
+            await write()
         # What this session wrote, it knows: it may overwrite it again.
         self._session_guard.mark_read(full)
 

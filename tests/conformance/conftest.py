@@ -73,17 +73,24 @@ def _docker_native() -> AbstractAsyncContextManager[Harness]:
     return _docker("native")
 
 
-@asynccontextmanager
-async def _bubblewrap() -> AsyncIterator[Harness]:
-    # The root file system is the test image, exported from Docker once.
-    async with await hutch.create_sandbox(
-        "bubblewrap", image=TEST_IMAGE, ephemeral=True, read_before_write=False
-    ) as sb:
-        # Its working directory, as a directory of the overlay's upper layer.
-        from hutch.providers.bubblewrap.provisioning import bubblewrap_home
+Maker = Callable[[], AbstractAsyncContextManager[Harness]]
 
-        upper = f"{bubblewrap_home()}/sandboxes/{sb.id}/hot/upper"
-        yield Harness(sb, "bubblewrap", upper + sb.workdir)
+
+def _bubblewrap(runtime: str) -> Maker:
+    @asynccontextmanager
+    async def make() -> AsyncIterator[Harness]:
+        # The root file system is the test image, exported from Docker once.
+        async with await hutch.create_sandbox(
+            "bubblewrap", image=TEST_IMAGE, runtime=runtime, ephemeral=True,
+            read_before_write=False,
+        ) as sb:
+            # Its working directory, as a directory of the overlay's upper layer.
+            from hutch.providers.bubblewrap.provisioning import bubblewrap_home
+
+            upper = f"{bubblewrap_home()}/sandboxes/{sb.id}/hot/upper"
+            yield Harness(sb, "bubblewrap", upper + sb.workdir)
+
+    return make
 
 
 @asynccontextmanager
@@ -102,15 +109,14 @@ async def _ssh() -> AsyncIterator[Harness]:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-Maker = Callable[[], AbstractAsyncContextManager[Harness]]
-
 #: provider -> (maker, runs processes, pytest marks)
 MAKERS: dict[str, tuple[Maker, bool, list[pytest.MarkDecorator]]] = {
     "local": (_local, True, []),
     "virtual": (_virtual, False, []),
     "docker": (_docker_agent, True, [pytest.mark.docker]),
     "docker-native": (_docker_native, True, [pytest.mark.docker]),
-    "bubblewrap": (_bubblewrap, True, [pytest.mark.docker]),
+    "bubblewrap": (_bubblewrap("agent"), True, [pytest.mark.docker]),
+    "bubblewrap-native": (_bubblewrap("native"), True, [pytest.mark.docker]),
     "ssh": (_ssh, True, []),
 }
 

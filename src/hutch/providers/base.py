@@ -31,7 +31,7 @@ import dataclasses
 import posixpath
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import IO, Any, ClassVar
 
 from pydantic import BaseModel
 
@@ -155,6 +155,12 @@ class SandboxRuntime(abc.ABC):
     @abc.abstractmethod
     async def write_file(self, path: str, data: bytes) -> None:
         """Write ``data`` to ``path`` (absolute), creating parent directories."""
+
+    async def write_file_from(self, path: str, source: IO[bytes]) -> None:
+        """Write what ``source`` holds (from its position on) to ``path``, as
+        :meth:`write_file` does. A runtime that can copy in pieces overrides
+        this, so that a large upload is never whole in memory."""
+        await self.write_file(path, source.read())
 
     @abc.abstractmethod
     async def stat(self, path: str) -> FileInfo: ...

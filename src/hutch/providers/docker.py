@@ -17,13 +17,16 @@ import asyncio
 import base64
 import contextlib
 import io
+import ipaddress
 import json
 import logging
 import os
 import re
 import shutil
+import signal
 import socket
 import struct
+import subprocess
 import tarfile
 import threading
 import time
@@ -64,6 +67,7 @@ from ._grepfilter import required_literals as _required_literals
 from ._hostproc import EXEC_MARKER, SANDBOX_MARKER
 from .agent import AgentFailure, AgentRuntime, AgentUnavailable, agent_binary
 from .base import BackendProcess, RuntimeNotice, RuntimeReport, SandboxBackend, SandboxRuntime
+from .network import NetworkPolicy, apply_in_namespace, host_addresses
 from .policy import Limit, ReachesHost, format_bytes, keeps_dropped, one_of, parse_bytes
 
 log = logging.getLogger("hutch.docker")
@@ -112,6 +116,10 @@ class DockerConfig(BaseModel):
         str, ReachesHost("shares a network namespace not its own (the host's or another "
                          "container's)", one_of("bridge", "none", "default")),
     ] = "bridge"
+    #: What the sandbox may reach: ``"none"``, ``"all"`` (but the metadata
+    #: address, the host's own addresses and other sandboxes), or
+    #: ``{"allow": [CIDR, ...]}``. See hutch.providers.network.
+    network: NetworkPolicy = "all"
     #: Extra bind mounts, ``host:container[:ro]``.
     mounts: Annotated[list[str], ReachesHost("binds host paths into the sandbox")] = []
     #: Memory limit, as Docker takes it (``512m``, ``2g``).
@@ -490,6 +498,10 @@ class DockerProcess(BackendProcess):
                 ["sh", "-c", _KILL_SCRIPT, "hutch-kill", f"{EXEC_MARKER}={self._marker}",
                  str(max(1, int(grace * 10)))]
             )
+        # What forks faster than a kill from inside can run (a fork bomb at the
+        # pids limit leaves no room to start one) is killed from the host.
+        with contextlib.suppress(HutchError):
+            await _call(self._sandbox.kill_marked_from_host, self._marker)
         # Closing the socket ends the reader even if an orphan kept a pipe open.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(self._exit), 5)
@@ -605,6 +617,12 @@ def _flatten(
 # -- the sandbox ------------------------------------------------------------------
 
 
+def _own_network_namespace(network_mode: str) -> bool:
+    """Whether a container in ``network_mode`` has a namespace of its own to police
+    (not the host's, not another container's, not none)."""
+    return network_mode not in ("host", "none") and not network_mode.startswith("container:")
+
+
 def _parse_mount(spec: str) -> tuple[str, dict[str, str]]:
     parts = spec.split(":")
     if len(parts) not in (2, 3) or not parts[0] or not parts[1]:
@@ -623,6 +641,7 @@ class DockerSandbox(SandboxBackend):
         suspend=True,
         suspend_keeps_processes=False,
         resource_limits=True,
+        network_policy=True,
         users=True,
         preview_url=True,
     )
@@ -807,7 +826,7 @@ class DockerSandbox(SandboxBackend):
             extra["user"] = "0"
         host_config = api.create_host_config(
             binds=binds,
-            network_mode=cfg.network_mode,
+            network_mode="none" if cfg.network == "none" else cfg.network_mode,
             mem_limit=cfg.memory,
             nano_cpus=int(cfg.cpus * 1e9) if cfg.cpus else None,
             pids_limit=cfg.pids_limit,
@@ -854,6 +873,7 @@ class DockerSandbox(SandboxBackend):
             container = create(self._container_spec(image))
             try:
                 api.start(container)
+                self._enforce_network_policy(api, container)
             except BaseException:
                 api.remove_container(container, force=True)
                 raise
@@ -861,6 +881,34 @@ class DockerSandbox(SandboxBackend):
 
         result: str = await _call(run)
         return result
+
+    def _enforce_network_policy(self, api: Any, container: str) -> None:
+        """Install the sandbox's network policy in its container's namespace,
+        from the host: the sandbox (no CAP_NET_ADMIN) cannot change it."""
+        cfg = self.config
+        if cfg.network == "none" or not _own_network_namespace(cfg.network_mode):
+            return  # no network to police, or one that is not the sandbox's (operator's choice)
+        info = api.inspect_container(container)
+        pid = int(info["State"]["Pid"])
+        if os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat("/proc/self/ns/net").st_ino:
+            raise ProviderError(f"container {container[:12]} shares hutch's network namespace")
+        blocked = set(host_addresses())
+        for attached in (info["NetworkSettings"].get("Networks") or {}).values():
+            for key in ("Gateway", "IPv6Gateway"):
+                if attached.get(key):
+                    blocked.add(ipaddress.ip_network(attached[key]))
+        for network in api.networks():  # where other sandboxes live
+            for pool in (network.get("IPAM") or {}).get("Config") or []:
+                if pool.get("Subnet"):
+                    blocked.add(ipaddress.ip_network(pool["Subnet"], strict=False))
+        try:
+            apply_in_namespace(pid, cfg.network, sorted(blocked, key=str))
+        except (OSError, subprocess.SubprocessError) as exc:
+            detail = getattr(exc, "stderr", "") or exc
+            raise ProviderError(
+                f"cannot enforce the network policy of sandbox {self.sandbox_id} (nsenter and "
+                f"iptables-restore, run as root, install it): {detail}"
+            ) from None
 
     def _remove_stale_namesake(self) -> bool:
         """Remove a container left under this sandbox's name (a crash between
@@ -962,6 +1010,44 @@ class DockerSandbox(SandboxBackend):
             with anyio.CancelScope(shield=True):
                 await proc.kill(KILL_GRACE_SECONDS)
             raise
+
+    def kill_marked_from_host(self, marker: str) -> int:
+        """SIGKILL, from the host, every process of the container whose
+        environment carries ``marker``; return how many there were.
+
+        If any are left, the container is frozen first (cgroup freezer, as
+        pause), so that none can fork while the list is taken and killed; on
+        thaw they die before running again. Needs the host's /proc of the
+        container's processes (the daemon as root, the engine local); without
+        it nothing is done.
+        """
+        api = engine()
+        container = self._container()
+        needle = f"{EXEC_MARKER}={marker}".encode()
+
+        def marked() -> list[int]:
+            found = []
+            for row in api.top(container, ps_args="-e -o pid").get("Processes") or []:
+                try:
+                    with open(f"/proc/{int(row[0])}/environ", "rb") as fh:
+                        if needle in fh.read().split(b"\0"):
+                            found.append(int(row[0]))
+                except (OSError, ValueError):
+                    continue
+            return found
+
+        if not marked():
+            return 0
+        api.pause(container)
+        try:
+            pids = marked()
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+        finally:
+            api.unpause(container)
+        log.info("killed %d processes of sandbox %s from the host", len(pids), self.sandbox_id)
+        return len(pids)
 
     async def count_busy_processes(self) -> int:
         # The Engine's top runs ps on the host: no probe inside to count out.

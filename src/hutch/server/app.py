@@ -23,10 +23,11 @@ import json
 import logging
 import os
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import IO, Any
 from urllib.parse import parse_qsl
 
 import anyio
@@ -358,6 +359,49 @@ class BodyLimit:
         await self.app(scope, counted, send)
 
 
+# -- a caller gone ------------------------------------------------------------------------------
+
+
+class CancelOnDisconnect:
+    """Pure ASGI middleware: a request whose client goes away is cancelled.
+
+    Once a request's body is in, the only message left to receive is the
+    disconnect; a watcher waits for it and cancels the handler, so what the
+    call started (a command with no timeout, a grep) is killed rather than
+    left running for no one. Streaming responses end the same way.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # Reads (a status, a file) are short, and a stream notices its client
+        # going itself: only calls with a body pay for the watcher.
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        body_read = anyio.Event()
+
+        async def tracked() -> Message:
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body_read.set()
+            return message
+
+        async with anyio.create_task_group() as group:
+
+            async def watch() -> None:
+                await body_read.wait()
+                if (await receive())["type"] == "http.disconnect":
+                    group.cancel_scope.cancel()
+
+            group.start_soon(watch)
+            try:
+                await self.app(scope, tracked, send)
+            finally:
+                group.cancel_scope.cancel()
+
+
 # -- the fast path -----------------------------------------------------------------------------
 
 
@@ -389,6 +433,30 @@ async def _read_body(receive: Receive) -> bytes | None:
         chunks.append(message.get("body", b""))
         if not message.get("more_body", False):
             return b"".join(chunks)
+
+
+#: Request body a spool keeps in memory; past it, the rest is on disk.
+SPOOL_MEMORY_BYTES = 1024 * 1024
+
+
+def new_spool() -> IO[bytes]:
+    """Where an upload lands as it arrives: memory for a small one, disk past
+    :data:`SPOOL_MEMORY_BYTES` (an unlinked temporary file, the daemon's own)."""
+    return tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY_BYTES)
+
+
+async def _spool_body(receive: Receive) -> IO[bytes] | None:
+    """The request body in a spool, rewound; None if the client went away."""
+    spool = new_spool()
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            spool.close()
+            return None
+        spool.write(message.get("body", b""))
+        if not message.get("more_body", False):
+            spool.seek(0)
+            return spool
 
 
 async def _respond(send: Send, status: int, body: bytes, content_type: bytes) -> None:
@@ -509,11 +577,12 @@ class HotRoutes:
         path = self._query(scope).get("path")
         if path is None:
             raise _FallThrough()
-        data = await _read_body(receive)
-        if data is None:
+        spool = await _spool_body(receive)
+        if spool is None:
             return
-        sandbox = daemon.session(self._sandbox_id(scope), self._session(scope))
-        await sandbox.write_bytes(path, data)
+        with spool:
+            sandbox = daemon.session(self._sandbox_id(scope), self._session(scope))
+            await sandbox.write_from(path, spool)
         await _respond(send, 204, b"", b"")
 
 
@@ -656,7 +725,11 @@ def create_app(
     @v1.put("/sandboxes/{sandbox_id}/files", status_code=204)
     async def write_file(request: Request, sandbox_id: str, path: str = Query()) -> Response:
         sandbox = sandbox_for(request, sandbox_id)
-        await sandbox.write_bytes(path, await request.body())
+        with new_spool() as spool:
+            async for piece in request.stream():
+                spool.write(piece)
+            spool.seek(0)
+            await sandbox.write_from(path, spool)
         return Response(status_code=204)
 
     @v1.delete("/sandboxes/{sandbox_id}/files", status_code=204)
@@ -917,5 +990,6 @@ def create_app(
     # The last added is the outermost: the token is checked before the fast path.
     app.add_middleware(HotRoutes, daemon=lambda: holder.get("daemon"))
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(CancelOnDisconnect)
     app.add_middleware(TokenAuth, token=settings.token)
     return app
