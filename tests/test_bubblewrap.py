@@ -39,6 +39,17 @@ async def sandbox() -> AsyncIterator[Any]:
         await sb.close()
 
 
+@pytest.fixture(params=["agent", "native"])
+async def each_runtime(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    """A sandbox on each runtime: the file API is the agent's inside the
+    sandbox, or the host's through openat2 on the overlay."""
+    sb = await _make(runtime=request.param)
+    try:
+        yield sb
+    finally:
+        await sb.close()
+
+
 @pytest.fixture
 def canary() -> Any:
     """A host file a sandbox must never read or write, in a host directory."""
@@ -129,16 +140,23 @@ async def test_proc_shows_only_the_sandboxs_processes(sandbox: Any) -> None:
 # -- the file API and symlinks made inside -------------------------------------------------
 
 
-async def test_symlinks_to_host_paths_resolve_inside(sandbox: Any, canary: Any) -> None:
+async def test_symlinks_to_host_paths_resolve_inside(each_runtime: Any, canary: Any) -> None:
+    sandbox = each_runtime
     directory, path, _secret = canary
     depth = "../" * 12
     await sandbox.exec(
         f"ln -s {path} abs; ln -s {depth}{path.lstrip('/')} rel; ln -s {directory} dir; "
         "ln -s /proc/1/root/etc/shadow magic"
     )
-    for name in ("abs", "rel", "dir/canary", "magic"):
+    for name in ("abs", "rel", "dir/canary"):
         with pytest.raises(FileNotFoundError):
             await sandbox.read_bytes(name)
+    # /proc/1/root inside is the sandbox's own root: its view, or refused.
+    own_shadow = (await sandbox.exec(["cat", "/etc/shadow"])).stdout_bytes
+    try:
+        assert await sandbox.read_bytes("magic") == own_shadow
+    except FileNotFoundError:
+        pass
     with pytest.raises(FileNotFoundError):
         await sandbox.list_dir("dir")
     with pytest.raises(FileNotFoundError):
@@ -158,8 +176,9 @@ async def test_symlinks_to_host_paths_resolve_inside(sandbox: Any, canary: Any) 
 
 
 async def test_directory_swapped_for_a_symlink_during_1000_writes(
-    sandbox: Any, canary: Any
+    each_runtime: Any, canary: Any
 ) -> None:
+    sandbox = each_runtime
     directory, path, secret = canary
     # Inside, a loop swaps a directory for a link to the host directory's path.
     swapper = await sandbox.start(
@@ -343,3 +362,111 @@ def test_daemon_adopts_live_sandboxes_after_a_restart() -> None:
         client.close()
     finally:
         daemon.stop()
+
+
+# -- snapshots at the provider: captured upper layers, forks copy nothing ---------------------
+
+
+async def test_snapshot_and_forks_are_independent_copy_on_write(sandbox: Any) -> None:
+    from hutch._sandbox import backend_of
+    from hutch.providers.bubblewrap import BubblewrapConfig, BubblewrapSandbox
+    from hutch.providers.bubblewrap.snapshots import held, remove
+
+    await sandbox.write_text("shared.txt", "from the origin")
+    await sandbox.exec("seq 1 2000 | while read i; do echo $i > f$i; done; rm /etc/motd")
+    backend = backend_of(sandbox)
+    snap_id = f"snap-{secrets.token_hex(4)}"
+    data = await backend.capture_layers(snap_id)
+    assert snap_id in held() and data["size_bytes"] > 0
+    config = BubblewrapConfig(image=TEST_IMAGE, ephemeral=True)
+    branches = [
+        await BubblewrapSandbox.create_from_layers(config, f"fork-{secrets.token_hex(4)}",
+                                                   snap_id, data)
+        for _ in range(2)
+    ]
+    try:
+        for index, branch in enumerate(branches):
+            assert await branch.read_file("/workspace/shared.txt", 100) == b"from the origin"
+            await branch.write_file("/workspace/shared.txt", f"branch {index}".encode())
+            # Nothing was copied: the fork's own upper layer holds only its write.
+            upper = branch.parts.layers.upper
+            assert sum(len(files) for _, _, files in os.walk(upper)) == 1
+        assert await branches[0].read_file("/workspace/shared.txt", 100) == b"branch 0"
+        assert await branches[1].read_file("/workspace/shared.txt", 100) == b"branch 1"
+        assert await sandbox.read_text("shared.txt") == "from the origin"
+        proc = await branches[0].runtime.start_process(
+            ["sh", "-c", "cat f1999; test -e /etc/motd; echo $?"], cwd="/workspace", env={},
+            stdin=None, user=None,
+        )
+        out = b""
+        while (chunk := await proc.read()) is not None:
+            out += chunk.data
+        assert out == b"1999\n1\n"
+        # Removing the snapshot keeps its layers while forks stand on them.
+        remove(snap_id)
+        assert snap_id not in held()
+        assert await branches[1].read_file("/workspace/f7", 100) == b"7\n"
+    finally:
+        for branch in branches:
+            await branch.close()
+    from hutch.providers.bubblewrap.snapshots import snapshots_dir
+
+    assert not os.path.exists(os.path.join(snapshots_dir(), snap_id))
+
+
+# -- network policies -------------------------------------------------------------------------
+
+
+def _resolver() -> str:
+    """The host's resolver: an address outside this host, reachable through NAT."""
+    with open("/etc/resolv.conf") as fh:
+        return next(line.split()[1] for line in fh if line.startswith("nameserver"))
+
+
+async def test_network_all_reaches_out_but_not_the_host_metadata_or_other_sandboxes() -> None:
+    from hutch._sandbox import backend_of
+
+    with socket.socket() as server:
+        server.bind(("0.0.0.0", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        sb = await _make(network="all")
+        other = await _make(network="all")
+        try:
+            assert sb.capabilities.network_policy
+            # Out, through the masquerade (the host's resolver, an outside address).
+            resolver = _resolver()
+            out = await sb.exec(
+                ["bash", "-c", f"exec 3<>/dev/tcp/{resolver}/53 && echo connected"], timeout=30
+            )
+            assert "connected" in out.stdout, out
+            other_ip = backend_of(other).describe()["net_index"]
+            from hutch.providers.bubblewrap.network import addresses
+
+            targets = [("169.254.169.254", 80), (addresses(other_ip)[1], 22)]
+            targets += [(address, port) for address in _host_addresses()]
+            for host, target_port in targets:
+                result = await sb.exec(
+                    ["bash", "-c", f"exec 3<>/dev/tcp/{host}/{target_port} && echo connected"],
+                    timeout=30,
+                )
+                assert "connected" not in result.stdout, (host, target_port)
+        finally:
+            await sb.close()
+            await other.close()
+
+
+async def test_network_allow_list_reaches_only_what_it_names() -> None:
+    resolver = _resolver()
+    sb = await _make(network={"allow": [f"{resolver}/32"]})
+    try:
+        allowed = await sb.exec(
+            ["bash", "-c", f"exec 3<>/dev/tcp/{resolver}/53 && echo connected"], timeout=30
+        )
+        assert "connected" in allowed.stdout, allowed
+        refused = await sb.exec(
+            ["bash", "-c", "exec 3<>/dev/tcp/1.1.1.1/53 && echo connected"], timeout=30
+        )
+        assert "connected" not in refused.stdout
+    finally:
+        await sb.close()

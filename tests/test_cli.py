@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import socket
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+import typer.main
 
-from tests.daemon_fixture import DaemonProcess
+from hutch import __version__
+from hutch.cli.main import app
+from tests.daemon_fixture import DaemonProcess, free_port
 
 HUTCH = [sys.executable, "-m", "hutch.cli.main"]
 
@@ -23,12 +30,24 @@ def daemon() -> Iterator[DaemonProcess]:
 
 
 def hutch(d: DaemonProcess | None, *args: str, token: str | None = None,
-          cwd: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, COLUMNS="200")
+          cwd: str | None = None, stdin: str | None = None,
+          columns: str | None = "200") -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env.pop("COLUMNS", None)
+    if columns is not None:
+        env["COLUMNS"] = columns
     if d is not None:
         env.update(HUTCH_URL=d.url, HUTCH_TOKEN=token if token is not None else d.token)
+    # Output is always a pipe here, as in a script.
     return subprocess.run([*HUTCH, *args], capture_output=True, text=True, env=env,
-                          timeout=120, cwd=cwd)
+                          timeout=120, cwd=cwd, input=stdin,
+                          stdin=subprocess.DEVNULL if stdin is None else None)
+
+
+def make_local(d: DaemonProcess, *flags: str) -> str:
+    made = hutch(d, "create", "--provider", "local", "--workdir", tempfile.mkdtemp(), *flags)
+    assert made.returncode == 0, made.stderr
+    return made.stdout.strip()
 
 
 def test_demo_runs_with_no_daemon() -> None:
@@ -100,3 +119,147 @@ def test_snapshot_create_ls_rm_and_fork(daemon: DaemonProcess) -> None:
     assert hutch(daemon, "snapshot", "rm", root).returncode == 0
     assert hutch(daemon, "snapshot", "ls", "--json").stdout.strip() == "[]"
     assert hutch(daemon, "kill", sid).returncode == 0
+
+
+# -- what a person uses ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("columns", ["80", None])
+def test_ls_is_one_line_a_sandbox_at_80_columns(daemon: DaemonProcess,
+                                                columns: str | None) -> None:
+    ids = [make_local(daemon, "--idle-timeout", "600", "--max-lifetime", "7200")
+           for _ in range(2)]
+    try:
+        listing = hutch(daemon, "ls", columns=columns)
+        assert listing.returncode == 0, listing.stderr
+        lines = listing.stdout.splitlines()
+        assert lines[0].split() == ["ID", "PROVIDER", "STATE", "AGE", "IDLE", "DEADLINE"]
+        for line in lines:
+            assert len(line) <= 80, line
+        for sid in ids:
+            mine = [line for line in lines if sid in line]
+            assert len(mine) == 1, listing.stdout
+            cells = mine[0].split()
+            assert cells[:3] == [sid, "local", "running"], mine[0]
+            assert re.fullmatch(r"\d+s", cells[3]) and re.fullmatch(r"\d+s", cells[4])
+            assert cells[5:] == ["in", "2.0h"], mine[0]  # the max_lifetime
+        wide = hutch(daemon, "ls", "--wide", columns=columns)
+        header = wide.stdout.splitlines()[0].split()
+        assert header[:6] == ["ID", "PROVIDER", "STATE", "AGE", "IDLE", "DEADLINE"]
+        assert {"MEMORY", "RUNNING", "PAUSED", "SUSPENDED", "WORKDIR"} <= set(header)
+        for sid in ids:
+            assert len([line for line in wide.stdout.splitlines() if sid in line]) == 1
+        as_json = hutch(daemon, "ls", "--json", columns=columns)
+        assert {s["id"] for s in json.loads(as_json.stdout)} >= set(ids)
+    finally:
+        for sid in ids:
+            hutch(daemon, "kill", sid)
+
+
+def _options() -> Iterator[tuple[str, Any]]:
+    """Every option of every command (typer's own click: read by shape)."""
+    def walk(command: Any, path: str) -> Iterator[tuple[str, Any]]:
+        for param in command.params:
+            if param.param_type_name == "option" and param.name != "help":
+                yield f"{path} {param.opts[0]}", param
+        for name, sub in getattr(command, "commands", {}).items():
+            yield from walk(sub, f"{path} {name}")
+    yield from walk(typer.main.get_command(app), "hutch")
+
+
+def test_every_option_is_described_with_its_unit() -> None:
+    options = list(_options())
+    assert len(options) > 20
+    for where, option in options:
+        assert option.help, f"{where} has no help"
+        if option.type_descriptor.annotation in (float, int):
+            assert re.search(r"\b(seconds|bytes|TCP port|how many)\b", option.help, re.I), (
+                f"{where}: {option.help!r} does not say its unit")
+
+
+def test_version() -> None:
+    shown = hutch(None, "--version")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.strip() == f"hutch {__version__}"
+
+
+def test_exec_forwards_stdin_and_caps_output(daemon: DaemonProcess) -> None:
+    sid = make_local(daemon)
+    try:
+        fed = hutch(daemon, "exec", sid, "--", "sh", "-c", "tr a-z A-Z; echo done",
+                    stdin="hello stdin\n")
+        assert (fed.returncode, fed.stdout) == (0, "HELLO STDIN\ndone\n"), fed.stderr
+        capped = hutch(daemon, "exec", sid, "--output-limit", "1000", "--",
+                       "head", "-c", "100000", "/dev/zero")
+        assert capped.returncode != 0
+        assert "output_limit_exceeded" in capped.stderr and "1000" in capped.stderr
+    finally:
+        hutch(daemon, "kill", sid)
+
+
+def _tree(root: str) -> dict[str, bytes]:
+    found = {}
+    for here, _, files in os.walk(root):
+        for name in files:
+            full = os.path.join(here, name)
+            with open(full, "rb") as fh:
+                found[os.path.relpath(full, root)] = fh.read()
+    return found
+
+
+def test_cp_files_and_directories_both_ways(daemon: DaemonProcess) -> None:
+    sid = make_local(daemon)
+    local = tempfile.mkdtemp()
+    source = os.path.join(local, "src")
+    os.makedirs(os.path.join(source, "deep", "er"))
+    files = {"a.txt": b"alpha\n", "deep/b c'\"€.bin": bytes(range(256)),
+             "deep/er/empty": b"", "deep/er/z.sh": b"#!/bin/sh\necho z\n"}
+    for rel, data in files.items():
+        with open(os.path.join(source, rel), "wb") as fh:
+            fh.write(data)
+    os.chmod(os.path.join(source, "deep/er/z.sh"), 0o755)
+    try:
+        # A directory in, then out again: the same tree, byte for byte.
+        assert hutch(daemon, "cp", source, f"{sid}:copied").returncode == 0
+        ran = hutch(daemon, "exec", sid, "--", "sh", "-c", "cat 'copied/deep/b c'\\''\"€.bin' "
+                    "| wc -c; ./copied/deep/er/z.sh")
+        assert ran.stdout.split() == ["256", "z"], (ran.stdout, ran.stderr)
+        back = os.path.join(local, "back")
+        out = hutch(daemon, "cp", f"{sid}:copied", back)
+        assert out.returncode == 0, out.stderr
+        assert _tree(back) == files
+        assert os.stat(os.path.join(back, "deep/er/z.sh")).st_mode & 0o111
+        # Into an existing directory, the source keeps its name (as cp does).
+        into = hutch(daemon, "cp", os.path.join(source, "a.txt"), f"{sid}:copied/deep")
+        assert into.returncode == 0, into.stderr
+        one = os.path.join(local, "one.txt")
+        assert hutch(daemon, "cp", f"{sid}:copied/deep/a.txt", one).returncode == 0
+        with open(one, "rb") as fh:
+            assert fh.read() == b"alpha\n"
+        missing = hutch(daemon, "cp", f"{sid}:nothing/here", local)
+        assert missing.returncode == 3 and "nothing/here" in missing.stderr
+    finally:
+        hutch(daemon, "kill", sid)
+
+
+def test_serve_refuses_before_it_claims_to_serve(tmp_path: Any) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        busy = hutch(None, "serve", "--port", port, "--data-dir", str(tmp_path / "d1"))
+    assert busy.returncode != 0
+    assert "serving" not in busy.stdout
+    assert port in busy.stderr and "in use" in busy.stderr
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    bad = hutch(None, "serve", "--port", str(free_port()), "--data-dir", str(blocker / "d"))
+    assert bad.returncode != 0
+    assert "serving" not in bad.stdout
+    assert str(blocker) in bad.stderr
+
+
+def test_unauthorized_names_the_token_variable(daemon: DaemonProcess) -> None:
+    denied = hutch(daemon, "ls", token="wrong")
+    assert denied.returncode == 5
+    assert "HUTCH_TOKEN" in denied.stderr

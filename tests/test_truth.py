@@ -89,7 +89,8 @@ def test_ending_an_ended_sandbox_succeeds_and_its_record_stays(daemon: DaemonPro
 
     listing = cli(daemon, "ls", "--all")
     assert listing.returncode == 0, listing.stderr
-    assert expired.id in listing.stdout and "max_lifetime_exceeded" in listing.stdout
+    assert expired.id in listing.stdout and "terminated" in listing.stdout
+    assert "max_lifetime_exceeded" in cli(daemon, "ls", "--all", "--wide").stdout
     assert expired.id not in cli(daemon, "ls").stdout
     told = cli(daemon, "events", expired.id)
     assert told.returncode == 0, told.stderr
@@ -257,3 +258,49 @@ def test_a_full_store_refuses_transitions_and_nothing_is_half_done() -> None:
         subprocess.run(["umount", mount], check=False)
         shutil.rmtree(mount, ignore_errors=True)
         shutil.rmtree(log_dir, ignore_errors=True)
+
+
+# -- 5. what happened is told ----------------------------------------------------------
+
+
+@pytest.mark.docker
+def test_an_oom_killed_command_is_told_as_such(daemon: DaemonProcess) -> None:
+    with client(daemon) as c:
+        sb = c.create_sandbox("docker", image=TEST_IMAGE, memory="64m")
+        hog = "head -c 400m /dev/zero | tail > /dev/null"
+        result = sb.exec(hog)
+        assert (result.exit_code, result.oom_killed) == (137, True), result
+        streamed = [e for e in sb.exec_stream(hog) if isinstance(e, hutch.ExitStatus)]
+        assert [(e.exit_code, e.oom_killed) for e in streamed] == [(137, True)]
+        # A SIGKILL that is not the OOM killer's is not called one.
+        plain = sb.exec("kill -KILL $$")
+        assert (plain.exit_code, plain.oom_killed) == (137, False)
+        wait_until(lambda: any("OOM killer" in e["message"] for e in c.events(sb.id)), 10,
+                   "the sandbox's events tell of the OOM kill")
+        assert sb.info()["state"] == "running"
+        sb.close()
+
+
+@pytest.mark.parametrize("provider", ["local", pytest.param("docker", marks=pytest.mark.docker)])
+def test_a_command_killed_by_a_signal_exits_128_plus_n(
+    daemon: DaemonProcess, provider: str
+) -> None:
+    settings = {"image": TEST_IMAGE} if provider == "docker" else {}
+    with client(daemon) as c, c.create_sandbox(provider, **settings) as sb:
+        assert sb.exec("kill -TERM $$").exit_code == 128 + 15
+        assert sb.exec(["sh", "-c", "kill -KILL $$"]).exit_code == 128 + 9
+        [status] = [e for e in sb.exec_stream("kill -INT $$")
+                    if isinstance(e, hutch.ExitStatus)]
+        assert status.exit_code == 128 + 2
+
+
+@pytest.mark.docker
+def test_error_messages_name_the_sandboxs_paths_not_the_hosts(daemon: DaemonProcess) -> None:
+    with client(daemon) as c, c.create_sandbox("docker", image=TEST_IMAGE) as sb:
+        sb.exec("ln -s loop-b loop-a && ln -s loop-a loop-b")
+        for call in (lambda: sb.read_text("loop-a"), lambda: sb.write_text("loop-a", "x")):
+            with pytest.raises(hutch.HutchError) as caught:
+                call()
+            message = str(caught.value)
+            assert "/workspace/loop-a" in message, message
+            assert "/var/lib/docker" not in message and "overlay" not in message, message

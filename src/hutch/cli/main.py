@@ -1,4 +1,5 @@
-"""The ``hutch`` command, on the SDK.
+"""hutch: sandboxes for AI agents. Talks to `hutch serve` at HUTCH_URL
+(default http://127.0.0.1:8787) with the token in HUTCH_TOKEN.
 
 Exit codes scripts can rely on:
 
@@ -9,7 +10,7 @@ Exit codes scripts can rely on:
     4  sandbox unavailable or expired (sandbox_unavailable, idle_timeout, ...)
     5  unauthorized (missing or wrong token)
 
-``hutch exec`` exits with the command's own exit code.
+`hutch exec` exits with the command's own exit code.
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
-from rich.table import Column, Table
+from rich.table import Table
 
 from .._errors import HutchError
 from ..config import load_config_file
 from ..providers.ssh.gitsource import current_source
+from .images import image_app
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -37,11 +39,30 @@ HELP = __doc__
 app = typer.Typer(help=HELP, no_args_is_help=True, add_completion=False)
 workspace_app = typer.Typer(help="Named workspaces that outlive the daemon.", no_args_is_help=True)
 app.add_typer(workspace_app, name="workspace")
+app.add_typer(image_app, name="image")
 snapshot_app = typer.Typer(help="Snapshots of sandboxes, as a lineage tree.",
                            no_args_is_help=True)
 app.add_typer(snapshot_app, name="snapshot")
 console = Console()
 err_console = Console(stderr=True)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from .. import __version__
+
+        print(f"hutch {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True,
+        help="Print hutch's version and exit.",
+    ),
+) -> None:
+    pass
 
 EXIT_CODES = {
     "invalid_argument": 2, "timeout_too_large": 2, "invalid_state": 2,
@@ -108,12 +129,16 @@ def size(n: int | None) -> str:
 @app.command()
 def serve(
     host: str = typer.Option("127.0.0.1", help="Address to bind (loopback unless a token is set)."),
-    port: int = typer.Option(8787),
+    port: int = typer.Option(8787, help="TCP port to listen on."),
     token_file: str | None = typer.Option(
         None, help="File holding the bearer token (mode 0600). Without it the token comes "
         "from HUTCH_TOKEN; never from the command line, where every user could read it.",
     ),
-    data_dir: str | None = typer.Option(None, envvar="HUTCH_HOME", help="Where state is kept."),
+    data_dir: str | None = typer.Option(
+        None, envvar="HUTCH_HOME",
+        help="Directory for the state store and working directories "
+        "(default ~/.local/share/hutch).",
+    ),
     retention: float | None = typer.Option(
         None, help="Seconds an ended sandbox stays readable, with its events (default 86400)."
     ),
@@ -126,8 +151,8 @@ def serve(
         None, help="hutch.toml with [server] allow/limits/ceilings (default: ./hutch.toml)."
     ),
     max_connections: int | None = typer.Option(
-        None, help="Most client connections at once (default 4096, or half the open-files "
-        "limit); past it the longest-idle one is closed.",
+        None, help="How many client connections at once, at most (default 4096, or half "
+        "the open-files limit); past it the longest-idle one is closed.",
     ),
 ) -> None:
     """Run the daemon: the HTTP API, the state store, the timers.
@@ -135,13 +160,15 @@ def serve(
     The token clients must send is read from HUTCH_TOKEN or --token-file.
     """
     from ..server import serve as run
-    from ..server.daemon import default_data_dir
 
-    where = data_dir or default_data_dir()
-    console.print(f"hutch serving on http://{host}:{port} (state in {where})")
+    def announce(url: str, where: str) -> None:
+        # Said only once the port is ours and the daemon has started.
+        console.print(f"hutch serving on {url} (state in {where})")
+
     try:
         run(host, port, data_dir=data_dir, token_file=token_file, retention_seconds=retention,
-            allow=allow, config_file=config, max_connections=max_connections)
+            allow=allow, config_file=config, max_connections=max_connections,
+            on_ready=announce)
     except HutchError as exc:
         err_console.print(f"[red]error[/red] ({exc.code}): {exc}")
         raise typer.Exit(exit_code_for(exc)) from None
@@ -173,35 +200,63 @@ def demo() -> None:
     console.print("[green]done[/green]")
 
 
+LS_COLUMNS = ("ID", "PROVIDER", "STATE", "AGE", "IDLE", "DEADLINE")
+LS_WIDE_COLUMNS = ("MEMORY", "RUNNING", "PAUSED", "SUSPENDED", "WORKSPACE", "WORKDIR", "REASON")
+
+
+def plain_table(headers: tuple[str, ...], rows: list[list[str]]) -> list[str]:
+    """Columns padded to their widest cell: one line a row, no cell ever cut.
+
+    Plain text, not a terminal widget, so that it reads the same on a
+    terminal, in a pipe and in a log, and `grep`/`awk` find whole rows.
+    """
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    lines = []
+    for cells in [list(headers), *rows]:
+        padded = [c.ljust(w) for c, w in zip(cells[:-1], widths[:-1], strict=True)]
+        lines.append("  ".join([*padded, cells[-1]]).rstrip())
+    return lines
+
+
+def sandbox_row(s: dict[str, Any], wide: bool) -> list[str]:
+    deadline = s.get("deadline_unix")
+    row = [
+        s["id"], s["provider"], s["state"], ago(s.get("created_at_unix")),
+        duration(s.get("idle_seconds")),
+        f"in {duration(deadline - time.time())}" if deadline else "-",
+    ]
+    if wide:
+        meter = s.get("meter") or {}
+        row += [size(s.get("memory_bytes"))]
+        row += [duration(meter.get(k)) for k in ("running_s", "paused_s", "suspended_s")]
+        row += [s.get("workspace") or "-", s.get("workdir") or "-", s.get("reason") or "-"]
+    return row
+
+
 @app.command("ls")
 @reports_errors
 def list_sandboxes(
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help="Print the daemon's JSON as it is."),
+    wide: bool = typer.Option(
+        False, "--wide", "-w",
+        help="Also show memory, time spent running / paused / suspended, workspace, "
+        "working directory and the reason a sandbox ended.",
+    ),
     include_ended: bool = typer.Option(
         False, "--all", "-a",
         help="Also show sandboxes that ended (terminated or failed) within the daemon's "
         "retention period, with the reason.",
     ),
 ) -> None:
-    """List sandboxes: state, age, idle time, deadline and memory."""
+    """List sandboxes, one line each: state, age, idle time and time to the deadline."""
     with client() as c:
         sandboxes = c.list_sandboxes(include_ended=include_ended)
     if as_json:
         console.print_json(json.dumps(sandboxes))
         return
-    table = Table(Column("id", no_wrap=True), "provider", "state", "age", "idle for",
-                  "deadline", "memory", "running / paused / suspended")
-    for s in sandboxes:
-        deadline = s.get("deadline_unix")
-        table.add_row(
-            s["id"], s["provider"], s["state"] + (f" ({s['reason']})" if s.get("reason") else ""),
-            ago(s.get("created_at_unix")), duration(s.get("idle_seconds")),
-            f"in {duration(deadline - time.time())}" if deadline else "-",
-            size(s.get("memory_bytes")),
-            " / ".join(duration(s.get("meter", {}).get(k)) for k in
-                       ("running_s", "paused_s", "suspended_s")),
-        )
-    console.print(table)
+    headers = LS_COLUMNS + (LS_WIDE_COLUMNS if wide else ())
+    for line in plain_table(headers, [sandbox_row(s, wide) for s in sandboxes]):
+        print(line)
 
 
 @app.command()
@@ -211,7 +266,7 @@ def events(
         None, help="A sandbox id or workspace name; all subjects when omitted."
     ),
     limit: int = typer.Option(100, help="How many of the newest events to show."),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help="Print the daemon's JSON as it is."),
 ) -> None:
     """What happened to a sandbox or workspace, and why (reaped, failed, adopted...)."""
     with client() as c:
@@ -249,9 +304,15 @@ def create(
         False, "--clone-current",
         help="Clone this directory's git origin (as https) at its current branch (ssh).",
     ),
-    idle_suspend_after: float | None = typer.Option(None),
-    idle_timeout: float | None = typer.Option(None),
-    max_lifetime: float | None = typer.Option(None),
+    idle_suspend_after: float | None = typer.Option(
+        None, help="Suspend after this many seconds idle (work-aware); unset: never."
+    ),
+    idle_timeout: float | None = typer.Option(
+        None, help="Terminate after this many seconds idle (work-aware); unset: never."
+    ),
+    max_lifetime: float | None = typer.Option(
+        None, help="Terminate this many seconds after creation, busy or not; unset: never."
+    ),
     config: str | None = typer.Option(None, help="Run config file (default ./hutch.toml)."),
 ) -> None:
     """Create a sandbox. Flags beat hutch.toml, which beats the daemon's defaults."""
@@ -295,17 +356,37 @@ def merge_layers(config_file: dict[str, Any], flags: dict[str, Any]) -> dict[str
 def exec_(
     sandbox_id: str,
     command: list[str] = typer.Argument(..., help="The command (after --)."),
-    timeout: float | None = typer.Option(None),
-    cwd: str | None = typer.Option(None),
+    timeout: float | None = typer.Option(
+        None, help="Kill the command's whole process tree after this many seconds."
+    ),
+    cwd: str | None = typer.Option(
+        None, help="Directory to run in (relative to the sandbox's working directory)."
+    ),
+    output_limit: int | None = typer.Option(
+        None, help="Kill the command once its output passes this many bytes "
+        "(default: the sandbox's, 16 MiB unless set)."
+    ),
+    no_stdin: bool = typer.Option(
+        False, "--no-stdin", "-n",
+        help="Do not forward standard input (it is forwarded when it is not a terminal).",
+    ),
 ) -> None:
-    """Run a command in a sandbox, streaming its output; exit with its exit code."""
+    """Run a command in a sandbox, streaming its output; exit with its exit code.
+
+    Standard input, when it is a pipe or a file, is read to its end and given
+    to the command.
+    """
     from .._process import ExitStatus
 
     cmd: str | list[str] = command[0] if len(command) == 1 else command
+    stdin = None if no_stdin or sys.stdin is None or sys.stdin.isatty() else (
+        sys.stdin.buffer.read()
+    )
     code = 1
     with client() as c:
         sb = c.get_sandbox(sandbox_id)
-        for event in sb.exec_stream(cmd, timeout=timeout, cwd=cwd):
+        for event in sb.exec_stream(cmd, timeout=timeout, cwd=cwd, stdin=stdin,
+                                    output_limit=output_limit):
             if isinstance(event, ExitStatus):
                 code = event.exit_code
             else:
@@ -313,6 +394,57 @@ def exec_(
                 out.buffer.write(event.data)
                 out.flush()
     raise typer.Exit(code)
+
+
+@app.command()
+@reports_errors
+def shell(sandbox_id: str) -> None:
+    """An interactive shell in a sandbox (bash, else sh), on a pseudo-terminal
+    inside it; exit with the shell's exit code."""
+    import termios
+    import tty
+
+    from ..client._shell import attach_shell
+
+    fd = sys.stdin.fileno()
+    interactive = os.isatty(fd)
+    size = (24, 80)
+    saved = None
+    if interactive:
+        columns, lines = os.get_terminal_size(fd)
+        size = (lines, columns)
+        saved = termios.tcgetattr(fd)
+        tty.setraw(fd)  # every key goes to the sandbox's terminal, which echoes
+    try:
+        code = attach_shell(sandbox_id, stdin_fd=fd, stdout_fd=sys.stdout.fileno(), size=size,
+                            watch_window=interactive)
+    finally:
+        if saved is not None:
+            termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+    raise typer.Exit(code)
+
+
+@app.command()
+@reports_errors
+def cp(
+    source: str = typer.Argument(..., help="PATH here, or SANDBOX:PATH."),
+    destination: str = typer.Argument(..., help="SANDBOX:PATH, or PATH here."),
+) -> None:
+    """Copy a file or a directory into or out of a sandbox.
+
+    hutch cp ./src sb-1234:project    (into the sandbox)
+    hutch cp sb-1234:project/out .    (out of it)
+    """
+    from . import _copy
+
+    direction, sandbox_id, there, here = _copy.plan(source, destination)
+    with client() as c:
+        sb = c.get_sandbox(sandbox_id)
+        if direction == "in":
+            copied = _copy.upload(sb, here, there)
+        else:
+            copied = _copy.download(sb, there, here)
+    err_console.print(f"{copied} file{'s' if copied != 1 else ''} copied")
 
 
 def _lifecycle(action: str, sandbox_id: str) -> None:
@@ -367,7 +499,9 @@ def workspace_create(
     name: str,
     snapshot: str | None = typer.Option(None, help="A snapshot tag to start from."),
     image: str | None = typer.Option(None, help="An image to start from."),
-    idle_suspend_after: float | None = typer.Option(None),
+    idle_suspend_after: float | None = typer.Option(
+        None, help="Suspend after this many seconds idle (work-aware); unset: never."
+    ),
 ) -> None:
     """Create a workspace from a snapshot tag or an image."""
     extra = {"idle_suspend_after": idle_suspend_after} if idle_suspend_after else {}
@@ -378,7 +512,12 @@ def workspace_create(
 
 @workspace_app.command("suspend")
 @reports_errors
-def workspace_suspend(name: str, diff: bool = typer.Option(False, "--diff")) -> None:
+def workspace_suspend(
+    name: str,
+    diff: bool = typer.Option(
+        False, "--diff", help="Capture only what changed since the last state snapshot."
+    ),
+) -> None:
     """Capture a workspace's state and free its sandbox."""
     with client() as c, console.status(f"suspending {name}..."):
         ws = c.suspend_workspace(name, diff=diff)

@@ -97,11 +97,12 @@ class HostProcess(BackendProcess):
         return None
 
     async def wait(self) -> int:
-        return await self._proc.wait()
+        return signal_exit_code(await self._proc.wait())
 
     @property
     def returncode(self) -> int | None:
-        return self._proc.returncode
+        code = self._proc.returncode
+        return None if code is None else signal_exit_code(code)
 
     async def kill(self, grace: float) -> None:
         pgid = self._proc.pid
@@ -118,6 +119,12 @@ class HostProcess(BackendProcess):
         # cancelled readers still post their end-of-stream marker.
         for task in self._tasks:
             task.cancel()
+
+
+def signal_exit_code(code: int) -> int:
+    """A subprocess's return code as a shell reports it: ``128 + N`` for one
+    killed by signal N (Python says ``-N``), as every provider answers."""
+    return 128 - code if code < 0 else code
 
 
 async def spawn(

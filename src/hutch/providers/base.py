@@ -32,7 +32,7 @@ import posixpath
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import IO, Any, ClassVar
 
 from pydantic import BaseModel
 
@@ -62,8 +62,13 @@ class BackendProcess(abc.ABC):
 
     @property
     def returncode(self) -> int | None:
+        """The exit code once known: ``128 + N`` for a command killed by signal N."""
         return None
 
+    @property
+    def oom_killed(self) -> bool:
+        """Whether the kernel's OOM killer ended it, where the provider can tell."""
+        return False
 
 @dataclass(frozen=True, slots=True)
 class ProviderSnapshot:
@@ -99,10 +104,31 @@ class ProviderSnapshot:
             includes_memory=bool(value.get("includes_memory", False)),
         )
 
+@dataclasses.dataclass(frozen=True)
+class RuntimeNotice:
+    """What a provider's watcher saw happen to a sandbox outside hutch's hands."""
 
-#: How a provider's watcher tells of a sandbox whose runtime died outside
-#: hutch's hands: ``report(sandbox_id, what happened)``.
-RuntimeDeathReport = Callable[[str, str], Awaitable[None]]
+    sandbox_id: str
+    #: What happened, for a person ("its container ... was removed outside hutch").
+    message: str
+    #: The runtime may be gone (removed, killed): the sandbox fails if
+    #: ``is_alive`` confirms it. Otherwise it is only told in its events (a
+    #: process in it was OOM-killed).
+    may_have_died: bool = True
+
+
+RuntimeReport = Callable[[RuntimeNotice], Awaitable[None]]
+
+
+class PtyProcess(BackendProcess):
+    """A process on a pseudo-terminal: its output (one stream, ``stdout``) is
+    read as any process's; what is typed is written; the window resized."""
+
+    @abc.abstractmethod
+    async def write(self, data: bytes) -> None: ...
+
+    @abc.abstractmethod
+    async def resize(self, rows: int, cols: int) -> None: ...
 
 
 class SandboxRuntime(abc.ABC):
@@ -138,6 +164,23 @@ class SandboxRuntime(abc.ABC):
         """Processes alive in the sandbox other than its own keeper."""
         return 0
 
+    async def start_pty(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        user: str | None,
+        rows: int,
+        cols: int,
+    ) -> PtyProcess:
+        """Start ``argv`` on a pseudo-terminal of ``rows`` x ``cols`` (an
+        interactive shell); a runtime that has none says so."""
+        raise CapabilityUnsupported(
+            f"the {self.runtime_name} runtime of sandbox {self.sandbox_id} has no "
+            "pseudo-terminal (hutch's agent runtime has one)"
+        )
+
     # -- files ---------------------------------------------------------------
     @abc.abstractmethod
     async def read_file(self, path: str, limit: int) -> bytes:
@@ -146,6 +189,12 @@ class SandboxRuntime(abc.ABC):
     @abc.abstractmethod
     async def write_file(self, path: str, data: bytes) -> None:
         """Write ``data`` to ``path`` (absolute), creating parent directories."""
+
+    async def write_file_from(self, path: str, source: IO[bytes]) -> None:
+        """Write what ``source`` holds (from its position on) to ``path``, as
+        :meth:`write_file` does. A runtime that can copy in pieces overrides
+        this, so that a large upload is never whole in memory."""
+        await self.write_file(path, source.read())
 
     @abc.abstractmethod
     async def stat(self, path: str) -> FileInfo: ...
@@ -344,10 +393,11 @@ class SandboxBackend(SandboxRuntime):
         return []
 
     @classmethod
-    async def watch_runtimes(cls, report: RuntimeDeathReport) -> None:
-        """Until cancelled, ``report`` each sandbox of this provider whose
-        runtime dies outside hutch's hands (removed, killed, OOM-killed), with
-        a reason that says what happened. A report is a hint, checked against
+    async def watch_runtimes(cls, report: RuntimeReport) -> None:
+        """Until cancelled, ``report`` what happens to this provider's
+        sandboxes outside hutch's hands: a runtime that dies (removed, killed,
+        OOM-killed), with a message that says what happened, or a process in
+        it the OOM killer ended. A death is a hint, checked against
         :meth:`is_alive`: one about a runtime hutch itself ended (a suspend, a
         close) is harmless. Providers with nothing that can die apart from
         hutch have nothing to watch: the default returns at once."""

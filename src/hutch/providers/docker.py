@@ -17,15 +17,17 @@ import asyncio
 import base64
 import contextlib
 import hashlib
-import importlib
 import io
+import ipaddress
 import json
 import logging
 import os
 import re
 import shutil
+import signal
 import socket
 import struct
+import subprocess
 import tarfile
 import threading
 import time
@@ -61,8 +63,20 @@ from .._types import (
 )
 from . import _layers
 from ._grep import matching_indices
+from ._grepfilter import LINE_BREAK_CHARS as _LINE_BREAK_CHARS
+from ._grepfilter import LINE_BREAKS as _LINE_BREAKS
+from ._grepfilter import required_literals as _required_literals
 from ._hostproc import EXEC_MARKER, SANDBOX_MARKER
-from .base import BackendProcess, ProviderSnapshot, RuntimeDeathReport, SandboxBackend
+from .agent import AgentFailure, AgentRuntime, AgentUnavailable, agent_binary
+from .base import (
+    BackendProcess,
+    ProviderSnapshot,
+    RuntimeNotice,
+    RuntimeReport,
+    SandboxBackend,
+    SandboxRuntime,
+)
+from .network import NetworkPolicy, apply_in_namespace, host_addresses
 from .policy import Limit, ReachesHost, format_bytes, keeps_dropped, one_of, parse_bytes
 
 log = logging.getLogger("hutch.docker")
@@ -90,6 +104,14 @@ SUSPENDED_REPOSITORY = "hutch-suspended"
 MAX_SUSPEND_LAYERS = 100
 #: Symlinks followed by one read or write before it gives up (as the kernel's 40).
 _MAX_LINK_HOPS = 40
+#: Where the agent's executable and its socket's directory are mounted.
+AGENT_BINARY_PATH = "/.hutch/bin/hutch-agent"
+AGENT_DIR_PATH = "/.hutch/run"
+AGENT_SOCKET_NAME = "agent.sock"
+#: How long a fresh container's agent has to answer (a loaded engine is slow
+#: to start containers), and a restarted one's after a failure.
+AGENT_START_TIMEOUT = 15.0
+AGENT_RECOVER_TIMEOUT = 4.0
 #: Go's os.ModeDir and os.ModeSymlink bits, as the archive stat header uses them.
 _GO_MODE_DIR = 1 << 31
 _GO_MODE_SYMLINK = 1 << 27
@@ -114,6 +136,10 @@ class DockerConfig(BaseModel):
         str, ReachesHost("shares a network namespace not its own (the host's or another "
                          "container's)", one_of("bridge", "none", "default")),
     ] = "bridge"
+    #: What the sandbox may reach: ``"none"``, ``"all"`` (but the metadata
+    #: address, the host's own addresses and other sandboxes), or
+    #: ``{"allow": [CIDR, ...]}``. See hutch.providers.network.
+    network: NetworkPolicy = "all"
     #: Extra bind mounts, ``host:container[:ro]``.
     mounts: Annotated[list[str], ReachesHost("binds host paths into the sandbox")] = []
     #: Memory limit, as Docker takes it (``512m``, ``2g``).
@@ -136,6 +162,11 @@ class DockerConfig(BaseModel):
     #: leaves behind are reaped, where ``sleep`` as PID 1 would keep them as
     #: zombies (filling the pids limit, and looking busy forever).
     init: bool = True
+    #: What executes and moves files: ``agent`` (hutch's agent as the keeper,
+    #: on a unix socket: about a millisecond a call), ``native`` (docker exec
+    #: and the archive API: ~50 ms a call), or ``auto``: the agent where it
+    #: can be built and started, else native.
+    runtime: Literal["auto", "agent", "native"] = "auto"
 
 
 # -- the engine connection ------------------------------------------------------
@@ -171,8 +202,48 @@ def _explanation(exc: BaseException) -> str:
     return str(getattr(exc, "explanation", None) or exc)
 
 
+#: The host's path to a container's root file system, as the Engine's messages
+#: name it (``/var/lib/docker/overlay2/<id>/merged``): never shown to a caller.
+_HOST_ROOT = re.compile(r"/\S*?/(?:overlay2?|aufs|btrfs|zfs|vfs|fuse-overlayfs)/[^/\s]+/merged")
+
+
+def _sandbox_view(text: str) -> str:
+    """An Engine message with host paths turned into the sandbox's own paths."""
+    return _HOST_ROOT.sub("", text)
+
+
+def cgroup_dir(container_id: str, controller: str) -> str | None:
+    """The host directory of a container's cgroup for ``controller``
+    (cgroup v1 with the cgroupfs driver, or v2 with either driver)."""
+    for path in (
+        f"/sys/fs/cgroup/{controller}/docker/{container_id}",
+        f"/sys/fs/cgroup/system.slice/docker-{container_id}.scope",
+        f"/sys/fs/cgroup/docker/{container_id}",
+    ):
+        if os.path.isdir(path):
+            return path
+    return None
+
+
+def oom_kills(container_id: str) -> int | None:
+    """How many processes the OOM killer has killed in the container so far."""
+    where = cgroup_dir(container_id, "memory")
+    if where is None:
+        return None
+    for name in ("memory.events", "memory.oom_control"):  # v2, v1
+        try:
+            with open(os.path.join(where, name)) as fh:
+                for line in fh:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
 def _map_engine_error(exc: BaseException, path: str | None = None) -> HutchError:
-    text = _explanation(exc)
+    text = _sandbox_view(_explanation(exc))
     lowered = text.lower()
     if "no such container" in lowered:
         # The sandbox's container is gone (removed outside hutch): not a
@@ -185,6 +256,8 @@ def _map_engine_error(exc: BaseException, path: str | None = None) -> HutchError
             return SandboxPermissionDenied(f"permission denied: {path}")
         if "read-only" in lowered:
             return SandboxPermissionDenied(f"read-only file system: {path}")
+        if "too many links" in lowered:
+            return InvalidArgument(f"{path}: too many levels of symbolic links")
     return ProviderError(f"docker: {text}")
 
 
@@ -200,7 +273,7 @@ async def _call(fn: Any, *args: Any, path: str | None = None, **kwargs: Any) -> 
         except (docker.errors.DockerException, OSError) as exc:
             if isinstance(exc, HutchError):
                 raise
-            raise ProviderError(f"docker: {exc}") from None
+            raise ProviderError(f"docker: {_sandbox_view(str(exc))}") from None
 
     return await anyio.to_thread.run_sync(run)
 
@@ -233,6 +306,21 @@ def _pull(api: Any, image: str) -> None:
         raise NotFound(
             f"image {image!r} is not on this Docker Engine and pulling it failed: {failure}"
         )
+
+
+def _image_user(image: str, pull: bool) -> str:
+    """The user an image's commands run as (its USER), pulling it if asked."""
+    import docker.errors
+
+    api = engine()
+    try:
+        details = api.inspect_image(image)
+    except docker.errors.ImageNotFound:
+        if not pull:
+            raise NotFound(f"image {image!r} is not on this Docker Engine") from None
+        _pull(api, image)
+        details = api.inspect_image(image)
+    return str((details.get("Config") or {}).get("User") or "")
 
 
 # -- processes ------------------------------------------------------------------
@@ -309,6 +397,8 @@ class DockerProcess(BackendProcess):
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[OutputChunk | BaseException | None] = asyncio.Queue()
         self._exit_code: int | None = None
+        self._oom_before = oom_kills(sandbox.container_id or "")
+        self._oom_killed = False
         self._exit = self._loop.create_future()
         self._first = True
         self._held: bytes | None = None
@@ -356,6 +446,9 @@ class DockerProcess(BackendProcess):
                     break
                 self._post(OutputChunk("stderr" if kind == 2 else "stdout", payload))
             code = self._inspect_exit_code()
+            if code == 128 + 9 and self._oom_before is not None:
+                after = oom_kills(self._sandbox.container_id or "")
+                self._oom_killed = after is not None and after > self._oom_before
         except BaseException as exc:  # handed to the reader on the loop
             self._post(exc)
         finally:
@@ -413,6 +506,10 @@ class DockerProcess(BackendProcess):
     def returncode(self) -> int | None:
         return self._exit_code
 
+    @property
+    def oom_killed(self) -> bool:
+        return self._oom_killed
+
     async def kill(self, grace: float) -> None:
         if self._exit.done():
             return
@@ -421,6 +518,10 @@ class DockerProcess(BackendProcess):
                 ["sh", "-c", _KILL_SCRIPT, "hutch-kill", f"{EXEC_MARKER}={self._marker}",
                  str(max(1, int(grace * 10)))]
             )
+        # What forks faster than a kill from inside can run (a fork bomb at the
+        # pids limit leaves no room to start one) is killed from the host.
+        with contextlib.suppress(HutchError):
+            await _call(self._sandbox.kill_marked_from_host, self._marker)
         # Closing the socket ends the reader even if an orphan kept a pipe open.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(self._exit), 5)
@@ -461,75 +562,17 @@ _NO_NUL_HEAD = (
     'for f; do n=$(head -c 8192 -- "$f" | tr -d "\\000" | wc -c); '
     'm=$(head -c 8192 -- "$f" | wc -c); [ "$n" = "$m" ] && printf "%s\\0" "$f"; done; true'
 )
-#: Characters str.splitlines() breaks a line at, besides \n (and \r\n).
-_LINE_BREAKS = ("\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029")
-_LINE_BREAK_CHARS = re.compile("[" + "".join(_LINE_BREAKS) + "]")
-#: Under re.IGNORECASE these letters also match non-ASCII characters (K and
-#: the Kelvin sign, s and the long s, i and the dotted and dotless I), which
-#: grep -i in the C locale would not: no literal holding them filters lines.
-_WIDE_FOLDING = frozenset("iksIKS")
-_SRE: Any = None
-
-
-def _literal_char_ok(code: int, ignore_case: bool) -> bool:
-    char = chr(code)
-    if code == 0 or 0xD800 <= code < 0xE000 or char == "\ufffd" or char == "\n":
-        return False  # not in an argv, or matches what "replace" decoding made
-    if _LINE_BREAK_CHARS.match(char):
-        return False
-    return not ignore_case or (code < 0x80 and char not in _WIDE_FOLDING)
-
-
-def _required_literals(pattern: re.Pattern[str]) -> list[str] | None:
-    """Strings one of which every line ``pattern`` matches must contain, or
-    None when no such filter can be read off the pattern (then every line is
-    a candidate). Conservative: any doubt gives None, never a wrong filter."""
-    global _SRE
-    if _SRE is None:
-        _SRE = (importlib.import_module("re._parser"), importlib.import_module("re._constants"))
-    parser, const = _SRE
-    ignore_case = bool(pattern.flags & re.IGNORECASE)
-    try:
-        parsed = parser.parse(pattern.pattern, pattern.flags)
-    except Exception:
-        return None
-
-    def of_sequence(items: Any) -> list[str] | None:
-        runs: list[str] = []
-        run: list[str] = []
-        options: list[list[str]] = []
-
-        def flush() -> None:
-            if run:
-                runs.append("".join(run))
-                run.clear()
-
-        def walk(items: Any) -> None:
-            for op, arg in items:
-                if op == const.LITERAL and _literal_char_ok(arg, ignore_case):
-                    run.append(chr(arg))
-                elif op == const.SUBPATTERN and not arg[1] and not arg[2]:
-                    walk(arg[3])  # a group matches in place: its literals join the run
-                elif op == const.BRANCH:
-                    flush()
-                    alternatives = [of_sequence(branch) for branch in arg[1]]
-                    if all(alternatives):
-                        options.append([s for alt in alternatives if alt for s in alt])
-                else:
-                    flush()
-
-        walk(items)
-        flush()
-        best = max(runs, key=len) if runs else None
-        for option in options:
-            if best is None or min(map(len, option)) > len(best):
-                return option
-        return [best] if best else None
-
-    return of_sequence(parsed)
-
-
 # -- deaths ------------------------------------------------------------------------
+
+
+async def _oom_message(container_id: str) -> str:
+    try:
+        details = await _call(engine().inspect_container, container_id)
+        limit = (details.get("HostConfig") or {}).get("Memory") or 0
+    except HutchError:
+        limit = 0
+    within = f" of {limit} bytes" if limit else ""
+    return f"the OOM killer killed a process in it: it reached its memory limit{within}"
 
 
 async def _death_reason(container_id: str, action: str) -> str:
@@ -621,6 +664,12 @@ def _flatten(
 # -- the sandbox ------------------------------------------------------------------
 
 
+def _own_network_namespace(network_mode: str) -> bool:
+    """Whether a container in ``network_mode`` has a namespace of its own to police
+    (not the host's, not another container's, not none)."""
+    return network_mode not in ("host", "none") and not network_mode.startswith("container:")
+
+
 def _parse_mount(spec: str) -> tuple[str, dict[str, str]]:
     parts = spec.split(":")
     if len(parts) not in (2, 3) or not parts[0] or not parts[1]:
@@ -641,6 +690,7 @@ class DockerSandbox(SandboxBackend):
         snapshot=True,
         fork=True,
         resource_limits=True,
+        network_policy=True,
         users=True,
         preview_url=True,
     )
@@ -654,6 +704,7 @@ class DockerSandbox(SandboxBackend):
         owns_workdir: bool,
         container_id: str | None,
         suspended_image: str | None = None,
+        agent: Mapping[str, Any] | None = None,
         base_image: str | None = None,
         branch: bool = False,
         chain: list[str] | None = None,
@@ -672,6 +723,122 @@ class DockerSandbox(SandboxBackend):
         self.branch = branch
         self.chain = chain
         self._closed = False
+        #: The agent's host directory (its socket) and the image's own user,
+        #: when the agent is this sandbox's runtime; None for the native one.
+        self.agent_dir: str | None = None
+        self.default_user = ""
+        self._agent: AgentRuntime | None = None
+        self._agent_binary: str | None = None
+        self._recovering: asyncio.Lock | None = None  # made on first use, on its loop
+        if agent is not None:
+            self._use_agent(str(agent["dir"]), str(agent.get("default_user") or ""))
+
+    # -- the agent -------------------------------------------------------------------
+    def _use_agent(self, agent_dir: str, default_user: str) -> None:
+        self.agent_dir = agent_dir
+        self.default_user = default_user
+        self._agent = AgentRuntime(
+            self.sandbox_id, self.workdir, os.path.join(agent_dir, AGENT_SOCKET_NAME),
+            provider_name=self.provider, recover=self._recover_agent,
+            default_user=default_user or None,
+        )
+
+    @property
+    def runtime(self) -> SandboxRuntime:
+        return self._agent if self._agent is not None else self
+
+    def _agent_wanted(self) -> str | None:
+        """The agent executable to run as the keeper, or None for the native runtime."""
+        if self.config.runtime == "native":
+            return None
+        try:
+            return str(agent_binary())
+        except AgentUnavailable as exc:
+            if self.config.runtime == "agent":
+                raise
+            log.warning("docker sandbox %s: native runtime (%s)", self.sandbox_id, exc)
+            return None
+
+    async def _await_agent(self, timeout: float = AGENT_START_TIMEOUT) -> None:
+        """Until the agent in a just-started container answers."""
+        assert self._agent is not None
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                await self._agent.ping(timeout=max(0.5, deadline - time.monotonic()))
+                return
+            except AgentFailure as exc:
+                if time.monotonic() >= deadline:
+                    raise ProviderError(
+                        f"docker sandbox {self.sandbox_id}: its agent did not start: {exc}"
+                    ) from None
+            await asyncio.sleep(0.005)
+
+    async def _start_container(self, image: str) -> None:
+        """Run the container; with the agent, wait for it to answer, and where
+        it cannot run in this image fall back to the native runtime."""
+        self.container_id = await self._run_container(image)
+        if self._agent is None:
+            return
+        self._agent.drop_connections()
+        try:
+            await self._await_agent()
+        except ProviderError as exc:
+            with contextlib.suppress(HutchError):
+                await _call(engine().remove_container, self.container_id, force=True)
+            self.container_id = None
+            if self.config.runtime == "agent":
+                raise
+            log.warning("docker sandbox %s: %s; falling back to the native runtime",
+                        self.sandbox_id, exc)
+            self._agent = None
+            self.agent_dir = None
+            self.container_id = await self._run_container(image)
+
+    async def _recover_agent(self, reason: str) -> None:
+        """The agent failed a request (``reason``): find out why and bring it
+        back, within a few seconds, or raise what makes the sandbox lost.
+
+        A paused container's agent is frozen, not dead: nothing to do. A
+        running container whose agent does not answer a ping is restarted; a
+        stopped one (its keeper was killed) is started again. Files survive
+        both; processes do not, and the caller's error says so.
+        """
+        if self._recovering is None:
+            self._recovering = asyncio.Lock()
+        async with self._recovering:
+            container = self._container()
+            assert self._agent is not None
+            try:
+                details = await _call(engine().inspect_container, container)
+            except HutchError as exc:
+                raise SandboxUnavailable(
+                    f"docker sandbox {self.sandbox_id}: its agent failed ({reason}) and its "
+                    f"container is gone: {exc}"
+                ) from None
+            state = details.get("State") or {}
+            if state.get("Paused"):
+                raise SandboxUnavailable(f"docker sandbox {self.sandbox_id} is paused")
+            if state.get("Running"):
+                with contextlib.suppress(AgentFailure):
+                    await self._agent.ping(timeout=0.5)
+                    return  # it answers again: the failure was the connection's
+                log.warning("docker sandbox %s: its agent is wedged (%s); restarting it",
+                            self.sandbox_id, reason)
+                action: Any = lambda: engine().restart(container, timeout=0)  # noqa: E731
+            else:
+                log.warning("docker sandbox %s: its agent is gone (%s, exit code %s); "
+                            "starting its container again", self.sandbox_id, reason,
+                            state.get("ExitCode"))
+                action = lambda: engine().start(container)  # noqa: E731
+            try:
+                await _call(action)
+                await self._await_agent(AGENT_RECOVER_TIMEOUT)
+            except HutchError as exc:
+                raise SandboxUnavailable(
+                    f"docker sandbox {self.sandbox_id}: its agent failed ({reason}) and could "
+                    f"not be brought back: {exc}"
+                ) from None
 
     # -- provisioning -------------------------------------------------------------
     @classmethod
@@ -684,21 +851,44 @@ class DockerSandbox(SandboxBackend):
         os.makedirs(host_workdir, exist_ok=True)
         sandbox = cls(sandbox_id, config, host_workdir, owns, None)
         try:
-            sandbox.container_id = await sandbox._run_container(config.image)
+            await sandbox._launch(config.image)
         except BaseException:
             if owns:
                 shutil.rmtree(os.path.dirname(host_workdir), ignore_errors=True)
             raise
         return sandbox
 
+    async def _launch(self, image: str) -> None:
+        """Start this new sandbox's container from ``image``, its runtime with it."""
+        binary = self._agent_wanted()
+        if binary is not None:
+            self._agent_binary = binary
+            agent_dir = os.path.join(hutch_home(), "sandboxes", self.sandbox_id, "agent")
+            os.makedirs(agent_dir, mode=0o700, exist_ok=True)
+            default_user = await _call(_image_user, image, self.config.pull_if_missing)
+            self._use_agent(agent_dir, default_user)
+        await self._start_container(image)
+
     def _container_spec(self, image: str) -> dict[str, Any]:
         api = engine()
         cfg = self.config
         binds = {self.host_workdir: {"bind": cfg.mount_point, "mode": "rw"}}
         binds.update(dict(_parse_mount(m) for m in cfg.mounts))
+        command = ["sleep", "infinity"]
+        extra: dict[str, Any] = {}
+        if self._agent is not None and self.agent_dir is not None:
+            # The agent is the keeper, as root (it runs commands as the image's
+            # user, or the one asked for), bind-mounted read-only; its socket
+            # is in a host directory of its own, so no network is needed.
+            binary = self._agent_binary or str(agent_binary())
+            self._agent_binary = binary
+            binds[binary] = {"bind": AGENT_BINARY_PATH, "mode": "ro"}
+            binds[self.agent_dir] = {"bind": AGENT_DIR_PATH, "mode": "rw"}
+            command = [AGENT_BINARY_PATH, "serve", f"{AGENT_DIR_PATH}/{AGENT_SOCKET_NAME}"]
+            extra["user"] = "0"
         host_config = api.create_host_config(
             binds=binds,
-            network_mode=cfg.network_mode,
+            network_mode="none" if cfg.network == "none" else cfg.network_mode,
             mem_limit=cfg.memory,
             nano_cpus=int(cfg.cpus * 1e9) if cfg.cpus else None,
             pids_limit=cfg.pids_limit,
@@ -711,8 +901,9 @@ class DockerSandbox(SandboxBackend):
         if cfg.preserve:
             labels[PRESERVE_LABEL] = "1"
         return {
+            **extra,
             "image": image,
-            "command": ["sleep", "infinity"],
+            "command": command,
             "entrypoint": [],
             "name": self.container_name,
             "labels": labels,
@@ -747,6 +938,7 @@ class DockerSandbox(SandboxBackend):
             container = create(self._container_spec(image))
             try:
                 api.start(container)
+                self._enforce_network_policy(api, container)
             except BaseException:
                 api.remove_container(container, force=True)
                 raise
@@ -754,6 +946,34 @@ class DockerSandbox(SandboxBackend):
 
         result: str = await _call(run)
         return result
+
+    def _enforce_network_policy(self, api: Any, container: str) -> None:
+        """Install the sandbox's network policy in its container's namespace,
+        from the host: the sandbox (no CAP_NET_ADMIN) cannot change it."""
+        cfg = self.config
+        if cfg.network == "none" or not _own_network_namespace(cfg.network_mode):
+            return  # no network to police, or one that is not the sandbox's (operator's choice)
+        info = api.inspect_container(container)
+        pid = int(info["State"]["Pid"])
+        if os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat("/proc/self/ns/net").st_ino:
+            raise ProviderError(f"container {container[:12]} shares hutch's network namespace")
+        blocked = set(host_addresses())
+        for attached in (info["NetworkSettings"].get("Networks") or {}).values():
+            for key in ("Gateway", "IPv6Gateway"):
+                if attached.get(key):
+                    blocked.add(ipaddress.ip_network(attached[key]))
+        for network in api.networks():  # where other sandboxes live
+            for pool in (network.get("IPAM") or {}).get("Config") or []:
+                if pool.get("Subnet"):
+                    blocked.add(ipaddress.ip_network(pool["Subnet"], strict=False))
+        try:
+            apply_in_namespace(pid, cfg.network, sorted(blocked, key=str))
+        except (OSError, subprocess.SubprocessError) as exc:
+            detail = getattr(exc, "stderr", "") or exc
+            raise ProviderError(
+                f"cannot enforce the network policy of sandbox {self.sandbox_id} (nsenter and "
+                f"iptables-restore, run as root, install it): {detail}"
+            ) from None
 
     def _remove_stale_namesake(self) -> bool:
         """Remove a container left under this sandbox's name (a crash between
@@ -782,6 +1002,10 @@ class DockerSandbox(SandboxBackend):
             "base_image": self.base_image,
             "branch": self.branch,
             "chain": self.chain,
+            "agent": (
+                {"dir": self.agent_dir, "default_user": self.default_user}
+                if self._agent is not None else None
+            ),
         }
 
     @classmethod
@@ -794,6 +1018,7 @@ class DockerSandbox(SandboxBackend):
             bool(description.get("owns_workdir", False)),
             description.get("container_id"),
             description.get("suspended_image"),
+            description.get("agent"),
             description.get("base_image"),
             bool(description.get("branch")),
             description.get("chain"),
@@ -856,6 +1081,44 @@ class DockerSandbox(SandboxBackend):
             with anyio.CancelScope(shield=True):
                 await proc.kill(KILL_GRACE_SECONDS)
             raise
+
+    def kill_marked_from_host(self, marker: str) -> int:
+        """SIGKILL, from the host, every process of the container whose
+        environment carries ``marker``; return how many there were.
+
+        If any are left, the container is frozen first (cgroup freezer, as
+        pause), so that none can fork while the list is taken and killed; on
+        thaw they die before running again. Needs the host's /proc of the
+        container's processes (the daemon as root, the engine local); without
+        it nothing is done.
+        """
+        api = engine()
+        container = self._container()
+        needle = f"{EXEC_MARKER}={marker}".encode()
+
+        def marked() -> list[int]:
+            found = []
+            for row in api.top(container, ps_args="-e -o pid").get("Processes") or []:
+                try:
+                    with open(f"/proc/{int(row[0])}/environ", "rb") as fh:
+                        if needle in fh.read().split(b"\0"):
+                            found.append(int(row[0]))
+                except (OSError, ValueError):
+                    continue
+            return found
+
+        if not marked():
+            return 0
+        api.pause(container)
+        try:
+            pids = marked()
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+        finally:
+            api.unpause(container)
+        log.info("killed %d processes of sandbox %s from the host", len(pids), self.sandbox_id)
+        return len(pids)
 
     async def count_busy_processes(self) -> int:
         # The Engine's top runs ps on the host: no probe inside to count out.
@@ -1152,6 +1415,8 @@ class DockerSandbox(SandboxBackend):
         self.suspended_image = image_id
         await _call(api.remove_container, container, force=True)
         self.container_id = None
+        if self._agent is not None:
+            self._agent.drop_connections()
         if previous and previous != image_id:
             # Refused while the new image builds on it (a commit); after a
             # flatten it goes, with the untagged layers below it.
@@ -1162,7 +1427,7 @@ class DockerSandbox(SandboxBackend):
         if self.container_id is not None:
             return
         image = self.suspended_image or self.config.image
-        self.container_id = await self._run_container(image)
+        await self._start_container(image)
 
     async def memory_bytes(self) -> int | None:
         if self.container_id is None:
@@ -1255,7 +1520,7 @@ class DockerSandbox(SandboxBackend):
         sandbox = cls(sandbox_id, config, workdir, True, None, base_image=image,
                       branch=True, chain=chain)
         try:
-            sandbox.container_id = await sandbox._run_container(image)
+            await sandbox._launch(image)
         except BaseException:
             await anyio.to_thread.run_sync(_layers.end_branch, sandbox_id)
             raise
@@ -1335,7 +1600,7 @@ class DockerSandbox(SandboxBackend):
         return removed
 
     @classmethod
-    async def watch_runtimes(cls, report: RuntimeDeathReport) -> None:
+    async def watch_runtimes(cls, report: RuntimeReport) -> None:
         """Docker's event stream: every hutch container that dies or is
         removed is reported, with what its last inspect says happened."""
         loop = asyncio.get_running_loop()
@@ -1370,7 +1635,15 @@ class DockerSandbox(SandboxBackend):
 
         async def tell(sandbox_id: str, container_id: str, action: str) -> None:
             try:
-                await report(sandbox_id, await _death_reason(container_id, action))
+                if action == "oom":
+                    # A process in it hit the memory limit; a die follows if it was PID 1.
+                    await report(RuntimeNotice(
+                        sandbox_id, await _oom_message(container_id), may_have_died=False
+                    ))
+                else:
+                    await report(RuntimeNotice(
+                        sandbox_id, await _death_reason(container_id, action)
+                    ))
             except Exception:
                 log.exception("sandbox %s: reporting its container's %s failed",
                               sandbox_id, action)
@@ -1421,6 +1694,17 @@ class DockerSandbox(SandboxBackend):
             with contextlib.suppress(HutchError):
                 await _call(api.remove_image, f"{SUSPENDED_REPOSITORY}:{self.sandbox_id}")
             self.suspended_image = None
+        if self._agent is not None:
+            self._agent.drop_connections()
+        if self.agent_dir is not None:
+            agent_dir = self.agent_dir
+
+            def remove_agent_dir() -> None:
+                shutil.rmtree(agent_dir, ignore_errors=True)
+                with contextlib.suppress(OSError):
+                    os.rmdir(os.path.dirname(agent_dir))  # the sandbox's own, if now empty
+
+            await anyio.to_thread.run_sync(remove_agent_dir)
         if self.branch:
             await anyio.to_thread.run_sync(_layers.end_branch, self.sandbox_id)
         elif self.owns_workdir:

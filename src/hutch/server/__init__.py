@@ -3,21 +3,24 @@
 from __future__ import annotations
 
 import ctypes
+import errno
 import ipaddress
 import logging
 import math
 import os
+import socket
 import stat
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pydantic import ValidationError
 
-from .._errors import InvalidArgument
+from .._errors import HutchError, InvalidArgument
 from ..config import CONFIG_FILE_NAME, load_config_file
 from .app import ServerSettings, create_app
 from .connections import connection_cap, guarded_protocol
+from .daemon import default_data_dir
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8787
@@ -121,6 +124,7 @@ def serve(
     retention_seconds: float | None = None,
     *,
     token_file: str | None = None,
+    on_ready: Callable[[str, str], None] | None = None,
     allow: Sequence[str] = (),
     config_file: str | None = None,
     max_connections: int | None = None,
@@ -130,7 +134,10 @@ def serve(
     ``token`` is for in-process callers; otherwise it comes from
     ``token_file`` or ``HUTCH_TOKEN`` (see :func:`take_token`). ``allow``
     names settings that reach the host which clients may set, on top of the
-    config file's (``hutch.toml``: see :func:`load_server_config`).
+    config file's (``hutch.toml``: see :func:`load_server_config`). Everything
+    that can be refused (the address, the data directory, the settings) is
+    checked before the daemon starts; ``on_ready(url, data_dir)`` is called
+    once it serves.
     """
     import uvicorn
 
@@ -160,15 +167,59 @@ def serve(
     except ValidationError as exc:
         raise InvalidArgument(f"bad [server] settings: {exc}") from None
     settings.policy()  # a bad allowance or limit fails here, before anything listens
+    settings.data_dir = prepare_data_dir(data_dir)
+    listener = bind(host, port)
     if retention_seconds is not None:
         settings.retention_seconds = retention_seconds
-    app = create_app(settings)
+    url = f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
+    app = create_app(
+        settings,
+        on_ready=None if on_ready is None else lambda d: on_ready(url, d.data_dir),
+    )
     # The asyncio loop, not uvloop: uvloop notices a child's exit ~4 ms late,
     # which would be most of an exec's cost.
-    uvicorn.run(
-        app, host=host, port=port, http=guarded_protocol(connection_cap(max_connections)),
-        loop="asyncio", log_level="warning", access_log=False, timeout_graceful_shutdown=5,
-    )
+    server = uvicorn.Server(uvicorn.Config(
+        app, http=guarded_protocol(connection_cap(max_connections)), loop="asyncio",
+        log_level="warning", access_log=False, timeout_graceful_shutdown=5,
+    ))
+    server.run(sockets=[listener])
+    if not server.started:
+        raise HutchError(f"the daemon on {url} did not start (its log says why)")
+
+
+def prepare_data_dir(data_dir: str | None) -> str:
+    """The data directory, made if missing; refused unless this user can write it."""
+    path = os.path.abspath(data_dir or default_data_dir())
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise InvalidArgument(f"cannot use {path} as the data directory: {exc.strerror}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise InvalidArgument(f"cannot use {path} as the data directory: it is not writable")
+    return path
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket, taken before the daemon says it serves."""
+    if not 0 < port < 65536:
+        raise InvalidArgument(f"port must be 1..65535, got {port}")
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM
+        )[0]
+        listener = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise InvalidArgument(f"cannot listen on {host}:{port}: {exc}") from None
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(address)
+        listener.listen(2048)
+    except OSError as exc:
+        listener.close()
+        why = "address already in use" if exc.errno == errno.EADDRINUSE else exc.strerror
+        raise InvalidArgument(f"cannot listen on {host}:{port}: {why}") from None
+    listener.set_inheritable(True)
+    return listener
 
 
 __all__ = [

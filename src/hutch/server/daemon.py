@@ -41,7 +41,7 @@ from .._snapshots import Snapshot, new_snapshot_id
 from ..config import OPTION_KEYS, SandboxSpec, resolve_spec
 from ..lifecycle.engine import LifecycleEngine, expiry_error
 from ..lifecycle.state import SandboxState
-from ..providers.base import ProviderSnapshot, SandboxBackend
+from ..providers.base import ProviderSnapshot, RuntimeNotice, SandboxBackend
 from ..providers.registry import available_providers, get_provider
 from ..store import SandboxRow, SnapshotRow, SQLiteStore, Store, WorkspaceRow
 from .policy import OperatorPolicy
@@ -267,16 +267,19 @@ class Daemon:
         """Start the provider's watcher for runtimes that die, once per provider."""
         if provider not in self._watchers:
             self._watchers[provider] = asyncio.get_running_loop().create_task(
-                provider.watch_runtimes(self._runtime_died)
+                provider.watch_runtimes(self._runtime_notice)
             )
 
-    async def _runtime_died(self, sandbox_id: str, reason: str) -> None:
-        """A provider's watcher says this sandbox's runtime died outside hutch."""
-        sandbox = self.sandboxes.get(sandbox_id)
+    async def _runtime_notice(self, notice: RuntimeNotice) -> None:
+        """A provider's watcher tells what happened to a sandbox outside hutch."""
+        sandbox = self.sandboxes.get(notice.sandbox_id)
         if sandbox is None:
             return  # not ours, or already ended
-        if await self.engine.runtime_died(sandbox, reason):
-            log.warning("sandbox %s failed: %s", sandbox_id, reason)
+        if not notice.may_have_died:
+            self._note(notice.sandbox_id, "runtime", notice.message)
+            log.warning("sandbox %s: %s", notice.sandbox_id, notice.message)
+        elif await self.engine.runtime_died(sandbox, notice.message):
+            log.warning("sandbox %s failed: %s", notice.sandbox_id, notice.message)
 
     @staticmethod
     def _wrap(backend: SandboxBackend, spec: SandboxSpec) -> Sandbox:
@@ -499,6 +502,7 @@ class Daemon:
             "deadline_unix": None,
             "meter": dict(row.meter),
             "memory_bytes": None,
+            "open_operations": 0,
             "workspace": row.workspace,
             "ended_at_unix": row.updated_at_unix,
         }

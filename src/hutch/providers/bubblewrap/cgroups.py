@@ -148,6 +148,14 @@ class SandboxCgroup:
             return None
 
     # -- the freezer ---------------------------------------------------------------
+    def frozen(self) -> bool:
+        try:
+            if self.v2:
+                return "frozen 1" in _read(f"{self._dir('freezer')}/cgroup.events").splitlines()
+            return _read(f"{self._dir('freezer')}/freezer.state").strip() != "THAWED"
+        except OSError:
+            return False
+
     def freeze(self, timeout: float = 10.0) -> None:
         self._set_frozen(True, timeout)
 
