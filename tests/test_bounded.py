@@ -451,3 +451,74 @@ def test_one_abused_docker_sandbox_leaves_the_daemon_and_others_working(
     finally:
         for sandbox in (abused, other):
             http.delete(sandbox)
+
+
+def test_a_client_gone_cancels_what_its_call_started(
+    daemon: DaemonProcess, http: httpx.Client, local_sandbox: str
+) -> None:
+    marker = f"{time.time_ns() % 10**6 + 1000}.5"  # a sleep no one else runs
+
+    def sleepers() -> list[str]:
+        found = []
+        for entry in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                    if fh.read() == f"sleep\0{marker}\0".encode():
+                        found.append(entry)
+            except OSError:
+                continue
+        return found
+
+    def call() -> None:
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up and goes
+            http.post(f"/v1/sandboxes/{local_sandbox}/exec",
+                      json={"cmd": ["sleep", marker]}, timeout=3)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    deadline = time.monotonic() + 3
+    while not sleepers():
+        assert time.monotonic() < deadline, "the command did not start"
+        time.sleep(0.05)
+    caller.join()
+    deadline = time.monotonic() + 10
+    while sleepers():
+        assert time.monotonic() < deadline, "the command outlived its caller"
+        time.sleep(0.2)
+
+
+def peak_rss_bytes(daemon: DaemonProcess) -> int:
+    assert daemon.proc is not None
+    with open(f"/proc/{daemon.proc.pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+def test_an_upload_streams_to_disk_not_into_the_daemons_memory() -> None:
+    # A daemon of its own: its peak memory is this test's alone.
+    fresh = DaemonProcess().start()
+    workdir = tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    size = 200 * 1024 * 1024
+    try:
+        with httpx.Client(base_url=fresh.url, timeout=120,
+                          headers={"Authorization": f"Bearer {fresh.token}"}) as client:
+            sid = client.post("/v1/sandboxes", json={"provider": "local", "workdir": workdir,
+                                                     "read_before_write": False}).json()["id"]
+            before = peak_rss_bytes(fresh)
+            block = os.urandom(1024 * 1024)
+            for content_type in ("application/octet-stream", "application/x-hutch-other"):
+                sent = client.put(f"/v1/sandboxes/{sid}/files", params={"path": "big.bin"},
+                                  content=(block for _ in range(size // len(block))),
+                                  headers={"content-type": content_type})
+                assert sent.status_code == 204, sent.text
+                assert os.path.getsize(os.path.join(workdir, "big.bin")) == size
+            grown = peak_rss_bytes(fresh) - before
+            assert grown < 64 * 1024 * 1024, f"the daemon's peak grew by {grown / 2**20:.0f} MiB"
+            with open(os.path.join(workdir, "big.bin"), "rb") as fh:
+                assert fh.read(len(block)) == block
+    finally:
+        fresh.stop()
+        shutil.rmtree(fresh.data_dir, ignore_errors=True)
+        shutil.rmtree(workdir, ignore_errors=True)

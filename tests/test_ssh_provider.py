@@ -92,6 +92,19 @@ async def test_user_at_host_with_port_and_key_from_the_config(
         assert (await sb.exec(["id", "-un"])).stdout.strip() == server.user
 
 
+async def test_ssh_url_with_a_port(server: SshServer, workdir: str) -> None:
+    config = os.path.join(server.dir, f"by-url-{uuid.uuid4().hex}")
+    with open(config, "w") as fh:  # the key and known hosts only: the port is in the URL
+        fh.write(f"Host 127.0.0.1\n  IdentityFile {server.user_key}\n"
+                 f"  UserKnownHostsFile {server.known_hosts}\n")
+    destination = f"ssh://{server.user}@127.0.0.1:{server.port}"
+    async with await make(server, workdir, destination=destination, config_file=config) as sb:
+        assert (await sb.exec(["pwd"])).stdout.strip() == workdir
+    for bad in ["ssh://host:notaport", "ssh://host/path", "ssh://"]:
+        with pytest.raises(hutch.InvalidArgument):
+            await make(server, workdir, destination=bad, config_file=config)
+
+
 async def test_proxy_jump_from_the_config(server: SshServer, workdir: str) -> None:
     config = os.path.join(server.dir, f"jump-{uuid.uuid4().hex}")
     server.write_client_config(config, server.user_key, alias="jumphost")
@@ -278,15 +291,17 @@ async def test_past_the_hosts_session_cap_commands_overflow_to_more_connections(
     capped = SshServer(max_sessions=3).start()
     try:
         async with await make(capped, workdir) as sb:
-            await sb.write_text("warm.txt", "the SFTP session takes one")
             started = time.monotonic()
             results = await asyncio.gather(*(sb.exec(["sleep", "1"]) for _ in range(8)))
             assert [r.exit_code for r in results] == [0] * 8
             assert time.monotonic() - started < 30
             assert backend(sb)._kept.connects > 1
             # With every session of the kept connection busy, a timeout still
-            # reaches the host to kill its command (the kill takes a session too).
+            # reaches the host to kill its command (the kill takes a session
+            # too), and files still move (the SFTP session was opened first).
             busy = [await sb.start("sleep 300") for _ in range(3)]
+            await sb.write_text("while-busy.txt", "files still move")
+            assert await sb.read_text("while-busy.txt") == "files still move"
             with pytest.raises(TimeoutError):
                 await sb.exec(["sleep", "300"], timeout=1)
             for process in busy:

@@ -15,6 +15,7 @@ import os
 import weakref
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import asyncssh
 
@@ -51,7 +52,12 @@ class SshTarget:
         )
 
     def connect_kwargs(self) -> dict[str, Any]:
-        user, _, host = self.destination.rpartition("@")
+        port: int | None = None
+        if self.destination.startswith("ssh://"):  # ssh://[user@]host[:port], as ssh takes
+            parts = urlsplit(self.destination)
+            user, host, port = parts.username or "", parts.hostname or "", parts.port
+        else:
+            user, _, host = self.destination.rpartition("@")
         kwargs: dict[str, Any] = {
             "host": host,
             "connect_timeout": self.connect_timeout,
@@ -62,6 +68,8 @@ class SshTarget:
         }
         if user:
             kwargs["username"] = user
+        if port is not None:
+            kwargs["port"] = port
         if self.config_file is not None:
             kwargs["config"] = [self.config_file]
         if not self.check_host_key:
@@ -131,7 +139,16 @@ class KeptConnection:
         async with self._lock:
             if not self._alive():
                 self._drop()
-                self._conn = await self._connect()
+                conn = await self._connect()
+                # The SFTP session is opened with the connection, while a
+                # session is free: later, running commands may fill the
+                # host's MaxSessions.
+                try:
+                    self._sftp = await conn.start_sftp_client()
+                except (OSError, asyncssh.Error) as exc:
+                    conn.close()
+                    raise lost(self.target, exc) from None
+                self._conn = self._sftp_conn = conn
             assert self._conn is not None
             return self._conn
 
@@ -168,6 +185,7 @@ class KeptConnection:
                 try:
                     self._sftp = await conn.start_sftp_client()
                 except (OSError, asyncssh.Error) as exc:
+                    self.forget(conn)
                     raise lost(self.target, exc) from None
                 self._sftp_conn = conn
             return self._sftp
