@@ -32,7 +32,7 @@ from ._errors import (
     SandboxUnavailable,
 )
 from ._guardrail import ReadBeforeWriteGuard, session_guard
-from ._process import ExitStatus, Process, StreamEvent, run_to_completion
+from ._process import ExitStatus, Process, StreamEvent, kill_shielded, run_to_completion
 from ._types import (
     DEFAULT_OUTPUT_LIMIT,
     DEFAULT_READ_LIMIT,
@@ -45,7 +45,7 @@ from ._types import (
     GrepMatch,
 )
 from .lifecycle.state import SandboxState
-from .providers.base import BackendProcess, SandboxBackend, SandboxRuntime, join_path
+from .providers.base import BackendProcess, PtyProcess, SandboxBackend, SandboxRuntime, join_path
 
 if TYPE_CHECKING:
     from .lifecycle.engine import LifecycleRecord, SandboxStatus
@@ -254,6 +254,38 @@ class Sandbox:
     def processes(self) -> list[Process]:
         self._forget_finished()
         return list(self._processes.values())
+
+    @asynccontextmanager
+    async def pty(
+        self,
+        cmd: Command | None = None,
+        *,
+        rows: int = 24,
+        cols: int = 80,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        user: str | None = None,
+    ) -> AsyncIterator[PtyProcess]:
+        """An interactive command (a shell by default) on a pseudo-terminal:
+        read its output, write what is typed, resize it. Open, it keeps the
+        sandbox busy; on leaving, what still runs of it is killed."""
+        for name, value in (("rows", rows), ("cols", cols)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 1000:
+                raise InvalidArgument(f"{name} must be 1..999, got {value!r}")
+        self.require("processes")
+        if user is not None:
+            self.require("users")
+        argv = ["bash"] if cmd is None else self._argv(cmd)
+        async with self._operation("pty"):
+            proc = await self._runtime.start_pty(
+                argv, cwd=self.path(cwd) if cwd is not None else self.workdir,
+                env={"TERM": "xterm-256color", **(env or {})}, user=user, rows=rows, cols=cols,
+            )
+            try:
+                yield proc
+            finally:
+                if proc.returncode is None:
+                    await kill_shielded(proc)
 
     async def exec_stream(
         self,

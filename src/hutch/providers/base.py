@@ -86,6 +86,17 @@ class RuntimeNotice:
 RuntimeReport = Callable[[RuntimeNotice], Awaitable[None]]
 
 
+class PtyProcess(BackendProcess):
+    """A process on a pseudo-terminal: its output (one stream, ``stdout``) is
+    read as any process's; what is typed is written; the window resized."""
+
+    @abc.abstractmethod
+    async def write(self, data: bytes) -> None: ...
+
+    @abc.abstractmethod
+    async def resize(self, rows: int, cols: int) -> None: ...
+
+
 class SandboxRuntime(abc.ABC):
     """What executes commands and moves files in one sandbox."""
 
@@ -118,6 +129,23 @@ class SandboxRuntime(abc.ABC):
     async def count_busy_processes(self) -> int:
         """Processes alive in the sandbox other than its own keeper."""
         return 0
+
+    async def start_pty(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        user: str | None,
+        rows: int,
+        cols: int,
+    ) -> PtyProcess:
+        """Start ``argv`` on a pseudo-terminal of ``rows`` x ``cols`` (an
+        interactive shell); a runtime that has none says so."""
+        raise CapabilityUnsupported(
+            f"the {self.runtime_name} runtime of sandbox {self.sandbox_id} has no "
+            "pseudo-terminal (hutch's agent runtime has one)"
+        )
 
     # -- files ---------------------------------------------------------------
     @abc.abstractmethod

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hmac
 import json
 import logging
@@ -30,7 +31,7 @@ from typing import IO, Any
 from urllib.parse import parse_qsl
 
 import anyio
-from fastapi import APIRouter, FastAPI, Query, Request, Response
+from fastapi import APIRouter, FastAPI, Query, Request, Response, WebSocket, WebSocketDisconnect
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -610,6 +611,33 @@ def use_pidfd_child_watcher() -> Callable[[], None]:
 # -- the application ---------------------------------------------------------------------------
 
 
+class PtyStart(BaseModel):
+    """The first message on a terminal's websocket."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cmd: str | list[str] | None = None
+    rows: int = Field(default=24, ge=1, le=999)
+    cols: int = Field(default=80, ge=1, le=999)
+    cwd: str | None = None
+    env: dict[str, str] = {}
+    user: str | None = None
+
+
+def pty_resize(text: str) -> tuple[int, int] | None:
+    """``{"resize": [rows, cols]}`` read from a client's message, or None for
+    anything else (ignored: a terminal's keystrokes never come as text)."""
+    try:
+        message = json.loads(text)
+    except ValueError:
+        return None
+    size = message.get("resize") if isinstance(message, dict) else None
+    if (isinstance(size, list) and len(size) == 2
+            and all(type(n) is int and 0 < n < 1000 for n in size)):
+        return size[0], size[1]
+    return None
+
+
 def create_app(
     settings: ServerSettings | None = None,
     *,
@@ -835,6 +863,58 @@ def create_app(
     async def start(request: Request, sandbox_id: str, body: ExecBody) -> JSONResponse:
         process = await start_process(request, sandbox_id, body)
         return JSONResponse(process_json(process), status_code=201)
+
+    @v1.websocket("/sandboxes/{sandbox_id}/pty")
+    async def pty(websocket: WebSocket, sandbox_id: str) -> None:
+        """An interactive command (a shell by default) on a pseudo-terminal
+        (``hutch shell``, ``Sandbox.pty`` through the SDK).
+
+        The first message is text, :class:`PtyStart` as JSON. Then binary
+        messages are bytes: typed ones in, the terminal's out. Text messages
+        are JSON: ``{"resize": [rows, cols]}`` in; ``{"exit": code}`` or
+        ``{"error": {"code", "message"}}`` out, last, before the close.
+        """
+        await websocket.accept()
+        try:
+            try:
+                with anyio.fail_after(30):
+                    first = await websocket.receive_text()
+                start = PtyStart.model_validate_json(first)
+            except (ValidationError, TimeoutError, KeyError) as exc:
+                raise InvalidArgument(f"a terminal starts with a PtyStart message: {exc}") from None
+            sandbox = daemon().get(sandbox_id)
+            async with sandbox.pty(
+                start.cmd, rows=start.rows, cols=start.cols, cwd=start.cwd, env=start.env,
+                user=start.user,
+            ) as proc, anyio.create_task_group() as tg:
+
+                async def typed() -> None:
+                    while True:
+                        message = await websocket.receive()
+                        if message["type"] == "websocket.disconnect":
+                            tg.cancel_scope.cancel()
+                            return
+                        if message.get("bytes"):
+                            await proc.write(message["bytes"])
+                        elif message.get("text"):
+                            size = pty_resize(message["text"])
+                            if size is not None:
+                                await proc.resize(*size)
+
+                tg.start_soon(typed)
+                while (chunk := await proc.read()) is not None:
+                    await websocket.send_bytes(chunk.data)
+                await websocket.send_text(json.dumps({"exit": await proc.wait()}))
+                tg.cancel_scope.cancel()
+            await websocket.close()
+        except WebSocketDisconnect:
+            return
+        except HutchError as exc:
+            with contextlib.suppress(Exception):
+                await websocket.send_text(
+                    json.dumps({"error": {"code": exc.code, "message": str(exc)}})
+                )
+                await websocket.close(code=1011)
 
     @v1.get("/sandboxes/{sandbox_id}/processes")
     async def processes(sandbox_id: str) -> JSONResponse:
