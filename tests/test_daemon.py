@@ -472,3 +472,24 @@ def test_crash_in_the_middle_of_a_delete(daemon: DaemonProcess) -> None:
     images = {t for i in docker.APIClient().images() for t in (i["RepoTags"] or [])}
     assert "hutch-workspace-halfgone:state" not in images
     assert managed_containers(daemon.data_dir) == {}
+
+
+def test_list_and_get_agree(daemon: DaemonProcess) -> None:
+    """Every listed sandbox, live or ended, is found by id with the same description."""
+    with client(daemon) as c:
+        kept = c.create_sandbox("local", workdir=tempfile.mkdtemp())
+        ended = c.create_sandbox("local", workdir=tempfile.mkdtemp())
+        ended.close()
+        live = c.list_sandboxes()
+        everything = c.list_sandboxes(include_ended=True)
+        assert [s["id"] for s in live] == [kept.id]
+        assert {s["id"] for s in everything} == {kept.id, ended.id}
+        stable = ("id", "provider", "state", "reason", "workdir", "capabilities",
+                  "created_at_unix", "workspace")
+        for listed in everything:
+            got = c.get_sandbox(listed["id"])
+            info = got.info()
+            assert set(info) == set(listed), listed["id"]
+            assert {k: info[k] for k in stable} == {k: listed[k] for k in stable}
+            assert got.state == listed["state"] and got.status().state == listed["state"]
+        kept.close()

@@ -15,9 +15,9 @@ import re
 import shlex
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import anyio
 
@@ -32,7 +32,7 @@ from ._errors import (
     SandboxUnavailable,
 )
 from ._guardrail import ReadBeforeWriteGuard, session_guard
-from ._process import ExitStatus, Process, StreamEvent, run_to_completion
+from ._process import ExitStatus, Process, StreamEvent, kill_shielded, run_to_completion
 from ._types import (
     DEFAULT_OUTPUT_LIMIT,
     DEFAULT_READ_LIMIT,
@@ -45,7 +45,7 @@ from ._types import (
     GrepMatch,
 )
 from .lifecycle.state import SandboxState
-from .providers.base import BackendProcess, SandboxBackend, SandboxRuntime, join_path
+from .providers.base import BackendProcess, PtyProcess, SandboxBackend, SandboxRuntime, join_path
 
 if TYPE_CHECKING:
     from .lifecycle.engine import LifecycleRecord, SandboxStatus
@@ -228,15 +228,64 @@ class Sandbox:
     def _process_exited(self, process: Process) -> None:
         if self._gate is not None:
             self._gate.touch(self)
+        self._forget_finished()
+
+    def _forget_finished(self) -> None:
+        """Drop ended background commands past their retention, or past the
+        most kept, oldest first: their output is not held for ever."""
+        ended = sorted(
+            (p for p in self._processes.values() if p.ended_at is not None),
+            key=lambda p: p.ended_at or 0.0,
+        )
+        cutoff = time.monotonic() - FINISHED_PROCESS_RETENTION
+        excess = len(ended) - MAX_FINISHED_PROCESSES
+        for index, process in enumerate(ended):
+            if index < excess or (process.ended_at or 0.0) < cutoff:
+                self._processes.pop(process.id, None)
+                process.release()
 
     def process(self, process_id: str) -> Process:
+        self._forget_finished()
         try:
             return self._processes[process_id]
         except KeyError:
             raise NotFound(f"no background command {process_id} in sandbox {self.id}") from None
 
     def processes(self) -> list[Process]:
+        self._forget_finished()
         return list(self._processes.values())
+
+    @asynccontextmanager
+    async def pty(
+        self,
+        cmd: Command | None = None,
+        *,
+        rows: int = 24,
+        cols: int = 80,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        user: str | None = None,
+    ) -> AsyncIterator[PtyProcess]:
+        """An interactive command (a shell by default) on a pseudo-terminal:
+        read its output, write what is typed, resize it. Open, it keeps the
+        sandbox busy; on leaving, what still runs of it is killed."""
+        for name, value in (("rows", rows), ("cols", cols)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 1000:
+                raise InvalidArgument(f"{name} must be 1..999, got {value!r}")
+        self.require("processes")
+        if user is not None:
+            self.require("users")
+        argv = ["bash"] if cmd is None else self._argv(cmd)
+        async with self._operation("pty"):
+            proc = await self._runtime.start_pty(
+                argv, cwd=self.path(cwd) if cwd is not None else self.workdir,
+                env={"TERM": "xterm-256color", **(env or {})}, user=user, rows=rows, cols=cols,
+            )
+            try:
+                yield proc
+            finally:
+                if proc.returncode is None:
+                    await kill_shielded(proc)
 
     async def exec_stream(
         self,
@@ -294,6 +343,16 @@ class Sandbox:
         if not isinstance(data, bytes | bytearray | memoryview):
             raise InvalidArgument(f"data must be bytes, not {type(data).__name__}")
         full = self.path(path)
+        await self._write(full, lambda: self._runtime.write_file(full, bytes(data)))
+
+    async def write_from(self, path: str, source: IO[bytes]) -> None:
+        """Write what the binary file ``source`` holds, from its position on, to
+        ``path``; where the provider can, in pieces, never whole in memory."""
+        full = self.path(path)
+        await self._write(full, lambda: self._runtime.write_file_from(full, source))
+
+    async def _write(self, full: str, write: Callable[[], Awaitable[None]]) -> None:
+        """A write, under the read-before-write guard."""
         async with self._operation("write"):
             if self._session_guard.needs_check(full):
                 try:
@@ -304,7 +363,7 @@ class Sandbox:
                     if info.type == FileType.DIRECTORY:
                         raise SandboxIsADirectory(f"{full} is a directory")
                     raise self._session_guard.refuse(full, "overwrite")
-            await self._runtime.write_file(full, bytes(data))
+            await write()
         # What this session wrote, it knows: it may overwrite it again.
         self._session_guard.mark_read(full)
 
@@ -500,6 +559,12 @@ def backend_of(sandbox: Sandbox) -> SandboxBackend:
     and a remote sandbox has none.
     """
     return sandbox._backend
+
+
+#: How long an ended background command (and its output) is kept, seconds.
+FINISHED_PROCESS_RETENTION = 600.0
+#: The most ended background commands one sandbox keeps.
+MAX_FINISHED_PROCESSES = 64
 
 
 def new_sandbox_id() -> str:

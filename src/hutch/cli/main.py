@@ -31,6 +31,7 @@ from rich.table import Table
 from .._errors import HutchError
 from ..config import load_config_file
 from ..providers.ssh.gitsource import current_source
+from .images import image_app
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -38,6 +39,7 @@ HELP = __doc__
 app = typer.Typer(help=HELP, no_args_is_help=True, add_completion=False)
 workspace_app = typer.Typer(help="Named workspaces that outlive the daemon.", no_args_is_help=True)
 app.add_typer(workspace_app, name="workspace")
+app.add_typer(image_app, name="image")
 console = Console()
 err_console = Console(stderr=True)
 
@@ -388,6 +390,34 @@ def exec_(
                 out = sys.stdout if event.stream == "stdout" else sys.stderr
                 out.buffer.write(event.data)
                 out.flush()
+    raise typer.Exit(code)
+
+
+@app.command()
+@reports_errors
+def shell(sandbox_id: str) -> None:
+    """An interactive shell in a sandbox (bash, else sh), on a pseudo-terminal
+    inside it; exit with the shell's exit code."""
+    import termios
+    import tty
+
+    from ..client._shell import attach_shell
+
+    fd = sys.stdin.fileno()
+    interactive = os.isatty(fd)
+    size = (24, 80)
+    saved = None
+    if interactive:
+        columns, lines = os.get_terminal_size(fd)
+        size = (lines, columns)
+        saved = termios.tcgetattr(fd)
+        tty.setraw(fd)  # every key goes to the sandbox's terminal, which echoes
+    try:
+        code = attach_shell(sandbox_id, stdin_fd=fd, stdout_fd=sys.stdout.fileno(), size=size,
+                            watch_window=interactive)
+    finally:
+        if saved is not None:
+            termios.tcsetattr(fd, termios.TCSADRAIN, saved)
     raise typer.Exit(code)
 
 

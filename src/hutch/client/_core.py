@@ -135,7 +135,7 @@ def decode_status(info: Mapping[str, Any]) -> SandboxStatus:
         id=str(info["id"]), state=SandboxState(info["state"]), reason=info.get("reason"),
         created_at_unix=float(info["created_at_unix"]),
         last_active_unix=float(info["last_active_unix"]),
-        idle_seconds=float(info["idle_seconds"]),
+        idle_seconds=None if info.get("idle_seconds") is None else float(info["idle_seconds"]),
         deadline_unix=None if info.get("deadline_unix") is None else float(info["deadline_unix"]),
         meter={str(k): float(v) for k, v in dict(info.get("meter") or {}).items()},
     )
@@ -297,6 +297,19 @@ class SandboxOps:
         body = exec_body(cmd, cwd, env, stdin, user, timeout, output_limit)
         return (yield Call("POST", self._path("/exec/stream"), json=body, stream=True,
                            timeout=None))
+
+    def pty(
+        self, cmd: str | Sequence[str] | None = None, *, rows: int = 24, cols: int = 80,
+        cwd: str | None = None, env: Mapping[str, str] | None = None, user: str | None = None,
+    ) -> Any:
+        """An interactive command (a shell by default) on a PTY in the sandbox,
+        through the daemon's websocket route: a context manager (``async with``
+        on the async face) whose terminal reads, writes, resizes and waits."""
+        from ._shell import pty_start
+
+        command = cmd if cmd is None or isinstance(cmd, str) else list(cmd)
+        start = pty_start(command, rows, cols, cwd, env, user)
+        return self._transport.open_pty(self.id, start)  # type: ignore[attr-defined]
 
     @op
     def start(

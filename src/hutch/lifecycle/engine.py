@@ -138,7 +138,8 @@ class SandboxStatus:
     reason: str | None
     created_at_unix: float
     last_active_unix: float
-    idle_seconds: float
+    #: None once the sandbox has ended: nothing is idle any more.
+    idle_seconds: float | None
     deadline_unix: float | None
     meter: dict[str, float]
 
@@ -548,7 +549,10 @@ class LifecycleEngine:
             reason=record.reason,
             created_at_unix=record.created_unix,
             last_active_unix=wall - (now - record.last_activity_mono),
-            idle_seconds=0.0 if sandbox.open_operations else now - record.last_activity_mono,
+            idle_seconds=(
+                None if record.state in FINAL
+                else 0.0 if sandbox.open_operations else now - record.last_activity_mono
+            ),
             deadline_unix=deadline_unix,
             meter=record.meter.as_dict(now),
         )

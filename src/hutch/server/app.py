@@ -17,25 +17,33 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hmac
 import json
 import logging
 import os
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import IO, Any
 from urllib.parse import parse_qsl
 
 import anyio
-from fastapi import APIRouter, FastAPI, Query, Request, Response
+from fastapi import APIRouter, FastAPI, Query, Request, Response, WebSocket, WebSocketDisconnect
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .._errors import ExecTimeout, HutchError, InvalidArgument
+from .._errors import (
+    ERRORS_BY_CODE,
+    ExecTimeout,
+    HutchError,
+    InvalidArgument,
+    OutputLimitExceeded,
+)
 from .._process import ExitStatus, Process
 from .._sandbox import Sandbox
 from .._types import (
@@ -68,6 +76,8 @@ class ServerSettings(BaseModel):
     timeout_ceiling: float = 86400.0
     #: Seconds an ended sandbox stays readable (with its events) before it is pruned.
     retention_seconds: float = DEFAULT_RETENTION_SECONDS
+    #: The largest request body (a file upload) taken, bytes.
+    max_body_bytes: int = Field(default=MAX_READ_LIMIT, gt=0)
     #: Settings that reach the host which API clients may nonetheless set.
     allow: list[str] = []
     #: Resource limits (memory, cpus, pids) for requests that set none, and
@@ -172,6 +182,31 @@ def exec_json(result: ExecResult) -> dict[str, Any]:
 def file_json(info: FileInfo) -> dict[str, Any]:
     return {"path": info.path, "type": info.type.value, "size": info.size,
             "mode": info.mode, "mtime": info.mtime}
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+
+
+class ErrorBody(BaseModel):
+    """Every error's body: ``{"error": {"code", "message"}}``."""
+
+    error: ErrorDetail
+
+
+def error_responses() -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI ``responses`` of every error status the API answers with,
+    from the one table of codes (hutch._errors); 500 is no answer of hutch's
+    but a bug, and so undocumented."""
+    by_status: dict[int, list[str]] = {}
+    for code, cls in sorted(ERRORS_BY_CODE.items()):
+        if cls.http_status != 500:
+            by_status.setdefault(cls.http_status, []).append(code)
+    return {
+        status: {"model": ErrorBody, "description": "error: " + ", ".join(codes)}
+        for status, codes in sorted(by_status.items())
+    }
 
 
 def error_json(exc: HutchError) -> dict[str, Any]:
@@ -279,6 +314,94 @@ class TokenAuth:
         await self.app(scope, receive, send)
 
 
+# -- request bodies ------------------------------------------------------------------------------
+
+
+class BodyLimit:
+    """Pure ASGI middleware: no request body past ``max_bytes``.
+
+    A body announced as larger is refused before a byte of it is read; one
+    that grows past the cap while it arrives (chunked) is cut off there. So
+    a caller's upload can never hold more than the cap of the daemon's memory.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    def _too_large(self, size: int | None) -> OutputLimitExceeded:
+        told = f" ({size} bytes)" if size is not None else ""
+        return OutputLimitExceeded(
+            f"request body{told} is over the cap of {self.max_bytes} bytes; "
+            "send large files in parts"
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        announced = _header(scope, b"content-length")
+        if announced is not None and announced.isdigit() and int(announced) > self.max_bytes:
+            exc = self._too_large(int(announced))
+            await _respond(send, exc.http_status, render_json(error_json(exc)),
+                           b"application/json")
+            return
+        received = 0
+
+        async def counted() -> Message:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.max_bytes:
+                raise self._too_large(None)
+            return message
+
+        await self.app(scope, counted, send)
+
+
+# -- a caller gone ------------------------------------------------------------------------------
+
+
+class CancelOnDisconnect:
+    """Pure ASGI middleware: a request whose client goes away is cancelled.
+
+    Once a request's body is in, the only message left to receive is the
+    disconnect; a watcher waits for it and cancels the handler, so what the
+    call started (a command with no timeout, a grep) is killed rather than
+    left running for no one. Streaming responses end the same way.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # Reads (a status, a file) are short, and a stream notices its client
+        # going itself: only calls with a body pay for the watcher.
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        body_read = anyio.Event()
+
+        async def tracked() -> Message:
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body_read.set()
+            return message
+
+        async with anyio.create_task_group() as group:
+
+            async def watch() -> None:
+                await body_read.wait()
+                if (await receive())["type"] == "http.disconnect":
+                    group.cancel_scope.cancel()
+
+            group.start_soon(watch)
+            try:
+                await self.app(scope, tracked, send)
+            finally:
+                group.cancel_scope.cancel()
+
+
 # -- the fast path -----------------------------------------------------------------------------
 
 
@@ -310,6 +433,30 @@ async def _read_body(receive: Receive) -> bytes | None:
         chunks.append(message.get("body", b""))
         if not message.get("more_body", False):
             return b"".join(chunks)
+
+
+#: Request body a spool keeps in memory; past it, the rest is on disk.
+SPOOL_MEMORY_BYTES = 1024 * 1024
+
+
+def new_spool() -> IO[bytes]:
+    """Where an upload lands as it arrives: memory for a small one, disk past
+    :data:`SPOOL_MEMORY_BYTES` (an unlinked temporary file, the daemon's own)."""
+    return tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY_BYTES)
+
+
+async def _spool_body(receive: Receive) -> IO[bytes] | None:
+    """The request body in a spool, rewound; None if the client went away."""
+    spool = new_spool()
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            spool.close()
+            return None
+        spool.write(message.get("body", b""))
+        if not message.get("more_body", False):
+            spool.seek(0)
+            return spool
 
 
 async def _respond(send: Send, status: int, body: bytes, content_type: bytes) -> None:
@@ -430,11 +577,12 @@ class HotRoutes:
         path = self._query(scope).get("path")
         if path is None:
             raise _FallThrough()
-        data = await _read_body(receive)
-        if data is None:
+        spool = await _spool_body(receive)
+        if spool is None:
             return
-        sandbox = daemon.session(self._sandbox_id(scope), self._session(scope))
-        await sandbox.write_bytes(path, data)
+        with spool:
+            sandbox = daemon.session(self._sandbox_id(scope), self._session(scope))
+            await sandbox.write_from(path, spool)
         await _respond(send, 204, b"", b"")
 
 
@@ -461,6 +609,33 @@ def use_pidfd_child_watcher() -> Callable[[], None]:
 
 
 # -- the application ---------------------------------------------------------------------------
+
+
+class PtyStart(BaseModel):
+    """The first message on a terminal's websocket."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cmd: str | list[str] | None = None
+    rows: int = Field(default=24, ge=1, le=999)
+    cols: int = Field(default=80, ge=1, le=999)
+    cwd: str | None = None
+    env: dict[str, str] = {}
+    user: str | None = None
+
+
+def pty_resize(text: str) -> tuple[int, int] | None:
+    """``{"resize": [rows, cols]}`` read from a client's message, or None for
+    anything else (ignored: a terminal's keystrokes never come as text)."""
+    try:
+        message = json.loads(text)
+    except ValueError:
+        return None
+    size = message.get("resize") if isinstance(message, dict) else None
+    if (isinstance(size, list) and len(size) == 2
+            and all(type(n) is int and 0 < n < 1000 for n in size)):
+        return size[0], size[1]
+    return None
 
 
 def create_app(
@@ -530,7 +705,7 @@ def create_app(
         )
 
     # Routes are tried in the order they are declared: the busiest come first.
-    v1 = APIRouter(prefix="/v1")
+    v1 = APIRouter(prefix="/v1", responses=error_responses())
 
     # -- exec --
     @v1.post("/sandboxes/{sandbox_id}/exec")
@@ -550,7 +725,11 @@ def create_app(
     @v1.put("/sandboxes/{sandbox_id}/files", status_code=204)
     async def write_file(request: Request, sandbox_id: str, path: str = Query()) -> Response:
         sandbox = sandbox_for(request, sandbox_id)
-        await sandbox.write_bytes(path, await request.body())
+        with new_spool() as spool:
+            async for piece in request.stream():
+                spool.write(piece)
+            spool.seek(0)
+            await sandbox.write_from(path, spool)
         return Response(status_code=204)
 
     @v1.delete("/sandboxes/{sandbox_id}/files", status_code=204)
@@ -685,6 +864,58 @@ def create_app(
         process = await start_process(request, sandbox_id, body)
         return JSONResponse(process_json(process), status_code=201)
 
+    @v1.websocket("/sandboxes/{sandbox_id}/pty")
+    async def pty(websocket: WebSocket, sandbox_id: str) -> None:
+        """An interactive command (a shell by default) on a pseudo-terminal
+        (``hutch shell``, ``Sandbox.pty`` through the SDK).
+
+        The first message is text, :class:`PtyStart` as JSON. Then binary
+        messages are bytes: typed ones in, the terminal's out. Text messages
+        are JSON: ``{"resize": [rows, cols]}`` in; ``{"exit": code}`` or
+        ``{"error": {"code", "message"}}`` out, last, before the close.
+        """
+        await websocket.accept()
+        try:
+            try:
+                with anyio.fail_after(30):
+                    first = await websocket.receive_text()
+                start = PtyStart.model_validate_json(first)
+            except (ValidationError, TimeoutError, KeyError) as exc:
+                raise InvalidArgument(f"a terminal starts with a PtyStart message: {exc}") from None
+            sandbox = daemon().get(sandbox_id)
+            async with sandbox.pty(
+                start.cmd, rows=start.rows, cols=start.cols, cwd=start.cwd, env=start.env,
+                user=start.user,
+            ) as proc, anyio.create_task_group() as tg:
+
+                async def typed() -> None:
+                    while True:
+                        message = await websocket.receive()
+                        if message["type"] == "websocket.disconnect":
+                            tg.cancel_scope.cancel()
+                            return
+                        if message.get("bytes"):
+                            await proc.write(message["bytes"])
+                        elif message.get("text"):
+                            size = pty_resize(message["text"])
+                            if size is not None:
+                                await proc.resize(*size)
+
+                tg.start_soon(typed)
+                while (chunk := await proc.read()) is not None:
+                    await websocket.send_bytes(chunk.data)
+                await websocket.send_text(json.dumps({"exit": await proc.wait()}))
+                tg.cancel_scope.cancel()
+            await websocket.close()
+        except WebSocketDisconnect:
+            return
+        except HutchError as exc:
+            with contextlib.suppress(Exception):
+                await websocket.send_text(
+                    json.dumps({"error": {"code": exc.code, "message": str(exc)}})
+                )
+                await websocket.close(code=1011)
+
     @v1.get("/sandboxes/{sandbox_id}/processes")
     async def processes(sandbox_id: str) -> JSONResponse:
         sandbox = daemon().get(sandbox_id)
@@ -752,11 +983,13 @@ def create_app(
 
     app.include_router(v1)
 
-    @app.get("/healthz")
+    @app.get("/healthz", responses={401: error_responses()[401]})
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
     # The last added is the outermost: the token is checked before the fast path.
     app.add_middleware(HotRoutes, daemon=lambda: holder.get("daemon"))
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(CancelOnDisconnect)
     app.add_middleware(TokenAuth, token=settings.token)
     return app

@@ -342,6 +342,7 @@ class Daemon:
             "deadline_unix": None,
             "meter": dict(row.meter),
             "memory_bytes": None,
+            "open_operations": 0,
             "workspace": row.workspace,
             "ended_at_unix": row.updated_at_unix,
         }
