@@ -28,12 +28,13 @@ import socket
 import struct
 import subprocess
 import tarfile
+import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import IO, Annotated, Any, Literal
 
 import anyio
 import anyio.to_thread
@@ -83,6 +84,8 @@ SUSPENDED_REPOSITORY = "hutch-suspended"
 #: overlay2 stacks at most 128 layers; a suspend that would pass this many
 #: flattens the container into a one-layer image instead of committing on top.
 MAX_SUSPEND_LAYERS = 100
+#: An archive for put_archive kept in memory up to this size; on disk past it.
+_ARCHIVE_IN_MEMORY = 1024 * 1024
 #: Symlinks followed by one read or write before it gives up (as the kernel's 40).
 _MAX_LINK_HOPS = 40
 #: Where the agent's executable and its socket's directory are mounted.
@@ -1162,6 +1165,9 @@ class DockerSandbox(SandboxBackend):
         return data
 
     async def write_file(self, path: str, data: bytes) -> None:
+        await self.write_file_from(path, io.BytesIO(data))
+
+    async def write_file_from(self, path: str, source: IO[bytes]) -> None:
         api = engine()
         container = self._container()
         mode = 0o644
@@ -1184,20 +1190,25 @@ class DockerSandbox(SandboxBackend):
             break
         else:
             raise ProviderError(f"{path}: too many levels of symbolic links")
-        buffer = io.BytesIO()
-        # PAX headers carry any name (spaces, quotes, newlines, non-ASCII)
-        # byte for byte; relative to / so missing parents are created.
-        with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            member = tarfile.TarInfo(target.lstrip("/"))
-            member.size = len(data)
-            member.mode = mode
-            member.mtime = int(time.time())
-            tar.addfile(member, io.BytesIO(data))
-        payload = buffer.getvalue()
 
         def put() -> None:
-            if not api.put_archive(container, "/", payload):
-                raise ProviderError(f"docker refused to write {path}")
+            # The archive goes to a spool (disk past its first MiB) and the
+            # engine reads it from there: a large file is never whole in memory.
+            with tempfile.SpooledTemporaryFile(max_size=_ARCHIVE_IN_MEMORY) as archive:
+                start = source.tell()
+                size = source.seek(0, io.SEEK_END) - start
+                source.seek(start)
+                # PAX headers carry any name (spaces, quotes, newlines, non-ASCII)
+                # byte for byte; relative to / so missing parents are created.
+                with tarfile.open(fileobj=archive, mode="w", format=tarfile.PAX_FORMAT) as tar:
+                    member = tarfile.TarInfo(target.lstrip("/"))
+                    member.size = size
+                    member.mode = mode
+                    member.mtime = int(time.time())
+                    tar.addfile(member, source)
+                archive.seek(0)
+                if not api.put_archive(container, "/", archive):
+                    raise ProviderError(f"docker refused to write {path}")
 
         await _call(put, path=path)
 
