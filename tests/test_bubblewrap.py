@@ -470,3 +470,52 @@ async def test_network_allow_list_reaches_only_what_it_names() -> None:
         assert "connected" not in refused.stdout
     finally:
         await sb.close()
+
+
+def test_daemon_keeps_answering_through_a_fork_bomb_and_a_memory_hog() -> None:
+    import threading
+    import time
+
+    import httpx
+
+    from tests.daemon_fixture import DaemonProcess
+
+    daemon = DaemonProcess().start()
+    try:
+        client = hutch.Client(daemon.url, token=daemon.token)
+        sb = client.create_sandbox(
+            "bubblewrap", image=TEST_IMAGE, pids_limit=64, memory="128m", read_before_write=False
+        )
+        results: dict[str, Any] = {}
+
+        def bomb() -> None:
+            try:
+                results["bomb"] = sb.exec("bomb() { bomb | bomb & }; bomb; sleep 5", timeout=8)
+            except hutch.HutchError as exc:
+                results["bomb"] = exc
+
+        def hog() -> None:
+            results["hog"] = sb.exec(["python3", "-c", "b = bytearray(1 << 30)"], timeout=60)
+
+        workers = [threading.Thread(target=bomb), threading.Thread(target=hog)]
+        for worker in workers:
+            worker.start()
+        slowest = 0.0
+        while any(w.is_alive() for w in workers):
+            started = time.monotonic()
+            answer = httpx.get(f"{daemon.url}/healthz", timeout=10,
+                               headers={"Authorization": f"Bearer {daemon.token}"})
+            assert answer.status_code == 200
+            slowest = max(slowest, time.monotonic() - started)
+            time.sleep(0.1)
+        for worker in workers:
+            worker.join()
+        assert slowest < 2.0, f"the daemon took {slowest:.2f} s to answer"
+        assert results["hog"].exit_code == 137 and results["hog"].oom_killed
+        other = client.create_sandbox("bubblewrap", image=TEST_IMAGE, read_before_write=False)
+        assert other.exec(["echo", "ok"]).stdout == "ok\n"
+        other.close()
+        sb.close()
+        client.close()
+    finally:
+        daemon.stop()
