@@ -16,8 +16,8 @@ import asyncio
 import contextlib
 import re
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from typing import IO, Any, TypeVar
 
 from ..._errors import (
     HutchError,
@@ -393,11 +393,19 @@ class AgentRuntime(SandboxRuntime):
                 parts.append(payload)
 
     async def write_file(self, path: str, data: bytes) -> None:
+        view = memoryview(data)
+        await self._write(path, (view[i:i + MAX_PAYLOAD] for i in range(0, len(view), MAX_PAYLOAD)))
+
+    async def write_file_from(self, path: str, source: IO[bytes]) -> None:
+        # Piece by piece from the source (an upload spooled to disk): never
+        # the whole file in memory.
+        await self._write(path, iter(lambda: source.read(MAX_PAYLOAD), b""))
+
+    async def _write(self, path: str, pieces: Iterator[bytes | memoryview]) -> None:
         async with self._channel() as channel:
             await channel.send({"op": "write", "path": path})
-            view = memoryview(data)
-            for start in range(0, len(view), MAX_PAYLOAD):
-                await channel.send({"t": "in"}, view[start:start + MAX_PAYLOAD])
+            for piece in pieces:
+                await channel.send({"t": "in"}, piece)
             await channel.send({"t": "eof"})
             reply, _ = await self._answer(channel, ANSWER_TIMEOUT * 2)
             _ok(reply)
