@@ -142,10 +142,12 @@ def serve(
     allow: list[str] = typer.Option(
         [], "--allow", metavar="SETTING",
         help="Let API clients set this host-reaching setting (mounts, host_workdir, "
-        "network_mode, cap_drop); repeatable. Also `allow = [...]` under [server] in hutch.toml.",
+        "network_mode, cap_drop, ...); repeatable. Also `allow = \\[...]` under \\[server] in "
+        "hutch.toml.",
     ),
     config: str | None = typer.Option(
-        None, help="hutch.toml with [server] allow/limits/ceilings (default: ./hutch.toml)."
+        None, help="hutch.toml with \\[server] allow, limits and ceilings (default: "
+        "./hutch.toml)."
     ),
     max_connections: int | None = typer.Option(
         None, help="How many client connections at once, at most (default 4096, or half "
