@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -53,6 +54,38 @@ async def main() -> None:
             time_sync(floor_write, RUNS))
         row("read 1 MB", await time_async(lambda: sb.read_bytes("one.bin"), RUNS),
             time_sync(floor_read, RUNS))
+
+        # grep: hutch matches in a worker process it can kill (a backtracking
+        # pattern never holds the daemon); the floor is the same rule in process.
+        tree = os.path.join(workdir, "tree")
+        lines = "".join(f"line {i} of some text\n" for i in range(200))
+        for d in range(10):
+            os.makedirs(os.path.join(tree, f"d{d}"))
+            for f in range(20):
+                with open(os.path.join(tree, f"d{d}", f"f{f}.txt"), "w") as fh:
+                    fh.write(lines + ("needle\n" if f == 7 else ""))
+        needle = re.compile("needle")
+
+        def floor_grep_file(path: str) -> list[int]:
+            with open(path, "rb") as fh:
+                text = fh.read().decode("utf-8", "replace")
+            return [n for n, line in enumerate(text.splitlines(), 1) if needle.search(line)]
+
+        def floor_grep(root: str) -> list[tuple[str, int]]:
+            return [
+                (name, n)
+                for dirpath, _, files in os.walk(root)
+                for name in files
+                for n in floor_grep_file(os.path.join(dirpath, name))
+            ]
+
+        ours, floor = await paired(lambda: sb.grep("needle", "tree/d0/f7.txt"),
+                                   lambda: floor_grep_file(os.path.join(tree, "d0", "f7.txt")),
+                                   RUNS)
+        row("grep one file", ours, floor)
+        ours, floor = await paired(lambda: sb.grep("needle", "tree"),
+                                   lambda: floor_grep(tree), 50)
+        row("grep 200 files x 200 lines", ours, floor)
 
     header("virtual provider (floor: a bytes copy into a dict)")
     store: dict[str, bytes] = {}

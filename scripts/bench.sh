@@ -11,4 +11,5 @@ if ! command -v wrk >/dev/null 2>&1; then
 fi
 [ -x .venv/bin/python ] || { "${PYTHON:-python3}" -m venv .venv; }
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+bash scripts/build-agent.sh .venv/bin/python >/dev/null
 exec .venv/bin/python bench/run.py "$@"

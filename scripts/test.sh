@@ -31,6 +31,9 @@ fi
 log "installing hutch and its test dependencies"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
 
+log "building hutch's agent (Go, cached by its source's hash)"
+bash scripts/build-agent.sh .venv/bin/python
+
 log "ruff"
 .venv/bin/ruff check src tests bench
 log "mypy (strict)"

@@ -36,3 +36,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             f"docker tests need a Docker Engine with image {TEST_IMAGE}: run "
             "scripts/ensure-docker.sh (or set HUTCH_SKIP_DOCKER=1 to deselect them)"
         )
+
+
+@pytest.fixture(params=["agent", "native"])
+def docker_runtime(request: pytest.FixtureRequest) -> str:
+    """Each docker test that takes this runs on both runtimes: hutch's agent
+    inside the container, and docker's own exec and archive API."""
+    return str(request.param)

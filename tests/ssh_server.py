@@ -66,7 +66,7 @@ def _descendants(root: int) -> list[int]:
 class SshServer:
     """One sshd on 127.0.0.1, started and stopped by the tests."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_sessions: int | None = None) -> None:
         self.dir = tempfile.mkdtemp(prefix="hutch-sshd-")
         os.chmod(self.dir, 0o700)
         self.port = _free_port()
@@ -99,10 +99,15 @@ class SshServer:
                 "PermitRootLogin prohibit-password\n"
                 "UsePAM no\n"
                 "StrictModes no\n"
-                "MaxSessions 200\n"
                 "MaxStartups 100:30:200\n"
                 "Subsystem sftp internal-sftp\n"
+                # bash sources ~/.bashrc for a command run by sshd only at
+                # SHLVL 1: this machine's root .bashrc (pyenv, cargo) costs
+                # 0.3-1 s a command, which is the host's and not what we test.
+                "SetEnv SHLVL=1\n"
                 "LogLevel ERROR\n"
+                # MaxSessions stays at sshd's default (10), as on real hosts.
+                + (f"MaxSessions {max_sessions}\n" if max_sessions else "")
             )
         self.write_client_config(self.config_file, self.user_key)
 

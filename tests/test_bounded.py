@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import threading
@@ -17,6 +18,7 @@ import httpx
 import pytest
 
 import hutch
+from tests.conftest import TEST_IMAGE
 from tests.daemon_fixture import DaemonProcess
 
 
@@ -321,3 +323,165 @@ def test_grep_over_a_hundred_thousand_files_returns_or_times_out(
         assert answer.json()["matches"] == []
     assert took < 20, took
     assert probe.slowest < 1.0, probe.slowest
+
+
+# -- the daemon's memory is bounded -------------------------------------------------------
+
+
+def rss_bytes(daemon: DaemonProcess) -> int:
+    assert daemon.proc is not None
+    with open(f"/proc/{daemon.proc.pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_background_output_does_not_stay_in_the_daemons_memory(
+    daemon: DaemonProcess, http: httpx.Client, local_sandbox: str
+) -> None:
+    base = f"/v1/sandboxes/{local_sandbox}"
+    before = rss_bytes(daemon)
+    started = [
+        http.post(f"{base}/processes", json={"cmd": "head -c 15000000 /dev/zero"}).json()["id"]
+        for _ in range(30)
+    ]
+    for pid in started:
+        # Each still answers in full...
+        done = http.post(f"{base}/processes/{pid}/wait", json={"timeout": 120})
+        assert done.status_code == 200, done.text
+        assert len(done.json()["stdout"]) == 15_000_000
+    # ...but 450 MB of output is not held in the daemon (spooled to disk).
+    grown = rss_bytes(daemon) - before
+    assert grown < 150 * 1024 * 1024, f"the daemon grew by {grown / 2**20:.0f} MiB"
+
+
+def test_finished_background_commands_are_forgotten(
+    http: httpx.Client, local_sandbox: str
+) -> None:
+    base = f"/v1/sandboxes/{local_sandbox}"
+    started = [http.post(f"{base}/processes", json={"cmd": "true"}).json()["id"]
+               for _ in range(80)]
+    for pid in started[-5:]:
+        assert http.post(f"{base}/processes/{pid}/wait", json={"timeout": 60}).status_code == 200
+    deadline = time.monotonic() + 30
+    while any(p["running"] for p in http.get(f"{base}/processes").json()["processes"]):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    kept = {p["id"] for p in http.get(f"{base}/processes").json()["processes"]}
+    assert len(kept) <= 64, len(kept)
+    assert started[-1] in kept  # the newest stay, the oldest go first
+    gone = http.get(f"{base}/processes/{started[0]}")
+    assert gone.status_code == 404, gone.text
+
+
+def test_request_bodies_have_a_ceiling(daemon: DaemonProcess, local_sandbox: str) -> None:
+    # Announced as 1 GiB: refused before a byte of it is read.
+    request = (
+        f"PUT /v1/sandboxes/{local_sandbox}/files?path=big HTTP/1.1\r\n"
+        f"Host: 127.0.0.1\r\nAuthorization: Bearer {daemon.token}\r\n"
+        f"Content-Type: application/octet-stream\r\nContent-Length: {2**30}\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", daemon.port), timeout=10) as sock:
+        sock.sendall(request)
+        answer = ""
+        while "}}" not in answer and (piece := sock.recv(65536)):
+            answer += piece.decode()
+    assert answer.startswith("HTTP/1.1 413"), answer
+    assert "output_limit_exceeded" in answer and str(256 * 1024 * 1024) in answer, answer
+
+
+# -- acceptance: a sandbox under abuse does not take the daemon down -------------------------
+
+
+@pytest.mark.docker
+def test_one_abused_docker_sandbox_leaves_the_daemon_and_others_working(
+    daemon: DaemonProcess, http: httpx.Client
+) -> None:
+    made = [
+        http.post("/v1/sandboxes", json={
+            "provider": "docker", "image": TEST_IMAGE, "memory": "128m", "pids_limit": 128,
+        })
+        for _ in range(2)
+    ]
+    assert all(m.status_code == 201 for m in made), [m.text for m in made]
+    abused, other = (f"/v1/sandboxes/{m.json()['id']}" for m in made)
+    assert http.put(f"{abused}/files", params={"path": "bad.txt"},
+                    content=b"a" * 27 + b"!\n").status_code == 204
+    abuses = {
+        "fork bomb": ("exec", {"cmd": "f() { f | f & }; f; sleep 20", "timeout": 8}),
+        "memory hog": ("exec", {"cmd": "head -c 1000000000 /dev/zero | tail", "timeout": 30}),
+        "output flood": ("exec", {"cmd": "yes", "timeout": 30}),
+        "background flood": ("processes", {"cmd": "yes"}),
+        "backtracking grep": ("grep", {"pattern": BACKTRACKING, "timeout": 5}),
+    }
+    answers: dict[str, httpx.Response | BaseException] = {}
+
+    def abuse(name: str, route: str, body: dict[str, object]) -> None:
+        try:
+            with httpx.Client(base_url=daemon.url, timeout=120,
+                              headers={"Authorization": f"Bearer {daemon.token}"}) as c:
+                answers[name] = c.post(f"{abused}/{route}", json=body)
+        except BaseException as exc:
+            answers[name] = exc
+
+    others_ok = 0
+    try:
+        with HealthProbe(daemon) as probe:
+            threads = [threading.Thread(target=abuse, args=(name, *how))
+                       for name, how in abuses.items()]
+            for thread in threads:
+                thread.start()
+            while any(t.is_alive() for t in threads):
+                # Meanwhile another sandbox works as ever.
+                answer = http.post(f"{other}/exec", json={"cmd": "echo ok", "timeout": 30})
+                assert answer.status_code == 200 and answer.json()["stdout"] == "ok\n", answer.text
+                others_ok += 1
+                time.sleep(0.2)
+            for thread in threads:
+                thread.join()
+        assert probe.answers >= 10 and not probe.failures, (probe.answers, probe.failures)
+        assert probe.slowest < 1.0, f"/healthz took {probe.slowest:.2f} s"
+        assert others_ok >= 3
+        for name, answer in answers.items():
+            assert isinstance(answer, httpx.Response), (name, answer)
+            assert answer.status_code != 500, (name, answer.text)
+        assert answers["backtracking grep"].status_code == 408  # type: ignore[union-attr]
+        assert answers["output flood"].status_code == 413  # type: ignore[union-attr]
+    finally:
+        for sandbox in (abused, other):
+            http.delete(sandbox)
+
+
+def test_a_client_gone_cancels_what_its_call_started(
+    daemon: DaemonProcess, http: httpx.Client, local_sandbox: str
+) -> None:
+    marker = f"{time.time_ns() % 10**6 + 1000}.5"  # a sleep no one else runs
+
+    def sleepers() -> list[str]:
+        found = []
+        for entry in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                    if fh.read() == f"sleep\0{marker}\0".encode():
+                        found.append(entry)
+            except OSError:
+                continue
+        return found
+
+    def call() -> None:
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up and goes
+            http.post(f"/v1/sandboxes/{local_sandbox}/exec",
+                      json={"cmd": ["sleep", marker]}, timeout=3)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    deadline = time.monotonic() + 3
+    while not sleepers():
+        assert time.monotonic() < deadline, "the command did not start"
+        time.sleep(0.05)
+    caller.join()
+    deadline = time.monotonic() + 10
+    while sleepers():
+        assert time.monotonic() < deadline, "the command outlived its caller"
+        time.sleep(0.2)

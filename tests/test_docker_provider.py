@@ -60,7 +60,13 @@ def images_of(api: docker.APIClient, sandbox_id: str) -> list[dict[str, Any]]:
 async def test_container_is_labelled_named_and_hardened(sb: Any, api: docker.APIClient) -> None:
     details = api.inspect_container(backend_of(sb).container_id)
     assert details["Name"] == f"/hutch-{sb.id}"
-    assert details["Config"]["Cmd"] == ["sleep", "infinity"]
+    # The keeper is hutch's agent, its executable mounted read-only.
+    assert details["Config"]["Cmd"] == [
+        "/.hutch/bin/hutch-agent", "serve", "/.hutch/run/agent.sock"
+    ]
+    mounts = {m["Destination"]: m for m in details["Mounts"]}
+    assert mounts["/.hutch/bin/hutch-agent"]["RW"] is False
+    assert sb.capabilities.runtime == "agent"
     assert details["Config"]["WorkingDir"] == "/workspace"
     labels = details["Config"]["Labels"]
     assert labels["hutch.managed"] == "1"

@@ -36,8 +36,10 @@ def container_exists(container_id: str) -> bool:
 
 
 @pytest.mark.docker
-async def test_twenty_suspend_resume_cycles_keep_every_file() -> None:
-    async with await hutch.create_sandbox("docker", image=TEST_IMAGE) as sb:
+async def test_twenty_suspend_resume_cycles_keep_every_file(docker_runtime: str) -> None:
+    async with await hutch.create_sandbox(
+        "docker", image=TEST_IMAGE, runtime=docker_runtime
+    ) as sb:
         for i in range(20):
             await sb.write_text(f"/root/cycle-{i}.txt", f"rootfs {i}")
             await sb.write_text(f"work-{i}.txt", f"workspace {i}")
@@ -54,8 +56,10 @@ async def test_twenty_suspend_resume_cycles_keep_every_file() -> None:
 
 
 @pytest.mark.docker
-async def test_twenty_pause_resume_cycles_keep_files_and_processes() -> None:
-    async with await hutch.create_sandbox("docker", image=TEST_IMAGE) as sb:
+async def test_twenty_pause_resume_cycles_keep_files_and_processes(docker_runtime: str) -> None:
+    async with await hutch.create_sandbox(
+        "docker", image=TEST_IMAGE, runtime=docker_runtime
+    ) as sb:
         await sb.exec("nohup sleep 600 >/dev/null 2>&1 &")
         for i in range(20):
             await sb.write_text(f"/root/p-{i}.txt", str(i))
@@ -68,9 +72,9 @@ async def test_twenty_pause_resume_cycles_keep_files_and_processes() -> None:
 
 
 @pytest.mark.docker
-async def test_suspended_docker_sandbox_auto_resumes_or_refuses() -> None:
+async def test_suspended_docker_sandbox_auto_resumes_or_refuses(docker_runtime: str) -> None:
     async with await hutch.create_sandbox(
-        "docker", image=TEST_IMAGE, idle_suspend_after=1
+        "docker", image=TEST_IMAGE, idle_suspend_after=1, runtime=docker_runtime
     ) as sb:
         await sb.write_text("/root/kept.txt", "kept")
         container = container_of(sb)
@@ -80,7 +84,8 @@ async def test_suspended_docker_sandbox_auto_resumes_or_refuses() -> None:
         assert result.stdout == "kept"
         assert sb.state == SandboxState.RUNNING
     async with await hutch.create_sandbox(
-        "docker", image=TEST_IMAGE, idle_suspend_after=1, auto_resume=False
+        "docker", image=TEST_IMAGE, idle_suspend_after=1, auto_resume=False,
+        runtime=docker_runtime,
     ) as strict:
         await wait_for_state(strict, SandboxState.SUSPENDED, within=8)
         with pytest.raises(hutch.SandboxUnavailable):
@@ -88,9 +93,11 @@ async def test_suspended_docker_sandbox_auto_resumes_or_refuses() -> None:
 
 
 @pytest.mark.docker
-async def test_background_job_keeps_docker_sandbox_from_idle_suspend() -> None:
+async def test_background_job_keeps_docker_sandbox_from_idle_suspend(
+    docker_runtime: str,
+) -> None:
     async with await hutch.create_sandbox(
-        "docker", image=TEST_IMAGE, idle_suspend_after=1
+        "docker", image=TEST_IMAGE, idle_suspend_after=1, runtime=docker_runtime
     ) as sb:
         await sb.exec("nohup sleep 4 >/dev/null 2>&1 &")
         await asyncio.sleep(3.5)
@@ -139,9 +146,12 @@ async def test_real_set_timeout_deadlines() -> None:
 
 
 @pytest.mark.docker
-async def test_nohup_job_keeps_docker_sandbox_from_suspend_and_reaping() -> None:
+async def test_nohup_job_keeps_docker_sandbox_from_suspend_and_reaping(
+    docker_runtime: str,
+) -> None:
     sb = await hutch.create_sandbox(
-        "docker", image=TEST_IMAGE, idle_suspend_after=1, idle_timeout=2
+        "docker", image=TEST_IMAGE, idle_suspend_after=1, idle_timeout=2,
+        runtime=docker_runtime,
     )
     try:
         await sb.exec("nohup sleep 600 >/dev/null 2>&1 &")

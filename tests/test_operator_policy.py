@@ -4,8 +4,8 @@ Through a real daemon: each host-reaching setting a client asks for is
 refused with ``permission_denied`` naming it and how the operator allows it;
 the operator's ``--allow`` and hutch.toml ``[server]`` let it through; in
 process, where the caller is the operator, everything stays allowed. A docker
-sandbox made with no limits gets the server's, and an 8 GiB allocation in it
-is killed.
+sandbox made with no limits gets the server's (tests/test_containment.py
+has an 8 GiB allocation killed at it).
 """
 
 from __future__ import annotations
@@ -60,6 +60,8 @@ HOST_REACHING = [
 ]
 #: Other providers' settings that reach the host, each refused alike.
 OTHER_PROVIDERS = [
+    # The daemon user's ssh keys are the operator's to aim.
+    ("destination", {"provider": "ssh", "destination": "h", "working_directory": "/tmp"}),
     ("config_file", {"provider": "ssh", "destination": "h", "working_directory": "/tmp",
                      "config_file": "/tmp/evil-ssh-config-with-a-ProxyCommand"}),
     ("known_hosts", {"provider": "ssh", "destination": "h", "working_directory": "/tmp",
@@ -82,10 +84,21 @@ def test_a_host_reaching_setting_is_refused(
     assert made(daemon) == before  # nothing was made
 
 
+@pytest.fixture(scope="module")
+def daemon_allowing_destination() -> Iterator[DaemonProcess]:
+    d = start("--allow", "destination")
+    yield d
+    d.stop()
+    shutil.rmtree(d.data_dir, ignore_errors=True)
+
+
 @pytest.mark.parametrize(("setting", "body"), OTHER_PROVIDERS)
 def test_other_providers_host_settings_are_refused(
-    daemon: DaemonProcess, setting: str, body: dict[str, Any]
+    daemon: DaemonProcess, request: pytest.FixtureRequest, setting: str, body: dict[str, Any]
 ) -> None:
+    if body.get("provider") == "ssh" and setting != "destination":
+        # Past the destination (allowed here), the other ssh settings are judged.
+        daemon = request.getfixturevalue("daemon_allowing_destination")
     answer = post(daemon, "/v1/sandboxes", body)
     assert answer.status_code == 403, answer.text
     assert repr(setting) in answer.json()["error"]["message"]
@@ -209,28 +222,4 @@ def test_operator_limits_from_the_config_file() -> None:
         d.stop()
 
 
-#: Touches 8 GiB, 64 MiB at a time, saying how far it got.
-ALLOCATE_8G = (
-    "import sys\nheld = []\nfor i in range(128):\n"
-    "    held.append(bytearray(64 << 20))\n"
-    "    sys.stdout.write(f'{(i + 1) * 64}\\n'); sys.stdout.flush()\n"
-    "print('allocated 8 GiB')\n"
-)
-
-
-@pytest.mark.docker
-def test_an_8_gib_allocation_is_killed_at_the_default_limit(daemon: DaemonProcess) -> None:
-    with hutch.Client(daemon.url, token=daemon.token) as c:
-        sb = c.create_sandbox("docker", image=TEST_IMAGE)
-        try:
-            result = sb.exec(["python3", "-c", ALLOCATE_8G], timeout=120)
-            assert "allocated 8 GiB" not in result.stdout
-            assert result.exit_code == 137, result
-            reached = int(result.stdout.split()[-1]) if result.stdout.split() else 0
-            assert reached <= 2048, reached  # MiB: stopped at the 2 GiB default
-            oom = sb.exec("cat /sys/fs/cgroup/memory/memory.oom_control "
-                          "/sys/fs/cgroup/memory.events 2>/dev/null")
-            assert "oom_kill 1" in oom.stdout, oom.stdout
-            assert sb.exec("echo alive").stdout == "alive\n"
-        finally:
-            sb.close()
+# The 8 GiB allocation killed at the default limit, and told: tests/test_containment.py.

@@ -16,8 +16,10 @@ pytestmark = [pytest.mark.anyio, pytest.mark.docker]
 
 
 @pytest.fixture
-async def sb() -> AsyncIterator[Any]:
-    async with await hutch.create_sandbox("docker", image=TEST_IMAGE) as sandbox:
+async def sb(docker_runtime: str) -> AsyncIterator[Any]:
+    async with await hutch.create_sandbox(
+        "docker", image=TEST_IMAGE, runtime=docker_runtime
+    ) as sandbox:
         yield sandbox
 
 

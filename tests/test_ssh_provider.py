@@ -18,14 +18,18 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import hutch
 from hutch._sandbox import backend_of
+from hutch.lifecycle.state import SandboxState
 from hutch.providers._hostproc import pids_with_env
 from hutch.providers.ssh.config import SshConfig
 from hutch.providers.ssh.connection import SshTarget, acquire, release
 from hutch.providers.ssh.gitsource import GitSource, current_source, https_url
 from hutch.providers.ssh.provider import SshSandbox
+from tests.conformance.test_surface import settle
 from tests.daemon_fixture import DaemonProcess
 from tests.ssh_server import ALIAS, SshServer, shared_server
 
@@ -86,6 +90,19 @@ async def test_user_at_host_with_port_and_key_from_the_config(
         server, workdir, destination=f"{server.user}@127.0.0.1", config_file=config
     ) as sb:
         assert (await sb.exec(["id", "-un"])).stdout.strip() == server.user
+
+
+async def test_ssh_url_with_a_port(server: SshServer, workdir: str) -> None:
+    config = os.path.join(server.dir, f"by-url-{uuid.uuid4().hex}")
+    with open(config, "w") as fh:  # the key and known hosts only: the port is in the URL
+        fh.write(f"Host 127.0.0.1\n  IdentityFile {server.user_key}\n"
+                 f"  UserKnownHostsFile {server.known_hosts}\n")
+    destination = f"ssh://{server.user}@127.0.0.1:{server.port}"
+    async with await make(server, workdir, destination=destination, config_file=config) as sb:
+        assert (await sb.exec(["pwd"])).stdout.strip() == workdir
+    for bad in ["ssh://host:notaport", "ssh://host/path", "ssh://"]:
+        with pytest.raises(hutch.InvalidArgument):
+            await make(server, workdir, destination=bad, config_file=config)
 
 
 async def test_proxy_jump_from_the_config(server: SshServer, workdir: str) -> None:
@@ -259,12 +276,40 @@ async def test_sandboxes_on_one_destination_share_one_connection(
 ) -> None:
     async with await make(server, workdir) as one, await make(server, workdir) as two:
         assert backend(one)._kept is backend(two)._kept
+        # Within sshd's default MaxSessions (10): the SFTP session and 8 commands.
         results = await asyncio.gather(
-            *(sb.exec(["echo", str(i)]) for i, sb in enumerate([one, two] * 10)),
+            *(sb.exec(["echo", str(i)]) for i, sb in enumerate([one, two] * 4)),
             *(one.write_text(f"f{i}", str(i)) for i in range(10)),
         )
-        assert [r.stdout for r in results[:20]] == [f"{i}\n" for i in range(20)]
+        assert [r.stdout for r in results[:8]] == [f"{i}\n" for i in range(8)]
         assert backend(one)._kept.connects == 1
+
+
+async def test_past_the_hosts_session_cap_commands_overflow_to_more_connections(
+    workdir: str,
+) -> None:
+    capped = SshServer(max_sessions=3).start()
+    try:
+        async with await make(capped, workdir) as sb:
+            started = time.monotonic()
+            results = await asyncio.gather(*(sb.exec(["sleep", "1"]) for _ in range(8)))
+            assert [r.exit_code for r in results] == [0] * 8
+            assert time.monotonic() - started < 30
+            assert backend(sb)._kept.connects > 1
+            # With every session of the kept connection busy, a timeout still
+            # reaches the host to kill its command (the kill takes a session
+            # too), and files still move (the SFTP session was opened first).
+            busy = [await sb.start("sleep 300") for _ in range(3)]
+            await sb.write_text("while-busy.txt", "files still move")
+            assert await sb.read_text("while-busy.txt") == "files still move"
+            with pytest.raises(TimeoutError):
+                await sb.exec(["sleep", "300"], timeout=1)
+            for process in busy:
+                await process.kill()
+                assert not process.running
+            assert await backend(sb).count_busy_processes() == 0
+    finally:
+        capped.cleanup()
 
 
 async def test_the_last_sandbox_closes_the_connection(server: SshServer, workdir: str) -> None:
@@ -517,10 +562,27 @@ def test_current_source_reads_origin_and_branch(repository: str) -> None:
 
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[DaemonProcess]:
-    # The operator lets clients name an ssh config file (the test server's).
-    d = DaemonProcess(extra_args=["--allow", "config_file"]).start()
+    d = DaemonProcess(extra_args=["--allow", "destination", "--allow", "config_file"]).start()
     yield d
     d.stop()
+
+
+async def test_daemon_refuses_a_destination_its_operator_did_not_allow(
+    server: SshServer, workdir: str
+) -> None:
+    # The daemon's ssh keys are its operator's: a client may not aim them anywhere.
+    d = DaemonProcess().start()
+    try:
+        async with hutch.AsyncClient(d.url, token=d.token) as client:
+            with pytest.raises(PermissionError) as info:
+                await client.create_sandbox(
+                    "ssh", destination=ALIAS, working_directory=workdir,
+                    config_file=server.config_file,
+                )
+        assert info.value.code == "permission_denied"  # type: ignore[attr-defined]
+        assert "destination" in str(info.value) or "config_file" in str(info.value)
+    finally:
+        d.stop()
 
 
 def test_cli_clone_current(
@@ -544,3 +606,75 @@ def test_cli_clone_current(
         assert head == "feature\n"
     finally:
         shutil.rmtree(checkout, ignore_errors=True)
+
+
+# -- lifecycle on top: idleness and daemon restarts ------------------------------------------
+
+
+async def test_a_nohup_job_on_the_host_keeps_the_sandbox_from_idling_out(
+    server: SshServer, workdir: str
+) -> None:
+    async with await make(server, workdir, idle_timeout=1) as sb:
+        await sb.exec("nohup sleep 5 >/dev/null 2>&1 &")
+        await asyncio.sleep(3)
+        assert sb.state is SandboxState.RUNNING, "reaped while a job started through hutch ran"
+        for _ in range(150):  # up to 30 s
+            if sb.state is not SandboxState.RUNNING:
+                break
+            await asyncio.sleep(0.2)
+        assert sb.state is SandboxState.TERMINATED  # idle once the job ended
+        assert (await settle(sb.status())).reason == "idle_timeout"
+
+
+def test_daemon_restart_adopts_an_ssh_sandbox(server: SshServer, workdir: str) -> None:
+    d = DaemonProcess(extra_args=["--allow", "destination", "--allow", "config_file"]).start()
+    try:
+        with hutch.Client(d.url, token=d.token) as client:
+            sb = client.create_sandbox(
+                "ssh", destination=ALIAS, working_directory=workdir,
+                config_file=server.config_file, read_before_write=False,
+            )
+            sb.write_text("kept.txt", "before the crash")
+        d.restart()  # SIGKILL, then start: the new daemon reconnects from the store
+        with hutch.Client(d.url, token=d.token) as client:
+            again = client.get_sandbox(sb.id)
+            assert again.info()["state"] == "running"
+            assert again.read_text("kept.txt") == "before the crash"
+            assert again.exec(["pwd"]).stdout.strip() == workdir
+            again.close()
+    finally:
+        d.stop()
+
+
+# -- any argv, any variable: what the command gets is what was sent ---------------------------
+
+_WORD = st.text(
+    alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"), max_size=24
+)
+
+
+@pytest.fixture(scope="module")
+def sync_sandbox() -> Iterator[Any]:
+    server = shared_server()
+    workdir = tempfile.mkdtemp(prefix="hutch-ssh-prop-")
+    sb = hutch.create_sandbox_sync(
+        "ssh", destination=ALIAS, working_directory=workdir, config_file=server.config_file,
+        read_before_write=False,
+    )
+    yield sb
+    sb.close()
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+@given(words=st.lists(_WORD, max_size=6), value=_WORD)
+@settings(max_examples=40, deadline=None)
+def test_any_argv_and_env_value_arrive_verbatim(
+    sync_sandbox: Any, words: list[str], value: str
+) -> None:
+    result = sync_sandbox.exec(
+        ["sh", "-c", 'for a; do printf "%s\\0" "$a"; done; printf "%s" "$HUTCH_PROP"', "sh",
+         *words],
+        env={"HUTCH_PROP": value},
+    )
+    expected = b"".join(w.encode() + b"\0" for w in words) + value.encode()
+    assert result.stdout_bytes == expected

@@ -7,13 +7,16 @@ Written once for every provider against :class:`BackendProcess`.
 from __future__ import annotations
 
 import asyncio
+import tempfile
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 
-from ._errors import ExecTimeout, OutputLimitExceeded
+from ._errors import ExecTimeout, NotFound, OutputLimitExceeded
 from ._types import KILL_GRACE_SECONDS, ExecResult, OutputChunk
 from .providers.base import BackendProcess
 
@@ -69,12 +72,54 @@ async def run_to_completion(
     return ExecResult(code, b"".join(out), b"".join(err), oom_killed=proc.oom_killed)
 
 
+#: Output a background command keeps in memory; past it, its output is on disk.
+SPOOL_MEMORY_BYTES = 256 * 1024
+
+
+class OutputSpool:
+    """A background command's output in the order it came: the first
+    :data:`SPOOL_MEMORY_BYTES` in memory, the rest in a temporary file, so
+    that many chatty commands cost the daemon disk, not memory.
+
+    Consecutive pieces of one stream are kept as one run, so the index stays
+    as small as the number of switches between stdout and stderr.
+    """
+
+    def __init__(self) -> None:
+        self._file = tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY_BYTES)  # noqa: SIM115
+        #: [stream, offset, length] of each run.
+        self.runs: list[list[Any]] = []
+        self.size = 0
+
+    def append(self, chunk: OutputChunk) -> None:
+        self._file.seek(0, 2)
+        self._file.write(chunk.data)
+        if self.runs and self.runs[-1][0] == chunk.stream:
+            self.runs[-1][2] += len(chunk.data)
+        else:
+            self.runs.append([chunk.stream, self.size, len(chunk.data)])
+        self.size += len(chunk.data)
+
+    def read(self, offset: int, length: int) -> bytes:
+        self._file.seek(offset)
+        return self._file.read(length)
+
+    def joined(self, stream: str) -> bytes:
+        return b"".join(
+            self.read(offset, length) for name, offset, length in self.runs if name == stream
+        )
+
+    def close(self) -> None:
+        self._file.close()
+
+
 class Process:
     """A command started in the background: wait on it, stream it, kill it.
 
     A pump task reads its output as it comes (so a chatty job never blocks on
-    a full pipe) into a buffer capped at ``output_limit``; past the cap the
-    command is killed and ``wait`` raises ``OutputLimitExceeded``.
+    a full pipe) into an :class:`OutputSpool` capped at ``output_limit``; past
+    the cap the command is killed and ``wait`` raises ``OutputLimitExceeded``.
+    Once its owner forgets it (:meth:`release`), its output is gone.
     """
 
     def __init__(
@@ -89,8 +134,10 @@ class Process:
         self.command = command
         self._proc = backend_proc
         self._limit = output_limit
-        self._chunks: list[OutputChunk] = []
-        self._size = 0
+        self._spool = OutputSpool()
+        self._released = False
+        #: time.monotonic() when it ended; None while it runs.
+        self.ended_at: float | None = None
         self._exit_code: int | None = None
         self._error: BaseException | None = None
         self._changed = asyncio.Condition()
@@ -109,11 +156,10 @@ class Process:
     async def _pump(self) -> None:
         try:
             while (chunk := await self._proc.read()) is not None:
-                self._size += len(chunk.data)
-                if self._size > self._limit:
+                if self._spool.size + len(chunk.data) > self._limit:
                     raise _limit_error(self._limit)
                 async with self._changed:
-                    self._chunks.append(chunk)
+                    self._spool.append(chunk)
                     self._changed.notify_all()
             self._exit_code = await self._proc.wait()
         except asyncio.CancelledError:
@@ -125,6 +171,7 @@ class Process:
             self._error = exc
             self._exit_code = self._proc.returncode
         finally:
+            self.ended_at = time.monotonic()
             self._done.set()
             async with self._changed:
                 self._changed.notify_all()
@@ -143,29 +190,44 @@ class Process:
             ) from None
         if self._error is not None:
             raise self._error
-        out = b"".join(c.data for c in self._chunks if c.stream == "stdout")
-        err = b"".join(c.data for c in self._chunks if c.stream == "stderr")
+        self._check_kept()
+        out, err = self._spool.joined("stdout"), self._spool.joined("stderr")
         return ExecResult(self._exit_code if self._exit_code is not None else -1, out, err,
                           oom_killed=self._proc.oom_killed)
 
+    def _check_kept(self) -> None:
+        if self._released:
+            raise NotFound(
+                f"background command {self.id} ended and its output was dropped "
+                "(finished commands are kept for a while; read them sooner)"
+            )
+
     async def stream(self) -> AsyncIterator[StreamEvent]:
         """Every output chunk from the start, live, then the exit status."""
-        index = 0
+        position = 0  # bytes of the spool already handed out
         while True:
             async with self._changed:
-                while index >= len(self._chunks) and not self._done.is_set():
+                while position >= self._spool.size and not self._done.is_set():
                     await self._changed.wait()
-                pending = self._chunks[index:]
-                index = len(self._chunks)
                 done = self._done.is_set()
-            for chunk in pending:
-                yield chunk
-            if done and index >= len(self._chunks):
+            self._check_kept()
+            end = self._spool.size
+            for name, offset, length in list(self._spool.runs):
+                start, stop = max(offset, position), min(offset + length, end)
+                if start < stop:
+                    yield OutputChunk(name, self._spool.read(start, stop - start))
+                    self._check_kept()
+            position = end
+            if done and position >= self._spool.size:
                 if self._error is not None:
                     raise self._error
                 yield ExitStatus(self._exit_code if self._exit_code is not None else -1,
                                  oom_killed=self._proc.oom_killed)
                 return
+
+    def _release(self) -> None:
+        self._released = True
+        self._spool.close()
 
     async def kill(self) -> None:
         """End the command's whole process tree (SIGTERM, a grace, SIGKILL)."""
@@ -174,3 +236,12 @@ class Process:
         await kill_shielded(self._proc)
         with anyio.move_on_after(KILL_GRACE_SECONDS + 5):
             await self._done.wait()
+
+
+def release_output(process: Process) -> None:
+    """Drop the output of an ended command: its sandbox has forgotten it.
+
+    The sandbox's housekeeping, not a method: a caller holding a handle
+    (in-process or remote) never needs it.
+    """
+    process._release()

@@ -36,7 +36,7 @@ from ._errors import (
     Unauthorized,
 )
 from ._guardrail import ReadBeforeWriteGuard, session_guard
-from ._process import ExitStatus, Process, StreamEvent, run_to_completion
+from ._process import ExitStatus, Process, StreamEvent, release_output, run_to_completion
 from ._types import (
     DEFAULT_OUTPUT_LIMIT,
     DEFAULT_READ_LIMIT,
@@ -319,14 +319,31 @@ class Sandbox:
     def _process_exited(self, process: Process) -> None:
         if self._gate is not None:
             self._gate.touch(self)
+        self._forget_finished()
+
+    def _forget_finished(self) -> None:
+        """Drop ended background commands past their retention, or past the
+        most kept, oldest first: their output is not held for ever."""
+        ended = sorted(
+            (p for p in self._processes.values() if p.ended_at is not None),
+            key=lambda p: p.ended_at or 0.0,
+        )
+        cutoff = time.monotonic() - FINISHED_PROCESS_RETENTION
+        excess = len(ended) - MAX_FINISHED_PROCESSES
+        for index, process in enumerate(ended):
+            if index < excess or (process.ended_at or 0.0) < cutoff:
+                self._processes.pop(process.id, None)
+                release_output(process)
 
     def process(self, process_id: str) -> Process:
+        self._forget_finished()
         try:
             return self._processes[process_id]
         except KeyError:
             raise NotFound(f"no background command {process_id} in sandbox {self.id}") from None
 
     def processes(self) -> list[Process]:
+        self._forget_finished()
         return list(self._processes.values())
 
     async def exec_stream(
@@ -664,6 +681,12 @@ def backend_of(sandbox: Sandbox) -> SandboxBackend:
     and a remote sandbox has none.
     """
     return sandbox._backend
+
+
+#: How long an ended background command (and its output) is kept, seconds.
+FINISHED_PROCESS_RETENTION = 600.0
+#: The most ended background commands one sandbox keeps.
+MAX_FINISHED_PROCESSES = 64
 
 
 def new_sandbox_id() -> str:

@@ -98,6 +98,8 @@ class Capabilities:
     ``snapshot`` / ``fork``: capture state and start new sandboxes from it.
     ``network_isolation``: the sandbox has no network unless asked.
     ``resource_limits``: memory, CPU and pids limits are enforced.
+    ``network_policy``: ``network`` takes "none", "all" or an allow list,
+    enforced by hutch (see hutch.providers.network).
     ``disk_limit``: the sandbox's disk use (its working directory included)
     is capped; where False, a sandbox can fill the host's disk.
     ``users``: ``exec(user=...)`` can switch user.
@@ -116,6 +118,7 @@ class Capabilities:
     network_isolation: bool = False
     resource_limits: bool = False
     disk_limit: bool = False
+    network_policy: bool = False
     users: bool = False
     preview_url: bool = False
     runtime: str = "native"
@@ -130,7 +133,7 @@ class Capabilities:
     def as_dict(self) -> dict[str, bool | str]:
         names = [
             "processes", "pause", "suspend", "suspend_keeps_processes", "snapshot",
-            "fork", "network_isolation", "resource_limits", "disk_limit", "users",
+            "fork", "network_isolation", "network_policy", "resource_limits", "disk_limit", "users",
             "preview_url",
         ]
         out: dict[str, bool | str] = {n: bool(getattr(self, n)) for n in names}

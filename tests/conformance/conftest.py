@@ -52,28 +52,45 @@ async def _virtual() -> AsyncIterator[Harness]:
 
 
 @asynccontextmanager
-async def _docker() -> AsyncIterator[Harness]:
+async def _docker(runtime: str) -> AsyncIterator[Harness]:
     host_workdir = tempfile.mkdtemp(prefix="hutch-conf-docker-")
     try:
         async with await hutch.create_sandbox(
-            "docker", image=TEST_IMAGE, host_workdir=host_workdir, read_before_write=False
+            "docker", image=TEST_IMAGE, host_workdir=host_workdir, read_before_write=False,
+            runtime=runtime,
         ) as sb:
+            assert sb.capabilities.runtime == runtime
             yield Harness(sb, "docker", host_workdir)
     finally:
         shutil.rmtree(host_workdir, ignore_errors=True)
 
 
-@asynccontextmanager
-async def _bubblewrap() -> AsyncIterator[Harness]:
-    # The root file system is the test image, exported from Docker once.
-    async with await hutch.create_sandbox(
-        "bubblewrap", image=TEST_IMAGE, ephemeral=True, read_before_write=False
-    ) as sb:
-        # Its working directory, as a directory of the overlay's upper layer.
-        from hutch.providers.bubblewrap.provisioning import bubblewrap_home
+def _docker_agent() -> AbstractAsyncContextManager[Harness]:
+    return _docker("agent")
 
-        upper = f"{bubblewrap_home()}/sandboxes/{sb.id}/hot/upper"
-        yield Harness(sb, "bubblewrap", upper + sb.workdir)
+
+def _docker_native() -> AbstractAsyncContextManager[Harness]:
+    return _docker("native")
+
+
+Maker = Callable[[], AbstractAsyncContextManager[Harness]]
+
+
+def _bubblewrap(runtime: str) -> Maker:
+    @asynccontextmanager
+    async def make() -> AsyncIterator[Harness]:
+        # The root file system is the test image, exported from Docker once.
+        async with await hutch.create_sandbox(
+            "bubblewrap", image=TEST_IMAGE, runtime=runtime, ephemeral=True,
+            read_before_write=False,
+        ) as sb:
+            # Its working directory, as a directory of the overlay's upper layer.
+            from hutch.providers.bubblewrap.provisioning import bubblewrap_home
+
+            upper = f"{bubblewrap_home()}/sandboxes/{sb.id}/hot/upper"
+            yield Harness(sb, "bubblewrap", upper + sb.workdir)
+
+    return make
 
 
 @asynccontextmanager
@@ -92,14 +109,14 @@ async def _ssh() -> AsyncIterator[Harness]:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-Maker = Callable[[], AbstractAsyncContextManager[Harness]]
-
 #: provider -> (maker, runs processes, pytest marks)
 MAKERS: dict[str, tuple[Maker, bool, list[pytest.MarkDecorator]]] = {
     "local": (_local, True, []),
     "virtual": (_virtual, False, []),
-    "docker": (_docker, True, [pytest.mark.docker]),
-    "bubblewrap": (_bubblewrap, True, [pytest.mark.docker]),
+    "docker": (_docker_agent, True, [pytest.mark.docker]),
+    "docker-native": (_docker_native, True, [pytest.mark.docker]),
+    "bubblewrap": (_bubblewrap("agent"), True, [pytest.mark.docker]),
+    "bubblewrap-native": (_bubblewrap("native"), True, [pytest.mark.docker]),
     "ssh": (_ssh, True, []),
 }
 

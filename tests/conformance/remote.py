@@ -29,8 +29,11 @@ _daemon: DaemonProcess | None = None
 def daemon() -> DaemonProcess:
     global _daemon
     if _daemon is None:
-        # The operator lets clients name an ssh config file (the ssh harness's).
-        _daemon = DaemonProcess(extra_args=["--allow", "config_file"]).start()
+        # The operator lets clients name an ssh destination and config file
+        # (the ssh harness's test server).
+        _daemon = DaemonProcess(
+            extra_args=["--allow", "destination", "--allow", "config_file"]
+        ).start()
         atexit.register(_daemon.stop)
     return _daemon
 

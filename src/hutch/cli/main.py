@@ -31,6 +31,7 @@ from rich.table import Table
 from .._errors import HutchError
 from ..config import load_config_file
 from ..providers.ssh.gitsource import current_source
+from .images import image_app
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -38,6 +39,7 @@ HELP = __doc__
 app = typer.Typer(help=HELP, no_args_is_help=True, add_completion=False)
 workspace_app = typer.Typer(help="Named workspaces that outlive the daemon.", no_args_is_help=True)
 app.add_typer(workspace_app, name="workspace")
+app.add_typer(image_app, name="image")
 console = Console()
 err_console = Console(stderr=True)
 

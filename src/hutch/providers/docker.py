@@ -16,15 +16,17 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import importlib
 import io
+import ipaddress
 import json
 import logging
 import os
 import re
 import shutil
+import signal
 import socket
 import struct
+import subprocess
 import tarfile
 import threading
 import time
@@ -49,7 +51,7 @@ from .._errors import (
     SandboxUnavailable,
 )
 from .._globmatch import compile_glob
-from .._paths import sandbox_workdir
+from .._paths import hutch_home, sandbox_workdir
 from .._types import (
     KILL_GRACE_SECONDS,
     Capabilities,
@@ -59,8 +61,13 @@ from .._types import (
     OutputChunk,
 )
 from ._grep import matching_indices
+from ._grepfilter import LINE_BREAK_CHARS as _LINE_BREAK_CHARS
+from ._grepfilter import LINE_BREAKS as _LINE_BREAKS
+from ._grepfilter import required_literals as _required_literals
 from ._hostproc import EXEC_MARKER, SANDBOX_MARKER
-from .base import BackendProcess, RuntimeNotice, RuntimeReport, SandboxBackend
+from .agent import AgentFailure, AgentRuntime, AgentUnavailable, agent_binary
+from .base import BackendProcess, RuntimeNotice, RuntimeReport, SandboxBackend, SandboxRuntime
+from .network import NetworkPolicy, apply_in_namespace, host_addresses
 from .policy import Limit, ReachesHost, format_bytes, keeps_dropped, one_of, parse_bytes
 
 log = logging.getLogger("hutch.docker")
@@ -77,6 +84,14 @@ SUSPENDED_REPOSITORY = "hutch-suspended"
 MAX_SUSPEND_LAYERS = 100
 #: Symlinks followed by one read or write before it gives up (as the kernel's 40).
 _MAX_LINK_HOPS = 40
+#: Where the agent's executable and its socket's directory are mounted.
+AGENT_BINARY_PATH = "/.hutch/bin/hutch-agent"
+AGENT_DIR_PATH = "/.hutch/run"
+AGENT_SOCKET_NAME = "agent.sock"
+#: How long a fresh container's agent has to answer (a loaded engine is slow
+#: to start containers), and a restarted one's after a failure.
+AGENT_START_TIMEOUT = 15.0
+AGENT_RECOVER_TIMEOUT = 4.0
 #: Go's os.ModeDir and os.ModeSymlink bits, as the archive stat header uses them.
 _GO_MODE_DIR = 1 << 31
 _GO_MODE_SYMLINK = 1 << 27
@@ -101,6 +116,10 @@ class DockerConfig(BaseModel):
         str, ReachesHost("shares a network namespace not its own (the host's or another "
                          "container's)", one_of("bridge", "none", "default")),
     ] = "bridge"
+    #: What the sandbox may reach: ``"none"``, ``"all"`` (but the metadata
+    #: address, the host's own addresses and other sandboxes), or
+    #: ``{"allow": [CIDR, ...]}``. See hutch.providers.network.
+    network: NetworkPolicy = "all"
     #: Extra bind mounts, ``host:container[:ro]``.
     mounts: Annotated[list[str], ReachesHost("binds host paths into the sandbox")] = []
     #: Memory limit, as Docker takes it (``512m``, ``2g``).
@@ -123,6 +142,11 @@ class DockerConfig(BaseModel):
     #: leaves behind are reaped, where ``sleep`` as PID 1 would keep them as
     #: zombies (filling the pids limit, and looking busy forever).
     init: bool = True
+    #: What executes and moves files: ``agent`` (hutch's agent as the keeper,
+    #: on a unix socket: about a millisecond a call), ``native`` (docker exec
+    #: and the archive API: ~50 ms a call), or ``auto``: the agent where it
+    #: can be built and started, else native.
+    runtime: Literal["auto", "agent", "native"] = "auto"
 
 
 # -- the engine connection ------------------------------------------------------
@@ -262,6 +286,21 @@ def _pull(api: Any, image: str) -> None:
         raise NotFound(
             f"image {image!r} is not on this Docker Engine and pulling it failed: {failure}"
         )
+
+
+def _image_user(image: str, pull: bool) -> str:
+    """The user an image's commands run as (its USER), pulling it if asked."""
+    import docker.errors
+
+    api = engine()
+    try:
+        details = api.inspect_image(image)
+    except docker.errors.ImageNotFound:
+        if not pull:
+            raise NotFound(f"image {image!r} is not on this Docker Engine") from None
+        _pull(api, image)
+        details = api.inspect_image(image)
+    return str((details.get("Config") or {}).get("User") or "")
 
 
 # -- processes ------------------------------------------------------------------
@@ -459,6 +498,10 @@ class DockerProcess(BackendProcess):
                 ["sh", "-c", _KILL_SCRIPT, "hutch-kill", f"{EXEC_MARKER}={self._marker}",
                  str(max(1, int(grace * 10)))]
             )
+        # What forks faster than a kill from inside can run (a fork bomb at the
+        # pids limit leaves no room to start one) is killed from the host.
+        with contextlib.suppress(HutchError):
+            await _call(self._sandbox.kill_marked_from_host, self._marker)
         # Closing the socket ends the reader even if an orphan kept a pipe open.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(self._exit), 5)
@@ -499,74 +542,6 @@ _NO_NUL_HEAD = (
     'for f; do n=$(head -c 8192 -- "$f" | tr -d "\\000" | wc -c); '
     'm=$(head -c 8192 -- "$f" | wc -c); [ "$n" = "$m" ] && printf "%s\\0" "$f"; done; true'
 )
-#: Characters str.splitlines() breaks a line at, besides \n (and \r\n).
-_LINE_BREAKS = ("\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029")
-_LINE_BREAK_CHARS = re.compile("[" + "".join(_LINE_BREAKS) + "]")
-#: Under re.IGNORECASE these letters also match non-ASCII characters (K and
-#: the Kelvin sign, s and the long s, i and the dotted and dotless I), which
-#: grep -i in the C locale would not: no literal holding them filters lines.
-_WIDE_FOLDING = frozenset("iksIKS")
-_SRE: Any = None
-
-
-def _literal_char_ok(code: int, ignore_case: bool) -> bool:
-    char = chr(code)
-    if code == 0 or 0xD800 <= code < 0xE000 or char == "\ufffd" or char == "\n":
-        return False  # not in an argv, or matches what "replace" decoding made
-    if _LINE_BREAK_CHARS.match(char):
-        return False
-    return not ignore_case or (code < 0x80 and char not in _WIDE_FOLDING)
-
-
-def _required_literals(pattern: re.Pattern[str]) -> list[str] | None:
-    """Strings one of which every line ``pattern`` matches must contain, or
-    None when no such filter can be read off the pattern (then every line is
-    a candidate). Conservative: any doubt gives None, never a wrong filter."""
-    global _SRE
-    if _SRE is None:
-        _SRE = (importlib.import_module("re._parser"), importlib.import_module("re._constants"))
-    parser, const = _SRE
-    ignore_case = bool(pattern.flags & re.IGNORECASE)
-    try:
-        parsed = parser.parse(pattern.pattern, pattern.flags)
-    except Exception:
-        return None
-
-    def of_sequence(items: Any) -> list[str] | None:
-        runs: list[str] = []
-        run: list[str] = []
-        options: list[list[str]] = []
-
-        def flush() -> None:
-            if run:
-                runs.append("".join(run))
-                run.clear()
-
-        def walk(items: Any) -> None:
-            for op, arg in items:
-                if op == const.LITERAL and _literal_char_ok(arg, ignore_case):
-                    run.append(chr(arg))
-                elif op == const.SUBPATTERN and not arg[1] and not arg[2]:
-                    walk(arg[3])  # a group matches in place: its literals join the run
-                elif op == const.BRANCH:
-                    flush()
-                    alternatives = [of_sequence(branch) for branch in arg[1]]
-                    if all(alternatives):
-                        options.append([s for alt in alternatives if alt for s in alt])
-                else:
-                    flush()
-
-        walk(items)
-        flush()
-        best = max(runs, key=len) if runs else None
-        for option in options:
-            if best is None or min(map(len, option)) > len(best):
-                return option
-        return [best] if best else None
-
-    return of_sequence(parsed)
-
-
 # -- deaths ------------------------------------------------------------------------
 
 
@@ -642,6 +617,12 @@ def _flatten(
 # -- the sandbox ------------------------------------------------------------------
 
 
+def _own_network_namespace(network_mode: str) -> bool:
+    """Whether a container in ``network_mode`` has a namespace of its own to police
+    (not the host's, not another container's, not none)."""
+    return network_mode not in ("host", "none") and not network_mode.startswith("container:")
+
+
 def _parse_mount(spec: str) -> tuple[str, dict[str, str]]:
     parts = spec.split(":")
     if len(parts) not in (2, 3) or not parts[0] or not parts[1]:
@@ -660,6 +641,7 @@ class DockerSandbox(SandboxBackend):
         suspend=True,
         suspend_keeps_processes=False,
         resource_limits=True,
+        network_policy=True,
         users=True,
         preview_url=True,
     )
@@ -673,6 +655,7 @@ class DockerSandbox(SandboxBackend):
         owns_workdir: bool,
         container_id: str | None,
         suspended_image: str | None = None,
+        agent: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(sandbox_id, config.mount_point)
         self.config = config
@@ -682,6 +665,122 @@ class DockerSandbox(SandboxBackend):
         self.container_name = f"hutch-{sandbox_id}"
         self.suspended_image = suspended_image
         self._closed = False
+        #: The agent's host directory (its socket) and the image's own user,
+        #: when the agent is this sandbox's runtime; None for the native one.
+        self.agent_dir: str | None = None
+        self.default_user = ""
+        self._agent: AgentRuntime | None = None
+        self._agent_binary: str | None = None
+        self._recovering: asyncio.Lock | None = None  # made on first use, on its loop
+        if agent is not None:
+            self._use_agent(str(agent["dir"]), str(agent.get("default_user") or ""))
+
+    # -- the agent -------------------------------------------------------------------
+    def _use_agent(self, agent_dir: str, default_user: str) -> None:
+        self.agent_dir = agent_dir
+        self.default_user = default_user
+        self._agent = AgentRuntime(
+            self.sandbox_id, self.workdir, os.path.join(agent_dir, AGENT_SOCKET_NAME),
+            provider_name=self.provider, recover=self._recover_agent,
+            default_user=default_user or None,
+        )
+
+    @property
+    def runtime(self) -> SandboxRuntime:
+        return self._agent if self._agent is not None else self
+
+    def _agent_wanted(self) -> str | None:
+        """The agent executable to run as the keeper, or None for the native runtime."""
+        if self.config.runtime == "native":
+            return None
+        try:
+            return str(agent_binary())
+        except AgentUnavailable as exc:
+            if self.config.runtime == "agent":
+                raise
+            log.warning("docker sandbox %s: native runtime (%s)", self.sandbox_id, exc)
+            return None
+
+    async def _await_agent(self, timeout: float = AGENT_START_TIMEOUT) -> None:
+        """Until the agent in a just-started container answers."""
+        assert self._agent is not None
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                await self._agent.ping(timeout=max(0.5, deadline - time.monotonic()))
+                return
+            except AgentFailure as exc:
+                if time.monotonic() >= deadline:
+                    raise ProviderError(
+                        f"docker sandbox {self.sandbox_id}: its agent did not start: {exc}"
+                    ) from None
+            await asyncio.sleep(0.005)
+
+    async def _start_container(self, image: str) -> None:
+        """Run the container; with the agent, wait for it to answer, and where
+        it cannot run in this image fall back to the native runtime."""
+        self.container_id = await self._run_container(image)
+        if self._agent is None:
+            return
+        self._agent.drop_connections()
+        try:
+            await self._await_agent()
+        except ProviderError as exc:
+            with contextlib.suppress(HutchError):
+                await _call(engine().remove_container, self.container_id, force=True)
+            self.container_id = None
+            if self.config.runtime == "agent":
+                raise
+            log.warning("docker sandbox %s: %s; falling back to the native runtime",
+                        self.sandbox_id, exc)
+            self._agent = None
+            self.agent_dir = None
+            self.container_id = await self._run_container(image)
+
+    async def _recover_agent(self, reason: str) -> None:
+        """The agent failed a request (``reason``): find out why and bring it
+        back, within a few seconds, or raise what makes the sandbox lost.
+
+        A paused container's agent is frozen, not dead: nothing to do. A
+        running container whose agent does not answer a ping is restarted; a
+        stopped one (its keeper was killed) is started again. Files survive
+        both; processes do not, and the caller's error says so.
+        """
+        if self._recovering is None:
+            self._recovering = asyncio.Lock()
+        async with self._recovering:
+            container = self._container()
+            assert self._agent is not None
+            try:
+                details = await _call(engine().inspect_container, container)
+            except HutchError as exc:
+                raise SandboxUnavailable(
+                    f"docker sandbox {self.sandbox_id}: its agent failed ({reason}) and its "
+                    f"container is gone: {exc}"
+                ) from None
+            state = details.get("State") or {}
+            if state.get("Paused"):
+                raise SandboxUnavailable(f"docker sandbox {self.sandbox_id} is paused")
+            if state.get("Running"):
+                with contextlib.suppress(AgentFailure):
+                    await self._agent.ping(timeout=0.5)
+                    return  # it answers again: the failure was the connection's
+                log.warning("docker sandbox %s: its agent is wedged (%s); restarting it",
+                            self.sandbox_id, reason)
+                action: Any = lambda: engine().restart(container, timeout=0)  # noqa: E731
+            else:
+                log.warning("docker sandbox %s: its agent is gone (%s, exit code %s); "
+                            "starting its container again", self.sandbox_id, reason,
+                            state.get("ExitCode"))
+                action = lambda: engine().start(container)  # noqa: E731
+            try:
+                await _call(action)
+                await self._await_agent(AGENT_RECOVER_TIMEOUT)
+            except HutchError as exc:
+                raise SandboxUnavailable(
+                    f"docker sandbox {self.sandbox_id}: its agent failed ({reason}) and could "
+                    f"not be brought back: {exc}"
+                ) from None
 
     # -- provisioning -------------------------------------------------------------
     @classmethod
@@ -694,7 +793,14 @@ class DockerSandbox(SandboxBackend):
         os.makedirs(host_workdir, exist_ok=True)
         sandbox = cls(sandbox_id, config, host_workdir, owns, None)
         try:
-            sandbox.container_id = await sandbox._run_container(config.image)
+            binary = sandbox._agent_wanted()
+            if binary is not None:
+                sandbox._agent_binary = binary
+                agent_dir = os.path.join(hutch_home(), "sandboxes", sandbox_id, "agent")
+                os.makedirs(agent_dir, mode=0o700, exist_ok=True)
+                default_user = await _call(_image_user, config.image, config.pull_if_missing)
+                sandbox._use_agent(agent_dir, default_user)
+            await sandbox._start_container(config.image)
         except BaseException:
             if owns:
                 shutil.rmtree(os.path.dirname(host_workdir), ignore_errors=True)
@@ -706,9 +812,21 @@ class DockerSandbox(SandboxBackend):
         cfg = self.config
         binds = {self.host_workdir: {"bind": cfg.mount_point, "mode": "rw"}}
         binds.update(dict(_parse_mount(m) for m in cfg.mounts))
+        command = ["sleep", "infinity"]
+        extra: dict[str, Any] = {}
+        if self._agent is not None and self.agent_dir is not None:
+            # The agent is the keeper, as root (it runs commands as the image's
+            # user, or the one asked for), bind-mounted read-only; its socket
+            # is in a host directory of its own, so no network is needed.
+            binary = self._agent_binary or str(agent_binary())
+            self._agent_binary = binary
+            binds[binary] = {"bind": AGENT_BINARY_PATH, "mode": "ro"}
+            binds[self.agent_dir] = {"bind": AGENT_DIR_PATH, "mode": "rw"}
+            command = [AGENT_BINARY_PATH, "serve", f"{AGENT_DIR_PATH}/{AGENT_SOCKET_NAME}"]
+            extra["user"] = "0"
         host_config = api.create_host_config(
             binds=binds,
-            network_mode=cfg.network_mode,
+            network_mode="none" if cfg.network == "none" else cfg.network_mode,
             mem_limit=cfg.memory,
             nano_cpus=int(cfg.cpus * 1e9) if cfg.cpus else None,
             pids_limit=cfg.pids_limit,
@@ -718,8 +836,9 @@ class DockerSandbox(SandboxBackend):
         )
         labels = {**cfg.labels, MANAGED_LABEL: "1", SANDBOX_LABEL: self.sandbox_id}
         return {
+            **extra,
             "image": image,
-            "command": ["sleep", "infinity"],
+            "command": command,
             "entrypoint": [],
             "name": self.container_name,
             "labels": labels,
@@ -754,6 +873,7 @@ class DockerSandbox(SandboxBackend):
             container = create(self._container_spec(image))
             try:
                 api.start(container)
+                self._enforce_network_policy(api, container)
             except BaseException:
                 api.remove_container(container, force=True)
                 raise
@@ -761,6 +881,34 @@ class DockerSandbox(SandboxBackend):
 
         result: str = await _call(run)
         return result
+
+    def _enforce_network_policy(self, api: Any, container: str) -> None:
+        """Install the sandbox's network policy in its container's namespace,
+        from the host: the sandbox (no CAP_NET_ADMIN) cannot change it."""
+        cfg = self.config
+        if cfg.network == "none" or not _own_network_namespace(cfg.network_mode):
+            return  # no network to police, or one that is not the sandbox's (operator's choice)
+        info = api.inspect_container(container)
+        pid = int(info["State"]["Pid"])
+        if os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat("/proc/self/ns/net").st_ino:
+            raise ProviderError(f"container {container[:12]} shares hutch's network namespace")
+        blocked = set(host_addresses())
+        for attached in (info["NetworkSettings"].get("Networks") or {}).values():
+            for key in ("Gateway", "IPv6Gateway"):
+                if attached.get(key):
+                    blocked.add(ipaddress.ip_network(attached[key]))
+        for network in api.networks():  # where other sandboxes live
+            for pool in (network.get("IPAM") or {}).get("Config") or []:
+                if pool.get("Subnet"):
+                    blocked.add(ipaddress.ip_network(pool["Subnet"], strict=False))
+        try:
+            apply_in_namespace(pid, cfg.network, sorted(blocked, key=str))
+        except (OSError, subprocess.SubprocessError) as exc:
+            detail = getattr(exc, "stderr", "") or exc
+            raise ProviderError(
+                f"cannot enforce the network policy of sandbox {self.sandbox_id} (nsenter and "
+                f"iptables-restore, run as root, install it): {detail}"
+            ) from None
 
     def _remove_stale_namesake(self) -> bool:
         """Remove a container left under this sandbox's name (a crash between
@@ -786,6 +934,10 @@ class DockerSandbox(SandboxBackend):
             "container_id": self.container_id,
             "container_name": self.container_name,
             "suspended_image": self.suspended_image,
+            "agent": (
+                {"dir": self.agent_dir, "default_user": self.default_user}
+                if self._agent is not None else None
+            ),
         }
 
     @classmethod
@@ -798,6 +950,7 @@ class DockerSandbox(SandboxBackend):
             bool(description.get("owns_workdir", False)),
             description.get("container_id"),
             description.get("suspended_image"),
+            description.get("agent"),
         )
 
     def _container(self) -> str:
@@ -857,6 +1010,44 @@ class DockerSandbox(SandboxBackend):
             with anyio.CancelScope(shield=True):
                 await proc.kill(KILL_GRACE_SECONDS)
             raise
+
+    def kill_marked_from_host(self, marker: str) -> int:
+        """SIGKILL, from the host, every process of the container whose
+        environment carries ``marker``; return how many there were.
+
+        If any are left, the container is frozen first (cgroup freezer, as
+        pause), so that none can fork while the list is taken and killed; on
+        thaw they die before running again. Needs the host's /proc of the
+        container's processes (the daemon as root, the engine local); without
+        it nothing is done.
+        """
+        api = engine()
+        container = self._container()
+        needle = f"{EXEC_MARKER}={marker}".encode()
+
+        def marked() -> list[int]:
+            found = []
+            for row in api.top(container, ps_args="-e -o pid").get("Processes") or []:
+                try:
+                    with open(f"/proc/{int(row[0])}/environ", "rb") as fh:
+                        if needle in fh.read().split(b"\0"):
+                            found.append(int(row[0]))
+                except (OSError, ValueError):
+                    continue
+            return found
+
+        if not marked():
+            return 0
+        api.pause(container)
+        try:
+            pids = marked()
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+        finally:
+            api.unpause(container)
+        log.info("killed %d processes of sandbox %s from the host", len(pids), self.sandbox_id)
+        return len(pids)
 
     async def count_busy_processes(self) -> int:
         # The Engine's top runs ps on the host: no probe inside to count out.
@@ -1162,6 +1353,8 @@ class DockerSandbox(SandboxBackend):
         self.suspended_image = image_id
         await _call(api.remove_container, container, force=True)
         self.container_id = None
+        if self._agent is not None:
+            self._agent.drop_connections()
         if previous and previous != image_id:
             # Refused while the new image builds on it (a commit); after a
             # flatten it goes, with the untagged layers below it.
@@ -1172,7 +1365,7 @@ class DockerSandbox(SandboxBackend):
         if self.container_id is not None:
             return
         image = self.suspended_image or self.config.image
-        self.container_id = await self._run_container(image)
+        await self._start_container(image)
 
     async def memory_bytes(self) -> int | None:
         if self.container_id is None:
@@ -1293,6 +1486,17 @@ class DockerSandbox(SandboxBackend):
             with contextlib.suppress(HutchError):
                 await _call(api.remove_image, self.suspended_image, force=True)
             self.suspended_image = None
+        if self._agent is not None:
+            self._agent.drop_connections()
+        if self.agent_dir is not None:
+            agent_dir = self.agent_dir
+
+            def remove_agent_dir() -> None:
+                shutil.rmtree(agent_dir, ignore_errors=True)
+                with contextlib.suppress(OSError):
+                    os.rmdir(os.path.dirname(agent_dir))  # the sandbox's own, if now empty
+
+            await anyio.to_thread.run_sync(remove_agent_dir)
         if self.owns_workdir:
             await anyio.to_thread.run_sync(
                 lambda: shutil.rmtree(os.path.dirname(self.host_workdir), ignore_errors=True)

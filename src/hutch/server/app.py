@@ -36,9 +36,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .._errors import (
+    ERRORS_BY_CODE,
     ExecTimeout,
     HutchError,
     InvalidArgument,
+    OutputLimitExceeded,
     SandboxPermissionDenied,
     Unauthorized,
 )
@@ -76,6 +78,8 @@ class ServerSettings(BaseModel):
     timeout_ceiling: float = 86400.0
     #: Seconds an ended sandbox stays readable (with its events) before it is pruned.
     retention_seconds: float = DEFAULT_RETENTION_SECONDS
+    #: The largest request body (a file upload) taken, bytes.
+    max_body_bytes: int = Field(default=MAX_READ_LIMIT, gt=0)
     #: Settings that reach the host which API clients may nonetheless set.
     allow: list[str] = []
     #: Resource limits (memory, cpus, pids) for requests that set none, and
@@ -187,6 +191,31 @@ def exec_json(result: ExecResult) -> dict[str, Any]:
 def file_json(info: FileInfo) -> dict[str, Any]:
     return {"path": info.path, "type": info.type.value, "size": info.size,
             "mode": info.mode, "mtime": info.mtime}
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+
+
+class ErrorBody(BaseModel):
+    """Every error's body: ``{"error": {"code", "message"}}``."""
+
+    error: ErrorDetail
+
+
+def error_responses() -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI ``responses`` of every error status the API answers with,
+    from the one table of codes (hutch._errors); 500 is no answer of hutch's
+    but a bug, and so undocumented."""
+    by_status: dict[int, list[str]] = {}
+    for code, cls in sorted(ERRORS_BY_CODE.items()):
+        if cls.http_status != 500:
+            by_status.setdefault(cls.http_status, []).append(code)
+    return {
+        status: {"model": ErrorBody, "description": "error: " + ", ".join(codes)}
+        for status, codes in sorted(by_status.items())
+    }
 
 
 def error_json(exc: HutchError) -> dict[str, Any]:
@@ -351,6 +380,94 @@ class TokenAuth:
         await send({"type": "http.response.start", "status": exc.http_status,
                     "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+# -- request bodies ------------------------------------------------------------------------------
+
+
+class BodyLimit:
+    """Pure ASGI middleware: no request body past ``max_bytes``.
+
+    A body announced as larger is refused before a byte of it is read; one
+    that grows past the cap while it arrives (chunked) is cut off there. So
+    a caller's upload can never hold more than the cap of the daemon's memory.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    def _too_large(self, size: int | None) -> OutputLimitExceeded:
+        told = f" ({size} bytes)" if size is not None else ""
+        return OutputLimitExceeded(
+            f"request body{told} is over the cap of {self.max_bytes} bytes; "
+            "send large files in parts"
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        announced = _header(scope, b"content-length")
+        if announced is not None and announced.isdigit() and int(announced) > self.max_bytes:
+            exc = self._too_large(int(announced))
+            await _respond(send, exc.http_status, render_json(error_json(exc)),
+                           b"application/json")
+            return
+        received = 0
+
+        async def counted() -> Message:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.max_bytes:
+                raise self._too_large(None)
+            return message
+
+        await self.app(scope, counted, send)
+
+
+# -- a caller gone ------------------------------------------------------------------------------
+
+
+class CancelOnDisconnect:
+    """Pure ASGI middleware: a request whose client goes away is cancelled.
+
+    Once a request's body is in, the only message left to receive is the
+    disconnect; a watcher waits for it and cancels the handler, so what the
+    call started (a command with no timeout, a grep) is killed rather than
+    left running for no one. Streaming responses end the same way.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # Reads (a status, a file) are short, and a stream notices its client
+        # going itself: only calls with a body pay for the watcher.
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        body_read = anyio.Event()
+
+        async def tracked() -> Message:
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body_read.set()
+            return message
+
+        async with anyio.create_task_group() as group:
+
+            async def watch() -> None:
+                await body_read.wait()
+                if (await receive())["type"] == "http.disconnect":
+                    group.cancel_scope.cancel()
+
+            group.start_soon(watch)
+            try:
+                await self.app(scope, tracked, send)
+            finally:
+                group.cancel_scope.cancel()
 
 
 # -- the fast path -----------------------------------------------------------------------------
@@ -604,7 +721,7 @@ def create_app(
         )
 
     # Routes are tried in the order they are declared: the busiest come first.
-    v1 = APIRouter(prefix="/v1")
+    v1 = APIRouter(prefix="/v1", responses=error_responses())
 
     # -- exec --
     @v1.post("/sandboxes/{sandbox_id}/exec")
@@ -844,11 +961,13 @@ def create_app(
 
     app.include_router(v1)
 
-    @app.get("/healthz")
+    @app.get("/healthz", responses={401: error_responses()[401]})
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
     # The last added is the outermost: the token is checked before the fast path.
     app.add_middleware(HotRoutes, daemon=lambda: holder.get("daemon"))
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(CancelOnDisconnect)
     app.add_middleware(TokenAuth, token=settings.token, daemon=lambda: holder.get("daemon"))
     return app

@@ -142,10 +142,14 @@ class RootFiles:
 
     # -- read ------------------------------------------------------------------
     def _read(self, path: str, limit: int) -> bytes:
-        with self._open(path, os.O_RDONLY) as fd:
+        # O_NONBLOCK: opening a FIFO must not wait for a writer.
+        with self._open(path, os.O_RDONLY | os.O_NONBLOCK) as fd:
             st = os.fstat(fd)
             if stat_mod.S_ISDIR(st.st_mode):
                 raise SandboxIsADirectory(f"{path} is a directory")
+            if not stat_mod.S_ISREG(st.st_mode):
+                # A FIFO or a device may never end (or never start): grep skips it.
+                raise InvalidArgument(f"{path} is not a regular file; read it with exec")
             if st.st_size > limit:
                 raise OutputLimitExceeded(
                     f"{path} is {st.st_size} bytes, over the read limit of {limit} bytes"

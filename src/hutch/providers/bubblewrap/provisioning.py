@@ -32,6 +32,7 @@ import select
 import shutil
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 from ..._errors import InvalidArgument, ProviderError, SandboxUnavailable
@@ -49,6 +50,10 @@ _BAD_LAYER_CHARS = re.compile(r"[:,\\\s]")
 JOINED_NAMESPACES = ("net", "ipc", "uts", "cgroup", "pid")
 #: In the keeper's environment only: how the busy count tells it apart.
 KEEPER_MARKER = "HUTCH_BWRAP_KEEPER"
+#: Where the agent's executable and its socket's directory are bound inside.
+AGENT_BINARY_PATH = "/.hutch/bin/hutch-agent"
+AGENT_DIR_PATH = "/.hutch/run"
+AGENT_SOCKET = "agent.sock"
 
 _SECCOMP: bytes | None = None
 
@@ -271,11 +276,31 @@ def start_keeper(
     network: bool,
     ephemeral: bool,
     log_path: str,
+    agent: tuple[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
+    workdir: str = "/",
     timeout: float = 30.0,
 ) -> tuple[Keeper, subprocess.Popen[bytes]]:
+    """Start the keeper: ``sh`` blocked on a pipe, or with ``agent`` (its
+    binary's and its socket directory's host paths) hutch's agent, serving
+    the runtime on a socket in that directory; ``env`` is what it (and so
+    every command it starts) has as its environment."""
     block_r, block_w = os.pipe()
     info_r, info_w = os.pipe()
     filter_fd = seccomp_fd()
+    if agent is not None:
+        binary, agent_dir = agent
+        keeper_command = [
+            "--ro-bind", binary, AGENT_BINARY_PATH, "--bind", agent_dir, AGENT_DIR_PATH,
+            "--clearenv", *(a for k, v in (env or {}).items() for a in ("--setenv", k, v)),
+            # In the working directory, as docker's keeper is: the agent
+            # resolves a relative command against its own directory.
+            "--chdir", workdir, "--",
+            AGENT_BINARY_PATH, "serve", f"{AGENT_DIR_PATH}/{AGENT_SOCKET}",
+        ]
+    else:
+        # Its stdin is a pipe whose write end it holds too: the read never ends.
+        keeper_command = ["--chdir", "/", "--", "/bin/sh", "-c", "read _"]
     argv = [
         "/bin/sh", "-c", JOIN_AND_EXEC, "hutch-keeper",
         "bwrap", "--bind", layers.merged, "/", "--proc", "/proc", "--dev", "/dev",
@@ -284,8 +309,7 @@ def start_keeper(
         "--hostname", hostname, "--cap-drop", "ALL", "--new-session",
         "--seccomp", str(filter_fd), "--info-fd", str(info_w),
         *(["--die-with-parent"] if ephemeral else []),
-        # Its stdin is a pipe whose write end it holds too: the read never ends.
-        "--chdir", "/", "--", "/bin/sh", "-c", "read _",
+        *keeper_command,
     ]
     env = {
         "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",

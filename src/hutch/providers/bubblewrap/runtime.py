@@ -28,7 +28,8 @@ from ..._errors import (
 )
 from ..._types import FileInfo, OutputChunk
 from .._hostproc import EXEC_MARKER, SANDBOX_MARKER, HostProcess
-from ..base import SandboxRuntime
+from ..agent.runtime import AgentRuntime, Recover
+from ..base import BackendProcess, SandboxRuntime
 from .cgroups import JOIN_AND_EXEC, SandboxCgroup
 from .files import RootFiles
 from .provisioning import KEEPER_MARKER, Keeper, Layers, seccomp_fd
@@ -46,17 +47,12 @@ class SandboxParts:
     env: dict[str, str] = field(default_factory=dict)
 
 
-class BubblewrapProcess(HostProcess):
-    """A command in the sandbox; a kill by the OOM killer is said on stderr."""
+class OomWatch(BackendProcess):
+    """A command in the sandbox, whichever runtime runs it; a kill by the OOM
+    killer is said as such (``oom_killed``, and a line on stderr)."""
 
-    def __init__(
-        self,
-        proc: asyncio.subprocess.Process,
-        exec_id: str,
-        stdin: bytes | None,
-        cgroup: SandboxCgroup,
-    ) -> None:
-        super().__init__(proc, exec_id, stdin)
+    def __init__(self, inner: BackendProcess, cgroup: SandboxCgroup) -> None:
+        self._inner = inner
         self._cgroup = cgroup
         self._oom_kills_before = cgroup.oom_kills()
         self._ended = False
@@ -66,11 +62,21 @@ class BubblewrapProcess(HostProcess):
     def oom_killed(self) -> bool:
         return self._oom_killed
 
+    @property
+    def returncode(self) -> int | None:
+        return self._inner.returncode
+
+    async def wait(self) -> int:
+        return await self._inner.wait()
+
+    async def kill(self, grace: float) -> None:
+        await self._inner.kill(grace)
+
     async def read(self) -> OutputChunk | None:
-        chunk = await super().read()
+        chunk = await self._inner.read()
         if chunk is None and not self._ended:
             self._ended = True
-            code = await self.wait()
+            code = await self._inner.wait()
             if code == 128 + 9 and self._cgroup.oom_kills() > self._oom_kills_before:
                 self._oom_killed = True
                 limit = self._cgroup.memory_limit()
@@ -81,6 +87,42 @@ class BubblewrapProcess(HostProcess):
                     f"limit{said}\n".encode(),
                 )
         return chunk
+
+
+class AgentWithNativeUsers(AgentRuntime):
+    """hutch's agent as the runtime, but for ``user=``: the agent runs with no
+    capabilities (it cannot switch users), so a command as another user goes
+    through the native path (``setpriv``, given CAP_SETUID for that one exec)."""
+
+    def __init__(self, native: BubblewrapRuntime, socket_path: str, recover: Recover) -> None:
+        super().__init__(
+            native.sandbox_id, native.workdir, socket_path, provider_name="bubblewrap",
+            recover=recover,
+        )
+        self._native = native
+
+    def shell_argv(self, command: str) -> list[str]:
+        return self._native.shell_argv(command)
+
+    async def start_process(  # type: ignore[override]
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        stdin: bytes | None,
+        user: str | None,
+        pty: tuple[int, int] | None = None,
+    ) -> BackendProcess:
+        if user is not None and pty is None:
+            return await self._native.start_process(
+                argv, cwd=cwd, env=env, stdin=stdin, user=user
+            )
+        env = {**self._native.parts.env, **env}
+        inner = await super().start_process(
+            argv, cwd=cwd, env=env, stdin=stdin, user=user, pty=pty
+        )
+        return OomWatch(inner, self._native.parts.cgroup)
 
 
 class BubblewrapRuntime(SandboxRuntime):
@@ -151,7 +193,7 @@ class BubblewrapRuntime(SandboxRuntime):
         env: Mapping[str, str],
         stdin: bytes | None,
         user: str | None,
-    ) -> HostProcess:
+    ) -> BackendProcess:
         keeper = self.parts.keeper
         if keeper is None:
             raise SandboxUnavailable(f"sandbox {self.sandbox_id} is not running")
@@ -213,7 +255,7 @@ class BubblewrapRuntime(SandboxRuntime):
         finally:
             for fd in fds:
                 os.close(fd)
-        return BubblewrapProcess(proc, exec_id, stdin, self.parts.cgroup)
+        return OomWatch(HostProcess(proc, exec_id, stdin), self.parts.cgroup)
 
     async def count_busy_processes(self) -> int:
         keeper = self.parts.keeper

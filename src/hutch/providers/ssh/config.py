@@ -5,6 +5,7 @@ from __future__ import annotations
 import posixpath
 import re
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -19,8 +20,13 @@ class SshConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     type: Literal["ssh"] = "ssh"
-    #: ``user@host``, a host name, or a ``Host`` alias from the ssh config.
-    destination: str
+    #: ``user@host``, a host name, a ``Host`` alias from the ssh config, or
+    #: ``ssh://[user@]host[:port]``.
+    #: Through the daemon, the connection is made with the daemon user's ssh
+    #: keys and config: the operator's to hand out.
+    destination: Annotated[
+        str, ReachesHost("connects with the daemon user's ssh keys", lambda _v: False)
+    ]
     #: Absolute path on the host that commands run in and relative paths
     #: resolve from; created if missing.
     working_directory: str
@@ -52,6 +58,15 @@ class SshConfig(BaseModel):
     @field_validator("destination")
     @classmethod
     def _destination(cls, value: str) -> str:
+        if value.startswith("ssh://"):
+            try:
+                parts = urlsplit(value)
+                parts.port  # noqa: B018 - raises on a port that is not a number
+            except ValueError:
+                raise ValueError(f"destination {value!r} is not a valid ssh:// URL") from None
+            if parts.hostname and parts.path in ("", "/") and not parts.query:
+                return value
+            raise ValueError(f"destination {value!r} must be ssh://[user@]host[:port]")
         if not _DESTINATION.match(value):
             raise ValueError(
                 f"destination {value!r} must be user@host, a host name or an ssh config alias"

@@ -15,12 +15,17 @@ import os
 import weakref
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import asyncssh
 
 from ..._errors import HutchError, ProviderError, SandboxUnavailable
 from .config import SshConfig
 
+#: Connections beside the kept one, made only when the host refuses more
+#: sessions on it (sshd's MaxSessions, 10 by default, counts each running
+#: command and the SFTP session).
+MAX_OVERFLOW_CONNECTIONS = 15
 #: Attempts to (re)connect before giving up, and the pause after each failure.
 CONNECT_ATTEMPTS = 3
 _BACKOFF_SECONDS = (0.2, 0.6)
@@ -47,7 +52,12 @@ class SshTarget:
         )
 
     def connect_kwargs(self) -> dict[str, Any]:
-        user, _, host = self.destination.rpartition("@")
+        port: int | None = None
+        if self.destination.startswith("ssh://"):  # ssh://[user@]host[:port], as ssh takes
+            parts = urlsplit(self.destination)
+            user, host, port = parts.username or "", parts.hostname or "", parts.port
+        else:
+            user, _, host = self.destination.rpartition("@")
         kwargs: dict[str, Any] = {
             "host": host,
             "connect_timeout": self.connect_timeout,
@@ -58,6 +68,8 @@ class SshTarget:
         }
         if user:
             kwargs["username"] = user
+        if port is not None:
+            kwargs["port"] = port
         if self.config_file is not None:
             kwargs["config"] = [self.config_file]
         if not self.check_host_key:
@@ -110,6 +122,8 @@ class KeptConnection:
         self._conn: asyncssh.SSHClientConnection | None = None
         self._sftp: asyncssh.SFTPClient | None = None
         self._lock = asyncio.Lock()
+        #: Overflow connections, for sessions past the host's per-connection cap.
+        self._overflow: list[asyncssh.SSHClientConnection] = []
         self.users = 0
         #: How many times a connection was made (1 + reconnects); for tests.
         self.connects = 0
@@ -125,7 +139,16 @@ class KeptConnection:
         async with self._lock:
             if not self._alive():
                 self._drop()
-                self._conn = await self._connect()
+                conn = await self._connect()
+                # The SFTP session is opened with the connection, while a
+                # session is free: later, running commands may fill the
+                # host's MaxSessions.
+                try:
+                    self._sftp = await conn.start_sftp_client()
+                except (OSError, asyncssh.Error) as exc:
+                    conn.close()
+                    raise lost(self.target, exc) from None
+                self._conn = self._sftp_conn = conn
             assert self._conn is not None
             return self._conn
 
@@ -162,16 +185,65 @@ class KeptConnection:
                 try:
                     self._sftp = await conn.start_sftp_client()
                 except (OSError, asyncssh.Error) as exc:
+                    self.forget(conn)
                     raise lost(self.target, exc) from None
                 self._sftp_conn = conn
             return self._sftp
 
     _sftp_conn: asyncssh.SSHClientConnection | None = None
 
+    async def open_session(
+        self, command: str
+    ) -> tuple[asyncssh.SSHClientConnection, asyncssh.SSHClientProcess[bytes]]:
+        """An exec channel for ``command``: on the kept connection, or where the
+        host caps sessions per connection and the kept one is full, on an
+        overflow connection. A connection found dead is made again once."""
+        for attempt in (1, 2):
+            conn = await self.connection()
+            try:
+                return conn, await conn.create_process(command, encoding=None)
+            except asyncssh.ChannelOpenError as exc:
+                if conn.is_closed():
+                    last: BaseException = exc
+                else:  # refused, not lost: the host's session cap
+                    return await self._overflow_session(command)
+            except (OSError, asyncssh.Error) as exc:
+                last = exc
+            self.forget(conn)
+            if attempt == 2:
+                raise lost(self.target, last) from None
+        raise AssertionError("unreachable")
+
+    async def _overflow_session(
+        self, command: str
+    ) -> tuple[asyncssh.SSHClientConnection, asyncssh.SSHClientProcess[bytes]]:
+        self._overflow = [c for c in self._overflow if not c.is_closed()]
+        for conn in list(self._overflow):
+            try:
+                return conn, await conn.create_process(command, encoding=None)
+            except (OSError, asyncssh.Error):
+                continue
+        if len(self._overflow) >= MAX_OVERFLOW_CONNECTIONS:
+            raise SandboxUnavailable(
+                f"ssh {self.target.destination}: the host refuses more sessions "
+                f"({len(self._overflow) + 1} connections, each at its MaxSessions)"
+            )
+        conn = await self._connect()
+        self._overflow.append(conn)
+        try:
+            return conn, await conn.create_process(command, encoding=None)
+        except (OSError, asyncssh.Error) as exc:
+            raise SandboxUnavailable(
+                f"ssh {self.target.destination}: the host refused a session: {exc}"
+            ) from None
+
     def forget(self, conn: asyncssh.SSHClientConnection) -> None:
         """Drop ``conn`` after a failure on it: the next call connects again."""
         if self._conn is conn:
             self._drop()
+        elif conn in self._overflow:
+            self._overflow.remove(conn)
+            conn.close()
 
     def forget_sftp(self, sftp: asyncssh.SFTPClient) -> None:
         """Drop the connection ``sftp`` ran on after it failed."""
@@ -188,9 +260,12 @@ class KeptConnection:
         self._conn = None
 
     async def aclose(self) -> None:
-        conn = self._conn
+        conns = [c for c in [self._conn, *self._overflow] if c is not None]
         self._drop()
-        if conn is not None:
+        for conn in self._overflow:
+            conn.close()
+        self._overflow = []
+        for conn in conns:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(conn.wait_closed(), 5)
 

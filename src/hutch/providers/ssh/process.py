@@ -141,20 +141,8 @@ async def open_process(
     kept: KeptConnection,
     command: str,
 ) -> tuple[asyncssh.SSHClientConnection, asyncssh.SSHClientProcess[bytes]]:
-    """Open an exec channel; a connection found dead is made again once."""
-    for attempt in (1, 2):
-        conn = await kept.connection()
-        try:
-            process: asyncssh.SSHClientProcess[bytes] = await conn.create_process(
-                command, encoding=None
-            )
-        except CHANNEL_ERRORS as exc:
-            kept.forget(conn)
-            if attempt == 2:
-                raise lost(kept.target, exc) from None
-            continue
-        return conn, process
-    raise AssertionError("unreachable")
+    """Open an exec channel for ``command`` (see :meth:`KeptConnection.open_session`)."""
+    return await kept.open_session(command)
 
 
 class SshProcess(BackendProcess):

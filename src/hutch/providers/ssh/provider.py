@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -17,7 +18,8 @@ from ..._errors import (
     SandboxFileNotFound,
     SandboxUnavailable,
 )
-from ..._types import Capabilities, FileInfo
+from ..._types import Capabilities, FileInfo, GrepMatch
+from .._grep import BATCH_BYTES, grep_contents
 from ..base import SandboxBackend
 from .config import SshConfig
 from .connection import KeptConnection, SshTarget, acquire, lost, release
@@ -55,6 +57,9 @@ _CLONE_SCRIPT = (
     'if [ -n "$branch" ]; then exec git clone -q --branch "$branch" -- "$repo" "$wd"; fi; '
     'exec git clone -q -- "$repo" "$wd"'
 )
+
+#: Files grep reads at once over the SFTP session.
+_GREP_READS_AT_ONCE = 16
 
 #: How long the host may take to start a command before hutch gives up.
 _START_TIMEOUT = 60.0
@@ -208,6 +213,34 @@ class SshSandbox(SandboxBackend):
 
     async def walk_files(self, root: str) -> list[str]:
         return await self._files.walk_files(root)
+
+    async def grep_files(
+        self, pattern: re.Pattern[str], paths: list[str], limit: int
+    ) -> list[GrepMatch]:
+        """The base rule, with the files read a few at a time over the one SFTP
+        session (a round trip each, overlapped) instead of one after another."""
+
+        async def read(path: str) -> bytes | None:
+            try:
+                return await self._files.read(path, limit)
+            except (IsADirectoryError, PermissionError, FileNotFoundError, InvalidArgument):
+                return None
+
+        matches: list[GrepMatch] = []
+        batch: list[tuple[str, bytes]] = []
+        size = 0
+        for start in range(0, len(paths), _GREP_READS_AT_ONCE):
+            chunk = paths[start:start + _GREP_READS_AT_ONCE]
+            contents = await asyncio.gather(*(read(p) for p in chunk))
+            for path, data in zip(chunk, contents, strict=True):
+                if data is not None:
+                    batch.append((path, data))
+                    size += len(data)
+            if size >= BATCH_BYTES:
+                matches.extend(await grep_contents(pattern, batch))
+                batch, size = [], 0
+        matches.extend(await grep_contents(pattern, batch))
+        return matches
 
     async def preview_url(self, port: int) -> str:
         base = self.config.preview_url_base

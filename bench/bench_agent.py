@@ -1,0 +1,157 @@
+"""Bench: hutch's agent (a docker sandbox's keeper and runtime) beside the raw
+Docker floors, in one run.
+
+Floors: exec = the docker SDK's exec_create + exec_start + exec_inspect of
+``true``; a 1 MB write + read = put_archive + get_archive; grep = ``grep -r``
+run inside the container over the same 10 000-file tree (started through the
+agent, so docker's own ~50 ms exec start is not in the floor); the busy count
+= the Engine's ``top`` (what the native runtime asks). Each pair is measured
+alternately, so a machine whose speed drifts moves both alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import sys
+import tarfile
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import docker
+from tests.daemon_fixture import DaemonProcess
+
+import hutch
+from _common import header, median_ms, paired, row
+from hutch._sandbox import backend_of
+
+IMAGE = os.environ.get("HUTCH_TEST_IMAGE", "hutch-test:bookworm")
+EXEC_RUNS = 200
+FILE_RUNS = 40
+GREP_RUNS = 7
+MB = os.urandom(1024 * 1024)
+TREE_FILES = 10_000
+
+
+def raw_exec(api: docker.APIClient, container: str) -> None:
+    created = api.exec_create(container, ["true"])
+    api.exec_start(created["Id"])
+    api.exec_inspect(created["Id"])
+
+
+def raw_write_read(api: docker.APIClient, container: str) -> None:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        info = tarfile.TarInfo("workspace/raw.bin")
+        info.size = len(MB)
+        tar.addfile(info, io.BytesIO(MB))
+    api.put_archive(container, "/", buffer.getvalue())
+    stream, _ = api.get_archive(container, "/workspace/raw.bin")
+    with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+        member = tar.next()
+        assert member is not None
+        extracted = tar.extractfile(member)
+        assert extracted is not None and len(extracted.read()) == len(MB)
+
+
+async def write_read(sb: hutch.Sandbox) -> None:
+    await sb.write_bytes("hutch.bin", MB)
+    assert len(await sb.read_bytes("hutch.bin")) == len(MB)
+
+
+async def in_process(api: docker.APIClient) -> None:
+    header(f"agent runtime, in process (floor: the docker SDK directly), image {IMAGE}")
+    async with await hutch.create_sandbox(
+        "docker", image=IMAGE, runtime="agent", read_before_write=False
+    ) as sb:
+        container = backend_of(sb).container_id
+        assert container is not None
+        ours, floor = await paired(
+            lambda: sb.exec(["true"]), lambda: raw_exec(api, container), EXEC_RUNS
+        )
+        row("exec true", ours, floor, "goal: <= 2 ms")
+        ours, floor = await paired(
+            lambda: write_read(sb), lambda: raw_write_read(api, container), FILE_RUNS
+        )
+        row("1 MB write + read", ours, floor, "goal: <= 20 ms")
+
+        # 10 000 files in 100 directories, one line in 1 file in 100 matching.
+        script = (
+            "for d in $(seq 0 99); do mkdir -p tree/d$d; for f in $(seq 0 99); do "
+            "if [ $f = 7 ]; then echo 'a needle here' > tree/d$d/f$f.txt; "
+            "else echo 'hay hay hay' > tree/d$d/f$f.txt; fi; done; done"
+        )
+        await sb.exec(script, timeout=300)
+        expected = 100
+
+        async def ours_grep() -> None:
+            assert len(await sb.grep("needle", "tree")) == expected
+
+        grep_floor: list[float] = []
+
+        async def floor_grep() -> None:
+            # grep's own time inside the container, not the exec that starts it.
+            result = await sb.exec(
+                ["sh", "-c", "s=$(date +%s%N); grep -r needle tree >/dev/null; "
+                 "e=$(date +%s%N); echo $((e - s))"]
+            )
+            grep_floor.append(int(result.stdout) / 1e9)
+
+        ours_samples = []
+        for _ in range(GREP_RUNS):
+            await floor_grep()
+            t = time.perf_counter()
+            await ours_grep()
+            ours_samples.append(time.perf_counter() - t)
+        row(f"grep over {TREE_FILES} files", median_ms(ours_samples), median_ms(grep_floor),
+            "goal: <= 1.5x")
+
+        ours, floor = await paired(
+            backend_of(sb).runtime.count_busy_processes,
+            lambda: api.top(container, ps_args="-e -o pid,stat"),
+            EXEC_RUNS,
+        )
+        row("busy count (floor: the Engine's top)", ours, floor, "goal: <= 1 ms")
+
+
+def through_daemon(api: docker.APIClient) -> None:
+    header("agent runtime through the daemon and the sync SDK (floor: the docker SDK)")
+    daemon = DaemonProcess().start()
+    try:
+        with hutch.Client(daemon.url, token=daemon.token) as client:
+            remote = client.create_sandbox("docker", image=IMAGE, runtime="agent")
+            try:
+                container = docker.APIClient(version="auto").containers(
+                    filters={"label": f"hutch.sandbox_id={remote.id}"}
+                )[0]["Id"]
+                ours_samples, floor_samples = [], []
+                for i in range(EXEC_RUNS + 10):
+                    t0 = time.perf_counter()
+                    raw_exec(api, container)
+                    t1 = time.perf_counter()
+                    remote.exec(["true"])
+                    t2 = time.perf_counter()
+                    if i >= 10:
+                        floor_samples.append(t1 - t0)
+                        ours_samples.append(t2 - t1)
+                row("exec true (SDK + daemon + agent)", median_ms(ours_samples),
+                    median_ms(floor_samples), "goal: <= 4 ms")
+            finally:
+                remote.close()
+    finally:
+        daemon.stop()
+
+
+async def main() -> None:
+    os.environ.setdefault("HUTCH_HOME", tempfile.mkdtemp(prefix="hutch-bench-agent-"))
+    api = docker.APIClient(version="auto")
+    await in_process(api)
+    await asyncio.to_thread(through_daemon, api)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

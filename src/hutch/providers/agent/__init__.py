@@ -1,0 +1,9 @@
+"""hutch's agent: a small static executable inside the sandbox as its keeper,
+serving exec and files on a unix socket (``go/``), the host side of it
+(:mod:`.runtime`, :mod:`.wire`) and its build (:mod:`.build`)."""
+
+from .build import AgentUnavailable, agent_binary
+from .runtime import AgentProcess, AgentRuntime
+from .wire import AgentFailure
+
+__all__ = ["AgentFailure", "AgentProcess", "AgentRuntime", "AgentUnavailable", "agent_binary"]

@@ -1,0 +1,3 @@
+module hutch/agent
+
+go 1.19

@@ -1,0 +1,151 @@
+// hutch-agent: hutch's runtime inside a sandbox.
+//
+// It runs as the sandbox's keeper (in place of `sleep infinity`), reaps the
+// orphans handed to it as an init does, and serves hutch's host on a unix
+// socket in a directory the host bind-mounts in: exec (argv, cwd, env, user,
+// stdin, a PTY), killing a command's whole tree, files, walks, grep's
+// candidate files and the count of busy processes. Connections from inside
+// the sandbox are refused (their peer has a pid in the sandbox's pid
+// namespace; the host's has none there), so a process in the sandbox gains
+// nothing through the agent that it did not already have.
+//
+// Standard library only, built with CGO_ENABLED=0: a static executable that
+// needs no libc, shell or Python in the image.
+package main
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+)
+
+const version = "1"
+
+func main() {
+	if len(os.Args) >= 2 && os.Args[1] == "become" {
+		become(os.Args[2:])
+		return
+	}
+	if len(os.Args) >= 2 && os.Args[1] == "version" {
+		fmt.Println(version)
+		return
+	}
+	if len(os.Args) != 3 || os.Args[1] != "serve" {
+		fmt.Fprintln(os.Stderr, "usage: hutch-agent serve SOCKET | hutch-agent version")
+		os.Exit(2)
+	}
+	socketPath := os.Args[2]
+	if os.Getpid() != 1 {
+		// Orphans come to us rather than to an init above us: reaped either way.
+		_, _, _ = syscall.RawSyscall(syscall.SYS_PRCTL, 36 /* PR_SET_CHILD_SUBREAPER */, 1, 0)
+	}
+	startReaper()
+	signals := make(chan os.Signal, 1)
+	signal.Notify(signals, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	signal.Ignore(syscall.SIGPIPE)
+
+	_ = os.Remove(socketPath)
+	old := syscall.Umask(0o077)
+	listener, err := net.ListenUnix("unix", &net.UnixAddr{Name: socketPath, Net: "unix"})
+	syscall.Umask(old)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "hutch-agent:", err)
+		os.Exit(1)
+	}
+	listener.SetUnlinkOnClose(false)
+	// The host reaches the socket as the owner of the directory it lives in.
+	if owner, err := os.Stat(dirOf(socketPath)); err == nil {
+		if st, ok := owner.Sys().(*syscall.Stat_t); ok {
+			_ = os.Chown(socketPath, int(st.Uid), int(st.Gid))
+		}
+	}
+	_ = os.WriteFile(socketPath+".pid", []byte(strconv.Itoa(os.Getpid())), 0o600)
+	go func() {
+		<-signals
+		os.Exit(0)
+	}()
+	for {
+		c, err := listener.AcceptUnix()
+		if err != nil {
+			continue
+		}
+		if !fromOutside(c) {
+			c.Close()
+			continue
+		}
+		go serve(c)
+	}
+}
+
+func dirOf(path string) string {
+	for i := len(path) - 1; i > 0; i-- {
+		if path[i] == '/' {
+			return path[:i]
+		}
+	}
+	return "/"
+}
+
+// fromOutside: the peer is not a process of this sandbox. SO_PEERCRED gives
+// a peer outside our pid namespace the pid 0.
+func fromOutside(c *net.UnixConn) bool {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return false
+	}
+	ok := false
+	_ = raw.Control(func(fd uintptr) {
+		cred, err := syscall.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED)
+		ok = err == nil && cred.Pid == 0
+	})
+	return ok
+}
+
+func serve(nc *net.UnixConn) {
+	defer nc.Close()
+	c := &conn{r: nc, w: nc}
+	for {
+		h, payload, err := c.readFrame()
+		if err != nil {
+			if err == errFrame {
+				_ = c.fail("invalid_argument", "malformed frame")
+			}
+			return
+		}
+		_ = payload
+		var opErr error
+		switch str(h, "op") {
+		case "ping":
+			opErr = c.send(header{"t": "ok", "version": version, "pid": os.Getpid()}, nil)
+		case "exec":
+			handleExec(c, h)
+			return // an exec owns its connection to the end
+		case "kill":
+			opErr = handleKill(c, h)
+		case "busy":
+			opErr = c.send(header{"t": "ok", "count": countBusy()}, nil)
+		case "read":
+			opErr = handleRead(c, h)
+		case "write":
+			opErr = handleWrite(c, h)
+		case "stat":
+			opErr = handleStat(c, h)
+		case "list":
+			opErr = handleList(c, h)
+		case "remove":
+			opErr = handleRemove(c, h)
+		case "walk":
+			opErr = handleWalk(c, h)
+		case "grep":
+			opErr = handleGrep(c, h)
+		default:
+			opErr = c.fail("invalid_argument", "unknown operation")
+		}
+		if opErr != nil {
+			return
+		}
+	}
+}

@@ -1,0 +1,127 @@
+package main
+
+// Frames on the socket, both ways: a 4-byte big-endian header length, a 4-byte
+// big-endian payload length, the header (a JSON object) and the payload
+// (raw bytes). Both lengths are bounded, so neither side ever buffers more
+// than one frame's worth of the other's say-so.
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"sync"
+)
+
+const (
+	maxHeader  = 4 << 20 // argv and env travel in the header
+	maxPayload = 1 << 20
+	chunkSize  = 1 << 20
+)
+
+var errFrame = errors.New("malformed frame")
+
+type header map[string]interface{}
+
+type conn struct {
+	r  io.Reader
+	w  io.Writer
+	mu sync.Mutex // one frame at a time on the writing side
+}
+
+func (c *conn) readFrame() (header, []byte, error) {
+	var lens [8]byte
+	if _, err := io.ReadFull(c.r, lens[:]); err != nil {
+		return nil, nil, err
+	}
+	hl := binary.BigEndian.Uint32(lens[:4])
+	pl := binary.BigEndian.Uint32(lens[4:])
+	if hl == 0 || hl > maxHeader || pl > maxPayload {
+		return nil, nil, errFrame
+	}
+	buf := make([]byte, int(hl)+int(pl))
+	if _, err := io.ReadFull(c.r, buf); err != nil {
+		return nil, nil, err
+	}
+	var h header
+	if err := json.Unmarshal(buf[:hl], &h); err != nil || h == nil {
+		return nil, nil, errFrame
+	}
+	return h, buf[hl:], nil
+}
+
+func (c *conn) send(h header, payload []byte) error {
+	raw, err := json.Marshal(h)
+	if err != nil {
+		return err
+	}
+	head := make([]byte, 8, 8+len(raw))
+	binary.BigEndian.PutUint32(head[:4], uint32(len(raw)))
+	binary.BigEndian.PutUint32(head[4:], uint32(len(payload)))
+	head = append(head, raw...)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(payload) < 4096 {
+		_, err = c.w.Write(append(head, payload...))
+		return err
+	}
+	// One writev, the payload not copied.
+	bufs := net.Buffers{head, payload}
+	_, err = bufs.WriteTo(c.w)
+	return err
+}
+
+func (c *conn) fail(code, msg string) error {
+	if len(msg) > 2000 {
+		msg = msg[:2000]
+	}
+	return c.send(header{"t": "err", "code": code, "msg": msg}, nil)
+}
+
+func str(h header, key string) string {
+	v, _ := h[key].(string)
+	return v
+}
+
+func num(h header, key string) float64 {
+	v, _ := h[key].(float64)
+	return v
+}
+
+func boolean(h header, key string) bool {
+	v, _ := h[key].(bool)
+	return v
+}
+
+func strList(h header, key string) ([]string, bool) {
+	raw, ok := h[key].([]interface{})
+	if !ok {
+		return nil, false
+	}
+	out := make([]string, 0, len(raw))
+	for _, item := range raw {
+		s, ok := item.(string)
+		if !ok {
+			return nil, false
+		}
+		out = append(out, s)
+	}
+	return out, true
+}
+
+func strMap(h header, key string) (map[string]string, bool) {
+	raw, ok := h[key].(map[string]interface{})
+	if !ok {
+		return map[string]string{}, h[key] == nil
+	}
+	out := make(map[string]string, len(raw))
+	for k, item := range raw {
+		s, ok := item.(string)
+		if !ok {
+			return nil, false
+		}
+		out[k] = s
+	}
+	return out, true
+}

@@ -1,0 +1,448 @@
+"""The agent runtime: exec, processes, files, grep and glob through hutch's
+agent inside the sandbox, on kept connections to its unix socket.
+
+Written once for every provider that can run the agent (docker, bubblewrap).
+The provider gives it the socket's host path, the user commands run as by
+default, and a ``recover`` callback: when the agent is gone or wedged, the
+provider finds out why and brings it back (or says the sandbox is lost); a
+request that never reached the agent is then tried once more, one that did
+fails with a ``provider_error`` naming what happened. Nothing here waits
+without a deadline: the agent beats a heartbeat while it works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from ..._errors import (
+    HutchError,
+    InvalidArgument,
+    OutputLimitExceeded,
+    ProviderError,
+    SandboxFileNotFound,
+    SandboxIsADirectory,
+    SandboxPermissionDenied,
+)
+from ..._globmatch import compile_glob
+from ..._types import FileInfo, FileType, GrepMatch, OutputChunk
+from .._grep import BATCH_BYTES, grep_contents
+from .._grepfilter import required_literals
+from .._hostproc import EXEC_MARKER
+from ..base import BackendProcess, SandboxRuntime
+from .wire import MAX_PAYLOAD, AgentFailure, Channel, Header, connect_socket
+
+#: How long a request waits for the agent's next frame. The agent answers
+#: at once or beats a heartbeat every second (every two for a running command).
+ANSWER_TIMEOUT = 3.0
+EXEC_SILENCE_TIMEOUT = 6.0
+#: Idle connections kept for the next request.
+POOL_SIZE = 8
+#: Paths one walk may send back, in bytes.
+MAX_WALK_BYTES = 256 << 20
+#: Output chunks a process holds before its reader waits for the consumer.
+_QUEUE_CHUNKS = 64
+
+_ERRORS: dict[str, type[HutchError]] = {
+    "file_not_found": SandboxFileNotFound,
+    "is_a_directory": SandboxIsADirectory,
+    "permission_denied": SandboxPermissionDenied,
+    "invalid_argument": InvalidArgument,
+    "output_limit_exceeded": OutputLimitExceeded,
+}
+_TYPES = {t.value: t for t in FileType}
+
+Recover = Callable[[str], Awaitable[None]]
+T = TypeVar("T")
+
+
+def _typed_error(header: Header) -> HutchError:
+    message = str(header.get("msg", ""))[:2000] or "the agent refused the request"
+    return _ERRORS.get(str(header.get("code")), ProviderError)(message)
+
+
+def _number(header: Header, key: str) -> float:
+    value = header.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise AgentFailure(f"the agent sent a frame without a number {key!r}")
+    return float(value)
+
+
+def _info(header: Any) -> FileInfo:
+    if not isinstance(header, dict) or not isinstance(header.get("path"), str):
+        raise AgentFailure("the agent sent a malformed file entry")
+    kind = _TYPES.get(str(header.get("type")))
+    if kind is None:
+        raise AgentFailure("the agent sent an unknown file type")
+    return FileInfo(
+        header["path"], kind, int(_number(header, "size")), int(_number(header, "mode")) & 0o7777,
+        _number(header, "mtime"),
+    )
+
+
+def _listing(reply: Header) -> list[FileInfo]:
+    entries = reply.get("entries")
+    if not isinstance(entries, list):
+        raise AgentFailure("the agent sent a listing without entries")
+    return sorted((_info(e) for e in entries), key=lambda e: e.path)
+
+
+def _ok(reply: Header) -> None:
+    if reply["t"] != "ok":
+        raise AgentFailure(f"the agent answered {reply['t']!r} where ok was due")
+
+
+class AgentProcess(BackendProcess):
+    """One command the agent runs: a reader task turns its frames into chunks."""
+
+    def __init__(
+        self, runtime: AgentRuntime, channel: Channel, marker: str, pid: int, stdin: bytes | None
+    ) -> None:
+        self._runtime = runtime
+        self._channel = channel
+        self._marker = marker
+        self._pid = pid
+        loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[OutputChunk | BaseException | None] = asyncio.Queue()
+        self._space = asyncio.Event()
+        self._exit: asyncio.Future[int] = loop.create_future()
+        self._exit_code: int | None = None
+        self._killing = False
+        self._eof = False
+        self._tasks = [loop.create_task(self._pump())]
+        if stdin is not None:
+            self._tasks.append(loop.create_task(self._feed(stdin)))
+
+    async def _feed(self, data: bytes) -> None:
+        view = memoryview(data)
+        with contextlib.suppress(AgentFailure):
+            for start in range(0, len(view), MAX_PAYLOAD):
+                await self._channel.send({"t": "in"}, view[start:start + MAX_PAYLOAD])
+            await self._channel.send({"t": "eof"})
+
+    async def _put(self, item: OutputChunk | BaseException | None) -> None:
+        while self._queue.qsize() >= _QUEUE_CHUNKS and not self._killing and item is not None:
+            self._space.clear()
+            await self._space.wait()
+        if self._killing and isinstance(item, OutputChunk) and self._queue.qsize() >= _QUEUE_CHUNKS:
+            return  # being killed, nobody reading: its last output is dropped
+        self._queue.put_nowait(item)
+
+    async def _pump(self) -> None:
+        try:
+            while True:
+                header, payload = await self._channel.recv(EXEC_SILENCE_TIMEOUT)
+                kind = header["t"]
+                if kind == "out":
+                    chunk = OutputChunk("stderr" if header.get("s") == 2 else "stdout", payload)
+                    await self._put(chunk)
+                elif kind == "exit":
+                    code = int(_number(header, "code"))
+                    self._exit_code = code
+                    if not self._exit.done():
+                        self._exit.set_result(code)
+                    break
+                elif kind != "hb":
+                    raise AgentFailure(f"the agent sent {kind!r} while running a command")
+        except AgentFailure as exc:
+            failure = await self._runtime.failed(exc)
+            if not self._exit.done():
+                self._exit.set_exception(failure)
+                self._exit.exception()  # retrieved here; wait() raises it again
+            await self._put(failure)
+        finally:
+            self._channel.close()
+            await self._put(None)
+
+    async def read(self) -> OutputChunk | None:
+        if self._eof:
+            return None
+        item = await self._queue.get()
+        self._space.set()
+        if item is None:
+            self._eof = True
+            return None
+        if isinstance(item, BaseException):
+            self._eof = True
+            raise item
+        return item
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exit)
+
+    @property
+    def returncode(self) -> int | None:
+        return self._exit_code
+
+    async def kill(self, grace: float) -> None:
+        if self._exit.done():
+            return
+        self._killing = True
+        self._space.set()
+        with contextlib.suppress(HutchError):
+            await self._runtime.request(
+                {"op": "kill", "pid": self._pid, "marker": f"{EXEC_MARKER}={self._marker}",
+                 "grace": grace},
+                _ok, timeout=grace + ANSWER_TIMEOUT,
+            )
+        with contextlib.suppress(TimeoutError, HutchError):
+            await asyncio.wait_for(asyncio.shield(self._exit), 5)
+        if not self._exit.done():
+            self._channel.close()  # an orphan kept the output open: stop listening
+
+
+class AgentRuntime(SandboxRuntime):
+    """A sandbox's runtime served by hutch's agent inside it."""
+
+    runtime_name = "agent"
+
+    def __init__(
+        self,
+        sandbox_id: str,
+        workdir: str,
+        socket_path: str,
+        *,
+        provider_name: str,
+        recover: Recover,
+        default_user: str | None = None,
+    ) -> None:
+        super().__init__(sandbox_id, workdir)
+        self.socket_path = socket_path
+        self.provider_name = provider_name
+        self.default_user = default_user
+        self._recover = recover
+        self._idle: list[Channel] = []
+
+    # -- connections ----------------------------------------------------------------
+    async def _connect(self) -> Channel:
+        """A fresh connection; when there is none to be had, the provider is
+        asked to bring the agent back and it is tried once more."""
+        try:
+            return Channel(connect_socket(self.socket_path))
+        except AgentFailure as exc:
+            await self._recover(str(exc))
+        try:
+            return Channel(connect_socket(self.socket_path))
+        except AgentFailure as exc:
+            raise await self.failed(exc) from None
+
+    async def failed(self, exc: AgentFailure) -> HutchError:
+        """The error a request ends with when the agent failed under it, once
+        the provider has had its say (it raises if the sandbox is lost)."""
+        self.drop_connections()
+        try:
+            await self._recover(str(exc))
+        except HutchError as lost:
+            return lost
+        return ProviderError(
+            f"{self.provider_name} sandbox {self.sandbox_id}: {exc}; its agent was restarted "
+            "(commands running in it were lost); try again"
+        )
+
+    def drop_connections(self) -> None:
+        for channel in self._idle:
+            channel.close()
+        self._idle.clear()
+
+    @contextlib.asynccontextmanager
+    async def _channel(self) -> AsyncIterator[Channel]:
+        channel = self._idle.pop() if self._idle else await self._connect()
+        try:
+            yield channel
+        except AgentFailure as exc:
+            channel.close()
+            raise await self.failed(exc) from None
+        except BaseException:
+            channel.close()  # cancelled mid-answer: out of step
+            raise
+        if not channel.closed and len(self._idle) < POOL_SIZE:
+            self._idle.append(channel)
+        else:
+            channel.close()
+
+    async def request(
+        self,
+        header: Header,
+        parse: Callable[[Header], T],
+        *,
+        timeout: float = ANSWER_TIMEOUT,
+    ) -> T:
+        """One request answered by one frame (or a typed error), read by
+        ``parse``: an answer it cannot read is the agent's failure too."""
+        async with self._channel() as channel:
+            await channel.send(header)
+            reply, _ = await self._answer(channel, timeout)
+            return parse(reply)
+
+    @staticmethod
+    async def _answer(channel: Channel, timeout: float = ANSWER_TIMEOUT) -> tuple[Header, bytes]:
+        """The next frame that is not a heartbeat; an ``err`` raises its typed error."""
+        while True:
+            header, payload = await channel.recv(timeout)
+            if header["t"] == "hb":
+                continue
+            if header["t"] == "err":
+                raise _typed_error(header)
+            return header, payload
+
+    # -- processes -------------------------------------------------------------------
+    def shell_argv(self, command: str) -> list[str]:
+        return ["bash", "-c", command]  # the agent runs sh where there is no bash
+
+    async def start_process(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        stdin: bytes | None,
+        user: str | None,
+        pty: tuple[int, int] | None = None,
+    ) -> AgentProcess:
+        marker = uuid.uuid4().hex
+        header: Header = {
+            "op": "exec", "argv": list(argv), "cwd": cwd,
+            "env": {**env, EXEC_MARKER: marker}, "user": user or self.default_user or "",
+            "stdin": stdin is not None or pty is not None,
+            "shell_fallback": list(argv[:2]) == ["bash", "-c"], "marker": f"{EXEC_MARKER}={marker}",
+        }
+        if pty is not None:
+            header["pty"] = {"rows": pty[0], "cols": pty[1]}
+        channel = await self._connect()
+        try:
+            await channel.send(header)
+            reply, _ = await self._answer(channel)
+            if reply["t"] != "started":
+                raise AgentFailure(f"the agent answered an exec with {reply['t']!r}")
+            pid = int(_number(reply, "pid"))
+        except AgentFailure as exc:
+            channel.close()
+            raise await self.failed(exc) from None
+        except BaseException:
+            channel.close()
+            raise
+        return AgentProcess(self, channel, marker, pid, stdin)
+
+    async def count_busy_processes(self) -> int:
+        return await self.request({"op": "busy"}, lambda r: max(0, int(_number(r, "count"))))
+
+    # -- files --------------------------------------------------------------------------
+    async def read_file(self, path: str, limit: int) -> bytes:
+        async with self._channel() as channel:
+            await channel.send({"op": "read", "path": path, "limit": limit})
+            parts: list[bytes] = []
+            total = 0
+            while True:
+                header, payload = await self._answer(channel)
+                if header["t"] == "end":
+                    return b"".join(parts)
+                if header["t"] != "data":
+                    raise AgentFailure(f"the agent sent {header['t']!r} in a read")
+                total += len(payload)
+                if total > limit:
+                    channel.close()
+                    raise OutputLimitExceeded(
+                        f"{path} is over the read limit of {limit} bytes"
+                    )
+                parts.append(payload)
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        async with self._channel() as channel:
+            await channel.send({"op": "write", "path": path})
+            view = memoryview(data)
+            for start in range(0, len(view), MAX_PAYLOAD):
+                await channel.send({"t": "in"}, view[start:start + MAX_PAYLOAD])
+            await channel.send({"t": "eof"})
+            reply, _ = await self._answer(channel, ANSWER_TIMEOUT * 2)
+            _ok(reply)
+
+    async def stat(self, path: str) -> FileInfo:
+        return await self.request({"op": "stat", "path": path}, _info)
+
+    async def list_dir(self, path: str) -> list[FileInfo]:
+        return await self.request({"op": "list", "path": path}, _listing)
+
+    async def remove(self, path: str, recursive: bool) -> None:
+        await self.request({"op": "remove", "path": path, "recursive": recursive}, _ok,
+                           timeout=ANSWER_TIMEOUT * 8)
+
+    async def walk_files(self, root: str) -> list[str]:
+        async with self._channel() as channel:
+            await channel.send({"op": "walk", "root": root})
+            paths: list[str] = []
+            total = 0
+            while True:
+                header, payload = await self._answer(channel)
+                if header["t"] == "end":
+                    return paths
+                if header["t"] != "data":
+                    raise AgentFailure(f"the agent sent {header['t']!r} in a walk")
+                total += len(payload)
+                if total > MAX_WALK_BYTES:
+                    channel.close()
+                    raise OutputLimitExceeded(
+                        f"the file list below {root} is over {MAX_WALK_BYTES} bytes"
+                    )
+                paths.extend(
+                    p.decode("utf-8", "surrogateescape") for p in payload.split(b"\0") if p
+                )
+
+    async def grep(
+        self, pattern: re.Pattern[str], root: str, glob: str | None, limit: int
+    ) -> list[GrepMatch]:
+        """The agent sends the text files that hold a literal every match must
+        contain; their lines are matched by the one rule (grep_contents, in a
+        worker process), in batches, as they come."""
+        literals = required_literals(pattern)
+        name = ""
+        if glob and "/" not in glob and "[" not in glob and "\\" not in glob:
+            name = glob  # a prefilter on names; the glob is checked again below
+        matcher = compile_glob(glob) if glob else None
+        prefix = root.rstrip("/") + "/"
+        matches: list[GrepMatch] = []
+        big: list[str] = []
+        batch: list[tuple[str, bytes]] = []
+        size = 0
+        async with self._channel() as channel:
+            await channel.send({
+                "op": "grep", "root": root, "name": name, "literals": literals or [],
+                "icase": bool(pattern.flags & re.IGNORECASE),
+            })
+            while True:
+                header, payload = await self._answer(channel)
+                kind = header["t"]
+                if kind == "end":
+                    break
+                path = header.get("path")
+                if kind not in ("file", "big") or not isinstance(path, str):
+                    raise AgentFailure(f"the agent sent {kind!r} in a grep")
+                if (matcher is not None and path.startswith(prefix)
+                        and not matcher.match(path[len(prefix):])):
+                    continue
+                if kind == "big":
+                    big.append(path)
+                    continue
+                batch.append((path, payload))
+                size += len(payload)
+                if size >= BATCH_BYTES:
+                    matches.extend(await grep_contents(pattern, batch))
+                    batch, size = [], 0
+        matches.extend(await grep_contents(pattern, batch))
+        matches.extend(await self.grep_files(pattern, big, limit))
+        return sorted(matches, key=lambda m: (m.path, m.line_number))
+
+    async def ping(self, timeout: float = ANSWER_TIMEOUT) -> int:
+        """The agent's pid, once it answers (AgentFailure if it does not)."""
+        channel = Channel(connect_socket(self.socket_path))
+        try:
+            await channel.send({"op": "ping"})
+            reply, _ = await channel.recv(timeout)
+            if reply["t"] != "ok":
+                raise AgentFailure("the agent did not answer a ping")
+            return int(_number(reply, "pid"))
+        finally:
+            channel.close()

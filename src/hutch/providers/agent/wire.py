@@ -1,0 +1,131 @@
+"""The agent's frames, on the host's side: everything that arrives is untrusted.
+
+A frame is a 4-byte big-endian header length, a 4-byte big-endian payload
+length, a JSON object and raw bytes. Lengths past the bounds, a header that is
+not a JSON object, a connection that ends mid-frame or goes silent past its
+deadline all become :class:`AgentFailure` (a ``provider_error``): the daemon
+never buffers more than one bounded frame, never waits without a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import stat
+import struct
+from typing import Any
+
+from ..._errors import ProviderError
+
+MAX_HEADER = 4 << 20
+MAX_PAYLOAD = 1 << 20
+_LENGTHS = struct.Struct(">II")
+
+
+class AgentFailure(ProviderError):
+    """The agent did not answer as the protocol says: gone, wedged or garbled."""
+
+
+Header = dict[str, Any]
+
+
+def connect_socket(path: str) -> socket.socket:
+    """A connected socket to the agent's socket file at ``path``.
+
+    The file lives in a directory the sandbox can write to, so it is opened
+    without following links and checked to be a socket before connecting
+    through its descriptor: a link planted there (to the Docker socket, say)
+    is refused, with no window between the check and the connect.
+    """
+    try:
+        fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise AgentFailure(f"agent socket {path}: {exc.strerror}") from None
+    try:
+        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+            raise AgentFailure(f"agent socket {path} is not a socket")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            sock.connect(f"/proc/self/fd/{fd}")
+        except OSError as exc:
+            sock.close()
+            raise AgentFailure(f"agent socket {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    sock.setblocking(False)
+    return sock
+
+
+def encode(header: Header, payload: bytes | memoryview = b"") -> bytes:
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    return b"".join((_LENGTHS.pack(len(raw), len(payload)), raw, payload))  # one copy
+
+
+class Channel:
+    """One connection to the agent: whole frames out, checked frames in."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._loop = asyncio.get_running_loop()
+        self._buffer = bytearray()
+        self._send_lock = asyncio.Lock()
+        self.closed = False
+
+    async def send(self, header: Header, payload: bytes | memoryview = b"") -> None:
+        frame = encode(header, payload)
+        async with self._send_lock:
+            try:
+                await self._loop.sock_sendall(self.sock, frame)
+            except OSError as exc:
+                self.close()
+                raise AgentFailure(f"the agent's connection broke: {exc}") from None
+
+    async def _fill(self, size: int) -> None:
+        while len(self._buffer) < size:
+            try:
+                want = max(size - len(self._buffer), 1 << 16)
+                chunk = await self._loop.sock_recv(self.sock, want)
+            except OSError as exc:
+                self.close()
+                raise AgentFailure(f"the agent's connection broke: {exc}") from None
+            if not chunk:
+                self.close()
+                raise AgentFailure("the agent closed its connection mid-answer")
+            self._buffer += chunk
+
+    async def _recv(self) -> tuple[Header, bytes]:
+        await self._fill(8)
+        header_len, payload_len = _LENGTHS.unpack_from(self._buffer)
+        if not 0 < header_len <= MAX_HEADER or payload_len > MAX_PAYLOAD:
+            self.close()
+            raise AgentFailure(
+                f"the agent sent a frame out of bounds ({header_len}+{payload_len} bytes)"
+            )
+        total = 8 + header_len + payload_len
+        await self._fill(total)
+        raw = bytes(self._buffer[8:8 + header_len])
+        payload = bytes(self._buffer[8 + header_len:total])
+        del self._buffer[:total]
+        try:
+            header = json.loads(raw)
+        except ValueError:
+            header = None
+        if not isinstance(header, dict) or not isinstance(header.get("t"), str):
+            self.close()
+            raise AgentFailure("the agent sent a malformed frame")
+        return header, payload
+
+    async def recv(self, timeout: float | None) -> tuple[Header, bytes]:
+        """The next frame; AgentFailure if none comes within ``timeout`` seconds."""
+        try:
+            return await asyncio.wait_for(self._recv(), timeout)
+        except TimeoutError:
+            self.close()
+            raise AgentFailure(f"the agent did not answer within {timeout} s") from None
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.sock.close()

@@ -1,0 +1,351 @@
+"""hutch's agent as a docker sandbox's keeper and runtime: what it is, images
+it runs in, its failures, and what a sandbox's processes can do with it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import struct
+import tarfile
+import tempfile
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import docker
+import pytest
+
+import hutch
+from hutch._sandbox import backend_of
+from hutch.lifecycle.state import SandboxState
+from hutch.providers.agent import AgentFailure, AgentRuntime
+from hutch.providers.agent.wire import connect_socket
+from tests.conftest import TEST_IMAGE
+
+pytestmark = pytest.mark.anyio
+
+NO_SHELL_IMAGE = "hutch-test-noshell:bookworm"
+#: What makes an image one with no shell and no Python (bookworm merges /bin
+#: into /usr/bin).
+_REMOVED = ("usr/bin/sh", "usr/bin/bash", "usr/bin/dash", "usr/bin/rbash", "bin/sh", "bin/bash")
+
+
+def no_shell_image() -> str:
+    """A Debian root with sh, bash and python3 removed, made once from the
+    cached rootfs tarball (scripts/ensure-docker.sh), with no registry."""
+    api = docker.APIClient()
+    try:
+        api.inspect_image(NO_SHELL_IMAGE)
+        return NO_SHELL_IMAGE
+    except docker.errors.ImageNotFound:
+        pass
+    source = os.path.join(os.environ.get("HUTCH_CACHE_DIR", "/var/cache/hutch"),
+                          "bookworm-minbase.tar")
+    with tempfile.NamedTemporaryFile(suffix=".tar") as out:
+        with tarfile.open(source) as src, tarfile.open(fileobj=out, mode="w") as dst:
+            for member in src:
+                name = member.name.removeprefix("./")
+                if name in _REMOVED or name.startswith("usr/bin/python"):
+                    continue
+                dst.addfile(member, src.extractfile(member) if member.isfile() else None)
+        out.flush()
+        out.seek(0)
+        api.import_image_from_data(out.read(), repository="hutch-test-noshell", tag="bookworm")
+    return NO_SHELL_IMAGE
+
+
+@pytest.fixture
+async def sb() -> AsyncIterator[Any]:
+    async with await hutch.create_sandbox(
+        "docker", image=TEST_IMAGE, runtime="agent", read_before_write=False
+    ) as sandbox:
+        yield sandbox
+
+
+async def agent_pid(sb: Any) -> int:
+    return int(await sb.read_text("/.hutch/run/agent.sock.pid"))
+
+
+async def eventually(check: Callable[[], Any], within: float) -> float:
+    started = time.monotonic()
+    last: BaseException | None = None
+    while time.monotonic() - started < within:
+        try:
+            if await check():
+                return time.monotonic() - started
+        except Exception as exc:
+            last = exc
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"not within {within} s (last error: {last!r})")
+
+
+# -- the keeper ------------------------------------------------------------------------
+
+
+@pytest.mark.docker
+async def test_the_agent_is_the_keeper_and_the_runtime(sb: Any) -> None:
+    assert sb.capabilities.runtime == "agent"
+    pid = await agent_pid(sb)
+    cmdline = (await sb.read_bytes(f"/proc/{pid}/cmdline")).split(b"\0")
+    assert cmdline[0] == b"/.hutch/bin/hutch-agent"
+    listing = await sb.exec(["ps", "-eo", "args"])
+    assert "sleep infinity" not in listing.stdout
+    # Read-only: nothing in the sandbox can change the program that serves it.
+    attempt = await sb.exec(["sh", "-c", "echo x > /.hutch/bin/hutch-agent"])
+    assert attempt.exit_code != 0
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("init", [True, False])
+async def test_orphans_are_reaped(init: bool) -> None:
+    async with await hutch.create_sandbox(
+        "docker", image=TEST_IMAGE, runtime="agent", init=init
+    ) as sb:
+        # Each shell leaves its background child an orphan, which dies soon.
+        for _ in range(5):
+            await sb.exec(["sh", "-c", "sleep 0.2 & exit 0"])
+        await asyncio.sleep(1)
+        states = (await sb.exec(["ps", "-eo", "stat="])).stdout.split()
+        assert not [s for s in states if s.startswith("Z")], states
+        assert await backend_of(sb).runtime.count_busy_processes() == 0
+
+
+@pytest.mark.docker
+async def test_busy_count_sees_a_nohup_job_and_not_the_keepers(sb: Any) -> None:
+    assert await backend_of(sb).runtime.count_busy_processes() == 0
+    await sb.exec("nohup sleep 60 >/dev/null 2>&1 &")
+    assert await backend_of(sb).runtime.count_busy_processes() == 1
+    await sb.exec("pkill -f 'sleep 60'; true")
+    await eventually(lambda: _equals(backend_of(sb).runtime.count_busy_processes(), 0), within=3)
+
+
+async def _equals(value: Any, expected: Any) -> bool:
+    return bool(await value == expected)
+
+
+# -- images and networks ------------------------------------------------------------------
+
+
+@pytest.mark.docker
+async def test_an_image_with_no_shell_and_no_python_works_for_argv_and_files() -> None:
+    image = await asyncio.to_thread(no_shell_image)
+    async with await hutch.create_sandbox(
+        "docker", image=image, runtime="agent", read_before_write=False
+    ) as sb:
+        assert sb.capabilities.runtime == "agent"
+        assert (await sb.exec(["ls", "/usr/bin/bash"])).exit_code != 0
+        assert (await sb.exec(["ls", "/usr/bin/python3"])).exit_code != 0
+        result = await sb.exec(["cat"], stdin=b"no shell needed")
+        assert result.stdout == "no shell needed"
+        await sb.write_bytes("deep/er/f i l e.bin", b"\0\1binary\n" * 1000)
+        assert await sb.read_bytes("deep/er/f i l e.bin") == b"\0\1binary\n" * 1000
+        await sb.write_text("deep/notes.txt", "alpha\nbeta\n")
+        assert [m.line for m in await sb.grep("bet")] == ["beta"]
+        assert await sb.glob("**/*.txt") == ["/workspace/deep/notes.txt"]
+        assert [e.name for e in await sb.list_dir("deep")] == ["er", "notes.txt"]
+        await sb.remove("deep", recursive=True)
+        assert not await sb.exists("deep")
+        # A shell string has no shell to run in: a typed error, not a hang.
+        with pytest.raises(hutch.SandboxFileNotFound):
+            await sb.exec("echo hi")
+
+
+@pytest.mark.docker
+async def test_network_none_works_through_the_agent() -> None:
+    async with await hutch.create_sandbox(
+        "docker", image=TEST_IMAGE, runtime="agent", network_mode="none",
+        read_before_write=False,
+    ) as sb:
+        assert sb.capabilities.runtime == "agent"
+        interfaces = await sb.exec(["ls", "/sys/class/net"])
+        assert interfaces.stdout.split() == ["lo"]
+        await sb.write_text("x.txt", "offline")
+        assert (await sb.exec(["cat", "x.txt"])).stdout == "offline"
+
+
+# -- failures ------------------------------------------------------------------------------
+
+
+@pytest.mark.docker
+async def test_kill_9_of_pid_1_from_inside_changes_nothing(sb: Any) -> None:
+    await sb.exec(["kill", "-9", "1"])
+    assert (await sb.exec(["echo", "still here"])).stdout == "still here\n"
+
+
+@pytest.mark.docker
+async def test_killing_the_agent_gives_a_typed_error_and_recovers_or_fails_within_5s(
+    sb: Any,
+) -> None:
+    await sb.write_text("/root/kept.txt", "kept")
+    pid = await agent_pid(sb)
+    started = time.monotonic()
+    with pytest.raises(hutch.HutchError) as info:
+        # The agent dies under this very command: its connection breaks.
+        await sb.exec(["sh", "-c", f"kill -9 {pid}; sleep 30"])
+    assert info.value.code in ("provider_error", "sandbox_unavailable")
+    assert time.monotonic() - started < 5
+
+    async def settled() -> bool:
+        if sb.state == SandboxState.FAILED:
+            return True
+        return bool((await sb.exec(["cat", "/root/kept.txt"])).stdout == "kept")
+
+    await eventually(settled, within=5)
+    if sb.state != SandboxState.FAILED:
+        assert await agent_pid(sb) > 0  # a new agent serves
+
+
+@pytest.mark.docker
+async def test_a_wedged_agent_is_detected_and_restarted(sb: Any) -> None:
+    await sb.write_text("/root/kept.txt", "kept")
+    pid = await agent_pid(sb)
+    # Stopped a moment after this exec has had its answer.
+    await sb.exec(f"nohup sh -c 'sleep 0.3; kill -STOP {pid}' >/dev/null 2>&1 &")
+    await asyncio.sleep(1)
+    started = time.monotonic()
+    try:
+        result = await sb.exec(["cat", "/root/kept.txt"])
+    except hutch.HutchError as exc:
+        assert exc.code in ("provider_error", "sandbox_unavailable")
+    else:
+        assert result.stdout == "kept"  # found wedged, restarted, and tried again
+    assert time.monotonic() - started < 8
+    assert (await sb.exec(["cat", "/root/kept.txt"])).stdout == "kept"
+    assert await agent_pid(sb) != 0
+
+
+# -- trust: what the host accepts ----------------------------------------------------------
+
+
+class _FakeAgent:
+    """A unix socket server that answers every connection with ``reply``: the
+    agent as a hostile sandbox could make it (it cannot run in a container of
+    ours on demand, so this one stands in for the bytes on the wire)."""
+
+    def __init__(self, path: str, reply: bytes, *, close: bool) -> None:
+        self.server = socket.socket(socket.AF_UNIX)
+        self.server.bind(path)
+        self.server.listen(8)
+        self.reply, self.close = reply, close
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            conn.recv(65536)
+            conn.sendall(self.reply)
+            if self.close:
+                conn.close()
+
+
+def _frame(header: bytes, payload: bytes = b"") -> bytes:
+    return struct.pack(">II", len(header), len(payload)) + header + payload
+
+
+@pytest.fixture
+def fake_agent_dir() -> Iterator[str]:
+    with tempfile.TemporaryDirectory(prefix="hutch-fake-agent-") as d:
+        yield d
+
+
+@pytest.mark.parametrize(
+    ("reply", "close"),
+    [
+        (struct.pack(">II", 64 << 20, 0), False),  # a header past the bound
+        (struct.pack(">II", 10, 512 << 20), False),  # a payload past the bound
+        (_frame(b"not json"), False),
+        (_frame(b'["a list"]'), False),
+        (_frame(b'{"t": "ok"}')[:7], True),  # the connection ends mid-frame
+        (b"", False),  # silence
+        (_frame(b'{"t": "ok", "path": 5, "type": "file"}'), False),  # wrong field types
+    ],
+    ids=["huge-header", "huge-payload", "not-json", "not-an-object", "cut", "silent", "types"],
+)
+async def test_anything_malformed_from_the_agent_is_a_provider_error(
+    fake_agent_dir: str, reply: bytes, close: bool
+) -> None:
+    path = os.path.join(fake_agent_dir, "agent.sock")
+    _FakeAgent(path, reply, close=close)
+    recoveries: list[str] = []
+
+    async def recover(reason: str) -> None:
+        recoveries.append(reason)
+
+    runtime = AgentRuntime("sb-fake", "/workspace", path, provider_name="docker",
+                           recover=recover)
+    started = time.monotonic()
+    with pytest.raises(hutch.ProviderError):
+        await runtime.stat("/workspace/x")
+    assert time.monotonic() - started < 6  # never a hang
+    assert recoveries, "the provider was not told its agent failed"
+
+
+async def test_a_link_planted_at_the_socket_is_refused(fake_agent_dir: str) -> None:
+    target = os.path.join(fake_agent_dir, "elsewhere.sock")
+    _FakeAgent(target, _frame(b'{"t": "ok"}'), close=False)
+    link = os.path.join(fake_agent_dir, "agent.sock")
+    os.symlink(target, link)
+    with pytest.raises(AgentFailure):
+        connect_socket(link)
+    connect_socket(target).close()  # the socket itself is fine
+
+
+@pytest.mark.docker
+async def test_processes_inside_cannot_use_the_agent(sb: Any) -> None:
+    # Root inside reaches the socket file, but the agent hangs up on any
+    # peer in the sandbox; another user cannot even reach the file.
+    probe = (
+        "import socket, struct\n"
+        "s = socket.socket(socket.AF_UNIX)\n"
+        "s.connect('/.hutch/run/agent.sock')\n"
+        "h = b'{\"op\": \"ping\"}'\n"
+        "try:\n"
+        "    s.sendall(struct.pack('>II', len(h), 0) + h)\n"
+        "    answer = s.recv(100)\n"
+        "except OSError:\n"
+        "    answer = b''\n"
+        "print(repr(answer))\n"
+    )
+    as_root = await sb.exec(["python3", "-c", probe])
+    assert as_root.stdout.strip() == "b''", as_root
+    as_nobody = await sb.exec(["python3", "-c", probe], user="nobody")
+    assert as_nobody.exit_code != 0
+    assert "Permission denied" in as_nobody.stderr
+
+
+@pytest.mark.docker
+async def test_the_image_user_is_the_default_and_root_is_asked_for() -> None:
+    api = docker.APIClient()
+    image = "hutch-test-user:bookworm"
+    # An image whose USER is nobody: commands run as nobody unless told.
+    container = api.create_container(TEST_IMAGE, command=["true"])
+    try:
+        api.commit(container["Id"], repository="hutch-test-user", tag="bookworm",
+                   conf={"User": "nobody"})
+    finally:
+        api.remove_container(container["Id"], force=True)
+    async with await hutch.create_sandbox("docker", image=image, runtime="agent") as sb:
+        assert (await sb.exec(["id", "-un"])).stdout.strip() == "nobody"
+        assert (await sb.exec(["id", "-un"], user="root")).stdout.strip() == "root"
+        await sb.suspend()
+        await sb.resume()
+        assert (await sb.exec(["id", "-un"])).stdout.strip() == "nobody"
+
+
+# -- adoption -------------------------------------------------------------------------------
+
+
+@pytest.mark.docker
+async def test_a_reconnected_backend_gets_its_agent_back(sb: Any) -> None:
+    from hutch.providers.docker import DockerSandbox
+
+    await sb.write_text("a.txt", "before")
+    again = await DockerSandbox.reconnect(sb.id, backend_of(sb).describe())
+    assert again.sandbox_capabilities().runtime == "agent"
+    assert await again.runtime.read_file("/workspace/a.txt", 100) == b"before"
+    assert await again.runtime.count_busy_processes() == 0

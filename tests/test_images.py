@@ -1,0 +1,111 @@
+"""hutch images: built once, used by name by bubblewrap and docker, listed with
+their users, removed only when nothing uses them."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+from typer.testing import CliRunner
+
+import hutch
+from hutch import images
+from hutch.cli.main import app
+from tests.conftest import TEST_IMAGE
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture
+def home(tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    monkeypatch.setenv("HUTCH_HOME", str(tmp_path))
+    yield str(tmp_path)
+
+
+def _docker_has(name: str) -> bool:
+    return subprocess.run(
+        ["docker", "image", "inspect", name], capture_output=True, check=False
+    ).returncode == 0
+
+
+@pytest.mark.anyio
+async def test_dockerfile_image_serves_bubblewrap_and_docker_by_name(
+    home: str, tmp_path: os.PathLike[str]
+) -> None:
+    name = f"hutch-test-img-{secrets.token_hex(3)}"
+    marker = secrets.token_hex(8)
+    dockerfile = os.path.join(str(tmp_path), "Dockerfile")
+    with open(dockerfile, "w") as fh:
+        fh.write(f"FROM {TEST_IMAGE}\nRUN echo {marker} > /built\n")
+    lines: list[str] = []
+    try:
+        info = images.build(name, dockerfile=dockerfile, progress=lines.append)
+        assert info.source == "dockerfile" and info.size_bytes > 10 << 20
+        assert any("docker build" in line for line in lines), "no progress was shown"
+        # Built once: a second build reuses it.
+        again: list[str] = []
+        images.build(name, dockerfile=dockerfile, progress=again.append)
+        assert any("reusing" in line for line in again)
+        async with await hutch.create_sandbox(
+            "bubblewrap", image=name, ephemeral=True, read_before_write=False
+        ) as sb:
+            assert (await sb.exec(["cat", "/built"])).stdout == f"{marker}\n"
+            (listed,) = [i for i in images.list_images() if i.name == name]
+            assert listed.users == [f"bubblewrap:{sb.id}"]
+            with pytest.raises(hutch.HutchError) as refused:
+                images.remove(name)
+            assert refused.value.code == "invalid_state" and sb.id in str(refused.value)
+        async with await hutch.create_sandbox(
+            "docker", image=name, read_before_write=False
+        ) as dsb:
+            assert (await dsb.exec(["cat", "/built"])).stdout == f"{marker}\n"
+        images.remove(name)
+        assert images.list_images() == []
+        assert not _docker_has(name)
+    finally:
+        subprocess.run(["docker", "rmi", "-f", name], capture_output=True, check=False)
+
+
+def test_names_and_sources_are_checked(home: str) -> None:
+    with pytest.raises(ValueError):
+        images.build("Bad Name", packages=["hello"])
+    with pytest.raises(ValueError):
+        images.build("ok", packages=["hello; rm -rf /"])
+    with pytest.raises(ValueError):
+        images.build("ok")
+    # A Docker image hutch did not make is never overwritten or removed.
+    with pytest.raises(ValueError) as info:
+        images.build(TEST_IMAGE, packages=["hello"])
+    assert "did not build" in str(info.value)
+    assert _docker_has(TEST_IMAGE)
+    with pytest.raises(LookupError):
+        images.remove("hutch-no-such-image")
+
+
+@pytest.mark.slow
+def test_cli_builds_an_image_from_debian_packages(home: str) -> None:
+    # The README's one command for an image with python3, git and pytest.
+    name = f"hutch-test-pkgs-{secrets.token_hex(3)}"
+    runner = CliRunner()
+    try:
+        built = runner.invoke(
+            app, ["image", "build", name, "--packages", "python3,git,python3-pytest"]
+        )
+        assert built.exit_code == 0, built.output
+        assert "apt-get install" in built.output
+        listed = runner.invoke(app, ["image", "ls"])
+        assert name in listed.output
+        sandbox = hutch.create_sandbox_sync("bubblewrap", image=name, ephemeral=True)
+        try:
+            result = sandbox.exec("python3 -m pytest --version && git --version")
+            assert result.exit_code == 0, result.stderr
+        finally:
+            sandbox.close()
+        removed = runner.invoke(app, ["image", "rm", name])
+        assert removed.exit_code == 0, removed.output
+        assert name not in runner.invoke(app, ["image", "ls"]).output
+    finally:
+        subprocess.run(["docker", "rmi", "-f", name], capture_output=True, check=False)

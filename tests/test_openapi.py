@@ -1,0 +1,70 @@
+"""The OpenAPI document against the daemon, by schemathesis: generated requests
+(with the token, sandboxes on the ``virtual`` provider) never answer 500, and
+every status the daemon answers with is one the document names."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from schemathesis.checks import content_type_conformance, status_code_conformance
+
+from tests.daemon_fixture import DaemonProcess
+
+_config_dir = tempfile.mkdtemp(prefix="hutch-openapi-")
+_config = os.path.join(_config_dir, "hutch.toml")
+with open(_config, "w") as fh:
+    fh.write('[sandbox]\nprovider = "virtual"\n')
+
+# No Docker Engine for this daemon: a generated workspace request must not
+# start (or pull) anything real; it answers provider_error instead.
+_daemon = DaemonProcess(
+    extra_args=["--config", _config],
+    extra_env={"DOCKER_HOST": f"unix://{_config_dir}/no-engine.sock"},
+)
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[DaemonProcess]:
+    _daemon.start()
+    try:
+        yield _daemon
+    finally:
+        _daemon.stop()
+        shutil.rmtree(_daemon.data_dir, ignore_errors=True)
+        shutil.rmtree(_config_dir, ignore_errors=True)
+
+
+def not_a_bug(ctx: Any, response: Any, case: Any) -> bool:
+    """500 is what an unexpected exception answers: never a typed error."""
+    assert response.status_code != 500, f"500 from {case.method} {case.path}: {response.text}"
+    return True
+
+
+def test_the_daemon_answers_as_its_document_says(daemon: DaemonProcess) -> None:
+    headers = {"Authorization": f"Bearer {daemon.token}"}
+    document = httpx.get(f"{daemon.url}/openapi.json", headers=headers)
+    assert document.status_code == 200, document.text
+    schema = schemathesis.openapi.from_dict(document.json())
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert len(operations) > 30  # every route is there
+
+    for operation in operations:
+
+        @given(case=operation.as_strategy())
+        @settings(max_examples=20, deadline=None, derandomize=True, database=None,
+                  suppress_health_check=list(HealthCheck))
+        def answers_as_documented(case: Any) -> None:
+            case.call_and_validate(
+                base_url=daemon.url, headers=headers, timeout=30,
+                checks=[status_code_conformance, content_type_conformance, not_a_bug],
+            )
+
+        answers_as_documented()
