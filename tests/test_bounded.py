@@ -11,7 +11,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -485,3 +485,62 @@ def test_a_client_gone_cancels_what_its_call_started(
     while sleepers():
         assert time.monotonic() < deadline, "the command outlived its caller"
         time.sleep(0.2)
+
+
+def peak_rss_bytes(daemon: DaemonProcess) -> int:
+    assert daemon.proc is not None
+    with open(f"/proc/{daemon.proc.pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+def upload_peak_growth(settings: dict[str, object], check: Callable[[str, str], None]) -> int:
+    """How much a fresh daemon's peak memory grows over two 200 MiB uploads
+    (through the fast path and through FastAPI) into a sandbox of ``settings``."""
+    fresh = DaemonProcess().start()
+    size = 200 * 1024 * 1024
+    try:
+        with httpx.Client(base_url=fresh.url, timeout=300,
+                          headers={"Authorization": f"Bearer {fresh.token}"}) as client:
+            made = client.post("/v1/sandboxes", json={**settings, "read_before_write": False})
+            assert made.status_code == 201, made.text
+            sid = made.json()["id"]
+            before = peak_rss_bytes(fresh)
+            block = os.urandom(1024 * 1024)
+            for content_type in ("application/octet-stream", "application/x-hutch-other"):
+                sent = client.put(f"/v1/sandboxes/{sid}/files", params={"path": "big.bin"},
+                                  content=(block for _ in range(size // len(block))),
+                                  headers={"content-type": content_type})
+                assert sent.status_code == 204, sent.text
+                stat = client.get(f"/v1/sandboxes/{sid}/stat", params={"path": "big.bin"})
+                assert stat.json()["size"] == size, stat.text
+            grown = peak_rss_bytes(fresh) - before
+            check(sid, made.json()["workdir"])
+            client.delete(f"/v1/sandboxes/{sid}")
+            return grown
+    finally:
+        fresh.stop()
+        shutil.rmtree(fresh.data_dir, ignore_errors=True)
+
+
+def test_an_upload_streams_to_disk_not_into_the_daemons_memory() -> None:
+    workdir = tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+
+    def same_bytes(sid: str, _: str) -> None:
+        with open(os.path.join(workdir, "big.bin"), "rb") as fh:
+            assert len(fh.read(1024 * 1024)) == 1024 * 1024
+
+    try:
+        grown = upload_peak_growth({"provider": "local", "workdir": workdir}, same_bytes)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    assert grown < 64 * 1024 * 1024, f"the daemon's peak grew by {grown / 2**20:.0f} MiB"
+
+
+@pytest.mark.docker
+def test_an_upload_into_docker_streams_too() -> None:
+    grown = upload_peak_growth({"provider": "docker", "image": TEST_IMAGE},
+                               lambda sid, workdir: None)
+    assert grown < 64 * 1024 * 1024, f"the daemon's peak grew by {grown / 2**20:.0f} MiB"

@@ -412,3 +412,110 @@ async def test_snapshot_and_forks_are_independent_copy_on_write(sandbox: Any) ->
     from hutch.providers.bubblewrap.snapshots import snapshots_dir
 
     assert not os.path.exists(os.path.join(snapshots_dir(), snap_id))
+
+
+# -- network policies -------------------------------------------------------------------------
+
+
+def _resolver() -> str:
+    """The host's resolver: an address outside this host, reachable through NAT."""
+    with open("/etc/resolv.conf") as fh:
+        return next(line.split()[1] for line in fh if line.startswith("nameserver"))
+
+
+async def test_network_all_reaches_out_but_not_the_host_metadata_or_other_sandboxes() -> None:
+    from hutch._sandbox import backend_of
+
+    with socket.socket() as server:
+        server.bind(("0.0.0.0", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        sb = await _make(network="all")
+        other = await _make(network="all")
+        try:
+            assert sb.capabilities.network_policy
+            # Out, through the masquerade (the host's resolver, an outside address).
+            resolver = _resolver()
+            out = await sb.exec(
+                ["bash", "-c", f"exec 3<>/dev/tcp/{resolver}/53 && echo connected"], timeout=30
+            )
+            assert "connected" in out.stdout, out
+            other_ip = backend_of(other).describe()["net_index"]
+            from hutch.providers.bubblewrap.network import addresses
+
+            targets = [("169.254.169.254", 80), (addresses(other_ip)[1], 22)]
+            targets += [(address, port) for address in _host_addresses()]
+            for host, target_port in targets:
+                result = await sb.exec(
+                    ["bash", "-c", f"exec 3<>/dev/tcp/{host}/{target_port} && echo connected"],
+                    timeout=30,
+                )
+                assert "connected" not in result.stdout, (host, target_port)
+        finally:
+            await sb.close()
+            await other.close()
+
+
+async def test_network_allow_list_reaches_only_what_it_names() -> None:
+    resolver = _resolver()
+    sb = await _make(network={"allow": [f"{resolver}/32"]})
+    try:
+        allowed = await sb.exec(
+            ["bash", "-c", f"exec 3<>/dev/tcp/{resolver}/53 && echo connected"], timeout=30
+        )
+        assert "connected" in allowed.stdout, allowed
+        refused = await sb.exec(
+            ["bash", "-c", "exec 3<>/dev/tcp/1.1.1.1/53 && echo connected"], timeout=30
+        )
+        assert "connected" not in refused.stdout
+    finally:
+        await sb.close()
+
+
+def test_daemon_keeps_answering_through_a_fork_bomb_and_a_memory_hog() -> None:
+    import threading
+    import time
+
+    import httpx
+
+    from tests.daemon_fixture import DaemonProcess
+
+    daemon = DaemonProcess().start()
+    try:
+        client = hutch.Client(daemon.url, token=daemon.token)
+        sb = client.create_sandbox(
+            "bubblewrap", image=TEST_IMAGE, pids_limit=64, memory="128m", read_before_write=False
+        )
+        results: dict[str, Any] = {}
+
+        def bomb() -> None:
+            try:
+                results["bomb"] = sb.exec("bomb() { bomb | bomb & }; bomb; sleep 5", timeout=8)
+            except hutch.HutchError as exc:
+                results["bomb"] = exc
+
+        def hog() -> None:
+            results["hog"] = sb.exec(["python3", "-c", "b = bytearray(1 << 30)"], timeout=60)
+
+        workers = [threading.Thread(target=bomb), threading.Thread(target=hog)]
+        for worker in workers:
+            worker.start()
+        slowest = 0.0
+        while any(w.is_alive() for w in workers):
+            started = time.monotonic()
+            answer = httpx.get(f"{daemon.url}/healthz", timeout=10,
+                               headers={"Authorization": f"Bearer {daemon.token}"})
+            assert answer.status_code == 200
+            slowest = max(slowest, time.monotonic() - started)
+            time.sleep(0.1)
+        for worker in workers:
+            worker.join()
+        assert slowest < 2.0, f"the daemon took {slowest:.2f} s to answer"
+        assert results["hog"].exit_code == 137 and results["hog"].oom_killed
+        other = client.create_sandbox("bubblewrap", image=TEST_IMAGE, read_before_write=False)
+        assert other.exec(["echo", "ok"]).stdout == "ok\n"
+        other.close()
+        sb.close()
+        client.close()
+    finally:
+        daemon.stop()

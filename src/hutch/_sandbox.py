@@ -17,9 +17,9 @@ import shlex
 import time
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import anyio
 
@@ -36,7 +36,14 @@ from ._errors import (
     Unauthorized,
 )
 from ._guardrail import ReadBeforeWriteGuard, session_guard
-from ._process import ExitStatus, Process, StreamEvent, release_output, run_to_completion
+from ._process import (
+    ExitStatus,
+    Process,
+    StreamEvent,
+    kill_shielded,
+    release_output,
+    run_to_completion,
+)
 from ._types import (
     DEFAULT_OUTPUT_LIMIT,
     DEFAULT_READ_LIMIT,
@@ -49,7 +56,7 @@ from ._types import (
     GrepMatch,
 )
 from .lifecycle.state import SandboxState
-from .providers.base import BackendProcess, SandboxBackend, SandboxRuntime, join_path
+from .providers.base import BackendProcess, PtyProcess, SandboxBackend, SandboxRuntime, join_path
 
 if TYPE_CHECKING:
     from .lifecycle.engine import LifecycleRecord, SandboxStatus
@@ -346,6 +353,38 @@ class Sandbox:
         self._forget_finished()
         return list(self._processes.values())
 
+    @asynccontextmanager
+    async def pty(
+        self,
+        cmd: Command | None = None,
+        *,
+        rows: int = 24,
+        cols: int = 80,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        user: str | None = None,
+    ) -> AsyncIterator[PtyProcess]:
+        """An interactive command (a shell by default) on a pseudo-terminal:
+        read its output, write what is typed, resize it. Open, it keeps the
+        sandbox busy; on leaving, what still runs of it is killed."""
+        for name, value in (("rows", rows), ("cols", cols)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 1000:
+                raise InvalidArgument(f"{name} must be 1..999, got {value!r}")
+        self.require("processes")
+        if user is not None:
+            self.require("users")
+        argv = ["bash"] if cmd is None else self._argv(cmd)
+        async with self._operation("pty"):
+            proc = await self._runtime.start_pty(
+                argv, cwd=self.path(cwd) if cwd is not None else self.workdir,
+                env={"TERM": "xterm-256color", **(env or {})}, user=user, rows=rows, cols=cols,
+            )
+            try:
+                yield proc
+            finally:
+                if proc.returncode is None:
+                    await kill_shielded(proc)
+
     async def exec_stream(
         self,
         cmd: Command,
@@ -402,6 +441,16 @@ class Sandbox:
         if not isinstance(data, bytes | bytearray | memoryview):
             raise InvalidArgument(f"data must be bytes, not {type(data).__name__}")
         full = self.path(path)
+        await self._write(full, lambda: self._runtime.write_file(full, bytes(data)))
+
+    async def write_from(self, path: str, source: IO[bytes]) -> None:
+        """Write what the binary file ``source`` holds, from its position on, to
+        ``path``; where the provider can, in pieces, never whole in memory."""
+        full = self.path(path)
+        await self._write(full, lambda: self._runtime.write_file_from(full, source))
+
+    async def _write(self, full: str, write: Callable[[], Awaitable[None]]) -> None:
+        """A write, under the read-before-write guard."""
         async with self._operation("write"):
             if self._session_guard.needs_check(full):
                 try:
@@ -412,7 +461,7 @@ class Sandbox:
                     if info.type == FileType.DIRECTORY:
                         raise SandboxIsADirectory(f"{full} is a directory")
                     raise self._session_guard.refuse(full, "overwrite")
-            await self._runtime.write_file(full, bytes(data))
+            await write()
         # What this session wrote, it knows: it may overwrite it again.
         self._session_guard.mark_read(full)
 

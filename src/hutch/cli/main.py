@@ -464,6 +464,34 @@ def attach_(
 
 @app.command()
 @reports_errors
+def shell(sandbox_id: str) -> None:
+    """An interactive shell in a sandbox (bash, else sh), on a pseudo-terminal
+    inside it; exit with the shell's exit code."""
+    import termios
+    import tty
+
+    from ..client._shell import attach_shell
+
+    fd = sys.stdin.fileno()
+    interactive = os.isatty(fd)
+    size = (24, 80)
+    saved = None
+    if interactive:
+        columns, lines = os.get_terminal_size(fd)
+        size = (lines, columns)
+        saved = termios.tcgetattr(fd)
+        tty.setraw(fd)  # every key goes to the sandbox's terminal, which echoes
+    try:
+        code = attach_shell(sandbox_id, stdin_fd=fd, stdout_fd=sys.stdout.fileno(), size=size,
+                            watch_window=interactive)
+    finally:
+        if saved is not None:
+            termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+    raise typer.Exit(code)
+
+
+@app.command()
+@reports_errors
 def cp(
     source: str = typer.Argument(..., help="PATH here, or SANDBOX:PATH."),
     destination: str = typer.Argument(..., help="SANDBOX:PATH, or PATH here."),

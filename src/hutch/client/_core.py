@@ -16,7 +16,7 @@ import functools
 import json
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 
 import httpx
 
@@ -304,6 +304,19 @@ class SandboxOps:
         return (yield Call("POST", self._path("/exec/stream"), json=body, stream=True,
                            timeout=None))
 
+    def pty(
+        self, cmd: str | Sequence[str] | None = None, *, rows: int = 24, cols: int = 80,
+        cwd: str | None = None, env: Mapping[str, str] | None = None, user: str | None = None,
+    ) -> Any:
+        """An interactive command (a shell by default) on a PTY in the sandbox,
+        through the daemon's websocket route: a context manager (``async with``
+        on the async face) whose terminal reads, writes, resizes and waits."""
+        from ._shell import pty_start
+
+        command = cmd if cmd is None or isinstance(cmd, str) else list(cmd)
+        start = pty_start(command, rows, cols, cwd, env, user)
+        return self._transport.open_pty(self.id, start)  # type: ignore[attr-defined]
+
     @op
     def start(
         self, cmd: str | Sequence[str], *, cwd: str | None = None,
@@ -350,6 +363,12 @@ class SandboxOps:
             raise InvalidArgument(f"data must be bytes, not {type(data).__name__}")
         yield Call("PUT", self._path("/files"), params={"path": path}, content=bytes(data),
                    timeout=600)
+
+    @op
+    def write_from(self, path: str, source: IO[bytes]) -> Op:
+        """Write what the binary file ``source`` holds, from its position on, to ``path``."""
+        yield Call("PUT", self._path("/files"), params={"path": path},
+                   content=bytes(source.read()), timeout=600)
 
     @op
     def write_text(self, path: str, text: str, *, encoding: str = "utf-8") -> Op:

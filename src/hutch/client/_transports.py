@@ -106,6 +106,11 @@ class AsyncTransport(_Transport):
 
         return events()
 
+    def open_pty(self, sandbox_id: str, start: dict[str, Any]) -> Any:
+        from ._shell import open_async_pty
+
+        return open_async_pty(self.url, self.http.headers, sandbox_id, start)
+
     async def close(self) -> None:
         await self.http.aclose()
 
@@ -133,6 +138,11 @@ class SyncTransport(_Transport):
                 continue
             done, value = step(gen, answer)
         return self.wrap(value)
+
+    def open_pty(self, sandbox_id: str, start: dict[str, Any]) -> Any:
+        from ._shell import open_sync_pty
+
+        return open_sync_pty(self.url, self.http.headers, sandbox_id, start)
 
     def drive_stream(self, gen: Op, owner: Any) -> Iterator[Any]:
         def events() -> Iterator[Any]:

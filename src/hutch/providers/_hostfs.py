@@ -9,7 +9,7 @@ import shutil
 import stat as stat_mod
 import threading
 from collections.abc import Callable
-from typing import TypeVar
+from typing import IO, TypeVar
 
 import anyio.to_thread
 
@@ -27,6 +27,8 @@ from ._grep import grep_host_files
 
 T = TypeVar("T")
 
+#: The piece a streamed write copies at a time.
+_COPY_CHUNK = 1024 * 1024
 #: Past this size, file I/O moves off the event loop.
 _THREAD_THRESHOLD = 1024 * 1024
 
@@ -114,7 +116,8 @@ class HostFiles:
             )
         return _call(lambda: self._read(path, limit), path)
 
-    def _write(self, path: str, data: bytes) -> None:
+    def _prepare_write(self, path: str) -> str:
+        """The host path to write ``path`` at, its parents made."""
         host = self.to_host(path)
         parent = os.path.dirname(host)
         try:
@@ -123,8 +126,22 @@ class HostFiles:
             raise SandboxFileNotFound(f"a parent of {path} is not a directory") from None
         if os.path.isdir(host):
             raise SandboxIsADirectory(f"{path} is a directory")
-        with open(host, "wb") as fh:
+        return host
+
+    def _write(self, path: str, data: bytes) -> None:
+        with open(self._prepare_write(path), "wb") as fh:
             fh.write(data)
+
+    def _write_from(self, path: str, source: IO[bytes]) -> None:
+        host = self._prepare_write(path)
+        with open(host, "wb") as fh:
+            shutil.copyfileobj(source, fh, _COPY_CHUNK)
+
+    async def write_from(self, path: str, source: IO[bytes]) -> None:
+        """Copy ``source`` into ``path`` in pieces, in a thread."""
+        await anyio.to_thread.run_sync(
+            lambda: _call(lambda: self._write_from(path, source), path)
+        )
 
     async def write(self, path: str, data: bytes) -> None:
         if len(data) > _THREAD_THRESHOLD:

@@ -31,7 +31,7 @@ import dataclasses
 import posixpath
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import IO, Any, ClassVar
 
 from pydantic import BaseModel
 
@@ -86,6 +86,17 @@ class RuntimeNotice:
 RuntimeReport = Callable[[RuntimeNotice], Awaitable[None]]
 
 
+class PtyProcess(BackendProcess):
+    """A process on a pseudo-terminal: its output (one stream, ``stdout``) is
+    read as any process's; what is typed is written; the window resized."""
+
+    @abc.abstractmethod
+    async def write(self, data: bytes) -> None: ...
+
+    @abc.abstractmethod
+    async def resize(self, rows: int, cols: int) -> None: ...
+
+
 class SandboxRuntime(abc.ABC):
     """What executes commands and moves files in one sandbox."""
 
@@ -119,6 +130,23 @@ class SandboxRuntime(abc.ABC):
         """Processes alive in the sandbox other than its own keeper."""
         return 0
 
+    async def start_pty(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        user: str | None,
+        rows: int,
+        cols: int,
+    ) -> PtyProcess:
+        """Start ``argv`` on a pseudo-terminal of ``rows`` x ``cols`` (an
+        interactive shell); a runtime that has none says so."""
+        raise CapabilityUnsupported(
+            f"the {self.runtime_name} runtime of sandbox {self.sandbox_id} has no "
+            "pseudo-terminal (hutch's agent runtime has one)"
+        )
+
     # -- files ---------------------------------------------------------------
     @abc.abstractmethod
     async def read_file(self, path: str, limit: int) -> bytes:
@@ -127,6 +155,12 @@ class SandboxRuntime(abc.ABC):
     @abc.abstractmethod
     async def write_file(self, path: str, data: bytes) -> None:
         """Write ``data`` to ``path`` (absolute), creating parent directories."""
+
+    async def write_file_from(self, path: str, source: IO[bytes]) -> None:
+        """Write what ``source`` holds (from its position on) to ``path``, as
+        :meth:`write_file` does. A runtime that can copy in pieces overrides
+        this, so that a large upload is never whole in memory."""
+        await self.write_file(path, source.read())
 
     @abc.abstractmethod
     async def stat(self, path: str) -> FileInfo: ...

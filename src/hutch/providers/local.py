@@ -13,7 +13,7 @@ import re
 import shutil
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import IO, Any, Literal
 
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict
@@ -139,6 +139,9 @@ class LocalSandbox(SandboxBackend):
 
     async def write_file(self, path: str, data: bytes) -> None:
         await self._files.write(path, data)
+
+    async def write_file_from(self, path: str, source: IO[bytes]) -> None:
+        await self._files.write_from(path, source)
 
     async def stat(self, path: str) -> FileInfo:
         return await self._files.stat(path)

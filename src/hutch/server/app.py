@@ -17,19 +17,21 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hmac
 import json
 import logging
 import os
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import IO, Any
 from urllib.parse import parse_qsl
 
 import anyio
-from fastapi import APIRouter, FastAPI, Query, Request, Response
+from fastapi import APIRouter, FastAPI, Query, Request, Response, WebSocket, WebSocketDisconnect
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -503,6 +505,30 @@ async def _read_body(receive: Receive) -> bytes | None:
             return b"".join(chunks)
 
 
+#: Request body a spool keeps in memory; past it, the rest is on disk.
+SPOOL_MEMORY_BYTES = 1024 * 1024
+
+
+def new_spool() -> IO[bytes]:
+    """Where an upload lands as it arrives: memory for a small one, disk past
+    :data:`SPOOL_MEMORY_BYTES` (an unlinked temporary file, the daemon's own)."""
+    return tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY_BYTES)
+
+
+async def _spool_body(receive: Receive) -> IO[bytes] | None:
+    """The request body in a spool, rewound; None if the client went away."""
+    spool = new_spool()
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            spool.close()
+            return None
+        spool.write(message.get("body", b""))
+        if not message.get("more_body", False):
+            spool.seek(0)
+            return spool
+
+
 async def _respond(send: Send, status: int, body: bytes, content_type: bytes) -> None:
     headers = [] if status == 204 else [
         (b"content-type", content_type), (b"content-length", str(len(body)).encode()),
@@ -621,11 +647,12 @@ class HotRoutes:
         path = self._query(scope).get("path")
         if path is None:
             raise _FallThrough()
-        data = await _read_body(receive)
-        if data is None:
+        spool = await _spool_body(receive)
+        if spool is None:
             return
-        sandbox = daemon.session(self._sandbox_id(scope), self._session(scope))
-        await sandbox.write_bytes(path, data)
+        with spool:
+            sandbox = daemon.session(self._sandbox_id(scope), self._session(scope))
+            await sandbox.write_from(path, spool)
         await _respond(send, 204, b"", b"")
 
 
@@ -652,6 +679,33 @@ def use_pidfd_child_watcher() -> Callable[[], None]:
 
 
 # -- the application ---------------------------------------------------------------------------
+
+
+class PtyStart(BaseModel):
+    """The first message on a terminal's websocket."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cmd: str | list[str] | None = None
+    rows: int = Field(default=24, ge=1, le=999)
+    cols: int = Field(default=80, ge=1, le=999)
+    cwd: str | None = None
+    env: dict[str, str] = {}
+    user: str | None = None
+
+
+def pty_resize(text: str) -> tuple[int, int] | None:
+    """``{"resize": [rows, cols]}`` read from a client's message, or None for
+    anything else (ignored: a terminal's keystrokes never come as text)."""
+    try:
+        message = json.loads(text)
+    except ValueError:
+        return None
+    size = message.get("resize") if isinstance(message, dict) else None
+    if (isinstance(size, list) and len(size) == 2
+            and all(type(n) is int and 0 < n < 1000 for n in size)):
+        return size[0], size[1]
+    return None
 
 
 def create_app(
@@ -741,7 +795,11 @@ def create_app(
     @v1.put("/sandboxes/{sandbox_id}/files", status_code=204)
     async def write_file(request: Request, sandbox_id: str, path: str = Query()) -> Response:
         sandbox = sandbox_for(request, sandbox_id)
-        await sandbox.write_bytes(path, await request.body())
+        with new_spool() as spool:
+            async for piece in request.stream():
+                spool.write(piece)
+            spool.seek(0)
+            await sandbox.write_from(path, spool)
         return Response(status_code=204)
 
     @v1.delete("/sandboxes/{sandbox_id}/files", status_code=204)
@@ -893,6 +951,58 @@ def create_app(
     async def start(request: Request, sandbox_id: str, body: ExecBody) -> JSONResponse:
         process = await start_process(request, sandbox_id, body)
         return JSONResponse(process_json(process), status_code=201)
+
+    @v1.websocket("/sandboxes/{sandbox_id}/pty")
+    async def pty(websocket: WebSocket, sandbox_id: str) -> None:
+        """An interactive command (a shell by default) on a pseudo-terminal
+        (``hutch shell``, ``Sandbox.pty`` through the SDK).
+
+        The first message is text, :class:`PtyStart` as JSON. Then binary
+        messages are bytes: typed ones in, the terminal's out. Text messages
+        are JSON: ``{"resize": [rows, cols]}`` in; ``{"exit": code}`` or
+        ``{"error": {"code", "message"}}`` out, last, before the close.
+        """
+        await websocket.accept()
+        try:
+            try:
+                with anyio.fail_after(30):
+                    first = await websocket.receive_text()
+                start = PtyStart.model_validate_json(first)
+            except (ValidationError, TimeoutError, KeyError) as exc:
+                raise InvalidArgument(f"a terminal starts with a PtyStart message: {exc}") from None
+            sandbox = daemon().get(sandbox_id)
+            async with sandbox.pty(
+                start.cmd, rows=start.rows, cols=start.cols, cwd=start.cwd, env=start.env,
+                user=start.user,
+            ) as proc, anyio.create_task_group() as tg:
+
+                async def typed() -> None:
+                    while True:
+                        message = await websocket.receive()
+                        if message["type"] == "websocket.disconnect":
+                            tg.cancel_scope.cancel()
+                            return
+                        if message.get("bytes"):
+                            await proc.write(message["bytes"])
+                        elif message.get("text"):
+                            size = pty_resize(message["text"])
+                            if size is not None:
+                                await proc.resize(*size)
+
+                tg.start_soon(typed)
+                while (chunk := await proc.read()) is not None:
+                    await websocket.send_bytes(chunk.data)
+                await websocket.send_text(json.dumps({"exit": await proc.wait()}))
+                tg.cancel_scope.cancel()
+            await websocket.close()
+        except WebSocketDisconnect:
+            return
+        except HutchError as exc:
+            with contextlib.suppress(Exception):
+                await websocket.send_text(
+                    json.dumps({"error": {"code": exc.code, "message": str(exc)}})
+                )
+                await websocket.close(code=1011)
 
     @v1.get("/sandboxes/{sandbox_id}/processes")
     async def processes(sandbox_id: str) -> JSONResponse:

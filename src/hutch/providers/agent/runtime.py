@@ -16,8 +16,8 @@ import asyncio
 import contextlib
 import re
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from typing import IO, Any, TypeVar
 
 from ..._errors import (
     HutchError,
@@ -33,7 +33,7 @@ from ..._types import FileInfo, FileType, GrepMatch, OutputChunk
 from .._grep import BATCH_BYTES, grep_contents
 from .._grepfilter import required_literals
 from .._hostproc import EXEC_MARKER
-from ..base import BackendProcess, SandboxRuntime
+from ..base import PtyProcess, SandboxRuntime
 from .wire import MAX_PAYLOAD, AgentFailure, Channel, Header, connect_socket
 
 #: How long a request waits for the agent's next frame. The agent answers
@@ -96,8 +96,10 @@ def _ok(reply: Header) -> None:
         raise AgentFailure(f"the agent answered {reply['t']!r} where ok was due")
 
 
-class AgentProcess(BackendProcess):
-    """One command the agent runs: a reader task turns its frames into chunks."""
+class AgentProcess(PtyProcess):
+    """One command the agent runs: a reader task turns its frames into chunks.
+    On a PTY, what is typed goes as it comes (``write``), and the window size
+    can change (``resize``)."""
 
     def __init__(
         self, runtime: AgentRuntime, channel: Channel, marker: str, pid: int, stdin: bytes | None
@@ -173,6 +175,14 @@ class AgentProcess(BackendProcess):
 
     async def wait(self) -> int:
         return await asyncio.shield(self._exit)
+
+    async def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        for start in range(0, len(view), MAX_PAYLOAD):
+            await self._channel.send({"t": "in"}, view[start:start + MAX_PAYLOAD])
+
+    async def resize(self, rows: int, cols: int) -> None:
+        await self._channel.send({"t": "resize", "rows": rows, "cols": cols})
 
     @property
     def returncode(self) -> int | None:
@@ -308,7 +318,8 @@ class AgentRuntime(SandboxRuntime):
             "op": "exec", "argv": list(argv), "cwd": cwd,
             "env": {**env, EXEC_MARKER: marker}, "user": user or self.default_user or "",
             "stdin": stdin is not None or pty is not None,
-            "shell_fallback": list(argv[:2]) == ["bash", "-c"], "marker": f"{EXEC_MARKER}={marker}",
+            "shell_fallback": bool(argv) and argv[0] == "bash",
+            "marker": f"{EXEC_MARKER}={marker}",
         }
         if pty is not None:
             header["pty"] = {"rows": pty[0], "cols": pty[1]}
@@ -326,6 +337,20 @@ class AgentRuntime(SandboxRuntime):
             channel.close()
             raise
         return AgentProcess(self, channel, marker, pid, stdin)
+
+    async def start_pty(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        user: str | None,
+        rows: int,
+        cols: int,
+    ) -> AgentProcess:
+        return await self.start_process(
+            argv, cwd=cwd, env=env, stdin=None, user=user, pty=(rows, cols)
+        )
 
     async def count_busy_processes(self) -> int:
         return await self.request({"op": "busy"}, lambda r: max(0, int(_number(r, "count"))))
@@ -351,11 +376,19 @@ class AgentRuntime(SandboxRuntime):
                 parts.append(payload)
 
     async def write_file(self, path: str, data: bytes) -> None:
+        view = memoryview(data)
+        await self._write(path, (view[i:i + MAX_PAYLOAD] for i in range(0, len(view), MAX_PAYLOAD)))
+
+    async def write_file_from(self, path: str, source: IO[bytes]) -> None:
+        # Piece by piece from the source (an upload spooled to disk): never
+        # the whole file in memory.
+        await self._write(path, iter(lambda: source.read(MAX_PAYLOAD), b""))
+
+    async def _write(self, path: str, pieces: Iterator[bytes | memoryview]) -> None:
         async with self._channel() as channel:
             await channel.send({"op": "write", "path": path})
-            view = memoryview(data)
-            for start in range(0, len(view), MAX_PAYLOAD):
-                await channel.send({"t": "in"}, view[start:start + MAX_PAYLOAD])
+            for piece in pieces:
+                await channel.send({"t": "in"}, piece)
             await channel.send({"t": "eof"})
             reply, _ = await self._answer(channel, ANSWER_TIMEOUT * 2)
             _ok(reply)

@@ -32,7 +32,9 @@ from ..base import (
     SandboxBackend,
     SandboxRuntime,
 )
+from ..network import AllowList, NetworkPolicy
 from ..policy import Limit, ReachesHost, format_bytes, parse_bytes
+from . import network as net
 from . import snapshots
 from .cgroups import SandboxCgroup
 from .provisioning import AGENT_SOCKET, Keeper, Layers, bubblewrap_home, start_keeper
@@ -86,8 +88,10 @@ class BubblewrapConfig(BaseModel):
     #: joins the namespaces with nsenter + bwrap), or ``auto``: the agent
     #: where it can be had here.
     runtime: Literal["auto", "agent", "native"] = "auto"
-    #: No network at all (a loopback of its own). Other policies: not yet.
-    network: Literal["none"] = "none"
+    #: ``none`` (a loopback of its own), ``all``, or ``{"allow": [CIDR, ...]}``:
+    #: a veth of its own, masqueraded out; the metadata address, the host's
+    #: addresses and other sandboxes unreachable unless allowed.
+    network: NetworkPolicy = "none"
     #: Cap on what the sandbox may write while it runs (its tmpfs upper layer).
     disk: Annotated[str | int, Limit("disk", parse_bytes, format_bytes)] = "4g"
     env: dict[str, str] = {}
@@ -107,6 +111,7 @@ class BubblewrapSandbox(SandboxBackend):
         # Suspend ends the processes and keeps the upper layer on disk.
         suspend_keeps_processes=False,
         network_isolation=True,
+        network_policy=True,
         resource_limits=True,
         # What it writes lands on a tmpfs of its own, capped at ``disk``.
         disk_limit=True,
@@ -124,8 +129,13 @@ class BubblewrapSandbox(SandboxBackend):
         ephemeral: bool,
         keeper_process: subprocess.Popen[bytes] | None = None,
         agent: bool = False,
+        network: NetworkPolicy = "none",
+        net_index: int | None = None,
     ) -> None:
         super().__init__(sandbox_id, workdir)
+        self.network: NetworkPolicy = network
+        #: The sandbox's slot of hutch's network range, while it has a network.
+        self.net_index = net_index
         self.parts = parts
         self.hostname = hostname
         self.ephemeral = ephemeral
@@ -251,6 +261,7 @@ class BubblewrapSandbox(SandboxBackend):
             memory=memory, pids=config.pids_limit, cpus=config.cpus, env=config.env,
             hostname=config.hostname, ephemeral=config.ephemeral,
             agent=await anyio.to_thread.run_sync(lambda: cls._agent_wanted(config.runtime)),
+            network=config.network,
         )
 
     @classmethod
@@ -267,17 +278,23 @@ class BubblewrapSandbox(SandboxBackend):
         hostname: str,
         ephemeral: bool,
         agent: bool,
+        network: NetworkPolicy,
     ) -> BubblewrapSandbox:
         cgroup = SandboxCgroup(sandbox_id)
         parts = SandboxParts(layers, cgroup, None, dict(env))
         sandbox = cls(
-            sandbox_id, workdir, parts, hostname=hostname, ephemeral=ephemeral, agent=agent
+            sandbox_id, workdir, parts, hostname=hostname, ephemeral=ephemeral, agent=agent,
+            network=network,
         )
         try:
             os.makedirs(layers.sandbox_dir, exist_ok=True)
             cgroup.create(memory=memory, pids=pids, cpus=cpus)
             layers.mount()
             await sandbox._runtime.files.makedirs(workdir)
+            if network != "none":
+                sandbox.net_index = net.allocate(sandbox_id)
+                # The host's resolver, reached through the masquerade.
+                await sandbox._runtime.files.write("/etc/resolv.conf", net.host_resolver())
             sandbox._start_keeper()
             if sandbox._agent is not None:
                 await sandbox._await_agent()
@@ -299,6 +316,8 @@ class BubblewrapSandbox(SandboxBackend):
         )
         self.parts.keeper = keeper
         self._keeper_process = process
+        if self.net_index is not None:
+            net.connect(keeper.init_pid, self.net_index, self.network)
 
     def describe(self) -> dict[str, Any]:
         layers = self.parts.layers
@@ -313,6 +332,8 @@ class BubblewrapSandbox(SandboxBackend):
             "hostname": self.hostname,
             "ephemeral": self.ephemeral,
             "agent": self._agent is not None,
+            "network": self.network if isinstance(self.network, str) else self.network.model_dump(),
+            "net_index": self.net_index,
         }
 
     @classmethod
@@ -335,6 +356,11 @@ class BubblewrapSandbox(SandboxBackend):
             hostname=str(description.get("hostname", "hutch")),
             ephemeral=bool(description.get("ephemeral", False)),
             agent=bool(description.get("agent", False)),
+            network=_policy(description.get("network", "none")),
+            net_index=(
+                int(description["net_index"]) if description.get("net_index") is not None
+                else None
+            ),
         )
 
     async def memory_bytes(self) -> int | None:
@@ -412,12 +438,18 @@ class BubblewrapSandbox(SandboxBackend):
         if self._agent is not None:
             await self._await_agent()
 
+    def _release_network(self) -> None:
+        if self.net_index is not None:
+            net.disconnect(self.net_index)
+            net.release(self.net_index)
+            self.net_index = None
+
     async def _destroy(self) -> None:
         def run() -> None:
             errors: list[str] = []
             steps = (
                 self._end_processes, self.parts.layers.remove, self.parts.cgroup.remove,
-                snapshots.collect_garbage,
+                snapshots.collect_garbage, self._release_network,
             )
             for step in steps:
                 try:
@@ -470,6 +502,12 @@ class BubblewrapSandbox(SandboxBackend):
 
     async def walk_files(self, root: str) -> list[str]:
         return await self._runtime.walk_files(root)
+
+
+def _policy(value: Any) -> NetworkPolicy:
+    if value in ("none", "all"):
+        return str(value)  # type: ignore[return-value]
+    return AllowList.model_validate(value)
 
 
 def _log_tail(sandbox_dir: str) -> str:

@@ -33,7 +33,7 @@ from ..._errors import (
     SandboxPermissionDenied,
 )
 from ..._types import OutputChunk
-from ..base import BackendProcess
+from ..base import BackendProcess, PtyProcess
 from .connection import KeptConnection, lost
 
 EXEC_MARKER = "HUTCH_EXEC_ID"
@@ -140,9 +140,12 @@ CHANNEL_ERRORS = (OSError, asyncssh.Error, asyncio.IncompleteReadError)
 async def open_process(
     kept: KeptConnection,
     command: str,
+    *,
+    term_size: tuple[int, int] | None = None,
 ) -> tuple[asyncssh.SSHClientConnection, asyncssh.SSHClientProcess[bytes]]:
-    """Open an exec channel for ``command`` (see :meth:`KeptConnection.open_session`)."""
-    return await kept.open_session(command)
+    """Open an exec channel for ``command`` (see :meth:`KeptConnection.open_session`),
+    on a pseudo-terminal of ``term_size`` (cols, rows) when given."""
+    return await kept.open_session(command, term_size=term_size)
 
 
 class SshProcess(BackendProcess):
@@ -155,6 +158,8 @@ class SshProcess(BackendProcess):
         process: asyncssh.SSHClientProcess[bytes],
         exec_id: str,
         stdin: bytes | None,
+        *,
+        interactive: bool = False,
     ) -> None:
         self._kept = kept
         self._conn = conn
@@ -168,8 +173,9 @@ class SshProcess(BackendProcess):
         self._tasks = [
             loop.create_task(self._pipe(process.stdout, "stdout")),
             loop.create_task(self._pipe(process.stderr, "stderr")),
-            loop.create_task(self._feed(stdin)),
         ]
+        if not interactive:  # a terminal's input stays open for what is typed
+            self._tasks.append(loop.create_task(self._feed(stdin)))
 
     async def _feed(self, data: bytes | None) -> None:
         # A command that exits without reading its stdin is not an error.
@@ -232,6 +238,23 @@ class SshProcess(BackendProcess):
         self._proc.close()
         for task in self._tasks:
             task.cancel()
+
+
+class SshPtyProcess(SshProcess, PtyProcess):
+    """A command on a pseudo-terminal the host's sshd made for the channel."""
+
+    async def write(self, data: bytes) -> None:
+        try:
+            self._proc.stdin.write(data)
+            await self._proc.stdin.drain()
+        except CHANNEL_ERRORS as exc:
+            raise lost(self._kept.target, exc) from None
+
+    async def resize(self, rows: int, cols: int) -> None:
+        try:
+            self._proc.change_terminal_size(cols, rows)
+        except CHANNEL_ERRORS as exc:
+            raise lost(self._kept.target, exc) from None
 
 
 # Kills every process whose environment holds the marker ($1): SIGTERM, up to

@@ -1,0 +1,138 @@
+"""A network for a bubblewrap sandbox whose policy is not ``none``.
+
+Each such sandbox gets a /30 of hutch's own range (10.213.0.0/16): a veth
+pair, the host end ``hb<index>`` with the first address, the sandbox end
+``eth0`` in the keeper's network namespace with the second and a default
+route through the host, which masquerades the range out. The policy itself
+(:mod:`hutch.providers.network`) is installed in the sandbox's namespace
+from outside: the metadata address, the host's own addresses (its end of the
+veth among them) and every other sandbox (the whole range, Docker's bridges)
+are unreachable unless the allow list names them. The sandbox has no
+capabilities, so it cannot change the rules or its addresses.
+
+An index is held by a file under ``$HUTCH_HOME/bubblewrap/net`` made with
+O_EXCL, so concurrent creates never share one; it is freed on close.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import os
+import subprocess
+
+from ..._errors import ProviderError
+from ..network import IPNetwork, NetworkPolicy, apply_in_namespace, host_addresses
+from .provisioning import bubblewrap_home
+
+RANGE = ipaddress.ip_network("10.213.0.0/16")
+_SLOTS = RANGE.num_addresses // 4
+
+
+def _index_dir() -> str:
+    return os.path.join(bubblewrap_home(), "net")
+
+
+def allocate(sandbox_id: str) -> int:
+    """A free /30 of the range, held for ``sandbox_id`` until :func:`release`."""
+    directory = _index_dir()
+    os.makedirs(directory, exist_ok=True)
+    for index in range(1, _SLOTS):
+        try:
+            fd = os.open(os.path.join(directory, str(index)), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            continue
+        with os.fdopen(fd, "w") as fh:
+            fh.write(sandbox_id)
+        return index
+    raise ProviderError("every address of hutch's sandbox network range is in use")
+
+
+def release(index: int) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(_index_dir(), str(index)))
+
+
+def addresses(index: int) -> tuple[str, str]:
+    """The host end's and the sandbox end's addresses of slot ``index``."""
+    base = int(RANGE.network_address) + 4 * index
+    return str(ipaddress.ip_address(base + 1)), str(ipaddress.ip_address(base + 2))
+
+
+def host_resolver() -> bytes:
+    try:
+        with open("/etc/resolv.conf", "rb") as fh:
+            return fh.read()
+    except OSError:
+        return b""
+
+
+def _run(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(argv), capture_output=True, text=True, timeout=30, check=False)
+
+
+def _must(*argv: str) -> None:
+    done = _run(*argv)
+    if done.returncode != 0:
+        raise ProviderError(f"{' '.join(argv)}: {done.stderr.strip() or done.stdout.strip()}")
+
+
+def _host_rules() -> None:
+    """Forwarding and masquerading for the range (once per host; idempotent)."""
+    rules = [
+        ("nat", "POSTROUTING", ["-s", str(RANGE), "!", "-d", str(RANGE), "-j", "MASQUERADE"]),
+        ("filter", "FORWARD", ["-s", str(RANGE), "-j", "ACCEPT"]),
+        ("filter", "FORWARD", ["-d", str(RANGE), "-m", "conntrack", "--ctstate",
+                               "ESTABLISHED,RELATED", "-j", "ACCEPT"]),
+    ]
+    for table, chain, spec in rules:
+        if _run("iptables", "-t", table, "-C", chain, *spec).returncode != 0:
+            _must("iptables", "-t", table, "-I", chain, "1", *spec)
+    with open("/proc/sys/net/ipv4/ip_forward") as fh:
+        if fh.read().strip() != "1":
+            with open("/proc/sys/net/ipv4/ip_forward", "w") as out:
+                out.write("1")
+
+
+def _blocked() -> list[IPNetwork]:
+    """What a sandbox may not reach unless allowed, besides the metadata
+    address: the host's own addresses, hutch's range, Docker's bridges."""
+    blocked: set[IPNetwork] = set(host_addresses())
+    blocked.add(RANGE)
+    listing = _run("ip", "-j", "addr")
+    with contextlib.suppress(ValueError):
+        for interface in json.loads(listing.stdout or "[]"):
+            name = str(interface.get("ifname", ""))
+            if name == "docker0" or name.startswith("br-"):
+                for info in interface.get("addr_info") or []:
+                    blocked.add(ipaddress.ip_network(
+                        f"{info['local']}/{info['prefixlen']}", strict=False
+                    ))
+    return sorted(blocked, key=str)
+
+
+def connect(init_pid: int, index: int, policy: NetworkPolicy) -> None:
+    """Give the keeper's namespace its end of the veth, a route out, the policy."""
+    host_if = f"hb{index}"
+    host_ip, sandbox_ip = addresses(index)
+    _run("ip", "link", "del", host_if)  # a leftover of a sandbox that died
+    _host_rules()
+    _must("ip", "link", "add", host_if, "type", "veth", "peer", "name", "eth0",
+          "netns", str(init_pid))
+    _must("ip", "addr", "add", f"{host_ip}/30", "dev", host_if)
+    _must("ip", "link", "set", host_if, "up")
+    inside = ["nsenter", "-t", str(init_pid), "-n"]
+    _must(*inside, "ip", "addr", "add", f"{sandbox_ip}/30", "dev", "eth0")
+    _must(*inside, "ip", "link", "set", "eth0", "up")
+    _must(*inside, "ip", "link", "set", "lo", "up")
+    _must(*inside, "ip", "route", "add", "default", "via", host_ip)
+    try:
+        apply_in_namespace(init_pid, policy, _blocked())
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise ProviderError(f"cannot install the network policy: {exc}") from None
+
+
+def disconnect(index: int) -> None:
+    """Remove the host end (the sandbox end goes with its namespace)."""
+    _run("ip", "link", "del", f"hb{index}")
