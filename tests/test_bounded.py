@@ -11,7 +11,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -496,16 +496,17 @@ def peak_rss_bytes(daemon: DaemonProcess) -> int:
     raise AssertionError("no VmHWM")
 
 
-def test_an_upload_streams_to_disk_not_into_the_daemons_memory() -> None:
-    # A daemon of its own: its peak memory is this test's alone.
+def upload_peak_growth(settings: dict[str, object], check: Callable[[str, str], None]) -> int:
+    """How much a fresh daemon's peak memory grows over two 200 MiB uploads
+    (through the fast path and through FastAPI) into a sandbox of ``settings``."""
     fresh = DaemonProcess().start()
-    workdir = tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     size = 200 * 1024 * 1024
     try:
-        with httpx.Client(base_url=fresh.url, timeout=120,
+        with httpx.Client(base_url=fresh.url, timeout=300,
                           headers={"Authorization": f"Bearer {fresh.token}"}) as client:
-            sid = client.post("/v1/sandboxes", json={"provider": "local", "workdir": workdir,
-                                                     "read_before_write": False}).json()["id"]
+            made = client.post("/v1/sandboxes", json={**settings, "read_before_write": False})
+            assert made.status_code == 201, made.text
+            sid = made.json()["id"]
             before = peak_rss_bytes(fresh)
             block = os.urandom(1024 * 1024)
             for content_type in ("application/octet-stream", "application/x-hutch-other"):
@@ -513,12 +514,33 @@ def test_an_upload_streams_to_disk_not_into_the_daemons_memory() -> None:
                                   content=(block for _ in range(size // len(block))),
                                   headers={"content-type": content_type})
                 assert sent.status_code == 204, sent.text
-                assert os.path.getsize(os.path.join(workdir, "big.bin")) == size
+                stat = client.get(f"/v1/sandboxes/{sid}/stat", params={"path": "big.bin"})
+                assert stat.json()["size"] == size, stat.text
             grown = peak_rss_bytes(fresh) - before
-            assert grown < 64 * 1024 * 1024, f"the daemon's peak grew by {grown / 2**20:.0f} MiB"
-            with open(os.path.join(workdir, "big.bin"), "rb") as fh:
-                assert fh.read(len(block)) == block
+            check(sid, made.json()["workdir"])
+            client.delete(f"/v1/sandboxes/{sid}")
+            return grown
     finally:
         fresh.stop()
         shutil.rmtree(fresh.data_dir, ignore_errors=True)
+
+
+def test_an_upload_streams_to_disk_not_into_the_daemons_memory() -> None:
+    workdir = tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+
+    def same_bytes(sid: str, _: str) -> None:
+        with open(os.path.join(workdir, "big.bin"), "rb") as fh:
+            assert len(fh.read(1024 * 1024)) == 1024 * 1024
+
+    try:
+        grown = upload_peak_growth({"provider": "local", "workdir": workdir}, same_bytes)
+    finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    assert grown < 64 * 1024 * 1024, f"the daemon's peak grew by {grown / 2**20:.0f} MiB"
+
+
+@pytest.mark.docker
+def test_an_upload_into_docker_streams_too() -> None:
+    grown = upload_peak_growth({"provider": "docker", "image": TEST_IMAGE},
+                               lambda sid, workdir: None)
+    assert grown < 64 * 1024 * 1024, f"the daemon's peak grew by {grown / 2**20:.0f} MiB"
