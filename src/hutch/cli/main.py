@@ -373,23 +373,92 @@ def exec_(
     Standard input, when it is a pipe or a file, is read to its end and given
     to the command.
     """
+    with client() as c:
+        code = stream_command(c.get_sandbox(sandbox_id), command, timeout=timeout, cwd=cwd,
+                              output_limit=output_limit, forward_stdin=not no_stdin)
+    raise typer.Exit(code)
+
+
+def stream_command(
+    sb: Any, command: list[str], *, timeout: float | None, cwd: str | None,
+    output_limit: int | None, forward_stdin: bool,
+) -> int:
+    """Run ``command`` in ``sb``, its output streamed to ours; its exit code."""
     from .._process import ExitStatus
 
     cmd: str | list[str] = command[0] if len(command) == 1 else command
-    stdin = None if no_stdin or sys.stdin is None or sys.stdin.isatty() else (
-        sys.stdin.buffer.read()
-    )
+    stdin = None
+    if forward_stdin and sys.stdin is not None and not sys.stdin.isatty():
+        stdin = sys.stdin.buffer.read()
     code = 1
+    for event in sb.exec_stream(cmd, timeout=timeout, cwd=cwd, stdin=stdin,
+                                output_limit=output_limit):
+        if isinstance(event, ExitStatus):
+            code = event.exit_code
+        else:
+            out = sys.stdout if event.stream == "stdout" else sys.stderr
+            out.buffer.write(event.data)
+            out.flush()
+    return code
+
+
+@app.command("ref")
+@reports_errors
+def ref_(
+    sandbox_id: str,
+    expires_in: float | None = typer.Option(
+        None, help="Seconds the ref can be used for; unset: until revoked or the sandbox ends."
+    ),
+    revoke: str | None = typer.Option(
+        None, metavar="REF", help="Revoke this ref (or ref id) instead of making one."
+    ),
+) -> None:
+    """Hand out a ref to a sandbox you own: a credential for it alone.
+
+    Whoever holds it can `hutch attach REF -- CMD` (or hutch.attach(ref) in
+    Python) with no other configuration; their closing only detaches them.
+    """
     with client() as c:
         sb = c.get_sandbox(sandbox_id)
-        for event in sb.exec_stream(cmd, timeout=timeout, cwd=cwd, stdin=stdin,
-                                    output_limit=output_limit):
-            if isinstance(event, ExitStatus):
-                code = event.exit_code
-            else:
-                out = sys.stdout if event.stream == "stdout" else sys.stderr
-                out.buffer.write(event.data)
-                out.flush()
+        if revoke is not None:
+            sb.revoke_ref(revoke)
+            err_console.print(f"revoked; it no longer reaches {sandbox_id}")
+            return
+        print(sb.ref(expires_in=expires_in))
+
+
+@app.command("attach", context_settings={"allow_extra_args": True})
+@reports_errors
+def attach_(
+    ref: str = typer.Argument(..., help="A ref from `hutch ref` (or Sandbox.ref())."),
+    command: list[str] = typer.Argument(..., help="The command (after --)."),
+    timeout: float | None = typer.Option(
+        None, help="Kill the command's whole process tree after this many seconds."
+    ),
+    cwd: str | None = typer.Option(
+        None, help="Directory to run in (relative to the sandbox's working directory)."
+    ),
+    output_limit: int | None = typer.Option(
+        None, help="Kill the command once its output passes this many bytes."
+    ),
+    no_stdin: bool = typer.Option(
+        False, "--no-stdin", "-n",
+        help="Do not forward standard input (it is forwarded when it is not a terminal).",
+    ),
+) -> None:
+    """Run a command in the sandbox a ref names, as an attached session.
+
+    The ref says where the daemon is and is the credential: no HUTCH_URL or
+    HUTCH_TOKEN is needed. Exits with the command's exit code.
+    """
+    import hutch
+
+    sb = hutch.attach(ref)
+    try:
+        code = stream_command(sb, command, timeout=timeout, cwd=cwd,
+                              output_limit=output_limit, forward_stdin=not no_stdin)
+    finally:
+        sb.close()
     raise typer.Exit(code)
 
 
