@@ -544,3 +544,43 @@ def test_an_upload_into_docker_streams_too() -> None:
     grown = upload_peak_growth({"provider": "docker", "image": TEST_IMAGE},
                                lambda sid, workdir: None)
     assert grown < 64 * 1024 * 1024, f"the daemon's peak grew by {grown / 2**20:.0f} MiB"
+
+
+def test_a_download_streams_out_of_a_local_sandbox() -> None:
+    fresh = DaemonProcess().start()
+    workdir = tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    size = 200 * 1024 * 1024 + 3
+    with open(os.path.join(workdir, "big.bin"), "wb") as fh:
+        fh.truncate(size)
+        fh.seek(size - 3)
+        fh.write(b"end")
+    try:
+        with httpx.Client(base_url=fresh.url, timeout=300,
+                          headers={"Authorization": f"Bearer {fresh.token}"}) as client:
+            sid = client.post("/v1/sandboxes", json={"provider": "local", "workdir": workdir})
+            sid = sid.json()["id"]
+            before = peak_rss_bytes(fresh)
+            for params in ({"path": "big.bin"}, {"path": "big.bin", "limit": "x"}):
+                with client.stream("GET", f"/v1/sandboxes/{sid}/files", params=params) as got:
+                    if params.get("limit") == "x":
+                        assert got.status_code == 400  # FastAPI's answer to a bad limit
+                        continue
+                    assert got.status_code == 200
+                    received, tail = 0, b""
+                    for piece in got.iter_bytes():
+                        received += len(piece)
+                        tail = (tail + piece)[-3:]
+                assert (received, tail) == (size, b"end")
+            grown = peak_rss_bytes(fresh) - before
+            assert grown < 64 * 1024 * 1024, f"the daemon's peak grew by {grown / 2**20:.0f} MiB"
+            # Small files and errors answer as before.
+            assert client.get(f"/v1/sandboxes/{sid}/files",
+                              params={"path": "big.bin", "limit": "1000"}).status_code == 413
+            small = os.path.join(workdir, "small")
+            with open(small, "w") as fh:
+                fh.write("hi")
+            assert client.get(f"/v1/sandboxes/{sid}/files", params={"path": "small"}).text == "hi"
+    finally:
+        fresh.stop()
+        shutil.rmtree(fresh.data_dir, ignore_errors=True)
+        shutil.rmtree(workdir, ignore_errors=True)
