@@ -584,3 +584,31 @@ def test_a_download_streams_out_of_a_local_sandbox() -> None:
         fresh.stop()
         shutil.rmtree(fresh.data_dir, ignore_errors=True)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.mark.docker
+def test_docker_grep_skips_fifos_and_bounds_special_trees(
+    daemon: DaemonProcess, http: httpx.Client
+) -> None:
+    made = http.post("/v1/sandboxes", json={"provider": "docker", "image": TEST_IMAGE})
+    assert made.status_code == 201, made.text
+    base = f"/v1/sandboxes/{made.json()['id']}"
+    try:
+        setup = http.post(f"{base}/exec", json={
+            "cmd": "mkfifo pipe && ln -s pipe link-to-pipe && echo needle > text"})
+        assert setup.json()["exit_code"] == 0, setup.text
+        found = http.post(f"{base}/grep", json={"pattern": "needle", "timeout": 20})
+        assert found.status_code == 200, found.text
+        assert [m["path"] for m in found.json()["matches"]] == ["/workspace/text"]
+        alone = http.post(f"{base}/grep", json={"pattern": "x", "path": "pipe", "timeout": 20})
+        assert (alone.status_code, alone.json()) == (200, {"matches": []})
+        with HealthProbe(daemon) as probe:
+            for path in ("/dev", "/proc"):
+                began = time.monotonic()
+                answer = http.post(f"{base}/grep", json={
+                    "pattern": "zz-never-there", "path": path, "timeout": 5})
+                assert answer.status_code in (200, 408), answer.text
+                assert time.monotonic() - began < 15
+        assert probe.slowest < 1.0, probe.slowest
+    finally:
+        http.delete(base)
