@@ -24,7 +24,7 @@ import hutch
 from _common import header, median_ms, paired, row
 from hutch._sandbox import backend_of
 from hutch.providers.bubblewrap import BubblewrapConfig, BubblewrapSandbox
-from hutch.providers.bubblewrap.cgroups import SandboxCgroup
+from hutch.providers.bubblewrap.cgroups import JOIN_AND_EXEC, SandboxCgroup
 from hutch.providers.bubblewrap.rootfs import resolve_rootfs
 from hutch.providers.bubblewrap.snapshots import remove as remove_snapshot
 
@@ -50,10 +50,11 @@ def bare_keeper(
 ) -> subprocess.Popen[bytes]:
     """A bare bwrap holding the same namespaces, blocked reading a pipe."""
     return subprocess.Popen(
-        ["sh", "-c", 'echo $$ > "$0"; exec "$@"', cgroup.procs_files().split()[0],
+        ["sh", "-c", JOIN_AND_EXEC, "bench-floor",
          "bwrap", "--bind", root, "/", "--proc", "/proc", "--dev", "/dev",
          "--unshare-all", "--die-with-parent", "sh", "-c", "read _"],
         stdin=read_end, pass_fds=(write_end,),
+        env={"PATH": os.environ.get("PATH", ""), "HUTCH_CGROUP_PROCS": cgroup.procs_files()},
     )
 
 

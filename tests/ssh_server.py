@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import getpass
 import os
 import shutil
@@ -26,6 +27,11 @@ ALIAS = "hutch-test-host"
 
 def sshd_available() -> bool:
     return os.path.exists(SSHD) and shutil.which("ssh-keygen") is not None
+
+
+def _die_with_parent() -> None:
+    # A test run killed outright (no atexit) must not leave sshd listening.
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _free_port() -> int:
@@ -135,6 +141,7 @@ class SshServer:
             stdout=subprocess.DEVNULL,
             stderr=open(os.path.join(self.dir, "sshd.log"), "ab"),  # noqa: SIM115
             start_new_session=True,
+            preexec_fn=_die_with_parent,  # started from the main thread, which outlives it
         )
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:

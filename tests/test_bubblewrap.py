@@ -470,3 +470,75 @@ async def test_network_allow_list_reaches_only_what_it_names() -> None:
         assert "connected" not in refused.stdout
     finally:
         await sb.close()
+
+
+def test_daemon_keeps_answering_through_a_fork_bomb_and_a_memory_hog() -> None:
+    import threading
+    import time
+
+    import httpx
+
+    from tests.daemon_fixture import DaemonProcess
+
+    daemon = DaemonProcess().start()
+    try:
+        client = hutch.Client(daemon.url, token=daemon.token)
+        sb = client.create_sandbox(
+            "bubblewrap", image=TEST_IMAGE, pids_limit=64, memory="128m", read_before_write=False
+        )
+        results: dict[str, Any] = {}
+
+        def bomb() -> None:
+            try:
+                results["bomb"] = sb.exec("bomb() { bomb | bomb & }; bomb; sleep 5", timeout=8)
+            except hutch.HutchError as exc:
+                results["bomb"] = exc
+
+        def hog() -> None:
+            results["hog"] = sb.exec(["python3", "-c", "b = bytearray(1 << 30)"], timeout=60)
+
+        workers = [threading.Thread(target=bomb), threading.Thread(target=hog)]
+        for worker in workers:
+            worker.start()
+        slowest = 0.0
+        while any(w.is_alive() for w in workers):
+            started = time.monotonic()
+            answer = httpx.get(f"{daemon.url}/healthz", timeout=10,
+                               headers={"Authorization": f"Bearer {daemon.token}"})
+            assert answer.status_code == 200
+            slowest = max(slowest, time.monotonic() - started)
+            time.sleep(0.1)
+        for worker in workers:
+            worker.join()
+        assert slowest < 2.0, f"the daemon took {slowest:.2f} s to answer"
+        assert results["hog"].exit_code == 137 and results["hog"].oom_killed
+        other = client.create_sandbox("bubblewrap", image=TEST_IMAGE, read_before_write=False)
+        assert other.exec(["echo", "ok"]).stdout == "ok\n"
+        other.close()
+        sb.close()
+        client.close()
+    finally:
+        daemon.stop()
+
+
+async def test_a_link_planted_for_the_agent_socket_leads_nowhere_else() -> None:
+    from hutch._sandbox import backend_of
+
+    victim = await _make(runtime="agent")
+    attacker = await _make(runtime="agent")
+    try:
+        await victim.exec("echo victim > /tmp/whoami")
+        await attacker.exec("echo attacker > /tmp/whoami")
+        # Inside, the agent's socket is swapped for a link to the victim's, by
+        # its host path (dangling inside, followed by whoever connects on the host).
+        victim_socket = backend_of(victim).agent_link
+        await attacker.exec(
+            f"rm -f /.hutch/run/agent.sock && ln -s {victim_socket} /.hutch/run/agent.sock"
+        )
+        backend_of(attacker).runtime.drop_connections()  # the next call connects anew
+        assert (await attacker.exec(["cat", "/tmp/whoami"])).stdout == "attacker\n"
+        await attacker.write_text("/tmp/planted", "x")
+        assert not await victim.exists("/tmp/planted")
+    finally:
+        await victim.close()
+        await attacker.close()

@@ -264,9 +264,11 @@ def test_a_full_store_refuses_transitions_and_nothing_is_half_done() -> None:
 
 
 @pytest.mark.docker
-def test_an_oom_killed_command_is_told_as_such(daemon: DaemonProcess) -> None:
+def test_an_oom_killed_command_is_told_as_such(
+    daemon: DaemonProcess, docker_runtime: str
+) -> None:
     with client(daemon) as c:
-        sb = c.create_sandbox("docker", image=TEST_IMAGE, memory="64m")
+        sb = c.create_sandbox("docker", image=TEST_IMAGE, memory="64m", runtime=docker_runtime)
         hog = "head -c 400m /dev/zero | tail > /dev/null"
         result = sb.exec(hog)
         assert (result.exit_code, result.oom_killed) == (137, True), result
@@ -304,3 +306,20 @@ def test_error_messages_name_the_sandboxs_paths_not_the_hosts(daemon: DaemonProc
             message = str(caught.value)
             assert "/workspace/loop-a" in message, message
             assert "/var/lib/docker" not in message and "overlay" not in message, message
+
+
+# -- 7. processes are owned ------------------------------------------------------------
+
+
+@pytest.mark.docker
+def test_orphans_are_reaped_and_never_fill_the_pids_limit(daemon: DaemonProcess) -> None:
+    with client(daemon) as c, c.create_sandbox(
+        "docker", image=TEST_IMAGE, pids_limit=64
+    ) as sb:
+        # Each (true &) leaves an orphan that only an init as PID 1 reaps.
+        assert sb.exec("for i in $(seq 300); do (true &); done").exit_code == 0
+        states = sb.exec(["ps", "-e", "-o", "stat="]).stdout.split()
+        assert not [s for s in states if s.startswith("Z")], states
+        # Far more than the limit left over: the pids limit is not reached.
+        spawned = sb.exec("for i in $(seq 40); do sleep 5 & done; jobs -p | wc -l; kill $(jobs -p)")
+        assert spawned.exit_code == 0 and spawned.stdout.strip() == "40", spawned

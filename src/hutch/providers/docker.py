@@ -29,12 +29,13 @@ import socket
 import struct
 import subprocess
 import tarfile
+import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import IO, Annotated, Any, Literal
 
 import anyio
 import anyio.to_thread
@@ -62,6 +63,7 @@ from .._types import (
     OutputChunk,
 )
 from . import _layers
+from ._diskcap import mount_capped, unmount_capped
 from ._grep import matching_indices
 from ._grepfilter import LINE_BREAK_CHARS as _LINE_BREAK_CHARS
 from ._grepfilter import LINE_BREAKS as _LINE_BREAKS
@@ -102,6 +104,8 @@ SUSPENDED_REPOSITORY = "hutch-suspended"
 #: overlay2 stacks at most 128 layers; a suspend that would pass this many
 #: flattens the container into a one-layer image instead of committing on top.
 MAX_SUSPEND_LAYERS = 100
+#: An archive for put_archive kept in memory up to this size; on disk past it.
+_ARCHIVE_IN_MEMORY = 1024 * 1024
 #: Symlinks followed by one read or write before it gives up (as the kernel's 40).
 _MAX_LINK_HOPS = 40
 #: Where the agent's executable and its socket's directory are mounted.
@@ -144,6 +148,10 @@ class DockerConfig(BaseModel):
     mounts: Annotated[list[str], ReachesHost("binds host paths into the sandbox")] = []
     #: Memory limit, as Docker takes it (``512m``, ``2g``).
     memory: Annotated[str | None, Limit("memory", parse_bytes, format_bytes)] = None
+    #: Size cap on the working directory hutch makes (``10g``): a file system
+    #: of its own, nosuid and nodev, loop-mounted (needs root). Not applied
+    #: to a ``host_workdir``, nor to what is written outside the mount point.
+    disk: Annotated[str | None, Limit("disk", parse_bytes, format_bytes)] = None
     #: CPU quota in CPUs (``1.5``).
     cpus: Annotated[float | None, Limit("cpus")] = Field(default=None, gt=0, le=MAX_CPUS)
     pids_limit: Annotated[int, Limit("pids", int, int)] = Field(default=1024, gt=0, le=MAX_PIDS)
@@ -690,6 +698,7 @@ class DockerSandbox(SandboxBackend):
         snapshot=True,
         fork=True,
         resource_limits=True,
+        disk_limit=True,
         network_policy=True,
         users=True,
         preview_url=True,
@@ -854,7 +863,7 @@ class DockerSandbox(SandboxBackend):
             await sandbox._launch(config.image)
         except BaseException:
             if owns:
-                shutil.rmtree(os.path.dirname(host_workdir), ignore_errors=True)
+                sandbox._remove_workdir()
             raise
         return sandbox
 
@@ -935,6 +944,7 @@ class DockerSandbox(SandboxBackend):
                 return str(api.create_container(**spec)["Id"])
 
         def run() -> str:
+            self._cap_workdir()
             container = create(self._container_spec(image))
             try:
                 api.start(container)
@@ -946,6 +956,19 @@ class DockerSandbox(SandboxBackend):
 
         result: str = await _call(run)
         return result
+
+    def _cap_workdir(self) -> None:
+        """Mount the working directory hutch made at its size cap, if it has one
+        (again after a reboot: its image keeps the files)."""
+        if self.config.disk is None or not self.owns_workdir:
+            return
+        try:
+            mount_capped(self.host_workdir, int(parse_bytes(self.config.disk)))
+        except OSError as exc:
+            raise ProviderError(
+                f"cannot cap the working directory of sandbox {self.sandbox_id} at "
+                f"{self.config.disk} (a loop mount, which needs root): {exc}"
+            ) from None
 
     def _enforce_network_policy(self, api: Any, container: str) -> None:
         """Install the sandbox's network policy in its container's namespace,
@@ -1213,6 +1236,9 @@ class DockerSandbox(SandboxBackend):
         return data
 
     async def write_file(self, path: str, data: bytes) -> None:
+        await self.write_file_from(path, io.BytesIO(data))
+
+    async def write_file_from(self, path: str, source: IO[bytes]) -> None:
         api = engine()
         container = self._container()
         mode = 0o644
@@ -1235,20 +1261,25 @@ class DockerSandbox(SandboxBackend):
             break
         else:
             raise ProviderError(f"{path}: too many levels of symbolic links")
-        buffer = io.BytesIO()
-        # PAX headers carry any name (spaces, quotes, newlines, non-ASCII)
-        # byte for byte; relative to / so missing parents are created.
-        with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            member = tarfile.TarInfo(target.lstrip("/"))
-            member.size = len(data)
-            member.mode = mode
-            member.mtime = int(time.time())
-            tar.addfile(member, io.BytesIO(data))
-        payload = buffer.getvalue()
 
         def put() -> None:
-            if not api.put_archive(container, "/", payload):
-                raise ProviderError(f"docker refused to write {path}")
+            # The archive goes to a spool (disk past its first MiB) and the
+            # engine reads it from there: a large file is never whole in memory.
+            with tempfile.SpooledTemporaryFile(max_size=_ARCHIVE_IN_MEMORY) as archive:
+                start = source.tell()
+                size = source.seek(0, io.SEEK_END) - start
+                source.seek(start)
+                # PAX headers carry any name (spaces, quotes, newlines, non-ASCII)
+                # byte for byte; relative to / so missing parents are created.
+                with tarfile.open(fileobj=archive, mode="w", format=tarfile.PAX_FORMAT) as tar:
+                    member = tarfile.TarInfo(target.lstrip("/"))
+                    member.size = size
+                    member.mode = mode
+                    member.mtime = int(time.time())
+                    tar.addfile(member, source)
+                archive.seek(0)
+                if not api.put_archive(container, "/", archive):
+                    raise ProviderError(f"docker refused to write {path}")
 
         await _call(put, path=path)
 
@@ -1708,9 +1739,12 @@ class DockerSandbox(SandboxBackend):
         if self.branch:
             await anyio.to_thread.run_sync(_layers.end_branch, self.sandbox_id)
         elif self.owns_workdir:
-            await anyio.to_thread.run_sync(
-                lambda: shutil.rmtree(os.path.dirname(self.host_workdir), ignore_errors=True)
-            )
+            await anyio.to_thread.run_sync(self._remove_workdir)
+
+    def _remove_workdir(self) -> None:
+        with contextlib.suppress(OSError):
+            unmount_capped(self.host_workdir)  # first: rmtree would empty the mount, not end it
+        shutil.rmtree(os.path.dirname(self.host_workdir), ignore_errors=True)
 
 
 __all__ = ["DockerConfig", "DockerSandbox", "list_managed_containers"]

@@ -16,8 +16,8 @@ import asyncio
 import contextlib
 import re
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from typing import IO, Any, TypeVar
 
 from ..._errors import (
     HutchError,
@@ -113,6 +113,7 @@ class AgentProcess(PtyProcess):
         self._space = asyncio.Event()
         self._exit: asyncio.Future[int] = loop.create_future()
         self._exit_code: int | None = None
+        self._oom_killed = False
         self._killing = False
         self._eof = False
         self._tasks = [loop.create_task(self._pump())]
@@ -145,6 +146,7 @@ class AgentProcess(PtyProcess):
                 elif kind == "exit":
                     code = int(_number(header, "code"))
                     self._exit_code = code
+                    self._oom_killed = header.get("oom") is True
                     if not self._exit.done():
                         self._exit.set_result(code)
                     break
@@ -187,6 +189,10 @@ class AgentProcess(PtyProcess):
     @property
     def returncode(self) -> int | None:
         return self._exit_code
+
+    @property
+    def oom_killed(self) -> bool:
+        return self._oom_killed
 
     async def kill(self, grace: float) -> None:
         if self._exit.done():
@@ -252,6 +258,14 @@ class AgentRuntime(SandboxRuntime):
             f"{self.provider_name} sandbox {self.sandbox_id}: {exc}; its agent was restarted "
             "(commands running in it were lost); try again"
         )
+
+    def _top_up(self) -> None:
+        if self._idle:
+            return
+        try:
+            self._idle.append(Channel(connect_socket(self.socket_path)))
+        except AgentFailure:
+            pass  # the next request finds out, and recovers
 
     def drop_connections(self) -> None:
         for channel in self._idle:
@@ -323,7 +337,10 @@ class AgentRuntime(SandboxRuntime):
         }
         if pty is not None:
             header["pty"] = {"rows": pty[0], "cols": pty[1]}
-        channel = await self._connect()
+        # A kept connection, already accepted, saves the agent's accept on
+        # this command's path; the pool is topped up once it has started.
+        channel = self._idle.pop() if self._idle else await self._connect()
+        asyncio.get_running_loop().call_soon(self._top_up)
         try:
             await channel.send(header)
             reply, _ = await self._answer(channel)
@@ -376,11 +393,19 @@ class AgentRuntime(SandboxRuntime):
                 parts.append(payload)
 
     async def write_file(self, path: str, data: bytes) -> None:
+        view = memoryview(data)
+        await self._write(path, (view[i:i + MAX_PAYLOAD] for i in range(0, len(view), MAX_PAYLOAD)))
+
+    async def write_file_from(self, path: str, source: IO[bytes]) -> None:
+        # Piece by piece from the source (an upload spooled to disk): never
+        # the whole file in memory.
+        await self._write(path, iter(lambda: source.read(MAX_PAYLOAD), b""))
+
+    async def _write(self, path: str, pieces: Iterator[bytes | memoryview]) -> None:
         async with self._channel() as channel:
             await channel.send({"op": "write", "path": path})
-            view = memoryview(data)
-            for start in range(0, len(view), MAX_PAYLOAD):
-                await channel.send({"t": "in"}, view[start:start + MAX_PAYLOAD])
+            for piece in pieces:
+                await channel.send({"t": "in"}, piece)
             await channel.send({"t": "eof"})
             reply, _ = await self._answer(channel, ANSWER_TIMEOUT * 2)
             _ok(reply)
