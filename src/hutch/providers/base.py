@@ -35,7 +35,12 @@ from typing import IO, Any, ClassVar
 
 from pydantic import BaseModel
 
-from .._errors import CapabilityUnsupported, InvalidArgument, SandboxIsADirectory
+from .._errors import (
+    CapabilityUnsupported,
+    InvalidArgument,
+    OutputLimitExceeded,
+    SandboxIsADirectory,
+)
 from .._globmatch import compile_glob
 from .._types import Capabilities, FileInfo, FileType, GrepMatch, OutputChunk
 from ._grep import BATCH_BYTES, grep_contents
@@ -221,6 +226,12 @@ class SandboxRuntime(abc.ABC):
             try:
                 data = await self.read_file(path, limit)
             except (SandboxIsADirectory, PermissionError, FileNotFoundError, InvalidArgument):
+                continue
+            except OutputLimitExceeded:
+                if (await self.stat(path)).size > limit:
+                    raise  # a file really that large: say so, as a read would
+                # It said it was small and did not end (a procfs file such as
+                # /proc/1/pagemap): not a text file to search.
                 continue
             batch.append((path, data))
             size += len(data)
