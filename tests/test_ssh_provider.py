@@ -739,3 +739,16 @@ async def test_write_from_a_stream_in_pieces(sandbox: Any, workdir: str) -> None
         assert fh.read() == data
     with tempfile.TemporaryFile() as source, pytest.raises(IsADirectoryError):
         await sandbox.write_from("up", source)
+
+
+async def test_a_fifo_is_not_read_and_grep_passes_it_by(sandbox: Any, workdir: str) -> None:
+    # Opening a FIFO over SFTP would hold the host's SFTP server until a writer came.
+    os.makedirs(os.path.join(workdir, "pipes"))
+    os.mkfifo(os.path.join(workdir, "pipes", "fifo"))
+    with open(os.path.join(workdir, "pipes", "text.txt"), "w") as fh:
+        fh.write("needle\n")
+    with pytest.raises(hutch.InvalidArgument):
+        await asyncio.wait_for(sandbox.read_bytes("pipes/fifo"), 30)
+    matches = await asyncio.wait_for(sandbox.grep("needle", "pipes"), 30)
+    assert [(m.path.rsplit("/", 1)[-1], m.line) for m in matches] == [("text.txt", "needle")]
+    assert await sandbox.read_text("pipes/text.txt") == "needle\n"

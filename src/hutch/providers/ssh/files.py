@@ -24,6 +24,8 @@ from .process import run_helper
 
 T = TypeVar("T")
 
+#: Paths one walk may send back, in bytes.
+_MAX_WALK_BYTES = 256 << 20
 #: What one SFTP write of a streamed upload carries.
 _PIECE = 4 * 1024 * 1024
 
@@ -84,8 +86,13 @@ class SftpFiles:
     async def read(self, path: str, limit: int) -> bytes:
         async def op(sftp: asyncssh.SFTPClient) -> bytes:
             attrs = await sftp.stat(path)
-            if stat_mod.S_ISDIR(attrs.permissions or 0):
+            mode = attrs.permissions or 0
+            if stat_mod.S_ISDIR(mode):
                 raise SandboxIsADirectory(f"{path} is a directory")
+            if not stat_mod.S_ISREG(mode):
+                # A FIFO or a device would hold the host's one SFTP server
+                # (and every file call after it) until something wrote to it.
+                raise InvalidArgument(f"{path} is not a regular file")
             size = attrs.size or 0
             if size > limit:
                 raise OutputLimitExceeded(

@@ -28,6 +28,7 @@ import asyncssh
 from ..._errors import (
     HutchError,
     InvalidArgument,
+    OutputLimitExceeded,
     ProviderError,
     SandboxFileNotFound,
     SandboxPermissionDenied,
@@ -283,24 +284,44 @@ async def run_helper(
     cwd: str = "/",
     stdin: bytes | None = None,
     timeout: float = 60,
+    output_limit: int = 16 << 20,
 ) -> tuple[int, bytes, bytes]:
-    """Run a command of hutch's own (unmarked: not the sandbox's work) to its end."""
+    """Run a command of hutch's own (unmarked: not the sandbox's work) to its
+    end; past ``output_limit`` bytes of stdout it is stopped, never buffered."""
     command = command_line(argv, cwd=cwd, env={}, user=None, exec_id=None, sandbox_id="-")
     conn, process = await open_process(kept, command)
+
+    async def collect(reader: asyncssh.SSHReader[bytes], cap: int) -> bytes:
+        data = bytearray()
+        while chunk := await reader.read(_READ_SIZE):
+            data += chunk
+            if len(data) > cap:
+                raise OutputLimitExceeded(
+                    f"ssh {kept.target.destination}: {argv[0]} answered more than {cap} bytes"
+                )
+        return bytes(data)
+
     try:
         async with asyncio.timeout(timeout):
-            if not stdin:
-                process.stdin.write_eof()
-            out, err = await process.communicate(stdin)
+            if stdin:
+                process.stdin.write(stdin)
+            process.stdin.write_eof()
+            out, err = await asyncio.gather(
+                collect(process.stdout, output_limit + 1), collect(process.stderr, 1 << 20)
+            )
+            await process.wait_closed()
     except TimeoutError:
         process.close()
         raise ProviderError(
             f"ssh {kept.target.destination}: {argv[0]} took over {timeout} s"
         ) from None
+    except HutchError:
+        process.close()
+        raise
     except CHANNEL_ERRORS as exc:
+        process.close()
         kept.forget(conn)
         raise lost(kept.target, exc) from None
-    out = out or b""
     if out[:1] == STARTED:
         out = out[1:]
     elif out[:1] == FAILED:
@@ -311,4 +332,4 @@ async def run_helper(
     if code is None:
         kept.forget(conn)
         raise lost(kept.target)
-    return code, out, err or b""
+    return code, out, err
