@@ -39,7 +39,7 @@ from .._errors import (
     CapabilityUnsupported,
     InvalidArgument,
     OutputLimitExceeded,
-    SandboxIsADirectory,
+    ProviderError,
 )
 from .._globmatch import compile_glob
 from .._types import Capabilities, FileInfo, FileType, GrepMatch, OutputChunk
@@ -225,7 +225,10 @@ class SandboxRuntime(abc.ABC):
         for path in paths:
             try:
                 data = await self.read_file(path, limit)
-            except (SandboxIsADirectory, PermissionError, FileNotFoundError, InvalidArgument):
+            except (OSError, InvalidArgument, ProviderError):
+                # Gone, a directory, unreadable, not a regular file, or a procfs
+                # entry that will not open (a socket's fd link): skipped, as
+                # grep -s skips what it cannot read.
                 continue
             except OutputLimitExceeded:
                 if (await self.stat(path)).size > limit:
