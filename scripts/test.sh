@@ -13,6 +13,11 @@ command -v chattr >/dev/null 2>&1 || need+=(e2fsprogs)
 command -v ps >/dev/null 2>&1 || need+=(procps)
 # bubblewrap: the bubblewrap provider's sandboxes (nsenter is util-linux's).
 command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
+# iptables: docker's network policy, installed in each sandbox's namespace;
+# iproute2 (ip): the host's own addresses it blocks; mkfs.ext4 (e2fsprogs):
+# size-capped working directories.
+command -v iptables-restore >/dev/null 2>&1 || need+=(iptables)
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
 if [ ${#need[@]} -gt 0 ]; then
   log "installing ${need[*]}"
   apt-get update -qq

@@ -519,3 +519,26 @@ def test_daemon_keeps_answering_through_a_fork_bomb_and_a_memory_hog() -> None:
         client.close()
     finally:
         daemon.stop()
+
+
+async def test_a_link_planted_for_the_agent_socket_leads_nowhere_else() -> None:
+    from hutch._sandbox import backend_of
+
+    victim = await _make(runtime="agent")
+    attacker = await _make(runtime="agent")
+    try:
+        await victim.exec("echo victim > /tmp/whoami")
+        await attacker.exec("echo attacker > /tmp/whoami")
+        # Inside, the agent's socket is swapped for a link to the victim's, by
+        # its host path (dangling inside, followed by whoever connects on the host).
+        victim_socket = backend_of(victim).agent_link
+        await attacker.exec(
+            f"rm -f /.hutch/run/agent.sock && ln -s {victim_socket} /.hutch/run/agent.sock"
+        )
+        backend_of(attacker).runtime.drop_connections()  # the next call connects anew
+        assert (await attacker.exec(["cat", "/tmp/whoami"])).stdout == "attacker\n"
+        await attacker.write_text("/tmp/planted", "x")
+        assert not await victim.exists("/tmp/planted")
+    finally:
+        await victim.close()
+        await attacker.close()

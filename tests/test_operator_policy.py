@@ -187,8 +187,10 @@ def test_server_limits_apply_when_a_request_sets_none(daemon: DaemonProcess) -> 
         chosen = c.create_sandbox("docker", image=TEST_IMAGE, memory="512m", cpus=0.5,
                                   pids_limit=64)
         try:
-            # Memory, CPU, pids are enforced; the disk is not, and the API says so.
-            assert plain.capabilities.resource_limits and not plain.capabilities.disk_limit
+            assert plain.capabilities.resource_limits and plain.capabilities.disk_limit
+            # The working directory is a file system of its own, capped at 4 GiB.
+            size = plain.exec("df -B1 --output=size /workspace | tail -1").stdout.strip()
+            assert 3.5 * 1024**3 < int(size) <= 4 * 1024**3, size
             defaults = host_config(plain.id)
             assert defaults["Memory"] == 2 * 1024**3
             assert defaults["NanoCpus"] == 1_000_000_000

@@ -84,6 +84,14 @@ def test_a_setuid_shell_made_in_a_sandbox_gives_a_host_user_nothing(
             tried = as_nobody(host_copy, "-p", "-c", "id -u")
             assert "0" not in tried.stdout.split(), (tried.stdout, tried.stderr)
             assert tried.returncode != 0, tried
+            # And were the data directory open, the mount the copy lives on
+            # is nosuid: its setuid bit means nothing on the host.
+            os.chmod(daemon.data_dir, 0o755)
+            os.chmod(os.path.dirname(os.path.dirname(host_copy)), 0o755)
+            os.chmod(os.path.dirname(host_copy), 0o755)
+            os.chmod(os.path.dirname(os.path.dirname(os.path.dirname(host_copy))), 0o755)
+            opened = as_nobody(host_copy, "-p", "-c", "id -u")
+            assert opened.stdout.split() == ["65534"], (opened.stdout, opened.stderr)
         finally:
             sb.close()
 

@@ -678,3 +678,77 @@ def test_any_argv_and_env_value_arrive_verbatim(
     )
     expected = b"".join(w.encode() + b"\0" for w in words) + value.encode()
     assert result.stdout_bytes == expected
+
+
+# -- an interactive shell on the host's own pseudo-terminal ------------------------------------
+
+
+async def test_pty_types_reads_resizes_and_exits(sandbox: Any, workdir: str) -> None:
+    async with sandbox.pty(["sh"], rows=30, cols=100, env={"GREETING": "hello"}) as term:
+        assert sandbox.open_operations == 1  # an open shell keeps the sandbox busy
+        await term.write(b"stty size; echo $GREETING-$((40+2)); pwd\r")
+        seen = b""
+        while b"hello-42" not in seen or workdir.encode() not in seen.split(b"hello-42", 1)[1]:
+            chunk = await term.read()
+            assert chunk is not None, seen
+            seen += chunk.data
+        assert b"30 100" in seen
+        await term.resize(40, 120)
+        await term.write(b"stty size; exit 7\r")
+        while (chunk := await term.read()) is not None:
+            seen += chunk.data
+        assert b"40 120" in seen
+        assert await term.wait() == 7
+    assert sandbox.open_operations == 0
+
+
+async def test_pty_left_open_is_killed_on_leaving(sandbox: Any) -> None:
+    async with sandbox.pty(["sh"]) as term:
+        await term.write(b"trap '' TERM HUP; sleep 300\r")
+        await asyncio.sleep(0.5)
+    assert await backend(sandbox).count_busy_processes() == 0
+    with pytest.raises(FileNotFoundError):
+        async with sandbox.pty(["sh"], cwd="no/such/dir"):
+            pass
+
+
+def test_pty_through_the_daemon(daemon: DaemonProcess, server: SshServer, workdir: str) -> None:
+    with hutch.Client(daemon.url, token=daemon.token) as client:
+        sb = client.create_sandbox(
+            "ssh", destination=ALIAS, working_directory=workdir, config_file=server.config_file
+        )
+        try:
+            with sb.pty(["sh"], rows=33, cols=91, env={"GREETING": "hello"}) as term:
+                term.write(b"stty size; echo $GREETING-$((2+2)); exit 4\n")
+                seen = b""
+                while (chunk := term.read(20)) is not None:
+                    seen += chunk.data
+                assert b"33 91" in seen and b"hello-4" in seen, seen
+                assert term.wait() == 4
+        finally:
+            sb.close()
+
+
+async def test_write_from_a_stream_in_pieces(sandbox: Any, workdir: str) -> None:
+    data = os.urandom(9 * 1024 * 1024 + 7)  # more than two pieces
+    with tempfile.TemporaryFile() as source:
+        source.write(data)
+        source.seek(0)
+        await sandbox.write_from("up/loaded.bin", source)
+    with open(os.path.join(workdir, "up", "loaded.bin"), "rb") as fh:
+        assert fh.read() == data
+    with tempfile.TemporaryFile() as source, pytest.raises(IsADirectoryError):
+        await sandbox.write_from("up", source)
+
+
+async def test_a_fifo_is_not_read_and_grep_passes_it_by(sandbox: Any, workdir: str) -> None:
+    # Opening a FIFO over SFTP would hold the host's SFTP server until a writer came.
+    os.makedirs(os.path.join(workdir, "pipes"))
+    os.mkfifo(os.path.join(workdir, "pipes", "fifo"))
+    with open(os.path.join(workdir, "pipes", "text.txt"), "w") as fh:
+        fh.write("needle\n")
+    with pytest.raises(hutch.InvalidArgument):
+        await asyncio.wait_for(sandbox.read_bytes("pipes/fifo"), 30)
+    matches = await asyncio.wait_for(sandbox.grep("needle", "pipes"), 30)
+    assert [(m.path.rsplit("/", 1)[-1], m.line) for m in matches] == [("text.txt", "needle")]
+    assert await sandbox.read_text("pipes/text.txt") == "needle\n"

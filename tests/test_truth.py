@@ -264,9 +264,11 @@ def test_a_full_store_refuses_transitions_and_nothing_is_half_done() -> None:
 
 
 @pytest.mark.docker
-def test_an_oom_killed_command_is_told_as_such(daemon: DaemonProcess) -> None:
+def test_an_oom_killed_command_is_told_as_such(
+    daemon: DaemonProcess, docker_runtime: str
+) -> None:
     with client(daemon) as c:
-        sb = c.create_sandbox("docker", image=TEST_IMAGE, memory="64m")
+        sb = c.create_sandbox("docker", image=TEST_IMAGE, memory="64m", runtime=docker_runtime)
         hog = "head -c 400m /dev/zero | tail > /dev/null"
         result = sb.exec(hog)
         assert (result.exit_code, result.oom_killed) == (137, True), result

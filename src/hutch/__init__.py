@@ -31,6 +31,7 @@ from ._errors import (
     Unauthorized,
 )
 from ._process import ExitStatus, Process
+from ._refs import attach
 from ._sandbox import Sandbox
 from ._types import Capabilities, ExecResult, FileInfo, FileType, GrepMatch, OutputChunk
 from .client import AsyncClient, Client
@@ -80,6 +81,7 @@ __all__ = [
     "TimeoutTooLarge",
     "Unauthorized",
     "VirtualClock",
+    "attach",
     "create_sandbox",
     "create_sandbox_sync",
     "default_engine",

@@ -225,8 +225,7 @@ class Process:
                                  oom_killed=self._proc.oom_killed)
                 return
 
-    def release(self) -> None:
-        """Drop the output of an ended command: its owner has forgotten it."""
+    def _release(self) -> None:
         self._released = True
         self._spool.close()
 
@@ -237,3 +236,12 @@ class Process:
         await kill_shielded(self._proc)
         with anyio.move_on_after(KILL_GRACE_SECONDS + 5):
             await self._done.wait()
+
+
+def release_output(process: Process) -> None:
+    """Drop the output of an ended command: its sandbox has forgotten it.
+
+    The sandbox's housekeeping, not a method: a caller holding a handle
+    (in-process or remote) never needs it.
+    """
+    process._release()

@@ -12,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+import secrets
 import shlex
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+import weakref
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import IO, TYPE_CHECKING, Any
 
@@ -29,10 +31,19 @@ from ._errors import (
     NotFound,
     ProviderError,
     SandboxIsADirectory,
+    SandboxPermissionDenied,
     SandboxUnavailable,
+    Unauthorized,
 )
 from ._guardrail import ReadBeforeWriteGuard, session_guard
-from ._process import ExitStatus, Process, StreamEvent, kill_shielded, run_to_completion
+from ._process import (
+    ExitStatus,
+    Process,
+    StreamEvent,
+    kill_shielded,
+    release_output,
+    run_to_completion,
+)
 from ._types import (
     DEFAULT_OUTPUT_LIMIT,
     DEFAULT_READ_LIMIT,
@@ -52,11 +63,40 @@ if TYPE_CHECKING:
     from .lifecycle.gate import LifecycleGate
 
 
+class _Live:
+    """What every session on one live sandbox shares: the backend, the
+    background commands, the open operations, the lifecycle record, and who
+    is attached. Each :class:`Sandbox` object is one session on it."""
+
+    def __init__(self, backend: SandboxBackend, gate: LifecycleGate | None) -> None:
+        self.backend = backend
+        self.gate = gate
+        self.processes: dict[str, Process] = {}
+        self.open_ops = 0
+        self.closed = False
+        self.record: LifecycleRecord | None = None
+        #: session id -> an attached (non-owning) session.
+        self.attached: dict[str, Sandbox] = {}
+        #: ref token -> its expiry (monotonic seconds), None for none.
+        self.refs: dict[str, float | None] = {}
+        #: The owning session (weakly: dropping it is the owner's business).
+        self.owner: Callable[[], Sandbox | None] = lambda: None
+
+
+#: The in-process refs handed out: token -> the owner's live sandbox.
+_LOCAL_REFS: weakref.WeakValueDictionary[str, _Live] = weakref.WeakValueDictionary()
+LOCAL_REF_PREFIX = "hutch-ref-local:"
+#: Longest a ref may live: a year, as every duration the API takes.
+MAX_REF_SECONDS = 365 * 86400.0
+
+
 class Sandbox:
     """One sandbox: exec, files, grep, glob, and its lifecycle.
 
     Make one with :func:`hutch.create_sandbox`; use it as an async context
-    manager (or call :meth:`close`) so its resources are released.
+    manager (or call :meth:`close`) so its resources are released. The
+    session that makes it owns it; :meth:`ref` hands out a reference with
+    which :func:`hutch.attach` opens another, non-owning session on it.
     """
 
     def __init__(
@@ -69,16 +109,69 @@ class Sandbox:
         gate: LifecycleGate | None = None,
     ) -> None:
         self.id = sandbox_id or backend.sandbox_id
-        self._backend = backend
+        self._live = _Live(backend, gate)
+        self._live.owner = weakref.ref(self)
         self.output_limit = output_limit
         self._guard = ReadBeforeWriteGuard(read_before_write)
         self.created_at = time.time()
-        self._processes: dict[str, Process] = {}
-        self._open_ops = 0
-        self._closed = False
-        self._gate = gate
-        #: Set by the lifecycle engine that tracks this sandbox.
-        self._record: LifecycleRecord | None = None
+        self.session_id = uuid.uuid4().hex[:12]
+        self._owner = True
+        self._detached = False
+
+    def _attached_session(self) -> Sandbox:
+        """A new non-owning session on this live sandbox, with a guard of its own."""
+        session = object.__new__(Sandbox)
+        session.id = self.id
+        session._live = self._live
+        session.output_limit = self.output_limit
+        session._guard = ReadBeforeWriteGuard(self._guard.enabled)
+        session.created_at = time.time()
+        session.session_id = uuid.uuid4().hex[:12]
+        session._owner = False
+        session._detached = False
+        self._live.attached[session.session_id] = session
+        return session
+
+    # -- what the sessions share -------------------------------------------------
+    @property
+    def _backend(self) -> SandboxBackend:
+        return self._live.backend
+
+    @property
+    def _processes(self) -> dict[str, Process]:
+        return self._live.processes
+
+    @property
+    def _gate(self) -> LifecycleGate | None:
+        return self._live.gate
+
+    @_gate.setter
+    def _gate(self, gate: LifecycleGate | None) -> None:
+        self._live.gate = gate
+
+    @property
+    def _record(self) -> LifecycleRecord | None:
+        return self._live.record
+
+    @_record.setter
+    def _record(self, record: LifecycleRecord | None) -> None:
+        self._live.record = record
+
+    @property
+    def _closed(self) -> bool:
+        return self._live.closed
+
+    @_closed.setter
+    def _closed(self, closed: bool) -> None:
+        self._live.closed = closed
+
+    @property
+    def _open_ops(self) -> int:
+        return self._live.open_ops
+
+    @_open_ops.setter
+    def _open_ops(self, count: int) -> None:
+        self._live.open_ops = count
 
     # -- identity -------------------------------------------------------------
     @property
@@ -105,7 +198,8 @@ class Sandbox:
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        """Closed (by its owner, or reaped), or, for an attached session, detached."""
+        return self._closed or self._detached
 
     @property
     def open_operations(self) -> int:
@@ -119,11 +213,15 @@ class Sandbox:
     # -- the gate ---------------------------------------------------------------
     @asynccontextmanager
     async def _operation(self, name: str, *, activity: bool = True) -> AsyncIterator[None]:
+        if self._detached:
+            raise SandboxUnavailable(
+                f"this session detached from sandbox {self.id}; attach again with a ref"
+            )
         if self._gate is not None:
             # The gate knows why a sandbox is gone (expired, closed) and says so.
             await self._gate.enter(self, name, activity=activity)
         if self._closed:
-            raise SandboxUnavailable(f"sandbox {self.id} has been closed")
+            raise SandboxUnavailable(closed_message(self.id))
         self._open_ops += 1
         try:
             yield
@@ -242,7 +340,7 @@ class Sandbox:
         for index, process in enumerate(ended):
             if index < excess or (process.ended_at or 0.0) < cutoff:
                 self._processes.pop(process.id, None)
-                process.release()
+                release_output(process)
 
     def process(self, process_id: str) -> Process:
         self._forget_finished()
@@ -333,6 +431,21 @@ class Sandbox:
             data = await self._runtime.read_file(full, limit)
         self._session_guard.mark_read(full)
         return data
+
+    async def read_pieces(
+        self, path: str, *, limit: int = DEFAULT_READ_LIMIT
+    ) -> AsyncGenerator[bytes, None]:
+        """The bytes of ``path`` in pieces, for a large file to stream out (where
+        the provider can, it is never whole in memory); errors come first."""
+        full = self.path(path)
+        async with self._operation("read"):
+            pieces = self._runtime.read_file_pieces(full, limit)
+            try:
+                async for piece in pieces:
+                    self._session_guard.mark_read(full)
+                    yield piece
+            finally:
+                await pieces.aclose()
 
     async def read_text(
         self, path: str, *, limit: int = DEFAULT_READ_LIMIT, encoding: str = "utf-8"
@@ -494,6 +607,7 @@ class Sandbox:
             "meter": status.meter,
             "memory_bytes": memory,
             "open_operations": self.open_operations,
+            "attachments": [{"session": sid} for sid in self._live.attached],
         }
 
     @property
@@ -534,12 +648,50 @@ class Sandbox:
         await self._backend.close()
 
     async def close(self) -> None:
-        """Kill background commands and release the sandbox. Idempotent."""
+        """The owner's close kills background commands and releases the sandbox
+        (for every session); an attached session's only detaches it. Idempotent."""
+        if not self._owner:
+            self._detached = True
+            self._live.attached.pop(self.session_id, None)
+            return
         if self._closed:
             return
         if self._gate is not None:
             await self._gate.closed(self)
         await self._release()
+        for token in self._live.refs:
+            _LOCAL_REFS.pop(token, None)
+
+    # -- references -------------------------------------------------------------------
+    def ref(self, *, expires_in: float | None = None) -> str:
+        """An opaque reference to this live sandbox for :func:`hutch.attach`.
+
+        Only the owner hands them out. ``expires_in`` seconds bound how long
+        it can be used to attach; :meth:`revoke_ref` ends it sooner.
+        """
+        if not self._owner:
+            raise SandboxPermissionDenied(
+                f"only the owner of sandbox {self.id} hands out refs; this session is attached"
+            )
+        if self._closed:
+            raise SandboxUnavailable(closed_message(self.id))
+        expires = None
+        if expires_in is not None:
+            check_ref_lifetime(expires_in)
+            expires = time.monotonic() + expires_in
+        token = LOCAL_REF_PREFIX + secrets.token_urlsafe(24)
+        self._live.refs[token] = expires
+        _LOCAL_REFS[token] = self._live
+        return token
+
+    def revoke_ref(self, ref: str) -> None:
+        """End a ref this sandbox handed out: it no longer attaches. Idempotent."""
+        if not self._owner:
+            raise SandboxPermissionDenied(
+                f"only the owner of sandbox {self.id} revokes refs; this session is attached"
+            )
+        self._live.refs.pop(ref, None)
+        _LOCAL_REFS.pop(ref, None)
 
     async def __aenter__(self) -> Sandbox:
         return self
@@ -549,6 +701,40 @@ class Sandbox:
 
     def __repr__(self) -> str:
         return f"<Sandbox {self.id} provider={self.provider}>"
+
+
+def closed_message(sandbox_id: str) -> str:
+    """Why a closed sandbox answers no more, to its owner and to attached sessions."""
+    return (
+        f"sandbox {sandbox_id} has been closed: its owner's cleanup ended it "
+        "(make a new sandbox, or attach to a live one)"
+    )
+
+
+def check_ref_lifetime(expires_in: float) -> None:
+    if (
+        isinstance(expires_in, bool)
+        or not isinstance(expires_in, int | float)
+        or not 0 < expires_in <= MAX_REF_SECONDS
+    ):
+        raise InvalidArgument(
+            f"expires_in must be a number of seconds above 0 and at most {MAX_REF_SECONDS:g}, "
+            f"got {expires_in!r}"
+        )
+
+
+def attach_local(ref: str) -> Sandbox:
+    """An attached session on the in-process sandbox ``ref`` names."""
+    live = _LOCAL_REFS.get(ref)
+    if live is None or ref not in live.refs:
+        raise Unauthorized("this ref is unknown or was revoked: ask the sandbox's owner for one")
+    expires = live.refs[ref]
+    if expires is not None and time.monotonic() > expires:
+        raise Unauthorized("this ref has expired: ask the sandbox's owner for a new one")
+    owner = live.owner()
+    if owner is None or live.closed:
+        raise SandboxUnavailable(closed_message(owner.id if owner else "of this ref"))
+    return owner._attached_session()
 
 
 def backend_of(sandbox: Sandbox) -> SandboxBackend:

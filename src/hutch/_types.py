@@ -100,8 +100,9 @@ class Capabilities:
     ``resource_limits``: memory, CPU and pids limits are enforced.
     ``network_policy``: ``network`` takes "none", "all" or an allow list,
     enforced by hutch (see hutch.providers.network).
-    ``disk_limit``: the sandbox's disk use (its working directory included)
-    is capped; where False, a sandbox can fill the host's disk.
+    ``disk_limit``: the ``disk`` setting caps what the sandbox writes (docker:
+    the working directory hutch makes; bubblewrap: its upper layer); where
+    False, a sandbox can fill the host's disk.
     ``users``: ``exec(user=...)`` can switch user.
     ``preview_url``: ports inside are reachable at a URL.
     ``runtime``: what executes and moves files in this sandbox: ``native``

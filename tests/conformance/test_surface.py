@@ -4,6 +4,7 @@ paths, capabilities) answers alike in-process and through both SDK faces."""
 from __future__ import annotations
 
 import inspect
+import io
 from typing import Any
 
 import pytest
@@ -77,3 +78,10 @@ async def test_paths_and_capabilities_are_checked_alike(sandbox: Any) -> None:
     with pytest.raises(hutch.CapabilityUnsupported, match="snapshot"):
         sandbox.require("snapshot")
     assert sandbox.closed is False
+
+
+async def test_write_from_a_file_object(sandbox: Any) -> None:
+    source = io.BytesIO(b"skip:" + bytes(range(256)))
+    source.seek(5)  # from its position on
+    await sandbox.write_from("from-file.bin", source)
+    assert await sandbox.read_bytes("from-file.bin") == bytes(range(256))

@@ -142,10 +142,12 @@ def serve(
     allow: list[str] = typer.Option(
         [], "--allow", metavar="SETTING",
         help="Let API clients set this host-reaching setting (mounts, host_workdir, "
-        "network_mode, cap_drop); repeatable. Also `allow = [...]` under [server] in hutch.toml.",
+        "network_mode, cap_drop, ...); repeatable. Also `allow = \\[...]` under \\[server] in "
+        "hutch.toml.",
     ),
     config: str | None = typer.Option(
-        None, help="hutch.toml with [server] allow/limits/ceilings (default: ./hutch.toml)."
+        None, help="hutch.toml with \\[server] allow, limits and ceilings (default: "
+        "./hutch.toml)."
     ),
     max_connections: int | None = typer.Option(
         None, help="How many client connections at once, at most (default 4096, or half "
@@ -285,7 +287,12 @@ def events(
 @reports_errors
 def create(
     provider: str | None = typer.Option(None, help="local, docker, virtual, ssh, ..."),
-    image: str | None = typer.Option(None, help="Container image (docker)."),
+    image: str | None = typer.Option(
+        None, help="Image: a Docker image or a hutch image (docker, bubblewrap)."
+    ),
+    rootfs: str | None = typer.Option(
+        None, help="A host directory as the read-only root file system (bubblewrap)."
+    ),
     workdir: str | None = typer.Option(None, help="Working directory (local)."),
     destination: str | None = typer.Option(
         None, help="user@host, a host, or an ssh config alias (ssh)."
@@ -316,6 +323,7 @@ def create(
     layer = load_config_file(config)
     flags: dict[str, Any] = {
         "provider": provider, "image": image, "workdir": workdir,
+        "rootfs": os.path.abspath(rootfs) if rootfs else None,
         "destination": destination, "working_directory": working_directory,
         "config_file": os.path.abspath(ssh_config) if ssh_config else None,
         "preview_url_base": preview_url_base,
@@ -373,23 +381,92 @@ def exec_(
     Standard input, when it is a pipe or a file, is read to its end and given
     to the command.
     """
+    with client() as c:
+        code = stream_command(c.get_sandbox(sandbox_id), command, timeout=timeout, cwd=cwd,
+                              output_limit=output_limit, forward_stdin=not no_stdin)
+    raise typer.Exit(code)
+
+
+def stream_command(
+    sb: Any, command: list[str], *, timeout: float | None, cwd: str | None,
+    output_limit: int | None, forward_stdin: bool,
+) -> int:
+    """Run ``command`` in ``sb``, its output streamed to ours; its exit code."""
     from .._process import ExitStatus
 
     cmd: str | list[str] = command[0] if len(command) == 1 else command
-    stdin = None if no_stdin or sys.stdin is None or sys.stdin.isatty() else (
-        sys.stdin.buffer.read()
-    )
+    stdin = None
+    if forward_stdin and sys.stdin is not None and not sys.stdin.isatty():
+        stdin = sys.stdin.buffer.read()
     code = 1
+    for event in sb.exec_stream(cmd, timeout=timeout, cwd=cwd, stdin=stdin,
+                                output_limit=output_limit):
+        if isinstance(event, ExitStatus):
+            code = event.exit_code
+        else:
+            out = sys.stdout if event.stream == "stdout" else sys.stderr
+            out.buffer.write(event.data)
+            out.flush()
+    return code
+
+
+@app.command("ref")
+@reports_errors
+def ref_(
+    sandbox_id: str,
+    expires_in: float | None = typer.Option(
+        None, help="Seconds the ref can be used for; unset: until revoked or the sandbox ends."
+    ),
+    revoke: str | None = typer.Option(
+        None, metavar="REF", help="Revoke this ref (or ref id) instead of making one."
+    ),
+) -> None:
+    """Hand out a ref to a sandbox you own: a credential for it alone.
+
+    Whoever holds it can `hutch attach REF -- CMD` (or hutch.attach(ref) in
+    Python) with no other configuration; their closing only detaches them.
+    """
     with client() as c:
         sb = c.get_sandbox(sandbox_id)
-        for event in sb.exec_stream(cmd, timeout=timeout, cwd=cwd, stdin=stdin,
-                                    output_limit=output_limit):
-            if isinstance(event, ExitStatus):
-                code = event.exit_code
-            else:
-                out = sys.stdout if event.stream == "stdout" else sys.stderr
-                out.buffer.write(event.data)
-                out.flush()
+        if revoke is not None:
+            sb.revoke_ref(revoke)
+            err_console.print(f"revoked; it no longer reaches {sandbox_id}")
+            return
+        print(sb.ref(expires_in=expires_in))
+
+
+@app.command("attach", context_settings={"allow_extra_args": True})
+@reports_errors
+def attach_(
+    ref: str = typer.Argument(..., help="A ref from `hutch ref` (or Sandbox.ref())."),
+    command: list[str] = typer.Argument(..., help="The command (after --)."),
+    timeout: float | None = typer.Option(
+        None, help="Kill the command's whole process tree after this many seconds."
+    ),
+    cwd: str | None = typer.Option(
+        None, help="Directory to run in (relative to the sandbox's working directory)."
+    ),
+    output_limit: int | None = typer.Option(
+        None, help="Kill the command once its output passes this many bytes."
+    ),
+    no_stdin: bool = typer.Option(
+        False, "--no-stdin", "-n",
+        help="Do not forward standard input (it is forwarded when it is not a terminal).",
+    ),
+) -> None:
+    """Run a command in the sandbox a ref names, as an attached session.
+
+    The ref says where the daemon is and is the credential: no HUTCH_URL or
+    HUTCH_TOKEN is needed. Exits with the command's exit code.
+    """
+    import hutch
+
+    sb = hutch.attach(ref)
+    try:
+        code = stream_command(sb, command, timeout=timeout, cwd=cwd,
+                              output_limit=output_limit, forward_stdin=not no_stdin)
+    finally:
+        sb.close()
     raise typer.Exit(code)
 
 

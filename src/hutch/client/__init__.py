@@ -10,8 +10,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._core import ClientOps, ProcessOps, SandboxOps, build_async, build_sync
+from .._errors import Unauthorized
+from .._refwire import DaemonRef, decode_ref
+from ._core import Call, ClientOps, ProcessOps, SandboxOps, build_async, build_sync
 from ._transports import AsyncTransport, SyncTransport
+
+
+def _parse_ref(ref: str) -> DaemonRef:
+    decoded = decode_ref(ref) if isinstance(ref, str) else None
+    if decoded is None:
+        raise Unauthorized("this is not a hutch ref: ask the sandbox's owner for one")
+    return decoded
 
 
 class _ProcessState(ProcessOps):
@@ -46,6 +55,14 @@ _RemoteSandbox = build_sync(_SandboxState, "RemoteSandbox")
 class AsyncRemoteSandbox(_AsyncRemoteSandbox):  # type: ignore[misc, valid-type]
     """A sandbox owned by the daemon, used from async code."""
 
+    #: A session attached with a ref has a connection of its own, closed with it.
+    _own_transport: AsyncTransport | None = None
+
+    async def close(self) -> None:
+        await super().close()
+        if self._own_transport is not None:
+            await self._own_transport.close()
+
     async def __aenter__(self) -> AsyncRemoteSandbox:
         return self
 
@@ -56,11 +73,51 @@ class AsyncRemoteSandbox(_AsyncRemoteSandbox):  # type: ignore[misc, valid-type]
 class RemoteSandbox(_RemoteSandbox):  # type: ignore[misc, valid-type]
     """A sandbox owned by the daemon, used from sync code."""
 
+    _own_transport: SyncTransport | None = None
+
+    def close(self) -> None:
+        super().close()
+        if self._own_transport is not None:
+            self._own_transport.close()
+
     def __enter__(self) -> RemoteSandbox:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+async def _attach_async(url: str, ref: str) -> AsyncRemoteSandbox:
+    decoded = _parse_ref(ref)
+    transport = AsyncTransport(
+        url, ref, {"sandbox": AsyncRemoteSandbox, "process": AsyncRemoteProcess}
+    )
+    try:
+        info = await transport.send(Call("GET", f"/v1/sandboxes/{decoded.sandbox_id}"))
+    except BaseException:
+        await transport.close()
+        raise
+    sandbox = AsyncRemoteSandbox(transport, info)
+    sandbox._attached, sandbox._own_transport = True, transport
+    return sandbox
+
+
+def _attach_sync(url: str, ref: str) -> RemoteSandbox:
+    decoded = _parse_ref(ref)
+    transport = SyncTransport(url, ref, {"sandbox": RemoteSandbox, "process": RemoteProcess})
+    try:
+        info = transport.send(Call("GET", f"/v1/sandboxes/{decoded.sandbox_id}"))
+    except BaseException:
+        transport.close()
+        raise
+    sandbox = RemoteSandbox(transport, info)
+    sandbox._attached, sandbox._own_transport = True, transport
+    return sandbox
+
+
+def attach_remote(ref: str) -> RemoteSandbox:
+    """``hutch.attach`` for a daemon's ref: the ref says where the daemon is."""
+    return _attach_sync(_parse_ref(ref).url, ref)
 
 
 class _ClientState(ClientOps):
@@ -82,6 +139,11 @@ class AsyncClient(_AsyncClient):  # type: ignore[misc, valid-type]
     @property
     def url(self) -> str:
         return str(self._transport.url)
+
+    async def attach(self, ref: str) -> AsyncRemoteSandbox:
+        """A non-owning session, through this client's daemon address, on the
+        sandbox ``ref`` names; the ref is its credential. Its close only detaches."""
+        return await _attach_async(self.url, ref)
 
     async def aclose(self) -> None:
         await self._transport.close()
@@ -105,6 +167,11 @@ class Client(_Client):  # type: ignore[misc, valid-type]
     def url(self) -> str:
         return str(self._transport.url)
 
+    def attach(self, ref: str) -> RemoteSandbox:
+        """A non-owning session, through this client's daemon address, on the
+        sandbox ``ref`` names; the ref is its credential. Its close only detaches."""
+        return _attach_sync(self.url, ref)
+
     def close(self) -> None:
         self._transport.close()
 
@@ -117,5 +184,5 @@ class Client(_Client):  # type: ignore[misc, valid-type]
 
 __all__ = [
     "AsyncClient", "AsyncRemoteProcess", "AsyncRemoteSandbox", "Client", "RemoteProcess",
-    "RemoteSandbox",
+    "RemoteSandbox", "attach_remote",
 ]

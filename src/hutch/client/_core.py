@@ -16,7 +16,7 @@ import functools
 import json
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 
 import httpx
 
@@ -28,6 +28,8 @@ from .._errors import (
     error_from_code,
 )
 from .._process import ExitStatus
+from .._refwire import decode_ref
+from .._sandbox import check_ref_lifetime
 from .._types import (
     DEFAULT_SEARCH_TIMEOUT,
     Capabilities,
@@ -262,6 +264,10 @@ class SandboxOps:
     id: str
 
     def _path(self, suffix: str) -> str:
+        if self._detached:
+            raise SandboxUnavailable(
+                f"this session detached from sandbox {self.id}; attach again with a ref"
+            )
         return f"/v1/sandboxes/{self.id}{suffix}"
 
     @op
@@ -359,6 +365,12 @@ class SandboxOps:
                    timeout=600)
 
     @op
+    def write_from(self, path: str, source: IO[bytes]) -> Op:
+        """Write what the binary file ``source`` holds, from its position on, to ``path``."""
+        yield Call("PUT", self._path("/files"), params={"path": path},
+                   content=bytes(source.read()), timeout=600)
+
+    @op
     def write_text(self, path: str, text: str, *, encoding: str = "utf-8") -> Op:
         yield Call("PUT", self._path("/files"), params={"path": path},
                    content=text.encode(encoding), timeout=600)
@@ -426,7 +438,31 @@ class SandboxOps:
         return float(answer["deadline_unix"])
 
     @op
+    def ref(self, *, expires_in: float | None = None) -> Op:
+        """A ref to this sandbox for ``hutch.attach``: it carries the daemon's
+        address and is a credential for this sandbox alone. Only the owner
+        (a client with the daemon's token) hands them out."""
+        if expires_in is not None:
+            check_ref_lifetime(expires_in)  # as in-process; JSON could not carry some
+        answer = yield Call("POST", self._path("/refs"), json={"expires_in": expires_in})
+        return str(answer["ref"])
+
+    @op
+    def revoke_ref(self, ref: str) -> Op:
+        """End a ref this sandbox handed out (the ref itself, or its id). Idempotent."""
+        decoded = decode_ref(ref)
+        ref_id = decoded.ref_id if decoded is not None else ref
+        yield Call("DELETE", self._path(f"/refs/{ref_id}"))
+
+    @op
     def close(self) -> Op:
+        if self._detached:
+            return
+        if self._attached:
+            # Through a ref, closing leaves the sandbox to its owner.
+            yield Call("DELETE", self._path(""), timeout=120)
+            self._detached = True
+            return
         try:
             yield Call("DELETE", self._path(""), timeout=120)
         except HutchError as exc:
@@ -455,6 +491,9 @@ class SandboxOps:
     # -- what the daemon answered last (info() and status() ask afresh) -----------------
     _info: dict[str, Any]
     _closed: bool = False
+    #: Opened with a ref: a non-owning session, whose close only detaches it.
+    _attached: bool = False
+    _detached: bool = False
 
     @property
     def provider(self) -> str:
@@ -491,8 +530,9 @@ class SandboxOps:
 
     @property
     def closed(self) -> bool:
-        """Closed through this handle, or ended, as far as the last answer knows."""
-        return self._closed or self.state in FINAL
+        """Closed (or detached) through this handle, or ended, as far as the last
+        answer knows."""
+        return self._closed or self._detached or self.state in FINAL
 
 
 class ProcessOps:

@@ -34,7 +34,7 @@ from .._errors import (
     TimeoutExpired,
     TimeoutTooLarge,
 )
-from .._sandbox import backend_of
+from .._sandbox import backend_of, closed_message
 from .clock import Clock, RealClock, VirtualClock
 from .scheduler import Scheduler
 from .state import FINAL, SandboxState, check_transition
@@ -84,7 +84,7 @@ def expiry_error(sandbox_id: str, state: SandboxState, reason: str | None) -> Hu
         cls, advice = _EXPIRY[reason]
         return cls(f"sandbox {sandbox_id} was terminated: {advice}")
     if reason == "closed":
-        return SandboxUnavailable(f"sandbox {sandbox_id} has been closed")
+        return SandboxUnavailable(closed_message(sandbox_id))
     return SandboxUnavailable(f"sandbox {sandbox_id} is {state.value} ({reason})")
 
 

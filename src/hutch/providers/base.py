@@ -30,7 +30,7 @@ import abc
 import dataclasses
 import posixpath
 import re
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from typing import IO, Any, ClassVar
 
 from pydantic import BaseModel
@@ -198,6 +198,13 @@ class SandboxRuntime(abc.ABC):
     @abc.abstractmethod
     async def write_file(self, path: str, data: bytes) -> None:
         """Write ``data`` to ``path`` (absolute), creating parent directories."""
+
+    async def read_file_pieces(self, path: str, limit: int) -> AsyncGenerator[bytes, None]:
+        """The bytes of ``path`` in pieces, for a large file to stream out;
+        errors (missing, over ``limit``) come with the first. A runtime that
+        can read in pieces overrides this, so that the file is never whole in
+        memory."""
+        yield await self.read_file(path, limit)
 
     async def write_file_from(self, path: str, source: IO[bytes]) -> None:
         """Write what ``source`` holds (from its position on) to ``path``, as

@@ -61,6 +61,7 @@ from .._types import (
     GrepMatch,
     OutputChunk,
 )
+from ._diskcap import mount_capped, unmount_capped
 from ._grep import matching_indices
 from ._grepfilter import LINE_BREAK_CHARS as _LINE_BREAK_CHARS
 from ._grepfilter import LINE_BREAKS as _LINE_BREAKS
@@ -127,6 +128,10 @@ class DockerConfig(BaseModel):
     mounts: Annotated[list[str], ReachesHost("binds host paths into the sandbox")] = []
     #: Memory limit, as Docker takes it (``512m``, ``2g``).
     memory: Annotated[str | None, Limit("memory", parse_bytes, format_bytes)] = None
+    #: Size cap on the working directory hutch makes (``10g``): a file system
+    #: of its own, nosuid and nodev, loop-mounted (needs root). Not applied
+    #: to a ``host_workdir``, nor to what is written outside the mount point.
+    disk: Annotated[str | None, Limit("disk", parse_bytes, format_bytes)] = None
     #: CPU quota in CPUs (``1.5``).
     cpus: Annotated[float | None, Limit("cpus")] = Field(default=None, gt=0, le=MAX_CPUS)
     pids_limit: Annotated[int, Limit("pids", int, int)] = Field(default=1024, gt=0, le=MAX_PIDS)
@@ -644,6 +649,7 @@ class DockerSandbox(SandboxBackend):
         suspend=True,
         suspend_keeps_processes=False,
         resource_limits=True,
+        disk_limit=True,
         network_policy=True,
         users=True,
         preview_url=True,
@@ -740,7 +746,7 @@ class DockerSandbox(SandboxBackend):
             self.agent_dir = None
             self.container_id = await self._run_container(image)
 
-    async def _recover_agent(self, reason: str) -> None:
+    async def _recover_agent(self, reason: str) -> bool:
         """The agent failed a request (``reason``): find out why and bring it
         back, within a few seconds, or raise what makes the sandbox lost.
 
@@ -767,7 +773,7 @@ class DockerSandbox(SandboxBackend):
             if state.get("Running"):
                 with contextlib.suppress(AgentFailure):
                     await self._agent.ping(timeout=0.5)
-                    return  # it answers again: the failure was the connection's
+                    return False  # it answers: the failure was the request's
                 log.warning("docker sandbox %s: its agent is wedged (%s); restarting it",
                             self.sandbox_id, reason)
                 action: Any = lambda: engine().restart(container, timeout=0)  # noqa: E731
@@ -784,6 +790,7 @@ class DockerSandbox(SandboxBackend):
                     f"docker sandbox {self.sandbox_id}: its agent failed ({reason}) and could "
                     f"not be brought back: {exc}"
                 ) from None
+            return True
 
     # -- provisioning -------------------------------------------------------------
     @classmethod
@@ -806,7 +813,7 @@ class DockerSandbox(SandboxBackend):
             await sandbox._start_container(config.image)
         except BaseException:
             if owns:
-                shutil.rmtree(os.path.dirname(host_workdir), ignore_errors=True)
+                sandbox._remove_workdir()
             raise
         return sandbox
 
@@ -873,6 +880,7 @@ class DockerSandbox(SandboxBackend):
                 return str(api.create_container(**spec)["Id"])
 
         def run() -> str:
+            self._cap_workdir()
             container = create(self._container_spec(image))
             try:
                 api.start(container)
@@ -884,6 +892,19 @@ class DockerSandbox(SandboxBackend):
 
         result: str = await _call(run)
         return result
+
+    def _cap_workdir(self) -> None:
+        """Mount the working directory hutch made at its size cap, if it has one
+        (again after a reboot: its image keeps the files)."""
+        if self.config.disk is None or not self.owns_workdir:
+            return
+        try:
+            mount_capped(self.host_workdir, int(parse_bytes(self.config.disk)))
+        except OSError as exc:
+            raise ProviderError(
+                f"cannot cap the working directory of sandbox {self.sandbox_id} at "
+                f"{self.config.disk} (a loop mount, which needs root): {exc}"
+            ) from None
 
     def _enforce_network_policy(self, api: Any, container: str) -> None:
         """Install the sandbox's network policy in its container's namespace,
@@ -1509,9 +1530,12 @@ class DockerSandbox(SandboxBackend):
 
             await anyio.to_thread.run_sync(remove_agent_dir)
         if self.owns_workdir:
-            await anyio.to_thread.run_sync(
-                lambda: shutil.rmtree(os.path.dirname(self.host_workdir), ignore_errors=True)
-            )
+            await anyio.to_thread.run_sync(self._remove_workdir)
+
+    def _remove_workdir(self) -> None:
+        with contextlib.suppress(OSError):
+            unmount_capped(self.host_workdir)  # first: rmtree would empty the mount, not end it
+        shutil.rmtree(os.path.dirname(self.host_workdir), ignore_errors=True)
 
 
 __all__ = ["DockerConfig", "DockerSandbox", "list_managed_containers"]

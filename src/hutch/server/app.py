@@ -25,7 +25,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from typing import IO, Any
 from urllib.parse import parse_qsl
@@ -43,8 +43,11 @@ from .._errors import (
     HutchError,
     InvalidArgument,
     OutputLimitExceeded,
+    SandboxPermissionDenied,
+    Unauthorized,
 )
 from .._process import ExitStatus, Process
+from .._refwire import REF_PREFIX
 from .._sandbox import Sandbox
 from .._types import (
     DEFAULT_READ_LIMIT,
@@ -56,6 +59,7 @@ from .._types import (
     FileInfo,
     OutputChunk,
 )
+from ..store import RefRow
 from .daemon import DEFAULT_RETENTION_SECONDS, Daemon
 from .policy import OperatorPolicy
 
@@ -119,6 +123,13 @@ class ExecBody(BaseModel):
 
 class SandboxRef(BaseModel):
     sandbox: str
+
+
+class RefBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    #: Seconds the ref may be used for; unset: until revoked or the sandbox ends.
+    expires_in: float | None = Field(default=None, gt=0, le=365 * 86400, allow_inf_nan=False)
 
 
 class SetTimeoutBody(BaseModel):
@@ -280,38 +291,97 @@ async def run_exec(sandbox: Sandbox, body: ExecBody) -> dict[str, Any]:
 # -- authentication -----------------------------------------------------------------------
 
 
-class TokenAuth:
-    """Pure ASGI middleware: every request needs the bearer token when one is set."""
+#: Where the validated ref of a request is kept in its ASGI scope.
+REF_SCOPE_KEY = "hutch.ref"
+_REF_BEARER = b"Bearer " + REF_PREFIX.encode()
 
-    def __init__(self, app: ASGIApp, token: str | None) -> None:
+
+def ref_may_reach(ref: RefRow, method: str, path: str) -> bool:
+    """A ref reaches its own sandbox's routes, except handing out or revoking refs."""
+    parts = path.split("/")
+    if path == "/healthz":
+        return True
+    return (
+        len(parts) >= 4 and parts[1] == "v1" and parts[2] == "sandboxes"
+        and parts[3] == ref.sandbox_id and not any(p in ("..", ".") for p in parts)
+        and (len(parts) == 4 or parts[4] != "refs")
+    )
+
+
+def session_of(scope: Scope) -> str | None:
+    """The session a request speaks for: a ref's sessions are the ref's own,
+    so that no read of the owner's counts for them (read-before-write)."""
+    session = _header(scope, SESSION_HEADER.encode())
+    ref: RefRow | None = scope.get(REF_SCOPE_KEY)
+    if ref is None:
+        return session
+    return f"{ref.id}/{session or ''}"
+
+
+class TokenAuth:
+    """Pure ASGI middleware: every request needs the bearer token when one is set,
+    or a ref (a credential for one sandbox), whether a token is set or not."""
+
+    def __init__(
+        self, app: ASGIApp, token: str | None, daemon: Callable[[], Daemon | None]
+    ) -> None:
         self.app = app
         self.expected = f"Bearer {token}".encode() if token else None
+        self.daemon = daemon
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.expected is not None and scope["type"] in ("http", "websocket"):
-            given = b""
-            for name, value in scope["headers"]:
-                if name == b"authorization":
-                    given = value
-                    break
-            # Constant time: how much of a guess matched must not show in the timing.
-            if not hmac.compare_digest(given, self.expected):
-                if scope["type"] == "websocket":
-                    await send({"type": "websocket.close", "code": 4401})
-                    return
-                body = render_json({"error": {
-                    "code": "unauthorized",
-                    "message": "missing or wrong token: set HUTCH_TOKEN to the daemon's token "
-                    "(clients send it as Authorization: Bearer <token>)",
-                }})
-                await send({"type": "http.response.start", "status": 401, "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"www-authenticate", b"Bearer"),
-                ]})
-                await send({"type": "http.response.body", "body": body})
-                return
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        given = b""
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                given = value
+                break
+        if given.startswith(_REF_BEARER):
+            await self._with_ref(given, scope, receive, send)
+            return
+        # Constant time: how much of a guess matched must not show in the timing.
+        if self.expected is not None and not hmac.compare_digest(given, self.expected):
+            await self._refuse(scope, send, Unauthorized(
+                "missing or wrong token: set HUTCH_TOKEN to the daemon's token "
+                "(clients send it as Authorization: Bearer <token>)"
+            ))
+            return
         await self.app(scope, receive, send)
+
+    async def _with_ref(self, given: bytes, scope: Scope, receive: Receive, send: Send) -> None:
+        daemon = self.daemon()
+        if daemon is None:
+            await self._refuse(scope, send, Unauthorized("the daemon is not ready for refs"))
+            return
+        try:
+            ref = daemon.check_ref(given[len(b"Bearer "):].decode("latin-1"))
+        except HutchError as exc:
+            await self._refuse(scope, send, exc)
+            return
+        if not ref_may_reach(ref, scope.get("method", "GET"), scope["path"]):
+            await self._refuse(scope, send, SandboxPermissionDenied(
+                f"ref {ref.id} works only on sandbox {ref.sandbox_id}, and cannot hand out "
+                "or revoke refs"
+            ))
+            return
+        scope[REF_SCOPE_KEY] = ref
+        await self.app(scope, receive, send)
+
+    @staticmethod
+    async def _refuse(scope: Scope, send: Send, exc: HutchError) -> None:
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 4000 + exc.http_status})
+            return
+        body = render_json(error_json(exc))
+        headers = [(b"content-type", b"application/json"),
+                   (b"content-length", str(len(body)).encode())]
+        if exc.http_status == 401:
+            headers.append((b"www-authenticate", b"Bearer"))
+        await send({"type": "http.response.start", "status": exc.http_status,
+                    "headers": headers})
+        await send({"type": "http.response.body", "body": body})
 
 
 # -- request bodies ------------------------------------------------------------------------------
@@ -459,6 +529,35 @@ async def _spool_body(receive: Receive) -> IO[bytes] | None:
             return spool
 
 
+async def opened_file(
+    pieces: AsyncGenerator[bytes, None],
+) -> tuple[bytes, AsyncGenerator[bytes, None] | None]:
+    """A file's first piece, and the rest to stream (None when the first is all).
+
+    What can go wrong with a read (no such file, over the limit) goes wrong
+    here, before an answer has started, so it is answered as a typed error.
+    """
+    try:
+        first = await anext(pieces, b"")
+        second = await anext(pieces, None)
+    except BaseException:
+        await pieces.aclose()
+        raise
+    if second is None:
+        await pieces.aclose()
+        return first, None
+
+    async def rest() -> AsyncGenerator[bytes, None]:
+        try:
+            yield second
+            async for piece in pieces:
+                yield piece
+        finally:
+            await pieces.aclose()
+
+    return first, rest()
+
+
 async def _respond(send: Send, status: int, body: bytes, content_type: bytes) -> None:
     headers = [] if status == 204 else [
         (b"content-type", content_type), (b"content-length", str(len(body)).encode()),
@@ -536,7 +635,7 @@ class HotRoutes:
 
     @staticmethod
     def _session(scope: Scope) -> str | None:
-        return _header(scope, SESSION_HEADER.encode())
+        return session_of(scope)
 
     @staticmethod
     def _query(scope: Scope) -> dict[str, str]:
@@ -570,8 +669,20 @@ class HotRoutes:
         if not 0 < limit <= MAX_READ_LIMIT:
             raise _FallThrough()
         sandbox = daemon.session(self._sandbox_id(scope), self._session(scope))
-        data = await sandbox.read_bytes(path, limit=limit)
-        await _respond(send, 200, data, b"application/octet-stream")
+        first, rest = await opened_file(sandbox.read_pieces(path, limit=limit))
+        if rest is None:
+            await _respond(send, 200, first, b"application/octet-stream")
+            return
+        # A large file goes out as it is read (chunked), never whole in memory.
+        try:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"application/octet-stream")]})
+            await send({"type": "http.response.body", "body": first, "more_body": True})
+            async for piece in rest:
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            await rest.aclose()
 
     async def _write(self, daemon: Daemon, scope: Scope, receive: Receive, send: Send) -> None:
         path = self._query(scope).get("path")
@@ -675,7 +786,7 @@ def create_app(
         return holder["daemon"]
 
     def sandbox_for(request: Request, sandbox_id: str) -> Sandbox:
-        return daemon().session(sandbox_id, request.headers.get(SESSION_HEADER))
+        return daemon().session(sandbox_id, session_of(request.scope))
 
     @app.exception_handler(HutchError)
     async def hutch_error(_: Request, exc: HutchError) -> JSONResponse:
@@ -719,8 +830,16 @@ def create_app(
         limit: int = Query(default=DEFAULT_READ_LIMIT, gt=0, le=MAX_READ_LIMIT),
     ) -> Response:
         sandbox = sandbox_for(request, sandbox_id)
-        data = await sandbox.read_bytes(path, limit=limit)
-        return Response(data, media_type="application/octet-stream")
+        first, rest = await opened_file(sandbox.read_pieces(path, limit=limit))
+        if rest is None:
+            return Response(first, media_type="application/octet-stream")
+
+        async def whole() -> AsyncIterator[bytes]:
+            yield first
+            async for piece in rest:
+                yield piece
+
+        return StreamingResponse(whole(), media_type="application/octet-stream")
 
     @v1.put("/sandboxes/{sandbox_id}/files", status_code=204)
     async def write_file(request: Request, sandbox_id: str, path: str = Query()) -> Response:
@@ -792,8 +911,26 @@ def create_app(
         return JSONResponse(await d.info(sandbox), status_code=201)
 
     @v1.delete("/sandboxes/{sandbox_id}", status_code=204)
-    async def delete_sandbox(sandbox_id: str) -> Response:
-        await daemon().delete_sandbox(sandbox_id)
+    async def delete_sandbox(request: Request, sandbox_id: str) -> Response:
+        ref: RefRow | None = request.scope.get(REF_SCOPE_KEY)
+        if ref is not None:
+            daemon().detach(ref)  # an attached session leaves; the owner's sandbox stays
+        else:
+            await daemon().delete_sandbox(sandbox_id)
+        return Response(status_code=204)
+
+    @v1.post("/sandboxes/{sandbox_id}/refs", status_code=201)
+    async def create_ref(
+        request: Request, sandbox_id: str, body: RefBody | None = None
+    ) -> JSONResponse:
+        answer = await daemon().create_ref(
+            sandbox_id, body.expires_in if body else None, str(request.base_url)
+        )
+        return JSONResponse(answer, status_code=201)
+
+    @v1.delete("/sandboxes/{sandbox_id}/refs/{ref_id}", status_code=204)
+    async def revoke_ref(sandbox_id: str, ref_id: str) -> Response:
+        await daemon().revoke_ref(sandbox_id, ref_id)
         return Response(status_code=204)
 
     async def lifecycle(sandbox_id: str, action: str) -> JSONResponse:
@@ -991,5 +1128,5 @@ def create_app(
     app.add_middleware(HotRoutes, daemon=lambda: holder.get("daemon"))
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(CancelOnDisconnect)
-    app.add_middleware(TokenAuth, token=settings.token)
+    app.add_middleware(TokenAuth, token=settings.token, daemon=lambda: holder.get("daemon"))
     return app

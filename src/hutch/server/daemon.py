@@ -12,11 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
+import hmac
 import json
 import logging
 import math
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import time
@@ -34,16 +37,18 @@ from .._errors import (
     NotFound,
     ProviderError,
     StoreUnavailable,
+    Unauthorized,
 )
 from .._guardrail import ReadBeforeWriteGuard, session_guard
 from .._paths import hutch_home
-from .._sandbox import Sandbox, backend_of, new_sandbox_id
+from .._refwire import DaemonRef, decode_ref
+from .._sandbox import Sandbox, backend_of, check_ref_lifetime, new_sandbox_id
 from ..config import SandboxSpec, resolve_spec
 from ..lifecycle.engine import LifecycleEngine, expiry_error
 from ..lifecycle.state import SandboxState
 from ..providers.base import RuntimeNotice, SandboxBackend
 from ..providers.registry import get_provider
-from ..store import SandboxRow, SQLiteStore, Store, WorkspaceRow
+from ..store import RefRow, SandboxRow, SQLiteStore, Store, WorkspaceRow
 from .policy import OperatorPolicy
 
 log = logging.getLogger("hutch.daemon")
@@ -57,6 +62,8 @@ CLEAN_STOP = "clean_stop_unix"
 #: A diff suspend on an image this deep flattens instead: overlayfs stacks at
 #: most 128 layers, and every diff adds one.
 MAX_DIFF_LAYERS = 100
+#: A ref's use is an event at most this often (its first use after a start always is).
+REF_USE_EVENT_SECONDS = 60.0
 #: How long a best-effort Docker cleanup may take before it is left for later.
 CLEANUP_TIMEOUT = 30.0
 #: What a workspace's state image keeps of the config of the image it came from.
@@ -133,6 +140,10 @@ class Daemon:
         self.workspace_of: dict[str, str] = {}
         self._guards: dict[tuple[str, str], ReadBeforeWriteGuard] = {}
         self._workspace_locks: dict[str, asyncio.Lock] = {}
+        #: ref id -> its row, as last read or written (the store is the truth).
+        self._refs: dict[str, RefRow] = {}
+        #: ref id -> when its use was last an event.
+        self._ref_used: dict[str, float] = {}
 
     # -- persistence of transitions ---------------------------------------------------
     async def _persist_transition(
@@ -317,9 +328,96 @@ class Daemon:
         """The sandbox's own description, and what the daemon knows around it."""
         return {
             **await sandbox.info(),
+            "attachments": self.attachments(sandbox.id),
             "workspace": self.workspace_of.get(sandbox.id),
             "ended_at_unix": None,
         }
+
+    # -- refs: credentials scoped to one sandbox ----------------------------------------
+    async def create_ref(
+        self, sandbox_id: str, expires_in: float | None, daemon_url: str
+    ) -> dict[str, Any]:
+        """Hand out a ref to a live sandbox; only a hash of its secret is kept."""
+        self.get(sandbox_id)  # a live sandbox, or the typed error of why not
+        if expires_in is not None:
+            check_ref_lifetime(expires_in)
+        now = time.time()
+        secret = secrets.token_urlsafe(32)
+        row = RefRow(
+            id="ref-" + secrets.token_hex(8), sandbox_id=sandbox_id,
+            secret_sha256=hashlib.sha256(secret.encode()).hexdigest(), created_at_unix=now,
+            expires_at_unix=None if expires_in is None else now + expires_in,
+        )
+        await anyio.to_thread.run_sync(self.store.put_ref, row)
+        self._refs[row.id] = row
+        self.store.log_event(
+            sandbox_id, "ref",
+            f"ref {row.id} handed out"
+            + ("" if expires_in is None else f", expires in {expires_in:g} s"),
+        )
+        token = DaemonRef(daemon_url.rstrip("/"), sandbox_id, row.id, secret).encode()
+        return {"ref": token, "ref_id": row.id, "sandbox_id": sandbox_id,
+                "expires_at_unix": row.expires_at_unix}
+
+    async def revoke_ref(self, sandbox_id: str, ref_id: str) -> None:
+        """End a ref: it is refused from now on. Idempotent."""
+        row = self._ref_row(ref_id)
+        if row is None or row.sandbox_id != sandbox_id:
+            raise NotFound(f"no ref {ref_id} for sandbox {sandbox_id}")
+        if row.revoked_at_unix is not None:
+            return
+        row.revoked_at_unix = time.time()
+        await anyio.to_thread.run_sync(self.store.put_ref, row)
+        self.store.log_event(sandbox_id, "ref", f"ref {ref_id} revoked")
+
+    def _ref_row(self, ref_id: str) -> RefRow | None:
+        row = self._refs.get(ref_id)
+        if row is None:
+            row = self.store.get_ref(ref_id)
+            if row is not None:
+                self._refs[ref_id] = row
+        return row
+
+    def check_ref(self, token: str) -> RefRow:
+        """The ref ``token`` presents, if it is genuine, unrevoked and unexpired.
+
+        Its use is an event (at most once a minute a ref).
+        """
+        ref = decode_ref(token)
+        row = None if ref is None else self._ref_row(ref.ref_id)
+        digest = hashlib.sha256((ref.secret if ref else "").encode()).hexdigest()
+        # Constant time, whatever part is wrong.
+        if (
+            ref is None or row is None
+            or not hmac.compare_digest(digest, row.secret_sha256)
+            or row.sandbox_id != ref.sandbox_id
+        ):
+            raise Unauthorized("this ref is not one this daemon handed out")
+        if row.revoked_at_unix is not None:
+            raise Unauthorized(f"ref {row.id} was revoked by the owner of {row.sandbox_id}")
+        now = time.time()
+        if row.expires_at_unix is not None and now >= row.expires_at_unix:
+            raise Unauthorized(
+                f"ref {row.id} to {row.sandbox_id} expired; ask its owner for a new one"
+            )
+        if now - self._ref_used.get(row.id, -math.inf) >= REF_USE_EVENT_SECONDS:
+            self._ref_used[row.id] = now
+            self.store.log_event(row.sandbox_id, "ref", f"ref {row.id} used")
+        return row
+
+    def detach(self, ref: RefRow) -> None:
+        """A session holding a ref closed: it leaves; the sandbox stays."""
+        self.store.log_event(ref.sandbox_id, "ref", f"a session holding ref {ref.id} detached")
+
+    def attachments(self, sandbox_id: str) -> list[dict[str, Any]]:
+        """The refs that can still attach to a sandbox."""
+        now = time.time()
+        return [
+            {"ref_id": r.id, "created_at_unix": r.created_at_unix,
+             "expires_at_unix": r.expires_at_unix, "last_used_unix": self._ref_used.get(r.id)}
+            for r in self.store.list_refs(sandbox_id)
+            if r.revoked_at_unix is None and (r.expires_at_unix is None or r.expires_at_unix > now)
+        ]
 
     @staticmethod
     def ended_info(row: SandboxRow) -> dict[str, Any]:
@@ -343,6 +441,7 @@ class Daemon:
             "meter": dict(row.meter),
             "memory_bytes": None,
             "open_operations": 0,
+            "attachments": [],
             "workspace": row.workspace,
             "ended_at_unix": row.updated_at_unix,
         }

@@ -33,18 +33,20 @@ from ..providers.policy import (
 from ..providers.registry import available_providers, get_provider
 
 #: Limits a sandbox made through the daemon gets when neither the request nor
-#: the operator says otherwise. Disk has none: no provider here can enforce it
-#: on the working directory (the capabilities say so).
+#: the operator says otherwise (each where its provider declares the limit;
+#: the ``disk_limit`` capability says whether disk is).
 DEFAULT_LIMITS: dict[str, float] = {
     "memory": 2 * 1024**3,
     "cpus": 1.0,
     "pids": 1024,
+    "disk": 4 * 1024**3,
 }
 #: The most a request may ask for unless the operator raises it.
 DEFAULT_CEILINGS: dict[str, float] = {
     "memory": 16 * 1024**3,
     "cpus": float(os.cpu_count() or 1),
     "pids": 32768,
+    "disk": 256 * 1024**3,
 }
 
 _HOW_TO_ALLOW = (

@@ -49,6 +49,21 @@ class WorkspaceRow:
     last_active_unix: float = 0.0
 
 
+@dataclass
+class RefRow:
+    """A reference to one sandbox, handed out by its owner: a credential for it alone.
+
+    Only a hash of its secret is kept, so the store does not hold a usable
+    credential."""
+
+    id: str
+    sandbox_id: str
+    secret_sha256: str
+    created_at_unix: float
+    expires_at_unix: float | None = None
+    revoked_at_unix: float | None = None
+
+
 class Store(abc.ABC):
     # -- sandboxes ---------------------------------------------------------------------
     @abc.abstractmethod
@@ -114,3 +129,15 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def close(self) -> None: ...
+
+    # -- refs --------------------------------------------------------------------------
+    @abc.abstractmethod
+    def put_ref(self, row: RefRow) -> None:
+        """Insert or replace a ref, durably."""
+
+    @abc.abstractmethod
+    def get_ref(self, ref_id: str) -> RefRow | None: ...
+
+    @abc.abstractmethod
+    def list_refs(self, sandbox_id: str) -> list[RefRow]:
+        """A sandbox's refs, revoked and expired ones included, oldest first."""

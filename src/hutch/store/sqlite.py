@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from .._errors import StoreUnavailable
-from .base import SandboxRow, Store, WorkspaceRow
+from .base import RefRow, SandboxRow, Store, WorkspaceRow
 
 FINAL_STATES = ("terminated", "failed")
 
@@ -62,6 +62,22 @@ CREATE TABLE IF NOT EXISTS meta (
 );
 """
 
+_REFS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS refs (
+    id TEXT PRIMARY KEY,
+    sandbox_id TEXT NOT NULL,
+    secret_sha256 TEXT NOT NULL,
+    created_at_unix REAL NOT NULL,
+    expires_at_unix REAL,
+    revoked_at_unix REAL
+);
+CREATE INDEX IF NOT EXISTS refs_sandbox ON refs(sandbox_id);
+"""
+_REF_COLUMNS = (
+    "id", "sandbox_id", "secret_sha256", "created_at_unix", "expires_at_unix",
+    "revoked_at_unix",
+)
+
 #: Columns added after the first release, for data directories made before them.
 _ADDED_COLUMNS = {
     "sandboxes": {
@@ -104,6 +120,7 @@ class SQLiteStore(Store):
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(_SCHEMA)
+        self._db.executescript(_REFS_SCHEMA)
         self._migrate()
 
     def _migrate(self) -> None:
@@ -209,6 +226,7 @@ class SQLiteStore(Store):
             )]
             for sandbox_id in ids:
                 db.execute("DELETE FROM events WHERE subject = ?", (sandbox_id,))
+                db.execute("DELETE FROM refs WHERE sandbox_id = ?", (sandbox_id,))
                 db.execute("DELETE FROM sandboxes WHERE id = ?", (sandbox_id,))
         return ids
 
@@ -263,3 +281,21 @@ class SQLiteStore(Store):
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+    # -- refs --------------------------------------------------------------------------
+    def put_ref(self, row: RefRow) -> None:
+        self._write(
+            f"INSERT OR REPLACE INTO refs ({', '.join(_REF_COLUMNS)}) "
+            f"VALUES ({', '.join('?' for _ in _REF_COLUMNS)})",
+            tuple(getattr(row, name) for name in _REF_COLUMNS),
+        )
+
+    def get_ref(self, ref_id: str) -> RefRow | None:
+        rows = self._read("SELECT * FROM refs WHERE id = ?", (ref_id,))
+        return RefRow(**{k: rows[0][k] for k in _REF_COLUMNS}) if rows else None
+
+    def list_refs(self, sandbox_id: str) -> list[RefRow]:
+        rows = self._read(
+            "SELECT * FROM refs WHERE sandbox_id = ? ORDER BY created_at_unix", (sandbox_id,)
+        )
+        return [RefRow(**{k: r[k] for k in _REF_COLUMNS}) for r in rows]

@@ -251,13 +251,13 @@ class RootFiles:
         return info_from_stat(path, self._run(lambda: self._lstat(path), path))
 
     def _list(self, path: str) -> list[FileInfo]:
-        try:
-            handle = self._open(path, os.O_RDONLY | os.O_DIRECTORY)
-            fd = handle.__enter__()
-        except OSError as exc:
-            if exc.errno == errno.ENOTDIR:
-                raise InvalidArgument(f"{path} is not a directory") from None
-            raise
+        with self._root_fd() as root:
+            try:
+                fd = openat2(root, _relative(path), os.O_RDONLY | os.O_DIRECTORY)
+            except OSError as exc:
+                if exc.errno == errno.ENOTDIR:
+                    raise InvalidArgument(f"{path} is not a directory") from None
+                raise
         try:
             base = path.rstrip("/")
             with os.scandir(fd) as entries:
@@ -269,7 +269,7 @@ class RootFiles:
                     key=lambda i: i.path,
                 )
         finally:
-            handle.__exit__(None, None, None)
+            os.close(fd)
 
     async def list_dir(self, path: str) -> list[FileInfo]:
         return self._run(lambda: self._list(path), path)

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import re
+import stat as stat_mod
 import subprocess
 import time
 import weakref
@@ -145,14 +146,37 @@ class BubblewrapSandbox(SandboxBackend):
         self._agent: AgentWithNativeUsers | None = None
         if agent:
             self._agent = AgentWithNativeUsers(
-                self._runtime, os.path.join(self.agent_dir, AGENT_SOCKET), self._recover_agent
+                self._runtime, self.agent_link, self._recover_agent
             )
         self._closed = False
         _live[sandbox_id] = self
 
     @property
     def agent_dir(self) -> str:
+        """The agent's socket directory, bound writable into the sandbox."""
         return os.path.join(self.parts.layers.sandbox_dir, "agent")
+
+    @property
+    def agent_link(self) -> str:
+        """Where hutch connects: a hard link to the agent's socket, made before
+        any command ran, in a directory the sandbox cannot reach. The socket's
+        own directory is the sandbox's to write: a link planted there (to
+        another sandbox's socket, to a host service) would lead hutch's
+        requests elsewhere."""
+        return os.path.join(self.parts.layers.sandbox_dir, "agent.sock")
+
+    def _link_agent_socket(self) -> bool:
+        """Link the agent's socket once it is there (only the agent runs yet)."""
+        source = os.path.join(self.agent_dir, AGENT_SOCKET)
+        try:
+            if not stat_mod.S_ISSOCK(os.lstat(source).st_mode):
+                return False
+        except FileNotFoundError:
+            return False
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.agent_link)
+        os.link(source, self.agent_link, follow_symlinks=False)
+        return stat_mod.S_ISSOCK(os.lstat(self.agent_link).st_mode)
 
     @property
     def runtime(self) -> SandboxRuntime:
@@ -171,6 +195,10 @@ class BubblewrapSandbox(SandboxBackend):
         deadline = time.monotonic() + timeout
         while True:
             try:
+                # Linked again on each try: a socket left by an earlier agent
+                # (before a suspend) is there until the new one replaces it.
+                if not self._link_agent_socket():
+                    raise AgentFailure("its socket is not there yet")
                 await self._agent.ping(timeout=max(0.5, deadline - time.monotonic()))
                 return
             except AgentFailure as exc:
@@ -307,6 +335,9 @@ class BubblewrapSandbox(SandboxBackend):
         agent = None
         if self._agent is not None:
             os.makedirs(self.agent_dir, mode=0o700, exist_ok=True)
+            for stale in (os.path.join(self.agent_dir, AGENT_SOCKET), self.agent_link):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(stale)
             agent = (str(agent_binary()), self.agent_dir)
         keeper, process = start_keeper(
             self.parts.layers, self.parts.cgroup,

@@ -193,7 +193,7 @@ class KeptConnection:
     _sftp_conn: asyncssh.SSHClientConnection | None = None
 
     async def open_session(
-        self, command: str
+        self, command: str, *, term_size: tuple[int, int] | None = None
     ) -> tuple[asyncssh.SSHClientConnection, asyncssh.SSHClientProcess[bytes]]:
         """An exec channel for ``command``: on the kept connection, or where the
         host caps sessions per connection and the kept one is full, on an
@@ -201,12 +201,12 @@ class KeptConnection:
         for attempt in (1, 2):
             conn = await self.connection()
             try:
-                return conn, await conn.create_process(command, encoding=None)
+                return conn, await _create(conn, command, term_size)
             except asyncssh.ChannelOpenError as exc:
                 if conn.is_closed():
                     last: BaseException = exc
                 else:  # refused, not lost: the host's session cap
-                    return await self._overflow_session(command)
+                    return await self._overflow_session(command, term_size)
             except (OSError, asyncssh.Error) as exc:
                 last = exc
             self.forget(conn)
@@ -215,12 +215,12 @@ class KeptConnection:
         raise AssertionError("unreachable")
 
     async def _overflow_session(
-        self, command: str
+        self, command: str, term_size: tuple[int, int] | None
     ) -> tuple[asyncssh.SSHClientConnection, asyncssh.SSHClientProcess[bytes]]:
         self._overflow = [c for c in self._overflow if not c.is_closed()]
         for conn in list(self._overflow):
             try:
-                return conn, await conn.create_process(command, encoding=None)
+                return conn, await _create(conn, command, term_size)
             except (OSError, asyncssh.Error):
                 continue
         if len(self._overflow) >= MAX_OVERFLOW_CONNECTIONS:
@@ -231,7 +231,7 @@ class KeptConnection:
         conn = await self._connect()
         self._overflow.append(conn)
         try:
-            return conn, await conn.create_process(command, encoding=None)
+            return conn, await _create(conn, command, term_size)
         except (OSError, asyncssh.Error) as exc:
             raise SandboxUnavailable(
                 f"ssh {self.target.destination}: the host refused a session: {exc}"
@@ -268,6 +268,16 @@ class KeptConnection:
         for conn in conns:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(conn.wait_closed(), 5)
+
+
+async def _create(
+    conn: asyncssh.SSHClientConnection, command: str, term_size: tuple[int, int] | None
+) -> asyncssh.SSHClientProcess[bytes]:
+    if term_size is None:
+        return await conn.create_process(command, encoding=None)
+    return await conn.create_process(
+        command, encoding=None, term_type="xterm-256color", term_size=term_size
+    )
 
 
 def lost(target: SshTarget, exc: BaseException | None = None) -> SandboxUnavailable:

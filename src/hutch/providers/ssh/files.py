@@ -5,7 +5,7 @@ from __future__ import annotations
 import posixpath
 import stat as stat_mod
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
+from typing import IO, TypeVar
 
 import asyncssh
 
@@ -23,6 +23,11 @@ from .connection import KeptConnection, lost
 from .process import run_helper
 
 T = TypeVar("T")
+
+#: Paths one walk may send back, in bytes.
+_MAX_WALK_BYTES = 256 << 20
+#: What one SFTP write of a streamed upload carries.
+_PIECE = 4 * 1024 * 1024
 
 _CONNECTION_ERRORS = (OSError, asyncssh.SFTPConnectionLost, asyncssh.SFTPNoConnection,
                       asyncssh.ConnectionLost, asyncssh.DisconnectError, asyncssh.ChannelOpenError)
@@ -81,8 +86,13 @@ class SftpFiles:
     async def read(self, path: str, limit: int) -> bytes:
         async def op(sftp: asyncssh.SFTPClient) -> bytes:
             attrs = await sftp.stat(path)
-            if stat_mod.S_ISDIR(attrs.permissions or 0):
+            mode = attrs.permissions or 0
+            if stat_mod.S_ISDIR(mode):
                 raise SandboxIsADirectory(f"{path} is a directory")
+            if not stat_mod.S_ISREG(mode):
+                # A FIFO or a device would hold the host's one SFTP server
+                # (and every file call after it) until something wrote to it.
+                raise InvalidArgument(f"{path} is not a regular file")
             size = attrs.size or 0
             if size > limit:
                 raise OutputLimitExceeded(
@@ -100,30 +110,45 @@ class SftpFiles:
 
         return await self._call(path, op)
 
+    async def _create(self, sftp: asyncssh.SFTPClient, path: str) -> asyncssh.SFTPClientFile:
+        """``path`` opened for writing (truncated), its parents made if missing."""
+        try:
+            return await sftp.open(path, "wb")
+        except asyncssh.SFTPNoSuchFile:
+            pass  # a parent is missing: make it, then open
+        except asyncssh.SFTPFailure:
+            # OpenSSH answers a plain failure when the path is a directory.
+            if stat_mod.S_ISDIR((await sftp.stat(path)).permissions or 0):
+                raise SandboxIsADirectory(f"{path} is a directory") from None
+            raise
+        try:
+            await sftp.makedirs(posixpath.dirname(path), exist_ok=True)
+        except asyncssh.SFTPFailure:
+            raise SandboxFileNotFound(
+                f"a parent of {path} is not a directory on {self._dest}"
+            ) from None
+        return await sftp.open(path, "wb")
+
     async def write(self, path: str, data: bytes) -> None:
-        async def put(sftp: asyncssh.SFTPClient) -> None:
-            async with sftp.open(path, "wb") as fh:
+        async def op(sftp: asyncssh.SFTPClient) -> None:
+            fh = await self._create(sftp, path)
+            try:
                 await fh.write(data)
+            finally:
+                await fh.close()
+
+        await self._call(path, op)
+
+    async def write_from(self, path: str, source: IO[bytes]) -> None:
+        """Copy ``source`` to ``path`` a piece at a time: never whole in memory."""
 
         async def op(sftp: asyncssh.SFTPClient) -> None:
+            fh = await self._create(sftp, path)
             try:
-                await put(sftp)
-                return
-            except asyncssh.SFTPNoSuchFile:
-                pass  # a parent is missing: make it, then write
-            except asyncssh.SFTPFailure:
-                # OpenSSH answers a plain failure when the path is a directory.
-                if stat_mod.S_ISDIR((await sftp.stat(path)).permissions or 0):
-                    raise SandboxIsADirectory(f"{path} is a directory") from None
-                raise
-            parent = posixpath.dirname(path)
-            try:
-                await sftp.makedirs(parent, exist_ok=True)
-            except asyncssh.SFTPFailure:
-                raise SandboxFileNotFound(
-                    f"a parent of {path} is not a directory on {self._dest}"
-                ) from None
-            await put(sftp)
+                while piece := source.read(_PIECE):
+                    await fh.write(piece)
+            finally:
+                await fh.close()
 
         await self._call(path, op)
 

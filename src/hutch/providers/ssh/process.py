@@ -28,12 +28,13 @@ import asyncssh
 from ..._errors import (
     HutchError,
     InvalidArgument,
+    OutputLimitExceeded,
     ProviderError,
     SandboxFileNotFound,
     SandboxPermissionDenied,
 )
 from ..._types import OutputChunk
-from ..base import BackendProcess
+from ..base import BackendProcess, PtyProcess
 from .connection import KeptConnection, lost
 
 EXEC_MARKER = "HUTCH_EXEC_ID"
@@ -140,9 +141,12 @@ CHANNEL_ERRORS = (OSError, asyncssh.Error, asyncio.IncompleteReadError)
 async def open_process(
     kept: KeptConnection,
     command: str,
+    *,
+    term_size: tuple[int, int] | None = None,
 ) -> tuple[asyncssh.SSHClientConnection, asyncssh.SSHClientProcess[bytes]]:
-    """Open an exec channel for ``command`` (see :meth:`KeptConnection.open_session`)."""
-    return await kept.open_session(command)
+    """Open an exec channel for ``command`` (see :meth:`KeptConnection.open_session`),
+    on a pseudo-terminal of ``term_size`` (cols, rows) when given."""
+    return await kept.open_session(command, term_size=term_size)
 
 
 class SshProcess(BackendProcess):
@@ -155,6 +159,8 @@ class SshProcess(BackendProcess):
         process: asyncssh.SSHClientProcess[bytes],
         exec_id: str,
         stdin: bytes | None,
+        *,
+        interactive: bool = False,
     ) -> None:
         self._kept = kept
         self._conn = conn
@@ -168,8 +174,9 @@ class SshProcess(BackendProcess):
         self._tasks = [
             loop.create_task(self._pipe(process.stdout, "stdout")),
             loop.create_task(self._pipe(process.stderr, "stderr")),
-            loop.create_task(self._feed(stdin)),
         ]
+        if not interactive:  # a terminal's input stays open for what is typed
+            self._tasks.append(loop.create_task(self._feed(stdin)))
 
     async def _feed(self, data: bytes | None) -> None:
         # A command that exits without reading its stdin is not an error.
@@ -234,6 +241,23 @@ class SshProcess(BackendProcess):
             task.cancel()
 
 
+class SshPtyProcess(SshProcess, PtyProcess):
+    """A command on a pseudo-terminal the host's sshd made for the channel."""
+
+    async def write(self, data: bytes) -> None:
+        try:
+            self._proc.stdin.write(data)
+            await self._proc.stdin.drain()
+        except CHANNEL_ERRORS as exc:
+            raise lost(self._kept.target, exc) from None
+
+    async def resize(self, rows: int, cols: int) -> None:
+        try:
+            self._proc.change_terminal_size(cols, rows)
+        except CHANNEL_ERRORS as exc:
+            raise lost(self._kept.target, exc) from None
+
+
 # Kills every process whose environment holds the marker ($1): SIGTERM, up to
 # $2 tenths of a second for them to go, then SIGKILL for what is left. GNU
 # grep -z reads each /proc/PID/environ as NUL-separated records in one process.
@@ -260,24 +284,44 @@ async def run_helper(
     cwd: str = "/",
     stdin: bytes | None = None,
     timeout: float = 60,
+    output_limit: int = 16 << 20,
 ) -> tuple[int, bytes, bytes]:
-    """Run a command of hutch's own (unmarked: not the sandbox's work) to its end."""
+    """Run a command of hutch's own (unmarked: not the sandbox's work) to its
+    end; past ``output_limit`` bytes of stdout it is stopped, never buffered."""
     command = command_line(argv, cwd=cwd, env={}, user=None, exec_id=None, sandbox_id="-")
     conn, process = await open_process(kept, command)
+
+    async def collect(reader: asyncssh.SSHReader[bytes], cap: int) -> bytes:
+        data = bytearray()
+        while chunk := await reader.read(_READ_SIZE):
+            data += chunk
+            if len(data) > cap:
+                raise OutputLimitExceeded(
+                    f"ssh {kept.target.destination}: {argv[0]} answered more than {cap} bytes"
+                )
+        return bytes(data)
+
     try:
         async with asyncio.timeout(timeout):
-            if not stdin:
-                process.stdin.write_eof()
-            out, err = await process.communicate(stdin)
+            if stdin:
+                process.stdin.write(stdin)
+            process.stdin.write_eof()
+            out, err = await asyncio.gather(
+                collect(process.stdout, output_limit + 1), collect(process.stderr, 1 << 20)
+            )
+            await process.wait_closed()
     except TimeoutError:
         process.close()
         raise ProviderError(
             f"ssh {kept.target.destination}: {argv[0]} took over {timeout} s"
         ) from None
+    except HutchError:
+        process.close()
+        raise
     except CHANNEL_ERRORS as exc:
+        process.close()
         kept.forget(conn)
         raise lost(kept.target, exc) from None
-    out = out or b""
     if out[:1] == STARTED:
         out = out[1:]
     elif out[:1] == FAILED:
@@ -288,4 +332,4 @@ async def run_helper(
     if code is None:
         kept.forget(conn)
         raise lost(kept.target)
-    return code, out, err or b""
+    return code, out, err

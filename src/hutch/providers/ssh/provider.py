@@ -8,7 +8,7 @@ import dataclasses
 import re
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import IO, Any
 
 from ..._errors import (
     CapabilityUnsupported,
@@ -31,6 +31,7 @@ from .process import (
     SANDBOX_MARKER,
     STARTED,
     SshProcess,
+    SshPtyProcess,
     command_line,
     open_process,
     run_helper,
@@ -148,12 +149,40 @@ class SshSandbox(SandboxBackend):
         stdin: bytes | None,
         user: str | None,
     ) -> SshProcess:
+        return await self._start(argv, cwd=cwd, env=env, stdin=stdin, user=user)
+
+    async def start_pty(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        user: str | None,
+        rows: int,
+        cols: int,
+    ) -> SshPtyProcess:
+        process = await self._start(
+            argv, cwd=cwd, env=env, stdin=None, user=user, term_size=(cols, rows)
+        )
+        assert isinstance(process, SshPtyProcess)
+        return process
+
+    async def _start(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        stdin: bytes | None,
+        user: str | None,
+        term_size: tuple[int, int] | None = None,
+    ) -> SshProcess:
         exec_id = uuid.uuid4().hex
         command = command_line(
             argv, cwd=cwd, env={**self.config.env, **env}, user=user,
             exec_id=exec_id, sandbox_id=self.sandbox_id,
         )
-        conn, process = await open_process(self._kept, command)
+        conn, process = await open_process(self._kept, command, term_size=term_size)
         try:
             async with asyncio.timeout(_START_TIMEOUT):
                 head = await process.stdout.read(1)
@@ -184,6 +213,8 @@ class SshSandbox(SandboxBackend):
             process.close()
             self._kept.forget(conn)
             raise lost(self._kept.target, exc) from None
+        if term_size is not None:
+            return SshPtyProcess(self._kept, conn, process, exec_id, None, interactive=True)
         return SshProcess(self._kept, conn, process, exec_id, stdin)
 
     async def count_busy_processes(self) -> int:
@@ -201,6 +232,9 @@ class SshSandbox(SandboxBackend):
 
     async def write_file(self, path: str, data: bytes) -> None:
         await self._files.write(path, data)
+
+    async def write_file_from(self, path: str, source: IO[bytes]) -> None:
+        await self._files.write_from(path, source)
 
     async def stat(self, path: str) -> FileInfo:
         return await self._files.stat(path)

@@ -324,6 +324,7 @@ func handleExec(c *conn, h header) {
 		parentEnds = []*os.File{stdinW, outR, errR}
 		outputs = []*os.File{outR, errR}
 	}
+	oomBefore := oomKills()
 	pid, exited, err := spawn(path, argv, attr)
 	closeAll(childEnds)
 	if err != nil {
@@ -423,7 +424,12 @@ func handleExec(c *conn, h header) {
 		pumps.Wait()
 	}
 	close(stop)
-	_ = c.send(header{"t": "exit", "code": exitCode(status)}, nil)
+	// 137 (a SIGKILL, its own or a pipeline's last command's) with the
+	// sandbox's cgroup counting more OOM kills than at the start: the
+	// kernel's OOM killer ended it (or what it ran).
+	oom := exitCode(status) == 128+int(syscall.SIGKILL) && oomBefore >= 0 &&
+		oomKills() > oomBefore
+	_ = c.send(header{"t": "exit", "code": exitCode(status), "oom": oom}, nil)
 	closeAll(parentEnds)
 }
 
@@ -624,4 +630,24 @@ func fail(what string, err error) {
 		os.Exit(127)
 	}
 	os.Exit(126)
+}
+
+// oomKills: the OOM kills the sandbox's memory cgroup has counted (its own,
+// seen through the cgroup namespace), or -1 where it cannot tell.
+func oomKills() int {
+	for _, path := range []string{"/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"} {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			if strings.HasPrefix(line, "oom_kill ") {
+				n, err := strconv.Atoi(strings.TrimSpace(line[len("oom_kill "):]))
+				if err == nil {
+					return n
+				}
+			}
+		}
+	}
+	return -1
 }

@@ -1,0 +1,107 @@
+"""Shared references (SPEC §4, issue 9): an owner hands out a ref, other
+sessions attach and work in the same live sandbox without owning it."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+
+import pytest
+
+import hutch
+
+pytestmark = pytest.mark.anyio
+
+
+async def local_sandbox() -> hutch.Sandbox:
+    return await hutch.create_sandbox("local", workdir=tempfile.mkdtemp())
+
+
+async def test_attached_session_shares_files_processes_and_lifecycle() -> None:
+    owner = await local_sandbox()
+    ref = owner.ref()
+    assert isinstance(ref, str) and owner.id not in ref  # opaque
+    worker = hutch.attach(ref)
+    assert worker.id == owner.id
+    await owner.write_text("from-owner.txt", "o")
+    assert await worker.read_text("from-owner.txt") == "o"
+    await worker.write_text("from-worker.txt", "w")
+    assert await owner.read_text("from-worker.txt") == "w"
+    job = await worker.start("sleep 30")
+    assert [p.id for p in owner.processes()] == [job.id]
+    assert (await owner.info())["attachments"] == [{"session": worker.session_id}]
+    await job.kill()
+    await owner.close()
+
+
+async def test_attached_close_only_detaches() -> None:
+    owner = await local_sandbox()
+    worker = hutch.attach(owner.ref())
+    await worker.close()
+    assert worker.closed
+    with pytest.raises(hutch.SandboxUnavailable, match="detached"):
+        await worker.exec("true")
+    assert (await owner.exec("echo still")).stdout == "still\n"
+    assert owner.state is hutch.SandboxState.RUNNING
+    assert (await owner.info())["attachments"] == []
+    await owner.close()
+
+
+async def test_owner_close_ends_it_for_every_attached_session() -> None:
+    owner = await local_sandbox()
+    workers = [hutch.attach(owner.ref()) for _ in range(2)]
+    await owner.close()
+    for worker in workers:
+        with pytest.raises(hutch.SandboxUnavailable, match="owner's cleanup ended it"):
+            await worker.read_text("anything")
+        await worker.close()  # closing what is gone is not an error
+
+
+async def test_read_before_write_is_per_session() -> None:
+    owner = await local_sandbox()
+    await owner.write_text("shared.txt", "v1")
+    worker = hutch.attach(owner.ref())
+    await owner.read_text("shared.txt")
+    with pytest.raises(hutch.ReadBeforeWrite):
+        await worker.write_text("shared.txt", "v2")  # the owner's read is not the worker's
+    await worker.read_text("shared.txt")
+    await worker.write_text("shared.txt", "v2")
+    assert await owner.read_text("shared.txt") == "v2"
+    await owner.close()
+
+
+async def test_only_the_owner_hands_out_refs_and_revoked_or_expired_refs_fail() -> None:
+    owner = await local_sandbox()
+    worker = hutch.attach(owner.ref())
+    with pytest.raises(hutch.SandboxPermissionDenied, match="owner"):
+        worker.ref()
+    revoked = owner.ref()
+    owner.revoke_ref(revoked)
+    with pytest.raises(hutch.Unauthorized):
+        hutch.attach(revoked)
+    short = owner.ref(expires_in=0.2)
+    await asyncio.sleep(0.4)
+    with pytest.raises(hutch.Unauthorized, match="expired"):
+        hutch.attach(short)
+    with pytest.raises(hutch.InvalidArgument):
+        owner.ref(expires_in=float("nan"))
+    with pytest.raises(hutch.Unauthorized):
+        hutch.attach("not-a-ref")
+    await owner.close()
+
+
+async def test_activity_of_an_attached_session_keeps_it_awake() -> None:
+    engine = hutch.LifecycleEngine()
+    owner = await hutch.create_sandbox("virtual", engine=engine, idle_suspend_after=1.0,
+                                       read_before_write=False)
+    worker = hutch.attach(owner.ref())
+    for i in range(12):  # 3 s of work, three idle windows
+        await worker.write_text("tick", str(i))
+        assert owner.state is hutch.SandboxState.RUNNING, f"suspended under a busy worker ({i})"
+        await asyncio.sleep(0.25)
+    deadline = asyncio.get_running_loop().time() + 10
+    while owner.state is not hutch.SandboxState.SUSPENDED:  # idle for real: it sleeps
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.1)
+    await owner.close()
+    await engine.close()
