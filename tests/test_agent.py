@@ -281,8 +281,9 @@ async def test_anything_malformed_from_the_agent_is_a_provider_error(
     _FakeAgent(path, reply, close=close)
     recoveries: list[str] = []
 
-    async def recover(reason: str) -> None:
+    async def recover(reason: str) -> bool:
         recoveries.append(reason)
+        return True
 
     runtime = AgentRuntime("sb-fake", "/workspace", path, provider_name="docker",
                            recover=recover)
@@ -302,8 +303,8 @@ async def test_a_descriptor_handed_over_is_checked(fake_agent_dir: str, extra: i
     fds = [pipe_r] * (1 + extra)
     _FakeAgent(path, _frame(b'{"t": "fd", "size": 10}'), close=False, fds=fds)
 
-    async def recover(reason: str) -> None:
-        pass
+    async def recover(reason: str) -> bool:
+        return False
 
     runtime = AgentRuntime("sb-fake", "/workspace", path, provider_name="docker",
                            recover=recover)

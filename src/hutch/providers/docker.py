@@ -746,7 +746,7 @@ class DockerSandbox(SandboxBackend):
             self.agent_dir = None
             self.container_id = await self._run_container(image)
 
-    async def _recover_agent(self, reason: str) -> None:
+    async def _recover_agent(self, reason: str) -> bool:
         """The agent failed a request (``reason``): find out why and bring it
         back, within a few seconds, or raise what makes the sandbox lost.
 
@@ -773,7 +773,7 @@ class DockerSandbox(SandboxBackend):
             if state.get("Running"):
                 with contextlib.suppress(AgentFailure):
                     await self._agent.ping(timeout=0.5)
-                    return  # it answers again: the failure was the connection's
+                    return False  # it answers: the failure was the request's
                 log.warning("docker sandbox %s: its agent is wedged (%s); restarting it",
                             self.sandbox_id, reason)
                 action: Any = lambda: engine().restart(container, timeout=0)  # noqa: E731
@@ -790,6 +790,7 @@ class DockerSandbox(SandboxBackend):
                     f"docker sandbox {self.sandbox_id}: its agent failed ({reason}) and could "
                     f"not be brought back: {exc}"
                 ) from None
+            return True
 
     # -- provisioning -------------------------------------------------------------
     @classmethod

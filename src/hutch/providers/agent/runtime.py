@@ -64,7 +64,11 @@ _ERRORS: dict[str, type[HutchError]] = {
 }
 _TYPES = {t.value: t for t in FileType}
 
-Recover = Callable[[str], Awaitable[None]]
+#: The provider's answer to a failed agent: True (or None) when it brought
+#: the agent back (restarted: what ran is gone), False when the agent still
+#: answers (the failure was the request's: slow, or its connection); raises
+#: when the sandbox is lost.
+Recover = Callable[[str], Awaitable[bool | None]]
 T = TypeVar("T")
 
 
@@ -321,9 +325,14 @@ class AgentRuntime(SandboxRuntime):
         the provider has had its say (it raises if the sandbox is lost)."""
         self.drop_connections()
         try:
-            await self._recover(str(exc))
+            restarted = await self._recover(str(exc))
         except HutchError as lost:
             return lost
+        if restarted is False:
+            return ProviderError(
+                f"{self.provider_name} sandbox {self.sandbox_id}: {exc} (its agent is alive: "
+                "the request was too slow, or its connection broke)"
+            )
         return ProviderError(
             f"{self.provider_name} sandbox {self.sandbox_id}: {exc}; its agent was restarted "
             "(commands running in it were lost); try again"
