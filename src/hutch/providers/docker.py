@@ -967,7 +967,7 @@ class DockerSandbox(SandboxBackend):
     @classmethod
     async def reconnect(cls, sandbox_id: str, description: Mapping[str, Any]) -> DockerSandbox:
         """Rebuild the backend of a sandbox made earlier (by a daemon now gone)."""
-        return cls(
+        sandbox = cls(
             sandbox_id,
             DockerConfig.model_validate(description["config"]),
             str(description["host_workdir"]),
@@ -976,6 +976,18 @@ class DockerSandbox(SandboxBackend):
             description.get("suspended_image"),
             description.get("agent"),
         )
+        if sandbox.container_id is not None and not await sandbox.is_alive():
+            # The container on record is gone, but the sandbox may have one
+            # under its name that the record missed (a suspend undone because
+            # the store could not keep it resumed into a new container).
+            try:
+                details = await _call(engine().inspect_container, sandbox.container_name)
+            except SandboxUnavailable:
+                return sandbox
+            labels = (details.get("Config") or {}).get("Labels") or {}
+            if labels.get(SANDBOX_LABEL) == sandbox_id:
+                sandbox.container_id = str(details["Id"])
+        return sandbox
 
     def _container(self) -> str:
         if self.container_id is None:
