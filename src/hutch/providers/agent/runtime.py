@@ -140,9 +140,16 @@ async def _read_handed_over(fd: int, path: str, limit: int) -> bytes:
                 raise OutputLimitExceeded(f"{path} is over the read limit of {limit} bytes")
             return data
 
-        if size > _THREAD_BYTES:
-            return await anyio.to_thread.run_sync(read)
-        return read()
+        try:
+            if size > _THREAD_BYTES:
+                return await anyio.to_thread.run_sync(read)
+            return read()
+        except OSError as exc:
+            # A procfs or sysfs file that cannot be read at an offset (EINVAL):
+            # not a file the file API reads (grep skips it), as a FIFO is not.
+            raise InvalidArgument(
+                f"{path} cannot be read as a file ({exc.strerror or exc}); read it with exec"
+            ) from None
     finally:
         os.close(fd)
 
