@@ -109,7 +109,8 @@ def test_a_workspace_cannot_bring_host_settings(
     daemon: DaemonProcess, body: dict[str, Any]
 ) -> None:
     answer = post(daemon, "/v1/workspaces",
-                  {"name": f"w{uuid.uuid4().hex[:8]}", "image": TEST_IMAGE, **body})
+                  {"name": f"w{uuid.uuid4().hex[:8]}", "provider": "docker", "image": TEST_IMAGE,
+                   **body})
     assert answer.status_code == 403, answer.text
     assert answer.json()["error"]["code"] == "permission_denied"
 

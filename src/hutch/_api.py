@@ -38,7 +38,7 @@ async def create_sandbox(
                 options.model_dump() if isinstance(options, SandboxOptions) else dict(options)
             )
         spec = resolve_spec(flags=flags)
-    backend_cls = get_provider(spec.provider.type)
+    backend_cls = get_provider(spec.provider_name)
     sid = sandbox_id or new_sandbox_id()
     backend = await backend_cls.create(spec.provider, sid)
     return await _track(backend, spec, engine)

@@ -1,5 +1,7 @@
-"""Configuration: per-provider models as a discriminated union, sandbox options,
-and the precedence rule
+"""Configuration: each provider's settings validated by its own ``config_model``
+(found through the provider registry, so a provider registered at run time or
+by the ``hutch.providers`` entry point is configured like a built-in one),
+sandbox options, and the precedence rule
 
     command-line flag > run config file (hutch.toml) > server defaults > built-in (local)
 
@@ -20,30 +22,21 @@ from __future__ import annotations
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    ValidationError,
+    field_validator,
+)
 
 from ._errors import InvalidArgument
 from ._types import MAX_DURATION, MAX_OUTPUT_LIMIT
-from .providers.bubblewrap import BubblewrapConfig
-from .providers.docker import DockerConfig
 from .providers.local import LocalConfig
-from .providers.ssh.config import SshConfig
-from .providers.virtual import VirtualConfig
-
-ProviderConfig = Annotated[
-    LocalConfig | VirtualConfig | DockerConfig | SshConfig | BubblewrapConfig,
-    Field(discriminator="type"),
-]
-_provider_adapter: TypeAdapter[Any] = TypeAdapter(ProviderConfig)
-#: The providers whose settings this module knows (the ``type`` of each model).
-CONFIGURED_PROVIDERS: tuple[str, ...] = tuple(
-    sorted(
-        str(model.model_fields["type"].default)
-        for model in (LocalConfig, VirtualConfig, DockerConfig, SshConfig, BubblewrapConfig)
-    )
-)
+from .providers.registry import available_providers, get_provider
 
 DEFAULT_PROVIDER = "local"
 CONFIG_FILE_NAME = "hutch.toml"
@@ -81,15 +74,35 @@ class SandboxSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    provider: ProviderConfig = Field(default_factory=LocalConfig)
+    #: An instance of the provider's own ``config_model`` (its ``type`` names it).
+    provider: SerializeAsAny[BaseModel] = Field(default_factory=LocalConfig)
     options: SandboxOptions = Field(default_factory=SandboxOptions)
 
+    @field_validator("provider", mode="before")
+    @classmethod
+    def _by_registry(cls, value: Any) -> Any:
+        if isinstance(value, Mapping):
+            return parse_provider_config(value)
+        if not isinstance(value, BaseModel) or not isinstance(getattr(value, "type", None), str):
+            raise ValueError("provider settings are a mapping with a 'type'")
+        return value
 
-def parse_provider_config(data: Mapping[str, Any]) -> Any:
+    @property
+    def provider_name(self) -> str:
+        """The registry name of the provider these settings are for."""
+        return str(getattr(self.provider, "type"))  # noqa: B009 - every config_model has it
+
+
+def parse_provider_config(data: Mapping[str, Any]) -> BaseModel:
+    """``data`` (with its ``type``) validated by that provider's ``config_model``."""
+    name = data.get("type")
+    if not isinstance(name, str):
+        raise InvalidArgument("provider settings need a 'type' naming the provider")
+    model = get_provider(name).config_model
     try:
-        return _provider_adapter.validate_python(dict(data))
+        return model.model_validate(dict(data))
     except ValidationError as exc:
-        raise InvalidArgument(f"bad provider settings: {_short(exc)}") from None
+        raise InvalidArgument(f"bad {name} settings: {_short(exc)}") from None
 
 
 def _short(exc: ValidationError) -> str:
@@ -140,9 +153,9 @@ def resolve_spec(
         opts = SandboxOptions.model_validate(options)
     except ValidationError as exc:
         raise InvalidArgument(f"bad sandbox options: {_short(exc)}") from None
-    if provider not in CONFIGURED_PROVIDERS:
+    if provider not in available_providers():
         raise InvalidArgument(
-            f"unknown provider {provider!r}; available: {', '.join(CONFIGURED_PROVIDERS)}"
+            f"unknown provider {provider!r}; available: {', '.join(available_providers())}"
         )
     return SandboxSpec(provider=parse_provider_config(settings), options=opts)
 

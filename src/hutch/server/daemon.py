@@ -216,7 +216,7 @@ class Daemon:
         spec = resolve_spec(flags=body, server_defaults=self.sandbox_defaults)
         try:  # the operator's own settings for this provider, if they stand alone
             operators: BaseModel | None = resolve_spec(
-                flags={"provider": spec.provider.type}, server_defaults=self.sandbox_defaults
+                flags={"provider": spec.provider_name}, server_defaults=self.sandbox_defaults
             ).provider
         except InvalidArgument:
             operators = None  # a provider with required settings the operator left out
@@ -239,14 +239,14 @@ class Daemon:
         sid = sandbox_id or new_sandbox_id()
         now = time.time()
         row = SandboxRow(
-            id=sid, provider=spec.provider.type, state=SandboxState.CREATING.value,
+            id=sid, provider=spec.provider_name, state=SandboxState.CREATING.value,
             spec=spec.model_dump(), workspace=workspace, created_at_unix=now,
             base_snapshot_id=from_snapshot.id if from_snapshot else None,
             origin_snapshot_id=from_snapshot.id if from_snapshot else None,
         )
         # Intent first: a daemon killed mid-create finds this row and cleans up.
         await anyio.to_thread.run_sync(self.store.put_sandbox, row)
-        backend_cls = get_provider(spec.provider.type)
+        backend_cls = get_provider(spec.provider_name)
         try:
             if from_snapshot is not None:
                 backend = await backend_cls.create_from_snapshot(
@@ -270,7 +270,7 @@ class Daemon:
             await backend.close()
             self.store.delete_sandbox(sid)
             raise
-        self._note(sid, "created", f"{spec.provider.type} sandbox created")
+        self._note(sid, "created", f"{spec.provider_name} sandbox created")
         self._watch(type(backend))
         return sandbox
 
@@ -732,16 +732,16 @@ class Daemon:
             spec = self.attach_spec(source, body)
         else:
             spec = self.spec_from_request(body)
-        provider = get_provider(spec.provider.type)
+        provider = get_provider(spec.provider_name)
         if not provider.capabilities.snapshot:
-            raise CapabilityUnsupported.for_provider(spec.provider.type, "workspaces (snapshot)")
+            raise CapabilityUnsupported.for_provider(spec.provider_name, "workspaces (snapshot)")
         async with self._lock(name):
             if self.store.get_workspace(name) is not None:
                 raise InvalidState(f"workspace {name!r} already exists")
             now = time.time()
             sid = new_sandbox_id()
             row = WorkspaceRow(
-                name=name, status="creating", provider=spec.provider.type,
+                name=name, status="creating", provider=spec.provider_name,
                 spec=spec.model_dump(), live_sandbox_id=sid,
                 source_snapshot_id=source.id if source else None,
                 created_at_unix=now, last_active_unix=now,
@@ -758,7 +758,7 @@ class Daemon:
             self.store.log_event(
                 name, "workspace",
                 f"created from snapshot {source.id}" if source else
-                f"created fresh on {spec.provider.type}",
+                f"created fresh on {spec.provider_name}",
             )
             return row
 
