@@ -44,6 +44,7 @@ from ._process import (
     release_output,
     run_to_completion,
 )
+from ._snapshots import Fork, Snapshot, new_snapshot_id, snapshot_record
 from ._types import (
     DEFAULT_OUTPUT_LIMIT,
     DEFAULT_READ_LIMIT,
@@ -59,6 +60,7 @@ from .lifecycle.state import SandboxState
 from .providers.base import BackendProcess, PtyProcess, SandboxBackend, SandboxRuntime, join_path
 
 if TYPE_CHECKING:
+    from .config import SandboxSpec
     from .lifecycle.engine import LifecycleRecord, SandboxStatus
     from .lifecycle.gate import LifecycleGate
 
@@ -81,6 +83,11 @@ class _Live:
         self.refs: dict[str, float | None] = {}
         #: The owning session (weakly: dropping it is the owner's business).
         self.owner: Callable[[], Sandbox | None] = lambda: None
+        #: The settings it was made with, and its place in the snapshot lineage
+        #: (see the properties of the same names on :class:`Sandbox`).
+        self.spec: SandboxSpec | None = None
+        self.base_snapshot_id: str | None = None
+        self.origin_snapshot_id: str | None = None
 
 
 #: The in-process refs handed out: token -> the owner's live sandbox.
@@ -172,6 +179,35 @@ class Sandbox:
     @_open_ops.setter
     def _open_ops(self, count: int) -> None:
         self._live.open_ops = count
+
+    @property
+    def spec(self) -> SandboxSpec | None:
+        """The settings it was made with (what a fork's branches start from)."""
+        return self._live.spec
+
+    @spec.setter
+    def spec(self, spec: SandboxSpec | None) -> None:
+        self._live.spec = spec
+
+    @property
+    def base_snapshot_id(self) -> str | None:
+        """The snapshot it was started from or last captured: its parent in
+        the lineage tree of the next snapshot taken of it."""
+        return self._live.base_snapshot_id
+
+    @base_snapshot_id.setter
+    def base_snapshot_id(self, snapshot_id: str | None) -> None:
+        self._live.base_snapshot_id = snapshot_id
+
+    @property
+    def origin_snapshot_id(self) -> str | None:
+        """The snapshot it was started from, if any: it depends on that
+        snapshot until it captures a state of its own."""
+        return self._live.origin_snapshot_id
+
+    @origin_snapshot_id.setter
+    def origin_snapshot_id(self, snapshot_id: str | None) -> None:
+        self._live.origin_snapshot_id = snapshot_id
 
     # -- identity -------------------------------------------------------------
     @property
@@ -628,6 +664,44 @@ class Sandbox:
     async def resume(self) -> None:
         """Bring a paused or suspended sandbox back to running."""
         await self._engine().resume(self)
+
+    # -- snapshots and forks ------------------------------------------------------------
+    async def snapshot(self, label: str | None = None, *, diff: bool = True) -> Snapshot:
+        """Capture this sandbox's state (running, paused or suspended; it stays
+        as it is) and return the snapshot. ``diff``: the provider may store
+        only what changed since the state this sandbox started from."""
+        self.require("snapshot")
+        sid = new_snapshot_id()
+        if self._gate is not None:
+            async with self._gate.held(self):
+                handle = await self._backend.capture(sid, diff=diff)
+        else:
+            if self._closed:
+                raise SandboxUnavailable(f"sandbox {self.id} has been closed")
+            handle = await self._backend.capture(sid, diff=diff)
+        record = snapshot_record(
+            handle, label=label, sandbox_id=self.id, parent_id=self.base_snapshot_id,
+            spec=self.spec.model_dump() if self.spec is not None else {},
+        )
+        self.base_snapshot_id = record.id
+        return record
+
+    async def fork(self, label: str | None = None, *, count: int = 0) -> Fork:
+        """Snapshot this sandbox and return a handle whose ``attach()`` starts
+        independent branches from that state (any number of them); ``count``
+        branches are started at once (``fork.branches``)."""
+        self.require("fork")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise InvalidArgument(f"fork count must be a non-negative integer, not {count!r}")
+        snapshot = await self.snapshot(label)
+        from .lifecycle.engine import LifecycleEngine
+
+        # Branches join the engine that tracks their origin (its clock, its timers).
+        engine = self._gate if isinstance(self._gate, LifecycleEngine) else None
+        fork = Fork(snapshot, engine)
+        for _ in range(count):
+            await fork.attach()
+        return fork
 
     async def set_timeout(self, seconds: float) -> float:
         """Make the sandbox's deadline now + ``seconds``; returns it as Unix time."""

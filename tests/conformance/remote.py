@@ -75,11 +75,13 @@ class AsyncAdapter:
 _ASYNC_TWIN: dict[type, type] = {
     hutch.client.RemoteSandbox: hutch.client.AsyncRemoteSandbox,
     hutch.client.RemoteProcess: hutch.client.AsyncRemoteProcess,
+    hutch.client.RemoteFork: hutch.client.AsyncRemoteFork,
 }
 
 
 def adapt(value: Any) -> Any:
-    if isinstance(value, hutch.client.RemoteSandbox | hutch.client.RemoteProcess):
+    if isinstance(value, hutch.client.RemoteSandbox | hutch.client.RemoteProcess
+                  | hutch.client.RemoteFork):
         return AsyncAdapter(value)
     if isinstance(value, list):
         return [adapt(v) for v in value]
