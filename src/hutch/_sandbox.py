@@ -83,11 +83,6 @@ class _Live:
         self.refs: dict[str, float | None] = {}
         #: The owning session (weakly: dropping it is the owner's business).
         self.owner: Callable[[], Sandbox | None] = lambda: None
-        #: The settings it was made with, and its place in the snapshot lineage
-        #: (see the properties of the same names on :class:`Sandbox`).
-        self.spec: SandboxSpec | None = None
-        self.base_snapshot_id: str | None = None
-        self.origin_snapshot_id: str | None = None
 
 
 #: The in-process refs handed out: token -> the owner's live sandbox.
@@ -125,6 +120,14 @@ class Sandbox:
         self._owner = True
         self._detached = False
 
+        #: The settings it was made with (what a fork's branches start from).
+        self.spec: SandboxSpec | None = None
+        #: The snapshot it was started from or last captured: its parent in
+        #: the lineage tree of the next snapshot taken of it.
+        self.base_snapshot_id: str | None = None
+        #: The snapshot it was started from, if any: it depends on that
+        #: snapshot until it captures a state of its own.
+        self.origin_snapshot_id: str | None = None
     def _attached_session(self) -> Sandbox:
         """A new non-owning session on this live sandbox, with a guard of its own."""
         session = object.__new__(Sandbox)
@@ -136,6 +139,10 @@ class Sandbox:
         session.session_id = uuid.uuid4().hex[:12]
         session._owner = False
         session._detached = False
+        # Where it stands in the lineage tree, as of now (its snapshots are the owner's).
+        session.spec = self.spec
+        session.base_snapshot_id = self.base_snapshot_id
+        session.origin_snapshot_id = self.origin_snapshot_id
         self._live.attached[session.session_id] = session
         return session
 
@@ -179,35 +186,6 @@ class Sandbox:
     @_open_ops.setter
     def _open_ops(self, count: int) -> None:
         self._live.open_ops = count
-
-    @property
-    def spec(self) -> SandboxSpec | None:
-        """The settings it was made with (what a fork's branches start from)."""
-        return self._live.spec
-
-    @spec.setter
-    def spec(self, spec: SandboxSpec | None) -> None:
-        self._live.spec = spec
-
-    @property
-    def base_snapshot_id(self) -> str | None:
-        """The snapshot it was started from or last captured: its parent in
-        the lineage tree of the next snapshot taken of it."""
-        return self._live.base_snapshot_id
-
-    @base_snapshot_id.setter
-    def base_snapshot_id(self, snapshot_id: str | None) -> None:
-        self._live.base_snapshot_id = snapshot_id
-
-    @property
-    def origin_snapshot_id(self) -> str | None:
-        """The snapshot it was started from, if any: it depends on that
-        snapshot until it captures a state of its own."""
-        return self._live.origin_snapshot_id
-
-    @origin_snapshot_id.setter
-    def origin_snapshot_id(self, snapshot_id: str | None) -> None:
-        self._live.origin_snapshot_id = snapshot_id
 
     # -- identity -------------------------------------------------------------
     @property

@@ -642,7 +642,7 @@ def workspace_delete(name: str) -> None:
 @reports_errors
 def snapshot_create(
     sandbox_id: str,
-    label: str | None = typer.Option(None, "--label", "-l"),
+    label: str | None = typer.Option(None, "--label", "-l", help="A name to know it by."),
     full: bool = typer.Option(False, "--full", help="Write the whole state, not a diff."),
 ) -> None:
     """Capture a sandbox's state (it keeps running)."""
@@ -678,7 +678,9 @@ def lineage_lines(snapshots: list[Any]) -> list[str]:
 
 @snapshot_app.command("ls")
 @reports_errors
-def snapshot_ls(as_json: bool = typer.Option(False, "--json")) -> None:
+def snapshot_ls(
+    as_json: bool = typer.Option(False, "--json", help="Print them as JSON."),
+) -> None:
     """List snapshots as their lineage tree."""
     with client() as c:
         snapshots = c.snapshots()
@@ -705,8 +707,8 @@ def snapshot_rm(
 @reports_errors
 def fork(
     sandbox_id: str,
-    count: int = typer.Option(1, "-n", "--count", help="Branches to start now."),
-    label: str | None = typer.Option(None, "--label", "-l"),
+    count: int = typer.Option(1, "-n", "--count", help="How many branches to start now."),
+    label: str | None = typer.Option(None, "--label", "-l", help="A name for the snapshot."),
 ) -> None:
     """Snapshot a sandbox and start N independent branches from it."""
     with client() as c, console.status(f"forking {sandbox_id} into {count}..."):

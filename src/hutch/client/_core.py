@@ -469,23 +469,6 @@ class SandboxOps:
         return float(answer["deadline_unix"])
 
     @op
-    def ref(self, *, expires_in: float | None = None) -> Op:
-        """A ref to this sandbox for ``hutch.attach``: it carries the daemon's
-        address and is a credential for this sandbox alone. Only the owner
-        (a client with the daemon's token) hands them out."""
-        if expires_in is not None:
-            check_ref_lifetime(expires_in)  # as in-process; JSON could not carry some
-        answer = yield Call("POST", self._path("/refs"), json={"expires_in": expires_in})
-        return str(answer["ref"])
-
-    @op
-    def revoke_ref(self, ref: str) -> Op:
-        """End a ref this sandbox handed out (the ref itself, or its id). Idempotent."""
-        decoded = decode_ref(ref)
-        ref_id = decoded.ref_id if decoded is not None else ref
-        yield Call("DELETE", self._path(f"/refs/{ref_id}"))
-
-    @op
     def snapshot(self, label: str | None = None, *, diff: bool = True) -> Op:
         self._require("snapshot")
         answer = yield Call("POST", self._path("/snapshots"),
@@ -504,6 +487,23 @@ class SandboxOps:
     def _require(self, capability: str) -> None:
         if not self.capabilities.supports(capability):
             raise CapabilityUnsupported.for_provider(self.provider, capability)
+
+    @op
+    def ref(self, *, expires_in: float | None = None) -> Op:
+        """A ref to this sandbox for ``hutch.attach``: it carries the daemon's
+        address and is a credential for this sandbox alone. Only the owner
+        (a client with the daemon's token) hands them out."""
+        if expires_in is not None:
+            check_ref_lifetime(expires_in)  # as in-process; JSON could not carry some
+        answer = yield Call("POST", self._path("/refs"), json={"expires_in": expires_in})
+        return str(answer["ref"])
+
+    @op
+    def revoke_ref(self, ref: str) -> Op:
+        """End a ref this sandbox handed out (the ref itself, or its id). Idempotent."""
+        decoded = decode_ref(ref)
+        ref_id = decoded.ref_id if decoded is not None else ref
+        yield Call("DELETE", self._path(f"/refs/{ref_id}"))
 
     @op
     def close(self) -> Op:

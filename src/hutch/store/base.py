@@ -59,21 +59,6 @@ class WorkspaceRow:
 
 
 @dataclass
-class RefRow:
-    """A reference to one sandbox, handed out by its owner: a credential for it alone.
-
-    Only a hash of its secret is kept, so the store does not hold a usable
-    credential."""
-
-    id: str
-    sandbox_id: str
-    secret_sha256: str
-    created_at_unix: float
-    expires_at_unix: float | None = None
-    revoked_at_unix: float | None = None
-
-
-@dataclass
 class SnapshotRow:
     """A snapshot in the lineage tree. ``status`` is ``capturing`` from the
     moment the capture is intended until the provider has finished it (a row
@@ -92,6 +77,21 @@ class SnapshotRow:
     handle: dict[str, Any] = field(default_factory=dict)
     #: The settings of the sandbox it was taken of (a ``SandboxSpec`` dump).
     spec: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RefRow:
+    """A reference to one sandbox, handed out by its owner: a credential for it alone.
+
+    Only a hash of its secret is kept, so the store does not hold a usable
+    credential."""
+
+    id: str
+    sandbox_id: str
+    secret_sha256: str
+    created_at_unix: float
+    expires_at_unix: float | None = None
+    revoked_at_unix: float | None = None
 
 
 @dataclass
