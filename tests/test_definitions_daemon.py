@@ -114,8 +114,9 @@ def test_put_definition_and_its_rules(daemon: DaemonProcess, tmp_path: Path) -> 
         assert failing.status_code == 200
         failed = http.post("/v1/definitions/failing/ensure", json={"thread_id": "t"})
         assert failed.status_code == 422
-        assert failed.json()["error"]["code"] == "setup_failed" and "exited 7" in failed.json()["error"]["message"]
-        assert "partial" in failed.json()["error"]["message"]
+        error = failed.json()["error"]
+        assert error["code"] == "setup_failed" and "exited 7" in error["message"]
+        assert "partial" in error["message"]
         done = http.post("/v1/definitions/plain/complete", json={"thread_id": "t"})
         assert done.json() == {"destroyed": True}  # reuse none: the run's sandbox goes
         gone = http.get(f"/v1/sandboxes/{answer['sandbox']['id']}")
