@@ -271,11 +271,11 @@ async def test_writes_meet_the_disk_limit() -> None:
 
 
 async def test_pause_freezes_processes_and_resume_thaws_them(sandbox: Any) -> None:
-    from hutch.providers.bubblewrap.provisioning import bubblewrap_home
+    from hutch._sandbox import backend_of
 
     # Read on the host, in the upper layer: a call through the sandbox would
     # be activity, and could resume it.
-    count = f"{bubblewrap_home()}/sandboxes/{sandbox.id}/hot/upper/tmp/count"
+    count = backend_of(sandbox).parts.layers.upper + "/tmp/count"
 
     def read() -> str:
         with open(count) as fh:

@@ -123,7 +123,7 @@ def test_a_sandbox_from_a_snapshot_has_its_workspace(
         origin.write_text("src/main.py", "print('hi')\n")
         snap = origin.snapshot("setup")
         origin.close()
-        sb = c.attach(snap.id, idle_timeout=600)
+        sb = c.create_sandbox(from_snapshot=snap.id, idle_timeout=600)
         assert sb.read_text("src/main.py") == "print('hi')\n"
         ws = c.create_workspace("fromsnap", snapshot_tag=snap.id)
         assert c.get_sandbox(ws["live_sandbox_id"]).read_text("src/main.py") == "print('hi')\n"
@@ -209,7 +209,7 @@ def test_sigkill_during_a_snapshot_or_a_fork(
         live = {s["id"] for s in c.list_sandboxes()}
         assert sid in live
         for snap in c.snapshots():
-            branch = c.attach(snap.id)
+            branch = c.create_sandbox(from_snapshot=snap.id)
             assert branch.read_text("big/f3000") == "3000\n"
         # No orphan branch directory: each is a live sandbox's.
         old = os.environ.get("HUTCH_HOME")

@@ -286,12 +286,6 @@ class ClientOps:
         return bool(answer["destroyed"])
 
     @op
-    def attach(self, snapshot_id: str, **options: Any) -> Op:
-        """A new sandbox started from a snapshot; ``options`` are sandbox options."""
-        body = {"from_snapshot": snapshot_id, **options}
-        return SandboxRef((yield Call("POST", "/v1/sandboxes", json=body, timeout=600)))
-
-    @op
     def create_workspace(
         self, name: str, *, image: str | None = None, snapshot_tag: str | None = None,
         **settings: Any,

@@ -487,6 +487,7 @@ class CancelOnDisconnect:
                 body_read.set()
             return message
 
+        failure: Exception | None = None
         async with anyio.create_task_group() as group:
 
             async def watch() -> None:
@@ -497,8 +498,12 @@ class CancelOnDisconnect:
             group.start_soon(watch)
             try:
                 await self.app(scope, tracked, send)
+            except Exception as exc:
+                failure = exc  # raised as itself below, not inside a group
             finally:
                 group.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
 
 
 # -- the fast path -----------------------------------------------------------------------------

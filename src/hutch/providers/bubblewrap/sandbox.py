@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import re
+import shutil
 import stat as stat_mod
 import subprocess
 import time
@@ -317,13 +318,13 @@ class BubblewrapSandbox(SandboxBackend):
         try:
             os.makedirs(layers.sandbox_dir, exist_ok=True)
             cgroup.create(memory=memory, pids=pids, cpus=cpus)
-            layers.mount()
-            await sandbox._runtime.files.makedirs(workdir)
+            layers.prepare()
             if network != "none":
                 sandbox.net_index = net.allocate(sandbox_id)
+            sandbox._start_keeper()
+            if network != "none":
                 # The host's resolver, reached through the masquerade.
                 await sandbox._runtime.files.write("/etc/resolv.conf", net.host_resolver())
-            sandbox._start_keeper()
             if sandbox._agent is not None:
                 await sandbox._await_agent()
         except BaseException:
@@ -346,6 +347,7 @@ class BubblewrapSandbox(SandboxBackend):
             agent=agent, env=self._keeper_env(), workdir=self.workdir,
         )
         self.parts.keeper = keeper
+        self.parts.layers.view = keeper.view
         self._keeper_process = process
         if self.net_index is not None:
             net.connect(keeper.init_pid, self.net_index, self.network)
@@ -379,6 +381,8 @@ class BubblewrapSandbox(SandboxBackend):
         )
         keeper_data = description.get("keeper")
         keeper = Keeper.from_dict(dict(keeper_data)) if keeper_data else None
+        if keeper is not None:
+            layers.view = keeper.view
         parts = SandboxParts(
             layers, SandboxCgroup(sandbox_id), keeper, dict(description.get("env") or {})
         )
@@ -400,8 +404,8 @@ class BubblewrapSandbox(SandboxBackend):
     async def is_alive(self) -> bool:
         keeper = self.parts.keeper
         if keeper is None:  # suspended: its files are on disk
-            return os.path.isdir(self.parts.layers.upper)
-        return keeper.alive() and os.path.ismount(self.parts.layers.merged)
+            return os.path.isdir(self.parts.layers.disk_upper)
+        return keeper.alive()
 
     def death_reason(self) -> str:
         """Why the keeper is gone, as far as the host can tell."""
@@ -444,6 +448,7 @@ class BubblewrapSandbox(SandboxBackend):
     def _end_processes(self) -> None:
         # No keeper first: a watcher must not take hutch's own kill for a death.
         self.parts.keeper = None
+        self.parts.layers.view = ""
         self.parts.cgroup.kill_all()
         if self._keeper_process is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -453,18 +458,23 @@ class BubblewrapSandbox(SandboxBackend):
     async def suspend(self) -> None:
         """End every process; keep the upper layer, on disk."""
         def run() -> None:
+            # Held still while the upper layer is copied out of its tmpfs,
+            # which goes with the keeper's mount namespace.
+            self.parts.cgroup.freeze()
+            self.parts.layers.save_upper()
             self._end_processes()
-            self.parts.layers.unmount_overlay()
-            self.parts.layers.move_upper_to_disk()
+            self.parts.layers.upper_on = "disk"
         await anyio.to_thread.run_sync(run)
 
     async def resume(self) -> None:
         if self.parts.keeper is not None and self.parts.keeper.alive():
             return
         def run() -> None:
-            self.parts.layers.move_upper_to_hot()
-            self.parts.layers.mount()
-            self._start_keeper()
+            layers = self.parts.layers
+            layers.prepare()
+            self._start_keeper()  # it copies the upper layer back onto its tmpfs
+            layers.upper_on = "hot"
+            shutil.rmtree(layers.disk_upper, ignore_errors=True)
         await anyio.to_thread.run_sync(run)
         if self._agent is not None:
             await self._await_agent()
