@@ -95,6 +95,8 @@ def test_ending_an_ended_sandbox_succeeds_and_its_record_stays(daemon: DaemonPro
     told = cli(daemon, "events", expired.id)
     assert told.returncode == 0, told.stderr
     assert "running -> terminated (max_lifetime_exceeded)" in told.stdout
+    assert cli(daemon, "kill", expired.id).returncode == 0
+    assert cli(daemon, "kill", deleted.id).returncode == 0
     shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -119,6 +121,18 @@ def test_ended_sandboxes_are_pruned_after_the_retention_period() -> None:
         d.stop()
         shutil.rmtree(d.data_dir, ignore_errors=True)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.mark.anyio
+async def test_closing_an_expired_sandbox_in_process_succeeds() -> None:
+    engine = hutch.LifecycleEngine(clock=hutch.VirtualClock())
+    sb = await hutch.create_sandbox("virtual", engine=engine, idle_timeout=5)
+    await engine.advance(6)
+    assert sb.status().reason == "idle_timeout"
+    await sb.close()
+    await sb.close()
+    with pytest.raises(hutch.IdleTimeoutExpired):
+        await sb.exec("true")
 
 
 # -- 4. a sandbox whose runtime dies is noticed ----------------------------------------
@@ -242,6 +256,12 @@ def test_a_full_store_refuses_transitions_and_nothing_is_half_done() -> None:
                 assert sb.exec("cat work.txt").stdout == "written before the disk filled"
 
             os.remove(filler)
+            # A crash now: what was refused left nothing to adopt but a
+            # running sandbox with its files (the undone suspend's new
+            # container is found though the record names the one before).
+            d.restart()
+            assert sb.info()["state"] == "running"
+            assert sb.exec("cat work.txt").stdout == "written before the disk filled"
             sb.pause()
             assert stored_state(mount, sb.id)[0] == "paused"
             d.restart()  # a crash: what is adopted is what was acknowledged
