@@ -69,6 +69,8 @@ CLEANUP_TIMEOUT = 30.0
 #: What a workspace's state image keeps of the config of the image it came from.
 IMAGE_CONFIG_KEYS = ("Env", "WorkingDir", "User", "Entrypoint", "Cmd")
 FINAL_STATES = (SandboxState.TERMINATED, SandboxState.FAILED)
+#: How soon a change the store could not keep (a runtime's death) is recorded again.
+STORE_RETRY_SECONDS = 2.0
 #: How long an ended (terminated or failed) sandbox stays readable, with its events.
 DEFAULT_RETENTION_SECONDS = 86400.0
 
@@ -292,8 +294,22 @@ class Daemon:
         if not notice.may_have_died:
             self._note(notice.sandbox_id, "runtime", notice.message)
             log.warning("sandbox %s: %s", notice.sandbox_id, notice.message)
-        elif await self.engine.runtime_died(sandbox, notice.message):
-            log.warning("sandbox %s failed: %s", notice.sandbox_id, notice.message)
+            return
+        while True:
+            try:
+                failed = await self.engine.runtime_died(sandbox, notice.message)
+            except StoreUnavailable as exc:
+                # Not recorded, so not failed yet: tried again until the store
+                # takes it (or the sandbox ends some other way meanwhile).
+                log.warning("sandbox %s: its runtime died, but %s; trying again in %.0f s",
+                            notice.sandbox_id, exc, STORE_RETRY_SECONDS)
+                await anyio.sleep(STORE_RETRY_SECONDS)
+                if self.sandboxes.get(notice.sandbox_id) is not sandbox:
+                    return
+                continue
+            if failed:
+                log.warning("sandbox %s failed: %s", notice.sandbox_id, notice.message)
+            return
 
     @staticmethod
     def _wrap(backend: Any, spec: SandboxSpec) -> Sandbox:
