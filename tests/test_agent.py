@@ -380,3 +380,29 @@ async def test_a_reconnected_backend_gets_its_agent_back(sb: Any) -> None:
     assert again.sandbox_capabilities().runtime == "agent"
     assert await again.runtime.read_file("/workspace/a.txt", 100) == b"before"
     assert await again.runtime.count_busy_processes() == 0
+
+
+@pytest.mark.docker
+def test_a_daemon_crash_adopts_the_sandbox_and_its_runtime(docker_runtime: str) -> None:
+    from tests.daemon_fixture import DaemonProcess
+
+    daemon = DaemonProcess().start()
+    try:
+        with hutch.Client(daemon.url, token=daemon.token) as c:
+            sb = c.create_sandbox("docker", image=TEST_IMAGE, runtime=docker_runtime)
+            assert sb.capabilities.runtime == docker_runtime
+            sb.write_text("/root/kept.txt", "kept")
+            sb.exec("nohup sleep 300 >/dev/null 2>&1 &")
+        daemon.restart()  # SIGKILL, then start: the container and its keeper live on
+        with hutch.Client(daemon.url, token=daemon.token) as c:
+            sb = c.get_sandbox(sb.id)
+            assert sb.capabilities.runtime == docker_runtime
+            assert sb.read_text("/root/kept.txt") == "kept"
+            assert "sleep 300" in sb.exec(["ps", "-eo", "args"]).stdout
+            sb.suspend()
+            sb.resume()  # a new container, its own agent
+            assert sb.capabilities.runtime == docker_runtime
+            assert sb.exec(["cat", "/root/kept.txt"]).stdout == "kept"
+            sb.close()
+    finally:
+        daemon.stop()

@@ -612,3 +612,16 @@ def test_docker_grep_skips_fifos_and_bounds_special_trees(
         assert probe.slowest < 1.0, probe.slowest
     finally:
         http.delete(base)
+
+
+@pytest.mark.anyio
+async def test_grep_skips_a_file_that_claims_to_be_small_and_never_ends(tmp_path: Path) -> None:
+    (tmp_path / "big.txt").write_text("needle\n" * 100)
+    async with await hutch.create_sandbox("local", workdir=str(tmp_path)) as sandbox:
+        # /proc/self/status says 0 bytes and reads on past the limit (as
+        # /proc/1/pagemap does for gigabytes).
+        assert await sandbox.grep("Name", "/proc/self/status", limit=100) == []
+        # A file that really is over the limit is still an error, naming it.
+        with pytest.raises(hutch.OutputLimitExceeded, match=r"big\.txt"):
+            await sandbox.grep("needle", ".", limit=100)
+        assert len(await sandbox.grep("needle", ".")) == 100
