@@ -69,6 +69,8 @@ CLEAN_STOP = "clean_stop_unix"
 #: A ref's use is an event at most this often (its first use after a start always is).
 REF_USE_EVENT_SECONDS = 60.0
 FINAL_STATES = (SandboxState.TERMINATED, SandboxState.FAILED)
+#: How soon a change the store could not keep (a runtime's death) is recorded again.
+STORE_RETRY_SECONDS = 2.0
 #: Longest snapshot label, and most branches one fork request makes.
 MAX_LABEL = 200
 MAX_FORK = 64
@@ -305,8 +307,22 @@ class Daemon:
         if not notice.may_have_died:
             self._note(notice.sandbox_id, "runtime", notice.message)
             log.warning("sandbox %s: %s", notice.sandbox_id, notice.message)
-        elif await self.engine.runtime_died(sandbox, notice.message):
-            log.warning("sandbox %s failed: %s", notice.sandbox_id, notice.message)
+            return
+        while True:
+            try:
+                failed = await self.engine.runtime_died(sandbox, notice.message)
+            except StoreUnavailable as exc:
+                # Not recorded, so not failed yet: tried again until the store
+                # takes it (or the sandbox ends some other way meanwhile).
+                log.warning("sandbox %s: its runtime died, but %s; trying again in %.0f s",
+                            notice.sandbox_id, exc, STORE_RETRY_SECONDS)
+                await anyio.sleep(STORE_RETRY_SECONDS)
+                if self.sandboxes.get(notice.sandbox_id) is not sandbox:
+                    return
+                continue
+            if failed:
+                log.warning("sandbox %s failed: %s", notice.sandbox_id, notice.message)
+            return
 
     @staticmethod
     def _wrap(backend: SandboxBackend, spec: SandboxSpec) -> Sandbox:
