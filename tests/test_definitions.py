@@ -305,6 +305,13 @@ async def test_dir_source_and_bad_git_source(defs: Definitions, tmp_path: Path) 
         "source": {"git": f"file://{tmp_path}/nothing-here"}}})
     with pytest.raises(InvalidArgument, match="nothing-here"):
         await defs.ensure(missing, "t")
+    # ext:: would have git run a command on the host: refused whatever git's config.
+    marker = tmp_path / "pwned"
+    ext = Definition.parse({"id": "e", "workspace": {
+        "source": {"git": f"ext::sh -c touch% {marker}"}}})
+    with pytest.raises(InvalidArgument, match="git clone failed"):
+        await defs.ensure(ext, "t")
+    assert not marker.exists()
 
 
 # -- across processes, no daemon ---------------------------------------------------------

@@ -14,6 +14,7 @@ daemon's core; the order and the report are written once, here.
 from __future__ import annotations
 
 import abc
+import logging
 import os
 import shlex
 import subprocess
@@ -40,6 +41,8 @@ from ..providers.base import ProviderSnapshot
 from ..providers.registry import get_provider
 from ..store import DefinitionRow, InstanceRow, SnapshotRow, Store
 from .model import Definition, DirSource, GitSource
+
+log = logging.getLogger("hutch.definitions")
 
 Path = Literal["resumed", "restored", "created"]
 #: How long a lease on a key lasts before another process may take it over
@@ -115,7 +118,10 @@ class Definitions:
         self._definitions: dict[str, Definition] = {}
         self._locks: weakref.WeakValueDictionary[str, anyio.Lock] = weakref.WeakValueDictionary()
         for row in host.store.list_definitions():
-            self._definitions[row.id] = Definition.parse(row.body, definition_id=row.id)
+            try:
+                self._definitions[row.id] = Definition.parse(row.body, definition_id=row.id)
+            except InvalidArgument as exc:  # kept by an older hutch: say so, start anyway
+                log.warning("stored definition %s is not valid now, left out: %s", row.id, exc)
 
     # -- the definitions -------------------------------------------------------------
     def put(self, definition: Definition | Mapping[str, Any]) -> Definition:
@@ -318,7 +324,9 @@ def _pack_source(source: GitSource | DirSource, scratch: str, archive: str) -> N
 
 def _git(args: list[str], url: str) -> None:
     done = subprocess.run(
-        ["git", *args], capture_output=True, text=True, timeout=600,
+        # ext:: would run a command the URL names; never, whatever git's default.
+        ["git", "-c", "protocol.ext.allow=never", *args], capture_output=True, text=True,
+        timeout=600,
         env={**os.environ, "GIT_TERMINAL_PROMPT": "0"},
     )
     if done.returncode != 0:
