@@ -173,6 +173,10 @@ async def _ensure_order(defs: Definitions, d: Definition) -> None:
     assert aged.instance_key("thread-1") == d.instance_key("thread-1")
     fourth = await defs.ensure(aged, "thread-1")
     assert fourth.path == "created" and "setup[0]" in step_names(fourth)
+    # The stale snapshot is freed, not kept for ever beside the new one.
+    label = label_for(d.instance_key("thread-1"))
+    kept = [s.id for s in defs.host.store.list_snapshots() if s.label == label]
+    assert kept == [fourth.snapshot_id]
     assert (await fourth.sandbox.read_text(".setup-runs")) == "ran\n"
 
     # A changed setup step is another environment: a fresh bootstrap beside it.

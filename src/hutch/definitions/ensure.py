@@ -100,6 +100,10 @@ class SandboxHost(abc.ABC):
     @abc.abstractmethod
     async def destroy(self, sandbox: Sandbox) -> None: ...
 
+    @abc.abstractmethod
+    async def drop_snapshot(self, snapshot: SnapshotRow) -> None:
+        """Remove a snapshot a newer one replaced, if nothing depends on it."""
+
     def describe(self, sandbox: Sandbox) -> dict[str, Any]:
         """What the instance row keeps to find ``sandbox`` again."""
         return {}
@@ -247,12 +251,23 @@ class Definitions:
                 started = time.monotonic()
                 snapshot_id = await self.host.snapshot(sandbox, label_for(key))
                 steps.append(Step("snapshot", time.monotonic() - started))
+                await self._drop_replaced(key, snapshot_id)
         except BaseException:
             # A half-made environment is neither kept nor recorded.
             with anyio.CancelScope(shield=True):
                 await self.host.destroy(sandbox)
             raise
         return sandbox, snapshot_id
+
+    async def _drop_replaced(self, key: str, newest: str) -> None:
+        """The key's older snapshots (stale, or of a sandbox since rebuilt) are
+        never restored again: free them rather than keep them for ever."""
+        for row in self.host.store.list_snapshots():
+            if row.label == label_for(key) and row.id != newest:
+                try:
+                    await self.host.drop_snapshot(row)
+                except HutchError as exc:  # in use, or gone: it stays, or is gone
+                    log.info("snapshot %s of %s not removed: %s", row.id, key, exc)
 
     def _record(self, d: Definition, key: str, thread_id: str, tenant: str | None,
                 sandbox: Sandbox) -> None:
@@ -398,13 +413,7 @@ class LocalHost(SandboxHost):
     async def restore(self, snapshot: SnapshotRow, spec: SandboxSpec) -> Sandbox:
         from .._api import create_sandbox_from_snapshot
 
-        record = Snapshot(
-            id=snapshot.id, label=snapshot.label, sandbox_id=snapshot.sandbox_id,
-            parent_id=snapshot.parent_id, size_bytes=snapshot.size_bytes,
-            created_at_unix=snapshot.created_at_unix, provider=snapshot.provider,
-            handle=ProviderSnapshot.from_dict(snapshot.handle), spec=snapshot.spec,
-        )
-        sandbox = await create_sandbox_from_snapshot(record, options=spec.options)
+        sandbox = await create_sandbox_from_snapshot(_snapshot_of(snapshot), options=spec.options)
         self._live[sandbox.id] = sandbox
         return sandbox
 
@@ -424,8 +433,23 @@ class LocalHost(SandboxHost):
         self._live.pop(sandbox.id, None)
         await sandbox.close()
 
+    async def drop_snapshot(self, snapshot: SnapshotRow) -> None:
+        from .._api import remove_snapshot
+
+        # The record first: a removal cut short leaves storage, never a record of nothing.
+        self.store.delete_snapshot(snapshot.id)
+        await remove_snapshot(_snapshot_of(snapshot))
+
     def describe(self, sandbox: Sandbox) -> dict[str, Any]:
         return backend_of(sandbox).describe()
+
+
+def _snapshot_of(row: SnapshotRow) -> Snapshot:
+    return Snapshot(
+        id=row.id, label=row.label, sandbox_id=row.sandbox_id, parent_id=row.parent_id,
+        size_bytes=row.size_bytes, created_at_unix=row.created_at_unix, provider=row.provider,
+        handle=ProviderSnapshot.from_dict(row.handle), spec=row.spec,
+    )
 
 
 def open_definitions(store_path: str | None = None) -> Definitions:

@@ -1195,3 +1195,6 @@ class _DaemonHost(SandboxHost):
 
     async def destroy(self, sandbox: Sandbox) -> None:
         await self.daemon.delete_sandbox(sandbox.id)
+
+    async def drop_snapshot(self, snapshot: SnapshotRow) -> None:
+        await self.daemon.delete_snapshot(snapshot.id)  # refused while something needs it
