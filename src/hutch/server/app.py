@@ -102,6 +102,10 @@ class ServerSettings(BaseModel):
 MAX_EVENTS = 10_000
 
 
+#: Lines of progress a streamed ensure holds for a slow reader before it drops output.
+ENSURE_STREAM_BUFFER = 256
+
+
 class ThreadBody(BaseModel):
     """Which thread (and tenant) of a definition ``ensure``/``complete`` is about."""
 
@@ -968,6 +972,40 @@ def create_app(
     @v1.post("/definitions/{definition_id}/ensure")
     async def ensure(definition_id: str, body: ThreadBody) -> JSONResponse:
         return JSONResponse(await daemon().ensure(definition_id, body.thread_id, body.tenant))
+
+    @v1.post("/definitions/{definition_id}/ensure/stream")
+    async def ensure_stream(definition_id: str, body: ThreadBody) -> StreamingResponse:
+        """As ensure, told as it goes in NDJSON: ``{"step"}`` as each step
+        starts, ``{"output"}`` as setup prints, then ``{"result": <as ensure>}``
+        or ``{"error"}``. Output a slow reader cannot take is dropped (the
+        steps and the result never are), so the daemon holds a bounded amount."""
+        d = daemon()
+        d.definitions.get(definition_id)  # a 404 before the 200
+        send, receive = anyio.create_memory_object_stream[bytes](ENSURE_STREAM_BUFFER)
+
+        def line(value: Any) -> bytes:
+            return json.dumps(value).encode() + b"\n"
+
+        def told(kind: str, text: str) -> None:
+            with contextlib.suppress(anyio.WouldBlock):
+                send.send_nowait(line({kind: text}))
+
+        async def run() -> None:
+            async with send:
+                try:
+                    answer = await d.ensure(definition_id, body.thread_id, body.tenant,
+                                            progress=told)
+                    await send.send(line({"result": answer}))
+                except HutchError as exc:
+                    await send.send(line(error_json(exc)))
+
+        async def events() -> AsyncIterator[bytes]:
+            async with anyio.create_task_group() as tg, receive:
+                tg.start_soon(run)
+                async for chunk in receive:
+                    yield chunk
+
+        return StreamingResponse(events(), media_type="application/x-ndjson")
 
     @v1.post("/definitions/{definition_id}/complete")
     async def complete(definition_id: str, body: ThreadBody) -> JSONResponse:
