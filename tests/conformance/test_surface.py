@@ -75,8 +75,8 @@ async def test_paths_and_capabilities_are_checked_alike(sandbox: Any) -> None:
     with pytest.raises(hutch.InvalidArgument, match="NUL"):
         sandbox.path("a\0b")
     sandbox.require("processes")
-    with pytest.raises(hutch.CapabilityUnsupported, match="snapshot"):
-        sandbox.require("snapshot")
+    with pytest.raises(hutch.CapabilityUnsupported, match="teleport"):
+        sandbox.require("teleport")  # a capability no provider has
     assert sandbox.closed is False
 
 

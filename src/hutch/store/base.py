@@ -32,21 +32,51 @@ class SandboxRow:
     last_active_unix: float | None = None
     #: Seconds spent per state (``running_s``, ``paused_s``, ``suspended_s``).
     meter: dict[str, float] = field(default_factory=dict)
+    #: The snapshot it was started from or last captured (its next snapshot's parent).
+    base_snapshot_id: str | None = None
+    #: The snapshot it was started from, if it was (a branch, a resumed workspace).
+    origin_snapshot_id: str | None = None
 
 
 @dataclass
 class WorkspaceRow:
+    """A name over a live sandbox, its current state snapshot and its source.
+
+    Provider-neutral: the state is a snapshot (``state_snapshot_id``), the
+    source the snapshot it was made from (``source_snapshot_id``) or, when it
+    was made fresh, the settings in ``spec``.
+    """
+
     name: str
     status: str
     provider: str
     spec: dict[str, Any]
     live_sandbox_id: str | None = None
-    current_state_tag: str | None = None
-    source_snapshot_tag: str | None = None
-    image: str | None = None
-    host_workdir: str | None = None
+    state_snapshot_id: str | None = None
+    source_snapshot_id: str | None = None
     created_at_unix: float = 0.0
     last_active_unix: float = 0.0
+
+
+@dataclass
+class SnapshotRow:
+    """A snapshot in the lineage tree. ``status`` is ``capturing`` from the
+    moment the capture is intended until the provider has finished it (a row
+    still ``capturing`` after a restart was cut short: its storage is freed
+    and the row dropped), then ``ready``; ``removing`` once its removal began."""
+
+    id: str
+    provider: str
+    status: str
+    label: str | None = None
+    sandbox_id: str | None = None
+    parent_id: str | None = None
+    size_bytes: int = 0
+    created_at_unix: float = 0.0
+    #: The provider's handle (``ProviderSnapshot.as_dict()``).
+    handle: dict[str, Any] = field(default_factory=dict)
+    #: The settings of the sandbox it was taken of (a ``SandboxSpec`` dump).
+    spec: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -62,6 +92,30 @@ class RefRow:
     created_at_unix: float
     expires_at_unix: float | None = None
     revoked_at_unix: float | None = None
+
+
+@dataclass
+class InstanceRow:
+    """The sandbox one thread of one definition runs in (SPEC §6), by its
+    instance key. ``description`` is the backend's ``describe()``, so that
+    another program can find the sandbox again."""
+
+    key: str
+    definition_id: str
+    thread_id: str
+    tenant: str | None
+    provider: str
+    sandbox_id: str | None = None
+    description: dict[str, Any] = field(default_factory=dict)
+    spec: dict[str, Any] = field(default_factory=dict)
+    updated_at_unix: float = 0.0
+
+
+@dataclass
+class DefinitionRow:
+    id: str
+    body: dict[str, Any]
+    updated_at_unix: float = 0.0
 
 
 class Store(abc.ABC):
@@ -111,6 +165,21 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def delete_workspace(self, name: str) -> None: ...
 
+    # -- snapshots ---------------------------------------------------------------------
+    @abc.abstractmethod
+    def put_snapshot(self, row: SnapshotRow) -> None:
+        """Insert or replace a snapshot row, durably."""
+
+    @abc.abstractmethod
+    def get_snapshot(self, snapshot_id: str) -> SnapshotRow | None: ...
+
+    @abc.abstractmethod
+    def list_snapshots(self) -> list[SnapshotRow]:
+        """Every snapshot row, oldest first."""
+
+    @abc.abstractmethod
+    def delete_snapshot(self, snapshot_id: str) -> None: ...
+
     # -- events and the daemon's own facts ------------------------------------------------
     @abc.abstractmethod
     def log_event(self, subject: str, kind: str, message: str) -> None:
@@ -141,3 +210,29 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def list_refs(self, sandbox_id: str) -> list[RefRow]:
         """A sandbox's refs, revoked and expired ones included, oldest first."""
+
+    # -- definitions and their instances ------------------------------------------------
+    @abc.abstractmethod
+    def put_definition(self, row: DefinitionRow) -> None: ...
+
+    @abc.abstractmethod
+    def list_definitions(self) -> list[DefinitionRow]: ...
+
+    @abc.abstractmethod
+    def put_instance(self, row: InstanceRow) -> None: ...
+
+    @abc.abstractmethod
+    def get_instance(self, key: str) -> InstanceRow | None: ...
+
+    @abc.abstractmethod
+    def delete_instance(self, key: str) -> None: ...
+
+    @abc.abstractmethod
+    def take_lease(self, name: str, holder: str, seconds: float) -> bool:
+        """Take the lease ``name`` for ``holder`` for ``seconds`` if it is free,
+        expired, or held by a process of this host that is gone; whether it
+        is now ``holder``'s. Atomic across processes sharing the store."""
+
+    @abc.abstractmethod
+    def release_lease(self, name: str, holder: str) -> None:
+        """Give the lease back (only ``holder``'s own)."""

@@ -16,7 +16,15 @@ from contextlib import contextmanager
 from typing import Any
 
 from .._errors import StoreUnavailable
-from .base import RefRow, SandboxRow, Store, WorkspaceRow
+from .base import (
+    DefinitionRow,
+    InstanceRow,
+    RefRow,
+    SandboxRow,
+    SnapshotRow,
+    Store,
+    WorkspaceRow,
+)
 
 FINAL_STATES = ("terminated", "failed")
 
@@ -33,7 +41,9 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     updated_at_unix REAL NOT NULL,
     deadline_unix REAL,
     last_active_unix REAL,
-    meter TEXT NOT NULL DEFAULT '{}'
+    meter TEXT NOT NULL DEFAULT '{}',
+    base_snapshot_id TEXT,
+    origin_snapshot_id TEXT
 );
 CREATE TABLE IF NOT EXISTS workspaces (
     name TEXT PRIMARY KEY,
@@ -41,13 +51,24 @@ CREATE TABLE IF NOT EXISTS workspaces (
     provider TEXT NOT NULL,
     spec TEXT NOT NULL,
     live_sandbox_id TEXT,
-    current_state_tag TEXT,
-    source_snapshot_tag TEXT,
-    image TEXT,
-    host_workdir TEXT,
+    state_snapshot_id TEXT,
+    source_snapshot_id TEXT,
     created_at_unix REAL NOT NULL,
     last_active_unix REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS snapshots (
+    id TEXT PRIMARY KEY,
+    provider TEXT NOT NULL,
+    status TEXT NOT NULL,
+    label TEXT,
+    sandbox_id TEXT,
+    parent_id TEXT,
+    size_bytes INTEGER NOT NULL DEFAULT 0,
+    created_at_unix REAL NOT NULL,
+    handle TEXT NOT NULL DEFAULT '{}',
+    spec TEXT NOT NULL DEFAULT '{}'
+);
+CREATE INDEX IF NOT EXISTS snapshots_parent ON snapshots(parent_id);
 CREATE TABLE IF NOT EXISTS events (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     at_unix REAL NOT NULL,
@@ -73,6 +94,34 @@ CREATE TABLE IF NOT EXISTS refs (
 );
 CREATE INDEX IF NOT EXISTS refs_sandbox ON refs(sandbox_id);
 """
+_DEFINITIONS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS definitions (
+    id TEXT PRIMARY KEY,
+    body TEXT NOT NULL,
+    updated_at_unix REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS instances (
+    key TEXT PRIMARY KEY,
+    definition_id TEXT NOT NULL,
+    thread_id TEXT NOT NULL,
+    tenant TEXT,
+    provider TEXT NOT NULL,
+    sandbox_id TEXT,
+    description TEXT NOT NULL DEFAULT '{}',
+    spec TEXT NOT NULL DEFAULT '{}',
+    updated_at_unix REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS leases (
+    name TEXT PRIMARY KEY,
+    holder TEXT NOT NULL,
+    expires_at_unix REAL NOT NULL
+);
+"""
+_INSTANCE_COLUMNS = (
+    "key", "definition_id", "thread_id", "tenant", "provider", "sandbox_id", "description",
+    "spec", "updated_at_unix",
+)
+
 _REF_COLUMNS = (
     "id", "sandbox_id", "secret_sha256", "created_at_unix", "expires_at_unix",
     "revoked_at_unix",
@@ -84,24 +133,38 @@ _ADDED_COLUMNS = {
         "deadline_unix": "REAL",
         "last_active_unix": "REAL",
         "meter": "TEXT NOT NULL DEFAULT '{}'",
+        "base_snapshot_id": "TEXT",
+        "origin_snapshot_id": "TEXT",
     },
+    # Workspaces on snapshots (provider-neutral); columns of the Docker-only
+    # rows of older data directories are left unread.
+    "workspaces": {"state_snapshot_id": "TEXT", "source_snapshot_id": "TEXT"},
 }
 
 _SANDBOX_COLUMNS = (
     "id", "provider", "state", "reason", "workspace", "spec", "description",
     "created_at_unix", "updated_at_unix", "deadline_unix", "last_active_unix", "meter",
+    "base_snapshot_id", "origin_snapshot_id",
 )
 _PUT_SANDBOX = (
     f"INSERT OR REPLACE INTO sandboxes ({', '.join(_SANDBOX_COLUMNS)}) "
     f"VALUES ({', '.join('?' for _ in _SANDBOX_COLUMNS)})"
 )
 _WORKSPACE_COLUMNS = (
-    "name", "status", "provider", "spec", "live_sandbox_id", "current_state_tag",
-    "source_snapshot_tag", "image", "host_workdir", "created_at_unix", "last_active_unix",
+    "name", "status", "provider", "spec", "live_sandbox_id", "state_snapshot_id",
+    "source_snapshot_id", "created_at_unix", "last_active_unix",
 )
 _PUT_WORKSPACE = (
     f"INSERT OR REPLACE INTO workspaces ({', '.join(_WORKSPACE_COLUMNS)}) "
     f"VALUES ({', '.join('?' for _ in _WORKSPACE_COLUMNS)})"
+)
+_SNAPSHOT_COLUMNS = (
+    "id", "provider", "status", "label", "sandbox_id", "parent_id", "size_bytes",
+    "created_at_unix", "handle", "spec",
+)
+_PUT_SNAPSHOT = (
+    f"INSERT OR REPLACE INTO snapshots ({', '.join(_SNAPSHOT_COLUMNS)}) "
+    f"VALUES ({', '.join('?' for _ in _SNAPSHOT_COLUMNS)})"
 )
 
 _LOG_EVENT = "INSERT INTO events (at_unix, subject, kind, message) VALUES (?, ?, ?, ?)"
@@ -121,6 +184,7 @@ class SQLiteStore(Store):
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(_SCHEMA)
         self._db.executescript(_REFS_SCHEMA)
+        self._db.executescript(_DEFINITIONS_SCHEMA)
         self._migrate()
 
     def _migrate(self) -> None:
@@ -172,6 +236,7 @@ class SQLiteStore(Store):
             row.id, row.provider, row.state, row.reason, row.workspace, json.dumps(row.spec),
             json.dumps(row.description), row.created_at_unix, row.updated_at_unix,
             row.deadline_unix, row.last_active_unix, json.dumps(row.meter),
+            row.base_snapshot_id, row.origin_snapshot_id,
         )
 
     def put_sandbox(self, row: SandboxRow, event: tuple[str, str] | None = None) -> None:
@@ -199,6 +264,8 @@ class SQLiteStore(Store):
             description=json.loads(r["description"]), created_at_unix=r["created_at_unix"],
             updated_at_unix=r["updated_at_unix"], deadline_unix=r["deadline_unix"],
             last_active_unix=r["last_active_unix"], meter=json.loads(r["meter"] or "{}"),
+            base_snapshot_id=r["base_snapshot_id"],
+            origin_snapshot_id=r["origin_snapshot_id"],
         )
 
     def get_sandbox(self, sandbox_id: str) -> SandboxRow | None:
@@ -234,8 +301,8 @@ class SQLiteStore(Store):
     def put_workspace(self, row: WorkspaceRow) -> None:
         self._write(_PUT_WORKSPACE, (
             row.name, row.status, row.provider, json.dumps(row.spec), row.live_sandbox_id,
-            row.current_state_tag, row.source_snapshot_tag, row.image, row.host_workdir,
-            row.created_at_unix, row.last_active_unix,
+            row.state_snapshot_id, row.source_snapshot_id, row.created_at_unix,
+            row.last_active_unix,
         ))
 
     @staticmethod
@@ -253,6 +320,31 @@ class SQLiteStore(Store):
 
     def delete_workspace(self, name: str) -> None:
         self._write("DELETE FROM workspaces WHERE name = ?", (name,))
+
+    # -- snapshots ---------------------------------------------------------------------
+    def put_snapshot(self, row: SnapshotRow) -> None:
+        self._write(_PUT_SNAPSHOT, (
+            row.id, row.provider, row.status, row.label, row.sandbox_id, row.parent_id,
+            row.size_bytes, row.created_at_unix, json.dumps(row.handle), json.dumps(row.spec),
+        ))
+
+    @staticmethod
+    def _snapshot(r: sqlite3.Row) -> SnapshotRow:
+        values = {name: r[name] for name in _SNAPSHOT_COLUMNS}
+        values["handle"] = json.loads(values["handle"])
+        values["spec"] = json.loads(values["spec"])
+        return SnapshotRow(**values)
+
+    def get_snapshot(self, snapshot_id: str) -> SnapshotRow | None:
+        rows = self._read("SELECT * FROM snapshots WHERE id = ?", (snapshot_id,))
+        return self._snapshot(rows[0]) if rows else None
+
+    def list_snapshots(self) -> list[SnapshotRow]:
+        rows = self._read("SELECT * FROM snapshots ORDER BY created_at_unix, id")
+        return [self._snapshot(r) for r in rows]
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        self._write("DELETE FROM snapshots WHERE id = ?", (snapshot_id,))
 
     # -- events and meta -------------------------------------------------------------------
     def log_event(self, subject: str, kind: str, message: str) -> None:
@@ -299,3 +391,71 @@ class SQLiteStore(Store):
             "SELECT * FROM refs WHERE sandbox_id = ? ORDER BY created_at_unix", (sandbox_id,)
         )
         return [RefRow(**{k: r[k] for k in _REF_COLUMNS}) for r in rows]
+
+    # -- definitions and their instances ------------------------------------------------
+    def put_definition(self, row: DefinitionRow) -> None:
+        self._write(
+            "INSERT OR REPLACE INTO definitions (id, body, updated_at_unix) VALUES (?, ?, ?)",
+            (row.id, json.dumps(row.body), row.updated_at_unix),
+        )
+
+    def list_definitions(self) -> list[DefinitionRow]:
+        rows = self._read("SELECT * FROM definitions ORDER BY id")
+        return [DefinitionRow(r["id"], json.loads(r["body"]), r["updated_at_unix"]) for r in rows]
+
+    def put_instance(self, row: InstanceRow) -> None:
+        values = tuple(
+            json.dumps(v) if name in ("description", "spec") else v
+            for name, v in ((n, getattr(row, n)) for n in _INSTANCE_COLUMNS)
+        )
+        self._write(
+            f"INSERT OR REPLACE INTO instances ({', '.join(_INSTANCE_COLUMNS)}) "
+            f"VALUES ({', '.join('?' for _ in _INSTANCE_COLUMNS)})",
+            values,
+        )
+
+    def get_instance(self, key: str) -> InstanceRow | None:
+        rows = self._read("SELECT * FROM instances WHERE key = ?", (key,))
+        if not rows:
+            return None
+        r = rows[0]
+        return InstanceRow(**{
+            n: json.loads(r[n]) if n in ("description", "spec") else r[n]
+            for n in _INSTANCE_COLUMNS
+        })
+
+    def delete_instance(self, key: str) -> None:
+        self._write("DELETE FROM instances WHERE key = ?", (key,))
+
+    def take_lease(self, name: str, holder: str, seconds: float) -> bool:
+        now = time.time()
+        with self._transaction() as db:  # BEGIN IMMEDIATE: one writer decides
+            rows = list(db.execute("SELECT holder, expires_at_unix FROM leases WHERE name = ?",
+                                   (name,)))
+            if rows and rows[0]["holder"] != holder and rows[0]["expires_at_unix"] > now \
+                    and _holder_alive(rows[0]["holder"]):
+                return False
+            db.execute(
+                "INSERT OR REPLACE INTO leases (name, holder, expires_at_unix) VALUES (?, ?, ?)",
+                (name, holder, now + seconds),
+            )
+            return True
+
+    def release_lease(self, name: str, holder: str) -> None:
+        self._write("DELETE FROM leases WHERE name = ? AND holder = ?", (name, holder))
+
+
+def _holder_alive(holder: str) -> bool:
+    """A holder is ``host:pid:nonce``; one of this host whose process is gone
+    left its lease behind (it was killed): the lease is free."""
+    host, _, rest = holder.partition(":")
+    pid_text = rest.partition(":")[0]
+    if host != os.uname().nodename or not pid_text.isdigit():
+        return True  # another host's: only its expiry frees it
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
