@@ -87,6 +87,27 @@ async def main() -> None:
     )
     row("create + first exec + remove", ours, floor, "goal: <= 1.1x")
 
+    # What least privilege adds to a create, each beside the same raw floor:
+    # the network policy (the default above, "all") installed in the
+    # container's namespace, and the working directory's disk cap (an ext4
+    # image loop-mounted), which a daemon applies by default.
+    async def create_without_policy() -> None:
+        async with await hutch.create_sandbox("docker", image=IMAGE, network="none") as fresh:
+            await fresh.exec(["true"])
+
+    async def create_with_disk_cap() -> None:
+        async with await hutch.create_sandbox("docker", image=IMAGE, disk="4g") as fresh:
+            await fresh.exec(["true"])
+
+    ours, floor = await paired(
+        create_without_policy, lambda: raw_create_first_exec(api), CREATE_RUNS, warmup=1
+    )
+    row("  same, network none (no policy to install)", ours, floor)
+    ours, floor = await paired(
+        create_with_disk_cap, lambda: raw_create_first_exec(api), CREATE_RUNS, warmup=1
+    )
+    row("  same, policy + 4g disk cap (daemon default)", ours, floor)
+
 
 if __name__ == "__main__":
     asyncio.run(main())

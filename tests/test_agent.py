@@ -224,23 +224,31 @@ class _FakeAgent:
     agent as a hostile sandbox could make it (it cannot run in a container of
     ours on demand, so this one stands in for the bytes on the wire)."""
 
-    def __init__(self, path: str, reply: bytes, *, close: bool) -> None:
+    def __init__(
+        self, path: str, reply: bytes, *, close: bool, fds: list[int] | None = None
+    ) -> None:
         self.server = socket.socket(socket.AF_UNIX)
         self.server.bind(path)
         self.server.listen(8)
-        self.reply, self.close = reply, close
+        self.reply, self.close, self.fds = reply, close, fds or []
+        self.kept: list[socket.socket] = []
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self) -> None:
         while True:
             try:
                 conn, _ = self.server.accept()
+                conn.recv(65536)
+                if self.fds:
+                    socket.send_fds(conn, [self.reply], self.fds)
+                else:
+                    conn.sendall(self.reply)
             except OSError:
-                return
-            conn.recv(65536)
-            conn.sendall(self.reply)
+                return  # the host hung up first: what a test wants
             if self.close:
                 conn.close()
+            else:
+                self.kept.append(conn)
 
 
 def _frame(header: bytes, payload: bytes = b"") -> bytes:
@@ -273,8 +281,9 @@ async def test_anything_malformed_from_the_agent_is_a_provider_error(
     _FakeAgent(path, reply, close=close)
     recoveries: list[str] = []
 
-    async def recover(reason: str) -> None:
+    async def recover(reason: str) -> bool:
         recoveries.append(reason)
+        return True
 
     runtime = AgentRuntime("sb-fake", "/workspace", path, provider_name="docker",
                            recover=recover)
@@ -283,6 +292,28 @@ async def test_anything_malformed_from_the_agent_is_a_provider_error(
         await runtime.stat("/workspace/x")
     assert time.monotonic() - started < 6  # never a hang
     assert recoveries, "the provider was not told its agent failed"
+
+
+@pytest.mark.parametrize("extra", [0, 3], ids=["a-pipe", "too-many"])
+async def test_a_descriptor_handed_over_is_checked(fake_agent_dir: str, extra: int) -> None:
+    # A pipe where a file was promised would block a read; descriptors nobody
+    # asked for are refused too.
+    path = os.path.join(fake_agent_dir, "agent.sock")
+    pipe_r, pipe_w = os.pipe()
+    fds = [pipe_r] * (1 + extra)
+    _FakeAgent(path, _frame(b'{"t": "fd", "size": 10}'), close=False, fds=fds)
+
+    async def recover(reason: str) -> bool:
+        return False
+
+    runtime = AgentRuntime("sb-fake", "/workspace", path, provider_name="docker",
+                           recover=recover)
+    started = time.monotonic()
+    with pytest.raises(hutch.ProviderError):
+        await runtime.read_file("/workspace/x", 100)
+    assert time.monotonic() - started < 6
+    os.close(pipe_r)
+    os.close(pipe_w)
 
 
 async def test_a_link_planted_at_the_socket_is_refused(fake_agent_dir: str) -> None:

@@ -544,3 +544,84 @@ def test_an_upload_into_docker_streams_too() -> None:
     grown = upload_peak_growth({"provider": "docker", "image": TEST_IMAGE},
                                lambda sid, workdir: None)
     assert grown < 64 * 1024 * 1024, f"the daemon's peak grew by {grown / 2**20:.0f} MiB"
+
+
+def test_a_download_streams_out_of_a_local_sandbox() -> None:
+    fresh = DaemonProcess().start()
+    workdir = tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    size = 200 * 1024 * 1024 + 3
+    with open(os.path.join(workdir, "big.bin"), "wb") as fh:
+        fh.truncate(size)
+        fh.seek(size - 3)
+        fh.write(b"end")
+    try:
+        with httpx.Client(base_url=fresh.url, timeout=300,
+                          headers={"Authorization": f"Bearer {fresh.token}"}) as client:
+            sid = client.post("/v1/sandboxes", json={"provider": "local", "workdir": workdir})
+            sid = sid.json()["id"]
+            before = peak_rss_bytes(fresh)
+            for params in ({"path": "big.bin"}, {"path": "big.bin", "limit": "x"}):
+                with client.stream("GET", f"/v1/sandboxes/{sid}/files", params=params) as got:
+                    if params.get("limit") == "x":
+                        assert got.status_code == 400  # FastAPI's answer to a bad limit
+                        continue
+                    assert got.status_code == 200
+                    received, tail = 0, b""
+                    for piece in got.iter_bytes():
+                        received += len(piece)
+                        tail = (tail + piece)[-3:]
+                assert (received, tail) == (size, b"end")
+            grown = peak_rss_bytes(fresh) - before
+            assert grown < 64 * 1024 * 1024, f"the daemon's peak grew by {grown / 2**20:.0f} MiB"
+            # Small files and errors answer as before.
+            assert client.get(f"/v1/sandboxes/{sid}/files",
+                              params={"path": "big.bin", "limit": "1000"}).status_code == 413
+            small = os.path.join(workdir, "small")
+            with open(small, "w") as fh:
+                fh.write("hi")
+            assert client.get(f"/v1/sandboxes/{sid}/files", params={"path": "small"}).text == "hi"
+    finally:
+        fresh.stop()
+        shutil.rmtree(fresh.data_dir, ignore_errors=True)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.mark.docker
+def test_docker_grep_skips_fifos_and_bounds_special_trees(
+    daemon: DaemonProcess, http: httpx.Client
+) -> None:
+    made = http.post("/v1/sandboxes", json={"provider": "docker", "image": TEST_IMAGE})
+    assert made.status_code == 201, made.text
+    base = f"/v1/sandboxes/{made.json()['id']}"
+    try:
+        setup = http.post(f"{base}/exec", json={
+            "cmd": "mkfifo pipe && ln -s pipe link-to-pipe && echo needle > text"})
+        assert setup.json()["exit_code"] == 0, setup.text
+        found = http.post(f"{base}/grep", json={"pattern": "needle", "timeout": 20})
+        assert found.status_code == 200, found.text
+        assert [m["path"] for m in found.json()["matches"]] == ["/workspace/text"]
+        alone = http.post(f"{base}/grep", json={"pattern": "x", "path": "pipe", "timeout": 20})
+        assert (alone.status_code, alone.json()) == (200, {"matches": []})
+        with HealthProbe(daemon) as probe:
+            for path in ("/dev", "/proc"):
+                began = time.monotonic()
+                answer = http.post(f"{base}/grep", json={
+                    "pattern": "zz-never-there", "path": path, "timeout": 5})
+                assert answer.status_code in (200, 408), answer.text
+                assert time.monotonic() - began < 15
+        assert probe.slowest < 1.0, probe.slowest
+    finally:
+        http.delete(base)
+
+
+@pytest.mark.anyio
+async def test_grep_skips_a_file_that_claims_to_be_small_and_never_ends(tmp_path: Path) -> None:
+    (tmp_path / "big.txt").write_text("needle\n" * 100)
+    async with await hutch.create_sandbox("local", workdir=str(tmp_path)) as sandbox:
+        # /proc/self/status says 0 bytes and reads on past the limit (as
+        # /proc/1/pagemap does for gigabytes).
+        assert await sandbox.grep("Name", "/proc/self/status", limit=100) == []
+        # A file that really is over the limit is still an error, naming it.
+        with pytest.raises(hutch.OutputLimitExceeded, match=r"big\.txt"):
+            await sandbox.grep("needle", ".", limit=100)
+        assert len(await sandbox.grep("needle", ".")) == 100

@@ -271,11 +271,11 @@ async def test_writes_meet_the_disk_limit() -> None:
 
 
 async def test_pause_freezes_processes_and_resume_thaws_them(sandbox: Any) -> None:
-    from hutch.providers.bubblewrap.provisioning import bubblewrap_home
+    from hutch._sandbox import backend_of
 
     # Read on the host, in the upper layer: a call through the sandbox would
     # be activity, and could resume it.
-    count = f"{bubblewrap_home()}/sandboxes/{sandbox.id}/hot/upper/tmp/count"
+    count = backend_of(sandbox).parts.layers.upper + "/tmp/count"
 
     def read() -> str:
         with open(count) as fh:
@@ -519,3 +519,26 @@ def test_daemon_keeps_answering_through_a_fork_bomb_and_a_memory_hog() -> None:
         client.close()
     finally:
         daemon.stop()
+
+
+async def test_a_link_planted_for_the_agent_socket_leads_nowhere_else() -> None:
+    from hutch._sandbox import backend_of
+
+    victim = await _make(runtime="agent")
+    attacker = await _make(runtime="agent")
+    try:
+        await victim.exec("echo victim > /tmp/whoami")
+        await attacker.exec("echo attacker > /tmp/whoami")
+        # Inside, the agent's socket is swapped for a link to the victim's, by
+        # its host path (dangling inside, followed by whoever connects on the host).
+        victim_socket = backend_of(victim).agent_link
+        await attacker.exec(
+            f"rm -f /.hutch/run/agent.sock && ln -s {victim_socket} /.hutch/run/agent.sock"
+        )
+        backend_of(attacker).runtime.drop_connections()  # the next call connects anew
+        assert (await attacker.exec(["cat", "/tmp/whoami"])).stdout == "attacker\n"
+        await attacker.write_text("/tmp/planted", "x")
+        assert not await victim.exists("/tmp/planted")
+    finally:
+        await victim.close()
+        await attacker.close()

@@ -95,6 +95,8 @@ def test_ending_an_ended_sandbox_succeeds_and_its_record_stays(daemon: DaemonPro
     told = cli(daemon, "events", expired.id)
     assert told.returncode == 0, told.stderr
     assert "running -> terminated (max_lifetime_exceeded)" in told.stdout
+    assert cli(daemon, "kill", expired.id).returncode == 0
+    assert cli(daemon, "kill", deleted.id).returncode == 0
     shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -119,6 +121,18 @@ def test_ended_sandboxes_are_pruned_after_the_retention_period() -> None:
         d.stop()
         shutil.rmtree(d.data_dir, ignore_errors=True)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.mark.anyio
+async def test_closing_an_expired_sandbox_in_process_succeeds() -> None:
+    engine = hutch.LifecycleEngine(clock=hutch.VirtualClock())
+    sb = await hutch.create_sandbox("virtual", engine=engine, idle_timeout=5)
+    await engine.advance(6)
+    assert sb.status().reason == "idle_timeout"
+    await sb.close()
+    await sb.close()
+    with pytest.raises(hutch.IdleTimeoutExpired):
+        await sb.exec("true")
 
 
 # -- 4. a sandbox whose runtime dies is noticed ----------------------------------------
@@ -242,6 +256,12 @@ def test_a_full_store_refuses_transitions_and_nothing_is_half_done() -> None:
                 assert sb.exec("cat work.txt").stdout == "written before the disk filled"
 
             os.remove(filler)
+            # A crash now: what was refused left nothing to adopt but a
+            # running sandbox with its files (the undone suspend's new
+            # container is found though the record names the one before).
+            d.restart()
+            assert sb.info()["state"] == "running"
+            assert sb.exec("cat work.txt").stdout == "written before the disk filled"
             sb.pause()
             assert stored_state(mount, sb.id)[0] == "paused"
             d.restart()  # a crash: what is adopted is what was acknowledged
@@ -323,3 +343,61 @@ def test_orphans_are_reaped_and_never_fill_the_pids_limit(daemon: DaemonProcess)
         # Far more than the limit left over: the pids limit is not reached.
         spawned = sb.exec("for i in $(seq 40); do sleep 5 & done; jobs -p | wc -l; kill $(jobs -p)")
         assert spawned.exit_code == 0 and spawned.stdout.strip() == "40", spawned
+
+
+def processes_in(sandbox_id: str) -> list[str]:
+    """The command lines alive in a sandbox's container, seen from the host."""
+    top = docker.APIClient().top(container_of(sandbox_id), ps_args="-e -o pid,stat,args")
+    return [row[2] for row in top.get("Processes") or [] if not row[1].startswith("Z")]
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("runtime", ["agent", "native"])
+def test_a_timeout_kills_the_tree_even_when_the_pids_are_exhausted(
+    daemon: DaemonProcess, runtime: str
+) -> None:
+    with client(daemon) as c, c.create_sandbox(
+        "docker", image=TEST_IMAGE, pids_limit=40, runtime=runtime
+    ) as sb:
+        assert sb.capabilities.runtime == runtime
+        with pytest.raises(hutch.ExecTimeout) as caught:
+            sb.exec("while :; do sleep 1000 & done 2>/dev/null", timeout=3)
+        assert "killed" in str(caught.value)
+        # What the error says is true: only the keepers are left.
+        wait_until(lambda: len(processes_in(sb.id)) == 2, 10,
+                   f"the tree is gone (left: {processes_in(sb.id)})")
+        assert sb.exec("echo free").stdout == "free\n"
+
+
+@pytest.mark.parametrize("kind", [
+    "local",
+    pytest.param("docker-agent", marks=pytest.mark.docker),
+    pytest.param("docker-native", marks=pytest.mark.docker),
+])
+def test_commands_left_running_by_a_crashed_daemon_are_ended_and_told(
+    daemon: DaemonProcess, kind: str
+) -> None:
+    provider, _, runtime = kind.partition("-")
+    settings: dict[str, Any] = {"image": TEST_IMAGE, "runtime": runtime} if runtime else {}
+    with client(daemon) as c:
+        sb = c.create_sandbox(provider, **settings)
+        sb.start("sleep 1001")
+        sb.exec("nohup sleep 1002 >/dev/null 2>&1 &")
+        # Another sandbox's command on the same host is not this sandbox's to end.
+        neighbour = subprocess.Popen(
+            ["sleep", "1003"], env={"HUTCH_EXEC_ID": "x", "HUTCH_SANDBOX_ID": "sb-neighbour"}
+        )
+        daemon.restart()
+
+        def running(pattern: str) -> bool:
+            return subprocess.run(["pgrep", "-f", pattern], capture_output=True,
+                                  check=False).returncode == 0
+
+        assert not running("sleep 1001") and not running("sleep 1002")
+        told = [e["message"] for e in c.events(sb.id) if "killed 2 processes" in e["message"]]
+        assert told, c.events(sb.id)
+        assert neighbour.poll() is None, "another sandbox's command was killed"
+        neighbour.kill()
+        neighbour.wait()
+        assert sb.exec("echo still here").stdout == "still here\n"
+        sb.close()

@@ -17,7 +17,7 @@ import shlex
 import time
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import IO, TYPE_CHECKING, Any
 
@@ -431,6 +431,21 @@ class Sandbox:
             data = await self._runtime.read_file(full, limit)
         self._session_guard.mark_read(full)
         return data
+
+    async def read_pieces(
+        self, path: str, *, limit: int = DEFAULT_READ_LIMIT
+    ) -> AsyncGenerator[bytes, None]:
+        """The bytes of ``path`` in pieces, for a large file to stream out (where
+        the provider can, it is never whole in memory); errors come first."""
+        full = self.path(path)
+        async with self._operation("read"):
+            pieces = self._runtime.read_file_pieces(full, limit)
+            try:
+                async for piece in pieces:
+                    self._session_guard.mark_read(full)
+                    yield piece
+            finally:
+                await pieces.aclose()
 
     async def read_text(
         self, path: str, *, limit: int = DEFAULT_READ_LIMIT, encoding: str = "utf-8"

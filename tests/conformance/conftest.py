@@ -84,11 +84,11 @@ def _bubblewrap(runtime: str) -> Maker:
             "bubblewrap", image=TEST_IMAGE, runtime=runtime, ephemeral=True,
             read_before_write=False,
         ) as sb:
-            # Its working directory, as a directory of the overlay's upper layer.
-            from hutch.providers.bubblewrap.provisioning import bubblewrap_home
+            # Its working directory, as a directory of the overlay's upper layer
+            # (reached through the keeper's private mount namespace).
+            from hutch._sandbox import backend_of
 
-            upper = f"{bubblewrap_home()}/sandboxes/{sb.id}/hot/upper"
-            yield Harness(sb, "bubblewrap", upper + sb.workdir)
+            yield Harness(sb, "bubblewrap", backend_of(sb).parts.layers.upper + sb.workdir)
 
     return make
 

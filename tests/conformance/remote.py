@@ -125,9 +125,12 @@ async def _remote_bubblewrap() -> AsyncIterator[Harness]:
     async with hutch.AsyncClient(d.url, token=d.token) as client:
         sb = await client.create_sandbox("bubblewrap", image=TEST_IMAGE, read_before_write=False)
         try:
-            # Its working directory, in the hot upper layer under the daemon's data dir.
-            host_workdir = f"{d.data_dir}/bubblewrap/sandboxes/{sb.id}/hot/upper{sb.workdir}"
-            yield Harness(sb, "remote-bubblewrap", host_workdir)
+            # Its working directory, in the hot upper layer under the daemon's
+            # data dir, in its keeper's mount namespace.
+            upper = f"{d.data_dir}/bubblewrap/sandboxes/{sb.id}/hot/upper"
+            yield Harness(
+                sb, "remote-bubblewrap", f"/proc/{_keeper_pid(sb.id)}/root{upper}{sb.workdir}"
+            )
         finally:
             await sb.close()
 
@@ -150,6 +153,20 @@ async def _remote_ssh() -> AsyncIterator[Harness]:
                 await sb.close()
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _keeper_pid(sandbox_id: str) -> int:
+    """The outer bwrap of a bubblewrap sandbox: the one process in its cgroup
+    whose parent is not in it."""
+    from hutch.providers.bubblewrap.cgroups import SandboxCgroup
+
+    pids = set(SandboxCgroup(sandbox_id).pids())
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as fh:
+            parent = int(fh.read().rsplit(")", 1)[1].split()[1])
+        if parent not in pids:
+            return pid
+    raise LookupError(f"no keeper for {sandbox_id}")
 
 
 REMOTE_MAKERS: dict[str, tuple[Any, bool, list[pytest.MarkDecorator]]] = {

@@ -142,10 +142,12 @@ def serve(
     allow: list[str] = typer.Option(
         [], "--allow", metavar="SETTING",
         help="Let API clients set this host-reaching setting (mounts, host_workdir, "
-        "network_mode, cap_drop); repeatable. Also `allow = [...]` under [server] in hutch.toml.",
+        "network_mode, cap_drop, ...); repeatable. Also `allow = \\[...]` under \\[server] in "
+        "hutch.toml.",
     ),
     config: str | None = typer.Option(
-        None, help="hutch.toml with [server] allow/limits/ceilings (default: ./hutch.toml)."
+        None, help="hutch.toml with \\[server] allow, limits and ceilings (default: "
+        "./hutch.toml)."
     ),
     max_connections: int | None = typer.Option(
         None, help="How many client connections at once, at most (default 4096, or half "
@@ -285,7 +287,12 @@ def events(
 @reports_errors
 def create(
     provider: str | None = typer.Option(None, help="local, docker, virtual, ssh, ..."),
-    image: str | None = typer.Option(None, help="Container image (docker)."),
+    image: str | None = typer.Option(
+        None, help="Image: a Docker image or a hutch image (docker, bubblewrap)."
+    ),
+    rootfs: str | None = typer.Option(
+        None, help="A host directory as the read-only root file system (bubblewrap)."
+    ),
     workdir: str | None = typer.Option(None, help="Working directory (local)."),
     destination: str | None = typer.Option(
         None, help="user@host, a host, or an ssh config alias (ssh)."
@@ -316,6 +323,7 @@ def create(
     layer = load_config_file(config)
     flags: dict[str, Any] = {
         "provider": provider, "image": image, "workdir": workdir,
+        "rootfs": os.path.abspath(rootfs) if rootfs else None,
         "destination": destination, "working_directory": working_directory,
         "config_file": os.path.abspath(ssh_config) if ssh_config else None,
         "preview_url_base": preview_url_base,

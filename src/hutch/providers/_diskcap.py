@@ -42,7 +42,7 @@ def mount_capped(directory: str, size: int) -> None:
         finally:
             os.close(fd)
         _run(["mkfs.ext4", "-q", "-F", "-m", "0", "-E",
-              "lazy_itable_init=1,lazy_journal_init=1", image])
+              "lazy_itable_init=1,lazy_journal_init=1,nodiscard", image])
     _run(["mount", "-o", "loop,nosuid,nodev", image, directory])
     if fresh:
         with contextlib.suppress(OSError):

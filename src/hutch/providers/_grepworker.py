@@ -82,7 +82,9 @@ def read_regular(host_path: str, shown: str, limit: int) -> bytes | None:
     finally:
         os.close(fd)
     if len(data) > limit:
-        raise TooLarge(f"{shown} is over the read limit of {limit} bytes")
+        # It said it was small and did not end (a procfs file such as
+        # /proc/1/pagemap): not a text file to search.
+        return None
     return data
 
 

@@ -8,7 +8,7 @@ import re
 import shutil
 import stat as stat_mod
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import IO, TypeVar
 
 import anyio.to_thread
@@ -78,22 +78,9 @@ class HostFiles:
         self.to_host = to_host
 
     def _read(self, path: str, limit: int) -> bytes:
-        host = self.to_host(path)
-        # O_NONBLOCK: opening a FIFO must not wait for a writer.
-        fd = os.open(host, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        try:
-            info = os.fstat(fd)
-        except OSError:
-            os.close(fd)
-            raise
-        if not stat_mod.S_ISREG(info.st_mode):
-            os.close(fd)
-            if stat_mod.S_ISDIR(info.st_mode):
-                raise SandboxIsADirectory(f"{path} is a directory")
-            # A FIFO or a device may never end (or never start): not a file to read.
-            raise InvalidArgument(f"{path} is not a regular file; read it with exec")
+        fd = self._open_regular(path)
         with os.fdopen(fd, "rb") as fh:
-            size = info.st_size
+            size = os.fstat(fd).st_size
             if size > limit:
                 raise OutputLimitExceeded(
                     f"{path} is {size} bytes, over the read limit of {limit} bytes"
@@ -115,6 +102,47 @@ class HostFiles:
                 lambda: _call(lambda: self._read(path, limit), path)
             )
         return _call(lambda: self._read(path, limit), path)
+
+    async def read_pieces(self, path: str, limit: int) -> AsyncGenerator[bytes, None]:
+        """A small file whole (as :meth:`read`); a larger one in pieces read in
+        a thread, so that it never sits whole in memory."""
+        host = self.to_host(path)
+        size = _call(lambda: os.stat(host), path).st_size
+        if size <= _THREAD_THRESHOLD:
+            yield await self.read(path, limit)
+            return
+        fd = _call(lambda: self._open_regular(path), path)
+        try:
+            size = os.fstat(fd).st_size
+            if size > limit:
+                raise OutputLimitExceeded(
+                    f"{path} is {size} bytes, over the read limit of {limit} bytes"
+                )
+            total = 0
+            while piece := await anyio.to_thread.run_sync(os.read, fd, _COPY_CHUNK):
+                total += len(piece)
+                if total > limit:
+                    raise OutputLimitExceeded(f"{path} is over the read limit of {limit} bytes")
+                yield piece
+        finally:
+            os.close(fd)
+
+    def _open_regular(self, path: str) -> int:
+        """A descriptor of ``path``, a regular file (a typed error otherwise)."""
+        # O_NONBLOCK: opening a FIFO must not wait for a writer.
+        fd = os.open(self.to_host(path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            info = os.fstat(fd)
+        except OSError:
+            os.close(fd)
+            raise
+        if not stat_mod.S_ISREG(info.st_mode):
+            os.close(fd)
+            if stat_mod.S_ISDIR(info.st_mode):
+                raise SandboxIsADirectory(f"{path} is a directory")
+            # A FIFO or a device may never end (or never start): not a file to read.
+            raise InvalidArgument(f"{path} is not a regular file; read it with exec")
+        return fd
 
     def _prepare_write(self, path: str) -> str:
         """The host path to write ``path`` at, its parents made."""

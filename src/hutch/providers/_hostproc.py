@@ -19,10 +19,9 @@ from collections.abc import Mapping, Sequence
 
 from .._errors import InvalidArgument, SandboxFileNotFound, SandboxPermissionDenied
 from .._types import OutputChunk
-from .base import BackendProcess
+from .base import EXEC_MARKER, SANDBOX_MARKER, BackendProcess
 
-EXEC_MARKER = "HUTCH_EXEC_ID"
-SANDBOX_MARKER = "HUTCH_SANDBOX_ID"
+__all__ = ["EXEC_MARKER", "SANDBOX_MARKER", "HostProcess", "pids_with_env", "spawn"]
 _READ_SIZE = 256 * 1024
 
 

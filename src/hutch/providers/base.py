@@ -30,12 +30,17 @@ import abc
 import dataclasses
 import posixpath
 import re
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from typing import IO, Any, ClassVar
 
 from pydantic import BaseModel
 
-from .._errors import CapabilityUnsupported, InvalidArgument, SandboxIsADirectory
+from .._errors import (
+    CapabilityUnsupported,
+    InvalidArgument,
+    OutputLimitExceeded,
+    ProviderError,
+)
 from .._globmatch import compile_glob
 from .._types import Capabilities, FileInfo, FileType, GrepMatch, OutputChunk
 from ._grep import BATCH_BYTES, grep_contents
@@ -97,6 +102,26 @@ class PtyProcess(BackendProcess):
     async def resize(self, rows: int, cols: int) -> None: ...
 
 
+#: In the environment of every command hutch starts: its own id, and its sandbox's.
+EXEC_MARKER = "HUTCH_EXEC_ID"
+SANDBOX_MARKER = "HUTCH_SANDBOX_ID"
+
+# Kills (SIGKILL) every process whose environment has an exec marker of any
+# value and the sandbox's marker ($1), except this script's own exec (and
+# what it runs); prints how many it killed.
+_END_LEFTOVERS = r"""
+own="EXEC=$(printenv EXEC)"; n=0
+for d in /proc/[0-9]*; do
+  e=$(tr '\0' '\n' < "$d/environ" 2>/dev/null) || continue
+  printf '%s\n' "$e" | grep -qxF -e "$own" && continue
+  printf '%s\n' "$e" | grep -qxF -e "$1" || continue
+  printf '%s\n' "$e" | grep -q '^EXEC=' || continue
+  kill -KILL "${d#/proc/}" 2>/dev/null && n=$((n + 1))
+done
+echo "$n"
+""".replace("EXEC", EXEC_MARKER)
+
+
 class SandboxRuntime(abc.ABC):
     """What executes commands and moves files in one sandbox."""
 
@@ -130,6 +155,29 @@ class SandboxRuntime(abc.ABC):
         """Processes alive in the sandbox other than its own keeper."""
         return 0
 
+    async def end_leftover_commands(self) -> int:
+        """SIGKILL every process of a command hutch started in this sandbox
+        (an earlier daemon's, whose handles died with it); return how many.
+
+        Written once on ``start_process``: a script in the sandbox kills what
+        carries an exec marker and this sandbox's marker, all but itself.
+        """
+        proc = await self.start_process(
+            ["sh", "-c", _END_LEFTOVERS, "hutch-end", f"{SANDBOX_MARKER}={self.sandbox_id}"],
+            cwd="/", env={}, stdin=None, user=None,
+        )
+        out = []
+        while (chunk := await proc.read()) is not None:
+            if chunk.stream == "stdout":
+                out.append(chunk.data)
+        code = await proc.wait()
+        words = b"".join(out).decode("utf-8", "replace").split()
+        if code != 0 or not words or not words[-1].isdigit():
+            raise ProviderError(
+                f"ending the commands left in sandbox {self.sandbox_id} failed (exit {code})"
+            )
+        return int(words[-1])
+
     async def start_pty(
         self,
         argv: Sequence[str],
@@ -155,6 +203,13 @@ class SandboxRuntime(abc.ABC):
     @abc.abstractmethod
     async def write_file(self, path: str, data: bytes) -> None:
         """Write ``data`` to ``path`` (absolute), creating parent directories."""
+
+    async def read_file_pieces(self, path: str, limit: int) -> AsyncGenerator[bytes, None]:
+        """The bytes of ``path`` in pieces, for a large file to stream out;
+        errors (missing, over ``limit``) come with the first. A runtime that
+        can read in pieces overrides this, so that the file is never whole in
+        memory."""
+        yield await self.read_file(path, limit)
 
     async def write_file_from(self, path: str, source: IO[bytes]) -> None:
         """Write what ``source`` holds (from its position on) to ``path``, as
@@ -213,7 +268,16 @@ class SandboxRuntime(abc.ABC):
         for path in paths:
             try:
                 data = await self.read_file(path, limit)
-            except (SandboxIsADirectory, PermissionError, FileNotFoundError, InvalidArgument):
+            except (OSError, InvalidArgument, ProviderError):
+                # Gone, a directory, unreadable, not a regular file, or a procfs
+                # entry that will not open (a socket's fd link): skipped, as
+                # grep -s skips what it cannot read.
+                continue
+            except OutputLimitExceeded:
+                if (await self.stat(path)).size > limit:
+                    raise  # a file really that large: say so, as a read would
+                # It said it was small and did not end (a procfs file such as
+                # /proc/1/pagemap): not a text file to search.
                 continue
             batch.append((path, data))
             size += len(data)

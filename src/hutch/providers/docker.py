@@ -746,7 +746,7 @@ class DockerSandbox(SandboxBackend):
             self.agent_dir = None
             self.container_id = await self._run_container(image)
 
-    async def _recover_agent(self, reason: str) -> None:
+    async def _recover_agent(self, reason: str) -> bool:
         """The agent failed a request (``reason``): find out why and bring it
         back, within a few seconds, or raise what makes the sandbox lost.
 
@@ -773,7 +773,7 @@ class DockerSandbox(SandboxBackend):
             if state.get("Running"):
                 with contextlib.suppress(AgentFailure):
                     await self._agent.ping(timeout=0.5)
-                    return  # it answers again: the failure was the connection's
+                    return False  # it answers: the failure was the request's
                 log.warning("docker sandbox %s: its agent is wedged (%s); restarting it",
                             self.sandbox_id, reason)
                 action: Any = lambda: engine().restart(container, timeout=0)  # noqa: E731
@@ -790,6 +790,7 @@ class DockerSandbox(SandboxBackend):
                     f"docker sandbox {self.sandbox_id}: its agent failed ({reason}) and could "
                     f"not be brought back: {exc}"
                 ) from None
+            return True
 
     # -- provisioning -------------------------------------------------------------
     @classmethod
@@ -966,7 +967,7 @@ class DockerSandbox(SandboxBackend):
     @classmethod
     async def reconnect(cls, sandbox_id: str, description: Mapping[str, Any]) -> DockerSandbox:
         """Rebuild the backend of a sandbox made earlier (by a daemon now gone)."""
-        return cls(
+        sandbox = cls(
             sandbox_id,
             DockerConfig.model_validate(description["config"]),
             str(description["host_workdir"]),
@@ -975,6 +976,18 @@ class DockerSandbox(SandboxBackend):
             description.get("suspended_image"),
             description.get("agent"),
         )
+        if sandbox.container_id is not None and not await sandbox.is_alive():
+            # The container on record is gone, but the sandbox may have one
+            # under its name that the record missed (a suspend undone because
+            # the store could not keep it resumed into a new container).
+            try:
+                details = await _call(engine().inspect_container, sandbox.container_name)
+            except SandboxUnavailable:
+                return sandbox
+            labels = (details.get("Config") or {}).get("Labels") or {}
+            if labels.get(SANDBOX_LABEL) == sandbox_id:
+                sandbox.container_id = str(details["Id"])
+        return sandbox
 
     def _container(self) -> str:
         if self.container_id is None:

@@ -12,7 +12,7 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import IO, Any, Literal
 
 import anyio.to_thread
@@ -139,6 +139,10 @@ class LocalSandbox(SandboxBackend):
 
     async def write_file(self, path: str, data: bytes) -> None:
         await self._files.write(path, data)
+
+    async def read_file_pieces(self, path: str, limit: int) -> AsyncGenerator[bytes, None]:
+        async for piece in self._files.read_pieces(path, limit):
+            yield piece
 
     async def write_file_from(self, path: str, source: IO[bytes]) -> None:
         await self._files.write_from(path, source)

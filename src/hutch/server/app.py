@@ -25,7 +25,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from typing import IO, Any
 from urllib.parse import parse_qsl
@@ -458,6 +458,7 @@ class CancelOnDisconnect:
                 body_read.set()
             return message
 
+        failure: Exception | None = None
         async with anyio.create_task_group() as group:
 
             async def watch() -> None:
@@ -468,8 +469,12 @@ class CancelOnDisconnect:
             group.start_soon(watch)
             try:
                 await self.app(scope, tracked, send)
+            except Exception as exc:
+                failure = exc  # raised as itself below, not inside a group
             finally:
                 group.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
 
 
 # -- the fast path -----------------------------------------------------------------------------
@@ -527,6 +532,35 @@ async def _spool_body(receive: Receive) -> IO[bytes] | None:
         if not message.get("more_body", False):
             spool.seek(0)
             return spool
+
+
+async def opened_file(
+    pieces: AsyncGenerator[bytes, None],
+) -> tuple[bytes, AsyncGenerator[bytes, None] | None]:
+    """A file's first piece, and the rest to stream (None when the first is all).
+
+    What can go wrong with a read (no such file, over the limit) goes wrong
+    here, before an answer has started, so it is answered as a typed error.
+    """
+    try:
+        first = await anext(pieces, b"")
+        second = await anext(pieces, None)
+    except BaseException:
+        await pieces.aclose()
+        raise
+    if second is None:
+        await pieces.aclose()
+        return first, None
+
+    async def rest() -> AsyncGenerator[bytes, None]:
+        try:
+            yield second
+            async for piece in pieces:
+                yield piece
+        finally:
+            await pieces.aclose()
+
+    return first, rest()
 
 
 async def _respond(send: Send, status: int, body: bytes, content_type: bytes) -> None:
@@ -640,8 +674,20 @@ class HotRoutes:
         if not 0 < limit <= MAX_READ_LIMIT:
             raise _FallThrough()
         sandbox = daemon.session(self._sandbox_id(scope), self._session(scope))
-        data = await sandbox.read_bytes(path, limit=limit)
-        await _respond(send, 200, data, b"application/octet-stream")
+        first, rest = await opened_file(sandbox.read_pieces(path, limit=limit))
+        if rest is None:
+            await _respond(send, 200, first, b"application/octet-stream")
+            return
+        # A large file goes out as it is read (chunked), never whole in memory.
+        try:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"application/octet-stream")]})
+            await send({"type": "http.response.body", "body": first, "more_body": True})
+            async for piece in rest:
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            await rest.aclose()
 
     async def _write(self, daemon: Daemon, scope: Scope, receive: Receive, send: Send) -> None:
         path = self._query(scope).get("path")
@@ -789,8 +835,16 @@ def create_app(
         limit: int = Query(default=DEFAULT_READ_LIMIT, gt=0, le=MAX_READ_LIMIT),
     ) -> Response:
         sandbox = sandbox_for(request, sandbox_id)
-        data = await sandbox.read_bytes(path, limit=limit)
-        return Response(data, media_type="application/octet-stream")
+        first, rest = await opened_file(sandbox.read_pieces(path, limit=limit))
+        if rest is None:
+            return Response(first, media_type="application/octet-stream")
+
+        async def whole() -> AsyncIterator[bytes]:
+            yield first
+            async for piece in rest:
+                yield piece
+
+        return StreamingResponse(whole(), media_type="application/octet-stream")
 
     @v1.put("/sandboxes/{sandbox_id}/files", status_code=204)
     async def write_file(request: Request, sandbox_id: str, path: str = Query()) -> Response:

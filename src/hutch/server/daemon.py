@@ -818,6 +818,26 @@ class Daemon:
         self._note(row.id, "adopted", f"adopted after restart as {state.value}")
         log.info("adopted sandbox %s (%s)", row.id, state.value)
         self._watch(type(backend))
+        if state is SandboxState.RUNNING and sandbox.capabilities.processes:
+            await self._end_leftover_commands(sandbox)
+
+    async def _end_leftover_commands(self, sandbox: Sandbox) -> None:
+        """Commands an earlier daemon started are no one's now (their handles,
+        output and timeouts died with it): they are ended, and the events say
+        so, rather than left running unseen. (A suspended sandbox's ended with
+        the suspend; a paused one's are frozen and not reached here.)"""
+        try:
+            ended = await backend_of(sandbox).runtime.end_leftover_commands()
+        except Exception as exc:
+            self._note(sandbox.id, "adopted",
+                       f"could not end the commands left running before the restart: {exc}")
+            log.warning("sandbox %s: could not end leftover commands: %s", sandbox.id, exc)
+            return
+        if ended:
+            self._note(sandbox.id, "adopted",
+                       f"killed {ended} processes of commands started before the restart "
+                       "(their output and exit cannot be re-attached)")
+            log.warning("sandbox %s: killed %d leftover processes", sandbox.id, ended)
 
     def _mark_lost(self, row: SandboxRow, reason: str) -> None:
         row.state, row.reason = SandboxState.FAILED.value, reason

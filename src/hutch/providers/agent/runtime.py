@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
+import stat
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import IO, Any, TypeVar
+
+import anyio.to_thread
 
 from ..._errors import (
     HutchError,
@@ -44,6 +48,10 @@ EXEC_SILENCE_TIMEOUT = 6.0
 POOL_SIZE = 8
 #: Paths one walk may send back, in bytes.
 MAX_WALK_BYTES = 256 << 20
+#: Past this size, a write hands the bytes over through a descriptor.
+FD_WRITE_THRESHOLD = 64 << 10
+#: Past this size, file I/O on a handed-over descriptor moves off the event loop.
+_THREAD_BYTES = 4 << 20
 #: Output chunks a process holds before its reader waits for the consumer.
 _QUEUE_CHUNKS = 64
 
@@ -56,7 +64,11 @@ _ERRORS: dict[str, type[HutchError]] = {
 }
 _TYPES = {t.value: t for t in FileType}
 
-Recover = Callable[[str], Awaitable[None]]
+#: The provider's answer to a failed agent: True (or None) when it brought
+#: the agent back (restarted: what ran is gone), False when the agent still
+#: answers (the failure was the request's: slow, or its connection); raises
+#: when the sandbox is lost.
+Recover = Callable[[str], Awaitable[bool | None]]
 T = TypeVar("T")
 
 
@@ -82,6 +94,67 @@ def _info(header: Any) -> FileInfo:
         header["path"], kind, int(_number(header, "size")), int(_number(header, "mode")) & 0o7777,
         _number(header, "mtime"),
     )
+
+
+def _regular(fd: int) -> os.stat_result:
+    """The handed-over descriptor's stat, refused unless a regular file (a
+    pipe or a socket could block this process)."""
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        raise AgentFailure("the agent handed over a descriptor that is not a regular file")
+    return info
+
+
+async def _read_handed_over(fd: int, path: str, limit: int) -> bytes:
+    try:
+        size = _regular(fd).st_size
+        if size > limit:
+            raise OutputLimitExceeded(
+                f"{path} is {size} bytes, over the read limit of {limit} bytes"
+            )
+
+        def read() -> bytes:
+            # What fstat promised and a byte more, to notice a file still growing.
+            data = os.pread(fd, size + 1, 0)
+            if len(data) > size:
+                # It grew (or is a /proc file, which says 0): the rest in
+                # pieces, up to the limit and a byte, never the limit up front.
+                parts = [data]
+                total = len(data)
+                while total <= limit:
+                    piece = os.pread(fd, min(MAX_PAYLOAD, limit + 1 - total), total)
+                    if not piece:
+                        break
+                    parts.append(piece)
+                    total += len(piece)
+                data = b"".join(parts)
+            if len(data) > limit:
+                raise OutputLimitExceeded(f"{path} is over the read limit of {limit} bytes")
+            return data
+
+        try:
+            if size > _THREAD_BYTES:
+                return await anyio.to_thread.run_sync(read)
+            return read()
+        except OSError as exc:
+            # A procfs or sysfs file that cannot be read at an offset (EINVAL):
+            # not a file the file API reads (grep skips it), as a FIFO is not.
+            raise InvalidArgument(
+                f"{path} cannot be read as a file ({exc.strerror or exc}); read it with exec"
+            ) from None
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _copy_into(fd: int, source: IO[bytes]) -> None:
+    while piece := source.read(MAX_PAYLOAD):
+        _write_all(fd, piece)
 
 
 def _listing(reply: Header) -> list[FileInfo]:
@@ -153,7 +226,8 @@ class AgentProcess(PtyProcess):
                 elif kind != "hb":
                     raise AgentFailure(f"the agent sent {kind!r} while running a command")
         except AgentFailure as exc:
-            failure = await self._runtime.failed(exc)
+            # Closed on purpose (a kill that an orphan outlived): no fault of the agent's.
+            failure = exc if self._killing else await self._runtime.failed(exc)
             if not self._exit.done():
                 self._exit.set_exception(failure)
                 self._exit.exception()  # retrieved here; wait() raises it again
@@ -251,9 +325,14 @@ class AgentRuntime(SandboxRuntime):
         the provider has had its say (it raises if the sandbox is lost)."""
         self.drop_connections()
         try:
-            await self._recover(str(exc))
+            restarted = await self._recover(str(exc))
         except HutchError as lost:
             return lost
+        if restarted is False:
+            return ProviderError(
+                f"{self.provider_name} sandbox {self.sandbox_id}: {exc} (its agent is alive: "
+                "the request was too slow, or its connection broke)"
+            )
         return ProviderError(
             f"{self.provider_name} sandbox {self.sandbox_id}: {exc}; its agent was restarted "
             "(commands running in it were lost); try again"
@@ -374,12 +453,16 @@ class AgentRuntime(SandboxRuntime):
 
     # -- files --------------------------------------------------------------------------
     async def read_file(self, path: str, limit: int) -> bytes:
+        """The agent opens the file and hands its descriptor over: the bytes
+        are read here, straight from the page cache, not through the socket."""
         async with self._channel() as channel:
-            await channel.send({"op": "read", "path": path, "limit": limit})
+            await channel.send({"op": "read", "path": path, "limit": limit, "fd": True})
             parts: list[bytes] = []
             total = 0
             while True:
                 header, payload = await self._answer(channel)
+                if header["t"] == "fd":
+                    return await _read_handed_over(channel.take_fd(), path, limit)
                 if header["t"] == "end":
                     return b"".join(parts)
                 if header["t"] != "data":
@@ -393,13 +476,41 @@ class AgentRuntime(SandboxRuntime):
                 parts.append(payload)
 
     async def write_file(self, path: str, data: bytes) -> None:
+        if len(data) > FD_WRITE_THRESHOLD:
+            await self._write_through_fd(path, lambda fd: _write_all(fd, data), len(data))
+            return
         view = memoryview(data)
         await self._write(path, (view[i:i + MAX_PAYLOAD] for i in range(0, len(view), MAX_PAYLOAD)))
 
     async def write_file_from(self, path: str, source: IO[bytes]) -> None:
-        # Piece by piece from the source (an upload spooled to disk): never
-        # the whole file in memory.
-        await self._write(path, iter(lambda: source.read(MAX_PAYLOAD), b""))
+        # Piece by piece from the source (an upload spooled to disk) into the
+        # handed-over file: never the whole file in memory.
+        await self._write_through_fd(path, lambda fd: _copy_into(fd, source), _THREAD_BYTES + 1)
+
+    async def _write_through_fd(
+        self, path: str, fill: Callable[[int], None], size: int
+    ) -> None:
+        """The agent makes the temporary file and hands its descriptor over;
+        the bytes are written here (``fill``), and the agent puts it in place."""
+        async with self._channel() as channel:
+            await channel.send({"op": "write", "path": path, "fd": True})
+            header, _ = await self._answer(channel)
+            if header["t"] != "fd":
+                raise AgentFailure(f"the agent answered a write with {header['t']!r}")
+            fd = channel.take_fd()
+            try:
+                _regular(fd)
+                if size > _THREAD_BYTES:
+                    await anyio.to_thread.run_sync(fill, fd)
+                else:
+                    fill(fd)
+            except OSError as exc:
+                raise ProviderError(f"writing {path}: {exc.strerror or exc}") from None
+            finally:
+                os.close(fd)
+            await channel.send({"t": "eof"})
+            reply, _ = await self._answer(channel, ANSWER_TIMEOUT * 2)
+            _ok(reply)
 
     async def _write(self, path: str, pieces: Iterator[bytes | memoryview]) -> None:
         async with self._channel() as channel:

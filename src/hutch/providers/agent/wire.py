@@ -21,6 +21,9 @@ from ..._errors import ProviderError
 
 MAX_HEADER = 4 << 20
 MAX_PAYLOAD = 1 << 20
+#: Descriptors the agent may have handed over and not yet been asked for.
+MAX_PENDING_FDS = 2
+_ANCILLARY = socket.CMSG_SPACE(MAX_PENDING_FDS * 4)
 _LENGTHS = struct.Struct(">II")
 
 
@@ -71,6 +74,9 @@ class Channel:
         self._loop = asyncio.get_running_loop()
         self._buffer = bytearray()
         self._send_lock = asyncio.Lock()
+        #: Descriptors that came with the frames read so far, in order.
+        self._fds: list[int] = []
+        self._waiting: asyncio.Future[None] | None = None
         self.closed = False
 
     async def send(self, header: Header, payload: bytes | memoryview = b"") -> None:
@@ -82,14 +88,44 @@ class Channel:
                 self.close()
                 raise AgentFailure(f"the agent's connection broke: {exc}") from None
 
+    async def _readable(self) -> None:
+        ready = self._loop.create_future()
+        fd = self.sock.fileno()
+        if fd < 0:
+            raise AgentFailure("the agent's connection was closed")
+        self._loop.add_reader(fd, lambda: None if ready.done() else ready.set_result(None))
+        self._waiting = ready
+        try:
+            await ready
+        finally:
+            self._waiting = None
+            self._loop.remove_reader(fd)
+
+    def _take_fds(self, ancillary: list[tuple[int, int, bytes]]) -> None:
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                usable = len(data) - len(data) % 4
+                self._fds.extend(struct.unpack(f"{usable // 4}i", data[:usable]))
+        if len(self._fds) > MAX_PENDING_FDS:
+            self.close()
+            raise AgentFailure("the agent handed over descriptors nobody asked for")
+
     async def _fill(self, size: int) -> None:
         while len(self._buffer) < size:
+            want = max(size - len(self._buffer), 1 << 16)
             try:
-                want = max(size - len(self._buffer), 1 << 16)
-                chunk = await self._loop.sock_recv(self.sock, want)
+                chunk, ancillary, flags, _ = self.sock.recvmsg(want, _ANCILLARY)
+            except (BlockingIOError, InterruptedError):
+                await self._readable()
+                continue
             except OSError as exc:
                 self.close()
                 raise AgentFailure(f"the agent's connection broke: {exc}") from None
+            if ancillary:
+                self._take_fds(ancillary)
+            if flags & socket.MSG_CTRUNC:
+                self.close()
+                raise AgentFailure("the agent handed over more descriptors than one frame holds")
             if not chunk:
                 self.close()
                 raise AgentFailure("the agent closed its connection mid-answer")
@@ -125,7 +161,20 @@ class Channel:
             self.close()
             raise AgentFailure(f"the agent did not answer within {timeout} s") from None
 
+    def take_fd(self) -> int:
+        """The descriptor that came with the frame just read (the caller owns it)."""
+        if not self._fds:
+            self.close()
+            raise AgentFailure("the agent promised a descriptor and sent none")
+        return self._fds.pop(0)
+
     def close(self) -> None:
         if not self.closed:
             self.closed = True
+            if self._waiting is not None and not self._waiting.done():
+                self._waiting.set_result(None)  # a reader waiting on it finds it closed
+                self._loop.remove_reader(self.sock.fileno())
             self.sock.close()
+            for fd in self._fds:
+                os.close(fd)
+            self._fds.clear()

@@ -30,6 +30,7 @@ from ..._errors import (
     OutputLimitExceeded,
     SandboxFileNotFound,
     SandboxIsADirectory,
+    SandboxUnavailable,
 )
 from ..._types import FileInfo
 from .._hostfs import info_from_stat, map_oserror
@@ -86,14 +87,22 @@ class RootFiles:
     """File operations inside the directory tree ``root`` (the overlay's merged
     directory), never leaving it, whatever links the sandbox has made."""
 
-    def __init__(self, root: Callable[[], str]) -> None:
-        #: Where the root is now (it moves when a suspended sandbox comes back).
+    def __init__(
+        self, root: Callable[[], str], verify: Callable[[], None] = lambda: None
+    ) -> None:
+        #: Where the root is now, as the host reaches it (through the keeper).
         self._root = root
+        #: Called once the root is open: raises if it led somewhere else.
+        self._verify = verify
 
     @contextmanager
     def _root_fd(self) -> Iterator[int]:
-        fd = os.open(self._root(), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
+            fd = os.open(self._root(), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except (FileNotFoundError, ProcessLookupError):
+            raise SandboxUnavailable("the sandbox's file system is not mounted") from None
+        try:
+            self._verify()
             yield fd
         finally:
             os.close(fd)
@@ -251,13 +260,13 @@ class RootFiles:
         return info_from_stat(path, self._run(lambda: self._lstat(path), path))
 
     def _list(self, path: str) -> list[FileInfo]:
-        try:
-            handle = self._open(path, os.O_RDONLY | os.O_DIRECTORY)
-            fd = handle.__enter__()
-        except OSError as exc:
-            if exc.errno == errno.ENOTDIR:
-                raise InvalidArgument(f"{path} is not a directory") from None
-            raise
+        with self._root_fd() as root:
+            try:
+                fd = openat2(root, _relative(path), os.O_RDONLY | os.O_DIRECTORY)
+            except OSError as exc:
+                if exc.errno == errno.ENOTDIR:
+                    raise InvalidArgument(f"{path} is not a directory") from None
+                raise
         try:
             base = path.rstrip("/")
             with os.scandir(fd) as entries:
@@ -269,7 +278,7 @@ class RootFiles:
                     key=lambda i: i.path,
                 )
         finally:
-            handle.__exit__(None, None, None)
+            os.close(fd)
 
     async def list_dir(self, path: str) -> list[FileInfo]:
         return self._run(lambda: self._list(path), path)

@@ -10,8 +10,9 @@ veth among them) and every other sandbox (the whole range, Docker's bridges)
 are unreachable unless the allow list names them. The sandbox has no
 capabilities, so it cannot change the rules or its addresses.
 
-An index is held by a file under ``$HUTCH_HOME/bubblewrap/net`` made with
-O_EXCL, so concurrent creates never share one; it is freed on close.
+An index is held by a file under ``/run/hutch/bubblewrap-net`` (host-wide:
+every hutch on the host shares the range) made with O_EXCL, so concurrent
+creates never share one; it is freed on close.
 """
 
 from __future__ import annotations
@@ -24,14 +25,15 @@ import subprocess
 
 from ..._errors import ProviderError
 from ..network import IPNetwork, NetworkPolicy, apply_in_namespace, host_addresses
-from .provisioning import bubblewrap_home
 
 RANGE = ipaddress.ip_network("10.213.0.0/16")
 _SLOTS = RANGE.num_addresses // 4
 
 
 def _index_dir() -> str:
-    return os.path.join(bubblewrap_home(), "net")
+    # Host-wide, not per data directory: the addresses and the interface
+    # names are the host's, shared by every hutch on it.
+    return os.environ.get("HUTCH_NET_DIR") or "/run/hutch/bubblewrap-net"
 
 
 def allocate(sandbox_id: str) -> int:

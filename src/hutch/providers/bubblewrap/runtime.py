@@ -131,13 +131,21 @@ class BubblewrapRuntime(SandboxRuntime):
     def __init__(self, sandbox_id: str, workdir: str, parts: SandboxParts) -> None:
         super().__init__(sandbox_id, workdir)
         self.parts = parts
-        self.files = RootFiles(lambda: parts.layers.merged)
+        self.files = RootFiles(lambda: parts.layers.merged_view, self._check_view)
         self._shell: str | None = None
+
+    def _check_view(self) -> None:
+        if self.parts.keeper is None:
+            raise SandboxUnavailable(f"sandbox {self.sandbox_id} is not running")
+        self.parts.keeper.check_view()
 
     # -- processes ---------------------------------------------------------------
     def shell_argv(self, command: str) -> list[str]:
         if self._shell is None:
-            root = self.parts.layers.merged
+            try:
+                root = self.parts.layers.merged_view
+            except SandboxUnavailable:
+                return ["bash", "-c", command]
             self._shell = "bash" if any(
                 os.path.lexists(f"{root}{d}/bash") for d in ("/bin", "/usr/bin")
             ) else "sh"
@@ -218,8 +226,14 @@ class BubblewrapRuntime(SandboxRuntime):
             if uid != 0:
                 full_env["HOME"] = "/"
         namespaces = keeper.open_namespaces()
+        try:
+            setup_mount = keeper.open_setup_mount()
+        except SandboxUnavailable:
+            for fd in namespaces.values():
+                os.close(fd)
+            raise
         filter_fd = seccomp_fd()
-        fds = [*namespaces.values(), filter_fd]
+        fds = [*namespaces.values(), setup_mount, filter_fd]
         try:
             setenv: list[str] = []
             for key, value in full_env.items():
@@ -229,6 +243,8 @@ class BubblewrapRuntime(SandboxRuntime):
                 "nsenter",
                 *(f"--{name}=/proc/self/fd/{namespaces[name]}"
                   for name in ("net", "ipc", "uts", "cgroup")),
+                # The private mount namespace where the overlay is mounted.
+                f"--mount=/proc/self/fd/{setup_mount}",
                 "--",
                 "bwrap", "--pidns", str(namespaces["pid"]),
                 "--bind", self.parts.layers.merged, "/", "--proc", "/proc", "--dev", "/dev",

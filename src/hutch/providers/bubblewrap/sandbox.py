@@ -12,6 +12,8 @@ import contextlib
 import logging
 import os
 import re
+import shutil
+import stat as stat_mod
 import subprocess
 import time
 import weakref
@@ -145,14 +147,37 @@ class BubblewrapSandbox(SandboxBackend):
         self._agent: AgentWithNativeUsers | None = None
         if agent:
             self._agent = AgentWithNativeUsers(
-                self._runtime, os.path.join(self.agent_dir, AGENT_SOCKET), self._recover_agent
+                self._runtime, self.agent_link, self._recover_agent
             )
         self._closed = False
         _live[sandbox_id] = self
 
     @property
     def agent_dir(self) -> str:
+        """The agent's socket directory, bound writable into the sandbox."""
         return os.path.join(self.parts.layers.sandbox_dir, "agent")
+
+    @property
+    def agent_link(self) -> str:
+        """Where hutch connects: a hard link to the agent's socket, made before
+        any command ran, in a directory the sandbox cannot reach. The socket's
+        own directory is the sandbox's to write: a link planted there (to
+        another sandbox's socket, to a host service) would lead hutch's
+        requests elsewhere."""
+        return os.path.join(self.parts.layers.sandbox_dir, "agent.sock")
+
+    def _link_agent_socket(self) -> bool:
+        """Link the agent's socket once it is there (only the agent runs yet)."""
+        source = os.path.join(self.agent_dir, AGENT_SOCKET)
+        try:
+            if not stat_mod.S_ISSOCK(os.lstat(source).st_mode):
+                return False
+        except FileNotFoundError:
+            return False
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.agent_link)
+        os.link(source, self.agent_link, follow_symlinks=False)
+        return stat_mod.S_ISSOCK(os.lstat(self.agent_link).st_mode)
 
     @property
     def runtime(self) -> SandboxRuntime:
@@ -171,6 +196,10 @@ class BubblewrapSandbox(SandboxBackend):
         deadline = time.monotonic() + timeout
         while True:
             try:
+                # Linked again on each try: a socket left by an earlier agent
+                # (before a suspend) is there until the new one replaces it.
+                if not self._link_agent_socket():
+                    raise AgentFailure("its socket is not there yet")
                 await self._agent.ping(timeout=max(0.5, deadline - time.monotonic()))
                 return
             except AgentFailure as exc:
@@ -289,13 +318,13 @@ class BubblewrapSandbox(SandboxBackend):
         try:
             os.makedirs(layers.sandbox_dir, exist_ok=True)
             cgroup.create(memory=memory, pids=pids, cpus=cpus)
-            layers.mount()
-            await sandbox._runtime.files.makedirs(workdir)
+            layers.prepare()
             if network != "none":
                 sandbox.net_index = net.allocate(sandbox_id)
+            sandbox._start_keeper()
+            if network != "none":
                 # The host's resolver, reached through the masquerade.
                 await sandbox._runtime.files.write("/etc/resolv.conf", net.host_resolver())
-            sandbox._start_keeper()
             if sandbox._agent is not None:
                 await sandbox._await_agent()
         except BaseException:
@@ -307,6 +336,9 @@ class BubblewrapSandbox(SandboxBackend):
         agent = None
         if self._agent is not None:
             os.makedirs(self.agent_dir, mode=0o700, exist_ok=True)
+            for stale in (os.path.join(self.agent_dir, AGENT_SOCKET), self.agent_link):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(stale)
             agent = (str(agent_binary()), self.agent_dir)
         keeper, process = start_keeper(
             self.parts.layers, self.parts.cgroup,
@@ -315,6 +347,7 @@ class BubblewrapSandbox(SandboxBackend):
             agent=agent, env=self._keeper_env(), workdir=self.workdir,
         )
         self.parts.keeper = keeper
+        self.parts.layers.view = keeper.view
         self._keeper_process = process
         if self.net_index is not None:
             net.connect(keeper.init_pid, self.net_index, self.network)
@@ -348,6 +381,8 @@ class BubblewrapSandbox(SandboxBackend):
         )
         keeper_data = description.get("keeper")
         keeper = Keeper.from_dict(dict(keeper_data)) if keeper_data else None
+        if keeper is not None:
+            layers.view = keeper.view
         parts = SandboxParts(
             layers, SandboxCgroup(sandbox_id), keeper, dict(description.get("env") or {})
         )
@@ -369,8 +404,8 @@ class BubblewrapSandbox(SandboxBackend):
     async def is_alive(self) -> bool:
         keeper = self.parts.keeper
         if keeper is None:  # suspended: its files are on disk
-            return os.path.isdir(self.parts.layers.upper)
-        return keeper.alive() and os.path.ismount(self.parts.layers.merged)
+            return os.path.isdir(self.parts.layers.disk_upper)
+        return keeper.alive()
 
     def death_reason(self) -> str:
         """Why the keeper is gone, as far as the host can tell."""
@@ -413,6 +448,7 @@ class BubblewrapSandbox(SandboxBackend):
     def _end_processes(self) -> None:
         # No keeper first: a watcher must not take hutch's own kill for a death.
         self.parts.keeper = None
+        self.parts.layers.view = ""
         self.parts.cgroup.kill_all()
         if self._keeper_process is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -422,18 +458,23 @@ class BubblewrapSandbox(SandboxBackend):
     async def suspend(self) -> None:
         """End every process; keep the upper layer, on disk."""
         def run() -> None:
+            # Held still while the upper layer is copied out of its tmpfs,
+            # which goes with the keeper's mount namespace.
+            self.parts.cgroup.freeze()
+            self.parts.layers.save_upper()
             self._end_processes()
-            self.parts.layers.unmount_overlay()
-            self.parts.layers.move_upper_to_disk()
+            self.parts.layers.upper_on = "disk"
         await anyio.to_thread.run_sync(run)
 
     async def resume(self) -> None:
         if self.parts.keeper is not None and self.parts.keeper.alive():
             return
         def run() -> None:
-            self.parts.layers.move_upper_to_hot()
-            self.parts.layers.mount()
-            self._start_keeper()
+            layers = self.parts.layers
+            layers.prepare()
+            self._start_keeper()  # it copies the upper layer back onto its tmpfs
+            layers.upper_on = "hot"
+            shutil.rmtree(layers.disk_upper, ignore_errors=True)
         await anyio.to_thread.run_sync(run)
         if self._agent is not None:
             await self._await_agent()

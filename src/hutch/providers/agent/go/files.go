@@ -109,6 +109,10 @@ func handleRead(c *conn, h header) error {
 			path+" is "+strconv.FormatInt(st.Size(), 10)+" bytes, over the read limit of "+
 				strconv.FormatInt(limit, 10)+" bytes")
 	}
+	if boolean(h, "fd") {
+		// The host reads the file itself, through this descriptor.
+		return c.sendFd(header{"t": "fd", "size": st.Size()}, f)
+	}
 	buf := make([]byte, chunkSize)
 	var sent int64
 	for {
@@ -189,6 +193,23 @@ func handleWrite(c *conn, h header) error {
 			if err != nil {
 				fail(func() error { return failPath(c, err, path) })
 			}
+		}
+	}
+	if boolean(h, "fd") {
+		// The host writes the content itself, through the temporary file's
+		// descriptor, then says "eof"; a write that cannot happen is
+		// refused at once.
+		if failure != nil {
+			if tmp != nil {
+				tmp.Close()
+				os.Remove(tmp.Name())
+			}
+			return failure()
+		}
+		if err := c.sendFd(header{"t": "fd"}, tmp); err != nil {
+			tmp.Close()
+			os.Remove(tmp.Name())
+			return err
 		}
 	}
 	for {

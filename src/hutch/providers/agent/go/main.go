@@ -106,7 +106,7 @@ func fromOutside(c *net.UnixConn) bool {
 
 func serve(nc *net.UnixConn) {
 	defer nc.Close()
-	c := &conn{r: nc, w: nc}
+	c := &conn{r: nc, w: nc, uc: nc}
 	for {
 		h, payload, err := c.readFrame()
 		if err != nil {

@@ -11,7 +11,9 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"sync"
+	"syscall"
 )
 
 const (
@@ -27,7 +29,8 @@ type header map[string]interface{}
 type conn struct {
 	r  io.Reader
 	w  io.Writer
-	mu sync.Mutex // one frame at a time on the writing side
+	uc *net.UnixConn // the same connection, for passing descriptors
+	mu sync.Mutex    // one frame at a time on the writing side
 }
 
 func (c *conn) readFrame() (header, []byte, error) {
@@ -70,6 +73,32 @@ func (c *conn) send(h header, payload []byte) error {
 	bufs := net.Buffers{head, payload}
 	_, err = bufs.WriteTo(c.w)
 	return err
+}
+
+// sendFd sends a frame with an open descriptor attached: the host reads or
+// writes the file itself, with no copy through the socket.
+func (c *conn) sendFd(h header, f *os.File) error {
+	raw, err := json.Marshal(h)
+	if err != nil {
+		return err
+	}
+	frame := make([]byte, 8, 8+len(raw))
+	binary.BigEndian.PutUint32(frame[:4], uint32(len(raw)))
+	binary.BigEndian.PutUint32(frame[4:], 0)
+	frame = append(frame, raw...)
+	raw2, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var sendErr error
+	if err := raw2.Control(func(fd uintptr) {
+		_, _, sendErr = c.uc.WriteMsgUnix(frame, syscall.UnixRights(int(fd)), nil)
+	}); err != nil {
+		return err
+	}
+	return sendErr
 }
 
 func (c *conn) fail(code, msg string) error {
