@@ -6,7 +6,9 @@ Floors: exec = the docker SDK's exec_create + exec_start + exec_inspect of
 run inside the container over the same 10 000-file tree (started through the
 agent, so docker's own ~50 ms exec start is not in the floor); the busy count
 = the Engine's ``top`` (what the native runtime asks). Each pair is measured
-alternately, so a machine whose speed drifts moves both alike.
+alternately, in blocks (:func:`blocks`), so a machine whose speed drifts moves
+both alike, while the Engine's own after-work from a raw call (runc, the shim,
+dockerd) lands on the floor's block, not on hutch's next call.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from collections.abc import Awaitable, Callable
+
 import docker
 from tests.daemon_fixture import DaemonProcess
 
@@ -35,6 +39,30 @@ FILE_RUNS = 40
 GREP_RUNS = 7
 MB = os.urandom(1024 * 1024)
 TREE_FILES = 10_000
+
+
+BLOCK = 20
+
+
+async def blocks(
+    ours: Callable[[], Awaitable[object]], floor: Callable[[], object], runs: int
+) -> tuple[float, float]:
+    """Median ms of ``ours`` and ``floor``, in alternating blocks of BLOCK calls,
+    each block's first call left out (the other side's after-work)."""
+    ours_samples: list[float] = []
+    floor_samples: list[float] = []
+    for _ in range(max(1, runs // BLOCK)):
+        for i in range(BLOCK + 1):
+            t = time.perf_counter()
+            floor()
+            if i:
+                floor_samples.append(time.perf_counter() - t)
+        for i in range(BLOCK + 1):
+            t = time.perf_counter()
+            await ours()
+            if i:
+                ours_samples.append(time.perf_counter() - t)
+    return median_ms(ours_samples), median_ms(floor_samples)
 
 
 def raw_exec(api: docker.APIClient, container: str) -> None:
@@ -70,11 +98,11 @@ async def in_process(api: docker.APIClient) -> None:
     ) as sb:
         container = backend_of(sb).container_id
         assert container is not None
-        ours, floor = await paired(
+        ours, floor = await blocks(
             lambda: sb.exec(["true"]), lambda: raw_exec(api, container), EXEC_RUNS
         )
         row("exec true", ours, floor, "goal: <= 2 ms")
-        ours, floor = await paired(
+        ours, floor = await blocks(
             lambda: write_read(sb), lambda: raw_write_read(api, container), FILE_RUNS
         )
         row("1 MB write + read", ours, floor, "goal: <= 20 ms")
@@ -128,18 +156,13 @@ def through_daemon(api: docker.APIClient) -> None:
                 container = docker.APIClient(version="auto").containers(
                     filters={"label": f"hutch.sandbox_id={remote.id}"}
                 )[0]["Id"]
-                ours_samples, floor_samples = [], []
-                for i in range(EXEC_RUNS + 10):
-                    t0 = time.perf_counter()
-                    raw_exec(api, container)
-                    t1 = time.perf_counter()
+                async def ours() -> None:
                     remote.exec(["true"])
-                    t2 = time.perf_counter()
-                    if i >= 10:
-                        floor_samples.append(t1 - t0)
-                        ours_samples.append(t2 - t1)
-                row("exec true (SDK + daemon + agent)", median_ms(ours_samples),
-                    median_ms(floor_samples), "goal: <= 4 ms")
+
+                mine, floor = asyncio.run(
+                    blocks(ours, lambda: raw_exec(api, container), EXEC_RUNS)
+                )
+                row("exec true (SDK + daemon + agent)", mine, floor, "goal: <= 4 ms")
             finally:
                 remote.close()
     finally:

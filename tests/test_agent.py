@@ -380,3 +380,32 @@ async def test_a_reconnected_backend_gets_its_agent_back(sb: Any) -> None:
     assert again.sandbox_capabilities().runtime == "agent"
     assert await again.runtime.read_file("/workspace/a.txt", 100) == b"before"
     assert await again.runtime.count_busy_processes() == 0
+
+
+@pytest.mark.docker
+def test_a_daemon_crash_adopts_the_sandbox_and_its_runtime(docker_runtime: str) -> None:
+    # (Commands the crashed daemon started are ended at adoption: see
+    # tests of owned processes. The sandbox, its files and its keeper stay.)
+    from tests.daemon_fixture import DaemonProcess
+
+    daemon = DaemonProcess().start()
+    try:
+        with hutch.Client(daemon.url, token=daemon.token) as c:
+            sb = c.create_sandbox("docker", image=TEST_IMAGE, runtime=docker_runtime)
+            assert sb.capabilities.runtime == docker_runtime
+            sb.write_text("/root/kept.txt", "kept")
+            keeper = sb.exec(["sh", "-c", "cat /proc/1/stat | cut -d' ' -f22"]).stdout
+        daemon.restart()  # SIGKILL, then start: the container and its keeper live on
+        with hutch.Client(daemon.url, token=daemon.token) as c:
+            sb = c.get_sandbox(sb.id)
+            assert sb.capabilities.runtime == docker_runtime
+            assert sb.read_text("/root/kept.txt") == "kept"
+            # The same keeper (its start time), not a new container.
+            assert sb.exec(["sh", "-c", "cat /proc/1/stat | cut -d' ' -f22"]).stdout == keeper
+            sb.suspend()
+            sb.resume()  # a new container, its own agent
+            assert sb.capabilities.runtime == docker_runtime
+            assert sb.exec(["cat", "/root/kept.txt"]).stdout == "kept"
+            sb.close()
+    finally:
+        daemon.stop()

@@ -95,6 +95,32 @@ def test_config_file_is_below_flags(daemon: DaemonProcess) -> None:
     assert hutch(daemon, "kill", sid).returncode == 0
 
 
+def test_snapshot_create_ls_rm_and_fork(daemon: DaemonProcess) -> None:
+    made = hutch(daemon, "create", "--provider", "local")
+    assert made.returncode == 0, made.stderr
+    sid = made.stdout.strip()
+    snap = hutch(daemon, "snapshot", "create", sid, "--label", "setup")
+    assert snap.returncode == 0, snap.stderr
+    root = snap.stdout.split()[0]
+    forked = hutch(daemon, "fork", sid, "-n", "2", "--label", "try")
+    assert forked.returncode == 0, forked.stderr
+    lines = forked.stdout.split()
+    child, branches = lines[1], lines[2:]
+    assert len(branches) == 2 and all(b.startswith("sb-") for b in branches)
+    tree = hutch(daemon, "snapshot", "ls").stdout.splitlines()
+    # The fork's snapshot is drawn under the one it descends from.
+    assert tree[0].startswith(f"{root} setup")
+    assert tree[1].startswith(f"└─ {child} try")
+    refused = hutch(daemon, "snapshot", "rm", root)
+    assert refused.returncode == 2 and "still needed" in refused.stderr
+    for branch in branches:
+        assert hutch(daemon, "kill", branch).returncode == 0
+    assert hutch(daemon, "snapshot", "rm", child).returncode == 0
+    assert hutch(daemon, "snapshot", "rm", root).returncode == 0
+    assert hutch(daemon, "snapshot", "ls", "--json").stdout.strip() == "[]"
+    assert hutch(daemon, "kill", sid).returncode == 0
+
+
 # -- what a person uses ----------------------------------------------------------------------
 
 

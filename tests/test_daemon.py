@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import re
 import shutil
@@ -37,11 +38,17 @@ def client(d: DaemonProcess) -> hutch.Client:
 def managed_containers(data_dir: str | None = None) -> dict[str, str]:
     """sandbox id -> container id of every container hutch made (for one daemon)."""
     api = docker.APIClient()
-    wanted = f"hutch.daemon={data_dir}" if data_dir else "hutch.managed=1"
+    wanted = f"hutch.home={data_dir}" if data_dir else "hutch.managed=1"
     return {
         c["Labels"]["hutch.sandbox_id"]: c["Id"]
         for c in api.containers(all=True, filters={"label": wanted})
     }
+
+
+def snapshot_images(data_dir: str) -> set[str]:
+    """The snapshot images one daemon's data directory holds on the engine."""
+    repository = "hutch-snapshot-" + hashlib.sha256(data_dir.encode()).hexdigest()[:12]
+    return {t for i in docker.APIClient().images(repository) for t in i["RepoTags"] or []}
 
 
 def assert_store_and_engine_agree(c: hutch.Client, d: DaemonProcess) -> None:
@@ -50,6 +57,9 @@ def assert_store_and_engine_agree(c: hutch.Client, d: DaemonProcess) -> None:
     assert set(containers) == live, f"store {live} vs engine {set(containers)}"
     for ws in c.list_workspaces():
         assert ws["status"] in ("running", "suspended", "stale"), ws
+    # Every docker snapshot on record has its image, and no image lacks a record.
+    recorded = {s.id for s in c.snapshots() if s.provider == "docker"}
+    assert {t.partition(":")[2] for t in snapshot_images(d.data_dir)} == recorded
 
 
 def cleanup_workspaces(c: hutch.Client) -> None:
@@ -113,14 +123,6 @@ def test_workspace_goes_stale_when_its_container_is_gone(daemon: DaemonProcess) 
     assert managed_containers(daemon.data_dir) == {}
 
 
-def image_id(tag: str) -> str:
-    return str(docker.APIClient().inspect_image(tag)["Id"])
-
-
-def image_ids() -> set[str]:
-    return {i["Id"] for i in docker.APIClient().images(all=True)}
-
-
 @pytest.fixture
 def image_with_config() -> Iterator[str]:
     """The test image plus an ENV and a WORKDIR, as a user's image would have."""
@@ -138,7 +140,7 @@ def image_with_config() -> Iterator[str]:
 def test_suspended_workspace_stays_suspended_across_a_crash(
     daemon: DaemonProcess, image_with_config: str
 ) -> None:
-    state_images = []  # every snapshot the workspace makes; none may outlive it
+    states = []  # every state snapshot the workspace makes; none may outlive it
     with client(daemon) as c:
         ws = c.create_workspace("sleeper", image=image_with_config)
         sb = c.get_sandbox(ws["live_sandbox_id"])
@@ -146,8 +148,8 @@ def test_suspended_workspace_stays_suspended_across_a_crash(
         sb.write_text("/root/layer.txt", "in the container layer")
         suspended = c.suspend_workspace("sleeper", diff=True)
         assert suspended["status"] == "suspended"
-        assert suspended["current_state_tag"]
-        state_images.append(image_id(suspended["current_state_tag"]))
+        assert suspended["state_snapshot_id"]
+        states.append(suspended["state_snapshot_id"])
         assert managed_containers(daemon.data_dir) == {}  # memory freed: no container
     daemon.restart()
     with client(daemon) as c:
@@ -158,25 +160,22 @@ def test_suspended_workspace_stays_suspended_across_a_crash(
         assert sb.read_text("/root/layer.txt") == "in the container layer"
         # A full (flattened) snapshot, then a resume from it, keeps everything too.
         sb.write_text("/root/second.txt", "second")
-        state_images.append(image_id(c.suspend_workspace("sleeper", diff=False)[
-            "current_state_tag"]))
+        states.append(c.suspend_workspace("sleeper", diff=False)["state_snapshot_id"])
+        # One state snapshot per workspace: the one it replaced is gone.
+        assert [s.id for s in c.snapshots()] == [states[-1]]
         again = c.get_sandbox(c.resume_workspace("sleeper")["live_sandbox_id"])
         assert again.read_text("/root/layer.txt") == "in the container layer"
         assert again.read_text("/root/second.txt") == "second"
-        # Flattening keeps the image's config, not only its files.
+        # Flattening keeps the image's environment, not only its files.
         assert again.exec('echo "$HUTCH_PROBE"').stdout == "kept $value\n"
-        assert docker.APIClient().inspect_image(
-            "hutch-workspace-sleeper:state"
-        )["Config"]["WorkingDir"] == "/srv"
         assert_store_and_engine_agree(c, daemon)
-        tag = c.get_workspace("sleeper")["current_state_tag"]
         c.delete_workspace("sleeper")
         with pytest.raises(hutch.NotFound):
             c.get_workspace("sleeper")
-    images = {t for i in docker.APIClient().images() for t in (i["RepoTags"] or [])}
-    assert tag not in images, "delete must drop the workspace's own state snapshot"
-    assert image_with_config in images, "delete must keep the image it was made from"
-    assert not set(state_images) & image_ids(), "replaced snapshots were left behind"
+        assert c.snapshots() == [], "delete must drop the workspace's own state snapshot"
+    tags = {t for i in docker.APIClient().images() for t in (i["RepoTags"] or [])}
+    assert image_with_config in tags, "delete must keep the image it was made from"
+    assert not any(t.endswith(tuple(states)) for t in tags), "state snapshots left behind"
     assert managed_containers(daemon.data_dir) == {}
 
 
@@ -233,8 +232,7 @@ def test_crash_in_the_middle_of_a_suspend(daemon: DaemonProcess) -> None:
         sb = c.get_sandbox(c.get_workspace("midsuspend")["live_sandbox_id"])
         assert sb.read_text("keep.txt") == "kept"
         cleanup_workspaces(c)
-    images = {t for i in docker.APIClient().images() for t in (i["RepoTags"] or [])}
-    assert "hutch-workspace-midsuspend:state" not in images
+        assert c.snapshots() == []
     assert managed_containers(daemon.data_dir) == {}
 
 
@@ -244,7 +242,7 @@ def test_unknown_hutch_containers_are_removed_at_start(daemon: DaemonProcess) ->
     stray = api.create_container(
         TEST_IMAGE, ["sleep", "infinity"], labels={
             "hutch.managed": "1", "hutch.sandbox_id": "sb-stray",
-            "hutch.daemon": daemon.data_dir,
+            "hutch.home": daemon.data_dir,
         },
     )
     # An in-process sandbox (another program's) carries no daemon label: untouched.
@@ -472,8 +470,8 @@ def test_crash_in_the_middle_of_a_delete(daemon: DaemonProcess) -> None:
             ws = c.get_workspace("halfgone")
             assert ws["status"] in ("running", "stale")
             cleanup_workspaces(c)
-    images = {t for i in docker.APIClient().images() for t in (i["RepoTags"] or [])}
-    assert "hutch-workspace-halfgone:state" not in images
+        assert c.snapshots() == []
+    assert snapshot_images(daemon.data_dir) == set(), "a state snapshot outlived its workspace"
     assert managed_containers(daemon.data_dir) == {}
 
 

@@ -10,7 +10,6 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from hutch.server.daemon import import_changes
 from tests.daemon_fixture import DaemonProcess
 
 #: The fast path takes application/json; FastAPI also takes any +json type, so
@@ -95,15 +94,3 @@ def test_status_is_the_same_through_both(http: tuple[httpx.Client, str]) -> None
     assert one["state"] == "running" and one["workspace"] is None
 
 
-def test_flattened_images_keep_their_config() -> None:
-    changes = import_changes({
-        "Env": ["PATH=/usr/bin:/bin", 'TRICKY=a "b" $c \\d'],
-        "WorkingDir": "/srv", "User": "app", "Cmd": ["bash", "-l"], "Entrypoint": None,
-    })
-    assert changes == [
-        'ENV PATH="/usr/bin:/bin"',
-        'ENV TRICKY="a \\"b\\" \\$c \\\\d"',
-        "WORKDIR /srv",
-        "USER app",
-        'CMD ["bash", "-l"]',
-    ]

@@ -11,7 +11,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from hutch.store import SandboxRow, SQLiteStore, WorkspaceRow
+from hutch.store import SandboxRow, SnapshotRow, SQLiteStore, WorkspaceRow
 
 
 def sandbox_row(sandbox_id: str = "sb-1", state: str = "running") -> SandboxRow:
@@ -46,7 +46,8 @@ def test_rows_round_trip(tmp_path: Path) -> None:
     assert len(store.list_sandboxes()) == 51
 
     ws = WorkspaceRow(name="ws", status="running", provider="docker", spec={"a": 1},
-                      live_sandbox_id="sb-1", image="img", host_workdir="/x/ws/workspace")
+                      live_sandbox_id="sb-1", state_snapshot_id="snap-2",
+                      source_snapshot_id="snap-1")
     store.put_workspace(ws)
     assert store.get_workspace("ws") == ws
     store.delete_workspace("ws")
@@ -63,6 +64,31 @@ def test_rows_round_trip(tmp_path: Path) -> None:
     store.set_meta("k", None)
     assert store.get_meta("k") is None
     store.close()
+
+
+def test_snapshot_rows_round_trip_with_lineage(tmp_path: Path) -> None:
+    store = SQLiteStore(str(tmp_path / "hutch.db"))
+    root = SnapshotRow(
+        id="snap-a", provider="local", status="ready", label="setup", sandbox_id="sb-1",
+        size_bytes=42, created_at_unix=1.0, handle={"data": {"layers": ["x"]}},
+        spec={"provider": {"type": "local"}},
+    )
+    child = SnapshotRow(id="snap-b", provider="local", status="capturing", parent_id="snap-a",
+                        created_at_unix=2.0)
+    store.put_snapshot(child)
+    store.put_snapshot(root)
+    assert store.get_snapshot("snap-a") == root
+    assert [r.id for r in store.list_snapshots()] == ["snap-a", "snap-b"]
+    child.status = "ready"
+    store.put_snapshot(child)
+    got = store.get_snapshot("snap-b")
+    assert got is not None and (got.status, got.parent_id) == ("ready", "snap-a")
+    store.delete_snapshot("snap-a")
+    assert store.get_snapshot("snap-a") is None
+    store.close()
+    reopened = SQLiteStore(str(tmp_path / "hutch.db"))
+    assert [r.id for r in reopened.list_snapshots()] == ["snap-b"]
+    reopened.close()
 
 
 def test_wal_and_full_sync(tmp_path: Path) -> None:

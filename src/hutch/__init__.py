@@ -7,7 +7,7 @@
         await sb.write_text("notes.txt", "hi")
 """
 
-from ._api import create_sandbox, create_sandbox_sync
+from ._api import create_sandbox, create_sandbox_from_snapshot, create_sandbox_sync, remove_snapshot
 from ._errors import (
     CapabilityUnsupported,
     ExecTimeout,
@@ -33,6 +33,7 @@ from ._errors import (
 from ._process import ExitStatus, Process
 from ._refs import attach
 from ._sandbox import Sandbox
+from ._snapshots import Fork, Snapshot
 from ._types import Capabilities, ExecResult, FileInfo, FileType, GrepMatch, OutputChunk
 from .client import AsyncClient, Client
 from .config import SandboxOptions, SandboxSpec
@@ -43,6 +44,10 @@ from .lifecycle.state import SandboxState
 __version__ = "0.1.0"
 
 __all__ = [
+    "Fork",
+    "Snapshot",
+    "create_sandbox_from_snapshot",
+    "remove_snapshot",
     "AsyncClient",
     "Client",
     "Capabilities",

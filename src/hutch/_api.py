@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ._errors import InvalidArgument
 from ._sandbox import Sandbox, new_sandbox_id
+from ._snapshots import Snapshot
 from ._sync import SyncProxy, run_sync_factory
 from .config import SandboxOptions, SandboxSpec, resolve_spec
 from .lifecycle.engine import LifecycleEngine, default_engine
@@ -39,19 +41,72 @@ async def create_sandbox(
     backend_cls = get_provider(spec.provider.type)
     sid = sandbox_id or new_sandbox_id()
     backend = await backend_cls.create(spec.provider, sid)
+    return await _track(backend, spec, engine)
+
+
+async def _track(backend: Any, spec: SandboxSpec, engine: LifecycleEngine | None) -> Sandbox:
     opts = spec.options
     sandbox = Sandbox(
         backend,
-        sandbox_id=sid,
+        sandbox_id=backend.sandbox_id,
         read_before_write=opts.read_before_write,
         output_limit=opts.output_limit,
     )
+    sandbox.spec = spec
     try:
         await (engine or default_engine()).attach(sandbox, opts)
     except BaseException:
         await backend.close()
         raise
     return sandbox
+
+
+def spec_for_attach(
+    snapshot: Snapshot, options: SandboxOptions | Mapping[str, Any] | None
+) -> SandboxSpec:
+    """The settings a sandbox started from ``snapshot`` gets: its origin's,
+    with ``options`` (sandbox options) replacing the origin's where given."""
+    if not snapshot.spec:
+        raise InvalidArgument(f"snapshot {snapshot.id} does not say what it was taken of")
+    spec = SandboxSpec.model_validate(dict(snapshot.spec))
+    if options:
+        given = options.model_dump(exclude_unset=True) if isinstance(
+            options, SandboxOptions
+        ) else dict(options)
+        merged = {**spec.options.model_dump(), **given}
+        spec = spec.model_copy(update={"options": SandboxOptions.model_validate(merged)})
+    return spec
+
+
+async def create_sandbox_from_snapshot(
+    snapshot: Snapshot,
+    *,
+    options: SandboxOptions | Mapping[str, Any] | None = None,
+    sandbox_id: str | None = None,
+    engine: LifecycleEngine | None = None,
+) -> Sandbox:
+    """A new sandbox started from ``snapshot`` (a fork's ``attach``)."""
+    if snapshot.handle is None:
+        raise InvalidArgument(
+            f"snapshot {snapshot.id} is held by a daemon: attach through its client"
+        )
+    spec = spec_for_attach(snapshot, options)
+    backend_cls = get_provider(snapshot.provider)
+    sid = sandbox_id or new_sandbox_id()
+    backend = await backend_cls.create_from_snapshot(spec.provider, sid, snapshot.handle)
+    sandbox = await _track(backend, spec, engine)
+    sandbox.base_snapshot_id = sandbox.origin_snapshot_id = snapshot.id
+    return sandbox
+
+
+async def remove_snapshot(snapshot: Snapshot) -> None:
+    """Free a snapshot's provider storage (in-process; the daemon also
+    refuses while something depends on it). Idempotent."""
+    if snapshot.handle is None:
+        raise InvalidArgument(
+            f"snapshot {snapshot.id} is held by a daemon: remove it through its client"
+        )
+    await get_provider(snapshot.provider).remove_snapshot(snapshot.handle)
 
 
 def create_sandbox_sync(provider: str | None = None, **kwargs: Any) -> SyncProxy:

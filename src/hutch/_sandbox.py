@@ -44,6 +44,7 @@ from ._process import (
     release_output,
     run_to_completion,
 )
+from ._snapshots import Fork, Snapshot, new_snapshot_id, snapshot_record
 from ._types import (
     DEFAULT_OUTPUT_LIMIT,
     DEFAULT_READ_LIMIT,
@@ -59,6 +60,7 @@ from .lifecycle.state import SandboxState
 from .providers.base import BackendProcess, PtyProcess, SandboxBackend, SandboxRuntime, join_path
 
 if TYPE_CHECKING:
+    from .config import SandboxSpec
     from .lifecycle.engine import LifecycleRecord, SandboxStatus
     from .lifecycle.gate import LifecycleGate
 
@@ -118,6 +120,14 @@ class Sandbox:
         self._owner = True
         self._detached = False
 
+        #: The settings it was made with (what a fork's branches start from).
+        self.spec: SandboxSpec | None = None
+        #: The snapshot it was started from or last captured: its parent in
+        #: the lineage tree of the next snapshot taken of it.
+        self.base_snapshot_id: str | None = None
+        #: The snapshot it was started from, if any: it depends on that
+        #: snapshot until it captures a state of its own.
+        self.origin_snapshot_id: str | None = None
     def _attached_session(self) -> Sandbox:
         """A new non-owning session on this live sandbox, with a guard of its own."""
         session = object.__new__(Sandbox)
@@ -129,6 +139,10 @@ class Sandbox:
         session.session_id = uuid.uuid4().hex[:12]
         session._owner = False
         session._detached = False
+        # Where it stands in the lineage tree, as of now (its snapshots are the owner's).
+        session.spec = self.spec
+        session.base_snapshot_id = self.base_snapshot_id
+        session.origin_snapshot_id = self.origin_snapshot_id
         self._live.attached[session.session_id] = session
         return session
 
@@ -628,6 +642,44 @@ class Sandbox:
     async def resume(self) -> None:
         """Bring a paused or suspended sandbox back to running."""
         await self._engine().resume(self)
+
+    # -- snapshots and forks ------------------------------------------------------------
+    async def snapshot(self, label: str | None = None, *, diff: bool = True) -> Snapshot:
+        """Capture this sandbox's state (running, paused or suspended; it stays
+        as it is) and return the snapshot. ``diff``: the provider may store
+        only what changed since the state this sandbox started from."""
+        self.require("snapshot")
+        sid = new_snapshot_id()
+        if self._gate is not None:
+            async with self._gate.held(self):
+                handle = await self._backend.capture(sid, diff=diff)
+        else:
+            if self._closed:
+                raise SandboxUnavailable(f"sandbox {self.id} has been closed")
+            handle = await self._backend.capture(sid, diff=diff)
+        record = snapshot_record(
+            handle, label=label, sandbox_id=self.id, parent_id=self.base_snapshot_id,
+            spec=self.spec.model_dump() if self.spec is not None else {},
+        )
+        self.base_snapshot_id = record.id
+        return record
+
+    async def fork(self, label: str | None = None, *, count: int = 0) -> Fork:
+        """Snapshot this sandbox and return a handle whose ``attach()`` starts
+        independent branches from that state (any number of them); ``count``
+        branches are started at once (``fork.branches``)."""
+        self.require("fork")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise InvalidArgument(f"fork count must be a non-negative integer, not {count!r}")
+        snapshot = await self.snapshot(label)
+        from .lifecycle.engine import LifecycleEngine
+
+        # Branches join the engine that tracks their origin (its clock, its timers).
+        engine = self._gate if isinstance(self._gate, LifecycleEngine) else None
+        fork = Fork(snapshot, engine)
+        for _ in range(count):
+            await fork.attach()
+        return fork
 
     async def set_timeout(self, seconds: float) -> float:
         """Make the sandbox's deadline now + ``seconds``; returns it as Unix time."""

@@ -28,8 +28,9 @@ def _wrapped_types() -> tuple[type, ...]:
     if not _WRAPPED_TYPES:
         from ._process import Process
         from ._sandbox import Sandbox
+        from ._snapshots import Fork
 
-        _WRAPPED_TYPES = (Process, Sandbox)
+        _WRAPPED_TYPES = (Process, Sandbox, Fork)
     return _WRAPPED_TYPES
 
 

@@ -75,11 +75,13 @@ class AsyncAdapter:
 _ASYNC_TWIN: dict[type, type] = {
     hutch.client.RemoteSandbox: hutch.client.AsyncRemoteSandbox,
     hutch.client.RemoteProcess: hutch.client.AsyncRemoteProcess,
+    hutch.client.RemoteFork: hutch.client.AsyncRemoteFork,
 }
 
 
 def adapt(value: Any) -> Any:
-    if isinstance(value, hutch.client.RemoteSandbox | hutch.client.RemoteProcess):
+    if isinstance(value, hutch.client.RemoteSandbox | hutch.client.RemoteProcess
+                  | hutch.client.RemoteFork):
         return AsyncAdapter(value)
     if isinstance(value, list):
         return [adapt(v) for v in value]
@@ -136,6 +138,22 @@ async def _remote_bubblewrap() -> AsyncIterator[Harness]:
 
 
 @asynccontextmanager
+async def _remote_docker_agent() -> AsyncIterator[Harness]:
+    # Docker with hutch's agent as its runtime, through the daemon.
+    d = daemon()
+    async with hutch.AsyncClient(d.url, token=d.token) as client:
+        sb = await client.create_sandbox(
+            "docker", image=TEST_IMAGE, runtime="agent", read_before_write=False
+        )
+        try:
+            assert sb.capabilities.runtime == "agent"
+            # Its working directory: a fresh one under the daemon's data directory.
+            yield Harness(sb, "remote-docker", f"{d.data_dir}/sandboxes/{sb.id}/workspace")
+        finally:
+            await sb.close()
+
+
+@asynccontextmanager
 async def _remote_ssh() -> AsyncIterator[Harness]:
     # The ssh provider through the daemon: the daemon holds the kept connection.
     d = daemon()
@@ -173,5 +191,6 @@ REMOTE_MAKERS: dict[str, tuple[Any, bool, list[pytest.MarkDecorator]]] = {
     "remote-async": (_remote_async, True, []),
     "remote-sync": (_remote_sync, True, []),
     "remote-bubblewrap": (_remote_bubblewrap, True, [pytest.mark.docker]),
+    "remote-docker": (_remote_docker_agent, True, [pytest.mark.docker]),
     "remote-ssh": (_remote_ssh, True, []),
 }

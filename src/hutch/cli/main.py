@@ -40,6 +40,9 @@ app = typer.Typer(help=HELP, no_args_is_help=True, add_completion=False)
 workspace_app = typer.Typer(help="Named workspaces that outlive the daemon.", no_args_is_help=True)
 app.add_typer(workspace_app, name="workspace")
 app.add_typer(image_app, name="image")
+snapshot_app = typer.Typer(help="Snapshots of sandboxes, as a lineage tree.",
+                           no_args_is_help=True)
+app.add_typer(snapshot_app, name="snapshot")
 console = Console()
 err_console = Console(stderr=True)
 
@@ -595,7 +598,7 @@ def workspace_suspend(
     """Capture a workspace's state and free its sandbox."""
     with client() as c, console.status(f"suspending {name}..."):
         ws = c.suspend_workspace(name, diff=diff)
-    console.print(f"{ws['name']} {ws['status']} ({ws['current_state_tag']})")
+    console.print(f"{ws['name']} {ws['status']} (state {ws['state_snapshot_id']})")
 
 
 @workspace_app.command("resume")
@@ -616,8 +619,8 @@ def workspace_list() -> None:
     table = Table("name", "status", "sandbox", "state snapshot", "from", "age", "last active")
     for w in rows:
         table.add_row(
-            w["name"], w["status"], w["live_sandbox_id"] or "-", w["current_state_tag"] or "-",
-            w["source_snapshot_tag"] or w["image"] or "-", ago(w["created_at_unix"]),
+            w["name"], w["status"], w["live_sandbox_id"] or "-", w["state_snapshot_id"] or "-",
+            w["source_snapshot_id"] or w["provider"], ago(w["created_at_unix"]),
             ago(w["last_active_unix"]),
         )
     console.print(table)
@@ -630,6 +633,89 @@ def workspace_delete(name: str) -> None:
     with client() as c, console.status(f"deleting {name}..."):
         c.delete_workspace(name)
     console.print(f"{name} deleted")
+
+
+# -- snapshots and forks -------------------------------------------------------------
+
+
+@snapshot_app.command("create")
+@reports_errors
+def snapshot_create(
+    sandbox_id: str,
+    label: str | None = typer.Option(None, "--label", "-l", help="A name to know it by."),
+    full: bool = typer.Option(False, "--full", help="Write the whole state, not a diff."),
+) -> None:
+    """Capture a sandbox's state (it keeps running)."""
+    with client() as c, console.status(f"snapshotting {sandbox_id}..."):
+        snap = c.get_sandbox(sandbox_id).snapshot(label, diff=not full)
+    console.print(f"{snap.id} {size(snap.size_bytes)}"
+                  + (f" (parent {snap.parent_id})" if snap.parent_id else ""))
+
+
+def lineage_lines(snapshots: list[Any]) -> list[str]:
+    """The snapshots as a tree, children under their parent, oldest first."""
+    known = {s.id for s in snapshots}
+    children: dict[str | None, list[Any]] = {}
+    for snap in sorted(snapshots, key=lambda s: (s.created_at_unix, s.id)):
+        parent = snap.parent_id if snap.parent_id in known else None
+        children.setdefault(parent, []).append(snap)
+    lines: list[str] = []
+
+    def walk(parent: str | None, prefix: str) -> None:
+        kids = children.get(parent, [])
+        for i, snap in enumerate(kids):
+            last = i == len(kids) - 1
+            branch = "" if parent is None else ("└─ " if last else "├─ ")
+            label = f" {snap.label}" if snap.label else ""
+            lines.append(f"{prefix}{branch}{snap.id}{label}  {size(snap.size_bytes)}  "
+                         f"{snap.provider}  from {snap.sandbox_id or '-'}  "
+                         f"{ago(snap.created_at_unix)} ago")
+            walk(snap.id, prefix + ("" if parent is None else ("   " if last else "│  ")))
+
+    walk(None, "")
+    return lines
+
+
+@snapshot_app.command("ls")
+@reports_errors
+def snapshot_ls(
+    as_json: bool = typer.Option(False, "--json", help="Print them as JSON."),
+) -> None:
+    """List snapshots as their lineage tree."""
+    with client() as c:
+        snapshots = c.snapshots()
+    if as_json:
+        print(json.dumps([s.as_dict() for s in snapshots], indent=2))
+        return
+    for line in lineage_lines(snapshots):
+        console.print(line, highlight=False, markup=False)
+
+
+@snapshot_app.command("rm")
+@reports_errors
+def snapshot_rm(
+    snapshot_id: str,
+    force: bool = typer.Option(False, "--force", help="Remove it even if something needs it."),
+) -> None:
+    """Remove a snapshot and free its storage."""
+    with client() as c:
+        c.delete_snapshot(snapshot_id, force=force)
+    console.print(f"{snapshot_id} removed")
+
+
+@app.command()
+@reports_errors
+def fork(
+    sandbox_id: str,
+    count: int = typer.Option(1, "-n", "--count", help="How many branches to start now."),
+    label: str | None = typer.Option(None, "--label", "-l", help="A name for the snapshot."),
+) -> None:
+    """Snapshot a sandbox and start N independent branches from it."""
+    with client() as c, console.status(f"forking {sandbox_id} into {count}..."):
+        made = c.get_sandbox(sandbox_id).fork(label, count=count)
+    console.print(f"snapshot {made.snapshot.id}")
+    for branch in made.branches:
+        console.print(branch.id)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ from typing import Any
 
 from .._errors import Unauthorized
 from .._refwire import DaemonRef, decode_ref
-from ._core import Call, ClientOps, ProcessOps, SandboxOps, build_async, build_sync
+from .._snapshots import Snapshot
+from ._core import Call, ClientOps, ForkOps, ProcessOps, SandboxOps, build_async, build_sync
 from ._transports import AsyncTransport, SyncTransport
 
 
@@ -46,6 +47,19 @@ class _SandboxState(SandboxOps):
         return f"<remote sandbox {self.id} provider={self._info.get('provider')}>"
 
 
+class _ForkState(ForkOps):
+    def __init__(self, transport: Any, snapshot: Snapshot, branches: list[Any]) -> None:
+        self._transport = transport
+        self.snapshot = snapshot
+        #: The branches started with the fork (``count``) and by ``attach``.
+        self.branches = branches
+
+    def __repr__(self) -> str:
+        return f"<remote fork of {self.snapshot.id} ({len(self.branches)} branches)>"
+
+
+AsyncRemoteFork = build_async(_ForkState, "AsyncRemoteFork")
+RemoteFork = build_sync(_ForkState, "RemoteFork")
 AsyncRemoteProcess = build_async(_ProcessState, "AsyncRemoteProcess")
 RemoteProcess = build_sync(_ProcessState, "RemoteProcess")
 _AsyncRemoteSandbox = build_async(_SandboxState, "AsyncRemoteSandbox")
@@ -133,7 +147,8 @@ class AsyncClient(_AsyncClient):  # type: ignore[misc, valid-type]
 
     def __init__(self, url: str | None = None, *, token: str | None = None) -> None:
         self._transport = AsyncTransport(
-            url, token, {"sandbox": AsyncRemoteSandbox, "process": AsyncRemoteProcess}
+            url, token, {"sandbox": AsyncRemoteSandbox, "process": AsyncRemoteProcess,
+             "fork": AsyncRemoteFork}
         )
 
     @property
@@ -160,7 +175,7 @@ class Client(_Client):  # type: ignore[misc, valid-type]
 
     def __init__(self, url: str | None = None, *, token: str | None = None) -> None:
         self._transport = SyncTransport(
-            url, token, {"sandbox": RemoteSandbox, "process": RemoteProcess}
+            url, token, {"sandbox": RemoteSandbox, "process": RemoteProcess, "fork": RemoteFork}
         )
 
     @property
@@ -183,6 +198,6 @@ class Client(_Client):  # type: ignore[misc, valid-type]
 
 
 __all__ = [
-    "AsyncClient", "AsyncRemoteProcess", "AsyncRemoteSandbox", "Client", "RemoteProcess",
-    "RemoteSandbox", "attach_remote",
+    "AsyncClient", "AsyncRemoteFork", "AsyncRemoteProcess", "AsyncRemoteSandbox", "Client",
+    "RemoteFork", "RemoteProcess", "RemoteSandbox", "attach_remote",
 ]

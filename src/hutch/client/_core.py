@@ -30,6 +30,7 @@ from .._errors import (
 from .._process import ExitStatus
 from .._refwire import decode_ref
 from .._sandbox import check_ref_lifetime
+from .._snapshots import Snapshot
 from .._types import (
     DEFAULT_SEARCH_TIMEOUT,
     Capabilities,
@@ -156,6 +157,12 @@ class SandboxRef:
 
 
 @dataclass
+class ForkRef:
+    snapshot: Snapshot
+    sandboxes: list[dict[str, Any]]
+
+
+@dataclass
 class ProcessRef:
     sandbox_id: str
     info: dict[str, Any]
@@ -218,13 +225,31 @@ class ClientOps:
         return float(answer["deadline_unix"])
 
     @op
+    def snapshots(self) -> Op:
+        """Every snapshot the daemon holds (the lineage tree, by ``parent_id``)."""
+        answer = yield Call("GET", "/v1/snapshots")
+        return [Snapshot.from_wire(s) for s in answer["snapshots"]]
+
+    @op
+    def get_snapshot(self, snapshot_id: str) -> Op:
+        return Snapshot.from_wire((yield Call("GET", f"/v1/snapshots/{snapshot_id}")))
+
+    @op
+    def delete_snapshot(self, snapshot_id: str, *, force: bool = False) -> Op:
+        yield Call("DELETE", f"/v1/snapshots/{snapshot_id}",
+                   params={"force": "true"} if force else None, timeout=600)
+
+    @op
     def create_workspace(
         self, name: str, *, image: str | None = None, snapshot_tag: str | None = None,
         **settings: Any,
     ) -> Op:
+        """A workspace from a snapshot (``snapshot_tag``: its id) or fresh from
+        sandbox settings; ``image`` alone means a docker workspace of that image."""
         body = {"name": name, **settings}
         if image is not None:
             body["image"] = image
+            body.setdefault("provider", "docker")
         if snapshot_tag is not None:
             body["snapshot_tag"] = snapshot_tag
         return (yield Call("POST", "/v1/workspaces", json=body, timeout=600))
@@ -444,6 +469,26 @@ class SandboxOps:
         return float(answer["deadline_unix"])
 
     @op
+    def snapshot(self, label: str | None = None, *, diff: bool = True) -> Op:
+        self._require("snapshot")
+        answer = yield Call("POST", self._path("/snapshots"),
+                            json={"label": label, "diff": diff}, timeout=600)
+        return Snapshot.from_wire(answer)
+
+    @op
+    def fork(self, label: str | None = None, *, count: int = 0) -> Op:
+        """Snapshot + a handle whose ``attach()`` starts branches; ``count``
+        branches are started at once (``fork.branches``)."""
+        self._require("fork")
+        answer = yield Call("POST", self._path("/fork"),
+                            json={"label": label, "count": count}, timeout=600)
+        return ForkRef(Snapshot.from_wire(answer["snapshot"]), list(answer["sandboxes"]))
+
+    def _require(self, capability: str) -> None:
+        if not self.capabilities.supports(capability):
+            raise CapabilityUnsupported.for_provider(self.provider, capability)
+
+    @op
     def ref(self, *, expires_in: float | None = None) -> Op:
         """A ref to this sandbox for ``hutch.attach``: it carries the daemon's
         address and is a credential for this sandbox alone. Only the owner
@@ -539,6 +584,19 @@ class SandboxOps:
         """Closed (or detached) through this handle, or ended, as far as the last
         answer knows."""
         return self._closed or self._detached or self.state in FINAL
+
+
+class ForkOps:
+    """A fork through the daemon; the same as hutch.Fork."""
+
+    snapshot: Snapshot
+    branches: list[Any]
+
+    @op
+    def attach(self, **options: Any) -> Op:
+        body = {"from_snapshot": self.snapshot.id, **options}
+        ref = SandboxRef((yield Call("POST", "/v1/sandboxes", json=body, timeout=600)))
+        return ref
 
 
 class ProcessOps:

@@ -16,6 +16,7 @@ from ._core import (
     DEFAULT_URL,
     SESSION_HEADER,
     Call,
+    ForkRef,
     Op,
     ProcessRef,
     SandboxRef,
@@ -55,6 +56,9 @@ class _Transport:
     def wrap(self, value: Any) -> Any:
         if isinstance(value, SandboxRef):
             return self.factories["sandbox"](self, value.info)
+        if isinstance(value, ForkRef):
+            branches = [self.factories["sandbox"](self, info) for info in value.sandboxes]
+            return self.factories["fork"](self, value.snapshot, branches)
         if isinstance(value, ProcessRef):
             return self.factories["process"](self, value.sandbox_id, value.info)
         if isinstance(value, list) and value and isinstance(value[0], SandboxRef | ProcessRef):

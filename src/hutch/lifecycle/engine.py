@@ -20,7 +20,8 @@ import inspect
 import logging
 import math
 import os
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -369,6 +370,20 @@ class LifecycleEngine:
             finally:
                 record.transitioning = False
             raise
+
+    @asynccontextmanager
+    async def held(self, sandbox: Sandbox) -> AsyncIterator[SandboxState]:
+        """Hold the sandbox in its present state (running, paused or
+        suspended) while the caller works on it as a whole (a snapshot):
+        no transition runs meanwhile and operations wait. Yields the state."""
+        record = self._record(sandbox)
+        async with record.lock:
+            self._check_live(record)
+            record.transitioning = True
+            try:
+                yield record.state
+            finally:
+                record.transitioning = False
 
     async def pause(self, sandbox: Sandbox) -> None:
         record = self._record(sandbox)

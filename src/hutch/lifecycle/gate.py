@@ -7,10 +7,12 @@ sandbox is resumed (or refused), and an expired one fails with its reason.
 
 from __future__ import annotations
 
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from .._sandbox import Sandbox
+    from .state import SandboxState
 
 
 class LifecycleGate(Protocol):
@@ -27,3 +29,5 @@ class LifecycleGate(Protocol):
     async def resume(self, sandbox: Sandbox) -> None: ...
 
     async def closed(self, sandbox: Sandbox) -> None: ...
+
+    def held(self, sandbox: Sandbox) -> AbstractAsyncContextManager[SandboxState]: ...

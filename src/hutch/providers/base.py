@@ -31,6 +31,7 @@ import dataclasses
 import posixpath
 import re
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import IO, Any, ClassVar
 
 from pydantic import BaseModel
@@ -74,6 +75,39 @@ class BackendProcess(abc.ABC):
         """Whether the kernel's OOM killer ended it, where the provider can tell."""
         return False
 
+@dataclass(frozen=True, slots=True)
+class ProviderSnapshot:
+    """A captured sandbox state, as the provider that holds it knows it.
+
+    ``snapshot_id`` is hutch's id for it (the provider names its storage by
+    it, so that :meth:`SandboxBackend.held_snapshots` can answer in those
+    ids); ``data`` is whatever the provider needs to start a sandbox from the
+    state or to remove it, JSON-serialisable (the daemon stores it verbatim);
+    ``size_bytes`` what the state costs the provider on disk (or in memory);
+    ``includes_memory`` whether processes and memory were captured too, or
+    only the file system.
+    """
+
+    snapshot_id: str
+    provider: str
+    size_bytes: int
+    data: Mapping[str, Any] = field(default_factory=dict)
+    includes_memory: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "snapshot_id": self.snapshot_id, "provider": self.provider,
+            "size_bytes": self.size_bytes, "data": dict(self.data),
+            "includes_memory": self.includes_memory,
+        }
+
+    @classmethod
+    def from_dict(cls, value: Mapping[str, Any]) -> ProviderSnapshot:
+        return cls(
+            snapshot_id=str(value["snapshot_id"]), provider=str(value["provider"]),
+            size_bytes=int(value.get("size_bytes") or 0), data=dict(value.get("data") or {}),
+            includes_memory=bool(value.get("includes_memory", False)),
+        )
 
 @dataclasses.dataclass(frozen=True)
 class RuntimeNotice:
@@ -293,6 +327,42 @@ class SandboxBackend(SandboxRuntime):
 
     The runtime methods it inherits are its native runtime; callers reach
     whichever runtime is in use through :attr:`runtime`.
+
+    **Snapshots** (the ``snapshot`` capability) are four methods, and
+    everything hutch builds on captured state (``Sandbox.snapshot`` and
+    ``fork``, workspaces and their suspend, the daemon's reconciliation) is
+    written against these alone, never against a provider:
+
+    - :meth:`capture` (instance): write this sandbox's state (its file
+      system; memory too where the provider can, saying so in
+      ``includes_memory``) to provider storage named by the given snapshot
+      id, and return the :class:`ProviderSnapshot`. It must work in every
+      live state the provider has (running, paused, suspended) and leave the
+      sandbox in the state it found it. ``diff=True`` may store only what
+      changed since the state this sandbox was started from or last captured
+      (a layer on it: the backend remembers its own base, in ``describe()``
+      too, so that it survives a daemon restart); ``diff=False`` writes a
+      self-contained state. Either way the result must stay valid after the
+      sandbox it came from is closed and after any other snapshot is
+      removed: a provider that shares layers between snapshots keeps them
+      alive while any snapshot refers to them.
+    - :meth:`create_from_snapshot` (class): provision a new, independent
+      sandbox from a captured state, with ``config`` (the settings of the
+      sandbox the state came from, or of the caller) for everything the state
+      does not say. Writes in it are never seen by the snapshot, by the
+      origin, or by any other sandbox started from the same state. Should
+      cost little whatever the state's size (copy-on-write where possible).
+    - :meth:`remove_snapshot` (class): free the storage of one captured
+      state. Idempotent: removing what is gone succeeds. Sandboxes already
+      started from it keep working.
+    - :meth:`held_snapshots` (class): the snapshot ids this provider holds
+      storage for under the current hutch home (``$HUTCH_HOME``), so that a
+      daemon starting up can drop records whose storage is gone and free
+      storage no record names (a capture cut short by a crash).
+
+    Only ``capture`` is per sandbox; a provider that cannot snapshot leaves
+    all four as they are here (they raise ``capability_unsupported``), and
+    declares ``snapshot=False``.
     """
 
     #: What this provider can do; see :class:`hutch.Capabilities`.
@@ -349,6 +419,42 @@ class SandboxBackend(SandboxRuntime):
     async def is_alive(self) -> bool:
         """Whether the sandbox's runtime still exists (for reconciliation)."""
         return True
+
+    # -- snapshots (behind the snapshot capability; see the class docstring) -----
+    async def capture(self, snapshot_id: str, *, diff: bool = True) -> ProviderSnapshot:
+        """Capture this sandbox's state as ``snapshot_id``."""
+        raise CapabilityUnsupported.for_provider(self.provider, "snapshot")
+
+    @classmethod
+    async def create_from_snapshot(
+        cls, config: Any, sandbox_id: str, snapshot: ProviderSnapshot
+    ) -> SandboxBackend:
+        """Provision a new sandbox started from ``snapshot``."""
+        raise CapabilityUnsupported.for_provider(cls.provider, "snapshot")
+
+    @classmethod
+    async def remove_snapshot(cls, snapshot: ProviderSnapshot) -> None:
+        """Free a captured state's storage. Idempotent."""
+        raise CapabilityUnsupported.for_provider(cls.provider, "snapshot")
+
+    @classmethod
+    async def held_snapshots(cls) -> list[str]:
+        """The ids of the captured states this provider holds storage for."""
+        return []
+
+    # -- reconciliation (a daemon starting up) ------------------------------------
+    @classmethod
+    async def discard(cls, sandbox_id: str) -> None:
+        """Free whatever a create of ``sandbox_id`` cut short may have left
+        (a container, a directory). Idempotent; nothing there is fine."""
+        return None
+
+    @classmethod
+    async def reap_orphans(cls, known: set[str]) -> list[str]:
+        """Free what this provider made under the current hutch home for
+        sandboxes whose ids are not in ``known`` (kept on purpose excepted,
+        e.g. docker's ``preserve``); return what was freed."""
+        return []
 
     @classmethod
     async def watch_runtimes(cls, report: RuntimeReport) -> None:

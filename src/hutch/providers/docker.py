@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import hashlib
 import io
 import ipaddress
 import json
@@ -61,6 +62,7 @@ from .._types import (
     GrepMatch,
     OutputChunk,
 )
+from . import _layers
 from ._diskcap import mount_capped, unmount_capped
 from ._grep import matching_indices
 from ._grepfilter import LINE_BREAK_CHARS as _LINE_BREAK_CHARS
@@ -68,7 +70,14 @@ from ._grepfilter import LINE_BREAKS as _LINE_BREAKS
 from ._grepfilter import required_literals as _required_literals
 from ._hostproc import EXEC_MARKER, SANDBOX_MARKER
 from .agent import AgentFailure, AgentRuntime, AgentUnavailable, agent_binary
-from .base import BackendProcess, RuntimeNotice, RuntimeReport, SandboxBackend, SandboxRuntime
+from .base import (
+    BackendProcess,
+    ProviderSnapshot,
+    RuntimeNotice,
+    RuntimeReport,
+    SandboxBackend,
+    SandboxRuntime,
+)
 from .network import NetworkPolicy, apply_in_namespace, host_addresses
 from .policy import Limit, ReachesHost, format_bytes, keeps_dropped, one_of, parse_bytes
 
@@ -79,6 +88,17 @@ log = logging.getLogger("hutch.docker")
 DEFAULT_CAP_DROP = ["NET_RAW", "MKNOD", "AUDIT_WRITE", "SYS_CHROOT", "SETFCAP"]
 
 MANAGED_LABEL = "hutch.managed"
+#: The hutch home (data directory) of the process that made a container or a
+#: snapshot image: reconciliation only ever touches its own.
+HOME_LABEL = "hutch.home"
+PRESERVE_LABEL = "hutch.preserve"
+SNAPSHOT_LABEL = "hutch.snapshot"
+
+
+def snapshot_repository() -> str:
+    """Where this hutch home's snapshot images are tagged (one repository
+    per home, so that two daemons never take each other's for orphans)."""
+    return "hutch-snapshot-" + hashlib.sha256(hutch_home().encode()).hexdigest()[:12]
 SANDBOX_LABEL = "hutch.sandbox_id"
 SUSPENDED_REPOSITORY = "hutch-suspended"
 #: overlay2 stacks at most 128 layers; a suspend that would pass this many
@@ -596,8 +616,35 @@ async def _death_reason(container_id: str, action: str) -> str:
 # -- suspend ----------------------------------------------------------------------
 
 
+def commit_state(
+    api: Any,
+    container: str,
+    base_image: str,
+    repository: str,
+    tag: str,
+    labels: Mapping[str, str],
+    *,
+    flatten: bool = False,
+) -> str:
+    """Write ``container``'s file system to ``repository:tag``; its image id.
+
+    The one place that decides between a commit (one more layer on
+    ``base_image``) and a flatten (a single-layer image): suspend and
+    snapshot (and so workspace suspend) both come here. A commit that would
+    stack ``base_image``'s layers past :data:`MAX_SUSPEND_LAYERS` flattens,
+    since overlay2 stops at 128; ``flatten`` asks for one regardless.
+    """
+    depth = len(api.inspect_image(base_image)["RootFS"].get("Layers") or [])
+    if flatten or depth >= MAX_SUSPEND_LAYERS:
+        config = api.inspect_container(container)["Config"]
+        return _flatten(api, container, config, labels, repository, tag)
+    image = api.commit(container, repository=repository, tag=tag, conf={"Labels": labels})
+    return str(image["Id"])
+
+
 def _flatten(
-    api: Any, container: str, config: Mapping[str, Any], labels: Mapping[str, str], tag: str
+    api: Any, container: str, config: Mapping[str, Any], labels: Mapping[str, str],
+    repository: str, tag: str,
 ) -> str:
     """Export ``container``'s file system into a one-layer suspend image.
 
@@ -616,10 +663,10 @@ def _flatten(
         changes.append(f"WORKDIR {config['WorkingDir']}")
     changes += [f"LABEL {quoted(k)}={quoted(v)}" for k, v in labels.items()]
     api.import_image(
-        src=api.export(container, chunk_size=1 << 20), repository=SUSPENDED_REPOSITORY,
+        src=api.export(container, chunk_size=1 << 20), repository=repository,
         tag=tag, changes=changes, stream_src=True,
     )
-    return str(api.inspect_image(f"{SUSPENDED_REPOSITORY}:{tag}")["Id"])
+    return str(api.inspect_image(f"{repository}:{tag}")["Id"])
 
 
 # -- the sandbox ------------------------------------------------------------------
@@ -648,6 +695,8 @@ class DockerSandbox(SandboxBackend):
         pause=True,
         suspend=True,
         suspend_keeps_processes=False,
+        snapshot=True,
+        fork=True,
         resource_limits=True,
         disk_limit=True,
         network_policy=True,
@@ -665,6 +714,9 @@ class DockerSandbox(SandboxBackend):
         container_id: str | None,
         suspended_image: str | None = None,
         agent: Mapping[str, Any] | None = None,
+        base_image: str | None = None,
+        branch: bool = False,
+        chain: list[str] | None = None,
     ) -> None:
         super().__init__(sandbox_id, config.mount_point)
         self.config = config
@@ -673,6 +725,12 @@ class DockerSandbox(SandboxBackend):
         self.container_id = container_id
         self.container_name = f"hutch-{sandbox_id}"
         self.suspended_image = suspended_image
+        #: The image the container started from: the configured one, or a snapshot's.
+        self.base_image = base_image or config.image
+        #: Started from a snapshot: the working directory is a branch mounted
+        #: on ``chain`` (see ``_layers``), never shared with another sandbox.
+        self.branch = branch
+        self.chain = chain
         self._closed = False
         #: The agent's host directory (its socket) and the image's own user,
         #: when the agent is this sandbox's runtime; None for the native one.
@@ -803,19 +861,23 @@ class DockerSandbox(SandboxBackend):
         os.makedirs(host_workdir, exist_ok=True)
         sandbox = cls(sandbox_id, config, host_workdir, owns, None)
         try:
-            binary = sandbox._agent_wanted()
-            if binary is not None:
-                sandbox._agent_binary = binary
-                agent_dir = os.path.join(hutch_home(), "sandboxes", sandbox_id, "agent")
-                os.makedirs(agent_dir, mode=0o700, exist_ok=True)
-                default_user = await _call(_image_user, config.image, config.pull_if_missing)
-                sandbox._use_agent(agent_dir, default_user)
-            await sandbox._start_container(config.image)
+            await sandbox._launch(config.image)
         except BaseException:
             if owns:
                 sandbox._remove_workdir()
             raise
         return sandbox
+
+    async def _launch(self, image: str) -> None:
+        """Start this new sandbox's container from ``image``, its runtime with it."""
+        binary = self._agent_wanted()
+        if binary is not None:
+            self._agent_binary = binary
+            agent_dir = os.path.join(hutch_home(), "sandboxes", self.sandbox_id, "agent")
+            os.makedirs(agent_dir, mode=0o700, exist_ok=True)
+            default_user = await _call(_image_user, image, self.config.pull_if_missing)
+            self._use_agent(agent_dir, default_user)
+        await self._start_container(image)
 
     def _container_spec(self, image: str) -> dict[str, Any]:
         api = engine()
@@ -844,7 +906,10 @@ class DockerSandbox(SandboxBackend):
             security_opt=["no-new-privileges"],
             cap_drop=cfg.cap_drop,
         )
-        labels = {**cfg.labels, MANAGED_LABEL: "1", SANDBOX_LABEL: self.sandbox_id}
+        labels = {**cfg.labels, MANAGED_LABEL: "1", SANDBOX_LABEL: self.sandbox_id,
+                  HOME_LABEL: hutch_home()}
+        if cfg.preserve:
+            labels[PRESERVE_LABEL] = "1"
         return {
             **extra,
             "image": image,
@@ -958,6 +1023,9 @@ class DockerSandbox(SandboxBackend):
             "container_id": self.container_id,
             "container_name": self.container_name,
             "suspended_image": self.suspended_image,
+            "base_image": self.base_image,
+            "branch": self.branch,
+            "chain": self.chain,
             "agent": (
                 {"dir": self.agent_dir, "default_user": self.default_user}
                 if self._agent is not None else None
@@ -975,6 +1043,9 @@ class DockerSandbox(SandboxBackend):
             description.get("container_id"),
             description.get("suspended_image"),
             description.get("agent"),
+            description.get("base_image"),
+            bool(description.get("branch")),
+            description.get("chain"),
         )
         if sandbox.container_id is not None and not await sandbox.is_alive():
             # The container on record is gone, but the sandbox may have one
@@ -1381,19 +1452,10 @@ class DockerSandbox(SandboxBackend):
         previous = self.suspended_image
         labels = {**self.config.labels, MANAGED_LABEL: "1", SANDBOX_LABEL: self.sandbox_id}
 
-        def commit() -> str:
-            source = api.inspect_image(previous or self.config.image)
-            if len(source["RootFS"].get("Layers") or []) >= MAX_SUSPEND_LAYERS:
-                # Each commit stacks a layer on the last; overlay2 stops at 128.
-                config = api.inspect_container(container)["Config"]
-                return _flatten(api, container, config, labels, self.sandbox_id)
-            image = api.commit(
-                container, repository=SUSPENDED_REPOSITORY, tag=self.sandbox_id,
-                conf={"Labels": labels},
-            )
-            return str(image["Id"])
-
-        image_id = await _call(commit)
+        image_id = await _call(
+            commit_state, api, container, previous or self.base_image, SUSPENDED_REPOSITORY,
+            self.sandbox_id, labels,
+        )
         self.suspended_image = image_id
         await _call(api.remove_container, container, force=True)
         self.container_id = None
@@ -1436,6 +1498,150 @@ class DockerSandbox(SandboxBackend):
             return False  # no such container
         state = details.get("State", {})
         return bool(state.get("Running") or state.get("Paused"))
+
+    # -- snapshots: the container's file system as an image, the working
+    # -- directory as layers (see _layers) ------------------------------------------------
+    async def capture(self, snapshot_id: str, *, diff: bool = True) -> ProviderSnapshot:
+        """The container's file system (committed; a layer on its image, or
+        flattened past the layer cap) and the working directory (a layer of
+        what changed since the branch started, or a copy), both. A paused
+        container is committed as it is; a suspended one is its suspend image."""
+        api = engine()
+        repository = snapshot_repository()
+        labels = {MANAGED_LABEL: "1", SNAPSHOT_LABEL: snapshot_id, HOME_LABEL: hutch_home()}
+        # The directory first, the image last: held_snapshots lists images, so a
+        # capture cut short between the two leaves nothing listed half-made.
+        size = await anyio.to_thread.run_sync(
+            lambda: _layers.capture(snapshot_id, self.host_workdir, self.chain, diff=diff)
+        )
+        if self.container_id is not None and not await self._container_exists():
+            # Gone outside hutch's hands: what survives is the working
+            # directory and the image it ran from, and that is what is kept.
+            self.container_id = None
+        try:
+            if self.container_id is not None:
+                image_id = await _call(
+                    commit_state, api, self.container_id,
+                    self.suspended_image or self.base_image, repository, snapshot_id, labels,
+                    flatten=not diff,
+                )
+            else:
+                image_id = self.suspended_image or self.base_image
+                await _call(api.tag, image_id, repository, snapshot_id)
+            image = await _call(api.inspect_image, image_id)
+        except BaseException:
+            await anyio.to_thread.run_sync(_layers.remove, snapshot_id)
+            raise
+        return ProviderSnapshot(
+            snapshot_id, self.provider, size + int(image.get("Size") or 0),
+            {"image": f"{repository}:{snapshot_id}", "image_id": str(image_id)},
+        )
+
+    async def _container_exists(self) -> bool:
+        import docker.errors
+
+        def probe() -> bool:
+            try:
+                engine().inspect_container(self.container_id)
+            except docker.errors.NotFound:
+                return False
+            return True
+
+        exists: bool = await _call(probe)
+        return exists
+
+    @classmethod
+    async def create_from_snapshot(
+        cls, config: DockerConfig, sandbox_id: str, snapshot: ProviderSnapshot
+    ) -> DockerSandbox:
+        image = str(snapshot.data.get("image") or f"{snapshot_repository()}:"
+                    f"{snapshot.snapshot_id}")
+        workdir, chain = await anyio.to_thread.run_sync(
+            _layers.start_branch, sandbox_id, snapshot.snapshot_id
+        )
+        # Its own working directory always: a branch never shares the origin's.
+        config = config.model_copy(update={"host_workdir": None})
+        sandbox = cls(sandbox_id, config, workdir, True, None, base_image=image,
+                      branch=True, chain=chain)
+        try:
+            await sandbox._launch(image)
+        except BaseException:
+            await anyio.to_thread.run_sync(_layers.end_branch, sandbox_id)
+            raise
+        return sandbox
+
+    @classmethod
+    async def remove_snapshot(cls, snapshot: ProviderSnapshot) -> None:
+        import docker.errors
+
+        api = engine()
+        reference = f"{snapshot_repository()}:{snapshot.snapshot_id}"
+
+        def untag() -> None:
+            # Untagged, not forced: layers a branch's container or a child
+            # snapshot still stands on stay until they go.
+            try:
+                api.remove_image(reference, noprune=False)
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.APIError as exc:
+                if _status(exc) != 409:
+                    raise
+                api.remove_image(reference, force=True)  # in use: untag only
+
+        await _call(untag)
+        await anyio.to_thread.run_sync(_layers.remove, snapshot.snapshot_id)
+
+    @classmethod
+    async def held_snapshots(cls) -> list[str]:
+        api = engine()
+        repository = snapshot_repository()
+        images = await _call(api.images, repository)
+        return sorted(
+            tag.partition(":")[2] for image in images for tag in image.get("RepoTags") or []
+            if tag.startswith(repository + ":")
+        )
+
+    @classmethod
+    async def discard(cls, sandbox_id: str) -> None:
+        import docker.errors
+
+        api = engine()
+        name = f"hutch-{sandbox_id}"
+
+        def remove() -> None:
+            try:
+                labels = api.inspect_container(name)["Config"]["Labels"] or {}
+            except docker.errors.NotFound:
+                return
+            ours = labels.get(SANDBOX_LABEL) == sandbox_id
+            if ours and labels.get(HOME_LABEL) == hutch_home():
+                api.remove_container(name, force=True)
+
+        await _call(remove)
+        await anyio.to_thread.run_sync(_layers.end_branch, sandbox_id)
+
+    @classmethod
+    async def reap_orphans(cls, known: set[str]) -> list[str]:
+        api = engine()
+        home = hutch_home()
+        containers = await _call(
+            api.containers, all=True, filters={"label": [f"{MANAGED_LABEL}=1",
+                                                         f"{HOME_LABEL}={home}"]},
+        )
+        removed = []
+        for container in containers:
+            labels = container.get("Labels") or {}
+            sandbox_id = labels.get(SANDBOX_LABEL, "")
+            if sandbox_id in known or labels.get(PRESERVE_LABEL) == "1":
+                continue
+            with contextlib.suppress(HutchError):
+                await _call(api.remove_container, container["Id"], force=True)
+                removed.append(sandbox_id or container["Id"][:12])
+        for sandbox_id in await anyio.to_thread.run_sync(_layers.branches):
+            if sandbox_id not in known:
+                await anyio.to_thread.run_sync(_layers.end_branch, sandbox_id)
+        return removed
 
     @classmethod
     async def watch_runtimes(cls, report: RuntimeReport) -> None:
@@ -1527,8 +1733,10 @@ class DockerSandbox(SandboxBackend):
                 await _call(api.remove_container, self.container_id, force=True, v=True)
             self.container_id = None
         if self.suspended_image is not None:
+            # By its tag, not by id: a snapshot of the suspended sandbox may
+            # name the same image, and keeps it.
             with contextlib.suppress(HutchError):
-                await _call(api.remove_image, self.suspended_image, force=True)
+                await _call(api.remove_image, f"{SUSPENDED_REPOSITORY}:{self.sandbox_id}")
             self.suspended_image = None
         if self._agent is not None:
             self._agent.drop_connections()
@@ -1541,7 +1749,9 @@ class DockerSandbox(SandboxBackend):
                     os.rmdir(os.path.dirname(agent_dir))  # the sandbox's own, if now empty
 
             await anyio.to_thread.run_sync(remove_agent_dir)
-        if self.owns_workdir:
+        if self.branch:
+            await anyio.to_thread.run_sync(_layers.end_branch, self.sandbox_id)
+        elif self.owns_workdir:
             await anyio.to_thread.run_sync(self._remove_workdir)
 
     def _remove_workdir(self) -> None:

@@ -20,9 +20,10 @@ from pydantic import BaseModel, ConfigDict
 
 from .._paths import sandbox_workdir
 from .._types import Capabilities, FileInfo, GrepMatch
+from . import _layers
 from ._hostfs import HostFiles
 from ._hostproc import EXEC_MARKER, SANDBOX_MARKER, HostProcess, pids_with_env, spawn
-from .base import SandboxBackend
+from .base import ProviderSnapshot, SandboxBackend
 
 SECRET_SUFFIXES = ("_API_KEY", "_SECRET", "_TOKEN", "_PASSWORD", "_CREDENTIAL")
 #: A name containing any of these (case-insensitively) is a secret's.
@@ -77,16 +78,28 @@ class LocalConfig(BaseModel):
 
 class LocalSandbox(SandboxBackend):
     provider = "local"
-    capabilities = Capabilities(processes=True, users=True, preview_url=True)
+    capabilities = Capabilities(
+        processes=True, users=True, preview_url=True, snapshot=True, fork=True
+    )
     config_model = LocalConfig
 
     def __init__(
-        self, sandbox_id: str, workdir: str, env: Mapping[str, str], owns_workdir: bool = False
+        self,
+        sandbox_id: str,
+        workdir: str,
+        env: Mapping[str, str],
+        owns_workdir: bool = False,
+        branch: bool = False,
+        chain: list[str] | None = None,
     ) -> None:
         super().__init__(sandbox_id, workdir)
         self._extra_env = dict(env)
         #: hutch made the working directory, so it goes with the sandbox.
         self._owns_workdir = owns_workdir
+        #: Started from a snapshot: the working directory is a branch (see
+        #: ``_layers``), mounted on ``chain`` (None: a plain copy).
+        self._branch = branch
+        self._chain = chain
         self._files = HostFiles()
         self._has_bash = shutil.which("bash") is not None
 
@@ -102,14 +115,57 @@ class LocalSandbox(SandboxBackend):
         return cls(sandbox_id, workdir, config.env, owns)
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "env": self._extra_env, "owns_workdir": self._owns_workdir}
+        return {
+            **super().describe(), "env": self._extra_env, "owns_workdir": self._owns_workdir,
+            "branch": self._branch, "chain": self._chain,
+        }
 
     @classmethod
     async def reconnect(cls, sandbox_id: str, description: Mapping[str, Any]) -> LocalSandbox:
-        return cls(
+        sandbox = cls(
             sandbox_id, str(description["workdir"]), description.get("env") or {},
-            bool(description.get("owns_workdir")),
+            bool(description.get("owns_workdir")), bool(description.get("branch")),
+            description.get("chain"),
         )
+        if sandbox._chain:
+            await anyio.to_thread.run_sync(_layers.ensure_mounted, sandbox_id)
+        return sandbox
+
+    # -- snapshots: the working directory, as layers (see _layers) ---------------------
+    async def capture(self, snapshot_id: str, *, diff: bool = True) -> ProviderSnapshot:
+        size = await anyio.to_thread.run_sync(
+            lambda: _layers.capture(snapshot_id, self.workdir, self._chain, diff=diff)
+        )
+        return ProviderSnapshot(snapshot_id, self.provider, size)
+
+    @classmethod
+    async def create_from_snapshot(
+        cls, config: LocalConfig, sandbox_id: str, snapshot: ProviderSnapshot
+    ) -> LocalSandbox:
+        # Never the origin's directory: a branch gets one of its own.
+        workdir, chain = await anyio.to_thread.run_sync(
+            _layers.start_branch, sandbox_id, snapshot.snapshot_id
+        )
+        return cls(sandbox_id, workdir, config.env, True, True, chain)
+
+    @classmethod
+    async def remove_snapshot(cls, snapshot: ProviderSnapshot) -> None:
+        await anyio.to_thread.run_sync(_layers.remove, snapshot.snapshot_id)
+
+    @classmethod
+    async def held_snapshots(cls) -> list[str]:
+        return await anyio.to_thread.run_sync(_layers.held)
+
+    @classmethod
+    async def discard(cls, sandbox_id: str) -> None:
+        await anyio.to_thread.run_sync(_layers.end_branch, sandbox_id)
+
+    @classmethod
+    async def reap_orphans(cls, known: set[str]) -> list[str]:
+        orphans = [s for s in await anyio.to_thread.run_sync(_layers.branches) if s not in known]
+        for sandbox_id in orphans:
+            await cls.discard(sandbox_id)
+        return orphans
 
     def shell_argv(self, command: str) -> list[str]:
         return ["bash" if self._has_bash else "sh", "-c", command]
@@ -168,6 +224,9 @@ class LocalSandbox(SandboxBackend):
         return f"http://127.0.0.1:{port}"
 
     async def close(self) -> None:
+        if self._branch:
+            await anyio.to_thread.run_sync(_layers.end_branch, self.sandbox_id)
+            return
         if self._owns_workdir:
             sandbox_dir = os.path.dirname(self.workdir)
             await anyio.to_thread.run_sync(

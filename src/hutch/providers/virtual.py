@@ -4,13 +4,16 @@ For fast tests of everything that needs no real process: the lifecycle
 engine, the guardrail, the daemon's bookkeeping. It declares pause and suspend
 so lifecycle logic can be exercised without a container; "suspending" it
 moves its files into a frozen copy, as a real provider moves state to disk.
+A snapshot is an in-memory copy of the files, held by the class for as long
+as this process lives (nothing of it outlives the process, as nothing of a
+virtual sandbox does).
 """
 
 from __future__ import annotations
 
 import posixpath
 import time
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -22,7 +25,7 @@ from .._errors import (
     SandboxUnavailable,
 )
 from .._types import Capabilities, FileInfo, FileType
-from .base import SandboxBackend
+from .base import ProviderSnapshot, SandboxBackend
 
 
 class VirtualConfig(BaseModel):
@@ -36,8 +39,12 @@ class VirtualConfig(BaseModel):
 
 class VirtualSandbox(SandboxBackend):
     provider = "virtual"
-    capabilities = Capabilities(processes=False, pause=True, suspend=True)
+    capabilities = Capabilities(
+        processes=False, pause=True, suspend=True, snapshot=True, fork=True
+    )
     config_model = VirtualConfig
+    #: snapshot id -> (files, directories, working directory): the captured states.
+    _held: ClassVar[dict[str, tuple[dict[str, tuple[bytes, float]], set[str], str]]] = {}
 
     def __init__(self, sandbox_id: str, workdir: str) -> None:
         super().__init__(sandbox_id, workdir)
@@ -155,6 +162,37 @@ class VirtualSandbox(SandboxBackend):
         if self._suspended is not None:
             self.files, self.dirs = self._suspended
             self._suspended = None
+
+    # -- snapshots -------------------------------------------------------------------
+    async def capture(self, snapshot_id: str, *, diff: bool = True) -> ProviderSnapshot:
+        # Whatever the state: a suspended sandbox's files are in the frozen copy.
+        files, dirs = self._suspended if self._suspended is not None else (self.files, self.dirs)
+        # Bytes are immutable: copying the mappings is a full, independent copy.
+        self._held[snapshot_id] = (dict(files), set(dirs), self.workdir)
+        size = sum(len(data) for data, _ in files.values())
+        return ProviderSnapshot(snapshot_id, self.provider, size)
+
+    @classmethod
+    async def create_from_snapshot(
+        cls, config: Any, sandbox_id: str, snapshot: ProviderSnapshot
+    ) -> VirtualSandbox:
+        try:
+            files, dirs, workdir = cls._held[snapshot.snapshot_id]
+        except KeyError:
+            raise SandboxUnavailable(
+                f"virtual snapshot {snapshot.snapshot_id} is not held by this process"
+            ) from None
+        sandbox = cls(sandbox_id, workdir)
+        sandbox.files, sandbox.dirs = dict(files), set(dirs)
+        return sandbox
+
+    @classmethod
+    async def remove_snapshot(cls, snapshot: ProviderSnapshot) -> None:
+        cls._held.pop(snapshot.snapshot_id, None)
+
+    @classmethod
+    async def held_snapshots(cls) -> list[str]:
+        return sorted(cls._held)
 
     async def close(self) -> None:
         self.files.clear()

@@ -167,6 +167,24 @@ class GlobBody(BaseModel):
     timeout: float = Field(default=DEFAULT_SEARCH_TIMEOUT, gt=0, le=MAX_DURATION)
 
 
+class SnapshotBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    label: str | None = Field(default=None, max_length=200)
+    #: Store only what changed since the sandbox's last state, where the provider can.
+    diff: bool = True
+
+
+class ForkBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    label: str | None = Field(default=None, max_length=200)
+    #: Branches to start from the snapshot now (more can attach later).
+    count: int = Field(default=1, ge=0, le=64)
+    #: Sandbox options for the branches (``idle_timeout``...), over the origin's.
+    options: dict[str, Any] | None = None
+
+
 class WorkspaceSuspendBody(BaseModel):
     diff: bool = False
 
@@ -912,8 +930,51 @@ def create_app(
     @v1.post("/sandboxes", status_code=201)
     async def create_sandbox(body: dict[str, Any]) -> JSONResponse:
         d = daemon()
-        sandbox = await d.create_sandbox(d.spec_from_request(body))
+        body = dict(body)
+        from_snapshot = body.pop("from_snapshot", None)
+        if from_snapshot is not None:
+            if not isinstance(from_snapshot, str):
+                raise InvalidArgument("from_snapshot is a snapshot id (a string)")
+            sandbox = await d.create_from_snapshot(from_snapshot, body)
+        else:
+            sandbox = await d.create_sandbox(d.spec_from_request(body))
         return JSONResponse(await d.info(sandbox), status_code=201)
+
+    # -- snapshots and forks --
+    @v1.post("/sandboxes/{sandbox_id}/snapshots", status_code=201)
+    async def create_snapshot(sandbox_id: str, body: SnapshotBody | None = None) -> JSONResponse:
+        d = daemon()
+        body = body or SnapshotBody()
+        row = await d.snapshot_sandbox(sandbox_id, body.label, diff=body.diff)
+        return JSONResponse(d.snapshot_json(row), status_code=201)
+
+    @v1.post("/sandboxes/{sandbox_id}/fork", status_code=201)
+    async def fork(sandbox_id: str, body: ForkBody | None = None) -> JSONResponse:
+        d = daemon()
+        body = body or ForkBody()
+        snapshot, branches = await d.fork_sandbox(
+            sandbox_id, body.label, body.count, body.options or {}
+        )
+        return JSONResponse(
+            {"snapshot": d.snapshot_json(snapshot),
+             "sandboxes": [await d.info(b) for b in branches]},
+            status_code=201,
+        )
+
+    @v1.get("/snapshots")
+    async def list_snapshots() -> JSONResponse:
+        d = daemon()
+        return JSONResponse({"snapshots": [d.snapshot_json(r) for r in d.list_snapshots()]})
+
+    @v1.get("/snapshots/{snapshot_id}")
+    async def get_snapshot(snapshot_id: str) -> JSONResponse:
+        d = daemon()
+        return JSONResponse(d.snapshot_json(d.get_snapshot(snapshot_id)))
+
+    @v1.delete("/snapshots/{snapshot_id}", status_code=204)
+    async def delete_snapshot(snapshot_id: str, force: bool = False) -> Response:
+        await daemon().delete_snapshot(snapshot_id, force=force)
+        return Response(status_code=204)
 
     @v1.delete("/sandboxes/{sandbox_id}", status_code=204)
     async def delete_sandbox(request: Request, sandbox_id: str) -> Response:

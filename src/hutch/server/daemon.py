@@ -4,38 +4,37 @@ process, written through the store before they are acknowledged.
 Start-up reconciles the store with what really runs: sandboxes whose runtime
 is alive are adopted, running workspaces whose sandbox is gone become
 ``stale``, half-made records (a create cut short) are dropped with whatever
-they made, and hutch-labelled containers nobody knows are removed.
+they made, snapshots are made to agree with what each provider holds, and
+each provider frees what it made for sandboxes no record names. Nothing here
+knows a provider: state capture, workspaces and reconciliation go through the
+provider seam (``hutch.providers.base``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import hashlib
 import hmac
-import json
 import logging
 import math
 import os
 import re
 import secrets
-import shutil
-import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import anyio.to_thread
 from pydantic import BaseModel
 
+from .._api import spec_for_attach
 from .._errors import (
     CapabilityUnsupported,
     HutchError,
     InvalidArgument,
     InvalidState,
     NotFound,
-    ProviderError,
     StoreUnavailable,
     Unauthorized,
 )
@@ -43,39 +42,28 @@ from .._guardrail import ReadBeforeWriteGuard, session_guard
 from .._paths import hutch_home
 from .._refwire import DaemonRef, decode_ref
 from .._sandbox import Sandbox, backend_of, check_ref_lifetime, new_sandbox_id
-from ..config import SandboxSpec, resolve_spec
+from .._snapshots import Snapshot, new_snapshot_id
+from ..config import OPTION_KEYS, SandboxSpec, resolve_spec
 from ..lifecycle.engine import LifecycleEngine, expiry_error
 from ..lifecycle.state import SandboxState
-from ..providers.base import RuntimeNotice, SandboxBackend
-from ..providers.registry import get_provider
-from ..store import RefRow, SandboxRow, SQLiteStore, Store, WorkspaceRow
+from ..providers.base import ProviderSnapshot, RuntimeNotice, SandboxBackend
+from ..providers.registry import available_providers, get_provider
+from ..store import RefRow, SandboxRow, SnapshotRow, SQLiteStore, Store, WorkspaceRow
 from .policy import OperatorPolicy
 
 log = logging.getLogger("hutch.daemon")
 
 WORKSPACE_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
-STATE_REPOSITORY = "hutch-workspace"
-#: Label on every container a daemon makes: the data directory it belongs to.
-DAEMON_LABEL = "hutch.daemon"
 #: Store key written by a clean stop, cleared at start: after a crash it is absent.
 CLEAN_STOP = "clean_stop_unix"
-#: A diff suspend on an image this deep flattens instead: overlayfs stacks at
-#: most 128 layers, and every diff adds one.
-MAX_DIFF_LAYERS = 100
 #: A ref's use is an event at most this often (its first use after a start always is).
 REF_USE_EVENT_SECONDS = 60.0
-#: How long a best-effort Docker cleanup may take before it is left for later.
-CLEANUP_TIMEOUT = 30.0
-#: What a workspace's state image keeps of the config of the image it came from.
-IMAGE_CONFIG_KEYS = ("Env", "WorkingDir", "User", "Entrypoint", "Cmd")
 FINAL_STATES = (SandboxState.TERMINATED, SandboxState.FAILED)
+#: Longest snapshot label, and most branches one fork request makes.
+MAX_LABEL = 200
+MAX_FORK = 64
 #: How long an ended (terminated or failed) sandbox stays readable, with its events.
 DEFAULT_RETENTION_SECONDS = 86400.0
-
-
-def state_tag(workspace: str) -> str:
-    """The one state snapshot of a workspace, overwritten on each suspend."""
-    return f"{STATE_REPOSITORY}-{workspace}:state"
 
 
 def default_data_dir() -> str:
@@ -241,33 +229,42 @@ class Daemon:
         if daemon_settings:
             provider = provider.model_copy(update=dict(daemon_settings))
         spec = spec.model_copy(update={"provider": provider})
-        if spec.provider.type == "docker":
-            # Mark what this daemon made, so that reconciliation only ever
-            # removes its own containers, never another process's sandboxes.
-            labels = {**spec.provider.labels, DAEMON_LABEL: self.data_dir}
-            spec = spec.model_copy(
-                update={"provider": spec.provider.model_copy(update={"labels": labels})}
-            )
         return spec
 
     async def create_sandbox(
-        self, spec: SandboxSpec, *, workspace: str | None = None, sandbox_id: str | None = None
+        self,
+        spec: SandboxSpec,
+        *,
+        workspace: str | None = None,
+        sandbox_id: str | None = None,
+        from_snapshot: SnapshotRow | None = None,
     ) -> Sandbox:
+        """Make a sandbox from ``spec``, or start one from ``from_snapshot``
+        (whose own settings ``spec`` then is, with its options as asked)."""
         sid = sandbox_id or new_sandbox_id()
         now = time.time()
         row = SandboxRow(
             id=sid, provider=spec.provider.type, state=SandboxState.CREATING.value,
             spec=spec.model_dump(), workspace=workspace, created_at_unix=now,
+            base_snapshot_id=from_snapshot.id if from_snapshot else None,
+            origin_snapshot_id=from_snapshot.id if from_snapshot else None,
         )
         # Intent first: a daemon killed mid-create finds this row and cleans up.
         await anyio.to_thread.run_sync(self.store.put_sandbox, row)
         backend_cls = get_provider(spec.provider.type)
         try:
-            backend = await backend_cls.create(spec.provider, sid)
+            if from_snapshot is not None:
+                backend = await backend_cls.create_from_snapshot(
+                    spec.provider, sid, ProviderSnapshot.from_dict(from_snapshot.handle)
+                )
+            else:
+                backend = await backend_cls.create(spec.provider, sid)
         except BaseException:
             self.store.delete_sandbox(sid)
             raise
         sandbox = self._wrap(backend, spec)
+        sandbox.base_snapshot_id = row.base_snapshot_id
+        sandbox.origin_snapshot_id = row.origin_snapshot_id
         self.sandboxes[sid] = sandbox
         if workspace is not None:
             self.workspace_of[sid] = workspace
@@ -301,13 +298,176 @@ class Daemon:
             log.warning("sandbox %s failed: %s", notice.sandbox_id, notice.message)
 
     @staticmethod
-    def _wrap(backend: Any, spec: SandboxSpec) -> Sandbox:
-        return Sandbox(
+    def _wrap(backend: SandboxBackend, spec: SandboxSpec) -> Sandbox:
+        sandbox = Sandbox(
             backend,
             sandbox_id=backend.sandbox_id,
             read_before_write=spec.options.read_before_write,
             output_limit=spec.options.output_limit,
         )
+        sandbox.spec = spec
+        return sandbox
+
+    # -- snapshots and forks -------------------------------------------------------------
+    def get_snapshot(self, snapshot_id: str) -> SnapshotRow:
+        row = self.store.get_snapshot(snapshot_id)
+        if row is None or row.status != "ready":
+            raise NotFound(f"no snapshot {snapshot_id}")
+        return row
+
+    def list_snapshots(self) -> list[SnapshotRow]:
+        return [r for r in self.store.list_snapshots() if r.status == "ready"]
+
+    @staticmethod
+    def snapshot_json(row: SnapshotRow) -> dict[str, Any]:
+        return {
+            "id": row.id, "label": row.label, "sandbox_id": row.sandbox_id,
+            "parent_id": row.parent_id, "size_bytes": row.size_bytes,
+            "created_at_unix": row.created_at_unix, "provider": row.provider,
+        }
+
+    async def snapshot_sandbox(
+        self, sandbox_id: str, label: str | None, *, diff: bool = True
+    ) -> SnapshotRow:
+        """Capture a sandbox's state. The intent is recorded first: a daemon
+        killed mid-capture frees whatever the provider wrote, at start."""
+        sandbox = self.get(sandbox_id)
+        sandbox.require("snapshot")
+        if label is not None and (not isinstance(label, str) or len(label) > MAX_LABEL):
+            raise InvalidArgument(f"a snapshot label is a string of at most {MAX_LABEL} characters")
+        row = SnapshotRow(
+            id=new_snapshot_id(), provider=sandbox.provider, status="capturing", label=label,
+            sandbox_id=sandbox_id, parent_id=sandbox.base_snapshot_id,
+            created_at_unix=time.time(),
+            spec=sandbox.spec.model_dump() if sandbox.spec is not None else {},
+        )
+        await anyio.to_thread.run_sync(self.store.put_snapshot, row)
+        try:
+            # Held as it is (no transition meanwhile), as Sandbox.snapshot does.
+            async with self.engine.held(sandbox):
+                handle = await backend_of(sandbox).capture(row.id, diff=diff)
+        except BaseException:
+            await self._free_snapshot_storage(row)
+            self.store.delete_snapshot(row.id)
+            raise
+        sandbox.base_snapshot_id = row.id
+        row.status, row.size_bytes, row.handle = "ready", handle.size_bytes, handle.as_dict()
+        await anyio.to_thread.run_sync(self.store.put_snapshot, row)
+        sandbox_row = self.store.get_sandbox(sandbox_id)
+        if sandbox_row is not None:
+            sandbox_row.base_snapshot_id = row.id
+            await anyio.to_thread.run_sync(self.store.put_sandbox, sandbox_row)
+        self.store.log_event(
+            sandbox_id, "snapshot", f"captured {row.id}" + (f" ({label})" if label else "")
+        )
+        return row
+
+    def attach_spec(self, snapshot: SnapshotRow, body: Mapping[str, Any]) -> SandboxSpec:
+        """The settings of a sandbox started from ``snapshot``: its origin's,
+        with the sandbox options ``body`` gives."""
+        unknown = sorted(set(body) - OPTION_KEYS)
+        if unknown:
+            raise InvalidArgument(
+                f"a sandbox started from a snapshot takes sandbox options only, not {unknown}"
+            )
+        record = self._snapshot_of(snapshot)
+        return spec_for_attach(record, body)
+
+    @staticmethod
+    def _snapshot_of(row: SnapshotRow) -> Snapshot:
+        return Snapshot(
+            id=row.id, label=row.label, sandbox_id=row.sandbox_id, parent_id=row.parent_id,
+            size_bytes=row.size_bytes, created_at_unix=row.created_at_unix,
+            provider=row.provider, handle=ProviderSnapshot.from_dict(row.handle), spec=row.spec,
+        )
+
+    async def create_from_snapshot(
+        self, snapshot_id: str, body: Mapping[str, Any]
+    ) -> Sandbox:
+        snapshot = self.get_snapshot(snapshot_id)
+        spec = self.attach_spec(snapshot, body)
+        sandbox = await self.create_sandbox(spec, from_snapshot=snapshot)
+        self.store.log_event(sandbox.id, "attached", f"started from snapshot {snapshot.id}")
+        return sandbox
+
+    async def fork_sandbox(
+        self, sandbox_id: str, label: str | None, count: int, options: Mapping[str, Any]
+    ) -> tuple[SnapshotRow, list[Sandbox]]:
+        """Snapshot + ``count`` sandboxes started from it."""
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_FORK:
+            raise InvalidArgument(f"fork count must be an integer from 0 to {MAX_FORK}")
+        self.get(sandbox_id).require("fork")
+        snapshot = await self.snapshot_sandbox(sandbox_id, label)
+        spec = self.attach_spec(snapshot, options)
+        branches: list[Sandbox] = []
+        try:
+            for _ in range(count):
+                branches.append(await self.create_sandbox(spec, from_snapshot=snapshot))
+        except BaseException:
+            for branch in branches:
+                with contextlib.suppress(Exception):
+                    await self.delete_sandbox(branch.id)
+            raise
+        return snapshot, branches
+
+    def snapshot_dependents(self, snapshot_id: str, *, children: bool = True) -> list[str]:
+        """What still needs a snapshot: child snapshots, workspaces made from
+        it or kept in it, live sandboxes started from it. (A child's storage
+        never needs its parent's record: providers keep shared layers alive.)"""
+        needs = [f"snapshot {r.id}" for r in self.store.list_snapshots()
+                 if children and r.parent_id == snapshot_id and r.status != "removing"]
+        for ws in self.store.list_workspaces():
+            if snapshot_id in (ws.source_snapshot_id, ws.state_snapshot_id):
+                needs.append(f"workspace {ws.name}")
+        # A branch started from it that has not captured a state of its own since.
+        needs += [f"sandbox {sid}" for sid, sb in self.sandboxes.items()
+                  if sb.origin_snapshot_id == snapshot_id == sb.base_snapshot_id]
+        return needs
+
+    async def delete_snapshot(self, snapshot_id: str, *, force: bool = False) -> list[str]:
+        """Remove a snapshot and free its provider storage; refused while
+        something depends on it unless ``force``. Returns what it broke."""
+        row = self.get_snapshot(snapshot_id)
+        needs = self.snapshot_dependents(snapshot_id)
+        if needs and not force:
+            raise InvalidState(
+                f"snapshot {snapshot_id} is still needed by {', '.join(needs)}; "
+                "remove those first or pass force=true"
+            )
+        await self._remove_snapshot(row)
+        if needs:
+            self.store.log_event(snapshot_id, "snapshot",
+                                 f"removed by force; it was needed by {', '.join(needs)}")
+        return needs
+
+    async def _remove_snapshot(self, row: SnapshotRow) -> None:
+        """Remove one snapshot: recorded first, storage freed, row dropped;
+        its children take its parent as theirs, so the tree stays whole."""
+        row.status = "removing"
+        await anyio.to_thread.run_sync(self.store.put_snapshot, row)
+        await self._free_snapshot_storage(row)
+        for child in self.store.list_snapshots():
+            if child.parent_id == row.id:
+                child.parent_id = row.parent_id
+                self.store.put_snapshot(child)
+        self.store.delete_snapshot(row.id)
+        self.store.log_event(row.id, "snapshot", "removed")
+
+    async def _release_snapshot(self, snapshot_id: str | None) -> None:
+        """Drop a snapshot hutch made for its own use (a workspace's state)
+        unless something else now depends on it."""
+        if not snapshot_id:
+            return
+        row = self.store.get_snapshot(snapshot_id)
+        if row is None or self.snapshot_dependents(snapshot_id, children=False):
+            return
+        await self._remove_snapshot(row)
+
+    @staticmethod
+    async def _free_snapshot_storage(row: SnapshotRow) -> None:
+        handle = (ProviderSnapshot.from_dict(row.handle) if row.handle
+                  else ProviderSnapshot(row.id, row.provider, 0))
+        await get_provider(row.provider).remove_snapshot(handle)
 
     def get(self, sandbox_id: str) -> Sandbox:
         try:
@@ -484,16 +644,36 @@ class Daemon:
 
     async def delete_sandbox(self, sandbox_id: str) -> None:
         """End a sandbox. Idempotent: one that already ended (expired, failed,
-        deleted) and is still on record is not an error."""
+        deleted) and is still on record is not an error. A workspace's work is
+        not lost with its sandbox: its state is captured first, and the
+        workspace (stale) resumes from it."""
         sandbox = self.sandboxes.get(sandbox_id)
         if sandbox is None:
             row = self.store.get_sandbox(sandbox_id)
             if row is not None and row.state in FINAL_STATES:
                 return
             raise NotFound(f"no sandbox {sandbox_id}")
-        await sandbox.close()
+        workspace = self.workspace_of.get(sandbox_id)
+        if workspace is not None and sandbox.capabilities.snapshot:
+            async with self._lock(workspace):
+                with contextlib.suppress(HutchError):
+                    await self._save_workspace_state(workspace, sandbox_id, diff=True)
+                await sandbox.close()
+        else:
+            await sandbox.close()
         self._forget(sandbox_id)
 
+    async def _save_workspace_state(self, name: str, sandbox_id: str, *, diff: bool) -> str:
+        """Snapshot a workspace's sandbox as the workspace's one state snapshot,
+        replacing (and releasing) the last one. Under the workspace's lock."""
+        row = self._workspace(name)
+        previous = row.state_snapshot_id
+        state = await self.snapshot_sandbox(sandbox_id, f"workspace {name} state", diff=diff)
+        row = self._workspace(name)
+        row.state_snapshot_id = state.id
+        self.store.put_workspace(row)
+        await self._release_snapshot(previous)
+        return state.id
     def prune_ended(self) -> None:
         """Forget sandboxes that ended longer ago than the retention period."""
         pruned = self.store.prune_ended(time.time() - self.retention_seconds)
@@ -531,18 +711,15 @@ class Daemon:
         if status == "running" and live is not None:
             if live.state is SandboxState.SUSPENDED:
                 status = "suspended"  # suspended on idle; the next call resumes it
-            live_record = live._record
-            if live_record is not None:
+            if live._record is not None:
                 row.last_active_unix = live.status().last_active_unix
         return {
             "name": row.name,
             "status": status,
             "provider": row.provider,
             "live_sandbox_id": row.live_sandbox_id,
-            "current_state_tag": row.current_state_tag,
-            "source_snapshot_tag": row.source_snapshot_tag,
-            "image": row.image,
-            "host_workdir": row.host_workdir,
+            "state_snapshot_id": row.state_snapshot_id,
+            "source_snapshot_id": row.source_snapshot_id,
             "created_at_unix": row.created_at_unix,
             "last_active_unix": row.last_active_unix,
         }
@@ -554,53 +731,58 @@ class Daemon:
         return self._workspace(name)
 
     async def create_workspace(self, body: Mapping[str, Any]) -> WorkspaceRow:
+        """A workspace from a snapshot (``snapshot_tag``, a snapshot id) or
+        fresh from sandbox settings (``provider`` and its settings)."""
         body = dict(body)
         name = str(body.pop("name", "") or "")
         if not WORKSPACE_NAME.match(name):
             raise InvalidArgument(
                 f"workspace name {name!r} must be 1-63 characters of a-z, 0-9, '.', '_', '-'"
             )
-        snapshot_tag = body.pop("snapshot_tag", None)
-        image = body.pop("image", None)
-        if bool(snapshot_tag) == bool(image):
-            raise InvalidArgument("a workspace is made from exactly one of snapshot_tag or image")
-        provider = body.setdefault("provider", "docker")
-        if provider != "docker":
-            raise CapabilityUnsupported.for_provider(str(provider), "workspaces")
+        source_id = body.pop("snapshot_tag", None) or body.pop("from_snapshot", None)
+        source: SnapshotRow | None = None
+        if source_id is not None:
+            source = self.get_snapshot(str(source_id))
+            spec = self.attach_spec(source, body)
+        else:
+            spec = self.spec_from_request(body)
+        provider = get_provider(spec.provider.type)
+        if not provider.capabilities.snapshot:
+            raise CapabilityUnsupported.for_provider(spec.provider.type, "workspaces (snapshot)")
         async with self._lock(name):
             if self.store.get_workspace(name) is not None:
                 raise InvalidState(f"workspace {name!r} already exists")
-            host_workdir = os.path.join(self.data_dir, "workspaces", name, "workspace")
-            os.makedirs(host_workdir, exist_ok=True)
-            spec = self.spec_from_request(
-                {**body, "image": snapshot_tag or image},
-                daemon_settings={"host_workdir": host_workdir},
-            )
             now = time.time()
             sid = new_sandbox_id()
             row = WorkspaceRow(
-                name=name, status="creating", provider="docker", spec=spec.model_dump(),
-                live_sandbox_id=sid, source_snapshot_tag=snapshot_tag, image=image,
-                host_workdir=host_workdir, created_at_unix=now, last_active_unix=now,
+                name=name, status="creating", provider=spec.provider.type,
+                spec=spec.model_dump(), live_sandbox_id=sid,
+                source_snapshot_id=source.id if source else None,
+                created_at_unix=now, last_active_unix=now,
             )
             self.store.put_workspace(row)
             try:
-                await self.create_sandbox(spec, workspace=name, sandbox_id=sid)
+                await self.create_sandbox(spec, workspace=name, sandbox_id=sid,
+                                          from_snapshot=source)
             except BaseException:
                 self.store.delete_workspace(name)
-                shutil.rmtree(os.path.dirname(host_workdir), ignore_errors=True)
                 raise
             row.status = "running"
             self.store.put_workspace(row)
-            self.store.log_event(name, "workspace", f"created from {snapshot_tag or image}")
+            self.store.log_event(
+                name, "workspace",
+                f"created from snapshot {source.id}" if source else
+                f"created fresh on {spec.provider.type}",
+            )
             return row
 
     async def suspend_workspace(self, name: str, *, diff: bool) -> WorkspaceRow:
-        """Capture the workspace's state into its one state snapshot, free the sandbox.
+        """Capture the workspace's state into its one state snapshot (a new
+        snapshot that replaces the last), and free its sandbox.
 
-        ``diff``: commit only the changes since the state the sandbox started
-        from (one more layer on the last snapshot). Otherwise the whole file
-        system is flattened into a fresh single-layer image.
+        ``diff``: the provider may store only what changed since the state
+        the sandbox started from (a layer on the last state); otherwise the
+        state is written whole.
         """
         async with self._lock(name):
             row = self._workspace(name)
@@ -609,99 +791,30 @@ class Daemon:
                 raise InvalidState(
                     f"workspace {name!r} is {row.status}; only a running one suspends"
                 )
-            if sandbox.state in (SandboxState.SUSPENDED, SandboxState.PAUSED):
-                await sandbox.resume()
             row.status = "suspending"
             self.store.put_workspace(row)
-            tag = state_tag(name)
-            previous = row.current_state_tag
+            previous = row.state_snapshot_id
             try:
-                replaced = await self._capture_state(sandbox, tag, diff=diff)
+                state = await self.snapshot_sandbox(
+                    sandbox.id, f"workspace {name} state", diff=diff
+                )
             except BaseException:
                 row.status = "running"
                 self.store.put_workspace(row)
                 raise
-            row.status, row.current_state_tag, row.live_sandbox_id = "suspended", tag, None
+            row.status, row.state_snapshot_id, row.live_sandbox_id = "suspended", state.id, None
             row.last_active_unix = time.time()
             self.store.put_workspace(row)
             await sandbox.close()
-            self.sandboxes.pop(sandbox.id, None)
-            if replaced is not None:
-                # The old snapshot is replaced. Only now, with the container that
-                # ran from it gone, can it go; docker keeps it while a newer layer
-                # still builds on it.
-                await self._remove_image(replaced)
+            self._forget(sandbox.id)
+            # The old state goes unless something else was made from it (a
+            # workspace, a branch): then it stays, as their source.
+            await self._release_snapshot(previous)
             self.store.log_event(
-                name, "workspace", f"suspended into {tag} ({'diff' if diff else 'full'})"
-                + (f", replacing {previous}" if previous and previous != tag else "")
+                name, "workspace", f"suspended into {state.id} ({'diff' if diff else 'full'})"
+                + (f", replacing {previous}" if previous else "")
             )
             return row
-
-    @staticmethod
-    async def _remove_image(image: str, *, force: bool = False) -> None:
-        from ..providers.docker import engine
-
-        await docker_cleanup(
-            f"removing image {image}", lambda: engine().remove_image(image, force=force)
-        )
-
-    async def _capture_state(self, sandbox: Sandbox, tag: str, *, diff: bool) -> str | None:
-        """Write the sandbox's state to ``tag``; return the image the tag named before."""
-        from ..providers.docker import DockerSandbox, engine
-
-        backend = backend_of(sandbox)
-        if not isinstance(backend, DockerSandbox) or backend.container_id is None:
-            raise CapabilityUnsupported.for_provider(sandbox.provider, "workspace suspend")
-        container = backend.container_id
-        repository, _, label = tag.partition(":")
-        api = engine()
-        old_image: str | None = None
-        with contextlib.suppress(Exception):
-            old_image = api.inspect_image(tag)["Id"]
-
-        def source_image() -> dict[str, Any]:
-            image: dict[str, Any] = api.inspect_image(api.inspect_container(container)["Image"])
-            return image
-
-        source = await anyio.to_thread.run_sync(source_image)
-        depth = len(source.get("RootFS", {}).get("Layers") or [])
-        if diff and depth >= MAX_DIFF_LAYERS:
-            log.info("workspace image for %s has %d layers: flattening instead of a diff",
-                     tag, depth)
-            diff = False
-        source_config = source.get("Config") or {}
-        if diff:
-            # The image's own config, not the container's run config (its
-            # keeper command, the mount point as working directory, the
-            # sandbox's extra env): the state image is the user's image plus
-            # their changes.
-            conf = {key: source_config[key] for key in IMAGE_CONFIG_KEYS
-                    if source_config.get(key)}
-            await anyio.to_thread.run_sync(
-                lambda: api.commit(container, repository=repository, tag=label, conf=conf)
-            )
-        else:
-            changes = import_changes(source_config)
-
-            def flatten() -> None:
-                exporter = subprocess.Popen(
-                    ["docker", "export", container], stdout=subprocess.PIPE
-                )
-                command = ["docker", "import"]
-                for change in changes:
-                    command += ["--change", change]
-                importer = subprocess.run(
-                    [*command, "-", tag], stdin=exporter.stdout, capture_output=True,
-                    check=False,
-                )
-                exporter.wait()
-                if exporter.returncode or importer.returncode:
-                    raise ProviderError(
-                        f"flattening {container} into {tag} failed: {importer.stderr.decode()}"
-                    )
-
-            await anyio.to_thread.run_sync(flatten)
-        return old_image
 
     async def resume_workspace(self, name: str) -> WorkspaceRow:
         async with self._lock(name):
@@ -714,23 +827,25 @@ class Daemon:
                 raise InvalidState(f"workspace {name!r} is already running")
             if row.status not in ("suspended", "stale"):
                 raise InvalidState(f"workspace {name!r} is {row.status}; it cannot resume")
-            image = row.current_state_tag or row.source_snapshot_tag or row.image
+            start_id = row.state_snapshot_id or row.source_snapshot_id
+            start = self.store.get_snapshot(start_id) if start_id else None
             spec = SandboxSpec.model_validate(row.spec)
-            spec = spec.model_copy(
-                update={"provider": spec.provider.model_copy(update={"image": image})}
-            )
             sid = new_sandbox_id()
             row.live_sandbox_id, row.status = sid, "resuming"
             self.store.put_workspace(row)
             try:
-                await self.create_sandbox(spec, workspace=name, sandbox_id=sid)
+                await self.create_sandbox(spec, workspace=name, sandbox_id=sid,
+                                          from_snapshot=start)
             except BaseException:
                 row.live_sandbox_id, row.status = None, "stale"
                 self.store.put_workspace(row)
                 raise
             row.status, row.last_active_unix = "running", time.time()
             self.store.put_workspace(row)
-            self.store.log_event(name, "workspace", f"resumed from {image}")
+            self.store.log_event(
+                name, "workspace",
+                f"resumed from {start.id}" if start else "resumed fresh (no state kept)",
+            )
             return row
 
     async def delete_workspace(self, name: str) -> None:
@@ -746,15 +861,11 @@ class Daemon:
         if live is not None:
             await live.close()
             self._forget(live.id)
-        # The tag is derived from the name, so a snapshot a crash left
-        # unrecorded goes too.
-        await self._remove_image(state_tag(row.name), force=True)
-        if row.host_workdir:
-            workspace_dir = os.path.dirname(row.host_workdir)
-            await anyio.to_thread.run_sync(
-                lambda: shutil.rmtree(workspace_dir, ignore_errors=True)
-            )
+        state = row.state_snapshot_id
         self.store.delete_workspace(row.name)
+        # Its own state goes, unless another workspace or a branch was made
+        # from it; the snapshot it was made from is never its to remove.
+        await self._release_snapshot(state)
         self.store.log_event(row.name, "workspace", "deleted (its source is kept)")
 
     # -- start-up and shut-down ------------------------------------------------------------
@@ -770,13 +881,72 @@ class Daemon:
     async def reconcile(self, *, after_clean_stop: bool = False) -> None:
         for row in self.store.list_sandboxes():
             await self._reconcile_sandbox(row, after_clean_stop=after_clean_stop)
+        await self._reconcile_snapshots()
         for ws in self.store.list_workspaces():
             await self._reconcile_workspace(ws)
-        await self._remove_orphan_containers()
+        await self._reap_orphans()
+
+    def _providers_in_use(self) -> list[type[SandboxBackend]]:
+        """Every provider that can be loaded here, each asked about what it holds."""
+        found = []
+        for name in available_providers():
+            try:
+                found.append(get_provider(name))
+            except HutchError:
+                continue  # not installed here: it holds nothing of ours
+        return found
+
+    async def _reconcile_snapshots(self) -> None:
+        """Make the store and the providers agree on snapshots: a capture or a
+        removal cut short is finished (its storage freed, its row dropped), a
+        row whose storage is gone is dropped, storage no row names is freed."""
+        rows = {r.id: r for r in self.store.list_snapshots()}
+        for row in list(rows.values()):
+            if row.status in ("capturing", "removing"):
+                log.warning("snapshot %s: its %s was cut short; freeing what it left",
+                            row.id, "capture" if row.status == "capturing" else "removal")
+                with contextlib.suppress(HutchError):
+                    await self._free_snapshot_storage(row)
+                self.store.delete_snapshot(row.id)
+                del rows[row.id]
+        for provider in self._providers_in_use():
+            try:
+                held = set(await provider.held_snapshots())
+            except HutchError as exc:
+                log.info("cannot ask %s what snapshots it holds (%s)", provider.provider, exc)
+                continue
+            for snapshot_id in sorted(held - set(rows)):
+                log.warning("freeing %s snapshot %s: no record names it",
+                            provider.provider, snapshot_id)
+                with contextlib.suppress(HutchError):
+                    await provider.remove_snapshot(
+                        ProviderSnapshot(snapshot_id, provider.provider, 0)
+                    )
+            for row in rows.values():
+                if row.provider == provider.provider and row.id not in held:
+                    log.warning("snapshot %s is gone from %s; dropping its record",
+                                row.id, row.provider)
+                    self.store.delete_snapshot(row.id)
+                    self.store.log_event(row.id, "snapshot", "lost: its storage is gone")
+
+    async def _reap_orphans(self) -> None:
+        """Ask every provider to free what it made for sandboxes no row names."""
+        known = {r.id for r in self.store.list_sandboxes(include_final=True)}
+        for provider in self._providers_in_use():
+            try:
+                removed = await provider.reap_orphans(known)
+            except HutchError as exc:
+                log.info("cannot reconcile with %s (%s)", provider.provider, exc)
+                continue
+            for what in removed:
+                self.store.log_event(what, "orphan", f"removed an orphan {provider.provider} "
+                                     "resource")
+                log.warning("removed orphan %s resource %s", provider.provider, what)
 
     async def _reconcile_sandbox(self, row: SandboxRow, *, after_clean_stop: bool) -> None:
         if row.state == SandboxState.CREATING.value:
-            await self._remove_container_of(row.id, "its create was cut short")
+            with contextlib.suppress(HutchError):
+                await get_provider(row.provider).discard(row.id)
             self.store.delete_sandbox(row.id)
             log.warning("dropped sandbox %s: its create was cut short", row.id)
             return
@@ -796,8 +966,14 @@ class Daemon:
                 return
             if not alive:
                 self._mark_lost(row, "lost: its runtime died while the daemon was down")
+                if row.workspace is not None:
+                    await self._salvage_workspace(row, backend)
+                with contextlib.suppress(HutchError):
+                    await backend.close()
                 return
         sandbox = self._wrap(backend, spec)
+        sandbox.base_snapshot_id = row.base_snapshot_id
+        sandbox.origin_snapshot_id = row.origin_snapshot_id
         self.sandboxes[row.id] = sandbox
         if row.workspace is not None:
             self.workspace_of[row.id] = row.workspace
@@ -839,6 +1015,36 @@ class Daemon:
                        "(their output and exit cannot be re-attached)")
             log.warning("sandbox %s: killed %d leftover processes", sandbox.id, ended)
 
+    async def _salvage_workspace(self, row: SandboxRow, backend: SandboxBackend) -> None:
+        """A workspace's sandbox died with the daemon down: what of its state
+        survives (a working directory on the host) becomes the workspace's
+        state, where the provider can capture it; otherwise the last state stays."""
+        name = row.workspace
+        ws = self.store.get_workspace(name) if name else None
+        if ws is None or not backend.capabilities.snapshot:
+            return
+        snap = SnapshotRow(
+            id=new_snapshot_id(), provider=row.provider, status="capturing",
+            label=f"workspace {ws.name} state (salvaged)", sandbox_id=row.id,
+            parent_id=row.base_snapshot_id, created_at_unix=time.time(), spec=row.spec,
+        )
+        self.store.put_snapshot(snap)
+        try:
+            handle = await backend.capture(snap.id, diff=True)
+        except Exception as exc:
+            log.warning("workspace %s: nothing of its lost sandbox could be kept (%s)",
+                        ws.name, exc)
+            await self._free_snapshot_storage(snap)
+            self.store.delete_snapshot(snap.id)
+            return
+        snap.status, snap.size_bytes, snap.handle = "ready", handle.size_bytes, handle.as_dict()
+        self.store.put_snapshot(snap)
+        previous, ws.state_snapshot_id = ws.state_snapshot_id, snap.id
+        self.store.put_workspace(ws)
+        await self._release_snapshot(previous)
+        self.store.log_event(ws.name, "workspace",
+                             f"kept what survived of its lost sandbox {row.id} as {snap.id}")
+
     def _mark_lost(self, row: SandboxRow, reason: str) -> None:
         row.state, row.reason = SandboxState.FAILED.value, reason
         self.store.put_sandbox(row)
@@ -857,74 +1063,23 @@ class Daemon:
                 self.store.put_workspace(ws)
             else:
                 self.store.delete_workspace(ws.name)
-                if ws.host_workdir:
-                    shutil.rmtree(os.path.dirname(ws.host_workdir), ignore_errors=True)
                 log.warning("dropped workspace %s: its create was cut short", ws.name)
             return
         if ws.status in ("running", "suspending", "resuming") and not live:
-            ws.status = "suspended" if ws.status == "suspending" and self._image_exists(
-                ws.current_state_tag
-            ) else "stale"
+            # A suspend whose state snapshot was written is a suspend; one cut
+            # short left the last state (or none), from which resume starts.
+            ws.status = "stale"
             ws.live_sandbox_id = None
             self.store.put_workspace(ws)
             log.warning("workspace %s is %s: its sandbox is gone", ws.name, ws.status)
         elif ws.status in ("suspending", "resuming") and live:
             ws.status = "running"
             self.store.put_workspace(ws)
-
-    @staticmethod
-    def _image_exists(tag: str | None) -> bool:
-        if not tag:
-            return False
-        from ..providers.docker import engine
-
-        try:
-            engine().inspect_image(tag)
-        except Exception:
-            return False
-        return True
-
-    async def _remove_container_of(self, sandbox_id: str, why: str) -> None:
-        from ..providers.docker import engine
-
-        name = f"hutch-{sandbox_id}"
-        if await docker_cleanup(
-            f"removing container {name}", lambda: engine().remove_container(name, force=True),
-            quiet_if_missing=True,
-        ):
-            log.warning("removed container %s: %s", name, why)
-
-    async def _remove_orphan_containers(self) -> None:
-        try:
-            from ..providers.docker import engine, list_managed_containers
-
-            containers = await anyio.to_thread.run_sync(
-                functools.partial(list_managed_containers, with_labels=True)
-            )
-        except Exception as exc:
-            log.info("no Docker Engine to reconcile with (%s)", exc)
-            return
-        api = engine()
-        for sandbox_id, container_id, labels in containers:
-            if labels.get(DAEMON_LABEL) != self.data_dir:
-                continue  # another daemon's, or an in-process sandbox: not ours to judge
-            sandbox = self.sandboxes.get(sandbox_id)
-            backend_container = (
-                getattr(backend_of(sandbox), "container_id", None) if sandbox else None
-            )
-            if backend_container == container_id:
-                continue
-            if sandbox is None:
-                row = self.store.get_sandbox(sandbox_id)
-                if row is not None and row.description.get("config", {}).get("preserve"):
-                    continue
-            if not await docker_cleanup(
-                f"removing orphan container {container_id[:12]}",
-                functools.partial(api.remove_container, container_id, force=True),
-            ):
-                continue
-            self.store.log_event(sandbox_id or container_id, "orphan", "removed orphan container")
-            log.warning("removed orphan container %s (sandbox %s)", container_id[:12], sandbox_id)
+        if ws.state_snapshot_id and self.store.get_snapshot(ws.state_snapshot_id) is None:
+            log.warning("workspace %s: its state snapshot %s is gone", ws.name,
+                        ws.state_snapshot_id)
+            ws.state_snapshot_id = None
+            self.store.put_workspace(ws)
 
     async def stop(self) -> None:
         """Stop the daemon, leaving every sandbox running for the next start to adopt.
@@ -952,59 +1107,3 @@ class Daemon:
             self.store.set_meta(CLEAN_STOP, str(time.time()))
         finally:
             self.store.close()
-
-
-async def docker_cleanup(
-    what: str,
-    call: Callable[[], object],
-    *,
-    timeout: float = CLEANUP_TIMEOUT,
-    quiet_if_missing: bool = False,
-) -> bool:
-    """Run a best-effort Docker call; True if it did what it was asked.
-
-    Bounded: a Docker Engine wedged on one container (an exec frozen by a
-    pause holds that container's lock, and image removal waits on it) must
-    not hang a suspend, a delete or the daemon's start. What is left is
-    found again by the next reconciliation.
-    """
-    with anyio.move_on_after(timeout) as scope:
-        try:
-            await anyio.to_thread.run_sync(call, abandon_on_cancel=True)
-        except Exception as exc:
-            missing = getattr(getattr(exc, "response", None), "status_code", None) == 404
-            if not (quiet_if_missing and missing):
-                log.info("%s failed: %s", what, exc)
-            return False
-        return True
-    if scope.cancelled_caught:
-        log.warning("%s: the Docker Engine did not answer in %.0f s; left for later",
-                    what, timeout)
-    return False
-
-
-def import_changes(config: Mapping[str, Any]) -> list[str]:
-    """Dockerfile lines that give an imported (flattened) image its source's config.
-
-    ``docker import`` keeps files only; without these the state image would
-    lose the image's environment, working directory, user and command.
-    """
-
-    def quoted(value: str) -> str:
-        # Double-quoted, with what ENV would otherwise interpret escaped.
-        escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$")
-        return f'"{escaped}"'
-
-    changes = []
-    for item in config.get("Env") or []:
-        key, _, value = str(item).partition("=")
-        changes.append(f"ENV {key}={quoted(value)}")
-    if config.get("WorkingDir"):
-        changes.append(f"WORKDIR {config['WorkingDir']}")
-    if config.get("User"):
-        changes.append(f"USER {config['User']}")
-    if config.get("Entrypoint"):
-        changes.append(f"ENTRYPOINT {json.dumps(config['Entrypoint'])}")
-    if config.get("Cmd"):
-        changes.append(f"CMD {json.dumps(config['Cmd'])}")
-    return changes

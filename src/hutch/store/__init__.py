@@ -1,6 +1,6 @@
 """Durable state: one interface (:mod:`.base`), SQLite as the embedded default."""
 
-from .base import RefRow, SandboxRow, Store, WorkspaceRow
+from .base import RefRow, SandboxRow, SnapshotRow, Store, WorkspaceRow
 from .sqlite import SQLiteStore
 
-__all__ = ["RefRow", "SQLiteStore", "SandboxRow", "Store", "WorkspaceRow"]
+__all__ = ["RefRow", "SQLiteStore", "SandboxRow", "SnapshotRow", "Store", "WorkspaceRow"]

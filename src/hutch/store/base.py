@@ -32,21 +32,51 @@ class SandboxRow:
     last_active_unix: float | None = None
     #: Seconds spent per state (``running_s``, ``paused_s``, ``suspended_s``).
     meter: dict[str, float] = field(default_factory=dict)
+    #: The snapshot it was started from or last captured (its next snapshot's parent).
+    base_snapshot_id: str | None = None
+    #: The snapshot it was started from, if it was (a branch, a resumed workspace).
+    origin_snapshot_id: str | None = None
 
 
 @dataclass
 class WorkspaceRow:
+    """A name over a live sandbox, its current state snapshot and its source.
+
+    Provider-neutral: the state is a snapshot (``state_snapshot_id``), the
+    source the snapshot it was made from (``source_snapshot_id``) or, when it
+    was made fresh, the settings in ``spec``.
+    """
+
     name: str
     status: str
     provider: str
     spec: dict[str, Any]
     live_sandbox_id: str | None = None
-    current_state_tag: str | None = None
-    source_snapshot_tag: str | None = None
-    image: str | None = None
-    host_workdir: str | None = None
+    state_snapshot_id: str | None = None
+    source_snapshot_id: str | None = None
     created_at_unix: float = 0.0
     last_active_unix: float = 0.0
+
+
+@dataclass
+class SnapshotRow:
+    """A snapshot in the lineage tree. ``status`` is ``capturing`` from the
+    moment the capture is intended until the provider has finished it (a row
+    still ``capturing`` after a restart was cut short: its storage is freed
+    and the row dropped), then ``ready``; ``removing`` once its removal began."""
+
+    id: str
+    provider: str
+    status: str
+    label: str | None = None
+    sandbox_id: str | None = None
+    parent_id: str | None = None
+    size_bytes: int = 0
+    created_at_unix: float = 0.0
+    #: The provider's handle (``ProviderSnapshot.as_dict()``).
+    handle: dict[str, Any] = field(default_factory=dict)
+    #: The settings of the sandbox it was taken of (a ``SandboxSpec`` dump).
+    spec: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -110,6 +140,21 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def delete_workspace(self, name: str) -> None: ...
+
+    # -- snapshots ---------------------------------------------------------------------
+    @abc.abstractmethod
+    def put_snapshot(self, row: SnapshotRow) -> None:
+        """Insert or replace a snapshot row, durably."""
+
+    @abc.abstractmethod
+    def get_snapshot(self, snapshot_id: str) -> SnapshotRow | None: ...
+
+    @abc.abstractmethod
+    def list_snapshots(self) -> list[SnapshotRow]:
+        """Every snapshot row, oldest first."""
+
+    @abc.abstractmethod
+    def delete_snapshot(self, snapshot_id: str) -> None: ...
 
     # -- events and the daemon's own facts ------------------------------------------------
     @abc.abstractmethod

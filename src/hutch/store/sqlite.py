@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from .._errors import StoreUnavailable
-from .base import RefRow, SandboxRow, Store, WorkspaceRow
+from .base import RefRow, SandboxRow, SnapshotRow, Store, WorkspaceRow
 
 FINAL_STATES = ("terminated", "failed")
 
@@ -33,7 +33,9 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     updated_at_unix REAL NOT NULL,
     deadline_unix REAL,
     last_active_unix REAL,
-    meter TEXT NOT NULL DEFAULT '{}'
+    meter TEXT NOT NULL DEFAULT '{}',
+    base_snapshot_id TEXT,
+    origin_snapshot_id TEXT
 );
 CREATE TABLE IF NOT EXISTS workspaces (
     name TEXT PRIMARY KEY,
@@ -41,13 +43,24 @@ CREATE TABLE IF NOT EXISTS workspaces (
     provider TEXT NOT NULL,
     spec TEXT NOT NULL,
     live_sandbox_id TEXT,
-    current_state_tag TEXT,
-    source_snapshot_tag TEXT,
-    image TEXT,
-    host_workdir TEXT,
+    state_snapshot_id TEXT,
+    source_snapshot_id TEXT,
     created_at_unix REAL NOT NULL,
     last_active_unix REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS snapshots (
+    id TEXT PRIMARY KEY,
+    provider TEXT NOT NULL,
+    status TEXT NOT NULL,
+    label TEXT,
+    sandbox_id TEXT,
+    parent_id TEXT,
+    size_bytes INTEGER NOT NULL DEFAULT 0,
+    created_at_unix REAL NOT NULL,
+    handle TEXT NOT NULL DEFAULT '{}',
+    spec TEXT NOT NULL DEFAULT '{}'
+);
+CREATE INDEX IF NOT EXISTS snapshots_parent ON snapshots(parent_id);
 CREATE TABLE IF NOT EXISTS events (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     at_unix REAL NOT NULL,
@@ -84,24 +97,38 @@ _ADDED_COLUMNS = {
         "deadline_unix": "REAL",
         "last_active_unix": "REAL",
         "meter": "TEXT NOT NULL DEFAULT '{}'",
+        "base_snapshot_id": "TEXT",
+        "origin_snapshot_id": "TEXT",
     },
+    # Workspaces on snapshots (provider-neutral); columns of the Docker-only
+    # rows of older data directories are left unread.
+    "workspaces": {"state_snapshot_id": "TEXT", "source_snapshot_id": "TEXT"},
 }
 
 _SANDBOX_COLUMNS = (
     "id", "provider", "state", "reason", "workspace", "spec", "description",
     "created_at_unix", "updated_at_unix", "deadline_unix", "last_active_unix", "meter",
+    "base_snapshot_id", "origin_snapshot_id",
 )
 _PUT_SANDBOX = (
     f"INSERT OR REPLACE INTO sandboxes ({', '.join(_SANDBOX_COLUMNS)}) "
     f"VALUES ({', '.join('?' for _ in _SANDBOX_COLUMNS)})"
 )
 _WORKSPACE_COLUMNS = (
-    "name", "status", "provider", "spec", "live_sandbox_id", "current_state_tag",
-    "source_snapshot_tag", "image", "host_workdir", "created_at_unix", "last_active_unix",
+    "name", "status", "provider", "spec", "live_sandbox_id", "state_snapshot_id",
+    "source_snapshot_id", "created_at_unix", "last_active_unix",
 )
 _PUT_WORKSPACE = (
     f"INSERT OR REPLACE INTO workspaces ({', '.join(_WORKSPACE_COLUMNS)}) "
     f"VALUES ({', '.join('?' for _ in _WORKSPACE_COLUMNS)})"
+)
+_SNAPSHOT_COLUMNS = (
+    "id", "provider", "status", "label", "sandbox_id", "parent_id", "size_bytes",
+    "created_at_unix", "handle", "spec",
+)
+_PUT_SNAPSHOT = (
+    f"INSERT OR REPLACE INTO snapshots ({', '.join(_SNAPSHOT_COLUMNS)}) "
+    f"VALUES ({', '.join('?' for _ in _SNAPSHOT_COLUMNS)})"
 )
 
 _LOG_EVENT = "INSERT INTO events (at_unix, subject, kind, message) VALUES (?, ?, ?, ?)"
@@ -172,6 +199,7 @@ class SQLiteStore(Store):
             row.id, row.provider, row.state, row.reason, row.workspace, json.dumps(row.spec),
             json.dumps(row.description), row.created_at_unix, row.updated_at_unix,
             row.deadline_unix, row.last_active_unix, json.dumps(row.meter),
+            row.base_snapshot_id, row.origin_snapshot_id,
         )
 
     def put_sandbox(self, row: SandboxRow, event: tuple[str, str] | None = None) -> None:
@@ -199,6 +227,8 @@ class SQLiteStore(Store):
             description=json.loads(r["description"]), created_at_unix=r["created_at_unix"],
             updated_at_unix=r["updated_at_unix"], deadline_unix=r["deadline_unix"],
             last_active_unix=r["last_active_unix"], meter=json.loads(r["meter"] or "{}"),
+            base_snapshot_id=r["base_snapshot_id"],
+            origin_snapshot_id=r["origin_snapshot_id"],
         )
 
     def get_sandbox(self, sandbox_id: str) -> SandboxRow | None:
@@ -234,8 +264,8 @@ class SQLiteStore(Store):
     def put_workspace(self, row: WorkspaceRow) -> None:
         self._write(_PUT_WORKSPACE, (
             row.name, row.status, row.provider, json.dumps(row.spec), row.live_sandbox_id,
-            row.current_state_tag, row.source_snapshot_tag, row.image, row.host_workdir,
-            row.created_at_unix, row.last_active_unix,
+            row.state_snapshot_id, row.source_snapshot_id, row.created_at_unix,
+            row.last_active_unix,
         ))
 
     @staticmethod
@@ -253,6 +283,31 @@ class SQLiteStore(Store):
 
     def delete_workspace(self, name: str) -> None:
         self._write("DELETE FROM workspaces WHERE name = ?", (name,))
+
+    # -- snapshots ---------------------------------------------------------------------
+    def put_snapshot(self, row: SnapshotRow) -> None:
+        self._write(_PUT_SNAPSHOT, (
+            row.id, row.provider, row.status, row.label, row.sandbox_id, row.parent_id,
+            row.size_bytes, row.created_at_unix, json.dumps(row.handle), json.dumps(row.spec),
+        ))
+
+    @staticmethod
+    def _snapshot(r: sqlite3.Row) -> SnapshotRow:
+        values = {name: r[name] for name in _SNAPSHOT_COLUMNS}
+        values["handle"] = json.loads(values["handle"])
+        values["spec"] = json.loads(values["spec"])
+        return SnapshotRow(**values)
+
+    def get_snapshot(self, snapshot_id: str) -> SnapshotRow | None:
+        rows = self._read("SELECT * FROM snapshots WHERE id = ?", (snapshot_id,))
+        return self._snapshot(rows[0]) if rows else None
+
+    def list_snapshots(self) -> list[SnapshotRow]:
+        rows = self._read("SELECT * FROM snapshots ORDER BY created_at_unix, id")
+        return [self._snapshot(r) for r in rows]
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        self._write("DELETE FROM snapshots WHERE id = ?", (snapshot_id,))
 
     # -- events and meta -------------------------------------------------------------------
     def log_event(self, subject: str, kind: str, message: str) -> None:

@@ -18,7 +18,15 @@ import os
 import re
 import stat
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from typing import IO, Any, TypeVar
 
 import anyio.to_thread
@@ -474,6 +482,35 @@ class AgentRuntime(SandboxRuntime):
                         f"{path} is over the read limit of {limit} bytes"
                     )
                 parts.append(payload)
+
+    async def read_file_pieces(self, path: str, limit: int) -> AsyncGenerator[bytes, None]:
+        """The file in pieces of at most a frame's size, read here from the
+        descriptor the agent hands over: never whole in memory."""
+        async with self._channel() as channel:
+            await channel.send({"op": "read", "path": path, "limit": limit, "fd": True})
+            header, _ = await self._answer(channel)
+            if header["t"] != "fd":
+                raise AgentFailure(f"the agent answered a read with {header['t']!r}")
+            fd = channel.take_fd()
+        try:
+            size = _regular(fd).st_size
+            if size > limit:
+                raise OutputLimitExceeded(
+                    f"{path} is {size} bytes, over the read limit of {limit} bytes"
+                )
+            offset = 0
+            while True:
+                piece = os.pread(fd, MAX_PAYLOAD, offset)
+                if not piece:
+                    break
+                offset += len(piece)
+                if offset > limit:
+                    raise OutputLimitExceeded(f"{path} is over the read limit of {limit} bytes")
+                yield piece
+            if offset == 0:
+                yield b""
+        finally:
+            os.close(fd)
 
     async def write_file(self, path: str, data: bytes) -> None:
         if len(data) > FD_WRITE_THRESHOLD:

@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass
 
 from ..._errors import InvalidArgument, ProviderError, SandboxUnavailable
 from ..._paths import hutch_home
-from .cgroups import JOIN_AND_EXEC, SandboxCgroup
+from .cgroups import SandboxCgroup
 from .seccomp import compile_filter
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -194,10 +194,11 @@ class Layers:
         shutil.rmtree(self.sandbox_dir, ignore_errors=True)
 
 
-#: Run by ``unshare --mount`` (so in the sandbox's own mount namespace): a
-#: tmpfs for the upper layer (a suspended one copied back onto it), the
-#: overlay, then bwrap.
+#: Run by ``unshare --mount`` (so in the sandbox's own mount namespace; the
+#: same process, not a child): join the sandbox's cgroups, a tmpfs for the
+#: upper layer (a suspended one copied back onto it), the overlay, then bwrap.
 SETUP = """set -e
+for f in $HUTCH_CGROUP_PROCS; do echo $$ > "$f"; done
 hot=$1 merged=$2 options=$3 size=$4 restore=$5
 shift 5
 mount -t tmpfs -o "size=$size,mode=0700,nosuid,nodev" hutch-upper "$hot"
@@ -337,7 +338,7 @@ def start_keeper(
         # Its stdin is a pipe whose write end it holds too: the read never ends.
         keeper_command = ["--chdir", "/", "--", "/bin/sh", "-c", "read _"]
     argv = [
-        "/bin/sh", "-c", JOIN_AND_EXEC, "hutch-keeper", *layers.setup_argv(),
+        *layers.setup_argv(),
         "bwrap", "--bind", layers.merged, "/", "--proc", "/proc", "--dev", "/dev",
         "--dir", workdir,
         "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup",

@@ -1,0 +1,216 @@
+"""Fork to first exec, on local and docker, beside the raw floors.
+
+A sandbox whose working directory holds FILES small files is forked; the
+figure is the time from the fork call until the first command has run in
+every branch (1 branch, then 10 attached at once). Floors, measured
+alternately with hutch in the same run:
+
+- local: ``cp -a`` of the tree, once per branch (10 run at once for 10).
+- docker: ``docker commit`` of the origin container + create/start of one
+  container per branch from it (the Engine API, no working directory), and
+  an exec in each.
+
+Two origins each: a plain working directory (its first snapshot copies the
+tree once: that is the floor's own cost) and a branch (a sandbox started from
+a snapshot of the tree, so a snapshot of it copies only what changed since:
+how workspaces and forks of forks run). Also printed: local attach alone
+(goal <= 50 ms), and docker's fork of a branch with 100 files beside 10 000
+(the working directory's cost must not grow with its file count).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import hutch
+from _common import header, row
+from hutch._sandbox import backend_of
+
+FILES = 10_000
+RUNS = int(os.environ.get("HUTCH_BENCH_RUNS", "3"))
+IMAGE = os.environ.get("HUTCH_TEST_IMAGE", "hutch-test:bookworm")
+
+
+def make_tree(root: str, files: int) -> None:
+    for i in range(files):
+        d = os.path.join(root, f"d{i // 100}")
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, f"f{i}.txt"), "w") as fh:
+            fh.write("x" * 100)
+
+
+async def alternate(
+    ours: Callable[[], Awaitable[object]], floor: Callable[[], Awaitable[object]], runs: int
+) -> tuple[float, float]:
+    """Median ms of ours and the floor, measured alternately after one warm-up each."""
+    await ours()
+    await floor()
+    a, b = [], []
+    for _ in range(runs):
+        t = time.perf_counter()
+        await floor()
+        b.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        await ours()
+        a.append(time.perf_counter() - t)
+    return statistics.median(a) * 1000, statistics.median(b) * 1000
+
+
+async def fork_and_exec(origin: Any, branches: int) -> None:
+    fork = await origin.fork("bench")
+    made = await asyncio.gather(*(fork.attach() for _ in range(branches)))
+    try:
+        results = await asyncio.gather(*(b.exec(["true"]) for b in made))
+        assert all(r.exit_code == 0 for r in results)
+    finally:
+        # Cleanup is outside the figure the goal is about, but inside the loop
+        # (as it is inside the floor's): both pay their own.
+        await asyncio.gather(*(b.close() for b in made))
+        await hutch.remove_snapshot(fork.snapshot)
+
+
+async def bench_local() -> None:
+    header(f"local: fork to first exec, {FILES} files in the working directory")
+    tree = tempfile.mkdtemp(prefix="hutch-bench-fork-")
+    make_tree(tree, FILES)
+    scratch = tempfile.mkdtemp(prefix="hutch-bench-cp-")
+    plain = await hutch.create_sandbox("local", workdir=tree, read_before_write=False)
+    seed = await plain.snapshot("seed")
+    origin = await hutch.create_sandbox_from_snapshot(seed)
+    try:
+        for name, who, counts in (("plain dir", plain, (1,)), ("branch", origin, (1, 10))):
+            for branches in counts:
+
+                async def floor(n: int = branches) -> None:
+                    targets = [os.path.join(scratch, f"copy{i}") for i in range(n)]
+                    procs = [
+                        await asyncio.create_subprocess_exec("cp", "-a", tree, t) for t in targets
+                    ]
+                    await asyncio.gather(*(p.wait() for p in procs))
+                    procs = [await asyncio.create_subprocess_exec("true") for _ in range(n)]
+                    await asyncio.gather(*(p.wait() for p in procs))
+                    await asyncio.to_thread(lambda: [shutil.rmtree(t) for t in targets])
+
+                ours, base = await alternate(
+                    lambda n=branches, w=who: fork_and_exec(w, n), floor, RUNS
+                )
+                row(f"{name}: fork + {branches} branch(es) + exec", ours, base)
+        # Attach alone: the cost a branch adds once the snapshot exists.
+        snap = await origin.snapshot("attach")
+        samples = []
+        for _ in range(RUNS * 2):
+            t = time.perf_counter()
+            branch = await hutch.create_sandbox_from_snapshot(snap)
+            samples.append(time.perf_counter() - t)
+            await branch.close()
+        await hutch.remove_snapshot(snap)
+        copy_samples = []
+        for _ in range(RUNS):
+            target = os.path.join(scratch, "one")
+            t = time.perf_counter()
+            subprocess.run(["cp", "-a", tree, target], check=True)
+            copy_samples.append(time.perf_counter() - t)
+            shutil.rmtree(target)
+        row(
+            "attach alone (overlayfs)",
+            statistics.median(samples) * 1000,
+            statistics.median(copy_samples) * 1000,
+            "goal <= 50 ms",
+        )
+    finally:
+        await origin.close()
+        await plain.close()
+        await hutch.remove_snapshot(seed)
+        shutil.rmtree(tree, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+async def bench_docker(files: int) -> None:
+    import docker
+
+    api = docker.APIClient()
+    header(f"docker: fork to first exec, {files} files in /workspace")
+    plain = await hutch.create_sandbox("docker", image=IMAGE, read_before_write=False)
+    await plain.exec(
+        [
+            "sh",
+            "-c",
+            f"cd /workspace && for d in $(seq 0 {files // 100 - 1}); "
+            f"do mkdir d$d; for f in $(seq 1 100); do printf %0100d 0 > d$d/f$f; done;"
+            " done",
+        ]
+    )
+    seed = await plain.snapshot("seed")
+    origin = await hutch.create_sandbox_from_snapshot(seed)
+    cases = [("branch", origin, (1, 10) if files == FILES else (1,))]
+    if files == FILES:
+        cases.insert(0, ("plain dir", plain, (1,)))
+    try:
+        for name, who, counts in cases:
+            container = backend_of(who).container_id  # type: ignore[attr-defined]
+            for branches in counts:
+
+                def floor_sync(n: int = branches, container: str = container) -> None:
+                    image = api.commit(container, repository="hutch-bench-floor", tag="x")["Id"]
+                    made = []
+                    try:
+                        for _ in range(n):
+                            c = api.create_container(
+                                image,
+                                ["sleep", "infinity"],
+                                host_config=api.create_host_config(init=True),
+                            )
+                            api.start(c["Id"])
+                            made.append(c["Id"])
+                        for c in made:
+                            e = api.exec_create(c, ["true"])
+                            api.exec_start(e["Id"])
+                    finally:
+                        for c in made:
+                            api.remove_container(c, force=True)
+                        api.remove_image("hutch-bench-floor:x", force=True)
+
+                async def floor(n: int = branches) -> None:
+                    await asyncio.to_thread(floor_sync, n)
+
+                ours, base = await alternate(
+                    lambda n=branches, w=who: fork_and_exec(w, n), floor, RUNS
+                )
+                row(
+                    f"{name}: fork + {branches} branch(es) + exec",
+                    ours,
+                    base,
+                    "goal <= 1.2x" if branches == 1 and name == "branch" else "",
+                )
+    finally:
+        await origin.close()
+        await plain.close()
+        await hutch.remove_snapshot(seed)
+
+
+async def main() -> None:
+    await bench_local()
+    try:
+        import docker
+
+        docker.APIClient().ping()
+    except Exception as exc:
+        print(f"\n== docker: no engine ({exc})")
+        return
+    await bench_docker(FILES)
+    await bench_docker(100)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,111 @@
+"""Snapshots and forks, provider-neutral: what ``Sandbox.snapshot`` and
+``Sandbox.fork`` return, in-process and through the daemon alike.
+
+A :class:`Snapshot` is hutch's record of one captured state: its id, label,
+the sandbox it came from, its parent in the lineage tree (the snapshot that
+sandbox was started from or last captured), its size and time, plus the
+provider's own handle (:class:`~hutch.providers.base.ProviderSnapshot`) and
+the settings of the sandbox it came from, which an attach starts from.
+Nothing here knows a provider: the capture and the attach are the provider
+seam's (``SandboxBackend.capture`` / ``create_from_snapshot``).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .providers.base import ProviderSnapshot
+
+if TYPE_CHECKING:
+    from ._sandbox import Sandbox
+    from .lifecycle.engine import LifecycleEngine
+
+
+def new_snapshot_id() -> str:
+    return "snap-" + uuid.uuid4().hex[:12]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One captured state and its place in the lineage tree."""
+
+    id: str
+    label: str | None
+    sandbox_id: str | None
+    parent_id: str | None
+    size_bytes: int
+    created_at_unix: float
+    provider: str
+    #: The provider's handle: what an attach and a removal need (in-process
+    #: only; a snapshot the daemon holds is named by its id alone).
+    handle: ProviderSnapshot | None = field(default=None, repr=False)
+    #: The settings (a ``SandboxSpec`` dump) of the sandbox it came from.
+    spec: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> Snapshot:
+        return cls(
+            id=str(data["id"]), label=data.get("label"), sandbox_id=data.get("sandbox_id"),
+            parent_id=data.get("parent_id"), size_bytes=int(data.get("size_bytes") or 0),
+            created_at_unix=float(data.get("created_at_unix") or 0.0),
+            provider=str(data.get("provider", "")),
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """The wire form (``GET /v1/snapshots/{id}``)."""
+        return {
+            "id": self.id,
+            "label": self.label,
+            "sandbox_id": self.sandbox_id,
+            "parent_id": self.parent_id,
+            "size_bytes": self.size_bytes,
+            "created_at_unix": self.created_at_unix,
+            "provider": self.provider,
+        }
+
+
+def snapshot_record(
+    handle: ProviderSnapshot,
+    *,
+    label: str | None,
+    sandbox_id: str | None,
+    parent_id: str | None,
+    spec: Mapping[str, Any],
+) -> Snapshot:
+    return Snapshot(
+        id=handle.snapshot_id, label=label, sandbox_id=sandbox_id, parent_id=parent_id,
+        size_bytes=handle.size_bytes, created_at_unix=time.time(), provider=handle.provider,
+        handle=handle, spec=dict(spec),
+    )
+
+
+class Fork:
+    """A snapshot and the means to start branches from it.
+
+    Each :meth:`attach` gives a new, independent sandbox started from the
+    snapshot: writes in one branch are seen by no other branch, nor by the
+    sandbox the snapshot came from.
+    """
+
+    def __init__(self, snapshot: Snapshot, engine: LifecycleEngine | None = None) -> None:
+        self.snapshot = snapshot
+        self._engine = engine
+        self.branches: list[Sandbox] = []
+
+    async def attach(self, **options: Any) -> Sandbox:
+        """A new sandbox from the snapshot; ``options`` are sandbox options
+        (``idle_timeout``, ``max_lifetime``...) that replace the origin's."""
+        from ._api import create_sandbox_from_snapshot
+
+        sandbox = await create_sandbox_from_snapshot(
+            self.snapshot, options=options or None, engine=self._engine
+        )
+        self.branches.append(sandbox)
+        return sandbox
+
+    def __repr__(self) -> str:
+        return f"<Fork of {self.snapshot.id} ({len(self.branches)} branches)>"
