@@ -75,8 +75,12 @@ async def test_paths_and_capabilities_are_checked_alike(sandbox: Any) -> None:
     with pytest.raises(hutch.InvalidArgument, match="NUL"):
         sandbox.path("a\0b")
     sandbox.require("processes")
-    with pytest.raises(hutch.CapabilityUnsupported, match="snapshot"):
-        sandbox.require("snapshot")
+    with pytest.raises(hutch.CapabilityUnsupported, match="teleport"):
+        sandbox.require("teleport")  # no provider has it
+    for name, has in sandbox.capabilities.as_dict().items():
+        if has is False:
+            with pytest.raises(hutch.CapabilityUnsupported, match=name):
+                sandbox.require(name)
     assert sandbox.closed is False
 
 
