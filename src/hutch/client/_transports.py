@@ -16,9 +16,11 @@ from ._core import (
     DEFAULT_URL,
     SESSION_HEADER,
     Call,
+    EnsuredRef,
     ForkRef,
     Op,
     ProcessRef,
+    RemoteEnsured,
     SandboxRef,
     check_answer,
     decode_answer,
@@ -56,6 +58,9 @@ class _Transport:
     def wrap(self, value: Any) -> Any:
         if isinstance(value, SandboxRef):
             return self.factories["sandbox"](self, value.info)
+        if isinstance(value, EnsuredRef):
+            sandbox = self.factories["sandbox"](self, value.sandbox)
+            return RemoteEnsured(sandbox, value.path, value.steps)
         if isinstance(value, ForkRef):
             branches = [self.factories["sandbox"](self, info) for info in value.sandboxes]
             return self.factories["fork"](self, value.snapshot, branches)

@@ -35,6 +35,7 @@ from .._errors import (
     InvalidArgument,
     InvalidState,
     NotFound,
+    SandboxPermissionDenied,
     StoreUnavailable,
     Unauthorized,
 )
@@ -44,11 +45,20 @@ from .._refwire import DaemonRef, decode_ref
 from .._sandbox import Sandbox, backend_of, check_ref_lifetime, new_sandbox_id
 from .._snapshots import Snapshot, new_snapshot_id
 from ..config import OPTION_KEYS, SandboxSpec, resolve_spec
+from ..definitions import Definition, Definitions, DirSource, GitSource, SandboxHost
 from ..lifecycle.engine import LifecycleEngine, expiry_error
 from ..lifecycle.state import SandboxState
 from ..providers.base import ProviderSnapshot, RuntimeNotice, SandboxBackend
 from ..providers.registry import available_providers, get_provider
-from ..store import RefRow, SandboxRow, SnapshotRow, SQLiteStore, Store, WorkspaceRow
+from ..store import (
+    InstanceRow,
+    RefRow,
+    SandboxRow,
+    SnapshotRow,
+    SQLiteStore,
+    Store,
+    WorkspaceRow,
+)
 from .policy import OperatorPolicy
 
 log = logging.getLogger("hutch.daemon")
@@ -59,6 +69,8 @@ CLEAN_STOP = "clean_stop_unix"
 #: A ref's use is an event at most this often (its first use after a start always is).
 REF_USE_EVENT_SECONDS = 60.0
 FINAL_STATES = (SandboxState.TERMINATED, SandboxState.FAILED)
+#: How soon a change the store could not keep (a runtime's death) is recorded again.
+STORE_RETRY_SECONDS = 2.0
 #: Longest snapshot label, and most branches one fork request makes.
 MAX_LABEL = 200
 MAX_FORK = 64
@@ -100,6 +112,7 @@ class Daemon:
         retention_seconds: float = DEFAULT_RETENTION_SECONDS,
         store: Store | None = None,
         policy: OperatorPolicy | None = None,
+        definitions: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         #: What API clients may ask for: host-reaching settings, limits.
         self.policy = policy or OperatorPolicy()
@@ -134,6 +147,11 @@ class Daemon:
         self._refs_of: dict[str, list[RefRow]] = {}
         #: ref id -> when its use was last an event.
         self._ref_used: dict[str, float] = {}
+        #: Sandbox definitions (SPEC §6): those PUT earlier (in the store), then
+        #: the operator's own from hutch.toml, which may use the host.
+        self.definitions = Definitions(_DaemonHost(self))
+        for name, table in (definitions or {}).items():
+            self.definitions.put(Definition.parse(table, definition_id=name))
 
     # -- persistence of transitions ---------------------------------------------------
     async def _persist_transition(
@@ -294,8 +312,22 @@ class Daemon:
         if not notice.may_have_died:
             self._note(notice.sandbox_id, "runtime", notice.message)
             log.warning("sandbox %s: %s", notice.sandbox_id, notice.message)
-        elif await self.engine.runtime_died(sandbox, notice.message):
-            log.warning("sandbox %s failed: %s", notice.sandbox_id, notice.message)
+            return
+        while True:
+            try:
+                failed = await self.engine.runtime_died(sandbox, notice.message)
+            except StoreUnavailable as exc:
+                # Not recorded, so not failed yet: tried again until the store
+                # takes it (or the sandbox ends some other way meanwhile).
+                log.warning("sandbox %s: its runtime died, but %s; trying again in %.0f s",
+                            notice.sandbox_id, exc, STORE_RETRY_SECONDS)
+                await anyio.sleep(STORE_RETRY_SECONDS)
+                if self.sandboxes.get(notice.sandbox_id) is not sandbox:
+                    return
+                continue
+            if failed:
+                log.warning("sandbox %s failed: %s", notice.sandbox_id, notice.message)
+            return
 
     @staticmethod
     def _wrap(backend: SandboxBackend, spec: SandboxSpec) -> Sandbox:
@@ -307,6 +339,40 @@ class Daemon:
         )
         sandbox.spec = spec
         return sandbox
+
+    # -- sandbox definitions ---------------------------------------------------------------
+    def put_definition(self, definition_id: str, body: Mapping[str, Any]) -> Definition:
+        """A definition from an API client: its provider settings as the
+        operator's policy admits them; a source on the daemon's host (a
+        directory, a file:// repository) is the operator's alone."""
+        d = Definition.parse(body, definition_id=definition_id)
+        source = d.workspace.source
+        if isinstance(source, DirSource) or (
+            isinstance(source, GitSource) and source.git.lower().startswith("file:")
+        ):
+            raise SandboxPermissionDenied(
+                f"definition {definition_id!r}: a source on the daemon's host ({source}) is "
+                "the operator's to give: put the definition in the daemon's hutch.toml"
+            )
+        settings = d.provider.model_dump(exclude_unset=True, exclude={"type"})
+        admitted = self.spec_from_request({**settings, "provider": d.provider.type})
+        d = d.model_copy(update={"provider": admitted.provider})
+        return self.definitions.put(d)
+
+    @staticmethod
+    def definition_json(d: Definition) -> dict[str, Any]:
+        return d.model_dump(mode="json")
+
+    async def ensure(
+        self, definition_id: str, thread_id: str, tenant: str | None
+    ) -> dict[str, Any]:
+        ensured = await self.definitions.ensure(definition_id, thread_id, tenant)
+        return {
+            "sandbox": await self.info(ensured.sandbox),
+            "path": ensured.path,
+            "steps": [step.as_dict() for step in ensured.steps],
+            "snapshot_id": ensured.snapshot_id,
+        }
 
     # -- snapshots and forks -------------------------------------------------------------
     def get_snapshot(self, snapshot_id: str) -> SnapshotRow:
@@ -1107,3 +1173,33 @@ class Daemon:
             self.store.set_meta(CLEAN_STOP, str(time.time()))
         finally:
             self.store.close()
+
+
+class _DaemonHost(SandboxHost):
+    """Definitions' sandboxes, made and found by the daemon: tracked, stored
+    and reconciled as every other sandbox it holds."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        self.store = daemon.store
+
+    async def find_live(self, row: InstanceRow) -> Sandbox | None:
+        sandbox = self.daemon.sandboxes.get(row.sandbox_id or "")
+        if sandbox is None or sandbox.closed or sandbox.state in FINAL_STATES:
+            return None
+        if sandbox.state in (SandboxState.SUSPENDED, SandboxState.PAUSED):
+            await sandbox.resume()
+        return sandbox
+
+    async def create(self, spec: SandboxSpec) -> Sandbox:
+        return await self.daemon.create_sandbox(spec)
+
+    async def restore(self, snapshot: SnapshotRow, spec: SandboxSpec) -> Sandbox:
+        attach = self.daemon.attach_spec(snapshot, spec.options.model_dump())
+        return await self.daemon.create_sandbox(attach, from_snapshot=snapshot)
+
+    async def snapshot(self, sandbox: Sandbox, label: str) -> str:
+        return (await self.daemon.snapshot_sandbox(sandbox.id, label)).id
+
+    async def destroy(self, sandbox: Sandbox) -> None:
+        await self.daemon.delete_sandbox(sandbox.id)
