@@ -69,6 +69,8 @@ CLEAN_STOP = "clean_stop_unix"
 #: A ref's use is an event at most this often (its first use after a start always is).
 REF_USE_EVENT_SECONDS = 60.0
 FINAL_STATES = (SandboxState.TERMINATED, SandboxState.FAILED)
+#: The git sources an API client may give a definition (nothing on the host).
+REMOTE_GIT_SCHEMES = ("https://", "http://", "git://")
 #: How soon a change the store could not keep (a runtime's death) is recorded again.
 STORE_RETRY_SECONDS = 2.0
 #: Longest snapshot label, and most branches one fork request makes.
@@ -348,11 +350,15 @@ class Daemon:
         d = Definition.parse(body, definition_id=definition_id)
         source = d.workspace.source
         if isinstance(source, DirSource) or (
-            isinstance(source, GitSource) and source.git.lower().startswith("file:")
+            isinstance(source, GitSource)
+            and not source.git.lower().startswith(REMOTE_GIT_SCHEMES)
         ):
+            # A directory, a local path or file:// reads the host's files; ssh
+            # and scp-like addresses use its keys; ext:: runs its commands.
             raise SandboxPermissionDenied(
-                f"definition {definition_id!r}: a source on the daemon's host ({source}) is "
-                "the operator's to give: put the definition in the daemon's hutch.toml"
+                f"definition {definition_id!r}: source {source} reaches the daemon's host; "
+                f"an API client may give a git URL of {', '.join(REMOTE_GIT_SCHEMES)} only. "
+                "Other sources are the operator's: put the definition in the daemon's hutch.toml"
             )
         settings = d.provider.model_dump(exclude_unset=True, exclude={"type"})
         admitted = self.spec_from_request({**settings, "provider": d.provider.type})
@@ -1203,3 +1209,6 @@ class _DaemonHost(SandboxHost):
 
     async def destroy(self, sandbox: Sandbox) -> None:
         await self.daemon.delete_sandbox(sandbox.id)
+
+    async def drop_snapshot(self, snapshot: SnapshotRow) -> None:
+        await self.daemon.delete_snapshot(snapshot.id)  # refused while something needs it
