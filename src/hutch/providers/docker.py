@@ -749,10 +749,27 @@ class DockerSandbox(SandboxBackend):
         self.agent_dir = agent_dir
         self.default_user = default_user
         self._agent = AgentRuntime(
-            self.sandbox_id, self.workdir, os.path.join(agent_dir, AGENT_SOCKET_NAME),
+            self.sandbox_id, self.workdir, self._agent_link(),
             provider_name=self.provider, recover=self._recover_agent,
             default_user=default_user or None,
         )
+
+    def _agent_link(self) -> str:
+        """Where hutch reaches the agent's socket: a hard link made in a host
+        directory the sandbox cannot reach, while only the agent ran in it, so
+        that a socket the sandbox later plants in its own directory leads
+        nowhere."""
+        assert self.agent_dir is not None
+        return os.path.join(os.path.dirname(self.agent_dir), "agent-link", AGENT_SOCKET_NAME)
+
+    def _relink_agent(self) -> None:
+        assert self.agent_dir is not None
+        link = self._agent_link()
+        os.makedirs(os.path.dirname(link), mode=0o700, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(link)
+        with contextlib.suppress(FileNotFoundError):
+            os.link(os.path.join(self.agent_dir, AGENT_SOCKET_NAME), link)
 
     @property
     def runtime(self) -> SandboxRuntime:
@@ -771,11 +788,13 @@ class DockerSandbox(SandboxBackend):
             return None
 
     async def _await_agent(self, timeout: float = AGENT_START_TIMEOUT) -> None:
-        """Until the agent in a just-started container answers."""
+        """Until the agent in a just-started container answers (nothing else
+        runs in it yet: this is when hutch's link to its socket is made)."""
         assert self._agent is not None
         deadline = time.monotonic() + timeout
         while True:
             try:
+                self._relink_agent()
                 await self._agent.ping(timeout=max(0.5, deadline - time.monotonic()))
                 return
             except AgentFailure as exc:
@@ -1758,6 +1777,8 @@ class DockerSandbox(SandboxBackend):
 
             def remove_agent_dir() -> None:
                 shutil.rmtree(agent_dir, ignore_errors=True)
+                shutil.rmtree(os.path.join(os.path.dirname(agent_dir), "agent-link"),
+                              ignore_errors=True)
                 with contextlib.suppress(OSError):
                     os.rmdir(os.path.dirname(agent_dir))  # the sandbox's own, if now empty
 
