@@ -146,6 +146,8 @@ class Daemon:
         self._workspace_locks: dict[str, asyncio.Lock] = {}
         #: ref id -> its row, as last read or written (the store is the truth).
         self._refs: dict[str, RefRow] = {}
+        #: sandbox id -> its refs (the same rows), read once: status reads stay off the disk.
+        self._refs_of: dict[str, list[RefRow]] = {}
         #: ref id -> when its use was last an event.
         self._ref_used: dict[str, float] = {}
         #: Sandbox definitions (SPEC §6): those PUT earlier (in the store), then
@@ -208,6 +210,9 @@ class Daemon:
         self.sandboxes.pop(sandbox_id, None)
         self.workspace_of.pop(sandbox_id, None)
         self._guards = {k: v for k, v in self._guards.items() if k[0] != sandbox_id}
+        for ref in self._refs_of.pop(sandbox_id, []):  # the store still answers for them
+            self._refs.pop(ref.id, None)
+            self._ref_used.pop(ref.id, None)
 
     def _workspace_lost_its_sandbox(
         self, name: str, sandbox_id: str, reason: str | None
@@ -583,7 +588,9 @@ class Daemon:
             secret_sha256=hashlib.sha256(secret.encode()).hexdigest(), created_at_unix=now,
             expires_at_unix=None if expires_in is None else now + expires_in,
         )
+        known = self._sandbox_refs(sandbox_id)  # read before the new row is in the store
         await anyio.to_thread.run_sync(self.store.put_ref, row)
+        known.append(row)
         self._refs[row.id] = row
         self.store.log_event(
             sandbox_id, "ref",
@@ -604,6 +611,13 @@ class Daemon:
         row.revoked_at_unix = time.time()
         await anyio.to_thread.run_sync(self.store.put_ref, row)
         self.store.log_event(sandbox_id, "ref", f"ref {ref_id} revoked")
+
+    def _sandbox_refs(self, sandbox_id: str) -> list[RefRow]:
+        refs = self._refs_of.get(sandbox_id)
+        if refs is None:
+            refs = [self._refs.setdefault(r.id, r) for r in self.store.list_refs(sandbox_id)]
+            self._refs_of[sandbox_id] = refs
+        return refs
 
     def _ref_row(self, ref_id: str) -> RefRow | None:
         row = self._refs.get(ref_id)
@@ -650,7 +664,7 @@ class Daemon:
         return [
             {"ref_id": r.id, "created_at_unix": r.created_at_unix,
              "expires_at_unix": r.expires_at_unix, "last_used_unix": self._ref_used.get(r.id)}
-            for r in self.store.list_refs(sandbox_id)
+            for r in self._sandbox_refs(sandbox_id)
             if r.revoked_at_unix is None and (r.expires_at_unix is None or r.expires_at_unix > now)
         ]
 
