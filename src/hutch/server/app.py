@@ -973,7 +973,11 @@ def create_app(
     async def ensure(definition_id: str, body: ThreadBody) -> JSONResponse:
         return JSONResponse(await daemon().ensure(definition_id, body.thread_id, body.tenant))
 
-    @v1.post("/definitions/{definition_id}/ensure/stream")
+    @v1.post(
+        "/definitions/{definition_id}/ensure/stream", response_class=StreamingResponse,
+        responses={200: {"description": "NDJSON: steps, setup output, then the result",
+                         "content": {"application/x-ndjson": {"schema": {"type": "string"}}}}},
+    )
     async def ensure_stream(definition_id: str, body: ThreadBody) -> StreamingResponse:
         """As ensure, told as it goes in NDJSON: ``{"step"}`` as each step
         starts, ``{"output"}`` as setup prints, then ``{"result": <as ensure>}``
