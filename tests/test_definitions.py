@@ -173,6 +173,10 @@ async def _ensure_order(defs: Definitions, d: Definition) -> None:
     assert aged.instance_key("thread-1") == d.instance_key("thread-1")
     fourth = await defs.ensure(aged, "thread-1")
     assert fourth.path == "created" and "setup[0]" in step_names(fourth)
+    # The stale snapshot is freed, not kept for ever beside the new one.
+    label = label_for(d.instance_key("thread-1"))
+    kept = [s.id for s in defs.host.store.list_snapshots() if s.label == label]
+    assert kept == [fourth.snapshot_id]
     assert (await fourth.sandbox.read_text(".setup-runs")) == "ran\n"
 
     # A changed setup step is another environment: a fresh bootstrap beside it.
@@ -305,6 +309,13 @@ async def test_dir_source_and_bad_git_source(defs: Definitions, tmp_path: Path) 
         "source": {"git": f"file://{tmp_path}/nothing-here"}}})
     with pytest.raises(InvalidArgument, match="nothing-here"):
         await defs.ensure(missing, "t")
+    # ext:: would have git run a command on the host: refused whatever git's config.
+    marker = tmp_path / "pwned"
+    ext = Definition.parse({"id": "e", "workspace": {
+        "source": {"git": f"ext::sh -c touch% {marker}"}}})
+    with pytest.raises(InvalidArgument, match="git clone failed"):
+        await defs.ensure(ext, "t")
+    assert not marker.exists()
 
 
 # -- across processes, no daemon ---------------------------------------------------------

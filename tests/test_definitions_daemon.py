@@ -100,9 +100,14 @@ def test_put_definition_and_its_rules(daemon: DaemonProcess, tmp_path: Path) -> 
         bad = http.put("/v1/definitions/plain", json={"lifecycle": {"keep_alive": "soon"}})
         assert bad.status_code == 400 and "lifecycle.keep_alive" in bad.json()["error"]["message"]
         # A source on the daemon's host is the operator's to give.
-        for source in ({"dir": str(tmp_path)}, {"git": f"file://{tmp_path}"}):
+        for source in ({"dir": str(tmp_path)}, {"git": f"file://{tmp_path}"},
+                       {"git": str(tmp_path)}, {"git": "../repo"},
+                       {"git": "ext::sh -c touch% /tmp/hutch-pwned"},
+                       {"git": "git@example.org:repo.git"}, {"git": "ssh://example.org/r"}):
             refused = http.put("/v1/definitions/host", json={"workspace": {"source": source}})
-            assert refused.status_code == 403 and "hutch.toml" in refused.json()["error"]["message"]
+            assert refused.status_code == 403, source
+            assert "hutch.toml" in refused.json()["error"]["message"]
+        assert http.get("/v1/definitions").json()["definitions"][0]["id"] != "host"
         missing = http.post("/v1/definitions/nope/ensure", json={"thread_id": "t"})
         assert missing.status_code == 404
         made = http.post("/v1/definitions/plain/ensure", json={"thread_id": "t"})

@@ -420,6 +420,12 @@ class SandboxOps:
         return (yield Call("GET", self._path("/files"), params={"path": path, "limit": limit},
                            raw=True, timeout=600))
 
+    @stream_op
+    def read_pieces(self, path: str, *, limit: int = 256 * 1024 * 1024) -> Op:
+        """The bytes of ``path`` in pieces as they arrive, never whole in memory."""
+        return (yield Call("GET", self._path("/files"), params={"path": path, "limit": limit},
+                           raw=True, stream=True, timeout=600))
+
     @op
     def read_text(
         self, path: str, *, limit: int = 256 * 1024 * 1024, encoding: str = "utf-8"

@@ -105,6 +105,10 @@ class AsyncTransport(_Transport):
                     if response.status_code >= 400:
                         check_answer(httpx.Response(response.status_code,
                                                     content=await response.aread()))
+                    if call.raw:
+                        async for piece in response.aiter_bytes():
+                            yield piece
+                        return
                     async for line in response.aiter_lines():
                         if line:
                             event = decode_event(json.loads(line))
@@ -160,6 +164,9 @@ class SyncTransport(_Transport):
                 with self.http.stream(call.method, call.path, **request_kwargs(call)) as response:
                     if response.status_code >= 400:
                         check_answer(httpx.Response(response.status_code, content=response.read()))
+                    if call.raw:
+                        yield from response.iter_bytes()
+                        return
                     for line in response.iter_lines():
                         if line:
                             event = decode_event(json.loads(line))

@@ -14,6 +14,7 @@ daemon's core; the order and the report are written once, here.
 from __future__ import annotations
 
 import abc
+import logging
 import os
 import shlex
 import subprocess
@@ -40,6 +41,8 @@ from ..providers.base import ProviderSnapshot
 from ..providers.registry import get_provider
 from ..store import DefinitionRow, InstanceRow, SnapshotRow, Store
 from .model import Definition, DirSource, GitSource
+
+log = logging.getLogger("hutch.definitions")
 
 Path = Literal["resumed", "restored", "created"]
 #: How long a lease on a key lasts before another process may take it over
@@ -97,6 +100,10 @@ class SandboxHost(abc.ABC):
     @abc.abstractmethod
     async def destroy(self, sandbox: Sandbox) -> None: ...
 
+    @abc.abstractmethod
+    async def drop_snapshot(self, snapshot: SnapshotRow) -> None:
+        """Remove a snapshot a newer one replaced, if nothing depends on it."""
+
     def describe(self, sandbox: Sandbox) -> dict[str, Any]:
         """What the instance row keeps to find ``sandbox`` again."""
         return {}
@@ -115,7 +122,10 @@ class Definitions:
         self._definitions: dict[str, Definition] = {}
         self._locks: weakref.WeakValueDictionary[str, anyio.Lock] = weakref.WeakValueDictionary()
         for row in host.store.list_definitions():
-            self._definitions[row.id] = Definition.parse(row.body, definition_id=row.id)
+            try:
+                self._definitions[row.id] = Definition.parse(row.body, definition_id=row.id)
+            except InvalidArgument as exc:  # kept by an older hutch: say so, start anyway
+                log.warning("stored definition %s is not valid now, left out: %s", row.id, exc)
 
     # -- the definitions -------------------------------------------------------------
     def put(self, definition: Definition | Mapping[str, Any]) -> Definition:
@@ -241,12 +251,23 @@ class Definitions:
                 started = time.monotonic()
                 snapshot_id = await self.host.snapshot(sandbox, label_for(key))
                 steps.append(Step("snapshot", time.monotonic() - started))
+                await self._drop_replaced(key, snapshot_id)
         except BaseException:
             # A half-made environment is neither kept nor recorded.
             with anyio.CancelScope(shield=True):
                 await self.host.destroy(sandbox)
             raise
         return sandbox, snapshot_id
+
+    async def _drop_replaced(self, key: str, newest: str) -> None:
+        """The key's older snapshots (stale, or of a sandbox since rebuilt) are
+        never restored again: free them rather than keep them for ever."""
+        for row in self.host.store.list_snapshots():
+            if row.label == label_for(key) and row.id != newest:
+                try:
+                    await self.host.drop_snapshot(row)
+                except HutchError as exc:  # in use, or gone: it stays, or is gone
+                    log.info("snapshot %s of %s not removed: %s", row.id, key, exc)
 
     def _record(self, d: Definition, key: str, thread_id: str, tenant: str | None,
                 sandbox: Sandbox) -> None:
@@ -318,7 +339,9 @@ def _pack_source(source: GitSource | DirSource, scratch: str, archive: str) -> N
 
 def _git(args: list[str], url: str) -> None:
     done = subprocess.run(
-        ["git", *args], capture_output=True, text=True, timeout=600,
+        # ext:: would run a command the URL names; never, whatever git's default.
+        ["git", "-c", "protocol.ext.allow=never", *args], capture_output=True, text=True,
+        timeout=600,
         env={**os.environ, "GIT_TERMINAL_PROMPT": "0"},
     )
     if done.returncode != 0:
@@ -390,13 +413,7 @@ class LocalHost(SandboxHost):
     async def restore(self, snapshot: SnapshotRow, spec: SandboxSpec) -> Sandbox:
         from .._api import create_sandbox_from_snapshot
 
-        record = Snapshot(
-            id=snapshot.id, label=snapshot.label, sandbox_id=snapshot.sandbox_id,
-            parent_id=snapshot.parent_id, size_bytes=snapshot.size_bytes,
-            created_at_unix=snapshot.created_at_unix, provider=snapshot.provider,
-            handle=ProviderSnapshot.from_dict(snapshot.handle), spec=snapshot.spec,
-        )
-        sandbox = await create_sandbox_from_snapshot(record, options=spec.options)
+        sandbox = await create_sandbox_from_snapshot(_snapshot_of(snapshot), options=spec.options)
         self._live[sandbox.id] = sandbox
         return sandbox
 
@@ -416,8 +433,23 @@ class LocalHost(SandboxHost):
         self._live.pop(sandbox.id, None)
         await sandbox.close()
 
+    async def drop_snapshot(self, snapshot: SnapshotRow) -> None:
+        from .._api import remove_snapshot
+
+        # The record first: a removal cut short leaves storage, never a record of nothing.
+        self.store.delete_snapshot(snapshot.id)
+        await remove_snapshot(_snapshot_of(snapshot))
+
     def describe(self, sandbox: Sandbox) -> dict[str, Any]:
         return backend_of(sandbox).describe()
+
+
+def _snapshot_of(row: SnapshotRow) -> Snapshot:
+    return Snapshot(
+        id=row.id, label=row.label, sandbox_id=row.sandbox_id, parent_id=row.parent_id,
+        size_bytes=row.size_bytes, created_at_unix=row.created_at_unix, provider=row.provider,
+        handle=ProviderSnapshot.from_dict(row.handle), spec=row.spec,
+    )
 
 
 def open_definitions(store_path: str | None = None) -> Definitions:

@@ -64,7 +64,7 @@ from .._types import (
 )
 from . import _layers
 from ._diskcap import mount_capped, unmount_capped
-from ._grep import matching_indices
+from ._grep import GREP_OUTPUT_LIMIT, matching_indices
 from ._grepfilter import LINE_BREAK_CHARS as _LINE_BREAK_CHARS
 from ._grepfilter import LINE_BREAKS as _LINE_BREAKS
 from ._grepfilter import required_literals as _required_literals
@@ -104,6 +104,8 @@ SUSPENDED_REPOSITORY = "hutch-suspended"
 #: overlay2 stacks at most 128 layers; a suspend that would pass this many
 #: flattens the container into a one-layer image instead of committing on top.
 MAX_SUSPEND_LAYERS = 100
+#: Candidate lines a container's grep may send back for one search, bytes.
+GREP_CANDIDATE_LIMIT = 16 * GREP_OUTPUT_LIMIT
 #: An archive for put_archive kept in memory up to this size; on disk past it.
 _ARCHIVE_IN_MEMORY = 1024 * 1024
 #: Symlinks followed by one read or write before it gives up (as the kernel's 40).
@@ -1118,16 +1120,25 @@ class DockerSandbox(SandboxBackend):
         return DockerProcess(self, exec_id, marker, sock, stdin, argv, cwd, user)
 
     async def run_quiet(
-        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None
+        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+        output_limit: int | None = None,
     ) -> tuple[int, bytes, bytes]:
         """Run one of hutch's own helpers (kill, find, grep) to completion:
         (exit code, stdout, stderr). As root, like the archive API, so that
-        what stat sees, list and walk see too, whatever the image's USER."""
+        what stat sees, list and walk see too, whatever the image's USER.
+        Past ``output_limit`` bytes it is killed (OutputLimitExceeded)."""
         proc = await self.start_process(argv, cwd="/", env=env or {}, stdin=None, user="0")
         out: list[bytes] = []
         err: list[bytes] = []
+        total = 0
         try:
             while (chunk := await proc.read()) is not None:
+                total += len(chunk.data)
+                if output_limit is not None and total > output_limit:
+                    raise OutputLimitExceeded(
+                        f"{argv[0]} answered more than {output_limit} bytes; "
+                        "narrow the path, the glob or the pattern"
+                    )
                 (out if chunk.stream == "stdout" else err).append(chunk.data)
             return await proc.wait(), b"".join(out), b"".join(err)
         except BaseException:
@@ -1401,7 +1412,9 @@ class DockerSandbox(SandboxBackend):
             argv = ["sh", "-c", _GREP_TREE, "hutch-grep", root, name, *grep_args]
         else:
             argv = ["grep", *grep_args, "--", root]
-        _, out, err = await self.run_quiet(argv, env={"LC_ALL": "C"})
+        _, out, err = await self.run_quiet(
+            argv, env={"LC_ALL": "C"}, output_limit=GREP_CANDIDATE_LIMIT
+        )
         if not out and any(marker in err for marker in _TOOL_FAILURES):
             return await super().grep(pattern, root, glob, limit)
         matcher = compile_glob(glob) if glob and info.type == FileType.DIRECTORY else None

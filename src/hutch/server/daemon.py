@@ -69,6 +69,8 @@ CLEAN_STOP = "clean_stop_unix"
 #: A ref's use is an event at most this often (its first use after a start always is).
 REF_USE_EVENT_SECONDS = 60.0
 FINAL_STATES = (SandboxState.TERMINATED, SandboxState.FAILED)
+#: The git sources an API client may give a definition (nothing on the host).
+REMOTE_GIT_SCHEMES = ("https://", "http://", "git://")
 #: How soon a change the store could not keep (a runtime's death) is recorded again.
 STORE_RETRY_SECONDS = 2.0
 #: Longest snapshot label, and most branches one fork request makes.
@@ -143,6 +145,8 @@ class Daemon:
         self._workspace_locks: dict[str, asyncio.Lock] = {}
         #: ref id -> its row, as last read or written (the store is the truth).
         self._refs: dict[str, RefRow] = {}
+        #: sandbox id -> its refs (the same rows), read once: status reads stay off the disk.
+        self._refs_of: dict[str, list[RefRow]] = {}
         #: ref id -> when its use was last an event.
         self._ref_used: dict[str, float] = {}
         #: Sandbox definitions (SPEC §6): those PUT earlier (in the store), then
@@ -205,6 +209,9 @@ class Daemon:
         self.sandboxes.pop(sandbox_id, None)
         self.workspace_of.pop(sandbox_id, None)
         self._guards = {k: v for k, v in self._guards.items() if k[0] != sandbox_id}
+        for ref in self._refs_of.pop(sandbox_id, []):  # the store still answers for them
+            self._refs.pop(ref.id, None)
+            self._ref_used.pop(ref.id, None)
 
     def _workspace_lost_its_sandbox(
         self, name: str, sandbox_id: str, reason: str | None
@@ -343,11 +350,15 @@ class Daemon:
         d = Definition.parse(body, definition_id=definition_id)
         source = d.workspace.source
         if isinstance(source, DirSource) or (
-            isinstance(source, GitSource) and source.git.lower().startswith("file:")
+            isinstance(source, GitSource)
+            and not source.git.lower().startswith(REMOTE_GIT_SCHEMES)
         ):
+            # A directory, a local path or file:// reads the host's files; ssh
+            # and scp-like addresses use its keys; ext:: runs its commands.
             raise SandboxPermissionDenied(
-                f"definition {definition_id!r}: a source on the daemon's host ({source}) is "
-                "the operator's to give: put the definition in the daemon's hutch.toml"
+                f"definition {definition_id!r}: source {source} reaches the daemon's host; "
+                f"an API client may give a git URL of {', '.join(REMOTE_GIT_SCHEMES)} only. "
+                "Other sources are the operator's: put the definition in the daemon's hutch.toml"
             )
         settings = d.provider.model_dump(exclude_unset=True, exclude={"type"})
         admitted = self.spec_from_request({**settings, "provider": d.provider.type})
@@ -574,7 +585,9 @@ class Daemon:
             secret_sha256=hashlib.sha256(secret.encode()).hexdigest(), created_at_unix=now,
             expires_at_unix=None if expires_in is None else now + expires_in,
         )
+        known = self._sandbox_refs(sandbox_id)  # read before the new row is in the store
         await anyio.to_thread.run_sync(self.store.put_ref, row)
+        known.append(row)
         self._refs[row.id] = row
         self.store.log_event(
             sandbox_id, "ref",
@@ -595,6 +608,13 @@ class Daemon:
         row.revoked_at_unix = time.time()
         await anyio.to_thread.run_sync(self.store.put_ref, row)
         self.store.log_event(sandbox_id, "ref", f"ref {ref_id} revoked")
+
+    def _sandbox_refs(self, sandbox_id: str) -> list[RefRow]:
+        refs = self._refs_of.get(sandbox_id)
+        if refs is None:
+            refs = [self._refs.setdefault(r.id, r) for r in self.store.list_refs(sandbox_id)]
+            self._refs_of[sandbox_id] = refs
+        return refs
 
     def _ref_row(self, ref_id: str) -> RefRow | None:
         row = self._refs.get(ref_id)
@@ -641,7 +661,7 @@ class Daemon:
         return [
             {"ref_id": r.id, "created_at_unix": r.created_at_unix,
              "expires_at_unix": r.expires_at_unix, "last_used_unix": self._ref_used.get(r.id)}
-            for r in self.store.list_refs(sandbox_id)
+            for r in self._sandbox_refs(sandbox_id)
             if r.revoked_at_unix is None and (r.expires_at_unix is None or r.expires_at_unix > now)
         ]
 
@@ -1189,3 +1209,6 @@ class _DaemonHost(SandboxHost):
 
     async def destroy(self, sandbox: Sandbox) -> None:
         await self.daemon.delete_sandbox(sandbox.id)
+
+    async def drop_snapshot(self, snapshot: SnapshotRow) -> None:
+        await self.daemon.delete_snapshot(snapshot.id)  # refused while something needs it
