@@ -409,3 +409,27 @@ def test_a_daemon_crash_adopts_the_sandbox_and_its_runtime(docker_runtime: str) 
             sb.close()
     finally:
         daemon.stop()
+
+
+@pytest.mark.docker
+async def test_a_socket_planted_by_the_sandbox_is_never_reached(sb: Any) -> None:
+    # Root inside replaces the agent's socket with a listener of its own; hutch
+    # keeps talking to the agent, through its link made before anything ran.
+    fake = (
+        "import os, socket\n"
+        "os.unlink('/.hutch/run/agent.sock')\n"
+        "s = socket.socket(socket.AF_UNIX)\n"
+        "s.bind('/.hutch/run/agent.sock')\n"
+        "s.listen(8)\n"
+        "open('/tmp/listening', 'w').close()\n"
+        "while True:\n"
+        "    c, _ = s.accept()\n"
+        "    open('/tmp/fake-reached', 'w').close()\n"
+        "    c.close()\n"
+    )
+    await sb.write_text("/tmp/fake.py", fake)
+    await sb.exec("nohup python3 /tmp/fake.py >/dev/null 2>&1 &")
+    await eventually(lambda: sb.exists("/tmp/listening"), within=10)
+    for _ in range(5):
+        assert (await sb.exec(["echo", "the real agent"])).stdout == "the real agent\n"
+    assert not await sb.exists("/tmp/fake-reached")

@@ -17,6 +17,7 @@ sandbox options go to the options, the rest to the chosen provider.
 
 from __future__ import annotations
 
+import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -149,6 +150,13 @@ def resolve_spec(
 
 def load_config_file(path: str | Path | None = None) -> dict[str, Any]:
     """The run config file: ``path``, else ``./hutch.toml`` if present, else empty."""
+    data = load_config_data(path)
+    sandbox = data.get("sandbox", {})
+    return {**sandbox, "providers": data.get("providers", {})}
+
+
+def load_config_data(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """The whole parsed ``hutch.toml`` (``path``, else ``./hutch.toml``), or empty."""
     candidate = Path(path) if path is not None else Path.cwd() / CONFIG_FILE_NAME
     if not candidate.exists():
         if path is not None:
@@ -158,5 +166,4 @@ def load_config_file(path: str | Path | None = None) -> dict[str, Any]:
         data = tomllib.loads(candidate.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise InvalidArgument(f"config file {candidate} is not valid TOML: {exc}") from None
-    sandbox = data.get("sandbox", {})
-    return {**sandbox, "providers": data.get("providers", {})}
+    return data

@@ -718,5 +718,37 @@ def fork(
         console.print(branch.id)
 
 
+@app.command()
+@reports_errors
+def ensure(
+    definition: str = typer.Argument(..., help="The definition's id (PUT, or in the daemon's "
+                                     "hutch.toml)."),
+    thread: str = typer.Option(..., "--thread", "-t", help="The thread id."),
+    tenant: str | None = typer.Option(None, "--tenant", help="The tenant, if any."),
+) -> None:
+    """The sandbox of a thread for a definition: resumed, restored from its
+    setup snapshot, or created with setup run. Prints its id and each step."""
+    with client() as c, console.status(
+        f"ensuring {definition} for thread {thread} (setup may take a while)..."
+    ):
+        made = c.ensure(definition, thread, tenant=tenant)
+    console.print(f"{made.sandbox.id} ({made.path})")
+    for step in made.steps:
+        console.print(f"  {step['name']:<24} {float(step['seconds']):8.2f} s")
+
+
+@app.command()
+@reports_errors
+def complete(
+    definition: str,
+    thread: str = typer.Option(..., "--thread", "-t", help="The thread id."),
+    tenant: str | None = typer.Option(None, "--tenant", help="The tenant, if any."),
+) -> None:
+    """A thread's run ended: its sandbox is destroyed if the definition says so."""
+    with client() as c:
+        destroyed = c.complete(definition, thread, tenant=tenant)
+    console.print(f"{'destroyed' if destroyed else 'kept'}")
+
+
 if __name__ == "__main__":
     app()

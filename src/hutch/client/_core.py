@@ -163,6 +163,25 @@ class ForkRef:
 
 
 @dataclass
+class EnsuredRef:
+    """A definition's ``ensure`` answer: the sandbox, the path, the steps."""
+
+    sandbox: dict[str, Any]
+    path: str
+    steps: list[dict[str, Any]]
+
+
+@dataclass
+class RemoteEnsured:
+    """What a client's ``ensure`` gives: the sandbox (a client sandbox), the
+    path taken (``resumed``, ``restored`` or ``created``) and each step's seconds."""
+
+    sandbox: Any
+    path: str
+    steps: list[dict[str, Any]]
+
+
+@dataclass
 class ProcessRef:
     sandbox_id: str
     info: dict[str, Any]
@@ -238,6 +257,33 @@ class ClientOps:
     def delete_snapshot(self, snapshot_id: str, *, force: bool = False) -> Op:
         yield Call("DELETE", f"/v1/snapshots/{snapshot_id}",
                    params={"force": "true"} if force else None, timeout=600)
+
+    @op
+    def put_definition(self, definition: Mapping[str, Any]) -> Op:
+        """Register (or replace) a sandbox definition; its id is ``definition["id"]``."""
+        if not isinstance(definition, Mapping) or not isinstance(definition.get("id"), str):
+            raise InvalidArgument("a definition is a mapping with an \"id\" string")
+        return (yield Call("PUT", f"/v1/definitions/{definition['id']}", json=dict(definition)))
+
+    @op
+    def definitions(self) -> Op:
+        return (yield Call("GET", "/v1/definitions"))["definitions"]
+
+    @op
+    def ensure(self, definition_id: str, thread_id: str, *, tenant: str | None = None) -> Op:
+        """The sandbox of ``thread_id`` for a definition: resumed, restored from
+        its setup snapshot, or created (setup run); see SPEC §6."""
+        answer = yield Call("POST", f"/v1/definitions/{definition_id}/ensure",
+                            json={"thread_id": thread_id, "tenant": tenant}, timeout=None)
+        return EnsuredRef(answer["sandbox"], str(answer["path"]), list(answer["steps"]))
+
+    @op
+    def complete(self, definition_id: str, thread_id: str, *, tenant: str | None = None) -> Op:
+        """The thread's run ended: honour destroy_on_complete and keep_alive.
+        Whether its sandbox was destroyed."""
+        answer = yield Call("POST", f"/v1/definitions/{definition_id}/complete",
+                            json={"thread_id": thread_id, "tenant": tenant}, timeout=600)
+        return bool(answer["destroyed"])
 
     @op
     def create_workspace(
@@ -373,6 +419,12 @@ class SandboxOps:
     def read_bytes(self, path: str, *, limit: int = 256 * 1024 * 1024) -> Op:
         return (yield Call("GET", self._path("/files"), params={"path": path, "limit": limit},
                            raw=True, timeout=600))
+
+    @stream_op
+    def read_pieces(self, path: str, *, limit: int = 256 * 1024 * 1024) -> Op:
+        """The bytes of ``path`` in pieces as they arrive, never whole in memory."""
+        return (yield Call("GET", self._path("/files"), params={"path": path, "limit": limit},
+                           raw=True, stream=True, timeout=600))
 
     @op
     def read_text(

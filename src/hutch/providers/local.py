@@ -223,6 +223,10 @@ class LocalSandbox(SandboxBackend):
     async def preview_url(self, port: int) -> str:
         return f"http://127.0.0.1:{port}"
 
+    async def is_alive(self) -> bool:
+        # Nothing runs between commands: the sandbox is its working directory.
+        return os.path.isdir(self.workdir)
+
     async def close(self) -> None:
         if self._branch:
             await anyio.to_thread.run_sync(_layers.end_branch, self.sandbox_id)

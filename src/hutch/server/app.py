@@ -88,6 +88,8 @@ class ServerSettings(BaseModel):
     #: the most a request may ask for; see hutch.server.policy.
     limits: dict[str, Any] = {}
     ceilings: dict[str, Any] = {}
+    #: The operator's sandbox definitions (``[definitions.NAME]`` in hutch.toml).
+    definitions: dict[str, dict[str, Any]] = {}
 
     def policy(self) -> OperatorPolicy:
         return OperatorPolicy(self.allow, self.limits, self.ceilings)
@@ -98,6 +100,15 @@ class ServerSettings(BaseModel):
 
 #: The most events one listing returns.
 MAX_EVENTS = 10_000
+
+
+class ThreadBody(BaseModel):
+    """Which thread (and tenant) of a definition ``ensure``/``complete`` is about."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    thread_id: str = Field(min_length=1, max_length=256)
+    tenant: str | None = Field(default=None, max_length=256)
 
 
 class ExecBody(BaseModel):
@@ -788,6 +799,7 @@ def create_app(
             settings.data_dir, sandbox_defaults=settings.sandbox_defaults,
             timeout_ceiling=settings.timeout_ceiling,
             retention_seconds=settings.retention_seconds, policy=settings.policy(),
+            definitions=settings.definitions,
         )
         try:
             await daemon.start()
@@ -939,6 +951,29 @@ def create_app(
         else:
             sandbox = await d.create_sandbox(d.spec_from_request(body))
         return JSONResponse(await d.info(sandbox), status_code=201)
+
+    # -- sandbox definitions --
+    @v1.put("/definitions/{definition_id}")
+    async def put_definition(definition_id: str, body: dict[str, Any]) -> JSONResponse:
+        d = daemon()
+        return JSONResponse(d.definition_json(d.put_definition(definition_id, body)))
+
+    @v1.get("/definitions")
+    async def list_definitions() -> JSONResponse:
+        d = daemon()
+        return JSONResponse(
+            {"definitions": [d.definition_json(x) for x in d.definitions.all()]}
+        )
+
+    @v1.post("/definitions/{definition_id}/ensure")
+    async def ensure(definition_id: str, body: ThreadBody) -> JSONResponse:
+        return JSONResponse(await daemon().ensure(definition_id, body.thread_id, body.tenant))
+
+    @v1.post("/definitions/{definition_id}/complete")
+    async def complete(definition_id: str, body: ThreadBody) -> JSONResponse:
+        destroyed = await daemon().definitions.complete(definition_id, body.thread_id,
+                                                        body.tenant)
+        return JSONResponse({"destroyed": destroyed})
 
     # -- snapshots and forks --
     @v1.post("/sandboxes/{sandbox_id}/snapshots", status_code=201)
