@@ -554,3 +554,25 @@ async def test_a_link_planted_for_the_agent_socket_leads_nowhere_else() -> None:
     finally:
         await victim.close()
         await attacker.close()
+
+
+async def test_a_long_chain_of_snapshots_still_mounts() -> None:
+    # Each branch stands on its parent's snapshot: 60 layers deep.
+    sandbox = await _make()
+    branches = []
+    try:
+        await sandbox.write_text("depth", "0")
+        current = sandbox
+        for depth in range(1, 61):
+            fork = await current.fork(f"depth {depth}")
+            current = await fork.attach()
+            branches.append(current)
+            assert await current.read_text("depth") == str(depth - 1)
+            await current.write_text("depth", str(depth))
+            if len(branches) > 2:  # keep few alive; their snapshots keep the layers
+                await branches.pop(0).close()
+        assert (await current.exec(["cat", "depth"])).stdout == "60"
+    finally:
+        for branch in branches:
+            await branch.close()
+        await sandbox.close()

@@ -406,6 +406,19 @@ def test_commands_left_running_by_a_crashed_daemon_are_ended_and_told(
         told = [e["message"] for e in c.events(sb.id) if "killed 2 processes" in e["message"]]
         assert told, c.events(sb.id)
         assert neighbour.poll() is None, "another sandbox's command was killed"
+        if provider == "docker":
+            # One adopted paused has its leftovers ended as it resumes.
+            held = c.create_sandbox(provider, **settings)
+            held.start("sleep 1004")
+            wait_until(lambda: running("sleep 1004"), 10, "the command runs")
+            held.pause()
+            daemon.restart()
+            assert running("sleep 1004")  # frozen, not yet reachable
+            held.resume()
+            assert not running("sleep 1004")
+            assert any("killed 1 processes" in e["message"] for e in c.events(held.id))
+            assert held.exec("echo thawed").stdout == "thawed\n"
+            held.close()
         neighbour.kill()
         neighbour.wait()
         assert sb.exec("echo still here").stdout == "still here\n"

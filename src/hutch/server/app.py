@@ -329,15 +329,24 @@ REF_SCOPE_KEY = "hutch.ref"
 _REF_BEARER = b"Bearer " + REF_PREFIX.encode()
 
 
+#: What a ref may do in its sandbox: work in it and drive its lifecycle. Not
+#: hand out refs, nor make daemon-wide things (snapshots, forks): a list of
+#: what is allowed, so that a route added later is closed to refs until said.
+REF_OPERATIONS = frozenset({
+    "exec", "files", "list", "stat", "grep", "glob", "processes", "preview_url", "pty",
+    "pause", "suspend", "resume", "set_timeout",
+})
+
+
 def ref_may_reach(ref: RefRow, method: str, path: str) -> bool:
-    """A ref reaches its own sandbox's routes, except handing out or revoking refs."""
-    parts = path.split("/")
+    """A ref reaches its own sandbox, for the operations in :data:`REF_OPERATIONS`."""
     if path == "/healthz":
         return True
+    parts = path.split("/")
     return (
         len(parts) >= 4 and parts[1] == "v1" and parts[2] == "sandboxes"
         and parts[3] == ref.sandbox_id and not any(p in ("..", ".") for p in parts)
-        and (len(parts) == 4 or parts[4] != "refs")
+        and (len(parts) == 4 or parts[4] in REF_OPERATIONS)
     )
 
 
@@ -395,8 +404,8 @@ class TokenAuth:
             return
         if not ref_may_reach(ref, scope.get("method", "GET"), scope["path"]):
             await self._refuse(scope, send, SandboxPermissionDenied(
-                f"ref {ref.id} works only on sandbox {ref.sandbox_id}, and cannot hand out "
-                "or revoke refs"
+                f"ref {ref.id} works only in sandbox {ref.sandbox_id}, and cannot hand out "
+                "refs, snapshot or fork it"
             ))
             return
         scope[REF_SCOPE_KEY] = ref

@@ -155,9 +155,18 @@ class Layers:
         with open(os.path.join(self.sandbox_dir, "lowers.json"), "w") as fh:
             json.dump(self.lowers, fh)
 
+    @property
+    def home(self) -> str:
+        """The directory the overlay is mounted from (``$HUTCH_HOME/bubblewrap``):
+        lower layers below it are named relative to it, so that a long chain
+        of snapshot layers fits the one page a mount's options may fill."""
+        return os.path.dirname(os.path.dirname(self.sandbox_dir))
+
     def overlay_options(self) -> str:
+        prefix = self.home.rstrip("/") + "/"
+        lowers = [p[len(prefix):] if p.startswith(prefix) else p for p in self.lowers]
         options = (
-            f"lowerdir={':'.join(self.lowers)},upperdir={self.hot}/upper,"
+            f"lowerdir={':'.join(lowers)},upperdir={self.hot}/upper,"
             f"workdir={self.hot}/work,"
             # The upper layer must stand alone as a lower layer of forks.
             "redirect_dir=off,metacopy=off,index=off"
@@ -177,6 +186,7 @@ class Layers:
             "unshare", "--mount", "--propagation", "private", "--",
             "/bin/sh", "-c", SETUP, "hutch-setup",
             self.hot, self.merged, self.overlay_options(), str(self.disk_limit), restore,
+            self.home,
         ]
 
     def save_upper(self) -> None:
@@ -199,8 +209,8 @@ class Layers:
 #: upper layer (a suspended one copied back onto it), the overlay, then bwrap.
 SETUP = """set -e
 for f in $HUTCH_CGROUP_PROCS; do echo $$ > "$f"; done
-hot=$1 merged=$2 options=$3 size=$4 restore=$5
-shift 5
+hot=$1 merged=$2 options=$3 size=$4 restore=$5 home=$6
+shift 6
 mount -t tmpfs -o "size=$size,mode=0700,nosuid,nodev" hutch-upper "$hot"
 if [ -n "$restore" ]; then
   cp -a "$restore" "$hot/upper"
@@ -208,7 +218,9 @@ if [ -n "$restore" ]; then
 else
   mkdir -m 0755 "$hot/upper" "$hot/work"
 fi
+cd "$home"  # lower layers are named relative to it
 mount -t overlay -o "$options" hutch-overlay "$merged"
+cd /
 exec "$@"
 """
 
