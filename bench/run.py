@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 HERE = pathlib.Path(__file__).parent
-ORDER = ["local", "docker", "agent", "bwrap", "lifecycle", "daemon", "ssh", "fork"]
+ORDER = ["local", "docker", "agent", "bwrap", "lifecycle", "daemon", "ssh", "fork", "ensure"]
 
 
 def main(argv: list[str]) -> int:

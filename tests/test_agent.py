@@ -384,6 +384,8 @@ async def test_a_reconnected_backend_gets_its_agent_back(sb: Any) -> None:
 
 @pytest.mark.docker
 def test_a_daemon_crash_adopts_the_sandbox_and_its_runtime(docker_runtime: str) -> None:
+    # (Commands the crashed daemon started are ended at adoption: see
+    # tests of owned processes. The sandbox, its files and its keeper stay.)
     from tests.daemon_fixture import DaemonProcess
 
     daemon = DaemonProcess().start()
@@ -392,13 +394,14 @@ def test_a_daemon_crash_adopts_the_sandbox_and_its_runtime(docker_runtime: str) 
             sb = c.create_sandbox("docker", image=TEST_IMAGE, runtime=docker_runtime)
             assert sb.capabilities.runtime == docker_runtime
             sb.write_text("/root/kept.txt", "kept")
-            sb.exec("nohup sleep 300 >/dev/null 2>&1 &")
+            keeper = sb.exec(["sh", "-c", "cat /proc/1/stat | cut -d' ' -f22"]).stdout
         daemon.restart()  # SIGKILL, then start: the container and its keeper live on
         with hutch.Client(daemon.url, token=daemon.token) as c:
             sb = c.get_sandbox(sb.id)
             assert sb.capabilities.runtime == docker_runtime
             assert sb.read_text("/root/kept.txt") == "kept"
-            assert "sleep 300" in sb.exec(["ps", "-eo", "args"]).stdout
+            # The same keeper (its start time), not a new container.
+            assert sb.exec(["sh", "-c", "cat /proc/1/stat | cut -d' ' -f22"]).stdout == keeper
             sb.suspend()
             sb.resume()  # a new container, its own agent
             assert sb.capabilities.runtime == docker_runtime
@@ -406,3 +409,27 @@ def test_a_daemon_crash_adopts_the_sandbox_and_its_runtime(docker_runtime: str) 
             sb.close()
     finally:
         daemon.stop()
+
+
+@pytest.mark.docker
+async def test_a_socket_planted_by_the_sandbox_is_never_reached(sb: Any) -> None:
+    # Root inside replaces the agent's socket with a listener of its own; hutch
+    # keeps talking to the agent, through its link made before anything ran.
+    fake = (
+        "import os, socket\n"
+        "os.unlink('/.hutch/run/agent.sock')\n"
+        "s = socket.socket(socket.AF_UNIX)\n"
+        "s.bind('/.hutch/run/agent.sock')\n"
+        "s.listen(8)\n"
+        "open('/tmp/listening', 'w').close()\n"
+        "while True:\n"
+        "    c, _ = s.accept()\n"
+        "    open('/tmp/fake-reached', 'w').close()\n"
+        "    c.close()\n"
+    )
+    await sb.write_text("/tmp/fake.py", fake)
+    await sb.exec("nohup python3 /tmp/fake.py >/dev/null 2>&1 &")
+    await eventually(lambda: sb.exists("/tmp/listening"), within=10)
+    for _ in range(5):
+        assert (await sb.exec(["echo", "the real agent"])).stdout == "the real agent\n"
+    assert not await sb.exists("/tmp/fake-reached")

@@ -625,3 +625,18 @@ async def test_grep_skips_a_file_that_claims_to_be_small_and_never_ends(tmp_path
         with pytest.raises(hutch.OutputLimitExceeded, match=r"big\.txt"):
             await sandbox.grep("needle", ".", limit=100)
         assert len(await sandbox.grep("needle", ".")) == 100
+
+
+def test_a_grep_that_matches_everything_is_capped(
+    http: httpx.Client, local_sandbox: str
+) -> None:
+    base = f"/v1/sandboxes/{local_sandbox}"
+    line = b"x" * 99 + b"\n"
+    for name in ("a", "b", "c"):  # 24 MB of lines, over the 16 MiB cap together
+        assert http.put(f"{base}/files", params={"path": f"many/{name}"},
+                        content=line * 80_000).status_code == 204
+    answer = http.post(f"{base}/grep", json={"pattern": "x", "path": "many", "timeout": 60})
+    assert answer.status_code == 413, answer.text[:300]
+    assert "output_limit_exceeded" in answer.text and "narrow" in answer.text
+    one = http.post(f"{base}/grep", json={"pattern": "x", "path": "many/a", "timeout": 60})
+    assert one.status_code == 200 and len(one.json()["matches"]) == 80_000

@@ -333,16 +333,15 @@ def test_daemon_adopts_live_sandboxes_after_a_restart() -> None:
         client = hutch.Client(daemon.url, token=daemon.token)
         sb = client.create_sandbox("bubblewrap", image=TEST_IMAGE, read_before_write=False)
         sb.write_text("kept.txt", "before the crash")
-        sb.exec("nohup sleep 600 >/dev/null 2>&1 &")
-        pid_before = sb.exec("pgrep -x sleep").stdout.strip()
-        assert pid_before
+        keeper_before = sb.exec("cat /proc/1/stat").stdout.split()[:22]
         client.close()
         daemon.restart()  # SIGKILL: nothing is cleaned up, as in a crash
         client = hutch.Client(daemon.url, token=daemon.token)
         sb = client.get_sandbox(sb.id)
+        # The same live sandbox: its upper layer lives on a tmpfs in its
+        # keeper's own mount namespace, and its PID 1 is the same process.
         assert sb.read_text("kept.txt") == "before the crash"
-        # The same live sandbox: its process survived the daemon.
-        assert sb.exec("pgrep -x sleep").stdout.strip() == pid_before
+        assert sb.exec("cat /proc/1/stat").stdout.split()[:22] == keeper_before
         # Its keeper killed from outside: the sandbox fails, within seconds, saying so.
         from hutch.providers.bubblewrap.cgroups import SandboxCgroup
 
@@ -483,8 +482,13 @@ def test_daemon_keeps_answering_through_a_fork_bomb_and_a_memory_hog() -> None:
     daemon = DaemonProcess().start()
     try:
         client = hutch.Client(daemon.url, token=daemon.token)
+        # Two sandboxes: a bomb at its pids limit would leave the hog no
+        # process to start with.
         sb = client.create_sandbox(
-            "bubblewrap", image=TEST_IMAGE, pids_limit=64, memory="128m", read_before_write=False
+            "bubblewrap", image=TEST_IMAGE, pids_limit=64, read_before_write=False
+        )
+        hog_sb = client.create_sandbox(
+            "bubblewrap", image=TEST_IMAGE, memory="128m", read_before_write=False
         )
         results: dict[str, Any] = {}
 
@@ -495,7 +499,12 @@ def test_daemon_keeps_answering_through_a_fork_bomb_and_a_memory_hog() -> None:
                 results["bomb"] = exc
 
         def hog() -> None:
-            results["hog"] = sb.exec(["python3", "-c", "b = bytearray(1 << 30)"], timeout=60)
+            try:
+                results["hog"] = hog_sb.exec(
+                    ["python3", "-c", "b = bytearray(1 << 30)"], timeout=60
+                )
+            except hutch.HutchError as exc:
+                results["hog"] = exc
 
         workers = [threading.Thread(target=bomb), threading.Thread(target=hog)]
         for worker in workers:
@@ -511,11 +520,14 @@ def test_daemon_keeps_answering_through_a_fork_bomb_and_a_memory_hog() -> None:
         for worker in workers:
             worker.join()
         assert slowest < 2.0, f"the daemon took {slowest:.2f} s to answer"
-        assert results["hog"].exit_code == 137 and results["hog"].oom_killed
+        hogged = results["hog"]
+        assert isinstance(hogged, hutch.ExecResult), hogged
+        assert hogged.exit_code == 137 and hogged.oom_killed
         other = client.create_sandbox("bubblewrap", image=TEST_IMAGE, read_before_write=False)
         assert other.exec(["echo", "ok"]).stdout == "ok\n"
         other.close()
         sb.close()
+        hog_sb.close()
         client.close()
     finally:
         daemon.stop()
@@ -542,3 +554,25 @@ async def test_a_link_planted_for_the_agent_socket_leads_nowhere_else() -> None:
     finally:
         await victim.close()
         await attacker.close()
+
+
+async def test_a_long_chain_of_snapshots_still_mounts() -> None:
+    # Each branch stands on its parent's snapshot: 60 layers deep.
+    sandbox = await _make()
+    branches = []
+    try:
+        await sandbox.write_text("depth", "0")
+        current = sandbox
+        for depth in range(1, 61):
+            fork = await current.fork(f"depth {depth}")
+            current = await fork.attach()
+            branches.append(current)
+            assert await current.read_text("depth") == str(depth - 1)
+            await current.write_text("depth", str(depth))
+            if len(branches) > 2:  # keep few alive; their snapshots keep the layers
+                await branches.pop(0).close()
+        assert (await current.exec(["cat", "depth"])).stdout == "60"
+    finally:
+        for branch in branches:
+            await branch.close()
+        await sandbox.close()

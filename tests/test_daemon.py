@@ -401,9 +401,8 @@ def test_sync_and_async_have_the_same_methods(sync_cls: type, async_cls: type) -
         # Asynchronous where it talks to the daemon; a check made on the spot
         # (path, require) is one plain function shared by both faces.
         shared = getattr(async_cls, name) is getattr(sync_cls, name)
-        assert inspect.iscoroutinefunction(getattr(async_cls, name)) or shared or name in (
-            "exec_stream", "stream"
-        ), name
+        streams = getattr(getattr(async_cls, name), "__hutch_op__", None) == "stream"
+        assert inspect.iscoroutinefunction(getattr(async_cls, name)) or shared or streams, name
 
 
 def _parameters(cls: type, name: str) -> list[tuple[str, Any, Any]]:

@@ -110,6 +110,10 @@ def test_a_ref_reaches_its_sandbox_and_nothing_else(daemon: DaemonProcess) -> No
                 "other delete": h.delete(f"/v1/sandboxes/{other.id}"),
                 "dot-dot": h.get(f"/v1/sandboxes/{mine.id}/../{other.id}"),
                 "more refs": h.post(f"/v1/sandboxes/{mine.id}/refs", json={}),
+                "fork": h.post(f"/v1/sandboxes/{mine.id}/fork", json={}),
+                "snapshot": h.post(f"/v1/sandboxes/{mine.id}/snapshots", json={}),
+                "snapshots": h.get("/v1/snapshots"),
+                "definitions": h.get("/v1/definitions"),
                 "events": h.get("/v1/events"),
                 "workspaces": h.get("/v1/workspaces"),
                 "named pause": h.post("/v1/pause", json={"sandbox": other.id}),
@@ -202,3 +206,27 @@ def test_refs_to_a_workspace_survive_a_daemon_crash(daemon: DaemonProcess) -> No
     assert (ran.returncode, ran.stdout) == (0, "kept"), ran.stderr
     with hutch.Client(daemon.url, token=daemon.token) as c:
         c.delete_workspace("shared")
+
+
+def test_ref_expiry_is_checked_on_the_wire(daemon: DaemonProcess) -> None:
+    with hutch.Client(daemon.url, token=daemon.token) as c:
+        sb = c.create_sandbox("local", workdir=tempfile.mkdtemp())
+        headers = {"Authorization": f"Bearer {daemon.token}", "Content-Type": "application/json"}
+        for body in (b'{"expires_in": -1}', b'{"expires_in": 0}', b'{"expires_in": NaN}',
+                     b'{"expires_in": Infinity}', b'{"expires_in": 1e300}',
+                     b'{"expires_in": 5, "sandbox": "x"}'):
+            answer = httpx.post(f"{daemon.url}/v1/sandboxes/{sb.id}/refs", content=body,
+                                headers=headers)
+            assert answer.status_code == 400, (body, answer.text)
+            assert answer.json()["error"]["code"] == "invalid_argument"
+        made = httpx.post(f"{daemon.url}/v1/sandboxes/{sb.id}/refs", headers=headers,
+                          json={"expires_in": 60})
+        assert made.status_code == 201
+        answer = made.json()
+        assert set(answer) == {"ref", "ref_id", "sandbox_id", "expires_at_unix"}
+        assert answer["sandbox_id"] == sb.id
+        assert abs(answer["expires_at_unix"] - time.time() - 60) < 30
+        missing = httpx.post(f"{daemon.url}/v1/sandboxes/sb-nothing/refs", headers=headers,
+                             json={})
+        assert missing.status_code == 404
+        sb.close()

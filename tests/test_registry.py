@@ -18,12 +18,13 @@ from tests.daemon_fixture import DaemonProcess
 PROVIDER_MODULE = '''
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
+from hutch.providers.base import ProviderSettings
 from hutch.providers.virtual import VirtualSandbox
 
 
-class GreeterConfig(BaseModel):
+class GreeterConfig(ProviderSettings):
     model_config = ConfigDict(extra="forbid")
 
     type: Literal["greeter"] = "greeter"

@@ -237,6 +237,7 @@ def test_a_full_store_refuses_transitions_and_nothing_is_half_done() -> None:
         d.start()
         with client(d) as c:
             sb = c.create_sandbox("docker", image=TEST_IMAGE)
+            doomed = c.create_sandbox("docker", image=TEST_IMAGE)
             sb.write_text("work.txt", "written before the disk filled")
             filler = fill(mount)
             refused = {
@@ -255,7 +256,15 @@ def test_a_full_store_refuses_transitions_and_nothing_is_half_done() -> None:
                 assert details["Running"] and not details["Paused"], name
                 assert sb.exec("cat work.txt").stdout == "written before the disk filled"
 
+            # A death the store cannot record yet is recorded once it can.
+            api.remove_container(container_of(doomed.id), force=True)
+            with pytest.raises(hutch.SandboxUnavailable):
+                doomed.exec("true")
+            time.sleep(3)
             os.remove(filler)
+            info = wait_for_state(c, doomed.id, "failed", 10)
+            assert "removed outside hutch" in info["reason"]
+            assert stored_state(mount, doomed.id)[0] == "failed"
             # A crash now: what was refused left nothing to adopt but a
             # running sandbox with its files (the undone suspend's new
             # container is found though the record names the one before).
@@ -397,6 +406,19 @@ def test_commands_left_running_by_a_crashed_daemon_are_ended_and_told(
         told = [e["message"] for e in c.events(sb.id) if "killed 2 processes" in e["message"]]
         assert told, c.events(sb.id)
         assert neighbour.poll() is None, "another sandbox's command was killed"
+        if provider == "docker":
+            # One adopted paused has its leftovers ended as it resumes.
+            held = c.create_sandbox(provider, **settings)
+            held.start("sleep 1004")
+            wait_until(lambda: running("sleep 1004"), 10, "the command runs")
+            held.pause()
+            daemon.restart()
+            assert running("sleep 1004")  # frozen, not yet reachable
+            held.resume()
+            assert not running("sleep 1004")
+            assert any("killed 1 processes" in e["message"] for e in c.events(held.id))
+            assert held.exec("echo thawed").stdout == "thawed\n"
+            held.close()
         neighbour.kill()
         neighbour.wait()
         assert sb.exec("echo still here").stdout == "still here\n"

@@ -11,6 +11,7 @@ from ._snapshots import Snapshot
 from ._sync import SyncProxy, run_sync_factory
 from .config import SandboxOptions, SandboxSpec, resolve_spec
 from .lifecycle.engine import LifecycleEngine, default_engine
+from .providers.base import SandboxBackend
 from .providers.registry import get_provider
 
 
@@ -59,6 +60,14 @@ async def _track(backend: Any, spec: SandboxSpec, engine: LifecycleEngine | None
         await backend.close()
         raise
     return sandbox
+
+
+async def adopt_sandbox(
+    backend: SandboxBackend, spec: SandboxSpec, engine: LifecycleEngine | None = None
+) -> Sandbox:
+    """A sandbox for ``backend``, one an earlier process made and this one
+    found again (``SandboxBackend.reconnect``), tracked like a new one."""
+    return await _track(backend, spec, engine)
 
 
 def spec_for_attach(

@@ -24,6 +24,7 @@ The tree::
     ├── Unauthorized                    unauthorized          401
     ├── CapabilityUnsupported (NotImplementedError)
     │                                   capability_unsupported 501
+    ├── SetupFailed                     setup_failed          422
     ├── ProviderError                   provider_error        502
     └── StoreUnavailable                store_unavailable     503
 
@@ -157,6 +158,27 @@ class StoreUnavailable(HutchError):
 
     code = "store_unavailable"
     http_status = 503
+
+
+class SetupFailed(HutchError):
+    """A setup step exited non-zero: its exit code and the tail of its output.
+    Nothing of that run is recorded as a good snapshot."""
+
+    code = "setup_failed"
+    http_status = 422
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        step: str | None = None,
+        exit_code: int | None = None,
+        output_tail: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.step = step
+        self.exit_code = exit_code
+        self.output_tail = output_tail
 
 
 def _all_subclasses(root: type[HutchError]) -> list[type[HutchError]]:

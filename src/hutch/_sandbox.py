@@ -57,6 +57,7 @@ from ._types import (
     GrepMatch,
 )
 from .lifecycle.state import SandboxState
+from .providers._grep import grep_output_budget
 from .providers.base import BackendProcess, PtyProcess, SandboxBackend, SandboxRuntime, join_path
 
 if TYPE_CHECKING:
@@ -540,7 +541,8 @@ class Sandbox:
         except re.error as exc:
             raise InvalidArgument(f"bad regular expression {pattern!r}: {exc}") from None
         async with self._operation("grep"), self._bounded("grep", timeout):
-            matches = await self._runtime.grep(regex, self.path(path), glob, limit)
+            with grep_output_budget():
+                matches = await self._runtime.grep(regex, self.path(path), glob, limit)
         for match in matches:
             self._session_guard.mark_read(match.path)
         return matches

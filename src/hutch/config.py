@@ -19,24 +19,37 @@ sandbox options go to the options, the rest to the chosen provider.
 
 from __future__ import annotations
 
+import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     SerializeAsAny,
     ValidationError,
-    field_validator,
 )
 
 from ._errors import InvalidArgument
 from ._types import MAX_DURATION, MAX_OUTPUT_LIMIT
+from .providers.base import ProviderSettings
 from .providers.local import LocalConfig
 from .providers.registry import available_providers, get_provider
+
+
+def _by_registry(value: Any) -> Any:
+    """Provider settings as a mapping are validated by that provider's model."""
+    if isinstance(value, Mapping):
+        return parse_provider_config(value)
+    return value
+
+
+#: Any provider's settings: an instance of its own ``config_model``.
+ProviderConfig = Annotated[SerializeAsAny[ProviderSettings], BeforeValidator(_by_registry)]
 
 DEFAULT_PROVIDER = "local"
 CONFIG_FILE_NAME = "hutch.toml"
@@ -75,25 +88,16 @@ class SandboxSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     #: An instance of the provider's own ``config_model`` (its ``type`` names it).
-    provider: SerializeAsAny[BaseModel] = Field(default_factory=LocalConfig)
+    provider: ProviderConfig = Field(default_factory=LocalConfig)
     options: SandboxOptions = Field(default_factory=SandboxOptions)
-
-    @field_validator("provider", mode="before")
-    @classmethod
-    def _by_registry(cls, value: Any) -> Any:
-        if isinstance(value, Mapping):
-            return parse_provider_config(value)
-        if not isinstance(value, BaseModel) or not isinstance(getattr(value, "type", None), str):
-            raise ValueError("provider settings are a mapping with a 'type'")
-        return value
 
     @property
     def provider_name(self) -> str:
         """The registry name of the provider these settings are for."""
-        return str(getattr(self.provider, "type"))  # noqa: B009 - every config_model has it
+        return self.provider.type
 
 
-def parse_provider_config(data: Mapping[str, Any]) -> BaseModel:
+def parse_provider_config(data: Mapping[str, Any]) -> ProviderSettings:
     """``data`` (with its ``type``) validated by that provider's ``config_model``."""
     name = data.get("type")
     if not isinstance(name, str):
@@ -162,6 +166,13 @@ def resolve_spec(
 
 def load_config_file(path: str | Path | None = None) -> dict[str, Any]:
     """The run config file: ``path``, else ``./hutch.toml`` if present, else empty."""
+    data = load_config_data(path)
+    sandbox = data.get("sandbox", {})
+    return {**sandbox, "providers": data.get("providers", {})}
+
+
+def load_config_data(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """The whole parsed ``hutch.toml`` (``path``, else ``./hutch.toml``), or empty."""
     candidate = Path(path) if path is not None else Path.cwd() / CONFIG_FILE_NAME
     if not candidate.exists():
         if path is not None:
@@ -171,5 +182,4 @@ def load_config_file(path: str | Path | None = None) -> dict[str, Any]:
         data = tomllib.loads(candidate.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise InvalidArgument(f"config file {candidate} is not valid TOML: {exc}") from None
-    sandbox = data.get("sandbox", {})
-    return {**sandbox, "providers": data.get("providers", {})}
+    return data

@@ -75,11 +75,12 @@ async def test_paths_and_capabilities_are_checked_alike(sandbox: Any) -> None:
     with pytest.raises(hutch.InvalidArgument, match="NUL"):
         sandbox.path("a\0b")
     sandbox.require("processes")
-    # A capability this provider does not declare (each lacks one or more).
-    declared = sandbox.capabilities.as_dict()
-    missing = next(name for name, has in declared.items() if has is False)
-    with pytest.raises(hutch.CapabilityUnsupported, match=missing):
-        sandbox.require(missing)
+    with pytest.raises(hutch.CapabilityUnsupported, match="teleport"):
+        sandbox.require("teleport")  # no provider has it
+    for name, has in sandbox.capabilities.as_dict().items():
+        if has is False:
+            with pytest.raises(hutch.CapabilityUnsupported, match=name):
+                sandbox.require(name)
     assert sandbox.closed is False
 
 
@@ -88,3 +89,13 @@ async def test_write_from_a_file_object(sandbox: Any) -> None:
     source.seek(5)  # from its position on
     await sandbox.write_from("from-file.bin", source)
     assert await sandbox.read_bytes("from-file.bin") == bytes(range(256))
+
+
+async def test_read_pieces_streams_a_file(files_sandbox: Any) -> None:
+    data = bytes(range(256)) * 4096  # 1 MiB
+    await files_sandbox.write_bytes("big.bin", data)
+    pieces = [piece async for piece in files_sandbox.read_pieces("big.bin")]
+    assert b"".join(pieces) == data
+    with pytest.raises(FileNotFoundError):
+        async for _ in files_sandbox.read_pieces("no-such.bin"):
+            pass

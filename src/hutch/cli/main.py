@@ -29,6 +29,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .._errors import HutchError
+from ..client import EnsureProgress
 from ..config import load_config_file
 from ..providers.ssh.gitsource import current_source
 from .images import image_app
@@ -716,6 +717,45 @@ def fork(
     console.print(f"snapshot {made.snapshot.id}")
     for branch in made.branches:
         console.print(branch.id)
+
+
+@app.command()
+@reports_errors
+def ensure(
+    definition: str = typer.Argument(..., help="The definition's id (PUT, or in the daemon's "
+                                     "hutch.toml)."),
+    thread: str = typer.Option(..., "--thread", "-t", help="The thread id."),
+    tenant: str | None = typer.Option(None, "--tenant", help="The tenant, if any."),
+) -> None:
+    """The sandbox of a thread for a definition: resumed, restored from its
+    setup snapshot, or created with setup run. Prints its id and each step."""
+    made = None
+    with client() as c, console.status(f"ensuring {definition} for thread {thread}...") as shown:
+        for event in c.ensure_stream(definition, thread, tenant=tenant):
+            if isinstance(event, EnsureProgress) and event.kind == "step":
+                shown.update(f"{definition} for thread {thread}: {event.text}...")
+            elif isinstance(event, EnsureProgress):
+                err_console.out(event.text, end="", highlight=False)  # setup's own output
+            else:
+                made = event
+    if made is None:
+        raise HutchError("the daemon ended the ensure stream without a result")
+    console.print(f"{made.sandbox.id} ({made.path})")
+    for step in made.steps:
+        console.print(f"  {step['name']:<24} {float(step['seconds']):8.2f} s")
+
+
+@app.command()
+@reports_errors
+def complete(
+    definition: str,
+    thread: str = typer.Option(..., "--thread", "-t", help="The thread id."),
+    tenant: str | None = typer.Option(None, "--tenant", help="The tenant, if any."),
+) -> None:
+    """A thread's run ended: its sandbox is destroyed if the definition says so."""
+    with client() as c:
+        destroyed = c.complete(definition, thread, tenant=tenant)
+    console.print(f"{'destroyed' if destroyed else 'kept'}")
 
 
 if __name__ == "__main__":

@@ -101,9 +101,25 @@ def decode_exec(data: Mapping[str, Any]) -> ExecResult:
                       _bytes_field(data, "stderr"), oom_killed=bool(data.get("oom_killed")))
 
 
-def decode_event(data: Mapping[str, Any]) -> OutputChunk | ExitStatus:
+@dataclass(frozen=True)
+class EnsureProgress:
+    """A streamed ensure's progress: ``kind`` is ``step`` (a step starts: its
+    name) or ``output`` (what setup printed)."""
+
+    kind: str
+    text: str
+
+
+def decode_event(
+    data: Mapping[str, Any],
+) -> OutputChunk | ExitStatus | EnsureProgress | EnsuredRef:
     if "error" in data:
         raise error_from_code(str(data["error"]["code"]), str(data["error"]["message"]))
+    if "result" in data:
+        return ensured_ref(data["result"])
+    for kind in ("step", "output"):
+        if kind in data:
+            return EnsureProgress(kind, str(data[kind]))
     if "exit_code" in data:
         return ExitStatus(int(data["exit_code"]), oom_killed=bool(data.get("oom_killed")))
     if data.get("stream") == "stderr":
@@ -160,6 +176,29 @@ class SandboxRef:
 class ForkRef:
     snapshot: Snapshot
     sandboxes: list[dict[str, Any]]
+
+
+@dataclass
+class EnsuredRef:
+    """A definition's ``ensure`` answer: the sandbox, the path, the steps."""
+
+    sandbox: dict[str, Any]
+    path: str
+    steps: list[dict[str, Any]]
+
+
+def ensured_ref(answer: Mapping[str, Any]) -> EnsuredRef:
+    return EnsuredRef(dict(answer["sandbox"]), str(answer["path"]), list(answer["steps"]))
+
+
+@dataclass
+class RemoteEnsured:
+    """What a client's ``ensure`` gives: the sandbox (a client sandbox), the
+    path taken (``resumed``, ``restored`` or ``created``) and each step's seconds."""
+
+    sandbox: Any
+    path: str
+    steps: list[dict[str, Any]]
 
 
 @dataclass
@@ -238,6 +277,43 @@ class ClientOps:
     def delete_snapshot(self, snapshot_id: str, *, force: bool = False) -> Op:
         yield Call("DELETE", f"/v1/snapshots/{snapshot_id}",
                    params={"force": "true"} if force else None, timeout=600)
+
+    @op
+    def put_definition(self, definition: Mapping[str, Any]) -> Op:
+        """Register (or replace) a sandbox definition; its id is ``definition["id"]``."""
+        if not isinstance(definition, Mapping) or not isinstance(definition.get("id"), str):
+            raise InvalidArgument("a definition is a mapping with an \"id\" string")
+        return (yield Call("PUT", f"/v1/definitions/{definition['id']}", json=dict(definition)))
+
+    @op
+    def definitions(self) -> Op:
+        return (yield Call("GET", "/v1/definitions"))["definitions"]
+
+    @op
+    def ensure(self, definition_id: str, thread_id: str, *, tenant: str | None = None) -> Op:
+        """The sandbox of ``thread_id`` for a definition: resumed, restored from
+        its setup snapshot, or created (setup run); see SPEC §6."""
+        answer = yield Call("POST", f"/v1/definitions/{definition_id}/ensure",
+                            json={"thread_id": thread_id, "tenant": tenant}, timeout=None)
+        return ensured_ref(answer)
+
+    @stream_op
+    def ensure_stream(
+        self, definition_id: str, thread_id: str, *, tenant: str | None = None
+    ) -> Op:
+        """As :meth:`ensure`, told as it goes: ``EnsureProgress`` events (each
+        step, setup's output), then the ensured sandbox as the last event."""
+        return (yield Call("POST", f"/v1/definitions/{definition_id}/ensure/stream",
+                           json={"thread_id": thread_id, "tenant": tenant}, stream=True,
+                           timeout=None))
+
+    @op
+    def complete(self, definition_id: str, thread_id: str, *, tenant: str | None = None) -> Op:
+        """The thread's run ended: honour destroy_on_complete and keep_alive.
+        Whether its sandbox was destroyed."""
+        answer = yield Call("POST", f"/v1/definitions/{definition_id}/complete",
+                            json={"thread_id": thread_id, "tenant": tenant}, timeout=600)
+        return bool(answer["destroyed"])
 
     @op
     def create_workspace(
@@ -373,6 +449,12 @@ class SandboxOps:
     def read_bytes(self, path: str, *, limit: int = 256 * 1024 * 1024) -> Op:
         return (yield Call("GET", self._path("/files"), params={"path": path, "limit": limit},
                            raw=True, timeout=600))
+
+    @stream_op
+    def read_pieces(self, path: str, *, limit: int = 256 * 1024 * 1024) -> Op:
+        """The bytes of ``path`` in pieces as they arrive, never whole in memory."""
+        return (yield Call("GET", self._path("/files"), params={"path": path, "limit": limit},
+                           raw=True, stream=True, timeout=600))
 
     @op
     def read_text(

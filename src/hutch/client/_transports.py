@@ -16,9 +16,11 @@ from ._core import (
     DEFAULT_URL,
     SESSION_HEADER,
     Call,
+    EnsuredRef,
     ForkRef,
     Op,
     ProcessRef,
+    RemoteEnsured,
     SandboxRef,
     check_answer,
     decode_answer,
@@ -56,6 +58,9 @@ class _Transport:
     def wrap(self, value: Any) -> Any:
         if isinstance(value, SandboxRef):
             return self.factories["sandbox"](self, value.info)
+        if isinstance(value, EnsuredRef):
+            sandbox = self.factories["sandbox"](self, value.sandbox)
+            return RemoteEnsured(sandbox, value.path, value.steps)
         if isinstance(value, ForkRef):
             branches = [self.factories["sandbox"](self, info) for info in value.sandboxes]
             return self.factories["fork"](self, value.snapshot, branches)
@@ -100,11 +105,15 @@ class AsyncTransport(_Transport):
                     if response.status_code >= 400:
                         check_answer(httpx.Response(response.status_code,
                                                     content=await response.aread()))
+                    if call.raw:
+                        async for piece in response.aiter_bytes():
+                            yield piece
+                        return
                     async for line in response.aiter_lines():
                         if line:
                             event = decode_event(json.loads(line))
                             _note_exit(owner, event)
-                            yield event
+                            yield self.wrap(event)
             except httpx.TransportError as exc:
                 raise unreachable(self.url, exc) from None
 
@@ -155,11 +164,14 @@ class SyncTransport(_Transport):
                 with self.http.stream(call.method, call.path, **request_kwargs(call)) as response:
                     if response.status_code >= 400:
                         check_answer(httpx.Response(response.status_code, content=response.read()))
+                    if call.raw:
+                        yield from response.iter_bytes()
+                        return
                     for line in response.iter_lines():
                         if line:
                             event = decode_event(json.loads(line))
                             _note_exit(owner, event)
-                            yield event
+                            yield self.wrap(event)
             except httpx.TransportError as exc:
                 raise unreachable(self.url, exc) from None
 

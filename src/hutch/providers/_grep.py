@@ -14,13 +14,15 @@ import re
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import anyio.to_thread
 
 from .._errors import OutputLimitExceeded, ProviderError
-from .._types import GrepMatch
+from .._types import DEFAULT_OUTPUT_LIMIT, GrepMatch
 from . import _grepworker
 
 _HEADER = _grepworker._HEADER
@@ -82,7 +84,35 @@ def _give_back(worker: _Worker) -> None:
     worker.kill()
 
 
-async def _ask(request: tuple[Any, ...]) -> Any:
+#: What one grep may answer with: this many characters of matching lines.
+GREP_OUTPUT_LIMIT = DEFAULT_OUTPUT_LIMIT
+#: Characters of matching lines the grep under way may still answer with.
+_budget: ContextVar[list[int] | None] = ContextVar("hutch_grep_budget", default=None)
+
+
+@contextmanager
+def grep_output_budget(chars: int = GREP_OUTPUT_LIMIT) -> Iterator[None]:
+    """One grep: every matching call inside shares a cap of ``chars``."""
+    token = _budget.set([chars])
+    try:
+        yield
+    finally:
+        _budget.reset(token)
+
+
+def _too_much(cap: int) -> OutputLimitExceeded:
+    return OutputLimitExceeded(
+        f"grep matched more than the cap of {cap} characters of lines; "
+        "narrow the path, the glob or the pattern"
+    )
+
+
+async def _ask(kind: str, pattern: re.Pattern[str], *args: Any) -> Any:
+    budget = _budget.get()
+    left = budget[0] if budget is not None else GREP_OUTPUT_LIMIT
+    if left < 0:
+        raise _too_much(GREP_OUTPUT_LIMIT)
+    request = (kind, pattern.pattern, pattern.flags, left, *args)
     payload = marshal.dumps(request)
     worker = _take()
     answered = False
@@ -101,7 +131,15 @@ async def _ask(request: tuple[Any, ...]) -> Any:
     if reply[0] == "error":
         if reply[1] == "too_large":
             raise OutputLimitExceeded(reply[2])
+        if reply[1] == "too_much":
+            raise _too_much(GREP_OUTPUT_LIMIT)
         raise ProviderError(f"grep failed: {reply[1]}: {reply[2]}")
+    if budget is not None:
+        result = reply[1]
+        if kind == "lines":
+            budget[0] -= sum(len(args[0][i]) for i in result)
+        else:
+            budget[0] -= sum(len(row[2]) for row in result)
     return reply[1]
 
 
@@ -115,7 +153,7 @@ async def grep_contents(
     """The matching lines of files whose content is in hand."""
     if not contents:
         return []
-    rows = await _ask(("data", pattern.pattern, pattern.flags, list(contents)))
+    rows = await _ask("data", pattern, list(contents))
     return _matches(rows)
 
 
@@ -126,7 +164,7 @@ async def grep_host_files(
     the worker: regular files only, each at most ``limit`` bytes."""
     if not files:
         return []
-    rows = await _ask(("files", pattern.pattern, pattern.flags, limit, list(files)))
+    rows = await _ask("files", pattern, limit, list(files))
     return _matches(rows)
 
 
@@ -134,5 +172,5 @@ async def matching_indices(pattern: re.Pattern[str], lines: Sequence[str]) -> li
     """Which of ``lines`` the pattern matches."""
     if not lines:
         return []
-    found: list[int] = await _ask(("lines", pattern.pattern, pattern.flags, list(lines)))
+    found: list[int] = await _ask("lines", pattern, list(lines))
     return found

@@ -12,16 +12,19 @@ Standard library only: the process starts with ``python -I -S <this file>``
 Protocol on stdin/stdout: each message is an 8-byte big-endian length and a
 ``marshal`` payload. Requests are tuples whose first item names the kind:
 
-``("data", pattern, flags, [(path, bytes), ...])``
+``("data", pattern, flags, budget, [(path, bytes), ...])``
     the matching lines of each file's content;
-``("files", pattern, flags, limit, [(path, host_path), ...])``
+``("files", pattern, flags, budget, limit, [(path, host_path), ...])``
     the same for host files this process reads (regular files only, at most
     ``limit`` bytes each);
-``("lines", pattern, flags, [text, ...])``
+``("lines", pattern, flags, budget, [text, ...])``
     the indices of the lines the pattern matches.
 
-Answers are ``("ok", result)`` or ``("error", kind, message)``, where a file
-answer is ``[(path, line_number, line), ...]``.
+``budget`` is the most characters of matching lines one answer may carry
+(past it: the error ``too_much``), so that a pattern matching everything in
+a large tree cannot fill the daemon's memory. Answers are ``("ok", result)``
+or ``("error", kind, message)``, where a file answer is
+``[(path, line_number, line), ...]``.
 """
 
 from __future__ import annotations
@@ -53,6 +56,20 @@ def matching_lines(data: bytes, pattern: re.Pattern[str]) -> list[tuple[int, str
 
 class TooLarge(Exception):
     """A file over the read limit: the whole grep fails, as a read would."""
+
+
+class TooMuch(Exception):
+    """More matching lines than the answer's budget."""
+
+
+class _Budget:
+    def __init__(self, chars: int) -> None:
+        self.left = chars
+
+    def take(self, line: str) -> None:
+        self.left -= len(line)
+        if self.left < 0:
+            raise TooMuch("grep matched more lines than its output cap")
 
 
 def read_regular(host_path: str, shown: str, limit: int) -> bytes | None:
@@ -91,21 +108,28 @@ def read_regular(host_path: str, shown: str, limit: int) -> bytes | None:
 def answer(request: tuple[Any, ...]) -> Any:
     kind, pattern_text, flags = request[0], request[1], request[2]
     pattern = re.compile(pattern_text, flags)
+    budget = _Budget(request[3])
     if kind == "lines":
-        return [i for i, line in enumerate(request[3]) if pattern.search(line)]
+        indices = []
+        for i, line in enumerate(request[4]):
+            if pattern.search(line):
+                budget.take(line)
+                indices.append(i)
+        return indices
+    found: list[tuple[str, int, str]] = []
     if kind == "data":
-        return [
-            (path, number, line)
-            for path, data in request[3]
-            for number, line in matching_lines(data, pattern)
-        ]
+        for path, data in request[4]:
+            for number, line in matching_lines(data, pattern):
+                budget.take(line)
+                found.append((path, number, line))
+        return found
     if kind == "files":
-        limit = request[3]
-        found: list[tuple[str, int, str]] = []
-        for path, host_path in request[4]:
+        limit = request[4]
+        for path, host_path in request[5]:
             data = read_regular(host_path, path, limit)
-            if data is not None:
-                found.extend((path, number, line) for number, line in matching_lines(data, pattern))
+            for number, line in matching_lines(data, pattern) if data is not None else []:
+                budget.take(line)
+                found.append((path, number, line))
         return found
     raise ValueError(f"unknown request {kind!r}")
 
@@ -124,6 +148,8 @@ def serve(requests: BinaryIO, answers: BinaryIO) -> None:
             reply: Any = ("ok", answer(marshal.loads(body)))
         except TooLarge as exc:
             reply = ("error", "too_large", str(exc))
+        except TooMuch as exc:
+            reply = ("error", "too_much", str(exc))
         except Exception as exc:
             reply = ("error", type(exc).__name__, str(exc))
         payload = marshal.dumps(reply)

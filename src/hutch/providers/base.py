@@ -156,6 +156,15 @@ echo "$n"
 """.replace("EXEC", EXEC_MARKER)
 
 
+class ProviderSettings(BaseModel):
+    """The settings of one provider. Every provider's ``config_model``
+    subclasses it, with ``type`` narrowed to its registry name
+    (``type: Literal["docker"] = "docker"``); hutch finds the model through the
+    registry, so a provider's settings are validated by its own model alone."""
+
+    type: str
+
+
 class SandboxRuntime(abc.ABC):
     """What executes commands and moves files in one sandbox."""
 
@@ -368,7 +377,7 @@ class SandboxBackend(SandboxRuntime):
     #: What this provider can do; see :class:`hutch.Capabilities`.
     capabilities: ClassVar[Capabilities]
     #: The pydantic model ``create`` takes (``type: Literal[provider]``).
-    config_model: ClassVar[type[BaseModel]]
+    config_model: ClassVar[type[ProviderSettings]]
 
     @property
     def runtime(self) -> SandboxRuntime:

@@ -39,7 +39,7 @@ from typing import IO, Annotated, Any, Literal
 
 import anyio
 import anyio.to_thread
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from .._errors import (
     HutchError,
@@ -64,7 +64,7 @@ from .._types import (
 )
 from . import _layers
 from ._diskcap import mount_capped, unmount_capped
-from ._grep import matching_indices
+from ._grep import GREP_OUTPUT_LIMIT, matching_indices
 from ._grepfilter import LINE_BREAK_CHARS as _LINE_BREAK_CHARS
 from ._grepfilter import LINE_BREAKS as _LINE_BREAKS
 from ._grepfilter import required_literals as _required_literals
@@ -72,6 +72,7 @@ from ._hostproc import EXEC_MARKER, SANDBOX_MARKER
 from .agent import AgentFailure, AgentRuntime, AgentUnavailable, agent_binary
 from .base import (
     BackendProcess,
+    ProviderSettings,
     ProviderSnapshot,
     RuntimeNotice,
     RuntimeReport,
@@ -104,6 +105,8 @@ SUSPENDED_REPOSITORY = "hutch-suspended"
 #: overlay2 stacks at most 128 layers; a suspend that would pass this many
 #: flattens the container into a one-layer image instead of committing on top.
 MAX_SUSPEND_LAYERS = 100
+#: Candidate lines a container's grep may send back for one search, bytes.
+GREP_CANDIDATE_LIMIT = 16 * GREP_OUTPUT_LIMIT
 #: An archive for put_archive kept in memory up to this size; on disk past it.
 _ARCHIVE_IN_MEMORY = 1024 * 1024
 #: Symlinks followed by one read or write before it gives up (as the kernel's 40).
@@ -124,7 +127,7 @@ MAX_CPUS = 4096.0
 MAX_PIDS = 4 * 1024 * 1024
 
 
-class DockerConfig(BaseModel):
+class DockerConfig(ProviderSettings):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     type: Literal["docker"] = "docker"
@@ -747,10 +750,27 @@ class DockerSandbox(SandboxBackend):
         self.agent_dir = agent_dir
         self.default_user = default_user
         self._agent = AgentRuntime(
-            self.sandbox_id, self.workdir, os.path.join(agent_dir, AGENT_SOCKET_NAME),
+            self.sandbox_id, self.workdir, self._agent_link(),
             provider_name=self.provider, recover=self._recover_agent,
             default_user=default_user or None,
         )
+
+    def _agent_link(self) -> str:
+        """Where hutch reaches the agent's socket: a hard link made in a host
+        directory the sandbox cannot reach, while only the agent ran in it, so
+        that a socket the sandbox later plants in its own directory leads
+        nowhere."""
+        assert self.agent_dir is not None
+        return os.path.join(os.path.dirname(self.agent_dir), "agent-link", AGENT_SOCKET_NAME)
+
+    def _relink_agent(self) -> None:
+        assert self.agent_dir is not None
+        link = self._agent_link()
+        os.makedirs(os.path.dirname(link), mode=0o700, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(link)
+        with contextlib.suppress(FileNotFoundError):
+            os.link(os.path.join(self.agent_dir, AGENT_SOCKET_NAME), link)
 
     @property
     def runtime(self) -> SandboxRuntime:
@@ -769,11 +789,13 @@ class DockerSandbox(SandboxBackend):
             return None
 
     async def _await_agent(self, timeout: float = AGENT_START_TIMEOUT) -> None:
-        """Until the agent in a just-started container answers."""
+        """Until the agent in a just-started container answers (nothing else
+        runs in it yet: this is when hutch's link to its socket is made)."""
         assert self._agent is not None
         deadline = time.monotonic() + timeout
         while True:
             try:
+                self._relink_agent()
                 await self._agent.ping(timeout=max(0.5, deadline - time.monotonic()))
                 return
             except AgentFailure as exc:
@@ -1099,16 +1121,25 @@ class DockerSandbox(SandboxBackend):
         return DockerProcess(self, exec_id, marker, sock, stdin, argv, cwd, user)
 
     async def run_quiet(
-        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None
+        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+        output_limit: int | None = None,
     ) -> tuple[int, bytes, bytes]:
         """Run one of hutch's own helpers (kill, find, grep) to completion:
         (exit code, stdout, stderr). As root, like the archive API, so that
-        what stat sees, list and walk see too, whatever the image's USER."""
+        what stat sees, list and walk see too, whatever the image's USER.
+        Past ``output_limit`` bytes it is killed (OutputLimitExceeded)."""
         proc = await self.start_process(argv, cwd="/", env=env or {}, stdin=None, user="0")
         out: list[bytes] = []
         err: list[bytes] = []
+        total = 0
         try:
             while (chunk := await proc.read()) is not None:
+                total += len(chunk.data)
+                if output_limit is not None and total > output_limit:
+                    raise OutputLimitExceeded(
+                        f"{argv[0]} answered more than {output_limit} bytes; "
+                        "narrow the path, the glob or the pattern"
+                    )
                 (out if chunk.stream == "stdout" else err).append(chunk.data)
             return await proc.wait(), b"".join(out), b"".join(err)
         except BaseException:
@@ -1382,7 +1413,9 @@ class DockerSandbox(SandboxBackend):
             argv = ["sh", "-c", _GREP_TREE, "hutch-grep", root, name, *grep_args]
         else:
             argv = ["grep", *grep_args, "--", root]
-        _, out, err = await self.run_quiet(argv, env={"LC_ALL": "C"})
+        _, out, err = await self.run_quiet(
+            argv, env={"LC_ALL": "C"}, output_limit=GREP_CANDIDATE_LIMIT
+        )
         if not out and any(marker in err for marker in _TOOL_FAILURES):
             return await super().grep(pattern, root, glob, limit)
         matcher = compile_glob(glob) if glob and info.type == FileType.DIRECTORY else None
@@ -1745,6 +1778,8 @@ class DockerSandbox(SandboxBackend):
 
             def remove_agent_dir() -> None:
                 shutil.rmtree(agent_dir, ignore_errors=True)
+                shutil.rmtree(os.path.join(os.path.dirname(agent_dir), "agent-link"),
+                              ignore_errors=True)
                 with contextlib.suppress(OSError):
                     os.rmdir(os.path.dirname(agent_dir))  # the sandbox's own, if now empty
 

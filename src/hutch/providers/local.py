@@ -16,14 +16,14 @@ from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import IO, Any, Literal
 
 import anyio.to_thread
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
 from .._paths import sandbox_workdir
 from .._types import Capabilities, FileInfo, GrepMatch
 from . import _layers
 from ._hostfs import HostFiles
 from ._hostproc import EXEC_MARKER, SANDBOX_MARKER, HostProcess, pids_with_env, spawn
-from .base import ProviderSnapshot, SandboxBackend
+from .base import ProviderSettings, ProviderSnapshot, SandboxBackend
 
 SECRET_SUFFIXES = ("_API_KEY", "_SECRET", "_TOKEN", "_PASSWORD", "_CREDENTIAL")
 #: A name containing any of these (case-insensitively) is a secret's.
@@ -64,7 +64,7 @@ def filter_env(environ: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in environ.items() if k in SAFE_VARIABLES or not is_secret(k, v)}
 
 
-class LocalConfig(BaseModel):
+class LocalConfig(ProviderSettings):
     model_config = ConfigDict(extra="forbid")
 
     type: Literal["local"] = "local"
@@ -222,6 +222,10 @@ class LocalSandbox(SandboxBackend):
 
     async def preview_url(self, port: int) -> str:
         return f"http://127.0.0.1:{port}"
+
+    async def is_alive(self) -> bool:
+        # Nothing runs between commands: the sandbox is its working directory.
+        return os.path.isdir(self.workdir)
 
     async def close(self) -> None:
         if self._branch:

@@ -15,7 +15,7 @@ import posixpath
 import time
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
 from .._errors import (
     InvalidArgument,
@@ -25,10 +25,10 @@ from .._errors import (
     SandboxUnavailable,
 )
 from .._types import Capabilities, FileInfo, FileType
-from .base import ProviderSnapshot, SandboxBackend
+from .base import ProviderSettings, ProviderSnapshot, SandboxBackend
 
 
-class VirtualConfig(BaseModel):
+class VirtualConfig(ProviderSettings):
     model_config = ConfigDict(extra="forbid")
 
     type: Literal["virtual"] = "virtual"

@@ -17,7 +17,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from .._errors import HutchError, InvalidArgument
-from ..config import CONFIG_FILE_NAME, load_config_file
+from ..config import CONFIG_FILE_NAME, load_config_data, load_config_file
+from ..definitions import definitions_from_config
 from .app import ServerSettings, create_app
 from .connections import connection_cap, guarded_protocol
 from .daemon import default_data_dir
@@ -76,6 +77,13 @@ def load_server_config(path: str | None) -> dict[str, Any]:
     if os.path.exists(candidate):
         with open(candidate, "rb") as fh:
             server = dict(tomllib.load(fh).get("server", {}))
+    definitions: dict[str, Any] = {}
+    if os.path.exists(candidate):
+        # Validated here, so that a bad definition stops the daemon before it listens.
+        definitions = {
+            name: d.model_dump(mode="json")
+            for name, d in definitions_from_config(load_config_data(candidate)).items()
+        }
     unknown = set(server) - {"allow", "limits", "ceilings"}
     if unknown:
         raise InvalidArgument(
@@ -84,6 +92,8 @@ def load_server_config(path: str | None) -> dict[str, Any]:
         )
     if file:
         server["sandbox_defaults"] = file
+    if definitions:
+        server["definitions"] = definitions
     return server
 
 

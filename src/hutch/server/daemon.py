@@ -35,6 +35,7 @@ from .._errors import (
     InvalidArgument,
     InvalidState,
     NotFound,
+    SandboxPermissionDenied,
     StoreUnavailable,
     Unauthorized,
 )
@@ -44,11 +45,21 @@ from .._refwire import DaemonRef, decode_ref
 from .._sandbox import Sandbox, backend_of, check_ref_lifetime, new_sandbox_id
 from .._snapshots import Snapshot, new_snapshot_id
 from ..config import OPTION_KEYS, SandboxSpec, resolve_spec
+from ..definitions import Definition, Definitions, DirSource, GitSource, SandboxHost
+from ..definitions.ensure import Progress
 from ..lifecycle.engine import LifecycleEngine, expiry_error
 from ..lifecycle.state import SandboxState
 from ..providers.base import ProviderSnapshot, RuntimeNotice, SandboxBackend
 from ..providers.registry import available_providers, get_provider
-from ..store import RefRow, SandboxRow, SnapshotRow, SQLiteStore, Store, WorkspaceRow
+from ..store import (
+    InstanceRow,
+    RefRow,
+    SandboxRow,
+    SnapshotRow,
+    SQLiteStore,
+    Store,
+    WorkspaceRow,
+)
 from .policy import OperatorPolicy
 
 log = logging.getLogger("hutch.daemon")
@@ -59,6 +70,10 @@ CLEAN_STOP = "clean_stop_unix"
 #: A ref's use is an event at most this often (its first use after a start always is).
 REF_USE_EVENT_SECONDS = 60.0
 FINAL_STATES = (SandboxState.TERMINATED, SandboxState.FAILED)
+#: The git sources an API client may give a definition (nothing on the host).
+REMOTE_GIT_SCHEMES = ("https://", "http://", "git://")
+#: How soon a change the store could not keep (a runtime's death) is recorded again.
+STORE_RETRY_SECONDS = 2.0
 #: Longest snapshot label, and most branches one fork request makes.
 MAX_LABEL = 200
 MAX_FORK = 64
@@ -100,6 +115,7 @@ class Daemon:
         retention_seconds: float = DEFAULT_RETENTION_SECONDS,
         store: Store | None = None,
         policy: OperatorPolicy | None = None,
+        definitions: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         #: What API clients may ask for: host-reaching settings, limits.
         self.policy = policy or OperatorPolicy()
@@ -119,6 +135,8 @@ class Daemon:
         self._pruner: asyncio.Task[None] | None = None
         #: One watcher per provider in use, telling of runtimes that die outside hutch.
         self._watchers: dict[type[SandboxBackend], asyncio.Task[None]] = {}
+        #: Sandboxes adopted paused, whose earlier daemon's commands are ended on resume.
+        self._leftovers: set[str] = set()
         self.engine = LifecycleEngine(
             timeout_ceiling=timeout_ceiling, on_transition=self._persist_transition,
             on_deadline=self._persist_deadline,
@@ -130,8 +148,15 @@ class Daemon:
         self._workspace_locks: dict[str, asyncio.Lock] = {}
         #: ref id -> its row, as last read or written (the store is the truth).
         self._refs: dict[str, RefRow] = {}
+        #: sandbox id -> its refs (the same rows), read once: status reads stay off the disk.
+        self._refs_of: dict[str, list[RefRow]] = {}
         #: ref id -> when its use was last an event.
         self._ref_used: dict[str, float] = {}
+        #: Sandbox definitions (SPEC §6): those PUT earlier (in the store), then
+        #: the operator's own from hutch.toml, which may use the host.
+        self.definitions = Definitions(_DaemonHost(self))
+        for name, table in (definitions or {}).items():
+            self.definitions.put(Definition.parse(table, definition_id=name))
 
     # -- persistence of transitions ---------------------------------------------------
     async def _persist_transition(
@@ -151,6 +176,12 @@ class Daemon:
         # store cannot keep them, and then the engine undoes the transition.
         await anyio.to_thread.run_sync(self.store.put_sandbox, row, event)
         # Durable from here: nothing below may undo it.
+        if sandbox_id in self._leftovers and new is not SandboxState.PAUSED:
+            self._leftovers.discard(sandbox_id)
+            if new is SandboxState.RUNNING and sandbox is not None:
+                # Within the resume, before it is acknowledged: no new command
+                # can have started that this would take for a leftover.
+                await self._end_leftover_commands(sandbox)
         if new in FINAL_STATES:
             self._forget(sandbox_id)
             if reason not in (None, "closed"):
@@ -187,6 +218,9 @@ class Daemon:
         self.sandboxes.pop(sandbox_id, None)
         self.workspace_of.pop(sandbox_id, None)
         self._guards = {k: v for k, v in self._guards.items() if k[0] != sandbox_id}
+        for ref in self._refs_of.pop(sandbox_id, []):  # the store still answers for them
+            self._refs.pop(ref.id, None)
+            self._ref_used.pop(ref.id, None)
 
     def _workspace_lost_its_sandbox(
         self, name: str, sandbox_id: str, reason: str | None
@@ -289,8 +323,22 @@ class Daemon:
         if not notice.may_have_died:
             self._note(notice.sandbox_id, "runtime", notice.message)
             log.warning("sandbox %s: %s", notice.sandbox_id, notice.message)
-        elif await self.engine.runtime_died(sandbox, notice.message):
-            log.warning("sandbox %s failed: %s", notice.sandbox_id, notice.message)
+            return
+        while True:
+            try:
+                failed = await self.engine.runtime_died(sandbox, notice.message)
+            except StoreUnavailable as exc:
+                # Not recorded, so not failed yet: tried again until the store
+                # takes it (or the sandbox ends some other way meanwhile).
+                log.warning("sandbox %s: its runtime died, but %s; trying again in %.0f s",
+                            notice.sandbox_id, exc, STORE_RETRY_SECONDS)
+                await anyio.sleep(STORE_RETRY_SECONDS)
+                if self.sandboxes.get(notice.sandbox_id) is not sandbox:
+                    return
+                continue
+            if failed:
+                log.warning("sandbox %s failed: %s", notice.sandbox_id, notice.message)
+            return
 
     @staticmethod
     def _wrap(backend: SandboxBackend, spec: SandboxSpec) -> Sandbox:
@@ -302,6 +350,46 @@ class Daemon:
         )
         sandbox.spec = spec
         return sandbox
+
+    # -- sandbox definitions ---------------------------------------------------------------
+    def put_definition(self, definition_id: str, body: Mapping[str, Any]) -> Definition:
+        """A definition from an API client: its provider settings as the
+        operator's policy admits them; a source on the daemon's host (a
+        directory, a file:// repository) is the operator's alone."""
+        d = Definition.parse(body, definition_id=definition_id)
+        source = d.workspace.source
+        if isinstance(source, DirSource) or (
+            isinstance(source, GitSource)
+            and not source.git.lower().startswith(REMOTE_GIT_SCHEMES)
+        ):
+            # A directory, a local path or file:// reads the host's files; ssh
+            # and scp-like addresses use its keys; ext:: runs its commands.
+            raise SandboxPermissionDenied(
+                f"definition {definition_id!r}: source {source} reaches the daemon's host; "
+                f"an API client may give a git URL of {', '.join(REMOTE_GIT_SCHEMES)} only. "
+                "Other sources are the operator's: put the definition in the daemon's hutch.toml"
+            )
+        settings = d.provider.model_dump(exclude_unset=True, exclude={"type"})
+        admitted = self.spec_from_request({**settings, "provider": d.provider.type})
+        d = d.model_copy(update={"provider": admitted.provider})
+        return self.definitions.put(d)
+
+    @staticmethod
+    def definition_json(d: Definition) -> dict[str, Any]:
+        return d.model_dump(mode="json")
+
+    async def ensure(
+        self, definition_id: str, thread_id: str, tenant: str | None,
+        *, progress: Progress | None = None,
+    ) -> dict[str, Any]:
+        ensured = await self.definitions.ensure(definition_id, thread_id, tenant,
+                                                progress=progress)
+        return {
+            "sandbox": await self.info(ensured.sandbox),
+            "path": ensured.path,
+            "steps": [step.as_dict() for step in ensured.steps],
+            "snapshot_id": ensured.snapshot_id,
+        }
 
     # -- snapshots and forks -------------------------------------------------------------
     def get_snapshot(self, snapshot_id: str) -> SnapshotRow:
@@ -508,7 +596,9 @@ class Daemon:
             secret_sha256=hashlib.sha256(secret.encode()).hexdigest(), created_at_unix=now,
             expires_at_unix=None if expires_in is None else now + expires_in,
         )
+        known = self._sandbox_refs(sandbox_id)  # read before the new row is in the store
         await anyio.to_thread.run_sync(self.store.put_ref, row)
+        known.append(row)
         self._refs[row.id] = row
         self.store.log_event(
             sandbox_id, "ref",
@@ -529,6 +619,13 @@ class Daemon:
         row.revoked_at_unix = time.time()
         await anyio.to_thread.run_sync(self.store.put_ref, row)
         self.store.log_event(sandbox_id, "ref", f"ref {ref_id} revoked")
+
+    def _sandbox_refs(self, sandbox_id: str) -> list[RefRow]:
+        refs = self._refs_of.get(sandbox_id)
+        if refs is None:
+            refs = [self._refs.setdefault(r.id, r) for r in self.store.list_refs(sandbox_id)]
+            self._refs_of[sandbox_id] = refs
+        return refs
 
     def _ref_row(self, ref_id: str) -> RefRow | None:
         row = self._refs.get(ref_id)
@@ -575,7 +672,7 @@ class Daemon:
         return [
             {"ref_id": r.id, "created_at_unix": r.created_at_unix,
              "expires_at_unix": r.expires_at_unix, "last_used_unix": self._ref_used.get(r.id)}
-            for r in self.store.list_refs(sandbox_id)
+            for r in self._sandbox_refs(sandbox_id)
             if r.revoked_at_unix is None and (r.expires_at_unix is None or r.expires_at_unix > now)
         ]
 
@@ -980,14 +1077,18 @@ class Daemon:
         self._note(row.id, "adopted", f"adopted after restart as {state.value}")
         log.info("adopted sandbox %s (%s)", row.id, state.value)
         self._watch(type(backend))
-        if state is SandboxState.RUNNING and sandbox.capabilities.processes:
-            await self._end_leftover_commands(sandbox)
+        if sandbox.capabilities.processes:
+            if state is SandboxState.RUNNING:
+                await self._end_leftover_commands(sandbox)
+            elif state is SandboxState.PAUSED:
+                # Frozen now: ended when it is resumed, before anything new runs.
+                self._leftovers.add(row.id)
 
     async def _end_leftover_commands(self, sandbox: Sandbox) -> None:
         """Commands an earlier daemon started are no one's now (their handles,
         output and timeouts died with it): they are ended, and the events say
         so, rather than left running unseen. (A suspended sandbox's ended with
-        the suspend; a paused one's are frozen and not reached here.)"""
+        the suspend; a paused one's are ended when it is resumed.)"""
         try:
             ended = await backend_of(sandbox).runtime.end_leftover_commands()
         except Exception as exc:
@@ -1093,3 +1194,36 @@ class Daemon:
             self.store.set_meta(CLEAN_STOP, str(time.time()))
         finally:
             self.store.close()
+
+
+class _DaemonHost(SandboxHost):
+    """Definitions' sandboxes, made and found by the daemon: tracked, stored
+    and reconciled as every other sandbox it holds."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        self.store = daemon.store
+
+    async def find_live(self, row: InstanceRow) -> Sandbox | None:
+        sandbox = self.daemon.sandboxes.get(row.sandbox_id or "")
+        if sandbox is None or sandbox.closed or sandbox.state in FINAL_STATES:
+            return None
+        if sandbox.state in (SandboxState.SUSPENDED, SandboxState.PAUSED):
+            await sandbox.resume()
+        return sandbox
+
+    async def create(self, spec: SandboxSpec) -> Sandbox:
+        return await self.daemon.create_sandbox(spec)
+
+    async def restore(self, snapshot: SnapshotRow, spec: SandboxSpec) -> Sandbox:
+        attach = self.daemon.attach_spec(snapshot, spec.options.model_dump())
+        return await self.daemon.create_sandbox(attach, from_snapshot=snapshot)
+
+    async def snapshot(self, sandbox: Sandbox, label: str) -> str:
+        return (await self.daemon.snapshot_sandbox(sandbox.id, label)).id
+
+    async def destroy(self, sandbox: Sandbox) -> None:
+        await self.daemon.delete_sandbox(sandbox.id)
+
+    async def drop_snapshot(self, snapshot: SnapshotRow) -> None:
+        await self.daemon.delete_snapshot(snapshot.id)  # refused while something needs it

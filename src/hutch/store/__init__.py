@@ -1,6 +1,9 @@
 """Durable state: one interface (:mod:`.base`), SQLite as the embedded default."""
 
-from .base import RefRow, SandboxRow, SnapshotRow, Store, WorkspaceRow
+from .base import DefinitionRow, InstanceRow, RefRow, SandboxRow, SnapshotRow, Store, WorkspaceRow
 from .sqlite import SQLiteStore
 
-__all__ = ["RefRow", "SQLiteStore", "SandboxRow", "SnapshotRow", "Store", "WorkspaceRow"]
+__all__ = [
+    "DefinitionRow", "InstanceRow", "RefRow", "SQLiteStore", "SandboxRow", "SnapshotRow",
+    "Store", "WorkspaceRow",
+]

@@ -94,6 +94,30 @@ class RefRow:
     revoked_at_unix: float | None = None
 
 
+@dataclass
+class InstanceRow:
+    """The sandbox one thread of one definition runs in (SPEC §6), by its
+    instance key. ``description`` is the backend's ``describe()``, so that
+    another program can find the sandbox again."""
+
+    key: str
+    definition_id: str
+    thread_id: str
+    tenant: str | None
+    provider: str
+    sandbox_id: str | None = None
+    description: dict[str, Any] = field(default_factory=dict)
+    spec: dict[str, Any] = field(default_factory=dict)
+    updated_at_unix: float = 0.0
+
+
+@dataclass
+class DefinitionRow:
+    id: str
+    body: dict[str, Any]
+    updated_at_unix: float = 0.0
+
+
 class Store(abc.ABC):
     # -- sandboxes ---------------------------------------------------------------------
     @abc.abstractmethod
@@ -186,3 +210,29 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def list_refs(self, sandbox_id: str) -> list[RefRow]:
         """A sandbox's refs, revoked and expired ones included, oldest first."""
+
+    # -- definitions and their instances ------------------------------------------------
+    @abc.abstractmethod
+    def put_definition(self, row: DefinitionRow) -> None: ...
+
+    @abc.abstractmethod
+    def list_definitions(self) -> list[DefinitionRow]: ...
+
+    @abc.abstractmethod
+    def put_instance(self, row: InstanceRow) -> None: ...
+
+    @abc.abstractmethod
+    def get_instance(self, key: str) -> InstanceRow | None: ...
+
+    @abc.abstractmethod
+    def delete_instance(self, key: str) -> None: ...
+
+    @abc.abstractmethod
+    def take_lease(self, name: str, holder: str, seconds: float) -> bool:
+        """Take the lease ``name`` for ``holder`` for ``seconds`` if it is free,
+        expired, or held by a process of this host that is gone; whether it
+        is now ``holder``'s. Atomic across processes sharing the store."""
+
+    @abc.abstractmethod
+    def release_lease(self, name: str, holder: str) -> None:
+        """Give the lease back (only ``holder``'s own)."""

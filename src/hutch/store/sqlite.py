@@ -16,7 +16,15 @@ from contextlib import contextmanager
 from typing import Any
 
 from .._errors import StoreUnavailable
-from .base import RefRow, SandboxRow, SnapshotRow, Store, WorkspaceRow
+from .base import (
+    DefinitionRow,
+    InstanceRow,
+    RefRow,
+    SandboxRow,
+    SnapshotRow,
+    Store,
+    WorkspaceRow,
+)
 
 FINAL_STATES = ("terminated", "failed")
 
@@ -86,6 +94,34 @@ CREATE TABLE IF NOT EXISTS refs (
 );
 CREATE INDEX IF NOT EXISTS refs_sandbox ON refs(sandbox_id);
 """
+_DEFINITIONS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS definitions (
+    id TEXT PRIMARY KEY,
+    body TEXT NOT NULL,
+    updated_at_unix REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS instances (
+    key TEXT PRIMARY KEY,
+    definition_id TEXT NOT NULL,
+    thread_id TEXT NOT NULL,
+    tenant TEXT,
+    provider TEXT NOT NULL,
+    sandbox_id TEXT,
+    description TEXT NOT NULL DEFAULT '{}',
+    spec TEXT NOT NULL DEFAULT '{}',
+    updated_at_unix REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS leases (
+    name TEXT PRIMARY KEY,
+    holder TEXT NOT NULL,
+    expires_at_unix REAL NOT NULL
+);
+"""
+_INSTANCE_COLUMNS = (
+    "key", "definition_id", "thread_id", "tenant", "provider", "sandbox_id", "description",
+    "spec", "updated_at_unix",
+)
+
 _REF_COLUMNS = (
     "id", "sandbox_id", "secret_sha256", "created_at_unix", "expires_at_unix",
     "revoked_at_unix",
@@ -148,6 +184,7 @@ class SQLiteStore(Store):
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(_SCHEMA)
         self._db.executescript(_REFS_SCHEMA)
+        self._db.executescript(_DEFINITIONS_SCHEMA)
         self._migrate()
 
     def _migrate(self) -> None:
@@ -354,3 +391,71 @@ class SQLiteStore(Store):
             "SELECT * FROM refs WHERE sandbox_id = ? ORDER BY created_at_unix", (sandbox_id,)
         )
         return [RefRow(**{k: r[k] for k in _REF_COLUMNS}) for r in rows]
+
+    # -- definitions and their instances ------------------------------------------------
+    def put_definition(self, row: DefinitionRow) -> None:
+        self._write(
+            "INSERT OR REPLACE INTO definitions (id, body, updated_at_unix) VALUES (?, ?, ?)",
+            (row.id, json.dumps(row.body), row.updated_at_unix),
+        )
+
+    def list_definitions(self) -> list[DefinitionRow]:
+        rows = self._read("SELECT * FROM definitions ORDER BY id")
+        return [DefinitionRow(r["id"], json.loads(r["body"]), r["updated_at_unix"]) for r in rows]
+
+    def put_instance(self, row: InstanceRow) -> None:
+        values = tuple(
+            json.dumps(v) if name in ("description", "spec") else v
+            for name, v in ((n, getattr(row, n)) for n in _INSTANCE_COLUMNS)
+        )
+        self._write(
+            f"INSERT OR REPLACE INTO instances ({', '.join(_INSTANCE_COLUMNS)}) "
+            f"VALUES ({', '.join('?' for _ in _INSTANCE_COLUMNS)})",
+            values,
+        )
+
+    def get_instance(self, key: str) -> InstanceRow | None:
+        rows = self._read("SELECT * FROM instances WHERE key = ?", (key,))
+        if not rows:
+            return None
+        r = rows[0]
+        return InstanceRow(**{
+            n: json.loads(r[n]) if n in ("description", "spec") else r[n]
+            for n in _INSTANCE_COLUMNS
+        })
+
+    def delete_instance(self, key: str) -> None:
+        self._write("DELETE FROM instances WHERE key = ?", (key,))
+
+    def take_lease(self, name: str, holder: str, seconds: float) -> bool:
+        now = time.time()
+        with self._transaction() as db:  # BEGIN IMMEDIATE: one writer decides
+            rows = list(db.execute("SELECT holder, expires_at_unix FROM leases WHERE name = ?",
+                                   (name,)))
+            if rows and rows[0]["holder"] != holder and rows[0]["expires_at_unix"] > now \
+                    and _holder_alive(rows[0]["holder"]):
+                return False
+            db.execute(
+                "INSERT OR REPLACE INTO leases (name, holder, expires_at_unix) VALUES (?, ?, ?)",
+                (name, holder, now + seconds),
+            )
+            return True
+
+    def release_lease(self, name: str, holder: str) -> None:
+        self._write("DELETE FROM leases WHERE name = ? AND holder = ?", (name, holder))
+
+
+def _holder_alive(holder: str) -> bool:
+    """A holder is ``host:pid:nonce``; one of this host whose process is gone
+    left its lease behind (it was killed): the lease is free."""
+    host, _, rest = holder.partition(":")
+    pid_text = rest.partition(":")[0]
+    if host != os.uname().nodename or not pid_text.isdigit():
+        return True  # another host's: only its expiry frees it
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -56,6 +56,23 @@ def release(index: int) -> None:
         os.remove(os.path.join(_index_dir(), str(index)))
 
 
+def release_of(sandbox_id: str) -> None:
+    """Disconnect and free whatever slot ``sandbox_id`` holds (reconciliation)."""
+    try:
+        names = os.listdir(_index_dir())
+    except FileNotFoundError:
+        return
+    for name in names:
+        try:
+            with open(os.path.join(_index_dir(), name)) as fh:
+                owner = fh.read().strip()
+        except OSError:
+            continue
+        if owner == sandbox_id and name.isdigit():
+            disconnect(int(name))
+            release(int(name))
+
+
 def addresses(index: int) -> tuple[str, str]:
     """The host end's and the sandbox end's addresses of slot ``index``."""
     base = int(RANGE.network_address) + 4 * index

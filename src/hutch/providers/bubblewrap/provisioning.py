@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass
 
 from ..._errors import InvalidArgument, ProviderError, SandboxUnavailable
 from ..._paths import hutch_home
-from .cgroups import JOIN_AND_EXEC, SandboxCgroup
+from .cgroups import SandboxCgroup
 from .seccomp import compile_filter
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -155,9 +155,18 @@ class Layers:
         with open(os.path.join(self.sandbox_dir, "lowers.json"), "w") as fh:
             json.dump(self.lowers, fh)
 
+    @property
+    def home(self) -> str:
+        """The directory the overlay is mounted from (``$HUTCH_HOME/bubblewrap``):
+        lower layers below it are named relative to it, so that a long chain
+        of snapshot layers fits the one page a mount's options may fill."""
+        return os.path.dirname(os.path.dirname(self.sandbox_dir))
+
     def overlay_options(self) -> str:
+        prefix = self.home.rstrip("/") + "/"
+        lowers = [p[len(prefix):] if p.startswith(prefix) else p for p in self.lowers]
         options = (
-            f"lowerdir={':'.join(self.lowers)},upperdir={self.hot}/upper,"
+            f"lowerdir={':'.join(lowers)},upperdir={self.hot}/upper,"
             f"workdir={self.hot}/work,"
             # The upper layer must stand alone as a lower layer of forks.
             "redirect_dir=off,metacopy=off,index=off"
@@ -177,6 +186,7 @@ class Layers:
             "unshare", "--mount", "--propagation", "private", "--",
             "/bin/sh", "-c", SETUP, "hutch-setup",
             self.hot, self.merged, self.overlay_options(), str(self.disk_limit), restore,
+            self.home,
         ]
 
     def save_upper(self) -> None:
@@ -194,12 +204,13 @@ class Layers:
         shutil.rmtree(self.sandbox_dir, ignore_errors=True)
 
 
-#: Run by ``unshare --mount`` (so in the sandbox's own mount namespace): a
-#: tmpfs for the upper layer (a suspended one copied back onto it), the
-#: overlay, then bwrap.
+#: Run by ``unshare --mount`` (so in the sandbox's own mount namespace; the
+#: same process, not a child): join the sandbox's cgroups, a tmpfs for the
+#: upper layer (a suspended one copied back onto it), the overlay, then bwrap.
 SETUP = """set -e
-hot=$1 merged=$2 options=$3 size=$4 restore=$5
-shift 5
+for f in $HUTCH_CGROUP_PROCS; do echo $$ > "$f"; done
+hot=$1 merged=$2 options=$3 size=$4 restore=$5 home=$6
+shift 6
 mount -t tmpfs -o "size=$size,mode=0700,nosuid,nodev" hutch-upper "$hot"
 if [ -n "$restore" ]; then
   cp -a "$restore" "$hot/upper"
@@ -207,7 +218,9 @@ if [ -n "$restore" ]; then
 else
   mkdir -m 0755 "$hot/upper" "$hot/work"
 fi
+cd "$home"  # lower layers are named relative to it
 mount -t overlay -o "$options" hutch-overlay "$merged"
+cd /
 exec "$@"
 """
 
@@ -337,7 +350,7 @@ def start_keeper(
         # Its stdin is a pipe whose write end it holds too: the read never ends.
         keeper_command = ["--chdir", "/", "--", "/bin/sh", "-c", "read _"]
     argv = [
-        "/bin/sh", "-c", JOIN_AND_EXEC, "hutch-keeper", *layers.setup_argv(),
+        *layers.setup_argv(),
         "bwrap", "--bind", layers.merged, "/", "--proc", "/proc", "--dev", "/dev",
         "--dir", workdir,
         "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup",

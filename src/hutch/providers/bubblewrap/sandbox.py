@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
 import anyio.to_thread
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from ..._errors import InvalidArgument, ProviderError, SandboxUnavailable
 from ..._types import Capabilities, FileInfo
@@ -29,6 +29,8 @@ from .._hostproc import SANDBOX_MARKER
 from ..agent import AgentFailure, AgentUnavailable, agent_binary
 from ..base import (
     BackendProcess,
+    ProviderSettings,
+    ProviderSnapshot,
     RuntimeNotice,
     RuntimeReport,
     SandboxBackend,
@@ -39,7 +41,14 @@ from ..policy import Limit, ReachesHost, format_bytes, parse_bytes
 from . import network as net
 from . import snapshots
 from .cgroups import SandboxCgroup
-from .provisioning import AGENT_SOCKET, Keeper, Layers, bubblewrap_home, start_keeper
+from .provisioning import (
+    AGENT_SOCKET,
+    Keeper,
+    Layers,
+    bubblewrap_home,
+    process_start_time,
+    start_keeper,
+)
 from .rootfs import resolve_rootfs
 from .runtime import DEFAULT_PATH, AgentWithNativeUsers, BubblewrapRuntime, SandboxParts
 
@@ -67,7 +76,7 @@ def parse_size(value: str | int | None, what: str) -> int | None:
     return number
 
 
-class BubblewrapConfig(BaseModel):
+class BubblewrapConfig(ProviderSettings):
     model_config = ConfigDict(extra="forbid")
 
     type: Literal["bubblewrap"] = "bubblewrap"
@@ -114,6 +123,9 @@ class BubblewrapSandbox(SandboxBackend):
         suspend_keeps_processes=False,
         network_isolation=True,
         network_policy=True,
+        # A snapshot is the upper layer captured; a fork mounts it, copying nothing.
+        snapshot=True,
+        fork=True,
         resource_limits=True,
         # What it writes lands on a tmpfs of its own, capped at ``disk``.
         disk_limit=True,
@@ -248,6 +260,57 @@ class BubblewrapSandbox(SandboxBackend):
         lowers = snapshots.layers_of(snapshot_id, dict(data))
         return await cls._from_lowers(config, sandbox_id, lowers)
 
+    # -- snapshots: the provider seam ----------------------------------------------
+    async def capture(self, snapshot_id: str, *, diff: bool = True) -> ProviderSnapshot:
+        data = await self.capture_layers(snapshot_id, diff=diff)
+        return ProviderSnapshot(
+            snapshot_id=snapshot_id, provider=self.provider,
+            size_bytes=int(data["size_bytes"]), data={"layers": list(data["layers"])},
+        )
+
+    @classmethod
+    async def create_from_snapshot(
+        cls, config: Any, sandbox_id: str, snapshot: ProviderSnapshot
+    ) -> BubblewrapSandbox:
+        if not isinstance(config, BubblewrapConfig):
+            config = BubblewrapConfig.model_validate(
+                config if isinstance(config, Mapping) else {}
+            )
+        return await cls.create_from_layers(config, sandbox_id, snapshot.snapshot_id, snapshot.data)
+
+    @classmethod
+    async def remove_snapshot(cls, snapshot: ProviderSnapshot) -> None:
+        await anyio.to_thread.run_sync(lambda: snapshots.remove(snapshot.snapshot_id))
+
+    @classmethod
+    async def held_snapshots(cls) -> list[str]:
+        return await anyio.to_thread.run_sync(snapshots.held)
+
+    # -- reconciliation -------------------------------------------------------------
+    @classmethod
+    async def discard(cls, sandbox_id: str) -> None:
+        if _SAFE_ID.match(sandbox_id):
+            await anyio.to_thread.run_sync(lambda: _discard(sandbox_id))
+
+    @classmethod
+    async def reap_orphans(cls, known: set[str]) -> list[str]:
+        def reap() -> list[str]:
+            base = os.path.join(bubblewrap_home(), "sandboxes")
+            try:
+                names = sorted(os.listdir(base))
+            except FileNotFoundError:
+                return []
+            freed = []
+            for name in names:
+                if name in known or name in _live or not _SAFE_ID.match(name):
+                    continue
+                if _owner_alive(os.path.join(base, name)):
+                    continue  # another live hutch process's sandbox (in-process use)
+                _discard(name)
+                freed.append(name)
+            return freed
+        return await anyio.to_thread.run_sync(reap)
+
     async def capture_layers(self, snapshot_id: str, *, diff: bool = True) -> dict[str, Any]:
         """Capture this sandbox's files as snapshot ``snapshot_id`` (running,
         paused or suspended; it is left as it was)."""
@@ -317,6 +380,7 @@ class BubblewrapSandbox(SandboxBackend):
         )
         try:
             os.makedirs(layers.sandbox_dir, exist_ok=True)
+            _write_owner(layers.sandbox_dir)
             cgroup.create(memory=memory, pids=pids, cpus=cpus)
             layers.prepare()
             if network != "none":
@@ -543,6 +607,35 @@ class BubblewrapSandbox(SandboxBackend):
 
     async def walk_files(self, root: str) -> list[str]:
         return await self._runtime.walk_files(root)
+
+
+def _write_owner(sandbox_dir: str) -> None:
+    """Who made the sandbox: reap_orphans leaves a live process's sandboxes alone."""
+    with open(os.path.join(sandbox_dir, "owner"), "w") as fh:
+        fh.write(f"{os.getpid()} {process_start_time(os.getpid())}")
+
+
+def _owner_alive(sandbox_dir: str) -> bool:
+    """Whether the process that made this sandbox is alive and not this one."""
+    try:
+        with open(os.path.join(sandbox_dir, "owner")) as fh:
+            pid, start = (int(x) for x in fh.read().split())
+    except (OSError, ValueError):
+        return False
+    return pid != os.getpid() and process_start_time(pid) == start
+
+
+def _discard(sandbox_id: str) -> None:
+    """Free what a sandbox left: processes, mounts, cgroups, network, files."""
+    cgroup = SandboxCgroup(sandbox_id)
+    with contextlib.suppress(OSError, ProviderError):
+        cgroup.kill_all()
+    sandbox_dir = os.path.join(bubblewrap_home(), "sandboxes", sandbox_id)
+    with contextlib.suppress(OSError, ProviderError):
+        Layers(sandbox_dir, []).remove()
+    with contextlib.suppress(OSError, ProviderError):
+        cgroup.remove()
+    net.release_of(sandbox_id)
 
 
 def _policy(value: Any) -> NetworkPolicy:

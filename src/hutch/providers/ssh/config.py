@@ -7,8 +7,9 @@ import re
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from ..base import ProviderSettings
 from ..policy import ReachesHost
 
 # A destination is ``user@host``, a host name or an ssh config alias: one
@@ -16,7 +17,7 @@ from ..policy import ReachesHost
 _DESTINATION = re.compile(r"^(?:[^@\s]+@)?[^@\s\-][^@\s]*$")
 
 
-class SshConfig(BaseModel):
+class SshConfig(ProviderSettings):
     model_config = ConfigDict(extra="forbid")
 
     type: Literal["ssh"] = "ssh"

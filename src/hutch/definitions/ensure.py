@@ -1,0 +1,463 @@
+"""``ensure``: the sandbox for one thread of a definition, made once and reused.
+
+The order (SPEC §6): resume the live sandbox for the instance key (a
+suspended one is resumed); else start from the newest snapshot for the key
+younger than ``snapshot_max_age`` (setup skipped); else create, fetch the
+source, run setup, snapshot. One ``ensure`` per key runs at a time: an
+``anyio`` lock within a process, a lease in the store across processes.
+
+Where sandboxes are made and found is a :class:`SandboxHost`: in-process
+(:class:`LocalHost`, over ``create_sandbox`` and the durable store) or the
+daemon's core; the order and the report are written once, here.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import os
+import shlex
+import subprocess
+import tarfile
+import tempfile
+import time
+import uuid
+import weakref
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import anyio
+import anyio.to_thread
+
+from .._errors import HutchError, InvalidArgument, NotFound, SandboxUnavailable, SetupFailed
+from .._process import ExitStatus
+from .._sandbox import Sandbox, backend_of
+from .._snapshots import Snapshot
+from ..config import SandboxOptions, SandboxSpec
+from ..lifecycle.state import SandboxState
+from ..providers.base import ProviderSnapshot
+from ..providers.registry import get_provider
+from ..store import DefinitionRow, InstanceRow, SnapshotRow, Store
+from .model import Definition, DirSource, GitSource
+
+log = logging.getLogger("hutch.definitions")
+
+Path = Literal["resumed", "restored", "created"]
+#: How long a lease on a key lasts before another process may take it over
+#: (a holder of this host that died frees it at once).
+LEASE_SECONDS = 1800.0
+#: How much of a failed setup step's output its error carries.
+OUTPUT_TAIL_BYTES = 4096
+#: Where the source is unpacked on its way in (removed once unpacked).
+_SOURCE_ARCHIVE = ".hutch-source.tar"
+
+
+@dataclass
+class Step:
+    name: str
+    seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "seconds": round(self.seconds, 4)}
+
+
+@dataclass
+class Ensured:
+    """What ``ensure`` gives: the sandbox, the path it took, and its steps."""
+
+    sandbox: Sandbox
+    path: Path
+    key: str
+    steps: list[Step] = field(default_factory=list)
+    snapshot_id: str | None = None
+
+
+#: Told of progress: ("step", name) as a step starts, ("output", text) as setup prints.
+Progress = Callable[[str, str], None]
+
+
+class SandboxHost(abc.ABC):
+    """Where ensure makes and finds sandboxes and their snapshots."""
+
+    store: Store
+
+    @abc.abstractmethod
+    async def find_live(self, row: InstanceRow) -> Sandbox | None:
+        """The live sandbox ``row`` names, running again, or None if it is gone."""
+
+    @abc.abstractmethod
+    async def create(self, spec: SandboxSpec) -> Sandbox: ...
+
+    @abc.abstractmethod
+    async def restore(self, snapshot: SnapshotRow, spec: SandboxSpec) -> Sandbox: ...
+
+    @abc.abstractmethod
+    async def snapshot(self, sandbox: Sandbox, label: str) -> str:
+        """Capture ``sandbox`` and record the snapshot as good; its id."""
+
+    @abc.abstractmethod
+    async def destroy(self, sandbox: Sandbox) -> None: ...
+
+    @abc.abstractmethod
+    async def drop_snapshot(self, snapshot: SnapshotRow) -> None:
+        """Remove a snapshot a newer one replaced, if nothing depends on it."""
+
+    def describe(self, sandbox: Sandbox) -> dict[str, Any]:
+        """What the instance row keeps to find ``sandbox`` again."""
+        return {}
+
+
+def label_for(key: str) -> str:
+    """The label of the snapshots taken for an instance key."""
+    return f"definition:{key}"
+
+
+class Definitions:
+    """Definitions by id, and ``ensure``/``complete`` over a host."""
+
+    def __init__(self, host: SandboxHost) -> None:
+        self.host = host
+        self._definitions: dict[str, Definition] = {}
+        self._locks: weakref.WeakValueDictionary[str, anyio.Lock] = weakref.WeakValueDictionary()
+        for row in host.store.list_definitions():
+            try:
+                self._definitions[row.id] = Definition.parse(row.body, definition_id=row.id)
+            except InvalidArgument as exc:  # kept by an older hutch: say so, start anyway
+                log.warning("stored definition %s is not valid now, left out: %s", row.id, exc)
+
+    # -- the definitions -------------------------------------------------------------
+    def put(self, definition: Definition | Mapping[str, Any]) -> Definition:
+        if not isinstance(definition, Definition):
+            definition = Definition.parse(definition)
+        self.host.store.put_definition(
+            DefinitionRow(definition.id, definition.model_dump(mode="json"), time.time())
+        )
+        self._definitions[definition.id] = definition
+        return definition
+
+    def get(self, definition_id: str) -> Definition:
+        try:
+            return self._definitions[definition_id]
+        except KeyError:
+            raise NotFound(f"no definition {definition_id!r}") from None
+
+    def all(self) -> list[Definition]:
+        return [self._definitions[k] for k in sorted(self._definitions)]
+
+    # -- ensure ------------------------------------------------------------------
+    @asynccontextmanager
+    async def _key_held(self, key: str) -> AsyncIterator[None]:
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = anyio.Lock()
+        async with lock:
+            holder = f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+            name = f"instance:{key}"
+            delay = 0.02
+            while not await anyio.to_thread.run_sync(
+                self.host.store.take_lease, name, holder, LEASE_SECONDS
+            ):
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 0.5)
+            try:
+                yield
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(self.host.store.release_lease, name, holder)
+
+    async def ensure(
+        self,
+        definition: Definition | str,
+        thread_id: str,
+        tenant: str | None = None,
+        *,
+        progress: Progress | None = None,
+    ) -> Ensured:
+        d = definition if isinstance(definition, Definition) else self.get(definition)
+        if not isinstance(thread_id, str) or not thread_id or len(thread_id) > 256:
+            raise InvalidArgument("thread_id must be a non-empty string of at most 256 characters")
+        key = d.instance_key(thread_id, tenant)
+        tell = progress or (lambda kind, text: None)
+        async with self._key_held(key):
+            steps: list[Step] = []
+            if d.lifecycle.reuse == "thread":
+                row = self.host.store.get_instance(key)
+                if row is not None and row.sandbox_id is not None:
+                    tell("step", "resume")
+                    started = time.monotonic()
+                    sandbox = await self.host.find_live(row)
+                    if sandbox is not None:
+                        steps.append(Step("resume", time.monotonic() - started))
+                        return Ensured(sandbox, "resumed", key, steps)
+            spec = self._spec(d)
+            snapshot = self._newest_snapshot(d, key)
+            if snapshot is not None:
+                tell("step", "restore")
+                started = time.monotonic()
+                sandbox = await self.host.restore(snapshot, spec)
+                steps.append(Step("restore", time.monotonic() - started))
+                self._record(d, key, thread_id, tenant, sandbox)
+                return Ensured(sandbox, "restored", key, steps, snapshot.id)
+            sandbox, snapshot_id = await self._bootstrap(d, key, spec, steps, tell)
+            self._record(d, key, thread_id, tenant, sandbox)
+            return Ensured(sandbox, "created", key, steps, snapshot_id)
+
+    def _spec(self, d: Definition) -> SandboxSpec:
+        """The definition's settings, keep_alive made an idle rule of the lifecycle
+        engine: idle-suspend where the provider can suspend, else reap."""
+        options = SandboxOptions()
+        keep_alive = d.lifecycle.keep_alive
+        if keep_alive is not None:
+            if get_provider(d.provider.type).capabilities.suspend:
+                options = SandboxOptions(idle_suspend_after=keep_alive)
+            else:
+                options = SandboxOptions(idle_timeout=keep_alive)
+        return SandboxSpec(provider=d.provider, options=options)
+
+    def _newest_snapshot(self, d: Definition, key: str) -> SnapshotRow | None:
+        label = label_for(key)
+        oldest = time.time() - d.lifecycle.snapshot_max_age if d.lifecycle.snapshot_max_age \
+            else -1.0
+        good = [
+            s for s in self.host.store.list_snapshots()
+            if s.label == label and s.status == "ready" and s.created_at_unix > oldest
+        ]
+        return max(good, key=lambda s: s.created_at_unix) if good else None
+
+    async def _bootstrap(
+        self, d: Definition, key: str, spec: SandboxSpec, steps: list[Step], tell: Progress
+    ) -> tuple[Sandbox, str | None]:
+        tell("step", "create")
+        started = time.monotonic()
+        sandbox = await self.host.create(spec)
+        steps.append(Step("create", time.monotonic() - started))
+        try:
+            if d.workspace.source is not None:
+                tell("step", "fetch")
+                started = time.monotonic()
+                await fetch_source(sandbox, d.workspace.source)
+                steps.append(Step("fetch", time.monotonic() - started))
+            for index, command in enumerate(d.workspace.setup):
+                name = f"setup[{index}]"
+                tell("step", f"{name}: {command}")
+                started = time.monotonic()
+                await run_setup_step(sandbox, name, command, tell)
+                steps.append(Step(name, time.monotonic() - started))
+            snapshot_id = None
+            if d.lifecycle.snapshot == "after-setup" and sandbox.capabilities.supports("snapshot"):
+                tell("step", "snapshot")
+                started = time.monotonic()
+                snapshot_id = await self.host.snapshot(sandbox, label_for(key))
+                steps.append(Step("snapshot", time.monotonic() - started))
+                await self._drop_replaced(key, snapshot_id)
+        except BaseException:
+            # A half-made environment is neither kept nor recorded.
+            with anyio.CancelScope(shield=True):
+                await self.host.destroy(sandbox)
+            raise
+        return sandbox, snapshot_id
+
+    async def _drop_replaced(self, key: str, newest: str) -> None:
+        """The key's older snapshots (stale, or of a sandbox since rebuilt) are
+        never restored again: free them rather than keep them for ever."""
+        for row in self.host.store.list_snapshots():
+            if row.label == label_for(key) and row.id != newest:
+                try:
+                    await self.host.drop_snapshot(row)
+                except HutchError as exc:  # in use, or gone: it stays, or is gone
+                    log.info("snapshot %s of %s not removed: %s", row.id, key, exc)
+
+    def _record(self, d: Definition, key: str, thread_id: str, tenant: str | None,
+                sandbox: Sandbox) -> None:
+        self.host.store.put_instance(InstanceRow(
+            key=key, definition_id=d.id, thread_id=thread_id,
+            tenant=tenant if tenant is not None else d.tenant, provider=d.provider.type,
+            sandbox_id=sandbox.id, description=self.host.describe(sandbox),
+            spec=self._spec(d).model_dump(mode="json"), updated_at_unix=time.time(),
+        ))
+
+    # -- the run's end ---------------------------------------------------------------
+    async def complete(
+        self, definition: Definition | str, thread_id: str, tenant: str | None = None
+    ) -> bool:
+        """The run ended: destroy the sandbox when the definition says so
+        (``destroy_on_complete``, or ``reuse: none``); else it stays, under
+        its keep_alive rule. Whether a sandbox was destroyed."""
+        d = definition if isinstance(definition, Definition) else self.get(definition)
+        key = d.instance_key(thread_id, tenant)
+        async with self._key_held(key):
+            row = self.host.store.get_instance(key)
+            if row is None or row.sandbox_id is None:
+                return False
+            if not (d.lifecycle.destroy_on_complete or d.lifecycle.reuse == "none"):
+                return False
+            sandbox = await self.host.find_live(row)
+            if sandbox is not None:
+                await self.host.destroy(sandbox)
+            self.host.store.delete_instance(key)
+            return sandbox is not None
+
+
+# -- the workspace: source and setup ---------------------------------------------------
+async def fetch_source(sandbox: Sandbox, source: GitSource | DirSource) -> None:
+    """Clone or copy ``source`` on the host and unpack it into the sandbox's
+    working directory (one upload and one ``tar`` whatever the provider)."""
+    with tempfile.TemporaryDirectory(prefix="hutch-source-") as scratch:
+        archive = os.path.join(scratch, "source.tar")
+        await anyio.to_thread.run_sync(_pack_source, source, scratch, archive)
+        packed = await anyio.to_thread.run_sync(open, archive, "rb")
+        try:
+            await sandbox.write_from(_SOURCE_ARCHIVE, packed)
+        finally:
+            packed.close()
+    result = await sandbox.exec(
+        ["tar", "-xf", _SOURCE_ARCHIVE, "--no-same-owner"], timeout=600
+    )
+    await sandbox.remove(_SOURCE_ARCHIVE)
+    if result.exit_code != 0:
+        raise SandboxUnavailable(
+            f"sandbox {sandbox.id}: unpacking the source failed "
+            f"(exit {result.exit_code}): {result.stderr[-500:]}"
+        )
+
+
+def _pack_source(source: GitSource | DirSource, scratch: str, archive: str) -> None:
+    if isinstance(source, GitSource):
+        tree = os.path.join(scratch, "tree")
+        _git(["clone", "--quiet", "--no-checkout", "--", source.git, tree], source.git)
+        _git(["-C", tree, "checkout", "--quiet", source.ref or "HEAD", "--"], source.git)
+    else:
+        tree = source.dir
+        if not os.path.isdir(tree):
+            raise InvalidArgument(f"source directory {tree} does not exist")
+    with tarfile.open(archive, "w") as tar:
+        for name in sorted(os.listdir(tree)):
+            tar.add(os.path.join(tree, name), arcname=name)
+
+
+def _git(args: list[str], url: str) -> None:
+    done = subprocess.run(
+        # ext:: would run a command the URL names; never, whatever git's default.
+        ["git", "-c", "protocol.ext.allow=never", *args], capture_output=True, text=True,
+        timeout=600,
+        env={**os.environ, "GIT_TERMINAL_PROMPT": "0"},
+    )
+    if done.returncode != 0:
+        raise InvalidArgument(
+            f"source {url}: git {args[0] if args[0] != '-C' else args[2]} failed: "
+            f"{done.stderr.strip()[-500:]}"
+        )
+
+
+async def run_setup_step(sandbox: Sandbox, name: str, command: str, tell: Progress) -> None:
+    tail = bytearray()
+    exit_code = None
+    async for event in sandbox.exec_stream(command):
+        if isinstance(event, ExitStatus):
+            exit_code = event.exit_code
+            break
+        tail += event.data
+        del tail[:-OUTPUT_TAIL_BYTES]
+        tell("output", event.data.decode("utf-8", "replace"))
+    if exit_code != 0:
+        text = tail.decode("utf-8", "replace")
+        raise SetupFailed(
+            f"setup step {name} ({shlex.quote(command)}) exited {exit_code}; "
+            f"the end of its output:\n{text}",
+            step=command, exit_code=exit_code, output_tail=text,
+        )
+
+
+# -- in-process: over create_sandbox and the durable store -----------------------------
+class LocalHost(SandboxHost):
+    """Sandboxes made in this process, found again by this process or another
+    through the store (the backend's ``reconnect``)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._live: dict[str, Sandbox] = {}
+
+    async def find_live(self, row: InstanceRow) -> Sandbox | None:
+        assert row.sandbox_id is not None
+        sandbox = self._live.get(row.sandbox_id)
+        if sandbox is not None:
+            if sandbox.closed or sandbox.state in (SandboxState.TERMINATED, SandboxState.FAILED):
+                self._live.pop(row.sandbox_id, None)
+                return None
+            if sandbox.state in (SandboxState.SUSPENDED, SandboxState.PAUSED):
+                await sandbox.resume()
+            return sandbox
+        from .._api import adopt_sandbox
+
+        backend_cls = get_provider(row.provider)
+        try:
+            backend = await backend_cls.reconnect(row.sandbox_id, row.description)
+            alive = await backend.is_alive()
+        except HutchError:
+            return None
+        if not alive:
+            return None
+        sandbox = await adopt_sandbox(backend, SandboxSpec.model_validate(row.spec))
+        self._live[sandbox.id] = sandbox
+        return sandbox
+
+    async def create(self, spec: SandboxSpec) -> Sandbox:
+        from .._api import create_sandbox
+
+        sandbox = await create_sandbox(spec=spec)
+        self._live[sandbox.id] = sandbox
+        return sandbox
+
+    async def restore(self, snapshot: SnapshotRow, spec: SandboxSpec) -> Sandbox:
+        from .._api import create_sandbox_from_snapshot
+
+        sandbox = await create_sandbox_from_snapshot(_snapshot_of(snapshot), options=spec.options)
+        self._live[sandbox.id] = sandbox
+        return sandbox
+
+    async def snapshot(self, sandbox: Sandbox, label: str) -> str:
+        record = await sandbox.snapshot(label)
+        # Recorded only once captured whole: a capture cut short names nothing.
+        self.store.put_snapshot(SnapshotRow(
+            id=record.id, provider=record.provider, status="ready", label=label,
+            sandbox_id=record.sandbox_id, parent_id=record.parent_id,
+            size_bytes=record.size_bytes, created_at_unix=record.created_at_unix,
+            handle=record.handle.as_dict() if record.handle is not None else {},
+            spec=dict(record.spec),
+        ))
+        return record.id
+
+    async def destroy(self, sandbox: Sandbox) -> None:
+        self._live.pop(sandbox.id, None)
+        await sandbox.close()
+
+    async def drop_snapshot(self, snapshot: SnapshotRow) -> None:
+        from .._api import remove_snapshot
+
+        # The record first: a removal cut short leaves storage, never a record of nothing.
+        self.store.delete_snapshot(snapshot.id)
+        await remove_snapshot(_snapshot_of(snapshot))
+
+    def describe(self, sandbox: Sandbox) -> dict[str, Any]:
+        return backend_of(sandbox).describe()
+
+
+def _snapshot_of(row: SnapshotRow) -> Snapshot:
+    return Snapshot(
+        id=row.id, label=row.label, sandbox_id=row.sandbox_id, parent_id=row.parent_id,
+        size_bytes=row.size_bytes, created_at_unix=row.created_at_unix, provider=row.provider,
+        handle=ProviderSnapshot.from_dict(row.handle), spec=row.spec,
+    )
+
+
+def open_definitions(store_path: str | None = None) -> Definitions:
+    """Definitions in-process over the durable store (by default the one in
+    hutch's data directory, ``$HUTCH_HOME/hutch.db``): another program
+    opening the same store finds the same threads' sandboxes."""
+    from .._paths import hutch_home
+    from ..store import SQLiteStore
+
+    path = store_path or os.path.join(hutch_home(), "hutch.db")
+    return Definitions(LocalHost(SQLiteStore(path)))

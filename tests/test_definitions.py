@@ -1,0 +1,380 @@
+"""Sandbox definitions (SPEC §6): the model, the instance key, and ensure's
+order on real providers, with a real git repository served as file://."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from hutch import InvalidArgument
+from hutch.definitions import (
+    Definition,
+    Definitions,
+    LocalHost,
+    SetupFailed,
+    label_for,
+    load_definitions,
+)
+from hutch.store import SQLiteStore
+
+from .conftest import TEST_IMAGE
+
+pytestmark = pytest.mark.anyio
+
+#: Takes a couple of seconds and leaves a marker line per run.
+SETUP = ["sleep 2 && echo ran >> .setup-runs && echo setup-done"]
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "home"
+    monkeypatch.setenv("HUTCH_HOME", str(home))
+    return home
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> str:
+    """A real git repository with two commits on main; its file:// URL."""
+    path = tmp_path / "repo"
+    path.mkdir()
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(path), *args], check=True, capture_output=True,
+                       env={**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+                            "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"})
+
+    git("init", "-q", "-b", "main")
+    (path / "README.md").write_text("first\n")
+    git("add", ".")
+    git("commit", "-q", "-m", "one")
+    (path / "README.md").write_text("second\n")
+    (path / "src").mkdir()
+    (path / "src" / "app.py").write_text("print('hi')\n")
+    git("add", ".")
+    git("commit", "-q", "-m", "two")
+    return f"file://{path}"
+
+
+@pytest.fixture
+def defs(home: Path) -> Iterator[Definitions]:
+    store = SQLiteStore(str(home / "hutch.db"))
+    yield Definitions(LocalHost(store))
+    store.close()
+
+
+def definition(repo: str, provider: dict[str, object], **lifecycle: object) -> Definition:
+    return Definition.parse({
+        "id": "repo-agent",
+        "provider": provider,
+        "workspace": {"source": {"git": repo, "ref": "main"}, "setup": SETUP},
+        "lifecycle": {"snapshot_max_age": "24h", **lifecycle},
+    })
+
+
+def step_names(ensured: object) -> list[str]:
+    return [s.name for s in ensured.steps]  # type: ignore[attr-defined]
+
+
+# -- the model ---------------------------------------------------------------------------
+def test_durations_and_field_errors() -> None:
+    d = Definition.parse({"id": "a", "provider": "local",
+                          "lifecycle": {"keep_alive": "30m", "snapshot_max_age": "24h"}})
+    assert d.lifecycle.keep_alive == 1800 and d.lifecycle.snapshot_max_age == 86400
+    bad = [
+        ({"id": "a", "lifecycle": {"keep_alive": "30 minutes"}}, "lifecycle.keep_alive"),
+        ({"id": "a", "lifecycle": {"reuse": "always"}}, "lifecycle.reuse"),
+        ({"id": "a", "workspace": {"source": {"git": "x", "ref": "--upload-pack=evil"}}},
+         "ref"),
+        ({"id": "a", "workspace": {"source": {"dir": "relative/path"}}}, "dir"),
+        ({"id": "no spaces"}, "id"),
+        ({"id": "a", "provider": {"type": "docker", "imagee": "x"}}, "imagee"),
+        ({"id": "a", "colour": "red"}, "colour"),
+    ]
+    for data, field in bad:
+        with pytest.raises(InvalidArgument, match=field):
+            Definition.parse(data)
+
+
+def test_toml_definitions(tmp_path: Path) -> None:
+    config = tmp_path / "hutch.toml"
+    config.write_text(textwrap.dedent("""
+        [definitions.repo-agent]
+        provider = { type = "docker", image = "hutch-test:bookworm" }
+        workspace = { source = { git = "file:///srv/repo", ref = "main" }, setup = ["make"] }
+        lifecycle = { reuse = "thread", keep_alive = "30m", snapshot_max_age = "24h" }
+    """))
+    loaded = load_definitions(config)
+    d = loaded["repo-agent"]
+    assert d.provider.type == "docker" and d.workspace.setup == ["make"]
+    assert d.lifecycle.keep_alive == 1800
+    config.write_text('[definitions.x]\nlifecycle = { snapshot_max_age = "soon" }\n')
+    with pytest.raises(InvalidArgument, match=r"'x'.*snapshot_max_age"):
+        load_definitions(config)
+
+
+def test_instance_key_changes_with_each_part(repo: str) -> None:
+    d = definition(repo, {"type": "local"})
+    base = d.instance_key("t1")
+    assert d.instance_key("t1") == base  # stable
+    others = {
+        d.instance_key("t2"),
+        d.instance_key("t1", tenant="acme"),
+        d.model_copy(update={"id": "other"}).instance_key("t1"),
+        definition(repo, {"type": "docker", "image": TEST_IMAGE}).instance_key("t1"),
+        definition(repo, {"type": "docker", "image": "debian:12"}).instance_key("t1"),
+        Definition.parse({**d.model_dump(), "workspace": {"source": {"git": repo},
+                                                          "setup": ["true"]}}).instance_key("t1"),
+        Definition.parse({**d.model_dump(), "workspace": {"source": {"git": repo, "ref": "v2"},
+                                                          "setup": SETUP}}).instance_key("t1"),
+    }
+    assert base not in others and len(others) == 7
+    # The lifecycle is how the environment lives, not what it is: same key.
+    assert definition(repo, {"type": "local"}, keep_alive="5m").instance_key("t1") == base
+
+
+# -- ensure's order ------------------------------------------------------------------------
+async def _ensure_order(defs: Definitions, d: Definition) -> None:
+    first = await defs.ensure(d, "thread-1")
+    assert first.path == "created"
+    assert step_names(first) == ["create", "fetch", "setup[0]", "snapshot"]
+    sandbox = first.sandbox
+    assert (await sandbox.read_text("README.md")) == "second\n"  # ref main, its last commit
+    assert (await sandbox.read_text("src/app.py")) == "print('hi')\n"
+    assert (await sandbox.read_text(".setup-runs")) == "ran\n"
+    await sandbox.write_text("notes.txt", "live work")
+
+    second = await defs.ensure(d, "thread-1")
+    assert second.path == "resumed" and second.sandbox.id == sandbox.id
+    assert (await second.sandbox.read_text("notes.txt")) == "live work"
+    assert (await second.sandbox.read_text(".setup-runs")) == "ran\n"
+
+    await sandbox.close()
+    third = await defs.ensure(d, "thread-1")
+    assert third.path == "restored" and third.sandbox.id != sandbox.id
+    assert step_names(third) == ["restore"]
+    # Setup did not run: the marker still has the one line the snapshot caught.
+    assert (await third.sandbox.read_text(".setup-runs")) == "ran\n"
+    assert (await third.sandbox.read_text("README.md")) == "second\n"
+    assert not await third.sandbox.exists("notes.txt")  # after setup, before the work
+
+    # The snapshot has aged past a (now shorter) max age: setup runs again.
+    await third.sandbox.close()
+    await anyio.sleep(1.5)
+    aged = d.model_copy(update={"lifecycle": d.lifecycle.model_copy(
+        update={"snapshot_max_age": 1.0})})
+    assert aged.instance_key("thread-1") == d.instance_key("thread-1")
+    fourth = await defs.ensure(aged, "thread-1")
+    assert fourth.path == "created" and "setup[0]" in step_names(fourth)
+    # The stale snapshot is freed, not kept for ever beside the new one.
+    label = label_for(d.instance_key("thread-1"))
+    kept = [s.id for s in defs.host.store.list_snapshots() if s.label == label]
+    assert kept == [fourth.snapshot_id]
+    assert (await fourth.sandbox.read_text(".setup-runs")) == "ran\n"
+
+    # A changed setup step is another environment: a fresh bootstrap beside it.
+    changed = Definition.parse({**d.model_dump(), "workspace": {
+        "source": {"git": d.workspace.source.git, "ref": "main"},  # type: ignore[union-attr]
+        "setup": [*SETUP, "echo two >> .setup-runs"]}})
+    fifth = await defs.ensure(changed, "thread-1")
+    assert fifth.path == "created" and fifth.sandbox.id != fourth.sandbox.id
+    assert (await fifth.sandbox.read_text(".setup-runs")) == "ran\ntwo\n"
+    again = await defs.ensure(d, "thread-1")
+    assert again.path == "resumed" and again.sandbox.id == fourth.sandbox.id
+    for ensured in (fourth, fifth):
+        await ensured.sandbox.close()
+
+
+async def test_ensure_order_local(defs: Definitions, repo: str) -> None:
+    await _ensure_order(defs, definition(repo, {"type": "local"}))
+
+
+@pytest.mark.docker
+async def test_ensure_order_docker(defs: Definitions, repo: str) -> None:
+    await _ensure_order(defs, definition(repo, {"type": "docker", "image": TEST_IMAGE,
+                                                "runtime": "native"}))
+
+
+@pytest.mark.docker
+async def test_keep_alive_suspends_and_ensure_resumes_docker(defs: Definitions, repo: str) -> None:
+    d = definition(repo, {"type": "docker", "image": TEST_IMAGE, "runtime": "native"},
+                   keep_alive="1s")
+    first = await defs.ensure(d, "t")
+    try:
+        assert not await defs.complete(d, "t")  # kept for the next run
+        deadline = time.monotonic() + 60
+        while first.sandbox.state.value != "suspended":
+            assert time.monotonic() < deadline, "keep_alive never suspended the sandbox"
+            await anyio.sleep(0.2)
+        second = await defs.ensure(d, "t")
+        assert second.path == "resumed" and second.sandbox.id == first.sandbox.id
+        assert second.sandbox.state.value == "running"
+        assert (await second.sandbox.read_text(".setup-runs")) == "ran\n"
+    finally:
+        await first.sandbox.close()
+
+
+async def test_keep_alive_reaps_where_nothing_suspends_local(
+    defs: Definitions, repo: str
+) -> None:
+    d = definition(repo, {"type": "local"}, keep_alive="1s")
+    first = await defs.ensure(d, "t")
+    await defs.complete(d, "t")
+    deadline = time.monotonic() + 60
+    while not first.sandbox.closed:
+        assert time.monotonic() < deadline, "keep_alive never reaped the idle sandbox"
+        await anyio.sleep(0.2)
+    second = await defs.ensure(d, "t")
+    assert second.path == "restored"
+    await second.sandbox.close()
+
+
+async def test_destroy_on_complete_and_reuse_none(defs: Definitions, repo: str) -> None:
+    d = definition(repo, {"type": "local"}, destroy_on_complete=True)
+    first = await defs.ensure(d, "t")
+    assert await defs.complete(d, "t")
+    assert first.sandbox.closed
+    second = await defs.ensure(d, "t")
+    assert second.path == "restored"  # setup paid once, kept in the snapshot
+    await second.sandbox.close()
+
+    fresh = definition(repo, {"type": "local"}, reuse="none")
+    one = await defs.ensure(fresh, "u")
+    two = await defs.ensure(fresh, "u")
+    assert one.path == "created" and two.path == "restored"  # never the live one
+    assert one.sandbox.id != two.sandbox.id
+    assert await defs.complete(fresh, "u")
+    assert two.sandbox.closed
+    await one.sandbox.close()
+
+
+async def test_threads_tenants_and_concurrent_ensure(defs: Definitions, repo: str) -> None:
+    d = Definition.parse({"id": "quick", "provider": "local",
+                          "workspace": {"source": {"git": repo},
+                                        "setup": ["sleep 1; echo x >> .setup-runs"]}})
+    a = await defs.ensure(d, "thread-a")
+    b = await defs.ensure(d, "thread-b")
+    acme = await defs.ensure(d, "thread-a", tenant="acme")
+    assert len({a.sandbox.id, b.sandbox.id, acme.sandbox.id}) == 3
+
+    results = []
+
+    async def one() -> None:
+        results.append(await defs.ensure(d, "crowd"))
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(10):
+            tg.start_soon(one)
+    assert len({r.sandbox.id for r in results}) == 1
+    assert sorted(r.path for r in results) == ["created"] + ["resumed"] * 9
+    assert (await results[0].sandbox.read_text(".setup-runs")) == "x\n"
+    for sandbox in {id(r.sandbox): r.sandbox for r in [a, b, acme, *results]}.values():
+        await sandbox.close()
+
+
+async def test_failing_setup_is_typed_and_records_nothing(
+    defs: Definitions, repo: str, home: Path
+) -> None:
+    d = Definition.parse({"id": "broken", "provider": "local",
+                          "workspace": {"source": {"git": repo},
+                                        "setup": ["echo building; echo oops >&2; exit 3"]}})
+    with pytest.raises(SetupFailed) as caught:
+        await defs.ensure(d, "t")
+    assert caught.value.exit_code == 3 and caught.value.code == "setup_failed"
+    assert "building" in caught.value.output_tail and "oops" in caught.value.output_tail
+    key = d.instance_key("t")
+    assert defs.host.store.get_instance(key) is None
+    assert not [s for s in defs.host.store.list_snapshots() if s.label == label_for(key)]
+    # The half-made sandbox is gone too.
+    assert not list((home / "sandboxes").glob("*/workspace/.hutch-source.tar"))
+    assert not [p for p in (home / "sandboxes").glob("*") if (p / "workspace").exists()]
+
+
+async def test_dir_source_and_bad_git_source(defs: Definitions, tmp_path: Path) -> None:
+    src = tmp_path / "src dir"
+    src.mkdir()
+    (src / "name with 'quotes'.txt").write_bytes(b"\x00\xffbinary")
+    d = Definition.parse({"id": "d", "workspace": {"source": {"dir": str(src)}}})
+    ensured = await defs.ensure(d, "t")
+    assert await ensured.sandbox.read_bytes("name with 'quotes'.txt") == b"\x00\xffbinary"
+    await ensured.sandbox.close()
+    missing = Definition.parse({"id": "g", "workspace": {
+        "source": {"git": f"file://{tmp_path}/nothing-here"}}})
+    with pytest.raises(InvalidArgument, match="nothing-here"):
+        await defs.ensure(missing, "t")
+    # ext:: would have git run a command on the host: refused whatever git's config.
+    marker = tmp_path / "pwned"
+    ext = Definition.parse({"id": "e", "workspace": {
+        "source": {"git": f"ext::sh -c touch% {marker}"}}})
+    with pytest.raises(InvalidArgument, match="git clone failed"):
+        await defs.ensure(ext, "t")
+    assert not marker.exists()
+
+
+# -- across processes, no daemon ---------------------------------------------------------
+_ENSURE_SCRIPT = """
+import sys, anyio
+from hutch.definitions import Definition, open_definitions
+d = Definition.parse({"id": "xproc", "provider": "local",
+                      "workspace": {"source": {"git": sys.argv[1]},
+                                    "setup": ["sleep 1; echo x >> .setup-runs"]}})
+async def main():
+    e = await open_definitions().ensure(d, "thread-x")
+    print(e.path, e.sandbox.id, (await e.sandbox.read_text(".setup-runs")).count("x"))
+anyio.run(main)
+"""
+
+
+def test_ensure_across_processes_reuses_one_sandbox(home: Path, repo: str) -> None:
+    def run() -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, "-c", _ENSURE_SCRIPT, repo], text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    # Two at once: the store's lease makes one sandbox between them.
+    first, second = run(), run()
+    answers = []
+    for proc in (first, second):
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        answers.append(out.split())
+    assert sorted(a[0] for a in answers) == ["created", "resumed"]
+    assert answers[0][1] == answers[1][1] and {a[2] for a in answers} == {"1"}
+    # And once more, later: the same sandbox, setup not run again.
+    third = run()
+    out, err = third.communicate(timeout=120)
+    assert third.returncode == 0, err
+    assert out.split() == ["resumed", answers[0][1], "1"]
+
+
+async def test_nothing_durable_reruns_setup_and_progress_streams(
+    defs: Definitions, repo: str
+) -> None:
+    """Without a snapshot (here: ``snapshot = "none"``, as on a provider that
+    cannot), a lost sandbox is rebuilt under the same key, setup run again;
+    setup's output reaches the progress callback as it is printed."""
+    d = Definition.parse({"id": "plain", "provider": "local",
+                          "workspace": {"source": {"git": repo},
+                                        "setup": ["echo first-line; sleep 1; echo second-line"]},
+                          "lifecycle": {"snapshot": "none"}})
+    told: list[tuple[str, str, float]] = []
+    first = await defs.ensure(d, "t", progress=lambda kind, text: told.append(
+        (kind, text, time.monotonic())))
+    assert step_names(first) == ["create", "fetch", "setup[0]"]
+    assert first.snapshot_id is None
+    output = [(text, at) for kind, text, at in told if kind == "output"]
+    first_at = next(at for text, at in output if "first-line" in text)
+    second_at = next(at for text, at in output if "second-line" in text)
+    assert second_at - first_at > 0.5  # streamed as printed, not at the end
+    assert [text for kind, text, _ in told if kind == "step"][:2] == ["create", "fetch"]
+    await first.sandbox.close()
+    second = await defs.ensure(d, "t")
+    assert second.path == "created" and "setup[0]" in step_names(second)
+    assert second.sandbox.id != first.sandbox.id
+    await second.sandbox.close()

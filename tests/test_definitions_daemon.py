@@ -1,0 +1,152 @@
+"""Sandbox definitions through the daemon: the operator's in hutch.toml, a
+client's by PUT, ensure/complete over HTTP with the SDK (sync and async) and
+the CLI, and the thread's sandbox found again after the daemon restarts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+import hutch
+from hutch.client import EnsureProgress, RemoteEnsured
+from tests.daemon_fixture import DaemonProcess
+from tests.test_definitions import repo  # noqa: F401 - a fixture
+
+SETUP = "echo setup says hello && sleep 2 && echo ran >> .setup-runs"
+
+
+@pytest.fixture
+def daemon(tmp_path: Path, repo: str) -> Iterator[DaemonProcess]:  # noqa: F811
+    config = tmp_path / "hutch.toml"
+    config.write_text(textwrap.dedent(f"""
+        [definitions.repo-agent]
+        provider = "local"
+        workspace = {{ source = {{ git = "{repo}", ref = "main" }}, setup = ["{SETUP}"] }}
+        lifecycle = {{ reuse = "thread", snapshot_max_age = "24h", destroy_on_complete = false }}
+    """))
+    (tmp_path / "data").mkdir()
+    d = DaemonProcess(str(tmp_path / "data"), extra_args=["--config", str(config)]).start()
+    try:
+        yield d
+    finally:
+        # Sandboxes outlive a daemon's stop by design: end this test's own.
+        if d.proc is None:
+            d.start()
+        with hutch.Client(d.url, token=d.token) as c:
+            for info in c.list_sandboxes():
+                c.delete_sandbox(info["id"])
+        d.stop()
+
+
+def test_ensure_through_the_daemon(daemon: DaemonProcess) -> None:
+    with hutch.Client(daemon.url, token=daemon.token) as c:
+        listed = c.definitions()
+        assert [d["id"] for d in listed] == ["repo-agent"]
+        assert listed[0]["lifecycle"]["snapshot_max_age"] == 86400
+        first = c.ensure("repo-agent", "thread-1")
+        assert first.path == "created"
+        assert [s["name"] for s in first.steps] == ["create", "fetch", "setup[0]", "snapshot"]
+        assert first.sandbox.read_text(".setup-runs") == "ran\n"
+        assert first.sandbox.read_text("README.md") == "second\n"
+        second = c.ensure("repo-agent", "thread-1")
+        assert second.path == "resumed" and second.sandbox.id == first.sandbox.id
+        other = c.ensure("repo-agent", "thread-1", tenant="acme")
+        assert other.sandbox.id != first.sandbox.id
+        c.delete_sandbox(first.sandbox.id)
+        third = c.ensure("repo-agent", "thread-1")
+        assert third.path == "restored" and [s["name"] for s in third.steps] == ["restore"]
+        assert third.sandbox.read_text(".setup-runs") == "ran\n"
+        assert c.complete("repo-agent", "thread-1") is False  # kept for the next run
+
+    # The daemon restarts: the thread's sandbox is found again, not rebuilt.
+    daemon.stop()
+    daemon.start()
+    with hutch.Client(daemon.url, token=daemon.token) as c:
+        again = c.ensure("repo-agent", "thread-1")
+        assert again.path == "resumed" and again.sandbox.id == third.sandbox.id
+
+
+@pytest.mark.anyio
+async def test_async_client_and_cli(daemon: DaemonProcess) -> None:
+    async with hutch.AsyncClient(daemon.url, token=daemon.token) as c:
+        made = await c.ensure("repo-agent", "t-async")
+        assert made.path == "created"
+        assert await made.sandbox.read_text(".setup-runs") == "ran\n"
+    env = {**os.environ, "HUTCH_URL": daemon.url, "HUTCH_TOKEN": daemon.token}
+    cli = subprocess.run(
+        [sys.executable, "-m", "hutch.cli.main", "ensure", "repo-agent", "--thread", "t-async"],
+        capture_output=True, text=True, env=env, timeout=120,
+    )
+    assert cli.returncode == 0, cli.stderr
+    assert f"{made.sandbox.id} (resumed)" in cli.stdout and "resume" in cli.stdout
+    # A new thread: setup runs, and its output is shown as it comes.
+    fresh = subprocess.run(
+        [sys.executable, "-m", "hutch.cli.main", "ensure", "repo-agent", "--thread", "t-cli"],
+        capture_output=True, text=True, env=env, timeout=120,
+    )
+    assert fresh.returncode == 0, fresh.stderr
+    assert "(created)" in fresh.stdout and "setup[0]" in fresh.stdout
+    assert "setup says hello" in fresh.stderr
+
+
+def test_ensure_stream_tells_steps_and_output(daemon: DaemonProcess) -> None:
+    with hutch.Client(daemon.url, token=daemon.token) as c:
+        events = list(c.ensure_stream("repo-agent", "t-stream"))
+        steps = [e.text for e in events if isinstance(e, EnsureProgress) and e.kind == "step"]
+        output = "".join(e.text for e in events
+                         if isinstance(e, EnsureProgress) and e.kind == "output")
+        assert steps[:2] == ["create", "fetch"] and steps[-1] == "snapshot"
+        assert "setup says hello" in output
+        result = events[-1]
+        assert isinstance(result, RemoteEnsured) and result.path == "created"
+        assert result.sandbox.read_text(".setup-runs") == "ran\n"
+        with pytest.raises(hutch.NotFound):
+            list(c.ensure_stream("no-such-definition", "t"))
+
+
+def test_put_definition_and_its_rules(daemon: DaemonProcess, tmp_path: Path) -> None:
+    headers = {"Authorization": f"Bearer {daemon.token}"}
+    with httpx.Client(base_url=daemon.url, headers=headers, timeout=60) as http:
+        ok = http.put("/v1/definitions/plain", json={
+            "id": "plain", "provider": {"type": "local"},
+            "workspace": {"setup": ["echo hi > hello.txt"]},
+            "lifecycle": {"reuse": "none", "keep_alive": "30m"},
+        })
+        assert ok.status_code == 200, ok.text
+        assert ok.json()["lifecycle"]["keep_alive"] == 1800
+        bad = http.put("/v1/definitions/plain", json={"lifecycle": {"keep_alive": "soon"}})
+        assert bad.status_code == 400 and "lifecycle.keep_alive" in bad.json()["error"]["message"]
+        # A source on the daemon's host is the operator's to give.
+        for source in ({"dir": str(tmp_path)}, {"git": f"file://{tmp_path}"},
+                       {"git": str(tmp_path)}, {"git": "../repo"},
+                       {"git": "ext::sh -c touch% /tmp/hutch-pwned"},
+                       {"git": "git@example.org:repo.git"}, {"git": "ssh://example.org/r"}):
+            refused = http.put("/v1/definitions/host", json={"workspace": {"source": source}})
+            assert refused.status_code == 403, source
+            assert "hutch.toml" in refused.json()["error"]["message"]
+        assert http.get("/v1/definitions").json()["definitions"][0]["id"] != "host"
+        missing = http.post("/v1/definitions/nope/ensure", json={"thread_id": "t"})
+        assert missing.status_code == 404
+        made = http.post("/v1/definitions/plain/ensure", json={"thread_id": "t"})
+        assert made.status_code == 200, made.text
+        answer = made.json()
+        assert answer["path"] == "created" and answer["sandbox"]["state"] == "running"
+        failing = http.put("/v1/definitions/failing", json={
+            "workspace": {"setup": ["echo partial; exit 7"]}})
+        assert failing.status_code == 200
+        failed = http.post("/v1/definitions/failing/ensure", json={"thread_id": "t"})
+        assert failed.status_code == 422
+        error = failed.json()["error"]
+        assert error["code"] == "setup_failed" and "exited 7" in error["message"]
+        assert "partial" in error["message"]
+        done = http.post("/v1/definitions/plain/complete", json={"thread_id": "t"})
+        assert done.json() == {"destroyed": True}  # reuse none: the run's sandbox goes
+        gone = http.get(f"/v1/sandboxes/{answer['sandbox']['id']}")
+        assert gone.status_code == 404 or gone.json()["state"] == "terminated"
