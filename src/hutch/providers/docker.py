@@ -94,6 +94,8 @@ MANAGED_LABEL = "hutch.managed"
 HOME_LABEL = "hutch.home"
 PRESERVE_LABEL = "hutch.preserve"
 SNAPSHOT_LABEL = "hutch.snapshot"
+#: How long removing a snapshot's image may wait on the Engine.
+SNAPSHOT_REMOVAL_TIMEOUT = 30.0
 
 
 def snapshot_repository() -> str:
@@ -1622,7 +1624,18 @@ class DockerSandbox(SandboxBackend):
                     raise
                 api.remove_image(reference, force=True)  # in use: untag only
 
-        await _call(untag)
+        # Bounded: an Engine wedged on a paused container's lock makes image
+        # removal wait; the image is then left, still listed by
+        # held_snapshots, for the next reconciliation to free.
+        with anyio.move_on_after(SNAPSHOT_REMOVAL_TIMEOUT) as scope:
+            try:
+                await anyio.to_thread.run_sync(untag, abandon_on_cancel=True)
+            except docker.errors.DockerException as exc:
+                raise ProviderError(f"docker: removing {reference}: {exc}") from None
+        if scope.cancelled_caught:
+            log.warning("removing snapshot image %s: the Docker Engine did not answer in "
+                        "%.0f s; left for the next reconciliation", reference,
+                        SNAPSHOT_REMOVAL_TIMEOUT)
         await anyio.to_thread.run_sync(_layers.remove, snapshot.snapshot_id)
 
     @classmethod
