@@ -351,3 +351,30 @@ def test_ensure_across_processes_reuses_one_sandbox(home: Path, repo: str) -> No
     out, err = third.communicate(timeout=120)
     assert third.returncode == 0, err
     assert out.split() == ["resumed", answers[0][1], "1"]
+
+
+async def test_nothing_durable_reruns_setup_and_progress_streams(
+    defs: Definitions, repo: str
+) -> None:
+    """Without a snapshot (here: ``snapshot = "none"``, as on a provider that
+    cannot), a lost sandbox is rebuilt under the same key, setup run again;
+    setup's output reaches the progress callback as it is printed."""
+    d = Definition.parse({"id": "plain", "provider": "local",
+                          "workspace": {"source": {"git": repo},
+                                        "setup": ["echo first-line; sleep 1; echo second-line"]},
+                          "lifecycle": {"snapshot": "none"}})
+    told: list[tuple[str, str, float]] = []
+    first = await defs.ensure(d, "t", progress=lambda kind, text: told.append(
+        (kind, text, time.monotonic())))
+    assert step_names(first) == ["create", "fetch", "setup[0]"]
+    assert first.snapshot_id is None
+    output = [(text, at) for kind, text, at in told if kind == "output"]
+    first_at = next(at for text, at in output if "first-line" in text)
+    second_at = next(at for text, at in output if "second-line" in text)
+    assert second_at - first_at > 0.5  # streamed as printed, not at the end
+    assert [text for kind, text, _ in told if kind == "step"][:2] == ["create", "fetch"]
+    await first.sandbox.close()
+    second = await defs.ensure(d, "t")
+    assert second.path == "created" and "setup[0]" in step_names(second)
+    assert second.sandbox.id != first.sandbox.id
+    await second.sandbox.close()

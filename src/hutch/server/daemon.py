@@ -46,6 +46,7 @@ from .._sandbox import Sandbox, backend_of, check_ref_lifetime, new_sandbox_id
 from .._snapshots import Snapshot, new_snapshot_id
 from ..config import OPTION_KEYS, SandboxSpec, resolve_spec
 from ..definitions import Definition, Definitions, DirSource, GitSource, SandboxHost
+from ..definitions.ensure import Progress
 from ..lifecycle.engine import LifecycleEngine, expiry_error
 from ..lifecycle.state import SandboxState
 from ..providers.base import ProviderSnapshot, RuntimeNotice, SandboxBackend
@@ -378,9 +379,11 @@ class Daemon:
         return d.model_dump(mode="json")
 
     async def ensure(
-        self, definition_id: str, thread_id: str, tenant: str | None
+        self, definition_id: str, thread_id: str, tenant: str | None,
+        *, progress: Progress | None = None,
     ) -> dict[str, Any]:
-        ensured = await self.definitions.ensure(definition_id, thread_id, tenant)
+        ensured = await self.definitions.ensure(definition_id, thread_id, tenant,
+                                                progress=progress)
         return {
             "sandbox": await self.info(ensured.sandbox),
             "path": ensured.path,
