@@ -284,7 +284,9 @@ def test_a_full_store_refuses_transitions_and_nothing_is_half_done() -> None:
         d.stop()
         for container in api.containers(all=True, filters={"label": f"hutch.daemon={mount}"}):
             api.remove_container(container["Id"], force=True)
-        subprocess.run(["umount", mount], check=False)
+        # Recursively and lazily: a sandbox's working directory may be a
+        # mount of its own inside the data directory.
+        subprocess.run(["umount", "-R", "-l", mount], check=False)
         shutil.rmtree(mount, ignore_errors=True)
         shutil.rmtree(log_dir, ignore_errors=True)
 
