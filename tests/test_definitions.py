@@ -10,6 +10,7 @@ import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -277,6 +278,50 @@ async def test_threads_tenants_and_concurrent_ensure(defs: Definitions, repo: st
     assert (await results[0].sandbox.read_text(".setup-runs")) == "x\n"
     for sandbox in {id(r.sandbox): r.sandbox for r in [a, b, acme, *results]}.values():
         await sandbox.close()
+
+
+async def test_a_lease_outlives_a_setup_longer_than_it(home: Path, repo: str) -> None:
+    """Two programs (here: two stores on one file) ensure one key at once with
+    a lease far shorter than setup: the holder renews it, so one sandbox."""
+    stores = [SQLiteStore(str(home / "hutch.db")) for _ in range(2)]
+    programs = [Definitions(LocalHost(store), lease_seconds=0.6) for store in stores]
+    d = Definition.parse({"id": "slow", "provider": "local",
+                          "workspace": {"setup": ["sleep 3; echo x >> .setup-runs"]}})
+    results: list[Any] = []
+
+    async def one(program: Definitions) -> None:
+        results.append(await program.ensure(d, "t"))
+
+    async with anyio.create_task_group() as tg:
+        for program in programs:
+            tg.start_soon(one, program)
+    assert sorted(r.path for r in results) == ["created", "resumed"]
+    assert results[0].sandbox.id == results[1].sandbox.id
+    for r in results:
+        await r.sandbox.close()
+    for store in stores:
+        store.close()
+
+
+def test_leases_in_the_store(home: Path) -> None:
+    store = SQLiteStore(str(home / "hutch.db"))
+    me = f"{os.uname().nodename}:{os.getpid()}:a"
+    assert store.take_lease("k", me, 60)
+    assert store.take_lease("k", me, 60)  # its own again: renewed
+    assert not store.take_lease("k", f"{os.uname().nodename}:{os.getpid()}:b", 60)
+    store.release_lease("k", f"{os.uname().nodename}:{os.getpid()}:b")  # not its own: no-op
+    assert not store.take_lease("k", f"{os.uname().nodename}:{os.getpid()}:b", 60)
+    store.release_lease("k", me)
+    assert store.take_lease("k", "otherhost:1:c", 0.2)
+    assert not store.take_lease("k", me, 60)  # another host's, until it expires
+    time.sleep(0.3)
+    assert store.take_lease("k", me, 60)
+    # A holder of this host whose process is gone left it: free at once.
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    assert store.take_lease("j", f"{os.uname().nodename}:{dead.pid}:d", 60)
+    assert store.take_lease("j", me, 60)
+    store.close()
 
 
 async def test_failing_setup_is_typed_and_records_nothing(

@@ -117,8 +117,10 @@ def label_for(key: str) -> str:
 class Definitions:
     """Definitions by id, and ``ensure``/``complete`` over a host."""
 
-    def __init__(self, host: SandboxHost) -> None:
+    def __init__(self, host: SandboxHost, *, lease_seconds: float = LEASE_SECONDS) -> None:
         self.host = host
+        #: How long a key's lease lasts unless renewed (it is, while held).
+        self.lease_seconds = lease_seconds
         self._definitions: dict[str, Definition] = {}
         self._locks: weakref.WeakValueDictionary[str, anyio.Lock] = weakref.WeakValueDictionary()
         for row in host.store.list_definitions():
@@ -156,16 +158,27 @@ class Definitions:
             holder = f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
             name = f"instance:{key}"
             delay = 0.02
-            while not await anyio.to_thread.run_sync(
-                self.host.store.take_lease, name, holder, LEASE_SECONDS
-            ):
+            store, seconds = self.host.store, self.lease_seconds
+            while not await anyio.to_thread.run_sync(store.take_lease, name, holder, seconds):
                 await anyio.sleep(delay)
                 delay = min(delay * 2, 0.5)
+
+            async def renew() -> None:
+                # A setup longer than the lease keeps it: renewed well before it ends.
+                while True:
+                    await anyio.sleep(seconds / 3)
+                    await anyio.to_thread.run_sync(store.take_lease, name, holder, seconds)
+
             try:
-                yield
+                async with anyio.create_task_group() as renewing:
+                    renewing.start_soon(renew)
+                    try:
+                        yield
+                    finally:
+                        renewing.cancel_scope.cancel()
             finally:
                 with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(self.host.store.release_lease, name, holder)
+                    await anyio.to_thread.run_sync(store.release_lease, name, holder)
 
     async def ensure(
         self,
