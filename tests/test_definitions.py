@@ -142,7 +142,7 @@ def test_instance_key_changes_with_each_part(repo: str) -> None:
 
 
 # -- ensure's order ------------------------------------------------------------------------
-async def _ensure_order(defs: Definitions, d: Definition) -> None:
+async def _ensure_order(defs: Definitions, d: Definition, *, check_storage: bool) -> None:
     first = await defs.ensure(d, "thread-1")
     assert first.path == "created"
     assert step_names(first) == ["create", "fetch", "setup[0]", "snapshot"]
@@ -174,10 +174,12 @@ async def _ensure_order(defs: Definitions, d: Definition) -> None:
     assert aged.instance_key("thread-1") == d.instance_key("thread-1")
     fourth = await defs.ensure(aged, "thread-1")
     assert fourth.path == "created" and "setup[0]" in step_names(fourth)
-    # The stale snapshot is freed, not kept for ever beside the new one.
-    label = label_for(d.instance_key("thread-1"))
-    kept = [s.id for s in defs.host.store.list_snapshots() if s.label == label]
-    assert kept == [fourth.snapshot_id]
+    # The stale snapshot is freed (in the background), not kept beside the new one.
+    if check_storage:
+        await defs.settle()
+        label = label_for(d.instance_key("thread-1"))
+        kept = [s.id for s in defs.host.store.list_snapshots() if s.label == label]
+        assert kept == [fourth.snapshot_id]
     assert (await fourth.sandbox.read_text(".setup-runs")) == "ran\n"
 
     # A changed setup step is another environment: a fresh bootstrap beside it.
@@ -194,13 +196,14 @@ async def _ensure_order(defs: Definitions, d: Definition) -> None:
 
 
 async def test_ensure_order_local(defs: Definitions, repo: str) -> None:
-    await _ensure_order(defs, definition(repo, {"type": "local"}))
+    await _ensure_order(defs, definition(repo, {"type": "local"}), check_storage=True)
 
 
 @pytest.mark.docker
 async def test_ensure_order_docker(defs: Definitions, repo: str) -> None:
+    # Docker's image removal is the seam's (tested there), and not waited for here.
     await _ensure_order(defs, definition(repo, {"type": "docker", "image": TEST_IMAGE,
-                                                "runtime": "native"}))
+                                                "runtime": "native"}), check_storage=False)
 
 
 @pytest.mark.docker
