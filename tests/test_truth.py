@@ -423,3 +423,20 @@ def test_commands_left_running_by_a_crashed_daemon_are_ended_and_told(
         neighbour.wait()
         assert sb.exec("echo still here").stdout == "still here\n"
         sb.close()
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("runtime", ["agent", "native"])
+def test_a_timeout_kills_a_child_that_cleared_its_environment(
+    daemon: DaemonProcess, runtime: str
+) -> None:
+    """The tree kill says it killed the tree: a child with no marker in its
+    environment (env -i) is still part of it."""
+    with client(daemon) as c, c.create_sandbox(
+        "docker", image=TEST_IMAGE, runtime=runtime
+    ) as sb:
+        with pytest.raises(hutch.ExecTimeout) as caught:
+            sb.exec("env -i sleep 1000 & wait", timeout=2)
+        assert "killed" in str(caught.value)
+        wait_until(lambda: len(processes_in(sb.id)) == 2, 10,
+                   f"the tree is gone (left: {processes_in(sb.id)})")
