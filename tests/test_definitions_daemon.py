@@ -15,10 +15,11 @@ import httpx
 import pytest
 
 import hutch
+from hutch.client import EnsureProgress, RemoteEnsured
 from tests.daemon_fixture import DaemonProcess
 from tests.test_definitions import repo  # noqa: F401 - a fixture
 
-SETUP = "sleep 2 && echo ran >> .setup-runs"
+SETUP = "echo setup says hello && sleep 2 && echo ran >> .setup-runs"
 
 
 @pytest.fixture
@@ -85,6 +86,29 @@ async def test_async_client_and_cli(daemon: DaemonProcess) -> None:
     )
     assert cli.returncode == 0, cli.stderr
     assert f"{made.sandbox.id} (resumed)" in cli.stdout and "resume" in cli.stdout
+    # A new thread: setup runs, and its output is shown as it comes.
+    fresh = subprocess.run(
+        [sys.executable, "-m", "hutch.cli.main", "ensure", "repo-agent", "--thread", "t-cli"],
+        capture_output=True, text=True, env=env, timeout=120,
+    )
+    assert fresh.returncode == 0, fresh.stderr
+    assert "(created)" in fresh.stdout and "setup[0]" in fresh.stdout
+    assert "setup says hello" in fresh.stderr
+
+
+def test_ensure_stream_tells_steps_and_output(daemon: DaemonProcess) -> None:
+    with hutch.Client(daemon.url, token=daemon.token) as c:
+        events = list(c.ensure_stream("repo-agent", "t-stream"))
+        steps = [e.text for e in events if isinstance(e, EnsureProgress) and e.kind == "step"]
+        output = "".join(e.text for e in events
+                         if isinstance(e, EnsureProgress) and e.kind == "output")
+        assert steps[:2] == ["create", "fetch"] and steps[-1] == "snapshot"
+        assert "setup says hello" in output
+        result = events[-1]
+        assert isinstance(result, RemoteEnsured) and result.path == "created"
+        assert result.sandbox.read_text(".setup-runs") == "ran\n"
+        with pytest.raises(hutch.NotFound):
+            list(c.ensure_stream("no-such-definition", "t"))
 
 
 def test_put_definition_and_its_rules(daemon: DaemonProcess, tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .._errors import HutchError
+from ..client import EnsureProgress
 from ..config import load_config_file
 from ..providers.ssh.gitsource import current_source
 from .images import image_app
@@ -728,10 +729,17 @@ def ensure(
 ) -> None:
     """The sandbox of a thread for a definition: resumed, restored from its
     setup snapshot, or created with setup run. Prints its id and each step."""
-    with client() as c, console.status(
-        f"ensuring {definition} for thread {thread} (setup may take a while)..."
-    ):
-        made = c.ensure(definition, thread, tenant=tenant)
+    made = None
+    with client() as c, console.status(f"ensuring {definition} for thread {thread}...") as shown:
+        for event in c.ensure_stream(definition, thread, tenant=tenant):
+            if isinstance(event, EnsureProgress) and event.kind == "step":
+                shown.update(f"{definition} for thread {thread}: {event.text}...")
+            elif isinstance(event, EnsureProgress):
+                err_console.out(event.text, end="", highlight=False)  # setup's own output
+            else:
+                made = event
+    if made is None:
+        raise HutchError("the daemon ended the ensure stream without a result")
     console.print(f"{made.sandbox.id} ({made.path})")
     for step in made.steps:
         console.print(f"  {step['name']:<24} {float(step['seconds']):8.2f} s")

@@ -13,7 +13,17 @@ from typing import Any
 from .._errors import Unauthorized
 from .._refwire import DaemonRef, decode_ref
 from .._snapshots import Snapshot
-from ._core import Call, ClientOps, ForkOps, ProcessOps, SandboxOps, build_async, build_sync
+from ._core import (
+    Call,
+    ClientOps,
+    EnsureProgress,
+    ForkOps,
+    ProcessOps,
+    RemoteEnsured,
+    SandboxOps,
+    build_async,
+    build_sync,
+)
 from ._transports import AsyncTransport, SyncTransport
 
 
@@ -198,6 +208,7 @@ class Client(_Client):  # type: ignore[misc, valid-type]
 
 
 __all__ = [
+    "EnsureProgress", "RemoteEnsured",
     "AsyncClient", "AsyncRemoteFork", "AsyncRemoteProcess", "AsyncRemoteSandbox", "Client",
     "RemoteFork", "RemoteProcess", "RemoteSandbox", "attach_remote",
 ]

@@ -101,9 +101,25 @@ def decode_exec(data: Mapping[str, Any]) -> ExecResult:
                       _bytes_field(data, "stderr"), oom_killed=bool(data.get("oom_killed")))
 
 
-def decode_event(data: Mapping[str, Any]) -> OutputChunk | ExitStatus:
+@dataclass(frozen=True)
+class EnsureProgress:
+    """A streamed ensure's progress: ``kind`` is ``step`` (a step starts: its
+    name) or ``output`` (what setup printed)."""
+
+    kind: str
+    text: str
+
+
+def decode_event(
+    data: Mapping[str, Any],
+) -> OutputChunk | ExitStatus | EnsureProgress | EnsuredRef:
     if "error" in data:
         raise error_from_code(str(data["error"]["code"]), str(data["error"]["message"]))
+    if "result" in data:
+        return ensured_ref(data["result"])
+    for kind in ("step", "output"):
+        if kind in data:
+            return EnsureProgress(kind, str(data[kind]))
     if "exit_code" in data:
         return ExitStatus(int(data["exit_code"]), oom_killed=bool(data.get("oom_killed")))
     if data.get("stream") == "stderr":
@@ -169,6 +185,10 @@ class EnsuredRef:
     sandbox: dict[str, Any]
     path: str
     steps: list[dict[str, Any]]
+
+
+def ensured_ref(answer: Mapping[str, Any]) -> EnsuredRef:
+    return EnsuredRef(dict(answer["sandbox"]), str(answer["path"]), list(answer["steps"]))
 
 
 @dataclass
@@ -275,7 +295,17 @@ class ClientOps:
         its setup snapshot, or created (setup run); see SPEC §6."""
         answer = yield Call("POST", f"/v1/definitions/{definition_id}/ensure",
                             json={"thread_id": thread_id, "tenant": tenant}, timeout=None)
-        return EnsuredRef(answer["sandbox"], str(answer["path"]), list(answer["steps"]))
+        return ensured_ref(answer)
+
+    @stream_op
+    def ensure_stream(
+        self, definition_id: str, thread_id: str, *, tenant: str | None = None
+    ) -> Op:
+        """As :meth:`ensure`, told as it goes: ``EnsureProgress`` events (each
+        step, setup's output), then the ensured sandbox as the last event."""
+        return (yield Call("POST", f"/v1/definitions/{definition_id}/ensure/stream",
+                           json={"thread_id": thread_id, "tenant": tenant}, stream=True,
+                           timeout=None))
 
     @op
     def complete(self, definition_id: str, thread_id: str, *, tenant: str | None = None) -> Op:

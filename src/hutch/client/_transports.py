@@ -113,7 +113,7 @@ class AsyncTransport(_Transport):
                         if line:
                             event = decode_event(json.loads(line))
                             _note_exit(owner, event)
-                            yield event
+                            yield self.wrap(event)
             except httpx.TransportError as exc:
                 raise unreachable(self.url, exc) from None
 
@@ -171,7 +171,7 @@ class SyncTransport(_Transport):
                         if line:
                             event = decode_event(json.loads(line))
                             _note_exit(owner, event)
-                            yield event
+                            yield self.wrap(event)
             except httpx.TransportError as exc:
                 raise unreachable(self.url, exc) from None
 

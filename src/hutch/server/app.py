@@ -102,6 +102,10 @@ class ServerSettings(BaseModel):
 MAX_EVENTS = 10_000
 
 
+#: Lines of progress a streamed ensure holds for a slow reader before it drops output.
+ENSURE_STREAM_BUFFER = 256
+
+
 class ThreadBody(BaseModel):
     """Which thread (and tenant) of a definition ``ensure``/``complete`` is about."""
 
@@ -325,15 +329,24 @@ REF_SCOPE_KEY = "hutch.ref"
 _REF_BEARER = b"Bearer " + REF_PREFIX.encode()
 
 
+#: What a ref may do in its sandbox: work in it and drive its lifecycle. Not
+#: hand out refs, nor make daemon-wide things (snapshots, forks): a list of
+#: what is allowed, so that a route added later is closed to refs until said.
+REF_OPERATIONS = frozenset({
+    "exec", "files", "list", "stat", "grep", "glob", "processes", "preview_url", "pty",
+    "pause", "suspend", "resume", "set_timeout",
+})
+
+
 def ref_may_reach(ref: RefRow, method: str, path: str) -> bool:
-    """A ref reaches its own sandbox's routes, except handing out or revoking refs."""
-    parts = path.split("/")
+    """A ref reaches its own sandbox, for the operations in :data:`REF_OPERATIONS`."""
     if path == "/healthz":
         return True
+    parts = path.split("/")
     return (
         len(parts) >= 4 and parts[1] == "v1" and parts[2] == "sandboxes"
         and parts[3] == ref.sandbox_id and not any(p in ("..", ".") for p in parts)
-        and (len(parts) == 4 or parts[4] != "refs")
+        and (len(parts) == 4 or parts[4] in REF_OPERATIONS)
     )
 
 
@@ -391,8 +404,8 @@ class TokenAuth:
             return
         if not ref_may_reach(ref, scope.get("method", "GET"), scope["path"]):
             await self._refuse(scope, send, SandboxPermissionDenied(
-                f"ref {ref.id} works only on sandbox {ref.sandbox_id}, and cannot hand out "
-                "or revoke refs"
+                f"ref {ref.id} works only in sandbox {ref.sandbox_id}, and cannot hand out "
+                "refs, snapshot or fork it"
             ))
             return
         scope[REF_SCOPE_KEY] = ref
@@ -968,6 +981,44 @@ def create_app(
     @v1.post("/definitions/{definition_id}/ensure")
     async def ensure(definition_id: str, body: ThreadBody) -> JSONResponse:
         return JSONResponse(await daemon().ensure(definition_id, body.thread_id, body.tenant))
+
+    @v1.post(
+        "/definitions/{definition_id}/ensure/stream", response_class=StreamingResponse,
+        responses={200: {"description": "NDJSON: steps, setup output, then the result",
+                         "content": {"application/x-ndjson": {"schema": {"type": "string"}}}}},
+    )
+    async def ensure_stream(definition_id: str, body: ThreadBody) -> StreamingResponse:
+        """As ensure, told as it goes in NDJSON: ``{"step"}`` as each step
+        starts, ``{"output"}`` as setup prints, then ``{"result": <as ensure>}``
+        or ``{"error"}``. Output a slow reader cannot take is dropped (the
+        steps and the result never are), so the daemon holds a bounded amount."""
+        d = daemon()
+        d.definitions.get(definition_id)  # a 404 before the 200
+        send, receive = anyio.create_memory_object_stream[bytes](ENSURE_STREAM_BUFFER)
+
+        def line(value: Any) -> bytes:
+            return json.dumps(value).encode() + b"\n"
+
+        def told(kind: str, text: str) -> None:
+            with contextlib.suppress(anyio.WouldBlock):
+                send.send_nowait(line({kind: text}))
+
+        async def run() -> None:
+            async with send:
+                try:
+                    answer = await d.ensure(definition_id, body.thread_id, body.tenant,
+                                            progress=told)
+                    await send.send(line({"result": answer}))
+                except HutchError as exc:
+                    await send.send(line(error_json(exc)))
+
+        async def events() -> AsyncIterator[bytes]:
+            async with anyio.create_task_group() as tg, receive:
+                tg.start_soon(run)
+                async for chunk in receive:
+                    yield chunk
+
+        return StreamingResponse(events(), media_type="application/x-ndjson")
 
     @v1.post("/definitions/{definition_id}/complete")
     async def complete(definition_id: str, body: ThreadBody) -> JSONResponse:

@@ -46,6 +46,7 @@ from .._sandbox import Sandbox, backend_of, check_ref_lifetime, new_sandbox_id
 from .._snapshots import Snapshot, new_snapshot_id
 from ..config import OPTION_KEYS, SandboxSpec, resolve_spec
 from ..definitions import Definition, Definitions, DirSource, GitSource, SandboxHost
+from ..definitions.ensure import Progress
 from ..lifecycle.engine import LifecycleEngine, expiry_error
 from ..lifecycle.state import SandboxState
 from ..providers.base import ProviderSnapshot, RuntimeNotice, SandboxBackend
@@ -134,6 +135,8 @@ class Daemon:
         self._pruner: asyncio.Task[None] | None = None
         #: One watcher per provider in use, telling of runtimes that die outside hutch.
         self._watchers: dict[type[SandboxBackend], asyncio.Task[None]] = {}
+        #: Sandboxes adopted paused, whose earlier daemon's commands are ended on resume.
+        self._leftovers: set[str] = set()
         self.engine = LifecycleEngine(
             timeout_ceiling=timeout_ceiling, on_transition=self._persist_transition,
             on_deadline=self._persist_deadline,
@@ -173,6 +176,12 @@ class Daemon:
         # store cannot keep them, and then the engine undoes the transition.
         await anyio.to_thread.run_sync(self.store.put_sandbox, row, event)
         # Durable from here: nothing below may undo it.
+        if sandbox_id in self._leftovers and new is not SandboxState.PAUSED:
+            self._leftovers.discard(sandbox_id)
+            if new is SandboxState.RUNNING and sandbox is not None:
+                # Within the resume, before it is acknowledged: no new command
+                # can have started that this would take for a leftover.
+                await self._end_leftover_commands(sandbox)
         if new in FINAL_STATES:
             self._forget(sandbox_id)
             if reason not in (None, "closed"):
@@ -370,9 +379,11 @@ class Daemon:
         return d.model_dump(mode="json")
 
     async def ensure(
-        self, definition_id: str, thread_id: str, tenant: str | None
+        self, definition_id: str, thread_id: str, tenant: str | None,
+        *, progress: Progress | None = None,
     ) -> dict[str, Any]:
-        ensured = await self.definitions.ensure(definition_id, thread_id, tenant)
+        ensured = await self.definitions.ensure(definition_id, thread_id, tenant,
+                                                progress=progress)
         return {
             "sandbox": await self.info(ensured.sandbox),
             "path": ensured.path,
@@ -1066,14 +1077,18 @@ class Daemon:
         self._note(row.id, "adopted", f"adopted after restart as {state.value}")
         log.info("adopted sandbox %s (%s)", row.id, state.value)
         self._watch(type(backend))
-        if state is SandboxState.RUNNING and sandbox.capabilities.processes:
-            await self._end_leftover_commands(sandbox)
+        if sandbox.capabilities.processes:
+            if state is SandboxState.RUNNING:
+                await self._end_leftover_commands(sandbox)
+            elif state is SandboxState.PAUSED:
+                # Frozen now: ended when it is resumed, before anything new runs.
+                self._leftovers.add(row.id)
 
     async def _end_leftover_commands(self, sandbox: Sandbox) -> None:
         """Commands an earlier daemon started are no one's now (their handles,
         output and timeouts died with it): they are ended, and the events say
         so, rather than left running unseen. (A suspended sandbox's ended with
-        the suspend; a paused one's are frozen and not reached here.)"""
+        the suspend; a paused one's are ended when it is resumed.)"""
         try:
             ended = await backend_of(sandbox).runtime.end_leftover_commands()
         except Exception as exc:
