@@ -7,6 +7,7 @@ tests need the engine, as the docker tests do).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import secrets
@@ -323,6 +324,19 @@ async def test_suspend_ends_processes_as_declared(sandbox: Any) -> None:
 # -- through the daemon: adoption after a restart, a death outside hutch -----------------------
 
 
+def _end_daemon_sandboxes(data_dir: str) -> None:
+    """A daemon's sandboxes outlive it by design (a restart adopts them): a
+    test that failed half-way ends what its daemon left."""
+    from hutch.providers.bubblewrap.cgroups import SandboxCgroup
+
+    with contextlib.suppress(FileNotFoundError):
+        for sandbox_id in os.listdir(os.path.join(data_dir, "bubblewrap", "sandboxes")):
+            cgroup = SandboxCgroup(sandbox_id)
+            with contextlib.suppress(OSError, hutch.HutchError):
+                cgroup.kill_all()
+            cgroup.remove()
+
+
 def test_daemon_adopts_live_sandboxes_after_a_restart() -> None:
     import time
 
@@ -361,6 +375,7 @@ def test_daemon_adopts_live_sandboxes_after_a_restart() -> None:
         client.close()
     finally:
         daemon.stop()
+        _end_daemon_sandboxes(daemon.data_dir)
 
 
 # -- snapshots at the provider: captured upper layers, forks copy nothing ---------------------
@@ -531,6 +546,7 @@ def test_daemon_keeps_answering_through_a_fork_bomb_and_a_memory_hog() -> None:
         client.close()
     finally:
         daemon.stop()
+        _end_daemon_sandboxes(daemon.data_dir)
 
 
 async def test_a_link_planted_for_the_agent_socket_leads_nowhere_else() -> None:

@@ -284,7 +284,9 @@ def test_a_full_store_refuses_transitions_and_nothing_is_half_done() -> None:
         d.stop()
         for container in api.containers(all=True, filters={"label": f"hutch.daemon={mount}"}):
             api.remove_container(container["Id"], force=True)
-        subprocess.run(["umount", mount], check=False)
+        # Recursively and lazily: a sandbox's working directory may be a
+        # mount of its own inside the data directory.
+        subprocess.run(["umount", "-R", "-l", mount], check=False)
         shutil.rmtree(mount, ignore_errors=True)
         shutil.rmtree(log_dir, ignore_errors=True)
 
@@ -423,3 +425,20 @@ def test_commands_left_running_by_a_crashed_daemon_are_ended_and_told(
         neighbour.wait()
         assert sb.exec("echo still here").stdout == "still here\n"
         sb.close()
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("runtime", ["agent", "native"])
+def test_a_timeout_kills_a_child_that_cleared_its_environment(
+    daemon: DaemonProcess, runtime: str
+) -> None:
+    """The tree kill says it killed the tree: a child with no marker in its
+    environment (env -i) is still part of it."""
+    with client(daemon) as c, c.create_sandbox(
+        "docker", image=TEST_IMAGE, runtime=runtime
+    ) as sb:
+        with pytest.raises(hutch.ExecTimeout) as caught:
+            sb.exec("env -i sleep 1000 & wait", timeout=2)
+        assert "killed" in str(caught.value)
+        wait_until(lambda: len(processes_in(sb.id)) == 2, 10,
+                   f"the tree is gone (left: {processes_in(sb.id)})")

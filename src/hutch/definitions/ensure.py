@@ -14,6 +14,8 @@ daemon's core; the order and the report are written once, here.
 from __future__ import annotations
 
 import abc
+import asyncio
+import contextlib
 import logging
 import os
 import shlex
@@ -117,8 +119,12 @@ def label_for(key: str) -> str:
 class Definitions:
     """Definitions by id, and ``ensure``/``complete`` over a host."""
 
-    def __init__(self, host: SandboxHost) -> None:
+    def __init__(self, host: SandboxHost, *, lease_seconds: float = LEASE_SECONDS) -> None:
         self.host = host
+        #: How long a key's lease lasts unless renewed (it is, while held).
+        self.lease_seconds = lease_seconds
+        #: Removals of replaced snapshots under way (see :meth:`settle`).
+        self._cleanups: set[asyncio.Task[None]] = set()
         self._definitions: dict[str, Definition] = {}
         self._locks: weakref.WeakValueDictionary[str, anyio.Lock] = weakref.WeakValueDictionary()
         for row in host.store.list_definitions():
@@ -156,16 +162,31 @@ class Definitions:
             holder = f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
             name = f"instance:{key}"
             delay = 0.02
-            while not await anyio.to_thread.run_sync(
-                self.host.store.take_lease, name, holder, LEASE_SECONDS
-            ):
+            store, seconds = self.host.store, self.lease_seconds
+            while not await anyio.to_thread.run_sync(store.take_lease, name, holder, seconds):
                 await anyio.sleep(delay)
                 delay = min(delay * 2, 0.5)
+
+            async def renew() -> None:
+                # A setup longer than the lease keeps it: renewed well before it ends.
+                while True:
+                    await anyio.sleep(seconds / 3)
+                    try:
+                        await anyio.to_thread.run_sync(store.take_lease, name, holder, seconds)
+                    except HutchError as exc:  # the store hiccups: try again next round
+                        log.warning("lease %s not renewed: %s", name, exc)
+
+            # A task of its own, not a task group around the body: the body's
+            # errors reach the caller as they are, not in an exception group.
+            renewing = asyncio.get_running_loop().create_task(renew())
             try:
                 yield
             finally:
+                renewing.cancel()
                 with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(self.host.store.release_lease, name, holder)
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await renewing
+                    await anyio.to_thread.run_sync(store.release_lease, name, holder)
 
     async def ensure(
         self,
@@ -251,7 +272,7 @@ class Definitions:
                 started = time.monotonic()
                 snapshot_id = await self.host.snapshot(sandbox, label_for(key))
                 steps.append(Step("snapshot", time.monotonic() - started))
-                await self._drop_replaced(key, snapshot_id)
+                self._drop_replaced(key, snapshot_id)
         except BaseException:
             # A half-made environment is neither kept nor recorded.
             with anyio.CancelScope(shield=True):
@@ -259,15 +280,35 @@ class Definitions:
             raise
         return sandbox, snapshot_id
 
-    async def _drop_replaced(self, key: str, newest: str) -> None:
+    def _drop_replaced(self, key: str, newest: str) -> None:
         """The key's older snapshots (stale, or of a sandbox since rebuilt) are
-        never restored again: free them rather than keep them for ever."""
-        for row in self.host.store.list_snapshots():
-            if row.label == label_for(key) and row.id != newest:
+        never restored again: free them rather than keep them for ever. In the
+        background: freeing storage is not on the way to the sandbox (an
+        engine busy deleting images must not hold ``ensure`` up)."""
+        replaced = [
+            row for row in self.host.store.list_snapshots()
+            if row.label == label_for(key) and row.id != newest
+        ]
+        if not replaced:
+            return
+
+        async def drop() -> None:
+            for row in replaced:
                 try:
                     await self.host.drop_snapshot(row)
-                except HutchError as exc:  # in use, or gone: it stays, or is gone
-                    log.info("snapshot %s of %s not removed: %s", row.id, key, exc)
+                except Exception as exc:  # in use, gone, or the engine failed: it stays
+                    log.warning("snapshot %s of %s not removed: %s", row.id, key, exc)
+
+        task = asyncio.get_running_loop().create_task(drop())
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
+
+    async def settle(self) -> None:
+        """Wait for the snapshot removals under way (a program about to exit,
+        or a test, calls it; the storage of one cut short is freed by a
+        daemon's start-up reconciliation)."""
+        while self._cleanups:
+            await asyncio.gather(*self._cleanups, return_exceptions=True)
 
     def _record(self, d: Definition, key: str, thread_id: str, tenant: str | None,
                 sandbox: Sandbox) -> None:

@@ -338,15 +338,17 @@ def _image_user(image: str, pull: bool) -> str:
 
 # -- processes ------------------------------------------------------------------
 
-# Kills every process whose environment carries the exec's marker: SIGTERM,
-# up to $2 tenths of a second of grace, then SIGKILL. Children that ignore
-# SIGTERM or left the process group still carry the marker, so none escapes.
-# GNU grep -z reads every /proc/PID/environ in one process; without it
-# (busybox) each is read by a loop.
+# Kills every process whose environment carries the exec's marker, and every
+# process of the sessions they were in (each exec is a session of its own, so
+# a child that cleared its environment is still found): SIGTERM, up to $2
+# tenths of a second of grace, then SIGKILL. Children that ignore SIGTERM or
+# left the process group still carry the marker, so none escapes. GNU grep -z
+# reads every /proc/PID/environ in one process; without it (busybox) each is
+# read by a loop.
 _KILL_SCRIPT = r"""
 m="$1"; grace="$2"
 grep -qz x /dev/null 2>/dev/null; [ $? -eq 1 ] && fast=1 || fast=
-marked() {
+by_marker() {
   if [ -n "$fast" ]; then
     grep -lzxF -e "$m" /proc/[0-9]*/environ 2>/dev/null | sed 's#^/proc/##; s#/environ$##'
     return
@@ -354,6 +356,21 @@ marked() {
   for d in /proc/[0-9]*; do
     tr '\0' '\n' < "$d/environ" 2>/dev/null | grep -qxF -e "$m" && echo "${d#/proc/}"
   done
+}
+session_of() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f4; }
+first=$(by_marker); [ -z "$first" ] && exit 0
+# The sessions, taken once: the marked leaders may be gone by the next look.
+sessions=$(for p in $first; do session_of "$p"; done | grep -vx -e 0 -e 1 | sort -u)
+me=$(session_of $$)
+want=" $(echo $sessions) "
+marked() {
+  by_marker
+  [ "$want" = "  " ] && return
+  # One pass over every /proc/PID/stat: "PID (comm) state ppid pgrp session ...".
+  cat /proc/[0-9]*/stat 2>/dev/null | awk -v want="$want" -v me="$me" '{
+    pid = $1; rest = $0; sub(/.*\) /, "", rest); split(rest, f, " ")
+    if (f[4] != me && index(want, " " f[4] " ")) print pid
+  }' 2>/dev/null
 }
 pids=$(marked); [ -z "$pids" ] && exit 0
 kill -TERM $pids 2>/dev/null
