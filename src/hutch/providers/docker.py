@@ -33,7 +33,8 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import IO, Annotated, Any, Literal
 
@@ -272,6 +273,94 @@ def _map_engine_error(exc: BaseException, path: str | None = None) -> HutchError
         if "too many links" in lowered:
             return InvalidArgument(f"{path}: too many levels of symbolic links")
     return ProviderError(f"docker: {text}")
+
+
+
+# -- exec starts and freezes -------------------------------------------------------
+
+
+class FreezeGuard:
+    """Keeps one container's exec starts apart from its freezes (pause, the
+    pause a commit takes, the freeze of a kill from the host).
+
+    runc's exec joins the container's cgroup; into a frozen one it never
+    returns, and the Engine (20.10, cgroup v1 here) then holds its exec store
+    for good: inspect, exec and image removal hang behind it for every
+    container until someone thaws that cgroup by hand. A start counts until
+    the Engine says its process runs (the exec's stream opens before the
+    process is started), and a freeze waits for the starts under way.
+    """
+
+    #: How long a start may take to be told running before the guard lets a
+    #: freeze through anyway (a start that never runs must not block pause).
+    START_WAIT_SECONDS = 10.0
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._starting = 0
+        self._freezing = False
+        #: Freezes waiting: new starts let them in first, or a stream of
+        #: execs would keep a pause out for good.
+        self._freezes_waiting = 0
+
+    @contextlib.contextmanager
+    def starting(self) -> Iterator[None]:
+        with self._changed:
+            while self._freezing or self._freezes_waiting:
+                self._changed.wait()
+            self._starting += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._starting -= 1
+                self._changed.notify_all()
+
+    @contextlib.contextmanager
+    def freezing(self) -> Iterator[None]:
+        with self._changed:
+            self._freezes_waiting += 1
+            try:
+                while self._freezing or self._starting:
+                    self._changed.wait()
+            finally:
+                self._freezes_waiting -= 1
+            self._freezing = True
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._freezing = False
+                self._changed.notify_all()
+
+
+_freeze_guards: weakref.WeakValueDictionary[str, FreezeGuard] = weakref.WeakValueDictionary()
+_freeze_guards_lock = threading.Lock()
+
+
+def freeze_guard(container: str) -> FreezeGuard:
+    """The one guard of ``container`` in this process (kept while anyone holds it)."""
+    with _freeze_guards_lock:
+        guard = _freeze_guards.get(container)
+        if guard is None:
+            guard = _freeze_guards[container] = FreezeGuard()
+        return guard
+
+
+def wait_until_started(api: Any, exec_id: str) -> None:
+    """Return once the Engine has started (or failed to start) ``exec_id``."""
+    deadline = time.monotonic() + FreezeGuard.START_WAIT_SECONDS
+    pause = 0.0005
+    while time.monotonic() < deadline:
+        # Not "Running": the Engine sets it before it asks runc to start the
+        # process; the pid comes once runc is done, the exit code if it failed.
+        state = api.exec_inspect(exec_id)
+        if state.get("Pid") or state.get("ExitCode") is not None:
+            return
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+    log.warning("docker exec %s not started after %.0f s", exec_id[:12],
+                FreezeGuard.START_WAIT_SECONDS)
 
 
 async def _call(fn: Any, *args: Any, path: str | None = None, **kwargs: Any) -> Any:
@@ -660,7 +749,8 @@ def commit_state(
     if flatten or depth >= MAX_SUSPEND_LAYERS:
         config = api.inspect_container(container)["Config"]
         return _flatten(api, container, config, labels, repository, tag)
-    image = api.commit(container, repository=repository, tag=tag, conf={"Labels": labels})
+    with freeze_guard(container).freezing():  # a commit pauses the container
+        image = api.commit(container, repository=repository, tag=tag, conf={"Labels": labels})
     return str(image["Id"])
 
 
@@ -1125,13 +1215,15 @@ class DockerSandbox(SandboxBackend):
         full_env = {**env, EXEC_MARKER: marker, SANDBOX_MARKER: self.sandbox_id}
 
         def start() -> tuple[str, socket.socket]:
-            created = api.exec_create(
-                container, list(argv), stdin=stdin is not None, environment=full_env,
-                workdir=cwd, user=user or "",
-            )
-            sock = getattr(api.exec_start(created["Id"], socket=True), "_sock", None)
-            if not isinstance(sock, socket.socket):
-                raise ProviderError("docker exec gave no socket to read (TLS engine?)")
+            with freeze_guard(container).starting():
+                created = api.exec_create(
+                    container, list(argv), stdin=stdin is not None, environment=full_env,
+                    workdir=cwd, user=user or "",
+                )
+                sock = getattr(api.exec_start(created["Id"], socket=True), "_sock", None)
+                if not isinstance(sock, socket.socket):
+                    raise ProviderError("docker exec gave no socket to read (TLS engine?)")
+                wait_until_started(api, created["Id"])
             # The client's request timeout would end a command silent that long.
             sock.settimeout(None)
             return created["Id"], sock
@@ -1195,14 +1287,15 @@ class DockerSandbox(SandboxBackend):
 
         if not marked():
             return 0
-        api.pause(container)
-        try:
-            pids = marked()
-            for pid in pids:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-        finally:
-            api.unpause(container)
+        with freeze_guard(container).freezing():
+            api.pause(container)
+            try:
+                pids = marked()
+                for pid in pids:
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
+            finally:
+                api.unpause(container)
         log.info("killed %d processes of sandbox %s from the host", len(pids), self.sandbox_id)
         return len(pids)
 
@@ -1492,7 +1585,13 @@ class DockerSandbox(SandboxBackend):
 
     # -- lifecycle primitives ---------------------------------------------------------
     async def pause(self) -> None:
-        await _call(engine().pause, self._container())
+        container = self._container()
+
+        def pause() -> None:
+            with freeze_guard(container).freezing():
+                engine().pause(container)
+
+        await _call(pause)
 
     async def unpause(self) -> None:
         await _call(engine().unpause, self._container())
