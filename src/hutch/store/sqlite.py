@@ -6,12 +6,13 @@ the log, a millisecond or so, paid only on transitions (never per exec).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -170,6 +171,19 @@ _PUT_SNAPSHOT = (
 _LOG_EVENT = "INSERT INTO events (at_unix, subject, kind, message) VALUES (?, ?, ?, ?)"
 
 
+def _while_locked(statement: Callable[[], object], seconds: float = 30.0) -> None:
+    """Run ``statement``, again while another process holds the database locked."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            statement()
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 class SQLiteStore(Store):
     def __init__(self, path: str) -> None:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -178,13 +192,17 @@ class SQLiteStore(Store):
         # Autocommit: each statement is its own transaction unless we open one.
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
+        # First: every statement below may meet another process opening the
+        # same store (two programs sharing one HUTCH_HOME).
+        self._db.execute("PRAGMA busy_timeout=5000")
+        # Switching to WAL takes an exclusive lock without waiting on the
+        # busy handler, so a second process opening a new store at the same
+        # moment retries it.
+        _while_locked(lambda: self._db.execute("PRAGMA journal_mode=WAL"))
         # FULL: a committed transition survives a power cut, not only a crash.
         self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA busy_timeout=5000")
-        self._db.executescript(_SCHEMA)
-        self._db.executescript(_REFS_SCHEMA)
-        self._db.executescript(_DEFINITIONS_SCHEMA)
+        for script in (_SCHEMA, _REFS_SCHEMA, _DEFINITIONS_SCHEMA):
+            _while_locked(functools.partial(self._db.executescript, script))
         self._migrate()
 
     def _migrate(self) -> None:
