@@ -4,6 +4,7 @@ order on real providers, with a real git repository served as file://."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -35,10 +36,34 @@ SETUP = ["sleep 2 && echo ran >> .setup-runs && echo setup-done"]
 
 
 @pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     home = tmp_path / "home"
     monkeypatch.setenv("HUTCH_HOME", str(home))
-    return home
+    yield home
+    remove_docker_leftovers(home)
+
+
+def remove_docker_leftovers(home: Path) -> None:
+    """What a test's sandboxes left in the Docker Engine under its own hutch
+    home (snapshot images kept for the next ensure, a sandbox a failed
+    assertion left): removed, children before the images they build on."""
+    if shutil.which("docker") is None:
+        return
+    label = f"label=hutch.home={home}"
+
+    def ids(*args: str) -> list[str]:
+        done = subprocess.run(["docker", *args, "-q", "--filter", label],
+                              capture_output=True, text=True, check=False)
+        return done.stdout.split()
+
+    containers = ids("ps", "-a")
+    if containers:
+        subprocess.run(["docker", "rm", "-f", *containers], capture_output=True, check=False)
+    for _ in range(5):
+        images = ids("images")
+        if not images:
+            return
+        subprocess.run(["docker", "rmi", "-f", *images], capture_output=True, check=False)
 
 
 @pytest.fixture
@@ -204,6 +229,12 @@ async def test_ensure_order_docker(defs: Definitions, repo: str) -> None:
     # Docker's image removal is the seam's (tested there), and not waited for here.
     await _ensure_order(defs, definition(repo, {"type": "docker", "image": TEST_IMAGE,
                                                 "runtime": "native"}), check_storage=False)
+
+
+@pytest.mark.docker  # its root file system is the test image, exported once
+async def test_ensure_order_bubblewrap(defs: Definitions, repo: str) -> None:
+    await _ensure_order(defs, definition(repo, {"type": "bubblewrap", "image": TEST_IMAGE}),
+                        check_storage=True)
 
 
 @pytest.mark.docker
@@ -426,3 +457,43 @@ async def test_nothing_durable_reruns_setup_and_progress_streams(
     assert second.path == "created" and "setup[0]" in step_names(second)
     assert second.sandbox.id != first.sandbox.id
     await second.sandbox.close()
+
+
+# -- a sandbox another program suspended -------------------------------------------------
+async def _suspended_elsewhere_is_resumed(home: Path, d: Definition) -> None:
+    """Work done after setup survives a suspend made by another program (here:
+    another store handle on the same file, with a host of its own): ensure
+    resumes the sandbox's own suspended state, never the after-setup snapshot."""
+    programs = [Definitions(LocalHost(SQLiteStore(str(home / "hutch.db")))) for _ in range(3)]
+    first = await programs[0].ensure(d, "t")
+    await first.sandbox.write_text("notes.txt", "work since setup")
+    other = await programs[1].ensure(d, "t")
+    assert other.path == "resumed" and other.sandbox.id == first.sandbox.id
+    await other.sandbox.suspend()
+    third = await programs[2].ensure(d, "t")
+    try:
+        assert third.path == "resumed" and third.sandbox.id == first.sandbox.id
+        assert third.sandbox.state.value == "running"
+        assert await third.sandbox.read_text("notes.txt") == "work since setup"
+        # And back in the program that made it: its own handle is out of date
+        # (another program suspended the sandbox), the store is not.
+        again = await programs[0].ensure(d, "t")
+        assert again.path == "resumed" and again.sandbox.id == first.sandbox.id
+        assert await again.sandbox.read_text("notes.txt") == "work since setup"
+    finally:
+        await third.sandbox.close()
+        for program in programs:
+            await program.settle()
+            program.host.store.close()
+
+
+@pytest.mark.docker
+async def test_a_sandbox_suspended_elsewhere_is_resumed_docker(home: Path, repo: str) -> None:
+    await _suspended_elsewhere_is_resumed(
+        home, definition(repo, {"type": "docker", "image": TEST_IMAGE, "runtime": "native"}))
+
+
+@pytest.mark.docker  # its root file system is the test image, exported once
+async def test_a_sandbox_suspended_elsewhere_is_resumed_bubblewrap(home: Path, repo: str) -> None:
+    await _suspended_elsewhere_is_resumed(
+        home, definition(repo, {"type": "bubblewrap", "image": TEST_IMAGE}))
