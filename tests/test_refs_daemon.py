@@ -34,7 +34,7 @@ def bare_env() -> dict[str, str]:
 
 def worker(ref: str, code: str) -> subprocess.CompletedProcess[str]:
     """Python in another process, attached with ``ref`` as ``sb``."""
-    program = f"import hutch, sys\nsb = hutch.attach(sys.argv[1])\n{code}\n"
+    program = f"import hutch, sys\nsb = hutch.attach_sync(sys.argv[1])\n{code}\n"
     return subprocess.run([sys.executable, "-c", program, ref], capture_output=True,
                           text=True, timeout=120, env=bare_env(), stdin=subprocess.DEVNULL)
 

@@ -28,7 +28,7 @@ from .._errors import (
     error_from_code,
 )
 from .._process import ExitStatus
-from .._refwire import decode_ref
+from .._refwire import decode_ref, unix_socket_of
 from .._sandbox import check_ref_lifetime
 from .._snapshots import Snapshot
 from .._types import (
@@ -84,6 +84,13 @@ def raise_for_error(status: int, body: bytes) -> None:
 
 
 def unreachable(url: str, exc: Exception) -> SandboxUnavailable:
+    path = unix_socket_of(url)
+    if path is not None:
+        # Only an in-process owner serves on a socket, and it stops with its owner.
+        return SandboxUnavailable(
+            f"the sandbox this ref names is no longer served at {path}: its owner's "
+            f"cleanup ended it, or the owner's process is gone ({type(exc).__name__})"
+        )
     return SandboxUnavailable(
         f"the hutch daemon at {url} is not reachable ({type(exc).__name__}); "
         "start it with `hutch serve`"

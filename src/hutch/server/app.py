@@ -60,7 +60,7 @@ from .._types import (
     OutputChunk,
 )
 from ..store import RefRow
-from .daemon import DEFAULT_RETENTION_SECONDS, Daemon
+from .daemon import DEFAULT_RETENTION_SECONDS, Daemon, default_data_dir
 from .policy import OperatorPolicy
 
 log = logging.getLogger("hutch.server")
@@ -800,14 +800,30 @@ def create_app(
     settings: ServerSettings | None = None,
     *,
     on_ready: Callable[[Daemon], None] | None = None,
+    core: Daemon | None = None,
 ) -> FastAPI:
-    """The application; ``on_ready`` is called once the daemon has started."""
+    """The application; ``on_ready`` is called once the daemon has started.
+
+    ``core``: a daemon core its caller has made and runs (an in-process
+    owner serving its sandbox to the holders of its refs, see
+    :mod:`hutch.server.owner`); the application answers through it and
+    neither starts nor stops it, nor changes anything process-wide.
+    """
     settings = settings or ServerSettings()
     holder: dict[str, Daemon] = {}
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if core is not None:
+            holder["daemon"] = core
+            try:
+                yield
+            finally:
+                holder.pop("daemon", None)
+            return
         restore_watcher = use_pidfd_child_watcher()
+        # Providers that keep files on the host keep them under the daemon's data dir.
+        os.environ["HUTCH_HOME"] = os.path.abspath(settings.data_dir or default_data_dir())
         daemon = Daemon(
             settings.data_dir, sandbox_defaults=settings.sandbox_defaults,
             timeout_ceiling=settings.timeout_ceiling,

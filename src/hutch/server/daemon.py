@@ -121,8 +121,6 @@ class Daemon:
         self.policy = policy or OperatorPolicy()
         self.data_dir = os.path.abspath(data_dir or default_data_dir())
         make_private_dir(self.data_dir)
-        # Providers that keep files on the host keep them under the data dir.
-        os.environ["HUTCH_HOME"] = self.data_dir
         if store is None:
             store = SQLiteStore(make_private_file(os.path.join(self.data_dir, "hutch.db")))
         self.store = store
@@ -560,6 +558,12 @@ class Daemon:
             if row is not None and row.state in ("terminated", "failed"):
                 raise expiry_error(row.id, SandboxState(row.state), row.reason) from None
             raise NotFound(f"no sandbox {sandbox_id}") from None
+
+    def host(self, sandbox: Sandbox) -> None:
+        """Answer for ``sandbox``, which this process made outside the daemon
+        (an in-process owner serving it to the holders of its refs): its
+        owner closes it; it is never stored, reconciled or reaped here."""
+        self.sandboxes[sandbox.id] = sandbox
 
     def session(self, sandbox_id: str, session: str | None) -> Sandbox:
         """The sandbox, with the calling session's read-before-write guard in effect."""
