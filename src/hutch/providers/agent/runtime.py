@@ -184,7 +184,8 @@ class AgentProcess(PtyProcess):
     can change (``resize``)."""
 
     def __init__(
-        self, runtime: AgentRuntime, channel: Channel, marker: str, pid: int, stdin: bytes | None
+        self, runtime: AgentRuntime, channel: Channel, marker: str, pid: int,
+        stdin: bytes | None, *, reusable: bool = False,
     ) -> None:
         self._runtime = runtime
         self._channel = channel
@@ -198,6 +199,8 @@ class AgentProcess(PtyProcess):
         self._oom_killed = False
         self._killing = False
         self._eof = False
+        #: A plain command's connection serves again once it exits (see _pump).
+        self._reusable = reusable
         self._tasks = [loop.create_task(self._pump())]
         if stdin is not None:
             self._tasks.append(loop.create_task(self._feed(stdin)))
@@ -218,6 +221,7 @@ class AgentProcess(PtyProcess):
         self._queue.put_nowait(item)
 
     async def _pump(self) -> None:
+        exited = False
         try:
             while True:
                 header, payload = await self._channel.recv(EXEC_SILENCE_TIMEOUT)
@@ -233,6 +237,7 @@ class AgentProcess(PtyProcess):
                         self._runtime.on_oom()
                     if not self._exit.done():
                         self._exit.set_result(code)
+                    exited = True
                     break
                 elif kind != "hb":
                     raise AgentFailure(f"the agent sent {kind!r} while running a command")
@@ -244,8 +249,31 @@ class AgentProcess(PtyProcess):
                 self._exit.exception()  # retrieved here; wait() raises it again
             await self._put(failure)
         finally:
-            self._channel.close()
+            reuse = exited and self._reusable and not self._killing
+            if not reuse:
+                self._channel.close()
             await self._put(None)
+        if reuse:
+            await self._give_back()
+
+    async def _give_back(self) -> None:
+        """After the exit, the connection goes back to the pool: the host says
+        it is done with the command ("end"), the agent that it listens for
+        requests again ("ended"). An agent that does not (one from before this
+        protocol, or one in trouble) has its connection closed, nothing more."""
+        channel = self._channel
+        try:
+            await channel.send({"t": "end"})
+            reply, _ = await channel.recv(ANSWER_TIMEOUT)
+            if reply["t"] != "ended":
+                raise AgentFailure(f"the agent answered an end with {reply['t']!r}")
+        except AgentFailure:
+            channel.close()
+            return
+        except BaseException:
+            channel.close()
+            raise
+        self._runtime.keep(channel)
 
     async def read(self) -> OutputChunk | None:
         if self._eof:
@@ -361,6 +389,13 @@ class AgentRuntime(SandboxRuntime):
         except AgentFailure:
             pass  # the next request finds out, and recovers
 
+    def keep(self, channel: Channel) -> None:
+        """A connection in step with the agent, for the next request."""
+        if not channel.closed and len(self._idle) < POOL_SIZE:
+            self._idle.append(channel)
+        else:
+            channel.close()
+
     def drop_connections(self) -> None:
         for channel in self._idle:
             channel.close()
@@ -377,10 +412,7 @@ class AgentRuntime(SandboxRuntime):
         except BaseException:
             channel.close()  # cancelled mid-answer: out of step
             raise
-        if not channel.closed and len(self._idle) < POOL_SIZE:
-            self._idle.append(channel)
-        else:
-            channel.close()
+        self.keep(channel)
 
     async def request(
         self,
@@ -447,7 +479,8 @@ class AgentRuntime(SandboxRuntime):
         except BaseException:
             channel.close()
             raise
-        return AgentProcess(self, channel, marker, pid, stdin)
+        return AgentProcess(self, channel, marker, pid, stdin,
+                            reusable=stdin is None and pty is None)
 
     async def start_pty(
         self,
