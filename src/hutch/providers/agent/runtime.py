@@ -254,26 +254,9 @@ class AgentProcess(PtyProcess):
                 self._channel.close()
             await self._put(None)
         if reuse:
-            await self._give_back()
-
-    async def _give_back(self) -> None:
-        """After the exit, the connection goes back to the pool: the host says
-        it is done with the command ("end"), the agent that it listens for
-        requests again ("ended"). An agent that does not (one from before this
-        protocol, or one in trouble) has its connection closed, nothing more."""
-        channel = self._channel
-        try:
-            await channel.send({"t": "end"})
-            reply, _ = await channel.recv(ANSWER_TIMEOUT)
-            if reply["t"] != "ended":
-                raise AgentFailure(f"the agent answered an end with {reply['t']!r}")
-        except AgentFailure:
-            channel.close()
-            return
-        except BaseException:
-            channel.close()
-            raise
-        self._runtime.keep(channel)
+            # Declared at the start (see start_process): the agent sends
+            # nothing more for it, and serves the next request on it.
+            self._runtime.keep(self._channel)
 
     async def read(self) -> OutputChunk | None:
         if self._eof:
@@ -349,6 +332,9 @@ class AgentRuntime(SandboxRuntime):
         self.default_user = default_user
         self._recover = recover
         self._idle: list[Channel] = []
+        #: The agent keeps an exec's connection for the next request (its
+        #: version, learnt from its ping, is 2 or later).
+        self.keeps_exec_connections = False
 
     # -- connections ----------------------------------------------------------------
     async def _connect(self) -> Channel:
@@ -454,12 +440,16 @@ class AgentRuntime(SandboxRuntime):
         pty: tuple[int, int] | None = None,
     ) -> AgentProcess:
         marker = uuid.uuid4().hex
+        # A command with no stdin and no PTY: the host sends nothing while it
+        # runs, so an agent that can (version 2 on) keeps its connection for
+        # the next request once the exit is sent.
+        reuse = stdin is None and pty is None and self.keeps_exec_connections
         header: Header = {
             "op": "exec", "argv": list(argv), "cwd": cwd,
             "env": {**env, EXEC_MARKER: marker}, "user": user or self.default_user or "",
             "stdin": stdin is not None or pty is not None,
             "shell_fallback": bool(argv) and argv[0] == "bash",
-            "marker": f"{EXEC_MARKER}={marker}",
+            "marker": f"{EXEC_MARKER}={marker}", "reuse": reuse,
         }
         if pty is not None:
             header["pty"] = {"rows": pty[0], "cols": pty[1]}
@@ -479,8 +469,7 @@ class AgentRuntime(SandboxRuntime):
         except BaseException:
             channel.close()
             raise
-        return AgentProcess(self, channel, marker, pid, stdin,
-                            reusable=stdin is None and pty is None)
+        return AgentProcess(self, channel, marker, pid, stdin, reusable=reuse)
 
     async def start_pty(
         self,
@@ -706,6 +695,8 @@ class AgentRuntime(SandboxRuntime):
             reply, _ = await channel.recv(timeout)
             if reply["t"] != "ok":
                 raise AgentFailure("the agent did not answer a ping")
+            version = str(reply.get("version", ""))
+            self.keeps_exec_connections = version.isdigit() and int(version) >= 2
             return int(_number(reply, "pid"))
         finally:
             channel.close()

@@ -219,9 +219,10 @@ func childEnv(extra map[string]string, acct *account) []string {
 }
 
 // handleExec runs one command on this connection. It answers whether the
-// connection may serve another request: after the exit, the host says
-// "end" once it has nothing more to send for this command, and the agent
-// answers "ended"; a connection that ends otherwise is closed.
+// connection may serve another request: one the host asked to keep
+// ("reuse", for a command with no stdin and no PTY: the host sends nothing
+// while it runs) serves again once the exit is sent; any other is the
+// command's to the end.
 func handleExec(c *conn, h header) bool {
 	argv, ok := strList(h, "argv")
 	if !ok || len(argv) == 0 {
@@ -350,37 +351,10 @@ func handleExec(c *conn, h header) bool {
 	}
 
 	// The host's frames: stdin data, its end, and a PTY's window size.
-	reusable := make(chan bool, 1)
-	go func() {
-		ended := false
-		for !ended {
-			fh, payload, err := c.readFrame()
-			if err != nil {
-				break
-			}
-			switch str(fh, "t") {
-			case "end":
-				ended = true
-			case "in":
-				if stdinW != nil {
-					_, _ = stdinW.Write(payload)
-				}
-			case "eof":
-				if stdinW != nil && ptyMaster == nil {
-					stdinW.Close()
-					stdinW = nil
-				}
-			case "resize":
-				if ptyMaster != nil {
-					setWinsize(ptyMaster, uint16(num(fh, "rows")), uint16(num(fh, "cols")))
-				}
-			}
-		}
-		if stdinW != nil && ptyMaster == nil {
-			stdinW.Close()
-		}
-		reusable <- ended
-	}()
+	reuse := boolean(h, "reuse") && stdinW == nil && ptyMaster == nil
+	if !reuse {
+		go readInput(c, stdinW, ptyMaster)
+	}
 
 	var pumps sync.WaitGroup
 	for i, f := range outputs {
@@ -446,10 +420,36 @@ func handleExec(c *conn, h header) bool {
 		return false
 	}
 	closeAll(parentEnds)
-	if !<-reusable {
-		return false
+	return reuse
+}
+
+// readInput: the host's frames while a command runs: stdin data, its end,
+// and a PTY's window size; the command's stdin is closed when they end.
+func readInput(c *conn, stdinW, ptyMaster *os.File) {
+	for {
+		fh, payload, err := c.readFrame()
+		if err != nil {
+			break
+		}
+		switch str(fh, "t") {
+		case "in":
+			if stdinW != nil {
+				_, _ = stdinW.Write(payload)
+			}
+		case "eof":
+			if stdinW != nil && ptyMaster == nil {
+				stdinW.Close()
+				stdinW = nil
+			}
+		case "resize":
+			if ptyMaster != nil {
+				setWinsize(ptyMaster, uint16(num(fh, "rows")), uint16(num(fh, "cols")))
+			}
+		}
 	}
-	return c.send(header{"t": "ended"}, nil) == nil
+	if stdinW != nil && ptyMaster == nil {
+		stdinW.Close()
+	}
 }
 
 // -- kill -------------------------------------------------------------------------
