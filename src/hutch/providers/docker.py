@@ -1181,15 +1181,39 @@ class DockerSandbox(SandboxBackend):
         if sandbox.container_id is not None and not await sandbox.is_alive():
             # The container on record is gone, but the sandbox may have one
             # under its name that the record missed (a suspend undone because
-            # the store could not keep it resumed into a new container).
+            # the store could not keep it resumed into a new container)...
             try:
                 details = await _call(engine().inspect_container, sandbox.container_name)
             except SandboxUnavailable:
-                return sandbox
-            labels = (details.get("Config") or {}).get("Labels") or {}
-            if labels.get(SANDBOX_LABEL) == sandbox_id:
+                details = None
+            labels = ((details or {}).get("Config") or {}).get("Labels") or {}
+            if details is not None and labels.get(SANDBOX_LABEL) == sandbox_id:
                 sandbox.container_id = str(details["Id"])
+                return sandbox
+            # ... or none, and its state in its suspend image (suspended by a
+            # program whose suspend the record missed).
+            suspended = await sandbox._own_suspend_image()
+            if suspended is not None:
+                sandbox.container_id = None
+                sandbox.suspended_image = suspended
         return sandbox
+
+    async def _own_suspend_image(self) -> str | None:
+        """The id of this sandbox's suspend image, if the engine has one."""
+        try:
+            details = await _call(
+                engine().inspect_image, f"{SUSPENDED_REPOSITORY}:{self.sandbox_id}"
+            )
+        except HutchError:
+            return None
+        labels = (details.get("Config") or {}).get("Labels") or {}
+        return str(details["Id"]) if labels.get(SANDBOX_LABEL) == self.sandbox_id else None
+
+    async def is_suspended(self) -> bool:
+        return (
+            self.container_id is None and self.suspended_image is not None
+            and await self._own_suspend_image() == self.suspended_image
+        )
 
     def _container(self) -> str:
         if self.container_id is None:

@@ -12,7 +12,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -110,7 +110,8 @@ CREATE TABLE IF NOT EXISTS instances (
     sandbox_id TEXT,
     description TEXT NOT NULL DEFAULT '{}',
     spec TEXT NOT NULL DEFAULT '{}',
-    updated_at_unix REAL NOT NULL
+    updated_at_unix REAL NOT NULL,
+    state TEXT NOT NULL DEFAULT 'running'
 );
 CREATE TABLE IF NOT EXISTS leases (
     name TEXT PRIMARY KEY,
@@ -120,7 +121,7 @@ CREATE TABLE IF NOT EXISTS leases (
 """
 _INSTANCE_COLUMNS = (
     "key", "definition_id", "thread_id", "tenant", "provider", "sandbox_id", "description",
-    "spec", "updated_at_unix",
+    "spec", "updated_at_unix", "state",
 )
 
 _REF_COLUMNS = (
@@ -140,7 +141,10 @@ _ADDED_COLUMNS = {
     # Workspaces on snapshots (provider-neutral); columns of the Docker-only
     # rows of older data directories are left unread.
     "workspaces": {"state_snapshot_id": "TEXT", "source_snapshot_id": "TEXT"},
+    # The workspace a ref follows.
     "refs": {"workspace": "TEXT"},
+    # The state of an instance's sandbox, kept with its description.
+    "instances": {"state": "TEXT NOT NULL DEFAULT 'running'"},
 }
 
 _SANDBOX_COLUMNS = (
@@ -450,6 +454,15 @@ class SQLiteStore(Store):
 
     def delete_instance(self, key: str) -> None:
         self._write("DELETE FROM instances WHERE key = ?", (key,))
+
+    def record_instance_sandbox(
+        self, sandbox_id: str, state: str, description: Mapping[str, Any]
+    ) -> None:
+        self._write(
+            "UPDATE instances SET state = ?, description = ?, updated_at_unix = ? "
+            "WHERE sandbox_id = ?",
+            (state, json.dumps(dict(description)), time.time(), sandbox_id),
+        )
 
     def take_lease(self, name: str, holder: str, seconds: float) -> bool:
         now = time.time()
