@@ -350,16 +350,26 @@ REF_OPERATIONS = frozenset({
 })
 
 
-def ref_may_reach(ref: RefRow, method: str, path: str) -> bool:
-    """A ref reaches its own sandbox, for the operations in :data:`REF_OPERATIONS`."""
-    if path == "/healthz":
-        return True
+def ref_route_sandbox(path: str) -> str | None:
+    """The sandbox a request path names when the route is one a ref may take
+    (:data:`REF_OPERATIONS` of one sandbox), else None."""
     parts = path.split("/")
-    return (
-        len(parts) >= 4 and parts[1] == "v1" and parts[2] == "sandboxes"
-        and parts[3] == ref.sandbox_id and not any(p in ("..", ".") for p in parts)
+    if (
+        len(parts) >= 4 and parts[1] == "v1" and parts[2] == "sandboxes" and parts[3]
+        and not any(p in ("..", ".") for p in parts)
         and (len(parts) == 4 or parts[4] in REF_OPERATIONS)
-    )
+    ):
+        return parts[3]
+    return None
+
+
+def _retarget(scope: Scope, named: str, target: str) -> None:
+    """Send a request naming sandbox ``named`` to sandbox ``target`` instead."""
+    prefix = f"/v1/sandboxes/{named}"
+    scope["path"] = f"/v1/sandboxes/{target}" + scope["path"][len(prefix):]
+    raw = scope.get("raw_path")
+    if isinstance(raw, bytes) and raw.startswith(prefix.encode()):
+        scope["raw_path"] = f"/v1/sandboxes/{target}".encode() + raw[len(prefix):]
 
 
 def session_of(scope: Scope) -> str | None:
@@ -414,12 +424,23 @@ class TokenAuth:
         except HutchError as exc:
             await self._refuse(scope, send, exc)
             return
-        if not ref_may_reach(ref, scope.get("method", "GET"), scope["path"]):
-            await self._refuse(scope, send, SandboxPermissionDenied(
-                f"ref {ref.id} works only in sandbox {ref.sandbox_id}, and cannot hand out "
-                "refs, snapshot or fork it"
-            ))
-            return
+        if scope["path"] != "/healthz":
+            named = ref_route_sandbox(scope["path"])
+            try:
+                # A ref that follows a workspace reaches the sandbox serving it now.
+                target = None if named is None else daemon.ref_target(ref, named)
+            except HutchError as exc:
+                await self._refuse(scope, send, exc)
+                return
+            if named is None or target is None:
+                await self._refuse(scope, send, SandboxPermissionDenied(
+                    f"ref {ref.id} works only in sandbox {ref.sandbox_id}"
+                    + (f" (and those of workspace {ref.workspace})" if ref.workspace else "")
+                    + ", and cannot hand out refs, snapshot or fork it"
+                ))
+                return
+            if target != named:
+                _retarget(scope, named, target)
         scope[REF_SCOPE_KEY] = ref
         await self.app(scope, receive, send)
 

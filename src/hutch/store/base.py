@@ -92,6 +92,9 @@ class RefRow:
     created_at_unix: float
     expires_at_unix: float | None = None
     revoked_at_unix: float | None = None
+    #: The workspace whose sandbox it was handed out for: it follows the
+    #: workspace to the sandboxes that serve it later (after a suspend and resume).
+    workspace: str | None = None
 
 
 @dataclass
@@ -212,8 +215,9 @@ class Store(abc.ABC):
     def get_ref(self, ref_id: str) -> RefRow | None: ...
 
     @abc.abstractmethod
-    def list_refs(self, sandbox_id: str) -> list[RefRow]:
-        """A sandbox's refs, revoked and expired ones included, oldest first."""
+    def list_refs(self, sandbox_id: str, workspace: str | None = None) -> list[RefRow]:
+        """A sandbox's refs, revoked and expired ones included, oldest first;
+        with ``workspace``, also the refs that follow that workspace."""
 
     # -- definitions and their instances ------------------------------------------------
     @abc.abstractmethod
