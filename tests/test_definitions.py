@@ -490,27 +490,31 @@ async def test_nothing_durable_reruns_setup_and_progress_streams(
 
 # -- a sandbox another program suspended -------------------------------------------------
 async def _suspended_elsewhere_is_resumed(home: Path, d: Definition) -> None:
-    """Work done after setup survives a suspend made by another program (here:
-    another store handle on the same file, with a host of its own): ensure
-    resumes the sandbox's own suspended state, never the after-setup snapshot."""
+    """Work done after setup survives a pause or a suspend made by another
+    program (here: other store handles on the same file, each with a host of
+    its own): ensure resumes the sandbox's own state, never the after-setup
+    snapshot, and a program whose handle is out of date goes by the store."""
     programs = [Definitions(LocalHost(SQLiteStore(str(home / "hutch.db")))) for _ in range(3)]
     first = await programs[0].ensure(d, "t")
     await first.sandbox.write_text("notes.txt", "work since setup")
     other = await programs[1].ensure(d, "t")
     assert other.path == "resumed" and other.sandbox.id == first.sandbox.id
-    await other.sandbox.suspend()
+    await other.sandbox.pause()
     third = await programs[2].ensure(d, "t")
+    assert third.path == "resumed" and third.sandbox.id == first.sandbox.id
+    assert third.sandbox.state.value == "running"
+    assert await third.sandbox.read_text("notes.txt") == "work since setup"
+    await third.sandbox.suspend()
+    # Back in the program that made it: its own handle says running, the
+    # store says suspended, and the store is right.
+    again = await programs[0].ensure(d, "t")
     try:
-        assert third.path == "resumed" and third.sandbox.id == first.sandbox.id
-        assert third.sandbox.state.value == "running"
-        assert await third.sandbox.read_text("notes.txt") == "work since setup"
-        # And back in the program that made it: its own handle is out of date
-        # (another program suspended the sandbox), the store is not.
-        again = await programs[0].ensure(d, "t")
         assert again.path == "resumed" and again.sandbox.id == first.sandbox.id
+        assert again.sandbox.state.value == "running"
         assert await again.sandbox.read_text("notes.txt") == "work since setup"
+        assert (await again.sandbox.read_text(".setup-runs")) == "ran\n"
     finally:
-        await third.sandbox.close()
+        await again.sandbox.close()
         for program in programs:
             await program.settle()
             program.host.store.close()
