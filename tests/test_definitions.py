@@ -26,6 +26,7 @@ from hutch.definitions import (
     label_for,
     load_definitions,
 )
+from hutch.providers.registry import get_provider
 from hutch.store import SQLiteStore
 
 from .conftest import TEST_IMAGE
@@ -41,14 +42,23 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     home = tmp_path / "home"
     monkeypatch.setenv("HUTCH_HOME", str(home))
     yield home
-    remove_docker_leftovers(home)
+    end_leftovers(home)
 
 
-def remove_docker_leftovers(home: Path) -> None:
-    """What a test's sandboxes left in the Docker Engine under its own hutch
-    home (snapshot images kept for the next ensure, a sandbox a failed
-    assertion left): removed, children before the images they build on."""
-    if shutil.which("docker") is None:
+def end_leftovers(home: Path) -> None:
+    """What a test's sandboxes left under its own hutch home (a sandbox a
+    failed assertion or another program left, a snapshot kept for the next
+    ensure): ended by each provider's own reaping (a branch's mount, a
+    container, a keeper), then the Docker images, children before the images
+    they build on."""
+    docker = shutil.which("docker") is not None
+
+    async def reap() -> None:
+        for name in ("local", "bubblewrap", "docker") if docker else ("local",):
+            await get_provider(name).reap_orphans(set())
+
+    anyio.run(reap)
+    if not docker:
         return
     label = f"label=hutch.home={home}"
 
