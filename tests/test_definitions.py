@@ -27,7 +27,7 @@ from hutch.definitions import (
     load_definitions,
 )
 from hutch.providers.registry import get_provider
-from hutch.store import SQLiteStore
+from hutch.store import InstanceRow, SQLiteStore
 
 from .conftest import TEST_IMAGE
 
@@ -567,3 +567,23 @@ async def test_a_suspend_the_record_missed_is_resumed_docker(home: Path, repo: s
         for program in programs:
             await program.settle()
             program.host.store.close()
+
+
+def test_a_record_is_overwritten_only_by_who_wrote_it_last(home: Path) -> None:
+    """A transition is written where the record still says what its writer
+    last knew: a program whose handle is out of date never overwrites it."""
+    store = SQLiteStore(str(home / "hutch.db"))
+    store.put_instance(InstanceRow(key="k", definition_id="d", thread_id="t", tenant=None,
+                                   provider="docker", sandbox_id="sb-1",
+                                   description={"container_id": "c1"}, state="running"))
+    # Another program suspended it: its write stands...
+    assert store.record_instance_sandbox("sb-1", "suspended", {"container_id": None},
+                                         was=("running", {"container_id": "c1"}))
+    # ... against the one that made it, whose handle still says running on c1.
+    assert not store.record_instance_sandbox("sb-1", "paused", {"container_id": "c1"},
+                                             was=("running", {"container_id": "c1"}))
+    row = store.get_instance("k")
+    assert row is not None and (row.state, row.description) == ("suspended",
+                                                                {"container_id": None})
+    assert not store.record_instance_sandbox("sb-other", "running", {})
+    store.close()
