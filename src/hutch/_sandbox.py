@@ -710,9 +710,12 @@ class Sandbox:
             return
         if self._closed:
             return
-        if self._gate is not None:
-            await self._gate.closed(self)
-        await self._release()
+        # Recorded ended and released as one: a caller that gives up meanwhile
+        # (a client gone) leaves neither a live record nor a runtime behind.
+        with anyio.CancelScope(shield=True):
+            if self._gate is not None:
+                await self._gate.closed(self)
+            await self._release()
         for token in self._live.refs:
             _LOCAL_REFS.pop(token, None)
 

@@ -505,6 +505,7 @@ class DockerProcess(BackendProcess):
         argv: Sequence[str],
         cwd: str,
         user: str | None,
+        oom_before: int | None,
     ) -> None:
         self._sandbox = sandbox
         self._exec_id = exec_id
@@ -516,7 +517,8 @@ class DockerProcess(BackendProcess):
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[OutputChunk | BaseException | None] = asyncio.Queue()
         self._exit_code: int | None = None
-        self._oom_before = oom_kills(sandbox.container_id or "")
+        #: The container's OOM kills before the command started (None: unknown).
+        self._oom_before = oom_before
         self._oom_killed = False
         self._exit = self._loop.create_future()
         self._first = True
@@ -941,7 +943,8 @@ class DockerSandbox(SandboxBackend):
 
         A paused container's agent is frozen, not dead: nothing to do. A
         running container whose agent does not answer a ping is restarted; a
-        stopped one (its keeper was killed) is started again. Files survive
+        stopped one (its keeper was killed) is started again, unless the OOM
+        killer stopped it (then the sandbox is lost, and fails). Files survive
         both; processes do not, and the caller's error says so.
         """
         if self._recovering is None:
@@ -949,23 +952,42 @@ class DockerSandbox(SandboxBackend):
         async with self._recovering:
             container = self._container()
             assert self._agent is not None
-            try:
-                details = await _call(engine().inspect_container, container)
-            except HutchError as exc:
-                raise SandboxUnavailable(
-                    f"docker sandbox {self.sandbox_id}: its agent failed ({reason}) and its "
-                    f"container is gone: {exc}"
-                ) from None
-            state = details.get("State") or {}
+
+            async def state_now() -> dict[str, Any]:
+                try:
+                    details = await _call(engine().inspect_container, container)
+                except HutchError as exc:
+                    raise SandboxUnavailable(
+                        f"docker sandbox {self.sandbox_id}: its agent failed ({reason}) and "
+                        f"its container is gone: {exc}"
+                    ) from None
+                return dict(details.get("State") or {})
+
+            state = await state_now()
             if state.get("Paused"):
                 raise SandboxUnavailable(f"docker sandbox {self.sandbox_id} is paused")
             if state.get("Running"):
                 with contextlib.suppress(AgentFailure):
                     await self._agent.ping(timeout=0.5)
                     return False  # it answers: the failure was the request's
+                # A keeper that died takes its container down within moments
+                # (its init exits): not wedged, gone, and told apart below.
+                for _ in range(10):
+                    await asyncio.sleep(0.1)
+                    state = await state_now()
+                    if not state.get("Running"):
+                        break
+            if state.get("Running"):
                 log.warning("docker sandbox %s: its agent is wedged (%s); restarting it",
                             self.sandbox_id, reason)
                 action: Any = lambda: engine().restart(container, timeout=0)  # noqa: E731
+            elif state.get("OOMKilled"):
+                # The OOM killer ended its keeper: the runtime died, and saying
+                # so (the sandbox fails) is the truth; a restart would hide it.
+                raise SandboxUnavailable(
+                    f"docker sandbox {self.sandbox_id}: "
+                    f"{await _death_reason(container, 'die')}"
+                )
             else:
                 log.warning("docker sandbox %s: its agent is gone (%s, exit code %s); "
                             "starting its container again", self.sandbox_id, reason,
@@ -1214,7 +1236,10 @@ class DockerSandbox(SandboxBackend):
         marker = uuid.uuid4().hex
         full_env = {**env, EXEC_MARKER: marker, SANDBOX_MARKER: self.sandbox_id}
 
-        def start() -> tuple[str, socket.socket]:
+        def start() -> tuple[str, socket.socket, int | None]:
+            # Counted before it starts: a command can be OOM-killed before
+            # the call that started it returns.
+            oom_before = oom_kills(container)
             with freeze_guard(container).starting():
                 created = api.exec_create(
                     container, list(argv), stdin=stdin is not None, environment=full_env,
@@ -1226,10 +1251,10 @@ class DockerSandbox(SandboxBackend):
                 wait_until_started(api, created["Id"])
             # The client's request timeout would end a command silent that long.
             sock.settimeout(None)
-            return created["Id"], sock
+            return created["Id"], sock, oom_before
 
-        exec_id, sock = await _call(start)
-        return DockerProcess(self, exec_id, marker, sock, stdin, argv, cwd, user)
+        exec_id, sock, oom_before = await _call(start)
+        return DockerProcess(self, exec_id, marker, sock, stdin, argv, cwd, user, oom_before)
 
     async def run_quiet(
         self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
