@@ -362,7 +362,7 @@ def start_keeper(
     ]
     env = {
         "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
-        "HUTCH_CGROUP_PROCS": cgroup.procs_files(),
+        "HUTCH_CGROUP_PROCS": cgroup.keeper_procs_files(),
         KEEPER_MARKER: "1",
     }
     try:
