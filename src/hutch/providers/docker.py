@@ -34,7 +34,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Generator, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import IO, Annotated, Any, Literal
 
@@ -115,6 +115,8 @@ GREP_CANDIDATE_LIMIT = 16 * GREP_OUTPUT_LIMIT
 _ARCHIVE_IN_MEMORY = 1024 * 1024
 #: Symlinks followed by one read or write before it gives up (as the kernel's 40).
 _MAX_LINK_HOPS = 40
+#: What one piece of a file read out of a container (an archive stream) holds.
+_READ_PIECE = 1024 * 1024
 #: Where the agent's executable and its socket's directory are mounted.
 AGENT_BINARY_PATH = "/.hutch/bin/hutch-agent"
 AGENT_DIR_PATH = "/.hutch/run"
@@ -496,6 +498,29 @@ def _oci_error(message: str, argv: Sequence[str], cwd: str, user: str | None) ->
     if "not found" in message or "no such file" in message:
         return SandboxFileNotFound(f"command not found: {argv[0]}")
     return ProviderError(f"docker exec failed: {message.strip()}")
+
+
+class _ChunkReader(io.RawIOBase):
+    """A binary file over an iterator of byte chunks (an HTTP body as it
+    arrives), read without copying what is held."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = chunks
+        self._held = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._held:
+            try:
+                self._held = memoryview(next(self._chunks))
+            except StopIteration:
+                return 0
+        count = min(len(buffer), len(self._held))
+        buffer[:count] = self._held[:count]
+        self._held = self._held[count:]
+        return count
 
 
 class DockerProcess(BackendProcess):
@@ -1459,17 +1484,27 @@ class DockerSandbox(SandboxBackend):
     async def stat(self, path: str) -> FileInfo:
         return self._info(path, await self._stat_header(path))
 
-    async def read_file(self, path: str, limit: int) -> bytes:
+    def _open_content(
+        self, path: str, limit: int
+    ) -> tuple[Generator[bytes, None, None], IO[bytes] | None]:
+        """In a thread: the engine's archive stream of ``path`` (symlinks
+        followed) and the file's content read from it as it arrives (None for
+        what has no content, a FIFO); the caller closes the stream. Errors
+        (missing, a directory, over ``limit``) come before a byte moves."""
         api = engine()
         container = self._container()
-
-        def get(target: str) -> bytes | str:
-            """The file's bytes, or the path a symlink there points to."""
-            stream, header = api.get_archive(container, target, chunk_size=1 << 20)
-            mode = int(header.get("mode", 0))
+        target = path
+        for _ in range(_MAX_LINK_HOPS):
+            stream, header = api.get_archive(container, target, chunk_size=_READ_PIECE)
             try:
+                mode = int(header.get("mode", 0))
                 if mode & _GO_MODE_SYMLINK:
-                    return str(header.get("linkTarget") or "")  # resolved by the engine
+                    link = str(header.get("linkTarget") or "")  # resolved by the engine
+                    if not link:
+                        raise ProviderError(f"docker did not resolve the symlink {target}")
+                    target = link
+                    stream.close()
+                    continue
                 if mode & _GO_MODE_DIR:
                     raise SandboxIsADirectory(f"{path} is a directory")
                 # The stat header tells the size before a byte of content moves.
@@ -1478,29 +1513,51 @@ class DockerSandbox(SandboxBackend):
                     raise OutputLimitExceeded(
                         f"{path} is {size} bytes, over the read limit of {limit} bytes"
                     )
-                raw = b"".join(stream)
-            finally:
-                stream.close()
-            with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
+                # Read on after this returns; closing the stream under it ends it.
+                tar = tarfile.open(  # noqa: SIM115
+                    fileobj=_ChunkReader(stream), mode="r|", bufsize=_READ_PIECE
+                )
                 member = tar.next()
                 if member is None:
                     raise ProviderError(f"docker returned an empty archive for {path}")
-                extracted = tar.extractfile(member)
-                return extracted.read() if extracted is not None else b""
+                return stream, tar.extractfile(member)
+            except BaseException:
+                stream.close()
+                raise
+        raise ProviderError(f"{path}: too many levels of symbolic links")
 
+    async def read_file(self, path: str, limit: int) -> bytes:
         def read() -> bytes:
-            target = path
-            for _ in range(_MAX_LINK_HOPS):
-                data = get(target)
-                if isinstance(data, bytes):
-                    return data
-                if not data:
-                    raise ProviderError(f"docker did not resolve the symlink {target}")
-                target = data
-            raise ProviderError(f"{path}: too many levels of symbolic links")
+            stream, content = self._open_content(path, limit)
+            try:
+                data = content.read(limit + 1) if content is not None else b""
+            finally:
+                stream.close()
+            if len(data) > limit:
+                raise OutputLimitExceeded(f"{path} is over the read limit of {limit} bytes")
+            return data
 
         data: bytes = await _call(read, path=path)
         return data
+
+    async def read_file_pieces(self, path: str, limit: int) -> AsyncGenerator[bytes, None]:
+        """The file in pieces as the engine's archive stream brings them: a
+        large file is never whole in the daemon's memory."""
+        stream, content = await _call(self._open_content, path, limit, path=path)
+        try:
+            total = 0
+            while content is not None:
+                piece: bytes = await _call(content.read, _READ_PIECE, path=path)
+                if not piece:
+                    break
+                total += len(piece)
+                if total > limit:
+                    raise OutputLimitExceeded(f"{path} is over the read limit of {limit} bytes")
+                yield piece
+            if total == 0:
+                yield b""
+        finally:
+            stream.close()
 
     async def write_file(self, path: str, data: bytes) -> None:
         await self.write_file_from(path, io.BytesIO(data))

@@ -18,7 +18,7 @@ import errno
 import os
 import shutil
 import stat as stat_mod
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
 
@@ -44,6 +44,8 @@ RESOLVE_IN_ROOT = 0x10
 _RESOLVE = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV
 #: Past this size, file I/O moves off the event loop.
 _THREAD_THRESHOLD = 1024 * 1024
+#: What one piece of a large file read out holds.
+_READ_PIECE = 1024 * 1024
 
 
 class _OpenHow(ctypes.Structure):
@@ -150,19 +152,24 @@ class RootFiles:
         return self._run(fn, path)
 
     # -- read ------------------------------------------------------------------
+    @staticmethod
+    def _check_readable(fd: int, path: str, limit: int) -> os.stat_result:
+        st = os.fstat(fd)
+        if stat_mod.S_ISDIR(st.st_mode):
+            raise SandboxIsADirectory(f"{path} is a directory")
+        if not stat_mod.S_ISREG(st.st_mode):
+            # A FIFO or a device may never end (or never start): grep skips it.
+            raise InvalidArgument(f"{path} is not a regular file; read it with exec")
+        if st.st_size > limit:
+            raise OutputLimitExceeded(
+                f"{path} is {st.st_size} bytes, over the read limit of {limit} bytes"
+            )
+        return st
+
     def _read(self, path: str, limit: int) -> bytes:
         # O_NONBLOCK: opening a FIFO must not wait for a writer.
         with self._open(path, os.O_RDONLY | os.O_NONBLOCK) as fd:
-            st = os.fstat(fd)
-            if stat_mod.S_ISDIR(st.st_mode):
-                raise SandboxIsADirectory(f"{path} is a directory")
-            if not stat_mod.S_ISREG(st.st_mode):
-                # A FIFO or a device may never end (or never start): grep skips it.
-                raise InvalidArgument(f"{path} is not a regular file; read it with exec")
-            if st.st_size > limit:
-                raise OutputLimitExceeded(
-                    f"{path} is {st.st_size} bytes, over the read limit of {limit} bytes"
-                )
+            st = self._check_readable(fd, path, limit)
             with os.fdopen(os.dup(fd), "rb") as fh:
                 # What fstat promised plus one byte to notice growth.
                 data = fh.read(st.st_size + 1)
@@ -177,6 +184,37 @@ class RootFiles:
         return await self._maybe_thread(
             lambda: self._read(path, limit), path, size > _THREAD_THRESHOLD
         )
+
+    async def read_pieces(self, path: str, limit: int) -> AsyncGenerator[bytes, None]:
+        """A small file whole (as :meth:`read`); a larger one in pieces read in
+        a thread from one descriptor, so that it is never whole in memory."""
+        size = self._run(lambda: self._lstat_size(path), path)
+        if size <= _THREAD_THRESHOLD:
+            yield await self.read(path, limit)
+            return
+
+        def opened() -> int:
+            with self._root_fd() as root:
+                fd = openat2(root, _relative(path), os.O_RDONLY | os.O_NONBLOCK)
+            try:
+                self._check_readable(fd, path, limit)
+            except BaseException:
+                os.close(fd)
+                raise
+            return fd
+
+        fd = self._run(opened, path)
+        try:
+            total = 0
+            while piece := await anyio.to_thread.run_sync(
+                lambda: self._run(lambda: os.read(fd, _READ_PIECE), path)
+            ):
+                total += len(piece)
+                if total > limit:
+                    raise OutputLimitExceeded(f"{path} is over the read limit of {limit} bytes")
+                yield piece
+        finally:
+            os.close(fd)
 
     def _lstat_size(self, path: str) -> int:
         with self._open(path, os.O_PATH) as fd:

@@ -17,7 +17,7 @@ import os
 import posixpath
 import subprocess
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..._errors import (
@@ -282,6 +282,10 @@ class BubblewrapRuntime(SandboxRuntime):
     # -- files -------------------------------------------------------------------
     async def read_file(self, path: str, limit: int) -> bytes:
         return await self.files.read(path, limit)
+
+    async def read_file_pieces(self, path: str, limit: int) -> AsyncGenerator[bytes, None]:
+        async for piece in self.files.read_pieces(path, limit):
+            yield piece
 
     async def write_file(self, path: str, data: bytes) -> None:
         await self.files.write(path, data)

@@ -7,7 +7,7 @@ import asyncio
 import dataclasses
 import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import IO, Any
 
 from ..._errors import (
@@ -229,6 +229,10 @@ class SshSandbox(SandboxBackend):
     # -- files ----------------------------------------------------------------------
     async def read_file(self, path: str, limit: int) -> bytes:
         return await self._files.read(path, limit)
+
+    async def read_file_pieces(self, path: str, limit: int) -> AsyncGenerator[bytes, None]:
+        async for piece in self._files.read_pieces(path, limit):
+            yield piece
 
     async def write_file(self, path: str, data: bytes) -> None:
         await self._files.write(path, data)
