@@ -364,6 +364,49 @@ async def test_suspend_ends_processes_as_declared(sandbox: Any) -> None:
     assert "sleep" not in result.stdout.split()
 
 
+def test_an_ephemeral_sandbox_outlives_the_thread_that_made_it() -> None:
+    """``--die-with-parent`` ends a keeper when the *thread* that started it
+    ends (the kernel's parent-death signal follows the thread): a sandbox
+    made from a thread that then exits (an event loop in a worker thread, a
+    resume in a thread pool) must live on."""
+    import threading
+    import time
+
+    from hutch._sandbox import backend_of
+
+    made: list[Any] = []
+    maker = threading.Thread(target=lambda: made.append(anyio.run(_make)))
+    maker.start()
+    maker.join()
+    sb = made[0]
+    try:
+        keeper = backend_of(sb).parts.keeper
+        time.sleep(0.5)  # the signal, had it been sent, has landed
+        assert keeper.alive()
+    finally:
+        anyio.run(sb.close)
+
+
+async def test_hutch_is_never_left_in_a_sandboxs_cgroups() -> None:
+    """The keeper is born in its sandbox's cgroups (a thread of hutch's
+    passes through them to start it): none of hutch's own is left there, or
+    the sandbox's kill, busy count and memory would reach hutch itself."""
+    from hutch._sandbox import backend_of
+
+    sandboxes = [await _make(runtime=runtime) for runtime in ("agent", "native")]
+    try:
+        for sb in sandboxes:
+            cgroup = backend_of(sb).parts.cgroup
+            assert os.getpid() not in cgroup.pids()
+            await sb.suspend()
+            await sb.resume()
+            assert os.getpid() not in cgroup.pids()
+            assert (await sb.exec("echo here")).stdout == "here\n"
+    finally:
+        for sb in sandboxes:
+            await sb.close()
+
+
 # -- through the daemon: adoption after a restart, a death outside hutch -----------------------
 
 

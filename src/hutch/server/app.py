@@ -2,7 +2,8 @@
 
 Handlers return plain dicts through ``JSONResponse``; the request models
 validate input and document it in the OpenAPI schema. Every error leaves as
-``{"error": {"code", "message"}}`` with the status of its code.
+``{"error": {"code", "message"}}`` (and the details of errors that carry some,
+``HutchError.wire``) with the status of its code.
 
 The four calls an agent makes most (exec, read a file, write a file, read a
 sandbox's status) are also answered by :class:`HotRoutes` before FastAPI's
@@ -45,6 +46,7 @@ from .._errors import (
     OutputLimitExceeded,
     SandboxPermissionDenied,
     Unauthorized,
+    error_from_code,
 )
 from .._process import ExitStatus, Process
 from .._refwire import REF_PREFIX
@@ -229,12 +231,20 @@ def file_json(info: FileInfo) -> dict[str, Any]:
 
 
 class ErrorDetail(BaseModel):
+    """``code`` and ``message``, and the details of errors that carry some
+    (``setup_failed``: the step, its exit code and the end of its output)."""
+
     code: str
     message: str
+    step: str | None = Field(default=None, description="setup_failed: the failing step")
+    exit_code: int | None = Field(default=None, description="setup_failed: its exit code")
+    output_tail: str | None = Field(
+        default=None, description="setup_failed: the end of its output"
+    )
 
 
 class ErrorBody(BaseModel):
-    """Every error's body: ``{"error": {"code", "message"}}``."""
+    """Every error's body: ``{"error": {"code", "message", ...details}}``."""
 
     error: ErrorDetail
 
@@ -254,11 +264,13 @@ def error_responses() -> dict[int | str, dict[str, Any]]:
 
 
 def error_json(exc: HutchError) -> dict[str, Any]:
-    return {"error": {"code": exc.code, "message": exc.message}}
+    """Every error body the daemon sends, answers, stream lines and terminal
+    messages alike: ``{"error": exc.wire()}``."""
+    return {"error": exc.wire()}
 
 
 def unexpected_error_json(exc: BaseException) -> dict[str, Any]:
-    return {"error": {"code": "hutch_error", "message": f"{type(exc).__name__}: {exc}"}}
+    return error_json(HutchError(f"{type(exc).__name__}: {exc}"))
 
 
 def render_json(content: Any) -> bytes:
@@ -883,9 +895,7 @@ def create_app(
         details = "; ".join(
             f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
         )
-        return JSONResponse(
-            {"error": {"code": "invalid_argument", "message": details}}, status_code=400
-        )
+        return JSONResponse(error_json(InvalidArgument(details)), status_code=400)
 
     @app.exception_handler(Exception)
     async def unexpected_error(_: Request, exc: Exception) -> JSONResponse:
@@ -898,7 +908,7 @@ def create_app(
             exc.status_code, "invalid_argument"
         )
         return JSONResponse(
-            {"error": {"code": code, "message": str(exc.detail)}}, status_code=exc.status_code
+            error_json(error_from_code(code, str(exc.detail))), status_code=exc.status_code
         )
 
     # Routes are tried in the order they are declared: the busiest come first.
@@ -1239,9 +1249,7 @@ def create_app(
             return
         except HutchError as exc:
             with contextlib.suppress(Exception):
-                await websocket.send_text(
-                    json.dumps({"error": {"code": exc.code, "message": str(exc)}})
-                )
+                await websocket.send_text(json.dumps(error_json(exc)))
                 await websocket.close(code=1011)
 
     @v1.get("/sandboxes/{sandbox_id}/processes")
