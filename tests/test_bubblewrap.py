@@ -403,13 +403,14 @@ async def test_snapshot_and_forks_are_independent_copy_on_write(sandbox: Any) ->
     ]
     try:
         for index, branch in enumerate(branches):
-            assert await branch.read_file("/workspace/shared.txt", 100) == b"from the origin"
-            await branch.write_file("/workspace/shared.txt", f"branch {index}".encode())
+            runtime = branch.runtime
+            assert await runtime.read_file("/workspace/shared.txt", 100) == b"from the origin"
+            await runtime.write_file("/workspace/shared.txt", f"branch {index}".encode())
             # Nothing was copied: the fork's own upper layer holds only its write.
             upper = branch.parts.layers.upper
             assert sum(len(files) for _, _, files in os.walk(upper)) == 1
-        assert await branches[0].read_file("/workspace/shared.txt", 100) == b"branch 0"
-        assert await branches[1].read_file("/workspace/shared.txt", 100) == b"branch 1"
+        assert await branches[0].runtime.read_file("/workspace/shared.txt", 100) == b"branch 0"
+        assert await branches[1].runtime.read_file("/workspace/shared.txt", 100) == b"branch 1"
         assert await sandbox.read_text("shared.txt") == "from the origin"
         proc = await branches[0].runtime.start_process(
             ["sh", "-c", "cat f1999; test -e /etc/motd; echo $?"], cwd="/workspace", env={},
@@ -422,7 +423,7 @@ async def test_snapshot_and_forks_are_independent_copy_on_write(sandbox: Any) ->
         # Removing the snapshot keeps its layers while forks stand on them.
         remove(snap_id)
         assert snap_id not in held()
-        assert await branches[1].read_file("/workspace/f7", 100) == b"7\n"
+        assert await branches[1].runtime.read_file("/workspace/f7", 100) == b"7\n"
     finally:
         for branch in branches:
             await branch.close()

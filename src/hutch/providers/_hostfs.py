@@ -24,6 +24,7 @@ from .._errors import (
 )
 from .._types import FileInfo, FileType, GrepMatch
 from ._grep import grep_host_files
+from .base import SandboxFiles
 
 T = TypeVar("T")
 
@@ -67,7 +68,7 @@ def info_from_stat(path: str, st: os.stat_result) -> FileInfo:
     return FileInfo(path, kind, st.st_size, stat_mod.S_IMODE(st.st_mode), st.st_mtime)
 
 
-class HostFiles:
+class HostFiles(SandboxFiles):
     """File operations on a host directory tree that maps 1:1 to sandbox paths.
 
     ``to_host`` turns a sandbox path into the host path (identity for
@@ -94,7 +95,7 @@ class HostFiles:
             raise OutputLimitExceeded(f"{path} is over the read limit of {limit} bytes")
         return data
 
-    async def read(self, path: str, limit: int) -> bytes:
+    async def read_file(self, path: str, limit: int) -> bytes:
         host = self.to_host(path)
         size = _call(lambda: os.stat(host), path).st_size
         if size > _THREAD_THRESHOLD:
@@ -103,13 +104,13 @@ class HostFiles:
             )
         return _call(lambda: self._read(path, limit), path)
 
-    async def read_pieces(self, path: str, limit: int) -> AsyncGenerator[bytes, None]:
+    async def read_file_pieces(self, path: str, limit: int) -> AsyncGenerator[bytes, None]:
         """A small file whole (as :meth:`read`); a larger one in pieces read in
         a thread, so that it never sits whole in memory."""
         host = self.to_host(path)
         size = _call(lambda: os.stat(host), path).st_size
         if size <= _THREAD_THRESHOLD:
-            yield await self.read(path, limit)
+            yield await self.read_file(path, limit)
             return
         fd = _call(lambda: self._open_regular(path), path)
         try:
@@ -165,13 +166,13 @@ class HostFiles:
         with open(host, "wb") as fh:
             shutil.copyfileobj(source, fh, _COPY_CHUNK)
 
-    async def write_from(self, path: str, source: IO[bytes]) -> None:
+    async def write_file_from(self, path: str, source: IO[bytes]) -> None:
         """Copy ``source`` into ``path`` in pieces, in a thread."""
         await anyio.to_thread.run_sync(
             lambda: _call(lambda: self._write_from(path, source), path)
         )
 
-    async def write(self, path: str, data: bytes) -> None:
+    async def write_file(self, path: str, data: bytes) -> None:
         if len(data) > _THREAD_THRESHOLD:
             await anyio.to_thread.run_sync(lambda: _call(lambda: self._write(path, data), path))
         else:

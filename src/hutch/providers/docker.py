@@ -73,11 +73,11 @@ from ._hostproc import EXEC_MARKER, SANDBOX_MARKER
 from .agent import AgentFailure, AgentRuntime, AgentUnavailable, agent_binary
 from .base import (
     BackendProcess,
+    NativeBackend,
     ProviderSettings,
     ProviderSnapshot,
     RuntimeNotice,
     RuntimeReport,
-    SandboxBackend,
     SandboxRuntime,
 )
 from .network import NetworkPolicy, apply_in_namespace, host_addresses
@@ -800,7 +800,7 @@ def _parse_mount(spec: str) -> tuple[str, dict[str, str]]:
     return os.path.abspath(parts[0]), {"bind": parts[1], "mode": mode}
 
 
-class DockerSandbox(SandboxBackend):
+class DockerSandbox(NativeBackend):
     provider = "docker"
     capabilities = Capabilities(
         processes=True,

@@ -34,6 +34,7 @@ from ..._errors import (
 )
 from ..._types import FileInfo
 from .._hostfs import info_from_stat, map_oserror
+from ..base import SandboxFiles
 
 T = TypeVar("T")
 
@@ -83,7 +84,7 @@ def _split(path: str) -> tuple[str, str]:
     return parent or ".", name
 
 
-class RootFiles:
+class RootFiles(SandboxFiles):
     """File operations inside the directory tree ``root`` (the overlay's merged
     directory), never leaving it, whatever links the sandbox has made."""
 
@@ -172,7 +173,7 @@ class RootFiles:
                 raise OutputLimitExceeded(f"{path} is over the read limit of {limit} bytes")
             return data
 
-    async def read(self, path: str, limit: int) -> bytes:
+    async def read_file(self, path: str, limit: int) -> bytes:
         size = self._run(lambda: self._lstat_size(path), path)
         return await self._maybe_thread(
             lambda: self._read(path, limit), path, size > _THREAD_THRESHOLD
@@ -243,7 +244,7 @@ class RootFiles:
         finally:
             os.close(fd)
 
-    async def write(self, path: str, data: bytes) -> None:
+    async def write_file(self, path: str, data: bytes) -> None:
         await self._maybe_thread(
             lambda: self._write(path, data), path, len(data) > _THREAD_THRESHOLD
         )

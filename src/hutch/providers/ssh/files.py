@@ -19,6 +19,7 @@ from ..._errors import (
     SandboxPermissionDenied,
 )
 from ..._types import FileInfo, FileType
+from ..base import SandboxFiles
 from .connection import KeptConnection, lost
 from .process import run_helper
 
@@ -50,7 +51,7 @@ def _text(name: str | bytes) -> str:
     return name if isinstance(name, str) else name.decode("utf-8", "surrogateescape")
 
 
-class SftpFiles:
+class SftpFiles(SandboxFiles):
     """File operations on one destination, through its kept connection."""
 
     def __init__(self, kept: KeptConnection) -> None:
@@ -83,7 +84,7 @@ class SftpFiles:
             self._kept.forget_sftp(sftp)
             raise lost(self._kept.target, exc) from None
 
-    async def read(self, path: str, limit: int) -> bytes:
+    async def read_file(self, path: str, limit: int) -> bytes:
         async def op(sftp: asyncssh.SFTPClient) -> bytes:
             attrs = await sftp.stat(path)
             mode = attrs.permissions or 0
@@ -129,7 +130,7 @@ class SftpFiles:
             ) from None
         return await sftp.open(path, "wb")
 
-    async def write(self, path: str, data: bytes) -> None:
+    async def write_file(self, path: str, data: bytes) -> None:
         async def op(sftp: asyncssh.SFTPClient) -> None:
             fh = await self._create(sftp, path)
             try:
@@ -139,7 +140,7 @@ class SftpFiles:
 
         await self._call(path, op)
 
-    async def write_from(self, path: str, source: IO[bytes]) -> None:
+    async def write_file_from(self, path: str, source: IO[bytes]) -> None:
         """Copy ``source`` to ``path`` a piece at a time: never whole in memory."""
 
         async def op(sftp: asyncssh.SFTPClient) -> None:
