@@ -33,6 +33,7 @@ import abc
 import dataclasses
 import posixpath
 import re
+import stat
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, ClassVar
@@ -44,6 +45,7 @@ from .._errors import (
     InvalidArgument,
     OutputLimitExceeded,
     ProviderError,
+    SandboxIsADirectory,
 )
 from .._globmatch import compile_glob
 from .._types import Capabilities, FileInfo, FileType, GrepMatch, OutputChunk
@@ -538,6 +540,16 @@ class NativeBackend(SandboxBackend, SandboxRuntime):
     @property
     def runtime(self) -> SandboxRuntime:
         return self
+
+
+def require_regular(mode: int, path: str) -> None:
+    """A typed error unless ``mode`` (a POSIX ``st_mode``) is a regular file's:
+    a directory is one; a FIFO or a device may never end (or never start), not
+    a file to read."""
+    if stat.S_ISDIR(mode):
+        raise SandboxIsADirectory(f"{path} is a directory")
+    if not stat.S_ISREG(mode):
+        raise InvalidArgument(f"{path} is not a regular file; read it with exec")
 
 
 def join_path(workdir: str, path: str) -> str:

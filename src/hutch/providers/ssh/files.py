@@ -19,7 +19,7 @@ from ..._errors import (
     SandboxPermissionDenied,
 )
 from ..._types import FileInfo, FileType
-from ..base import SandboxFiles
+from ..base import SandboxFiles, require_regular
 from .connection import KeptConnection, lost
 from .process import run_helper
 
@@ -36,15 +36,10 @@ _CONNECTION_ERRORS = (OSError, asyncssh.SFTPConnectionLost, asyncssh.SFTPNoConne
 
 def _info(path: str, attrs: asyncssh.SFTPAttrs) -> FileInfo:
     mode = attrs.permissions or 0
-    if stat_mod.S_ISDIR(mode):
-        kind = FileType.DIRECTORY
-    elif stat_mod.S_ISREG(mode):
-        kind = FileType.FILE
-    elif stat_mod.S_ISLNK(mode):
-        kind = FileType.SYMLINK
-    else:
-        kind = FileType.OTHER
-    return FileInfo(path, kind, attrs.size or 0, stat_mod.S_IMODE(mode), float(attrs.mtime or 0))
+    return FileInfo(
+        path, FileType.of_mode(mode), attrs.size or 0, stat_mod.S_IMODE(mode),
+        float(attrs.mtime or 0),
+    )
 
 
 def _text(name: str | bytes) -> str:
@@ -87,13 +82,9 @@ class SftpFiles(SandboxFiles):
     async def read_file(self, path: str, limit: int) -> bytes:
         async def op(sftp: asyncssh.SFTPClient) -> bytes:
             attrs = await sftp.stat(path)
-            mode = attrs.permissions or 0
-            if stat_mod.S_ISDIR(mode):
-                raise SandboxIsADirectory(f"{path} is a directory")
-            if not stat_mod.S_ISREG(mode):
-                # A FIFO or a device would hold the host's one SFTP server
-                # (and every file call after it) until something wrote to it.
-                raise InvalidArgument(f"{path} is not a regular file")
+            # A FIFO or a device would hold the host's one SFTP server (and
+            # every file call after it) until something wrote to it.
+            require_regular(attrs.permissions or 0, path)
             size = attrs.size or 0
             if size > limit:
                 raise OutputLimitExceeded(
