@@ -381,6 +381,34 @@ def test_daemon_adopts_live_sandboxes_after_a_restart() -> None:
         _end_daemon_sandboxes(daemon.data_dir)
 
 
+def test_a_workspace_from_an_image_alone_is_on_the_daemons_provider() -> None:
+    """The client does not pick a provider for an image: the daemon's
+    configuration does (here bubblewrap, where the built-in would be docker)."""
+    import shutil
+
+    from tests.daemon_fixture import DaemonProcess
+
+    config_dir = tempfile.mkdtemp(prefix="hutch-config-")
+    config = os.path.join(config_dir, "hutch.toml")
+    with open(config, "w") as fh:
+        fh.write('[sandbox]\nprovider = "bubblewrap"\n')
+    daemon = DaemonProcess(extra_args=["--config", config]).start()
+    try:
+        with hutch.Client(daemon.url, token=daemon.token) as client:
+            ws = client.create_workspace("from-image", image=TEST_IMAGE)
+            try:
+                assert ws["provider"] == "bubblewrap"
+                sb = client.get_sandbox(ws["live_sandbox_id"])
+                assert sb.exec(["cat", "/etc/debian_version"]).exit_code == 0
+            finally:
+                client.delete_workspace("from-image")
+    finally:
+        daemon.stop()
+        _end_daemon_sandboxes(daemon.data_dir)
+        shutil.rmtree(daemon.data_dir, ignore_errors=True)
+        shutil.rmtree(config_dir, ignore_errors=True)
+
+
 # -- snapshots at the provider: captured upper layers, forks copy nothing ---------------------
 
 
