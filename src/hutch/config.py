@@ -39,7 +39,7 @@ from ._errors import InvalidArgument
 from ._types import MAX_DURATION, MAX_OUTPUT_LIMIT
 from .providers.base import ProviderSettings
 from .providers.local import LocalConfig
-from .providers.registry import available_providers, get_provider
+from .providers.registry import available_providers, get_provider, provider_known
 
 
 def _by_registry(value: Any) -> Any:
@@ -164,7 +164,7 @@ def resolve_spec(
         opts = SandboxOptions.model_validate(options)
     except ValidationError as exc:
         raise InvalidArgument(f"bad sandbox options: {_short(exc)}") from None
-    if provider not in available_providers():
+    if not provider_known(provider):
         raise InvalidArgument(
             f"unknown provider {provider!r}; available: {', '.join(available_providers())}"
         )

@@ -465,7 +465,7 @@ def attach_(
     """
     import hutch
 
-    sb = hutch.attach(ref)
+    sb = hutch.attach_sync(ref)
     try:
         code = stream_command(sb, command, timeout=timeout, cwd=cwd,
                               output_limit=output_limit, forward_stdin=not no_stdin)

@@ -480,6 +480,13 @@ class SandboxBackend(SandboxPart):
         """Whether the sandbox's runtime still exists (for reconciliation)."""
         return True
 
+    async def is_suspended(self) -> bool:
+        """Whether the sandbox, its runtime down, keeps its state suspended,
+        so that ``resume`` brings it back. Asked of a sandbox found again
+        that is not alive (another program may have suspended it since it
+        was recorded) before it is given up for lost."""
+        return False
+
     # -- snapshots (behind the snapshot capability; see the class docstring) -----
     async def capture(self, snapshot_id: str, *, diff: bool = True) -> ProviderSnapshot:
         """Capture this sandbox's state as ``snapshot_id``."""

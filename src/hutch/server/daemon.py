@@ -36,6 +36,7 @@ from .._errors import (
     InvalidState,
     NotFound,
     SandboxPermissionDenied,
+    SandboxUnavailable,
     StoreUnavailable,
     Unauthorized,
 )
@@ -121,8 +122,6 @@ class Daemon:
         self.policy = policy or OperatorPolicy()
         self.data_dir = os.path.abspath(data_dir or default_data_dir())
         make_private_dir(self.data_dir)
-        # Providers that keep files on the host keep them under the data dir.
-        os.environ["HUTCH_HOME"] = self.data_dir
         if store is None:
             store = SQLiteStore(make_private_file(os.path.join(self.data_dir, "hutch.db")))
         self.store = store
@@ -561,6 +560,12 @@ class Daemon:
                 raise expiry_error(row.id, SandboxState(row.state), row.reason) from None
             raise NotFound(f"no sandbox {sandbox_id}") from None
 
+    def host(self, sandbox: Sandbox) -> None:
+        """Answer for ``sandbox``, which this process made outside the daemon
+        (an in-process owner serving it to the holders of its refs): its
+        owner closes it; it is never stored, reconciled or reaped here."""
+        self.sandboxes[sandbox.id] = sandbox
+
     def session(self, sandbox_id: str, session: str | None) -> Sandbox:
         """The sandbox, with the calling session's read-before-write guard in effect."""
         sandbox = self.get(sandbox_id)
@@ -595,6 +600,7 @@ class Daemon:
             id="ref-" + secrets.token_hex(8), sandbox_id=sandbox_id,
             secret_sha256=hashlib.sha256(secret.encode()).hexdigest(), created_at_unix=now,
             expires_at_unix=None if expires_in is None else now + expires_in,
+            workspace=self.workspace_of.get(sandbox_id),
         )
         known = self._sandbox_refs(sandbox_id)  # read before the new row is in the store
         await anyio.to_thread.run_sync(self.store.put_ref, row)
@@ -603,7 +609,8 @@ class Daemon:
         self.store.log_event(
             sandbox_id, "ref",
             f"ref {row.id} handed out"
-            + ("" if expires_in is None else f", expires in {expires_in:g} s"),
+            + ("" if expires_in is None else f", expires in {expires_in:g} s")
+            + ("" if row.workspace is None else f", following workspace {row.workspace}"),
         )
         token = DaemonRef(daemon_url.rstrip("/"), sandbox_id, row.id, secret).encode()
         return {"ref": token, "ref_id": row.id, "sandbox_id": sandbox_id,
@@ -623,9 +630,46 @@ class Daemon:
     def _sandbox_refs(self, sandbox_id: str) -> list[RefRow]:
         refs = self._refs_of.get(sandbox_id)
         if refs is None:
-            refs = [self._refs.setdefault(r.id, r) for r in self.store.list_refs(sandbox_id)]
+            refs = [self._refs.setdefault(r.id, r) for r in
+                    self.store.list_refs(sandbox_id, self.workspace_of.get(sandbox_id))]
             self._refs_of[sandbox_id] = refs
         return refs
+
+    def ref_target(self, ref: RefRow, sandbox_id: str) -> str | None:
+        """The sandbox a request through ``ref`` that names ``sandbox_id`` is
+        for; None when the ref does not reach it.
+
+        A ref handed out for a workspace's sandbox follows the workspace: a
+        request naming any sandbox that served it goes to the one serving it
+        now (after a suspend and resume, a new one), and while none does it
+        fails saying why.
+        """
+        if ref.workspace is None:
+            return sandbox_id if sandbox_id == ref.sandbox_id else None
+        if sandbox_id != ref.sandbox_id and self.workspace_of.get(sandbox_id) != ref.workspace:
+            row = self.store.get_sandbox(sandbox_id)
+            if row is None or row.workspace != ref.workspace:
+                return None
+        return self._serving(ref.workspace)
+
+    def _serving(self, workspace: str) -> str:
+        """The live sandbox serving ``workspace``, or the typed error of why none is."""
+        for sandbox_id, name in self.workspace_of.items():
+            if name == workspace:
+                return sandbox_id
+        row = self.store.get_workspace(workspace)
+        if row is None:
+            raise SandboxUnavailable(
+                f"workspace {workspace} was deleted: its owner's cleanup ended it"
+            )
+        if row.status in ("suspended", "stale"):
+            raise SandboxUnavailable(
+                f"workspace {workspace} is {row.status}: its sandbox comes back when its "
+                f"owner resumes it (hutch workspace resume {workspace})"
+            )
+        raise SandboxUnavailable(
+            f"workspace {workspace} is {row.status}: no sandbox serves it yet; try again"
+        )
 
     def _ref_row(self, ref_id: str) -> RefRow | None:
         row = self._refs.get(ref_id)

@@ -212,6 +212,10 @@ class BubblewrapSandbox(SandboxBackend):
                 if not self._link_agent_socket():
                     raise AgentFailure("its socket is not there yet")
                 await self._agent.ping(timeout=max(0.5, deadline - time.monotonic()))
+                workload = self.parts.cgroup.workload_dirs()
+                if workload is not None:
+                    # Before any command: every one starts in the workload's cgroups.
+                    await self._agent.place_workload(workload)
                 return
             except AgentFailure as exc:
                 if time.monotonic() >= deadline or not (
