@@ -493,6 +493,34 @@ def test_daemon_adopts_live_sandboxes_after_a_restart() -> None:
         _end_daemon_sandboxes(daemon.data_dir)
 
 
+def test_a_workspace_from_an_image_alone_is_on_the_daemons_provider() -> None:
+    """The client does not pick a provider for an image: the daemon's
+    configuration does (here bubblewrap, where the built-in would be docker)."""
+    import shutil
+
+    from tests.daemon_fixture import DaemonProcess
+
+    config_dir = tempfile.mkdtemp(prefix="hutch-config-")
+    config = os.path.join(config_dir, "hutch.toml")
+    with open(config, "w") as fh:
+        fh.write('[sandbox]\nprovider = "bubblewrap"\n')
+    daemon = DaemonProcess(extra_args=["--config", config]).start()
+    try:
+        with hutch.Client(daemon.url, token=daemon.token) as client:
+            ws = client.create_workspace("from-image", image=TEST_IMAGE)
+            try:
+                assert ws["provider"] == "bubblewrap"
+                sb = client.get_sandbox(ws["live_sandbox_id"])
+                assert sb.exec(["cat", "/etc/debian_version"]).exit_code == 0
+            finally:
+                client.delete_workspace("from-image")
+    finally:
+        daemon.stop()
+        _end_daemon_sandboxes(daemon.data_dir)
+        shutil.rmtree(daemon.data_dir, ignore_errors=True)
+        shutil.rmtree(config_dir, ignore_errors=True)
+
+
 # -- snapshots at the provider: captured upper layers, forks copy nothing ---------------------
 
 
@@ -515,13 +543,14 @@ async def test_snapshot_and_forks_are_independent_copy_on_write(sandbox: Any) ->
     ]
     try:
         for index, branch in enumerate(branches):
-            assert await branch.read_file("/workspace/shared.txt", 100) == b"from the origin"
-            await branch.write_file("/workspace/shared.txt", f"branch {index}".encode())
+            runtime = branch.runtime
+            assert await runtime.read_file("/workspace/shared.txt", 100) == b"from the origin"
+            await runtime.write_file("/workspace/shared.txt", f"branch {index}".encode())
             # Nothing was copied: the fork's own upper layer holds only its write.
             upper = branch.parts.layers.upper
             assert sum(len(files) for _, _, files in os.walk(upper)) == 1
-        assert await branches[0].read_file("/workspace/shared.txt", 100) == b"branch 0"
-        assert await branches[1].read_file("/workspace/shared.txt", 100) == b"branch 1"
+        assert await branches[0].runtime.read_file("/workspace/shared.txt", 100) == b"branch 0"
+        assert await branches[1].runtime.read_file("/workspace/shared.txt", 100) == b"branch 1"
         assert await sandbox.read_text("shared.txt") == "from the origin"
         proc = await branches[0].runtime.start_process(
             ["sh", "-c", "cat f1999; test -e /etc/motd; echo $?"], cwd="/workspace", env={},
@@ -534,7 +563,7 @@ async def test_snapshot_and_forks_are_independent_copy_on_write(sandbox: Any) ->
         # Removing the snapshot keeps its layers while forks stand on them.
         remove(snap_id)
         assert snap_id not in held()
-        assert await branches[1].read_file("/workspace/f7", 100) == b"7\n"
+        assert await branches[1].runtime.read_file("/workspace/f7", 100) == b"7\n"
     finally:
         for branch in branches:
             await branch.close()
