@@ -122,6 +122,35 @@ def _host_addresses() -> list[str]:
     return sorted(set(found))
 
 
+async def test_each_sandbox_has_a_network_of_its_own() -> None:
+    """Network namespaces are made ahead of time: each still serves one
+    sandbox only (a server on one's loopback is not reached from another's)."""
+    first, second = await _make(), await _make()
+    try:
+        probe = (
+            "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 4242), 2)'"
+        )
+        await first.exec(
+            "nohup python3 -c 'import socket,time; s=socket.socket(); "
+            "s.bind((\"127.0.0.1\", 4242)); s.listen(); time.sleep(60)' >/dev/null 2>&1 &"
+        )
+        for _ in range(100):
+            if (await first.exec(probe)).exit_code == 0:
+                break
+            await anyio.sleep(0.05)
+        else:
+            raise AssertionError("the server in the first sandbox never listened")
+        assert (await second.exec(probe)).exit_code != 0
+        inodes = [
+            int((await sb.exec("stat -L -c %i /proc/self/ns/net")).stdout) for sb in (first, second)
+        ]
+        assert inodes[0] != inodes[1]
+        assert os.stat("/proc/self/ns/net").st_ino not in inodes
+    finally:
+        await first.close()
+        await second.close()
+
+
 async def test_host_files_outside_the_root_are_not_visible(sandbox: Any, canary: Any) -> None:
     directory, path, secret = canary
     result = await sandbox.exec(["cat", path])
@@ -364,6 +393,49 @@ async def test_suspend_ends_processes_as_declared(sandbox: Any) -> None:
     assert "sleep" not in result.stdout.split()
 
 
+def test_an_ephemeral_sandbox_outlives_the_thread_that_made_it() -> None:
+    """``--die-with-parent`` ends a keeper when the *thread* that started it
+    ends (the kernel's parent-death signal follows the thread): a sandbox
+    made from a thread that then exits (an event loop in a worker thread, a
+    resume in a thread pool) must live on."""
+    import threading
+    import time
+
+    from hutch._sandbox import backend_of
+
+    made: list[Any] = []
+    maker = threading.Thread(target=lambda: made.append(anyio.run(_make)))
+    maker.start()
+    maker.join()
+    sb = made[0]
+    try:
+        keeper = backend_of(sb).parts.keeper
+        time.sleep(0.5)  # the signal, had it been sent, has landed
+        assert keeper.alive()
+    finally:
+        anyio.run(sb.close)
+
+
+async def test_hutch_is_never_left_in_a_sandboxs_cgroups() -> None:
+    """The keeper is born in its sandbox's cgroups (a thread of hutch's
+    passes through them to start it): none of hutch's own is left there, or
+    the sandbox's kill, busy count and memory would reach hutch itself."""
+    from hutch._sandbox import backend_of
+
+    sandboxes = [await _make(runtime=runtime) for runtime in ("agent", "native")]
+    try:
+        for sb in sandboxes:
+            cgroup = backend_of(sb).parts.cgroup
+            assert os.getpid() not in cgroup.pids()
+            await sb.suspend()
+            await sb.resume()
+            assert os.getpid() not in cgroup.pids()
+            assert (await sb.exec("echo here")).stdout == "here\n"
+    finally:
+        for sb in sandboxes:
+            await sb.close()
+
+
 # -- through the daemon: adoption after a restart, a death outside hutch -----------------------
 
 
@@ -421,6 +493,34 @@ def test_daemon_adopts_live_sandboxes_after_a_restart() -> None:
         _end_daemon_sandboxes(daemon.data_dir)
 
 
+def test_a_workspace_from_an_image_alone_is_on_the_daemons_provider() -> None:
+    """The client does not pick a provider for an image: the daemon's
+    configuration does (here bubblewrap, where the built-in would be docker)."""
+    import shutil
+
+    from tests.daemon_fixture import DaemonProcess
+
+    config_dir = tempfile.mkdtemp(prefix="hutch-config-")
+    config = os.path.join(config_dir, "hutch.toml")
+    with open(config, "w") as fh:
+        fh.write('[sandbox]\nprovider = "bubblewrap"\n')
+    daemon = DaemonProcess(extra_args=["--config", config]).start()
+    try:
+        with hutch.Client(daemon.url, token=daemon.token) as client:
+            ws = client.create_workspace("from-image", image=TEST_IMAGE)
+            try:
+                assert ws["provider"] == "bubblewrap"
+                sb = client.get_sandbox(ws["live_sandbox_id"])
+                assert sb.exec(["cat", "/etc/debian_version"]).exit_code == 0
+            finally:
+                client.delete_workspace("from-image")
+    finally:
+        daemon.stop()
+        _end_daemon_sandboxes(daemon.data_dir)
+        shutil.rmtree(daemon.data_dir, ignore_errors=True)
+        shutil.rmtree(config_dir, ignore_errors=True)
+
+
 # -- snapshots at the provider: captured upper layers, forks copy nothing ---------------------
 
 
@@ -443,13 +543,14 @@ async def test_snapshot_and_forks_are_independent_copy_on_write(sandbox: Any) ->
     ]
     try:
         for index, branch in enumerate(branches):
-            assert await branch.read_file("/workspace/shared.txt", 100) == b"from the origin"
-            await branch.write_file("/workspace/shared.txt", f"branch {index}".encode())
+            runtime = branch.runtime
+            assert await runtime.read_file("/workspace/shared.txt", 100) == b"from the origin"
+            await runtime.write_file("/workspace/shared.txt", f"branch {index}".encode())
             # Nothing was copied: the fork's own upper layer holds only its write.
             upper = branch.parts.layers.upper
             assert sum(len(files) for _, _, files in os.walk(upper)) == 1
-        assert await branches[0].read_file("/workspace/shared.txt", 100) == b"branch 0"
-        assert await branches[1].read_file("/workspace/shared.txt", 100) == b"branch 1"
+        assert await branches[0].runtime.read_file("/workspace/shared.txt", 100) == b"branch 0"
+        assert await branches[1].runtime.read_file("/workspace/shared.txt", 100) == b"branch 1"
         assert await sandbox.read_text("shared.txt") == "from the origin"
         proc = await branches[0].runtime.start_process(
             ["sh", "-c", "cat f1999; test -e /etc/motd; echo $?"], cwd="/workspace", env={},
@@ -462,7 +563,7 @@ async def test_snapshot_and_forks_are_independent_copy_on_write(sandbox: Any) ->
         # Removing the snapshot keeps its layers while forks stand on them.
         remove(snap_id)
         assert snap_id not in held()
-        assert await branches[1].read_file("/workspace/f7", 100) == b"7\n"
+        assert await branches[1].runtime.read_file("/workspace/f7", 100) == b"7\n"
     finally:
         for branch in branches:
             await branch.close()

@@ -329,11 +329,11 @@ class ClientOps:
         **settings: Any,
     ) -> Op:
         """A workspace from a snapshot (``snapshot_tag``: its id) or fresh from
-        sandbox settings; ``image`` alone means a docker workspace of that image."""
+        sandbox settings; with ``image`` and no ``provider``, the daemon's
+        configuration says which provider (see :func:`hutch.config.resolve_spec`)."""
         body = {"name": name, **settings}
         if image is not None:
             body["image"] = image
-            body.setdefault("provider", "docker")
         if snapshot_tag is not None:
             body["snapshot_tag"] = snapshot_tag
         return (yield Call("POST", "/v1/workspaces", json=body, timeout=600))

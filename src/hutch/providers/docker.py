@@ -74,11 +74,11 @@ from .agent import AgentFailure, AgentRuntime, AgentUnavailable, agent_binary
 from .agent import workload as _workload
 from .base import (
     BackendProcess,
+    NativeBackend,
     ProviderSettings,
     ProviderSnapshot,
     RuntimeNotice,
     RuntimeReport,
-    SandboxBackend,
     SandboxRuntime,
 )
 from .network import NetworkPolicy, apply_in_namespace, host_addresses
@@ -833,7 +833,7 @@ def _parse_mount(spec: str) -> tuple[str, dict[str, str]]:
     return os.path.abspath(parts[0]), {"bind": parts[1], "mode": mode}
 
 
-class DockerSandbox(SandboxBackend):
+class DockerSandbox(NativeBackend):
     provider = "docker"
     capabilities = Capabilities(
         processes=True,

@@ -20,6 +20,7 @@ from ..._errors import (
     SandboxPermissionDenied,
 )
 from ..._types import FileInfo, FileType
+from ..base import SandboxFiles, require_regular
 from .connection import KeptConnection, lost
 from .process import run_helper
 
@@ -36,22 +37,17 @@ _CONNECTION_ERRORS = (OSError, asyncssh.SFTPConnectionLost, asyncssh.SFTPNoConne
 
 def _info(path: str, attrs: asyncssh.SFTPAttrs) -> FileInfo:
     mode = attrs.permissions or 0
-    if stat_mod.S_ISDIR(mode):
-        kind = FileType.DIRECTORY
-    elif stat_mod.S_ISREG(mode):
-        kind = FileType.FILE
-    elif stat_mod.S_ISLNK(mode):
-        kind = FileType.SYMLINK
-    else:
-        kind = FileType.OTHER
-    return FileInfo(path, kind, attrs.size or 0, stat_mod.S_IMODE(mode), float(attrs.mtime or 0))
+    return FileInfo(
+        path, FileType.of_mode(mode), attrs.size or 0, stat_mod.S_IMODE(mode),
+        float(attrs.mtime or 0),
+    )
 
 
 def _text(name: str | bytes) -> str:
     return name if isinstance(name, str) else name.decode("utf-8", "surrogateescape")
 
 
-class SftpFiles:
+class SftpFiles(SandboxFiles):
     """File operations on one destination, through its kept connection."""
 
     def __init__(self, kept: KeptConnection) -> None:
@@ -87,13 +83,9 @@ class SftpFiles:
     @staticmethod
     async def _readable_size(sftp: asyncssh.SFTPClient, path: str, limit: int) -> int:
         attrs = await sftp.stat(path)
-        mode = attrs.permissions or 0
-        if stat_mod.S_ISDIR(mode):
-            raise SandboxIsADirectory(f"{path} is a directory")
-        if not stat_mod.S_ISREG(mode):
-            # A FIFO or a device would hold the host's one SFTP server
-            # (and every file call after it) until something wrote to it.
-            raise InvalidArgument(f"{path} is not a regular file")
+        # A FIFO or a device would hold the host's one SFTP server (and
+        # every file call after it) until something wrote to it.
+        require_regular(attrs.permissions or 0, path)
         size = attrs.size or 0
         if size > limit:
             raise OutputLimitExceeded(
@@ -101,7 +93,7 @@ class SftpFiles:
             )
         return size
 
-    async def read_pieces(self, path: str, limit: int) -> AsyncGenerator[bytes, None]:
+    async def read_file_pieces(self, path: str, limit: int) -> AsyncGenerator[bytes, None]:
         """The file in pieces of :data:`_PIECE` bytes as SFTP brings them: a
         large file is never whole in memory. Errors come before the first."""
 
@@ -126,7 +118,7 @@ class SftpFiles:
             with contextlib.suppress(*_CONNECTION_ERRORS, asyncssh.SFTPError):
                 await fh.close()
 
-    async def read(self, path: str, limit: int) -> bytes:
+    async def read_file(self, path: str, limit: int) -> bytes:
         async def op(sftp: asyncssh.SFTPClient) -> bytes:
             size = await self._readable_size(sftp, path, limit)
             async with sftp.open(path, "rb") as fh:
@@ -160,7 +152,7 @@ class SftpFiles:
             ) from None
         return await sftp.open(path, "wb")
 
-    async def write(self, path: str, data: bytes) -> None:
+    async def write_file(self, path: str, data: bytes) -> None:
         async def op(sftp: asyncssh.SFTPClient) -> None:
             fh = await self._create(sftp, path)
             try:
@@ -170,7 +162,7 @@ class SftpFiles:
 
         await self._call(path, op)
 
-    async def write_from(self, path: str, source: IO[bytes]) -> None:
+    async def write_file_from(self, path: str, source: IO[bytes]) -> None:
         """Copy ``source`` to ``path`` a piece at a time: never whole in memory."""
 
         async def op(sftp: asyncssh.SFTPClient) -> None:
