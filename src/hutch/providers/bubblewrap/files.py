@@ -20,7 +20,7 @@ import shutil
 import stat as stat_mod
 from collections.abc import AsyncGenerator, Callable, Iterator
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import IO, TypeVar
 
 import anyio.to_thread
 
@@ -51,6 +51,8 @@ RESOLVE_IN_ROOT = 0x10
 _RESOLVE = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV
 #: Past this size, file I/O moves off the event loop.
 _THREAD_THRESHOLD = 1024 * 1024
+#: What one piece of an upload copied in holds.
+_COPY_PIECE = 1024 * 1024
 
 
 class _OpenHow(ctypes.Structure):
@@ -228,7 +230,8 @@ class RootFiles(SandboxFiles):
                 self._makedirs(root, _relative(path), path)
         self._run(run, path)
 
-    def _write(self, path: str, data: bytes) -> None:
+    def _open_for_write(self, path: str) -> int:
+        """``path`` opened for writing (truncated), its parents made, in the root."""
         rel = _relative(path)
         parent, _ = _split(path)
         with self._root_fd() as root:
@@ -245,11 +248,27 @@ class RootFiles(SandboxFiles):
                 if exc.errno == errno.EISDIR:
                     raise SandboxIsADirectory(f"{path} is a directory") from None
                 raise
+        return fd
+
+    @staticmethod
+    def _write_all(fd: int, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+
+    def _write(self, path: str, data: bytes) -> None:
+        fd = self._open_for_write(path)
         try:
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
+            self._write_all(fd, data)
+        finally:
+            os.close(fd)
+
+    def _write_from(self, path: str, source: IO[bytes]) -> None:
+        fd = self._open_for_write(path)
+        try:
+            while piece := source.read(_COPY_PIECE):
+                self._write_all(fd, piece)
         finally:
             os.close(fd)
 
@@ -257,6 +276,11 @@ class RootFiles(SandboxFiles):
         await self._maybe_thread(
             lambda: self._write(path, data), path, len(data) > _THREAD_THRESHOLD
         )
+
+    async def write_file_from(self, path: str, source: IO[bytes]) -> None:
+        """Copy ``source`` into ``path`` in pieces, in a thread: an upload is
+        never whole in memory."""
+        await self._maybe_thread(lambda: self._write_from(path, source), path, True)
 
     # -- metadata --------------------------------------------------------------
     def _lstat(self, path: str) -> os.stat_result:
