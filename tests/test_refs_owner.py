@@ -236,3 +236,44 @@ def test_a_sync_owner_hands_out_refs_to_sync_and_async_workers() -> None:
         thread.join(60)
         assert result == ["t\n"]
         assert owner.exec("echo owner").stdout == "owner\n"
+
+
+async def test_a_busy_worker_in_another_process_keeps_the_sandbox_from_idle_suspend() -> None:
+    engine = hutch.LifecycleEngine()
+    owner = await hutch.create_sandbox("virtual", engine=engine, idle_suspend_after=1.0,
+                                       read_before_write=False)
+    ref = await owner.ref()
+    busy = (
+        "import sys, time, hutch\n"
+        "sb = hutch.attach_sync(sys.argv[1])\n"
+        "for i in range(16):\n"  # 4 s of work: four idle windows, from the worker alone
+        "    sb.write_text('tick', str(i)); print(i, flush=True); time.sleep(0.25)\n"
+        "sb.close()\n"
+    )
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", busy, ref, env=bare_env(),
+                                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    try:
+        # Only while the worker works (not while its interpreter exits), and
+        # without a call of the owner's (its own activity would keep it awake).
+        # A write resumes a suspended sandbox, so its state after each write
+        # says little: the time it spent suspended must not grow.
+        slept = None
+        for i in range(16):
+            line = await asyncio.wait_for(proc.stdout.readline(), 120)
+            assert line == f"{i}\n".encode(), (line, await proc.stderr.read())
+            assert owner.state is hutch.SandboxState.RUNNING
+            suspended = owner.status().meter["suspended_s"]  # reading it is not activity
+            slept = suspended if slept is None else slept
+            assert suspended == slept, f"suspended under a busy worker ({i})"
+        assert await asyncio.wait_for(proc.wait(), 120) == 0, await proc.stderr.read()
+        deadline = asyncio.get_running_loop().time() + 15
+        while owner.state is not hutch.SandboxState.SUSPENDED:  # once it stops, it sleeps
+            assert asyncio.get_running_loop().time() < deadline, "never suspended once idle"
+            await asyncio.sleep(0.1)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await owner.close()
+        await engine.close()
