@@ -123,6 +123,35 @@ def _host_addresses() -> list[str]:
     return sorted(set(found))
 
 
+async def test_each_sandbox_has_a_network_of_its_own() -> None:
+    """Network namespaces are made ahead of time: each still serves one
+    sandbox only (a server on one's loopback is not reached from another's)."""
+    first, second = await _make(), await _make()
+    try:
+        probe = (
+            "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 4242), 2)'"
+        )
+        await first.exec(
+            "nohup python3 -c 'import socket,time; s=socket.socket(); "
+            "s.bind((\"127.0.0.1\", 4242)); s.listen(); time.sleep(60)' >/dev/null 2>&1 &"
+        )
+        for _ in range(100):
+            if (await first.exec(probe)).exit_code == 0:
+                break
+            await anyio.sleep(0.05)
+        else:
+            raise AssertionError("the server in the first sandbox never listened")
+        assert (await second.exec(probe)).exit_code != 0
+        inodes = [
+            int((await sb.exec("stat -L -c %i /proc/self/ns/net")).stdout) for sb in (first, second)
+        ]
+        assert inodes[0] != inodes[1]
+        assert os.stat("/proc/self/ns/net").st_ino not in inodes
+    finally:
+        await first.close()
+        await second.close()
+
+
 async def test_host_files_outside_the_root_are_not_visible(sandbox: Any, canary: Any) -> None:
     directory, path, secret = canary
     result = await sandbox.exec(["cat", path])

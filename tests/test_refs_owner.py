@@ -113,12 +113,24 @@ async def test_owner_and_a_worker_in_another_process_share_one_live_sandbox(
         assert theirs in [p.id for p in owner.processes()]
         ran = await worker.run("sb.exec('echo $((6*7))').stdout")
         assert ran == {"ok": "42\n"}
+        # Listed on the sandbox while attached, with the ref it came in with.
+        listed = (await owner.info())["attachments"]
+        assert [a["ref_id"] for a in listed] == [decode_ref(ref).ref_id]  # type: ignore[union-attr]
+        # Read-before-write is the worker's own: the owner's read is not its read.
+        await owner.write_text("guarded.txt", "g")
+        await owner.read_text("guarded.txt")
+        refused = await worker.run("sb.write_text('guarded.txt', 'w2')")
+        assert refused["error"] == "read_before_write", refused
+        assert await worker.run("sb.read_text('guarded.txt')") == {"ok": "g"}
+        assert await worker.run("sb.write_text('guarded.txt', 'w2')") == {"ok": None}
+        assert await owner.read_text("guarded.txt") == "w2"
         # The worker's close only detaches it: the owner goes on.
         assert await worker.run("sb.close()") == {"ok": None}
         detached = await worker.run("sb.exec('true')")
         assert detached["error"] == "sandbox_unavailable" and "detached" in detached["message"]
         assert (await owner.exec("echo still")).stdout == "still\n"
         assert owner.state is hutch.SandboxState.RUNNING
+        assert (await owner.info())["attachments"] == []
         # A worker attached when the owner closes: its next call says why it failed.
         other, _ = await Worker.start(await owner.ref())
         assert (await other.run("sb.exec('echo x').stdout")) == {"ok": "x\n"}

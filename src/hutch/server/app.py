@@ -441,6 +441,7 @@ class TokenAuth:
                 return
             if target != named:
                 _retarget(scope, named, target)
+            daemon.ref_session(ref, target, _header(scope, SESSION_HEADER.encode()))
         scope[REF_SCOPE_KEY] = ref
         await self.app(scope, receive, send)
 
@@ -1113,7 +1114,8 @@ def create_app(
     async def delete_sandbox(request: Request, sandbox_id: str) -> Response:
         ref: RefRow | None = request.scope.get(REF_SCOPE_KEY)
         if ref is not None:
-            daemon().detach(ref)  # an attached session leaves; the owner's sandbox stays
+            # An attached session leaves; the owner's sandbox stays.
+            daemon().detach(ref, sandbox_id, _header(request.scope, SESSION_HEADER.encode()))
         else:
             await daemon().delete_sandbox(sandbox_id)
         return Response(status_code=204)

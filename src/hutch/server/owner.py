@@ -21,7 +21,7 @@ import secrets
 import shutil
 import socket
 import tempfile
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
@@ -131,6 +131,16 @@ class OwnerServer:
     def check(self, ref: str) -> RefRow:
         """The ref's row if it is one of this sandbox's, unrevoked and unexpired."""
         return self.core.check_ref(ref)
+
+    def open_refs(self) -> list[RefRow]:
+        return self.core.open_refs(self.sandbox.id)
+
+    def refs_json(self) -> list[dict[str, Any]]:
+        return self.core.refs_json(self.sandbox.id)
+
+    def attachments(self) -> list[dict[str, Any]]:
+        """The sessions of other processes attached through this server."""
+        return self.core.attachments(self.sandbox.id)
 
     async def close(self) -> None:
         """Stop answering (calls under way get a moment to finish) and remove the socket."""
