@@ -22,6 +22,7 @@ import pytest
 
 import hutch
 from hutch._types import OutputChunk
+from hutch.providers.base import ProcessRequest
 from tests.conftest import TEST_IMAGE
 from tests.hazards import FORK_BOMB
 
@@ -120,6 +121,35 @@ def _host_addresses() -> list[str]:
             if not address.startswith("127."):
                 found.append(address)
     return sorted(set(found))
+
+
+async def test_each_sandbox_has_a_network_of_its_own() -> None:
+    """Network namespaces are made ahead of time: each still serves one
+    sandbox only (a server on one's loopback is not reached from another's)."""
+    first, second = await _make(), await _make()
+    try:
+        probe = (
+            "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 4242), 2)'"
+        )
+        await first.exec(
+            "nohup python3 -c 'import socket,time; s=socket.socket(); "
+            "s.bind((\"127.0.0.1\", 4242)); s.listen(); time.sleep(60)' >/dev/null 2>&1 &"
+        )
+        for _ in range(100):
+            if (await first.exec(probe)).exit_code == 0:
+                break
+            await anyio.sleep(0.05)
+        else:
+            raise AssertionError("the server in the first sandbox never listened")
+        assert (await second.exec(probe)).exit_code != 0
+        inodes = [
+            int((await sb.exec("stat -L -c %i /proc/self/ns/net")).stdout) for sb in (first, second)
+        ]
+        assert inodes[0] != inodes[1]
+        assert os.stat("/proc/self/ns/net").st_ino not in inodes
+    finally:
+        await first.close()
+        await second.close()
 
 
 async def test_host_files_outside_the_root_are_not_visible(sandbox: Any, canary: Any) -> None:
@@ -523,10 +553,9 @@ async def test_snapshot_and_forks_are_independent_copy_on_write(sandbox: Any) ->
         assert await branches[0].runtime.read_file("/workspace/shared.txt", 100) == b"branch 0"
         assert await branches[1].runtime.read_file("/workspace/shared.txt", 100) == b"branch 1"
         assert await sandbox.read_text("shared.txt") == "from the origin"
-        proc = await branches[0].runtime.start_process(
-            ["sh", "-c", "cat f1999; test -e /etc/motd; echo $?"], cwd="/workspace", env={},
-            stdin=None, user=None,
-        )
+        proc = await branches[0].runtime.start_process(ProcessRequest(
+            ["sh", "-c", "cat f1999; test -e /etc/motd; echo $?"], cwd="/workspace",
+        ))
         out = b""
         while (chunk := await proc.read()) is not None:
             out += chunk.data
