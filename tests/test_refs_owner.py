@@ -27,6 +27,14 @@ pytestmark = pytest.mark.anyio
 #: the lines it is sent on stdin one at a time, answering each with one line.
 WORKER = r"""
 import json, sys, hutch
+
+def pty_run(sb, line):
+    out = b""
+    with sb.pty(["sh", "-c", line]) as term:
+        while (chunk := term.read(timeout=60)) is not None:
+            out += chunk.data
+        return [out.decode().strip(), term.wait()]
+
 sb = hutch.attach_sync(sys.argv[1])
 print(json.dumps({"ok": sb.id}), flush=True)
 for line in sys.stdin:
@@ -113,6 +121,12 @@ async def test_owner_and_a_worker_in_another_process_share_one_live_sandbox(
         assert theirs in [p.id for p in owner.processes()]
         ran = await worker.run("sb.exec('echo $((6*7))').stdout")
         assert ran == {"ok": "42\n"}
+        # A terminal too (a websocket, over the same socket).
+        typed = await worker.run("pty_run(sb, 'cat from-owner.txt; exit 3')")
+        if owner.capabilities.runtime == "agent":
+            assert typed == {"ok": ["o", 3]}, typed
+        else:  # the answer came through: the native runtime has no terminal
+            assert typed["error"] == "capability_unsupported", typed
         # Listed on the sandbox while attached, with the ref it came in with.
         listed = (await owner.info())["attachments"]
         assert [a["ref_id"] for a in listed] == [decode_ref(ref).ref_id]  # type: ignore[union-attr]
