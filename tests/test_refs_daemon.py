@@ -102,9 +102,14 @@ def test_in_process_attached_sessions_through_the_sdk(daemon: DaemonProcess) -> 
         owner.write_text("shared.txt", "v1")
         owner.read_text("shared.txt")
         with hutch.Client(daemon.url, token="") as stranger:
-            attached = stranger.attach(owner.ref())
+            ref = owner.ref()
+            attached, twin = stranger.attach(ref), stranger.attach(ref)
         with pytest.raises(hutch.ReadBeforeWrite):
             attached.write_text("shared.txt", "v2")  # the owner's read is not its own
+        twin.read_text("shared.txt")
+        with pytest.raises(hutch.ReadBeforeWrite):
+            attached.write_text("shared.txt", "v2")  # nor is another session's, same ref
+        twin.close()
         attached.read_text("shared.txt")
         attached.write_text("shared.txt", "v2")
         attached.close()

@@ -138,6 +138,13 @@ async def test_owner_and_a_worker_in_another_process_share_one_live_sandbox(
         assert await worker.run("sb.read_text('guarded.txt')") == {"ok": "g"}
         assert await worker.run("sb.write_text('guarded.txt', 'w2')") == {"ok": None}
         assert await owner.read_text("guarded.txt") == "w2"
+        # From the command line too, with the ref alone.
+        cli = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "hutch.cli.main", "attach", ref, "--", "cat",
+                             "from-worker.txt"],
+            capture_output=True, text=True, timeout=120, env=bare_env(), stdin=subprocess.DEVNULL,
+        )
+        assert (cli.returncode, cli.stdout) == (0, "w"), cli.stderr
         # The worker's close only detaches it: the owner goes on.
         assert await worker.run("sb.close()") == {"ok": None}
         detached = await worker.run("sb.exec('true')")
