@@ -22,6 +22,7 @@ import pytest
 
 import hutch
 from hutch._types import OutputChunk
+from hutch.providers.base import ProcessRequest
 from tests.conftest import TEST_IMAGE
 from tests.hazards import FORK_BOMB
 
@@ -552,10 +553,9 @@ async def test_snapshot_and_forks_are_independent_copy_on_write(sandbox: Any) ->
         assert await branches[0].runtime.read_file("/workspace/shared.txt", 100) == b"branch 0"
         assert await branches[1].runtime.read_file("/workspace/shared.txt", 100) == b"branch 1"
         assert await sandbox.read_text("shared.txt") == "from the origin"
-        proc = await branches[0].runtime.start_process(
-            ["sh", "-c", "cat f1999; test -e /etc/motd; echo $?"], cwd="/workspace", env={},
-            stdin=None, user=None,
-        )
+        proc = await branches[0].runtime.start_process(ProcessRequest(
+            ["sh", "-c", "cat f1999; test -e /etc/motd; echo $?"], cwd="/workspace",
+        ))
         out = b""
         while (chunk := await proc.read()) is not None:
             out += chunk.data

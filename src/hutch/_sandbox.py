@@ -55,7 +55,14 @@ from ._types import (
 )
 from .lifecycle.state import SandboxState
 from .providers._grep import grep_output_budget
-from .providers.base import BackendProcess, PtyProcess, SandboxBackend, SandboxRuntime, join_path
+from .providers.base import (
+    BackendProcess,
+    ProcessRequest,
+    PtyProcess,
+    SandboxBackend,
+    SandboxRuntime,
+    join_path,
+)
 
 if TYPE_CHECKING:
     from .config import SandboxSpec
@@ -283,13 +290,13 @@ class Sandbox:
             self.require("users")
         if isinstance(stdin, str):
             stdin = stdin.encode()
-        return await self._runtime.start_process(
+        return await self._runtime.start_process(ProcessRequest(
             self._argv(cmd),
             cwd=self.path(cwd) if cwd is not None else self.workdir,
             env=dict(env or {}),
             stdin=stdin,
             user=user,
-        )
+        ))
 
     async def exec(
         self,
@@ -391,8 +398,11 @@ class Sandbox:
         argv = ["bash"] if cmd is None else self._argv(cmd)
         async with self._operation("pty"):
             proc = await self._runtime.start_pty(
-                argv, cwd=self.path(cwd) if cwd is not None else self.workdir,
-                env={"TERM": "xterm-256color", **(env or {})}, user=user, rows=rows, cols=cols,
+                ProcessRequest(
+                    argv, cwd=self.path(cwd) if cwd is not None else self.workdir,
+                    env={"TERM": "xterm-256color", **(env or {})}, user=user,
+                ),
+                rows=rows, cols=cols,
             )
             try:
                 yield proc

@@ -141,6 +141,20 @@ class PtyProcess(BackendProcess):
     async def resize(self, rows: int, cols: int) -> None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class ProcessRequest:
+    """A command a runtime is asked to start: ``argv`` in ``cwd`` (absolute,
+    inside the sandbox), with ``env`` over the sandbox's own environment,
+    ``stdin`` fed and then closed (None: no input), as ``user`` (None: the
+    sandbox's default user)."""
+
+    argv: Sequence[str]
+    cwd: str
+    env: Mapping[str, str] = field(default_factory=dict)
+    stdin: bytes | None = None
+    user: str | None = None
+
+
 #: In the environment of every command hutch starts: its own id, and its sandbox's.
 EXEC_MARKER = "HUTCH_EXEC_ID"
 SANDBOX_MARKER = "HUTCH_SANDBOX_ID"
@@ -237,15 +251,7 @@ class SandboxRuntime(SandboxPart, SandboxFiles):
         """The argv that runs a shell string: bash where there is one, else sh."""
         return ["bash", "-c", command]
 
-    async def start_process(
-        self,
-        argv: Sequence[str],
-        *,
-        cwd: str,
-        env: Mapping[str, str],
-        stdin: bytes | None,
-        user: str | None,
-    ) -> BackendProcess:
+    async def start_process(self, request: ProcessRequest) -> BackendProcess:
         raise CapabilityUnsupported.for_provider(self.provider, "processes")
 
     async def count_busy_processes(self) -> int:
@@ -259,10 +265,10 @@ class SandboxRuntime(SandboxPart, SandboxFiles):
         Written once on ``start_process``: a script in the sandbox kills what
         carries an exec marker and this sandbox's marker, all but itself.
         """
-        proc = await self.start_process(
+        proc = await self.start_process(ProcessRequest(
             ["sh", "-c", _END_LEFTOVERS, "hutch-end", f"{SANDBOX_MARKER}={self.sandbox_id}"],
-            cwd="/", env={}, stdin=None, user=None,
-        )
+            cwd="/",
+        ))
         out = []
         while (chunk := await proc.read()) is not None:
             if chunk.stream == "stdout":
@@ -275,18 +281,10 @@ class SandboxRuntime(SandboxPart, SandboxFiles):
             )
         return int(words[-1])
 
-    async def start_pty(
-        self,
-        argv: Sequence[str],
-        *,
-        cwd: str,
-        env: Mapping[str, str],
-        user: str | None,
-        rows: int,
-        cols: int,
-    ) -> PtyProcess:
-        """Start ``argv`` on a pseudo-terminal of ``rows`` x ``cols`` (an
-        interactive shell); a runtime that has none says so."""
+    async def start_pty(self, request: ProcessRequest, rows: int, cols: int) -> PtyProcess:
+        """Start ``request`` (its ``stdin`` unused: what is typed is written)
+        on a pseudo-terminal of ``rows`` x ``cols`` (an interactive shell); a
+        runtime that has none says so."""
         raise CapabilityUnsupported(
             f"the {self.runtime_name} runtime of sandbox {self.sandbox_id} has no "
             "pseudo-terminal (hutch's agent runtime has one)"
