@@ -61,7 +61,7 @@ from .providers.base import (
     PtyProcess,
     SandboxBackend,
     SandboxRuntime,
-    join_path,
+    sandbox_path,
 )
 
 if TYPE_CHECKING:
@@ -260,11 +260,7 @@ class Sandbox:
 
     def path(self, path: str) -> str:
         """The absolute path inside the sandbox that ``path`` names."""
-        if not isinstance(path, str):
-            raise InvalidArgument(f"path must be a string, not {type(path).__name__}")
-        if "\0" in path:
-            raise InvalidArgument(f"path {path!r} contains a NUL byte")
-        return join_path(self.workdir, path)
+        return sandbox_path(self.workdir, path)
 
     # -- exec ---------------------------------------------------------------------
     def _argv(self, cmd: Command) -> list[str]:

@@ -49,7 +49,7 @@ from .._errors import (
 )
 from .._globmatch import compile_glob
 from .._types import Capabilities, FileInfo, FileType, GrepMatch, OutputChunk
-from ._grep import BATCH_BYTES, grep_contents
+from ._grep import GrepBatches
 
 
 class BackendProcess(abc.ABC):
@@ -321,9 +321,7 @@ class SandboxRuntime(SandboxPart, SandboxFiles):
     ) -> list[GrepMatch]:
         """The matching lines of ``paths``, by the one rule (:func:`grep_contents`),
         matched in a worker process; what is not a readable regular file is skipped."""
-        matches: list[GrepMatch] = []
-        batch: list[tuple[str, bytes]] = []
-        size = 0
+        batches = GrepBatches(pattern)
         for path in paths:
             try:
                 data = await self.read_file(path, limit)
@@ -338,13 +336,8 @@ class SandboxRuntime(SandboxPart, SandboxFiles):
                 # It said it was small and did not end (a procfs file such as
                 # /proc/1/pagemap): not a text file to search.
                 continue
-            batch.append((path, data))
-            size += len(data)
-            if size >= BATCH_BYTES:
-                matches.extend(await grep_contents(pattern, batch))
-                batch, size = [], 0
-        matches.extend(await grep_contents(pattern, batch))
-        return matches
+            await batches.add(path, data)
+        return await batches.matches()
 
 
 class FilesRuntime(SandboxRuntime):
@@ -562,3 +555,14 @@ def join_path(workdir: str, path: str) -> str:
     if not path:
         path = "."
     return posixpath.normpath(posixpath.join(workdir, path))
+
+
+def sandbox_path(workdir: str, path: object) -> str:
+    """A caller's ``path`` checked (a string, no NUL byte: InvalidArgument
+    otherwise) and resolved against ``workdir``: one rule for the in-process
+    sandbox and the client that checks before it sends."""
+    if not isinstance(path, str):
+        raise InvalidArgument(f"path must be a string, not {type(path).__name__}")
+    if "\0" in path:
+        raise InvalidArgument(f"path {path!r} contains a NUL byte")
+    return join_path(workdir, path)

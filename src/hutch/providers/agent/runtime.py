@@ -42,7 +42,7 @@ from ..._errors import (
 )
 from ..._globmatch import compile_glob
 from ..._types import FileInfo, FileType, GrepMatch, OutputChunk
-from .._grep import BATCH_BYTES, grep_contents
+from .._grep import GrepBatches
 from .._grepfilter import required_literals
 from .._hostproc import EXEC_MARKER
 from ..base import ProcessRequest, PtyProcess, SandboxRuntime
@@ -595,10 +595,8 @@ class AgentRuntime(SandboxRuntime):
             name = glob  # a prefilter on names; the glob is checked again below
         matcher = compile_glob(glob) if glob else None
         prefix = root.rstrip("/") + "/"
-        matches: list[GrepMatch] = []
+        batches = GrepBatches(pattern)
         big: list[str] = []
-        batch: list[tuple[str, bytes]] = []
-        size = 0
         async with self._channel() as channel:
             await channel.send({
                 "op": "grep", "root": root, "name": name, "literals": literals or [],
@@ -618,12 +616,8 @@ class AgentRuntime(SandboxRuntime):
                 if kind == "big":
                     big.append(path)
                     continue
-                batch.append((path, payload))
-                size += len(payload)
-                if size >= BATCH_BYTES:
-                    matches.extend(await grep_contents(pattern, batch))
-                    batch, size = [], 0
-        matches.extend(await grep_contents(pattern, batch))
+                await batches.add(path, payload)
+        matches = await batches.matches()
         matches.extend(await self.grep_files(pattern, big, limit))
         return sorted(matches, key=lambda m: (m.path, m.line_number))
 

@@ -19,7 +19,7 @@ from ..._errors import (
     SandboxUnavailable,
 )
 from ..._types import Capabilities, GrepMatch
-from .._grep import BATCH_BYTES, grep_contents
+from .._grep import GrepBatches
 from ..base import SANDBOX_MARKER, FilesRuntime, NativeBackend, ProcessRequest
 from .config import SshConfig
 from .connection import KeptConnection, SshTarget, acquire, lost, release
@@ -213,21 +213,14 @@ class SshSandbox(NativeBackend, FilesRuntime):
             except (IsADirectoryError, PermissionError, FileNotFoundError, InvalidArgument):
                 return None
 
-        matches: list[GrepMatch] = []
-        batch: list[tuple[str, bytes]] = []
-        size = 0
+        batches = GrepBatches(pattern)
         for start in range(0, len(paths), _GREP_READS_AT_ONCE):
             chunk = paths[start:start + _GREP_READS_AT_ONCE]
             contents = await asyncio.gather(*(read(p) for p in chunk))
             for path, data in zip(chunk, contents, strict=True):
                 if data is not None:
-                    batch.append((path, data))
-                    size += len(data)
-            if size >= BATCH_BYTES:
-                matches.extend(await grep_contents(pattern, batch))
-                batch, size = [], 0
-        matches.extend(await grep_contents(pattern, batch))
-        return matches
+                    await batches.add(path, data)
+        return await batches.matches()
 
     async def preview_url(self, port: int) -> str:
         base = self.config.preview_url_base
