@@ -55,7 +55,14 @@ from ._types import (
 )
 from .lifecycle.state import SandboxState
 from .providers._grep import grep_output_budget
-from .providers.base import BackendProcess, PtyProcess, SandboxBackend, SandboxRuntime, join_path
+from .providers.base import (
+    BackendProcess,
+    ProcessRequest,
+    PtyProcess,
+    SandboxBackend,
+    SandboxRuntime,
+    sandbox_path,
+)
 
 if TYPE_CHECKING:
     from .config import SandboxSpec
@@ -253,11 +260,7 @@ class Sandbox:
 
     def path(self, path: str) -> str:
         """The absolute path inside the sandbox that ``path`` names."""
-        if not isinstance(path, str):
-            raise InvalidArgument(f"path must be a string, not {type(path).__name__}")
-        if "\0" in path:
-            raise InvalidArgument(f"path {path!r} contains a NUL byte")
-        return join_path(self.workdir, path)
+        return sandbox_path(self.workdir, path)
 
     # -- exec ---------------------------------------------------------------------
     def _argv(self, cmd: Command) -> list[str]:
@@ -283,13 +286,13 @@ class Sandbox:
             self.require("users")
         if isinstance(stdin, str):
             stdin = stdin.encode()
-        return await self._runtime.start_process(
+        return await self._runtime.start_process(ProcessRequest(
             self._argv(cmd),
             cwd=self.path(cwd) if cwd is not None else self.workdir,
             env=dict(env or {}),
             stdin=stdin,
             user=user,
-        )
+        ))
 
     async def exec(
         self,
@@ -391,8 +394,11 @@ class Sandbox:
         argv = ["bash"] if cmd is None else self._argv(cmd)
         async with self._operation("pty"):
             proc = await self._runtime.start_pty(
-                argv, cwd=self.path(cwd) if cwd is not None else self.workdir,
-                env={"TERM": "xterm-256color", **(env or {})}, user=user, rows=rows, cols=cols,
+                ProcessRequest(
+                    argv, cwd=self.path(cwd) if cwd is not None else self.workdir,
+                    env={"TERM": "xterm-256color", **(env or {})}, user=user,
+                ),
+                rows=rows, cols=cols,
             )
             try:
                 yield proc

@@ -42,7 +42,7 @@ from .._types import (
 )
 from ..lifecycle.engine import SandboxStatus
 from ..lifecycle.state import FINAL, SandboxState
-from ..providers.base import join_path
+from ..providers.base import sandbox_path
 
 SESSION_HEADER = "X-Hutch-Session"
 DEFAULT_URL = "http://127.0.0.1:8787"
@@ -613,11 +613,7 @@ class SandboxOps:
     # -- checks made here, as the in-process sandbox makes them ----------------------------
     def path(self, path: str) -> str:
         """The absolute path inside the sandbox that ``path`` names."""
-        if not isinstance(path, str):
-            raise InvalidArgument(f"path must be a string, not {type(path).__name__}")
-        if "\0" in path:
-            raise InvalidArgument(f"path {path!r} contains a NUL byte")
-        return join_path(self.workdir, path)
+        return sandbox_path(self.workdir, path)
 
     def require(self, capability: str) -> None:
         if not self.capabilities.supports(capability):

@@ -40,6 +40,8 @@ def map_oserror(exc: OSError, path: str) -> HutchError:
         return SandboxFileNotFound(f"no such file or directory: {path}")
     if code == errno.EISDIR:
         return SandboxIsADirectory(f"{path} is a directory")
+    if code == errno.ENOTEMPTY:  # a directory removed without recursive
+        return SandboxIsADirectory(f"{path} is a non-empty directory; pass recursive=True")
     if code in (errno.EACCES, errno.EPERM, errno.EROFS):
         return SandboxPermissionDenied(f"permission denied: {path}")
     if code == errno.ENAMETOOLONG:
@@ -236,14 +238,7 @@ class HostFiles(SandboxFiles):
                 if recursive:
                     shutil.rmtree(host)
                 else:
-                    try:
-                        os.rmdir(host)
-                    except OSError as exc:
-                        if exc.errno == errno.ENOTEMPTY:
-                            raise SandboxIsADirectory(
-                                f"{path} is a non-empty directory; pass recursive=True"
-                            ) from None
-                        raise
+                    os.rmdir(host)
             else:
                 os.unlink(host)
 

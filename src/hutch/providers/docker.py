@@ -75,6 +75,7 @@ from .agent import workload as _workload
 from .base import (
     BackendProcess,
     NativeBackend,
+    ProcessRequest,
     ProviderSettings,
     ProviderSnapshot,
     RuntimeNotice,
@@ -488,15 +489,15 @@ _SHELL_SHIM = 'if command -v bash >/dev/null 2>&1; then exec bash -c "$1"; else 
 _START_FAILURES = (b"OCI runtime exec failed", b"unable to find user", b"unable to find group")
 
 
-def _oci_error(message: str, argv: Sequence[str], cwd: str, user: str | None) -> HutchError:
+def _oci_error(message: str, request: ProcessRequest) -> HutchError:
     if "unable to find user" in message or "unable to find group" in message:
-        return InvalidArgument(f"no such user {user!r}")
+        return InvalidArgument(f"no such user {request.user!r}")
     if "chdir to cwd" in message:
-        return SandboxFileNotFound(f"working directory {cwd} does not exist")
+        return SandboxFileNotFound(f"working directory {request.cwd} does not exist")
     if "permission denied" in message:
-        return SandboxPermissionDenied(f"cannot execute {argv[0]}: permission denied")
+        return SandboxPermissionDenied(f"cannot execute {request.argv[0]}: permission denied")
     if "not found" in message or "no such file" in message:
-        return SandboxFileNotFound(f"command not found: {argv[0]}")
+        return SandboxFileNotFound(f"command not found: {request.argv[0]}")
     return ProviderError(f"docker exec failed: {message.strip()}")
 
 
@@ -532,19 +533,15 @@ class DockerProcess(BackendProcess):
         exec_id: str,
         marker: str,
         sock: socket.socket,
-        stdin: bytes | None,
-        argv: Sequence[str],
-        cwd: str,
-        user: str | None,
+        request: ProcessRequest,
         oom_before: int | None,
     ) -> None:
         self._sandbox = sandbox
         self._exec_id = exec_id
         self._marker = marker
         self._sock = sock
-        self._argv = list(argv)
-        self._cwd = cwd
-        self._user = user
+        #: What was asked, for the error a failed start says.
+        self._request = request
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[OutputChunk | BaseException | None] = asyncio.Queue()
         self._exit_code: int | None = None
@@ -555,8 +552,8 @@ class DockerProcess(BackendProcess):
         self._first = True
         self._held: bytes | None = None
         self._eof = False
-        if stdin is not None:
-            threading.Thread(target=self._feed, args=(stdin,), daemon=True).start()
+        if request.stdin is not None:
+            threading.Thread(target=self._feed, args=(request.stdin,), daemon=True).start()
         threading.Thread(target=self._pump, daemon=True).start()
 
     def _feed(self, data: bytes) -> None:
@@ -646,7 +643,7 @@ class DockerProcess(BackendProcess):
             held, self._held = self._held, None
             if await asyncio.shield(self._exit) == 126:
                 raise _oci_error(
-                    held.decode("utf-8", "replace"), self._argv, self._cwd, self._user
+                    held.decode("utf-8", "replace"), self._request
                 )
             return OutputChunk("stdout", held)
         return None
@@ -1333,19 +1330,11 @@ class DockerSandbox(NativeBackend):
     def shell_argv(self, command: str) -> list[str]:
         return ["/bin/sh", "-c", _SHELL_SHIM, "sh", command]
 
-    async def start_process(
-        self,
-        argv: Sequence[str],
-        *,
-        cwd: str,
-        env: Mapping[str, str],
-        stdin: bytes | None,
-        user: str | None,
-    ) -> DockerProcess:
+    async def start_process(self, request: ProcessRequest) -> DockerProcess:
         api = engine()
         container = self._container()
         marker = uuid.uuid4().hex
-        full_env = {**env, EXEC_MARKER: marker, SANDBOX_MARKER: self.sandbox_id}
+        full_env = {**request.env, EXEC_MARKER: marker, SANDBOX_MARKER: self.sandbox_id}
 
         def start() -> tuple[str, socket.socket, int | None]:
             # Counted before it starts: a command can be OOM-killed before
@@ -1353,8 +1342,8 @@ class DockerSandbox(NativeBackend):
             oom_before = oom_kills(container)
             with freeze_guard(container).starting():
                 created = api.exec_create(
-                    container, list(argv), stdin=stdin is not None, environment=full_env,
-                    workdir=cwd, user=user or "",
+                    container, list(request.argv), stdin=request.stdin is not None,
+                    environment=full_env, workdir=request.cwd, user=request.user or "",
                 )
                 sock = getattr(api.exec_start(created["Id"], socket=True), "_sock", None)
                 if not isinstance(sock, socket.socket):
@@ -1365,7 +1354,7 @@ class DockerSandbox(NativeBackend):
             return created["Id"], sock, oom_before
 
         exec_id, sock, oom_before = await _call(start)
-        return DockerProcess(self, exec_id, marker, sock, stdin, argv, cwd, user, oom_before)
+        return DockerProcess(self, exec_id, marker, sock, request, oom_before)
 
     async def run_quiet(
         self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
@@ -1375,7 +1364,7 @@ class DockerSandbox(NativeBackend):
         (exit code, stdout, stderr). As root, like the archive API, so that
         what stat sees, list and walk see too, whatever the image's USER.
         Past ``output_limit`` bytes it is killed (OutputLimitExceeded)."""
-        proc = await self.start_process(argv, cwd="/", env=env or {}, stdin=None, user="0")
+        proc = await self.start_process(ProcessRequest(argv, cwd="/", env=env or {}, user="0"))
         out: list[bytes] = []
         err: list[bytes] = []
         total = 0

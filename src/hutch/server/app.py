@@ -867,16 +867,14 @@ def create_app(
     neither starts nor stops it, nor changes anything process-wide.
     """
     settings = settings or ServerSettings()
-    holder: dict[str, Daemon] = {}
+    # A core given is its caller's to start and stop: the app answers through
+    # it at once, with no lifespan of its own (its server runs none).
+    holder: dict[str, Daemon] = {} if core is None else {"daemon": core}
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if core is not None:
-            holder["daemon"] = core
-            try:
-                yield
-            finally:
-                holder.pop("daemon", None)
+            yield
             return
         restore_watcher = use_pidfd_child_watcher()
         # Providers that keep files on the host keep them under the daemon's data dir.

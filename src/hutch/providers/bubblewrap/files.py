@@ -328,14 +328,7 @@ class RootFiles(SandboxFiles):
                 # fd-based: never follows a link, even one swapped in meanwhile.
                 shutil.rmtree(name, dir_fd=parent)
                 return
-            try:
-                os.rmdir(name, dir_fd=parent)
-            except OSError as exc:
-                if exc.errno == errno.ENOTEMPTY:
-                    raise SandboxIsADirectory(
-                        f"{path} is a non-empty directory; pass recursive=True"
-                    ) from None
-                raise
+            os.rmdir(name, dir_fd=parent)
 
     async def remove(self, path: str, recursive: bool) -> None:
         await self._maybe_thread(lambda: self._remove(path, recursive), path, recursive)
