@@ -102,6 +102,20 @@ def test_precedence_flag_over_file_over_server() -> None:
     assert spec.provider.type == "local"
 
 
+def test_an_image_alone_takes_its_provider_from_configuration() -> None:
+    # Nothing names a provider: the built-in one that has images.
+    spec = resolve_spec(flags={"image": "img:flag"})
+    assert spec.provider.type == "docker"
+    assert spec.provider.image == "img:flag"  # type: ignore[union-attr]
+    # The server's (or the file's) provider stands: an image says which, not where.
+    spec = resolve_spec(flags={"image": "img:flag"}, server_defaults={"provider": "bubblewrap"})
+    assert spec.provider.type == "bubblewrap"
+    assert spec.provider.image == "img:flag"  # type: ignore[union-attr]
+    # A provider that has no images says so.
+    with pytest.raises(hutch.InvalidArgument, match="image"):
+        resolve_spec(flags={"image": "img:flag"}, server_defaults={"provider": "virtual"})
+
+
 def test_config_file_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "hutch.toml").write_text(
         '[sandbox]\nprovider = "virtual"\nidle_suspend_after = 5\n'

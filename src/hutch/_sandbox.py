@@ -55,13 +55,21 @@ from ._types import (
 )
 from .lifecycle.state import SandboxState
 from .providers._grep import grep_output_budget
-from .providers.base import BackendProcess, PtyProcess, SandboxBackend, SandboxRuntime, join_path
+from .providers.base import (
+    BackendProcess,
+    ProcessRequest,
+    PtyProcess,
+    SandboxBackend,
+    SandboxRuntime,
+    sandbox_path,
+)
 
 if TYPE_CHECKING:
     from .config import SandboxSpec
     from .lifecycle.engine import LifecycleRecord, SandboxStatus
     from .lifecycle.gate import LifecycleGate
     from .server.owner import OwnerServer
+    from .store import RefRow
 
 
 class _Live:
@@ -113,6 +121,8 @@ class Sandbox:
         self.session_id = uuid.uuid4().hex[:12]
         self._owner = True
         self._detached = False
+        #: The ref an attached session came in with (None for the owner).
+        self._ref: RefRow | None = None
 
         #: The settings it was made with (what a fork's branches start from).
         self.spec: SandboxSpec | None = None
@@ -122,9 +132,10 @@ class Sandbox:
         #: The snapshot it was started from, if any: it depends on that
         #: snapshot until it captures a state of its own.
         self.origin_snapshot_id: str | None = None
-    def _attached_session(self) -> Sandbox:
+    def _attached_session(self, ref: RefRow) -> Sandbox:
         """A new non-owning session on this live sandbox, with a guard of its own."""
         session = object.__new__(Sandbox)
+        session._ref = ref
         session.id = self.id
         session._live = self._live
         session.output_limit = self.output_limit
@@ -225,6 +236,9 @@ class Sandbox:
             raise SandboxUnavailable(
                 f"this session detached from sandbox {self.id}; attach again with a ref"
             )
+        if self._ref is not None and not self._closed:
+            # As through a server: a revoked or expired ref is refused at every call.
+            self._ref.check_usable(time.time())
         if self._gate is not None:
             # The gate knows why a sandbox is gone (expired, closed) and says so.
             await self._gate.enter(self, name, activity=activity)
@@ -246,11 +260,7 @@ class Sandbox:
 
     def path(self, path: str) -> str:
         """The absolute path inside the sandbox that ``path`` names."""
-        if not isinstance(path, str):
-            raise InvalidArgument(f"path must be a string, not {type(path).__name__}")
-        if "\0" in path:
-            raise InvalidArgument(f"path {path!r} contains a NUL byte")
-        return join_path(self.workdir, path)
+        return sandbox_path(self.workdir, path)
 
     # -- exec ---------------------------------------------------------------------
     def _argv(self, cmd: Command) -> list[str]:
@@ -276,13 +286,13 @@ class Sandbox:
             self.require("users")
         if isinstance(stdin, str):
             stdin = stdin.encode()
-        return await self._runtime.start_process(
+        return await self._runtime.start_process(ProcessRequest(
             self._argv(cmd),
             cwd=self.path(cwd) if cwd is not None else self.workdir,
             env=dict(env or {}),
             stdin=stdin,
             user=user,
-        )
+        ))
 
     async def exec(
         self,
@@ -384,8 +394,11 @@ class Sandbox:
         argv = ["bash"] if cmd is None else self._argv(cmd)
         async with self._operation("pty"):
             proc = await self._runtime.start_pty(
-                argv, cwd=self.path(cwd) if cwd is not None else self.workdir,
-                env={"TERM": "xterm-256color", **(env or {})}, user=user, rows=rows, cols=cols,
+                ProcessRequest(
+                    argv, cwd=self.path(cwd) if cwd is not None else self.workdir,
+                    env={"TERM": "xterm-256color", **(env or {})}, user=user,
+                ),
+                rows=rows, cols=cols,
             )
             try:
                 yield proc
@@ -616,8 +629,23 @@ class Sandbox:
             "meter": status.meter,
             "memory_bytes": memory,
             "open_operations": self.open_operations,
-            "attachments": [{"session": sid} for sid in self._live.attached],
+            "attachments": self._attachments(),
+            "refs": [] if self._live.server is None else self._live.server.refs_json(),
         }
+
+    def _attachments(self) -> list[dict[str, Any]]:
+        """The sessions attached now: in this process, and through the server
+        that serves it to other processes (whose refs still work)."""
+        from .server.daemon import attachment_json
+
+        server = self._live.server
+        working = None if server is None else {r.id for r in server.open_refs()}
+        here = [
+            attachment_json(s.session_id, s._ref, s.created_at, None)
+            for s in self._live.attached.values()
+            if s._ref is not None and (working is None or s._ref.id in working)
+        ]
+        return here + ([] if server is None else server.attachments())
 
     @property
     def meter(self) -> dict[str, float]:
@@ -704,9 +732,12 @@ class Sandbox:
         try:
             if self._closed:  # reaped: what serves it to attached sessions stops now
                 return
-            if self._gate is not None:
-                await self._gate.closed(self)
-            await self._release()
+            # Recorded ended and released as one: a caller that gives up meanwhile
+            # (a client gone) leaves neither a live record nor a runtime behind.
+            with anyio.CancelScope(shield=True):
+                if self._gate is not None:
+                    await self._gate.closed(self)
+                await self._release()
         finally:
             server, self._live.server = self._live.server, None
             if server is not None:
@@ -779,12 +810,12 @@ def check_ref_lifetime(expires_in: float) -> None:
         )
 
 
-def attach_session(owner: Sandbox) -> Sandbox:
-    """A new attached session on the live sandbox ``owner`` owns (the ref
-    that allows it checked by the caller)."""
+def attach_session(owner: Sandbox, ref: RefRow) -> Sandbox:
+    """A new attached session on the live sandbox ``owner`` owns, through
+    ``ref`` (checked by the caller)."""
     if owner._closed:
         raise SandboxUnavailable(closed_message(owner.id))
-    return owner._attached_session()
+    return owner._attached_session(ref)
 
 
 def backend_of(sandbox: Sandbox) -> SandboxBackend:

@@ -3,7 +3,8 @@
 by the ``hutch.providers`` entry point is configured like a built-in one),
 sandbox options, and the precedence rule
 
-    command-line flag > run config file (hutch.toml) > server defaults > built-in (local)
+    command-line flag > run config file (hutch.toml) > server defaults > built-in (local;
+    docker for a request that names an image)
 
 Each layer is a mapping of the same shape as ``hutch.toml``::
 
@@ -52,6 +53,9 @@ def _by_registry(value: Any) -> Any:
 ProviderConfig = Annotated[SerializeAsAny[ProviderSettings], BeforeValidator(_by_registry)]
 
 DEFAULT_PROVIDER = "local"
+#: The provider of a request that names an image and no provider, where no
+#: layer names one either: the built-in default has no images.
+IMAGE_PROVIDER = "docker"
 CONFIG_FILE_NAME = "hutch.toml"
 
 
@@ -142,10 +146,13 @@ def resolve_spec(
 ) -> SandboxSpec:
     """Merge the layers by precedence into one validated :class:`SandboxSpec`."""
     layers = [_normalize_layer(x) for x in (server_defaults, config_file, flags)]  # low -> high
-    provider = DEFAULT_PROVIDER
-    for layer in layers:
-        if layer["provider"]:
-            provider = str(layer["provider"])
+    named = [str(layer["provider"]) for layer in layers if layer["provider"]]
+    if named:
+        provider = named[-1]
+    elif any("image" in layer.get("loose", {}) for layer in layers):
+        provider = IMAGE_PROVIDER
+    else:
+        provider = DEFAULT_PROVIDER
     settings: dict[str, Any] = {}
     options: dict[str, Any] = {}
     for layer in layers:

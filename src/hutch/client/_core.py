@@ -42,7 +42,7 @@ from .._types import (
 )
 from ..lifecycle.engine import SandboxStatus
 from ..lifecycle.state import FINAL, SandboxState
-from ..providers.base import join_path
+from ..providers.base import sandbox_path
 
 SESSION_HEADER = "X-Hutch-Session"
 DEFAULT_URL = "http://127.0.0.1:8787"
@@ -329,11 +329,11 @@ class ClientOps:
         **settings: Any,
     ) -> Op:
         """A workspace from a snapshot (``snapshot_tag``: its id) or fresh from
-        sandbox settings; ``image`` alone means a docker workspace of that image."""
+        sandbox settings; with ``image`` and no ``provider``, the daemon's
+        configuration says which provider (see :func:`hutch.config.resolve_spec`)."""
         body = {"name": name, **settings}
         if image is not None:
             body["image"] = image
-            body.setdefault("provider", "docker")
         if snapshot_tag is not None:
             body["snapshot_tag"] = snapshot_tag
         return (yield Call("POST", "/v1/workspaces", json=body, timeout=600))
@@ -613,11 +613,7 @@ class SandboxOps:
     # -- checks made here, as the in-process sandbox makes them ----------------------------
     def path(self, path: str) -> str:
         """The absolute path inside the sandbox that ``path`` names."""
-        if not isinstance(path, str):
-            raise InvalidArgument(f"path must be a string, not {type(path).__name__}")
-        if "\0" in path:
-            raise InvalidArgument(f"path {path!r} contains a NUL byte")
-        return join_path(self.workdir, path)
+        return sandbox_path(self.workdir, path)
 
     def require(self, capability: str) -> None:
         if not self.capabilities.supports(capability):

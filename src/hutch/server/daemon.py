@@ -23,6 +23,7 @@ import re
 import secrets
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import anyio.to_thread
@@ -80,6 +81,30 @@ MAX_LABEL = 200
 MAX_FORK = 64
 #: How long an ended (terminated or failed) sandbox stays readable, with its events.
 DEFAULT_RETENTION_SECONDS = 86400.0
+
+
+#: Sessions listed as attached to one sandbox at most (past it the stalest is
+#: forgotten: a client that vanished never detaches), and a session id's length.
+MAX_SESSIONS = 1024
+MAX_SESSION_ID = 64
+
+
+@dataclass
+class AttachedSession:
+    """A session working in a sandbox through a ref (a client's session id)."""
+
+    ref_id: str
+    session: str
+    attached_at_unix: float
+    last_used_unix: float
+
+
+def attachment_json(
+    session: str, ref: RefRow, attached_at_unix: float, last_used_unix: float | None
+) -> dict[str, Any]:
+    """One attached session as SandboxInfo lists it, in-process or through a server."""
+    return {"session": session, "ref_id": ref.id, "attached_at_unix": attached_at_unix,
+            "last_used_unix": last_used_unix, "expires_at_unix": ref.expires_at_unix}
 
 
 def default_data_dir() -> str:
@@ -151,6 +176,10 @@ class Daemon:
         self._refs_of: dict[str, list[RefRow]] = {}
         #: ref id -> when its use was last an event.
         self._ref_used: dict[str, float] = {}
+        #: sandbox id -> "ref id/session" -> a session attached through a ref.
+        self._sessions: dict[str, dict[str, AttachedSession]] = {}
+        #: Sandboxes this process made outside the daemon and serves (see host()).
+        self._hosted: set[str] = set()
         #: Sandbox definitions (SPEC §6): those PUT earlier (in the store), then
         #: the operator's own from hutch.toml, which may use the host.
         self.definitions = Definitions(_DaemonHost(self))
@@ -217,6 +246,7 @@ class Daemon:
         self.sandboxes.pop(sandbox_id, None)
         self.workspace_of.pop(sandbox_id, None)
         self._guards = {k: v for k, v in self._guards.items() if k[0] != sandbox_id}
+        self._sessions.pop(sandbox_id, None)
         for ref in self._refs_of.pop(sandbox_id, []):  # the store still answers for them
             self._refs.pop(ref.id, None)
             self._ref_used.pop(ref.id, None)
@@ -565,6 +595,7 @@ class Daemon:
         (an in-process owner serving it to the holders of its refs): its
         owner closes it; it is never stored, reconciled or reaped here."""
         self.sandboxes[sandbox.id] = sandbox
+        self._hosted.add(sandbox.id)
 
     def session(self, sandbox_id: str, session: str | None) -> Sandbox:
         """The sandbox, with the calling session's read-before-write guard in effect."""
@@ -579,12 +610,11 @@ class Daemon:
 
     async def info(self, sandbox: Sandbox) -> dict[str, Any]:
         """The sandbox's own description, and what the daemon knows around it."""
-        return {
-            **await sandbox.info(),
-            "attachments": self.attachments(sandbox.id),
-            "workspace": self.workspace_of.get(sandbox.id),
-            "ended_at_unix": None,
-        }
+        info = await sandbox.info()
+        if sandbox.id not in self._hosted:  # a hosted one's own lists come from here already
+            info["attachments"] = self.attachments(sandbox.id)
+            info["refs"] = self.refs_json(sandbox.id)
+        return {**info, "workspace": self.workspace_of.get(sandbox.id), "ended_at_unix": None}
 
     # -- refs: credentials scoped to one sandbox ----------------------------------------
     async def create_ref(
@@ -694,30 +724,55 @@ class Daemon:
             or row.sandbox_id != ref.sandbox_id
         ):
             raise Unauthorized("this ref is not one this daemon handed out")
-        if row.revoked_at_unix is not None:
-            raise Unauthorized(f"ref {row.id} was revoked by the owner of {row.sandbox_id}")
         now = time.time()
-        if row.expires_at_unix is not None and now >= row.expires_at_unix:
-            raise Unauthorized(
-                f"ref {row.id} to {row.sandbox_id} expired; ask its owner for a new one"
-            )
+        row.check_usable(now)
         if now - self._ref_used.get(row.id, -math.inf) >= REF_USE_EVENT_SECONDS:
             self._ref_used[row.id] = now
             self.store.log_event(row.sandbox_id, "ref", f"ref {row.id} used")
         return row
 
-    def detach(self, ref: RefRow) -> None:
+    def ref_session(self, ref: RefRow, sandbox_id: str, session: str | None) -> None:
+        """A request through ``ref`` for ``sandbox_id``: the session making it
+        is attached there (and listed) until it detaches or the sandbox ends."""
+        sessions = self._sessions.setdefault(sandbox_id, {})
+        key = f"{ref.id}/{(session or '')[:MAX_SESSION_ID]}"
+        now = time.time()
+        known = sessions.get(key)
+        if known is not None:
+            known.last_used_unix = now
+            return
+        if len(sessions) >= MAX_SESSIONS:  # sessions that never detached: the stalest goes
+            del sessions[min(sessions, key=lambda k: sessions[k].last_used_unix)]
+        sessions[key] = AttachedSession(ref.id, (session or "")[:MAX_SESSION_ID], now, now)
+
+    def detach(self, ref: RefRow, sandbox_id: str, session: str | None) -> None:
         """A session holding a ref closed: it leaves; the sandbox stays."""
+        self._sessions.get(sandbox_id, {}).pop(f"{ref.id}/{(session or '')[:MAX_SESSION_ID]}",
+                                               None)
         self.store.log_event(ref.sandbox_id, "ref", f"a session holding ref {ref.id} detached")
 
-    def attachments(self, sandbox_id: str) -> list[dict[str, Any]]:
-        """The refs that can still attach to a sandbox."""
+    def open_refs(self, sandbox_id: str) -> list[RefRow]:
+        """The refs that can still attach to a sandbox (unrevoked, unexpired)."""
         now = time.time()
         return [
-            {"ref_id": r.id, "created_at_unix": r.created_at_unix,
-             "expires_at_unix": r.expires_at_unix, "last_used_unix": self._ref_used.get(r.id)}
-            for r in self._sandbox_refs(sandbox_id)
+            r for r in self._sandbox_refs(sandbox_id)
             if r.revoked_at_unix is None and (r.expires_at_unix is None or r.expires_at_unix > now)
+        ]
+
+    def refs_json(self, sandbox_id: str) -> list[dict[str, Any]]:
+        return [
+            {"ref_id": r.id, "created_at_unix": r.created_at_unix,
+             "expires_at_unix": r.expires_at_unix, "last_used_unix": self._ref_used.get(r.id),
+             "workspace": r.workspace}
+            for r in self.open_refs(sandbox_id)
+        ]
+
+    def attachments(self, sandbox_id: str) -> list[dict[str, Any]]:
+        """The sessions attached to a sandbox through refs that still work."""
+        refs = {r.id: r for r in self.open_refs(sandbox_id)}
+        return [
+            attachment_json(s.session, refs[s.ref_id], s.attached_at_unix, s.last_used_unix)
+            for s in self._sessions.get(sandbox_id, {}).values() if s.ref_id in refs
         ]
 
     @staticmethod
@@ -743,6 +798,7 @@ class Daemon:
             "memory_bytes": None,
             "open_operations": 0,
             "attachments": [],
+            "refs": [],
             "workspace": row.workspace,
             "ended_at_unix": row.updated_at_unix,
         }

@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._errors import Unauthorized
+
 
 @dataclass
 class SandboxRow:
@@ -95,6 +97,15 @@ class RefRow:
     #: The workspace whose sandbox it was handed out for: it follows the
     #: workspace to the sandboxes that serve it later (after a suspend and resume).
     workspace: str | None = None
+
+    def check_usable(self, now: float) -> None:
+        """Refuse (``Unauthorized``) a ref its owner revoked or that has expired."""
+        if self.revoked_at_unix is not None:
+            raise Unauthorized(f"ref {self.id} was revoked by the owner of {self.sandbox_id}")
+        if self.expires_at_unix is not None and now >= self.expires_at_unix:
+            raise Unauthorized(
+                f"ref {self.id} to {self.sandbox_id} expired; ask its owner for a new one"
+            )
 
 
 @dataclass

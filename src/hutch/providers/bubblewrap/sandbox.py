@@ -9,6 +9,7 @@ in :mod:`.runtime`; the overlay and the keeper in :mod:`.provisioning`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import re
@@ -17,18 +18,22 @@ import stat as stat_mod
 import subprocess
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 import anyio.to_thread
 from pydantic import ConfigDict, Field
 
-from ..._errors import InvalidArgument, ProviderError, SandboxUnavailable
-from ..._types import Capabilities, FileInfo
+from ..._errors import (
+    CapabilityUnsupported,
+    InvalidArgument,
+    ProviderError,
+    SandboxUnavailable,
+)
+from ..._types import Capabilities
 from .._hostproc import SANDBOX_MARKER
 from ..agent import AgentFailure, AgentUnavailable, agent_binary
 from ..base import (
-    BackendProcess,
     ProviderSettings,
     ProviderSnapshot,
     RuntimeNotice,
@@ -392,7 +397,7 @@ class BubblewrapSandbox(SandboxBackend):
             sandbox._start_keeper()
             if network != "none":
                 # The host's resolver, reached through the masquerade.
-                await sandbox._runtime.files.write("/etc/resolv.conf", net.host_resolver())
+                await sandbox._runtime.files.write_file("/etc/resolv.conf", net.host_resolver())
             if sandbox._agent is not None:
                 await sandbox._await_agent()
         except BaseException:
@@ -419,6 +424,23 @@ class BubblewrapSandbox(SandboxBackend):
         self._keeper_process = process
         if self.net_index is not None:
             net.connect(keeper.init_pid, self.net_index, self.network)
+
+    def sandbox_capabilities(self) -> Capabilities:
+        # A preview URL needs an address the host reaches: a network of its own.
+        return dataclasses.replace(
+            super().sandbox_capabilities(), preview_url=self.network != "none"
+        )
+
+    async def preview_url(self, port: int) -> str:
+        """The sandbox's own address on its veth, which the host routes to
+        (its policy lets replies to connections made into it pass)."""
+        if self.net_index is None:
+            raise CapabilityUnsupported(
+                f"bubblewrap sandbox {self.sandbox_id} has no network (network: none), so "
+                "nothing outside it reaches its ports: make it with network 'all' or an "
+                "allow list for a preview URL"
+            )
+        return f"http://{net.addresses(self.net_index)[1]}:{port}"
 
     def describe(self) -> dict[str, Any]:
         layers = self.parts.layers
@@ -575,42 +597,6 @@ class BubblewrapSandbox(SandboxBackend):
         self._closed = True
         _live.pop(self.sandbox_id, None)
         await self._destroy()
-
-    # -- the runtime, delegated (callers use .runtime) -----------------------------------
-    def shell_argv(self, command: str) -> list[str]:
-        return self._runtime.shell_argv(command)
-
-    async def start_process(
-        self,
-        argv: Sequence[str],
-        *,
-        cwd: str,
-        env: Mapping[str, str],
-        stdin: bytes | None,
-        user: str | None,
-    ) -> BackendProcess:
-        return await self._runtime.start_process(argv, cwd=cwd, env=env, stdin=stdin, user=user)
-
-    async def count_busy_processes(self) -> int:
-        return await self._runtime.count_busy_processes()
-
-    async def read_file(self, path: str, limit: int) -> bytes:
-        return await self._runtime.read_file(path, limit)
-
-    async def write_file(self, path: str, data: bytes) -> None:
-        await self._runtime.write_file(path, data)
-
-    async def stat(self, path: str) -> FileInfo:
-        return await self._runtime.stat(path)
-
-    async def list_dir(self, path: str) -> list[FileInfo]:
-        return await self._runtime.list_dir(path)
-
-    async def remove(self, path: str, recursive: bool) -> None:
-        await self._runtime.remove(path, recursive)
-
-    async def walk_files(self, root: str) -> list[str]:
-        return await self._runtime.walk_files(root)
 
 
 def _write_owner(sandbox_dir: str) -> None:
