@@ -614,6 +614,50 @@ async def test_network_all_reaches_out_but_not_the_host_metadata_or_other_sandbo
             await other.close()
 
 
+async def test_preview_url_reaches_a_port_inside_from_the_host() -> None:
+    import httpx
+
+    sb = await _make(network="all")
+    closed = await _make()
+    try:
+        assert sb.capabilities.preview_url
+        # A one-page HTTP server (the image's python3 has no http.server).
+        await sb.write_text("serve.py", (
+            "import socket\n"
+            "s = socket.socket()\n"
+            "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+            "s.bind(('0.0.0.0', 8000))\n"
+            "s.listen()\n"
+            "while True:\n"
+            "    c, _ = s.accept()\n"
+            "    c.recv(65536)\n"
+            "    c.sendall(b'HTTP/1.0 200 OK\\r\\ncontent-length: 17\\r\\n\\r\\n'\n"
+            "              b'hello from inside')\n"
+            "    c.close()\n"
+        ))
+        server = await sb.start(["python3", "serve.py"])
+        url = await sb.preview_url(8000)
+        assert url.endswith(":8000")
+        async with httpx.AsyncClient(trust_env=False) as client:
+            for _ in range(100):
+                try:
+                    answer = await client.get(f"{url}/index.html", timeout=2)
+                    break
+                except httpx.TransportError:
+                    await anyio.sleep(0.05)
+            else:
+                raise AssertionError(f"nothing answered at {url}")
+        assert answer.text == "hello from inside"
+        await server.kill()
+        # With no network nothing outside reaches its ports: no URL, and why.
+        assert not closed.capabilities.preview_url
+        with pytest.raises(hutch.CapabilityUnsupported, match="preview_url"):
+            await closed.preview_url(8000)
+    finally:
+        await sb.close()
+        await closed.close()
+
+
 async def test_network_allow_list_reaches_only_what_it_names() -> None:
     resolver = _resolver()
     sb = await _make(network={"allow": [f"{resolver}/32"]})

@@ -724,9 +724,12 @@ class Sandbox:
         try:
             if self._live.closed:  # reaped: what serves it to attached sessions stops now
                 return
-            if self._gate is not None:
-                await self._gate.closed(self)
-            await self._release()
+            # Recorded ended and released as one: a caller that gives up meanwhile
+            # (a client gone) leaves neither a live record nor a runtime behind.
+            with anyio.CancelScope(shield=True):
+                if self._gate is not None:
+                    await self._gate.closed(self)
+                await self._release()
         finally:
             server, self._live.server = self._live.server, None
             if server is not None:

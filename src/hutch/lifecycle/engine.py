@@ -25,6 +25,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import anyio
+
 from .._errors import (
     HutchError,
     IdleTimeoutExpired,
@@ -355,20 +357,25 @@ class LifecycleEngine:
     ) -> None:
         """Take a backend step and record its transition; if the record
         cannot be written, ``undo`` puts the backend back, so that memory,
-        store and backend agree (the step is never left half done)."""
-        await self._guarded(sandbox, record, step)
-        try:
-            await self._transition(sandbox, new, reason)
-        except BaseException:
-            record.transitioning = True
+        store and backend agree (the step is never left half done).
+
+        Shielded: a caller that gives up (a client gone, a timeout) is
+        cancelled after the step is done and recorded, never between the
+        backend's step and its record, where an undo could not run either."""
+        with anyio.CancelScope(shield=True):
+            await self._guarded(sandbox, record, step)
             try:
-                await undo()
-            except Exception:
-                log.exception("sandbox %s: undoing an unrecorded %s failed",
-                              record.sandbox_id, new.value)
-            finally:
-                record.transitioning = False
-            raise
+                await self._transition(sandbox, new, reason)
+            except BaseException:
+                record.transitioning = True
+                try:
+                    await undo()
+                except Exception:
+                    log.exception("sandbox %s: undoing an unrecorded %s failed",
+                                  record.sandbox_id, new.value)
+                finally:
+                    record.transitioning = False
+                raise
 
     @asynccontextmanager
     async def held(self, sandbox: Sandbox) -> AsyncIterator[SandboxState]:
@@ -543,9 +550,11 @@ class LifecycleEngine:
             )
         deadline_unix = self.clock.time() + seconds
         if self.on_deadline is not None:
-            result = self.on_deadline(record.sandbox_id, deadline_unix)
-            if inspect.isawaitable(result):
-                await result
+            # Recorded and applied as one, whether or not the caller waits.
+            with anyio.CancelScope(shield=True):
+                result = self.on_deadline(record.sandbox_id, deadline_unix)
+                if inspect.isawaitable(result):
+                    await result
             if record.state in FINAL:  # it ended while the deadline was written
                 raise self.expired_error(record)
         record.live_deadline_mono = self.clock.monotonic() + seconds

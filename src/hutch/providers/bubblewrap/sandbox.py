@@ -9,6 +9,7 @@ in :mod:`.runtime`; the overlay and the keeper in :mod:`.provisioning`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import re
@@ -23,7 +24,12 @@ from typing import Annotated, Any, Literal
 import anyio.to_thread
 from pydantic import ConfigDict, Field
 
-from ..._errors import InvalidArgument, ProviderError, SandboxUnavailable
+from ..._errors import (
+    CapabilityUnsupported,
+    InvalidArgument,
+    ProviderError,
+    SandboxUnavailable,
+)
 from ..._types import Capabilities
 from .._hostproc import SANDBOX_MARKER
 from ..agent import AgentFailure, AgentUnavailable, agent_binary
@@ -418,6 +424,23 @@ class BubblewrapSandbox(SandboxBackend):
         self._keeper_process = process
         if self.net_index is not None:
             net.connect(keeper.init_pid, self.net_index, self.network)
+
+    def sandbox_capabilities(self) -> Capabilities:
+        # A preview URL needs an address the host reaches: a network of its own.
+        return dataclasses.replace(
+            super().sandbox_capabilities(), preview_url=self.network != "none"
+        )
+
+    async def preview_url(self, port: int) -> str:
+        """The sandbox's own address on its veth, which the host routes to
+        (its policy lets replies to connections made into it pass)."""
+        if self.net_index is None:
+            raise CapabilityUnsupported(
+                f"bubblewrap sandbox {self.sandbox_id} has no network (network: none), so "
+                "nothing outside it reaches its ports: make it with network 'all' or an "
+                "allow list for a preview URL"
+            )
+        return f"http://{net.addresses(self.net_index)[1]}:{port}"
 
     def describe(self) -> dict[str, Any]:
         layers = self.parts.layers
