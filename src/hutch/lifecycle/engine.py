@@ -232,8 +232,7 @@ class LifecycleEngine:
                 except ValueError:
                     continue  # a key from a newer daemon: not ours to count
                 record.meter.seconds[counted] = float(value)
-        sandbox._record = record
-        sandbox._gate = self
+        sandbox.track(self, record)
         self._sandboxes[sandbox.id] = sandbox
         if state is SandboxState.RUNNING:
             try:
@@ -255,7 +254,7 @@ class LifecycleEngine:
 
     @staticmethod
     def _record(sandbox: Sandbox) -> LifecycleRecord:
-        record: LifecycleRecord | None = getattr(sandbox, "_record", None)
+        record = sandbox.lifecycle_record
         if record is None:
             raise SandboxUnavailable(f"sandbox {sandbox.id} is not tracked by a lifecycle engine")
         return record
@@ -295,7 +294,7 @@ class LifecycleEngine:
 
     def leave(self, sandbox: Sandbox, op: str, *, activity: bool) -> None:
         if activity:
-            record: LifecycleRecord | None = getattr(sandbox, "_record", None)
+            record = sandbox.lifecycle_record
             if record is not None:
                 record.last_activity_mono = self.clock.monotonic()
 
@@ -508,13 +507,13 @@ class LifecycleEngine:
         nothing is recorded. For a handle another program has since taken
         over (it suspended or resumed the sandbox): acting on it here would
         undo that program's work."""
-        record: LifecycleRecord | None = getattr(sandbox, "_record", None)
+        record = sandbox.lifecycle_record
         if record is not None and self._sandboxes.get(sandbox.id) is sandbox:
             self._forget(record)
 
     async def closed(self, sandbox: Sandbox) -> None:
         """The owner closed the sandbox: forget its timers."""
-        record: LifecycleRecord | None = getattr(sandbox, "_record", None)
+        record = sandbox.lifecycle_record
         if record is None:
             return
         async with record.lock:
@@ -619,7 +618,7 @@ class LifecycleEngine:
         return windows
 
     def _reschedule(self, sandbox: Sandbox) -> None:
-        record: LifecycleRecord | None = getattr(sandbox, "_record", None)
+        record = sandbox.lifecycle_record
         if record is None or record.state in FINAL:
             return
         now = self.clock.monotonic()
