@@ -215,3 +215,14 @@ async def test_invalid_timeout_is_rejected(sandbox: Any) -> None:
 async def test_empty_command_is_rejected(sandbox: Any) -> None:
     with pytest.raises(hutch.InvalidArgument):
         await sandbox.exec([])
+
+
+async def test_a_command_killed_by_a_signal_exits_128_plus_n(sandbox: Any) -> None:
+    """The same number on every provider and runtime, run, streamed or started."""
+    assert (await sandbox.exec("kill -TERM $$")).exit_code == 128 + 15
+    assert (await sandbox.exec(["sh", "-c", "kill -KILL $$"])).exit_code == 128 + 9
+    streamed = [e async for e in sandbox.exec_stream("kill -INT $$")
+                if isinstance(e, hutch.ExitStatus)]
+    assert [e.exit_code for e in streamed] == [128 + 2]
+    started = await sandbox.start(["sh", "-c", "kill -HUP $$"])
+    assert (await started.wait()).exit_code == 128 + 1
