@@ -44,7 +44,14 @@ from .._errors import (
 from .._guardrail import ReadBeforeWriteGuard, session_guard
 from .._paths import hutch_home
 from .._refwire import DaemonRef, decode_ref
-from .._sandbox import Sandbox, backend_of, check_ref_lifetime, new_sandbox_id
+from .._sandbox import (
+    Sandbox,
+    backend_of,
+    check_ref_lifetime,
+    guard_enabled,
+    lifecycle_record,
+    new_sandbox_id,
+)
 from .._snapshots import Snapshot, new_snapshot_id
 from ..config import OPTION_KEYS, SandboxSpec, resolve_spec
 from ..definitions import Definition, Definitions, DirSource, GitSource, SandboxHost
@@ -242,7 +249,7 @@ class Daemon:
     @staticmethod
     def _snapshot(row: SandboxRow, sandbox: Sandbox) -> None:
         """Copy what the engine knows and the store should outlive us with."""
-        if sandbox.lifecycle_record is None:
+        if lifecycle_record(sandbox) is None:
             return
         status = sandbox.status()
         row.meter = dict(status.meter)
@@ -638,7 +645,7 @@ class Daemon:
             key = (sandbox_id, session)
             guard = self._guards.get(key)
             if guard is None:
-                guard = self._guards[key] = ReadBeforeWriteGuard(sandbox._guard.enabled)
+                guard = self._guards[key] = ReadBeforeWriteGuard(guard_enabled(sandbox))
             session_guard.set(guard)
         return sandbox
 
@@ -928,7 +935,7 @@ class Daemon:
         if status == "running" and live is not None:
             if live.state is SandboxState.SUSPENDED:
                 status = "suspended"  # suspended on idle; the next call resumes it
-            if live.lifecycle_record is not None:
+            if lifecycle_record(live) is not None:
                 row.last_active_unix = live.status().last_active_unix
         return {
             "name": row.name,
