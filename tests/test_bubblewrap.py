@@ -92,6 +92,30 @@ async def test_syscalls_that_reach_the_kernel_are_refused(sandbox: Any) -> None:
     assert "mount=0" not in result.stdout
 
 
+@pytest.mark.parametrize("runtime", ["agent", "native"])
+async def test_no_process_inside_takes_another_ones_descriptors(runtime: str) -> None:
+    """The keeper's processes hold host files (its log) and hutch's own
+    connections: pidfd_getfd on them (or on anything) is refused, as ptrace is."""
+    sb = await _make(runtime=runtime)
+    try:
+        result = await sb.exec(["perl", "-e", (
+            "opendir(my $d, '/proc') or die; "
+            "for my $pid (grep { /^[0-9]+$/ } readdir $d) { "
+            "  my $pidfd = syscall(434, $pid + 0, 0); next if $pidfd < 0; "
+            "  for my $fd (0..16) { "
+            "    my $got = syscall(438, $pidfd, $fd, 0); "
+            "    print \"took $pid/$fd\\n\" if $got >= 0; "
+            "    print \"refused $pid/$fd\\n\" if $got < 0 && $! + 0 == 1; "  # EPERM
+            "  } "
+            "}"
+        )])
+        assert result.exit_code == 0, result
+        assert "took" not in result.stdout, result.stdout
+        assert "refused 1/0" in result.stdout  # bwrap's init, whose stdio is a host file
+    finally:
+        await sb.close()
+
+
 async def test_no_connection_leaves_the_sandbox(sandbox: Any) -> None:
     # A listener on the host's loopback: the sandbox's loopback is its own.
     with socket.socket() as server:

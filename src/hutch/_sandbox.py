@@ -164,26 +164,6 @@ class Sandbox:
     def _gate(self) -> LifecycleGate | None:
         return self._live.gate
 
-    @_gate.setter
-    def _gate(self, gate: LifecycleGate | None) -> None:
-        self._live.gate = gate
-
-    @property
-    def _record(self) -> LifecycleRecord | None:
-        return self._live.record
-
-    @_record.setter
-    def _record(self, record: LifecycleRecord | None) -> None:
-        self._live.record = record
-
-    @property
-    def _closed(self) -> bool:
-        return self._live.closed
-
-    @_closed.setter
-    def _closed(self, closed: bool) -> None:
-        self._live.closed = closed
-
     @property
     def _open_ops(self) -> int:
         return self._live.open_ops
@@ -218,7 +198,7 @@ class Sandbox:
     @property
     def closed(self) -> bool:
         """Closed (by its owner, or reaped), or, for an attached session, detached."""
-        return self._closed or self._detached
+        return self._live.closed or self._detached
 
     @property
     def open_operations(self) -> int:
@@ -236,13 +216,13 @@ class Sandbox:
             raise SandboxUnavailable(
                 f"this session detached from sandbox {self.id}; attach again with a ref"
             )
-        if self._ref is not None and not self._closed:
+        if self._ref is not None and not self._live.closed:
             # As through a server: a revoked or expired ref is refused at every call.
             self._ref.check_usable(time.time())
         if self._gate is not None:
             # The gate knows why a sandbox is gone (expired, closed) and says so.
             await self._gate.enter(self, name, activity=activity)
-        if self._closed:
+        if self._live.closed:
             raise SandboxUnavailable(closed_message(self.id))
         self._open_ops += 1
         try:
@@ -593,9 +573,9 @@ class Sandbox:
 
     @property
     def state(self) -> SandboxState:
-        if self._record is not None:
-            return self._record.state
-        return SandboxState.TERMINATED if self._closed else SandboxState.RUNNING
+        if self._live.record is not None:
+            return self._live.record.state
+        return SandboxState.TERMINATED if self._live.closed else SandboxState.RUNNING
 
     def status(self) -> SandboxStatus:
         """State, reason, deadline, idle time and meter. Reading it is not activity."""
@@ -677,7 +657,7 @@ class Sandbox:
             async with self._gate.held(self):
                 handle = await self._backend.capture(sid, diff=diff)
         else:
-            if self._closed:
+            if self._live.closed:
                 raise SandboxUnavailable(f"sandbox {self.id} has been closed")
             handle = await self._backend.capture(sid, diff=diff)
         record = snapshot_record(
@@ -709,17 +689,16 @@ class Sandbox:
         deadline: float = await self._engine().set_timeout(self, seconds)
         return deadline
 
-    async def _kill_processes(self) -> None:
+    async def _end_processes(self) -> None:
         for process in list(self._processes.values()):
             await process.kill()
         self._processes.clear()
 
-    async def _release(self) -> None:
-        """Kill what runs and free the backend (the lifecycle engine's reaping)."""
-        if self._closed:
+    async def _reap(self) -> None:
+        if self._live.closed:
             return
-        self._closed = True
-        await self._kill_processes()
+        self._live.closed = True
+        await self._end_processes()
         await self._backend.close()
 
     async def close(self) -> None:
@@ -730,14 +709,14 @@ class Sandbox:
             self._live.attached.pop(self.session_id, None)
             return
         try:
-            if self._closed:  # reaped: what serves it to attached sessions stops now
+            if self._live.closed:  # reaped: what serves it to attached sessions stops now
                 return
             # Recorded ended and released as one: a caller that gives up meanwhile
             # (a client gone) leaves neither a live record nor a runtime behind.
             with anyio.CancelScope(shield=True):
                 if self._gate is not None:
                     await self._gate.closed(self)
-                await self._release()
+                await self._reap()
         finally:
             server, self._live.server = self._live.server, None
             if server is not None:
@@ -760,7 +739,7 @@ class Sandbox:
         if expires_in is not None:
             check_ref_lifetime(expires_in)
         async with self._live.server_lock:
-            if self._closed:
+            if self._live.closed:
                 raise SandboxUnavailable(closed_message(self.id))
             if self._live.server is None:
                 from .server.owner import OwnerServer
@@ -813,9 +792,48 @@ def check_ref_lifetime(expires_in: float) -> None:
 def attach_session(owner: Sandbox, ref: RefRow) -> Sandbox:
     """A new attached session on the live sandbox ``owner`` owns, through
     ``ref`` (checked by the caller)."""
-    if owner._closed:
+    if owner.closed:
         raise SandboxUnavailable(closed_message(owner.id))
     return owner._attached_session(ref)
+
+
+# -- the lifecycle seam: what a lifecycle engine (and the daemon over it) does to
+# an in-process sandbox; a sandbox's callers never need it, a remote one has none.
+
+
+def track(sandbox: Sandbox, gate: LifecycleGate, record: LifecycleRecord) -> None:
+    """Put the live sandbox (every session on it) under ``gate``, which keeps
+    ``record`` of it."""
+    sandbox._live.gate = gate
+    sandbox._live.record = record
+
+
+def lifecycle_record(sandbox: Sandbox) -> LifecycleRecord | None:
+    """The lifecycle engine's record of the live sandbox (None: untracked)."""
+    return sandbox._live.record
+
+
+async def end_processes(sandbox: Sandbox) -> None:
+    """Kill every background command and forget them (a suspend that does
+    not keep processes ends them)."""
+    await sandbox._end_processes()
+
+
+async def reap(sandbox: Sandbox) -> None:
+    """Kill what runs and free the backend, for every session on it (the
+    engine's reaping; an attached session's close only detaches)."""
+    await sandbox._reap()
+
+
+def forget_process(sandbox: Sandbox, process_id: str) -> None:
+    """Drop a command started by ``Sandbox.start`` from its list (one whose
+    output the daemon streamed to the end, or killed)."""
+    sandbox._processes.pop(process_id, None)
+
+
+def guard_enabled(sandbox: Sandbox) -> bool:
+    """Whether the session's read-before-write guardrail is on."""
+    return sandbox._guard.enabled
 
 
 def backend_of(sandbox: Sandbox) -> SandboxBackend:

@@ -56,7 +56,9 @@ class Call:
     path: str
     params: dict[str, Any] | None = None
     json: Any = None
-    content: bytes | None = None
+    #: The request body: bytes, or a binary file sent a piece at a time from
+    #: its position on (never read whole).
+    content: bytes | IO[bytes] | None = None
     #: Seconds to wait for the answer; None waits as long as it takes.
     timeout: float | None = 60.0
     #: The answer is NDJSON events, handed to the caller as they come.
@@ -481,9 +483,10 @@ class SandboxOps:
 
     @op
     def write_from(self, path: str, source: IO[bytes]) -> Op:
-        """Write what the binary file ``source`` holds, from its position on, to ``path``."""
-        yield Call("PUT", self._path("/files"), params={"path": path},
-                   content=bytes(source.read()), timeout=600)
+        """Write what the binary file ``source`` holds, from its position on, to
+        ``path``: sent a piece at a time, never whole in memory."""
+        yield Call("PUT", self._path("/files"), params={"path": path}, content=source,
+                   timeout=600)
 
     @op
     def write_text(self, path: str, text: str, *, encoding: str = "utf-8") -> Op:

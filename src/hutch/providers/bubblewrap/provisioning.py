@@ -75,10 +75,8 @@ _BAD_LAYER_CHARS = re.compile(r"[:,\\\s]")
 JOINED_NAMESPACES = ("net", "ipc", "uts", "cgroup", "pid")
 #: In the keeper's environment only: how the busy count tells it apart.
 KEEPER_MARKER = "HUTCH_BWRAP_KEEPER"
-#: Where the agent's executable and its socket's directory are bound inside.
+#: Where the agent's executable is bound inside.
 AGENT_BINARY_PATH = "/.hutch/bin/hutch-agent"
-AGENT_DIR_PATH = "/.hutch/run"
-AGENT_SOCKET = "agent.sock"
 
 _SECCOMP: bytes | None = None
 
@@ -494,28 +492,30 @@ def start_keeper(
     network: bool,
     ephemeral: bool,
     log_path: str,
-    agent: tuple[str, str] | None = None,
+    agent: tuple[str, int] | None = None,
     env: Mapping[str, str] | None = None,
     workdir: str = "/",
     timeout: float = 30.0,
 ) -> tuple[Keeper, subprocess.Popen[bytes]]:
     """Start the keeper: ``sh`` blocked on a pipe, or with ``agent`` (its
-    binary's and its socket directory's host paths) hutch's agent, serving
-    the runtime on a socket in that directory; ``env`` is what it (and so
+    binary's host path and a listening socket's descriptor) hutch's agent,
+    serving the runtime on that socket; ``env`` is what it (and so
     every command it starts) has as its environment."""
     block_r, block_w = os.pipe()
     info_r, info_w = os.pipe()
     ready_r, ready_w = os.pipe()
     filter_fd = seccomp_fd()
+    passed = [block_w, info_w, filter_fd]
     if agent is not None:
-        binary, agent_dir = agent
+        binary, listener = agent
+        passed.append(listener)
         keeper_command = [
-            "--ro-bind", binary, AGENT_BINARY_PATH, "--bind", agent_dir, AGENT_DIR_PATH,
+            "--ro-bind", binary, AGENT_BINARY_PATH,
             "--clearenv", *(a for k, v in (env or {}).items() for a in ("--setenv", k, v)),
             # In the working directory, as docker's keeper is: the agent
             # resolves a relative command against its own directory.
             "--chdir", workdir, "--",
-            AGENT_BINARY_PATH, "serve", f"{AGENT_DIR_PATH}/{AGENT_SOCKET}",
+            AGENT_BINARY_PATH, "serve-fd", str(listener),
         ]
     else:
         # Its stdin is a pipe whose write end it holds too: the read never ends.
@@ -544,7 +544,7 @@ def start_keeper(
         with open(log_path, "ab") as log:
             return subprocess.Popen(
                 argv, env=env, stdin=block_r, stdout=log if agent else ready_w, stderr=log,
-                pass_fds=(block_w, info_w, filter_fd), start_new_session=True,
+                pass_fds=passed, start_new_session=True,
                 cwd="/",
             )
 
