@@ -23,6 +23,10 @@ def free_port() -> int:
 class DaemonProcess:
     """Start, kill (SIGKILL as a crash would) and restart the daemon on one data dir."""
 
+    #: Every data directory a daemon of this test run used (the run's own
+    #: snapshot storage is labelled with them; conftest checks it at the end).
+    data_dirs: list[str] = []
+
     def __init__(
         self,
         data_dir: str | None = None,
@@ -33,6 +37,7 @@ class DaemonProcess:
         log_path: str | None = None,
     ) -> None:
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="hutch-daemon-")
+        DaemonProcess.data_dirs.append(self.data_dir)
         self.token = token
         self.extra_env = dict(extra_env or {})
         self.port = free_port()

@@ -15,6 +15,7 @@ from .._process import ExitStatus
 from ._core import (
     DEFAULT_URL,
     SESSION_HEADER,
+    BranchRef,
     Call,
     EnsuredRef,
     ForkRef,
@@ -58,6 +59,10 @@ class _Transport:
     def wrap(self, value: Any) -> Any:
         if isinstance(value, SandboxRef):
             return self.factories["sandbox"](self, value.info)
+        if isinstance(value, BranchRef):
+            branch = self.factories["sandbox"](self, value.info)
+            value.fork.branches.append(branch)
+            return branch
         if isinstance(value, EnsuredRef):
             sandbox = self.factories["sandbox"](self, value.sandbox)
             return RemoteEnsured(sandbox, value.path, value.steps)

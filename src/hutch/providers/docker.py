@@ -781,6 +781,30 @@ def _flatten(
     return str(api.inspect_image(f"{repository}:{tag}")["Id"])
 
 
+def free_untagged_images(api: Any) -> int:
+    """Remove this hutch home's images that no tag names any more: a snapshot
+    removed while a branch's container still ran on it is only untagged, and
+    goes here once nothing stands on it. Not forced: an image a container or
+    a child image still uses stays (the Engine refuses), for a later call.
+    Returns how many went."""
+    import docker.errors
+
+    images = api.images(all=True, filters={
+        "dangling": True, "label": [f"{MANAGED_LABEL}=1", f"{HOME_LABEL}={hutch_home()}"],
+    })
+    freed = 0
+    for image in images:
+        try:
+            api.remove_image(image["Id"], noprune=False)
+            freed += 1
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            if _status(exc) != 409:
+                raise
+    return freed
+
+
 # -- the sandbox ------------------------------------------------------------------
 
 
@@ -1601,7 +1625,8 @@ class DockerSandbox(SandboxBackend):
         api = engine()
         container = self._container()
         previous = self.suspended_image
-        labels = {**self.config.labels, MANAGED_LABEL: "1", SANDBOX_LABEL: self.sandbox_id}
+        labels = {**self.config.labels, MANAGED_LABEL: "1", SANDBOX_LABEL: self.sandbox_id,
+                  HOME_LABEL: hutch_home()}
 
         image_id = await _call(
             commit_state, api, container, previous or self.base_image, SUSPENDED_REPOSITORY,
@@ -1743,9 +1768,13 @@ class DockerSandbox(SandboxBackend):
         # Bounded: an Engine wedged on a paused container's lock makes image
         # removal wait; the image is then left, still listed by
         # held_snapshots, for the next reconciliation to free.
+        def untag_and_free() -> None:
+            untag()
+            free_untagged_images(api)
+
         with anyio.move_on_after(SNAPSHOT_REMOVAL_TIMEOUT) as scope:
             try:
-                await anyio.to_thread.run_sync(untag, abandon_on_cancel=True)
+                await anyio.to_thread.run_sync(untag_and_free, abandon_on_cancel=True)
             except docker.errors.DockerException as exc:
                 raise ProviderError(f"docker: removing {reference}: {exc}") from None
         if scope.cancelled_caught:
@@ -1803,6 +1832,9 @@ class DockerSandbox(SandboxBackend):
         for sandbox_id in await anyio.to_thread.run_sync(_layers.branches):
             if sandbox_id not in known:
                 await anyio.to_thread.run_sync(_layers.end_branch, sandbox_id)
+        # Snapshot images untagged while their branches ran, now unused.
+        with contextlib.suppress(HutchError):
+            await _call(free_untagged_images, api)
         return removed
 
     @classmethod
@@ -1900,6 +1932,11 @@ class DockerSandbox(SandboxBackend):
             with contextlib.suppress(HutchError):
                 await _call(api.remove_image, f"{SUSPENDED_REPOSITORY}:{self.sandbox_id}")
             self.suspended_image = None
+        if self.branch or self.base_image.startswith(snapshot_repository()):
+            # It ran on a snapshot's image, which may have been removed
+            # (untagged) while it ran: now nothing stands on it.
+            with anyio.move_on_after(SNAPSHOT_REMOVAL_TIMEOUT), contextlib.suppress(HutchError):
+                await _call(free_untagged_images, api)
         if self._agent is not None:
             self._agent.drop_connections()
         if self.agent_dir is not None:

@@ -11,7 +11,9 @@ A provider (a third party's too) runs them on sandboxes it makes::
 
 Each case takes one running sandbox (in-process ``hutch.Sandbox`` or a
 client's remote sandbox) with the read-before-write guardrail off, and raises
-``AssertionError`` when the provider falls short. A case whose capability the
+``AssertionError`` when the provider falls short. Each leaves nothing behind:
+every snapshot it makes is removed and every branch it starts is ended
+(``Fork.close``), pass or fail. A case whose capability the
 provider does not declare checks the refusal instead: the operation must fail
 with ``capability_unsupported``. Nothing is skipped.
 """
@@ -33,20 +35,18 @@ async def _refused(call: Awaitable[Any]) -> None:
     raise AssertionError("an operation the provider does not declare did not refuse")
 
 
-async def _close_all(sandboxes: list[Any]) -> None:
-    for sb in sandboxes:
-        await sb.close()
-
-
 async def check_fork_branches_are_independent(sandbox: Any) -> None:
     if not sandbox.capabilities.fork:
         await _refused(sandbox.fork("nope"))
         return
     await sandbox.write_text("a.txt", "origin A")
     fork = await sandbox.fork("three")
-    assert fork.snapshot.sandbox_id == sandbox.id
-    branches = [await fork.attach() for _ in range(3)]
     try:
+        assert fork.snapshot.sandbox_id == sandbox.id
+        branches = [await fork.attach() for _ in range(3)]
+        assert [b.id for b in fork.branches] == [b.id for b in branches], (
+            "attach() must add each branch to fork.branches"
+        )
         assert len({b.id for b in branches}) == 3
         for i, branch in enumerate(branches):
             assert await branch.read_text("a.txt") == "origin A"
@@ -65,7 +65,9 @@ async def check_fork_branches_are_independent(sandbox: Any) -> None:
         await sandbox.write_text("late.txt", "after the fork")
         assert not await branches[0].exists("late.txt")
     finally:
-        await _close_all(branches)
+        await fork.close()
+    assert fork.branches == []
+    assert all(b.closed for b in branches)
 
 
 async def check_fork_of_a_fork_has_both_parents(sandbox: Any) -> None:
@@ -73,22 +75,22 @@ async def check_fork_of_a_fork_has_both_parents(sandbox: Any) -> None:
         return
     await sandbox.write_text("gen.txt", "0")
     first = await sandbox.fork("first")
-    child = await first.attach()
     try:
+        child = await first.attach()
         await child.write_text("gen.txt", "1")
         second = await child.fork("second")
-        assert second.snapshot.parent_id == first.snapshot.id
-        assert second.snapshot.sandbox_id == child.id
-        grandchild = await second.attach()
         try:
+            assert second.snapshot.parent_id == first.snapshot.id
+            assert second.snapshot.sandbox_id == child.id
+            grandchild = await second.attach()
             assert await grandchild.read_text("gen.txt") == "1"
             await grandchild.write_text("gen.txt", "2")
             assert await child.read_text("gen.txt") == "1"
             assert await sandbox.read_text("gen.txt") == "0"
         finally:
-            await grandchild.close()
+            await second.close()  # the child snapshot first: it names its parent
     finally:
-        await child.close()
+        await first.close()
 
 
 async def check_snapshot_outlives_its_sandbox_and_removal_frees_it(sandbox: Any) -> None:
@@ -96,20 +98,31 @@ async def check_snapshot_outlives_its_sandbox_and_removal_frees_it(sandbox: Any)
         await _refused(sandbox.snapshot("nope"))
         return
     await sandbox.write_text("keep.txt", "kept")
+    if not isinstance(sandbox, hutch.Sandbox):
+        # Held by a daemon: its snapshot goes with the fork handle over it
+        # (the daemon's own tests cover attach and removal by id).
+        fork = await sandbox.fork("keep")
+        try:
+            assert fork.snapshot.size_bytes >= len("kept")
+            assert fork.snapshot.label == "keep"
+        finally:
+            await fork.close()
+        await fork.close()  # idempotent
+        return
     snapshot = await sandbox.snapshot("keep")
-    assert snapshot.size_bytes >= len("kept")
-    assert snapshot.label == "keep"
-    await sandbox.write_text("keep.txt", "changed later")
-    if snapshot.handle is None:
-        return  # held by a daemon: its own tests cover attach and removal
-    restored = await hutch.create_sandbox_from_snapshot(snapshot)
-    try:
-        assert await restored.read_text("keep.txt") == "kept"
-    finally:
-        await restored.close()
     provider = hutch.providers.get_provider(snapshot.provider)
-    assert snapshot.id in await provider.held_snapshots()
-    await hutch.remove_snapshot(snapshot)
+    try:
+        assert snapshot.size_bytes >= len("kept")
+        assert snapshot.label == "keep"
+        await sandbox.write_text("keep.txt", "changed later")
+        restored = await hutch.create_sandbox_from_snapshot(snapshot)
+        try:
+            assert await restored.read_text("keep.txt") == "kept"
+        finally:
+            await restored.close()
+        assert snapshot.id in await provider.held_snapshots()
+    finally:
+        await hutch.remove_snapshot(snapshot)
     await hutch.remove_snapshot(snapshot)  # idempotent
     assert snapshot.id not in await provider.held_snapshots()
 
@@ -122,23 +135,23 @@ async def check_fork_a_paused_and_a_suspended_sandbox(sandbox: Any) -> None:
     if caps.pause:
         await sandbox.pause()
         fork = await sandbox.fork("paused")
-        assert sandbox.state == hutch.SandboxState.PAUSED
-        await sandbox.resume()
-        branch = await fork.attach()
         try:
+            assert sandbox.state == hutch.SandboxState.PAUSED
+            await sandbox.resume()
+            branch = await fork.attach()
             assert await branch.read_text("state.txt") == "before"
         finally:
-            await branch.close()
+            await fork.close()
     if caps.suspend:
         await sandbox.suspend()
         fork = await sandbox.fork("suspended")
-        assert sandbox.state == hutch.SandboxState.SUSPENDED
-        branch = await fork.attach()
         try:
+            assert sandbox.state == hutch.SandboxState.SUSPENDED
+            branch = await fork.attach()
             assert await branch.read_text("state.txt") == "before"
             await branch.write_text("state.txt", "branch")
         finally:
-            await branch.close()
+            await fork.close()
         assert await sandbox.read_text("state.txt") == "before"
 
 
