@@ -1688,7 +1688,8 @@ class DockerSandbox(SandboxBackend):
         # The directory first, the image last: held_snapshots lists images, so a
         # capture cut short between the two leaves nothing listed half-made.
         size = await anyio.to_thread.run_sync(
-            lambda: _layers.capture(snapshot_id, self.host_workdir, self.chain, diff=diff)
+            lambda: _layers.capture(snapshot_id, self.sandbox_id, self.host_workdir, self.chain,
+                                    diff=diff)
         )
         if self.container_id is not None and not await self._container_exists():
             # Gone outside hutch's hands: what survives is the working
