@@ -7,6 +7,7 @@ tests need the engine, as the docker tests do).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import os
@@ -20,7 +21,9 @@ import anyio
 import pytest
 
 import hutch
+from hutch._types import OutputChunk
 from tests.conftest import TEST_IMAGE
+from tests.hazards import FORK_BOMB
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]
 
@@ -209,12 +212,26 @@ async def test_directory_swapped_for_a_symlink_during_1000_writes(
 # -- limits ------------------------------------------------------------------------------
 
 
-async def test_fork_bomb_meets_the_pids_limit_with_eagain() -> None:
-    # The native runtime: the agent shares the sandbox's pids limit, and a
-    # fork bomb can starve it of threads (an open bug of the agent runtime,
-    # as on docker: see test_containment).
-    sb = await _make(pids_limit=64, runtime="native")
+@pytest.mark.parametrize("runtime", ["agent", "native"])
+async def test_fork_bomb_meets_the_pids_limit_with_eagain(runtime: str) -> None:
+    # What runs is held in the workload's cgroup; the keeper (the agent: Go,
+    # whose threads count as tasks) keeps a reserve above it, and answers.
+    sb = await _make(pids_limit=64, runtime=runtime)
     try:
+        held = await sb.start(["python3", "-c", FORK_BOMB])
+        said = ""
+        async for event in held.stream():
+            if isinstance(event, OutputChunk):
+                said += event.data.decode()
+            if "forked" in said:
+                break
+        assert "errno EAGAIN" in said, said
+        answers = await asyncio.gather(
+            *(sb.read_text("/etc/os-release") for _ in range(16)),
+            *(sb.list_dir("/usr/lib") for _ in range(16)),
+        )
+        assert all(answers)
+        await held.kill()
         result = await sb.exec(
             [
                 "python3", "-c",
@@ -247,8 +264,31 @@ async def test_fork_bomb_meets_the_pids_limit_with_eagain() -> None:
         await sb.close()
 
 
-async def test_memory_hog_is_killed_and_said_so() -> None:
-    sb = await _make(memory="64m")
+@pytest.mark.parametrize("runtime", ["agent", "native"])
+async def test_commands_run_in_the_workload_cgroup_and_cannot_leave_it(runtime: str) -> None:
+    sb = await _make(pids_limit=30, memory="100m", runtime=runtime)
+    try:
+        for user in (None, "nobody"):
+            mine = (await sb.exec(["cat", "/proc/self/cgroup"], user=user)).stdout
+            rows = dict(line.split(":", 2)[1:] for line in mine.splitlines())
+            assert rows["pids"] == rows["memory"] == "/hutch-workload", mine
+            assert rows["freezer"] == "/", mine  # pause holds everything
+        base = f"/sys/fs/cgroup/pids/hutch/{sb.id}"
+        with open(f"{base}/hutch-workload/pids.max") as fh:
+            assert int(fh.read()) == 30
+        with open(f"{base}/pids.max") as fh:
+            assert int(fh.read()) > 30
+        # No cgroup file system inside, and no capability to mount one.
+        escape = await sb.exec("mkdir -p /tmp/cg && mount -t cgroup -o pids none /tmp/cg "
+                               "&& echo $$ > /tmp/cg/cgroup.procs; cat /proc/self/cgroup")
+        assert "pids:/hutch-workload" in escape.stdout, escape
+    finally:
+        await sb.close()
+
+
+@pytest.mark.parametrize("runtime", ["agent", "native"])
+async def test_memory_hog_is_killed_and_said_so(runtime: str) -> None:
+    sb = await _make(memory="64m", runtime=runtime)
     try:
         result = await sb.exec(
             ["python3", "-c", "b = bytearray(1 << 30); print('survived')"], timeout=60
@@ -324,6 +364,49 @@ async def test_suspend_ends_processes_as_declared(sandbox: Any) -> None:
     assert "sleep" not in result.stdout.split()
 
 
+def test_an_ephemeral_sandbox_outlives_the_thread_that_made_it() -> None:
+    """``--die-with-parent`` ends a keeper when the *thread* that started it
+    ends (the kernel's parent-death signal follows the thread): a sandbox
+    made from a thread that then exits (an event loop in a worker thread, a
+    resume in a thread pool) must live on."""
+    import threading
+    import time
+
+    from hutch._sandbox import backend_of
+
+    made: list[Any] = []
+    maker = threading.Thread(target=lambda: made.append(anyio.run(_make)))
+    maker.start()
+    maker.join()
+    sb = made[0]
+    try:
+        keeper = backend_of(sb).parts.keeper
+        time.sleep(0.5)  # the signal, had it been sent, has landed
+        assert keeper.alive()
+    finally:
+        anyio.run(sb.close)
+
+
+async def test_hutch_is_never_left_in_a_sandboxs_cgroups() -> None:
+    """The keeper is born in its sandbox's cgroups (a thread of hutch's
+    passes through them to start it): none of hutch's own is left there, or
+    the sandbox's kill, busy count and memory would reach hutch itself."""
+    from hutch._sandbox import backend_of
+
+    sandboxes = [await _make(runtime=runtime) for runtime in ("agent", "native")]
+    try:
+        for sb in sandboxes:
+            cgroup = backend_of(sb).parts.cgroup
+            assert os.getpid() not in cgroup.pids()
+            await sb.suspend()
+            await sb.resume()
+            assert os.getpid() not in cgroup.pids()
+            assert (await sb.exec("echo here")).stdout == "here\n"
+    finally:
+        for sb in sandboxes:
+            await sb.close()
+
+
 # -- through the daemon: adoption after a restart, a death outside hutch -----------------------
 
 
@@ -381,6 +464,34 @@ def test_daemon_adopts_live_sandboxes_after_a_restart() -> None:
         _end_daemon_sandboxes(daemon.data_dir)
 
 
+def test_a_workspace_from_an_image_alone_is_on_the_daemons_provider() -> None:
+    """The client does not pick a provider for an image: the daemon's
+    configuration does (here bubblewrap, where the built-in would be docker)."""
+    import shutil
+
+    from tests.daemon_fixture import DaemonProcess
+
+    config_dir = tempfile.mkdtemp(prefix="hutch-config-")
+    config = os.path.join(config_dir, "hutch.toml")
+    with open(config, "w") as fh:
+        fh.write('[sandbox]\nprovider = "bubblewrap"\n')
+    daemon = DaemonProcess(extra_args=["--config", config]).start()
+    try:
+        with hutch.Client(daemon.url, token=daemon.token) as client:
+            ws = client.create_workspace("from-image", image=TEST_IMAGE)
+            try:
+                assert ws["provider"] == "bubblewrap"
+                sb = client.get_sandbox(ws["live_sandbox_id"])
+                assert sb.exec(["cat", "/etc/debian_version"]).exit_code == 0
+            finally:
+                client.delete_workspace("from-image")
+    finally:
+        daemon.stop()
+        _end_daemon_sandboxes(daemon.data_dir)
+        shutil.rmtree(daemon.data_dir, ignore_errors=True)
+        shutil.rmtree(config_dir, ignore_errors=True)
+
+
 # -- snapshots at the provider: captured upper layers, forks copy nothing ---------------------
 
 
@@ -403,13 +514,14 @@ async def test_snapshot_and_forks_are_independent_copy_on_write(sandbox: Any) ->
     ]
     try:
         for index, branch in enumerate(branches):
-            assert await branch.read_file("/workspace/shared.txt", 100) == b"from the origin"
-            await branch.write_file("/workspace/shared.txt", f"branch {index}".encode())
+            runtime = branch.runtime
+            assert await runtime.read_file("/workspace/shared.txt", 100) == b"from the origin"
+            await runtime.write_file("/workspace/shared.txt", f"branch {index}".encode())
             # Nothing was copied: the fork's own upper layer holds only its write.
             upper = branch.parts.layers.upper
             assert sum(len(files) for _, _, files in os.walk(upper)) == 1
-        assert await branches[0].read_file("/workspace/shared.txt", 100) == b"branch 0"
-        assert await branches[1].read_file("/workspace/shared.txt", 100) == b"branch 1"
+        assert await branches[0].runtime.read_file("/workspace/shared.txt", 100) == b"branch 0"
+        assert await branches[1].runtime.read_file("/workspace/shared.txt", 100) == b"branch 1"
         assert await sandbox.read_text("shared.txt") == "from the origin"
         proc = await branches[0].runtime.start_process(
             ["sh", "-c", "cat f1999; test -e /etc/motd; echo $?"], cwd="/workspace", env={},
@@ -422,7 +534,7 @@ async def test_snapshot_and_forks_are_independent_copy_on_write(sandbox: Any) ->
         # Removing the snapshot keeps its layers while forks stand on them.
         remove(snap_id)
         assert snap_id not in held()
-        assert await branches[1].read_file("/workspace/f7", 100) == b"7\n"
+        assert await branches[1].runtime.read_file("/workspace/f7", 100) == b"7\n"
     finally:
         for branch in branches:
             await branch.close()

@@ -16,6 +16,7 @@ import pytest
 
 import hutch
 from hutch.client import EnsureProgress, RemoteEnsured
+from hutch.definitions import SetupFailed
 from tests.daemon_fixture import DaemonProcess
 from tests.test_definitions import repo  # noqa: F401 - a fixture
 
@@ -146,7 +147,32 @@ def test_put_definition_and_its_rules(daemon: DaemonProcess, tmp_path: Path) -> 
         error = failed.json()["error"]
         assert error["code"] == "setup_failed" and "exited 7" in error["message"]
         assert "partial" in error["message"]
+        # What the typed error carries travels in the body, beside the message.
+        assert error["exit_code"] == 7 and error["output_tail"] == "partial\n"
+        assert error["step"] == "echo partial; exit 7"
+        # Nothing of the failed run is recorded as a good snapshot.
+        assert not [s for s in http.get("/v1/snapshots").json()["snapshots"]
+                    if s["label"].startswith("definition:")
+                    and s["sandbox_id"] not in (answer["sandbox"]["id"],)]
         done = http.post("/v1/definitions/plain/complete", json={"thread_id": "t"})
         assert done.json() == {"destroyed": True}  # reuse none: the run's sandbox goes
         gone = http.get(f"/v1/sandboxes/{answer['sandbox']['id']}")
         assert gone.status_code == 404 or gone.json()["state"] == "terminated"
+
+
+def test_setup_failed_is_rebuilt_by_the_sdk(daemon: DaemonProcess) -> None:
+    """The SDK raises the same SetupFailed as in-process: its exit code, the
+    step and the end of its output, from the answer and from the stream."""
+    with hutch.Client(daemon.url, token=daemon.token) as c:
+        c.put_definition({"id": "failing", "provider": "local",
+                          "workspace": {"setup": ["true", "echo partial; echo oops >&2; exit 7"]}})
+        with pytest.raises(SetupFailed) as answered:
+            c.ensure("failing", "t")
+        with pytest.raises(SetupFailed) as streamed:
+            list(c.ensure_stream("failing", "t"))
+        for caught in (answered, streamed):
+            assert caught.value.exit_code == 7 and caught.value.code == "setup_failed"
+            assert caught.value.step == "echo partial; echo oops >&2; exit 7"
+            assert "partial" in caught.value.output_tail and "oops" in caught.value.output_tail
+            assert "exited 7" in str(caught.value)
+        assert c.list_sandboxes() == []  # the half-made sandboxes went too

@@ -103,7 +103,8 @@ async def test_a_directory_a_process_is_in_is_copied_not_moved(tree: str) -> Non
     inode = os.stat(os.path.join(tree, "src", "f7.txt")).st_ino
     # A shell outside hutch sits in the directory: moving it would leave that
     # shell writing into the snapshot.
-    outsider = subprocess.Popen(["sleep", "60"], cwd=os.path.join(tree, "src"))
+    outsider = subprocess.Popen(  # noqa: ASYNC220 - started once, before the sandbox
+        ["sleep", "60"], cwd=os.path.join(tree, "src"))
     try:
         async with await hutch.create_sandbox("local", workdir=tree,
                                               read_before_write=False) as sb:

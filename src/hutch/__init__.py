@@ -32,7 +32,7 @@ from ._errors import (
     Unauthorized,
 )
 from ._process import ExitStatus, Process
-from ._refs import attach
+from ._refs import attach, attach_sync
 from ._sandbox import Sandbox
 from ._snapshots import Fork, Snapshot, SnapshotDependent
 from ._types import Capabilities, ExecResult, FileInfo, FileType, GrepMatch, OutputChunk
@@ -90,6 +90,7 @@ __all__ = [
     "Unauthorized",
     "VirtualClock",
     "attach",
+    "attach_sync",
     "create_sandbox",
     "create_sandbox_sync",
     "default_engine",

@@ -25,10 +25,10 @@ from .._errors import (
     HutchError,
     InvalidArgument,
     SandboxUnavailable,
-    error_from_code,
+    error_from_wire,
 )
 from .._process import ExitStatus
-from .._refwire import decode_ref
+from .._refwire import decode_ref, unix_socket_of
 from .._sandbox import check_ref_lifetime
 from .._snapshots import Snapshot, SnapshotDependent
 from .._types import (
@@ -77,13 +77,21 @@ def raise_for_error(status: int, body: bytes) -> None:
         return
     try:
         error = json.loads(body)["error"]
-        code, message = str(error["code"]), str(error["message"])
+        if not isinstance(error, dict) or "code" not in error or "message" not in error:
+            raise TypeError("not an error body")
     except (ValueError, KeyError, TypeError):
         raise HutchError(f"daemon answered {status}: {body[:200]!r}") from None
-    raise error_from_code(code, message)
+    raise error_from_wire(error)
 
 
 def unreachable(url: str, exc: Exception) -> SandboxUnavailable:
+    path = unix_socket_of(url)
+    if path is not None:
+        # Only an in-process owner serves on a socket, and it stops with its owner.
+        return SandboxUnavailable(
+            f"the sandbox this ref names is no longer served at {path}: its owner's "
+            f"cleanup ended it, or the owner's process is gone ({type(exc).__name__})"
+        )
     return SandboxUnavailable(
         f"the hutch daemon at {url} is not reachable ({type(exc).__name__}); "
         "start it with `hutch serve`"
@@ -114,7 +122,7 @@ def decode_event(
     data: Mapping[str, Any],
 ) -> OutputChunk | ExitStatus | EnsureProgress | EnsuredRef:
     if "error" in data:
-        raise error_from_code(str(data["error"]["code"]), str(data["error"]["message"]))
+        raise error_from_wire(data["error"])
     if "result" in data:
         return ensured_ref(data["result"])
     for kind in ("step", "output"):
@@ -332,11 +340,11 @@ class ClientOps:
         **settings: Any,
     ) -> Op:
         """A workspace from a snapshot (``snapshot_tag``: its id) or fresh from
-        sandbox settings; ``image`` alone means a docker workspace of that image."""
+        sandbox settings; with ``image`` and no ``provider``, the daemon's
+        configuration says which provider (see :func:`hutch.config.resolve_spec`)."""
         body = {"name": name, **settings}
         if image is not None:
             body["image"] = image
-            body.setdefault("provider", "docker")
         if snapshot_tag is not None:
             body["snapshot_tag"] = snapshot_tag
         return (yield Call("POST", "/v1/workspaces", json=body, timeout=600))

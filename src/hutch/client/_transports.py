@@ -12,6 +12,7 @@ import httpx
 
 from .._errors import HutchError
 from .._process import ExitStatus
+from .._refwire import UNIX_HOST, unix_socket_of
 from ._core import (
     DEFAULT_URL,
     SESSION_HEADER,
@@ -42,6 +43,13 @@ def client_headers(token: str | None) -> dict[str, str]:
 
 def client_url(url: str | None) -> str:
     return (url or os.environ.get("HUTCH_URL") or DEFAULT_URL).rstrip("/")
+
+
+def http_target(url: str) -> tuple[str, str | None]:
+    """The base URL requests go to, and the unix socket that carries them
+    (for an in-process owner's address, ``http+unix://``), else None."""
+    path = unix_socket_of(url)
+    return (url, None) if path is None else (f"http://{UNIX_HOST}", path)
 
 
 def _note_exit(owner: Any, event: Any) -> None:
@@ -79,7 +87,11 @@ class _Transport:
 class AsyncTransport(_Transport):
     def __init__(self, url: str | None, token: str | None, factories: dict[str, Any]) -> None:
         super().__init__(url, factories)
-        self.http = httpx.AsyncClient(base_url=self.url, headers=client_headers(token))
+        base, uds = http_target(self.url)
+        self.http = httpx.AsyncClient(
+            base_url=base, headers=client_headers(token),
+            transport=None if uds is None else httpx.AsyncHTTPTransport(uds=uds),
+        )
 
     async def send(self, call: Call) -> Any:
         try:
@@ -136,7 +148,11 @@ class AsyncTransport(_Transport):
 class SyncTransport(_Transport):
     def __init__(self, url: str | None, token: str | None, factories: dict[str, Any]) -> None:
         super().__init__(url, factories)
-        self.http = httpx.Client(base_url=self.url, headers=client_headers(token))
+        base, uds = http_target(self.url)
+        self.http = httpx.Client(
+            base_url=base, headers=client_headers(token),
+            transport=None if uds is None else httpx.HTTPTransport(uds=uds),
+        )
 
     def send(self, call: Call) -> Any:
         try:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import shlex
@@ -38,7 +39,8 @@ from .._process import ExitStatus
 from .._sandbox import Sandbox, backend_of
 from .._snapshots import Snapshot
 from ..config import SandboxOptions, SandboxSpec
-from ..lifecycle.state import SandboxState
+from ..lifecycle.engine import DEFAULT_TIMEOUT_CEILING, LifecycleEngine
+from ..lifecycle.state import FINAL, SandboxState
 from ..providers.base import ProviderSnapshot
 from ..providers.registry import get_provider
 from ..store import DefinitionRow, InstanceRow, SnapshotRow, Store
@@ -317,6 +319,7 @@ class Definitions:
             tenant=tenant if tenant is not None else d.tenant, provider=d.provider.type,
             sandbox_id=sandbox.id, description=self.host.describe(sandbox),
             spec=self._spec(d).model_dump(mode="json"), updated_at_unix=time.time(),
+            state=sandbox.state.value,
         ))
 
     # -- the run's end ---------------------------------------------------------------
@@ -414,47 +417,123 @@ async def run_setup_step(sandbox: Sandbox, name: str, command: str, tell: Progre
 # -- in-process: over create_sandbox and the durable store -----------------------------
 class LocalHost(SandboxHost):
     """Sandboxes made in this process, found again by this process or another
-    through the store (the backend's ``reconnect``)."""
+    through the store (the backend's ``reconnect``).
+
+    Its sandboxes' lifecycle runs on an engine of its own, whose every
+    transition is written to the instances they run (state and description),
+    as a daemon writes its sandboxes': a program that finds one later finds
+    it as it is, a suspended one by its own suspended state."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
         self._live: dict[str, Sandbox] = {}
+        #: The description this host last recorded of each of its sandboxes
+        #: (canonical JSON): a record that says otherwise was written by
+        #: another program, which has taken the sandbox over since.
+        self._recorded: dict[str, str] = {}
+        self._engines: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, LifecycleEngine
+        ] = weakref.WeakKeyDictionary()
+
+    def engine(self) -> LifecycleEngine:
+        """The lifecycle engine of this host on the running loop."""
+        loop = asyncio.get_running_loop()
+        engine = self._engines.get(loop)
+        if engine is None:
+            ceiling = os.environ.get("HUTCH_TIMEOUT_CEILING")
+            engine = self._engines[loop] = LifecycleEngine(
+                timeout_ceiling=float(ceiling) if ceiling else DEFAULT_TIMEOUT_CEILING,
+                on_transition=self._record_transition,
+            )
+        return engine
+
+    async def _record_transition(
+        self, sandbox_id: str, old: SandboxState, new: SandboxState, reason: str | None
+    ) -> None:
+        sandbox = self._live.get(sandbox_id)
+        if sandbox is None:
+            return  # not in an instance yet (being made): its record comes with it
+        description = self.describe(sandbox)
+        await anyio.to_thread.run_sync(
+            self.store.record_instance_sandbox, sandbox_id, new.value, description
+        )
+
+    def _forget(self, sandbox: Sandbox) -> None:
+        """Drop this host's handle of ``sandbox`` (it ended, or another
+        program took it over), touching nothing of the sandbox itself."""
+        self._live.pop(sandbox.id, None)
+        self._recorded.pop(sandbox.id, None)
+        self.engine().forget(sandbox)
 
     async def find_live(self, row: InstanceRow) -> Sandbox | None:
         assert row.sandbox_id is not None
         sandbox = self._live.get(row.sandbox_id)
         if sandbox is not None:
-            if sandbox.closed or sandbox.state in (SandboxState.TERMINATED, SandboxState.FAILED):
-                self._live.pop(row.sandbox_id, None)
+            ended = sandbox.closed or sandbox.state in FINAL
+            current = (
+                row.state == sandbox.state.value
+                and _canonical(row.description) == self._recorded.get(sandbox.id)
+            )
+            if not ended and current:
+                if sandbox.state in (SandboxState.SUSPENDED, SandboxState.PAUSED):
+                    await sandbox.resume()
+                return sandbox
+            self._forget(sandbox)
+            if ended:
                 return None
-            if sandbox.state in (SandboxState.SUSPENDED, SandboxState.PAUSED):
-                await sandbox.resume()
-            return sandbox
+        return await self._adopt(row)
+
+    async def _adopt(self, row: InstanceRow) -> Sandbox | None:
+        """The sandbox ``row`` names, found again through its provider as the
+        record says it is: running, paused, or suspended (then resumed from
+        its own suspended state); None if nothing of it is left."""
         from .._api import adopt_sandbox
 
+        assert row.sandbox_id is not None
+        try:
+            recorded = SandboxState(row.state)
+        except ValueError:
+            recorded = SandboxState.RUNNING
+        if recorded in FINAL:
+            return None
         backend_cls = get_provider(row.provider)
         try:
             backend = await backend_cls.reconnect(row.sandbox_id, row.description)
-            alive = await backend.is_alive()
+            if recorded is SandboxState.SUSPENDED or await backend.is_alive():
+                state = recorded
+            elif await backend.is_suspended():
+                state = SandboxState.SUSPENDED  # suspended since it was recorded
+            else:
+                return None
         except HutchError:
             return None
-        if not alive:
-            return None
-        sandbox = await adopt_sandbox(backend, SandboxSpec.model_validate(row.spec))
+        sandbox = await adopt_sandbox(
+            backend, SandboxSpec.model_validate(row.spec), self.engine(), state=state
+        )
         self._live[sandbox.id] = sandbox
+        self._recorded[sandbox.id] = _canonical(row.description)
+        if state is not SandboxState.RUNNING:
+            try:
+                await sandbox.resume()
+            except HutchError as exc:  # its suspended state is gone after all
+                log.warning("sandbox %s of %s cannot be resumed: %s", sandbox.id, row.key, exc)
+                self._forget(sandbox)
+                return None
         return sandbox
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
         from .._api import create_sandbox
 
-        sandbox = await create_sandbox(spec=spec)
+        sandbox = await create_sandbox(spec=spec, engine=self.engine())
         self._live[sandbox.id] = sandbox
         return sandbox
 
     async def restore(self, snapshot: SnapshotRow, spec: SandboxSpec) -> Sandbox:
         from .._api import create_sandbox_from_snapshot
 
-        sandbox = await create_sandbox_from_snapshot(_snapshot_of(snapshot), options=spec.options)
+        sandbox = await create_sandbox_from_snapshot(
+            _snapshot_of(snapshot), options=spec.options, engine=self.engine()
+        )
         self._live[sandbox.id] = sandbox
         return sandbox
 
@@ -471,8 +550,9 @@ class LocalHost(SandboxHost):
         return record.id
 
     async def destroy(self, sandbox: Sandbox) -> None:
-        self._live.pop(sandbox.id, None)
         await sandbox.close()
+        self._live.pop(sandbox.id, None)
+        self._recorded.pop(sandbox.id, None)
 
     async def drop_snapshot(self, snapshot: SnapshotRow) -> None:
         from .._api import remove_snapshot
@@ -482,7 +562,14 @@ class LocalHost(SandboxHost):
         await remove_snapshot(_snapshot_of(snapshot))
 
     def describe(self, sandbox: Sandbox) -> dict[str, Any]:
-        return backend_of(sandbox).describe()
+        description = backend_of(sandbox).describe()
+        self._recorded[sandbox.id] = _canonical(description)
+        return description
+
+
+def _canonical(description: Mapping[str, Any]) -> str:
+    """A description as the store keeps it (JSON), comparable."""
+    return json.dumps(description, sort_keys=True, default=str)
 
 
 def _snapshot_of(row: SnapshotRow) -> Snapshot:

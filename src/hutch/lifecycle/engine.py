@@ -496,6 +496,15 @@ class LifecycleEngine:
         self.scheduler.cancel(record.sandbox_id)
         self._sandboxes.pop(record.sandbox_id, None)
 
+    def forget(self, sandbox: Sandbox) -> None:
+        """Stop tracking ``sandbox`` without touching it: its timers stop and
+        nothing is recorded. For a handle another program has since taken
+        over (it suspended or resumed the sandbox): acting on it here would
+        undo that program's work."""
+        record: LifecycleRecord | None = getattr(sandbox, "_record", None)
+        if record is not None and self._sandboxes.get(sandbox.id) is sandbox:
+            self._forget(record)
+
     async def closed(self, sandbox: Sandbox) -> None:
         """The owner closed the sandbox: forget its timers."""
         record: LifecycleRecord | None = getattr(sandbox, "_record", None)

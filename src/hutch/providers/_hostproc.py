@@ -19,10 +19,10 @@ from collections.abc import Mapping, Sequence
 
 from .._errors import InvalidArgument, SandboxFileNotFound, SandboxPermissionDenied
 from .._types import OutputChunk
+from ._pipes import OutputPipes
 from .base import EXEC_MARKER, SANDBOX_MARKER, BackendProcess
 
 __all__ = ["EXEC_MARKER", "SANDBOX_MARKER", "HostProcess", "pids_with_env", "spawn"]
-_READ_SIZE = 256 * 1024
 
 
 def pids_with_env(name: str, value: str) -> list[int]:
@@ -59,16 +59,10 @@ class HostProcess(BackendProcess):
     def __init__(self, proc: asyncio.subprocess.Process, exec_id: str, stdin: bytes | None) -> None:
         self._proc = proc
         self._exec_id = exec_id
-        self._queue: asyncio.Queue[OutputChunk | None] = asyncio.Queue()
-        self._open_streams = 2
-        loop = asyncio.get_running_loop()
         assert proc.stdout is not None and proc.stderr is not None
-        self._tasks = [
-            loop.create_task(self._pipe(proc.stdout, "stdout")),
-            loop.create_task(self._pipe(proc.stderr, "stderr")),
-        ]
+        self._output = OutputPipes(proc.stdout, proc.stderr)
         if stdin is not None:
-            self._tasks.append(loop.create_task(self._feed(stdin)))
+            self._output.tasks.append(asyncio.get_running_loop().create_task(self._feed(stdin)))
 
     async def _feed(self, data: bytes) -> None:
         stdin = self._proc.stdin
@@ -80,20 +74,8 @@ class HostProcess(BackendProcess):
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             stdin.close()
 
-    async def _pipe(self, reader: asyncio.StreamReader, name: str) -> None:
-        try:
-            while data := await reader.read(_READ_SIZE):
-                await self._queue.put(OutputChunk(name, data))  # type: ignore[arg-type]
-        finally:
-            await self._queue.put(None)
-
     async def read(self) -> OutputChunk | None:
-        while self._open_streams > 0:
-            item = await self._queue.get()
-            if item is not None:
-                return item
-            self._open_streams -= 1
-        return None
+        return await self._output.read()
 
     async def wait(self) -> int:
         return signal_exit_code(await self._proc.wait())
@@ -114,10 +96,7 @@ class HostProcess(BackendProcess):
         _signal_all(pids_with_env(EXEC_MARKER, self._exec_id), pgid, signal.SIGKILL)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._proc.wait(), 5)
-        # A pipe an escaped grandchild still holds would never reach EOF; the
-        # cancelled readers still post their end-of-stream marker.
-        for task in self._tasks:
-            task.cancel()
+        self._output.cancel()
 
 
 def signal_exit_code(code: int) -> int:

@@ -9,9 +9,12 @@ each behind a capability.
 sandbox: processes (``start_process``, ``shell_argv``), the busy count, files
 (read, write, stat, list, remove, walk), ``grep`` and ``glob``.
 
-Every backend *is* its own native runtime (docker exec and the archive API,
-a subprocess, ssh), so a provider implements both halves in one class as
-before. A backend that can hand its runtime over to another (hutch's agent
+A backend names its runtime in :attr:`SandboxBackend.runtime`. Most are
+their own native runtime (docker exec and the archive API, a subprocess,
+ssh): they subclass :class:`NativeBackend`, both halves in one class. A
+runtime that keeps its files in an object of their own
+(:class:`SandboxFiles`) subclasses :class:`FilesRuntime`, which forwards to
+it. A backend that can hand its runtime over to another (hutch's agent
 inside the sandbox, :mod:`hutch.providers.agent`) overrides
 :attr:`SandboxBackend.runtime`; everything above this seam (exec timeouts and
 output caps, background processes, the read-before-write guardrail, the
@@ -30,6 +33,7 @@ import abc
 import dataclasses
 import posixpath
 import re
+import stat
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, ClassVar
@@ -41,6 +45,7 @@ from .._errors import (
     InvalidArgument,
     OutputLimitExceeded,
     ProviderError,
+    SandboxIsADirectory,
 )
 from .._globmatch import compile_glob
 from .._types import Capabilities, FileInfo, FileType, GrepMatch, OutputChunk
@@ -165,18 +170,67 @@ class ProviderSettings(BaseModel):
     type: str
 
 
-class SandboxRuntime(abc.ABC):
-    """What executes commands and moves files in one sandbox."""
+class SandboxPart(abc.ABC):
+    """What both halves of a provider know: which provider, which sandbox,
+    and the directory relative paths resolve from."""
 
     #: The provider name errors are reported under (``local``, ``docker``...).
     provider: ClassVar[str]
-    #: Which runtime this is, as ``Capabilities.runtime`` reports it.
-    runtime_name: ClassVar[str] = "native"
 
     def __init__(self, sandbox_id: str, workdir: str) -> None:
         self.sandbox_id = sandbox_id
         #: Absolute path, inside the sandbox, that relative paths resolve from.
         self.workdir = workdir
+
+
+class SandboxFiles(abc.ABC):
+    """File operations on one sandbox's file system, in sandbox paths
+    (absolute), with hutch's typed errors. Every runtime has them; a runtime
+    that keeps its files in an object of their own (the host's file system, a
+    root on the host, SFTP) forwards to it (:class:`FilesRuntime`)."""
+
+    @abc.abstractmethod
+    async def read_file(self, path: str, limit: int) -> bytes:
+        """Bytes of ``path`` (absolute); OutputLimitExceeded past ``limit``."""
+
+    @abc.abstractmethod
+    async def write_file(self, path: str, data: bytes) -> None:
+        """Write ``data`` to ``path`` (absolute), creating parent directories."""
+
+    async def read_file_pieces(self, path: str, limit: int) -> AsyncGenerator[bytes, None]:
+        """The bytes of ``path`` in pieces, for a large file to stream out;
+        errors (missing, over ``limit``) come with the first. Files that can
+        read in pieces override this, so that the file is never whole in
+        memory."""
+        yield await self.read_file(path, limit)
+
+    async def write_file_from(self, path: str, source: IO[bytes]) -> None:
+        """Write what ``source`` holds (from its position on) to ``path``, as
+        :meth:`write_file` does. Files that can copy in pieces override this,
+        so that a large upload is never whole in memory."""
+        await self.write_file(path, source.read())
+
+    @abc.abstractmethod
+    async def stat(self, path: str) -> FileInfo: ...
+
+    @abc.abstractmethod
+    async def list_dir(self, path: str) -> list[FileInfo]: ...
+
+    @abc.abstractmethod
+    async def remove(self, path: str, recursive: bool) -> None: ...
+
+    @abc.abstractmethod
+    async def walk_files(self, root: str) -> list[str]:
+        """Every regular file below ``root`` (absolute paths), for grep and glob:
+        links to regular files too; never a FIFO, device or socket (a read of
+        one may never end)."""
+
+
+class SandboxRuntime(SandboxPart, SandboxFiles):
+    """What executes commands and moves files in one sandbox."""
+
+    #: Which runtime this is, as ``Capabilities.runtime`` reports it.
+    runtime_name: ClassVar[str] = "native"
 
     # -- processes ---------------------------------------------------------
     def shell_argv(self, command: str) -> list[str]:
@@ -238,43 +292,7 @@ class SandboxRuntime(abc.ABC):
             "pseudo-terminal (hutch's agent runtime has one)"
         )
 
-    # -- files ---------------------------------------------------------------
-    @abc.abstractmethod
-    async def read_file(self, path: str, limit: int) -> bytes:
-        """Bytes of ``path`` (absolute); OutputLimitExceeded past ``limit``."""
-
-    @abc.abstractmethod
-    async def write_file(self, path: str, data: bytes) -> None:
-        """Write ``data`` to ``path`` (absolute), creating parent directories."""
-
-    async def read_file_pieces(self, path: str, limit: int) -> AsyncGenerator[bytes, None]:
-        """The bytes of ``path`` in pieces, for a large file to stream out;
-        errors (missing, over ``limit``) come with the first. A runtime that
-        can read in pieces overrides this, so that the file is never whole in
-        memory."""
-        yield await self.read_file(path, limit)
-
-    async def write_file_from(self, path: str, source: IO[bytes]) -> None:
-        """Write what ``source`` holds (from its position on) to ``path``, as
-        :meth:`write_file` does. A runtime that can copy in pieces overrides
-        this, so that a large upload is never whole in memory."""
-        await self.write_file(path, source.read())
-
-    @abc.abstractmethod
-    async def stat(self, path: str) -> FileInfo: ...
-
-    @abc.abstractmethod
-    async def list_dir(self, path: str) -> list[FileInfo]: ...
-
-    @abc.abstractmethod
-    async def remove(self, path: str, recursive: bool) -> None: ...
-
-    @abc.abstractmethod
-    async def walk_files(self, root: str) -> list[str]:
-        """Every regular file below ``root`` (absolute paths), for grep and glob:
-        links to regular files too; never a FIFO, device or socket (a read of
-        one may never end)."""
-
+    # -- files: SandboxFiles, and what is built on them -----------------------------
     async def exists(self, path: str) -> bool:
         try:
             await self.stat(path)
@@ -331,11 +349,44 @@ class SandboxRuntime(abc.ABC):
         return matches
 
 
-class SandboxBackend(SandboxRuntime):
-    """One sandbox, as a provider provisions and runs it.
+class FilesRuntime(SandboxRuntime):
+    """A runtime whose file operations are those of its :attr:`files`: the
+    forwarding written once, for every runtime that keeps its files apart."""
 
-    The runtime methods it inherits are its native runtime; callers reach
-    whichever runtime is in use through :attr:`runtime`.
+    files: SandboxFiles
+
+    async def read_file(self, path: str, limit: int) -> bytes:
+        return await self.files.read_file(path, limit)
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        await self.files.write_file(path, data)
+
+    async def read_file_pieces(self, path: str, limit: int) -> AsyncGenerator[bytes, None]:
+        async for piece in self.files.read_file_pieces(path, limit):
+            yield piece
+
+    async def write_file_from(self, path: str, source: IO[bytes]) -> None:
+        await self.files.write_file_from(path, source)
+
+    async def stat(self, path: str) -> FileInfo:
+        return await self.files.stat(path)
+
+    async def list_dir(self, path: str) -> list[FileInfo]:
+        return await self.files.list_dir(path)
+
+    async def remove(self, path: str, recursive: bool) -> None:
+        await self.files.remove(path, recursive)
+
+    async def walk_files(self, root: str) -> list[str]:
+        return await self.files.walk_files(root)
+
+
+class SandboxBackend(SandboxPart):
+    """One sandbox, as a provider provisions it and runs its lifecycle.
+
+    What executes and moves files in it is its :attr:`runtime`, a
+    :class:`SandboxRuntime`; a backend that is its own native runtime
+    subclasses :class:`NativeBackend`.
 
     **Snapshots** (the ``snapshot`` capability) are four methods, and
     everything hutch builds on captured state (``Sandbox.snapshot`` and
@@ -380,10 +431,10 @@ class SandboxBackend(SandboxRuntime):
     config_model: ClassVar[type[ProviderSettings]]
 
     @property
+    @abc.abstractmethod
     def runtime(self) -> SandboxRuntime:
-        """The runtime serving this sandbox now: the backend itself (native)
-        unless the provider hands its runtime to another, such as the agent."""
-        return self
+        """The runtime serving this sandbox now (its native one, or another it
+        hands over to, such as the agent)."""
 
     def sandbox_capabilities(self) -> Capabilities:
         """This sandbox's capabilities: the provider's, naming its runtime."""
@@ -428,6 +479,13 @@ class SandboxBackend(SandboxRuntime):
     async def is_alive(self) -> bool:
         """Whether the sandbox's runtime still exists (for reconciliation)."""
         return True
+
+    async def is_suspended(self) -> bool:
+        """Whether the sandbox, its runtime down, keeps its state suspended,
+        so that ``resume`` brings it back. Asked of a sandbox found again
+        that is not alive (another program may have suspended it since it
+        was recorded) before it is given up for lost."""
+        return False
 
     # -- snapshots (behind the snapshot capability; see the class docstring) -----
     async def capture(self, snapshot_id: str, *, diff: bool = True) -> ProviderSnapshot:
@@ -479,6 +537,26 @@ class SandboxBackend(SandboxRuntime):
     @abc.abstractmethod
     async def close(self) -> None:
         """Release everything this sandbox holds. Idempotent."""
+
+
+class NativeBackend(SandboxBackend, SandboxRuntime):
+    """A backend that is its own native runtime (docker exec, a subprocess,
+    ssh): both halves in one class. One that can hand its runtime over to
+    another (hutch's agent) overrides :attr:`runtime`."""
+
+    @property
+    def runtime(self) -> SandboxRuntime:
+        return self
+
+
+def require_regular(mode: int, path: str) -> None:
+    """A typed error unless ``mode`` (a POSIX ``st_mode``) is a regular file's:
+    a directory is one; a FIFO or a device may never end (or never start), not
+    a file to read."""
+    if stat.S_ISDIR(mode):
+        raise SandboxIsADirectory(f"{path} is a directory")
+    if not stat.S_ISREG(mode):
+        raise InvalidArgument(f"{path} is not a regular file; read it with exec")
 
 
 def join_path(workdir: str, path: str) -> str:

@@ -71,13 +71,14 @@ from ._grepfilter import LINE_BREAKS as _LINE_BREAKS
 from ._grepfilter import required_literals as _required_literals
 from ._hostproc import EXEC_MARKER, SANDBOX_MARKER
 from .agent import AgentFailure, AgentRuntime, AgentUnavailable, agent_binary
+from .agent import workload as _workload
 from .base import (
     BackendProcess,
+    NativeBackend,
     ProviderSettings,
     ProviderSnapshot,
     RuntimeNotice,
     RuntimeReport,
-    SandboxBackend,
     SandboxRuntime,
 )
 from .network import NetworkPolicy, apply_in_namespace, host_addresses
@@ -224,6 +225,11 @@ _HOST_ROOT = re.compile(r"/\S*?/(?:overlay2?|aufs|btrfs|zfs|vfs|fuse-overlayfs)/
 def _sandbox_view(text: str) -> str:
     """An Engine message with host paths turned into the sandbox's own paths."""
     return _HOST_ROOT.sub("", text)
+
+
+#: The running watchers (``watch_runtimes``): their loops and report callbacks.
+_WATCHERS: list[tuple[asyncio.AbstractEventLoop, RuntimeReport]] = []
+_TELLING: set[asyncio.Future[None]] = set()
 
 
 def cgroup_dir(container_id: str, controller: str) -> str | None:
@@ -824,7 +830,7 @@ def _parse_mount(spec: str) -> tuple[str, dict[str, str]]:
     return os.path.abspath(parts[0]), {"bind": parts[1], "mode": mode}
 
 
-class DockerSandbox(SandboxBackend):
+class DockerSandbox(NativeBackend):
     provider = "docker"
     capabilities = Capabilities(
         processes=True,
@@ -885,7 +891,7 @@ class DockerSandbox(SandboxBackend):
         self._agent = AgentRuntime(
             self.sandbox_id, self.workdir, self._agent_link(),
             provider_name=self.provider, recover=self._recover_agent,
-            default_user=default_user or None,
+            default_user=default_user or None, on_oom=self._workload_oom,
         )
 
     def _agent_link(self) -> str:
@@ -921,15 +927,63 @@ class DockerSandbox(SandboxBackend):
             log.warning("docker sandbox %s: native runtime (%s)", self.sandbox_id, exc)
             return None
 
+    def _workload_oom(self) -> None:
+        """The OOM killer ended a command in the workload's cgroup: Docker's
+        events do not say so (cgroup v1 tells the cgroup it happened in, not
+        the container's), so it is told to the watchers here."""
+        limit = parse_bytes(self.config.memory) if self.config.memory is not None else 0
+        within = f" of {int(limit)} bytes" if limit else ""
+        notice = RuntimeNotice(
+            self.sandbox_id,
+            f"the OOM killer killed a process in it: it reached its memory limit{within}",
+            may_have_died=False,
+        )
+        for loop, report in list(_WATCHERS):
+            def tell(report: RuntimeReport = report) -> None:
+                task = asyncio.ensure_future(report(notice))
+                _TELLING.add(task)
+                task.add_done_callback(_TELLING.discard)
+
+            with contextlib.suppress(RuntimeError):  # that loop is closed
+                loop.call_soon_threadsafe(tell)
+
+    def _split_workload(self) -> bool:
+        """Whether what the agent runs gets a cgroup of its own below the
+        container's (see :mod:`.agent.workload`): with the agent, on cgroup v1."""
+        return self._agent is not None and _workload.splittable()
+
+    async def _place_workload(self) -> None:
+        """Make the workload's cgroups below the just-started container's,
+        with the caller's limits, and have the agent start commands in them."""
+        assert self._agent is not None and self.container_id is not None
+        container_id = self.container_id
+        cfg = self.config
+
+        def make() -> dict[str, str]:
+            dirs = {c: cgroup_dir(container_id, c) for c in _workload.CONTROLLERS}
+            found = {c: d for c, d in dirs.items() if d is not None}
+            if len(found) != len(dirs):
+                raise ProviderError(f"docker sandbox {self.sandbox_id}: the cgroups of "
+                                    f"container {container_id[:12]} are not where expected")
+            return _workload.make_workload(
+                found, pids=cfg.pids_limit,
+                memory=int(parse_bytes(cfg.memory)) if cfg.memory is not None else None,
+            )
+
+        await self._agent.place_workload(await anyio.to_thread.run_sync(make))
+
     async def _await_agent(self, timeout: float = AGENT_START_TIMEOUT) -> None:
         """Until the agent in a just-started container answers (nothing else
-        runs in it yet: this is when hutch's link to its socket is made)."""
+        runs in it yet: this is when hutch's link to its socket is made, and
+        the workload's cgroup)."""
         assert self._agent is not None
         deadline = time.monotonic() + timeout
         while True:
             try:
                 self._relink_agent()
                 await self._agent.ping(timeout=max(0.5, deadline - time.monotonic()))
+                if self._split_workload():
+                    await self._place_workload()
                 return
             except AgentFailure as exc:
                 if time.monotonic() >= deadline:
@@ -1051,12 +1105,20 @@ class DockerSandbox(SandboxBackend):
             binds[self.agent_dir] = {"bind": AGENT_DIR_PATH, "mode": "rw"}
             command = [AGENT_BINARY_PATH, "serve", f"{AGENT_DIR_PATH}/{AGENT_SOCKET_NAME}"]
             extra["user"] = "0"
+        mem_limit: int | str | None = cfg.memory
+        pids_limit = cfg.pids_limit
+        if self._split_workload():
+            # The caller's limits hold the workload's cgroup (made once the
+            # agent answers); the container's leave the agent a reserve.
+            pids_limit += _workload.PIDS_RESERVE
+            if cfg.memory is not None:
+                mem_limit = int(parse_bytes(cfg.memory)) + _workload.MEMORY_RESERVE
         host_config = api.create_host_config(
             binds=binds,
             network_mode="none" if cfg.network == "none" else cfg.network_mode,
-            mem_limit=cfg.memory,
+            mem_limit=mem_limit,
             nano_cpus=int(cfg.cpus * 1e9) if cfg.cpus else None,
-            pids_limit=cfg.pids_limit,
+            pids_limit=pids_limit,
             init=cfg.init,
             security_opt=["no-new-privileges"],
             cap_drop=cfg.cap_drop,
@@ -1205,15 +1267,39 @@ class DockerSandbox(SandboxBackend):
         if sandbox.container_id is not None and not await sandbox.is_alive():
             # The container on record is gone, but the sandbox may have one
             # under its name that the record missed (a suspend undone because
-            # the store could not keep it resumed into a new container).
+            # the store could not keep it resumed into a new container)...
             try:
                 details = await _call(engine().inspect_container, sandbox.container_name)
             except SandboxUnavailable:
-                return sandbox
-            labels = (details.get("Config") or {}).get("Labels") or {}
-            if labels.get(SANDBOX_LABEL) == sandbox_id:
+                details = None
+            labels = ((details or {}).get("Config") or {}).get("Labels") or {}
+            if details is not None and labels.get(SANDBOX_LABEL) == sandbox_id:
                 sandbox.container_id = str(details["Id"])
+                return sandbox
+            # ... or none, and its state in its suspend image (suspended by a
+            # program whose suspend the record missed).
+            suspended = await sandbox._own_suspend_image()
+            if suspended is not None:
+                sandbox.container_id = None
+                sandbox.suspended_image = suspended
         return sandbox
+
+    async def _own_suspend_image(self) -> str | None:
+        """The id of this sandbox's suspend image, if the engine has one."""
+        try:
+            details = await _call(
+                engine().inspect_image, f"{SUSPENDED_REPOSITORY}:{self.sandbox_id}"
+            )
+        except HutchError:
+            return None
+        labels = (details.get("Config") or {}).get("Labels") or {}
+        return str(details["Id"]) if labels.get(SANDBOX_LABEL) == self.sandbox_id else None
+
+    async def is_suspended(self) -> bool:
+        return (
+            self.container_id is None and self.suspended_image is not None
+            and await self._own_suspend_image() == self.suspended_image
+        )
 
     def _container(self) -> str:
         if self.container_id is None:
@@ -1890,6 +1976,8 @@ class DockerSandbox(SandboxBackend):
         thread = threading.Thread(target=pump, name="hutch-docker-events", daemon=True)
         thread.start()
         tasks: set[asyncio.Task[None]] = set()
+        watcher = (loop, report)
+        _WATCHERS.append(watcher)
         try:
             while True:
                 sandbox_id, container_id, action = await deaths.get()
@@ -1897,6 +1985,7 @@ class DockerSandbox(SandboxBackend):
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
         finally:
+            _WATCHERS.remove(watcher)
             stop.set()
             for stream in current:
                 with contextlib.suppress(Exception):

@@ -12,18 +12,18 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import AsyncGenerator, Mapping, Sequence
-from typing import IO, Any, Literal
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 import anyio.to_thread
 from pydantic import ConfigDict
 
 from .._paths import sandbox_workdir
-from .._types import Capabilities, FileInfo, GrepMatch
+from .._types import Capabilities, GrepMatch
 from . import _layers
 from ._hostfs import HostFiles
 from ._hostproc import EXEC_MARKER, SANDBOX_MARKER, HostProcess, pids_with_env, spawn
-from .base import ProviderSettings, ProviderSnapshot, SandboxBackend
+from .base import FilesRuntime, NativeBackend, ProviderSettings, ProviderSnapshot
 
 SECRET_SUFFIXES = ("_API_KEY", "_SECRET", "_TOKEN", "_PASSWORD", "_CREDENTIAL")
 #: A name containing any of these (case-insensitively) is a secret's.
@@ -76,7 +76,7 @@ class LocalConfig(ProviderSettings):
     env: dict[str, str] = {}
 
 
-class LocalSandbox(SandboxBackend):
+class LocalSandbox(NativeBackend, FilesRuntime):
     provider = "local"
     capabilities = Capabilities(
         processes=True, users=True, preview_url=True, snapshot=True, fork=True
@@ -103,7 +103,7 @@ class LocalSandbox(SandboxBackend):
         #: The working directory was adopted by its first snapshot: moved into
         #: that snapshot's layer, an overlay mounted in its place (``_layers.adopt``).
         self._adopted = False
-        self._files = HostFiles()
+        self.files: HostFiles = HostFiles()
         self._has_bash = shutil.which("bash") is not None
 
     @classmethod
@@ -209,35 +209,10 @@ class LocalSandbox(SandboxBackend):
     async def count_busy_processes(self) -> int:
         return len(pids_with_env(SANDBOX_MARKER, self.sandbox_id))
 
-    async def read_file(self, path: str, limit: int) -> bytes:
-        return await self._files.read(path, limit)
-
-    async def write_file(self, path: str, data: bytes) -> None:
-        await self._files.write(path, data)
-
-    async def read_file_pieces(self, path: str, limit: int) -> AsyncGenerator[bytes, None]:
-        async for piece in self._files.read_pieces(path, limit):
-            yield piece
-
-    async def write_file_from(self, path: str, source: IO[bytes]) -> None:
-        await self._files.write_from(path, source)
-
-    async def stat(self, path: str) -> FileInfo:
-        return await self._files.stat(path)
-
-    async def list_dir(self, path: str) -> list[FileInfo]:
-        return await self._files.list_dir(path)
-
-    async def remove(self, path: str, recursive: bool) -> None:
-        await self._files.remove(path, recursive)
-
-    async def walk_files(self, root: str) -> list[str]:
-        return await self._files.walk_files(root)
-
     async def grep_files(
         self, pattern: re.Pattern[str], paths: list[str], limit: int
     ) -> list[GrepMatch]:
-        return await self._files.grep_files(pattern, paths, limit)
+        return await self.files.grep_files(pattern, paths, limit)
 
     async def preview_url(self, port: int) -> str:
         return f"http://127.0.0.1:{port}"

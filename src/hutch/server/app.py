@@ -2,7 +2,8 @@
 
 Handlers return plain dicts through ``JSONResponse``; the request models
 validate input and document it in the OpenAPI schema. Every error leaves as
-``{"error": {"code", "message"}}`` with the status of its code.
+``{"error": {"code", "message"}}`` (and the details of errors that carry some,
+``HutchError.wire``) with the status of its code.
 
 The four calls an agent makes most (exec, read a file, write a file, read a
 sandbox's status) are also answered by :class:`HotRoutes` before FastAPI's
@@ -45,6 +46,7 @@ from .._errors import (
     OutputLimitExceeded,
     SandboxPermissionDenied,
     Unauthorized,
+    error_from_code,
 )
 from .._process import ExitStatus, Process
 from .._refwire import REF_PREFIX
@@ -60,7 +62,7 @@ from .._types import (
     OutputChunk,
 )
 from ..store import RefRow
-from .daemon import DEFAULT_RETENTION_SECONDS, Daemon
+from .daemon import DEFAULT_RETENTION_SECONDS, Daemon, default_data_dir
 from .policy import OperatorPolicy
 
 log = logging.getLogger("hutch.server")
@@ -229,12 +231,20 @@ def file_json(info: FileInfo) -> dict[str, Any]:
 
 
 class ErrorDetail(BaseModel):
+    """``code`` and ``message``, and the details of errors that carry some
+    (``setup_failed``: the step, its exit code and the end of its output)."""
+
     code: str
     message: str
+    step: str | None = Field(default=None, description="setup_failed: the failing step")
+    exit_code: int | None = Field(default=None, description="setup_failed: its exit code")
+    output_tail: str | None = Field(
+        default=None, description="setup_failed: the end of its output"
+    )
 
 
 class ErrorBody(BaseModel):
-    """Every error's body: ``{"error": {"code", "message"}}``."""
+    """Every error's body: ``{"error": {"code", "message", ...details}}``."""
 
     error: ErrorDetail
 
@@ -254,11 +264,13 @@ def error_responses() -> dict[int | str, dict[str, Any]]:
 
 
 def error_json(exc: HutchError) -> dict[str, Any]:
-    return {"error": {"code": exc.code, "message": exc.message}}
+    """Every error body the daemon sends, answers, stream lines and terminal
+    messages alike: ``{"error": exc.wire()}``."""
+    return {"error": exc.wire()}
 
 
 def unexpected_error_json(exc: BaseException) -> dict[str, Any]:
-    return {"error": {"code": "hutch_error", "message": f"{type(exc).__name__}: {exc}"}}
+    return error_json(HutchError(f"{type(exc).__name__}: {exc}"))
 
 
 def render_json(content: Any) -> bytes:
@@ -338,16 +350,26 @@ REF_OPERATIONS = frozenset({
 })
 
 
-def ref_may_reach(ref: RefRow, method: str, path: str) -> bool:
-    """A ref reaches its own sandbox, for the operations in :data:`REF_OPERATIONS`."""
-    if path == "/healthz":
-        return True
+def ref_route_sandbox(path: str) -> str | None:
+    """The sandbox a request path names when the route is one a ref may take
+    (:data:`REF_OPERATIONS` of one sandbox), else None."""
     parts = path.split("/")
-    return (
-        len(parts) >= 4 and parts[1] == "v1" and parts[2] == "sandboxes"
-        and parts[3] == ref.sandbox_id and not any(p in ("..", ".") for p in parts)
+    if (
+        len(parts) >= 4 and parts[1] == "v1" and parts[2] == "sandboxes" and parts[3]
+        and not any(p in ("..", ".") for p in parts)
         and (len(parts) == 4 or parts[4] in REF_OPERATIONS)
-    )
+    ):
+        return parts[3]
+    return None
+
+
+def _retarget(scope: Scope, named: str, target: str) -> None:
+    """Send a request naming sandbox ``named`` to sandbox ``target`` instead."""
+    prefix = f"/v1/sandboxes/{named}"
+    scope["path"] = f"/v1/sandboxes/{target}" + scope["path"][len(prefix):]
+    raw = scope.get("raw_path")
+    if isinstance(raw, bytes) and raw.startswith(prefix.encode()):
+        scope["raw_path"] = f"/v1/sandboxes/{target}".encode() + raw[len(prefix):]
 
 
 def session_of(scope: Scope) -> str | None:
@@ -402,12 +424,24 @@ class TokenAuth:
         except HutchError as exc:
             await self._refuse(scope, send, exc)
             return
-        if not ref_may_reach(ref, scope.get("method", "GET"), scope["path"]):
-            await self._refuse(scope, send, SandboxPermissionDenied(
-                f"ref {ref.id} works only in sandbox {ref.sandbox_id}, and cannot hand out "
-                "refs, snapshot or fork it"
-            ))
-            return
+        if scope["path"] != "/healthz":
+            named = ref_route_sandbox(scope["path"])
+            try:
+                # A ref that follows a workspace reaches the sandbox serving it now.
+                target = None if named is None else daemon.ref_target(ref, named)
+            except HutchError as exc:
+                await self._refuse(scope, send, exc)
+                return
+            if named is None or target is None:
+                await self._refuse(scope, send, SandboxPermissionDenied(
+                    f"ref {ref.id} works only in sandbox {ref.sandbox_id}"
+                    + (f" (and those of workspace {ref.workspace})" if ref.workspace else "")
+                    + ", and cannot hand out refs, snapshot or fork it"
+                ))
+                return
+            if target != named:
+                _retarget(scope, named, target)
+            daemon.ref_session(ref, target, _header(scope, SESSION_HEADER.encode()))
         scope[REF_SCOPE_KEY] = ref
         await self.app(scope, receive, send)
 
@@ -800,14 +834,30 @@ def create_app(
     settings: ServerSettings | None = None,
     *,
     on_ready: Callable[[Daemon], None] | None = None,
+    core: Daemon | None = None,
 ) -> FastAPI:
-    """The application; ``on_ready`` is called once the daemon has started."""
+    """The application; ``on_ready`` is called once the daemon has started.
+
+    ``core``: a daemon core its caller has made and runs (an in-process
+    owner serving its sandbox to the holders of its refs, see
+    :mod:`hutch.server.owner`); the application answers through it and
+    neither starts nor stops it, nor changes anything process-wide.
+    """
     settings = settings or ServerSettings()
     holder: dict[str, Daemon] = {}
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if core is not None:
+            holder["daemon"] = core
+            try:
+                yield
+            finally:
+                holder.pop("daemon", None)
+            return
         restore_watcher = use_pidfd_child_watcher()
+        # Providers that keep files on the host keep them under the daemon's data dir.
+        os.environ["HUTCH_HOME"] = os.path.abspath(settings.data_dir or default_data_dir())
         daemon = Daemon(
             settings.data_dir, sandbox_defaults=settings.sandbox_defaults,
             timeout_ceiling=settings.timeout_ceiling,
@@ -845,9 +895,7 @@ def create_app(
         details = "; ".join(
             f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
         )
-        return JSONResponse(
-            {"error": {"code": "invalid_argument", "message": details}}, status_code=400
-        )
+        return JSONResponse(error_json(InvalidArgument(details)), status_code=400)
 
     @app.exception_handler(Exception)
     async def unexpected_error(_: Request, exc: Exception) -> JSONResponse:
@@ -860,7 +908,7 @@ def create_app(
             exc.status_code, "invalid_argument"
         )
         return JSONResponse(
-            {"error": {"code": code, "message": str(exc.detail)}}, status_code=exc.status_code
+            error_json(error_from_code(code, str(exc.detail))), status_code=exc.status_code
         )
 
     # Routes are tried in the order they are declared: the busiest come first.
@@ -1072,7 +1120,8 @@ def create_app(
     async def delete_sandbox(request: Request, sandbox_id: str) -> Response:
         ref: RefRow | None = request.scope.get(REF_SCOPE_KEY)
         if ref is not None:
-            daemon().detach(ref)  # an attached session leaves; the owner's sandbox stays
+            # An attached session leaves; the owner's sandbox stays.
+            daemon().detach(ref, sandbox_id, _header(request.scope, SESSION_HEADER.encode()))
         else:
             await daemon().delete_sandbox(sandbox_id)
         return Response(status_code=204)
@@ -1206,9 +1255,7 @@ def create_app(
             return
         except HutchError as exc:
             with contextlib.suppress(Exception):
-                await websocket.send_text(
-                    json.dumps({"error": {"code": exc.code, "message": str(exc)}})
-                )
+                await websocket.send_text(json.dumps(error_json(exc)))
                 await websocket.close(code=1011)
 
     @v1.get("/sandboxes/{sandbox_id}/processes")

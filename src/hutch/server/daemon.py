@@ -23,6 +23,7 @@ import re
 import secrets
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import anyio.to_thread
@@ -36,6 +37,7 @@ from .._errors import (
     InvalidState,
     NotFound,
     SandboxPermissionDenied,
+    SandboxUnavailable,
     StoreUnavailable,
     Unauthorized,
 )
@@ -81,6 +83,30 @@ MAX_FORK = 64
 DEFAULT_RETENTION_SECONDS = 86400.0
 
 
+#: Sessions listed as attached to one sandbox at most (past it the stalest is
+#: forgotten: a client that vanished never detaches), and a session id's length.
+MAX_SESSIONS = 1024
+MAX_SESSION_ID = 64
+
+
+@dataclass
+class AttachedSession:
+    """A session working in a sandbox through a ref (a client's session id)."""
+
+    ref_id: str
+    session: str
+    attached_at_unix: float
+    last_used_unix: float
+
+
+def attachment_json(
+    session: str, ref: RefRow, attached_at_unix: float, last_used_unix: float | None
+) -> dict[str, Any]:
+    """One attached session as SandboxInfo lists it, in-process or through a server."""
+    return {"session": session, "ref_id": ref.id, "attached_at_unix": attached_at_unix,
+            "last_used_unix": last_used_unix, "expires_at_unix": ref.expires_at_unix}
+
+
 def default_data_dir() -> str:
     return hutch_home()
 
@@ -121,8 +147,6 @@ class Daemon:
         self.policy = policy or OperatorPolicy()
         self.data_dir = os.path.abspath(data_dir or default_data_dir())
         make_private_dir(self.data_dir)
-        # Providers that keep files on the host keep them under the data dir.
-        os.environ["HUTCH_HOME"] = self.data_dir
         if store is None:
             store = SQLiteStore(make_private_file(os.path.join(self.data_dir, "hutch.db")))
         self.store = store
@@ -152,6 +176,10 @@ class Daemon:
         self._refs_of: dict[str, list[RefRow]] = {}
         #: ref id -> when its use was last an event.
         self._ref_used: dict[str, float] = {}
+        #: sandbox id -> "ref id/session" -> a session attached through a ref.
+        self._sessions: dict[str, dict[str, AttachedSession]] = {}
+        #: Sandboxes this process made outside the daemon and serves (see host()).
+        self._hosted: set[str] = set()
         #: Sandbox definitions (SPEC §6): those PUT earlier (in the store), then
         #: the operator's own from hutch.toml, which may use the host.
         self.definitions = Definitions(_DaemonHost(self))
@@ -218,6 +246,7 @@ class Daemon:
         self.sandboxes.pop(sandbox_id, None)
         self.workspace_of.pop(sandbox_id, None)
         self._guards = {k: v for k, v in self._guards.items() if k[0] != sandbox_id}
+        self._sessions.pop(sandbox_id, None)
         for ref in self._refs_of.pop(sandbox_id, []):  # the store still answers for them
             self._refs.pop(ref.id, None)
             self._ref_used.pop(ref.id, None)
@@ -567,6 +596,13 @@ class Daemon:
                 raise expiry_error(row.id, SandboxState(row.state), row.reason) from None
             raise NotFound(f"no sandbox {sandbox_id}") from None
 
+    def host(self, sandbox: Sandbox) -> None:
+        """Answer for ``sandbox``, which this process made outside the daemon
+        (an in-process owner serving it to the holders of its refs): its
+        owner closes it; it is never stored, reconciled or reaped here."""
+        self.sandboxes[sandbox.id] = sandbox
+        self._hosted.add(sandbox.id)
+
     def session(self, sandbox_id: str, session: str | None) -> Sandbox:
         """The sandbox, with the calling session's read-before-write guard in effect."""
         sandbox = self.get(sandbox_id)
@@ -580,12 +616,11 @@ class Daemon:
 
     async def info(self, sandbox: Sandbox) -> dict[str, Any]:
         """The sandbox's own description, and what the daemon knows around it."""
-        return {
-            **await sandbox.info(),
-            "attachments": self.attachments(sandbox.id),
-            "workspace": self.workspace_of.get(sandbox.id),
-            "ended_at_unix": None,
-        }
+        info = await sandbox.info()
+        if sandbox.id not in self._hosted:  # a hosted one's own lists come from here already
+            info["attachments"] = self.attachments(sandbox.id)
+            info["refs"] = self.refs_json(sandbox.id)
+        return {**info, "workspace": self.workspace_of.get(sandbox.id), "ended_at_unix": None}
 
     # -- refs: credentials scoped to one sandbox ----------------------------------------
     async def create_ref(
@@ -601,6 +636,7 @@ class Daemon:
             id="ref-" + secrets.token_hex(8), sandbox_id=sandbox_id,
             secret_sha256=hashlib.sha256(secret.encode()).hexdigest(), created_at_unix=now,
             expires_at_unix=None if expires_in is None else now + expires_in,
+            workspace=self.workspace_of.get(sandbox_id),
         )
         known = self._sandbox_refs(sandbox_id)  # read before the new row is in the store
         await anyio.to_thread.run_sync(self.store.put_ref, row)
@@ -609,7 +645,8 @@ class Daemon:
         self.store.log_event(
             sandbox_id, "ref",
             f"ref {row.id} handed out"
-            + ("" if expires_in is None else f", expires in {expires_in:g} s"),
+            + ("" if expires_in is None else f", expires in {expires_in:g} s")
+            + ("" if row.workspace is None else f", following workspace {row.workspace}"),
         )
         token = DaemonRef(daemon_url.rstrip("/"), sandbox_id, row.id, secret).encode()
         return {"ref": token, "ref_id": row.id, "sandbox_id": sandbox_id,
@@ -629,9 +666,46 @@ class Daemon:
     def _sandbox_refs(self, sandbox_id: str) -> list[RefRow]:
         refs = self._refs_of.get(sandbox_id)
         if refs is None:
-            refs = [self._refs.setdefault(r.id, r) for r in self.store.list_refs(sandbox_id)]
+            refs = [self._refs.setdefault(r.id, r) for r in
+                    self.store.list_refs(sandbox_id, self.workspace_of.get(sandbox_id))]
             self._refs_of[sandbox_id] = refs
         return refs
+
+    def ref_target(self, ref: RefRow, sandbox_id: str) -> str | None:
+        """The sandbox a request through ``ref`` that names ``sandbox_id`` is
+        for; None when the ref does not reach it.
+
+        A ref handed out for a workspace's sandbox follows the workspace: a
+        request naming any sandbox that served it goes to the one serving it
+        now (after a suspend and resume, a new one), and while none does it
+        fails saying why.
+        """
+        if ref.workspace is None:
+            return sandbox_id if sandbox_id == ref.sandbox_id else None
+        if sandbox_id != ref.sandbox_id and self.workspace_of.get(sandbox_id) != ref.workspace:
+            row = self.store.get_sandbox(sandbox_id)
+            if row is None or row.workspace != ref.workspace:
+                return None
+        return self._serving(ref.workspace)
+
+    def _serving(self, workspace: str) -> str:
+        """The live sandbox serving ``workspace``, or the typed error of why none is."""
+        for sandbox_id, name in self.workspace_of.items():
+            if name == workspace:
+                return sandbox_id
+        row = self.store.get_workspace(workspace)
+        if row is None:
+            raise SandboxUnavailable(
+                f"workspace {workspace} was deleted: its owner's cleanup ended it"
+            )
+        if row.status in ("suspended", "stale"):
+            raise SandboxUnavailable(
+                f"workspace {workspace} is {row.status}: its sandbox comes back when its "
+                f"owner resumes it (hutch workspace resume {workspace})"
+            )
+        raise SandboxUnavailable(
+            f"workspace {workspace} is {row.status}: no sandbox serves it yet; try again"
+        )
 
     def _ref_row(self, ref_id: str) -> RefRow | None:
         row = self._refs.get(ref_id)
@@ -656,30 +730,55 @@ class Daemon:
             or row.sandbox_id != ref.sandbox_id
         ):
             raise Unauthorized("this ref is not one this daemon handed out")
-        if row.revoked_at_unix is not None:
-            raise Unauthorized(f"ref {row.id} was revoked by the owner of {row.sandbox_id}")
         now = time.time()
-        if row.expires_at_unix is not None and now >= row.expires_at_unix:
-            raise Unauthorized(
-                f"ref {row.id} to {row.sandbox_id} expired; ask its owner for a new one"
-            )
+        row.check_usable(now)
         if now - self._ref_used.get(row.id, -math.inf) >= REF_USE_EVENT_SECONDS:
             self._ref_used[row.id] = now
             self.store.log_event(row.sandbox_id, "ref", f"ref {row.id} used")
         return row
 
-    def detach(self, ref: RefRow) -> None:
+    def ref_session(self, ref: RefRow, sandbox_id: str, session: str | None) -> None:
+        """A request through ``ref`` for ``sandbox_id``: the session making it
+        is attached there (and listed) until it detaches or the sandbox ends."""
+        sessions = self._sessions.setdefault(sandbox_id, {})
+        key = f"{ref.id}/{(session or '')[:MAX_SESSION_ID]}"
+        now = time.time()
+        known = sessions.get(key)
+        if known is not None:
+            known.last_used_unix = now
+            return
+        if len(sessions) >= MAX_SESSIONS:  # sessions that never detached: the stalest goes
+            del sessions[min(sessions, key=lambda k: sessions[k].last_used_unix)]
+        sessions[key] = AttachedSession(ref.id, (session or "")[:MAX_SESSION_ID], now, now)
+
+    def detach(self, ref: RefRow, sandbox_id: str, session: str | None) -> None:
         """A session holding a ref closed: it leaves; the sandbox stays."""
+        self._sessions.get(sandbox_id, {}).pop(f"{ref.id}/{(session or '')[:MAX_SESSION_ID]}",
+                                               None)
         self.store.log_event(ref.sandbox_id, "ref", f"a session holding ref {ref.id} detached")
 
-    def attachments(self, sandbox_id: str) -> list[dict[str, Any]]:
-        """The refs that can still attach to a sandbox."""
+    def open_refs(self, sandbox_id: str) -> list[RefRow]:
+        """The refs that can still attach to a sandbox (unrevoked, unexpired)."""
         now = time.time()
         return [
-            {"ref_id": r.id, "created_at_unix": r.created_at_unix,
-             "expires_at_unix": r.expires_at_unix, "last_used_unix": self._ref_used.get(r.id)}
-            for r in self._sandbox_refs(sandbox_id)
+            r for r in self._sandbox_refs(sandbox_id)
             if r.revoked_at_unix is None and (r.expires_at_unix is None or r.expires_at_unix > now)
+        ]
+
+    def refs_json(self, sandbox_id: str) -> list[dict[str, Any]]:
+        return [
+            {"ref_id": r.id, "created_at_unix": r.created_at_unix,
+             "expires_at_unix": r.expires_at_unix, "last_used_unix": self._ref_used.get(r.id),
+             "workspace": r.workspace}
+            for r in self.open_refs(sandbox_id)
+        ]
+
+    def attachments(self, sandbox_id: str) -> list[dict[str, Any]]:
+        """The sessions attached to a sandbox through refs that still work."""
+        refs = {r.id: r for r in self.open_refs(sandbox_id)}
+        return [
+            attachment_json(s.session, refs[s.ref_id], s.attached_at_unix, s.last_used_unix)
+            for s in self._sessions.get(sandbox_id, {}).values() if s.ref_id in refs
         ]
 
     @staticmethod
@@ -705,6 +804,7 @@ class Daemon:
             "memory_bytes": None,
             "open_operations": 0,
             "attachments": [],
+            "refs": [],
             "workspace": row.workspace,
             "ended_at_unix": row.updated_at_unix,
         }

@@ -47,6 +47,7 @@ from .._grepfilter import required_literals
 from .._hostproc import EXEC_MARKER
 from ..base import PtyProcess, SandboxRuntime
 from .wire import MAX_PAYLOAD, AgentFailure, Channel, Header, connect_socket
+from .workload import WORKLOAD_NAME, open_task_files
 
 #: How long a request waits for the agent's next frame. The agent answers
 #: at once or beats a heartbeat every second (every two for a running command).
@@ -228,6 +229,8 @@ class AgentProcess(PtyProcess):
                     code = int(_number(header, "code"))
                     self._exit_code = code
                     self._oom_killed = header.get("oom") is True
+                    if self._oom_killed and self._runtime.on_oom is not None:
+                        self._runtime.on_oom()
                     if not self._exit.done():
                         self._exit.set_result(code)
                     break
@@ -307,9 +310,13 @@ class AgentRuntime(SandboxRuntime):
         provider_name: str,
         recover: Recover,
         default_user: str | None = None,
+        on_oom: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(sandbox_id, workdir)
         self.socket_path = socket_path
+        #: Told when the OOM killer ended a command (where the provider's own
+        #: watch cannot see it: in the workload's cgroup).
+        self.on_oom = on_oom
         self.provider_name = provider_name
         self.default_user = default_user
         self._recover = recover
@@ -632,6 +639,31 @@ class AgentRuntime(SandboxRuntime):
         matches.extend(await grep_contents(pattern, batch))
         matches.extend(await self.grep_files(pattern, big, limit))
         return sorted(matches, key=lambda m: (m.path, m.line_number))
+
+    async def place_workload(
+        self, dirs: Mapping[str, str], timeout: float = ANSWER_TIMEOUT
+    ) -> None:
+        """Have the agent start every command in the workload's cgroups
+        (``dirs``, by controller: see :mod:`.workload`). On a connection of its
+        own, as a ping: called while the agent is brought up, and AgentFailure
+        if it does not answer."""
+        fds = open_task_files(dirs)
+        channel: Channel | None = None
+        try:
+            channel = Channel(connect_socket(self.socket_path))
+            await channel.send_fds({"op": "workload", "name": WORKLOAD_NAME}, fds)
+            reply, _ = await channel.recv(timeout)
+            if reply["t"] == "err":
+                raise ProviderError(
+                    f"{self.provider_name} sandbox {self.sandbox_id}: its agent could not "
+                    f"enter the workload's cgroup: {str(reply.get('msg', ''))[:500]}"
+                )
+            _ok(reply)
+        finally:
+            for fd in fds:
+                os.close(fd)
+            if channel is not None:
+                channel.close()
 
     async def ping(self, timeout: float = ANSWER_TIMEOUT) -> int:
         """The agent's pid, once it answers (AgentFailure if it does not)."""

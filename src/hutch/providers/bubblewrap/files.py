@@ -27,13 +27,13 @@ import anyio.to_thread
 from ..._errors import (
     HutchError,
     InvalidArgument,
-    OutputLimitExceeded,
     SandboxFileNotFound,
     SandboxIsADirectory,
     SandboxUnavailable,
 )
 from ..._types import FileInfo
-from .._hostfs import info_from_stat, map_oserror
+from .._hostfs import call_mapped, info_from_stat, map_oserror, read_open_file, run_mapped
+from ..base import SandboxFiles
 
 T = TypeVar("T")
 
@@ -83,7 +83,17 @@ def _split(path: str) -> tuple[str, str]:
     return parent or ".", name
 
 
-class RootFiles:
+def _map_error(exc: OSError, path: str) -> HutchError:
+    """As on the host, and a path the kernel refused to resolve inside the
+    root (it would leave it, or loops) is not there."""
+    if exc.errno == errno.EXDEV:
+        return SandboxFileNotFound(f"{path} is outside the sandbox's files")
+    if exc.errno == errno.ELOOP:
+        return SandboxFileNotFound(f"{path}: too many levels of symbolic links")
+    return map_oserror(exc, path)
+
+
+class RootFiles(SandboxFiles):
     """File operations inside the directory tree ``root`` (the overlay's merged
     directory), never leaving it, whatever links the sandbox has made."""
 
@@ -133,46 +143,19 @@ class RootFiles:
 
     @staticmethod
     def _run(fn: Callable[[], T], path: str) -> T:
-        try:
-            return fn()
-        except HutchError:
-            raise
-        except OSError as exc:
-            if exc.errno == errno.EXDEV:
-                raise SandboxFileNotFound(f"{path} is outside the sandbox's files") from None
-            if exc.errno == errno.ELOOP:
-                raise SandboxFileNotFound(f"{path}: too many levels of symbolic links") from None
-            raise map_oserror(exc, path) from None
+        return call_mapped(fn, path, _map_error)
 
-    async def _maybe_thread(self, fn: Callable[[], T], path: str, big: bool) -> T:
-        if big:
-            return await anyio.to_thread.run_sync(lambda: self._run(fn, path))
-        return self._run(fn, path)
+    @staticmethod
+    async def _maybe_thread(fn: Callable[[], T], path: str, big: bool) -> T:
+        return await run_mapped(fn, path, in_thread=big, map_error=_map_error)
 
     # -- read ------------------------------------------------------------------
     def _read(self, path: str, limit: int) -> bytes:
         # O_NONBLOCK: opening a FIFO must not wait for a writer.
         with self._open(path, os.O_RDONLY | os.O_NONBLOCK) as fd:
-            st = os.fstat(fd)
-            if stat_mod.S_ISDIR(st.st_mode):
-                raise SandboxIsADirectory(f"{path} is a directory")
-            if not stat_mod.S_ISREG(st.st_mode):
-                # A FIFO or a device may never end (or never start): grep skips it.
-                raise InvalidArgument(f"{path} is not a regular file; read it with exec")
-            if st.st_size > limit:
-                raise OutputLimitExceeded(
-                    f"{path} is {st.st_size} bytes, over the read limit of {limit} bytes"
-                )
-            with os.fdopen(os.dup(fd), "rb") as fh:
-                # What fstat promised plus one byte to notice growth.
-                data = fh.read(st.st_size + 1)
-                if len(data) > st.st_size:
-                    data += fh.read(limit + 1 - len(data))
-            if len(data) > limit:
-                raise OutputLimitExceeded(f"{path} is over the read limit of {limit} bytes")
-            return data
+            return read_open_file(fd, path, limit)
 
-    async def read(self, path: str, limit: int) -> bytes:
+    async def read_file(self, path: str, limit: int) -> bytes:
         size = self._run(lambda: self._lstat_size(path), path)
         return await self._maybe_thread(
             lambda: self._read(path, limit), path, size > _THREAD_THRESHOLD
@@ -243,7 +226,7 @@ class RootFiles:
         finally:
             os.close(fd)
 
-    async def write(self, path: str, data: bytes) -> None:
+    async def write_file(self, path: str, data: bytes) -> None:
         await self._maybe_thread(
             lambda: self._write(path, data), path, len(data) > _THREAD_THRESHOLD
         )

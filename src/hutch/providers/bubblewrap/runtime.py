@@ -26,10 +26,10 @@ from ..._errors import (
     SandboxPermissionDenied,
     SandboxUnavailable,
 )
-from ..._types import FileInfo, OutputChunk
+from ..._types import OutputChunk
 from .._hostproc import EXEC_MARKER, SANDBOX_MARKER, HostProcess
 from ..agent.runtime import AgentRuntime, Recover
-from ..base import BackendProcess, SandboxRuntime
+from ..base import BackendProcess, FilesRuntime
 from .cgroups import JOIN_AND_EXEC, SandboxCgroup
 from .files import RootFiles
 from .provisioning import KEEPER_MARKER, Keeper, Layers, seccomp_fd
@@ -125,13 +125,13 @@ class AgentWithNativeUsers(AgentRuntime):
         return OomWatch(inner, self._native.parts.cgroup)
 
 
-class BubblewrapRuntime(SandboxRuntime):
+class BubblewrapRuntime(FilesRuntime):
     provider = "bubblewrap"
 
     def __init__(self, sandbox_id: str, workdir: str, parts: SandboxParts) -> None:
         super().__init__(sandbox_id, workdir)
         self.parts = parts
-        self.files = RootFiles(lambda: parts.layers.merged_view, self._check_view)
+        self.files: RootFiles = RootFiles(lambda: parts.layers.merged_view, self._check_view)
         self._shell: str | None = None
 
     def _check_view(self) -> None:
@@ -182,7 +182,7 @@ class BubblewrapRuntime(SandboxRuntime):
 
     async def _user_ids(self, user: str) -> tuple[int, int]:
         try:
-            passwd = (await self.files.read("/etc/passwd", 16 * 1024 * 1024)).decode(
+            passwd = (await self.files.read_file("/etc/passwd", 16 * 1024 * 1024)).decode(
                 errors="replace"
             )
         except FileNotFoundError:
@@ -278,25 +278,6 @@ class BubblewrapRuntime(SandboxRuntime):
         if keeper is None:
             return 0
         return _count_busy(self.parts.cgroup.pids(), {keeper.outer_pid, keeper.init_pid})
-
-    # -- files -------------------------------------------------------------------
-    async def read_file(self, path: str, limit: int) -> bytes:
-        return await self.files.read(path, limit)
-
-    async def write_file(self, path: str, data: bytes) -> None:
-        await self.files.write(path, data)
-
-    async def stat(self, path: str) -> FileInfo:
-        return await self.files.stat(path)
-
-    async def list_dir(self, path: str) -> list[FileInfo]:
-        return await self.files.list_dir(path)
-
-    async def remove(self, path: str, recursive: bool) -> None:
-        await self.files.remove(path, recursive)
-
-    async def walk_files(self, root: str) -> list[str]:
-        return await self.files.walk_files(root)
 
 
 def _count_busy(pids: list[int], keeper_pids: set[int]) -> int:

@@ -17,18 +17,17 @@ import stat as stat_mod
 import subprocess
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 import anyio.to_thread
 from pydantic import ConfigDict, Field
 
 from ..._errors import InvalidArgument, ProviderError, SandboxUnavailable
-from ..._types import Capabilities, FileInfo
+from ..._types import Capabilities
 from .._hostproc import SANDBOX_MARKER
 from ..agent import AgentFailure, AgentUnavailable, agent_binary
 from ..base import (
-    BackendProcess,
     ProviderSettings,
     ProviderSnapshot,
     RuntimeNotice,
@@ -213,6 +212,10 @@ class BubblewrapSandbox(SandboxBackend):
                 if not self._link_agent_socket():
                     raise AgentFailure("its socket is not there yet")
                 await self._agent.ping(timeout=max(0.5, deadline - time.monotonic()))
+                workload = self.parts.cgroup.workload_dirs()
+                if workload is not None:
+                    # Before any command: every one starts in the workload's cgroups.
+                    await self._agent.place_workload(workload)
                 return
             except AgentFailure as exc:
                 if time.monotonic() >= deadline or not (
@@ -388,7 +391,7 @@ class BubblewrapSandbox(SandboxBackend):
             sandbox._start_keeper()
             if network != "none":
                 # The host's resolver, reached through the masquerade.
-                await sandbox._runtime.files.write("/etc/resolv.conf", net.host_resolver())
+                await sandbox._runtime.files.write_file("/etc/resolv.conf", net.host_resolver())
             if sandbox._agent is not None:
                 await sandbox._await_agent()
         except BaseException:
@@ -571,42 +574,6 @@ class BubblewrapSandbox(SandboxBackend):
         self._closed = True
         _live.pop(self.sandbox_id, None)
         await self._destroy()
-
-    # -- the runtime, delegated (callers use .runtime) -----------------------------------
-    def shell_argv(self, command: str) -> list[str]:
-        return self._runtime.shell_argv(command)
-
-    async def start_process(
-        self,
-        argv: Sequence[str],
-        *,
-        cwd: str,
-        env: Mapping[str, str],
-        stdin: bytes | None,
-        user: str | None,
-    ) -> BackendProcess:
-        return await self._runtime.start_process(argv, cwd=cwd, env=env, stdin=stdin, user=user)
-
-    async def count_busy_processes(self) -> int:
-        return await self._runtime.count_busy_processes()
-
-    async def read_file(self, path: str, limit: int) -> bytes:
-        return await self._runtime.read_file(path, limit)
-
-    async def write_file(self, path: str, data: bytes) -> None:
-        await self._runtime.write_file(path, data)
-
-    async def stat(self, path: str) -> FileInfo:
-        return await self._runtime.stat(path)
-
-    async def list_dir(self, path: str) -> list[FileInfo]:
-        return await self._runtime.list_dir(path)
-
-    async def remove(self, path: str, recursive: bool) -> None:
-        await self._runtime.remove(path, recursive)
-
-    async def walk_files(self, root: str) -> list[str]:
-        return await self._runtime.walk_files(root)
 
 
 def _write_owner(sandbox_dir: str) -> None:

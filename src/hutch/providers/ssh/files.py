@@ -19,6 +19,7 @@ from ..._errors import (
     SandboxPermissionDenied,
 )
 from ..._types import FileInfo, FileType
+from ..base import SandboxFiles, require_regular
 from .connection import KeptConnection, lost
 from .process import run_helper
 
@@ -35,22 +36,17 @@ _CONNECTION_ERRORS = (OSError, asyncssh.SFTPConnectionLost, asyncssh.SFTPNoConne
 
 def _info(path: str, attrs: asyncssh.SFTPAttrs) -> FileInfo:
     mode = attrs.permissions or 0
-    if stat_mod.S_ISDIR(mode):
-        kind = FileType.DIRECTORY
-    elif stat_mod.S_ISREG(mode):
-        kind = FileType.FILE
-    elif stat_mod.S_ISLNK(mode):
-        kind = FileType.SYMLINK
-    else:
-        kind = FileType.OTHER
-    return FileInfo(path, kind, attrs.size or 0, stat_mod.S_IMODE(mode), float(attrs.mtime or 0))
+    return FileInfo(
+        path, FileType.of_mode(mode), attrs.size or 0, stat_mod.S_IMODE(mode),
+        float(attrs.mtime or 0),
+    )
 
 
 def _text(name: str | bytes) -> str:
     return name if isinstance(name, str) else name.decode("utf-8", "surrogateescape")
 
 
-class SftpFiles:
+class SftpFiles(SandboxFiles):
     """File operations on one destination, through its kept connection."""
 
     def __init__(self, kept: KeptConnection) -> None:
@@ -83,16 +79,12 @@ class SftpFiles:
             self._kept.forget_sftp(sftp)
             raise lost(self._kept.target, exc) from None
 
-    async def read(self, path: str, limit: int) -> bytes:
+    async def read_file(self, path: str, limit: int) -> bytes:
         async def op(sftp: asyncssh.SFTPClient) -> bytes:
             attrs = await sftp.stat(path)
-            mode = attrs.permissions or 0
-            if stat_mod.S_ISDIR(mode):
-                raise SandboxIsADirectory(f"{path} is a directory")
-            if not stat_mod.S_ISREG(mode):
-                # A FIFO or a device would hold the host's one SFTP server
-                # (and every file call after it) until something wrote to it.
-                raise InvalidArgument(f"{path} is not a regular file")
+            # A FIFO or a device would hold the host's one SFTP server (and
+            # every file call after it) until something wrote to it.
+            require_regular(attrs.permissions or 0, path)
             size = attrs.size or 0
             if size > limit:
                 raise OutputLimitExceeded(
@@ -129,7 +121,7 @@ class SftpFiles:
             ) from None
         return await sftp.open(path, "wb")
 
-    async def write(self, path: str, data: bytes) -> None:
+    async def write_file(self, path: str, data: bytes) -> None:
         async def op(sftp: asyncssh.SFTPClient) -> None:
             fh = await self._create(sftp, path)
             try:
@@ -139,7 +131,7 @@ class SftpFiles:
 
         await self._call(path, op)
 
-    async def write_from(self, path: str, source: IO[bytes]) -> None:
+    async def write_file_from(self, path: str, source: IO[bytes]) -> None:
         """Copy ``source`` to ``path`` a piece at a time: never whole in memory."""
 
         async def op(sftp: asyncssh.SFTPClient) -> None:

@@ -8,7 +8,7 @@ import dataclasses
 import re
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import IO, Any
+from typing import Any
 
 from ..._errors import (
     CapabilityUnsupported,
@@ -18,9 +18,9 @@ from ..._errors import (
     SandboxFileNotFound,
     SandboxUnavailable,
 )
-from ..._types import Capabilities, FileInfo, GrepMatch
+from ..._types import Capabilities, GrepMatch
 from .._grep import BATCH_BYTES, grep_contents
-from ..base import SandboxBackend
+from ..base import SANDBOX_MARKER, FilesRuntime, NativeBackend
 from .config import SshConfig
 from .connection import KeptConnection, SshTarget, acquire, lost, release
 from .files import SftpFiles
@@ -28,7 +28,6 @@ from .process import (
     CHANNEL_ERRORS,
     COUNT_SCRIPT,
     FAILED,
-    SANDBOX_MARKER,
     STARTED,
     SshProcess,
     SshPtyProcess,
@@ -66,7 +65,7 @@ _GREP_READS_AT_ONCE = 16
 _START_TIMEOUT = 60.0
 
 
-class SshSandbox(SandboxBackend):
+class SshSandbox(NativeBackend, FilesRuntime):
     provider = "ssh"
     # ``host_outlives_sandbox``: no lifecycle on the host; close leaves the
     # host and its files as they are. ``preview_url`` only for a sandbox
@@ -83,7 +82,7 @@ class SshSandbox(SandboxBackend):
         super().__init__(sandbox_id, config.working_directory)
         self.config = config
         self._kept = kept
-        self._files = SftpFiles(kept)
+        self.files = SftpFiles(kept)
         self._has_bash = has_bash
         self._closed = False
 
@@ -125,7 +124,7 @@ class SshSandbox(SandboxBackend):
         # directory is there. An unreachable host raises SandboxUnavailable
         # (cannot tell), which is not the same as gone.
         try:
-            await self._files.stat(self.workdir)
+            await self.files.stat(self.workdir)
         except FileNotFoundError:
             return False
         return True
@@ -226,28 +225,7 @@ class SshSandbox(SandboxBackend):
         )
         return int(out.strip() or b"0")
 
-    # -- files ----------------------------------------------------------------------
-    async def read_file(self, path: str, limit: int) -> bytes:
-        return await self._files.read(path, limit)
-
-    async def write_file(self, path: str, data: bytes) -> None:
-        await self._files.write(path, data)
-
-    async def write_file_from(self, path: str, source: IO[bytes]) -> None:
-        await self._files.write_from(path, source)
-
-    async def stat(self, path: str) -> FileInfo:
-        return await self._files.stat(path)
-
-    async def list_dir(self, path: str) -> list[FileInfo]:
-        return await self._files.list_dir(path)
-
-    async def remove(self, path: str, recursive: bool) -> None:
-        await self._files.remove(path, recursive)
-
-    async def walk_files(self, root: str) -> list[str]:
-        return await self._files.walk_files(root)
-
+    # -- files: SFTP (FilesRuntime forwards to self.files) ----------------------------
     async def grep_files(
         self, pattern: re.Pattern[str], paths: list[str], limit: int
     ) -> list[GrepMatch]:
@@ -256,7 +234,7 @@ class SshSandbox(SandboxBackend):
 
         async def read(path: str) -> bytes | None:
             try:
-                return await self._files.read(path, limit)
+                return await self.files.read_file(path, limit)
             except (IsADirectoryError, PermissionError, FileNotFoundError, InvalidArgument):
                 return None
 

@@ -43,6 +43,7 @@ func main() {
 		_, _, _ = syscall.RawSyscall(syscall.SYS_PRCTL, 36 /* PR_SET_CHILD_SUBREAPER */, 1, 0)
 	}
 	startReaper()
+	startSpawner()
 	signals := make(chan os.Signal, 1)
 	signal.Notify(signals, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	signal.Ignore(syscall.SIGPIPE)
@@ -125,6 +126,8 @@ func serve(nc *net.UnixConn) {
 			return // an exec owns its connection to the end
 		case "kill":
 			opErr = handleKill(c, h)
+		case "workload":
+			opErr = handleWorkload(c, h)
 		case "busy":
 			opErr = c.send(header{"t": "ok", "count": countBusy()}, nil)
 		case "read":

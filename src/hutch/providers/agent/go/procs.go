@@ -49,7 +49,7 @@ func startReaper() {
 func spawn(path string, argv []string, attr *syscall.ProcAttr) (int, chan syscall.WaitStatus, error) {
 	reapMu.Lock()
 	defer reapMu.Unlock()
-	pid, err := syscall.ForkExec(path, argv, attr)
+	pid, err := forkExec(path, argv, attr)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -632,10 +632,18 @@ func fail(what string, err error) {
 	os.Exit(126)
 }
 
-// oomKills: the OOM kills the sandbox's memory cgroup has counted (its own,
-// seen through the cgroup namespace), or -1 where it cannot tell.
+// oomKills: the OOM kills the memory cgroup of what the agent runs has
+// counted (the workload's, or the sandbox's own seen through the cgroup
+// namespace), or -1 where it cannot tell.
 func oomKills() int {
-	for _, path := range []string{"/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"} {
+	reapMu.Lock()
+	paths := []string{"/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"}
+	if workloadOOM != "" {
+		// The workload's own cgroup: cgroup v1 counts a kill where it happened only.
+		paths = []string{workloadOOM}
+	}
+	reapMu.Unlock()
+	for _, path := range paths {
 		data, err := os.ReadFile(path)
 		if err != nil {
 			continue
