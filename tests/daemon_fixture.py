@@ -86,6 +86,28 @@ class DaemonProcess:
                 self.kill()
         self.proc = None
 
+    def remove_everything(self) -> None:
+        """End what this daemon holds: workspaces, sandboxes, then snapshots,
+        leaves first (sandboxes outlive a daemon's stop by design, and a
+        snapshot outlives its sandbox). Starts it first if it was killed."""
+        import hutch
+
+        if self.proc is None:
+            self.start()
+        with hutch.Client(self.url, token=self.token) as c:
+            for ws in c.list_workspaces():
+                c.delete_workspace(ws["name"])
+            for sb in c.list_sandboxes():
+                c.delete_sandbox(sb["id"])
+            for _ in range(20):
+                snapshots = c.snapshots()
+                if not snapshots:
+                    break
+                parents = {s.parent_id for s in snapshots}
+                for s in snapshots:
+                    if s.id not in parents:
+                        c.delete_snapshot(s.id, force=True)
+
     def restart(self) -> DaemonProcess:
         self.kill()
         return self.start()

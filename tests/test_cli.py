@@ -26,6 +26,7 @@ HUTCH = [sys.executable, "-m", "hutch.cli.main"]
 def daemon() -> Iterator[DaemonProcess]:
     d = DaemonProcess().start()
     yield d
+    d.remove_everything()
     d.stop()
 
 

@@ -4,7 +4,6 @@ mid-fork (after a restart the store and the provider agree)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import threading
@@ -33,10 +32,7 @@ def daemon() -> Iterator[DaemonProcess]:
     d = DaemonProcess().start()
     yield d
     # Whatever a failing test left on the engine (images, containers) goes too.
-    if d.proc is None:
-        d.start()
-    with contextlib.suppress(Exception), client(d) as c:
-        cleanup(c)
+    d.remove_everything()
     d.stop()
     shutil.rmtree(d.data_dir, ignore_errors=True)
 
