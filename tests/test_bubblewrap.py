@@ -22,6 +22,7 @@ import pytest
 
 import hutch
 from hutch._types import OutputChunk
+from hutch.providers.base import ProcessRequest
 from tests.conftest import TEST_IMAGE
 from tests.hazards import FORK_BOMB
 
@@ -91,6 +92,30 @@ async def test_syscalls_that_reach_the_kernel_are_refused(sandbox: Any) -> None:
     assert "mount=0" not in result.stdout
 
 
+@pytest.mark.parametrize("runtime", ["agent", "native"])
+async def test_no_process_inside_takes_another_ones_descriptors(runtime: str) -> None:
+    """The keeper's processes hold host files (its log) and hutch's own
+    connections: pidfd_getfd on them (or on anything) is refused, as ptrace is."""
+    sb = await _make(runtime=runtime)
+    try:
+        result = await sb.exec(["perl", "-e", (
+            "opendir(my $d, '/proc') or die; "
+            "for my $pid (grep { /^[0-9]+$/ } readdir $d) { "
+            "  my $pidfd = syscall(434, $pid + 0, 0); next if $pidfd < 0; "
+            "  for my $fd (0..16) { "
+            "    my $got = syscall(438, $pidfd, $fd, 0); "
+            "    print \"took $pid/$fd\\n\" if $got >= 0; "
+            "    print \"refused $pid/$fd\\n\" if $got < 0 && $! + 0 == 1; "  # EPERM
+            "  } "
+            "}"
+        )])
+        assert result.exit_code == 0, result
+        assert "took" not in result.stdout, result.stdout
+        assert "refused 1/0" in result.stdout  # bwrap's init, whose stdio is a host file
+    finally:
+        await sb.close()
+
+
 async def test_no_connection_leaves_the_sandbox(sandbox: Any) -> None:
     # A listener on the host's loopback: the sandbox's loopback is its own.
     with socket.socket() as server:
@@ -120,6 +145,35 @@ def _host_addresses() -> list[str]:
             if not address.startswith("127."):
                 found.append(address)
     return sorted(set(found))
+
+
+async def test_each_sandbox_has_a_network_of_its_own() -> None:
+    """Network namespaces are made ahead of time: each still serves one
+    sandbox only (a server on one's loopback is not reached from another's)."""
+    first, second = await _make(), await _make()
+    try:
+        probe = (
+            "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 4242), 2)'"
+        )
+        await first.exec(
+            "nohup python3 -c 'import socket,time; s=socket.socket(); "
+            "s.bind((\"127.0.0.1\", 4242)); s.listen(); time.sleep(60)' >/dev/null 2>&1 &"
+        )
+        for _ in range(100):
+            if (await first.exec(probe)).exit_code == 0:
+                break
+            await anyio.sleep(0.05)
+        else:
+            raise AssertionError("the server in the first sandbox never listened")
+        assert (await second.exec(probe)).exit_code != 0
+        inodes = [
+            int((await sb.exec("stat -L -c %i /proc/self/ns/net")).stdout) for sb in (first, second)
+        ]
+        assert inodes[0] != inodes[1]
+        assert os.stat("/proc/self/ns/net").st_ino not in inodes
+    finally:
+        await first.close()
+        await second.close()
 
 
 async def test_host_files_outside_the_root_are_not_visible(sandbox: Any, canary: Any) -> None:
@@ -523,10 +577,9 @@ async def test_snapshot_and_forks_are_independent_copy_on_write(sandbox: Any) ->
         assert await branches[0].runtime.read_file("/workspace/shared.txt", 100) == b"branch 0"
         assert await branches[1].runtime.read_file("/workspace/shared.txt", 100) == b"branch 1"
         assert await sandbox.read_text("shared.txt") == "from the origin"
-        proc = await branches[0].runtime.start_process(
-            ["sh", "-c", "cat f1999; test -e /etc/motd; echo $?"], cwd="/workspace", env={},
-            stdin=None, user=None,
-        )
+        proc = await branches[0].runtime.start_process(ProcessRequest(
+            ["sh", "-c", "cat f1999; test -e /etc/motd; echo $?"], cwd="/workspace",
+        ))
         out = b""
         while (chunk := await proc.read()) is not None:
             out += chunk.data
@@ -583,6 +636,50 @@ async def test_network_all_reaches_out_but_not_the_host_metadata_or_other_sandbo
         finally:
             await sb.close()
             await other.close()
+
+
+async def test_preview_url_reaches_a_port_inside_from_the_host() -> None:
+    import httpx
+
+    sb = await _make(network="all")
+    closed = await _make()
+    try:
+        assert sb.capabilities.preview_url
+        # A one-page HTTP server (the image's python3 has no http.server).
+        await sb.write_text("serve.py", (
+            "import socket\n"
+            "s = socket.socket()\n"
+            "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+            "s.bind(('0.0.0.0', 8000))\n"
+            "s.listen()\n"
+            "while True:\n"
+            "    c, _ = s.accept()\n"
+            "    c.recv(65536)\n"
+            "    c.sendall(b'HTTP/1.0 200 OK\\r\\ncontent-length: 17\\r\\n\\r\\n'\n"
+            "              b'hello from inside')\n"
+            "    c.close()\n"
+        ))
+        server = await sb.start(["python3", "serve.py"])
+        url = await sb.preview_url(8000)
+        assert url.endswith(":8000")
+        async with httpx.AsyncClient(trust_env=False) as client:
+            for _ in range(100):
+                try:
+                    answer = await client.get(f"{url}/index.html", timeout=2)
+                    break
+                except httpx.TransportError:
+                    await anyio.sleep(0.05)
+            else:
+                raise AssertionError(f"nothing answered at {url}")
+        assert answer.text == "hello from inside"
+        await server.kill()
+        # With no network nothing outside reaches its ports: no URL, and why.
+        assert not closed.capabilities.preview_url
+        with pytest.raises(hutch.CapabilityUnsupported, match="preview_url"):
+            await closed.preview_url(8000)
+    finally:
+        await sb.close()
+        await closed.close()
 
 
 async def test_network_allow_list_reaches_only_what_it_names() -> None:

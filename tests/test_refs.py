@@ -110,9 +110,13 @@ async def test_activity_of_an_attached_session_keeps_it_awake() -> None:
     owner = await hutch.create_sandbox("virtual", engine=engine, idle_suspend_after=1.0,
                                        read_before_write=False)
     worker = await hutch.attach(await owner.ref())
+    slept = None
     for i in range(12):  # 3 s of work, three idle windows
         await worker.write_text("tick", str(i))
         assert owner.state is hutch.SandboxState.RUNNING, f"suspended under a busy worker ({i})"
+        # A write would resume it: that its time asleep never grows says it stayed up.
+        slept = owner.meter["suspended_s"] if slept is None else slept
+        assert owner.meter["suspended_s"] == slept, f"suspended under a busy worker ({i})"
         await asyncio.sleep(0.25)
     deadline = asyncio.get_running_loop().time() + 10
     while owner.state is not hutch.SandboxState.SUSPENDED:  # idle for real: it sleeps

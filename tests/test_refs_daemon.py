@@ -105,9 +105,14 @@ def test_in_process_attached_sessions_through_the_sdk(daemon: DaemonProcess) -> 
         owner.write_text("shared.txt", "v1")
         owner.read_text("shared.txt")
         with hutch.Client(daemon.url, token="") as stranger:
-            attached = stranger.attach(owner.ref())
+            ref = owner.ref()
+            attached, twin = stranger.attach(ref), stranger.attach(ref)
         with pytest.raises(hutch.ReadBeforeWrite):
             attached.write_text("shared.txt", "v2")  # the owner's read is not its own
+        twin.read_text("shared.txt")
+        with pytest.raises(hutch.ReadBeforeWrite):
+            attached.write_text("shared.txt", "v2")  # nor is another session's, same ref
+        twin.close()
         attached.read_text("shared.txt")
         attached.write_text("shared.txt", "v2")
         attached.close()
@@ -206,9 +211,14 @@ def test_a_busy_worker_keeps_the_sandbox_from_idle_suspend(daemon: DaemonProcess
     with hutch.Client(daemon.url, token=daemon.token) as c:
         owner = c.create_sandbox("virtual", idle_suspend_after=1, read_before_write=False)
         attached = c.attach(owner.ref())
+        slept = None
         for i in range(12):  # three idle windows of work, from the worker alone
             attached.write_text("tick", str(i))
-            assert owner.status().state == "running", f"suspended under a busy worker ({i})"
+            status = owner.status()
+            assert status.state == "running", f"suspended under a busy worker ({i})"
+            # A write would resume it: that its time asleep never grows says it stayed up.
+            slept = status.meter["suspended_s"] if slept is None else slept
+            assert status.meter["suspended_s"] == slept, f"suspended under a busy worker ({i})"
             time.sleep(0.25)
         deadline = time.monotonic() + 15
         while owner.status().state != "suspended":  # once the worker stops, it sleeps

@@ -55,7 +55,14 @@ from ._types import (
 )
 from .lifecycle.state import SandboxState
 from .providers._grep import grep_output_budget
-from .providers.base import BackendProcess, PtyProcess, SandboxBackend, SandboxRuntime, join_path
+from .providers.base import (
+    BackendProcess,
+    ProcessRequest,
+    PtyProcess,
+    SandboxBackend,
+    SandboxRuntime,
+    sandbox_path,
+)
 
 if TYPE_CHECKING:
     from .config import SandboxSpec
@@ -157,26 +164,6 @@ class Sandbox:
     def _gate(self) -> LifecycleGate | None:
         return self._live.gate
 
-    @_gate.setter
-    def _gate(self, gate: LifecycleGate | None) -> None:
-        self._live.gate = gate
-
-    @property
-    def _record(self) -> LifecycleRecord | None:
-        return self._live.record
-
-    @_record.setter
-    def _record(self, record: LifecycleRecord | None) -> None:
-        self._live.record = record
-
-    @property
-    def _closed(self) -> bool:
-        return self._live.closed
-
-    @_closed.setter
-    def _closed(self, closed: bool) -> None:
-        self._live.closed = closed
-
     @property
     def _open_ops(self) -> int:
         return self._live.open_ops
@@ -184,6 +171,18 @@ class Sandbox:
     @_open_ops.setter
     def _open_ops(self, count: int) -> None:
         self._live.open_ops = count
+
+    # -- the lifecycle seam: what a lifecycle engine sets and reads ---------------------
+    @property
+    def lifecycle_record(self) -> LifecycleRecord | None:
+        """The lifecycle engine's record of this live sandbox (None: untracked)."""
+        return self._live.record
+
+    def track(self, gate: LifecycleGate, record: LifecycleRecord) -> None:
+        """Put this live sandbox (every session on it) under ``gate``, which
+        keeps ``record`` of it."""
+        self._live.gate = gate
+        self._live.record = record
 
     # -- identity -------------------------------------------------------------
     @property
@@ -211,7 +210,7 @@ class Sandbox:
     @property
     def closed(self) -> bool:
         """Closed (by its owner, or reaped), or, for an attached session, detached."""
-        return self._closed or self._detached
+        return self._live.closed or self._detached
 
     @property
     def open_operations(self) -> int:
@@ -229,13 +228,13 @@ class Sandbox:
             raise SandboxUnavailable(
                 f"this session detached from sandbox {self.id}; attach again with a ref"
             )
-        if self._ref is not None and not self._closed:
+        if self._ref is not None and not self._live.closed:
             # As through a server: a revoked or expired ref is refused at every call.
             self._ref.check_usable(time.time())
         if self._gate is not None:
             # The gate knows why a sandbox is gone (expired, closed) and says so.
             await self._gate.enter(self, name, activity=activity)
-        if self._closed:
+        if self._live.closed:
             raise SandboxUnavailable(closed_message(self.id))
         self._open_ops += 1
         try:
@@ -253,11 +252,7 @@ class Sandbox:
 
     def path(self, path: str) -> str:
         """The absolute path inside the sandbox that ``path`` names."""
-        if not isinstance(path, str):
-            raise InvalidArgument(f"path must be a string, not {type(path).__name__}")
-        if "\0" in path:
-            raise InvalidArgument(f"path {path!r} contains a NUL byte")
-        return join_path(self.workdir, path)
+        return sandbox_path(self.workdir, path)
 
     # -- exec ---------------------------------------------------------------------
     def _argv(self, cmd: Command) -> list[str]:
@@ -283,13 +278,13 @@ class Sandbox:
             self.require("users")
         if isinstance(stdin, str):
             stdin = stdin.encode()
-        return await self._runtime.start_process(
+        return await self._runtime.start_process(ProcessRequest(
             self._argv(cmd),
             cwd=self.path(cwd) if cwd is not None else self.workdir,
             env=dict(env or {}),
             stdin=stdin,
             user=user,
-        )
+        ))
 
     async def exec(
         self,
@@ -391,8 +386,11 @@ class Sandbox:
         argv = ["bash"] if cmd is None else self._argv(cmd)
         async with self._operation("pty"):
             proc = await self._runtime.start_pty(
-                argv, cwd=self.path(cwd) if cwd is not None else self.workdir,
-                env={"TERM": "xterm-256color", **(env or {})}, user=user, rows=rows, cols=cols,
+                ProcessRequest(
+                    argv, cwd=self.path(cwd) if cwd is not None else self.workdir,
+                    env={"TERM": "xterm-256color", **(env or {})}, user=user,
+                ),
+                rows=rows, cols=cols,
             )
             try:
                 yield proc
@@ -587,9 +585,9 @@ class Sandbox:
 
     @property
     def state(self) -> SandboxState:
-        if self._record is not None:
-            return self._record.state
-        return SandboxState.TERMINATED if self._closed else SandboxState.RUNNING
+        if self.lifecycle_record is not None:
+            return self.lifecycle_record.state
+        return SandboxState.TERMINATED if self._live.closed else SandboxState.RUNNING
 
     def status(self) -> SandboxStatus:
         """State, reason, deadline, idle time and meter. Reading it is not activity."""
@@ -671,7 +669,7 @@ class Sandbox:
             async with self._gate.held(self):
                 handle = await self._backend.capture(sid, diff=diff)
         else:
-            if self._closed:
+            if self._live.closed:
                 raise SandboxUnavailable(f"sandbox {self.id} has been closed")
             handle = await self._backend.capture(sid, diff=diff)
         record = snapshot_record(
@@ -710,9 +708,9 @@ class Sandbox:
 
     async def _release(self) -> None:
         """Kill what runs and free the backend (the lifecycle engine's reaping)."""
-        if self._closed:
+        if self._live.closed:
             return
-        self._closed = True
+        self._live.closed = True
         await self._kill_processes()
         await self._backend.close()
 
@@ -724,11 +722,14 @@ class Sandbox:
             self._live.attached.pop(self.session_id, None)
             return
         try:
-            if self._closed:  # reaped: what serves it to attached sessions stops now
+            if self._live.closed:  # reaped: what serves it to attached sessions stops now
                 return
-            if self._gate is not None:
-                await self._gate.closed(self)
-            await self._release()
+            # Recorded ended and released as one: a caller that gives up meanwhile
+            # (a client gone) leaves neither a live record nor a runtime behind.
+            with anyio.CancelScope(shield=True):
+                if self._gate is not None:
+                    await self._gate.closed(self)
+                await self._release()
         finally:
             server, self._live.server = self._live.server, None
             if server is not None:
@@ -751,7 +752,7 @@ class Sandbox:
         if expires_in is not None:
             check_ref_lifetime(expires_in)
         async with self._live.server_lock:
-            if self._closed:
+            if self._live.closed:
                 raise SandboxUnavailable(closed_message(self.id))
             if self._live.server is None:
                 from .server.owner import OwnerServer
@@ -804,7 +805,7 @@ def check_ref_lifetime(expires_in: float) -> None:
 def attach_session(owner: Sandbox, ref: RefRow) -> Sandbox:
     """A new attached session on the live sandbox ``owner`` owns, through
     ``ref`` (checked by the caller)."""
-    if owner._closed:
+    if owner.closed:
         raise SandboxUnavailable(closed_message(owner.id))
     return owner._attached_session(ref)
 

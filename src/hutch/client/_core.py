@@ -42,7 +42,7 @@ from .._types import (
 )
 from ..lifecycle.engine import SandboxStatus
 from ..lifecycle.state import FINAL, SandboxState
-from ..providers.base import join_path
+from ..providers.base import sandbox_path
 
 SESSION_HEADER = "X-Hutch-Session"
 DEFAULT_URL = "http://127.0.0.1:8787"
@@ -56,7 +56,9 @@ class Call:
     path: str
     params: dict[str, Any] | None = None
     json: Any = None
-    content: bytes | None = None
+    #: The request body: bytes, or a binary file sent a piece at a time from
+    #: its position on (never read whole).
+    content: bytes | IO[bytes] | None = None
     #: Seconds to wait for the answer; None waits as long as it takes.
     timeout: float | None = 60.0
     #: The answer is NDJSON events, handed to the caller as they come.
@@ -492,9 +494,10 @@ class SandboxOps:
 
     @op
     def write_from(self, path: str, source: IO[bytes]) -> Op:
-        """Write what the binary file ``source`` holds, from its position on, to ``path``."""
-        yield Call("PUT", self._path("/files"), params={"path": path},
-                   content=bytes(source.read()), timeout=600)
+        """Write what the binary file ``source`` holds, from its position on, to
+        ``path``: sent a piece at a time, never whole in memory."""
+        yield Call("PUT", self._path("/files"), params={"path": path}, content=source,
+                   timeout=600)
 
     @op
     def write_text(self, path: str, text: str, *, encoding: str = "utf-8") -> Op:
@@ -624,11 +627,7 @@ class SandboxOps:
     # -- checks made here, as the in-process sandbox makes them ----------------------------
     def path(self, path: str) -> str:
         """The absolute path inside the sandbox that ``path`` names."""
-        if not isinstance(path, str):
-            raise InvalidArgument(f"path must be a string, not {type(path).__name__}")
-        if "\0" in path:
-            raise InvalidArgument(f"path {path!r} contains a NUL byte")
-        return join_path(self.workdir, path)
+        return sandbox_path(self.workdir, path)
 
     def require(self, capability: str) -> None:
         if not self.capabilities.supports(capability):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -427,10 +428,10 @@ class LocalHost(SandboxHost):
     def __init__(self, store: Store) -> None:
         self.store = store
         self._live: dict[str, Sandbox] = {}
-        #: The description this host last recorded of each of its sandboxes
-        #: (canonical JSON): a record that says otherwise was written by
-        #: another program, which has taken the sandbox over since.
-        self._recorded: dict[str, str] = {}
+        #: The state and description (canonical JSON) this host last recorded
+        #: or found of each of its sandboxes: a record that says otherwise was
+        #: written by another program, which has taken the sandbox over since.
+        self._recorded: dict[str, tuple[str, str]] = {}
         self._engines: weakref.WeakKeyDictionary[
             asyncio.AbstractEventLoop, LifecycleEngine
         ] = weakref.WeakKeyDictionary()
@@ -451,12 +452,21 @@ class LocalHost(SandboxHost):
         self, sandbox_id: str, old: SandboxState, new: SandboxState, reason: str | None
     ) -> None:
         sandbox = self._live.get(sandbox_id)
-        if sandbox is None:
+        known = self._recorded.get(sandbox_id)
+        if sandbox is None or known is None:
             return  # not in an instance yet (being made): its record comes with it
-        description = self.describe(sandbox)
-        await anyio.to_thread.run_sync(
-            self.store.record_instance_sandbox, sandbox_id, new.value, description
-        )
+        description = backend_of(sandbox).describe()
+        written = await anyio.to_thread.run_sync(functools.partial(
+            self.store.record_instance_sandbox, sandbox_id, new.value, description,
+            was=(known[0], json.loads(known[1])),
+        ))
+        if written:
+            self._recorded[sandbox_id] = (new.value, _canonical(description))
+        else:
+            # Another program has written since (it took the sandbox over):
+            # its record stands; this handle is dropped at the next ensure.
+            log.warning("sandbox %s: %s -> %s here not recorded: another program holds it "
+                        "now", sandbox_id, old.value, new.value)
 
     def _forget(self, sandbox: Sandbox) -> None:
         """Drop this host's handle of ``sandbox`` (it ended, or another
@@ -472,7 +482,7 @@ class LocalHost(SandboxHost):
             ended = sandbox.closed or sandbox.state in FINAL
             current = (
                 row.state == sandbox.state.value
-                and _canonical(row.description) == self._recorded.get(sandbox.id)
+                and (row.state, _canonical(row.description)) == self._recorded.get(sandbox.id)
             )
             if not ended and current:
                 if sandbox.state in (SandboxState.SUSPENDED, SandboxState.PAUSED):
@@ -511,7 +521,7 @@ class LocalHost(SandboxHost):
             backend, SandboxSpec.model_validate(row.spec), self.engine(), state=state
         )
         self._live[sandbox.id] = sandbox
-        self._recorded[sandbox.id] = _canonical(row.description)
+        self._recorded[sandbox.id] = (row.state, _canonical(row.description))
         if state is not SandboxState.RUNNING:
             try:
                 await sandbox.resume()
@@ -563,7 +573,8 @@ class LocalHost(SandboxHost):
 
     def describe(self, sandbox: Sandbox) -> dict[str, Any]:
         description = backend_of(sandbox).describe()
-        self._recorded[sandbox.id] = _canonical(description)
+        # What the instance is recorded with (the state beside it is the sandbox's).
+        self._recorded[sandbox.id] = (sandbox.state.value, _canonical(description))
         return description
 
 

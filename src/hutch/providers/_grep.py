@@ -157,6 +157,33 @@ async def grep_contents(
     return _matches(rows)
 
 
+class GrepBatches:
+    """File contents gathered as they are read and matched by
+    :func:`grep_contents` a batch of about :data:`BATCH_BYTES` at a time, so
+    that a large tree is never held in memory whole."""
+
+    def __init__(self, pattern: re.Pattern[str]) -> None:
+        self._pattern = pattern
+        self._matches: list[GrepMatch] = []
+        self._batch: list[tuple[str, bytes]] = []
+        self._size = 0
+
+    async def add(self, path: str, data: bytes) -> None:
+        self._batch.append((path, data))
+        self._size += len(data)
+        if self._size >= BATCH_BYTES:
+            await self._flush()
+
+    async def _flush(self) -> None:
+        self._matches.extend(await grep_contents(self._pattern, self._batch))
+        self._batch, self._size = [], 0
+
+    async def matches(self) -> list[GrepMatch]:
+        """Every match of what was added (the last batch matched now)."""
+        await self._flush()
+        return self._matches
+
+
 async def grep_host_files(
     pattern: re.Pattern[str], files: Sequence[tuple[str, str]], limit: int
 ) -> list[GrepMatch]:

@@ -40,6 +40,8 @@ def map_oserror(exc: OSError, path: str) -> HutchError:
         return SandboxFileNotFound(f"no such file or directory: {path}")
     if code == errno.EISDIR:
         return SandboxIsADirectory(f"{path} is a directory")
+    if code == errno.ENOTEMPTY:  # a directory removed without recursive
+        return SandboxIsADirectory(f"{path} is a non-empty directory; pass recursive=True")
     if code in (errno.EACCES, errno.EPERM, errno.EROFS):
         return SandboxPermissionDenied(f"permission denied: {path}")
     if code == errno.ENAMETOOLONG:
@@ -96,6 +98,27 @@ def read_open_file(fd: int, path: str, limit: int) -> bytes:
     return data
 
 
+async def read_open_file_pieces(fd: int, path: str, limit: int) -> AsyncGenerator[bytes, None]:
+    """The open file ``fd`` (``path``'s, a regular file of at most ``limit``
+    bytes: typed errors, before the first piece, otherwise) in pieces read in
+    a thread, so that it is never whole in memory. Closes ``fd``."""
+    try:
+        st = os.fstat(fd)
+        require_regular(st.st_mode, path)
+        if st.st_size > limit:
+            raise OutputLimitExceeded(
+                f"{path} is {st.st_size} bytes, over the read limit of {limit} bytes"
+            )
+        total = 0
+        while piece := await anyio.to_thread.run_sync(os.read, fd, _COPY_CHUNK):
+            total += len(piece)
+            if total > limit:
+                raise OutputLimitExceeded(f"{path} is over the read limit of {limit} bytes")
+            yield piece
+    finally:
+        os.close(fd)
+
+
 class HostFiles(SandboxFiles):
     """File operations on a host directory tree that maps 1:1 to sandbox paths.
 
@@ -128,21 +151,14 @@ class HostFiles(SandboxFiles):
         if size <= _THREAD_THRESHOLD:
             yield await self.read_file(path, limit)
             return
-        fd = call_mapped(lambda: self._open_regular(path), path)
+        pieces = read_open_file_pieces(
+            call_mapped(lambda: self._open_regular(path), path), path, limit
+        )
         try:
-            size = os.fstat(fd).st_size
-            if size > limit:
-                raise OutputLimitExceeded(
-                    f"{path} is {size} bytes, over the read limit of {limit} bytes"
-                )
-            total = 0
-            while piece := await anyio.to_thread.run_sync(os.read, fd, _COPY_CHUNK):
-                total += len(piece)
-                if total > limit:
-                    raise OutputLimitExceeded(f"{path} is over the read limit of {limit} bytes")
+            async for piece in pieces:
                 yield piece
         finally:
-            os.close(fd)
+            await pieces.aclose()
 
     def _open_regular(self, path: str) -> int:
         """A descriptor of ``path``, a regular file (a typed error otherwise)."""
@@ -222,14 +238,7 @@ class HostFiles(SandboxFiles):
                 if recursive:
                     shutil.rmtree(host)
                 else:
-                    try:
-                        os.rmdir(host)
-                    except OSError as exc:
-                        if exc.errno == errno.ENOTEMPTY:
-                            raise SandboxIsADirectory(
-                                f"{path} is a non-empty directory; pass recursive=True"
-                            ) from None
-                        raise
+                    os.rmdir(host)
             else:
                 os.unlink(host)
 

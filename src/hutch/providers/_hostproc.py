@@ -15,12 +15,12 @@ import os
 import pwd
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from .._errors import InvalidArgument, SandboxFileNotFound, SandboxPermissionDenied
 from .._types import OutputChunk
 from ._pipes import OutputPipes
-from .base import EXEC_MARKER, SANDBOX_MARKER, BackendProcess
+from .base import EXEC_MARKER, SANDBOX_MARKER, BackendProcess, ProcessRequest
 
 __all__ = ["EXEC_MARKER", "SANDBOX_MARKER", "HostProcess", "pids_with_env", "spawn"]
 
@@ -105,26 +105,21 @@ def signal_exit_code(code: int) -> int:
     return 128 - code if code < 0 else code
 
 
-async def spawn(
-    argv: Sequence[str],
-    *,
-    cwd: str,
-    env: Mapping[str, str],
-    stdin: bytes | None,
-    user: str | None,
-    exec_id: str,
-) -> HostProcess:
+async def spawn(request: ProcessRequest, *, exec_id: str) -> HostProcess:
+    """Start ``request`` as a host process in a session of its own; its
+    ``env`` is the whole environment it gets."""
+    argv, cwd, stdin = list(request.argv), request.cwd, request.stdin
     if not os.path.isdir(cwd):
         raise SandboxFileNotFound(f"working directory {cwd} does not exist")
-    if user is not None:
+    if request.user is not None:
         # setpriv (util-linux), not user= or preexec_fn: uvloop (the daemon's
         # loop) has no user=, and switches before it enters cwd.
-        argv = [*_as_user(user), *argv]
+        argv = [*_as_user(request.user), *argv]
     try:
         proc = await asyncio.create_subprocess_exec(
             *argv,
             cwd=cwd,
-            env=dict(env),
+            env=dict(request.env),
             stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

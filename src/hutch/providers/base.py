@@ -49,7 +49,7 @@ from .._errors import (
 )
 from .._globmatch import compile_glob
 from .._types import Capabilities, FileInfo, FileType, GrepMatch, OutputChunk
-from ._grep import BATCH_BYTES, grep_contents
+from ._grep import GrepBatches
 
 
 class BackendProcess(abc.ABC):
@@ -139,6 +139,20 @@ class PtyProcess(BackendProcess):
 
     @abc.abstractmethod
     async def resize(self, rows: int, cols: int) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessRequest:
+    """A command a runtime is asked to start: ``argv`` in ``cwd`` (absolute,
+    inside the sandbox), with ``env`` over the sandbox's own environment,
+    ``stdin`` fed and then closed (None: no input), as ``user`` (None: the
+    sandbox's default user)."""
+
+    argv: Sequence[str]
+    cwd: str
+    env: Mapping[str, str] = field(default_factory=dict)
+    stdin: bytes | None = None
+    user: str | None = None
 
 
 #: In the environment of every command hutch starts: its own id, and its sandbox's.
@@ -237,15 +251,7 @@ class SandboxRuntime(SandboxPart, SandboxFiles):
         """The argv that runs a shell string: bash where there is one, else sh."""
         return ["bash", "-c", command]
 
-    async def start_process(
-        self,
-        argv: Sequence[str],
-        *,
-        cwd: str,
-        env: Mapping[str, str],
-        stdin: bytes | None,
-        user: str | None,
-    ) -> BackendProcess:
+    async def start_process(self, request: ProcessRequest) -> BackendProcess:
         raise CapabilityUnsupported.for_provider(self.provider, "processes")
 
     async def count_busy_processes(self) -> int:
@@ -259,10 +265,10 @@ class SandboxRuntime(SandboxPart, SandboxFiles):
         Written once on ``start_process``: a script in the sandbox kills what
         carries an exec marker and this sandbox's marker, all but itself.
         """
-        proc = await self.start_process(
+        proc = await self.start_process(ProcessRequest(
             ["sh", "-c", _END_LEFTOVERS, "hutch-end", f"{SANDBOX_MARKER}={self.sandbox_id}"],
-            cwd="/", env={}, stdin=None, user=None,
-        )
+            cwd="/",
+        ))
         out = []
         while (chunk := await proc.read()) is not None:
             if chunk.stream == "stdout":
@@ -275,18 +281,10 @@ class SandboxRuntime(SandboxPart, SandboxFiles):
             )
         return int(words[-1])
 
-    async def start_pty(
-        self,
-        argv: Sequence[str],
-        *,
-        cwd: str,
-        env: Mapping[str, str],
-        user: str | None,
-        rows: int,
-        cols: int,
-    ) -> PtyProcess:
-        """Start ``argv`` on a pseudo-terminal of ``rows`` x ``cols`` (an
-        interactive shell); a runtime that has none says so."""
+    async def start_pty(self, request: ProcessRequest, rows: int, cols: int) -> PtyProcess:
+        """Start ``request`` (its ``stdin`` unused: what is typed is written)
+        on a pseudo-terminal of ``rows`` x ``cols`` (an interactive shell); a
+        runtime that has none says so."""
         raise CapabilityUnsupported(
             f"the {self.runtime_name} runtime of sandbox {self.sandbox_id} has no "
             "pseudo-terminal (hutch's agent runtime has one)"
@@ -323,9 +321,7 @@ class SandboxRuntime(SandboxPart, SandboxFiles):
     ) -> list[GrepMatch]:
         """The matching lines of ``paths``, by the one rule (:func:`grep_contents`),
         matched in a worker process; what is not a readable regular file is skipped."""
-        matches: list[GrepMatch] = []
-        batch: list[tuple[str, bytes]] = []
-        size = 0
+        batches = GrepBatches(pattern)
         for path in paths:
             try:
                 data = await self.read_file(path, limit)
@@ -340,13 +336,8 @@ class SandboxRuntime(SandboxPart, SandboxFiles):
                 # It said it was small and did not end (a procfs file such as
                 # /proc/1/pagemap): not a text file to search.
                 continue
-            batch.append((path, data))
-            size += len(data)
-            if size >= BATCH_BYTES:
-                matches.extend(await grep_contents(pattern, batch))
-                batch, size = [], 0
-        matches.extend(await grep_contents(pattern, batch))
-        return matches
+            await batches.add(path, data)
+        return await batches.matches()
 
 
 class FilesRuntime(SandboxRuntime):
@@ -564,3 +555,14 @@ def join_path(workdir: str, path: str) -> str:
     if not path:
         path = "."
     return posixpath.normpath(posixpath.join(workdir, path))
+
+
+def sandbox_path(workdir: str, path: object) -> str:
+    """A caller's ``path`` checked (a string, no NUL byte: InvalidArgument
+    otherwise) and resolved against ``workdir``: one rule for the in-process
+    sandbox and the client that checks before it sends."""
+    if not isinstance(path, str):
+        raise InvalidArgument(f"path must be a string, not {type(path).__name__}")
+    if "\0" in path:
+        raise InvalidArgument(f"path {path!r} contains a NUL byte")
+    return join_path(workdir, path)

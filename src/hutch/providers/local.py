@@ -8,11 +8,12 @@ its own under hutch's data directory, removed when the sandbox closes.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import anyio.to_thread
@@ -23,7 +24,7 @@ from .._types import Capabilities, GrepMatch
 from . import _layers
 from ._hostfs import HostFiles
 from ._hostproc import EXEC_MARKER, SANDBOX_MARKER, HostProcess, pids_with_env, spawn
-from .base import FilesRuntime, NativeBackend, ProviderSettings, ProviderSnapshot
+from .base import FilesRuntime, NativeBackend, ProcessRequest, ProviderSettings, ProviderSnapshot
 
 SECRET_SUFFIXES = ("_API_KEY", "_SECRET", "_TOKEN", "_PASSWORD", "_CREDENTIAL")
 #: A name containing any of these (case-insensitively) is a secret's.
@@ -189,22 +190,14 @@ class LocalSandbox(NativeBackend, FilesRuntime):
     def shell_argv(self, command: str) -> list[str]:
         return ["bash" if self._has_bash else "sh", "-c", command]
 
-    async def start_process(
-        self,
-        argv: Sequence[str],
-        *,
-        cwd: str,
-        env: Mapping[str, str],
-        stdin: bytes | None,
-        user: str | None,
-    ) -> HostProcess:
+    async def start_process(self, request: ProcessRequest) -> HostProcess:
         exec_id = uuid.uuid4().hex
         full_env = filter_env(os.environ)
         full_env.update(self._extra_env)
-        full_env.update(env)
+        full_env.update(request.env)
         full_env[EXEC_MARKER] = exec_id
         full_env[SANDBOX_MARKER] = self.sandbox_id
-        return await spawn(argv, cwd=cwd, env=full_env, stdin=stdin, user=user, exec_id=exec_id)
+        return await spawn(dataclasses.replace(request, env=full_env), exec_id=exec_id)
 
     async def count_busy_processes(self) -> int:
         return len(pids_with_env(SANDBOX_MARKER, self.sandbox_id))

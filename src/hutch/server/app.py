@@ -511,40 +511,63 @@ class BodyLimit:
 class CancelOnDisconnect:
     """Pure ASGI middleware: a request whose client goes away is cancelled.
 
-    Once a request's body is in, the only message left to receive is the
-    disconnect; a watcher waits for it and cancels the handler, so what the
-    call started (a command with no timeout, a grep) is killed rather than
-    left running for no one. Streaming responses end the same way.
+    Every HTTP request, whatever its method and whether its handler reads a
+    body or not: a pump owns the server's ``receive`` from the start, hands
+    the body on to the handler (one message at a time, so an upload is still
+    read only as fast as it is consumed), and once the body is in, waits for
+    the disconnect. If it comes before the response is complete, the handler
+    is cancelled, so what the call started inside a sandbox (a command, a
+    grep, a helper a listing or a removal runs) is killed rather than left
+    running for no one. Transitions shield themselves (see the lifecycle
+    engine): a pause or a suspend whose caller left still finishes.
     """
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # Reads (a status, a file) are short, and a stream notices its client
-        # going itself: only calls with a body pay for the watcher.
-        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        body_read = anyio.Event()
+        # One message may wait for the handler: the last piece of a body it
+        # has not read (a GET's empty one) waits there while the pump listens.
+        handed, taken = anyio.create_memory_object_stream[Message](1)
+        answered = False
 
-        async def tracked() -> Message:
-            message = await receive()
-            if message["type"] != "http.request" or not message.get("more_body", False):
-                body_read.set()
-            return message
+        async def answering(message: Message) -> None:
+            nonlocal answered
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                answered = True
+            await send(message)
+
+        async def body() -> Message:
+            try:
+                return await taken.receive()
+            except anyio.EndOfStream:
+                return {"type": "http.disconnect"}
 
         failure: Exception | None = None
         async with anyio.create_task_group() as group:
 
-            async def watch() -> None:
-                await body_read.wait()
-                if (await receive())["type"] == "http.disconnect":
-                    group.cancel_scope.cancel()
+            async def pump() -> None:
+                async with handed:
+                    while True:
+                        message = await receive()
+                        if message["type"] == "http.disconnect":
+                            # After the answer the server says "disconnect"
+                            # to every receive: only before it is the caller gone.
+                            if not answered:
+                                group.cancel_scope.cancel()
+                            return
+                        try:
+                            await handed.send(message)
+                        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                            return  # the handler is done with the body
 
-            group.start_soon(watch)
+            group.start_soon(pump)
             try:
-                await self.app(scope, tracked, send)
+                async with taken:
+                    await self.app(scope, body, answering)
             except Exception as exc:
                 failure = exc  # raised as itself below, not inside a group
             finally:
@@ -844,16 +867,14 @@ def create_app(
     neither starts nor stops it, nor changes anything process-wide.
     """
     settings = settings or ServerSettings()
-    holder: dict[str, Daemon] = {}
+    # A core given is its caller's to start and stop: the app answers through
+    # it at once, with no lifespan of its own (its server runs none).
+    holder: dict[str, Daemon] = {} if core is None else {"daemon": core}
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if core is not None:
-            holder["daemon"] = core
-            try:
-                yield
-            finally:
-                holder.pop("daemon", None)
+            yield
             return
         restore_watcher = use_pidfd_child_watcher()
         # Providers that keep files on the host keep them under the daemon's data dir.

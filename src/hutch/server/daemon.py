@@ -236,7 +236,7 @@ class Daemon:
     @staticmethod
     def _snapshot(row: SandboxRow, sandbox: Sandbox) -> None:
         """Copy what the engine knows and the store should outlive us with."""
-        if sandbox._record is None:
+        if sandbox.lifecycle_record is None:
             return
         status = sandbox.status()
         row.meter = dict(status.meter)
@@ -900,7 +900,7 @@ class Daemon:
         if status == "running" and live is not None:
             if live.state is SandboxState.SUSPENDED:
                 status = "suspended"  # suspended on idle; the next call resumes it
-            if live._record is not None:
+            if live.lifecycle_record is not None:
                 row.last_active_unix = live.status().last_active_unix
         return {
             "name": row.name,

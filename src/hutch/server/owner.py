@@ -109,7 +109,8 @@ class OwnerServer:
             listener.close()
             raise
         self._server = _EmbeddedServer(uvicorn.Config(
-            app, http=guarded_protocol(MAX_CONNECTIONS), loop="asyncio", log_config=None,
+            app, http=guarded_protocol(MAX_CONNECTIONS), loop="asyncio", lifespan="off",
+            log_config=None,
             log_level="warning", access_log=False, timeout_graceful_shutdown=GRACEFUL_SECONDS,
         ))
         self._task = self.loop.create_task(self._server.serve(sockets=[listener]))

@@ -248,10 +248,19 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def record_instance_sandbox(
-        self, sandbox_id: str, state: str, description: Mapping[str, Any]
-    ) -> None:
+        self,
+        sandbox_id: str,
+        state: str,
+        description: Mapping[str, Any],
+        *,
+        was: tuple[str, Mapping[str, Any]] | None = None,
+    ) -> bool:
         """A transition of ``sandbox_id``: the instances it runs record its
-        new state and description (none do: nothing changes)."""
+        new state and description. With ``was`` (the state and description
+        the writer last knew), only where the record still says so: a
+        program whose handle is out of date (another program took the
+        sandbox over since) never overwrites what that one wrote. Whether
+        any was written."""
 
     @abc.abstractmethod
     def take_lease(self, name: str, holder: str, seconds: float) -> bool:

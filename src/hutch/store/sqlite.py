@@ -456,13 +456,31 @@ class SQLiteStore(Store):
         self._write("DELETE FROM instances WHERE key = ?", (key,))
 
     def record_instance_sandbox(
-        self, sandbox_id: str, state: str, description: Mapping[str, Any]
-    ) -> None:
-        self._write(
-            "UPDATE instances SET state = ?, description = ?, updated_at_unix = ? "
-            "WHERE sandbox_id = ?",
-            (state, json.dumps(dict(description)), time.time(), sandbox_id),
-        )
+        self,
+        sandbox_id: str,
+        state: str,
+        description: Mapping[str, Any],
+        *,
+        was: tuple[str, Mapping[str, Any]] | None = None,
+    ) -> bool:
+        written = False
+        with self._transaction() as db:  # BEGIN IMMEDIATE: compare and set, atomically
+            rows = list(db.execute(
+                "SELECT key, state, description FROM instances WHERE sandbox_id = ?",
+                (sandbox_id,),
+            ))
+            for r in rows:
+                if was is not None and (
+                    r["state"] != was[0] or json.loads(r["description"]) != was[1]
+                ):
+                    continue
+                db.execute(
+                    "UPDATE instances SET state = ?, description = ?, updated_at_unix = ? "
+                    "WHERE key = ?",
+                    (state, json.dumps(dict(description)), time.time(), r["key"]),
+                )
+                written = True
+        return written
 
     def take_lease(self, name: str, holder: str, seconds: float) -> bool:
         now = time.time()

@@ -274,6 +274,19 @@ async def check_empty_command_is_rejected(sandbox: Any) -> None:
         await sandbox.exec([])
 
 
+async def check_a_command_killed_by_a_signal_exits_128_plus_n(sandbox: Any) -> None:
+    """The same number on every provider and runtime, run, streamed or started."""
+    if not await runs_processes(sandbox):
+        return
+    assert (await sandbox.exec("kill -TERM $$")).exit_code == 128 + 15
+    assert (await sandbox.exec(["sh", "-c", "kill -KILL $$"])).exit_code == 128 + 9
+    streamed = [e async for e in sandbox.exec_stream("kill -INT $$")
+                if isinstance(e, hutch.ExitStatus)]
+    assert [e.exit_code for e in streamed] == [128 + 2]
+    started = await sandbox.start(["sh", "-c", "kill -HUP $$"])
+    assert (await started.wait()).exit_code == 128 + 1
+
+
 EXEC_CASES: list[Case] = [
     check_stdout_stderr_and_exit_code_are_data,
     check_argv_runs_without_a_shell,
@@ -304,4 +317,5 @@ EXEC_CASES: list[Case] = [
     check_background_wait_timeout_leaves_it_running,
     check_invalid_timeout_is_rejected,
     check_empty_command_is_rejected,
+    check_a_command_killed_by_a_signal_exits_128_plus_n,
 ]

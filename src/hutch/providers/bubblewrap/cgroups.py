@@ -253,6 +253,8 @@ class SandboxCgroup:
             path = f"{self._dir('freezer')}/freezer.state"
             want = "FROZEN" if frozen else "THAWED"
             _write(path, want)
+            if not frozen:
+                return  # v1 thaws every task before the write returns
 
         def check() -> bool:
             text = _read(path)

@@ -18,9 +18,9 @@ import errno
 import os
 import shutil
 import stat as stat_mod
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import IO, TypeVar
 
 import anyio.to_thread
 
@@ -32,7 +32,14 @@ from ..._errors import (
     SandboxUnavailable,
 )
 from ..._types import FileInfo
-from .._hostfs import call_mapped, info_from_stat, map_oserror, read_open_file, run_mapped
+from .._hostfs import (
+    call_mapped,
+    info_from_stat,
+    map_oserror,
+    read_open_file,
+    read_open_file_pieces,
+    run_mapped,
+)
 from ..base import SandboxFiles
 
 T = TypeVar("T")
@@ -44,6 +51,8 @@ RESOLVE_IN_ROOT = 0x10
 _RESOLVE = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV
 #: Past this size, file I/O moves off the event loop.
 _THREAD_THRESHOLD = 1024 * 1024
+#: What one piece of an upload copied in holds.
+_COPY_PIECE = 1024 * 1024
 
 
 class _OpenHow(ctypes.Structure):
@@ -161,6 +170,26 @@ class RootFiles(SandboxFiles):
             lambda: self._read(path, limit), path, size > _THREAD_THRESHOLD
         )
 
+    async def read_file_pieces(self, path: str, limit: int) -> AsyncGenerator[bytes, None]:
+        """A small file whole (as :meth:`read_file`); a larger one in pieces
+        read in a thread from one descriptor, never whole in memory."""
+        size = self._run(lambda: self._lstat_size(path), path)
+        if size <= _THREAD_THRESHOLD:
+            yield await self.read_file(path, limit)
+            return
+
+        def opened() -> int:
+            # O_NONBLOCK: opening a FIFO must not wait for a writer.
+            with self._root_fd() as root:
+                return openat2(root, _relative(path), os.O_RDONLY | os.O_NONBLOCK)
+
+        pieces = read_open_file_pieces(self._run(opened, path), path, limit)
+        try:
+            async for piece in pieces:
+                yield piece
+        finally:
+            await pieces.aclose()
+
     def _lstat_size(self, path: str) -> int:
         with self._open(path, os.O_PATH) as fd:
             return os.fstat(fd).st_size
@@ -201,7 +230,8 @@ class RootFiles(SandboxFiles):
                 self._makedirs(root, _relative(path), path)
         self._run(run, path)
 
-    def _write(self, path: str, data: bytes) -> None:
+    def _open_for_write(self, path: str) -> int:
+        """``path`` opened for writing (truncated), its parents made, in the root."""
         rel = _relative(path)
         parent, _ = _split(path)
         with self._root_fd() as root:
@@ -218,11 +248,27 @@ class RootFiles(SandboxFiles):
                 if exc.errno == errno.EISDIR:
                     raise SandboxIsADirectory(f"{path} is a directory") from None
                 raise
+        return fd
+
+    @staticmethod
+    def _write_all(fd: int, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+
+    def _write(self, path: str, data: bytes) -> None:
+        fd = self._open_for_write(path)
         try:
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
+            self._write_all(fd, data)
+        finally:
+            os.close(fd)
+
+    def _write_from(self, path: str, source: IO[bytes]) -> None:
+        fd = self._open_for_write(path)
+        try:
+            while piece := source.read(_COPY_PIECE):
+                self._write_all(fd, piece)
         finally:
             os.close(fd)
 
@@ -230,6 +276,11 @@ class RootFiles(SandboxFiles):
         await self._maybe_thread(
             lambda: self._write(path, data), path, len(data) > _THREAD_THRESHOLD
         )
+
+    async def write_file_from(self, path: str, source: IO[bytes]) -> None:
+        """Copy ``source`` into ``path`` in pieces, in a thread: an upload is
+        never whole in memory."""
+        await self._maybe_thread(lambda: self._write_from(path, source), path, True)
 
     # -- metadata --------------------------------------------------------------
     def _lstat(self, path: str) -> os.stat_result:
@@ -277,14 +328,7 @@ class RootFiles(SandboxFiles):
                 # fd-based: never follows a link, even one swapped in meanwhile.
                 shutil.rmtree(name, dir_fd=parent)
                 return
-            try:
-                os.rmdir(name, dir_fd=parent)
-            except OSError as exc:
-                if exc.errno == errno.ENOTEMPTY:
-                    raise SandboxIsADirectory(
-                        f"{path} is a non-empty directory; pass recursive=True"
-                    ) from None
-                raise
+            os.rmdir(name, dir_fd=parent)
 
     async def remove(self, path: str, recursive: bool) -> None:
         await self._maybe_thread(lambda: self._remove(path, recursive), path, recursive)

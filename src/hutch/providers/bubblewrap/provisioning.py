@@ -29,6 +29,7 @@ is ``ephemeral`` (``--die-with-parent``), so a restarted daemon adopts it.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import json
 import logging
 import os
@@ -36,6 +37,8 @@ import queue
 import re
 import select
 import shutil
+import socket
+import struct
 import subprocess
 import threading
 import time
@@ -58,6 +61,10 @@ _libc.mount.argtypes = (
 _MNT_DETACH = 2
 _CLONE_NEWNS = 0x00020000
 _CLONE_FS = 0x00000200
+_CLONE_NEWNET = 0x40000000
+_SIOCGIFFLAGS = 0x8913
+_SIOCSIFFLAGS = 0x8914
+_IFF_UP = 0x1
 _MS_NOSUID = 0x2
 _MS_NODEV = 0x4
 _MS_REC = 0x4000
@@ -68,10 +75,8 @@ _BAD_LAYER_CHARS = re.compile(r"[:,\\\s]")
 JOINED_NAMESPACES = ("net", "ipc", "uts", "cgroup", "pid")
 #: In the keeper's environment only: how the busy count tells it apart.
 KEEPER_MARKER = "HUTCH_BWRAP_KEEPER"
-#: Where the agent's executable and its socket's directory are bound inside.
+#: Where the agent's executable is bound inside.
 AGENT_BINARY_PATH = "/.hutch/bin/hutch-agent"
-AGENT_DIR_PATH = "/.hutch/run"
-AGENT_SOCKET = "agent.sock"
 
 _SECCOMP: bytes | None = None
 
@@ -320,7 +325,8 @@ class Keeper:
 
 class _Starter:
     """The one thread of this process that starts keepers, each in a mount
-    namespace of its own and born in its sandbox's cgroups.
+    namespace of its own, in a network namespace of its own made ahead of
+    time, and born in its sandbox's cgroups.
 
     ``unshare(CLONE_NEWNS)`` in a thread gives that thread alone a new mount
     namespace (it unshares the thread's file system context, never the
@@ -328,44 +334,69 @@ class _Starter:
     tmpfs and overlay are mounted with two system calls, not by a chain of
     ``unshare``, ``sh``, ``mount`` and ``mkdir`` processes. Likewise the
     thread moves itself into the sandbox's cgroups (see
-    :meth:`SandboxCgroup.enter_thread`) and the keeper is born there. One
-    long-lived thread rather than one per sandbox, because a keeper started
-    with ``--die-with-parent`` dies when the *thread* that started it ends.
-    After each start the thread goes back to the host's mount namespace and
-    to its own cgroups: each sandbox's namespace is copied from the host's
-    (never from the last sandbox's), and no sandbox's mounts are kept alive
-    by the thread."""
+    :meth:`SandboxCgroup.enter_thread`) and the keeper is born there, and
+    it enters a fresh network namespace (loopback up, nothing else) that the
+    keeper inherits: made while the thread is idle (see :func:`_new_netns`),
+    because bringing a loopback up takes the kernel's network lock, which the
+    teardown of ended sandboxes' namespaces holds for milliseconds at a time.
+    Each namespace serves one sandbox only, as bwrap's ``--unshare-net``
+    would. One long-lived thread rather than one per sandbox, because a
+    keeper started with ``--die-with-parent`` dies when the *thread* that
+    started it ends. After each start the thread goes back to the host's
+    namespaces and to its own cgroups: each sandbox's mount namespace is
+    copied from the host's (never from the last sandbox's), and nothing of a
+    sandbox is kept alive by the thread."""
+
+    #: Network namespaces kept ready (each is a few kilobytes of the kernel's).
+    SPARE_NETNS = 2
+    #: How long the thread must be idle before it makes a spare one.
+    IDLE_BEFORE_SPARE = 0.02
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self._jobs: queue.Queue[_Job] = queue.Queue()
         self._thread: threading.Thread | None = None
 
-    def run(self, job: Callable[[bool], T], cgroup: SandboxCgroup) -> T:
+    def run(self, job: Callable[[bool], T], cgroup: SandboxCgroup, *, own_network: bool) -> T:
         """``job(joined)`` in the starter thread, in a fresh private mount
-        namespace; ``joined`` says whether the thread is in ``cgroup`` (what
-        it starts is born there) or the started process must join by itself."""
+        namespace and, with ``own_network``, a fresh network namespace;
+        ``joined`` says whether the thread is in ``cgroup`` (what it starts
+        is born there) or the started process must join by itself."""
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
                 # A forked child has none of its parent's threads.
-                self._jobs = queue.SimpleQueue()
+                self._jobs = queue.Queue()
                 self._thread = threading.Thread(
                     target=self._serve, args=(self._jobs,), name="hutch-bwrap-starter",
                     daemon=True,
                 )
                 self._thread.start()
             done: Future[T] = Future()
-            self._jobs.put((job, cgroup, done))
+            self._jobs.put((job, cgroup, own_network, done))
         return done.result()
 
-    @staticmethod
-    def _serve(jobs: queue.SimpleQueue[_Job]) -> None:
-        host = os.open("/proc/thread-self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    def _serve(self, jobs: queue.Queue[_Job]) -> None:
+        host_mnt = os.open("/proc/thread-self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        host_net = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
         home = thread_home()
+        spares: list[int] = []
+        refill = True
         # A file system context of this thread's own: setns needs it unshared.
         broken = "" if _libc.unshare(_CLONE_FS) == 0 else f"unshare(CLONE_FS): {_errno_text()}"
         while True:
-            job, cgroup, done = jobs.get()
+            wanted = refill and not broken and len(spares) < self.SPARE_NETNS
+            try:
+                job, cgroup, own_network, done = jobs.get(
+                    timeout=self.IDLE_BEFORE_SPARE if wanted else None
+                )
+            except queue.Empty:
+                try:
+                    spares.append(_new_netns(host_net))
+                except ProviderError as exc:
+                    # Each start makes its own then, and says what fails.
+                    log.warning("bubblewrap starter: no spare network namespace: %s", exc)
+                    refill = False
+                continue
             if broken:
                 done.set_exception(ProviderError(f"cannot start a bubblewrap keeper: {broken}"))
                 continue
@@ -376,6 +407,12 @@ class _Starter:
             error: Exception | None = None
             try:
                 _mount(None, "/", None, _MS_REC | _MS_PRIVATE, None)
+                if own_network:
+                    netns = spares.pop() if spares else _new_netns(host_net)
+                    try:
+                        _setns(netns, _CLONE_NEWNET)
+                    finally:
+                        os.close(netns)  # what the keeper starts in holds it now
                 result = job(cgroup.enter_thread())
             except Exception as exc:
                 error = exc
@@ -384,21 +421,48 @@ class _Starter:
             # among the sandbox's.
             try:
                 leave_thread(home)
-            except OSError as exc:
-                broken = f"moving back to its own cgroups: {exc}"
+                _setns(host_net, _CLONE_NEWNET)
+            except (OSError, ProviderError) as exc:
+                broken = f"going back to its own cgroups and network: {exc}"
             if error is not None:
                 done.set_exception(error)
             else:
                 done.set_result(result)
-            if _libc.setns(host, _CLONE_NEWNS) != 0:
+            if _libc.setns(host_mnt, _CLONE_NEWNS) != 0:
                 broken = f"setns back to the host's mount namespace: {_errno_text()}"
             if broken:
-                # Never start another sandbox from a namespace or cgroup not the host's.
+                # Never start another sandbox from namespaces or cgroups not the host's.
                 log.error("bubblewrap starter: %s", broken)
             os.chdir("/")
 
 
-_Job = tuple[Callable[[bool], Any], SandboxCgroup, "Future[Any]"]
+_Job = tuple[Callable[[bool], Any], SandboxCgroup, bool, "Future[Any]"]
+
+
+def _setns(fd: int, kind: int) -> None:
+    if _libc.setns(fd, kind) != 0:
+        raise ProviderError(f"setns: {_errno_text()}")
+
+
+def _new_netns(host_net: int) -> int:
+    """A descriptor of a new network namespace with its loopback up (the
+    calling thread's own file system context required; it ends in
+    ``host_net`` again)."""
+    if _libc.unshare(_CLONE_NEWNET) != 0:
+        raise ProviderError(f"unshare(CLONE_NEWNET): {_errno_text()}")
+    try:
+        fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+                request = struct.pack("16sH14x", b"lo", 0)
+                flags = struct.unpack("16sH14x", fcntl.ioctl(sock, _SIOCGIFFLAGS, request))[1]
+                fcntl.ioctl(sock, _SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | _IFF_UP))
+        except OSError as exc:
+            os.close(fd)
+            raise ProviderError(f"bringing a sandbox's loopback up: {exc}") from None
+    finally:
+        _setns(host_net, _CLONE_NEWNET)
+    return fd
 
 
 def _errno_text() -> str:
@@ -428,28 +492,30 @@ def start_keeper(
     network: bool,
     ephemeral: bool,
     log_path: str,
-    agent: tuple[str, str] | None = None,
+    agent: tuple[str, int] | None = None,
     env: Mapping[str, str] | None = None,
     workdir: str = "/",
     timeout: float = 30.0,
 ) -> tuple[Keeper, subprocess.Popen[bytes]]:
     """Start the keeper: ``sh`` blocked on a pipe, or with ``agent`` (its
-    binary's and its socket directory's host paths) hutch's agent, serving
-    the runtime on a socket in that directory; ``env`` is what it (and so
+    binary's host path and a listening socket's descriptor) hutch's agent,
+    serving the runtime on that socket; ``env`` is what it (and so
     every command it starts) has as its environment."""
     block_r, block_w = os.pipe()
     info_r, info_w = os.pipe()
     ready_r, ready_w = os.pipe()
     filter_fd = seccomp_fd()
+    passed = [block_w, info_w, filter_fd]
     if agent is not None:
-        binary, agent_dir = agent
+        binary, listener = agent
+        passed.append(listener)
         keeper_command = [
-            "--ro-bind", binary, AGENT_BINARY_PATH, "--bind", agent_dir, AGENT_DIR_PATH,
+            "--ro-bind", binary, AGENT_BINARY_PATH,
             "--clearenv", *(a for k, v in (env or {}).items() for a in ("--setenv", k, v)),
             # In the working directory, as docker's keeper is: the agent
             # resolves a relative command against its own directory.
             "--chdir", workdir, "--",
-            AGENT_BINARY_PATH, "serve", f"{AGENT_DIR_PATH}/{AGENT_SOCKET}",
+            AGENT_BINARY_PATH, "serve-fd", str(listener),
         ]
     else:
         # Its stdin is a pipe whose write end it holds too: the read never ends.
@@ -457,8 +523,8 @@ def start_keeper(
     bwrap = [
         "bwrap", "--bind", layers.merged, "/", "--proc", "/proc", "--dev", "/dev",
         "--dir", workdir,
+        # The network namespace is the starter's, made for this keeper alone.
         "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup",
-        *([] if network else ["--unshare-net"]),
         "--hostname", hostname, "--cap-drop", "ALL", "--new-session",
         "--seccomp", str(filter_fd), "--info-fd", str(info_w),
         *(["--die-with-parent"] if ephemeral else []),
@@ -478,12 +544,12 @@ def start_keeper(
         with open(log_path, "ab") as log:
             return subprocess.Popen(
                 argv, env=env, stdin=block_r, stdout=log if agent else ready_w, stderr=log,
-                pass_fds=(block_w, info_w, filter_fd), start_new_session=True,
+                pass_fds=passed, start_new_session=True,
                 cwd="/",
             )
 
     try:
-        proc = _STARTER.run(mount_and_start, cgroup)
+        proc = _STARTER.run(mount_and_start, cgroup, own_network=not network)
     except BaseException:
         os.close(info_r)
         os.close(ready_r)
@@ -493,7 +559,7 @@ def start_keeper(
             os.close(fd)
     try:
         return _started_keeper(proc, info_r, ready_r if agent is None else None, log_path,
-                               timeout)
+                               timeout, own_network=not network)
     finally:
         os.close(info_r)
         os.close(ready_r)
@@ -501,7 +567,7 @@ def start_keeper(
 
 def _started_keeper(
     proc: subprocess.Popen[bytes], info_fd: int, ready_fd: int | None, log_path: str,
-    timeout: float,
+    timeout: float, *, own_network: bool,
 ) -> tuple[Keeper, subprocess.Popen[bytes]]:
     info = _read_info(info_fd, proc, timeout)
     if info is None:
@@ -514,6 +580,10 @@ def _started_keeper(
         namespaces[name] = os.stat(f"/proc/{init_pid}/ns/{name}").st_ino
     # The private mount namespace the overlay is mounted in (the outer bwrap's).
     namespaces["setup_mnt"] = os.stat(f"/proc/{proc.pid}/ns/mnt").st_ino
+    if own_network and namespaces["net"] == os.stat("/proc/self/ns/net").st_ino:
+        proc.kill()
+        proc.wait()
+        raise ProviderError("bubblewrap: the keeper came up in hutch's own network namespace")
     start = process_start_time(init_pid)
     if start is None:
         raise ProviderError(f"bubblewrap's init ended at once: {_tail(log_path)}")

@@ -13,11 +13,11 @@ files, and its orphans are reaped by the sandbox's own init.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import posixpath
 import subprocess
 import uuid
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..._errors import (
@@ -29,7 +29,7 @@ from ..._errors import (
 from ..._types import OutputChunk
 from .._hostproc import EXEC_MARKER, SANDBOX_MARKER, HostProcess
 from ..agent.runtime import AgentRuntime, Recover
-from ..base import BackendProcess, FilesRuntime
+from ..base import BackendProcess, FilesRuntime, ProcessRequest
 from .cgroups import JOIN_AND_EXEC, SandboxCgroup
 from .files import RootFiles
 from .provisioning import KEEPER_MARKER, Keeper, Layers, seccomp_fd
@@ -105,23 +105,12 @@ class AgentWithNativeUsers(AgentRuntime):
         return self._native.shell_argv(command)
 
     async def start_process(  # type: ignore[override]
-        self,
-        argv: Sequence[str],
-        *,
-        cwd: str,
-        env: Mapping[str, str],
-        stdin: bytes | None,
-        user: str | None,
-        pty: tuple[int, int] | None = None,
+        self, request: ProcessRequest, pty: tuple[int, int] | None = None
     ) -> BackendProcess:
-        if user is not None and pty is None:
-            return await self._native.start_process(
-                argv, cwd=cwd, env=env, stdin=stdin, user=user
-            )
-        env = {**self._native.parts.env, **env}
-        inner = await super().start_process(
-            argv, cwd=cwd, env=env, stdin=stdin, user=user, pty=pty
-        )
+        if request.user is not None and pty is None:
+            return await self._native.start_process(request)
+        request = dataclasses.replace(request, env={**self._native.parts.env, **request.env})
+        inner = await super().start_process(request, pty=pty)
         return OomWatch(inner, self._native.parts.cgroup)
 
 
@@ -193,21 +182,14 @@ class BubblewrapRuntime(FilesRuntime):
                 return int(fields[2]), int(fields[3])
         raise InvalidArgument(f"no such user {user!r} in sandbox {self.sandbox_id}")
 
-    async def start_process(
-        self,
-        argv: Sequence[str],
-        *,
-        cwd: str,
-        env: Mapping[str, str],
-        stdin: bytes | None,
-        user: str | None,
-    ) -> BackendProcess:
+    async def start_process(self, request: ProcessRequest) -> BackendProcess:
+        argv, cwd, stdin, user = request.argv, request.cwd, request.stdin, request.user
         keeper = self.parts.keeper
         if keeper is None:
             raise SandboxUnavailable(f"sandbox {self.sandbox_id} is not running")
         full_env = {"PATH": DEFAULT_PATH, "HOME": "/root", "LANG": "C.UTF-8"}
         full_env.update(self.parts.env)
-        full_env.update(env)
+        full_env.update(request.env)
         exec_id = uuid.uuid4().hex
         full_env[EXEC_MARKER] = exec_id
         full_env[SANDBOX_MARKER] = self.sandbox_id

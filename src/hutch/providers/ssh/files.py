@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import posixpath
 import stat as stat_mod
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import IO, TypeVar
 
 import asyncssh
@@ -79,17 +80,47 @@ class SftpFiles(SandboxFiles):
             self._kept.forget_sftp(sftp)
             raise lost(self._kept.target, exc) from None
 
+    @staticmethod
+    async def _readable_size(sftp: asyncssh.SFTPClient, path: str, limit: int) -> int:
+        attrs = await sftp.stat(path)
+        # A FIFO or a device would hold the host's one SFTP server (and
+        # every file call after it) until something wrote to it.
+        require_regular(attrs.permissions or 0, path)
+        size = attrs.size or 0
+        if size > limit:
+            raise OutputLimitExceeded(
+                f"{path} is {size} bytes, over the read limit of {limit} bytes"
+            )
+        return size
+
+    async def read_file_pieces(self, path: str, limit: int) -> AsyncGenerator[bytes, None]:
+        """The file in pieces of :data:`_PIECE` bytes as SFTP brings them: a
+        large file is never whole in memory. Errors come before the first."""
+
+        async def opened(sftp: asyncssh.SFTPClient) -> asyncssh.SFTPClientFile:
+            await self._readable_size(sftp, path, limit)
+            return await sftp.open(path, "rb")
+
+        fh = await self._call(path, opened)
+        try:
+            total = 0
+            while True:
+                piece: bytes = await self._call(path, lambda _: fh.read(_PIECE))
+                if not piece:
+                    break
+                total += len(piece)
+                if total > limit:
+                    raise OutputLimitExceeded(f"{path} is over the read limit of {limit} bytes")
+                yield piece
+            if total == 0:
+                yield b""
+        finally:
+            with contextlib.suppress(*_CONNECTION_ERRORS, asyncssh.SFTPError):
+                await fh.close()
+
     async def read_file(self, path: str, limit: int) -> bytes:
         async def op(sftp: asyncssh.SFTPClient) -> bytes:
-            attrs = await sftp.stat(path)
-            # A FIFO or a device would hold the host's one SFTP server (and
-            # every file call after it) until something wrote to it.
-            require_regular(attrs.permissions or 0, path)
-            size = attrs.size or 0
-            if size > limit:
-                raise OutputLimitExceeded(
-                    f"{path} is {size} bytes, over the read limit of {limit} bytes"
-                )
+            size = await self._readable_size(sftp, path, limit)
             async with sftp.open(path, "rb") as fh:
                 # What stat promised plus one byte, to notice a file that grew.
                 data: bytes = await fh.read(size + 1)

@@ -7,7 +7,7 @@ import asyncio
 import dataclasses
 import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from ..._errors import (
@@ -19,8 +19,8 @@ from ..._errors import (
     SandboxUnavailable,
 )
 from ..._types import Capabilities, GrepMatch
-from .._grep import BATCH_BYTES, grep_contents
-from ..base import SANDBOX_MARKER, FilesRuntime, NativeBackend
+from .._grep import GrepBatches
+from ..base import SANDBOX_MARKER, FilesRuntime, NativeBackend, ProcessRequest
 from .config import SshConfig
 from .connection import KeptConnection, SshTarget, acquire, lost, release
 from .files import SftpFiles
@@ -139,46 +139,21 @@ class SshSandbox(NativeBackend, FilesRuntime):
     def shell_argv(self, command: str) -> list[str]:
         return ["bash" if self._has_bash else "sh", "-c", command]
 
-    async def start_process(
-        self,
-        argv: Sequence[str],
-        *,
-        cwd: str,
-        env: Mapping[str, str],
-        stdin: bytes | None,
-        user: str | None,
-    ) -> SshProcess:
-        return await self._start(argv, cwd=cwd, env=env, stdin=stdin, user=user)
+    async def start_process(self, request: ProcessRequest) -> SshProcess:
+        return await self._start(request)
 
-    async def start_pty(
-        self,
-        argv: Sequence[str],
-        *,
-        cwd: str,
-        env: Mapping[str, str],
-        user: str | None,
-        rows: int,
-        cols: int,
-    ) -> SshPtyProcess:
-        process = await self._start(
-            argv, cwd=cwd, env=env, stdin=None, user=user, term_size=(cols, rows)
-        )
+    async def start_pty(self, request: ProcessRequest, rows: int, cols: int) -> SshPtyProcess:
+        process = await self._start(request, term_size=(cols, rows))
         assert isinstance(process, SshPtyProcess)
         return process
 
     async def _start(
-        self,
-        argv: Sequence[str],
-        *,
-        cwd: str,
-        env: Mapping[str, str],
-        stdin: bytes | None,
-        user: str | None,
-        term_size: tuple[int, int] | None = None,
+        self, request: ProcessRequest, term_size: tuple[int, int] | None = None
     ) -> SshProcess:
+        argv, cwd, user = request.argv, request.cwd, request.user
         exec_id = uuid.uuid4().hex
         command = command_line(
-            argv, cwd=cwd, env={**self.config.env, **env}, user=user,
+            argv, cwd=cwd, env={**self.config.env, **request.env}, user=user,
             exec_id=exec_id, sandbox_id=self.sandbox_id,
         )
         conn, process = await open_process(self._kept, command, term_size=term_size)
@@ -214,7 +189,7 @@ class SshSandbox(NativeBackend, FilesRuntime):
             raise lost(self._kept.target, exc) from None
         if term_size is not None:
             return SshPtyProcess(self._kept, conn, process, exec_id, None, interactive=True)
-        return SshProcess(self._kept, conn, process, exec_id, stdin)
+        return SshProcess(self._kept, conn, process, exec_id, request.stdin)
 
     async def count_busy_processes(self) -> int:
         # A failure propagates: the lifecycle engine takes "cannot tell" as busy.
@@ -238,21 +213,14 @@ class SshSandbox(NativeBackend, FilesRuntime):
             except (IsADirectoryError, PermissionError, FileNotFoundError, InvalidArgument):
                 return None
 
-        matches: list[GrepMatch] = []
-        batch: list[tuple[str, bytes]] = []
-        size = 0
+        batches = GrepBatches(pattern)
         for start in range(0, len(paths), _GREP_READS_AT_ONCE):
             chunk = paths[start:start + _GREP_READS_AT_ONCE]
             contents = await asyncio.gather(*(read(p) for p in chunk))
             for path, data in zip(chunk, contents, strict=True):
                 if data is not None:
-                    batch.append((path, data))
-                    size += len(data)
-            if size >= BATCH_BYTES:
-                matches.extend(await grep_contents(pattern, batch))
-                batch, size = [], 0
-        matches.extend(await grep_contents(pattern, batch))
-        return matches
+                    await batches.add(path, data)
+        return await batches.matches()
 
     async def preview_url(self, port: int) -> str:
         base = self.config.preview_url_base
