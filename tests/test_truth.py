@@ -316,6 +316,27 @@ def test_an_oom_killed_command_is_told_as_such(
         sb.close()
 
 
+@pytest.mark.docker
+def test_a_burst_of_oom_kills_is_told_once_with_its_count(daemon: DaemonProcess) -> None:
+    """A flood of processes over the memory limit has the OOM killer end them
+    by the dozen: the events say so in a line or two, not one line a kill."""
+    with client(daemon) as c:
+        sb = c.create_sandbox("docker", image=TEST_IMAGE, memory="64m", runtime="native")
+        sb.exec("for i in $(seq 40); do "
+                "(x=$(head -c 3000000 /dev/zero | tr '\\0' a); sleep 3) & done; wait",
+                timeout=60)
+        told: list[str] = []
+
+        def counted() -> bool:
+            told[:] = [e["message"] for e in c.events(sb.id) if "OOM killer" in e["message"]]
+            return any(" times in " in m for m in told)
+
+        wait_until(counted, 10, f"the burst is told with its count ({told})")
+        assert len(told) <= 2, told
+        assert sb.info()["state"] == "running"
+        sb.close()
+
+
 @pytest.mark.parametrize("provider", ["local", pytest.param("docker", marks=pytest.mark.docker)])
 def test_a_command_killed_by_a_signal_exits_128_plus_n(
     daemon: DaemonProcess, provider: str

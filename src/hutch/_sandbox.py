@@ -172,18 +172,6 @@ class Sandbox:
     def _open_ops(self, count: int) -> None:
         self._live.open_ops = count
 
-    # -- the lifecycle seam: what a lifecycle engine sets and reads ---------------------
-    @property
-    def lifecycle_record(self) -> LifecycleRecord | None:
-        """The lifecycle engine's record of this live sandbox (None: untracked)."""
-        return self._live.record
-
-    def track(self, gate: LifecycleGate, record: LifecycleRecord) -> None:
-        """Put this live sandbox (every session on it) under ``gate``, which
-        keeps ``record`` of it."""
-        self._live.gate = gate
-        self._live.record = record
-
     # -- identity -------------------------------------------------------------
     @property
     def provider(self) -> str:
@@ -585,8 +573,8 @@ class Sandbox:
 
     @property
     def state(self) -> SandboxState:
-        if self.lifecycle_record is not None:
-            return self.lifecycle_record.state
+        if self._live.record is not None:
+            return self._live.record.state
         return SandboxState.TERMINATED if self._live.closed else SandboxState.RUNNING
 
     def status(self) -> SandboxStatus:
@@ -701,17 +689,16 @@ class Sandbox:
         deadline: float = await self._engine().set_timeout(self, seconds)
         return deadline
 
-    async def _kill_processes(self) -> None:
+    async def _end_processes(self) -> None:
         for process in list(self._processes.values()):
             await process.kill()
         self._processes.clear()
 
-    async def _release(self) -> None:
-        """Kill what runs and free the backend (the lifecycle engine's reaping)."""
+    async def _reap(self) -> None:
         if self._live.closed:
             return
         self._live.closed = True
-        await self._kill_processes()
+        await self._end_processes()
         await self._backend.close()
 
     async def close(self) -> None:
@@ -729,7 +716,7 @@ class Sandbox:
             with anyio.CancelScope(shield=True):
                 if self._gate is not None:
                     await self._gate.closed(self)
-                await self._release()
+                await self._reap()
         finally:
             server, self._live.server = self._live.server, None
             if server is not None:
@@ -808,6 +795,45 @@ def attach_session(owner: Sandbox, ref: RefRow) -> Sandbox:
     if owner.closed:
         raise SandboxUnavailable(closed_message(owner.id))
     return owner._attached_session(ref)
+
+
+# -- the lifecycle seam: what a lifecycle engine (and the daemon over it) does to
+# an in-process sandbox; a sandbox's callers never need it, a remote one has none.
+
+
+def track(sandbox: Sandbox, gate: LifecycleGate, record: LifecycleRecord) -> None:
+    """Put the live sandbox (every session on it) under ``gate``, which keeps
+    ``record`` of it."""
+    sandbox._live.gate = gate
+    sandbox._live.record = record
+
+
+def lifecycle_record(sandbox: Sandbox) -> LifecycleRecord | None:
+    """The lifecycle engine's record of the live sandbox (None: untracked)."""
+    return sandbox._live.record
+
+
+async def end_processes(sandbox: Sandbox) -> None:
+    """Kill every background command and forget them (a suspend that does
+    not keep processes ends them)."""
+    await sandbox._end_processes()
+
+
+async def reap(sandbox: Sandbox) -> None:
+    """Kill what runs and free the backend, for every session on it (the
+    engine's reaping; an attached session's close only detaches)."""
+    await sandbox._reap()
+
+
+def forget_process(sandbox: Sandbox, process_id: str) -> None:
+    """Drop a command started by ``Sandbox.start`` from its list (one whose
+    output the daemon streamed to the end, or killed)."""
+    sandbox._processes.pop(process_id, None)
+
+
+def guard_enabled(sandbox: Sandbox) -> bool:
+    """Whether the session's read-before-write guardrail is on."""
+    return sandbox._guard.enabled
 
 
 def backend_of(sandbox: Sandbox) -> SandboxBackend:

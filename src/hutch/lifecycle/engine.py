@@ -37,7 +37,14 @@ from .._errors import (
     TimeoutExpired,
     TimeoutTooLarge,
 )
-from .._sandbox import backend_of, closed_message
+from .._sandbox import (
+    backend_of,
+    closed_message,
+    end_processes,
+    lifecycle_record,
+    reap,
+    track,
+)
 from .clock import Clock, RealClock, VirtualClock
 from .scheduler import Scheduler
 from .state import FINAL, SandboxState, check_transition
@@ -232,7 +239,7 @@ class LifecycleEngine:
                 except ValueError:
                     continue  # a key from a newer daemon: not ours to count
                 record.meter.seconds[counted] = float(value)
-        sandbox.track(self, record)
+        track(sandbox, self, record)
         self._sandboxes[sandbox.id] = sandbox
         if state is SandboxState.RUNNING:
             try:
@@ -254,7 +261,7 @@ class LifecycleEngine:
 
     @staticmethod
     def _record(sandbox: Sandbox) -> LifecycleRecord:
-        record = sandbox.lifecycle_record
+        record = lifecycle_record(sandbox)
         if record is None:
             raise SandboxUnavailable(f"sandbox {sandbox.id} is not tracked by a lifecycle engine")
         return record
@@ -294,7 +301,7 @@ class LifecycleEngine:
 
     def leave(self, sandbox: Sandbox, op: str, *, activity: bool) -> None:
         if activity:
-            record = sandbox.lifecycle_record
+            record = lifecycle_record(sandbox)
             if record is not None:
                 record.last_activity_mono = self.clock.monotonic()
 
@@ -418,7 +425,7 @@ class LifecycleEngine:
         try:
             if not sandbox.capabilities.suspend_keeps_processes:
                 # They die with the suspend; end them rather than leave handles hanging.
-                await sandbox._kill_processes()
+                await end_processes(sandbox)
         finally:
             record.transitioning = False
         backend = backend_of(sandbox)
@@ -463,7 +470,7 @@ class LifecycleEngine:
                 return
             await self._terminate_locked(sandbox, record, reason)
         self._forget(record)
-        await sandbox._release()
+        await reap(sandbox)
 
     async def runtime_died(self, sandbox: Sandbox, reason: str) -> bool:
         """The provider says the sandbox's runtime died outside hutch: if it
@@ -486,7 +493,7 @@ class LifecycleEngine:
             await self._transition(sandbox, SandboxState.FAILED, reason)
         self._forget(record)
         try:
-            await sandbox._release()
+            await reap(sandbox)
         except Exception:
             log.exception("sandbox %s: releasing it after its runtime died failed",
                           record.sandbox_id)
@@ -507,13 +514,13 @@ class LifecycleEngine:
         nothing is recorded. For a handle another program has since taken
         over (it suspended or resumed the sandbox): acting on it here would
         undo that program's work."""
-        record = sandbox.lifecycle_record
+        record = lifecycle_record(sandbox)
         if record is not None and self._sandboxes.get(sandbox.id) is sandbox:
             self._forget(record)
 
     async def closed(self, sandbox: Sandbox) -> None:
         """The owner closed the sandbox: forget its timers."""
-        record = sandbox.lifecycle_record
+        record = lifecycle_record(sandbox)
         if record is None:
             return
         async with record.lock:
@@ -618,7 +625,7 @@ class LifecycleEngine:
         return windows
 
     def _reschedule(self, sandbox: Sandbox) -> None:
-        record = sandbox.lifecycle_record
+        record = lifecycle_record(sandbox)
         if record is None or record.state in FINAL:
             return
         now = self.clock.monotonic()
@@ -663,7 +670,7 @@ class LifecycleEngine:
         if release or record.state is SandboxState.TERMINATED:
             self._forget(record)
             try:
-                await sandbox._release()
+                await reap(sandbox)
             except Exception:
                 log.exception("sandbox %s: releasing it after %s failed", sandbox_id, record.reason)
             return

@@ -50,7 +50,7 @@ from .._errors import (
 )
 from .._process import ExitStatus, Process
 from .._refwire import REF_PREFIX
-from .._sandbox import Sandbox
+from .._sandbox import Sandbox, forget_process
 from .._types import (
     DEFAULT_READ_LIMIT,
     DEFAULT_SEARCH_TIMEOUT,
@@ -1214,7 +1214,7 @@ def create_app(
             finally:
                 if process.running:
                     await process.kill()
-                sandbox._processes.pop(process.id, None)
+                forget_process(sandbox, process.id)
 
         return StreamingResponse(events(), media_type="application/x-ndjson")
 

@@ -44,7 +44,14 @@ from .._errors import (
 from .._guardrail import ReadBeforeWriteGuard, session_guard
 from .._paths import hutch_home
 from .._refwire import DaemonRef, decode_ref
-from .._sandbox import Sandbox, backend_of, check_ref_lifetime, new_sandbox_id
+from .._sandbox import (
+    Sandbox,
+    backend_of,
+    check_ref_lifetime,
+    guard_enabled,
+    lifecycle_record,
+    new_sandbox_id,
+)
 from .._snapshots import Snapshot, new_snapshot_id
 from ..config import OPTION_KEYS, SandboxSpec, resolve_spec
 from ..definitions import Definition, Definitions, DirSource, GitSource, SandboxHost
@@ -76,6 +83,9 @@ FINAL_STATES = (SandboxState.TERMINATED, SandboxState.FAILED)
 REMOTE_GIT_SCHEMES = ("https://", "http://", "git://")
 #: How soon a change the store could not keep (a runtime's death) is recorded again.
 STORE_RETRY_SECONDS = 2.0
+#: A runtime's notices of a sandbox (not deaths) that say the same with
+#: less than this many seconds between them are noted once, with their count.
+NOTICE_BURST_SECONDS = 1.0
 #: Longest snapshot label, and most branches one fork request makes.
 MAX_LABEL = 200
 MAX_FORK = 64
@@ -161,6 +171,9 @@ class Daemon:
         self._watchers: dict[type[SandboxBackend], asyncio.Task[None]] = {}
         #: Sandboxes adopted paused, whose earlier daemon's commands are ended on resume.
         self._leftovers: set[str] = set()
+        #: (sandbox id, message) -> [times a runtime said it in the burst open
+        #: now, when it last did (monotonic)].
+        self._notice_bursts: dict[tuple[str, str], list[float]] = {}
         self.engine = LifecycleEngine(
             timeout_ceiling=timeout_ceiling, on_transition=self._persist_transition,
             on_deadline=self._persist_deadline,
@@ -236,7 +249,7 @@ class Daemon:
     @staticmethod
     def _snapshot(row: SandboxRow, sandbox: Sandbox) -> None:
         """Copy what the engine knows and the store should outlive us with."""
-        if sandbox.lifecycle_record is None:
+        if lifecycle_record(sandbox) is None:
             return
         status = sandbox.status()
         row.meter = dict(status.meter)
@@ -344,14 +357,42 @@ class Daemon:
                 provider.watch_runtimes(self._runtime_notice)
             )
 
+    async def _tell_once_a_burst(self, sandbox_id: str, message: str) -> None:
+        """Note what a runtime said of a sandbox once for a burst of the same
+        (the OOM killer ends a flood's processes by the dozen), with how many
+        times it came: the events stay readable, and the store is written once.
+        A burst ends after a quiet :data:`NOTICE_BURST_SECONDS` (or ten of them)."""
+        key = (sandbox_id, message)
+        burst = self._notice_bursts.get(key)
+        if burst is not None:
+            burst[0] += 1
+            burst[1] = time.monotonic()
+            return
+        began = time.monotonic()
+        burst = self._notice_bursts[key] = [1, began]
+        try:
+            while True:
+                quiet = time.monotonic() - burst[1]
+                if quiet >= NOTICE_BURST_SECONDS or time.monotonic() - began >= 10 * (
+                    NOTICE_BURST_SECONDS
+                ):
+                    break
+                await anyio.sleep(NOTICE_BURST_SECONDS - quiet)
+        finally:
+            del self._notice_bursts[key]
+        count, took = int(burst[0]), burst[1] - began
+        told = message if count == 1 else f"{message} ({count} times in {took:.0f} s)"
+        if sandbox_id in self.sandboxes:
+            self._note(sandbox_id, "runtime", told)
+        log.warning("sandbox %s: %s", sandbox_id, told)
+
     async def _runtime_notice(self, notice: RuntimeNotice) -> None:
         """A provider's watcher tells what happened to a sandbox outside hutch."""
         sandbox = self.sandboxes.get(notice.sandbox_id)
         if sandbox is None:
             return  # not ours, or already ended
         if not notice.may_have_died:
-            self._note(notice.sandbox_id, "runtime", notice.message)
-            log.warning("sandbox %s: %s", notice.sandbox_id, notice.message)
+            await self._tell_once_a_burst(notice.sandbox_id, notice.message)
             return
         while True:
             try:
@@ -604,7 +645,7 @@ class Daemon:
             key = (sandbox_id, session)
             guard = self._guards.get(key)
             if guard is None:
-                guard = self._guards[key] = ReadBeforeWriteGuard(sandbox._guard.enabled)
+                guard = self._guards[key] = ReadBeforeWriteGuard(guard_enabled(sandbox))
             session_guard.set(guard)
         return sandbox
 
@@ -894,7 +935,7 @@ class Daemon:
         if status == "running" and live is not None:
             if live.state is SandboxState.SUSPENDED:
                 status = "suspended"  # suspended on idle; the next call resumes it
-            if live.lifecycle_record is not None:
+            if lifecycle_record(live) is not None:
                 row.last_active_unix = live.status().last_active_unix
         return {
             "name": row.name,
