@@ -37,12 +37,9 @@ def daemon(tmp_path: Path, repo: str) -> Iterator[DaemonProcess]:  # noqa: F811
     try:
         yield d
     finally:
-        # Sandboxes outlive a daemon's stop by design: end this test's own.
-        if d.proc is None:
-            d.start()
-        with hutch.Client(d.url, token=d.token) as c:
-            for info in c.list_sandboxes():
-                c.delete_sandbox(info["id"])
+        # Sandboxes and snapshots outlive a daemon's stop by design: end this
+        # test's own.
+        d.remove_everything()
         d.stop()
 
 

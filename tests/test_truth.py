@@ -33,8 +33,11 @@ HUTCH = [sys.executable, "-m", "hutch.cli.main"]
 def daemon() -> Iterator[DaemonProcess]:
     d = DaemonProcess().start()
     yield d
-    d.stop()
-    shutil.rmtree(d.data_dir, ignore_errors=True)
+    try:
+        d.remove_everything()  # sandboxes, workspaces and snapshots outlive a stop
+    finally:
+        d.stop()
+        shutil.rmtree(d.data_dir, ignore_errors=True)
 
 
 def client(d: DaemonProcess) -> hutch.Client:

@@ -18,6 +18,7 @@ from .._refwire import UNIX_HOST, unix_socket_of
 from ._core import (
     DEFAULT_URL,
     SESSION_HEADER,
+    BranchRef,
     Call,
     EnsuredRef,
     ForkRef,
@@ -68,6 +69,10 @@ class _Transport:
     def wrap(self, value: Any) -> Any:
         if isinstance(value, SandboxRef):
             return self.factories["sandbox"](self, value.info)
+        if isinstance(value, BranchRef):
+            branch = self.factories["sandbox"](self, value.info)
+            value.fork.branches.append(branch)
+            return branch
         if isinstance(value, EnsuredRef):
             sandbox = self.factories["sandbox"](self, value.sandbox)
             return RemoteEnsured(sandbox, value.path, value.steps)

@@ -811,6 +811,30 @@ def _flatten(
     return str(api.inspect_image(f"{repository}:{tag}")["Id"])
 
 
+def free_untagged_images(api: Any) -> int:
+    """Remove this hutch home's images that no tag names any more: a snapshot
+    removed while a branch's container still ran on it is only untagged, and
+    goes here once nothing stands on it. Not forced: an image a container or
+    a child image still uses stays (the Engine refuses), for a later call.
+    Returns how many went."""
+    import docker.errors
+
+    images = api.images(all=True, filters={
+        "dangling": True, "label": [f"{MANAGED_LABEL}=1", f"{HOME_LABEL}={hutch_home()}"],
+    })
+    freed = 0
+    for image in images:
+        try:
+            api.remove_image(image["Id"], noprune=False)
+            freed += 1
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            if _status(exc) != 409:
+                raise
+    return freed
+
+
 # -- the sandbox ------------------------------------------------------------------
 
 
@@ -1758,7 +1782,8 @@ class DockerSandbox(NativeBackend):
         api = engine()
         container = self._container()
         previous = self.suspended_image
-        labels = {**self.config.labels, MANAGED_LABEL: "1", SANDBOX_LABEL: self.sandbox_id}
+        labels = {**self.config.labels, MANAGED_LABEL: "1", SANDBOX_LABEL: self.sandbox_id,
+                  HOME_LABEL: hutch_home()}
 
         image_id = await _call(
             commit_state, api, container, previous or self.base_image, SUSPENDED_REPOSITORY,
@@ -1820,7 +1845,8 @@ class DockerSandbox(NativeBackend):
         # The directory first, the image last: held_snapshots lists images, so a
         # capture cut short between the two leaves nothing listed half-made.
         size = await anyio.to_thread.run_sync(
-            lambda: _layers.capture(snapshot_id, self.host_workdir, self.chain, diff=diff)
+            lambda: _layers.capture(snapshot_id, self.sandbox_id, self.host_workdir, self.chain,
+                                    diff=diff)
         )
         if self.container_id is not None and not await self._container_exists():
             # Gone outside hutch's hands: what survives is the working
@@ -1900,9 +1926,13 @@ class DockerSandbox(NativeBackend):
         # Bounded: an Engine wedged on a paused container's lock makes image
         # removal wait; the image is then left, still listed by
         # held_snapshots, for the next reconciliation to free.
+        def untag_and_free() -> None:
+            untag()
+            free_untagged_images(api)
+
         with anyio.move_on_after(SNAPSHOT_REMOVAL_TIMEOUT) as scope:
             try:
-                await anyio.to_thread.run_sync(untag, abandon_on_cancel=True)
+                await anyio.to_thread.run_sync(untag_and_free, abandon_on_cancel=True)
             except docker.errors.DockerException as exc:
                 raise ProviderError(f"docker: removing {reference}: {exc}") from None
         if scope.cancelled_caught:
@@ -1960,6 +1990,9 @@ class DockerSandbox(NativeBackend):
         for sandbox_id in await anyio.to_thread.run_sync(_layers.branches):
             if sandbox_id not in known:
                 await anyio.to_thread.run_sync(_layers.end_branch, sandbox_id)
+        # Snapshot images untagged while their branches ran, now unused.
+        with contextlib.suppress(HutchError):
+            await _call(free_untagged_images, api)
         return removed
 
     @classmethod
@@ -2060,6 +2093,11 @@ class DockerSandbox(NativeBackend):
             with contextlib.suppress(HutchError):
                 await _call(api.remove_image, f"{SUSPENDED_REPOSITORY}:{self.sandbox_id}")
             self.suspended_image = None
+        if self.branch or self.base_image.startswith(snapshot_repository()):
+            # It ran on a snapshot's image, which may have been removed
+            # (untagged) while it ran: now nothing stands on it.
+            with anyio.move_on_after(SNAPSHOT_REMOVAL_TIMEOUT), contextlib.suppress(HutchError):
+                await _call(free_untagged_images, api)
         if self._agent is not None:
             self._agent.drop_connections()
         if self.agent_dir is not None:

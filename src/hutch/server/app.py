@@ -1126,9 +1126,15 @@ def create_app(
         d = daemon()
         return JSONResponse(d.snapshot_json(d.get_snapshot(snapshot_id)))
 
-    @v1.delete("/snapshots/{snapshot_id}", status_code=204)
+    @v1.delete("/snapshots/{snapshot_id}", status_code=204, responses={
+        200: {"description": "Removed by force from under what needed it: "
+                             "`{\"id\", \"broken\": [{\"kind\", \"id\"}]}`"},
+    })
     async def delete_snapshot(snapshot_id: str, force: bool = False) -> Response:
-        await daemon().delete_snapshot(snapshot_id, force=force)
+        broken = await daemon().delete_snapshot(snapshot_id, force=force)
+        if broken:
+            # What a forced removal broke, for the caller (the event log says it too).
+            return JSONResponse({"id": snapshot_id, "broken": [b.as_dict() for b in broken]})
         return Response(status_code=204)
 
     @v1.delete("/sandboxes/{sandbox_id}", status_code=204)
