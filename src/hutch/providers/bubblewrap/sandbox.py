@@ -387,7 +387,7 @@ class BubblewrapSandbox(SandboxBackend):
             sandbox_id, workdir, parts, hostname=hostname, ephemeral=ephemeral, agent=agent,
             network=network,
         )
-        try:
+        def provision() -> None:
             os.makedirs(layers.sandbox_dir, exist_ok=True)
             _write_owner(layers.sandbox_dir)
             cgroup.create(memory=memory, pids=pids, cpus=cpus)
@@ -395,6 +395,11 @@ class BubblewrapSandbox(SandboxBackend):
             if network != "none":
                 sandbox.net_index = net.allocate(sandbox_id)
             sandbox._start_keeper()
+
+        try:
+            # Off the event loop: the keeper's start waits on bwrap, and a
+            # network's setup runs ip and iptables; other callers go on meanwhile.
+            await anyio.to_thread.run_sync(provision)
             if network != "none":
                 # The host's resolver, reached through the masquerade.
                 await sandbox._runtime.files.write_file("/etc/resolv.conf", net.host_resolver())
