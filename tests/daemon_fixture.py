@@ -23,6 +23,10 @@ def free_port() -> int:
 class DaemonProcess:
     """Start, kill (SIGKILL as a crash would) and restart the daemon on one data dir."""
 
+    #: Every data directory a daemon of this test run used (the run's own
+    #: snapshot storage is labelled with them; conftest checks it at the end).
+    data_dirs: list[str] = []
+
     def __init__(
         self,
         data_dir: str | None = None,
@@ -33,6 +37,7 @@ class DaemonProcess:
         log_path: str | None = None,
     ) -> None:
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="hutch-daemon-")
+        DaemonProcess.data_dirs.append(self.data_dir)
         self.token = token
         self.extra_env = dict(extra_env or {})
         self.port = free_port()
@@ -80,6 +85,28 @@ class DaemonProcess:
             except subprocess.TimeoutExpired:
                 self.kill()
         self.proc = None
+
+    def remove_everything(self) -> None:
+        """End what this daemon holds: workspaces, sandboxes, then snapshots,
+        leaves first (sandboxes outlive a daemon's stop by design, and a
+        snapshot outlives its sandbox). Starts it first if it was killed."""
+        import hutch
+
+        if self.proc is None:
+            self.start()
+        with hutch.Client(self.url, token=self.token) as c:
+            for ws in c.list_workspaces():
+                c.delete_workspace(ws["name"])
+            for sb in c.list_sandboxes():
+                c.delete_sandbox(sb["id"])
+            for _ in range(20):
+                snapshots = c.snapshots()
+                if not snapshots:
+                    break
+                parents = {s.parent_id for s in snapshots}
+                for s in snapshots:
+                    if s.id not in parents:
+                        c.delete_snapshot(s.id, force=True)
 
     def restart(self) -> DaemonProcess:
         self.kill()

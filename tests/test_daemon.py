@@ -26,9 +26,12 @@ from tests.daemon_fixture import DaemonProcess
 def daemon() -> Iterator[DaemonProcess]:
     d = DaemonProcess().start()
     yield d
-    d.stop()
     # Whatever a test left, clean it so later tests start from an empty engine.
-    shutil.rmtree(d.data_dir, ignore_errors=True)
+    try:
+        d.remove_everything()
+    finally:
+        d.stop()
+        shutil.rmtree(d.data_dir, ignore_errors=True)
 
 
 def client(d: DaemonProcess) -> hutch.Client:

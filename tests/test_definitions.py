@@ -26,7 +26,8 @@ from hutch.definitions import (
     label_for,
     load_definitions,
 )
-from hutch.store import SQLiteStore
+from hutch.providers.registry import get_provider
+from hutch.store import InstanceRow, SQLiteStore
 
 from .conftest import TEST_IMAGE
 
@@ -41,14 +42,23 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     home = tmp_path / "home"
     monkeypatch.setenv("HUTCH_HOME", str(home))
     yield home
-    remove_docker_leftovers(home)
+    end_leftovers(home)
 
 
-def remove_docker_leftovers(home: Path) -> None:
-    """What a test's sandboxes left in the Docker Engine under its own hutch
-    home (snapshot images kept for the next ensure, a sandbox a failed
-    assertion left): removed, children before the images they build on."""
-    if shutil.which("docker") is None:
+def end_leftovers(home: Path) -> None:
+    """What a test's sandboxes left under its own hutch home (a sandbox a
+    failed assertion or another program left, a snapshot kept for the next
+    ensure): ended by each provider's own reaping (a branch's mount, a
+    container, a keeper), then the Docker images, children before the images
+    they build on."""
+    docker = shutil.which("docker") is not None
+
+    async def reap() -> None:
+        for name in ("local", "bubblewrap", "docker") if docker else ("local",):
+            await get_provider(name).reap_orphans(set())
+
+    anyio.run(reap)
+    if not docker:
         return
     label = f"label=hutch.home={home}"
 
@@ -490,27 +500,31 @@ async def test_nothing_durable_reruns_setup_and_progress_streams(
 
 # -- a sandbox another program suspended -------------------------------------------------
 async def _suspended_elsewhere_is_resumed(home: Path, d: Definition) -> None:
-    """Work done after setup survives a suspend made by another program (here:
-    another store handle on the same file, with a host of its own): ensure
-    resumes the sandbox's own suspended state, never the after-setup snapshot."""
+    """Work done after setup survives a pause or a suspend made by another
+    program (here: other store handles on the same file, each with a host of
+    its own): ensure resumes the sandbox's own state, never the after-setup
+    snapshot, and a program whose handle is out of date goes by the store."""
     programs = [Definitions(LocalHost(SQLiteStore(str(home / "hutch.db")))) for _ in range(3)]
     first = await programs[0].ensure(d, "t")
     await first.sandbox.write_text("notes.txt", "work since setup")
     other = await programs[1].ensure(d, "t")
     assert other.path == "resumed" and other.sandbox.id == first.sandbox.id
-    await other.sandbox.suspend()
+    await other.sandbox.pause()
     third = await programs[2].ensure(d, "t")
+    assert third.path == "resumed" and third.sandbox.id == first.sandbox.id
+    assert third.sandbox.state.value == "running"
+    assert await third.sandbox.read_text("notes.txt") == "work since setup"
+    await third.sandbox.suspend()
+    # Back in the program that made it: its own handle says running, the
+    # store says suspended, and the store is right.
+    again = await programs[0].ensure(d, "t")
     try:
-        assert third.path == "resumed" and third.sandbox.id == first.sandbox.id
-        assert third.sandbox.state.value == "running"
-        assert await third.sandbox.read_text("notes.txt") == "work since setup"
-        # And back in the program that made it: its own handle is out of date
-        # (another program suspended the sandbox), the store is not.
-        again = await programs[0].ensure(d, "t")
         assert again.path == "resumed" and again.sandbox.id == first.sandbox.id
+        assert again.sandbox.state.value == "running"
         assert await again.sandbox.read_text("notes.txt") == "work since setup"
+        assert (await again.sandbox.read_text(".setup-runs")) == "ran\n"
     finally:
-        await third.sandbox.close()
+        await again.sandbox.close()
         for program in programs:
             await program.settle()
             program.host.store.close()
@@ -553,3 +567,23 @@ async def test_a_suspend_the_record_missed_is_resumed_docker(home: Path, repo: s
         for program in programs:
             await program.settle()
             program.host.store.close()
+
+
+def test_a_record_is_overwritten_only_by_who_wrote_it_last(home: Path) -> None:
+    """A transition is written where the record still says what its writer
+    last knew: a program whose handle is out of date never overwrites it."""
+    store = SQLiteStore(str(home / "hutch.db"))
+    store.put_instance(InstanceRow(key="k", definition_id="d", thread_id="t", tenant=None,
+                                   provider="docker", sandbox_id="sb-1",
+                                   description={"container_id": "c1"}, state="running"))
+    # Another program suspended it: its write stands...
+    assert store.record_instance_sandbox("sb-1", "suspended", {"container_id": None},
+                                         was=("running", {"container_id": "c1"}))
+    # ... against the one that made it, whose handle still says running on c1.
+    assert not store.record_instance_sandbox("sb-1", "paused", {"container_id": "c1"},
+                                             was=("running", {"container_id": "c1"}))
+    row = store.get_instance("k")
+    assert row is not None and (row.state, row.description) == ("suspended",
+                                                                {"container_id": None})
+    assert not store.record_instance_sandbox("sb-other", "running", {})
+    store.close()

@@ -27,6 +27,14 @@ pytestmark = pytest.mark.anyio
 #: the lines it is sent on stdin one at a time, answering each with one line.
 WORKER = r"""
 import json, sys, hutch
+
+def pty_run(sb, line):
+    out = b""
+    with sb.pty(["sh", "-c", line]) as term:
+        while (chunk := term.read(timeout=60)) is not None:
+            out += chunk.data
+        return [out.decode().strip(), term.wait()]
+
 sb = hutch.attach_sync(sys.argv[1])
 print(json.dumps({"ok": sb.id}), flush=True)
 for line in sys.stdin:
@@ -113,12 +121,37 @@ async def test_owner_and_a_worker_in_another_process_share_one_live_sandbox(
         assert theirs in [p.id for p in owner.processes()]
         ran = await worker.run("sb.exec('echo $((6*7))').stdout")
         assert ran == {"ok": "42\n"}
+        # A terminal too (a websocket, over the same socket).
+        typed = await worker.run("pty_run(sb, 'cat from-owner.txt; exit 3')")
+        if owner.capabilities.runtime == "agent":
+            assert typed == {"ok": ["o", 3]}, typed
+        else:  # the answer came through: the native runtime has no terminal
+            assert typed["error"] == "capability_unsupported", typed
+        # Listed on the sandbox while attached, with the ref it came in with.
+        listed = (await owner.info())["attachments"]
+        assert [a["ref_id"] for a in listed] == [decode_ref(ref).ref_id]  # type: ignore[union-attr]
+        # Read-before-write is the worker's own: the owner's read is not its read.
+        await owner.write_text("guarded.txt", "g")
+        await owner.read_text("guarded.txt")
+        refused = await worker.run("sb.write_text('guarded.txt', 'w2')")
+        assert refused["error"] == "read_before_write", refused
+        assert await worker.run("sb.read_text('guarded.txt')") == {"ok": "g"}
+        assert await worker.run("sb.write_text('guarded.txt', 'w2')") == {"ok": None}
+        assert await owner.read_text("guarded.txt") == "w2"
+        # From the command line too, with the ref alone.
+        cli = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "hutch.cli.main", "attach", ref, "--", "cat",
+                             "from-worker.txt"],
+            capture_output=True, text=True, timeout=120, env=bare_env(), stdin=subprocess.DEVNULL,
+        )
+        assert (cli.returncode, cli.stdout) == (0, "w"), cli.stderr
         # The worker's close only detaches it: the owner goes on.
         assert await worker.run("sb.close()") == {"ok": None}
         detached = await worker.run("sb.exec('true')")
         assert detached["error"] == "sandbox_unavailable" and "detached" in detached["message"]
         assert (await owner.exec("echo still")).stdout == "still\n"
         assert owner.state is hutch.SandboxState.RUNNING
+        assert (await owner.info())["attachments"] == []
         # A worker attached when the owner closes: its next call says why it failed.
         other, _ = await Worker.start(await owner.ref())
         assert (await other.run("sb.exec('echo x').stdout")) == {"ok": "x\n"}
@@ -224,3 +257,44 @@ def test_a_sync_owner_hands_out_refs_to_sync_and_async_workers() -> None:
         thread.join(60)
         assert result == ["t\n"]
         assert owner.exec("echo owner").stdout == "owner\n"
+
+
+async def test_a_busy_worker_in_another_process_keeps_the_sandbox_from_idle_suspend() -> None:
+    engine = hutch.LifecycleEngine()
+    owner = await hutch.create_sandbox("virtual", engine=engine, idle_suspend_after=1.0,
+                                       read_before_write=False)
+    ref = await owner.ref()
+    busy = (
+        "import sys, time, hutch\n"
+        "sb = hutch.attach_sync(sys.argv[1])\n"
+        "for i in range(16):\n"  # 4 s of work: four idle windows, from the worker alone
+        "    sb.write_text('tick', str(i)); print(i, flush=True); time.sleep(0.25)\n"
+        "sb.close()\n"
+    )
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", busy, ref, env=bare_env(),
+                                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    try:
+        # Only while the worker works (not while its interpreter exits), and
+        # without a call of the owner's (its own activity would keep it awake).
+        # A write resumes a suspended sandbox, so its state after each write
+        # says little: the time it spent suspended must not grow.
+        slept = None
+        for i in range(16):
+            line = await asyncio.wait_for(proc.stdout.readline(), 120)
+            assert line == f"{i}\n".encode(), (line, await proc.stderr.read())
+            assert owner.state is hutch.SandboxState.RUNNING
+            suspended = owner.status().meter["suspended_s"]  # reading it is not activity
+            slept = suspended if slept is None else slept
+            assert suspended == slept, f"suspended under a busy worker ({i})"
+        assert await asyncio.wait_for(proc.wait(), 120) == 0, await proc.stderr.read()
+        deadline = asyncio.get_running_loop().time() + 15
+        while owner.state is not hutch.SandboxState.SUSPENDED:  # once it stops, it sleeps
+            assert asyncio.get_running_loop().time() < deadline, "never suspended once idle"
+            await asyncio.sleep(0.1)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await owner.close()
+        await engine.close()

@@ -27,8 +27,8 @@ async def attach(ref: str) -> Sandbox | AsyncRemoteSandbox:
 
     server = served_here(ref)
     if server is not None and server.loop is asyncio.get_running_loop():
-        server.check(ref)  # revoked, expired or forged: refused as the server refuses it
-        return attach_session(server.sandbox)
+        # Revoked, expired or forged: refused as the server refuses it.
+        return attach_session(server.sandbox, server.check(ref))
     # Another process's sandbox, or one served on another loop of this process
     # (whose objects cannot be used from this one): through its server.
     from .client import attach_remote_async

@@ -20,7 +20,7 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 from urllib.parse import quote
 
-from .._errors import HutchError, Unauthorized, error_from_code
+from .._errors import HutchError, Unauthorized, error_from_wire
 from .._refwire import UNIX_HOST, unix_socket_of
 from .._types import OutputChunk
 from ._core import SESSION_HEADER, unreachable
@@ -80,7 +80,7 @@ class _Ending:
             self.code = ending["exit"]
         elif isinstance(ending.get("error"), dict):
             detail = ending["error"]
-            self.error = error_from_code(str(detail.get("code")), str(detail.get("message")))
+            self.error = error_from_wire(detail)
 
     def result(self, sandbox_id: str) -> int:
         if self.error is not None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import IO, Any
 
+import anyio.to_thread
 import httpx
 
 from .._errors import HutchError
@@ -16,6 +18,7 @@ from .._refwire import UNIX_HOST, unix_socket_of
 from ._core import (
     DEFAULT_URL,
     SESSION_HEADER,
+    BranchRef,
     Call,
     EnsuredRef,
     ForkRef,
@@ -66,6 +69,10 @@ class _Transport:
     def wrap(self, value: Any) -> Any:
         if isinstance(value, SandboxRef):
             return self.factories["sandbox"](self, value.info)
+        if isinstance(value, BranchRef):
+            branch = self.factories["sandbox"](self, value.info)
+            value.fork.branches.append(branch)
+            return branch
         if isinstance(value, EnsuredRef):
             sandbox = self.factories["sandbox"](self, value.sandbox)
             return RemoteEnsured(sandbox, value.path, value.steps)
@@ -79,6 +86,16 @@ class _Transport:
         return value
 
 
+#: What one piece of a file sent as a request body holds.
+_SEND_PIECE = 1024 * 1024
+
+
+async def _pieces_of(source: IO[bytes]) -> AsyncIterator[bytes]:
+    """A binary file, from its position on, in pieces read off the event loop."""
+    while piece := await anyio.to_thread.run_sync(source.read, _SEND_PIECE):
+        yield piece
+
+
 class AsyncTransport(_Transport):
     def __init__(self, url: str | None, token: str | None, factories: dict[str, Any]) -> None:
         super().__init__(url, factories)
@@ -89,8 +106,11 @@ class AsyncTransport(_Transport):
         )
 
     async def send(self, call: Call) -> Any:
+        kwargs = request_kwargs(call)
+        if call.content is not None and not isinstance(call.content, bytes):
+            kwargs["content"] = _pieces_of(call.content)  # httpx's async face wants these
         try:
-            response = await self.http.request(call.method, call.path, **request_kwargs(call))
+            response = await self.http.request(call.method, call.path, **kwargs)
         except httpx.TransportError as exc:
             raise unreachable(self.url, exc) from None
         check_answer(response)
@@ -150,8 +170,13 @@ class SyncTransport(_Transport):
         )
 
     def send(self, call: Call) -> Any:
+        kwargs = request_kwargs(call)
+        if call.content is not None and not isinstance(call.content, bytes):
+            # Pieces, not the file: httpx would announce the file's whole
+            # length, whatever its position.
+            kwargs["content"] = iter(functools.partial(call.content.read, _SEND_PIECE), b"")
         try:
-            response = self.http.request(call.method, call.path, **request_kwargs(call))
+            response = self.http.request(call.method, call.path, **kwargs)
         except httpx.TransportError as exc:
             raise unreachable(self.url, exc) from None
         check_answer(response)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -54,6 +55,8 @@ Path = Literal["resumed", "restored", "created"]
 LEASE_SECONDS = 1800.0
 #: How much of a failed setup step's output its error carries.
 OUTPUT_TAIL_BYTES = 4096
+#: An instance whose sandbox a daemon holds says so in its description.
+HELD_BY_DAEMON = "daemon"
 #: Where the source is unpacked on its way in (removed once unpacked).
 _SOURCE_ARCHIVE = ".hutch-source.tar"
 
@@ -427,10 +430,10 @@ class LocalHost(SandboxHost):
     def __init__(self, store: Store) -> None:
         self.store = store
         self._live: dict[str, Sandbox] = {}
-        #: The description this host last recorded of each of its sandboxes
-        #: (canonical JSON): a record that says otherwise was written by
-        #: another program, which has taken the sandbox over since.
-        self._recorded: dict[str, str] = {}
+        #: The state and description (canonical JSON) this host last recorded
+        #: or found of each of its sandboxes: a record that says otherwise was
+        #: written by another program, which has taken the sandbox over since.
+        self._recorded: dict[str, tuple[str, str]] = {}
         self._engines: weakref.WeakKeyDictionary[
             asyncio.AbstractEventLoop, LifecycleEngine
         ] = weakref.WeakKeyDictionary()
@@ -451,12 +454,21 @@ class LocalHost(SandboxHost):
         self, sandbox_id: str, old: SandboxState, new: SandboxState, reason: str | None
     ) -> None:
         sandbox = self._live.get(sandbox_id)
-        if sandbox is None:
+        known = self._recorded.get(sandbox_id)
+        if sandbox is None or known is None:
             return  # not in an instance yet (being made): its record comes with it
-        description = self.describe(sandbox)
-        await anyio.to_thread.run_sync(
-            self.store.record_instance_sandbox, sandbox_id, new.value, description
-        )
+        description = backend_of(sandbox).describe()
+        written = await anyio.to_thread.run_sync(functools.partial(
+            self.store.record_instance_sandbox, sandbox_id, new.value, description,
+            was=(known[0], json.loads(known[1])),
+        ))
+        if written:
+            self._recorded[sandbox_id] = (new.value, _canonical(description))
+        else:
+            # Another program has written since (it took the sandbox over):
+            # its record stands; this handle is dropped at the next ensure.
+            log.warning("sandbox %s: %s -> %s here not recorded: another program holds it "
+                        "now", sandbox_id, old.value, new.value)
 
     def _forget(self, sandbox: Sandbox) -> None:
         """Drop this host's handle of ``sandbox`` (it ended, or another
@@ -472,7 +484,7 @@ class LocalHost(SandboxHost):
             ended = sandbox.closed or sandbox.state in FINAL
             current = (
                 row.state == sandbox.state.value
-                and _canonical(row.description) == self._recorded.get(sandbox.id)
+                and (row.state, _canonical(row.description)) == self._recorded.get(sandbox.id)
             )
             if not ended and current:
                 if sandbox.state in (SandboxState.SUSPENDED, SandboxState.PAUSED):
@@ -496,6 +508,12 @@ class LocalHost(SandboxHost):
             recorded = SandboxState.RUNNING
         if recorded in FINAL:
             return None
+        if row.description.get("held_by") == HELD_BY_DAEMON:
+            raise SandboxUnavailable(
+                f"the sandbox of thread {row.thread_id!r} of definition {row.definition_id!r} "
+                f"({row.sandbox_id}) is held by the hutch daemon whose store this is: "
+                "ensure it through the daemon's client (hutch.Client(...).ensure)"
+            )
         backend_cls = get_provider(row.provider)
         try:
             backend = await backend_cls.reconnect(row.sandbox_id, row.description)
@@ -511,7 +529,7 @@ class LocalHost(SandboxHost):
             backend, SandboxSpec.model_validate(row.spec), self.engine(), state=state
         )
         self._live[sandbox.id] = sandbox
-        self._recorded[sandbox.id] = _canonical(row.description)
+        self._recorded[sandbox.id] = (row.state, _canonical(row.description))
         if state is not SandboxState.RUNNING:
             try:
                 await sandbox.resume()
@@ -563,7 +581,8 @@ class LocalHost(SandboxHost):
 
     def describe(self, sandbox: Sandbox) -> dict[str, Any]:
         description = backend_of(sandbox).describe()
-        self._recorded[sandbox.id] = _canonical(description)
+        # What the instance is recorded with (the state beside it is the sandbox's).
+        self._recorded[sandbox.id] = (sandbox.state.value, _canonical(description))
         return description
 
 

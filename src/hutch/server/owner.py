@@ -21,7 +21,7 @@ import secrets
 import shutil
 import socket
 import tempfile
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
@@ -109,7 +109,8 @@ class OwnerServer:
             listener.close()
             raise
         self._server = _EmbeddedServer(uvicorn.Config(
-            app, http=guarded_protocol(MAX_CONNECTIONS), loop="asyncio", log_config=None,
+            app, http=guarded_protocol(MAX_CONNECTIONS), loop="asyncio", lifespan="off",
+            log_config=None,
             log_level="warning", access_log=False, timeout_graceful_shutdown=GRACEFUL_SECONDS,
         ))
         self._task = self.loop.create_task(self._server.serve(sockets=[listener]))
@@ -131,6 +132,16 @@ class OwnerServer:
     def check(self, ref: str) -> RefRow:
         """The ref's row if it is one of this sandbox's, unrevoked and unexpired."""
         return self.core.check_ref(ref)
+
+    def open_refs(self) -> list[RefRow]:
+        return self.core.open_refs(self.sandbox.id)
+
+    def refs_json(self) -> list[dict[str, Any]]:
+        return self.core.refs_json(self.sandbox.id)
+
+    def attachments(self) -> list[dict[str, Any]]:
+        """The sessions of other processes attached through this server."""
+        return self.core.attachments(self.sandbox.id)
 
     async def close(self) -> None:
         """Stop answering (calls under way get a moment to finish) and remove the socket."""

@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._errors import Unauthorized
+
 
 @dataclass
 class SandboxRow:
@@ -92,6 +94,18 @@ class RefRow:
     created_at_unix: float
     expires_at_unix: float | None = None
     revoked_at_unix: float | None = None
+    #: The workspace whose sandbox it was handed out for: it follows the
+    #: workspace to the sandboxes that serve it later (after a suspend and resume).
+    workspace: str | None = None
+
+    def check_usable(self, now: float) -> None:
+        """Refuse (``Unauthorized``) a ref its owner revoked or that has expired."""
+        if self.revoked_at_unix is not None:
+            raise Unauthorized(f"ref {self.id} was revoked by the owner of {self.sandbox_id}")
+        if self.expires_at_unix is not None and now >= self.expires_at_unix:
+            raise Unauthorized(
+                f"ref {self.id} to {self.sandbox_id} expired; ask its owner for a new one"
+            )
 
 
 @dataclass
@@ -212,8 +226,9 @@ class Store(abc.ABC):
     def get_ref(self, ref_id: str) -> RefRow | None: ...
 
     @abc.abstractmethod
-    def list_refs(self, sandbox_id: str) -> list[RefRow]:
-        """A sandbox's refs, revoked and expired ones included, oldest first."""
+    def list_refs(self, sandbox_id: str, workspace: str | None = None) -> list[RefRow]:
+        """A sandbox's refs, revoked and expired ones included, oldest first;
+        with ``workspace``, also the refs that follow that workspace."""
 
     # -- definitions and their instances ------------------------------------------------
     @abc.abstractmethod
@@ -233,10 +248,19 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def record_instance_sandbox(
-        self, sandbox_id: str, state: str, description: Mapping[str, Any]
-    ) -> None:
+        self,
+        sandbox_id: str,
+        state: str,
+        description: Mapping[str, Any],
+        *,
+        was: tuple[str, Mapping[str, Any]] | None = None,
+    ) -> bool:
         """A transition of ``sandbox_id``: the instances it runs record its
-        new state and description (none do: nothing changes)."""
+        new state and description. With ``was`` (the state and description
+        the writer last knew), only where the record still says so: a
+        program whose handle is out of date (another program took the
+        sandbox over since) never overwrites what that one wrote. Whether
+        any was written."""
 
     @abc.abstractmethod
     def take_lease(self, name: str, holder: str, seconds: float) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import re
 import stat
@@ -25,7 +26,6 @@ from collections.abc import (
     Callable,
     Iterator,
     Mapping,
-    Sequence,
 )
 from typing import IO, Any, TypeVar
 
@@ -42,10 +42,10 @@ from ..._errors import (
 )
 from ..._globmatch import compile_glob
 from ..._types import FileInfo, FileType, GrepMatch, OutputChunk
-from .._grep import BATCH_BYTES, grep_contents
+from .._grep import GrepBatches
 from .._grepfilter import required_literals
 from .._hostproc import EXEC_MARKER
-from ..base import PtyProcess, SandboxRuntime
+from ..base import ProcessRequest, PtyProcess, SandboxRuntime
 from .wire import MAX_PAYLOAD, AgentFailure, Channel, Header, connect_socket
 from .workload import WORKLOAD_NAME, open_task_files
 
@@ -430,23 +430,18 @@ class AgentRuntime(SandboxRuntime):
         return ["bash", "-c", command]  # the agent runs sh where there is no bash
 
     async def start_process(
-        self,
-        argv: Sequence[str],
-        *,
-        cwd: str,
-        env: Mapping[str, str],
-        stdin: bytes | None,
-        user: str | None,
-        pty: tuple[int, int] | None = None,
+        self, request: ProcessRequest, pty: tuple[int, int] | None = None
     ) -> AgentProcess:
+        argv, stdin = request.argv, request.stdin
         marker = uuid.uuid4().hex
         # A command with no stdin and no PTY: the host sends nothing while it
         # runs, so an agent that can (version 2 on) keeps its connection for
         # the next request once the exit is sent.
         reuse = stdin is None and pty is None and self.keeps_exec_connections
         header: Header = {
-            "op": "exec", "argv": list(argv), "cwd": cwd,
-            "env": {**env, EXEC_MARKER: marker}, "user": user or self.default_user or "",
+            "op": "exec", "argv": list(argv), "cwd": request.cwd,
+            "env": {**request.env, EXEC_MARKER: marker},
+            "user": request.user or self.default_user or "",
             "stdin": stdin is not None or pty is not None,
             "shell_fallback": bool(argv) and argv[0] == "bash",
             "marker": f"{EXEC_MARKER}={marker}", "reuse": reuse,
@@ -471,18 +466,10 @@ class AgentRuntime(SandboxRuntime):
             raise
         return AgentProcess(self, channel, marker, pid, stdin, reusable=reuse)
 
-    async def start_pty(
-        self,
-        argv: Sequence[str],
-        *,
-        cwd: str,
-        env: Mapping[str, str],
-        user: str | None,
-        rows: int,
-        cols: int,
-    ) -> AgentProcess:
+    async def start_pty(self, request: ProcessRequest, rows: int, cols: int) -> AgentProcess:
+        # What is typed is written: no stdin is fed.
         return await self.start_process(
-            argv, cwd=cwd, env=env, stdin=None, user=user, pty=(rows, cols)
+            dataclasses.replace(request, stdin=None), pty=(rows, cols)
         )
 
     async def count_busy_processes(self) -> int:
@@ -630,10 +617,8 @@ class AgentRuntime(SandboxRuntime):
             name = glob  # a prefilter on names; the glob is checked again below
         matcher = compile_glob(glob) if glob else None
         prefix = root.rstrip("/") + "/"
-        matches: list[GrepMatch] = []
+        batches = GrepBatches(pattern)
         big: list[str] = []
-        batch: list[tuple[str, bytes]] = []
-        size = 0
         async with self._channel() as channel:
             await channel.send({
                 "op": "grep", "root": root, "name": name, "literals": literals or [],
@@ -653,12 +638,8 @@ class AgentRuntime(SandboxRuntime):
                 if kind == "big":
                     big.append(path)
                     continue
-                batch.append((path, payload))
-                size += len(payload)
-                if size >= BATCH_BYTES:
-                    matches.extend(await grep_contents(pattern, batch))
-                    batch, size = [], 0
-        matches.extend(await grep_contents(pattern, batch))
+                await batches.add(path, payload)
+        matches = await batches.matches()
         matches.extend(await self.grep_files(pattern, big, limit))
         return sorted(matches, key=lambda m: (m.path, m.line_number))
 

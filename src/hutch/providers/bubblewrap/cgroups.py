@@ -2,8 +2,9 @@
 
 cgroup v1 (one hierarchy per controller: memory, pids, cpu, freezer), as this
 host has, or the unified v2 hierarchy where the host has that. Every process
-of a sandbox (its keeper and every exec) joins the sandbox's cgroups before it
-starts the sandbox (see ``JOIN_AND_EXEC``), so a fork bomb meets the pids limit
+of a sandbox (its keeper and every exec) is born in the sandbox's cgroups or
+joins them before it starts the sandbox (see :meth:`SandboxCgroup.enter_thread`
+and ``JOIN_AND_EXEC``), so a fork bomb meets the pids limit
 (``fork`` fails with EAGAIN), a memory hog meets the OOM killer, and pause is
 one write to the freezer.
 
@@ -48,6 +49,27 @@ def _write(path: str, value: str) -> None:
 def _read(path: str) -> str:
     with open(path) as fh:
         return fh.read()
+
+
+def thread_home() -> list[str]:
+    """The ``tasks`` files of the calling thread's own v1 cgroups (of the
+    controllers sandboxes use): where :func:`leave_thread` moves it back to."""
+    if unified():
+        return []
+    home: dict[str, str] = {}
+    with open("/proc/thread-self/cgroup") as fh:
+        for line in fh:
+            _, names, path = line.rstrip("\n").split(":", 2)
+            for name in names.split(","):
+                if name in _V1_CONTROLLERS:
+                    home[name] = os.path.join(CGROUP_ROOT, name, path.lstrip("/"), "tasks")
+    return [home[c] for c in _V1_CONTROLLERS if c in home]
+
+
+def leave_thread(home: list[str]) -> None:
+    """Move the calling thread back to ``home`` (see :meth:`SandboxCgroup.enter_thread`)."""
+    for tasks in home:
+        _write(tasks, "0")
 
 
 class SandboxCgroup:
@@ -119,6 +141,24 @@ class SandboxCgroup:
             _write(f"{directory}/pids.max", str(pids))
         if cpus is not None:
             _write(f"{directory}/cpu.max", f"{int(cpus * _CPU_PERIOD_US)} {_CPU_PERIOD_US}")
+
+    def enter_thread(self) -> bool:
+        """Move the calling thread, alone, into this sandbox's cgroups, so that
+        the process it starts next is born in them; False where a thread
+        cannot be moved alone (v2), and the process must join by itself.
+
+        A thread moving itself (``0`` written to each v1 ``tasks`` file)
+        takes no global lock; a process moved through ``cgroup.procs`` takes
+        the threadgroup lock, whose first taking after a quiet spell waits a
+        whole RCU grace period (5-15 ms here: the largest step of starting a
+        sandbox). :func:`leave_thread` takes it back home."""
+        if self.v2:
+            return False
+        if self.frozen():
+            raise ProviderError(f"the cgroups of {self.name} are frozen")
+        for directory in self._dirs.values():
+            _write(f"{directory}/tasks", "0")
+        return True
 
     def keeper_procs_files(self) -> str:
         """What the keeper's launcher reads from $HUTCH_CGROUP_PROCS: the
@@ -213,6 +253,8 @@ class SandboxCgroup:
             path = f"{self._dir('freezer')}/freezer.state"
             want = "FROZEN" if frozen else "THAWED"
             _write(path, want)
+            if not frozen:
+                return  # v1 thaws every task before the write returns
 
         def check() -> bool:
             text = _read(path)
@@ -232,6 +274,8 @@ class SandboxCgroup:
         deadline = time.monotonic() + timeout
         while pids := self.pids():
             for pid in pids:
+                if pid == os.getpid():
+                    continue  # a thread of hutch's own, passing through (enter_thread)
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             # A frozen process dies only once it is thawed.
