@@ -181,13 +181,19 @@ class BubblewrapSandbox(SandboxBackend):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.agent_link)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        directory = os.open(os.path.dirname(self.agent_link),
+                            os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            listener.bind(self.agent_link)
+            # Bound through the directory's descriptor: a socket's path has
+            # room for 107 bytes, and a hutch home may be longer than that.
+            listener.bind(f"/proc/self/fd/{directory}/{os.path.basename(self.agent_link)}")
             os.chmod(self.agent_link, 0o600)
             listener.listen(128)
         except OSError:
             listener.close()
             raise
+        finally:
+            os.close(directory)
         return listener
 
     @property
