@@ -26,8 +26,7 @@ from tests.daemon_fixture import DaemonProcess
 def daemon() -> Iterator[DaemonProcess]:
     d = DaemonProcess().start()
     yield d
-    d.stop()
-    shutil.rmtree(d.data_dir, ignore_errors=True)
+    d.close()
 
 
 @pytest.fixture
@@ -521,8 +520,7 @@ def upload_peak_growth(settings: dict[str, object], check: Callable[[str, str], 
             client.delete(f"/v1/sandboxes/{sid}")
             return grown
     finally:
-        fresh.stop()
-        shutil.rmtree(fresh.data_dir, ignore_errors=True)
+        fresh.close()
 
 
 def test_an_upload_streams_to_disk_not_into_the_daemons_memory() -> None:
@@ -581,8 +579,7 @@ def test_a_download_streams_out_of_a_local_sandbox() -> None:
                 fh.write("hi")
             assert client.get(f"/v1/sandboxes/{sid}/files", params={"path": "small"}).text == "hi"
     finally:
-        fresh.stop()
-        shutil.rmtree(fresh.data_dir, ignore_errors=True)
+        fresh.close()
         shutil.rmtree(workdir, ignore_errors=True)
 
 

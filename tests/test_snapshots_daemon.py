@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -37,8 +36,7 @@ def daemon() -> Iterator[DaemonProcess]:
         d.start()
     with contextlib.suppress(Exception), client(d) as c:
         cleanup(c)
-    d.stop()
-    shutil.rmtree(d.data_dir, ignore_errors=True)
+    d.close()
 
 
 def client(d: DaemonProcess) -> hutch.Client:

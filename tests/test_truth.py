@@ -31,8 +31,7 @@ HUTCH = [sys.executable, "-m", "hutch.cli.main"]
 def daemon() -> Iterator[DaemonProcess]:
     d = DaemonProcess().start()
     yield d
-    d.stop()
-    shutil.rmtree(d.data_dir, ignore_errors=True)
+    d.close()
 
 
 def client(d: DaemonProcess) -> hutch.Client:
@@ -118,8 +117,7 @@ def test_ended_sandboxes_are_pruned_after_the_retention_period() -> None:
             assert kept.exec("echo alive").stdout == "alive\n"
             assert c.events(kept.id)
     finally:
-        d.stop()
-        shutil.rmtree(d.data_dir, ignore_errors=True)
+        d.close()
         shutil.rmtree(workdir, ignore_errors=True)
 
 
