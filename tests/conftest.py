@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -83,7 +84,7 @@ def docker_runtime(request: pytest.FixtureRequest) -> str:
 def _close_daemons_made_since(before: set[int]) -> None:
     from tests.daemon_fixture import OPEN
 
-    for daemon in [d for d in list(OPEN) if id(d) not in before]:
+    for daemon in [d for d in list(OPEN) if id(d) not in before and not d.for_session]:
         daemon.close()
 
 
@@ -190,6 +191,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
     for daemon in list(OPEN):
         daemon.close()
+    ssh = sys.modules.get("tests.ssh_server")
+    if ssh is not None:
+        ssh.close_shared()
     if hasattr(session.config, "workerinput"):
         return
     if session.config.option.collectonly:

@@ -39,6 +39,7 @@ class DaemonProcess:
         extra_args: Sequence[str] = (),
         extra_env: Mapping[str, str] | None = None,
         log_path: str | None = None,
+        for_session: bool = False,
     ) -> None:
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="hutch-daemon-")
         self.token = token
@@ -50,6 +51,9 @@ class DaemonProcess:
         self.extra_args = list(extra_args)
         self.log_path = log_path or os.path.join(self.data_dir, "daemon.log")
         self.closed = False
+        #: Shared by the whole run (made on first use): closed when the run ends,
+        #: not when the test or module that happened to make it does.
+        self.for_session = for_session
         OPEN.add(self)
 
     def start(self, timeout: float = 30) -> DaemonProcess:
@@ -62,17 +66,17 @@ class DaemonProcess:
             env={**os.environ, "HUTCH_TOKEN": self.token, **self.extra_env},
         )
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"daemon exited at start:\n{self.log()}")
-            try:
-                answer = httpx.get(f"{self.url}/healthz", timeout=1,
-                                   headers={"Authorization": f"Bearer {self.token}"})
-                if answer.status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
+        # One client for every probe: making one costs more than a probe.
+        with httpx.Client(timeout=1, headers={"Authorization": f"Bearer {self.token}"}) as http:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"daemon exited at start:\n{self.log()}")
+                try:
+                    if http.get(f"{self.url}/healthz").status_code == 200:
+                        return self
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.05)
         raise RuntimeError(f"daemon did not answer in {timeout} s:\n{self.log()}")
 
     def kill(self) -> None:

@@ -342,7 +342,8 @@ def test_background_output_does_not_stay_in_the_daemons_memory(
     base = f"/v1/sandboxes/{local_sandbox}"
     before = rss_bytes(daemon)
     started = [
-        http.post(f"{base}/processes", json={"cmd": "head -c 15000000 /dev/zero"}).json()["id"]
+        # Printable output: each answer's JSON is its size, not six times it (\u0000).
+        http.post(f"{base}/processes", json={"cmd": "yes | head -c 15000000"}).json()["id"]
         for _ in range(30)
     ]
     for pid in started:
