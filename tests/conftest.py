@@ -28,6 +28,7 @@ def _run_root() -> str:
         return inherited
     base = os.environ.get("HUTCH_TEST_RUN_PARENT") or tempfile.gettempdir()
     root = tempfile.mkdtemp(prefix="hutch-test-run-", dir=base)
+    os.chmod(root, 0o1777)  # as /tmp: other users reach (and make) their own files in it
     os.environ["HUTCH_TEST_RUN_ROOT"] = root
     return root
 
@@ -90,19 +91,10 @@ def _close_daemons_made_since(before: set[int]) -> None:
 
 @pytest.fixture(autouse=True, scope="module")
 def _close_module_daemons() -> Iterator[None]:
-    """A daemon a module-scoped fixture made is closed when its module ends."""
-    from tests.daemon_fixture import OPEN
-
-    before = {id(d) for d in OPEN}
-    yield
-    _close_daemons_made_since(before)
-
-
-@pytest.fixture(autouse=True)
-def _close_test_daemons() -> Iterator[None]:
-    """A daemon a test (or its function-scoped fixtures) made is closed, with
-    all it holds, after the test's own teardown, whether it stopped it, killed
-    it or neither."""
+    """A daemon made in a module (by a test or a fixture of any scope below the
+    session: a module's fixture may first be asked for in the middle of a
+    test) is closed, with all it holds, when the module ends, whether its
+    maker stopped it, killed it or neither."""
     from tests.daemon_fixture import OPEN
 
     before = {id(d) for d in OPEN}

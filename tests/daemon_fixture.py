@@ -56,7 +56,7 @@ class DaemonProcess:
         self.for_session = for_session
         OPEN.add(self)
 
-    def start(self, timeout: float = 30) -> DaemonProcess:
+    def start(self, timeout: float = 120) -> DaemonProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child
         # The token goes in the environment: a command line is every user's to read.
         self.proc = subprocess.Popen(
