@@ -14,6 +14,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests import snapshot_leaks
+from tests.daemon_fixture import DaemonProcess
+
 TEST_IMAGE = os.environ.get("HUTCH_TEST_IMAGE", "hutch-test:bookworm")
 
 
@@ -39,10 +42,13 @@ RUN_ROOT = _run_root()
 os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
 os.environ["TMPDIR"] = RUN_ROOT
 tempfile.tempdir = RUN_ROOT
-# In-process sandboxes' home (their containers' label, their working directories).
-os.environ["HUTCH_HOME"] = os.path.join(
-    RUN_ROOT, "home-" + os.environ.get("PYTEST_XDIST_WORKER", "main")
-)
+#: This process's own hutch home: what in-process tests make (containers,
+#: snapshot layers, images labelled with it) is told apart from other runs'
+#: (and other xdist workers') on the same host and Docker Engine, and checked
+#: at the session's end.
+SESSION_HOME = os.path.join(RUN_ROOT, "home-" + os.environ.get("PYTEST_XDIST_WORKER", "main"))
+os.makedirs(SESSION_HOME, exist_ok=True)
+os.environ["HUTCH_HOME"] = SESSION_HOME
 
 
 @pytest.fixture(scope="session")
@@ -174,11 +180,33 @@ def _leftovers(roots: list[str]) -> list[str]:
     return left
 
 
+def _snapshot_leftovers() -> list[str]:
+    """This process's snapshot storage left behind: images labelled with its
+    homes, snapshot layers or branch directories under them. Whatever is found
+    is reported, then freed."""
+    homes = [SESSION_HOME, *DaemonProcess.data_dirs]
+    images = snapshot_leaks.leftover_images(homes)
+    layers = snapshot_leaks.leftover_layers(homes)
+    snapshot_leaks.free(images, layers)
+    return ([f"snapshot image {tags} ({image_id[7:19]}), now freed" for image_id, tags in images]
+            + [f"snapshot layer directory {path}, now freed" for path in layers])
+
+
+#: What each xdist worker found it left (its daemons and homes are its own).
+_WORKERS_LEFT: list[str] = []
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    output = getattr(node, "workeroutput", None) or {}
+    _WORKERS_LEFT.extend(output.get("hutch_leftovers", []))
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Close the daemons still open (made at import or by a session fixture),
     then fail the run if it left anything behind; the controller checks once
-    every xdist worker has finished."""
+    every xdist worker has finished (each sends what its own check found)."""
     from tests.daemon_fixture import OPEN
 
     for daemon in list(OPEN):
@@ -186,8 +214,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     ssh = sys.modules.get("tests.ssh_server")
     if ssh is not None:
         ssh.close_shared()
-    if hasattr(session.config, "workerinput"):
+    left = _snapshot_leftovers()
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: the controller reports
+        workeroutput["hutch_leftovers"] = left
         return
+    left += _WORKERS_LEFT
     if session.config.option.collectonly:
         shutil.rmtree(RUN_ROOT, ignore_errors=True)
         return
@@ -195,7 +227,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     factory = getattr(session.config, "_tmp_path_factory", None)  # tmp_path's, this run's
     if factory is not None:
         roots.append(str(factory.getbasetemp()))
-    left = _leftovers(roots)
+    left += _leftovers(roots)
     shutil.rmtree(RUN_ROOT, ignore_errors=True)
     if os.path.exists(RUN_ROOT):
         left.append(f"files under {RUN_ROOT} that cannot be removed")

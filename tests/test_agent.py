@@ -19,10 +19,12 @@ import pytest
 
 import hutch
 from hutch._sandbox import backend_of
+from hutch._types import OutputChunk
 from hutch.lifecycle.state import SandboxState
 from hutch.providers.agent import AgentFailure, AgentRuntime
 from hutch.providers.agent.wire import connect_socket
 from tests.conftest import TEST_IMAGE
+from tests.hazards import FORK_BOMB
 
 pytestmark = pytest.mark.anyio
 
@@ -433,3 +435,115 @@ async def test_a_socket_planted_by_the_sandbox_is_never_reached(sb: Any) -> None
     for _ in range(5):
         assert (await sb.exec(["echo", "the real agent"])).stdout == "the real agent\n"
     assert not await sb.exists("/tmp/fake-reached")
+
+
+# -- the workload's cgroup: room of the agent's own ---------------------------------------
+
+
+
+def _cgroups_of(text: str) -> dict[str, str]:
+    """/proc/PID/cgroup as controller -> path."""
+    rows = (line.split(":", 2) for line in text.splitlines() if line.count(":") >= 2)
+    return {controllers: path for _, controllers, path in rows}
+
+
+@pytest.mark.docker
+async def test_commands_run_in_a_workload_cgroup_they_cannot_leave() -> None:
+    async with await hutch.create_sandbox(
+        "docker", image=TEST_IMAGE, runtime="agent", pids_limit=50, memory="200m",
+        read_before_write=False,
+    ) as sb:
+        container = backend_of(sb).container_id
+        # The caller's limits hold the workload; the container's leave the agent room.
+        base = f"/sys/fs/cgroup/pids/docker/{container}"
+        with open(f"{base}/pids.max") as fh:
+            assert int(fh.read()) > 50
+        with open(f"{base}/hutch-workload/pids.max") as fh:
+            assert int(fh.read()) == 50
+        with open(f"/sys/fs/cgroup/memory/docker/{container}/hutch-workload/"
+                  "memory.limit_in_bytes") as fh:
+            assert int(fh.read()) == 200 << 20
+        for user in (None, "nobody"):
+            mine = _cgroups_of((await sb.exec(["cat", "/proc/self/cgroup"], user=user)).stdout)
+            assert mine["pids"].endswith("/hutch-workload"), mine
+            assert mine["memory"].endswith("/hutch-workload"), mine
+            assert not mine["freezer"].endswith("/hutch-workload"), mine  # pause holds it all
+        pid = await agent_pid(sb)
+        agents = _cgroups_of(await sb.read_text(f"/proc/{pid}/cgroup"))
+        assert not agents["pids"].endswith("/hutch-workload"), agents
+        # No way out, as root: the cgroup files are read-only, the agent holds
+        # no descriptor of them, and no capability mounts another view.
+        escape = await sb.exec(["sh", "-c",
+                                "echo $$ > /sys/fs/cgroup/pids/cgroup.procs; "
+                                "echo $$ > /sys/fs/cgroup/pids/tasks; "
+                                "echo 100000 > /sys/fs/cgroup/pids/hutch-workload/pids.max; "
+                                "mkdir /tmp/cg && mount -t cgroup -o pids none /tmp/cg; "
+                                f"ls -l /proc/{pid}/fd; cat /proc/self/cgroup"])
+        assert "cgroup.procs" not in escape.stdout and "tasks" not in escape.stdout
+        assert _cgroups_of(escape.stdout)["pids"].endswith("/hutch-workload"), escape
+        with open(f"{base}/hutch-workload/pids.max") as fh:
+            assert int(fh.read()) == 50
+        # A restarted agent (a new container cgroup) places the workload again.
+        with pytest.raises(hutch.HutchError):
+            await sb.exec(["sh", "-c", f"kill -9 {pid}; sleep 30"])
+
+        async def placed_again() -> bool:
+            text = (await sb.exec(["cat", "/proc/self/cgroup"])).stdout
+            return _cgroups_of(text)["pids"].endswith("/hutch-workload")
+
+        await eventually(placed_again, within=10)
+
+
+@pytest.mark.docker
+async def test_a_fork_bomb_leaves_the_agent_room_to_answer() -> None:
+    async with await hutch.create_sandbox(
+        "docker", image=TEST_IMAGE, runtime="agent", pids_limit=40, read_before_write=False,
+    ) as sb:
+        bomb = await sb.start(["python3", "-c", FORK_BOMB])
+        try:
+            said = ""
+            async for event in bomb.stream():
+                if isinstance(event, OutputChunk):
+                    said += event.data.decode()
+                if "forked" in said:
+                    break
+            assert "errno EAGAIN" in said, said
+            assert 10 < int(said.split("forked")[1].split()[0]) < 40
+            # The workload is full, the agent is not: it answers files, the
+            # busy count, and says why a new command cannot start.
+            # Many at once: the agent needs threads of its own for them.
+            runtime = backend_of(sb).runtime
+            for _ in range(5):
+                answers = await asyncio.gather(
+                    *(sb.read_text("/etc/os-release") for _ in range(16)),
+                    *(sb.list_dir("/usr/lib") for _ in range(16)),
+                    *(runtime.count_busy_processes() for _ in range(8)),
+                )
+                assert all(answers) and min(answers[-8:]) >= 10
+            with pytest.raises(hutch.HutchError) as info:
+                await sb.exec(["echo", "no room"])
+            assert "temporarily unavailable" in str(info.value), info.value
+        finally:
+            await bomb.kill()
+        assert (await sb.exec(["echo", "room again"])).stdout == "room again\n"
+        pid = await agent_pid(sb)
+        assert await sb.exec(["true"]) and await agent_pid(sb) == pid  # the same agent
+
+
+@pytest.mark.docker
+async def test_an_exec_connection_serves_the_next_request(sb: Any) -> None:
+    # A command's connection goes back to the pool once it has exited: a
+    # run of execs opens no new connection to the agent per call.
+    pid = await agent_pid(sb)
+    listing = ["sh", "-c", f"ls -l /proc/{pid}/fd | grep -o 'socket:\\[[0-9]*\\]' | sort"]
+
+    async def sockets() -> set[str]:
+        return set((await sb.exec(listing)).stdout.split())
+
+    for _ in range(3):
+        await sb.exec(["true"])
+    before = await sockets()
+    for _ in range(20):
+        assert (await sb.exec(["echo", "hi"])).stdout == "hi\n"
+    assert await sb.exec(["sh", "-c", "exit 3"]) and (await sb.read_text("/etc/os-release"))
+    assert len((await sockets()) - before) <= 2

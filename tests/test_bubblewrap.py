@@ -7,6 +7,7 @@ tests need the engine, as the docker tests do).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import os
@@ -20,7 +21,10 @@ import anyio
 import pytest
 
 import hutch
+from hutch._types import OutputChunk
+from hutch.providers.base import ProcessRequest
 from tests.conftest import TEST_IMAGE
+from tests.hazards import FORK_BOMB
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]
 
@@ -88,6 +92,30 @@ async def test_syscalls_that_reach_the_kernel_are_refused(sandbox: Any) -> None:
     assert "mount=0" not in result.stdout
 
 
+@pytest.mark.parametrize("runtime", ["agent", "native"])
+async def test_no_process_inside_takes_another_ones_descriptors(runtime: str) -> None:
+    """The keeper's processes hold host files (its log) and hutch's own
+    connections: pidfd_getfd on them (or on anything) is refused, as ptrace is."""
+    sb = await _make(runtime=runtime)
+    try:
+        result = await sb.exec(["perl", "-e", (
+            "opendir(my $d, '/proc') or die; "
+            "for my $pid (grep { /^[0-9]+$/ } readdir $d) { "
+            "  my $pidfd = syscall(434, $pid + 0, 0); next if $pidfd < 0; "
+            "  for my $fd (0..16) { "
+            "    my $got = syscall(438, $pidfd, $fd, 0); "
+            "    print \"took $pid/$fd\\n\" if $got >= 0; "
+            "    print \"refused $pid/$fd\\n\" if $got < 0 && $! + 0 == 1; "  # EPERM
+            "  } "
+            "}"
+        )])
+        assert result.exit_code == 0, result
+        assert "took" not in result.stdout, result.stdout
+        assert "refused 1/0" in result.stdout  # bwrap's init, whose stdio is a host file
+    finally:
+        await sb.close()
+
+
 async def test_no_connection_leaves_the_sandbox(sandbox: Any) -> None:
     # A listener on the host's loopback: the sandbox's loopback is its own.
     with socket.socket() as server:
@@ -117,6 +145,35 @@ def _host_addresses() -> list[str]:
             if not address.startswith("127."):
                 found.append(address)
     return sorted(set(found))
+
+
+async def test_each_sandbox_has_a_network_of_its_own() -> None:
+    """Network namespaces are made ahead of time: each still serves one
+    sandbox only (a server on one's loopback is not reached from another's)."""
+    first, second = await _make(), await _make()
+    try:
+        probe = (
+            "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 4242), 2)'"
+        )
+        await first.exec(
+            "nohup python3 -c 'import socket,time; s=socket.socket(); "
+            "s.bind((\"127.0.0.1\", 4242)); s.listen(); time.sleep(60)' >/dev/null 2>&1 &"
+        )
+        for _ in range(100):
+            if (await first.exec(probe)).exit_code == 0:
+                break
+            await anyio.sleep(0.05)
+        else:
+            raise AssertionError("the server in the first sandbox never listened")
+        assert (await second.exec(probe)).exit_code != 0
+        inodes = [
+            int((await sb.exec("stat -L -c %i /proc/self/ns/net")).stdout) for sb in (first, second)
+        ]
+        assert inodes[0] != inodes[1]
+        assert os.stat("/proc/self/ns/net").st_ino not in inodes
+    finally:
+        await first.close()
+        await second.close()
 
 
 async def test_host_files_outside_the_root_are_not_visible(sandbox: Any, canary: Any) -> None:
@@ -209,12 +266,26 @@ async def test_directory_swapped_for_a_symlink_during_1000_writes(
 # -- limits ------------------------------------------------------------------------------
 
 
-async def test_fork_bomb_meets_the_pids_limit_with_eagain() -> None:
-    # The native runtime: the agent shares the sandbox's pids limit, and a
-    # fork bomb can starve it of threads (an open bug of the agent runtime,
-    # as on docker: see test_containment).
-    sb = await _make(pids_limit=64, runtime="native")
+@pytest.mark.parametrize("runtime", ["agent", "native"])
+async def test_fork_bomb_meets_the_pids_limit_with_eagain(runtime: str) -> None:
+    # What runs is held in the workload's cgroup; the keeper (the agent: Go,
+    # whose threads count as tasks) keeps a reserve above it, and answers.
+    sb = await _make(pids_limit=64, runtime=runtime)
     try:
+        held = await sb.start(["python3", "-c", FORK_BOMB])
+        said = ""
+        async for event in held.stream():
+            if isinstance(event, OutputChunk):
+                said += event.data.decode()
+            if "forked" in said:
+                break
+        assert "errno EAGAIN" in said, said
+        answers = await asyncio.gather(
+            *(sb.read_text("/etc/os-release") for _ in range(16)),
+            *(sb.list_dir("/usr/lib") for _ in range(16)),
+        )
+        assert all(answers)
+        await held.kill()
         result = await sb.exec(
             [
                 "python3", "-c",
@@ -247,8 +318,31 @@ async def test_fork_bomb_meets_the_pids_limit_with_eagain() -> None:
         await sb.close()
 
 
-async def test_memory_hog_is_killed_and_said_so() -> None:
-    sb = await _make(memory="64m")
+@pytest.mark.parametrize("runtime", ["agent", "native"])
+async def test_commands_run_in_the_workload_cgroup_and_cannot_leave_it(runtime: str) -> None:
+    sb = await _make(pids_limit=30, memory="100m", runtime=runtime)
+    try:
+        for user in (None, "nobody"):
+            mine = (await sb.exec(["cat", "/proc/self/cgroup"], user=user)).stdout
+            rows = dict(line.split(":", 2)[1:] for line in mine.splitlines())
+            assert rows["pids"] == rows["memory"] == "/hutch-workload", mine
+            assert rows["freezer"] == "/", mine  # pause holds everything
+        base = f"/sys/fs/cgroup/pids/hutch/{sb.id}"
+        with open(f"{base}/hutch-workload/pids.max") as fh:
+            assert int(fh.read()) == 30
+        with open(f"{base}/pids.max") as fh:
+            assert int(fh.read()) > 30
+        # No cgroup file system inside, and no capability to mount one.
+        escape = await sb.exec("mkdir -p /tmp/cg && mount -t cgroup -o pids none /tmp/cg "
+                               "&& echo $$ > /tmp/cg/cgroup.procs; cat /proc/self/cgroup")
+        assert "pids:/hutch-workload" in escape.stdout, escape
+    finally:
+        await sb.close()
+
+
+@pytest.mark.parametrize("runtime", ["agent", "native"])
+async def test_memory_hog_is_killed_and_said_so(runtime: str) -> None:
+    sb = await _make(memory="64m", runtime=runtime)
     try:
         result = await sb.exec(
             ["python3", "-c", "b = bytearray(1 << 30); print('survived')"], timeout=60
@@ -324,6 +418,49 @@ async def test_suspend_ends_processes_as_declared(sandbox: Any) -> None:
     assert "sleep" not in result.stdout.split()
 
 
+def test_an_ephemeral_sandbox_outlives_the_thread_that_made_it() -> None:
+    """``--die-with-parent`` ends a keeper when the *thread* that started it
+    ends (the kernel's parent-death signal follows the thread): a sandbox
+    made from a thread that then exits (an event loop in a worker thread, a
+    resume in a thread pool) must live on."""
+    import threading
+    import time
+
+    from hutch._sandbox import backend_of
+
+    made: list[Any] = []
+    maker = threading.Thread(target=lambda: made.append(anyio.run(_make)))
+    maker.start()
+    maker.join()
+    sb = made[0]
+    try:
+        keeper = backend_of(sb).parts.keeper
+        time.sleep(0.5)  # the signal, had it been sent, has landed
+        assert keeper.alive()
+    finally:
+        anyio.run(sb.close)
+
+
+async def test_hutch_is_never_left_in_a_sandboxs_cgroups() -> None:
+    """The keeper is born in its sandbox's cgroups (a thread of hutch's
+    passes through them to start it): none of hutch's own is left there, or
+    the sandbox's kill, busy count and memory would reach hutch itself."""
+    from hutch._sandbox import backend_of
+
+    sandboxes = [await _make(runtime=runtime) for runtime in ("agent", "native")]
+    try:
+        for sb in sandboxes:
+            cgroup = backend_of(sb).parts.cgroup
+            assert os.getpid() not in cgroup.pids()
+            await sb.suspend()
+            await sb.resume()
+            assert os.getpid() not in cgroup.pids()
+            assert (await sb.exec("echo here")).stdout == "here\n"
+    finally:
+        for sb in sandboxes:
+            await sb.close()
+
+
 # -- through the daemon: adoption after a restart, a death outside hutch -----------------------
 
 
@@ -381,6 +518,34 @@ def test_daemon_adopts_live_sandboxes_after_a_restart() -> None:
         _end_daemon_sandboxes(daemon.data_dir)
 
 
+def test_a_workspace_from_an_image_alone_is_on_the_daemons_provider() -> None:
+    """The client does not pick a provider for an image: the daemon's
+    configuration does (here bubblewrap, where the built-in would be docker)."""
+    import shutil
+
+    from tests.daemon_fixture import DaemonProcess
+
+    config_dir = tempfile.mkdtemp(prefix="hutch-config-")
+    config = os.path.join(config_dir, "hutch.toml")
+    with open(config, "w") as fh:
+        fh.write('[sandbox]\nprovider = "bubblewrap"\n')
+    daemon = DaemonProcess(extra_args=["--config", config]).start()
+    try:
+        with hutch.Client(daemon.url, token=daemon.token) as client:
+            ws = client.create_workspace("from-image", image=TEST_IMAGE)
+            try:
+                assert ws["provider"] == "bubblewrap"
+                sb = client.get_sandbox(ws["live_sandbox_id"])
+                assert sb.exec(["cat", "/etc/debian_version"]).exit_code == 0
+            finally:
+                client.delete_workspace("from-image")
+    finally:
+        daemon.stop()
+        _end_daemon_sandboxes(daemon.data_dir)
+        shutil.rmtree(daemon.data_dir, ignore_errors=True)
+        shutil.rmtree(config_dir, ignore_errors=True)
+
+
 # -- snapshots at the provider: captured upper layers, forks copy nothing ---------------------
 
 
@@ -403,18 +568,18 @@ async def test_snapshot_and_forks_are_independent_copy_on_write(sandbox: Any) ->
     ]
     try:
         for index, branch in enumerate(branches):
-            assert await branch.read_file("/workspace/shared.txt", 100) == b"from the origin"
-            await branch.write_file("/workspace/shared.txt", f"branch {index}".encode())
+            runtime = branch.runtime
+            assert await runtime.read_file("/workspace/shared.txt", 100) == b"from the origin"
+            await runtime.write_file("/workspace/shared.txt", f"branch {index}".encode())
             # Nothing was copied: the fork's own upper layer holds only its write.
             upper = branch.parts.layers.upper
             assert sum(len(files) for _, _, files in os.walk(upper)) == 1
-        assert await branches[0].read_file("/workspace/shared.txt", 100) == b"branch 0"
-        assert await branches[1].read_file("/workspace/shared.txt", 100) == b"branch 1"
+        assert await branches[0].runtime.read_file("/workspace/shared.txt", 100) == b"branch 0"
+        assert await branches[1].runtime.read_file("/workspace/shared.txt", 100) == b"branch 1"
         assert await sandbox.read_text("shared.txt") == "from the origin"
-        proc = await branches[0].runtime.start_process(
-            ["sh", "-c", "cat f1999; test -e /etc/motd; echo $?"], cwd="/workspace", env={},
-            stdin=None, user=None,
-        )
+        proc = await branches[0].runtime.start_process(ProcessRequest(
+            ["sh", "-c", "cat f1999; test -e /etc/motd; echo $?"], cwd="/workspace",
+        ))
         out = b""
         while (chunk := await proc.read()) is not None:
             out += chunk.data
@@ -422,7 +587,7 @@ async def test_snapshot_and_forks_are_independent_copy_on_write(sandbox: Any) ->
         # Removing the snapshot keeps its layers while forks stand on them.
         remove(snap_id)
         assert snap_id not in held()
-        assert await branches[1].read_file("/workspace/f7", 100) == b"7\n"
+        assert await branches[1].runtime.read_file("/workspace/f7", 100) == b"7\n"
     finally:
         for branch in branches:
             await branch.close()
@@ -471,6 +636,50 @@ async def test_network_all_reaches_out_but_not_the_host_metadata_or_other_sandbo
         finally:
             await sb.close()
             await other.close()
+
+
+async def test_preview_url_reaches_a_port_inside_from_the_host() -> None:
+    import httpx
+
+    sb = await _make(network="all")
+    closed = await _make()
+    try:
+        assert sb.capabilities.preview_url
+        # A one-page HTTP server (the image's python3 has no http.server).
+        await sb.write_text("serve.py", (
+            "import socket\n"
+            "s = socket.socket()\n"
+            "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+            "s.bind(('0.0.0.0', 8000))\n"
+            "s.listen()\n"
+            "while True:\n"
+            "    c, _ = s.accept()\n"
+            "    c.recv(65536)\n"
+            "    c.sendall(b'HTTP/1.0 200 OK\\r\\ncontent-length: 17\\r\\n\\r\\n'\n"
+            "              b'hello from inside')\n"
+            "    c.close()\n"
+        ))
+        server = await sb.start(["python3", "serve.py"])
+        url = await sb.preview_url(8000)
+        assert url.endswith(":8000")
+        async with httpx.AsyncClient(trust_env=False) as client:
+            for _ in range(100):
+                try:
+                    answer = await client.get(f"{url}/index.html", timeout=2)
+                    break
+                except httpx.TransportError:
+                    await anyio.sleep(0.05)
+            else:
+                raise AssertionError(f"nothing answered at {url}")
+        assert answer.text == "hello from inside"
+        await server.kill()
+        # With no network nothing outside reaches its ports: no URL, and why.
+        assert not closed.capabilities.preview_url
+        with pytest.raises(hutch.CapabilityUnsupported, match="preview_url"):
+            await closed.preview_url(8000)
+    finally:
+        await sb.close()
+        await closed.close()
 
 
 async def test_network_allow_list_reaches_only_what_it_names() -> None:
@@ -594,4 +803,21 @@ async def test_a_long_chain_of_snapshots_still_mounts() -> None:
     finally:
         for branch in branches:
             await branch.close()
+        await sandbox.close()
+
+
+async def test_a_hutch_home_longer_than_a_socket_path(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent's socket lives under the hutch home, whose path may be
+    longer than the 107 bytes a socket's address holds."""
+    home = tmp_path / ("long-" * 16) / "home"
+    monkeypatch.setenv("HUTCH_HOME", str(home))
+    assert len(str(home / "bubblewrap" / "sandboxes" / "sb-0123456789ab" / "agent.sock")) > 108
+    sandbox = await _make(runtime="agent")
+    try:
+        assert (await sandbox.exec(["echo", "reached"])).stdout == "reached\n"
+        await sandbox.suspend()  # a new socket is bound on resume
+        assert (await sandbox.exec(["echo", "again"])).stdout == "again\n"
+    finally:
         await sandbox.close()

@@ -29,7 +29,11 @@ from tests.daemon_fixture import DaemonProcess
 def daemon() -> Iterator[DaemonProcess]:
     d = DaemonProcess().start()
     yield d
-    d.close()
+    # Whatever a test left, clean it so later tests start from an empty engine.
+    try:
+        d.remove_everything()
+    finally:
+        d.close()
 
 
 def client(d: DaemonProcess) -> hutch.Client:
@@ -467,6 +471,19 @@ def test_remote_process_offers_what_a_process_offers(remote_cls: type) -> None:
     local = {n for n in dir(hutch.Process) if not n.startswith("_")}
     remote = {n for n in dir(remote_cls) if not n.startswith("_")}
     assert local == remote, (local - remote, remote - local)
+
+
+def test_a_streamed_background_command_tells_its_handle_it_ended(daemon: DaemonProcess) -> None:
+    with client(daemon) as c:
+        sb = c.create_sandbox("local", read_before_write=False)
+        try:
+            proc = sb.start("echo streamed; exit 3")
+            events = list(proc.stream())
+            assert isinstance(events[-1], hutch.ExitStatus) and events[-1].exit_code == 3
+            # The stream's end told the handle: no wait was asked for.
+            assert (proc.running, proc.exit_code) == (False, 3)
+        finally:
+            sb.close()
 
 
 @pytest.mark.docker

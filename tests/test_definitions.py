@@ -3,7 +3,9 @@ order on real providers, with a real git repository served as file://."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -24,7 +26,8 @@ from hutch.definitions import (
     label_for,
     load_definitions,
 )
-from hutch.store import SQLiteStore
+from hutch.providers.registry import get_provider
+from hutch.store import InstanceRow, SQLiteStore
 
 from .conftest import TEST_IMAGE
 
@@ -35,10 +38,43 @@ SETUP = ["sleep 2 && echo ran >> .setup-runs && echo setup-done"]
 
 
 @pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     home = tmp_path / "home"
     monkeypatch.setenv("HUTCH_HOME", str(home))
-    return home
+    yield home
+    end_leftovers(home)
+
+
+def end_leftovers(home: Path) -> None:
+    """What a test's sandboxes left under its own hutch home (a sandbox a
+    failed assertion or another program left, a snapshot kept for the next
+    ensure): ended by each provider's own reaping (a branch's mount, a
+    container, a keeper), then the Docker images, children before the images
+    they build on."""
+    docker = shutil.which("docker") is not None
+
+    async def reap() -> None:
+        for name in ("local", "bubblewrap", "docker") if docker else ("local",):
+            await get_provider(name).reap_orphans(set())
+
+    anyio.run(reap)
+    if not docker:
+        return
+    label = f"label=hutch.home={home}"
+
+    def ids(*args: str) -> list[str]:
+        done = subprocess.run(["docker", *args, "-q", "--filter", label],
+                              capture_output=True, text=True, check=False)
+        return done.stdout.split()
+
+    containers = ids("ps", "-a")
+    if containers:
+        subprocess.run(["docker", "rm", "-f", *containers], capture_output=True, check=False)
+    for _ in range(5):
+        images = ids("images")
+        if not images:
+            return
+        subprocess.run(["docker", "rmi", "-f", *images], capture_output=True, check=False)
 
 
 @pytest.fixture
@@ -206,6 +242,12 @@ async def test_ensure_order_docker(defs: Definitions, repo: str) -> None:
                                                 "runtime": "native"}), check_storage=False)
 
 
+@pytest.mark.docker  # its root file system is the test image, exported once
+async def test_ensure_order_bubblewrap(defs: Definitions, repo: str) -> None:
+    await _ensure_order(defs, definition(repo, {"type": "bubblewrap", "image": TEST_IMAGE}),
+                        check_storage=True)
+
+
 @pytest.mark.docker
 async def test_keep_alive_suspends_and_ensure_resumes_docker(defs: Definitions, repo: str) -> None:
     d = definition(repo, {"type": "docker", "image": TEST_IMAGE, "runtime": "native"},
@@ -368,37 +410,65 @@ async def test_dir_source_and_bad_git_source(defs: Definitions, tmp_path: Path) 
 
 # -- across processes, no daemon ---------------------------------------------------------
 _ENSURE_SCRIPT = """
-import sys, anyio
+import json, sys, anyio
 from hutch.definitions import Definition, open_definitions
-d = Definition.parse({"id": "xproc", "provider": "local",
-                      "workspace": {"source": {"git": sys.argv[1]},
+provider, repo, then = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+d = Definition.parse({"id": "xproc", "provider": provider,
+                      "workspace": {"source": {"git": repo},
                                     "setup": ["sleep 1; echo x >> .setup-runs"]}})
 async def main():
-    e = await open_definitions().ensure(d, "thread-x")
-    print(e.path, e.sandbox.id, (await e.sandbox.read_text(".setup-runs")).count("x"))
+    definitions = open_definitions()
+    e = await definitions.ensure(d, "thread-x")
+    sandbox = e.sandbox
+    notes = await sandbox.read_text("notes.txt") if await sandbox.exists("notes.txt") else "-"
+    runs = (await sandbox.read_text(".setup-runs")).count("x")
+    print(e.path, sandbox.id, runs, notes)
+    if then == "write":
+        await sandbox.write_text("notes.txt", "written-by-an-earlier-program")
+    elif then == "suspend":
+        await sandbox.suspend()
+    elif then == "close":
+        await sandbox.close()
+    await definitions.settle()
 anyio.run(main)
 """
 
 
-def test_ensure_across_processes_reuses_one_sandbox(home: Path, repo: str) -> None:
-    def run() -> subprocess.Popen[str]:
-        return subprocess.Popen([sys.executable, "-c", _ENSURE_SCRIPT, repo], text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+def _ensure_across_processes(provider: dict[str, object], repo: str) -> None:
+    """Each step a program of its own, sharing only the store (no daemon):
+    the sandbox the first made is the one every later one finds, left
+    running or suspended by the program before."""
+    def run(then: str = "-") -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-c", _ENSURE_SCRIPT, json.dumps(provider), repo, then],
+            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def answer(proc: subprocess.Popen[str]) -> list[str]:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        return out.split()
 
     # Two at once: the store's lease makes one sandbox between them.
-    first, second = run(), run()
-    answers = []
-    for proc in (first, second):
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, err
-        answers.append(out.split())
+    answers = [answer(p) for p in (run(), run())]
     assert sorted(a[0] for a in answers) == ["created", "resumed"]
-    assert answers[0][1] == answers[1][1] and {a[2] for a in answers} == {"1"}
-    # And once more, later: the same sandbox, setup not run again.
-    third = run()
-    out, err = third.communicate(timeout=120)
-    assert third.returncode == 0, err
-    assert out.split() == ["resumed", answers[0][1], "1"]
+    sandbox_id = answers[0][1]
+    assert answers[1][1] == sandbox_id and {a[2] for a in answers} == {"1"}
+    # Later programs, one after another: the same sandbox, setup not run again,
+    # the work of the program before kept (a suspended one resumed as it was).
+    assert answer(run("write")) == ["resumed", sandbox_id, "1", "-"]
+    kept = ["resumed", sandbox_id, "1", "written-by-an-earlier-program"]
+    suspends = provider["type"] != "local"
+    assert answer(run("suspend" if suspends else "-")) == kept
+    assert answer(run("close")) == kept
+
+
+def test_ensure_across_processes_reuses_one_sandbox_local(home: Path, repo: str) -> None:
+    _ensure_across_processes({"type": "local"}, repo)
+
+
+@pytest.mark.docker
+def test_ensure_across_processes_reuses_one_sandbox_docker(home: Path, repo: str) -> None:
+    _ensure_across_processes({"type": "docker", "image": TEST_IMAGE}, repo)
 
 
 async def test_nothing_durable_reruns_setup_and_progress_streams(
@@ -426,3 +496,94 @@ async def test_nothing_durable_reruns_setup_and_progress_streams(
     assert second.path == "created" and "setup[0]" in step_names(second)
     assert second.sandbox.id != first.sandbox.id
     await second.sandbox.close()
+
+
+# -- a sandbox another program suspended -------------------------------------------------
+async def _suspended_elsewhere_is_resumed(home: Path, d: Definition) -> None:
+    """Work done after setup survives a pause or a suspend made by another
+    program (here: other store handles on the same file, each with a host of
+    its own): ensure resumes the sandbox's own state, never the after-setup
+    snapshot, and a program whose handle is out of date goes by the store."""
+    programs = [Definitions(LocalHost(SQLiteStore(str(home / "hutch.db")))) for _ in range(3)]
+    first = await programs[0].ensure(d, "t")
+    await first.sandbox.write_text("notes.txt", "work since setup")
+    other = await programs[1].ensure(d, "t")
+    assert other.path == "resumed" and other.sandbox.id == first.sandbox.id
+    await other.sandbox.pause()
+    third = await programs[2].ensure(d, "t")
+    assert third.path == "resumed" and third.sandbox.id == first.sandbox.id
+    assert third.sandbox.state.value == "running"
+    assert await third.sandbox.read_text("notes.txt") == "work since setup"
+    await third.sandbox.suspend()
+    # Back in the program that made it: its own handle says running, the
+    # store says suspended, and the store is right.
+    again = await programs[0].ensure(d, "t")
+    try:
+        assert again.path == "resumed" and again.sandbox.id == first.sandbox.id
+        assert again.sandbox.state.value == "running"
+        assert await again.sandbox.read_text("notes.txt") == "work since setup"
+        assert (await again.sandbox.read_text(".setup-runs")) == "ran\n"
+    finally:
+        await again.sandbox.close()
+        for program in programs:
+            await program.settle()
+            program.host.store.close()
+
+
+@pytest.mark.docker
+async def test_a_sandbox_suspended_elsewhere_is_resumed_docker(home: Path, repo: str) -> None:
+    await _suspended_elsewhere_is_resumed(
+        home, definition(repo, {"type": "docker", "image": TEST_IMAGE, "runtime": "native"}))
+
+
+@pytest.mark.docker  # its root file system is the test image, exported once
+async def test_a_sandbox_suspended_elsewhere_is_resumed_bubblewrap(home: Path, repo: str) -> None:
+    await _suspended_elsewhere_is_resumed(
+        home, definition(repo, {"type": "bubblewrap", "image": TEST_IMAGE}))
+
+
+@pytest.mark.docker
+async def test_a_suspend_the_record_missed_is_resumed_docker(home: Path, repo: str) -> None:
+    """A program that died between its suspend and writing it down left a
+    record of a running container that is gone: the sandbox is still found
+    by its suspend image, and resumed with the work in it."""
+    d = definition(repo, {"type": "docker", "image": TEST_IMAGE, "runtime": "native"})
+    programs = [Definitions(LocalHost(SQLiteStore(str(home / "hutch.db")))) for _ in range(2)]
+    first = await programs[0].ensure(d, "t")
+    await first.sandbox.write_text("notes.txt", "work since setup")
+    store = programs[0].host.store
+    before = store.get_instance(first.key)
+    assert before is not None and before.state == "running"
+    await first.sandbox.suspend()
+    after = store.get_instance(first.key)
+    assert after is not None and after.state == "suspended"
+    store.put_instance(before)  # the record as it was before the suspend
+    found = await programs[1].ensure(d, "t")
+    try:
+        assert found.path == "resumed" and found.sandbox.id == first.sandbox.id
+        assert await found.sandbox.read_text("notes.txt") == "work since setup"
+    finally:
+        await found.sandbox.close()
+        for program in programs:
+            await program.settle()
+            program.host.store.close()
+
+
+def test_a_record_is_overwritten_only_by_who_wrote_it_last(home: Path) -> None:
+    """A transition is written where the record still says what its writer
+    last knew: a program whose handle is out of date never overwrites it."""
+    store = SQLiteStore(str(home / "hutch.db"))
+    store.put_instance(InstanceRow(key="k", definition_id="d", thread_id="t", tenant=None,
+                                   provider="docker", sandbox_id="sb-1",
+                                   description={"container_id": "c1"}, state="running"))
+    # Another program suspended it: its write stands...
+    assert store.record_instance_sandbox("sb-1", "suspended", {"container_id": None},
+                                         was=("running", {"container_id": "c1"}))
+    # ... against the one that made it, whose handle still says running on c1.
+    assert not store.record_instance_sandbox("sb-1", "paused", {"container_id": "c1"},
+                                             was=("running", {"container_id": "c1"}))
+    row = store.get_instance("k")
+    assert row is not None and (row.state, row.description) == ("suspended",
+                                                                {"container_id": None})
+    assert not store.record_instance_sandbox("sb-other", "running", {})
+    store.close()

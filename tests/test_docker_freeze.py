@@ -18,6 +18,7 @@ import pytest
 
 import hutch
 from hutch._sandbox import backend_of
+from hutch.providers.base import ProcessRequest
 from hutch.providers.docker import DockerSandbox
 from tests.conftest import TEST_IMAGE
 
@@ -49,9 +50,7 @@ async def test_exec_starts_racing_pauses_finish(sb: Any) -> None:
     async def execs() -> None:
         for _ in range(40):
             with contextlib.suppress(hutch.HutchError):  # "is paused" is a fair answer
-                proc = await backend.start_process(
-                    ["true"], cwd="/", env={}, stdin=None, user=None
-                )
+                proc = await backend.start_process(ProcessRequest(["true"], cwd="/"))
                 while await proc.read() is not None:
                     pass
                 await proc.wait()

@@ -25,8 +25,10 @@ import pytest
 import hutch
 from hutch._sandbox import backend_of
 from hutch.providers import docker as docker_provider
+from hutch.providers.agent.workload import MEMORY_RESERVE, PIDS_RESERVE
 from hutch.providers.docker import DockerSandbox, list_managed_containers
 from tests.conftest import TEST_IMAGE
+from tests.hazards import workload_limits
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]
 
@@ -74,8 +76,10 @@ async def test_container_is_labelled_named_and_hardened(sb: Any, api: docker.API
     assert labels["team"] == "tests"
     host = details["HostConfig"]
     assert "no-new-privileges" in host["SecurityOpt"]
-    assert host["PidsLimit"] == 300
-    assert host["Memory"] == 256 * 1024 * 1024
+    # The caller's limits hold what runs; the container's add the agent's reserve.
+    assert workload_limits(backend_of(sb).container_id) == (256 * 1024 * 1024, 300)
+    assert host["PidsLimit"] == 300 + PIDS_RESERVE
+    assert host["Memory"] == 256 * 1024 * 1024 + MEMORY_RESERVE
     assert "NET_RAW" in host["CapDrop"]
     assert host["Init"] is True  # orphans are reaped, not kept as zombies
     assert (sb.id, backend_of(sb).container_id, "running") in list_managed_containers()
@@ -390,7 +394,8 @@ async def test_suspend_frees_the_container_and_resume_restores_files(
     details = api.inspect_container(backend_of(sb).container_id)
     assert details["Name"] == f"/hutch-{sb.id}"
     assert details["Config"]["Labels"]["team"] == "tests"
-    assert details["HostConfig"]["PidsLimit"] == 300
+    assert details["HostConfig"]["PidsLimit"] == 300 + PIDS_RESERVE
+    assert workload_limits(backend_of(sb).container_id)[1] == 300
     assert await sb.read_text("/root/rootfs.txt") == "in the container layer"
     assert await sb.read_text("work.txt") == "in the bind mount"
     # Honest capabilities: a commit keeps files, not processes.

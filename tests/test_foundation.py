@@ -3,6 +3,7 @@ guardrail, secret filtering, capabilities and the sync face."""
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import tempfile
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 
 import hutch
-from hutch._errors import ERRORS_BY_CODE, error_from_code
+from hutch._errors import ERRORS_BY_CODE, SetupFailed, error_from_code, error_from_wire
 from hutch.config import load_config_file, resolve_spec
 from hutch.providers import available_providers, get_provider, register_provider
 from hutch.providers.base import SandboxRuntime
@@ -56,6 +57,21 @@ def test_every_spec_code_has_a_typed_error(code: str) -> None:
     assert type(again) is cls and str(again) == str(err)
 
 
+def test_an_error_s_details_survive_the_wire_and_pickling() -> None:
+    err = SetupFailed("setup step setup[1] exited 3", step="make", exit_code=3,
+                      output_tail="cc: error\n")
+    body = json.loads(json.dumps(err.wire()))
+    assert body == {"code": "setup_failed", "message": "setup step setup[1] exited 3",
+                    "step": "make", "exit_code": 3, "output_tail": "cc: error\n"}
+    for again in (error_from_wire(body), pickle.loads(pickle.dumps(err))):
+        assert isinstance(again, SetupFailed) and str(again) == str(err)
+        assert (again.step, again.exit_code, again.output_tail) == ("make", 3, "cc: error\n")
+    # An error without details is code and message; odd details are not trusted.
+    assert hutch.NotFound("gone").wire() == {"code": "not_found", "message": "gone"}
+    odd = error_from_wire({"code": "setup_failed", "message": "m", "exit_code": "3"})
+    assert isinstance(odd, SetupFailed) and odd.exit_code is None
+
+
 def test_unknown_code_becomes_the_root_error() -> None:
     err = error_from_code("brand_new_code", "x")
     assert type(err) is hutch.HutchError
@@ -84,6 +100,20 @@ def test_precedence_flag_over_file_over_server() -> None:
     assert spec.options.max_lifetime == 100
     spec = resolve_spec(flags={"provider": "local"}, config_file=file, server_defaults=server)
     assert spec.provider.type == "local"
+
+
+def test_an_image_alone_takes_its_provider_from_configuration() -> None:
+    # Nothing names a provider: the built-in one that has images.
+    spec = resolve_spec(flags={"image": "img:flag"})
+    assert spec.provider.type == "docker"
+    assert spec.provider.image == "img:flag"  # type: ignore[union-attr]
+    # The server's (or the file's) provider stands: an image says which, not where.
+    spec = resolve_spec(flags={"image": "img:flag"}, server_defaults={"provider": "bubblewrap"})
+    assert spec.provider.type == "bubblewrap"
+    assert spec.provider.image == "img:flag"  # type: ignore[union-attr]
+    # A provider that has no images says so.
+    with pytest.raises(hutch.InvalidArgument, match="image"):
+        resolve_spec(flags={"image": "img:flag"}, server_defaults={"provider": "virtual"})
 
 
 def test_config_file_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

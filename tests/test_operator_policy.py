@@ -24,6 +24,7 @@ import pytest
 import hutch
 from tests.conftest import TEST_IMAGE
 from tests.daemon_fixture import DaemonProcess
+from tests.hazards import workload_limits
 
 
 def start(*args: str) -> DaemonProcess:
@@ -132,8 +133,12 @@ def test_a_limit_over_the_ceiling_is_refused(daemon: DaemonProcess) -> None:
 
 
 def host_config(sandbox_id: str) -> dict[str, Any]:
+    """The container's HostConfig, with ``Memory`` and ``PidsLimit`` those
+    that hold what runs in it (the agent's workload cgroup: the caller's)."""
     info: dict[str, Any] = docker.APIClient().inspect_container(f"hutch-{sandbox_id}")
-    return dict(info["HostConfig"])
+    config = dict(info["HostConfig"])
+    config["Memory"], config["PidsLimit"] = workload_limits(info["Id"])
+    return config
 
 
 @pytest.mark.docker

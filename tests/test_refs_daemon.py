@@ -4,6 +4,7 @@ which is also a credential for that one sandbox (issue 9)."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -14,6 +15,7 @@ import httpx
 import pytest
 
 import hutch
+from hutch._refwire import decode_ref
 from tests.conftest import TEST_IMAGE
 from tests.daemon_fixture import DaemonProcess
 
@@ -23,8 +25,14 @@ HUTCH = [sys.executable, "-m", "hutch.cli.main"]
 @pytest.fixture
 def daemon() -> Iterator[DaemonProcess]:
     d = DaemonProcess().start()
-    yield d
-    d.stop()
+    try:
+        yield d
+    finally:
+        try:
+            d.remove_everything()  # workspaces and their snapshots outlive a stop
+        finally:
+            d.stop()
+            shutil.rmtree(d.data_dir, ignore_errors=True)
 
 
 def bare_env() -> dict[str, str]:
@@ -34,7 +42,7 @@ def bare_env() -> dict[str, str]:
 
 def worker(ref: str, code: str) -> subprocess.CompletedProcess[str]:
     """Python in another process, attached with ``ref`` as ``sb``."""
-    program = f"import hutch, sys\nsb = hutch.attach(sys.argv[1])\n{code}\n"
+    program = f"import hutch, sys\nsb = hutch.attach_sync(sys.argv[1])\n{code}\n"
     return subprocess.run([sys.executable, "-c", program, ref], capture_output=True,
                           text=True, timeout=120, env=bare_env(), stdin=subprocess.DEVNULL)
 
@@ -61,8 +69,24 @@ def test_owner_and_attached_in_two_processes(daemon: DaemonProcess) -> None:
         # The worker's close only detached it.
         assert owner.exec("echo still").stdout == "still\n"
         assert owner.status().state == "running"
-        listed = {a["ref_id"] for a in owner.info()["attachments"]}
-        assert len(listed) == 1
+        # A session is listed while attached (with its ref), not once it left.
+        ref_id = decode_ref(ref).ref_id  # type: ignore[union-attr]
+        assert owner.info()["attachments"] == []
+        assert [r["ref_id"] for r in owner.info()["refs"]] == [ref_id]
+        with hutch.Client(daemon.url, token="") as stranger:
+            present = [stranger.attach(ref), stranger.attach(ref)]
+            listed = owner.info()["attachments"]
+            assert [a["ref_id"] for a in listed] == [ref_id, ref_id]
+            assert len({a["session"] for a in listed}) == 2  # two sessions, one ref
+            env = dict(bare_env(), HUTCH_URL=daemon.url, HUTCH_TOKEN=daemon.token)
+            table = subprocess.run([*HUTCH, "ls", "--wide"], env=env, capture_output=True,
+                                   text=True, timeout=60).stdout.splitlines()
+            column = table[0].split().index("ATTACHED")
+            assert [line.split()[column] for line in table if owner.id in line] == ["2"]
+            present[0].close()
+            assert len(owner.info()["attachments"]) == 1
+            present[1].close()
+        assert owner.info()["attachments"] == []
         # From the command line too, with no other configuration.
         ran = attach_cli(ref, "cat", "from-worker.txt")
         assert (ran.returncode, ran.stdout) == (0, "w"), ran.stderr
@@ -81,9 +105,14 @@ def test_in_process_attached_sessions_through_the_sdk(daemon: DaemonProcess) -> 
         owner.write_text("shared.txt", "v1")
         owner.read_text("shared.txt")
         with hutch.Client(daemon.url, token="") as stranger:
-            attached = stranger.attach(owner.ref())
+            ref = owner.ref()
+            attached, twin = stranger.attach(ref), stranger.attach(ref)
         with pytest.raises(hutch.ReadBeforeWrite):
             attached.write_text("shared.txt", "v2")  # the owner's read is not its own
+        twin.read_text("shared.txt")
+        with pytest.raises(hutch.ReadBeforeWrite):
+            attached.write_text("shared.txt", "v2")  # nor is another session's, same ref
+        twin.close()
         attached.read_text("shared.txt")
         attached.write_text("shared.txt", "v2")
         attached.close()
@@ -182,9 +211,14 @@ def test_a_busy_worker_keeps_the_sandbox_from_idle_suspend(daemon: DaemonProcess
     with hutch.Client(daemon.url, token=daemon.token) as c:
         owner = c.create_sandbox("virtual", idle_suspend_after=1, read_before_write=False)
         attached = c.attach(owner.ref())
+        slept = None
         for i in range(12):  # three idle windows of work, from the worker alone
             attached.write_text("tick", str(i))
-            assert owner.status().state == "running", f"suspended under a busy worker ({i})"
+            status = owner.status()
+            assert status.state == "running", f"suspended under a busy worker ({i})"
+            # A write would resume it: that its time asleep never grows says it stayed up.
+            slept = status.meter["suspended_s"] if slept is None else slept
+            assert status.meter["suspended_s"] == slept, f"suspended under a busy worker ({i})"
             time.sleep(0.25)
         deadline = time.monotonic() + 15
         while owner.status().state != "suspended":  # once the worker stops, it sleeps
@@ -230,3 +264,56 @@ def test_ref_expiry_is_checked_on_the_wire(daemon: DaemonProcess) -> None:
                              json={})
         assert missing.status_code == 404
         sb.close()
+
+
+def _ref_follows_the_workspace(daemon: DaemonProcess, create: dict[str, object],
+                               kept: str) -> None:
+    with hutch.Client(daemon.url, token=daemon.token) as c:
+        ws = c.create_workspace("followed", **create)
+        first = ws["live_sandbox_id"]
+        c.get_sandbox(first).write_text(kept, "kept")
+        ref = c.get_sandbox(first).ref()
+        held = hutch.attach_sync(ref)  # attached before the workspace moves on
+        try:
+            assert held.read_text(kept) == "kept"
+            c.suspend_workspace("followed")
+            gone = attach_cli(ref, "true")
+            assert gone.returncode == 4 and "is suspended" in gone.stderr, gone.stderr
+            with pytest.raises(hutch.SandboxUnavailable, match="resume"):
+                held.exec("true")
+            resumed = c.resume_workspace("followed")
+            assert resumed["live_sandbox_id"] != first  # a new sandbox under the same name
+            ran = attach_cli(ref, "cat", kept)
+            assert (ran.returncode, ran.stdout) == (0, "kept"), ran.stderr
+            # The session attached before goes on in the workspace's new sandbox.
+            held.write_text("after.txt", "a")
+            assert c.get_sandbox(resumed["live_sandbox_id"]).read_text("after.txt") == "a"
+            assert [a["ref_id"] for a in
+                    c.get_sandbox(resumed["live_sandbox_id"]).info()["attachments"]] != []
+            # A ref reaches its workspace's sandboxes only.
+            other = c.create_sandbox("virtual")
+            with httpx.Client(base_url=daemon.url,
+                              headers={"Authorization": f"Bearer {ref}"}) as h:
+                assert h.get(f"/v1/sandboxes/{other.id}").status_code == 403
+            other.close()
+        finally:
+            held.close()
+        daemon.restart()  # SIGKILL, then start on the same data directory and port
+        ran = attach_cli(ref, "cat", kept)
+        assert (ran.returncode, ran.stdout) == (0, "kept"), ran.stderr
+    with hutch.Client(daemon.url, token=daemon.token) as c:
+        c.delete_workspace("followed")
+    gone = attach_cli(ref, "true")
+    said = " ".join(gone.stderr.split())  # as printed, wrapped to the terminal
+    assert gone.returncode == 4 and "owner's cleanup ended it" in said, said
+
+
+def test_a_ref_follows_its_workspace_through_suspend_resume_and_a_crash(
+    daemon: DaemonProcess,
+) -> None:
+    _ref_follows_the_workspace(daemon, {"provider": "local"}, "kept.txt")
+
+
+@pytest.mark.docker
+def test_a_ref_follows_its_docker_workspace(daemon: DaemonProcess) -> None:
+    _ref_follows_the_workspace(daemon, {"image": TEST_IMAGE}, "/root/kept.txt")

@@ -18,11 +18,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import docker
+import httpx
 import pytest
 
 import hutch
 from tests.conftest import TEST_IMAGE
 from tests.daemon_fixture import DaemonProcess
+from tests.test_bounded import BACKTRACKING
 
 HUTCH = [sys.executable, "-m", "hutch.cli.main"]
 
@@ -31,7 +33,10 @@ HUTCH = [sys.executable, "-m", "hutch.cli.main"]
 def daemon() -> Iterator[DaemonProcess]:
     d = DaemonProcess().start()
     yield d
-    d.close()
+    try:
+        d.remove_everything()  # sandboxes, workspaces and snapshots outlive a stop
+    finally:
+        d.close()
 
 
 def client(d: DaemonProcess) -> hutch.Client:
@@ -312,6 +317,27 @@ def test_an_oom_killed_command_is_told_as_such(
         sb.close()
 
 
+@pytest.mark.docker
+def test_a_burst_of_oom_kills_is_told_once_with_its_count(daemon: DaemonProcess) -> None:
+    """A flood of processes over the memory limit has the OOM killer end them
+    by the dozen: the events say so in a line or two, not one line a kill."""
+    with client(daemon) as c:
+        sb = c.create_sandbox("docker", image=TEST_IMAGE, memory="64m", runtime="native")
+        sb.exec("for i in $(seq 40); do "
+                "(x=$(head -c 3000000 /dev/zero | tr '\\0' a); sleep 3) & done; wait",
+                timeout=60)
+        told: list[str] = []
+
+        def counted() -> bool:
+            told[:] = [e["message"] for e in c.events(sb.id) if "OOM killer" in e["message"]]
+            return any(" times in " in m for m in told)
+
+        wait_until(counted, 10, f"the burst is told with its count ({told})")
+        assert len(told) <= 2, told
+        assert sb.info()["state"] == "running"
+        sb.close()
+
+
 @pytest.mark.parametrize("provider", ["local", pytest.param("docker", marks=pytest.mark.docker)])
 def test_a_command_killed_by_a_signal_exits_128_plus_n(
     daemon: DaemonProcess, provider: str
@@ -440,3 +466,107 @@ def test_a_timeout_kills_a_child_that_cleared_its_environment(
         assert "killed" in str(caught.value)
         wait_until(lambda: len(processes_in(sb.id)) == 2, 10,
                    f"the tree is gone (left: {processes_in(sb.id)})")
+
+
+# -- 1. cancelling a call (its client gone) kills what it started -------------------------
+
+
+@pytest.mark.docker
+def test_a_caller_gone_ends_what_any_call_started_in_the_sandbox(daemon: DaemonProcess) -> None:
+    """Every call, with a body or without (a listing, a removal), whose client
+    goes away has what it started inside the sandbox killed; a wait starts
+    nothing, so the command it waited on runs on."""
+    headers = {"Authorization": f"Bearer {daemon.token}"}
+    with client(daemon) as c, httpx.Client(base_url=daemon.url, headers=headers) as http:
+        sb = c.create_sandbox("docker", image=TEST_IMAGE, runtime="native")
+        base = f"/v1/sandboxes/{sb.id}"
+        sb.write_text("bad.txt", "a" * 30 + "!\n")
+        sb.exec("mkdir doomed")
+        waited_on = sb.start("sleep 1004")
+        # The helpers hutch runs for a listing and a removal, made to hang as
+        # the sandbox's owner (root inside) can make them.
+        sb.exec("printf '#!/bin/sh\\nexec sleep 1001\\n' > /usr/local/bin/find; "
+                "printf '#!/bin/sh\\nexec sleep 1002\\n' > /usr/local/bin/rm; "
+                "chmod +x /usr/local/bin/find /usr/local/bin/rm")
+        calls = [
+            ("GET", "/list", {"params": {"path": "/workspace"}}, "sleep 1001"),
+            ("DELETE", "/files", {"params": {"path": "doomed", "recursive": "true"}},
+             "sleep 1002"),
+            ("POST", "/exec", {"json": {"cmd": ["sleep", "1003"]}}, "sleep 1003"),
+            ("POST", "/grep", {"json": {"pattern": BACKTRACKING, "timeout": 120}}, "sleep 1001"),
+        ]
+        for method, path, how, started in calls:
+            with pytest.raises(httpx.ReadTimeout):  # the client gives up and goes
+                http.request(method, base + path, timeout=3, **how)  # type: ignore[arg-type]
+            wait_until(lambda started=started: started not in processes_in(sb.id), 10,
+                       f"{method} {path}: {started} outlived its caller "
+                       f"(left: {processes_in(sb.id)})")
+        with pytest.raises(httpx.ReadTimeout):
+            http.post(f"{base}/processes/{waited_on.id}/wait", json={"timeout": 120}, timeout=2)
+        time.sleep(1)
+        assert "sleep 1004" in processes_in(sb.id)
+        assert sb.exec("echo still here").stdout == "still here\n"
+        sb.close()
+
+
+@pytest.mark.docker
+def test_a_transition_whose_caller_is_gone_finishes_and_is_recorded(
+    daemon: DaemonProcess,
+) -> None:
+    """A suspend, a resume or a delete is not cut in half by its caller going:
+    it finishes, and the daemon, its store and the engine agree."""
+    headers = {"Authorization": f"Bearer {daemon.token}"}
+    api = docker.APIClient()
+    with client(daemon) as c, httpx.Client(base_url=daemon.url, headers=headers) as http:
+        sb = c.create_sandbox("docker", image=TEST_IMAGE)
+        sb.write_text("work.txt", "kept")
+        base = f"/v1/sandboxes/{sb.id}"
+        for action, state in (("suspend", "suspended"), ("resume", "running"),
+                              ("pause", "paused"), ("resume", "running")):
+            with contextlib.suppress(httpx.ReadTimeout):  # the caller leaves at once
+                http.post(f"{base}/{action}", timeout=0.05)
+            wait_for_state(c, sb.id, state, 60)
+            time.sleep(0.5)  # what a cut-off step would leave half done shows by now
+            assert sb.info()["state"] == state, action
+            assert stored_state(daemon.data_dir, sb.id)[0] == state, action
+            running = [x["State"] for x in api.containers(
+                all=True, filters={"label": f"hutch.sandbox_id={sb.id}"})]
+            assert running == ({"suspended": [], "paused": ["paused"]}.get(state, ["running"])), (
+                action, running)
+        assert sb.read_text("work.txt") == "kept"
+        with contextlib.suppress(httpx.ReadTimeout):
+            http.delete(base, timeout=0.05)
+        wait_for_state(c, sb.id, "terminated", 60)
+        wait_until(lambda: not api.containers(
+            all=True, filters={"label": f"hutch.sandbox_id={sb.id}"}), 30, "its container goes")
+        assert stored_state(daemon.data_dir, sb.id)[0] == "terminated"
+
+
+@pytest.mark.docker
+def test_a_keeper_killed_by_the_oom_killer_fails_its_sandbox(daemon: DaemonProcess) -> None:
+    """The OOM killer ending the container's keeper (not a command run in
+    it) is the runtime dying: the sandbox fails, saying so, and stays failed.
+
+    On the native runtime the keeper shares the container's memory with the
+    commands; on the agent runtime the commands have a cgroup of their own
+    below it, so that they cannot take the keeper's room (tested with a
+    memory hog in test_bounded)."""
+    with client(daemon) as c:
+        sb = c.create_sandbox("docker", image=TEST_IMAGE, memory="64m", runtime="native")
+        # The keepers (init and its child) become the OOM killer's first
+        # choice; the hogs, many small ones, are not.
+        sb.exec("for p in 1 $(pgrep -P 1); do echo 1000 > /proc/$p/oom_score_adj; done")
+        with contextlib.suppress(hutch.HutchError):  # its answer may die with the keeper
+            sb.exec("for i in $(seq 40); do "
+                    "(x=$(head -c 3000000 /dev/zero | tr '\\0' a); sleep 60) & done; wait",
+                    timeout=30)
+        info = wait_for_state(c, sb.id, "failed", 10)
+        assert "OOM" in info["reason"], info
+        for call in (lambda: sb.exec("true"), lambda: sb.read_text("/etc/hostname"), sb.resume):
+            with pytest.raises(hutch.SandboxUnavailable) as caught:
+                call()
+            assert sb.id in str(caught.value) and "OOM" in str(caught.value)
+        assert any("failed" in e["message"] and "OOM" in e["message"] for e in c.events(sb.id))
+        time.sleep(1)
+        assert c.get_sandbox(sb.id).info()["state"] == "failed"  # not brought back unseen
+        sb.close()

@@ -32,9 +32,9 @@ from ._errors import (
     Unauthorized,
 )
 from ._process import ExitStatus, Process
-from ._refs import attach
+from ._refs import attach, attach_sync
 from ._sandbox import Sandbox
-from ._snapshots import Fork, Snapshot
+from ._snapshots import Fork, Snapshot, SnapshotDependent
 from ._types import Capabilities, ExecResult, FileInfo, FileType, GrepMatch, OutputChunk
 from .client import AsyncClient, Client
 from .config import SandboxOptions, SandboxSpec
@@ -47,6 +47,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Fork",
     "Snapshot",
+    "SnapshotDependent",
     "create_sandbox_from_snapshot",
     "remove_snapshot",
     "AsyncClient",
@@ -89,6 +90,7 @@ __all__ = [
     "Unauthorized",
     "VirtualClock",
     "attach",
+    "attach_sync",
     "create_sandbox",
     "create_sandbox_sync",
     "default_engine",

@@ -11,6 +11,7 @@ from ._snapshots import Snapshot
 from ._sync import SyncProxy, run_sync_factory
 from .config import SandboxOptions, SandboxSpec, resolve_spec
 from .lifecycle.engine import LifecycleEngine, default_engine
+from .lifecycle.state import SandboxState
 from .providers.base import SandboxBackend
 from .providers.registry import get_provider
 
@@ -45,7 +46,12 @@ async def create_sandbox(
     return await _track(backend, spec, engine)
 
 
-async def _track(backend: Any, spec: SandboxSpec, engine: LifecycleEngine | None) -> Sandbox:
+async def _track(
+    backend: Any,
+    spec: SandboxSpec,
+    engine: LifecycleEngine | None,
+    state: SandboxState = SandboxState.RUNNING,
+) -> Sandbox:
     opts = spec.options
     sandbox = Sandbox(
         backend,
@@ -55,7 +61,7 @@ async def _track(backend: Any, spec: SandboxSpec, engine: LifecycleEngine | None
     )
     sandbox.spec = spec
     try:
-        await (engine or default_engine()).attach(sandbox, opts)
+        await (engine or default_engine()).attach(sandbox, opts, state=state)
     except BaseException:
         await backend.close()
         raise
@@ -63,11 +69,17 @@ async def _track(backend: Any, spec: SandboxSpec, engine: LifecycleEngine | None
 
 
 async def adopt_sandbox(
-    backend: SandboxBackend, spec: SandboxSpec, engine: LifecycleEngine | None = None
+    backend: SandboxBackend,
+    spec: SandboxSpec,
+    engine: LifecycleEngine | None = None,
+    *,
+    state: SandboxState = SandboxState.RUNNING,
 ) -> Sandbox:
     """A sandbox for ``backend``, one an earlier process made and this one
-    found again (``SandboxBackend.reconnect``), tracked like a new one."""
-    return await _track(backend, spec, engine)
+    found again (``SandboxBackend.reconnect``), tracked like a new one, in
+    the ``state`` it was found in (a suspended one is resumed by its next
+    operation, or by ``resume``)."""
+    return await _track(backend, spec, engine, state)
 
 
 def spec_for_attach(

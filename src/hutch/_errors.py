@@ -32,11 +32,17 @@ Subclasses that match a built-in also derive from it, so ``except
 FileNotFoundError`` works on a sandbox file exactly as on a host file. The
 same table drives the HTTP server (code -> status) and the client (code ->
 class), so the wire and the library cannot drift apart.
+
+On the wire an error is :meth:`HutchError.wire`: ``{"code", "message"}``
+and the fields of its :meth:`~HutchError.details` (``SetupFailed``: ``step``,
+``exit_code``, ``output_tail``); :func:`error_from_wire` rebuilds the typed
+error, details and all.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 
 class HutchError(Exception):
@@ -52,9 +58,27 @@ class HutchError(Exception):
     def __str__(self) -> str:
         return self.message
 
-    def __reduce__(self) -> tuple[type[HutchError], tuple[str]]:
-        # OSError subclasses pickle their args in odd ways; keep the message.
-        return (type(self), (self.message,))
+    def details(self) -> dict[str, Any]:
+        """What this error carries beyond its message (JSON values), by name."""
+        return {}
+
+    @classmethod
+    def from_details(cls, message: str, details: Mapping[str, Any]) -> HutchError:
+        """The error again from its message and :meth:`details`."""
+        return cls(message)
+
+    def wire(self) -> dict[str, Any]:
+        """The error as the daemon sends it (inside ``{"error": ...}``)."""
+        return {**self.details(), "code": self.code, "message": self.message}
+
+    def __reduce__(self) -> tuple[Any, tuple[type[HutchError], str, dict[str, Any]]]:
+        # OSError subclasses pickle their args in odd ways; keep the message
+        # and the details.
+        return (_rebuild, (type(self), self.message, self.details()))
+
+
+def _rebuild(cls: type[HutchError], message: str, details: Mapping[str, Any]) -> HutchError:
+    return cls.from_details(message, details)
 
 
 class NotFound(HutchError, LookupError):
@@ -180,6 +204,19 @@ class SetupFailed(HutchError):
         self.exit_code = exit_code
         self.output_tail = output_tail
 
+    def details(self) -> dict[str, Any]:
+        return {"step": self.step, "exit_code": self.exit_code, "output_tail": self.output_tail}
+
+    @classmethod
+    def from_details(cls, message: str, details: Mapping[str, Any]) -> SetupFailed:
+        step, exit_code, tail = (details.get(k) for k in ("step", "exit_code", "output_tail"))
+        return cls(
+            message,
+            step=step if isinstance(step, str) else None,
+            exit_code=exit_code if isinstance(exit_code, int) else None,
+            output_tail=tail if isinstance(tail, str) else "",
+        )
+
 
 def _all_subclasses(root: type[HutchError]) -> list[type[HutchError]]:
     out: list[type[HutchError]] = []
@@ -195,5 +232,12 @@ ERRORS_BY_CODE: dict[str, type[HutchError]] = {cls.code: cls for cls in _ALL_ERR
 
 
 def error_from_code(code: str, message: str) -> HutchError:
-    """Rebuild the typed error a server sent (unknown codes become the root)."""
-    return ERRORS_BY_CODE.get(code, HutchError)(message)
+    """Rebuild the typed error of ``code`` (unknown codes become the root)."""
+    return error_from_wire({"code": code, "message": message})
+
+
+def error_from_wire(error: Mapping[str, Any]) -> HutchError:
+    """Rebuild the typed error a server sent as :meth:`HutchError.wire`,
+    with its details (unknown codes become the root)."""
+    cls = ERRORS_BY_CODE.get(str(error.get("code")), HutchError)
+    return cls.from_details(str(error.get("message")), error)

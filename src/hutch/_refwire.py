@@ -11,6 +11,7 @@ import base64
 import binascii
 import json
 from dataclasses import dataclass
+from urllib.parse import quote, unquote
 
 REF_PREFIX = "hutch-ref:"
 
@@ -42,3 +43,21 @@ def decode_ref(token: str) -> DaemonRef | None:
     except (binascii.Error, ValueError, KeyError, TypeError):
         return None
     return ref
+
+
+#: The address of a server on a unix socket (an in-process owner serving its
+#: sandbox, see hutch.server.owner): the socket's path, percent-encoded.
+UNIX_SCHEME = "http+unix://"
+#: The host name requests to a unix socket carry (any would do: the socket is the address).
+UNIX_HOST = "hutch-owner"
+
+
+def unix_url(path: str) -> str:
+    return UNIX_SCHEME + quote(path, safe="")
+
+
+def unix_socket_of(url: str) -> str | None:
+    """The socket path a ``http+unix://`` address names; None for any other address."""
+    if not url.startswith(UNIX_SCHEME):
+        return None
+    return unquote(url[len(UNIX_SCHEME):].rstrip("/"))

@@ -12,11 +12,9 @@ from __future__ import annotations
 import asyncio
 import math
 import re
-import secrets
 import shlex
 import time
 import uuid
-import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import IO, TYPE_CHECKING, Any
@@ -33,7 +31,6 @@ from ._errors import (
     SandboxIsADirectory,
     SandboxPermissionDenied,
     SandboxUnavailable,
-    Unauthorized,
 )
 from ._guardrail import ReadBeforeWriteGuard, session_guard
 from ._process import (
@@ -58,12 +55,21 @@ from ._types import (
 )
 from .lifecycle.state import SandboxState
 from .providers._grep import grep_output_budget
-from .providers.base import BackendProcess, PtyProcess, SandboxBackend, SandboxRuntime, join_path
+from .providers.base import (
+    BackendProcess,
+    ProcessRequest,
+    PtyProcess,
+    SandboxBackend,
+    SandboxRuntime,
+    sandbox_path,
+)
 
 if TYPE_CHECKING:
     from .config import SandboxSpec
     from .lifecycle.engine import LifecycleRecord, SandboxStatus
     from .lifecycle.gate import LifecycleGate
+    from .server.owner import OwnerServer
+    from .store import RefRow
 
 
 class _Live:
@@ -80,15 +86,11 @@ class _Live:
         self.record: LifecycleRecord | None = None
         #: session id -> an attached (non-owning) session.
         self.attached: dict[str, Sandbox] = {}
-        #: ref token -> its expiry (monotonic seconds), None for none.
-        self.refs: dict[str, float | None] = {}
-        #: The owning session (weakly: dropping it is the owner's business).
-        self.owner: Callable[[], Sandbox | None] = lambda: None
+        #: What serves it to the holders of its refs, once its owner handed one out.
+        self.server: OwnerServer | None = None
+        self.server_lock = asyncio.Lock()
 
 
-#: The in-process refs handed out: token -> the owner's live sandbox.
-_LOCAL_REFS: weakref.WeakValueDictionary[str, _Live] = weakref.WeakValueDictionary()
-LOCAL_REF_PREFIX = "hutch-ref-local:"
 #: Longest a ref may live: a year, as every duration the API takes.
 MAX_REF_SECONDS = 365 * 86400.0
 
@@ -113,13 +115,14 @@ class Sandbox:
     ) -> None:
         self.id = sandbox_id or backend.sandbox_id
         self._live = _Live(backend, gate)
-        self._live.owner = weakref.ref(self)
         self.output_limit = output_limit
         self._guard = ReadBeforeWriteGuard(read_before_write)
         self.created_at = time.time()
         self.session_id = uuid.uuid4().hex[:12]
         self._owner = True
         self._detached = False
+        #: The ref an attached session came in with (None for the owner).
+        self._ref: RefRow | None = None
 
         #: The settings it was made with (what a fork's branches start from).
         self.spec: SandboxSpec | None = None
@@ -129,9 +132,10 @@ class Sandbox:
         #: The snapshot it was started from, if any: it depends on that
         #: snapshot until it captures a state of its own.
         self.origin_snapshot_id: str | None = None
-    def _attached_session(self) -> Sandbox:
+    def _attached_session(self, ref: RefRow) -> Sandbox:
         """A new non-owning session on this live sandbox, with a guard of its own."""
         session = object.__new__(Sandbox)
+        session._ref = ref
         session.id = self.id
         session._live = self._live
         session.output_limit = self.output_limit
@@ -159,26 +163,6 @@ class Sandbox:
     @property
     def _gate(self) -> LifecycleGate | None:
         return self._live.gate
-
-    @_gate.setter
-    def _gate(self, gate: LifecycleGate | None) -> None:
-        self._live.gate = gate
-
-    @property
-    def _record(self) -> LifecycleRecord | None:
-        return self._live.record
-
-    @_record.setter
-    def _record(self, record: LifecycleRecord | None) -> None:
-        self._live.record = record
-
-    @property
-    def _closed(self) -> bool:
-        return self._live.closed
-
-    @_closed.setter
-    def _closed(self, closed: bool) -> None:
-        self._live.closed = closed
 
     @property
     def _open_ops(self) -> int:
@@ -214,7 +198,7 @@ class Sandbox:
     @property
     def closed(self) -> bool:
         """Closed (by its owner, or reaped), or, for an attached session, detached."""
-        return self._closed or self._detached
+        return self._live.closed or self._detached
 
     @property
     def open_operations(self) -> int:
@@ -232,10 +216,13 @@ class Sandbox:
             raise SandboxUnavailable(
                 f"this session detached from sandbox {self.id}; attach again with a ref"
             )
+        if self._ref is not None and not self._live.closed:
+            # As through a server: a revoked or expired ref is refused at every call.
+            self._ref.check_usable(time.time())
         if self._gate is not None:
             # The gate knows why a sandbox is gone (expired, closed) and says so.
             await self._gate.enter(self, name, activity=activity)
-        if self._closed:
+        if self._live.closed:
             raise SandboxUnavailable(closed_message(self.id))
         self._open_ops += 1
         try:
@@ -253,11 +240,7 @@ class Sandbox:
 
     def path(self, path: str) -> str:
         """The absolute path inside the sandbox that ``path`` names."""
-        if not isinstance(path, str):
-            raise InvalidArgument(f"path must be a string, not {type(path).__name__}")
-        if "\0" in path:
-            raise InvalidArgument(f"path {path!r} contains a NUL byte")
-        return join_path(self.workdir, path)
+        return sandbox_path(self.workdir, path)
 
     # -- exec ---------------------------------------------------------------------
     def _argv(self, cmd: Command) -> list[str]:
@@ -283,13 +266,13 @@ class Sandbox:
             self.require("users")
         if isinstance(stdin, str):
             stdin = stdin.encode()
-        return await self._runtime.start_process(
+        return await self._runtime.start_process(ProcessRequest(
             self._argv(cmd),
             cwd=self.path(cwd) if cwd is not None else self.workdir,
             env=dict(env or {}),
             stdin=stdin,
             user=user,
-        )
+        ))
 
     async def exec(
         self,
@@ -391,8 +374,11 @@ class Sandbox:
         argv = ["bash"] if cmd is None else self._argv(cmd)
         async with self._operation("pty"):
             proc = await self._runtime.start_pty(
-                argv, cwd=self.path(cwd) if cwd is not None else self.workdir,
-                env={"TERM": "xterm-256color", **(env or {})}, user=user, rows=rows, cols=cols,
+                ProcessRequest(
+                    argv, cwd=self.path(cwd) if cwd is not None else self.workdir,
+                    env={"TERM": "xterm-256color", **(env or {})}, user=user,
+                ),
+                rows=rows, cols=cols,
             )
             try:
                 yield proc
@@ -587,9 +573,9 @@ class Sandbox:
 
     @property
     def state(self) -> SandboxState:
-        if self._record is not None:
-            return self._record.state
-        return SandboxState.TERMINATED if self._closed else SandboxState.RUNNING
+        if self._live.record is not None:
+            return self._live.record.state
+        return SandboxState.TERMINATED if self._live.closed else SandboxState.RUNNING
 
     def status(self) -> SandboxStatus:
         """State, reason, deadline, idle time and meter. Reading it is not activity."""
@@ -623,8 +609,23 @@ class Sandbox:
             "meter": status.meter,
             "memory_bytes": memory,
             "open_operations": self.open_operations,
-            "attachments": [{"session": sid} for sid in self._live.attached],
+            "attachments": self._attachments(),
+            "refs": [] if self._live.server is None else self._live.server.refs_json(),
         }
+
+    def _attachments(self) -> list[dict[str, Any]]:
+        """The sessions attached now: in this process, and through the server
+        that serves it to other processes (whose refs still work)."""
+        from .server.daemon import attachment_json
+
+        server = self._live.server
+        working = None if server is None else {r.id for r in server.open_refs()}
+        here = [
+            attachment_json(s.session_id, s._ref, s.created_at, None)
+            for s in self._live.attached.values()
+            if s._ref is not None and (working is None or s._ref.id in working)
+        ]
+        return here + ([] if server is None else server.attachments())
 
     @property
     def meter(self) -> dict[str, float]:
@@ -656,7 +657,7 @@ class Sandbox:
             async with self._gate.held(self):
                 handle = await self._backend.capture(sid, diff=diff)
         else:
-            if self._closed:
+            if self._live.closed:
                 raise SandboxUnavailable(f"sandbox {self.id} has been closed")
             handle = await self._backend.capture(sid, diff=diff)
         record = snapshot_record(
@@ -688,17 +689,16 @@ class Sandbox:
         deadline: float = await self._engine().set_timeout(self, seconds)
         return deadline
 
-    async def _kill_processes(self) -> None:
+    async def _end_processes(self) -> None:
         for process in list(self._processes.values()):
             await process.kill()
         self._processes.clear()
 
-    async def _release(self) -> None:
-        """Kill what runs and free the backend (the lifecycle engine's reaping)."""
-        if self._closed:
+    async def _reap(self) -> None:
+        if self._live.closed:
             return
-        self._closed = True
-        await self._kill_processes()
+        self._live.closed = True
+        await self._end_processes()
         await self._backend.close()
 
     async def close(self) -> None:
@@ -708,44 +708,56 @@ class Sandbox:
             self._detached = True
             self._live.attached.pop(self.session_id, None)
             return
-        if self._closed:
-            return
-        if self._gate is not None:
-            await self._gate.closed(self)
-        await self._release()
-        for token in self._live.refs:
-            _LOCAL_REFS.pop(token, None)
+        try:
+            if self._live.closed:  # reaped: what serves it to attached sessions stops now
+                return
+            # Recorded ended and released as one: a caller that gives up meanwhile
+            # (a client gone) leaves neither a live record nor a runtime behind.
+            with anyio.CancelScope(shield=True):
+                if self._gate is not None:
+                    await self._gate.closed(self)
+                await self._reap()
+        finally:
+            server, self._live.server = self._live.server, None
+            if server is not None:
+                await server.close()
 
     # -- references -------------------------------------------------------------------
-    def ref(self, *, expires_in: float | None = None) -> str:
-        """An opaque reference to this live sandbox for :func:`hutch.attach`.
+    async def ref(self, *, expires_in: float | None = None) -> str:
+        """An opaque reference to this live sandbox for :func:`hutch.attach`,
+        in this process or in another: it carries where the sandbox is served.
 
-        Only the owner hands them out. ``expires_in`` seconds bound how long
-        it can be used to attach; :meth:`revoke_ref` ends it sooner.
+        Only the owner hands them out. The first one starts serving the
+        sandbox to other processes, on a private unix socket, for as long as
+        the owner keeps it (see :mod:`hutch.server.owner`). ``expires_in``
+        seconds bound how long it works; :meth:`revoke_ref` ends it sooner.
         """
         if not self._owner:
             raise SandboxPermissionDenied(
                 f"only the owner of sandbox {self.id} hands out refs; this session is attached"
             )
-        if self._closed:
-            raise SandboxUnavailable(closed_message(self.id))
-        expires = None
         if expires_in is not None:
             check_ref_lifetime(expires_in)
-            expires = time.monotonic() + expires_in
-        token = LOCAL_REF_PREFIX + secrets.token_urlsafe(24)
-        self._live.refs[token] = expires
-        _LOCAL_REFS[token] = self._live
-        return token
+        async with self._live.server_lock:
+            if self._live.closed:
+                raise SandboxUnavailable(closed_message(self.id))
+            if self._live.server is None:
+                from .server.owner import OwnerServer
 
-    def revoke_ref(self, ref: str) -> None:
-        """End a ref this sandbox handed out: it no longer attaches. Idempotent."""
+                self._live.server = await OwnerServer.start(self)
+            server = self._live.server
+        return await server.hand_out(expires_in)
+
+    async def revoke_ref(self, ref: str) -> None:
+        """End a ref this sandbox handed out (the ref itself, or its id): it
+        attaches no more, and sessions holding it are refused. Idempotent."""
         if not self._owner:
             raise SandboxPermissionDenied(
                 f"only the owner of sandbox {self.id} revokes refs; this session is attached"
             )
-        self._live.refs.pop(ref, None)
-        _LOCAL_REFS.pop(ref, None)
+        if self._live.server is None:
+            raise NotFound(f"no ref {ref} for sandbox {self.id}: it has handed none out")
+        await self._live.server.revoke(ref)
 
     async def __aenter__(self) -> Sandbox:
         return self
@@ -777,18 +789,51 @@ def check_ref_lifetime(expires_in: float) -> None:
         )
 
 
-def attach_local(ref: str) -> Sandbox:
-    """An attached session on the in-process sandbox ``ref`` names."""
-    live = _LOCAL_REFS.get(ref)
-    if live is None or ref not in live.refs:
-        raise Unauthorized("this ref is unknown or was revoked: ask the sandbox's owner for one")
-    expires = live.refs[ref]
-    if expires is not None and time.monotonic() > expires:
-        raise Unauthorized("this ref has expired: ask the sandbox's owner for a new one")
-    owner = live.owner()
-    if owner is None or live.closed:
-        raise SandboxUnavailable(closed_message(owner.id if owner else "of this ref"))
-    return owner._attached_session()
+def attach_session(owner: Sandbox, ref: RefRow) -> Sandbox:
+    """A new attached session on the live sandbox ``owner`` owns, through
+    ``ref`` (checked by the caller)."""
+    if owner.closed:
+        raise SandboxUnavailable(closed_message(owner.id))
+    return owner._attached_session(ref)
+
+
+# -- the lifecycle seam: what a lifecycle engine (and the daemon over it) does to
+# an in-process sandbox; a sandbox's callers never need it, a remote one has none.
+
+
+def track(sandbox: Sandbox, gate: LifecycleGate, record: LifecycleRecord) -> None:
+    """Put the live sandbox (every session on it) under ``gate``, which keeps
+    ``record`` of it."""
+    sandbox._live.gate = gate
+    sandbox._live.record = record
+
+
+def lifecycle_record(sandbox: Sandbox) -> LifecycleRecord | None:
+    """The lifecycle engine's record of the live sandbox (None: untracked)."""
+    return sandbox._live.record
+
+
+async def end_processes(sandbox: Sandbox) -> None:
+    """Kill every background command and forget them (a suspend that does
+    not keep processes ends them)."""
+    await sandbox._end_processes()
+
+
+async def reap(sandbox: Sandbox) -> None:
+    """Kill what runs and free the backend, for every session on it (the
+    engine's reaping; an attached session's close only detaches)."""
+    await sandbox._reap()
+
+
+def forget_process(sandbox: Sandbox, process_id: str) -> None:
+    """Drop a command started by ``Sandbox.start`` from its list (one whose
+    output the daemon streamed to the end, or killed)."""
+    sandbox._processes.pop(process_id, None)
+
+
+def guard_enabled(sandbox: Sandbox) -> bool:
+    """Whether the session's read-before-write guardrail is on."""
+    return sandbox._guard.enabled
 
 
 def backend_of(sandbox: Sandbox) -> SandboxBackend:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -64,6 +65,17 @@ class FileType(enum.StrEnum):
     DIRECTORY = "directory"
     SYMLINK = "symlink"
     OTHER = "other"
+
+    @classmethod
+    def of_mode(cls, mode: int) -> FileType:
+        """The type a POSIX ``st_mode`` says (a FIFO, socket or device: other)."""
+        if stat.S_ISDIR(mode):
+            return cls.DIRECTORY
+        if stat.S_ISREG(mode):
+            return cls.FILE
+        if stat.S_ISLNK(mode):
+            return cls.SYMLINK
+        return cls.OTHER
 
 
 @dataclass(frozen=True, slots=True)

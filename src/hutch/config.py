@@ -3,7 +3,8 @@
 by the ``hutch.providers`` entry point is configured like a built-in one),
 sandbox options, and the precedence rule
 
-    command-line flag > run config file (hutch.toml) > server defaults > built-in (local)
+    command-line flag > run config file (hutch.toml) > server defaults > built-in (local;
+    docker for a request that names an image)
 
 Each layer is a mapping of the same shape as ``hutch.toml``::
 
@@ -38,7 +39,7 @@ from ._errors import InvalidArgument
 from ._types import MAX_DURATION, MAX_OUTPUT_LIMIT
 from .providers.base import ProviderSettings
 from .providers.local import LocalConfig
-from .providers.registry import available_providers, get_provider
+from .providers.registry import available_providers, get_provider, provider_known
 
 
 def _by_registry(value: Any) -> Any:
@@ -52,6 +53,9 @@ def _by_registry(value: Any) -> Any:
 ProviderConfig = Annotated[SerializeAsAny[ProviderSettings], BeforeValidator(_by_registry)]
 
 DEFAULT_PROVIDER = "local"
+#: The provider of a request that names an image and no provider, where no
+#: layer names one either: the built-in default has no images.
+IMAGE_PROVIDER = "docker"
 CONFIG_FILE_NAME = "hutch.toml"
 
 
@@ -142,10 +146,13 @@ def resolve_spec(
 ) -> SandboxSpec:
     """Merge the layers by precedence into one validated :class:`SandboxSpec`."""
     layers = [_normalize_layer(x) for x in (server_defaults, config_file, flags)]  # low -> high
-    provider = DEFAULT_PROVIDER
-    for layer in layers:
-        if layer["provider"]:
-            provider = str(layer["provider"])
+    named = [str(layer["provider"]) for layer in layers if layer["provider"]]
+    if named:
+        provider = named[-1]
+    elif any("image" in layer.get("loose", {}) for layer in layers):
+        provider = IMAGE_PROVIDER
+    else:
+        provider = DEFAULT_PROVIDER
     settings: dict[str, Any] = {}
     options: dict[str, Any] = {}
     for layer in layers:
@@ -157,7 +164,7 @@ def resolve_spec(
         opts = SandboxOptions.model_validate(options)
     except ValidationError as exc:
         raise InvalidArgument(f"bad sandbox options: {_short(exc)}") from None
-    if provider not in available_providers():
+    if not provider_known(provider):
         raise InvalidArgument(
             f"unknown provider {provider!r}; available: {', '.join(available_providers())}"
         )

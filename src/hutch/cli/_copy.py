@@ -56,7 +56,7 @@ def upload(sandbox: Any, source: str, destination: str) -> int:
     def put(local: str, remote: str) -> None:
         nonlocal copied
         with open(local, "rb") as fh:
-            sandbox.write_bytes(remote, fh.read())
+            sandbox.write_from(remote, fh)  # a piece at a time, never whole
         modes[stat.S_IMODE(os.stat(local).st_mode)].append(sandbox.path(remote))
         copied += 1
 
@@ -120,12 +120,17 @@ def download(sandbox: Any, source: str, destination: str) -> int:
 
 
 def _fetch(sandbox: Any, remote: str, mode: int, local: str) -> None:
-    data = sandbox.read_bytes(remote)
+    # The first piece before the local file is made: a read that fails
+    # (missing, over the limit) leaves nothing behind here.
+    pieces = iter(sandbox.read_pieces(remote))
+    first = next(pieces, b"")
     parent = os.path.dirname(local)
     if parent:
         os.makedirs(parent, exist_ok=True)
     with open(local, "wb") as fh:
-        fh.write(data)
+        fh.write(first)
+        for piece in pieces:  # as they arrive, never the whole file in memory
+            fh.write(piece)
     os.chmod(local, stat.S_IMODE(mode) or 0o644)
 
 

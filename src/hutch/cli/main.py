@@ -204,7 +204,9 @@ def demo() -> None:
 
 
 LS_COLUMNS = ("ID", "PROVIDER", "STATE", "AGE", "IDLE", "DEADLINE")
-LS_WIDE_COLUMNS = ("MEMORY", "RUNNING", "PAUSED", "SUSPENDED", "WORKSPACE", "WORKDIR", "REASON")
+LS_WIDE_COLUMNS = (
+    "MEMORY", "RUNNING", "PAUSED", "SUSPENDED", "ATTACHED", "WORKSPACE", "WORKDIR", "REASON",
+)
 
 
 def plain_table(headers: tuple[str, ...], rows: list[list[str]]) -> list[str]:
@@ -232,6 +234,7 @@ def sandbox_row(s: dict[str, Any], wide: bool) -> list[str]:
         meter = s.get("meter") or {}
         row += [size(s.get("memory_bytes"))]
         row += [duration(meter.get(k)) for k in ("running_s", "paused_s", "suspended_s")]
+        row += [str(len(s.get("attachments") or []))]  # sessions attached with refs
         row += [s.get("workspace") or "-", s.get("workdir") or "-", s.get("reason") or "-"]
     return row
 
@@ -242,8 +245,8 @@ def list_sandboxes(
     as_json: bool = typer.Option(False, "--json", help="Print the daemon's JSON as it is."),
     wide: bool = typer.Option(
         False, "--wide", "-w",
-        help="Also show memory, time spent running / paused / suspended, workspace, "
-        "working directory and the reason a sandbox ended.",
+        help="Also show memory, time spent running / paused / suspended, sessions "
+        "attached with refs, workspace, working directory and the reason a sandbox ended.",
     ),
     include_ended: bool = typer.Option(
         False, "--all", "-a",
@@ -465,7 +468,7 @@ def attach_(
     """
     import hutch
 
-    sb = hutch.attach(ref)
+    sb = hutch.attach_sync(ref)
     try:
         code = stream_command(sb, command, timeout=timeout, cwd=cwd,
                               output_limit=output_limit, forward_stdin=not no_stdin)
@@ -700,8 +703,11 @@ def snapshot_rm(
 ) -> None:
     """Remove a snapshot and free its storage."""
     with client() as c:
-        c.delete_snapshot(snapshot_id, force=force)
+        broken = c.delete_snapshot(snapshot_id, force=force)
     console.print(f"{snapshot_id} removed")
+    if broken:
+        console.print("it was still needed by " + ", ".join(map(str, broken)),
+                      style="yellow", highlight=False, markup=False)
 
 
 @app.command()

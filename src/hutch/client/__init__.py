@@ -140,8 +140,14 @@ def _attach_sync(url: str, ref: str) -> RemoteSandbox:
 
 
 def attach_remote(ref: str) -> RemoteSandbox:
-    """``hutch.attach`` for a daemon's ref: the ref says where the daemon is."""
+    """``hutch.attach_sync`` through the server a ref names (a daemon, or an
+    in-process owner's socket): the ref says where it is."""
     return _attach_sync(_parse_ref(ref).url, ref)
+
+
+async def attach_remote_async(ref: str) -> AsyncRemoteSandbox:
+    """``hutch.attach`` through the server a ref names."""
+    return await _attach_async(_parse_ref(ref).url, ref)
 
 
 class _ClientState(ClientOps):
@@ -210,5 +216,5 @@ class Client(_Client):  # type: ignore[misc, valid-type]
 __all__ = [
     "EnsureProgress", "RemoteEnsured",
     "AsyncClient", "AsyncRemoteFork", "AsyncRemoteProcess", "AsyncRemoteSandbox", "Client",
-    "RemoteFork", "RemoteProcess", "RemoteSandbox", "attach_remote",
+    "RemoteFork", "RemoteProcess", "RemoteSandbox", "attach_remote", "attach_remote_async",
 ]

@@ -25,12 +25,12 @@ from .._errors import (
     HutchError,
     InvalidArgument,
     SandboxUnavailable,
-    error_from_code,
+    error_from_wire,
 )
 from .._process import ExitStatus
-from .._refwire import decode_ref
+from .._refwire import decode_ref, unix_socket_of
 from .._sandbox import check_ref_lifetime
-from .._snapshots import Snapshot
+from .._snapshots import Snapshot, SnapshotDependent
 from .._types import (
     DEFAULT_SEARCH_TIMEOUT,
     Capabilities,
@@ -42,7 +42,7 @@ from .._types import (
 )
 from ..lifecycle.engine import SandboxStatus
 from ..lifecycle.state import FINAL, SandboxState
-from ..providers.base import join_path
+from ..providers.base import sandbox_path
 
 SESSION_HEADER = "X-Hutch-Session"
 DEFAULT_URL = "http://127.0.0.1:8787"
@@ -56,7 +56,9 @@ class Call:
     path: str
     params: dict[str, Any] | None = None
     json: Any = None
-    content: bytes | None = None
+    #: The request body: bytes, or a binary file sent a piece at a time from
+    #: its position on (never read whole).
+    content: bytes | IO[bytes] | None = None
     #: Seconds to wait for the answer; None waits as long as it takes.
     timeout: float | None = 60.0
     #: The answer is NDJSON events, handed to the caller as they come.
@@ -77,13 +79,21 @@ def raise_for_error(status: int, body: bytes) -> None:
         return
     try:
         error = json.loads(body)["error"]
-        code, message = str(error["code"]), str(error["message"])
+        if not isinstance(error, dict) or "code" not in error or "message" not in error:
+            raise TypeError("not an error body")
     except (ValueError, KeyError, TypeError):
         raise HutchError(f"daemon answered {status}: {body[:200]!r}") from None
-    raise error_from_code(code, message)
+    raise error_from_wire(error)
 
 
 def unreachable(url: str, exc: Exception) -> SandboxUnavailable:
+    path = unix_socket_of(url)
+    if path is not None:
+        # Only an in-process owner serves on a socket, and it stops with its owner.
+        return SandboxUnavailable(
+            f"the sandbox this ref names is no longer served at {path}: its owner's "
+            f"cleanup ended it, or the owner's process is gone ({type(exc).__name__})"
+        )
     return SandboxUnavailable(
         f"the hutch daemon at {url} is not reachable ({type(exc).__name__}); "
         "start it with `hutch serve`"
@@ -114,7 +124,7 @@ def decode_event(
     data: Mapping[str, Any],
 ) -> OutputChunk | ExitStatus | EnsureProgress | EnsuredRef:
     if "error" in data:
-        raise error_from_code(str(data["error"]["code"]), str(data["error"]["message"]))
+        raise error_from_wire(data["error"])
     if "result" in data:
         return ensured_ref(data["result"])
     for kind in ("step", "output"):
@@ -169,6 +179,14 @@ def http_timeout(timeout: float | None) -> float | None:
 
 @dataclass
 class SandboxRef:
+    info: dict[str, Any]
+
+
+@dataclass
+class BranchRef:
+    """A sandbox a fork's ``attach`` started: it joins that fork's ``branches``."""
+
+    fork: Any
     info: dict[str, Any]
 
 
@@ -275,8 +293,11 @@ class ClientOps:
 
     @op
     def delete_snapshot(self, snapshot_id: str, *, force: bool = False) -> Op:
-        yield Call("DELETE", f"/v1/snapshots/{snapshot_id}",
-                   params={"force": "true"} if force else None, timeout=600)
+        """Remove a snapshot; refused while something needs it unless
+        ``force``. Returns what a forced removal broke (empty: nothing)."""
+        answer = yield Call("DELETE", f"/v1/snapshots/{snapshot_id}",
+                            params={"force": "true"} if force else None, timeout=600)
+        return [SnapshotDependent.from_wire(b) for b in (answer or {}).get("broken", [])]
 
     @op
     def put_definition(self, definition: Mapping[str, Any]) -> Op:
@@ -321,11 +342,11 @@ class ClientOps:
         **settings: Any,
     ) -> Op:
         """A workspace from a snapshot (``snapshot_tag``: its id) or fresh from
-        sandbox settings; ``image`` alone means a docker workspace of that image."""
+        sandbox settings; with ``image`` and no ``provider``, the daemon's
+        configuration says which provider (see :func:`hutch.config.resolve_spec`)."""
         body = {"name": name, **settings}
         if image is not None:
             body["image"] = image
-            body.setdefault("provider", "docker")
         if snapshot_tag is not None:
             body["snapshot_tag"] = snapshot_tag
         return (yield Call("POST", "/v1/workspaces", json=body, timeout=600))
@@ -473,9 +494,10 @@ class SandboxOps:
 
     @op
     def write_from(self, path: str, source: IO[bytes]) -> Op:
-        """Write what the binary file ``source`` holds, from its position on, to ``path``."""
-        yield Call("PUT", self._path("/files"), params={"path": path},
-                   content=bytes(source.read()), timeout=600)
+        """Write what the binary file ``source`` holds, from its position on, to
+        ``path``: sent a piece at a time, never whole in memory."""
+        yield Call("PUT", self._path("/files"), params={"path": path}, content=source,
+                   timeout=600)
 
     @op
     def write_text(self, path: str, text: str, *, encoding: str = "utf-8") -> Op:
@@ -605,11 +627,7 @@ class SandboxOps:
     # -- checks made here, as the in-process sandbox makes them ----------------------------
     def path(self, path: str) -> str:
         """The absolute path inside the sandbox that ``path`` names."""
-        if not isinstance(path, str):
-            raise InvalidArgument(f"path must be a string, not {type(path).__name__}")
-        if "\0" in path:
-            raise InvalidArgument(f"path {path!r} contains a NUL byte")
-        return join_path(self.workdir, path)
+        return sandbox_path(self.workdir, path)
 
     def require(self, capability: str) -> None:
         if not self.capabilities.supports(capability):
@@ -671,8 +689,21 @@ class ForkOps:
     @op
     def attach(self, **options: Any) -> Op:
         body = {"from_snapshot": self.snapshot.id, **options}
-        ref = SandboxRef((yield Call("POST", "/v1/sandboxes", json=body, timeout=600)))
-        return ref
+        info = yield Call("POST", "/v1/sandboxes", json=body, timeout=600)
+        return BranchRef(self, info)
+
+    @op
+    def close(self) -> Op:
+        """End every branch this handle started, then remove its snapshot
+        (refused while something else needs it, as ``delete_snapshot`` is).
+        Idempotent."""
+        while self.branches:
+            yield from SandboxOps.close(self.branches.pop())
+        try:
+            yield Call("DELETE", f"/v1/snapshots/{self.snapshot.id}", timeout=600)
+        except HutchError as exc:
+            if exc.code != "not_found":
+                raise
 
 
 class ProcessOps:
@@ -711,6 +742,13 @@ class ProcessOps:
     def kill(self) -> Op:
         yield Call("POST", self._path("/kill"), timeout=60)
         self._running = False
+
+
+def note_exit(owner: object, event: object) -> None:
+    """A stream's exit status, told to the background command's handle the
+    stream came from (so that its ``running`` and ``exit_code`` agree)."""
+    if isinstance(owner, ProcessOps) and isinstance(event, ExitStatus):
+        owner._running, owner._exit_code = False, event.exit_code
 
 
 # -- drivers and facades ---------------------------------------------------------------------

@@ -20,7 +20,8 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 from urllib.parse import quote
 
-from .._errors import HutchError, Unauthorized, error_from_code
+from .._errors import HutchError, Unauthorized, error_from_wire
+from .._refwire import UNIX_HOST, unix_socket_of
 from .._types import OutputChunk
 from ._core import SESSION_HEADER, unreachable
 from ._transports import client_headers, client_url
@@ -45,6 +46,8 @@ def _ws_headers(headers: Mapping[str, str]) -> dict[str, str]:
 
 
 def _ws_url(base: str, sandbox_id: str) -> str:
+    if unix_socket_of(base) is not None:
+        base = f"http://{UNIX_HOST}"
     return "ws" + base[len("http"):] + f"/v1/sandboxes/{quote(sandbox_id, safe='')}/pty"
 
 
@@ -77,7 +80,7 @@ class _Ending:
             self.code = ending["exit"]
         elif isinstance(ending.get("error"), dict):
             detail = ending["error"]
-            self.error = error_from_code(str(detail.get("code")), str(detail.get("message")))
+            self.error = error_from_wire(detail)
 
     def result(self, sandbox_id: str) -> int:
         if self.error is not None:
@@ -179,10 +182,15 @@ class RemotePty:
 async def open_async_pty(
     base: str, headers: Mapping[str, str], sandbox_id: str, start: dict[str, Any]
 ) -> AsyncIterator[AsyncRemotePty]:
-    from websockets.asyncio.client import connect
+    from websockets.asyncio.client import connect, unix_connect
 
-    opening = connect(_ws_url(base, sandbox_id), additional_headers=_ws_headers(headers),
-                      max_size=MAX_MESSAGE)
+    uds = unix_socket_of(base)
+    opening = (
+        connect(_ws_url(base, sandbox_id), additional_headers=_ws_headers(headers),
+                max_size=MAX_MESSAGE) if uds is None else
+        unix_connect(uds, _ws_url(base, sandbox_id), additional_headers=_ws_headers(headers),
+                     max_size=MAX_MESSAGE)
+    )
     try:
         ws = await opening.__aenter__()
     except Exception as exc:
@@ -198,11 +206,16 @@ async def open_async_pty(
 def open_sync_pty(
     base: str, headers: Mapping[str, str], sandbox_id: str, start: dict[str, Any]
 ) -> Iterator[RemotePty]:
-    from websockets.sync.client import connect
+    from websockets.sync.client import connect, unix_connect
 
+    uds = unix_socket_of(base)
     try:
-        ws = connect(_ws_url(base, sandbox_id), additional_headers=_ws_headers(headers),
-                     max_size=MAX_MESSAGE)
+        ws = (
+            connect(_ws_url(base, sandbox_id), additional_headers=_ws_headers(headers),
+                    max_size=MAX_MESSAGE) if uds is None else
+            unix_connect(uds, _ws_url(base, sandbox_id), additional_headers=_ws_headers(headers),
+                         max_size=MAX_MESSAGE)
+        )
     except Exception as exc:
         raise _refused(base, exc) from None
     with ws:  # closed on the way out, whatever happened

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import IO, Any
 
+import anyio.to_thread
 import httpx
 
 from .._errors import HutchError
-from .._process import ExitStatus
+from .._refwire import UNIX_HOST, unix_socket_of
 from ._core import (
     DEFAULT_URL,
     SESSION_HEADER,
+    BranchRef,
     Call,
     EnsuredRef,
     ForkRef,
@@ -25,6 +28,7 @@ from ._core import (
     check_answer,
     decode_answer,
     decode_event,
+    note_exit,
     request_kwargs,
     step,
     unreachable,
@@ -43,9 +47,11 @@ def client_url(url: str | None) -> str:
     return (url or os.environ.get("HUTCH_URL") or DEFAULT_URL).rstrip("/")
 
 
-def _note_exit(owner: Any, event: Any) -> None:
-    if isinstance(event, ExitStatus) and hasattr(owner, "_running"):
-        owner._running, owner._exit_code = False, event.exit_code
+def http_target(url: str) -> tuple[str, str | None]:
+    """The base URL requests go to, and the unix socket that carries them
+    (for an in-process owner's address, ``http+unix://``), else None."""
+    path = unix_socket_of(url)
+    return (url, None) if path is None else (f"http://{UNIX_HOST}", path)
 
 
 class _Transport:
@@ -58,6 +64,10 @@ class _Transport:
     def wrap(self, value: Any) -> Any:
         if isinstance(value, SandboxRef):
             return self.factories["sandbox"](self, value.info)
+        if isinstance(value, BranchRef):
+            branch = self.factories["sandbox"](self, value.info)
+            value.fork.branches.append(branch)
+            return branch
         if isinstance(value, EnsuredRef):
             sandbox = self.factories["sandbox"](self, value.sandbox)
             return RemoteEnsured(sandbox, value.path, value.steps)
@@ -71,14 +81,31 @@ class _Transport:
         return value
 
 
+#: What one piece of a file sent as a request body holds.
+_SEND_PIECE = 1024 * 1024
+
+
+async def _pieces_of(source: IO[bytes]) -> AsyncIterator[bytes]:
+    """A binary file, from its position on, in pieces read off the event loop."""
+    while piece := await anyio.to_thread.run_sync(source.read, _SEND_PIECE):
+        yield piece
+
+
 class AsyncTransport(_Transport):
     def __init__(self, url: str | None, token: str | None, factories: dict[str, Any]) -> None:
         super().__init__(url, factories)
-        self.http = httpx.AsyncClient(base_url=self.url, headers=client_headers(token))
+        base, uds = http_target(self.url)
+        self.http = httpx.AsyncClient(
+            base_url=base, headers=client_headers(token),
+            transport=None if uds is None else httpx.AsyncHTTPTransport(uds=uds),
+        )
 
     async def send(self, call: Call) -> Any:
+        kwargs = request_kwargs(call)
+        if call.content is not None and not isinstance(call.content, bytes):
+            kwargs["content"] = _pieces_of(call.content)  # httpx's async face wants these
         try:
-            response = await self.http.request(call.method, call.path, **request_kwargs(call))
+            response = await self.http.request(call.method, call.path, **kwargs)
         except httpx.TransportError as exc:
             raise unreachable(self.url, exc) from None
         check_answer(response)
@@ -112,7 +139,7 @@ class AsyncTransport(_Transport):
                     async for line in response.aiter_lines():
                         if line:
                             event = decode_event(json.loads(line))
-                            _note_exit(owner, event)
+                            note_exit(owner, event)
                             yield self.wrap(event)
             except httpx.TransportError as exc:
                 raise unreachable(self.url, exc) from None
@@ -131,11 +158,20 @@ class AsyncTransport(_Transport):
 class SyncTransport(_Transport):
     def __init__(self, url: str | None, token: str | None, factories: dict[str, Any]) -> None:
         super().__init__(url, factories)
-        self.http = httpx.Client(base_url=self.url, headers=client_headers(token))
+        base, uds = http_target(self.url)
+        self.http = httpx.Client(
+            base_url=base, headers=client_headers(token),
+            transport=None if uds is None else httpx.HTTPTransport(uds=uds),
+        )
 
     def send(self, call: Call) -> Any:
+        kwargs = request_kwargs(call)
+        if call.content is not None and not isinstance(call.content, bytes):
+            # Pieces, not the file: httpx would announce the file's whole
+            # length, whatever its position.
+            kwargs["content"] = iter(functools.partial(call.content.read, _SEND_PIECE), b"")
         try:
-            response = self.http.request(call.method, call.path, **request_kwargs(call))
+            response = self.http.request(call.method, call.path, **kwargs)
         except httpx.TransportError as exc:
             raise unreachable(self.url, exc) from None
         check_answer(response)
@@ -170,7 +206,7 @@ class SyncTransport(_Transport):
                     for line in response.iter_lines():
                         if line:
                             event = decode_event(json.loads(line))
-                            _note_exit(owner, event)
+                            note_exit(owner, event)
                             yield self.wrap(event)
             except httpx.TransportError as exc:
                 raise unreachable(self.url, exc) from None

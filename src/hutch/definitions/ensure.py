@@ -16,6 +16,8 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import functools
+import json
 import logging
 import os
 import shlex
@@ -38,7 +40,8 @@ from .._process import ExitStatus
 from .._sandbox import Sandbox, backend_of
 from .._snapshots import Snapshot
 from ..config import SandboxOptions, SandboxSpec
-from ..lifecycle.state import SandboxState
+from ..lifecycle.engine import DEFAULT_TIMEOUT_CEILING, LifecycleEngine
+from ..lifecycle.state import FINAL, SandboxState
 from ..providers.base import ProviderSnapshot
 from ..providers.registry import get_provider
 from ..store import DefinitionRow, InstanceRow, SnapshotRow, Store
@@ -52,6 +55,8 @@ Path = Literal["resumed", "restored", "created"]
 LEASE_SECONDS = 1800.0
 #: How much of a failed setup step's output its error carries.
 OUTPUT_TAIL_BYTES = 4096
+#: An instance whose sandbox a daemon holds says so in its description.
+HELD_BY_DAEMON = "daemon"
 #: Where the source is unpacked on its way in (removed once unpacked).
 _SOURCE_ARCHIVE = ".hutch-source.tar"
 
@@ -317,6 +322,7 @@ class Definitions:
             tenant=tenant if tenant is not None else d.tenant, provider=d.provider.type,
             sandbox_id=sandbox.id, description=self.host.describe(sandbox),
             spec=self._spec(d).model_dump(mode="json"), updated_at_unix=time.time(),
+            state=sandbox.state.value,
         ))
 
     # -- the run's end ---------------------------------------------------------------
@@ -414,47 +420,138 @@ async def run_setup_step(sandbox: Sandbox, name: str, command: str, tell: Progre
 # -- in-process: over create_sandbox and the durable store -----------------------------
 class LocalHost(SandboxHost):
     """Sandboxes made in this process, found again by this process or another
-    through the store (the backend's ``reconnect``)."""
+    through the store (the backend's ``reconnect``).
+
+    Its sandboxes' lifecycle runs on an engine of its own, whose every
+    transition is written to the instances they run (state and description),
+    as a daemon writes its sandboxes': a program that finds one later finds
+    it as it is, a suspended one by its own suspended state."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
         self._live: dict[str, Sandbox] = {}
+        #: The state and description (canonical JSON) this host last recorded
+        #: or found of each of its sandboxes: a record that says otherwise was
+        #: written by another program, which has taken the sandbox over since.
+        self._recorded: dict[str, tuple[str, str]] = {}
+        self._engines: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, LifecycleEngine
+        ] = weakref.WeakKeyDictionary()
+
+    def engine(self) -> LifecycleEngine:
+        """The lifecycle engine of this host on the running loop."""
+        loop = asyncio.get_running_loop()
+        engine = self._engines.get(loop)
+        if engine is None:
+            ceiling = os.environ.get("HUTCH_TIMEOUT_CEILING")
+            engine = self._engines[loop] = LifecycleEngine(
+                timeout_ceiling=float(ceiling) if ceiling else DEFAULT_TIMEOUT_CEILING,
+                on_transition=self._record_transition,
+            )
+        return engine
+
+    async def _record_transition(
+        self, sandbox_id: str, old: SandboxState, new: SandboxState, reason: str | None
+    ) -> None:
+        sandbox = self._live.get(sandbox_id)
+        known = self._recorded.get(sandbox_id)
+        if sandbox is None or known is None:
+            return  # not in an instance yet (being made): its record comes with it
+        description = backend_of(sandbox).describe()
+        written = await anyio.to_thread.run_sync(functools.partial(
+            self.store.record_instance_sandbox, sandbox_id, new.value, description,
+            was=(known[0], json.loads(known[1])),
+        ))
+        if written:
+            self._recorded[sandbox_id] = (new.value, _canonical(description))
+        else:
+            # Another program has written since (it took the sandbox over):
+            # its record stands; this handle is dropped at the next ensure.
+            log.warning("sandbox %s: %s -> %s here not recorded: another program holds it "
+                        "now", sandbox_id, old.value, new.value)
+
+    def _forget(self, sandbox: Sandbox) -> None:
+        """Drop this host's handle of ``sandbox`` (it ended, or another
+        program took it over), touching nothing of the sandbox itself."""
+        self._live.pop(sandbox.id, None)
+        self._recorded.pop(sandbox.id, None)
+        self.engine().forget(sandbox)
 
     async def find_live(self, row: InstanceRow) -> Sandbox | None:
         assert row.sandbox_id is not None
         sandbox = self._live.get(row.sandbox_id)
         if sandbox is not None:
-            if sandbox.closed or sandbox.state in (SandboxState.TERMINATED, SandboxState.FAILED):
-                self._live.pop(row.sandbox_id, None)
+            ended = sandbox.closed or sandbox.state in FINAL
+            current = (
+                row.state == sandbox.state.value
+                and (row.state, _canonical(row.description)) == self._recorded.get(sandbox.id)
+            )
+            if not ended and current:
+                if sandbox.state in (SandboxState.SUSPENDED, SandboxState.PAUSED):
+                    await sandbox.resume()
+                return sandbox
+            self._forget(sandbox)
+            if ended:
                 return None
-            if sandbox.state in (SandboxState.SUSPENDED, SandboxState.PAUSED):
-                await sandbox.resume()
-            return sandbox
+        return await self._adopt(row)
+
+    async def _adopt(self, row: InstanceRow) -> Sandbox | None:
+        """The sandbox ``row`` names, found again through its provider as the
+        record says it is: running, paused, or suspended (then resumed from
+        its own suspended state); None if nothing of it is left."""
         from .._api import adopt_sandbox
 
+        assert row.sandbox_id is not None
+        try:
+            recorded = SandboxState(row.state)
+        except ValueError:
+            recorded = SandboxState.RUNNING
+        if recorded in FINAL:
+            return None
+        if row.description.get("held_by") == HELD_BY_DAEMON:
+            raise SandboxUnavailable(
+                f"the sandbox of thread {row.thread_id!r} of definition {row.definition_id!r} "
+                f"({row.sandbox_id}) is held by the hutch daemon whose store this is: "
+                "ensure it through the daemon's client (hutch.Client(...).ensure)"
+            )
         backend_cls = get_provider(row.provider)
         try:
             backend = await backend_cls.reconnect(row.sandbox_id, row.description)
-            alive = await backend.is_alive()
+            if recorded is SandboxState.SUSPENDED or await backend.is_alive():
+                state = recorded
+            elif await backend.is_suspended():
+                state = SandboxState.SUSPENDED  # suspended since it was recorded
+            else:
+                return None
         except HutchError:
             return None
-        if not alive:
-            return None
-        sandbox = await adopt_sandbox(backend, SandboxSpec.model_validate(row.spec))
+        sandbox = await adopt_sandbox(
+            backend, SandboxSpec.model_validate(row.spec), self.engine(), state=state
+        )
         self._live[sandbox.id] = sandbox
+        self._recorded[sandbox.id] = (row.state, _canonical(row.description))
+        if state is not SandboxState.RUNNING:
+            try:
+                await sandbox.resume()
+            except HutchError as exc:  # its suspended state is gone after all
+                log.warning("sandbox %s of %s cannot be resumed: %s", sandbox.id, row.key, exc)
+                self._forget(sandbox)
+                return None
         return sandbox
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
         from .._api import create_sandbox
 
-        sandbox = await create_sandbox(spec=spec)
+        sandbox = await create_sandbox(spec=spec, engine=self.engine())
         self._live[sandbox.id] = sandbox
         return sandbox
 
     async def restore(self, snapshot: SnapshotRow, spec: SandboxSpec) -> Sandbox:
         from .._api import create_sandbox_from_snapshot
 
-        sandbox = await create_sandbox_from_snapshot(_snapshot_of(snapshot), options=spec.options)
+        sandbox = await create_sandbox_from_snapshot(
+            _snapshot_of(snapshot), options=spec.options, engine=self.engine()
+        )
         self._live[sandbox.id] = sandbox
         return sandbox
 
@@ -471,8 +568,9 @@ class LocalHost(SandboxHost):
         return record.id
 
     async def destroy(self, sandbox: Sandbox) -> None:
-        self._live.pop(sandbox.id, None)
         await sandbox.close()
+        self._live.pop(sandbox.id, None)
+        self._recorded.pop(sandbox.id, None)
 
     async def drop_snapshot(self, snapshot: SnapshotRow) -> None:
         from .._api import remove_snapshot
@@ -482,7 +580,15 @@ class LocalHost(SandboxHost):
         await remove_snapshot(_snapshot_of(snapshot))
 
     def describe(self, sandbox: Sandbox) -> dict[str, Any]:
-        return backend_of(sandbox).describe()
+        description = backend_of(sandbox).describe()
+        # What the instance is recorded with (the state beside it is the sandbox's).
+        self._recorded[sandbox.id] = (sandbox.state.value, _canonical(description))
+        return description
+
+
+def _canonical(description: Mapping[str, Any]) -> str:
+    """A description as the store keeps it (JSON), comparable."""
+    return json.dumps(description, sort_keys=True, default=str)
 
 
 def _snapshot_of(row: SnapshotRow) -> Snapshot:

@@ -25,6 +25,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import anyio
+
 from .._errors import (
     HutchError,
     IdleTimeoutExpired,
@@ -35,7 +37,14 @@ from .._errors import (
     TimeoutExpired,
     TimeoutTooLarge,
 )
-from .._sandbox import backend_of, closed_message
+from .._sandbox import (
+    backend_of,
+    closed_message,
+    end_processes,
+    lifecycle_record,
+    reap,
+    track,
+)
 from .clock import Clock, RealClock, VirtualClock
 from .scheduler import Scheduler
 from .state import FINAL, SandboxState, check_transition
@@ -230,8 +239,7 @@ class LifecycleEngine:
                 except ValueError:
                     continue  # a key from a newer daemon: not ours to count
                 record.meter.seconds[counted] = float(value)
-        sandbox._record = record
-        sandbox._gate = self
+        track(sandbox, self, record)
         self._sandboxes[sandbox.id] = sandbox
         if state is SandboxState.RUNNING:
             try:
@@ -253,7 +261,7 @@ class LifecycleEngine:
 
     @staticmethod
     def _record(sandbox: Sandbox) -> LifecycleRecord:
-        record: LifecycleRecord | None = getattr(sandbox, "_record", None)
+        record = lifecycle_record(sandbox)
         if record is None:
             raise SandboxUnavailable(f"sandbox {sandbox.id} is not tracked by a lifecycle engine")
         return record
@@ -293,7 +301,7 @@ class LifecycleEngine:
 
     def leave(self, sandbox: Sandbox, op: str, *, activity: bool) -> None:
         if activity:
-            record: LifecycleRecord | None = getattr(sandbox, "_record", None)
+            record = lifecycle_record(sandbox)
             if record is not None:
                 record.last_activity_mono = self.clock.monotonic()
 
@@ -356,20 +364,25 @@ class LifecycleEngine:
     ) -> None:
         """Take a backend step and record its transition; if the record
         cannot be written, ``undo`` puts the backend back, so that memory,
-        store and backend agree (the step is never left half done)."""
-        await self._guarded(sandbox, record, step)
-        try:
-            await self._transition(sandbox, new, reason)
-        except BaseException:
-            record.transitioning = True
+        store and backend agree (the step is never left half done).
+
+        Shielded: a caller that gives up (a client gone, a timeout) is
+        cancelled after the step is done and recorded, never between the
+        backend's step and its record, where an undo could not run either."""
+        with anyio.CancelScope(shield=True):
+            await self._guarded(sandbox, record, step)
             try:
-                await undo()
-            except Exception:
-                log.exception("sandbox %s: undoing an unrecorded %s failed",
-                              record.sandbox_id, new.value)
-            finally:
-                record.transitioning = False
-            raise
+                await self._transition(sandbox, new, reason)
+            except BaseException:
+                record.transitioning = True
+                try:
+                    await undo()
+                except Exception:
+                    log.exception("sandbox %s: undoing an unrecorded %s failed",
+                                  record.sandbox_id, new.value)
+                finally:
+                    record.transitioning = False
+                raise
 
     @asynccontextmanager
     async def held(self, sandbox: Sandbox) -> AsyncIterator[SandboxState]:
@@ -412,7 +425,7 @@ class LifecycleEngine:
         try:
             if not sandbox.capabilities.suspend_keeps_processes:
                 # They die with the suspend; end them rather than leave handles hanging.
-                await sandbox._kill_processes()
+                await end_processes(sandbox)
         finally:
             record.transitioning = False
         backend = backend_of(sandbox)
@@ -457,7 +470,7 @@ class LifecycleEngine:
                 return
             await self._terminate_locked(sandbox, record, reason)
         self._forget(record)
-        await sandbox._release()
+        await reap(sandbox)
 
     async def runtime_died(self, sandbox: Sandbox, reason: str) -> bool:
         """The provider says the sandbox's runtime died outside hutch: if it
@@ -480,7 +493,7 @@ class LifecycleEngine:
             await self._transition(sandbox, SandboxState.FAILED, reason)
         self._forget(record)
         try:
-            await sandbox._release()
+            await reap(sandbox)
         except Exception:
             log.exception("sandbox %s: releasing it after its runtime died failed",
                           record.sandbox_id)
@@ -496,9 +509,18 @@ class LifecycleEngine:
         self.scheduler.cancel(record.sandbox_id)
         self._sandboxes.pop(record.sandbox_id, None)
 
+    def forget(self, sandbox: Sandbox) -> None:
+        """Stop tracking ``sandbox`` without touching it: its timers stop and
+        nothing is recorded. For a handle another program has since taken
+        over (it suspended or resumed the sandbox): acting on it here would
+        undo that program's work."""
+        record = lifecycle_record(sandbox)
+        if record is not None and self._sandboxes.get(sandbox.id) is sandbox:
+            self._forget(record)
+
     async def closed(self, sandbox: Sandbox) -> None:
         """The owner closed the sandbox: forget its timers."""
-        record: LifecycleRecord | None = getattr(sandbox, "_record", None)
+        record = lifecycle_record(sandbox)
         if record is None:
             return
         async with record.lock:
@@ -535,9 +557,11 @@ class LifecycleEngine:
             )
         deadline_unix = self.clock.time() + seconds
         if self.on_deadline is not None:
-            result = self.on_deadline(record.sandbox_id, deadline_unix)
-            if inspect.isawaitable(result):
-                await result
+            # Recorded and applied as one, whether or not the caller waits.
+            with anyio.CancelScope(shield=True):
+                result = self.on_deadline(record.sandbox_id, deadline_unix)
+                if inspect.isawaitable(result):
+                    await result
             if record.state in FINAL:  # it ended while the deadline was written
                 raise self.expired_error(record)
         record.live_deadline_mono = self.clock.monotonic() + seconds
@@ -601,7 +625,7 @@ class LifecycleEngine:
         return windows
 
     def _reschedule(self, sandbox: Sandbox) -> None:
-        record: LifecycleRecord | None = getattr(sandbox, "_record", None)
+        record = lifecycle_record(sandbox)
         if record is None or record.state in FINAL:
             return
         now = self.clock.monotonic()
@@ -646,7 +670,7 @@ class LifecycleEngine:
         if release or record.state is SandboxState.TERMINATED:
             self._forget(record)
             try:
-                await sandbox._release()
+                await reap(sandbox)
             except Exception:
                 log.exception("sandbox %s: releasing it after %s failed", sandbox_id, record.reason)
             return

@@ -1,10 +1,18 @@
 """Sandbox providers: one interface (:mod:`.base`), many backends."""
 
-from .base import BackendProcess, ProviderSnapshot, PtyProcess, SandboxBackend, SandboxRuntime
+from .base import (
+    BackendProcess,
+    ProcessRequest,
+    ProviderSnapshot,
+    PtyProcess,
+    SandboxBackend,
+    SandboxRuntime,
+)
 from .registry import available_providers, get_provider, register_provider
 
 __all__ = [
     "BackendProcess",
+    "ProcessRequest",
     "ProviderSnapshot",
     "PtyProcess",
     "SandboxBackend",

@@ -24,6 +24,7 @@ from .._errors import (
 )
 from .._types import FileInfo, FileType, GrepMatch
 from ._grep import grep_host_files
+from .base import SandboxFiles, require_regular
 
 T = TypeVar("T")
 
@@ -39,6 +40,8 @@ def map_oserror(exc: OSError, path: str) -> HutchError:
         return SandboxFileNotFound(f"no such file or directory: {path}")
     if code == errno.EISDIR:
         return SandboxIsADirectory(f"{path} is a directory")
+    if code == errno.ENOTEMPTY:  # a directory removed without recursive
+        return SandboxIsADirectory(f"{path} is a non-empty directory; pass recursive=True")
     if code in (errno.EACCES, errno.EPERM, errno.EROFS):
         return SandboxPermissionDenied(f"permission denied: {path}")
     if code == errno.ENAMETOOLONG:
@@ -46,28 +49,77 @@ def map_oserror(exc: OSError, path: str) -> HutchError:
     return ProviderError(f"{path}: {exc.strerror or exc}")
 
 
-def _call(fn: Callable[[], T], path: str) -> T:
+def call_mapped(
+    fn: Callable[[], T], path: str, map_error: Callable[[OSError, str], HutchError] = map_oserror
+) -> T:
+    """``fn()``, with an OSError turned into hutch's typed error about ``path``."""
     try:
         return fn()
     except HutchError:
         raise
     except OSError as exc:
-        raise map_oserror(exc, path) from None
+        raise map_error(exc, path) from None
+
+
+
+async def run_mapped(
+    fn: Callable[[], T], path: str, *, in_thread: bool,
+    map_error: Callable[[OSError, str], HutchError] = map_oserror,
+) -> T:
+    """:func:`call_mapped`, moved off the event loop when ``in_thread`` (a
+    large file: its I/O would stall every other request)."""
+    if in_thread:
+        return await anyio.to_thread.run_sync(lambda: call_mapped(fn, path, map_error))
+    return call_mapped(fn, path, map_error)
 
 
 def info_from_stat(path: str, st: os.stat_result) -> FileInfo:
-    if stat_mod.S_ISDIR(st.st_mode):
-        kind = FileType.DIRECTORY
-    elif stat_mod.S_ISREG(st.st_mode):
-        kind = FileType.FILE
-    elif stat_mod.S_ISLNK(st.st_mode):
-        kind = FileType.SYMLINK
-    else:
-        kind = FileType.OTHER
-    return FileInfo(path, kind, st.st_size, stat_mod.S_IMODE(st.st_mode), st.st_mtime)
+    return FileInfo(
+        path, FileType.of_mode(st.st_mode), st.st_size, stat_mod.S_IMODE(st.st_mode), st.st_mtime
+    )
 
 
-class HostFiles:
+def read_open_file(fd: int, path: str, limit: int) -> bytes:
+    """The bytes of the open file ``fd`` (``path``'s), a regular file of at
+    most ``limit`` bytes (typed errors otherwise), read without allocating
+    the whole limit up front."""
+    st = os.fstat(fd)
+    require_regular(st.st_mode, path)
+    size = st.st_size
+    if size > limit:
+        raise OutputLimitExceeded(f"{path} is {size} bytes, over the read limit of {limit} bytes")
+    with os.fdopen(os.dup(fd), "rb") as fh:
+        # What fstat promised plus one byte to notice growth.
+        data = fh.read(size + 1)
+        if len(data) > size:
+            data += fh.read(limit + 1 - len(data))
+    if len(data) > limit:
+        raise OutputLimitExceeded(f"{path} is over the read limit of {limit} bytes")
+    return data
+
+
+async def read_open_file_pieces(fd: int, path: str, limit: int) -> AsyncGenerator[bytes, None]:
+    """The open file ``fd`` (``path``'s, a regular file of at most ``limit``
+    bytes: typed errors, before the first piece, otherwise) in pieces read in
+    a thread, so that it is never whole in memory. Closes ``fd``."""
+    try:
+        st = os.fstat(fd)
+        require_regular(st.st_mode, path)
+        if st.st_size > limit:
+            raise OutputLimitExceeded(
+                f"{path} is {st.st_size} bytes, over the read limit of {limit} bytes"
+            )
+        total = 0
+        while piece := await anyio.to_thread.run_sync(os.read, fd, _COPY_CHUNK):
+            total += len(piece)
+            if total > limit:
+                raise OutputLimitExceeded(f"{path} is over the read limit of {limit} bytes")
+            yield piece
+    finally:
+        os.close(fd)
+
+
+class HostFiles(SandboxFiles):
     """File operations on a host directory tree that maps 1:1 to sandbox paths.
 
     ``to_host`` turns a sandbox path into the host path (identity for
@@ -79,53 +131,34 @@ class HostFiles:
 
     def _read(self, path: str, limit: int) -> bytes:
         fd = self._open_regular(path)
-        with os.fdopen(fd, "rb") as fh:
-            size = os.fstat(fd).st_size
-            if size > limit:
-                raise OutputLimitExceeded(
-                    f"{path} is {size} bytes, over the read limit of {limit} bytes"
-                )
-            # Read what fstat promised plus one byte to notice growth; a read of
-            # ``limit + 1`` would allocate the whole limit up front.
-            data = fh.read(size + 1)
-            if len(data) > size:
-                data += fh.read(limit + 1 - len(data))
-        if len(data) > limit:
-            raise OutputLimitExceeded(f"{path} is over the read limit of {limit} bytes")
-        return data
+        try:
+            return read_open_file(fd, path, limit)
+        finally:
+            os.close(fd)
 
-    async def read(self, path: str, limit: int) -> bytes:
+    async def read_file(self, path: str, limit: int) -> bytes:
         host = self.to_host(path)
-        size = _call(lambda: os.stat(host), path).st_size
-        if size > _THREAD_THRESHOLD:
-            return await anyio.to_thread.run_sync(
-                lambda: _call(lambda: self._read(path, limit), path)
-            )
-        return _call(lambda: self._read(path, limit), path)
+        size = call_mapped(lambda: os.stat(host), path).st_size
+        return await run_mapped(
+            lambda: self._read(path, limit), path, in_thread=size > _THREAD_THRESHOLD
+        )
 
-    async def read_pieces(self, path: str, limit: int) -> AsyncGenerator[bytes, None]:
+    async def read_file_pieces(self, path: str, limit: int) -> AsyncGenerator[bytes, None]:
         """A small file whole (as :meth:`read`); a larger one in pieces read in
         a thread, so that it never sits whole in memory."""
         host = self.to_host(path)
-        size = _call(lambda: os.stat(host), path).st_size
+        size = call_mapped(lambda: os.stat(host), path).st_size
         if size <= _THREAD_THRESHOLD:
-            yield await self.read(path, limit)
+            yield await self.read_file(path, limit)
             return
-        fd = _call(lambda: self._open_regular(path), path)
+        pieces = read_open_file_pieces(
+            call_mapped(lambda: self._open_regular(path), path), path, limit
+        )
         try:
-            size = os.fstat(fd).st_size
-            if size > limit:
-                raise OutputLimitExceeded(
-                    f"{path} is {size} bytes, over the read limit of {limit} bytes"
-                )
-            total = 0
-            while piece := await anyio.to_thread.run_sync(os.read, fd, _COPY_CHUNK):
-                total += len(piece)
-                if total > limit:
-                    raise OutputLimitExceeded(f"{path} is over the read limit of {limit} bytes")
+            async for piece in pieces:
                 yield piece
         finally:
-            os.close(fd)
+            await pieces.aclose()
 
     def _open_regular(self, path: str) -> int:
         """A descriptor of ``path``, a regular file (a typed error otherwise)."""
@@ -136,12 +169,11 @@ class HostFiles:
         except OSError:
             os.close(fd)
             raise
-        if not stat_mod.S_ISREG(info.st_mode):
+        try:
+            require_regular(info.st_mode, path)
+        except HutchError:
             os.close(fd)
-            if stat_mod.S_ISDIR(info.st_mode):
-                raise SandboxIsADirectory(f"{path} is a directory")
-            # A FIFO or a device may never end (or never start): not a file to read.
-            raise InvalidArgument(f"{path} is not a regular file; read it with exec")
+            raise
         return fd
 
     def _prepare_write(self, path: str) -> str:
@@ -165,20 +197,19 @@ class HostFiles:
         with open(host, "wb") as fh:
             shutil.copyfileobj(source, fh, _COPY_CHUNK)
 
-    async def write_from(self, path: str, source: IO[bytes]) -> None:
+    async def write_file_from(self, path: str, source: IO[bytes]) -> None:
         """Copy ``source`` into ``path`` in pieces, in a thread."""
         await anyio.to_thread.run_sync(
-            lambda: _call(lambda: self._write_from(path, source), path)
+            lambda: call_mapped(lambda: self._write_from(path, source), path)
         )
 
-    async def write(self, path: str, data: bytes) -> None:
-        if len(data) > _THREAD_THRESHOLD:
-            await anyio.to_thread.run_sync(lambda: _call(lambda: self._write(path, data), path))
-        else:
-            _call(lambda: self._write(path, data), path)
+    async def write_file(self, path: str, data: bytes) -> None:
+        await run_mapped(
+            lambda: self._write(path, data), path, in_thread=len(data) > _THREAD_THRESHOLD
+        )
 
     async def stat(self, path: str) -> FileInfo:
-        return info_from_stat(path, _call(lambda: os.lstat(self.to_host(path)), path))
+        return info_from_stat(path, call_mapped(lambda: os.lstat(self.to_host(path)), path))
 
     async def list_dir(self, path: str) -> list[FileInfo]:
         host = self.to_host(path)
@@ -197,7 +228,7 @@ class HostFiles:
 
         if not os.path.isdir(host) and os.path.exists(host):
             raise InvalidArgument(f"{path} is not a directory")
-        return _call(listing, path)
+        return call_mapped(listing, path)
 
     async def remove(self, path: str, recursive: bool) -> None:
         host = self.to_host(path)
@@ -207,18 +238,11 @@ class HostFiles:
                 if recursive:
                     shutil.rmtree(host)
                 else:
-                    try:
-                        os.rmdir(host)
-                    except OSError as exc:
-                        if exc.errno == errno.ENOTEMPTY:
-                            raise SandboxIsADirectory(
-                                f"{path} is a non-empty directory; pass recursive=True"
-                            ) from None
-                        raise
+                    os.rmdir(host)
             else:
                 os.unlink(host)
 
-        _call(rm, path)
+        call_mapped(rm, path)
 
     async def walk_files(self, root: str) -> list[str]:
         """The regular files below ``root`` (and links to them), as os.walk finds

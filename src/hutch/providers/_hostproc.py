@@ -15,14 +15,14 @@ import os
 import pwd
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from .._errors import InvalidArgument, SandboxFileNotFound, SandboxPermissionDenied
 from .._types import OutputChunk
-from .base import EXEC_MARKER, SANDBOX_MARKER, BackendProcess
+from ._pipes import OutputPipes
+from .base import EXEC_MARKER, SANDBOX_MARKER, BackendProcess, ProcessRequest
 
 __all__ = ["EXEC_MARKER", "SANDBOX_MARKER", "HostProcess", "pids_with_env", "spawn"]
-_READ_SIZE = 256 * 1024
 
 
 def pids_with_env(name: str, value: str) -> list[int]:
@@ -59,16 +59,10 @@ class HostProcess(BackendProcess):
     def __init__(self, proc: asyncio.subprocess.Process, exec_id: str, stdin: bytes | None) -> None:
         self._proc = proc
         self._exec_id = exec_id
-        self._queue: asyncio.Queue[OutputChunk | None] = asyncio.Queue()
-        self._open_streams = 2
-        loop = asyncio.get_running_loop()
         assert proc.stdout is not None and proc.stderr is not None
-        self._tasks = [
-            loop.create_task(self._pipe(proc.stdout, "stdout")),
-            loop.create_task(self._pipe(proc.stderr, "stderr")),
-        ]
+        self._output = OutputPipes(proc.stdout, proc.stderr)
         if stdin is not None:
-            self._tasks.append(loop.create_task(self._feed(stdin)))
+            self._output.tasks.append(asyncio.get_running_loop().create_task(self._feed(stdin)))
 
     async def _feed(self, data: bytes) -> None:
         stdin = self._proc.stdin
@@ -80,20 +74,8 @@ class HostProcess(BackendProcess):
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             stdin.close()
 
-    async def _pipe(self, reader: asyncio.StreamReader, name: str) -> None:
-        try:
-            while data := await reader.read(_READ_SIZE):
-                await self._queue.put(OutputChunk(name, data))  # type: ignore[arg-type]
-        finally:
-            await self._queue.put(None)
-
     async def read(self) -> OutputChunk | None:
-        while self._open_streams > 0:
-            item = await self._queue.get()
-            if item is not None:
-                return item
-            self._open_streams -= 1
-        return None
+        return await self._output.read()
 
     async def wait(self) -> int:
         return signal_exit_code(await self._proc.wait())
@@ -114,10 +96,7 @@ class HostProcess(BackendProcess):
         _signal_all(pids_with_env(EXEC_MARKER, self._exec_id), pgid, signal.SIGKILL)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._proc.wait(), 5)
-        # A pipe an escaped grandchild still holds would never reach EOF; the
-        # cancelled readers still post their end-of-stream marker.
-        for task in self._tasks:
-            task.cancel()
+        self._output.cancel()
 
 
 def signal_exit_code(code: int) -> int:
@@ -126,26 +105,21 @@ def signal_exit_code(code: int) -> int:
     return 128 - code if code < 0 else code
 
 
-async def spawn(
-    argv: Sequence[str],
-    *,
-    cwd: str,
-    env: Mapping[str, str],
-    stdin: bytes | None,
-    user: str | None,
-    exec_id: str,
-) -> HostProcess:
+async def spawn(request: ProcessRequest, *, exec_id: str) -> HostProcess:
+    """Start ``request`` as a host process in a session of its own; its
+    ``env`` is the whole environment it gets."""
+    argv, cwd, stdin = list(request.argv), request.cwd, request.stdin
     if not os.path.isdir(cwd):
         raise SandboxFileNotFound(f"working directory {cwd} does not exist")
-    if user is not None:
+    if request.user is not None:
         # setpriv (util-linux), not user= or preexec_fn: uvloop (the daemon's
         # loop) has no user=, and switches before it enters cwd.
-        argv = [*_as_user(user), *argv]
+        argv = [*_as_user(request.user), *argv]
     try:
         proc = await asyncio.create_subprocess_exec(
             *argv,
             cwd=cwd,
-            env=dict(env),
+            env=dict(request.env),
             stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

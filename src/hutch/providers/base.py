@@ -9,9 +9,12 @@ each behind a capability.
 sandbox: processes (``start_process``, ``shell_argv``), the busy count, files
 (read, write, stat, list, remove, walk), ``grep`` and ``glob``.
 
-Every backend *is* its own native runtime (docker exec and the archive API,
-a subprocess, ssh), so a provider implements both halves in one class as
-before. A backend that can hand its runtime over to another (hutch's agent
+A backend names its runtime in :attr:`SandboxBackend.runtime`. Most are
+their own native runtime (docker exec and the archive API, a subprocess,
+ssh): they subclass :class:`NativeBackend`, both halves in one class. A
+runtime that keeps its files in an object of their own
+(:class:`SandboxFiles`) subclasses :class:`FilesRuntime`, which forwards to
+it. A backend that can hand its runtime over to another (hutch's agent
 inside the sandbox, :mod:`hutch.providers.agent`) overrides
 :attr:`SandboxBackend.runtime`; everything above this seam (exec timeouts and
 output caps, background processes, the read-before-write guardrail, the
@@ -30,6 +33,7 @@ import abc
 import dataclasses
 import posixpath
 import re
+import stat
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, ClassVar
@@ -41,10 +45,11 @@ from .._errors import (
     InvalidArgument,
     OutputLimitExceeded,
     ProviderError,
+    SandboxIsADirectory,
 )
 from .._globmatch import compile_glob
 from .._types import Capabilities, FileInfo, FileType, GrepMatch, OutputChunk
-from ._grep import BATCH_BYTES, grep_contents
+from ._grep import GrepBatches
 
 
 class BackendProcess(abc.ABC):
@@ -136,6 +141,20 @@ class PtyProcess(BackendProcess):
     async def resize(self, rows: int, cols: int) -> None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class ProcessRequest:
+    """A command a runtime is asked to start: ``argv`` in ``cwd`` (absolute,
+    inside the sandbox), with ``env`` over the sandbox's own environment,
+    ``stdin`` fed and then closed (None: no input), as ``user`` (None: the
+    sandbox's default user)."""
+
+    argv: Sequence[str]
+    cwd: str
+    env: Mapping[str, str] = field(default_factory=dict)
+    stdin: bytes | None = None
+    user: str | None = None
+
+
 #: In the environment of every command hutch starts: its own id, and its sandbox's.
 EXEC_MARKER = "HUTCH_EXEC_ID"
 SANDBOX_MARKER = "HUTCH_SANDBOX_ID"
@@ -165,80 +184,25 @@ class ProviderSettings(BaseModel):
     type: str
 
 
-class SandboxRuntime(abc.ABC):
-    """What executes commands and moves files in one sandbox."""
+class SandboxPart(abc.ABC):
+    """What both halves of a provider know: which provider, which sandbox,
+    and the directory relative paths resolve from."""
 
     #: The provider name errors are reported under (``local``, ``docker``...).
     provider: ClassVar[str]
-    #: Which runtime this is, as ``Capabilities.runtime`` reports it.
-    runtime_name: ClassVar[str] = "native"
 
     def __init__(self, sandbox_id: str, workdir: str) -> None:
         self.sandbox_id = sandbox_id
         #: Absolute path, inside the sandbox, that relative paths resolve from.
         self.workdir = workdir
 
-    # -- processes ---------------------------------------------------------
-    def shell_argv(self, command: str) -> list[str]:
-        """The argv that runs a shell string: bash where there is one, else sh."""
-        return ["bash", "-c", command]
 
-    async def start_process(
-        self,
-        argv: Sequence[str],
-        *,
-        cwd: str,
-        env: Mapping[str, str],
-        stdin: bytes | None,
-        user: str | None,
-    ) -> BackendProcess:
-        raise CapabilityUnsupported.for_provider(self.provider, "processes")
+class SandboxFiles(abc.ABC):
+    """File operations on one sandbox's file system, in sandbox paths
+    (absolute), with hutch's typed errors. Every runtime has them; a runtime
+    that keeps its files in an object of their own (the host's file system, a
+    root on the host, SFTP) forwards to it (:class:`FilesRuntime`)."""
 
-    async def count_busy_processes(self) -> int:
-        """Processes alive in the sandbox other than its own keeper."""
-        return 0
-
-    async def end_leftover_commands(self) -> int:
-        """SIGKILL every process of a command hutch started in this sandbox
-        (an earlier daemon's, whose handles died with it); return how many.
-
-        Written once on ``start_process``: a script in the sandbox kills what
-        carries an exec marker and this sandbox's marker, all but itself.
-        """
-        proc = await self.start_process(
-            ["sh", "-c", _END_LEFTOVERS, "hutch-end", f"{SANDBOX_MARKER}={self.sandbox_id}"],
-            cwd="/", env={}, stdin=None, user=None,
-        )
-        out = []
-        while (chunk := await proc.read()) is not None:
-            if chunk.stream == "stdout":
-                out.append(chunk.data)
-        code = await proc.wait()
-        words = b"".join(out).decode("utf-8", "replace").split()
-        if code != 0 or not words or not words[-1].isdigit():
-            raise ProviderError(
-                f"ending the commands left in sandbox {self.sandbox_id} failed (exit {code})"
-            )
-        return int(words[-1])
-
-    async def start_pty(
-        self,
-        argv: Sequence[str],
-        *,
-        cwd: str,
-        env: Mapping[str, str],
-        user: str | None,
-        rows: int,
-        cols: int,
-    ) -> PtyProcess:
-        """Start ``argv`` on a pseudo-terminal of ``rows`` x ``cols`` (an
-        interactive shell); a runtime that has none says so."""
-        raise CapabilityUnsupported(
-            f"the {self.runtime_name} runtime of sandbox {self.sandbox_id} has no "
-            "pseudo-terminal (hutch's agent runtime has one)"
-        )
-
-    # -- files ---------------------------------------------------------------
     @abc.abstractmethod
     async def read_file(self, path: str, limit: int) -> bytes:
         """Bytes of ``path`` (absolute); OutputLimitExceeded past ``limit``."""
@@ -249,15 +213,15 @@ class SandboxRuntime(abc.ABC):
 
     async def read_file_pieces(self, path: str, limit: int) -> AsyncGenerator[bytes, None]:
         """The bytes of ``path`` in pieces, for a large file to stream out;
-        errors (missing, over ``limit``) come with the first. A runtime that
-        can read in pieces overrides this, so that the file is never whole in
+        errors (missing, over ``limit``) come with the first. Files that can
+        read in pieces override this, so that the file is never whole in
         memory."""
         yield await self.read_file(path, limit)
 
     async def write_file_from(self, path: str, source: IO[bytes]) -> None:
         """Write what ``source`` holds (from its position on) to ``path``, as
-        :meth:`write_file` does. A runtime that can copy in pieces overrides
-        this, so that a large upload is never whole in memory."""
+        :meth:`write_file` does. Files that can copy in pieces override this,
+        so that a large upload is never whole in memory."""
         await self.write_file(path, source.read())
 
     @abc.abstractmethod
@@ -275,6 +239,58 @@ class SandboxRuntime(abc.ABC):
         links to regular files too; never a FIFO, device or socket (a read of
         one may never end)."""
 
+
+class SandboxRuntime(SandboxPart, SandboxFiles):
+    """What executes commands and moves files in one sandbox."""
+
+    #: Which runtime this is, as ``Capabilities.runtime`` reports it.
+    runtime_name: ClassVar[str] = "native"
+
+    # -- processes ---------------------------------------------------------
+    def shell_argv(self, command: str) -> list[str]:
+        """The argv that runs a shell string: bash where there is one, else sh."""
+        return ["bash", "-c", command]
+
+    async def start_process(self, request: ProcessRequest) -> BackendProcess:
+        raise CapabilityUnsupported.for_provider(self.provider, "processes")
+
+    async def count_busy_processes(self) -> int:
+        """Processes alive in the sandbox other than its own keeper."""
+        return 0
+
+    async def end_leftover_commands(self) -> int:
+        """SIGKILL every process of a command hutch started in this sandbox
+        (an earlier daemon's, whose handles died with it); return how many.
+
+        Written once on ``start_process``: a script in the sandbox kills what
+        carries an exec marker and this sandbox's marker, all but itself.
+        """
+        proc = await self.start_process(ProcessRequest(
+            ["sh", "-c", _END_LEFTOVERS, "hutch-end", f"{SANDBOX_MARKER}={self.sandbox_id}"],
+            cwd="/",
+        ))
+        out = []
+        while (chunk := await proc.read()) is not None:
+            if chunk.stream == "stdout":
+                out.append(chunk.data)
+        code = await proc.wait()
+        words = b"".join(out).decode("utf-8", "replace").split()
+        if code != 0 or not words or not words[-1].isdigit():
+            raise ProviderError(
+                f"ending the commands left in sandbox {self.sandbox_id} failed (exit {code})"
+            )
+        return int(words[-1])
+
+    async def start_pty(self, request: ProcessRequest, rows: int, cols: int) -> PtyProcess:
+        """Start ``request`` (its ``stdin`` unused: what is typed is written)
+        on a pseudo-terminal of ``rows`` x ``cols`` (an interactive shell); a
+        runtime that has none says so."""
+        raise CapabilityUnsupported(
+            f"the {self.runtime_name} runtime of sandbox {self.sandbox_id} has no "
+            "pseudo-terminal (hutch's agent runtime has one)"
+        )
+
+    # -- files: SandboxFiles, and what is built on them -----------------------------
     async def exists(self, path: str) -> bool:
         try:
             await self.stat(path)
@@ -305,9 +321,7 @@ class SandboxRuntime(abc.ABC):
     ) -> list[GrepMatch]:
         """The matching lines of ``paths``, by the one rule (:func:`grep_contents`),
         matched in a worker process; what is not a readable regular file is skipped."""
-        matches: list[GrepMatch] = []
-        batch: list[tuple[str, bytes]] = []
-        size = 0
+        batches = GrepBatches(pattern)
         for path in paths:
             try:
                 data = await self.read_file(path, limit)
@@ -322,20 +336,48 @@ class SandboxRuntime(abc.ABC):
                 # It said it was small and did not end (a procfs file such as
                 # /proc/1/pagemap): not a text file to search.
                 continue
-            batch.append((path, data))
-            size += len(data)
-            if size >= BATCH_BYTES:
-                matches.extend(await grep_contents(pattern, batch))
-                batch, size = [], 0
-        matches.extend(await grep_contents(pattern, batch))
-        return matches
+            await batches.add(path, data)
+        return await batches.matches()
 
 
-class SandboxBackend(SandboxRuntime):
-    """One sandbox, as a provider provisions and runs it.
+class FilesRuntime(SandboxRuntime):
+    """A runtime whose file operations are those of its :attr:`files`: the
+    forwarding written once, for every runtime that keeps its files apart."""
 
-    The runtime methods it inherits are its native runtime; callers reach
-    whichever runtime is in use through :attr:`runtime`.
+    files: SandboxFiles
+
+    async def read_file(self, path: str, limit: int) -> bytes:
+        return await self.files.read_file(path, limit)
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        await self.files.write_file(path, data)
+
+    async def read_file_pieces(self, path: str, limit: int) -> AsyncGenerator[bytes, None]:
+        async for piece in self.files.read_file_pieces(path, limit):
+            yield piece
+
+    async def write_file_from(self, path: str, source: IO[bytes]) -> None:
+        await self.files.write_file_from(path, source)
+
+    async def stat(self, path: str) -> FileInfo:
+        return await self.files.stat(path)
+
+    async def list_dir(self, path: str) -> list[FileInfo]:
+        return await self.files.list_dir(path)
+
+    async def remove(self, path: str, recursive: bool) -> None:
+        await self.files.remove(path, recursive)
+
+    async def walk_files(self, root: str) -> list[str]:
+        return await self.files.walk_files(root)
+
+
+class SandboxBackend(SandboxPart):
+    """One sandbox, as a provider provisions it and runs its lifecycle.
+
+    What executes and moves files in it is its :attr:`runtime`, a
+    :class:`SandboxRuntime`; a backend that is its own native runtime
+    subclasses :class:`NativeBackend`.
 
     **Snapshots** (the ``snapshot`` capability) are four methods, and
     everything hutch builds on captured state (``Sandbox.snapshot`` and
@@ -380,10 +422,10 @@ class SandboxBackend(SandboxRuntime):
     config_model: ClassVar[type[ProviderSettings]]
 
     @property
+    @abc.abstractmethod
     def runtime(self) -> SandboxRuntime:
-        """The runtime serving this sandbox now: the backend itself (native)
-        unless the provider hands its runtime to another, such as the agent."""
-        return self
+        """The runtime serving this sandbox now (its native one, or another it
+        hands over to, such as the agent)."""
 
     def sandbox_capabilities(self) -> Capabilities:
         """This sandbox's capabilities: the provider's, naming its runtime."""
@@ -428,6 +470,13 @@ class SandboxBackend(SandboxRuntime):
     async def is_alive(self) -> bool:
         """Whether the sandbox's runtime still exists (for reconciliation)."""
         return True
+
+    async def is_suspended(self) -> bool:
+        """Whether the sandbox, its runtime down, keeps its state suspended,
+        so that ``resume`` brings it back. Asked of a sandbox found again
+        that is not alive (another program may have suspended it since it
+        was recorded) before it is given up for lost."""
+        return False
 
     # -- snapshots (behind the snapshot capability; see the class docstring) -----
     async def capture(self, snapshot_id: str, *, diff: bool = True) -> ProviderSnapshot:
@@ -481,8 +530,39 @@ class SandboxBackend(SandboxRuntime):
         """Release everything this sandbox holds. Idempotent."""
 
 
+class NativeBackend(SandboxBackend, SandboxRuntime):
+    """A backend that is its own native runtime (docker exec, a subprocess,
+    ssh): both halves in one class. One that can hand its runtime over to
+    another (hutch's agent) overrides :attr:`runtime`."""
+
+    @property
+    def runtime(self) -> SandboxRuntime:
+        return self
+
+
+def require_regular(mode: int, path: str) -> None:
+    """A typed error unless ``mode`` (a POSIX ``st_mode``) is a regular file's:
+    a directory is one; a FIFO or a device may never end (or never start), not
+    a file to read."""
+    if stat.S_ISDIR(mode):
+        raise SandboxIsADirectory(f"{path} is a directory")
+    if not stat.S_ISREG(mode):
+        raise InvalidArgument(f"{path} is not a regular file; read it with exec")
+
+
 def join_path(workdir: str, path: str) -> str:
     """Resolve ``path`` against ``workdir`` inside the sandbox (POSIX rules)."""
     if not path:
         path = "."
     return posixpath.normpath(posixpath.join(workdir, path))
+
+
+def sandbox_path(workdir: str, path: object) -> str:
+    """A caller's ``path`` checked (a string, no NUL byte: InvalidArgument
+    otherwise) and resolved against ``workdir``: one rule for the in-process
+    sandbox and the client that checks before it sends."""
+    if not isinstance(path, str):
+        raise InvalidArgument(f"path must be a string, not {type(path).__name__}")
+    if "\0" in path:
+        raise InvalidArgument(f"path {path!r} contains a NUL byte")
+    return join_path(workdir, path)

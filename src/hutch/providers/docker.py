@@ -34,7 +34,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Generator, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import IO, Annotated, Any, Literal
 
@@ -71,13 +71,15 @@ from ._grepfilter import LINE_BREAKS as _LINE_BREAKS
 from ._grepfilter import required_literals as _required_literals
 from ._hostproc import EXEC_MARKER, SANDBOX_MARKER
 from .agent import AgentFailure, AgentRuntime, AgentUnavailable, agent_binary
+from .agent import workload as _workload
 from .base import (
     BackendProcess,
+    NativeBackend,
+    ProcessRequest,
     ProviderSettings,
     ProviderSnapshot,
     RuntimeNotice,
     RuntimeReport,
-    SandboxBackend,
     SandboxRuntime,
 )
 from .network import NetworkPolicy, apply_in_namespace, host_addresses
@@ -114,6 +116,8 @@ GREP_CANDIDATE_LIMIT = 16 * GREP_OUTPUT_LIMIT
 _ARCHIVE_IN_MEMORY = 1024 * 1024
 #: Symlinks followed by one read or write before it gives up (as the kernel's 40).
 _MAX_LINK_HOPS = 40
+#: What one piece of a file read out of a container (an archive stream) holds.
+_READ_PIECE = 1024 * 1024
 #: Where the agent's executable and its socket's directory are mounted.
 AGENT_BINARY_PATH = "/.hutch/bin/hutch-agent"
 AGENT_DIR_PATH = "/.hutch/run"
@@ -224,6 +228,11 @@ _HOST_ROOT = re.compile(r"/\S*?/(?:overlay2?|aufs|btrfs|zfs|vfs|fuse-overlayfs)/
 def _sandbox_view(text: str) -> str:
     """An Engine message with host paths turned into the sandbox's own paths."""
     return _HOST_ROOT.sub("", text)
+
+
+#: The running watchers (``watch_runtimes``): their loops and report callbacks.
+_WATCHERS: list[tuple[asyncio.AbstractEventLoop, RuntimeReport]] = []
+_TELLING: set[asyncio.Future[None]] = set()
 
 
 def cgroup_dir(container_id: str, controller: str) -> str | None:
@@ -480,16 +489,39 @@ _SHELL_SHIM = 'if command -v bash >/dev/null 2>&1; then exec bash -c "$1"; else 
 _START_FAILURES = (b"OCI runtime exec failed", b"unable to find user", b"unable to find group")
 
 
-def _oci_error(message: str, argv: Sequence[str], cwd: str, user: str | None) -> HutchError:
+def _oci_error(message: str, request: ProcessRequest) -> HutchError:
     if "unable to find user" in message or "unable to find group" in message:
-        return InvalidArgument(f"no such user {user!r}")
+        return InvalidArgument(f"no such user {request.user!r}")
     if "chdir to cwd" in message:
-        return SandboxFileNotFound(f"working directory {cwd} does not exist")
+        return SandboxFileNotFound(f"working directory {request.cwd} does not exist")
     if "permission denied" in message:
-        return SandboxPermissionDenied(f"cannot execute {argv[0]}: permission denied")
+        return SandboxPermissionDenied(f"cannot execute {request.argv[0]}: permission denied")
     if "not found" in message or "no such file" in message:
-        return SandboxFileNotFound(f"command not found: {argv[0]}")
+        return SandboxFileNotFound(f"command not found: {request.argv[0]}")
     return ProviderError(f"docker exec failed: {message.strip()}")
+
+
+class _ChunkReader(io.RawIOBase):
+    """A binary file over an iterator of byte chunks (an HTTP body as it
+    arrives), read without copying what is held."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = chunks
+        self._held = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._held:
+            try:
+                self._held = memoryview(next(self._chunks))
+            except StopIteration:
+                return 0
+        count = min(len(buffer), len(self._held))
+        buffer[:count] = self._held[:count]
+        self._held = self._held[count:]
+        return count
 
 
 class DockerProcess(BackendProcess):
@@ -501,29 +533,27 @@ class DockerProcess(BackendProcess):
         exec_id: str,
         marker: str,
         sock: socket.socket,
-        stdin: bytes | None,
-        argv: Sequence[str],
-        cwd: str,
-        user: str | None,
+        request: ProcessRequest,
+        oom_before: int | None,
     ) -> None:
         self._sandbox = sandbox
         self._exec_id = exec_id
         self._marker = marker
         self._sock = sock
-        self._argv = list(argv)
-        self._cwd = cwd
-        self._user = user
+        #: What was asked, for the error a failed start says.
+        self._request = request
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[OutputChunk | BaseException | None] = asyncio.Queue()
         self._exit_code: int | None = None
-        self._oom_before = oom_kills(sandbox.container_id or "")
+        #: The container's OOM kills before the command started (None: unknown).
+        self._oom_before = oom_before
         self._oom_killed = False
         self._exit = self._loop.create_future()
         self._first = True
         self._held: bytes | None = None
         self._eof = False
-        if stdin is not None:
-            threading.Thread(target=self._feed, args=(stdin,), daemon=True).start()
+        if request.stdin is not None:
+            threading.Thread(target=self._feed, args=(request.stdin,), daemon=True).start()
         threading.Thread(target=self._pump, daemon=True).start()
 
     def _feed(self, data: bytes) -> None:
@@ -613,7 +643,7 @@ class DockerProcess(BackendProcess):
             held, self._held = self._held, None
             if await asyncio.shield(self._exit) == 126:
                 raise _oci_error(
-                    held.decode("utf-8", "replace"), self._argv, self._cwd, self._user
+                    held.decode("utf-8", "replace"), self._request
                 )
             return OutputChunk("stdout", held)
         return None
@@ -781,6 +811,30 @@ def _flatten(
     return str(api.inspect_image(f"{repository}:{tag}")["Id"])
 
 
+def free_untagged_images(api: Any) -> int:
+    """Remove this hutch home's images that no tag names any more: a snapshot
+    removed while a branch's container still ran on it is only untagged, and
+    goes here once nothing stands on it. Not forced: an image a container or
+    a child image still uses stays (the Engine refuses), for a later call.
+    Returns how many went."""
+    import docker.errors
+
+    images = api.images(all=True, filters={
+        "dangling": True, "label": [f"{MANAGED_LABEL}=1", f"{HOME_LABEL}={hutch_home()}"],
+    })
+    freed = 0
+    for image in images:
+        try:
+            api.remove_image(image["Id"], noprune=False)
+            freed += 1
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            if _status(exc) != 409:
+                raise
+    return freed
+
+
 # -- the sandbox ------------------------------------------------------------------
 
 
@@ -800,7 +854,7 @@ def _parse_mount(spec: str) -> tuple[str, dict[str, str]]:
     return os.path.abspath(parts[0]), {"bind": parts[1], "mode": mode}
 
 
-class DockerSandbox(SandboxBackend):
+class DockerSandbox(NativeBackend):
     provider = "docker"
     capabilities = Capabilities(
         processes=True,
@@ -861,7 +915,7 @@ class DockerSandbox(SandboxBackend):
         self._agent = AgentRuntime(
             self.sandbox_id, self.workdir, self._agent_link(),
             provider_name=self.provider, recover=self._recover_agent,
-            default_user=default_user or None,
+            default_user=default_user or None, on_oom=self._workload_oom,
         )
 
     def _agent_link(self) -> str:
@@ -897,15 +951,63 @@ class DockerSandbox(SandboxBackend):
             log.warning("docker sandbox %s: native runtime (%s)", self.sandbox_id, exc)
             return None
 
+    def _workload_oom(self) -> None:
+        """The OOM killer ended a command in the workload's cgroup: Docker's
+        events do not say so (cgroup v1 tells the cgroup it happened in, not
+        the container's), so it is told to the watchers here."""
+        limit = parse_bytes(self.config.memory) if self.config.memory is not None else 0
+        within = f" of {int(limit)} bytes" if limit else ""
+        notice = RuntimeNotice(
+            self.sandbox_id,
+            f"the OOM killer killed a process in it: it reached its memory limit{within}",
+            may_have_died=False,
+        )
+        for loop, report in list(_WATCHERS):
+            def tell(report: RuntimeReport = report) -> None:
+                task = asyncio.ensure_future(report(notice))
+                _TELLING.add(task)
+                task.add_done_callback(_TELLING.discard)
+
+            with contextlib.suppress(RuntimeError):  # that loop is closed
+                loop.call_soon_threadsafe(tell)
+
+    def _split_workload(self) -> bool:
+        """Whether what the agent runs gets a cgroup of its own below the
+        container's (see :mod:`.agent.workload`): with the agent, on cgroup v1."""
+        return self._agent is not None and _workload.splittable()
+
+    async def _place_workload(self) -> None:
+        """Make the workload's cgroups below the just-started container's,
+        with the caller's limits, and have the agent start commands in them."""
+        assert self._agent is not None and self.container_id is not None
+        container_id = self.container_id
+        cfg = self.config
+
+        def make() -> dict[str, str]:
+            dirs = {c: cgroup_dir(container_id, c) for c in _workload.CONTROLLERS}
+            found = {c: d for c, d in dirs.items() if d is not None}
+            if len(found) != len(dirs):
+                raise ProviderError(f"docker sandbox {self.sandbox_id}: the cgroups of "
+                                    f"container {container_id[:12]} are not where expected")
+            return _workload.make_workload(
+                found, pids=cfg.pids_limit,
+                memory=int(parse_bytes(cfg.memory)) if cfg.memory is not None else None,
+            )
+
+        await self._agent.place_workload(await anyio.to_thread.run_sync(make))
+
     async def _await_agent(self, timeout: float = AGENT_START_TIMEOUT) -> None:
         """Until the agent in a just-started container answers (nothing else
-        runs in it yet: this is when hutch's link to its socket is made)."""
+        runs in it yet: this is when hutch's link to its socket is made, and
+        the workload's cgroup)."""
         assert self._agent is not None
         deadline = time.monotonic() + timeout
         while True:
             try:
                 self._relink_agent()
                 await self._agent.ping(timeout=max(0.5, deadline - time.monotonic()))
+                if self._split_workload():
+                    await self._place_workload()
                 return
             except AgentFailure as exc:
                 if time.monotonic() >= deadline:
@@ -941,7 +1043,8 @@ class DockerSandbox(SandboxBackend):
 
         A paused container's agent is frozen, not dead: nothing to do. A
         running container whose agent does not answer a ping is restarted; a
-        stopped one (its keeper was killed) is started again. Files survive
+        stopped one (its keeper was killed) is started again, unless the OOM
+        killer stopped it (then the sandbox is lost, and fails). Files survive
         both; processes do not, and the caller's error says so.
         """
         if self._recovering is None:
@@ -949,23 +1052,42 @@ class DockerSandbox(SandboxBackend):
         async with self._recovering:
             container = self._container()
             assert self._agent is not None
-            try:
-                details = await _call(engine().inspect_container, container)
-            except HutchError as exc:
-                raise SandboxUnavailable(
-                    f"docker sandbox {self.sandbox_id}: its agent failed ({reason}) and its "
-                    f"container is gone: {exc}"
-                ) from None
-            state = details.get("State") or {}
+
+            async def state_now() -> dict[str, Any]:
+                try:
+                    details = await _call(engine().inspect_container, container)
+                except HutchError as exc:
+                    raise SandboxUnavailable(
+                        f"docker sandbox {self.sandbox_id}: its agent failed ({reason}) and "
+                        f"its container is gone: {exc}"
+                    ) from None
+                return dict(details.get("State") or {})
+
+            state = await state_now()
             if state.get("Paused"):
                 raise SandboxUnavailable(f"docker sandbox {self.sandbox_id} is paused")
             if state.get("Running"):
                 with contextlib.suppress(AgentFailure):
                     await self._agent.ping(timeout=0.5)
                     return False  # it answers: the failure was the request's
+                # A keeper that died takes its container down within moments
+                # (its init exits): not wedged, gone, and told apart below.
+                for _ in range(10):
+                    await asyncio.sleep(0.1)
+                    state = await state_now()
+                    if not state.get("Running"):
+                        break
+            if state.get("Running"):
                 log.warning("docker sandbox %s: its agent is wedged (%s); restarting it",
                             self.sandbox_id, reason)
                 action: Any = lambda: engine().restart(container, timeout=0)  # noqa: E731
+            elif state.get("OOMKilled"):
+                # The OOM killer ended its keeper: the runtime died, and saying
+                # so (the sandbox fails) is the truth; a restart would hide it.
+                raise SandboxUnavailable(
+                    f"docker sandbox {self.sandbox_id}: "
+                    f"{await _death_reason(container, 'die')}"
+                )
             else:
                 log.warning("docker sandbox %s: its agent is gone (%s, exit code %s); "
                             "starting its container again", self.sandbox_id, reason,
@@ -1027,12 +1149,20 @@ class DockerSandbox(SandboxBackend):
             binds[self.agent_dir] = {"bind": AGENT_DIR_PATH, "mode": "rw"}
             command = [AGENT_BINARY_PATH, "serve", f"{AGENT_DIR_PATH}/{AGENT_SOCKET_NAME}"]
             extra["user"] = "0"
+        mem_limit: int | str | None = cfg.memory
+        pids_limit = cfg.pids_limit
+        if self._split_workload():
+            # The caller's limits hold the workload's cgroup (made once the
+            # agent answers); the container's leave the agent a reserve.
+            pids_limit += _workload.PIDS_RESERVE
+            if cfg.memory is not None:
+                mem_limit = int(parse_bytes(cfg.memory)) + _workload.MEMORY_RESERVE
         host_config = api.create_host_config(
             binds=binds,
             network_mode="none" if cfg.network == "none" else cfg.network_mode,
-            mem_limit=cfg.memory,
+            mem_limit=mem_limit,
             nano_cpus=int(cfg.cpus * 1e9) if cfg.cpus else None,
-            pids_limit=cfg.pids_limit,
+            pids_limit=pids_limit,
             init=cfg.init,
             security_opt=["no-new-privileges"],
             cap_drop=cfg.cap_drop,
@@ -1181,15 +1311,39 @@ class DockerSandbox(SandboxBackend):
         if sandbox.container_id is not None and not await sandbox.is_alive():
             # The container on record is gone, but the sandbox may have one
             # under its name that the record missed (a suspend undone because
-            # the store could not keep it resumed into a new container).
+            # the store could not keep it resumed into a new container)...
             try:
                 details = await _call(engine().inspect_container, sandbox.container_name)
             except SandboxUnavailable:
-                return sandbox
-            labels = (details.get("Config") or {}).get("Labels") or {}
-            if labels.get(SANDBOX_LABEL) == sandbox_id:
+                details = None
+            labels = ((details or {}).get("Config") or {}).get("Labels") or {}
+            if details is not None and labels.get(SANDBOX_LABEL) == sandbox_id:
                 sandbox.container_id = str(details["Id"])
+                return sandbox
+            # ... or none, and its state in its suspend image (suspended by a
+            # program whose suspend the record missed).
+            suspended = await sandbox._own_suspend_image()
+            if suspended is not None:
+                sandbox.container_id = None
+                sandbox.suspended_image = suspended
         return sandbox
+
+    async def _own_suspend_image(self) -> str | None:
+        """The id of this sandbox's suspend image, if the engine has one."""
+        try:
+            details = await _call(
+                engine().inspect_image, f"{SUSPENDED_REPOSITORY}:{self.sandbox_id}"
+            )
+        except HutchError:
+            return None
+        labels = (details.get("Config") or {}).get("Labels") or {}
+        return str(details["Id"]) if labels.get(SANDBOX_LABEL) == self.sandbox_id else None
+
+    async def is_suspended(self) -> bool:
+        return (
+            self.container_id is None and self.suspended_image is not None
+            and await self._own_suspend_image() == self.suspended_image
+        )
 
     def _container(self) -> str:
         if self.container_id is None:
@@ -1200,25 +1354,20 @@ class DockerSandbox(SandboxBackend):
     def shell_argv(self, command: str) -> list[str]:
         return ["/bin/sh", "-c", _SHELL_SHIM, "sh", command]
 
-    async def start_process(
-        self,
-        argv: Sequence[str],
-        *,
-        cwd: str,
-        env: Mapping[str, str],
-        stdin: bytes | None,
-        user: str | None,
-    ) -> DockerProcess:
+    async def start_process(self, request: ProcessRequest) -> DockerProcess:
         api = engine()
         container = self._container()
         marker = uuid.uuid4().hex
-        full_env = {**env, EXEC_MARKER: marker, SANDBOX_MARKER: self.sandbox_id}
+        full_env = {**request.env, EXEC_MARKER: marker, SANDBOX_MARKER: self.sandbox_id}
 
-        def start() -> tuple[str, socket.socket]:
+        def start() -> tuple[str, socket.socket, int | None]:
+            # Counted before it starts: a command can be OOM-killed before
+            # the call that started it returns.
+            oom_before = oom_kills(container)
             with freeze_guard(container).starting():
                 created = api.exec_create(
-                    container, list(argv), stdin=stdin is not None, environment=full_env,
-                    workdir=cwd, user=user or "",
+                    container, list(request.argv), stdin=request.stdin is not None,
+                    environment=full_env, workdir=request.cwd, user=request.user or "",
                 )
                 sock = getattr(api.exec_start(created["Id"], socket=True), "_sock", None)
                 if not isinstance(sock, socket.socket):
@@ -1226,10 +1375,10 @@ class DockerSandbox(SandboxBackend):
                 wait_until_started(api, created["Id"])
             # The client's request timeout would end a command silent that long.
             sock.settimeout(None)
-            return created["Id"], sock
+            return created["Id"], sock, oom_before
 
-        exec_id, sock = await _call(start)
-        return DockerProcess(self, exec_id, marker, sock, stdin, argv, cwd, user)
+        exec_id, sock, oom_before = await _call(start)
+        return DockerProcess(self, exec_id, marker, sock, request, oom_before)
 
     async def run_quiet(
         self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
@@ -1239,7 +1388,7 @@ class DockerSandbox(SandboxBackend):
         (exit code, stdout, stderr). As root, like the archive API, so that
         what stat sees, list and walk see too, whatever the image's USER.
         Past ``output_limit`` bytes it is killed (OutputLimitExceeded)."""
-        proc = await self.start_process(argv, cwd="/", env=env or {}, stdin=None, user="0")
+        proc = await self.start_process(ProcessRequest(argv, cwd="/", env=env or {}, user="0"))
         out: list[bytes] = []
         err: list[bytes] = []
         total = 0
@@ -1348,17 +1497,27 @@ class DockerSandbox(SandboxBackend):
     async def stat(self, path: str) -> FileInfo:
         return self._info(path, await self._stat_header(path))
 
-    async def read_file(self, path: str, limit: int) -> bytes:
+    def _open_content(
+        self, path: str, limit: int
+    ) -> tuple[Generator[bytes, None, None], IO[bytes] | None]:
+        """In a thread: the engine's archive stream of ``path`` (symlinks
+        followed) and the file's content read from it as it arrives (None for
+        what has no content, a FIFO); the caller closes the stream. Errors
+        (missing, a directory, over ``limit``) come before a byte moves."""
         api = engine()
         container = self._container()
-
-        def get(target: str) -> bytes | str:
-            """The file's bytes, or the path a symlink there points to."""
-            stream, header = api.get_archive(container, target, chunk_size=1 << 20)
-            mode = int(header.get("mode", 0))
+        target = path
+        for _ in range(_MAX_LINK_HOPS):
+            stream, header = api.get_archive(container, target, chunk_size=_READ_PIECE)
             try:
+                mode = int(header.get("mode", 0))
                 if mode & _GO_MODE_SYMLINK:
-                    return str(header.get("linkTarget") or "")  # resolved by the engine
+                    link = str(header.get("linkTarget") or "")  # resolved by the engine
+                    if not link:
+                        raise ProviderError(f"docker did not resolve the symlink {target}")
+                    target = link
+                    stream.close()
+                    continue
                 if mode & _GO_MODE_DIR:
                     raise SandboxIsADirectory(f"{path} is a directory")
                 # The stat header tells the size before a byte of content moves.
@@ -1367,29 +1526,51 @@ class DockerSandbox(SandboxBackend):
                     raise OutputLimitExceeded(
                         f"{path} is {size} bytes, over the read limit of {limit} bytes"
                     )
-                raw = b"".join(stream)
-            finally:
-                stream.close()
-            with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
+                # Read on after this returns; closing the stream under it ends it.
+                tar = tarfile.open(  # noqa: SIM115
+                    fileobj=_ChunkReader(stream), mode="r|", bufsize=_READ_PIECE
+                )
                 member = tar.next()
                 if member is None:
                     raise ProviderError(f"docker returned an empty archive for {path}")
-                extracted = tar.extractfile(member)
-                return extracted.read() if extracted is not None else b""
+                return stream, tar.extractfile(member)
+            except BaseException:
+                stream.close()
+                raise
+        raise ProviderError(f"{path}: too many levels of symbolic links")
 
+    async def read_file(self, path: str, limit: int) -> bytes:
         def read() -> bytes:
-            target = path
-            for _ in range(_MAX_LINK_HOPS):
-                data = get(target)
-                if isinstance(data, bytes):
-                    return data
-                if not data:
-                    raise ProviderError(f"docker did not resolve the symlink {target}")
-                target = data
-            raise ProviderError(f"{path}: too many levels of symbolic links")
+            stream, content = self._open_content(path, limit)
+            try:
+                data = content.read(limit + 1) if content is not None else b""
+            finally:
+                stream.close()
+            if len(data) > limit:
+                raise OutputLimitExceeded(f"{path} is over the read limit of {limit} bytes")
+            return data
 
         data: bytes = await _call(read, path=path)
         return data
+
+    async def read_file_pieces(self, path: str, limit: int) -> AsyncGenerator[bytes, None]:
+        """The file in pieces as the engine's archive stream brings them: a
+        large file is never whole in the daemon's memory."""
+        stream, content = await _call(self._open_content, path, limit, path=path)
+        try:
+            total = 0
+            while content is not None:
+                piece: bytes = await _call(content.read, _READ_PIECE, path=path)
+                if not piece:
+                    break
+                total += len(piece)
+                if total > limit:
+                    raise OutputLimitExceeded(f"{path} is over the read limit of {limit} bytes")
+                yield piece
+            if total == 0:
+                yield b""
+        finally:
+            stream.close()
 
     async def write_file(self, path: str, data: bytes) -> None:
         await self.write_file_from(path, io.BytesIO(data))
@@ -1601,7 +1782,8 @@ class DockerSandbox(SandboxBackend):
         api = engine()
         container = self._container()
         previous = self.suspended_image
-        labels = {**self.config.labels, MANAGED_LABEL: "1", SANDBOX_LABEL: self.sandbox_id}
+        labels = {**self.config.labels, MANAGED_LABEL: "1", SANDBOX_LABEL: self.sandbox_id,
+                  HOME_LABEL: hutch_home()}
 
         image_id = await _call(
             commit_state, api, container, previous or self.base_image, SUSPENDED_REPOSITORY,
@@ -1663,7 +1845,8 @@ class DockerSandbox(SandboxBackend):
         # The directory first, the image last: held_snapshots lists images, so a
         # capture cut short between the two leaves nothing listed half-made.
         size = await anyio.to_thread.run_sync(
-            lambda: _layers.capture(snapshot_id, self.host_workdir, self.chain, diff=diff)
+            lambda: _layers.capture(snapshot_id, self.sandbox_id, self.host_workdir, self.chain,
+                                    diff=diff)
         )
         if self.container_id is not None and not await self._container_exists():
             # Gone outside hutch's hands: what survives is the working
@@ -1743,9 +1926,13 @@ class DockerSandbox(SandboxBackend):
         # Bounded: an Engine wedged on a paused container's lock makes image
         # removal wait; the image is then left, still listed by
         # held_snapshots, for the next reconciliation to free.
+        def untag_and_free() -> None:
+            untag()
+            free_untagged_images(api)
+
         with anyio.move_on_after(SNAPSHOT_REMOVAL_TIMEOUT) as scope:
             try:
-                await anyio.to_thread.run_sync(untag, abandon_on_cancel=True)
+                await anyio.to_thread.run_sync(untag_and_free, abandon_on_cancel=True)
             except docker.errors.DockerException as exc:
                 raise ProviderError(f"docker: removing {reference}: {exc}") from None
         if scope.cancelled_caught:
@@ -1808,6 +1995,9 @@ class DockerSandbox(SandboxBackend):
             if sandbox_id not in known:
                 await anyio.to_thread.run_sync(_release_own_dir, sandbox_id)
                 removed.append(f"{sandbox_id} (its capped working directory)")
+        # Snapshot images untagged while their branches ran, now unused.
+        with contextlib.suppress(HutchError):
+            await _call(free_untagged_images, api)
         return removed
 
     @classmethod
@@ -1862,6 +2052,8 @@ class DockerSandbox(SandboxBackend):
         thread = threading.Thread(target=pump, name="hutch-docker-events", daemon=True)
         thread.start()
         tasks: set[asyncio.Task[None]] = set()
+        watcher = (loop, report)
+        _WATCHERS.append(watcher)
         try:
             while True:
                 sandbox_id, container_id, action = await deaths.get()
@@ -1869,6 +2061,7 @@ class DockerSandbox(SandboxBackend):
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
         finally:
+            _WATCHERS.remove(watcher)
             stop.set()
             for stream in current:
                 with contextlib.suppress(Exception):
@@ -1905,6 +2098,11 @@ class DockerSandbox(SandboxBackend):
             with contextlib.suppress(HutchError):
                 await _call(api.remove_image, f"{SUSPENDED_REPOSITORY}:{self.sandbox_id}")
             self.suspended_image = None
+        if self.branch or self.base_image.startswith(snapshot_repository()):
+            # It ran on a snapshot's image, which may have been removed
+            # (untagged) while it ran: now nothing stands on it.
+            with anyio.move_on_after(SNAPSHOT_REMOVAL_TIMEOUT), contextlib.suppress(HutchError):
+                await _call(free_untagged_images, api)
         if self._agent is not None:
             self._agent.drop_connections()
         if self.agent_dir is not None:

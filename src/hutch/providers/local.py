@@ -8,22 +8,23 @@ its own under hutch's data directory, removed when the sandbox closes.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
 import uuid
-from collections.abc import AsyncGenerator, Mapping, Sequence
-from typing import IO, Any, Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import anyio.to_thread
 from pydantic import ConfigDict
 
 from .._paths import sandbox_workdir
-from .._types import Capabilities, FileInfo, GrepMatch
+from .._types import Capabilities, GrepMatch
 from . import _layers
 from ._hostfs import HostFiles
 from ._hostproc import EXEC_MARKER, SANDBOX_MARKER, HostProcess, pids_with_env, spawn
-from .base import ProviderSettings, ProviderSnapshot, SandboxBackend
+from .base import FilesRuntime, NativeBackend, ProcessRequest, ProviderSettings, ProviderSnapshot
 
 SECRET_SUFFIXES = ("_API_KEY", "_SECRET", "_TOKEN", "_PASSWORD", "_CREDENTIAL")
 #: A name containing any of these (case-insensitively) is a secret's.
@@ -76,7 +77,7 @@ class LocalConfig(ProviderSettings):
     env: dict[str, str] = {}
 
 
-class LocalSandbox(SandboxBackend):
+class LocalSandbox(NativeBackend, FilesRuntime):
     provider = "local"
     capabilities = Capabilities(
         processes=True, users=True, preview_url=True, snapshot=True, fork=True
@@ -100,7 +101,10 @@ class LocalSandbox(SandboxBackend):
         #: ``_layers``), mounted on ``chain`` (None: a plain copy).
         self._branch = branch
         self._chain = chain
-        self._files = HostFiles()
+        #: The working directory was adopted by its first snapshot: moved into
+        #: that snapshot's layer, an overlay mounted in its place (``_layers.adopt``).
+        self._adopted = False
+        self.files: HostFiles = HostFiles()
         self._has_bash = shutil.which("bash") is not None
 
     @classmethod
@@ -117,7 +121,7 @@ class LocalSandbox(SandboxBackend):
     def describe(self) -> dict[str, Any]:
         return {
             **super().describe(), "env": self._extra_env, "owns_workdir": self._owns_workdir,
-            "branch": self._branch, "chain": self._chain,
+            "branch": self._branch, "chain": self._chain, "adopted": self._adopted,
         }
 
     @classmethod
@@ -127,15 +131,31 @@ class LocalSandbox(SandboxBackend):
             bool(description.get("owns_workdir")), bool(description.get("branch")),
             description.get("chain"),
         )
+        # Adopted after its description was written: what is on disk says so.
+        found = await anyio.to_thread.run_sync(_layers.adopted, sandbox_id)
+        if found is not None:
+            sandbox._chain, sandbox._adopted = found[1], True
         if sandbox._chain:
             await anyio.to_thread.run_sync(_layers.ensure_mounted, sandbox_id)
         return sandbox
 
     # -- snapshots: the working directory, as layers (see _layers) ---------------------
     async def capture(self, snapshot_id: str, *, diff: bool = True) -> ProviderSnapshot:
-        size = await anyio.to_thread.run_sync(
-            lambda: _layers.capture(snapshot_id, self.workdir, self._chain, diff=diff)
-        )
+        """A plain directory's first capture moves it into the snapshot's layer
+        and goes on over an overlay (one rename, whatever the tree's size; see
+        ``_layers.adopt``); later ones copy what changed since (the upper
+        directory). A copy of the whole tree only where overlayfs cannot serve."""
+
+        def capture() -> int:
+            if self._chain is None and not self._branch:
+                size = _layers.adopt(snapshot_id, self.sandbox_id, self.workdir)
+                if size is not None:
+                    self._chain, self._adopted = [snapshot_id], True
+                    return size
+            return _layers.capture(snapshot_id, self.sandbox_id, self.workdir, self._chain,
+                                   diff=diff)
+
+        size = await anyio.to_thread.run_sync(capture)
         return ProviderSnapshot(snapshot_id, self.provider, size)
 
     @classmethod
@@ -170,55 +190,22 @@ class LocalSandbox(SandboxBackend):
     def shell_argv(self, command: str) -> list[str]:
         return ["bash" if self._has_bash else "sh", "-c", command]
 
-    async def start_process(
-        self,
-        argv: Sequence[str],
-        *,
-        cwd: str,
-        env: Mapping[str, str],
-        stdin: bytes | None,
-        user: str | None,
-    ) -> HostProcess:
+    async def start_process(self, request: ProcessRequest) -> HostProcess:
         exec_id = uuid.uuid4().hex
         full_env = filter_env(os.environ)
         full_env.update(self._extra_env)
-        full_env.update(env)
+        full_env.update(request.env)
         full_env[EXEC_MARKER] = exec_id
         full_env[SANDBOX_MARKER] = self.sandbox_id
-        return await spawn(argv, cwd=cwd, env=full_env, stdin=stdin, user=user, exec_id=exec_id)
+        return await spawn(dataclasses.replace(request, env=full_env), exec_id=exec_id)
 
     async def count_busy_processes(self) -> int:
         return len(pids_with_env(SANDBOX_MARKER, self.sandbox_id))
 
-    async def read_file(self, path: str, limit: int) -> bytes:
-        return await self._files.read(path, limit)
-
-    async def write_file(self, path: str, data: bytes) -> None:
-        await self._files.write(path, data)
-
-    async def read_file_pieces(self, path: str, limit: int) -> AsyncGenerator[bytes, None]:
-        async for piece in self._files.read_pieces(path, limit):
-            yield piece
-
-    async def write_file_from(self, path: str, source: IO[bytes]) -> None:
-        await self._files.write_from(path, source)
-
-    async def stat(self, path: str) -> FileInfo:
-        return await self._files.stat(path)
-
-    async def list_dir(self, path: str) -> list[FileInfo]:
-        return await self._files.list_dir(path)
-
-    async def remove(self, path: str, recursive: bool) -> None:
-        await self._files.remove(path, recursive)
-
-    async def walk_files(self, root: str) -> list[str]:
-        return await self._files.walk_files(root)
-
     async def grep_files(
         self, pattern: re.Pattern[str], paths: list[str], limit: int
     ) -> list[GrepMatch]:
-        return await self._files.grep_files(pattern, paths, limit)
+        return await self.files.grep_files(pattern, paths, limit)
 
     async def preview_url(self, port: int) -> str:
         return f"http://127.0.0.1:{port}"
@@ -228,6 +215,13 @@ class LocalSandbox(SandboxBackend):
         return os.path.isdir(self.workdir)
 
     async def close(self) -> None:
+        if self._adopted:
+            # A directory the caller gave is given back with its files;
+            # hutch's own goes with the sandbox.
+            keep = not self._owns_workdir
+            await anyio.to_thread.run_sync(
+                lambda: _layers.end_adopted(self.sandbox_id, keep=keep)
+            )
         if self._branch:
             await anyio.to_thread.run_sync(_layers.end_branch, self.sandbox_id)
             return

@@ -43,6 +43,15 @@ def available_providers() -> list[str]:
     return sorted(names)
 
 
+def provider_known(name: str) -> bool:
+    """Whether ``name`` is a provider here: the built-ins and those registered
+    are known without reading every installed distribution's entry points
+    (which costs milliseconds on each sandbox made)."""
+    if name in BUILTIN_PROVIDERS or name in _loaded:
+        return True
+    return any(ep.name == name for ep in entry_points(group=ENTRY_POINT_GROUP))
+
+
 def register_provider(name: str, cls: type[SandboxBackend]) -> None:
     """Register a provider class at run time (tests, embedding applications)."""
     _loaded[name] = cls

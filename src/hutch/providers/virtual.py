@@ -25,7 +25,7 @@ from .._errors import (
     SandboxUnavailable,
 )
 from .._types import Capabilities, FileInfo, FileType
-from .base import ProviderSettings, ProviderSnapshot, SandboxBackend
+from .base import NativeBackend, ProviderSettings, ProviderSnapshot
 
 
 class VirtualConfig(ProviderSettings):
@@ -37,7 +37,7 @@ class VirtualConfig(ProviderSettings):
     files: dict[str, str] = {}
 
 
-class VirtualSandbox(SandboxBackend):
+class VirtualSandbox(NativeBackend):
     provider = "virtual"
     capabilities = Capabilities(
         processes=False, pause=True, suspend=True, snapshot=True, fork=True

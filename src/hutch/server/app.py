@@ -2,7 +2,8 @@
 
 Handlers return plain dicts through ``JSONResponse``; the request models
 validate input and document it in the OpenAPI schema. Every error leaves as
-``{"error": {"code", "message"}}`` with the status of its code.
+``{"error": {"code", "message"}}`` (and the details of errors that carry some,
+``HutchError.wire``) with the status of its code.
 
 The four calls an agent makes most (exec, read a file, write a file, read a
 sandbox's status) are also answered by :class:`HotRoutes` before FastAPI's
@@ -45,10 +46,11 @@ from .._errors import (
     OutputLimitExceeded,
     SandboxPermissionDenied,
     Unauthorized,
+    error_from_code,
 )
 from .._process import ExitStatus, Process
 from .._refwire import REF_PREFIX
-from .._sandbox import Sandbox
+from .._sandbox import Sandbox, forget_process
 from .._types import (
     DEFAULT_READ_LIMIT,
     DEFAULT_SEARCH_TIMEOUT,
@@ -60,7 +62,7 @@ from .._types import (
     OutputChunk,
 )
 from ..store import RefRow
-from .daemon import DEFAULT_RETENTION_SECONDS, Daemon
+from .daemon import DEFAULT_RETENTION_SECONDS, Daemon, default_data_dir
 from .policy import OperatorPolicy
 
 log = logging.getLogger("hutch.server")
@@ -229,12 +231,20 @@ def file_json(info: FileInfo) -> dict[str, Any]:
 
 
 class ErrorDetail(BaseModel):
+    """``code`` and ``message``, and the details of errors that carry some
+    (``setup_failed``: the step, its exit code and the end of its output)."""
+
     code: str
     message: str
+    step: str | None = Field(default=None, description="setup_failed: the failing step")
+    exit_code: int | None = Field(default=None, description="setup_failed: its exit code")
+    output_tail: str | None = Field(
+        default=None, description="setup_failed: the end of its output"
+    )
 
 
 class ErrorBody(BaseModel):
-    """Every error's body: ``{"error": {"code", "message"}}``."""
+    """Every error's body: ``{"error": {"code", "message", ...details}}``."""
 
     error: ErrorDetail
 
@@ -254,11 +264,13 @@ def error_responses() -> dict[int | str, dict[str, Any]]:
 
 
 def error_json(exc: HutchError) -> dict[str, Any]:
-    return {"error": {"code": exc.code, "message": exc.message}}
+    """Every error body the daemon sends, answers, stream lines and terminal
+    messages alike: ``{"error": exc.wire()}``."""
+    return {"error": exc.wire()}
 
 
 def unexpected_error_json(exc: BaseException) -> dict[str, Any]:
-    return {"error": {"code": "hutch_error", "message": f"{type(exc).__name__}: {exc}"}}
+    return error_json(HutchError(f"{type(exc).__name__}: {exc}"))
 
 
 def render_json(content: Any) -> bytes:
@@ -338,16 +350,26 @@ REF_OPERATIONS = frozenset({
 })
 
 
-def ref_may_reach(ref: RefRow, method: str, path: str) -> bool:
-    """A ref reaches its own sandbox, for the operations in :data:`REF_OPERATIONS`."""
-    if path == "/healthz":
-        return True
+def ref_route_sandbox(path: str) -> str | None:
+    """The sandbox a request path names when the route is one a ref may take
+    (:data:`REF_OPERATIONS` of one sandbox), else None."""
     parts = path.split("/")
-    return (
-        len(parts) >= 4 and parts[1] == "v1" and parts[2] == "sandboxes"
-        and parts[3] == ref.sandbox_id and not any(p in ("..", ".") for p in parts)
+    if (
+        len(parts) >= 4 and parts[1] == "v1" and parts[2] == "sandboxes" and parts[3]
+        and not any(p in ("..", ".") for p in parts)
         and (len(parts) == 4 or parts[4] in REF_OPERATIONS)
-    )
+    ):
+        return parts[3]
+    return None
+
+
+def _retarget(scope: Scope, named: str, target: str) -> None:
+    """Send a request naming sandbox ``named`` to sandbox ``target`` instead."""
+    prefix = f"/v1/sandboxes/{named}"
+    scope["path"] = f"/v1/sandboxes/{target}" + scope["path"][len(prefix):]
+    raw = scope.get("raw_path")
+    if isinstance(raw, bytes) and raw.startswith(prefix.encode()):
+        scope["raw_path"] = f"/v1/sandboxes/{target}".encode() + raw[len(prefix):]
 
 
 def session_of(scope: Scope) -> str | None:
@@ -402,12 +424,24 @@ class TokenAuth:
         except HutchError as exc:
             await self._refuse(scope, send, exc)
             return
-        if not ref_may_reach(ref, scope.get("method", "GET"), scope["path"]):
-            await self._refuse(scope, send, SandboxPermissionDenied(
-                f"ref {ref.id} works only in sandbox {ref.sandbox_id}, and cannot hand out "
-                "refs, snapshot or fork it"
-            ))
-            return
+        if scope["path"] != "/healthz":
+            named = ref_route_sandbox(scope["path"])
+            try:
+                # A ref that follows a workspace reaches the sandbox serving it now.
+                target = None if named is None else daemon.ref_target(ref, named)
+            except HutchError as exc:
+                await self._refuse(scope, send, exc)
+                return
+            if named is None or target is None:
+                await self._refuse(scope, send, SandboxPermissionDenied(
+                    f"ref {ref.id} works only in sandbox {ref.sandbox_id}"
+                    + (f" (and those of workspace {ref.workspace})" if ref.workspace else "")
+                    + ", and cannot hand out refs, snapshot or fork it"
+                ))
+                return
+            if target != named:
+                _retarget(scope, named, target)
+            daemon.ref_session(ref, target, _header(scope, SESSION_HEADER.encode()))
         scope[REF_SCOPE_KEY] = ref
         await self.app(scope, receive, send)
 
@@ -477,40 +511,63 @@ class BodyLimit:
 class CancelOnDisconnect:
     """Pure ASGI middleware: a request whose client goes away is cancelled.
 
-    Once a request's body is in, the only message left to receive is the
-    disconnect; a watcher waits for it and cancels the handler, so what the
-    call started (a command with no timeout, a grep) is killed rather than
-    left running for no one. Streaming responses end the same way.
+    Every HTTP request, whatever its method and whether its handler reads a
+    body or not: a pump owns the server's ``receive`` from the start, hands
+    the body on to the handler (one message at a time, so an upload is still
+    read only as fast as it is consumed), and once the body is in, waits for
+    the disconnect. If it comes before the response is complete, the handler
+    is cancelled, so what the call started inside a sandbox (a command, a
+    grep, a helper a listing or a removal runs) is killed rather than left
+    running for no one. Transitions shield themselves (see the lifecycle
+    engine): a pause or a suspend whose caller left still finishes.
     """
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # Reads (a status, a file) are short, and a stream notices its client
-        # going itself: only calls with a body pay for the watcher.
-        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        body_read = anyio.Event()
+        # One message may wait for the handler: the last piece of a body it
+        # has not read (a GET's empty one) waits there while the pump listens.
+        handed, taken = anyio.create_memory_object_stream[Message](1)
+        answered = False
 
-        async def tracked() -> Message:
-            message = await receive()
-            if message["type"] != "http.request" or not message.get("more_body", False):
-                body_read.set()
-            return message
+        async def answering(message: Message) -> None:
+            nonlocal answered
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                answered = True
+            await send(message)
+
+        async def body() -> Message:
+            try:
+                return await taken.receive()
+            except anyio.EndOfStream:
+                return {"type": "http.disconnect"}
 
         failure: Exception | None = None
         async with anyio.create_task_group() as group:
 
-            async def watch() -> None:
-                await body_read.wait()
-                if (await receive())["type"] == "http.disconnect":
-                    group.cancel_scope.cancel()
+            async def pump() -> None:
+                async with handed:
+                    while True:
+                        message = await receive()
+                        if message["type"] == "http.disconnect":
+                            # After the answer the server says "disconnect"
+                            # to every receive: only before it is the caller gone.
+                            if not answered:
+                                group.cancel_scope.cancel()
+                            return
+                        try:
+                            await handed.send(message)
+                        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                            return  # the handler is done with the body
 
-            group.start_soon(watch)
+            group.start_soon(pump)
             try:
-                await self.app(scope, tracked, send)
+                async with taken:
+                    await self.app(scope, body, answering)
             except Exception as exc:
                 failure = exc  # raised as itself below, not inside a group
             finally:
@@ -800,14 +857,28 @@ def create_app(
     settings: ServerSettings | None = None,
     *,
     on_ready: Callable[[Daemon], None] | None = None,
+    core: Daemon | None = None,
 ) -> FastAPI:
-    """The application; ``on_ready`` is called once the daemon has started."""
+    """The application; ``on_ready`` is called once the daemon has started.
+
+    ``core``: a daemon core its caller has made and runs (an in-process
+    owner serving its sandbox to the holders of its refs, see
+    :mod:`hutch.server.owner`); the application answers through it and
+    neither starts nor stops it, nor changes anything process-wide.
+    """
     settings = settings or ServerSettings()
-    holder: dict[str, Daemon] = {}
+    # A core given is its caller's to start and stop: the app answers through
+    # it at once, with no lifespan of its own (its server runs none).
+    holder: dict[str, Daemon] = {} if core is None else {"daemon": core}
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if core is not None:
+            yield
+            return
         restore_watcher = use_pidfd_child_watcher()
+        # Providers that keep files on the host keep them under the daemon's data dir.
+        os.environ["HUTCH_HOME"] = os.path.abspath(settings.data_dir or default_data_dir())
         daemon = Daemon(
             settings.data_dir, sandbox_defaults=settings.sandbox_defaults,
             timeout_ceiling=settings.timeout_ceiling,
@@ -845,9 +916,7 @@ def create_app(
         details = "; ".join(
             f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
         )
-        return JSONResponse(
-            {"error": {"code": "invalid_argument", "message": details}}, status_code=400
-        )
+        return JSONResponse(error_json(InvalidArgument(details)), status_code=400)
 
     @app.exception_handler(Exception)
     async def unexpected_error(_: Request, exc: Exception) -> JSONResponse:
@@ -860,7 +929,7 @@ def create_app(
             exc.status_code, "invalid_argument"
         )
         return JSONResponse(
-            {"error": {"code": code, "message": str(exc.detail)}}, status_code=exc.status_code
+            error_json(error_from_code(code, str(exc.detail))), status_code=exc.status_code
         )
 
     # Routes are tried in the order they are declared: the busiest come first.
@@ -1057,16 +1126,23 @@ def create_app(
         d = daemon()
         return JSONResponse(d.snapshot_json(d.get_snapshot(snapshot_id)))
 
-    @v1.delete("/snapshots/{snapshot_id}", status_code=204)
+    @v1.delete("/snapshots/{snapshot_id}", status_code=204, responses={
+        200: {"description": "Removed by force from under what needed it: "
+                             "`{\"id\", \"broken\": [{\"kind\", \"id\"}]}`"},
+    })
     async def delete_snapshot(snapshot_id: str, force: bool = False) -> Response:
-        await daemon().delete_snapshot(snapshot_id, force=force)
+        broken = await daemon().delete_snapshot(snapshot_id, force=force)
+        if broken:
+            # What a forced removal broke, for the caller (the event log says it too).
+            return JSONResponse({"id": snapshot_id, "broken": [b.as_dict() for b in broken]})
         return Response(status_code=204)
 
     @v1.delete("/sandboxes/{sandbox_id}", status_code=204)
     async def delete_sandbox(request: Request, sandbox_id: str) -> Response:
         ref: RefRow | None = request.scope.get(REF_SCOPE_KEY)
         if ref is not None:
-            daemon().detach(ref)  # an attached session leaves; the owner's sandbox stays
+            # An attached session leaves; the owner's sandbox stays.
+            daemon().detach(ref, sandbox_id, _header(request.scope, SESSION_HEADER.encode()))
         else:
             await daemon().delete_sandbox(sandbox_id)
         return Response(status_code=204)
@@ -1144,7 +1220,7 @@ def create_app(
             finally:
                 if process.running:
                     await process.kill()
-                sandbox._processes.pop(process.id, None)
+                forget_process(sandbox, process.id)
 
         return StreamingResponse(events(), media_type="application/x-ndjson")
 
@@ -1200,9 +1276,7 @@ def create_app(
             return
         except HutchError as exc:
             with contextlib.suppress(Exception):
-                await websocket.send_text(
-                    json.dumps({"error": {"code": exc.code, "message": str(exc)}})
-                )
+                await websocket.send_text(json.dumps(error_json(exc)))
                 await websocket.close(code=1011)
 
     @v1.get("/sandboxes/{sandbox_id}/processes")

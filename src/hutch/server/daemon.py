@@ -23,6 +23,7 @@ import re
 import secrets
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import anyio.to_thread
@@ -36,17 +37,25 @@ from .._errors import (
     InvalidState,
     NotFound,
     SandboxPermissionDenied,
+    SandboxUnavailable,
     StoreUnavailable,
     Unauthorized,
 )
 from .._guardrail import ReadBeforeWriteGuard, session_guard
 from .._paths import hutch_home
 from .._refwire import DaemonRef, decode_ref
-from .._sandbox import Sandbox, backend_of, check_ref_lifetime, new_sandbox_id
-from .._snapshots import Snapshot, new_snapshot_id
+from .._sandbox import (
+    Sandbox,
+    backend_of,
+    check_ref_lifetime,
+    guard_enabled,
+    lifecycle_record,
+    new_sandbox_id,
+)
+from .._snapshots import Snapshot, SnapshotDependent, new_snapshot_id
 from ..config import OPTION_KEYS, SandboxSpec, resolve_spec
 from ..definitions import Definition, Definitions, DirSource, GitSource, SandboxHost
-from ..definitions.ensure import Progress
+from ..definitions.ensure import HELD_BY_DAEMON, Progress
 from ..lifecycle.engine import LifecycleEngine, expiry_error
 from ..lifecycle.state import SandboxState
 from ..providers.base import ProviderSnapshot, RuntimeNotice, SandboxBackend
@@ -74,11 +83,38 @@ FINAL_STATES = (SandboxState.TERMINATED, SandboxState.FAILED)
 REMOTE_GIT_SCHEMES = ("https://", "http://", "git://")
 #: How soon a change the store could not keep (a runtime's death) is recorded again.
 STORE_RETRY_SECONDS = 2.0
+#: A runtime's notices of a sandbox (not deaths) that say the same with
+#: less than this many seconds between them are noted once, with their count.
+NOTICE_BURST_SECONDS = 1.0
 #: Longest snapshot label, and most branches one fork request makes.
 MAX_LABEL = 200
 MAX_FORK = 64
 #: How long an ended (terminated or failed) sandbox stays readable, with its events.
 DEFAULT_RETENTION_SECONDS = 86400.0
+
+
+#: Sessions listed as attached to one sandbox at most (past it the stalest is
+#: forgotten: a client that vanished never detaches), and a session id's length.
+MAX_SESSIONS = 1024
+MAX_SESSION_ID = 64
+
+
+@dataclass
+class AttachedSession:
+    """A session working in a sandbox through a ref (a client's session id)."""
+
+    ref_id: str
+    session: str
+    attached_at_unix: float
+    last_used_unix: float
+
+
+def attachment_json(
+    session: str, ref: RefRow, attached_at_unix: float, last_used_unix: float | None
+) -> dict[str, Any]:
+    """One attached session as SandboxInfo lists it, in-process or through a server."""
+    return {"session": session, "ref_id": ref.id, "attached_at_unix": attached_at_unix,
+            "last_used_unix": last_used_unix, "expires_at_unix": ref.expires_at_unix}
 
 
 def default_data_dir() -> str:
@@ -121,8 +157,6 @@ class Daemon:
         self.policy = policy or OperatorPolicy()
         self.data_dir = os.path.abspath(data_dir or default_data_dir())
         make_private_dir(self.data_dir)
-        # Providers that keep files on the host keep them under the data dir.
-        os.environ["HUTCH_HOME"] = self.data_dir
         if store is None:
             store = SQLiteStore(make_private_file(os.path.join(self.data_dir, "hutch.db")))
         self.store = store
@@ -137,6 +171,9 @@ class Daemon:
         self._watchers: dict[type[SandboxBackend], asyncio.Task[None]] = {}
         #: Sandboxes adopted paused, whose earlier daemon's commands are ended on resume.
         self._leftovers: set[str] = set()
+        #: (sandbox id, message) -> [times a runtime said it in the burst open
+        #: now, when it last did (monotonic)].
+        self._notice_bursts: dict[tuple[str, str], list[float]] = {}
         self.engine = LifecycleEngine(
             timeout_ceiling=timeout_ceiling, on_transition=self._persist_transition,
             on_deadline=self._persist_deadline,
@@ -152,6 +189,10 @@ class Daemon:
         self._refs_of: dict[str, list[RefRow]] = {}
         #: ref id -> when its use was last an event.
         self._ref_used: dict[str, float] = {}
+        #: sandbox id -> "ref id/session" -> a session attached through a ref.
+        self._sessions: dict[str, dict[str, AttachedSession]] = {}
+        #: Sandboxes this process made outside the daemon and serves (see host()).
+        self._hosted: set[str] = set()
         #: Sandbox definitions (SPEC §6): those PUT earlier (in the store), then
         #: the operator's own from hutch.toml, which may use the host.
         self.definitions = Definitions(_DaemonHost(self))
@@ -208,7 +249,7 @@ class Daemon:
     @staticmethod
     def _snapshot(row: SandboxRow, sandbox: Sandbox) -> None:
         """Copy what the engine knows and the store should outlive us with."""
-        if sandbox._record is None:
+        if lifecycle_record(sandbox) is None:
             return
         status = sandbox.status()
         row.meter = dict(status.meter)
@@ -218,6 +259,7 @@ class Daemon:
         self.sandboxes.pop(sandbox_id, None)
         self.workspace_of.pop(sandbox_id, None)
         self._guards = {k: v for k, v in self._guards.items() if k[0] != sandbox_id}
+        self._sessions.pop(sandbox_id, None)
         for ref in self._refs_of.pop(sandbox_id, []):  # the store still answers for them
             self._refs.pop(ref.id, None)
             self._ref_used.pop(ref.id, None)
@@ -315,14 +357,42 @@ class Daemon:
                 provider.watch_runtimes(self._runtime_notice)
             )
 
+    async def _tell_once_a_burst(self, sandbox_id: str, message: str) -> None:
+        """Note what a runtime said of a sandbox once for a burst of the same
+        (the OOM killer ends a flood's processes by the dozen), with how many
+        times it came: the events stay readable, and the store is written once.
+        A burst ends after a quiet :data:`NOTICE_BURST_SECONDS` (or ten of them)."""
+        key = (sandbox_id, message)
+        burst = self._notice_bursts.get(key)
+        if burst is not None:
+            burst[0] += 1
+            burst[1] = time.monotonic()
+            return
+        began = time.monotonic()
+        burst = self._notice_bursts[key] = [1, began]
+        try:
+            while True:
+                quiet = time.monotonic() - burst[1]
+                if quiet >= NOTICE_BURST_SECONDS or time.monotonic() - began >= 10 * (
+                    NOTICE_BURST_SECONDS
+                ):
+                    break
+                await anyio.sleep(NOTICE_BURST_SECONDS - quiet)
+        finally:
+            del self._notice_bursts[key]
+        count, took = int(burst[0]), burst[1] - began
+        told = message if count == 1 else f"{message} ({count} times in {took:.0f} s)"
+        if sandbox_id in self.sandboxes:
+            self._note(sandbox_id, "runtime", told)
+        log.warning("sandbox %s: %s", sandbox_id, told)
+
     async def _runtime_notice(self, notice: RuntimeNotice) -> None:
         """A provider's watcher tells what happened to a sandbox outside hutch."""
         sandbox = self.sandboxes.get(notice.sandbox_id)
         if sandbox is None:
             return  # not ours, or already ended
         if not notice.may_have_died:
-            self._note(notice.sandbox_id, "runtime", notice.message)
-            log.warning("sandbox %s: %s", notice.sandbox_id, notice.message)
+            await self._tell_once_a_burst(notice.sandbox_id, notice.message)
             return
         while True:
             try:
@@ -493,34 +563,40 @@ class Daemon:
             raise
         return snapshot, branches
 
-    def snapshot_dependents(self, snapshot_id: str, *, children: bool = True) -> list[str]:
+    def snapshot_dependents(
+        self, snapshot_id: str, *, children: bool = True
+    ) -> list[SnapshotDependent]:
         """What still needs a snapshot: child snapshots, workspaces made from
         it or kept in it, live sandboxes started from it. (A child's storage
         never needs its parent's record: providers keep shared layers alive.)"""
-        needs = [f"snapshot {r.id}" for r in self.store.list_snapshots()
+        needs = [SnapshotDependent("snapshot", r.id) for r in self.store.list_snapshots()
                  if children and r.parent_id == snapshot_id and r.status != "removing"]
         for ws in self.store.list_workspaces():
             if snapshot_id in (ws.source_snapshot_id, ws.state_snapshot_id):
-                needs.append(f"workspace {ws.name}")
+                needs.append(SnapshotDependent("workspace", ws.name))
         # A branch started from it that has not captured a state of its own since.
-        needs += [f"sandbox {sid}" for sid, sb in self.sandboxes.items()
+        needs += [SnapshotDependent("sandbox", sid) for sid, sb in self.sandboxes.items()
                   if sb.origin_snapshot_id == snapshot_id == sb.base_snapshot_id]
         return needs
 
-    async def delete_snapshot(self, snapshot_id: str, *, force: bool = False) -> list[str]:
+    async def delete_snapshot(
+        self, snapshot_id: str, *, force: bool = False
+    ) -> list[SnapshotDependent]:
         """Remove a snapshot and free its provider storage; refused while
-        something depends on it unless ``force``. Returns what it broke."""
+        something depends on it unless ``force``. Returns what it broke (what
+        needed it and was removed from under)."""
         row = self.get_snapshot(snapshot_id)
         needs = self.snapshot_dependents(snapshot_id)
+        named = ", ".join(map(str, needs))
         if needs and not force:
             raise InvalidState(
-                f"snapshot {snapshot_id} is still needed by {', '.join(needs)}; "
+                f"snapshot {snapshot_id} is still needed by {named}; "
                 "remove those first or pass force=true"
             )
         await self._remove_snapshot(row)
         if needs:
             self.store.log_event(snapshot_id, "snapshot",
-                                 f"removed by force; it was needed by {', '.join(needs)}")
+                                 f"removed by force; it was needed by {named}")
         return needs
 
     async def _remove_snapshot(self, row: SnapshotRow) -> None:
@@ -561,6 +637,13 @@ class Daemon:
                 raise expiry_error(row.id, SandboxState(row.state), row.reason) from None
             raise NotFound(f"no sandbox {sandbox_id}") from None
 
+    def host(self, sandbox: Sandbox) -> None:
+        """Answer for ``sandbox``, which this process made outside the daemon
+        (an in-process owner serving it to the holders of its refs): its
+        owner closes it; it is never stored, reconciled or reaped here."""
+        self.sandboxes[sandbox.id] = sandbox
+        self._hosted.add(sandbox.id)
+
     def session(self, sandbox_id: str, session: str | None) -> Sandbox:
         """The sandbox, with the calling session's read-before-write guard in effect."""
         sandbox = self.get(sandbox_id)
@@ -568,18 +651,17 @@ class Daemon:
             key = (sandbox_id, session)
             guard = self._guards.get(key)
             if guard is None:
-                guard = self._guards[key] = ReadBeforeWriteGuard(sandbox._guard.enabled)
+                guard = self._guards[key] = ReadBeforeWriteGuard(guard_enabled(sandbox))
             session_guard.set(guard)
         return sandbox
 
     async def info(self, sandbox: Sandbox) -> dict[str, Any]:
         """The sandbox's own description, and what the daemon knows around it."""
-        return {
-            **await sandbox.info(),
-            "attachments": self.attachments(sandbox.id),
-            "workspace": self.workspace_of.get(sandbox.id),
-            "ended_at_unix": None,
-        }
+        info = await sandbox.info()
+        if sandbox.id not in self._hosted:  # a hosted one's own lists come from here already
+            info["attachments"] = self.attachments(sandbox.id)
+            info["refs"] = self.refs_json(sandbox.id)
+        return {**info, "workspace": self.workspace_of.get(sandbox.id), "ended_at_unix": None}
 
     # -- refs: credentials scoped to one sandbox ----------------------------------------
     async def create_ref(
@@ -595,6 +677,7 @@ class Daemon:
             id="ref-" + secrets.token_hex(8), sandbox_id=sandbox_id,
             secret_sha256=hashlib.sha256(secret.encode()).hexdigest(), created_at_unix=now,
             expires_at_unix=None if expires_in is None else now + expires_in,
+            workspace=self.workspace_of.get(sandbox_id),
         )
         known = self._sandbox_refs(sandbox_id)  # read before the new row is in the store
         await anyio.to_thread.run_sync(self.store.put_ref, row)
@@ -603,7 +686,8 @@ class Daemon:
         self.store.log_event(
             sandbox_id, "ref",
             f"ref {row.id} handed out"
-            + ("" if expires_in is None else f", expires in {expires_in:g} s"),
+            + ("" if expires_in is None else f", expires in {expires_in:g} s")
+            + ("" if row.workspace is None else f", following workspace {row.workspace}"),
         )
         token = DaemonRef(daemon_url.rstrip("/"), sandbox_id, row.id, secret).encode()
         return {"ref": token, "ref_id": row.id, "sandbox_id": sandbox_id,
@@ -623,9 +707,46 @@ class Daemon:
     def _sandbox_refs(self, sandbox_id: str) -> list[RefRow]:
         refs = self._refs_of.get(sandbox_id)
         if refs is None:
-            refs = [self._refs.setdefault(r.id, r) for r in self.store.list_refs(sandbox_id)]
+            refs = [self._refs.setdefault(r.id, r) for r in
+                    self.store.list_refs(sandbox_id, self.workspace_of.get(sandbox_id))]
             self._refs_of[sandbox_id] = refs
         return refs
+
+    def ref_target(self, ref: RefRow, sandbox_id: str) -> str | None:
+        """The sandbox a request through ``ref`` that names ``sandbox_id`` is
+        for; None when the ref does not reach it.
+
+        A ref handed out for a workspace's sandbox follows the workspace: a
+        request naming any sandbox that served it goes to the one serving it
+        now (after a suspend and resume, a new one), and while none does it
+        fails saying why.
+        """
+        if ref.workspace is None:
+            return sandbox_id if sandbox_id == ref.sandbox_id else None
+        if sandbox_id != ref.sandbox_id and self.workspace_of.get(sandbox_id) != ref.workspace:
+            row = self.store.get_sandbox(sandbox_id)
+            if row is None or row.workspace != ref.workspace:
+                return None
+        return self._serving(ref.workspace)
+
+    def _serving(self, workspace: str) -> str:
+        """The live sandbox serving ``workspace``, or the typed error of why none is."""
+        for sandbox_id, name in self.workspace_of.items():
+            if name == workspace:
+                return sandbox_id
+        row = self.store.get_workspace(workspace)
+        if row is None:
+            raise SandboxUnavailable(
+                f"workspace {workspace} was deleted: its owner's cleanup ended it"
+            )
+        if row.status in ("suspended", "stale"):
+            raise SandboxUnavailable(
+                f"workspace {workspace} is {row.status}: its sandbox comes back when its "
+                f"owner resumes it (hutch workspace resume {workspace})"
+            )
+        raise SandboxUnavailable(
+            f"workspace {workspace} is {row.status}: no sandbox serves it yet; try again"
+        )
 
     def _ref_row(self, ref_id: str) -> RefRow | None:
         row = self._refs.get(ref_id)
@@ -650,30 +771,55 @@ class Daemon:
             or row.sandbox_id != ref.sandbox_id
         ):
             raise Unauthorized("this ref is not one this daemon handed out")
-        if row.revoked_at_unix is not None:
-            raise Unauthorized(f"ref {row.id} was revoked by the owner of {row.sandbox_id}")
         now = time.time()
-        if row.expires_at_unix is not None and now >= row.expires_at_unix:
-            raise Unauthorized(
-                f"ref {row.id} to {row.sandbox_id} expired; ask its owner for a new one"
-            )
+        row.check_usable(now)
         if now - self._ref_used.get(row.id, -math.inf) >= REF_USE_EVENT_SECONDS:
             self._ref_used[row.id] = now
             self.store.log_event(row.sandbox_id, "ref", f"ref {row.id} used")
         return row
 
-    def detach(self, ref: RefRow) -> None:
+    def ref_session(self, ref: RefRow, sandbox_id: str, session: str | None) -> None:
+        """A request through ``ref`` for ``sandbox_id``: the session making it
+        is attached there (and listed) until it detaches or the sandbox ends."""
+        sessions = self._sessions.setdefault(sandbox_id, {})
+        key = f"{ref.id}/{(session or '')[:MAX_SESSION_ID]}"
+        now = time.time()
+        known = sessions.get(key)
+        if known is not None:
+            known.last_used_unix = now
+            return
+        if len(sessions) >= MAX_SESSIONS:  # sessions that never detached: the stalest goes
+            del sessions[min(sessions, key=lambda k: sessions[k].last_used_unix)]
+        sessions[key] = AttachedSession(ref.id, (session or "")[:MAX_SESSION_ID], now, now)
+
+    def detach(self, ref: RefRow, sandbox_id: str, session: str | None) -> None:
         """A session holding a ref closed: it leaves; the sandbox stays."""
+        self._sessions.get(sandbox_id, {}).pop(f"{ref.id}/{(session or '')[:MAX_SESSION_ID]}",
+                                               None)
         self.store.log_event(ref.sandbox_id, "ref", f"a session holding ref {ref.id} detached")
 
-    def attachments(self, sandbox_id: str) -> list[dict[str, Any]]:
-        """The refs that can still attach to a sandbox."""
+    def open_refs(self, sandbox_id: str) -> list[RefRow]:
+        """The refs that can still attach to a sandbox (unrevoked, unexpired)."""
         now = time.time()
         return [
-            {"ref_id": r.id, "created_at_unix": r.created_at_unix,
-             "expires_at_unix": r.expires_at_unix, "last_used_unix": self._ref_used.get(r.id)}
-            for r in self._sandbox_refs(sandbox_id)
+            r for r in self._sandbox_refs(sandbox_id)
             if r.revoked_at_unix is None and (r.expires_at_unix is None or r.expires_at_unix > now)
+        ]
+
+    def refs_json(self, sandbox_id: str) -> list[dict[str, Any]]:
+        return [
+            {"ref_id": r.id, "created_at_unix": r.created_at_unix,
+             "expires_at_unix": r.expires_at_unix, "last_used_unix": self._ref_used.get(r.id),
+             "workspace": r.workspace}
+            for r in self.open_refs(sandbox_id)
+        ]
+
+    def attachments(self, sandbox_id: str) -> list[dict[str, Any]]:
+        """The sessions attached to a sandbox through refs that still work."""
+        refs = {r.id: r for r in self.open_refs(sandbox_id)}
+        return [
+            attachment_json(s.session, refs[s.ref_id], s.attached_at_unix, s.last_used_unix)
+            for s in self._sessions.get(sandbox_id, {}).values() if s.ref_id in refs
         ]
 
     @staticmethod
@@ -699,6 +845,7 @@ class Daemon:
             "memory_bytes": None,
             "open_operations": 0,
             "attachments": [],
+            "refs": [],
             "workspace": row.workspace,
             "ended_at_unix": row.updated_at_unix,
         }
@@ -794,7 +941,7 @@ class Daemon:
         if status == "running" and live is not None:
             if live.state is SandboxState.SUSPENDED:
                 status = "suspended"  # suspended on idle; the next call resumes it
-            if live._record is not None:
+            if lifecycle_record(live) is not None:
                 row.last_active_unix = live.status().last_active_unix
         return {
             "name": row.name,
@@ -1227,3 +1374,8 @@ class _DaemonHost(SandboxHost):
 
     async def drop_snapshot(self, snapshot: SnapshotRow) -> None:
         await self.daemon.delete_snapshot(snapshot.id)  # refused while something needs it
+
+    def describe(self, sandbox: Sandbox) -> dict[str, Any]:
+        # Found again through the daemon's own sandbox table; a program
+        # opening this store in-process is told whose it is.
+        return {"held_by": HELD_BY_DAEMON}

@@ -9,9 +9,11 @@ several daemons) joins by implementing :class:`Store`.
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from .._errors import Unauthorized
 
 
 @dataclass
@@ -92,13 +94,28 @@ class RefRow:
     created_at_unix: float
     expires_at_unix: float | None = None
     revoked_at_unix: float | None = None
+    #: The workspace whose sandbox it was handed out for: it follows the
+    #: workspace to the sandboxes that serve it later (after a suspend and resume).
+    workspace: str | None = None
+
+    def check_usable(self, now: float) -> None:
+        """Refuse (``Unauthorized``) a ref its owner revoked or that has expired."""
+        if self.revoked_at_unix is not None:
+            raise Unauthorized(f"ref {self.id} was revoked by the owner of {self.sandbox_id}")
+        if self.expires_at_unix is not None and now >= self.expires_at_unix:
+            raise Unauthorized(
+                f"ref {self.id} to {self.sandbox_id} expired; ask its owner for a new one"
+            )
 
 
 @dataclass
 class InstanceRow:
     """The sandbox one thread of one definition runs in (SPEC §6), by its
-    instance key. ``description`` is the backend's ``describe()``, so that
-    another program can find the sandbox again."""
+    instance key. ``description`` is the backend's ``describe()`` and
+    ``state`` its lifecycle state (``running``, ``paused``, ``suspended``,
+    ``terminated``, ``failed``), both as of its last transition, so that
+    another program finds the sandbox again as it is (a suspended one by its
+    own suspended state, not the snapshot taken after setup)."""
 
     key: str
     definition_id: str
@@ -109,6 +126,7 @@ class InstanceRow:
     description: dict[str, Any] = field(default_factory=dict)
     spec: dict[str, Any] = field(default_factory=dict)
     updated_at_unix: float = 0.0
+    state: str = "running"
 
 
 @dataclass
@@ -208,8 +226,9 @@ class Store(abc.ABC):
     def get_ref(self, ref_id: str) -> RefRow | None: ...
 
     @abc.abstractmethod
-    def list_refs(self, sandbox_id: str) -> list[RefRow]:
-        """A sandbox's refs, revoked and expired ones included, oldest first."""
+    def list_refs(self, sandbox_id: str, workspace: str | None = None) -> list[RefRow]:
+        """A sandbox's refs, revoked and expired ones included, oldest first;
+        with ``workspace``, also the refs that follow that workspace."""
 
     # -- definitions and their instances ------------------------------------------------
     @abc.abstractmethod
@@ -226,6 +245,22 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def delete_instance(self, key: str) -> None: ...
+
+    @abc.abstractmethod
+    def record_instance_sandbox(
+        self,
+        sandbox_id: str,
+        state: str,
+        description: Mapping[str, Any],
+        *,
+        was: tuple[str, Mapping[str, Any]] | None = None,
+    ) -> bool:
+        """A transition of ``sandbox_id``: the instances it runs record its
+        new state and description. With ``was`` (the state and description
+        the writer last knew), only where the record still says so: a
+        program whose handle is out of date (another program took the
+        sandbox over since) never overwrites what that one wrote. Whether
+        any was written."""
 
     @abc.abstractmethod
     def take_lease(self, name: str, holder: str, seconds: float) -> bool:

@@ -12,7 +12,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -110,7 +110,8 @@ CREATE TABLE IF NOT EXISTS instances (
     sandbox_id TEXT,
     description TEXT NOT NULL DEFAULT '{}',
     spec TEXT NOT NULL DEFAULT '{}',
-    updated_at_unix REAL NOT NULL
+    updated_at_unix REAL NOT NULL,
+    state TEXT NOT NULL DEFAULT 'running'
 );
 CREATE TABLE IF NOT EXISTS leases (
     name TEXT PRIMARY KEY,
@@ -120,12 +121,12 @@ CREATE TABLE IF NOT EXISTS leases (
 """
 _INSTANCE_COLUMNS = (
     "key", "definition_id", "thread_id", "tenant", "provider", "sandbox_id", "description",
-    "spec", "updated_at_unix",
+    "spec", "updated_at_unix", "state",
 )
 
 _REF_COLUMNS = (
     "id", "sandbox_id", "secret_sha256", "created_at_unix", "expires_at_unix",
-    "revoked_at_unix",
+    "revoked_at_unix", "workspace",
 )
 
 #: Columns added after the first release, for data directories made before them.
@@ -140,6 +141,10 @@ _ADDED_COLUMNS = {
     # Workspaces on snapshots (provider-neutral); columns of the Docker-only
     # rows of older data directories are left unread.
     "workspaces": {"state_snapshot_id": "TEXT", "source_snapshot_id": "TEXT"},
+    # The workspace a ref follows.
+    "refs": {"workspace": "TEXT"},
+    # The state of an instance's sandbox, kept with its description.
+    "instances": {"state": "TEXT NOT NULL DEFAULT 'running'"},
 }
 
 _SANDBOX_COLUMNS = (
@@ -311,7 +316,11 @@ class SQLiteStore(Store):
             )]
             for sandbox_id in ids:
                 db.execute("DELETE FROM events WHERE subject = ?", (sandbox_id,))
-                db.execute("DELETE FROM refs WHERE sandbox_id = ?", (sandbox_id,))
+                # A ref that follows a workspace outlives the sandbox it was made for.
+                db.execute(
+                    "DELETE FROM refs WHERE sandbox_id = ? AND (workspace IS NULL OR "
+                    "workspace NOT IN (SELECT name FROM workspaces))", (sandbox_id,),
+                )
                 db.execute("DELETE FROM sandboxes WHERE id = ?", (sandbox_id,))
         return ids
 
@@ -404,9 +413,10 @@ class SQLiteStore(Store):
         rows = self._read("SELECT * FROM refs WHERE id = ?", (ref_id,))
         return RefRow(**{k: rows[0][k] for k in _REF_COLUMNS}) if rows else None
 
-    def list_refs(self, sandbox_id: str) -> list[RefRow]:
+    def list_refs(self, sandbox_id: str, workspace: str | None = None) -> list[RefRow]:
         rows = self._read(
-            "SELECT * FROM refs WHERE sandbox_id = ? ORDER BY created_at_unix", (sandbox_id,)
+            "SELECT * FROM refs WHERE sandbox_id = ? OR (? IS NOT NULL AND workspace = ?) "
+            "ORDER BY created_at_unix", (sandbox_id, workspace, workspace),
         )
         return [RefRow(**{k: r[k] for k in _REF_COLUMNS}) for r in rows]
 
@@ -444,6 +454,33 @@ class SQLiteStore(Store):
 
     def delete_instance(self, key: str) -> None:
         self._write("DELETE FROM instances WHERE key = ?", (key,))
+
+    def record_instance_sandbox(
+        self,
+        sandbox_id: str,
+        state: str,
+        description: Mapping[str, Any],
+        *,
+        was: tuple[str, Mapping[str, Any]] | None = None,
+    ) -> bool:
+        written = False
+        with self._transaction() as db:  # BEGIN IMMEDIATE: compare and set, atomically
+            rows = list(db.execute(
+                "SELECT key, state, description FROM instances WHERE sandbox_id = ?",
+                (sandbox_id,),
+            ))
+            for r in rows:
+                if was is not None and (
+                    r["state"] != was[0] or json.loads(r["description"]) != was[1]
+                ):
+                    continue
+                db.execute(
+                    "UPDATE instances SET state = ?, description = ?, updated_at_unix = ? "
+                    "WHERE key = ?",
+                    (state, json.dumps(dict(description)), time.time(), r["key"]),
+                )
+                written = True
+        return written
 
     def take_lease(self, name: str, holder: str, seconds: float) -> bool:
         now = time.time()

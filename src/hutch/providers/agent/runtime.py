@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import re
 import stat
@@ -25,7 +26,6 @@ from collections.abc import (
     Callable,
     Iterator,
     Mapping,
-    Sequence,
 )
 from typing import IO, Any, TypeVar
 
@@ -42,11 +42,12 @@ from ..._errors import (
 )
 from ..._globmatch import compile_glob
 from ..._types import FileInfo, FileType, GrepMatch, OutputChunk
-from .._grep import BATCH_BYTES, grep_contents
+from .._grep import GrepBatches
 from .._grepfilter import required_literals
 from .._hostproc import EXEC_MARKER
-from ..base import PtyProcess, SandboxRuntime
+from ..base import ProcessRequest, PtyProcess, SandboxRuntime
 from .wire import MAX_PAYLOAD, AgentFailure, Channel, Header, connect_socket
+from .workload import WORKLOAD_NAME, open_task_files
 
 #: How long a request waits for the agent's next frame. The agent answers
 #: at once or beats a heartbeat every second (every two for a running command).
@@ -183,7 +184,8 @@ class AgentProcess(PtyProcess):
     can change (``resize``)."""
 
     def __init__(
-        self, runtime: AgentRuntime, channel: Channel, marker: str, pid: int, stdin: bytes | None
+        self, runtime: AgentRuntime, channel: Channel, marker: str, pid: int,
+        stdin: bytes | None, *, reusable: bool = False,
     ) -> None:
         self._runtime = runtime
         self._channel = channel
@@ -197,6 +199,8 @@ class AgentProcess(PtyProcess):
         self._oom_killed = False
         self._killing = False
         self._eof = False
+        #: A plain command's connection serves again once it exits (see _pump).
+        self._reusable = reusable
         self._tasks = [loop.create_task(self._pump())]
         if stdin is not None:
             self._tasks.append(loop.create_task(self._feed(stdin)))
@@ -217,6 +221,7 @@ class AgentProcess(PtyProcess):
         self._queue.put_nowait(item)
 
     async def _pump(self) -> None:
+        exited = False
         try:
             while True:
                 header, payload = await self._channel.recv(EXEC_SILENCE_TIMEOUT)
@@ -228,8 +233,11 @@ class AgentProcess(PtyProcess):
                     code = int(_number(header, "code"))
                     self._exit_code = code
                     self._oom_killed = header.get("oom") is True
+                    if self._oom_killed and self._runtime.on_oom is not None:
+                        self._runtime.on_oom()
                     if not self._exit.done():
                         self._exit.set_result(code)
+                    exited = True
                     break
                 elif kind != "hb":
                     raise AgentFailure(f"the agent sent {kind!r} while running a command")
@@ -241,8 +249,14 @@ class AgentProcess(PtyProcess):
                 self._exit.exception()  # retrieved here; wait() raises it again
             await self._put(failure)
         finally:
-            self._channel.close()
+            reuse = exited and self._reusable and not self._killing
+            if not reuse:
+                self._channel.close()
             await self._put(None)
+        if reuse:
+            # Declared at the start (see start_process): the agent sends
+            # nothing more for it, and serves the next request on it.
+            self._runtime.keep(self._channel)
 
     async def read(self) -> OutputChunk | None:
         if self._eof:
@@ -307,13 +321,20 @@ class AgentRuntime(SandboxRuntime):
         provider_name: str,
         recover: Recover,
         default_user: str | None = None,
+        on_oom: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(sandbox_id, workdir)
         self.socket_path = socket_path
+        #: Told when the OOM killer ended a command (where the provider's own
+        #: watch cannot see it: in the workload's cgroup).
+        self.on_oom = on_oom
         self.provider_name = provider_name
         self.default_user = default_user
         self._recover = recover
         self._idle: list[Channel] = []
+        #: The agent keeps an exec's connection for the next request (its
+        #: version, learnt from its ping, is 2 or later).
+        self.keeps_exec_connections = False
 
     # -- connections ----------------------------------------------------------------
     async def _connect(self) -> Channel:
@@ -354,6 +375,13 @@ class AgentRuntime(SandboxRuntime):
         except AgentFailure:
             pass  # the next request finds out, and recovers
 
+    def keep(self, channel: Channel) -> None:
+        """A connection in step with the agent, for the next request."""
+        if not channel.closed and len(self._idle) < POOL_SIZE:
+            self._idle.append(channel)
+        else:
+            channel.close()
+
     def drop_connections(self) -> None:
         for channel in self._idle:
             channel.close()
@@ -370,10 +398,7 @@ class AgentRuntime(SandboxRuntime):
         except BaseException:
             channel.close()  # cancelled mid-answer: out of step
             raise
-        if not channel.closed and len(self._idle) < POOL_SIZE:
-            self._idle.append(channel)
-        else:
-            channel.close()
+        self.keep(channel)
 
     async def request(
         self,
@@ -405,22 +430,21 @@ class AgentRuntime(SandboxRuntime):
         return ["bash", "-c", command]  # the agent runs sh where there is no bash
 
     async def start_process(
-        self,
-        argv: Sequence[str],
-        *,
-        cwd: str,
-        env: Mapping[str, str],
-        stdin: bytes | None,
-        user: str | None,
-        pty: tuple[int, int] | None = None,
+        self, request: ProcessRequest, pty: tuple[int, int] | None = None
     ) -> AgentProcess:
+        argv, stdin = request.argv, request.stdin
         marker = uuid.uuid4().hex
+        # A command with no stdin and no PTY: the host sends nothing while it
+        # runs, so an agent that can (version 2 on) keeps its connection for
+        # the next request once the exit is sent.
+        reuse = stdin is None and pty is None and self.keeps_exec_connections
         header: Header = {
-            "op": "exec", "argv": list(argv), "cwd": cwd,
-            "env": {**env, EXEC_MARKER: marker}, "user": user or self.default_user or "",
+            "op": "exec", "argv": list(argv), "cwd": request.cwd,
+            "env": {**request.env, EXEC_MARKER: marker},
+            "user": request.user or self.default_user or "",
             "stdin": stdin is not None or pty is not None,
             "shell_fallback": bool(argv) and argv[0] == "bash",
-            "marker": f"{EXEC_MARKER}={marker}",
+            "marker": f"{EXEC_MARKER}={marker}", "reuse": reuse,
         }
         if pty is not None:
             header["pty"] = {"rows": pty[0], "cols": pty[1]}
@@ -440,20 +464,12 @@ class AgentRuntime(SandboxRuntime):
         except BaseException:
             channel.close()
             raise
-        return AgentProcess(self, channel, marker, pid, stdin)
+        return AgentProcess(self, channel, marker, pid, stdin, reusable=reuse)
 
-    async def start_pty(
-        self,
-        argv: Sequence[str],
-        *,
-        cwd: str,
-        env: Mapping[str, str],
-        user: str | None,
-        rows: int,
-        cols: int,
-    ) -> AgentProcess:
+    async def start_pty(self, request: ProcessRequest, rows: int, cols: int) -> AgentProcess:
+        # What is typed is written: no stdin is fed.
         return await self.start_process(
-            argv, cwd=cwd, env=env, stdin=None, user=user, pty=(rows, cols)
+            dataclasses.replace(request, stdin=None), pty=(rows, cols)
         )
 
     async def count_busy_processes(self) -> int:
@@ -601,10 +617,8 @@ class AgentRuntime(SandboxRuntime):
             name = glob  # a prefilter on names; the glob is checked again below
         matcher = compile_glob(glob) if glob else None
         prefix = root.rstrip("/") + "/"
-        matches: list[GrepMatch] = []
+        batches = GrepBatches(pattern)
         big: list[str] = []
-        batch: list[tuple[str, bytes]] = []
-        size = 0
         async with self._channel() as channel:
             await channel.send({
                 "op": "grep", "root": root, "name": name, "literals": literals or [],
@@ -624,14 +638,35 @@ class AgentRuntime(SandboxRuntime):
                 if kind == "big":
                     big.append(path)
                     continue
-                batch.append((path, payload))
-                size += len(payload)
-                if size >= BATCH_BYTES:
-                    matches.extend(await grep_contents(pattern, batch))
-                    batch, size = [], 0
-        matches.extend(await grep_contents(pattern, batch))
+                await batches.add(path, payload)
+        matches = await batches.matches()
         matches.extend(await self.grep_files(pattern, big, limit))
         return sorted(matches, key=lambda m: (m.path, m.line_number))
+
+    async def place_workload(
+        self, dirs: Mapping[str, str], timeout: float = ANSWER_TIMEOUT
+    ) -> None:
+        """Have the agent start every command in the workload's cgroups
+        (``dirs``, by controller: see :mod:`.workload`). On a connection of its
+        own, as a ping: called while the agent is brought up, and AgentFailure
+        if it does not answer."""
+        fds = open_task_files(dirs)
+        channel: Channel | None = None
+        try:
+            channel = Channel(connect_socket(self.socket_path))
+            await channel.send_fds({"op": "workload", "name": WORKLOAD_NAME}, fds)
+            reply, _ = await channel.recv(timeout)
+            if reply["t"] == "err":
+                raise ProviderError(
+                    f"{self.provider_name} sandbox {self.sandbox_id}: its agent could not "
+                    f"enter the workload's cgroup: {str(reply.get('msg', ''))[:500]}"
+                )
+            _ok(reply)
+        finally:
+            for fd in fds:
+                os.close(fd)
+            if channel is not None:
+                channel.close()
 
     async def ping(self, timeout: float = ANSWER_TIMEOUT) -> int:
         """The agent's pid, once it answers (AgentFailure if it does not)."""
@@ -641,6 +676,8 @@ class AgentRuntime(SandboxRuntime):
             reply, _ = await channel.recv(timeout)
             if reply["t"] != "ok":
                 raise AgentFailure("the agent did not answer a ping")
+            version = str(reply.get("version", ""))
+            self.keeps_exec_connections = version.isdigit() and int(version) >= 2
             return int(_number(reply, "pid"))
         finally:
             channel.close()

@@ -88,6 +88,21 @@ class Channel:
                 self.close()
                 raise AgentFailure(f"the agent's connection broke: {exc}") from None
 
+    async def send_fds(self, header: Header, fds: list[int]) -> None:
+        """A frame with descriptors attached (the agent takes them with it)."""
+        frame = encode(header)
+        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))]
+        async with self._send_lock:
+            try:
+                # A small frame on a connection nothing else writes: the
+                # kernel takes it whole, the descriptors with its first byte.
+                sent = self.sock.sendmsg([frame], ancillary)
+                if sent < len(frame):
+                    await self._loop.sock_sendall(self.sock, frame[sent:])
+            except OSError as exc:
+                self.close()
+                raise AgentFailure(f"the agent's connection broke: {exc}") from None
+
     async def _readable(self) -> None:
         ready = self._loop.create_future()
         fd = self.sock.fileno()
@@ -156,7 +171,8 @@ class Channel:
     async def recv(self, timeout: float | None) -> tuple[Header, bytes]:
         """The next frame; AgentFailure if none comes within ``timeout`` seconds."""
         try:
-            return await asyncio.wait_for(self._recv(), timeout)
+            async with asyncio.timeout(timeout):  # no task of its own, as wait_for makes
+                return await self._recv()
         except TimeoutError:
             self.close()
             raise AgentFailure(f"the agent did not answer within {timeout} s") from None

@@ -18,22 +18,29 @@ import errno
 import os
 import shutil
 import stat as stat_mod
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import IO, TypeVar
 
 import anyio.to_thread
 
 from ..._errors import (
     HutchError,
     InvalidArgument,
-    OutputLimitExceeded,
     SandboxFileNotFound,
     SandboxIsADirectory,
     SandboxUnavailable,
 )
 from ..._types import FileInfo
-from .._hostfs import info_from_stat, map_oserror
+from .._hostfs import (
+    call_mapped,
+    info_from_stat,
+    map_oserror,
+    read_open_file,
+    read_open_file_pieces,
+    run_mapped,
+)
+from ..base import SandboxFiles
 
 T = TypeVar("T")
 
@@ -44,6 +51,8 @@ RESOLVE_IN_ROOT = 0x10
 _RESOLVE = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV
 #: Past this size, file I/O moves off the event loop.
 _THREAD_THRESHOLD = 1024 * 1024
+#: What one piece of an upload copied in holds.
+_COPY_PIECE = 1024 * 1024
 
 
 class _OpenHow(ctypes.Structure):
@@ -83,7 +92,17 @@ def _split(path: str) -> tuple[str, str]:
     return parent or ".", name
 
 
-class RootFiles:
+def _map_error(exc: OSError, path: str) -> HutchError:
+    """As on the host, and a path the kernel refused to resolve inside the
+    root (it would leave it, or loops) is not there."""
+    if exc.errno == errno.EXDEV:
+        return SandboxFileNotFound(f"{path} is outside the sandbox's files")
+    if exc.errno == errno.ELOOP:
+        return SandboxFileNotFound(f"{path}: too many levels of symbolic links")
+    return map_oserror(exc, path)
+
+
+class RootFiles(SandboxFiles):
     """File operations inside the directory tree ``root`` (the overlay's merged
     directory), never leaving it, whatever links the sandbox has made."""
 
@@ -133,50 +152,43 @@ class RootFiles:
 
     @staticmethod
     def _run(fn: Callable[[], T], path: str) -> T:
-        try:
-            return fn()
-        except HutchError:
-            raise
-        except OSError as exc:
-            if exc.errno == errno.EXDEV:
-                raise SandboxFileNotFound(f"{path} is outside the sandbox's files") from None
-            if exc.errno == errno.ELOOP:
-                raise SandboxFileNotFound(f"{path}: too many levels of symbolic links") from None
-            raise map_oserror(exc, path) from None
+        return call_mapped(fn, path, _map_error)
 
-    async def _maybe_thread(self, fn: Callable[[], T], path: str, big: bool) -> T:
-        if big:
-            return await anyio.to_thread.run_sync(lambda: self._run(fn, path))
-        return self._run(fn, path)
+    @staticmethod
+    async def _maybe_thread(fn: Callable[[], T], path: str, big: bool) -> T:
+        return await run_mapped(fn, path, in_thread=big, map_error=_map_error)
 
     # -- read ------------------------------------------------------------------
     def _read(self, path: str, limit: int) -> bytes:
         # O_NONBLOCK: opening a FIFO must not wait for a writer.
         with self._open(path, os.O_RDONLY | os.O_NONBLOCK) as fd:
-            st = os.fstat(fd)
-            if stat_mod.S_ISDIR(st.st_mode):
-                raise SandboxIsADirectory(f"{path} is a directory")
-            if not stat_mod.S_ISREG(st.st_mode):
-                # A FIFO or a device may never end (or never start): grep skips it.
-                raise InvalidArgument(f"{path} is not a regular file; read it with exec")
-            if st.st_size > limit:
-                raise OutputLimitExceeded(
-                    f"{path} is {st.st_size} bytes, over the read limit of {limit} bytes"
-                )
-            with os.fdopen(os.dup(fd), "rb") as fh:
-                # What fstat promised plus one byte to notice growth.
-                data = fh.read(st.st_size + 1)
-                if len(data) > st.st_size:
-                    data += fh.read(limit + 1 - len(data))
-            if len(data) > limit:
-                raise OutputLimitExceeded(f"{path} is over the read limit of {limit} bytes")
-            return data
+            return read_open_file(fd, path, limit)
 
-    async def read(self, path: str, limit: int) -> bytes:
+    async def read_file(self, path: str, limit: int) -> bytes:
         size = self._run(lambda: self._lstat_size(path), path)
         return await self._maybe_thread(
             lambda: self._read(path, limit), path, size > _THREAD_THRESHOLD
         )
+
+    async def read_file_pieces(self, path: str, limit: int) -> AsyncGenerator[bytes, None]:
+        """A small file whole (as :meth:`read_file`); a larger one in pieces
+        read in a thread from one descriptor, never whole in memory."""
+        size = self._run(lambda: self._lstat_size(path), path)
+        if size <= _THREAD_THRESHOLD:
+            yield await self.read_file(path, limit)
+            return
+
+        def opened() -> int:
+            # O_NONBLOCK: opening a FIFO must not wait for a writer.
+            with self._root_fd() as root:
+                return openat2(root, _relative(path), os.O_RDONLY | os.O_NONBLOCK)
+
+        pieces = read_open_file_pieces(self._run(opened, path), path, limit)
+        try:
+            async for piece in pieces:
+                yield piece
+        finally:
+            await pieces.aclose()
 
     def _lstat_size(self, path: str) -> int:
         with self._open(path, os.O_PATH) as fd:
@@ -218,7 +230,8 @@ class RootFiles:
                 self._makedirs(root, _relative(path), path)
         self._run(run, path)
 
-    def _write(self, path: str, data: bytes) -> None:
+    def _open_for_write(self, path: str) -> int:
+        """``path`` opened for writing (truncated), its parents made, in the root."""
         rel = _relative(path)
         parent, _ = _split(path)
         with self._root_fd() as root:
@@ -235,18 +248,39 @@ class RootFiles:
                 if exc.errno == errno.EISDIR:
                     raise SandboxIsADirectory(f"{path} is a directory") from None
                 raise
+        return fd
+
+    @staticmethod
+    def _write_all(fd: int, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+
+    def _write(self, path: str, data: bytes) -> None:
+        fd = self._open_for_write(path)
         try:
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
+            self._write_all(fd, data)
         finally:
             os.close(fd)
 
-    async def write(self, path: str, data: bytes) -> None:
+    def _write_from(self, path: str, source: IO[bytes]) -> None:
+        fd = self._open_for_write(path)
+        try:
+            while piece := source.read(_COPY_PIECE):
+                self._write_all(fd, piece)
+        finally:
+            os.close(fd)
+
+    async def write_file(self, path: str, data: bytes) -> None:
         await self._maybe_thread(
             lambda: self._write(path, data), path, len(data) > _THREAD_THRESHOLD
         )
+
+    async def write_file_from(self, path: str, source: IO[bytes]) -> None:
+        """Copy ``source`` into ``path`` in pieces, in a thread: an upload is
+        never whole in memory."""
+        await self._maybe_thread(lambda: self._write_from(path, source), path, True)
 
     # -- metadata --------------------------------------------------------------
     def _lstat(self, path: str) -> os.stat_result:
@@ -294,14 +328,7 @@ class RootFiles:
                 # fd-based: never follows a link, even one swapped in meanwhile.
                 shutil.rmtree(name, dir_fd=parent)
                 return
-            try:
-                os.rmdir(name, dir_fd=parent)
-            except OSError as exc:
-                if exc.errno == errno.ENOTEMPTY:
-                    raise SandboxIsADirectory(
-                        f"{path} is a non-empty directory; pass recursive=True"
-                    ) from None
-                raise
+            os.rmdir(name, dir_fd=parent)
 
     async def remove(self, path: str, recursive: bool) -> None:
         await self._maybe_thread(lambda: self._remove(path, recursive), path, recursive)

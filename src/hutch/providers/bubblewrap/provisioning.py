@@ -29,33 +29,54 @@ is ``ephemeral`` (``--die-with-parent``), so a restarted daemon adopts it.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import json
+import logging
 import os
+import queue
 import re
 import select
 import shutil
+import socket
+import struct
 import subprocess
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass
+from typing import Any, TypeVar
 
 from ..._errors import InvalidArgument, ProviderError, SandboxUnavailable
 from ..._paths import hutch_home
-from .cgroups import SandboxCgroup
+from .cgroups import JOIN_AND_EXEC, SandboxCgroup, leave_thread, thread_home
 from .seccomp import compile_filter
 
+T = TypeVar("T")
+log = logging.getLogger("hutch.bubblewrap")
 _libc = ctypes.CDLL(None, use_errno=True)
+_libc.mount.argtypes = (
+    ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p
+)
 _MNT_DETACH = 2
+_CLONE_NEWNS = 0x00020000
+_CLONE_FS = 0x00000200
+_CLONE_NEWNET = 0x40000000
+_SIOCGIFFLAGS = 0x8913
+_SIOCSIFFLAGS = 0x8914
+_IFF_UP = 0x1
+_MS_NOSUID = 0x2
+_MS_NODEV = 0x4
+_MS_REC = 0x4000
+_MS_PRIVATE = 1 << 18
 #: Characters the overlay's option string cannot carry in a path.
 _BAD_LAYER_CHARS = re.compile(r"[:,\\\s]")
 #: The namespaces an exec joins (the mount namespace is bwrap's own per exec).
 JOINED_NAMESPACES = ("net", "ipc", "uts", "cgroup", "pid")
 #: In the keeper's environment only: how the busy count tells it apart.
 KEEPER_MARKER = "HUTCH_BWRAP_KEEPER"
-#: Where the agent's executable and its socket's directory are bound inside.
+#: Where the agent's executable is bound inside.
 AGENT_BINARY_PATH = "/.hutch/bin/hutch-agent"
-AGENT_DIR_PATH = "/.hutch/run"
-AGENT_SOCKET = "agent.sock"
 
 _SECCOMP: bytes | None = None
 
@@ -73,6 +94,16 @@ def seccomp_fd() -> int:
     os.write(fd, _SECCOMP)
     os.lseek(fd, 0, os.SEEK_SET)
     return fd
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int,
+           data: str | None) -> None:
+    def c(value: str | None) -> bytes | None:
+        return None if value is None else value.encode()
+
+    if _libc.mount(c(source), c(target), c(fstype), flags, c(data)) != 0:
+        err = ctypes.get_errno()
+        raise ProviderError(f"mounting {fstype or source} on {target}: {os.strerror(err)}")
 
 
 def _umount(target: str) -> None:
@@ -99,7 +130,7 @@ class Layers:
 
     The tmpfs under the upper layer and the overlay itself are mounted in a
     private mount namespace of the sandbox's own (the keeper's, see
-    :data:`SETUP`), never in the host's: every new mount namespace on the
+    :class:`_Starter`), never in the host's: every new mount namespace on the
     host (each bwrap, each container) copies the host's mount table, so two
     mounts a sandbox there would make every sandbox start slower as they
     grow in number (1000 extra mounts: a bare bwrap 19 ms -> 149 ms here).
@@ -178,16 +209,25 @@ class Layers:
             )
         return options
 
-    def setup_argv(self) -> list[str]:
-        """What mounts the sandbox's file system in its own mount namespace
-        and then runs the rest of argv (bwrap)."""
-        restore = self.disk_upper if self.upper_on == "disk" else ""
-        return [
-            "unshare", "--mount", "--propagation", "private", "--",
-            "/bin/sh", "-c", SETUP, "hutch-setup",
-            self.hot, self.merged, self.overlay_options(), str(self.disk_limit), restore,
-            self.home,
-        ]
+    def mount(self) -> None:
+        """Mount the sandbox's tmpfs (a suspended upper layer copied back onto
+        it) and its overlay, in the calling thread's mount namespace: run by
+        the starter thread (:class:`_Starter`), never in the host's."""
+        _mount("hutch-upper", self.hot, "tmpfs", _MS_NOSUID | _MS_NODEV,
+               f"size={self.disk_limit},mode=0700")
+        upper, work = os.path.join(self.hot, "upper"), os.path.join(self.hot, "work")
+        if self.upper_on == "disk":
+            copy_tree(self.disk_upper, upper)  # cp, started from this thread: in here
+        else:
+            os.mkdir(upper)
+            os.chmod(upper, 0o755)
+        os.mkdir(work)
+        os.chmod(work, 0o755)
+        os.chdir(self.home)  # lower layers are named relative to it
+        try:
+            _mount("hutch-overlay", self.merged, "overlay", 0, self.overlay_options())
+        finally:
+            os.chdir("/")
 
     def save_upper(self) -> None:
         """Copy the running sandbox's upper layer to disk (what a suspended
@@ -202,27 +242,6 @@ class Layers:
         _umount(self.merged)
         _umount(self.hot)
         shutil.rmtree(self.sandbox_dir, ignore_errors=True)
-
-
-#: Run by ``unshare --mount`` (so in the sandbox's own mount namespace; the
-#: same process, not a child): join the sandbox's cgroups, a tmpfs for the
-#: upper layer (a suspended one copied back onto it), the overlay, then bwrap.
-SETUP = """set -e
-for f in $HUTCH_CGROUP_PROCS; do echo $$ > "$f"; done
-hot=$1 merged=$2 options=$3 size=$4 restore=$5 home=$6
-shift 6
-mount -t tmpfs -o "size=$size,mode=0700,nosuid,nodev" hutch-upper "$hot"
-if [ -n "$restore" ]; then
-  cp -a "$restore" "$hot/upper"
-  mkdir -m 0755 "$hot/work"
-else
-  mkdir -m 0755 "$hot/upper" "$hot/work"
-fi
-cd "$home"  # lower layers are named relative to it
-mount -t overlay -o "$options" hutch-overlay "$merged"
-cd /
-exec "$@"
-"""
 
 
 def copy_tree(source: str, target: str) -> None:
@@ -304,6 +323,155 @@ class Keeper:
         return fds
 
 
+class _Starter:
+    """The one thread of this process that starts keepers, each in a mount
+    namespace of its own, in a network namespace of its own made ahead of
+    time, and born in its sandbox's cgroups.
+
+    ``unshare(CLONE_NEWNS)`` in a thread gives that thread alone a new mount
+    namespace (it unshares the thread's file system context, never the
+    process's), and what the thread starts inherits it: so the sandbox's
+    tmpfs and overlay are mounted with two system calls, not by a chain of
+    ``unshare``, ``sh``, ``mount`` and ``mkdir`` processes. Likewise the
+    thread moves itself into the sandbox's cgroups (see
+    :meth:`SandboxCgroup.enter_thread`) and the keeper is born there, and
+    it enters a fresh network namespace (loopback up, nothing else) that the
+    keeper inherits: made while the thread is idle (see :func:`_new_netns`),
+    because bringing a loopback up takes the kernel's network lock, which the
+    teardown of ended sandboxes' namespaces holds for milliseconds at a time.
+    Each namespace serves one sandbox only, as bwrap's ``--unshare-net``
+    would. One long-lived thread rather than one per sandbox, because a
+    keeper started with ``--die-with-parent`` dies when the *thread* that
+    started it ends. After each start the thread goes back to the host's
+    namespaces and to its own cgroups: each sandbox's mount namespace is
+    copied from the host's (never from the last sandbox's), and nothing of a
+    sandbox is kept alive by the thread."""
+
+    #: Network namespaces kept ready (each is a few kilobytes of the kernel's).
+    SPARE_NETNS = 2
+    #: How long the thread must be idle before it makes a spare one.
+    IDLE_BEFORE_SPARE = 0.02
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: queue.Queue[_Job] = queue.Queue()
+        self._thread: threading.Thread | None = None
+
+    def run(self, job: Callable[[bool], T], cgroup: SandboxCgroup, *, own_network: bool) -> T:
+        """``job(joined)`` in the starter thread, in a fresh private mount
+        namespace and, with ``own_network``, a fresh network namespace;
+        ``joined`` says whether the thread is in ``cgroup`` (what it starts
+        is born there) or the started process must join by itself."""
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                # A forked child has none of its parent's threads.
+                self._jobs = queue.Queue()
+                self._thread = threading.Thread(
+                    target=self._serve, args=(self._jobs,), name="hutch-bwrap-starter",
+                    daemon=True,
+                )
+                self._thread.start()
+            done: Future[T] = Future()
+            self._jobs.put((job, cgroup, own_network, done))
+        return done.result()
+
+    def _serve(self, jobs: queue.Queue[_Job]) -> None:
+        host_mnt = os.open("/proc/thread-self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        host_net = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        home = thread_home()
+        spares: list[int] = []
+        refill = True
+        # A file system context of this thread's own: setns needs it unshared.
+        broken = "" if _libc.unshare(_CLONE_FS) == 0 else f"unshare(CLONE_FS): {_errno_text()}"
+        while True:
+            wanted = refill and not broken and len(spares) < self.SPARE_NETNS
+            try:
+                job, cgroup, own_network, done = jobs.get(
+                    timeout=self.IDLE_BEFORE_SPARE if wanted else None
+                )
+            except queue.Empty:
+                try:
+                    spares.append(_new_netns(host_net))
+                except ProviderError as exc:
+                    # Each start makes its own then, and says what fails.
+                    log.warning("bubblewrap starter: no spare network namespace: %s", exc)
+                    refill = False
+                continue
+            if broken:
+                done.set_exception(ProviderError(f"cannot start a bubblewrap keeper: {broken}"))
+                continue
+            if _libc.unshare(_CLONE_NEWNS) != 0:
+                done.set_exception(ProviderError(f"unshare(CLONE_NEWNS): {_errno_text()}"))
+                continue
+            result: Any = None
+            error: Exception | None = None
+            try:
+                _mount(None, "/", None, _MS_REC | _MS_PRIVATE, None)
+                if own_network:
+                    netns = spares.pop() if spares else _new_netns(host_net)
+                    try:
+                        _setns(netns, _CLONE_NEWNET)
+                    finally:
+                        os.close(netns)  # what the keeper starts in holds it now
+                result = job(cgroup.enter_thread())
+            except Exception as exc:
+                error = exc
+            # Home before the answer (also from half way in): while this
+            # thread is in the sandbox's cgroups, v1 lists this whole process
+            # among the sandbox's.
+            try:
+                leave_thread(home)
+                _setns(host_net, _CLONE_NEWNET)
+            except (OSError, ProviderError) as exc:
+                broken = f"going back to its own cgroups and network: {exc}"
+            if error is not None:
+                done.set_exception(error)
+            else:
+                done.set_result(result)
+            if _libc.setns(host_mnt, _CLONE_NEWNS) != 0:
+                broken = f"setns back to the host's mount namespace: {_errno_text()}"
+            if broken:
+                # Never start another sandbox from namespaces or cgroups not the host's.
+                log.error("bubblewrap starter: %s", broken)
+            os.chdir("/")
+
+
+_Job = tuple[Callable[[bool], Any], SandboxCgroup, bool, "Future[Any]"]
+
+
+def _setns(fd: int, kind: int) -> None:
+    if _libc.setns(fd, kind) != 0:
+        raise ProviderError(f"setns: {_errno_text()}")
+
+
+def _new_netns(host_net: int) -> int:
+    """A descriptor of a new network namespace with its loopback up (the
+    calling thread's own file system context required; it ends in
+    ``host_net`` again)."""
+    if _libc.unshare(_CLONE_NEWNET) != 0:
+        raise ProviderError(f"unshare(CLONE_NEWNET): {_errno_text()}")
+    try:
+        fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+                request = struct.pack("16sH14x", b"lo", 0)
+                flags = struct.unpack("16sH14x", fcntl.ioctl(sock, _SIOCGIFFLAGS, request))[1]
+                fcntl.ioctl(sock, _SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | _IFF_UP))
+        except OSError as exc:
+            os.close(fd)
+            raise ProviderError(f"bringing a sandbox's loopback up: {exc}") from None
+    finally:
+        _setns(host_net, _CLONE_NEWNET)
+    return fd
+
+
+def _errno_text() -> str:
+    return os.strerror(ctypes.get_errno())
+
+
+_STARTER = _Starter()
+
+
 def process_start_time(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
@@ -324,37 +492,39 @@ def start_keeper(
     network: bool,
     ephemeral: bool,
     log_path: str,
-    agent: tuple[str, str] | None = None,
+    agent: tuple[str, int] | None = None,
     env: Mapping[str, str] | None = None,
     workdir: str = "/",
     timeout: float = 30.0,
 ) -> tuple[Keeper, subprocess.Popen[bytes]]:
     """Start the keeper: ``sh`` blocked on a pipe, or with ``agent`` (its
-    binary's and its socket directory's host paths) hutch's agent, serving
-    the runtime on a socket in that directory; ``env`` is what it (and so
+    binary's host path and a listening socket's descriptor) hutch's agent,
+    serving the runtime on that socket; ``env`` is what it (and so
     every command it starts) has as its environment."""
     block_r, block_w = os.pipe()
     info_r, info_w = os.pipe()
+    ready_r, ready_w = os.pipe()
     filter_fd = seccomp_fd()
+    passed = [block_w, info_w, filter_fd]
     if agent is not None:
-        binary, agent_dir = agent
+        binary, listener = agent
+        passed.append(listener)
         keeper_command = [
-            "--ro-bind", binary, AGENT_BINARY_PATH, "--bind", agent_dir, AGENT_DIR_PATH,
+            "--ro-bind", binary, AGENT_BINARY_PATH,
             "--clearenv", *(a for k, v in (env or {}).items() for a in ("--setenv", k, v)),
             # In the working directory, as docker's keeper is: the agent
             # resolves a relative command against its own directory.
             "--chdir", workdir, "--",
-            AGENT_BINARY_PATH, "serve", f"{AGENT_DIR_PATH}/{AGENT_SOCKET}",
+            AGENT_BINARY_PATH, "serve-fd", str(listener),
         ]
     else:
         # Its stdin is a pipe whose write end it holds too: the read never ends.
-        keeper_command = ["--chdir", "/", "--", "/bin/sh", "-c", "read _"]
-    argv = [
-        *layers.setup_argv(),
+        keeper_command = ["--chdir", "/", "--", "/bin/sh", "-c", "echo; read _"]
+    bwrap = [
         "bwrap", "--bind", layers.merged, "/", "--proc", "/proc", "--dev", "/dev",
         "--dir", workdir,
+        # The network namespace is the starter's, made for this keeper alone.
         "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup",
-        *([] if network else ["--unshare-net"]),
         "--hostname", hostname, "--cap-drop", "ALL", "--new-session",
         "--seccomp", str(filter_fd), "--info-fd", str(info_w),
         *(["--die-with-parent"] if ephemeral else []),
@@ -362,23 +532,44 @@ def start_keeper(
     ]
     env = {
         "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
-        "HUTCH_CGROUP_PROCS": cgroup.procs_files(),
+        "HUTCH_CGROUP_PROCS": cgroup.keeper_procs_files(),
         KEEPER_MARKER: "1",
     }
-    try:
+
+    def mount_and_start(joined: bool) -> subprocess.Popen[bytes]:
+        # The keeper inherits the starter's new mount namespace, then holds it
+        # alone; and is born in the sandbox's cgroups, or joins them first.
+        layers.mount()
+        argv = bwrap if joined else ["/bin/sh", "-c", JOIN_AND_EXEC, "hutch-keeper", *bwrap]
         with open(log_path, "ab") as log:
-            proc = subprocess.Popen(
-                argv, env=env, stdin=block_r, stdout=log, stderr=log,
-                pass_fds=(block_w, info_w, filter_fd), start_new_session=True,
+            return subprocess.Popen(
+                argv, env=env, stdin=block_r, stdout=log if agent else ready_w, stderr=log,
+                pass_fds=passed, start_new_session=True,
                 cwd="/",
             )
+
+    try:
+        proc = _STARTER.run(mount_and_start, cgroup, own_network=not network)
+    except BaseException:
+        os.close(info_r)
+        os.close(ready_r)
+        raise
     finally:
-        for fd in (block_r, block_w, info_w, filter_fd):
+        for fd in (block_r, block_w, info_w, ready_w, filter_fd):
             os.close(fd)
     try:
-        info = _read_info(info_r, proc, timeout)
+        return _started_keeper(proc, info_r, ready_r if agent is None else None, log_path,
+                               timeout, own_network=not network)
     finally:
         os.close(info_r)
+        os.close(ready_r)
+
+
+def _started_keeper(
+    proc: subprocess.Popen[bytes], info_fd: int, ready_fd: int | None, log_path: str,
+    timeout: float, *, own_network: bool,
+) -> tuple[Keeper, subprocess.Popen[bytes]]:
+    info = _read_info(info_fd, proc, timeout)
     if info is None:
         proc.kill()
         proc.wait()
@@ -389,26 +580,38 @@ def start_keeper(
         namespaces[name] = os.stat(f"/proc/{init_pid}/ns/{name}").st_ino
     # The private mount namespace the overlay is mounted in (the outer bwrap's).
     namespaces["setup_mnt"] = os.stat(f"/proc/{proc.pid}/ns/mnt").st_ino
+    if own_network and namespaces["net"] == os.stat("/proc/self/ns/net").st_ino:
+        proc.kill()
+        proc.wait()
+        raise ProviderError("bubblewrap: the keeper came up in hutch's own network namespace")
     start = process_start_time(init_pid)
     if start is None:
         raise ProviderError(f"bubblewrap's init ended at once: {_tail(log_path)}")
     # bwrap's init starts the keeper's command once the sandbox's file system
-    # is set up: until then, a command joining it would find no /workspace.
-    deadline = time.monotonic() + timeout
-    while not any(_parent(pid) == init_pid for pid in cgroup.pids()):
-        if time.monotonic() > deadline or process_start_time(init_pid) != start:
-            raise ProviderError(f"bubblewrap did not set the sandbox up: {_tail(log_path)}")
-        time.sleep(0.0002)
+    # is set up (until then a command joining it would find no /workspace):
+    # the shell keeper says so on its stdout, ``ready_fd`` (the agent, by
+    # answering on its socket).
+    if ready_fd is not None and not (
+        _wait_readable(ready_fd, proc, timeout) and os.read(ready_fd, 1)
+    ):
+        proc.kill()
+        proc.wait()
+        raise ProviderError(f"bubblewrap did not set the sandbox up: {_tail(log_path)}")
     return Keeper(proc.pid, init_pid, start, namespaces), proc
 
 
-def _parent(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except OSError:
-        return None
-    return int(stat[stat.rindex(b")") + 2:].split()[1])
+def _wait_readable(fd: int, proc: subprocess.Popen[bytes], timeout: float) -> bool:
+    """Whether ``fd`` became readable (or hung up) before ``timeout`` and
+    before ``proc`` ended."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    deadline = time.monotonic() + timeout
+    while (remaining := deadline - time.monotonic()) > 0:
+        if poller.poll(min(remaining, 0.05) * 1000):
+            return True
+        if proc.poll() is not None:
+            return False
+    return False
 
 
 def _read_info(fd: int, proc: subprocess.Popen[bytes], timeout: float) -> dict[str, object] | None:
@@ -423,17 +626,12 @@ def _read_info(fd: int, proc: subprocess.Popen[bytes], timeout: float) -> dict[s
         else:
             if isinstance(parsed, dict) and "child-pid" in parsed:
                 return parsed
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
+        if not _wait_readable(fd, proc, deadline - time.monotonic()):
             return None
-        ready, _, _ = select.select([fd], [], [], min(remaining, 0.05))
-        if ready:
-            data = os.read(fd, 4096)
-            if not data:
-                return None
-            buf += data
-        elif proc.poll() is not None:
+        data = os.read(fd, 4096)
+        if not data:
             return None
+        buf += data
 
 
 def _tail(path: str) -> str:

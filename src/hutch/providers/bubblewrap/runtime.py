@@ -13,11 +13,11 @@ files, and its orphans are reaped by the sandbox's own init.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import posixpath
 import subprocess
 import uuid
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..._errors import (
@@ -26,10 +26,10 @@ from ..._errors import (
     SandboxPermissionDenied,
     SandboxUnavailable,
 )
-from ..._types import FileInfo, OutputChunk
+from ..._types import OutputChunk
 from .._hostproc import EXEC_MARKER, SANDBOX_MARKER, HostProcess
 from ..agent.runtime import AgentRuntime, Recover
-from ..base import BackendProcess, SandboxRuntime
+from ..base import BackendProcess, FilesRuntime, ProcessRequest
 from .cgroups import JOIN_AND_EXEC, SandboxCgroup
 from .files import RootFiles
 from .provisioning import KEEPER_MARKER, Keeper, Layers, seccomp_fd
@@ -105,33 +105,22 @@ class AgentWithNativeUsers(AgentRuntime):
         return self._native.shell_argv(command)
 
     async def start_process(  # type: ignore[override]
-        self,
-        argv: Sequence[str],
-        *,
-        cwd: str,
-        env: Mapping[str, str],
-        stdin: bytes | None,
-        user: str | None,
-        pty: tuple[int, int] | None = None,
+        self, request: ProcessRequest, pty: tuple[int, int] | None = None
     ) -> BackendProcess:
-        if user is not None and pty is None:
-            return await self._native.start_process(
-                argv, cwd=cwd, env=env, stdin=stdin, user=user
-            )
-        env = {**self._native.parts.env, **env}
-        inner = await super().start_process(
-            argv, cwd=cwd, env=env, stdin=stdin, user=user, pty=pty
-        )
+        if request.user is not None and pty is None:
+            return await self._native.start_process(request)
+        request = dataclasses.replace(request, env={**self._native.parts.env, **request.env})
+        inner = await super().start_process(request, pty=pty)
         return OomWatch(inner, self._native.parts.cgroup)
 
 
-class BubblewrapRuntime(SandboxRuntime):
+class BubblewrapRuntime(FilesRuntime):
     provider = "bubblewrap"
 
     def __init__(self, sandbox_id: str, workdir: str, parts: SandboxParts) -> None:
         super().__init__(sandbox_id, workdir)
         self.parts = parts
-        self.files = RootFiles(lambda: parts.layers.merged_view, self._check_view)
+        self.files: RootFiles = RootFiles(lambda: parts.layers.merged_view, self._check_view)
         self._shell: str | None = None
 
     def _check_view(self) -> None:
@@ -182,7 +171,7 @@ class BubblewrapRuntime(SandboxRuntime):
 
     async def _user_ids(self, user: str) -> tuple[int, int]:
         try:
-            passwd = (await self.files.read("/etc/passwd", 16 * 1024 * 1024)).decode(
+            passwd = (await self.files.read_file("/etc/passwd", 16 * 1024 * 1024)).decode(
                 errors="replace"
             )
         except FileNotFoundError:
@@ -193,21 +182,14 @@ class BubblewrapRuntime(SandboxRuntime):
                 return int(fields[2]), int(fields[3])
         raise InvalidArgument(f"no such user {user!r} in sandbox {self.sandbox_id}")
 
-    async def start_process(
-        self,
-        argv: Sequence[str],
-        *,
-        cwd: str,
-        env: Mapping[str, str],
-        stdin: bytes | None,
-        user: str | None,
-    ) -> BackendProcess:
+    async def start_process(self, request: ProcessRequest) -> BackendProcess:
+        argv, cwd, stdin, user = request.argv, request.cwd, request.stdin, request.user
         keeper = self.parts.keeper
         if keeper is None:
             raise SandboxUnavailable(f"sandbox {self.sandbox_id} is not running")
         full_env = {"PATH": DEFAULT_PATH, "HOME": "/root", "LANG": "C.UTF-8"}
         full_env.update(self.parts.env)
-        full_env.update(env)
+        full_env.update(request.env)
         exec_id = uuid.uuid4().hex
         full_env[EXEC_MARKER] = exec_id
         full_env[SANDBOX_MARKER] = self.sandbox_id
@@ -278,25 +260,6 @@ class BubblewrapRuntime(SandboxRuntime):
         if keeper is None:
             return 0
         return _count_busy(self.parts.cgroup.pids(), {keeper.outer_pid, keeper.init_pid})
-
-    # -- files -------------------------------------------------------------------
-    async def read_file(self, path: str, limit: int) -> bytes:
-        return await self.files.read(path, limit)
-
-    async def write_file(self, path: str, data: bytes) -> None:
-        await self.files.write(path, data)
-
-    async def stat(self, path: str) -> FileInfo:
-        return await self.files.stat(path)
-
-    async def list_dir(self, path: str) -> list[FileInfo]:
-        return await self.files.list_dir(path)
-
-    async def remove(self, path: str, recursive: bool) -> None:
-        await self.files.remove(path, recursive)
-
-    async def walk_files(self, root: str) -> list[str]:
-        return await self.files.walk_files(root)
 
 
 def _count_busy(pids: list[int], keeper_pids: set[int]) -> int:

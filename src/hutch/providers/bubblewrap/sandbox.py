@@ -9,26 +9,31 @@ in :mod:`.runtime`; the overlay and the keeper in :mod:`.provisioning`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import re
 import shutil
-import stat as stat_mod
+import socket
 import subprocess
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 import anyio.to_thread
 from pydantic import ConfigDict, Field
 
-from ..._errors import InvalidArgument, ProviderError, SandboxUnavailable
-from ..._types import Capabilities, FileInfo
+from ..._errors import (
+    CapabilityUnsupported,
+    InvalidArgument,
+    ProviderError,
+    SandboxUnavailable,
+)
+from ..._types import Capabilities
 from .._hostproc import SANDBOX_MARKER
 from ..agent import AgentFailure, AgentUnavailable, agent_binary
 from ..base import (
-    BackendProcess,
     ProviderSettings,
     ProviderSnapshot,
     RuntimeNotice,
@@ -42,7 +47,6 @@ from . import network as net
 from . import snapshots
 from .cgroups import SandboxCgroup
 from .provisioning import (
-    AGENT_SOCKET,
     Keeper,
     Layers,
     bubblewrap_home,
@@ -165,31 +169,32 @@ class BubblewrapSandbox(SandboxBackend):
         _live[sandbox_id] = self
 
     @property
-    def agent_dir(self) -> str:
-        """The agent's socket directory, bound writable into the sandbox."""
-        return os.path.join(self.parts.layers.sandbox_dir, "agent")
-
-    @property
     def agent_link(self) -> str:
-        """Where hutch connects: a hard link to the agent's socket, made before
-        any command ran, in a directory the sandbox cannot reach. The socket's
-        own directory is the sandbox's to write: a link planted there (to
-        another sandbox's socket, to a host service) would lead hutch's
-        requests elsewhere."""
+        """Where hutch connects: the agent's listening socket, which hutch
+        binds itself in a directory the sandbox cannot reach and hands to the
+        agent as a descriptor (nothing inside can plant a link in its place)."""
         return os.path.join(self.parts.layers.sandbox_dir, "agent.sock")
 
-    def _link_agent_socket(self) -> bool:
-        """Link the agent's socket once it is there (only the agent runs yet)."""
-        source = os.path.join(self.agent_dir, AGENT_SOCKET)
-        try:
-            if not stat_mod.S_ISSOCK(os.lstat(source).st_mode):
-                return False
-        except FileNotFoundError:
-            return False
+    def _listen_for_agent(self) -> socket.socket:
+        """A fresh listening socket at :attr:`agent_link` (one an earlier
+        agent held, before a suspend, is replaced)."""
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.agent_link)
-        os.link(source, self.agent_link, follow_symlinks=False)
-        return stat_mod.S_ISSOCK(os.lstat(self.agent_link).st_mode)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        directory = os.open(os.path.dirname(self.agent_link),
+                            os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            # Bound through the directory's descriptor: a socket's path has
+            # room for 107 bytes, and a hutch home may be longer than that.
+            listener.bind(f"/proc/self/fd/{directory}/{os.path.basename(self.agent_link)}")
+            os.chmod(self.agent_link, 0o600)
+            listener.listen(128)
+        except OSError:
+            listener.close()
+            raise
+        finally:
+            os.close(directory)
+        return listener
 
     @property
     def runtime(self) -> SandboxRuntime:
@@ -203,16 +208,20 @@ class BubblewrapSandbox(SandboxBackend):
         }
 
     async def _await_agent(self, timeout: float = AGENT_START_TIMEOUT) -> None:
+        """Until the agent answers: its socket is listening from the start (see
+        :meth:`_listen_for_agent`), so a ping waits in its backlog for the
+        agent to accept, with no polling; each wait is short enough to notice
+        a keeper that died."""
         assert self._agent is not None
         self._agent.drop_connections()
         deadline = time.monotonic() + timeout
         while True:
             try:
-                # Linked again on each try: a socket left by an earlier agent
-                # (before a suspend) is there until the new one replaces it.
-                if not self._link_agent_socket():
-                    raise AgentFailure("its socket is not there yet")
-                await self._agent.ping(timeout=max(0.5, deadline - time.monotonic()))
+                await self._agent.ping(timeout=min(1.0, max(0.1, deadline - time.monotonic())))
+                workload = self.parts.cgroup.workload_dirs()
+                if workload is not None:
+                    # Before any command: every one starts in the workload's cgroups.
+                    await self._agent.place_workload(workload)
                 return
             except AgentFailure as exc:
                 if time.monotonic() >= deadline or not (
@@ -223,7 +232,7 @@ class BubblewrapSandbox(SandboxBackend):
                         f"bubblewrap sandbox {self.sandbox_id}: its agent did not start: "
                         f"{exc} {log_tail}"
                     ) from None
-            await anyio.sleep(0.0005)
+                await anyio.sleep(0.01)  # a refusal comes at once: not a busy loop
 
     async def _recover_agent(self, reason: str) -> None:
         """The agent failed a request: a frozen sandbox's agent is held, a dead
@@ -378,7 +387,7 @@ class BubblewrapSandbox(SandboxBackend):
             sandbox_id, workdir, parts, hostname=hostname, ephemeral=ephemeral, agent=agent,
             network=network,
         )
-        try:
+        def provision() -> None:
             os.makedirs(layers.sandbox_dir, exist_ok=True)
             _write_owner(layers.sandbox_dir)
             cgroup.create(memory=memory, pids=pids, cpus=cpus)
@@ -386,9 +395,14 @@ class BubblewrapSandbox(SandboxBackend):
             if network != "none":
                 sandbox.net_index = net.allocate(sandbox_id)
             sandbox._start_keeper()
+
+        try:
+            # Off the event loop: the keeper's start waits on bwrap, and a
+            # network's setup runs ip and iptables; other callers go on meanwhile.
+            await anyio.to_thread.run_sync(provision)
             if network != "none":
                 # The host's resolver, reached through the masquerade.
-                await sandbox._runtime.files.write("/etc/resolv.conf", net.host_resolver())
+                await sandbox._runtime.files.write_file("/etc/resolv.conf", net.host_resolver())
             if sandbox._agent is not None:
                 await sandbox._await_agent()
         except BaseException:
@@ -397,24 +411,40 @@ class BubblewrapSandbox(SandboxBackend):
         return sandbox
 
     def _start_keeper(self) -> None:
-        agent = None
-        if self._agent is not None:
-            os.makedirs(self.agent_dir, mode=0o700, exist_ok=True)
-            for stale in (os.path.join(self.agent_dir, AGENT_SOCKET), self.agent_link):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(stale)
-            agent = (str(agent_binary()), self.agent_dir)
-        keeper, process = start_keeper(
-            self.parts.layers, self.parts.cgroup,
-            hostname=self.hostname, network=False, ephemeral=self.ephemeral,
-            log_path=os.path.join(self.parts.layers.sandbox_dir, "keeper.log"),
-            agent=agent, env=self._keeper_env(), workdir=self.workdir,
-        )
+        listener = self._listen_for_agent() if self._agent is not None else None
+        try:
+            keeper, process = start_keeper(
+                self.parts.layers, self.parts.cgroup,
+                hostname=self.hostname, network=False, ephemeral=self.ephemeral,
+                log_path=os.path.join(self.parts.layers.sandbox_dir, "keeper.log"),
+                agent=None if listener is None else (str(agent_binary()), listener.fileno()),
+                env=self._keeper_env(), workdir=self.workdir,
+            )
+        finally:
+            if listener is not None:
+                listener.close()  # the agent holds it now
         self.parts.keeper = keeper
         self.parts.layers.view = keeper.view
         self._keeper_process = process
         if self.net_index is not None:
             net.connect(keeper.init_pid, self.net_index, self.network)
+
+    def sandbox_capabilities(self) -> Capabilities:
+        # A preview URL needs an address the host reaches: a network of its own.
+        return dataclasses.replace(
+            super().sandbox_capabilities(), preview_url=self.network != "none"
+        )
+
+    async def preview_url(self, port: int) -> str:
+        """The sandbox's own address on its veth, which the host routes to
+        (its policy lets replies to connections made into it pass)."""
+        if self.net_index is None:
+            raise CapabilityUnsupported(
+                f"bubblewrap sandbox {self.sandbox_id} has no network (network: none), so "
+                "nothing outside it reaches its ports: make it with network 'all' or an "
+                "allow list for a preview URL"
+            )
+        return f"http://{net.addresses(self.net_index)[1]}:{port}"
 
     def describe(self) -> dict[str, Any]:
         layers = self.parts.layers
@@ -571,42 +601,6 @@ class BubblewrapSandbox(SandboxBackend):
         self._closed = True
         _live.pop(self.sandbox_id, None)
         await self._destroy()
-
-    # -- the runtime, delegated (callers use .runtime) -----------------------------------
-    def shell_argv(self, command: str) -> list[str]:
-        return self._runtime.shell_argv(command)
-
-    async def start_process(
-        self,
-        argv: Sequence[str],
-        *,
-        cwd: str,
-        env: Mapping[str, str],
-        stdin: bytes | None,
-        user: str | None,
-    ) -> BackendProcess:
-        return await self._runtime.start_process(argv, cwd=cwd, env=env, stdin=stdin, user=user)
-
-    async def count_busy_processes(self) -> int:
-        return await self._runtime.count_busy_processes()
-
-    async def read_file(self, path: str, limit: int) -> bytes:
-        return await self._runtime.read_file(path, limit)
-
-    async def write_file(self, path: str, data: bytes) -> None:
-        await self._runtime.write_file(path, data)
-
-    async def stat(self, path: str) -> FileInfo:
-        return await self._runtime.stat(path)
-
-    async def list_dir(self, path: str) -> list[FileInfo]:
-        return await self._runtime.list_dir(path)
-
-    async def remove(self, path: str, recursive: bool) -> None:
-        await self._runtime.remove(path, recursive)
-
-    async def walk_files(self, root: str) -> list[str]:
-        return await self._runtime.walk_files(root)
 
 
 def _write_owner(sandbox_dir: str) -> None:

@@ -4,7 +4,8 @@ bubblewrap loads a compiled filter from a file descriptor (``--seccomp FD``);
 this module compiles one without libseccomp. It is a deny list in the spirit
 of Docker's default profile: the calls that reach kernel surfaces a sandboxed
 agent has no use for (mounting, namespaces, modules, keyrings, BPF, perf,
-io_uring, kexec, clock setting, terminal injection) fail with EPERM; the rest
+io_uring, kexec, clock setting, terminal injection, taking another process's
+descriptors) fail with EPERM; the rest
 are allowed. The sandbox also has no capabilities and NoNewPrivs set, so most
 of these would fail anyway: the filter shrinks what an exploit can reach.
 """
@@ -95,6 +96,7 @@ _DENIED_X86_64 = {
     "fsconfig": 431,
     "fsmount": 432,
     "fspick": 433,
+    "pidfd_getfd": 438,
     "mount_setattr": 442,
 }
 _IOCTL_X86_64 = 16

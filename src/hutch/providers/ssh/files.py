@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import posixpath
 import stat as stat_mod
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import IO, TypeVar
 
 import asyncssh
@@ -19,6 +20,7 @@ from ..._errors import (
     SandboxPermissionDenied,
 )
 from ..._types import FileInfo, FileType
+from ..base import SandboxFiles, require_regular
 from .connection import KeptConnection, lost
 from .process import run_helper
 
@@ -35,22 +37,17 @@ _CONNECTION_ERRORS = (OSError, asyncssh.SFTPConnectionLost, asyncssh.SFTPNoConne
 
 def _info(path: str, attrs: asyncssh.SFTPAttrs) -> FileInfo:
     mode = attrs.permissions or 0
-    if stat_mod.S_ISDIR(mode):
-        kind = FileType.DIRECTORY
-    elif stat_mod.S_ISREG(mode):
-        kind = FileType.FILE
-    elif stat_mod.S_ISLNK(mode):
-        kind = FileType.SYMLINK
-    else:
-        kind = FileType.OTHER
-    return FileInfo(path, kind, attrs.size or 0, stat_mod.S_IMODE(mode), float(attrs.mtime or 0))
+    return FileInfo(
+        path, FileType.of_mode(mode), attrs.size or 0, stat_mod.S_IMODE(mode),
+        float(attrs.mtime or 0),
+    )
 
 
 def _text(name: str | bytes) -> str:
     return name if isinstance(name, str) else name.decode("utf-8", "surrogateescape")
 
 
-class SftpFiles:
+class SftpFiles(SandboxFiles):
     """File operations on one destination, through its kept connection."""
 
     def __init__(self, kept: KeptConnection) -> None:
@@ -83,21 +80,47 @@ class SftpFiles:
             self._kept.forget_sftp(sftp)
             raise lost(self._kept.target, exc) from None
 
-    async def read(self, path: str, limit: int) -> bytes:
+    @staticmethod
+    async def _readable_size(sftp: asyncssh.SFTPClient, path: str, limit: int) -> int:
+        attrs = await sftp.stat(path)
+        # A FIFO or a device would hold the host's one SFTP server (and
+        # every file call after it) until something wrote to it.
+        require_regular(attrs.permissions or 0, path)
+        size = attrs.size or 0
+        if size > limit:
+            raise OutputLimitExceeded(
+                f"{path} is {size} bytes, over the read limit of {limit} bytes"
+            )
+        return size
+
+    async def read_file_pieces(self, path: str, limit: int) -> AsyncGenerator[bytes, None]:
+        """The file in pieces of :data:`_PIECE` bytes as SFTP brings them: a
+        large file is never whole in memory. Errors come before the first."""
+
+        async def opened(sftp: asyncssh.SFTPClient) -> asyncssh.SFTPClientFile:
+            await self._readable_size(sftp, path, limit)
+            return await sftp.open(path, "rb")
+
+        fh = await self._call(path, opened)
+        try:
+            total = 0
+            while True:
+                piece: bytes = await self._call(path, lambda _: fh.read(_PIECE))
+                if not piece:
+                    break
+                total += len(piece)
+                if total > limit:
+                    raise OutputLimitExceeded(f"{path} is over the read limit of {limit} bytes")
+                yield piece
+            if total == 0:
+                yield b""
+        finally:
+            with contextlib.suppress(*_CONNECTION_ERRORS, asyncssh.SFTPError):
+                await fh.close()
+
+    async def read_file(self, path: str, limit: int) -> bytes:
         async def op(sftp: asyncssh.SFTPClient) -> bytes:
-            attrs = await sftp.stat(path)
-            mode = attrs.permissions or 0
-            if stat_mod.S_ISDIR(mode):
-                raise SandboxIsADirectory(f"{path} is a directory")
-            if not stat_mod.S_ISREG(mode):
-                # A FIFO or a device would hold the host's one SFTP server
-                # (and every file call after it) until something wrote to it.
-                raise InvalidArgument(f"{path} is not a regular file")
-            size = attrs.size or 0
-            if size > limit:
-                raise OutputLimitExceeded(
-                    f"{path} is {size} bytes, over the read limit of {limit} bytes"
-                )
+            size = await self._readable_size(sftp, path, limit)
             async with sftp.open(path, "rb") as fh:
                 # What stat promised plus one byte, to notice a file that grew.
                 data: bytes = await fh.read(size + 1)
@@ -129,7 +152,7 @@ class SftpFiles:
             ) from None
         return await sftp.open(path, "wb")
 
-    async def write(self, path: str, data: bytes) -> None:
+    async def write_file(self, path: str, data: bytes) -> None:
         async def op(sftp: asyncssh.SFTPClient) -> None:
             fh = await self._create(sftp, path)
             try:
@@ -139,7 +162,7 @@ class SftpFiles:
 
         await self._call(path, op)
 
-    async def write_from(self, path: str, source: IO[bytes]) -> None:
+    async def write_file_from(self, path: str, source: IO[bytes]) -> None:
         """Copy ``source`` to ``path`` a piece at a time: never whole in memory."""
 
         async def op(sftp: asyncssh.SFTPClient) -> None:

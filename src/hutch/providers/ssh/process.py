@@ -21,7 +21,7 @@ import asyncio
 import base64
 import contextlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import asyncssh
 
@@ -34,13 +34,10 @@ from ..._errors import (
     SandboxPermissionDenied,
 )
 from ..._types import OutputChunk
-from ..base import BackendProcess, PtyProcess
+from .._pipes import READ_SIZE, OutputPipes
+from ..base import EXEC_MARKER, BackendProcess, PtyProcess
 from .connection import KeptConnection, lost
 
-EXEC_MARKER = "HUTCH_EXEC_ID"
-SANDBOX_MARKER = "HUTCH_SANDBOX_ID"
-
-_READ_SIZE = 256 * 1024
 _PLAIN = re.compile(r"[A-Za-z0-9_./:@%+=,-]+")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -167,16 +164,9 @@ class SshProcess(BackendProcess):
         self._proc = process
         self._exec_id = exec_id
         self._killed = False
-        self._lost: BaseException | None = None
-        self._queue: asyncio.Queue[OutputChunk | None] = asyncio.Queue()
-        self._open_streams = 2
-        loop = asyncio.get_running_loop()
-        self._tasks = [
-            loop.create_task(self._pipe(process.stdout, "stdout")),
-            loop.create_task(self._pipe(process.stderr, "stderr")),
-        ]
+        self._output = OutputPipes(process.stdout, process.stderr, CHANNEL_ERRORS)
         if not interactive:  # a terminal's input stays open for what is typed
-            self._tasks.append(loop.create_task(self._feed(stdin)))
+            self._output.tasks.append(asyncio.get_running_loop().create_task(self._feed(stdin)))
 
     async def _feed(self, data: bytes | None) -> None:
         # A command that exits without reading its stdin is not an error.
@@ -186,22 +176,8 @@ class SshProcess(BackendProcess):
                 await self._proc.stdin.drain()
             self._proc.stdin.write_eof()
 
-    async def _pipe(self, reader: asyncssh.SSHReader[bytes], name: str) -> None:
-        try:
-            while data := await reader.read(_READ_SIZE):
-                await self._queue.put(OutputChunk(name, data))  # type: ignore[arg-type]
-        except CHANNEL_ERRORS as exc:
-            self._lost = exc
-        finally:
-            await self._queue.put(None)
-
     async def read(self) -> OutputChunk | None:
-        while self._open_streams > 0:
-            item = await self._queue.get()
-            if item is not None:
-                return item
-            self._open_streams -= 1
-        return None
+        return await self._output.read()
 
     async def wait(self) -> int:
         with contextlib.suppress(*CHANNEL_ERRORS):
@@ -212,7 +188,7 @@ class SshProcess(BackendProcess):
         if self._killed:
             return 128 + 9
         self._kept.forget(self._conn)
-        raise lost(self._kept.target, self._lost)
+        raise lost(self._kept.target, self._output.error)
 
     @property
     def returncode(self) -> int | None:
@@ -237,8 +213,7 @@ class SshProcess(BackendProcess):
                 await asyncio.wait_for(asyncio.shield(self._proc.wait_closed()), 5)
         # An escaped grandchild holding a pipe would keep the channel open.
         self._proc.close()
-        for task in self._tasks:
-            task.cancel()
+        self._output.cancel()
 
 
 class SshPtyProcess(SshProcess, PtyProcess):
@@ -277,6 +252,25 @@ KILL_SCRIPT = (
 COUNT_SCRIPT = 'grep -lzxF -e "$1" /proc/[0-9]*/environ 2>/dev/null | wc -l'
 
 
+@contextlib.contextmanager
+def closed_on_failure(
+    kept: KeptConnection, conn: asyncssh.SSHClientConnection,
+    process: asyncssh.SSHClientProcess[bytes],
+) -> Iterator[None]:
+    """Close ``process`` if what runs inside fails; a channel error is the
+    connection lost (forgotten, so that the next call connects anew). A
+    timeout goes on, for the caller to say what took too long."""
+    try:
+        yield
+    except (TimeoutError, HutchError):
+        process.close()
+        raise
+    except CHANNEL_ERRORS as exc:
+        process.close()
+        kept.forget(conn)
+        raise lost(kept.target, exc) from None
+
+
 async def run_helper(
     kept: KeptConnection,
     argv: Sequence[str],
@@ -293,7 +287,7 @@ async def run_helper(
 
     async def collect(reader: asyncssh.SSHReader[bytes], cap: int) -> bytes:
         data = bytearray()
-        while chunk := await reader.read(_READ_SIZE):
+        while chunk := await reader.read(READ_SIZE):
             data += chunk
             if len(data) > cap:
                 raise OutputLimitExceeded(
@@ -302,26 +296,19 @@ async def run_helper(
         return bytes(data)
 
     try:
-        async with asyncio.timeout(timeout):
-            if stdin:
-                process.stdin.write(stdin)
-            process.stdin.write_eof()
-            out, err = await asyncio.gather(
-                collect(process.stdout, output_limit + 1), collect(process.stderr, 1 << 20)
-            )
-            await process.wait_closed()
+        with closed_on_failure(kept, conn, process):
+            async with asyncio.timeout(timeout):
+                if stdin:
+                    process.stdin.write(stdin)
+                process.stdin.write_eof()
+                out, err = await asyncio.gather(
+                    collect(process.stdout, output_limit + 1), collect(process.stderr, 1 << 20)
+                )
+                await process.wait_closed()
     except TimeoutError:
-        process.close()
         raise ProviderError(
             f"ssh {kept.target.destination}: {argv[0]} took over {timeout} s"
         ) from None
-    except HutchError:
-        process.close()
-        raise
-    except CHANNEL_ERRORS as exc:
-        process.close()
-        kept.forget(conn)
-        raise lost(kept.target, exc) from None
     if out[:1] == STARTED:
         out = out[1:]
     elif out[:1] == FAILED:

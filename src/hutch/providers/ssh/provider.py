@@ -7,31 +7,29 @@ import asyncio
 import dataclasses
 import re
 import uuid
-from collections.abc import Mapping, Sequence
-from typing import IO, Any
+from collections.abc import Mapping
+from typing import Any
 
 from ..._errors import (
     CapabilityUnsupported,
-    HutchError,
     InvalidArgument,
     ProviderError,
     SandboxFileNotFound,
     SandboxUnavailable,
 )
-from ..._types import Capabilities, FileInfo, GrepMatch
-from .._grep import BATCH_BYTES, grep_contents
-from ..base import SandboxBackend
+from ..._types import Capabilities, GrepMatch
+from .._grep import GrepBatches
+from ..base import SANDBOX_MARKER, FilesRuntime, NativeBackend, ProcessRequest
 from .config import SshConfig
 from .connection import KeptConnection, SshTarget, acquire, lost, release
 from .files import SftpFiles
 from .process import (
-    CHANNEL_ERRORS,
     COUNT_SCRIPT,
     FAILED,
-    SANDBOX_MARKER,
     STARTED,
     SshProcess,
     SshPtyProcess,
+    closed_on_failure,
     command_line,
     open_process,
     run_helper,
@@ -66,7 +64,7 @@ _GREP_READS_AT_ONCE = 16
 _START_TIMEOUT = 60.0
 
 
-class SshSandbox(SandboxBackend):
+class SshSandbox(NativeBackend, FilesRuntime):
     provider = "ssh"
     # ``host_outlives_sandbox``: no lifecycle on the host; close leaves the
     # host and its files as they are. ``preview_url`` only for a sandbox
@@ -83,7 +81,7 @@ class SshSandbox(SandboxBackend):
         super().__init__(sandbox_id, config.working_directory)
         self.config = config
         self._kept = kept
-        self._files = SftpFiles(kept)
+        self.files = SftpFiles(kept)
         self._has_bash = has_bash
         self._closed = False
 
@@ -125,7 +123,7 @@ class SshSandbox(SandboxBackend):
         # directory is there. An unreachable host raises SandboxUnavailable
         # (cannot tell), which is not the same as gone.
         try:
-            await self._files.stat(self.workdir)
+            await self.files.stat(self.workdir)
         except FileNotFoundError:
             return False
         return True
@@ -140,82 +138,50 @@ class SshSandbox(SandboxBackend):
     def shell_argv(self, command: str) -> list[str]:
         return ["bash" if self._has_bash else "sh", "-c", command]
 
-    async def start_process(
-        self,
-        argv: Sequence[str],
-        *,
-        cwd: str,
-        env: Mapping[str, str],
-        stdin: bytes | None,
-        user: str | None,
-    ) -> SshProcess:
-        return await self._start(argv, cwd=cwd, env=env, stdin=stdin, user=user)
+    async def start_process(self, request: ProcessRequest) -> SshProcess:
+        return await self._start(request)
 
-    async def start_pty(
-        self,
-        argv: Sequence[str],
-        *,
-        cwd: str,
-        env: Mapping[str, str],
-        user: str | None,
-        rows: int,
-        cols: int,
-    ) -> SshPtyProcess:
-        process = await self._start(
-            argv, cwd=cwd, env=env, stdin=None, user=user, term_size=(cols, rows)
-        )
+    async def start_pty(self, request: ProcessRequest, rows: int, cols: int) -> SshPtyProcess:
+        process = await self._start(request, term_size=(cols, rows))
         assert isinstance(process, SshPtyProcess)
         return process
 
     async def _start(
-        self,
-        argv: Sequence[str],
-        *,
-        cwd: str,
-        env: Mapping[str, str],
-        stdin: bytes | None,
-        user: str | None,
-        term_size: tuple[int, int] | None = None,
+        self, request: ProcessRequest, term_size: tuple[int, int] | None = None
     ) -> SshProcess:
+        argv, cwd, user = request.argv, request.cwd, request.user
         exec_id = uuid.uuid4().hex
         command = command_line(
-            argv, cwd=cwd, env={**self.config.env, **env}, user=user,
+            argv, cwd=cwd, env={**self.config.env, **request.env}, user=user,
             exec_id=exec_id, sandbox_id=self.sandbox_id,
         )
         conn, process = await open_process(self._kept, command, term_size=term_size)
         try:
-            async with asyncio.timeout(_START_TIMEOUT):
-                head = await process.stdout.read(1)
-                if head == FAILED:
-                    reason = (await process.stdout.readline()).strip().decode()
-                    raise start_error(reason, argv, cwd, user, self.destination)
-                if head != STARTED:
-                    # The wrapper never ran (no sh on the host?) or the link dropped.
-                    err = await process.stderr.read(4096)
-                    await process.wait_closed()
-                    if process.returncode is None:
-                        self._kept.forget(conn)
-                        raise lost(self._kept.target)
-                    raise ProviderError(
-                        f"ssh {self.destination}: the command did not start: "
-                        f"{err.decode('utf-8', 'replace').strip()}"
-                    )
+            with closed_on_failure(self._kept, conn, process):
+                async with asyncio.timeout(_START_TIMEOUT):
+                    head = await process.stdout.read(1)
+                    if head == FAILED:
+                        reason = (await process.stdout.readline()).strip().decode()
+                        raise start_error(reason, argv, cwd, user, self.destination)
+                    if head != STARTED:
+                        # The wrapper never ran (no sh on the host?) or the link dropped.
+                        err = await process.stderr.read(4096)
+                        await process.wait_closed()
+                        if process.returncode is None:
+                            self._kept.forget(conn)
+                            raise lost(self._kept.target)
+                        raise ProviderError(
+                            f"ssh {self.destination}: the command did not start: "
+                            f"{err.decode('utf-8', 'replace').strip()}"
+                        )
         except TimeoutError:
-            process.close()
             raise SandboxUnavailable(
                 f"ssh {self.destination}: the host did not start the command within "
                 f"{_START_TIMEOUT} s"
             ) from None
-        except HutchError:
-            process.close()
-            raise
-        except CHANNEL_ERRORS as exc:
-            process.close()
-            self._kept.forget(conn)
-            raise lost(self._kept.target, exc) from None
         if term_size is not None:
             return SshPtyProcess(self._kept, conn, process, exec_id, None, interactive=True)
-        return SshProcess(self._kept, conn, process, exec_id, stdin)
+        return SshProcess(self._kept, conn, process, exec_id, request.stdin)
 
     async def count_busy_processes(self) -> int:
         # A failure propagates: the lifecycle engine takes "cannot tell" as busy.
@@ -226,28 +192,7 @@ class SshSandbox(SandboxBackend):
         )
         return int(out.strip() or b"0")
 
-    # -- files ----------------------------------------------------------------------
-    async def read_file(self, path: str, limit: int) -> bytes:
-        return await self._files.read(path, limit)
-
-    async def write_file(self, path: str, data: bytes) -> None:
-        await self._files.write(path, data)
-
-    async def write_file_from(self, path: str, source: IO[bytes]) -> None:
-        await self._files.write_from(path, source)
-
-    async def stat(self, path: str) -> FileInfo:
-        return await self._files.stat(path)
-
-    async def list_dir(self, path: str) -> list[FileInfo]:
-        return await self._files.list_dir(path)
-
-    async def remove(self, path: str, recursive: bool) -> None:
-        await self._files.remove(path, recursive)
-
-    async def walk_files(self, root: str) -> list[str]:
-        return await self._files.walk_files(root)
-
+    # -- files: SFTP (FilesRuntime forwards to self.files) ----------------------------
     async def grep_files(
         self, pattern: re.Pattern[str], paths: list[str], limit: int
     ) -> list[GrepMatch]:
@@ -256,25 +201,18 @@ class SshSandbox(SandboxBackend):
 
         async def read(path: str) -> bytes | None:
             try:
-                return await self._files.read(path, limit)
+                return await self.files.read_file(path, limit)
             except (IsADirectoryError, PermissionError, FileNotFoundError, InvalidArgument):
                 return None
 
-        matches: list[GrepMatch] = []
-        batch: list[tuple[str, bytes]] = []
-        size = 0
+        batches = GrepBatches(pattern)
         for start in range(0, len(paths), _GREP_READS_AT_ONCE):
             chunk = paths[start:start + _GREP_READS_AT_ONCE]
             contents = await asyncio.gather(*(read(p) for p in chunk))
             for path, data in zip(chunk, contents, strict=True):
                 if data is not None:
-                    batch.append((path, data))
-                    size += len(data)
-            if size >= BATCH_BYTES:
-                matches.extend(await grep_contents(pattern, batch))
-                batch, size = [], 0
-        matches.extend(await grep_contents(pattern, batch))
-        return matches
+                    await batches.add(path, data)
+        return await batches.matches()
 
     async def preview_url(self, port: int) -> str:
         base = self.config.preview_url_base

@@ -22,7 +22,7 @@ import (
 	"syscall"
 )
 
-const version = "1"
+const version = "2"
 
 func main() {
 	if len(os.Args) >= 2 && os.Args[1] == "become" {
@@ -33,36 +33,32 @@ func main() {
 		fmt.Println(version)
 		return
 	}
-	if len(os.Args) != 3 || os.Args[1] != "serve" {
-		fmt.Fprintln(os.Stderr, "usage: hutch-agent serve SOCKET | hutch-agent version")
+	if len(os.Args) != 3 || (os.Args[1] != "serve" && os.Args[1] != "serve-fd") {
+		fmt.Fprintln(os.Stderr,
+			"usage: hutch-agent serve SOCKET | hutch-agent serve-fd FD | hutch-agent version")
 		os.Exit(2)
 	}
-	socketPath := os.Args[2]
 	if os.Getpid() != 1 {
 		// Orphans come to us rather than to an init above us: reaped either way.
 		_, _, _ = syscall.RawSyscall(syscall.SYS_PRCTL, 36 /* PR_SET_CHILD_SUBREAPER */, 1, 0)
 	}
 	startReaper()
+	startSpawner()
 	signals := make(chan os.Signal, 1)
 	signal.Notify(signals, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	signal.Ignore(syscall.SIGPIPE)
 
-	_ = os.Remove(socketPath)
-	old := syscall.Umask(0o077)
-	listener, err := net.ListenUnix("unix", &net.UnixAddr{Name: socketPath, Net: "unix"})
-	syscall.Umask(old)
+	var listener *net.UnixListener
+	var err error
+	if os.Args[1] == "serve-fd" {
+		listener, err = inheritedListener(os.Args[2])
+	} else {
+		listener, err = listenAt(os.Args[2])
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "hutch-agent:", err)
 		os.Exit(1)
 	}
-	listener.SetUnlinkOnClose(false)
-	// The host reaches the socket as the owner of the directory it lives in.
-	if owner, err := os.Stat(dirOf(socketPath)); err == nil {
-		if st, ok := owner.Sys().(*syscall.Stat_t); ok {
-			_ = os.Chown(socketPath, int(st.Uid), int(st.Gid))
-		}
-	}
-	_ = os.WriteFile(socketPath+".pid", []byte(strconv.Itoa(os.Getpid())), 0o600)
 	go func() {
 		<-signals
 		os.Exit(0)
@@ -78,6 +74,50 @@ func main() {
 		}
 		go serve(c)
 	}
+}
+
+// listenAt: a socket of our own at socketPath, owned by the owner of the
+// directory it lives in (the host reaches it as that user).
+func listenAt(socketPath string) (*net.UnixListener, error) {
+	_ = os.Remove(socketPath)
+	old := syscall.Umask(0o077)
+	listener, err := net.ListenUnix("unix", &net.UnixAddr{Name: socketPath, Net: "unix"})
+	syscall.Umask(old)
+	if err != nil {
+		return nil, err
+	}
+	listener.SetUnlinkOnClose(false)
+	if owner, err := os.Stat(dirOf(socketPath)); err == nil {
+		if st, ok := owner.Sys().(*syscall.Stat_t); ok {
+			_ = os.Chown(socketPath, int(st.Uid), int(st.Gid))
+		}
+	}
+	_ = os.WriteFile(socketPath+".pid", []byte(strconv.Itoa(os.Getpid())), 0o600)
+	return listener, nil
+}
+
+// inheritedListener: the listening socket the host made (in a directory of
+// its own, which the sandbox cannot reach) and passed down as descriptor fd:
+// the host can connect before we run, and waits for our answer rather than
+// for a socket file to appear. Ours is a close-on-exec duplicate; the
+// inherited descriptor is closed, so no command we start holds it.
+func inheritedListener(fd string) (*net.UnixListener, error) {
+	n, err := strconv.Atoi(fd)
+	if err != nil || n < 3 {
+		return nil, fmt.Errorf("serve-fd: %q is not a descriptor to listen on", fd)
+	}
+	f := os.NewFile(uintptr(n), "listener")
+	defer f.Close()
+	l, err := net.FileListener(f)
+	if err != nil {
+		return nil, fmt.Errorf("serve-fd %d: %v", n, err)
+	}
+	listener, ok := l.(*net.UnixListener)
+	if !ok {
+		l.Close()
+		return nil, fmt.Errorf("serve-fd %d is not a unix socket", n)
+	}
+	return listener, nil
 }
 
 func dirOf(path string) string {
@@ -121,10 +161,13 @@ func serve(nc *net.UnixConn) {
 		case "ping":
 			opErr = c.send(header{"t": "ok", "version": version, "pid": os.Getpid()}, nil)
 		case "exec":
-			handleExec(c, h)
-			return // an exec owns its connection to the end
+			if !handleExec(c, h) {
+				return // an exec owns its connection to the end, unless the host ended it
+			}
 		case "kill":
 			opErr = handleKill(c, h)
+		case "workload":
+			opErr = handleWorkload(c, h)
 		case "busy":
 			opErr = c.send(header{"t": "ok", "count": countBusy()}, nil)
 		case "read":

@@ -20,6 +20,7 @@ const (
 	maxHeader  = 4 << 20 // argv and env travel in the header
 	maxPayload = 1 << 20
 	chunkSize  = 1 << 20
+	maxFds     = 4 // descriptors one frame of the host's may carry
 )
 
 var errFrame = errors.New("malformed frame")
@@ -31,11 +32,62 @@ type conn struct {
 	w  io.Writer
 	uc *net.UnixConn // the same connection, for passing descriptors
 	mu sync.Mutex    // one frame at a time on the writing side
+	// Descriptors that came with the frame read last: an op may take them
+	// (takeFds); the next read closes what it left.
+	fds []int
+	oob [64]byte // room for maxFds descriptors' control message
+}
+
+// readFull reads len(buf) bytes, keeping the descriptors that come with them.
+func (c *conn) readFull(buf []byte) error {
+	if c.uc == nil {
+		_, err := io.ReadFull(c.r, buf)
+		return err
+	}
+	oob := c.oob[:syscall.CmsgSpace(maxFds*4)]
+	for len(buf) > 0 {
+		n, oobn, flags, _, err := c.uc.ReadMsgUnix(buf, oob)
+		if oobn > 0 {
+			if msgs, perr := syscall.ParseSocketControlMessage(oob[:oobn]); perr == nil {
+				for _, m := range msgs {
+					if fds, ferr := syscall.ParseUnixRights(&m); ferr == nil {
+						c.fds = append(c.fds, fds...)
+					}
+				}
+			}
+		}
+		if flags&syscall.MSG_CTRUNC != 0 || len(c.fds) > maxFds {
+			c.closeFds()
+			return errFrame
+		}
+		if err != nil {
+			return err
+		}
+		if n <= 0 {
+			return io.ErrUnexpectedEOF
+		}
+		buf = buf[n:]
+	}
+	return nil
+}
+
+func (c *conn) takeFds() []int {
+	fds := c.fds
+	c.fds = nil
+	return fds
+}
+
+func (c *conn) closeFds() {
+	for _, fd := range c.fds {
+		syscall.Close(fd)
+	}
+	c.fds = nil
 }
 
 func (c *conn) readFrame() (header, []byte, error) {
+	c.closeFds()
 	var lens [8]byte
-	if _, err := io.ReadFull(c.r, lens[:]); err != nil {
+	if err := c.readFull(lens[:]); err != nil {
 		return nil, nil, err
 	}
 	hl := binary.BigEndian.Uint32(lens[:4])
@@ -44,7 +96,7 @@ func (c *conn) readFrame() (header, []byte, error) {
 		return nil, nil, errFrame
 	}
 	buf := make([]byte, int(hl)+int(pl))
-	if _, err := io.ReadFull(c.r, buf); err != nil {
+	if err := c.readFull(buf); err != nil {
 		return nil, nil, err
 	}
 	var h header

@@ -1,0 +1,171 @@
+"""An in-process owner's sandbox, served to the holders of its refs.
+
+A program that uses hutch without a daemon owns its sandboxes in its own
+process. So that a session in another process can attach with a ref, the
+owner serves that one sandbox itself: the daemon's application (the one
+router, its ref checks and per-session guards) over a daemon core that holds
+only this sandbox, on a unix socket in a private directory (the directory
+0700, the socket 0600), answering its refs alone: the core's token is made
+here and never handed out, so nothing but that sandbox can be reached. The
+first ref starts it; the owner's close stops it and removes the directory;
+the ref carries the socket's address (``http+unix://``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import os
+import secrets
+import shutil
+import socket
+import tempfile
+from typing import TYPE_CHECKING, Any
+
+import uvicorn
+
+from .._errors import HutchError
+from .._refwire import decode_ref, unix_url
+from ..store import RefRow
+from .app import ServerSettings, create_app
+from .connections import guarded_protocol
+from .daemon import Daemon
+
+if TYPE_CHECKING:
+    from collections.abc import Generator
+
+    from .._sandbox import Sandbox
+
+#: Connections one owner's server takes at once (its attached sessions).
+MAX_CONNECTIONS = 256
+#: Seconds the server waits for calls under way once its owner closes.
+GRACEFUL_SECONDS = 2
+#: The longest socket path the kernel takes (sun_path), with room to spare.
+MAX_SOCKET_PATH = 100
+
+#: Servers running in this process, by their address (what their refs carry).
+_SERVED: dict[str, OwnerServer] = {}
+#: Their directories, removed at exit if a server was never stopped.
+_DIRECTORIES: set[str] = set()
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """uvicorn inside someone else's program: the signals stay the program's."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+def _private_directory() -> str:
+    directory = tempfile.mkdtemp(prefix="hutch-owner-")  # 0700
+    if len(os.path.join(directory, "sock").encode()) > MAX_SOCKET_PATH:
+        os.rmdir(directory)
+        directory = tempfile.mkdtemp(prefix="hutch-owner-", dir="/tmp")
+    _DIRECTORIES.add(directory)
+    return directory
+
+
+class OwnerServer:
+    """One in-process sandbox on a private unix socket, for its refs' holders."""
+
+    def __init__(self, sandbox: Sandbox, directory: str, core: Daemon) -> None:
+        self.sandbox = sandbox
+        self.directory = directory
+        self.core = core
+        self.path = os.path.join(directory, "sock")
+        self.url = unix_url(self.path)
+        #: The loop it serves on: the owner's, where its sandbox's operations run.
+        self.loop = asyncio.get_running_loop()
+        self._server: _EmbeddedServer | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def start(cls, sandbox: Sandbox) -> OwnerServer:
+        directory = _private_directory()
+        try:
+            core = Daemon(directory)
+            core.host(sandbox)
+            server = cls(sandbox, directory, core)
+            await server._serve()
+        except BaseException:
+            shutil.rmtree(directory, ignore_errors=True)
+            _DIRECTORIES.discard(directory)
+            raise
+        _SERVED[server.url] = server
+        return server
+
+    async def _serve(self) -> None:
+        # A token no one is given: every request needs one of this sandbox's refs.
+        settings = ServerSettings(data_dir=self.directory, token=secrets.token_urlsafe(32))
+        app = create_app(settings, core=self.core)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(self.path)
+            os.chmod(self.path, 0o600)
+            listener.listen(128)
+        except OSError:
+            listener.close()
+            raise
+        self._server = _EmbeddedServer(uvicorn.Config(
+            app, http=guarded_protocol(MAX_CONNECTIONS), loop="asyncio", lifespan="off",
+            log_config=None,
+            log_level="warning", access_log=False, timeout_graceful_shutdown=GRACEFUL_SECONDS,
+        ))
+        self._task = self.loop.create_task(self._server.serve(sockets=[listener]))
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()  # its failure, raised here
+                raise HutchError(f"could not serve sandbox {self.sandbox.id} on {self.path}")
+            await asyncio.sleep(0.005)
+
+    async def hand_out(self, expires_in: float | None) -> str:
+        """A new ref: a credential for this sandbox, carrying this server's address."""
+        answer = await self.core.create_ref(self.sandbox.id, expires_in, self.url)
+        return str(answer["ref"])
+
+    async def revoke(self, ref: str) -> None:
+        decoded = decode_ref(ref)
+        await self.core.revoke_ref(self.sandbox.id, decoded.ref_id if decoded else ref)
+
+    def check(self, ref: str) -> RefRow:
+        """The ref's row if it is one of this sandbox's, unrevoked and unexpired."""
+        return self.core.check_ref(ref)
+
+    def open_refs(self) -> list[RefRow]:
+        return self.core.open_refs(self.sandbox.id)
+
+    def refs_json(self) -> list[dict[str, Any]]:
+        return self.core.refs_json(self.sandbox.id)
+
+    def attachments(self) -> list[dict[str, Any]]:
+        """The sessions of other processes attached through this server."""
+        return self.core.attachments(self.sandbox.id)
+
+    async def close(self) -> None:
+        """Stop answering (calls under way get a moment to finish) and remove the socket."""
+        _SERVED.pop(self.url, None)
+        try:
+            if self._server is not None and self._task is not None:
+                self._server.should_exit = True
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(asyncio.shield(self._task), GRACEFUL_SECONDS + 5)
+                if not self._task.done():
+                    self._task.cancel()
+            await self.core.stop()
+        finally:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            _DIRECTORIES.discard(self.directory)
+
+
+def served_here(ref: str) -> OwnerServer | None:
+    """The server in this process that handed ``ref`` out, if any."""
+    decoded = decode_ref(ref) if isinstance(ref, str) else None
+    return None if decoded is None else _SERVED.get(decoded.url)
+
+
+@atexit.register
+def _remove_directories() -> None:
+    for directory in list(_DIRECTORIES):
+        shutil.rmtree(directory, ignore_errors=True)

@@ -1,0 +1,30 @@
+"""Workloads that try a sandbox's limits, shared by the provider tests."""
+
+#: Forks until the pids limit says no (printing the errno), holds what it
+#: made, says how many, then sleeps: the sandbox stays full until it is killed.
+FORK_BOMB = (
+    "import os, errno, time\n"
+    "kids = []\n"
+    "while True:\n"
+    "    try:\n"
+    "        pid = os.fork()\n"
+    "    except OSError as e:\n"
+    "        print('errno', errno.errorcode[e.errno], flush=True); break\n"
+    "    if pid == 0:\n"
+    "        time.sleep(60); os._exit(0)\n"
+    "    kids.append(pid)\n"
+    "print('forked', len(kids), flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+def workload_limits(container_id: str) -> tuple[int, int]:
+    """(memory bytes, pids) of the cgroup that holds what a docker sandbox's
+    agent runs (cgroup v1, cgroupfs driver, as this host has): the caller's
+    limits; the container's own add the agent's reserve."""
+    with open(f"/sys/fs/cgroup/memory/docker/{container_id}/hutch-workload/"
+              "memory.limit_in_bytes") as fh:
+        memory = int(fh.read())
+    with open(f"/sys/fs/cgroup/pids/docker/{container_id}/hutch-workload/pids.max") as fh:
+        pids = int(fh.read())
+    return memory, pids
