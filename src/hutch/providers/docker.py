@@ -64,7 +64,7 @@ from .._types import (
     OutputChunk,
 )
 from . import _layers
-from ._diskcap import mount_capped, unmount_capped
+from ._diskcap import image_for, mount_capped, unmount_capped
 from ._grep import GREP_OUTPUT_LIMIT, matching_indices
 from ._grepfilter import LINE_BREAK_CHARS as _LINE_BREAK_CHARS
 from ._grepfilter import LINE_BREAKS as _LINE_BREAKS
@@ -1958,6 +1958,7 @@ class DockerSandbox(NativeBackend):
 
         await _call(remove)
         await anyio.to_thread.run_sync(_layers.end_branch, sandbox_id)
+        await anyio.to_thread.run_sync(_release_own_dir, sandbox_id)
 
     @classmethod
     async def reap_orphans(cls, known: set[str]) -> list[str]:
@@ -1979,6 +1980,10 @@ class DockerSandbox(NativeBackend):
         for sandbox_id in await anyio.to_thread.run_sync(_layers.branches):
             if sandbox_id not in known:
                 await anyio.to_thread.run_sync(_layers.end_branch, sandbox_id)
+        for sandbox_id in await anyio.to_thread.run_sync(_capped_sandbox_dirs):
+            if sandbox_id not in known:
+                await anyio.to_thread.run_sync(_release_own_dir, sandbox_id)
+                removed.append(f"{sandbox_id} (its capped working directory)")
         # Snapshot images untagged while their branches ran, now unused.
         with contextlib.suppress(HutchError):
             await _call(free_untagged_images, api)
@@ -2109,6 +2114,33 @@ class DockerSandbox(NativeBackend):
         with contextlib.suppress(OSError):
             unmount_capped(self.host_workdir)  # first: rmtree would empty the mount, not end it
         shutil.rmtree(os.path.dirname(self.host_workdir), ignore_errors=True)
+
+
+def _capped_sandbox_dirs() -> list[str]:
+    """The sandboxes whose own working directory is (or was) a capped mount
+    here: a mount, or an image it is mounted from, in ``sandboxes/<id>``."""
+    parent = os.path.join(hutch_home(), "sandboxes")
+    try:
+        names = sorted(os.listdir(parent))
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        workdir = sandbox_workdir(name)
+        if os.path.ismount(workdir) or os.path.exists(image_for(workdir)):
+            found.append(name)
+    return found
+
+
+def _release_own_dir(sandbox_id: str) -> None:
+    """Free a sandbox's own host directory: its capped working directory's
+    mount, image and loop device first (removing files would only empty a
+    mount, not end it), then the directory with what else it holds."""
+    workdir = sandbox_workdir(sandbox_id)
+    with contextlib.suppress(OSError):
+        unmount_capped(workdir)
+    if not os.path.ismount(workdir):
+        shutil.rmtree(os.path.dirname(workdir), ignore_errors=True)
 
 
 __all__ = ["DockerConfig", "DockerSandbox", "list_managed_containers"]
