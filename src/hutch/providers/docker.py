@@ -73,7 +73,7 @@ from ._hostproc import EXEC_MARKER, SANDBOX_MARKER
 from .agent import AgentFailure, AgentRuntime, AgentUnavailable, agent_binary
 from .agent import workload as _workload
 from .base import (
-    BackendProcess,
+    FutureExitProcess,
     NativeBackend,
     ProcessRequest,
     ProviderSettings,
@@ -524,7 +524,7 @@ class _ChunkReader(io.RawIOBase):
         return count
 
 
-class DockerProcess(BackendProcess):
+class DockerProcess(FutureExitProcess):
     """One exec: a reader thread demultiplexes the hijacked socket into a queue."""
 
     def __init__(
@@ -548,7 +548,7 @@ class DockerProcess(BackendProcess):
         #: The container's OOM kills before the command started (None: unknown).
         self._oom_before = oom_before
         self._oom_killed = False
-        self._exit = self._loop.create_future()
+        self._exit: asyncio.Future[int] = self._loop.create_future()
         self._first = True
         self._held: bytes | None = None
         self._eof = False
@@ -647,17 +647,6 @@ class DockerProcess(BackendProcess):
                 )
             return OutputChunk("stdout", held)
         return None
-
-    async def wait(self) -> int:
-        return int(await asyncio.shield(self._exit))
-
-    @property
-    def returncode(self) -> int | None:
-        return self._exit_code
-
-    @property
-    def oom_killed(self) -> bool:
-        return self._oom_killed
 
     async def kill(self, grace: float) -> None:
         if self._exit.done():

@@ -45,7 +45,7 @@ from ..._types import FileInfo, FileType, GrepMatch, OutputChunk
 from .._grep import GrepBatches
 from .._grepfilter import required_literals
 from .._hostproc import EXEC_MARKER
-from ..base import ProcessRequest, PtyProcess, SandboxRuntime
+from ..base import FutureExitProcess, ProcessRequest, PtyProcess, SandboxRuntime
 from .wire import MAX_PAYLOAD, AgentFailure, Channel, Header, connect_socket
 from .workload import WORKLOAD_NAME, open_task_files
 
@@ -178,7 +178,7 @@ def _ok(reply: Header) -> None:
         raise AgentFailure(f"the agent answered {reply['t']!r} where ok was due")
 
 
-class AgentProcess(PtyProcess):
+class AgentProcess(FutureExitProcess, PtyProcess):
     """One command the agent runs: a reader task turns its frames into chunks.
     On a PTY, what is typed goes as it comes (``write``), and the window size
     can change (``resize``)."""
@@ -271,9 +271,6 @@ class AgentProcess(PtyProcess):
             raise item
         return item
 
-    async def wait(self) -> int:
-        return await asyncio.shield(self._exit)
-
     async def write(self, data: bytes) -> None:
         view = memoryview(data)
         for start in range(0, len(view), MAX_PAYLOAD):
@@ -281,14 +278,6 @@ class AgentProcess(PtyProcess):
 
     async def resize(self, rows: int, cols: int) -> None:
         await self._channel.send({"t": "resize", "rows": rows, "cols": cols})
-
-    @property
-    def returncode(self) -> int | None:
-        return self._exit_code
-
-    @property
-    def oom_killed(self) -> bool:
-        return self._oom_killed
 
     async def kill(self, grace: float) -> None:
         if self._exit.done():
