@@ -29,7 +29,7 @@ from hutch.providers.ssh.config import SshConfig
 from hutch.providers.ssh.connection import SshTarget, acquire, release
 from hutch.providers.ssh.gitsource import GitSource, current_source, https_url
 from hutch.providers.ssh.provider import SshSandbox
-from tests.conformance.test_surface import settle
+from hutch.testing._support import settle
 from tests.daemon_fixture import DaemonProcess
 from tests.ssh_server import ALIAS, SshServer, shared_server
 
