@@ -29,6 +29,7 @@ def daemon() -> Iterator[DaemonProcess]:
     d = DaemonProcess().start()
     yield d
     d.stop()
+    shutil.rmtree(d.data_dir, ignore_errors=True)
 
 
 def hutch(d: DaemonProcess | None, *args: str, token: str | None = None,
