@@ -29,8 +29,7 @@ from tests.daemon_fixture import DaemonProcess
 def daemon() -> Iterator[DaemonProcess]:
     d = DaemonProcess().start()
     yield d
-    d.stop()
-    shutil.rmtree(d.data_dir, ignore_errors=True)
+    d.close()
 
 
 @pytest.fixture
@@ -346,7 +345,8 @@ def test_background_output_does_not_stay_in_the_daemons_memory(
     base = f"/v1/sandboxes/{local_sandbox}"
     before = rss_bytes(daemon)
     started = [
-        http.post(f"{base}/processes", json={"cmd": "head -c 15000000 /dev/zero"}).json()["id"]
+        # Printable output: each answer's JSON is its size, not six times it (\u0000).
+        http.post(f"{base}/processes", json={"cmd": "yes | head -c 15000000"}).json()["id"]
         for _ in range(30)
     ]
     for pid in started:
@@ -544,8 +544,7 @@ def upload_peak_growth(settings: dict[str, object], check: Callable[[str, str], 
             client.delete(f"/v1/sandboxes/{sid}")
             return grown
     finally:
-        fresh.stop()
-        shutil.rmtree(fresh.data_dir, ignore_errors=True)
+        fresh.close()
 
 
 def test_an_upload_streams_to_disk_not_into_the_daemons_memory() -> None:
@@ -597,8 +596,7 @@ def test_a_download_streams_out_of_a_local_sandbox() -> None:
                 fh.write("hi")
             assert client.get(f"/v1/sandboxes/{sid}/files", params={"path": "small"}).text == "hi"
     finally:
-        fresh.stop()
-        shutil.rmtree(fresh.data_dir, ignore_errors=True)
+        fresh.close()
         shutil.rmtree(workdir, ignore_errors=True)
 
 

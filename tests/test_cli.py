@@ -28,6 +28,7 @@ HUTCH = [sys.executable, "-m", "hutch.cli.main"]
 def daemon() -> Iterator[DaemonProcess]:
     d = DaemonProcess().start()
     yield d
+    d.remove_everything()
     d.stop()
     shutil.rmtree(d.data_dir, ignore_errors=True)
 
@@ -116,10 +117,15 @@ def test_snapshot_create_ls_rm_and_fork(daemon: DaemonProcess) -> None:
     assert tree[1].startswith(f"└─ {child} try")
     refused = hutch(daemon, "snapshot", "rm", root)
     assert refused.returncode == 2 and "still needed" in refused.stderr
-    for branch in branches:
+    for branch in branches[1:]:
         assert hutch(daemon, "kill", branch).returncode == 0
-    assert hutch(daemon, "snapshot", "rm", child).returncode == 0
-    assert hutch(daemon, "snapshot", "rm", root).returncode == 0
+    # Forced: it says what it broke (the branch still on it).
+    forced = hutch(daemon, "snapshot", "rm", "--force", child)
+    assert forced.returncode == 0, forced.stderr
+    assert f"still needed by sandbox {branches[0]}" in forced.stdout
+    assert hutch(daemon, "kill", branches[0]).returncode == 0
+    plain = hutch(daemon, "snapshot", "rm", root)
+    assert plain.returncode == 0 and "needed" not in plain.stdout
     assert hutch(daemon, "snapshot", "ls", "--json").stdout.strip() == "[]"
     assert hutch(daemon, "kill", sid).returncode == 0
 

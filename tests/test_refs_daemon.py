@@ -28,8 +28,11 @@ def daemon() -> Iterator[DaemonProcess]:
     try:
         yield d
     finally:
-        d.stop()
-        shutil.rmtree(d.data_dir, ignore_errors=True)
+        try:
+            d.remove_everything()  # workspaces and their snapshots outlive a stop
+        finally:
+            d.stop()
+            shutil.rmtree(d.data_dir, ignore_errors=True)
 
 
 def bare_env() -> dict[str, str]:

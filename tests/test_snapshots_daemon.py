@@ -4,9 +4,7 @@ mid-fork (after a restart the store and the provider agree)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -33,12 +31,10 @@ def daemon() -> Iterator[DaemonProcess]:
     d = DaemonProcess().start()
     yield d
     # Whatever a failing test left on the engine (images, containers) goes too.
-    if d.proc is None:
-        d.start()
-    with contextlib.suppress(Exception), client(d) as c:
-        cleanup(c)
-    d.stop()
-    shutil.rmtree(d.data_dir, ignore_errors=True)
+    try:
+        d.remove_everything()
+    finally:
+        d.close()
 
 
 def client(d: DaemonProcess) -> hutch.Client:
@@ -104,9 +100,16 @@ def test_fork_three_branches_through_the_daemon(daemon: DaemonProcess, settings:
         assert second.parent_id == fork.snapshot.id
         tree = {s.id: s.parent_id for s in c.snapshots()}
         assert tree[second.id] == fork.snapshot.id and tree[fork.snapshot.id] is None
-        # The parent is needed (a child, live branches): refused, then forced.
+        # The parent is needed (a child, live branches): refused.
         with pytest.raises(hutch.InvalidState, match="still needed"):
             c.delete_snapshot(fork.snapshot.id)
+        # Forced, the answer names what it broke: a branch still on it.
+        third = later.snapshot("third")
+        on_third = c.create_sandbox(from_snapshot=third.id)
+        assert c.delete_snapshot(third.id, force=True) == [
+            hutch.SnapshotDependent("sandbox", on_third.id)]
+        assert on_third.read_text("a.txt") == "A"  # it goes on running
+        on_third.close()
         assert_store_and_provider_agree(c, daemon, settings["provider"])
         cleanup(c)
         assert c.snapshots() == []
@@ -239,8 +242,17 @@ def test_snapshot_wire_shapes(daemon: DaemonProcess) -> None:
         assert fork.json()["snapshot"]["parent_id"] == snap["id"]
         assert http.get(f"/v1/snapshots/{snap['id']}").json() == snap
         assert http.delete(f"/v1/snapshots/{snap['id']}").status_code == 409
-        assert http.delete(f"/v1/snapshots/{snap['id']}?force=true").status_code == 204
+        # Forced from under its child: the answer says what it broke.
+        child = fork.json()["snapshot"]["id"]
+        forced = http.delete(f"/v1/snapshots/{snap['id']}?force=true")
+        assert forced.status_code == 200
+        assert forced.json() == {"id": snap["id"],
+                                 "broken": [{"kind": "snapshot", "id": child}]}
         assert http.get(f"/v1/snapshots/{snap['id']}").status_code == 404
+        # Nothing needs it: 204, no body, as ever.
+        lone = http.post(f"/v1/sandboxes/{sid}/snapshots", json={}).json()["id"]
+        plain = http.delete(f"/v1/snapshots/{lone}?force=true")
+        assert plain.status_code == 204 and plain.content == b""
         bad = http.post(f"/v1/sandboxes/{sid}/fork", json={"count": 10_000})
         assert bad.status_code == 400
         attached = http.post("/v1/sandboxes", json={"from_snapshot": "snap-nothing"})
@@ -258,6 +270,65 @@ def test_remote_fork_offers_what_a_fork_offers(remote_cls: type) -> None:
 
     local = {n for n in dir(hutch.Fork) if not n.startswith("_")}
     remote = {n for n in dir(remote_cls) if not n.startswith("_")}
-    assert local == remote == {"attach"}
-    assert (inspect.signature(hutch.Fork.attach).parameters.keys()
-            == inspect.signature(remote_cls.attach).parameters.keys())
+    assert local == remote == {"attach", "close"}
+    for name in ("attach", "close"):
+        assert (inspect.signature(getattr(hutch.Fork, name)).parameters.keys()
+                == inspect.signature(getattr(remote_cls, name)).parameters.keys())
+
+
+@pytest.mark.anyio
+async def test_attach_and_close_of_a_remote_fork_keep_its_branches_as_in_process(
+    daemon: DaemonProcess,
+) -> None:
+    """fork.attach() adds to fork.branches and fork.close() ends them and
+    removes the snapshot, in-process and through the daemon, sync and async."""
+    import anyio
+
+    async def in_process() -> tuple[int, ...]:
+        async with await hutch.create_sandbox("virtual", read_before_write=False) as sb:
+            fork = await sb.fork("f", count=1)
+            seen = [len(fork.branches)]
+            await fork.attach()
+            await fork.attach()
+            seen.append(len(fork.branches))
+            await fork.close()
+            seen.append(len(fork.branches))
+            return tuple(seen)
+
+    async def through_async() -> tuple[int, ...]:
+        async with hutch.AsyncClient(daemon.url, token=daemon.token) as c:
+            sb = await c.create_sandbox("virtual", read_before_write=False)
+            fork = await sb.fork("f", count=1)
+            seen = [len(fork.branches)]
+            branches = [*fork.branches, await fork.attach(), await fork.attach()]
+            assert [b.id for b in fork.branches] == [b.id for b in branches]
+            seen.append(len(fork.branches))
+            await fork.close()
+            seen.append(len(fork.branches))
+            assert all(b.closed for b in branches)
+            live = {s["id"] for s in await c.list_sandboxes()}
+            assert live == {sb.id}
+            assert fork.snapshot.id not in {s.id for s in await c.snapshots()}
+            await sb.close()
+            return tuple(seen)
+
+    def through_sync() -> tuple[int, ...]:
+        with client(daemon) as c:
+            sb = c.create_sandbox("virtual", read_before_write=False)
+            fork = sb.fork("f", count=1)
+            seen = [len(fork.branches)]
+            branches = [*fork.branches, fork.attach(), fork.attach()]
+            assert [b.id for b in fork.branches] == [b.id for b in branches]
+            seen.append(len(fork.branches))
+            fork.close()
+            seen.append(len(fork.branches))
+            assert all(b.closed for b in branches)
+            assert {s["id"] for s in c.list_sandboxes()} == {sb.id}
+            assert fork.snapshot.id not in {s.id for s in c.snapshots()}
+            sb.close()
+            return tuple(seen)
+
+    expected = (1, 3, 0)
+    assert await in_process() == expected
+    assert await through_async() == expected
+    assert await anyio.to_thread.run_sync(through_sync) == expected

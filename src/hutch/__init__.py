@@ -34,7 +34,7 @@ from ._errors import (
 from ._process import ExitStatus, Process
 from ._refs import attach, attach_sync
 from ._sandbox import Sandbox
-from ._snapshots import Fork, Snapshot
+from ._snapshots import Fork, Snapshot, SnapshotDependent
 from ._types import Capabilities, ExecResult, FileInfo, FileType, GrepMatch, OutputChunk
 from .client import AsyncClient, Client
 from .config import SandboxOptions, SandboxSpec
@@ -47,6 +47,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Fork",
     "Snapshot",
+    "SnapshotDependent",
     "create_sandbox_from_snapshot",
     "remove_snapshot",
     "AsyncClient",

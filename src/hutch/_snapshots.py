@@ -68,6 +68,27 @@ class Snapshot:
         }
 
 
+@dataclass(frozen=True)
+class SnapshotDependent:
+    """Something that needs a snapshot: a ``snapshot`` (a child), a
+    ``workspace`` (made from it or kept in it) or a ``sandbox`` (started from
+    it, with no state of its own captured since). A forced removal answers
+    with the ones it broke."""
+
+    kind: str
+    id: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.id}"
+
+    def as_dict(self) -> dict[str, str]:
+        return {"kind": self.kind, "id": self.id}
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> SnapshotDependent:
+        return cls(kind=str(data["kind"]), id=str(data["id"]))
+
+
 def snapshot_record(
     handle: ProviderSnapshot,
     *,
@@ -106,6 +127,15 @@ class Fork:
         )
         self.branches.append(sandbox)
         return sandbox
+
+    async def close(self) -> None:
+        """End every branch this handle started, then remove its snapshot and
+        free its storage. Idempotent."""
+        from ._api import remove_snapshot
+
+        while self.branches:
+            await self.branches.pop().close()
+        await remove_snapshot(self.snapshot)
 
     def __repr__(self) -> str:
         return f"<Fork of {self.snapshot.id} ({len(self.branches)} branches)>"

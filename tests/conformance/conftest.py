@@ -1,9 +1,9 @@
 """The conformance suite's sandboxes: one fixture per kind, one param per provider.
 
 A provider joins the suite by adding one entry to ``MAKERS``: an async
-context manager that yields a running sandbox with the guardrail off. Tests
-that need real processes use ``sandbox``; tests of files alone use
-``files_sandbox``, which also covers providers without processes.
+context manager that yields a running sandbox with the guardrail off. Each
+runs the packaged suite (``hutch.testing``) once; tests that reach the
+sandbox's files from the host side use ``host_harness``.
 """
 
 from __future__ import annotations
@@ -109,7 +109,9 @@ async def _ssh() -> AsyncIterator[Harness]:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-#: provider -> (maker, runs processes, pytest marks)
+#: provider -> (maker, its files are in a host directory the test can reach,
+#: pytest marks). Every provider runs every case of the suite; what a case
+#: needs beyond files is asked of the sandbox's capabilities, never named here.
 MAKERS: dict[str, tuple[Maker, bool, list[pytest.MarkDecorator]]] = {
     "local": (_local, True, []),
     "virtual": (_virtual, False, []),
@@ -134,31 +136,28 @@ if _selected:
     MAKERS = {k: v for k, v in MAKERS.items() if k in _selected.split(",")}
 
 
-def _params(need_processes: bool) -> list[Any]:
+def _params(*, host_files: bool) -> list[Any]:
     return [
         pytest.param(name, marks=marks, id=name)
-        for name, (_, processes, marks) in MAKERS.items()
-        if processes or not need_processes
+        for name, (_, has_host_files, marks) in MAKERS.items()
+        if has_host_files or not host_files
     ]
 
 
-@pytest.fixture(params=_params(need_processes=True))
+@pytest.fixture(params=_params(host_files=False))
 async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
     async with MAKERS[request.param][0]() as h:
         yield h
 
 
-@pytest.fixture(params=_params(need_processes=False))
-async def files_harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
+@pytest.fixture(params=_params(host_files=True))
+async def host_harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
+    """A provider whose working directory is a host directory the test can reach."""
     async with MAKERS[request.param][0]() as h:
+        assert h.host_workdir is not None
         yield h
 
 
 @pytest.fixture
 def sandbox(harness: Harness) -> Any:
     return harness.sandbox
-
-
-@pytest.fixture
-def files_sandbox(files_harness: Harness) -> Any:
-    return files_harness.sandbox

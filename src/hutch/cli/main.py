@@ -703,8 +703,11 @@ def snapshot_rm(
 ) -> None:
     """Remove a snapshot and free its storage."""
     with client() as c:
-        c.delete_snapshot(snapshot_id, force=force)
+        broken = c.delete_snapshot(snapshot_id, force=force)
     console.print(f"{snapshot_id} removed")
+    if broken:
+        console.print("it was still needed by " + ", ".join(map(str, broken)),
+                      style="yellow", highlight=False, markup=False)
 
 
 @app.command()

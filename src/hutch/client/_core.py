@@ -30,7 +30,7 @@ from .._errors import (
 from .._process import ExitStatus
 from .._refwire import decode_ref, unix_socket_of
 from .._sandbox import check_ref_lifetime
-from .._snapshots import Snapshot
+from .._snapshots import Snapshot, SnapshotDependent
 from .._types import (
     DEFAULT_SEARCH_TIMEOUT,
     Capabilities,
@@ -183,6 +183,14 @@ class SandboxRef:
 
 
 @dataclass
+class BranchRef:
+    """A sandbox a fork's ``attach`` started: it joins that fork's ``branches``."""
+
+    fork: Any
+    info: dict[str, Any]
+
+
+@dataclass
 class ForkRef:
     snapshot: Snapshot
     sandboxes: list[dict[str, Any]]
@@ -285,8 +293,11 @@ class ClientOps:
 
     @op
     def delete_snapshot(self, snapshot_id: str, *, force: bool = False) -> Op:
-        yield Call("DELETE", f"/v1/snapshots/{snapshot_id}",
-                   params={"force": "true"} if force else None, timeout=600)
+        """Remove a snapshot; refused while something needs it unless
+        ``force``. Returns what a forced removal broke (empty: nothing)."""
+        answer = yield Call("DELETE", f"/v1/snapshots/{snapshot_id}",
+                            params={"force": "true"} if force else None, timeout=600)
+        return [SnapshotDependent.from_wire(b) for b in (answer or {}).get("broken", [])]
 
     @op
     def put_definition(self, definition: Mapping[str, Any]) -> Op:
@@ -678,8 +689,21 @@ class ForkOps:
     @op
     def attach(self, **options: Any) -> Op:
         body = {"from_snapshot": self.snapshot.id, **options}
-        ref = SandboxRef((yield Call("POST", "/v1/sandboxes", json=body, timeout=600)))
-        return ref
+        info = yield Call("POST", "/v1/sandboxes", json=body, timeout=600)
+        return BranchRef(self, info)
+
+    @op
+    def close(self) -> Op:
+        """End every branch this handle started, then remove its snapshot
+        (refused while something else needs it, as ``delete_snapshot`` is).
+        Idempotent."""
+        while self.branches:
+            yield from SandboxOps.close(self.branches.pop())
+        try:
+            yield Call("DELETE", f"/v1/snapshots/{self.snapshot.id}", timeout=600)
+        except HutchError as exc:
+            if exc.code != "not_found":
+                raise
 
 
 class ProcessOps:
@@ -718,6 +742,13 @@ class ProcessOps:
     def kill(self) -> Op:
         yield Call("POST", self._path("/kill"), timeout=60)
         self._running = False
+
+
+def note_exit(owner: object, event: object) -> None:
+    """A stream's exit status, told to the background command's handle the
+    stream came from (so that its ``running`` and ``exit_code`` agree)."""
+    if isinstance(owner, ProcessOps) and isinstance(event, ExitStatus):
+        owner._running, owner._exit_code = False, event.exit_code
 
 
 # -- drivers and facades ---------------------------------------------------------------------

@@ -13,11 +13,11 @@ import anyio.to_thread
 import httpx
 
 from .._errors import HutchError
-from .._process import ExitStatus
 from .._refwire import UNIX_HOST, unix_socket_of
 from ._core import (
     DEFAULT_URL,
     SESSION_HEADER,
+    BranchRef,
     Call,
     EnsuredRef,
     ForkRef,
@@ -28,6 +28,7 @@ from ._core import (
     check_answer,
     decode_answer,
     decode_event,
+    note_exit,
     request_kwargs,
     step,
     unreachable,
@@ -53,11 +54,6 @@ def http_target(url: str) -> tuple[str, str | None]:
     return (url, None) if path is None else (f"http://{UNIX_HOST}", path)
 
 
-def _note_exit(owner: Any, event: Any) -> None:
-    if isinstance(event, ExitStatus) and hasattr(owner, "_running"):
-        owner._running, owner._exit_code = False, event.exit_code
-
-
 class _Transport:
     """What both drivers share: where the daemon is, and how answers become objects."""
 
@@ -68,6 +64,10 @@ class _Transport:
     def wrap(self, value: Any) -> Any:
         if isinstance(value, SandboxRef):
             return self.factories["sandbox"](self, value.info)
+        if isinstance(value, BranchRef):
+            branch = self.factories["sandbox"](self, value.info)
+            value.fork.branches.append(branch)
+            return branch
         if isinstance(value, EnsuredRef):
             sandbox = self.factories["sandbox"](self, value.sandbox)
             return RemoteEnsured(sandbox, value.path, value.steps)
@@ -139,7 +139,7 @@ class AsyncTransport(_Transport):
                     async for line in response.aiter_lines():
                         if line:
                             event = decode_event(json.loads(line))
-                            _note_exit(owner, event)
+                            note_exit(owner, event)
                             yield self.wrap(event)
             except httpx.TransportError as exc:
                 raise unreachable(self.url, exc) from None
@@ -206,7 +206,7 @@ class SyncTransport(_Transport):
                     for line in response.iter_lines():
                         if line:
                             event = decode_event(json.loads(line))
-                            _note_exit(owner, event)
+                            note_exit(owner, event)
                             yield self.wrap(event)
             except httpx.TransportError as exc:
                 raise unreachable(self.url, exc) from None

@@ -49,12 +49,34 @@ def mount_capped(directory: str, size: int) -> None:
             os.rmdir(os.path.join(directory, "lost+found"))  # the sandbox's dir starts empty
 
 
+def loop_devices_backed_by(image: str) -> list[str]:
+    """The loop devices whose backing file is ``image`` (also once it is deleted)."""
+    done = subprocess.run(["losetup", "--list", "--noheadings", "--raw",
+                           "--output", "NAME,BACK-FILE"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    found = []
+    for line in done.stdout.splitlines():
+        device, _, back = line.partition(" ")
+        if back.removesuffix(" (deleted)") == image:
+            found.append(device)
+    return found
+
+
 def unmount_capped(directory: str) -> None:
-    """Unmount ``directory`` if it is a capped mount, and drop its image."""
+    """Unmount ``directory`` if it is a capped mount, and drop its image and
+    any loop device still backed by it."""
+    image = image_for(directory)
+    capped = os.path.ismount(directory) or os.path.exists(image)
     if os.path.ismount(directory):
         try:
             _run(["umount", directory])
         except OSError:
             _run(["umount", "-l", directory])  # busy: detached now, freed when let go
     with contextlib.suppress(FileNotFoundError):
-        os.unlink(image_for(directory))
+        os.unlink(image)
+    if capped:
+        # A loop device the mount no longer holds (a mount cut short, or one
+        # lazily detached) is let go too; a busy one goes when its last user does.
+        for device in loop_devices_backed_by(image):
+            subprocess.run(["losetup", "--detach", device], capture_output=True,
+                           timeout=60, check=False)

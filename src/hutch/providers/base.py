@@ -30,6 +30,7 @@ that is not one of them is wrapped as ``ProviderError`` by the caller.
 from __future__ import annotations
 
 import abc
+import asyncio
 import dataclasses
 import posixpath
 import re
@@ -79,6 +80,27 @@ class BackendProcess(abc.ABC):
     def oom_killed(self) -> bool:
         """Whether the kernel's OOM killer ended it, where the provider can tell."""
         return False
+
+class FutureExitProcess(BackendProcess):
+    """A process whose reader settles its end: ``_exit`` (a future, given the
+    exit code or the failure), ``_exit_code`` and ``_oom_killed``, set by the
+    subclass; how they are answered is written once here."""
+
+    _exit: asyncio.Future[int]
+    _exit_code: int | None
+    _oom_killed: bool
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exit)
+
+    @property
+    def returncode(self) -> int | None:
+        return self._exit_code
+
+    @property
+    def oom_killed(self) -> bool:
+        return self._oom_killed
+
 
 @dataclass(frozen=True, slots=True)
 class ProviderSnapshot:

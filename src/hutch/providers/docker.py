@@ -64,7 +64,7 @@ from .._types import (
     OutputChunk,
 )
 from . import _layers
-from ._diskcap import mount_capped, unmount_capped
+from ._diskcap import image_for, mount_capped, unmount_capped
 from ._grep import GREP_OUTPUT_LIMIT, matching_indices
 from ._grepfilter import LINE_BREAK_CHARS as _LINE_BREAK_CHARS
 from ._grepfilter import LINE_BREAKS as _LINE_BREAKS
@@ -73,7 +73,7 @@ from ._hostproc import EXEC_MARKER, SANDBOX_MARKER
 from .agent import AgentFailure, AgentRuntime, AgentUnavailable, agent_binary
 from .agent import workload as _workload
 from .base import (
-    BackendProcess,
+    FutureExitProcess,
     NativeBackend,
     ProcessRequest,
     ProviderSettings,
@@ -524,7 +524,7 @@ class _ChunkReader(io.RawIOBase):
         return count
 
 
-class DockerProcess(BackendProcess):
+class DockerProcess(FutureExitProcess):
     """One exec: a reader thread demultiplexes the hijacked socket into a queue."""
 
     def __init__(
@@ -548,7 +548,7 @@ class DockerProcess(BackendProcess):
         #: The container's OOM kills before the command started (None: unknown).
         self._oom_before = oom_before
         self._oom_killed = False
-        self._exit = self._loop.create_future()
+        self._exit: asyncio.Future[int] = self._loop.create_future()
         self._first = True
         self._held: bytes | None = None
         self._eof = False
@@ -647,17 +647,6 @@ class DockerProcess(BackendProcess):
                 )
             return OutputChunk("stdout", held)
         return None
-
-    async def wait(self) -> int:
-        return int(await asyncio.shield(self._exit))
-
-    @property
-    def returncode(self) -> int | None:
-        return self._exit_code
-
-    @property
-    def oom_killed(self) -> bool:
-        return self._oom_killed
 
     async def kill(self, grace: float) -> None:
         if self._exit.done():
@@ -809,6 +798,30 @@ def _flatten(
         tag=tag, changes=changes, stream_src=True,
     )
     return str(api.inspect_image(f"{repository}:{tag}")["Id"])
+
+
+def free_untagged_images(api: Any) -> int:
+    """Remove this hutch home's images that no tag names any more: a snapshot
+    removed while a branch's container still ran on it is only untagged, and
+    goes here once nothing stands on it. Not forced: an image a container or
+    a child image still uses stays (the Engine refuses), for a later call.
+    Returns how many went."""
+    import docker.errors
+
+    images = api.images(all=True, filters={
+        "dangling": True, "label": [f"{MANAGED_LABEL}=1", f"{HOME_LABEL}={hutch_home()}"],
+    })
+    freed = 0
+    for image in images:
+        try:
+            api.remove_image(image["Id"], noprune=False)
+            freed += 1
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            if _status(exc) != 409:
+                raise
+    return freed
 
 
 # -- the sandbox ------------------------------------------------------------------
@@ -1758,7 +1771,8 @@ class DockerSandbox(NativeBackend):
         api = engine()
         container = self._container()
         previous = self.suspended_image
-        labels = {**self.config.labels, MANAGED_LABEL: "1", SANDBOX_LABEL: self.sandbox_id}
+        labels = {**self.config.labels, MANAGED_LABEL: "1", SANDBOX_LABEL: self.sandbox_id,
+                  HOME_LABEL: hutch_home()}
 
         image_id = await _call(
             commit_state, api, container, previous or self.base_image, SUSPENDED_REPOSITORY,
@@ -1820,7 +1834,8 @@ class DockerSandbox(NativeBackend):
         # The directory first, the image last: held_snapshots lists images, so a
         # capture cut short between the two leaves nothing listed half-made.
         size = await anyio.to_thread.run_sync(
-            lambda: _layers.capture(snapshot_id, self.host_workdir, self.chain, diff=diff)
+            lambda: _layers.capture(snapshot_id, self.sandbox_id, self.host_workdir, self.chain,
+                                    diff=diff)
         )
         if self.container_id is not None and not await self._container_exists():
             # Gone outside hutch's hands: what survives is the working
@@ -1900,9 +1915,13 @@ class DockerSandbox(NativeBackend):
         # Bounded: an Engine wedged on a paused container's lock makes image
         # removal wait; the image is then left, still listed by
         # held_snapshots, for the next reconciliation to free.
+        def untag_and_free() -> None:
+            untag()
+            free_untagged_images(api)
+
         with anyio.move_on_after(SNAPSHOT_REMOVAL_TIMEOUT) as scope:
             try:
-                await anyio.to_thread.run_sync(untag, abandon_on_cancel=True)
+                await anyio.to_thread.run_sync(untag_and_free, abandon_on_cancel=True)
             except docker.errors.DockerException as exc:
                 raise ProviderError(f"docker: removing {reference}: {exc}") from None
         if scope.cancelled_caught:
@@ -1939,6 +1958,7 @@ class DockerSandbox(NativeBackend):
 
         await _call(remove)
         await anyio.to_thread.run_sync(_layers.end_branch, sandbox_id)
+        await anyio.to_thread.run_sync(_release_own_dir, sandbox_id)
 
     @classmethod
     async def reap_orphans(cls, known: set[str]) -> list[str]:
@@ -1960,6 +1980,13 @@ class DockerSandbox(NativeBackend):
         for sandbox_id in await anyio.to_thread.run_sync(_layers.branches):
             if sandbox_id not in known:
                 await anyio.to_thread.run_sync(_layers.end_branch, sandbox_id)
+        for sandbox_id in await anyio.to_thread.run_sync(_capped_sandbox_dirs):
+            if sandbox_id not in known:
+                await anyio.to_thread.run_sync(_release_own_dir, sandbox_id)
+                removed.append(f"{sandbox_id} (its capped working directory)")
+        # Snapshot images untagged while their branches ran, now unused.
+        with contextlib.suppress(HutchError):
+            await _call(free_untagged_images, api)
         return removed
 
     @classmethod
@@ -2060,6 +2087,11 @@ class DockerSandbox(NativeBackend):
             with contextlib.suppress(HutchError):
                 await _call(api.remove_image, f"{SUSPENDED_REPOSITORY}:{self.sandbox_id}")
             self.suspended_image = None
+        if self.branch or self.base_image.startswith(snapshot_repository()):
+            # It ran on a snapshot's image, which may have been removed
+            # (untagged) while it ran: now nothing stands on it.
+            with anyio.move_on_after(SNAPSHOT_REMOVAL_TIMEOUT), contextlib.suppress(HutchError):
+                await _call(free_untagged_images, api)
         if self._agent is not None:
             self._agent.drop_connections()
         if self.agent_dir is not None:
@@ -2082,6 +2114,33 @@ class DockerSandbox(NativeBackend):
         with contextlib.suppress(OSError):
             unmount_capped(self.host_workdir)  # first: rmtree would empty the mount, not end it
         shutil.rmtree(os.path.dirname(self.host_workdir), ignore_errors=True)
+
+
+def _capped_sandbox_dirs() -> list[str]:
+    """The sandboxes whose own working directory is (or was) a capped mount
+    here: a mount, or an image it is mounted from, in ``sandboxes/<id>``."""
+    parent = os.path.join(hutch_home(), "sandboxes")
+    try:
+        names = sorted(os.listdir(parent))
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        workdir = sandbox_workdir(name)
+        if os.path.ismount(workdir) or os.path.exists(image_for(workdir)):
+            found.append(name)
+    return found
+
+
+def _release_own_dir(sandbox_id: str) -> None:
+    """Free a sandbox's own host directory: its capped working directory's
+    mount, image and loop device first (removing files would only empty a
+    mount, not end it), then the directory with what else it holds."""
+    workdir = sandbox_workdir(sandbox_id)
+    with contextlib.suppress(OSError):
+        unmount_capped(workdir)
+    if not os.path.ismount(workdir):
+        shutil.rmtree(os.path.dirname(workdir), ignore_errors=True)
 
 
 __all__ = ["DockerConfig", "DockerSandbox", "list_managed_containers"]

@@ -101,6 +101,9 @@ class LocalSandbox(NativeBackend, FilesRuntime):
         #: ``_layers``), mounted on ``chain`` (None: a plain copy).
         self._branch = branch
         self._chain = chain
+        #: The working directory was adopted by its first snapshot: moved into
+        #: that snapshot's layer, an overlay mounted in its place (``_layers.adopt``).
+        self._adopted = False
         self.files: HostFiles = HostFiles()
         self._has_bash = shutil.which("bash") is not None
 
@@ -118,7 +121,7 @@ class LocalSandbox(NativeBackend, FilesRuntime):
     def describe(self) -> dict[str, Any]:
         return {
             **super().describe(), "env": self._extra_env, "owns_workdir": self._owns_workdir,
-            "branch": self._branch, "chain": self._chain,
+            "branch": self._branch, "chain": self._chain, "adopted": self._adopted,
         }
 
     @classmethod
@@ -128,15 +131,31 @@ class LocalSandbox(NativeBackend, FilesRuntime):
             bool(description.get("owns_workdir")), bool(description.get("branch")),
             description.get("chain"),
         )
+        # Adopted after its description was written: what is on disk says so.
+        found = await anyio.to_thread.run_sync(_layers.adopted, sandbox_id)
+        if found is not None:
+            sandbox._chain, sandbox._adopted = found[1], True
         if sandbox._chain:
             await anyio.to_thread.run_sync(_layers.ensure_mounted, sandbox_id)
         return sandbox
 
     # -- snapshots: the working directory, as layers (see _layers) ---------------------
     async def capture(self, snapshot_id: str, *, diff: bool = True) -> ProviderSnapshot:
-        size = await anyio.to_thread.run_sync(
-            lambda: _layers.capture(snapshot_id, self.workdir, self._chain, diff=diff)
-        )
+        """A plain directory's first capture moves it into the snapshot's layer
+        and goes on over an overlay (one rename, whatever the tree's size; see
+        ``_layers.adopt``); later ones copy what changed since (the upper
+        directory). A copy of the whole tree only where overlayfs cannot serve."""
+
+        def capture() -> int:
+            if self._chain is None and not self._branch:
+                size = _layers.adopt(snapshot_id, self.sandbox_id, self.workdir)
+                if size is not None:
+                    self._chain, self._adopted = [snapshot_id], True
+                    return size
+            return _layers.capture(snapshot_id, self.sandbox_id, self.workdir, self._chain,
+                                   diff=diff)
+
+        size = await anyio.to_thread.run_sync(capture)
         return ProviderSnapshot(snapshot_id, self.provider, size)
 
     @classmethod
@@ -196,6 +215,13 @@ class LocalSandbox(NativeBackend, FilesRuntime):
         return os.path.isdir(self.workdir)
 
     async def close(self) -> None:
+        if self._adopted:
+            # A directory the caller gave is given back with its files;
+            # hutch's own goes with the sandbox.
+            keep = not self._owns_workdir
+            await anyio.to_thread.run_sync(
+                lambda: _layers.end_adopted(self.sandbox_id, keep=keep)
+            )
         if self._branch:
             await anyio.to_thread.run_sync(_layers.end_branch, self.sandbox_id)
             return

@@ -52,10 +52,10 @@ from .._sandbox import (
     lifecycle_record,
     new_sandbox_id,
 )
-from .._snapshots import Snapshot, new_snapshot_id
+from .._snapshots import Snapshot, SnapshotDependent, new_snapshot_id
 from ..config import OPTION_KEYS, SandboxSpec, resolve_spec
 from ..definitions import Definition, Definitions, DirSource, GitSource, SandboxHost
-from ..definitions.ensure import Progress
+from ..definitions.ensure import HELD_BY_DAEMON, Progress
 from ..lifecycle.engine import LifecycleEngine, expiry_error
 from ..lifecycle.state import SandboxState
 from ..providers.base import ProviderSnapshot, RuntimeNotice, SandboxBackend
@@ -563,34 +563,40 @@ class Daemon:
             raise
         return snapshot, branches
 
-    def snapshot_dependents(self, snapshot_id: str, *, children: bool = True) -> list[str]:
+    def snapshot_dependents(
+        self, snapshot_id: str, *, children: bool = True
+    ) -> list[SnapshotDependent]:
         """What still needs a snapshot: child snapshots, workspaces made from
         it or kept in it, live sandboxes started from it. (A child's storage
         never needs its parent's record: providers keep shared layers alive.)"""
-        needs = [f"snapshot {r.id}" for r in self.store.list_snapshots()
+        needs = [SnapshotDependent("snapshot", r.id) for r in self.store.list_snapshots()
                  if children and r.parent_id == snapshot_id and r.status != "removing"]
         for ws in self.store.list_workspaces():
             if snapshot_id in (ws.source_snapshot_id, ws.state_snapshot_id):
-                needs.append(f"workspace {ws.name}")
+                needs.append(SnapshotDependent("workspace", ws.name))
         # A branch started from it that has not captured a state of its own since.
-        needs += [f"sandbox {sid}" for sid, sb in self.sandboxes.items()
+        needs += [SnapshotDependent("sandbox", sid) for sid, sb in self.sandboxes.items()
                   if sb.origin_snapshot_id == snapshot_id == sb.base_snapshot_id]
         return needs
 
-    async def delete_snapshot(self, snapshot_id: str, *, force: bool = False) -> list[str]:
+    async def delete_snapshot(
+        self, snapshot_id: str, *, force: bool = False
+    ) -> list[SnapshotDependent]:
         """Remove a snapshot and free its provider storage; refused while
-        something depends on it unless ``force``. Returns what it broke."""
+        something depends on it unless ``force``. Returns what it broke (what
+        needed it and was removed from under)."""
         row = self.get_snapshot(snapshot_id)
         needs = self.snapshot_dependents(snapshot_id)
+        named = ", ".join(map(str, needs))
         if needs and not force:
             raise InvalidState(
-                f"snapshot {snapshot_id} is still needed by {', '.join(needs)}; "
+                f"snapshot {snapshot_id} is still needed by {named}; "
                 "remove those first or pass force=true"
             )
         await self._remove_snapshot(row)
         if needs:
             self.store.log_event(snapshot_id, "snapshot",
-                                 f"removed by force; it was needed by {', '.join(needs)}")
+                                 f"removed by force; it was needed by {named}")
         return needs
 
     async def _remove_snapshot(self, row: SnapshotRow) -> None:
@@ -1368,3 +1374,8 @@ class _DaemonHost(SandboxHost):
 
     async def drop_snapshot(self, snapshot: SnapshotRow) -> None:
         await self.daemon.delete_snapshot(snapshot.id)  # refused while something needs it
+
+    def describe(self, sandbox: Sandbox) -> dict[str, Any]:
+        # Found again through the daemon's own sandbox table; a program
+        # opening this store in-process is told whose it is.
+        return {"held_by": HELD_BY_DAEMON}

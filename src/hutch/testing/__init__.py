@@ -1,5 +1,5 @@
-"""The conformance cases every provider runs: snapshots, forks, pause and
-suspend cycles, each gated by the capabilities the provider declares.
+"""The conformance suite every provider runs, each case gated by the
+capabilities the provider declares.
 
 A provider (a third party's too) runs them on sandboxes it makes::
 
@@ -9,170 +9,29 @@ A provider (a third party's too) runs them on sandboxes it makes::
     async def test_conformance(case, my_sandbox):
         await case(my_sandbox)
 
+The cases cover exec (foreground, streamed, background, timeouts, caps),
+files, grep and glob, the sandbox's own surface (status, processes, preview
+URL, paths, capabilities), and the lifecycle (pause, suspend/resume cycles,
+snapshots, forks).
 Each case takes one running sandbox (in-process ``hutch.Sandbox`` or a
 client's remote sandbox) with the read-before-write guardrail off, and raises
-``AssertionError`` when the provider falls short. A case whose capability the
+``AssertionError`` when the provider falls short. Each leaves nothing behind:
+every snapshot it makes is removed and every branch it starts is ended
+(``Fork.close``), pass or fail. A case whose capability the
 provider does not declare checks the refusal instead: the operation must fail
 with ``capability_unsupported``. Nothing is skipped.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any
-
-import hutch
-
-
-async def _refused(call: Awaitable[Any]) -> None:
-    """``call`` must fail with capability_unsupported."""
-    try:
-        await call
-    except hutch.CapabilityUnsupported:
-        return
-    raise AssertionError("an operation the provider does not declare did not refuse")
-
-
-async def _close_all(sandboxes: list[Any]) -> None:
-    for sb in sandboxes:
-        await sb.close()
-
-
-async def check_fork_branches_are_independent(sandbox: Any) -> None:
-    if not sandbox.capabilities.fork:
-        await _refused(sandbox.fork("nope"))
-        return
-    await sandbox.write_text("a.txt", "origin A")
-    fork = await sandbox.fork("three")
-    assert fork.snapshot.sandbox_id == sandbox.id
-    branches = [await fork.attach() for _ in range(3)]
-    try:
-        assert len({b.id for b in branches}) == 3
-        for i, branch in enumerate(branches):
-            assert await branch.read_text("a.txt") == "origin A"
-            await branch.write_text(f"b{i}.txt", f"branch {i}")
-            await branch.write_text("a.txt", f"changed by {i}")
-        for i, branch in enumerate(branches):
-            assert await branch.read_text("a.txt") == f"changed by {i}"
-            assert await branch.read_text(f"b{i}.txt") == f"branch {i}"
-            for j in range(3):
-                if j != i:
-                    assert not await branch.exists(f"b{j}.txt")
-        assert await sandbox.read_text("a.txt") == "origin A"
-        for j in range(3):
-            assert not await sandbox.exists(f"b{j}.txt")
-        # The origin keeps running and writing; no branch sees it.
-        await sandbox.write_text("late.txt", "after the fork")
-        assert not await branches[0].exists("late.txt")
-    finally:
-        await _close_all(branches)
-
-
-async def check_fork_of_a_fork_has_both_parents(sandbox: Any) -> None:
-    if not sandbox.capabilities.fork:
-        return
-    await sandbox.write_text("gen.txt", "0")
-    first = await sandbox.fork("first")
-    child = await first.attach()
-    try:
-        await child.write_text("gen.txt", "1")
-        second = await child.fork("second")
-        assert second.snapshot.parent_id == first.snapshot.id
-        assert second.snapshot.sandbox_id == child.id
-        grandchild = await second.attach()
-        try:
-            assert await grandchild.read_text("gen.txt") == "1"
-            await grandchild.write_text("gen.txt", "2")
-            assert await child.read_text("gen.txt") == "1"
-            assert await sandbox.read_text("gen.txt") == "0"
-        finally:
-            await grandchild.close()
-    finally:
-        await child.close()
-
-
-async def check_snapshot_outlives_its_sandbox_and_removal_frees_it(sandbox: Any) -> None:
-    if not sandbox.capabilities.snapshot:
-        await _refused(sandbox.snapshot("nope"))
-        return
-    await sandbox.write_text("keep.txt", "kept")
-    snapshot = await sandbox.snapshot("keep")
-    assert snapshot.size_bytes >= len("kept")
-    assert snapshot.label == "keep"
-    await sandbox.write_text("keep.txt", "changed later")
-    if snapshot.handle is None:
-        return  # held by a daemon: its own tests cover attach and removal
-    restored = await hutch.create_sandbox_from_snapshot(snapshot)
-    try:
-        assert await restored.read_text("keep.txt") == "kept"
-    finally:
-        await restored.close()
-    provider = hutch.providers.get_provider(snapshot.provider)
-    assert snapshot.id in await provider.held_snapshots()
-    await hutch.remove_snapshot(snapshot)
-    await hutch.remove_snapshot(snapshot)  # idempotent
-    assert snapshot.id not in await provider.held_snapshots()
-
-
-async def check_fork_a_paused_and_a_suspended_sandbox(sandbox: Any) -> None:
-    caps = sandbox.capabilities
-    if not caps.fork:
-        return
-    await sandbox.write_text("state.txt", "before")
-    if caps.pause:
-        await sandbox.pause()
-        fork = await sandbox.fork("paused")
-        assert sandbox.state == hutch.SandboxState.PAUSED
-        await sandbox.resume()
-        branch = await fork.attach()
-        try:
-            assert await branch.read_text("state.txt") == "before"
-        finally:
-            await branch.close()
-    if caps.suspend:
-        await sandbox.suspend()
-        fork = await sandbox.fork("suspended")
-        assert sandbox.state == hutch.SandboxState.SUSPENDED
-        branch = await fork.attach()
-        try:
-            assert await branch.read_text("state.txt") == "before"
-            await branch.write_text("state.txt", "branch")
-        finally:
-            await branch.close()
-        assert await sandbox.read_text("state.txt") == "before"
-
-
-async def check_many_suspend_resume_cycles_keep_files(sandbox: Any) -> None:
-    if not sandbox.capabilities.suspend:
-        await _refused(sandbox.suspend())
-        return
-    for cycle in range(5):
-        await sandbox.write_text(f"cycle{cycle}.txt", str(cycle))
-        await sandbox.suspend()
-        await sandbox.resume()
-        for earlier in range(cycle + 1):
-            assert await sandbox.read_text(f"cycle{earlier}.txt") == str(earlier)
-
-
-async def check_pause_holds_files(sandbox: Any) -> None:
-    if not sandbox.capabilities.pause:
-        await _refused(sandbox.pause())
-        return
-    await sandbox.write_text("p.txt", "held")
-    await sandbox.pause()
-    assert sandbox.state == hutch.SandboxState.PAUSED
-    await sandbox.resume()
-    assert await sandbox.read_text("p.txt") == "held"
-
-
-Case = Callable[[Any], Awaitable[None]]
+from ._exec import EXEC_CASES
+from ._files import FILE_CASES
+from ._lifecycle import LIFECYCLE_CASES
+from ._support import Case, raises, refused
+from ._surface import SURFACE_CASES
 
 #: Every case, in the order they are best run.
-CASES: list[Case] = [
-    check_pause_holds_files,
-    check_many_suspend_resume_cycles_keep_files,
-    check_snapshot_outlives_its_sandbox_and_removal_frees_it,
-    check_fork_branches_are_independent,
-    check_fork_of_a_fork_has_both_parents,
-    check_fork_a_paused_and_a_suspended_sandbox,
-]
+CASES: list[Case] = [*FILE_CASES, *SURFACE_CASES, *EXEC_CASES, *LIFECYCLE_CASES]
+
+__all__ = ["CASES", "EXEC_CASES", "FILE_CASES", "LIFECYCLE_CASES", "SURFACE_CASES", "Case",
+           "raises", "refused"]

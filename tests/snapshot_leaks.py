@@ -1,0 +1,78 @@
+"""Snapshot storage a test run made and left behind, found at the session's end.
+
+A run owns what carries its own data directories: the in-process tests' hutch
+home (one per session, set by conftest) and every daemon's data directory
+(``DaemonProcess`` records them). Docker images are told by their
+``hutch.home`` label (snapshot and suspend images both carry it), layer
+directories by where they sit. Other runs on the same Docker Engine have other
+homes, so nothing of theirs is looked at. Containers, mounts and temporary
+directories in general are another check's (tests/conftest.py's hygiene).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+from collections.abc import Iterable
+
+HOME_LABEL = "hutch.home"
+
+
+def leftover_layers(homes: Iterable[str]) -> list[str]:
+    """Snapshot layers and branch working directories under ``homes``."""
+    found = []
+    for home in homes:
+        for kind in ("snapshots", "mounts"):
+            base = os.path.join(home, "layers", kind)
+            with contextlib.suppress(FileNotFoundError):
+                found += [os.path.join(base, name) for name in sorted(os.listdir(base))]
+    return found
+
+
+def leftover_images(homes: Iterable[str]) -> list[tuple[str, str]]:
+    """(image id, tags) of images labelled with one of ``homes``."""
+    wanted = set(homes)
+    if not wanted or shutil.which("docker") is None:
+        return []
+    try:
+        import docker
+
+        api = docker.APIClient(timeout=30)
+        images = api.images(all=True, filters={"label": HOME_LABEL})
+    except Exception:  # no engine here: no docker tests ran either
+        return []
+    return [
+        (str(image["Id"]), ",".join(t for t in image.get("RepoTags") or [] if t != "<none>:<none>")
+         or "<untagged>")
+        for image in images
+        if (image.get("Labels") or {}).get(HOME_LABEL) in wanted
+    ]
+
+
+def free(images: list[tuple[str, str]], layers: list[str]) -> None:
+    """Remove what :func:`leftover_images` and :func:`leftover_layers` found
+    (this run's own), so that a failing run does not leave it for the next."""
+    if images:
+        import docker
+
+        api = docker.APIClient(timeout=60)
+        left = [image_id for image_id, _ in images]
+        for _ in range(5):  # children before the images they stand on
+            failed = []
+            for image_id in left:
+                try:
+                    api.remove_image(image_id, force=True)
+                except docker.errors.NotFound:
+                    pass
+                except Exception:
+                    failed.append(image_id)
+            left = failed
+            if not left:
+                break
+    for path in layers:
+        merged = os.path.join(path, "merged")
+        if os.path.ismount(merged):
+            subprocess.run(["umount", "-l", merged], check=False)
+        shutil.rmtree(path, ignore_errors=True)
