@@ -44,4 +44,6 @@ log "ruff"
 log "mypy (strict)"
 .venv/bin/mypy
 log "pytest"
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+# Three workers: most of a test's time is spent waiting on the Engine, a
+# daemon or a sandbox, not on this machine's two cores.
+exec .venv/bin/python -m pytest -q -p no:cacheprovider -n "${HUTCH_TEST_WORKERS:-3}" "$@"

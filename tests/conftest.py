@@ -1,11 +1,16 @@
-"""Shared test configuration: the anyio backend and docker availability."""
+"""Shared test configuration: the anyio backend, docker availability, and
+the run's hygiene (every daemon a test made is closed; the run fails if it
+left containers, mounts, loop devices, processes, cgroups or files behind)."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
+import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -14,10 +19,35 @@ from tests.daemon_fixture import DaemonProcess
 
 TEST_IMAGE = os.environ.get("HUTCH_TEST_IMAGE", "hutch-test:bookworm")
 
-#: This run's own hutch home: what in-process tests make (snapshot layers,
-#: images labelled with it) is told apart from other runs' on the same host
-#: and Docker Engine, and checked at the session's end.
-SESSION_HOME = tempfile.mkdtemp(prefix="hutch-test-home-")
+
+def _run_root() -> str:
+    """This run's own temporary directory: every temporary file of the run
+    (its daemons' data directories, the hutch home of in-process sandboxes,
+    the tests' own) is made in it, through TMPDIR, so that what the run left
+    can be told from what other runs on the same machine and Engine hold.
+    xdist's workers share their controller's."""
+    inherited = os.environ.get("HUTCH_TEST_RUN_ROOT")
+    if inherited and os.environ.get("PYTEST_XDIST_WORKER") and os.path.isdir(inherited):
+        return inherited
+    base = os.environ.get("HUTCH_TEST_RUN_PARENT") or tempfile.gettempdir()
+    root = tempfile.mkdtemp(prefix="hutch-test-run-", dir=base)
+    os.chmod(root, 0o1777)  # as /tmp: other users reach (and make) their own files in it
+    os.environ["HUTCH_TEST_RUN_ROOT"] = root
+    return root
+
+
+# Made at import, before any test module (some make a daemon when imported).
+RUN_ROOT = _run_root()
+# pytest's own tmp_path stays where it was (its retention keeps a few runs).
+os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
+os.environ["TMPDIR"] = RUN_ROOT
+tempfile.tempdir = RUN_ROOT
+#: This process's own hutch home: what in-process tests make (containers,
+#: snapshot layers, images labelled with it) is told apart from other runs'
+#: (and other xdist workers') on the same host and Docker Engine, and checked
+#: at the session's end.
+SESSION_HOME = os.path.join(RUN_ROOT, "home-" + os.environ.get("PYTEST_XDIST_WORKER", "main"))
+os.makedirs(SESSION_HOME, exist_ok=True)
 os.environ["HUTCH_HOME"] = SESSION_HOME
 
 
@@ -55,20 +85,159 @@ def docker_runtime(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Fail the run if its own snapshot storage is left: images labelled with
-    its homes, snapshot layers or branch directories under them. Whatever is
-    found is reported, then freed."""
+# -- hygiene -----------------------------------------------------------------------------
+
+
+def _close_daemons_made_since(before: set[int]) -> None:
+    from tests.daemon_fixture import OPEN
+
+    for daemon in [d for d in list(OPEN) if id(d) not in before and not d.for_session]:
+        daemon.close()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _close_module_daemons() -> Iterator[None]:
+    """A daemon made in a module (by a test or a fixture of any scope below the
+    session: a module's fixture may first be asked for in the middle of a
+    test) is closed, with all it holds, when the module ends, whether its
+    maker stopped it, killed it or neither."""
+    from tests.daemon_fixture import OPEN
+
+    before = {id(d) for d in OPEN}
+    yield
+    _close_daemons_made_since(before)
+
+
+def _cgroups() -> set[str]:
+    found = set()
+    for controller in ("memory", "pids", "cpu", "freezer", "unified", ""):
+        parent = os.path.join("/sys/fs/cgroup", controller, "hutch")
+        try:
+            found.update(os.path.join(parent, name) for name in os.listdir(parent)
+                         if os.path.isdir(os.path.join(parent, name)))
+        except OSError:
+            continue
+    return found
+
+
+def _procs(cgroup: str) -> list[int]:
+    try:
+        with open(os.path.join(cgroup, "cgroup.procs")) as fh:
+            return [int(line) for line in fh if line.strip()]
+    except OSError:
+        return []
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+_CGROUPS_AT_START: set[str] = set()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _CGROUPS_AT_START.update(_cgroups())
+
+
+def _leftovers(roots: list[str]) -> list[str]:
+    """What this run left: things under its own directories (``roots``), or
+    labelled with a hutch home there."""
+    from tests.daemon_fixture import loops_under, mounts_under
+
+    left = []
+    listed = subprocess.run(
+        ["docker", "ps", "-a", "--filter", "label=hutch.managed=1",
+         "--format", '{{.ID}} {{.Label "hutch.home"}} {{.Names}}'],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    for line in listed.stdout.splitlines():
+        cid, _, rest = line.partition(" ")
+        home = rest.split(" ")[0]
+        if any(home == r or home.startswith(r + "/") for r in roots):
+            left.append(f"container {cid} ({rest})")
+    for root in roots:
+        left += [f"mount {point}" for point in mounts_under(root)]
+        left += [f"loop device {dev} backed by {back}" for dev, back in loops_under(root)]
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != me:
+            line = _cmdline(int(entry))
+            if any(r + "/" in line for r in roots):
+                left.append(f"process {entry}: {line[:200]}")
+    # A cgroup cannot carry a run's name: one made during this run that still
+    # holds a process of this run, or that stays empty (its sandbox gone), is left.
+    new = _cgroups() - _CGROUPS_AT_START
+    if new:
+        time.sleep(1)  # a sandbox of another run being made or ended right now
+        for cgroup in sorted(new & _cgroups()):
+            procs = _procs(cgroup)
+            if not procs or any(any(r + "/" in _cmdline(p) for r in roots) for p in procs):
+                left.append(f"cgroup {cgroup} (processes {procs})")
+    return left
+
+
+def _snapshot_leftovers() -> list[str]:
+    """This process's snapshot storage left behind: images labelled with its
+    homes, snapshot layers or branch directories under them. Whatever is found
+    is reported, then freed."""
     homes = [SESSION_HOME, *DaemonProcess.data_dirs]
     images = snapshot_leaks.leftover_images(homes)
     layers = snapshot_leaks.leftover_layers(homes)
-    if images or layers:
-        lines = [f"  image {tags} ({image_id[7:19]})" for image_id, tags in images]
-        lines += [f"  layer directory {path}" for path in layers]
-        session.config.get_terminal_writer().line(
-            "\nsnapshot storage left behind by this run (now freed):\n" + "\n".join(lines),
-            red=True,
-        )
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
     snapshot_leaks.free(images, layers)
-    shutil.rmtree(SESSION_HOME, ignore_errors=True)
+    return ([f"snapshot image {tags} ({image_id[7:19]}), now freed" for image_id, tags in images]
+            + [f"snapshot layer directory {path}, now freed" for path in layers])
+
+
+#: What each xdist worker found it left (its daemons and homes are its own).
+_WORKERS_LEFT: list[str] = []
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    output = getattr(node, "workeroutput", None) or {}
+    _WORKERS_LEFT.extend(output.get("hutch_leftovers", []))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Close the daemons still open (made at import or by a session fixture),
+    then fail the run if it left anything behind; the controller checks once
+    every xdist worker has finished (each sends what its own check found)."""
+    from tests.daemon_fixture import OPEN
+
+    for daemon in list(OPEN):
+        daemon.close()
+    ssh = sys.modules.get("tests.ssh_server")
+    if ssh is not None:
+        ssh.close_shared()
+    left = _snapshot_leftovers()
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: the controller reports
+        workeroutput["hutch_leftovers"] = left
+        return
+    left += _WORKERS_LEFT
+    if session.config.option.collectonly:
+        shutil.rmtree(RUN_ROOT, ignore_errors=True)
+        return
+    roots = [RUN_ROOT]
+    factory = getattr(session.config, "_tmp_path_factory", None)  # tmp_path's, this run's
+    if factory is not None:
+        roots.append(str(factory.getbasetemp()))
+    left += _leftovers(roots)
+    shutil.rmtree(RUN_ROOT, ignore_errors=True)
+    if os.path.exists(RUN_ROOT):
+        left.append(f"files under {RUN_ROOT} that cannot be removed")
+    if left:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        lines = ["this run left things behind (a test or fixture did not end what it made):",
+                 *(f"  {item}" for item in left)]
+        if reporter is not None:
+            reporter.write_line("")
+            reporter.write_line("\n".join(lines), red=True)
+        else:
+            print("\n".join(lines))
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

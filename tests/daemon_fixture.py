@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 
 import httpx
+
+from hutch.providers._diskcap import unescape_raw
+
+#: Every daemon made and not yet closed: tests/conftest.py closes those a test
+#: left when the test (or its module, or the session) that made them ends.
+OPEN: weakref.WeakSet[DaemonProcess] = weakref.WeakSet()
 
 
 def free_port() -> int:
@@ -35,6 +45,7 @@ class DaemonProcess:
         extra_args: Sequence[str] = (),
         extra_env: Mapping[str, str] | None = None,
         log_path: str | None = None,
+        for_session: bool = False,
     ) -> None:
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="hutch-daemon-")
         DaemonProcess.data_dirs.append(self.data_dir)
@@ -46,8 +57,13 @@ class DaemonProcess:
         #: More ``hutch.server`` flags (``--retention 2``).
         self.extra_args = list(extra_args)
         self.log_path = log_path or os.path.join(self.data_dir, "daemon.log")
+        self.closed = False
+        #: Shared by the whole run (made on first use): closed when the run ends,
+        #: not when the test or module that happened to make it does.
+        self.for_session = for_session
+        OPEN.add(self)
 
-    def start(self, timeout: float = 30) -> DaemonProcess:
+    def start(self, timeout: float = 120) -> DaemonProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child
         # The token goes in the environment: a command line is every user's to read.
         self.proc = subprocess.Popen(
@@ -57,17 +73,17 @@ class DaemonProcess:
             env={**os.environ, "HUTCH_TOKEN": self.token, **self.extra_env},
         )
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"daemon exited at start:\n{self.log()}")
-            try:
-                answer = httpx.get(f"{self.url}/healthz", timeout=1,
-                                   headers={"Authorization": f"Bearer {self.token}"})
-                if answer.status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
+        # One client for every probe: making one costs more than a probe.
+        with httpx.Client(timeout=1, headers={"Authorization": f"Bearer {self.token}"}) as http:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"daemon exited at start:\n{self.log()}")
+                try:
+                    if http.get(f"{self.url}/healthz").status_code == 200:
+                        return self
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.05)
         raise RuntimeError(f"daemon did not answer in {timeout} s:\n{self.log()}")
 
     def kill(self) -> None:
@@ -108,6 +124,46 @@ class DaemonProcess:
                     if s.id not in parents:
                         c.delete_snapshot(s.id, force=True)
 
+    def close(self) -> None:
+        """End everything this daemon holds and remove its data directory, as
+        a test's teardown must: sandboxes outlive a daemon's stop by design,
+        and a SIGKILLed one leaves its containers, mounts and processes. A
+        daemon that is down but left something is started again on the same
+        data directory (its start adopts or reaps what the dead one left),
+        emptied through the API and stopped. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        OPEN.discard(self)
+        try:
+            if self.proc is None and self._holds_something():
+                with contextlib.suppress(RuntimeError):
+                    self.start()
+            if self.proc is not None:
+                with contextlib.suppress(Exception):  # what stays is released below
+                    self.remove_everything()
+        finally:
+            self.stop()
+            release_leftovers(self.data_dir)
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def _holds_something(self) -> bool:
+        """Whether the store names anything live, or the engine holds a container of ours."""
+        db = os.path.join(self.data_dir, "hutch.db")
+        if os.path.exists(db):
+            try:
+                with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
+                    live = con.execute(
+                        "SELECT COUNT(*) FROM sandboxes WHERE state NOT IN "
+                        "('terminated', 'failed')").fetchone()[0]
+                    workspaces = con.execute("SELECT COUNT(*) FROM workspaces").fetchone()[0]
+                    snapshots = con.execute("SELECT COUNT(*) FROM snapshots").fetchone()[0]
+                if live or workspaces or snapshots:
+                    return True
+            except sqlite3.Error:
+                return True  # cannot tell: the daemon's own start will
+        return bool(containers_of(self.data_dir))
+
     def restart(self) -> DaemonProcess:
         self.kill()
         return self.start()
@@ -118,3 +174,61 @@ class DaemonProcess:
                 return fh.read()[-5000:]
         except OSError:
             return ""
+
+
+def containers_of(data_dir: str) -> list[str]:
+    """The ids of the containers a daemon on ``data_dir`` made (its home label)."""
+    done = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label=hutch.home={data_dir}"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    return done.stdout.split() if done.returncode == 0 else []
+
+
+def mounts_under(root: str) -> list[str]:
+    """Mount points at or under ``root`` in this mount namespace, deepest first
+    (also those whose directory was deleted while mounted)."""
+    root = root.rstrip("/")
+    found = []
+    with open("/proc/self/mountinfo") as fh:
+        for line in fh:
+            point = line.split()[4].encode().decode("unicode_escape")
+            point = point.removesuffix("//deleted").removesuffix(" (deleted)")
+            if point == root or point.startswith(root + "/"):
+                found.append(point)
+    return sorted(found, key=len, reverse=True)
+
+
+def loops_under(root: str) -> list[tuple[str, str]]:
+    """(device, backing file) of the loop devices backed by a file under ``root``."""
+    done = subprocess.run(
+        ["losetup", "--list", "--noheadings", "--raw", "--output", "NAME,BACK-FILE"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    found = []
+    for line in done.stdout.splitlines():
+        device, _, back = line.partition(" ")
+        back = unescape_raw(back).removesuffix(" (deleted)")
+        if back.startswith(root.rstrip("/") + "/"):
+            found.append((device, back))
+    return found
+
+
+def release_leftovers(root: str) -> list[str]:
+    """The last resort after a daemon on ``root`` is gone: remove its
+    containers, unmount what is mounted under it and detach the loop devices
+    backed there. Returns what it had to do (nothing, when the daemon's own
+    start and the API ended all it held)."""
+    done = []
+    for container in containers_of(root):
+        subprocess.run(["docker", "rm", "-f", container], capture_output=True, timeout=120,
+                       check=False)
+        done.append(f"container {container}")
+    for point in mounts_under(root):
+        if subprocess.run(["umount", point], capture_output=True, check=False).returncode:
+            subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+        done.append(f"mount {point}")
+    for device, back in loops_under(root):
+        subprocess.run(["losetup", "--detach", device], capture_output=True, check=False)
+        done.append(f"loop device {device} ({back})")
+    return done

@@ -191,3 +191,11 @@ def shared_server() -> SshServer:
         _shared = SshServer().start()
         atexit.register(_shared.cleanup)
     return _shared
+
+
+def close_shared() -> None:
+    """End the session's sshd (the run's end does, before it checks what is left)."""
+    global _shared
+    if _shared is not None:
+        _shared.cleanup()
+        _shared = None

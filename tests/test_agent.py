@@ -528,3 +528,22 @@ async def test_a_fork_bomb_leaves_the_agent_room_to_answer() -> None:
         assert (await sb.exec(["echo", "room again"])).stdout == "room again\n"
         pid = await agent_pid(sb)
         assert await sb.exec(["true"]) and await agent_pid(sb) == pid  # the same agent
+
+
+@pytest.mark.docker
+async def test_an_exec_connection_serves_the_next_request(sb: Any) -> None:
+    # A command's connection goes back to the pool once it has exited: a
+    # run of execs opens no new connection to the agent per call.
+    pid = await agent_pid(sb)
+    listing = ["sh", "-c", f"ls -l /proc/{pid}/fd | grep -o 'socket:\\[[0-9]*\\]' | sort"]
+
+    async def sockets() -> set[str]:
+        return set((await sb.exec(listing)).stdout.split())
+
+    for _ in range(3):
+        await sb.exec(["true"])
+    before = await sockets()
+    for _ in range(20):
+        assert (await sb.exec(["echo", "hi"])).stdout == "hi\n"
+    assert await sb.exec(["sh", "-c", "exit 3"]) and (await sb.read_text("/etc/os-release"))
+    assert len((await sockets()) - before) <= 2

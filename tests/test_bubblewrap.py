@@ -804,3 +804,20 @@ async def test_a_long_chain_of_snapshots_still_mounts() -> None:
         for branch in branches:
             await branch.close()
         await sandbox.close()
+
+
+async def test_a_hutch_home_longer_than_a_socket_path(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent's socket lives under the hutch home, whose path may be
+    longer than the 107 bytes a socket's address holds."""
+    home = tmp_path / ("long-" * 16) / "home"
+    monkeypatch.setenv("HUTCH_HOME", str(home))
+    assert len(str(home / "bubblewrap" / "sandboxes" / "sb-0123456789ab" / "agent.sock")) > 108
+    sandbox = await _make(runtime="agent")
+    try:
+        assert (await sandbox.exec(["echo", "reached"])).stdout == "reached\n"
+        await sandbox.suspend()  # a new socket is bound on resume
+        assert (await sandbox.exec(["echo", "again"])).stdout == "again\n"
+    finally:
+        await sandbox.close()

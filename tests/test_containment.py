@@ -42,8 +42,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     d = DaemonProcess(token=f"tok-{uuid.uuid4().hex}",
                       extra_args=["--config", str(config)]).start()
     yield d
-    d.stop()
-    shutil.rmtree(d.data_dir, ignore_errors=True)
+    d.close()
 
 
 @pytest.fixture(scope="module")

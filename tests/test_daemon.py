@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import os
 import re
 import shutil
 import tempfile
@@ -18,6 +19,8 @@ import pytest
 
 import hutch
 from hutch.client import AsyncRemoteSandbox, RemoteSandbox
+from hutch.providers import _diskcap
+from hutch.store.sqlite import SQLiteStore
 from tests.conftest import TEST_IMAGE
 from tests.daemon_fixture import DaemonProcess
 
@@ -30,8 +33,7 @@ def daemon() -> Iterator[DaemonProcess]:
     try:
         d.remove_everything()
     finally:
-        d.stop()
-        shutil.rmtree(d.data_dir, ignore_errors=True)
+        d.close()
 
 
 def client(d: DaemonProcess) -> hutch.Client:
@@ -266,6 +268,41 @@ def test_unknown_hutch_containers_are_removed_at_start(daemon: DaemonProcess) ->
         assert any("orphan" in e["kind"] for e in events)
 
 
+@pytest.mark.docker
+@pytest.mark.parametrize("store_says", ["creating", "nothing"])
+def test_a_capped_working_directory_the_store_does_not_keep_is_released_at_start(
+    daemon: DaemonProcess, store_says: str
+) -> None:
+    """A daemon killed while it made a sandbox (its row still ``creating``), or
+    a store that no longer names a sandbox at all: the next start lets go of
+    that sandbox's size-capped working directory (its loop mount, the loop
+    device and the image), not only of its container."""
+    with client(daemon) as c:
+        sb = c.create_sandbox("docker", image=TEST_IMAGE, disk="64m")
+        sb.write_text("kept.txt", "x")
+    workdir = os.path.join(daemon.data_dir, "sandboxes", sb.id, "workspace")
+    image = workdir + ".img"
+    assert os.path.ismount(workdir)
+    assert _diskcap.loop_devices_backed_by(image)
+    daemon.kill()
+    store = SQLiteStore(os.path.join(daemon.data_dir, "hutch.db"))
+    try:
+        row = store.get_sandbox(sb.id)
+        assert row is not None
+        if store_says == "creating":
+            row.state = "creating"
+            store.put_sandbox(row)
+        else:
+            store.delete_sandbox(sb.id)
+    finally:
+        store.close()
+    daemon.start()
+    assert not os.path.ismount(workdir)
+    assert _diskcap.loop_devices_backed_by(image) == []
+    assert not os.path.exists(os.path.dirname(workdir))
+    assert sb.id not in managed_containers(daemon.data_dir)
+
+
 def test_local_sandbox_is_adopted_after_a_crash(daemon: DaemonProcess) -> None:
     workdir = tempfile.mkdtemp()
     with client(daemon) as c:
@@ -351,14 +388,16 @@ def test_every_route_needs_the_token(daemon: DaemonProcess) -> None:
     routes = [(m.upper(), p) for p, ops in schema["paths"].items() for m in ops]
     routes += [("GET", "/openapi.json"), ("GET", "/docs")]
     assert len(routes) > 25
-    for method, path in routes:
-        url = daemon.url + re.sub(r"\{[^}]+\}", "x", path)
-        for headers in ({}, {"Authorization": "Bearer wrong-token"},
-                        {"Authorization": daemon.token}):
-            answer = httpx.request(method, url, headers=headers, json={})
-            assert answer.status_code == 401, (method, path, headers, answer.status_code)
-            if answer.headers.get("content-type") == "application/json":
-                assert answer.json()["error"]["code"] == "unauthorized"
+    # One client: a new one per request costs more than the request.
+    with httpx.Client(base_url=daemon.url, timeout=60) as http:
+        for method, path in routes:
+            url = re.sub(r"\{[^}]+\}", "x", path)
+            for headers in ({}, {"Authorization": "Bearer wrong-token"},
+                            {"Authorization": daemon.token}):
+                answer = http.request(method, url, headers=headers, json={})
+                assert answer.status_code == 401, (method, path, headers, answer.status_code)
+                if answer.headers.get("content-type") == "application/json":
+                    assert answer.json()["error"]["code"] == "unauthorized"
 
 
 def test_non_loopback_bind_without_token_is_refused() -> None:
@@ -432,6 +471,19 @@ def test_remote_process_offers_what_a_process_offers(remote_cls: type) -> None:
     local = {n for n in dir(hutch.Process) if not n.startswith("_")}
     remote = {n for n in dir(remote_cls) if not n.startswith("_")}
     assert local == remote, (local - remote, remote - local)
+
+
+def test_a_streamed_background_command_tells_its_handle_it_ended(daemon: DaemonProcess) -> None:
+    with client(daemon) as c:
+        sb = c.create_sandbox("local", read_before_write=False)
+        try:
+            proc = sb.start("echo streamed; exit 3")
+            events = list(proc.stream())
+            assert isinstance(events[-1], hutch.ExitStatus) and events[-1].exit_code == 3
+            # The stream's end told the handle: no wait was asked for.
+            assert (proc.running, proc.exit_code) == (False, 3)
+        finally:
+            sb.close()
 
 
 @pytest.mark.docker

@@ -16,7 +16,7 @@ import pytest
 
 import hutch
 from hutch.client import EnsureProgress, RemoteEnsured
-from hutch.definitions import SetupFailed
+from hutch.definitions import Definition, SetupFailed, open_definitions
 from tests.daemon_fixture import DaemonProcess
 from tests.test_definitions import repo  # noqa: F401 - a fixture
 
@@ -173,3 +173,24 @@ def test_setup_failed_is_rebuilt_by_the_sdk(daemon: DaemonProcess) -> None:
             assert "partial" in caught.value.output_tail and "oops" in caught.value.output_tail
             assert "exited 7" in str(caught.value)
         assert c.list_sandboxes() == []  # the half-made sandboxes went too
+
+
+@pytest.mark.anyio
+async def test_a_daemon_s_thread_is_not_taken_in_process(daemon: DaemonProcess, repo: str) -> None:  # noqa: F811
+    """A program opening the daemon's store in-process finds the thread's
+    sandbox held by the daemon, and is told so (typed), rather than making
+    a second one or failing on a record it cannot read."""
+    with hutch.Client(daemon.url, token=daemon.token) as c:
+        held = c.ensure("repo-agent", "t-held")
+    definitions = open_definitions(os.path.join(daemon.data_dir, "hutch.db"))
+    d = Definition.parse({"id": "repo-agent", "provider": "local",
+                          "workspace": {"source": {"git": repo, "ref": "main"},
+                                        "setup": [SETUP]},
+                          "lifecycle": {"reuse": "thread", "snapshot_max_age": "24h",
+                                        "destroy_on_complete": False}})
+    try:
+        with pytest.raises(hutch.SandboxUnavailable, match="held by the hutch daemon") as caught:
+            await definitions.ensure(d, "t-held")
+        assert held.sandbox.id in str(caught.value)
+    finally:
+        definitions.host.store.close()

@@ -37,8 +37,7 @@ def daemon() -> Iterator[DaemonProcess]:
     try:
         yield _daemon
     finally:
-        _daemon.stop()
-        shutil.rmtree(_daemon.data_dir, ignore_errors=True)
+        _daemon.close()
         shutil.rmtree(_config_dir, ignore_errors=True)
 
 

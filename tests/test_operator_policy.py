@@ -35,8 +35,7 @@ def start(*args: str) -> DaemonProcess:
 def daemon() -> Iterator[DaemonProcess]:
     d = start()
     yield d
-    d.stop()
-    shutil.rmtree(d.data_dir, ignore_errors=True)
+    d.close()
 
 
 def post(d: DaemonProcess, path: str, body: dict[str, Any]) -> httpx.Response:
@@ -89,8 +88,7 @@ def test_a_host_reaching_setting_is_refused(
 def daemon_allowing_destination() -> Iterator[DaemonProcess]:
     d = start("--allow", "destination")
     yield d
-    d.stop()
-    shutil.rmtree(d.data_dir, ignore_errors=True)
+    d.close()
 
 
 @pytest.mark.parametrize(("setting", "body"), OTHER_PROVIDERS)

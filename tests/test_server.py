@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import pathlib
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -10,6 +11,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from hutch.server.app import ServerSettings, create_app
+from hutch.server.daemon import Daemon
 from tests.daemon_fixture import DaemonProcess
 
 #: The fast path takes application/json; FastAPI also takes any +json type, so
@@ -94,3 +97,33 @@ def test_status_is_the_same_through_both(http: tuple[httpx.Client, str]) -> None
     assert one["state"] == "running" and one["workspace"] is None
 
 
+
+
+@pytest.mark.anyio
+async def test_the_fast_path_takes_the_route_fastapi_would(tmp_path: pathlib.Path) -> None:
+    # One route table: a route FastAPI tries before a hot one, matching the
+    # same request, is the one that answers; the hot ones still answer theirs.
+    daemon = Daemon(str(tmp_path / "data"))
+    await daemon.start()
+    try:
+        app = create_app(ServerSettings(data_dir=str(tmp_path / "data")), core=daemon)
+
+        async def shadow(sandbox_id: str) -> dict[str, str]:
+            return {"shadowed": sandbox_id}
+
+        app.router.add_api_route("/v1/sandboxes/{sandbox_id}", shadow, methods=["GET"])
+        app.router.routes.insert(0, app.router.routes.pop())  # tried first
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://hutch") as client:
+                made = await client.post("/v1/sandboxes", json={
+                    "provider": "local", "workdir": str(tmp_path / "work")})
+                sandbox_id = made.json()["id"]
+                status = await client.get(f"/v1/sandboxes/{sandbox_id}")
+                assert status.json() == {"shadowed": sandbox_id}
+                ran = await client.post(f"/v1/sandboxes/{sandbox_id}/exec",
+                                        json={"cmd": ["echo", "hot"]})
+                assert ran.json()["stdout"] == "hot\n"
+                await client.delete(f"/v1/sandboxes/{sandbox_id}")
+    finally:
+        await daemon.stop()

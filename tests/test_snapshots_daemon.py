@@ -5,7 +5,6 @@ mid-fork (after a restart the store and the provider agree)."""
 from __future__ import annotations
 
 import os
-import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -32,9 +31,10 @@ def daemon() -> Iterator[DaemonProcess]:
     d = DaemonProcess().start()
     yield d
     # Whatever a failing test left on the engine (images, containers) goes too.
-    d.remove_everything()
-    d.stop()
-    shutil.rmtree(d.data_dir, ignore_errors=True)
+    try:
+        d.remove_everything()
+    finally:
+        d.close()
 
 
 def client(d: DaemonProcess) -> hutch.Client:

@@ -36,8 +36,7 @@ def daemon() -> Iterator[DaemonProcess]:
     try:
         d.remove_everything()  # sandboxes, workspaces and snapshots outlive a stop
     finally:
-        d.stop()
-        shutil.rmtree(d.data_dir, ignore_errors=True)
+        d.close()
 
 
 def client(d: DaemonProcess) -> hutch.Client:
@@ -123,8 +122,7 @@ def test_ended_sandboxes_are_pruned_after_the_retention_period() -> None:
             assert kept.exec("echo alive").stdout == "alive\n"
             assert c.events(kept.id)
     finally:
-        d.stop()
-        shutil.rmtree(d.data_dir, ignore_errors=True)
+        d.close()
         shutil.rmtree(workdir, ignore_errors=True)
 
 

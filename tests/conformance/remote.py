@@ -32,7 +32,7 @@ def daemon() -> DaemonProcess:
         # The operator lets clients name an ssh destination and config file
         # (the ssh harness's test server).
         _daemon = DaemonProcess(
-            extra_args=["--allow", "destination", "--allow", "config_file"]
+            extra_args=["--allow", "destination", "--allow", "config_file"], for_session=True
         ).start()
         atexit.register(_daemon.stop)
     return _daemon

@@ -744,6 +744,13 @@ class ProcessOps:
         self._running = False
 
 
+def note_exit(owner: object, event: object) -> None:
+    """A stream's exit status, told to the background command's handle the
+    stream came from (so that its ``running`` and ``exit_code`` agree)."""
+    if isinstance(owner, ProcessOps) and isinstance(event, ExitStatus):
+        owner._running, owner._exit_code = False, event.exit_code
+
+
 # -- drivers and facades ---------------------------------------------------------------------
 
 

@@ -13,7 +13,6 @@ import anyio.to_thread
 import httpx
 
 from .._errors import HutchError
-from .._process import ExitStatus
 from .._refwire import UNIX_HOST, unix_socket_of
 from ._core import (
     DEFAULT_URL,
@@ -29,6 +28,7 @@ from ._core import (
     check_answer,
     decode_answer,
     decode_event,
+    note_exit,
     request_kwargs,
     step,
     unreachable,
@@ -52,11 +52,6 @@ def http_target(url: str) -> tuple[str, str | None]:
     (for an in-process owner's address, ``http+unix://``), else None."""
     path = unix_socket_of(url)
     return (url, None) if path is None else (f"http://{UNIX_HOST}", path)
-
-
-def _note_exit(owner: Any, event: Any) -> None:
-    if isinstance(event, ExitStatus) and hasattr(owner, "_running"):
-        owner._running, owner._exit_code = False, event.exit_code
 
 
 class _Transport:
@@ -144,7 +139,7 @@ class AsyncTransport(_Transport):
                     async for line in response.aiter_lines():
                         if line:
                             event = decode_event(json.loads(line))
-                            _note_exit(owner, event)
+                            note_exit(owner, event)
                             yield self.wrap(event)
             except httpx.TransportError as exc:
                 raise unreachable(self.url, exc) from None
@@ -211,7 +206,7 @@ class SyncTransport(_Transport):
                     for line in response.iter_lines():
                         if line:
                             event = decode_event(json.loads(line))
-                            _note_exit(owner, event)
+                            note_exit(owner, event)
                             yield self.wrap(event)
             except httpx.TransportError as exc:
                 raise unreachable(self.url, exc) from None

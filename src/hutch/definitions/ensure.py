@@ -55,6 +55,8 @@ Path = Literal["resumed", "restored", "created"]
 LEASE_SECONDS = 1800.0
 #: How much of a failed setup step's output its error carries.
 OUTPUT_TAIL_BYTES = 4096
+#: An instance whose sandbox a daemon holds says so in its description.
+HELD_BY_DAEMON = "daemon"
 #: Where the source is unpacked on its way in (removed once unpacked).
 _SOURCE_ARCHIVE = ".hutch-source.tar"
 
@@ -506,6 +508,12 @@ class LocalHost(SandboxHost):
             recorded = SandboxState.RUNNING
         if recorded in FINAL:
             return None
+        if row.description.get("held_by") == HELD_BY_DAEMON:
+            raise SandboxUnavailable(
+                f"the sandbox of thread {row.thread_id!r} of definition {row.definition_id!r} "
+                f"({row.sandbox_id}) is held by the hutch daemon whose store this is: "
+                "ensure it through the daemon's client (hutch.Client(...).ensure)"
+            )
         backend_cls = get_provider(row.provider)
         try:
             backend = await backend_cls.reconnect(row.sandbox_id, row.description)

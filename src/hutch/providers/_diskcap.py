@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import subprocess
 
 #: The image beside the directory it backs.
@@ -49,12 +50,38 @@ def mount_capped(directory: str, size: int) -> None:
             os.rmdir(os.path.join(directory, "lost+found"))  # the sandbox's dir starts empty
 
 
+def loop_devices_backed_by(image: str) -> list[str]:
+    """The loop devices whose backing file is ``image`` (also once it is deleted)."""
+    done = subprocess.run(["losetup", "--list", "--noheadings", "--raw",
+                           "--output", "NAME,BACK-FILE"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    found = []
+    for line in done.stdout.splitlines():
+        device, _, back = line.partition(" ")
+        if unescape_raw(back).removesuffix(" (deleted)") == image:
+            found.append(device)
+    return found
+
+
+def unescape_raw(field: str) -> str:
+    """A field of util-linux's ``--raw`` output as it is (a space there is ``\\x20``)."""
+    return re.sub(r"\\x([0-9a-fA-F]{2})", lambda m: chr(int(m.group(1), 16)), field)
+
+
 def unmount_capped(directory: str) -> None:
-    """Unmount ``directory`` if it is a capped mount, and drop its image."""
+    """Unmount ``directory`` if it is a capped mount, and drop its image and
+    any loop device still backed by it."""
+    image = image_for(directory)
     if os.path.ismount(directory):
         try:
             _run(["umount", directory])
         except OSError:
             _run(["umount", "-l", directory])  # busy: detached now, freed when let go
     with contextlib.suppress(FileNotFoundError):
-        os.unlink(image_for(directory))
+        os.unlink(image)
+    # A loop device the mount no longer holds (a mount cut short, an image
+    # deleted under it, a lazy unmount) is let go too; a busy one goes when
+    # its last user does.
+    for device in loop_devices_backed_by(image):
+        subprocess.run(["losetup", "--detach", device], capture_output=True,
+                       timeout=60, check=False)

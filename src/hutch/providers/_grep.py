@@ -24,8 +24,8 @@ import anyio.to_thread
 from .._errors import OutputLimitExceeded, ProviderError
 from .._types import DEFAULT_OUTPUT_LIMIT, GrepMatch
 from . import _grepworker
+from ._grepworker import HEADER
 
-_HEADER = _grepworker._HEADER
 #: Idle workers kept for the next grep; more are started as calls overlap.
 _MAX_IDLE = 2
 #: Bytes of file content handed to a worker per request, so that a large
@@ -44,14 +44,14 @@ class _Worker:
         """Blocking: send one request, read its answer (None if the worker died)."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
         try:
-            self.proc.stdin.write(_HEADER.pack(len(payload)) + payload)
+            self.proc.stdin.write(HEADER.pack(len(payload)) + payload)
             self.proc.stdin.flush()
         except (BrokenPipeError, ValueError):
             return None
-        header = self.proc.stdout.read(_HEADER.size)
-        if len(header) < _HEADER.size:
+        header = self.proc.stdout.read(HEADER.size)
+        if len(header) < HEADER.size:
             return None
-        size = _HEADER.unpack(header)[0]
+        size = HEADER.unpack(header)[0]
         body = self.proc.stdout.read(size)
         return marshal.loads(body) if len(body) == size else None
 

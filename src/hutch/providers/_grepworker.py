@@ -37,7 +37,8 @@ import struct
 import sys
 from typing import Any, BinaryIO
 
-_HEADER = struct.Struct(">Q")
+#: What precedes every request and answer: its length in bytes.
+HEADER = struct.Struct(">Q")
 #: A file with a NUL in its first this many bytes is binary and skipped.
 BINARY_PROBE = 8192
 
@@ -140,8 +141,8 @@ def _read_exact(stream: BinaryIO, size: int) -> bytes | None:
 
 
 def serve(requests: BinaryIO, answers: BinaryIO) -> None:
-    while (header := _read_exact(requests, _HEADER.size)) is not None:
-        body = _read_exact(requests, _HEADER.unpack(header)[0])
+    while (header := _read_exact(requests, HEADER.size)) is not None:
+        body = _read_exact(requests, HEADER.unpack(header)[0])
         if body is None:
             return
         try:
@@ -153,7 +154,7 @@ def serve(requests: BinaryIO, answers: BinaryIO) -> None:
         except Exception as exc:
             reply = ("error", type(exc).__name__, str(exc))
         payload = marshal.dumps(reply)
-        answers.write(_HEADER.pack(len(payload)) + payload)
+        answers.write(HEADER.pack(len(payload)) + payload)
         answers.flush()
 
 

@@ -30,6 +30,7 @@ that is not one of them is wrapped as ``ProviderError`` by the caller.
 from __future__ import annotations
 
 import abc
+import asyncio
 import dataclasses
 import posixpath
 import re
@@ -79,6 +80,27 @@ class BackendProcess(abc.ABC):
     def oom_killed(self) -> bool:
         """Whether the kernel's OOM killer ended it, where the provider can tell."""
         return False
+
+class FutureExitProcess(BackendProcess):
+    """A process whose reader settles its end: ``_exit`` (a future, given the
+    exit code or the failure), ``_exit_code`` and ``_oom_killed``, set by the
+    subclass; how they are answered is written once here."""
+
+    _exit: asyncio.Future[int]
+    _exit_code: int | None
+    _oom_killed: bool
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exit)
+
+    @property
+    def returncode(self) -> int | None:
+        return self._exit_code
+
+    @property
+    def oom_killed(self) -> bool:
+        return self._oom_killed
+
 
 @dataclass(frozen=True, slots=True)
 class ProviderSnapshot:
@@ -238,6 +260,22 @@ class SandboxFiles(abc.ABC):
         """Every regular file below ``root`` (absolute paths), for grep and glob:
         links to regular files too; never a FIFO, device or socket (a read of
         one may never end)."""
+
+
+async def bounded_pieces(
+    read: Callable[[], Awaitable[bytes]], path: str, limit: int
+) -> AsyncGenerator[bytes, None]:
+    """What ``read`` gives, piece by piece, until it gives nothing: the file
+    ``path`` streamed, OutputLimitExceeded once past ``limit`` bytes (it grew
+    after it was measured); an empty file is one empty piece."""
+    total = 0
+    while piece := await read():
+        total += len(piece)
+        if total > limit:
+            raise OutputLimitExceeded(f"{path} is over the read limit of {limit} bytes")
+        yield piece
+    if total == 0:
+        yield b""
 
 
 class SandboxRuntime(SandboxPart, SandboxFiles):

@@ -64,7 +64,7 @@ from .._types import (
     OutputChunk,
 )
 from . import _layers
-from ._diskcap import mount_capped, unmount_capped
+from ._diskcap import image_for, mount_capped, unmount_capped
 from ._grep import GREP_OUTPUT_LIMIT, matching_indices
 from ._grepfilter import LINE_BREAK_CHARS as _LINE_BREAK_CHARS
 from ._grepfilter import LINE_BREAKS as _LINE_BREAKS
@@ -73,7 +73,7 @@ from ._hostproc import EXEC_MARKER, SANDBOX_MARKER
 from .agent import AgentFailure, AgentRuntime, AgentUnavailable, agent_binary
 from .agent import workload as _workload
 from .base import (
-    BackendProcess,
+    FutureExitProcess,
     NativeBackend,
     ProcessRequest,
     ProviderSettings,
@@ -81,6 +81,7 @@ from .base import (
     RuntimeNotice,
     RuntimeReport,
     SandboxRuntime,
+    bounded_pieces,
 )
 from .network import NetworkPolicy, apply_in_namespace, host_addresses
 from .policy import Limit, ReachesHost, format_bytes, keeps_dropped, one_of, parse_bytes
@@ -524,7 +525,7 @@ class _ChunkReader(io.RawIOBase):
         return count
 
 
-class DockerProcess(BackendProcess):
+class DockerProcess(FutureExitProcess):
     """One exec: a reader thread demultiplexes the hijacked socket into a queue."""
 
     def __init__(
@@ -548,7 +549,7 @@ class DockerProcess(BackendProcess):
         #: The container's OOM kills before the command started (None: unknown).
         self._oom_before = oom_before
         self._oom_killed = False
-        self._exit = self._loop.create_future()
+        self._exit: asyncio.Future[int] = self._loop.create_future()
         self._first = True
         self._held: bytes | None = None
         self._eof = False
@@ -647,17 +648,6 @@ class DockerProcess(BackendProcess):
                 )
             return OutputChunk("stdout", held)
         return None
-
-    async def wait(self) -> int:
-        return int(await asyncio.shield(self._exit))
-
-    @property
-    def returncode(self) -> int | None:
-        return self._exit_code
-
-    @property
-    def oom_killed(self) -> bool:
-        return self._oom_killed
 
     async def kill(self, grace: float) -> None:
         if self._exit.done():
@@ -1557,18 +1547,15 @@ class DockerSandbox(NativeBackend):
         """The file in pieces as the engine's archive stream brings them: a
         large file is never whole in the daemon's memory."""
         stream, content = await _call(self._open_content, path, limit, path=path)
+        async def read() -> bytes:
+            if content is None:
+                return b""
+            piece: bytes = await _call(content.read, _READ_PIECE, path=path)
+            return piece
+
         try:
-            total = 0
-            while content is not None:
-                piece: bytes = await _call(content.read, _READ_PIECE, path=path)
-                if not piece:
-                    break
-                total += len(piece)
-                if total > limit:
-                    raise OutputLimitExceeded(f"{path} is over the read limit of {limit} bytes")
+            async for piece in bounded_pieces(read, path, limit):
                 yield piece
-            if total == 0:
-                yield b""
         finally:
             stream.close()
 
@@ -1969,6 +1956,7 @@ class DockerSandbox(NativeBackend):
 
         await _call(remove)
         await anyio.to_thread.run_sync(_layers.end_branch, sandbox_id)
+        await anyio.to_thread.run_sync(_release_own_dir, sandbox_id)
 
     @classmethod
     async def reap_orphans(cls, known: set[str]) -> list[str]:
@@ -1990,6 +1978,10 @@ class DockerSandbox(NativeBackend):
         for sandbox_id in await anyio.to_thread.run_sync(_layers.branches):
             if sandbox_id not in known:
                 await anyio.to_thread.run_sync(_layers.end_branch, sandbox_id)
+        for sandbox_id in await anyio.to_thread.run_sync(_capped_sandbox_dirs):
+            if sandbox_id not in known:
+                await anyio.to_thread.run_sync(_release_own_dir, sandbox_id)
+                removed.append(f"{sandbox_id} (its capped working directory)")
         # Snapshot images untagged while their branches ran, now unused.
         with contextlib.suppress(HutchError):
             await _call(free_untagged_images, api)
@@ -2120,6 +2112,33 @@ class DockerSandbox(NativeBackend):
         with contextlib.suppress(OSError):
             unmount_capped(self.host_workdir)  # first: rmtree would empty the mount, not end it
         shutil.rmtree(os.path.dirname(self.host_workdir), ignore_errors=True)
+
+
+def _capped_sandbox_dirs() -> list[str]:
+    """The sandboxes whose own working directory is (or was) a capped mount
+    here: a mount, or an image it is mounted from, in ``sandboxes/<id>``."""
+    parent = os.path.join(hutch_home(), "sandboxes")
+    try:
+        names = sorted(os.listdir(parent))
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        workdir = sandbox_workdir(name)
+        if os.path.ismount(workdir) or os.path.exists(image_for(workdir)):
+            found.append(name)
+    return found
+
+
+def _release_own_dir(sandbox_id: str) -> None:
+    """Free a sandbox's own host directory: its capped working directory's
+    mount, image and loop device first (removing files would only empty a
+    mount, not end it), then the directory with what else it holds."""
+    workdir = sandbox_workdir(sandbox_id)
+    with contextlib.suppress(OSError):
+        unmount_capped(workdir)
+    if not os.path.ismount(workdir):
+        shutil.rmtree(os.path.dirname(workdir), ignore_errors=True)
 
 
 __all__ = ["DockerConfig", "DockerSandbox", "list_managed_containers"]

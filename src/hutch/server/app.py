@@ -6,12 +6,14 @@ validate input and document it in the OpenAPI schema. Every error leaves as
 ``HutchError.wire``) with the status of its code.
 
 The four calls an agent makes most (exec, read a file, write a file, read a
-sandbox's status) are also answered by :class:`HotRoutes` before FastAPI's
-router sees them: FastAPI tries its routes one by one (~9 µs each here) and
-resolves each endpoint's parameters (~130 µs a request), which would be most
-of what the daemon adds to an exec. Anything the fast path is not sure of
-falls through to the FastAPI route with the body replayed, so both answer
-alike and the OpenAPI document stays the one reference.
+sandbox's status) are answered by :class:`HotRoutes` once the application's
+own route table says they are theirs: FastAPI resolves each endpoint's
+parameters (~130 µs a request), which would be most of what the daemon adds
+to an exec. There is one route table, FastAPI's: the fast path matches a
+request against it, in its order, and answers only when the route it would
+take is a hot one. Anything the fast path is not sure of falls through to
+the FastAPI route with the body replayed, so both answer alike and the
+OpenAPI document stays the one reference.
 """
 
 from __future__ import annotations
@@ -26,7 +28,15 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Mapping,
+    MutableMapping,
+    Sequence,
+)
 from contextlib import asynccontextmanager
 from typing import IO, Any
 from urllib.parse import parse_qsl
@@ -37,6 +47,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute, Match
 
 from .._errors import (
     ERRORS_BY_CODE,
@@ -579,6 +590,10 @@ class CancelOnDisconnect:
 # -- the fast path -----------------------------------------------------------------------------
 
 
+#: A hot route's handler: (daemon, sandbox id, scope, receive, send).
+_HotHandler = Callable[["Daemon", str, Scope, Receive, Send], Awaitable[None]]
+
+
 class _FallThrough(Exception):
     """The fast path is not sure of this request: FastAPI answers it."""
 
@@ -683,27 +698,63 @@ def _is_json(scope: Scope) -> bool:
 
 
 class HotRoutes:
-    """Answers exec, file read/write and status reads without FastAPI's router.
+    """Answers exec, file read/write and status reads without FastAPI's
+    parameter resolution, on FastAPI's own routes.
 
-    Sits inside :class:`TokenAuth` (the token is checked first) and calls the
-    same :class:`Daemon` methods as the FastAPI routes. It takes a request only
-    when it is sure of it: the exact path shapes below, well-formed query
+    Sits inside :class:`TokenAuth` (the token is checked first). A request is
+    matched against the application's route table, in the order FastAPI
+    tries it (included routers entered in place), up to the last hot route:
+    when the first route that matches it whole is a hot one (``hot``: its
+    endpoint -> the name of its handler here), that handler answers, calling
+    the same :class:`Daemon` methods as the endpoint; otherwise FastAPI does.
+    A handler takes a request only when it is sure of it: well-formed query
     parameters, a JSON body that validates. Otherwise FastAPI answers, with
     the body replayed, so its errors are the errors.
     """
 
-    def __init__(self, app: ASGIApp, daemon: Callable[[], Daemon | None]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        daemon: Callable[[], Daemon | None],
+        routes: Callable[[], Sequence[BaseRoute]],
+        hot: Mapping[Callable[..., Any], str],
+    ) -> None:
         self.app = app
         self.daemon = daemon
+        self._routes = routes
+        self._hot = hot
+        self._table: list[tuple[BaseRoute, _HotHandler | None]] | None = None
+
+    def _route_table(self) -> list[tuple[BaseRoute, _HotHandler | None]]:
+        """The routes in the order FastAPI tries them, each with its hot
+        handler (or None), cut after the last hot one (made on first use:
+        the table is complete once the application serves)."""
+        if self._table is None:
+            flat: list[tuple[BaseRoute, _HotHandler | None]] = []
+
+            def walk(routes: Sequence[BaseRoute]) -> None:
+                for route in routes:
+                    included = getattr(route, "original_router", None)  # an included router
+                    if included is not None:
+                        walk(included.routes)
+                        continue
+                    name = self._hot.get(getattr(route, "endpoint", None))  # type: ignore[arg-type]
+                    flat.append((route, getattr(self, name) if name else None))
+
+            walk(self._routes())
+            last = max((i for i, (_, h) in enumerate(flat) if h is not None), default=-1)
+            self._table = flat[:last + 1]
+        return self._table
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         daemon = self.daemon() if scope["type"] == "http" else None
-        handler = self._handler(scope) if daemon is not None else None
-        if daemon is None or handler is None:
+        found = self._handler(scope) if daemon is not None else None
+        if daemon is None or found is None:
             await self.app(scope, receive, send)
             return
+        handler, sandbox_id = found
         try:
-            await handler(daemon, scope, receive, send)
+            await handler(daemon, sandbox_id, scope, receive, send)
         except _FallThrough as fall:
             body = fall.args[0] if fall.args else None
             await self.app(scope, receive if body is None else _replaying(body, receive), send)
@@ -715,27 +766,17 @@ class HotRoutes:
             await _respond(send, 500, render_json(unexpected_error_json(exc)),
                            b"application/json")
 
-    def _handler(
-        self, scope: Scope
-    ) -> Callable[[Daemon, Scope, Receive, Send], Awaitable[None]] | None:
-        # "/v1/sandboxes/{id}" splits into ["", "v1", "sandboxes", id(, op)].
-        parts = scope["path"].split("/")
-        if len(parts) not in (4, 5) or parts[1] != "v1" or parts[2] != "sandboxes":
-            return None
-        if not parts[3]:
-            return None
-        method, op = scope["method"], parts[4] if len(parts) == 5 else None
-        if op is None:
-            return self._status if method == "GET" else None
-        if op == "exec":
-            return self._exec if method == "POST" else None
-        if op == "files":
-            return {"GET": self._read, "PUT": self._write}.get(method)
+    def _handler(self, scope: Scope) -> tuple[_HotHandler, str] | None:
+        """The hot handler of the route FastAPI would take, and its sandbox id."""
+        probe = dict(scope)  # matching may note things in the scope: not in the real one
+        for route, handler in self._route_table():
+            match, child = route.matches(probe)
+            if match is Match.FULL:
+                sandbox_id = (child.get("path_params") or {}).get("sandbox_id")
+                if handler is None or not isinstance(sandbox_id, str):
+                    return None
+                return handler, sandbox_id
         return None
-
-    @staticmethod
-    def _sandbox_id(scope: Scope) -> str:
-        return str(scope["path"].split("/")[3])
 
     @staticmethod
     def _session(scope: Scope) -> str | None:
@@ -746,11 +787,15 @@ class HotRoutes:
         # As Starlette reads it: the last of repeated keys wins.
         return dict(parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True))
 
-    async def _status(self, daemon: Daemon, scope: Scope, receive: Receive, send: Send) -> None:
-        info = await daemon.describe(self._sandbox_id(scope))
+    async def _status(
+        self, daemon: Daemon, sandbox_id: str, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        info = await daemon.describe(sandbox_id)
         await _respond(send, 200, render_json(info), b"application/json")
 
-    async def _exec(self, daemon: Daemon, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _exec(
+        self, daemon: Daemon, sandbox_id: str, scope: Scope, receive: Receive, send: Send
+    ) -> None:
         if not _is_json(scope):
             raise _FallThrough()
         raw = await _read_body(receive)
@@ -760,11 +805,13 @@ class HotRoutes:
             body = ExecBody.model_validate_json(raw)
         except ValidationError:
             raise _FallThrough(raw) from None
-        sandbox = daemon.session(self._sandbox_id(scope), self._session(scope))
+        sandbox = daemon.session(sandbox_id, self._session(scope))
         answer = await run_exec(sandbox, body)
         await _respond(send, 200, render_json(answer), b"application/json")
 
-    async def _read(self, daemon: Daemon, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _read(
+        self, daemon: Daemon, sandbox_id: str, scope: Scope, receive: Receive, send: Send
+    ) -> None:
         query = self._query(scope)
         path, limit_text = query.get("path"), query.get("limit")
         if path is None or (limit_text is not None and not limit_text.isdigit()):
@@ -772,7 +819,7 @@ class HotRoutes:
         limit = int(limit_text) if limit_text is not None else DEFAULT_READ_LIMIT
         if not 0 < limit <= MAX_READ_LIMIT:
             raise _FallThrough()
-        sandbox = daemon.session(self._sandbox_id(scope), self._session(scope))
+        sandbox = daemon.session(sandbox_id, self._session(scope))
         first, rest = await opened_file(sandbox.read_pieces(path, limit=limit))
         if rest is None:
             await _respond(send, 200, first, b"application/octet-stream")
@@ -788,7 +835,9 @@ class HotRoutes:
         finally:
             await rest.aclose()
 
-    async def _write(self, daemon: Daemon, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _write(
+        self, daemon: Daemon, sandbox_id: str, scope: Scope, receive: Receive, send: Send
+    ) -> None:
         path = self._query(scope).get("path")
         if path is None:
             raise _FallThrough()
@@ -796,7 +845,7 @@ class HotRoutes:
         if spool is None:
             return
         with spool:
-            sandbox = daemon.session(self._sandbox_id(scope), self._session(scope))
+            sandbox = daemon.session(sandbox_id, self._session(scope))
             await sandbox.write_from(path, spool)
         await _respond(send, 204, b"", b"")
 
@@ -1351,7 +1400,10 @@ def create_app(
         return {"status": "ok"}
 
     # The last added is the outermost: the token is checked before the fast path.
-    app.add_middleware(HotRoutes, daemon=lambda: holder.get("daemon"))
+    app.add_middleware(
+        HotRoutes, daemon=lambda: holder.get("daemon"), routes=lambda: app.router.routes,
+        hot={exec_: "_exec", read_file: "_read", write_file: "_write", get_sandbox: "_status"},
+    )
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(CancelOnDisconnect)
     app.add_middleware(TokenAuth, token=settings.token, daemon=lambda: holder.get("daemon"))

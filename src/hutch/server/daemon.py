@@ -55,7 +55,7 @@ from .._sandbox import (
 from .._snapshots import Snapshot, SnapshotDependent, new_snapshot_id
 from ..config import OPTION_KEYS, SandboxSpec, resolve_spec
 from ..definitions import Definition, Definitions, DirSource, GitSource, SandboxHost
-from ..definitions.ensure import Progress
+from ..definitions.ensure import HELD_BY_DAEMON, Progress
 from ..lifecycle.engine import LifecycleEngine, expiry_error
 from ..lifecycle.state import SandboxState
 from ..providers.base import ProviderSnapshot, RuntimeNotice, SandboxBackend
@@ -1374,3 +1374,8 @@ class _DaemonHost(SandboxHost):
 
     async def drop_snapshot(self, snapshot: SnapshotRow) -> None:
         await self.daemon.delete_snapshot(snapshot.id)  # refused while something needs it
+
+    def describe(self, sandbox: Sandbox) -> dict[str, Any]:
+        # Found again through the daemon's own sandbox table; a program
+        # opening this store in-process is told whose it is.
+        return {"held_by": HELD_BY_DAEMON}

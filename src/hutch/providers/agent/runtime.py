@@ -45,7 +45,13 @@ from ..._types import FileInfo, FileType, GrepMatch, OutputChunk
 from .._grep import GrepBatches
 from .._grepfilter import required_literals
 from .._hostproc import EXEC_MARKER
-from ..base import ProcessRequest, PtyProcess, SandboxRuntime
+from ..base import (
+    FutureExitProcess,
+    ProcessRequest,
+    PtyProcess,
+    SandboxRuntime,
+    bounded_pieces,
+)
 from .wire import MAX_PAYLOAD, AgentFailure, Channel, Header, connect_socket
 from .workload import WORKLOAD_NAME, open_task_files
 
@@ -178,13 +184,14 @@ def _ok(reply: Header) -> None:
         raise AgentFailure(f"the agent answered {reply['t']!r} where ok was due")
 
 
-class AgentProcess(PtyProcess):
+class AgentProcess(FutureExitProcess, PtyProcess):
     """One command the agent runs: a reader task turns its frames into chunks.
     On a PTY, what is typed goes as it comes (``write``), and the window size
     can change (``resize``)."""
 
     def __init__(
-        self, runtime: AgentRuntime, channel: Channel, marker: str, pid: int, stdin: bytes | None
+        self, runtime: AgentRuntime, channel: Channel, marker: str, pid: int,
+        stdin: bytes | None, *, reusable: bool = False,
     ) -> None:
         self._runtime = runtime
         self._channel = channel
@@ -198,6 +205,8 @@ class AgentProcess(PtyProcess):
         self._oom_killed = False
         self._killing = False
         self._eof = False
+        #: A plain command's connection serves again once it exits (see _pump).
+        self._reusable = reusable
         self._tasks = [loop.create_task(self._pump())]
         if stdin is not None:
             self._tasks.append(loop.create_task(self._feed(stdin)))
@@ -218,6 +227,7 @@ class AgentProcess(PtyProcess):
         self._queue.put_nowait(item)
 
     async def _pump(self) -> None:
+        exited = False
         try:
             while True:
                 header, payload = await self._channel.recv(EXEC_SILENCE_TIMEOUT)
@@ -233,6 +243,7 @@ class AgentProcess(PtyProcess):
                         self._runtime.on_oom()
                     if not self._exit.done():
                         self._exit.set_result(code)
+                    exited = True
                     break
                 elif kind != "hb":
                     raise AgentFailure(f"the agent sent {kind!r} while running a command")
@@ -244,8 +255,14 @@ class AgentProcess(PtyProcess):
                 self._exit.exception()  # retrieved here; wait() raises it again
             await self._put(failure)
         finally:
-            self._channel.close()
+            reuse = exited and self._reusable and not self._killing
+            if not reuse:
+                self._channel.close()
             await self._put(None)
+        if reuse:
+            # Declared at the start (see start_process): the agent sends
+            # nothing more for it, and serves the next request on it.
+            self._runtime.keep(self._channel)
 
     async def read(self) -> OutputChunk | None:
         if self._eof:
@@ -260,9 +277,6 @@ class AgentProcess(PtyProcess):
             raise item
         return item
 
-    async def wait(self) -> int:
-        return await asyncio.shield(self._exit)
-
     async def write(self, data: bytes) -> None:
         view = memoryview(data)
         for start in range(0, len(view), MAX_PAYLOAD):
@@ -270,14 +284,6 @@ class AgentProcess(PtyProcess):
 
     async def resize(self, rows: int, cols: int) -> None:
         await self._channel.send({"t": "resize", "rows": rows, "cols": cols})
-
-    @property
-    def returncode(self) -> int | None:
-        return self._exit_code
-
-    @property
-    def oom_killed(self) -> bool:
-        return self._oom_killed
 
     async def kill(self, grace: float) -> None:
         if self._exit.done():
@@ -321,6 +327,9 @@ class AgentRuntime(SandboxRuntime):
         self.default_user = default_user
         self._recover = recover
         self._idle: list[Channel] = []
+        #: The agent keeps an exec's connection for the next request (its
+        #: version, learnt from its ping, is 2 or later).
+        self.keeps_exec_connections = False
 
     # -- connections ----------------------------------------------------------------
     async def _connect(self) -> Channel:
@@ -361,6 +370,13 @@ class AgentRuntime(SandboxRuntime):
         except AgentFailure:
             pass  # the next request finds out, and recovers
 
+    def keep(self, channel: Channel) -> None:
+        """A connection in step with the agent, for the next request."""
+        if not channel.closed and len(self._idle) < POOL_SIZE:
+            self._idle.append(channel)
+        else:
+            channel.close()
+
     def drop_connections(self) -> None:
         for channel in self._idle:
             channel.close()
@@ -377,10 +393,7 @@ class AgentRuntime(SandboxRuntime):
         except BaseException:
             channel.close()  # cancelled mid-answer: out of step
             raise
-        if not channel.closed and len(self._idle) < POOL_SIZE:
-            self._idle.append(channel)
-        else:
-            channel.close()
+        self.keep(channel)
 
     async def request(
         self,
@@ -416,13 +429,17 @@ class AgentRuntime(SandboxRuntime):
     ) -> AgentProcess:
         argv, stdin = request.argv, request.stdin
         marker = uuid.uuid4().hex
+        # A command with no stdin and no PTY: the host sends nothing while it
+        # runs, so an agent that can (version 2 on) keeps its connection for
+        # the next request once the exit is sent.
+        reuse = stdin is None and pty is None and self.keeps_exec_connections
         header: Header = {
             "op": "exec", "argv": list(argv), "cwd": request.cwd,
             "env": {**request.env, EXEC_MARKER: marker},
             "user": request.user or self.default_user or "",
             "stdin": stdin is not None or pty is not None,
             "shell_fallback": bool(argv) and argv[0] == "bash",
-            "marker": f"{EXEC_MARKER}={marker}",
+            "marker": f"{EXEC_MARKER}={marker}", "reuse": reuse,
         }
         if pty is not None:
             header["pty"] = {"rows": pty[0], "cols": pty[1]}
@@ -442,7 +459,7 @@ class AgentRuntime(SandboxRuntime):
         except BaseException:
             channel.close()
             raise
-        return AgentProcess(self, channel, marker, pid, stdin)
+        return AgentProcess(self, channel, marker, pid, stdin, reusable=reuse)
 
     async def start_pty(self, request: ProcessRequest, rows: int, cols: int) -> AgentProcess:
         # What is typed is written: no stdin is fed.
@@ -493,16 +510,15 @@ class AgentRuntime(SandboxRuntime):
                     f"{path} is {size} bytes, over the read limit of {limit} bytes"
                 )
             offset = 0
-            while True:
+
+            async def read() -> bytes:
+                nonlocal offset
                 piece = os.pread(fd, MAX_PAYLOAD, offset)
-                if not piece:
-                    break
                 offset += len(piece)
-                if offset > limit:
-                    raise OutputLimitExceeded(f"{path} is over the read limit of {limit} bytes")
+                return piece
+
+            async for piece in bounded_pieces(read, path, limit):
                 yield piece
-            if offset == 0:
-                yield b""
         finally:
             os.close(fd)
 
@@ -654,6 +670,8 @@ class AgentRuntime(SandboxRuntime):
             reply, _ = await channel.recv(timeout)
             if reply["t"] != "ok":
                 raise AgentFailure("the agent did not answer a ping")
+            version = str(reply.get("version", ""))
+            self.keeps_exec_connections = version.isdigit() and int(version) >= 2
             return int(_number(reply, "pid"))
         finally:
             channel.close()

@@ -171,7 +171,8 @@ class Channel:
     async def recv(self, timeout: float | None) -> tuple[Header, bytes]:
         """The next frame; AgentFailure if none comes within ``timeout`` seconds."""
         try:
-            return await asyncio.wait_for(self._recv(), timeout)
+            async with asyncio.timeout(timeout):  # no task of its own, as wait_for makes
+                return await self._recv()
         except TimeoutError:
             self.close()
             raise AgentFailure(f"the agent did not answer within {timeout} s") from None

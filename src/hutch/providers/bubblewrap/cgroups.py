@@ -33,7 +33,8 @@ _CPU_PERIOD_US = 100_000
 #: The host-side launcher: join the cgroups named in $HUTCH_CGROUP_PROCS, then
 #: exec the rest of argv (bwrap, or nsenter + bwrap), so that nothing the
 #: sandbox starts ever runs outside its limits, not even for an instant.
-JOIN_AND_EXEC = 'for f in $HUTCH_CGROUP_PROCS; do echo $$ > "$f" || exit 125; done; exec "$@"'
+#: It writes ``0`` (itself) to each v1 ``tasks`` file (see :meth:`SandboxCgroup.join_file`).
+JOIN_AND_EXEC = 'for f in $HUTCH_CGROUP_PROCS; do echo 0 > "$f" || exit 125; done; exec "$@"'
 
 
 def unified() -> bool:
@@ -160,16 +161,26 @@ class SandboxCgroup:
             _write(f"{directory}/tasks", "0")
         return True
 
+    def join_file(self, directory: str) -> str:
+        """The file through which a process joins ``directory`` by writing 0.
+
+        On v1, ``tasks``: the launcher (a single-threaded shell) moves its one
+        thread, which takes no global lock; a move through ``cgroup.procs``
+        takes the threadgroup lock, whose first taking after a quiet spell
+        waits a whole RCU grace period (5-15 ms here, on every native exec).
+        On v2 a process moves whole, through ``cgroup.procs``."""
+        return os.path.join(directory, "cgroup.procs" if self.v2 else "tasks")
+
     def keeper_procs_files(self) -> str:
         """What the keeper's launcher reads from $HUTCH_CGROUP_PROCS: the
         sandbox's own cgroups."""
-        return " ".join(f"{d}/cgroup.procs" for d in self._dirs.values())
+        return " ".join(self.join_file(d) for d in self._dirs.values())
 
     def procs_files(self) -> str:
         """What an exec's launcher (``JOIN_AND_EXEC``) reads from
         $HUTCH_CGROUP_PROCS: the workload's cgroups where there are."""
         dirs = {**self._dirs, **(self.workload or {})}
-        return " ".join(f"{d}/cgroup.procs" for d in dirs.values())
+        return " ".join(self.join_file(d) for d in dirs.values())
 
     def workload_dirs(self) -> dict[str, str] | None:
         """The workload's cgroups, for the agent to start commands in."""

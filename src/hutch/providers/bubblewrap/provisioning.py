@@ -212,7 +212,7 @@ class Layers:
     def mount(self) -> None:
         """Mount the sandbox's tmpfs (a suspended upper layer copied back onto
         it) and its overlay, in the calling thread's mount namespace: run by
-        :func:`in_private_mount_namespace`, never in the host's."""
+        the starter thread (:class:`_Starter`), never in the host's."""
         _mount("hutch-upper", self.hot, "tmpfs", _MS_NOSUID | _MS_NODEV,
                f"size={self.disk_limit},mode=0700")
         upper, work = os.path.join(self.hot, "upper"), os.path.join(self.hot, "work")

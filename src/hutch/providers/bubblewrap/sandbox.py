@@ -181,13 +181,19 @@ class BubblewrapSandbox(SandboxBackend):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.agent_link)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        directory = os.open(os.path.dirname(self.agent_link),
+                            os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            listener.bind(self.agent_link)
+            # Bound through the directory's descriptor: a socket's path has
+            # room for 107 bytes, and a hutch home may be longer than that.
+            listener.bind(f"/proc/self/fd/{directory}/{os.path.basename(self.agent_link)}")
             os.chmod(self.agent_link, 0o600)
             listener.listen(128)
         except OSError:
             listener.close()
             raise
+        finally:
+            os.close(directory)
         return listener
 
     @property
@@ -381,7 +387,7 @@ class BubblewrapSandbox(SandboxBackend):
             sandbox_id, workdir, parts, hostname=hostname, ephemeral=ephemeral, agent=agent,
             network=network,
         )
-        try:
+        def provision() -> None:
             os.makedirs(layers.sandbox_dir, exist_ok=True)
             _write_owner(layers.sandbox_dir)
             cgroup.create(memory=memory, pids=pids, cpus=cpus)
@@ -389,6 +395,11 @@ class BubblewrapSandbox(SandboxBackend):
             if network != "none":
                 sandbox.net_index = net.allocate(sandbox_id)
             sandbox._start_keeper()
+
+        try:
+            # Off the event loop: the keeper's start waits on bwrap, and a
+            # network's setup runs ip and iptables; other callers go on meanwhile.
+            await anyio.to_thread.run_sync(provision)
             if network != "none":
                 # The host's resolver, reached through the masquerade.
                 await sandbox._runtime.files.write_file("/etc/resolv.conf", net.host_resolver())

@@ -21,7 +21,7 @@ import asyncio
 import base64
 import contextlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import asyncssh
 
@@ -252,6 +252,25 @@ KILL_SCRIPT = (
 COUNT_SCRIPT = 'grep -lzxF -e "$1" /proc/[0-9]*/environ 2>/dev/null | wc -l'
 
 
+@contextlib.contextmanager
+def closed_on_failure(
+    kept: KeptConnection, conn: asyncssh.SSHClientConnection,
+    process: asyncssh.SSHClientProcess[bytes],
+) -> Iterator[None]:
+    """Close ``process`` if what runs inside fails; a channel error is the
+    connection lost (forgotten, so that the next call connects anew). A
+    timeout goes on, for the caller to say what took too long."""
+    try:
+        yield
+    except (TimeoutError, HutchError):
+        process.close()
+        raise
+    except CHANNEL_ERRORS as exc:
+        process.close()
+        kept.forget(conn)
+        raise lost(kept.target, exc) from None
+
+
 async def run_helper(
     kept: KeptConnection,
     argv: Sequence[str],
@@ -277,26 +296,19 @@ async def run_helper(
         return bytes(data)
 
     try:
-        async with asyncio.timeout(timeout):
-            if stdin:
-                process.stdin.write(stdin)
-            process.stdin.write_eof()
-            out, err = await asyncio.gather(
-                collect(process.stdout, output_limit + 1), collect(process.stderr, 1 << 20)
-            )
-            await process.wait_closed()
+        with closed_on_failure(kept, conn, process):
+            async with asyncio.timeout(timeout):
+                if stdin:
+                    process.stdin.write(stdin)
+                process.stdin.write_eof()
+                out, err = await asyncio.gather(
+                    collect(process.stdout, output_limit + 1), collect(process.stderr, 1 << 20)
+                )
+                await process.wait_closed()
     except TimeoutError:
-        process.close()
         raise ProviderError(
             f"ssh {kept.target.destination}: {argv[0]} took over {timeout} s"
         ) from None
-    except HutchError:
-        process.close()
-        raise
-    except CHANNEL_ERRORS as exc:
-        process.close()
-        kept.forget(conn)
-        raise lost(kept.target, exc) from None
     if out[:1] == STARTED:
         out = out[1:]
     elif out[:1] == FAILED:

@@ -12,7 +12,6 @@ from typing import Any
 
 from ..._errors import (
     CapabilityUnsupported,
-    HutchError,
     InvalidArgument,
     ProviderError,
     SandboxFileNotFound,
@@ -25,12 +24,12 @@ from .config import SshConfig
 from .connection import KeptConnection, SshTarget, acquire, lost, release
 from .files import SftpFiles
 from .process import (
-    CHANNEL_ERRORS,
     COUNT_SCRIPT,
     FAILED,
     STARTED,
     SshProcess,
     SshPtyProcess,
+    closed_on_failure,
     command_line,
     open_process,
     run_helper,
@@ -158,35 +157,28 @@ class SshSandbox(NativeBackend, FilesRuntime):
         )
         conn, process = await open_process(self._kept, command, term_size=term_size)
         try:
-            async with asyncio.timeout(_START_TIMEOUT):
-                head = await process.stdout.read(1)
-                if head == FAILED:
-                    reason = (await process.stdout.readline()).strip().decode()
-                    raise start_error(reason, argv, cwd, user, self.destination)
-                if head != STARTED:
-                    # The wrapper never ran (no sh on the host?) or the link dropped.
-                    err = await process.stderr.read(4096)
-                    await process.wait_closed()
-                    if process.returncode is None:
-                        self._kept.forget(conn)
-                        raise lost(self._kept.target)
-                    raise ProviderError(
-                        f"ssh {self.destination}: the command did not start: "
-                        f"{err.decode('utf-8', 'replace').strip()}"
-                    )
+            with closed_on_failure(self._kept, conn, process):
+                async with asyncio.timeout(_START_TIMEOUT):
+                    head = await process.stdout.read(1)
+                    if head == FAILED:
+                        reason = (await process.stdout.readline()).strip().decode()
+                        raise start_error(reason, argv, cwd, user, self.destination)
+                    if head != STARTED:
+                        # The wrapper never ran (no sh on the host?) or the link dropped.
+                        err = await process.stderr.read(4096)
+                        await process.wait_closed()
+                        if process.returncode is None:
+                            self._kept.forget(conn)
+                            raise lost(self._kept.target)
+                        raise ProviderError(
+                            f"ssh {self.destination}: the command did not start: "
+                            f"{err.decode('utf-8', 'replace').strip()}"
+                        )
         except TimeoutError:
-            process.close()
             raise SandboxUnavailable(
                 f"ssh {self.destination}: the host did not start the command within "
                 f"{_START_TIMEOUT} s"
             ) from None
-        except HutchError:
-            process.close()
-            raise
-        except CHANNEL_ERRORS as exc:
-            process.close()
-            self._kept.forget(conn)
-            raise lost(self._kept.target, exc) from None
         if term_size is not None:
             return SshPtyProcess(self._kept, conn, process, exec_id, None, interactive=True)
         return SshProcess(self._kept, conn, process, exec_id, request.stdin)

@@ -22,7 +22,7 @@ import (
 	"syscall"
 )
 
-const version = "1"
+const version = "2"
 
 func main() {
 	if len(os.Args) >= 2 && os.Args[1] == "become" {
@@ -161,8 +161,9 @@ func serve(nc *net.UnixConn) {
 		case "ping":
 			opErr = c.send(header{"t": "ok", "version": version, "pid": os.Getpid()}, nil)
 		case "exec":
-			handleExec(c, h)
-			return // an exec owns its connection to the end
+			if !handleExec(c, h) {
+				return // an exec owns its connection to the end, unless the host ended it
+			}
 		case "kill":
 			opErr = handleKill(c, h)
 		case "workload":

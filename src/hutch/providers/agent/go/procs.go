@@ -218,16 +218,21 @@ func childEnv(extra map[string]string, acct *account) []string {
 	return out
 }
 
-func handleExec(c *conn, h header) {
+// handleExec runs one command on this connection. It answers whether the
+// connection may serve another request: one the host asked to keep
+// ("reuse", for a command with no stdin and no PTY: the host sends nothing
+// while it runs) serves again once the exit is sent; any other is the
+// command's to the end.
+func handleExec(c *conn, h header) bool {
 	argv, ok := strList(h, "argv")
 	if !ok || len(argv) == 0 {
 		_ = c.fail("invalid_argument", "argv must be a non-empty list of strings")
-		return
+		return false
 	}
 	env, ok := strMap(h, "env")
 	if !ok {
 		_ = c.fail("invalid_argument", "env must map strings to strings")
-		return
+		return false
 	}
 	cwd := str(h, "cwd")
 	if cwd == "" {
@@ -237,12 +242,12 @@ func handleExec(c *conn, h header) {
 	if user := str(h, "user"); user != "" {
 		if acct, ok = resolveUser(user); !ok {
 			_ = c.fail("invalid_argument", "no such user '"+user+"'")
-			return
+			return false
 		}
 	}
 	if st, err := os.Stat(cwd); err != nil || !st.IsDir() {
 		_ = c.fail("file_not_found", "working directory "+cwd+" does not exist")
-		return
+		return false
 	}
 	envList := childEnv(env, acct)
 	path, code, msg := lookPath(argv[0], envList)
@@ -255,7 +260,7 @@ func handleExec(c *conn, h header) {
 	}
 	if code != "" {
 		_ = c.fail(code, msg)
-		return
+		return false
 	}
 
 	attr := &syscall.ProcAttr{Dir: cwd, Env: envList, Sys: &syscall.SysProcAttr{Setsid: true}}
@@ -291,7 +296,7 @@ func handleExec(c *conn, h header) {
 		master, slave, err := openPty()
 		if err != nil {
 			_ = c.fail("provider_error", "cannot open a pty: "+err.Error())
-			return
+			return false
 		}
 		setWinsize(master, uint16(num(header(pty), "rows")), uint16(num(header(pty), "cols")))
 		attr.Files = []uintptr{slave.Fd(), slave.Fd(), slave.Fd()}
@@ -310,14 +315,14 @@ func handleExec(c *conn, h header) {
 		}
 		if err != nil {
 			_ = c.fail("provider_error", err.Error())
-			return
+			return false
 		}
 		outR, outW, err1 := os.Pipe()
 		errR, errW, err2 := os.Pipe()
 		if err1 != nil || err2 != nil {
 			closeAll([]*os.File{stdinR, stdinW, outR, outW, errR, errW})
 			_ = c.fail("provider_error", "cannot make pipes")
-			return
+			return false
 		}
 		attr.Files = []uintptr{stdinR.Fd(), outW.Fd(), errW.Fd()}
 		childEnds = []*os.File{stdinR, outW, errW}
@@ -337,41 +342,19 @@ func handleExec(c *conn, h header) {
 			code = "permission_denied"
 		}
 		_ = c.fail(code, "cannot execute "+argv[0]+": "+err.Error())
-		return
+		return false
 	}
 	if c.send(header{"t": "started", "pid": pid}, nil) != nil {
 		killTree(pid, str(h, "marker"), 0)
 		closeAll(parentEnds)
-		return
+		return false
 	}
 
 	// The host's frames: stdin data, its end, and a PTY's window size.
-	go func() {
-		for {
-			fh, payload, err := c.readFrame()
-			if err != nil {
-				break
-			}
-			switch str(fh, "t") {
-			case "in":
-				if stdinW != nil {
-					_, _ = stdinW.Write(payload)
-				}
-			case "eof":
-				if stdinW != nil && ptyMaster == nil {
-					stdinW.Close()
-					stdinW = nil
-				}
-			case "resize":
-				if ptyMaster != nil {
-					setWinsize(ptyMaster, uint16(num(fh, "rows")), uint16(num(fh, "cols")))
-				}
-			}
-		}
-		if stdinW != nil && ptyMaster == nil {
-			stdinW.Close()
-		}
-	}()
+	reuse := boolean(h, "reuse") && stdinW == nil && ptyMaster == nil
+	if !reuse {
+		go readInput(c, stdinW, ptyMaster)
+	}
 
 	var pumps sync.WaitGroup
 	for i, f := range outputs {
@@ -394,9 +377,11 @@ func handleExec(c *conn, h header) {
 		}(f)
 	}
 	stop := make(chan struct{})
+	beating := make(chan struct{})
 	go func() { // a heartbeat: the host tells a quiet command from a wedged agent
 		ticker := time.NewTicker(2 * time.Second)
 		defer ticker.Stop()
+		defer close(beating)
 		for {
 			select {
 			case <-stop:
@@ -424,13 +409,47 @@ func handleExec(c *conn, h header) {
 		pumps.Wait()
 	}
 	close(stop)
+	<-beating // no heartbeat after the exit: the connection may serve again
 	// 137 (a SIGKILL, its own or a pipeline's last command's) with the
 	// sandbox's cgroup counting more OOM kills than at the start: the
 	// kernel's OOM killer ended it (or what it ran).
 	oom := exitCode(status) == 128+int(syscall.SIGKILL) && oomBefore >= 0 &&
 		oomKills() > oomBefore
-	_ = c.send(header{"t": "exit", "code": exitCode(status), "oom": oom}, nil)
+	if c.send(header{"t": "exit", "code": exitCode(status), "oom": oom}, nil) != nil {
+		closeAll(parentEnds)
+		return false
+	}
 	closeAll(parentEnds)
+	return reuse
+}
+
+// readInput: the host's frames while a command runs: stdin data, its end,
+// and a PTY's window size; the command's stdin is closed when they end.
+func readInput(c *conn, stdinW, ptyMaster *os.File) {
+	for {
+		fh, payload, err := c.readFrame()
+		if err != nil {
+			break
+		}
+		switch str(fh, "t") {
+		case "in":
+			if stdinW != nil {
+				_, _ = stdinW.Write(payload)
+			}
+		case "eof":
+			if stdinW != nil && ptyMaster == nil {
+				stdinW.Close()
+				stdinW = nil
+			}
+		case "resize":
+			if ptyMaster != nil {
+				setWinsize(ptyMaster, uint16(num(fh, "rows")), uint16(num(fh, "cols")))
+			}
+		}
+	}
+	if stdinW != nil && ptyMaster == nil {
+		stdinW.Close()
+	}
 }
 
 // -- kill -------------------------------------------------------------------------
