@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 
 import httpx
 
+from hutch.providers._diskcap import unescape_raw
+
 #: Every daemon made and not yet closed: tests/conftest.py closes those a test
 #: left when the test (or its module, or the session) that made them ends.
 OPEN: weakref.WeakSet[DaemonProcess] = weakref.WeakSet()
@@ -206,7 +208,7 @@ def loops_under(root: str) -> list[tuple[str, str]]:
     found = []
     for line in done.stdout.splitlines():
         device, _, back = line.partition(" ")
-        back = back.removesuffix(" (deleted)")
+        back = unescape_raw(back).removesuffix(" (deleted)")
         if back.startswith(root.rstrip("/") + "/"):
             found.append((device, back))
     return found

@@ -397,6 +397,16 @@ def test_request_bodies_have_a_ceiling(daemon: DaemonProcess, local_sandbox: str
 # -- acceptance: a sandbox under abuse does not take the daemon down -------------------------
 
 
+def commands_named(sandbox_id: str, name: str) -> int:
+    """How many processes run ``name`` in a docker sandbox, seen from the host."""
+    import docker
+
+    api = docker.APIClient()
+    [container] = api.containers(filters={"label": f"hutch.sandbox_id={sandbox_id}"})
+    top = api.top(container["Id"], ps_args="-e -o pid,args")
+    return sum(1 for row in top.get("Processes") or [] if row[1] == name)
+
+
 @pytest.mark.docker
 def test_one_abused_docker_sandbox_leaves_the_daemon_and_others_working(
     daemon: DaemonProcess, http: httpx.Client
@@ -409,6 +419,7 @@ def test_one_abused_docker_sandbox_leaves_the_daemon_and_others_working(
     ]
     assert all(m.status_code == 201 for m in made), [m.text for m in made]
     abused, other = (f"/v1/sandboxes/{m.json()['id']}" for m in made)
+    abused_id = made[0].json()["id"]
     assert http.put(f"{abused}/files", params={"path": "bad.txt"},
                     content=b"a" * 27 + b"!\n").status_code == 204
     abuses = {
@@ -431,17 +442,26 @@ def test_one_abused_docker_sandbox_leaves_the_daemon_and_others_working(
     others_ok = 0
     try:
         with HealthProbe(daemon) as probe:
-            threads = [threading.Thread(target=abuse, args=(name, *how))
-                       for name, how in abuses.items()]
-            for thread in threads:
-                thread.start()
-            while any(t.is_alive() for t in threads):
+            threads = {name: threading.Thread(target=abuse, args=(name, *how))
+                       for name, how in abuses.items()}
+            for name, thread in threads.items():
+                if name != "fork bomb":
+                    thread.start()
+            # The bomb goes off once the floods run: a command it keeps from
+            # starting would answer that, not what its own abuse makes it answer.
+            deadline = time.monotonic() + 20
+            while ((commands_named(abused_id, "yes") < 2 and "output flood" not in answers)
+                   or (commands_named(abused_id, "tail") < 1 and "memory hog" not in answers)):
+                assert time.monotonic() < deadline, "the floods and the hog did not start"
+                time.sleep(0.05)
+            threads["fork bomb"].start()
+            while any(t.is_alive() for t in threads.values()):
                 # Meanwhile another sandbox works as ever.
                 answer = http.post(f"{other}/exec", json={"cmd": "echo ok", "timeout": 30})
                 assert answer.status_code == 200 and answer.json()["stdout"] == "ok\n", answer.text
                 others_ok += 1
                 time.sleep(0.2)
-            for thread in threads:
+            for thread in threads.values():
                 thread.join()
         assert probe.answers >= 10 and not probe.failures, (probe.answers, probe.failures)
         assert probe.slowest < 1.0, f"/healthz took {probe.slowest:.2f} s"
@@ -450,7 +470,7 @@ def test_one_abused_docker_sandbox_leaves_the_daemon_and_others_working(
             assert isinstance(answer, httpx.Response), (name, answer)
             assert answer.status_code != 500, (name, answer.text)
         assert answers["backtracking grep"].status_code == 408  # type: ignore[union-attr]
-        assert answers["output flood"].status_code == 413  # type: ignore[union-attr]
+        assert answers["output flood"].status_code == 413, answers["output flood"].text  # type: ignore[union-attr]
     finally:
         for sandbox in (abused, other):
             http.delete(sandbox)

@@ -30,6 +30,7 @@ def daemon() -> Iterator[DaemonProcess]:
     yield d
     d.remove_everything()
     d.stop()
+    shutil.rmtree(d.data_dir, ignore_errors=True)
 
 
 def hutch(d: DaemonProcess | None, *args: str, token: str | None = None,

@@ -13,6 +13,7 @@ import asyncio
 import hashlib
 import os
 import shutil
+import subprocess
 import tempfile
 import time
 import urllib.request
@@ -24,6 +25,7 @@ import pytest
 
 import hutch
 from hutch._sandbox import backend_of
+from hutch.providers import _diskcap
 from hutch.providers import docker as docker_provider
 from hutch.providers.agent.workload import MEMORY_RESERVE, PIDS_RESERVE
 from hutch.providers.docker import DockerSandbox, list_managed_containers
@@ -512,3 +514,24 @@ async def test_reconnect_from_description(sb: Any) -> None:
     assert await again.read_file("/root/r.txt", 100) == b"again"
     result = await again.run_quiet(["cat", "/root/r.txt"])
     assert result == (0, b"again", b"")
+
+
+def test_a_capped_directory_whose_image_was_deleted_under_its_mount_is_released(
+    tmp_path: Any,
+) -> None:
+    """The leak a test's rmtree made: the image deleted while mounted (its loop
+    device then names it "(deleted)"). Releasing the directory still finds the
+    loop device by its image, unmounts and lets it go."""
+    workdir = str(tmp_path / "workspace")
+    _diskcap.mount_capped(workdir, 16 << 20)
+    image = _diskcap.image_for(workdir)
+    try:
+        (device,) = _diskcap.loop_devices_backed_by(image)
+        os.unlink(image)
+        assert _diskcap.loop_devices_backed_by(image) == [device]
+        _diskcap.unmount_capped(workdir)
+        assert not os.path.ismount(workdir)
+        assert _diskcap.loop_devices_backed_by(image) == []
+    finally:
+        if os.path.ismount(workdir):
+            subprocess.run(["umount", "-l", workdir], check=False)

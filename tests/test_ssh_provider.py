@@ -29,7 +29,7 @@ from hutch.providers.ssh.config import SshConfig
 from hutch.providers.ssh.connection import SshTarget, acquire, release
 from hutch.providers.ssh.gitsource import GitSource, current_source, https_url
 from hutch.providers.ssh.provider import SshSandbox
-from tests.conformance.test_surface import settle
+from hutch.testing._support import settle
 from tests.daemon_fixture import DaemonProcess
 from tests.ssh_server import ALIAS, SshServer, shared_server
 
@@ -565,6 +565,7 @@ def daemon() -> Iterator[DaemonProcess]:
     d = DaemonProcess(extra_args=["--allow", "destination", "--allow", "config_file"]).start()
     yield d
     d.stop()
+    shutil.rmtree(d.data_dir, ignore_errors=True)
 
 
 async def test_daemon_refuses_a_destination_its_operator_did_not_allow(
@@ -583,6 +584,7 @@ async def test_daemon_refuses_a_destination_its_operator_did_not_allow(
         assert "destination" in str(info.value) or "config_file" in str(info.value)
     finally:
         d.stop()
+        shutil.rmtree(d.data_dir, ignore_errors=True)
 
 
 def test_cli_clone_current(
@@ -644,6 +646,7 @@ def test_daemon_restart_adopts_an_ssh_sandbox(server: SshServer, workdir: str) -
             again.close()
     finally:
         d.stop()
+        shutil.rmtree(d.data_dir, ignore_errors=True)
 
 
 # -- any argv, any variable: what the command gets is what was sent ---------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import subprocess
 
 #: The image beside the directory it backs.
@@ -57,16 +58,20 @@ def loop_devices_backed_by(image: str) -> list[str]:
     found = []
     for line in done.stdout.splitlines():
         device, _, back = line.partition(" ")
-        if back.removesuffix(" (deleted)") == image:
+        if unescape_raw(back).removesuffix(" (deleted)") == image:
             found.append(device)
     return found
+
+
+def unescape_raw(field: str) -> str:
+    """A field of util-linux's ``--raw`` output as it is (a space there is ``\\x20``)."""
+    return re.sub(r"\\x([0-9a-fA-F]{2})", lambda m: chr(int(m.group(1), 16)), field)
 
 
 def unmount_capped(directory: str) -> None:
     """Unmount ``directory`` if it is a capped mount, and drop its image and
     any loop device still backed by it."""
     image = image_for(directory)
-    capped = os.path.ismount(directory) or os.path.exists(image)
     if os.path.ismount(directory):
         try:
             _run(["umount", directory])
@@ -74,9 +79,9 @@ def unmount_capped(directory: str) -> None:
             _run(["umount", "-l", directory])  # busy: detached now, freed when let go
     with contextlib.suppress(FileNotFoundError):
         os.unlink(image)
-    if capped:
-        # A loop device the mount no longer holds (a mount cut short, or one
-        # lazily detached) is let go too; a busy one goes when its last user does.
-        for device in loop_devices_backed_by(image):
-            subprocess.run(["losetup", "--detach", device], capture_output=True,
-                           timeout=60, check=False)
+    # A loop device the mount no longer holds (a mount cut short, an image
+    # deleted under it, a lazy unmount) is let go too; a busy one goes when
+    # its last user does.
+    for device in loop_devices_backed_by(image):
+        subprocess.run(["losetup", "--detach", device], capture_output=True,
+                       timeout=60, check=False)

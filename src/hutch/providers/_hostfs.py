@@ -24,7 +24,7 @@ from .._errors import (
 )
 from .._types import FileInfo, FileType, GrepMatch
 from ._grep import grep_host_files
-from .base import SandboxFiles, require_regular
+from .base import SandboxFiles, bounded_pieces, require_regular
 
 T = TypeVar("T")
 
@@ -109,11 +109,10 @@ async def read_open_file_pieces(fd: int, path: str, limit: int) -> AsyncGenerato
             raise OutputLimitExceeded(
                 f"{path} is {st.st_size} bytes, over the read limit of {limit} bytes"
             )
-        total = 0
-        while piece := await anyio.to_thread.run_sync(os.read, fd, _COPY_CHUNK):
-            total += len(piece)
-            if total > limit:
-                raise OutputLimitExceeded(f"{path} is over the read limit of {limit} bytes")
+        async def read() -> bytes:
+            return await anyio.to_thread.run_sync(os.read, fd, _COPY_CHUNK)
+
+        async for piece in bounded_pieces(read, path, limit):
             yield piece
     finally:
         os.close(fd)

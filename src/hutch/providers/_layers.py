@@ -14,12 +14,13 @@ slower.
 A plain directory's first capture (``local``) is an **adoption**, picked by
 the same figures: the directory is moved, by one rename, into the snapshot's
 layer and an overlay of it is mounted in its place, so the sandbox goes on at
-the same path (0.15-0.35 s for 10 000 files, nearly all of it counting the
-snapshot's size; ``cp -a`` 4-11 s, ``cp -al`` 0.6-1.6 s). When the sandbox
-ends, a directory the caller gave is given back plain: what changed (the
-upper directory) is moved onto the layer, taken back by a rename when no
-snapshot still stacks it (tens of ms), or onto a copy of it when one does
-(a ``cp -a``, paid once at close instead of at every snapshot). A directory
+the same path (90-350 ms for 10 000 files, most of it counting the
+snapshot's size, one stat a file; ``cp -a`` 1-11 s and ``cp -al`` 0.2-1.6 s
+in the same runs: 0.03-0.08x of the copy). When the sandbox ends, a
+directory the caller gave is given back plain: what changed (the upper
+directory) is moved onto the layer, taken back by a rename when no snapshot
+still stacks it (53 ms), or onto a copy of it when one does (a copy of the
+tree, paid once at close, and only then, instead of at the snapshot). A directory
 a process on the host is in (its current or root directory), on another
 file system, or without overlayfs is copied instead: moving it would leave
 that process writing into the snapshot. ``docker`` never adopts: its plain

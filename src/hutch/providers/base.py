@@ -262,6 +262,22 @@ class SandboxFiles(abc.ABC):
         one may never end)."""
 
 
+async def bounded_pieces(
+    read: Callable[[], Awaitable[bytes]], path: str, limit: int
+) -> AsyncGenerator[bytes, None]:
+    """What ``read`` gives, piece by piece, until it gives nothing: the file
+    ``path`` streamed, OutputLimitExceeded once past ``limit`` bytes (it grew
+    after it was measured); an empty file is one empty piece."""
+    total = 0
+    while piece := await read():
+        total += len(piece)
+        if total > limit:
+            raise OutputLimitExceeded(f"{path} is over the read limit of {limit} bytes")
+        yield piece
+    if total == 0:
+        yield b""
+
+
 class SandboxRuntime(SandboxPart, SandboxFiles):
     """What executes commands and moves files in one sandbox."""
 

@@ -81,6 +81,7 @@ from .base import (
     RuntimeNotice,
     RuntimeReport,
     SandboxRuntime,
+    bounded_pieces,
 )
 from .network import NetworkPolicy, apply_in_namespace, host_addresses
 from .policy import Limit, ReachesHost, format_bytes, keeps_dropped, one_of, parse_bytes
@@ -1546,18 +1547,15 @@ class DockerSandbox(NativeBackend):
         """The file in pieces as the engine's archive stream brings them: a
         large file is never whole in the daemon's memory."""
         stream, content = await _call(self._open_content, path, limit, path=path)
+        async def read() -> bytes:
+            if content is None:
+                return b""
+            piece: bytes = await _call(content.read, _READ_PIECE, path=path)
+            return piece
+
         try:
-            total = 0
-            while content is not None:
-                piece: bytes = await _call(content.read, _READ_PIECE, path=path)
-                if not piece:
-                    break
-                total += len(piece)
-                if total > limit:
-                    raise OutputLimitExceeded(f"{path} is over the read limit of {limit} bytes")
+            async for piece in bounded_pieces(read, path, limit):
                 yield piece
-            if total == 0:
-                yield b""
         finally:
             stream.close()
 

@@ -45,7 +45,13 @@ from ..._types import FileInfo, FileType, GrepMatch, OutputChunk
 from .._grep import GrepBatches
 from .._grepfilter import required_literals
 from .._hostproc import EXEC_MARKER
-from ..base import FutureExitProcess, ProcessRequest, PtyProcess, SandboxRuntime
+from ..base import (
+    FutureExitProcess,
+    ProcessRequest,
+    PtyProcess,
+    SandboxRuntime,
+    bounded_pieces,
+)
 from .wire import MAX_PAYLOAD, AgentFailure, Channel, Header, connect_socket
 from .workload import WORKLOAD_NAME, open_task_files
 
@@ -504,16 +510,15 @@ class AgentRuntime(SandboxRuntime):
                     f"{path} is {size} bytes, over the read limit of {limit} bytes"
                 )
             offset = 0
-            while True:
+
+            async def read() -> bytes:
+                nonlocal offset
                 piece = os.pread(fd, MAX_PAYLOAD, offset)
-                if not piece:
-                    break
                 offset += len(piece)
-                if offset > limit:
-                    raise OutputLimitExceeded(f"{path} is over the read limit of {limit} bytes")
+                return piece
+
+            async for piece in bounded_pieces(read, path, limit):
                 yield piece
-            if offset == 0:
-                yield b""
         finally:
             os.close(fd)
 

@@ -20,7 +20,7 @@ from ..._errors import (
     SandboxPermissionDenied,
 )
 from ..._types import FileInfo, FileType
-from ..base import SandboxFiles, require_regular
+from ..base import SandboxFiles, bounded_pieces, require_regular
 from .connection import KeptConnection, lost
 from .process import run_helper
 
@@ -102,18 +102,13 @@ class SftpFiles(SandboxFiles):
             return await sftp.open(path, "rb")
 
         fh = await self._call(path, opened)
+        async def read() -> bytes:
+            piece: bytes = await self._call(path, lambda _: fh.read(_PIECE))
+            return piece
+
         try:
-            total = 0
-            while True:
-                piece: bytes = await self._call(path, lambda _: fh.read(_PIECE))
-                if not piece:
-                    break
-                total += len(piece)
-                if total > limit:
-                    raise OutputLimitExceeded(f"{path} is over the read limit of {limit} bytes")
+            async for piece in bounded_pieces(read, path, limit):
                 yield piece
-            if total == 0:
-                yield b""
         finally:
             with contextlib.suppress(*_CONNECTION_ERRORS, asyncssh.SFTPError):
                 await fh.close()
