@@ -284,6 +284,8 @@ def test_a_full_store_refuses_transitions_and_nothing_is_half_done() -> None:
             assert again.read_text("work.txt") == "written before the disk filled"
             again.close()
             assert stored_state(mount, sb.id)[0] == "terminated"
+            # The refused suspend's image went with the sandbox.
+            assert api.images(name=f"hutch-suspended:{sb.id}") == []
     finally:
         d.stop()
         for container in api.containers(all=True, filters={"label": f"hutch.daemon={mount}"}):

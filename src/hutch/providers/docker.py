@@ -2079,12 +2079,14 @@ class DockerSandbox(NativeBackend):
             with contextlib.suppress(HutchError):
                 await _call(api.remove_container, self.container_id, force=True, v=True)
             self.container_id = None
-        if self.suspended_image is not None:
-            # By its tag, not by id: a snapshot of the suspended sandbox may
-            # name the same image, and keeps it.
-            with contextlib.suppress(HutchError):
-                await _call(api.remove_image, f"{SUSPENDED_REPOSITORY}:{self.sandbox_id}")
-            self.suspended_image = None
+        # Its suspend image goes with it, whether or not the record names one:
+        # a suspend undone after its commit (the store could not keep it) runs
+        # on from that image while the record still says the container before.
+        # By its tag, not by id: a snapshot of the suspended sandbox may name
+        # the same image, and keeps it.
+        with contextlib.suppress(HutchError):
+            await _call(api.remove_image, f"{SUSPENDED_REPOSITORY}:{self.sandbox_id}")
+        self.suspended_image = None
         if self.branch or self.base_image.startswith(snapshot_repository()):
             # It ran on a snapshot's image, which may have been removed
             # (untagged) while it ran: now nothing stands on it.
