@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -11,6 +12,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -275,14 +277,24 @@ def test_unauthorized_names_the_token_variable(daemon: DaemonProcess) -> None:
 
 
 def _peak_kib_of(argv: list[str], env: dict[str, str]) -> tuple[int, int, str]:
-    """(exit code, peak resident KiB, stderr) of a child run to its end."""
+    """(exit code, peak resident KiB, stderr) of a child run to its end.
+
+    The peak is the child's own VmHWM, read until it exits (it only grows):
+    wait4's ru_maxrss would also count the test process's resident set, which
+    the child's memory starts as until it execs.
+    """
     with tempfile.TemporaryFile() as err:
         child = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err,
                                  stdin=subprocess.DEVNULL)
-        _, status, usage = os.wait4(child.pid, 0)
-        child.returncode = os.waitstatus_to_exitcode(status)
+        peak = 0
+        while child.poll() is None:
+            with contextlib.suppress(OSError), open(f"/proc/{child.pid}/status") as status:
+                for line in status:
+                    if line.startswith("VmHWM:"):
+                        peak = max(peak, int(line.split()[1]))
+            time.sleep(0.005)
         err.seek(0)
-        return child.returncode, usage.ru_maxrss, err.read().decode(errors="replace")
+        return child.returncode, peak, err.read().decode(errors="replace")
 
 
 def test_cp_streams_a_large_file_both_ways(daemon: DaemonProcess) -> None:

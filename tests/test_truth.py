@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import sqlite3
 import subprocess
@@ -414,13 +415,17 @@ def test_commands_left_running_by_a_crashed_daemon_are_ended_and_told(
 ) -> None:
     provider, _, runtime = kind.partition("-")
     settings: dict[str, Any] = {"image": TEST_IMAGE, "runtime": runtime} if runtime else {}
+    # Told apart by pgrep from the same test's on another xdist worker (or run):
+    # each command sleeps a time of its own.
+    tag = secrets.randbelow(10**6)
+    first, second, third, fourth = (f"sleep 100{i}.{tag:06d}" for i in range(1, 5))
     with client(daemon) as c:
         sb = c.create_sandbox(provider, **settings)
-        sb.start("sleep 1001")
-        sb.exec("nohup sleep 1002 >/dev/null 2>&1 &")
+        sb.start(first)
+        sb.exec(f"nohup {second} >/dev/null 2>&1 &")
         # Another sandbox's command on the same host is not this sandbox's to end.
         neighbour = subprocess.Popen(
-            ["sleep", "1003"], env={"HUTCH_EXEC_ID": "x", "HUTCH_SANDBOX_ID": "sb-neighbour"}
+            third.split(), env={"HUTCH_EXEC_ID": "x", "HUTCH_SANDBOX_ID": "sb-neighbour"}
         )
         daemon.restart()
 
@@ -428,20 +433,20 @@ def test_commands_left_running_by_a_crashed_daemon_are_ended_and_told(
             return subprocess.run(["pgrep", "-f", pattern], capture_output=True,
                                   check=False).returncode == 0
 
-        assert not running("sleep 1001") and not running("sleep 1002")
+        assert not running(first) and not running(second)
         told = [e["message"] for e in c.events(sb.id) if "killed 2 processes" in e["message"]]
         assert told, c.events(sb.id)
         assert neighbour.poll() is None, "another sandbox's command was killed"
         if provider == "docker":
             # One adopted paused has its leftovers ended as it resumes.
             held = c.create_sandbox(provider, **settings)
-            held.start("sleep 1004")
-            wait_until(lambda: running("sleep 1004"), 10, "the command runs")
+            held.start(fourth)
+            wait_until(lambda: running(fourth), 10, "the command runs")
             held.pause()
             daemon.restart()
-            assert running("sleep 1004")  # frozen, not yet reachable
+            assert running(fourth)  # frozen, not yet reachable
             held.resume()
-            assert not running("sleep 1004")
+            assert not running(fourth)
             assert any("killed 1 processes" in e["message"] for e in c.events(held.id))
             assert held.exec("echo thawed").stdout == "thawed\n"
             held.close()
