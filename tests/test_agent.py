@@ -22,7 +22,7 @@ from hutch._sandbox import backend_of
 from hutch._types import OutputChunk
 from hutch.lifecycle.state import SandboxState
 from hutch.providers.agent import AgentFailure, AgentRuntime
-from hutch.providers.agent.wire import connect_socket
+from hutch.providers.agent.wire import Channel, connect_socket
 from tests.conftest import TEST_IMAGE
 from tests.hazards import FORK_BOMB
 
@@ -316,6 +316,30 @@ async def test_a_descriptor_handed_over_is_checked(fake_agent_dir: str, extra: i
     assert time.monotonic() - started < 6
     os.close(pipe_r)
     os.close(pipe_w)
+
+
+async def test_what_the_agent_sent_before_it_hung_up_is_read_after_a_send_fails() -> None:
+    # A command that exits without reading its stdin: the agent sends its
+    # output and exit, and hangs up with the stdin frames unread. The feeder's
+    # next send fails (EPIPE); the reader must still get the exit, not a
+    # connection broken under it (the send used to close the connection and
+    # throw the queued answer away: EBADF for the reader).
+    ours, agents = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    ours.setblocking(False)
+    channel = Channel(ours)
+    await channel.send({"t": "in"}, b"stdin the command never reads")
+    agents.sendall(_frame(b'{"t": "out", "s": 1}', b"kept") + _frame(b'{"t": "exit", "code": 0}'))
+    agents.close()  # with the stdin frame unread
+    with pytest.raises(AgentFailure, match="broke"):
+        await channel.send({"t": "eof"})
+    assert await channel.recv(5) == ({"t": "out", "s": 1}, b"kept")
+    assert await channel.recv(5) == ({"t": "exit", "code": 0}, b"")
+    assert not channel.usable  # open, but never kept for another request
+    with pytest.raises(AgentFailure):
+        await channel.recv(5)  # then the end, as an error: nothing hangs
+    channel.close()
+    with pytest.raises(AgentFailure, match="closed"):
+        await channel.send({"t": "eof"})
 
 
 async def test_a_link_planted_at_the_socket_is_refused(fake_agent_dir: str) -> None:

@@ -372,7 +372,7 @@ class AgentRuntime(SandboxRuntime):
 
     def keep(self, channel: Channel) -> None:
         """A connection in step with the agent, for the next request."""
-        if not channel.closed and len(self._idle) < POOL_SIZE:
+        if channel.usable and len(self._idle) < POOL_SIZE:
             self._idle.append(channel)
         else:
             channel.close()

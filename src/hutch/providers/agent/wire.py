@@ -78,21 +78,43 @@ class Channel:
         self._fds: list[int] = []
         self._waiting: asyncio.Future[None] | None = None
         self.closed = False
+        #: A send failed on it: the agent stopped reading (it hung up once a
+        #: command ended, say). What it sent before is still read; it is not
+        #: kept for another request.
+        self.send_failed = False
+
+    @property
+    def usable(self) -> bool:
+        """Open, and in step with the agent for another request."""
+        return not self.closed and not self.send_failed
+
+    def _send_broke(self, exc: OSError) -> AgentFailure:
+        # Not closed here: the frames the agent sent before it hung up (a
+        # command's last output and its exit) wait in the receive queue, and
+        # whoever reads them closes it. Closing would throw them away, and
+        # the reader would see a broken connection where an answer was.
+        self.send_failed = True
+        return AgentFailure(f"the agent's connection broke: {exc}")
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise AgentFailure("the agent's connection was closed")
 
     async def send(self, header: Header, payload: bytes | memoryview = b"") -> None:
         frame = encode(header, payload)
         async with self._send_lock:
+            self._check_open()
             try:
                 await self._loop.sock_sendall(self.sock, frame)
             except OSError as exc:
-                self.close()
-                raise AgentFailure(f"the agent's connection broke: {exc}") from None
+                raise self._send_broke(exc) from None
 
     async def send_fds(self, header: Header, fds: list[int]) -> None:
         """A frame with descriptors attached (the agent takes them with it)."""
         frame = encode(header)
         ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))]
         async with self._send_lock:
+            self._check_open()
             try:
                 # A small frame on a connection nothing else writes: the
                 # kernel takes it whole, the descriptors with its first byte.
@@ -100,8 +122,7 @@ class Channel:
                 if sent < len(frame):
                     await self._loop.sock_sendall(self.sock, frame[sent:])
             except OSError as exc:
-                self.close()
-                raise AgentFailure(f"the agent's connection broke: {exc}") from None
+                raise self._send_broke(exc) from None
 
     async def _readable(self) -> None:
         ready = self._loop.create_future()
