@@ -118,14 +118,20 @@ def oom_kills(dirs: Mapping[str, str]) -> int:
     return 0
 
 
+def remove_cgroup(directory: str) -> None:
+    """Remove a cgroup whose processes are gone, waiting up to a second for
+    the kernel to finish accounting their exits (until then it is busy)."""
+    for _ in range(100):
+        try:
+            os.rmdir(directory)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.01)  # the last exits are still being accounted
+
+
 def remove_workload(sandbox_dirs: Mapping[str, str]) -> None:
     """Remove the workload's cgroups (empty by now) before the sandbox's."""
     for directory in workload_dirs(sandbox_dirs).values():
-        for _ in range(100):
-            try:
-                os.rmdir(directory)
-                break
-            except FileNotFoundError:
-                break
-            except OSError:
-                time.sleep(0.01)  # the last exits are still being accounted
+        remove_cgroup(directory)

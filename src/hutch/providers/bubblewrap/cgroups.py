@@ -300,11 +300,4 @@ class SandboxCgroup:
         if self.workload is not None:
             _workload.remove_workload(self._dirs)
         for directory in self._dirs.values():
-            for _ in range(100):
-                try:
-                    os.rmdir(directory)
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    time.sleep(0.01)  # the last exits are still being accounted
+            _workload.remove_cgroup(directory)
