@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import sqlite3
@@ -10,6 +11,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 from hutch.store import SandboxRow, SnapshotRow, SQLiteStore, WorkspaceRow
 
@@ -150,3 +152,30 @@ def test_an_older_data_dir_is_migrated(tmp_path: Path) -> None:
     store.put_sandbox(sandbox_row())
     assert store.get_sandbox("sb-1") is not None
     store.close()
+
+
+def _open_store_when_told(path: str, go: Any, failures: Any) -> None:
+    go.wait()
+    try:
+        SQLiteStore(path).close()
+    except Exception as exc:  # reported to the test, which fails on it
+        failures.put(repr(exc))
+
+
+def test_processes_opening_one_new_store_at_once_all_succeed(tmp_path: Path) -> None:
+    """Programs sharing one HUTCH_HOME may open a store nobody has made yet at
+    the same moment: each makes the schema and adds missing columns, and none
+    fails because another added a column between its look and its change."""
+    ctx = multiprocessing.get_context("fork")
+    for round_ in range(15):
+        path = str(tmp_path / f"round-{round_}" / "hutch.db")
+        go, failures = ctx.Event(), ctx.Queue()
+        children = [ctx.Process(target=_open_store_when_told, args=(path, go, failures))
+                    for _ in range(6)]
+        for child in children:
+            child.start()
+        go.set()
+        for child in children:
+            child.join(60)
+        said = [failures.get() for _ in range(failures.qsize())] if not failures.empty() else []
+        assert said == [] and all(c.exitcode == 0 for c in children), said

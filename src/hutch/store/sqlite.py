@@ -211,11 +211,20 @@ class SQLiteStore(Store):
         self._migrate()
 
     def _migrate(self) -> None:
-        for table, columns in _ADDED_COLUMNS.items():
-            have = {r["name"] for r in self._db.execute(f"PRAGMA table_info({table})")}
-            for name, decl in columns.items():
-                if name not in have:
-                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
+        """Add the columns an older store lacks. The look and the change are
+        one write transaction: another process opening the same new store at
+        the same moment adds them first or finds them added, never between."""
+        _while_locked(lambda: self._db.execute("BEGIN IMMEDIATE"))
+        try:
+            for table, columns in _ADDED_COLUMNS.items():
+                have = {r["name"] for r in self._db.execute(f"PRAGMA table_info({table})")}
+                for name, decl in columns.items():
+                    if name not in have:
+                        self._db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
