@@ -14,10 +14,14 @@ import tempfile
 import time
 import weakref
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import httpx
 
 from hutch.providers._diskcap import unescape_raw
+
+if TYPE_CHECKING:
+    import hutch
 
 #: Every daemon made and not yet closed: tests/conftest.py closes those a test
 #: left when the test (or its module, or the session) that made them ends.
@@ -28,6 +32,23 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def end_everything(c: hutch.Client, *, force: bool) -> None:
+    """Delete a daemon's workspaces, sandboxes, then snapshots, leaves first
+    (a parent is refused while a child names it)."""
+    for ws in c.list_workspaces():
+        c.delete_workspace(ws["name"])
+    for sb in c.list_sandboxes():
+        c.delete_sandbox(sb["id"])
+    for _ in range(20):
+        snapshots = c.snapshots()
+        if not snapshots:
+            break
+        parents = {s.parent_id for s in snapshots}
+        for s in snapshots:
+            if s.id not in parents:
+                c.delete_snapshot(s.id, force=force)
 
 
 class DaemonProcess:
@@ -111,18 +132,7 @@ class DaemonProcess:
         if self.proc is None:
             self.start()
         with hutch.Client(self.url, token=self.token) as c:
-            for ws in c.list_workspaces():
-                c.delete_workspace(ws["name"])
-            for sb in c.list_sandboxes():
-                c.delete_sandbox(sb["id"])
-            for _ in range(20):
-                snapshots = c.snapshots()
-                if not snapshots:
-                    break
-                parents = {s.parent_id for s in snapshots}
-                for s in snapshots:
-                    if s.id not in parents:
-                        c.delete_snapshot(s.id, force=True)
+            end_everything(c, force=True)
 
     def close(self) -> None:
         """End everything this daemon holds and remove its data directory, as

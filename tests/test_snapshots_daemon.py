@@ -16,7 +16,7 @@ import pytest
 import hutch
 from hutch.providers import _layers
 from tests.conftest import TEST_IMAGE
-from tests.daemon_fixture import DaemonProcess
+from tests.daemon_fixture import DaemonProcess, end_everything
 
 PROVIDERS = [
     pytest.param({"provider": "local", "read_before_write": False}, id="local"),
@@ -62,19 +62,7 @@ def assert_store_and_provider_agree(c: hutch.Client, d: DaemonProcess, provider:
 
 
 def cleanup(c: hutch.Client) -> None:
-    for ws in c.list_workspaces():
-        c.delete_workspace(ws["name"])
-    for sb in c.list_sandboxes():
-        c.delete_sandbox(sb["id"])
-    # Leaves first: a parent is refused while a child names it.
-    for _ in range(10):
-        snapshots = c.snapshots()
-        if not snapshots:
-            break
-        parents = {s.parent_id for s in snapshots}
-        for s in snapshots:
-            if s.id not in parents:
-                c.delete_snapshot(s.id)
+    end_everything(c, force=False)  # unforced: each removal is refused if anything needs it
 
 
 @pytest.mark.parametrize("settings", PROVIDERS)

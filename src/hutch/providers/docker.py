@@ -257,12 +257,11 @@ def oom_kills(container_id: str) -> int | None:
     for name in ("memory.events", "memory.oom_control"):  # v2, v1
         try:
             with open(os.path.join(where, name)) as fh:
-                for line in fh:
-                    key, _, value = line.partition(" ")
-                    if key == "oom_kill":
-                        return int(value)
+                count = _workload.oom_kill_count(fh.read())
         except (OSError, ValueError):
             continue
+        if count is not None:
+            return count
     return None
 
 

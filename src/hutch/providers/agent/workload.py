@@ -104,18 +104,24 @@ def open_task_files(dirs: Mapping[str, str]) -> list[int]:
     return fds
 
 
+def oom_kill_count(text: str) -> int | None:
+    """The ``oom_kill`` count of a memory cgroup's ``memory.events`` (v2) or
+    ``memory.oom_control`` (v1) text, or None where it has none."""
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill":
+            return int(value)
+    return None
+
+
 def oom_kills(dirs: Mapping[str, str]) -> int:
     """The OOM kills counted in the workload's memory cgroup (v1 counts a kill
     only where it happened, not in the cgroups above)."""
     try:
         with open(os.path.join(dirs["memory"], "memory.oom_control")) as fh:
-            for line in fh:
-                key, _, value = line.partition(" ")
-                if key == "oom_kill":
-                    return int(value)
+            return oom_kill_count(fh.read()) or 0
     except (OSError, ValueError):
-        pass
-    return 0
+        return 0
 
 
 def remove_cgroup(directory: str) -> None:

@@ -215,11 +215,8 @@ class SandboxCgroup:
             return 0
         # cgroup v1 counts a kill in the cgroup it happened in only.
         workload = 0 if self.workload is None else _workload.oom_kills(self.workload)
-        for line in text.splitlines():
-            key, _, value = line.partition(" ")
-            if key == "oom_kill":
-                return int(value) + workload
-        return workload
+        count = _workload.oom_kill_count(text)
+        return workload if count is None else count + workload
 
     def memory_limit(self) -> int | None:
         """The caller's memory limit (the workload's, where it has its own)."""
