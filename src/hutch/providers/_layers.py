@@ -23,9 +23,11 @@ still stacks it (53 ms), or onto a copy of it when one does (a copy of the
 tree, paid once at close, and only then, instead of at the snapshot). A directory
 a process on the host is in (its current or root directory), on another
 file system, or without overlayfs is copied instead: moving it would leave
-that process writing into the snapshot. ``docker`` never adopts: its plain
+that process writing into the snapshot. ``docker`` never adopts: a plain
 directory is bind-mounted into a running container, which would keep the
-moved one.
+moved one. Its own working directory is layered from creation instead
+(:func:`prepare`), and a capture **freezes** it (:func:`freeze`): the upper
+directory moved into the snapshot's layer, a fresh one mounted above.
 
 Layout under ``$HUTCH_HOME/layers``::
 
@@ -36,6 +38,8 @@ Layout under ``$HUTCH_HOME/layers``::
                                          a branch's working directory
     mounts/<sandbox id>/adopted.json     an adopted directory: where its
                                          overlay is mounted (no ``merged``)
+    mounts/<sandbox id>/freezing.json    a freeze under way (its journal)
+    empty/                               the layer under a chain of none
 
 A capture of a branch (or an adopted directory) copies its upper directory
 (what changed since it was started, overlayfs whiteouts included) into a new
@@ -52,6 +56,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -158,9 +163,11 @@ def _mount(merged: str, lowers: list[str], upper: str, work: str, *, quiet: bool
 
 
 def _umount(path: str) -> None:
-    if os.path.ismount(path):
+    """Unmount the top mount at ``path``, if any."""
+    before = len(_stack(path))
+    if before:
         subprocess.run(["umount", path], capture_output=True, check=False)
-        if os.path.ismount(path):  # busy: detach now, freed when its last user goes
+        if len(_stack(path)) == before:  # busy: detach now, freed when its last user goes
             subprocess.run(["umount", "-l", path], capture_output=True, check=False)
 
 
@@ -528,6 +535,265 @@ def end_branch(sandbox_id: str) -> None:
         end_adopted(sandbox_id, keep=True)
         return
     base = mount_dir(sandbox_id)
-    _umount(os.path.join(base, "merged"))
+    merged = os.path.join(base, "merged")
+    for _ in range(8):  # a layered one has its overlay on its anchor
+        if not _stack(merged):
+            break
+        _umount(merged)
+    if _stack(merged):
+        # Never empty a directory through a mount: that would reach the layers.
+        raise ProviderError(f"the working directory {merged} cannot be unmounted")
     shutil.rmtree(base, ignore_errors=True)
     collect_garbage()
+
+
+# -- layered working directories a container binds before they are mounted ----------
+#
+# A branch mounted before its container starts is bound into the container
+# as it is: the container holds that overlay for good, and the layers under
+# it can never be changed. Here the container binds an *anchor* instead (the
+# ``merged`` directory bind-mounted on itself and made shared, bound with
+# ``rslave``), and the overlay is mounted on the anchor once the container
+# runs: the mount reaches the container by propagation, and so does its
+# unmount. A snapshot can then **freeze** the working directory: with the
+# container stopped, unmount the overlay (the kernel refuses while any
+# process holds it: a current directory or an open file in it), move the
+# upper directory, whole, into the snapshot's layer (one rename, whatever
+# the tree's size), and mount a fresh upper directory on the grown chain.
+# An empty chain (nothing captured yet) stacks on :func:`_empty_layer`.
+#
+# A freeze is journalled (``freezing.json``) and :func:`_recover` finishes or
+# undoes one cut short; the sandbox's chain names the new layer before the
+# move, so no garbage collection frees it in between.
+
+
+def _empty_layer() -> str:
+    path = os.path.join(root(), "empty")
+    os.makedirs(path, mode=0o755, exist_ok=True)
+    return path
+
+
+def _lowers(chain: list[str]) -> list[str]:
+    return [_tree(s) for s in chain] or [_empty_layer()]
+
+
+def _unescape_mountinfo(field: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def _mountinfo(pid: int | str = "self") -> list[tuple[str, str, list[str]]]:
+    """(mount point, file system type, super options) of every mount in
+    ``pid``'s mount namespace, in the kernel's order (a mount stacked on
+    another comes after it)."""
+    try:
+        with open(f"/proc/{pid}/mountinfo") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        fields = line.split()
+        if "-" not in fields[6:]:
+            continue
+        rest = fields[fields.index("-", 6) + 1:]
+        options = rest[2].split(",") if len(rest) > 2 else []
+        found.append((_unescape_mountinfo(fields[4]), rest[0], options))
+    return found
+
+
+def _stack(path: str) -> list[str]:
+    """The file system types mounted at ``path`` here, bottom first."""
+    return [fstype for where, fstype, _ in _mountinfo() if where == path]
+
+
+def _overlay_on_top(merged: str) -> bool:
+    stack = _stack(merged)
+    return bool(stack) and stack[-1] == "overlay"
+
+
+def _anchor(merged: str) -> None:
+    """Make ``merged`` a shared mount of itself (once), for containers to bind."""
+    if _stack(merged):
+        return
+    for argv in (["mount", "--bind", merged, merged], ["mount", "--make-shared", merged]):
+        result = subprocess.run(argv, capture_output=True, check=False)
+        if result.returncode != 0:
+            raise ProviderError(
+                f"preparing the working directory {merged} failed: "
+                f"{result.stderr.decode('utf-8', 'replace').strip()}"
+            )
+
+
+def _make_upper(base: str, like: str | None) -> None:
+    """A fresh, empty upper directory (and work directory) for ``base``'s
+    overlay; its root takes ``like``'s mode and owner (the overlay's root is
+    the upper directory's)."""
+    upper, work = os.path.join(base, "upper"), os.path.join(base, "work")
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    os.makedirs(upper, exist_ok=True)
+    if like is not None:
+        st = os.lstat(like)
+        os.chmod(upper, st.st_mode & 0o7777)
+        os.chown(upper, st.st_uid, st.st_gid)
+
+
+def prepare(sandbox_id: str, snapshot_id: str | None) -> tuple[str, list[str]]:
+    """A layered working directory for a new sandbox, started from
+    ``snapshot_id`` or empty: (the path its container binds, its chain). Its
+    overlay is mounted by :func:`after_start`."""
+    chain = chain_of(snapshot_id) if snapshot_id is not None else []
+    base = mount_dir(sandbox_id)
+    merged = os.path.join(base, "merged")
+    os.makedirs(merged, exist_ok=True)
+    try:
+        _make_upper(base, _tree(chain[0]) if chain else None)
+        # Recorded before anything is mounted: the layers it stacks are in use from now.
+        _write_json(os.path.join(base, "chain.json"), chain)
+        _anchor(merged)
+    except BaseException:
+        end_branch(sandbox_id)
+        raise
+    return merged, chain
+
+
+def before_start(sandbox_id: str) -> None:
+    """Ready a layered working directory for a container about to start: the
+    anchor there, the overlay not (the container must bind the anchor)."""
+    _recover(sandbox_id)
+    merged = os.path.join(mount_dir(sandbox_id), "merged")
+    os.makedirs(merged, exist_ok=True)
+    while _overlay_on_top(merged):
+        _umount(merged)
+    _anchor(merged)
+
+
+def after_start(sandbox_id: str) -> None:
+    """Mount a layered working directory's overlay (its container, started on
+    the anchor, sees it by propagation)."""
+    _recover(sandbox_id)
+    base = mount_dir(sandbox_id)
+    if _read_chain(os.path.join(base, "chain.json")) is None:
+        raise SandboxUnavailable(f"the working directory of {sandbox_id} is gone from {base}")
+    _remount(sandbox_id)
+
+
+def mounted_chain(sandbox_id: str) -> list[str] | None:
+    """The chain a sandbox's working directory stacks now, or None (none here)."""
+    _recover(sandbox_id)
+    return _read_chain(os.path.join(mount_dir(sandbox_id), "chain.json"))
+
+
+def freeze(snapshot_id: str, sandbox_id: str, *, flatten: bool, holder: int | None) -> int | None:
+    """Capture a layered working directory as ``snapshot_id`` by moving what
+    changed since its last capture into the snapshot's layer (the overlay's
+    upper directory, by one rename), and going on over a fresh one: what
+    this costs does not grow with the tree. Its size, or None when it cannot
+    (a process holds the directory: the caller copies instead).
+
+    ``flatten`` (asked for, or the chain at :data:`MAX_LAYERS`): the merged
+    view is copied into a single layer, and the sandbox goes on over that one
+    alone. The caller stops every process that may write in the directory
+    first; ``holder`` is a process of the container whose mount namespace
+    must follow the unmount.
+    """
+    base = mount_dir(sandbox_id)
+    merged, upper = os.path.join(base, "merged"), os.path.join(base, "upper")
+    with _lock:
+        _recover_locked(sandbox_id)
+        chain = _read_chain(os.path.join(base, "chain.json"))
+        if chain is None or not _overlay_on_top(merged):
+            return None
+        flatten = flatten or len(chain) >= MAX_LAYERS
+        target = snapshot_dir(snapshot_id)
+        if os.path.exists(target):
+            shutil.rmtree(target)
+        os.makedirs(target)
+        new_chain = [snapshot_id] if flatten else [snapshot_id, *chain]
+        if flatten:
+            _copy_tree(merged, _tree(snapshot_id))
+        moved = subprocess.run(["umount", merged], capture_output=True, check=False)
+        if moved.returncode == 0 and holder is not None and any(
+            f"upperdir={upper}" in options for _, _, options in _mountinfo(holder)
+        ):
+            # The container holds the overlay itself (bound before the
+            # anchor existed): moving its upper would move it under it.
+            _mount(merged, _lowers(chain), upper, os.path.join(base, "work"))
+            moved = subprocess.CompletedProcess([], 1)
+        if moved.returncode != 0:
+            if flatten:  # the copy stands as the snapshot; the sandbox goes on as it was
+                _write_json(os.path.join(target, "chain.json"), new_chain)
+                return _size(_tree(snapshot_id))
+            shutil.rmtree(target, ignore_errors=True)
+            return None
+        try:
+            _write_json(os.path.join(base, "freezing.json"),
+                        {"snapshot": snapshot_id, "chain": chain, "flatten": flatten})
+            _write_json(os.path.join(base, "chain.json"), new_chain)
+            os.rename(upper, os.path.join(base, "discarded") if flatten else _tree(snapshot_id))
+            _finish_freeze(sandbox_id, snapshot_id, new_chain)
+            _write_json(os.path.join(target, "chain.json"), new_chain)
+        except BaseException:
+            # Finished or undone as after a crash, and the sandbox's directory
+            # mounted again either way: it must never be left on the anchor.
+            _recover_locked(sandbox_id)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(target, "chain.json"))
+            _remount(sandbox_id)
+            raise
+        _remount(sandbox_id)
+    return _size(_tree(snapshot_id))
+
+
+def _remount(sandbox_id: str) -> None:
+    base = mount_dir(sandbox_id)
+    merged = os.path.join(base, "merged")
+    chain = _read_chain(os.path.join(base, "chain.json"))
+    if chain is not None and not _overlay_on_top(merged):
+        _mount(merged, _lowers(chain), os.path.join(base, "upper"), os.path.join(base, "work"))
+
+
+def _finish_freeze(sandbox_id: str, snapshot_id: str, new_chain: list[str]) -> None:
+    """The rest of a freeze whose move is done: a fresh upper directory, the
+    journal gone, what a flatten discarded freed."""
+    base = mount_dir(sandbox_id)
+    _make_upper(base, _tree(snapshot_id))
+    _write_json(os.path.join(base, "chain.json"), new_chain)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(base, "freezing.json"))
+    shutil.rmtree(os.path.join(base, "discarded"), ignore_errors=True)
+
+
+def _recover(sandbox_id: str) -> None:
+    with _lock:
+        _recover_locked(sandbox_id)
+
+
+def _recover_locked(sandbox_id: str) -> None:
+    """Finish or undo a freeze cut short (a crash): finished once its move
+    was made (the new layer in place, or a flatten's old upper set aside),
+    undone before. A snapshot finished here is not listed (its chain file is
+    not written: no record names it); its layer stays while the sandbox
+    stacks it."""
+    base = mount_dir(sandbox_id)
+    journal = os.path.join(base, "freezing.json")
+    try:
+        with open(journal) as fh:
+            state = json.load(fh)
+    except (OSError, ValueError):
+        shutil.rmtree(os.path.join(base, "discarded"), ignore_errors=True)
+        return
+    snapshot_id, chain = str(state["snapshot"]), [str(s) for s in state["chain"]]
+    upper = os.path.join(base, "upper")
+    if state.get("flatten"):
+        moved = os.path.exists(os.path.join(base, "discarded")) or not os.path.isdir(upper)
+        new_chain = [snapshot_id]
+    else:
+        moved = os.path.isdir(_tree(snapshot_id))
+        new_chain = [snapshot_id, *chain]
+    if moved:
+        _finish_freeze(sandbox_id, snapshot_id, new_chain)
+        return
+    _write_json(os.path.join(base, "chain.json"), chain)
+    shutil.rmtree(snapshot_dir(snapshot_id), ignore_errors=True)
+    os.unlink(journal)
