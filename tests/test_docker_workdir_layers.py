@@ -12,6 +12,7 @@ copy); suspend and resume, and branches, keep working the same way.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -164,3 +165,39 @@ async def test_suspend_resume_and_branches_of_branches_keep_moving(origin: Any) 
     finally:
         await branch.close()
         await hutch.remove_snapshot(fork.snapshot)
+
+
+async def test_a_capped_directory_moves_within_its_cap_and_outlives_its_sandbox() -> None:
+    from hutch.providers import _diskcap, _layers
+
+    origin = await hutch.create_sandbox(
+        "docker", image=TEST_IMAGE, disk="64m", read_before_write=False
+    )
+    store = _layers.store_dir(origin.id)
+    try:
+        await fill(origin, 20)
+        full = await origin.exec("head -c 80m /dev/zero > big; echo $?; rm -f big")
+        assert full.stdout.strip() != "0" and "No space left" in full.stderr
+        before = await inode(origin, "src/f5.txt")
+        fork = await origin.fork("capped")
+        branch = await fork.attach()
+        # The branch is capped too, in a store of its own.
+        assert os.path.ismount(_layers.store_dir(branch.id))
+        over = await branch.exec("head -c 80m /dev/zero > big; echo $?; rm -f big")
+        assert "No space left" in over.stderr
+        assert await inode(branch, "src/f5.txt") == before, "the snapshot copied the files"
+        # What the origin wrote stays in its store after it ends, for the
+        # snapshot and the branch that stack it.
+        await origin.close()
+        assert os.path.ismount(store)
+        assert await branch.read_text("src/f5.txt") == "5\n"
+        await branch.close()
+        again = await fork.attach()
+        assert await again.read_text("src/f5.txt") == "5\n"
+        await again.close()
+        await hutch.remove_snapshot(fork.snapshot)
+        # Nothing stacks it any more: the store, its image and loop device go.
+        assert not os.path.exists(store)
+        assert _diskcap.loop_devices_backed_by(_diskcap.image_for(store)) == []
+    finally:
+        await origin.close()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import hashlib
 import io
 import ipaddress
@@ -833,6 +834,10 @@ def _own_network_namespace(network_mode: str) -> bool:
     return network_mode not in ("host", "none") and not network_mode.startswith("container:")
 
 
+def _disk_cap(config: DockerConfig) -> int | None:
+    return int(parse_bytes(config.disk)) if config.disk is not None else None
+
+
 def _parse_mount(spec: str) -> tuple[str, dict[str, str]]:
     parts = spec.split(":")
     if len(parts) not in (2, 3) or not parts[0] or not parts[1]:
@@ -1105,12 +1110,11 @@ class DockerSandbox(NativeBackend):
         if config.host_workdir:
             host_workdir, owns = os.path.abspath(config.host_workdir), False
             os.makedirs(host_workdir, exist_ok=True)
-        elif config.disk is None and await anyio.to_thread.run_sync(_layers.overlay_available):
+        elif await anyio.to_thread.run_sync(_layers.overlay_available):
             # Layered from the start, so that its first snapshot moves the
-            # tree instead of copying it. (A capped one stays a plain file
-            # system of its own: its upper directory could not be moved out.)
+            # tree instead of copying it.
             host_workdir, chain = await anyio.to_thread.run_sync(
-                _layers.prepare, sandbox_id, None
+                functools.partial(_layers.prepare, sandbox_id, None, cap=_disk_cap(config))
             )
             owns = layered = True
         else:
@@ -1851,6 +1855,10 @@ class DockerSandbox(NativeBackend):
         api = engine()
         repository = snapshot_repository()
         labels = {MANAGED_LABEL: "1", SNAPSHOT_LABEL: snapshot_id, HOME_LABEL: hutch_home()}
+        if self.container_id is not None and not await self._container_exists():
+            # Gone outside hutch's hands: what survives is the working
+            # directory and the image it ran from, and that is what is kept.
+            self.container_id = None
         # The directory first, the image last: held_snapshots lists images, so a
         # capture cut short between the two leaves nothing listed half-made.
         size = await self._freeze_workdir(snapshot_id, flatten=not diff) if self.layered else None
@@ -1859,10 +1867,6 @@ class DockerSandbox(NativeBackend):
                 lambda: _layers.capture(snapshot_id, self.sandbox_id, self.host_workdir,
                                         self._current_chain(), diff=diff)
             )
-        if self.container_id is not None and not await self._container_exists():
-            # Gone outside hutch's hands: what survives is the working
-            # directory and the image it ran from, and that is what is kept.
-            self.container_id = None
         try:
             if self.container_id is not None:
                 image_id = await _call(
@@ -1941,7 +1945,10 @@ class DockerSandbox(NativeBackend):
         # Its own working directory always: a branch never shares the origin's.
         # Layered where overlayfs mounts; a copy of the snapshot's where not.
         layered = await anyio.to_thread.run_sync(_layers.overlay_available)
-        start = _layers.prepare if layered else _layers.start_branch
+        start = (
+            functools.partial(_layers.prepare, cap=_disk_cap(config)) if layered
+            else _layers.start_branch
+        )
         workdir, chain = await anyio.to_thread.run_sync(start, sandbox_id, snapshot.snapshot_id)
         config = config.model_copy(update={"host_workdir": None})
         sandbox = cls(sandbox_id, config, workdir, True, None, base_image=image,
