@@ -7,6 +7,7 @@ suspended (or reaped) once, by one of them."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -156,5 +157,28 @@ def test_the_store_keeps_the_latest_activity(home: Path) -> None:  # noqa: F811
         found = store.instance_of_sandbox("sb-1")
         assert found is not None and found.key == "k" and found.last_active_unix == 200.0
         assert store.instance_of_sandbox("sb-other") is None
+    finally:
+        store.close()
+
+
+def test_a_holder_whose_pid_was_reused_holds_nothing(home: Path) -> None:  # noqa: F811
+    """A hold or lease names its program by pid and start time: a live
+    process that got the pid later is not that program."""
+    from hutch._liveness import this_process
+    from hutch.definitions.ensure import live_holders, program_alive, this_program
+
+    pid, start = this_process()
+    host = os.uname().nodename
+    reused = f"{host}:{pid}:{start + 1}"  # this pid, but a process started at another time
+    assert program_alive(this_program()) and not program_alive(reused)
+    store = SQLiteStore(str(home / "hutch.db"))
+    try:
+        assert store.take_lease("k", f"{reused}:a", 60)
+        assert store.take_lease("k", f"{this_program()}:b", 60)  # the first one's was free
+        assert not store.take_lease("k", f"{this_program()}:c", 60)  # a live one's is not
+        store.hold_instance("key", reused)
+        store.hold_instance("key", this_program())
+        assert live_holders(store, "key") == [this_program()]
+        assert store.instance_holders("key") == [this_program()]  # the dead one's dropped
     finally:
         store.close()
