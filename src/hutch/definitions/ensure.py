@@ -41,6 +41,7 @@ from .._sandbox import Sandbox, backend_of
 from .._snapshots import Snapshot
 from ..config import SandboxOptions, SandboxSpec
 from ..lifecycle.engine import DEFAULT_TIMEOUT_CEILING, LifecycleEngine
+from ..lifecycle.shared import SharedView
 from ..lifecycle.state import FINAL, SandboxState
 from ..providers.base import ProviderSnapshot
 from ..providers.registry import get_provider
@@ -57,6 +58,9 @@ LEASE_SECONDS = 1800.0
 OUTPUT_TAIL_BYTES = 4096
 #: An instance whose sandbox a daemon holds says so in its description.
 HELD_BY_DAEMON = "daemon"
+#: How long a program's claim to act on a sandbox's idleness lasts (a
+#: holder of this host that died frees it at once).
+CLAIM_SECONDS = 600.0
 #: Where the source is unpacked on its way in (removed once unpacked).
 _SOURCE_ARCHIVE = ".hutch-source.tar"
 
@@ -164,7 +168,7 @@ class Definitions:
         if lock is None:
             lock = self._locks[key] = anyio.Lock()
         async with lock:
-            holder = f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+            holder = _holder()
             name = f"instance:{key}"
             delay = 0.02
             store, seconds = self.host.store, self.lease_seconds
@@ -322,7 +326,7 @@ class Definitions:
             tenant=tenant if tenant is not None else d.tenant, provider=d.provider.type,
             sandbox_id=sandbox.id, description=self.host.describe(sandbox),
             spec=self._spec(d).model_dump(mode="json"), updated_at_unix=time.time(),
-            state=sandbox.state.value,
+            state=sandbox.state.value, last_active_unix=time.time(),
         ))
 
     # -- the run's end ---------------------------------------------------------------
@@ -425,7 +429,11 @@ class LocalHost(SandboxHost):
     Its sandboxes' lifecycle runs on an engine of its own, whose every
     transition is written to the instances they run (state and description),
     as a daemon writes its sandboxes': a program that finds one later finds
-    it as it is, a suspended one by its own suspended state."""
+    it as it is, a suspended one by its own suspended state. Programs holding
+    the same sandbox at once share its idle rule through the store (this host
+    is the engine's :class:`~hutch.lifecycle.shared.SharedActivity`): each
+    writes its activity there, and a timer acts only on the latest of all,
+    under a claim one program holds at a time."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -446,9 +454,37 @@ class LocalHost(SandboxHost):
             ceiling = os.environ.get("HUTCH_TIMEOUT_CEILING")
             engine = self._engines[loop] = LifecycleEngine(
                 timeout_ceiling=float(ceiling) if ceiling else DEFAULT_TIMEOUT_CEILING,
-                on_transition=self._record_transition,
+                on_transition=self._record_transition, shared=self,
             )
         return engine
+
+    # -- the idle rule, shared with the other programs holding a sandbox ----------------
+    async def publish(self, sandbox_id: str, last_active_unix: float) -> None:
+        await anyio.to_thread.run_sync(
+            self.store.note_instance_activity, sandbox_id, last_active_unix
+        )
+
+    @asynccontextmanager
+    async def claim(self, sandbox_id: str) -> AsyncIterator[SharedView | None]:
+        name, holder = f"lifecycle:{sandbox_id}", _holder()
+        if not await anyio.to_thread.run_sync(
+            self.store.take_lease, name, holder, CLAIM_SECONDS
+        ):
+            yield None
+            return
+        try:
+            row = await anyio.to_thread.run_sync(self.store.instance_of_sandbox, sandbox_id)
+            known = self._recorded.get(sandbox_id)
+            if known is None:  # in no instance: this program's own
+                yield SharedView(current=True, last_active_unix=None)
+            elif row is None:  # its instance is gone: another program ended it
+                yield SharedView(current=False, last_active_unix=None)
+            else:
+                current = (row.state, _canonical(row.description)) == known
+                yield SharedView(current=current, last_active_unix=row.last_active_unix)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self.store.release_lease, name, holder)
 
     async def _record_transition(
         self, sandbox_id: str, old: SandboxState, new: SandboxState, reason: str | None
@@ -584,6 +620,11 @@ class LocalHost(SandboxHost):
         # What the instance is recorded with (the state beside it is the sandbox's).
         self._recorded[sandbox.id] = (sandbox.state.value, _canonical(description))
         return description
+
+
+def _holder() -> str:
+    """Who holds a lease: this process of this host, once (``host:pid:nonce``)."""
+    return f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
 def _canonical(description: Mapping[str, Any]) -> str:

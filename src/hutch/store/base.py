@@ -127,6 +127,9 @@ class InstanceRow:
     spec: dict[str, Any] = field(default_factory=dict)
     updated_at_unix: float = 0.0
     state: str = "running"
+    #: The latest activity of any program holding the sandbox (Unix time):
+    #: what every program's idle rule reads (see ``lifecycle.shared``).
+    last_active_unix: float | None = None
 
 
 @dataclass
@@ -245,6 +248,16 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def delete_instance(self, key: str) -> None: ...
+
+    @abc.abstractmethod
+    def instance_of_sandbox(self, sandbox_id: str) -> InstanceRow | None:
+        """The instance ``sandbox_id`` runs, if it runs one."""
+
+    @abc.abstractmethod
+    def note_instance_activity(self, sandbox_id: str, at_unix: float) -> None:
+        """Activity on ``sandbox_id`` at ``at_unix``, seen by one of the
+        programs holding it: the instances it runs keep the latest of
+        every program's (an older time never moves it back)."""
 
     @abc.abstractmethod
     def record_instance_sandbox(

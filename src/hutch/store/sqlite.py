@@ -111,7 +111,8 @@ CREATE TABLE IF NOT EXISTS instances (
     description TEXT NOT NULL DEFAULT '{}',
     spec TEXT NOT NULL DEFAULT '{}',
     updated_at_unix REAL NOT NULL,
-    state TEXT NOT NULL DEFAULT 'running'
+    state TEXT NOT NULL DEFAULT 'running',
+    last_active_unix REAL
 );
 CREATE TABLE IF NOT EXISTS leases (
     name TEXT PRIMARY KEY,
@@ -121,7 +122,7 @@ CREATE TABLE IF NOT EXISTS leases (
 """
 _INSTANCE_COLUMNS = (
     "key", "definition_id", "thread_id", "tenant", "provider", "sandbox_id", "description",
-    "spec", "updated_at_unix", "state",
+    "spec", "updated_at_unix", "state", "last_active_unix",
 )
 
 _REF_COLUMNS = (
@@ -144,7 +145,9 @@ _ADDED_COLUMNS = {
     # The workspace a ref follows.
     "refs": {"workspace": "TEXT"},
     # The state of an instance's sandbox, kept with its description.
-    "instances": {"state": "TEXT NOT NULL DEFAULT 'running'"},
+    "instances": {"state": "TEXT NOT NULL DEFAULT 'running'",
+                  # The latest activity of every program holding its sandbox.
+                  "last_active_unix": "REAL"},
 }
 
 _SANDBOX_COLUMNS = (
@@ -453,13 +456,19 @@ class SQLiteStore(Store):
 
     def get_instance(self, key: str) -> InstanceRow | None:
         rows = self._read("SELECT * FROM instances WHERE key = ?", (key,))
-        if not rows:
-            return None
-        r = rows[0]
-        return InstanceRow(**{
-            n: json.loads(r[n]) if n in ("description", "spec") else r[n]
-            for n in _INSTANCE_COLUMNS
-        })
+        return _instance(rows[0]) if rows else None
+
+    def instance_of_sandbox(self, sandbox_id: str) -> InstanceRow | None:
+        rows = self._read("SELECT * FROM instances WHERE sandbox_id = ? ORDER BY key",
+                          (sandbox_id,))
+        return _instance(rows[0]) if rows else None
+
+    def note_instance_activity(self, sandbox_id: str, at_unix: float) -> None:
+        self._write(
+            "UPDATE instances SET last_active_unix = MAX(COALESCE(last_active_unix, 0), ?) "
+            "WHERE sandbox_id = ?",
+            (at_unix, sandbox_id),
+        )
 
     def delete_instance(self, key: str) -> None:
         self._write("DELETE FROM instances WHERE key = ?", (key,))
@@ -507,6 +516,13 @@ class SQLiteStore(Store):
 
     def release_lease(self, name: str, holder: str) -> None:
         self._write("DELETE FROM leases WHERE name = ? AND holder = ?", (name, holder))
+
+
+def _instance(r: sqlite3.Row) -> InstanceRow:
+    return InstanceRow(**{
+        n: json.loads(r[n]) if n in ("description", "spec") else r[n]
+        for n in _INSTANCE_COLUMNS
+    })
 
 
 def _holder_alive(holder: str) -> bool:
