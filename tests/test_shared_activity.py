@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import anyio
@@ -182,3 +183,40 @@ def test_a_holder_whose_pid_was_reused_holds_nothing(home: Path) -> None:  # noq
         assert store.instance_holders("key") == [this_program()]  # the dead one's dropped
     finally:
         store.close()
+
+
+@pytest.mark.anyio
+async def test_an_operation_open_in_one_program_keeps_the_sandbox_for_all(
+    home: Path,  # noqa: F811
+) -> None:
+    """A long upload in one program (no process in the sandbox to count) is
+    activity for the other program's idle rule all along, not only when it
+    began: the sandbox is not reaped under it."""
+    d = Definition.parse({**_definition({"type": "local"}),
+                          "lifecycle": {"keep_alive": 1.0, "snapshot": "none"}})
+    programs = [Definitions(LocalHost(SQLiteStore(str(home / "hutch.db")))) for _ in range(2)]
+    idle = await programs[0].ensure(d, "t")
+    busy = await programs[1].ensure(d, "t")
+    assert busy.path == "resumed" and busy.sandbox.id == idle.sandbox.id
+    read_end, write_end = os.pipe()
+
+    def trickle() -> None:  # four idle windows, a byte at a time
+        with os.fdopen(write_end, "wb", buffering=0) as out:
+            for _ in range(20):
+                out.write(b"x")
+                time.sleep(0.2)
+
+    try:
+        with os.fdopen(read_end, "rb", buffering=0) as source:
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(anyio.to_thread.run_sync, trickle)
+                await busy.sandbox.write_from("upload.bin", source)
+        assert await busy.sandbox.read_bytes("upload.bin") == b"x" * 20
+        row = programs[0].host.store.get_instance(idle.key)
+        assert row is not None and row.state == "running"
+        assert not idle.sandbox.closed
+    finally:
+        await busy.sandbox.close()
+        for program in programs:
+            await program.settle()
+            program.host.store.close()
