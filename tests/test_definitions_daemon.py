@@ -18,6 +18,7 @@ import pytest
 import hutch
 from hutch.client import EnsureProgress, RemoteEnsured
 from hutch.definitions import Definition, SetupFailed, open_definitions
+from tests.conftest import TEST_IMAGE
 from tests.daemon_fixture import DaemonProcess
 from tests.test_definitions import repo  # noqa: F401 - a fixture
 
@@ -212,15 +213,14 @@ anyio.run(main)
 """
 
 
-def test_a_program_s_thread_is_not_taken_by_the_daemon(daemon: DaemonProcess, repo: str) -> None:  # noqa: F811
+def _program_s_thread_is_not_taken(daemon: DaemonProcess, definition_id: str) -> None:
     """A program holding a thread's sandbox in-process on the daemon's store:
     the daemon asked to ensure that thread says so (typed) and makes no
     second sandbox while the program lives; once the program is killed, the
     daemon takes its sandbox over, with the program's work in it."""
-    body = {"id": "repo-agent", "provider": "local",
-            "workspace": {"source": {"git": repo, "ref": "main"}, "setup": [SETUP]},
-            "lifecycle": {"reuse": "thread", "snapshot_max_age": "24h",
-                          "destroy_on_complete": False}}
+    with hutch.Client(daemon.url, token=daemon.token) as c:
+        # The program ensures the definition as the daemon has it (same key).
+        body = next(d for d in c.definitions() if d["id"] == definition_id)
     program = subprocess.Popen(
         [sys.executable, "-c", _HOLDING_PROGRAM, json.dumps(body)], text=True,
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -232,7 +232,7 @@ def test_a_program_s_thread_is_not_taken_by_the_daemon(daemon: DaemonProcess, re
         sandbox_id = ready[2]
         with hutch.Client(daemon.url, token=daemon.token) as c:
             with pytest.raises(hutch.SandboxUnavailable, match="held in-process") as caught:
-                c.ensure("repo-agent", "t-program")
+                c.ensure(definition_id, "t-program")
             assert sandbox_id in str(caught.value) and str(program.pid) in str(caught.value)
             assert c.list_sandboxes() == []  # no second sandbox for the thread
             program.stdin.write("read\n")
@@ -241,14 +241,27 @@ def test_a_program_s_thread_is_not_taken_by_the_daemon(daemon: DaemonProcess, re
             # The program dies without a word (a crash): its hold goes with it.
             program.kill()
             program.wait(30)
-            taken = c.ensure("repo-agent", "t-program")
+            taken = c.ensure(definition_id, "t-program")
             assert taken.path == "resumed" and taken.sandbox.id == sandbox_id
             assert taken.sandbox.read_text("notes.txt") == "the program's work"
             assert taken.sandbox.read_text(".setup-runs") == "ran\n"  # setup not run again
             assert [s["id"] for s in c.list_sandboxes()] == [sandbox_id]
-            again = c.ensure("repo-agent", "t-program")
+            again = c.ensure(definition_id, "t-program")
             assert again.path == "resumed" and again.sandbox.id == sandbox_id
     finally:
         if program.poll() is None:
             program.kill()
             program.wait(30)
+
+
+def test_a_program_s_thread_is_not_taken_by_the_daemon_local(daemon: DaemonProcess) -> None:
+    _program_s_thread_is_not_taken(daemon, "repo-agent")
+
+
+@pytest.mark.docker
+def test_a_program_s_thread_is_not_taken_by_the_daemon_docker(daemon: DaemonProcess) -> None:
+    with hutch.Client(daemon.url, token=daemon.token) as c:
+        c.put_definition({"id": "docker-agent",
+                          "provider": {"type": "docker", "image": TEST_IMAGE, "runtime": "native"},
+                          "workspace": {"setup": ["echo ran >> .setup-runs"]}})
+    _program_s_thread_is_not_taken(daemon, "docker-agent")
