@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ SPEC_CODES = {
     "unauthorized": (401, None),
     "capability_unsupported": (501, NotImplementedError),
     "provider_error": (502, None),
+    "resource_exhausted": (429, None),
 }
 
 
@@ -70,6 +72,20 @@ def test_an_error_s_details_survive_the_wire_and_pickling() -> None:
     assert hutch.NotFound("gone").wire() == {"code": "not_found", "message": "gone"}
     odd = error_from_wire({"code": "setup_failed", "message": "m", "exit_code": "3"})
     assert isinstance(odd, SetupFailed) and odd.exit_code is None
+
+
+def test_the_wire_documents_every_code_with_its_status() -> None:
+    text = (Path(__file__).parent.parent / "docs" / "wire.md").read_text()
+    listed = text.split("The codes and their statuses:", 1)[1].split("\n\n", 1)[0]
+    documented: dict[str, int] = {}
+    pending: list[str] = []
+    for code, status in re.findall(r"`(\w+)`|\b(\d{3})\b", listed):
+        if code:
+            pending.append(code)
+        else:
+            documented.update((c, int(status)) for c in pending)
+            pending = []
+    assert documented == {code: cls.http_status for code, cls in ERRORS_BY_CODE.items()}
 
 
 def test_unknown_code_becomes_the_root_error() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -298,3 +299,102 @@ async def test_a_busy_worker_in_another_process_keeps_the_sandbox_from_idle_susp
             await proc.wait()
         await owner.close()
         await engine.close()
+
+
+#: An owner in a process of its own: makes a local sandbox in argv[1],
+#: prints a ref to it, and serves it until it is killed.
+OWNER = r"""
+import asyncio, sys, hutch
+
+async def main():
+    sb = await hutch.create_sandbox("local", workdir=sys.argv[1])
+    print(await sb.ref(), flush=True)
+    await asyncio.sleep(600)
+
+asyncio.run(main())
+"""
+
+
+async def _owner_process(workdir: str) -> tuple[asyncio.subprocess.Process, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", OWNER, workdir, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, env=bare_env(),
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    line = await asyncio.wait_for(proc.stdout.readline(), 120)
+    if not line:
+        raise AssertionError((await proc.stderr.read()).decode()[-3000:])
+    return proc, line.decode().strip()
+
+
+def _directory_of(ref: str) -> str:
+    decoded = decode_ref(ref)
+    path = None if decoded is None else unix_socket_of(decoded.url)
+    assert path is not None, ref
+    return os.path.dirname(path)
+
+
+async def test_a_sigkilled_owners_socket_directory_goes_at_the_next_owners_start(
+    tmp_path: Any,
+) -> None:
+    """An owner killed with SIGKILL runs no cleanup: its socket's directory
+    stays. Attaching to its refs says the owner is gone (typed, at once), and
+    the next owner to start on this host removes that directory, and only
+    that: a live owner's stays and goes on serving."""
+    import shutil
+    import signal
+    import time
+
+    dead_dir = tmp_path / "dead"
+    live_dir = tmp_path / "live"
+    dead_dir.mkdir()
+    live_dir.mkdir()
+    dead, dead_ref = await _owner_process(str(dead_dir))
+    live, live_ref = await _owner_process(str(live_dir))
+    leftovers = [_directory_of(dead_ref), _directory_of(live_ref)]
+    # Directories whose names say a process made them that is not the one
+    # now holding that pid (its start time differs: the pid was reused), and
+    # one of this live process's that is not serving yet (being made).
+    from hutch._liveness import process_start_time
+
+    mine = process_start_time(os.getpid())
+    assert mine is not None
+    reused = tempfile.mkdtemp(prefix=f"hutch-owner-{os.getpid()}-{mine + 1}-")
+    making = tempfile.mkdtemp(prefix=f"hutch-owner-{os.getpid()}-{mine}-")
+    leftovers += [reused, making]
+    refused = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    refused.bind(os.path.join(reused, "sock"))  # bound, never listening: as a dead owner's
+    refused.close()
+    owner: hutch.Sandbox | None = None
+    try:
+        dead.send_signal(signal.SIGKILL)
+        await asyncio.wait_for(dead.wait(), 60)
+        assert os.path.isdir(leftovers[0])  # no cleanup ran
+        # Its refs say what happened, at once, typed: no hang, no raw OSError.
+        began = time.monotonic()
+        with pytest.raises(hutch.SandboxUnavailable, match="owner's process is gone"):
+            await asyncio.to_thread(hutch.attach_sync, dead_ref)
+        with pytest.raises(hutch.SandboxUnavailable, match="owner's process is gone"):
+            await hutch.attach(dead_ref)
+        assert time.monotonic() - began < 30
+        # The next owner's start removes the dead one's directory, and the reused pid's.
+        owner = await hutch.create_sandbox("local", workdir=str(tmp_path))
+        await owner.ref()
+        assert not os.path.exists(leftovers[0])
+        assert not os.path.exists(reused)
+        # The live owner's stays, and serves; the one being made stays too.
+        assert os.path.isdir(leftovers[1]) and os.path.isdir(making)
+        with await asyncio.to_thread(hutch.attach_sync, live_ref) as worker:
+            assert (await asyncio.to_thread(worker.exec, "echo alive")).stdout == "alive\n"
+        # Gone, its refs still answer typed (the socket itself is gone now).
+        with pytest.raises(hutch.SandboxUnavailable, match="owner's process is gone"):
+            await asyncio.to_thread(hutch.attach_sync, dead_ref)
+    finally:
+        for proc in (dead, live):
+            if proc.returncode is None:
+                proc.kill()
+            await proc.wait()
+        if owner is not None:
+            await owner.close()
+        for directory in leftovers:
+            shutil.rmtree(directory, ignore_errors=True)

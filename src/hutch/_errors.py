@@ -25,6 +25,7 @@ The tree::
     ├── CapabilityUnsupported (NotImplementedError)
     │                                   capability_unsupported 501
     ├── SetupFailed                     setup_failed          422
+    ├── ResourceExhausted               resource_exhausted    429
     ├── ProviderError                   provider_error        502
     └── StoreUnavailable                store_unavailable     503
 
@@ -174,6 +175,20 @@ class CapabilityUnsupported(HutchError, NotImplementedError):
 class ProviderError(HutchError):
     code = "provider_error"
     http_status = 502
+
+
+class ResourceExhausted(HutchError):
+    """The sandbox is sound but full: a command could not start because its
+    pids limit is reached (the kernel said EAGAIN to the fork). It starts
+    once something in the sandbox ends.
+
+    429, as gRPC's RESOURCE_EXHAUSTED maps to HTTP: the caller has used up
+    its own quota and may retry once it frees some. Not 502 (the provider
+    did not fail) nor 503 (hutch is not unavailable: everything else in the
+    sandbox, files included, still answers)."""
+
+    code = "resource_exhausted"
+    http_status = 429
 
 
 class StoreUnavailable(HutchError):

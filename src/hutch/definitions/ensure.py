@@ -36,11 +36,13 @@ import anyio
 import anyio.to_thread
 
 from .._errors import HutchError, InvalidArgument, NotFound, SandboxUnavailable, SetupFailed
+from .._liveness import still_running, this_process
 from .._process import ExitStatus
 from .._sandbox import Sandbox, backend_of
 from .._snapshots import Snapshot
 from ..config import SandboxOptions, SandboxSpec
 from ..lifecycle.engine import DEFAULT_TIMEOUT_CEILING, LifecycleEngine
+from ..lifecycle.shared import SharedView
 from ..lifecycle.state import FINAL, SandboxState
 from ..providers.base import ProviderSnapshot
 from ..providers.registry import get_provider
@@ -57,6 +59,9 @@ LEASE_SECONDS = 1800.0
 OUTPUT_TAIL_BYTES = 4096
 #: An instance whose sandbox a daemon holds says so in its description.
 HELD_BY_DAEMON = "daemon"
+#: How long a program's claim to act on a sandbox's idleness lasts (a
+#: holder of this host that died frees it at once).
+CLAIM_SECONDS = 600.0
 #: Where the source is unpacked on its way in (removed once unpacked).
 _SOURCE_ARCHIVE = ".hutch-source.tar"
 
@@ -115,6 +120,12 @@ class SandboxHost(abc.ABC):
         """What the instance row keeps to find ``sandbox`` again."""
         return {}
 
+    async def hold(self, key: str) -> None:
+        """This host holds the sandbox of instance ``key`` now (ensure gave
+        it). Nothing is written by default: a daemon's instances say whose
+        they are in their description."""
+        return None
+
 
 def label_for(key: str) -> str:
     """The label of the snapshots taken for an instance key."""
@@ -164,7 +175,7 @@ class Definitions:
         if lock is None:
             lock = self._locks[key] = anyio.Lock()
         async with lock:
-            holder = f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+            holder = _holder()
             name = f"instance:{key}"
             delay = 0.02
             store, seconds = self.host.store, self.lease_seconds
@@ -216,6 +227,7 @@ class Definitions:
                     sandbox = await self.host.find_live(row)
                     if sandbox is not None:
                         steps.append(Step("resume", time.monotonic() - started))
+                        await self.host.hold(key)
                         return Ensured(sandbox, "resumed", key, steps)
             spec = self._spec(d)
             snapshot = self._newest_snapshot(d, key)
@@ -225,9 +237,11 @@ class Definitions:
                 sandbox = await self.host.restore(snapshot, spec)
                 steps.append(Step("restore", time.monotonic() - started))
                 self._record(d, key, thread_id, tenant, sandbox)
+                await self.host.hold(key)
                 return Ensured(sandbox, "restored", key, steps, snapshot.id)
             sandbox, snapshot_id = await self._bootstrap(d, key, spec, steps, tell)
             self._record(d, key, thread_id, tenant, sandbox)
+            await self.host.hold(key)
             return Ensured(sandbox, "created", key, steps, snapshot_id)
 
     def _spec(self, d: Definition) -> SandboxSpec:
@@ -322,7 +336,7 @@ class Definitions:
             tenant=tenant if tenant is not None else d.tenant, provider=d.provider.type,
             sandbox_id=sandbox.id, description=self.host.describe(sandbox),
             spec=self._spec(d).model_dump(mode="json"), updated_at_unix=time.time(),
-            state=sandbox.state.value,
+            state=sandbox.state.value, last_active_unix=time.time(),
         ))
 
     # -- the run's end ---------------------------------------------------------------
@@ -425,7 +439,11 @@ class LocalHost(SandboxHost):
     Its sandboxes' lifecycle runs on an engine of its own, whose every
     transition is written to the instances they run (state and description),
     as a daemon writes its sandboxes': a program that finds one later finds
-    it as it is, a suspended one by its own suspended state."""
+    it as it is, a suspended one by its own suspended state. Programs holding
+    the same sandbox at once share its idle rule through the store (this host
+    is the engine's :class:`~hutch.lifecycle.shared.SharedActivity`): each
+    writes its activity there, and a timer acts only on the latest of all,
+    under a claim one program holds at a time."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -446,9 +464,41 @@ class LocalHost(SandboxHost):
             ceiling = os.environ.get("HUTCH_TIMEOUT_CEILING")
             engine = self._engines[loop] = LifecycleEngine(
                 timeout_ceiling=float(ceiling) if ceiling else DEFAULT_TIMEOUT_CEILING,
-                on_transition=self._record_transition,
+                on_transition=self._record_transition, shared=self,
             )
         return engine
+
+    async def hold(self, key: str) -> None:
+        # A daemon asked for the thread sees that this program holds it.
+        await anyio.to_thread.run_sync(self.store.hold_instance, key, this_program())
+
+    # -- the idle rule, shared with the other programs holding a sandbox ----------------
+    async def publish(self, sandbox_id: str, last_active_unix: float) -> None:
+        await anyio.to_thread.run_sync(
+            self.store.note_instance_activity, sandbox_id, last_active_unix
+        )
+
+    @asynccontextmanager
+    async def claim(self, sandbox_id: str) -> AsyncIterator[SharedView | None]:
+        name, holder = f"lifecycle:{sandbox_id}", _holder()
+        if not await anyio.to_thread.run_sync(
+            self.store.take_lease, name, holder, CLAIM_SECONDS
+        ):
+            yield None
+            return
+        try:
+            row = await anyio.to_thread.run_sync(self.store.instance_of_sandbox, sandbox_id)
+            known = self._recorded.get(sandbox_id)
+            if known is None:  # in no instance: this program's own
+                yield SharedView(current=True, last_active_unix=None)
+            elif row is None:  # its instance is gone: another program ended it
+                yield SharedView(current=False, last_active_unix=None)
+            else:
+                current = (row.state, _canonical(row.description)) == known
+                yield SharedView(current=current, last_active_unix=row.last_active_unix)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self.store.release_lease, name, holder)
 
     async def _record_transition(
         self, sandbox_id: str, old: SandboxState, new: SandboxState, reason: str | None
@@ -584,6 +634,50 @@ class LocalHost(SandboxHost):
         # What the instance is recorded with (the state beside it is the sandbox's).
         self._recorded[sandbox.id] = (sandbox.state.value, _canonical(description))
         return description
+
+
+def this_program() -> str:
+    """This program, as the store names a holder: ``host:pid:start`` (its
+    start time: a pid the kernel hands on later is not this program)."""
+    pid, start = this_process()
+    return f"{os.uname().nodename}:{pid}:{start}"
+
+
+def program_alive(holder: str) -> bool:
+    """Whether the program ``holder`` names (see :func:`this_program`) lives."""
+    host, _, rest = holder.partition(":")
+    pid, _, start = rest.partition(":")
+    if host != os.uname().nodename:
+        return True  # another host's: it cannot be looked at from here
+    return pid.isdigit() and start.isdigit() and still_running(int(pid), int(start))
+
+
+def live_holders(store: Store, key: str) -> list[str]:
+    """The programs holding the instance's sandbox in-process now; the holds
+    of programs that died (killed, crashed) are dropped on the way."""
+    alive = []
+    for holder in store.instance_holders(key):
+        if program_alive(holder):
+            alive.append(holder)
+        else:
+            store.release_instance(key, holder)
+    return alive
+
+
+def held_elsewhere(row: InstanceRow, holder: str) -> SandboxUnavailable:
+    """The error of a caller that may not take over a sandbox ``holder`` holds."""
+    host, _, rest = holder.partition(":")
+    return SandboxUnavailable(
+        f"the sandbox of thread {row.thread_id!r} of definition {row.definition_id!r} "
+        f"({row.sandbox_id}) is held in-process by the program with pid "
+        f"{rest.partition(':')[0]} on {host}: ensure it in that program, or end it first "
+        "(its hold ends with it)"
+    )
+
+
+def _holder() -> str:
+    """Who holds a lease: this program, once (``host:pid:start:nonce``)."""
+    return f"{this_program()}:{uuid.uuid4().hex[:8]}"
 
 
 def _canonical(description: Mapping[str, Any]) -> str:

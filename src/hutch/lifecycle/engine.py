@@ -23,7 +23,7 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import anyio
 
@@ -47,6 +47,7 @@ from .._sandbox import (
 )
 from .clock import Clock, RealClock, VirtualClock
 from .scheduler import Scheduler
+from .shared import MIN_PUBLISH_SECONDS, PUBLISH_SHARE, SharedActivity
 from .state import FINAL, SandboxState, check_transition
 
 if TYPE_CHECKING:
@@ -60,6 +61,11 @@ DEFAULT_TIMEOUT_CEILING = 86400.0
 BUSY_POLL_SECONDS = 1.0
 #: How long after a failed lifecycle step (a suspend the backend refused) it is tried again.
 RETRY_AFTER_SECONDS = 10.0
+
+#: What an idle timer's evaluation makes of a sandbox: its timers go on
+#: (``keep``), it ended and its backend is freed (``release``), or another
+#: program holds it now and this engine stops timing it (``drop``).
+_Verdict = Literal["keep", "release", "drop"]
 
 TransitionHook = Callable[[str, SandboxState, SandboxState, str | None], Awaitable[None] | None]
 #: Records a set_timeout deadline (sandbox id, Unix time) before it takes effect.
@@ -137,6 +143,11 @@ class LifecycleRecord:
     #: A transition is under way: operations wait for it instead of racing it.
     transitioning: bool = False
     can_suspend: bool = False
+    #: The activity last written for other programs (monotonic), and when it was.
+    published_activity_mono: float = -math.inf
+    published_at_mono: float = -math.inf
+    #: A write of the activity is under way or waiting its turn.
+    publishing: bool = False
 
 
 @dataclass(frozen=True)
@@ -179,6 +190,7 @@ class LifecycleEngine:
         retry_after: float = RETRY_AFTER_SECONDS,
         on_transition: TransitionHook | None = None,
         on_deadline: DeadlineHook | None = None,
+        shared: SharedActivity | None = None,
     ) -> None:
         self.clock: Clock = clock or RealClock()
         self.timeout_ceiling = timeout_ceiling
@@ -190,6 +202,11 @@ class LifecycleEngine:
         self.on_transition = on_transition
         #: The same for a set_timeout deadline.
         self.on_deadline = on_deadline
+        #: Where other programs holding the same sandboxes share their
+        #: activity and idle transitions (see :mod:`.shared`); None: this
+        #: engine is the only one that times its sandboxes.
+        self.shared = shared
+        self._publishers: set[asyncio.Task[None]] = set()
         # A virtual clock is driven by advance(), never by a sleeping task.
         self.scheduler = Scheduler(
             self.clock, self._evaluate, drive=not isinstance(self.clock, VirtualClock)
@@ -272,10 +289,12 @@ class LifecycleEngine:
         if record.state is SandboxState.RUNNING and not record.transitioning:
             if activity:
                 record.last_activity_mono = self.clock.monotonic()
+                if self.shared is not None:
+                    self._publish(sandbox, record)
             return
         await self._enter_slow(sandbox, record, op)
         if activity:
-            record.last_activity_mono = self.clock.monotonic()
+            self._active(sandbox, record)
 
     async def _enter_slow(self, sandbox: Sandbox, record: LifecycleRecord, op: str) -> None:
         async with record.lock:  # waits out a transition under way
@@ -303,10 +322,66 @@ class LifecycleEngine:
         if activity:
             record = lifecycle_record(sandbox)
             if record is not None:
-                record.last_activity_mono = self.clock.monotonic()
+                self._active(sandbox, record)
 
     def touch(self, sandbox: Sandbox) -> None:
         self.leave(sandbox, "touch", activity=True)
+
+    def _active(self, sandbox: Sandbox, record: LifecycleRecord) -> None:
+        """Activity now: the idle clock restarts, here and for every program
+        that shares the sandbox."""
+        record.last_activity_mono = self.clock.monotonic()
+        if self.shared is not None:
+            self._publish(sandbox, record)
+
+    # -- activity shared with other programs -------------------------------------------
+    def _publish_interval(self, record: LifecycleRecord) -> float | None:
+        """How often this record's activity is written: a share of its
+        shortest idle window; None without one (no idle rule reads it)."""
+        windows = [w for w in (record.options.idle_suspend_after, record.options.idle_timeout)
+                   if w is not None]
+        if not windows:
+            return None
+        return max(MIN_PUBLISH_SECONDS, min(windows) * PUBLISH_SHARE)
+
+    def _publish(self, sandbox: Sandbox, record: LifecycleRecord) -> None:
+        """Have the activity written: at once if none was written for an
+        interval, else once the interval is over (the latest by then), and
+        again each interval while an operation stays open here."""
+        if record.publishing or record.state in FINAL:
+            return
+        if self._publish_interval(record) is None:
+            return
+        record.publishing = True
+        task = asyncio.get_running_loop().create_task(self._publishing(sandbox, record))
+        self._publishers.add(task)
+        task.add_done_callback(self._publishers.discard)
+
+    async def _publishing(self, sandbox: Sandbox, record: LifecycleRecord) -> None:
+        shared = self.shared
+        try:
+            while shared is not None:
+                interval = self._publish_interval(record)
+                if interval is None:
+                    return
+                wait = record.published_at_mono + interval - self.clock.monotonic()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                if sandbox.open_operations and record.state is SandboxState.RUNNING:
+                    # An operation open here (a long upload) is invisible to
+                    # the other programs' idle rules but through its activity.
+                    record.last_activity_mono = self.clock.monotonic()
+                seen = record.last_activity_mono
+                if seen <= record.published_activity_mono or record.state in FINAL:
+                    return
+                at_unix = self.clock.time() - (self.clock.monotonic() - seen)
+                await shared.publish(record.sandbox_id, at_unix)
+                record.published_activity_mono = seen
+                record.published_at_mono = self.clock.monotonic()
+        except Exception as exc:  # the next activity tries again; a timer here still reads it
+            log.warning("sandbox %s: its activity was not shared: %s", record.sandbox_id, exc)
+        finally:
+            record.publishing = False
 
     def _check_live(self, record: LifecycleRecord) -> None:
         """A terminated sandbox answers every call with the error of its reason."""
@@ -332,6 +407,8 @@ class LifecycleEngine:
         if new in (SandboxState.RUNNING,):
             # Coming back (unpause, resume) is activity: the idle clock restarts.
             record.last_activity_mono = now
+            if self.shared is not None:
+                self._publish(sandbox, record)
         log.info(
             "sandbox %s: %s -> %s%s", record.sandbox_id, old.value, new.value,
             f" ({reason})" if reason else "",
@@ -653,21 +730,28 @@ class LifecycleEngine:
         if sandbox is None:
             return
         record = self._record(sandbox)
-        release = False
+        verdict: _Verdict = "keep"
         next_due: float | None = None
         try:
             # The lock waits out a transition under way (a pause, a resume by
             # an operation) instead of racing it or polling until it is over.
             async with record.lock:
-                release, next_due = await self._decide(sandbox, record)
+                verdict, next_due = await self._decide(sandbox, record)
         except Exception:
             # A failed step (a backend that could not suspend) is retried
             # later; the sandbox is never silently dropped from the timers.
             log.exception("sandbox %s: lifecycle step failed", sandbox_id)
             next_due = self.clock.monotonic() + self.retry_after
+        if verdict == "drop":
+            # Another program moved the sandbox since this one last knew it:
+            # its timers are that program's now; nothing here acts on it.
+            log.info("sandbox %s: another program holds it now; its timers here stop",
+                     sandbox_id)
+            self._forget(record)
+            return
         # A sandbox terminated here is released even if a step after its
         # transition failed: reaped means its backend is freed.
-        if release or record.state is SandboxState.TERMINATED:
+        if verdict == "release" or record.state is SandboxState.TERMINATED:
             self._forget(record)
             try:
                 await reap(sandbox)
@@ -682,43 +766,67 @@ class LifecycleEngine:
         else:
             self.scheduler.schedule(record.sandbox_id, next_due)
 
+    def _due(self, record: LifecycleRecord) -> list[str]:
+        """The idle actions due now (``suspend``, ``terminate``)."""
+        now = self.clock.monotonic()
+        idle_for = now - record.last_activity_mono
+        return [action for window, action in self._idle_windows(record, now)
+                if idle_for >= window]
+
     async def _decide(
         self, sandbox: Sandbox, record: LifecycleRecord
-    ) -> tuple[bool, float | None]:
-        """(release the backend?, when to look again or None for the usual time)."""
+    ) -> tuple[_Verdict, float | None]:
+        """(what becomes of the sandbox's timers and backend, when to look
+        again or None for the usual time)."""
         if record.state in FINAL:
-            return False, None
+            return "keep", None
         now = self.clock.monotonic()
         lifetime, live = self._hard_deadlines(record)
         if lifetime is not None and now >= lifetime:
             await self._terminate_locked(sandbox, record, "max_lifetime_exceeded")
-            return True, None
+            return "release", None
         if live is not None and now >= live:
             await self._terminate_locked(sandbox, record, "timeout_expired")
-            return True, None
-        idle_for = now - record.last_activity_mono
-        due = [action for window, action in self._idle_windows(record, now) if idle_for >= window]
-        if not due:
-            return False, None
+            return "release", None
+        if not self._due(record):
+            return "keep", None
         if record.state is not SandboxState.RUNNING and sandbox.open_operations:
             # An operation still open on a suspended sandbox (one that arrived
             # as it went down, and waits to resume it) is not idleness.
-            return False, self._busy_recheck(record)
+            return "keep", self._busy_recheck(record)
         if record.state is SandboxState.RUNNING:
             seen = record.last_activity_mono
             if await self._is_busy(sandbox):
                 # Working, not idle: the idle clock starts again from now, and
                 # the sandbox is looked at again soon, not a whole window later.
-                record.last_activity_mono = self.clock.monotonic()
-                return False, self._busy_recheck(record)
+                self._active(sandbox, record)
+                return "keep", self._busy_recheck(record)
             if sandbox.open_operations or record.last_activity_mono != seen:
-                return False, None  # an operation came in while we were looking
-        if "terminate" in due:
+                return "keep", None  # an operation came in while we were looking
+        if self.shared is None:
+            return await self._idle_step(sandbox, record), None
+        # Idle here; whether it is idle for the other programs holding it is
+        # read under the claim, and the step taken (and recorded) within it.
+        async with self.shared.claim(record.sandbox_id) as view:
+            if view is None:  # another program is acting on it now
+                return "keep", self._busy_recheck(record)
+            if not view.current:
+                return "drop", None
+            if view.last_active_unix is not None:
+                theirs = self.clock.monotonic() - (self.clock.time() - view.last_active_unix)
+                record.last_activity_mono = max(record.last_activity_mono, theirs)
+            if not self._due(record):
+                return "keep", None  # used elsewhere: timed again from that use
+            return await self._idle_step(sandbox, record), None
+
+    async def _idle_step(self, sandbox: Sandbox, record: LifecycleRecord) -> _Verdict:
+        """Take the idle action due: reap (idle_timeout) or suspend."""
+        if "terminate" in self._due(record):
             await self._terminate_locked(sandbox, record, "idle_timeout")
-            return True, None
+            return "release"
         if record.state is SandboxState.RUNNING:
             await self._suspend_locked(sandbox, record, "idle")
-        return False, None
+        return "keep"
 
     def _busy_recheck(self, record: LifecycleRecord) -> float:
         """When to look at a busy sandbox again: within a second for short
@@ -753,6 +861,8 @@ class LifecycleEngine:
 
     async def close(self) -> None:
         await self.scheduler.close()
+        for task in list(self._publishers):
+            task.cancel()
         self._sandboxes.clear()
 
 

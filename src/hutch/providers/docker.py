@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import errno
 import functools
 import hashlib
 import io
@@ -49,6 +50,7 @@ from .._errors import (
     NotFound,
     OutputLimitExceeded,
     ProviderError,
+    ResourceExhausted,
     SandboxFileNotFound,
     SandboxIsADirectory,
     SandboxPermissionDenied,
@@ -499,6 +501,15 @@ def _oci_error(message: str, request: ProcessRequest) -> HutchError:
         return SandboxPermissionDenied(f"cannot execute {request.argv[0]}: permission denied")
     if "not found" in message or "no such file" in message:
         return SandboxFileNotFound(f"command not found: {request.argv[0]}")
+    if os.strerror(errno.EAGAIN).lower() in message.lower():
+        # The runtime's fork was refused (EAGAIN): the container is at its
+        # pids limit. A runtime that places the exec's process by cloning it
+        # into the container's cgroup meets the limit here (runc on this
+        # host moves it in, which the limit does not refuse).
+        return ResourceExhausted(
+            f"cannot start {request.argv[0]}: the sandbox is at its pids limit "
+            f"({message.strip()}); it starts once a process in the sandbox ends"
+        )
     return ProviderError(f"docker exec failed: {message.strip()}")
 
 

@@ -9,6 +9,12 @@ only this sandbox, on a unix socket in a private directory (the directory
 here and never handed out, so nothing but that sandbox can be reached. The
 first ref starts it; the owner's close stops it and removes the directory;
 the ref carries the socket's address (``http+unix://``).
+
+An owner killed outright (SIGKILL, a crash) removes nothing, so the
+directory's name says whose it is (``hutch-owner-<pid>-<start time>-...``)
+and each owner's start removes the directories of owners that are gone: a
+process no longer running (by pid and start time, so a reused pid does not
+keep a dead owner's directory) whose socket no longer answers.
 """
 
 from __future__ import annotations
@@ -16,7 +22,9 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import errno
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -26,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 
 from .._errors import HutchError
+from .._liveness import still_running, this_process
 from .._refwire import decode_ref, unix_url
 from ..store import RefRow
 from .app import ServerSettings, create_app
@@ -44,6 +53,9 @@ GRACEFUL_SECONDS = 2
 #: The longest socket path the kernel takes (sun_path), with room to spare.
 MAX_SOCKET_PATH = 100
 
+#: The name of an owner's socket directory: whose it is (pid, start time), then mkdtemp's part.
+OWNER_DIRECTORY = re.compile(r"hutch-owner-(\d+)-(\d+)-\w+")
+
 #: Servers running in this process, by their address (what their refs carry).
 _SERVED: dict[str, OwnerServer] = {}
 #: Their directories, removed at exit if a server was never stopped.
@@ -59,12 +71,64 @@ class _EmbeddedServer(uvicorn.Server):
 
 
 def _private_directory() -> str:
-    directory = tempfile.mkdtemp(prefix="hutch-owner-")  # 0700
+    pid, start = this_process()
+    prefix = f"hutch-owner-{pid}-{start}-"
+    parents = [tempfile.gettempdir(), "/tmp"]
+    for parent in dict.fromkeys(parents):
+        remove_dead_owners_directories(parent)
+    directory = tempfile.mkdtemp(prefix=prefix)  # 0700
     if len(os.path.join(directory, "sock").encode()) > MAX_SOCKET_PATH:
         os.rmdir(directory)
-        directory = tempfile.mkdtemp(prefix="hutch-owner-", dir="/tmp")
+        directory = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
     _DIRECTORIES.add(directory)
     return directory
+
+
+def remove_dead_owners_directories(parent: str) -> list[str]:
+    """Remove the socket directories in ``parent`` whose owners are gone
+    (this user's only); the ones removed. A live owner's directory stays,
+    served or still being made."""
+    removed: list[str] = []
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return removed
+    uid = os.getuid()
+    for entry in entries:
+        match = OWNER_DIRECTORY.fullmatch(entry.name)
+        if match is None:
+            continue
+        try:
+            if not entry.is_dir(follow_symlinks=False) or entry.stat(
+                follow_symlinks=False
+            ).st_uid != uid:
+                continue
+        except OSError:
+            continue
+        owner_pid, owner_start = int(match[1]), int(match[2])
+        if still_running(owner_pid, owner_start) or _answers(os.path.join(entry.path, "sock")):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(entry.path)
+    return removed
+
+
+def _answers(path: str) -> bool:
+    """Whether a server listens on the unix socket at ``path`` (an owner this
+    host cannot see as running, in another pid namespace, still serves)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.setblocking(False)
+    try:
+        probe.connect(path)
+    except BlockingIOError:  # its backlog is full: it is there
+        return True
+    except OSError as exc:
+        # Refused (nothing listens) or absent: no one serves there. Anything
+        # else leaves the question open, and the directory with it.
+        return exc.errno not in (errno.ECONNREFUSED, errno.ENOENT)
+    finally:
+        probe.close()
+    return True
 
 
 class OwnerServer:

@@ -127,6 +127,9 @@ class InstanceRow:
     spec: dict[str, Any] = field(default_factory=dict)
     updated_at_unix: float = 0.0
     state: str = "running"
+    #: The latest activity of any program holding the sandbox (Unix time):
+    #: what every program's idle rule reads (see ``lifecycle.shared``).
+    last_active_unix: float | None = None
 
 
 @dataclass
@@ -245,6 +248,30 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def delete_instance(self, key: str) -> None: ...
+
+    @abc.abstractmethod
+    def hold_instance(self, key: str, holder: str) -> None:
+        """``holder`` (a program, ``host:pid:start``) holds the instance's
+        sandbox in-process: no other program may take the thread over while
+        it lives. Dropped with the instance."""
+
+    @abc.abstractmethod
+    def release_instance(self, key: str, holder: str) -> None: ...
+
+    @abc.abstractmethod
+    def instance_holders(self, key: str) -> list[str]:
+        """The programs recorded as holding the instance's sandbox, the
+        earliest first (those since dead included: the caller judges)."""
+
+    @abc.abstractmethod
+    def instance_of_sandbox(self, sandbox_id: str) -> InstanceRow | None:
+        """The instance ``sandbox_id`` runs, if it runs one."""
+
+    @abc.abstractmethod
+    def note_instance_activity(self, sandbox_id: str, at_unix: float) -> None:
+        """Activity on ``sandbox_id`` at ``at_unix``, seen by one of the
+        programs holding it: the instances it runs keep the latest of
+        every program's (an older time never moves it back)."""
 
     @abc.abstractmethod
     def record_instance_sandbox(

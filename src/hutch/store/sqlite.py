@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from .._errors import StoreUnavailable
+from .._liveness import still_running
 from .base import (
     DefinitionRow,
     InstanceRow,
@@ -111,7 +112,14 @@ CREATE TABLE IF NOT EXISTS instances (
     description TEXT NOT NULL DEFAULT '{}',
     spec TEXT NOT NULL DEFAULT '{}',
     updated_at_unix REAL NOT NULL,
-    state TEXT NOT NULL DEFAULT 'running'
+    state TEXT NOT NULL DEFAULT 'running',
+    last_active_unix REAL
+);
+CREATE TABLE IF NOT EXISTS instance_holders (
+    key TEXT NOT NULL,
+    holder TEXT NOT NULL,
+    since_unix REAL NOT NULL,
+    PRIMARY KEY (key, holder)
 );
 CREATE TABLE IF NOT EXISTS leases (
     name TEXT PRIMARY KEY,
@@ -121,7 +129,7 @@ CREATE TABLE IF NOT EXISTS leases (
 """
 _INSTANCE_COLUMNS = (
     "key", "definition_id", "thread_id", "tenant", "provider", "sandbox_id", "description",
-    "spec", "updated_at_unix", "state",
+    "spec", "updated_at_unix", "state", "last_active_unix",
 )
 
 _REF_COLUMNS = (
@@ -144,7 +152,9 @@ _ADDED_COLUMNS = {
     # The workspace a ref follows.
     "refs": {"workspace": "TEXT"},
     # The state of an instance's sandbox, kept with its description.
-    "instances": {"state": "TEXT NOT NULL DEFAULT 'running'"},
+    "instances": {"state": "TEXT NOT NULL DEFAULT 'running'",
+                  # The latest activity of every program holding its sandbox.
+                  "last_active_unix": "REAL"},
 }
 
 _SANDBOX_COLUMNS = (
@@ -453,16 +463,39 @@ class SQLiteStore(Store):
 
     def get_instance(self, key: str) -> InstanceRow | None:
         rows = self._read("SELECT * FROM instances WHERE key = ?", (key,))
-        if not rows:
-            return None
-        r = rows[0]
-        return InstanceRow(**{
-            n: json.loads(r[n]) if n in ("description", "spec") else r[n]
-            for n in _INSTANCE_COLUMNS
-        })
+        return _instance(rows[0]) if rows else None
+
+    def instance_of_sandbox(self, sandbox_id: str) -> InstanceRow | None:
+        rows = self._read("SELECT * FROM instances WHERE sandbox_id = ? ORDER BY key",
+                          (sandbox_id,))
+        return _instance(rows[0]) if rows else None
+
+    def note_instance_activity(self, sandbox_id: str, at_unix: float) -> None:
+        self._write(
+            "UPDATE instances SET last_active_unix = MAX(COALESCE(last_active_unix, 0), ?) "
+            "WHERE sandbox_id = ?",
+            (at_unix, sandbox_id),
+        )
 
     def delete_instance(self, key: str) -> None:
-        self._write("DELETE FROM instances WHERE key = ?", (key,))
+        with self._transaction() as db:
+            db.execute("DELETE FROM instances WHERE key = ?", (key,))
+            db.execute("DELETE FROM instance_holders WHERE key = ?", (key,))
+
+    def hold_instance(self, key: str, holder: str) -> None:
+        self._write(
+            "INSERT OR REPLACE INTO instance_holders (key, holder, since_unix) VALUES (?, ?, ?)",
+            (key, holder, time.time()),
+        )
+
+    def release_instance(self, key: str, holder: str) -> None:
+        self._write("DELETE FROM instance_holders WHERE key = ? AND holder = ?", (key, holder))
+
+    def instance_holders(self, key: str) -> list[str]:
+        rows = self._read(
+            "SELECT holder FROM instance_holders WHERE key = ? ORDER BY since_unix", (key,)
+        )
+        return [r["holder"] for r in rows]
 
     def record_instance_sandbox(
         self,
@@ -509,13 +542,24 @@ class SQLiteStore(Store):
         self._write("DELETE FROM leases WHERE name = ? AND holder = ?", (name, holder))
 
 
+def _instance(r: sqlite3.Row) -> InstanceRow:
+    return InstanceRow(**{
+        n: json.loads(r[n]) if n in ("description", "spec") else r[n]
+        for n in _INSTANCE_COLUMNS
+    })
+
+
 def _holder_alive(holder: str) -> bool:
-    """A holder is ``host:pid:nonce``; one of this host whose process is gone
-    left its lease behind (it was killed): the lease is free."""
-    host, _, rest = holder.partition(":")
-    pid_text = rest.partition(":")[0]
+    """A holder is ``host:pid:start:nonce`` (``host:pid:nonce`` from an older
+    hutch); one of this host whose process is gone left its lease behind (it
+    was killed): the lease is free. With its start time, a pid the kernel
+    has since given to another process does not hold it either."""
+    host, *fields = holder.split(":")
+    pid_text = fields[0] if fields else ""
     if host != os.uname().nodename or not pid_text.isdigit():
         return True  # another host's: only its expiry frees it
+    if len(fields) == 3 and fields[1].isdigit():
+        return still_running(int(pid_text), int(fields[1]))
     try:
         os.kill(int(pid_text), 0)
     except ProcessLookupError:

@@ -36,6 +36,7 @@ from ..._errors import (
     InvalidArgument,
     OutputLimitExceeded,
     ProviderError,
+    ResourceExhausted,
     SandboxFileNotFound,
     SandboxIsADirectory,
     SandboxPermissionDenied,
@@ -76,6 +77,7 @@ _ERRORS: dict[str, type[HutchError]] = {
     "permission_denied": SandboxPermissionDenied,
     "invalid_argument": InvalidArgument,
     "output_limit_exceeded": OutputLimitExceeded,
+    "resource_exhausted": ResourceExhausted,
 }
 _TYPES = {t.value: t for t in FileType}
 

@@ -48,6 +48,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 from ..._errors import InvalidArgument, ProviderError, SandboxUnavailable
+from ..._liveness import process_start_time, still_running
 from ..._paths import hutch_home
 from .cgroups import JOIN_AND_EXEC, SandboxCgroup, leave_thread, thread_home
 from .seccomp import compile_filter
@@ -280,7 +281,7 @@ class Keeper:
         )
 
     def alive(self) -> bool:
-        return process_start_time(self.init_pid) == self.start_time
+        return still_running(self.init_pid, self.start_time)
 
     @property
     def view(self) -> str:
@@ -470,18 +471,6 @@ def _errno_text() -> str:
 
 
 _STARTER = _Starter()
-
-
-def process_start_time(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(b")") + 2:].split()
-    if fields[0] == b"Z":
-        return None
-    return int(fields[19])
 
 
 def start_keeper(

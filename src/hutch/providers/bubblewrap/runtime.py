@@ -8,12 +8,18 @@ recorded inodes, so a reused PID can never lead elsewhere) -> ``bwrap``
 capabilities, NoNewPrivs, the seccomp filter, a new session). It joins the
 running sandbox: it sees the keeper's processes, shares its loopback and
 files, and its orphans are reaped by the sandbox's own init.
+
+bwrap says on its ``--info-fd`` that the command's process exists (then
+closes it): an exec whose pipe closes without that never started, and its
+stderr (bwrap's, not the command's) says why. A fork the pids limit refuses
+(EAGAIN) is ``resource_exhausted``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import os
 import posixpath
 import subprocess
@@ -21,7 +27,10 @@ import uuid
 from dataclasses import dataclass, field
 
 from ..._errors import (
+    HutchError,
     InvalidArgument,
+    ProviderError,
+    ResourceExhausted,
     SandboxFileNotFound,
     SandboxPermissionDenied,
     SandboxUnavailable,
@@ -35,6 +44,11 @@ from .files import RootFiles
 from .provisioning import KEEPER_MARKER, Keeper, Layers, seccomp_fd
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: Seconds an exec has to start its command (bwrap to clone it), and then
+#: to exit and say why, when it did not.
+START_TIMEOUT = 60.0
+#: How C's strerror says EAGAIN: what bwrap prints when the kernel refuses its fork.
+EAGAIN_TEXT = os.strerror(errno.EAGAIN)
 
 
 @dataclass
@@ -215,7 +229,8 @@ class BubblewrapRuntime(FilesRuntime):
                 os.close(fd)
             raise
         filter_fd = seccomp_fd()
-        fds = [*namespaces.values(), setup_mount, filter_fd]
+        started_read, started_write = os.pipe()
+        fds = [*namespaces.values(), setup_mount, filter_fd, started_write]
         try:
             setenv: list[str] = []
             for key, value in full_env.items():
@@ -231,7 +246,8 @@ class BubblewrapRuntime(FilesRuntime):
                 "bwrap", "--pidns", str(namespaces["pid"]),
                 "--bind", self.parts.layers.merged, "/", "--proc", "/proc", "--dev", "/dev",
                 "--cap-drop", "ALL", *caps, "--new-session", "--die-with-parent",
-                "--seccomp", str(filter_fd), "--clearenv", *setenv, "--chdir", cwd,
+                "--seccomp", str(filter_fd), "--info-fd", str(started_write),
+                "--clearenv", *setenv, "--chdir", cwd,
                 "--", *prefix, *argv,
             ]
             host_env = {
@@ -240,26 +256,84 @@ class BubblewrapRuntime(FilesRuntime):
                 EXEC_MARKER: exec_id,
                 SANDBOX_MARKER: self.sandbox_id,
             }
-            proc = await asyncio.create_subprocess_exec(
-                *command,
-                cwd="/",
-                env=host_env,
-                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-                pass_fds=fds,
-            )
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *command,
+                    cwd="/",
+                    env=host_env,
+                    stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,
+                    pass_fds=fds,
+                )
+            except BaseException:
+                os.close(started_read)
+                raise
         finally:
             for fd in fds:
                 os.close(fd)
-        return OomWatch(HostProcess(proc, exec_id, stdin), self.parts.cgroup)
+        process = HostProcess(proc, exec_id, stdin)
+        try:
+            started = await _said_started(started_read)
+        except BaseException:
+            await process.kill(0)
+            raise
+        if not started:
+            raise await self._not_started(argv[0], process)
+        return OomWatch(process, self.parts.cgroup)
+
+    async def _not_started(self, name: str, process: HostProcess) -> HutchError:
+        """Why an exec never started its command: what bwrap (or the join
+        before it) printed as it ended."""
+        said = b""
+
+        async def ended() -> int:
+            nonlocal said
+            while (chunk := await process.read()) is not None:
+                said += chunk.data if chunk.stream == "stderr" else b""
+            return await process.wait()
+
+        try:
+            status = await asyncio.wait_for(ended(), START_TIMEOUT)
+        except TimeoutError:
+            await process.kill(0)
+            status = None
+        why = said.decode(errors="replace").strip()[-2000:]
+        if EAGAIN_TEXT in why:
+            # The kernel refused bwrap's fork: the pids limit is reached.
+            return ResourceExhausted(
+                f"cannot start {name}: sandbox {self.sandbox_id} is at its pids limit "
+                f"({why}); it starts once a process in the sandbox ends"
+            )
+        return ProviderError(
+            f"cannot start {name} in sandbox {self.sandbox_id}: "
+            f"{why or f'exit status {status}'}"
+        )
 
     async def count_busy_processes(self) -> int:
         keeper = self.parts.keeper
         if keeper is None:
             return 0
         return _count_busy(self.parts.cgroup.pids(), {keeper.outer_pid, keeper.init_pid})
+
+
+async def _said_started(fd: int) -> bool:
+    """Whether bwrap said (on ``fd``, its ``--info-fd``, which it closes then)
+    that the command's process exists; False when the pipe closed without it.
+    Takes ``fd``."""
+    reader = asyncio.StreamReader()
+    loop = asyncio.get_running_loop()
+    transport, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0)
+    )
+    try:
+        said = await asyncio.wait_for(reader.read(), START_TIMEOUT)
+    except TimeoutError:
+        raise ProviderError("bwrap did not start the command in time") from None
+    finally:
+        transport.close()
+    return b'"child-pid"' in said
 
 
 def _count_busy(pids: list[int], keeper_pids: set[int]) -> int:

@@ -30,6 +30,7 @@ from ..._errors import (
     ProviderError,
     SandboxUnavailable,
 )
+from ..._liveness import still_running, this_process
 from ..._types import Capabilities
 from .._hostproc import SANDBOX_MARKER
 from ..agent import AgentFailure, AgentUnavailable, agent_binary
@@ -50,7 +51,6 @@ from .provisioning import (
     Keeper,
     Layers,
     bubblewrap_home,
-    process_start_time,
     start_keeper,
 )
 from .rootfs import resolve_rootfs
@@ -606,7 +606,7 @@ class BubblewrapSandbox(SandboxBackend):
 def _write_owner(sandbox_dir: str) -> None:
     """Who made the sandbox: reap_orphans leaves a live process's sandboxes alone."""
     with open(os.path.join(sandbox_dir, "owner"), "w") as fh:
-        fh.write(f"{os.getpid()} {process_start_time(os.getpid())}")
+        fh.write("{} {}".format(*this_process()))
 
 
 def _owner_alive(sandbox_dir: str) -> bool:
@@ -616,7 +616,7 @@ def _owner_alive(sandbox_dir: str) -> bool:
             pid, start = (int(x) for x in fh.read().split())
     except (OSError, ValueError):
         return False
-    return pid != os.getpid() and process_start_time(pid) == start
+    return pid != os.getpid() and still_running(pid, start)
 
 
 def _discard(sandbox_id: str) -> None:

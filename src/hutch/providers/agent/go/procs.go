@@ -343,14 +343,20 @@ func handleExec(c *conn, h header) bool {
 	closeAll(childEnds)
 	if err != nil {
 		closeAll(parentEnds)
-		code := "provider_error"
+		code, msg := "provider_error", "cannot execute "+argv[0]+": "+err.Error()
 		switch err {
 		case syscall.ENOENT, syscall.ENOTDIR:
 			code = "file_not_found"
 		case syscall.EACCES, syscall.EPERM, syscall.ENOEXEC:
 			code = "permission_denied"
+		case syscall.EAGAIN:
+			// The fork was refused: the workload is at its pids limit. The
+			// sandbox is sound, it is full, until something in it ends.
+			code = "resource_exhausted"
+			msg = "cannot start " + argv[0] + ": the sandbox is at its pids limit (" +
+				err.Error() + "); it starts once a process in the sandbox ends"
 		}
-		_ = c.fail(code, "cannot execute "+argv[0]+": "+err.Error())
+		_ = c.fail(code, msg)
 		return false
 	}
 	if c.send(header{"t": "started", "pid": pid}, nil) != nil {

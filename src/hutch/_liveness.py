@@ -1,0 +1,36 @@
+"""Whether a process on this host is still the one that was there: its pid
+and its start time (clock ticks after boot), so a pid the kernel gave to
+another process since does not pass for the first one. What a process
+leaves on disk for others to judge (a sandbox's owner, a ref's socket
+directory) records both."""
+
+from __future__ import annotations
+
+import os
+
+
+def process_start_time(pid: int) -> int | None:
+    """When ``pid`` started, or None if no such process lives (a zombie is dead)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    # The command name (in parentheses) may hold spaces: count after its end.
+    fields = stat[stat.rindex(b")") + 2:].split()
+    if fields[0] == b"Z":
+        return None
+    return int(fields[19])
+
+
+def this_process() -> tuple[int, int]:
+    """This process's pid and start time."""
+    pid = os.getpid()
+    start = process_start_time(pid)
+    assert start is not None  # this process is running
+    return pid, start
+
+
+def still_running(pid: int, start: int) -> bool:
+    """Whether the process that had ``pid`` and started at ``start`` lives."""
+    return process_start_time(pid) == start

@@ -1,0 +1,49 @@
+"""The seam through which programs that hold one sandbox share its idle rule.
+
+Several programs may hold the same live sandbox, each with a lifecycle
+engine of its own (a thread's sandbox found again by ``ensure`` in another
+process, no daemon between them). Idleness is then the sandbox's, not one
+program's: every engine writes its activity where all of them read it (the
+durable store), and an engine whose timer fires reads the others' before it
+acts, under a claim only one program holds at a time, so that no program
+suspends or reaps a sandbox another is using, and two timers never both act.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Protocol
+
+#: An engine writes its activity at most once per this share of the
+#: shortest idle window (and always within it of the activity). Another
+#: program then misses at most two of these: its idle rule acts only once a
+#: whole window has passed since the latest activity it reads, so activity
+#: written late never lets it act on a sandbox in use.
+PUBLISH_SHARE = 0.25
+#: Nor more often than this (a window of a fraction of a second).
+MIN_PUBLISH_SECONDS = 0.05
+
+
+@dataclass(frozen=True)
+class SharedView:
+    """What the programs sharing a sandbox have recorded of it, read under a claim."""
+
+    #: The record is still what this program last wrote or found: no other
+    #: program has moved the sandbox since (suspended, resumed or ended it).
+    current: bool
+    #: The latest activity any program recorded (Unix time), if any did.
+    last_active_unix: float | None
+
+
+class SharedActivity(Protocol):
+    """Where a sandbox's activity and idle transitions are shared (a store)."""
+
+    async def publish(self, sandbox_id: str, last_active_unix: float) -> None:
+        """Record activity seen by this program; the record keeps the latest
+        of every program's (an older time never moves it back)."""
+
+    def claim(self, sandbox_id: str) -> AbstractAsyncContextManager[SharedView | None]:
+        """Hold the right to act on the sandbox's idleness while the block
+        runs (the transition is recorded inside it). Yields None while
+        another program holds it (it is acting now: look again later)."""

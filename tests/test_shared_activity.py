@@ -1,0 +1,222 @@
+"""Two programs holding one thread's sandbox in-process (no daemon), each
+with a lifecycle engine of its own: the idle rule reads the activity of both,
+kept in the store they share, so that one program's timer never suspends
+(or reaps) the sandbox while the other is using it, and once both stop it is
+suspended (or reaped) once, by one of them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+from hutch.definitions import Definition, Definitions, LocalHost
+from hutch.store import InstanceRow, SQLiteStore
+
+from .conftest import TEST_IMAGE
+from .test_definitions import home  # noqa: F401 - a fixture
+
+#: The idle rule of the definition: short, so that the test is; the busy
+#: program works for three of these past the idle one's last call.
+KEEP_ALIVE = 2.0
+
+_PROGRAM = """
+import json, logging, sys, time, anyio
+from hutch.definitions import Definition, open_definitions
+body, role, busy_for = json.loads(sys.argv[1]), sys.argv[2], float(sys.argv[3])
+d = Definition.parse(body)
+made = []  # the idle transitions this program's own engine made
+
+class Noted(logging.Handler):
+    def emit(self, record):
+        text = record.getMessage()
+        if "-> suspended" in text or "-> terminated" in text:
+            made.append(text)
+
+logging.getLogger("hutch.lifecycle").addHandler(Noted())
+logging.getLogger("hutch.lifecycle").setLevel(logging.INFO)
+ENDED = ("suspended", "terminated")
+
+async def main():
+    definitions = open_definitions()
+    store = definitions.host.store
+    e = await definitions.ensure(d, "thread-shared")
+    print("ready", e.path, e.sandbox.id, flush=True)
+    failures, states = [], set()
+    if role == "busy":
+        sys.stdin.readline()  # told to start once the idle one has gone quiet
+        until = time.monotonic() + busy_for
+        while time.monotonic() < until:
+            try:
+                await e.sandbox.read_text(".setup-runs")
+            except Exception as exc:
+                failures.append(f"{type(exc).__name__}: {exc}")
+            states.add(store.get_instance(e.key).state)
+            await anyio.sleep(0.25)
+    # Both quiet now: wait for the idle rule, then long enough for the other
+    # program's timer to have fired too.
+    deadline = time.monotonic() + 60
+    while store.get_instance(e.key).state not in ENDED and time.monotonic() < deadline:
+        await anyio.sleep(0.1)
+    await anyio.sleep(3 * body["lifecycle"]["keep_alive"])
+    print(json.dumps({"failures": failures, "states_while_busy": sorted(states),
+                      "made": made, "final": store.get_instance(e.key).state}), flush=True)
+anyio.run(main)
+"""
+
+
+def _definition(provider: dict[str, object]) -> dict[str, object]:
+    return {"id": "shared", "provider": provider,
+            "workspace": {"setup": ["echo ran >> .setup-runs"]},
+            "lifecycle": {"keep_alive": KEEP_ALIVE, "snapshot": "none"}}
+
+
+def _two_programs_one_idle_rule(home: Path, provider: dict[str, object],  # noqa: F811
+                                ended: str) -> None:
+    body = json.dumps(_definition(provider))
+
+    def start(role: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-c", _PROGRAM, body, role, str(3 * KEEP_ALIVE)], text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    idle = start("idle")
+    busy = None
+    try:
+        assert idle.stdout is not None
+        ready = idle.stdout.readline().split()
+        assert ready[:2] == ["ready", "created"], idle.stderr.read() if idle.stderr else ""
+        busy = start("busy")
+        assert busy.stdout is not None and busy.stdin is not None
+        assert busy.stdout.readline().split() == ["ready", "resumed", ready[2]]
+        # The idle program's last call was its ensure; from here the busy one
+        # works for three of its idle windows.
+        busy.stdin.write("go\n")
+        busy.stdin.flush()
+        answers = []
+        for proc in (idle, busy):
+            out, err = proc.communicate(timeout=180)
+            assert proc.returncode == 0, err
+            answers.append(json.loads(out.splitlines()[-1]))
+    finally:
+        for proc in (idle, busy):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    idle_answer, busy_answer = answers
+    assert busy_answer["failures"] == [], busy_answer
+    assert busy_answer["states_while_busy"] == ["running"], busy_answer
+    # Once both stopped: one program's timer acted, once; the other's stood down.
+    made = idle_answer["made"] + busy_answer["made"]
+    assert len(made) == 1 and f"-> {ended}" in made[0], (idle_answer, busy_answer)
+    assert idle_answer["final"] == busy_answer["final"] == ended
+
+
+def test_two_programs_share_the_idle_rule_local(home: Path) -> None:  # noqa: F811
+    # local cannot suspend: keep_alive reaps an idle sandbox instead.
+    _two_programs_one_idle_rule(home, {"type": "local"}, "terminated")
+
+
+@pytest.mark.docker
+def test_two_programs_share_the_idle_rule_docker(home: Path) -> None:  # noqa: F811
+    _two_programs_one_idle_rule(
+        home, {"type": "docker", "image": TEST_IMAGE, "runtime": "native"}, "suspended")
+    # The suspended sandbox is the thread's still: resumed with its files, then ended.
+
+    async def end() -> None:
+        definitions = Definitions(LocalHost(SQLiteStore(str(home / "hutch.db"))))
+        try:
+            again = await definitions.ensure(Definition.parse(_definition(
+                {"type": "docker", "image": TEST_IMAGE, "runtime": "native"})), "thread-shared")
+            assert again.path == "resumed"
+            assert await again.sandbox.read_text(".setup-runs") == "ran\n"
+            await again.sandbox.close()
+        finally:
+            await definitions.settle()
+            definitions.host.store.close()
+
+    anyio.run(end)
+
+
+def test_the_store_keeps_the_latest_activity(home: Path) -> None:  # noqa: F811
+    """Programs write their activity in any order; the latest stands."""
+
+
+    store = SQLiteStore(str(home / "hutch.db"))
+    try:
+        store.put_instance(InstanceRow(key="k", definition_id="d", thread_id="t", tenant=None,
+                                       provider="local", sandbox_id="sb-1",
+                                       last_active_unix=100.0))
+        store.note_instance_activity("sb-1", 200.0)
+        store.note_instance_activity("sb-1", 150.0)  # a slower program's older call
+        found = store.instance_of_sandbox("sb-1")
+        assert found is not None and found.key == "k" and found.last_active_unix == 200.0
+        assert store.instance_of_sandbox("sb-other") is None
+    finally:
+        store.close()
+
+
+def test_a_holder_whose_pid_was_reused_holds_nothing(home: Path) -> None:  # noqa: F811
+    """A hold or lease names its program by pid and start time: a live
+    process that got the pid later is not that program."""
+    from hutch._liveness import this_process
+    from hutch.definitions.ensure import live_holders, program_alive, this_program
+
+    pid, start = this_process()
+    host = os.uname().nodename
+    reused = f"{host}:{pid}:{start + 1}"  # this pid, but a process started at another time
+    assert program_alive(this_program()) and not program_alive(reused)
+    store = SQLiteStore(str(home / "hutch.db"))
+    try:
+        assert store.take_lease("k", f"{reused}:a", 60)
+        assert store.take_lease("k", f"{this_program()}:b", 60)  # the first one's was free
+        assert not store.take_lease("k", f"{this_program()}:c", 60)  # a live one's is not
+        store.hold_instance("key", reused)
+        store.hold_instance("key", this_program())
+        assert live_holders(store, "key") == [this_program()]
+        assert store.instance_holders("key") == [this_program()]  # the dead one's dropped
+    finally:
+        store.close()
+
+
+@pytest.mark.anyio
+async def test_an_operation_open_in_one_program_keeps_the_sandbox_for_all(
+    home: Path,  # noqa: F811
+) -> None:
+    """A long upload in one program (no process in the sandbox to count) is
+    activity for the other program's idle rule all along, not only when it
+    began: the sandbox is not reaped under it."""
+    d = Definition.parse({**_definition({"type": "local"}),
+                          "lifecycle": {"keep_alive": 1.0, "snapshot": "none"}})
+    programs = [Definitions(LocalHost(SQLiteStore(str(home / "hutch.db")))) for _ in range(2)]
+    idle = await programs[0].ensure(d, "t")
+    busy = await programs[1].ensure(d, "t")
+    assert busy.path == "resumed" and busy.sandbox.id == idle.sandbox.id
+    read_end, write_end = os.pipe()
+
+    def trickle() -> None:  # four idle windows, a byte at a time
+        with os.fdopen(write_end, "wb", buffering=0) as out:
+            for _ in range(20):
+                out.write(b"x")
+                time.sleep(0.2)
+
+    try:
+        with os.fdopen(read_end, "rb", buffering=0) as source:
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(anyio.to_thread.run_sync, trickle)
+                await busy.sandbox.write_from("upload.bin", source)
+        assert await busy.sandbox.read_bytes("upload.bin") == b"x" * 20
+        row = programs[0].host.store.get_instance(idle.key)
+        assert row is not None and row.state == "running"
+        assert not idle.sandbox.closed
+    finally:
+        await busy.sandbox.close()
+        for program in programs:
+            await program.settle()
+            program.host.store.close()
