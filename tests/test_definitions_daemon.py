@@ -4,6 +4,7 @@ the CLI, and the thread's sandbox found again after the daemon restarts."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import pytest
 import hutch
 from hutch.client import EnsureProgress, RemoteEnsured
 from hutch.definitions import Definition, SetupFailed, open_definitions
+from tests.conftest import TEST_IMAGE
 from tests.daemon_fixture import DaemonProcess
 from tests.test_definitions import repo  # noqa: F401 - a fixture
 
@@ -194,3 +196,72 @@ async def test_a_daemon_s_thread_is_not_taken_in_process(daemon: DaemonProcess, 
         assert held.sandbox.id in str(caught.value)
     finally:
         definitions.host.store.close()
+
+
+_HOLDING_PROGRAM = """
+import json, sys, anyio
+from hutch.definitions import Definition, open_definitions
+d = Definition.parse(json.loads(sys.argv[1]))
+async def main():
+    definitions = open_definitions()  # the daemon's store: HUTCH_HOME is its data directory
+    e = await definitions.ensure(d, "t-program")
+    await e.sandbox.write_text("notes.txt", "the program's work")
+    print("ready", e.path, e.sandbox.id, flush=True)
+    while (await anyio.to_thread.run_sync(sys.stdin.readline)).strip() == "read":
+        print(await e.sandbox.read_text("notes.txt"), flush=True)
+anyio.run(main)
+"""
+
+
+def _program_s_thread_is_not_taken(daemon: DaemonProcess, definition_id: str) -> None:
+    """A program holding a thread's sandbox in-process on the daemon's store:
+    the daemon asked to ensure that thread says so (typed) and makes no
+    second sandbox while the program lives; once the program is killed, the
+    daemon takes its sandbox over, with the program's work in it."""
+    with hutch.Client(daemon.url, token=daemon.token) as c:
+        # The program ensures the definition as the daemon has it (same key).
+        body = next(d for d in c.definitions() if d["id"] == definition_id)
+    program = subprocess.Popen(
+        [sys.executable, "-c", _HOLDING_PROGRAM, json.dumps(body)], text=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={**os.environ, "HUTCH_HOME": daemon.data_dir})
+    try:
+        assert program.stdout is not None and program.stdin is not None
+        ready = program.stdout.readline().split()
+        assert ready[:2] == ["ready", "created"], program.stderr.read() if program.stderr else ""
+        sandbox_id = ready[2]
+        with hutch.Client(daemon.url, token=daemon.token) as c:
+            with pytest.raises(hutch.SandboxUnavailable, match="held in-process") as caught:
+                c.ensure(definition_id, "t-program")
+            assert sandbox_id in str(caught.value) and str(program.pid) in str(caught.value)
+            assert c.list_sandboxes() == []  # no second sandbox for the thread
+            program.stdin.write("read\n")
+            program.stdin.flush()
+            assert program.stdout.readline().strip() == "the program's work"
+            # The program dies without a word (a crash): its hold goes with it.
+            program.kill()
+            program.wait(30)
+            taken = c.ensure(definition_id, "t-program")
+            assert taken.path == "resumed" and taken.sandbox.id == sandbox_id
+            assert taken.sandbox.read_text("notes.txt") == "the program's work"
+            assert taken.sandbox.read_text(".setup-runs") == "ran\n"  # setup not run again
+            assert [s["id"] for s in c.list_sandboxes()] == [sandbox_id]
+            again = c.ensure(definition_id, "t-program")
+            assert again.path == "resumed" and again.sandbox.id == sandbox_id
+    finally:
+        if program.poll() is None:
+            program.kill()
+            program.wait(30)
+
+
+def test_a_program_s_thread_is_not_taken_by_the_daemon_local(daemon: DaemonProcess) -> None:
+    _program_s_thread_is_not_taken(daemon, "repo-agent")
+
+
+@pytest.mark.docker
+def test_a_program_s_thread_is_not_taken_by_the_daemon_docker(daemon: DaemonProcess) -> None:
+    with hutch.Client(daemon.url, token=daemon.token) as c:
+        c.put_definition({"id": "docker-agent",
+                          "provider": {"type": "docker", "image": TEST_IMAGE, "runtime": "native"},
+                          "workspace": {"setup": ["echo ran >> .setup-runs"]}})
+    _program_s_thread_is_not_taken(daemon, "docker-agent")

@@ -7,8 +7,10 @@ suspended (or reaped) once, by one of them."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import anyio
@@ -158,3 +160,63 @@ def test_the_store_keeps_the_latest_activity(home: Path) -> None:  # noqa: F811
         assert store.instance_of_sandbox("sb-other") is None
     finally:
         store.close()
+
+
+def test_a_holder_whose_pid_was_reused_holds_nothing(home: Path) -> None:  # noqa: F811
+    """A hold or lease names its program by pid and start time: a live
+    process that got the pid later is not that program."""
+    from hutch._liveness import this_process
+    from hutch.definitions.ensure import live_holders, program_alive, this_program
+
+    pid, start = this_process()
+    host = os.uname().nodename
+    reused = f"{host}:{pid}:{start + 1}"  # this pid, but a process started at another time
+    assert program_alive(this_program()) and not program_alive(reused)
+    store = SQLiteStore(str(home / "hutch.db"))
+    try:
+        assert store.take_lease("k", f"{reused}:a", 60)
+        assert store.take_lease("k", f"{this_program()}:b", 60)  # the first one's was free
+        assert not store.take_lease("k", f"{this_program()}:c", 60)  # a live one's is not
+        store.hold_instance("key", reused)
+        store.hold_instance("key", this_program())
+        assert live_holders(store, "key") == [this_program()]
+        assert store.instance_holders("key") == [this_program()]  # the dead one's dropped
+    finally:
+        store.close()
+
+
+@pytest.mark.anyio
+async def test_an_operation_open_in_one_program_keeps_the_sandbox_for_all(
+    home: Path,  # noqa: F811
+) -> None:
+    """A long upload in one program (no process in the sandbox to count) is
+    activity for the other program's idle rule all along, not only when it
+    began: the sandbox is not reaped under it."""
+    d = Definition.parse({**_definition({"type": "local"}),
+                          "lifecycle": {"keep_alive": 1.0, "snapshot": "none"}})
+    programs = [Definitions(LocalHost(SQLiteStore(str(home / "hutch.db")))) for _ in range(2)]
+    idle = await programs[0].ensure(d, "t")
+    busy = await programs[1].ensure(d, "t")
+    assert busy.path == "resumed" and busy.sandbox.id == idle.sandbox.id
+    read_end, write_end = os.pipe()
+
+    def trickle() -> None:  # four idle windows, a byte at a time
+        with os.fdopen(write_end, "wb", buffering=0) as out:
+            for _ in range(20):
+                out.write(b"x")
+                time.sleep(0.2)
+
+    try:
+        with os.fdopen(read_end, "rb", buffering=0) as source:
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(anyio.to_thread.run_sync, trickle)
+                await busy.sandbox.write_from("upload.bin", source)
+        assert await busy.sandbox.read_bytes("upload.bin") == b"x" * 20
+        row = programs[0].host.store.get_instance(idle.key)
+        assert row is not None and row.state == "running"
+        assert not idle.sandbox.closed
+    finally:
+        await busy.sandbox.close()
+        for program in programs:
+            await program.settle()
+            program.host.store.close()

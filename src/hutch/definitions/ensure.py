@@ -36,6 +36,7 @@ import anyio
 import anyio.to_thread
 
 from .._errors import HutchError, InvalidArgument, NotFound, SandboxUnavailable, SetupFailed
+from .._liveness import still_running, this_process
 from .._process import ExitStatus
 from .._sandbox import Sandbox, backend_of
 from .._snapshots import Snapshot
@@ -118,6 +119,12 @@ class SandboxHost(abc.ABC):
     def describe(self, sandbox: Sandbox) -> dict[str, Any]:
         """What the instance row keeps to find ``sandbox`` again."""
         return {}
+
+    async def hold(self, key: str) -> None:
+        """This host holds the sandbox of instance ``key`` now (ensure gave
+        it). Nothing is written by default: a daemon's instances say whose
+        they are in their description."""
+        return None
 
 
 def label_for(key: str) -> str:
@@ -220,6 +227,7 @@ class Definitions:
                     sandbox = await self.host.find_live(row)
                     if sandbox is not None:
                         steps.append(Step("resume", time.monotonic() - started))
+                        await self.host.hold(key)
                         return Ensured(sandbox, "resumed", key, steps)
             spec = self._spec(d)
             snapshot = self._newest_snapshot(d, key)
@@ -229,9 +237,11 @@ class Definitions:
                 sandbox = await self.host.restore(snapshot, spec)
                 steps.append(Step("restore", time.monotonic() - started))
                 self._record(d, key, thread_id, tenant, sandbox)
+                await self.host.hold(key)
                 return Ensured(sandbox, "restored", key, steps, snapshot.id)
             sandbox, snapshot_id = await self._bootstrap(d, key, spec, steps, tell)
             self._record(d, key, thread_id, tenant, sandbox)
+            await self.host.hold(key)
             return Ensured(sandbox, "created", key, steps, snapshot_id)
 
     def _spec(self, d: Definition) -> SandboxSpec:
@@ -458,6 +468,10 @@ class LocalHost(SandboxHost):
             )
         return engine
 
+    async def hold(self, key: str) -> None:
+        # A daemon asked for the thread sees that this program holds it.
+        await anyio.to_thread.run_sync(self.store.hold_instance, key, this_program())
+
     # -- the idle rule, shared with the other programs holding a sandbox ----------------
     async def publish(self, sandbox_id: str, last_active_unix: float) -> None:
         await anyio.to_thread.run_sync(
@@ -622,9 +636,48 @@ class LocalHost(SandboxHost):
         return description
 
 
+def this_program() -> str:
+    """This program, as the store names a holder: ``host:pid:start`` (its
+    start time: a pid the kernel hands on later is not this program)."""
+    pid, start = this_process()
+    return f"{os.uname().nodename}:{pid}:{start}"
+
+
+def program_alive(holder: str) -> bool:
+    """Whether the program ``holder`` names (see :func:`this_program`) lives."""
+    host, _, rest = holder.partition(":")
+    pid, _, start = rest.partition(":")
+    if host != os.uname().nodename:
+        return True  # another host's: it cannot be looked at from here
+    return pid.isdigit() and start.isdigit() and still_running(int(pid), int(start))
+
+
+def live_holders(store: Store, key: str) -> list[str]:
+    """The programs holding the instance's sandbox in-process now; the holds
+    of programs that died (killed, crashed) are dropped on the way."""
+    alive = []
+    for holder in store.instance_holders(key):
+        if program_alive(holder):
+            alive.append(holder)
+        else:
+            store.release_instance(key, holder)
+    return alive
+
+
+def held_elsewhere(row: InstanceRow, holder: str) -> SandboxUnavailable:
+    """The error of a caller that may not take over a sandbox ``holder`` holds."""
+    host, _, rest = holder.partition(":")
+    return SandboxUnavailable(
+        f"the sandbox of thread {row.thread_id!r} of definition {row.definition_id!r} "
+        f"({row.sandbox_id}) is held in-process by the program with pid "
+        f"{rest.partition(':')[0]} on {host}: ensure it in that program, or end it first "
+        "(its hold ends with it)"
+    )
+
+
 def _holder() -> str:
-    """Who holds a lease: this process of this host, once (``host:pid:nonce``)."""
-    return f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    """Who holds a lease: this program, once (``host:pid:start:nonce``)."""
+    return f"{this_program()}:{uuid.uuid4().hex[:8]}"
 
 
 def _canonical(description: Mapping[str, Any]) -> str:

@@ -290,11 +290,11 @@ class LifecycleEngine:
             if activity:
                 record.last_activity_mono = self.clock.monotonic()
                 if self.shared is not None:
-                    self._publish(record)
+                    self._publish(sandbox, record)
             return
         await self._enter_slow(sandbox, record, op)
         if activity:
-            self._active(record)
+            self._active(sandbox, record)
 
     async def _enter_slow(self, sandbox: Sandbox, record: LifecycleRecord, op: str) -> None:
         async with record.lock:  # waits out a transition under way
@@ -322,17 +322,17 @@ class LifecycleEngine:
         if activity:
             record = lifecycle_record(sandbox)
             if record is not None:
-                self._active(record)
+                self._active(sandbox, record)
 
     def touch(self, sandbox: Sandbox) -> None:
         self.leave(sandbox, "touch", activity=True)
 
-    def _active(self, record: LifecycleRecord) -> None:
+    def _active(self, sandbox: Sandbox, record: LifecycleRecord) -> None:
         """Activity now: the idle clock restarts, here and for every program
         that shares the sandbox."""
         record.last_activity_mono = self.clock.monotonic()
         if self.shared is not None:
-            self._publish(record)
+            self._publish(sandbox, record)
 
     # -- activity shared with other programs -------------------------------------------
     def _publish_interval(self, record: LifecycleRecord) -> float | None:
@@ -344,19 +344,20 @@ class LifecycleEngine:
             return None
         return max(MIN_PUBLISH_SECONDS, min(windows) * PUBLISH_SHARE)
 
-    def _publish(self, record: LifecycleRecord) -> None:
+    def _publish(self, sandbox: Sandbox, record: LifecycleRecord) -> None:
         """Have the activity written: at once if none was written for an
-        interval, else once the interval is over (the latest by then)."""
+        interval, else once the interval is over (the latest by then), and
+        again each interval while an operation stays open here."""
         if record.publishing or record.state in FINAL:
             return
         if self._publish_interval(record) is None:
             return
         record.publishing = True
-        task = asyncio.get_running_loop().create_task(self._publishing(record))
+        task = asyncio.get_running_loop().create_task(self._publishing(sandbox, record))
         self._publishers.add(task)
         task.add_done_callback(self._publishers.discard)
 
-    async def _publishing(self, record: LifecycleRecord) -> None:
+    async def _publishing(self, sandbox: Sandbox, record: LifecycleRecord) -> None:
         shared = self.shared
         try:
             while shared is not None:
@@ -366,6 +367,10 @@ class LifecycleEngine:
                 wait = record.published_at_mono + interval - self.clock.monotonic()
                 if wait > 0:
                     await asyncio.sleep(wait)
+                if sandbox.open_operations and record.state is SandboxState.RUNNING:
+                    # An operation open here (a long upload) is invisible to
+                    # the other programs' idle rules but through its activity.
+                    record.last_activity_mono = self.clock.monotonic()
                 seen = record.last_activity_mono
                 if seen <= record.published_activity_mono or record.state in FINAL:
                     return
@@ -403,7 +408,7 @@ class LifecycleEngine:
             # Coming back (unpause, resume) is activity: the idle clock restarts.
             record.last_activity_mono = now
             if self.shared is not None:
-                self._publish(record)
+                self._publish(sandbox, record)
         log.info(
             "sandbox %s: %s -> %s%s", record.sandbox_id, old.value, new.value,
             f" ({reason})" if reason else "",
@@ -794,7 +799,7 @@ class LifecycleEngine:
             if await self._is_busy(sandbox):
                 # Working, not idle: the idle clock starts again from now, and
                 # the sandbox is looked at again soon, not a whole window later.
-                self._active(record)
+                self._active(sandbox, record)
                 return "keep", self._busy_recheck(record)
             if sandbox.open_operations or record.last_activity_mono != seen:
                 return "keep", None  # an operation came in while we were looking

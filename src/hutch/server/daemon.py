@@ -55,7 +55,7 @@ from .._sandbox import (
 from .._snapshots import Snapshot, SnapshotDependent, new_snapshot_id
 from ..config import OPTION_KEYS, SandboxSpec, resolve_spec
 from ..definitions import Definition, Definitions, DirSource, GitSource, SandboxHost
-from ..definitions.ensure import HELD_BY_DAEMON, Progress
+from ..definitions.ensure import HELD_BY_DAEMON, Progress, held_elsewhere, live_holders
 from ..lifecycle.engine import LifecycleEngine, expiry_error
 from ..lifecycle.state import SandboxState
 from ..providers.base import ProviderSnapshot, RuntimeNotice, SandboxBackend
@@ -348,6 +348,49 @@ class Daemon:
             raise
         self._note(sid, "created", f"{spec.provider_name} sandbox created")
         self._watch(type(backend))
+        return sandbox
+
+    async def adopt_left_sandbox(
+        self, sandbox_id: str, provider: str, description: Mapping[str, Any],
+        spec: SandboxSpec, state: SandboxState,
+    ) -> Sandbox | None:
+        """Take over a sandbox a program on this store made in-process and
+        left when it ended (killed, crashed): tracked, stored and reaped as
+        the daemon's own from here, in the state it was left in (a suspended
+        one by its own suspended state). None if nothing of it is left."""
+        try:
+            backend = await get_provider(provider).reconnect(sandbox_id, dict(description))
+            if state is not SandboxState.SUSPENDED and not await backend.is_alive():
+                if not await backend.is_suspended():
+                    return None
+                state = SandboxState.SUSPENDED  # suspended after it was recorded
+        except HutchError as exc:
+            log.info("sandbox %s a program left cannot be found again: %s", sandbox_id, exc)
+            return None
+        row = SandboxRow(
+            id=sandbox_id, provider=provider, spec=spec.model_dump(),
+            description=backend.describe(), created_at_unix=time.time(),
+            # A running one comes up through the engine, as a new one does.
+            state=(SandboxState.CREATING if state is SandboxState.RUNNING else state).value,
+        )
+        await anyio.to_thread.run_sync(self.store.put_sandbox, row)
+        sandbox = self._wrap(backend, spec)
+        self.sandboxes[sandbox_id] = sandbox
+        try:
+            await self.engine.attach(sandbox, spec.options, state=state)
+        except BaseException:
+            self.sandboxes.pop(sandbox_id, None)
+            self.store.delete_sandbox(sandbox_id)
+            raise
+        self._note(sandbox_id, "adopted",
+                   f"taken over as {state.value} from the program that made it, now gone")
+        log.info("took over sandbox %s (%s) from a program that ended", sandbox_id, state.value)
+        self._watch(type(backend))
+        if sandbox.capabilities.processes:
+            if state is SandboxState.RUNNING:
+                await self._end_leftover_commands(sandbox)
+            elif state is SandboxState.PAUSED:
+                self._leftovers.add(sandbox_id)
         return sandbox
 
     def _watch(self, provider: type[SandboxBackend]) -> None:
@@ -1353,10 +1396,35 @@ class _DaemonHost(SandboxHost):
 
     async def find_live(self, row: InstanceRow) -> Sandbox | None:
         sandbox = self.daemon.sandboxes.get(row.sandbox_id or "")
+        if sandbox is None and row.description.get("held_by") != HELD_BY_DAEMON:
+            sandbox = await self._take_over(row)
         if sandbox is None or sandbox.closed or sandbox.state in FINAL_STATES:
             return None
         if sandbox.state in (SandboxState.SUSPENDED, SandboxState.PAUSED):
             await sandbox.resume()
+        return sandbox
+
+    async def _take_over(self, row: InstanceRow) -> Sandbox | None:
+        """The thread's sandbox as a program made it in-process on this store:
+        refused (typed) while that program lives, for it is using it; once it
+        is gone, taken over as it left it, its work kept. None if it ended."""
+        try:
+            recorded = SandboxState(row.state)
+        except ValueError:
+            recorded = SandboxState.RUNNING
+        if recorded in FINAL_STATES or row.sandbox_id is None:
+            return None
+        holders = await anyio.to_thread.run_sync(live_holders, self.store, row.key)
+        if holders:
+            raise held_elsewhere(row, holders[0])
+        sandbox = await self.daemon.adopt_left_sandbox(
+            row.sandbox_id, row.provider, row.description,
+            SandboxSpec.model_validate(row.spec), recorded,
+        )
+        if sandbox is not None:
+            row.description, row.state = self.describe(sandbox), sandbox.state.value
+            row.updated_at_unix = time.time()
+            await anyio.to_thread.run_sync(self.store.put_instance, row)
         return sandbox
 
     async def create(self, spec: SandboxSpec) -> Sandbox:

@@ -250,6 +250,20 @@ class Store(abc.ABC):
     def delete_instance(self, key: str) -> None: ...
 
     @abc.abstractmethod
+    def hold_instance(self, key: str, holder: str) -> None:
+        """``holder`` (a program, ``host:pid:start``) holds the instance's
+        sandbox in-process: no other program may take the thread over while
+        it lives. Dropped with the instance."""
+
+    @abc.abstractmethod
+    def release_instance(self, key: str, holder: str) -> None: ...
+
+    @abc.abstractmethod
+    def instance_holders(self, key: str) -> list[str]:
+        """The programs recorded as holding the instance's sandbox, the
+        earliest first (those since dead included: the caller judges)."""
+
+    @abc.abstractmethod
     def instance_of_sandbox(self, sandbox_id: str) -> InstanceRow | None:
         """The instance ``sandbox_id`` runs, if it runs one."""
 

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from .._errors import StoreUnavailable
+from .._liveness import still_running
 from .base import (
     DefinitionRow,
     InstanceRow,
@@ -113,6 +114,12 @@ CREATE TABLE IF NOT EXISTS instances (
     updated_at_unix REAL NOT NULL,
     state TEXT NOT NULL DEFAULT 'running',
     last_active_unix REAL
+);
+CREATE TABLE IF NOT EXISTS instance_holders (
+    key TEXT NOT NULL,
+    holder TEXT NOT NULL,
+    since_unix REAL NOT NULL,
+    PRIMARY KEY (key, holder)
 );
 CREATE TABLE IF NOT EXISTS leases (
     name TEXT PRIMARY KEY,
@@ -471,7 +478,24 @@ class SQLiteStore(Store):
         )
 
     def delete_instance(self, key: str) -> None:
-        self._write("DELETE FROM instances WHERE key = ?", (key,))
+        with self._transaction() as db:
+            db.execute("DELETE FROM instances WHERE key = ?", (key,))
+            db.execute("DELETE FROM instance_holders WHERE key = ?", (key,))
+
+    def hold_instance(self, key: str, holder: str) -> None:
+        self._write(
+            "INSERT OR REPLACE INTO instance_holders (key, holder, since_unix) VALUES (?, ?, ?)",
+            (key, holder, time.time()),
+        )
+
+    def release_instance(self, key: str, holder: str) -> None:
+        self._write("DELETE FROM instance_holders WHERE key = ? AND holder = ?", (key, holder))
+
+    def instance_holders(self, key: str) -> list[str]:
+        rows = self._read(
+            "SELECT holder FROM instance_holders WHERE key = ? ORDER BY since_unix", (key,)
+        )
+        return [r["holder"] for r in rows]
 
     def record_instance_sandbox(
         self,
@@ -526,12 +550,16 @@ def _instance(r: sqlite3.Row) -> InstanceRow:
 
 
 def _holder_alive(holder: str) -> bool:
-    """A holder is ``host:pid:nonce``; one of this host whose process is gone
-    left its lease behind (it was killed): the lease is free."""
-    host, _, rest = holder.partition(":")
-    pid_text = rest.partition(":")[0]
+    """A holder is ``host:pid:start:nonce`` (``host:pid:nonce`` from an older
+    hutch); one of this host whose process is gone left its lease behind (it
+    was killed): the lease is free. With its start time, a pid the kernel
+    has since given to another process does not hold it either."""
+    host, *fields = holder.split(":")
+    pid_text = fields[0] if fields else ""
     if host != os.uname().nodename or not pid_text.isdigit():
         return True  # another host's: only its expiry frees it
+    if len(fields) == 3 and fields[1].isdigit():
+        return still_running(int(pid_text), int(fields[1]))
     try:
         os.kill(int(pid_text), 0)
     except ProcessLookupError:
