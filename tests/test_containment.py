@@ -184,7 +184,9 @@ def test_an_output_flood_is_cut_at_the_cap(
 def test_a_disk_fill_stops_at_the_limit(
     daemon: DaemonProcess, client: hutch.Client, bystander: Any, hazard: Any
 ) -> None:
-    host_workdir = f"{daemon.data_dir}/sandboxes/{hazard.id}/workspace"
+    # Layered: the overlay as the host sees it; what it writes, in a store of the cap's size.
+    host_workdir = f"{daemon.data_dir}/layers/mounts/{hazard.id}/merged"
+    store = f"{daemon.data_dir}/layers/stores/{hazard.id}"
     before = shutil.disk_usage(daemon.data_dir).free
     with watched(daemon, bystander):
         result = hazard.exec("dd if=/dev/zero of=/workspace/fill bs=1M count=1024", timeout=120)
@@ -197,6 +199,7 @@ def test_a_disk_fill_stops_at_the_limit(
     assert hazard.exec("rm /workspace/fill && echo ok > /workspace/after && cat /workspace/after"
                        ).stdout == "ok\n"
     hazard.close()
-    assert not os.path.exists(os.path.dirname(host_workdir))
+    assert not os.path.exists(os.path.dirname(host_workdir)) and not os.path.exists(store)
     with open("/proc/self/mounts") as fh:
-        assert host_workdir not in fh.read()
+        mounts = fh.read()
+    assert host_workdir not in mounts and store not in mounts

@@ -16,6 +16,8 @@ import os
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
+import docker
 import pytest
 
 import hutch
@@ -199,5 +201,52 @@ async def test_a_capped_directory_moves_within_its_cap_and_outlives_its_sandbox(
         # Nothing stacks it any more: the store, its image and loop device go.
         assert not os.path.exists(store)
         assert _diskcap.loop_devices_backed_by(_diskcap.image_for(store)) == []
+    finally:
+        await origin.close()
+
+
+@pytest.mark.parametrize("dies_at", ["before the move", "after the move"])
+async def test_a_program_dying_in_a_capture_leaves_nothing_stopped_or_unmounted(
+    dies_at: str,
+) -> None:
+    """A program killed while it held the container paused (and, after the
+    move, the directory unmounted): the next one to reconnect mends both."""
+    from hutch._sandbox import backend_of
+    from hutch.providers import _layers
+    from hutch.providers import docker as docker_provider
+    from hutch.providers.docker import DockerSandbox
+
+    origin = await hutch.create_sandbox(
+        "docker", image=TEST_IMAGE, runtime="native", read_before_write=False
+    )
+    try:
+        await origin.write_text("a.txt", "A")
+        backend = backend_of(origin)
+        assert isinstance(backend, DockerSandbox)
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the program that dies
+            try:
+                docker_provider._api_client = None  # a connection of its own
+                if dies_at == "before the move":
+                    _layers.freeze = lambda *args, **kwargs: os._exit(9)  # type: ignore[assignment]
+                else:
+                    _layers.os.rename = lambda *args, **kwargs: os._exit(9)  # type: ignore[assignment]
+                backend._freeze_and_commit("snap-dies", True, "hutch-never", {})
+            finally:
+                os._exit(0)
+        _, status = await anyio.to_thread.run_sync(os.waitpid, pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 9
+        api = docker.APIClient()
+        assert api.inspect_container(backend.container_id)["State"]["Paused"]
+        again = await DockerSandbox.reconnect(origin.id, backend.describe())
+        assert not api.inspect_container(backend.container_id)["State"]["Paused"]
+        result = await again.run_quiet(["cat", "/workspace/a.txt"])
+        assert result == (0, b"A", b"")
+        # And it snapshots again.
+        fork = await origin.fork("after")
+        branch = await fork.attach()
+        assert await branch.read_text("a.txt") == "A"
+        await branch.close()
+        await hutch.remove_snapshot(fork.snapshot)
     finally:
         await origin.close()

@@ -65,8 +65,8 @@ def test_a_freeze_moves_the_files_and_the_directory_goes_on(sandbox_id: str) -> 
     write(sandbox_id, "src/a.txt", "A")
     write(sandbox_id, "b.txt", "B")
     inode = os.stat(os.path.join(merged(sandbox_id), "src/a.txt")).st_ino
-    size = _layers.freeze("snap-one", sandbox_id, flatten=False, holder=None)
-    assert size is not None and size >= 2
+    assert _layers.freeze("snap-one", sandbox_id, flatten=False, holder=None)
+    assert _layers.layer_size("snap-one") >= 2
     assert _layers.mounted_chain(sandbox_id) == ["snap-one"]
     assert "snap-one" in _layers.held()
     layer = os.path.join(_layers.snapshot_dir("snap-one"), "tree")
@@ -96,7 +96,7 @@ def test_a_directory_a_process_is_in_is_not_frozen(sandbox_id: str) -> None:
     write(sandbox_id, "a.txt", "A")
     holder = subprocess.Popen(["sleep", "30"], cwd=merged(sandbox_id))
     try:
-        assert _layers.freeze("snap-held", sandbox_id, flatten=False, holder=None) is None
+        assert not _layers.freeze("snap-held", sandbox_id, flatten=False, holder=None)
         assert _layers.mounted_chain(sandbox_id) == []
         assert "snap-held" not in _layers.held()
         assert not os.path.exists(_layers.snapshot_dir("snap-held"))
@@ -142,7 +142,7 @@ def test_a_crash_before_the_move_is_undone(sandbox_id: str) -> None:
     assert not os.path.exists(_layers.snapshot_dir("snap-c1"))
     assert "snap-c1" not in _layers.held()
     # And the next freeze works.
-    assert _layers.freeze("snap-c2", sandbox_id, flatten=False, holder=None) is not None
+    assert _layers.freeze("snap-c2", sandbox_id, flatten=False, holder=None)
     assert _layers.mounted_chain(sandbox_id) == ["snap-c2"]
     _layers.remove("snap-c2")
 

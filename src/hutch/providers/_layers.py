@@ -54,6 +54,7 @@ nothing does.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -61,6 +62,7 @@ import shutil
 import stat
 import subprocess
 import threading
+from collections.abc import Iterator
 
 from .._errors import ProviderError, SandboxUnavailable
 from .._paths import hutch_home
@@ -583,6 +585,48 @@ def end_branch(sandbox_id: str) -> None:
 # move, so no garbage collection frees it in between.
 
 
+_flocks: dict[str, list[int]] = {}  # sandbox id -> [fd, depth, thread ident]
+_flocks_guard = threading.Lock()
+
+
+@contextlib.contextmanager
+def sandbox_lock(sandbox_id: str) -> Iterator[None]:
+    """Hold a layered working directory for a change to its mounts (a
+    freeze, a remount, a mend after a crash): exclusive across threads and
+    processes (``flock`` on a file in its mount directory, let go by the
+    kernel when its holder dies, so a process that takes it knows no other
+    is in the middle of one), re-entrant in one thread."""
+    me = threading.get_ident()
+    with _flocks_guard:
+        held = _flocks.get(sandbox_id)
+        if held is not None and held[2] == me:
+            held[1] += 1
+    if held is not None and held[2] == me:
+        try:
+            yield
+        finally:
+            with _flocks_guard:
+                held[1] -= 1
+        return
+    base = mount_dir(sandbox_id)
+    try:
+        fd = os.open(os.path.join(base, ".lock"), os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    except FileNotFoundError:  # none here: nothing to hold
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        with _flocks_guard:
+            _flocks[sandbox_id] = [fd, 1, me]
+        try:
+            yield
+        finally:
+            with _flocks_guard:
+                del _flocks[sandbox_id]
+    finally:
+        os.close(fd)
+
+
 def _empty_layer() -> str:
     path = os.path.join(root(), "empty")
     os.makedirs(path, mode=0o755, exist_ok=True)
@@ -725,6 +769,11 @@ def prepare(
 def before_start(sandbox_id: str) -> None:
     """Ready a layered working directory for a container about to start: the
     anchor there, the overlay not (the container must bind the anchor)."""
+    with sandbox_lock(sandbox_id):
+        _before_start(sandbox_id)
+
+
+def _before_start(sandbox_id: str) -> None:
     _recover(sandbox_id)
     cap = _cap(sandbox_id)
     if cap is not None:
@@ -738,12 +787,14 @@ def before_start(sandbox_id: str) -> None:
 
 def after_start(sandbox_id: str) -> None:
     """Mount a layered working directory's overlay (its container, started on
-    the anchor, sees it by propagation)."""
-    _recover(sandbox_id)
-    base = mount_dir(sandbox_id)
-    if _read_chain(os.path.join(base, "chain.json")) is None:
-        raise SandboxUnavailable(f"the working directory of {sandbox_id} is gone from {base}")
-    _remount(sandbox_id)
+    the anchor, sees it by propagation); a freeze cut short is finished or
+    undone first."""
+    with sandbox_lock(sandbox_id):
+        _recover(sandbox_id)
+        base = mount_dir(sandbox_id)
+        if _read_chain(os.path.join(base, "chain.json")) is None:
+            raise SandboxUnavailable(f"the working directory of {sandbox_id} is gone from {base}")
+        _remount(sandbox_id)
 
 
 def mounted_chain(sandbox_id: str) -> list[str] | None:
@@ -752,12 +803,14 @@ def mounted_chain(sandbox_id: str) -> list[str] | None:
     return _read_chain(os.path.join(mount_dir(sandbox_id), "chain.json"))
 
 
-def freeze(snapshot_id: str, sandbox_id: str, *, flatten: bool, holder: int | None) -> int | None:
+def freeze(snapshot_id: str, sandbox_id: str, *, flatten: bool, holder: int | None) -> bool:
     """Capture a layered working directory as ``snapshot_id`` by moving what
     changed since its last capture into the snapshot's layer (the overlay's
     upper directory, by one rename), and going on over a fresh one: what
-    this costs does not grow with the tree. Its size, or None when it cannot
-    (a process holds the directory: the caller copies instead).
+    this costs does not grow with the tree. False when it cannot (a process
+    holds the directory: the caller copies instead). Its size:
+    :func:`layer_size` (a stat a file: done apart, off the moment the
+    caller stops the sandbox for).
 
     ``flatten`` (asked for, or the chain at :data:`MAX_LAYERS`): the merged
     view is copied into a single layer, and the sandbox goes on over that one
@@ -768,11 +821,11 @@ def freeze(snapshot_id: str, sandbox_id: str, *, flatten: bool, holder: int | No
     base = mount_dir(sandbox_id)
     merged = os.path.join(base, "merged")
     upper, work = _upper_work(sandbox_id)
-    with _lock:
+    with sandbox_lock(sandbox_id), _lock:
         _recover_locked(sandbox_id)
         chain = _read_chain(os.path.join(base, "chain.json"))
         if chain is None or not _overlay_on_top(merged):
-            return None
+            return False
         flatten = flatten or len(chain) >= MAX_LAYERS
         target = snapshot_dir(snapshot_id)
         if os.path.exists(target):
@@ -792,9 +845,9 @@ def freeze(snapshot_id: str, sandbox_id: str, *, flatten: bool, holder: int | No
         if moved.returncode != 0:
             if flatten:  # the copy stands as the snapshot; the sandbox goes on as it was
                 _write_json(os.path.join(target, "chain.json"), new_chain)
-                return _size(_tree(snapshot_id))
+                return True
             shutil.rmtree(target, ignore_errors=True)
-            return None
+            return False
         try:
             _write_json(os.path.join(base, "freezing.json"),
                         {"snapshot": snapshot_id, "chain": chain, "flatten": flatten})
@@ -816,6 +869,11 @@ def freeze(snapshot_id: str, sandbox_id: str, *, flatten: bool, holder: int | No
             _remount(sandbox_id)
             raise
         _remount(sandbox_id)
+    return True
+
+
+def layer_size(snapshot_id: str) -> int:
+    """The bytes in a snapshot's own layer."""
     return _size(_tree(snapshot_id))
 
 
@@ -845,7 +903,7 @@ def _finish_freeze(sandbox_id: str, snapshot_id: str, new_chain: list[str]) -> N
 
 
 def _recover(sandbox_id: str) -> None:
-    with _lock:
+    with sandbox_lock(sandbox_id), _lock:
         _recover_locked(sandbox_id)
 
 

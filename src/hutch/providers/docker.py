@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import concurrent.futures
 import contextlib
 import errno
 import functools
@@ -767,6 +768,7 @@ def commit_state(
     labels: Mapping[str, str],
     *,
     flatten: bool = False,
+    stopped: bool = False,
 ) -> str:
     """Write ``container``'s file system to ``repository:tag``; its image id.
 
@@ -775,11 +777,16 @@ def commit_state(
     snapshot (and so workspace suspend) both come here. A commit that would
     stack ``base_image``'s layers past :data:`MAX_SUSPEND_LAYERS` flattens,
     since overlay2 stops at 128; ``flatten`` asks for one regardless.
+    ``stopped``: the caller has paused the container, under its freeze guard.
     """
     depth = len(api.inspect_image(base_image)["RootFS"].get("Layers") or [])
     if flatten or depth >= MAX_SUSPEND_LAYERS:
         config = api.inspect_container(container)["Config"]
         return _flatten(api, container, config, labels, repository, tag)
+    if stopped:  # the caller holds the container paused (and its freeze guard)
+        image = api.commit(container, repository=repository, tag=tag, conf={"Labels": labels},
+                           pause=False)
+        return str(image["Id"])
     with freeze_guard(container).freezing():  # a commit pauses the container
         image = api.commit(container, repository=repository, tag=tag, conf={"Labels": labels})
     return str(image["Id"])
@@ -1346,13 +1353,15 @@ class DockerSandbox(NativeBackend):
             labels = ((details or {}).get("Config") or {}).get("Labels") or {}
             if details is not None and labels.get(SANDBOX_LABEL) == sandbox_id:
                 sandbox.container_id = str(details["Id"])
-                return sandbox
-            # ... or none, and its state in its suspend image (suspended by a
-            # program whose suspend the record missed).
-            suspended = await sandbox._own_suspend_image()
-            if suspended is not None:
-                sandbox.container_id = None
-                sandbox.suspended_image = suspended
+            else:
+                # ... or none, and its state in its suspend image (suspended
+                # by a program whose suspend the record missed).
+                suspended = await sandbox._own_suspend_image()
+                if suspended is not None:
+                    sandbox.container_id = None
+                    sandbox.suspended_image = suspended
+        if sandbox.layered:
+            await sandbox._mend_capture_cut_short()
         return sandbox
 
     async def _own_suspend_image(self) -> str | None:
@@ -1872,22 +1881,23 @@ class DockerSandbox(NativeBackend):
             self.container_id = None
         # The directory first, the image last: held_snapshots lists images, so a
         # capture cut short between the two leaves nothing listed half-made.
-        size = await self._freeze_workdir(snapshot_id, flatten=not diff) if self.layered else None
-        if size is None:
+        frozen = (
+            await _call(self._freeze_and_commit, snapshot_id, diff, repository, labels)
+            if self.layered else None
+        )
+        if frozen is not None:
+            size, image_id = frozen
+        else:
             size = await anyio.to_thread.run_sync(
                 lambda: _layers.capture(snapshot_id, self.sandbox_id, self.host_workdir,
                                         self._current_chain(), diff=diff)
             )
+            try:
+                image_id = await _call(self._commit, snapshot_id, diff, repository, labels)
+            except BaseException:
+                await anyio.to_thread.run_sync(_layers.remove, snapshot_id)
+                raise
         try:
-            if self.container_id is not None:
-                image_id = await _call(
-                    commit_state, api, self.container_id,
-                    self.suspended_image or self.base_image, repository, snapshot_id, labels,
-                    flatten=not diff,
-                )
-            else:
-                image_id = self.suspended_image or self.base_image
-                await _call(api.tag, image_id, repository, snapshot_id)
             image = await _call(api.inspect_image, image_id)
         except BaseException:
             await anyio.to_thread.run_sync(_layers.remove, snapshot_id)
@@ -1897,42 +1907,96 @@ class DockerSandbox(NativeBackend):
             {"image": f"{repository}:{snapshot_id}", "image_id": str(image_id)},
         )
 
+    def _commit(
+        self, snapshot_id: str, diff: bool, repository: str, labels: Mapping[str, str],
+        *, stopped: bool = False,
+    ) -> str:
+        """The container's file system as the snapshot's image (a suspended
+        sandbox's is its suspend image, tagged); its id."""
+        api = engine()
+        base = self.suspended_image or self.base_image
+        if self.container_id is None:
+            api.tag(base, repository, snapshot_id)
+            return base
+        return commit_state(api, self.container_id, base, repository, snapshot_id, labels,
+                            flatten=not diff, stopped=stopped)
+
     def _current_chain(self) -> list[str] | None:
         if self.layered:
             self.chain = _layers.mounted_chain(self.sandbox_id)
         return self.chain
 
-    async def _freeze_workdir(self, snapshot_id: str, *, flatten: bool) -> int | None:
+    def _freeze_and_commit(
+        self, snapshot_id: str, diff: bool, repository: str, labels: Mapping[str, str]
+    ) -> tuple[int, str] | None:
         """Capture the layered working directory by moving what changed into
-        the snapshot (``_layers.freeze``), the container stopped meanwhile
-        (paused as by docker pause, unless it is already): a process that
-        wrote in the directory during the move would write into the
-        snapshot, or be lost. None when a process holds the directory."""
+        the snapshot (``_layers.freeze``), and commit the container, in one
+        stop of it (paused as by docker pause, unless it is already): a
+        process that wrote in the directory during the move would write into
+        the snapshot, or be lost, and the two are taken at the same instant.
+        (size, image id), or None when a process holds the directory (the
+        caller copies it, with the container running). Blocking."""
+        api = engine()
         container = self.container_id
 
-        def freeze() -> int | None:
-            def move(holder: int | None) -> int | None:
-                size = _layers.freeze(snapshot_id, self.sandbox_id, flatten=flatten,
-                                      holder=holder)
-                self._current_chain()
-                return size
+        def freeze_then_commit(holder: int | None) -> tuple[int, str] | None:
+            if not _layers.freeze(snapshot_id, self.sandbox_id, flatten=not diff,
+                                  holder=holder):
+                return None
+            self._current_chain()
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                # Counting the layer's size (a stat a file) while the commit runs.
+                size = pool.submit(_layers.layer_size, snapshot_id)
+                try:
+                    image_id = self._commit(snapshot_id, diff, repository, labels, stopped=True)
+                except BaseException:
+                    _layers.remove(snapshot_id)  # the sandbox goes on over its layer
+                    raise
+                return size.result(), image_id
 
-            if container is None:
-                return move(None)
-            api = engine()
+        if container is None:
+            return freeze_then_commit(None)
+        # Held across the pause: a program that dies inside it leaves the
+        # container paused and the marker saying so, for the next one that
+        # takes the lock (``_mend_capture_cut_short``) to unpause.
+        with _layers.sandbox_lock(self.sandbox_id):
             state = api.inspect_container(container)["State"]
             holder = int(state.get("Pid") or 0) or None
             if state.get("Paused") or not state.get("Running"):
-                return move(holder)
+                return freeze_then_commit(holder)
+            marker = self._paused_for_capture()
             with freeze_guard(container).freezing():
+                with open(marker, "w"):
+                    pass
                 api.pause(container)
                 try:
-                    return move(holder)
+                    return freeze_then_commit(holder)
                 finally:
                     api.unpause(container)
+                    os.unlink(marker)
 
-        size: int | None = await _call(freeze)
-        return size
+    def _paused_for_capture(self) -> str:
+        return os.path.join(_layers.mount_dir(self.sandbox_id), "paused-for-capture")
+
+    async def _mend_capture_cut_short(self) -> None:
+        """A program that died in the middle of a capture may have left the
+        working directory unmounted (its freeze's journal says how far it
+        got) and the container paused: both put right, the directory first."""
+        import docker.errors
+
+        def mend() -> None:
+            with _layers.sandbox_lock(self.sandbox_id):
+                if _layers.mounted_chain(self.sandbox_id) is None:
+                    return  # its directory is gone: nothing to mend
+                _layers.after_start(self.sandbox_id)
+                marker = self._paused_for_capture()
+                if os.path.exists(marker):
+                    if self.container_id is not None:
+                        with contextlib.suppress(docker.errors.APIError):
+                            engine().unpause(self.container_id)
+                    os.unlink(marker)
+
+        await _call(mend)
 
     async def _container_exists(self) -> bool:
         import docker.errors
