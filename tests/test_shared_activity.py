@@ -16,6 +16,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from hutch import Sandbox, SandboxUnavailable
 from hutch.definitions import Definition, Definitions, LocalHost
 from hutch.store import InstanceRow, SQLiteStore
 
@@ -276,3 +277,60 @@ async def test_a_handle_follows_what_another_program_did_docker(
         for program in programs:
             await program.settle()
             program.host.store.close()
+
+
+async def _two_handles(home: Path, provider: dict[str, object]) -> tuple[  # noqa: F811
+        list[Definitions], Sandbox, Sandbox]:
+    """Two programs (store handles of their own, no idle rule) holding one
+    thread's sandbox; a file written by the first."""
+    d = Definition.parse({**_definition(provider), "lifecycle": {"snapshot": "none"}})
+    programs = [Definitions(LocalHost(SQLiteStore(str(home / "hutch.db")))) for _ in range(2)]
+    first = (await programs[0].ensure(d, "t")).sandbox
+    second = await programs[1].ensure(d, "t")
+    assert second.path == "resumed" and second.sandbox.id == first.id
+    await first.write_text("one.txt", "one")
+    return programs, first, second.sandbox
+
+
+async def _end(programs: list[Definitions]) -> None:
+    for program in programs:
+        await program.settle()
+        program.host.store.close()
+
+
+@pytest.mark.anyio
+async def test_a_handle_of_a_sandbox_another_program_ended_says_so_local(
+    home: Path,  # noqa: F811
+) -> None:
+    """The other program closed it: this program's next call is the typed
+    error of a sandbox ended elsewhere, not a missing file of its working
+    directory."""
+    programs, first, second = await _two_handles(home, {"type": "local"})
+    try:
+        await second.close()
+        with pytest.raises(SandboxUnavailable, match="ended by another program"):
+            await first.read_text("one.txt")
+    finally:
+        await first.close()
+        await _end(programs)
+
+
+@pytest.mark.docker
+@pytest.mark.anyio
+async def test_a_call_resumes_a_sandbox_another_program_suspended_docker(
+    home: Path,  # noqa: F811
+) -> None:
+    """The other program suspended it (no idle timer here to notice): this
+    program's next call resumes it from that suspend, transparently, as it
+    would its own."""
+    programs, first, second = await _two_handles(
+        home, {"type": "docker", "image": TEST_IMAGE, "runtime": "native"})
+    try:
+        await second.suspend()
+        assert await first.read_text("one.txt") == "one"
+        assert first.state.value == "running"
+        row = programs[1].host.store.instance_of_sandbox(first.id)
+        assert row is not None and row.state == "running"
+    finally:
+        await first.close()
+        await _end(programs)

@@ -452,6 +452,9 @@ class LocalHost(SandboxHost):
         #: or found of each of its sandboxes: a record that says otherwise was
         #: written by another program, which has taken the sandbox over since.
         self._recorded: dict[str, tuple[str, str]] = {}
+        #: sandbox id -> the store's count of others' changes when its record
+        #: was last found to be what this host knows (see :meth:`moved`).
+        self._checked: dict[str, int] = {}
         self._engines: weakref.WeakKeyDictionary[
             asyncio.AbstractEventLoop, LifecycleEngine
         ] = weakref.WeakKeyDictionary()
@@ -473,6 +476,21 @@ class LocalHost(SandboxHost):
         await anyio.to_thread.run_sync(self.store.hold_instance, key, this_program())
 
     # -- the idle rule, shared with the other programs holding a sandbox ----------------
+    def moved(self, sandbox_id: str) -> bool:
+        known = self._recorded.get(sandbox_id)
+        if known is None:
+            return False  # in no instance: this program's own
+        version = self.store.changes_by_others()
+        if version is None:
+            return True  # cannot tell at once: looked at under the claim
+        if self._checked.get(sandbox_id) == version:
+            return False  # no other program wrote anything since
+        row = self.store.instance_of_sandbox(sandbox_id)
+        if row is None or (row.state, _canonical(row.description)) != known:
+            return True
+        self._checked[sandbox_id] = version
+        return False
+
     async def publish(self, sandbox_id: str, last_active_unix: float) -> None:
         await anyio.to_thread.run_sync(
             self.store.note_instance_activity, sandbox_id, last_active_unix
@@ -541,6 +559,7 @@ class LocalHost(SandboxHost):
         program took it over), touching nothing of the sandbox itself."""
         self._live.pop(sandbox.id, None)
         self._recorded.pop(sandbox.id, None)
+        self._checked.pop(sandbox.id, None)
         self.engine().forget(sandbox)
 
     async def find_live(self, row: InstanceRow) -> Sandbox | None:
@@ -637,6 +656,7 @@ class LocalHost(SandboxHost):
         await sandbox.close()
         self._live.pop(sandbox.id, None)
         self._recorded.pop(sandbox.id, None)
+        self._checked.pop(sandbox.id, None)
 
     async def drop_snapshot(self, snapshot: SnapshotRow) -> None:
         from .._api import remove_snapshot

@@ -286,7 +286,11 @@ class LifecycleEngine:
     # -- the gate (hot path) -----------------------------------------------------------
     async def enter(self, sandbox: Sandbox, op: str, *, activity: bool) -> None:
         record = self._record(sandbox)
-        if record.state is SandboxState.RUNNING and not record.transitioning:
+        if record.state is SandboxState.RUNNING and not record.transitioning and (
+            # Another program may have suspended or ended it since: the slow
+            # way follows the record first.
+            self.shared is None or not self.shared.moved(record.sandbox_id)
+        ):
             if activity:
                 record.last_activity_mono = self.clock.monotonic()
                 if self.shared is not None:

@@ -46,6 +46,11 @@ class SharedView:
 class SharedActivity(Protocol):
     """Where a sandbox's activity and idle transitions are shared (a store)."""
 
+    def moved(self, sandbox_id: str) -> bool:
+        """Whether another program may have moved the sandbox since this one
+        last knew it (then the caller looks under the claim). Cheap: asked
+        on every operation."""
+
     async def publish(self, sandbox_id: str, last_active_unix: float) -> None:
         """Record activity seen by this program; the record keeps the latest
         of every program's (an older time never moves it back)."""
