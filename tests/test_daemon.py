@@ -280,9 +280,11 @@ def test_a_capped_working_directory_the_store_does_not_keep_is_released_at_start
     with client(daemon) as c:
         sb = c.create_sandbox("docker", image=TEST_IMAGE, disk="64m")
         sb.write_text("kept.txt", "x")
-    workdir = os.path.join(daemon.data_dir, "sandboxes", sb.id, "workspace")
+    # Layered: the overlay's upper directory is in a store of the cap's size.
+    workdir = os.path.join(daemon.data_dir, "layers", "stores", sb.id)
     image = workdir + ".img"
-    assert os.path.ismount(workdir)
+    merged = os.path.join(daemon.data_dir, "layers", "mounts", sb.id, "merged")
+    assert os.path.ismount(workdir) and os.path.ismount(merged)
     assert _diskcap.loop_devices_backed_by(image)
     daemon.kill()
     store = SQLiteStore(os.path.join(daemon.data_dir, "hutch.db"))
@@ -299,7 +301,8 @@ def test_a_capped_working_directory_the_store_does_not_keep_is_released_at_start
     daemon.start()
     assert not os.path.ismount(workdir)
     assert _diskcap.loop_devices_backed_by(image) == []
-    assert not os.path.exists(os.path.dirname(workdir))
+    assert not os.path.exists(workdir) and not os.path.exists(image)
+    assert not os.path.exists(os.path.dirname(merged))
     assert sb.id not in managed_containers(daemon.data_dir)
 
 

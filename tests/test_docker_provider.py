@@ -115,7 +115,8 @@ async def test_config_env_reaches_every_exec(sb: Any) -> None:
 async def test_working_directory_is_the_host_bind_mount(sb: Any) -> None:
     await sb.write_text("from-sandbox.txt", "inside")
     host = backend_of(sb).host_workdir
-    assert host.endswith(os.path.join("sandboxes", sb.id, "workspace"))
+    # Hutch's own, layered (see _layers.prepare): the host sees what the sandbox does.
+    assert host.endswith(os.path.join("layers", "mounts", sb.id, "merged"))
     with open(os.path.join(host, "from-sandbox.txt")) as fh:
         assert fh.read() == "inside"
     with open(os.path.join(host, "from-host.txt"), "w") as fh:
@@ -501,9 +502,11 @@ async def test_preserve_keeps_a_suspended_image(
     try:
         assert api.inspect_image(image)["Id"] == image
         assert f"hutch-suspended:{sandbox.id}" in caplog.text
+        assert f"-v {workdir}:/workspace" in caplog.text
+        assert os.path.isdir(workdir), "the working directory the message names is gone"
     finally:
         api.remove_image(image, force=True)
-        shutil.rmtree(os.path.dirname(workdir), ignore_errors=True)
+        await DockerSandbox.discard(sandbox.id)  # its working directory, mounts and all
 
 
 async def test_reconnect_from_description(sb: Any) -> None:

@@ -79,17 +79,17 @@ def test_a_setuid_shell_made_in_a_sandbox_gives_a_host_user_nothing(
             made = sb.exec("cp /bin/bash /workspace/sh && chmod 4755 /workspace/sh "
                            "&& stat -c %a:%u /workspace/sh")
             assert made.stdout.strip() == "4755:0", made
-            host_copy = os.path.join(daemon.data_dir, "sandboxes", sb.id, "workspace", "sh")
+            host_copy = os.path.join(daemon.data_dir, "layers", "mounts", sb.id, "merged", "sh")
             assert os.stat(host_copy).st_mode & stat.S_ISUID  # it is there, setuid root
             tried = as_nobody(host_copy, "-p", "-c", "id -u")
             assert "0" not in tried.stdout.split(), (tried.stdout, tried.stderr)
             assert tried.returncode != 0, tried
             # And were the data directory open, the mount the copy lives on
             # is nosuid: its setuid bit means nothing on the host.
-            os.chmod(daemon.data_dir, 0o755)
-            os.chmod(os.path.dirname(os.path.dirname(host_copy)), 0o755)
-            os.chmod(os.path.dirname(host_copy), 0o755)
-            os.chmod(os.path.dirname(os.path.dirname(os.path.dirname(host_copy))), 0o755)
+            where = os.path.dirname(host_copy)
+            while len(where) >= len(daemon.data_dir):
+                os.chmod(where, 0o755)
+                where = os.path.dirname(where)
             opened = as_nobody(host_copy, "-p", "-c", "id -u")
             assert opened.stdout.split() == ["65534"], (opened.stdout, opened.stderr)
         finally:
@@ -111,7 +111,7 @@ def test_links_planted_in_the_workspace_do_not_lead_the_daemon_onto_host_files(
             f" && mkdir -p /workspace/sub && ln -s / /workspace/sub/root"
         )
         assert planted.exit_code == 0, planted
-        host_workdir = os.path.join(daemon.data_dir, "sandboxes", sb.id, "workspace")
+        host_workdir = os.path.join(daemon.data_dir, "layers", "mounts", sb.id, "merged")
         assert os.path.islink(os.path.join(host_workdir, "dir-link"))
         sb.close()  # the daemon removes the working directory it made
         assert not os.path.exists(host_workdir)

@@ -1,10 +1,9 @@
 """A command refused because its sandbox's pids limit is full is
 ``resource_exhausted``, not ``provider_error``: the sandbox is sound, it is
-full. On every runtime where the limit refuses a command (docker's agent,
-bubblewrap's agent and native runtime), in-process and through the daemon;
-once what filled it is killed, the sandbox runs commands again. Docker's
-native exec is not refused: the engine moves its process into the
-container's cgroup, which a pids limit does not hold against."""
+full. On every runtime where the limit always refuses a command (docker's
+agent, bubblewrap's agent and native runtime), in-process and through the
+daemon; once what filled it is killed, the sandbox runs commands again.
+Docker's native exec is refused only now and then (see its test)."""
 
 from __future__ import annotations
 

@@ -147,8 +147,9 @@ async def _remote_docker_agent() -> AsyncIterator[Harness]:
         )
         try:
             assert sb.capabilities.runtime == "agent"
-            # Its working directory: a fresh one under the daemon's data directory.
-            yield Harness(sb, "remote-docker", f"{d.data_dir}/sandboxes/{sb.id}/workspace")
+            # Its working directory: a fresh one under the daemon's data
+            # directory, layered (its overlay, as the host sees it).
+            yield Harness(sb, "remote-docker", f"{d.data_dir}/layers/mounts/{sb.id}/merged")
         finally:
             await sb.close()
 

@@ -38,7 +38,7 @@ import anyio.to_thread
 from .._errors import HutchError, InvalidArgument, NotFound, SandboxUnavailable, SetupFailed
 from .._liveness import still_running, this_process
 from .._process import ExitStatus
-from .._sandbox import Sandbox, backend_of
+from .._sandbox import Sandbox, backend_of, rebind
 from .._snapshots import Snapshot
 from ..config import SandboxOptions, SandboxSpec
 from ..lifecycle.engine import DEFAULT_TIMEOUT_CEILING, LifecycleEngine
@@ -519,6 +519,22 @@ class LocalHost(SandboxHost):
             # its record stands; this handle is dropped at the next ensure.
             log.warning("sandbox %s: %s -> %s here not recorded: another program holds it "
                         "now", sandbox_id, old.value, new.value)
+
+    async def refresh(self, sandbox: Sandbox) -> SandboxState | None:
+        row = await anyio.to_thread.run_sync(self.store.instance_of_sandbox, sandbox.id)
+        if row is None or row.description.get("held_by") == HELD_BY_DAEMON:
+            return None  # ended and dropped, or a daemon's now
+        try:
+            state = SandboxState(row.state)
+        except ValueError:
+            state = SandboxState.RUNNING
+        if state not in FINAL:
+            # The sandbox as that program left it (a container it resumed
+            # from its suspend image, say), in place of what this handle knew.
+            rebind(sandbox, await get_provider(row.provider).reconnect(
+                sandbox.id, row.description))
+        self._recorded[sandbox.id] = (row.state, _canonical(row.description))
+        return state
 
     def _forget(self, sandbox: Sandbox) -> None:
         """Drop this host's handle of ``sandbox`` (it ended, or another

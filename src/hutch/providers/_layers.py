@@ -23,9 +23,11 @@ still stacks it (53 ms), or onto a copy of it when one does (a copy of the
 tree, paid once at close, and only then, instead of at the snapshot). A directory
 a process on the host is in (its current or root directory), on another
 file system, or without overlayfs is copied instead: moving it would leave
-that process writing into the snapshot. ``docker`` never adopts: its plain
+that process writing into the snapshot. ``docker`` never adopts: a plain
 directory is bind-mounted into a running container, which would keep the
-moved one.
+moved one. Its own working directory is layered from creation instead
+(:func:`prepare`), and a capture **freezes** it (:func:`freeze`): the upper
+directory moved into the snapshot's layer, a fresh one mounted above.
 
 Layout under ``$HUTCH_HOME/layers``::
 
@@ -36,6 +38,8 @@ Layout under ``$HUTCH_HOME/layers``::
                                          a branch's working directory
     mounts/<sandbox id>/adopted.json     an adopted directory: where its
                                          overlay is mounted (no ``merged``)
+    mounts/<sandbox id>/freezing.json    a freeze under way (its journal)
+    empty/                               the layer under a chain of none
 
 A capture of a branch (or an adopted directory) copies its upper directory
 (what changed since it was started, overlayfs whiteouts included) into a new
@@ -52,6 +56,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -59,6 +64,7 @@ import threading
 
 from .._errors import ProviderError, SandboxUnavailable
 from .._paths import hutch_home
+from ._diskcap import IMAGE_SUFFIX, image_for, mount_capped, unmount_capped
 
 #: Layers one chain may stack before a capture flattens it: overlayfs takes
 #: up to 500 lower directories, but the mount options must fit one page.
@@ -145,8 +151,10 @@ def overlay_available() -> bool:
 
 def _mount(merged: str, lowers: list[str], upper: str, work: str, *, quiet: bool = False) -> bool:
     options = f"lowerdir={':'.join(lowers)},upperdir={upper},workdir={work}"
+    # nosuid, nodev: a setuid file or a device node a sandbox made means
+    # nothing on the host through the mount.
     result = subprocess.run(
-        ["mount", "-t", "overlay", "overlay", "-o", options, merged],
+        ["mount", "-t", "overlay", "overlay", "-o", f"nosuid,nodev,{options}", merged],
         capture_output=True, check=False,
     )
     if result.returncode != 0 and not quiet:
@@ -158,9 +166,11 @@ def _mount(merged: str, lowers: list[str], upper: str, work: str, *, quiet: bool
 
 
 def _umount(path: str) -> None:
-    if os.path.ismount(path):
+    """Unmount the top mount at ``path``, if any."""
+    before = len(_stack(path))
+    if before:
         subprocess.run(["umount", path], capture_output=True, check=False)
-        if os.path.ismount(path):  # busy: detach now, freed when its last user goes
+        if len(_stack(path)) == before:  # busy: detach now, freed when its last user goes
             subprocess.run(["umount", "-l", path], capture_output=True, check=False)
 
 
@@ -182,7 +192,7 @@ def capture(
     if os.path.exists(target):
         shutil.rmtree(target)
     os.makedirs(target)
-    upper = os.path.join(mount_dir(sandbox_id), "upper") if chain else None
+    upper = _upper_work(sandbox_id)[0] if chain else None
     if chain and diff and len(chain) < MAX_LAYERS and upper and os.path.isdir(upper):
         _copy_tree(upper, _tree(snapshot_id))
         layers = [snapshot_id, *chain]
@@ -458,7 +468,12 @@ def collect_garbage() -> None:
             in_use.update(_read_chain(os.path.join(mounts, name, "chain.json")) or [])
         for name in removed:
             if name not in in_use:
+                tree = _tree(name)
+                if os.path.islink(tree):  # its layer is in a store
+                    _lowers([name])
+                    shutil.rmtree(os.readlink(tree), ignore_errors=True)
                 shutil.rmtree(os.path.join(snapshots, name), ignore_errors=True)
+        _free_stores(in_use)
 
 
 def _listdir(path: str) -> list[str]:
@@ -528,6 +543,355 @@ def end_branch(sandbox_id: str) -> None:
         end_adopted(sandbox_id, keep=True)
         return
     base = mount_dir(sandbox_id)
-    _umount(os.path.join(base, "merged"))
+    merged = os.path.join(base, "merged")
+    for _ in range(8):  # a layered one has its overlay on its anchor
+        if not _stack(merged):
+            break
+        _umount(merged)
+    if _stack(merged):
+        # Never empty a directory through a mount: that would reach the layers.
+        raise ProviderError(f"the working directory {merged} cannot be unmounted")
     shutil.rmtree(base, ignore_errors=True)
     collect_garbage()
+
+
+# -- layered working directories a container binds before they are mounted ----------
+#
+# A branch mounted before its container starts is bound into the container
+# as it is: the container holds that overlay for good, and the layers under
+# it can never be changed. Here the container binds an *anchor* instead (the
+# ``merged`` directory bind-mounted on itself and made shared, bound with
+# ``rslave``), and the overlay is mounted on the anchor once the container
+# runs: the mount reaches the container by propagation, and so does its
+# unmount. A snapshot can then **freeze** the working directory: with the
+# container stopped, unmount the overlay (the kernel refuses while any
+# process holds it: a current directory or an open file in it), move the
+# upper directory, whole, into the snapshot's layer (one rename, whatever
+# the tree's size), and mount a fresh upper directory on the grown chain.
+# An empty chain (nothing captured yet) stacks on :func:`_empty_layer`.
+#
+# A size-capped one keeps its upper directory in a **store** of its own
+# (``stores/<sandbox id>``: a loop-mounted file system of the cap's size,
+# nosuid and nodev, see ``_diskcap``), and a freeze moves the upper
+# directory within it (``frozen/<snapshot id>``, which the snapshot's
+# ``tree`` links to): what the sandbox wrote counts against its cap, frozen
+# or not, and the store lives on after the sandbox while a snapshot or a
+# branch still stacks a layer in it (:func:`collect_garbage` frees it).
+#
+# A freeze is journalled (``freezing.json``) and :func:`_recover` finishes or
+# undoes one cut short; the sandbox's chain names the new layer before the
+# move, so no garbage collection frees it in between.
+
+
+def _empty_layer() -> str:
+    path = os.path.join(root(), "empty")
+    os.makedirs(path, mode=0o755, exist_ok=True)
+    return path
+
+
+def store_dir(sandbox_id: str) -> str:
+    return os.path.join(root(), "stores", sandbox_id)
+
+
+def _cap(sandbox_id: str) -> int | None:
+    """The size cap of a layered working directory (its store's), or None."""
+    try:
+        with open(os.path.join(mount_dir(sandbox_id), "cap.json")) as fh:
+            return int(json.load(fh))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _mount_store(store: str, size: int | None = None) -> None:
+    """Mount a store (again after a reboot: its image keeps the files); a new
+    one is made at ``size``."""
+    image = image_for(store)
+    if size is None and not os.path.exists(image):
+        return
+    try:
+        mount_capped(store, size if size is not None else os.path.getsize(image))
+    except OSError as exc:
+        raise ProviderError(f"cannot mount the capped working directory store {store} "
+                            f"(a loop mount, which needs root): {exc}") from None
+
+
+def _upper_work(sandbox_id: str) -> tuple[str, str]:
+    """Where a layered working directory's upper and work directories are."""
+    home = store_dir(sandbox_id) if _cap(sandbox_id) is not None else mount_dir(sandbox_id)
+    return os.path.join(home, "upper"), os.path.join(home, "work")
+
+
+def _frozen_path(sandbox_id: str, snapshot_id: str) -> str:
+    """Where a freeze moves the upper directory: the snapshot's layer, or in
+    a capped one's store (same file system: a rename)."""
+    if _cap(sandbox_id) is not None:
+        return os.path.join(store_dir(sandbox_id), "frozen", snapshot_id)
+    return _tree(snapshot_id)
+
+
+def _lowers(chain: list[str]) -> list[str]:
+    for layer in chain:  # a layer in a store: that store mounted (after a reboot)
+        tree = _tree(layer)
+        if os.path.islink(tree):
+            _mount_store(os.path.dirname(os.path.dirname(os.readlink(tree))))
+    return [_tree(s) for s in chain] or [_empty_layer()]
+
+
+def _unescape_mountinfo(field: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def _mountinfo(pid: int | str = "self") -> list[tuple[str, str, list[str]]]:
+    """(mount point, file system type, super options) of every mount in
+    ``pid``'s mount namespace, in the kernel's order (a mount stacked on
+    another comes after it)."""
+    try:
+        with open(f"/proc/{pid}/mountinfo") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        fields = line.split()
+        if "-" not in fields[6:]:
+            continue
+        rest = fields[fields.index("-", 6) + 1:]
+        options = rest[2].split(",") if len(rest) > 2 else []
+        found.append((_unescape_mountinfo(fields[4]), rest[0], options))
+    return found
+
+
+def _stack(path: str) -> list[str]:
+    """The file system types mounted at ``path`` here, bottom first."""
+    return [fstype for where, fstype, _ in _mountinfo() if where == path]
+
+
+def _overlay_on_top(merged: str) -> bool:
+    stack = _stack(merged)
+    return bool(stack) and stack[-1] == "overlay"
+
+
+def _anchor(merged: str) -> None:
+    """Make ``merged`` a shared mount of itself (once), for containers to bind."""
+    if _stack(merged):
+        return
+    for argv in (["mount", "--bind", merged, merged], ["mount", "--make-shared", merged]):
+        result = subprocess.run(argv, capture_output=True, check=False)
+        if result.returncode != 0:
+            raise ProviderError(
+                f"preparing the working directory {merged} failed: "
+                f"{result.stderr.decode('utf-8', 'replace').strip()}"
+            )
+
+
+def _make_upper(sandbox_id: str, like: str | None) -> None:
+    """A fresh, empty upper directory (and work directory) for a layered
+    working directory; its root takes ``like``'s mode and owner (the
+    overlay's root is the upper directory's)."""
+    upper, work = _upper_work(sandbox_id)
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    os.makedirs(upper, exist_ok=True)
+    if like is not None:
+        st = os.stat(like)
+        os.chmod(upper, st.st_mode & 0o7777)
+        os.chown(upper, st.st_uid, st.st_gid)
+
+
+def prepare(
+    sandbox_id: str, snapshot_id: str | None, *, cap: int | None = None
+) -> tuple[str, list[str]]:
+    """A layered working directory for a new sandbox, started from
+    ``snapshot_id`` or empty, capped at ``cap`` bytes or not: (the path its
+    container binds, its chain). Its overlay is mounted by :func:`after_start`."""
+    chain = chain_of(snapshot_id) if snapshot_id is not None else []
+    base = mount_dir(sandbox_id)
+    merged = os.path.join(base, "merged")
+    os.makedirs(merged, exist_ok=True)
+    try:
+        if cap is not None:
+            _write_json(os.path.join(base, "cap.json"), cap)
+            _mount_store(store_dir(sandbox_id), cap)
+        _make_upper(sandbox_id, _tree(chain[0]) if chain else None)
+        # Recorded before anything is mounted: the layers it stacks are in use from now.
+        _write_json(os.path.join(base, "chain.json"), chain)
+        _anchor(merged)
+    except BaseException:
+        end_branch(sandbox_id)
+        raise
+    return merged, chain
+
+
+def before_start(sandbox_id: str) -> None:
+    """Ready a layered working directory for a container about to start: the
+    anchor there, the overlay not (the container must bind the anchor)."""
+    _recover(sandbox_id)
+    cap = _cap(sandbox_id)
+    if cap is not None:
+        _mount_store(store_dir(sandbox_id), cap)
+    merged = os.path.join(mount_dir(sandbox_id), "merged")
+    os.makedirs(merged, exist_ok=True)
+    while _overlay_on_top(merged):
+        _umount(merged)
+    _anchor(merged)
+
+
+def after_start(sandbox_id: str) -> None:
+    """Mount a layered working directory's overlay (its container, started on
+    the anchor, sees it by propagation)."""
+    _recover(sandbox_id)
+    base = mount_dir(sandbox_id)
+    if _read_chain(os.path.join(base, "chain.json")) is None:
+        raise SandboxUnavailable(f"the working directory of {sandbox_id} is gone from {base}")
+    _remount(sandbox_id)
+
+
+def mounted_chain(sandbox_id: str) -> list[str] | None:
+    """The chain a sandbox's working directory stacks now, or None (none here)."""
+    _recover(sandbox_id)
+    return _read_chain(os.path.join(mount_dir(sandbox_id), "chain.json"))
+
+
+def freeze(snapshot_id: str, sandbox_id: str, *, flatten: bool, holder: int | None) -> int | None:
+    """Capture a layered working directory as ``snapshot_id`` by moving what
+    changed since its last capture into the snapshot's layer (the overlay's
+    upper directory, by one rename), and going on over a fresh one: what
+    this costs does not grow with the tree. Its size, or None when it cannot
+    (a process holds the directory: the caller copies instead).
+
+    ``flatten`` (asked for, or the chain at :data:`MAX_LAYERS`): the merged
+    view is copied into a single layer, and the sandbox goes on over that one
+    alone. The caller stops every process that may write in the directory
+    first; ``holder`` is a process of the container whose mount namespace
+    must follow the unmount.
+    """
+    base = mount_dir(sandbox_id)
+    merged = os.path.join(base, "merged")
+    upper, work = _upper_work(sandbox_id)
+    with _lock:
+        _recover_locked(sandbox_id)
+        chain = _read_chain(os.path.join(base, "chain.json"))
+        if chain is None or not _overlay_on_top(merged):
+            return None
+        flatten = flatten or len(chain) >= MAX_LAYERS
+        target = snapshot_dir(snapshot_id)
+        if os.path.exists(target):
+            shutil.rmtree(target)
+        os.makedirs(target)
+        new_chain = [snapshot_id] if flatten else [snapshot_id, *chain]
+        if flatten:  # hutch's own copy: on the host's disk, not counted in a cap
+            _copy_tree(merged, _tree(snapshot_id))
+        moved = subprocess.run(["umount", merged], capture_output=True, check=False)
+        if moved.returncode == 0 and holder is not None and any(
+            f"upperdir={upper}" in options for _, _, options in _mountinfo(holder)
+        ):
+            # The container holds the overlay itself (bound before the
+            # anchor existed): moving its upper would move it under it.
+            _mount(merged, _lowers(chain), upper, work)
+            moved = subprocess.CompletedProcess([], 1)
+        if moved.returncode != 0:
+            if flatten:  # the copy stands as the snapshot; the sandbox goes on as it was
+                _write_json(os.path.join(target, "chain.json"), new_chain)
+                return _size(_tree(snapshot_id))
+            shutil.rmtree(target, ignore_errors=True)
+            return None
+        try:
+            _write_json(os.path.join(base, "freezing.json"),
+                        {"snapshot": snapshot_id, "chain": chain, "flatten": flatten})
+            _write_json(os.path.join(base, "chain.json"), new_chain)
+            if flatten:
+                os.rename(upper, os.path.join(os.path.dirname(upper), "discarded"))
+            else:
+                frozen = _frozen_path(sandbox_id, snapshot_id)
+                os.makedirs(os.path.dirname(frozen), exist_ok=True)
+                os.rename(upper, frozen)
+            _finish_freeze(sandbox_id, snapshot_id, new_chain)
+            _write_json(os.path.join(target, "chain.json"), new_chain)
+        except BaseException:
+            # Finished or undone as after a crash, and the sandbox's directory
+            # mounted again either way: it must never be left on the anchor.
+            _recover_locked(sandbox_id)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(target, "chain.json"))
+            _remount(sandbox_id)
+            raise
+        _remount(sandbox_id)
+    return _size(_tree(snapshot_id))
+
+
+def _remount(sandbox_id: str) -> None:
+    base = mount_dir(sandbox_id)
+    merged = os.path.join(base, "merged")
+    chain = _read_chain(os.path.join(base, "chain.json"))
+    if chain is not None and not _overlay_on_top(merged):
+        _mount(merged, _lowers(chain), *_upper_work(sandbox_id))
+
+
+def _finish_freeze(sandbox_id: str, snapshot_id: str, new_chain: list[str]) -> None:
+    """The rest of a freeze whose move is done: the snapshot's layer linked
+    to a store's, a fresh upper directory, the journal gone, what a flatten
+    discarded freed."""
+    base = mount_dir(sandbox_id)
+    frozen = _frozen_path(sandbox_id, snapshot_id)
+    if frozen != _tree(snapshot_id) and not os.path.lexists(_tree(snapshot_id)):
+        os.makedirs(snapshot_dir(snapshot_id), exist_ok=True)
+        os.symlink(frozen, _tree(snapshot_id))
+    _make_upper(sandbox_id, _tree(snapshot_id))
+    _write_json(os.path.join(base, "chain.json"), new_chain)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(base, "freezing.json"))
+    upper, _ = _upper_work(sandbox_id)
+    shutil.rmtree(os.path.join(os.path.dirname(upper), "discarded"), ignore_errors=True)
+
+
+def _recover(sandbox_id: str) -> None:
+    with _lock:
+        _recover_locked(sandbox_id)
+
+
+def _recover_locked(sandbox_id: str) -> None:
+    """Finish or undo a freeze cut short (a crash): finished once its move
+    was made (the upper directory in the new layer, or a flatten's set
+    aside), undone before. A snapshot finished here is not listed (its chain
+    file is not written: no record names it); its layer stays while the
+    sandbox stacks it."""
+    base = mount_dir(sandbox_id)
+    journal = os.path.join(base, "freezing.json")
+    upper, _ = _upper_work(sandbox_id)
+    discarded = os.path.join(os.path.dirname(upper), "discarded")
+    try:
+        with open(journal) as fh:
+            state = json.load(fh)
+    except (OSError, ValueError):
+        shutil.rmtree(discarded, ignore_errors=True)
+        return
+    snapshot_id, chain = str(state["snapshot"]), [str(s) for s in state["chain"]]
+    if state.get("flatten"):
+        moved = os.path.exists(discarded) or not os.path.isdir(upper)
+        new_chain = [snapshot_id]
+    else:
+        moved = os.path.isdir(_frozen_path(sandbox_id, snapshot_id))
+        new_chain = [snapshot_id, *chain]
+    if moved:
+        _finish_freeze(sandbox_id, snapshot_id, new_chain)
+        return
+    _write_json(os.path.join(base, "chain.json"), chain)
+    shutil.rmtree(snapshot_dir(snapshot_id), ignore_errors=True)
+    os.unlink(journal)
+
+
+def _free_stores(in_use: set[str]) -> None:
+    """Unmount and delete the stores of ended sandboxes that hold no layer
+    still stacked or held (``in_use``); called with the lock held."""
+    stores = os.path.join(root(), "stores")
+    for name in _listdir(stores):
+        store = os.path.join(stores, name)
+        if name.endswith(IMAGE_SUFFIX) or os.path.exists(mount_dir(name)):
+            continue  # an image (beside its store), or a sandbox still running on it
+        _mount_store(store)  # to look inside (after a reboot it is not)
+        if any(layer in in_use for layer in _listdir(os.path.join(store, "frozen"))):
+            continue
+        with contextlib.suppress(OSError):
+            unmount_capped(store)
+        if not os.path.ismount(store):
+            shutil.rmtree(store, ignore_errors=True)

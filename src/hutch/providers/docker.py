@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import hashlib
 import io
 import ipaddress
@@ -862,6 +863,10 @@ def _own_network_namespace(network_mode: str) -> bool:
     return network_mode not in ("host", "none") and not network_mode.startswith("container:")
 
 
+def _disk_cap(config: DockerConfig) -> int | None:
+    return int(parse_bytes(config.disk)) if config.disk is not None else None
+
+
 def _parse_mount(spec: str) -> tuple[str, dict[str, str]]:
     parts = spec.split(":")
     if len(parts) not in (2, 3) or not parts[0] or not parts[1]:
@@ -901,6 +906,7 @@ class DockerSandbox(NativeBackend):
         base_image: str | None = None,
         branch: bool = False,
         chain: list[str] | None = None,
+        layered: bool = False,
     ) -> None:
         super().__init__(sandbox_id, config.mount_point)
         self.config = config
@@ -915,6 +921,10 @@ class DockerSandbox(NativeBackend):
         #: on ``chain`` (see ``_layers``), never shared with another sandbox.
         self.branch = branch
         self.chain = chain
+        #: The working directory is layered (``_layers.prepare``): the
+        #: container binds its anchor, its overlay reaches it by propagation,
+        #: and a snapshot moves what changed instead of copying it.
+        self.layered = layered
         self._closed = False
         #: The agent's host directory (its socket) and the image's own user,
         #: when the agent is this sandbox's runtime; None for the native one.
@@ -1124,18 +1134,26 @@ class DockerSandbox(NativeBackend):
     # -- provisioning -------------------------------------------------------------
     @classmethod
     async def create(cls, config: DockerConfig, sandbox_id: str) -> DockerSandbox:
+        layered = False
+        chain: list[str] | None = None
         if config.host_workdir:
             host_workdir, owns = os.path.abspath(config.host_workdir), False
+            os.makedirs(host_workdir, exist_ok=True)
+        elif await anyio.to_thread.run_sync(_layers.overlay_available):
+            # Layered from the start, so that its first snapshot moves the
+            # tree instead of copying it.
+            host_workdir, chain = await anyio.to_thread.run_sync(
+                functools.partial(_layers.prepare, sandbox_id, None, cap=_disk_cap(config))
+            )
+            owns = layered = True
         else:
-            host_workdir = sandbox_workdir(sandbox_id)
-            owns = True
-        os.makedirs(host_workdir, exist_ok=True)
-        sandbox = cls(sandbox_id, config, host_workdir, owns, None)
+            host_workdir, owns = sandbox_workdir(sandbox_id), True
+            os.makedirs(host_workdir, exist_ok=True)
+        sandbox = cls(sandbox_id, config, host_workdir, owns, None, chain=chain, layered=layered)
         try:
             await sandbox._launch(config.image)
         except BaseException:
-            if owns:
-                sandbox._remove_workdir()
+            await anyio.to_thread.run_sync(sandbox._remove_workdir)
             raise
         return sandbox
 
@@ -1153,7 +1171,10 @@ class DockerSandbox(NativeBackend):
     def _container_spec(self, image: str) -> dict[str, Any]:
         api = engine()
         cfg = self.config
-        binds = {self.host_workdir: {"bind": cfg.mount_point, "mode": "rw"}}
+        # A layered working directory's anchor is bound as a slave, so that
+        # the overlay mounted on it (and unmounted) reaches the container.
+        mode = "rw,rslave" if self.layered else "rw"
+        binds = {self.host_workdir: {"bind": cfg.mount_point, "mode": mode}}
         binds.update(dict(_parse_mount(m) for m in cfg.mounts))
         command = ["sleep", "infinity"]
         extra: dict[str, Any] = {}
@@ -1225,9 +1246,13 @@ class DockerSandbox(NativeBackend):
 
         def run() -> str:
             self._cap_workdir()
+            if self.layered:
+                _layers.before_start(self.sandbox_id)
             container = create(self._container_spec(image))
             try:
                 api.start(container)
+                if self.layered:
+                    _layers.after_start(self.sandbox_id)
                 self._enforce_network_policy(api, container)
             except BaseException:
                 api.remove_container(container, force=True)
@@ -1240,7 +1265,7 @@ class DockerSandbox(NativeBackend):
     def _cap_workdir(self) -> None:
         """Mount the working directory hutch made at its size cap, if it has one
         (again after a reboot: its image keeps the files)."""
-        if self.config.disk is None or not self.owns_workdir:
+        if self.config.disk is None or not self.owns_workdir or self.branch or self.layered:
             return
         try:
             mount_capped(self.host_workdir, int(parse_bytes(self.config.disk)))
@@ -1305,6 +1330,7 @@ class DockerSandbox(NativeBackend):
             "base_image": self.base_image,
             "branch": self.branch,
             "chain": self.chain,
+            "layered": self.layered,
             "agent": (
                 {"dir": self.agent_dir, "default_user": self.default_user}
                 if self._agent is not None else None
@@ -1325,6 +1351,7 @@ class DockerSandbox(NativeBackend):
             description.get("base_image"),
             bool(description.get("branch")),
             description.get("chain"),
+            bool(description.get("layered")),
         )
         if sandbox.container_id is not None and not await sandbox.is_alive():
             # The container on record is gone, but the sandbox may have one
@@ -1858,16 +1885,18 @@ class DockerSandbox(NativeBackend):
         api = engine()
         repository = snapshot_repository()
         labels = {MANAGED_LABEL: "1", SNAPSHOT_LABEL: snapshot_id, HOME_LABEL: hutch_home()}
-        # The directory first, the image last: held_snapshots lists images, so a
-        # capture cut short between the two leaves nothing listed half-made.
-        size = await anyio.to_thread.run_sync(
-            lambda: _layers.capture(snapshot_id, self.sandbox_id, self.host_workdir, self.chain,
-                                    diff=diff)
-        )
         if self.container_id is not None and not await self._container_exists():
             # Gone outside hutch's hands: what survives is the working
             # directory and the image it ran from, and that is what is kept.
             self.container_id = None
+        # The directory first, the image last: held_snapshots lists images, so a
+        # capture cut short between the two leaves nothing listed half-made.
+        size = await self._freeze_workdir(snapshot_id, flatten=not diff) if self.layered else None
+        if size is None:
+            size = await anyio.to_thread.run_sync(
+                lambda: _layers.capture(snapshot_id, self.sandbox_id, self.host_workdir,
+                                        self._current_chain(), diff=diff)
+            )
         try:
             if self.container_id is not None:
                 image_id = await _call(
@@ -1886,6 +1915,43 @@ class DockerSandbox(NativeBackend):
             snapshot_id, self.provider, size + int(image.get("Size") or 0),
             {"image": f"{repository}:{snapshot_id}", "image_id": str(image_id)},
         )
+
+    def _current_chain(self) -> list[str] | None:
+        if self.layered:
+            self.chain = _layers.mounted_chain(self.sandbox_id)
+        return self.chain
+
+    async def _freeze_workdir(self, snapshot_id: str, *, flatten: bool) -> int | None:
+        """Capture the layered working directory by moving what changed into
+        the snapshot (``_layers.freeze``), the container stopped meanwhile
+        (paused as by docker pause, unless it is already): a process that
+        wrote in the directory during the move would write into the
+        snapshot, or be lost. None when a process holds the directory."""
+        container = self.container_id
+
+        def freeze() -> int | None:
+            def move(holder: int | None) -> int | None:
+                size = _layers.freeze(snapshot_id, self.sandbox_id, flatten=flatten,
+                                      holder=holder)
+                self._current_chain()
+                return size
+
+            if container is None:
+                return move(None)
+            api = engine()
+            state = api.inspect_container(container)["State"]
+            holder = int(state.get("Pid") or 0) or None
+            if state.get("Paused") or not state.get("Running"):
+                return move(holder)
+            with freeze_guard(container).freezing():
+                api.pause(container)
+                try:
+                    return move(holder)
+                finally:
+                    api.unpause(container)
+
+        size: int | None = await _call(freeze)
+        return size
 
     async def _container_exists(self) -> bool:
         import docker.errors
@@ -1906,13 +1972,17 @@ class DockerSandbox(NativeBackend):
     ) -> DockerSandbox:
         image = str(snapshot.data.get("image") or f"{snapshot_repository()}:"
                     f"{snapshot.snapshot_id}")
-        workdir, chain = await anyio.to_thread.run_sync(
-            _layers.start_branch, sandbox_id, snapshot.snapshot_id
-        )
         # Its own working directory always: a branch never shares the origin's.
+        # Layered where overlayfs mounts; a copy of the snapshot's where not.
+        layered = await anyio.to_thread.run_sync(_layers.overlay_available)
+        start = (
+            functools.partial(_layers.prepare, cap=_disk_cap(config)) if layered
+            else _layers.start_branch
+        )
+        workdir, chain = await anyio.to_thread.run_sync(start, sandbox_id, snapshot.snapshot_id)
         config = config.model_copy(update={"host_workdir": None})
         sandbox = cls(sandbox_id, config, workdir, True, None, base_image=image,
-                      branch=True, chain=chain)
+                      branch=True, chain=chain, layered=layered)
         try:
             await sandbox._launch(image)
         except BaseException:
@@ -2134,12 +2204,16 @@ class DockerSandbox(NativeBackend):
                     os.rmdir(os.path.dirname(agent_dir))  # the sandbox's own, if now empty
 
             await anyio.to_thread.run_sync(remove_agent_dir)
-        if self.branch:
-            await anyio.to_thread.run_sync(_layers.end_branch, self.sandbox_id)
-        elif self.owns_workdir:
-            await anyio.to_thread.run_sync(self._remove_workdir)
+        await anyio.to_thread.run_sync(self._remove_workdir)
 
     def _remove_workdir(self) -> None:
+        """Free the working directory hutch made (a layered one, a branch's,
+        or a plain one); a given one is the caller's and stays."""
+        if self.branch or self.layered:
+            _layers.end_branch(self.sandbox_id)
+            return
+        if not self.owns_workdir:
+            return
         with contextlib.suppress(OSError):
             unmount_capped(self.host_workdir)  # first: rmtree would empty the mount, not end it
         shutil.rmtree(os.path.dirname(self.host_workdir), ignore_errors=True)

@@ -152,8 +152,14 @@ func resolveUser(spec string) (*account, bool) {
 
 // -- exec -----------------------------------------------------------------------
 
-func lookPath(name string, env []string) (string, string, string) {
+// lookPath finds the executable argv[0] names as execve would from cwd: a
+// name with a slash as it is (a relative one from cwd, where the command
+// starts, not from the agent's own directory), any other on PATH.
+func lookPath(name, cwd string, env []string) (string, string, string) {
 	check := func(p string) (string, string) {
+		if !filepath.IsAbs(p) {
+			p = filepath.Join(cwd, p)
+		}
 		st, err := os.Stat(p)
 		if err != nil {
 			return "file_not_found", "command not found: " + name
@@ -179,6 +185,9 @@ func lookPath(name string, env []string) (string, string, string) {
 			dir = "."
 		}
 		candidate := filepath.Join(dir, name)
+		if !filepath.IsAbs(candidate) {
+			candidate = filepath.Join(cwd, candidate)
+		}
 		code, msg := check(candidate)
 		if code == "" {
 			return candidate, "", ""
@@ -250,10 +259,10 @@ func handleExec(c *conn, h header) bool {
 		return false
 	}
 	envList := childEnv(env, acct)
-	path, code, msg := lookPath(argv[0], envList)
+	path, code, msg := lookPath(argv[0], cwd, envList)
 	if code == "file_not_found" && boolean(h, "shell_fallback") {
 		// A shell string runs in bash where the image has it, else in sh.
-		if shPath, shCode, _ := lookPath("sh", envList); shCode == "" {
+		if shPath, shCode, _ := lookPath("sh", cwd, envList); shCode == "" {
 			argv = append([]string{"sh"}, argv[1:]...)
 			path, code = shPath, ""
 		}
