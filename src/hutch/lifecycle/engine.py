@@ -848,6 +848,15 @@ class LifecycleEngine:
             if busy is not None:
                 return busy
             return await self._idle_step(sandbox, record), None
+        counted = False
+        if not self.shared.moved(record.sandbox_id):
+            # Working here is told without the claim (no store write while a
+            # long command runs); a handle moved elsewhere is followed first,
+            # for its processes may not be where it thinks.
+            busy = await self._still_working(sandbox, record)
+            if busy is not None:
+                return busy
+            counted = True
         # Idle here; whether the record is still this program's, and whether
         # the others holding it are idle too, is read under the claim, and
         # the step taken (and recorded) within it.
@@ -864,7 +873,7 @@ class LifecycleEngine:
                 record.last_activity_mono = max(record.last_activity_mono, theirs)
             if not self._due(record):
                 return "keep", None  # used elsewhere: timed again from that use
-            busy = await self._still_working(sandbox, record)
+            busy = None if counted else await self._still_working(sandbox, record)
             if busy is not None:
                 return busy
             return await self._idle_step(sandbox, record), None
