@@ -63,8 +63,9 @@ BUSY_POLL_SECONDS = 1.0
 RETRY_AFTER_SECONDS = 10.0
 
 #: What an idle timer's evaluation makes of a sandbox: its timers go on
-#: (``keep``), it ended and its backend is freed (``release``), or another
-#: program holds it now and this engine stops timing it (``drop``).
+#: (``keep``), it ended here and its backend is freed (``release``), or
+#: another program sharing it ended it and this engine only stops timing it
+#: (``drop``: its backend is not this program's to free).
 _Verdict = Literal["keep", "release", "drop"]
 
 TransitionHook = Callable[[str, SandboxState, SandboxState, str | None], Awaitable[None] | None]
@@ -792,10 +793,7 @@ class LifecycleEngine:
             log.exception("sandbox %s: lifecycle step failed", sandbox_id)
             next_due = self.clock.monotonic() + self.retry_after
         if verdict == "drop":
-            # Another program moved the sandbox since this one last knew it:
-            # its timers are that program's now; nothing here acts on it.
-            log.info("sandbox %s: another program holds it now; its timers here stop",
-                     sandbox_id)
+            # Another program sharing the sandbox ended it: nothing here acts on it.
             self._forget(record)
             return
         # A sandbox terminated here is released even if a step after its
