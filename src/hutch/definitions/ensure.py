@@ -120,8 +120,8 @@ class SandboxHost(abc.ABC):
         """What the instance row keeps to find ``sandbox`` again."""
         return {}
 
-    async def hold(self, key: str) -> None:
-        """This host holds the sandbox of instance ``key`` now (ensure gave
+    async def hold(self, key: str, sandbox: Sandbox) -> None:
+        """This host holds ``sandbox``, instance ``key``'s, now (ensure gave
         it). Nothing is written by default: a daemon's instances say whose
         they are in their description."""
         return None
@@ -227,7 +227,7 @@ class Definitions:
                     sandbox = await self.host.find_live(row)
                     if sandbox is not None:
                         steps.append(Step("resume", time.monotonic() - started))
-                        await self.host.hold(key)
+                        await self.host.hold(key, sandbox)
                         return Ensured(sandbox, "resumed", key, steps)
             spec = self._spec(d)
             snapshot = self._newest_snapshot(d, key)
@@ -237,11 +237,11 @@ class Definitions:
                 sandbox = await self.host.restore(snapshot, spec)
                 steps.append(Step("restore", time.monotonic() - started))
                 self._record(d, key, thread_id, tenant, sandbox)
-                await self.host.hold(key)
+                await self.host.hold(key, sandbox)
                 return Ensured(sandbox, "restored", key, steps, snapshot.id)
             sandbox, snapshot_id = await self._bootstrap(d, key, spec, steps, tell)
             self._record(d, key, thread_id, tenant, sandbox)
-            await self.host.hold(key)
+            await self.host.hold(key, sandbox)
             return Ensured(sandbox, "created", key, steps, snapshot_id)
 
     def _spec(self, d: Definition) -> SandboxSpec:
@@ -455,6 +455,8 @@ class LocalHost(SandboxHost):
         #: sandbox id -> the store's count of others' changes when its record
         #: was last found to be what this host knows (see :meth:`moved`).
         self._checked: dict[str, int] = {}
+        #: (instance key, sandbox id) this program has recorded its hold of.
+        self._holding: set[tuple[str, str]] = set()
         self._engines: weakref.WeakKeyDictionary[
             asyncio.AbstractEventLoop, LifecycleEngine
         ] = weakref.WeakKeyDictionary()
@@ -471,9 +473,14 @@ class LocalHost(SandboxHost):
             )
         return engine
 
-    async def hold(self, key: str) -> None:
+    async def hold(self, key: str, sandbox: Sandbox) -> None:
         # A daemon asked for the thread sees that this program holds it.
+        # Written once per sandbox of the key (a hold of a living program
+        # goes only with its instance, whose next sandbox is another).
+        if (key, sandbox.id) in self._holding:
+            return
         await anyio.to_thread.run_sync(self.store.hold_instance, key, this_program())
+        self._holding.add((key, sandbox.id))
 
     # -- the idle rule, shared with the other programs holding a sandbox ----------------
     def moved(self, sandbox_id: str) -> bool:
