@@ -1,10 +1,9 @@
 """A command refused because its sandbox's pids limit is full is
 ``resource_exhausted``, not ``provider_error``: the sandbox is sound, it is
-full. On every runtime where the limit refuses a command (docker's agent,
-bubblewrap's agent and native runtime), in-process and through the daemon;
-once what filled it is killed, the sandbox runs commands again. Docker's
-native exec is not refused: the engine moves its process into the
-container's cgroup, which a pids limit does not hold against."""
+full. On every runtime where the limit always refuses a command (docker's
+agent, bubblewrap's agent and native runtime), in-process and through the
+daemon; once what filled it is killed, the sandbox runs commands again.
+Docker's native exec is refused only now and then (see its test)."""
 
 from __future__ import annotations
 
@@ -69,8 +68,18 @@ async def test_an_exec_in_a_full_sandbox_is_resource_exhausted(where: tuple[str,
         await sb.close()
 
 
+#: Execs tried in a full docker sandbox on the native runtime.
+NATIVE_TRIES = 60
+
+
 @pytest.mark.anyio
-async def test_dockers_native_exec_starts_in_a_full_sandbox() -> None:
+async def test_dockers_native_exec_in_a_full_sandbox_runs_or_is_resource_exhausted() -> None:
+    """The engine moves an exec's process into the container's cgroup,
+    which the pids limit does not refuse, so a command that forks nothing
+    mostly starts; but runc's own process, once moved in, may still need a
+    thread of its own (its Go runtime), which is refused, and the engine
+    says only that its child went away (here about one exec in fifty). Such
+    a refusal is resource_exhausted too, never provider_error."""
     sb = await hutch.create_sandbox("docker", **_settings("docker", "native"))
     try:
         bomb = await sb.start(["python3", "-c", FORK_BOMB])
@@ -82,10 +91,15 @@ async def test_dockers_native_exec_starts_in_a_full_sandbox() -> None:
                 if "forked" in said:
                     break
             assert "errno EAGAIN" in said, said
-            # It starts (no fork of its own); what it forks is refused inside.
-            assert (await sb.exec(["echo", "in"], timeout=60)).stdout == "in\n"
-            forks = await sb.exec(["sh", "-c", "/bin/true; /bin/echo forked"], timeout=60)
-            assert forks.exit_code != 0 and "forked" not in forks.stdout, forks
+            for _ in range(NATIVE_TRIES):
+                try:
+                    # What it forks is refused inside: its own result, not hutch's error.
+                    forks = await sb.exec(["sh", "-c", "/bin/true; /bin/echo forked"],
+                                          timeout=60)
+                except hutch.ResourceExhausted as exc:
+                    assert "pids limit" in str(exc), exc
+                    break  # what is asserted here happened: refused, and said so
+                assert forks.exit_code != 0 and "forked" not in forks.stdout, forks
         finally:
             await bomb.kill()
         assert (await sb.exec(["sh", "-c", "/bin/true; /bin/echo forked"])).stdout == "forked\n"

@@ -16,6 +16,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from hutch import Sandbox, SandboxUnavailable
 from hutch.definitions import Definition, Definitions, LocalHost
 from hutch.store import InstanceRow, SQLiteStore
 
@@ -65,8 +66,15 @@ async def main():
     while store.get_instance(e.key).state not in ENDED and time.monotonic() < deadline:
         await anyio.sleep(0.1)
     await anyio.sleep(3 * body["lifecycle"]["keep_alive"])
+    final = store.get_instance(e.key).state
+    after = "-"
+    if role == "busy":  # back at work: its handle follows what the other program did
+        try:
+            after = await e.sandbox.read_text(".setup-runs")
+        except Exception as exc:
+            after = type(exc).__name__
     print(json.dumps({"failures": failures, "states_while_busy": sorted(states),
-                      "made": made, "final": store.get_instance(e.key).state}), flush=True)
+                      "made": made, "final": final, "after": after}), flush=True)
 anyio.run(main)
 """
 
@@ -78,7 +86,7 @@ def _definition(provider: dict[str, object]) -> dict[str, object]:
 
 
 def _two_programs_one_idle_rule(home: Path, provider: dict[str, object],  # noqa: F811
-                                ended: str) -> None:
+                                ended: str, after: set[str]) -> None:
     body = json.dumps(_definition(provider))
 
     def start(role: str) -> subprocess.Popen[str]:
@@ -116,17 +124,22 @@ def _two_programs_one_idle_rule(home: Path, provider: dict[str, object],  # noqa
     made = idle_answer["made"] + busy_answer["made"]
     assert len(made) == 1 and f"-> {ended}" in made[0], (idle_answer, busy_answer)
     assert idle_answer["final"] == busy_answer["final"] == ended
+    # The busy one's next call: resumed from the other's suspend (its handle
+    # found the sandbox again as recorded), or the typed error of its end.
+    assert busy_answer["after"] in after, busy_answer
 
 
 def test_two_programs_share_the_idle_rule_local(home: Path) -> None:  # noqa: F811
     # local cannot suspend: keep_alive reaps an idle sandbox instead.
-    _two_programs_one_idle_rule(home, {"type": "local"}, "terminated")
+    _two_programs_one_idle_rule(home, {"type": "local"}, "terminated",
+                                {"SandboxUnavailable", "IdleTimeoutExpired"})
 
 
 @pytest.mark.docker
 def test_two_programs_share_the_idle_rule_docker(home: Path) -> None:  # noqa: F811
     _two_programs_one_idle_rule(
-        home, {"type": "docker", "image": TEST_IMAGE, "runtime": "native"}, "suspended")
+        home, {"type": "docker", "image": TEST_IMAGE, "runtime": "native"}, "suspended",
+        {"ran\n"})
     # The suspended sandbox is the thread's still: resumed with its files, then ended.
 
     async def end() -> None:
@@ -220,3 +233,104 @@ async def test_an_operation_open_in_one_program_keeps_the_sandbox_for_all(
         for program in programs:
             await program.settle()
             program.host.store.close()
+
+
+@pytest.mark.docker
+@pytest.mark.anyio
+async def test_a_handle_follows_what_another_program_did_docker(
+    home: Path,  # noqa: F811
+) -> None:
+    """A program's handle of a sandbox another program has suspended or
+    resumed since goes by the record, never by what it last did itself: its
+    timer, finding the sandbox suspended elsewhere, takes that state (its next
+    call resumes it from the other program's suspend), and a handle that
+    suspended it resumes nothing once another program has: it works on that
+    program's container, not a second one of its own."""
+    d = Definition.parse({**_definition({"type": "docker", "image": TEST_IMAGE,
+                                         "runtime": "native"}),
+                          "lifecycle": {"keep_alive": 1.0, "snapshot": "none"}})
+    programs = [Definitions(LocalHost(SQLiteStore(str(home / "hutch.db")))) for _ in range(2)]
+    first = (await programs[0].ensure(d, "t")).sandbox
+    second = (await programs[1].ensure(d, "t")).sandbox
+    try:
+        await first.write_text("one.txt", "one")
+        # The second program suspends it before the first one's idle timer fires.
+        await second.suspend()
+        deadline = time.monotonic() + 30
+        while first.state.value != "suspended":  # the first one's timer followed
+            assert time.monotonic() < deadline, first.state
+            await anyio.sleep(0.1)
+        assert await first.read_text("one.txt") == "one"  # resumed from the other's suspend
+        # Now the other way round: the first suspends, the second's ensure
+        # resumes (a new container), and the first's next call uses that one.
+        await first.suspend()
+        again = await programs[1].ensure(d, "t")
+        assert again.path == "resumed"
+        await again.sandbox.write_text("two.txt", "two")
+        assert await first.read_text("two.txt") == "two"
+        containers = subprocess.run(
+            ["docker", "ps", "-q", "--filter", f"label=hutch.sandbox_id={first.id}"],
+            capture_output=True, text=True, check=True).stdout.split()
+        assert len(containers) == 1, containers
+    finally:
+        await first.close()
+        for program in programs:
+            await program.settle()
+            program.host.store.close()
+
+
+async def _two_handles(home: Path, provider: dict[str, object]) -> tuple[  # noqa: F811
+        list[Definitions], Sandbox, Sandbox]:
+    """Two programs (store handles of their own, no idle rule) holding one
+    thread's sandbox; a file written by the first."""
+    d = Definition.parse({**_definition(provider), "lifecycle": {"snapshot": "none"}})
+    programs = [Definitions(LocalHost(SQLiteStore(str(home / "hutch.db")))) for _ in range(2)]
+    first = (await programs[0].ensure(d, "t")).sandbox
+    second = await programs[1].ensure(d, "t")
+    assert second.path == "resumed" and second.sandbox.id == first.id
+    await first.write_text("one.txt", "one")
+    return programs, first, second.sandbox
+
+
+async def _end(programs: list[Definitions]) -> None:
+    for program in programs:
+        await program.settle()
+        program.host.store.close()
+
+
+@pytest.mark.anyio
+async def test_a_handle_of_a_sandbox_another_program_ended_says_so_local(
+    home: Path,  # noqa: F811
+) -> None:
+    """The other program closed it: this program's next call is the typed
+    error of a sandbox ended elsewhere, not a missing file of its working
+    directory."""
+    programs, first, second = await _two_handles(home, {"type": "local"})
+    try:
+        await second.close()
+        with pytest.raises(SandboxUnavailable, match="ended by another program"):
+            await first.read_text("one.txt")
+    finally:
+        await first.close()
+        await _end(programs)
+
+
+@pytest.mark.docker
+@pytest.mark.anyio
+async def test_a_call_resumes_a_sandbox_another_program_suspended_docker(
+    home: Path,  # noqa: F811
+) -> None:
+    """The other program suspended it (no idle timer here to notice): this
+    program's next call resumes it from that suspend, transparently, as it
+    would its own."""
+    programs, first, second = await _two_handles(
+        home, {"type": "docker", "image": TEST_IMAGE, "runtime": "native"})
+    try:
+        await second.suspend()
+        assert await first.read_text("one.txt") == "one"
+        assert first.state.value == "running"
+        row = programs[1].host.store.instance_of_sandbox(first.id)
+        assert row is not None and row.state == "running"
+    finally:
+        await first.close()
+        await _end(programs)

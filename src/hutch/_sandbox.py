@@ -808,6 +808,15 @@ def track(sandbox: Sandbox, gate: LifecycleGate, record: LifecycleRecord) -> Non
     sandbox._live.record = record
 
 
+def rebind(sandbox: Sandbox, backend: SandboxBackend) -> None:
+    """Put ``backend`` under the live sandbox (every session on it): the same
+    sandbox, found again through its provider after another program moved it
+    (suspended or resumed it), which the old backend object no longer
+    describes. The old one is dropped, not closed: closing would end the
+    sandbox itself."""
+    sandbox._live.backend = backend
+
+
 def lifecycle_record(sandbox: Sandbox) -> LifecycleRecord | None:
     """The lifecycle engine's record of the live sandbox (None: untracked)."""
     return sandbox._live.record

@@ -38,7 +38,7 @@ import anyio.to_thread
 from .._errors import HutchError, InvalidArgument, NotFound, SandboxUnavailable, SetupFailed
 from .._liveness import still_running, this_process
 from .._process import ExitStatus
-from .._sandbox import Sandbox, backend_of
+from .._sandbox import Sandbox, backend_of, rebind
 from .._snapshots import Snapshot
 from ..config import SandboxOptions, SandboxSpec
 from ..lifecycle.engine import DEFAULT_TIMEOUT_CEILING, LifecycleEngine
@@ -120,8 +120,8 @@ class SandboxHost(abc.ABC):
         """What the instance row keeps to find ``sandbox`` again."""
         return {}
 
-    async def hold(self, key: str) -> None:
-        """This host holds the sandbox of instance ``key`` now (ensure gave
+    async def hold(self, key: str, sandbox: Sandbox) -> None:
+        """This host holds ``sandbox``, instance ``key``'s, now (ensure gave
         it). Nothing is written by default: a daemon's instances say whose
         they are in their description."""
         return None
@@ -227,7 +227,7 @@ class Definitions:
                     sandbox = await self.host.find_live(row)
                     if sandbox is not None:
                         steps.append(Step("resume", time.monotonic() - started))
-                        await self.host.hold(key)
+                        await self.host.hold(key, sandbox)
                         return Ensured(sandbox, "resumed", key, steps)
             spec = self._spec(d)
             snapshot = self._newest_snapshot(d, key)
@@ -237,11 +237,11 @@ class Definitions:
                 sandbox = await self.host.restore(snapshot, spec)
                 steps.append(Step("restore", time.monotonic() - started))
                 self._record(d, key, thread_id, tenant, sandbox)
-                await self.host.hold(key)
+                await self.host.hold(key, sandbox)
                 return Ensured(sandbox, "restored", key, steps, snapshot.id)
             sandbox, snapshot_id = await self._bootstrap(d, key, spec, steps, tell)
             self._record(d, key, thread_id, tenant, sandbox)
-            await self.host.hold(key)
+            await self.host.hold(key, sandbox)
             return Ensured(sandbox, "created", key, steps, snapshot_id)
 
     def _spec(self, d: Definition) -> SandboxSpec:
@@ -452,6 +452,11 @@ class LocalHost(SandboxHost):
         #: or found of each of its sandboxes: a record that says otherwise was
         #: written by another program, which has taken the sandbox over since.
         self._recorded: dict[str, tuple[str, str]] = {}
+        #: sandbox id -> the store's count of others' changes when its record
+        #: was last found to be what this host knows (see :meth:`moved`).
+        self._checked: dict[str, int] = {}
+        #: (instance key, sandbox id) this program has recorded its hold of.
+        self._holding: set[tuple[str, str]] = set()
         self._engines: weakref.WeakKeyDictionary[
             asyncio.AbstractEventLoop, LifecycleEngine
         ] = weakref.WeakKeyDictionary()
@@ -468,11 +473,31 @@ class LocalHost(SandboxHost):
             )
         return engine
 
-    async def hold(self, key: str) -> None:
+    async def hold(self, key: str, sandbox: Sandbox) -> None:
         # A daemon asked for the thread sees that this program holds it.
+        # Written once per sandbox of the key (a hold of a living program
+        # goes only with its instance, whose next sandbox is another).
+        if (key, sandbox.id) in self._holding:
+            return
         await anyio.to_thread.run_sync(self.store.hold_instance, key, this_program())
+        self._holding.add((key, sandbox.id))
 
     # -- the idle rule, shared with the other programs holding a sandbox ----------------
+    def moved(self, sandbox_id: str) -> bool:
+        known = self._recorded.get(sandbox_id)
+        if known is None:
+            return False  # in no instance: this program's own
+        version = self.store.changes_by_others()
+        if version is None:
+            return True  # cannot tell at once: looked at under the claim
+        if self._checked.get(sandbox_id) == version:
+            return False  # no other program wrote anything since
+        row = self.store.instance_of_sandbox(sandbox_id)
+        if row is None or (row.state, _canonical(row.description)) != known:
+            return True
+        self._checked[sandbox_id] = version
+        return False
+
     async def publish(self, sandbox_id: str, last_active_unix: float) -> None:
         await anyio.to_thread.run_sync(
             self.store.note_instance_activity, sandbox_id, last_active_unix
@@ -520,11 +545,28 @@ class LocalHost(SandboxHost):
             log.warning("sandbox %s: %s -> %s here not recorded: another program holds it "
                         "now", sandbox_id, old.value, new.value)
 
+    async def refresh(self, sandbox: Sandbox) -> SandboxState | None:
+        row = await anyio.to_thread.run_sync(self.store.instance_of_sandbox, sandbox.id)
+        if row is None or row.description.get("held_by") == HELD_BY_DAEMON:
+            return None  # ended and dropped, or a daemon's now
+        try:
+            state = SandboxState(row.state)
+        except ValueError:
+            state = SandboxState.RUNNING
+        if state not in FINAL:
+            # The sandbox as that program left it (a container it resumed
+            # from its suspend image, say), in place of what this handle knew.
+            rebind(sandbox, await get_provider(row.provider).reconnect(
+                sandbox.id, row.description))
+        self._recorded[sandbox.id] = (row.state, _canonical(row.description))
+        return state
+
     def _forget(self, sandbox: Sandbox) -> None:
         """Drop this host's handle of ``sandbox`` (it ended, or another
         program took it over), touching nothing of the sandbox itself."""
         self._live.pop(sandbox.id, None)
         self._recorded.pop(sandbox.id, None)
+        self._checked.pop(sandbox.id, None)
         self.engine().forget(sandbox)
 
     async def find_live(self, row: InstanceRow) -> Sandbox | None:
@@ -621,6 +663,7 @@ class LocalHost(SandboxHost):
         await sandbox.close()
         self._live.pop(sandbox.id, None)
         self._recorded.pop(sandbox.id, None)
+        self._checked.pop(sandbox.id, None)
 
     async def drop_snapshot(self, snapshot: SnapshotRow) -> None:
         from .._api import remove_snapshot

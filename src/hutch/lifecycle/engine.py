@@ -47,7 +47,7 @@ from .._sandbox import (
 )
 from .clock import Clock, RealClock, VirtualClock
 from .scheduler import Scheduler
-from .shared import MIN_PUBLISH_SECONDS, PUBLISH_SHARE, SharedActivity
+from .shared import CLAIM_WAIT_SECONDS, MIN_PUBLISH_SECONDS, PUBLISH_SHARE, SharedActivity
 from .state import FINAL, SandboxState, check_transition
 
 if TYPE_CHECKING:
@@ -63,8 +63,9 @@ BUSY_POLL_SECONDS = 1.0
 RETRY_AFTER_SECONDS = 10.0
 
 #: What an idle timer's evaluation makes of a sandbox: its timers go on
-#: (``keep``), it ended and its backend is freed (``release``), or another
-#: program holds it now and this engine stops timing it (``drop``).
+#: (``keep``), it ended here and its backend is freed (``release``), or
+#: another program sharing it ended it and this engine only stops timing it
+#: (``drop``: its backend is not this program's to free).
 _Verdict = Literal["keep", "release", "drop"]
 
 TransitionHook = Callable[[str, SandboxState, SandboxState, str | None], Awaitable[None] | None]
@@ -286,7 +287,11 @@ class LifecycleEngine:
     # -- the gate (hot path) -----------------------------------------------------------
     async def enter(self, sandbox: Sandbox, op: str, *, activity: bool) -> None:
         record = self._record(sandbox)
-        if record.state is SandboxState.RUNNING and not record.transitioning:
+        if record.state is SandboxState.RUNNING and not record.transitioning and (
+            # Another program may have suspended or ended it since: the slow
+            # way follows the record first.
+            self.shared is None or not self.shared.moved(record.sandbox_id)
+        ):
             if activity:
                 record.last_activity_mono = self.clock.monotonic()
                 if self.shared is not None:
@@ -297,7 +302,8 @@ class LifecycleEngine:
             self._active(sandbox, record)
 
     async def _enter_slow(self, sandbox: Sandbox, record: LifecycleRecord, op: str) -> None:
-        async with record.lock:  # waits out a transition under way
+        # The lock waits out a transition under way; the claim, one another program takes.
+        async with record.lock, self._claimed(sandbox, record):
             state = record.state
             if state is SandboxState.RUNNING:
                 return
@@ -335,6 +341,49 @@ class LifecycleEngine:
             self._publish(sandbox, record)
 
     # -- activity shared with other programs -------------------------------------------
+    @asynccontextmanager
+    async def _claimed(self, sandbox: Sandbox, record: LifecycleRecord) -> AsyncIterator[bool]:
+        """With other programs sharing the sandbox: hold the claim while a
+        transition is taken and recorded, after bringing a handle another
+        program has moved since up to date (its state becomes the recorded
+        one, so that this program never resumes over that one's resume).
+        Yields whether it was brought up to date. Waits while another
+        program holds the claim, and gives up (typed) after a long while."""
+        if self.shared is None or record.state in FINAL:
+            yield False
+            return
+        waited_since = self.clock.monotonic()
+        delay = 0.02
+        while True:
+            async with self.shared.claim(record.sandbox_id) as view:
+                if view is not None:
+                    if not view.current:
+                        await self._follow(sandbox, record)
+                    yield not view.current
+                    return
+            if self.clock.monotonic() - waited_since > CLAIM_WAIT_SECONDS:
+                raise SandboxUnavailable(
+                    f"sandbox {record.sandbox_id}: another program holding it has been "
+                    f"changing its state for over {CLAIM_WAIT_SECONDS:g} s; try again"
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+    async def _follow(self, sandbox: Sandbox, record: LifecycleRecord) -> None:
+        """Another program moved the sandbox: take its record as this
+        handle's state (nothing is written: that program wrote it)."""
+        assert self.shared is not None
+        state = await self.shared.refresh(sandbox)
+        if state is None or state in FINAL:
+            record.state, record.reason = SandboxState.TERMINATED, "ended by another program"
+        else:
+            record.state, record.reason = state, None
+        record.meter.switch(record.state, self.clock.monotonic())
+        log.info("sandbox %s: another program made it %s; this handle follows",
+                 record.sandbox_id, record.state.value)
+        if record.state in FINAL:
+            self._forget(record)  # its timers stop; its backend is not this program's to free
+
     def _publish_interval(self, record: LifecycleRecord) -> float | None:
         """How often this record's activity is written: a share of its
         shortest idle window; None without one (no idle rule reads it)."""
@@ -477,7 +526,7 @@ class LifecycleEngine:
 
     async def pause(self, sandbox: Sandbox) -> None:
         record = self._record(sandbox)
-        async with record.lock:
+        async with record.lock, self._claimed(sandbox, record):
             self._check_live(record)
             check_transition(record.sandbox_id, record.state, SandboxState.PAUSED)
             backend = backend_of(sandbox)
@@ -487,7 +536,7 @@ class LifecycleEngine:
 
     async def suspend(self, sandbox: Sandbox, reason: str | None = None) -> None:
         record = self._record(sandbox)
-        async with record.lock:
+        async with record.lock, self._claimed(sandbox, record):
             await self._suspend_locked(sandbox, record, reason)
         self._reschedule(sandbox)
 
@@ -511,8 +560,9 @@ class LifecycleEngine:
 
     async def resume(self, sandbox: Sandbox) -> None:
         record = self._record(sandbox)
-        async with record.lock:
-            await self._resume_locked(sandbox, record)
+        async with record.lock, self._claimed(sandbox, record) as followed:
+            if not (followed and record.state is SandboxState.RUNNING):
+                await self._resume_locked(sandbox, record)
         self._reschedule(sandbox)
 
     async def _resume_locked(self, sandbox: Sandbox, record: LifecycleRecord) -> None:
@@ -743,10 +793,7 @@ class LifecycleEngine:
             log.exception("sandbox %s: lifecycle step failed", sandbox_id)
             next_due = self.clock.monotonic() + self.retry_after
         if verdict == "drop":
-            # Another program moved the sandbox since this one last knew it:
-            # its timers are that program's now; nothing here acts on it.
-            log.info("sandbox %s: another program holds it now; its timers here stop",
-                     sandbox_id)
+            # Another program sharing the sandbox ended it: nothing here acts on it.
             self._forget(record)
             return
         # A sandbox terminated here is released even if a step after its
@@ -794,30 +841,57 @@ class LifecycleEngine:
             # An operation still open on a suspended sandbox (one that arrived
             # as it went down, and waits to resume it) is not idleness.
             return "keep", self._busy_recheck(record)
-        if record.state is SandboxState.RUNNING:
-            seen = record.last_activity_mono
-            if await self._is_busy(sandbox):
-                # Working, not idle: the idle clock starts again from now, and
-                # the sandbox is looked at again soon, not a whole window later.
-                self._active(sandbox, record)
-                return "keep", self._busy_recheck(record)
-            if sandbox.open_operations or record.last_activity_mono != seen:
-                return "keep", None  # an operation came in while we were looking
         if self.shared is None:
+            busy = await self._still_working(sandbox, record)
+            if busy is not None:
+                return busy
             return await self._idle_step(sandbox, record), None
-        # Idle here; whether it is idle for the other programs holding it is
-        # read under the claim, and the step taken (and recorded) within it.
+        counted = False
+        if not self.shared.moved(record.sandbox_id):
+            # Working here is told without the claim (no store write while a
+            # long command runs); a handle moved elsewhere is followed first,
+            # for its processes may not be where it thinks.
+            busy = await self._still_working(sandbox, record)
+            if busy is not None:
+                return busy
+            counted = True
+        # Idle here; whether the record is still this program's, and whether
+        # the others holding it are idle too, is read under the claim, and
+        # the step taken (and recorded) within it.
         async with self.shared.claim(record.sandbox_id) as view:
             if view is None:  # another program is acting on it now
                 return "keep", self._busy_recheck(record)
             if not view.current:
-                return "drop", None
+                # Moved elsewhere (its processes cannot be counted here as
+                # this handle knew it): this handle takes the recorded state.
+                await self._follow(sandbox, record)
+                return ("drop" if record.state in FINAL else "keep"), None
             if view.last_active_unix is not None:
                 theirs = self.clock.monotonic() - (self.clock.time() - view.last_active_unix)
                 record.last_activity_mono = max(record.last_activity_mono, theirs)
             if not self._due(record):
                 return "keep", None  # used elsewhere: timed again from that use
+            busy = None if counted else await self._still_working(sandbox, record)
+            if busy is not None:
+                return busy
             return await self._idle_step(sandbox, record), None
+
+    async def _still_working(
+        self, sandbox: Sandbox, record: LifecycleRecord
+    ) -> tuple[_Verdict, float | None] | None:
+        """When an idle window is due: None if the sandbox is idle indeed,
+        else when to look again (it is working, or an operation came in)."""
+        if record.state is not SandboxState.RUNNING:
+            return None
+        seen = record.last_activity_mono
+        if await self._is_busy(sandbox):
+            # Working, not idle: the idle clock starts again from now, and
+            # the sandbox is looked at again soon, not a whole window later.
+            self._active(sandbox, record)
+            return "keep", self._busy_recheck(record)
+        if sandbox.open_operations or record.last_activity_mono != seen:
+            return "keep", None  # an operation came in while we were looking
+        return None
 
     async def _idle_step(self, sandbox: Sandbox, record: LifecycleRecord) -> _Verdict:
         """Take the idle action due: reap (idle_timeout) or suspend."""

@@ -13,7 +13,11 @@ from __future__ import annotations
 
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from .._sandbox import Sandbox
+    from .state import SandboxState
 
 #: An engine writes its activity at most once per this share of the
 #: shortest idle window (and always within it of the activity). Another
@@ -23,6 +27,9 @@ from typing import Protocol
 PUBLISH_SHARE = 0.25
 #: Nor more often than this (a window of a fraction of a second).
 MIN_PUBLISH_SECONDS = 0.05
+#: How long a transition waits for another program's to finish before it
+#: gives up (typed), rather than hang.
+CLAIM_WAIT_SECONDS = 120.0
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,11 @@ class SharedView:
 class SharedActivity(Protocol):
     """Where a sandbox's activity and idle transitions are shared (a store)."""
 
+    def moved(self, sandbox_id: str) -> bool:
+        """Whether another program may have moved the sandbox since this one
+        last knew it (then the caller looks under the claim). Cheap: asked
+        on every operation."""
+
     async def publish(self, sandbox_id: str, last_active_unix: float) -> None:
         """Record activity seen by this program; the record keeps the latest
         of every program's (an older time never moves it back)."""
@@ -47,3 +59,9 @@ class SharedActivity(Protocol):
         """Hold the right to act on the sandbox's idleness while the block
         runs (the transition is recorded inside it). Yields None while
         another program holds it (it is acting now: look again later)."""
+
+    async def refresh(self, sandbox: Sandbox) -> SandboxState | None:
+        """Bring this program's handle of ``sandbox`` up to what another
+        program recorded since (called under the claim): its backend found
+        again as recorded, and the state the record names; None if it is no
+        longer this program's to use (ended, or taken over by a daemon)."""

@@ -17,7 +17,6 @@ import asyncio
 import base64
 import concurrent.futures
 import contextlib
-import errno
 import functools
 import hashlib
 import io
@@ -269,6 +268,19 @@ def oom_kills(container_id: str) -> int | None:
     return None
 
 
+def pids_refusals(container_id: str) -> int | None:
+    """How many forks the container's pids limit has refused so far (the
+    kernel's count, ``pids.events``), or None where it cannot be read."""
+    where = cgroup_dir(container_id, "pids")
+    if where is None:
+        return None
+    try:
+        with open(os.path.join(where, "pids.events")) as fh:
+            return _workload.event_count(fh.read(), "max")
+    except (OSError, ValueError):
+        return None
+
+
 def _map_engine_error(exc: BaseException, path: str | None = None) -> HutchError:
     text = _sandbox_view(_explanation(exc))
     lowered = text.lower()
@@ -493,7 +505,11 @@ _SHELL_SHIM = 'if command -v bash >/dev/null 2>&1; then exec bash -c "$1"; else 
 _START_FAILURES = (b"OCI runtime exec failed", b"unable to find user", b"unable to find group")
 
 
-def _oci_error(message: str, request: ProcessRequest) -> HutchError:
+def _oci_error(message: str, request: ProcessRequest, *, pids_refused: bool) -> HutchError:
+    """The error of an exec the runtime could not start, from what it said;
+    ``pids_refused``: the kernel refused a fork at the container's pids limit
+    meanwhile (runc's own processes, once inside the container's cgroup, are
+    refused there, and it says only that its child went away)."""
     if "unable to find user" in message or "unable to find group" in message:
         return InvalidArgument(f"no such user {request.user!r}")
     if "chdir to cwd" in message:
@@ -502,11 +518,7 @@ def _oci_error(message: str, request: ProcessRequest) -> HutchError:
         return SandboxPermissionDenied(f"cannot execute {request.argv[0]}: permission denied")
     if "not found" in message or "no such file" in message:
         return SandboxFileNotFound(f"command not found: {request.argv[0]}")
-    if os.strerror(errno.EAGAIN).lower() in message.lower():
-        # The runtime's fork was refused (EAGAIN): the container is at its
-        # pids limit. A runtime that places the exec's process by cloning it
-        # into the container's cgroup meets the limit here (runc on this
-        # host moves it in, which the limit does not refuse).
+    if pids_refused:
         return ResourceExhausted(
             f"cannot start {request.argv[0]}: the sandbox is at its pids limit "
             f"({message.strip()}); it starts once a process in the sandbox ends"
@@ -548,6 +560,7 @@ class DockerProcess(FutureExitProcess):
         sock: socket.socket,
         request: ProcessRequest,
         oom_before: int | None,
+        pids_before: int | None,
     ) -> None:
         self._sandbox = sandbox
         self._exec_id = exec_id
@@ -560,6 +573,8 @@ class DockerProcess(FutureExitProcess):
         self._exit_code: int | None = None
         #: The container's OOM kills before the command started (None: unknown).
         self._oom_before = oom_before
+        #: The forks its pids limit had refused before it started (None: unknown).
+        self._pids_before = pids_before
         self._oom_killed = False
         self._exit: asyncio.Future[int] = self._loop.create_future()
         self._first = True
@@ -655,8 +670,11 @@ class DockerProcess(FutureExitProcess):
         if self._held is not None:
             held, self._held = self._held, None
             if await asyncio.shield(self._exit) == 126:
+                before = self._pids_before
+                after = pids_refusals(self._sandbox.container_id or "")
                 raise _oci_error(
-                    held.decode("utf-8", "replace"), self._request
+                    held.decode("utf-8", "replace"), self._request,
+                    pids_refused=before is not None and after is not None and after > before,
                 )
             return OutputChunk("stdout", held)
         return None
@@ -1396,10 +1414,11 @@ class DockerSandbox(NativeBackend):
         marker = uuid.uuid4().hex
         full_env = {**request.env, EXEC_MARKER: marker, SANDBOX_MARKER: self.sandbox_id}
 
-        def start() -> tuple[str, socket.socket, int | None]:
+        def start() -> tuple[str, socket.socket, int | None, int | None]:
             # Counted before it starts: a command can be OOM-killed before
             # the call that started it returns.
             oom_before = oom_kills(container)
+            pids_before = pids_refusals(container)
             with freeze_guard(container).starting():
                 created = api.exec_create(
                     container, list(request.argv), stdin=request.stdin is not None,
@@ -1411,10 +1430,10 @@ class DockerSandbox(NativeBackend):
                 wait_until_started(api, created["Id"])
             # The client's request timeout would end a command silent that long.
             sock.settimeout(None)
-            return created["Id"], sock, oom_before
+            return created["Id"], sock, oom_before, pids_before
 
-        exec_id, sock, oom_before = await _call(start)
-        return DockerProcess(self, exec_id, marker, sock, request, oom_before)
+        exec_id, sock, oom_before, pids_before = await _call(start)
+        return DockerProcess(self, exec_id, marker, sock, request, oom_before, pids_before)
 
     async def run_quiet(
         self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,

@@ -264,6 +264,13 @@ class Store(abc.ABC):
         earliest first (those since dead included: the caller judges)."""
 
     @abc.abstractmethod
+    def changes_by_others(self) -> int | None:
+        """A number that changes whenever another program has committed a
+        change to the store since; cheap (no disk read), for a look on every
+        operation. None when it cannot be read at once (this program is
+        writing): the caller then looks the slow way."""
+
+    @abc.abstractmethod
     def instance_of_sandbox(self, sandbox_id: str) -> InstanceRow | None:
         """The instance ``sandbox_id`` runs, if it runs one."""
 

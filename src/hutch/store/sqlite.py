@@ -465,6 +465,15 @@ class SQLiteStore(Store):
         rows = self._read("SELECT * FROM instances WHERE key = ?", (key,))
         return _instance(rows[0]) if rows else None
 
+    def changes_by_others(self) -> int | None:
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            # SQLite's own counter of other connections' commits (shared memory).
+            return int(self._db.execute("PRAGMA data_version").fetchone()[0])
+        finally:
+            self._lock.release()
+
     def instance_of_sandbox(self, sandbox_id: str) -> InstanceRow | None:
         rows = self._read("SELECT * FROM instances WHERE sandbox_id = ? ORDER BY key",
                           (sandbox_id,))

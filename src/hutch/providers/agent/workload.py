@@ -104,14 +104,20 @@ def open_task_files(dirs: Mapping[str, str]) -> list[int]:
     return fds
 
 
+def event_count(text: str, name: str) -> int | None:
+    """The count ``name`` of a cgroup's ``KEY VALUE`` lines (``memory.events``,
+    ``memory.oom_control``, ``pids.events``), or None where it has none."""
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == name:
+            return int(value)
+    return None
+
+
 def oom_kill_count(text: str) -> int | None:
     """The ``oom_kill`` count of a memory cgroup's ``memory.events`` (v2) or
     ``memory.oom_control`` (v1) text, or None where it has none."""
-    for line in text.splitlines():
-        key, _, value = line.partition(" ")
-        if key == "oom_kill":
-            return int(value)
-    return None
+    return event_count(text, "oom_kill")
 
 
 def oom_kills(dirs: Mapping[str, str]) -> int:
