@@ -83,7 +83,8 @@ async def test_first_snapshot_moves_the_tree_and_the_directory_comes_back(tree: 
     await later.close()
     await hutch.remove_snapshot(snap)
     assert not os.path.exists(_layers.snapshot_dir(snap.id))
-    assert _layers.branches() == []
+    # (Only this test's: other programs' sandboxes may share the home.)
+    assert not {sb.id, branch.id, restored.id, later.id} & set(_layers.branches())
 
 
 async def test_a_directory_of_its_own_goes_with_the_sandbox() -> None:
@@ -94,7 +95,7 @@ async def test_a_directory_of_its_own_goes_with_the_sandbox() -> None:
     assert os.path.ismount(workdir)
     await sb.close()
     assert not os.path.exists(workdir)
-    assert _layers.branches() == []
+    assert sb.id not in _layers.branches()
     await hutch.remove_snapshot(snap)
     assert not os.path.exists(_layers.snapshot_dir(snap.id))
 
