@@ -54,6 +54,7 @@ nothing does.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -66,6 +67,7 @@ from collections.abc import Iterator
 
 from .._errors import ProviderError, SandboxUnavailable
 from .._paths import hutch_home
+from . import _mounts
 from ._diskcap import IMAGE_SUFFIX, image_for, mount_capped, unmount_capped
 
 #: Layers one chain may stack before a capture flattens it: overlayfs takes
@@ -153,27 +155,27 @@ def overlay_available() -> bool:
 
 def _mount(merged: str, lowers: list[str], upper: str, work: str, *, quiet: bool = False) -> bool:
     options = f"lowerdir={':'.join(lowers)},upperdir={upper},workdir={work}"
-    # nosuid, nodev: a setuid file or a device node a sandbox made means
-    # nothing on the host through the mount.
-    result = subprocess.run(
-        ["mount", "-t", "overlay", "overlay", "-o", f"nosuid,nodev,{options}", merged],
-        capture_output=True, check=False,
-    )
-    if result.returncode != 0 and not quiet:
-        raise ProviderError(
-            f"mounting the working directory {merged} failed: "
-            f"{result.stderr.decode('utf-8', 'replace').strip()}"
-        )
-    return result.returncode == 0
+    try:
+        # nosuid, nodev: a setuid file or a device node a sandbox made means
+        # nothing on the host through the mount.
+        _mounts.mount("overlay", merged, "overlay", _mounts.MS_NOSUID | _mounts.MS_NODEV,
+                      options)
+    except OSError as exc:
+        if quiet:
+            return False
+        raise ProviderError(f"mounting the working directory {merged} failed: "
+                            f"{exc.strerror}") from None
+    return True
 
 
 def _umount(path: str) -> None:
     """Unmount the top mount at ``path``, if any."""
-    before = len(_stack(path))
-    if before:
-        subprocess.run(["umount", path], capture_output=True, check=False)
-        if len(_stack(path)) == before:  # busy: detach now, freed when its last user goes
-            subprocess.run(["umount", "-l", path], capture_output=True, check=False)
+    try:
+        _mounts.umount(path)
+    except OSError as exc:
+        if exc.errno == errno.EBUSY:  # busy: detach now, freed when its last user goes
+            with contextlib.suppress(OSError):
+                _mounts.umount(path, detach=True)
 
 
 # -- captures ------------------------------------------------------------------------
@@ -719,13 +721,12 @@ def _anchor(merged: str) -> None:
     """Make ``merged`` a shared mount of itself (once), for containers to bind."""
     if _stack(merged):
         return
-    for argv in (["mount", "--bind", merged, merged], ["mount", "--make-shared", merged]):
-        result = subprocess.run(argv, capture_output=True, check=False)
-        if result.returncode != 0:
-            raise ProviderError(
-                f"preparing the working directory {merged} failed: "
-                f"{result.stderr.decode('utf-8', 'replace').strip()}"
-            )
+    try:
+        _mounts.mount(merged, merged, None, _mounts.MS_BIND)
+        _mounts.mount(None, merged, None, _mounts.MS_SHARED)
+    except OSError as exc:
+        raise ProviderError(f"preparing the working directory {merged} failed: "
+                            f"{exc.strerror}") from None
 
 
 def _make_upper(sandbox_id: str, like: str | None) -> None:
@@ -834,15 +835,19 @@ def freeze(snapshot_id: str, sandbox_id: str, *, flatten: bool, holder: int | No
         new_chain = [snapshot_id] if flatten else [snapshot_id, *chain]
         if flatten:  # hutch's own copy: on the host's disk, not counted in a cap
             _copy_tree(merged, _tree(snapshot_id))
-        moved = subprocess.run(["umount", merged], capture_output=True, check=False)
-        if moved.returncode == 0 and holder is not None and any(
+        try:
+            _mounts.umount(merged)  # refused (EBUSY) while any process holds it
+            moved = True
+        except OSError:
+            moved = False
+        if moved and holder is not None and any(
             f"upperdir={upper}" in options for _, _, options in _mountinfo(holder)
         ):
             # The container holds the overlay itself (bound before the
             # anchor existed): moving its upper would move it under it.
             _mount(merged, _lowers(chain), upper, work)
-            moved = subprocess.CompletedProcess([], 1)
-        if moved.returncode != 0:
+            moved = False
+        if not moved:
             if flatten:  # the copy stands as the snapshot; the sandbox goes on as it was
                 _write_json(os.path.join(target, "chain.json"), new_chain)
                 return True

@@ -29,6 +29,7 @@ is ``ephemeral`` (``--die-with-parent``), so a restarted daemon adopts it.
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import json
 import logging
@@ -50,26 +51,23 @@ from typing import Any, TypeVar
 from ..._errors import InvalidArgument, ProviderError, SandboxUnavailable
 from ..._liveness import process_start_time, still_running
 from ..._paths import hutch_home
+from .. import _mounts
 from .cgroups import JOIN_AND_EXEC, SandboxCgroup, leave_thread, thread_home
 from .seccomp import compile_filter
 
 T = TypeVar("T")
 log = logging.getLogger("hutch.bubblewrap")
 _libc = ctypes.CDLL(None, use_errno=True)
-_libc.mount.argtypes = (
-    ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p
-)
-_MNT_DETACH = 2
 _CLONE_NEWNS = 0x00020000
 _CLONE_FS = 0x00000200
 _CLONE_NEWNET = 0x40000000
 _SIOCGIFFLAGS = 0x8913
 _SIOCSIFFLAGS = 0x8914
 _IFF_UP = 0x1
-_MS_NOSUID = 0x2
-_MS_NODEV = 0x4
-_MS_REC = 0x4000
-_MS_PRIVATE = 1 << 18
+_MS_NOSUID = _mounts.MS_NOSUID
+_MS_NODEV = _mounts.MS_NODEV
+_MS_REC = _mounts.MS_REC
+_MS_PRIVATE = _mounts.MS_PRIVATE
 #: Characters the overlay's option string cannot carry in a path.
 _BAD_LAYER_CHARS = re.compile(r"[:,\\\s]")
 #: The namespaces an exec joins (the mount namespace is bwrap's own per exec).
@@ -99,19 +97,18 @@ def seccomp_fd() -> int:
 
 def _mount(source: str | None, target: str, fstype: str | None, flags: int,
            data: str | None) -> None:
-    def c(value: str | None) -> bytes | None:
-        return None if value is None else value.encode()
-
-    if _libc.mount(c(source), c(target), c(fstype), flags, c(data)) != 0:
-        err = ctypes.get_errno()
-        raise ProviderError(f"mounting {fstype or source} on {target}: {os.strerror(err)}")
+    try:
+        _mounts.mount(source, target, fstype, flags, data)
+    except OSError as exc:
+        raise ProviderError(exc.strerror or str(exc)) from None
 
 
 def _umount(target: str) -> None:
-    if _libc.umount2(target.encode(), _MNT_DETACH) != 0:
-        err = ctypes.get_errno()
-        if err not in (22, 2):  # EINVAL: not a mount point; ENOENT: gone
-            raise ProviderError(f"umount {target}: {os.strerror(err)}")
+    try:
+        _mounts.umount(target, detach=True)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOENT):  # not a mount point; gone
+            raise ProviderError(exc.strerror or str(exc)) from None
 
 
 def check_layer_path(path: str) -> str:
