@@ -334,3 +334,33 @@ async def test_a_call_resumes_a_sandbox_another_program_suspended_docker(
     finally:
         await first.close()
         await _end(programs)
+
+
+@pytest.mark.docker
+@pytest.mark.anyio
+async def test_a_call_during_another_program_s_suspend_waits_and_resumes_docker(
+    home: Path,  # noqa: F811
+) -> None:
+    """A call made while another program is suspending the sandbox (its
+    claim held, its container going down) waits for that suspend, then
+    resumes the sandbox from it, rather than reach a container being removed."""
+    programs, first, second = await _two_handles(
+        home, {"type": "docker", "image": TEST_IMAGE, "runtime": "native"})
+    store = programs[0].host.store
+    try:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(second.suspend)
+            deadline = time.monotonic() + 30
+            while store.lease_holder(f"lifecycle:{first.id}") is None:
+                assert time.monotonic() < deadline, "the suspend never took its claim"
+                await anyio.sleep(0.005)
+            assert await first.read_text("one.txt") == "one"
+        row = store.instance_of_sandbox(first.id)
+        assert row is not None and row.state == "running" and first.state.value == "running"
+        containers = subprocess.run(
+            ["docker", "ps", "-q", "--filter", f"label=hutch.sandbox_id={first.id}"],
+            capture_output=True, text=True, check=True).stdout.split()
+        assert len(containers) == 1, containers
+    finally:
+        await first.close()
+        await _end(programs)

@@ -495,6 +495,11 @@ class LocalHost(SandboxHost):
         row = self.store.instance_of_sandbox(sandbox_id)
         if row is None or (row.state, _canonical(row.description)) != known:
             return True
+        if self.store.lease_holder(_claim_name(sandbox_id)) is not None:
+            # Another program is changing it now (suspending it, say): the
+            # call waits for that under the claim, then follows, rather than
+            # reach a container going down.
+            return True
         self._checked[sandbox_id] = version
         return False
 
@@ -505,7 +510,7 @@ class LocalHost(SandboxHost):
 
     @asynccontextmanager
     async def claim(self, sandbox_id: str) -> AsyncIterator[SharedView | None]:
-        name, holder = f"lifecycle:{sandbox_id}", _holder()
+        name, holder = _claim_name(sandbox_id), _holder()
         if not await anyio.to_thread.run_sync(
             self.store.take_lease, name, holder, CLAIM_SECONDS
         ):
@@ -716,6 +721,11 @@ def held_elsewhere(row: InstanceRow, holder: str) -> SandboxUnavailable:
         f"{rest.partition(':')[0]} on {host}: ensure it in that program, or end it first "
         "(its hold ends with it)"
     )
+
+
+def _claim_name(sandbox_id: str) -> str:
+    """The lease a program holds while it changes a shared sandbox's state."""
+    return f"lifecycle:{sandbox_id}"
 
 
 def _holder() -> str:

@@ -303,5 +303,9 @@ class Store(abc.ABC):
         is now ``holder``'s. Atomic across processes sharing the store."""
 
     @abc.abstractmethod
+    def lease_holder(self, name: str) -> str | None:
+        """Who holds the lease ``name`` now (expired or not), if anyone."""
+
+    @abc.abstractmethod
     def release_lease(self, name: str, holder: str) -> None:
         """Give the lease back (only ``holder``'s own)."""

@@ -547,6 +547,10 @@ class SQLiteStore(Store):
             )
             return True
 
+    def lease_holder(self, name: str) -> str | None:
+        rows = self._read("SELECT holder FROM leases WHERE name = ?", (name,))
+        return str(rows[0]["holder"]) if rows else None
+
     def release_lease(self, name: str, holder: str) -> None:
         self._write("DELETE FROM leases WHERE name = ? AND holder = ?", (name, holder))
 
