@@ -130,7 +130,8 @@ def test_max_lifetime_counts_from_the_sandbox_s_creation_in_every_program(
         ended = finder.ask("wait")
         assert ended["state"] == "terminated", ended
         # At creation + 5 s (and some load), well before find + 5 s (>= creation + 7.5 s).
-        assert ended["ended_at"] - made["created"] < lifetime + 1.5, (ended, made)
+        assert lifetime - 0.1 <= ended["ended_at"] - made["created"] < lifetime + 2.0, (
+            ended, made)
         assert len(ended["made"]) == 1 and "(max_lifetime_exceeded)" in ended["made"][0], ended
         assert ended["after"] == "MaxLifetimeExceeded", ended
     finally:
@@ -155,7 +156,7 @@ def test_a_deadline_set_in_one_program_is_every_program_s(home: Path) -> None:  
         assert {e["state"] for e in ended} == {"terminated"}, ended
         assert ended[0]["ended_at"] == ended[1]["ended_at"]
         # Not at B's old deadline: at A's new one (and some load).
-        assert new - 0.1 <= ended[0]["ended_at"] < new + 1.5, (ended, old, new, made)
+        assert new - 0.1 <= ended[0]["ended_at"] < new + 3.0, (ended, old, new, made)
         recorded = ended[0]["made"] + ended[1]["made"]
         assert len(recorded) == 1 and "(timeout_expired)" in recorded[0], ended
         # Whichever program's timer acted, both see the same typed expiry.
