@@ -1,5 +1,11 @@
 """Workloads that try a sandbox's limits, shared by the provider tests."""
 
+from __future__ import annotations
+
+from typing import Any
+
+from hutch import OutputChunk
+
 #: Forks until the pids limit says no (printing the errno), holds what it
 #: made, says how many, then sleeps: the sandbox stays full until it is killed.
 FORK_BOMB = (
@@ -28,3 +34,18 @@ def workload_limits(container_id: str) -> tuple[int, int]:
     with open(f"/sys/fs/cgroup/pids/docker/{container_id}/hutch-workload/pids.max") as fh:
         pids = int(fh.read())
     return memory, pids
+
+
+async def fill_with_processes(sb: Any) -> tuple[Any, str]:
+    """Start :data:`FORK_BOMB` in ``sb`` and wait until the pids limit has
+    said no: (the running bomb, what it printed). The sandbox is full until
+    the bomb is killed."""
+    bomb = await sb.start(["python3", "-c", FORK_BOMB])
+    said = ""
+    async for event in bomb.stream():
+        if isinstance(event, OutputChunk):
+            said += event.data.decode()
+        if "forked" in said:
+            break
+    assert "errno EAGAIN" in said, said
+    return bomb, said

@@ -21,10 +21,9 @@ import anyio
 import pytest
 
 import hutch
-from hutch._types import OutputChunk
 from hutch.providers.base import ProcessRequest
 from tests.conftest import TEST_IMAGE
-from tests.hazards import FORK_BOMB
+from tests.hazards import fill_with_processes
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]
 
@@ -272,14 +271,7 @@ async def test_fork_bomb_meets_the_pids_limit_with_eagain(runtime: str) -> None:
     # whose threads count as tasks) keeps a reserve above it, and answers.
     sb = await _make(pids_limit=64, runtime=runtime)
     try:
-        held = await sb.start(["python3", "-c", FORK_BOMB])
-        said = ""
-        async for event in held.stream():
-            if isinstance(event, OutputChunk):
-                said += event.data.decode()
-            if "forked" in said:
-                break
-        assert "errno EAGAIN" in said, said
+        held, _ = await fill_with_processes(sb)
         answers = await asyncio.gather(
             *(sb.read_text("/etc/os-release") for _ in range(16)),
             *(sb.list_dir("/usr/lib") for _ in range(16)),

@@ -206,7 +206,9 @@ async def main():
     definitions = open_definitions()  # the daemon's store: HUTCH_HOME is its data directory
     e = await definitions.ensure(d, "t-program")
     await e.sandbox.write_text("notes.txt", "the program's work")
-    print("ready", e.path, e.sandbox.id, flush=True)
+    deadline = await e.sandbox.set_timeout(3600)
+    print("ready", e.path, e.sandbox.id, e.sandbox.status().created_at_unix, deadline,
+          flush=True)
     while (await anyio.to_thread.run_sync(sys.stdin.readline)).strip() == "read":
         print(await e.sandbox.read_text("notes.txt"), flush=True)
 anyio.run(main)
@@ -246,6 +248,11 @@ def _program_s_thread_is_not_taken(daemon: DaemonProcess, definition_id: str) ->
             assert taken.sandbox.read_text("notes.txt") == "the program's work"
             assert taken.sandbox.read_text(".setup-runs") == "ran\n"  # setup not run again
             assert [s["id"] for s in c.list_sandboxes()] == [sandbox_id]
+            # Its time limits as the program left them: made then, its deadline kept.
+            status = taken.sandbox.status()
+            assert abs(status.created_at_unix - float(ready[3])) < 0.01, (status, ready)
+            assert status.deadline_unix is not None
+            assert abs(status.deadline_unix - float(ready[4])) < 0.01, (status, ready)
             again = c.ensure(definition_id, "t-program")
             assert again.path == "resumed" and again.sandbox.id == sandbox_id
     finally:

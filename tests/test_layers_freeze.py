@@ -163,3 +163,27 @@ def test_a_crash_after_the_move_is_finished_and_its_layer_kept_while_used(
     assert os.path.isdir(_layers.snapshot_dir("snap-c3"))
     _layers.end_branch(sandbox_id)
     assert not os.path.exists(_layers.snapshot_dir("snap-c3"))
+
+
+def test_a_collector_running_while_a_snapshot_is_made_leaves_it_be(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another program's garbage collection (here: run in the middle of the
+    copy) frees removed snapshots' directories, never one being made."""
+    workdir = tmp_path / "plain"
+    workdir.mkdir()
+    (workdir / "a.txt").write_text("A")
+    copy = _layers._copy_tree
+
+    def copy_while_collecting(source: str, target: str) -> None:
+        _layers.collect_garbage()
+        copy(source, target)
+        _layers.collect_garbage()
+
+    monkeypatch.setattr(_layers, "_copy_tree", copy_while_collecting)
+    size = _layers.capture("snap-gc", "sb-plain", str(workdir), None, diff=True)
+    assert size >= 1 and "snap-gc" in _layers.held()
+    with open(os.path.join(_layers.snapshot_dir("snap-gc"), "tree", "a.txt")) as fh:
+        assert fh.read() == "A"
+    _layers.remove("snap-gc")
+    assert not os.path.exists(_layers.snapshot_dir("snap-gc"))

@@ -51,6 +51,9 @@ async def _track(
     spec: SandboxSpec,
     engine: LifecycleEngine | None,
     state: SandboxState = SandboxState.RUNNING,
+    *,
+    created_unix: float | None = None,
+    deadline_unix: float | None = None,
 ) -> Sandbox:
     opts = spec.options
     sandbox = Sandbox(
@@ -61,7 +64,9 @@ async def _track(
     )
     sandbox.spec = spec
     try:
-        await (engine or default_engine()).attach(sandbox, opts, state=state)
+        await (engine or default_engine()).attach(
+            sandbox, opts, state=state, created_unix=created_unix, deadline_unix=deadline_unix
+        )
     except BaseException:
         await backend.close()
         raise
@@ -74,12 +79,17 @@ async def adopt_sandbox(
     engine: LifecycleEngine | None = None,
     *,
     state: SandboxState = SandboxState.RUNNING,
+    created_unix: float | None = None,
+    deadline_unix: float | None = None,
 ) -> Sandbox:
     """A sandbox for ``backend``, one an earlier process made and this one
     found again (``SandboxBackend.reconnect``), tracked like a new one, in
     the ``state`` it was found in (a suspended one is resumed by its next
-    operation, or by ``resume``)."""
-    return await _track(backend, spec, engine, state)
+    operation, or by ``resume``), with its time limits as recorded: when it
+    was made (``created_unix``: max_lifetime counts from there) and its
+    set_timeout deadline (``deadline_unix``)."""
+    return await _track(backend, spec, engine, state,
+                        created_unix=created_unix, deadline_unix=deadline_unix)
 
 
 def spec_for_attach(

@@ -247,13 +247,13 @@ class Definitions:
     def _spec(self, d: Definition) -> SandboxSpec:
         """The definition's settings, keep_alive made an idle rule of the lifecycle
         engine: idle-suspend where the provider can suspend, else reap."""
-        options = SandboxOptions()
+        options = SandboxOptions(max_lifetime=d.lifecycle.max_lifetime)
         keep_alive = d.lifecycle.keep_alive
         if keep_alive is not None:
             if get_provider(d.provider.type).capabilities.suspend:
-                options = SandboxOptions(idle_suspend_after=keep_alive)
+                options = options.model_copy(update={"idle_suspend_after": keep_alive})
             else:
-                options = SandboxOptions(idle_timeout=keep_alive)
+                options = options.model_copy(update={"idle_timeout": keep_alive})
         return SandboxSpec(provider=d.provider, options=options)
 
     def _newest_snapshot(self, d: Definition, key: str) -> SnapshotRow | None:
@@ -337,6 +337,8 @@ class Definitions:
             sandbox_id=sandbox.id, description=self.host.describe(sandbox),
             spec=self._spec(d).model_dump(mode="json"), updated_at_unix=time.time(),
             state=sandbox.state.value, last_active_unix=time.time(),
+            # Every program's max_lifetime counts from here.
+            created_at_unix=sandbox.status().created_at_unix,
         ))
 
     # -- the run's end ---------------------------------------------------------------
@@ -508,6 +510,9 @@ class LocalHost(SandboxHost):
             self.store.note_instance_activity, sandbox_id, last_active_unix
         )
 
+    async def record_deadline(self, sandbox_id: str, deadline_unix: float) -> None:
+        await anyio.to_thread.run_sync(self.store.set_instance_deadline, sandbox_id, deadline_unix)
+
     @asynccontextmanager
     async def claim(self, sandbox_id: str) -> AsyncIterator[SharedView | None]:
         name, holder = _claim_name(sandbox_id), _holder()
@@ -525,7 +530,11 @@ class LocalHost(SandboxHost):
                 yield SharedView(current=False, last_active_unix=None)
             else:
                 current = (row.state, _canonical(row.description)) == known
-                yield SharedView(current=current, last_active_unix=row.last_active_unix)
+                yield SharedView(
+                    current=current, last_active_unix=row.last_active_unix,
+                    created_unix=row.created_at_unix, deadline_unix=row.deadline_unix,
+                    reason=row.reason,
+                )
         finally:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(self.store.release_lease, name, holder)
@@ -540,7 +549,7 @@ class LocalHost(SandboxHost):
         description = backend_of(sandbox).describe()
         written = await anyio.to_thread.run_sync(functools.partial(
             self.store.record_instance_sandbox, sandbox_id, new.value, description,
-            was=(known[0], json.loads(known[1])),
+            was=(known[0], json.loads(known[1])), reason=reason,
         ))
         if written:
             self._recorded[sandbox_id] = (new.value, _canonical(description))
@@ -623,7 +632,10 @@ class LocalHost(SandboxHost):
         except HutchError:
             return None
         sandbox = await adopt_sandbox(
-            backend, SandboxSpec.model_validate(row.spec), self.engine(), state=state
+            backend, SandboxSpec.model_validate(row.spec), self.engine(), state=state,
+            # Its time limits are the sandbox's, not this program's: max_lifetime
+            # from its creation, the deadline another program set.
+            created_unix=row.created_at_unix, deadline_unix=row.deadline_unix,
         )
         self._live[sandbox.id] = sandbox
         self._recorded[sandbox.id] = (row.state, _canonical(row.description))

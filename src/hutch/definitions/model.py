@@ -125,6 +125,9 @@ class Lifecycle(BaseModel):
     destroy_on_complete: bool = False
     #: A snapshot older than this is stale: it is not restored, setup runs again.
     snapshot_max_age: Duration | None = None
+    #: The sandbox ends this long after it was made, whatever its use, in
+    #: every program that finds it (reaped with ``max_lifetime_exceeded``). Unset: never.
+    max_lifetime: Duration | None = None
 
 
 class Definition(BaseModel):

@@ -47,7 +47,14 @@ from .._sandbox import (
 )
 from .clock import Clock, RealClock, VirtualClock
 from .scheduler import Scheduler
-from .shared import CLAIM_WAIT_SECONDS, MIN_PUBLISH_SECONDS, PUBLISH_SHARE, SharedActivity
+from .shared import (
+    CLAIM_RETRY_SECONDS,
+    CLAIM_WAIT_SECONDS,
+    MIN_PUBLISH_SECONDS,
+    PUBLISH_SHARE,
+    SharedActivity,
+    SharedView,
+)
 from .state import FINAL, SandboxState, check_transition
 
 if TYPE_CHECKING:
@@ -358,7 +365,7 @@ class LifecycleEngine:
             async with self.shared.claim(record.sandbox_id) as view:
                 if view is not None:
                     if not view.current:
-                        await self._follow(sandbox, record)
+                        await self._follow(sandbox, record, view)
                     yield not view.current
                     return
             if self.clock.monotonic() - waited_since > CLAIM_WAIT_SECONDS:
@@ -369,13 +376,17 @@ class LifecycleEngine:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.5)
 
-    async def _follow(self, sandbox: Sandbox, record: LifecycleRecord) -> None:
+    async def _follow(self, sandbox: Sandbox, record: LifecycleRecord, view: SharedView) -> None:
         """Another program moved the sandbox: take its record as this
-        handle's state (nothing is written: that program wrote it)."""
+        handle's state (nothing is written: that program wrote it). One it
+        ended on a time limit ends here with the same reason, so that its
+        typed error is the same whichever program's timer acted."""
         assert self.shared is not None
         state = await self.shared.refresh(sandbox)
         if state is None or state in FINAL:
-            record.state, record.reason = SandboxState.TERMINATED, "ended by another program"
+            expired = state is not None and view.reason in _EXPIRY
+            record.state = SandboxState.TERMINATED
+            record.reason = view.reason if expired else "ended by another program"
         else:
             record.state, record.reason = state, None
         record.meter.switch(record.state, self.clock.monotonic())
@@ -682,7 +693,20 @@ class LifecycleEngine:
                 f"timeout of {seconds:g} s for sandbox {record.sandbox_id} is above the "
                 f"ceiling of {self.timeout_ceiling:g} s"
             )
+        if self.shared is None:
+            return await self._set_deadline(sandbox, record, seconds)
+        # Under the claim: ordered with the other programs' timers, so that a
+        # deadline recorded here is never lost to an expiry acting on the old one.
+        async with record.lock, self._claimed(sandbox, record):
+            self._check_live(record)  # another program may have ended it
+            return await self._set_deadline(sandbox, record, seconds)
+
+    async def _set_deadline(self, sandbox: Sandbox, record: LifecycleRecord,
+                            seconds: float) -> float:
         deadline_unix = self.clock.time() + seconds
+        if self.shared is not None:
+            with anyio.CancelScope(shield=True):
+                await self.shared.record_deadline(record.sandbox_id, deadline_unix)
         if self.on_deadline is not None:
             # Recorded and applied as one, whether or not the caller waits.
             with anyio.CancelScope(shield=True):
@@ -827,13 +851,11 @@ class LifecycleEngine:
         again or None for the usual time)."""
         if record.state in FINAL:
             return "keep", None
-        now = self.clock.monotonic()
-        lifetime, live = self._hard_deadlines(record)
-        if lifetime is not None and now >= lifetime:
-            await self._terminate_locked(sandbox, record, "max_lifetime_exceeded")
-            return "release", None
-        if live is not None and now >= live:
-            await self._terminate_locked(sandbox, record, "timeout_expired")
+        expiry = self._expiry(record)
+        if expiry is not None:
+            if self.shared is not None:
+                return await self._expire_shared(sandbox, record)
+            await self._terminate_locked(sandbox, record, expiry)
             return "release", None
         if not self._due(record):
             return "keep", None
@@ -864,8 +886,13 @@ class LifecycleEngine:
             if not view.current:
                 # Moved elsewhere (its processes cannot be counted here as
                 # this handle knew it): this handle takes the recorded state.
-                await self._follow(sandbox, record)
+                await self._follow(sandbox, record, view)
                 return ("drop" if record.state in FINAL else "keep"), None
+            self._take_limits(record, view)
+            expiry = self._expiry(record)
+            if expiry is not None:  # another program's deadline, crossed
+                await self._terminate_locked(sandbox, record, expiry)
+                return "release", None
             if view.last_active_unix is not None:
                 theirs = self.clock.monotonic() - (self.clock.time() - view.last_active_unix)
                 record.last_activity_mono = max(record.last_activity_mono, theirs)
@@ -875,6 +902,46 @@ class LifecycleEngine:
             if busy is not None:
                 return busy
             return await self._idle_step(sandbox, record), None
+
+    def _expiry(self, record: LifecycleRecord) -> str | None:
+        """The time limit the sandbox has crossed (its expiry reason), if any."""
+        now = self.clock.monotonic()
+        lifetime, live = self._hard_deadlines(record)
+        if lifetime is not None and now >= lifetime:
+            return "max_lifetime_exceeded"
+        if live is not None and now >= live:
+            return "timeout_expired"
+        return None
+
+    def _take_limits(self, record: LifecycleRecord, view: SharedView) -> None:
+        """The sandbox's time limits as the store records them (the truth:
+        another program may have made or found it, or moved its deadline)."""
+        now, wall = self.clock.monotonic(), self.clock.time()
+        if view.created_unix is not None:
+            record.created_unix = view.created_unix
+            record.created_mono = now - max(0.0, wall - view.created_unix)
+        if view.deadline_unix is not None:
+            record.live_deadline_mono = now + (view.deadline_unix - wall)
+
+    async def _expire_shared(
+        self, sandbox: Sandbox, record: LifecycleRecord
+    ) -> tuple[_Verdict, float | None]:
+        """A time limit is due by this program's timer: act only if the
+        store says so too, under the claim (compare and set: two programs'
+        timers never both end it, and the reason is the one recorded)."""
+        assert self.shared is not None
+        async with self.shared.claim(record.sandbox_id) as view:
+            if view is None:  # another program is acting on it now: look again soon
+                return "keep", self.clock.monotonic() + CLAIM_RETRY_SECONDS
+            if not view.current:  # moved or ended elsewhere: this handle follows
+                await self._follow(sandbox, record, view)
+                return ("drop" if record.state in FINAL else "keep"), None
+            self._take_limits(record, view)
+            expiry = self._expiry(record)
+            if expiry is None:
+                return "keep", None  # another program moved the deadline: timed from it
+            await self._terminate_locked(sandbox, record, expiry)
+            return "release", None
 
     async def _still_working(
         self, sandbox: Sandbox, record: LifecycleRecord

@@ -1,4 +1,5 @@
-"""The seam through which programs that hold one sandbox share its idle rule.
+"""The seam through which programs that hold one sandbox share its idle rule
+and its time limits.
 
 Several programs may hold the same live sandbox, each with a lifecycle
 engine of its own (a thread's sandbox found again by ``ensure`` in another
@@ -7,6 +8,12 @@ program's: every engine writes its activity where all of them read it (the
 durable store), and an engine whose timer fires reads the others' before it
 acts, under a claim only one program holds at a time, so that no program
 suspends or reaps a sandbox another is using, and two timers never both act.
+
+Its time limits are the sandbox's too: its creation time (max_lifetime
+counts from there, whichever program found it later) and its set_timeout
+deadline (whichever program set it last) are recorded there, every
+program's timer goes by them, and one that fires reads them again under the
+claim before it acts (another program may have moved the deadline).
 """
 
 from __future__ import annotations
@@ -30,6 +37,9 @@ MIN_PUBLISH_SECONDS = 0.05
 #: How long a transition waits for another program's to finish before it
 #: gives up (typed), rather than hang.
 CLAIM_WAIT_SECONDS = 120.0
+#: How soon a timer that found the claim held (another program acting on
+#: the sandbox now) looks again.
+CLAIM_RETRY_SECONDS = 0.2
 
 
 @dataclass(frozen=True)
@@ -41,6 +51,12 @@ class SharedView:
     current: bool
     #: The latest activity any program recorded (Unix time), if any did.
     last_active_unix: float | None
+    #: When the sandbox was made (Unix time), if recorded.
+    created_unix: float | None = None
+    #: Its set_timeout deadline (Unix time), if any program set one.
+    deadline_unix: float | None = None
+    #: Why its recorded state is what it is (an ended one: its expiry).
+    reason: str | None = None
 
 
 class SharedActivity(Protocol):
@@ -54,6 +70,10 @@ class SharedActivity(Protocol):
     async def publish(self, sandbox_id: str, last_active_unix: float) -> None:
         """Record activity seen by this program; the record keeps the latest
         of every program's (an older time never moves it back)."""
+
+    async def record_deadline(self, sandbox_id: str, deadline_unix: float) -> None:
+        """Record a set_timeout deadline made here (called under the claim,
+        before it takes effect): every program's timer goes by it."""
 
     def claim(self, sandbox_id: str) -> AbstractAsyncContextManager[SharedView | None]:
         """Hold the right to act on the sandbox's idleness while the block

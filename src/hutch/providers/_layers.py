@@ -181,6 +181,44 @@ def _umount(path: str) -> None:
 # -- captures ------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _creating(snapshot_id: str) -> Iterator[str]:
+    """A new snapshot directory (its path), kept from garbage collection
+    (which frees one with no chain file: removed, or a capture cut short)
+    while it is made, by any process: an ``flock`` on its ``.creating`` file,
+    which the kernel lets go if this process dies. It is made under a hidden
+    name, the lock taken, then renamed into place, so no collector ever sees
+    it unlocked."""
+    target = snapshot_dir(snapshot_id)
+    if os.path.exists(target):
+        shutil.rmtree(target)
+    hidden = os.path.join(os.path.dirname(target), f".new-{snapshot_id}")
+    shutil.rmtree(hidden, ignore_errors=True)
+    os.makedirs(hidden)
+    fd = os.open(os.path.join(hidden, ".creating"), os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.rename(hidden, target)
+        yield target
+    finally:
+        os.close(fd)
+
+
+def _being_created(directory: str) -> bool:
+    """Whether a process holds ``directory`` (a snapshot's) while it makes it."""
+    try:
+        fd = os.open(os.path.join(directory, ".creating"), os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
 def capture(
     snapshot_id: str, sandbox_id: str, workdir: str, chain: list[str] | None, *, diff: bool
 ) -> int:
@@ -192,19 +230,16 @@ def capture(
     capture cut short leaves a directory :func:`held` does not list and
     :func:`remove` frees.
     """
-    target = snapshot_dir(snapshot_id)
-    if os.path.exists(target):
-        shutil.rmtree(target)
-    os.makedirs(target)
-    upper = _upper_work(sandbox_id)[0] if chain else None
-    if chain and diff and len(chain) < MAX_LAYERS and upper and os.path.isdir(upper):
-        _copy_tree(upper, _tree(snapshot_id))
-        layers = [snapshot_id, *chain]
-    else:
-        _copy_tree(workdir, _tree(snapshot_id))
-        layers = [snapshot_id]
-    size = _size(_tree(snapshot_id))
-    _write_json(os.path.join(target, "chain.json"), layers)
+    with _creating(snapshot_id) as target:
+        upper = _upper_work(sandbox_id)[0] if chain else None
+        if chain and diff and len(chain) < MAX_LAYERS and upper and os.path.isdir(upper):
+            _copy_tree(upper, _tree(snapshot_id))
+            layers = [snapshot_id, *chain]
+        else:
+            _copy_tree(workdir, _tree(snapshot_id))
+            layers = [snapshot_id]
+        size = _size(_tree(snapshot_id))
+        _write_json(os.path.join(target, "chain.json"), layers)
     return size
 
 
@@ -243,10 +278,11 @@ def adopt(snapshot_id: str, sandbox_id: str, workdir: str) -> int | None:
     """
     if not overlay_available() or os.path.ismount(workdir):
         return None
-    target = snapshot_dir(snapshot_id)
-    if os.path.exists(target):
-        shutil.rmtree(target)
-    os.makedirs(target)
+    with _creating(snapshot_id) as target:
+        return _adopt(snapshot_id, sandbox_id, workdir, target)
+
+
+def _adopt(snapshot_id: str, sandbox_id: str, workdir: str, target: str) -> int | None:
     if os.stat(workdir).st_dev != os.stat(target).st_dev or _used_by_a_process(workdir):
         shutil.rmtree(target, ignore_errors=True)
         return None
@@ -464,10 +500,10 @@ def collect_garbage() -> None:
         mounts = os.path.join(root(), "mounts")
         for name in _listdir(snapshots):
             chain = _read_chain(os.path.join(snapshots, name, "chain.json"))
-            if chain is None:
-                removed.append(name)
-            else:
+            if chain is not None:
                 in_use.update(chain)
+            elif not _being_created(os.path.join(snapshots, name)):
+                removed.append(name)
         for name in _listdir(mounts):
             in_use.update(_read_chain(os.path.join(mounts, name, "chain.json")) or [])
         for name in removed:
@@ -821,59 +857,65 @@ def freeze(snapshot_id: str, sandbox_id: str, *, flatten: bool, holder: int | No
     """
     base = mount_dir(sandbox_id)
     merged = os.path.join(base, "merged")
-    upper, work = _upper_work(sandbox_id)
     with sandbox_lock(sandbox_id), _lock:
         _recover_locked(sandbox_id)
         chain = _read_chain(os.path.join(base, "chain.json"))
         if chain is None or not _overlay_on_top(merged):
             return False
         flatten = flatten or len(chain) >= MAX_LAYERS
-        target = snapshot_dir(snapshot_id)
-        if os.path.exists(target):
-            shutil.rmtree(target)
-        os.makedirs(target)
-        new_chain = [snapshot_id] if flatten else [snapshot_id, *chain]
-        if flatten:  # hutch's own copy: on the host's disk, not counted in a cap
-            _copy_tree(merged, _tree(snapshot_id))
-        try:
-            _mounts.umount(merged)  # refused (EBUSY) while any process holds it
-            moved = True
-        except OSError:
-            moved = False
-        if moved and holder is not None and any(
-            f"upperdir={upper}" in options for _, _, options in _mountinfo(holder)
-        ):
-            # The container holds the overlay itself (bound before the
-            # anchor existed): moving its upper would move it under it.
-            _mount(merged, _lowers(chain), upper, work)
-            moved = False
-        if not moved:
-            if flatten:  # the copy stands as the snapshot; the sandbox goes on as it was
-                _write_json(os.path.join(target, "chain.json"), new_chain)
-                return True
-            shutil.rmtree(target, ignore_errors=True)
-            return False
-        try:
-            _write_json(os.path.join(base, "freezing.json"),
-                        {"snapshot": snapshot_id, "chain": chain, "flatten": flatten})
-            _write_json(os.path.join(base, "chain.json"), new_chain)
-            if flatten:
-                os.rename(upper, os.path.join(os.path.dirname(upper), "discarded"))
-            else:
-                frozen = _frozen_path(sandbox_id, snapshot_id)
-                os.makedirs(os.path.dirname(frozen), exist_ok=True)
-                os.rename(upper, frozen)
-            _finish_freeze(sandbox_id, snapshot_id, new_chain)
+        with _creating(snapshot_id) as target:
+            return _freeze(snapshot_id, sandbox_id, chain, target, flatten=flatten,
+                           holder=holder)
+
+
+def _freeze(snapshot_id: str, sandbox_id: str, chain: list[str], target: str, *,
+            flatten: bool, holder: int | None) -> bool:
+    """:func:`freeze` with its locks held and the snapshot's directory made."""
+    base = mount_dir(sandbox_id)
+    merged = os.path.join(base, "merged")
+    upper, work = _upper_work(sandbox_id)
+    new_chain = [snapshot_id] if flatten else [snapshot_id, *chain]
+    if flatten:  # hutch's own copy: on the host's disk, not counted in a cap
+        _copy_tree(merged, _tree(snapshot_id))
+    try:
+        _mounts.umount(merged)  # refused (EBUSY) while any process holds it
+        moved = True
+    except OSError:
+        moved = False
+    if moved and holder is not None and any(
+        f"upperdir={upper}" in options for _, _, options in _mountinfo(holder)
+    ):
+        # The container holds the overlay itself (bound before the
+        # anchor existed): moving its upper would move it under it.
+        _mount(merged, _lowers(chain), upper, work)
+        moved = False
+    if not moved:
+        if flatten:  # the copy stands as the snapshot; the sandbox goes on as it was
             _write_json(os.path.join(target, "chain.json"), new_chain)
-        except BaseException:
-            # Finished or undone as after a crash, and the sandbox's directory
-            # mounted again either way: it must never be left on the anchor.
-            _recover_locked(sandbox_id)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(target, "chain.json"))
-            _remount(sandbox_id)
-            raise
+            return True
+        shutil.rmtree(target, ignore_errors=True)
+        return False
+    try:
+        _write_json(os.path.join(base, "freezing.json"),
+                    {"snapshot": snapshot_id, "chain": chain, "flatten": flatten})
+        _write_json(os.path.join(base, "chain.json"), new_chain)
+        if flatten:
+            os.rename(upper, os.path.join(os.path.dirname(upper), "discarded"))
+        else:
+            frozen = _frozen_path(sandbox_id, snapshot_id)
+            os.makedirs(os.path.dirname(frozen), exist_ok=True)
+            os.rename(upper, frozen)
+        _finish_freeze(sandbox_id, snapshot_id, new_chain)
+        _write_json(os.path.join(target, "chain.json"), new_chain)
+    except BaseException:
+        # Finished or undone as after a crash, and the sandbox's directory
+        # mounted again either way: it must never be left on the anchor.
+        _recover_locked(sandbox_id)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(target, "chain.json"))
         _remount(sandbox_id)
+        raise
+    _remount(sandbox_id)
     return True
 
 

@@ -352,12 +352,15 @@ class Daemon:
 
     async def adopt_left_sandbox(
         self, sandbox_id: str, provider: str, description: Mapping[str, Any],
-        spec: SandboxSpec, state: SandboxState,
+        spec: SandboxSpec, state: SandboxState, *,
+        created_unix: float | None = None, deadline_unix: float | None = None,
     ) -> Sandbox | None:
         """Take over a sandbox a program on this store made in-process and
         left when it ended (killed, crashed): tracked, stored and reaped as
         the daemon's own from here, in the state it was left in (a suspended
-        one by its own suspended state). None if nothing of it is left."""
+        one by its own suspended state), its time limits as that program
+        recorded them (max_lifetime from ``created_unix``, the set_timeout
+        ``deadline_unix``). None if nothing of it is left."""
         try:
             backend = await get_provider(provider).reconnect(sandbox_id, dict(description))
             if state is not SandboxState.SUSPENDED and not await backend.is_alive():
@@ -369,7 +372,9 @@ class Daemon:
             return None
         row = SandboxRow(
             id=sandbox_id, provider=provider, spec=spec.model_dump(),
-            description=backend.describe(), created_at_unix=time.time(),
+            description=backend.describe(),
+            created_at_unix=created_unix if created_unix is not None else time.time(),
+            deadline_unix=deadline_unix,
             # A running one comes up through the engine, as a new one does.
             state=(SandboxState.CREATING if state is SandboxState.RUNNING else state).value,
         )
@@ -377,7 +382,9 @@ class Daemon:
         sandbox = self._wrap(backend, spec)
         self.sandboxes[sandbox_id] = sandbox
         try:
-            await self.engine.attach(sandbox, spec.options, state=state)
+            await self.engine.attach(sandbox, spec.options, state=state,
+                                     created_unix=row.created_at_unix,
+                                     deadline_unix=deadline_unix)
         except BaseException:
             self.sandboxes.pop(sandbox_id, None)
             self.store.delete_sandbox(sandbox_id)
@@ -1420,6 +1427,7 @@ class _DaemonHost(SandboxHost):
         sandbox = await self.daemon.adopt_left_sandbox(
             row.sandbox_id, row.provider, row.description,
             SandboxSpec.model_validate(row.spec), recorded,
+            created_unix=row.created_at_unix, deadline_unix=row.deadline_unix,
         )
         if sandbox is not None:
             row.description, row.state = self.describe(sandbox), sandbox.state.value

@@ -130,6 +130,14 @@ class InstanceRow:
     #: The latest activity of any program holding the sandbox (Unix time):
     #: what every program's idle rule reads (see ``lifecycle.shared``).
     last_active_unix: float | None = None
+    #: When the sandbox was made (Unix time): every program's max_lifetime
+    #: counts from here, not from when it found the sandbox.
+    created_at_unix: float | None = None
+    #: The sandbox's set_timeout deadline (Unix time), whichever program set
+    #: it last: every program's timer goes by this one.
+    deadline_unix: float | None = None
+    #: Why the sandbox's last transition happened (an ended one: its expiry).
+    reason: str | None = None
 
 
 @dataclass
@@ -281,6 +289,12 @@ class Store(abc.ABC):
         every program's (an older time never moves it back)."""
 
     @abc.abstractmethod
+    def set_instance_deadline(self, sandbox_id: str, deadline_unix: float) -> None:
+        """A set_timeout deadline of ``sandbox_id``, made by one of the
+        programs holding it: the instances it runs record it (the latest
+        call's stands, earlier or later than the one it replaces)."""
+
+    @abc.abstractmethod
     def record_instance_sandbox(
         self,
         sandbox_id: str,
@@ -288,9 +302,11 @@ class Store(abc.ABC):
         description: Mapping[str, Any],
         *,
         was: tuple[str, Mapping[str, Any]] | None = None,
+        reason: str | None = None,
     ) -> bool:
         """A transition of ``sandbox_id``: the instances it runs record its
-        new state and description. With ``was`` (the state and description
+        new state, description and ``reason`` (an expiry's, for the other
+        programs' handles to give the same typed error). With ``was`` (the state and description
         the writer last knew), only where the record still says so: a
         program whose handle is out of date (another program took the
         sandbox over since) never overwrites what that one wrote. Whether

@@ -113,7 +113,10 @@ CREATE TABLE IF NOT EXISTS instances (
     spec TEXT NOT NULL DEFAULT '{}',
     updated_at_unix REAL NOT NULL,
     state TEXT NOT NULL DEFAULT 'running',
-    last_active_unix REAL
+    last_active_unix REAL,
+    created_at_unix REAL,
+    deadline_unix REAL,
+    reason TEXT
 );
 CREATE TABLE IF NOT EXISTS instance_holders (
     key TEXT NOT NULL,
@@ -129,7 +132,8 @@ CREATE TABLE IF NOT EXISTS leases (
 """
 _INSTANCE_COLUMNS = (
     "key", "definition_id", "thread_id", "tenant", "provider", "sandbox_id", "description",
-    "spec", "updated_at_unix", "state", "last_active_unix",
+    "spec", "updated_at_unix", "state", "last_active_unix", "created_at_unix", "deadline_unix",
+    "reason",
 )
 
 _REF_COLUMNS = (
@@ -154,7 +158,10 @@ _ADDED_COLUMNS = {
     # The state of an instance's sandbox, kept with its description.
     "instances": {"state": "TEXT NOT NULL DEFAULT 'running'",
                   # The latest activity of every program holding its sandbox.
-                  "last_active_unix": "REAL"},
+                  "last_active_unix": "REAL",
+                  # Its sandbox's time limits, every holding program's
+                  # (max_lifetime counts from its creation), and why it ended.
+                  "created_at_unix": "REAL", "deadline_unix": "REAL", "reason": "TEXT"},
 }
 
 _SANDBOX_COLUMNS = (
@@ -486,6 +493,10 @@ class SQLiteStore(Store):
             (at_unix, sandbox_id),
         )
 
+    def set_instance_deadline(self, sandbox_id: str, deadline_unix: float) -> None:
+        self._write("UPDATE instances SET deadline_unix = ? WHERE sandbox_id = ?",
+                    (deadline_unix, sandbox_id))
+
     def delete_instance(self, key: str) -> None:
         with self._transaction() as db:
             db.execute("DELETE FROM instances WHERE key = ?", (key,))
@@ -513,6 +524,7 @@ class SQLiteStore(Store):
         description: Mapping[str, Any],
         *,
         was: tuple[str, Mapping[str, Any]] | None = None,
+        reason: str | None = None,
     ) -> bool:
         written = False
         with self._transaction() as db:  # BEGIN IMMEDIATE: compare and set, atomically
@@ -526,9 +538,9 @@ class SQLiteStore(Store):
                 ):
                     continue
                 db.execute(
-                    "UPDATE instances SET state = ?, description = ?, updated_at_unix = ? "
-                    "WHERE key = ?",
-                    (state, json.dumps(dict(description)), time.time(), r["key"]),
+                    "UPDATE instances SET state = ?, description = ?, updated_at_unix = ?, "
+                    "reason = ? WHERE key = ?",
+                    (state, json.dumps(dict(description)), time.time(), reason, r["key"]),
                 )
                 written = True
         return written
