@@ -1,23 +1,34 @@
-"""Exec starts racing pauses on a docker sandbox (native runtime).
+"""Exec starts racing pauses on a docker sandbox (native runtime), and who
+owns a container's pause.
 
 runc's exec into a container frozen while the exec starts never returns, and
 the Docker Engine then holds its exec store for good: inspect, exec and image
 removal hang for every container. The provider keeps its own exec starts and
-freezes apart; this test races them and would hang without that.
+freezes apart; the race test would hang without that.
+
+The Engine's paused flag lags under load (a late containerd event sets it
+again after the next pause or unpause): the provider's freeze guard knows
+what it last did and waits the lag out, and a freeze of hutch's own never
+undoes, nor leaks, the user's pause.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
+import docker
+import docker.errors
 import pytest
+import requests
 
 import hutch
 from hutch._sandbox import backend_of
+from hutch.providers import docker as docker_provider
 from hutch.providers.base import ProcessRequest
 from hutch.providers.docker import DockerSandbox
 from tests.conftest import TEST_IMAGE
@@ -79,3 +90,99 @@ async def test_exec_starts_racing_pauses_finish(sb: Any) -> None:
     assert not thawed_by_hand.is_set(), "exec starts and pauses wedged the engine"
     result = await sb.exec(["echo", "alive"])
     assert result.stdout == "alive\n"
+
+
+def cgroup_frozen(container: str) -> bool:
+    """Whether the kernel holds ``container`` frozen: the truth the Engine's flag lags."""
+    v1 = f"/sys/fs/cgroup/freezer/docker/{container}/freezer.state"
+    if os.path.exists(v1):
+        with open(v1) as state:
+            return state.read().strip() == "FROZEN"
+    for v2 in (f"/sys/fs/cgroup/system.slice/docker-{container}.scope/cgroup.events",
+               f"/sys/fs/cgroup/docker/{container}/cgroup.events"):
+        if os.path.exists(v2):
+            with open(v2) as events:
+                return "frozen 1" in events.read().split("\n")
+    raise AssertionError(f"no freezer cgroup found for container {container}")
+
+
+def engine_refusal(status: int, message: str) -> docker.errors.APIError:
+    """An answer as the Engine gives it (the same status and text)."""
+    response = requests.Response()
+    response.status_code = status
+    return docker.errors.APIError(message, response=response, explanation=message)
+
+
+class LaggingEngine:
+    """The real Engine, with its paused flag lagging one call behind, as the
+    real one's does under load (20.10.24, a few hundred pause/unpause cycles
+    with another container's execs running: an exec refused "is paused" on
+    a thawed container just after an unpause, an unpause refused "is not
+    paused" on a frozen one just after a pause). Here every transition lags,
+    once, so that the provider meets the lag on every call."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+        self._stale: str | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def pause(self, container: str) -> None:
+        self._real.pause(container)
+        self._stale = "running"
+
+    def unpause(self, container: str) -> None:
+        if self._stale == "running":
+            self._stale = None
+            raise engine_refusal(500, f"Container {container} is not paused")
+        self._real.unpause(container)
+        self._stale = "paused"
+
+    def exec_create(self, container: str, *args: Any, **kwargs: Any) -> Any:
+        if self._stale == "paused":
+            self._stale = None
+            raise engine_refusal(
+                409, f"Container {container} is paused, unpause the container before exec")
+        return self._real.exec_create(container, *args, **kwargs)
+
+
+async def test_a_lagging_paused_flag_neither_fails_an_exec_nor_leaves_the_sandbox_paused(
+    sb: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = backend_of(sb)
+    assert isinstance(backend, DockerSandbox) and backend.container_id is not None
+    container = backend.container_id
+    monkeypatch.setattr(docker_provider, "_api_client", LaggingEngine(docker_provider.engine()))
+    for _ in range(3):
+        await backend.pause()
+        assert cgroup_frozen(container)
+        await backend.unpause()  # told "is not paused" first
+        assert not cgroup_frozen(container)
+        result = await sb.exec(["echo", "alive"])  # told "is paused" first
+        assert result.stdout == "alive\n"
+
+
+async def test_a_kill_from_the_host_keeps_the_users_pause(sb: Any) -> None:
+    backend = backend_of(sb)
+    assert isinstance(backend, DockerSandbox) and backend.container_id is not None
+    container = backend.container_id
+    api = docker.APIClient(version="auto")
+    proc = await backend.start_process(ProcessRequest(["sleep", "300"], cwd="/"))
+    await backend.pause()
+    # Paused: the kill from inside cannot start, the one from the host must
+    # neither fail on the pause nor undo it.
+    await proc.kill(0.1)
+    assert cgroup_frozen(container)
+    assert api.inspect_container(container)["State"]["Paused"]
+    with pytest.raises(hutch.HutchError, match="paused"):
+        await backend.start_process(ProcessRequest(["true"], cwd="/"))
+    await backend.unpause()
+    assert not cgroup_frozen(container)
+    for _ in range(200):  # the SIGKILL lands at the thaw; the Engine's top may lag it
+        if not await backend.count_busy_processes():
+            break
+        await anyio.sleep(0.05)
+    assert await backend.count_busy_processes() == 0, "the sleep outlived its kill"
+    assert (await sb.exec(["echo", "alive"])).stdout == "alive\n"
+

@@ -305,8 +305,10 @@ def _map_engine_error(exc: BaseException, path: str | None = None) -> HutchError
 
 
 class FreezeGuard:
-    """Keeps one container's exec starts apart from its freezes (pause, the
-    pause a commit takes, the freeze of a kill from the host).
+    """The one owner of a container's pauses in this process: the user's
+    pause and unpause, and hutch's own freezes (a commit, a capture of the
+    working directory, a kill from the host) all go through it, and it keeps
+    exec starts apart from them.
 
     runc's exec joins the container's cgroup; into a frozen one it never
     returns, and the Engine (20.10, cgroup v1 here) then holds its exec store
@@ -314,11 +316,26 @@ class FreezeGuard:
     container until someone thaws that cgroup by hand. A start counts until
     the Engine says its process runs (the exec's stream opens before the
     process is started), and a freeze waits for the starts under way.
+
+    The Engine's own word on whether a container is paused lags: its pause
+    and unpause set the flag, and containerd's paused and resumed events set
+    it again when the Engine gets round to them, so under load an unpause
+    can be followed by "is paused, unpause the container before exec" on a
+    thawed container, and a pause by "is not paused" on a frozen one (seen
+    here, 20.10.24: a few in a few hundred cycles with other containers
+    busy). The guard remembers what it last made the Engine do, and an
+    answer that contradicts it is waited out (up to
+    :attr:`SETTLE_SECONDS`), not taken as the truth. A hutch freeze of a
+    container already paused (the user's pause, or another program's)
+    leaves it paused: it never pauses twice, and never undoes a pause that
+    is not its own.
     """
 
     #: How long a start may take to be told running before the guard lets a
     #: freeze through anyway (a start that never runs must not block pause).
     START_WAIT_SECONDS = 10.0
+    #: How long the Engine's paused flag may lag what it was last told.
+    SETTLE_SECONDS = 10.0
 
     def __init__(self) -> None:
         self._changed = threading.Condition()
@@ -327,6 +344,10 @@ class FreezeGuard:
         #: Freezes waiting: new starts let them in first, or a stream of
         #: execs would keep a pause out for good.
         self._freezes_waiting = 0
+        #: What this process last made the Engine do to the container: True
+        #: pause, False unpause, None neither (a pause found on adoption is
+        #: someone else's). Written only under ``freezing``.
+        self._paused: bool | None = None
 
     @contextlib.contextmanager
     def starting(self) -> Iterator[None]:
@@ -357,6 +378,101 @@ class FreezeGuard:
             with self._changed:
                 self._freezing = False
                 self._changed.notify_all()
+
+    # The Engine's pause and unpause, with its lag waited out. Called only
+    # under ``freezing``, which keeps them one at a time and apart from starts.
+
+    def _engine_pause(self, api: Any, container: str, *, leave_paused: bool) -> bool:
+        """Pause ``container`` in the Engine; whether this call paused it. With
+        ``leave_paused``, one already paused (or not running) is left as it is
+        (False); without, that is an error."""
+        import docker.errors
+
+        deadline = time.monotonic() + self.SETTLE_SECONDS
+        delay = 0.005
+        while True:
+            try:
+                api.pause(container)
+            except docker.errors.APIError as exc:
+                text = str(exc)
+                lagging = self._paused is False and "is already paused" in text
+                if lagging and time.monotonic() < deadline:
+                    time.sleep(delay)  # a late "paused" event of our last pause
+                    delay = min(delay * 2, 0.1)
+                    continue
+                if leave_paused and ("is already paused" in text or "is not running" in text):
+                    return False
+                raise
+            self._paused = True
+            return True
+
+    def _engine_unpause(self, api: Any, container: str) -> None:
+        import docker.errors
+
+        deadline = time.monotonic() + self.SETTLE_SECONDS
+        delay = 0.005
+        while True:
+            try:
+                api.unpause(container)
+            except docker.errors.APIError as exc:
+                lagging = self._paused is True and "is not paused" in str(exc)
+                if lagging and time.monotonic() < deadline:
+                    time.sleep(delay)  # a late "resumed" event of an earlier unpause
+                    delay = min(delay * 2, 0.1)
+                    continue
+                raise
+            self._paused = False
+            return
+
+    def pause(self, api: Any, container: str) -> None:
+        """The user's pause: the container stays paused until :meth:`unpause`."""
+        with self.freezing():
+            self._engine_pause(api, container, leave_paused=False)
+
+    def unpause(self, api: Any, container: str) -> None:
+        """The user's unpause (of a pause this process made, or found)."""
+        with self.freezing():
+            self._engine_unpause(api, container)
+
+    @contextlib.contextmanager
+    def frozen(self, api: Any, container: str, *, marker: str | None = None) -> Iterator[None]:
+        """``container`` paused for the block, by hutch. One paused already
+        (the user's pause, another program's) is left paused, as it was.
+        ``marker``: a file that exists while hutch holds the container paused,
+        for a program that finds it after this one died inside the block."""
+        with self.freezing():
+            if self._paused is True:  # the user's pause: already frozen, and theirs
+                yield
+                return
+            if marker is not None:
+                with open(marker, "w"):
+                    pass
+            try:
+                paused_here = self._engine_pause(api, container, leave_paused=True)
+            except BaseException:
+                if marker is not None:
+                    os.unlink(marker)
+                raise
+            if marker is not None and not paused_here:
+                os.unlink(marker)
+            try:
+                yield
+            finally:
+                if paused_here:
+                    self._engine_unpause(api, container)
+                    if marker is not None:
+                        os.unlink(marker)
+
+    def paused_here(self) -> bool:
+        """Whether this process holds the container paused (the user's pause).
+        Asked under ``starting``, when no freeze is under way."""
+        return self._paused is True
+
+    def refusal_is_lag(self) -> bool:
+        """Whether the Engine refusing an exec as "paused" contradicts what
+        this process last made it do (an unpause), and so is its lag. Asked
+        under ``starting``, when no freeze is under way."""
+        return self._paused is False
 
 
 _freeze_guards: weakref.WeakValueDictionary[str, FreezeGuard] = weakref.WeakValueDictionary()
@@ -805,8 +921,11 @@ def commit_state(
         image = api.commit(container, repository=repository, tag=tag, conf={"Labels": labels},
                            pause=False)
         return str(image["Id"])
-    with freeze_guard(container).freezing():  # a commit pauses the container
-        image = api.commit(container, repository=repository, tag=tag, conf={"Labels": labels})
+    # Paused by the guard, not by the commit's own pause: that one trusts the
+    # Engine's lagging flag, and could undo the user's pause.
+    with freeze_guard(container).frozen(api, container):
+        image = api.commit(container, repository=repository, tag=tag, conf={"Labels": labels},
+                           pause=False)
     return str(image["Id"])
 
 
@@ -920,6 +1039,9 @@ class DockerSandbox(NativeBackend):
         self.host_workdir = host_workdir
         self.owns_workdir = owns_workdir
         self.container_id = container_id
+        #: The container's freeze guard, held so that it keeps what it knows
+        #: (whose pause the container's is) between calls.
+        self._freeze_guard: FreezeGuard | None = None
         self.container_name = f"hutch-{sandbox_id}"
         self.suspended_image = suspended_image
         #: The image the container started from: the configured one, or a snapshot's.
@@ -1402,6 +1524,7 @@ class DockerSandbox(NativeBackend):
     def _container(self) -> str:
         if self.container_id is None:
             raise SandboxUnavailable(f"docker sandbox {self.sandbox_id} has no container")
+        self._freeze_guard = freeze_guard(self.container_id)
         return self.container_id
 
     # -- processes -----------------------------------------------------------------
@@ -1409,6 +1532,8 @@ class DockerSandbox(NativeBackend):
         return ["/bin/sh", "-c", _SHELL_SHIM, "sh", command]
 
     async def start_process(self, request: ProcessRequest) -> DockerProcess:
+        import docker.errors
+
         api = engine()
         container = self._container()
         marker = uuid.uuid4().hex
@@ -1419,12 +1544,32 @@ class DockerSandbox(NativeBackend):
             # the call that started it returns.
             oom_before = oom_kills(container)
             pids_before = pids_refusals(container)
-            with freeze_guard(container).starting():
-                created = api.exec_create(
-                    container, list(request.argv), stdin=request.stdin is not None,
-                    environment=full_env, workdir=request.cwd, user=request.user or "",
-                )
-                sock = getattr(api.exec_start(created["Id"], socket=True), "_sock", None)
+            guard = freeze_guard(container)
+            with guard.starting():
+                if guard.paused_here():
+                    # Refused here, not by the Engine: its flag may lag to "running",
+                    # and an exec it lets into the frozen container never returns.
+                    raise SandboxUnavailable(f"docker sandbox {self.sandbox_id} is paused")
+                deadline = time.monotonic() + FreezeGuard.SETTLE_SECONDS
+                delay = 0.005
+                while True:
+                    try:
+                        created = api.exec_create(
+                            container, list(request.argv), stdin=request.stdin is not None,
+                            environment=full_env, workdir=request.cwd,
+                            user=request.user or "",
+                        )
+                        response = api.exec_start(created["Id"], socket=True)
+                        break
+                    except docker.errors.APIError as exc:
+                        # "is paused" just after this process unpaused it: the
+                        # Engine's flag lags (see FreezeGuard); it is running.
+                        if ("is paused" not in str(exc) or not guard.refusal_is_lag()
+                                or time.monotonic() > deadline):
+                            raise
+                        time.sleep(delay)
+                        delay = min(delay * 2, 0.1)
+                sock = getattr(response, "_sock", None)
                 if not isinstance(sock, socket.socket):
                     raise ProviderError("docker exec gave no socket to read (TLS engine?)")
                 wait_until_started(api, created["Id"])
@@ -1491,15 +1636,12 @@ class DockerSandbox(NativeBackend):
 
         if not marked():
             return 0
-        with freeze_guard(container).freezing():
-            api.pause(container)
-            try:
-                pids = marked()
-                for pid in pids:
-                    with contextlib.suppress(OSError):
-                        os.kill(pid, signal.SIGKILL)
-            finally:
-                api.unpause(container)
+        # Frozen already (the user's pause), it stays so: the kills wait for the thaw.
+        with freeze_guard(container).frozen(api, container):
+            pids = marked()
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
         log.info("killed %d processes of sandbox %s from the host", len(pids), self.sandbox_id)
         return len(pids)
 
@@ -1819,15 +1961,11 @@ class DockerSandbox(NativeBackend):
     # -- lifecycle primitives ---------------------------------------------------------
     async def pause(self) -> None:
         container = self._container()
-
-        def pause() -> None:
-            with freeze_guard(container).freezing():
-                engine().pause(container)
-
-        await _call(pause)
+        await _call(freeze_guard(container).pause, engine(), container)
 
     async def unpause(self) -> None:
-        await _call(engine().unpause, self._container())
+        container = self._container()
+        await _call(freeze_guard(container).unpause, engine(), container)
 
     async def suspend(self) -> None:
         """Commit the container's changes to an image and remove the container."""
@@ -1981,18 +2119,12 @@ class DockerSandbox(NativeBackend):
         with _layers.sandbox_lock(self.sandbox_id):
             state = api.inspect_container(container)["State"]
             holder = int(state.get("Pid") or 0) or None
-            if state.get("Paused") or not state.get("Running"):
+            if not state.get("Running"):
                 return freeze_then_commit(holder)
-            marker = self._paused_for_capture()
-            with freeze_guard(container).freezing():
-                with open(marker, "w"):
-                    pass
-                api.pause(container)
-                try:
-                    return freeze_then_commit(holder)
-                finally:
-                    api.unpause(container)
-                    os.unlink(marker)
+            # Not the Engine's "Paused" (it lags): the guard knows whose pause it is.
+            with freeze_guard(container).frozen(api, container,
+                                                marker=self._paused_for_capture()):
+                return freeze_then_commit(holder)
 
     def _paused_for_capture(self) -> str:
         return os.path.join(_layers.mount_dir(self.sandbox_id), "paused-for-capture")
@@ -2012,7 +2144,7 @@ class DockerSandbox(NativeBackend):
                 if os.path.exists(marker):
                     if self.container_id is not None:
                         with contextlib.suppress(docker.errors.APIError):
-                            engine().unpause(self.container_id)
+                            freeze_guard(self.container_id).unpause(engine(), self.container_id)
                     os.unlink(marker)
 
         await _call(mend)
