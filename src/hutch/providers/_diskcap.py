@@ -14,6 +14,8 @@ import os
 import re
 import subprocess
 
+from . import _mounts
+
 #: The image beside the directory it backs.
 IMAGE_SUFFIX = ".img"
 
@@ -72,13 +74,18 @@ def unmount_capped(directory: str) -> None:
     """Unmount ``directory`` if it is a capped mount, and drop its image and
     any loop device still backed by it."""
     image = image_for(directory)
+    clean = False
     if os.path.ismount(directory):
         try:
-            _run(["umount", directory])
+            _mounts.umount(directory)
+            # mount(8) set its loop device up to clear itself on this unmount.
+            clean = True
         except OSError:
-            _run(["umount", "-l", directory])  # busy: detached now, freed when let go
+            _mounts.umount(directory, detach=True)  # busy: detached now, freed when let go
     with contextlib.suppress(FileNotFoundError):
         os.unlink(image)
+    if clean:
+        return
     # A loop device the mount no longer holds (a mount cut short, an image
     # deleted under it, a lazy unmount) is let go too; a busy one goes when
     # its last user does.
