@@ -242,6 +242,50 @@ def test_crash_in_the_middle_of_a_suspend(daemon: DaemonProcess) -> None:
 
 
 @pytest.mark.docker
+@pytest.mark.parametrize("sandbox_after", ["alive", "gone"])
+def test_a_suspend_cut_after_its_state_was_recorded(
+    daemon: DaemonProcess, sandbox_after: str
+) -> None:
+    """Killed between recording the new state snapshot and naming it in the
+    workspace: with its sandbox alive the workspace runs on and the
+    unnamed snapshot goes (the sandbox has everything); with the sandbox
+    gone, that snapshot is the latest state and becomes the workspace's."""
+    with client(daemon) as c:
+        ws = c.create_workspace("cut", image=TEST_IMAGE)
+        live = c.get_sandbox(ws["live_sandbox_id"])
+        live.write_text("keep.txt", "kept")
+        state = live.snapshot("workspace cut state")
+        live.write_text("after.txt", "after the state")
+    daemon.kill()
+    store = SQLiteStore(os.path.join(daemon.data_dir, "hutch.db"))
+    try:
+        row = store.get_workspace("cut")
+        assert row is not None
+        row.status = "suspending"
+        store.put_workspace(row)
+    finally:
+        store.close()
+    if sandbox_after == "gone":
+        docker.APIClient().remove_container(f"hutch-{ws['live_sandbox_id']}", force=True)
+    daemon.start()
+    with client(daemon) as c:
+        found = c.get_workspace("cut")
+        if sandbox_after == "alive":
+            assert found["status"] == "running"
+            assert state.id not in {s.id for s in c.snapshots()}
+            sb = c.get_sandbox(found["live_sandbox_id"])
+            assert sb.read_text("after.txt") == "after the state"
+        else:
+            assert found["status"] == "stale"
+            assert found["state_snapshot_id"] == state.id
+            sb = c.get_sandbox(c.resume_workspace("cut")["live_sandbox_id"])
+        assert sb.read_text("keep.txt") == "kept"
+        cleanup_workspaces(c)
+        assert c.snapshots() == []
+    assert managed_containers(daemon.data_dir) == {}
+
+
+@pytest.mark.docker
 def test_unknown_hutch_containers_are_removed_at_start(daemon: DaemonProcess) -> None:
     api = docker.APIClient()
     stray = api.create_container(

@@ -164,3 +164,29 @@ async def test_nohup_job_keeps_docker_sandbox_from_suspend_and_reaping(
             await sb.exec(["true"])
     finally:
         await sb.close()
+
+
+async def test_close_returns_once_an_expired_sandbox_is_released(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A sandbox its timer ended is released in the background (its reap);
+    the owner's close meanwhile waits for that release, instead of returning
+    at once with the sandbox still held (a test, or a program, that ended
+    right after would leave it behind: the reap is cancelled with its loop)."""
+    from hutch.providers.local import LocalSandbox
+
+    released = asyncio.Event()
+    close = LocalSandbox.close
+
+    async def slow_close(self: LocalSandbox) -> None:
+        await asyncio.sleep(0.5)
+        await close(self)
+        released.set()
+
+    monkeypatch.setattr(LocalSandbox, "close", slow_close)
+    sb = await hutch.create_sandbox("local", read_before_write=False)
+    await sb.set_timeout(0.2)
+    await wait_for_state(sb, SandboxState.TERMINATED, within=8)
+    assert not released.is_set()
+    await sb.close()
+    assert released.is_set(), "close returned while the sandbox was still being released"

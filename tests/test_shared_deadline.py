@@ -46,7 +46,7 @@ async def main():
         elif command[0] == "timeout":
             answer = {"deadline": await e.sandbox.set_timeout(float(command[1]))}
         elif command[0] == "wait":  # until the sandbox has ended, then a call on it
-            until = time.monotonic() + 60
+            until = time.monotonic() + (float(command[1]) if command[1:] else 60)
             while store.get_instance(e.key).state != "terminated" \\
                     and time.monotonic() < until:
                 await anyio.sleep(0.05)
@@ -161,6 +161,30 @@ def test_a_deadline_set_in_one_program_is_every_program_s(home: Path) -> None:  
         assert len(recorded) == 1 and "(timeout_expired)" in recorded[0], ended
         # Whichever program's timer acted, both see the same typed expiry.
         assert [e["after"] for e in ended] == ["TimeoutExpired", "TimeoutExpired"], ended
+    finally:
+        for program in (a, b):
+            if program is not None:
+                program.end()
+
+
+def test_a_deadline_set_by_a_program_since_gone_is_kept_by_the_others(
+    home: Path,  # noqa: F811
+) -> None:
+    """A sets a deadline on a sandbox B holds with none, and ends: B's timer
+    (armed for nothing) learns the deadline from the store and ends the
+    sandbox then, not never."""
+    a, b = Program(_definition({})), None
+    try:
+        a.ask("ensure")
+        b = Program(_definition({}))
+        assert b.ask("ensure")["path"] == "resumed"
+        deadline = a.ask("timeout 2")["deadline"]
+        a.end()
+        ended = b.ask("wait 20")
+        assert ended["state"] == "terminated", ended
+        assert deadline - 0.1 <= ended["ended_at"] < deadline + 3.0, (ended, deadline)
+        assert len(ended["made"]) == 1 and "(timeout_expired)" in ended["made"][0], ended
+        assert ended["after"] == "TimeoutExpired", ended
     finally:
         for program in (a, b):
             if program is not None:

@@ -83,6 +83,8 @@ class _Live:
         self.processes: dict[str, Process] = {}
         self.open_ops = 0
         self.closed = False
+        #: Set once a close (or a reap) has released the backend.
+        self.released = asyncio.Event()
         self.record: LifecycleRecord | None = None
         #: session id -> an attached (non-owning) session.
         self.attached: dict[str, Sandbox] = {}
@@ -695,11 +697,19 @@ class Sandbox:
         self._processes.clear()
 
     async def _reap(self) -> None:
+        """Release the backend, once; a second caller waits until it is.
+        Shielded: a release cut by cancellation would leave the sandbox's
+        runtime or its files held with nothing left to free them."""
         if self._live.closed:
+            await self._live.released.wait()
             return
         self._live.closed = True
-        await self._end_processes()
-        await self._backend.close()
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._end_processes()
+                await self._backend.close()
+        finally:
+            self._live.released.set()
 
     async def close(self) -> None:
         """The owner's close kills background commands and releases the sandbox
@@ -709,7 +719,8 @@ class Sandbox:
             self._live.attached.pop(self.session_id, None)
             return
         try:
-            if self._live.closed:  # reaped: what serves it to attached sessions stops now
+            if self._live.closed:  # reaped (or being reaped): done once it is released
+                await self._live.released.wait()
                 return
             # Recorded ended and released as one: a caller that gives up meanwhile
             # (a client gone) leaves neither a live record nor a runtime behind.

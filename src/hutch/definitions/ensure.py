@@ -42,7 +42,7 @@ from .._sandbox import Sandbox, backend_of, rebind
 from .._snapshots import Snapshot
 from ..config import SandboxOptions, SandboxSpec
 from ..lifecycle.engine import DEFAULT_TIMEOUT_CEILING, LifecycleEngine
-from ..lifecycle.shared import SharedView
+from ..lifecycle.shared import SharedLimits, SharedView
 from ..lifecycle.state import FINAL, SandboxState
 from ..providers.base import ProviderSnapshot
 from ..providers.registry import get_provider
@@ -457,6 +457,8 @@ class LocalHost(SandboxHost):
         #: sandbox id -> the store's count of others' changes when its record
         #: was last found to be what this host knows (see :meth:`moved`).
         self._checked: dict[str, int] = {}
+        #: The same, for the time limits a timer last read (see :meth:`limits`).
+        self._limits_checked: dict[str, int] = {}
         #: (instance key, sandbox id) this program has recorded its hold of.
         self._holding: set[tuple[str, str]] = set()
         self._engines: weakref.WeakKeyDictionary[
@@ -510,6 +512,17 @@ class LocalHost(SandboxHost):
             self.store.note_instance_activity, sandbox_id, last_active_unix
         )
 
+    def limits(self, sandbox_id: str) -> SharedLimits | None:
+        if sandbox_id not in self._recorded:
+            return None  # in no instance: this program's own
+        version = self.store.changes_by_others()
+        if version is not None and self._limits_checked.get(sandbox_id) == version:
+            return None  # no other program wrote anything since
+        row = self.store.instance_of_sandbox(sandbox_id)
+        if version is not None:
+            self._limits_checked[sandbox_id] = version
+        return None if row is None else SharedLimits(row.created_at_unix, row.deadline_unix)
+
     async def record_deadline(self, sandbox_id: str, deadline_unix: float) -> None:
         await anyio.to_thread.run_sync(self.store.set_instance_deadline, sandbox_id, deadline_unix)
 
@@ -532,7 +545,7 @@ class LocalHost(SandboxHost):
                 current = (row.state, _canonical(row.description)) == known
                 yield SharedView(
                     current=current, last_active_unix=row.last_active_unix,
-                    created_unix=row.created_at_unix, deadline_unix=row.deadline_unix,
+                    limits=SharedLimits(row.created_at_unix, row.deadline_unix),
                     reason=row.reason,
                 )
         finally:
@@ -581,6 +594,7 @@ class LocalHost(SandboxHost):
         self._live.pop(sandbox.id, None)
         self._recorded.pop(sandbox.id, None)
         self._checked.pop(sandbox.id, None)
+        self._limits_checked.pop(sandbox.id, None)
         self.engine().forget(sandbox)
 
     async def find_live(self, row: InstanceRow) -> Sandbox | None:
@@ -681,6 +695,7 @@ class LocalHost(SandboxHost):
         self._live.pop(sandbox.id, None)
         self._recorded.pop(sandbox.id, None)
         self._checked.pop(sandbox.id, None)
+        self._limits_checked.pop(sandbox.id, None)
 
     async def drop_snapshot(self, snapshot: SnapshotRow) -> None:
         from .._api import remove_snapshot

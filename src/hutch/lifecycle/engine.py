@@ -50,9 +50,11 @@ from .scheduler import Scheduler
 from .shared import (
     CLAIM_RETRY_SECONDS,
     CLAIM_WAIT_SECONDS,
+    LIMITS_POLL_SECONDS,
     MIN_PUBLISH_SECONDS,
     PUBLISH_SHARE,
     SharedActivity,
+    SharedLimits,
     SharedView,
 )
 from .state import FINAL, SandboxState, check_transition
@@ -782,6 +784,9 @@ class LifecycleEngine:
         now = self.clock.monotonic()
         candidates = [d for d in self._hard_deadlines(record) if d is not None]
         candidates += [record.last_activity_mono + w for w, _ in self._idle_windows(record, now)]
+        if self.shared is not None:
+            # Another program may set or move its deadline (and be gone by then).
+            candidates.append(now + LIMITS_POLL_SECONDS)
         if candidates:
             self.scheduler.schedule(record.sandbox_id, min(candidates))
         else:
@@ -816,6 +821,8 @@ class LifecycleEngine:
             # later; the sandbox is never silently dropped from the timers.
             log.exception("sandbox %s: lifecycle step failed", sandbox_id)
             next_due = self.clock.monotonic() + self.retry_after
+        if next_due is not None and self.shared is not None:
+            next_due = min(next_due, self.clock.monotonic() + LIMITS_POLL_SECONDS)
         if verdict == "drop":
             # Another program sharing the sandbox ended it: nothing here acts on it.
             self._forget(record)
@@ -851,6 +858,10 @@ class LifecycleEngine:
         again or None for the usual time)."""
         if record.state in FINAL:
             return "keep", None
+        if self.shared is not None:
+            limits = self.shared.limits(record.sandbox_id)
+            if limits is not None:  # another program wrote since: its deadline too
+                self._take_limits(record, limits)
         expiry = self._expiry(record)
         if expiry is not None:
             if self.shared is not None:
@@ -888,7 +899,7 @@ class LifecycleEngine:
                 # this handle knew it): this handle takes the recorded state.
                 await self._follow(sandbox, record, view)
                 return ("drop" if record.state in FINAL else "keep"), None
-            self._take_limits(record, view)
+            self._take_limits(record, view.limits)
             expiry = self._expiry(record)
             if expiry is not None:  # another program's deadline, crossed
                 await self._terminate_locked(sandbox, record, expiry)
@@ -913,15 +924,15 @@ class LifecycleEngine:
             return "timeout_expired"
         return None
 
-    def _take_limits(self, record: LifecycleRecord, view: SharedView) -> None:
+    def _take_limits(self, record: LifecycleRecord, limits: SharedLimits) -> None:
         """The sandbox's time limits as the store records them (the truth:
         another program may have made or found it, or moved its deadline)."""
         now, wall = self.clock.monotonic(), self.clock.time()
-        if view.created_unix is not None:
-            record.created_unix = view.created_unix
-            record.created_mono = now - max(0.0, wall - view.created_unix)
-        if view.deadline_unix is not None:
-            record.live_deadline_mono = now + (view.deadline_unix - wall)
+        if limits.created_unix is not None:
+            record.created_unix = limits.created_unix
+            record.created_mono = now - max(0.0, wall - limits.created_unix)
+        if limits.deadline_unix is not None:
+            record.live_deadline_mono = now + (limits.deadline_unix - wall)
 
     async def _expire_shared(
         self, sandbox: Sandbox, record: LifecycleRecord
@@ -936,7 +947,7 @@ class LifecycleEngine:
             if not view.current:  # moved or ended elsewhere: this handle follows
                 await self._follow(sandbox, record, view)
                 return ("drop" if record.state in FINAL else "keep"), None
-            self._take_limits(record, view)
+            self._take_limits(record, view.limits)
             expiry = self._expiry(record)
             if expiry is None:
                 return "keep", None  # another program moved the deadline: timed from it

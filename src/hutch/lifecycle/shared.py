@@ -40,6 +40,21 @@ CLAIM_WAIT_SECONDS = 120.0
 #: How soon a timer that found the claim held (another program acting on
 #: the sandbox now) looks again.
 CLAIM_RETRY_SECONDS = 0.2
+#: How often a timer looks whether another program changed a shared
+#: sandbox's time limits (a set_timeout there, its program gone since): a
+#: deadline moved earlier is kept at most this late. Cheap: a counter read,
+#: and the record only when another program wrote.
+LIMITS_POLL_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class SharedLimits:
+    """A shared sandbox's time limits as recorded (Unix times; None: not recorded)."""
+
+    #: When the sandbox was made: max_lifetime counts from here.
+    created_unix: float | None
+    #: Its set_timeout deadline, whichever program set it last.
+    deadline_unix: float | None
 
 
 @dataclass(frozen=True)
@@ -51,10 +66,8 @@ class SharedView:
     current: bool
     #: The latest activity any program recorded (Unix time), if any did.
     last_active_unix: float | None
-    #: When the sandbox was made (Unix time), if recorded.
-    created_unix: float | None = None
-    #: Its set_timeout deadline (Unix time), if any program set one.
-    deadline_unix: float | None = None
+    #: Its time limits as recorded.
+    limits: SharedLimits = SharedLimits(None, None)
     #: Why its recorded state is what it is (an ended one: its expiry).
     reason: str | None = None
 
@@ -70,6 +83,11 @@ class SharedActivity(Protocol):
     async def publish(self, sandbox_id: str, last_active_unix: float) -> None:
         """Record activity seen by this program; the record keeps the latest
         of every program's (an older time never moves it back)."""
+
+    def limits(self, sandbox_id: str) -> SharedLimits | None:
+        """The sandbox's time limits as recorded, if another program may
+        have changed them since this one last looked; None if none did (or
+        it is this program's alone). Cheap: asked at every timer poll."""
 
     async def record_deadline(self, sandbox_id: str, deadline_unix: float) -> None:
         """Record a set_timeout deadline made here (called under the claim,

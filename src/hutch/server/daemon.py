@@ -1075,9 +1075,7 @@ class Daemon:
             self.store.put_workspace(row)
             previous = row.state_snapshot_id
             try:
-                state = await self.snapshot_sandbox(
-                    sandbox.id, f"workspace {name} state", diff=diff
-                )
+                state = await self.snapshot_sandbox(sandbox.id, _state_label(name), diff=diff)
             except BaseException:
                 row.status = "running"
                 self.store.put_workspace(row)
@@ -1349,6 +1347,8 @@ class Daemon:
                 self.store.delete_workspace(ws.name)
                 log.warning("dropped workspace %s: its create was cut short", ws.name)
             return
+        if ws.status == "suspending":
+            await self._settle_cut_suspend(ws, live=live)
         if ws.status in ("running", "suspending", "resuming") and not live:
             # A suspend whose state snapshot was written is a suspend; one cut
             # short left the last state (or none), from which resume starts.
@@ -1364,6 +1364,30 @@ class Daemon:
                         ws.state_snapshot_id)
             ws.state_snapshot_id = None
             self.store.put_workspace(ws)
+
+    async def _settle_cut_suspend(self, ws: WorkspaceRow, *, live: bool) -> None:
+        """A suspend cut short after it recorded the new state snapshot and
+        before the workspace named it: with its sandbox alive, that snapshot
+        goes (the sandbox has all of it, and goes on); with the sandbox gone,
+        it is the latest state there is, and becomes the workspace's."""
+        cut = [s for s in self.store.list_snapshots()
+               if s.status == "ready" and s.sandbox_id == ws.live_sandbox_id
+               and s.label == _state_label(ws.name)
+               and s.id not in (ws.state_snapshot_id, ws.source_snapshot_id)]
+        if not cut:
+            return
+        newest = max(cut, key=lambda s: s.created_at_unix)
+        if not live:
+            previous, ws.state_snapshot_id = ws.state_snapshot_id, newest.id
+            self.store.put_workspace(ws)
+            log.warning("workspace %s: its suspend was cut short; its state is %s",
+                        ws.name, newest.id)
+            await self._release_snapshot(previous)
+            cut.remove(newest)
+        for row in cut:
+            log.warning("workspace %s: dropping %s, the state of a suspend cut short",
+                        ws.name, row.id)
+            await self._release_snapshot(row.id)
 
     async def stop(self) -> None:
         """Stop the daemon, leaving every sandbox running for the next start to adopt.
@@ -1391,6 +1415,11 @@ class Daemon:
             self.store.set_meta(CLEAN_STOP, str(time.time()))
         finally:
             self.store.close()
+
+
+def _state_label(workspace: str) -> str:
+    """The label of a workspace's state snapshots."""
+    return f"workspace {workspace} state"
 
 
 class _DaemonHost(SandboxHost):
