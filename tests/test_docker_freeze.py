@@ -186,3 +186,24 @@ async def test_a_kill_from_the_host_keeps_the_users_pause(sb: Any) -> None:
     assert await backend.count_busy_processes() == 0, "the sleep outlived its kill"
     assert (await sb.exec(["echo", "alive"])).stdout == "alive\n"
 
+
+
+async def test_a_snapshot_keeps_the_users_pause_and_undoes_its_own(sb: Any) -> None:
+    backend = backend_of(sb)
+    assert isinstance(backend, DockerSandbox) and backend.container_id is not None
+    container = backend.container_id
+    await sb.write_text("kept.txt", "kept")
+    running = await sb.snapshot("taken-running")  # paused for the capture, then thawed
+    try:
+        assert not cgroup_frozen(container)
+        await sb.pause()
+        paused = await sb.snapshot("taken-paused")
+        try:
+            assert cgroup_frozen(container), "the snapshot undid the user's pause"
+            await sb.resume()
+            assert not cgroup_frozen(container)
+            assert (await sb.exec(["echo", "alive"])).stdout == "alive\n"
+        finally:
+            await hutch.remove_snapshot(paused)
+    finally:
+        await hutch.remove_snapshot(running)
