@@ -163,6 +163,46 @@ async def test_a_lagging_paused_flag_neither_fails_an_exec_nor_leaves_the_sandbo
         assert result.stdout == "alive\n"
 
 
+class SlowToFreezeEngine:
+    """The real Engine, whose first pause fails as runc's does when the
+    container's tasks do not stop in its short wait (seen under load in CI,
+    a writer busy in the container): the cgroup is thawed back."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+        self.refused = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def pause(self, container: str) -> None:
+        if not self.refused:
+            self.refused += 1
+            raise engine_refusal(500, f"Cannot pause container {container}: OCI runtime "
+                                      "pause failed: unable to freeze: unknown")
+        self._real.pause(container)
+
+
+async def test_a_pause_runc_could_not_freeze_at_once_is_tried_again(
+    sb: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = backend_of(sb)
+    assert isinstance(backend, DockerSandbox) and backend.container_id is not None
+    slow = SlowToFreezeEngine(docker_provider.engine())
+    monkeypatch.setattr(docker_provider, "_api_client", slow)
+    await backend.pause()
+    assert slow.refused == 1 and cgroup_frozen(backend.container_id)
+    await backend.unpause()
+    slow.refused = 0
+    # A snapshot's own pause too.
+    await sb.write_text("a.txt", "A")
+    snapshot = await sb.snapshot("slow to freeze")
+    try:
+        assert slow.refused == 1 and not cgroup_frozen(backend.container_id)
+    finally:
+        await hutch.remove_snapshot(snapshot)
+
+
 async def test_a_kill_from_the_host_keeps_the_users_pause(sb: Any) -> None:
     backend = backend_of(sb)
     assert isinstance(backend, DockerSandbox) and backend.container_id is not None

@@ -396,7 +396,11 @@ class FreezeGuard:
             except docker.errors.APIError as exc:
                 text = str(exc)
                 lagging = self._paused is False and "is already paused" in text
-                if lagging and time.monotonic() < deadline:
+                # runc gives up freezing a cgroup whose tasks do not stop in
+                # its short wait (a loaded host, a task in the middle of a
+                # fork) and thaws it back: a try again, not a failure.
+                unfrozen = "unable to freeze" in text
+                if (lagging or unfrozen) and time.monotonic() < deadline:
                     time.sleep(delay)  # a late "paused" event of our last pause
                     delay = min(delay * 2, 0.1)
                     continue
