@@ -905,7 +905,7 @@ def _freeze(snapshot_id: str, sandbox_id: str, chain: list[str], target: str, *,
             frozen = _frozen_path(sandbox_id, snapshot_id)
             os.makedirs(os.path.dirname(frozen), exist_ok=True)
             os.rename(upper, frozen)
-        _finish_freeze(sandbox_id, snapshot_id, new_chain)
+        _finish_freeze(sandbox_id, snapshot_id)
         _write_json(os.path.join(target, "chain.json"), new_chain)
     except BaseException:
         # Finished or undone as after a crash, and the sandbox's directory
@@ -932,17 +932,17 @@ def _remount(sandbox_id: str) -> None:
         _mount(merged, _lowers(chain), *_upper_work(sandbox_id))
 
 
-def _finish_freeze(sandbox_id: str, snapshot_id: str, new_chain: list[str]) -> None:
-    """The rest of a freeze whose move is done: the snapshot's layer linked
-    to a store's, a fresh upper directory, the journal gone, what a flatten
-    discarded freed."""
+def _finish_freeze(sandbox_id: str, snapshot_id: str) -> None:
+    """The rest of a freeze whose move is done (the sandbox's chain already
+    names the new layer: it is written before the move): the snapshot's
+    layer linked to a store's, a fresh upper directory, the journal gone,
+    what a flatten discarded freed."""
     base = mount_dir(sandbox_id)
     frozen = _frozen_path(sandbox_id, snapshot_id)
     if frozen != _tree(snapshot_id) and not os.path.lexists(_tree(snapshot_id)):
         os.makedirs(snapshot_dir(snapshot_id), exist_ok=True)
         os.symlink(frozen, _tree(snapshot_id))
     _make_upper(sandbox_id, _tree(snapshot_id))
-    _write_json(os.path.join(base, "chain.json"), new_chain)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(os.path.join(base, "freezing.json"))
     upper, _ = _upper_work(sandbox_id)
@@ -973,12 +973,10 @@ def _recover_locked(sandbox_id: str) -> None:
     snapshot_id, chain = str(state["snapshot"]), [str(s) for s in state["chain"]]
     if state.get("flatten"):
         moved = os.path.exists(discarded) or not os.path.isdir(upper)
-        new_chain = [snapshot_id]
     else:
         moved = os.path.isdir(_frozen_path(sandbox_id, snapshot_id))
-        new_chain = [snapshot_id, *chain]
     if moved:
-        _finish_freeze(sandbox_id, snapshot_id, new_chain)
+        _finish_freeze(sandbox_id, snapshot_id)
         return
     _write_json(os.path.join(base, "chain.json"), chain)
     shutil.rmtree(snapshot_dir(snapshot_id), ignore_errors=True)
