@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
+from hutch.providers import _mounts
 from hutch.providers._diskcap import unescape_raw
 
 if TYPE_CHECKING:
@@ -200,12 +201,10 @@ def mounts_under(root: str) -> list[str]:
     (also those whose directory was deleted while mounted)."""
     root = root.rstrip("/")
     found = []
-    with open("/proc/self/mountinfo") as fh:
-        for line in fh:
-            point = line.split()[4].encode().decode("unicode_escape")
-            point = point.removesuffix("//deleted").removesuffix(" (deleted)")
-            if point == root or point.startswith(root + "/"):
-                found.append(point)
+    for mount in _mounts.mountinfo():
+        point = mount.point.removesuffix("//deleted").removesuffix(" (deleted)")
+        if point == root or point.startswith(root + "/"):
+            found.append(point)
     return sorted(found, key=len, reverse=True)
 
 

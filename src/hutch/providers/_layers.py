@@ -58,7 +58,6 @@ import errno
 import fcntl
 import json
 import os
-import re
 import shutil
 import stat
 import subprocess
@@ -719,33 +718,9 @@ def _lowers(chain: list[str]) -> list[str]:
     return [_tree(s) for s in chain] or [_empty_layer()]
 
 
-def _unescape_mountinfo(field: str) -> str:
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
-
-
-def _mountinfo(pid: int | str = "self") -> list[tuple[str, str, list[str]]]:
-    """(mount point, file system type, super options) of every mount in
-    ``pid``'s mount namespace, in the kernel's order (a mount stacked on
-    another comes after it)."""
-    try:
-        with open(f"/proc/{pid}/mountinfo") as fh:
-            lines = fh.read().splitlines()
-    except OSError:
-        return []
-    found = []
-    for line in lines:
-        fields = line.split()
-        if "-" not in fields[6:]:
-            continue
-        rest = fields[fields.index("-", 6) + 1:]
-        options = rest[2].split(",") if len(rest) > 2 else []
-        found.append((_unescape_mountinfo(fields[4]), rest[0], options))
-    return found
-
-
 def _stack(path: str) -> list[str]:
     """The file system types mounted at ``path`` here, bottom first."""
-    return [fstype for where, fstype, _ in _mountinfo() if where == path]
+    return [m.fstype for m in _mounts.mountinfo() if m.point == path]
 
 
 def _overlay_on_top(merged: str) -> bool:
@@ -883,7 +858,7 @@ def _freeze(snapshot_id: str, sandbox_id: str, chain: list[str], target: str, *,
     except OSError:
         moved = False
     if moved and holder is not None and any(
-        f"upperdir={upper}" in options for _, _, options in _mountinfo(holder)
+        f"upperdir={upper}" in m.options for m in _mounts.mountinfo(holder)
     ):
         # The container holds the overlay itself (bound before the
         # anchor existed): moving its upper would move it under it.

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
+from typing import NamedTuple
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = (
@@ -38,3 +40,34 @@ def umount(target: str, *, detach: bool = False) -> None:
     if _libc.umount2(os.fsencode(target), MNT_DETACH if detach else 0) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"unmounting {target}: {os.strerror(err)}")
+
+
+class Mount(NamedTuple):
+    point: str
+    fstype: str
+    #: The file system's own options (``upperdir=...`` of an overlay, say).
+    options: list[str]
+
+
+def _unescape(field: str) -> str:
+    """A mountinfo field as it is (the kernel writes a space as ``\\040``)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def mountinfo(pid: int | str = "self") -> list[Mount]:
+    """Every mount in ``pid``'s mount namespace, in the kernel's order (a
+    mount stacked on another comes after it); none if it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/mountinfo") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        fields = line.split()
+        if "-" not in fields[6:]:
+            continue
+        rest = fields[fields.index("-", 6) + 1:]
+        options = rest[2].split(",") if len(rest) > 2 else []
+        found.append(Mount(_unescape(fields[4]), rest[0], options))
+    return found
