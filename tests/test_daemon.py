@@ -23,6 +23,7 @@ from hutch.providers import _diskcap
 from hutch.store.sqlite import SQLiteStore
 from tests.conftest import TEST_IMAGE
 from tests.daemon_fixture import DaemonProcess
+from tests.hazards import loop_devices_left
 
 
 @pytest.fixture
@@ -344,7 +345,7 @@ def test_a_capped_working_directory_the_store_does_not_keep_is_released_at_start
         store.close()
     daemon.start()
     assert not os.path.ismount(workdir)
-    assert _diskcap.loop_devices_backed_by(image) == []
+    assert loop_devices_left(image) == []
     assert not os.path.exists(workdir) and not os.path.exists(image)
     assert not os.path.exists(os.path.dirname(merged))
     assert sb.id not in managed_containers(daemon.data_dir)

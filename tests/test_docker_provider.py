@@ -30,7 +30,7 @@ from hutch.providers import docker as docker_provider
 from hutch.providers.agent.workload import MEMORY_RESERVE, PIDS_RESERVE
 from hutch.providers.docker import DockerSandbox, list_managed_containers
 from tests.conftest import TEST_IMAGE
-from tests.hazards import workload_limits
+from tests.hazards import loop_devices_left, workload_limits
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]
 
@@ -534,7 +534,7 @@ def test_a_capped_directory_whose_image_was_deleted_under_its_mount_is_released(
         assert _diskcap.loop_devices_backed_by(image) == [device]
         _diskcap.unmount_capped(workdir)
         assert not os.path.ismount(workdir)
-        assert _diskcap.loop_devices_backed_by(image) == []
+        assert loop_devices_left(image) == []
     finally:
         if os.path.ismount(workdir):
             subprocess.run(["umount", "-l", workdir], check=False)

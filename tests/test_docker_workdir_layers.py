@@ -22,6 +22,7 @@ import pytest
 
 import hutch
 from tests.conftest import TEST_IMAGE
+from tests.hazards import loop_devices_left
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]
 
@@ -200,7 +201,7 @@ async def test_a_capped_directory_moves_within_its_cap_and_outlives_its_sandbox(
         await hutch.remove_snapshot(fork.snapshot)
         # Nothing stacks it any more: the store, its image and loop device go.
         assert not os.path.exists(store)
-        assert _diskcap.loop_devices_backed_by(_diskcap.image_for(store)) == []
+        assert loop_devices_left(_diskcap.image_for(store)) == []
     finally:
         await origin.close()
 
