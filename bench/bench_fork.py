@@ -264,11 +264,53 @@ async def bench_docker_first_fork(files: int, disk: str | None = None) -> None:
         "goal <= 1.2x")
 
 
+async def attach_and_exec(snapshot: Any) -> None:
+    branch = await hutch.create_sandbox_from_snapshot(snapshot)
+    try:
+        assert (await branch.exec(["true"])).exit_code == 0
+    finally:
+        await branch.close()
+
+
+async def bench_docker_attach_idle_store(files: int) -> None:
+    """Attach + exec (+ close) from a snapshot of a closed capped sandbox:
+    its store, which nothing stacks, is unmounted (idle) and mounted again
+    on demand by the attach; beside the same attach with the store mounted
+    (another branch of the snapshot holds it, off the clock), alternately."""
+    from hutch.providers import _layers
+
+    origin = await filled_docker_sandbox(files, "4g")
+    store = _layers.store_dir(origin.id)
+    seed = await origin.snapshot("seed")
+    await origin.close()
+    idle, mounted = [], []
+    try:
+        for _ in range(RUNS + 1):  # the first pair is a warm-up
+            holder = await hutch.create_sandbox_from_snapshot(seed)
+            try:
+                assert os.path.ismount(store)
+                t = time.perf_counter()
+                await attach_and_exec(seed)
+                mounted.append(time.perf_counter() - t)
+            finally:
+                await holder.close()
+            assert not os.path.ismount(store), "nothing stacks the store: it is unmounted"
+            t = time.perf_counter()
+            await attach_and_exec(seed)
+            idle.append(time.perf_counter() - t)
+    finally:
+        await hutch.remove_snapshot(seed)
+    row(f"attach + exec, store unmounted (vs mounted), {files} files",
+        statistics.median(idle[1:]) * 1000, statistics.median(mounted[1:]) * 1000,
+        "floor: the same, its store mounted")
+
+
 async def bench_docker(files: int) -> None:
     header(f"docker: fork to first exec, {files} files in /workspace")
     await bench_docker_first_fork(files)
     if files == FILES:
         await bench_docker_first_fork(files, disk="4g")
+        await bench_docker_attach_idle_store(files)
     plain = await filled_docker_sandbox(files)
     seed = await plain.snapshot("seed")
     origin = await hutch.create_sandbox_from_snapshot(seed)

@@ -1986,6 +1986,9 @@ class DockerSandbox(NativeBackend):
         self.suspended_image = image_id
         await _call(api.remove_container, container, force=True)
         self.container_id = None
+        if self.layered:
+            # Nothing runs on its working directory now: it holds no mounted store.
+            await anyio.to_thread.run_sync(_layers.rest, self.sandbox_id)
         if self._agent is not None:
             self._agent.drop_connections()
         if previous and previous != image_id:
@@ -2143,7 +2146,10 @@ class DockerSandbox(NativeBackend):
             with _layers.sandbox_lock(self.sandbox_id):
                 if _layers.mounted_chain(self.sandbox_id) is None:
                     return  # its directory is gone: nothing to mend
-                _layers.after_start(self.sandbox_id)
+                if self.container_id is None:
+                    _layers.rest(self.sandbox_id)  # suspended: its directory at rest
+                else:
+                    _layers.after_start(self.sandbox_id)
                 marker = self._paused_for_capture()
                 if os.path.exists(marker):
                     if self.container_id is not None:
