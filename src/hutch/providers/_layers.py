@@ -61,6 +61,7 @@ import contextlib
 import errno
 import fcntl
 import json
+import logging
 import os
 import shutil
 import stat
@@ -72,6 +73,8 @@ from .._errors import ProviderError, SandboxUnavailable
 from .._paths import hutch_home
 from . import _mounts
 from ._diskcap import IMAGE_SUFFIX, image_for, mount_capped, unmount_capped
+
+log = logging.getLogger(__name__)
 
 #: Layers one chain may stack before a capture flattens it: overlayfs takes
 #: up to 500 lower directories, but the mount options must fit one page.
@@ -1041,17 +1044,32 @@ def rest(sandbox_id: str) -> None:
     with sandbox_lock(sandbox_id):
         if mounted_chain(sandbox_id) is None or not _rest_locked(sandbox_id):
             return
-    collect_garbage()
+    try:
+        collect_garbage()
+    except OSError as exc:  # a saving, not the suspend's: the next collection frees them
+        log.warning("sandbox %s at rest, its stores not yet unmounted: %s", sandbox_id, exc)
 
 
 def _rest_locked(sandbox_id: str) -> bool:
+    """Whether the directory is at rest now. Resting saves memory; it is
+    never worth failing a suspend over: where the marker cannot be written
+    (a full disk) or the overlay cannot be unmounted (a process in it), the
+    directory stays mounted as it was, unmarked."""
     merged = os.path.join(mount_dir(sandbox_id), "merged")
+    try:
+        # Marked before the unmount: never an overlay unmounted that no
+        # marker says is at rest (its stores would be kept mounted for good).
+        _write_json(_resting(sandbox_id), True)
+    except OSError as exc:
+        log.warning("sandbox %s stays mounted while suspended: %s", sandbox_id, exc)
+        return False
     while _overlay_on_top(merged):
         try:
             _mounts.umount(merged)
         except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(_resting(sandbox_id))
             return False
-    _write_json(_resting(sandbox_id), True)
     return True
 
 
