@@ -33,7 +33,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -41,7 +40,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(__file__))
 
 import hutch
-from _common import header, row
+from _common import header, row, run, scratch_dir
 from hutch._sandbox import backend_of
 
 FILES = 10_000
@@ -89,9 +88,9 @@ async def fork_and_exec(origin: Any, branches: int) -> None:
 
 async def bench_local() -> None:
     header(f"local: fork to first exec, {FILES} files in the working directory")
-    tree = tempfile.mkdtemp(prefix="hutch-bench-fork-")
+    tree = scratch_dir("hutch-bench-fork-")
     make_tree(tree, FILES)
-    scratch = tempfile.mkdtemp(prefix="hutch-bench-cp-")
+    scratch = scratch_dir("hutch-bench-cp-")
     plain = await hutch.create_sandbox("local", workdir=tree, read_before_write=False)
     seed = await plain.snapshot("seed")
     origin = await hutch.create_sandbox_from_snapshot(seed)
@@ -154,7 +153,7 @@ async def bench_first_snapshot() -> None:
     same, the snapshot kept as an archive of it, unpacked by its next
     attach, timed too) and stacked by a running branch (a copy)."""
     header(f"local: a plain directory's first snapshot, {FILES} files")
-    scratch = tempfile.mkdtemp(prefix="hutch-bench-first-")
+    scratch = scratch_dir("hutch-bench-first-")
     ours: list[float] = []
     copy: list[float] = []
     links: list[float] = []
@@ -328,4 +327,4 @@ async def main(parts: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1:]))
+    run(lambda: main(sys.argv[1:]))
