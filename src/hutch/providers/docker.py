@@ -2413,6 +2413,8 @@ class DockerSandbox(NativeBackend):
                     self.sandbox_id, self.container_name,
                 )
             elif self.suspended_image is not None:
+                if self.layered:  # at rest while suspended: mounted again, to be bound
+                    await anyio.to_thread.run_sync(_layers.after_start, self.sandbox_id)
                 log.warning(
                     "sandbox %s kept suspended (preserve): docker run -it --rm -v %s:%s %s bash",
                     self.sandbox_id, self.host_workdir, self.config.mount_point,
