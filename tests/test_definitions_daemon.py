@@ -272,3 +272,86 @@ def test_a_program_s_thread_is_not_taken_by_the_daemon_docker(daemon: DaemonProc
                           "provider": {"type": "docker", "image": TEST_IMAGE, "runtime": "native"},
                           "workspace": {"setup": ["echo ran >> .setup-runs"]}})
     _program_s_thread_is_not_taken(daemon, "docker-agent")
+
+
+
+_TAKING_PROGRAM = """
+import json, sys, anyio
+from hutch.definitions import Definition, open_definitions
+d = Definition.parse(json.loads(sys.argv[1]))
+async def main():
+    definitions = open_definitions()  # the daemon's store: HUTCH_HOME is its data directory
+    e = await definitions.ensure(d, sys.argv[2])
+    status = e.sandbox.status()
+    print(json.dumps({"path": e.path, "id": e.sandbox.id,
+                      "notes": await e.sandbox.read_text("notes.txt"),
+                      "created": status.created_at_unix, "deadline": status.deadline_unix}),
+          flush=True)
+    while (line := (await anyio.to_thread.run_sync(sys.stdin.readline)).strip()) == "exec":
+        print((await e.sandbox.exec("cat notes.txt")).stdout, flush=True)
+    await definitions.host.destroy(e.sandbox)
+    definitions.host.store.delete_instance(e.key)
+    print("ended", flush=True)
+anyio.run(main)
+"""
+
+
+def _daemon_s_thread_is_taken_once_it_dies(daemon: DaemonProcess, definition_id: str) -> None:
+    """A daemon holding a thread's sandbox is killed (SIGKILL: nothing of it
+    runs after): a program that ensures that thread in-process on its store
+    sees the holder is dead and takes the sandbox over, the daemon's work in
+    it, as the daemon does with a dead program's. The daemon started again
+    finds it held in-process by a program that lives: it neither adopts it
+    nor frees it as an orphan."""
+    with hutch.Client(daemon.url, token=daemon.token) as c:
+        body = next(d for d in c.definitions() if d["id"] == definition_id)
+        held = c.ensure(definition_id, "t-dead-daemon")
+        held.sandbox.write_text("notes.txt", "the daemon's work")
+        deadline = held.sandbox.set_timeout(3600)
+        created = held.sandbox.status().created_at_unix
+    daemon.kill()
+    program = subprocess.Popen(
+        [sys.executable, "-c", _TAKING_PROGRAM, json.dumps(body), "t-dead-daemon"], text=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={**os.environ, "HUTCH_HOME": daemon.data_dir})
+    try:
+        assert program.stdout is not None and program.stdin is not None
+        line = program.stdout.readline()
+        assert line, program.stderr.read() if program.stderr else ""
+        taken = json.loads(line)
+        assert taken["path"] == "resumed" and taken["id"] == held.sandbox.id
+        assert taken["notes"] == "the daemon's work"
+        # Its time limits as the daemon left them.
+        assert abs(taken["created"] - created) < 0.01, (taken, created)
+        assert taken["deadline"] is not None and abs(taken["deadline"] - deadline) < 0.01
+        daemon.start()
+        with hutch.Client(daemon.url, token=daemon.token) as c:
+            assert c.list_sandboxes() == []  # not adopted as the daemon's again
+            with pytest.raises(hutch.SandboxUnavailable, match="held in-process") as caught:
+                c.ensure(definition_id, "t-dead-daemon")
+            assert str(program.pid) in str(caught.value)
+        # Nor freed by the restart's reconciliation: the program's handle works on.
+        program.stdin.write("exec\n")
+        program.stdin.flush()
+        assert program.stdout.readline().strip() == "the daemon's work"
+        program.stdin.write("end\n")
+        program.stdin.flush()
+        assert program.stdout.readline().strip() == "ended"
+        assert program.wait(60) == 0
+    finally:
+        if program.poll() is None:
+            program.kill()
+            program.wait(30)
+
+
+def test_a_dead_daemon_s_thread_is_taken_in_process_local(daemon: DaemonProcess) -> None:
+    _daemon_s_thread_is_taken_once_it_dies(daemon, "repo-agent")
+
+
+@pytest.mark.docker
+def test_a_dead_daemon_s_thread_is_taken_in_process_docker(daemon: DaemonProcess) -> None:
+    with hutch.Client(daemon.url, token=daemon.token) as c:
+        c.put_definition({"id": "docker-agent",
+                          "provider": {"type": "docker", "image": TEST_IMAGE, "runtime": "native"},
+                          "workspace": {"setup": ["echo ran >> .setup-runs"]}})
+    _daemon_s_thread_is_taken_once_it_dies(daemon, "docker-agent")

@@ -628,15 +628,40 @@ class LocalHost(SandboxHost):
             recorded = SandboxState.RUNNING
         if recorded in FINAL:
             return None
-        if row.description.get("held_by") == HELD_BY_DAEMON:
-            raise SandboxUnavailable(
-                f"the sandbox of thread {row.thread_id!r} of definition {row.definition_id!r} "
-                f"({row.sandbox_id}) is held by the hutch daemon whose store this is: "
-                "ensure it through the daemon's client (hutch.Client(...).ensure)"
-            )
+        description, created_unix, deadline_unix = (
+            row.description, row.created_at_unix, row.deadline_unix)
+        from_daemon = row.description.get("held_by") == HELD_BY_DAEMON
+        if from_daemon:
+            # The daemon's while it lives (its hold is recorded as any
+            # program's); one killed left it to whoever asks next: this
+            # program takes it, as the daemon itself takes a dead program's.
+            if not await anyio.to_thread.run_sync(functools.partial(
+                self.store.claim_instance, row.key, row.sandbox_id, this_program(),
+                was=row.description, alive=program_alive,
+            )):
+                raise SandboxUnavailable(
+                    f"the sandbox of thread {row.thread_id!r} of definition "
+                    f"{row.definition_id!r} ({row.sandbox_id}) is held by the hutch daemon "
+                    "whose store this is: ensure it through the daemon's client "
+                    "(hutch.Client(...).ensure)"
+                )
+            kept = await anyio.to_thread.run_sync(self.store.get_sandbox, row.sandbox_id)
+            if kept is None:
+                return None  # the daemon ended it and was killed before it said so
+            try:
+                recorded = SandboxState(kept.state)
+            except ValueError:
+                recorded = SandboxState.RUNNING
+            if recorded in FINAL:
+                return None
+            # Found again as the daemon recorded it, its deadline with it
+            # (max_lifetime counts from its creation, as the instance says).
+            description, deadline_unix = kept.description, kept.deadline_unix
+            if created_unix is None:
+                created_unix = kept.created_at_unix
         backend_cls = get_provider(row.provider)
         try:
-            backend = await backend_cls.reconnect(row.sandbox_id, row.description)
+            backend = await backend_cls.reconnect(row.sandbox_id, description)
             if recorded is SandboxState.SUSPENDED or await backend.is_alive():
                 state = recorded
             elif await backend.is_suspended():
@@ -645,11 +670,20 @@ class LocalHost(SandboxHost):
                 return None
         except HutchError:
             return None
+        if from_daemon:
+            # This program's from here: the instance says how to find it, and
+            # the dead daemon's record goes (its next start neither adopts
+            # it nor frees it: an instance names it).
+            row.description, row.state = backend.describe(), state.value
+            row.created_at_unix, row.deadline_unix = created_unix, deadline_unix
+            row.updated_at_unix = time.time()
+            await anyio.to_thread.run_sync(self.store.put_instance, row)
+            await anyio.to_thread.run_sync(self.store.delete_sandbox, row.sandbox_id)
         sandbox = await adopt_sandbox(
             backend, SandboxSpec.model_validate(row.spec), self.engine(), state=state,
             # Its time limits are the sandbox's, not this program's: max_lifetime
             # from its creation, the deadline another program set.
-            created_unix=row.created_at_unix, deadline_unix=row.deadline_unix,
+            created_unix=created_unix, deadline_unix=deadline_unix,
         )
         self._live[sandbox.id] = sandbox
         self._recorded[sandbox.id] = (row.state, _canonical(row.description))

@@ -116,7 +116,7 @@ def take_token(token_file: str | None) -> str | None:
     command-line argument, which every user sees in ``/proc/PID/cmdline``.
 
     ``HUTCH_TOKEN`` is removed from this process's environment, so that no
-    child (a ``local`` command, a docker CLI call) inherits the secret.
+    child (a ``local`` command, a tool a provider runs) inherits the secret.
     """
     from_env = os.environ.get(TOKEN_ENV) or None
     _scrub_initial_environ(TOKEN_ENV)

@@ -52,7 +52,7 @@ def raise_descriptor_limit() -> int:
 
 def connection_cap(requested: int | None = None) -> int:
     """Connections the daemon takes at once: half its descriptors at most
-    (the rest are for sandboxes, the store, the Docker Engine)."""
+    (the rest are for sandboxes, the store, the providers' own connections)."""
     cap = requested or DEFAULT_MAX_CONNECTIONS
     return max(1, min(cap, raise_descriptor_limit() // 2))
 

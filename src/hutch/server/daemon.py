@@ -55,7 +55,14 @@ from .._sandbox import (
 from .._snapshots import Snapshot, SnapshotDependent, new_snapshot_id
 from ..config import OPTION_KEYS, SandboxSpec, resolve_spec
 from ..definitions import Definition, Definitions, DirSource, GitSource, SandboxHost
-from ..definitions.ensure import HELD_BY_DAEMON, Progress, held_elsewhere, live_holders
+from ..definitions.ensure import (
+    HELD_BY_DAEMON,
+    Progress,
+    held_elsewhere,
+    live_holders,
+    program_alive,
+    this_program,
+)
 from ..lifecycle.engine import LifecycleEngine, expiry_error
 from ..lifecycle.state import SandboxState
 from ..providers.base import ProviderSnapshot, RuntimeNotice, SandboxBackend
@@ -1208,8 +1215,11 @@ class Daemon:
                     self.store.log_event(row.id, "snapshot", "lost: its storage is gone")
 
     async def _reap_orphans(self) -> None:
-        """Ask every provider to free what it made for sandboxes no row names."""
+        """Ask every provider to free what it made for sandboxes no row names
+        (nor an instance: a program on this store holds it in-process, or
+        left it for the next ``ensure`` of its thread)."""
         known = {r.id for r in self.store.list_sandboxes(include_final=True)}
+        known |= self.store.instance_sandbox_ids()
         for provider in self._providers_in_use():
             try:
                 removed = await provider.reap_orphans(known)
@@ -1222,6 +1232,17 @@ class Daemon:
                 log.warning("removed orphan %s resource %s", provider.provider, what)
 
     async def _reconcile_sandbox(self, row: SandboxRow, *, after_clean_stop: bool) -> None:
+        instance = self.store.instance_of_sandbox(row.id)
+        if instance is not None and not self.store.claim_instance(
+            instance.key, row.id, this_program(), was={"held_by": HELD_BY_DAEMON},
+            alive=program_alive,
+        ):
+            # A program took the thread's sandbox over in-process while the
+            # daemon was down (it found the earlier daemon dead): its now,
+            # not this daemon's to adopt, nor to free.
+            self.store.delete_sandbox(row.id)
+            log.info("sandbox %s: a program on this store holds it now; not adopted", row.id)
+            return
         if row.state == SandboxState.CREATING.value:
             with contextlib.suppress(HutchError):
                 await get_provider(row.provider).discard(row.id)
@@ -1429,6 +1450,8 @@ class _DaemonHost(SandboxHost):
     def __init__(self, daemon: Daemon) -> None:
         self.daemon = daemon
         self.store = daemon.store
+        #: (instance key, sandbox id) this daemon has recorded its hold of.
+        self._holding: set[tuple[str, str]] = set()
 
     async def find_live(self, row: InstanceRow) -> Sandbox | None:
         sandbox = self.daemon.sandboxes.get(row.sandbox_id or "")
@@ -1463,6 +1486,16 @@ class _DaemonHost(SandboxHost):
             row.updated_at_unix = time.time()
             await anyio.to_thread.run_sync(self.store.put_instance, row)
         return sandbox
+
+    async def hold(self, key: str, sandbox: Sandbox) -> None:
+        # Recorded as any program's hold: a program on this store takes the
+        # thread over only once this daemon is gone (killed: its hold dies
+        # with it). Written once per sandbox of the key, and again by a
+        # restarted daemon that adopts it (see Daemon._reconcile_sandbox).
+        if (key, sandbox.id) in self._holding:
+            return
+        await anyio.to_thread.run_sync(self.store.hold_instance, key, this_program())
+        self._holding.add((key, sandbox.id))
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
         return await self.daemon.create_sandbox(spec)

@@ -9,7 +9,7 @@ several daemons) joins by implementing :class:`Store`.
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -270,6 +270,23 @@ class Store(abc.ABC):
     def instance_holders(self, key: str) -> list[str]:
         """The programs recorded as holding the instance's sandbox, the
         earliest first (those since dead included: the caller judges)."""
+
+    @abc.abstractmethod
+    def claim_instance(
+        self, key: str, sandbox_id: str, holder: str, *,
+        was: Mapping[str, Any], alive: Callable[[str], bool],
+    ) -> bool:
+        """``holder`` takes the instance's sandbox for its own, atomically
+        across programs: only if the instance still names ``sandbox_id``
+        with the description ``was`` (no other program has taken it since)
+        and no other holder lives (``alive`` judges each). The dead holders'
+        holds are dropped and ``holder``'s recorded. Whether it is now
+        ``holder``'s (False: another holder lives, or the record moved)."""
+
+    @abc.abstractmethod
+    def instance_sandbox_ids(self) -> set[str]:
+        """The sandboxes the instances name: a program's, or left by one
+        for the next ``ensure`` to find, never orphans."""
 
     @abc.abstractmethod
     def changes_by_others(self) -> int | None:

@@ -517,6 +517,32 @@ class SQLiteStore(Store):
         )
         return [r["holder"] for r in rows]
 
+    def claim_instance(
+        self, key: str, sandbox_id: str, holder: str, *,
+        was: Mapping[str, Any], alive: Callable[[str], bool],
+    ) -> bool:
+        with self._transaction() as db:  # BEGIN IMMEDIATE: one program decides
+            rows = list(db.execute(
+                "SELECT sandbox_id, description FROM instances WHERE key = ?", (key,)))
+            if not rows or rows[0]["sandbox_id"] != sandbox_id \
+                    or json.loads(rows[0]["description"]) != dict(was):
+                return False
+            others = [r["holder"] for r in db.execute(
+                "SELECT holder FROM instance_holders WHERE key = ? AND holder != ?",
+                (key, holder))]
+            if any(alive(other) for other in others):
+                return False
+            db.execute("DELETE FROM instance_holders WHERE key = ?", (key,))
+            db.execute(
+                "INSERT INTO instance_holders (key, holder, since_unix) VALUES (?, ?, ?)",
+                (key, holder, time.time()),
+            )
+            return True
+
+    def instance_sandbox_ids(self) -> set[str]:
+        rows = self._read("SELECT sandbox_id FROM instances WHERE sandbox_id IS NOT NULL")
+        return {r["sandbox_id"] for r in rows}
+
     def record_instance_sandbox(
         self,
         sandbox_id: str,
