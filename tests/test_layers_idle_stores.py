@@ -151,9 +151,9 @@ def test_a_store_a_process_is_in_stays_mounted(made: tuple[list[str], list[str]]
 def test_a_collector_in_another_process_never_empties_a_branch(
     made: tuple[list[str], list[str]],
 ) -> None:
-    """Another program collecting in a loop while branches are attached: a
-    store it finds idle is unmounted only between the branches' mounts,
-    never under one, and is never mounted twice."""
+    """Another program collecting in a loop while branches are attached,
+    suspended and resumed: a store it finds idle is unmounted only between
+    the branches' mounts, never under one, and is never mounted twice."""
     origin = start(made, None)
     for i in range(20):
         write(origin, f"f{i}.txt", str(i))
@@ -177,6 +177,11 @@ def test_a_collector_in_another_process_never_empties_a_branch(
                 f"f{i}.txt" for i in range(20)
             )
             assert read(branch, "f7.txt") == "7"
+            # Suspended and resumed (its stores unmounted, mounted again) as well.
+            _layers.rest(branch)
+            _layers.before_start(branch)
+            _layers.after_start(branch)
+            assert read(branch, "f13.txt") == "13"
             _layers.end_branch(branch)
             made[0].remove(branch)
             attached += 1

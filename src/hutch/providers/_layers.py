@@ -944,9 +944,10 @@ def _stores_lock() -> contextlib.AbstractContextManager[None]:
     """Held by whatever mounts a store on demand, from the mount until the
     overlay that stacks it is mounted (or its read of the store is done),
     and by the collector that unmounts idle stores: so no process unmounts a
-    store another has just mounted to use. Taken after :func:`sandbox_lock`
-    and ``_lock``, never before them; nothing that collects garbage runs
-    while it is held."""
+    store another has just mounted to use. Taken after :func:`sandbox_lock`,
+    ``_lock`` and a snapshot's :func:`_creating`, never before them (the
+    collector only tries the last, without waiting); nothing that collects
+    garbage or waits on another lock runs while it is held."""
     return _flock(os.path.join(root(), "stores.lock"))
 
 
