@@ -492,6 +492,36 @@ def freeze_guard(container: str) -> FreezeGuard:
         return guard
 
 
+def read_ahead(hijacked: Any) -> bytes:
+    """What the HTTP client already read from an exec's hijacked connection
+    past its response's headers: the start of the command's output, when it
+    came in the same read as the headers (a fast command, the client's
+    thread slow to get to it). The SDK hands out the socket beneath the
+    client's buffered reader, so reading the socket alone loses it: seen
+    under load as a fast exec answering exit 0 and no output (about one in
+    a hundred while pauses ran; one in three with the reading thread slowed
+    by others holding the GIL). Call before the socket is read."""
+    try:
+        buffered = hijacked._response.raw._fp.fp
+        sock = hijacked._sock
+    except AttributeError:
+        # Fail loudly rather than lose output without a word.
+        raise ProviderError(
+            "docker exec: the docker SDK no longer gives the exec's connection "
+            "the way hutch reads it (its response's buffered reader)"
+        ) from None
+    timeout = sock.gettimeout()
+    sock.setblocking(False)
+    try:
+        # read1 hands back what its buffer holds without touching the socket,
+        # or else one non-blocking read (b"" when nothing waits).
+        return bytes(buffered.read1(1 << 20) or b"")
+    except BlockingIOError:
+        return b""
+    finally:
+        sock.settimeout(timeout)
+
+
 def wait_until_started(api: Any, exec_id: str) -> None:
     """Return once the Engine has started (or failed to start) ``exec_id``."""
     deadline = time.monotonic() + FreezeGuard.START_WAIT_SECONDS
@@ -678,6 +708,7 @@ class DockerProcess(FutureExitProcess):
         exec_id: str,
         marker: str,
         sock: socket.socket,
+        early: bytes,
         request: ProcessRequest,
         oom_before: int | None,
         pids_before: int | None,
@@ -686,6 +717,8 @@ class DockerProcess(FutureExitProcess):
         self._exec_id = exec_id
         self._marker = marker
         self._sock = sock
+        #: The stream's first bytes, read with the response's headers (see read_ahead).
+        self._early = early
         #: What was asked, for the error a failed start says.
         self._request = request
         self._loop = asyncio.get_running_loop()
@@ -723,7 +756,10 @@ class DockerProcess(FutureExitProcess):
     def _recv_exact(self, size: int) -> bytes | None:
         parts = []
         while size:
-            chunk = self._sock.recv(min(size, 1 << 20))
+            if self._early:
+                chunk, self._early = self._early[:size], self._early[size:]
+            else:
+                chunk = self._sock.recv(min(size, 1 << 20))
             if not chunk:
                 return None
             parts.append(chunk)
@@ -1543,7 +1579,7 @@ class DockerSandbox(NativeBackend):
         marker = uuid.uuid4().hex
         full_env = {**request.env, EXEC_MARKER: marker, SANDBOX_MARKER: self.sandbox_id}
 
-        def start() -> tuple[str, socket.socket, int | None, int | None]:
+        def start() -> tuple[str, socket.socket, bytes, int | None, int | None]:
             # Counted before it starts: a command can be OOM-killed before
             # the call that started it returns.
             oom_before = oom_kills(container)
@@ -1576,13 +1612,16 @@ class DockerSandbox(NativeBackend):
                 sock = getattr(response, "_sock", None)
                 if not isinstance(sock, socket.socket):
                     raise ProviderError("docker exec gave no socket to read (TLS engine?)")
+                early = read_ahead(response)
                 wait_until_started(api, created["Id"])
             # The client's request timeout would end a command silent that long.
             sock.settimeout(None)
-            return created["Id"], sock, oom_before, pids_before
+            return created["Id"], sock, early, oom_before, pids_before
 
-        exec_id, sock, oom_before, pids_before = await _call(start)
-        return DockerProcess(self, exec_id, marker, sock, request, oom_before, pids_before)
+        exec_id, sock, early, oom_before, pids_before = await _call(start)
+        return DockerProcess(
+            self, exec_id, marker, sock, early, request, oom_before, pids_before
+        )
 
     async def run_quiet(
         self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
@@ -1986,6 +2025,9 @@ class DockerSandbox(NativeBackend):
         self.suspended_image = image_id
         await _call(api.remove_container, container, force=True)
         self.container_id = None
+        if self.layered:
+            # Nothing runs on its working directory now: it holds no mounted store.
+            await anyio.to_thread.run_sync(_layers.rest, self.sandbox_id)
         if self._agent is not None:
             self._agent.drop_connections()
         if previous and previous != image_id:
@@ -2143,7 +2185,10 @@ class DockerSandbox(NativeBackend):
             with _layers.sandbox_lock(self.sandbox_id):
                 if _layers.mounted_chain(self.sandbox_id) is None:
                     return  # its directory is gone: nothing to mend
-                _layers.after_start(self.sandbox_id)
+                if self.container_id is None:
+                    _layers.rest(self.sandbox_id)  # suspended: its directory at rest
+                else:
+                    _layers.after_start(self.sandbox_id)
                 marker = self._paused_for_capture()
                 if os.path.exists(marker):
                     if self.container_id is not None:
@@ -2368,6 +2413,8 @@ class DockerSandbox(NativeBackend):
                     self.sandbox_id, self.container_name,
                 )
             elif self.suspended_image is not None:
+                if self.layered:  # at rest while suspended: mounted again, to be bound
+                    await anyio.to_thread.run_sync(_layers.after_start, self.sandbox_id)
                 log.warning(
                     "sandbox %s kept suspended (preserve): docker run -it --rm -v %s:%s %s bash",
                     self.sandbox_id, self.host_workdir, self.config.mount_point,
