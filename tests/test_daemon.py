@@ -22,7 +22,7 @@ from hutch.client import AsyncRemoteSandbox, RemoteSandbox
 from hutch.providers import _diskcap
 from hutch.store.sqlite import SQLiteStore
 from tests.conftest import TEST_IMAGE
-from tests.daemon_fixture import DaemonProcess
+from tests.daemon_fixture import DaemonProcess, loops_under, mounts_under
 from tests.hazards import loop_devices_left
 
 
@@ -597,3 +597,23 @@ def test_list_and_get_agree(daemon: DaemonProcess) -> None:
             assert {k: info[k] for k in stable} == {k: listed[k] for k in stable}
             assert got.state == listed["state"] and got.status().state == listed["state"]
         kept.close()
+
+
+@pytest.mark.docker
+def test_a_suspended_capped_workspace_holds_no_mounted_store(daemon: DaemonProcess) -> None:
+    """Every daemon sandbox is capped (a store each): a suspended workspace's
+    state chain stacks one store a suspend, none of them left mounted."""
+    stores = os.path.join(daemon.data_dir, "layers", "stores")
+    with client(daemon) as c:
+        ws = c.create_workspace("resting", image=TEST_IMAGE)
+        c.get_sandbox(ws["live_sandbox_id"]).write_text("a.txt", "A")
+        c.suspend_workspace("resting", diff=True)
+        sb = c.get_sandbox(c.resume_workspace("resting")["live_sandbox_id"])
+        sb.write_text("b.txt", "B")
+        c.suspend_workspace("resting", diff=True)
+        assert len([n for n in os.listdir(stores) if n.endswith(".img")]) == 2
+        assert mounts_under(stores) == []
+        assert [back for _, back in loops_under(stores)] == []
+        sb = c.get_sandbox(c.resume_workspace("resting")["live_sandbox_id"])
+        assert (sb.read_text("a.txt"), sb.read_text("b.txt")) == ("A", "B")
+        c.delete_workspace("resting")

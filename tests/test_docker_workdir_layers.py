@@ -251,3 +251,52 @@ async def test_a_program_dying_in_a_capture_leaves_nothing_stopped_or_unmounted(
         await hutch.remove_snapshot(fork.snapshot)
     finally:
         await origin.close()
+
+
+async def test_a_capped_directory_nothing_runs_on_holds_no_mounted_store() -> None:
+    """A store costs host memory and a kernel thread while mounted: a
+    suspended sandbox's, and a closed one's its snapshot still holds, are
+    unmounted (no loop device left), and everything reads back from them."""
+    from hutch.providers import _diskcap, _layers
+
+    origin = await hutch.create_sandbox(
+        "docker", image=TEST_IMAGE, disk="64m", read_before_write=False
+    )
+    store = _layers.store_dir(origin.id)
+    image = _diskcap.image_for(store)
+
+    def idle() -> bool:
+        return (os.path.exists(image) and not os.path.ismount(store)
+                and loop_devices_left(image) == [])
+
+    try:
+        await fill(origin, 20)
+        first = await origin.fork("before-suspend")
+        await origin.write_text("after.txt", "after")
+        await origin.suspend()
+        assert idle()
+        # Captured while suspended: read from the store, left unmounted after.
+        second = await origin.fork("while-suspended")
+        assert idle()
+        await origin.resume()
+        assert await origin.read_text("src/f5.txt") == "5\n"
+        assert await origin.read_text("after.txt") == "after"
+        await origin.write_text("resumed.txt", "resumed")
+        await origin.close()
+        assert idle()
+        for fork, names in ((first, ["src"]), (second, ["after.txt", "src"])):
+            branch = await fork.attach()
+            try:
+                assert os.path.ismount(store), "a live branch stacks it"
+                listed = await branch.exec("ls")
+                assert sorted(listed.stdout.split()) == names
+                assert await branch.read_text("src/f5.txt") == "5\n"
+            finally:
+                await branch.close()
+            assert idle()
+        await hutch.remove_snapshot(first.snapshot)
+        await hutch.remove_snapshot(second.snapshot)
+        assert not os.path.exists(store)
+        assert loop_devices_left(image) == []
+    finally:
+        await origin.close()

@@ -731,6 +731,14 @@ class LifecycleEngine:
     def status(self, sandbox: Sandbox) -> SandboxStatus:
         """What :meth:`state` returns. Reading it is not activity."""
         record = self._record(sandbox)
+        if self.shared is not None and record.state not in FINAL:
+            # Another program may have moved its deadline since this one's
+            # timer last looked: the status says the recorded one (cheap
+            # when none did), and the timer goes by it from now.
+            limits = self.shared.limits(record.sandbox_id)
+            if limits is not None:
+                self._take_limits(record, limits)
+                self._reschedule(sandbox)
         now = self.clock.monotonic()
         wall = self.clock.time()
         deadlines = [d for d in self._hard_deadlines(record) if d is not None]

@@ -2145,6 +2145,9 @@ class DockerSandbox(NativeBackend):
         self.suspended_image = image_id
         await _call(api.remove_container, container, force=True)
         self.container_id = None
+        if self.layered:
+            # Nothing runs on its working directory now: it holds no mounted store.
+            await anyio.to_thread.run_sync(_layers.rest, self.sandbox_id)
         if self._agent is not None:
             self._agent.drop_connections()
         if previous and previous != image_id:
@@ -2302,7 +2305,10 @@ class DockerSandbox(NativeBackend):
             with _layers.sandbox_lock(self.sandbox_id):
                 if _layers.mounted_chain(self.sandbox_id) is None:
                     return  # its directory is gone: nothing to mend
-                _layers.after_start(self.sandbox_id)
+                if self.container_id is None:
+                    _layers.rest(self.sandbox_id)  # suspended: its directory at rest
+                else:
+                    _layers.after_start(self.sandbox_id)
                 marker = self._paused_for_capture()
                 if os.path.exists(marker):
                     if self.container_id is not None:
@@ -2527,6 +2533,8 @@ class DockerSandbox(NativeBackend):
                     self.sandbox_id, self.container_name,
                 )
             elif self.suspended_image is not None:
+                if self.layered:  # at rest while suspended: mounted again, to be bound
+                    await anyio.to_thread.run_sync(_layers.after_start, self.sandbox_id)
                 log.warning(
                     "sandbox %s kept suspended (preserve): docker run -it --rm -v %s:%s %s bash",
                     self.sandbox_id, self.host_workdir, self.config.mount_point,
