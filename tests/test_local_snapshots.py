@@ -326,3 +326,35 @@ async def test_a_give_back_cut_short_is_finished_by_the_next_start(
         _layers.end_branch(again)
         _layers.remove(snapshot_id)
     assert not os.path.exists(_layers.snapshot_dir(snapshot_id))
+
+
+def test_a_branch_started_while_the_archive_is_made_keeps_the_layer(
+    tree: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The archive is made without the layers' lock: a branch that starts on
+    the layer meanwhile (overlayfs then reads it by path) makes the give-back
+    a copy, and the branch goes on over the layer as captured."""
+    fill(tree)
+    captured = state_of(tree)
+    untouched = os.stat(os.path.join(tree, "src", "f1.txt")).st_ino
+    sandbox_id, snapshot_id = f"sb-give-{uuid.uuid4().hex[:8]}", f"snap-{uuid.uuid4().hex[:8]}"
+    branch = f"sb-branch-{uuid.uuid4().hex[:8]}"
+    assert _layers.adopt(snapshot_id, sandbox_id, tree) is not None
+    subprocess.run(["bash", "-c", CHANGES], cwd=tree, check=True)
+    seen = state_of(tree)
+    real = _layers._archive
+
+    def archive_while_a_branch_starts(layer: str) -> bool:
+        _layers.start_branch(branch, snapshot_id)
+        return real(layer)
+
+    monkeypatch.setattr(_layers, "_archive", archive_while_a_branch_starts)
+    _layers.end_adopted(sandbox_id, keep=True)
+    assert state_of(tree) == seen
+    assert os.stat(os.path.join(tree, "src", "f1.txt")).st_ino != untouched  # a copy
+    with open(os.path.join(tree, "src", "f1.txt"), "a") as fh:
+        fh.write("the caller writes on\n")
+    assert state_of(os.path.join(_layers.mount_dir(branch), "merged")) == captured
+    _layers.end_branch(branch)
+    _layers.remove(snapshot_id)
+    assert not os.path.exists(_layers.snapshot_dir(snapshot_id))

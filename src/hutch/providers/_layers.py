@@ -398,9 +398,14 @@ def _give_back(sandbox_id: str, where: str, chain: list[str]) -> None:
             _write_json(marker, state)
         mode = str(state.get("mode"))
         placed = _placed(where, state)
+    # The archive is made without the lock (it reads the whole tree): a
+    # branch that starts on the layer meanwhile is seen below.
+    archived = mode == "archive" and not placed and (
+        os.path.exists(_archive_path(chain[0])) or _archive(chain[0]))
+    with _lock:
         if mode == "archive" and not placed and (
-            # A branch started on the layer after a crash, or no archive made.
-            chain[0] in _stacked_by_mounts(but=sandbox_id) or not _archive(chain[0])
+            # A branch started on the layer meanwhile (or after a crash), or no archive.
+            chain[0] in _stacked_by_mounts(but=sandbox_id) or not archived
         ):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(_archive_path(chain[0]))
