@@ -461,3 +461,63 @@ def test_a_suspend_in_one_program_waits_for_the_other_s_calls_docker(
     # flight, and every one ran whole.
     assert len(worked) >= suspends, worked
     assert all(result == [0, "done\n"] for result in worked), worked
+
+
+_CALLER = """
+import sys
+from hutch._inflight import InFlightCalls
+calls = InFlightCalls(sys.argv[1])
+for line in sys.stdin:
+    if line.strip() == "begin":
+        print(calls.begin("sb-shared").value, flush=True)
+    elif line.strip() == "end":
+        calls.end("sb-shared")
+        print("ended", flush=True)
+"""
+
+
+def test_calls_in_flight_are_seen_by_another_program(tmp_path: Path) -> None:
+    """The marks a suspend goes by, between two real processes: another
+    program's call in flight keeps the sandbox from being taken down (this
+    program is refused the hold-off) until its last call ends; while this
+    one holds it off, that program's new call is refused its mark (it waits
+    instead); a program killed in the middle of a call holds nothing."""
+    from hutch._inflight import CallMark, InFlightCalls
+
+    directory = str(tmp_path / "calls")
+    caller = subprocess.Popen([sys.executable, "-c", _CALLER, directory], text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert caller.stdin is not None and caller.stdout is not None
+
+    def say(word: str) -> str:
+        assert caller.stdin is not None and caller.stdout is not None
+        caller.stdin.write(word + "\n")
+        caller.stdin.flush()
+        return caller.stdout.readline().strip()
+
+    here = InFlightCalls(directory)
+    try:
+        assert say("begin") == "first"
+        assert say("begin") == "joined"
+        with here.held_off("sb-shared") as held:
+            assert not held  # two calls in flight there
+        assert say("end") == "ended"
+        with here.held_off("sb-shared") as held:
+            assert not held  # one still is
+        assert say("end") == "ended"
+        with here.held_off("sb-shared") as held:
+            assert held
+            assert say("begin") == "refused"
+            # This program's own call, made while it holds the sandbox off, waits too.
+            assert here.begin("sb-shared") is CallMark.REFUSED
+        assert say("begin") == "first"
+        caller.kill()  # in the middle of its call
+        caller.wait(30)
+        with here.held_off("sb-shared") as held:
+            assert held
+    finally:
+        if caller.poll() is None:
+            caller.kill()
+            caller.wait(30)
+        here.drop("sb-shared", ended=True)
+    assert os.listdir(directory) == []
