@@ -14,15 +14,21 @@ fails with a clear error instead of waiting forever.
 from __future__ import annotations
 
 import http.client
+import io
+import socket
 import threading
 import time
+import types
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import pytest
 
 import hutch
+from hutch._sandbox import backend_of
 from hutch.providers import docker as docker_provider
+from hutch.providers.docker import DockerSandbox
 from tests.conftest import TEST_IMAGE
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]
@@ -77,3 +83,85 @@ async def test_output_read_with_the_headers_is_kept(
             0, f"out-{n}\n", f"err-{n}\n"), result
     big = await sb.exec(["head", "-c", "300000", "/dev/zero"])  # more than the reader's buffer
     assert big.stdout_bytes == bytes(300000), len(big.stdout_bytes)
+
+
+class StreamHeldOpen:
+    """An exec's hijacked connection that passes on what the Engine sends but
+    never ends: the stream of an exec whose end the Engine never sent."""
+
+    def __init__(self, real: Any) -> None:
+        early = docker_provider.read_ahead(real)
+        self._sock, self._far = socket.socketpair()
+        self._response = types.SimpleNamespace(
+            raw=types.SimpleNamespace(_fp=types.SimpleNamespace(fp=io.BytesIO(early))))
+        threading.Thread(target=self._relay, args=(real._sock,), daemon=True).start()
+
+    def _relay(self, engine_side: socket.socket) -> None:
+        engine_side.settimeout(None)
+        while data := engine_side.recv(65536):
+            self._far.sendall(data)
+        engine_side.close()  # ... and self._far stays open
+
+    def close(self) -> None:
+        self._far.close()
+
+
+class EngineThatNeverEnds:
+    """The real Engine, whose exec streams never end; with ``lose_exit`` it
+    also never records an exit (says Running, as it did under load)."""
+
+    def __init__(self, real: Any, *, lose_exit: bool) -> None:
+        self._real = real
+        self._lose_exit = lose_exit
+        self.held: list[StreamHeldOpen] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def exec_start(self, *args: Any, **kwargs: Any) -> Any:
+        held = StreamHeldOpen(self._real.exec_start(*args, **kwargs))
+        self.held.append(held)
+        return held
+
+    def exec_inspect(self, exec_id: str) -> Any:
+        state = dict(self._real.exec_inspect(exec_id))
+        if self._lose_exit and state.get("Pid"):
+            state.update(Running=True, ExitCode=None)
+        return state
+
+
+@pytest.mark.parametrize("lose_exit", [False, True], ids=["stream-open", "exit-lost"])
+async def test_an_exec_whose_stream_never_ends_fails_once_its_process_is_gone(
+    sb: Any, monkeypatch: pytest.MonkeyPatch, lose_exit: bool
+) -> None:
+    backend = backend_of(sb)
+    assert isinstance(backend, DockerSandbox)
+    broken = EngineThatNeverEnds(docker_provider.engine(), lose_exit=lose_exit)
+    monkeypatch.setattr(docker_provider, "_api_client", broken)
+    monkeypatch.setattr(docker_provider, "EXEC_DRAIN_SECONDS", 1.0)
+    try:
+        with anyio.fail_after(60):  # without the guard: forever
+            with pytest.raises(hutch.HutchError) as caught:
+                await sb.exec(["echo", "hello"])
+    finally:
+        for held in broken.held:
+            held.close()
+    said = str(caught.value)
+    assert caught.value.code == "provider_error", said
+    assert "output may be incomplete" in said, said
+    assert ("lost its exit" in said) == lose_exit, said
+    assert ("exited with status 0" in said) == (not lose_exit), said
+    monkeypatch.undo()
+    assert (await sb.exec(["echo", "alive"])).stdout == "alive\n"
+
+
+async def test_a_quiet_command_and_one_that_closed_its_output_are_waited_for(
+    sb: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Far past the drain time while the process is there: still waited for.
+    monkeypatch.setattr(docker_provider, "EXEC_DRAIN_SECONDS", 0.5)
+    quiet = await sb.exec(["sh", "-c", "sleep 2; echo done"])
+    assert (quiet.exit_code, quiet.stdout) == (0, "done\n"), quiet
+    # Its stream ends at once; its exit status comes two seconds later.
+    closed = await sb.exec(["sh", "-c", "exec >&- 2>&-; sleep 2; exit 3"])
+    assert (closed.exit_code, closed.stdout, closed.stderr) == (3, "", ""), closed

@@ -17,6 +17,7 @@ import asyncio
 import base64
 import concurrent.futures
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import io
@@ -25,6 +26,7 @@ import json
 import logging
 import os
 import re
+import select
 import shutil
 import signal
 import socket
@@ -522,8 +524,9 @@ def read_ahead(hijacked: Any) -> bytes:
         sock.settimeout(timeout)
 
 
-def wait_until_started(api: Any, exec_id: str) -> None:
-    """Return once the Engine has started (or failed to start) ``exec_id``."""
+def wait_until_started(api: Any, exec_id: str) -> int | None:
+    """Return once the Engine has started (or failed to start) ``exec_id``:
+    its process's pid on the Engine's host (None if it never got one)."""
     deadline = time.monotonic() + FreezeGuard.START_WAIT_SECONDS
     pause = 0.0005
     while time.monotonic() < deadline:
@@ -531,11 +534,12 @@ def wait_until_started(api: Any, exec_id: str) -> None:
         # process; the pid comes once runc is done, the exit code if it failed.
         state = api.exec_inspect(exec_id)
         if state.get("Pid") or state.get("ExitCode") is not None:
-            return
+            return int(state.get("Pid") or 0) or None
         time.sleep(pause)
         pause = min(pause * 2, 0.05)
     log.warning("docker exec %s not started after %.0f s", exec_id[:12],
                 FreezeGuard.START_WAIT_SECONDS)
+    return None
 
 
 async def _call(fn: Any, *args: Any, path: str | None = None, **kwargs: Any) -> Any:
@@ -699,35 +703,70 @@ class _ChunkReader(io.RawIOBase):
         return count
 
 
+#: How long an exec's output stream may stay open, and the Engine may take to
+#: record its exit, once its process is gone. The Engine itself ends the
+#: stream at most 2 s after the exit (cutting off what orphans still hold);
+#: the rest is room for a loaded host. Past it the exec fails, said so.
+EXEC_DRAIN_SECONDS = 15.0
+#: The longest a quiet exec goes without a look at whether its process is there.
+EXEC_CHECK_MAX_SECONDS = 2.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecStarted:
+    """What starting an exec found out, for its :class:`DockerProcess`."""
+
+    exec_id: str
+    sock: socket.socket
+    #: The stream's first bytes, read with the response's headers (see read_ahead).
+    early: bytes
+    #: The exec's process on the Engine's host (None: the Engine never said).
+    pid: int | None
+    #: Whether this host sees the container's processes (the Engine is local).
+    host_sees: bool
+    #: The container's OOM kills before the command started (None: unknown).
+    oom_before: int | None
+    #: The forks its pids limit had refused before it started (None: unknown).
+    pids_before: int | None
+
+
 class DockerProcess(FutureExitProcess):
-    """One exec: a reader thread demultiplexes the hijacked socket into a queue."""
+    """One exec: a reader thread demultiplexes the hijacked socket into a queue.
+
+    The Engine can fail to end an exec's stream, or to record its exit (seen
+    under load with pauses running: a fast command's output all there, its
+    process long gone, the Engine still saying it ran, for good). So the
+    reader never waits on the Engine alone: while the stream is quiet it
+    looks whether the process is still there (in /proc where this host sees
+    the container's processes, a look with no call; else the Engine's
+    word), and once it is gone the stream and the exit status must come
+    within :data:`EXEC_DRAIN_SECONDS`, or the exec fails saying what was
+    missing, rather than answering output that may be cut short.
+    """
 
     def __init__(
         self,
         sandbox: DockerSandbox,
-        exec_id: str,
+        started: ExecStarted,
         marker: str,
-        sock: socket.socket,
-        early: bytes,
         request: ProcessRequest,
-        oom_before: int | None,
-        pids_before: int | None,
     ) -> None:
         self._sandbox = sandbox
-        self._exec_id = exec_id
+        self._exec_id = started.exec_id
         self._marker = marker
-        self._sock = sock
-        #: The stream's first bytes, read with the response's headers (see read_ahead).
-        self._early = early
+        self._sock = started.sock
+        self._early = started.early
+        self._pid = started.pid
+        self._host_sees = started.host_sees
+        #: When the exec's process was first seen gone (monotonic).
+        self._gone_at: float | None = None
         #: What was asked, for the error a failed start says.
         self._request = request
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[OutputChunk | BaseException | None] = asyncio.Queue()
         self._exit_code: int | None = None
-        #: The container's OOM kills before the command started (None: unknown).
-        self._oom_before = oom_before
-        #: The forks its pids limit had refused before it started (None: unknown).
-        self._pids_before = pids_before
+        self._oom_before = started.oom_before
+        self._pids_before = started.pids_before
         self._oom_killed = False
         self._exit: asyncio.Future[int] = self._loop.create_future()
         self._first = True
@@ -753,12 +792,67 @@ class DockerProcess(FutureExitProcess):
         with contextlib.suppress(RuntimeError):
             self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
 
-    def _recv_exact(self, size: int) -> bytes | None:
+    def _host_says_gone(self) -> bool | None:
+        """Whether the exec's process has ended, as this host's /proc says
+        (gone, a zombie, or its pid now another process's); None where this
+        host cannot tell."""
+        if self._pid is None or not self._host_sees:
+            return None
+        try:
+            with open(f"/proc/{self._pid}/environ", "rb") as fh:
+                environ = fh.read()
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        except OSError:
+            return None
+        return f"{EXEC_MARKER}={self._marker}".encode() not in environ.split(b"\0")
+
+    def _note_if_gone(self) -> None:
+        if self._gone_at is not None:
+            return
+        gone = self._host_says_gone()
+        if gone is None:
+            gone = not engine().exec_inspect(self._exec_id).get("Running")
+        if gone:
+            self._gone_at = time.monotonic()
+
+    def _never_ended(self) -> ProviderError:
+        info = engine().exec_inspect(self._exec_id)
+        name = self._request.argv[0] if self._request.argv else "the command"
+        if not info.get("Running") and info.get("ExitCode") is not None:
+            said = f"exited with status {info['ExitCode']}"
+        else:
+            said = "is gone, but the Engine still says it runs (it lost its exit)"
+        return ProviderError(
+            f"docker exec of {name} in sandbox {self._sandbox.sandbox_id}: its process "
+            f"{said}, and its output stream was still open {EXEC_DRAIN_SECONDS:.0f} s "
+            "later; its output may be incomplete, run it again"
+        )
+
+    def _await_readable(self, poller: select.poll) -> None:
+        """Return once the socket has bytes or its end to read. While it is
+        quiet, look now and then whether the process is still there; once it
+        is gone, the stream has :data:`EXEC_DRAIN_SECONDS` to end."""
+        quiet = 0.2
+        while True:
+            if self._gone_at is None:
+                wait = quiet
+            else:
+                wait = self._gone_at + EXEC_DRAIN_SECONDS - time.monotonic()
+                if wait <= 0:
+                    raise self._never_ended()
+            if poller.poll(wait * 1000):
+                return
+            quiet = min(quiet * 2, EXEC_CHECK_MAX_SECONDS)
+            self._note_if_gone()
+
+    def _recv_exact(self, size: int, poller: select.poll) -> bytes | None:
         parts = []
         while size:
             if self._early:
                 chunk, self._early = self._early[:size], self._early[size:]
             else:
+                self._await_readable(poller)
                 chunk = self._sock.recv(min(size, 1 << 20))
             if not chunk:
                 return None
@@ -768,13 +862,16 @@ class DockerProcess(FutureExitProcess):
 
     def _pump(self) -> None:
         code = -1
+        failure: HutchError | None = None
+        poller = select.poll()
+        poller.register(self._sock, select.POLLIN)
         try:
             while True:
-                header = self._recv_exact(8)
+                header = self._recv_exact(8, poller)
                 if header is None:
                     break
                 kind, size = header[0], struct.unpack(">I", header[4:])[0]
-                payload = self._recv_exact(size)
+                payload = self._recv_exact(size, poller)
                 if payload is None:
                     break
                 self._post(OutputChunk("stderr" if kind == 2 else "stdout", payload))
@@ -782,6 +879,9 @@ class DockerProcess(FutureExitProcess):
             if code == 128 + 9 and self._oom_before is not None:
                 after = oom_kills(self._sandbox.container_id or "")
                 self._oom_killed = after is not None and after > self._oom_before
+        except HutchError as exc:  # the reader and a waiter both learn it
+            failure = exc
+            self._post(exc)
         except BaseException as exc:  # handed to the reader on the loop
             self._post(exc)
         finally:
@@ -789,22 +889,41 @@ class DockerProcess(FutureExitProcess):
                 self._sock.close()
             # The exit code is known before the reader sees the end of output.
             with contextlib.suppress(RuntimeError):
-                self._loop.call_soon_threadsafe(self._set_exit, code)
+                self._loop.call_soon_threadsafe(self._set_exit, code, failure)
             self._post(None)
 
     def _inspect_exit_code(self) -> int:
+        """The exit status the Engine records; it may come a moment after the
+        stream ends, and the stream may end long before the process does (a
+        command that closed its output and runs on): waited for while the
+        process is there, and for :data:`EXEC_DRAIN_SECONDS` once it is gone."""
         api = engine()
-        # The stream ends a moment before the engine records the exit.
-        for _ in range(500):
+        delay = 0.002
+        while True:
             info = api.exec_inspect(self._exec_id)
             if not info["Running"] and info["ExitCode"] is not None:
                 return int(info["ExitCode"])
-            time.sleep(0.002)
-        return -1
+            if self._gone_at is None and self._host_says_gone():
+                self._gone_at = time.monotonic()
+            if self._gone_at is not None and (
+                    time.monotonic() - self._gone_at > EXEC_DRAIN_SECONDS):
+                name = self._request.argv[0] if self._request.argv else "the command"
+                raise ProviderError(
+                    f"docker exec of {name} in sandbox {self._sandbox.sandbox_id}: its "
+                    f"process is gone, but the Engine still says it runs "
+                    f"{EXEC_DRAIN_SECONDS:.0f} s later (it lost its exit): exit status unknown"
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, EXEC_CHECK_MAX_SECONDS)
 
-    def _set_exit(self, code: int) -> None:
-        self._exit_code = code
-        if not self._exit.done():
+    def _set_exit(self, code: int, failure: HutchError | None = None) -> None:
+        self._exit_code = None if failure is not None else code
+        if self._exit.done():
+            return
+        if failure is not None:
+            self._exit.set_exception(failure)
+            self._exit.exception()  # retrieved here; wait() raises it again
+        else:
             self._exit.set_result(code)
 
     async def read(self) -> OutputChunk | None:
@@ -848,7 +967,7 @@ class DockerProcess(FutureExitProcess):
         with contextlib.suppress(HutchError):
             await _call(self._sandbox.kill_marked_from_host, self._marker)
         # Closing the socket ends the reader even if an orphan kept a pipe open.
-        with contextlib.suppress(TimeoutError):
+        with contextlib.suppress(TimeoutError, HutchError):
             await asyncio.wait_for(asyncio.shield(self._exit), 5)
         if not self._exit.done():
             with contextlib.suppress(OSError):
@@ -1579,7 +1698,7 @@ class DockerSandbox(NativeBackend):
         marker = uuid.uuid4().hex
         full_env = {**request.env, EXEC_MARKER: marker, SANDBOX_MARKER: self.sandbox_id}
 
-        def start() -> tuple[str, socket.socket, bytes, int | None, int | None]:
+        def start() -> ExecStarted:
             # Counted before it starts: a command can be OOM-killed before
             # the call that started it returns.
             oom_before = oom_kills(container)
@@ -1613,15 +1732,16 @@ class DockerSandbox(NativeBackend):
                 if not isinstance(sock, socket.socket):
                     raise ProviderError("docker exec gave no socket to read (TLS engine?)")
                 early = read_ahead(response)
-                wait_until_started(api, created["Id"])
+                pid = wait_until_started(api, created["Id"])
             # The client's request timeout would end a command silent that long.
             sock.settimeout(None)
-            return created["Id"], sock, early, oom_before, pids_before
+            return ExecStarted(
+                created["Id"], sock, early, pid, cgroup_dir(container, "pids") is not None,
+                oom_before, pids_before,
+            )
 
-        exec_id, sock, early, oom_before, pids_before = await _call(start)
-        return DockerProcess(
-            self, exec_id, marker, sock, early, request, oom_before, pids_before
-        )
+        started: ExecStarted = await _call(start)
+        return DockerProcess(self, started, marker, request)
 
     async def run_quiet(
         self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
