@@ -4,6 +4,7 @@ directory is given back, files kept, when the sandbox ends."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -405,3 +406,32 @@ async def test_a_close_cut_short_whose_record_ended_is_finished_by_the_reaper(
     _layers.end_branch(running)
     _layers.remove(snapshot_id)
     assert _layers.held() == []
+
+
+@pytest.mark.parametrize("moved", [True, False], ids=["moved", "copied"])
+def test_a_give_back_journal_from_before_the_modes_is_finished(tree: str, moved: bool) -> None:
+    """A give-back cut short by an earlier hutch (its journal said only
+    whether the layer was moved) is finished without taking the layer from
+    a snapshot that holds it."""
+    fill(tree)
+    captured = state_of(tree)
+    sandbox_id, snapshot_id = f"sb-give-{uuid.uuid4().hex[:8]}", f"snap-{uuid.uuid4().hex[:8]}"
+    assert _layers.adopt(snapshot_id, sandbox_id, tree) is not None
+    subprocess.run(["bash", "-c", CHANGES], cwd=tree, check=True)
+    seen = state_of(tree)
+    if moved:  # that hutch moved the layer when no snapshot held it
+        _layers.remove(snapshot_id)
+    # Where it stopped: the journal written, the mount point gone, nothing moved.
+    subprocess.run(["umount", tree], check=True)
+    with open(os.path.join(_layers.mount_dir(sandbox_id), "giving-back.json"), "w") as fh:
+        json.dump({"moved": moved}, fh)
+    os.rmdir(tree)
+    _layers.end_adopted(sandbox_id, keep=True)
+    assert state_of(tree) == seen
+    if not moved:
+        again = f"sb-again-{uuid.uuid4().hex[:8]}"
+        workdir, _ = _layers.start_branch(again, snapshot_id)
+        assert state_of(workdir) == captured
+        _layers.end_branch(again)
+        _layers.remove(snapshot_id)
+    assert not os.path.exists(_layers.snapshot_dir(snapshot_id))

@@ -403,6 +403,9 @@ def _give_back(sandbox_id: str, where: str, chain: list[str]) -> None:
             if mode != "copy":  # the tree that goes back, known by its inode
                 state["tree"] = os.stat(_tree(chain[0])).st_ino
             _write_json(marker, state)
+        elif "mode" not in state:
+            state = _journal_of_before_modes(state, where, chain)
+            _write_json(marker, state)
         mode = str(state.get("mode"))
         placed = _placed(where, state)
     # The archive is made without the lock (it reads the whole tree): a
@@ -433,6 +436,19 @@ def _give_back(sandbox_id: str, where: str, chain: list[str]) -> None:
         root = os.lstat(upper)
         os.chmod(where, root.st_mode & 0o7777)
         os.chown(where, root.st_uid, root.st_gid)
+
+
+def _journal_of_before_modes(
+    state: dict[str, object], where: str, chain: list[str]
+) -> dict[str, object]:
+    """A give-back journal written before the modes (``{"moved": bool}``),
+    cut short, as one of now: moved (the layer renamed to ``where``, or not
+    yet), or copied (straight into ``where`` then: made again)."""
+    if state.get("moved"):
+        tree = _tree(chain[0])
+        return {"mode": "move", "tree": os.stat(tree if os.path.isdir(tree) else where).st_ino}
+    shutil.rmtree(where, ignore_errors=True)
+    return {"mode": "copy"}
 
 
 def _give_back_mode(sandbox_id: str, chain: list[str]) -> str:
