@@ -301,8 +301,10 @@ async def bench_docker_attach_idle_store(files: int) -> None:
 
     origin = await filled_docker_sandbox(files, "4g")
     store = _layers.store_dir(origin.id)
-    seed = await origin.snapshot("seed")
-    await origin.close()
+    try:
+        seed = await origin.snapshot("seed")
+    finally:
+        await origin.close()
     idle, mounted = [], []
     try:
         for _ in range(RUNS + 1):  # the first pair is a warm-up
