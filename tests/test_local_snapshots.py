@@ -358,3 +358,50 @@ def test_a_branch_started_while_the_archive_is_made_keeps_the_layer(
     _layers.end_branch(branch)
     _layers.remove(snapshot_id)
     assert not os.path.exists(_layers.snapshot_dir(snapshot_id))
+
+
+async def test_a_close_cut_short_is_finished_when_its_sandbox_is_reconnected(tree: str) -> None:
+    """A daemon that restarts reconnects the sandboxes its records call live:
+    one whose give-back had begun was being closed; it is finished, and the
+    reconnect says the sandbox ended."""
+    fill(tree)
+    captured = state_of(tree)
+    sb = await hutch.create_sandbox("local", workdir=tree, read_before_write=False)
+    snap = await sb.snapshot()
+    assert (await sb.exec(CHANGES)).exit_code == 0
+    seen = state_of(tree)
+    description = backend_of(sb).describe()
+    give_back_dying_at(sb.id, _layers, "_apply_upper", after=False)
+    with pytest.raises(hutch.SandboxUnavailable, match="was being closed"):
+        await LocalSandbox.reconnect(sb.id, description)
+    assert state_of(tree) == seen
+    assert sb.id not in _layers.branches()
+    await sb.close()
+    later = await hutch.create_sandbox_from_snapshot(snap)
+    assert state_of(later.workdir) == captured
+    await later.close()
+    await hutch.remove_snapshot(snap)
+
+
+async def test_a_close_cut_short_whose_record_ended_is_finished_by_the_reaper(
+    tree: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A daemon records a sandbox ended before it closes it: after a crash in
+    between, the record names it (no orphan) but the reaper, which runs at
+    every start, finishes its give-back all the same. (A home of its own:
+    the reaper ends whatever else a home holds.)"""
+    monkeypatch.setenv("HUTCH_HOME", str(tmp_path / "home"))
+    fill(tree)
+    sandbox_id, snapshot_id = f"sb-give-{uuid.uuid4().hex[:8]}", f"snap-{uuid.uuid4().hex[:8]}"
+    assert _layers.adopt(snapshot_id, sandbox_id, tree) is not None
+    subprocess.run(["bash", "-c", CHANGES], cwd=tree, check=True)
+    seen = state_of(tree)
+    running = f"sb-running-{uuid.uuid4().hex[:8]}"
+    _layers.start_branch(running, snapshot_id)  # a live sandbox, left alone
+    give_back_dying_at(sandbox_id, _layers, "_put_in_place", after=False)
+    assert await LocalSandbox.reap_orphans({sandbox_id, running}) == [sandbox_id]
+    assert state_of(tree) == seen
+    assert _layers.branches() == [running]
+    _layers.end_branch(running)
+    _layers.remove(snapshot_id)
+    assert _layers.held() == []

@@ -384,6 +384,13 @@ def end_adopted(sandbox_id: str, *, keep: bool) -> None:
     collect_garbage()
 
 
+def giving_back(sandbox_id: str) -> bool:
+    """Whether an adopted directory's give-back began (and was cut short, if
+    no one is finishing it): its sandbox's close had begun, whatever any
+    record says, and :func:`end_adopted` finishes it."""
+    return os.path.exists(os.path.join(mount_dir(sandbox_id), "giving-back.json"))
+
+
 def _give_back(sandbox_id: str, where: str, chain: list[str]) -> None:
     base = mount_dir(sandbox_id)
     marker = os.path.join(base, "giving-back.json")
@@ -778,7 +785,7 @@ def ensure_mounted(sandbox_id: str) -> None:
     it is not (a host reboot, a crash in the middle of an adoption)."""
     base = mount_dir(sandbox_id)
     found = adopted(sandbox_id)
-    if found and os.path.exists(os.path.join(base, "giving-back.json")):
+    if found and giving_back(sandbox_id):
         return  # being given back: the next end_adopted finishes it
     merged = found[0] if found else os.path.join(base, "merged")
     chain = _read_chain(os.path.join(base, "chain.json"))
