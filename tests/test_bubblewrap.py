@@ -335,6 +335,28 @@ async def test_commands_run_in_the_workload_cgroup_and_cannot_leave_it(runtime: 
         await sb.close()
 
 
+async def test_a_command_bwrap_could_not_start_is_an_error_not_its_exit_status() -> None:
+    # bwrap clones the command's process, then sets the sandbox up in it; a
+    # step that fails there (here: entering a working directory its dropped
+    # capabilities cannot) ends it with bwrap's words on stderr and exit 1,
+    # which were answered as the command's own (CI once got a cat of
+    # /proc/self/cgroup back with no pids line).
+    sb = await _make(runtime="native")
+    try:
+        await sb.exec("mkdir -p /locked && chmod 000 /locked")
+        for argv in (["cat", "/proc/self/cgroup"], ["true"]):
+            with pytest.raises(hutch.HutchError, match="Can't chdir to /locked") as caught:
+                await sb.exec(argv, cwd="/locked")
+            assert caught.value.code == "provider_error", caught.value
+        # A command's own exit 1, whatever it says, is still its result.
+        own = await sb.exec(["sh", "-c", "echo 'bwrap: not really' >&2; exit 1"])
+        assert (own.exit_code, own.stderr) == (1, "bwrap: not really\n"), own
+        background = await sb.start(["sh", "-c", "sleep 0.2; exit 4"])
+        assert (await background.wait()).exit_code == 4
+    finally:
+        await sb.close()
+
+
 @pytest.mark.parametrize("runtime", ["agent", "native"])
 async def test_memory_hog_is_killed_and_said_so(runtime: str) -> None:
     sb = await _make(memory="64m", runtime=runtime)
