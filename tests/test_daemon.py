@@ -10,6 +10,7 @@ import shutil
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -134,12 +135,13 @@ def image_with_config() -> Iterator[str]:
     """The test image plus an ENV and a WORKDIR, as a user's image would have."""
     api = docker.APIClient()
     container = api.create_container(TEST_IMAGE, ["true"])
-    api.commit(container["Id"], repository="hutch-test-config", tag="probe", changes=[
+    tag = f"probe-{uuid.uuid4().hex[:12]}"  # its own: runs on one Engine at once
+    api.commit(container["Id"], repository="hutch-test-config", tag=tag, changes=[
         'ENV HUTCH_PROBE="kept \\$value"', "WORKDIR /srv",
     ])
     api.remove_container(container["Id"], force=True)
-    yield "hutch-test-config:probe"
-    api.remove_image("hutch-test-config:probe", force=True)
+    yield f"hutch-test-config:{tag}"
+    api.remove_image(f"hutch-test-config:{tag}", force=True)
 
 
 @pytest.mark.docker

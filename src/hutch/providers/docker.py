@@ -18,6 +18,7 @@ import base64
 import concurrent.futures
 import contextlib
 import dataclasses
+import fcntl
 import functools
 import hashlib
 import io
@@ -317,7 +318,10 @@ class FreezeGuard:
     for good: inspect, exec and image removal hang behind it for every
     container until someone thaws that cgroup by hand. A start counts until
     the Engine says its process runs (the exec's stream opens before the
-    process is started), and a freeze waits for the starts under way.
+    process is started), and a freeze waits for the starts under way: this
+    process's (counted here) and every other program's on the same
+    container (the daemon and an in-process owner of one thread's sandbox,
+    say), through :class:`_StartLocks`.
 
     The Engine's own word on whether a container is paused lags: its pause
     and unpause set the flag, and containerd's paused and resumed events set
@@ -339,8 +343,10 @@ class FreezeGuard:
     #: How long the Engine's paused flag may lag what it was last told.
     SETTLE_SECONDS = 10.0
 
-    def __init__(self) -> None:
+    def __init__(self, container: str) -> None:
         self._changed = threading.Condition()
+        #: Other programs' starts and freezes of the same container.
+        self._across = _StartLocks(container)
         self._starting = 0
         self._freezing = False
         #: Freezes waiting: new starts let them in first, or a stream of
@@ -358,7 +364,8 @@ class FreezeGuard:
                 self._changed.wait()
             self._starting += 1
         try:
-            yield
+            with self._across.starting():
+                yield
         finally:
             with self._changed:
                 self._starting -= 1
@@ -375,7 +382,8 @@ class FreezeGuard:
                 self._freezes_waiting -= 1
             self._freezing = True
         try:
-            yield
+            with self._across.freezing():
+                yield
         finally:
             with self._changed:
                 self._freezing = False
@@ -481,6 +489,71 @@ class FreezeGuard:
         return self._paused is False
 
 
+class _StartLocks:
+    """Exec starts and freezes of one container kept apart across programs:
+    ``flock`` on two files per container under the hutch home (let go by
+    the kernel when a holder dies). A start holds ``<id>`` shared until its
+    process runs; a freeze holds it exclusively, so it waits for the starts
+    under way in every program. The gate ``<id>.gate`` gives a waiting freeze
+    the way: a start passes it (shared, for a moment) before it takes its
+    share, a freeze holds it exclusively while it waits and freezes, so a
+    stream of other programs' starts cannot keep a pause out for good.
+    Within one process the guard has already ordered them (a freeze here
+    never waits on a share this process holds)."""
+
+    def __init__(self, container: str) -> None:
+        self.path = start_lock_path(container)
+
+    def _open(self, path: str) -> int | None:
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            return os.open(path, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        except OSError:
+            # Nowhere to keep it (a read-only home): this process's order only.
+            return None
+
+    @contextlib.contextmanager
+    def starting(self) -> Iterator[None]:
+        gate, share = self._open(self.path + ".gate"), self._open(self.path)
+        try:
+            if gate is not None:
+                fcntl.flock(gate, fcntl.LOCK_SH)
+            if share is not None:
+                fcntl.flock(share, fcntl.LOCK_SH)
+            if gate is not None:
+                fcntl.flock(gate, fcntl.LOCK_UN)
+            yield
+        finally:
+            for fd in (gate, share):
+                if fd is not None:
+                    os.close(fd)
+
+    @contextlib.contextmanager
+    def freezing(self) -> Iterator[None]:
+        gate, whole = self._open(self.path + ".gate"), self._open(self.path)
+        try:
+            for fd in (gate, whole):
+                if fd is not None:
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            for fd in (whole, gate):
+                if fd is not None:
+                    os.close(fd)
+
+
+def start_lock_path(container: str) -> str:
+    """Where programs sharing ``container`` (by id) order its starts and freezes."""
+    return os.path.join(hutch_home(), "docker", "starts", container)
+
+
+def drop_start_locks(container: str) -> None:
+    """A removed container's lock files go with it."""
+    for path in (start_lock_path(container), start_lock_path(container) + ".gate"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
 _freeze_guards: weakref.WeakValueDictionary[str, FreezeGuard] = weakref.WeakValueDictionary()
 _freeze_guards_lock = threading.Lock()
 
@@ -490,7 +563,7 @@ def freeze_guard(container: str) -> FreezeGuard:
     with _freeze_guards_lock:
         guard = _freeze_guards.get(container)
         if guard is None:
-            guard = _freeze_guards[container] = FreezeGuard()
+            guard = _freeze_guards[container] = FreezeGuard(container)
         return guard
 
 
@@ -2144,6 +2217,7 @@ class DockerSandbox(NativeBackend):
         )
         self.suspended_image = image_id
         await _call(api.remove_container, container, force=True)
+        drop_start_locks(container)
         self.container_id = None
         if self.layered:
             # Nothing runs on its working directory now: it holds no mounted store.
@@ -2438,6 +2512,7 @@ class DockerSandbox(NativeBackend):
                 continue
             with contextlib.suppress(HutchError):
                 await _call(api.remove_container, container["Id"], force=True)
+                drop_start_locks(container["Id"])
                 removed.append(sandbox_id or container["Id"][:12])
         for sandbox_id in await anyio.to_thread.run_sync(_layers.branches):
             if sandbox_id not in known:
@@ -2544,6 +2619,7 @@ class DockerSandbox(NativeBackend):
         if self.container_id is not None:
             with contextlib.suppress(HutchError):
                 await _call(api.remove_container, self.container_id, force=True, v=True)
+                drop_start_locks(self.container_id)
             self.container_id = None
         # Its suspend image goes with it, whether or not the record names one:
         # a suspend undone after its commit (the store could not keep it) runs
