@@ -2,9 +2,60 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from tests import snapshot_leaks
+from tests.daemon_fixture import release_leftovers
+
+#: Every directory this bench made (:func:`scratch_dir`): :func:`run` removes them.
+_SCRATCH: list[str] = []
+
+
+def scratch_dir(prefix: str, directory: str | None = None) -> str:
+    """A new temporary directory (``tempfile.mkdtemp``) that :func:`run`
+    removes when the bench ends, passed or failed, with what is mounted
+    under it unmounted first (an adopted working directory, say)."""
+    path = tempfile.mkdtemp(prefix=prefix, dir=directory)
+    _SCRATCH.append(path)
+    return path
+
+
+def run(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run a bench's ``main`` on a hutch data directory of its own
+    (``HUTCH_HOME``), and leave nothing behind, passed or failed: what it
+    still holds there (containers and snapshot images labelled with it,
+    mounts and loop devices under it, said on stderr: a bench that ends
+    what it makes has none) is released, then it and every
+    :func:`scratch_dir` are removed. Daemons a bench starts are its own to
+    close (``DaemonProcess.close``: their data directories go too)."""
+    home = scratch_dir("hutch-bench-home-")
+    os.environ["HUTCH_HOME"] = home
+    try:
+        asyncio.run(main())
+    finally:
+        left = []
+        for path in reversed(_SCRATCH):
+            left += release_leftovers(path)
+        images = snapshot_leaks.leftover_images([home])
+        snapshot_leaks.free(images, [])
+        left += [f"image {tags}" for _, tags in images]
+        for path in reversed(_SCRATCH):
+            # Never through a mount that would not go: that is another file system's.
+            subprocess.run(["rm", "-rf", "--one-file-system", path], check=False)
+            if os.path.exists(path):
+                left.append(f"{path} (not removed)")
+        if left:
+            print(f"the bench left behind: {', '.join(left)}", file=sys.stderr)
 
 
 def median_ms(samples: list[float]) -> float:

@@ -18,7 +18,6 @@ import io
 import os
 import sys
 import tarfile
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -30,7 +29,7 @@ import docker
 from tests.daemon_fixture import DaemonProcess
 
 import hutch
-from _common import header, median_ms, paired, row
+from _common import header, median_ms, paired, row, run
 from hutch._sandbox import backend_of
 
 IMAGE = os.environ.get("HUTCH_TEST_IMAGE", "hutch-test:bookworm")
@@ -166,15 +165,14 @@ def through_daemon(api: docker.APIClient) -> None:
             finally:
                 remote.close()
     finally:
-        daemon.stop()
+        daemon.close()
 
 
 async def main() -> None:
-    os.environ.setdefault("HUTCH_HOME", tempfile.mkdtemp(prefix="hutch-bench-agent-"))
     api = docker.APIClient(version="auto")
     await in_process(api)
     await asyncio.to_thread(through_daemon, api)
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    run(main)

@@ -21,7 +21,7 @@ import uuid
 sys.path.insert(0, os.path.dirname(__file__))
 
 import hutch
-from _common import header, median_ms, paired, row
+from _common import header, median_ms, paired, row, run
 from hutch._sandbox import backend_of
 from hutch.providers.bubblewrap.cgroups import JOIN_AND_EXEC, SandboxCgroup
 from hutch.providers.bubblewrap.rootfs import resolve_rootfs
@@ -202,4 +202,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    run(main)

@@ -14,14 +14,12 @@ the machine's cores with the server it loads.
 
 from __future__ import annotations
 
-import asyncio
 import http.client
 import json
 import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 
@@ -31,7 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from tests.daemon_fixture import DaemonProcess, free_port
 
 import hutch
-from _common import header, median_ms, row
+from _common import header, median_ms, row, run, scratch_dir
 
 RUNS = 300
 WARMUP = 20
@@ -154,14 +152,14 @@ def throughput(daemon: DaemonProcess, sandbox_id: str) -> None:
 
 
 async def main() -> None:
-    workdir = tempfile.mkdtemp(prefix="hutch-bench-", dir="/dev/shm")
+    workdir = scratch_dir("hutch-bench-", "/dev/shm")
     daemon = DaemonProcess().start()
     try:
         sandbox_id = await exec_round_trips(daemon, workdir)
         throughput(daemon, sandbox_id)
     finally:
-        daemon.stop()
+        daemon.close()
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    run(main)

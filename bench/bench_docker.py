@@ -6,7 +6,6 @@ create_container + start + one exec; files = put_archive / get_archive.
 
 from __future__ import annotations
 
-import asyncio
 import io
 import os
 import sys
@@ -17,7 +16,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import docker
 
 import hutch
-from _common import header, paired, row, time_async, time_sync
+from _common import header, paired, row, run, time_async, time_sync
 from hutch._sandbox import backend_of
 
 IMAGE = os.environ.get("HUTCH_TEST_IMAGE", "hutch-test:bookworm")
@@ -110,4 +109,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    run(main)

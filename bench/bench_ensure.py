@@ -15,12 +15,10 @@ The definition: a small git repository served as file:// and one setup step.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -29,7 +27,8 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(__file__))
 
 import hutch
-from _common import header, row
+from _common import header, row, run, scratch_dir
+from hutch._paths import hutch_home
 from hutch._snapshots import Snapshot
 from hutch.definitions import Definition, Definitions, LocalHost
 from hutch.definitions.ensure import fetch_source
@@ -147,20 +146,19 @@ def snapshot_of(row: SnapshotRow) -> Snapshot:
 
 
 async def main() -> None:
-    with tempfile.TemporaryDirectory(prefix="hutch-bench-ensure-") as scratch:
-        os.environ["HUTCH_HOME"] = os.path.join(scratch, "home")
-        repo = make_repo(os.path.join(scratch, "repo"))
-        store = SQLiteStore(os.path.join(scratch, "home", "hutch.db"))
-        defs = Definitions(LocalHost(store))
-        try:
-            await bench({"type": "local"}, repo, defs)
-            await bench({"type": "docker", "image": IMAGE}, repo, defs)
-        finally:
-            # The snapshots' storage (docker's images among it) is not the temp dir's.
-            for snapshot in store.list_snapshots():
-                await hutch.remove_snapshot(snapshot_of(snapshot))
-            store.close()
+    scratch = scratch_dir("hutch-bench-ensure-")
+    repo = make_repo(os.path.join(scratch, "repo"))
+    store = SQLiteStore(os.path.join(hutch_home(), "hutch.db"))
+    defs = Definitions(LocalHost(store))
+    try:
+        await bench({"type": "local"}, repo, defs)
+        await bench({"type": "docker", "image": IMAGE}, repo, defs)
+    finally:
+        # The snapshots' storage (docker's images among it) is not the home's alone.
+        for snapshot in store.list_snapshots():
+            await hutch.remove_snapshot(snapshot_of(snapshot))
+        store.close()
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    run(main)

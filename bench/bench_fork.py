@@ -21,6 +21,8 @@ the snapshot's layer; measured on fresh sandboxes ("first fork"), each
 filled before the clock starts. Also printed: local attach alone (goal
 <= 50 ms), and docker's forks with 1 000 files beside 10 000 (the working
 directory's cost must not grow with its file count).
+
+``bench/bench_fork.py local`` (or ``docker``) runs only that part.
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -39,7 +40,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(__file__))
 
 import hutch
-from _common import header, row
+from _common import header, row, run, scratch_dir
 from hutch._sandbox import backend_of
 
 FILES = 10_000
@@ -87,9 +88,9 @@ async def fork_and_exec(origin: Any, branches: int) -> None:
 
 async def bench_local() -> None:
     header(f"local: fork to first exec, {FILES} files in the working directory")
-    tree = tempfile.mkdtemp(prefix="hutch-bench-fork-")
+    tree = scratch_dir("hutch-bench-fork-")
     make_tree(tree, FILES)
-    scratch = tempfile.mkdtemp(prefix="hutch-bench-cp-")
+    scratch = scratch_dir("hutch-bench-cp-")
     plain = await hutch.create_sandbox("local", workdir=tree, read_before_write=False)
     seed = await plain.snapshot("seed")
     origin = await hutch.create_sandbox_from_snapshot(seed)
@@ -147,46 +148,78 @@ async def bench_first_snapshot() -> None:
     and wrong for branches: an in-place write changes every link), and
     hutch's adoption (the directory moved into the snapshot's layer, one
     rename, and an overlay mounted in its place). Also: giving an adopted
-    directory that the caller owns back at close (its merged view copied out)."""
+    directory that the caller owns back at close, with the snapshot removed
+    first (its layer renamed back), kept (the layer renamed back all the
+    same, the snapshot kept as an archive of it, unpacked by its next
+    attach, timed too) and stacked by a running branch (a copy). Each case's
+    floor (``cp -a`` of the tree) is taken in the same iteration, just
+    before it: this machine's file system speed swings tenfold in minutes."""
     header(f"local: a plain directory's first snapshot, {FILES} files")
-    scratch = tempfile.mkdtemp(prefix="hutch-bench-first-")
+    scratch = scratch_dir("hutch-bench-first-")
+    cases = ("kept", "removed", "branch")
     ours: list[float] = []
-    copy: list[float] = []
     links: list[float] = []
-    back_kept: list[float] = []
-    back_freed: list[float] = []
+    back: dict[str, list[float]] = {case: [] for case in cases}
+    copy: dict[str, list[float]] = {case: [] for case in cases}
+    attach_after: list[float] = []
+
+    def timed_copy(argv: list[str], tree: str) -> float:
+        target = os.path.join(scratch, "floor")
+        os.sync()  # each timed step starts with nothing left to write back
+        t = time.perf_counter()
+        subprocess.run([*argv, tree, target], check=True)
+        took = time.perf_counter() - t
+        shutil.rmtree(target)
+        return took
+
     try:
         for run in range(RUNS + 1):
-            for snapshot_kept, back in ((True, back_kept), (False, back_freed)):
+            for case in cases:
                 tree = os.path.join(scratch, f"tree{run}")
                 make_tree(tree, FILES)
-                if snapshot_kept:
-                    for argv, samples in ((["cp", "-a"], copy), (["cp", "-al"], links)):
-                        target = os.path.join(scratch, "floor")
-                        t = time.perf_counter()
-                        subprocess.run([*argv, tree, target], check=True)
-                        samples.append(time.perf_counter() - t)
-                        shutil.rmtree(target)
+                copy[case].append(timed_copy(["cp", "-a"], tree))
+                if case == "kept":
+                    links.append(timed_copy(["cp", "-al"], tree))
                 sb = await hutch.create_sandbox("local", workdir=tree, read_before_write=False)
+                os.sync()
                 t = time.perf_counter()
                 snap = await sb.snapshot("first")
                 ours.append(time.perf_counter() - t)
                 await sb.exec("echo changed > d0/f0.txt && rm d1/f100.txt && echo new > n.txt")
-                if not snapshot_kept:
+                branch = None
+                if case == "removed":
                     await hutch.remove_snapshot(snap)
+                elif case == "branch":
+                    branch = await hutch.create_sandbox_from_snapshot(snap)
+                os.sync()
                 t = time.perf_counter()
                 await sb.close()
-                back.append(time.perf_counter() - t)
+                back[case].append(time.perf_counter() - t)
+                if branch is not None:
+                    await branch.close()
+                if case == "kept":
+                    os.sync()
+                    t = time.perf_counter()
+                    later = await hutch.create_sandbox_from_snapshot(snap)
+                    attach_after.append(time.perf_counter() - t)
+                    await later.close()
                 await hutch.remove_snapshot(snap)
                 shutil.rmtree(tree)
+
         # The first run of each warms caches; the rest are medians.
-        copy_ms = statistics.median(copy[1:]) * 1000
-        row("first snapshot (adopt) vs cp -a", statistics.median(ours[2:]) * 1000, copy_ms)
-        row("  cp -al (hard links) vs cp -a", statistics.median(links[1:]) * 1000, copy_ms)
-        row("close, snapshot kept: dir given back", statistics.median(back_kept[1:]) * 1000,
-            copy_ms)
-        row("close, snapshot removed: dir given back",
-            statistics.median(back_freed[1:]) * 1000, copy_ms)
+        def floor_ms(*which: str) -> float:
+            return statistics.median([x for case in which for x in copy[case][1:]]) * 1000
+
+        every = floor_ms(*cases)
+        row("first snapshot (adopt) vs cp -a", statistics.median(ours[3:]) * 1000, every)
+        row("  cp -al (hard links) vs cp -a", statistics.median(links[1:]) * 1000,
+            floor_ms("kept"))
+        for case, name in (("kept", "snapshot kept"), ("removed", "snapshot removed"),
+                           ("branch", "branch running")):
+            row(f"close, {name}: dir given back", statistics.median(back[case][1:]) * 1000,
+                floor_ms(case))
+        row("  then its first attach (unpacks)", statistics.median(attach_after[1:]) * 1000,
+            floor_ms("kept"))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -281,8 +314,10 @@ async def bench_docker_attach_idle_store(files: int) -> None:
 
     origin = await filled_docker_sandbox(files, "4g")
     store = _layers.store_dir(origin.id)
-    seed = await origin.snapshot("seed")
-    await origin.close()
+    try:
+        seed = await origin.snapshot("seed")
+    finally:
+        await origin.close()
     idle, mounted = [], []
     try:
         for _ in range(RUNS + 1):  # the first pair is a warm-up
@@ -340,9 +375,13 @@ async def bench_docker(files: int) -> None:
         await hutch.remove_snapshot(seed)
 
 
-async def main() -> None:
-    await bench_first_snapshot()
-    await bench_local()
+async def main(parts: list[str]) -> None:
+    """``parts``: ``local`` and/or ``docker`` (both when empty)."""
+    if not parts or "local" in parts:
+        await bench_first_snapshot()
+        await bench_local()
+    if parts and "docker" not in parts:
+        return
     try:
         import docker
 
@@ -355,4 +394,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    run(lambda: main(sys.argv[1:]))

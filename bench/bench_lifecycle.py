@@ -20,7 +20,7 @@ import docker
 import docker.errors
 
 import hutch
-from _common import header, paired, row
+from _common import header, paired, row, run
 from hutch._sandbox import backend_of
 from hutch.lifecycle.engine import LifecycleEngine
 
@@ -185,4 +185,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    run(main)

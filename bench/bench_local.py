@@ -5,24 +5,22 @@ Floor for local: the same work done directly (subprocess.run, open/read/write).
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
 
 import hutch
-from _common import header, paired, row, time_async, time_sync
+from _common import header, paired, row, run, scratch_dir, time_async, time_sync
 
 RUNS = 200
 MB = os.urandom(1024 * 1024)
 
 
 async def main() -> None:
-    workdir = tempfile.mkdtemp(prefix="hutch-bench-", dir="/dev/shm")
+    workdir = scratch_dir("hutch-bench-", "/dev/shm")
     header("local provider (floor: subprocess / direct file I/O)")
     def floor_exec() -> None:
         subprocess.run(["true"], check=True)
@@ -97,4 +95,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    run(main)

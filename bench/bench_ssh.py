@@ -12,11 +12,9 @@ asyncssh's SFTP on the kept connection, and ``scp`` up then down.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 
@@ -27,7 +25,7 @@ import asyncssh
 from tests.ssh_server import ALIAS, SshServer
 
 import hutch
-from _common import header, median_ms, paired, row
+from _common import header, median_ms, paired, row, run, scratch_dir
 
 RUNS = 200
 MB = os.urandom(1024 * 1024)
@@ -56,7 +54,7 @@ async def paired_async(
 
 async def main() -> None:
     server = SshServer().start()
-    workdir = tempfile.mkdtemp(prefix="hutch-bench-ssh-")
+    workdir = scratch_dir("hutch-bench-ssh-")
     ssh = ["ssh", "-F", server.config_file, "-o", "BatchMode=yes"]
     try:
         async with await hutch.create_sandbox(
@@ -111,4 +109,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    run(main)

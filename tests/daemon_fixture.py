@@ -189,6 +189,8 @@ class DaemonProcess:
 
 def containers_of(data_dir: str) -> list[str]:
     """The ids of the containers a daemon on ``data_dir`` made (its home label)."""
+    if shutil.which("docker") is None:
+        return []
     done = subprocess.run(
         ["docker", "ps", "-aq", "--filter", f"label=hutch.home={data_dir}"],
         capture_output=True, text=True, timeout=120, check=False,

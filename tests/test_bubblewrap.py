@@ -315,10 +315,13 @@ async def test_commands_run_in_the_workload_cgroup_and_cannot_leave_it(runtime: 
     sb = await _make(pids_limit=30, memory="100m", runtime=runtime)
     try:
         for user in (None, "nobody"):
-            mine = (await sb.exec(["cat", "/proc/self/cgroup"], user=user)).stdout
-            rows = dict(line.split(":", 2)[1:] for line in mine.splitlines())
-            assert rows["pids"] == rows["memory"] == "/hutch-workload", mine
-            assert rows["freezer"] == "/", mine  # pause holds everything
+            result = await sb.exec(["cat", "/proc/self/cgroup"], user=user)
+            # The whole result is said on a failure (CI once got no pids line).
+            said = f"user={user}: {result!r}"
+            assert result.exit_code == 0, said
+            rows = dict(line.split(":", 2)[1:] for line in result.stdout.splitlines())
+            assert rows.get("pids") == rows.get("memory") == "/hutch-workload", said
+            assert rows.get("freezer") == "/", said  # pause holds everything
         base = f"/sys/fs/cgroup/pids/hutch/{sb.id}"
         with open(f"{base}/hutch-workload/pids.max") as fh:
             assert int(fh.read()) == 30
@@ -328,6 +331,28 @@ async def test_commands_run_in_the_workload_cgroup_and_cannot_leave_it(runtime: 
         escape = await sb.exec("mkdir -p /tmp/cg && mount -t cgroup -o pids none /tmp/cg "
                                "&& echo $$ > /tmp/cg/cgroup.procs; cat /proc/self/cgroup")
         assert "pids:/hutch-workload" in escape.stdout, escape
+    finally:
+        await sb.close()
+
+
+async def test_a_command_bwrap_could_not_start_is_an_error_not_its_exit_status() -> None:
+    # bwrap clones the command's process, then sets the sandbox up in it; a
+    # step that fails there (here: entering a working directory its dropped
+    # capabilities cannot) ends it with bwrap's words on stderr and exit 1,
+    # which were answered as the command's own (CI once got a cat of
+    # /proc/self/cgroup back with no pids line).
+    sb = await _make(runtime="native")
+    try:
+        await sb.exec("mkdir -p /locked && chmod 000 /locked")
+        for argv in (["cat", "/proc/self/cgroup"], ["true"]):
+            with pytest.raises(hutch.HutchError, match="Can't chdir to /locked") as caught:
+                await sb.exec(argv, cwd="/locked")
+            assert caught.value.code == "provider_error", caught.value
+        # A command's own exit 1, whatever it says, is still its result.
+        own = await sb.exec(["sh", "-c", "echo 'bwrap: not really' >&2; exit 1"])
+        assert (own.exit_code, own.stderr) == (1, "bwrap: not really\n"), own
+        background = await sb.start(["sh", "-c", "sleep 0.2; exit 4"])
+        assert (await background.wait()).exit_code == 4
     finally:
         await sb.close()
 

@@ -247,3 +247,69 @@ async def test_a_snapshot_keeps_the_users_pause_and_undoes_its_own(sb: Any) -> N
             await hutch.remove_snapshot(paused)
     finally:
         await hutch.remove_snapshot(running)
+
+
+#: Another program on the same container (a daemon beside an in-process
+#: owner): it starts an exec whose start window it holds open (its process
+#: started, the Engine not yet asked whether it runs), says when it is in it
+#: and when it left it, then reads the command's output.
+_STARTER = """
+import asyncio, json, sys, time
+from hutch.providers import docker as provider
+from hutch.providers.base import ProcessRequest
+
+real = provider.wait_until_started
+
+def slow(api, exec_id):
+    pid = real(api, exec_id)
+    print("in-window", flush=True)
+    time.sleep(1.5)
+    print("left", time.time(), flush=True)
+    return pid
+
+provider.wait_until_started = slow
+
+async def main():
+    backend = await provider.DockerSandbox.reconnect(sys.argv[1], json.loads(sys.argv[2]))
+    proc = await backend.start_process(ProcessRequest(["echo", "started"], cwd="/", env={}))
+    out = b""
+    while (chunk := await proc.read()) is not None:
+        out += chunk.data
+    print("output", out.decode().strip(), await proc.wait(), flush=True)
+
+asyncio.run(main())
+"""
+
+
+async def test_a_pause_waits_for_another_program_s_exec_start(sb: Any) -> None:
+    """A pause from one program while another program's exec is starting on
+    the same container waits until that start is done (a freeze inside it
+    would wedge the Engine: runc's exec frozen with the container, and every
+    image removal and inspect behind it). The guard of one process cannot
+    see another's starts: they are ordered through the hutch home."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    backend = backend_of(sb)
+    assert isinstance(backend, DockerSandbox) and backend.container_id is not None
+    starter = await anyio.to_thread.run_sync(lambda: subprocess.Popen(
+        [sys.executable, "-c", _STARTER, sb.id, json.dumps(backend.describe())],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    ))
+    try:
+        assert starter.stdout is not None
+        line = await anyio.to_thread.run_sync(starter.stdout.readline)
+        assert line.strip() == "in-window", (line, starter.stderr.read() if not line else "")
+        await sb.pause()
+        paused_at = time.time()
+        await sb.resume()
+        out, err = await anyio.to_thread.run_sync(lambda: starter.communicate(timeout=120))
+        left = float(next(x for x in out.splitlines() if x.startswith("left")).split()[1])
+        assert paused_at >= left, f"paused {left - paused_at:.3f} s inside the other's start"
+        assert "output started 0" in out, (out, err)
+    finally:
+        if starter.poll() is None:
+            starter.kill()
+        thaw(backend.container_id)

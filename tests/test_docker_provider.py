@@ -494,6 +494,7 @@ async def test_preserve_keeps_a_suspended_image(
     api: docker.APIClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     sandbox = await hutch.create_sandbox("docker", image=TEST_IMAGE, preserve=True)
+    await sandbox.write_text("kept.txt", "kept")
     await sandbox.suspend()
     image = backend_of(sandbox).suspended_image
     workdir = backend_of(sandbox).host_workdir
@@ -504,6 +505,8 @@ async def test_preserve_keeps_a_suspended_image(
         assert f"hutch-suspended:{sandbox.id}" in caplog.text
         assert f"-v {workdir}:/workspace" in caplog.text
         assert os.path.isdir(workdir), "the working directory the message names is gone"
+        with open(os.path.join(workdir, "kept.txt")) as fh:  # its files there, to bind
+            assert fh.read() == "kept"
     finally:
         api.remove_image(image, force=True)
         await DockerSandbox.discard(sandbox.id)  # its working directory, mounts and all

@@ -8,7 +8,9 @@ whatever reads it. On real loop and overlay mounts (root).
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -151,9 +153,9 @@ def test_a_store_a_process_is_in_stays_mounted(made: tuple[list[str], list[str]]
 def test_a_collector_in_another_process_never_empties_a_branch(
     made: tuple[list[str], list[str]],
 ) -> None:
-    """Another program collecting in a loop while branches are attached: a
-    store it finds idle is unmounted only between the branches' mounts,
-    never under one, and is never mounted twice."""
+    """Another program collecting in a loop while branches are attached,
+    suspended and resumed: a store it finds idle is unmounted only between
+    the branches' mounts, never under one, and is never mounted twice."""
     origin = start(made, None)
     for i in range(20):
         write(origin, f"f{i}.txt", str(i))
@@ -177,6 +179,11 @@ def test_a_collector_in_another_process_never_empties_a_branch(
                 f"f{i}.txt" for i in range(20)
             )
             assert read(branch, "f7.txt") == "7"
+            # Suspended and resumed (its stores unmounted, mounted again) as well.
+            _layers.rest(branch)
+            _layers.before_start(branch)
+            _layers.after_start(branch)
+            assert read(branch, "f13.txt") == "13"
             _layers.end_branch(branch)
             made[0].remove(branch)
             attached += 1
@@ -227,3 +234,39 @@ def test_a_directory_at_rest_holds_no_store_and_comes_back_whole(
     assert os.path.ismount(_layers.store_dir(branch))
     assert os.path.ismount(_layers.store_dir(origin))
     assert os.path.exists(os.path.join(_layers.store_dir(branch), "upper", "d.txt"))
+
+
+def test_a_store_whose_mount_lingers_elsewhere_is_mounted_on_its_own_loop_device(
+    made: tuple[list[str], list[str]],
+) -> None:
+    """Another mount namespace (here a process's made with ``unshare -m``)
+    keeps a copy of a store's mount after hutch unmounts it, and with it the
+    loop device: mounted again on demand, the store goes through that same
+    device, never a second one on the same image (two would corrupt it)."""
+    origin = start(made, None)
+    write(origin, "a.txt", "A")
+    snapshot = freeze(made, origin)
+    image = _diskcap.image_for(_layers.store_dir(origin))
+    holder = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sleep", "120"])
+    try:
+        mine = os.readlink("/proc/self/ns/mnt")
+        deadline = time.monotonic() + 30
+        while os.readlink(f"/proc/{holder.pid}/ns/mnt") == mine:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        sleep = os.path.realpath(shutil.which("sleep") or "sleep")
+        while os.readlink(f"/proc/{holder.pid}/exe") != sleep:
+            assert time.monotonic() < deadline  # unshare has made its namespace
+            time.sleep(0.01)
+        _layers.end_branch(origin)
+        assert not os.path.ismount(_layers.store_dir(origin))
+        devices = _diskcap.loop_devices_backed_by(image)
+        assert len(devices) == 1, "the other namespace's copy holds it"
+        branch = start(made, snapshot)
+        assert _diskcap.loop_devices_backed_by(image) == devices
+        assert read(branch, "a.txt") == "A"
+        write(branch, "b.txt", "B")
+        assert read(branch, "a.txt") == "A"
+    finally:
+        holder.kill()
+        holder.wait()

@@ -4,11 +4,15 @@ directory is given back, files kept, when the sandbox ends."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
+import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -29,6 +33,8 @@ def tree() -> Iterator[str]:
             fh.write(f"file {i}\n")
     os.chmod(root, 0o750)
     yield root
+    while os.path.ismount(root):  # a test that failed with the directory adopted
+        subprocess.run(["umount", "-l", root], check=True)
     shutil.rmtree(root, ignore_errors=True)
 
 
@@ -144,43 +150,288 @@ async def test_an_adopted_directory_is_mounted_again_after_a_reboot(tree: str) -
         await hutch.remove_snapshot(snap)
 
 
-@pytest.mark.parametrize("snapshot_kept", [True, False], ids=["snapshot-kept", "snapshot-removed"])
-async def test_giving_back_applies_every_kind_of_change(tree: str, snapshot_kept: bool) -> None:
-    """Deleted files and directories (whiteouts), a directory deleted and made
-    again (opaque), changed and new files: the directory given back is what
-    the sandbox last saw. With the snapshot gone, untouched files are the
-    very same files (the layer taken back, nothing copied)."""
-    os.makedirs(os.path.join(tree, "old", "deep"))
-    with open(os.path.join(tree, "old", "deep", "x.txt"), "w") as fh:
-        fh.write("x")
+def state_of(root: str) -> dict[str, tuple[object, ...]]:
+    """Every entry under ``root``: its kind, mode, owner, and content (a
+    file's bytes, a link's target, a user attribute)."""
+    found: dict[str, tuple[object, ...]] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in [".", *dirnames, *filenames] if dirpath == root else [*dirnames, *filenames]:
+            path = os.path.normpath(os.path.join(dirpath, name))
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode):
+                content: object = os.readlink(path)
+            elif stat.S_ISREG(st.st_mode):
+                with open(path, "rb") as fh:
+                    content = fh.read()
+            else:
+                content = None
+            try:
+                attribute = os.getxattr(path, "user.hutch-test", follow_symlinks=False)
+            except OSError:
+                attribute = None
+            found[os.path.relpath(path, root)] = (
+                stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid,
+                content, attribute,
+            )
+    return found
+
+
+def fill(root: str) -> None:
+    """Files of every kind, for changes of every kind to be made on."""
+    for d in ("old/deep", "becomes_file", "renamed_dir", "mixed"):
+        os.makedirs(os.path.join(root, d), exist_ok=True)
+    for name, text in (("old/deep/x.txt", "x"), ("becomes_file/in.txt", "in"),
+                       ("becomes_dir", "plain"), ("to_rename.txt", "r"),
+                       ("renamed_dir/a.txt", "a"), ("mode.sh", "#!/bin/sh\n"),
+                       ("mixed/keep.txt", "k"), ("attr.txt", "attr")):
+        with open(os.path.join(root, name), "w") as fh:
+            fh.write(text)
+    os.symlink("src/f1.txt", os.path.join(root, "old_link"))
+    os.setxattr(os.path.join(root, "attr.txt"), "user.hutch-test", b"v1")
+    os.chown(os.path.join(root, "mixed", "keep.txt"), 1234, 5678)
+
+
+#: Changes of every kind, made inside the sandbox: files changed (in place
+#: too), added, deleted, renamed; directories deleted, deleted and made
+#: again (opaque), replaced by a file and a file by one; links; modes.
+CHANGES = (
+    "rm src/f2.txt && rm -r old && mkdir -p old/other && echo o > old/other/o.txt"
+    " && echo c > src/f3.txt && echo more >> src/f4.txt && mkdir -p new/a"
+    " && echo n > new/a/n.txt && ln -s src/f1.txt link && ln -sfn src/f9.txt old_link"
+    " && rm -r becomes_file && echo now-a-file > becomes_file"
+    " && rm becomes_dir && mkdir becomes_dir && echo inside > becomes_dir/i.txt"
+    " && mv to_rename.txt renamed.txt && mv renamed_dir dir_renamed"
+    " && chmod 755 mode.sh && chmod 600 src/f5.txt && rm mixed/keep.txt"
+    " && echo v > mixed/new.txt && chmod 700 ."
+)
+
+
+@pytest.mark.parametrize("how", ["snapshot-removed", "snapshot-kept", "branch-running"])
+async def test_giving_back_applies_every_kind_of_change(tree: str, how: str) -> None:
+    """The directory given back is what the sandbox last saw (whiteouts
+    turned into deletions, opaque directories into replacements), and a
+    snapshot still held shows what it captured, attached afterwards. Untouched
+    files go back as the very same files (moved, not copied) unless a running
+    branch stacks the layer (overlayfs reads it: the caller gets a copy)."""
+    fill(tree)
     untouched = os.stat(os.path.join(tree, "src", "f1.txt")).st_ino
+    captured = state_of(tree)
     sb = await hutch.create_sandbox("local", workdir=tree, read_before_write=False)
     snap = await sb.snapshot()
-    if not snapshot_kept:
+    branch = None
+    if how == "snapshot-removed":
         await hutch.remove_snapshot(snap)
-    script = (
-        "rm src/f2.txt && rm -r old && mkdir -p old/other && echo o > old/other/o.txt"
-        " && echo c > src/f3.txt && mkdir -p new/a && echo n > new/a/n.txt"
-        " && ln -s src/f1.txt link && chmod 700 ."
-    )
-    assert (await sb.exec(script)).exit_code == 0
-    seen = sorted((await sb.exec("find . | sort")).stdout.split())
+    elif how == "branch-running":
+        branch = await hutch.create_sandbox_from_snapshot(snap)
+    assert (await sb.exec(CHANGES)).exit_code == 0
+    os.setxattr(os.path.join(tree, "attr.txt"), "user.hutch-test", b"v2")
+    seen = state_of(tree)  # the merged view, through the overlay
+    assert seen != captured
     await sb.close()
     assert not os.path.ismount(tree)
-    given = sorted(subprocess.run(["find", "."], cwd=tree, capture_output=True, text=True,
-                                  check=True).stdout.split())
-    assert given == seen
-    assert not os.path.exists(os.path.join(tree, "old", "deep"))
-    with open(os.path.join(tree, "src", "f3.txt")) as fh:
-        assert fh.read() == "c\n"
-    assert os.readlink(os.path.join(tree, "link")) == "src/f1.txt"
-    assert os.stat(tree).st_mode & 0o777 == 0o700
+    assert state_of(tree) == seen
     moved_back = os.stat(os.path.join(tree, "src", "f1.txt")).st_ino == untouched
-    assert moved_back is not snapshot_kept
-    if snapshot_kept:
-        branch = await hutch.create_sandbox_from_snapshot(snap)
-        assert await branch.read_text("old/deep/x.txt") == "x"
+    assert moved_back is (how != "branch-running")
+    # The caller's files are theirs: writing one in place changes no snapshot.
+    with open(os.path.join(tree, "src", "f1.txt"), "a") as fh:
+        fh.write("the caller writes on\n")
+    if branch is not None:
+        assert state_of(branch.workdir) == captured
         await branch.close()
+    if how != "snapshot-removed":
+        later = await hutch.create_sandbox_from_snapshot(snap)
+        assert state_of(later.workdir) == captured
+        await later.close()
         await hutch.remove_snapshot(snap)
     assert not os.path.exists(_layers.snapshot_dir(snap.id))
     assert [n for n in os.listdir(os.path.dirname(tree)) if ".hutch-" in n] == []
+
+
+def give_back_dying_at(sandbox_id: str, owner: Any, name: str, *, after: bool) -> None:
+    """Give an adopted directory back in a forked child that dies (exit 9,
+    no cleanup) when it reaches ``owner.name`` (``after``: once that returns)."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            real = getattr(owner, name)
+
+            def die(*args: Any, **kwargs: Any) -> None:
+                if after:
+                    real(*args, **kwargs)
+                os._exit(9)
+
+            setattr(owner, name, die)
+            _layers.end_adopted(sandbox_id, keep=True)
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 9, "the child did not reach the step"
+
+
+#: Where a give-back is cut short (the step, and whether it was done): in
+#: the middle of making the archive and after, before the tree is renamed into place,
+#: before and in the middle of moving the changes onto it (after a first
+#: deletion; before a directory is moved), and, with a branch running, in
+#: the middle of the copy and after it, before it is renamed into place.
+CRASH_POINTS = [
+    ("snapshot-kept", _layers, "_archive", False),
+    ("snapshot-kept", subprocess, "run", True),
+    ("snapshot-kept", _layers, "_archive", True),
+    ("snapshot-kept", _layers, "_put_in_place", False),
+    ("snapshot-kept", _layers, "_put_in_place", True),
+    ("snapshot-kept", _layers, "_remove", True),
+    ("snapshot-kept", _layers, "_scrub", False),
+    ("snapshot-removed", _layers, "_put_in_place", False),
+    ("snapshot-removed", _layers, "_remove", True),
+    ("branch-running", _layers, "_copy_tree", False),
+    ("branch-running", _layers, "_merge_copy", True),
+    ("branch-running", _layers, "_remove", True),
+]
+
+
+@pytest.mark.parametrize(
+    ("how", "owner", "step", "after"), CRASH_POINTS,
+    ids=[f"{h}-{s}{'-done' if a else ''}" for h, _, s, a in CRASH_POINTS],
+)
+async def test_a_give_back_cut_short_is_finished_by_the_next_start(
+    tree: str, how: str, owner: Any, step: str, after: bool
+) -> None:
+    """Whatever step the process dies at, the next start (the orphan reaper,
+    or the sandbox's close after a reconnect) finishes the give-back: the
+    caller's directory as the sandbox last saw it, the snapshot as captured."""
+    fill(tree)
+    captured = state_of(tree)
+    sandbox_id, snapshot_id = f"sb-give-{uuid.uuid4().hex[:8]}", f"snap-{uuid.uuid4().hex[:8]}"
+    assert _layers.adopt(snapshot_id, sandbox_id, tree) is not None
+    subprocess.run(["bash", "-c", CHANGES], cwd=tree, check=True)
+    seen = state_of(tree)
+    branch = f"sb-branch-{uuid.uuid4().hex[:8]}"
+    if how == "branch-running":
+        _layers.start_branch(branch, snapshot_id)
+    elif how == "snapshot-removed":
+        _layers.remove(snapshot_id)
+    give_back_dying_at(sandbox_id, owner, step, after=after)
+    # A restart (the reaper, or the close after a reconnect) finishes it.
+    _layers.ensure_mounted(sandbox_id)
+    await LocalSandbox.discard(sandbox_id)
+    assert not os.path.ismount(tree)
+    assert state_of(tree) == seen
+    assert sandbox_id not in _layers.branches()
+    if how == "branch-running":
+        assert state_of(os.path.join(_layers.mount_dir(branch), "merged")) == captured
+        _layers.end_branch(branch)
+    if how != "snapshot-removed":
+        again = f"sb-again-{uuid.uuid4().hex[:8]}"
+        workdir, _ = _layers.start_branch(again, snapshot_id)
+        assert state_of(workdir) == captured
+        _layers.end_branch(again)
+        _layers.remove(snapshot_id)
+    assert not os.path.exists(_layers.snapshot_dir(snapshot_id))
+
+
+def test_a_branch_started_while_the_archive_is_made_keeps_the_layer(
+    tree: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The archive is made without the layers' lock: a branch that starts on
+    the layer meanwhile (overlayfs then reads it by path) makes the give-back
+    a copy, and the branch goes on over the layer as captured."""
+    fill(tree)
+    captured = state_of(tree)
+    untouched = os.stat(os.path.join(tree, "src", "f1.txt")).st_ino
+    sandbox_id, snapshot_id = f"sb-give-{uuid.uuid4().hex[:8]}", f"snap-{uuid.uuid4().hex[:8]}"
+    branch = f"sb-branch-{uuid.uuid4().hex[:8]}"
+    assert _layers.adopt(snapshot_id, sandbox_id, tree) is not None
+    subprocess.run(["bash", "-c", CHANGES], cwd=tree, check=True)
+    seen = state_of(tree)
+    real = _layers._archive
+
+    def archive_while_a_branch_starts(layer: str) -> bool:
+        _layers.start_branch(branch, snapshot_id)
+        return real(layer)
+
+    monkeypatch.setattr(_layers, "_archive", archive_while_a_branch_starts)
+    _layers.end_adopted(sandbox_id, keep=True)
+    assert state_of(tree) == seen
+    assert os.stat(os.path.join(tree, "src", "f1.txt")).st_ino != untouched  # a copy
+    with open(os.path.join(tree, "src", "f1.txt"), "a") as fh:
+        fh.write("the caller writes on\n")
+    assert state_of(os.path.join(_layers.mount_dir(branch), "merged")) == captured
+    _layers.end_branch(branch)
+    _layers.remove(snapshot_id)
+    assert not os.path.exists(_layers.snapshot_dir(snapshot_id))
+
+
+async def test_a_close_cut_short_is_finished_when_its_sandbox_is_reconnected(tree: str) -> None:
+    """A daemon that restarts reconnects the sandboxes its records call live:
+    one whose give-back had begun was being closed; it is finished, and the
+    reconnect says the sandbox ended."""
+    fill(tree)
+    captured = state_of(tree)
+    sb = await hutch.create_sandbox("local", workdir=tree, read_before_write=False)
+    snap = await sb.snapshot()
+    assert (await sb.exec(CHANGES)).exit_code == 0
+    seen = state_of(tree)
+    description = backend_of(sb).describe()
+    give_back_dying_at(sb.id, _layers, "_apply_upper", after=False)
+    with pytest.raises(hutch.SandboxUnavailable, match="was being closed"):
+        await LocalSandbox.reconnect(sb.id, description)
+    assert state_of(tree) == seen
+    assert sb.id not in _layers.branches()
+    await sb.close()
+    later = await hutch.create_sandbox_from_snapshot(snap)
+    assert state_of(later.workdir) == captured
+    await later.close()
+    await hutch.remove_snapshot(snap)
+
+
+async def test_a_close_cut_short_whose_record_ended_is_finished_by_the_reaper(
+    tree: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A daemon records a sandbox ended before it closes it: after a crash in
+    between, the record names it (no orphan) but the reaper, which runs at
+    every start, finishes its give-back all the same. (A home of its own:
+    the reaper ends whatever else a home holds.)"""
+    monkeypatch.setenv("HUTCH_HOME", str(tmp_path / "home"))
+    fill(tree)
+    sandbox_id, snapshot_id = f"sb-give-{uuid.uuid4().hex[:8]}", f"snap-{uuid.uuid4().hex[:8]}"
+    assert _layers.adopt(snapshot_id, sandbox_id, tree) is not None
+    subprocess.run(["bash", "-c", CHANGES], cwd=tree, check=True)
+    seen = state_of(tree)
+    running = f"sb-running-{uuid.uuid4().hex[:8]}"
+    _layers.start_branch(running, snapshot_id)  # a live sandbox, left alone
+    give_back_dying_at(sandbox_id, _layers, "_put_in_place", after=False)
+    assert await LocalSandbox.reap_orphans({sandbox_id, running}) == [sandbox_id]
+    assert state_of(tree) == seen
+    assert _layers.branches() == [running]
+    _layers.end_branch(running)
+    _layers.remove(snapshot_id)
+    assert _layers.held() == []
+
+
+@pytest.mark.parametrize("moved", [True, False], ids=["moved", "copied"])
+def test_a_give_back_journal_from_before_the_modes_is_finished(tree: str, moved: bool) -> None:
+    """A give-back cut short by an earlier hutch (its journal said only
+    whether the layer was moved) is finished without taking the layer from
+    a snapshot that holds it."""
+    fill(tree)
+    captured = state_of(tree)
+    sandbox_id, snapshot_id = f"sb-give-{uuid.uuid4().hex[:8]}", f"snap-{uuid.uuid4().hex[:8]}"
+    assert _layers.adopt(snapshot_id, sandbox_id, tree) is not None
+    subprocess.run(["bash", "-c", CHANGES], cwd=tree, check=True)
+    seen = state_of(tree)
+    if moved:  # that hutch moved the layer when no snapshot held it
+        _layers.remove(snapshot_id)
+    # Where it stopped: the journal written, the mount point gone, nothing moved.
+    subprocess.run(["umount", tree], check=True)
+    with open(os.path.join(_layers.mount_dir(sandbox_id), "giving-back.json"), "w") as fh:
+        json.dump({"moved": moved}, fh)
+    os.rmdir(tree)
+    _layers.end_adopted(sandbox_id, keep=True)
+    assert state_of(tree) == seen
+    if not moved:
+        again = f"sb-again-{uuid.uuid4().hex[:8]}"
+        workdir, _ = _layers.start_branch(again, snapshot_id)
+        assert state_of(workdir) == captured
+        _layers.end_branch(again)
+        _layers.remove(snapshot_id)
+    assert not os.path.exists(_layers.snapshot_dir(snapshot_id))

@@ -364,3 +364,160 @@ async def test_a_call_during_another_program_s_suspend_waits_and_resumes_docker(
     finally:
         await first.close()
         await _end(programs)
+
+
+_RACER = """
+import json, sys, time, anyio
+from hutch.definitions import Definition, open_definitions
+d, role, suspends = Definition.parse(json.loads(sys.argv[1])), sys.argv[2], int(sys.argv[3])
+
+async def main():
+    definitions = open_definitions()
+    store = definitions.host.store
+    e = await definitions.ensure(d, "t-race")
+    print("ready", e.path, e.sandbox.id, flush=True)
+    await anyio.to_thread.run_sync(sys.stdin.readline)  # go
+    results = []
+    if role == "worker":  # back to back, until told to stop: a call is always in flight
+        stop = anyio.Event()
+
+        async def told_to_stop():
+            await anyio.to_thread.run_sync(sys.stdin.readline)
+            stop.set()
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(told_to_stop)
+            while not stop.is_set():
+                try:
+                    done = await e.sandbox.exec("sleep 0.3; echo done")
+                    results.append([done.exit_code, done.stdout])
+                except Exception as exc:
+                    results.append(f"{type(exc).__name__}: {exc}")
+        print(json.dumps(results), flush=True)
+        await definitions.host.destroy(e.sandbox)
+        store.delete_instance(e.key)
+    else:  # suspends it each time the worker has resumed it
+        for _ in range(suspends):
+            deadline = time.monotonic() + 120
+            while store.get_instance(e.key).state != "running":
+                assert time.monotonic() < deadline, "the worker never resumed it"
+                await anyio.sleep(0.02)
+            try:
+                await e.sandbox.suspend()
+                results.append("suspended")
+            except Exception as exc:
+                results.append(f"{type(exc).__name__}: {exc}")
+        print(json.dumps(results), flush=True)
+anyio.run(main)
+"""
+
+
+@pytest.mark.docker
+def test_a_suspend_in_one_program_waits_for_the_other_s_calls_docker(
+    home: Path,  # noqa: F811
+) -> None:
+    """Two programs race on one thread's sandbox: one runs commands back to
+    back (a call is always in flight), the other suspends it again and again.
+    Every command runs whole, before a suspend (the suspend waits for the
+    other program's call in flight: it never kills a busy sandbox) or after
+    it (the call resumes the sandbox from that suspend); none meets the
+    container going down."""
+    body = json.dumps({**_definition({"type": "docker", "image": TEST_IMAGE,
+                                      "runtime": "native"}),
+                       "lifecycle": {"snapshot": "none"}})
+    suspends = 3
+
+    def start(role: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-c", _RACER, body, role, str(suspends)], text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    worker = start("worker")
+    suspender = None
+    try:
+        assert worker.stdout is not None and worker.stdin is not None
+        ready = worker.stdout.readline().split()
+        assert ready[:2] == ["ready", "created"], worker.stderr.read() if worker.stderr else ""
+        suspender = start("suspender")
+        assert suspender.stdout is not None
+        assert suspender.stdout.readline().split() == ["ready", "resumed", ready[2]]
+        worker.stdin.write("go\n")
+        worker.stdin.flush()
+        suspended_out, suspended_err = suspender.communicate("go\n", timeout=300)
+        assert suspender.returncode == 0, suspended_err
+        assert json.loads(suspended_out.splitlines()[-1]) == ["suspended"] * suspends
+        worker.stdin.write("stop\n")
+        worker.stdin.flush()
+        worked = json.loads(worker.stdout.readline())
+        _, worker_err = worker.communicate(timeout=180)
+        assert worker.returncode == 0, worker_err
+    finally:
+        for proc in (worker, suspender):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    # Each suspend after the first waited for the worker to resume it (a
+    # call of its own); the worker's calls ran back to back, one always in
+    # flight, and every one ran whole.
+    assert len(worked) >= suspends, worked
+    assert all(result == [0, "done\n"] for result in worked), worked
+
+
+_CALLER = """
+import sys
+from hutch._inflight import InFlightCalls
+calls = InFlightCalls(sys.argv[1])
+for line in sys.stdin:
+    if line.strip() == "begin":
+        print(calls.begin("sb-shared").value, flush=True)
+    elif line.strip() == "end":
+        calls.end("sb-shared")
+        print("ended", flush=True)
+"""
+
+
+def test_calls_in_flight_are_seen_by_another_program(tmp_path: Path) -> None:
+    """The marks a suspend goes by, between two real processes: another
+    program's call in flight keeps the sandbox from being taken down (this
+    program is refused the hold-off) until its last call ends; while this
+    one holds it off, that program's new call is refused its mark (it waits
+    instead); a program killed in the middle of a call holds nothing."""
+    from hutch._inflight import CallMark, InFlightCalls
+
+    directory = str(tmp_path / "calls")
+    caller = subprocess.Popen([sys.executable, "-c", _CALLER, directory], text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert caller.stdin is not None and caller.stdout is not None
+
+    def say(word: str) -> str:
+        assert caller.stdin is not None and caller.stdout is not None
+        caller.stdin.write(word + "\n")
+        caller.stdin.flush()
+        return caller.stdout.readline().strip()
+
+    here = InFlightCalls(directory)
+    try:
+        assert say("begin") == "first"
+        assert say("begin") == "joined"
+        with here.held_off("sb-shared") as held:
+            assert not held  # two calls in flight there
+        assert say("end") == "ended"
+        with here.held_off("sb-shared") as held:
+            assert not held  # one still is
+        assert say("end") == "ended"
+        with here.held_off("sb-shared") as held:
+            assert held
+            assert say("begin") == "refused"
+            # This program's own call, made while it holds the sandbox off, waits too.
+            assert here.begin("sb-shared") is CallMark.REFUSED
+        assert say("begin") == "first"
+        caller.kill()  # in the middle of its call
+        caller.wait(30)
+        with here.held_off("sb-shared") as held:
+            assert held
+    finally:
+        if caller.poll() is None:
+            caller.kill()
+            caller.wait(30)
+        here.drop("sb-shared", ended=True)
+    assert os.listdir(directory) == []

@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from .test_definitions import home  # noqa: F401 - a fixture
 
 #: A program that answers one JSON line per command it reads on stdin.
@@ -45,6 +47,8 @@ async def main():
                       "created": e.sandbox.status().created_at_unix}
         elif command[0] == "timeout":
             answer = {"deadline": await e.sandbox.set_timeout(float(command[1]))}
+        elif command[0] == "status":
+            answer = {"deadline": e.sandbox.status().deadline_unix}
         elif command[0] == "wait":  # until the sandbox has ended, then a call on it
             until = time.monotonic() + (float(command[1]) if command[1:] else 60)
             while store.get_instance(e.key).state != "terminated" \\
@@ -161,6 +165,26 @@ def test_a_deadline_set_in_one_program_is_every_program_s(home: Path) -> None:  
         assert len(recorded) == 1 and "(timeout_expired)" in recorded[0], ended
         # Whichever program's timer acted, both see the same typed expiry.
         assert [e["after"] for e in ended] == ["TimeoutExpired", "TimeoutExpired"], ended
+    finally:
+        for program in (a, b):
+            if program is not None:
+                program.end()
+
+
+def test_a_program_s_status_shows_the_deadline_another_program_just_set(
+    home: Path,  # noqa: F811
+) -> None:
+    """Status is the truth at once, not after the next timer poll (which
+    looks every second): B moves the deadline, later then earlier, and A's
+    status says each one as soon as B's call has returned."""
+    a, b = Program(_definition({})), None
+    try:
+        a.ask("ensure")
+        b = Program(_definition({}))
+        assert b.ask("ensure")["path"] == "resumed"
+        for seconds in (600, 300, 900):
+            deadline = b.ask(f"timeout {seconds}")["deadline"]
+            assert a.ask("status")["deadline"] == pytest.approx(deadline, abs=0.01)
     finally:
         for program in (a, b):
             if program is not None:

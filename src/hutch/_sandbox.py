@@ -16,7 +16,7 @@ import shlex
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from typing import IO, TYPE_CHECKING, Any
 
 import anyio
@@ -224,19 +224,22 @@ class Sandbox:
         if self._gate is not None:
             # The gate knows why a sandbox is gone (expired, closed) and says so.
             await self._gate.enter(self, name, activity=activity)
-        if self._live.closed:
-            raise SandboxUnavailable(closed_message(self.id))
-        self._open_ops += 1
         try:
-            yield
-        except HutchError:
-            raise
-        except (OSError, ValueError, NotImplementedError, TimeoutError):
-            raise
-        except Exception as exc:  # a backend failure that is not ours
-            raise ProviderError(f"{self.provider} sandbox {self.id}: {exc}") from exc
+            if self._live.closed:
+                raise SandboxUnavailable(closed_message(self.id))
+            self._open_ops += 1
+            try:
+                yield
+            except HutchError:
+                raise
+            except (OSError, ValueError, NotImplementedError, TimeoutError):
+                raise
+            except Exception as exc:  # a backend failure that is not ours
+                raise ProviderError(f"{self.provider} sandbox {self.id}: {exc}") from exc
+            finally:
+                self._open_ops -= 1
         finally:
-            self._open_ops -= 1
+            # Every call the gate let in is let out (it may have marked it in flight).
             if self._gate is not None:
                 self._gate.leave(self, name, activity=activity)
 
@@ -400,10 +403,27 @@ class Sandbox:
         output_limit: int | None = None,
     ) -> AsyncIterator[StreamEvent]:
         """Run ``cmd`` and yield its output as it is produced, then its exit status."""
+        # One call from start to exit, as exec is: in flight all along for
+        # the other programs sharing the sandbox (their suspend waits for it).
+        async with self._operation("exec"), aclosing(
+            self._stream(cmd, cwd, env, stdin, user, timeout, output_limit)
+        ) as events:
+            async for event in events:
+                yield event
+
+    async def _stream(
+        self,
+        cmd: Command,
+        cwd: str | None,
+        env: Mapping[str, str] | None,
+        stdin: bytes | str | None,
+        user: str | None,
+        timeout: float | None,
+        output_limit: int | None,
+    ) -> AsyncGenerator[StreamEvent, None]:
         process = await self.start(
             cmd, cwd=cwd, env=env, stdin=stdin, user=user, output_limit=output_limit
         )
-        self._open_ops += 1
         try:
             deadline = None if timeout is None else time.monotonic() + timeout
             stream = process.stream()
@@ -422,7 +442,6 @@ class Sandbox:
                 if isinstance(event, ExitStatus):
                     return
         finally:
-            self._open_ops -= 1
             if process.running:
                 await process.kill()
             self._processes.pop(process.id, None)

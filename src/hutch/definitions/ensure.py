@@ -28,7 +28,7 @@ import time
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import asynccontextmanager
+from contextlib import AbstractContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -36,6 +36,7 @@ import anyio
 import anyio.to_thread
 
 from .._errors import HutchError, InvalidArgument, NotFound, SandboxUnavailable, SetupFailed
+from .._inflight import CallMark, InFlightCalls
 from .._liveness import still_running, this_process
 from .._process import ExitStatus
 from .._sandbox import Sandbox, backend_of, rebind
@@ -461,6 +462,8 @@ class LocalHost(SandboxHost):
         self._limits_checked: dict[str, int] = {}
         #: (instance key, sandbox id) this program has recorded its hold of.
         self._holding: set[tuple[str, str]] = set()
+        #: This program's calls in flight, as the others sharing the store see them.
+        self._calls = InFlightCalls(store.local_dir("calls"))
         self._engines: weakref.WeakKeyDictionary[
             asyncio.AbstractEventLoop, LifecycleEngine
         ] = weakref.WeakKeyDictionary()
@@ -506,6 +509,15 @@ class LocalHost(SandboxHost):
             return True
         self._checked[sandbox_id] = version
         return False
+
+    def begin_call(self, sandbox_id: str) -> CallMark:
+        return self._calls.begin(sandbox_id)
+
+    def end_call(self, sandbox_id: str) -> None:
+        self._calls.end(sandbox_id)
+
+    def calls_held_off(self, sandbox_id: str) -> AbstractContextManager[bool]:
+        return self._calls.held_off(sandbox_id)
 
     async def publish(self, sandbox_id: str, last_active_unix: float) -> None:
         await anyio.to_thread.run_sync(
@@ -555,6 +567,8 @@ class LocalHost(SandboxHost):
     async def _record_transition(
         self, sandbox_id: str, old: SandboxState, new: SandboxState, reason: str | None
     ) -> None:
+        if new in FINAL:  # ended: no program calls it again
+            self._calls.drop(sandbox_id, ended=True)
         sandbox = self._live.get(sandbox_id)
         known = self._recorded.get(sandbox_id)
         if sandbox is None or known is None:
@@ -595,6 +609,7 @@ class LocalHost(SandboxHost):
         self._recorded.pop(sandbox.id, None)
         self._checked.pop(sandbox.id, None)
         self._limits_checked.pop(sandbox.id, None)
+        self._calls.drop(sandbox.id, ended=False)
         self.engine().forget(sandbox)
 
     async def find_live(self, row: InstanceRow) -> Sandbox | None:
@@ -730,6 +745,7 @@ class LocalHost(SandboxHost):
         self._recorded.pop(sandbox.id, None)
         self._checked.pop(sandbox.id, None)
         self._limits_checked.pop(sandbox.id, None)
+        self._calls.drop(sandbox.id, ended=True)
 
     async def drop_snapshot(self, snapshot: SnapshotRow) -> None:
         from .._api import remove_snapshot

@@ -37,6 +37,7 @@ from .._errors import (
     TimeoutExpired,
     TimeoutTooLarge,
 )
+from .._inflight import CallMark
 from .._sandbox import (
     backend_of,
     closed_message,
@@ -296,17 +297,36 @@ class LifecycleEngine:
     # -- the gate (hot path) -----------------------------------------------------------
     async def enter(self, sandbox: Sandbox, op: str, *, activity: bool) -> None:
         record = self._record(sandbox)
-        if record.state is SandboxState.RUNNING and not record.transitioning and (
-            # Another program may have suspended or ended it since: the slow
-            # way follows the record first.
-            self.shared is None or not self.shared.moved(record.sandbox_id)
-        ):
+        shared = self.shared
+        if shared is None:
+            if record.state is not SandboxState.RUNNING or record.transitioning:
+                await self._enter_slow(sandbox, record, op)
             if activity:
-                record.last_activity_mono = self.clock.monotonic()
-                if self.shared is not None:
-                    self._publish(sandbox, record)
+                self._active(sandbox, record)
             return
-        await self._enter_slow(sandbox, record, op)
+        # Shared with other programs: the call is marked in flight first, so
+        # that none of them takes the sandbox down under it (their suspend
+        # waits for it), then it looks whether one of them moved it since.
+        followed = False
+        while True:
+            mark = shared.begin_call(record.sandbox_id)
+            if mark is not CallMark.REFUSED:
+                if record.state is SandboxState.RUNNING and not record.transitioning and (
+                    # Just brought up to date under the claim; or riding on
+                    # this program's calls in flight, which no other program's
+                    # suspend passes (and which may be waiting on this one:
+                    # a call made inside another must not wait for a claim).
+                    followed or mark is CallMark.JOINED
+                    # Another program may have suspended or ended it since:
+                    # the slow way follows the record first.
+                    or not shared.moved(record.sandbox_id)
+                ):
+                    break
+                shared.end_call(record.sandbox_id)
+            # Never waited for with the mark held: a suspend under way in
+            # another program waits for marked calls, under the claim this waits for.
+            await self._enter_slow(sandbox, record, op)
+            followed = True
         if activity:
             self._active(sandbox, record)
 
@@ -334,13 +354,15 @@ class LifecycleEngine:
             raise SandboxUnavailable(f"sandbox {record.sandbox_id} is {state.value}")
 
     def leave(self, sandbox: Sandbox, op: str, *, activity: bool) -> None:
+        if self.shared is not None:
+            self.shared.end_call(sandbox.id)
         if activity:
-            record = lifecycle_record(sandbox)
-            if record is not None:
-                self._active(sandbox, record)
+            self.touch(sandbox)
 
     def touch(self, sandbox: Sandbox) -> None:
-        self.leave(sandbox, "touch", activity=True)
+        record = lifecycle_record(sandbox)
+        if record is not None:
+            self._active(sandbox, record)
 
     def _active(self, sandbox: Sandbox, record: LifecycleRecord) -> None:
         """Activity now: the idle clock restarts, here and for every program
@@ -549,9 +571,35 @@ class LifecycleEngine:
 
     async def suspend(self, sandbox: Sandbox, reason: str | None = None) -> None:
         record = self._record(sandbox)
-        async with record.lock, self._claimed(sandbox, record):
+        async with record.lock, self._claimed(sandbox, record), self._calls_held_off(record):
             await self._suspend_locked(sandbox, record, reason)
         self._reschedule(sandbox)
+
+    @asynccontextmanager
+    async def _calls_held_off(self, record: LifecycleRecord) -> AsyncIterator[None]:
+        """Under the claim: wait until no other program sharing the sandbox
+        has a call in flight, and hold off their new ones (they wait for the
+        claim, then follow) while the block takes the sandbox down: a
+        suspend never kills another program's command, nor does one meet
+        the container going down. Gives up (typed) after a long while."""
+        if self.shared is None or record.state in FINAL:
+            yield
+            return
+        waited_since = self.clock.monotonic()
+        delay = 0.005
+        while True:
+            with self.shared.calls_held_off(record.sandbox_id) as held:
+                if held:
+                    yield
+                    return
+            if self.clock.monotonic() - waited_since > CLAIM_WAIT_SECONDS:
+                raise SandboxUnavailable(
+                    f"sandbox {record.sandbox_id}: another program holding it has had a call "
+                    f"running for over {CLAIM_WAIT_SECONDS:g} s; it is not taken down under "
+                    "that call: try again once it ends"
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.1)
 
     async def _suspend_locked(
         self, sandbox: Sandbox, record: LifecycleRecord, reason: str | None
@@ -731,6 +779,14 @@ class LifecycleEngine:
     def status(self, sandbox: Sandbox) -> SandboxStatus:
         """What :meth:`state` returns. Reading it is not activity."""
         record = self._record(sandbox)
+        if self.shared is not None and record.state not in FINAL:
+            # Another program may have moved its deadline since this one's
+            # timer last looked: the status says the recorded one (cheap
+            # when none did), and the timer goes by it from now.
+            limits = self.shared.limits(record.sandbox_id)
+            if limits is not None:
+                self._take_limits(record, limits)
+                self._reschedule(sandbox)
         now = self.clock.monotonic()
         wall = self.clock.time()
         deadlines = [d for d in self._hard_deadlines(record) if d is not None]
@@ -878,7 +934,7 @@ class LifecycleEngine:
             busy = await self._still_working(sandbox, record)
             if busy is not None:
                 return busy
-            return await self._idle_step(sandbox, record), None
+            return await self._idle_step(sandbox, record)
         counted = False
         if not self.shared.moved(record.sandbox_id):
             # Working here is told without the claim (no store write while a
@@ -912,7 +968,7 @@ class LifecycleEngine:
             busy = None if counted else await self._still_working(sandbox, record)
             if busy is not None:
                 return busy
-            return await self._idle_step(sandbox, record), None
+            return await self._idle_step(sandbox, record)
 
     def _expiry(self, record: LifecycleRecord) -> str | None:
         """The time limit the sandbox has crossed (its expiry reason), if any."""
@@ -971,8 +1027,21 @@ class LifecycleEngine:
             return "keep", None  # an operation came in while we were looking
         return None
 
-    async def _idle_step(self, sandbox: Sandbox, record: LifecycleRecord) -> _Verdict:
-        """Take the idle action due: reap (idle_timeout) or suspend."""
+    async def _idle_step(
+        self, sandbox: Sandbox, record: LifecycleRecord
+    ) -> tuple[_Verdict, float | None]:
+        """Take the idle action due, unless another program sharing the
+        sandbox has a call in flight (its activity not written yet): then
+        it is busy, and looked at again soon."""
+        if self.shared is None:
+            return await self._idle_action(sandbox, record), None
+        with self.shared.calls_held_off(record.sandbox_id) as held:
+            if not held:
+                return "keep", self._busy_recheck(record)
+            return await self._idle_action(sandbox, record), None
+
+    async def _idle_action(self, sandbox: Sandbox, record: LifecycleRecord) -> _Verdict:
+        """Reap (idle_timeout) or suspend."""
         if "terminate" in self._due(record):
             await self._terminate_locked(sandbox, record, "idle_timeout")
             return "release"

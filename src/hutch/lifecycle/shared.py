@@ -18,11 +18,12 @@ claim before it acts (another program may have moved the deadline).
 
 from __future__ import annotations
 
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from .._inflight import CallMark
     from .._sandbox import Sandbox
     from .state import SandboxState
 
@@ -97,6 +98,19 @@ class SharedActivity(Protocol):
         """Hold the right to act on the sandbox's idleness while the block
         runs (the transition is recorded inside it). Yields None while
         another program holds it (it is acting now: look again later)."""
+
+    def begin_call(self, sandbox_id: str) -> CallMark:
+        """Mark a call of this program starting on the sandbox, for the other
+        programs' suspends to wait for (never blocks); REFUSED while one is
+        taking it down (the call then waits for that under the claim)."""
+
+    def end_call(self, sandbox_id: str) -> None:
+        """A call :meth:`begin_call` marked (not refused) has ended."""
+
+    def calls_held_off(self, sandbox_id: str) -> AbstractContextManager[bool]:
+        """Hold off the other programs' calls while the block runs (called
+        under the claim, around a step that takes the sandbox down), if none
+        is in flight; yields whether it did (never blocks)."""
 
     async def refresh(self, sandbox: Sandbox) -> SandboxState | None:
         """Bring this program's handle of ``sandbox`` up to what another

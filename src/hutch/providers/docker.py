@@ -17,6 +17,8 @@ import asyncio
 import base64
 import concurrent.futures
 import contextlib
+import dataclasses
+import fcntl
 import functools
 import hashlib
 import io
@@ -25,6 +27,7 @@ import json
 import logging
 import os
 import re
+import select
 import shutil
 import signal
 import socket
@@ -315,7 +318,10 @@ class FreezeGuard:
     for good: inspect, exec and image removal hang behind it for every
     container until someone thaws that cgroup by hand. A start counts until
     the Engine says its process runs (the exec's stream opens before the
-    process is started), and a freeze waits for the starts under way.
+    process is started), and a freeze waits for the starts under way: this
+    process's (counted here) and every other program's on the same
+    container (the daemon and an in-process owner of one thread's sandbox,
+    say), through :class:`_StartLocks`.
 
     The Engine's own word on whether a container is paused lags: its pause
     and unpause set the flag, and containerd's paused and resumed events set
@@ -337,8 +343,10 @@ class FreezeGuard:
     #: How long the Engine's paused flag may lag what it was last told.
     SETTLE_SECONDS = 10.0
 
-    def __init__(self) -> None:
+    def __init__(self, container: str) -> None:
         self._changed = threading.Condition()
+        #: Other programs' starts and freezes of the same container.
+        self._across = _StartLocks(container)
         self._starting = 0
         self._freezing = False
         #: Freezes waiting: new starts let them in first, or a stream of
@@ -356,7 +364,8 @@ class FreezeGuard:
                 self._changed.wait()
             self._starting += 1
         try:
-            yield
+            with self._across.starting():
+                yield
         finally:
             with self._changed:
                 self._starting -= 1
@@ -373,7 +382,8 @@ class FreezeGuard:
                 self._freezes_waiting -= 1
             self._freezing = True
         try:
-            yield
+            with self._across.freezing():
+                yield
         finally:
             with self._changed:
                 self._freezing = False
@@ -479,6 +489,71 @@ class FreezeGuard:
         return self._paused is False
 
 
+class _StartLocks:
+    """Exec starts and freezes of one container kept apart across programs:
+    ``flock`` on two files per container under the hutch home (let go by
+    the kernel when a holder dies). A start holds ``<id>`` shared until its
+    process runs; a freeze holds it exclusively, so it waits for the starts
+    under way in every program. The gate ``<id>.gate`` gives a waiting freeze
+    the way: a start passes it (shared, for a moment) before it takes its
+    share, a freeze holds it exclusively while it waits and freezes, so a
+    stream of other programs' starts cannot keep a pause out for good.
+    Within one process the guard has already ordered them (a freeze here
+    never waits on a share this process holds)."""
+
+    def __init__(self, container: str) -> None:
+        self.path = start_lock_path(container)
+
+    def _open(self, path: str) -> int | None:
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            return os.open(path, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        except OSError:
+            # Nowhere to keep it (a read-only home): this process's order only.
+            return None
+
+    @contextlib.contextmanager
+    def starting(self) -> Iterator[None]:
+        gate, share = self._open(self.path + ".gate"), self._open(self.path)
+        try:
+            if gate is not None:
+                fcntl.flock(gate, fcntl.LOCK_SH)
+            if share is not None:
+                fcntl.flock(share, fcntl.LOCK_SH)
+            if gate is not None:
+                fcntl.flock(gate, fcntl.LOCK_UN)
+            yield
+        finally:
+            for fd in (gate, share):
+                if fd is not None:
+                    os.close(fd)
+
+    @contextlib.contextmanager
+    def freezing(self) -> Iterator[None]:
+        gate, whole = self._open(self.path + ".gate"), self._open(self.path)
+        try:
+            for fd in (gate, whole):
+                if fd is not None:
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            for fd in (whole, gate):
+                if fd is not None:
+                    os.close(fd)
+
+
+def start_lock_path(container: str) -> str:
+    """Where programs sharing ``container`` (by id) order its starts and freezes."""
+    return os.path.join(hutch_home(), "docker", "starts", container)
+
+
+def drop_start_locks(container: str) -> None:
+    """A removed container's lock files go with it."""
+    for path in (start_lock_path(container), start_lock_path(container) + ".gate"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
 _freeze_guards: weakref.WeakValueDictionary[str, FreezeGuard] = weakref.WeakValueDictionary()
 _freeze_guards_lock = threading.Lock()
 
@@ -488,12 +563,43 @@ def freeze_guard(container: str) -> FreezeGuard:
     with _freeze_guards_lock:
         guard = _freeze_guards.get(container)
         if guard is None:
-            guard = _freeze_guards[container] = FreezeGuard()
+            guard = _freeze_guards[container] = FreezeGuard(container)
         return guard
 
 
-def wait_until_started(api: Any, exec_id: str) -> None:
-    """Return once the Engine has started (or failed to start) ``exec_id``."""
+def read_ahead(hijacked: Any) -> bytes:
+    """What the HTTP client already read from an exec's hijacked connection
+    past its response's headers: the start of the command's output, when it
+    came in the same read as the headers (a fast command, the client's
+    thread slow to get to it). The SDK hands out the socket beneath the
+    client's buffered reader, so reading the socket alone loses it: seen
+    under load as a fast exec answering exit 0 and no output (about one in
+    a hundred while pauses ran; one in three with the reading thread slowed
+    by others holding the GIL). Call before the socket is read."""
+    try:
+        buffered = hijacked._response.raw._fp.fp
+        sock = hijacked._sock
+    except AttributeError:
+        # Fail loudly rather than lose output without a word.
+        raise ProviderError(
+            "docker exec: the docker SDK no longer gives the exec's connection "
+            "the way hutch reads it (its response's buffered reader)"
+        ) from None
+    timeout = sock.gettimeout()
+    sock.setblocking(False)
+    try:
+        # read1 hands back what its buffer holds without touching the socket,
+        # or else one non-blocking read (b"" when nothing waits).
+        return bytes(buffered.read1(1 << 20) or b"")
+    except BlockingIOError:
+        return b""
+    finally:
+        sock.settimeout(timeout)
+
+
+def wait_until_started(api: Any, exec_id: str) -> int | None:
+    """Return once the Engine has started (or failed to start) ``exec_id``:
+    its process's pid on the Engine's host (None if it never got one)."""
     deadline = time.monotonic() + FreezeGuard.START_WAIT_SECONDS
     pause = 0.0005
     while time.monotonic() < deadline:
@@ -501,11 +607,12 @@ def wait_until_started(api: Any, exec_id: str) -> None:
         # process; the pid comes once runc is done, the exit code if it failed.
         state = api.exec_inspect(exec_id)
         if state.get("Pid") or state.get("ExitCode") is not None:
-            return
+            return int(state.get("Pid") or 0) or None
         time.sleep(pause)
         pause = min(pause * 2, 0.05)
     log.warning("docker exec %s not started after %.0f s", exec_id[:12],
                 FreezeGuard.START_WAIT_SECONDS)
+    return None
 
 
 async def _call(fn: Any, *args: Any, path: str | None = None, **kwargs: Any) -> Any:
@@ -669,32 +776,70 @@ class _ChunkReader(io.RawIOBase):
         return count
 
 
+#: How long an exec's output stream may stay open, and the Engine may take to
+#: record its exit, once its process is gone. The Engine itself ends the
+#: stream at most 2 s after the exit (cutting off what orphans still hold);
+#: the rest is room for a loaded host. Past it the exec fails, said so.
+EXEC_DRAIN_SECONDS = 15.0
+#: The longest a quiet exec goes without a look at whether its process is there.
+EXEC_CHECK_MAX_SECONDS = 2.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecStarted:
+    """What starting an exec found out, for its :class:`DockerProcess`."""
+
+    exec_id: str
+    sock: socket.socket
+    #: The stream's first bytes, read with the response's headers (see read_ahead).
+    early: bytes
+    #: The exec's process on the Engine's host (None: the Engine never said).
+    pid: int | None
+    #: Whether this host sees the container's processes (the Engine is local).
+    host_sees: bool
+    #: The container's OOM kills before the command started (None: unknown).
+    oom_before: int | None
+    #: The forks its pids limit had refused before it started (None: unknown).
+    pids_before: int | None
+
+
 class DockerProcess(FutureExitProcess):
-    """One exec: a reader thread demultiplexes the hijacked socket into a queue."""
+    """One exec: a reader thread demultiplexes the hijacked socket into a queue.
+
+    The Engine can fail to end an exec's stream, or to record its exit (seen
+    under load with pauses running: a fast command's output all there, its
+    process long gone, the Engine still saying it ran, for good). So the
+    reader never waits on the Engine alone: while the stream is quiet it
+    looks whether the process is still there (in /proc where this host sees
+    the container's processes, a look with no call; else the Engine's
+    word), and once it is gone the stream and the exit status must come
+    within :data:`EXEC_DRAIN_SECONDS`, or the exec fails saying what was
+    missing, rather than answering output that may be cut short.
+    """
 
     def __init__(
         self,
         sandbox: DockerSandbox,
-        exec_id: str,
+        started: ExecStarted,
         marker: str,
-        sock: socket.socket,
         request: ProcessRequest,
-        oom_before: int | None,
-        pids_before: int | None,
     ) -> None:
         self._sandbox = sandbox
-        self._exec_id = exec_id
+        self._exec_id = started.exec_id
         self._marker = marker
-        self._sock = sock
+        self._sock = started.sock
+        self._early = started.early
+        self._pid = started.pid
+        self._host_sees = started.host_sees
+        #: When the exec's process was first seen gone (monotonic).
+        self._gone_at: float | None = None
         #: What was asked, for the error a failed start says.
         self._request = request
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[OutputChunk | BaseException | None] = asyncio.Queue()
         self._exit_code: int | None = None
-        #: The container's OOM kills before the command started (None: unknown).
-        self._oom_before = oom_before
-        #: The forks its pids limit had refused before it started (None: unknown).
-        self._pids_before = pids_before
+        self._oom_before = started.oom_before
+        self._pids_before = started.pids_before
         self._oom_killed = False
         self._exit: asyncio.Future[int] = self._loop.create_future()
         self._first = True
@@ -720,10 +865,68 @@ class DockerProcess(FutureExitProcess):
         with contextlib.suppress(RuntimeError):
             self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
 
-    def _recv_exact(self, size: int) -> bytes | None:
+    def _host_says_gone(self) -> bool | None:
+        """Whether the exec's process has ended, as this host's /proc says
+        (gone, a zombie, or its pid now another process's); None where this
+        host cannot tell."""
+        if self._pid is None or not self._host_sees:
+            return None
+        try:
+            with open(f"/proc/{self._pid}/environ", "rb") as fh:
+                environ = fh.read()
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        except OSError:
+            return None
+        return f"{EXEC_MARKER}={self._marker}".encode() not in environ.split(b"\0")
+
+    def _note_if_gone(self) -> None:
+        if self._gone_at is not None:
+            return
+        gone = self._host_says_gone()
+        if gone is None:
+            gone = not engine().exec_inspect(self._exec_id).get("Running")
+        if gone:
+            self._gone_at = time.monotonic()
+
+    def _never_ended(self) -> ProviderError:
+        info = engine().exec_inspect(self._exec_id)
+        name = self._request.argv[0] if self._request.argv else "the command"
+        if not info.get("Running") and info.get("ExitCode") is not None:
+            said = f"exited with status {info['ExitCode']}"
+        else:
+            said = "is gone, but the Engine still says it runs (it lost its exit)"
+        return ProviderError(
+            f"docker exec of {name} in sandbox {self._sandbox.sandbox_id}: its process "
+            f"{said}, and its output stream was still open {EXEC_DRAIN_SECONDS:.0f} s "
+            "later; its output may be incomplete, run it again"
+        )
+
+    def _await_readable(self, poller: select.poll) -> None:
+        """Return once the socket has bytes or its end to read. While it is
+        quiet, look now and then whether the process is still there; once it
+        is gone, the stream has :data:`EXEC_DRAIN_SECONDS` to end."""
+        quiet = 0.2
+        while True:
+            if self._gone_at is None:
+                wait = quiet
+            else:
+                wait = self._gone_at + EXEC_DRAIN_SECONDS - time.monotonic()
+                if wait <= 0:
+                    raise self._never_ended()
+            if poller.poll(wait * 1000):
+                return
+            quiet = min(quiet * 2, EXEC_CHECK_MAX_SECONDS)
+            self._note_if_gone()
+
+    def _recv_exact(self, size: int, poller: select.poll) -> bytes | None:
         parts = []
         while size:
-            chunk = self._sock.recv(min(size, 1 << 20))
+            if self._early:
+                chunk, self._early = self._early[:size], self._early[size:]
+            else:
+                self._await_readable(poller)
+                chunk = self._sock.recv(min(size, 1 << 20))
             if not chunk:
                 return None
             parts.append(chunk)
@@ -732,13 +935,16 @@ class DockerProcess(FutureExitProcess):
 
     def _pump(self) -> None:
         code = -1
+        failure: HutchError | None = None
+        poller = select.poll()
+        poller.register(self._sock, select.POLLIN)
         try:
             while True:
-                header = self._recv_exact(8)
+                header = self._recv_exact(8, poller)
                 if header is None:
                     break
                 kind, size = header[0], struct.unpack(">I", header[4:])[0]
-                payload = self._recv_exact(size)
+                payload = self._recv_exact(size, poller)
                 if payload is None:
                     break
                 self._post(OutputChunk("stderr" if kind == 2 else "stdout", payload))
@@ -746,6 +952,9 @@ class DockerProcess(FutureExitProcess):
             if code == 128 + 9 and self._oom_before is not None:
                 after = oom_kills(self._sandbox.container_id or "")
                 self._oom_killed = after is not None and after > self._oom_before
+        except HutchError as exc:  # the reader and a waiter both learn it
+            failure = exc
+            self._post(exc)
         except BaseException as exc:  # handed to the reader on the loop
             self._post(exc)
         finally:
@@ -753,22 +962,41 @@ class DockerProcess(FutureExitProcess):
                 self._sock.close()
             # The exit code is known before the reader sees the end of output.
             with contextlib.suppress(RuntimeError):
-                self._loop.call_soon_threadsafe(self._set_exit, code)
+                self._loop.call_soon_threadsafe(self._set_exit, code, failure)
             self._post(None)
 
     def _inspect_exit_code(self) -> int:
+        """The exit status the Engine records; it may come a moment after the
+        stream ends, and the stream may end long before the process does (a
+        command that closed its output and runs on): waited for while the
+        process is there, and for :data:`EXEC_DRAIN_SECONDS` once it is gone."""
         api = engine()
-        # The stream ends a moment before the engine records the exit.
-        for _ in range(500):
+        delay = 0.002
+        while True:
             info = api.exec_inspect(self._exec_id)
             if not info["Running"] and info["ExitCode"] is not None:
                 return int(info["ExitCode"])
-            time.sleep(0.002)
-        return -1
+            if self._gone_at is None and self._host_says_gone():
+                self._gone_at = time.monotonic()
+            if self._gone_at is not None and (
+                    time.monotonic() - self._gone_at > EXEC_DRAIN_SECONDS):
+                name = self._request.argv[0] if self._request.argv else "the command"
+                raise ProviderError(
+                    f"docker exec of {name} in sandbox {self._sandbox.sandbox_id}: its "
+                    f"process is gone, but the Engine still says it runs "
+                    f"{EXEC_DRAIN_SECONDS:.0f} s later (it lost its exit): exit status unknown"
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, EXEC_CHECK_MAX_SECONDS)
 
-    def _set_exit(self, code: int) -> None:
-        self._exit_code = code
-        if not self._exit.done():
+    def _set_exit(self, code: int, failure: HutchError | None = None) -> None:
+        self._exit_code = None if failure is not None else code
+        if self._exit.done():
+            return
+        if failure is not None:
+            self._exit.set_exception(failure)
+            self._exit.exception()  # retrieved here; wait() raises it again
+        else:
             self._exit.set_result(code)
 
     async def read(self) -> OutputChunk | None:
@@ -812,7 +1040,7 @@ class DockerProcess(FutureExitProcess):
         with contextlib.suppress(HutchError):
             await _call(self._sandbox.kill_marked_from_host, self._marker)
         # Closing the socket ends the reader even if an orphan kept a pipe open.
-        with contextlib.suppress(TimeoutError):
+        with contextlib.suppress(TimeoutError, HutchError):
             await asyncio.wait_for(asyncio.shield(self._exit), 5)
         if not self._exit.done():
             with contextlib.suppress(OSError):
@@ -1543,7 +1771,7 @@ class DockerSandbox(NativeBackend):
         marker = uuid.uuid4().hex
         full_env = {**request.env, EXEC_MARKER: marker, SANDBOX_MARKER: self.sandbox_id}
 
-        def start() -> tuple[str, socket.socket, int | None, int | None]:
+        def start() -> ExecStarted:
             # Counted before it starts: a command can be OOM-killed before
             # the call that started it returns.
             oom_before = oom_kills(container)
@@ -1576,13 +1804,17 @@ class DockerSandbox(NativeBackend):
                 sock = getattr(response, "_sock", None)
                 if not isinstance(sock, socket.socket):
                     raise ProviderError("docker exec gave no socket to read (TLS engine?)")
-                wait_until_started(api, created["Id"])
+                early = read_ahead(response)
+                pid = wait_until_started(api, created["Id"])
             # The client's request timeout would end a command silent that long.
             sock.settimeout(None)
-            return created["Id"], sock, oom_before, pids_before
+            return ExecStarted(
+                created["Id"], sock, early, pid, cgroup_dir(container, "pids") is not None,
+                oom_before, pids_before,
+            )
 
-        exec_id, sock, oom_before, pids_before = await _call(start)
-        return DockerProcess(self, exec_id, marker, sock, request, oom_before, pids_before)
+        started: ExecStarted = await _call(start)
+        return DockerProcess(self, started, marker, request)
 
     async def run_quiet(
         self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
@@ -1985,6 +2217,7 @@ class DockerSandbox(NativeBackend):
         )
         self.suspended_image = image_id
         await _call(api.remove_container, container, force=True)
+        drop_start_locks(container)
         self.container_id = None
         if self.layered:
             # Nothing runs on its working directory now: it holds no mounted store.
@@ -2279,6 +2512,7 @@ class DockerSandbox(NativeBackend):
                 continue
             with contextlib.suppress(HutchError):
                 await _call(api.remove_container, container["Id"], force=True)
+                drop_start_locks(container["Id"])
                 removed.append(sandbox_id or container["Id"][:12])
         for sandbox_id in await anyio.to_thread.run_sync(_layers.branches):
             if sandbox_id not in known:
@@ -2374,6 +2608,8 @@ class DockerSandbox(NativeBackend):
                     self.sandbox_id, self.container_name,
                 )
             elif self.suspended_image is not None:
+                if self.layered:  # at rest while suspended: mounted again, to be bound
+                    await anyio.to_thread.run_sync(_layers.after_start, self.sandbox_id)
                 log.warning(
                     "sandbox %s kept suspended (preserve): docker run -it --rm -v %s:%s %s bash",
                     self.sandbox_id, self.host_workdir, self.config.mount_point,
@@ -2383,6 +2619,7 @@ class DockerSandbox(NativeBackend):
         if self.container_id is not None:
             with contextlib.suppress(HutchError):
                 await _call(api.remove_container, self.container_id, force=True, v=True)
+                drop_start_locks(self.container_id)
             self.container_id = None
         # Its suspend image goes with it, whether or not the record names one:
         # a suspend undone after its commit (the store could not keep it) runs

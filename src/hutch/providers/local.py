@@ -19,6 +19,7 @@ from typing import Any, Literal
 import anyio.to_thread
 from pydantic import ConfigDict
 
+from .._errors import SandboxUnavailable
 from .._paths import sandbox_workdir
 from .._types import Capabilities, GrepMatch
 from . import _layers
@@ -133,6 +134,13 @@ class LocalSandbox(NativeBackend, FilesRuntime):
         )
         # Adopted after its description was written: what is on disk says so.
         found = await anyio.to_thread.run_sync(_layers.adopted, sandbox_id)
+        if found is not None and await anyio.to_thread.run_sync(_layers.giving_back, sandbox_id):
+            # Its close had begun when the process died: finished now, and ended.
+            await anyio.to_thread.run_sync(
+                lambda: _layers.end_adopted(sandbox_id, keep=True))
+            raise SandboxUnavailable(
+                f"sandbox {sandbox_id} was being closed when its program stopped; its "
+                f"working directory {sandbox.workdir} has been given back")
         if found is not None:
             sandbox._chain, sandbox._adopted = found[1], True
         if sandbox._chain:
@@ -182,10 +190,15 @@ class LocalSandbox(NativeBackend, FilesRuntime):
 
     @classmethod
     async def reap_orphans(cls, known: set[str]) -> list[str]:
-        orphans = [s for s in await anyio.to_thread.run_sync(_layers.branches) if s not in known]
-        for sandbox_id in orphans:
+        """Free the working directories of sandboxes no record names, and
+        finish every give-back cut short, named or not: its close had begun
+        (a record ended before its close is done)."""
+        branches = await anyio.to_thread.run_sync(_layers.branches)
+        ended = [s for s in branches
+                 if s not in known or await anyio.to_thread.run_sync(_layers.giving_back, s)]
+        for sandbox_id in ended:
             await cls.discard(sandbox_id)
-        return orphans
+        return ended
 
     def shell_argv(self, command: str) -> list[str]:
         return ["bash" if self._has_bash else "sh", "-c", command]

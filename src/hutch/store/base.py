@@ -284,6 +284,11 @@ class Store(abc.ABC):
         ``holder``'s (False: another holder lives, or the record moved)."""
 
     @abc.abstractmethod
+    def local_dir(self, name: str) -> str:
+        """A directory beside the store (not made here) for what the programs
+        sharing it on this host keep outside it (lock files)."""
+
+    @abc.abstractmethod
     def instance_sandbox_ids(self) -> set[str]:
         """The sandboxes the instances name: a program's, or left by one
         for the next ``ensure`` to find, never orphans."""

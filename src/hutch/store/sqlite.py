@@ -539,6 +539,9 @@ class SQLiteStore(Store):
             )
             return True
 
+    def local_dir(self, name: str) -> str:
+        return f"{os.path.abspath(self.path)}-{name}"
+
     def instance_sandbox_ids(self) -> set[str]:
         rows = self._read("SELECT sandbox_id FROM instances WHERE sandbox_id IS NOT NULL")
         return {r["sandbox_id"] for r in rows}

@@ -9,10 +9,15 @@ capabilities, NoNewPrivs, the seccomp filter, a new session). It joins the
 running sandbox: it sees the keeper's processes, shares its loopback and
 files, and its orphans are reaped by the sandbox's own init.
 
-bwrap says on its ``--info-fd`` that the command's process exists (then
-closes it): an exec whose pipe closes without that never started, and its
-stderr (bwrap's, not the command's) says why. A fork the pids limit refuses
-(EAGAIN) is ``resource_exhausted``.
+bwrap says on its ``--json-status-fd`` that the command's process exists
+(``child-pid``, right after its clone) and, when it ends, its exit code
+(``exit-code``), which bwrap writes only if its setup of the sandbox
+finished and the command was executed. An exec whose pipe closes without
+the first never started; one that ends without the second failed in
+bwrap's setup (a working directory it cannot enter, a mount that failed):
+either way its stderr (bwrap's, not the command's) says why, as an error,
+never as the command's exit 1 with bwrap's words for its output. A fork the
+pids limit refuses (EAGAIN) is ``resource_exhausted``.
 """
 
 from __future__ import annotations
@@ -101,6 +106,116 @@ class OomWatch(BackendProcess):
                     f"limit{said}\n".encode(),
                 )
         return chunk
+
+
+class BwrapStatus:
+    """bwrap's ``--json-status-fd``, read as it comes: one JSON object a line."""
+
+    def __init__(self, reader: asyncio.StreamReader, transport: asyncio.BaseTransport) -> None:
+        self._reader = reader
+        self._transport = transport
+        self._said = b""
+
+    @classmethod
+    async def open(cls, fd: int) -> BwrapStatus:
+        """Read ``fd`` (taken)."""
+        reader = asyncio.StreamReader()
+        loop = asyncio.get_running_loop()
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0)
+        )
+        return cls(reader, transport)
+
+    async def _said_before_end(self, key: bytes) -> bool:
+        while f'"{key.decode()}"'.encode() not in self._said:
+            line = await self._reader.readline()
+            if not line:
+                return False
+            self._said += line
+        return True
+
+    async def started(self) -> bool:
+        """Whether bwrap cloned the command's process (False: it ended first)."""
+        try:
+            return await asyncio.wait_for(self._said_before_end(b"child-pid"), START_TIMEOUT)
+        except TimeoutError:
+            raise ProviderError("bwrap did not start the command in time") from None
+
+    async def ran(self) -> bool:
+        """Whether the command was executed (bwrap's setup finished): known
+        once bwrap ends, which it does as the command does."""
+        try:
+            return await self._said_before_end(b"exit-code")
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self._transport.close()
+
+
+class CommandRan(BackendProcess):
+    """A native exec after bwrap cloned its process: its end says whether the
+    command ran at all; when bwrap's setup failed instead, the output (bwrap's
+    words on stderr) and the exit status (bwrap's 1) are not the command's,
+    and the exec fails with what bwrap said."""
+
+    def __init__(self, inner: HostProcess, status: BwrapStatus, name: str,
+                 sandbox_id: str) -> None:
+        self._inner = inner
+        self._status = status
+        self._name = name
+        self._sandbox_id = sandbox_id
+        self._stderr_tail = b""
+        self._ran: bool | None = None
+        self._killed = False
+
+    @property
+    def returncode(self) -> int | None:
+        return self._inner.returncode
+
+    async def _check_ran(self) -> None:
+        if self._ran is None:
+            self._ran = await self._status.ran()
+        # bwrap ended without a word of the command: its setup failed, and it
+        # said why. Killed (a kill, a timeout, the OOM killer on bwrap itself),
+        # it says nothing, and the status it ends with is the kill's.
+        if not self._ran and not self._killed and self._stderr_tail.strip():
+            raise not_started_error(
+                self._name, self._sandbox_id, self._stderr_tail, self._inner.returncode
+            )
+
+    async def read(self) -> OutputChunk | None:
+        chunk = await self._inner.read()
+        if chunk is None:
+            await self._check_ran()
+        elif chunk.stream == "stderr":
+            self._stderr_tail = (self._stderr_tail + chunk.data)[-4000:]
+        return chunk
+
+    async def wait(self) -> int:
+        code = await self._inner.wait()
+        await self._check_ran()
+        return code
+
+    async def kill(self, grace: float) -> None:
+        self._killed = True
+        await self._inner.kill(grace)
+        self._status.close()
+
+
+def not_started_error(name: str, sandbox_id: str, said: bytes, status: int | None) -> HutchError:
+    """The error of an exec whose command never ran, from what bwrap (or the
+    join before it) printed as it ended."""
+    why = said.decode(errors="replace").strip()[-2000:]
+    if EAGAIN_TEXT in why:
+        # The kernel refused bwrap's fork: the pids limit is reached.
+        return ResourceExhausted(
+            f"cannot start {name}: sandbox {sandbox_id} is at its pids limit "
+            f"({why}); it starts once a process in the sandbox ends"
+        )
+    return ProviderError(
+        f"cannot start {name} in sandbox {sandbox_id}: {why or f'exit status {status}'}"
+    )
 
 
 class AgentWithNativeUsers(AgentRuntime):
@@ -246,7 +361,7 @@ class BubblewrapRuntime(FilesRuntime):
                 "bwrap", "--pidns", str(namespaces["pid"]),
                 "--bind", self.parts.layers.merged, "/", "--proc", "/proc", "--dev", "/dev",
                 "--cap-drop", "ALL", *caps, "--new-session", "--die-with-parent",
-                "--seccomp", str(filter_fd), "--info-fd", str(started_write),
+                "--seccomp", str(filter_fd), "--json-status-fd", str(started_write),
                 "--clearenv", *setenv, "--chdir", cwd,
                 "--", *prefix, *argv,
             ]
@@ -275,13 +390,21 @@ class BubblewrapRuntime(FilesRuntime):
                 os.close(fd)
         process = HostProcess(proc, exec_id, stdin)
         try:
-            started = await _said_started(started_read)
+            status = await BwrapStatus.open(started_read)
         except BaseException:
+            os.close(started_read)
+            await process.kill(0)
+            raise
+        try:
+            started = await status.started()
+        except BaseException:
+            status.close()
             await process.kill(0)
             raise
         if not started:
+            status.close()
             raise await self._not_started(argv[0], process)
-        return OomWatch(process, self.parts.cgroup)
+        return OomWatch(CommandRan(process, status, argv[0], self.sandbox_id), self.parts.cgroup)
 
     async def _not_started(self, name: str, process: HostProcess) -> HutchError:
         """Why an exec never started its command: what bwrap (or the join
@@ -299,41 +422,13 @@ class BubblewrapRuntime(FilesRuntime):
         except TimeoutError:
             await process.kill(0)
             status = None
-        why = said.decode(errors="replace").strip()[-2000:]
-        if EAGAIN_TEXT in why:
-            # The kernel refused bwrap's fork: the pids limit is reached.
-            return ResourceExhausted(
-                f"cannot start {name}: sandbox {self.sandbox_id} is at its pids limit "
-                f"({why}); it starts once a process in the sandbox ends"
-            )
-        return ProviderError(
-            f"cannot start {name} in sandbox {self.sandbox_id}: "
-            f"{why or f'exit status {status}'}"
-        )
+        return not_started_error(name, self.sandbox_id, said, status)
 
     async def count_busy_processes(self) -> int:
         keeper = self.parts.keeper
         if keeper is None:
             return 0
         return _count_busy(self.parts.cgroup.pids(), {keeper.outer_pid, keeper.init_pid})
-
-
-async def _said_started(fd: int) -> bool:
-    """Whether bwrap said (on ``fd``, its ``--info-fd``, which it closes then)
-    that the command's process exists; False when the pipe closed without it.
-    Takes ``fd``."""
-    reader = asyncio.StreamReader()
-    loop = asyncio.get_running_loop()
-    transport, _ = await loop.connect_read_pipe(
-        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0)
-    )
-    try:
-        said = await asyncio.wait_for(reader.read(), START_TIMEOUT)
-    except TimeoutError:
-        raise ProviderError("bwrap did not start the command in time") from None
-    finally:
-        transport.close()
-    return b'"child-pid"' in said
 
 
 def _count_busy(pids: list[int], keeper_pids: set[int]) -> int:

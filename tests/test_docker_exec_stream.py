@@ -1,0 +1,167 @@
+"""A docker exec (native runtime) never hangs and never lies about its output.
+
+An exec's output comes back over the connection the Engine hijacks for it.
+The HTTP client reads the response's headers through a buffered reader, which
+may read the first frames of output with them when the command is fast and
+the reading thread slow (under load: one fast exec in a hundred while pauses
+ran answered exit 0 and no output): those bytes are the stream's start, not
+lost. And once the command's process is gone, its output stream must end in
+a bounded time: an exec whose stream the Engine never ends (seen under load:
+its output all there, its process long gone, the Engine still saying it ran)
+fails with a clear error instead of waiting forever.
+"""
+
+from __future__ import annotations
+
+import http.client
+import io
+import socket
+import threading
+import time
+import types
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import pytest
+
+import hutch
+from hutch._sandbox import backend_of
+from hutch.providers import docker as docker_provider
+from hutch.providers.docker import DockerSandbox
+from tests.conftest import TEST_IMAGE
+
+pytestmark = [pytest.mark.anyio, pytest.mark.docker]
+
+
+@pytest.fixture
+async def sb() -> AsyncIterator[Any]:
+    async with await hutch.create_sandbox(
+        "docker", image=TEST_IMAGE, runtime="native"
+    ) as sandbox:
+        yield sandbox
+
+
+class SlowToReadHeaders:
+    """The real Engine, whose exec starts' answers are read late, as a loaded
+    client reads them: by then the command has run and its output waits on
+    the connection behind the response's headers."""
+
+    def __init__(self, real: Any, late: threading.local) -> None:
+        self._real = real
+        self._late = late
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def exec_start(self, *args: Any, **kwargs: Any) -> Any:
+        self._late.on = True
+        try:
+            return self._real.exec_start(*args, **kwargs)
+        finally:
+            self._late.on = False
+
+
+async def test_output_read_with_the_headers_is_kept(
+    sb: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    late = threading.local()
+    read_headers = http.client.HTTPResponse.begin
+
+    def begin_late(response: http.client.HTTPResponse) -> None:
+        if getattr(late, "on", False):
+            time.sleep(1.0)  # the command runs and writes meanwhile
+        read_headers(response)
+
+    monkeypatch.setattr(http.client.HTTPResponse, "begin", begin_late)
+    monkeypatch.setattr(
+        docker_provider, "_api_client", SlowToReadHeaders(docker_provider.engine(), late)
+    )
+    for n in range(3):
+        result = await sb.exec(["sh", "-c", f"echo out-{n}; echo err-{n} >&2"])
+        assert (result.exit_code, result.stdout, result.stderr) == (
+            0, f"out-{n}\n", f"err-{n}\n"), result
+    big = await sb.exec(["head", "-c", "300000", "/dev/zero"])  # more than the reader's buffer
+    assert big.stdout_bytes == bytes(300000), len(big.stdout_bytes)
+
+
+class StreamHeldOpen:
+    """An exec's hijacked connection that passes on what the Engine sends but
+    never ends: the stream of an exec whose end the Engine never sent."""
+
+    def __init__(self, real: Any) -> None:
+        early = docker_provider.read_ahead(real)
+        self._sock, self._far = socket.socketpair()
+        self._response = types.SimpleNamespace(
+            raw=types.SimpleNamespace(_fp=types.SimpleNamespace(fp=io.BytesIO(early))))
+        threading.Thread(target=self._relay, args=(real._sock,), daemon=True).start()
+
+    def _relay(self, engine_side: socket.socket) -> None:
+        engine_side.settimeout(None)
+        while data := engine_side.recv(65536):
+            self._far.sendall(data)
+        engine_side.close()  # ... and self._far stays open
+
+    def close(self) -> None:
+        self._far.close()
+
+
+class EngineThatNeverEnds:
+    """The real Engine, whose exec streams never end; with ``lose_exit`` it
+    also never records an exit (says Running, as it did under load)."""
+
+    def __init__(self, real: Any, *, lose_exit: bool) -> None:
+        self._real = real
+        self._lose_exit = lose_exit
+        self.held: list[StreamHeldOpen] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def exec_start(self, *args: Any, **kwargs: Any) -> Any:
+        held = StreamHeldOpen(self._real.exec_start(*args, **kwargs))
+        self.held.append(held)
+        return held
+
+    def exec_inspect(self, exec_id: str) -> Any:
+        state = dict(self._real.exec_inspect(exec_id))
+        if self._lose_exit and state.get("Pid"):
+            state.update(Running=True, ExitCode=None)
+        return state
+
+
+@pytest.mark.parametrize("lose_exit", [False, True], ids=["stream-open", "exit-lost"])
+async def test_an_exec_whose_stream_never_ends_fails_once_its_process_is_gone(
+    sb: Any, monkeypatch: pytest.MonkeyPatch, lose_exit: bool
+) -> None:
+    backend = backend_of(sb)
+    assert isinstance(backend, DockerSandbox)
+    broken = EngineThatNeverEnds(docker_provider.engine(), lose_exit=lose_exit)
+    monkeypatch.setattr(docker_provider, "_api_client", broken)
+    monkeypatch.setattr(docker_provider, "EXEC_DRAIN_SECONDS", 1.0)
+    try:
+        with anyio.fail_after(60):  # without the guard: forever
+            with pytest.raises(hutch.HutchError) as caught:
+                await sb.exec(["echo", "hello"])
+    finally:
+        for held in broken.held:
+            held.close()
+    said = str(caught.value)
+    assert caught.value.code == "provider_error", said
+    assert "output may be incomplete" in said, said
+    assert ("lost its exit" in said) == lose_exit, said
+    assert ("exited with status 0" in said) == (not lose_exit), said
+    monkeypatch.undo()
+    assert (await sb.exec(["echo", "alive"])).stdout == "alive\n"
+
+
+async def test_a_quiet_command_and_one_that_closed_its_output_are_waited_for(
+    sb: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Far past the drain time while the process is there: still waited for.
+    monkeypatch.setattr(docker_provider, "EXEC_DRAIN_SECONDS", 0.5)
+    quiet = await sb.exec(["sh", "-c", "sleep 2; echo done"])
+    assert (quiet.exit_code, quiet.stdout) == (0, "done\n"), quiet
+    # Its stream ends at once; its exit status comes two seconds later.
+    closed = await sb.exec(["sh", "-c", "exec >&- 2>&-; sleep 2; exit 3"])
+    assert (closed.exit_code, closed.stdout, closed.stderr) == (3, "", ""), closed
