@@ -222,6 +222,45 @@ async def test_transition_hook_sees_pause_resume_and_close(engine: LifecycleEngi
     assert calls == ["running", "paused", "running", "terminated"]
 
 
+async def test_status_says_the_recorded_state_while_a_transition_is_written(
+    engine: LifecycleEngine,
+) -> None:
+    """While a transition's record is being written, the status says the
+    state the store still has: the write may be refused (a full disk), and
+    the transition undone; nobody may have been told it happened."""
+    writing, refuse = asyncio.Event(), asyncio.Event()
+    go_on = asyncio.Event()
+
+    async def hook(sid: str, old: SandboxState, new: SandboxState, reason: str | None) -> None:
+        if new is SandboxState.PAUSED:
+            writing.set()
+            await go_on.wait()
+            if refuse.is_set():
+                raise hutch.StoreUnavailable("hutch.db: database or disk is full")
+
+    engine.on_transition = hook
+    sb = await hutch.create_sandbox("virtual", engine=engine)
+    for refused in (True, False):
+        writing.clear()
+        go_on.clear()
+        if refused:
+            refuse.set()
+        else:
+            refuse.clear()
+        pausing = asyncio.ensure_future(sb.pause())
+        await writing.wait()
+        assert sb.status().state is SandboxState.RUNNING, "told before it was recorded"
+        go_on.set()
+        if refused:
+            with pytest.raises(hutch.StoreUnavailable):
+                await pausing
+            assert sb.status().state is SandboxState.RUNNING
+        else:
+            await pausing
+            assert sb.status().state is SandboxState.PAUSED
+    await sb.close()
+
+
 async def test_state_for_the_daemon(engine: LifecycleEngine) -> None:
     sb = await hutch.create_sandbox("virtual", engine=engine, read_before_write=False)
     await engine.advance(3)

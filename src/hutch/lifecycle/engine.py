@@ -159,6 +159,10 @@ class LifecycleRecord:
     published_at_mono: float = -math.inf
     #: A write of the activity is under way or waiting its turn.
     publishing: bool = False
+    #: The state and reason last recorded, while a transition's record is
+    #: being written: the status says these until the store has the new
+    #: ones (the write may yet be refused, and the transition undone).
+    recording: tuple[SandboxState, str | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -498,6 +502,7 @@ class LifecycleEngine:
             f" ({reason})" if reason else "",
         )
         if self.on_transition is not None:
+            record.recording = (old, before[0])
             try:
                 result = self.on_transition(record.sandbox_id, old, new, reason)
                 if inspect.isawaitable(result):
@@ -513,6 +518,8 @@ class LifecycleEngine:
                     record.sandbox_id, old.value, new.value, exc,
                 )
                 raise
+            finally:
+                record.recording = None
 
     async def _step(
         self,
@@ -791,10 +798,11 @@ class LifecycleEngine:
         wall = self.clock.time()
         deadlines = [d for d in self._hard_deadlines(record) if d is not None]
         deadline_unix = wall + (min(deadlines) - now) if deadlines else None
+        state, reason = record.recording or (record.state, record.reason)
         return SandboxStatus(
             id=record.sandbox_id,
-            state=record.state,
-            reason=record.reason,
+            state=state,
+            reason=reason,
             created_at_unix=record.created_unix,
             last_active_unix=wall - (now - record.last_activity_mono),
             idle_seconds=(
