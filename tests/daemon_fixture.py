@@ -86,6 +86,9 @@ class DaemonProcess:
         OPEN.add(self)
 
     def start(self, timeout: float = 120) -> DaemonProcess:
+        # Its log's directory may be gone: a failed test's cleanup removed it
+        # before the module's teardown starts the daemon again to close it.
+        os.makedirs(os.path.dirname(self.log_path), exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child
         # The token goes in the environment: a command line is every user's to read.
         self.proc = subprocess.Popen(
