@@ -513,33 +513,36 @@ class _StartLocks:
             return None
 
     @contextlib.contextmanager
-    def starting(self) -> Iterator[None]:
-        gate, share = self._open(self.path + ".gate"), self._open(self.path)
+    def _opened(self) -> Iterator[tuple[int | None, int | None]]:
+        """The gate's descriptor and the lock's (None: nowhere to keep it),
+        closed after the block: closing lets go of what they hold."""
+        fds = (self._open(self.path + ".gate"), self._open(self.path))
         try:
-            if gate is not None:
-                fcntl.flock(gate, fcntl.LOCK_SH)
-            if share is not None:
-                fcntl.flock(share, fcntl.LOCK_SH)
-            if gate is not None:
-                fcntl.flock(gate, fcntl.LOCK_UN)
-            yield
+            yield fds
         finally:
-            for fd in (gate, share):
+            for fd in fds:
                 if fd is not None:
                     os.close(fd)
 
     @contextlib.contextmanager
-    def freezing(self) -> Iterator[None]:
-        gate, whole = self._open(self.path + ".gate"), self._open(self.path)
-        try:
-            for fd in (gate, whole):
-                if fd is not None:
-                    fcntl.flock(fd, fcntl.LOCK_EX)
+    def starting(self) -> Iterator[None]:
+        with self._opened() as (gate, share):
+            _flock(gate, fcntl.LOCK_SH)
+            _flock(share, fcntl.LOCK_SH)
+            _flock(gate, fcntl.LOCK_UN)
             yield
-        finally:
-            for fd in (whole, gate):
-                if fd is not None:
-                    os.close(fd)
+
+    @contextlib.contextmanager
+    def freezing(self) -> Iterator[None]:
+        with self._opened() as (gate, whole):
+            _flock(gate, fcntl.LOCK_EX)
+            _flock(whole, fcntl.LOCK_EX)
+            yield
+
+
+def _flock(fd: int | None, operation: int) -> None:
+    if fd is not None:
+        fcntl.flock(fd, operation)
 
 
 def start_lock_path(container: str) -> str:
