@@ -19,7 +19,6 @@ import socket
 import threading
 import time
 import types
-from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -29,17 +28,9 @@ import hutch
 from hutch._sandbox import backend_of
 from hutch.providers import docker as docker_provider
 from hutch.providers.docker import DockerSandbox
-from tests.conftest import TEST_IMAGE
+from tests.test_docker_freeze import sb  # noqa: F401 - a fixture: a native docker sandbox
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]
-
-
-@pytest.fixture
-async def sb() -> AsyncIterator[Any]:
-    async with await hutch.create_sandbox(
-        "docker", image=TEST_IMAGE, runtime="native"
-    ) as sandbox:
-        yield sandbox
 
 
 class SlowToReadHeaders:
@@ -63,7 +54,7 @@ class SlowToReadHeaders:
 
 
 async def test_output_read_with_the_headers_is_kept(
-    sb: Any, monkeypatch: pytest.MonkeyPatch
+    sb: Any, monkeypatch: pytest.MonkeyPatch  # noqa: F811
 ) -> None:
     late = threading.local()
     read_headers = http.client.HTTPResponse.begin
@@ -132,7 +123,7 @@ class EngineThatNeverEnds:
 
 @pytest.mark.parametrize("lose_exit", [False, True], ids=["stream-open", "exit-lost"])
 async def test_an_exec_whose_stream_never_ends_fails_once_its_process_is_gone(
-    sb: Any, monkeypatch: pytest.MonkeyPatch, lose_exit: bool
+    sb: Any, monkeypatch: pytest.MonkeyPatch, lose_exit: bool  # noqa: F811
 ) -> None:
     backend = backend_of(sb)
     assert isinstance(backend, DockerSandbox)
@@ -156,7 +147,7 @@ async def test_an_exec_whose_stream_never_ends_fails_once_its_process_is_gone(
 
 
 async def test_a_quiet_command_and_one_that_closed_its_output_are_waited_for(
-    sb: Any, monkeypatch: pytest.MonkeyPatch
+    sb: Any, monkeypatch: pytest.MonkeyPatch  # noqa: F811
 ) -> None:
     # Far past the drain time while the process is there: still waited for.
     monkeypatch.setattr(docker_provider, "EXEC_DRAIN_SECONDS", 0.5)
