@@ -20,10 +20,12 @@ import json
 import socket
 import subprocess
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+import anyio
 import docker
 import pytest
 
@@ -293,3 +295,72 @@ def test_a_sandbox_gone_without_its_close_leaves_no_rule_over_its_successor() ->
     rules = all_rules()
     for chain in (*guard_chains(gone), *guard_chains(successor)):
         assert chain not in rules
+
+
+async def _link_local(sb: Any) -> str | None:
+    """The sandbox's own IPv6 link-local address on eth0 once it is usable
+    (duplicate address detection over), or None where it has no IPv6."""
+    for _ in range(100):
+        lines = (await sb.exec("cat /proc/net/if_inet6 2>/dev/null || true")).stdout
+        entries = [line.split() for line in lines.splitlines()]
+        found = [e for e in entries if len(e) == 6 and e[5] == "eth0" and e[0].startswith("fe80")]
+        if not found:
+            return None
+        if not int(found[0][4], 16) & 0x40:  # IFA_F_TENTATIVE
+            return str(ipaddress.ip_address(int(found[0][0], 16)))
+        await anyio.sleep(0.1)
+    raise AssertionError("the sandbox's link-local address stayed tentative")
+
+
+def _host_end(sb: Any) -> str:
+    """The host interface at the other end of the sandbox's eth0."""
+    if sb.provider == "bubblewrap":
+        return f"hb{backend_of(sb).describe()['net_index']}"
+    return "docker0"
+
+
+def _host_link_local(interface: str) -> str:
+    for _ in range(100):
+        listing = json.loads(subprocess.run(
+            ["ip", "-j", "-6", "addr", "show", "dev", interface],
+            capture_output=True, text=True, check=True,
+        ).stdout)
+        infos = [i for entry in listing for i in entry.get("addr_info") or []
+                 if str(i.get("local", "")).startswith("fe80")]
+        if infos and not infos[0].get("tentative"):
+            return str(infos[0]["local"])
+        time.sleep(0.1)
+    raise AssertionError(f"{interface} has no usable link-local address")
+
+
+async def test_the_host_over_ipv6_link_local_is_out_of_reach(provider: str) -> None:
+    """Where the sandbox has IPv6 (bubblewrap's veth does; Docker turns it off
+    in a container on a network without IPv6), the host's link-local address
+    on the sandbox's link is the host too."""
+    server = socket.create_server(("::", 0), family=socket.AF_INET6, dualstack_ipv6=True)
+    server.settimeout(0.5)
+    done = threading.Event()
+
+    def serve() -> None:
+        while not done.is_set():
+            with contextlib.suppress(OSError):
+                server.accept()[0].close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    port = int(server.getsockname()[1])
+    try:
+        async with sandbox(provider) as sb, sandbox(provider, {"allow": ["fe80::/10"]}) as open_sb:
+            if await _link_local(sb) is None:
+                pytest.skip(f"a {provider} sandbox here has no IPv6")
+            assert await _link_local(open_sb)
+            target = f"{_host_link_local(_host_end(sb))}%eth0"
+            open_target = f"{_host_link_local(_host_end(open_sb))}%eth0"
+            assert await reaches(open_sb, open_target, port)
+            assert not await reaches(sb, target, port)
+            rules = installed_rules(namespace_pid(sb))
+            assert "-A OUTPUT -d fe80::/10 -j REJECT" in rules
+    finally:
+        done.set()
+        thread.join(5)
+        server.close()

@@ -41,7 +41,7 @@ import re
 import shlex
 import subprocess
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -275,7 +275,7 @@ class HostMatch:
     the namespace's rules dropping any other source)."""
 
     interfaces: Sequence[str] = ()
-    sources: Sequence[IPNetwork] = field(default_factory=list)
+    sources: Sequence[IPNetwork] = ()
 
     def matches(self, version: Version) -> list[str]:
         out = [f"-i {name}" for name in self.interfaces]
