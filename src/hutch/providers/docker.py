@@ -22,7 +22,6 @@ import fcntl
 import functools
 import hashlib
 import io
-import ipaddress
 import json
 import logging
 import os
@@ -32,7 +31,6 @@ import shutil
 import signal
 import socket
 import struct
-import subprocess
 import tarfile
 import tempfile
 import threading
@@ -70,7 +68,7 @@ from .._types import (
     GrepMatch,
     OutputChunk,
 )
-from . import _layers
+from . import _dockernet, _layers
 from ._diskcap import image_for, mount_capped, unmount_capped
 from ._grep import GREP_OUTPUT_LIMIT, matching_indices
 from ._grepfilter import LINE_BREAK_CHARS as _LINE_BREAK_CHARS
@@ -90,7 +88,7 @@ from .base import (
     SandboxRuntime,
     bounded_pieces,
 )
-from .network import NetworkPolicy, apply_in_namespace, host_addresses
+from .network import NetworkPolicy
 from .policy import Limit, ReachesHost, format_bytes, keeps_dropped, one_of, parse_bytes
 
 log = logging.getLogger("hutch.docker")
@@ -1653,6 +1651,7 @@ class DockerSandbox(NativeBackend):
                 self._enforce_network_policy(api, container)
             except BaseException:
                 api.remove_container(container, force=True)
+                self._release_network_policy()
                 raise
             return container
 
@@ -1672,33 +1671,27 @@ class DockerSandbox(NativeBackend):
                 f"{self.config.disk} (a loop mount, which needs root): {exc}"
             ) from None
 
-    def _enforce_network_policy(self, api: Any, container: str) -> None:
-        """Install the sandbox's network policy in its container's namespace,
-        from the host: the sandbox (no CAP_NET_ADMIN) cannot change it."""
+    def _polices_network(self) -> bool:
+        """Whether hutch enforces a policy on this sandbox's network: it has one,
+        in a namespace of its own (another is the operator's choice)."""
         cfg = self.config
-        if cfg.network == "none" or not _own_network_namespace(cfg.network_mode):
-            return  # no network to police, or one that is not the sandbox's (operator's choice)
-        info = api.inspect_container(container)
-        pid = int(info["State"]["Pid"])
-        if os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat("/proc/self/ns/net").st_ino:
-            raise ProviderError(f"container {container[:12]} shares hutch's network namespace")
-        blocked = set(host_addresses())
-        for attached in (info["NetworkSettings"].get("Networks") or {}).values():
-            for key in ("Gateway", "IPv6Gateway"):
-                if attached.get(key):
-                    blocked.add(ipaddress.ip_network(attached[key]))
-        for network in api.networks():  # where other sandboxes live
-            for pool in (network.get("IPAM") or {}).get("Config") or []:
-                if pool.get("Subnet"):
-                    blocked.add(ipaddress.ip_network(pool["Subnet"], strict=False))
+        return cfg.network != "none" and _own_network_namespace(cfg.network_mode)
+
+    def _enforce_network_policy(self, api: Any, container: str) -> None:
+        """Install the sandbox's network policy in its container's namespace and
+        on the host, from the host: the sandbox (no CAP_NET_ADMIN) cannot change it."""
+        if self._polices_network():
+            _dockernet.enforce(api, container, self.sandbox_id, self.config.network)
+
+    def _release_network_policy(self) -> None:
+        """Remove the host's rules of a container gone: its address goes to
+        another container. Said, not raised: the container is gone already."""
+        if not self._polices_network():
+            return
         try:
-            apply_in_namespace(pid, cfg.network, sorted(blocked, key=str))
-        except (OSError, subprocess.SubprocessError) as exc:
-            detail = getattr(exc, "stderr", "") or exc
-            raise ProviderError(
-                f"cannot enforce the network policy of sandbox {self.sandbox_id} (nsenter and "
-                f"iptables-restore, run as root, install it): {detail}"
-            ) from None
+            _dockernet.release(self.sandbox_id)
+        except ProviderError as exc:
+            log.warning("docker sandbox %s: %s", self.sandbox_id, exc)
 
     def _remove_stale_namesake(self) -> bool:
         """Remove a container left under this sandbox's name (a crash between
@@ -2255,6 +2248,7 @@ class DockerSandbox(NativeBackend):
         await _call(api.remove_container, container, force=True)
         drop_start_locks(container)
         self.container_id = None
+        await anyio.to_thread.run_sync(self._release_network_policy)
         if self.layered:
             # Nothing runs on its working directory now: it holds no mounted store.
             await anyio.to_thread.run_sync(_layers.rest, self.sandbox_id)
@@ -2528,6 +2522,8 @@ class DockerSandbox(NativeBackend):
             ours = labels.get(SANDBOX_LABEL) == sandbox_id
             if ours and labels.get(HOME_LABEL) == hutch_home():
                 api.remove_container(name, force=True)
+                with contextlib.suppress(ProviderError):
+                    _dockernet.release(sandbox_id)
 
         await _call(remove)
         await anyio.to_thread.run_sync(_layers.end_branch, sandbox_id)
@@ -2550,6 +2546,9 @@ class DockerSandbox(NativeBackend):
             with contextlib.suppress(HutchError):
                 await _call(api.remove_container, container["Id"], force=True)
                 drop_start_locks(container["Id"])
+                if sandbox_id:
+                    with contextlib.suppress(ProviderError):
+                        await anyio.to_thread.run_sync(_dockernet.release, sandbox_id)
                 removed.append(sandbox_id or container["Id"][:12])
         for sandbox_id in await anyio.to_thread.run_sync(_layers.branches):
             if sandbox_id not in known:
@@ -2658,6 +2657,7 @@ class DockerSandbox(NativeBackend):
                 await _call(api.remove_container, self.container_id, force=True, v=True)
                 drop_start_locks(self.container_id)
             self.container_id = None
+            await anyio.to_thread.run_sync(self._release_network_policy)
         # Its suspend image goes with it, whether or not the record names one:
         # a suspend undone after its commit (the store could not keep it) runs
         # on from that image while the record still says the container before.

@@ -46,7 +46,7 @@ from ..agent.runtime import AgentRuntime, Recover
 from ..base import BackendProcess, FilesRuntime, ProcessRequest
 from .cgroups import JOIN_AND_EXEC, SandboxCgroup
 from .files import RootFiles
-from .provisioning import KEEPER_MARKER, Keeper, Layers, seccomp_fd
+from .provisioning import KEEPER_MARKER, Keeper, Layers, proc_args, seccomp_fd
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: Seconds an exec has to start its command (bwrap to clone it), and then
@@ -359,7 +359,7 @@ class BubblewrapRuntime(FilesRuntime):
                 f"--mount=/proc/self/fd/{setup_mount}",
                 "--",
                 "bwrap", "--pidns", str(namespaces["pid"]),
-                "--bind", self.parts.layers.merged, "/", "--proc", "/proc", "--dev", "/dev",
+                "--bind", self.parts.layers.merged, "/", *proc_args(), "--dev", "/dev",
                 "--cap-drop", "ALL", *caps, "--new-session", "--die-with-parent",
                 "--seccomp", str(filter_fd), "--json-status-fd", str(started_write),
                 "--clearenv", *setenv, "--chdir", cwd,
