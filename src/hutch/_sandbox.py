@@ -26,6 +26,7 @@ from ._errors import (
     ExecTimeout,
     HutchError,
     InvalidArgument,
+    NoSuchUser,
     NotFound,
     ProviderError,
     SandboxIsADirectory,
@@ -62,6 +63,7 @@ from .providers.base import (
     PtyProcess,
     SandboxBackend,
     SandboxRuntime,
+    UnstartedProcess,
     sandbox_path,
     within,
 )
@@ -271,7 +273,12 @@ class Sandbox:
         self.require("processes")
         if user is not None:
             self.require("users")
-        return await self._runtime.start_process(self._request(cmd, cwd, env, stdin, user))
+        request = self._request(cmd, cwd, env, stdin, user)
+        try:
+            return await self._runtime.start_process(request)
+        except NoSuchUser as exc:
+            # A command that could not start, as every execution API says it.
+            return UnstartedProcess(exc.message)
 
     def _request(
         self,
