@@ -2516,6 +2516,9 @@ class DockerSandbox(NativeBackend):
                     with contextlib.suppress(ProviderError):
                         await anyio.to_thread.run_sync(_dockernet.release, sandbox_id)
                 removed.append(sandbox_id or container["Id"][:12])
+        with contextlib.suppress(HutchError):
+            for sandbox_id in await _call(_dockernet.sweep, api, "hutch-"):
+                removed.append(f"{sandbox_id} (its network policy's host rules)")
         for sandbox_id in await anyio.to_thread.run_sync(_layers.branches):
             if sandbox_id not in known:
                 await anyio.to_thread.run_sync(_layers.end_branch, sandbox_id)
