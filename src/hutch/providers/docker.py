@@ -48,6 +48,7 @@ from pydantic import ConfigDict, Field
 from .._errors import (
     HutchError,
     InvalidArgument,
+    NoSuchUser,
     NotFound,
     OutputLimitExceeded,
     ProviderError,
@@ -69,6 +70,10 @@ from .._types import (
 )
 from . import _dockernet, _layers
 from ._diskcap import image_for, mount_capped, unmount_capped
+from ._docker_outside import (
+    kept_for_preserved_container,
+    preserved_container_removed,
+)
 from ._grep import GREP_OUTPUT_LIMIT, matching_indices
 from ._grepfilter import LINE_BREAK_CHARS as _LINE_BREAK_CHARS
 from ._grepfilter import LINE_BREAKS as _LINE_BREAKS
@@ -82,6 +87,7 @@ from .base import (
     ProcessRequest,
     ProviderSettings,
     ProviderSnapshot,
+    RuntimeLost,
     RuntimeNotice,
     RuntimeReport,
     SandboxRuntime,
@@ -645,6 +651,32 @@ def list_managed_containers(*, with_labels: bool = False) -> list[tuple[str, str
 
 
 
+def _own_image_bytes(api: Any, image_id: str) -> int:
+    """What image ``image_id`` holds of its own: its size less its parent's
+    (a commit's layer over the image it ran from), or all of it where it
+    stands alone (flattened). Docker's ``Size`` counts every layer below."""
+    import docker.errors
+
+    image = api.inspect_image(image_id)
+    total = int(image.get("Size") or 0)
+    parent = image.get("Parent")
+    if not parent:
+        return total
+    try:
+        below = int(api.inspect_image(parent).get("Size") or 0)
+    except docker.errors.ImageNotFound:
+        return total
+    return max(0, total - below)
+
+
+def configured_image(config: DockerConfig) -> str:
+    """The Docker image ``config.image`` names: this home's hutch image of that
+    name (its tag is scoped to the home), else Docker's own."""
+    from ..images import docker_reference
+
+    return docker_reference(config.image)
+
+
 def _pull(api: Any, image: str) -> None:
     """Pull ``image``. The engine reports some failures inside a 200 stream,
     so the stream is read to its end and its errors raised."""
@@ -739,7 +771,7 @@ def _oci_error(message: str, request: ProcessRequest, *, pids_refused: bool) -> 
     meanwhile (runc's own processes, once inside the container's cgroup, are
     refused there, and it says only that its child went away)."""
     if "unable to find user" in message or "unable to find group" in message:
-        return InvalidArgument(f"no such user {request.user!r}")
+        return NoSuchUser(f"no such user {request.user!r}")
     if "chdir to cwd" in message:
         return SandboxFileNotFound(f"working directory {request.cwd} does not exist")
     if "permission denied" in message:
@@ -1021,10 +1053,14 @@ class DockerProcess(FutureExitProcess):
             if await asyncio.shield(self._exit) == 126:
                 before = self._pids_before
                 after = pids_refusals(self._sandbox.container_id or "")
-                raise _oci_error(
+                error = _oci_error(
                     held.decode("utf-8", "replace"), self._request,
                     pids_refused=before is not None and after is not None and after > before,
                 )
+                if isinstance(error, NoSuchUser):
+                    # A command that could not start: its reason, and exit 126.
+                    return OutputChunk("stderr", f"{error.message}\n".encode())
+                raise error
             return OutputChunk("stdout", held)
         return None
 
@@ -1278,7 +1314,7 @@ class DockerSandbox(NativeBackend):
         self.container_name = f"hutch-{sandbox_id}"
         self.suspended_image = suspended_image
         #: The image the container started from: the configured one, or a snapshot's.
-        self.base_image = base_image or config.image
+        self.base_image = base_image or configured_image(config)
         #: Started from a snapshot: the working directory is a branch mounted
         #: on ``chain`` (see ``_layers``), never shared with another sandbox.
         self.branch = branch
@@ -1424,7 +1460,7 @@ class DockerSandbox(NativeBackend):
             log.warning("docker sandbox %s: %s; falling back to the native runtime",
                         self.sandbox_id, exc)
             self._agent = None
-            self.agent_dir = None
+            await anyio.to_thread.run_sync(self._remove_agent_dir)
             self.container_id = await self._run_container(image)
 
     async def _recover_agent(self, reason: str) -> bool:
@@ -1513,8 +1549,9 @@ class DockerSandbox(NativeBackend):
             os.makedirs(host_workdir, exist_ok=True)
         sandbox = cls(sandbox_id, config, host_workdir, owns, None, chain=chain, layered=layered)
         try:
-            await sandbox._launch(config.image)
+            await sandbox._launch(configured_image(config))
         except BaseException:
+            await anyio.to_thread.run_sync(sandbox._remove_agent_dir)
             await anyio.to_thread.run_sync(sandbox._remove_workdir)
             raise
         return sandbox
@@ -1524,9 +1561,10 @@ class DockerSandbox(NativeBackend):
         binary = self._agent_wanted()
         if binary is not None:
             self._agent_binary = binary
+            # The image first: a create that fails on it leaves no directory.
+            default_user = await _call(_image_user, image, self.config.pull_if_missing)
             agent_dir = os.path.join(hutch_home(), "sandboxes", self.sandbox_id, "agent")
             os.makedirs(agent_dir, mode=0o700, exist_ok=True)
-            default_user = await _call(_image_user, image, self.config.pull_if_missing)
             self._use_agent(agent_dir, default_user)
         await self._start_container(image)
 
@@ -1597,6 +1635,12 @@ class DockerSandbox(NativeBackend):
             try:
                 return str(api.create_container(**spec)["Id"])
             except docker.errors.ImageNotFound:
+                if image == self.suspended_image:
+                    # Its state, which no registry has: never a pull.
+                    raise RuntimeLost(
+                        f"its suspended state (image {image.removeprefix('sha256:')[:12]}, "
+                        f"{SUSPENDED_REPOSITORY}:{self.sandbox_id}) was removed outside hutch"
+                    ) from None
                 if not cfg.pull_if_missing or image.startswith(SUSPENDED_REPOSITORY):
                     raise NotFound(f"image {image!r} is not on this Docker Engine") from None
                 _pull(api, image)
@@ -2230,7 +2274,7 @@ class DockerSandbox(NativeBackend):
     async def resume(self) -> None:
         if self.container_id is not None:
             return
-        image = self.suspended_image or self.config.image
+        image = self.suspended_image or configured_image(self.config)
         await self._start_container(image)
 
     async def memory_bytes(self) -> int | None:
@@ -2292,12 +2336,12 @@ class DockerSandbox(NativeBackend):
                 await anyio.to_thread.run_sync(_layers.remove, snapshot_id)
                 raise
         try:
-            image = await _call(api.inspect_image, image_id)
+            image_bytes = await _call(_own_image_bytes, api, image_id)
         except BaseException:
             await anyio.to_thread.run_sync(_layers.remove, snapshot_id)
             raise
         return ProviderSnapshot(
-            snapshot_id, self.provider, size + int(image.get("Size") or 0),
+            snapshot_id, self.provider, size + image_bytes,
             {"image": f"{repository}:{snapshot_id}", "image_id": str(image_id)},
         )
 
@@ -2422,6 +2466,7 @@ class DockerSandbox(NativeBackend):
         try:
             await sandbox._launch(image)
         except BaseException:
+            await anyio.to_thread.run_sync(sandbox._remove_agent_dir)
             await anyio.to_thread.run_sync(_layers.end_branch, sandbox_id)
             raise
         return sandbox
@@ -2567,6 +2612,10 @@ class DockerSandbox(NativeBackend):
 
         async def tell(sandbox_id: str, container_id: str, action: str) -> None:
             try:
+                if action == "destroy" and await anyio.to_thread.run_sync(
+                    preserved_container_removed, sandbox_id
+                ):
+                    return  # its sandbox was deleted before: nothing to fail
                 if action == "oom":
                     # A process in it hit the memory limit; a die follows if it was PID 1.
                     await report(RuntimeNotice(
@@ -2600,14 +2649,35 @@ class DockerSandbox(NativeBackend):
             for task in tasks:
                 task.cancel()
 
+    async def release_runtime(self) -> None:
+        """Its container is gone (or dead): connections to it dropped, the
+        record of it too if it is gone. The working directory stays as it
+        is, readable on the host, and a dead container that is still there
+        stays too, until :meth:`close` frees both."""
+        if self._agent is not None:
+            self._agent.drop_connections()
+        if self.container_id is None:
+            return
+        try:
+            state = (await _call(engine().inspect_container, self.container_id))["State"]
+        except SandboxUnavailable:
+            state = {"Dead": True}  # no such container
+        if state.get("Dead") or state.get("Status") == "removing":
+            # Gone, or going (``docker rm -f``): nothing of it to keep or commit.
+            drop_start_locks(self.container_id)
+            self.container_id = None
+
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         api = engine()
-        if self.config.preserve:
+        if self.config.preserve and (
+            self.container_id is not None or self.suspended_image is not None
+        ):  # (one whose container is gone has nothing left to keep)
             # Said loudly: the user asked to keep it and needs to know how to reach it.
             if self.container_id is not None:
+                kept_for_preserved_container(self.sandbox_id)
                 log.warning(
                     "sandbox %s kept (preserve): docker exec -it %s bash",
                     self.sandbox_id, self.container_name,
@@ -2642,18 +2712,18 @@ class DockerSandbox(NativeBackend):
                 await _call(free_untagged_images, api)
         if self._agent is not None:
             self._agent.drop_connections()
-        if self.agent_dir is not None:
-            agent_dir = self.agent_dir
-
-            def remove_agent_dir() -> None:
-                shutil.rmtree(agent_dir, ignore_errors=True)
-                shutil.rmtree(os.path.join(os.path.dirname(agent_dir), "agent-link"),
-                              ignore_errors=True)
-                with contextlib.suppress(OSError):
-                    os.rmdir(os.path.dirname(agent_dir))  # the sandbox's own, if now empty
-
-            await anyio.to_thread.run_sync(remove_agent_dir)
+        await anyio.to_thread.run_sync(self._remove_agent_dir)
         await anyio.to_thread.run_sync(self._remove_workdir)
+
+    def _remove_agent_dir(self) -> None:
+        """Free the agent's directory (and the sandbox's own, if now empty)."""
+        agent_dir, self.agent_dir = self.agent_dir, None
+        if agent_dir is None:
+            return
+        shutil.rmtree(agent_dir, ignore_errors=True)
+        shutil.rmtree(os.path.join(os.path.dirname(agent_dir), "agent-link"), ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.dirname(agent_dir))  # the sandbox's own, if now empty
 
     def _remove_workdir(self) -> None:
         """Free the working directory hutch made (a layered one, a branch's,
