@@ -901,6 +901,15 @@ async def reap(sandbox: Sandbox) -> None:
     await sandbox._reap()
 
 
+async def release_runtime(sandbox: Sandbox) -> None:
+    """Its runtime died outside hutch: end what was started in it and free
+    what the runtime held, its working directory's files kept until it is
+    closed (deleted). Shielded, as a reaping is."""
+    with anyio.CancelScope(shield=True):
+        await sandbox._end_processes()
+        await sandbox._backend.release_runtime()
+
+
 def forget_process(sandbox: Sandbox, process_id: str) -> None:
     """Drop a command started by ``Sandbox.start`` from its list (one whose
     output the daemon streamed to the end, or killed)."""

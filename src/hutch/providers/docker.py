@@ -70,6 +70,10 @@ from .._types import (
 )
 from . import _dockernet, _layers
 from ._diskcap import image_for, mount_capped, unmount_capped
+from ._docker_outside import (
+    kept_for_preserved_container,
+    preserved_container_removed,
+)
 from ._grep import GREP_OUTPUT_LIMIT, matching_indices
 from ._grepfilter import LINE_BREAK_CHARS as _LINE_BREAK_CHARS
 from ._grepfilter import LINE_BREAKS as _LINE_BREAKS
@@ -83,6 +87,7 @@ from .base import (
     ProcessRequest,
     ProviderSettings,
     ProviderSnapshot,
+    RuntimeLost,
     RuntimeNotice,
     RuntimeReport,
     SandboxRuntime,
@@ -1655,6 +1660,12 @@ class DockerSandbox(NativeBackend):
             try:
                 return str(api.create_container(**spec)["Id"])
             except docker.errors.ImageNotFound:
+                if image == self.suspended_image:
+                    # Its state, which no registry has: never a pull.
+                    raise RuntimeLost(
+                        f"its suspended state (image {image.removeprefix('sha256:')[:12]}, "
+                        f"{SUSPENDED_REPOSITORY}:{self.sandbox_id}) was removed outside hutch"
+                    ) from None
                 if not cfg.pull_if_missing or image.startswith(SUSPENDED_REPOSITORY):
                     raise NotFound(f"image {image!r} is not on this Docker Engine") from None
                 _pull(api, image)
@@ -2579,6 +2590,9 @@ class DockerSandbox(NativeBackend):
                     with contextlib.suppress(ProviderError):
                         await anyio.to_thread.run_sync(_dockernet.release, sandbox_id)
                 removed.append(sandbox_id or container["Id"][:12])
+        with contextlib.suppress(HutchError):
+            for sandbox_id in await _call(_dockernet.sweep, api, "hutch-"):
+                removed.append(f"{sandbox_id} (its network policy's host rules)")
         for sandbox_id in await anyio.to_thread.run_sync(_layers.branches):
             if sandbox_id not in known:
                 await anyio.to_thread.run_sync(_layers.end_branch, sandbox_id)
@@ -2627,6 +2641,10 @@ class DockerSandbox(NativeBackend):
 
         async def tell(sandbox_id: str, container_id: str, action: str) -> None:
             try:
+                if action == "destroy" and await anyio.to_thread.run_sync(
+                    preserved_container_removed, sandbox_id
+                ):
+                    return  # its sandbox was deleted before: nothing to fail
                 if action == "oom":
                     # A process in it hit the memory limit; a die follows if it was PID 1.
                     await report(RuntimeNotice(
@@ -2660,14 +2678,35 @@ class DockerSandbox(NativeBackend):
             for task in tasks:
                 task.cancel()
 
+    async def release_runtime(self) -> None:
+        """Its container is gone (or dead): connections to it dropped, the
+        record of it too if it is gone. The working directory stays as it
+        is, readable on the host, and a dead container that is still there
+        stays too, until :meth:`close` frees both."""
+        if self._agent is not None:
+            self._agent.drop_connections()
+        if self.container_id is None:
+            return
+        try:
+            state = (await _call(engine().inspect_container, self.container_id))["State"]
+        except SandboxUnavailable:
+            state = {"Dead": True}  # no such container
+        if state.get("Dead") or state.get("Status") == "removing":
+            # Gone, or going (``docker rm -f``): nothing of it to keep or commit.
+            drop_start_locks(self.container_id)
+            self.container_id = None
+
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         api = engine()
-        if self.config.preserve:
+        if self.config.preserve and (
+            self.container_id is not None or self.suspended_image is not None
+        ):  # (one whose container is gone has nothing left to keep)
             # Said loudly: the user asked to keep it and needs to know how to reach it.
             if self.container_id is not None:
+                kept_for_preserved_container(self.sandbox_id)
                 log.warning(
                     "sandbox %s kept (preserve): docker exec -it %s bash",
                     self.sandbox_id, self.container_name,

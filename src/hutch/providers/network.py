@@ -396,6 +396,20 @@ def guard_host(key: str, reach: Reach, match: HostMatch) -> None:
         _apply(version, functools.partial(_ruleset_for, key, reach, match, version))
 
 
+def guarded_keys() -> set[str]:
+    """The keys whose host rules are installed (read from their jumps' comments)."""
+    keys = set()
+    for version in _TABLES:
+        for line in _listing(version).splitlines():
+            words = shlex.split(line)
+            if "--comment" in words and "-j" in words:
+                comment = words[words.index("--comment") + 1]
+                target = words[words.index("-j") + 1]
+                if comment.startswith("hutch:") and _GUARD_CHAIN.match(target):
+                    keys.add(comment.removeprefix("hutch:"))
+    return keys
+
+
 def unguard_host(key: str) -> None:
     """Remove the host's rules for the sandbox ``key`` (none there: nothing to do)."""
     for version in _TABLES:
