@@ -232,3 +232,26 @@ def test_fuzzed_exec_bodies_never_answer_500(
     assert answer.status_code < 500, (cmd, extra, answer.text)
     assert daemon.data_dir not in answer.text, (cmd, extra, answer.text)
 
+
+
+def test_no_error_shows_a_path_in_the_data_directory(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """Whatever a provider's message says (an Engine's mount error, a layer
+    that would not mount), the daemon's answer says the data directory by
+    name; a sandbox's own working directory there (a local sandbox's files)
+    stays as it is, and a path that only starts alike is not touched."""
+    from hutch._errors import ProviderError
+    from hutch.server.app import error_json
+
+    home = str(tmp_path / "home")
+    monkeypatch.setenv("HUTCH_HOME", home)
+    said = error_json(ProviderError(
+        f'error mounting "{home}/layers/mounts/sb-1/merged" to rootfs at "/proc"; '
+        f"store {home}/hutch.db, {home}, its sandbox {home}/sandboxes/sb-1/workspace/x "
+        f"and {home}x/y"
+    ))["error"]["message"]
+    assert f"{home}/layers" not in said and f"{home}/hutch.db" not in said
+    assert f"{home}," not in said
+    assert f"{home}/sandboxes/sb-1/workspace/x" in said and f"{home}x/y" in said
+    assert said.count("hutch's data directory") == 3
