@@ -453,6 +453,7 @@ class BubblewrapSandbox(SandboxBackend):
             "sandbox_dir": layers.sandbox_dir,
             "lowers": list(layers.lowers),
             "upper_on": layers.upper_on,
+            "root_point": layers.root_point,
             "disk_limit": layers.disk_limit,
             "keeper": self.parts.keeper.to_dict() if self.parts.keeper else None,
             "env": dict(self.parts.env),
@@ -471,6 +472,8 @@ class BubblewrapSandbox(SandboxBackend):
             str(description["sandbox_dir"]),
             [str(p) for p in description["lowers"]],
             upper_on=str(description.get("upper_on", "hot")),
+            # A sandbox described before there was one had it in its own directory.
+            root_point=str(description.get("root_point", "")),
             disk_limit=int(description.get("disk_limit", 4 << 30)),
         )
         keeper_data = description.get("keeper")
