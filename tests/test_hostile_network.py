@@ -20,15 +20,18 @@ import json
 import socket
 import subprocess
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+import anyio
 import docker
 import pytest
 
 import hutch
 from hutch._sandbox import backend_of
+from hutch.providers import _dockernet
 from hutch.providers.network import guard_chains, installed_rules
 from tests.conftest import TEST_IMAGE
 
@@ -112,11 +115,20 @@ def all_rules() -> str:
     )
 
 
-def assert_unguarded(sb: Any) -> None:
-    """Nothing hutch installed on the host for ``sb`` is left."""
+def guard_key(sb: Any) -> str:
+    """The key of the host rules hutch installs for ``sb``."""
+    if sb.provider == "bubblewrap":
+        from hutch.providers.bubblewrap import network
+
+        return network.guard_key(int(backend_of(sb).describe()["net_index"]))
+    return _dockernet.guard_key(sb.id)
+
+
+def assert_unguarded(key: str) -> None:
+    """Nothing hutch installed on the host under ``key`` is left."""
     rules = all_rules()
-    for chain in guard_chains(sb.id):
-        assert chain not in rules, f"{chain} left behind by {sb.id}"
+    for chain in guard_chains(key):
+        assert chain not in rules, f"{chain} ({key}) left behind"
 
 
 class Listener:
@@ -191,10 +203,12 @@ def provider(request: pytest.FixtureRequest) -> str:
 async def sandbox(provider: str, network: Any = "all") -> AsyncIterator[Any]:
     sb = await make(provider, network)
     try:
+        key = guard_key(sb)
+        assert any(chain in all_rules() for chain in guard_chains(key))
         yield sb
     finally:
         await sb.close()
-    assert_unguarded(sb)
+    assert_unguarded(key)
 
 
 async def test_the_hosts_addresses_are_out_of_reach_present_and_added_later(
@@ -293,3 +307,97 @@ def test_a_sandbox_gone_without_its_close_leaves_no_rule_over_its_successor() ->
     rules = all_rules()
     for chain in (*guard_chains(gone), *guard_chains(successor)):
         assert chain not in rules
+
+
+async def _link_local(sb: Any) -> str | None:
+    """The sandbox's own IPv6 link-local address on eth0 once it is usable
+    (duplicate address detection over), or None where it has no IPv6."""
+    for _ in range(100):
+        lines = (await sb.exec("cat /proc/net/if_inet6 2>/dev/null || true")).stdout
+        entries = [line.split() for line in lines.splitlines()]
+        found = [e for e in entries if len(e) == 6 and e[5] == "eth0" and e[0].startswith("fe80")]
+        if not found:
+            return None
+        if not int(found[0][4], 16) & 0x40:  # IFA_F_TENTATIVE
+            return str(ipaddress.ip_address(int(found[0][0], 16)))
+        await anyio.sleep(0.1)
+    raise AssertionError("the sandbox's link-local address stayed tentative")
+
+
+def _host_end(sb: Any) -> str:
+    """The host interface at the other end of the sandbox's eth0."""
+    if sb.provider == "bubblewrap":
+        return f"hb{backend_of(sb).describe()['net_index']}"
+    return "docker0"
+
+
+def _host_link_local(interface: str) -> str:
+    for _ in range(100):
+        listing = json.loads(subprocess.run(
+            ["ip", "-j", "-6", "addr", "show", "dev", interface],
+            capture_output=True, text=True, check=True,
+        ).stdout)
+        infos = [i for entry in listing for i in entry.get("addr_info") or []
+                 if str(i.get("local", "")).startswith("fe80")]
+        if infos and not infos[0].get("tentative"):
+            return str(infos[0]["local"])
+        time.sleep(0.1)
+    raise AssertionError(f"{interface} has no usable link-local address")
+
+
+async def test_the_host_over_ipv6_link_local_is_out_of_reach(provider: str) -> None:
+    """Where the sandbox has IPv6 (bubblewrap's veth does; Docker turns it off
+    in a container on a network without IPv6), the host's link-local address
+    on the sandbox's link is the host too."""
+    server = socket.create_server(("::", 0), family=socket.AF_INET6, dualstack_ipv6=True)
+    server.settimeout(0.5)
+    done = threading.Event()
+
+    def serve() -> None:
+        while not done.is_set():
+            with contextlib.suppress(OSError):
+                server.accept()[0].close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    port = int(server.getsockname()[1])
+    try:
+        async with sandbox(provider) as sb, sandbox(provider, {"allow": ["fe80::/10"]}) as open_sb:
+            if await _link_local(sb) is None:
+                pytest.skip(f"a {provider} sandbox here has no IPv6")
+            assert await _link_local(open_sb)
+            target = f"{_host_link_local(_host_end(sb))}%eth0"
+            open_target = f"{_host_link_local(_host_end(open_sb))}%eth0"
+            assert await reaches(open_sb, open_target, port)
+            assert not await reaches(sb, target, port)
+            rules = installed_rules(namespace_pid(sb))
+            assert "-A OUTPUT -d fe80::/10 -j REJECT" in rules
+    finally:
+        done.set()
+        thread.join(5)
+        server.close()
+
+
+def test_the_rules_of_a_container_removed_behind_hutchs_back_are_swept() -> None:
+    """The daemon's orphan reaping removes host rules whose container is gone
+    (a daemon that died before its close left them) and keeps a live one's."""
+    from hutch.providers.network import HostMatch, Reach, guard_host
+
+    api = docker.APIClient()
+    gone = f"sb-gone-{uuid.uuid4().hex[:6]}"
+    live = api.create_container(TEST_IMAGE, command=["true"],
+                                name=f"hutch-sb-live-{uuid.uuid4().hex[:6]}")
+    live_id = str(api.inspect_container(live["Id"])["Name"]).lstrip("/").removeprefix("hutch-")
+    try:
+        for sandbox_id, address in ((gone, "172.17.250.251/32"), (live_id, "172.17.250.252/32")):
+            guard_host(_dockernet.guard_key(sandbox_id), Reach("all"),
+                       HostMatch(sources=[ipaddress.ip_network(address)]))
+        swept = _dockernet.sweep(api, "hutch-")
+        assert gone in swept and live_id not in swept
+        rules = all_rules()
+        assert not any(c in rules for c in guard_chains(_dockernet.guard_key(gone)))
+        assert all(c in rules for c in guard_chains(_dockernet.guard_key(live_id)))
+    finally:
+        _dockernet.release(gone)
+        _dockernet.release(live_id)
+        api.remove_container(live["Id"], force=True)

@@ -39,7 +39,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequen
 from dataclasses import dataclass, field
 from typing import IO, Any, ClassVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, model_validator
 
 from .._errors import (
     CapabilityUnsupported,
@@ -47,9 +47,11 @@ from .._errors import (
     OutputLimitExceeded,
     ProviderError,
     SandboxIsADirectory,
+    SandboxUnavailable,
 )
 from .._globmatch import compile_glob
 from .._types import Capabilities, FileInfo, FileType, GrepMatch, OutputChunk
+from .._values import text_problem, text_problems
 from ._grep import GrepBatches
 
 
@@ -80,6 +82,29 @@ class BackendProcess(abc.ABC):
     def oom_killed(self) -> bool:
         """Whether the kernel's OOM killer ended it, where the provider can tell."""
         return False
+
+class UnstartedProcess(BackendProcess):
+    """A command that could not start (its user does not exist): as on every
+    other execution API, a process that said why on stderr and exited 126."""
+
+    EXIT_CODE = 126
+
+    def __init__(self, reason: str) -> None:
+        self._unread: list[OutputChunk] = [OutputChunk("stderr", f"{reason}\n".encode())]
+
+    async def read(self) -> OutputChunk | None:
+        return self._unread.pop() if self._unread else None
+
+    async def wait(self) -> int:
+        return self.EXIT_CODE
+
+    async def kill(self, grace: float) -> None:
+        return None
+
+    @property
+    def returncode(self) -> int | None:
+        return self.EXIT_CODE
+
 
 class FutureExitProcess(BackendProcess):
     """A process whose reader settles its end: ``_exit`` (a future, given the
@@ -152,6 +177,15 @@ class RuntimeNotice:
 RuntimeReport = Callable[[RuntimeNotice], Awaitable[None]]
 
 
+class RuntimeLost(SandboxUnavailable):
+    """A backend step found the sandbox's runtime gone for good, removed
+    outside hutch (a suspended container's image deleted): the lifecycle
+    engine fails the sandbox with this message as its reason, rather than
+    passing on what the provider said of it (a registry's 404 about a pull).
+    Its wire code stays ``sandbox_unavailable``; defined here, not in
+    ``_errors``, so that the code still names :class:`SandboxUnavailable`."""
+
+
 class PtyProcess(BackendProcess):
     """A process on a pseudo-terminal: its output (one stream, ``stdout``) is
     read as any process's; what is typed is written; the window resized."""
@@ -204,6 +238,16 @@ class ProviderSettings(BaseModel):
     registry, so a provider's settings are validated by its own model alone."""
 
     type: str
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_only(cls, data: Any) -> Any:
+        """No setting of any provider holds text no system call takes (a lone
+        surrogate, a NUL byte): refused naming it, before the provider's
+        own fields are read."""
+        for problem in text_problems(data, ""):
+            raise ValueError(problem)
+        return data
 
 
 class SandboxPart(abc.ABC):
@@ -563,6 +607,16 @@ class SandboxBackend(SandboxPart):
         hutch have nothing to watch: the default returns at once."""
         return
 
+    async def release_runtime(self) -> None:
+        """Its runtime died outside hutch and the sandbox fails: free what
+        the runtime held (mounts, loop devices, its network, its cgroup,
+        connections to it) and keep the working directory's files on the
+        host, where :meth:`close` (the sandbox's deletion) frees them. After
+        it, :meth:`describe` says where the files are, and a :meth:`capture`
+        takes them (a failed workspace's are kept as its state). Idempotent.
+        The default frees nothing early: close frees it all."""
+        return None
+
     @abc.abstractmethod
     async def close(self) -> None:
         """Release everything this sandbox holds. Idempotent."""
@@ -595,12 +649,23 @@ def join_path(workdir: str, path: str) -> str:
     return posixpath.normpath(posixpath.join(workdir, path))
 
 
+def within(path: str, directory: str) -> bool:
+    """Whether the absolute ``path`` is ``directory`` or lies below it, by
+    name (``/a//b/.`` is ``/a/b``; POSIX's leading ``//`` is ``/``)."""
+    def plain(p: str) -> str:
+        return "/" + posixpath.normpath(p).lstrip("/")
+
+    path, directory = plain(path), plain(directory)
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
+
+
 def sandbox_path(workdir: str, path: object) -> str:
     """A caller's ``path`` checked (a string, no NUL byte: InvalidArgument
     otherwise) and resolved against ``workdir``: one rule for the in-process
     sandbox and the client that checks before it sends."""
     if not isinstance(path, str):
         raise InvalidArgument(f"path must be a string, not {type(path).__name__}")
-    if "\0" in path:
-        raise InvalidArgument(f"path {path!r} contains a NUL byte")
+    problem = text_problem(path)
+    if problem is not None:
+        raise InvalidArgument(f"path {path!r} {problem}")
     return join_path(workdir, path)

@@ -43,11 +43,12 @@ from typing import IO, Annotated, Any, Literal
 
 import anyio
 import anyio.to_thread
-from pydantic import ConfigDict, Field
+from pydantic import AfterValidator, ConfigDict, Field
 
 from .._errors import (
     HutchError,
     InvalidArgument,
+    NoSuchUser,
     NotFound,
     OutputLimitExceeded,
     ProviderError,
@@ -69,6 +70,10 @@ from .._types import (
 )
 from . import _dockernet, _layers
 from ._diskcap import image_for, mount_capped, unmount_capped
+from ._docker_outside import (
+    kept_for_preserved_container,
+    preserved_container_removed,
+)
 from ._grep import GREP_OUTPUT_LIMIT, matching_indices
 from ._grepfilter import LINE_BREAK_CHARS as _LINE_BREAK_CHARS
 from ._grepfilter import LINE_BREAKS as _LINE_BREAKS
@@ -82,13 +87,25 @@ from .base import (
     ProcessRequest,
     ProviderSettings,
     ProviderSnapshot,
+    RuntimeLost,
     RuntimeNotice,
     RuntimeReport,
     SandboxRuntime,
     bounded_pieces,
 )
 from .network import NetworkPolicy
-from .policy import Limit, ReachesHost, format_bytes, keeps_dropped, one_of, parse_bytes
+from .policy import (
+    DiskSize,
+    Limit,
+    MemorySize,
+    NotBool,
+    ReachesHost,
+    SandboxDirectory,
+    format_bytes,
+    keeps_dropped,
+    one_of,
+    parse_bytes,
+)
 
 log = logging.getLogger("hutch.docker")
 
@@ -134,9 +151,20 @@ AGENT_RECOVER_TIMEOUT = 4.0
 #: Go's os.ModeDir and os.ModeSymlink bits, as the archive stat header uses them.
 _GO_MODE_DIR = 1 << 31
 _GO_MODE_SYMLINK = 1 << 27
+#: Go's device, named pipe, socket, character device and irregular bits.
+_GO_MODE_SPECIAL = (1 << 26) | (1 << 25) | (1 << 24) | (1 << 21) | (1 << 19)
+#: Go's setuid, setgid and sticky bits, and POSIX's.
+_GO_MODE_PERMISSION_BITS = ((1 << 23, 0o4000), (1 << 22, 0o2000), (1 << 20, 0o1000))
 #: Ceilings of the settings, as the kernel takes them (pid_max's own ceiling).
 MAX_CPUS = 4096.0
 MAX_PIDS = 4 * 1024 * 1024
+
+
+def _bind_target(path: str) -> str:
+    # The Engine reads a bind as "host:container:options".
+    if ":" in path or "," in path:
+        raise ValueError(f"{path!r}: a mount point has no ':' or ','")
+    return path
 
 
 class DockerConfig(ProviderSettings):
@@ -144,8 +172,9 @@ class DockerConfig(ProviderSettings):
 
     type: Literal["docker"] = "docker"
     image: str = "hutch-test:bookworm"
-    #: Where the sandbox's working directory is mounted inside the container.
-    mount_point: str = "/workspace"
+    #: Where the sandbox's working directory is mounted inside the container
+    #: (a directory of its own: never /proc, /sys, /dev or a system directory).
+    mount_point: Annotated[SandboxDirectory, AfterValidator(_bind_target)] = "/workspace"
     #: Host directory bound at the mount point; a fresh one under hutch's data
     #: directory when unset (and then removed with the sandbox).
     host_workdir: Annotated[
@@ -162,14 +191,16 @@ class DockerConfig(ProviderSettings):
     #: Extra bind mounts, ``host:container[:ro]``.
     mounts: Annotated[list[str], ReachesHost("binds host paths into the sandbox")] = []
     #: Memory limit, as Docker takes it (``512m``, ``2g``).
-    memory: Annotated[str | None, Limit("memory", parse_bytes, format_bytes)] = None
+    memory: Annotated[MemorySize | None, Limit("memory", parse_bytes, format_bytes)] = None
     #: Size cap on the working directory hutch makes (``10g``): a file system
     #: of its own, nosuid and nodev, loop-mounted (needs root). Not applied
     #: to a ``host_workdir``, nor to what is written outside the mount point.
-    disk: Annotated[str | None, Limit("disk", parse_bytes, format_bytes)] = None
+    disk: Annotated[DiskSize | None, Limit("disk", parse_bytes, format_bytes)] = None
     #: CPU quota in CPUs (``1.5``).
-    cpus: Annotated[float | None, Limit("cpus")] = Field(default=None, gt=0, le=MAX_CPUS)
-    pids_limit: Annotated[int, Limit("pids", int, int)] = Field(default=1024, gt=0, le=MAX_PIDS)
+    cpus: Annotated[float | None, Limit("cpus"), NotBool] = Field(default=None, gt=0, le=MAX_CPUS)
+    pids_limit: Annotated[int, Limit("pids", int, int), NotBool] = Field(
+        default=1024, gt=0, le=MAX_PIDS
+    )
     pull_if_missing: bool = True
     env: dict[str, str] = {}
     labels: dict[str, str] = {}
@@ -645,6 +676,32 @@ def list_managed_containers(*, with_labels: bool = False) -> list[tuple[str, str
 
 
 
+def _own_image_bytes(api: Any, image_id: str) -> int:
+    """What image ``image_id`` holds of its own: its size less its parent's
+    (a commit's layer over the image it ran from), or all of it where it
+    stands alone (flattened). Docker's ``Size`` counts every layer below."""
+    import docker.errors
+
+    image = api.inspect_image(image_id)
+    total = int(image.get("Size") or 0)
+    parent = image.get("Parent")
+    if not parent:
+        return total
+    try:
+        below = int(api.inspect_image(parent).get("Size") or 0)
+    except docker.errors.ImageNotFound:
+        return total
+    return max(0, total - below)
+
+
+def configured_image(config: DockerConfig) -> str:
+    """The Docker image ``config.image`` names: this home's hutch image of that
+    name (its tag is scoped to the home), else Docker's own."""
+    from ..images import docker_reference
+
+    return docker_reference(config.image)
+
+
 def _pull(api: Any, image: str) -> None:
     """Pull ``image``. The engine reports some failures inside a 200 stream,
     so the stream is read to its end and its errors raised."""
@@ -739,7 +796,7 @@ def _oci_error(message: str, request: ProcessRequest, *, pids_refused: bool) -> 
     meanwhile (runc's own processes, once inside the container's cgroup, are
     refused there, and it says only that its child went away)."""
     if "unable to find user" in message or "unable to find group" in message:
-        return InvalidArgument(f"no such user {request.user!r}")
+        return NoSuchUser(f"no such user {request.user!r}")
     if "chdir to cwd" in message:
         return SandboxFileNotFound(f"working directory {request.cwd} does not exist")
     if "permission denied" in message:
@@ -1021,10 +1078,14 @@ class DockerProcess(FutureExitProcess):
             if await asyncio.shield(self._exit) == 126:
                 before = self._pids_before
                 after = pids_refusals(self._sandbox.container_id or "")
-                raise _oci_error(
+                error = _oci_error(
                     held.decode("utf-8", "replace"), self._request,
                     pids_refused=before is not None and after is not None and after > before,
                 )
+                if isinstance(error, NoSuchUser):
+                    # A command that could not start: its reason, and exit 126.
+                    return OutputChunk("stderr", f"{error.message}\n".encode())
+                raise error
             return OutputChunk("stdout", held)
         return None
 
@@ -1278,7 +1339,7 @@ class DockerSandbox(NativeBackend):
         self.container_name = f"hutch-{sandbox_id}"
         self.suspended_image = suspended_image
         #: The image the container started from: the configured one, or a snapshot's.
-        self.base_image = base_image or config.image
+        self.base_image = base_image or configured_image(config)
         #: Started from a snapshot: the working directory is a branch mounted
         #: on ``chain`` (see ``_layers``), never shared with another sandbox.
         self.branch = branch
@@ -1424,7 +1485,7 @@ class DockerSandbox(NativeBackend):
             log.warning("docker sandbox %s: %s; falling back to the native runtime",
                         self.sandbox_id, exc)
             self._agent = None
-            self.agent_dir = None
+            await anyio.to_thread.run_sync(self._remove_agent_dir)
             self.container_id = await self._run_container(image)
 
     async def _recover_agent(self, reason: str) -> bool:
@@ -1513,8 +1574,9 @@ class DockerSandbox(NativeBackend):
             os.makedirs(host_workdir, exist_ok=True)
         sandbox = cls(sandbox_id, config, host_workdir, owns, None, chain=chain, layered=layered)
         try:
-            await sandbox._launch(config.image)
+            await sandbox._launch(configured_image(config))
         except BaseException:
+            await anyio.to_thread.run_sync(sandbox._remove_agent_dir)
             await anyio.to_thread.run_sync(sandbox._remove_workdir)
             raise
         return sandbox
@@ -1524,9 +1586,10 @@ class DockerSandbox(NativeBackend):
         binary = self._agent_wanted()
         if binary is not None:
             self._agent_binary = binary
+            # The image first: a create that fails on it leaves no directory.
+            default_user = await _call(_image_user, image, self.config.pull_if_missing)
             agent_dir = os.path.join(hutch_home(), "sandboxes", self.sandbox_id, "agent")
             os.makedirs(agent_dir, mode=0o700, exist_ok=True)
-            default_user = await _call(_image_user, image, self.config.pull_if_missing)
             self._use_agent(agent_dir, default_user)
         await self._start_container(image)
 
@@ -1597,6 +1660,12 @@ class DockerSandbox(NativeBackend):
             try:
                 return str(api.create_container(**spec)["Id"])
             except docker.errors.ImageNotFound:
+                if image == self.suspended_image:
+                    # Its state, which no registry has: never a pull.
+                    raise RuntimeLost(
+                        f"its suspended state (image {image.removeprefix('sha256:')[:12]}, "
+                        f"{SUSPENDED_REPOSITORY}:{self.sandbox_id}) was removed outside hutch"
+                    ) from None
                 if not cfg.pull_if_missing or image.startswith(SUSPENDED_REPOSITORY):
                     raise NotFound(f"image {image!r} is not on this Docker Engine") from None
                 _pull(api, image)
@@ -1916,11 +1985,15 @@ class DockerSandbox(NativeBackend):
             kind = FileType.DIRECTORY
         elif mode & _GO_MODE_SYMLINK:
             kind = FileType.SYMLINK
-        elif mode >> 16 == 0:
-            kind = FileType.FILE
-        else:
+        elif mode & _GO_MODE_SPECIAL:
             kind = FileType.OTHER
-        return FileInfo(path, kind, int(header.get("size", 0)), mode & 0o7777,
+        else:
+            kind = FileType.FILE  # setuid, setgid and sticky are bits of their own in Go
+        permissions = mode & 0o777
+        for go_bit, posix_bit in _GO_MODE_PERMISSION_BITS:
+            if mode & go_bit:
+                permissions |= posix_bit
+        return FileInfo(path, kind, int(header.get("size", 0)), permissions,
                         _parse_mtime(header.get("mtime")))
 
     async def stat(self, path: str) -> FileInfo:
@@ -2230,7 +2303,7 @@ class DockerSandbox(NativeBackend):
     async def resume(self) -> None:
         if self.container_id is not None:
             return
-        image = self.suspended_image or self.config.image
+        image = self.suspended_image or configured_image(self.config)
         await self._start_container(image)
 
     async def memory_bytes(self) -> int | None:
@@ -2292,12 +2365,12 @@ class DockerSandbox(NativeBackend):
                 await anyio.to_thread.run_sync(_layers.remove, snapshot_id)
                 raise
         try:
-            image = await _call(api.inspect_image, image_id)
+            image_bytes = await _call(_own_image_bytes, api, image_id)
         except BaseException:
             await anyio.to_thread.run_sync(_layers.remove, snapshot_id)
             raise
         return ProviderSnapshot(
-            snapshot_id, self.provider, size + int(image.get("Size") or 0),
+            snapshot_id, self.provider, size + image_bytes,
             {"image": f"{repository}:{snapshot_id}", "image_id": str(image_id)},
         )
 
@@ -2422,6 +2495,7 @@ class DockerSandbox(NativeBackend):
         try:
             await sandbox._launch(image)
         except BaseException:
+            await anyio.to_thread.run_sync(sandbox._remove_agent_dir)
             await anyio.to_thread.run_sync(_layers.end_branch, sandbox_id)
             raise
         return sandbox
@@ -2516,6 +2590,9 @@ class DockerSandbox(NativeBackend):
                     with contextlib.suppress(ProviderError):
                         await anyio.to_thread.run_sync(_dockernet.release, sandbox_id)
                 removed.append(sandbox_id or container["Id"][:12])
+        with contextlib.suppress(HutchError):
+            for sandbox_id in await _call(_dockernet.sweep, api, "hutch-"):
+                removed.append(f"{sandbox_id} (its network policy's host rules)")
         for sandbox_id in await anyio.to_thread.run_sync(_layers.branches):
             if sandbox_id not in known:
                 await anyio.to_thread.run_sync(_layers.end_branch, sandbox_id)
@@ -2564,6 +2641,10 @@ class DockerSandbox(NativeBackend):
 
         async def tell(sandbox_id: str, container_id: str, action: str) -> None:
             try:
+                if action == "destroy" and await anyio.to_thread.run_sync(
+                    preserved_container_removed, sandbox_id
+                ):
+                    return  # its sandbox was deleted before: nothing to fail
                 if action == "oom":
                     # A process in it hit the memory limit; a die follows if it was PID 1.
                     await report(RuntimeNotice(
@@ -2597,14 +2678,35 @@ class DockerSandbox(NativeBackend):
             for task in tasks:
                 task.cancel()
 
+    async def release_runtime(self) -> None:
+        """Its container is gone (or dead): connections to it dropped, the
+        record of it too if it is gone. The working directory stays as it
+        is, readable on the host, and a dead container that is still there
+        stays too, until :meth:`close` frees both."""
+        if self._agent is not None:
+            self._agent.drop_connections()
+        if self.container_id is None:
+            return
+        try:
+            state = (await _call(engine().inspect_container, self.container_id))["State"]
+        except SandboxUnavailable:
+            state = {"Dead": True}  # no such container
+        if state.get("Dead") or state.get("Status") == "removing":
+            # Gone, or going (``docker rm -f``): nothing of it to keep or commit.
+            drop_start_locks(self.container_id)
+            self.container_id = None
+
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         api = engine()
-        if self.config.preserve:
+        if self.config.preserve and (
+            self.container_id is not None or self.suspended_image is not None
+        ):  # (one whose container is gone has nothing left to keep)
             # Said loudly: the user asked to keep it and needs to know how to reach it.
             if self.container_id is not None:
+                kept_for_preserved_container(self.sandbox_id)
                 log.warning(
                     "sandbox %s kept (preserve): docker exec -it %s bash",
                     self.sandbox_id, self.container_name,
@@ -2639,18 +2741,18 @@ class DockerSandbox(NativeBackend):
                 await _call(free_untagged_images, api)
         if self._agent is not None:
             self._agent.drop_connections()
-        if self.agent_dir is not None:
-            agent_dir = self.agent_dir
-
-            def remove_agent_dir() -> None:
-                shutil.rmtree(agent_dir, ignore_errors=True)
-                shutil.rmtree(os.path.join(os.path.dirname(agent_dir), "agent-link"),
-                              ignore_errors=True)
-                with contextlib.suppress(OSError):
-                    os.rmdir(os.path.dirname(agent_dir))  # the sandbox's own, if now empty
-
-            await anyio.to_thread.run_sync(remove_agent_dir)
+        await anyio.to_thread.run_sync(self._remove_agent_dir)
         await anyio.to_thread.run_sync(self._remove_workdir)
+
+    def _remove_agent_dir(self) -> None:
+        """Free the agent's directory (and the sandbox's own, if now empty)."""
+        agent_dir, self.agent_dir = self.agent_dir, None
+        if agent_dir is None:
+            return
+        shutil.rmtree(agent_dir, ignore_errors=True)
+        shutil.rmtree(os.path.join(os.path.dirname(agent_dir), "agent-link"), ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.dirname(agent_dir))  # the sandbox's own, if now empty
 
     def _remove_workdir(self) -> None:
         """Free the working directory hutch made (a layered one, a branch's,

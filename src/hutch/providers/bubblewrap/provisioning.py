@@ -35,6 +35,7 @@ is ``ephemeral`` (``--die-with-parent``), so a restarted daemon adopts it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -367,7 +368,28 @@ class Keeper:
         )
 
     def alive(self) -> bool:
-        return still_running(self.init_pid, self.start_time)
+        """Whether the sandbox runs as hutch reaches it: bwrap's init (its
+        PID 1, whose namespaces an exec joins) and the outer bwrap, through
+        which the host reaches its files (:attr:`view`). Either one killed
+        outside hutch leaves a sandbox no call can use."""
+        if not still_running(self.init_pid, self.start_time):
+            return False
+        if "setup_mnt" not in self.namespaces:
+            return True  # recorded before the outer bwrap's was: the init's word stands
+        try:
+            return os.stat(f"/proc/{self.outer_pid}/ns/mnt").st_ino == self.namespaces["setup_mnt"]
+        except OSError:  # gone, or a zombie (whose namespaces are gone)
+            return False
+
+    def pidfds(self) -> list[int]:
+        """Descriptors that become readable when the outer bwrap or its init
+        ends (``pidfd_open``), for a watcher to wait on; one of a process
+        already gone is left out (:meth:`alive` says so)."""
+        fds = []
+        for pid in (self.outer_pid, self.init_pid):
+            with contextlib.suppress(OSError):
+                fds.append(os.pidfd_open(pid))
+        return fds
 
     @property
     def view(self) -> str:

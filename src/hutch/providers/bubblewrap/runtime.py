@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from ..._errors import (
     HutchError,
-    InvalidArgument,
+    NoSuchUser,
     ProviderError,
     ResourceExhausted,
     SandboxFileNotFound,
@@ -327,7 +327,7 @@ class BubblewrapRuntime(FilesRuntime):
             fields = line.split(":")
             if len(fields) >= 4 and (fields[0] == user or fields[2] == user):
                 return int(fields[2]), int(fields[3])
-        raise InvalidArgument(f"no such user {user!r} in sandbox {self.sandbox_id}")
+        raise NoSuchUser(f"no such user {user!r} in sandbox {self.sandbox_id}")
 
     async def start_process(self, request: ProcessRequest) -> BackendProcess:
         argv, cwd, stdin, user = request.argv, request.cwd, request.stdin, request.user
