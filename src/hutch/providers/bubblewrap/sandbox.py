@@ -570,8 +570,8 @@ class BubblewrapSandbox(SandboxBackend):
             return f"killed by the OOM killer{said}"
         keeper = self.parts.keeper
         if keeper is not None and still_running(keeper.init_pid, keeper.start_time):
-            return ("its outer bwrap process ended outside hutch (killed): the host "
-                    "cannot reach the sandbox any more")
+            return ("its keeper ended outside hutch: its outer bwrap process was killed, "
+                    "and the host cannot reach the sandbox any more")
         return "its keeper ended outside hutch (killed, or the host restarted)"
 
     @classmethod
