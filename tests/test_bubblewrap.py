@@ -684,6 +684,49 @@ async def test_snapshot_and_forks_are_independent_copy_on_write(sandbox: Any) ->
     assert not os.path.exists(os.path.join(snapshots_dir(), snap_id))
 
 
+async def test_owners_inside_survive_suspend_resume_snapshot_and_fork() -> None:
+    """What root inside and another user wrote, and what hutch wrote from the
+    host, keep their owners as seen inside across a suspend and a resume,
+    and in a fork of a snapshot, where root inside can change them all."""
+    from hutch._sandbox import backend_of
+    from hutch.providers.bubblewrap import BubblewrapConfig, BubblewrapSandbox
+
+    sb = await _make(runtime="native")
+    owners = "stat -c '%U:%G %n' /workspace/host /workspace/root /tmp/nobody /etc/passwd"
+    expected = ["root:root /workspace/host", "root:root /workspace/root",
+                "nobody:nogroup /tmp/nobody", "root:root /etc/passwd"]
+    branch = None
+    snap_id = f"snap-{secrets.token_hex(4)}"
+    try:
+        await sb.write_bytes("/workspace/host", b"h")
+        await sb.exec("echo r > /workspace/root")
+        await sb.exec("echo n > /tmp/nobody", user="nobody")
+        await sb.suspend()
+        await sb.resume()
+        assert (await sb.exec(owners)).stdout.splitlines() == expected
+        data = await backend_of(sb).capture_layers(snap_id)
+        config = BubblewrapConfig(image=TEST_IMAGE, ephemeral=True, runtime="native")
+        branch = await BubblewrapSandbox.create_from_layers(
+            config, f"fork-{secrets.token_hex(4)}", snap_id, data
+        )
+        proc = await branch.runtime.start_process(ProcessRequest(
+            ["sh", "-c", f"{owners} && chown nobody /workspace/host /etc/passwd && "
+             "echo more >> /tmp/nobody && echo changed"], cwd="/workspace",
+        ))
+        out = b""
+        while (chunk := await proc.read()) is not None:
+            out += chunk.data
+        assert out.decode().splitlines() == [*expected, "changed"]
+    finally:
+        if branch is not None:
+            await branch.close()
+        await sb.close()
+        from hutch.providers.bubblewrap.snapshots import held, remove
+
+        if snap_id in held():
+            remove(snap_id)
+
+
 # -- network policies -------------------------------------------------------------------------
 
 

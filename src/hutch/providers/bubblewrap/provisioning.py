@@ -317,17 +317,25 @@ class Layers:
 
 
 def shared_points() -> None:
-    """Make :data:`SHARED_POINTS` (empty on the host: mount points), searchable
-    by any user on the way."""
+    """Make :data:`SHARED_POINTS` (empty on the host: mount points), which any
+    user may search (hutch's umask may be 077): its own directories are made
+    so, the host's above them must be."""
     if os.path.isfile(AGENT_POINT):
         return
     os.makedirs(ROOT_POINT, exist_ok=True)
-    path = SHARED_POINTS
-    while path != "/":
+    ours = (os.path.dirname(SHARED_POINTS), SHARED_POINTS)
+    for path in ours:
         mode = os.stat(path).st_mode
-        if mode & 0o005 != 0o005:
-            os.chmod(path, mode | 0o005)
-        path = os.path.dirname(path)
+        if not mode & 0o001:
+            os.chmod(path, mode | 0o001)
+    above = os.path.dirname(ours[0])
+    while above != "/":
+        if not os.stat(above).st_mode & 0o001:
+            raise ProviderError(
+                f"{above} is not searchable by other users: bubblewrap sandboxes need "
+                f"{SHARED_POINTS} reachable by an unprivileged user"
+            )
+        above = os.path.dirname(above)
     with open(AGENT_POINT, "a"):
         pass
 
