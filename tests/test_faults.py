@@ -20,7 +20,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,20 +57,58 @@ def settings(provider: str, point: str, scratch: str) -> dict[str, Any]:
     return {}
 
 
-def _expect_death(daemon: DaemonProcess, point: str, call: Callable[[], object]) -> None:
-    """Run the step; the daemon must die at ``point`` (SIGKILL) inside it."""
-    assert daemon.proc is not None
-    try:
-        call()
-    except (httpx.TransportError, HutchError):
-        pass  # the daemon died under the call (the client says so, as it can)
-    try:
-        code = daemon.proc.wait(60)
-    except subprocess.TimeoutExpired:
-        raise AssertionError(f"fault point {point} was never reached by its step: the "
-                             "harness drives the step in a way that misses it") from None
-    assert code == -signal.SIGKILL, f"the daemon ended with {code}, not at {point}:\n{daemon.log()}"
-    daemon.proc = None
+class Armed:
+    """One daemon for a worker's kills, one after another: armed for a step
+    through a file (``HUTCH_FAULT=file:...``), so that it starts once a kill
+    (the restart after it), not twice."""
+
+    def __init__(self, directory: str) -> None:
+        self.file = os.path.join(directory, "fault")
+        Path(self.file).write_text("")
+        self.daemon = DaemonProcess(extra_args=["--allow", "host_workdir"],
+                                    extra_env={"HUTCH_FAULT": f"file:{self.file}"})
+
+    def arm(self, point: str | None) -> None:
+        Path(self.file).write_text(point or "")
+
+    def running(self) -> DaemonProcess:
+        """The daemon up, disarmed and holding nothing (a case cut short by a
+        failed check may have left it down or holding something)."""
+        self.arm(None)
+        if self.daemon.proc is None or self.daemon.proc.poll() is not None:
+            self.daemon.proc = None
+            self.daemon.start()
+        with hutch.Client(self.daemon.url, token=self.daemon.token) as c:
+            end_everything(c, force=True)
+        return self.daemon
+
+    def kill_at(self, point: str, call: Callable[[], object]) -> None:
+        """Run a step armed at ``point``: the daemon must die there (SIGKILL)."""
+        daemon = self.daemon
+        assert daemon.proc is not None
+        self.arm(point)
+        try:
+            call()
+        except (httpx.TransportError, HutchError):
+            pass  # the daemon died under the call (the client says so, as it can)
+        finally:
+            self.arm(None)
+        try:
+            code = daemon.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"fault point {point} was never reached by its step: the "
+                                 "harness drives the step in a way that misses it") from None
+        assert code == -signal.SIGKILL, (
+            f"the daemon ended with {code}, not at {point}:\n{daemon.log()}")
+        daemon.proc = None
+
+
+@pytest.fixture(scope="module")
+def armed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Armed]:
+    harness = Armed(str(tmp_path_factory.mktemp("faults")))
+    yield harness
+    harness.arm(None)
+    harness.daemon.close()
 
 
 def _answer(daemon: DaemonProcess, path: str) -> Any:
@@ -133,10 +171,11 @@ def check_after_restart(daemon: DaemonProcess, case: FaultCase, token: str,
 # -- the steps, as a client drives them --------------------------------------------------
 
 
-def drive(case: FaultCase, daemon: DaemonProcess, scratch: str, token: str) -> dict[str, str]:
+def drive(case: FaultCase, harness: Armed, scratch: str, token: str) -> dict[str, str]:
     """Set up what the step works on, then run the step (the daemon dies in
     it); the files every sandbox left must hold."""
     step, provider, point = case.step, case.provider, case.point
+    daemon = harness.daemon
     made = settings(provider, point, scratch)
     files = {"keep.txt": token}
     with hutch.Client(daemon.url, token=daemon.token) as c:
@@ -164,42 +203,36 @@ def drive(case: FaultCase, daemon: DaemonProcess, scratch: str, token: str) -> d
                 "workspace": {"setup": [f"printf %s {token} > keep.txt"]},
                 "lifecycle": {"keep_alive": "30m"},
             })
-            act = lambda: c.ensure("faulted", "thread-1")  # noqa: E731
+            act = lambda: c.ensure("faulted", token)  # noqa: E731
         else:
             raise AssertionError(f"no drive for step {step}")
-        _expect_death(daemon, point, act)
+        harness.kill_at(point, act)
     return files
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", [_param(c) for c in faults.plan() if c.provider != "host"])
 def test_a_daemon_killed_at_a_step_loses_nothing(
-    case: FaultCase, request: pytest.FixtureRequest, tmp_path: Path,
+    case: FaultCase, armed: Armed, request: pytest.FixtureRequest, tmp_path: Path,
 ) -> None:
-    daemon = DaemonProcess(extra_args=["--allow", "host_workdir"],
-                           extra_env={"HUTCH_FAULT": case.point})
     survived = False
     try:
-        daemon.start()
+        daemon = armed.running()
         token = secrets.token_hex(8)
-        files = drive(case, daemon, str(tmp_path), token)
-        daemon.extra_env.pop("HUTCH_FAULT")
+        files = drive(case, armed, str(tmp_path), token)
         daemon.start()
         check_after_restart(daemon, case, token, files)
-        if case.step == "definition-ensure":
-            with hutch.Client(daemon.url, token=daemon.token) as c:
-                again = c.ensure("faulted", "thread-1")
+        with hutch.Client(daemon.url, token=daemon.token) as c:
+            if case.step == "definition-ensure":
+                again = c.ensure("faulted", token)
                 assert _read_back(again.sandbox, "keep.txt") == token
                 live = [s["id"] for s in c.list_sandboxes()]
                 assert live == [again.sandbox.id], (
-                    f"an ensure cut at {case.point} left {live}, the thread has one sandbox")
-        with hutch.Client(daemon.url, token=daemon.token) as c:
+                    f"an ensure cut at {case.point} left {live}; the thread has one sandbox")
             end_everything(c, force=True)
         survived = True
     finally:
         faults.record(request, case, survived)
-        daemon.extra_env.pop("HUTCH_FAULT", None)
-        daemon.close()
 
 
 @pytest.mark.slow

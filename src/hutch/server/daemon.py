@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import hashlib
 import hmac
+import json
 import logging
 import math
 import os
@@ -84,6 +85,10 @@ log = logging.getLogger("hutch.daemon")
 WORKSPACE_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 #: Store key written by a clean stop, cleared at start: after a crash it is absent.
 CLEAN_STOP = "clean_stop_unix"
+#: Store key: the sandboxes a definition's ensure is making (a JSON list),
+#: not yet recorded as its thread's: a daemon killed part-way leaves them
+#: half set up, and its next start removes them.
+SETTING_UP = "definition_setups"
 #: A ref's use is an event at most this often (its first use after a start always is).
 REF_USE_EVENT_SECONDS = 60.0
 FINAL_STATES = (SandboxState.TERMINATED, SandboxState.FAILED)
@@ -1214,10 +1219,30 @@ class Daemon:
     async def reconcile(self, *, after_clean_stop: bool = False) -> None:
         for row in self.store.list_sandboxes():
             await self._reconcile_sandbox(row, after_clean_stop=after_clean_stop)
+        await self._drop_cut_setups()
         await self._reconcile_snapshots()
         for ws in self.store.list_workspaces():
             await self._reconcile_workspace(ws)
         await self._reap_orphans()
+
+    def setting_up(self, sandbox_id: str, *, made: bool) -> None:
+        """Record that a definition's ensure is making ``sandbox_id`` (until
+        it is its thread's, or gone: ``made``)."""
+        ids = set(json.loads(self.store.get_meta(SETTING_UP) or "[]"))
+        ids = ids - {sandbox_id} if made else ids | {sandbox_id}
+        self.store.set_meta(SETTING_UP, json.dumps(sorted(ids)) if ids else None)
+
+    async def _drop_cut_setups(self) -> None:
+        """Remove the sandboxes an ensure cut short by the restart was making:
+        half set up, and no thread's (one it recorded as its thread's stays)."""
+        for sandbox_id in json.loads(self.store.get_meta(SETTING_UP) or "[]"):
+            if sandbox_id in self.sandboxes and self.store.instance_of_sandbox(sandbox_id) is None:
+                log.warning("sandbox %s: a definition's setup was cut short; removing it",
+                            sandbox_id)
+                with contextlib.suppress(HutchError):
+                    await self.delete_sandbox(sandbox_id)
+                self._note(sandbox_id, "setup", "removed: the ensure making it was cut short")
+            self.setting_up(sandbox_id, made=True)
 
     def _providers_in_use(self) -> list[type[SandboxBackend]]:
         """Every provider that can be loaded here, each asked about what it holds."""
@@ -1561,23 +1586,30 @@ class _DaemonHost(SandboxHost):
         # thread over only once this daemon is gone (killed: its hold dies
         # with it). Written once per sandbox of the key, and again by a
         # restarted daemon that adopts it (see Daemon._reconcile_sandbox).
+        self.daemon.setting_up(sandbox.id, made=True)  # its thread's now, on record
         if (key, sandbox.id) in self._holding:
             return
         await anyio.to_thread.run_sync(self.store.hold_instance, key, this_program())
         self._holding.add((key, sandbox.id))
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
-        return await self.daemon.create_sandbox(spec)
+        sandbox_id = new_sandbox_id()
+        self.daemon.setting_up(sandbox_id, made=False)  # before it exists: see SETTING_UP
+        return await self.daemon.create_sandbox(spec, sandbox_id=sandbox_id)
 
     async def restore(self, snapshot: SnapshotRow, spec: SandboxSpec) -> Sandbox:
         attach = self.daemon.attach_spec(snapshot, spec.options.model_dump())
-        return await self.daemon.create_sandbox(attach, from_snapshot=snapshot)
+        sandbox_id = new_sandbox_id()
+        self.daemon.setting_up(sandbox_id, made=False)
+        return await self.daemon.create_sandbox(attach, from_snapshot=snapshot,
+                                                sandbox_id=sandbox_id)
 
     async def snapshot(self, sandbox: Sandbox, label: str) -> str:
         return (await self.daemon.snapshot_sandbox(sandbox.id, label)).id
 
     async def destroy(self, sandbox: Sandbox) -> None:
         await self.daemon.delete_sandbox(sandbox.id)
+        self.daemon.setting_up(sandbox.id, made=True)
 
     async def drop_snapshot(self, snapshot: SnapshotRow) -> None:
         await self.daemon.delete_snapshot(snapshot.id)  # refused while something needs it
