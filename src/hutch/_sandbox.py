@@ -26,6 +26,7 @@ from ._errors import (
     ExecTimeout,
     HutchError,
     InvalidArgument,
+    NoSuchUser,
     NotFound,
     ProviderError,
     SandboxIsADirectory,
@@ -62,6 +63,7 @@ from .providers.base import (
     PtyProcess,
     SandboxBackend,
     SandboxRuntime,
+    UnstartedProcess,
     sandbox_path,
 )
 
@@ -272,13 +274,18 @@ class Sandbox:
             self.require("users")
         if isinstance(stdin, str):
             stdin = stdin.encode()
-        return await self._runtime.start_process(ProcessRequest(
+        request = ProcessRequest(
             self._argv(cmd),
             cwd=self.path(cwd) if cwd is not None else self.workdir,
             env=dict(env or {}),
             stdin=stdin,
             user=user,
-        ))
+        )
+        try:
+            return await self._runtime.start_process(request)
+        except NoSuchUser as exc:
+            # A command that could not start, as every execution API says it.
+            return UnstartedProcess(exc.message)
 
     async def exec(
         self,
@@ -881,6 +888,15 @@ async def reap(sandbox: Sandbox) -> None:
     """Kill what runs and free the backend, for every session on it (the
     engine's reaping; an attached session's close only detaches)."""
     await sandbox._reap()
+
+
+async def release_runtime(sandbox: Sandbox) -> None:
+    """Its runtime died outside hutch: end what was started in it and free
+    what the runtime held, its working directory's files kept until it is
+    closed (deleted). Shielded, as a reaping is."""
+    with anyio.CancelScope(shield=True):
+        await sandbox._end_processes()
+        await sandbox._backend.release_runtime()
 
 
 async def exec_output(

@@ -44,8 +44,10 @@ from .._sandbox import (
     end_processes,
     lifecycle_record,
     reap,
+    release_runtime,
     track,
 )
+from ..providers.base import RuntimeLost
 from .clock import Clock, RealClock, VirtualClock
 from .scheduler import Scheduler
 from .shared import (
@@ -227,6 +229,9 @@ class LifecycleEngine:
             self.clock, self._evaluate, drive=not isinstance(self.clock, VirtualClock)
         )
         self._sandboxes: dict[str, Sandbox] = {}
+        #: Sandboxes whose dead runtime is released and whose failure is not
+        #: yet recorded (the store refused it; a retry follows).
+        self._released: set[str] = set()
 
     # -- registration --------------------------------------------------------------
     async def attach(
@@ -649,6 +654,11 @@ class LifecycleEngine:
         record.transitioning = True
         try:
             await step()
+        except RuntimeLost as exc:
+            # Gone for good outside hutch (found by the step, not a watcher):
+            # failed, with what the provider found, and said as such from now on.
+            await self._fail_lost(sandbox, record, str(exc))
+            raise self.expired_error(record) from None
         except HutchError:
             raise
         except Exception as exc:
@@ -677,22 +687,36 @@ class LifecycleEngine:
         async with record.lock:  # waits out a transition under way
             if record.state not in (SandboxState.RUNNING, SandboxState.PAUSED):
                 return False
-            try:
-                alive = await backend_of(sandbox).is_alive()
-            except Exception as exc:  # cannot tell: never fail a sandbox on a guess
-                log.info("sandbox %s: could not confirm that its runtime died: %s",
-                         record.sandbox_id, exc)
-                return False
-            if alive:
-                return False
-            await self._transition(sandbox, SandboxState.FAILED, reason)
+            if record.sandbox_id not in self._released:
+                try:
+                    alive = await backend_of(sandbox).is_alive()
+                except Exception as exc:  # cannot tell: never fail a sandbox on a guess
+                    log.info("sandbox %s: could not confirm that its runtime died: %s",
+                             record.sandbox_id, exc)
+                    return False
+                if alive:
+                    return False
+            await self._fail_lost(sandbox, record, reason)
         self._forget(record)
-        try:
-            await reap(sandbox)
-        except Exception:
-            log.exception("sandbox %s: releasing it after its runtime died failed",
-                          record.sandbox_id)
         return True
+
+    async def _fail_lost(self, sandbox: Sandbox, record: LifecycleRecord, reason: str) -> None:
+        """Under the lock: the runtime is gone outside hutch. What it held is
+        freed first, its working directory's files kept (until the sandbox
+        is closed), so that the failure's record says where they are now;
+        then the sandbox is ``failed`` with ``reason``. A record the store
+        refuses raises, the runtime already released: a retry (the daemon's)
+        needs no second look at the backend, which no longer looks dead."""
+        if record.sandbox_id not in self._released:
+            try:
+                await release_runtime(sandbox)
+            except Exception:
+                log.exception("sandbox %s: releasing its dead runtime failed",
+                              record.sandbox_id)
+            self._released.add(record.sandbox_id)
+        await self._transition(sandbox, SandboxState.FAILED, reason)
+        self._released.discard(record.sandbox_id)
+        self.scheduler.cancel(record.sandbox_id)
 
     async def _terminate_locked(
         self, sandbox: Sandbox, record: LifecycleRecord, reason: str

@@ -47,6 +47,7 @@ from .._errors import (
     OutputLimitExceeded,
     ProviderError,
     SandboxIsADirectory,
+    SandboxUnavailable,
 )
 from .._globmatch import compile_glob
 from .._types import Capabilities, FileInfo, FileType, GrepMatch, OutputChunk
@@ -80,6 +81,29 @@ class BackendProcess(abc.ABC):
     def oom_killed(self) -> bool:
         """Whether the kernel's OOM killer ended it, where the provider can tell."""
         return False
+
+class UnstartedProcess(BackendProcess):
+    """A command that could not start (its user does not exist): as on every
+    other execution API, a process that said why on stderr and exited 126."""
+
+    EXIT_CODE = 126
+
+    def __init__(self, reason: str) -> None:
+        self._unread: list[OutputChunk] = [OutputChunk("stderr", f"{reason}\n".encode())]
+
+    async def read(self) -> OutputChunk | None:
+        return self._unread.pop() if self._unread else None
+
+    async def wait(self) -> int:
+        return self.EXIT_CODE
+
+    async def kill(self, grace: float) -> None:
+        return None
+
+    @property
+    def returncode(self) -> int | None:
+        return self.EXIT_CODE
+
 
 class FutureExitProcess(BackendProcess):
     """A process whose reader settles its end: ``_exit`` (a future, given the
@@ -150,6 +174,15 @@ class RuntimeNotice:
 
 
 RuntimeReport = Callable[[RuntimeNotice], Awaitable[None]]
+
+
+class RuntimeLost(SandboxUnavailable):
+    """A backend step found the sandbox's runtime gone for good, removed
+    outside hutch (a suspended container's image deleted): the lifecycle
+    engine fails the sandbox with this message as its reason, rather than
+    passing on what the provider said of it (a registry's 404 about a pull).
+    Its wire code stays ``sandbox_unavailable``; defined here, not in
+    ``_errors``, so that the code still names :class:`SandboxUnavailable`."""
 
 
 class PtyProcess(BackendProcess):
@@ -562,6 +595,16 @@ class SandboxBackend(SandboxPart):
         close) is harmless. Providers with nothing that can die apart from
         hutch have nothing to watch: the default returns at once."""
         return
+
+    async def release_runtime(self) -> None:
+        """Its runtime died outside hutch and the sandbox fails: free what
+        the runtime held (mounts, loop devices, its network, its cgroup,
+        connections to it) and keep the working directory's files on the
+        host, where :meth:`close` (the sandbox's deletion) frees them. After
+        it, :meth:`describe` says where the files are, and a :meth:`capture`
+        takes them (a failed workspace's are kept as its state). Idempotent.
+        The default frees nothing early: close frees it all."""
+        return None
 
     @abc.abstractmethod
     async def close(self) -> None:

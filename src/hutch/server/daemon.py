@@ -235,11 +235,40 @@ class Daemon:
             if reason not in (None, "closed"):
                 log.warning("sandbox %s reaped: %s", sandbox_id, reason)
             if row.workspace is not None:
+                if new is SandboxState.FAILED and sandbox is not None:
+                    # Before it is marked stale: a resume then starts from what it kept.
+                    await self._salvage_failed_workspace(row, sandbox)
                 try:
                     self._workspace_lost_its_sandbox(row.workspace, sandbox_id, reason)
                 except StoreUnavailable as exc:
                     # The next start finds the workspace's sandbox ended and marks it stale.
                     log.warning("workspace %s: could not record it stale: %s", row.workspace, exc)
+
+    async def _salvage_failed_workspace(self, row: SandboxRow, sandbox: Sandbox) -> None:
+        """A workspace's sandbox whose runtime died outside hutch kept its
+        working directory (``release_runtime``): that becomes the workspace's
+        state, as after a death found at start. Never raises: the failure
+        is recorded already, and the last state stays if this cannot be done."""
+        ws = self.store.get_workspace(row.workspace or "")
+        if ws is None or ws.live_sandbox_id != row.id or ws.status != "running":
+            return  # a suspend or a delete under way lets it go on purpose
+        try:
+            await self._salvage_workspace(row, backend_of(sandbox))
+        except Exception:
+            log.exception("workspace %s: keeping what its failed sandbox %s held failed",
+                          ws.name, row.id)
+
+    async def _free_failed(self, row: SandboxRow) -> None:
+        """Free what a failed sandbox kept (SPEC §3: its working directory,
+        until it is deleted): its backend found again from its record and
+        closed. Idempotent: what is gone already is skipped."""
+        if row.state != SandboxState.FAILED.value or not row.description:
+            return
+        try:
+            backend = await get_provider(row.provider).reconnect(row.id, row.description)
+            await backend.close()
+        except (HutchError, KeyError, ValueError, OSError) as exc:
+            log.warning("sandbox %s: freeing what it kept after it failed: %s", row.id, exc)
 
     async def _persist_deadline(self, sandbox_id: str, deadline_unix: float) -> None:
         """Record a set_timeout deadline; the engine applies it only after this."""
@@ -938,6 +967,7 @@ class Daemon:
         if sandbox is None:
             row = self.store.get_sandbox(sandbox_id)
             if row is not None and row.state in FINAL_STATES:
+                await self._free_failed(row)  # its kept working directory goes now
                 return
             raise NotFound(f"no sandbox {sandbox_id}")
         workspace = self.workspace_of.get(sandbox_id)
@@ -961,6 +991,13 @@ class Daemon:
         self.store.put_workspace(row)
         await self._release_snapshot(previous)
         return state.id
+    async def _free_failed_to_be_pruned(self) -> None:
+        """The failed sandboxes the next prune forgets free what they kept first."""
+        cutoff = time.time() - self.retention_seconds
+        for row in self.store.list_sandboxes(include_final=True):
+            if row.state == SandboxState.FAILED.value and row.updated_at_unix < cutoff:
+                await self._free_failed(row)
+
     def prune_ended(self) -> None:
         """Forget sandboxes that ended longer ago than the retention period."""
         pruned = self.store.prune_ended(time.time() - self.retention_seconds)
@@ -974,6 +1011,7 @@ class Daemon:
         while True:
             await anyio.sleep(interval)
             try:
+                await self._free_failed_to_be_pruned()
                 await anyio.to_thread.run_sync(self.prune_ended)
             except Exception:
                 log.exception("pruning ended sandboxes failed; tried again in %.0f s", interval)
@@ -1160,6 +1198,7 @@ class Daemon:
         clean = self.store.get_meta(CLEAN_STOP) is not None
         self.store.set_meta(CLEAN_STOP, None)
         await self.reconcile(after_clean_stop=clean)
+        await self._free_failed_to_be_pruned()
         self.prune_ended()
         self._pruner = asyncio.get_running_loop().create_task(self._prune_periodically())
 

@@ -28,6 +28,7 @@ is ``ephemeral`` (``--die-with-parent``), so a restarted daemon adopts it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -76,6 +77,18 @@ JOINED_NAMESPACES = ("net", "ipc", "uts", "cgroup", "pid")
 KEEPER_MARKER = "HUTCH_BWRAP_KEEPER"
 #: Where the agent's executable is bound inside.
 AGENT_BINARY_PATH = "/.hutch/bin/hutch-agent"
+#: The host-global knobs of a sandbox's /proc (kernel settings, the SysRq
+#: trigger, IRQ affinity, bus and file system tunables), bound read-only over
+#: its own /proc, as Docker's readonly paths are: a sandbox's root may not
+#: change what holds for the whole host, whatever its uid. (Its /sys is the
+#: image's empty directory: no sysfs is mounted.)
+READ_ONLY_PROC = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs")
+
+
+def proc_args() -> list[str]:
+    """bwrap's arguments for a sandbox's /proc: its own (its PID namespace's),
+    the host-global knobs in it read-only."""
+    return ["--proc", "/proc", *(a for p in READ_ONLY_PROC for a in ("--ro-bind-try", p, p))]
 
 _SECCOMP: bytes | None = None
 
@@ -278,7 +291,28 @@ class Keeper:
         )
 
     def alive(self) -> bool:
-        return still_running(self.init_pid, self.start_time)
+        """Whether the sandbox runs as hutch reaches it: bwrap's init (its
+        PID 1, whose namespaces an exec joins) and the outer bwrap, through
+        which the host reaches its files (:attr:`view`). Either one killed
+        outside hutch leaves a sandbox no call can use."""
+        if not still_running(self.init_pid, self.start_time):
+            return False
+        if "setup_mnt" not in self.namespaces:
+            return True  # recorded before the outer bwrap's was: the init's word stands
+        try:
+            return os.stat(f"/proc/{self.outer_pid}/ns/mnt").st_ino == self.namespaces["setup_mnt"]
+        except OSError:  # gone, or a zombie (whose namespaces are gone)
+            return False
+
+    def pidfds(self) -> list[int]:
+        """Descriptors that become readable when the outer bwrap or its init
+        ends (``pidfd_open``), for a watcher to wait on; one of a process
+        already gone is left out (:meth:`alive` says so)."""
+        fds = []
+        for pid in (self.outer_pid, self.init_pid):
+            with contextlib.suppress(OSError):
+                fds.append(os.pidfd_open(pid))
+        return fds
 
     @property
     def view(self) -> str:
@@ -507,7 +541,7 @@ def start_keeper(
         # Its stdin is a pipe whose write end it holds too: the read never ends.
         keeper_command = ["--chdir", "/", "--", "/bin/sh", "-c", "echo; read _"]
     bwrap = [
-        "bwrap", "--bind", layers.merged, "/", "--proc", "/proc", "--dev", "/dev",
+        "bwrap", "--bind", layers.merged, "/", *proc_args(), "--dev", "/dev",
         "--dir", workdir,
         # The network namespace is the starter's, made for this keeper alone.
         "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup",

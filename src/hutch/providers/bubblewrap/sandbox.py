@@ -8,6 +8,7 @@ in :mod:`.runtime`; the overlay and the keeper in :mod:`.provisioning`.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -59,10 +60,21 @@ from .runtime import DEFAULT_PATH, AgentWithNativeUsers, BubblewrapRuntime, Sand
 DEFAULT_IMAGE = "hutch-test:bookworm"
 #: How long a fresh keeper's agent has to answer.
 AGENT_START_TIMEOUT = 15.0
-_WATCH_INTERVAL = 0.5
+#: How long the death watcher waits on its keepers' descriptors before it
+#: looks at every live sandbox anyway (a backstop; deaths wake it at once).
+_WATCH_BACKSTOP = 30.0
 log = logging.getLogger("hutch.bubblewrap")
 #: The sandboxes this process holds, for the death watcher.
 _live: weakref.WeakValueDictionary[str, BubblewrapSandbox] = weakref.WeakValueDictionary()
+#: The running watchers' loops and wake-up events: a keeper started (from
+#: any thread) wakes them to watch it.
+_watchers: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+
+
+def _keepers_changed() -> None:
+    for loop, wake in list(_watchers):
+        with contextlib.suppress(RuntimeError):  # that loop has ended
+            loop.call_soon_threadsafe(wake.set)
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _MAX_BYTES = 1 << 50
 
@@ -166,6 +178,8 @@ class BubblewrapSandbox(SandboxBackend):
                 self._runtime, self.agent_link, self._recover_agent
             )
         self._closed = False
+        #: The running sandbox's tmpfs (its upper layer) held open: see _pin_upper.
+        self._upper_pin: int | None = None
         _live[sandbox_id] = self
 
     @property
@@ -426,8 +440,36 @@ class BubblewrapSandbox(SandboxBackend):
         self.parts.keeper = keeper
         self.parts.layers.view = keeper.view
         self._keeper_process = process
+        self._pin_upper()
+        _keepers_changed()
         if self.net_index is not None:
             net.connect(keeper.init_pid, self.net_index, self.network)
+
+    def _pin_upper(self) -> None:
+        """Hold the running sandbox's tmpfs open. It is mounted in the
+        keeper's private mount namespace only, which ends with the keeper:
+        held, it outlives a keeper killed outside hutch, and
+        :meth:`release_runtime` saves what the sandbox wrote to disk."""
+        self._unpin_upper()
+        keeper = self.parts.keeper
+        if keeper is None:
+            return
+        try:
+            fd = os.open(keeper.view + self.parts.layers.hot,
+                         os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return  # gone already: the watcher tells
+        try:
+            keeper.check_view()  # the view led to this keeper's, not a reused PID's
+        except SandboxUnavailable:
+            os.close(fd)
+            return
+        self._upper_pin = fd
+
+    def _unpin_upper(self) -> None:
+        pin, self._upper_pin = self._upper_pin, None
+        if pin is not None:
+            os.close(pin)
 
     def sandbox_capabilities(self) -> Capabilities:
         # A preview URL needs an address the host reaches: a network of its own.
@@ -480,7 +522,7 @@ class BubblewrapSandbox(SandboxBackend):
         parts = SandboxParts(
             layers, SandboxCgroup(sandbox_id), keeper, dict(description.get("env") or {})
         )
-        return cls(
+        sandbox = cls(
             sandbox_id, str(description["workdir"]), parts,
             hostname=str(description.get("hostname", "hutch")),
             ephemeral=bool(description.get("ephemeral", False)),
@@ -491,6 +533,10 @@ class BubblewrapSandbox(SandboxBackend):
                 else None
             ),
         )
+        if keeper is not None and keeper.alive():
+            sandbox._pin_upper()
+            _keepers_changed()
+        return sandbox
 
     async def memory_bytes(self) -> int | None:
         return self.parts.cgroup.memory_usage()
@@ -507,25 +553,68 @@ class BubblewrapSandbox(SandboxBackend):
             limit = self.parts.cgroup.memory_limit()
             said = f" (memory limit {limit} bytes)" if limit is not None else ""
             return f"killed by the OOM killer{said}"
+        keeper = self.parts.keeper
+        if keeper is not None and still_running(keeper.init_pid, keeper.start_time):
+            return ("its outer bwrap process ended outside hutch (killed): the host "
+                    "cannot reach the sandbox any more")
         return "its keeper ended outside hutch (killed, or the host restarted)"
 
     @classmethod
     async def watch_runtimes(cls, report: RuntimeReport) -> None:
-        """Every half second, each live sandbox of this process whose keeper has
-        ended outside hutch's hands is reported once, with what the cgroup says."""
-        reported: set[str] = set()
-        while True:
-            await anyio.sleep(_WATCH_INTERVAL)
-            for sandbox_id, sandbox in list(_live.items()):
-                keeper = sandbox.parts.keeper
-                if sandbox._closed or keeper is None or sandbox_id in reported:
-                    continue
-                if not keeper.alive():
-                    reported.add(sandbox_id)
-                    try:
-                        await report(RuntimeNotice(sandbox_id, sandbox.death_reason()))
-                    except Exception:
-                        log.exception("sandbox %s: reporting its death failed", sandbox_id)
+        """Each live sandbox of this process whose keeper ends outside
+        hutch's hands (its init or the outer bwrap killed) is reported
+        once, with what the cgroup says. Woken by the kernel: a pidfd of
+        each keeper's two processes, readable when one ends (no polling)."""
+        loop = asyncio.get_running_loop()
+        wake = asyncio.Event()
+        watched: dict[str, tuple[Keeper, list[int]]] = {}
+        reported: dict[str, Keeper] = {}
+        tasks: set[asyncio.Task[None]] = set()
+
+        def unwatch(sandbox_id: str) -> None:
+            _, fds = watched.pop(sandbox_id, (None, []))
+            for fd in fds:
+                loop.remove_reader(fd)
+                os.close(fd)
+
+        async def tell(sandbox_id: str, reason: str) -> None:
+            try:
+                await report(RuntimeNotice(sandbox_id, reason))
+            except Exception:
+                log.exception("sandbox %s: reporting its death failed", sandbox_id)
+
+        _watchers.append((loop, wake))
+        try:
+            while True:
+                wake.clear()
+                for sandbox_id in [s for s in (*watched, *reported) if s not in _live]:
+                    unwatch(sandbox_id)
+                    reported.pop(sandbox_id, None)
+                for sandbox_id, sandbox in list(_live.items()):
+                    keeper = sandbox.parts.keeper
+                    if sandbox._closed or keeper is None or reported.get(sandbox_id) is keeper:
+                        unwatch(sandbox_id)
+                        continue
+                    if watched.get(sandbox_id, (None,))[0] is not keeper:
+                        unwatch(sandbox_id)
+                        fds = keeper.pidfds()
+                        for fd in fds:
+                            loop.add_reader(fd, wake.set)
+                        watched[sandbox_id] = (keeper, fds)
+                    if not keeper.alive():
+                        unwatch(sandbox_id)
+                        reported[sandbox_id] = keeper
+                        task = loop.create_task(tell(sandbox_id, sandbox.death_reason()))
+                        tasks.add(task)
+                        task.add_done_callback(tasks.discard)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), _WATCH_BACKSTOP)
+        finally:
+            _watchers.remove((loop, wake))
+            for sandbox_id in list(watched):
+                unwatch(sandbox_id)
+            for task in tasks:
+                task.cancel()
 
     # -- lifecycle ---------------------------------------------------------------------
     def _require_running(self) -> None:
@@ -548,6 +637,36 @@ class BubblewrapSandbox(SandboxBackend):
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._keeper_process.wait(5)
             self._keeper_process = None
+        self._unpin_upper()
+
+    async def release_runtime(self) -> None:
+        """Its keeper ended outside hutch: what the sandbox wrote is saved
+        from its tmpfs (held by :meth:`_pin_upper`) to the upper layer on
+        disk, as a suspend keeps it, then what is left of its processes,
+        its cgroup and its network go; :meth:`close` frees the files."""
+        def run() -> None:
+            layers = self.parts.layers
+            pin = self._upper_pin
+            if layers.upper_on == "hot" and pin is not None:
+                shutil.rmtree(layers.disk_upper, ignore_errors=True)
+                # The tmpfs as this process holds it: its mount namespace may be gone.
+                done = subprocess.run(
+                    ["cp", "-a", "--", f"/proc/self/fd/{pin}/upper", layers.disk_upper],
+                    capture_output=True, pass_fds=(pin,), check=False,
+                )
+                if done.returncode != 0:
+                    log.error("sandbox %s: saving what it wrote failed: %s", self.sandbox_id,
+                              done.stderr.decode(errors="replace").strip())
+                else:
+                    layers.upper_on = "disk"
+            self._end_processes()
+            for step in (self.parts.cgroup.remove, self._release_network):
+                try:
+                    step()
+                except (OSError, ProviderError) as exc:
+                    log.warning("sandbox %s: releasing its dead runtime: %s",
+                                self.sandbox_id, exc)
+        await anyio.to_thread.run_sync(run)
 
     async def suspend(self) -> None:
         """End every process; keep the upper layer, on disk."""
