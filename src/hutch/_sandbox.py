@@ -55,6 +55,7 @@ from ._types import (
     FileType,
     GrepMatch,
 )
+from ._values import check_command, check_text
 from .lifecycle.state import SandboxState
 from .providers._grep import grep_output_budget
 from .providers.base import (
@@ -65,6 +66,7 @@ from .providers.base import (
     SandboxRuntime,
     UnstartedProcess,
     sandbox_path,
+    within,
 )
 
 if TYPE_CHECKING:
@@ -272,20 +274,44 @@ class Sandbox:
         self.require("processes")
         if user is not None:
             self.require("users")
-        if isinstance(stdin, str):
-            stdin = stdin.encode()
-        request = ProcessRequest(
-            self._argv(cmd),
-            cwd=self.path(cwd) if cwd is not None else self.workdir,
-            env=dict(env or {}),
-            stdin=stdin,
-            user=user,
-        )
+        request = self._request(cmd, cwd, env, stdin, user)
         try:
             return await self._runtime.start_process(request)
         except NoSuchUser as exc:
             # A command that could not start, as every execution API says it.
             return UnstartedProcess(exc.message)
+
+    def _request(
+        self,
+        cmd: Command,
+        cwd: str | None,
+        env: Mapping[str, str] | None,
+        stdin: bytes | str | None,
+        user: str | None,
+    ) -> ProcessRequest:
+        """A command as a runtime is given it, every part checked first
+        (text a program can be given, within the kernel's limits)."""
+        argv = self._argv(cmd)
+        variables = dict(env or {})
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in variables.items()):
+            raise InvalidArgument("env must map names to strings")
+        check_command(argv, variables)
+        if user is not None:
+            if not isinstance(user, str) or not user:
+                raise InvalidArgument("user must be a user name or uid (a string)")
+            check_text(user, "user")
+        if isinstance(stdin, str):
+            check_text(stdin, "stdin", nul=False)
+            stdin = stdin.encode()
+        elif stdin is not None and not isinstance(stdin, bytes | bytearray | memoryview):
+            raise InvalidArgument(f"stdin must be bytes or text, not {type(stdin).__name__}")
+        return ProcessRequest(
+            argv,
+            cwd=self.path(cwd) if cwd is not None else self.workdir,
+            env=variables,
+            stdin=bytes(stdin) if stdin is not None else None,
+            user=user,
+        )
 
     async def exec(
         self,
@@ -402,15 +428,12 @@ class Sandbox:
         self.require("processes")
         if user is not None:
             self.require("users")
-        argv = ["bash"] if cmd is None else self._argv(cmd)
+        request = self._request(
+            ["bash"] if cmd is None else cmd, cwd, {"TERM": "xterm-256color", **(env or {})},
+            None, user,
+        )
         async with self._operation("pty"):
-            proc = await self._runtime.start_pty(
-                ProcessRequest(
-                    argv, cwd=self.path(cwd) if cwd is not None else self.workdir,
-                    env={"TERM": "xterm-256color", **(env or {})}, user=user,
-                ),
-                rows=rows, cols=cols,
-            )
+            proc = await self._runtime.start_pty(request, rows=rows, cols=cols)
             try:
                 yield proc
             finally:
@@ -545,6 +568,13 @@ class Sandbox:
 
     async def remove(self, path: str, *, recursive: bool = False) -> None:
         full = self.path(path)
+        if within(self.workdir, full):
+            # Every command runs there, on every provider: without it, none
+            # could run again (docker's is a mount point, not removable at all).
+            raise InvalidArgument(
+                f"{path!r} is the sandbox's working directory ({self.workdir}) or holds "
+                "it: not a file to delete; remove what is in it instead"
+            )
         async with self._operation("remove"):
             if self._session_guard.needs_check(full):
                 info = await self._runtime.stat(full)  # FileNotFoundError if missing

@@ -39,7 +39,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequen
 from dataclasses import dataclass, field
 from typing import IO, Any, ClassVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, model_validator
 
 from .._errors import (
     CapabilityUnsupported,
@@ -51,6 +51,7 @@ from .._errors import (
 )
 from .._globmatch import compile_glob
 from .._types import Capabilities, FileInfo, FileType, GrepMatch, OutputChunk
+from .._values import text_problem, text_problems
 from ._grep import GrepBatches
 
 
@@ -237,6 +238,16 @@ class ProviderSettings(BaseModel):
     registry, so a provider's settings are validated by its own model alone."""
 
     type: str
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_only(cls, data: Any) -> Any:
+        """No setting of any provider holds text no system call takes (a lone
+        surrogate, a NUL byte): refused naming it, before the provider's
+        own fields are read."""
+        for problem in text_problems(data, ""):
+            raise ValueError(problem)
+        return data
 
 
 class SandboxPart(abc.ABC):
@@ -638,12 +649,23 @@ def join_path(workdir: str, path: str) -> str:
     return posixpath.normpath(posixpath.join(workdir, path))
 
 
+def within(path: str, directory: str) -> bool:
+    """Whether the absolute ``path`` is ``directory`` or lies below it, by
+    name (``/a//b/.`` is ``/a/b``; POSIX's leading ``//`` is ``/``)."""
+    def plain(p: str) -> str:
+        return "/" + posixpath.normpath(p).lstrip("/")
+
+    path, directory = plain(path), plain(directory)
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
+
+
 def sandbox_path(workdir: str, path: object) -> str:
     """A caller's ``path`` checked (a string, no NUL byte: InvalidArgument
     otherwise) and resolved against ``workdir``: one rule for the in-process
     sandbox and the client that checks before it sends."""
     if not isinstance(path, str):
         raise InvalidArgument(f"path must be a string, not {type(path).__name__}")
-    if "\0" in path:
-        raise InvalidArgument(f"path {path!r} contains a NUL byte")
+    problem = text_problem(path)
+    if problem is not None:
+        raise InvalidArgument(f"path {path!r} {problem}")
     return join_path(workdir, path)

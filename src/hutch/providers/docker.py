@@ -43,7 +43,7 @@ from typing import IO, Annotated, Any, Literal
 
 import anyio
 import anyio.to_thread
-from pydantic import ConfigDict, Field
+from pydantic import AfterValidator, ConfigDict, Field
 
 from .._errors import (
     HutchError,
@@ -94,7 +94,18 @@ from .base import (
     bounded_pieces,
 )
 from .network import NetworkPolicy
-from .policy import Limit, ReachesHost, format_bytes, keeps_dropped, one_of, parse_bytes
+from .policy import (
+    DiskSize,
+    Limit,
+    MemorySize,
+    NotBool,
+    ReachesHost,
+    SandboxDirectory,
+    format_bytes,
+    keeps_dropped,
+    one_of,
+    parse_bytes,
+)
 
 log = logging.getLogger("hutch.docker")
 
@@ -140,9 +151,20 @@ AGENT_RECOVER_TIMEOUT = 4.0
 #: Go's os.ModeDir and os.ModeSymlink bits, as the archive stat header uses them.
 _GO_MODE_DIR = 1 << 31
 _GO_MODE_SYMLINK = 1 << 27
+#: Go's device, named pipe, socket, character device and irregular bits.
+_GO_MODE_SPECIAL = (1 << 26) | (1 << 25) | (1 << 24) | (1 << 21) | (1 << 19)
+#: Go's setuid, setgid and sticky bits, and POSIX's.
+_GO_MODE_PERMISSION_BITS = ((1 << 23, 0o4000), (1 << 22, 0o2000), (1 << 20, 0o1000))
 #: Ceilings of the settings, as the kernel takes them (pid_max's own ceiling).
 MAX_CPUS = 4096.0
 MAX_PIDS = 4 * 1024 * 1024
+
+
+def _bind_target(path: str) -> str:
+    # The Engine reads a bind as "host:container:options".
+    if ":" in path or "," in path:
+        raise ValueError(f"{path!r}: a mount point has no ':' or ','")
+    return path
 
 
 class DockerConfig(ProviderSettings):
@@ -150,8 +172,9 @@ class DockerConfig(ProviderSettings):
 
     type: Literal["docker"] = "docker"
     image: str = "hutch-test:bookworm"
-    #: Where the sandbox's working directory is mounted inside the container.
-    mount_point: str = "/workspace"
+    #: Where the sandbox's working directory is mounted inside the container
+    #: (a directory of its own: never /proc, /sys, /dev or a system directory).
+    mount_point: Annotated[SandboxDirectory, AfterValidator(_bind_target)] = "/workspace"
     #: Host directory bound at the mount point; a fresh one under hutch's data
     #: directory when unset (and then removed with the sandbox).
     host_workdir: Annotated[
@@ -168,14 +191,16 @@ class DockerConfig(ProviderSettings):
     #: Extra bind mounts, ``host:container[:ro]``.
     mounts: Annotated[list[str], ReachesHost("binds host paths into the sandbox")] = []
     #: Memory limit, as Docker takes it (``512m``, ``2g``).
-    memory: Annotated[str | None, Limit("memory", parse_bytes, format_bytes)] = None
+    memory: Annotated[MemorySize | None, Limit("memory", parse_bytes, format_bytes)] = None
     #: Size cap on the working directory hutch makes (``10g``): a file system
     #: of its own, nosuid and nodev, loop-mounted (needs root). Not applied
     #: to a ``host_workdir``, nor to what is written outside the mount point.
-    disk: Annotated[str | None, Limit("disk", parse_bytes, format_bytes)] = None
+    disk: Annotated[DiskSize | None, Limit("disk", parse_bytes, format_bytes)] = None
     #: CPU quota in CPUs (``1.5``).
-    cpus: Annotated[float | None, Limit("cpus")] = Field(default=None, gt=0, le=MAX_CPUS)
-    pids_limit: Annotated[int, Limit("pids", int, int)] = Field(default=1024, gt=0, le=MAX_PIDS)
+    cpus: Annotated[float | None, Limit("cpus"), NotBool] = Field(default=None, gt=0, le=MAX_CPUS)
+    pids_limit: Annotated[int, Limit("pids", int, int), NotBool] = Field(
+        default=1024, gt=0, le=MAX_PIDS
+    )
     pull_if_missing: bool = True
     env: dict[str, str] = {}
     labels: dict[str, str] = {}
@@ -1978,11 +2003,15 @@ class DockerSandbox(NativeBackend):
             kind = FileType.DIRECTORY
         elif mode & _GO_MODE_SYMLINK:
             kind = FileType.SYMLINK
-        elif mode >> 16 == 0:
-            kind = FileType.FILE
-        else:
+        elif mode & _GO_MODE_SPECIAL:
             kind = FileType.OTHER
-        return FileInfo(path, kind, int(header.get("size", 0)), mode & 0o7777,
+        else:
+            kind = FileType.FILE  # setuid, setgid and sticky are bits of their own in Go
+        permissions = mode & 0o777
+        for go_bit, posix_bit in _GO_MODE_PERMISSION_BITS:
+            if mode & go_bit:
+                permissions |= posix_bit
+        return FileInfo(path, kind, int(header.get("size", 0)), permissions,
                         _parse_mtime(header.get("mtime")))
 
     async def stat(self, path: str) -> FileInfo:
@@ -2579,6 +2608,9 @@ class DockerSandbox(NativeBackend):
                     with contextlib.suppress(ProviderError):
                         await anyio.to_thread.run_sync(_dockernet.release, sandbox_id)
                 removed.append(sandbox_id or container["Id"][:12])
+        with contextlib.suppress(HutchError):
+            for sandbox_id in await _call(_dockernet.sweep, api, "hutch-"):
+                removed.append(f"{sandbox_id} (its network policy's host rules)")
         for sandbox_id in await anyio.to_thread.run_sync(_layers.branches):
             if sandbox_id not in known:
                 await anyio.to_thread.run_sync(_layers.end_branch, sandbox_id)

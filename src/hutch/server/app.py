@@ -26,6 +26,7 @@ import hmac
 import json
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import (
@@ -33,6 +34,7 @@ from collections.abc import (
     AsyncIterator,
     Awaitable,
     Callable,
+    Coroutine,
     Iterator,
     Mapping,
     MutableMapping,
@@ -46,6 +48,7 @@ import anyio
 from fastapi import APIRouter, FastAPI, Query, Request, Response, WebSocket, WebSocketDisconnect
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute, Match
@@ -75,6 +78,7 @@ from .._types import (
     FileInfo,
     OutputChunk,
 )
+from .._values import check_text
 from ..store import RefRow
 from .daemon import DEFAULT_RETENTION_SECONDS, Daemon, default_data_dir
 from .policy import OperatorPolicy
@@ -153,7 +157,10 @@ class ExecBody(BaseModel):
                 return base64.b64decode(self.stdin_b64, validate=True)
             except ValueError:
                 raise InvalidArgument("stdin_b64 is not valid base64") from None
-        return self.stdin.encode() if self.stdin is not None else None
+        if self.stdin is None:
+            return None
+        check_text(self.stdin, "stdin", nul=False)
+        return self.stdin.encode()
 
 
 class SandboxRef(BaseModel):
@@ -360,8 +367,29 @@ def error_responses() -> dict[int | str, dict[str, Any]]:
 
 def error_json(exc: HutchError) -> dict[str, Any]:
     """Every error body the daemon sends, answers, stream lines and terminal
-    messages alike: ``{"error": exc.wire()}``."""
-    return {"error": exc.wire()}
+    messages alike: ``{"error": exc.wire()}``, with no path of the daemon's
+    own data directory in its message (:func:`without_data_dir`)."""
+    wire = exc.wire()
+    if isinstance(wire.get("message"), str):
+        wire["message"] = without_data_dir(wire["message"])
+    return {"error": wire}
+
+
+def without_data_dir(message: str) -> str:
+    """``message`` with every path in the daemon's data directory (its store,
+    layers, images, mounts) said by name instead. A sandbox's own working
+    directory there (``sandboxes/<id>/...``, a local sandbox's files, shown
+    to its caller as its workdir) stays as it is."""
+    home = os.environ.get("HUTCH_HOME")
+    if not home:
+        return message
+    for root in {os.path.abspath(home).rstrip("/"), os.path.realpath(home).rstrip("/")}:
+        if root and root in message:
+            message = re.sub(
+                re.escape(root) + r"(?![^/\s'\",;:])(?!/sandboxes/)(?:/[^\s'\",;:]*)?",
+                "(a path in hutch's data directory)", message,
+            )
+    return message
 
 
 def unexpected_error_json(exc: BaseException) -> dict[str, Any]:
@@ -1012,6 +1040,35 @@ class HotRoutes:
         await _respond(send, 204, b"", b"")
 
 
+# -- text in request bodies ---------------------------------------------------------------------
+
+#: A JSON escape of a UTF-16 surrogate: the only way a body can carry a lone one.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+class TextBodiesRoute(APIRoute):
+    """A route whose JSON body holds no string a system call refuses (a lone
+    surrogate, which JSON can spell and no UTF-8 encodes): ``invalid_argument``
+    naming the field, for every route and field at once, before the handler
+    or any model sees the body."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def checked(request: Request) -> Response:
+            if _is_json(request.scope):
+                body = await request.body()  # kept: the handler reads it again
+                if _SURROGATE_ESCAPE.search(body):
+                    try:
+                        data = json.loads(body)
+                    except ValueError:
+                        data = None  # the handler's own error says what is wrong
+                    check_text(data, "", nul=False)
+            return await handler(request)
+
+        return checked
+
+
 # -- the event loop's child watcher --------------------------------------------------------------
 
 
@@ -1148,7 +1205,7 @@ def create_app(
         )
 
     # Routes are tried in the order they are declared: the busiest come first.
-    v1 = APIRouter(prefix="/v1", responses=error_responses())
+    v1 = APIRouter(prefix="/v1", responses=error_responses(), route_class=TextBodiesRoute)
 
     # -- exec --
     @v1.post("/sandboxes/{sandbox_id}/exec")

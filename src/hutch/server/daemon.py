@@ -1059,15 +1059,20 @@ class Daemon:
         """A workspace from a snapshot (``snapshot_tag``, a snapshot id) or
         fresh from sandbox settings (``provider`` and its settings)."""
         body = dict(body)
-        name = str(body.pop("name", "") or "")
-        if not WORKSPACE_NAME.match(name):
+        name = body.pop("name", "")
+        if not isinstance(name, str):
+            # A number is no name: 1e999 would become "inf".
+            raise InvalidArgument(f"name: a workspace name is a string, not {type(name).__name__}")
+        if not WORKSPACE_NAME.fullmatch(name):
             raise InvalidArgument(
                 f"workspace name {name!r} must be 1-63 characters of a-z, 0-9, '.', '_', '-'"
             )
         source_id = body.pop("snapshot_tag", None) or body.pop("from_snapshot", None)
         source: SnapshotRow | None = None
         if source_id is not None:
-            source = self.get_snapshot(str(source_id))
+            if not isinstance(source_id, str):
+                raise InvalidArgument("snapshot_tag: a snapshot id (a string)")
+            source = self.get_snapshot(source_id)
             spec = self.attach_spec(source, body)
         else:
             spec = self.spec_from_request(body)

@@ -44,7 +44,16 @@ from ..base import (
     SandboxRuntime,
 )
 from ..network import AllowList, NetworkPolicy
-from ..policy import Limit, ReachesHost, format_bytes, parse_bytes
+from ..policy import (
+    DiskSize,
+    Limit,
+    MemorySize,
+    NotBool,
+    ReachesHost,
+    SandboxDirectory,
+    format_bytes,
+    parse_bytes,
+)
 from . import network as net
 from . import snapshots
 from .cgroups import SandboxCgroup
@@ -93,7 +102,7 @@ def parse_size(value: str | int | None, what: str) -> int | None:
 
 
 class BubblewrapConfig(ProviderSettings):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     type: Literal["bubblewrap"] = "bubblewrap"
     #: A host directory to use as the (read-only, shared) root file system.
@@ -103,13 +112,16 @@ class BubblewrapConfig(ProviderSettings):
     #: A hutch image, or a Docker image exported once and cached; the test
     #: image when neither this nor ``rootfs`` is set.
     image: str | None = None
-    #: The working directory inside (made if missing).
-    workdir: str = "/workspace"
+    #: The working directory inside (made if missing; a directory of its own:
+    #: never /proc, /sys, /dev or a system directory).
+    workdir: SandboxDirectory = "/workspace"
     #: Memory limit (``512m``, ``2g``, or bytes).
-    memory: Annotated[str | int | None, Limit("memory", parse_bytes, format_bytes)] = None
-    pids_limit: Annotated[int, Limit("pids", int, int)] = Field(default=1024, gt=0, le=4_194_304)
+    memory: Annotated[MemorySize | None, Limit("memory", parse_bytes, format_bytes)] = None
+    pids_limit: Annotated[int, Limit("pids", int, int), NotBool] = Field(
+        default=1024, gt=0, le=4_194_304
+    )
     #: CPU quota in CPUs (``1.5``).
-    cpus: Annotated[float | None, Limit("cpus")] = Field(default=None, gt=0, le=1024)
+    cpus: Annotated[float | None, Limit("cpus"), NotBool] = Field(default=None, gt=0, le=1024)
     #: What executes and moves files: ``agent`` (hutch's agent as the keeper,
     #: on a unix socket: about a millisecond a call), ``native`` (each exec
     #: joins the namespaces with nsenter + bwrap), or ``auto``: the agent
@@ -120,7 +132,7 @@ class BubblewrapConfig(ProviderSettings):
     #: addresses and other sandboxes unreachable unless allowed.
     network: NetworkPolicy = "none"
     #: Cap on what the sandbox may write while it runs (its tmpfs upper layer).
-    disk: Annotated[str | int, Limit("disk", parse_bytes, format_bytes)] = "4g"
+    disk: Annotated[DiskSize, Limit("disk", parse_bytes, format_bytes)] = "4g"
     env: dict[str, str] = {}
     hostname: str = Field(default="hutch", pattern=r"^[A-Za-z0-9][A-Za-z0-9.-]{0,62}$")
     #: End with the process that made it (``--die-with-parent``): for
@@ -495,6 +507,7 @@ class BubblewrapSandbox(SandboxBackend):
             "sandbox_dir": layers.sandbox_dir,
             "lowers": list(layers.lowers),
             "upper_on": layers.upper_on,
+            "root_point": layers.root_point,
             "disk_limit": layers.disk_limit,
             "keeper": self.parts.keeper.to_dict() if self.parts.keeper else None,
             "env": dict(self.parts.env),
@@ -513,6 +526,8 @@ class BubblewrapSandbox(SandboxBackend):
             str(description["sandbox_dir"]),
             [str(p) for p in description["lowers"]],
             upper_on=str(description.get("upper_on", "hot")),
+            # A sandbox described before there was one had it in its own directory.
+            root_point=str(description.get("root_point", "")),
             disk_limit=int(description.get("disk_limit", 4 << 30)),
         )
         keeper_data = description.get("keeper")
@@ -555,8 +570,8 @@ class BubblewrapSandbox(SandboxBackend):
             return f"killed by the OOM killer{said}"
         keeper = self.parts.keeper
         if keeper is not None and still_running(keeper.init_pid, keeper.start_time):
-            return ("its outer bwrap process ended outside hutch (killed): the host "
-                    "cannot reach the sandbox any more")
+            return ("its keeper ended outside hutch: its outer bwrap process was killed, "
+                    "and the host cannot reach the sandbox any more")
         return "its keeper ended outside hutch (killed, or the host restarted)"
 
     @classmethod
