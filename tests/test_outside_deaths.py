@@ -202,6 +202,30 @@ def test_a_suspended_sandbox_whose_image_is_removed_fails_with_that_reason(
 
 
 @pytest.mark.docker
+def test_a_suspended_sandbox_whose_image_is_removed_fails_within_seconds(
+    daemon: DaemonProcess,
+) -> None:
+    """The watch sees the image go: no call needs to find it."""
+    with client(daemon) as c:
+        sb = c.create_sandbox("docker", image=TEST_IMAGE)
+        kept = c.create_sandbox("docker", image=TEST_IMAGE)
+        for each in (sb, kept):
+            each.write_text("kept.txt", "kept")
+            each.suspend()
+        docker.APIClient().remove_image(f"hutch-suspended:{sb.id}", force=True)
+        info = failed_within(c, sb.id, NOTICED_WITHIN)
+        assert "removed outside hutch" in info["reason"], info
+        # Another sandbox's image, and hutch's own removals, fail nothing.
+        kept.resume()
+        kept.suspend()
+        kept.resume()
+        assert kept.read_text("kept.txt") == "kept"
+        assert c.get_sandbox(kept.id).info()["state"] == "running"
+        c.delete_sandbox(sb.id)
+        kept.close()
+
+
+@pytest.mark.docker
 def test_a_preserved_container_removed_outside_hutch_releases_its_mounts(
     daemon: DaemonProcess,
 ) -> None:

@@ -683,24 +683,32 @@ class LifecycleEngine:
         self._forget(record)
         await reap(sandbox)
 
-    async def runtime_died(self, sandbox: Sandbox, reason: str) -> bool:
+    async def runtime_died(
+        self, sandbox: Sandbox, reason: str, *, of_suspended: bool = False
+    ) -> bool:
         """The provider says the sandbox's runtime died outside hutch: if it
         did (the backend confirms it is gone) and the sandbox was meant to be
-        up, it becomes ``failed`` with ``reason``, its timers stop and what it
-        held is released. True if it failed; a stale or wrong report changes
+        up (``of_suspended``: suspended, and what it keeps is gone), it
+        becomes ``failed`` with ``reason``, its timers stop and what its
+        runtime held is released, its working directory kept until the
+        sandbox is closed (deleted). True if it failed; a stale or wrong report changes
         nothing (a suspend or a close that removed the runtime on purpose)."""
         record = self._record(sandbox)
         async with record.lock:  # waits out a transition under way
-            if record.state not in (SandboxState.RUNNING, SandboxState.PAUSED):
+            meant = (SandboxState.SUSPENDED,) if of_suspended else (
+                SandboxState.RUNNING, SandboxState.PAUSED)
+            if record.state not in meant:
                 return False
             if record.sandbox_id not in self._released:
+                backend = backend_of(sandbox)
                 try:
-                    alive = await backend_of(sandbox).is_alive()
+                    kept = await (backend.is_suspended() if of_suspended
+                                  else backend.is_alive())
                 except Exception as exc:  # cannot tell: never fail a sandbox on a guess
                     log.info("sandbox %s: could not confirm that its runtime died: %s",
                              record.sandbox_id, exc)
                     return False
-                if alive:
+                if kept:
                     return False
             await self._fail_lost(sandbox, record, reason)
         self._forget(record)

@@ -187,6 +187,9 @@ class RuntimeNotice:
     #: ``is_alive`` confirms it. Otherwise it is only told in its events (a
     #: process in it was OOM-killed).
     may_have_died: bool = True
+    #: About what a suspended sandbox keeps (its suspend image, removed):
+    #: it fails if :meth:`SandboxBackend.is_suspended` confirms it is gone.
+    of_suspended: bool = False
 
 
 RuntimeReport = Callable[[RuntimeNotice], Awaitable[None]]

@@ -876,6 +876,9 @@ class _ChunkReader(io.RawIOBase):
 EXEC_DRAIN_SECONDS = 15.0
 #: The longest a quiet exec goes without a look at whether its process is there.
 EXEC_CHECK_MAX_SECONDS = 2.0
+#: Output pieces an exec's reader thread hands on before it waits for them
+#: to be taken: a consumer slower than the command holds this much, not all.
+EXEC_QUEUE_CHUNKS = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -938,6 +941,10 @@ class DockerProcess(FutureExitProcess):
         self._first = True
         self._held: bytes | None = None
         self._eof = False
+        #: Room in the queue for output; given back as the reader takes it.
+        self._room = threading.Semaphore(EXEC_QUEUE_CHUNKS)
+        #: Set by kill: nobody may read on, so the thread stops waiting for room.
+        self._abandoned = threading.Event()
         if request.stdin is not None:
             threading.Thread(target=self._feed, args=(request.stdin,), daemon=True).start()
         threading.Thread(target=self._pump, daemon=True).start()
@@ -1040,7 +1047,8 @@ class DockerProcess(FutureExitProcess):
                 payload = self._recv_exact(size, poller)
                 if payload is None:
                     break
-                self._post(OutputChunk("stderr" if kind == 2 else "stdout", payload))
+                if self._wait_for_room():
+                    self._post(OutputChunk("stderr" if kind == 2 else "stdout", payload))
             code = self._inspect_exit_code()
             if code == 128 + 9 and self._oom_before is not None:
                 after = oom_kills(self._sandbox.container_id or "")
@@ -1057,6 +1065,14 @@ class DockerProcess(FutureExitProcess):
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(self._set_exit, code, failure)
             self._post(None)
+
+    def _wait_for_room(self) -> bool:
+        """Wait until the queue has room for a piece of output; False (drop
+        it) once the exec is being killed and nobody takes what is queued."""
+        while not self._room.acquire(timeout=0.5):
+            if self._abandoned.is_set():
+                return False
+        return True
 
     def _inspect_exit_code(self) -> int:
         """The exit status the Engine records; it may come a moment after the
@@ -1100,6 +1116,7 @@ class DockerProcess(FutureExitProcess):
             if item is None:
                 self._eof = True
                 break
+            self._room.release()
             if self._first:
                 self._first = False
                 # The runtime reports a failed start as output plus exit 126:
@@ -1125,6 +1142,7 @@ class DockerProcess(FutureExitProcess):
         return None
 
     async def kill(self, grace: float) -> None:
+        self._abandoned.set()
         if self._exit.done():
             return
         with contextlib.suppress(HutchError):
@@ -1187,6 +1205,12 @@ async def _oom_message(container_id: str) -> str:
         limit = 0
     within = f" of {limit} bytes" if limit else ""
     return f"the OOM killer killed a process in it: it reached its memory limit{within}"
+
+
+def _suspended_state_removed(image_id: str, sandbox_id: str) -> str:
+    """The reason a sandbox whose suspend image went fails."""
+    return (f"its suspended state (image {image_id.removeprefix('sha256:')[:12]}, "
+            f"{SUSPENDED_REPOSITORY}:{sandbox_id}) was removed outside hutch")
 
 
 async def _death_reason(container_id: str, action: str) -> str:
@@ -1701,8 +1725,7 @@ class DockerSandbox(NativeBackend):
                 if image == self.suspended_image:
                     # Its state, which no registry has: never a pull.
                     raise RuntimeLost(
-                        f"its suspended state (image {image.removeprefix('sha256:')[:12]}, "
-                        f"{SUSPENDED_REPOSITORY}:{self.sandbox_id}) was removed outside hutch"
+                        _suspended_state_removed(image, self.sandbox_id)
                     ) from None
                 if not cfg.pull_if_missing or image.startswith(SUSPENDED_REPOSITORY):
                     raise NotFound(f"image {image!r} is not on this Docker Engine") from None
@@ -2677,31 +2700,53 @@ class DockerSandbox(NativeBackend):
     @classmethod
     async def watch_runtimes(cls, report: RuntimeReport) -> None:
         """Docker's event stream: every hutch container that dies or is
-        removed is reported, with what its last inspect says happened."""
+        removed is reported, with what its last inspect says happened, and
+        every image of a sandbox's that is deleted (a suspended sandbox's
+        state, if it was that one)."""
         loop = asyncio.get_running_loop()
         deaths: asyncio.Queue[tuple[str, str, str]] = asyncio.Queue()
         stop = threading.Event()
         current: list[Any] = []
 
+        #: Image id -> the sandbox whose labelled image lost a tag: an image's
+        #: delete event carries no labels, its untag before it does.
+        untagged: dict[str, str] = {}
+
         def pump() -> None:
             backoff = 0.5
             while not stop.is_set():
                 try:
+                    # No label filter: an image's delete event has no labels to match.
                     stream = engine().events(decode=True, filters={
-                        "type": "container", "label": f"{MANAGED_LABEL}=1",
-                        "event": ["die", "destroy", "oom"],
+                        "type": ["container", "image"],
+                        "event": ["die", "destroy", "oom", "untag", "delete"],
                     })
                     current[:] = [stream]
                     backoff = 0.5
                     for event in stream:
                         actor = event.get("Actor") or {}
-                        sandbox_id = (actor.get("Attributes") or {}).get(SANDBOX_LABEL)
+                        attributes = actor.get("Attributes") or {}
+                        thing = str(actor.get("ID") or "")
+                        action = str(event.get("Action") or event.get("status") or "")
+                        sandbox_id = attributes.get(SANDBOX_LABEL)
+                        if event.get("Type") == "image":
+                            if action == "untag" and sandbox_id and attributes.get(
+                                MANAGED_LABEL
+                            ) == "1":
+                                if len(untagged) > 1000:
+                                    untagged.pop(next(iter(untagged)))
+                                untagged[thing] = sandbox_id
+                                continue
+                            if action != "delete" or thing not in untagged:
+                                continue
+                            sandbox_id, action = untagged.pop(thing), "image deleted"
+                        elif attributes.get(MANAGED_LABEL) != "1":
+                            continue
                         if sandbox_id:
                             with contextlib.suppress(RuntimeError):  # the loop is gone
-                                loop.call_soon_threadsafe(deaths.put_nowait, (
-                                    sandbox_id, str(actor.get("ID") or ""),
-                                    str(event.get("Action") or event.get("status") or ""),
-                                ))
+                                loop.call_soon_threadsafe(
+                                    deaths.put_nowait, (sandbox_id, thing, action)
+                                )
                 except Exception as exc:
                     if not stop.is_set():
                         log.info("docker event stream broke (%s); reconnecting", exc)
@@ -2714,7 +2759,14 @@ class DockerSandbox(NativeBackend):
                     preserved_container_removed, sandbox_id
                 ):
                     return  # its sandbox was deleted before: nothing to fail
-                if action == "oom":
+                if action == "image deleted":
+                    # Told of every image of the sandbox's; it fails only if this
+                    # was the state it is suspended in (checked by is_suspended).
+                    await report(RuntimeNotice(
+                        sandbox_id, _suspended_state_removed(container_id, sandbox_id),
+                        of_suspended=True,
+                    ))
+                elif action == "oom":
                     # A process in it hit the memory limit; a die follows if it was PID 1.
                     await report(RuntimeNotice(
                         sandbox_id, await _oom_message(container_id), may_have_died=False

@@ -496,7 +496,9 @@ class Daemon:
             return
         while True:
             try:
-                failed = await self.engine.runtime_died(sandbox, notice.message)
+                failed = await self.engine.runtime_died(
+                    sandbox, notice.message, of_suspended=notice.of_suspended
+                )
             except StoreUnavailable as exc:
                 # Not recorded, so not failed yet: tried again until the store
                 # takes it (or the sandbox ends some other way meanwhile).

@@ -160,6 +160,8 @@ class BubblewrapSandbox(SandboxBackend):
         resource_limits=True,
         # What it writes lands on a tmpfs of its own, capped at ``disk``.
         disk_limit=True,
+        # Root inside is an unprivileged host id (see .userns): it can install
+        # packages and add users, never change the host (README: Security).
         users=True,
     )
     config_model = BubblewrapConfig
