@@ -58,6 +58,7 @@ from .._errors import (
     SandboxPermissionDenied,
     SandboxUnavailable,
 )
+from .._faults import fault_point
 from .._globmatch import compile_glob
 from .._paths import hutch_home, sandbox_workdir
 from .._types import (
@@ -90,6 +91,7 @@ from .base import (
     RuntimeLost,
     RuntimeNotice,
     RuntimeReport,
+    RuntimeState,
     SandboxRuntime,
     bounded_pieces,
 )
@@ -482,11 +484,13 @@ class FreezeGuard:
         """``container`` paused for the block, by hutch. One paused already
         (the user's pause, another program's) is left paused, as it was.
         ``marker``: a file that exists while hutch holds the container paused,
-        for a program that finds it after this one died inside the block."""
+        for a program that finds it after this one died inside the block
+        (by default the container's own, which :meth:`thaw_left_freeze` reads)."""
         with self.freezing():
             if self._paused is True:  # the user's pause: already frozen, and theirs
                 yield
                 return
+            marker = marker or _writable_marker(frozen_marker_path(container))
             if marker is not None:
                 with open(marker, "w"):
                     pass
@@ -505,6 +509,26 @@ class FreezeGuard:
                     self._engine_unpause(api, container)
                     if marker is not None:
                         os.unlink(marker)
+
+    def thaw_left_freeze(self, api: Any, container: str) -> bool:
+        """Unpause ``container`` if a program died inside :meth:`frozen` (its
+        marker is left: the pause was hutch's, for a step cut short, never
+        the user's); whether it did. Under ``freezing``, which waits out a
+        freeze another living program holds (its marker is not left)."""
+        import docker.errors
+
+        marker = frozen_marker_path(container)
+        with self.freezing():
+            if not os.path.exists(marker):
+                return False
+            try:
+                api.unpause(container)
+            except docker.errors.APIError as exc:
+                if "is not paused" not in str(exc):
+                    raise
+            self._paused = False
+            os.unlink(marker)
+            return True
 
     def paused_here(self) -> bool:
         """Whether this process holds the container paused (the user's pause).
@@ -579,9 +603,20 @@ def start_lock_path(container: str) -> str:
     return os.path.join(hutch_home(), "docker", "starts", container)
 
 
+def frozen_marker_path(container: str) -> str:
+    """The file that says hutch holds ``container`` paused for a step of its own."""
+    return start_lock_path(container) + ".frozen"
+
+
+def _writable_marker(path: str) -> str | None:
+    """``path`` if a marker can be kept there (None: a read-only home)."""
+    return path if os.access(os.path.dirname(path), os.W_OK) else None
+
+
 def drop_start_locks(container: str) -> None:
     """A removed container's lock files go with it."""
-    for path in (start_lock_path(container), start_lock_path(container) + ".gate"):
+    for path in (start_lock_path(container), start_lock_path(container) + ".gate",
+                 frozen_marker_path(container)):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
 
@@ -1221,6 +1256,7 @@ def commit_state(
     *,
     flatten: bool = False,
     stopped: bool = False,
+    fault: str = "snapshot.docker.frozen",
 ) -> str:
     """Write ``container``'s file system to ``repository:tag``; its image id.
 
@@ -1230,6 +1266,7 @@ def commit_state(
     stack ``base_image``'s layers past :data:`MAX_SUSPEND_LAYERS` flattens,
     since overlay2 stops at 128; ``flatten`` asks for one regardless.
     ``stopped``: the caller has paused the container, under its freeze guard.
+    ``fault``: the fault point (:mod:`hutch._faults`) of the step, inside its freeze.
     """
     depth = len(api.inspect_image(base_image)["RootFS"].get("Layers") or [])
     if flatten or depth >= MAX_SUSPEND_LAYERS:
@@ -1242,6 +1279,7 @@ def commit_state(
     # Paused by the guard, not by the commit's own pause: that one trusts the
     # Engine's lagging flag, and could undo the user's pause.
     with freeze_guard(container).frozen(api, container):
+        fault_point(fault)
         image = api.commit(container, repository=repository, tag=tag, conf={"Labels": labels},
                            pause=False)
     return str(image["Id"])
@@ -1802,18 +1840,23 @@ class DockerSandbox(NativeBackend):
             description.get("chain"),
             bool(description.get("layered")),
         )
-        if sandbox.container_id is not None and not await sandbox.is_alive():
-            # The container on record is gone, but the sandbox may have one
-            # under its name that the record missed (a suspend undone because
-            # the store could not keep it resumed into a new container)...
+        if not await sandbox.is_alive():
+            # The container on record is gone (or none is), but the sandbox
+            # may have one under its name that the record missed (a suspend
+            # undone because the store could not keep it, a resume cut short
+            # after its container started)...
             try:
                 details = await _call(engine().inspect_container, sandbox.container_name)
             except SandboxUnavailable:
                 details = None
             labels = ((details or {}).get("Config") or {}).get("Labels") or {}
-            if details is not None and labels.get(SANDBOX_LABEL) == sandbox_id:
+            state = (details or {}).get("State") or {}
+            up = bool(state.get("Running") or state.get("Paused"))
+            if details is not None and labels.get(SANDBOX_LABEL) == sandbox_id and (
+                up or sandbox.container_id is not None
+            ):
                 sandbox.container_id = str(details["Id"])
-            else:
+            elif sandbox.container_id is not None:
                 # ... or none, and its state in its suspend image (suspended
                 # by a program whose suspend the record missed).
                 suspended = await sandbox._own_suspend_image()
@@ -1822,7 +1865,29 @@ class DockerSandbox(NativeBackend):
                     sandbox.suspended_image = suspended
         if sandbox.layered:
             await sandbox._mend_capture_cut_short()
+        if sandbox.container_id is not None and await sandbox._container_exists():
+            # A freeze of hutch's own (a commit, a capture) that its program
+            # died inside is undone: the container was never the user's to pause.
+            await _call(freeze_guard(sandbox.container_id).thaw_left_freeze, engine(),
+                        sandbox.container_id)
         return sandbox
+
+    async def observed_state(self) -> RuntimeState:
+        """The container's own state: paused, running, or gone (stopped or
+        removed), or suspended in its suspend image."""
+        if self.container_id is not None:
+            try:
+                details = await _call(engine().inspect_container, self.container_id)
+            except SandboxUnavailable:
+                details = None  # no such container
+            if details is not None:
+                state = details.get("State") or {}
+                if state.get("Paused"):
+                    return RuntimeState.PAUSED
+                return RuntimeState.RUNNING if state.get("Running") else RuntimeState.GONE
+        if await self.is_suspended():
+            return RuntimeState.SUSPENDED
+        return RuntimeState.GONE
 
     async def _own_suspend_image(self) -> str | None:
         """The id of this sandbox's suspend image, if the engine has one."""
@@ -2305,10 +2370,12 @@ class DockerSandbox(NativeBackend):
 
         image_id = await _call(
             commit_state, api, container, previous or self.base_image, SUSPENDED_REPOSITORY,
-            self.sandbox_id, labels,
+            self.sandbox_id, labels, fault="suspend.docker.frozen",
         )
+        fault_point("suspend.docker.committed")
         self.suspended_image = image_id
         await _call(api.remove_container, container, force=True)
+        fault_point("suspend.docker.removed")
         drop_start_locks(container)
         self.container_id = None
         await anyio.to_thread.run_sync(self._release_network_policy)
@@ -2328,6 +2395,7 @@ class DockerSandbox(NativeBackend):
             return
         image = self.suspended_image or configured_image(self.config)
         await self._start_container(image)
+        fault_point("resume.docker.started")
 
     async def memory_bytes(self) -> int | None:
         if self.container_id is None:
@@ -2457,6 +2525,7 @@ class DockerSandbox(NativeBackend):
             # Not the Engine's "Paused" (it lags): the guard knows whose pause it is.
             with freeze_guard(container).frozen(api, container,
                                                 marker=self._paused_for_capture()):
+                fault_point("snapshot.docker.frozen-layered")
                 return freeze_then_commit(holder)
 
     def _paused_for_capture(self) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import re
@@ -31,6 +32,7 @@ from ..._errors import (
     ProviderError,
     SandboxUnavailable,
 )
+from ..._faults import fault_point
 from ..._liveness import still_running, this_process
 from ..._types import Capabilities
 from .._hostproc import SANDBOX_MARKER
@@ -40,6 +42,7 @@ from ..base import (
     ProviderSnapshot,
     RuntimeNotice,
     RuntimeReport,
+    RuntimeState,
     SandboxBackend,
     SandboxRuntime,
 )
@@ -54,8 +57,8 @@ from ..policy import (
     format_bytes,
     parse_bytes,
 )
+from . import freezes, snapshots
 from . import network as net
-from . import snapshots
 from .cgroups import SandboxCgroup
 from .provisioning import (
     Keeper,
@@ -454,6 +457,9 @@ class BubblewrapSandbox(SandboxBackend):
         self.parts.keeper = keeper
         self.parts.layers.view = keeper.view
         self._keeper_process = process
+        # Found by a program that finds the sandbox after this one died
+        # before its record named the keeper (a resume cut short).
+        _write_json(_keeper_file(self.parts.layers.sandbox_dir), keeper.to_dict())
         self._pin_upper()
         _keepers_changed()
         if self.net_index is not None:
@@ -550,6 +556,9 @@ class BubblewrapSandbox(SandboxBackend):
                 else None
             ),
         )
+        if os.path.isdir(layers.sandbox_dir):
+            await anyio.to_thread.run_sync(sandbox._mend_cut_short)
+        keeper = sandbox.parts.keeper  # the one a resume cut short started, if so
         if keeper is not None and keeper.alive():
             sandbox._pin_upper()
             _keepers_changed()
@@ -563,6 +572,39 @@ class BubblewrapSandbox(SandboxBackend):
         if keeper is None:  # suspended: its files are on disk
             return os.path.isdir(self.parts.layers.disk_upper)
         return keeper.alive()
+
+    async def observed_state(self) -> RuntimeState:
+        keeper = self.parts.keeper
+        if keeper is not None and keeper.alive():
+            return RuntimeState.PAUSED if self.parts.cgroup.frozen() else RuntimeState.RUNNING
+        if keeper is None and os.path.isdir(self.parts.layers.disk_upper):
+            return RuntimeState.SUSPENDED
+        return RuntimeState.GONE
+
+    def _mend_cut_short(self) -> None:
+        """Bring a sandbox found again after its program died up to what it
+        is: the keeper a resume cut short started (on record in the
+        sandbox's directory, not yet in the caller's), a suspend cut short
+        after its keeper ended (its files saved), a freeze of hutch's own
+        undone, and what a cut step left behind removed. Blocking."""
+        layers, cgroup = self.parts.layers, self.parts.cgroup
+        started = _read_keeper(layers.sandbox_dir)
+        if self.parts.keeper is None and started is not None and started.alive():
+            self.parts.keeper, layers.view, layers.upper_on = started, started.view, "hot"
+        keeper = self.parts.keeper
+        if keeper is not None and keeper.alive():
+            freezes.thaw_left(cgroup, layers.sandbox_dir)
+            # Running from its tmpfs: a copy on disk is a step's leftover.
+            shutil.rmtree(layers.disk_upper, ignore_errors=True)
+            return
+        if os.path.isdir(layers.disk_upper):
+            # Its keeper ended by a suspend cut short (the files were saved
+            # first), or a resume's keeper never came up: suspended.
+            self.parts.keeper, layers.view, layers.upper_on = None, "", "disk"
+            with contextlib.suppress(OSError, ProviderError):
+                cgroup.kill_all()  # a keeper a cut resume started, unrecorded
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(_keeper_file(layers.sandbox_dir))
 
     def death_reason(self) -> str:
         """Why the keeper is gone, as far as the host can tell."""
@@ -654,6 +696,8 @@ class BubblewrapSandbox(SandboxBackend):
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._keeper_process.wait(5)
             self._keeper_process = None
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(_keeper_file(self.parts.layers.sandbox_dir))
         self._unpin_upper()
 
     async def release_runtime(self) -> None:
@@ -690,9 +734,12 @@ class BubblewrapSandbox(SandboxBackend):
         def run() -> None:
             # Held still while the upper layer is copied out of its tmpfs,
             # which goes with the keeper's mount namespace.
-            self.parts.cgroup.freeze()
-            self.parts.layers.save_upper()
-            self._end_processes()
+            with freezes.held(self.parts.cgroup, self.parts.layers.sandbox_dir):
+                fault_point("suspend.bubblewrap.frozen")
+                self.parts.layers.save_upper()
+                fault_point("suspend.bubblewrap.saved")
+                self._end_processes()
+            fault_point("suspend.bubblewrap.ended")
             self.parts.layers.upper_on = "disk"
         await anyio.to_thread.run_sync(run)
 
@@ -703,6 +750,7 @@ class BubblewrapSandbox(SandboxBackend):
             layers = self.parts.layers
             layers.prepare()
             self._start_keeper()  # it copies the upper layer back onto its tmpfs
+            fault_point("resume.bubblewrap.started")
             layers.upper_on = "hot"
             shutil.rmtree(layers.disk_upper, ignore_errors=True)
         await anyio.to_thread.run_sync(run)
@@ -737,6 +785,26 @@ class BubblewrapSandbox(SandboxBackend):
         self._closed = True
         _live.pop(self.sandbox_id, None)
         await self._destroy()
+
+
+def _keeper_file(sandbox_dir: str) -> str:
+    return os.path.join(sandbox_dir, "keeper.json")
+
+
+def _write_json(path: str, data: Mapping[str, Any]) -> None:
+    """Write ``data`` to ``path`` whole or not at all (a rename)."""
+    with open(path + ".new", "w") as fh:
+        json.dump(data, fh)
+    os.rename(path + ".new", path)
+
+
+def _read_keeper(sandbox_dir: str) -> Keeper | None:
+    """The keeper last started for the sandbox, as its directory records it."""
+    try:
+        with open(_keeper_file(sandbox_dir)) as fh:
+            return Keeper.from_dict(json.load(fh))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _write_owner(sandbox_dir: str) -> None:
