@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import codecs
 import contextlib
 import hmac
 import json
@@ -246,22 +245,35 @@ def _text_or_b64(key: str, data: bytes, out: dict[str, Any]) -> None:
 INLINE_OUTPUT_BYTES = _membudget.SPOOL_MEMORY_BYTES
 
 
-def _escaped(text: str) -> bytes:
-    """``text`` as inside a JSON string, exactly as ``render_json`` has it:
-    JSON escapes character by character, so pieces escaped apart join up to
-    the whole escaped at once."""
-    return json.dumps(text, ensure_ascii=False)[1:-1].encode("utf-8")
+#: JSON's escape of each control character, as ``render_json`` writes it.
+_CONTROL_ESCAPES = [
+    (bytes([code]), json.dumps(chr(code), ensure_ascii=False)[1:-1].encode())
+    for code in range(0x20)
+]
+_CONTROLS = bytes(range(0x20))
+
+
+def _escaped(piece: bytes) -> bytes:
+    """Valid UTF-8 as inside a JSON string, exactly as ``render_json`` has
+    it: with ``ensure_ascii=False`` JSON escapes only ``"``, ``\\`` and the
+    control characters, all ASCII, which no byte of a multi-byte character
+    can be; so bytes replaced in place (at memchr speed, not a character at
+    a time) are the same, and pieces cut anywhere join up to the whole."""
+    piece = (piece.replace(b"\\", b"\\\\").replace(b'"', b'\\"')
+             .replace(b"\n", b"\\n").replace(b"\t", b"\\t").replace(b"\r", b"\\r"))
+    if len(piece.translate(None, _CONTROLS)) != len(piece):  # rarer ones left
+        for raw, escaped in _CONTROL_ESCAPES:  # an escape holds no control character
+            if raw in piece:
+                piece = piece.replace(raw, escaped)
+    return piece
 
 
 def _stream_json(output: ExecOutput, stream: Stream) -> Iterator[bytes]:
     """``,"stdout":"..."`` (or ``"stdout_b64"``) read from the spool in pieces."""
     if output.is_utf8(stream):
         yield f',"{stream}":"'.encode()
-        decoder = codecs.getincrementaldecoder("utf-8")()
         for piece in output.pieces(stream):
-            text = decoder.decode(piece)
-            if text:
-                yield _escaped(text)
+            yield _escaped(piece)
     else:
         yield f',"{stream}_b64":"'.encode()
         carry = b""
