@@ -58,6 +58,7 @@ from .._errors import (
     SandboxPermissionDenied,
     SandboxUnavailable,
 )
+from .._faults import fault_point
 from .._globmatch import compile_glob
 from .._paths import hutch_home, sandbox_workdir
 from .._types import (
@@ -90,6 +91,7 @@ from .base import (
     RuntimeLost,
     RuntimeNotice,
     RuntimeReport,
+    RuntimeState,
     SandboxRuntime,
     bounded_pieces,
 )
@@ -483,11 +485,13 @@ class FreezeGuard:
         """``container`` paused for the block, by hutch. One paused already
         (the user's pause, another program's) is left paused, as it was.
         ``marker``: a file that exists while hutch holds the container paused,
-        for a program that finds it after this one died inside the block."""
+        for a program that finds it after this one died inside the block
+        (by default the container's own, which :meth:`thaw_left_freeze` reads)."""
         with self.freezing():
             if self._paused is True:  # the user's pause: already frozen, and theirs
                 yield
                 return
+            marker = marker or _writable_marker(frozen_marker_path(container))
             if marker is not None:
                 with open(marker, "w"):
                     pass
@@ -506,6 +510,26 @@ class FreezeGuard:
                     self._engine_unpause(api, container)
                     if marker is not None:
                         os.unlink(marker)
+
+    def thaw_left_freeze(self, api: Any, container: str) -> bool:
+        """Unpause ``container`` if a program died inside :meth:`frozen` (its
+        marker is left: the pause was hutch's, for a step cut short, never
+        the user's); whether it did. Under ``freezing``, which waits out a
+        freeze another living program holds (its marker is not left)."""
+        import docker.errors
+
+        marker = frozen_marker_path(container)
+        with self.freezing():
+            if not os.path.exists(marker):
+                return False
+            try:
+                api.unpause(container)
+            except docker.errors.APIError as exc:
+                if "is not paused" not in str(exc):
+                    raise
+            self._paused = False
+            os.unlink(marker)
+            return True
 
     def paused_here(self) -> bool:
         """Whether this process holds the container paused (the user's pause).
@@ -580,9 +604,20 @@ def start_lock_path(container: str) -> str:
     return os.path.join(hutch_home(), "docker", "starts", container)
 
 
+def frozen_marker_path(container: str) -> str:
+    """The file that says hutch holds ``container`` paused for a step of its own."""
+    return start_lock_path(container) + ".frozen"
+
+
+def _writable_marker(path: str) -> str | None:
+    """``path`` if a marker can be kept there (None: a read-only home)."""
+    return path if os.access(os.path.dirname(path), os.W_OK) else None
+
+
 def drop_start_locks(container: str) -> None:
     """A removed container's lock files go with it."""
-    for path in (start_lock_path(container), start_lock_path(container) + ".gate"):
+    for path in (start_lock_path(container), start_lock_path(container) + ".gate",
+                 frozen_marker_path(container)):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
 
@@ -842,6 +877,9 @@ class _ChunkReader(io.RawIOBase):
 EXEC_DRAIN_SECONDS = 15.0
 #: The longest a quiet exec goes without a look at whether its process is there.
 EXEC_CHECK_MAX_SECONDS = 2.0
+#: Output pieces an exec's reader thread hands on before it waits for them
+#: to be taken: a consumer slower than the command holds this much, not all.
+EXEC_QUEUE_CHUNKS = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -904,6 +942,10 @@ class DockerProcess(FutureExitProcess):
         self._first = True
         self._held: bytes | None = None
         self._eof = False
+        #: Room in the queue for output; given back as the reader takes it.
+        self._room = threading.Semaphore(EXEC_QUEUE_CHUNKS)
+        #: Set by kill: nobody may read on, so the thread stops waiting for room.
+        self._abandoned = threading.Event()
         if request.stdin is not None:
             threading.Thread(target=self._feed, args=(request.stdin,), daemon=True).start()
         threading.Thread(target=self._pump, daemon=True).start()
@@ -1006,7 +1048,8 @@ class DockerProcess(FutureExitProcess):
                 payload = self._recv_exact(size, poller)
                 if payload is None:
                     break
-                self._post(OutputChunk("stderr" if kind == 2 else "stdout", payload))
+                if self._wait_for_room():
+                    self._post(OutputChunk("stderr" if kind == 2 else "stdout", payload))
             code = self._inspect_exit_code()
             if code == 128 + 9 and self._oom_before is not None:
                 after = oom_kills(self._sandbox.container_id or "")
@@ -1023,6 +1066,14 @@ class DockerProcess(FutureExitProcess):
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(self._set_exit, code, failure)
             self._post(None)
+
+    def _wait_for_room(self) -> bool:
+        """Wait until the queue has room for a piece of output; False (drop
+        it) once the exec is being killed and nobody takes what is queued."""
+        while not self._room.acquire(timeout=0.5):
+            if self._abandoned.is_set():
+                return False
+        return True
 
     def _inspect_exit_code(self) -> int:
         """The exit status the Engine records; it may come a moment after the
@@ -1066,6 +1117,7 @@ class DockerProcess(FutureExitProcess):
             if item is None:
                 self._eof = True
                 break
+            self._room.release()
             if self._first:
                 self._first = False
                 # The runtime reports a failed start as output plus exit 126:
@@ -1091,6 +1143,7 @@ class DockerProcess(FutureExitProcess):
         return None
 
     async def kill(self, grace: float) -> None:
+        self._abandoned.set()
         if self._exit.done():
             return
         with contextlib.suppress(HutchError):
@@ -1155,6 +1208,12 @@ async def _oom_message(container_id: str) -> str:
     return f"the OOM killer killed a process in it: it reached its memory limit{within}"
 
 
+def _suspended_state_removed(image_id: str, sandbox_id: str) -> str:
+    """The reason a sandbox whose suspend image went fails."""
+    return (f"its suspended state (image {image_id.removeprefix('sha256:')[:12]}, "
+            f"{SUSPENDED_REPOSITORY}:{sandbox_id}) was removed outside hutch")
+
+
 async def _death_reason(container_id: str, action: str) -> str:
     """What happened to a container that died or went, in words for a person."""
     short = container_id[:12]
@@ -1198,6 +1257,7 @@ def commit_state(
     *,
     flatten: bool = False,
     stopped: bool = False,
+    fault: str = "snapshot.docker.frozen",
 ) -> str:
     """Write ``container``'s file system to ``repository:tag``; its image id.
 
@@ -1207,6 +1267,7 @@ def commit_state(
     stack ``base_image``'s layers past :data:`MAX_SUSPEND_LAYERS` flattens,
     since overlay2 stops at 128; ``flatten`` asks for one regardless.
     ``stopped``: the caller has paused the container, under its freeze guard.
+    ``fault``: the fault point (:mod:`hutch._faults`) of the step, inside its freeze.
     """
     depth = len(api.inspect_image(base_image)["RootFS"].get("Layers") or [])
     if flatten or depth >= MAX_SUSPEND_LAYERS:
@@ -1219,6 +1280,7 @@ def commit_state(
     # Paused by the guard, not by the commit's own pause: that one trusts the
     # Engine's lagging flag, and could undo the user's pause.
     with freeze_guard(container).frozen(api, container):
+        fault_point(fault)
         image = api.commit(container, repository=repository, tag=tag, conf={"Labels": labels},
                            pause=False)
     return str(image["Id"])
@@ -1664,8 +1726,7 @@ class DockerSandbox(NativeBackend):
                 if image == self.suspended_image:
                     # Its state, which no registry has: never a pull.
                     raise RuntimeLost(
-                        f"its suspended state (image {image.removeprefix('sha256:')[:12]}, "
-                        f"{SUSPENDED_REPOSITORY}:{self.sandbox_id}) was removed outside hutch"
+                        _suspended_state_removed(image, self.sandbox_id)
                     ) from None
                 if not cfg.pull_if_missing or image.startswith(SUSPENDED_REPOSITORY):
                     raise NotFound(f"image {image!r} is not on this Docker Engine") from None
@@ -1780,18 +1841,23 @@ class DockerSandbox(NativeBackend):
             description.get("chain"),
             bool(description.get("layered")),
         )
-        if sandbox.container_id is not None and not await sandbox.is_alive():
-            # The container on record is gone, but the sandbox may have one
-            # under its name that the record missed (a suspend undone because
-            # the store could not keep it resumed into a new container)...
+        if not await sandbox.is_alive():
+            # The container on record is gone (or none is), but the sandbox
+            # may have one under its name that the record missed (a suspend
+            # undone because the store could not keep it, a resume cut short
+            # after its container started)...
             try:
                 details = await _call(engine().inspect_container, sandbox.container_name)
             except SandboxUnavailable:
                 details = None
             labels = ((details or {}).get("Config") or {}).get("Labels") or {}
-            if details is not None and labels.get(SANDBOX_LABEL) == sandbox_id:
+            state = (details or {}).get("State") or {}
+            up = bool(state.get("Running") or state.get("Paused"))
+            if details is not None and labels.get(SANDBOX_LABEL) == sandbox_id and (
+                up or sandbox.container_id is not None
+            ):
                 sandbox.container_id = str(details["Id"])
-            else:
+            elif sandbox.container_id is not None:
                 # ... or none, and its state in its suspend image (suspended
                 # by a program whose suspend the record missed).
                 suspended = await sandbox._own_suspend_image()
@@ -1800,7 +1866,29 @@ class DockerSandbox(NativeBackend):
                     sandbox.suspended_image = suspended
         if sandbox.layered:
             await sandbox._mend_capture_cut_short()
+        if sandbox.container_id is not None and await sandbox._container_exists():
+            # A freeze of hutch's own (a commit, a capture) that its program
+            # died inside is undone: the container was never the user's to pause.
+            await _call(freeze_guard(sandbox.container_id).thaw_left_freeze, engine(),
+                        sandbox.container_id)
         return sandbox
+
+    async def observed_state(self) -> RuntimeState:
+        """The container's own state: paused, running, or gone (stopped or
+        removed), or suspended in its suspend image."""
+        if self.container_id is not None:
+            try:
+                details = await _call(engine().inspect_container, self.container_id)
+            except SandboxUnavailable:
+                details = None  # no such container
+            if details is not None:
+                state = details.get("State") or {}
+                if state.get("Paused"):
+                    return RuntimeState.PAUSED
+                return RuntimeState.RUNNING if state.get("Running") else RuntimeState.GONE
+        if await self.is_suspended():
+            return RuntimeState.SUSPENDED
+        return RuntimeState.GONE
 
     async def _own_suspend_image(self) -> str | None:
         """The id of this sandbox's suspend image, if the engine has one."""
@@ -2283,10 +2371,12 @@ class DockerSandbox(NativeBackend):
 
         image_id = await _call(
             commit_state, api, container, previous or self.base_image, SUSPENDED_REPOSITORY,
-            self.sandbox_id, labels,
+            self.sandbox_id, labels, fault="suspend.docker.frozen",
         )
+        fault_point("suspend.docker.committed")
         self.suspended_image = image_id
         await _call(api.remove_container, container, force=True)
+        fault_point("suspend.docker.removed")
         drop_start_locks(container)
         self.container_id = None
         await anyio.to_thread.run_sync(self._release_network_policy)
@@ -2306,6 +2396,7 @@ class DockerSandbox(NativeBackend):
             return
         image = self.suspended_image or configured_image(self.config)
         await self._start_container(image)
+        fault_point("resume.docker.started")
 
     async def memory_bytes(self) -> int | None:
         if self.container_id is None:
@@ -2435,6 +2526,7 @@ class DockerSandbox(NativeBackend):
             # Not the Engine's "Paused" (it lags): the guard knows whose pause it is.
             with freeze_guard(container).frozen(api, container,
                                                 marker=self._paused_for_capture()):
+                fault_point("snapshot.docker.frozen-layered")
                 return freeze_then_commit(holder)
 
     def _paused_for_capture(self) -> str:
@@ -2609,31 +2701,53 @@ class DockerSandbox(NativeBackend):
     @classmethod
     async def watch_runtimes(cls, report: RuntimeReport) -> None:
         """Docker's event stream: every hutch container that dies or is
-        removed is reported, with what its last inspect says happened."""
+        removed is reported, with what its last inspect says happened, and
+        every image of a sandbox's that is deleted (a suspended sandbox's
+        state, if it was that one)."""
         loop = asyncio.get_running_loop()
         deaths: asyncio.Queue[tuple[str, str, str]] = asyncio.Queue()
         stop = threading.Event()
         current: list[Any] = []
 
+        #: Image id -> the sandbox whose labelled image lost a tag: an image's
+        #: delete event carries no labels, its untag before it does.
+        untagged: dict[str, str] = {}
+
         def pump() -> None:
             backoff = 0.5
             while not stop.is_set():
                 try:
+                    # No label filter: an image's delete event has no labels to match.
                     stream = engine().events(decode=True, filters={
-                        "type": "container", "label": f"{MANAGED_LABEL}=1",
-                        "event": ["die", "destroy", "oom"],
+                        "type": ["container", "image"],
+                        "event": ["die", "destroy", "oom", "untag", "delete"],
                     })
                     current[:] = [stream]
                     backoff = 0.5
                     for event in stream:
                         actor = event.get("Actor") or {}
-                        sandbox_id = (actor.get("Attributes") or {}).get(SANDBOX_LABEL)
+                        attributes = actor.get("Attributes") or {}
+                        thing = str(actor.get("ID") or "")
+                        action = str(event.get("Action") or event.get("status") or "")
+                        sandbox_id = attributes.get(SANDBOX_LABEL)
+                        if event.get("Type") == "image":
+                            if action == "untag" and sandbox_id and attributes.get(
+                                MANAGED_LABEL
+                            ) == "1":
+                                if len(untagged) > 1000:
+                                    untagged.pop(next(iter(untagged)))
+                                untagged[thing] = sandbox_id
+                                continue
+                            if action != "delete" or thing not in untagged:
+                                continue
+                            sandbox_id, action = untagged.pop(thing), "image deleted"
+                        elif attributes.get(MANAGED_LABEL) != "1":
+                            continue
                         if sandbox_id:
                             with contextlib.suppress(RuntimeError):  # the loop is gone
-                                loop.call_soon_threadsafe(deaths.put_nowait, (
-                                    sandbox_id, str(actor.get("ID") or ""),
-                                    str(event.get("Action") or event.get("status") or ""),
-                                ))
+                                loop.call_soon_threadsafe(
+                                    deaths.put_nowait, (sandbox_id, thing, action)
+                                )
                 except Exception as exc:
                     if not stop.is_set():
                         log.info("docker event stream broke (%s); reconnecting", exc)
@@ -2646,7 +2760,14 @@ class DockerSandbox(NativeBackend):
                     preserved_container_removed, sandbox_id
                 ):
                     return  # its sandbox was deleted before: nothing to fail
-                if action == "oom":
+                if action == "image deleted":
+                    # Told of every image of the sandbox's; it fails only if this
+                    # was the state it is suspended in (checked by is_suspended).
+                    await report(RuntimeNotice(
+                        sandbox_id, _suspended_state_removed(container_id, sandbox_id),
+                        of_suspended=True,
+                    ))
+                elif action == "oom":
                     # A process in it hit the memory limit; a die follows if it was PID 1.
                     await report(RuntimeNotice(
                         sandbox_id, await _oom_message(container_id), may_have_died=False

@@ -8,8 +8,9 @@ route through the host, which masquerades the range out. The policy itself
 namespace and on the host for what arrives on ``hb<index>``: the host itself
 (any address it has, now or later), every other sandbox, loopback,
 link-local, metadata, private and CGNAT ranges are unreachable unless the
-allow list names them. The sandbox has no capabilities, so it cannot change
-the rules or its addresses.
+allow list names them. The sandbox has no capability over its network
+namespace (the host's root owns it, not the sandbox's user namespace), so it
+cannot change the rules or its addresses.
 
 An index is held by a file under ``/run/hutch/bubblewrap-net`` (host-wide:
 every hutch on the host shares the range) made with O_EXCL, so concurrent
