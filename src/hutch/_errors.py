@@ -27,7 +27,8 @@ The tree::
     ├── SetupFailed                     setup_failed          422
     ├── ResourceExhausted               resource_exhausted    429
     ├── ProviderError                   provider_error        502
-    └── StoreUnavailable                store_unavailable     503
+    ├── StoreUnavailable                store_unavailable     503
+    └── DaemonBusy                      daemon_busy           503
 
 Subclasses that match a built-in also derive from it, so ``except
 FileNotFoundError`` works on a sandbox file exactly as on a host file. The
@@ -139,6 +140,13 @@ class InvalidArgument(HutchError, ValueError):
     http_status = 400
 
 
+class NoSuchUser(InvalidArgument):
+    """A command asked to run as a user the sandbox does not have. Never seen
+    by callers of exec: as on every other execution API, such a command is
+    one that failed to start (exit 126, the reason on stderr); elsewhere (a
+    PTY) it is the ``invalid_argument`` it derives from."""
+
+
 class SandboxExpired(HutchError):
     """A sandbox terminated because it crossed a time bound."""
 
@@ -199,6 +207,16 @@ class StoreUnavailable(HutchError):
     http_status = 503
 
 
+class DaemonBusy(HutchError):
+    """The daemon holds as much of callers' bytes in memory as its budget
+    allows (see hutch._membudget): this call's were refused, nothing was
+    done, and it may be tried again once others end. 503, as a server too
+    busy for a request says: no fault of the caller's nor of the sandbox's."""
+
+    code = "daemon_busy"
+    http_status = 503
+
+
 class SetupFailed(HutchError):
     """A setup step exited non-zero: its exit code and the tail of its output.
     Nothing of that run is recorded as a good snapshot."""
@@ -243,7 +261,11 @@ def _all_subclasses(root: type[HutchError]) -> list[type[HutchError]]:
 
 
 _ALL_ERRORS: list[type[HutchError]] = [HutchError, *_all_subclasses(HutchError)]
-ERRORS_BY_CODE: dict[str, type[HutchError]] = {cls.code: cls for cls in _ALL_ERRORS}
+#: Only a class that declares its own code stands for it on the wire (a
+#: refinement such as NoSuchUser travels as its parent's code).
+ERRORS_BY_CODE: dict[str, type[HutchError]] = {
+    cls.code: cls for cls in _ALL_ERRORS if "code" in cls.__dict__
+}
 
 
 def error_from_code(code: str, message: str) -> HutchError:

@@ -8,9 +8,12 @@ way the image ends as two things with the same name:
 
 - ``$HUTCH_HOME/images/<name>/rootfs``: the unpacked root file system a
   ``bubblewrap`` sandbox stands on (``image="<name>"``), shared read-only;
-- the Docker image ``<name>`` (imported from that root file system when it
-  was built from packages), which a ``docker`` sandbox runs
-  (``image="<name>"``) when a Docker Engine is there.
+- a Docker image (imported from that root file system when it was built
+  from packages), which a ``docker`` sandbox runs (``image="<name>"``) when a
+  Docker Engine is there. Its tag is scoped to the hutch home
+  (``hutch-<home id>/<name>``): Docker's tags are the whole host's, a hutch
+  image name is its data directory's, and two homes building one name must
+  not replace or remove each other's image.
 
 ``ls`` says how big each is and which sandboxes stand on it; ``rm`` refuses
 an image in use unless forced.
@@ -19,6 +22,7 @@ an image in use unless forced.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -31,6 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._errors import InvalidArgument, InvalidState, NotFound, ProviderError
+from ._faults import fault_point
+from ._liveness import still_running, this_process
 from ._paths import hutch_home
 
 #: Names Docker takes as a repository (and hutch as a directory).
@@ -59,6 +65,27 @@ def _directory(name: str) -> str:
     return os.path.join(images_home(), _check_name(name).replace(":", "@"))
 
 
+def docker_tag(name: str) -> str:
+    """The Docker tag of this home's hutch image ``name``."""
+    home = os.path.realpath(hutch_home()).encode()
+    return f"hutch-{hashlib.sha256(home).hexdigest()[:12]}/{_check_name(name)}"
+
+
+def docker_reference(image: str) -> str:
+    """The Docker image a ``docker`` sandbox asking for ``image`` runs: this
+    home's hutch image of that name where one was built, else ``image`` as
+    Docker knows it."""
+    if not _NAME.match(image):
+        return image
+    try:
+        with open(os.path.join(_directory(image), "image.json")) as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return image
+    # Built before tags were scoped: Docker has it under its bare name.
+    return str(data.get("docker_tag") or image) if "docker_tag" in data else image
+
+
 def hutch_image_rootfs(name: str) -> str | None:
     """The unpacked root file system of hutch image ``name``, if it was built."""
     if not _NAME.match(name):
@@ -76,11 +103,14 @@ class ImageInfo:
     packages: list[str] = field(default_factory=list)
     #: Sandboxes standing on it: bubblewrap sandbox ids, docker container names.
     users: list[str] = field(default_factory=list)
+    #: Its Docker image's tag, where it has one.
+    docker_tag: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "name": self.name, "source": self.source, "size_bytes": self.size_bytes,
             "created_unix": self.created_unix, "packages": self.packages, "users": self.users,
+            "docker_tag": self.docker_tag,
         }
 
 
@@ -157,22 +187,31 @@ def build(
             f"Docker already has an image {name} that hutch did not build; choose another name"
         )
     os.makedirs(images_home(), exist_ok=True)
-    work = tempfile.mkdtemp(prefix=".build-", dir=images_home())
+    _remove_dead_builds()
+    pid, start = this_process()
+    # Named by its builder: a build whose process died is found and removed.
+    work = tempfile.mkdtemp(prefix=f".build-{pid}-{start}-", dir=images_home())
     rootfs = os.path.join(work, "rootfs")
+    tag = docker_tag(name)
     try:
         if dockerfile is not None:
             source = "dockerfile"
-            _from_dockerfile(name, dockerfile, context, rootfs, progress)
+            _from_dockerfile(tag, dockerfile, context, rootfs, progress)
+            in_docker = True
         else:
             source = "packages"
             _from_packages(list(packages), rootfs, progress)
-            if _docker_available():
+            in_docker = _docker_available()
+            if in_docker:
                 progress(f"importing {name} into Docker")
                 _run(["sh", "-c", 'tar -C "$0" -c . | docker import --change "$2" - "$1"',
-                      rootfs, name, f"LABEL {_LABEL}=1"], "docker import", progress)
-        info = ImageInfo(name, source, _disk_usage(rootfs), time.time(), list(packages))
+                      rootfs, tag, f"LABEL {_LABEL}=1"], "docker import", progress)
+        fault_point("image-build.unpacked")
+        info = ImageInfo(name, source, _disk_usage(rootfs), time.time(), list(packages),
+                         docker_tag=tag if in_docker else None)
         with open(os.path.join(work, "image.json"), "w") as fh:
             json.dump(info.as_dict(), fh)
+        fault_point("image-build.described")
         if os.path.isdir(directory):
             shutil.rmtree(directory)
         os.rename(work, directory)
@@ -183,22 +222,35 @@ def build(
     return info
 
 
+def _remove_dead_builds() -> None:
+    """Remove what builds whose process died (killed part-way) left."""
+    for entry in os.listdir(images_home()):
+        if not entry.startswith(".build-"):
+            continue
+        try:
+            pid, start = (int(x) for x in entry.split("-")[1:3])
+        except ValueError:
+            continue  # not one of ours (or of a hutch before builds were named)
+        if not still_running(pid, start):
+            shutil.rmtree(os.path.join(images_home(), entry), ignore_errors=True)
+
+
 def _from_dockerfile(
-    name: str, dockerfile: str, context: str | None, rootfs: str, progress: Progress
+    tag: str, dockerfile: str, context: str | None, rootfs: str, progress: Progress
 ) -> None:
     if not os.path.isfile(dockerfile):
         raise NotFound(f"no Dockerfile at {dockerfile}")
     if not _docker_available():
         raise ProviderError("building from a Dockerfile needs a Docker Engine")
     context = context or os.path.dirname(os.path.abspath(dockerfile))
-    progress(f"docker build -t {name}")
-    _run(["docker", "build", "--label", f"{_LABEL}=1", "-t", name, "-f", dockerfile, context],
+    progress(f"docker build -t {tag}")
+    _run(["docker", "build", "--label", f"{_LABEL}=1", "-t", tag, "-f", dockerfile, context],
          "docker build", progress, env={**os.environ, "DOCKER_BUILDKIT": "0"})
     progress("unpacking its file system")
     os.makedirs(rootfs)
     _run(["sh", "-c",
           'id=$(docker create "$1" /bin/true) && docker export "$id" | tar -x -C "$0"; '
-          'rc=$?; docker rm -f "$id" >/dev/null; exit $rc', rootfs, name],
+          'rc=$?; docker rm -f "$id" >/dev/null; exit $rc', rootfs, tag],
          "docker export", progress)
 
 
@@ -216,19 +268,10 @@ def _from_packages(packages: list[str], rootfs: str, progress: Progress) -> None
             f"no bookworm base: neither {MINBASE_TAR} (scripts/ensure-docker.sh caches it) "
             "nor debootstrap is on this host"
         )
-    # apt inside bubblewrap, with the host's network and resolver and root's
-    # capabilities (package scripts chown); the build is the operator's.
-    resolv = os.path.realpath("/etc/resolv.conf")
-    inside = [
-        "bwrap", "--bind", rootfs, "/", "--proc", "/proc", "--dev", "/dev",
-        "--tmpfs", "/tmp", "--ro-bind", resolv, "/etc/resolv.conf",
-        "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent",
-        "--setenv", "DEBIAN_FRONTEND", "noninteractive",
-        "--setenv", "PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        "--",
-    ]
+    inside = _apt_sandbox(rootfs)
     progress("apt-get update")
-    _run([*inside, "apt-get", "update"], "apt-get update", progress)
+    # A source that fails to update fails the build (apt's default only warns).
+    _run([*inside, "apt-get", "update", "--error-on=any"], "apt-get update", progress)
     progress(f"apt-get install {' '.join(packages)}")
     _run([*inside, "apt-get", "install", "-y", "--no-install-recommends", *packages],
          "apt-get install", progress)
@@ -237,7 +280,26 @@ def _from_packages(packages: list[str], rootfs: str, progress: Progress) -> None
     os.makedirs(os.path.join(rootfs, "var/lib/apt/lists/partial"), exist_ok=True)
 
 
-def _users(rootfs: str, name: str) -> list[str]:
+def _apt_sandbox(rootfs: str) -> list[str]:
+    """The argv prefix that runs a command on ``rootfs`` for an image build:
+    apt inside bubblewrap, with the host's network and resolver and root's
+    capabilities (package scripts chown); the build is the operator's."""
+    resolv = os.path.realpath("/etc/resolv.conf")
+    return [
+        "bwrap", "--bind", rootfs, "/", "--proc", "/proc", "--dev", "/dev",
+        # /tmp as on any Debian system (1777): apt-get update hands its
+        # downloads to the unprivileged _apt user, which writes there; under a
+        # 0755 /tmp every source failed and the build went on with the base's
+        # stale package lists.
+        "--perms", "1777", "--tmpfs", "/tmp", "--ro-bind", resolv, "/etc/resolv.conf",
+        "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent",
+        "--setenv", "DEBIAN_FRONTEND", "noninteractive",
+        "--setenv", "PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "--",
+    ]
+
+
+def _users(rootfs: str, tag: str | None) -> list[str]:
     users: list[str] = []
     sandboxes = os.path.join(hutch_home(), "bubblewrap", "sandboxes")
     with contextlib.suppress(FileNotFoundError):
@@ -248,9 +310,9 @@ def _users(rootfs: str, name: str) -> list[str]:
                         users.append(f"bubblewrap:{sandbox}")
             except (OSError, ValueError):
                 continue
-    if _docker_available():
+    if tag is not None and _docker_available():
         listed = subprocess.run(
-            ["docker", "ps", "-a", "--filter", f"ancestor={name}", "--format", "{{.Names}}"],
+            ["docker", "ps", "-a", "--filter", f"ancestor={tag}", "--format", "{{.Names}}"],
             capture_output=True, text=True, check=False,
         )
         users.extend(f"docker:{n}" for n in listed.stdout.split())
@@ -264,10 +326,13 @@ def inspect(name: str) -> ImageInfo:
             data = json.load(fh)
     except (OSError, ValueError):
         raise NotFound(f"no hutch image {name!r} (hutch image build {name} ...)") from None
+    # Built before tags were scoped: Docker has it under its bare name.
+    tag = data.get("docker_tag") if "docker_tag" in data else name
     return ImageInfo(
         str(data["name"]), str(data["source"]), int(data["size_bytes"]),
         float(data["created_unix"]), [str(p) for p in data.get("packages") or []],
-        _users(os.path.join(directory, "rootfs"), name),
+        _users(os.path.join(directory, "rootfs"), tag and str(tag)),
+        docker_tag=tag and str(tag),
     )
 
 
@@ -294,5 +359,5 @@ def remove(name: str, *, force: bool = False) -> None:
             "(or force, which breaks them)"
         )
     shutil.rmtree(_directory(name), ignore_errors=True)
-    if _docker_image_owner(name) == "hutch":
-        subprocess.run(["docker", "rmi", "-f", name], capture_output=True, check=False)
+    if info.docker_tag is not None and _docker_image_owner(info.docker_tag) == "hutch":
+        subprocess.run(["docker", "rmi", "-f", info.docker_tag], capture_output=True, check=False)

@@ -22,7 +22,6 @@ import fcntl
 import functools
 import hashlib
 import io
-import ipaddress
 import json
 import logging
 import os
@@ -32,7 +31,6 @@ import shutil
 import signal
 import socket
 import struct
-import subprocess
 import tarfile
 import tempfile
 import threading
@@ -45,11 +43,12 @@ from typing import IO, Annotated, Any, Literal
 
 import anyio
 import anyio.to_thread
-from pydantic import ConfigDict, Field
+from pydantic import AfterValidator, ConfigDict, Field
 
 from .._errors import (
     HutchError,
     InvalidArgument,
+    NoSuchUser,
     NotFound,
     OutputLimitExceeded,
     ProviderError,
@@ -59,6 +58,7 @@ from .._errors import (
     SandboxPermissionDenied,
     SandboxUnavailable,
 )
+from .._faults import fault_point
 from .._globmatch import compile_glob
 from .._paths import hutch_home, sandbox_workdir
 from .._types import (
@@ -69,8 +69,12 @@ from .._types import (
     GrepMatch,
     OutputChunk,
 )
-from . import _layers
+from . import _dockernet, _layers
 from ._diskcap import image_for, mount_capped, unmount_capped
+from ._docker_outside import (
+    kept_for_preserved_container,
+    preserved_container_removed,
+)
 from ._grep import GREP_OUTPUT_LIMIT, matching_indices
 from ._grepfilter import LINE_BREAK_CHARS as _LINE_BREAK_CHARS
 from ._grepfilter import LINE_BREAKS as _LINE_BREAKS
@@ -84,15 +88,21 @@ from .base import (
     ProcessRequest,
     ProviderSettings,
     ProviderSnapshot,
+    RuntimeLost,
     RuntimeNotice,
     RuntimeReport,
+    RuntimeState,
     SandboxRuntime,
     bounded_pieces,
 )
-from .network import NetworkPolicy, apply_in_namespace, host_addresses
+from .network import NetworkPolicy
 from .policy import (
+    DiskSize,
     Limit,
+    MemorySize,
+    NotBool,
     ReachesHost,
+    SandboxDirectory,
     format_bytes,
     keeps_dropped,
     no_key_prefix,
@@ -144,9 +154,20 @@ AGENT_RECOVER_TIMEOUT = 4.0
 #: Go's os.ModeDir and os.ModeSymlink bits, as the archive stat header uses them.
 _GO_MODE_DIR = 1 << 31
 _GO_MODE_SYMLINK = 1 << 27
+#: Go's device, named pipe, socket, character device and irregular bits.
+_GO_MODE_SPECIAL = (1 << 26) | (1 << 25) | (1 << 24) | (1 << 21) | (1 << 19)
+#: Go's setuid, setgid and sticky bits, and POSIX's.
+_GO_MODE_PERMISSION_BITS = ((1 << 23, 0o4000), (1 << 22, 0o2000), (1 << 20, 0o1000))
 #: Ceilings of the settings, as the kernel takes them (pid_max's own ceiling).
 MAX_CPUS = 4096.0
 MAX_PIDS = 4 * 1024 * 1024
+
+
+def _bind_target(path: str) -> str:
+    # The Engine reads a bind as "host:container:options".
+    if ":" in path or "," in path:
+        raise ValueError(f"{path!r}: a mount point has no ':' or ','")
+    return path
 
 
 class DockerConfig(ProviderSettings):
@@ -154,8 +175,9 @@ class DockerConfig(ProviderSettings):
 
     type: Literal["docker"] = "docker"
     image: str = "hutch-test:bookworm"
-    #: Where the sandbox's working directory is mounted inside the container.
-    mount_point: str = "/workspace"
+    #: Where the sandbox's working directory is mounted inside the container
+    #: (a directory of its own: never /proc, /sys, /dev or a system directory).
+    mount_point: Annotated[SandboxDirectory, AfterValidator(_bind_target)] = "/workspace"
     #: Host directory bound at the mount point; a fresh one under hutch's data
     #: directory when unset (and then removed with the sandbox).
     host_workdir: Annotated[
@@ -172,14 +194,16 @@ class DockerConfig(ProviderSettings):
     #: Extra bind mounts, ``host:container[:ro]``.
     mounts: Annotated[list[str], ReachesHost("binds host paths into the sandbox")] = []
     #: Memory limit, as Docker takes it (``512m``, ``2g``).
-    memory: Annotated[str | None, Limit("memory", parse_bytes, format_bytes)] = None
+    memory: Annotated[MemorySize | None, Limit("memory", parse_bytes, format_bytes)] = None
     #: Size cap on the working directory hutch makes (``10g``): a file system
     #: of its own, nosuid and nodev, loop-mounted (needs root). Not applied
     #: to a ``host_workdir``, nor to what is written outside the mount point.
-    disk: Annotated[str | None, Limit("disk", parse_bytes, format_bytes)] = None
+    disk: Annotated[DiskSize | None, Limit("disk", parse_bytes, format_bytes)] = None
     #: CPU quota in CPUs (``1.5``).
-    cpus: Annotated[float | None, Limit("cpus")] = Field(default=None, gt=0, le=MAX_CPUS)
-    pids_limit: Annotated[int, Limit("pids", int, int)] = Field(default=1024, gt=0, le=MAX_PIDS)
+    cpus: Annotated[float | None, Limit("cpus"), NotBool] = Field(default=None, gt=0, le=MAX_CPUS)
+    pids_limit: Annotated[int, Limit("pids", int, int), NotBool] = Field(
+        default=1024, gt=0, le=MAX_PIDS
+    )
     pull_if_missing: bool = True
     env: dict[str, str] = {}
     #: Container labels; hutch's own (``hutch.*``) say what it manages and
@@ -469,11 +493,13 @@ class FreezeGuard:
         """``container`` paused for the block, by hutch. One paused already
         (the user's pause, another program's) is left paused, as it was.
         ``marker``: a file that exists while hutch holds the container paused,
-        for a program that finds it after this one died inside the block."""
+        for a program that finds it after this one died inside the block
+        (by default the container's own, which :meth:`thaw_left_freeze` reads)."""
         with self.freezing():
             if self._paused is True:  # the user's pause: already frozen, and theirs
                 yield
                 return
+            marker = marker or _writable_marker(frozen_marker_path(container))
             if marker is not None:
                 with open(marker, "w"):
                     pass
@@ -492,6 +518,26 @@ class FreezeGuard:
                     self._engine_unpause(api, container)
                     if marker is not None:
                         os.unlink(marker)
+
+    def thaw_left_freeze(self, api: Any, container: str) -> bool:
+        """Unpause ``container`` if a program died inside :meth:`frozen` (its
+        marker is left: the pause was hutch's, for a step cut short, never
+        the user's); whether it did. Under ``freezing``, which waits out a
+        freeze another living program holds (its marker is not left)."""
+        import docker.errors
+
+        marker = frozen_marker_path(container)
+        with self.freezing():
+            if not os.path.exists(marker):
+                return False
+            try:
+                api.unpause(container)
+            except docker.errors.APIError as exc:
+                if "is not paused" not in str(exc):
+                    raise
+            self._paused = False
+            os.unlink(marker)
+            return True
 
     def paused_here(self) -> bool:
         """Whether this process holds the container paused (the user's pause).
@@ -566,9 +612,20 @@ def start_lock_path(container: str) -> str:
     return os.path.join(hutch_home(), "docker", "starts", container)
 
 
+def frozen_marker_path(container: str) -> str:
+    """The file that says hutch holds ``container`` paused for a step of its own."""
+    return start_lock_path(container) + ".frozen"
+
+
+def _writable_marker(path: str) -> str | None:
+    """``path`` if a marker can be kept there (None: a read-only home)."""
+    return path if os.access(os.path.dirname(path), os.W_OK) else None
+
+
 def drop_start_locks(container: str) -> None:
     """A removed container's lock files go with it."""
-    for path in (start_lock_path(container), start_lock_path(container) + ".gate"):
+    for path in (start_lock_path(container), start_lock_path(container) + ".gate",
+                 frozen_marker_path(container)):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
 
@@ -661,6 +718,32 @@ def list_managed_containers(*, with_labels: bool = False) -> list[tuple[str, str
     ]
 
 
+
+
+def _own_image_bytes(api: Any, image_id: str) -> int:
+    """What image ``image_id`` holds of its own: its size less its parent's
+    (a commit's layer over the image it ran from), or all of it where it
+    stands alone (flattened). Docker's ``Size`` counts every layer below."""
+    import docker.errors
+
+    image = api.inspect_image(image_id)
+    total = int(image.get("Size") or 0)
+    parent = image.get("Parent")
+    if not parent:
+        return total
+    try:
+        below = int(api.inspect_image(parent).get("Size") or 0)
+    except docker.errors.ImageNotFound:
+        return total
+    return max(0, total - below)
+
+
+def configured_image(config: DockerConfig) -> str:
+    """The Docker image ``config.image`` names: this home's hutch image of that
+    name (its tag is scoped to the home), else Docker's own."""
+    from ..images import docker_reference
+
+    return docker_reference(config.image)
 
 
 def _pull(api: Any, image: str) -> None:
@@ -757,7 +840,7 @@ def _oci_error(message: str, request: ProcessRequest, *, pids_refused: bool) -> 
     meanwhile (runc's own processes, once inside the container's cgroup, are
     refused there, and it says only that its child went away)."""
     if "unable to find user" in message or "unable to find group" in message:
-        return InvalidArgument(f"no such user {request.user!r}")
+        return NoSuchUser(f"no such user {request.user!r}")
     if "chdir to cwd" in message:
         return SandboxFileNotFound(f"working directory {request.cwd} does not exist")
     if "permission denied" in message:
@@ -802,6 +885,9 @@ class _ChunkReader(io.RawIOBase):
 EXEC_DRAIN_SECONDS = 15.0
 #: The longest a quiet exec goes without a look at whether its process is there.
 EXEC_CHECK_MAX_SECONDS = 2.0
+#: Output pieces an exec's reader thread hands on before it waits for them
+#: to be taken: a consumer slower than the command holds this much, not all.
+EXEC_QUEUE_CHUNKS = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -864,6 +950,10 @@ class DockerProcess(FutureExitProcess):
         self._first = True
         self._held: bytes | None = None
         self._eof = False
+        #: Room in the queue for output; given back as the reader takes it.
+        self._room = threading.Semaphore(EXEC_QUEUE_CHUNKS)
+        #: Set by kill: nobody may read on, so the thread stops waiting for room.
+        self._abandoned = threading.Event()
         if request.stdin is not None:
             threading.Thread(target=self._feed, args=(request.stdin,), daemon=True).start()
         threading.Thread(target=self._pump, daemon=True).start()
@@ -966,7 +1056,8 @@ class DockerProcess(FutureExitProcess):
                 payload = self._recv_exact(size, poller)
                 if payload is None:
                     break
-                self._post(OutputChunk("stderr" if kind == 2 else "stdout", payload))
+                if self._wait_for_room():
+                    self._post(OutputChunk("stderr" if kind == 2 else "stdout", payload))
             code = self._inspect_exit_code()
             if code == 128 + 9 and self._oom_before is not None:
                 after = oom_kills(self._sandbox.container_id or "")
@@ -983,6 +1074,14 @@ class DockerProcess(FutureExitProcess):
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(self._set_exit, code, failure)
             self._post(None)
+
+    def _wait_for_room(self) -> bool:
+        """Wait until the queue has room for a piece of output; False (drop
+        it) once the exec is being killed and nobody takes what is queued."""
+        while not self._room.acquire(timeout=0.5):
+            if self._abandoned.is_set():
+                return False
+        return True
 
     def _inspect_exit_code(self) -> int:
         """The exit status the Engine records; it may come a moment after the
@@ -1026,6 +1125,7 @@ class DockerProcess(FutureExitProcess):
             if item is None:
                 self._eof = True
                 break
+            self._room.release()
             if self._first:
                 self._first = False
                 # The runtime reports a failed start as output plus exit 126:
@@ -1039,14 +1139,19 @@ class DockerProcess(FutureExitProcess):
             if await asyncio.shield(self._exit) == 126:
                 before = self._pids_before
                 after = pids_refusals(self._sandbox.container_id or "")
-                raise _oci_error(
+                error = _oci_error(
                     held.decode("utf-8", "replace"), self._request,
                     pids_refused=before is not None and after is not None and after > before,
                 )
+                if isinstance(error, NoSuchUser):
+                    # A command that could not start: its reason, and exit 126.
+                    return OutputChunk("stderr", f"{error.message}\n".encode())
+                raise error
             return OutputChunk("stdout", held)
         return None
 
     async def kill(self, grace: float) -> None:
+        self._abandoned.set()
         if self._exit.done():
             return
         with contextlib.suppress(HutchError):
@@ -1111,6 +1216,12 @@ async def _oom_message(container_id: str) -> str:
     return f"the OOM killer killed a process in it: it reached its memory limit{within}"
 
 
+def _suspended_state_removed(image_id: str, sandbox_id: str) -> str:
+    """The reason a sandbox whose suspend image went fails."""
+    return (f"its suspended state (image {image_id.removeprefix('sha256:')[:12]}, "
+            f"{SUSPENDED_REPOSITORY}:{sandbox_id}) was removed outside hutch")
+
+
 async def _death_reason(container_id: str, action: str) -> str:
     """What happened to a container that died or went, in words for a person."""
     short = container_id[:12]
@@ -1154,6 +1265,7 @@ def commit_state(
     *,
     flatten: bool = False,
     stopped: bool = False,
+    fault: str = "snapshot.docker.frozen",
 ) -> str:
     """Write ``container``'s file system to ``repository:tag``; its image id.
 
@@ -1163,6 +1275,7 @@ def commit_state(
     stack ``base_image``'s layers past :data:`MAX_SUSPEND_LAYERS` flattens,
     since overlay2 stops at 128; ``flatten`` asks for one regardless.
     ``stopped``: the caller has paused the container, under its freeze guard.
+    ``fault``: the fault point (:mod:`hutch._faults`) of the step, inside its freeze.
     """
     depth = len(api.inspect_image(base_image)["RootFS"].get("Layers") or [])
     if flatten or depth >= MAX_SUSPEND_LAYERS:
@@ -1175,6 +1288,7 @@ def commit_state(
     # Paused by the guard, not by the commit's own pause: that one trusts the
     # Engine's lagging flag, and could undo the user's pause.
     with freeze_guard(container).frozen(api, container):
+        fault_point(fault)
         image = api.commit(container, repository=repository, tag=tag, conf={"Labels": labels},
                            pause=False)
     return str(image["Id"])
@@ -1303,7 +1417,7 @@ class DockerSandbox(NativeBackend):
         self.container_name = f"hutch-{sandbox_id}"
         self.suspended_image = suspended_image
         #: The image the container started from: the configured one, or a snapshot's.
-        self.base_image = base_image or config.image
+        self.base_image = base_image or configured_image(config)
         #: Started from a snapshot: the working directory is a branch mounted
         #: on ``chain`` (see ``_layers``), never shared with another sandbox.
         self.branch = branch
@@ -1449,7 +1563,7 @@ class DockerSandbox(NativeBackend):
             log.warning("docker sandbox %s: %s; falling back to the native runtime",
                         self.sandbox_id, exc)
             self._agent = None
-            self.agent_dir = None
+            await anyio.to_thread.run_sync(self._remove_agent_dir)
             self.container_id = await self._run_container(image)
 
     async def _recover_agent(self, reason: str) -> bool:
@@ -1538,8 +1652,9 @@ class DockerSandbox(NativeBackend):
             os.makedirs(host_workdir, exist_ok=True)
         sandbox = cls(sandbox_id, config, host_workdir, owns, None, chain=chain, layered=layered)
         try:
-            await sandbox._launch(config.image)
+            await sandbox._launch(configured_image(config))
         except BaseException:
+            await anyio.to_thread.run_sync(sandbox._remove_agent_dir)
             await anyio.to_thread.run_sync(sandbox._remove_workdir)
             raise
         return sandbox
@@ -1549,9 +1664,10 @@ class DockerSandbox(NativeBackend):
         binary = self._agent_wanted()
         if binary is not None:
             self._agent_binary = binary
+            # The image first: a create that fails on it leaves no directory.
+            default_user = await _call(_image_user, image, self.config.pull_if_missing)
             agent_dir = os.path.join(hutch_home(), "sandboxes", self.sandbox_id, "agent")
             os.makedirs(agent_dir, mode=0o700, exist_ok=True)
-            default_user = await _call(_image_user, image, self.config.pull_if_missing)
             self._use_agent(agent_dir, default_user)
         await self._start_container(image)
 
@@ -1622,6 +1738,11 @@ class DockerSandbox(NativeBackend):
             try:
                 return str(api.create_container(**spec)["Id"])
             except docker.errors.ImageNotFound:
+                if image == self.suspended_image:
+                    # Its state, which no registry has: never a pull.
+                    raise RuntimeLost(
+                        _suspended_state_removed(image, self.sandbox_id)
+                    ) from None
                 if not cfg.pull_if_missing or image.startswith(SUSPENDED_REPOSITORY):
                     raise NotFound(f"image {image!r} is not on this Docker Engine") from None
                 _pull(api, image)
@@ -1643,6 +1764,7 @@ class DockerSandbox(NativeBackend):
                 self._enforce_network_policy(api, container)
             except BaseException:
                 api.remove_container(container, force=True)
+                self._release_network_policy()
                 raise
             return container
 
@@ -1662,33 +1784,27 @@ class DockerSandbox(NativeBackend):
                 f"{self.config.disk} (a loop mount, which needs root): {exc}"
             ) from None
 
-    def _enforce_network_policy(self, api: Any, container: str) -> None:
-        """Install the sandbox's network policy in its container's namespace,
-        from the host: the sandbox (no CAP_NET_ADMIN) cannot change it."""
+    def _polices_network(self) -> bool:
+        """Whether hutch enforces a policy on this sandbox's network: it has one,
+        in a namespace of its own (another is the operator's choice)."""
         cfg = self.config
-        if cfg.network == "none" or not _own_network_namespace(cfg.network_mode):
-            return  # no network to police, or one that is not the sandbox's (operator's choice)
-        info = api.inspect_container(container)
-        pid = int(info["State"]["Pid"])
-        if os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat("/proc/self/ns/net").st_ino:
-            raise ProviderError(f"container {container[:12]} shares hutch's network namespace")
-        blocked = set(host_addresses())
-        for attached in (info["NetworkSettings"].get("Networks") or {}).values():
-            for key in ("Gateway", "IPv6Gateway"):
-                if attached.get(key):
-                    blocked.add(ipaddress.ip_network(attached[key]))
-        for network in api.networks():  # where other sandboxes live
-            for pool in (network.get("IPAM") or {}).get("Config") or []:
-                if pool.get("Subnet"):
-                    blocked.add(ipaddress.ip_network(pool["Subnet"], strict=False))
+        return cfg.network != "none" and _own_network_namespace(cfg.network_mode)
+
+    def _enforce_network_policy(self, api: Any, container: str) -> None:
+        """Install the sandbox's network policy in its container's namespace and
+        on the host, from the host: the sandbox (no CAP_NET_ADMIN) cannot change it."""
+        if self._polices_network():
+            _dockernet.enforce(api, container, self.sandbox_id, self.config.network)
+
+    def _release_network_policy(self) -> None:
+        """Remove the host's rules of a container gone: its address goes to
+        another container. Said, not raised: the container is gone already."""
+        if not self._polices_network():
+            return
         try:
-            apply_in_namespace(pid, cfg.network, sorted(blocked, key=str))
-        except (OSError, subprocess.SubprocessError) as exc:
-            detail = getattr(exc, "stderr", "") or exc
-            raise ProviderError(
-                f"cannot enforce the network policy of sandbox {self.sandbox_id} (nsenter and "
-                f"iptables-restore, run as root, install it): {detail}"
-            ) from None
+            _dockernet.release(self.sandbox_id)
+        except ProviderError as exc:
+            log.warning("docker sandbox %s: %s", self.sandbox_id, exc)
 
     def _remove_stale_namesake(self) -> bool:
         """Remove a container left under this sandbox's name (a crash between
@@ -1740,18 +1856,23 @@ class DockerSandbox(NativeBackend):
             description.get("chain"),
             bool(description.get("layered")),
         )
-        if sandbox.container_id is not None and not await sandbox.is_alive():
-            # The container on record is gone, but the sandbox may have one
-            # under its name that the record missed (a suspend undone because
-            # the store could not keep it resumed into a new container)...
+        if not await sandbox.is_alive():
+            # The container on record is gone (or none is), but the sandbox
+            # may have one under its name that the record missed (a suspend
+            # undone because the store could not keep it, a resume cut short
+            # after its container started)...
             try:
                 details = await _call(engine().inspect_container, sandbox.container_name)
             except SandboxUnavailable:
                 details = None
             labels = ((details or {}).get("Config") or {}).get("Labels") or {}
-            if details is not None and labels.get(SANDBOX_LABEL) == sandbox_id:
+            state = (details or {}).get("State") or {}
+            up = bool(state.get("Running") or state.get("Paused"))
+            if details is not None and labels.get(SANDBOX_LABEL) == sandbox_id and (
+                up or sandbox.container_id is not None
+            ):
                 sandbox.container_id = str(details["Id"])
-            else:
+            elif sandbox.container_id is not None:
                 # ... or none, and its state in its suspend image (suspended
                 # by a program whose suspend the record missed).
                 suspended = await sandbox._own_suspend_image()
@@ -1760,7 +1881,29 @@ class DockerSandbox(NativeBackend):
                     sandbox.suspended_image = suspended
         if sandbox.layered:
             await sandbox._mend_capture_cut_short()
+        if sandbox.container_id is not None and await sandbox._container_exists():
+            # A freeze of hutch's own (a commit, a capture) that its program
+            # died inside is undone: the container was never the user's to pause.
+            await _call(freeze_guard(sandbox.container_id).thaw_left_freeze, engine(),
+                        sandbox.container_id)
         return sandbox
+
+    async def observed_state(self) -> RuntimeState:
+        """The container's own state: paused, running, or gone (stopped or
+        removed), or suspended in its suspend image."""
+        if self.container_id is not None:
+            try:
+                details = await _call(engine().inspect_container, self.container_id)
+            except SandboxUnavailable:
+                details = None  # no such container
+            if details is not None:
+                state = details.get("State") or {}
+                if state.get("Paused"):
+                    return RuntimeState.PAUSED
+                return RuntimeState.RUNNING if state.get("Running") else RuntimeState.GONE
+        if await self.is_suspended():
+            return RuntimeState.SUSPENDED
+        return RuntimeState.GONE
 
     async def _own_suspend_image(self) -> str | None:
         """The id of this sandbox's suspend image, if the engine has one."""
@@ -1946,11 +2089,15 @@ class DockerSandbox(NativeBackend):
             kind = FileType.DIRECTORY
         elif mode & _GO_MODE_SYMLINK:
             kind = FileType.SYMLINK
-        elif mode >> 16 == 0:
-            kind = FileType.FILE
-        else:
+        elif mode & _GO_MODE_SPECIAL:
             kind = FileType.OTHER
-        return FileInfo(path, kind, int(header.get("size", 0)), mode & 0o7777,
+        else:
+            kind = FileType.FILE  # setuid, setgid and sticky are bits of their own in Go
+        permissions = mode & 0o777
+        for go_bit, posix_bit in _GO_MODE_PERMISSION_BITS:
+            if mode & go_bit:
+                permissions |= posix_bit
+        return FileInfo(path, kind, int(header.get("size", 0)), permissions,
                         _parse_mtime(header.get("mtime")))
 
     async def stat(self, path: str) -> FileInfo:
@@ -2239,12 +2386,15 @@ class DockerSandbox(NativeBackend):
 
         image_id = await _call(
             commit_state, api, container, previous or self.base_image, SUSPENDED_REPOSITORY,
-            self.sandbox_id, labels,
+            self.sandbox_id, labels, fault="suspend.docker.frozen",
         )
+        fault_point("suspend.docker.committed")
         self.suspended_image = image_id
         await _call(api.remove_container, container, force=True)
+        fault_point("suspend.docker.removed")
         drop_start_locks(container)
         self.container_id = None
+        await anyio.to_thread.run_sync(self._release_network_policy)
         if self.layered:
             # Nothing runs on its working directory now: it holds no mounted store.
             await anyio.to_thread.run_sync(_layers.rest, self.sandbox_id)
@@ -2259,8 +2409,9 @@ class DockerSandbox(NativeBackend):
     async def resume(self) -> None:
         if self.container_id is not None:
             return
-        image = self.suspended_image or self.config.image
+        image = self.suspended_image or configured_image(self.config)
         await self._start_container(image)
+        fault_point("resume.docker.started")
 
     async def memory_bytes(self) -> int | None:
         if self.container_id is None:
@@ -2321,12 +2472,12 @@ class DockerSandbox(NativeBackend):
                 await anyio.to_thread.run_sync(_layers.remove, snapshot_id)
                 raise
         try:
-            image = await _call(api.inspect_image, image_id)
+            image_bytes = await _call(_own_image_bytes, api, image_id)
         except BaseException:
             await anyio.to_thread.run_sync(_layers.remove, snapshot_id)
             raise
         return ProviderSnapshot(
-            snapshot_id, self.provider, size + int(image.get("Size") or 0),
+            snapshot_id, self.provider, size + image_bytes,
             {"image": f"{repository}:{snapshot_id}", "image_id": str(image_id)},
         )
 
@@ -2390,6 +2541,7 @@ class DockerSandbox(NativeBackend):
             # Not the Engine's "Paused" (it lags): the guard knows whose pause it is.
             with freeze_guard(container).frozen(api, container,
                                                 marker=self._paused_for_capture()):
+                fault_point("snapshot.docker.frozen-layered")
                 return freeze_then_commit(holder)
 
     def _paused_for_capture(self) -> str:
@@ -2451,6 +2603,7 @@ class DockerSandbox(NativeBackend):
         try:
             await sandbox._launch(image)
         except BaseException:
+            await anyio.to_thread.run_sync(sandbox._remove_agent_dir)
             await anyio.to_thread.run_sync(_layers.end_branch, sandbox_id)
             raise
         return sandbox
@@ -2517,6 +2670,8 @@ class DockerSandbox(NativeBackend):
             ours = labels.get(SANDBOX_LABEL) == sandbox_id
             if ours and labels.get(HOME_LABEL) == hutch_home():
                 api.remove_container(name, force=True)
+                with contextlib.suppress(ProviderError):
+                    _dockernet.release(sandbox_id)
 
         await _call(remove)
         await anyio.to_thread.run_sync(_layers.end_branch, sandbox_id)
@@ -2539,7 +2694,13 @@ class DockerSandbox(NativeBackend):
             with contextlib.suppress(HutchError):
                 await _call(api.remove_container, container["Id"], force=True)
                 drop_start_locks(container["Id"])
+                if sandbox_id:
+                    with contextlib.suppress(ProviderError):
+                        await anyio.to_thread.run_sync(_dockernet.release, sandbox_id)
                 removed.append(sandbox_id or container["Id"][:12])
+        with contextlib.suppress(HutchError):
+            for sandbox_id in await _call(_dockernet.sweep, api, "hutch-"):
+                removed.append(f"{sandbox_id} (its network policy's host rules)")
         for sandbox_id in await anyio.to_thread.run_sync(_layers.branches):
             if sandbox_id not in known:
                 await anyio.to_thread.run_sync(_layers.end_branch, sandbox_id)
@@ -2555,31 +2716,53 @@ class DockerSandbox(NativeBackend):
     @classmethod
     async def watch_runtimes(cls, report: RuntimeReport) -> None:
         """Docker's event stream: every hutch container that dies or is
-        removed is reported, with what its last inspect says happened."""
+        removed is reported, with what its last inspect says happened, and
+        every image of a sandbox's that is deleted (a suspended sandbox's
+        state, if it was that one)."""
         loop = asyncio.get_running_loop()
         deaths: asyncio.Queue[tuple[str, str, str]] = asyncio.Queue()
         stop = threading.Event()
         current: list[Any] = []
 
+        #: Image id -> the sandbox whose labelled image lost a tag: an image's
+        #: delete event carries no labels, its untag before it does.
+        untagged: dict[str, str] = {}
+
         def pump() -> None:
             backoff = 0.5
             while not stop.is_set():
                 try:
+                    # No label filter: an image's delete event has no labels to match.
                     stream = engine().events(decode=True, filters={
-                        "type": "container", "label": f"{MANAGED_LABEL}=1",
-                        "event": ["die", "destroy", "oom"],
+                        "type": ["container", "image"],
+                        "event": ["die", "destroy", "oom", "untag", "delete"],
                     })
                     current[:] = [stream]
                     backoff = 0.5
                     for event in stream:
                         actor = event.get("Actor") or {}
-                        sandbox_id = (actor.get("Attributes") or {}).get(SANDBOX_LABEL)
+                        attributes = actor.get("Attributes") or {}
+                        thing = str(actor.get("ID") or "")
+                        action = str(event.get("Action") or event.get("status") or "")
+                        sandbox_id = attributes.get(SANDBOX_LABEL)
+                        if event.get("Type") == "image":
+                            if action == "untag" and sandbox_id and attributes.get(
+                                MANAGED_LABEL
+                            ) == "1":
+                                if len(untagged) > 1000:
+                                    untagged.pop(next(iter(untagged)))
+                                untagged[thing] = sandbox_id
+                                continue
+                            if action != "delete" or thing not in untagged:
+                                continue
+                            sandbox_id, action = untagged.pop(thing), "image deleted"
+                        elif attributes.get(MANAGED_LABEL) != "1":
+                            continue
                         if sandbox_id:
                             with contextlib.suppress(RuntimeError):  # the loop is gone
-                                loop.call_soon_threadsafe(deaths.put_nowait, (
-                                    sandbox_id, str(actor.get("ID") or ""),
-                                    str(event.get("Action") or event.get("status") or ""),
-                                ))
+                                loop.call_soon_threadsafe(
+                                    deaths.put_nowait, (sandbox_id, thing, action)
+                                )
                 except Exception as exc:
                     if not stop.is_set():
                         log.info("docker event stream broke (%s); reconnecting", exc)
@@ -2588,7 +2771,18 @@ class DockerSandbox(NativeBackend):
 
         async def tell(sandbox_id: str, container_id: str, action: str) -> None:
             try:
-                if action == "oom":
+                if action == "destroy" and await anyio.to_thread.run_sync(
+                    preserved_container_removed, sandbox_id
+                ):
+                    return  # its sandbox was deleted before: nothing to fail
+                if action == "image deleted":
+                    # Told of every image of the sandbox's; it fails only if this
+                    # was the state it is suspended in (checked by is_suspended).
+                    await report(RuntimeNotice(
+                        sandbox_id, _suspended_state_removed(container_id, sandbox_id),
+                        of_suspended=True,
+                    ))
+                elif action == "oom":
                     # A process in it hit the memory limit; a die follows if it was PID 1.
                     await report(RuntimeNotice(
                         sandbox_id, await _oom_message(container_id), may_have_died=False
@@ -2621,14 +2815,35 @@ class DockerSandbox(NativeBackend):
             for task in tasks:
                 task.cancel()
 
+    async def release_runtime(self) -> None:
+        """Its container is gone (or dead): connections to it dropped, the
+        record of it too if it is gone. The working directory stays as it
+        is, readable on the host, and a dead container that is still there
+        stays too, until :meth:`close` frees both."""
+        if self._agent is not None:
+            self._agent.drop_connections()
+        if self.container_id is None:
+            return
+        try:
+            state = (await _call(engine().inspect_container, self.container_id))["State"]
+        except SandboxUnavailable:
+            state = {"Dead": True}  # no such container
+        if state.get("Dead") or state.get("Status") == "removing":
+            # Gone, or going (``docker rm -f``): nothing of it to keep or commit.
+            drop_start_locks(self.container_id)
+            self.container_id = None
+
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         api = engine()
-        if self.config.preserve:
+        if self.config.preserve and (
+            self.container_id is not None or self.suspended_image is not None
+        ):  # (one whose container is gone has nothing left to keep)
             # Said loudly: the user asked to keep it and needs to know how to reach it.
             if self.container_id is not None:
+                kept_for_preserved_container(self.sandbox_id)
                 log.warning(
                     "sandbox %s kept (preserve): docker exec -it %s bash",
                     self.sandbox_id, self.container_name,
@@ -2647,6 +2862,7 @@ class DockerSandbox(NativeBackend):
                 await _call(api.remove_container, self.container_id, force=True, v=True)
                 drop_start_locks(self.container_id)
             self.container_id = None
+            await anyio.to_thread.run_sync(self._release_network_policy)
         # Its suspend image goes with it, whether or not the record names one:
         # a suspend undone after its commit (the store could not keep it) runs
         # on from that image while the record still says the container before.
@@ -2662,18 +2878,18 @@ class DockerSandbox(NativeBackend):
                 await _call(free_untagged_images, api)
         if self._agent is not None:
             self._agent.drop_connections()
-        if self.agent_dir is not None:
-            agent_dir = self.agent_dir
-
-            def remove_agent_dir() -> None:
-                shutil.rmtree(agent_dir, ignore_errors=True)
-                shutil.rmtree(os.path.join(os.path.dirname(agent_dir), "agent-link"),
-                              ignore_errors=True)
-                with contextlib.suppress(OSError):
-                    os.rmdir(os.path.dirname(agent_dir))  # the sandbox's own, if now empty
-
-            await anyio.to_thread.run_sync(remove_agent_dir)
+        await anyio.to_thread.run_sync(self._remove_agent_dir)
         await anyio.to_thread.run_sync(self._remove_workdir)
+
+    def _remove_agent_dir(self) -> None:
+        """Free the agent's directory (and the sandbox's own, if now empty)."""
+        agent_dir, self.agent_dir = self.agent_dir, None
+        if agent_dir is None:
+            return
+        shutil.rmtree(agent_dir, ignore_errors=True)
+        shutil.rmtree(os.path.join(os.path.dirname(agent_dir), "agent-link"), ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.dirname(agent_dir))  # the sandbox's own, if now empty
 
     def _remove_workdir(self) -> None:
         """Free the working directory hutch made (a layered one, a branch's,
