@@ -388,20 +388,21 @@ def error_json(exc: HutchError) -> dict[str, Any]:
 
 
 def without_data_dir(message: str) -> str:
-    """``message`` with every path in the daemon's data directory (its store,
-    layers, images, mounts) said by name instead. A sandbox's own working
-    directory there (``sandboxes/<id>/...``, a local sandbox's files, shown
-    to its caller as its workdir) stays as it is."""
+    """``message`` with the daemon's data directory said by name wherever a
+    path in it shows (its store, layers, images, mounts): where the daemon
+    keeps its files is its operator's business. What follows it stays, so
+    that a file a caller named is still named."""
     home = os.environ.get("HUTCH_HOME")
     if not home:
         return message
     for root in {os.path.abspath(home).rstrip("/"), os.path.realpath(home).rstrip("/")}:
         if root and root in message:
-            message = re.sub(
-                re.escape(root) + r"(?![^/\s'\",;:])(?!/sandboxes/)(?:/[^\s'\",;:]*)?",
-                "(a path in hutch's data directory)", message,
-            )
+            message = re.sub(re.escape(root) + r"(?![^/\s'\",;:])", DATA_DIR_NAME, message)
     return message
+
+
+#: What a message says in place of the daemon's data directory.
+DATA_DIR_NAME = "<hutch data directory>"
 
 
 def unexpected_error_json(exc: BaseException) -> dict[str, Any]:
