@@ -879,7 +879,7 @@ EXEC_DRAIN_SECONDS = 15.0
 EXEC_CHECK_MAX_SECONDS = 2.0
 #: Output pieces an exec's reader thread hands on before it waits for them
 #: to be taken: a consumer slower than the command holds this much, not all.
-EXEC_QUEUE_CHUNKS = 64
+EXEC_QUEUE_CHUNKS = 16
 
 
 @dataclasses.dataclass(frozen=True)
