@@ -47,6 +47,7 @@ from ..base import (
 from ..network import AllowList, NetworkPolicy
 from ..policy import (
     DiskSize,
+    ImageName,
     Limit,
     MemorySize,
     NotBool,
@@ -101,7 +102,7 @@ class BubblewrapConfig(ProviderSettings):
     ] = None
     #: A hutch image, or a Docker image exported once and cached; the test
     #: image when neither this nor ``rootfs`` is set.
-    image: str | None = None
+    image: ImageName | None = None
     #: The working directory inside (made if missing; a directory of its own:
     #: never /proc, /sys, /dev or a system directory).
     workdir: SandboxDirectory = "/workspace"
