@@ -261,3 +261,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         else:
             print("\n".join(lines))
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: object) -> None:
+    """The fault harness's table: kills survived per step and provider."""
+    from tests.faults import summary
+
+    summary(terminalreporter)

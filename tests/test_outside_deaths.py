@@ -150,19 +150,22 @@ def test_a_runtime_killed_outside_hutch_fails_and_keeps_its_files(
     assert "Traceback" not in daemon.log(), daemon.log()
 
 
-@pytest.mark.docker
-def test_a_workspace_whose_container_is_removed_resumes_with_its_files(
-    daemon: DaemonProcess,
+@pytest.mark.parametrize(
+    "how", [pytest.param(k, marks=_marks(v[0])) for k, v in KILLS.items()]
+)
+def test_a_workspace_whose_runtime_dies_resumes_with_its_files(
+    daemon: DaemonProcess, how: str
 ) -> None:
-    """Issue 20, item 1: ``docker rm -f`` of a workspace's container while
-    the daemon runs, then resume: its files are there."""
+    """Issue 20, item 1 (``docker rm -f`` of a workspace's container while
+    the daemon runs, then resume: its files were gone), on every provider."""
+    provider, settings, kill = KILLS[how]
     with client(daemon) as c:
-        ws = c.create_workspace("keeps", image=TEST_IMAGE)
+        ws = c.create_workspace("keeps", provider=provider, **settings)
         first = c.get_sandbox(ws["live_sandbox_id"])
-        first.write_text("notes/today.txt", "written before the container went")
-        docker.APIClient().remove_container(container_of(first.id), force=True)
+        first.write_text("notes/today.txt", "written before it died")
+        kill(first.id, daemon)
         info = failed_within(c, first.id, NOTICED_WITHIN)
-        assert "removed outside hutch" in info["reason"], info
+        assert info["reason"], info
         deadline = time.monotonic() + NOTICED_WITHIN
         while c.get_workspace("keeps")["status"] != "stale":
             assert time.monotonic() < deadline, c.get_workspace("keeps")
@@ -170,10 +173,11 @@ def test_a_workspace_whose_container_is_removed_resumes_with_its_files(
         resumed = c.resume_workspace("keeps")
         again = c.get_sandbox(resumed["live_sandbox_id"])
         assert again.id != first.id
-        assert again.exec("cat notes/today.txt").stdout == (
-            "written before the container went"
-        ), daemon.log()
+        assert again.exec("cat notes/today.txt").stdout == "written before it died", (
+            daemon.log()
+        )
         c.delete_workspace("keeps")
+        c.delete_sandbox(first.id)
 
 
 @pytest.mark.docker
@@ -248,3 +252,24 @@ def test_a_preserved_container_removed_outside_hutch_releases_its_mounts(
                 mounts_under(daemon.data_dir), loops_under(daemon.data_dir)
             )
             time.sleep(0.1)
+
+
+def test_a_failed_sandboxs_kept_files_go_when_its_record_is_pruned() -> None:
+    """Kept until the sandbox is deleted, or forgotten: past the retention
+    period its record is pruned, and what it kept goes with it."""
+    d = DaemonProcess(extra_args=("--retention", "2")).start()
+    try:
+        with client(d) as c:
+            sb = c.create_sandbox("bubblewrap")
+            name = f"precious-{sb.id}.txt"
+            sb.write_text(name, "kept a while")
+            kill_keeper(sb.id, d)
+            failed_within(c, sb.id, NOTICED_WITHIN)
+            assert "kept a while" in host_copies(d.data_dir, name)
+            deadline = time.monotonic() + 30
+            while sb.id in {s["id"] for s in c.list_sandboxes(include_ended=True)}:
+                assert time.monotonic() < deadline, "the failed sandbox is never pruned"
+                time.sleep(0.2)
+            assert host_copies(d.data_dir, name) == []
+    finally:
+        d.close()

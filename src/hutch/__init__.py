@@ -10,6 +10,7 @@
 from ._api import create_sandbox, create_sandbox_from_snapshot, create_sandbox_sync, remove_snapshot
 from ._errors import (
     CapabilityUnsupported,
+    DaemonBusy,
     ExecTimeout,
     HutchError,
     IdleTimeoutExpired,
@@ -57,6 +58,7 @@ __all__ = [
     "CapabilityUnsupported",
     "ExecResult",
     "ExecTimeout",
+    "DaemonBusy",
     "ExitStatus",
     "FileInfo",
     "FileType",

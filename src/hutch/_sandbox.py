@@ -34,13 +34,15 @@ from ._errors import (
     SandboxUnavailable,
 )
 from ._guardrail import ReadBeforeWriteGuard, session_guard
+from ._membudget import MemoryHold
 from ._process import (
+    ExecOutput,
     ExitStatus,
     Process,
     StreamEvent,
+    collect_output,
     kill_shielded,
     release_output,
-    run_to_completion,
 )
 from ._snapshots import Fork, Snapshot, new_snapshot_id, snapshot_record
 from ._types import (
@@ -329,11 +331,29 @@ class Sandbox:
         ``ExecTimeout``; output past ``output_limit`` bytes kills it and raises
         ``OutputLimitExceeded``.
         """
+        with await self._exec_output(
+            cmd, cwd=cwd, env=env, stdin=stdin, user=user, timeout=timeout,
+            output_limit=output_limit,
+        ) as output:
+            return output.result()
+
+    async def _exec_output(
+        self,
+        cmd: Command,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        user: str | None = None,
+        timeout: float | None = None,
+        output_limit: int | None = None,
+    ) -> ExecOutput:
+        """As :meth:`exec`, its output left spooled (see :func:`exec_output`)."""
         if timeout is not None and timeout <= 0:
             raise InvalidArgument(f"timeout must be positive, got {timeout}")
         async with self._operation("exec"):
             proc = await self._start_backend(cmd, cwd, env, stdin, user)
-            return await run_to_completion(
+            return await collect_output(
                 proc, timeout=timeout, output_limit=output_limit or self.output_limit
             )
 
@@ -348,16 +368,24 @@ class Sandbox:
         output_limit: int | None = None,
     ) -> Process:
         """Start ``cmd`` in the background; the handle waits, streams or kills."""
-        async with self._operation("start"):
-            proc = await self._start_backend(cmd, cwd, env, stdin, user)
-            process = Process(
-                proc,
-                command=cmd if isinstance(cmd, str) else shlex.join(cmd),
-                output_limit=output_limit or self.output_limit,
-                on_exit=self._process_exited,
-            )
-            self._processes[process.id] = process
-            return process
+        # Its stdin stays in memory until the command takes it, which may be
+        # never, so it counts against the memory budget until the command ends.
+        hold = MemoryHold(len(stdin) if stdin else 0, "the stdin of a background command")
+        try:
+            async with self._operation("start"):
+                proc = await self._start_backend(cmd, cwd, env, stdin, user)
+                process = Process(
+                    proc,
+                    command=cmd if isinstance(cmd, str) else shlex.join(cmd),
+                    output_limit=output_limit or self.output_limit,
+                    on_exit=self._process_exited,
+                    hold=hold,
+                )
+        except BaseException:
+            hold.release()
+            raise
+        self._processes[process.id] = process
+        return process
 
     def _process_exited(self, process: Process) -> None:
         if self._gate is not None:
@@ -908,6 +936,29 @@ async def release_runtime(sandbox: Sandbox) -> None:
     with anyio.CancelScope(shield=True):
         await sandbox._end_processes()
         await sandbox._backend.release_runtime()
+
+
+async def exec_output(
+    sandbox: Sandbox,
+    cmd: Command,
+    *,
+    cwd: str | None = None,
+    env: Mapping[str, str] | None = None,
+    stdin: bytes | None = None,
+    user: str | None = None,
+    timeout: float | None = None,
+    output_limit: int | None = None,
+) -> ExecOutput:
+    """As ``sandbox.exec``, its output left spooled (memory, then disk) to be
+    read in pieces: what a server answering with a large output uses, so
+    that the output is never whole in its memory. Close the answer.
+
+    A function, not a method: a caller holding a sandbox (in-process or
+    remote) takes ``exec``'s bytes; only the daemon needs the spool."""
+    return await sandbox._exec_output(
+        cmd, cwd=cwd, env=env, stdin=stdin, user=user, timeout=timeout,
+        output_limit=output_limit,
+    )
 
 
 def forget_process(sandbox: Sandbox, process_id: str) -> None:

@@ -37,6 +37,7 @@ from .._errors import (
     TimeoutExpired,
     TimeoutTooLarge,
 )
+from .._faults import fault_point
 from .._inflight import CallMark
 from .._sandbox import (
     backend_of,
@@ -534,16 +535,20 @@ class LifecycleEngine:
         undo: Callable[[], Awaitable[None]],
         new: SandboxState,
         reason: str | None,
+        *,
+        fault: str,
     ) -> None:
         """Take a backend step and record its transition; if the record
         cannot be written, ``undo`` puts the backend back, so that memory,
         store and backend agree (the step is never left half done).
+        ``fault``: the fault point between the step and its record.
 
         Shielded: a caller that gives up (a client gone, a timeout) is
         cancelled after the step is done and recorded, never between the
         backend's step and its record, where an undo could not run either."""
         with anyio.CancelScope(shield=True):
             await self._guarded(sandbox, record, step)
+            fault_point(fault)
             try:
                 await self._transition(sandbox, new, reason)
             except BaseException:
@@ -578,7 +583,7 @@ class LifecycleEngine:
             check_transition(record.sandbox_id, record.state, SandboxState.PAUSED)
             backend = backend_of(sandbox)
             await self._step(sandbox, record, backend.pause, backend.unpause,
-                             SandboxState.PAUSED, None)
+                             SandboxState.PAUSED, None, fault="pause.paused")
         self._reschedule(sandbox)
 
     async def suspend(self, sandbox: Sandbox, reason: str | None = None) -> None:
@@ -629,7 +634,7 @@ class LifecycleEngine:
             record.transitioning = False
         backend = backend_of(sandbox)
         await self._step(sandbox, record, backend.suspend, backend.resume,
-                         SandboxState.SUSPENDED, reason)
+                         SandboxState.SUSPENDED, reason, fault="suspend.suspended")
 
     async def resume(self, sandbox: Sandbox) -> None:
         record = self._record(sandbox)
@@ -643,10 +648,11 @@ class LifecycleEngine:
         check_transition(record.sandbox_id, record.state, SandboxState.RUNNING)
         backend = backend_of(sandbox)
         if record.state is SandboxState.PAUSED:
-            step, undo = backend.unpause, backend.pause
+            await self._step(sandbox, record, backend.unpause, backend.pause,
+                             SandboxState.RUNNING, None, fault="resume.unpaused")
         else:
-            step, undo = backend.resume, backend.suspend
-        await self._step(sandbox, record, step, undo, SandboxState.RUNNING, None)
+            await self._step(sandbox, record, backend.resume, backend.suspend,
+                             SandboxState.RUNNING, None, fault="resume.resumed")
 
     async def _guarded(
         self, sandbox: Sandbox, record: LifecycleRecord, step: Callable[[], Awaitable[None]]

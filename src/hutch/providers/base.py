@@ -32,6 +32,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import dataclasses
+import enum
 import posixpath
 import re
 import stat
@@ -160,6 +161,20 @@ class ProviderSnapshot:
             size_bytes=int(value.get("size_bytes") or 0), data=dict(value.get("data") or {}),
             includes_memory=bool(value.get("includes_memory", False)),
         )
+
+class RuntimeState(enum.Enum):
+    """A sandbox's runtime as its provider sees it (:meth:`SandboxBackend.observed_state`)."""
+
+    RUNNING = "running"
+    #: Frozen (docker pause, the cgroup freezer): processes and memory held.
+    PAUSED = "paused"
+    #: Up, running or paused: the provider cannot tell which (the record says).
+    LIVE = "live"
+    #: Down, its state kept where ``resume`` brings it back from.
+    SUSPENDED = "suspended"
+    #: Nothing left to run or resume.
+    GONE = "gone"
+
 
 @dataclasses.dataclass(frozen=True)
 class RuntimeNotice:
@@ -506,6 +521,13 @@ class SandboxBackend(SandboxPart):
     #: The pydantic model ``create`` takes (``type: Literal[provider]``).
     config_model: ClassVar[type[ProviderSettings]]
 
+    @classmethod
+    def answers_here(cls) -> bool:
+        """Whether this host can make the provider's sandboxes now (its engine
+        answers). A daemon whose operator names no default provider takes the
+        first isolating one that does."""
+        return True
+
     @property
     @abc.abstractmethod
     def runtime(self) -> SandboxRuntime:
@@ -562,6 +584,18 @@ class SandboxBackend(SandboxPart):
         that is not alive (another program may have suspended it since it
         was recorded) before it is given up for lost."""
         return False
+
+    async def observed_state(self) -> RuntimeState:
+        """What the sandbox's runtime is now, as the provider itself sees it
+        (asked of a sandbox found again after a restart: the record may say
+        otherwise, when a step was cut short between the provider and the
+        store). A provider that can pause or suspend tells paused and
+        suspended apart from running; the default only tells up from down."""
+        if await self.is_alive():
+            return RuntimeState.LIVE
+        if await self.is_suspended():
+            return RuntimeState.SUSPENDED
+        return RuntimeState.GONE
 
     # -- snapshots (behind the snapshot capability; see the class docstring) -----
     async def capture(self, snapshot_id: str, *, diff: bool = True) -> ProviderSnapshot:

@@ -58,6 +58,7 @@ from .._errors import (
     SandboxPermissionDenied,
     SandboxUnavailable,
 )
+from .._faults import fault_point
 from .._globmatch import compile_glob
 from .._paths import hutch_home, sandbox_workdir
 from .._types import (
@@ -94,12 +95,14 @@ from .base import (
     RuntimeLost,
     RuntimeNotice,
     RuntimeReport,
+    RuntimeState,
     SandboxRuntime,
     bounded_pieces,
 )
 from .network import NetworkPolicy
 from .policy import (
     DiskSize,
+    ImageName,
     Limit,
     MemorySize,
     NotBool,
@@ -107,6 +110,7 @@ from .policy import (
     SandboxDirectory,
     format_bytes,
     keeps_dropped,
+    no_key_prefix,
     one_of,
     parse_bytes,
 )
@@ -175,7 +179,7 @@ class DockerConfig(ProviderSettings):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     type: Literal["docker"] = "docker"
-    image: str = "hutch-test:bookworm"
+    image: ImageName = "hutch-test:bookworm"
     #: Where the sandbox's working directory is mounted inside the container
     #: (a directory of its own: never /proc, /sys, /dev or a system directory).
     mount_point: Annotated[SandboxDirectory, AfterValidator(_bind_target)] = "/workspace"
@@ -207,9 +211,17 @@ class DockerConfig(ProviderSettings):
     )
     pull_if_missing: bool = True
     env: dict[str, str] = {}
-    labels: dict[str, str] = {}
+    #: Container labels; hutch's own (``hutch.*``) say what it manages and
+    #: keeps, so through the daemon they are the operator's.
+    labels: Annotated[dict[str, str], ReachesHost(
+        "sets hutch's own labels (hutch.*), which say which containers hutch manages "
+        "and keeps", no_key_prefix("hutch."),
+    )] = {}
     #: Keep the container after the sandbox closes (and log how to reach it).
-    preserve: bool = False
+    preserve: Annotated[bool, ReachesHost(
+        "keeps the container on the host after the sandbox ends, past hutch's cleanup",
+        one_of(False),
+    )] = False
     cap_drop: Annotated[
         list[str], ReachesHost(
             "gives back capabilities hutch drops (raw sockets, mknod, ...)",
@@ -425,11 +437,13 @@ class FreezeGuard:
         """``container`` paused for the block, by hutch. One paused already
         (the user's pause, another program's) is left paused, as it was.
         ``marker``: a file that exists while hutch holds the container paused,
-        for a program that finds it after this one died inside the block."""
+        for a program that finds it after this one died inside the block
+        (by default the container's own, which :meth:`thaw_left_freeze` reads)."""
         with self.freezing():
             if self._paused is True:  # the user's pause: already frozen, and theirs
                 yield
                 return
+            marker = marker or _writable_marker(frozen_marker_path(container))
             if marker is not None:
                 with open(marker, "w"):
                     pass
@@ -448,6 +462,26 @@ class FreezeGuard:
                     self._engine_unpause(api, container)
                     if marker is not None:
                         os.unlink(marker)
+
+    def thaw_left_freeze(self, api: Any, container: str) -> bool:
+        """Unpause ``container`` if a program died inside :meth:`frozen` (its
+        marker is left: the pause was hutch's, for a step cut short, never
+        the user's); whether it did. Under ``freezing``, which waits out a
+        freeze another living program holds (its marker is not left)."""
+        import docker.errors
+
+        marker = frozen_marker_path(container)
+        with self.freezing():
+            if not os.path.exists(marker):
+                return False
+            try:
+                api.unpause(container)
+            except docker.errors.APIError as exc:
+                if "is not paused" not in str(exc):
+                    raise
+            self._paused = False
+            os.unlink(marker)
+            return True
 
     def paused_here(self) -> bool:
         """Whether this process holds the container paused (the user's pause).
@@ -522,9 +556,20 @@ def start_lock_path(container: str) -> str:
     return os.path.join(hutch_home(), "docker", "starts", container)
 
 
+def frozen_marker_path(container: str) -> str:
+    """The file that says hutch holds ``container`` paused for a step of its own."""
+    return start_lock_path(container) + ".frozen"
+
+
+def _writable_marker(path: str) -> str | None:
+    """``path`` if a marker can be kept there (None: a read-only home)."""
+    return path if os.access(os.path.dirname(path), os.W_OK) else None
+
+
 def drop_start_locks(container: str) -> None:
     """A removed container's lock files go with it."""
-    for path in (start_lock_path(container), start_lock_path(container) + ".gate"):
+    for path in (start_lock_path(container), start_lock_path(container) + ".gate",
+                 frozen_marker_path(container)):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
 
@@ -767,6 +812,9 @@ class _ChunkReader(io.RawIOBase):
 EXEC_DRAIN_SECONDS = 15.0
 #: The longest a quiet exec goes without a look at whether its process is there.
 EXEC_CHECK_MAX_SECONDS = 2.0
+#: Output pieces an exec's reader thread hands on before it waits for them
+#: to be taken: a consumer slower than the command holds this much, not all.
+EXEC_QUEUE_CHUNKS = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -829,6 +877,10 @@ class DockerProcess(FutureExitProcess):
         self._first = True
         self._held: bytes | None = None
         self._eof = False
+        #: Room in the queue for output; given back as the reader takes it.
+        self._room = threading.Semaphore(EXEC_QUEUE_CHUNKS)
+        #: Set by kill: nobody may read on, so the thread stops waiting for room.
+        self._abandoned = threading.Event()
         if request.stdin is not None:
             threading.Thread(target=self._feed, args=(request.stdin,), daemon=True).start()
         threading.Thread(target=self._pump, daemon=True).start()
@@ -931,7 +983,8 @@ class DockerProcess(FutureExitProcess):
                 payload = self._recv_exact(size, poller)
                 if payload is None:
                     break
-                self._post(OutputChunk("stderr" if kind == 2 else "stdout", payload))
+                if self._wait_for_room():
+                    self._post(OutputChunk("stderr" if kind == 2 else "stdout", payload))
             code = self._inspect_exit_code()
             if code == 128 + 9 and self._oom_before is not None:
                 after = oom_kills(self._sandbox.container_id or "")
@@ -948,6 +1001,14 @@ class DockerProcess(FutureExitProcess):
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(self._set_exit, code, failure)
             self._post(None)
+
+    def _wait_for_room(self) -> bool:
+        """Wait until the queue has room for a piece of output; False (drop
+        it) once the exec is being killed and nobody takes what is queued."""
+        while not self._room.acquire(timeout=0.5):
+            if self._abandoned.is_set():
+                return False
+        return True
 
     def _inspect_exit_code(self) -> int:
         """The exit status the Engine records; it may come a moment after the
@@ -991,6 +1052,7 @@ class DockerProcess(FutureExitProcess):
             if item is None:
                 self._eof = True
                 break
+            self._room.release()
             if self._first:
                 self._first = False
                 # The runtime reports a failed start as output plus exit 126:
@@ -1016,6 +1078,7 @@ class DockerProcess(FutureExitProcess):
         return None
 
     async def kill(self, grace: float) -> None:
+        self._abandoned.set()
         if self._exit.done():
             return
         with contextlib.suppress(HutchError):
@@ -1129,6 +1192,7 @@ def commit_state(
     *,
     flatten: bool = False,
     stopped: bool = False,
+    fault: str = "snapshot.docker.frozen",
 ) -> str:
     """Write ``container``'s file system to ``repository:tag``; its image id.
 
@@ -1138,6 +1202,7 @@ def commit_state(
     stack ``base_image``'s layers past :data:`MAX_SUSPEND_LAYERS` flattens,
     since overlay2 stops at 128; ``flatten`` asks for one regardless.
     ``stopped``: the caller has paused the container, under its freeze guard.
+    ``fault``: the fault point (:mod:`hutch._faults`) of the step, inside its freeze.
     """
     depth = len(api.inspect_image(base_image)["RootFS"].get("Layers") or [])
     if flatten or depth >= MAX_SUSPEND_LAYERS:
@@ -1150,6 +1215,7 @@ def commit_state(
     # Paused by the guard, not by the commit's own pause: that one trusts the
     # Engine's lagging flag, and could undo the user's pause.
     with freeze_guard(container).frozen(api, container):
+        fault_point(fault)
         image = api.commit(container, repository=repository, tag=tag, conf={"Labels": labels},
                            pause=False)
     return str(image["Id"])
@@ -1245,6 +1311,13 @@ class DockerSandbox(NativeBackend):
         preview_url=True,
     )
     config_model = DockerConfig
+
+    @classmethod
+    def answers_here(cls) -> bool:
+        try:
+            return bool(engine().ping())
+        except Exception:  # no engine, no socket, no permission: not here
+            return False
 
     def __init__(
         self,
@@ -1710,18 +1783,23 @@ class DockerSandbox(NativeBackend):
             description.get("chain"),
             bool(description.get("layered")),
         )
-        if sandbox.container_id is not None and not await sandbox.is_alive():
-            # The container on record is gone, but the sandbox may have one
-            # under its name that the record missed (a suspend undone because
-            # the store could not keep it resumed into a new container)...
+        if not await sandbox.is_alive():
+            # The container on record is gone (or none is), but the sandbox
+            # may have one under its name that the record missed (a suspend
+            # undone because the store could not keep it, a resume cut short
+            # after its container started)...
             try:
                 details = await _call(engine().inspect_container, sandbox.container_name)
             except SandboxUnavailable:
                 details = None
             labels = ((details or {}).get("Config") or {}).get("Labels") or {}
-            if details is not None and labels.get(SANDBOX_LABEL) == sandbox_id:
+            state = (details or {}).get("State") or {}
+            up = bool(state.get("Running") or state.get("Paused"))
+            if details is not None and labels.get(SANDBOX_LABEL) == sandbox_id and (
+                up or sandbox.container_id is not None
+            ):
                 sandbox.container_id = str(details["Id"])
-            else:
+            elif sandbox.container_id is not None:
                 # ... or none, and its state in its suspend image (suspended
                 # by a program whose suspend the record missed).
                 suspended = await sandbox._own_suspend_image()
@@ -1730,7 +1808,29 @@ class DockerSandbox(NativeBackend):
                     sandbox.suspended_image = suspended
         if sandbox.layered:
             await sandbox._mend_capture_cut_short()
+        if sandbox.container_id is not None and await sandbox._container_exists():
+            # A freeze of hutch's own (a commit, a capture) that its program
+            # died inside is undone: the container was never the user's to pause.
+            await _call(freeze_guard(sandbox.container_id).thaw_left_freeze, engine(),
+                        sandbox.container_id)
         return sandbox
+
+    async def observed_state(self) -> RuntimeState:
+        """The container's own state: paused, running, or gone (stopped or
+        removed), or suspended in its suspend image."""
+        if self.container_id is not None:
+            try:
+                details = await _call(engine().inspect_container, self.container_id)
+            except SandboxUnavailable:
+                details = None  # no such container
+            if details is not None:
+                state = details.get("State") or {}
+                if state.get("Paused"):
+                    return RuntimeState.PAUSED
+                return RuntimeState.RUNNING if state.get("Running") else RuntimeState.GONE
+        if await self.is_suspended():
+            return RuntimeState.SUSPENDED
+        return RuntimeState.GONE
 
     async def _own_suspend_image(self) -> str | None:
         """The id of this sandbox's suspend image, if the engine has one."""
@@ -2213,10 +2313,12 @@ class DockerSandbox(NativeBackend):
 
         image_id = await _call(
             commit_state, api, container, previous or self.base_image, SUSPENDED_REPOSITORY,
-            self.sandbox_id, labels,
+            self.sandbox_id, labels, fault="suspend.docker.frozen",
         )
+        fault_point("suspend.docker.committed")
         self.suspended_image = image_id
         await _call(api.remove_container, container, force=True)
+        fault_point("suspend.docker.removed")
         drop_start_locks(container)
         self.container_id = None
         await anyio.to_thread.run_sync(self._release_network_policy)
@@ -2236,6 +2338,7 @@ class DockerSandbox(NativeBackend):
             return
         image = self.suspended_image or configured_image(self.config)
         await self._start_container(image)
+        fault_point("resume.docker.started")
 
     async def memory_bytes(self) -> int | None:
         if self.container_id is None:
@@ -2365,6 +2468,7 @@ class DockerSandbox(NativeBackend):
             # Not the Engine's "Paused" (it lags): the guard knows whose pause it is.
             with freeze_guard(container).frozen(api, container,
                                                 marker=self._paused_for_capture()):
+                fault_point("snapshot.docker.frozen-layered")
                 return freeze_then_commit(holder)
 
     def _paused_for_capture(self) -> str:

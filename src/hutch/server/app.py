@@ -27,7 +27,6 @@ import logging
 import os
 import re
 import sys
-import tempfile
 import time
 from collections.abc import (
     AsyncGenerator,
@@ -35,6 +34,7 @@ from collections.abc import (
     Awaitable,
     Callable,
     Coroutine,
+    Iterator,
     Mapping,
     MutableMapping,
     Sequence,
@@ -52,8 +52,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute, Match
 
+from .. import _membudget
 from .._errors import (
     ERRORS_BY_CODE,
+    DaemonBusy,
     ExecTimeout,
     HutchError,
     InvalidArgument,
@@ -62,9 +64,9 @@ from .._errors import (
     Unauthorized,
     error_from_code,
 )
-from .._process import ExitStatus, Process
+from .._process import ExecOutput, ExitStatus, Process, Stream, wait_output
 from .._refwire import REF_PREFIX
-from .._sandbox import Sandbox, forget_process
+from .._sandbox import Sandbox, exec_output, forget_process
 from .._types import (
     DEFAULT_READ_LIMIT,
     DEFAULT_SEARCH_TIMEOUT,
@@ -99,8 +101,18 @@ class ServerSettings(BaseModel):
     retention_seconds: float = DEFAULT_RETENTION_SECONDS
     #: The largest request body (a file upload) taken, bytes.
     max_body_bytes: int = Field(default=MAX_READ_LIMIT, gt=0)
+    #: What callers' bytes may hold of the daemon's memory at once, all
+    #: calls together (hutch._membudget); output past it goes to disk, a
+    #: request body past it is refused (daemon_busy).
+    memory_budget: int = Field(default=_membudget.DEFAULT_MEMORY_BUDGET, gt=0)
     #: Settings that reach the host which API clients may nonetheless set.
     allow: list[str] = []
+    #: Providers that run on the host (local, ssh) which API clients may nonetheless use.
+    providers: list[str] = []
+    #: The provider of requests that name none (``hutch serve --provider``),
+    #: where the sandbox defaults name none; unset: the daemon picks one that
+    #: isolates (see hutch.server.policy).
+    default_provider: str | None = None
     #: Resource limits (memory, cpus, pids) for requests that set none, and
     #: the most a request may ask for; see hutch.server.policy.
     limits: dict[str, Any] = {}
@@ -109,7 +121,7 @@ class ServerSettings(BaseModel):
     definitions: dict[str, dict[str, Any]] = {}
 
     def policy(self) -> OperatorPolicy:
-        return OperatorPolicy(self.allow, self.limits, self.ceilings)
+        return OperatorPolicy(self.allow, self.limits, self.ceilings, self.providers)
 
 
 # -- request bodies ------------------------------------------------------------------
@@ -234,6 +246,96 @@ def _text_or_b64(key: str, data: bytes, out: dict[str, Any]) -> None:
         out[f"{key}_b64"] = base64.b64encode(data).decode()
 
 
+#: An exec answer whose output is at most this is rendered whole (with a
+#: Content-Length); a larger one is written out as it is read from its spool.
+INLINE_OUTPUT_BYTES = _membudget.SPOOL_MEMORY_BYTES
+
+
+#: JSON's escape of each control character, as ``render_json`` writes it.
+_CONTROL_ESCAPES = [
+    (bytes([code]), json.dumps(chr(code), ensure_ascii=False)[1:-1].encode())
+    for code in range(0x20)
+]
+_CONTROLS = bytes(range(0x20))
+
+
+def _escaped(piece: bytes) -> bytes:
+    """Valid UTF-8 as inside a JSON string, exactly as ``render_json`` has
+    it: with ``ensure_ascii=False`` JSON escapes only ``"``, ``\\`` and the
+    control characters, all ASCII, which no byte of a multi-byte character
+    can be; so bytes replaced in place (at memchr speed, not a character at
+    a time) are the same, and pieces cut anywhere join up to the whole."""
+    piece = (piece.replace(b"\\", b"\\\\").replace(b'"', b'\\"')
+             .replace(b"\n", b"\\n").replace(b"\t", b"\\t").replace(b"\r", b"\\r"))
+    if len(piece.translate(None, _CONTROLS)) != len(piece):  # rarer ones left
+        for raw, escaped in _CONTROL_ESCAPES:  # an escape holds no control character
+            if raw in piece:
+                piece = piece.replace(raw, escaped)
+    return piece
+
+
+def _stream_json(output: ExecOutput, stream: Stream) -> Iterator[bytes]:
+    """``,"stdout":"..."`` (or ``"stdout_b64"``) read from the spool in pieces."""
+    if output.is_utf8(stream):
+        yield f',"{stream}":"'.encode()
+        for piece in output.pieces(stream):
+            yield _escaped(piece)
+    else:
+        yield f',"{stream}_b64":"'.encode()
+        carry = b""
+        for piece in output.pieces(stream):
+            data = carry + piece
+            whole = len(data) - len(data) % 3  # base64 of whole groups of 3 joins up
+            yield base64.b64encode(data[:whole])
+            carry = data[whole:]
+        yield base64.b64encode(carry)
+    yield b'"'
+
+
+def exec_json_pieces(output: ExecOutput) -> Iterator[bytes]:
+    """An exec answer, byte for byte as ``render_json(exec_json(...))``
+    would have it, in pieces of a bounded size: a large output goes out as
+    it is read from its spool, never whole in memory (nor twice, as text and
+    as JSON)."""
+    yield b'{"exit_code":' + str(output.exit_code).encode()
+    yield from _stream_json(output, "stdout")
+    yield from _stream_json(output, "stderr")
+    if output.oom_killed:
+        yield b',"oom_killed":true'
+    yield b"}"
+
+
+def exec_response(output: ExecOutput) -> Response:
+    """The answer of an exec (or a wait) through FastAPI; closes ``output``."""
+    if output.size <= INLINE_OUTPUT_BYTES:
+        with output:
+            return JSONResponse(exec_json(output.result()))
+
+    async def pieces() -> AsyncIterator[bytes]:
+        with output:
+            for piece in exec_json_pieces(output):
+                yield piece
+
+    return StreamingResponse(pieces(), media_type="application/json")
+
+
+async def send_exec(send: Send, output: ExecOutput) -> None:
+    """The answer of an exec on the fast path; closes ``output``."""
+    with output:
+        if output.size <= INLINE_OUTPUT_BYTES:
+            await _respond(send, 200, render_json(exec_json(output.result())),
+                           b"application/json")
+            return
+        # Chunked: the server waits for the client to take each piece
+        # before the next is read (its flow control), so a slow reader
+        # holds a piece, not the output.
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json")]})
+        for piece in exec_json_pieces(output):
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
 def exec_json(result: ExecResult) -> dict[str, Any]:
     out: dict[str, Any] = {"exit_code": result.exit_code}
     _text_or_b64("stdout", result.stdout_bytes, out)
@@ -292,20 +394,21 @@ def error_json(exc: HutchError) -> dict[str, Any]:
 
 
 def without_data_dir(message: str) -> str:
-    """``message`` with every path in the daemon's data directory (its store,
-    layers, images, mounts) said by name instead. A sandbox's own working
-    directory there (``sandboxes/<id>/...``, a local sandbox's files, shown
-    to its caller as its workdir) stays as it is."""
+    """``message`` with the daemon's data directory said by name wherever a
+    path in it shows (its store, layers, images, mounts): where the daemon
+    keeps its files is its operator's business. What follows it stays, so
+    that a file a caller named is still named."""
     home = os.environ.get("HUTCH_HOME")
     if not home:
         return message
     for root in {os.path.abspath(home).rstrip("/"), os.path.realpath(home).rstrip("/")}:
         if root and root in message:
-            message = re.sub(
-                re.escape(root) + r"(?![^/\s'\",;:])(?!/sandboxes/)(?:/[^\s'\",;:]*)?",
-                "(a path in hutch's data directory)", message,
-            )
+            message = re.sub(re.escape(root) + r"(?![^/\s'\",;:])", DATA_DIR_NAME, message)
     return message
+
+
+#: What a message says in place of the daemon's data directory.
+DATA_DIR_NAME = "<hutch data directory>"
 
 
 def unexpected_error_json(exc: BaseException) -> dict[str, Any]:
@@ -364,12 +467,11 @@ async def ndjson(process: Process, timeout: float | None) -> AsyncIterator[bytes
 # -- what the FastAPI routes and the fast path share -------------------------------------
 
 
-async def run_exec(sandbox: Sandbox, body: ExecBody) -> dict[str, Any]:
-    result = await sandbox.exec(
-        body.cmd, cwd=body.cwd, env=body.env, stdin=body.stdin_bytes(), user=body.user,
+async def run_exec(sandbox: Sandbox, body: ExecBody) -> ExecOutput:
+    return await exec_output(
+        sandbox, body.cmd, cwd=body.cwd, env=body.env, stdin=body.stdin_bytes(), user=body.user,
         timeout=body.timeout, output_limit=body.output_limit,
     )
-    return exec_json(result)
 
 
 # -- authentication -----------------------------------------------------------------------
@@ -377,7 +479,16 @@ async def run_exec(sandbox: Sandbox, body: ExecBody) -> dict[str, Any]:
 
 #: Where the validated ref of a request is kept in its ASGI scope.
 REF_SCOPE_KEY = "hutch.ref"
-_REF_BEARER = b"Bearer " + REF_PREFIX.encode()
+
+
+def bearer_credential(scope: Scope) -> bytes | None:
+    """The credential of a request's ``Authorization: Bearer <credential>``
+    (the scheme in any case, as RFC 9110 says), else None."""
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            scheme, _, credential = value.strip().partition(b" ")
+            return credential.strip() if scheme.lower() == b"bearer" else None
+    return None
 
 
 #: What a ref may do in its sandbox: work in it and drive its lifecycle. Not
@@ -422,33 +533,35 @@ def session_of(scope: Scope) -> str | None:
 
 
 class TokenAuth:
-    """Pure ASGI middleware: every request needs the bearer token when one is set,
-    or a ref (a credential for one sandbox), whether a token is set or not."""
+    """Pure ASGI middleware: every request, streams and websockets included,
+    needs the bearer token or a ref (a credential for one sandbox). With no
+    token set, only refs are taken: nothing is answered without a credential."""
 
     def __init__(
         self, app: ASGIApp, token: str | None, daemon: Callable[[], Daemon | None]
     ) -> None:
         self.app = app
-        self.expected = f"Bearer {token}".encode() if token else None
+        self.expected = token.encode() if token else None
         self.daemon = daemon
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        given = b""
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                given = value
-                break
-        if given.startswith(_REF_BEARER):
+        given = bearer_credential(scope)
+        if given is not None and given.startswith(REF_PREFIX.encode()):
             await self._with_ref(given, scope, receive, send)
             return
         # Constant time: how much of a guess matched must not show in the timing.
-        if self.expected is not None and not hmac.compare_digest(given, self.expected):
+        if (
+            self.expected is None or given is None
+            or not hmac.compare_digest(given, self.expected)
+        ):
             await self._refuse(scope, send, Unauthorized(
-                "missing or wrong token: set HUTCH_TOKEN to the daemon's token "
-                "(clients send it as Authorization: Bearer <token>)"
+                "missing or wrong token: set HUTCH_TOKEN to the daemon's token (its "
+                "operator's, or the one it made in the file api-token of its data directory, "
+                "which its own user's clients read on their own); clients send it as "
+                "Authorization: Bearer <token>"
             ))
             return
         await self.app(scope, receive, send)
@@ -459,7 +572,7 @@ class TokenAuth:
             await self._refuse(scope, send, Unauthorized("the daemon is not ready for refs"))
             return
         try:
-            ref = daemon.check_ref(given[len(b"Bearer "):].decode("latin-1"))
+            ref = daemon.check_ref(given.decode("latin-1"))
         except HutchError as exc:
             await self._refuse(scope, send, exc)
             return
@@ -486,17 +599,23 @@ class TokenAuth:
 
     @staticmethod
     async def _refuse(scope: Scope, send: Send, exc: HutchError) -> None:
-        if scope["type"] == "websocket":
-            await send({"type": "websocket.close", "code": 4000 + exc.http_status})
-            return
         body = render_json(error_json(exc))
         headers = [(b"content-type", b"application/json"),
                    (b"content-length", str(len(body)).encode())]
         if exc.http_status == 401:
             headers.append((b"www-authenticate", b"Bearer"))
-        await send({"type": "http.response.start", "status": exc.http_status,
+        prefix = "http"
+        if scope["type"] == "websocket":
+            if "websocket.http.response" not in scope.get("extensions", {}):
+                # A server that cannot answer a handshake with a status: a close
+                # before accepting (the client sees 403), its code saying the status.
+                await send({"type": "websocket.close", "code": 4000 + exc.http_status})
+                return
+            # The handshake answered with the error's own status and body.
+            prefix = "websocket.http"
+        await send({"type": f"{prefix}.response.start", "status": exc.http_status,
                     "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await send({"type": f"{prefix}.response.body", "body": body})
 
 
 # -- request bodies ------------------------------------------------------------------------------
@@ -542,6 +661,85 @@ class BodyLimit:
             return message
 
         await self.app(scope, counted, send)
+
+
+#: Memory a request body costs while its call runs, per byte of it: the
+#: pieces received, joined, parsed (a JSON string), and decoded (stdin).
+BODY_MEMORY_FACTOR = 4
+
+
+def _streams_body(scope: Scope) -> bool:
+    """Whether the route spools its body to disk as it comes (an upload):
+    that body costs the spool's memory, which the spool takes itself."""
+    return scope["method"] == "PUT" and str(scope["path"]).endswith("/files")
+
+
+class BodyBudget:
+    """Pure ASGI middleware: a request body held in memory (a JSON body,
+    exec's ``stdin_b64`` with it) is taken from the process's memory budget
+    (hutch._membudget) as it comes, and given back when the call ends.
+
+    A body the budget has no room for is refused with ``daemon_busy`` before
+    anything is done: announced, before a byte of it is read; chunked, when
+    the piece that does not fit comes (whatever the route made of that, the
+    caller is told ``daemon_busy``; nothing has started by then: a handler
+    reads its whole body first).
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or _streams_body(scope):
+            await self.app(scope, receive, send)
+            return
+        budget = _membudget.budget()
+        what = f"the body of {scope['method']} {scope['path']}"
+        taken = 0
+        announced = _header(scope, b"content-length")
+        if announced is not None and announced.isdigit() and int(announced) > 0:
+            taken = int(announced) * BODY_MEMORY_FACTOR
+            try:
+                budget.take(taken, what)
+            except DaemonBusy as exc:
+                await _respond(send, exc.http_status, render_json(error_json(exc)),
+                               b"application/json")
+                return
+        received = 0
+        refused: DaemonBusy | None = None
+        started = False
+
+        async def counted() -> Message:
+            nonlocal received, taken, refused
+            message = await receive()
+            received += len(message.get("body", b""))
+            more = received * BODY_MEMORY_FACTOR - taken
+            if more > 0:
+                try:
+                    budget.take(more, what)
+                except DaemonBusy as exc:
+                    refused = exc
+                    raise
+                taken += more
+            return message
+
+        async def sending(message: Message) -> None:
+            nonlocal started
+            if refused is not None and not started:
+                return  # the route's answer to a refused body: ours goes instead
+            started = True
+            await send(message)
+
+        try:
+            await self.app(scope, counted, sending)
+        except Exception:
+            if refused is None or started:
+                raise
+        finally:
+            budget.give(taken)
+        if refused is not None and not started:
+            await _respond(send, refused.http_status, render_json(error_json(refused)),
+                           b"application/json")
 
 
 # -- a caller gone ------------------------------------------------------------------------------
@@ -658,8 +856,9 @@ SPOOL_MEMORY_BYTES = 1024 * 1024
 
 def new_spool() -> IO[bytes]:
     """Where an upload lands as it arrives: memory for a small one, disk past
-    :data:`SPOOL_MEMORY_BYTES` (an unlinked temporary file, the daemon's own)."""
-    return tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY_BYTES)
+    :data:`SPOOL_MEMORY_BYTES` or once the memory budget says so (an unlinked
+    temporary file, the daemon's own)."""
+    return _membudget.Spool(SPOOL_MEMORY_BYTES)
 
 
 async def _spool_body(receive: Receive) -> IO[bytes] | None:
@@ -834,8 +1033,7 @@ class HotRoutes:
         except ValidationError:
             raise _FallThrough(raw) from None
         sandbox = daemon.session(sandbox_id, self._session(scope))
-        answer = await run_exec(sandbox, body)
-        await _respond(send, 200, render_json(answer), b"application/json")
+        await send_exec(send, await run_exec(sandbox, body))
 
     async def _read(
         self, daemon: Daemon, sandbox_id: str, scope: Scope, receive: Receive, send: Send
@@ -985,11 +1183,15 @@ def create_app(
         restore_watcher = use_pidfd_child_watcher()
         # Providers that keep files on the host keep them under the daemon's data dir.
         os.environ["HUTCH_HOME"] = os.path.abspath(settings.data_dir or default_data_dir())
+        # Output and uploads past their memory go to disk there too (not a
+        # /tmp that may be memory itself).
+        _membudget.configure(settings.memory_budget,
+                             os.path.join(os.environ["HUTCH_HOME"], "spool"))
         daemon = Daemon(
             settings.data_dir, sandbox_defaults=settings.sandbox_defaults,
             timeout_ceiling=settings.timeout_ceiling,
             retention_seconds=settings.retention_seconds, policy=settings.policy(),
-            definitions=settings.definitions,
+            definitions=settings.definitions, default_provider=settings.default_provider,
         )
         try:
             await daemon.start()
@@ -1043,8 +1245,8 @@ def create_app(
 
     # -- exec --
     @v1.post("/sandboxes/{sandbox_id}/exec")
-    async def exec_(request: Request, sandbox_id: str, body: ExecBody) -> JSONResponse:
-        return JSONResponse(await run_exec(sandbox_for(request, sandbox_id), body))
+    async def exec_(request: Request, sandbox_id: str, body: ExecBody) -> Response:
+        return exec_response(await run_exec(sandbox_for(request, sandbox_id), body))
 
     # -- files --
     @v1.get("/sandboxes/{sandbox_id}/files")
@@ -1395,9 +1597,9 @@ def create_app(
         return JSONResponse(process_json(daemon().get(sandbox_id).process(process_id)))
 
     @v1.post("/sandboxes/{sandbox_id}/processes/{process_id}/wait")
-    async def wait(sandbox_id: str, process_id: str, body: WaitBody) -> JSONResponse:
-        result = await daemon().get(sandbox_id).process(process_id).wait(timeout=body.timeout)
-        return JSONResponse(exec_json(result))
+    async def wait(sandbox_id: str, process_id: str, body: WaitBody) -> Response:
+        process = daemon().get(sandbox_id).process(process_id)
+        return exec_response(await wait_output(process, timeout=body.timeout))
 
     @v1.get("/sandboxes/{sandbox_id}/processes/{process_id}/stream")
     async def process_stream(sandbox_id: str, process_id: str) -> StreamingResponse:
@@ -1461,6 +1663,7 @@ def create_app(
         HotRoutes, daemon=lambda: holder.get("daemon"), routes=lambda: app.router.routes,
         hot={exec_: "_exec", read_file: "_read", write_file: "_write", get_sandbox: "_status"},
     )
+    app.add_middleware(BodyBudget)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(CancelOnDisconnect)
     app.add_middleware(TokenAuth, token=settings.token, daemon=lambda: holder.get("daemon"))

@@ -306,8 +306,13 @@ class Layers:
         sandbox keeps); its processes must be held or ended after this."""
         if self.upper_on != "hot":
             return
+        # Whole or not at all: a copy on disk is what a program finding the
+        # sandbox after this one died takes for its suspended state.
+        partial = self.disk_upper + ".partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        copy_tree(self.upper, partial)
         shutil.rmtree(self.disk_upper, ignore_errors=True)
-        copy_tree(self.upper, self.disk_upper)
+        os.rename(partial, self.disk_upper)
 
     def remove(self) -> None:
         # Mounts of an older layout, made on the host, if any are left.

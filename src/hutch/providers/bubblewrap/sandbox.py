@@ -8,9 +8,9 @@ in :mod:`.runtime`; the overlay and the keeper in :mod:`.provisioning`.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import re
@@ -31,6 +31,7 @@ from ..._errors import (
     ProviderError,
     SandboxUnavailable,
 )
+from ..._faults import fault_point
 from ..._liveness import still_running, this_process
 from ..._types import Capabilities
 from .._hostproc import SANDBOX_MARKER
@@ -38,14 +39,15 @@ from ..agent import AgentFailure, AgentUnavailable, agent_binary
 from ..base import (
     ProviderSettings,
     ProviderSnapshot,
-    RuntimeNotice,
     RuntimeReport,
+    RuntimeState,
     SandboxBackend,
     SandboxRuntime,
 )
 from ..network import AllowList, NetworkPolicy
 from ..policy import (
     DiskSize,
+    ImageName,
     Limit,
     MemorySize,
     NotBool,
@@ -54,9 +56,10 @@ from ..policy import (
     format_bytes,
     parse_bytes,
 )
+from . import freezes, snapshots
 from . import network as net
-from . import snapshots
 from .cgroups import SandboxCgroup
+from .deaths import keepers_changed, watch_keepers
 from .provisioning import (
     Keeper,
     Layers,
@@ -69,21 +72,9 @@ from .runtime import DEFAULT_PATH, AgentWithNativeUsers, BubblewrapRuntime, Sand
 DEFAULT_IMAGE = "hutch-test:bookworm"
 #: How long a fresh keeper's agent has to answer.
 AGENT_START_TIMEOUT = 15.0
-#: How long the death watcher waits on its keepers' descriptors before it
-#: looks at every live sandbox anyway (a backstop; deaths wake it at once).
-_WATCH_BACKSTOP = 30.0
 log = logging.getLogger("hutch.bubblewrap")
 #: The sandboxes this process holds, for the death watcher.
 _live: weakref.WeakValueDictionary[str, BubblewrapSandbox] = weakref.WeakValueDictionary()
-#: The running watchers' loops and wake-up events: a keeper started (from
-#: any thread) wakes them to watch it.
-_watchers: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
-
-
-def _keepers_changed() -> None:
-    for loop, wake in list(_watchers):
-        with contextlib.suppress(RuntimeError):  # that loop has ended
-            loop.call_soon_threadsafe(wake.set)
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _MAX_BYTES = 1 << 50
 
@@ -111,7 +102,7 @@ class BubblewrapConfig(ProviderSettings):
     ] = None
     #: A hutch image, or a Docker image exported once and cached; the test
     #: image when neither this nor ``rootfs`` is set.
-    image: str | None = None
+    image: ImageName | None = None
     #: The working directory inside (made if missing; a directory of its own:
     #: never /proc, /sys, /dev or a system directory).
     workdir: SandboxDirectory = "/workspace"
@@ -454,8 +445,11 @@ class BubblewrapSandbox(SandboxBackend):
         self.parts.keeper = keeper
         self.parts.layers.view = keeper.view
         self._keeper_process = process
+        # Found by a program that finds the sandbox after this one died
+        # before its record named the keeper (a resume cut short).
+        _write_json(_keeper_file(self.parts.layers.sandbox_dir), keeper.to_dict())
         self._pin_upper()
-        _keepers_changed()
+        keepers_changed()
         if self.net_index is not None:
             net.connect(keeper.init_pid, self.net_index, self.network)
 
@@ -550,9 +544,12 @@ class BubblewrapSandbox(SandboxBackend):
                 else None
             ),
         )
+        if os.path.isdir(layers.sandbox_dir):
+            await anyio.to_thread.run_sync(sandbox._mend_cut_short)
+        keeper = sandbox.parts.keeper  # the one a resume cut short started, if so
         if keeper is not None and keeper.alive():
             sandbox._pin_upper()
-            _keepers_changed()
+            keepers_changed()
         return sandbox
 
     async def memory_bytes(self) -> int | None:
@@ -563,6 +560,39 @@ class BubblewrapSandbox(SandboxBackend):
         if keeper is None:  # suspended: its files are on disk
             return os.path.isdir(self.parts.layers.disk_upper)
         return keeper.alive()
+
+    async def observed_state(self) -> RuntimeState:
+        keeper = self.parts.keeper
+        if keeper is not None and keeper.alive():
+            return RuntimeState.PAUSED if self.parts.cgroup.frozen() else RuntimeState.RUNNING
+        if keeper is None and os.path.isdir(self.parts.layers.disk_upper):
+            return RuntimeState.SUSPENDED
+        return RuntimeState.GONE
+
+    def _mend_cut_short(self) -> None:
+        """Bring a sandbox found again after its program died up to what it
+        is: the keeper a resume cut short started (on record in the
+        sandbox's directory, not yet in the caller's), a suspend cut short
+        after its keeper ended (its files saved), a freeze of hutch's own
+        undone, and what a cut step left behind removed. Blocking."""
+        layers, cgroup = self.parts.layers, self.parts.cgroup
+        started = _read_keeper(layers.sandbox_dir)
+        if self.parts.keeper is None and started is not None and started.alive():
+            self.parts.keeper, layers.view, layers.upper_on = started, started.view, "hot"
+        keeper = self.parts.keeper
+        if keeper is not None and keeper.alive():
+            freezes.thaw_left(cgroup, layers.sandbox_dir)
+            # Running from its tmpfs: a copy on disk is a step's leftover.
+            shutil.rmtree(layers.disk_upper, ignore_errors=True)
+            return
+        if os.path.isdir(layers.disk_upper):
+            # Its keeper ended by a suspend cut short (the files were saved
+            # first), or a resume's keeper never came up: suspended.
+            self.parts.keeper, layers.view, layers.upper_on = None, "", "disk"
+            with contextlib.suppress(OSError, ProviderError):
+                cgroup.kill_all()  # a keeper a cut resume started, unrecorded
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(_keeper_file(layers.sandbox_dir))
 
     def death_reason(self) -> str:
         """Why the keeper is gone, as far as the host can tell."""
@@ -576,62 +606,17 @@ class BubblewrapSandbox(SandboxBackend):
                     "and the host cannot reach the sandbox any more")
         return "its keeper ended outside hutch (killed, or the host restarted)"
 
+    @property
+    def watched_keeper(self) -> Keeper | None:
+        """The keeper, while the sandbox is meant to run (for the death watcher)."""
+        return None if self._closed else self.parts.keeper
+
     @classmethod
     async def watch_runtimes(cls, report: RuntimeReport) -> None:
         """Each live sandbox of this process whose keeper ends outside
         hutch's hands (its init or the outer bwrap killed) is reported
-        once, with what the cgroup says. Woken by the kernel: a pidfd of
-        each keeper's two processes, readable when one ends (no polling)."""
-        loop = asyncio.get_running_loop()
-        wake = asyncio.Event()
-        watched: dict[str, tuple[Keeper, list[int]]] = {}
-        reported: dict[str, Keeper] = {}
-        tasks: set[asyncio.Task[None]] = set()
-
-        def unwatch(sandbox_id: str) -> None:
-            _, fds = watched.pop(sandbox_id, (None, []))
-            for fd in fds:
-                loop.remove_reader(fd)
-                os.close(fd)
-
-        async def tell(sandbox_id: str, reason: str) -> None:
-            try:
-                await report(RuntimeNotice(sandbox_id, reason))
-            except Exception:
-                log.exception("sandbox %s: reporting its death failed", sandbox_id)
-
-        _watchers.append((loop, wake))
-        try:
-            while True:
-                wake.clear()
-                for sandbox_id in [s for s in (*watched, *reported) if s not in _live]:
-                    unwatch(sandbox_id)
-                    reported.pop(sandbox_id, None)
-                for sandbox_id, sandbox in list(_live.items()):
-                    keeper = sandbox.parts.keeper
-                    if sandbox._closed or keeper is None or reported.get(sandbox_id) is keeper:
-                        unwatch(sandbox_id)
-                        continue
-                    if watched.get(sandbox_id, (None,))[0] is not keeper:
-                        unwatch(sandbox_id)
-                        fds = keeper.pidfds()
-                        for fd in fds:
-                            loop.add_reader(fd, wake.set)
-                        watched[sandbox_id] = (keeper, fds)
-                    if not keeper.alive():
-                        unwatch(sandbox_id)
-                        reported[sandbox_id] = keeper
-                        task = loop.create_task(tell(sandbox_id, sandbox.death_reason()))
-                        tasks.add(task)
-                        task.add_done_callback(tasks.discard)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), _WATCH_BACKSTOP)
-        finally:
-            _watchers.remove((loop, wake))
-            for sandbox_id in list(watched):
-                unwatch(sandbox_id)
-            for task in tasks:
-                task.cancel()
+        once, with what the cgroup says (see :mod:`.deaths`)."""
+        await watch_keepers(lambda: _live, report)
 
     # -- lifecycle ---------------------------------------------------------------------
     def _require_running(self) -> None:
@@ -654,6 +639,8 @@ class BubblewrapSandbox(SandboxBackend):
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._keeper_process.wait(5)
             self._keeper_process = None
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(_keeper_file(self.parts.layers.sandbox_dir))
         self._unpin_upper()
 
     async def release_runtime(self) -> None:
@@ -690,9 +677,12 @@ class BubblewrapSandbox(SandboxBackend):
         def run() -> None:
             # Held still while the upper layer is copied out of its tmpfs,
             # which goes with the keeper's mount namespace.
-            self.parts.cgroup.freeze()
-            self.parts.layers.save_upper()
-            self._end_processes()
+            with freezes.held(self.parts.cgroup, self.parts.layers.sandbox_dir):
+                fault_point("suspend.bubblewrap.frozen")
+                self.parts.layers.save_upper()
+                fault_point("suspend.bubblewrap.saved")
+                self._end_processes()
+            fault_point("suspend.bubblewrap.ended")
             self.parts.layers.upper_on = "disk"
         await anyio.to_thread.run_sync(run)
 
@@ -703,6 +693,7 @@ class BubblewrapSandbox(SandboxBackend):
             layers = self.parts.layers
             layers.prepare()
             self._start_keeper()  # it copies the upper layer back onto its tmpfs
+            fault_point("resume.bubblewrap.started")
             layers.upper_on = "hot"
             shutil.rmtree(layers.disk_upper, ignore_errors=True)
         await anyio.to_thread.run_sync(run)
@@ -737,6 +728,26 @@ class BubblewrapSandbox(SandboxBackend):
         self._closed = True
         _live.pop(self.sandbox_id, None)
         await self._destroy()
+
+
+def _keeper_file(sandbox_dir: str) -> str:
+    return os.path.join(sandbox_dir, "keeper.json")
+
+
+def _write_json(path: str, data: Mapping[str, Any]) -> None:
+    """Write ``data`` to ``path`` whole or not at all (a rename)."""
+    with open(path + ".new", "w") as fh:
+        json.dump(data, fh)
+    os.rename(path + ".new", path)
+
+
+def _read_keeper(sandbox_dir: str) -> Keeper | None:
+    """The keeper last started for the sandbox, as its directory records it."""
+    try:
+        with open(_keeper_file(sandbox_dir)) as fh:
+            return Keeper.from_dict(json.load(fh))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _write_owner(sandbox_dir: str) -> None:

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from ..._errors import ProviderError
+from ..._errors import InvalidArgument, ProviderError
 from .._docker_engine import engine, engine_available, explanation
 
 Progress = Callable[[str], None]
@@ -52,6 +52,10 @@ def image_id(name: str) -> str | None:
         return str(engine().inspect_image(name)["Id"])
     except docker.errors.ImageNotFound:
         return None
+    except docker.errors.APIError as exc:  # a name the Engine refuses (upper case, ...)
+        raise InvalidArgument(f"image {name!r}: {explanation(exc)}") from None
+    except docker.errors.DockerException as exc:
+        raise ProviderError(f"image {name!r}: the Docker Engine: {exc}") from None
 
 
 def containers_from(tag: str) -> list[str]:
