@@ -215,10 +215,13 @@ def test_a_suspended_sandbox_whose_image_is_removed_fails_within_seconds(
         kept = c.create_sandbox("docker", image=TEST_IMAGE)
         for each in (sb, kept):
             each.write_text("kept.txt", "kept")
+            each.write_text(f"kept-{each.id}.txt", "kept")
             each.suspend()
         docker.APIClient().remove_image(f"hutch-suspended:{sb.id}", force=True)
         info = failed_within(c, sb.id, NOTICED_WITHIN)
         assert "removed outside hutch" in info["reason"], info
+        # Its working directory is readable on the host, as a running one's would be.
+        assert "kept" in host_copies(daemon.data_dir, f"kept-{sb.id}.txt"), daemon.log()
         # Another sandbox's image, and hutch's own removals, fail nothing.
         kept.resume()
         kept.suspend()

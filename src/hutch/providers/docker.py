@@ -2744,12 +2744,19 @@ class DockerSandbox(NativeBackend):
 
     async def release_runtime(self) -> None:
         """Its container is gone (or dead): connections to it dropped, the
-        record of it too if it is gone. The working directory stays as it
-        is, readable on the host, and a dead container that is still there
-        stays too, until :meth:`close` frees both."""
+        record of it too if it is gone. The working directory stays, and is
+        readable on the host whatever state the sandbox failed in (a layered
+        one at rest, a suspended sandbox's, is mounted again), and a dead
+        container that is still there stays too, until :meth:`close` frees both."""
         if self._agent is not None:
             self._agent.drop_connections()
         if self.container_id is None:
+            if self.layered:
+                try:
+                    await anyio.to_thread.run_sync(_layers.after_start, self.sandbox_id)
+                except (OSError, HutchError) as exc:  # kept at rest: its files are still there
+                    log.warning("sandbox %s: its working directory stays at rest: %s",
+                                self.sandbox_id, exc)
             return
         try:
             state = (await _call(engine().inspect_container, self.container_id))["State"]
