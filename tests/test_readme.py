@@ -26,7 +26,8 @@ def blocks(language: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[DaemonProcess]:
-    d = DaemonProcess().start()
+    # As scripts/quickstart.sh starts it: no token (it makes its own), local allowed.
+    d = DaemonProcess(token=None, provider=None, extra_args=["--allow-provider", "local"]).start()
     yield d
     d.stop()
 
@@ -41,7 +42,9 @@ def test_the_cli_session_runs_as_pasted(daemon: DaemonProcess) -> None:
     os.chmod(os.path.join(bin_dir, ".venv", "bin", "hutch"), 0o755)
     os.symlink(os.path.join(ROOT, "README.md"), os.path.join(bin_dir, "README.md"))
     shutil.rmtree("/tmp/docs-back", ignore_errors=True)  # where the session copies to
-    env = dict(os.environ, HUTCH_URL=daemon.url, HUTCH_TOKEN=daemon.token)
+    # No token given: the CLI finds the one the daemon made in its data directory.
+    env = {k: v for k, v in os.environ.items() if k != "HUTCH_TOKEN"}
+    env.update(HUTCH_URL=daemon.url, HUTCH_HOME=daemon.data_dir)
     ran = subprocess.run(["bash", "-euo", "pipefail", "-c", session], cwd=bin_dir, env=env,
                          capture_output=True, text=True, timeout=300,
                          stdin=subprocess.DEVNULL)
