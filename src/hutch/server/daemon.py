@@ -1423,11 +1423,15 @@ class Daemon:
                 return
             state = recorded  # its state is on disk: resume tells what is wrong
         if state is None:
+            # As a death seen while the daemon runs: what the runtime held
+            # goes, its working directory stays (a workspace's becomes its
+            # state) until the sandbox is deleted (``_free_failed``).
+            with contextlib.suppress(HutchError):
+                await backend.release_runtime()
+            row.description = backend.describe()
             self._mark_lost(row, "lost: its runtime died while the daemon was down")
             if row.workspace is not None:
                 await self._salvage_workspace(row, backend)
-            with contextlib.suppress(HutchError):
-                await backend.close()
             return
         if state is not recorded:
             # A step cut short between the provider and the store (a suspend
