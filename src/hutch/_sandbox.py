@@ -474,20 +474,28 @@ class Sandbox:
     ) -> str:
         return (await self.read_bytes(path, limit=limit)).decode(encoding)
 
-    async def write_bytes(self, path: str, data: bytes) -> None:
+    async def write_bytes(self, path: str, data: bytes, *, overwrite: bool = False) -> None:
+        """Write ``data`` to ``path``. An existing file this session has not
+        read is refused (read before write) unless ``overwrite`` says the
+        caller means to replace it, as a person's ``cp`` does."""
         if not isinstance(data, bytes | bytearray | memoryview):
             raise InvalidArgument(f"data must be bytes, not {type(data).__name__}")
         full = self.path(path)
-        await self._write(full, lambda: self._runtime.write_file(full, bytes(data)))
+        await self._write(full, lambda: self._runtime.write_file(full, bytes(data)), overwrite)
 
-    async def write_from(self, path: str, source: IO[bytes]) -> None:
+    async def write_from(
+        self, path: str, source: IO[bytes], *, overwrite: bool = False
+    ) -> None:
         """Write what the binary file ``source`` holds, from its position on, to
-        ``path``; where the provider can, in pieces, never whole in memory."""
+        ``path``; where the provider can, in pieces, never whole in memory.
+        ``overwrite`` as for :meth:`write_bytes`."""
         full = self.path(path)
-        await self._write(full, lambda: self._runtime.write_file_from(full, source))
+        await self._write(full, lambda: self._runtime.write_file_from(full, source), overwrite)
 
-    async def _write(self, full: str, write: Callable[[], Awaitable[None]]) -> None:
-        """A write, under the read-before-write guard."""
+    async def _write(
+        self, full: str, write: Callable[[], Awaitable[None]], overwrite: bool
+    ) -> None:
+        """A write, under the read-before-write guard (unless told to overwrite)."""
         async with self._operation("write"):
             if self._session_guard.needs_check(full):
                 try:
@@ -497,13 +505,16 @@ class Sandbox:
                 else:
                     if info.type == FileType.DIRECTORY:
                         raise SandboxIsADirectory(f"{full} is a directory")
-                    raise self._session_guard.refuse(full, "overwrite")
+                    if not overwrite:
+                        raise self._session_guard.refuse(full, "overwrite")
             await write()
         # What this session wrote, it knows: it may overwrite it again.
         self._session_guard.mark_read(full)
 
-    async def write_text(self, path: str, text: str, *, encoding: str = "utf-8") -> None:
-        await self.write_bytes(path, text.encode(encoding))
+    async def write_text(
+        self, path: str, text: str, *, encoding: str = "utf-8", overwrite: bool = False
+    ) -> None:
+        await self.write_bytes(path, text.encode(encoding), overwrite=overwrite)
 
     async def stat(self, path: str) -> FileInfo:
         async with self._operation("stat"):

@@ -237,27 +237,60 @@ def _from_packages(packages: list[str], rootfs: str, progress: Progress) -> None
     os.makedirs(os.path.join(rootfs, "var/lib/apt/lists/partial"), exist_ok=True)
 
 
-def _users(rootfs: str, name: str) -> list[str]:
-    users: list[str] = []
+def _bubblewrap_lowers() -> dict[str, list[str]]:
+    """Each bubblewrap sandbox's lower layers (root file systems), by sandbox id."""
+    found: dict[str, list[str]] = {}
     sandboxes = os.path.join(hutch_home(), "bubblewrap", "sandboxes")
     with contextlib.suppress(FileNotFoundError):
         for sandbox in sorted(os.listdir(sandboxes)):
             try:
                 with open(os.path.join(sandboxes, sandbox, "lowers.json")) as fh:
-                    if rootfs in json.load(fh):
-                        users.append(f"bubblewrap:{sandbox}")
-            except (OSError, ValueError):
+                    found[sandbox] = [str(lower) for lower in json.load(fh)]
+            except (OSError, ValueError, TypeError):
                 continue
-    if _docker_available():
-        listed = subprocess.run(
-            ["docker", "ps", "-a", "--filter", f"ancestor={name}", "--format", "{{.Names}}"],
-            capture_output=True, text=True, check=False,
-        )
-        users.extend(f"docker:{n}" for n in listed.stdout.split())
+    return found
+
+
+def _docker_users(name: str) -> list[str]:
+    listed = subprocess.run(
+        ["docker", "ps", "-a", "--filter", f"ancestor={name}", "--format", "{{.Names}}"],
+        capture_output=True, text=True, check=False,
+    )
+    return [f"docker:{n}" for n in listed.stdout.split()]
+
+
+def _docker_names() -> set[str] | None:
+    """The names of the images hutch built that Docker has (None: no engine)."""
+    if not _docker_available():
+        return None
+    listed = subprocess.run(
+        ["docker", "image", "ls", "--filter", f"label={_LABEL}=1",
+         "--format", "{{.Repository}}:{{.Tag}}"],
+        capture_output=True, text=True, check=False,
+    )
+    names = set()
+    for tagged in listed.stdout.split():
+        names.add(tagged)
+        names.add(tagged.removesuffix(":latest"))
+    return names
+
+
+def _users(rootfs: str, name: str, lowers: dict[str, list[str]],
+           docker_names: set[str] | None) -> list[str]:
+    users = [f"bubblewrap:{sandbox}" for sandbox, found in lowers.items() if rootfs in found]
+    # Docker is asked only about images it has: a listing of many costs one
+    # call for all of them, not one each.
+    if docker_names is not None and name in docker_names:
+        users.extend(_docker_users(name))
     return users
 
 
 def inspect(name: str) -> ImageInfo:
+    return _inspect(name, _bubblewrap_lowers(), _docker_names())
+
+
+def _inspect(name: str, lowers: dict[str, list[str]],
+             docker_names: set[str] | None) -> ImageInfo:
     directory = _directory(name)
     try:
         with open(os.path.join(directory, "image.json")) as fh:
@@ -267,7 +300,7 @@ def inspect(name: str) -> ImageInfo:
     return ImageInfo(
         str(data["name"]), str(data["source"]), int(data["size_bytes"]),
         float(data["created_unix"]), [str(p) for p in data.get("packages") or []],
-        _users(os.path.join(directory, "rootfs"), name),
+        _users(os.path.join(directory, "rootfs"), name, lowers, docker_names),
     )
 
 
@@ -276,12 +309,13 @@ def list_images() -> list[ImageInfo]:
         names = sorted(os.listdir(images_home()))
     except FileNotFoundError:
         return []
+    lowers, docker_names = _bubblewrap_lowers(), _docker_names()
     out = []
     for entry in names:
         if entry.startswith("."):
             continue
         with contextlib.suppress(NotFound, InvalidArgument):
-            out.append(inspect(entry.replace("@", ":")))
+            out.append(_inspect(entry.replace("@", ":"), lowers, docker_names))
     return out
 
 
