@@ -152,6 +152,22 @@ async def test_missing_image_without_pull_is_not_found() -> None:
         )
 
 
+@pytest.mark.parametrize("runtime", ["auto", "agent"])
+async def test_a_failed_create_leaves_no_directory_behind(
+    runtime: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HUTCH_HOME", str(tmp_path))
+    with pytest.raises(hutch.NotFound):
+        await hutch.create_sandbox(
+            "docker", image="hutch-no-such-image:never", pull_if_missing=False, runtime=runtime
+        )
+    left = [os.path.relpath(os.path.join(d, n), tmp_path)
+            for d, dirs, files in os.walk(tmp_path) for n in dirs + files
+            if os.path.relpath(d, tmp_path).startswith("sandboxes")
+            or n == "sandboxes"]
+    assert [p for p in left if p != "sandboxes"] == []
+
+
 async def test_missing_image_whose_pull_fails_is_not_found_and_says_why() -> None:
     with pytest.raises(hutch.NotFound, match="pulling it failed"):
         await hutch.create_sandbox("docker", image="hutch-no-such-image:never")
@@ -200,8 +216,9 @@ async def test_background_kill_ends_a_setsid_child(sb: Any) -> None:
 
 
 async def test_exec_start_failures_are_typed(sb: Any) -> None:
-    with pytest.raises(hutch.InvalidArgument, match="no-such-user"):
-        await sb.exec(["id"], user="no-such-user")
+    # An unknown user is a command that failed to start: a result (126).
+    unknown = await sb.exec(["id"], user="no-such-user")
+    assert unknown.exit_code == 126 and "no-such-user" in unknown.stderr
     with pytest.raises(hutch.SandboxFileNotFound, match="/nope"):
         await sb.exec(["true"], cwd="/nope")
     with pytest.raises(hutch.SandboxFileNotFound, match="no-such-command"):
@@ -541,3 +558,14 @@ def test_a_capped_directory_whose_image_was_deleted_under_its_mount_is_released(
     finally:
         if os.path.ismount(workdir):
             subprocess.run(["umount", "-l", workdir], check=False)
+
+
+async def test_a_snapshot_reports_what_it_holds_of_its_own(sb: Any) -> None:
+    # A change of a few KB is a few KB of snapshot, not the image below it.
+    await sb.exec(["sh", "-c", "head -c 4096 /dev/urandom > /etc/changed; "
+                   "head -c 4096 /dev/urandom > /workspace/changed"])
+    snapshot = await sb.snapshot("small")
+    try:
+        assert 0 < snapshot.size_bytes < 2 << 20, snapshot.size_bytes
+    finally:
+        await hutch.remove_snapshot(snapshot)

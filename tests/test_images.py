@@ -62,11 +62,14 @@ async def test_dockerfile_image_serves_bubblewrap_and_docker_by_name(
             "docker", image=name, read_before_write=False
         ) as dsb:
             assert (await dsb.exec(["cat", "/built"])).stdout == f"{marker}\n"
+        tag = images.docker_tag(name)
+        assert _docker_has(tag)
         images.remove(name)
         assert images.list_images() == []
-        assert not _docker_has(name)
+        assert not _docker_has(tag)
     finally:
-        subprocess.run(["docker", "rmi", "-f", name], capture_output=True, check=False)
+        subprocess.run(["docker", "rmi", "-f", images.docker_tag(name)], capture_output=True,
+                       check=False)
 
 
 def test_names_and_sources_are_checked(home: str) -> None:
@@ -109,3 +112,69 @@ def test_cli_builds_an_image_from_debian_packages(home: str) -> None:
         assert name not in runner.invoke(app, ["image", "ls"]).output
     finally:
         subprocess.run(["docker", "rmi", "-f", name], capture_output=True, check=False)
+
+
+def test_an_image_build_runs_apt_with_a_tmp_every_user_can_write(
+    tmp_path: os.PathLike[str],
+) -> None:
+    # apt-get update hands its downloads to the unprivileged _apt user, which
+    # writes its temporary files in /tmp: a 0755 /tmp failed every source and
+    # the build went on with the base's stale package lists.
+    rootfs = os.path.join(str(tmp_path), "rootfs")
+    os.makedirs(rootfs)
+    subprocess.run(["tar", "-x", "--numeric-owner", "-f", images.MINBASE_TAR, "-C", rootfs],
+                   check=True)
+    probe = subprocess.run(
+        [*images._apt_sandbox(rootfs), "sh", "-c",
+         "stat -c %a /tmp; setpriv --reuid=_apt --regid=nogroup --clear-groups "
+         "sh -c 'echo x > /tmp/apt-probe && echo written'"],
+        capture_output=True, text=True, check=False,
+    )
+    assert probe.stdout.split() == ["1777", "written"], probe.stderr
+
+
+def _dockerfile(directory: str, marker: str) -> str:
+    path = os.path.join(directory, "Dockerfile")
+    with open(path, "w") as fh:
+        fh.write(f"FROM {TEST_IMAGE}\nRUN echo {marker} > /built\n")
+    return path
+
+
+@pytest.mark.anyio
+async def test_two_homes_building_one_image_name_keep_their_own_images(
+    tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Image names are a home's; Docker's tags are the host's. Two homes
+    # building one name must each run their own, and one's `image rm` must
+    # leave the other's image in place.
+    name = f"hutch-test-shared-{secrets.token_hex(3)}"
+    homes = {which: os.path.join(str(tmp_path), which) for which in ("a", "b")}
+    tags: dict[str, str] = {}
+    try:
+        for which, home in homes.items():
+            os.makedirs(home)
+            monkeypatch.setenv("HUTCH_HOME", home)
+            info = images.build(name, dockerfile=_dockerfile(home, f"built-by-{which}"))
+            assert info.docker_tag is not None
+            tags[which] = info.docker_tag
+        assert tags["a"] != tags["b"]
+        for which, home in homes.items():
+            monkeypatch.setenv("HUTCH_HOME", home)
+            async with await hutch.create_sandbox(
+                "docker", image=name, read_before_write=False
+            ) as sb:
+                assert (await sb.exec(["cat", "/built"])).stdout == f"built-by-{which}\n"
+        monkeypatch.setenv("HUTCH_HOME", homes["a"])
+        images.remove(name)
+        assert not _docker_has(tags["a"])
+        assert _docker_has(tags["b"]), "removing home a's image removed home b's"
+        monkeypatch.setenv("HUTCH_HOME", homes["b"])
+        assert [i.name for i in images.list_images()] == [name]
+        async with await hutch.create_sandbox(
+            "docker", image=name, read_before_write=False
+        ) as sb:
+            assert (await sb.exec(["cat", "/built"])).stdout == "built-by-b\n"
+        images.remove(name)
+    finally:
+        for tag in tags.values():
+            subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, check=False)

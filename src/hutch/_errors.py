@@ -139,6 +139,13 @@ class InvalidArgument(HutchError, ValueError):
     http_status = 400
 
 
+class NoSuchUser(InvalidArgument):
+    """A command asked to run as a user the sandbox does not have. Never seen
+    by callers of exec: as on every other execution API, such a command is
+    one that failed to start (exit 126, the reason on stderr); elsewhere (a
+    PTY) it is the ``invalid_argument`` it derives from."""
+
+
 class SandboxExpired(HutchError):
     """A sandbox terminated because it crossed a time bound."""
 
@@ -243,7 +250,11 @@ def _all_subclasses(root: type[HutchError]) -> list[type[HutchError]]:
 
 
 _ALL_ERRORS: list[type[HutchError]] = [HutchError, *_all_subclasses(HutchError)]
-ERRORS_BY_CODE: dict[str, type[HutchError]] = {cls.code: cls for cls in _ALL_ERRORS}
+#: Only a class that declares its own code stands for it on the wire (a
+#: refinement such as NoSuchUser travels as its parent's code).
+ERRORS_BY_CODE: dict[str, type[HutchError]] = {
+    cls.code: cls for cls in _ALL_ERRORS if "code" in cls.__dict__
+}
 
 
 def error_from_code(code: str, message: str) -> HutchError:

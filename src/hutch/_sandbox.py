@@ -26,6 +26,7 @@ from ._errors import (
     ExecTimeout,
     HutchError,
     InvalidArgument,
+    NoSuchUser,
     NotFound,
     ProviderError,
     SandboxIsADirectory,
@@ -61,6 +62,7 @@ from .providers.base import (
     PtyProcess,
     SandboxBackend,
     SandboxRuntime,
+    UnstartedProcess,
     sandbox_path,
 )
 
@@ -271,13 +273,18 @@ class Sandbox:
             self.require("users")
         if isinstance(stdin, str):
             stdin = stdin.encode()
-        return await self._runtime.start_process(ProcessRequest(
+        request = ProcessRequest(
             self._argv(cmd),
             cwd=self.path(cwd) if cwd is not None else self.workdir,
             env=dict(env or {}),
             stdin=stdin,
             user=user,
-        ))
+        )
+        try:
+            return await self._runtime.start_process(request)
+        except NoSuchUser as exc:
+            # A command that could not start, as every execution API says it.
+            return UnstartedProcess(exc.message)
 
     async def exec(
         self,

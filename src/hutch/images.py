@@ -8,9 +8,12 @@ way the image ends as two things with the same name:
 
 - ``$HUTCH_HOME/images/<name>/rootfs``: the unpacked root file system a
   ``bubblewrap`` sandbox stands on (``image="<name>"``), shared read-only;
-- the Docker image ``<name>`` (imported from that root file system when it
-  was built from packages), which a ``docker`` sandbox runs
-  (``image="<name>"``) when a Docker Engine is there.
+- a Docker image (imported from that root file system when it was built
+  from packages), which a ``docker`` sandbox runs (``image="<name>"``) when a
+  Docker Engine is there. Its tag is scoped to the hutch home
+  (``hutch-<home id>/<name>``): Docker's tags are the whole host's, a hutch
+  image name is its data directory's, and two homes building one name must
+  not replace or remove each other's image.
 
 ``ls`` says how big each is and which sandboxes stand on it; ``rm`` refuses
 an image in use unless forced.
@@ -19,6 +22,7 @@ an image in use unless forced.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -59,6 +63,27 @@ def _directory(name: str) -> str:
     return os.path.join(images_home(), _check_name(name).replace(":", "@"))
 
 
+def docker_tag(name: str) -> str:
+    """The Docker tag of this home's hutch image ``name``."""
+    home = os.path.realpath(hutch_home()).encode()
+    return f"hutch-{hashlib.sha256(home).hexdigest()[:12]}/{_check_name(name)}"
+
+
+def docker_reference(image: str) -> str:
+    """The Docker image a ``docker`` sandbox asking for ``image`` runs: this
+    home's hutch image of that name where one was built, else ``image`` as
+    Docker knows it."""
+    if not _NAME.match(image):
+        return image
+    try:
+        with open(os.path.join(_directory(image), "image.json")) as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return image
+    # Built before tags were scoped: Docker has it under its bare name.
+    return str(data.get("docker_tag") or image) if "docker_tag" in data else image
+
+
 def hutch_image_rootfs(name: str) -> str | None:
     """The unpacked root file system of hutch image ``name``, if it was built."""
     if not _NAME.match(name):
@@ -76,11 +101,14 @@ class ImageInfo:
     packages: list[str] = field(default_factory=list)
     #: Sandboxes standing on it: bubblewrap sandbox ids, docker container names.
     users: list[str] = field(default_factory=list)
+    #: Its Docker image's tag, where it has one.
+    docker_tag: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "name": self.name, "source": self.source, "size_bytes": self.size_bytes,
             "created_unix": self.created_unix, "packages": self.packages, "users": self.users,
+            "docker_tag": self.docker_tag,
         }
 
 
@@ -159,18 +187,22 @@ def build(
     os.makedirs(images_home(), exist_ok=True)
     work = tempfile.mkdtemp(prefix=".build-", dir=images_home())
     rootfs = os.path.join(work, "rootfs")
+    tag = docker_tag(name)
     try:
         if dockerfile is not None:
             source = "dockerfile"
-            _from_dockerfile(name, dockerfile, context, rootfs, progress)
+            _from_dockerfile(tag, dockerfile, context, rootfs, progress)
+            in_docker = True
         else:
             source = "packages"
             _from_packages(list(packages), rootfs, progress)
-            if _docker_available():
+            in_docker = _docker_available()
+            if in_docker:
                 progress(f"importing {name} into Docker")
                 _run(["sh", "-c", 'tar -C "$0" -c . | docker import --change "$2" - "$1"',
-                      rootfs, name, f"LABEL {_LABEL}=1"], "docker import", progress)
-        info = ImageInfo(name, source, _disk_usage(rootfs), time.time(), list(packages))
+                      rootfs, tag, f"LABEL {_LABEL}=1"], "docker import", progress)
+        info = ImageInfo(name, source, _disk_usage(rootfs), time.time(), list(packages),
+                         docker_tag=tag if in_docker else None)
         with open(os.path.join(work, "image.json"), "w") as fh:
             json.dump(info.as_dict(), fh)
         if os.path.isdir(directory):
@@ -184,21 +216,21 @@ def build(
 
 
 def _from_dockerfile(
-    name: str, dockerfile: str, context: str | None, rootfs: str, progress: Progress
+    tag: str, dockerfile: str, context: str | None, rootfs: str, progress: Progress
 ) -> None:
     if not os.path.isfile(dockerfile):
         raise NotFound(f"no Dockerfile at {dockerfile}")
     if not _docker_available():
         raise ProviderError("building from a Dockerfile needs a Docker Engine")
     context = context or os.path.dirname(os.path.abspath(dockerfile))
-    progress(f"docker build -t {name}")
-    _run(["docker", "build", "--label", f"{_LABEL}=1", "-t", name, "-f", dockerfile, context],
+    progress(f"docker build -t {tag}")
+    _run(["docker", "build", "--label", f"{_LABEL}=1", "-t", tag, "-f", dockerfile, context],
          "docker build", progress, env={**os.environ, "DOCKER_BUILDKIT": "0"})
     progress("unpacking its file system")
     os.makedirs(rootfs)
     _run(["sh", "-c",
           'id=$(docker create "$1" /bin/true) && docker export "$id" | tar -x -C "$0"; '
-          'rc=$?; docker rm -f "$id" >/dev/null; exit $rc', rootfs, name],
+          'rc=$?; docker rm -f "$id" >/dev/null; exit $rc', rootfs, tag],
          "docker export", progress)
 
 
@@ -216,25 +248,35 @@ def _from_packages(packages: list[str], rootfs: str, progress: Progress) -> None
             f"no bookworm base: neither {MINBASE_TAR} (scripts/ensure-docker.sh caches it) "
             "nor debootstrap is on this host"
         )
-    # apt inside bubblewrap, with the host's network and resolver and root's
-    # capabilities (package scripts chown); the build is the operator's.
-    resolv = os.path.realpath("/etc/resolv.conf")
-    inside = [
-        "bwrap", "--bind", rootfs, "/", "--proc", "/proc", "--dev", "/dev",
-        "--tmpfs", "/tmp", "--ro-bind", resolv, "/etc/resolv.conf",
-        "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent",
-        "--setenv", "DEBIAN_FRONTEND", "noninteractive",
-        "--setenv", "PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        "--",
-    ]
+    inside = _apt_sandbox(rootfs)
     progress("apt-get update")
-    _run([*inside, "apt-get", "update"], "apt-get update", progress)
+    # A source that fails to update fails the build (apt's default only warns).
+    _run([*inside, "apt-get", "update", "--error-on=any"], "apt-get update", progress)
     progress(f"apt-get install {' '.join(packages)}")
     _run([*inside, "apt-get", "install", "-y", "--no-install-recommends", *packages],
          "apt-get install", progress)
     _run([*inside, "apt-get", "clean"], "apt-get clean", progress)
     shutil.rmtree(os.path.join(rootfs, "var/lib/apt/lists"), ignore_errors=True)
     os.makedirs(os.path.join(rootfs, "var/lib/apt/lists/partial"), exist_ok=True)
+
+
+def _apt_sandbox(rootfs: str) -> list[str]:
+    """The argv prefix that runs a command on ``rootfs`` for an image build:
+    apt inside bubblewrap, with the host's network and resolver and root's
+    capabilities (package scripts chown); the build is the operator's."""
+    resolv = os.path.realpath("/etc/resolv.conf")
+    return [
+        "bwrap", "--bind", rootfs, "/", "--proc", "/proc", "--dev", "/dev",
+        # /tmp as on any Debian system (1777): apt-get update hands its
+        # downloads to the unprivileged _apt user, which writes there; under a
+        # 0755 /tmp every source failed and the build went on with the base's
+        # stale package lists.
+        "--perms", "1777", "--tmpfs", "/tmp", "--ro-bind", resolv, "/etc/resolv.conf",
+        "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent",
+        "--setenv", "DEBIAN_FRONTEND", "noninteractive",
+        "--setenv", "PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "--",
+    ]
 
 
 def _bubblewrap_lowers() -> dict[str, list[str]]:
@@ -251,16 +293,8 @@ def _bubblewrap_lowers() -> dict[str, list[str]]:
     return found
 
 
-def _docker_users(name: str) -> list[str]:
-    listed = subprocess.run(
-        ["docker", "ps", "-a", "--filter", f"ancestor={name}", "--format", "{{.Names}}"],
-        capture_output=True, text=True, check=False,
-    )
-    return [f"docker:{n}" for n in listed.stdout.split()]
-
-
-def _docker_names() -> set[str] | None:
-    """The names of the images hutch built that Docker has (None: no engine)."""
+def _docker_tags() -> set[str] | None:
+    """The tags of the images hutch built that Docker has (None: no engine)."""
     if not _docker_available():
         return None
     listed = subprocess.run(
@@ -268,39 +302,45 @@ def _docker_names() -> set[str] | None:
          "--format", "{{.Repository}}:{{.Tag}}"],
         capture_output=True, text=True, check=False,
     )
-    names = set()
+    tags = set()
     for tagged in listed.stdout.split():
-        names.add(tagged)
-        names.add(tagged.removesuffix(":latest"))
-    return names
+        tags.add(tagged)
+        tags.add(tagged.removesuffix(":latest"))
+    return tags
 
 
-def _users(rootfs: str, name: str, lowers: dict[str, list[str]],
-           docker_names: set[str] | None) -> list[str]:
+def _users(rootfs: str, tag: str | None, lowers: dict[str, list[str]],
+           docker_tags: set[str] | None) -> list[str]:
     users = [f"bubblewrap:{sandbox}" for sandbox, found in lowers.items() if rootfs in found]
-    # Docker is asked only about images it has: a listing of many costs one
-    # call for all of them, not one each.
-    if docker_names is not None and name in docker_names:
-        users.extend(_docker_users(name))
+    # Docker is asked only about images it has: a listing of many images
+    # costs one call for all of them, and one more for each that Docker has.
+    if tag is not None and docker_tags is not None and tag in docker_tags:
+        listed = subprocess.run(
+            ["docker", "ps", "-a", "--filter", f"ancestor={tag}", "--format", "{{.Names}}"],
+            capture_output=True, text=True, check=False,
+        )
+        users.extend(f"docker:{n}" for n in listed.stdout.split())
     return users
 
 
 def inspect(name: str) -> ImageInfo:
-    return _inspect(name, _bubblewrap_lowers(), _docker_names())
+    return _inspect(name, _bubblewrap_lowers(), _docker_tags())
 
 
-def _inspect(name: str, lowers: dict[str, list[str]],
-             docker_names: set[str] | None) -> ImageInfo:
+def _inspect(name: str, lowers: dict[str, list[str]], docker_tags: set[str] | None) -> ImageInfo:
     directory = _directory(name)
     try:
         with open(os.path.join(directory, "image.json")) as fh:
             data = json.load(fh)
     except (OSError, ValueError):
         raise NotFound(f"no hutch image {name!r} (hutch image build {name} ...)") from None
+    # Built before tags were scoped: Docker has it under its bare name.
+    tag = data.get("docker_tag") if "docker_tag" in data else name
     return ImageInfo(
         str(data["name"]), str(data["source"]), int(data["size_bytes"]),
         float(data["created_unix"]), [str(p) for p in data.get("packages") or []],
-        _users(os.path.join(directory, "rootfs"), name, lowers, docker_names),
+        _users(os.path.join(directory, "rootfs"), tag and str(tag), lowers, docker_tags),
+        docker_tag=tag and str(tag),
     )
 
 
@@ -309,13 +349,13 @@ def list_images() -> list[ImageInfo]:
         names = sorted(os.listdir(images_home()))
     except FileNotFoundError:
         return []
-    lowers, docker_names = _bubblewrap_lowers(), _docker_names()
+    lowers, docker_tags = _bubblewrap_lowers(), _docker_tags()
     out = []
     for entry in names:
         if entry.startswith("."):
             continue
         with contextlib.suppress(NotFound, InvalidArgument):
-            out.append(_inspect(entry.replace("@", ":"), lowers, docker_names))
+            out.append(_inspect(entry.replace("@", ":"), lowers, docker_tags))
     return out
 
 
@@ -328,5 +368,5 @@ def remove(name: str, *, force: bool = False) -> None:
             "(or force, which breaks them)"
         )
     shutil.rmtree(_directory(name), ignore_errors=True)
-    if _docker_image_owner(name) == "hutch":
-        subprocess.run(["docker", "rmi", "-f", name], capture_output=True, check=False)
+    if info.docker_tag is not None and _docker_image_owner(info.docker_tag) == "hutch":
+        subprocess.run(["docker", "rmi", "-f", info.docker_tag], capture_output=True, check=False)

@@ -17,7 +17,11 @@ import signal
 import subprocess
 from collections.abc import Sequence
 
-from .._errors import InvalidArgument, SandboxFileNotFound, SandboxPermissionDenied
+from .._errors import (
+    NoSuchUser,
+    SandboxFileNotFound,
+    SandboxPermissionDenied,
+)
 from .._types import OutputChunk
 from ._pipes import OutputPipes
 from .base import EXEC_MARKER, SANDBOX_MARKER, BackendProcess, ProcessRequest
@@ -136,7 +140,7 @@ def _as_user(user: str) -> list[str]:
     try:
         entry = pwd.getpwnam(user)
     except KeyError:
-        raise InvalidArgument(f"no such user {user!r}") from None
+        raise NoSuchUser(f"no such user {user!r}") from None
     return [
         "setpriv", f"--reuid={entry.pw_uid}", f"--regid={entry.pw_gid}", "--init-groups", "--",
     ]

@@ -81,6 +81,29 @@ class BackendProcess(abc.ABC):
         """Whether the kernel's OOM killer ended it, where the provider can tell."""
         return False
 
+class UnstartedProcess(BackendProcess):
+    """A command that could not start (its user does not exist): as on every
+    other execution API, a process that said why on stderr and exited 126."""
+
+    EXIT_CODE = 126
+
+    def __init__(self, reason: str) -> None:
+        self._unread: list[OutputChunk] = [OutputChunk("stderr", f"{reason}\n".encode())]
+
+    async def read(self) -> OutputChunk | None:
+        return self._unread.pop() if self._unread else None
+
+    async def wait(self) -> int:
+        return self.EXIT_CODE
+
+    async def kill(self, grace: float) -> None:
+        return None
+
+    @property
+    def returncode(self) -> int | None:
+        return self.EXIT_CODE
+
+
 class FutureExitProcess(BackendProcess):
     """A process whose reader settles its end: ``_exit`` (a future, given the
     exit code or the failure), ``_exit_code`` and ``_oom_killed``, set by the

@@ -22,7 +22,6 @@ import fcntl
 import functools
 import hashlib
 import io
-import ipaddress
 import json
 import logging
 import os
@@ -32,7 +31,6 @@ import shutil
 import signal
 import socket
 import struct
-import subprocess
 import tarfile
 import tempfile
 import threading
@@ -50,6 +48,7 @@ from pydantic import ConfigDict, Field
 from .._errors import (
     HutchError,
     InvalidArgument,
+    NoSuchUser,
     NotFound,
     OutputLimitExceeded,
     ProviderError,
@@ -69,7 +68,7 @@ from .._types import (
     GrepMatch,
     OutputChunk,
 )
-from . import _layers
+from . import _dockernet, _layers
 from ._diskcap import image_for, mount_capped, unmount_capped
 from ._grep import GREP_OUTPUT_LIMIT, matching_indices
 from ._grepfilter import LINE_BREAK_CHARS as _LINE_BREAK_CHARS
@@ -89,7 +88,7 @@ from .base import (
     SandboxRuntime,
     bounded_pieces,
 )
-from .network import NetworkPolicy, apply_in_namespace, host_addresses
+from .network import NetworkPolicy
 from .policy import Limit, ReachesHost, format_bytes, keeps_dropped, one_of, parse_bytes
 
 log = logging.getLogger("hutch.docker")
@@ -647,6 +646,32 @@ def list_managed_containers(*, with_labels: bool = False) -> list[tuple[str, str
 
 
 
+def _own_image_bytes(api: Any, image_id: str) -> int:
+    """What image ``image_id`` holds of its own: its size less its parent's
+    (a commit's layer over the image it ran from), or all of it where it
+    stands alone (flattened). Docker's ``Size`` counts every layer below."""
+    import docker.errors
+
+    image = api.inspect_image(image_id)
+    total = int(image.get("Size") or 0)
+    parent = image.get("Parent")
+    if not parent:
+        return total
+    try:
+        below = int(api.inspect_image(parent).get("Size") or 0)
+    except docker.errors.ImageNotFound:
+        return total
+    return max(0, total - below)
+
+
+def configured_image(config: DockerConfig) -> str:
+    """The Docker image ``config.image`` names: this home's hutch image of that
+    name (its tag is scoped to the home), else Docker's own."""
+    from ..images import docker_reference
+
+    return docker_reference(config.image)
+
+
 def _pull(api: Any, image: str) -> None:
     """Pull ``image``. The engine reports some failures inside a 200 stream,
     so the stream is read to its end and its errors raised."""
@@ -741,7 +766,7 @@ def _oci_error(message: str, request: ProcessRequest, *, pids_refused: bool) -> 
     meanwhile (runc's own processes, once inside the container's cgroup, are
     refused there, and it says only that its child went away)."""
     if "unable to find user" in message or "unable to find group" in message:
-        return InvalidArgument(f"no such user {request.user!r}")
+        return NoSuchUser(f"no such user {request.user!r}")
     if "chdir to cwd" in message:
         return SandboxFileNotFound(f"working directory {request.cwd} does not exist")
     if "permission denied" in message:
@@ -1023,10 +1048,14 @@ class DockerProcess(FutureExitProcess):
             if await asyncio.shield(self._exit) == 126:
                 before = self._pids_before
                 after = pids_refusals(self._sandbox.container_id or "")
-                raise _oci_error(
+                error = _oci_error(
                     held.decode("utf-8", "replace"), self._request,
                     pids_refused=before is not None and after is not None and after > before,
                 )
+                if isinstance(error, NoSuchUser):
+                    # A command that could not start: its reason, and exit 126.
+                    return OutputChunk("stderr", f"{error.message}\n".encode())
+                raise error
             return OutputChunk("stdout", held)
         return None
 
@@ -1280,7 +1309,7 @@ class DockerSandbox(NativeBackend):
         self.container_name = f"hutch-{sandbox_id}"
         self.suspended_image = suspended_image
         #: The image the container started from: the configured one, or a snapshot's.
-        self.base_image = base_image or config.image
+        self.base_image = base_image or configured_image(config)
         #: Started from a snapshot: the working directory is a branch mounted
         #: on ``chain`` (see ``_layers``), never shared with another sandbox.
         self.branch = branch
@@ -1426,7 +1455,7 @@ class DockerSandbox(NativeBackend):
             log.warning("docker sandbox %s: %s; falling back to the native runtime",
                         self.sandbox_id, exc)
             self._agent = None
-            self.agent_dir = None
+            await anyio.to_thread.run_sync(self._remove_agent_dir)
             self.container_id = await self._run_container(image)
 
     async def _recover_agent(self, reason: str) -> bool:
@@ -1515,8 +1544,9 @@ class DockerSandbox(NativeBackend):
             os.makedirs(host_workdir, exist_ok=True)
         sandbox = cls(sandbox_id, config, host_workdir, owns, None, chain=chain, layered=layered)
         try:
-            await sandbox._launch(config.image)
+            await sandbox._launch(configured_image(config))
         except BaseException:
+            await anyio.to_thread.run_sync(sandbox._remove_agent_dir)
             await anyio.to_thread.run_sync(sandbox._remove_workdir)
             raise
         return sandbox
@@ -1526,9 +1556,10 @@ class DockerSandbox(NativeBackend):
         binary = self._agent_wanted()
         if binary is not None:
             self._agent_binary = binary
+            # The image first: a create that fails on it leaves no directory.
+            default_user = await _call(_image_user, image, self.config.pull_if_missing)
             agent_dir = os.path.join(hutch_home(), "sandboxes", self.sandbox_id, "agent")
             os.makedirs(agent_dir, mode=0o700, exist_ok=True)
-            default_user = await _call(_image_user, image, self.config.pull_if_missing)
             self._use_agent(agent_dir, default_user)
         await self._start_container(image)
 
@@ -1620,6 +1651,7 @@ class DockerSandbox(NativeBackend):
                 self._enforce_network_policy(api, container)
             except BaseException:
                 api.remove_container(container, force=True)
+                self._release_network_policy()
                 raise
             return container
 
@@ -1639,33 +1671,27 @@ class DockerSandbox(NativeBackend):
                 f"{self.config.disk} (a loop mount, which needs root): {exc}"
             ) from None
 
-    def _enforce_network_policy(self, api: Any, container: str) -> None:
-        """Install the sandbox's network policy in its container's namespace,
-        from the host: the sandbox (no CAP_NET_ADMIN) cannot change it."""
+    def _polices_network(self) -> bool:
+        """Whether hutch enforces a policy on this sandbox's network: it has one,
+        in a namespace of its own (another is the operator's choice)."""
         cfg = self.config
-        if cfg.network == "none" or not _own_network_namespace(cfg.network_mode):
-            return  # no network to police, or one that is not the sandbox's (operator's choice)
-        info = api.inspect_container(container)
-        pid = int(info["State"]["Pid"])
-        if os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat("/proc/self/ns/net").st_ino:
-            raise ProviderError(f"container {container[:12]} shares hutch's network namespace")
-        blocked = set(host_addresses())
-        for attached in (info["NetworkSettings"].get("Networks") or {}).values():
-            for key in ("Gateway", "IPv6Gateway"):
-                if attached.get(key):
-                    blocked.add(ipaddress.ip_network(attached[key]))
-        for network in api.networks():  # where other sandboxes live
-            for pool in (network.get("IPAM") or {}).get("Config") or []:
-                if pool.get("Subnet"):
-                    blocked.add(ipaddress.ip_network(pool["Subnet"], strict=False))
+        return cfg.network != "none" and _own_network_namespace(cfg.network_mode)
+
+    def _enforce_network_policy(self, api: Any, container: str) -> None:
+        """Install the sandbox's network policy in its container's namespace and
+        on the host, from the host: the sandbox (no CAP_NET_ADMIN) cannot change it."""
+        if self._polices_network():
+            _dockernet.enforce(api, container, self.sandbox_id, self.config.network)
+
+    def _release_network_policy(self) -> None:
+        """Remove the host's rules of a container gone: its address goes to
+        another container. Said, not raised: the container is gone already."""
+        if not self._polices_network():
+            return
         try:
-            apply_in_namespace(pid, cfg.network, sorted(blocked, key=str))
-        except (OSError, subprocess.SubprocessError) as exc:
-            detail = getattr(exc, "stderr", "") or exc
-            raise ProviderError(
-                f"cannot enforce the network policy of sandbox {self.sandbox_id} (nsenter and "
-                f"iptables-restore, run as root, install it): {detail}"
-            ) from None
+            _dockernet.release(self.sandbox_id)
+        except ProviderError as exc:
+            log.warning("docker sandbox %s: %s", self.sandbox_id, exc)
 
     def _remove_stale_namesake(self) -> bool:
         """Remove a container left under this sandbox's name (a crash between
@@ -2222,6 +2248,7 @@ class DockerSandbox(NativeBackend):
         await _call(api.remove_container, container, force=True)
         drop_start_locks(container)
         self.container_id = None
+        await anyio.to_thread.run_sync(self._release_network_policy)
         if self.layered:
             # Nothing runs on its working directory now: it holds no mounted store.
             await anyio.to_thread.run_sync(_layers.rest, self.sandbox_id)
@@ -2236,7 +2263,7 @@ class DockerSandbox(NativeBackend):
     async def resume(self) -> None:
         if self.container_id is not None:
             return
-        image = self.suspended_image or self.config.image
+        image = self.suspended_image or configured_image(self.config)
         await self._start_container(image)
 
     async def memory_bytes(self) -> int | None:
@@ -2298,12 +2325,12 @@ class DockerSandbox(NativeBackend):
                 await anyio.to_thread.run_sync(_layers.remove, snapshot_id)
                 raise
         try:
-            image = await _call(api.inspect_image, image_id)
+            image_bytes = await _call(_own_image_bytes, api, image_id)
         except BaseException:
             await anyio.to_thread.run_sync(_layers.remove, snapshot_id)
             raise
         return ProviderSnapshot(
-            snapshot_id, self.provider, size + int(image.get("Size") or 0),
+            snapshot_id, self.provider, size + image_bytes,
             {"image": f"{repository}:{snapshot_id}", "image_id": str(image_id)},
         )
 
@@ -2428,6 +2455,7 @@ class DockerSandbox(NativeBackend):
         try:
             await sandbox._launch(image)
         except BaseException:
+            await anyio.to_thread.run_sync(sandbox._remove_agent_dir)
             await anyio.to_thread.run_sync(_layers.end_branch, sandbox_id)
             raise
         return sandbox
@@ -2494,6 +2522,8 @@ class DockerSandbox(NativeBackend):
             ours = labels.get(SANDBOX_LABEL) == sandbox_id
             if ours and labels.get(HOME_LABEL) == hutch_home():
                 api.remove_container(name, force=True)
+                with contextlib.suppress(ProviderError):
+                    _dockernet.release(sandbox_id)
 
         await _call(remove)
         await anyio.to_thread.run_sync(_layers.end_branch, sandbox_id)
@@ -2516,6 +2546,9 @@ class DockerSandbox(NativeBackend):
             with contextlib.suppress(HutchError):
                 await _call(api.remove_container, container["Id"], force=True)
                 drop_start_locks(container["Id"])
+                if sandbox_id:
+                    with contextlib.suppress(ProviderError):
+                        await anyio.to_thread.run_sync(_dockernet.release, sandbox_id)
                 removed.append(sandbox_id or container["Id"][:12])
         for sandbox_id in await anyio.to_thread.run_sync(_layers.branches):
             if sandbox_id not in known:
@@ -2624,6 +2657,7 @@ class DockerSandbox(NativeBackend):
                 await _call(api.remove_container, self.container_id, force=True, v=True)
                 drop_start_locks(self.container_id)
             self.container_id = None
+            await anyio.to_thread.run_sync(self._release_network_policy)
         # Its suspend image goes with it, whether or not the record names one:
         # a suspend undone after its commit (the store could not keep it) runs
         # on from that image while the record still says the container before.
@@ -2639,18 +2673,18 @@ class DockerSandbox(NativeBackend):
                 await _call(free_untagged_images, api)
         if self._agent is not None:
             self._agent.drop_connections()
-        if self.agent_dir is not None:
-            agent_dir = self.agent_dir
-
-            def remove_agent_dir() -> None:
-                shutil.rmtree(agent_dir, ignore_errors=True)
-                shutil.rmtree(os.path.join(os.path.dirname(agent_dir), "agent-link"),
-                              ignore_errors=True)
-                with contextlib.suppress(OSError):
-                    os.rmdir(os.path.dirname(agent_dir))  # the sandbox's own, if now empty
-
-            await anyio.to_thread.run_sync(remove_agent_dir)
+        await anyio.to_thread.run_sync(self._remove_agent_dir)
         await anyio.to_thread.run_sync(self._remove_workdir)
+
+    def _remove_agent_dir(self) -> None:
+        """Free the agent's directory (and the sandbox's own, if now empty)."""
+        agent_dir, self.agent_dir = self.agent_dir, None
+        if agent_dir is None:
+            return
+        shutil.rmtree(agent_dir, ignore_errors=True)
+        shutil.rmtree(os.path.join(os.path.dirname(agent_dir), "agent-link"), ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.dirname(agent_dir))  # the sandbox's own, if now empty
 
     def _remove_workdir(self) -> None:
         """Free the working directory hutch made (a layered one, a branch's,

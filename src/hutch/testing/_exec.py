@@ -130,6 +130,20 @@ async def check_user(sandbox: Any) -> None:
     assert root.exit_code == 0
 
 
+async def check_an_unknown_user_is_a_command_that_failed_to_start(sandbox: Any) -> None:
+    # As on every other execution API: a result (exit 126, the reason on
+    # stderr), not an error; in the background and streamed alike.
+    if not await runs_processes(sandbox):
+        return
+    result = await sandbox.exec(["true"], user="hutch-no-such-user")
+    assert result.exit_code == 126, result
+    assert "no such user 'hutch-no-such-user'" in result.stderr
+    process = await sandbox.start(["true"], user="hutch-no-such-user")
+    assert (await process.wait()).exit_code == 126
+    events = [e async for e in sandbox.exec_stream(["true"], user="hutch-no-such-user")]
+    assert getattr(events[-1], "exit_code", None) == 126, events
+
+
 async def check_user_cannot_read_root_only_file(sandbox: Any) -> None:
     if not await runs_processes(sandbox):
         return
@@ -303,6 +317,7 @@ EXEC_CASES: list[Case] = [
     check_absolute_cwd,
     check_missing_cwd_is_file_not_found,
     check_user,
+    check_an_unknown_user_is_a_command_that_failed_to_start,
     check_user_cannot_read_root_only_file,
     check_missing_executable_is_file_not_found,
     check_executing_a_non_executable_is_permission_denied,

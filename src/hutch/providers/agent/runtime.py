@@ -34,6 +34,7 @@ import anyio.to_thread
 from ..._errors import (
     HutchError,
     InvalidArgument,
+    NoSuchUser,
     OutputLimitExceeded,
     ProviderError,
     ResourceExhausted,
@@ -76,6 +77,7 @@ _ERRORS: dict[str, type[HutchError]] = {
     "is_a_directory": SandboxIsADirectory,
     "permission_denied": SandboxPermissionDenied,
     "invalid_argument": InvalidArgument,
+    "no_such_user": NoSuchUser,
     "output_limit_exceeded": OutputLimitExceeded,
     "resource_exhausted": ResourceExhausted,
 }

@@ -4,11 +4,12 @@ Each such sandbox gets a /30 of hutch's own range (10.213.0.0/16): a veth
 pair, the host end ``hb<index>`` with the first address, the sandbox end
 ``eth0`` in the keeper's network namespace with the second and a default
 route through the host, which masquerades the range out. The policy itself
-(:mod:`hutch.providers.network`) is installed in the sandbox's namespace
-from outside: the metadata address, the host's own addresses (its end of the
-veth among them) and every other sandbox (the whole range, Docker's bridges)
-are unreachable unless the allow list names them. The sandbox has no
-capabilities, so it cannot change the rules or its addresses.
+(:mod:`hutch.providers.network`) is installed from outside, in the sandbox's
+namespace and on the host for what arrives on ``hb<index>``: the host itself
+(any address it has, now or later), every other sandbox, loopback,
+link-local, metadata, private and CGNAT ranges are unreachable unless the
+allow list names them. The sandbox has no capabilities, so it cannot change
+the rules or its addresses.
 
 An index is held by a file under ``/run/hutch/bubblewrap-net`` (host-wide:
 every hutch on the host shares the range) made with O_EXCL, so concurrent
@@ -19,12 +20,19 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-import json
 import os
 import subprocess
 
 from ..._errors import ProviderError
-from ..network import IPNetwork, NetworkPolicy, apply_in_namespace, host_addresses
+from ..network import (
+    HostMatch,
+    NetworkPolicy,
+    Reach,
+    apply_in_namespace,
+    guard_host,
+    nameservers,
+    unguard_host,
+)
 
 RANGE = ipaddress.ip_network("10.213.0.0/16")
 _SLOTS = RANGE.num_addresses // 4
@@ -69,7 +77,8 @@ def release_of(sandbox_id: str) -> None:
         except OSError:
             continue
         if owner == sandbox_id and name.isdigit():
-            disconnect(int(name))
+            with contextlib.suppress(ProviderError):  # its slot is freed all the same
+                disconnect(int(name))
             release(int(name))
 
 
@@ -114,21 +123,9 @@ def _host_rules() -> None:
                 out.write("1")
 
 
-def _blocked() -> list[IPNetwork]:
-    """What a sandbox may not reach unless allowed, besides the metadata
-    address: the host's own addresses, hutch's range, Docker's bridges."""
-    blocked: set[IPNetwork] = set(host_addresses())
-    blocked.add(RANGE)
-    listing = _run("ip", "-j", "addr")
-    with contextlib.suppress(ValueError):
-        for interface in json.loads(listing.stdout or "[]"):
-            name = str(interface.get("ifname", ""))
-            if name == "docker0" or name.startswith("br-"):
-                for info in interface.get("addr_info") or []:
-                    blocked.add(ipaddress.ip_network(
-                        f"{info['local']}/{info['prefixlen']}", strict=False
-                    ))
-    return sorted(blocked, key=str)
+def _guard_key(index: int) -> str:
+    """The host rules' key: the slot's, as they match its interface."""
+    return f"bubblewrap:hb{index}"
 
 
 def connect(init_pid: int, index: int, policy: NetworkPolicy) -> None:
@@ -146,12 +143,22 @@ def connect(init_pid: int, index: int, policy: NetworkPolicy) -> None:
     _must(*inside, "ip", "link", "set", "eth0", "up")
     _must(*inside, "ip", "link", "set", "lo", "up")
     _must(*inside, "ip", "route", "add", "default", "via", host_ip)
+    # DNS to the resolvers it is given (the host's, written into it) passes.
+    reach = Reach(policy, nameservers(host_resolver()), [RANGE])
     try:
-        apply_in_namespace(init_pid, policy, _blocked())
+        apply_in_namespace(init_pid, policy, reach.blocked, resolvers=reach.resolvers)
+        guard_host(_guard_key(index), reach, HostMatch(interfaces=[host_if]))
     except (OSError, subprocess.SubprocessError) as exc:
-        raise ProviderError(f"cannot install the network policy: {exc}") from None
+        detail = getattr(exc, "stderr", "") or exc
+        raise ProviderError(f"cannot install the network policy: {detail}") from None
 
 
 def disconnect(index: int) -> None:
-    """Remove the host end (the sandbox end goes with its namespace)."""
+    """Remove the host end (the sandbox end goes with its namespace) and the
+    host's rules for it."""
     _run("ip", "link", "del", f"hb{index}")
+    try:
+        unguard_host(_guard_key(index))
+    except (OSError, subprocess.SubprocessError) as exc:
+        detail = getattr(exc, "stderr", "") or exc
+        raise ProviderError(f"cannot remove the network policy's host rules: {detail}") from None

@@ -76,6 +76,18 @@ JOINED_NAMESPACES = ("net", "ipc", "uts", "cgroup", "pid")
 KEEPER_MARKER = "HUTCH_BWRAP_KEEPER"
 #: Where the agent's executable is bound inside.
 AGENT_BINARY_PATH = "/.hutch/bin/hutch-agent"
+#: The host-global knobs of a sandbox's /proc (kernel settings, the SysRq
+#: trigger, IRQ affinity, bus and file system tunables), bound read-only over
+#: its own /proc, as Docker's readonly paths are: a sandbox's root may not
+#: change what holds for the whole host, whatever its uid. (Its /sys is the
+#: image's empty directory: no sysfs is mounted.)
+READ_ONLY_PROC = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs")
+
+
+def proc_args() -> list[str]:
+    """bwrap's arguments for a sandbox's /proc: its own (its PID namespace's),
+    the host-global knobs in it read-only."""
+    return ["--proc", "/proc", *(a for p in READ_ONLY_PROC for a in ("--ro-bind-try", p, p))]
 
 _SECCOMP: bytes | None = None
 
@@ -507,7 +519,7 @@ def start_keeper(
         # Its stdin is a pipe whose write end it holds too: the read never ends.
         keeper_command = ["--chdir", "/", "--", "/bin/sh", "-c", "echo; read _"]
     bwrap = [
-        "bwrap", "--bind", layers.merged, "/", "--proc", "/proc", "--dev", "/dev",
+        "bwrap", "--bind", layers.merged, "/", *proc_args(), "--dev", "/dev",
         "--dir", workdir,
         # The network namespace is the starter's, made for this keeper alone.
         "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup",

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from ..._errors import (
     HutchError,
-    InvalidArgument,
+    NoSuchUser,
     ProviderError,
     ResourceExhausted,
     SandboxFileNotFound,
@@ -46,7 +46,7 @@ from ..agent.runtime import AgentRuntime, Recover
 from ..base import BackendProcess, FilesRuntime, ProcessRequest
 from .cgroups import JOIN_AND_EXEC, SandboxCgroup
 from .files import RootFiles
-from .provisioning import KEEPER_MARKER, Keeper, Layers, seccomp_fd
+from .provisioning import KEEPER_MARKER, Keeper, Layers, proc_args, seccomp_fd
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: Seconds an exec has to start its command (bwrap to clone it), and then
@@ -309,7 +309,7 @@ class BubblewrapRuntime(FilesRuntime):
             fields = line.split(":")
             if len(fields) >= 4 and (fields[0] == user or fields[2] == user):
                 return int(fields[2]), int(fields[3])
-        raise InvalidArgument(f"no such user {user!r} in sandbox {self.sandbox_id}")
+        raise NoSuchUser(f"no such user {user!r} in sandbox {self.sandbox_id}")
 
     async def start_process(self, request: ProcessRequest) -> BackendProcess:
         argv, cwd, stdin, user = request.argv, request.cwd, request.stdin, request.user
@@ -359,7 +359,7 @@ class BubblewrapRuntime(FilesRuntime):
                 f"--mount=/proc/self/fd/{setup_mount}",
                 "--",
                 "bwrap", "--pidns", str(namespaces["pid"]),
-                "--bind", self.parts.layers.merged, "/", "--proc", "/proc", "--dev", "/dev",
+                "--bind", self.parts.layers.merged, "/", *proc_args(), "--dev", "/dev",
                 "--cap-drop", "ALL", *caps, "--new-session", "--die-with-parent",
                 "--seccomp", str(filter_fd), "--json-status-fd", str(started_write),
                 "--clearenv", *setenv, "--chdir", cwd,

@@ -28,6 +28,7 @@ import asyncssh
 from ..._errors import (
     HutchError,
     InvalidArgument,
+    NoSuchUser,
     OutputLimitExceeded,
     ProviderError,
     SandboxFileNotFound,
@@ -116,7 +117,7 @@ def start_error(
     if reason == "isdir":
         return SandboxPermissionDenied(f"cannot execute {argv[0]} on {dest}: it is a directory")
     if reason == "nouser":
-        return InvalidArgument(f"no such user {user!r} on {dest}")
+        return NoSuchUser(f"no such user {user!r} on {dest}")
     if reason == "notroot":
         return SandboxPermissionDenied(
             f"running as {user!r} on {dest} needs the ssh login to be root"

@@ -250,7 +250,7 @@ func handleExec(c *conn, h header) bool {
 	var acct *account
 	if user := str(h, "user"); user != "" {
 		if acct, ok = resolveUser(user); !ok {
-			_ = c.fail("invalid_argument", "no such user '"+user+"'")
+			_ = c.fail("no_such_user", "no such user '"+user+"'")
 			return false
 		}
 	}

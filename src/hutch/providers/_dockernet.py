@@ -1,0 +1,87 @@
+"""A docker sandbox's network policy (:mod:`hutch.providers.network`), installed
+from the host when its container starts and removed when the container goes.
+
+In the container's own namespace: the denied ranges, the Engine's networks
+(where other containers live, whatever their addresses), and no packet from an
+address not the container's own. On the host, for what comes from the
+container's addresses: nothing to the host itself, to another sandbox's
+interface or to a denied range. The container has no CAP_NET_ADMIN, so it
+changes neither.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import subprocess
+from typing import Any
+
+from .._errors import ProviderError
+from .network import (
+    HostMatch,
+    IPNetwork,
+    NetworkPolicy,
+    Reach,
+    apply_in_namespace,
+    guard_host,
+    nameservers,
+    unguard_host,
+)
+
+
+def _resolvers(info: dict[str, Any]) -> list[IPNetwork]:
+    """The resolvers the Engine wrote into the container's ``resolv.conf``."""
+    path = str(info.get("ResolvConfPath") or "")
+    try:
+        with open(path, "rb") as fh:
+            return nameservers(fh.read())
+    except OSError:
+        return []
+
+
+def _addresses(info: dict[str, Any]) -> list[IPNetwork]:
+    found: list[IPNetwork] = []
+    for attached in (info["NetworkSettings"].get("Networks") or {}).values():
+        for key in ("IPAddress", "GlobalIPv6Address"):
+            if attached.get(key):
+                found.append(ipaddress.ip_network(attached[key]))
+    return found
+
+
+def _engine_networks(api: Any) -> list[IPNetwork]:
+    blocked: set[IPNetwork] = set()
+    for network in api.networks():
+        for pool in (network.get("IPAM") or {}).get("Config") or []:
+            if pool.get("Subnet"):
+                blocked.add(ipaddress.ip_network(pool["Subnet"], strict=False))
+    return sorted(blocked, key=str)
+
+
+def enforce(api: Any, container: str, sandbox_id: str, policy: NetworkPolicy) -> None:
+    """Install ``policy`` for the started ``container`` of ``sandbox_id``."""
+    info = api.inspect_container(container)
+    pid = int(info["State"]["Pid"])
+    if os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat("/proc/self/ns/net").st_ino:
+        raise ProviderError(f"container {container[:12]} shares hutch's network namespace")
+    own = _addresses(info)
+    reach = Reach(policy, _resolvers(info), _engine_networks(api))
+    try:
+        apply_in_namespace(pid, policy, reach.blocked, resolvers=reach.resolvers, sources=own)
+        guard_host(sandbox_id, reach, HostMatch(sources=own))
+    except (OSError, subprocess.SubprocessError) as exc:
+        detail = getattr(exc, "stderr", "") or exc
+        raise ProviderError(
+            f"cannot enforce the network policy of sandbox {sandbox_id} (nsenter, "
+            f"iptables-restore and ip6tables-restore, run as root, install it): {detail}"
+        ) from None
+
+
+def release(sandbox_id: str) -> None:
+    """Remove the host's rules for ``sandbox_id``'s container (gone or going)."""
+    try:
+        unguard_host(sandbox_id)
+    except (OSError, subprocess.SubprocessError) as exc:
+        detail = getattr(exc, "stderr", "") or exc
+        raise ProviderError(
+            f"cannot remove the network policy's host rules of sandbox {sandbox_id}: {detail}"
+        ) from None
