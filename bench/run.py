@@ -12,7 +12,9 @@ import subprocess
 import sys
 
 HERE = pathlib.Path(__file__).parent
-ORDER = ["local", "docker", "agent", "bwrap", "lifecycle", "daemon", "ssh", "fork", "ensure"]
+ORDER = [
+    "local", "docker", "agent", "bwrap", "lifecycle", "daemon", "ssh", "fork", "ensure", "cli",
+]
 
 
 def main(argv: list[str]) -> int:

@@ -10,7 +10,12 @@
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the names, for type checkers; at run time each is imported on first use
-    from ._api import create_sandbox, create_sandbox_from_snapshot, create_sandbox_sync, remove_snapshot
+    from ._api import (
+        create_sandbox,
+        create_sandbox_from_snapshot,
+        create_sandbox_sync,
+        remove_snapshot,
+    )
     from ._errors import (
         CapabilityUnsupported,
         ExecTimeout,
@@ -157,12 +162,19 @@ __all__ = [
 
 def __getattr__(name: str) -> object:
     """Import what a name needs on first use: ``import hutch`` stays cheap for
-    the CLI and the client, which need neither the providers nor the engine."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'hutch' has no attribute {name!r}")
+    the CLI and the client, which need neither the providers nor the engine.
+    A submodule (``hutch.client``) is there as an attribute too, as it was
+    when this package imported everything."""
     from importlib import import_module
 
+    module = _LAZY.get(name)
+    if module is None:
+        try:
+            return import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
     value = getattr(import_module(module, __name__), name)
     globals()[name] = value
     return value

@@ -42,6 +42,8 @@ from ._process import (
     release_output,
     run_to_completion,
 )
+from ._refwire import check_ref_lifetime
+from ._sandbox_paths import sandbox_path
 from ._snapshots import Fork, Snapshot, new_snapshot_id, snapshot_record
 from ._types import (
     DEFAULT_OUTPUT_LIMIT,
@@ -63,7 +65,6 @@ from .providers.base import (
     SandboxBackend,
     SandboxRuntime,
     UnstartedProcess,
-    sandbox_path,
 )
 
 if TYPE_CHECKING:
@@ -94,9 +95,6 @@ class _Live:
         self.server: OwnerServer | None = None
         self.server_lock = asyncio.Lock()
 
-
-#: Longest a ref may live: a year, as every duration the API takes.
-MAX_REF_SECONDS = 365 * 86400.0
 
 
 class Sandbox:
@@ -575,7 +573,9 @@ class Sandbox:
     async def glob(
         self, pattern: str, path: str = ".", *, timeout: float = DEFAULT_SEARCH_TIMEOUT
     ) -> list[str]:
-        """Files below ``path`` whose relative path matches ``pattern`` (``**`` ok)."""
+        """Files below ``path`` whose relative path matches ``pattern``, as
+        ``pathlib.Path.glob`` matches: ``*.py`` is the top level only,
+        ``**/*.py`` every depth."""
         async with self._operation("glob"), self._bounded("glob", timeout):
             return await self._runtime.glob(pattern, self.path(path))
 
@@ -823,18 +823,6 @@ def closed_message(sandbox_id: str) -> str:
         f"sandbox {sandbox_id} has been closed: its owner's cleanup ended it "
         "(make a new sandbox, or attach to a live one)"
     )
-
-
-def check_ref_lifetime(expires_in: float) -> None:
-    if (
-        isinstance(expires_in, bool)
-        or not isinstance(expires_in, int | float)
-        or not 0 < expires_in <= MAX_REF_SECONDS
-    ):
-        raise InvalidArgument(
-            f"expires_in must be a number of seconds above 0 and at most {MAX_REF_SECONDS:g}, "
-            f"got {expires_in!r}"
-        )
 
 
 def attach_session(owner: Sandbox, ref: RefRow) -> Sandbox:

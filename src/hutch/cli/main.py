@@ -16,7 +16,6 @@ Exit codes scripts can rely on:
 from __future__ import annotations
 
 import functools
-import json
 import os
 import sys
 import tempfile

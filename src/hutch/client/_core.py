@@ -27,22 +27,20 @@ from .._errors import (
     SandboxUnavailable,
     error_from_wire,
 )
-from .._process import ExitStatus
-from .._refwire import decode_ref, unix_socket_of
-from .._sandbox import check_ref_lifetime
+from .._refwire import check_ref_lifetime, decode_ref, unix_socket_of
+from .._sandbox_paths import sandbox_path
 from .._snapshots import Snapshot, SnapshotDependent
 from .._types import (
     DEFAULT_SEARCH_TIMEOUT,
     Capabilities,
     ExecResult,
+    ExitStatus,
     FileInfo,
     FileType,
     GrepMatch,
     OutputChunk,
 )
-from ..lifecycle.engine import SandboxStatus
-from ..lifecycle.state import FINAL, SandboxState
-from ..providers.base import sandbox_path
+from ..lifecycle.state import FINAL, SandboxState, SandboxStatus
 
 SESSION_HEADER = "X-Hutch-Session"
 
