@@ -41,6 +41,8 @@ bash scripts/build-agent.sh .venv/bin/python
 
 log "ruff"
 .venv/bin/ruff check src tests bench
+log "import contracts (docs/architecture.md)"
+.venv/bin/lint-imports
 log "mypy (strict)"
 .venv/bin/mypy
 log "pytest"

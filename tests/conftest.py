@@ -136,6 +136,28 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+def _private_mounts(pid: int) -> str:
+    """The mount table of a process in a mount namespace not the host's (a
+    bubblewrap keeper's or exec's bwrap: its command line names no sandbox
+    directory, its mounts do), else nothing."""
+    try:
+        if os.stat(f"/proc/{pid}/ns/mnt").st_ino == os.stat("/proc/self/ns/mnt").st_ino:
+            return ""
+        with open(f"/proc/{pid}/mountinfo", "rb") as fh:
+            return fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _of_run(pid: int, roots: list[str]) -> bool:
+    """Whether process ``pid`` belongs to this run (named by its directories)."""
+    line = _cmdline(pid)
+    if any(r + "/" in line for r in roots):
+        return True
+    mounts = _private_mounts(pid)
+    return any(f" {r}/" in mounts for r in roots)
+
+
 _CGROUPS_AT_START: set[str] = set()
 
 
@@ -164,10 +186,8 @@ def _leftovers(roots: list[str]) -> list[str]:
         left += [f"loop device {dev} backed by {back}" for dev, back in loops_under(root)]
     me = os.getpid()
     for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != me:
-            line = _cmdline(int(entry))
-            if any(r + "/" in line for r in roots):
-                left.append(f"process {entry}: {line[:200]}")
+        if entry.isdigit() and int(entry) != me and _of_run(int(entry), roots):
+            left.append(f"process {entry}: {_cmdline(int(entry))[:200]}")
     # A cgroup cannot carry a run's name: one made during this run that still
     # holds a process of this run, or that stays empty (its sandbox gone), is left.
     new = _cgroups() - _CGROUPS_AT_START
@@ -175,7 +195,7 @@ def _leftovers(roots: list[str]) -> list[str]:
         time.sleep(1)  # a sandbox of another run being made or ended right now
         for cgroup in sorted(new & _cgroups()):
             procs = _procs(cgroup)
-            if not procs or any(any(r + "/" in _cmdline(p) for r in roots) for p in procs):
+            if not procs or any(_of_run(p, roots) for p in procs):
                 left.append(f"cgroup {cgroup} (processes {procs})")
     return left
 
@@ -241,3 +261,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         else:
             print("\n".join(lines))
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: object) -> None:
+    """The fault harness's table: kills survived per step and provider."""
+    from tests.faults import summary
+
+    summary(terminalreporter)

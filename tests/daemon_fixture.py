@@ -238,6 +238,12 @@ def release_leftovers(root: str) -> list[str]:
         subprocess.run(["docker", "rm", "-f", container], capture_output=True, timeout=120,
                        check=False)
         done.append(f"container {container}")
+    if done:  # their network policy's host rules, which went with no close
+        import docker
+
+        from hutch.providers import _dockernet
+
+        _dockernet.sweep(docker.APIClient(), "hutch-")
     for point in mounts_under(root):
         if subprocess.run(["umount", point], capture_output=True, check=False).returncode:
             subprocess.run(["umount", "-l", point], capture_output=True, check=False)

@@ -73,14 +73,81 @@ def canary() -> Any:
 # -- isolation ---------------------------------------------------------------------------
 
 
-async def test_no_capabilities_no_new_privileges_and_seccomp(sandbox: Any) -> None:
-    for user in (None, "nobody"):
+#: Bits of the capabilities root inside keeps (linux/capability.h): chown,
+#: dac_override, fowner, fsetid, kill, setgid, setuid.
+KEPT_CAPABILITY_BITS = sum(1 << bit for bit in (0, 1, 3, 4, 5, 6, 7))
+
+
+async def test_few_capabilities_no_new_privileges_and_seccomp(sandbox: Any) -> None:
+    """Root inside keeps what package managers use, in its own user namespace
+    only; another user has none."""
+    for user, kept in ((None, KEPT_CAPABILITY_BITS), ("nobody", 0)):
         status = (await sandbox.exec(["cat", "/proc/self/status"], user=user)).stdout
         fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
         assert fields["NoNewPrivs"].strip() == "1"
-        assert int(fields["CapEff"], 16) == 0
-        assert int(fields["CapPrm"], 16) == 0
+        assert int(fields["CapEff"], 16) == kept
+        assert int(fields["CapPrm"], 16) == kept
         assert fields["Seccomp"].strip() == "2"
+
+
+@pytest.mark.parametrize("runtime", ["agent", "native"])
+async def test_a_package_manager_works_as_root_inside(runtime: str) -> None:
+    """dpkg installs and removes a package, a file can be given to another
+    group with a setgid mode, and apt's switch to its _apt user works:
+    what root inside keeps is enough for them (no network needed here)."""
+    sb = await _make(runtime=runtime)
+    try:
+        said = await sb.exec(
+            "set -e; mkdir -p /tmp/p/DEBIAN /tmp/p/usr/local/bin; "
+            "printf 'Package: hutch-probe\\nVersion: 1\\nArchitecture: all\\n"
+            "Maintainer: hutch\\nDescription: probe\\n' > /tmp/p/DEBIAN/control; "
+            "printf '#!/bin/sh\\necho probe\\n' > /tmp/p/usr/local/bin/hutch-probe; "
+            "chmod 755 /tmp/p/usr/local/bin/hutch-probe; "
+            "dpkg-deb --root-owner-group --build /tmp/p /tmp/probe.deb >/dev/null; "
+            "dpkg -i /tmp/probe.deb >/dev/null; hutch-probe; "
+            "chgrp shadow /usr/local/bin/hutch-probe; chmod 2755 /usr/local/bin/hutch-probe; "
+            "stat -c '%a %U:%G' /usr/local/bin/hutch-probe; "
+            "dpkg -r hutch-probe >/dev/null; test ! -e /usr/local/bin/hutch-probe; "
+            "setpriv --reuid=_apt --regid=nogroup --clear-groups id -un"
+        )
+        assert said.exit_code == 0, said
+        assert said.stdout.splitlines() == ["probe", "2755 root:shadow", "_apt"]
+    finally:
+        await sb.close()
+
+
+@pytest.mark.parametrize("runtime", ["agent", "native"])
+async def test_root_inside_is_an_unprivileged_host_id(runtime: str) -> None:
+    """Root inside is the first id of hutch's range on the host (issue 19: it
+    was the host's root): what it writes is owned by that id on the host, a
+    file hutch writes from the host side is root's inside, and the image's
+    files (owned by the host's root) are root's inside too."""
+    from hutch._sandbox import backend_of
+    from hutch.providers.bubblewrap.userns import id_range
+
+    ids = id_range()
+    sb = await _make(runtime=runtime)
+    try:
+        await sb.write_bytes("/workspace/from-host/file", b"x")
+        said = await sb.exec(
+            "cat /proc/self/uid_map /proc/self/gid_map; echo made > /workspace/made; "
+            "stat -c '%u:%g %n' /workspace/from-host /workspace/from-host/file /etc/passwd /; "
+            "echo more >> /workspace/from-host/file && echo appended; "
+            "echo '# touched' >> /etc/passwd && echo image-file-written"
+        )
+        assert said.exit_code == 0, said
+        lines = said.stdout.splitlines()
+        assert lines[0].split() == ["0", str(ids.uid), str(ids.count)]
+        assert lines[1].split() == ["0", str(ids.gid), str(ids.count)]
+        assert lines[2:6] == ["0:0 /workspace/from-host", "0:0 /workspace/from-host/file",
+                              "0:0 /etc/passwd", "0:0 /"]
+        assert lines[6:] == ["appended", "image-file-written"]
+        upper = backend_of(sb).parts.layers.upper
+        for path in ("workspace/made", "workspace/from-host/file", "etc/passwd", "."):
+            st = os.stat(os.path.join(upper, path))
+            assert (st.st_uid, st.st_gid) == ids.root, path
+    finally:
+        await sb.close()
 
 
 async def test_syscalls_that_reach_the_kernel_are_refused(sandbox: Any) -> None:
@@ -337,13 +404,17 @@ async def test_commands_run_in_the_workload_cgroup_and_cannot_leave_it(runtime: 
 
 async def test_a_command_bwrap_could_not_start_is_an_error_not_its_exit_status() -> None:
     # bwrap clones the command's process, then sets the sandbox up in it; a
-    # step that fails there (here: entering a working directory its dropped
-    # capabilities cannot) ends it with bwrap's words on stderr and exit 1,
-    # which were answered as the command's own (CI once got a cat of
-    # /proc/self/cgroup back with no pids line).
+    # step that fails there (here: entering a working directory root inside
+    # cannot: mode 000, owned by a host id its user namespace does not map,
+    # so no capability of its reaches it) ends it with bwrap's words on
+    # stderr and exit 1, which were answered as the command's own (CI once
+    # got a cat of /proc/self/cgroup back with no pids line).
+    from hutch._sandbox import backend_of
+
     sb = await _make(runtime="native")
     try:
         await sb.exec("mkdir -p /locked && chmod 000 /locked")
+        os.chown(backend_of(sb).parts.layers.merged_view + "/locked", 0, 0)
         for argv in (["cat", "/proc/self/cgroup"], ["true"]):
             with pytest.raises(hutch.HutchError, match="Can't chdir to /locked") as caught:
                 await sb.exec(argv, cwd="/locked")
@@ -611,6 +682,49 @@ async def test_snapshot_and_forks_are_independent_copy_on_write(sandbox: Any) ->
     from hutch.providers.bubblewrap.snapshots import snapshots_dir
 
     assert not os.path.exists(os.path.join(snapshots_dir(), snap_id))
+
+
+async def test_owners_inside_survive_suspend_resume_snapshot_and_fork() -> None:
+    """What root inside and another user wrote, and what hutch wrote from the
+    host, keep their owners as seen inside across a suspend and a resume,
+    and in a fork of a snapshot, where root inside can change them all."""
+    from hutch._sandbox import backend_of
+    from hutch.providers.bubblewrap import BubblewrapConfig, BubblewrapSandbox
+
+    sb = await _make(runtime="native")
+    owners = "stat -c '%U:%G %n' /workspace/host /workspace/root /tmp/nobody /etc/passwd"
+    expected = ["root:root /workspace/host", "root:root /workspace/root",
+                "nobody:nogroup /tmp/nobody", "root:root /etc/passwd"]
+    branch = None
+    snap_id = f"snap-{secrets.token_hex(4)}"
+    try:
+        await sb.write_bytes("/workspace/host", b"h")
+        await sb.exec("echo r > /workspace/root")
+        await sb.exec("echo n > /tmp/nobody", user="nobody")
+        await sb.suspend()
+        await sb.resume()
+        assert (await sb.exec(owners)).stdout.splitlines() == expected
+        data = await backend_of(sb).capture_layers(snap_id)
+        config = BubblewrapConfig(image=TEST_IMAGE, ephemeral=True, runtime="native")
+        branch = await BubblewrapSandbox.create_from_layers(
+            config, f"fork-{secrets.token_hex(4)}", snap_id, data
+        )
+        proc = await branch.runtime.start_process(ProcessRequest(
+            ["sh", "-c", f"{owners} && chown nobody /workspace/host /etc/passwd && "
+             "echo more >> /tmp/nobody && echo changed"], cwd="/workspace",
+        ))
+        out = b""
+        while (chunk := await proc.read()) is not None:
+            out += chunk.data
+        assert out.decode().splitlines() == [*expected, "changed"]
+    finally:
+        if branch is not None:
+            await branch.close()
+        await sb.close()
+        from hutch.providers.bubblewrap.snapshots import held, remove
+
+        if snap_id in held():
+            remove(snap_id)
 
 
 # -- network policies -------------------------------------------------------------------------

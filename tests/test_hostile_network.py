@@ -31,6 +31,7 @@ import pytest
 
 import hutch
 from hutch._sandbox import backend_of
+from hutch.providers import _dockernet
 from hutch.providers.network import guard_chains, installed_rules
 from tests.conftest import TEST_IMAGE
 
@@ -114,11 +115,20 @@ def all_rules() -> str:
     )
 
 
-def assert_unguarded(sb: Any) -> None:
-    """Nothing hutch installed on the host for ``sb`` is left."""
+def guard_key(sb: Any) -> str:
+    """The key of the host rules hutch installs for ``sb``."""
+    if sb.provider == "bubblewrap":
+        from hutch.providers.bubblewrap import network
+
+        return network.guard_key(int(backend_of(sb).describe()["net_index"]))
+    return _dockernet.guard_key(sb.id)
+
+
+def assert_unguarded(key: str) -> None:
+    """Nothing hutch installed on the host under ``key`` is left."""
     rules = all_rules()
-    for chain in guard_chains(sb.id):
-        assert chain not in rules, f"{chain} left behind by {sb.id}"
+    for chain in guard_chains(key):
+        assert chain not in rules, f"{chain} ({key}) left behind"
 
 
 class Listener:
@@ -193,10 +203,12 @@ def provider(request: pytest.FixtureRequest) -> str:
 async def sandbox(provider: str, network: Any = "all") -> AsyncIterator[Any]:
     sb = await make(provider, network)
     try:
+        key = guard_key(sb)
+        assert any(chain in all_rules() for chain in guard_chains(key))
         yield sb
     finally:
         await sb.close()
-    assert_unguarded(sb)
+    assert_unguarded(key)
 
 
 async def test_the_hosts_addresses_are_out_of_reach_present_and_added_later(
@@ -364,3 +376,28 @@ async def test_the_host_over_ipv6_link_local_is_out_of_reach(provider: str) -> N
         done.set()
         thread.join(5)
         server.close()
+
+
+def test_the_rules_of_a_container_removed_behind_hutchs_back_are_swept() -> None:
+    """The daemon's orphan reaping removes host rules whose container is gone
+    (a daemon that died before its close left them) and keeps a live one's."""
+    from hutch.providers.network import HostMatch, Reach, guard_host
+
+    api = docker.APIClient()
+    gone = f"sb-gone-{uuid.uuid4().hex[:6]}"
+    live = api.create_container(TEST_IMAGE, command=["true"],
+                                name=f"hutch-sb-live-{uuid.uuid4().hex[:6]}")
+    live_id = str(api.inspect_container(live["Id"])["Name"]).lstrip("/").removeprefix("hutch-")
+    try:
+        for sandbox_id, address in ((gone, "172.17.250.251/32"), (live_id, "172.17.250.252/32")):
+            guard_host(_dockernet.guard_key(sandbox_id), Reach("all"),
+                       HostMatch(sources=[ipaddress.ip_network(address)]))
+        swept = _dockernet.sweep(api, "hutch-")
+        assert gone in swept and live_id not in swept
+        rules = all_rules()
+        assert not any(c in rules for c in guard_chains(_dockernet.guard_key(gone)))
+        assert all(c in rules for c in guard_chains(_dockernet.guard_key(live_id)))
+    finally:
+        _dockernet.release(gone)
+        _dockernet.release(live_id)
+        api.remove_container(live["Id"], force=True)

@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # the names, for type checkers; at run time each is imported 
     )
     from ._errors import (
         CapabilityUnsupported,
+        DaemonBusy,
         ExecTimeout,
         HutchError,
         IdleTimeoutExpired,
@@ -57,6 +58,7 @@ _LAZY = {
     "create_sandbox_sync": "._api",
     "remove_snapshot": "._api",
     "CapabilityUnsupported": "._errors",
+    "DaemonBusy": "._errors",
     "ExecTimeout": "._errors",
     "HutchError": "._errors",
     "IdleTimeoutExpired": "._errors",
@@ -118,6 +120,7 @@ __all__ = [
     "CapabilityUnsupported",
     "ExecResult",
     "ExecTimeout",
+    "DaemonBusy",
     "ExitStatus",
     "FileInfo",
     "FileType",

@@ -27,7 +27,8 @@ The tree::
     ├── SetupFailed                     setup_failed          422
     ├── ResourceExhausted               resource_exhausted    429
     ├── ProviderError                   provider_error        502
-    └── StoreUnavailable                store_unavailable     503
+    ├── StoreUnavailable                store_unavailable     503
+    └── DaemonBusy                      daemon_busy           503
 
 Subclasses that match a built-in also derive from it, so ``except
 FileNotFoundError`` works on a sandbox file exactly as on a host file. The
@@ -203,6 +204,16 @@ class StoreUnavailable(HutchError):
     file is unwritable): the change was not made, or was put back."""
 
     code = "store_unavailable"
+    http_status = 503
+
+
+class DaemonBusy(HutchError):
+    """The daemon holds as much of callers' bytes in memory as its budget
+    allows (see hutch._membudget): this call's were refused, nothing was
+    done, and it may be tried again once others end. 503, as a server too
+    busy for a request says: no fault of the caller's nor of the sandbox's."""
+
+    code = "daemon_busy"
     http_status = 503
 
 

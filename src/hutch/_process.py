@@ -7,15 +7,16 @@ Written once for every provider against :class:`BackendProcess`.
 from __future__ import annotations
 
 import asyncio
-import tempfile
+import codecs
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any, Literal
 
 import anyio
 
 from ._errors import ExecTimeout, NotFound, OutputLimitExceeded
+from ._membudget import Spool
 from ._types import KILL_GRACE_SECONDS, ExecResult, OutputChunk
 from ._types import ExitStatus as ExitStatus  # its home was here
 from .providers.base import BackendProcess
@@ -36,50 +37,70 @@ async def kill_shielded(proc: BackendProcess) -> None:
         await proc.kill(KILL_GRACE_SECONDS)
 
 
-async def run_to_completion(
+async def collect_output(
     proc: BackendProcess, *, timeout: float | None, output_limit: int
-) -> ExecResult:
-    """Collect a process's output and exit code, enforcing timeout and cap."""
-    out: list[bytes] = []
-    err: list[bytes] = []
-    total = 0
+) -> ExecOutput:
+    """A process's output (spooled: memory, then disk) and exit code,
+    enforcing timeout and cap."""
+    spool = OutputSpool()
     try:
         with anyio.fail_after(timeout):
             while (chunk := await proc.read()) is not None:
-                total += len(chunk.data)
-                if total > output_limit:
+                if spool.size + len(chunk.data) > output_limit:
                     raise _limit_error(output_limit)
-                (out if chunk.stream == "stdout" else err).append(chunk.data)
+                spool.append(chunk)
             code = await proc.wait()
     except TimeoutError:
+        spool.close()
         await kill_shielded(proc)
         raise ExecTimeout(
             f"command timed out after {timeout} s; its whole process tree was killed"
         ) from None
     except BaseException:
+        spool.close()
         await kill_shielded(proc)
         raise
-    return ExecResult(code, b"".join(out), b"".join(err), oom_killed=proc.oom_killed)
+    return ExecOutput(code, spool, oom_killed=proc.oom_killed)
 
 
-#: Output a background command keeps in memory; past it, its output is on disk.
-SPOOL_MEMORY_BYTES = 256 * 1024
+async def run_to_completion(
+    proc: BackendProcess, *, timeout: float | None, output_limit: int
+) -> ExecResult:
+    """Collect a process's output and exit code, enforcing timeout and cap."""
+    with await collect_output(proc, timeout=timeout, output_limit=output_limit) as output:
+        return output.result()
+
+
+#: The most one piece read out of a spool holds: a stream's event, a
+#: response's write.
+PIECE_BYTES = 64 * 1024
+
+Stream = Literal["stdout", "stderr"]
 
 
 class OutputSpool:
-    """A background command's output in the order it came: the first
-    :data:`SPOOL_MEMORY_BYTES` in memory, the rest in a temporary file, so
-    that many chatty commands cost the daemon disk, not memory.
+    """A command's output in the order it came: the first
+    :data:`~hutch._membudget.SPOOL_MEMORY_BYTES` in memory (while the
+    process's memory budget has room), the rest in a temporary file, so that
+    many chatty commands cost the daemon disk, not memory.
 
     Consecutive pieces of one stream are kept as one run, so the index stays
-    as small as the number of switches between stdout and stderr.
+    as small as the number of switches between stdout and stderr. Whether
+    each stream is valid UTF-8 is learnt as it comes (an answer tells it
+    before its text). Readers that :meth:`hold` it keep it open past
+    :meth:`close` until they let go.
     """
 
     def __init__(self) -> None:
-        self._file = tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY_BYTES)  # noqa: SIM115
+        self._file = Spool()
         #: [stream, offset, length] of each run.
         self.runs: list[list[Any]] = []
         self.size = 0
+        self._sizes = {"stdout": 0, "stderr": 0}
+        self._decoders = {name: codecs.getincrementaldecoder("utf-8")() for name in self._sizes}
+        self._utf8 = {"stdout": True, "stderr": True}
+        self._readers = 0
+        self._closing = False
 
     def append(self, chunk: OutputChunk) -> None:
         self._file.seek(0, 2)
@@ -89,18 +110,107 @@ class OutputSpool:
         else:
             self.runs.append([chunk.stream, self.size, len(chunk.data)])
         self.size += len(chunk.data)
+        self._sizes[chunk.stream] += len(chunk.data)
+        self._learn_utf8(chunk)
+
+    def _learn_utf8(self, chunk: OutputChunk) -> None:
+        if not self._utf8[chunk.stream]:
+            return
+        decoder = self._decoders[chunk.stream]
+        if chunk.data.isascii() and not decoder.getstate()[0]:
+            return  # the common case, at a fraction of a decode's cost
+        try:
+            decoder.decode(chunk.data)
+        except UnicodeDecodeError:
+            self._utf8[chunk.stream] = False
+
+    def stream_size(self, stream: Stream) -> int:
+        return self._sizes[stream]
+
+    def is_utf8(self, stream: Stream) -> bool:
+        """Whether what ``stream`` holds so far is whole, valid UTF-8."""
+        return self._utf8[stream] and not self._decoders[stream].getstate()[0]
 
     def read(self, offset: int, length: int) -> bytes:
         self._file.seek(offset)
-        return self._file.read(length)
+        return bytes(self._file.read(length))
 
-    def joined(self, stream: str) -> bytes:
-        return b"".join(
-            self.read(offset, length) for name, offset, length in self.runs if name == stream
-        )
+    def pieces(self, stream: Stream, piece: int = PIECE_BYTES) -> Iterator[bytes]:
+        """What ``stream`` holds, in order, at most ``piece`` bytes at a time."""
+        for name, offset, length in list(self.runs):
+            if name != stream:
+                continue
+            for start in range(offset, offset + length, piece):
+                yield self.read(start, min(piece, offset + length - start))
+
+    def joined(self, stream: Stream) -> bytes:
+        return b"".join(self.pieces(stream, max(1, self._sizes[stream])))
+
+    def hold(self) -> None:
+        """Keep it open for a reader (until :meth:`let_go`), closed or not."""
+        self._readers += 1
+
+    def let_go(self) -> None:
+        self._readers -= 1
+        if self._closing and self._readers <= 0:
+            self._file.close()
 
     def close(self) -> None:
-        self._file.close()
+        self._closing = True
+        if self._readers <= 0:
+            self._file.close()
+
+
+class ExecOutput:
+    """A finished command: its exit status and its output, spooled (memory,
+    then disk), for a caller to take whole (:meth:`result`) or in pieces
+    (:meth:`pieces`: a large output never whole in memory). Close it (or use
+    it as a context manager) to free the spool."""
+
+    def __init__(
+        self, exit_code: int, spool: OutputSpool, *, oom_killed: bool = False,
+        owns_spool: bool = True,
+    ) -> None:
+        self.exit_code = exit_code
+        self.oom_killed = oom_killed
+        self._spool = spool
+        #: Whether closing it closes the spool (not a background command's,
+        #: which others may read again).
+        self._owns_spool = owns_spool
+        spool.hold()
+        self._open = True
+
+    @property
+    def size(self) -> int:
+        """Bytes of output, both streams."""
+        return self._spool.size
+
+    def stream_size(self, stream: Stream) -> int:
+        return self._spool.stream_size(stream)
+
+    def is_utf8(self, stream: Stream) -> bool:
+        return self._spool.is_utf8(stream)
+
+    def pieces(self, stream: Stream, piece: int = PIECE_BYTES) -> Iterator[bytes]:
+        return self._spool.pieces(stream, piece)
+
+    def result(self) -> ExecResult:
+        """The whole output in memory, as :meth:`Sandbox.exec` answers."""
+        return ExecResult(self.exit_code, self._spool.joined("stdout"),
+                          self._spool.joined("stderr"), oom_killed=self.oom_killed)
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            self._spool.let_go()
+            if self._owns_spool:
+                self._spool.close()
+
+    def __enter__(self) -> ExecOutput:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
 
 class Process:
@@ -171,6 +281,11 @@ class Process:
     async def wait(self, timeout: float | None = None) -> ExecResult:
         """Wait for the command to end; ``ExecTimeout`` if it outlives ``timeout``
         (the command keeps running: kill it if that is what you want)."""
+        with await self._wait_output(timeout) as output:
+            return output.result()
+
+    async def _wait_output(self, timeout: float | None = None) -> ExecOutput:
+        """As :meth:`wait`, the output left in its spool (see :func:`wait_output`)."""
         try:
             with anyio.fail_after(timeout):
                 await self._done.wait()
@@ -181,9 +296,8 @@ class Process:
         if self._error is not None:
             raise self._error
         self._check_kept()
-        out, err = self._spool.joined("stdout"), self._spool.joined("stderr")
-        return ExecResult(self._exit_code if self._exit_code is not None else -1, out, err,
-                          oom_killed=self._proc.oom_killed)
+        return ExecOutput(self._exit_code if self._exit_code is not None else -1, self._spool,
+                          oom_killed=self._proc.oom_killed, owns_spool=False)
 
     def _check_kept(self) -> None:
         if self._released:
@@ -204,8 +318,9 @@ class Process:
             end = self._spool.size
             for name, offset, length in list(self._spool.runs):
                 start, stop = max(offset, position), min(offset + length, end)
-                if start < stop:
-                    yield OutputChunk(name, self._spool.read(start, stop - start))
+                # In pieces: a reader that fell behind never gets its backlog at once.
+                for piece in range(start, stop, PIECE_BYTES):
+                    yield OutputChunk(name, self._spool.read(piece, min(PIECE_BYTES, stop - piece)))
                     self._check_kept()
             position = end
             if done and position >= self._spool.size:
@@ -226,6 +341,13 @@ class Process:
         await kill_shielded(self._proc)
         with anyio.move_on_after(KILL_GRACE_SECONDS + 5):
             await self._done.wait()
+
+
+async def wait_output(process: Process, timeout: float | None = None) -> ExecOutput:
+    """As ``process.wait``, the output left in its spool to read in pieces
+    (close the answer when done). For the daemon, which answers a large
+    output as it reads it: a caller holding a handle takes ``wait``'s bytes."""
+    return await process._wait_output(timeout)
 
 
 def release_output(process: Process) -> None:

@@ -35,12 +35,13 @@ from ._errors import (
 )
 from ._guardrail import ReadBeforeWriteGuard, session_guard
 from ._process import (
+    ExecOutput,
     ExitStatus,
     Process,
     StreamEvent,
+    collect_output,
     kill_shielded,
     release_output,
-    run_to_completion,
 )
 from ._refwire import check_ref_lifetime
 from ._sandbox_paths import sandbox_path
@@ -56,6 +57,7 @@ from ._types import (
     FileType,
     GrepMatch,
 )
+from ._values import check_command, check_text
 from .lifecycle.state import SandboxState
 from .providers._grep import grep_output_budget
 from .providers.base import (
@@ -65,6 +67,7 @@ from .providers.base import (
     SandboxBackend,
     SandboxRuntime,
     UnstartedProcess,
+    within,
 )
 
 if TYPE_CHECKING:
@@ -269,20 +272,44 @@ class Sandbox:
         self.require("processes")
         if user is not None:
             self.require("users")
-        if isinstance(stdin, str):
-            stdin = stdin.encode()
-        request = ProcessRequest(
-            self._argv(cmd),
-            cwd=self.path(cwd) if cwd is not None else self.workdir,
-            env=dict(env or {}),
-            stdin=stdin,
-            user=user,
-        )
+        request = self._request(cmd, cwd, env, stdin, user)
         try:
             return await self._runtime.start_process(request)
         except NoSuchUser as exc:
             # A command that could not start, as every execution API says it.
             return UnstartedProcess(exc.message)
+
+    def _request(
+        self,
+        cmd: Command,
+        cwd: str | None,
+        env: Mapping[str, str] | None,
+        stdin: bytes | str | None,
+        user: str | None,
+    ) -> ProcessRequest:
+        """A command as a runtime is given it, every part checked first
+        (text a program can be given, within the kernel's limits)."""
+        argv = self._argv(cmd)
+        variables = dict(env or {})
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in variables.items()):
+            raise InvalidArgument("env must map names to strings")
+        check_command(argv, variables)
+        if user is not None:
+            if not isinstance(user, str) or not user:
+                raise InvalidArgument("user must be a user name or uid (a string)")
+            check_text(user, "user")
+        if isinstance(stdin, str):
+            check_text(stdin, "stdin", nul=False)
+            stdin = stdin.encode()
+        elif stdin is not None and not isinstance(stdin, bytes | bytearray | memoryview):
+            raise InvalidArgument(f"stdin must be bytes or text, not {type(stdin).__name__}")
+        return ProcessRequest(
+            argv,
+            cwd=self.path(cwd) if cwd is not None else self.workdir,
+            env=variables,
+            stdin=bytes(stdin) if stdin is not None else None,
+            user=user,
+        )
 
     async def exec(
         self,
@@ -301,11 +328,29 @@ class Sandbox:
         ``ExecTimeout``; output past ``output_limit`` bytes kills it and raises
         ``OutputLimitExceeded``.
         """
+        with await self._exec_output(
+            cmd, cwd=cwd, env=env, stdin=stdin, user=user, timeout=timeout,
+            output_limit=output_limit,
+        ) as output:
+            return output.result()
+
+    async def _exec_output(
+        self,
+        cmd: Command,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        user: str | None = None,
+        timeout: float | None = None,
+        output_limit: int | None = None,
+    ) -> ExecOutput:
+        """As :meth:`exec`, its output left spooled (see :func:`exec_output`)."""
         if timeout is not None and timeout <= 0:
             raise InvalidArgument(f"timeout must be positive, got {timeout}")
         async with self._operation("exec"):
             proc = await self._start_backend(cmd, cwd, env, stdin, user)
-            return await run_to_completion(
+            return await collect_output(
                 proc, timeout=timeout, output_limit=output_limit or self.output_limit
             )
 
@@ -381,15 +426,12 @@ class Sandbox:
         self.require("processes")
         if user is not None:
             self.require("users")
-        argv = ["bash"] if cmd is None else self._argv(cmd)
+        request = self._request(
+            ["bash"] if cmd is None else cmd, cwd, {"TERM": "xterm-256color", **(env or {})},
+            None, user,
+        )
         async with self._operation("pty"):
-            proc = await self._runtime.start_pty(
-                ProcessRequest(
-                    argv, cwd=self.path(cwd) if cwd is not None else self.workdir,
-                    env={"TERM": "xterm-256color", **(env or {})}, user=user,
-                ),
-                rows=rows, cols=cols,
-            )
+            proc = await self._runtime.start_pty(request, rows=rows, cols=cols)
             try:
                 yield proc
             finally:
@@ -535,6 +577,13 @@ class Sandbox:
 
     async def remove(self, path: str, *, recursive: bool = False) -> None:
         full = self.path(path)
+        if within(self.workdir, full):
+            # Every command runs there, on every provider: without it, none
+            # could run again (docker's is a mount point, not removable at all).
+            raise InvalidArgument(
+                f"{path!r} is the sandbox's working directory ({self.workdir}) or holds "
+                "it: not a file to delete; remove what is in it instead"
+            )
         async with self._operation("remove"):
             if self._session_guard.needs_check(full):
                 info = await self._runtime.stat(full)  # FileNotFoundError if missing
@@ -868,6 +917,38 @@ async def reap(sandbox: Sandbox) -> None:
     """Kill what runs and free the backend, for every session on it (the
     engine's reaping; an attached session's close only detaches)."""
     await sandbox._reap()
+
+
+async def release_runtime(sandbox: Sandbox) -> None:
+    """Its runtime died outside hutch: end what was started in it and free
+    what the runtime held, its working directory's files kept until it is
+    closed (deleted). Shielded, as a reaping is."""
+    with anyio.CancelScope(shield=True):
+        await sandbox._end_processes()
+        await sandbox._backend.release_runtime()
+
+
+async def exec_output(
+    sandbox: Sandbox,
+    cmd: Command,
+    *,
+    cwd: str | None = None,
+    env: Mapping[str, str] | None = None,
+    stdin: bytes | None = None,
+    user: str | None = None,
+    timeout: float | None = None,
+    output_limit: int | None = None,
+) -> ExecOutput:
+    """As ``sandbox.exec``, its output left spooled (memory, then disk) to be
+    read in pieces: what a server answering with a large output uses, so
+    that the output is never whole in its memory. Close the answer.
+
+    A function, not a method: a caller holding a sandbox (in-process or
+    remote) takes ``exec``'s bytes; only the daemon needs the spool."""
+    return await sandbox._exec_output(
+        cmd, cwd=cwd, env=env, stdin=stdin, user=user, timeout=timeout,
+        output_limit=output_limit,
+    )
 
 
 def forget_process(sandbox: Sandbox, process_id: str) -> None:

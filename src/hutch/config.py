@@ -114,9 +114,14 @@ def parse_provider_config(data: Mapping[str, Any]) -> ProviderSettings:
 
 
 def _short(exc: ValidationError) -> str:
-    return "; ".join(
-        f"{'.'.join(str(p) for p in e['loc']) or 'value'}: {e['msg']}" for e in exc.errors()
-    )
+    """Each error as ``field: what is wrong`` (a check of the whole model
+    names its field in its own message)."""
+    def one(error: Any) -> str:
+        message = str(error["msg"]).removeprefix("Value error, ")
+        where = ".".join(str(p) for p in error["loc"])
+        return f"{where}: {message}" if where else message
+
+    return "; ".join(one(e) for e in exc.errors())
 
 
 def _normalize_layer(layer: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -125,8 +130,17 @@ def _normalize_layer(layer: Mapping[str, Any] | None) -> dict[str, Any]:
         return {"provider": None, "options": {}, "providers": {}}
     layer = dict(layer)
     provider = layer.pop("provider", None)
-    nested = dict(layer.pop("providers", {}) or {})
-    options = dict(layer.pop("options", {}) or {})
+    if provider is not None and not isinstance(provider, str):
+        # Not a name to fall back from: 0, {} and [] are mistakes, not "unset".
+        raise InvalidArgument(
+            f"provider must be a provider's name (a string), not {type(provider).__name__}"
+        )
+    nested = layer.pop("providers", None) or {}
+    options = layer.pop("options", None) or {}
+    for key, table in (("providers", nested), ("options", options)):
+        if not isinstance(table, Mapping):
+            raise InvalidArgument(f"{key} must be a table (an object), not {type(table).__name__}")
+    nested, options = dict(nested), dict(options)
     loose: dict[str, Any] = {}
     for key, value in layer.items():
         if value is None:
@@ -156,7 +170,10 @@ def resolve_spec(
     settings: dict[str, Any] = {}
     options: dict[str, Any] = {}
     for layer in layers:
-        settings.update(layer["providers"].get(provider, {}) or {})
+        own = layer["providers"].get(provider) or {}
+        if not isinstance(own, Mapping):
+            raise InvalidArgument(f"providers.{provider} must be a table of its settings")
+        settings.update(own)
         settings.update(layer.get("loose", {}))
         options.update(layer["options"])
     settings["type"] = provider

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._errors import InvalidArgument, InvalidState, NotFound, ProviderError
+from ._faults import fault_point
+from ._liveness import still_running, this_process
 from ._paths import hutch_home
 
 #: Names Docker takes as a repository (and hutch as a directory).
@@ -185,7 +187,10 @@ def build(
             f"Docker already has an image {name} that hutch did not build; choose another name"
         )
     os.makedirs(images_home(), exist_ok=True)
-    work = tempfile.mkdtemp(prefix=".build-", dir=images_home())
+    _remove_dead_builds()
+    pid, start = this_process()
+    # Named by its builder: a build whose process died is found and removed.
+    work = tempfile.mkdtemp(prefix=f".build-{pid}-{start}-", dir=images_home())
     rootfs = os.path.join(work, "rootfs")
     tag = docker_tag(name)
     try:
@@ -201,10 +206,12 @@ def build(
                 progress(f"importing {name} into Docker")
                 _run(["sh", "-c", 'tar -C "$0" -c . | docker import --change "$2" - "$1"',
                       rootfs, tag, f"LABEL {_LABEL}=1"], "docker import", progress)
+        fault_point("image-build.unpacked")
         info = ImageInfo(name, source, _disk_usage(rootfs), time.time(), list(packages),
                          docker_tag=tag if in_docker else None)
         with open(os.path.join(work, "image.json"), "w") as fh:
             json.dump(info.as_dict(), fh)
+        fault_point("image-build.described")
         if os.path.isdir(directory):
             shutil.rmtree(directory)
         os.rename(work, directory)
@@ -213,6 +220,19 @@ def build(
         raise
     progress(f"image {name} built: {info.size_bytes // (1 << 20)} MiB")
     return info
+
+
+def _remove_dead_builds() -> None:
+    """Remove what builds whose process died (killed part-way) left."""
+    for entry in os.listdir(images_home()):
+        if not entry.startswith(".build-"):
+            continue
+        try:
+            pid, start = (int(x) for x in entry.split("-")[1:3])
+        except ValueError:
+            continue  # not one of ours (or of a hutch before builds were named)
+        if not still_running(pid, start):
+            shutil.rmtree(os.path.join(images_home(), entry), ignore_errors=True)
 
 
 def _from_dockerfile(

@@ -11,11 +11,14 @@ sandbox runs processes).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 import re
 import stat
 import sys
+import tarfile
+import tempfile
 from collections import defaultdict
 from typing import Any
 
@@ -98,44 +101,103 @@ def _set_modes(sandbox: Any, modes: dict[int, list[str]], empty_dirs: list[str])
 
 
 def download(sandbox: Any, source: str, destination: str) -> int:
-    """Copy ``source`` (a file or directory in the sandbox) to ``destination`` here."""
+    """Copy ``source`` (a file or directory in the sandbox) to ``destination`` here.
+
+    What comes out never carries privilege: the files are the caller's, with
+    no setuid, setgid or sticky bit and no write bit for others (the rules of
+    :func:`tarfile.data_filter`, the standard library's for an archive from
+    someone not trusted). A device node, FIFO or socket is refused, naming
+    it, before anything is written here.
+    """
     info = sandbox.stat(source)
     name = posixpath.basename(posixpath.normpath(sandbox.path(source)))
     if destination.endswith(os.sep) or os.path.isdir(destination):
         destination = os.path.join(destination, name)
     if info.type != FileType.DIRECTORY:
-        _fetch(sandbox, info.path, info.mode, destination)
+        _refuse_special(info)  # a link is read through, as cp reads it
+        _fetch(sandbox, info.path, _safe_mode(info, name), destination)
         return 1
-    copied = 0
-    pending = [(info.path, destination)]
+    # The whole tree is listed first: a special file anywhere in it is
+    # refused before a byte is written here.
+    files: list[tuple[str, str, int]] = []
+    directories = [destination]
+    pending = [(info.path, destination, ".")]
     while pending:
-        remote_dir, local_dir = pending.pop()
-        os.makedirs(local_dir, exist_ok=True)
+        remote_dir, local_dir, relative = pending.pop()
         for entry in sandbox.list_dir(remote_dir):
+            inside = posixpath.join(relative, _entry_name(entry, remote_dir))
             local = os.path.join(local_dir, entry.name)
             if entry.type == FileType.DIRECTORY:
-                pending.append((entry.path, local))
+                _safe_mode(entry, inside)  # a name that leaves the tree is refused
+                directories.append(local)
+                pending.append((entry.path, local, inside))
             elif entry.type == FileType.FILE:
-                _fetch(sandbox, entry.path, entry.mode, local)
-                copied += 1
+                files.append((entry.path, local, _safe_mode(entry, inside)))
+            elif entry.type == FileType.SYMLINK:
+                print(f"hutch cp: skipped {entry.path} (a symbolic link)", file=sys.stderr)
             else:
-                print(f"hutch cp: skipped {entry.path} ({entry.type.value})", file=sys.stderr)
-    return copied
+                _refuse_special(entry)
+    for local_dir in directories:
+        os.makedirs(local_dir, exist_ok=True)
+    for remote, local, mode in files:
+        _fetch(sandbox, remote, mode, local)
+    return len(files)
+
+
+def _entry_name(entry: Any, remote_dir: str) -> str:
+    """A listed entry's own name: one path component, never one that climbs."""
+    name = entry.name
+    if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\0" in name:
+        raise InvalidArgument(f"{remote_dir} lists an entry named {name!r}: not a file name")
+    return str(name)
+
+
+def _refuse_special(info: Any) -> None:
+    """A typed error naming ``info`` when it is a device node, FIFO or socket
+    (a read of one may never end, and it is no file to hand out)."""
+    if info.type == FileType.OTHER:
+        raise InvalidArgument(
+            f"{info.path} in the sandbox is a device node, FIFO or socket, "
+            "not a regular file: not copied out"
+        )
+
+
+def _safe_mode(info: Any, relative: str) -> int:
+    """The mode a copy of ``info`` (at ``relative`` inside the copy) gets
+    here, by the standard library's rules for untrusted archives."""
+    member = tarfile.TarInfo(relative)
+    member.type = tarfile.DIRTYPE if info.type == FileType.DIRECTORY else tarfile.REGTYPE
+    member.mode = stat.S_IMODE(info.mode) or 0o644
+    try:
+        # A destination that is never written: only the member's own name
+        # and mode are judged (the names were checked one by one above).
+        safe = tarfile.data_filter(member, "/nonexistent-hutch-cp")
+    except tarfile.FilterError as exc:
+        raise InvalidArgument(f"{info.path} in the sandbox cannot be copied out: {exc}") from None
+    return 0o755 if safe.mode is None else safe.mode
 
 
 def _fetch(sandbox: Any, remote: str, mode: int, local: str) -> None:
+    """``remote`` into a new file of the caller's, then moved to ``local``
+    (replacing what was there, a link included, never writing through it)."""
     # The first piece before the local file is made: a read that fails
     # (missing, over the limit) leaves nothing behind here.
     pieces = iter(sandbox.read_pieces(remote))
     first = next(pieces, b"")
-    parent = os.path.dirname(local)
-    if parent:
-        os.makedirs(parent, exist_ok=True)
-    with open(local, "wb") as fh:
-        fh.write(first)
-        for piece in pieces:  # as they arrive, never the whole file in memory
-            fh.write(piece)
-    os.chmod(local, stat.S_IMODE(mode) or 0o644)
+    parent = os.path.dirname(local) or "."
+    os.makedirs(parent, exist_ok=True)
+    fd, partial = tempfile.mkstemp(prefix=".hutch-cp-", dir=parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(first)
+            for piece in pieces:  # as they arrive, never the whole file in memory
+                fh.write(piece)
+            os.fchmod(fh.fileno(), mode)
+        os.replace(partial, local)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(partial)
+        raise
 
 
 def plan(source: str, destination: str) -> tuple[str, str, str, str]:

@@ -36,6 +36,7 @@ import anyio
 import anyio.to_thread
 
 from .._errors import HutchError, InvalidArgument, NotFound, SandboxUnavailable, SetupFailed
+from .._faults import fault_point
 from .._inflight import CallMark, InFlightCalls
 from .._liveness import still_running, this_process
 from .._process import ExitStatus
@@ -242,6 +243,7 @@ class Definitions:
                 return Ensured(sandbox, "restored", key, steps, snapshot.id)
             sandbox, snapshot_id = await self._bootstrap(d, key, spec, steps, tell)
             self._record(d, key, thread_id, tenant, sandbox)
+            fault_point("definition-ensure.recorded")
             await self.host.hold(key, sandbox)
             return Ensured(sandbox, "created", key, steps, snapshot_id)
 
@@ -275,6 +277,7 @@ class Definitions:
         sandbox = await self.host.create(spec)
         steps.append(Step("create", time.monotonic() - started))
         try:
+            fault_point("definition-ensure.created")
             if d.workspace.source is not None:
                 tell("step", "fetch")
                 started = time.monotonic()
@@ -286,12 +289,14 @@ class Definitions:
                 started = time.monotonic()
                 await run_setup_step(sandbox, name, command, tell)
                 steps.append(Step(name, time.monotonic() - started))
+            fault_point("definition-ensure.set-up")
             snapshot_id = None
             if d.lifecycle.snapshot == "after-setup" and sandbox.capabilities.supports("snapshot"):
                 tell("step", "snapshot")
                 started = time.monotonic()
                 snapshot_id = await self.host.snapshot(sandbox, label_for(key))
                 steps.append(Step("snapshot", time.monotonic() - started))
+                fault_point("definition-ensure.snapshotted")
                 self._drop_replaced(key, snapshot_id)
         except BaseException:
             # A half-made environment is neither kept nor recorded.

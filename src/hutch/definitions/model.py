@@ -145,7 +145,7 @@ class Definition(BaseModel):
     @field_validator("id")
     @classmethod
     def _id(cls, value: str) -> str:
-        if not DEFINITION_ID.match(value):
+        if not DEFINITION_ID.fullmatch(value):
             raise ValueError(
                 f"{value!r} is not a definition id (letters, digits, '.', '_', '-'; at most 63)"
             )

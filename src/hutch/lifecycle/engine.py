@@ -37,6 +37,7 @@ from .._errors import (
     TimeoutExpired,
     TimeoutTooLarge,
 )
+from .._faults import fault_point
 from .._inflight import CallMark
 from .._sandbox import (
     backend_of,
@@ -44,8 +45,10 @@ from .._sandbox import (
     end_processes,
     lifecycle_record,
     reap,
+    release_runtime,
     track,
 )
+from ..providers.base import RuntimeLost
 from .clock import Clock, RealClock, VirtualClock
 from .scheduler import Scheduler
 from .shared import (
@@ -200,6 +203,9 @@ class LifecycleEngine:
             self.clock, self._evaluate, drive=not isinstance(self.clock, VirtualClock)
         )
         self._sandboxes: dict[str, Sandbox] = {}
+        #: Sandboxes whose dead runtime is released and whose failure is not
+        #: yet recorded (the store refused it; a retry follows).
+        self._released: set[str] = set()
 
     # -- registration --------------------------------------------------------------
     async def attach(
@@ -502,16 +508,20 @@ class LifecycleEngine:
         undo: Callable[[], Awaitable[None]],
         new: SandboxState,
         reason: str | None,
+        *,
+        fault: str,
     ) -> None:
         """Take a backend step and record its transition; if the record
         cannot be written, ``undo`` puts the backend back, so that memory,
         store and backend agree (the step is never left half done).
+        ``fault``: the fault point between the step and its record.
 
         Shielded: a caller that gives up (a client gone, a timeout) is
         cancelled after the step is done and recorded, never between the
         backend's step and its record, where an undo could not run either."""
         with anyio.CancelScope(shield=True):
             await self._guarded(sandbox, record, step)
+            fault_point(fault)
             try:
                 await self._transition(sandbox, new, reason)
             except BaseException:
@@ -546,7 +556,7 @@ class LifecycleEngine:
             check_transition(record.sandbox_id, record.state, SandboxState.PAUSED)
             backend = backend_of(sandbox)
             await self._step(sandbox, record, backend.pause, backend.unpause,
-                             SandboxState.PAUSED, None)
+                             SandboxState.PAUSED, None, fault="pause.paused")
         self._reschedule(sandbox)
 
     async def suspend(self, sandbox: Sandbox, reason: str | None = None) -> None:
@@ -597,7 +607,7 @@ class LifecycleEngine:
             record.transitioning = False
         backend = backend_of(sandbox)
         await self._step(sandbox, record, backend.suspend, backend.resume,
-                         SandboxState.SUSPENDED, reason)
+                         SandboxState.SUSPENDED, reason, fault="suspend.suspended")
 
     async def resume(self, sandbox: Sandbox) -> None:
         record = self._record(sandbox)
@@ -611,10 +621,11 @@ class LifecycleEngine:
         check_transition(record.sandbox_id, record.state, SandboxState.RUNNING)
         backend = backend_of(sandbox)
         if record.state is SandboxState.PAUSED:
-            step, undo = backend.unpause, backend.pause
+            await self._step(sandbox, record, backend.unpause, backend.pause,
+                             SandboxState.RUNNING, None, fault="resume.unpaused")
         else:
-            step, undo = backend.resume, backend.suspend
-        await self._step(sandbox, record, step, undo, SandboxState.RUNNING, None)
+            await self._step(sandbox, record, backend.resume, backend.suspend,
+                             SandboxState.RUNNING, None, fault="resume.resumed")
 
     async def _guarded(
         self, sandbox: Sandbox, record: LifecycleRecord, step: Callable[[], Awaitable[None]]
@@ -622,6 +633,11 @@ class LifecycleEngine:
         record.transitioning = True
         try:
             await step()
+        except RuntimeLost as exc:
+            # Gone for good outside hutch (found by the step, not a watcher):
+            # failed, with what the provider found, and said as such from now on.
+            await self._fail_lost(sandbox, record, str(exc))
+            raise self.expired_error(record) from None
         except HutchError:
             raise
         except Exception as exc:
@@ -640,32 +656,54 @@ class LifecycleEngine:
         self._forget(record)
         await reap(sandbox)
 
-    async def runtime_died(self, sandbox: Sandbox, reason: str) -> bool:
+    async def runtime_died(
+        self, sandbox: Sandbox, reason: str, *, of_suspended: bool = False
+    ) -> bool:
         """The provider says the sandbox's runtime died outside hutch: if it
         did (the backend confirms it is gone) and the sandbox was meant to be
-        up, it becomes ``failed`` with ``reason``, its timers stop and what it
-        held is released. True if it failed; a stale or wrong report changes
+        up (``of_suspended``: suspended, and what it keeps is gone), it
+        becomes ``failed`` with ``reason``, its timers stop and what its
+        runtime held is released, its working directory kept until the
+        sandbox is closed (deleted). True if it failed; a stale or wrong report changes
         nothing (a suspend or a close that removed the runtime on purpose)."""
         record = self._record(sandbox)
         async with record.lock:  # waits out a transition under way
-            if record.state not in (SandboxState.RUNNING, SandboxState.PAUSED):
+            meant = (SandboxState.SUSPENDED,) if of_suspended else (
+                SandboxState.RUNNING, SandboxState.PAUSED)
+            if record.state not in meant:
                 return False
-            try:
-                alive = await backend_of(sandbox).is_alive()
-            except Exception as exc:  # cannot tell: never fail a sandbox on a guess
-                log.info("sandbox %s: could not confirm that its runtime died: %s",
-                         record.sandbox_id, exc)
-                return False
-            if alive:
-                return False
-            await self._transition(sandbox, SandboxState.FAILED, reason)
+            if record.sandbox_id not in self._released:
+                backend = backend_of(sandbox)
+                try:
+                    kept = await (backend.is_suspended() if of_suspended
+                                  else backend.is_alive())
+                except Exception as exc:  # cannot tell: never fail a sandbox on a guess
+                    log.info("sandbox %s: could not confirm that its runtime died: %s",
+                             record.sandbox_id, exc)
+                    return False
+                if kept:
+                    return False
+            await self._fail_lost(sandbox, record, reason)
         self._forget(record)
-        try:
-            await reap(sandbox)
-        except Exception:
-            log.exception("sandbox %s: releasing it after its runtime died failed",
-                          record.sandbox_id)
         return True
+
+    async def _fail_lost(self, sandbox: Sandbox, record: LifecycleRecord, reason: str) -> None:
+        """Under the lock: the runtime is gone outside hutch. What it held is
+        freed first, its working directory's files kept (until the sandbox
+        is closed), so that the failure's record says where they are now;
+        then the sandbox is ``failed`` with ``reason``. A record the store
+        refuses raises, the runtime already released: a retry (the daemon's)
+        needs no second look at the backend, which no longer looks dead."""
+        if record.sandbox_id not in self._released:
+            try:
+                await release_runtime(sandbox)
+            except Exception:
+                log.exception("sandbox %s: releasing its dead runtime failed",
+                              record.sandbox_id)
+            self._released.add(record.sandbox_id)
+        await self._transition(sandbox, SandboxState.FAILED, reason)
+        self._released.discard(record.sandbox_id)
+        self.scheduler.cancel(record.sandbox_id)
 
     async def _terminate_locked(
         self, sandbox: Sandbox, record: LifecycleRecord, reason: str

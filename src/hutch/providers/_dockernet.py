@@ -24,9 +24,18 @@ from .network import (
     Reach,
     apply_in_namespace,
     guard_host,
+    guarded_keys,
     nameservers,
     unguard_host,
 )
+
+
+def guard_key(sandbox_id: str) -> str:
+    """The key of the host rules of ``sandbox_id``'s container."""
+    return f"{_KEY_PREFIX}{sandbox_id}"
+
+
+_KEY_PREFIX = "docker:"
 
 
 def _resolvers(info: dict[str, Any]) -> list[IPNetwork]:
@@ -67,7 +76,7 @@ def enforce(api: Any, container: str, sandbox_id: str, policy: NetworkPolicy) ->
     reach = Reach(policy, _resolvers(info), _engine_networks(api))
     try:
         apply_in_namespace(pid, policy, reach.blocked, resolvers=reach.resolvers, sources=own)
-        guard_host(sandbox_id, reach, HostMatch(sources=own))
+        guard_host(guard_key(sandbox_id), reach, HostMatch(sources=own))
     except (OSError, subprocess.SubprocessError) as exc:
         detail = getattr(exc, "stderr", "") or exc
         raise ProviderError(
@@ -79,9 +88,35 @@ def enforce(api: Any, container: str, sandbox_id: str, policy: NetworkPolicy) ->
 def release(sandbox_id: str) -> None:
     """Remove the host's rules for ``sandbox_id``'s container (gone or going)."""
     try:
-        unguard_host(sandbox_id)
+        unguard_host(guard_key(sandbox_id))
     except (OSError, subprocess.SubprocessError) as exc:
         detail = getattr(exc, "stderr", "") or exc
         raise ProviderError(
             f"cannot remove the network policy's host rules of sandbox {sandbox_id}: {detail}"
         ) from None
+
+
+def sweep(api: Any, container_prefix: str) -> list[str]:
+    """Remove the host rules of docker sandboxes whose container is gone
+    (removed behind hutch's back, or by a hutch that died before its close):
+    their addresses go to the Engine's next containers. Any hutch's on this
+    host, as the rules are the host's. The rules are read before the
+    containers: one read was installed for a container that existed by then.
+    Returns the sandboxes whose rules went."""
+    try:
+        keys = [key for key in guarded_keys() if key.startswith(_KEY_PREFIX)]
+    except (OSError, subprocess.SubprocessError):
+        return []  # no iptables here: no rules either
+    if not keys:
+        return []
+    names = {
+        name.lstrip("/") for container in api.containers(all=True)
+        for name in container.get("Names") or []
+    }
+    gone = []
+    for key in keys:
+        sandbox_id = key.removeprefix(_KEY_PREFIX)
+        if f"{container_prefix}{sandbox_id}" not in names:
+            release(sandbox_id)
+            gone.append(sandbox_id)
+    return gone

@@ -1232,6 +1232,20 @@ def rest(sandbox_id: str) -> None:
         log.warning("sandbox %s at rest, its stores not yet unmounted: %s", sandbox_id, exc)
 
 
+def let_go(sandbox_id: str) -> None:
+    """A layered working directory no container will run on again (its
+    preserved container was removed): at rest (:func:`rest`) and its anchor
+    unmounted too, so that no mount nor store of it is left; its files stay
+    in its upper directory and layers, for :func:`end_branch` to free."""
+    rest(sandbox_id)
+    merged = os.path.join(mount_dir(sandbox_id), "merged")
+    with sandbox_lock(sandbox_id):
+        for _ in range(8):
+            if not _stack(merged) or _overlay_on_top(merged):
+                break  # nothing left; or mounted again meanwhile, in use
+            _umount(merged)
+
+
 def _rest_locked(sandbox_id: str) -> bool:
     """Whether the directory is at rest now. Resting saves memory; it is
     never worth failing a suspend over: where the marker cannot be written

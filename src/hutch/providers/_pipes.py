@@ -11,6 +11,9 @@ from .._types import OutputChunk
 
 #: What one read of a stream asks for.
 READ_SIZE = 256 * 1024
+#: Pieces read and not yet taken before the readers wait: a consumer slower
+#: than the command holds this many, and the command waits on its pipe.
+QUEUED_PIECES = 16
 
 
 class ByteReader(Protocol):
@@ -30,6 +33,7 @@ class OutputPipes:
         errors: tuple[type[BaseException], ...] = (),
     ) -> None:
         self._queue: asyncio.Queue[OutputChunk | None] = asyncio.Queue()
+        self._room = asyncio.Semaphore(QUEUED_PIECES)
         self._open_streams = 2
         self._errors = errors
         self.error: BaseException | None = None
@@ -44,7 +48,8 @@ class OutputPipes:
     async def _pipe(self, reader: ByteReader, name: Literal["stdout", "stderr"]) -> None:
         try:
             while data := await reader.read(READ_SIZE):
-                await self._queue.put(OutputChunk(name, data))
+                await self._room.acquire()
+                self._queue.put_nowait(OutputChunk(name, data))
         except self._errors as exc:
             self.error = exc
         finally:
@@ -54,6 +59,7 @@ class OutputPipes:
         while self._open_streams > 0:
             item = await self._queue.get()
             if item is not None:
+                self._room.release()
                 return item
             self._open_streams -= 1
         return None

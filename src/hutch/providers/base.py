@@ -32,13 +32,14 @@ from __future__ import annotations
 import abc
 import asyncio
 import dataclasses
+import enum
 import re
 import stat
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, ClassVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, model_validator
 
 from .._errors import (
     CapabilityUnsupported,
@@ -46,9 +47,14 @@ from .._errors import (
     OutputLimitExceeded,
     ProviderError,
     SandboxIsADirectory,
+    SandboxUnavailable,
 )
 from .._globmatch import compile_glob
+from .._sandbox_paths import join_path as join_path  # their home was here
+from .._sandbox_paths import sandbox_path as sandbox_path
+from .._sandbox_paths import within as within
 from .._types import Capabilities, FileInfo, FileType, GrepMatch, OutputChunk
+from .._values import text_problems
 from ._grep import GrepBatches
 
 
@@ -158,6 +164,20 @@ class ProviderSnapshot:
             includes_memory=bool(value.get("includes_memory", False)),
         )
 
+class RuntimeState(enum.Enum):
+    """A sandbox's runtime as its provider sees it (:meth:`SandboxBackend.observed_state`)."""
+
+    RUNNING = "running"
+    #: Frozen (docker pause, the cgroup freezer): processes and memory held.
+    PAUSED = "paused"
+    #: Up, running or paused: the provider cannot tell which (the record says).
+    LIVE = "live"
+    #: Down, its state kept where ``resume`` brings it back from.
+    SUSPENDED = "suspended"
+    #: Nothing left to run or resume.
+    GONE = "gone"
+
+
 @dataclasses.dataclass(frozen=True)
 class RuntimeNotice:
     """What a provider's watcher saw happen to a sandbox outside hutch's hands."""
@@ -169,9 +189,21 @@ class RuntimeNotice:
     #: ``is_alive`` confirms it. Otherwise it is only told in its events (a
     #: process in it was OOM-killed).
     may_have_died: bool = True
+    #: About what a suspended sandbox keeps (its suspend image, removed):
+    #: it fails if :meth:`SandboxBackend.is_suspended` confirms it is gone.
+    of_suspended: bool = False
 
 
 RuntimeReport = Callable[[RuntimeNotice], Awaitable[None]]
+
+
+class RuntimeLost(SandboxUnavailable):
+    """A backend step found the sandbox's runtime gone for good, removed
+    outside hutch (a suspended container's image deleted): the lifecycle
+    engine fails the sandbox with this message as its reason, rather than
+    passing on what the provider said of it (a registry's 404 about a pull).
+    Its wire code stays ``sandbox_unavailable``; defined here, not in
+    ``_errors``, so that the code still names :class:`SandboxUnavailable`."""
 
 
 class PtyProcess(BackendProcess):
@@ -226,6 +258,16 @@ class ProviderSettings(BaseModel):
     registry, so a provider's settings are validated by its own model alone."""
 
     type: str
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_only(cls, data: Any) -> Any:
+        """No setting of any provider holds text no system call takes (a lone
+        surrogate, a NUL byte): refused naming it, before the provider's
+        own fields are read."""
+        for problem in text_problems(data, ""):
+            raise ValueError(problem)
+        return data
 
 
 class SandboxPart(abc.ABC):
@@ -543,6 +585,18 @@ class SandboxBackend(SandboxPart):
         was recorded) before it is given up for lost."""
         return False
 
+    async def observed_state(self) -> RuntimeState:
+        """What the sandbox's runtime is now, as the provider itself sees it
+        (asked of a sandbox found again after a restart: the record may say
+        otherwise, when a step was cut short between the provider and the
+        store). A provider that can pause or suspend tells paused and
+        suspended apart from running; the default only tells up from down."""
+        if await self.is_alive():
+            return RuntimeState.LIVE
+        if await self.is_suspended():
+            return RuntimeState.SUSPENDED
+        return RuntimeState.GONE
+
     # -- snapshots (behind the snapshot capability; see the class docstring) -----
     async def capture(self, snapshot_id: str, *, diff: bool = True) -> ProviderSnapshot:
         """Capture this sandbox's state as ``snapshot_id``."""
@@ -589,6 +643,16 @@ class SandboxBackend(SandboxPart):
         close) is harmless. Providers with nothing that can die apart from
         hutch have nothing to watch: the default returns at once."""
         return
+
+    async def release_runtime(self) -> None:
+        """Its runtime died outside hutch and the sandbox fails: free what
+        the runtime held (mounts, loop devices, its network, its cgroup,
+        connections to it) and keep the working directory's files on the
+        host, where :meth:`close` (the sandbox's deletion) frees them. After
+        it, :meth:`describe` says where the files are, and a :meth:`capture`
+        takes them (a failed workspace's are kept as its state). Idempotent.
+        The default frees nothing early: close frees it all."""
+        return None
 
     @abc.abstractmethod
     async def close(self) -> None:

@@ -43,7 +43,7 @@ from typing import IO, Annotated, Any, Literal
 
 import anyio
 import anyio.to_thread
-from pydantic import ConfigDict, Field
+from pydantic import AfterValidator, ConfigDict, Field
 
 from .._errors import (
     HutchError,
@@ -58,6 +58,7 @@ from .._errors import (
     SandboxPermissionDenied,
     SandboxUnavailable,
 )
+from .._faults import fault_point
 from .._globmatch import compile_glob
 from .._paths import hutch_home, sandbox_workdir
 from .._types import (
@@ -70,6 +71,10 @@ from .._types import (
 )
 from . import _dockernet, _layers
 from ._diskcap import image_for, mount_capped, unmount_capped
+from ._docker_outside import (
+    kept_for_preserved_container,
+    preserved_container_removed,
+)
 from ._grep import GREP_OUTPUT_LIMIT, matching_indices
 from ._grepfilter import LINE_BREAK_CHARS as _LINE_BREAK_CHARS
 from ._grepfilter import LINE_BREAKS as _LINE_BREAKS
@@ -83,13 +88,26 @@ from .base import (
     ProcessRequest,
     ProviderSettings,
     ProviderSnapshot,
+    RuntimeLost,
     RuntimeNotice,
     RuntimeReport,
+    RuntimeState,
     SandboxRuntime,
     bounded_pieces,
 )
 from .network import NetworkPolicy
-from .policy import Limit, ReachesHost, format_bytes, keeps_dropped, one_of, parse_bytes
+from .policy import (
+    DiskSize,
+    Limit,
+    MemorySize,
+    NotBool,
+    ReachesHost,
+    SandboxDirectory,
+    format_bytes,
+    keeps_dropped,
+    one_of,
+    parse_bytes,
+)
 
 log = logging.getLogger("hutch.docker")
 
@@ -135,9 +153,20 @@ AGENT_RECOVER_TIMEOUT = 4.0
 #: Go's os.ModeDir and os.ModeSymlink bits, as the archive stat header uses them.
 _GO_MODE_DIR = 1 << 31
 _GO_MODE_SYMLINK = 1 << 27
+#: Go's device, named pipe, socket, character device and irregular bits.
+_GO_MODE_SPECIAL = (1 << 26) | (1 << 25) | (1 << 24) | (1 << 21) | (1 << 19)
+#: Go's setuid, setgid and sticky bits, and POSIX's.
+_GO_MODE_PERMISSION_BITS = ((1 << 23, 0o4000), (1 << 22, 0o2000), (1 << 20, 0o1000))
 #: Ceilings of the settings, as the kernel takes them (pid_max's own ceiling).
 MAX_CPUS = 4096.0
 MAX_PIDS = 4 * 1024 * 1024
+
+
+def _bind_target(path: str) -> str:
+    # The Engine reads a bind as "host:container:options".
+    if ":" in path or "," in path:
+        raise ValueError(f"{path!r}: a mount point has no ':' or ','")
+    return path
 
 
 class DockerConfig(ProviderSettings):
@@ -145,8 +174,9 @@ class DockerConfig(ProviderSettings):
 
     type: Literal["docker"] = "docker"
     image: str = "hutch-test:bookworm"
-    #: Where the sandbox's working directory is mounted inside the container.
-    mount_point: str = "/workspace"
+    #: Where the sandbox's working directory is mounted inside the container
+    #: (a directory of its own: never /proc, /sys, /dev or a system directory).
+    mount_point: Annotated[SandboxDirectory, AfterValidator(_bind_target)] = "/workspace"
     #: Host directory bound at the mount point; a fresh one under hutch's data
     #: directory when unset (and then removed with the sandbox).
     host_workdir: Annotated[
@@ -163,14 +193,16 @@ class DockerConfig(ProviderSettings):
     #: Extra bind mounts, ``host:container[:ro]``.
     mounts: Annotated[list[str], ReachesHost("binds host paths into the sandbox")] = []
     #: Memory limit, as Docker takes it (``512m``, ``2g``).
-    memory: Annotated[str | None, Limit("memory", parse_bytes, format_bytes)] = None
+    memory: Annotated[MemorySize | None, Limit("memory", parse_bytes, format_bytes)] = None
     #: Size cap on the working directory hutch makes (``10g``): a file system
     #: of its own, nosuid and nodev, loop-mounted (needs root). Not applied
     #: to a ``host_workdir``, nor to what is written outside the mount point.
-    disk: Annotated[str | None, Limit("disk", parse_bytes, format_bytes)] = None
+    disk: Annotated[DiskSize | None, Limit("disk", parse_bytes, format_bytes)] = None
     #: CPU quota in CPUs (``1.5``).
-    cpus: Annotated[float | None, Limit("cpus")] = Field(default=None, gt=0, le=MAX_CPUS)
-    pids_limit: Annotated[int, Limit("pids", int, int)] = Field(default=1024, gt=0, le=MAX_PIDS)
+    cpus: Annotated[float | None, Limit("cpus"), NotBool] = Field(default=None, gt=0, le=MAX_CPUS)
+    pids_limit: Annotated[int, Limit("pids", int, int), NotBool] = Field(
+        default=1024, gt=0, le=MAX_PIDS
+    )
     pull_if_missing: bool = True
     env: dict[str, str] = {}
     labels: dict[str, str] = {}
@@ -452,11 +484,13 @@ class FreezeGuard:
         """``container`` paused for the block, by hutch. One paused already
         (the user's pause, another program's) is left paused, as it was.
         ``marker``: a file that exists while hutch holds the container paused,
-        for a program that finds it after this one died inside the block."""
+        for a program that finds it after this one died inside the block
+        (by default the container's own, which :meth:`thaw_left_freeze` reads)."""
         with self.freezing():
             if self._paused is True:  # the user's pause: already frozen, and theirs
                 yield
                 return
+            marker = marker or _writable_marker(frozen_marker_path(container))
             if marker is not None:
                 with open(marker, "w"):
                     pass
@@ -475,6 +509,26 @@ class FreezeGuard:
                     self._engine_unpause(api, container)
                     if marker is not None:
                         os.unlink(marker)
+
+    def thaw_left_freeze(self, api: Any, container: str) -> bool:
+        """Unpause ``container`` if a program died inside :meth:`frozen` (its
+        marker is left: the pause was hutch's, for a step cut short, never
+        the user's); whether it did. Under ``freezing``, which waits out a
+        freeze another living program holds (its marker is not left)."""
+        import docker.errors
+
+        marker = frozen_marker_path(container)
+        with self.freezing():
+            if not os.path.exists(marker):
+                return False
+            try:
+                api.unpause(container)
+            except docker.errors.APIError as exc:
+                if "is not paused" not in str(exc):
+                    raise
+            self._paused = False
+            os.unlink(marker)
+            return True
 
     def paused_here(self) -> bool:
         """Whether this process holds the container paused (the user's pause).
@@ -549,9 +603,20 @@ def start_lock_path(container: str) -> str:
     return os.path.join(hutch_home(), "docker", "starts", container)
 
 
+def frozen_marker_path(container: str) -> str:
+    """The file that says hutch holds ``container`` paused for a step of its own."""
+    return start_lock_path(container) + ".frozen"
+
+
+def _writable_marker(path: str) -> str | None:
+    """``path`` if a marker can be kept there (None: a read-only home)."""
+    return path if os.access(os.path.dirname(path), os.W_OK) else None
+
+
 def drop_start_locks(container: str) -> None:
     """A removed container's lock files go with it."""
-    for path in (start_lock_path(container), start_lock_path(container) + ".gate"):
+    for path in (start_lock_path(container), start_lock_path(container) + ".gate",
+                 frozen_marker_path(container)):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
 
@@ -811,6 +876,9 @@ class _ChunkReader(io.RawIOBase):
 EXEC_DRAIN_SECONDS = 15.0
 #: The longest a quiet exec goes without a look at whether its process is there.
 EXEC_CHECK_MAX_SECONDS = 2.0
+#: Output pieces an exec's reader thread hands on before it waits for them
+#: to be taken: a consumer slower than the command holds this much, not all.
+EXEC_QUEUE_CHUNKS = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -873,6 +941,10 @@ class DockerProcess(FutureExitProcess):
         self._first = True
         self._held: bytes | None = None
         self._eof = False
+        #: Room in the queue for output; given back as the reader takes it.
+        self._room = threading.Semaphore(EXEC_QUEUE_CHUNKS)
+        #: Set by kill: nobody may read on, so the thread stops waiting for room.
+        self._abandoned = threading.Event()
         if request.stdin is not None:
             threading.Thread(target=self._feed, args=(request.stdin,), daemon=True).start()
         threading.Thread(target=self._pump, daemon=True).start()
@@ -975,7 +1047,8 @@ class DockerProcess(FutureExitProcess):
                 payload = self._recv_exact(size, poller)
                 if payload is None:
                     break
-                self._post(OutputChunk("stderr" if kind == 2 else "stdout", payload))
+                if self._wait_for_room():
+                    self._post(OutputChunk("stderr" if kind == 2 else "stdout", payload))
             code = self._inspect_exit_code()
             if code == 128 + 9 and self._oom_before is not None:
                 after = oom_kills(self._sandbox.container_id or "")
@@ -992,6 +1065,14 @@ class DockerProcess(FutureExitProcess):
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(self._set_exit, code, failure)
             self._post(None)
+
+    def _wait_for_room(self) -> bool:
+        """Wait until the queue has room for a piece of output; False (drop
+        it) once the exec is being killed and nobody takes what is queued."""
+        while not self._room.acquire(timeout=0.5):
+            if self._abandoned.is_set():
+                return False
+        return True
 
     def _inspect_exit_code(self) -> int:
         """The exit status the Engine records; it may come a moment after the
@@ -1035,6 +1116,7 @@ class DockerProcess(FutureExitProcess):
             if item is None:
                 self._eof = True
                 break
+            self._room.release()
             if self._first:
                 self._first = False
                 # The runtime reports a failed start as output plus exit 126:
@@ -1060,6 +1142,7 @@ class DockerProcess(FutureExitProcess):
         return None
 
     async def kill(self, grace: float) -> None:
+        self._abandoned.set()
         if self._exit.done():
             return
         with contextlib.suppress(HutchError):
@@ -1124,6 +1207,12 @@ async def _oom_message(container_id: str) -> str:
     return f"the OOM killer killed a process in it: it reached its memory limit{within}"
 
 
+def _suspended_state_removed(image_id: str, sandbox_id: str) -> str:
+    """The reason a sandbox whose suspend image went fails."""
+    return (f"its suspended state (image {image_id.removeprefix('sha256:')[:12]}, "
+            f"{SUSPENDED_REPOSITORY}:{sandbox_id}) was removed outside hutch")
+
+
 async def _death_reason(container_id: str, action: str) -> str:
     """What happened to a container that died or went, in words for a person."""
     short = container_id[:12]
@@ -1167,6 +1256,7 @@ def commit_state(
     *,
     flatten: bool = False,
     stopped: bool = False,
+    fault: str = "snapshot.docker.frozen",
 ) -> str:
     """Write ``container``'s file system to ``repository:tag``; its image id.
 
@@ -1176,6 +1266,7 @@ def commit_state(
     stack ``base_image``'s layers past :data:`MAX_SUSPEND_LAYERS` flattens,
     since overlay2 stops at 128; ``flatten`` asks for one regardless.
     ``stopped``: the caller has paused the container, under its freeze guard.
+    ``fault``: the fault point (:mod:`hutch._faults`) of the step, inside its freeze.
     """
     depth = len(api.inspect_image(base_image)["RootFS"].get("Layers") or [])
     if flatten or depth >= MAX_SUSPEND_LAYERS:
@@ -1188,6 +1279,7 @@ def commit_state(
     # Paused by the guard, not by the commit's own pause: that one trusts the
     # Engine's lagging flag, and could undo the user's pause.
     with freeze_guard(container).frozen(api, container):
+        fault_point(fault)
         image = api.commit(container, repository=repository, tag=tag, conf={"Labels": labels},
                            pause=False)
     return str(image["Id"])
@@ -1630,6 +1722,11 @@ class DockerSandbox(NativeBackend):
             try:
                 return str(api.create_container(**spec)["Id"])
             except docker.errors.ImageNotFound:
+                if image == self.suspended_image:
+                    # Its state, which no registry has: never a pull.
+                    raise RuntimeLost(
+                        _suspended_state_removed(image, self.sandbox_id)
+                    ) from None
                 if not cfg.pull_if_missing or image.startswith(SUSPENDED_REPOSITORY):
                     raise NotFound(f"image {image!r} is not on this Docker Engine") from None
                 _pull(api, image)
@@ -1743,18 +1840,23 @@ class DockerSandbox(NativeBackend):
             description.get("chain"),
             bool(description.get("layered")),
         )
-        if sandbox.container_id is not None and not await sandbox.is_alive():
-            # The container on record is gone, but the sandbox may have one
-            # under its name that the record missed (a suspend undone because
-            # the store could not keep it resumed into a new container)...
+        if not await sandbox.is_alive():
+            # The container on record is gone (or none is), but the sandbox
+            # may have one under its name that the record missed (a suspend
+            # undone because the store could not keep it, a resume cut short
+            # after its container started)...
             try:
                 details = await _call(engine().inspect_container, sandbox.container_name)
             except SandboxUnavailable:
                 details = None
             labels = ((details or {}).get("Config") or {}).get("Labels") or {}
-            if details is not None and labels.get(SANDBOX_LABEL) == sandbox_id:
+            state = (details or {}).get("State") or {}
+            up = bool(state.get("Running") or state.get("Paused"))
+            if details is not None and labels.get(SANDBOX_LABEL) == sandbox_id and (
+                up or sandbox.container_id is not None
+            ):
                 sandbox.container_id = str(details["Id"])
-            else:
+            elif sandbox.container_id is not None:
                 # ... or none, and its state in its suspend image (suspended
                 # by a program whose suspend the record missed).
                 suspended = await sandbox._own_suspend_image()
@@ -1763,7 +1865,29 @@ class DockerSandbox(NativeBackend):
                     sandbox.suspended_image = suspended
         if sandbox.layered:
             await sandbox._mend_capture_cut_short()
+        if sandbox.container_id is not None and await sandbox._container_exists():
+            # A freeze of hutch's own (a commit, a capture) that its program
+            # died inside is undone: the container was never the user's to pause.
+            await _call(freeze_guard(sandbox.container_id).thaw_left_freeze, engine(),
+                        sandbox.container_id)
         return sandbox
+
+    async def observed_state(self) -> RuntimeState:
+        """The container's own state: paused, running, or gone (stopped or
+        removed), or suspended in its suspend image."""
+        if self.container_id is not None:
+            try:
+                details = await _call(engine().inspect_container, self.container_id)
+            except SandboxUnavailable:
+                details = None  # no such container
+            if details is not None:
+                state = details.get("State") or {}
+                if state.get("Paused"):
+                    return RuntimeState.PAUSED
+                return RuntimeState.RUNNING if state.get("Running") else RuntimeState.GONE
+        if await self.is_suspended():
+            return RuntimeState.SUSPENDED
+        return RuntimeState.GONE
 
     async def _own_suspend_image(self) -> str | None:
         """The id of this sandbox's suspend image, if the engine has one."""
@@ -1949,11 +2073,15 @@ class DockerSandbox(NativeBackend):
             kind = FileType.DIRECTORY
         elif mode & _GO_MODE_SYMLINK:
             kind = FileType.SYMLINK
-        elif mode >> 16 == 0:
-            kind = FileType.FILE
-        else:
+        elif mode & _GO_MODE_SPECIAL:
             kind = FileType.OTHER
-        return FileInfo(path, kind, int(header.get("size", 0)), mode & 0o7777,
+        else:
+            kind = FileType.FILE  # setuid, setgid and sticky are bits of their own in Go
+        permissions = mode & 0o777
+        for go_bit, posix_bit in _GO_MODE_PERMISSION_BITS:
+            if mode & go_bit:
+                permissions |= posix_bit
+        return FileInfo(path, kind, int(header.get("size", 0)), permissions,
                         _parse_mtime(header.get("mtime")))
 
     async def stat(self, path: str) -> FileInfo:
@@ -2242,10 +2370,12 @@ class DockerSandbox(NativeBackend):
 
         image_id = await _call(
             commit_state, api, container, previous or self.base_image, SUSPENDED_REPOSITORY,
-            self.sandbox_id, labels,
+            self.sandbox_id, labels, fault="suspend.docker.frozen",
         )
+        fault_point("suspend.docker.committed")
         self.suspended_image = image_id
         await _call(api.remove_container, container, force=True)
+        fault_point("suspend.docker.removed")
         drop_start_locks(container)
         self.container_id = None
         await anyio.to_thread.run_sync(self._release_network_policy)
@@ -2265,6 +2395,7 @@ class DockerSandbox(NativeBackend):
             return
         image = self.suspended_image or configured_image(self.config)
         await self._start_container(image)
+        fault_point("resume.docker.started")
 
     async def memory_bytes(self) -> int | None:
         if self.container_id is None:
@@ -2394,6 +2525,7 @@ class DockerSandbox(NativeBackend):
             # Not the Engine's "Paused" (it lags): the guard knows whose pause it is.
             with freeze_guard(container).frozen(api, container,
                                                 marker=self._paused_for_capture()):
+                fault_point("snapshot.docker.frozen-layered")
                 return freeze_then_commit(holder)
 
     def _paused_for_capture(self) -> str:
@@ -2550,6 +2682,9 @@ class DockerSandbox(NativeBackend):
                     with contextlib.suppress(ProviderError):
                         await anyio.to_thread.run_sync(_dockernet.release, sandbox_id)
                 removed.append(sandbox_id or container["Id"][:12])
+        with contextlib.suppress(HutchError):
+            for sandbox_id in await _call(_dockernet.sweep, api, "hutch-"):
+                removed.append(f"{sandbox_id} (its network policy's host rules)")
         for sandbox_id in await anyio.to_thread.run_sync(_layers.branches):
             if sandbox_id not in known:
                 await anyio.to_thread.run_sync(_layers.end_branch, sandbox_id)
@@ -2565,31 +2700,53 @@ class DockerSandbox(NativeBackend):
     @classmethod
     async def watch_runtimes(cls, report: RuntimeReport) -> None:
         """Docker's event stream: every hutch container that dies or is
-        removed is reported, with what its last inspect says happened."""
+        removed is reported, with what its last inspect says happened, and
+        every image of a sandbox's that is deleted (a suspended sandbox's
+        state, if it was that one)."""
         loop = asyncio.get_running_loop()
         deaths: asyncio.Queue[tuple[str, str, str]] = asyncio.Queue()
         stop = threading.Event()
         current: list[Any] = []
 
+        #: Image id -> the sandbox whose labelled image lost a tag: an image's
+        #: delete event carries no labels, its untag before it does.
+        untagged: dict[str, str] = {}
+
         def pump() -> None:
             backoff = 0.5
             while not stop.is_set():
                 try:
+                    # No label filter: an image's delete event has no labels to match.
                     stream = engine().events(decode=True, filters={
-                        "type": "container", "label": f"{MANAGED_LABEL}=1",
-                        "event": ["die", "destroy", "oom"],
+                        "type": ["container", "image"],
+                        "event": ["die", "destroy", "oom", "untag", "delete"],
                     })
                     current[:] = [stream]
                     backoff = 0.5
                     for event in stream:
                         actor = event.get("Actor") or {}
-                        sandbox_id = (actor.get("Attributes") or {}).get(SANDBOX_LABEL)
+                        attributes = actor.get("Attributes") or {}
+                        thing = str(actor.get("ID") or "")
+                        action = str(event.get("Action") or event.get("status") or "")
+                        sandbox_id = attributes.get(SANDBOX_LABEL)
+                        if event.get("Type") == "image":
+                            if action == "untag" and sandbox_id and attributes.get(
+                                MANAGED_LABEL
+                            ) == "1":
+                                if len(untagged) > 1000:
+                                    untagged.pop(next(iter(untagged)))
+                                untagged[thing] = sandbox_id
+                                continue
+                            if action != "delete" or thing not in untagged:
+                                continue
+                            sandbox_id, action = untagged.pop(thing), "image deleted"
+                        elif attributes.get(MANAGED_LABEL) != "1":
+                            continue
                         if sandbox_id:
                             with contextlib.suppress(RuntimeError):  # the loop is gone
-                                loop.call_soon_threadsafe(deaths.put_nowait, (
-                                    sandbox_id, str(actor.get("ID") or ""),
-                                    str(event.get("Action") or event.get("status") or ""),
-                                ))
+                                loop.call_soon_threadsafe(
+                                    deaths.put_nowait, (sandbox_id, thing, action)
+                                )
                 except Exception as exc:
                     if not stop.is_set():
                         log.info("docker event stream broke (%s); reconnecting", exc)
@@ -2598,7 +2755,18 @@ class DockerSandbox(NativeBackend):
 
         async def tell(sandbox_id: str, container_id: str, action: str) -> None:
             try:
-                if action == "oom":
+                if action == "destroy" and await anyio.to_thread.run_sync(
+                    preserved_container_removed, sandbox_id
+                ):
+                    return  # its sandbox was deleted before: nothing to fail
+                if action == "image deleted":
+                    # Told of every image of the sandbox's; it fails only if this
+                    # was the state it is suspended in (checked by is_suspended).
+                    await report(RuntimeNotice(
+                        sandbox_id, _suspended_state_removed(container_id, sandbox_id),
+                        of_suspended=True,
+                    ))
+                elif action == "oom":
                     # A process in it hit the memory limit; a die follows if it was PID 1.
                     await report(RuntimeNotice(
                         sandbox_id, await _oom_message(container_id), may_have_died=False
@@ -2631,14 +2799,35 @@ class DockerSandbox(NativeBackend):
             for task in tasks:
                 task.cancel()
 
+    async def release_runtime(self) -> None:
+        """Its container is gone (or dead): connections to it dropped, the
+        record of it too if it is gone. The working directory stays as it
+        is, readable on the host, and a dead container that is still there
+        stays too, until :meth:`close` frees both."""
+        if self._agent is not None:
+            self._agent.drop_connections()
+        if self.container_id is None:
+            return
+        try:
+            state = (await _call(engine().inspect_container, self.container_id))["State"]
+        except SandboxUnavailable:
+            state = {"Dead": True}  # no such container
+        if state.get("Dead") or state.get("Status") == "removing":
+            # Gone, or going (``docker rm -f``): nothing of it to keep or commit.
+            drop_start_locks(self.container_id)
+            self.container_id = None
+
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         api = engine()
-        if self.config.preserve:
+        if self.config.preserve and (
+            self.container_id is not None or self.suspended_image is not None
+        ):  # (one whose container is gone has nothing left to keep)
             # Said loudly: the user asked to keep it and needs to know how to reach it.
             if self.container_id is not None:
+                kept_for_preserved_container(self.sandbox_id)
                 log.warning(
                     "sandbox %s kept (preserve): docker exec -it %s bash",
                     self.sandbox_id, self.container_name,

@@ -33,6 +33,7 @@ addresses) and how to enter its namespace.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import hashlib
 import ipaddress
@@ -392,14 +393,36 @@ def _apply(version: Version, build: Callable[[str], str]) -> None:
 def guard_host(key: str, reach: Reach, match: HostMatch) -> None:
     """Install (or replace) the host's rules for the sandbox ``key``, both
     families. Raises OSError or subprocess.CalledProcessError when it cannot."""
+    _each_family(lambda version: _apply(
+        version, functools.partial(_ruleset_for, key, reach, match, version)))
+
+
+def _each_family(work: Callable[[Version], None]) -> None:
+    """``work`` for IPv4 and IPv6 at once (each waits on its own tools; a
+    sandbox's create waits on both)."""
+    with concurrent.futures.ThreadPoolExecutor(len(_TABLES)) as pool:
+        for done in [pool.submit(work, version) for version in _TABLES]:
+            done.result()
+
+
+def guarded_keys() -> set[str]:
+    """The keys whose host rules are installed (read from their jumps' comments)."""
+    keys = set()
     for version in _TABLES:
-        _apply(version, functools.partial(_ruleset_for, key, reach, match, version))
+        for line in _listing(version).splitlines():
+            words = shlex.split(line)
+            if "--comment" in words and "-j" in words:
+                comment = words[words.index("--comment") + 1]
+                target = words[words.index("-j") + 1]
+                if comment.startswith("hutch:") and _GUARD_CHAIN.match(target):
+                    keys.add(comment.removeprefix("hutch:"))
+    return keys
 
 
 def unguard_host(key: str) -> None:
     """Remove the host's rules for the sandbox ``key`` (none there: nothing to do)."""
-    for version in _TABLES:
-        _apply(version, functools.partial(_ruleset_for, key, Reach("none"), HostMatch(), version))
+    _each_family(lambda version: _apply(
+        version, functools.partial(_ruleset_for, key, Reach("none"), HostMatch(), version)))
 
 
 def _ruleset_for(key: str, reach: Reach, match: HostMatch, version: Version, listing: str) -> str:

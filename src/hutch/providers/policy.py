@@ -21,12 +21,13 @@ For example::
 from __future__ import annotations
 
 import math
+import posixpath
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel
+from pydantic import AfterValidator, BaseModel, BeforeValidator, StrictInt, StrictStr
 
 LimitKind = Literal["memory", "cpus", "pids", "disk"]
 LIMIT_KINDS: tuple[LimitKind, ...] = ("memory", "cpus", "pids", "disk")
@@ -94,6 +95,85 @@ def parse_bytes(value: Any) -> float:
     if not 0 < number < math.inf:
         raise ValueError(f"not a size: {value!r}")
     return number
+
+
+#: The most a size setting may say: 1 PiB.
+MAX_SIZE = 1 << 50
+#: The longest a size setting may be written (``1.5GiB``, with room to spare).
+_MAX_SIZE_TEXT = 32
+
+
+def _size_setting(least: int, what: str) -> Callable[[str | int], str | int]:
+    """A check of a size setting (``512m``, ``2g`` or bytes): a ValueError,
+    which the config model reports under the field's name, unless it is a
+    size from ``least`` (``what`` says why) to :data:`MAX_SIZE`."""
+
+    def check(value: str | int) -> str | int:
+        if isinstance(value, str) and len(value) > _MAX_SIZE_TEXT:
+            raise ValueError(f"not a size: {value[:_MAX_SIZE_TEXT]!r}... (use 512m, 2g, ...)")
+        number = parse_bytes(value)
+        if number < least:
+            raise ValueError(f"{value!r} is below {format_bytes(least)}, {what}")
+        if number > MAX_SIZE:
+            raise ValueError(f"{value!r} is over {format_bytes(MAX_SIZE)}")
+        return value
+
+    return check
+
+
+#: A memory limit: ``512m``, ``2g`` or bytes, at least 6 MiB (the least
+#: Docker takes; a sandbox with less cannot start its shell).
+MemorySize = Annotated[
+    StrictStr | StrictInt, AfterValidator(_size_setting(6 << 20, "the least a sandbox runs in"))
+]
+#: A disk cap: ``10g`` or bytes, at least 1 MiB (the least a file system
+#: of its own is made in).
+DiskSize = Annotated[
+    StrictStr | StrictInt, AfterValidator(_size_setting(1 << 20, "the least a disk cap holds"))
+]
+
+
+def _no_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError("a number, not true or false")
+    return value
+
+
+#: A count or amount (CPUs, processes) that a JSON ``true`` must not pass for.
+NotBool = BeforeValidator(_no_bool)
+
+#: Where a sandbox's working directory may not be: the kernel's own file
+#: systems and hutch's (at or below these), ...
+_RESERVED_TREES = ("/proc", "/sys", "/dev", "/.hutch")
+#: ... and the directories a system runs from (these exactly: their
+#: subdirectories are free), which a working directory would hide.
+_SYSTEM_DIRECTORIES = frozenset({
+    "/", "/bin", "/boot", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/run", "/sbin",
+    "/usr", "/var",
+})
+
+
+def sandbox_directory(value: str) -> str:
+    """A working directory inside a sandbox, checked (ValueError otherwise)
+    and normalized: absolute, not over a file system of the kernel's
+    (``/proc``, ``/sys``, ``/dev``) or hutch's own, not one the system runs from."""
+    if not value.startswith("/"):
+        raise ValueError(f"{value!r} is not an absolute path")
+    if "\0" in value or len(value) > 4096:
+        raise ValueError(f"{value[:64]!r} is not a directory path")
+    normal = "/" + posixpath.normpath(value).lstrip("/")
+    for tree in _RESERVED_TREES:
+        if normal == tree or normal.startswith(tree + "/"):
+            raise ValueError(f"{value!r} is in {tree}, the kernel's or hutch's own; "
+                             "choose a directory of the sandbox's own (/workspace)")
+    if normal in _SYSTEM_DIRECTORIES:
+        raise ValueError(f"{value!r} would hide a directory the system runs from; "
+                         "choose one of the sandbox's own (/workspace)")
+    return normal
+
+
+#: A working directory inside a sandbox (see :func:`sandbox_directory`).
+SandboxDirectory = Annotated[str, AfterValidator(sandbox_directory)]
 
 
 def format_bytes(number: float) -> str:

@@ -61,6 +61,7 @@ def load_server_config(path: str | None) -> dict[str, Any]:
 
         [server]
         allow = ["mounts"]          # host-reaching settings clients may set
+        memory_budget = 536870912   # bytes of callers' data held in memory at once
         [server.limits]             # for requests that set none
         memory = "2g"
         cpus = 1
@@ -84,11 +85,11 @@ def load_server_config(path: str | None) -> dict[str, Any]:
             name: d.model_dump(mode="json")
             for name, d in definitions_from_config(load_config_data(candidate)).items()
         }
-    unknown = set(server) - {"allow", "limits", "ceilings"}
+    unknown = set(server) - {"allow", "limits", "ceilings", "memory_budget"}
     if unknown:
         raise InvalidArgument(
             f"unknown [server] settings in {candidate}: {', '.join(sorted(unknown))} "
-            "(known: allow, limits, ceilings)"
+            "(known: allow, limits, ceilings, memory_budget)"
         )
     if file:
         server["sandbox_defaults"] = file

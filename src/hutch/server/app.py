@@ -20,19 +20,22 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import codecs
 import contextlib
 import hmac
 import json
 import logging
 import os
+import re
 import sys
-import tempfile
 import time
 from collections.abc import (
     AsyncGenerator,
     AsyncIterator,
     Awaitable,
     Callable,
+    Coroutine,
+    Iterator,
     Mapping,
     MutableMapping,
     Sequence,
@@ -45,12 +48,15 @@ import anyio
 from fastapi import APIRouter, FastAPI, Query, Request, Response, WebSocket, WebSocketDisconnect
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute, Match
 
+from .. import _membudget
 from .._errors import (
     ERRORS_BY_CODE,
+    DaemonBusy,
     ExecTimeout,
     HutchError,
     InvalidArgument,
@@ -59,9 +65,9 @@ from .._errors import (
     Unauthorized,
     error_from_code,
 )
-from .._process import ExitStatus, Process
+from .._process import ExecOutput, ExitStatus, Process, Stream, wait_output
 from .._refwire import REF_PREFIX
-from .._sandbox import Sandbox, forget_process
+from .._sandbox import Sandbox, exec_output, forget_process
 from .._types import (
     DEFAULT_READ_LIMIT,
     DEFAULT_SEARCH_TIMEOUT,
@@ -72,6 +78,7 @@ from .._types import (
     FileInfo,
     OutputChunk,
 )
+from .._values import check_text
 from ..store import RefRow
 from .daemon import DEFAULT_RETENTION_SECONDS, Daemon, default_data_dir
 from .policy import OperatorPolicy
@@ -95,6 +102,10 @@ class ServerSettings(BaseModel):
     retention_seconds: float = DEFAULT_RETENTION_SECONDS
     #: The largest request body (a file upload) taken, bytes.
     max_body_bytes: int = Field(default=MAX_READ_LIMIT, gt=0)
+    #: What callers' bytes may hold of the daemon's memory at once, all
+    #: calls together (hutch._membudget); output past it goes to disk, a
+    #: request body past it is refused (daemon_busy).
+    memory_budget: int = Field(default=_membudget.DEFAULT_MEMORY_BUDGET, gt=0)
     #: Settings that reach the host which API clients may nonetheless set.
     allow: list[str] = []
     #: Resource limits (memory, cpus, pids) for requests that set none, and
@@ -146,7 +157,10 @@ class ExecBody(BaseModel):
                 return base64.b64decode(self.stdin_b64, validate=True)
             except ValueError:
                 raise InvalidArgument("stdin_b64 is not valid base64") from None
-        return self.stdin.encode() if self.stdin is not None else None
+        if self.stdin is None:
+            return None
+        check_text(self.stdin, "stdin", nul=False)
+        return self.stdin.encode()
 
 
 class SandboxRef(BaseModel):
@@ -227,6 +241,83 @@ def _text_or_b64(key: str, data: bytes, out: dict[str, Any]) -> None:
         out[f"{key}_b64"] = base64.b64encode(data).decode()
 
 
+#: An exec answer whose output is at most this is rendered whole (with a
+#: Content-Length); a larger one is written out as it is read from its spool.
+INLINE_OUTPUT_BYTES = _membudget.SPOOL_MEMORY_BYTES
+
+
+def _escaped(text: str) -> bytes:
+    """``text`` as inside a JSON string, exactly as ``render_json`` has it:
+    JSON escapes character by character, so pieces escaped apart join up to
+    the whole escaped at once."""
+    return json.dumps(text, ensure_ascii=False)[1:-1].encode("utf-8")
+
+
+def _stream_json(output: ExecOutput, stream: Stream) -> Iterator[bytes]:
+    """``,"stdout":"..."`` (or ``"stdout_b64"``) read from the spool in pieces."""
+    if output.is_utf8(stream):
+        yield f',"{stream}":"'.encode()
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        for piece in output.pieces(stream):
+            text = decoder.decode(piece)
+            if text:
+                yield _escaped(text)
+    else:
+        yield f',"{stream}_b64":"'.encode()
+        carry = b""
+        for piece in output.pieces(stream):
+            data = carry + piece
+            whole = len(data) - len(data) % 3  # base64 of whole groups of 3 joins up
+            yield base64.b64encode(data[:whole])
+            carry = data[whole:]
+        yield base64.b64encode(carry)
+    yield b'"'
+
+
+def exec_json_pieces(output: ExecOutput) -> Iterator[bytes]:
+    """An exec answer, byte for byte as ``render_json(exec_json(...))``
+    would have it, in pieces of a bounded size: a large output goes out as
+    it is read from its spool, never whole in memory (nor twice, as text and
+    as JSON)."""
+    yield b'{"exit_code":' + str(output.exit_code).encode()
+    yield from _stream_json(output, "stdout")
+    yield from _stream_json(output, "stderr")
+    if output.oom_killed:
+        yield b',"oom_killed":true'
+    yield b"}"
+
+
+def exec_response(output: ExecOutput) -> Response:
+    """The answer of an exec (or a wait) through FastAPI; closes ``output``."""
+    if output.size <= INLINE_OUTPUT_BYTES:
+        with output:
+            return JSONResponse(exec_json(output.result()))
+
+    async def pieces() -> AsyncIterator[bytes]:
+        with output:
+            for piece in exec_json_pieces(output):
+                yield piece
+
+    return StreamingResponse(pieces(), media_type="application/json")
+
+
+async def send_exec(send: Send, output: ExecOutput) -> None:
+    """The answer of an exec on the fast path; closes ``output``."""
+    with output:
+        if output.size <= INLINE_OUTPUT_BYTES:
+            await _respond(send, 200, render_json(exec_json(output.result())),
+                           b"application/json")
+            return
+        # Chunked: the server waits for the client to take each piece
+        # before the next is read (its flow control), so a slow reader
+        # holds a piece, not the output.
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json")]})
+        for piece in exec_json_pieces(output):
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
 def exec_json(result: ExecResult) -> dict[str, Any]:
     out: dict[str, Any] = {"exit_code": result.exit_code}
     _text_or_b64("stdout", result.stdout_bytes, out)
@@ -276,8 +367,29 @@ def error_responses() -> dict[int | str, dict[str, Any]]:
 
 def error_json(exc: HutchError) -> dict[str, Any]:
     """Every error body the daemon sends, answers, stream lines and terminal
-    messages alike: ``{"error": exc.wire()}``."""
-    return {"error": exc.wire()}
+    messages alike: ``{"error": exc.wire()}``, with no path of the daemon's
+    own data directory in its message (:func:`without_data_dir`)."""
+    wire = exc.wire()
+    if isinstance(wire.get("message"), str):
+        wire["message"] = without_data_dir(wire["message"])
+    return {"error": wire}
+
+
+def without_data_dir(message: str) -> str:
+    """``message`` with every path in the daemon's data directory (its store,
+    layers, images, mounts) said by name instead. A sandbox's own working
+    directory there (``sandboxes/<id>/...``, a local sandbox's files, shown
+    to its caller as its workdir) stays as it is."""
+    home = os.environ.get("HUTCH_HOME")
+    if not home:
+        return message
+    for root in {os.path.abspath(home).rstrip("/"), os.path.realpath(home).rstrip("/")}:
+        if root and root in message:
+            message = re.sub(
+                re.escape(root) + r"(?![^/\s'\",;:])(?!/sandboxes/)(?:/[^\s'\",;:]*)?",
+                "(a path in hutch's data directory)", message,
+            )
+    return message
 
 
 def unexpected_error_json(exc: BaseException) -> dict[str, Any]:
@@ -336,12 +448,11 @@ async def ndjson(process: Process, timeout: float | None) -> AsyncIterator[bytes
 # -- what the FastAPI routes and the fast path share -------------------------------------
 
 
-async def run_exec(sandbox: Sandbox, body: ExecBody) -> dict[str, Any]:
-    result = await sandbox.exec(
-        body.cmd, cwd=body.cwd, env=body.env, stdin=body.stdin_bytes(), user=body.user,
+async def run_exec(sandbox: Sandbox, body: ExecBody) -> ExecOutput:
+    return await exec_output(
+        sandbox, body.cmd, cwd=body.cwd, env=body.env, stdin=body.stdin_bytes(), user=body.user,
         timeout=body.timeout, output_limit=body.output_limit,
     )
-    return exec_json(result)
 
 
 # -- authentication -----------------------------------------------------------------------
@@ -516,6 +627,85 @@ class BodyLimit:
         await self.app(scope, counted, send)
 
 
+#: Memory a request body costs while its call runs, per byte of it: the
+#: pieces received, joined, parsed (a JSON string), and decoded (stdin).
+BODY_MEMORY_FACTOR = 4
+
+
+def _streams_body(scope: Scope) -> bool:
+    """Whether the route spools its body to disk as it comes (an upload):
+    that body costs the spool's memory, which the spool takes itself."""
+    return scope["method"] == "PUT" and str(scope["path"]).endswith("/files")
+
+
+class BodyBudget:
+    """Pure ASGI middleware: a request body held in memory (a JSON body,
+    exec's ``stdin_b64`` with it) is taken from the process's memory budget
+    (hutch._membudget) as it comes, and given back when the call ends.
+
+    A body the budget has no room for is refused with ``daemon_busy`` before
+    anything is done: announced, before a byte of it is read; chunked, when
+    the piece that does not fit comes (whatever the route made of that, the
+    caller is told ``daemon_busy``; nothing has started by then: a handler
+    reads its whole body first).
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or _streams_body(scope):
+            await self.app(scope, receive, send)
+            return
+        budget = _membudget.budget()
+        what = f"the body of {scope['method']} {scope['path']}"
+        taken = 0
+        announced = _header(scope, b"content-length")
+        if announced is not None and announced.isdigit() and int(announced) > 0:
+            taken = int(announced) * BODY_MEMORY_FACTOR
+            try:
+                budget.take(taken, what)
+            except DaemonBusy as exc:
+                await _respond(send, exc.http_status, render_json(error_json(exc)),
+                               b"application/json")
+                return
+        received = 0
+        refused: DaemonBusy | None = None
+        started = False
+
+        async def counted() -> Message:
+            nonlocal received, taken, refused
+            message = await receive()
+            received += len(message.get("body", b""))
+            more = received * BODY_MEMORY_FACTOR - taken
+            if more > 0:
+                try:
+                    budget.take(more, what)
+                except DaemonBusy as exc:
+                    refused = exc
+                    raise
+                taken += more
+            return message
+
+        async def sending(message: Message) -> None:
+            nonlocal started
+            if refused is not None and not started:
+                return  # the route's answer to a refused body: ours goes instead
+            started = True
+            await send(message)
+
+        try:
+            await self.app(scope, counted, sending)
+        except Exception:
+            if refused is None or started:
+                raise
+        finally:
+            budget.give(taken)
+        if refused is not None and not started:
+            await _respond(send, refused.http_status, render_json(error_json(refused)),
+                           b"application/json")
+
+
 # -- a caller gone ------------------------------------------------------------------------------
 
 
@@ -630,8 +820,9 @@ SPOOL_MEMORY_BYTES = 1024 * 1024
 
 def new_spool() -> IO[bytes]:
     """Where an upload lands as it arrives: memory for a small one, disk past
-    :data:`SPOOL_MEMORY_BYTES` (an unlinked temporary file, the daemon's own)."""
-    return tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY_BYTES)
+    :data:`SPOOL_MEMORY_BYTES` or once the memory budget says so (an unlinked
+    temporary file, the daemon's own)."""
+    return _membudget.Spool(SPOOL_MEMORY_BYTES)
 
 
 async def _spool_body(receive: Receive) -> IO[bytes] | None:
@@ -806,8 +997,7 @@ class HotRoutes:
         except ValidationError:
             raise _FallThrough(raw) from None
         sandbox = daemon.session(sandbox_id, self._session(scope))
-        answer = await run_exec(sandbox, body)
-        await _respond(send, 200, render_json(answer), b"application/json")
+        await send_exec(send, await run_exec(sandbox, body))
 
     async def _read(
         self, daemon: Daemon, sandbox_id: str, scope: Scope, receive: Receive, send: Send
@@ -850,6 +1040,35 @@ class HotRoutes:
             sandbox = daemon.session(sandbox_id, self._session(scope))
             await sandbox.write_from(path, spool, overwrite=overwrite == "true")
         await _respond(send, 204, b"", b"")
+
+
+# -- text in request bodies ---------------------------------------------------------------------
+
+#: A JSON escape of a UTF-16 surrogate: the only way a body can carry a lone one.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+class TextBodiesRoute(APIRoute):
+    """A route whose JSON body holds no string a system call refuses (a lone
+    surrogate, which JSON can spell and no UTF-8 encodes): ``invalid_argument``
+    naming the field, for every route and field at once, before the handler
+    or any model sees the body."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def checked(request: Request) -> Response:
+            if _is_json(request.scope):
+                body = await request.body()  # kept: the handler reads it again
+                if _SURROGATE_ESCAPE.search(body):
+                    try:
+                        data = json.loads(body)
+                    except ValueError:
+                        data = None  # the handler's own error says what is wrong
+                    check_text(data, "", nul=False)
+            return await handler(request)
+
+        return checked
 
 
 # -- the event loop's child watcher --------------------------------------------------------------
@@ -930,6 +1149,10 @@ def create_app(
         restore_watcher = use_pidfd_child_watcher()
         # Providers that keep files on the host keep them under the daemon's data dir.
         os.environ["HUTCH_HOME"] = os.path.abspath(settings.data_dir or default_data_dir())
+        # Output and uploads past their memory go to disk there too (not a
+        # /tmp that may be memory itself).
+        _membudget.configure(settings.memory_budget,
+                             os.path.join(os.environ["HUTCH_HOME"], "spool"))
         daemon = Daemon(
             settings.data_dir, sandbox_defaults=settings.sandbox_defaults,
             timeout_ceiling=settings.timeout_ceiling,
@@ -984,12 +1207,12 @@ def create_app(
         )
 
     # Routes are tried in the order they are declared: the busiest come first.
-    v1 = APIRouter(prefix="/v1", responses=error_responses())
+    v1 = APIRouter(prefix="/v1", responses=error_responses(), route_class=TextBodiesRoute)
 
     # -- exec --
     @v1.post("/sandboxes/{sandbox_id}/exec")
-    async def exec_(request: Request, sandbox_id: str, body: ExecBody) -> JSONResponse:
-        return JSONResponse(await run_exec(sandbox_for(request, sandbox_id), body))
+    async def exec_(request: Request, sandbox_id: str, body: ExecBody) -> Response:
+        return exec_response(await run_exec(sandbox_for(request, sandbox_id), body))
 
     # -- files --
     @v1.get("/sandboxes/{sandbox_id}/files")
@@ -1345,9 +1568,9 @@ def create_app(
         return JSONResponse(process_json(daemon().get(sandbox_id).process(process_id)))
 
     @v1.post("/sandboxes/{sandbox_id}/processes/{process_id}/wait")
-    async def wait(sandbox_id: str, process_id: str, body: WaitBody) -> JSONResponse:
-        result = await daemon().get(sandbox_id).process(process_id).wait(timeout=body.timeout)
-        return JSONResponse(exec_json(result))
+    async def wait(sandbox_id: str, process_id: str, body: WaitBody) -> Response:
+        process = daemon().get(sandbox_id).process(process_id)
+        return exec_response(await wait_output(process, timeout=body.timeout))
 
     @v1.get("/sandboxes/{sandbox_id}/processes/{process_id}/stream")
     async def process_stream(sandbox_id: str, process_id: str) -> StreamingResponse:
@@ -1411,6 +1634,7 @@ def create_app(
         HotRoutes, daemon=lambda: holder.get("daemon"), routes=lambda: app.router.routes,
         hot={exec_: "_exec", read_file: "_read", write_file: "_write", get_sandbox: "_status"},
     )
+    app.add_middleware(BodyBudget)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(CancelOnDisconnect)
     app.add_middleware(TokenAuth, token=settings.token, daemon=lambda: holder.get("daemon"))

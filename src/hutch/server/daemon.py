@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import hashlib
 import hmac
+import json
 import logging
 import math
 import os
@@ -41,6 +42,7 @@ from .._errors import (
     StoreUnavailable,
     Unauthorized,
 )
+from .._faults import fault_point
 from .._guardrail import ReadBeforeWriteGuard, session_guard
 from .._paths import hutch_home
 from .._refwire import DaemonRef, check_ref_lifetime, decode_ref
@@ -64,7 +66,7 @@ from ..definitions.ensure import (
 )
 from ..lifecycle.engine import LifecycleEngine, expiry_error
 from ..lifecycle.state import SandboxState
-from ..providers.base import ProviderSnapshot, RuntimeNotice, SandboxBackend
+from ..providers.base import ProviderSnapshot, RuntimeNotice, RuntimeState, SandboxBackend
 from ..providers.registry import available_providers, get_provider
 from ..store import (
     InstanceRow,
@@ -82,6 +84,10 @@ log = logging.getLogger("hutch.daemon")
 WORKSPACE_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 #: Store key written by a clean stop, cleared at start: after a crash it is absent.
 CLEAN_STOP = "clean_stop_unix"
+#: Store key: the sandboxes a definition's ensure is making (a JSON list),
+#: not yet recorded as its thread's: a daemon killed part-way leaves them
+#: half set up, and its next start removes them.
+SETTING_UP = "definition_setups"
 #: A ref's use is an event at most this often (its first use after a start always is).
 REF_USE_EVENT_SECONDS = 60.0
 FINAL_STATES = (SandboxState.TERMINATED, SandboxState.FAILED)
@@ -234,11 +240,40 @@ class Daemon:
             if reason not in (None, "closed"):
                 log.warning("sandbox %s reaped: %s", sandbox_id, reason)
             if row.workspace is not None:
+                if new is SandboxState.FAILED and sandbox is not None:
+                    # Before it is marked stale: a resume then starts from what it kept.
+                    await self._salvage_failed_workspace(row, sandbox)
                 try:
                     self._workspace_lost_its_sandbox(row.workspace, sandbox_id, reason)
                 except StoreUnavailable as exc:
                     # The next start finds the workspace's sandbox ended and marks it stale.
                     log.warning("workspace %s: could not record it stale: %s", row.workspace, exc)
+
+    async def _salvage_failed_workspace(self, row: SandboxRow, sandbox: Sandbox) -> None:
+        """A workspace's sandbox whose runtime died outside hutch kept its
+        working directory (``release_runtime``): that becomes the workspace's
+        state, as after a death found at start. Never raises: the failure
+        is recorded already, and the last state stays if this cannot be done."""
+        ws = self.store.get_workspace(row.workspace or "")
+        if ws is None or ws.live_sandbox_id != row.id or ws.status != "running":
+            return  # a suspend or a delete under way lets it go on purpose
+        try:
+            await self._salvage_workspace(row, backend_of(sandbox))
+        except Exception:
+            log.exception("workspace %s: keeping what its failed sandbox %s held failed",
+                          ws.name, row.id)
+
+    async def _free_failed(self, row: SandboxRow) -> None:
+        """Free what a failed sandbox kept (SPEC §3: its working directory,
+        until it is deleted): its backend found again from its record and
+        closed. Idempotent: what is gone already is skipped."""
+        if row.state != SandboxState.FAILED.value or not row.description:
+            return
+        try:
+            backend = await get_provider(row.provider).reconnect(row.id, row.description)
+            await backend.close()
+        except (HutchError, KeyError, ValueError, OSError) as exc:
+            log.warning("sandbox %s: freeing what it kept after it failed: %s", row.id, exc)
 
     async def _persist_deadline(self, sandbox_id: str, deadline_unix: float) -> None:
         """Record a set_timeout deadline; the engine applies it only after this."""
@@ -337,7 +372,12 @@ class Daemon:
             else:
                 backend = await backend_cls.create(spec.provider, sid)
         except BaseException:
-            self.store.delete_sandbox(sid)
+            # Failed or cancelled (a caller gone) part-way: what it made goes
+            # now, not at the next start (shielded, or a cancel would skip it).
+            with anyio.CancelScope(shield=True):
+                with contextlib.suppress(HutchError):
+                    await backend_cls.discard(sid)
+                self.store.delete_sandbox(sid)
             raise
         sandbox = self._wrap(backend, spec)
         sandbox.base_snapshot_id = row.base_snapshot_id
@@ -349,8 +389,9 @@ class Daemon:
             await self.engine.attach(sandbox, spec.options)
         except BaseException:
             self.sandboxes.pop(sid, None)
-            await backend.close()
-            self.store.delete_sandbox(sid)
+            with anyio.CancelScope(shield=True):
+                await backend.close()
+                self.store.delete_sandbox(sid)
             raise
         self._note(sid, "created", f"{spec.provider_name} sandbox created")
         self._watch(type(backend))
@@ -369,10 +410,12 @@ class Daemon:
         ``deadline_unix``). None if nothing of it is left."""
         try:
             backend = await get_provider(provider).reconnect(sandbox_id, dict(description))
-            if state is not SandboxState.SUSPENDED and not await backend.is_alive():
-                if not await backend.is_suspended():
-                    return None
-                state = SandboxState.SUSPENDED  # suspended after it was recorded
+            # What it is now (another program may have suspended it since it
+            # was recorded, or died in the middle of a step).
+            found = found_state(state, await backend.observed_state())
+            if found is None:
+                return None
+            state = found
         except HutchError as exc:
             log.info("sandbox %s a program left cannot be found again: %s", sandbox_id, exc)
             return None
@@ -452,7 +495,9 @@ class Daemon:
             return
         while True:
             try:
-                failed = await self.engine.runtime_died(sandbox, notice.message)
+                failed = await self.engine.runtime_died(
+                    sandbox, notice.message, of_suspended=notice.of_suspended
+                )
             except StoreUnavailable as exc:
                 # Not recorded, so not failed yet: tried again until the store
                 # takes it (or the sandbox ends some other way meanwhile).
@@ -551,25 +596,51 @@ class Daemon:
             spec=sandbox.spec.model_dump() if sandbox.spec is not None else {},
         )
         await anyio.to_thread.run_sync(self.store.put_snapshot, row)
+        fault_point("snapshot.recorded")
+        previous_base = sandbox.base_snapshot_id
         try:
             # Held as it is (no transition meanwhile), as Sandbox.snapshot does.
             async with self.engine.held(sandbox):
                 handle = await backend_of(sandbox).capture(row.id, diff=diff)
+            fault_point("snapshot.captured")
+            row.status, row.size_bytes, row.handle = "ready", handle.size_bytes, handle.as_dict()
+            await self._name_base(sandbox, row.id)
+            await anyio.to_thread.run_sync(self.store.put_snapshot, row)
         except BaseException:
-            await self._free_snapshot_storage(row)
-            self.store.delete_snapshot(row.id)
+            # A caller gone (cancelled) or a failure: nothing of it stays,
+            # and the sandbox's base is the one it had.
+            await self._undo_snapshot(row, sandbox, previous_base)
             raise
-        sandbox.base_snapshot_id = row.id
-        row.status, row.size_bytes, row.handle = "ready", handle.size_bytes, handle.as_dict()
-        await anyio.to_thread.run_sync(self.store.put_snapshot, row)
-        sandbox_row = self.store.get_sandbox(sandbox_id)
-        if sandbox_row is not None:
-            sandbox_row.base_snapshot_id = row.id
-            await anyio.to_thread.run_sync(self.store.put_sandbox, sandbox_row)
-        self.store.log_event(
+        self._note(
             sandbox_id, "snapshot", f"captured {row.id}" + (f" ({label})" if label else "")
         )
         return row
+
+    async def _name_base(self, sandbox: Sandbox, snapshot_id: str | None) -> None:
+        """Make ``snapshot_id`` the state ``sandbox`` stands on (the parent of
+        its next snapshot), in memory and in its record."""
+        sandbox.base_snapshot_id = snapshot_id
+        sandbox_row = self.store.get_sandbox(sandbox.id)
+        if sandbox_row is not None and sandbox_row.base_snapshot_id != snapshot_id:
+            sandbox_row.base_snapshot_id = snapshot_id
+            await anyio.to_thread.run_sync(self.store.put_sandbox, sandbox_row)
+
+    async def _undo_snapshot(
+        self, row: SnapshotRow, sandbox: Sandbox, previous_base: str | None
+    ) -> None:
+        """Remove a snapshot whose caller will never hear of it (cancelled,
+        or a step after it failed), and give its sandbox back its base.
+        Shielded: it runs to the end even as its caller is cancelled."""
+        with anyio.CancelScope(shield=True):
+            try:
+                if sandbox.base_snapshot_id == row.id:
+                    await self._name_base(sandbox, previous_base)
+                row.status = "removing"  # a daemon killed now finishes it at start
+                await anyio.to_thread.run_sync(self.store.put_snapshot, row)
+                await self._free_snapshot_storage(row)
+                self.store.delete_snapshot(row.id)
+            except Exception as exc:  # the next start's reconciliation frees it
+                log.warning("snapshot %s: undoing it failed: %s", row.id, exc)
 
     def attach_spec(self, snapshot: SnapshotRow, body: Mapping[str, Any]) -> SandboxSpec:
         """The settings of a sandbox started from ``snapshot``: its origin's,
@@ -605,17 +676,25 @@ class Daemon:
         """Snapshot + ``count`` sandboxes started from it."""
         if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_FORK:
             raise InvalidArgument(f"fork count must be an integer from 0 to {MAX_FORK}")
-        self.get(sandbox_id).require("fork")
+        origin = self.get(sandbox_id)
+        origin.require("fork")
+        previous_base = origin.base_snapshot_id
         snapshot = await self.snapshot_sandbox(sandbox_id, label)
-        spec = self.attach_spec(snapshot, options)
         branches: list[Sandbox] = []
         try:
+            fault_point("fork.captured")
+            spec = self.attach_spec(snapshot, options)
             for _ in range(count):
                 branches.append(await self.create_sandbox(spec, from_snapshot=snapshot))
+                fault_point("fork.branched")
         except BaseException:
-            for branch in branches:
-                with contextlib.suppress(Exception):
-                    await self.delete_sandbox(branch.id)
+            # All or nothing: a caller gone (cancelled) never learns of the
+            # branches or the snapshot, so neither stays to leak.
+            with anyio.CancelScope(shield=True):
+                for branch in branches:
+                    with contextlib.suppress(Exception):
+                        await self.delete_sandbox(branch.id)
+                await self._undo_snapshot(snapshot, origin, previous_base)
             raise
         return snapshot, branches
 
@@ -937,6 +1016,7 @@ class Daemon:
         if sandbox is None:
             row = self.store.get_sandbox(sandbox_id)
             if row is not None and row.state in FINAL_STATES:
+                await self._free_failed(row)  # its kept working directory goes now
                 return
             raise NotFound(f"no sandbox {sandbox_id}")
         workspace = self.workspace_of.get(sandbox_id)
@@ -960,6 +1040,13 @@ class Daemon:
         self.store.put_workspace(row)
         await self._release_snapshot(previous)
         return state.id
+    async def _free_failed_to_be_pruned(self) -> None:
+        """The failed sandboxes the next prune forgets free what they kept first."""
+        cutoff = time.time() - self.retention_seconds
+        for row in self.store.list_sandboxes(include_final=True):
+            if row.state == SandboxState.FAILED.value and row.updated_at_unix < cutoff:
+                await self._free_failed(row)
+
     def prune_ended(self) -> None:
         """Forget sandboxes that ended longer ago than the retention period."""
         pruned = self.store.prune_ended(time.time() - self.retention_seconds)
@@ -973,6 +1060,7 @@ class Daemon:
         while True:
             await anyio.sleep(interval)
             try:
+                await self._free_failed_to_be_pruned()
                 await anyio.to_thread.run_sync(self.prune_ended)
             except Exception:
                 log.exception("pruning ended sandboxes failed; tried again in %.0f s", interval)
@@ -1020,15 +1108,20 @@ class Daemon:
         """A workspace from a snapshot (``snapshot_tag``, a snapshot id) or
         fresh from sandbox settings (``provider`` and its settings)."""
         body = dict(body)
-        name = str(body.pop("name", "") or "")
-        if not WORKSPACE_NAME.match(name):
+        name = body.pop("name", "")
+        if not isinstance(name, str):
+            # A number is no name: 1e999 would become "inf".
+            raise InvalidArgument(f"name: a workspace name is a string, not {type(name).__name__}")
+        if not WORKSPACE_NAME.fullmatch(name):
             raise InvalidArgument(
                 f"workspace name {name!r} must be 1-63 characters of a-z, 0-9, '.', '_', '-'"
             )
         source_id = body.pop("snapshot_tag", None) or body.pop("from_snapshot", None)
         source: SnapshotRow | None = None
         if source_id is not None:
-            source = self.get_snapshot(str(source_id))
+            if not isinstance(source_id, str):
+                raise InvalidArgument("snapshot_tag: a snapshot id (a string)")
+            source = self.get_snapshot(source_id)
             spec = self.attach_spec(source, body)
         else:
             spec = self.spec_from_request(body)
@@ -1079,6 +1172,7 @@ class Daemon:
                 )
             row.status = "suspending"
             self.store.put_workspace(row)
+            fault_point("workspace-suspend.marked")
             previous = row.state_snapshot_id
             try:
                 state = await self.snapshot_sandbox(sandbox.id, _state_label(name), diff=diff)
@@ -1086,9 +1180,11 @@ class Daemon:
                 row.status = "running"
                 self.store.put_workspace(row)
                 raise
+            fault_point("workspace-suspend.captured")
             row.status, row.state_snapshot_id, row.live_sandbox_id = "suspended", state.id, None
             row.last_active_unix = time.time()
             self.store.put_workspace(row)
+            fault_point("workspace-suspend.recorded")
             await sandbox.close()
             self._forget(sandbox.id)
             # The old state goes unless something else was made from it (a
@@ -1117,6 +1213,7 @@ class Daemon:
             sid = new_sandbox_id()
             row.live_sandbox_id, row.status = sid, "resuming"
             self.store.put_workspace(row)
+            fault_point("workspace-resume.marked")
             try:
                 await self.create_sandbox(spec, workspace=name, sandbox_id=sid,
                                           from_snapshot=start)
@@ -1124,6 +1221,7 @@ class Daemon:
                 row.live_sandbox_id, row.status = None, "stale"
                 self.store.put_workspace(row)
                 raise
+            fault_point("workspace-resume.created")
             row.status, row.last_active_unix = "running", time.time()
             self.store.put_workspace(row)
             self.store.log_event(
@@ -1159,16 +1257,37 @@ class Daemon:
         clean = self.store.get_meta(CLEAN_STOP) is not None
         self.store.set_meta(CLEAN_STOP, None)
         await self.reconcile(after_clean_stop=clean)
+        await self._free_failed_to_be_pruned()
         self.prune_ended()
         self._pruner = asyncio.get_running_loop().create_task(self._prune_periodically())
 
     async def reconcile(self, *, after_clean_stop: bool = False) -> None:
         for row in self.store.list_sandboxes():
             await self._reconcile_sandbox(row, after_clean_stop=after_clean_stop)
+        await self._drop_cut_setups()
         await self._reconcile_snapshots()
         for ws in self.store.list_workspaces():
             await self._reconcile_workspace(ws)
         await self._reap_orphans()
+
+    def setting_up(self, sandbox_id: str, *, made: bool) -> None:
+        """Record that a definition's ensure is making ``sandbox_id`` (until
+        it is its thread's, or gone: ``made``)."""
+        ids = set(json.loads(self.store.get_meta(SETTING_UP) or "[]"))
+        ids = ids - {sandbox_id} if made else ids | {sandbox_id}
+        self.store.set_meta(SETTING_UP, json.dumps(sorted(ids)) if ids else None)
+
+    async def _drop_cut_setups(self) -> None:
+        """Remove the sandboxes an ensure cut short by the restart was making:
+        half set up, and no thread's (one it recorded as its thread's stays)."""
+        for sandbox_id in json.loads(self.store.get_meta(SETTING_UP) or "[]"):
+            if sandbox_id in self.sandboxes and self.store.instance_of_sandbox(sandbox_id) is None:
+                log.warning("sandbox %s: a definition's setup was cut short; removing it",
+                            sandbox_id)
+                with contextlib.suppress(HutchError):
+                    await self.delete_sandbox(sandbox_id)
+                self._note(sandbox_id, "setup", "removed: the ensure making it was cut short")
+            self.setting_up(sandbox_id, made=True)
 
     def _providers_in_use(self) -> list[type[SandboxBackend]]:
         """Every provider that can be loaded here, each asked about what it holds."""
@@ -1255,20 +1374,30 @@ class Daemon:
         except (HutchError, KeyError, ValueError) as exc:
             self._mark_lost(row, f"lost: cannot reconnect after a restart ({exc})")
             return
-        state = SandboxState(row.state)
-        if state in (SandboxState.RUNNING, SandboxState.PAUSED):
-            try:
-                alive = await backend.is_alive()
-            except HutchError as exc:
+        recorded = SandboxState(row.state)
+        try:
+            state = found_state(recorded, await backend.observed_state())
+        except HutchError as exc:
+            if recorded is not SandboxState.SUSPENDED:
                 self._mark_lost(row, f"lost: its runtime cannot be reached ({exc})")
                 return
-            if not alive:
-                self._mark_lost(row, "lost: its runtime died while the daemon was down")
-                if row.workspace is not None:
-                    await self._salvage_workspace(row, backend)
-                with contextlib.suppress(HutchError):
-                    await backend.close()
-                return
+            state = recorded  # its state is on disk: resume tells what is wrong
+        if state is None:
+            self._mark_lost(row, "lost: its runtime died while the daemon was down")
+            if row.workspace is not None:
+                await self._salvage_workspace(row, backend)
+            with contextlib.suppress(HutchError):
+                await backend.close()
+            return
+        if state is not recorded:
+            # A step cut short between the provider and the store (a suspend
+            # killed while the container was frozen, a resume killed before
+            # its record): the runtime's own state is the truth, recorded now.
+            row.state, row.reason, row.description = state.value, None, backend.describe()
+            told = (f"found {state.value} though recorded {recorded.value}: a step was cut "
+                    "short by the restart")
+            await anyio.to_thread.run_sync(self.store.put_sandbox, row, ("adopted", told))
+            log.warning("sandbox %s %s", row.id, told)
         sandbox = self._wrap(backend, spec)
         sandbox.base_snapshot_id = row.base_snapshot_id
         sandbox.origin_snapshot_id = row.origin_snapshot_id
@@ -1437,6 +1566,17 @@ class Daemon:
             self.store.close()
 
 
+def found_state(recorded: SandboxState, observed: RuntimeState) -> SandboxState | None:
+    """The state a sandbox found again is in: its runtime's own, where the
+    provider can tell it; the record's where it cannot tell running from
+    paused (or up from suspended). None: nothing of it is left."""
+    if observed is RuntimeState.GONE:
+        return None
+    if observed is RuntimeState.LIVE:
+        return recorded if recorded is not SandboxState.CREATING else SandboxState.RUNNING
+    return SandboxState(observed.value)
+
+
 def _state_label(workspace: str) -> str:
     """The label of a workspace's state snapshots."""
     return f"workspace {workspace} state"
@@ -1491,23 +1631,30 @@ class _DaemonHost(SandboxHost):
         # thread over only once this daemon is gone (killed: its hold dies
         # with it). Written once per sandbox of the key, and again by a
         # restarted daemon that adopts it (see Daemon._reconcile_sandbox).
+        self.daemon.setting_up(sandbox.id, made=True)  # its thread's now, on record
         if (key, sandbox.id) in self._holding:
             return
         await anyio.to_thread.run_sync(self.store.hold_instance, key, this_program())
         self._holding.add((key, sandbox.id))
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
-        return await self.daemon.create_sandbox(spec)
+        sandbox_id = new_sandbox_id()
+        self.daemon.setting_up(sandbox_id, made=False)  # before it exists: see SETTING_UP
+        return await self.daemon.create_sandbox(spec, sandbox_id=sandbox_id)
 
     async def restore(self, snapshot: SnapshotRow, spec: SandboxSpec) -> Sandbox:
         attach = self.daemon.attach_spec(snapshot, spec.options.model_dump())
-        return await self.daemon.create_sandbox(attach, from_snapshot=snapshot)
+        sandbox_id = new_sandbox_id()
+        self.daemon.setting_up(sandbox_id, made=False)
+        return await self.daemon.create_sandbox(attach, from_snapshot=snapshot,
+                                                sandbox_id=sandbox_id)
 
     async def snapshot(self, sandbox: Sandbox, label: str) -> str:
         return (await self.daemon.snapshot_sandbox(sandbox.id, label)).id
 
     async def destroy(self, sandbox: Sandbox) -> None:
         await self.daemon.delete_sandbox(sandbox.id)
+        self.daemon.setting_up(sandbox.id, made=True)
 
     async def drop_snapshot(self, snapshot: SnapshotRow) -> None:
         await self.daemon.delete_snapshot(snapshot.id)  # refused while something needs it

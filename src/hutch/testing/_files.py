@@ -171,6 +171,45 @@ async def check_path_with_nul_is_invalid(sandbox: Any) -> None:
         await sandbox.write_text("bad\0name", "x")
 
 
+async def check_file_permissions_agree_with_the_sandboxs_own_user(sandbox: Any) -> None:
+    # The file API acts as the sandbox's default user does: what a command
+    # of that user may not read, write, create or remove, the API may not
+    # either, and the reverse (reads and writes used to disagree).
+    if not sandbox.capabilities.processes:
+        return
+    setup = await sandbox.exec(
+        "rm -rf perm && mkdir -p perm/ro && echo secret > perm/locked && chmod 000 perm/locked"
+        " && echo a > perm/ro/g && echo b > perm/ro/g2 && chmod 555 perm/ro"
+    )
+    assert setup.exit_code == 0, setup
+    probe = await sandbox.exec(
+        "cat perm/locked >/dev/null 2>&1 && echo read; "
+        "(echo x >> perm/locked) 2>/dev/null && echo write; "
+        "(echo x > perm/ro/new) 2>/dev/null && echo create; "
+        "rm -f perm/ro/g 2>/dev/null && echo remove"
+    )
+    allowed_in_shell = set(probe.stdout.split())
+
+    async def allowed(action: Any) -> bool:
+        try:
+            await action
+        except PermissionError:
+            return False
+        return True
+
+    allowed_in_api = {
+        name for name, action in (
+            ("read", sandbox.read_bytes("perm/locked")),
+            ("write", sandbox.write_text("perm/locked", "y")),
+            ("create", sandbox.write_text("perm/ro/new2", "y")),
+            ("remove", sandbox.remove("perm/ro/g2")),
+        )
+        if await allowed(action)
+    }
+    await sandbox.exec("chmod -R u+rwx perm; rm -rf perm")
+    assert allowed_in_api == allowed_in_shell
+
+
 FILE_CASES: list[Case] = [
     check_text_round_trip,
     check_binary_round_trip,
@@ -192,4 +231,5 @@ FILE_CASES: list[Case] = [
     check_grep_missing_path,
     check_glob,
     check_path_with_nul_is_invalid,
+    check_file_permissions_agree_with_the_sandboxs_own_user,
 ]

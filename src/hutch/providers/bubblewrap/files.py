@@ -107,12 +107,22 @@ class RootFiles(SandboxFiles):
     directory), never leaving it, whatever links the sandbox has made."""
 
     def __init__(
-        self, root: Callable[[], str], verify: Callable[[], None] = lambda: None
+        self, root: Callable[[], str], verify: Callable[[], None] = lambda: None,
+        owner: Callable[[], tuple[int, int] | None] = lambda: None,
     ) -> None:
         #: Where the root is now, as the host reaches it (through the keeper).
         self._root = root
         #: Called once the root is open: raises if it led somewhere else.
         self._verify = verify
+        #: Whose (host uid, gid) what is made here is: root inside, where the
+        #: sandbox's ids are shifted (hutch itself is the host's root).
+        self._owner = owner
+
+    def _own(self, fd: int) -> None:
+        """Give a file or directory just made to root inside."""
+        owner = self._owner()
+        if owner is not None:
+            os.fchown(fd, *owner)
 
     @contextmanager
     def _root_fd(self) -> Iterator[int]:
@@ -219,6 +229,7 @@ class RootFiles(SandboxFiles):
                     os.close(parent)
                 fd = openat2(root, here, os.O_RDONLY | os.O_DIRECTORY)
                 if made:
+                    self._own(fd)
                     os.fchmod(fd, 0o755)  # the mode asked for, whatever our umask
             os.close(fd)
             done = here
@@ -239,6 +250,7 @@ class RootFiles(SandboxFiles):
             try:
                 try:
                     fd = openat2(root, rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                    self._own(fd)
                     os.fchmod(fd, 0o644)  # a new file: the mode asked for, whatever our umask
                 except FileExistsError:
                     # An existing file keeps its mode; a link is followed (and

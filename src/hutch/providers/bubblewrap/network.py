@@ -8,8 +8,9 @@ route through the host, which masquerades the range out. The policy itself
 namespace and on the host for what arrives on ``hb<index>``: the host itself
 (any address it has, now or later), every other sandbox, loopback,
 link-local, metadata, private and CGNAT ranges are unreachable unless the
-allow list names them. The sandbox has no capabilities, so it cannot change
-the rules or its addresses.
+allow list names them. The sandbox has no capability over its network
+namespace (the host's root owns it, not the sandbox's user namespace), so it
+cannot change the rules or its addresses.
 
 An index is held by a file under ``/run/hutch/bubblewrap-net`` (host-wide:
 every hutch on the host shares the range) made with O_EXCL, so concurrent
@@ -123,7 +124,7 @@ def _host_rules() -> None:
                 out.write("1")
 
 
-def _guard_key(index: int) -> str:
+def guard_key(index: int) -> str:
     """The host rules' key: the slot's, as they match its interface."""
     return f"bubblewrap:hb{index}"
 
@@ -147,7 +148,7 @@ def connect(init_pid: int, index: int, policy: NetworkPolicy) -> None:
     reach = Reach(policy, nameservers(host_resolver()), [RANGE])
     try:
         apply_in_namespace(init_pid, policy, reach.blocked, resolvers=reach.resolvers)
-        guard_host(_guard_key(index), reach, HostMatch(interfaces=[host_if]))
+        guard_host(guard_key(index), reach, HostMatch(interfaces=[host_if]))
     except (OSError, subprocess.SubprocessError) as exc:
         detail = getattr(exc, "stderr", "") or exc
         raise ProviderError(f"cannot install the network policy: {detail}") from None
@@ -158,7 +159,7 @@ def disconnect(index: int) -> None:
     host's rules for it."""
     _run("ip", "link", "del", f"hb{index}")
     try:
-        unguard_host(_guard_key(index))
+        unguard_host(guard_key(index))
     except (OSError, subprocess.SubprocessError) as exc:
         detail = getattr(exc, "stderr", "") or exc
         raise ProviderError(f"cannot remove the network policy's host rules: {detail}") from None

@@ -8,12 +8,19 @@ Layout on the host, under ``$HUTCH_HOME/bubblewrap``::
                    hot/work    creation on tmpfs is ~30x faster than on ext4
                    upper/      the upper layer on disk while suspended (a
                                resume copies it back onto a fresh tmpfs)
-                   merged/     the overlay: lower layers (read-only, shared)
+                   lower-<n>/  a lower layer stored in the host's ids, through
+                               an idmapped mount (see :mod:`.userns`)
+    /run/hutch/bubblewrap/root the overlay: lower layers (read-only, shared)
                                + the upper layer; bwrap binds it as ``/``
+    /run/hutch/bubblewrap/agent  the agent's binary, bound for bwrap to bind
 
-``hot`` and ``merged`` are mount points in the keeper's private mount
-namespace only (see :class:`Layers`); on the host they stay empty
-directories, and the host reaches them through ``/proc/<keeper>/root``.
+``hot``, the lower layers' and the ``/run/hutch/bubblewrap`` mount points
+are mounted on in the keeper's private mount namespace only (see
+:class:`Layers`); on the host they stay empty, and the host reaches them
+through ``/proc/<keeper>/root``. bwrap runs as root of the sandboxes' user
+namespace, an unprivileged host id, which may not search a data directory
+under /root: so what it binds is at a path any user can reach, the same for
+every sandbox (each its own in its own namespace).
     snapshots/<id>/layer/      a captured upper layer (a lower layer of forks)
 
 Docker images are exported once into $HUTCH_CACHE_DIR/rootfs/<name>-<id>/
@@ -28,6 +35,7 @@ is ``ephemeral`` (``--die-with-parent``), so a restarted daemon adopts it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -52,6 +60,7 @@ from ..._errors import InvalidArgument, ProviderError, SandboxUnavailable
 from ..._liveness import process_start_time, still_running
 from ..._paths import hutch_home
 from .. import _mounts
+from . import userns
 from .cgroups import JOIN_AND_EXEC, SandboxCgroup, leave_thread, thread_home
 from .seccomp import compile_filter
 
@@ -68,6 +77,7 @@ _MS_NOSUID = _mounts.MS_NOSUID
 _MS_NODEV = _mounts.MS_NODEV
 _MS_REC = _mounts.MS_REC
 _MS_PRIVATE = _mounts.MS_PRIVATE
+_MS_BIND = _mounts.MS_BIND
 #: Characters the overlay's option string cannot carry in a path.
 _BAD_LAYER_CHARS = re.compile(r"[:,\\\s]")
 #: The namespaces an exec joins (the mount namespace is bwrap's own per exec).
@@ -76,12 +86,41 @@ JOINED_NAMESPACES = ("net", "ipc", "uts", "cgroup", "pid")
 KEEPER_MARKER = "HUTCH_BWRAP_KEEPER"
 #: Where the agent's executable is bound inside.
 AGENT_BINARY_PATH = "/.hutch/bin/hutch-agent"
+#: Mount points of every keeper's private mount namespace (see the module's
+#: doc), where bwrap, as root of the sandboxes' user namespace, reaches them.
+SHARED_POINTS = "/run/hutch/bubblewrap"
+#: The overlay, in a keeper's private mount namespace.
+ROOT_POINT = os.path.join(SHARED_POINTS, "root")
+#: The agent's binary, in a keeper's private mount namespace.
+AGENT_POINT = os.path.join(SHARED_POINTS, "agent")
 #: The host-global knobs of a sandbox's /proc (kernel settings, the SysRq
 #: trigger, IRQ affinity, bus and file system tunables), bound read-only over
 #: its own /proc, as Docker's readonly paths are: a sandbox's root may not
 #: change what holds for the whole host, whatever its uid. (Its /sys is the
 #: image's empty directory: no sysfs is mounted.)
 READ_ONLY_PROC = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs")
+
+
+#: What root inside keeps of its capabilities (in its own user namespace
+#: only: over files whose owners are mapped there, and its own processes):
+#: what package managers use (dpkg chowns and sets modes, apt switches to
+#: its _apt user) and no more, as Docker's default set less raw sockets,
+#: mknod, chroot, file capabilities and audit. Nothing over the host: no
+#: CAP_SYS_ADMIN, CAP_NET_ADMIN, CAP_SYS_PTRACE, CAP_SYS_MODULE and the rest.
+KEPT_CAPABILITIES = ("CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL",
+                     "CAP_SETGID", "CAP_SETUID")
+
+
+def capability_args() -> list[str]:
+    return ["--cap-drop", "ALL", *(a for c in KEPT_CAPABILITIES for a in ("--cap-add", c))]
+
+
+def enter_user_namespace(fd: int) -> list[str]:
+    """The command prefix that runs bwrap in the sandboxes' user namespace
+    (descriptor ``fd``, passed on) as root there: nsenter switches to uid and
+    gid 0 inside (the range's first host ids), where bwrap itself would keep
+    the host's root uid (it does not change a uid it was started with)."""
+    return ["nsenter", f"--user=/proc/self/fd/{fd}", "--"]
 
 
 def proc_args() -> list[str]:
@@ -158,11 +197,14 @@ class Layers:
     #: How the host reaches the keeper's mount namespace (``/proc/<pid>/root``),
     #: while there is a keeper.
     view: str = ""
+    #: Where the overlay is mounted in that namespace: :data:`ROOT_POINT`; a
+    #: keeper started before hutch had user namespaces has it in ``merged``.
+    root_point: str = ROOT_POINT
 
     @property
     def merged(self) -> str:
         """The overlay, as its keeper's namespace names it."""
-        return os.path.join(self.sandbox_dir, "merged")
+        return self.root_point or os.path.join(self.sandbox_dir, "merged")
 
     @property
     def hot(self) -> str:
@@ -190,7 +232,7 @@ class Layers:
 
     def prepare(self) -> None:
         """The mount points, and the record of what the sandbox stands on."""
-        os.makedirs(self.merged, exist_ok=True)
+        shared_points()
         os.makedirs(self.hot, exist_ok=True)
         # What this sandbox stands on, for the snapshot garbage collector.
         with open(os.path.join(self.sandbox_dir, "lowers.json"), "w") as fh:
@@ -203,9 +245,13 @@ class Layers:
         of snapshot layers fits the one page a mount's options may fill."""
         return os.path.dirname(os.path.dirname(self.sandbox_dir))
 
-    def overlay_options(self) -> str:
+    def overlay_options(self, mounted: list[str] | None = None) -> str:
+        """The overlay's options, over ``mounted`` (the lower layers as
+        :meth:`mount` mounts them: each stored in host ids through an
+        idmapped mount of its own) or the layers themselves."""
         prefix = self.home.rstrip("/") + "/"
-        lowers = [p[len(prefix):] if p.startswith(prefix) else p for p in self.lowers]
+        lowers = [p[len(prefix):] if p.startswith(prefix) else p
+                  for p in (self.lowers if mounted is None else mounted)]
         options = (
             f"lowerdir={':'.join(lowers)},upperdir={self.hot}/upper,"
             f"workdir={self.hot}/work,"
@@ -222,7 +268,12 @@ class Layers:
     def mount(self) -> None:
         """Mount the sandbox's tmpfs (a suspended upper layer copied back onto
         it) and its overlay, in the calling thread's mount namespace: run by
-        the starter thread (:class:`_Starter`), never in the host's."""
+        the starter thread (:class:`_Starter`), never in the host's.
+
+        A lower layer stored in the host's ids (a root file system) is
+        mounted through an idmapped mount of its own first, so that its root
+        owned files are root's inside (see :mod:`.userns`); the upper layer
+        is the range's root's, as what the sandbox writes there is."""
         _mount("hutch-upper", self.hot, "tmpfs", _MS_NOSUID | _MS_NODEV,
                f"size={self.disk_limit},mode=0700")
         upper, work = os.path.join(self.hot, "upper"), os.path.join(self.hot, "work")
@@ -231,11 +282,22 @@ class Layers:
         else:
             os.mkdir(upper)
             os.chmod(upper, 0o755)
+            os.chown(upper, *userns.id_range().root)
         os.mkdir(work)
         os.chmod(work, 0o755)
+        mounted = []
+        for index, lower in enumerate(self.lowers):
+            if userns.shifted(lower):
+                mounted.append(lower)
+                continue
+            point = os.path.join(self.sandbox_dir, f"lower-{index}")
+            os.makedirs(point, exist_ok=True)
+            userns.idmapped_mount(lower, point)
+            mounted.append(point)
         os.chdir(self.home)  # lower layers are named relative to it
         try:
-            _mount("hutch-overlay", self.merged, "overlay", 0, self.overlay_options())
+            self.root_point = ROOT_POINT
+            _mount("hutch-overlay", self.merged, "overlay", 0, self.overlay_options(mounted))
         finally:
             os.chdir("/")
 
@@ -244,14 +306,43 @@ class Layers:
         sandbox keeps); its processes must be held or ended after this."""
         if self.upper_on != "hot":
             return
+        # Whole or not at all: a copy on disk is what a program finding the
+        # sandbox after this one died takes for its suspended state.
+        partial = self.disk_upper + ".partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        copy_tree(self.upper, partial)
         shutil.rmtree(self.disk_upper, ignore_errors=True)
-        copy_tree(self.upper, self.disk_upper)
+        os.rename(partial, self.disk_upper)
 
     def remove(self) -> None:
         # Mounts of an older layout, made on the host, if any are left.
-        _umount(self.merged)
+        _umount(os.path.join(self.sandbox_dir, "merged"))
         _umount(self.hot)
         shutil.rmtree(self.sandbox_dir, ignore_errors=True)
+
+
+def shared_points() -> None:
+    """Make :data:`SHARED_POINTS` (empty on the host: mount points), which any
+    user may search (hutch's umask may be 077): its own directories are made
+    so, the host's above them must be."""
+    if os.path.isfile(AGENT_POINT):
+        return
+    os.makedirs(ROOT_POINT, exist_ok=True)
+    ours = (os.path.dirname(SHARED_POINTS), SHARED_POINTS)
+    for path in ours:
+        mode = os.stat(path).st_mode
+        if not mode & 0o001:
+            os.chmod(path, mode | 0o001)
+    above = os.path.dirname(ours[0])
+    while above != "/":
+        if not os.stat(above).st_mode & 0o001:
+            raise ProviderError(
+                f"{above} is not searchable by other users: bubblewrap sandboxes need "
+                f"{SHARED_POINTS} reachable by an unprivileged user"
+            )
+        above = os.path.dirname(above)
+    with open(AGENT_POINT, "a"):
+        pass
 
 
 def copy_tree(source: str, target: str) -> None:
@@ -290,7 +381,28 @@ class Keeper:
         )
 
     def alive(self) -> bool:
-        return still_running(self.init_pid, self.start_time)
+        """Whether the sandbox runs as hutch reaches it: bwrap's init (its
+        PID 1, whose namespaces an exec joins) and the outer bwrap, through
+        which the host reaches its files (:attr:`view`). Either one killed
+        outside hutch leaves a sandbox no call can use."""
+        if not still_running(self.init_pid, self.start_time):
+            return False
+        if "setup_mnt" not in self.namespaces:
+            return True  # recorded before the outer bwrap's was: the init's word stands
+        try:
+            return os.stat(f"/proc/{self.outer_pid}/ns/mnt").st_ino == self.namespaces["setup_mnt"]
+        except OSError:  # gone, or a zombie (whose namespaces are gone)
+            return False
+
+    def pidfds(self) -> list[int]:
+        """Descriptors that become readable when the outer bwrap or its init
+        ends (``pidfd_open``), for a watcher to wait on; one of a process
+        already gone is left out (:meth:`alive` says so)."""
+        fds = []
+        for pid in (self.outer_pid, self.init_pid):
+            with contextlib.suppress(OSError):
+                fds.append(os.pidfd_open(pid))
+        return fds
 
     @property
     def view(self) -> str:
@@ -320,8 +432,10 @@ class Keeper:
     def open_namespaces(self) -> dict[str, int]:
         """Descriptors of the keeper's namespaces, checked to be the recorded ones."""
         fds: dict[str, int] = {}
+        # A keeper started before hutch had user namespaces has none to join.
+        names = (*JOINED_NAMESPACES, *(("user",) if "user" in self.namespaces else ()))
         try:
-            for name in JOINED_NAMESPACES:
+            for name in names:
                 fd = os.open(f"/proc/{self.init_pid}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC)
                 fds[name] = fd
                 if os.fstat(fd).st_ino != self.namespaces[name]:
@@ -503,12 +617,13 @@ def start_keeper(
     info_r, info_w = os.pipe()
     ready_r, ready_w = os.pipe()
     filter_fd = seccomp_fd()
-    passed = [block_w, info_w, filter_fd]
+    user_fd = userns.namespace_fd()  # this process's: passed on, never closed here
+    passed = [block_w, info_w, filter_fd, user_fd]
     if agent is not None:
-        binary, listener = agent
+        listener = agent[1]
         passed.append(listener)
         keeper_command = [
-            "--ro-bind", binary, AGENT_BINARY_PATH,
+            "--ro-bind", AGENT_POINT, AGENT_BINARY_PATH,
             "--clearenv", *(a for k, v in (env or {}).items() for a in ("--setenv", k, v)),
             # In the working directory, as docker's keeper is: the agent
             # resolves a relative command against its own directory.
@@ -519,11 +634,14 @@ def start_keeper(
         # Its stdin is a pipe whose write end it holds too: the read never ends.
         keeper_command = ["--chdir", "/", "--", "/bin/sh", "-c", "echo; read _"]
     bwrap = [
+        *enter_user_namespace(user_fd),
         "bwrap", "--bind", layers.merged, "/", *proc_args(), "--dev", "/dev",
         "--dir", workdir,
-        # The network namespace is the starter's, made for this keeper alone.
+        # The network namespace is the starter's, made for this keeper alone
+        # (and the host's user namespace's: root inside has no say over it);
+        # the others bwrap makes in the sandboxes' user namespace.
         "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup",
-        "--hostname", hostname, "--cap-drop", "ALL", "--new-session",
+        "--hostname", hostname, *capability_args(), "--new-session",
         "--seccomp", str(filter_fd), "--info-fd", str(info_w),
         *(["--die-with-parent"] if ephemeral else []),
         *keeper_command,
@@ -538,6 +656,8 @@ def start_keeper(
         # The keeper inherits the starter's new mount namespace, then holds it
         # alone; and is born in the sandbox's cgroups, or joins them first.
         layers.mount()
+        if agent is not None:
+            _mount(agent[0], AGENT_POINT, None, _MS_BIND, None)
         argv = bwrap if joined else ["/bin/sh", "-c", JOIN_AND_EXEC, "hutch-keeper", *bwrap]
         with open(log_path, "ab") as log:
             return subprocess.Popen(
@@ -574,10 +694,15 @@ def _started_keeper(
         raise ProviderError(f"bubblewrap did not start: {_tail(log_path)}")
     init_pid = int(str(info["child-pid"]))
     namespaces = {}
-    for name in (*JOINED_NAMESPACES, "mnt"):
-        namespaces[name] = os.stat(f"/proc/{init_pid}/ns/{name}").st_ino
-    # The private mount namespace the overlay is mounted in (the outer bwrap's).
-    namespaces["setup_mnt"] = os.stat(f"/proc/{proc.pid}/ns/mnt").st_ino
+    try:
+        for name in (*JOINED_NAMESPACES, "mnt", "user"):
+            namespaces[name] = os.stat(f"/proc/{init_pid}/ns/{name}").st_ino
+        # The private mount namespace the overlay is mounted in (the outer bwrap's).
+        namespaces["setup_mnt"] = os.stat(f"/proc/{proc.pid}/ns/mnt").st_ino
+    except FileNotFoundError:
+        proc.kill()
+        proc.wait()
+        raise ProviderError(f"bubblewrap's init ended at once: {_tail(log_path)}") from None
     if own_network and namespaces["net"] == os.stat("/proc/self/ns/net").st_ino:
         proc.kill()
         proc.wait()

@@ -15,12 +15,21 @@ from ..._errors import InvalidArgument, NotFound, ProviderError
 from .provisioning import check_layer_path
 
 
-def _check_root(path: str) -> str:
-    check_layer_path(path)
+def _check_root(path: str, named: str | None = None) -> str:
+    """``path`` if it is a root file system a sandbox can start on; an error
+    that names it ``named`` (an image's name: where hutch keeps the image is
+    its own business, never shown to a caller), else by its path."""
+    what = f"root file system {path}" if named is None else f"image {named!r}"
+    try:
+        check_layer_path(path)
+    except InvalidArgument:
+        if named is None:
+            raise
+        raise InvalidArgument(f"{what} is kept where an overlay cannot reach it") from None
     if not os.path.isdir(path):
-        raise InvalidArgument(f"root file system {path} is not a directory")
+        raise InvalidArgument(f"{what} is not a directory")
     if not os.path.lexists(os.path.join(path, "bin/sh")):
-        raise InvalidArgument(f"root file system {path} has no /bin/sh")
+        raise InvalidArgument(f"{what} has no /bin/sh")
     return path
 
 
@@ -33,8 +42,8 @@ def resolve_rootfs(rootfs: str | None, image: str | None) -> str:
 
     built = hutch_image_rootfs(image)
     if built is not None:
-        return _check_root(built)
-    return _check_root(docker_image_rootfs(image))
+        return _check_root(built, image)
+    return _check_root(docker_image_rootfs(image), image)
 
 
 def cache_dir() -> str:

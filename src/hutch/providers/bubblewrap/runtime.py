@@ -44,9 +44,17 @@ from ..._types import OutputChunk
 from .._hostproc import EXEC_MARKER, SANDBOX_MARKER, HostProcess
 from ..agent.runtime import AgentRuntime, Recover
 from ..base import BackendProcess, FilesRuntime, ProcessRequest
+from . import userns
 from .cgroups import JOIN_AND_EXEC, SandboxCgroup
 from .files import RootFiles
-from .provisioning import KEEPER_MARKER, Keeper, Layers, proc_args, seccomp_fd
+from .provisioning import (
+    KEEPER_MARKER,
+    Keeper,
+    Layers,
+    capability_args,
+    proc_args,
+    seccomp_fd,
+)
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: Seconds an exec has to start its command (bwrap to clone it), and then
@@ -249,8 +257,18 @@ class BubblewrapRuntime(FilesRuntime):
     def __init__(self, sandbox_id: str, workdir: str, parts: SandboxParts) -> None:
         super().__init__(sandbox_id, workdir)
         self.parts = parts
-        self.files: RootFiles = RootFiles(lambda: parts.layers.merged_view, self._check_view)
+        self.files: RootFiles = RootFiles(
+            lambda: parts.layers.merged_view, self._check_view, self._owner
+        )
         self._shell: str | None = None
+
+    def _owner(self) -> tuple[int, int] | None:
+        """Root inside, as the host's ids: who owns what hutch makes there
+        (none to shift to in a keeper started before user namespaces)."""
+        keeper = self.parts.keeper
+        if keeper is None or "user" not in keeper.namespaces:
+            return None
+        return userns.id_range().root
 
     def _check_view(self) -> None:
         if self.parts.keeper is None:
@@ -357,10 +375,13 @@ class BubblewrapRuntime(FilesRuntime):
                   for name in ("net", "ipc", "uts", "cgroup")),
                 # The private mount namespace where the overlay is mounted.
                 f"--mount=/proc/self/fd/{setup_mount}",
+                # The user namespace last (nsenter enters it after the
+                # others), as root there: see enter_user_namespace.
+                *([f"--user=/proc/self/fd/{namespaces['user']}"] if "user" in namespaces else []),
                 "--",
                 "bwrap", "--pidns", str(namespaces["pid"]),
                 "--bind", self.parts.layers.merged, "/", *proc_args(), "--dev", "/dev",
-                "--cap-drop", "ALL", *caps, "--new-session", "--die-with-parent",
+                *capability_args(), *caps, "--new-session", "--die-with-parent",
                 "--seccomp", str(filter_fd), "--json-status-fd", str(started_write),
                 "--clearenv", *setenv, "--chdir", cwd,
                 "--", *prefix, *argv,

@@ -8,8 +8,10 @@ in :mod:`.runtime`; the overlay and the keeper in :mod:`.provisioning`.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import re
@@ -30,6 +32,7 @@ from ..._errors import (
     ProviderError,
     SandboxUnavailable,
 )
+from ..._faults import fault_point
 from ..._liveness import still_running, this_process
 from ..._types import Capabilities
 from .._hostproc import SANDBOX_MARKER
@@ -39,13 +42,23 @@ from ..base import (
     ProviderSnapshot,
     RuntimeNotice,
     RuntimeReport,
+    RuntimeState,
     SandboxBackend,
     SandboxRuntime,
 )
 from ..network import AllowList, NetworkPolicy
-from ..policy import Limit, ReachesHost, format_bytes, parse_bytes
+from ..policy import (
+    DiskSize,
+    Limit,
+    MemorySize,
+    NotBool,
+    ReachesHost,
+    SandboxDirectory,
+    format_bytes,
+    parse_bytes,
+)
+from . import freezes, snapshots
 from . import network as net
-from . import snapshots
 from .cgroups import SandboxCgroup
 from .provisioning import (
     Keeper,
@@ -59,10 +72,21 @@ from .runtime import DEFAULT_PATH, AgentWithNativeUsers, BubblewrapRuntime, Sand
 DEFAULT_IMAGE = "hutch-test:bookworm"
 #: How long a fresh keeper's agent has to answer.
 AGENT_START_TIMEOUT = 15.0
-_WATCH_INTERVAL = 0.5
+#: How long the death watcher waits on its keepers' descriptors before it
+#: looks at every live sandbox anyway (a backstop; deaths wake it at once).
+_WATCH_BACKSTOP = 30.0
 log = logging.getLogger("hutch.bubblewrap")
 #: The sandboxes this process holds, for the death watcher.
 _live: weakref.WeakValueDictionary[str, BubblewrapSandbox] = weakref.WeakValueDictionary()
+#: The running watchers' loops and wake-up events: a keeper started (from
+#: any thread) wakes them to watch it.
+_watchers: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+
+
+def _keepers_changed() -> None:
+    for loop, wake in list(_watchers):
+        with contextlib.suppress(RuntimeError):  # that loop has ended
+            loop.call_soon_threadsafe(wake.set)
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _MAX_BYTES = 1 << 50
 
@@ -81,7 +105,7 @@ def parse_size(value: str | int | None, what: str) -> int | None:
 
 
 class BubblewrapConfig(ProviderSettings):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     type: Literal["bubblewrap"] = "bubblewrap"
     #: A host directory to use as the (read-only, shared) root file system.
@@ -91,13 +115,16 @@ class BubblewrapConfig(ProviderSettings):
     #: A hutch image, or a Docker image exported once and cached; the test
     #: image when neither this nor ``rootfs`` is set.
     image: str | None = None
-    #: The working directory inside (made if missing).
-    workdir: str = "/workspace"
+    #: The working directory inside (made if missing; a directory of its own:
+    #: never /proc, /sys, /dev or a system directory).
+    workdir: SandboxDirectory = "/workspace"
     #: Memory limit (``512m``, ``2g``, or bytes).
-    memory: Annotated[str | int | None, Limit("memory", parse_bytes, format_bytes)] = None
-    pids_limit: Annotated[int, Limit("pids", int, int)] = Field(default=1024, gt=0, le=4_194_304)
+    memory: Annotated[MemorySize | None, Limit("memory", parse_bytes, format_bytes)] = None
+    pids_limit: Annotated[int, Limit("pids", int, int), NotBool] = Field(
+        default=1024, gt=0, le=4_194_304
+    )
     #: CPU quota in CPUs (``1.5``).
-    cpus: Annotated[float | None, Limit("cpus")] = Field(default=None, gt=0, le=1024)
+    cpus: Annotated[float | None, Limit("cpus"), NotBool] = Field(default=None, gt=0, le=1024)
     #: What executes and moves files: ``agent`` (hutch's agent as the keeper,
     #: on a unix socket: about a millisecond a call), ``native`` (each exec
     #: joins the namespaces with nsenter + bwrap), or ``auto``: the agent
@@ -108,7 +135,7 @@ class BubblewrapConfig(ProviderSettings):
     #: addresses and other sandboxes unreachable unless allowed.
     network: NetworkPolicy = "none"
     #: Cap on what the sandbox may write while it runs (its tmpfs upper layer).
-    disk: Annotated[str | int, Limit("disk", parse_bytes, format_bytes)] = "4g"
+    disk: Annotated[DiskSize, Limit("disk", parse_bytes, format_bytes)] = "4g"
     env: dict[str, str] = {}
     hostname: str = Field(default="hutch", pattern=r"^[A-Za-z0-9][A-Za-z0-9.-]{0,62}$")
     #: End with the process that made it (``--die-with-parent``): for
@@ -133,6 +160,8 @@ class BubblewrapSandbox(SandboxBackend):
         resource_limits=True,
         # What it writes lands on a tmpfs of its own, capped at ``disk``.
         disk_limit=True,
+        # Root inside is an unprivileged host id (see .userns): it can install
+        # packages and add users, never change the host (README: Security).
         users=True,
     )
     config_model = BubblewrapConfig
@@ -166,6 +195,8 @@ class BubblewrapSandbox(SandboxBackend):
                 self._runtime, self.agent_link, self._recover_agent
             )
         self._closed = False
+        #: The running sandbox's tmpfs (its upper layer) held open: see _pin_upper.
+        self._upper_pin: int | None = None
         _live[sandbox_id] = self
 
     @property
@@ -426,8 +457,39 @@ class BubblewrapSandbox(SandboxBackend):
         self.parts.keeper = keeper
         self.parts.layers.view = keeper.view
         self._keeper_process = process
+        # Found by a program that finds the sandbox after this one died
+        # before its record named the keeper (a resume cut short).
+        _write_json(_keeper_file(self.parts.layers.sandbox_dir), keeper.to_dict())
+        self._pin_upper()
+        _keepers_changed()
         if self.net_index is not None:
             net.connect(keeper.init_pid, self.net_index, self.network)
+
+    def _pin_upper(self) -> None:
+        """Hold the running sandbox's tmpfs open. It is mounted in the
+        keeper's private mount namespace only, which ends with the keeper:
+        held, it outlives a keeper killed outside hutch, and
+        :meth:`release_runtime` saves what the sandbox wrote to disk."""
+        self._unpin_upper()
+        keeper = self.parts.keeper
+        if keeper is None:
+            return
+        try:
+            fd = os.open(keeper.view + self.parts.layers.hot,
+                         os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return  # gone already: the watcher tells
+        try:
+            keeper.check_view()  # the view led to this keeper's, not a reused PID's
+        except SandboxUnavailable:
+            os.close(fd)
+            return
+        self._upper_pin = fd
+
+    def _unpin_upper(self) -> None:
+        pin, self._upper_pin = self._upper_pin, None
+        if pin is not None:
+            os.close(pin)
 
     def sandbox_capabilities(self) -> Capabilities:
         # A preview URL needs an address the host reaches: a network of its own.
@@ -453,6 +515,7 @@ class BubblewrapSandbox(SandboxBackend):
             "sandbox_dir": layers.sandbox_dir,
             "lowers": list(layers.lowers),
             "upper_on": layers.upper_on,
+            "root_point": layers.root_point,
             "disk_limit": layers.disk_limit,
             "keeper": self.parts.keeper.to_dict() if self.parts.keeper else None,
             "env": dict(self.parts.env),
@@ -471,6 +534,8 @@ class BubblewrapSandbox(SandboxBackend):
             str(description["sandbox_dir"]),
             [str(p) for p in description["lowers"]],
             upper_on=str(description.get("upper_on", "hot")),
+            # A sandbox described before there was one had it in its own directory.
+            root_point=str(description.get("root_point", "")),
             disk_limit=int(description.get("disk_limit", 4 << 30)),
         )
         keeper_data = description.get("keeper")
@@ -480,7 +545,7 @@ class BubblewrapSandbox(SandboxBackend):
         parts = SandboxParts(
             layers, SandboxCgroup(sandbox_id), keeper, dict(description.get("env") or {})
         )
-        return cls(
+        sandbox = cls(
             sandbox_id, str(description["workdir"]), parts,
             hostname=str(description.get("hostname", "hutch")),
             ephemeral=bool(description.get("ephemeral", False)),
@@ -491,6 +556,13 @@ class BubblewrapSandbox(SandboxBackend):
                 else None
             ),
         )
+        if os.path.isdir(layers.sandbox_dir):
+            await anyio.to_thread.run_sync(sandbox._mend_cut_short)
+        keeper = sandbox.parts.keeper  # the one a resume cut short started, if so
+        if keeper is not None and keeper.alive():
+            sandbox._pin_upper()
+            _keepers_changed()
+        return sandbox
 
     async def memory_bytes(self) -> int | None:
         return self.parts.cgroup.memory_usage()
@@ -501,31 +573,107 @@ class BubblewrapSandbox(SandboxBackend):
             return os.path.isdir(self.parts.layers.disk_upper)
         return keeper.alive()
 
+    async def observed_state(self) -> RuntimeState:
+        keeper = self.parts.keeper
+        if keeper is not None and keeper.alive():
+            return RuntimeState.PAUSED if self.parts.cgroup.frozen() else RuntimeState.RUNNING
+        if keeper is None and os.path.isdir(self.parts.layers.disk_upper):
+            return RuntimeState.SUSPENDED
+        return RuntimeState.GONE
+
+    def _mend_cut_short(self) -> None:
+        """Bring a sandbox found again after its program died up to what it
+        is: the keeper a resume cut short started (on record in the
+        sandbox's directory, not yet in the caller's), a suspend cut short
+        after its keeper ended (its files saved), a freeze of hutch's own
+        undone, and what a cut step left behind removed. Blocking."""
+        layers, cgroup = self.parts.layers, self.parts.cgroup
+        started = _read_keeper(layers.sandbox_dir)
+        if self.parts.keeper is None and started is not None and started.alive():
+            self.parts.keeper, layers.view, layers.upper_on = started, started.view, "hot"
+        keeper = self.parts.keeper
+        if keeper is not None and keeper.alive():
+            freezes.thaw_left(cgroup, layers.sandbox_dir)
+            # Running from its tmpfs: a copy on disk is a step's leftover.
+            shutil.rmtree(layers.disk_upper, ignore_errors=True)
+            return
+        if os.path.isdir(layers.disk_upper):
+            # Its keeper ended by a suspend cut short (the files were saved
+            # first), or a resume's keeper never came up: suspended.
+            self.parts.keeper, layers.view, layers.upper_on = None, "", "disk"
+            with contextlib.suppress(OSError, ProviderError):
+                cgroup.kill_all()  # a keeper a cut resume started, unrecorded
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(_keeper_file(layers.sandbox_dir))
+
     def death_reason(self) -> str:
         """Why the keeper is gone, as far as the host can tell."""
         if self.parts.cgroup.oom_kills() > 0:
             limit = self.parts.cgroup.memory_limit()
             said = f" (memory limit {limit} bytes)" if limit is not None else ""
             return f"killed by the OOM killer{said}"
+        keeper = self.parts.keeper
+        if keeper is not None and still_running(keeper.init_pid, keeper.start_time):
+            return ("its keeper ended outside hutch: its outer bwrap process was killed, "
+                    "and the host cannot reach the sandbox any more")
         return "its keeper ended outside hutch (killed, or the host restarted)"
 
     @classmethod
     async def watch_runtimes(cls, report: RuntimeReport) -> None:
-        """Every half second, each live sandbox of this process whose keeper has
-        ended outside hutch's hands is reported once, with what the cgroup says."""
-        reported: set[str] = set()
-        while True:
-            await anyio.sleep(_WATCH_INTERVAL)
-            for sandbox_id, sandbox in list(_live.items()):
-                keeper = sandbox.parts.keeper
-                if sandbox._closed or keeper is None or sandbox_id in reported:
-                    continue
-                if not keeper.alive():
-                    reported.add(sandbox_id)
-                    try:
-                        await report(RuntimeNotice(sandbox_id, sandbox.death_reason()))
-                    except Exception:
-                        log.exception("sandbox %s: reporting its death failed", sandbox_id)
+        """Each live sandbox of this process whose keeper ends outside
+        hutch's hands (its init or the outer bwrap killed) is reported
+        once, with what the cgroup says. Woken by the kernel: a pidfd of
+        each keeper's two processes, readable when one ends (no polling)."""
+        loop = asyncio.get_running_loop()
+        wake = asyncio.Event()
+        watched: dict[str, tuple[Keeper, list[int]]] = {}
+        reported: dict[str, Keeper] = {}
+        tasks: set[asyncio.Task[None]] = set()
+
+        def unwatch(sandbox_id: str) -> None:
+            _, fds = watched.pop(sandbox_id, (None, []))
+            for fd in fds:
+                loop.remove_reader(fd)
+                os.close(fd)
+
+        async def tell(sandbox_id: str, reason: str) -> None:
+            try:
+                await report(RuntimeNotice(sandbox_id, reason))
+            except Exception:
+                log.exception("sandbox %s: reporting its death failed", sandbox_id)
+
+        _watchers.append((loop, wake))
+        try:
+            while True:
+                wake.clear()
+                for sandbox_id in [s for s in (*watched, *reported) if s not in _live]:
+                    unwatch(sandbox_id)
+                    reported.pop(sandbox_id, None)
+                for sandbox_id, sandbox in list(_live.items()):
+                    keeper = sandbox.parts.keeper
+                    if sandbox._closed or keeper is None or reported.get(sandbox_id) is keeper:
+                        unwatch(sandbox_id)
+                        continue
+                    if watched.get(sandbox_id, (None,))[0] is not keeper:
+                        unwatch(sandbox_id)
+                        fds = keeper.pidfds()
+                        for fd in fds:
+                            loop.add_reader(fd, wake.set)
+                        watched[sandbox_id] = (keeper, fds)
+                    if not keeper.alive():
+                        unwatch(sandbox_id)
+                        reported[sandbox_id] = keeper
+                        task = loop.create_task(tell(sandbox_id, sandbox.death_reason()))
+                        tasks.add(task)
+                        task.add_done_callback(tasks.discard)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), _WATCH_BACKSTOP)
+        finally:
+            _watchers.remove((loop, wake))
+            for sandbox_id in list(watched):
+                unwatch(sandbox_id)
+            for task in tasks:
+                task.cancel()
 
     # -- lifecycle ---------------------------------------------------------------------
     def _require_running(self) -> None:
@@ -548,15 +696,50 @@ class BubblewrapSandbox(SandboxBackend):
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._keeper_process.wait(5)
             self._keeper_process = None
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(_keeper_file(self.parts.layers.sandbox_dir))
+        self._unpin_upper()
+
+    async def release_runtime(self) -> None:
+        """Its keeper ended outside hutch: what the sandbox wrote is saved
+        from its tmpfs (held by :meth:`_pin_upper`) to the upper layer on
+        disk, as a suspend keeps it, then what is left of its processes,
+        its cgroup and its network go; :meth:`close` frees the files."""
+        def run() -> None:
+            layers = self.parts.layers
+            pin = self._upper_pin
+            if layers.upper_on == "hot" and pin is not None:
+                shutil.rmtree(layers.disk_upper, ignore_errors=True)
+                # The tmpfs as this process holds it: its mount namespace may be gone.
+                done = subprocess.run(
+                    ["cp", "-a", "--", f"/proc/self/fd/{pin}/upper", layers.disk_upper],
+                    capture_output=True, pass_fds=(pin,), check=False,
+                )
+                if done.returncode != 0:
+                    log.error("sandbox %s: saving what it wrote failed: %s", self.sandbox_id,
+                              done.stderr.decode(errors="replace").strip())
+                else:
+                    layers.upper_on = "disk"
+            self._end_processes()
+            for step in (self.parts.cgroup.remove, self._release_network):
+                try:
+                    step()
+                except (OSError, ProviderError) as exc:
+                    log.warning("sandbox %s: releasing its dead runtime: %s",
+                                self.sandbox_id, exc)
+        await anyio.to_thread.run_sync(run)
 
     async def suspend(self) -> None:
         """End every process; keep the upper layer, on disk."""
         def run() -> None:
             # Held still while the upper layer is copied out of its tmpfs,
             # which goes with the keeper's mount namespace.
-            self.parts.cgroup.freeze()
-            self.parts.layers.save_upper()
-            self._end_processes()
+            with freezes.held(self.parts.cgroup, self.parts.layers.sandbox_dir):
+                fault_point("suspend.bubblewrap.frozen")
+                self.parts.layers.save_upper()
+                fault_point("suspend.bubblewrap.saved")
+                self._end_processes()
+            fault_point("suspend.bubblewrap.ended")
             self.parts.layers.upper_on = "disk"
         await anyio.to_thread.run_sync(run)
 
@@ -567,6 +750,7 @@ class BubblewrapSandbox(SandboxBackend):
             layers = self.parts.layers
             layers.prepare()
             self._start_keeper()  # it copies the upper layer back onto its tmpfs
+            fault_point("resume.bubblewrap.started")
             layers.upper_on = "hot"
             shutil.rmtree(layers.disk_upper, ignore_errors=True)
         await anyio.to_thread.run_sync(run)
@@ -601,6 +785,26 @@ class BubblewrapSandbox(SandboxBackend):
         self._closed = True
         _live.pop(self.sandbox_id, None)
         await self._destroy()
+
+
+def _keeper_file(sandbox_dir: str) -> str:
+    return os.path.join(sandbox_dir, "keeper.json")
+
+
+def _write_json(path: str, data: Mapping[str, Any]) -> None:
+    """Write ``data`` to ``path`` whole or not at all (a rename)."""
+    with open(path + ".new", "w") as fh:
+        json.dump(data, fh)
+    os.rename(path + ".new", path)
+
+
+def _read_keeper(sandbox_dir: str) -> Keeper | None:
+    """The keeper last started for the sandbox, as its directory records it."""
+    try:
+        with open(_keeper_file(sandbox_dir)) as fh:
+            return Keeper.from_dict(json.load(fh))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _write_owner(sandbox_dir: str) -> None:

@@ -6,8 +6,11 @@ of Docker's default profile: the calls that reach kernel surfaces a sandboxed
 agent has no use for (mounting, namespaces, modules, keyrings, BPF, perf,
 io_uring, kexec, clock setting, terminal injection, taking another process's
 descriptors) fail with EPERM; the rest
-are allowed. The sandbox also has no capabilities and NoNewPrivs set, so most
-of these would fail anyway: the filter shrinks what an exploit can reach.
+are allowed. Root inside is also an unprivileged host id (see :mod:`.userns`),
+keeps only a few capabilities in its own user namespace, and has NoNewPrivs
+set, so most of these would fail anyway: the filter refuses what root of a
+user namespace could still do (make namespaces and mounts of its own, reach
+keyrings, BPF, perf and userfaultfd) and shrinks what an exploit can reach.
 """
 
 from __future__ import annotations

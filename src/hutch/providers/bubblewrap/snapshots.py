@@ -24,6 +24,8 @@ import shutil
 from typing import Any
 
 from ..._errors import InvalidArgument, NotFound
+from ..._faults import fault_point
+from . import freezes
 from .cgroups import SandboxCgroup
 from .provisioning import Layers, bubblewrap_home, copy_tree
 
@@ -67,14 +69,10 @@ def capture(layers: Layers, cgroup: SandboxCgroup, snapshot_id: str, *, diff: bo
     try:
         # Processes held still while their files are copied; a sandbox the
         # caller paused stays paused.
-        hold = running and not cgroup.frozen()
-        if hold:
-            cgroup.freeze()
-        try:
+        with (freezes.held(cgroup, layers.sandbox_dir) if running
+              else contextlib.nullcontext()):
+            fault_point("snapshot.bubblewrap.frozen")
             copy_tree(layers.upper, os.path.join(partial, "layer-0"))
-        finally:
-            if hold:
-                cgroup.thaw()
         own = [os.path.join(final, "layer-0")]
         stack = [own[0]]
         below = layers.lowers
