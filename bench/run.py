@@ -13,7 +13,8 @@ import sys
 
 HERE = pathlib.Path(__file__).parent
 ORDER = [
-    "local", "docker", "agent", "bwrap", "lifecycle", "daemon", "ssh", "fork", "ensure", "cli",
+    "local", "docker", "agent", "bwrap", "lifecycle", "daemon", "ssh", "fork", "ensure",
+    "memory", "cli",
 ]
 
 

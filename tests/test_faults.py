@@ -247,7 +247,9 @@ def test_a_build_killed_at_a_step_leaves_nothing_half_made(
     home = tmp_path / "home"
     name = f"hutch-fault-{secrets.token_hex(4)}"
     dockerfile = tmp_path / "Dockerfile"
-    dockerfile.write_text(f"FROM {TEST_IMAGE}\nRUN echo built > /built.txt\n")
+    # One small file: the build's own steps are what is killed, not a base's unpacking.
+    (tmp_path / "built.txt").write_text("built\n")
+    dockerfile.write_text("FROM scratch\nCOPY built.txt /built.txt\n")
     env = {**os.environ, "HUTCH_HOME": str(home)}
     build = [sys.executable, "-c",
              "import sys; from hutch import images; "
@@ -307,66 +309,63 @@ def _freeze_outside(provider: str, sandbox_id: str) -> None:
 
 @pytest.mark.parametrize("provider", [pytest.param("docker", marks=pytest.mark.docker),
                                       "bubblewrap"])
-def test_a_sandbox_left_frozen_answers_its_real_state_after_a_restart(provider: str) -> None:
+def test_a_sandbox_left_frozen_answers_its_real_state_after_a_restart(
+    provider: str, armed: Armed,
+) -> None:
     """The daemon killed while a sandbox was frozen for a step (a suspend's
     commit) left it frozen with its record saying running: after the restart
     it says what it is, and a resume gets it going, where before exec
     answered "is paused" and resume "is running" for ever."""
-    daemon = DaemonProcess().start()
-    try:
-        with hutch.Client(daemon.url, token=daemon.token) as c:
-            sb = c.create_sandbox(provider, **settings(provider, "", ""))
-            sb.write_text("keep.txt", "kept")
-        daemon.kill()
-        _freeze_outside(provider, sb.id)
-        daemon.start()
-        with hutch.Client(daemon.url, token=daemon.token) as c:
-            found = c.get_sandbox(sb.id)
-            real = faults.real_state(provider, sb.id, daemon.data_dir)
-            assert found.info()["state"] == real == "paused"
-            with pytest.raises(SandboxUnavailable, match="resume it"):
-                found.exec("true")
-            found.resume()
-            assert found.read_text("keep.txt") == "kept"
-            assert found.exec("echo on").stdout == "on\n"
-            assert faults.real_state(provider, sb.id, daemon.data_dir) == "running"
-            found.close()
-    finally:
-        daemon.close()
+    daemon = armed.running()
+    with hutch.Client(daemon.url, token=daemon.token) as c:
+        sb = c.create_sandbox(provider, **settings(provider, "", ""))
+        sb.write_text("keep.txt", "kept")
+    daemon.kill()
+    _freeze_outside(provider, sb.id)
+    daemon.start()
+    with hutch.Client(daemon.url, token=daemon.token) as c:
+        found = c.get_sandbox(sb.id)
+        real = faults.real_state(provider, sb.id, daemon.data_dir)
+        assert found.info()["state"] == real == "paused"
+        with pytest.raises(SandboxUnavailable, match="resume it"):
+            found.exec("true")
+        found.resume()
+        assert found.read_text("keep.txt") == "kept"
+        assert found.exec("echo on").stdout == "on\n"
+        assert faults.real_state(provider, sb.id, daemon.data_dir) == "running"
+        found.close()
 
 
 # -- a fork whose caller goes (issue 20, item 5) ------------------------------------------
 
 
 @pytest.mark.docker
-def test_a_fork_whose_caller_is_cut_off_leaves_nothing_behind() -> None:
+def test_a_fork_whose_caller_is_cut_off_leaves_nothing_behind(armed: Armed) -> None:
     """A fork's caller gone part-way (cut off after 2 s) never learns of its
     snapshot or branches: the fork is undone, all of it (no snapshot with no
     branches, no branch running for no one), and the origin is untouched."""
-    daemon = DaemonProcess().start()
+    daemon = armed.running()
     headers = {"Authorization": f"Bearer {daemon.token}"}
-    try:
-        with hutch.Client(daemon.url, token=daemon.token) as c:
-            sb = c.create_sandbox("docker", image=TEST_IMAGE, runtime="native")
-            sb.write_text("keep.txt", "kept")
-            with pytest.raises(httpx.ReadTimeout):
-                httpx.post(f"{daemon.url}/v1/sandboxes/{sb.id}/fork", headers=headers,
-                           json={"label": "cut", "count": 12}, timeout=2)
+    with hutch.Client(daemon.url, token=daemon.token) as c:
+        sb = c.create_sandbox("docker", image=TEST_IMAGE, runtime="native")
+        sb.write_text("keep.txt", "kept")
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{daemon.url}/v1/sandboxes/{sb.id}/fork", headers=headers,
+                       json={"label": "cut", "count": 8}, timeout=2)
 
-            def settled() -> bool:
-                return (c.snapshots() == []
-                        and [s["id"] for s in c.list_sandboxes()] == [sb.id])
+        def settled() -> bool:
+            return (c.snapshots() == []
+                    and [s["id"] for s in c.list_sandboxes()] == [sb.id])
 
-            deadline = time.monotonic() + 120
-            while not settled() and time.monotonic() < deadline:
-                time.sleep(0.5)
-            assert c.snapshots() == [], "the cut fork's snapshot stayed, no one knowing of it"
-            assert [s["id"] for s in c.list_sandboxes()] == [sb.id]
-            assert sb.read_text("keep.txt") == "kept"
-            # The origin's lineage is as before: its next snapshot has no parent.
-            assert sb.snapshot("next").parent_id is None
-            sb.close()
-            end_everything(c, force=True)
-    finally:
-        daemon.close()
+        deadline = time.monotonic() + 120
+        while not settled() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert c.snapshots() == [], "the cut fork's snapshot stayed, no one knowing of it"
+        assert [s["id"] for s in c.list_sandboxes()] == [sb.id]
+        assert sb.read_text("keep.txt") == "kept"
+        # The origin's lineage is as before: its next snapshot has no parent.
+        assert sb.snapshot("next").parent_id is None
+        sb.close()
+        end_everything(c, force=True)
+
 

@@ -281,6 +281,18 @@ def test_input_over_the_memory_budget_is_refused_and_output_spills(
                 d, sandbox_id, f"yes spilled-{i} | head -c {SIZE}", _repeated(text, SIZE)))
         callers.run()
         assert callers.failures == {}, callers.failures
+        # Chunked (no length told ahead): refused when the piece that does
+        # not fit comes, on the fast path (exec) and FastAPI's (processes).
+        for route in ("exec", "processes"):
+            body = json.dumps({"cmd": "wc -c",
+                               "stdin_b64": base64.b64encode(stdin).decode()}).encode()
+            answer = httpx.post(
+                f"{d.url}/v1/sandboxes/{sandbox_id}/{route}",
+                content=iter([body[i:i + 65536] for i in range(0, len(body), 65536)]),
+                headers={**_headers(d), "Content-Type": "application/json"}, timeout=120,
+            )
+            assert answer.status_code == 503, (route, answer.text[:500])
+            assert answer.json()["error"]["code"] == "daemon_busy", answer.text
         # Input the budget holds is taken as ever.
         small = _exec(d, sandbox_id, {"cmd": "wc -c", "stdin_b64":
                                       base64.b64encode(b"x" * 1000).decode()})

@@ -63,6 +63,9 @@ BAD_CREATES: list[tuple[dict[str, Any], str]] = [
     ({"provider": "bubblewrap", "image": "\ud800"}, "image"),
     ({"provider": "bubblewrap", "image": "a\0b"}, "image"),
     ({"provider": "docker", "image": "\udfff"}, "image"),
+    *[({"provider": p, "image": name}, "image") for p in ("docker", "bubblewrap")
+      for name in ("x" * 100_000, "../../etc", "a/../b", "-rm", "a b", ":")],
+    ({"provider": "bubblewrap", "image": "UPPER"}, "image"),
     ({"provider": "docker", "env": {"A": "\udc00"}}, "env"),
     ({"provider": "docker", "env": {"\ud800": "a"}}, "env"),
     ({"provider": "bubblewrap", "env": {"A": "a\0"}}, "env"),
@@ -232,3 +235,27 @@ def test_fuzzed_exec_bodies_never_answer_500(
     assert answer.status_code < 500, (cmd, extra, answer.text)
     assert daemon.data_dir not in answer.text, (cmd, extra, answer.text)
 
+
+
+def test_no_error_shows_a_path_in_the_data_directory(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """Whatever a provider's message says (an Engine's mount error, a layer
+    that would not mount), the daemon's answer says its data directory by
+    name, keeping what follows (the file a caller named); a path that only
+    starts alike is not touched."""
+    from hutch._errors import ProviderError
+    from hutch.server.app import error_json
+
+    home = str(tmp_path / "home")
+    monkeypatch.setenv("HUTCH_HOME", home)
+    said = error_json(ProviderError(
+        f'error mounting "{home}/layers/mounts/sb-1/merged" to rootfs at "/proc"; '
+        f"store {home}/hutch.db, {home}, a file {home}/sandboxes/sb-1/workspace/x "
+        f"and {home}x/y"
+    ))["error"]["message"]
+    assert said == (
+        'error mounting "<hutch data directory>/layers/mounts/sb-1/merged" to rootfs at '
+        '"/proc"; store <hutch data directory>/hutch.db, <hutch data directory>, a file '
+        f"<hutch data directory>/sandboxes/sb-1/workspace/x and {home}x/y"
+    )

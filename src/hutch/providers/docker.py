@@ -98,6 +98,7 @@ from .base import (
 from .network import NetworkPolicy
 from .policy import (
     DiskSize,
+    ImageName,
     Limit,
     MemorySize,
     NotBool,
@@ -173,7 +174,7 @@ class DockerConfig(ProviderSettings):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     type: Literal["docker"] = "docker"
-    image: str = "hutch-test:bookworm"
+    image: ImageName = "hutch-test:bookworm"
     #: Where the sandbox's working directory is mounted inside the container
     #: (a directory of its own: never /proc, /sys, /dev or a system directory).
     mount_point: Annotated[SandboxDirectory, AfterValidator(_bind_target)] = "/workspace"

@@ -176,6 +176,26 @@ def sandbox_directory(value: str) -> str:
 SandboxDirectory = Annotated[str, AfterValidator(sandbox_directory)]
 
 
+_IMAGE_REFERENCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,511}")
+
+
+def image_reference(value: str) -> str:
+    """An image's name (a hutch image, or a Docker reference such as
+    ``registry:5000/team/app:1.2@sha256:...``), checked: ValueError for what
+    no image is called (white space, a leading dash or dot, a ``..`` or
+    empty path segment), which would otherwise be sent on to the Engine
+    inside a URL."""
+    segments = value.split("/")
+    if (not _IMAGE_REFERENCE.fullmatch(value)
+            or any(segment in ("", ".", "..") for segment in segments)):
+        raise ValueError(f"{value[:64]!r} is not an image name (as registry/name:tag)")
+    return value
+
+
+#: An image's name (see :func:`image_reference`).
+ImageName = Annotated[str, AfterValidator(image_reference)]
+
+
 def format_bytes(number: float) -> str:
     """Bytes as Docker takes and people read them: ``2g``, ``512m``, ``1000b``."""
     whole = int(number)

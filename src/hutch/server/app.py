@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import codecs
 import contextlib
 import hmac
 import json
@@ -246,22 +245,35 @@ def _text_or_b64(key: str, data: bytes, out: dict[str, Any]) -> None:
 INLINE_OUTPUT_BYTES = _membudget.SPOOL_MEMORY_BYTES
 
 
-def _escaped(text: str) -> bytes:
-    """``text`` as inside a JSON string, exactly as ``render_json`` has it:
-    JSON escapes character by character, so pieces escaped apart join up to
-    the whole escaped at once."""
-    return json.dumps(text, ensure_ascii=False)[1:-1].encode("utf-8")
+#: JSON's escape of each control character, as ``render_json`` writes it.
+_CONTROL_ESCAPES = [
+    (bytes([code]), json.dumps(chr(code), ensure_ascii=False)[1:-1].encode())
+    for code in range(0x20)
+]
+_CONTROLS = bytes(range(0x20))
+
+
+def _escaped(piece: bytes) -> bytes:
+    """Valid UTF-8 as inside a JSON string, exactly as ``render_json`` has
+    it: with ``ensure_ascii=False`` JSON escapes only ``"``, ``\\`` and the
+    control characters, all ASCII, which no byte of a multi-byte character
+    can be; so bytes replaced in place (at memchr speed, not a character at
+    a time) are the same, and pieces cut anywhere join up to the whole."""
+    piece = (piece.replace(b"\\", b"\\\\").replace(b'"', b'\\"')
+             .replace(b"\n", b"\\n").replace(b"\t", b"\\t").replace(b"\r", b"\\r"))
+    if len(piece.translate(None, _CONTROLS)) != len(piece):  # rarer ones left
+        for raw, escaped in _CONTROL_ESCAPES:  # an escape holds no control character
+            if raw in piece:
+                piece = piece.replace(raw, escaped)
+    return piece
 
 
 def _stream_json(output: ExecOutput, stream: Stream) -> Iterator[bytes]:
     """``,"stdout":"..."`` (or ``"stdout_b64"``) read from the spool in pieces."""
     if output.is_utf8(stream):
         yield f',"{stream}":"'.encode()
-        decoder = codecs.getincrementaldecoder("utf-8")()
         for piece in output.pieces(stream):
-            text = decoder.decode(piece)
-            if text:
-                yield _escaped(text)
+            yield _escaped(piece)
     else:
         yield f',"{stream}_b64":"'.encode()
         carry = b""
@@ -376,20 +388,21 @@ def error_json(exc: HutchError) -> dict[str, Any]:
 
 
 def without_data_dir(message: str) -> str:
-    """``message`` with every path in the daemon's data directory (its store,
-    layers, images, mounts) said by name instead. A sandbox's own working
-    directory there (``sandboxes/<id>/...``, a local sandbox's files, shown
-    to its caller as its workdir) stays as it is."""
+    """``message`` with the daemon's data directory said by name wherever a
+    path in it shows (its store, layers, images, mounts): where the daemon
+    keeps its files is its operator's business. What follows it stays, so
+    that a file a caller named is still named."""
     home = os.environ.get("HUTCH_HOME")
     if not home:
         return message
     for root in {os.path.abspath(home).rstrip("/"), os.path.realpath(home).rstrip("/")}:
         if root and root in message:
-            message = re.sub(
-                re.escape(root) + r"(?![^/\s'\",;:])(?!/sandboxes/)(?:/[^\s'\",;:]*)?",
-                "(a path in hutch's data directory)", message,
-            )
+            message = re.sub(re.escape(root) + r"(?![^/\s'\",;:])", DATA_DIR_NAME, message)
     return message
+
+
+#: What a message says in place of the daemon's data directory.
+DATA_DIR_NAME = "<hutch data directory>"
 
 
 def unexpected_error_json(exc: BaseException) -> dict[str, Any]:

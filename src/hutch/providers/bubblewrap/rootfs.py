@@ -74,6 +74,12 @@ def docker_image_rootfs(image: str) -> str:
         raise NotFound(
             f"no hutch image or Docker image named {image!r} (hutch image build makes one)"
         ) from None
+    except docker.errors.APIError as exc:  # a name the Engine refuses (upper case, ...)
+        raise InvalidArgument(
+            f"image {image!r}: {getattr(exc, 'explanation', None) or exc}"
+        ) from None
+    except docker.errors.DockerException as exc:
+        raise ProviderError(f"image {image!r}: the Docker Engine: {exc}") from None
     image_id = str(info["Id"]).split(":")[-1][:16]
     base = os.path.join(cache_dir(), "rootfs")
     os.makedirs(base, exist_ok=True)

@@ -8,7 +8,6 @@ in :mod:`.runtime`; the overlay and the keeper in :mod:`.provisioning`.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import json
@@ -40,7 +39,6 @@ from ..agent import AgentFailure, AgentUnavailable, agent_binary
 from ..base import (
     ProviderSettings,
     ProviderSnapshot,
-    RuntimeNotice,
     RuntimeReport,
     RuntimeState,
     SandboxBackend,
@@ -49,6 +47,7 @@ from ..base import (
 from ..network import AllowList, NetworkPolicy
 from ..policy import (
     DiskSize,
+    ImageName,
     Limit,
     MemorySize,
     NotBool,
@@ -60,6 +59,7 @@ from ..policy import (
 from . import freezes, snapshots
 from . import network as net
 from .cgroups import SandboxCgroup
+from .deaths import keepers_changed, watch_keepers
 from .provisioning import (
     Keeper,
     Layers,
@@ -72,21 +72,9 @@ from .runtime import DEFAULT_PATH, AgentWithNativeUsers, BubblewrapRuntime, Sand
 DEFAULT_IMAGE = "hutch-test:bookworm"
 #: How long a fresh keeper's agent has to answer.
 AGENT_START_TIMEOUT = 15.0
-#: How long the death watcher waits on its keepers' descriptors before it
-#: looks at every live sandbox anyway (a backstop; deaths wake it at once).
-_WATCH_BACKSTOP = 30.0
 log = logging.getLogger("hutch.bubblewrap")
 #: The sandboxes this process holds, for the death watcher.
 _live: weakref.WeakValueDictionary[str, BubblewrapSandbox] = weakref.WeakValueDictionary()
-#: The running watchers' loops and wake-up events: a keeper started (from
-#: any thread) wakes them to watch it.
-_watchers: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
-
-
-def _keepers_changed() -> None:
-    for loop, wake in list(_watchers):
-        with contextlib.suppress(RuntimeError):  # that loop has ended
-            loop.call_soon_threadsafe(wake.set)
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _MAX_BYTES = 1 << 50
 
@@ -114,7 +102,7 @@ class BubblewrapConfig(ProviderSettings):
     ] = None
     #: A hutch image, or a Docker image exported once and cached; the test
     #: image when neither this nor ``rootfs`` is set.
-    image: str | None = None
+    image: ImageName | None = None
     #: The working directory inside (made if missing; a directory of its own:
     #: never /proc, /sys, /dev or a system directory).
     workdir: SandboxDirectory = "/workspace"
@@ -461,7 +449,7 @@ class BubblewrapSandbox(SandboxBackend):
         # before its record named the keeper (a resume cut short).
         _write_json(_keeper_file(self.parts.layers.sandbox_dir), keeper.to_dict())
         self._pin_upper()
-        _keepers_changed()
+        keepers_changed()
         if self.net_index is not None:
             net.connect(keeper.init_pid, self.net_index, self.network)
 
@@ -561,7 +549,7 @@ class BubblewrapSandbox(SandboxBackend):
         keeper = sandbox.parts.keeper  # the one a resume cut short started, if so
         if keeper is not None and keeper.alive():
             sandbox._pin_upper()
-            _keepers_changed()
+            keepers_changed()
         return sandbox
 
     async def memory_bytes(self) -> int | None:
@@ -618,62 +606,17 @@ class BubblewrapSandbox(SandboxBackend):
                     "and the host cannot reach the sandbox any more")
         return "its keeper ended outside hutch (killed, or the host restarted)"
 
+    @property
+    def watched_keeper(self) -> Keeper | None:
+        """The keeper, while the sandbox is meant to run (for the death watcher)."""
+        return None if self._closed else self.parts.keeper
+
     @classmethod
     async def watch_runtimes(cls, report: RuntimeReport) -> None:
         """Each live sandbox of this process whose keeper ends outside
         hutch's hands (its init or the outer bwrap killed) is reported
-        once, with what the cgroup says. Woken by the kernel: a pidfd of
-        each keeper's two processes, readable when one ends (no polling)."""
-        loop = asyncio.get_running_loop()
-        wake = asyncio.Event()
-        watched: dict[str, tuple[Keeper, list[int]]] = {}
-        reported: dict[str, Keeper] = {}
-        tasks: set[asyncio.Task[None]] = set()
-
-        def unwatch(sandbox_id: str) -> None:
-            _, fds = watched.pop(sandbox_id, (None, []))
-            for fd in fds:
-                loop.remove_reader(fd)
-                os.close(fd)
-
-        async def tell(sandbox_id: str, reason: str) -> None:
-            try:
-                await report(RuntimeNotice(sandbox_id, reason))
-            except Exception:
-                log.exception("sandbox %s: reporting its death failed", sandbox_id)
-
-        _watchers.append((loop, wake))
-        try:
-            while True:
-                wake.clear()
-                for sandbox_id in [s for s in (*watched, *reported) if s not in _live]:
-                    unwatch(sandbox_id)
-                    reported.pop(sandbox_id, None)
-                for sandbox_id, sandbox in list(_live.items()):
-                    keeper = sandbox.parts.keeper
-                    if sandbox._closed or keeper is None or reported.get(sandbox_id) is keeper:
-                        unwatch(sandbox_id)
-                        continue
-                    if watched.get(sandbox_id, (None,))[0] is not keeper:
-                        unwatch(sandbox_id)
-                        fds = keeper.pidfds()
-                        for fd in fds:
-                            loop.add_reader(fd, wake.set)
-                        watched[sandbox_id] = (keeper, fds)
-                    if not keeper.alive():
-                        unwatch(sandbox_id)
-                        reported[sandbox_id] = keeper
-                        task = loop.create_task(tell(sandbox_id, sandbox.death_reason()))
-                        tasks.add(task)
-                        task.add_done_callback(tasks.discard)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), _WATCH_BACKSTOP)
-        finally:
-            _watchers.remove((loop, wake))
-            for sandbox_id in list(watched):
-                unwatch(sandbox_id)
-            for task in tasks:
-                task.cancel()
+        once, with what the cgroup says (see :mod:`.deaths`)."""
+        await watch_keepers(lambda: _live, report)
 
     # -- lifecycle ---------------------------------------------------------------------
     def _require_running(self) -> None:
