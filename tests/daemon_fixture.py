@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
+from hutch._paths import token_file_path
 from hutch.providers import _mounts
 from hutch.providers._diskcap import unescape_raw
 
@@ -62,8 +63,9 @@ class DaemonProcess:
     def __init__(
         self,
         data_dir: str | None = None,
-        token: str = "test-token",
+        token: str | None = "test-token",
         *,
+        provider: str | None = "local",
         extra_args: Sequence[str] = (),
         extra_env: Mapping[str, str] | None = None,
         log_path: str | None = None,
@@ -71,7 +73,15 @@ class DaemonProcess:
     ) -> None:
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="hutch-daemon-")
         DaemonProcess.data_dirs.append(self.data_dir)
-        self.token = token
+        #: None: the operator gives none, and the daemon makes its own (read
+        #: from its data directory once it has started).
+        self.configured_token = token
+        self.token = token or ""
+        #: The operator's default provider (``--provider``): ``local``, so that
+        #: the tests' requests that name none (and those naming local) are
+        #: served as they were; None leaves the daemon's own choice (or the
+        #: config file's).
+        self.provider = provider
         self.extra_env = dict(extra_env or {})
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -91,20 +101,26 @@ class DaemonProcess:
         os.makedirs(os.path.dirname(self.log_path), exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child
         # The token goes in the environment: a command line is every user's to read.
+        provider = ["--provider", self.provider] if self.provider else []
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "hutch.server", "--host", "127.0.0.1",
-             "--port", str(self.port), "--data-dir", self.data_dir, *self.extra_args],
+             "--port", str(self.port), "--data-dir", self.data_dir, *provider,
+             *self.extra_args],
             stdout=log, stderr=subprocess.STDOUT,
-            env={**os.environ, "HUTCH_TOKEN": self.token, **self.extra_env},
+            env={**os.environ, "HUTCH_TOKEN": self.configured_token or "", **self.extra_env},
         )
         deadline = time.monotonic() + timeout
         # One client for every probe: making one costs more than a probe.
-        with httpx.Client(timeout=1, headers={"Authorization": f"Bearer {self.token}"}) as http:
+        with httpx.Client(timeout=1) as http:
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
                     raise RuntimeError(f"daemon exited at start:\n{self.log()}")
+                if self.configured_token is None:
+                    self.token = made_token(self.data_dir) or ""
                 try:
-                    if http.get(f"{self.url}/healthz").status_code == 200:
+                    answer = http.get(f"{self.url}/healthz",
+                                      headers={"Authorization": f"Bearer {self.token}"})
+                    if answer.status_code == 200:
                         return self
                 except httpx.TransportError:
                     pass
@@ -188,6 +204,15 @@ class DaemonProcess:
                 return fh.read()[-5000:]
         except OSError:
             return ""
+
+
+def made_token(data_dir: str) -> str | None:
+    """The token a daemon given none made in ``data_dir``, once it has."""
+    try:
+        with open(token_file_path(data_dir), encoding="utf-8") as fh:
+            return fh.read().strip() or None
+    except FileNotFoundError:
+        return None
 
 
 def containers_of(data_dir: str) -> list[str]:

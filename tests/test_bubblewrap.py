@@ -617,7 +617,7 @@ def test_a_workspace_from_an_image_alone_is_on_the_daemons_provider() -> None:
     config = os.path.join(config_dir, "hutch.toml")
     with open(config, "w") as fh:
         fh.write('[sandbox]\nprovider = "bubblewrap"\n')
-    daemon = DaemonProcess(extra_args=["--config", config]).start()
+    daemon = DaemonProcess(provider=None, extra_args=["--config", config]).start()
     try:
         with hutch.Client(daemon.url, token=daemon.token) as client:
             ws = client.create_workspace("from-image", image=TEST_IMAGE)

@@ -369,3 +369,41 @@ def test_a_fork_whose_caller_is_cut_off_leaves_nothing_behind(armed: Armed) -> N
         end_everything(c, force=True)
 
 
+
+
+# -- a runtime gone while the daemon was down keeps its files --------------------------
+
+
+@pytest.mark.docker
+def test_a_container_gone_while_the_daemon_was_down_keeps_its_files_until_deleted(
+    armed: Armed,
+) -> None:
+    """Found gone at start (the container removed, as a host reboot or a
+    cleanup would), the sandbox fails, and its working directory stays on
+    the host until the sandbox is deleted, as for a death seen while the
+    daemon runs: the restart never deletes work."""
+    import docker
+
+    from hutch.store.sqlite import SQLiteStore
+
+    daemon = armed.running()
+    with hutch.Client(daemon.url, token=daemon.token) as c:
+        sb = c.create_sandbox("docker", image=TEST_IMAGE, runtime="native")
+        sb.write_text("keep.txt", "kept")
+    daemon.kill()
+    docker.APIClient().remove_container(f"hutch-{sb.id}", force=True)
+    daemon.start()
+    store = SQLiteStore(os.path.join(daemon.data_dir, "hutch.db"))
+    try:
+        row = store.get_sandbox(sb.id)
+        assert row is not None
+        workdir = Path(str(row.description["host_workdir"]))
+    finally:
+        store.close()
+    with hutch.Client(daemon.url, token=daemon.token) as c:
+        info = c.get_sandbox(sb.id).info()
+        assert (info["state"], info["reason"]) == (
+            "failed", "lost: its runtime died while the daemon was down")
+        assert (workdir / "keep.txt").read_text() == "kept"
+        c.delete_sandbox(sb.id)
+        assert not (workdir / "keep.txt").exists()

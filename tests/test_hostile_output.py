@@ -333,3 +333,43 @@ def test_an_answer_read_from_its_spool_is_the_json_of_the_whole(
         assert b"".join(pieces) == whole
         assert output.result() == ExecResult(3, stdout, stderr, oom_killed=oom_killed)
         assert max(len(p) for p in pieces) <= 6 * 64 * 1024  # escaped, at worst six-fold
+
+
+def test_background_commands_hold_their_unread_stdin_within_the_budget(
+    small_daemon: DaemonProcess,
+) -> None:
+    """A background command that never reads its stdin keeps it in the
+    daemon's memory while it runs: that counts against the budget, so
+    starting more such commands is refused (``daemon_busy``) before the
+    budget is passed, and once they end the budget is whole again."""
+    d = small_daemon
+    sandbox_id = _sandbox(d, "bubblewrap", "native")
+    base = f"{d.url}/v1/sandboxes/{sandbox_id}/processes"
+    stdin = base64.b64encode(os.urandom(SMALL_BUDGET // 16)).decode()
+    started: list[str] = []
+    try:
+        refused = None
+        for _ in range(17):  # 17 of them hold more than the whole budget
+            answer = httpx.post(base, json={"cmd": "sleep 600", "stdin_b64": stdin},
+                                headers=_headers(d), timeout=60)
+            if answer.status_code != 201:
+                refused = answer
+                break
+            started.append(answer.json()["id"])
+        assert refused is not None, f"{len(started)} commands hold their stdin, unbudgeted"
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["error"]["code"] == "daemon_busy"
+        assert started, "not even one was taken"
+        for pid in started:
+            assert httpx.post(f"{base}/{pid}/kill", headers=_headers(d),
+                              timeout=60).status_code == 204
+        answer = httpx.post(base, json={"cmd": "cat >/dev/null", "stdin_b64": stdin},
+                            headers=_headers(d), timeout=60)
+        assert answer.status_code == 201, answer.text
+        waited = httpx.post(f"{base}/{answer.json()['id']}/wait", json={"timeout": 60},
+                            headers=_headers(d), timeout=90)
+        assert waited.status_code == 200 and waited.json()["exit_code"] == 0, waited.text
+    finally:
+        for pid in started:
+            httpx.post(f"{base}/{pid}/kill", headers=_headers(d), timeout=60)
+        _delete(d, sandbox_id)

@@ -26,7 +26,7 @@ with open(_config, "w") as fh:
 # No Docker Engine for this daemon: a generated workspace request must not
 # start (or pull) anything real; it answers provider_error instead.
 _daemon = DaemonProcess(
-    extra_args=["--config", _config],
+    provider=None, extra_args=["--config", _config],
     extra_env={"DOCKER_HOST": f"unix://{_config_dir}/no-engine.sock"},
 )
 

@@ -1,8 +1,12 @@
-"""Settings that reach the host are the operator's; limits apply by default.
+"""Settings and providers that reach the host are the operator's; limits
+apply by default.
 
 Through a real daemon: each host-reaching setting a client asks for is
 refused with ``permission_denied`` naming it and how the operator allows it;
-the operator's ``--allow`` and hutch.toml ``[server]`` let it through; in
+the operator's ``--allow`` and hutch.toml ``[server]`` let it through; so are
+providers that run on the host itself (``local``, ``ssh``: ``--allow-provider``,
+``providers = [...]``), and a request that names no provider gets the
+operator's default, never ``local`` unless the operator chose it. In
 process, where the caller is the operator, everything stays allowed. A docker
 sandbox made with no limits gets the server's (tests/test_containment.py
 has an 8 GiB allocation killed at it).
@@ -28,7 +32,9 @@ from tests.hazards import workload_limits
 
 
 def start(*args: str) -> DaemonProcess:
-    return DaemonProcess(token=f"tok-{uuid.uuid4().hex}", extra_args=args).start()
+    """A daemon as its operator starts it: no default provider named (the
+    daemon's own choice: docker here), nothing on the host allowed but by ``args``."""
+    return DaemonProcess(token=f"tok-{uuid.uuid4().hex}", provider=None, extra_args=args).start()
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +63,10 @@ HOST_REACHING = [
     ("network_mode", {"network_mode": "container:some-other-sandbox"}),
     ("cap_drop", {"cap_drop": []}),
     ("cap_drop", {"cap_drop": ["MKNOD"]}),
+    # Outliving hutch's cleanup, and hutch's own marks, are the operator's too.
+    ("preserve", {"preserve": True}),
+    ("labels", {"labels": {"hutch.preserve": "1"}}),
+    ("labels", {"labels": {"team": "a", "HUTCH.home": "/elsewhere"}}),
 ]
 #: Other providers' settings that reach the host, each refused alike.
 OTHER_PROVIDERS = [
@@ -85,8 +95,15 @@ def test_a_host_reaching_setting_is_refused(
 
 
 @pytest.fixture(scope="module")
+def daemon_allowing_ssh() -> Iterator[DaemonProcess]:
+    d = start("--allow-provider", "ssh")
+    yield d
+    d.close()
+
+
+@pytest.fixture(scope="module")
 def daemon_allowing_destination() -> Iterator[DaemonProcess]:
-    d = start("--allow", "destination")
+    d = start("--allow-provider", "ssh", "--allow", "destination")
     yield d
     d.close()
 
@@ -95,9 +112,12 @@ def daemon_allowing_destination() -> Iterator[DaemonProcess]:
 def test_other_providers_host_settings_are_refused(
     daemon: DaemonProcess, request: pytest.FixtureRequest, setting: str, body: dict[str, Any]
 ) -> None:
-    if body.get("provider") == "ssh" and setting != "destination":
-        # Past the destination (allowed here), the other ssh settings are judged.
-        daemon = request.getfixturevalue("daemon_allowing_destination")
+    if body.get("provider") == "ssh":
+        # Past the provider (allowed here) and the destination (allowed for
+        # the others), each ssh setting is judged.
+        daemon = request.getfixturevalue(
+            "daemon_allowing_ssh" if setting == "destination" else "daemon_allowing_destination"
+        )
     answer = post(daemon, "/v1/sandboxes", body)
     assert answer.status_code == 403, answer.text
     assert repr(setting) in answer.json()["error"]["message"]
@@ -112,6 +132,126 @@ def test_a_workspace_cannot_bring_host_settings(
                    **body})
     assert answer.status_code == 403, answer.text
     assert answer.json()["error"]["code"] == "permission_denied"
+
+
+# -- providers that run on the host itself ------------------------------------------------------
+
+
+HOST_PROVIDERS = [
+    ("local", {"provider": "local", "workdir": "/etc"}),
+    ("local", {"provider": "local"}),
+    ("ssh", {"provider": "ssh", "destination": "h", "working_directory": "/tmp"}),
+]
+
+
+def put(d: DaemonProcess, path: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.put(f"{d.url}{path}", json=body, timeout=120,
+                     headers={"Authorization": f"Bearer {d.token}"})
+
+
+def get(d: DaemonProcess, path: str) -> Any:
+    answer = httpx.get(f"{d.url}{path}", headers={"Authorization": f"Bearer {d.token}"})
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def assert_provider_refused(answer: httpx.Response, name: str) -> None:
+    assert answer.status_code == 403, answer.text
+    error = answer.json()["error"]
+    assert error["code"] == "permission_denied"
+    assert repr(name) in error["message"]
+    assert f"--allow-provider {name}" in error["message"] and "[server]" in error["message"]
+
+
+@pytest.mark.parametrize(("name", "body"), HOST_PROVIDERS)
+def test_a_provider_on_the_host_is_refused_by_default(
+    daemon: DaemonProcess, name: str, body: dict[str, Any]
+) -> None:
+    before = made(daemon)
+    assert_provider_refused(post(daemon, "/v1/sandboxes", body), name)
+    assert_provider_refused(
+        post(daemon, "/v1/workspaces", {"name": f"w{uuid.uuid4().hex[:8]}", **body}), name
+    )
+    settings = {k: v for k, v in body.items() if k != "provider"}
+    definition = f"d{uuid.uuid4().hex[:8]}"
+    assert_provider_refused(
+        put(daemon, f"/v1/definitions/{definition}", {"provider": {"type": name, **settings}}),
+        name,
+    )
+    assert made(daemon) == before  # nothing was made
+    assert get(daemon, "/v1/workspaces")["workspaces"] == []
+    assert definition not in [d["id"] for d in get(daemon, "/v1/definitions")["definitions"]]
+
+
+def test_the_operator_allows_a_provider_on_the_host_by_flag_and_by_config_file() -> None:
+    workdir = tempfile.mkdtemp(prefix="hutch-allowed-local-")
+    config = os.path.join(tempfile.mkdtemp(prefix="hutch-conf-"), "hutch.toml")
+    with open(config, "w") as fh:
+        fh.write('[server]\nproviders = ["local"]\n')
+    try:
+        for d in (start("--allow-provider", "local"), start("--config", config)):
+            try:
+                with hutch.Client(d.url, token=d.token) as c:
+                    sb = c.create_sandbox("local", workdir=workdir)
+                    try:
+                        assert sb.exec("id -u").stdout.strip() == str(os.getuid())
+                    finally:
+                        sb.close()
+                    # Allowed by name, not made the default.
+                    assert put(d, "/v1/definitions/plain", {}).json()["provider"]["type"] != (
+                        "local")
+            finally:
+                d.close()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_an_unknown_provider_allowance_is_refused_at_start() -> None:
+    d = DaemonProcess(provider=None, extra_args=["--allow-provider", "no-such-provider"])
+    with pytest.raises(RuntimeError, match="no such provider"):
+        d.start()
+
+
+@pytest.mark.docker
+def test_a_request_that_names_no_provider_gets_the_daemons_default(
+    daemon: DaemonProcess,
+) -> None:
+    # The operator named none: the daemon's own choice is docker where its
+    # Engine answers (never local, the in-process default).
+    answer = post(daemon, "/v1/sandboxes", {})
+    assert answer.status_code == 201, answer.text
+    try:
+        assert answer.json()["provider"] == "docker"
+    finally:
+        httpx.delete(f"{daemon.url}/v1/sandboxes/{answer.json()['id']}", timeout=120,
+                     headers={"Authorization": f"Bearer {daemon.token}"})
+    assert put(daemon, "/v1/definitions/no-provider", {}).json()["provider"]["type"] == "docker"
+
+
+@pytest.mark.docker
+def test_a_daemon_configured_for_docker_makes_docker_sandboxes_of_requests_naming_none(
+    tmp_path: Any,
+) -> None:
+    config = tmp_path / "hutch.toml"
+    # local allowed by name, docker the default: a request naming none gets docker.
+    config.write_text(
+        '[sandbox]\nprovider = "docker"\n[server]\nproviders = ["local"]\n'
+        '[definitions.operators]\nworkspace = { setup = ["true"] }\n'
+    )
+    d = start("--config", str(config))
+    try:
+        answer = post(d, "/v1/sandboxes", {"idle_timeout": 600})
+        assert answer.status_code == 201, answer.text
+        assert answer.json()["provider"] == "docker"
+        ws = post(d, "/v1/workspaces", {"name": "plain"})
+        assert ws.status_code == 201, ws.text
+        assert ws.json()["provider"] == "docker"
+        assert put(d, "/v1/definitions/theirs", {}).json()["provider"]["type"] == "docker"
+        listed = {x["id"]: x for x in get(d, "/v1/definitions")["definitions"]}
+        # The operator's own definition that names no provider: the default too.
+        assert listed["operators"]["provider"]["type"] == "docker"
+    finally:
+        d.close()
 
 
 def test_an_unknown_allowance_is_refused_at_start() -> None:

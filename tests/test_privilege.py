@@ -7,6 +7,7 @@ user ``nobody`` where the question is what another user can do.
 from __future__ import annotations
 
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -187,3 +188,151 @@ def test_serve_takes_no_token_argument_and_says_where_it_comes_from() -> None:
     given = subprocess.run([*cli, "--token", "x", "--port", "1"], capture_output=True,
                            text=True, timeout=60, check=False)
     assert given.returncode != 0 and "No such option" in given.stderr
+
+
+# -- 3. no daemon answers without a credential -----------------------------------------------
+
+
+def route_table() -> list[tuple[str, str, str]]:
+    """Every route the daemon serves, from the application's own route table
+    (so a route added later is covered): (kind, method, path with each
+    parameter filled in)."""
+    from starlette.routing import BaseRoute, WebSocketRoute
+
+    from hutch.server.app import ServerSettings, create_app
+
+    found: list[tuple[str, str, str]] = []
+
+    def walk(routes: list[BaseRoute]) -> None:
+        for route in routes:
+            included = getattr(route, "original_router", None)  # an included router
+            if included is not None:
+                walk(included.routes)
+                continue
+            path = re.sub(r"\{[^}]*\}", "x", getattr(route, "path", ""))
+            if isinstance(route, WebSocketRoute):
+                found.append(("websocket", "GET", path))
+            for method in sorted(getattr(route, "methods", None) or ()):
+                found.append(("http", method, path))
+
+    walk(create_app(ServerSettings(token="unused")).routes)
+    return found
+
+
+#: An unprivileged user's client (curl: the host's Python may live where
+#: nobody cannot run it): every route read from stdin, with no token, a wrong
+#: one, and schemes that are not the token's; a websocket route as its
+#: handshake. Prints ``kind method path [auth] -> status`` a line.
+NOBODY_CLIENT = r"""
+while read -r kind method path; do
+  for auth in none 'Bearer wrong' 'bearer wrong' 'Basic d3Jvbmc='; do
+    if [ "$auth" = none ]; then set --; else set -- -H "Authorization: $auth"; fi
+    if [ "$kind" = websocket ]; then
+      set -- "$@" --http1.1 -H 'Connection: Upgrade' -H 'Upgrade: websocket' \
+        -H 'Sec-WebSocket-Version: 13' -H 'Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ=='
+    elif [ "$method" = HEAD ]; then
+      set -- "$@" -I
+    else
+      set -- "$@" -X "$method"
+    fi
+    code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 30 "$@" "$URL$path")
+    echo "$kind $method $path [$auth] -> $code"
+  done
+done
+"""
+
+
+@pytest.fixture
+def tokenless() -> Iterator[tuple[DaemonProcess, dict[str, str]]]:
+    """A daemon started with no token, on the default data directory of a
+    user (its HOME), and that user's environment, with no hutch setup in it
+    but the daemon's address."""
+    home = tempfile.mkdtemp(prefix="hutch-home-")
+    os.chmod(home, 0o755)
+    data_dir = os.path.join(home, ".local", "share", "hutch")
+    os.makedirs(data_dir, mode=0o755)
+    d = DaemonProcess(data_dir, token=None).start()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_")}
+    env.update(HOME=home, HUTCH_URL=d.url)
+    try:
+        yield d, env
+    finally:
+        d.close()
+        subprocess.run(["rm", "-rf", home], check=False)
+
+
+def test_a_daemon_given_no_token_makes_one_its_users_cli_finds(
+    tokenless: tuple[DaemonProcess, dict[str, str]], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    d, env = tokenless
+    token_file = os.path.join(d.data_dir, "api-token")
+    assert mode(token_file) == 0o600 and len(d.token) >= 32
+    cli = [sys.executable, "-m", "hutch.cli.main"]
+
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*cli, *argv], env=env, capture_output=True, text=True,
+                              timeout=120, check=False)
+
+    # The quick start: the daemon, then the CLI, with nothing set up between.
+    made = run("create")
+    assert made.returncode == 0, made.stderr
+    sandbox = made.stdout.strip()
+    ran = run("exec", sandbox, "--", "echo", "hello")
+    assert (ran.returncode, ran.stdout) == (0, "hello\n"), ran.stderr
+    assert run("kill", sandbox).returncode == 0
+    # The SDK alike, its data directory named as the daemon's is.
+    monkeypatch.setenv("HUTCH_HOME", d.data_dir)
+    monkeypatch.delenv("HUTCH_TOKEN", raising=False)
+    with hutch.Client(d.url) as c:
+        assert c.list_sandboxes() == []
+    # Made once: a later start answers to the same token.
+    before = d.token
+    d.restart()
+    assert d.token == before
+    with open(token_file) as fh:
+        assert fh.read().strip() == before
+
+
+def test_another_user_gets_401_on_every_route(
+    tokenless: tuple[DaemonProcess, dict[str, str]],
+) -> None:
+    d, _ = tokenless
+    # The token is where its user's clients look, and nowhere another user can read.
+    token_file = os.path.join(d.data_dir, "api-token")
+    read = as_nobody("cat", token_file)
+    assert read.returncode != 0 and d.token not in read.stdout
+    routes = route_table()
+    assert {kind for kind, _, _ in routes} == {"http", "websocket"} and len(routes) > 40
+    tried = subprocess.run(
+        [*AS_NOBODY, "env", f"URL={d.url}", "sh", "-c", NOBODY_CLIENT],
+        input="".join(f"{kind} {method} {path}\n" for kind, method, path in routes),
+        capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert tried.returncode == 0, tried.stderr
+    answers = tried.stdout.splitlines()
+    assert len(answers) == 4 * len(routes)
+    assert [a for a in answers if not a.endswith("-> 401")] == []
+    assert "websocket GET /v1/sandboxes/x/pty [none] -> 401" in answers
+
+
+def test_the_bearer_scheme_is_any_case_and_a_terminal_refused_is_401(
+    daemon: DaemonProcess,
+) -> None:
+    import httpx
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    for scheme in ("Bearer", "bearer", "BEARER"):
+        answer = httpx.get(f"{daemon.url}/v1/sandboxes",
+                           headers={"Authorization": f"{scheme} {daemon.token}"})
+        assert answer.status_code == 200, (scheme, answer.text)
+    terminal = "ws" + daemon.url[len("http"):] + "/v1/sandboxes/x/pty"
+    for given in ("Bearer wrong", f"Basic {daemon.token}", None):
+        with pytest.raises(InvalidStatus) as refused:
+            connect(terminal, additional_headers={} if given is None else {"Authorization": given},
+                    open_timeout=30)
+        assert refused.value.response.status_code == 401, given
+        assert b"unauthorized" in (refused.value.response.body or b"")
+    with hutch.Client(daemon.url, token="wrong") as c, \
+            pytest.raises(hutch.Unauthorized):
+        c.list_sandboxes()

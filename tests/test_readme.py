@@ -128,11 +128,13 @@ def test_shell_block_runs_as_pasted(block: Block, fresh: str) -> None:
     from hutch import images
 
     clone = _clone(fresh)
-    daemon = DaemonProcess().start()
-    env = dict(os.environ, HOME=fresh, HUTCH_URL=daemon.url, HUTCH_TOKEN=daemon.token,
-               HUTCH_HOME=daemon.data_dir,
+    # As scripts/quickstart.sh starts it: no token (it makes its own), local allowed.
+    daemon = DaemonProcess(token=None, provider=None,
+                           extra_args=["--allow-provider", "local"]).start()
+    # No token given: the CLI finds the one the daemon made in its data directory.
+    env = {k: v for k, v in os.environ.items() if k not in ("HUTCH_TOKEN", "COLUMNS")}
+    env.update(HOME=fresh, HUTCH_URL=daemon.url, HUTCH_HOME=daemon.data_dir,
                PATH=os.path.join(clone, ".venv", "bin") + os.pathsep + os.environ["PATH"])
-    env.pop("COLUMNS", None)
     try:
         ran = subprocess.run(["bash", "-euo", "pipefail", "-c", block.code], cwd=clone,
                              env=env, capture_output=True, text=True, timeout=1200,

@@ -13,6 +13,7 @@ import pytest
 
 from hutch.server.app import ServerSettings, create_app
 from hutch.server.daemon import Daemon
+from hutch.server.policy import OperatorPolicy
 from tests.daemon_fixture import DaemonProcess
 
 #: The fast path takes application/json; FastAPI also takes any +json type, so
@@ -103,10 +104,10 @@ def test_status_is_the_same_through_both(http: tuple[httpx.Client, str]) -> None
 async def test_the_fast_path_takes_the_route_fastapi_would(tmp_path: pathlib.Path) -> None:
     # One route table: a route FastAPI tries before a hot one, matching the
     # same request, is the one that answers; the hot ones still answer theirs.
-    daemon = Daemon(str(tmp_path / "data"))
+    daemon = Daemon(str(tmp_path / "data"), policy=OperatorPolicy(providers=["local"]))
     await daemon.start()
     try:
-        app = create_app(ServerSettings(data_dir=str(tmp_path / "data")), core=daemon)
+        app = create_app(ServerSettings(data_dir=str(tmp_path / "data"), token="t"), core=daemon)
 
         async def shadow(sandbox_id: str) -> dict[str, str]:
             return {"shadowed": sandbox_id}
@@ -115,7 +116,8 @@ async def test_the_fast_path_takes_the_route_fastapi_would(tmp_path: pathlib.Pat
         app.router.routes.insert(0, app.router.routes.pop())  # tried first
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://hutch") as client:
+            async with httpx.AsyncClient(transport=transport, base_url="http://hutch",
+                                         headers={"Authorization": "Bearer t"}) as client:
                 made = await client.post("/v1/sandboxes", json={
                     "provider": "local", "workdir": str(tmp_path / "work")})
                 sandbox_id = made.json()["id"]

@@ -562,7 +562,8 @@ def test_current_source_reads_origin_and_branch(repository: str) -> None:
 
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[DaemonProcess]:
-    d = DaemonProcess(extra_args=["--allow", "destination", "--allow", "config_file"]).start()
+    d = DaemonProcess(extra_args=["--allow-provider", "ssh", "--allow", "destination",
+                                  "--allow", "config_file"]).start()
     yield d
     d.stop()
     shutil.rmtree(d.data_dir, ignore_errors=True)
@@ -571,8 +572,9 @@ def daemon() -> Iterator[DaemonProcess]:
 async def test_daemon_refuses_a_destination_its_operator_did_not_allow(
     server: SshServer, workdir: str
 ) -> None:
-    # The daemon's ssh keys are its operator's: a client may not aim them anywhere.
-    d = DaemonProcess().start()
+    # The daemon's ssh keys are its operator's: a client may not aim them
+    # anywhere, even where the operator lets clients use ssh.
+    d = DaemonProcess(extra_args=["--allow-provider", "ssh"]).start()
     try:
         async with hutch.AsyncClient(d.url, token=d.token) as client:
             with pytest.raises(PermissionError) as info:
@@ -629,7 +631,8 @@ async def test_a_nohup_job_on_the_host_keeps_the_sandbox_from_idling_out(
 
 
 def test_daemon_restart_adopts_an_ssh_sandbox(server: SshServer, workdir: str) -> None:
-    d = DaemonProcess(extra_args=["--allow", "destination", "--allow", "config_file"]).start()
+    d = DaemonProcess(extra_args=["--allow-provider", "ssh", "--allow", "destination",
+                                  "--allow", "config_file"]).start()
     try:
         with hutch.Client(d.url, token=d.token) as client:
             sb = client.create_sandbox(

@@ -59,6 +59,22 @@ class MemoryBudget:
             self.held = max(0, self.held - size)
 
 
+class MemoryHold:
+    """``size`` bytes taken from the process's budget for ``what`` (or
+    ``DaemonBusy``), until :meth:`release` (idempotent)."""
+
+    def __init__(self, size: int, what: str) -> None:
+        self._budget = _budget
+        self._size = size
+        if size:
+            self._budget.take(size, what)
+
+    def release(self) -> None:
+        size, self._size = self._size, 0
+        if size:
+            self._budget.give(size)
+
+
 _budget = MemoryBudget(DEFAULT_MEMORY_BUDGET)
 _spill_dir: str | None = None
 

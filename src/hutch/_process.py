@@ -16,7 +16,7 @@ from typing import Any, Literal
 import anyio
 
 from ._errors import ExecTimeout, NotFound, OutputLimitExceeded
-from ._membudget import Spool
+from ._membudget import MemoryHold, Spool
 from ._types import KILL_GRACE_SECONDS, ExecResult, OutputChunk
 from ._types import ExitStatus as ExitStatus  # its home was here
 from .providers.base import BackendProcess
@@ -229,8 +229,11 @@ class Process:
         command: str,
         output_limit: int,
         on_exit: Callable[[Process], None] | None = None,
+        hold: MemoryHold | None = None,
     ) -> None:
         self.id = uuid.uuid4().hex[:12]
+        #: Memory it holds of the budget while it runs (its stdin), given back at its end.
+        self._hold = hold
         self.command = command
         self._proc = backend_proc
         self._limit = output_limit
@@ -271,6 +274,8 @@ class Process:
             self._error = exc
             self._exit_code = self._proc.returncode
         finally:
+            if self._hold is not None:
+                self._hold.release()
             self.ended_at = time.monotonic()
             self._done.set()
             async with self._changed:

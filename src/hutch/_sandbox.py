@@ -34,6 +34,7 @@ from ._errors import (
     SandboxUnavailable,
 )
 from ._guardrail import ReadBeforeWriteGuard, session_guard
+from ._membudget import MemoryHold
 from ._process import (
     ExecOutput,
     ExitStatus,
@@ -365,16 +366,24 @@ class Sandbox:
         output_limit: int | None = None,
     ) -> Process:
         """Start ``cmd`` in the background; the handle waits, streams or kills."""
-        async with self._operation("start"):
-            proc = await self._start_backend(cmd, cwd, env, stdin, user)
-            process = Process(
-                proc,
-                command=cmd if isinstance(cmd, str) else shlex.join(cmd),
-                output_limit=output_limit or self.output_limit,
-                on_exit=self._process_exited,
-            )
-            self._processes[process.id] = process
-            return process
+        # Its stdin stays in memory until the command takes it, which may be
+        # never, so it counts against the memory budget until the command ends.
+        hold = MemoryHold(len(stdin) if stdin else 0, "the stdin of a background command")
+        try:
+            async with self._operation("start"):
+                proc = await self._start_backend(cmd, cwd, env, stdin, user)
+                process = Process(
+                    proc,
+                    command=cmd if isinstance(cmd, str) else shlex.join(cmd),
+                    output_limit=output_limit or self.output_limit,
+                    on_exit=self._process_exited,
+                    hold=hold,
+                )
+        except BaseException:
+            hold.release()
+            raise
+        self._processes[process.id] = process
+        return process
 
     def _process_exited(self, process: Process) -> None:
         if self._gate is not None:

@@ -117,6 +117,10 @@ class Capabilities:
     False, a sandbox can fill the host's disk.
     ``users``: ``exec(user=...)`` can switch user.
     ``preview_url``: ports inside are reachable at a URL.
+    ``runs_on_host``: commands run on a real host as a user of it, not in a
+    sandbox of their own (``local``: the daemon's host, as its user; ``ssh``:
+    a host reached with the daemon user's keys). Through the daemon such a
+    provider is the operator's to hand out (``hutch serve --allow-provider``).
     ``runtime``: what executes and moves files in this sandbox: ``native``
     (the provider's own transport: docker exec, a subprocess, ssh) or
     ``agent`` (hutch's agent inside the sandbox, on a kept connection).
@@ -134,6 +138,7 @@ class Capabilities:
     network_policy: bool = False
     users: bool = False
     preview_url: bool = False
+    runs_on_host: bool = False
     runtime: str = "native"
     extra: frozenset[str] = field(default_factory=frozenset)
 
@@ -147,7 +152,7 @@ class Capabilities:
         names = [
             "processes", "pause", "suspend", "suspend_keeps_processes", "snapshot",
             "fork", "network_isolation", "network_policy", "resource_limits", "disk_limit", "users",
-            "preview_url",
+            "preview_url", "runs_on_host",
         ]
         out: dict[str, bool | str] = {n: bool(getattr(self, n)) for n in names}
         out.update({n: True for n in self.extra})

@@ -3,8 +3,9 @@
 by the ``hutch.providers`` entry point is configured like a built-in one),
 sandbox options, and the precedence rule
 
-    command-line flag > run config file (hutch.toml) > server defaults > built-in (local;
-    docker for a request that names an image)
+    command-line flag > run config file (hutch.toml) > server defaults > built-in (local
+    in-process, the daemon's default provider through it; docker for a request that
+    names an image where that one takes none)
 
 Each layer is a mapping of the same shape as ``hutch.toml``::
 
@@ -152,21 +153,49 @@ def _normalize_layer(layer: Mapping[str, Any] | None) -> dict[str, Any]:
     return {"provider": provider, "options": options, "providers": nested, "loose": loose}
 
 
+def _takes_images(provider: str) -> bool:
+    try:
+        return "image" in get_provider(provider).config_model.model_fields
+    except InvalidArgument:  # unknown, or not installed here
+        return False
+
+
+def _provider_of(layers: list[dict[str, Any]], default: str) -> str:
+    named = [str(layer["provider"]) for layer in layers if layer["provider"]]
+    if named:
+        return named[-1]
+    if any("image" in layer.get("loose", {}) for layer in layers) and not _takes_images(default):
+        return IMAGE_PROVIDER
+    return default
+
+
+def requested_provider(
+    *,
+    flags: Mapping[str, Any] | None = None,
+    config_file: Mapping[str, Any] | None = None,
+    server_defaults: Mapping[str, Any] | None = None,
+    default_provider: str = DEFAULT_PROVIDER,
+) -> str:
+    """The name of the provider :func:`resolve_spec` would choose for these
+    layers, before any of its settings is checked."""
+    layers = [_normalize_layer(x) for x in (server_defaults, config_file, flags)]
+    return _provider_of(layers, default_provider)
+
+
 def resolve_spec(
     *,
     flags: Mapping[str, Any] | None = None,
     config_file: Mapping[str, Any] | None = None,
     server_defaults: Mapping[str, Any] | None = None,
+    default_provider: str = DEFAULT_PROVIDER,
 ) -> SandboxSpec:
-    """Merge the layers by precedence into one validated :class:`SandboxSpec`."""
+    """Merge the layers by precedence into one validated :class:`SandboxSpec`.
+
+    ``default_provider`` is the provider where no layer names one (a request
+    that names only an image gets :data:`IMAGE_PROVIDER` where it takes no
+    images): ``local`` in-process, the daemon's own default through it."""
     layers = [_normalize_layer(x) for x in (server_defaults, config_file, flags)]  # low -> high
-    named = [str(layer["provider"]) for layer in layers if layer["provider"]]
-    if named:
-        provider = named[-1]
-    elif any("image" in layer.get("loose", {}) for layer in layers):
-        provider = IMAGE_PROVIDER
-    else:
-        provider = DEFAULT_PROVIDER
+    provider = _provider_of(layers, default_provider)
     settings: dict[str, Any] = {}
     options: dict[str, Any] = {}
     for layer in layers:

@@ -29,10 +29,12 @@ _daemon: DaemonProcess | None = None
 def daemon() -> DaemonProcess:
     global _daemon
     if _daemon is None:
-        # The operator lets clients name an ssh destination and config file
-        # (the ssh harness's test server).
+        # The operator lets clients use ssh, and name a destination and config
+        # file (the ssh harness's test server).
         _daemon = DaemonProcess(
-            extra_args=["--allow", "destination", "--allow", "config_file"], for_session=True
+            extra_args=["--allow-provider", "ssh", "--allow", "destination",
+                        "--allow", "config_file"],
+            for_session=True,
         ).start()
         atexit.register(_daemon.stop)
     return _daemon

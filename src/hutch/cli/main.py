@@ -145,9 +145,21 @@ def serve(
         "network_mode, cap_drop, ...); repeatable. Also `allow = \\[...]` under \\[server] in "
         "hutch.toml.",
     ),
+    allow_provider: list[str] = typer.Option(
+        [], "--allow-provider", metavar="PROVIDER",
+        help="Let API clients use this provider that runs on the host itself (local, ssh: "
+        "commands run as a host user, not in a sandbox); repeatable. Also `providers = "
+        "\\[...]` under \\[server] in hutch.toml.",
+    ),
+    provider: str | None = typer.Option(
+        None, "--provider", metavar="PROVIDER",
+        help="The provider of requests that name none (over hutch.toml's \\[sandbox] "
+        "provider); unset: docker where its Engine answers, else bubblewrap. Naming one "
+        "that runs on the host (local) allows it.",
+    ),
     config: str | None = typer.Option(
-        None, help="hutch.toml with \\[server] allow, limits and ceilings (default: "
-        "./hutch.toml)."
+        None, help="hutch.toml with \\[server] allow, providers, limits and ceilings "
+        "(default: ./hutch.toml)."
     ),
     max_connections: int | None = typer.Option(
         None, help="How many client connections at once, at most (default 4096, or half "
@@ -156,7 +168,9 @@ def serve(
 ) -> None:
     """Run the daemon: the HTTP API, the state store, the timers.
 
-    The token clients must send is read from HUTCH_TOKEN or --token-file.
+    The token clients must send is read from HUTCH_TOKEN or --token-file; with
+    neither, the daemon makes one at its first start, in the file api-token of
+    its data directory (mode 0600), where this user's CLI and SDK find it.
     """
     from ..server import serve as run
 
@@ -167,7 +181,7 @@ def serve(
     try:
         run(host, port, data_dir=data_dir, token_file=token_file, retention_seconds=retention,
             allow=allow, config_file=config, max_connections=max_connections,
-            on_ready=announce)
+            allow_providers=allow_provider, provider=provider, on_ready=announce)
     except HutchError as exc:
         err_console.print(f"[red]error[/red] ({exc.code}): {exc}")
         raise typer.Exit(exit_code_for(exc)) from None
@@ -599,12 +613,17 @@ def workspace_create(
     name: str,
     snapshot: str | None = typer.Option(None, help="A snapshot tag to start from."),
     image: str | None = typer.Option(None, help="An image to start from."),
+    provider: str | None = typer.Option(
+        None, help="local, docker, bubblewrap, ... (default: the daemon's default provider)."
+    ),
     idle_suspend_after: float | None = typer.Option(
         None, help="Suspend after this many seconds idle (work-aware); unset: never."
     ),
 ) -> None:
     """Create a workspace from a snapshot tag or an image."""
-    extra = {"idle_suspend_after": idle_suspend_after} if idle_suspend_after else {}
+    extra: dict[str, Any] = {"idle_suspend_after": idle_suspend_after} if idle_suspend_after else {}
+    if provider is not None:
+        extra["provider"] = provider
     with client() as c, console.status(f"creating workspace {name}..."):
         ws = c.create_workspace(name, image=image, snapshot_tag=snapshot, **extra)
     console.print(f"{ws['name']} {ws['status']} (sandbox {ws['live_sandbox_id']})")

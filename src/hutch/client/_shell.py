@@ -20,10 +20,10 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 from urllib.parse import quote
 
-from .._errors import HutchError, Unauthorized, error_from_wire
+from .._errors import HutchError, error_from_wire
 from .._refwire import UNIX_HOST, unix_socket_of
 from .._types import OutputChunk
-from ._core import SESSION_HEADER, unreachable
+from ._core import SESSION_HEADER, raise_for_error, unreachable
 from ._transports import client_headers, client_url
 
 #: The largest message either side sends (the daemon's own bound is the same).
@@ -55,10 +55,13 @@ def _refused(base: str, exc: BaseException) -> HutchError:
     from websockets.exceptions import InvalidStatus
 
     if isinstance(exc, InvalidStatus):
-        if exc.response.status_code in (401, 403):
-            # The daemon closes a websocket with a wrong token before it opens.
-            return Unauthorized("missing or wrong token: set HUTCH_TOKEN to the daemon's token")
-        return HutchError(f"the daemon refused the terminal: HTTP {exc.response.status_code}")
+        # The daemon answers a refused handshake with its error's status and body.
+        status = exc.response.status_code
+        try:
+            raise_for_error(status, bytes(exc.response.body or b""))
+        except HutchError as refused:
+            return refused
+        return HutchError(f"the daemon refused the terminal: HTTP {status}")
     return unreachable(base, exc if isinstance(exc, Exception) else Exception(str(exc)))
 
 
@@ -242,7 +245,7 @@ def attach_shell(
     rows, cols = min(size[0], 999) or 24, min(size[1], 999) or 80
     start = pty_start(None, rows, cols, None, None, None)
     base = client_url(url)
-    with open_sync_pty(base, client_headers(token), sandbox_id, start) as term:
+    with open_sync_pty(base, client_headers(token, base), sandbox_id, start) as term:
         stop = threading.Event()
 
         def typed() -> None:

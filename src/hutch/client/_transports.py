@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import ipaddress
 import json
 import os
 import uuid
@@ -13,6 +14,7 @@ import anyio.to_thread
 import httpx
 
 from .._errors import HutchError
+from .._paths import token_file_path
 from .._refwire import UNIX_HOST, unix_socket_of
 from ._core import (
     DEFAULT_URL,
@@ -35,12 +37,35 @@ from ._core import (
 )
 
 
-def client_headers(token: str | None) -> dict[str, str]:
+def client_headers(token: str | None, url: str) -> dict[str, str]:
+    """A client's headers for the daemon at ``url``: its token is ``token``,
+    else ``HUTCH_TOKEN``, else (for a daemon on this host) the one the daemon
+    made in its data directory, if this user can read it (:func:`local_token`)."""
     headers = {SESSION_HEADER: uuid.uuid4().hex}
-    token = token if token is not None else os.environ.get("HUTCH_TOKEN") or None
+    if token is None:
+        token = os.environ.get("HUTCH_TOKEN") or local_token(url)
     if token:
         headers["Authorization"] = f"Bearer {token}"
     return headers
+
+
+def local_token(url: str) -> str | None:
+    """The token a daemon of this host made for itself, found where the daemon
+    keeps it (``$HUTCH_HOME``, else ``~/.local/share/hutch``: its default data
+    directory), for a loopback ``url`` only: a remote daemon is never sent a
+    local one's token. None if there is none this user may read."""
+    host = httpx.URL(url).host if "://" in url else ""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        return None
+    try:
+        with open(token_file_path(), encoding="utf-8") as fh:
+            return fh.read().strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def client_url(url: str | None) -> str:
@@ -139,7 +164,11 @@ class AsyncTransport(_Transport):
         base, uds = http_target(self.url)
         self.pool = httpx.AsyncHTTPTransport(uds=uds, verify=tls_verify(base))
         self.http = httpx.AsyncClient(
+<<<<<<< HEAD
             base_url=base, headers=client_headers(token), verify=tls_verify(base),
+=======
+            base_url=base, headers=client_headers(token, self.url),
+>>>>>>> main
             transport=None if uds is None else self.pool,
         )
         self.plain = _PlainCalls(base, self.http.headers)
@@ -215,7 +244,11 @@ class SyncTransport(_Transport):
         base, uds = http_target(self.url)
         self.pool = httpx.HTTPTransport(uds=uds, verify=tls_verify(base))
         self.http = httpx.Client(
+<<<<<<< HEAD
             base_url=base, headers=client_headers(token), verify=tls_verify(base),
+=======
+            base_url=base, headers=client_headers(token, self.url),
+>>>>>>> main
             transport=None if uds is None else self.pool,
         )
         self.plain = _PlainCalls(base, self.http.headers)

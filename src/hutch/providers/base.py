@@ -528,6 +528,13 @@ class SandboxBackend(SandboxPart):
     #: The pydantic model ``create`` takes (``type: Literal[provider]``).
     config_model: ClassVar[type[ProviderSettings]]
 
+    @classmethod
+    def answers_here(cls) -> bool:
+        """Whether this host can make the provider's sandboxes now (its engine
+        answers). A daemon whose operator names no default provider takes the
+        first isolating one that does."""
+        return True
+
     @property
     @abc.abstractmethod
     def runtime(self) -> SandboxRuntime:

@@ -106,6 +106,7 @@ from .policy import (
     SandboxDirectory,
     format_bytes,
     keeps_dropped,
+    no_key_prefix,
     one_of,
     parse_bytes,
 )
@@ -206,9 +207,17 @@ class DockerConfig(ProviderSettings):
     )
     pull_if_missing: bool = True
     env: dict[str, str] = {}
-    labels: dict[str, str] = {}
+    #: Container labels; hutch's own (``hutch.*``) say what it manages and
+    #: keeps, so through the daemon they are the operator's.
+    labels: Annotated[dict[str, str], ReachesHost(
+        "sets hutch's own labels (hutch.*), which say which containers hutch manages "
+        "and keeps", no_key_prefix("hutch."),
+    )] = {}
     #: Keep the container after the sandbox closes (and log how to reach it).
-    preserve: bool = False
+    preserve: Annotated[bool, ReachesHost(
+        "keeps the container on the host after the sandbox ends, past hutch's cleanup",
+        one_of(False),
+    )] = False
     cap_drop: Annotated[
         list[str], ReachesHost(
             "gives back capabilities hutch drops (raw sockets, mknod, ...)",
@@ -1376,6 +1385,13 @@ class DockerSandbox(NativeBackend):
         preview_url=True,
     )
     config_model = DockerConfig
+
+    @classmethod
+    def answers_here(cls) -> bool:
+        try:
+            return bool(engine().ping())
+        except Exception:  # no engine, no socket, no permission: not here
+            return False
 
     def __init__(
         self,

@@ -81,7 +81,8 @@ class LocalConfig(ProviderSettings):
 class LocalSandbox(NativeBackend, FilesRuntime):
     provider = "local"
     capabilities = Capabilities(
-        processes=True, users=True, preview_url=True, snapshot=True, fork=True
+        processes=True, users=True, preview_url=True, snapshot=True, fork=True,
+        runs_on_host=True,
     )
     config_model = LocalConfig
 

@@ -218,3 +218,9 @@ def keeps_dropped(required: list[str]) -> Callable[[Any], bool]:
 
 def one_of(*safe_values: Any) -> Callable[[Any], bool]:
     return lambda value: value in safe_values
+
+
+def no_key_prefix(prefix: str) -> Callable[[Any], bool]:
+    """For a mapping (labels): safe while no key starts with ``prefix`` (any case)."""
+    wanted = prefix.lower()
+    return lambda value: not any(str(key).lower().startswith(wanted) for key in value or {})

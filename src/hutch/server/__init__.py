@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import ipaddress
 import logging
 import math
 import os
+import secrets
 import socket
 import stat
+import tempfile
 import tomllib
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -17,8 +20,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from .._errors import HutchError, InvalidArgument
+from .._paths import token_file_path
 from ..config import CONFIG_FILE_NAME, load_config_data, load_config_file
 from ..definitions import definitions_from_config
+from ..providers.registry import available_providers, provider_known
 from .app import ServerSettings, create_app
 from .connections import connection_cap, guarded_protocol
 from .daemon import default_data_dir
@@ -61,6 +66,7 @@ def load_server_config(path: str | None) -> dict[str, Any]:
 
         [server]
         allow = ["mounts"]          # host-reaching settings clients may set
+        providers = ["local"]       # providers that run on the host clients may use
         memory_budget = 536870912   # bytes of callers' data held in memory at once
         [server.limits]             # for requests that set none
         memory = "2g"
@@ -82,14 +88,15 @@ def load_server_config(path: str | None) -> dict[str, Any]:
     if os.path.exists(candidate):
         # Validated here, so that a bad definition stops the daemon before it listens.
         definitions = {
-            name: d.model_dump(mode="json")
+            # As written: a definition that names no provider gets the daemon's default.
+            name: d.model_dump(mode="json", exclude_unset=True)
             for name, d in definitions_from_config(load_config_data(candidate)).items()
         }
-    unknown = set(server) - {"allow", "limits", "ceilings", "memory_budget"}
+    unknown = set(server) - {"allow", "providers", "limits", "ceilings", "memory_budget"}
     if unknown:
         raise InvalidArgument(
             f"unknown [server] settings in {candidate}: {', '.join(sorted(unknown))} "
-            "(known: allow, limits, ceilings, memory_budget)"
+            "(known: allow, providers, limits, ceilings, memory_budget)"
         )
     if file:
         server["sandbox_defaults"] = file
@@ -127,6 +134,28 @@ def take_token(token_file: str | None) -> str | None:
     return from_env
 
 
+def made_token(data_dir: str) -> str:
+    """The token of a daemon given none: made at its first start (random, from
+    :mod:`secrets`) in a 0600 file of its data directory, and read from there
+    on later starts. The CLI and SDK of a user who can read it find it there
+    on their own (hutch.client); no other user can."""
+    path = token_file_path(data_dir)
+    if not os.path.exists(path):
+        # Written whole under another name, then linked into place: a client
+        # or a second daemon never reads half a token, and the first one made wins.
+        fd, temp = tempfile.mkstemp(dir=data_dir, prefix=".api-token-")
+        try:
+            with os.fdopen(fd, "w", encoding="ascii") as fh:
+                fh.write(secrets.token_urlsafe(32) + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+            with contextlib.suppress(FileExistsError):
+                os.link(temp, path)
+        finally:
+            os.unlink(temp)
+    return read_token_file(path)
+
+
 def serve(
     host: str = DEFAULT_HOST,
     port: int = DEFAULT_PORT,
@@ -139,13 +168,19 @@ def serve(
     allow: Sequence[str] = (),
     config_file: str | None = None,
     max_connections: int | None = None,
+    allow_providers: Sequence[str] = (),
+    provider: str | None = None,
 ) -> None:
     """Run the daemon until interrupted. Refuses a non-loopback bind without a token.
 
     ``token`` is for in-process callers; otherwise it comes from
-    ``token_file`` or ``HUTCH_TOKEN`` (see :func:`take_token`). ``allow``
-    names settings that reach the host which clients may set, on top of the
-    config file's (``hutch.toml``: see :func:`load_server_config`). Everything
+    ``token_file`` or ``HUTCH_TOKEN`` (see :func:`take_token`), else it is the
+    one the daemon made in its data directory (:func:`made_token`): no daemon
+    answers without a credential. ``allow`` names settings that reach the
+    host which clients may set, ``allow_providers`` providers that run on the
+    host which they may use, on top of the config file's (``hutch.toml``: see
+    :func:`load_server_config`); ``provider`` is the provider of requests
+    that name none (over the file's ``[sandbox] provider``). Everything
     that can be refused (the address, the data directory, the settings) is
     checked before the daemon starts; ``on_ready(url, data_dir)`` is called
     once it serves.
@@ -154,6 +189,15 @@ def serve(
 
     server_config = load_server_config(config_file)
     server_config["allow"] = sorted({*server_config.get("allow", []), *allow})
+    server_config["providers"] = sorted({*server_config.get("providers", []), *allow_providers})
+    if provider is not None:
+        if not provider_known(provider):
+            raise InvalidArgument(
+                f"unknown provider {provider!r}; available: {', '.join(available_providers())}"
+            )
+        # Over the file's [sandbox] provider, as a flag is over the file.
+        server_config.get("sandbox_defaults", {}).pop("provider", None)
+        server_config["default_provider"] = provider
 
     taken = take_token(token_file)
     token = token or taken
@@ -179,6 +223,8 @@ def serve(
         raise InvalidArgument(f"bad [server] settings: {exc}") from None
     settings.policy()  # a bad allowance or limit fails here, before anything listens
     settings.data_dir = prepare_data_dir(data_dir)
+    if not settings.token:
+        settings.token = made_token(settings.data_dir)
     listener = bind(host, port)
     if retention_seconds is not None:
         settings.retention_seconds = retention_seconds

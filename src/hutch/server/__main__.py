@@ -17,7 +17,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="hutch-server",
         epilog="The bearer token is read from HUTCH_TOKEN or --token-file (mode 0600), "
-        "never from the command line.",
+        "never from the command line; with neither, the daemon makes one in the file "
+        "api-token of its data directory.",
     )
     parser.add_argument("--host", default=DEFAULT_HOST)
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
@@ -29,6 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--allow", action="append", default=[], metavar="SETTING",
                         help="let clients set this host-reaching setting (mounts, "
                         "host_workdir, network_mode, cap_drop); repeatable")
+    parser.add_argument("--allow-provider", action="append", default=[], metavar="PROVIDER",
+                        help="let clients use this provider that runs on the host itself "
+                        "(local, ssh); repeatable")
+    parser.add_argument("--provider", default=None, metavar="PROVIDER",
+                        help="the provider of requests that name none (default: docker "
+                        "where its Engine answers, else bubblewrap)")
     parser.add_argument("--config", default=None,
                         help="hutch.toml with a [server] table (default: ./hutch.toml)")
     parser.add_argument("--max-connections", type=int, default=None,
@@ -38,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         serve(args.host, args.port, data_dir=args.data_dir, retention_seconds=args.retention,
               token_file=args.token_file, allow=args.allow, config_file=args.config,
-              max_connections=args.max_connections)
+              max_connections=args.max_connections, allow_providers=args.allow_provider,
+              provider=args.provider)
     except HutchError as exc:
         print(f"hutch serve: {exc}", file=sys.stderr)
         return 2

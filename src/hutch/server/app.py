@@ -107,6 +107,12 @@ class ServerSettings(BaseModel):
     memory_budget: int = Field(default=_membudget.DEFAULT_MEMORY_BUDGET, gt=0)
     #: Settings that reach the host which API clients may nonetheless set.
     allow: list[str] = []
+    #: Providers that run on the host (local, ssh) which API clients may nonetheless use.
+    providers: list[str] = []
+    #: The provider of requests that name none (``hutch serve --provider``),
+    #: where the sandbox defaults name none; unset: the daemon picks one that
+    #: isolates (see hutch.server.policy).
+    default_provider: str | None = None
     #: Resource limits (memory, cpus, pids) for requests that set none, and
     #: the most a request may ask for; see hutch.server.policy.
     limits: dict[str, Any] = {}
@@ -115,7 +121,7 @@ class ServerSettings(BaseModel):
     definitions: dict[str, dict[str, Any]] = {}
 
     def policy(self) -> OperatorPolicy:
-        return OperatorPolicy(self.allow, self.limits, self.ceilings)
+        return OperatorPolicy(self.allow, self.limits, self.ceilings, self.providers)
 
 
 # -- request bodies ------------------------------------------------------------------
@@ -473,7 +479,16 @@ async def run_exec(sandbox: Sandbox, body: ExecBody) -> ExecOutput:
 
 #: Where the validated ref of a request is kept in its ASGI scope.
 REF_SCOPE_KEY = "hutch.ref"
-_REF_BEARER = b"Bearer " + REF_PREFIX.encode()
+
+
+def bearer_credential(scope: Scope) -> bytes | None:
+    """The credential of a request's ``Authorization: Bearer <credential>``
+    (the scheme in any case, as RFC 9110 says), else None."""
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            scheme, _, credential = value.strip().partition(b" ")
+            return credential.strip() if scheme.lower() == b"bearer" else None
+    return None
 
 
 #: What a ref may do in its sandbox: work in it and drive its lifecycle. Not
@@ -518,33 +533,35 @@ def session_of(scope: Scope) -> str | None:
 
 
 class TokenAuth:
-    """Pure ASGI middleware: every request needs the bearer token when one is set,
-    or a ref (a credential for one sandbox), whether a token is set or not."""
+    """Pure ASGI middleware: every request, streams and websockets included,
+    needs the bearer token or a ref (a credential for one sandbox). With no
+    token set, only refs are taken: nothing is answered without a credential."""
 
     def __init__(
         self, app: ASGIApp, token: str | None, daemon: Callable[[], Daemon | None]
     ) -> None:
         self.app = app
-        self.expected = f"Bearer {token}".encode() if token else None
+        self.expected = token.encode() if token else None
         self.daemon = daemon
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        given = b""
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                given = value
-                break
-        if given.startswith(_REF_BEARER):
+        given = bearer_credential(scope)
+        if given is not None and given.startswith(REF_PREFIX.encode()):
             await self._with_ref(given, scope, receive, send)
             return
         # Constant time: how much of a guess matched must not show in the timing.
-        if self.expected is not None and not hmac.compare_digest(given, self.expected):
+        if (
+            self.expected is None or given is None
+            or not hmac.compare_digest(given, self.expected)
+        ):
             await self._refuse(scope, send, Unauthorized(
-                "missing or wrong token: set HUTCH_TOKEN to the daemon's token "
-                "(clients send it as Authorization: Bearer <token>)"
+                "missing or wrong token: set HUTCH_TOKEN to the daemon's token (its "
+                "operator's, or the one it made in the file api-token of its data directory, "
+                "which its own user's clients read on their own); clients send it as "
+                "Authorization: Bearer <token>"
             ))
             return
         await self.app(scope, receive, send)
@@ -555,7 +572,7 @@ class TokenAuth:
             await self._refuse(scope, send, Unauthorized("the daemon is not ready for refs"))
             return
         try:
-            ref = daemon.check_ref(given[len(b"Bearer "):].decode("latin-1"))
+            ref = daemon.check_ref(given.decode("latin-1"))
         except HutchError as exc:
             await self._refuse(scope, send, exc)
             return
@@ -582,17 +599,23 @@ class TokenAuth:
 
     @staticmethod
     async def _refuse(scope: Scope, send: Send, exc: HutchError) -> None:
-        if scope["type"] == "websocket":
-            await send({"type": "websocket.close", "code": 4000 + exc.http_status})
-            return
         body = render_json(error_json(exc))
         headers = [(b"content-type", b"application/json"),
                    (b"content-length", str(len(body)).encode())]
         if exc.http_status == 401:
             headers.append((b"www-authenticate", b"Bearer"))
-        await send({"type": "http.response.start", "status": exc.http_status,
+        prefix = "http"
+        if scope["type"] == "websocket":
+            if "websocket.http.response" not in scope.get("extensions", {}):
+                # A server that cannot answer a handshake with a status: a close
+                # before accepting (the client sees 403), its code saying the status.
+                await send({"type": "websocket.close", "code": 4000 + exc.http_status})
+                return
+            # The handshake answered with the error's own status and body.
+            prefix = "websocket.http"
+        await send({"type": f"{prefix}.response.start", "status": exc.http_status,
                     "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await send({"type": f"{prefix}.response.body", "body": body})
 
 
 # -- request bodies ------------------------------------------------------------------------------
@@ -1170,7 +1193,7 @@ def create_app(
             settings.data_dir, sandbox_defaults=settings.sandbox_defaults,
             timeout_ceiling=settings.timeout_ceiling,
             retention_seconds=settings.retention_seconds, policy=settings.policy(),
-            definitions=settings.definitions,
+            definitions=settings.definitions, default_provider=settings.default_provider,
         )
         try:
             await daemon.start()

@@ -54,7 +54,7 @@ from .._sandbox import (
     new_sandbox_id,
 )
 from .._snapshots import Snapshot, SnapshotDependent, new_snapshot_id
-from ..config import OPTION_KEYS, SandboxSpec, resolve_spec
+from ..config import OPTION_KEYS, SandboxSpec, requested_provider, resolve_spec
 from ..definitions import Definition, Definitions, DirSource, GitSource, SandboxHost
 from ..definitions.ensure import (
     HELD_BY_DAEMON,
@@ -77,7 +77,7 @@ from ..store import (
     Store,
     WorkspaceRow,
 )
-from .policy import OperatorPolicy
+from .policy import OperatorPolicy, pick_default_provider
 
 log = logging.getLogger("hutch.daemon")
 
@@ -164,6 +164,7 @@ class Daemon:
         store: Store | None = None,
         policy: OperatorPolicy | None = None,
         definitions: Mapping[str, Mapping[str, Any]] | None = None,
+        default_provider: str | None = None,
     ) -> None:
         #: What API clients may ask for: host-reaching settings, limits.
         self.policy = policy or OperatorPolicy()
@@ -173,6 +174,8 @@ class Daemon:
             store = SQLiteStore(make_private_file(os.path.join(self.data_dir, "hutch.db")))
         self.store = store
         self.sandbox_defaults = dict(sandbox_defaults or {})
+        #: The provider of requests that name none (see default_provider()).
+        self._default_provider = default_provider
         if not 0 < retention_seconds < math.inf:
             raise InvalidArgument(
                 f"retention must be a positive number of seconds, got {retention_seconds!r}"
@@ -209,6 +212,11 @@ class Daemon:
         #: the operator's own from hutch.toml, which may use the host.
         self.definitions = Definitions(_DaemonHost(self))
         for name, table in (definitions or {}).items():
+            if "provider" not in table:  # the daemon's default, with the operator's settings
+                provider = resolve_spec(server_defaults=self.sandbox_defaults,
+                                        default_provider=self.default_provider()).provider
+                table = {**table, "provider": provider.model_dump(mode="json", exclude_unset=True)
+                         | {"type": provider.type}}
             self.definitions.put(Definition.parse(table, definition_id=name))
 
     # -- persistence of transitions ---------------------------------------------------
@@ -324,13 +332,36 @@ class Daemon:
         log.warning("workspace %s is stale: its sandbox %s ended (%s)", name, sandbox_id, reason)
 
     # -- sandboxes ---------------------------------------------------------------------
+    def default_provider(self) -> str:
+        """The provider of a request that names none: the operator's (``provider``
+        in the server's sandbox defaults, else ``hutch serve --provider``), else
+        the first isolating provider whose engine answers here. Never one that
+        runs on the host (``local``) unless the operator chose it; in-process
+        use keeps ``local`` as its built-in default (hutch.config)."""
+        named = self.sandbox_defaults.get("provider")
+        if named:
+            return str(named)
+        if self._default_provider is None:
+            self._default_provider = pick_default_provider()
+        return self._default_provider
+
+    def admit_provider(self, name: str) -> None:
+        """Refuse ``name`` to an API client if it runs on the host and the
+        operator has not allowed it (see hutch.server.policy)."""
+        self.policy.admit_provider(name, self.default_provider())
+
     def spec_from_request(
         self, body: Mapping[str, Any], *, daemon_settings: Mapping[str, Any] | None = None
     ) -> SandboxSpec:
         """The spec a client's request asks for, as the operator's policy admits
         it; ``daemon_settings`` are the daemon's own (a workspace's directory),
         added after the check."""
-        spec = resolve_spec(flags=body, server_defaults=self.sandbox_defaults)
+        default = self.default_provider()
+        self.admit_provider(requested_provider(
+            flags=body, server_defaults=self.sandbox_defaults, default_provider=default
+        ))
+        spec = resolve_spec(flags=body, server_defaults=self.sandbox_defaults,
+                            default_provider=default)
         try:  # the operator's own settings for this provider, if they stand alone
             operators: BaseModel | None = resolve_spec(
                 flags={"provider": spec.provider_name}, server_defaults=self.sandbox_defaults
@@ -541,7 +572,10 @@ class Daemon:
                 "Other sources are the operator's: put the definition in the daemon's hutch.toml"
             )
         settings = d.provider.model_dump(exclude_unset=True, exclude={"type"})
-        admitted = self.spec_from_request({**settings, "provider": d.provider.type})
+        # A definition that names no provider gets the daemon's default, not
+        # the in-process one (local).
+        named = {"provider": d.provider.type} if "provider" in d.model_fields_set else {}
+        admitted = self.spec_from_request({**settings, **named})
         d = d.model_copy(update={"provider": admitted.provider})
         return self.definitions.put(d)
 
@@ -665,6 +699,7 @@ class Daemon:
         self, snapshot_id: str, body: Mapping[str, Any]
     ) -> Sandbox:
         snapshot = self.get_snapshot(snapshot_id)
+        self.admit_provider(snapshot.provider)
         spec = self.attach_spec(snapshot, body)
         sandbox = await self.create_sandbox(spec, from_snapshot=snapshot)
         self.store.log_event(sandbox.id, "attached", f"started from snapshot {snapshot.id}")
@@ -678,6 +713,7 @@ class Daemon:
             raise InvalidArgument(f"fork count must be an integer from 0 to {MAX_FORK}")
         origin = self.get(sandbox_id)
         origin.require("fork")
+        self.admit_provider(origin.provider)
         previous_base = origin.base_snapshot_id
         snapshot = await self.snapshot_sandbox(sandbox_id, label)
         branches: list[Sandbox] = []
@@ -1122,6 +1158,7 @@ class Daemon:
             if not isinstance(source_id, str):
                 raise InvalidArgument("snapshot_tag: a snapshot id (a string)")
             source = self.get_snapshot(source_id)
+            self.admit_provider(source.provider)
             spec = self.attach_spec(source, body)
         else:
             spec = self.spec_from_request(body)
@@ -1256,6 +1293,8 @@ class Daemon:
         # clean stop, it did not.
         clean = self.store.get_meta(CLEAN_STOP) is not None
         self.store.set_meta(CLEAN_STOP, None)
+        default = await anyio.to_thread.run_sync(self.default_provider)
+        log.info("requests that name no provider get %r", default)
         await self.reconcile(after_clean_stop=clean)
         await self._free_failed_to_be_pruned()
         self.prune_ended()
@@ -1383,11 +1422,15 @@ class Daemon:
                 return
             state = recorded  # its state is on disk: resume tells what is wrong
         if state is None:
+            # As a death seen while the daemon runs: what the runtime held
+            # goes, its working directory stays (a workspace's becomes its
+            # state) until the sandbox is deleted (``_free_failed``).
+            with contextlib.suppress(HutchError):
+                await backend.release_runtime()
+            row.description = backend.describe()
             self._mark_lost(row, "lost: its runtime died while the daemon was down")
             if row.workspace is not None:
                 await self._salvage_workspace(row, backend)
-            with contextlib.suppress(HutchError):
-                await backend.close()
             return
         if state is not recorded:
             # A step cut short between the provider and the store (a suspend

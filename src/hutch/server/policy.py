@@ -8,6 +8,14 @@ Provider-neutral: it reads the marks each provider puts on its config model
   ``permission_denied`` unless the operator allows it by name (``hutch serve
   --allow NAME``, or ``allow = [...]`` under ``[server]`` in hutch.toml) or
   set it themselves in the server's sandbox defaults.
+- A provider that runs on the host itself (its ``runs_on_host`` capability:
+  ``local``, ``ssh``) is refused with ``permission_denied`` unless the operator
+  allows it (``hutch serve --allow-provider NAME``, or ``providers = [...]``
+  under ``[server]``) or made it the daemon's default provider.
+- A request that names no provider gets the operator's default provider
+  (``[sandbox] provider`` in hutch.toml, or ``hutch serve --provider``), else
+  the first of :data:`ISOLATING_DEFAULTS` whose engine answers: never one that
+  runs on the host unless the operator chose it.
 - Resource limits a request leaves unset get the server's defaults; a value
   over the operator's ceiling is refused with ``invalid_argument``.
 """
@@ -30,7 +38,7 @@ from ..providers.policy import (
     limits,
     parse_bytes,
 )
-from ..providers.registry import available_providers, get_provider
+from ..providers.registry import available_providers, get_provider, provider_known
 
 #: Limits a sandbox made through the daemon gets when neither the request nor
 #: the operator says otherwise (each where its provider declares the limit;
@@ -48,6 +56,15 @@ DEFAULT_CEILINGS: dict[str, float] = {
     "pids": 32768,
     "disk": 256 * 1024**3,
 }
+
+#: The default providers of a daemon whose operator names none, by preference:
+#: the first whose engine answers here, else the last.
+ISOLATING_DEFAULTS = ("docker", "bubblewrap")
+
+_HOW_TO_ALLOW_PROVIDER = (
+    "start the daemon with `hutch serve --allow-provider {name}`, or add \"{name}\" to "
+    "`providers` under [server] in hutch.toml"
+)
 
 _HOW_TO_ALLOW = (
     "start the daemon with `hutch serve --allow {name}`, or add \"{name}\" to `allow` "
@@ -67,6 +84,19 @@ def host_reaching_setting_names() -> set[str]:
             if any(isinstance(m, ReachesHost) for m in field.metadata):
                 names.add(name)
     return names
+
+
+def pick_default_provider() -> str:
+    """The provider of requests that name none where the operator chose none:
+    the first of :data:`ISOLATING_DEFAULTS` whose engine answers, else the last."""
+    for name in ISOLATING_DEFAULTS[:-1]:
+        try:
+            provider = get_provider(name)
+        except InvalidArgument:  # its client library is not installed
+            continue
+        if not provider.capabilities.runs_on_host and provider.answers_here():
+            return name
+    return ISOLATING_DEFAULTS[-1]
 
 
 def parse_limit(kind: str, value: Any) -> float:
@@ -92,7 +122,16 @@ class OperatorPolicy:
         allow: Collection[str] = (),
         limit_defaults: Mapping[str, Any] | None = None,
         limit_ceilings: Mapping[str, Any] | None = None,
+        providers: Collection[str] = (),
     ) -> None:
+        unknown_providers = sorted(p for p in set(providers) if not provider_known(p))
+        if unknown_providers:
+            raise InvalidArgument(
+                f"cannot allow provider {', '.join(unknown_providers)}: no such provider "
+                f"(available: {', '.join(available_providers())})"
+            )
+        #: Providers that run on the host which API clients may nonetheless use.
+        self.providers = frozenset(providers)
         known = host_reaching_setting_names()
         unknown = sorted(set(allow) - known)
         if unknown:
@@ -112,6 +151,22 @@ class OperatorPolicy:
                     f"default {kind} limit {_shown(kind, default)} is over its ceiling "
                     f"{_shown(kind, ceiling)}"
                 )
+
+    def admit_provider(self, name: str, default: str | None) -> None:
+        """Refuse provider ``name`` to an API client if it runs on the host and
+        the operator neither allowed it nor made it the ``default``."""
+        if name in self.providers or name == default:
+            return
+        try:
+            provider = get_provider(name)
+        except InvalidArgument:
+            return  # unknown, or not installed: resolve_spec says which
+        if provider.capabilities.runs_on_host:
+            raise SandboxPermissionDenied(
+                f"provider {name!r} runs commands on the host itself, not in a sandbox of "
+                f"their own; through the daemon only its operator may hand it out. To allow "
+                f"it, " + _HOW_TO_ALLOW_PROVIDER.format(name=name)
+            )
 
     def admit(self, requested: BaseModel, operators: BaseModel | None) -> BaseModel:
         """``requested`` (a provider config a client asked for) as the daemon runs

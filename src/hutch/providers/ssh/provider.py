@@ -70,7 +70,7 @@ class SshSandbox(NativeBackend, FilesRuntime):
     # host and its files as they are. ``preview_url`` only for a sandbox
     # with preview_url_base (see sandbox_capabilities).
     capabilities = Capabilities(
-        processes=True, users=True, preview_url=False,
+        processes=True, users=True, preview_url=False, runs_on_host=True,
         extra=frozenset({"host_outlives_sandbox"}),
     )
     config_model = SshConfig
