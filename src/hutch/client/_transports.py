@@ -164,11 +164,7 @@ class AsyncTransport(_Transport):
         base, uds = http_target(self.url)
         self.pool = httpx.AsyncHTTPTransport(uds=uds, verify=tls_verify(base))
         self.http = httpx.AsyncClient(
-<<<<<<< HEAD
-            base_url=base, headers=client_headers(token), verify=tls_verify(base),
-=======
-            base_url=base, headers=client_headers(token, self.url),
->>>>>>> main
+            base_url=base, headers=client_headers(token, self.url), verify=tls_verify(base),
             transport=None if uds is None else self.pool,
         )
         self.plain = _PlainCalls(base, self.http.headers)
@@ -244,11 +240,7 @@ class SyncTransport(_Transport):
         base, uds = http_target(self.url)
         self.pool = httpx.HTTPTransport(uds=uds, verify=tls_verify(base))
         self.http = httpx.Client(
-<<<<<<< HEAD
-            base_url=base, headers=client_headers(token), verify=tls_verify(base),
-=======
-            base_url=base, headers=client_headers(token, self.url),
->>>>>>> main
+            base_url=base, headers=client_headers(token, self.url), verify=tls_verify(base),
             transport=None if uds is None else self.pool,
         )
         self.plain = _PlainCalls(base, self.http.headers)
