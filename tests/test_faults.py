@@ -65,8 +65,10 @@ class Armed:
     def __init__(self, directory: str) -> None:
         self.file = os.path.join(directory, "fault")
         Path(self.file).write_text("")
-        self.daemon = DaemonProcess(extra_args=["--allow", "host_workdir"],
-                                    extra_env={"HUTCH_FAULT": f"file:{self.file}"})
+        self.daemon = DaemonProcess(
+            extra_args=["--allow", "host_workdir", "--allow-provider", "local"],
+            extra_env={"HUTCH_FAULT": f"file:{self.file}"},
+        )
 
     def arm(self, point: str | None) -> None:
         Path(self.file).write_text(point or "")

@@ -215,10 +215,13 @@ def test_a_suspended_sandbox_whose_image_is_removed_fails_within_seconds(
         kept = c.create_sandbox("docker", image=TEST_IMAGE)
         for each in (sb, kept):
             each.write_text("kept.txt", "kept")
+            each.write_text(f"kept-{each.id}.txt", "kept")
             each.suspend()
         docker.APIClient().remove_image(f"hutch-suspended:{sb.id}", force=True)
         info = failed_within(c, sb.id, NOTICED_WITHIN)
         assert "removed outside hutch" in info["reason"], info
+        # Its working directory is readable on the host, as a running one's would be.
+        assert "kept" in host_copies(daemon.data_dir, f"kept-{sb.id}.txt"), daemon.log()
         # Another sandbox's image, and hutch's own removals, fail nothing.
         kept.resume()
         kept.suspend()
@@ -229,13 +232,25 @@ def test_a_suspended_sandbox_whose_image_is_removed_fails_within_seconds(
         kept.close()
 
 
+@pytest.fixture
+def preserving_daemon() -> Iterator[DaemonProcess]:
+    """A daemon whose operator lets clients keep containers (``preserve``)."""
+    d = DaemonProcess(extra_args=("--allow", "preserve")).start()
+    yield d
+    try:
+        d.remove_everything()
+    finally:
+        d.close()
+
+
 @pytest.mark.docker
 def test_a_preserved_container_removed_outside_hutch_releases_its_mounts(
-    daemon: DaemonProcess,
+    preserving_daemon: DaemonProcess,
 ) -> None:
     """Issue 20, item 6: a preserved container (kept after its sandbox was
     deleted, its size-capped working directory loop-mounted for it) removed
     with ``docker rm -f``: its loop device and mounts go with it."""
+    daemon = preserving_daemon
     with client(daemon) as c:
         sb = c.create_sandbox("docker", image=TEST_IMAGE, preserve=True, disk="64m")
         sb.write_text("kept.txt", "kept")

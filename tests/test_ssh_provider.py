@@ -347,10 +347,10 @@ async def test_exit_by_signal_is_128_plus_n(sandbox: Any) -> None:
     assert (await sandbox.exec("kill -TERM $$")).exit_code == 143
 
 
-async def test_unknown_user_is_invalid(sandbox: Any) -> None:
-    with pytest.raises(hutch.InvalidArgument) as info:
-        await sandbox.exec(["true"], user="hutch-no-such-user")
-    assert ALIAS in str(info.value)
+async def test_unknown_user_is_a_command_that_failed_to_start(sandbox: Any) -> None:
+    result = await sandbox.exec(["true"], user="hutch-no-such-user")
+    assert result.exit_code == 126
+    assert "no such user 'hutch-no-such-user'" in result.stderr and ALIAS in result.stderr
 
 
 # -- the host is not hutch's ----------------------------------------------------------

@@ -4,9 +4,10 @@ Either side may be ``SANDBOX:PATH``; the other is a path on this machine. As
 with ``cp -r``, a source copied onto an existing directory (or a path ending
 in ``/``) lands inside it under its own name; otherwise the destination is
 the copy. Files already there are replaced, both ways, as ``cp`` replaces
-them. File modes go
-with the files (into a sandbox through one ``chmod`` per mode, where the
-sandbox runs processes).
+them. File modes go with the files into a sandbox (one ``chmod`` per
+mode, where the sandbox runs processes). Out of one, they come without
+privilege: the caller's own files, never setuid, setgid or sticky, and never
+a device node or a FIFO (see :func:`download`).
 """
 
 from __future__ import annotations
