@@ -26,6 +26,7 @@ import pytest
 
 import hutch
 from hutch._sandbox import backend_of
+from hutch.providers import _docker_engine as docker_engine
 from hutch.providers import docker as docker_provider
 from hutch.providers.docker import DockerSandbox
 from tests.test_docker_freeze import sb  # noqa: F401 - a fixture: a native docker sandbox
@@ -66,7 +67,7 @@ async def test_output_read_with_the_headers_is_kept(
 
     monkeypatch.setattr(http.client.HTTPResponse, "begin", begin_late)
     monkeypatch.setattr(
-        docker_provider, "_api_client", SlowToReadHeaders(docker_provider.engine(), late)
+        docker_engine, "_api_client", SlowToReadHeaders(docker_provider.engine(), late)
     )
     for n in range(3):
         result = await sb.exec(["sh", "-c", f"echo out-{n}; echo err-{n} >&2"])
@@ -128,7 +129,7 @@ async def test_an_exec_whose_stream_never_ends_fails_once_its_process_is_gone(
     backend = backend_of(sb)
     assert isinstance(backend, DockerSandbox)
     broken = EngineThatNeverEnds(docker_provider.engine(), lose_exit=lose_exit)
-    monkeypatch.setattr(docker_provider, "_api_client", broken)
+    monkeypatch.setattr(docker_engine, "_api_client", broken)
     monkeypatch.setattr(docker_provider, "EXEC_DRAIN_SECONDS", 1.0)
     try:
         with anyio.fail_after(60):  # without the guard: forever

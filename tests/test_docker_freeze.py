@@ -28,6 +28,7 @@ import requests
 
 import hutch
 from hutch._sandbox import backend_of
+from hutch.providers import _docker_engine as docker_engine
 from hutch.providers import docker as docker_provider
 from hutch.providers.base import ProcessRequest
 from hutch.providers.docker import DockerSandbox
@@ -153,7 +154,7 @@ async def test_a_lagging_paused_flag_neither_fails_an_exec_nor_leaves_the_sandbo
     backend = backend_of(sb)
     assert isinstance(backend, DockerSandbox) and backend.container_id is not None
     container = backend.container_id
-    monkeypatch.setattr(docker_provider, "_api_client", LaggingEngine(docker_provider.engine()))
+    monkeypatch.setattr(docker_engine, "_api_client", LaggingEngine(docker_provider.engine()))
     for _ in range(3):
         await backend.pause()
         assert cgroup_frozen(container)
@@ -189,7 +190,7 @@ async def test_a_pause_runc_could_not_freeze_at_once_is_tried_again(
     backend = backend_of(sb)
     assert isinstance(backend, DockerSandbox) and backend.container_id is not None
     slow = SlowToFreezeEngine(docker_provider.engine())
-    monkeypatch.setattr(docker_provider, "_api_client", slow)
+    monkeypatch.setattr(docker_engine, "_api_client", slow)
     await backend.pause()
     assert slow.refused == 1 and cgroup_frozen(backend.container_id)
     await backend.unpause()

@@ -213,8 +213,8 @@ async def test_a_program_dying_in_a_capture_leaves_nothing_stopped_or_unmounted(
     """A program killed while it held the container paused (and, after the
     move, the directory unmounted): the next one to reconnect mends both."""
     from hutch._sandbox import backend_of
+    from hutch.providers import _docker_engine as docker_engine
     from hutch.providers import _layers
-    from hutch.providers import docker as docker_provider
     from hutch.providers.docker import DockerSandbox
 
     origin = await hutch.create_sandbox(
@@ -227,7 +227,7 @@ async def test_a_program_dying_in_a_capture_leaves_nothing_stopped_or_unmounted(
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the program that dies
             try:
-                docker_provider._api_client = None  # a connection of its own
+                docker_engine._api_client = None  # a connection of its own
                 if dies_at == "before the move":
                     _layers.freeze = lambda *args, **kwargs: os._exit(9)  # type: ignore[assignment]
                 else:

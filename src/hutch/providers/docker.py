@@ -71,6 +71,10 @@ from .._types import (
 )
 from . import _dockernet, _layers
 from ._diskcap import image_for, mount_capped, unmount_capped
+from ._docker_engine import call as _call
+from ._docker_engine import engine
+from ._docker_engine import explanation as _explanation
+from ._docker_engine import status_of as _status
 from ._docker_outside import (
     kept_for_preserved_container,
     preserved_container_removed,
@@ -237,47 +241,6 @@ class DockerConfig(ProviderSettings):
 
 # -- the engine connection ------------------------------------------------------
 
-_api_lock = threading.Lock()
-_api_client: Any = None
-
-
-def engine() -> Any:
-    """One low-level docker API client per process (it pools connections)."""
-    global _api_client
-    with _api_lock:
-        if _api_client is None:
-            import docker
-
-            try:
-                # A pool as wide as the execs a daemon runs at once, so that
-                # concurrent calls do not open and drop connections.
-                _api_client = docker.APIClient(version="auto", timeout=600, max_pool_size=64)
-            except docker.errors.DockerException as exc:
-                raise SandboxUnavailable(
-                    f"cannot reach the Docker Engine: {exc} (scripts/ensure-docker.sh starts one)"
-                ) from None
-        return _api_client
-
-
-def _status(exc: BaseException) -> int | None:
-    response = getattr(exc, "response", None)
-    return getattr(response, "status_code", None)
-
-
-def _explanation(exc: BaseException) -> str:
-    return str(getattr(exc, "explanation", None) or exc)
-
-
-#: The host's path to a container's root file system, as the Engine's messages
-#: name it (``/var/lib/docker/overlay2/<id>/merged``): never shown to a caller.
-_HOST_ROOT = re.compile(r"/\S*?/(?:overlay2?|aufs|btrfs|zfs|vfs|fuse-overlayfs)/[^/\s]+/merged")
-
-
-def _sandbox_view(text: str) -> str:
-    """An Engine message with host paths turned into the sandbox's own paths."""
-    return _HOST_ROOT.sub("", text)
-
-
 #: The running watchers (``watch_runtimes``): their loops and report callbacks.
 _WATCHERS: list[tuple[asyncio.AbstractEventLoop, RuntimeReport]] = []
 _TELLING: set[asyncio.Future[None]] = set()
@@ -323,26 +286,6 @@ def pids_refusals(container_id: str) -> int | None:
             return _workload.event_count(fh.read(), "max")
     except (OSError, ValueError):
         return None
-
-
-def _map_engine_error(exc: BaseException, path: str | None = None) -> HutchError:
-    text = _sandbox_view(_explanation(exc))
-    lowered = text.lower()
-    if "no such container" in lowered:
-        # The sandbox's container is gone (removed outside hutch): not a
-        # missing file, whatever the call was about.
-        return SandboxUnavailable(f"docker: its container is gone ({text})")
-    if path is not None:
-        if _status(exc) == 404 or "no such file" in lowered or "not a directory" in lowered:
-            return SandboxFileNotFound(f"no such file or directory: {path}")
-        if "permission denied" in lowered or "operation not permitted" in lowered:
-            return SandboxPermissionDenied(f"permission denied: {path}")
-        if "read-only" in lowered:
-            return SandboxPermissionDenied(f"read-only file system: {path}")
-        if "too many links" in lowered:
-            return InvalidArgument(f"{path}: too many levels of symbolic links")
-    return ProviderError(f"docker: {text}")
-
 
 
 # -- exec starts and freezes -------------------------------------------------------
@@ -692,23 +635,6 @@ def wait_until_started(api: Any, exec_id: str) -> int | None:
     return None
 
 
-async def _call(fn: Any, *args: Any, path: str | None = None, **kwargs: Any) -> Any:
-    """Run a blocking SDK call in a thread, mapping engine errors to ours."""
-    import docker.errors
-
-    def run() -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except docker.errors.APIError as exc:
-            raise _map_engine_error(exc, path) from None
-        except (docker.errors.DockerException, OSError) as exc:
-            if isinstance(exc, HutchError):
-                raise
-            raise ProviderError(f"docker: {_sandbox_view(str(exc))}") from None
-
-    return await anyio.to_thread.run_sync(run)
-
-
 def list_managed_containers(*, with_labels: bool = False) -> list[tuple[str, str, Any]]:
     """(sandbox_id, container_id, status) of every container hutch made;
     with ``with_labels`` the third item is the container's labels instead."""
@@ -742,7 +668,7 @@ def _own_image_bytes(api: Any, image_id: str) -> int:
 def configured_image(config: DockerConfig) -> str:
     """The Docker image ``config.image`` names: this home's hutch image of that
     name (its tag is scoped to the home), else Docker's own."""
-    from ..images import docker_reference
+    from .images import docker_reference
 
     return docker_reference(config.image)
 
@@ -888,7 +814,7 @@ EXEC_DRAIN_SECONDS = 15.0
 EXEC_CHECK_MAX_SECONDS = 2.0
 #: Output pieces an exec's reader thread hands on before it waits for them
 #: to be taken: a consumer slower than the command holds this much, not all.
-EXEC_QUEUE_CHUNKS = 64
+EXEC_QUEUE_CHUNKS = 16
 
 
 @dataclasses.dataclass(frozen=True)

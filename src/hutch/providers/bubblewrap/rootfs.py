@@ -7,11 +7,11 @@ import fcntl
 import os
 import re
 import shutil
-import subprocess
 import tempfile
-from typing import Any
 
-from ..._errors import InvalidArgument, NotFound, ProviderError
+from ..._errors import InvalidArgument, NotFound
+from ..images import hutch_image_rootfs
+from ..images.in_docker import export_rootfs, image_id
 from .provisioning import check_layer_path
 
 
@@ -38,8 +38,6 @@ def resolve_rootfs(rootfs: str | None, image: str | None) -> str:
     if rootfs is not None:
         return _check_root(os.path.realpath(rootfs))
     assert image is not None
-    from ...images import hutch_image_rootfs
-
     built = hutch_image_rootfs(image)
     if built is not None:
         return _check_root(built, image)
@@ -63,27 +61,14 @@ def _safe(name: str) -> str:
 
 def docker_image_rootfs(image: str) -> str:
     """``image``'s file system, exported from Docker once per image id."""
-    from ..docker import engine
-
-    api: Any = engine()
-    import docker.errors
-
-    try:
-        info = api.inspect_image(image)
-    except docker.errors.ImageNotFound:
+    found = image_id(image)
+    if found is None:
         raise NotFound(
             f"no hutch image or Docker image named {image!r} (hutch image build makes one)"
-        ) from None
-    except docker.errors.APIError as exc:  # a name the Engine refuses (upper case, ...)
-        raise InvalidArgument(
-            f"image {image!r}: {getattr(exc, 'explanation', None) or exc}"
-        ) from None
-    except docker.errors.DockerException as exc:
-        raise ProviderError(f"image {image!r}: the Docker Engine: {exc}") from None
-    image_id = str(info["Id"]).split(":")[-1][:16]
+        )
     base = os.path.join(cache_dir(), "rootfs")
     os.makedirs(base, exist_ok=True)
-    target = os.path.join(base, f"{_safe(image)}-{image_id}")
+    target = os.path.join(base, f"{_safe(image)}-{found.split(':')[-1][:16]}")
     if os.path.isdir(target):
         return target
     with open(os.path.join(base, ".lock"), "w") as lock:
@@ -92,32 +77,10 @@ def docker_image_rootfs(image: str) -> str:
             return target
         work = tempfile.mkdtemp(prefix=".export-", dir=base)
         try:
-            _export(api, image, work)
+            export_rootfs(image, work)
             os.rename(work, target)
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
             raise
     return target
 
-
-def _export(api: Any, image: str, into: str) -> None:
-    container = api.create_container(image, command=["/bin/true"], labels={"hutch.export": "1"})
-    cid = container["Id"]
-    try:
-        tar = subprocess.Popen(
-            ["tar", "-x", "--numeric-owner", "-C", into],
-            stdin=subprocess.PIPE, stderr=subprocess.PIPE,
-        )
-        assert tar.stdin is not None
-        try:
-            for chunk in api.export(cid):
-                tar.stdin.write(chunk)
-        finally:
-            tar.stdin.close()
-        tar.wait()
-        assert tar.stderr is not None
-        err = tar.stderr.read()
-        if tar.returncode != 0:
-            raise ProviderError(f"unpacking {image}: {err.decode(errors='replace').strip()}")
-    finally:
-        api.remove_container(cid, force=True)
