@@ -60,7 +60,7 @@ from ..._errors import InvalidArgument, ProviderError, SandboxUnavailable
 from ..._liveness import process_start_time, still_running
 from ..._paths import hutch_home
 from .. import _mounts
-from . import userns
+from . import mountns, userns
 from .cgroups import JOIN_AND_EXEC, SandboxCgroup, leave_thread, thread_home
 from .seccomp import compile_filter
 
@@ -658,6 +658,8 @@ def start_keeper(
         layers.mount()
         if agent is not None:
             _mount(agent[0], AGENT_POINT, None, _MS_BIND, None)
+        # Of the host's mounts copied in, only what runs here uses stays.
+        mountns.keep_only((SHARED_POINTS, layers.sandbox_dir))
         argv = bwrap if joined else ["/bin/sh", "-c", JOIN_AND_EXEC, "hutch-keeper", *bwrap]
         with open(log_path, "ab") as log:
             return subprocess.Popen(
