@@ -13,6 +13,8 @@ import json
 from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
+from ._errors import InvalidArgument
+
 REF_PREFIX = "hutch-ref:"
 
 
@@ -61,3 +63,19 @@ def unix_socket_of(url: str) -> str | None:
     if not url.startswith(UNIX_SCHEME):
         return None
     return unquote(url[len(UNIX_SCHEME):].rstrip("/"))
+
+
+#: Longest a ref may live: a year, as every duration the API takes.
+MAX_REF_SECONDS = 365 * 86400.0
+
+
+def check_ref_lifetime(expires_in: float) -> None:
+    if (
+        isinstance(expires_in, bool)
+        or not isinstance(expires_in, int | float)
+        or not 0 < expires_in <= MAX_REF_SECONDS
+    ):
+        raise InvalidArgument(
+            f"expires_in must be a number of seconds above 0 and at most {MAX_REF_SECONDS:g}, "
+            f"got {expires_in!r}"
+        )

@@ -45,11 +45,10 @@ from .._errors import (
 from .._faults import fault_point
 from .._guardrail import ReadBeforeWriteGuard, session_guard
 from .._paths import hutch_home
-from .._refwire import DaemonRef, decode_ref
+from .._refwire import DaemonRef, check_ref_lifetime, decode_ref
 from .._sandbox import (
     Sandbox,
     backend_of,
-    check_ref_lifetime,
     guard_enabled,
     lifecycle_record,
     new_sandbox_id,
