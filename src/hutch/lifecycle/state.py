@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 
 from .._errors import InvalidState
 from ..providers.base import RuntimeState
@@ -33,6 +34,34 @@ FINAL = frozenset({S.TERMINATED, S.FAILED})
 def check_transition(sandbox_id: str, old: SandboxState, new: SandboxState) -> None:
     if new not in ALLOWED[old]:
         raise InvalidState(f"sandbox {sandbox_id} is {old.value}; it cannot become {new.value}")
+
+
+@dataclass(frozen=True)
+class SandboxStatus:
+    """What a dashboard shows; reading it is not activity."""
+
+    id: str
+    state: SandboxState
+    reason: str | None
+    created_at_unix: float
+    last_active_unix: float
+    #: None once the sandbox has ended: nothing is idle any more.
+    idle_seconds: float | None
+    deadline_unix: float | None
+    meter: dict[str, float]
+
+    def as_dict(self) -> dict[str, object]:
+        """Plain JSON-ready data (for the wire and ``hutch ls``)."""
+        return {
+            "id": self.id,
+            "state": self.state.value,
+            "reason": self.reason,
+            "created_at_unix": self.created_at_unix,
+            "last_active_unix": self.last_active_unix,
+            "idle_seconds": self.idle_seconds,
+            "deadline_unix": self.deadline_unix,
+            "meter": dict(self.meter),
+        }
 
 
 def found_state(recorded: SandboxState, observed: RuntimeState) -> SandboxState | None:

@@ -44,9 +44,9 @@ HEADER = struct.Struct(">Q")
 #: A file with a NUL in its first this many bytes is binary and skipped.
 BINARY_PROBE = 8192
 #: What one match costs an answer beyond its line's characters: about what
-#: it adds to the daemon's memory and JSON (an object, a number; its path is
-#: one string that all of a file's matches share).
-MATCH_COST = 32
+#: it holds of the daemon's memory (an object, a number, a string's header;
+#: its path is one string that all of a file's matches share).
+MATCH_COST = 96
 
 
 def match_cost(line: str) -> int:

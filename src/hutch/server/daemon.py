@@ -45,11 +45,10 @@ from .._errors import (
 from .._faults import fault_point
 from .._guardrail import ReadBeforeWriteGuard, session_guard
 from .._paths import hutch_home
-from .._refwire import DaemonRef, decode_ref
+from .._refwire import DaemonRef, attachment_json, check_ref_lifetime, decode_ref
 from .._sandbox import (
     Sandbox,
     backend_of,
-    check_ref_lifetime,
     guard_enabled,
     lifecycle_record,
     new_sandbox_id,
@@ -120,14 +119,6 @@ class AttachedSession:
     session: str
     attached_at_unix: float
     last_used_unix: float
-
-
-def attachment_json(
-    session: str, ref: RefRow, attached_at_unix: float, last_used_unix: float | None
-) -> dict[str, Any]:
-    """One attached session as SandboxInfo lists it, in-process or through a server."""
-    return {"session": session, "ref_id": ref.id, "attached_at_unix": attached_at_unix,
-            "last_used_unix": last_used_unix, "expires_at_unix": ref.expires_at_unix}
 
 
 def default_data_dir() -> str:

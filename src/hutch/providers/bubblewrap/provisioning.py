@@ -468,8 +468,9 @@ class _Starter:
     keeper started with ``--die-with-parent`` dies when the *thread* that
     started it ends. After each start the thread goes back to the host's
     namespaces and to its own cgroups: each sandbox's mount namespace is
-    copied from the host's (never from the last sandbox's), and nothing of a
-    sandbox is kept alive by the thread."""
+    copied from the host's (never from the last sandbox's), then rid of every
+    host mount its keeper does not use (see :mod:`.mountns`), and nothing of
+    a sandbox is kept alive by the thread."""
 
     #: Network namespaces kept ready (each is a few kilobytes of the kernel's).
     SPARE_NETNS = 2
