@@ -474,6 +474,33 @@ def ref_(
         print(sb.ref(expires_in=expires_in))
 
 
+REF_COLUMNS = (
+    Column("REF"), Column("CREATED", drop=3), Column("EXPIRES", drop=1),
+    Column("LAST USED", drop=2), Column("WORKSPACE", cut=True, drop=4),
+)
+
+
+@app.command("refs")
+@reports_errors
+def refs_(
+    sandbox_id: str,
+    as_json: bool = typer.Option(False, "--json", help="Print the daemon's JSON as it is."),
+) -> None:
+    """The refs of a sandbox that still work, one line each."""
+    with client() as c:
+        found = c.get_sandbox(sandbox_id).info().get("refs") or []
+    if as_json:
+        print_json(found)
+        return
+    print_table(REF_COLUMNS, [
+        [r["ref_id"], ago(r.get("created_at_unix")),
+         f"in {duration(r['expires_at_unix'] - time.time())}" if r.get("expires_at_unix")
+         else "-",
+         ago(r.get("last_used_unix")), r.get("workspace") or "-"]
+        for r in found
+    ])
+
+
 @app.command("attach", context_settings={"allow_extra_args": True})
 @reports_errors
 def attach_(
@@ -808,6 +835,36 @@ def ensure(
     console.print(f"{made.sandbox.id} ({made.path})")
     for step in made.steps:
         console.print(f"  {step['name']:<24} {float(step['seconds']):8.2f} s")
+
+
+DEFINITION_COLUMNS = (
+    Column("ID"), Column("PROVIDER"), Column("REUSE", drop=2), Column("KEEP ALIVE", drop=1),
+    Column("SOURCE", cut=True, drop=3), Column("SETUP", cut=True),
+)
+
+
+@app.command()
+@reports_errors
+def definitions(
+    as_json: bool = typer.Option(False, "--json", help="Print the daemon's JSON as it is."),
+) -> None:
+    """The daemon's sandbox definitions, one line each."""
+    with client() as c:
+        found = c.definitions()
+    if as_json:
+        print_json(found)
+        return
+    rows = []
+    for d in found:
+        workspace, lifecycle = d.get("workspace") or {}, d.get("lifecycle") or {}
+        source = workspace.get("source") or {}
+        rows.append([
+            d["id"], (d.get("provider") or {}).get("type") or "-",
+            str(lifecycle.get("reuse") or "-"), duration(lifecycle.get("keep_alive")),
+            " ".join(f"{k}={v}" for k, v in source.items() if v is not None) or "-",
+            "; ".join(workspace.get("setup") or []) or "-",
+        ])
+    print_table(DEFINITION_COLUMNS, rows)
 
 
 @app.command()
