@@ -12,8 +12,10 @@ import subprocess
 import sys
 
 HERE = pathlib.Path(__file__).parent
-ORDER = ["local", "docker", "agent", "bwrap", "lifecycle", "daemon", "ssh", "fork", "ensure",
-         "memory"]
+ORDER = [
+    "local", "docker", "agent", "bwrap", "lifecycle", "daemon", "ssh", "fork", "ensure",
+    "memory", "cli",
+]
 
 
 def main(argv: list[str]) -> int:

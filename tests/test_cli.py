@@ -197,13 +197,94 @@ def test_version() -> None:
 def test_exec_forwards_stdin_and_caps_output(daemon: DaemonProcess) -> None:
     sid = make_local(daemon)
     try:
-        fed = hutch(daemon, "exec", sid, "--", "sh", "-c", "tr a-z A-Z; echo done",
+        fed = hutch(daemon, "exec", "-i", sid, "--", "sh", "-c", "tr a-z A-Z; echo done",
                     stdin="hello stdin\n")
         assert (fed.returncode, fed.stdout) == (0, "HELLO STDIN\ndone\n"), fed.stderr
+        # Without -i the command's stdin is empty, whatever ours holds.
+        unfed = hutch(daemon, "exec", sid, "--", "sh", "-c", "wc -c", stdin="not given\n")
+        assert (unfed.returncode, unfed.stdout.strip()) == (0, "0"), unfed.stderr
         capped = hutch(daemon, "exec", sid, "--output-limit", "1000", "--",
                        "head", "-c", "100000", "/dev/zero")
         assert capped.returncode != 0
         assert "output_limit_exceeded" in capped.stderr and "1000" in capped.stderr
+    finally:
+        hutch(daemon, "kill", sid)
+
+
+@pytest.mark.parametrize("command", ["exec", "attach"])
+def test_exec_under_a_harness_whose_stdin_stays_open(daemon: DaemonProcess,
+                                                     command: str) -> None:
+    """An agent's harness runs commands with a pipe for stdin that it never
+    closes: the command runs and hutch exits with it."""
+    sid = make_local(daemon)
+    try:
+        target = sid
+        if command == "attach":
+            target = hutch(daemon, "ref", sid).stdout.strip()
+        env = dict(os.environ, HUTCH_URL=daemon.url, HUTCH_TOKEN=daemon.token)
+        with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+            proc = subprocess.Popen([*HUTCH, command, target, "--", "echo", "ran"], env=env,
+                                    stdin=subprocess.PIPE, stdout=out, stderr=err, text=True)
+            try:
+                # The pipe stays open (communicate() would close it): a hang
+                # here is the bug, and the limit only ends the test.
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                pytest.fail(f"hutch {command} waited on a stdin it was not asked to forward")
+            finally:
+                assert proc.stdin is not None
+                proc.stdin.close()
+            out.seek(0)
+            err.seek(0)
+            assert (proc.returncode, out.read()) == (0, "ran\n"), err.read()
+    finally:
+        hutch(daemon, "kill", sid)
+
+
+def test_cp_overwrites_as_cp_does(daemon: DaemonProcess) -> None:
+    """Each hutch call is a new session that has read nothing: a person's
+    copy still replaces the file (read-before-write is for agents)."""
+    sid = make_local(daemon)
+    local = tempfile.mkdtemp()
+    source = os.path.join(local, "notes.txt")
+    tree = os.path.join(local, "tree")
+    os.makedirs(tree)
+    try:
+        for version in ("first\n", "second\n"):
+            with open(source, "w") as fh:
+                fh.write(version)
+            with open(os.path.join(tree, "inner.txt"), "w") as fh:
+                fh.write(version)
+            copied = hutch(daemon, "cp", source, f"{sid}:notes.txt")
+            assert copied.returncode == 0, copied.stderr
+            again = hutch(daemon, "cp", tree, f"{sid}:.")  # into ., as ./tree
+            assert again.returncode == 0, again.stderr
+            shown = hutch(daemon, "exec", sid, "--", "cat", "notes.txt", "tree/inner.txt")
+            assert shown.stdout == version * 2, shown.stderr
+            back = os.path.join(local, "back.txt")
+            assert hutch(daemon, "cp", f"{sid}:notes.txt", back).returncode == 0
+            with open(back) as fh:
+                assert fh.read() == version
+    finally:
+        hutch(daemon, "kill", sid)
+        shutil.rmtree(local, ignore_errors=True)
+
+
+def test_ref_revoke_needs_only_the_ref(daemon: DaemonProcess) -> None:
+    sid = make_local(daemon)
+    try:
+        ref = hutch(daemon, "ref", sid).stdout.strip()
+        assert hutch(daemon, "attach", ref, "--", "true").returncode == 0
+        revoked = hutch(daemon, "ref", "--revoke", ref)
+        assert revoked.returncode == 0, revoked.stderr
+        assert sid in revoked.stderr
+        assert hutch(daemon, "attach", ref, "--", "true").returncode == 5
+        # A bare ref id does not say its sandbox: a usage error that says so.
+        bare = hutch(daemon, "ref", "--revoke", "ref-0123456789abcdef")
+        assert bare.returncode == 2 and "SANDBOX" in bare.stderr, bare.stderr
+        assert hutch(daemon, "ref").returncode == 2
     finally:
         hutch(daemon, "kill", sid)
 

@@ -2,10 +2,12 @@
 
 A real daemon, callers at once through the wire: large outputs (text, JSON-
 hostile NULs, bytes that are not UTF-8), one over its ``output_limit``, a
-background command's wait, a stream read slowly, and an exec whose input is
-over the daemon's memory budget. Every caller gets its output intact (by
-hash) or its typed error; the daemon's peak resident memory grows by a
-bounded amount, whatever the output's size, and it serves others after.
+background command's wait, a stream read slowly, an exec whose input is over
+the daemon's memory budget (told ahead or chunked), background commands that
+never read their stdin, and a grep matching millions of empty lines. Every
+caller gets its output intact (by hash) or its typed error; the daemon's
+peak resident memory grows by a bounded amount, whatever the output's size,
+and it serves others after.
 The sizes here are small so that it runs in seconds; bench/bench_memory.py
 drives 20 callers of 250 MB each.
 """
@@ -373,3 +375,36 @@ def test_background_commands_hold_their_unread_stdin_within_the_budget(
         for pid in started:
             httpx.post(f"{base}/{pid}/kill", headers=_headers(d), timeout=60)
         _delete(d, sandbox_id)
+
+
+@pytest.mark.parametrize("where", [
+    pytest.param(("bubblewrap", "native"), id="bubblewrap-native"),
+    # grep -F in the container sends every line back as a candidate.
+    pytest.param(("docker", "native"), id="docker-native"),
+])
+def test_a_grep_matching_millions_of_empty_lines_is_cut_at_its_cap(
+    daemon: DaemonProcess, where: tuple[str, str]
+) -> None:
+    """Each match costs the answer its place, not only its line's
+    characters: a file of empty lines that all match is cut at the grep's
+    cap (``output_limit_exceeded``), not answered as millions of matches
+    held in the daemon's memory; docker's candidate lines are matched as
+    they come, never all held at once."""
+    sandbox_id = _sandbox(daemon, *where)
+    try:
+        made = _exec(daemon, sandbox_id,
+                     {"cmd": "head -c 4000000 /dev/zero | tr '\\0' '\\n' > empty-lines"})
+        assert made.status_code == 200 and made.json()["exit_code"] == 0, made.text
+
+        def grep() -> None:
+            answer = httpx.post(f"{daemon.url}/v1/sandboxes/{sandbox_id}/grep",
+                                json={"pattern": "^", "timeout": 300},
+                                headers=_headers(daemon), timeout=300)
+            assert answer.status_code == 413, answer.text[:300]
+            assert answer.json()["error"]["code"] == "output_limit_exceeded"
+
+        growth = _peak_growth(daemon, grep)
+        _serves(daemon, sandbox_id)
+        assert growth <= GROWTH_CAP, f"the daemon grew by {growth >> 20} MiB for one grep"
+    finally:
+        _delete(daemon, sandbox_id)

@@ -232,13 +232,25 @@ def test_a_suspended_sandbox_whose_image_is_removed_fails_within_seconds(
         kept.close()
 
 
+@pytest.fixture
+def preserving_daemon() -> Iterator[DaemonProcess]:
+    """A daemon whose operator lets clients keep containers (``preserve``)."""
+    d = DaemonProcess(extra_args=("--allow", "preserve")).start()
+    yield d
+    try:
+        d.remove_everything()
+    finally:
+        d.close()
+
+
 @pytest.mark.docker
 def test_a_preserved_container_removed_outside_hutch_releases_its_mounts(
-    daemon: DaemonProcess,
+    preserving_daemon: DaemonProcess,
 ) -> None:
     """Issue 20, item 6: a preserved container (kept after its sandbox was
     deleted, its size-capped working directory loop-mounted for it) removed
     with ``docker rm -f``: its loop device and mounts go with it."""
+    daemon = preserving_daemon
     with client(daemon) as c:
         sb = c.create_sandbox("docker", image=TEST_IMAGE, preserve=True, disk="64m")
         sb.write_text("kept.txt", "kept")

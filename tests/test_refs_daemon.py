@@ -195,7 +195,7 @@ def test_cli_ref_hands_out_a_ref(daemon: DaemonProcess) -> None:
                               capture_output=True, text=True, timeout=60)
         assert made.returncode == 0, made.stderr
         ref = made.stdout.strip()
-        fed = subprocess.run([*HUTCH, "attach", ref, "--", "sh", "-c", "cat > in.txt"],
+        fed = subprocess.run([*HUTCH, "attach", "-i", ref, "--", "sh", "-c", "cat > in.txt"],
                              env=bare_env(), input="piped", capture_output=True, text=True,
                              timeout=60)
         assert fed.returncode == 0, fed.stderr

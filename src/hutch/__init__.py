@@ -7,42 +7,104 @@
         await sb.write_text("notes.txt", "hi")
 """
 
-from ._api import create_sandbox, create_sandbox_from_snapshot, create_sandbox_sync, remove_snapshot
-from ._errors import (
-    CapabilityUnsupported,
-    DaemonBusy,
-    ExecTimeout,
-    HutchError,
-    IdleTimeoutExpired,
-    InvalidArgument,
-    InvalidState,
-    MaxLifetimeExceeded,
-    NotFound,
-    OutputLimitExceeded,
-    ProviderError,
-    ReadBeforeWrite,
-    ResourceExhausted,
-    SandboxExpired,
-    SandboxFileNotFound,
-    SandboxIsADirectory,
-    SandboxPermissionDenied,
-    SandboxUnavailable,
-    SetupFailed,
-    StoreUnavailable,
-    TimeoutExpired,
-    TimeoutTooLarge,
-    Unauthorized,
-)
-from ._process import ExitStatus, Process
-from ._refs import attach, attach_sync
-from ._sandbox import Sandbox
-from ._snapshots import Fork, Snapshot, SnapshotDependent
-from ._types import Capabilities, ExecResult, FileInfo, FileType, GrepMatch, OutputChunk
-from .client import AsyncClient, Client
-from .config import SandboxOptions, SandboxSpec
-from .lifecycle.clock import RealClock, VirtualClock
-from .lifecycle.engine import LifecycleEngine, SandboxStatus, default_engine
-from .lifecycle.state import SandboxState
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the names, for type checkers; at run time each is imported on first use
+    from ._api import (
+        create_sandbox,
+        create_sandbox_from_snapshot,
+        create_sandbox_sync,
+        remove_snapshot,
+    )
+    from ._attach import attach, attach_sync
+    from ._errors import (
+        CapabilityUnsupported,
+        DaemonBusy,
+        ExecTimeout,
+        HutchError,
+        IdleTimeoutExpired,
+        InvalidArgument,
+        InvalidState,
+        MaxLifetimeExceeded,
+        NotFound,
+        OutputLimitExceeded,
+        ProviderError,
+        ReadBeforeWrite,
+        ResourceExhausted,
+        SandboxExpired,
+        SandboxFileNotFound,
+        SandboxIsADirectory,
+        SandboxPermissionDenied,
+        SandboxUnavailable,
+        SetupFailed,
+        StoreUnavailable,
+        TimeoutExpired,
+        TimeoutTooLarge,
+        Unauthorized,
+    )
+    from ._process import ExitStatus, Process
+    from ._sandbox import Sandbox
+    from ._snapshots import Fork, Snapshot, SnapshotDependent
+    from ._types import Capabilities, ExecResult, FileInfo, FileType, GrepMatch, OutputChunk
+    from .client import AsyncClient, Client
+    from .config import SandboxOptions, SandboxSpec
+    from .lifecycle.clock import RealClock, VirtualClock
+    from .lifecycle.engine import LifecycleEngine, SandboxStatus, default_engine
+    from .lifecycle.state import SandboxState
+
+_LAZY = {
+    "create_sandbox": "._api",
+    "create_sandbox_from_snapshot": "._api",
+    "create_sandbox_sync": "._api",
+    "remove_snapshot": "._api",
+    "CapabilityUnsupported": "._errors",
+    "DaemonBusy": "._errors",
+    "ExecTimeout": "._errors",
+    "HutchError": "._errors",
+    "IdleTimeoutExpired": "._errors",
+    "InvalidArgument": "._errors",
+    "InvalidState": "._errors",
+    "MaxLifetimeExceeded": "._errors",
+    "NotFound": "._errors",
+    "OutputLimitExceeded": "._errors",
+    "ProviderError": "._errors",
+    "ReadBeforeWrite": "._errors",
+    "ResourceExhausted": "._errors",
+    "SandboxExpired": "._errors",
+    "SandboxFileNotFound": "._errors",
+    "SandboxIsADirectory": "._errors",
+    "SandboxPermissionDenied": "._errors",
+    "SandboxUnavailable": "._errors",
+    "SetupFailed": "._errors",
+    "StoreUnavailable": "._errors",
+    "TimeoutExpired": "._errors",
+    "TimeoutTooLarge": "._errors",
+    "Unauthorized": "._errors",
+    "ExitStatus": "._process",
+    "Process": "._process",
+    "attach": "._attach",
+    "attach_sync": "._attach",
+    "Sandbox": "._sandbox",
+    "Fork": "._snapshots",
+    "Snapshot": "._snapshots",
+    "SnapshotDependent": "._snapshots",
+    "Capabilities": "._types",
+    "ExecResult": "._types",
+    "FileInfo": "._types",
+    "FileType": "._types",
+    "GrepMatch": "._types",
+    "OutputChunk": "._types",
+    "AsyncClient": ".client",
+    "Client": ".client",
+    "SandboxOptions": ".config",
+    "SandboxSpec": ".config",
+    "RealClock": ".lifecycle.clock",
+    "VirtualClock": ".lifecycle.clock",
+    "LifecycleEngine": ".lifecycle.engine",
+    "SandboxStatus": ".lifecycle.engine",
+    "default_engine": ".lifecycle.engine",
+    "SandboxState": ".lifecycle.state",
+}
 
 __version__ = "0.1.0"
 
@@ -99,3 +161,23 @@ __all__ = [
     "create_sandbox_sync",
     "default_engine",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """Import what a name needs on first use: ``import hutch`` stays cheap for
+    the CLI and the client, which need neither the providers nor the engine.
+    A submodule (``hutch.client``) is there as an attribute too, as it was
+    when this package imported everything."""
+    from importlib import import_module
+
+    module = _LAZY.get(name)
+    if module is None:
+        try:
+            return import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(import_module(module, __name__), name)
+    globals()[name] = value
+    return value

@@ -4,6 +4,10 @@
 segments (zero included), ``[...]`` is a character class. Patterns are
 relative to the directory being searched. One matcher for every provider
 keeps ``glob`` and ``grep --glob`` answers identical across backends.
+
+``Sandbox.glob`` matches as ``pathlib.Path.glob`` does (``*.py`` is the top
+level only); ``grep``'s ``glob`` filter picks files by name as ``grep
+--include`` does (``*.py`` at any depth): see ``name_anywhere``.
 """
 
 from __future__ import annotations
@@ -13,11 +17,12 @@ import re
 
 
 @functools.lru_cache(maxsize=256)
-def compile_glob(pattern: str) -> re.Pattern[str]:
+def compile_glob(pattern: str, *, name_anywhere: bool = True) -> re.Pattern[str]:
+    """The matcher of relative paths for ``pattern``. With ``name_anywhere``
+    a pattern with no slash matches the file name at any depth, as grep's
+    --include does; without, the whole relative path, as pathlib does."""
     pattern = pattern.lstrip("/")
-    # A pattern with no slash matches the file name at any depth, as grep's
-    # --include does.
-    if "/" not in pattern and pattern != "**":
+    if name_anywhere and "/" not in pattern and pattern != "**":
         pattern = "**/" + pattern
     out: list[str] = []
     i, n = 0, len(pattern)

@@ -11,7 +11,6 @@ import codecs
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import anyio
@@ -19,17 +18,8 @@ import anyio
 from ._errors import ExecTimeout, NotFound, OutputLimitExceeded
 from ._membudget import MemoryHold, Spool
 from ._types import KILL_GRACE_SECONDS, ExecResult, OutputChunk
+from ._types import ExitStatus as ExitStatus  # its home was here
 from .providers.base import BackendProcess
-
-
-@dataclass(frozen=True, slots=True)
-class ExitStatus:
-    """The last event of a stream: the command has ended."""
-
-    exit_code: int
-    #: As ``ExecResult.oom_killed``.
-    oom_killed: bool = False
-
 
 StreamEvent = OutputChunk | ExitStatus
 

@@ -11,7 +11,10 @@ import base64
 import binascii
 import json
 from dataclasses import dataclass
+from typing import Any, Protocol
 from urllib.parse import quote, unquote
+
+from ._errors import InvalidArgument
 
 REF_PREFIX = "hutch-ref:"
 
@@ -61,3 +64,37 @@ def unix_socket_of(url: str) -> str | None:
     if not url.startswith(UNIX_SCHEME):
         return None
     return unquote(url[len(UNIX_SCHEME):].rstrip("/"))
+
+
+#: Longest a ref may live: a year, as every duration the API takes.
+MAX_REF_SECONDS = 365 * 86400.0
+
+
+def check_ref_lifetime(expires_in: float) -> None:
+    if (
+        isinstance(expires_in, bool)
+        or not isinstance(expires_in, int | float)
+        or not 0 < expires_in <= MAX_REF_SECONDS
+    ):
+        raise InvalidArgument(
+            f"expires_in must be a number of seconds above 0 and at most {MAX_REF_SECONDS:g}, "
+            f"got {expires_in!r}"
+        )
+
+
+class RefFields(Protocol):
+    """What an attachment's listing needs of its ref (a store's ``RefRow``)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def expires_at_unix(self) -> float | None: ...
+
+
+def attachment_json(
+    session: str, ref: RefFields, attached_at_unix: float, last_used_unix: float | None
+) -> dict[str, Any]:
+    """One attached session as SandboxInfo lists it, in-process or through a server."""
+    return {"session": session, "ref_id": ref.id, "attached_at_unix": attached_at_unix,
+            "last_used_unix": last_used_unix, "expires_at_unix": ref.expires_at_unix}

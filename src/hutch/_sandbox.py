@@ -44,6 +44,8 @@ from ._process import (
     kill_shielded,
     release_output,
 )
+from ._refwire import attachment_json, check_ref_lifetime
+from ._sandbox_paths import sandbox_path
 from ._snapshots import Fork, Snapshot, new_snapshot_id, snapshot_record
 from ._types import (
     DEFAULT_OUTPUT_LIMIT,
@@ -57,6 +59,7 @@ from ._types import (
     GrepMatch,
 )
 from ._values import check_command, check_text
+from .core.refs import ref_serving
 from .lifecycle.state import SandboxState
 from .providers._grep import grep_output_budget
 from .providers.base import (
@@ -66,15 +69,14 @@ from .providers.base import (
     SandboxBackend,
     SandboxRuntime,
     UnstartedProcess,
-    sandbox_path,
     within,
 )
 
 if TYPE_CHECKING:
     from .config import SandboxSpec
+    from .core.refs import RefServer
     from .lifecycle.engine import LifecycleRecord, SandboxStatus
     from .lifecycle.gate import LifecycleGate
-    from .server.owner import OwnerServer
     from .store import RefRow
 
 
@@ -95,12 +97,9 @@ class _Live:
         #: session id -> an attached (non-owning) session.
         self.attached: dict[str, Sandbox] = {}
         #: What serves it to the holders of its refs, once its owner handed one out.
-        self.server: OwnerServer | None = None
+        self.server: RefServer | None = None
         self.server_lock = asyncio.Lock()
 
-
-#: Longest a ref may live: a year, as every duration the API takes.
-MAX_REF_SECONDS = 365 * 86400.0
 
 
 class Sandbox:
@@ -532,20 +531,28 @@ class Sandbox:
     ) -> str:
         return (await self.read_bytes(path, limit=limit)).decode(encoding)
 
-    async def write_bytes(self, path: str, data: bytes) -> None:
+    async def write_bytes(self, path: str, data: bytes, *, overwrite: bool = False) -> None:
+        """Write ``data`` to ``path``. An existing file this session has not
+        read is refused (read before write) unless ``overwrite`` says the
+        caller means to replace it, as a person's ``cp`` does."""
         if not isinstance(data, bytes | bytearray | memoryview):
             raise InvalidArgument(f"data must be bytes, not {type(data).__name__}")
         full = self.path(path)
-        await self._write(full, lambda: self._runtime.write_file(full, bytes(data)))
+        await self._write(full, lambda: self._runtime.write_file(full, bytes(data)), overwrite)
 
-    async def write_from(self, path: str, source: IO[bytes]) -> None:
+    async def write_from(
+        self, path: str, source: IO[bytes], *, overwrite: bool = False
+    ) -> None:
         """Write what the binary file ``source`` holds, from its position on, to
-        ``path``; where the provider can, in pieces, never whole in memory."""
+        ``path``; where the provider can, in pieces, never whole in memory.
+        ``overwrite`` as for :meth:`write_bytes`."""
         full = self.path(path)
-        await self._write(full, lambda: self._runtime.write_file_from(full, source))
+        await self._write(full, lambda: self._runtime.write_file_from(full, source), overwrite)
 
-    async def _write(self, full: str, write: Callable[[], Awaitable[None]]) -> None:
-        """A write, under the read-before-write guard."""
+    async def _write(
+        self, full: str, write: Callable[[], Awaitable[None]], overwrite: bool
+    ) -> None:
+        """A write, under the read-before-write guard (unless told to overwrite)."""
         async with self._operation("write"):
             if self._session_guard.needs_check(full):
                 try:
@@ -555,13 +562,16 @@ class Sandbox:
                 else:
                     if info.type == FileType.DIRECTORY:
                         raise SandboxIsADirectory(f"{full} is a directory")
-                    raise self._session_guard.refuse(full, "overwrite")
+                    if not overwrite:
+                        raise self._session_guard.refuse(full, "overwrite")
             await write()
         # What this session wrote, it knows: it may overwrite it again.
         self._session_guard.mark_read(full)
 
-    async def write_text(self, path: str, text: str, *, encoding: str = "utf-8") -> None:
-        await self.write_bytes(path, text.encode(encoding))
+    async def write_text(
+        self, path: str, text: str, *, encoding: str = "utf-8", overwrite: bool = False
+    ) -> None:
+        await self.write_bytes(path, text.encode(encoding), overwrite=overwrite)
 
     async def stat(self, path: str) -> FileInfo:
         async with self._operation("stat"):
@@ -622,7 +632,9 @@ class Sandbox:
     async def glob(
         self, pattern: str, path: str = ".", *, timeout: float = DEFAULT_SEARCH_TIMEOUT
     ) -> list[str]:
-        """Files below ``path`` whose relative path matches ``pattern`` (``**`` ok)."""
+        """Files below ``path`` whose relative path matches ``pattern``, as
+        ``pathlib.Path.glob`` matches: ``*.py`` is the top level only,
+        ``**/*.py`` every depth."""
         async with self._operation("glob"), self._bounded("glob", timeout):
             return await self._runtime.glob(pattern, self.path(path))
 
@@ -702,8 +714,6 @@ class Sandbox:
     def _attachments(self) -> list[dict[str, Any]]:
         """The sessions attached now: in this process, and through the server
         that serves it to other processes (whose refs still work)."""
-        from .server.daemon import attachment_json
-
         server = self._live.server
         working = None if server is None else {r.id for r in server.open_refs()}
         here = [
@@ -837,9 +847,7 @@ class Sandbox:
             if self._live.closed:
                 raise SandboxUnavailable(closed_message(self.id))
             if self._live.server is None:
-                from .server.owner import OwnerServer
-
-                self._live.server = await OwnerServer.start(self)
+                self._live.server = await ref_serving().start(self)
             server = self._live.server
         return await server.hand_out(expires_in)
 
@@ -870,18 +878,6 @@ def closed_message(sandbox_id: str) -> str:
         f"sandbox {sandbox_id} has been closed: its owner's cleanup ended it "
         "(make a new sandbox, or attach to a live one)"
     )
-
-
-def check_ref_lifetime(expires_in: float) -> None:
-    if (
-        isinstance(expires_in, bool)
-        or not isinstance(expires_in, int | float)
-        or not 0 < expires_in <= MAX_REF_SECONDS
-    ):
-        raise InvalidArgument(
-            f"expires_in must be a number of seconds above 0 and at most {MAX_REF_SECONDS:g}, "
-            f"got {expires_in!r}"
-        )
 
 
 def attach_session(owner: Sandbox, ref: RefRow) -> Sandbox:

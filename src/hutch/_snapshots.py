@@ -18,11 +18,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .providers.base import ProviderSnapshot
-
 if TYPE_CHECKING:
     from ._sandbox import Sandbox
     from .lifecycle.engine import LifecycleEngine
+    from .providers.base import ProviderSnapshot
 
 
 def new_snapshot_id() -> str:

@@ -158,3 +158,12 @@ class Capabilities:
         out.update({n: True for n in self.extra})
         out["runtime"] = self.runtime
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class ExitStatus:
+    """The last event of a stream: the command has ended."""
+
+    exit_code: int
+    #: As ``ExecResult.oom_killed``.
+    oom_killed: bool = False

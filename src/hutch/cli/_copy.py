@@ -3,7 +3,8 @@
 Either side may be ``SANDBOX:PATH``; the other is a path on this machine. As
 with ``cp -r``, a source copied onto an existing directory (or a path ending
 in ``/``) lands inside it under its own name; otherwise the destination is
-the copy. File modes go with the files into a sandbox (one ``chmod`` per
+the copy. Files already there are replaced, both ways, as ``cp`` replaces
+them. File modes go with the files into a sandbox (one ``chmod`` per
 mode, where the sandbox runs processes). Out of one, they come without
 privilege: the caller's own files, never setuid, setgid or sticky, and never
 a device node or a FIFO (see :func:`download`).
@@ -60,7 +61,10 @@ def upload(sandbox: Any, source: str, destination: str) -> int:
     def put(local: str, remote: str) -> None:
         nonlocal copied
         with open(local, "rb") as fh:
-            sandbox.write_from(remote, fh)  # a piece at a time, never whole
+            # A person's copy replaces what is there, as cp does: the
+            # read-before-write guard is for agents' sessions, and each CLI
+            # call is a new session that has read nothing.
+            sandbox.write_from(remote, fh, overwrite=True)  # a piece at a time, never whole
         modes[stat.S_IMODE(os.stat(local).st_mode)].append(sandbox.path(remote))
         copied += 1
 

@@ -8,9 +8,9 @@ import time
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from .. import images
+from ._listing import Column, print_json, print_table
 
 image_app = typer.Typer(
     help="Images: environments built once, used by name by docker and bubblewrap.",
@@ -60,17 +60,27 @@ def build(
     run()
 
 
+IMAGE_COLUMNS = (
+    Column("NAME"), Column("SOURCE", cut=True, drop=2), Column("SIZE"),
+    Column("BUILT", drop=1), Column("USED BY", cut=True),
+)
+
+
 @image_app.command("ls")
-def list_() -> None:
-    """Images with their sizes and the sandboxes that use them."""
-    table = Table("name", "source", "size", "built", "used by")
-    for info in images.list_images():
-        table.add_row(
-            info.name, info.source, _size(info.size_bytes),
-            time.strftime("%Y-%m-%d %H:%M", time.localtime(info.created_unix)),
-            ", ".join(info.users) or "-",
-        )
-    console.print(table)
+def list_(
+    as_json: bool = typer.Option(False, "--json", help="Print them as JSON."),
+) -> None:
+    """Images with their sizes and the sandboxes that use them, one line each."""
+    found = images.list_images()
+    if as_json:
+        print_json([info.as_dict() for info in found])
+        return
+    print_table(IMAGE_COLUMNS, [
+        [info.name, info.source, _size(info.size_bytes),
+         time.strftime("%Y-%m-%d %H:%M", time.localtime(info.created_unix)),
+         ", ".join(info.users) or "-"]
+        for info in found
+    ])
 
 
 @image_app.command("rm")

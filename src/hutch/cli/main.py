@@ -16,7 +16,6 @@ Exit codes scripts can rely on:
 from __future__ import annotations
 
 import functools
-import json
 import os
 import sys
 import tempfile
@@ -26,12 +25,9 @@ from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from .._errors import HutchError
-from ..client import EnsureProgress
-from ..config import load_config_file
-from ..providers.ssh.gitsource import current_source
+from ._listing import Column, print_json, print_lines, print_table
 from .images import image_app
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -217,24 +213,18 @@ def demo() -> None:
     console.print("[green]done[/green]")
 
 
-LS_COLUMNS = ("ID", "PROVIDER", "STATE", "AGE", "IDLE", "DEADLINE")
-LS_WIDE_COLUMNS = (
-    "MEMORY", "RUNNING", "PAUSED", "SUSPENDED", "ATTACHED", "WORKSPACE", "WORKDIR", "REASON",
+#: ``hutch ls``: on a narrow terminal the free text is cut first, then the
+#: columns with a ``drop`` rank are left out, highest first.
+LS_COLUMNS = (
+    Column("ID"), Column("PROVIDER"), Column("STATE"), Column("AGE", drop=2),
+    Column("IDLE", drop=3), Column("DEADLINE", drop=1),
 )
-
-
-def plain_table(headers: tuple[str, ...], rows: list[list[str]]) -> list[str]:
-    """Columns padded to their widest cell: one line a row, no cell ever cut.
-
-    Plain text, not a terminal widget, so that it reads the same on a
-    terminal, in a pipe and in a log, and `grep`/`awk` find whole rows.
-    """
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-    lines = []
-    for cells in [list(headers), *rows]:
-        padded = [c.ljust(w) for c, w in zip(cells[:-1], widths[:-1], strict=True)]
-        lines.append("  ".join([*padded, cells[-1]]).rstrip())
-    return lines
+LS_WIDE_COLUMNS = (
+    Column("MEMORY", drop=5), Column("RUNNING", drop=7), Column("PAUSED", drop=9),
+    Column("SUSPENDED", drop=8), Column("ATTACHED", drop=10),
+    Column("WORKSPACE", cut=True, drop=6), Column("WORKDIR", cut=True, drop=4),
+    Column("REASON", cut=True),
+)
 
 
 def sandbox_row(s: dict[str, Any], wide: bool) -> list[str]:
@@ -268,15 +258,16 @@ def list_sandboxes(
         "retention period, with the reason.",
     ),
 ) -> None:
-    """List sandboxes, one line each: state, age, idle time and time to the deadline."""
+    """List sandboxes, one line each: state, age, idle time and time to the deadline.
+
+    Ids are whole in a pipe; on a terminal each line fits its width."""
     with client() as c:
         sandboxes = c.list_sandboxes(include_ended=include_ended)
     if as_json:
-        console.print_json(json.dumps(sandboxes))
+        print_json(sandboxes)
         return
-    headers = LS_COLUMNS + (LS_WIDE_COLUMNS if wide else ())
-    for line in plain_table(headers, [sandbox_row(s, wide) for s in sandboxes]):
-        print(line)
+    columns = LS_COLUMNS + (LS_WIDE_COLUMNS if wide else ())
+    print_table(columns, [sandbox_row(s, wide) for s in sandboxes])
 
 
 @app.command()
@@ -292,16 +283,18 @@ def events(
     with client() as c:
         found = c.events(subject, limit=limit)
     if as_json:
-        console.print_json(json.dumps(found))
+        print_json(found)
         return
     if not found:
         err_console.print(f"no events{f' for {subject}' if subject else ''}")
         return
+    lines = []
     for event in found:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(event["at_unix"])))
         who = "" if subject else f"{event['subject']}  "
-        # Plain print: an event's message is data, not rich markup.
-        print(f"{when}  {who}{event['kind']}: {event['message']}")
+        # Plain text: an event's message is data, not rich markup.
+        lines.append(f"{when}  {who}{event['kind']}: {event['message']}")
+    print_lines(lines)
 
 
 @app.command()
@@ -341,6 +334,10 @@ def create(
     config: str | None = typer.Option(None, help="Run config file (default ./hutch.toml)."),
 ) -> None:
     """Create a sandbox. Flags beat hutch.toml, which beats the daemon's defaults."""
+    # Here, not at the top: the other commands do without the providers' settings.
+    from ..config import load_config_file
+    from ..providers.ssh.gitsource import current_source
+
     layer = load_config_file(config)
     flags: dict[str, Any] = {
         "provider": provider, "image": image, "workdir": workdir,
@@ -392,19 +389,20 @@ def exec_(
         None, help="Kill the command once its output passes this many bytes "
         "(default: the sandbox's, 16 MiB unless set)."
     ),
-    no_stdin: bool = typer.Option(
-        False, "--no-stdin", "-n",
-        help="Do not forward standard input (it is forwarded when it is not a terminal).",
+    interactive: bool = typer.Option(
+        False, "--interactive", "-i",
+        help="Give the command this standard input (read to its end first), as "
+        "`docker exec -i`; without it the command's standard input is empty.",
     ),
 ) -> None:
     """Run a command in a sandbox, streaming its output; exit with its exit code.
 
-    Standard input, when it is a pipe or a file, is read to its end and given
-    to the command.
+    Standard input is left alone unless -i says to give it to the command:
+    a pipe that stays open (as under an agent's harness) never holds it up.
     """
     with client() as c:
         code = stream_command(c.get_sandbox(sandbox_id), command, timeout=timeout, cwd=cwd,
-                              output_limit=output_limit, forward_stdin=not no_stdin)
+                              output_limit=output_limit, forward_stdin=interactive)
     raise typer.Exit(code)
 
 
@@ -417,7 +415,7 @@ def stream_command(
 
     cmd: str | list[str] = command[0] if len(command) == 1 else command
     stdin = None
-    if forward_stdin and sys.stdin is not None and not sys.stdin.isatty():
+    if forward_stdin and sys.stdin is not None:
         stdin = sys.stdin.buffer.read()
     code = 1
     for event in sb.exec_stream(cmd, timeout=timeout, cwd=cwd, stdin=stdin,
@@ -434,19 +432,39 @@ def stream_command(
 @app.command("ref")
 @reports_errors
 def ref_(
-    sandbox_id: str,
+    sandbox_id: str | None = typer.Argument(
+        None, help="The sandbox (not needed to revoke a whole ref: it names its sandbox)."
+    ),
     expires_in: float | None = typer.Option(
         None, help="Seconds the ref can be used for; unset: until revoked or the sandbox ends."
     ),
     revoke: str | None = typer.Option(
-        None, metavar="REF", help="Revoke this ref (or ref id) instead of making one."
+        None, metavar="REF", help="Revoke this ref (or, with the sandbox's id, this ref id) "
+        "instead of making one."
     ),
 ) -> None:
     """Hand out a ref to a sandbox you own: a credential for it alone.
 
     Whoever holds it can `hutch attach REF -- CMD` (or hutch.attach(ref) in
     Python) with no other configuration; their closing only detaches them.
+    `hutch ref --revoke REF` ends one.
     """
+    from .._errors import InvalidArgument
+    from .._refwire import decode_ref
+
+    if revoke is not None:
+        decoded = decode_ref(revoke)
+        named = decoded.sandbox_id if decoded is not None else None
+        if sandbox_id is not None and named is not None and named != sandbox_id:
+            raise InvalidArgument(f"that ref is for sandbox {named}, not {sandbox_id}")
+        sandbox_id = sandbox_id or named
+        if sandbox_id is None:
+            raise InvalidArgument(
+                f"{revoke!r} is a ref id: say its sandbox too (hutch ref SANDBOX --revoke "
+                "REF_ID), or give the whole ref"
+            )
+    elif sandbox_id is None:
+        raise InvalidArgument("which sandbox? hutch ref SANDBOX (or hutch ref --revoke REF)")
     with client() as c:
         sb = c.get_sandbox(sandbox_id)
         if revoke is not None:
@@ -454,6 +472,33 @@ def ref_(
             err_console.print(f"revoked; it no longer reaches {sandbox_id}")
             return
         print(sb.ref(expires_in=expires_in))
+
+
+REF_COLUMNS = (
+    Column("REF"), Column("CREATED", drop=3), Column("EXPIRES", drop=1),
+    Column("LAST USED", drop=2), Column("WORKSPACE", cut=True, drop=4),
+)
+
+
+@app.command("refs")
+@reports_errors
+def refs_(
+    sandbox_id: str,
+    as_json: bool = typer.Option(False, "--json", help="Print the daemon's JSON as it is."),
+) -> None:
+    """The refs of a sandbox that still work, one line each."""
+    with client() as c:
+        found = c.get_sandbox(sandbox_id).info().get("refs") or []
+    if as_json:
+        print_json(found)
+        return
+    print_table(REF_COLUMNS, [
+        [r["ref_id"], ago(r.get("created_at_unix")),
+         f"in {duration(r['expires_at_unix'] - time.time())}" if r.get("expires_at_unix")
+         else "-",
+         ago(r.get("last_used_unix")), r.get("workspace") or "-"]
+        for r in found
+    ])
 
 
 @app.command("attach", context_settings={"allow_extra_args": True})
@@ -470,9 +515,10 @@ def attach_(
     output_limit: int | None = typer.Option(
         None, help="Kill the command once its output passes this many bytes."
     ),
-    no_stdin: bool = typer.Option(
-        False, "--no-stdin", "-n",
-        help="Do not forward standard input (it is forwarded when it is not a terminal).",
+    interactive: bool = typer.Option(
+        False, "--interactive", "-i",
+        help="Give the command this standard input (read to its end first), as "
+        "`docker exec -i`; without it the command's standard input is empty.",
     ),
 ) -> None:
     """Run a command in the sandbox a ref names, as an attached session.
@@ -485,7 +531,7 @@ def attach_(
     sb = hutch.attach_sync(ref)
     try:
         code = stream_command(sb, command, timeout=timeout, cwd=cwd,
-                              output_limit=output_limit, forward_stdin=not no_stdin)
+                              output_limit=output_limit, forward_stdin=interactive)
     finally:
         sb.close()
     raise typer.Exit(code)
@@ -594,12 +640,17 @@ def workspace_create(
     name: str,
     snapshot: str | None = typer.Option(None, help="A snapshot tag to start from."),
     image: str | None = typer.Option(None, help="An image to start from."),
+    provider: str | None = typer.Option(
+        None, help="local, docker, bubblewrap, ... (default: the daemon's default provider)."
+    ),
     idle_suspend_after: float | None = typer.Option(
         None, help="Suspend after this many seconds idle (work-aware); unset: never."
     ),
 ) -> None:
     """Create a workspace from a snapshot tag or an image."""
-    extra = {"idle_suspend_after": idle_suspend_after} if idle_suspend_after else {}
+    extra: dict[str, Any] = {"idle_suspend_after": idle_suspend_after} if idle_suspend_after else {}
+    if provider is not None:
+        extra["provider"] = provider
     with client() as c, console.status(f"creating workspace {name}..."):
         ws = c.create_workspace(name, image=image, snapshot_tag=snapshot, **extra)
     console.print(f"{ws['name']} {ws['status']} (sandbox {ws['live_sandbox_id']})")
@@ -628,20 +679,30 @@ def workspace_resume(name: str) -> None:
     console.print(f"{ws['name']} {ws['status']} (sandbox {ws['live_sandbox_id']})")
 
 
+WORKSPACE_COLUMNS = (
+    Column("NAME", cut=True), Column("STATUS"), Column("SANDBOX", drop=1),
+    Column("STATE SNAPSHOT", drop=4), Column("FROM", cut=True, drop=5), Column("AGE", drop=3),
+    Column("LAST ACTIVE", drop=2),
+)
+
+
 @workspace_app.command("list")
 @reports_errors
-def workspace_list() -> None:
-    """List workspaces."""
+def workspace_list(
+    as_json: bool = typer.Option(False, "--json", help="Print the daemon's JSON as it is."),
+) -> None:
+    """List workspaces, one line each (ids whole in a pipe)."""
     with client() as c:
-        rows = c.list_workspaces()
-    table = Table("name", "status", "sandbox", "state snapshot", "from", "age", "last active")
-    for w in rows:
-        table.add_row(
-            w["name"], w["status"], w["live_sandbox_id"] or "-", w["state_snapshot_id"] or "-",
-            w["source_snapshot_id"] or w["provider"], ago(w["created_at_unix"]),
-            ago(w["last_active_unix"]),
-        )
-    console.print(table)
+        found = c.list_workspaces()
+    if as_json:
+        print_json(found)
+        return
+    print_table(WORKSPACE_COLUMNS, [
+        [w["name"], w["status"], w["live_sandbox_id"] or "-", w["state_snapshot_id"] or "-",
+         w["source_snapshot_id"] or w["provider"], ago(w["created_at_unix"]),
+         ago(w["last_active_unix"])]
+        for w in found
+    ])
 
 
 @workspace_app.command("delete")
@@ -671,26 +732,36 @@ def snapshot_create(
 
 
 def lineage_lines(snapshots: list[Any]) -> list[str]:
-    """The snapshots as a tree, children under their parent, oldest first."""
+    """The snapshots as a tree, children under their parent, oldest first.
+
+    A last child that is its parent's only one stays at its parent's depth
+    (two ``└─`` in a row are parent and child: a last child has no sibling
+    after it), so a long lineage takes no more width than a short one.
+    """
     known = {s.id for s in snapshots}
     children: dict[str | None, list[Any]] = {}
     for snap in sorted(snapshots, key=lambda s: (s.created_at_unix, s.id)):
         parent = snap.parent_id if snap.parent_id in known else None
         children.setdefault(parent, []).append(snap)
     lines: list[str] = []
-
-    def walk(parent: str | None, prefix: str) -> None:
-        kids = children.get(parent, [])
-        for i, snap in enumerate(kids):
+    # (snapshot, prefix of its line, its branch mark, prefix of its children's lines)
+    pending: list[tuple[Any, str, str, str]] = [
+        (snap, "", "", "") for snap in reversed(children.get(None, []))
+    ]
+    while pending:  # depth first, without recursion: a lineage may be thousands deep
+        snap, prefix, branch, below = pending.pop()
+        label = f" {snap.label}" if snap.label else ""
+        lines.append(f"{prefix}{branch}{snap.id}{label}  {size(snap.size_bytes)}  "
+                     f"{snap.provider}  from {snap.sandbox_id or '-'}  "
+                     f"{ago(snap.created_at_unix)} ago")
+        kids = children.get(snap.id, [])
+        if len(kids) == 1 and branch == "└─ ":
+            pending.append((kids[0], prefix, "└─ ", below))
+            continue
+        for i, kid in reversed(list(enumerate(kids))):
             last = i == len(kids) - 1
-            branch = "" if parent is None else ("└─ " if last else "├─ ")
-            label = f" {snap.label}" if snap.label else ""
-            lines.append(f"{prefix}{branch}{snap.id}{label}  {size(snap.size_bytes)}  "
-                         f"{snap.provider}  from {snap.sandbox_id or '-'}  "
-                         f"{ago(snap.created_at_unix)} ago")
-            walk(snap.id, prefix + ("" if parent is None else ("   " if last else "│  ")))
-
-    walk(None, "")
+            pending.append((kid, below, "└─ " if last else "├─ ",
+                            below + ("   " if last else "│  ")))
     return lines
 
 
@@ -699,14 +770,13 @@ def lineage_lines(snapshots: list[Any]) -> list[str]:
 def snapshot_ls(
     as_json: bool = typer.Option(False, "--json", help="Print them as JSON."),
 ) -> None:
-    """List snapshots as their lineage tree."""
+    """List snapshots as their lineage tree, one line each (ids whole in a pipe)."""
     with client() as c:
         snapshots = c.snapshots()
     if as_json:
-        print(json.dumps([s.as_dict() for s in snapshots], indent=2))
+        print_json([s.as_dict() for s in snapshots])
         return
-    for line in lineage_lines(snapshots):
-        console.print(line, highlight=False, markup=False)
+    print_lines(lineage_lines(snapshots))
 
 
 @snapshot_app.command("rm")
@@ -749,6 +819,8 @@ def ensure(
 ) -> None:
     """The sandbox of a thread for a definition: resumed, restored from its
     setup snapshot, or created with setup run. Prints its id and each step."""
+    from ..client import EnsureProgress
+
     made = None
     with client() as c, console.status(f"ensuring {definition} for thread {thread}...") as shown:
         for event in c.ensure_stream(definition, thread, tenant=tenant):
@@ -763,6 +835,36 @@ def ensure(
     console.print(f"{made.sandbox.id} ({made.path})")
     for step in made.steps:
         console.print(f"  {step['name']:<24} {float(step['seconds']):8.2f} s")
+
+
+DEFINITION_COLUMNS = (
+    Column("ID"), Column("PROVIDER"), Column("REUSE", drop=2), Column("KEEP ALIVE", drop=1),
+    Column("SOURCE", cut=True, drop=3), Column("SETUP", cut=True),
+)
+
+
+@app.command()
+@reports_errors
+def definitions(
+    as_json: bool = typer.Option(False, "--json", help="Print the daemon's JSON as it is."),
+) -> None:
+    """The daemon's sandbox definitions, one line each."""
+    with client() as c:
+        found = c.definitions()
+    if as_json:
+        print_json(found)
+        return
+    rows = []
+    for d in found:
+        workspace, lifecycle = d.get("workspace") or {}, d.get("lifecycle") or {}
+        source = workspace.get("source") or {}
+        rows.append([
+            d["id"], (d.get("provider") or {}).get("type") or "-",
+            str(lifecycle.get("reuse") or "-"), duration(lifecycle.get("keep_alive")),
+            " ".join(f"{k}={v}" for k, v in source.items() if v is not None) or "-",
+            "; ".join(workspace.get("setup") or []) or "-",
+        ])
+    print_table(DEFINITION_COLUMNS, rows)
 
 
 @app.command()

@@ -27,24 +27,29 @@ from .._errors import (
     SandboxUnavailable,
     error_from_wire,
 )
-from .._process import ExitStatus
-from .._refwire import decode_ref, unix_socket_of
-from .._sandbox import check_ref_lifetime
+from .._refwire import check_ref_lifetime, decode_ref, unix_socket_of
+from .._sandbox_paths import sandbox_path
 from .._snapshots import Snapshot, SnapshotDependent
 from .._types import (
     DEFAULT_SEARCH_TIMEOUT,
     Capabilities,
     ExecResult,
+    ExitStatus,
     FileInfo,
     FileType,
     GrepMatch,
     OutputChunk,
 )
-from ..lifecycle.engine import SandboxStatus
-from ..lifecycle.state import FINAL, SandboxState
-from ..providers.base import sandbox_path
+from ..lifecycle.state import FINAL, SandboxState, SandboxStatus
 
 SESSION_HEADER = "X-Hutch-Session"
+
+
+def _write_params(path: str, overwrite: bool) -> dict[str, str]:
+    """A write's query: ``overwrite`` lets it replace a file this session has not read."""
+    return {"path": path, "overwrite": "true"} if overwrite else {"path": path}
+
+
 DEFAULT_URL = "http://127.0.0.1:8787"
 #: Headroom on top of a command's own timeout before the HTTP call gives up.
 HTTP_GRACE_SECONDS = 30.0
@@ -486,22 +491,24 @@ class SandboxOps:
         return bytes(data).decode(encoding)
 
     @op
-    def write_bytes(self, path: str, data: bytes) -> Op:
+    def write_bytes(self, path: str, data: bytes, *, overwrite: bool = False) -> Op:
         if not isinstance(data, bytes | bytearray | memoryview):
             raise InvalidArgument(f"data must be bytes, not {type(data).__name__}")
-        yield Call("PUT", self._path("/files"), params={"path": path}, content=bytes(data),
-                   timeout=600)
+        yield Call("PUT", self._path("/files"), params=_write_params(path, overwrite),
+                   content=bytes(data), timeout=600)
 
     @op
-    def write_from(self, path: str, source: IO[bytes]) -> Op:
+    def write_from(self, path: str, source: IO[bytes], *, overwrite: bool = False) -> Op:
         """Write what the binary file ``source`` holds, from its position on, to
         ``path``: sent a piece at a time, never whole in memory."""
-        yield Call("PUT", self._path("/files"), params={"path": path}, content=source,
-                   timeout=600)
+        yield Call("PUT", self._path("/files"), params=_write_params(path, overwrite),
+                   content=source, timeout=600)
 
     @op
-    def write_text(self, path: str, text: str, *, encoding: str = "utf-8") -> Op:
-        yield Call("PUT", self._path("/files"), params={"path": path},
+    def write_text(
+        self, path: str, text: str, *, encoding: str = "utf-8", overwrite: bool = False
+    ) -> Op:
+        yield Call("PUT", self._path("/files"), params=_write_params(path, overwrite),
                    content=text.encode(encoding), timeout=600)
 
     @op

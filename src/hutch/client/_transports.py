@@ -79,6 +79,13 @@ def http_target(url: str) -> tuple[str, str | None]:
     return (url, None) if path is None else (f"http://{UNIX_HOST}", path)
 
 
+def tls_verify(base: str) -> bool:
+    """Check certificates for an https daemon. A plain-http one has none to
+    check, and loading the CA bundle costs each command (twice) more than
+    its request."""
+    return base.lower().startswith("https:")
+
+
 def _env_proxies() -> bool:
     """Whether the environment names a proxy (httpx's client honours it)."""
     return any(
@@ -155,9 +162,9 @@ class AsyncTransport(_Transport):
     def __init__(self, url: str | None, token: str | None, factories: dict[str, Any]) -> None:
         super().__init__(url, factories)
         base, uds = http_target(self.url)
-        self.pool = httpx.AsyncHTTPTransport(uds=uds)
+        self.pool = httpx.AsyncHTTPTransport(uds=uds, verify=tls_verify(base))
         self.http = httpx.AsyncClient(
-            base_url=base, headers=client_headers(token, self.url),
+            base_url=base, headers=client_headers(token, self.url), verify=tls_verify(base),
             transport=None if uds is None else self.pool,
         )
         self.plain = _PlainCalls(base, self.http.headers)
@@ -231,9 +238,9 @@ class SyncTransport(_Transport):
     def __init__(self, url: str | None, token: str | None, factories: dict[str, Any]) -> None:
         super().__init__(url, factories)
         base, uds = http_target(self.url)
-        self.pool = httpx.HTTPTransport(uds=uds)
+        self.pool = httpx.HTTPTransport(uds=uds, verify=tls_verify(base))
         self.http = httpx.Client(
-            base_url=base, headers=client_headers(token, self.url),
+            base_url=base, headers=client_headers(token, self.url), verify=tls_verify(base),
             transport=None if uds is None else self.pool,
         )
         self.plain = _PlainCalls(base, self.http.headers)

@@ -62,6 +62,7 @@ from .shared import (
     SharedView,
 )
 from .state import FINAL, SandboxState, check_transition
+from .state import SandboxStatus as SandboxStatus  # its home was here
 
 if TYPE_CHECKING:
     from .._sandbox import Sandbox
@@ -166,34 +167,6 @@ class LifecycleRecord:
     #: being written: the status says these until the store has the new
     #: ones (the write may yet be refused, and the transition undone).
     recording: tuple[SandboxState, str | None] | None = None
-
-
-@dataclass(frozen=True)
-class SandboxStatus:
-    """What a dashboard shows; reading it is not activity."""
-
-    id: str
-    state: SandboxState
-    reason: str | None
-    created_at_unix: float
-    last_active_unix: float
-    #: None once the sandbox has ended: nothing is idle any more.
-    idle_seconds: float | None
-    deadline_unix: float | None
-    meter: dict[str, float]
-
-    def as_dict(self) -> dict[str, object]:
-        """Plain JSON-ready data (for the wire and ``hutch ls``)."""
-        return {
-            "id": self.id,
-            "state": self.state.value,
-            "reason": self.reason,
-            "created_at_unix": self.created_at_unix,
-            "last_active_unix": self.last_active_unix,
-            "idle_seconds": self.idle_seconds,
-            "deadline_unix": self.deadline_unix,
-            "meter": dict(self.meter),
-        }
 
 
 class LifecycleEngine:

@@ -24,7 +24,7 @@ import anyio.to_thread
 from .._errors import OutputLimitExceeded, ProviderError
 from .._types import DEFAULT_OUTPUT_LIMIT, GrepMatch
 from . import _grepworker
-from ._grepworker import HEADER
+from ._grepworker import HEADER, match_cost
 
 #: Idle workers kept for the next grep; more are started as calls overlap.
 _MAX_IDLE = 2
@@ -137,9 +137,9 @@ async def _ask(kind: str, pattern: re.Pattern[str], *args: Any) -> Any:
     if budget is not None:
         result = reply[1]
         if kind == "lines":
-            budget[0] -= sum(len(args[0][i]) for i in result)
+            budget[0] -= sum(match_cost(args[0][i]) for i in result)
         else:
-            budget[0] -= sum(len(row[2]) for row in result)
+            budget[0] -= sum(match_cost(row[2]) for row in result)
     return reply[1]
 
 

@@ -21,9 +21,11 @@ Protocol on stdin/stdout: each message is an 8-byte big-endian length and a
     the indices of the lines the pattern matches.
 
 ``budget`` is the most characters of matching lines one answer may carry
-(past it: the error ``too_much``), so that a pattern matching everything in
-a large tree cannot fill the daemon's memory. Answers are ``("ok", result)``
-or ``("error", kind, message)``, where a file answer is
+(past it: the error ``too_much``), each match counted as its line and
+:data:`MATCH_COST` more (its place in the answer: an empty line is not
+free), so that a pattern matching everything in a large tree, or every line
+of a file of empty lines, cannot fill the daemon's memory. Answers are
+``("ok", result)`` or ``("error", kind, message)``, where a file answer is
 ``[(path, line_number, line), ...]``.
 """
 
@@ -41,6 +43,15 @@ from typing import Any, BinaryIO
 HEADER = struct.Struct(">Q")
 #: A file with a NUL in its first this many bytes is binary and skipped.
 BINARY_PROBE = 8192
+#: What one match costs an answer beyond its line's characters: about what
+#: it holds of the daemon's memory (an object, a number, a string's header;
+#: its path is one string that all of a file's matches share).
+MATCH_COST = 96
+
+
+def match_cost(line: str) -> int:
+    """What one match counts against a grep's budget."""
+    return len(line) + MATCH_COST
 
 
 def matching_lines(data: bytes, pattern: re.Pattern[str]) -> list[tuple[int, str]]:
@@ -68,7 +79,7 @@ class _Budget:
         self.left = chars
 
     def take(self, line: str) -> None:
-        self.left -= len(line)
+        self.left -= match_cost(line)
         if self.left < 0:
             raise TooMuch("grep matched more lines than its output cap")
 

@@ -23,6 +23,7 @@ MS_REC = 0x4000
 MS_PRIVATE = 1 << 18
 MS_SHARED = 1 << 20
 MNT_DETACH = 2
+UMOUNT_NOFOLLOW = 8
 
 
 def _bytes(value: str | None) -> bytes | None:
@@ -36,8 +37,9 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int,
         raise OSError(err, f"mounting {fstype or source} on {target}: {os.strerror(err)}")
 
 
-def umount(target: str, *, detach: bool = False) -> None:
-    if _libc.umount2(os.fsencode(target), MNT_DETACH if detach else 0) != 0:
+def umount(target: str, *, detach: bool = False, nofollow: bool = False) -> None:
+    flags = (MNT_DETACH if detach else 0) | (UMOUNT_NOFOLLOW if nofollow else 0)
+    if _libc.umount2(os.fsencode(target), flags) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"unmounting {target}: {os.strerror(err)}")
 

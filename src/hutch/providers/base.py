@@ -33,7 +33,6 @@ import abc
 import asyncio
 import dataclasses
 import enum
-import posixpath
 import re
 import stat
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
@@ -51,8 +50,11 @@ from .._errors import (
     SandboxUnavailable,
 )
 from .._globmatch import compile_glob
+from .._sandbox_paths import join_path as join_path  # their home was here
+from .._sandbox_paths import sandbox_path as sandbox_path
+from .._sandbox_paths import within as within
 from .._types import Capabilities, FileInfo, FileType, GrepMatch, OutputChunk
-from .._values import text_problem, text_problems
+from .._values import text_problems
 from ._grep import GrepBatches
 
 
@@ -399,7 +401,11 @@ class SandboxRuntime(SandboxPart, SandboxFiles):
         return True
 
     async def glob(self, pattern: str, root: str) -> list[str]:
-        matcher = compile_glob(pattern)
+        # As pathlib's Path.glob: "*.py" is the top level, "**/*.py" every depth.
+        return await self._files_matching(pattern, root, name_anywhere=False)
+
+    async def _files_matching(self, pattern: str, root: str, *, name_anywhere: bool) -> list[str]:
+        matcher = compile_glob(pattern, name_anywhere=name_anywhere)
         prefix = root.rstrip("/") + "/"
         return sorted(
             p for p in await self.walk_files(root) if matcher.match(p[len(prefix):])
@@ -411,7 +417,8 @@ class SandboxRuntime(SandboxPart, SandboxFiles):
         """Regex search of text files below ``root`` (or ``root`` itself)."""
         info = await self.stat(root)
         if info.type == FileType.DIRECTORY:
-            files = await self.glob(glob or "**", root)
+            # grep's glob picks files by name at any depth, as grep --include does.
+            files = await self._files_matching(glob or "**", root, name_anywhere=True)
         else:
             files = [root]
         return await self.grep_files(pattern, files, limit)
@@ -679,30 +686,3 @@ def require_regular(mode: int, path: str) -> None:
         raise InvalidArgument(f"{path} is not a regular file; read it with exec")
 
 
-def join_path(workdir: str, path: str) -> str:
-    """Resolve ``path`` against ``workdir`` inside the sandbox (POSIX rules)."""
-    if not path:
-        path = "."
-    return posixpath.normpath(posixpath.join(workdir, path))
-
-
-def within(path: str, directory: str) -> bool:
-    """Whether the absolute ``path`` is ``directory`` or lies below it, by
-    name (``/a//b/.`` is ``/a/b``; POSIX's leading ``//`` is ``/``)."""
-    def plain(p: str) -> str:
-        return "/" + posixpath.normpath(p).lstrip("/")
-
-    path, directory = plain(path), plain(directory)
-    return path == directory or path.startswith(directory.rstrip("/") + "/")
-
-
-def sandbox_path(workdir: str, path: object) -> str:
-    """A caller's ``path`` checked (a string, no NUL byte: InvalidArgument
-    otherwise) and resolved against ``workdir``: one rule for the in-process
-    sandbox and the client that checks before it sends."""
-    if not isinstance(path, str):
-        raise InvalidArgument(f"path must be a string, not {type(path).__name__}")
-    problem = text_problem(path)
-    if problem is not None:
-        raise InvalidArgument(f"path {path!r} {problem}")
-    return join_path(workdir, path)

@@ -79,10 +79,10 @@ from ._docker_outside import (
     kept_for_preserved_container,
     preserved_container_removed,
 )
-from ._grep import GREP_OUTPUT_LIMIT, matching_indices
-from ._grepfilter import LINE_BREAK_CHARS as _LINE_BREAK_CHARS
+from ._grep import GREP_OUTPUT_LIMIT
 from ._grepfilter import LINE_BREAKS as _LINE_BREAKS
 from ._grepfilter import required_literals as _required_literals
+from ._grepstream import GrepStream
 from ._hostproc import EXEC_MARKER, SANDBOX_MARKER
 from .agent import AgentFailure, AgentRuntime, AgentUnavailable, agent_binary
 from .agent import workload as _workload
@@ -814,7 +814,7 @@ EXEC_DRAIN_SECONDS = 15.0
 EXEC_CHECK_MAX_SECONDS = 2.0
 #: Output pieces an exec's reader thread hands on before it waits for them
 #: to be taken: a consumer slower than the command holds this much, not all.
-EXEC_QUEUE_CHUNKS = 64
+EXEC_QUEUE_CHUNKS = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -2236,50 +2236,57 @@ class DockerSandbox(NativeBackend):
             argv = ["sh", "-c", _GREP_TREE, "hutch-grep", root, name, *grep_args]
         else:
             argv = ["grep", *grep_args, "--", root]
-        _, out, err = await self.run_quiet(
-            argv, env={"LC_ALL": "C"}, output_limit=GREP_CANDIDATE_LIMIT
-        )
-        if not out and any(marker in err for marker in _TOOL_FAILURES):
-            return await super().grep(pattern, root, glob, limit)
         matcher = compile_glob(glob) if glob and info.type == FileType.DIRECTORY else None
-        prefix = root.rstrip("/") + "/"
-        matches: list[GrepMatch] = []
+        found = GrepStream(pattern, root.rstrip("/") + "/",
+                           None if matcher is None else matcher.match)
+        err = await self._grep_into(found, argv)
+        if not found.answered and any(marker in err for marker in _TOOL_FAILURES):
+            return await super().grep(pattern, root, glob, limit)
         # grep calls a file binary at a NUL anywhere in what it has read; the
         # base rule, only at a NUL in the first 8 KiB. Those it named are
         # checked by that rule, and the ones it holds to be text read whole.
         binary = {
             m.decode("utf-8", "surrogateescape") for m in _BINARY_MATCHES.findall(err)
         }
-        reread = await self._text_by_base_rule(sorted(binary)) if binary else set()
-        candidates: list[GrepMatch] = []
-        pos = 0
-        while pos < len(out):
-            nul = out.find(b"\0", pos)
-            if nul < 0:
-                break
-            path = out[pos:nul].decode("utf-8", "surrogateescape")
-            end = out.find(b"\n", nul)
-            end = len(out) if end < 0 else end
-            number, _, raw = out[nul + 1:end].partition(b":")
-            pos = end + 1
-            if matcher is not None and not matcher.match(path[len(prefix):]):
-                continue
-            if path in reread or path in binary:
-                continue
-            text = raw.decode("utf-8", "replace")
-            body = text[:-1] if text.endswith("\r") else text  # CRLF: as splitlines
-            if _LINE_BREAK_CHARS.search(body):
-                reread.add(path)
-                continue
-            candidates.append(GrepMatch(path, int(number), body))
-        found = await matching_indices(pattern, [c.line for c in candidates])
-        matches = [candidates[i] for i in found if candidates[i].path not in reread]
+        matches = await found.end(binary)
+        reread = found.reread | (await self._text_by_base_rule(sorted(binary)) if binary
+                                 else set())
         whole = [
             path for path in sorted(reread)
-            if matcher is None or matcher.match(path[len(prefix):])
+            if matcher is None or matcher.match(path[len(found.prefix):])
         ]
         matches.extend(await self.grep_files(pattern, whole, limit))
         return sorted(matches, key=lambda m: (m.path, m.line_number))
+
+    async def _grep_into(self, found: GrepStream, argv: list[str]) -> bytes:
+        """Run hutch's grep, its answer fed to ``found`` as it comes (never
+        whole in memory); its stderr. Past :data:`GREP_CANDIDATE_LIMIT`
+        bytes it is stopped (OutputLimitExceeded)."""
+        proc = await self.start_process(
+            ProcessRequest(argv, cwd="/", env={"LC_ALL": "C"}, user="0")
+        )
+        err = bytearray()
+        total = 0
+        try:
+            while (chunk := await proc.read()) is not None:
+                total += len(chunk.data)
+                if total > GREP_CANDIDATE_LIMIT:
+                    raise OutputLimitExceeded(
+                        f"grep answered more than {GREP_CANDIDATE_LIMIT} bytes; "
+                        "narrow the path, the glob or the pattern"
+                    )
+                if chunk.stream == "stdout":
+                    await found.feed(chunk.data)
+                elif len(err) < GREP_OUTPUT_LIMIT:  # its words on binary files, errors
+                    err += chunk.data
+            await proc.wait()
+        except BaseException:
+            # Cancelled (a grep's timeout, its caller gone) or over its cap:
+            # what it started inside the sandbox is killed, not left to run.
+            with anyio.CancelScope(shield=True):
+                await proc.kill(KILL_GRACE_SECONDS)
+            raise
+        return bytes(err)
 
     async def _text_by_base_rule(self, paths: list[str]) -> set[str]:
         """Those of ``paths`` with no NUL in their first 8 KiB."""

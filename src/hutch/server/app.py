@@ -1064,15 +1064,17 @@ class HotRoutes:
     async def _write(
         self, daemon: Daemon, sandbox_id: str, scope: Scope, receive: Receive, send: Send
     ) -> None:
-        path = self._query(scope).get("path")
-        if path is None:
-            raise _FallThrough()
+        query = self._query(scope)
+        path = query.get("path")
+        overwrite = query.get("overwrite", "false")
+        if path is None or overwrite not in ("true", "false"):
+            raise _FallThrough()  # FastAPI's route answers, or says what is wrong
         spool = await _spool_body(receive)
         if spool is None:
             return
         with spool:
             sandbox = daemon.session(sandbox_id, self._session(scope))
-            await sandbox.write_from(path, spool)
+            await sandbox.write_from(path, spool, overwrite=overwrite == "true")
         await _respond(send, 204, b"", b"")
 
 
@@ -1267,13 +1269,18 @@ def create_app(
         return StreamingResponse(whole(), media_type="application/octet-stream")
 
     @v1.put("/sandboxes/{sandbox_id}/files", status_code=204)
-    async def write_file(request: Request, sandbox_id: str, path: str = Query()) -> Response:
+    async def write_file(
+        request: Request, sandbox_id: str, path: str = Query(),
+        overwrite: bool = Query(default=False, description=(
+            "Replace an existing file even if this session has not read it "
+            "(read_before_write is for agents; a person's copy overwrites).")),
+    ) -> Response:
         sandbox = sandbox_for(request, sandbox_id)
         with new_spool() as spool:
             async for piece in request.stream():
                 spool.write(piece)
             spool.seek(0)
-            await sandbox.write_from(path, spool)
+            await sandbox.write_from(path, spool, overwrite=overwrite)
         return Response(status_code=204)
 
     @v1.delete("/sandboxes/{sandbox_id}/files", status_code=204)

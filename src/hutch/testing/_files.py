@@ -158,9 +158,10 @@ async def check_glob(sandbox: Any) -> None:
     assert await sandbox.glob("**/*.py", "g") == [
         f"{root}/a.py", f"{root}/sub/c.py", f"{root}/sub/deeper/d.py"
     ]
-    assert await sandbox.glob("*.py", "g") == [
-        f"{root}/a.py", f"{root}/sub/c.py", f"{root}/sub/deeper/d.py"
-    ]
+    # As pathlib's Path.glob: a pattern without ** stays at its depth.
+    assert await sandbox.glob("*.py", "g") == [f"{root}/a.py"]
+    assert await sandbox.glob("*/*.py", "g") == [f"{root}/sub/c.py"]
+    assert await sandbox.glob("*", "g") == [f"{root}/a.py", f"{root}/b.txt"]
     assert await sandbox.glob("sub/*.py", "g") == [f"{root}/sub/c.py"]
     assert await sandbox.glob("sub/**/*.md", "g") == [f"{root}/sub/e.md"]
 

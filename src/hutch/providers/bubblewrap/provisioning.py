@@ -60,7 +60,7 @@ from ..._errors import InvalidArgument, ProviderError, SandboxUnavailable
 from ..._liveness import process_start_time, still_running
 from ..._paths import hutch_home
 from .. import _mounts
-from . import userns
+from . import mountns, userns
 from .cgroups import JOIN_AND_EXEC, SandboxCgroup, leave_thread, thread_home
 from .seccomp import compile_filter
 
@@ -468,8 +468,9 @@ class _Starter:
     keeper started with ``--die-with-parent`` dies when the *thread* that
     started it ends. After each start the thread goes back to the host's
     namespaces and to its own cgroups: each sandbox's mount namespace is
-    copied from the host's (never from the last sandbox's), and nothing of a
-    sandbox is kept alive by the thread."""
+    copied from the host's (never from the last sandbox's), then rid of every
+    host mount its keeper does not use (see :mod:`.mountns`), and nothing of
+    a sandbox is kept alive by the thread."""
 
     #: Network namespaces kept ready (each is a few kilobytes of the kernel's).
     SPARE_NETNS = 2
@@ -658,6 +659,8 @@ def start_keeper(
         layers.mount()
         if agent is not None:
             _mount(agent[0], AGENT_POINT, None, _MS_BIND, None)
+        # Of the host's mounts copied in, only what runs here uses stays.
+        mountns.keep_only((SHARED_POINTS, layers.sandbox_dir))
         argv = bwrap if joined else ["/bin/sh", "-c", JOIN_AND_EXEC, "hutch-keeper", *bwrap]
         with open(log_path, "ab") as log:
             return subprocess.Popen(

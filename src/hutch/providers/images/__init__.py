@@ -293,23 +293,42 @@ def _apt_sandbox(rootfs: str) -> list[str]:
     ]
 
 
-def _users(rootfs: str, tag: str | None) -> list[str]:
-    users: list[str] = []
+def _bubblewrap_lowers() -> dict[str, list[str]]:
+    """Each bubblewrap sandbox's lower layers (root file systems), by sandbox id."""
+    found: dict[str, list[str]] = {}
     sandboxes = os.path.join(hutch_home(), "bubblewrap", "sandboxes")
     with contextlib.suppress(FileNotFoundError):
         for sandbox in sorted(os.listdir(sandboxes)):
             try:
                 with open(os.path.join(sandboxes, sandbox, "lowers.json")) as fh:
-                    if rootfs in json.load(fh):
-                        users.append(f"bubblewrap:{sandbox}")
-            except (OSError, ValueError):
+                    found[sandbox] = [str(lower) for lower in json.load(fh)]
+            except (OSError, ValueError, TypeError):
                 continue
-    if tag is not None and _docker_available():
+    return found
+
+
+def _docker_tags() -> set[str] | None:
+    """The tags of the images hutch built that Docker has (None: no Engine)."""
+    if not _docker_available():
+        return None
+    return docker_side.tags_labelled(f"{_LABEL}=1")
+
+
+def _users(rootfs: str, tag: str | None, lowers: dict[str, list[str]],
+           docker_tags: set[str] | None) -> list[str]:
+    users = [f"bubblewrap:{sandbox}" for sandbox, found in lowers.items() if rootfs in found]
+    # The Engine is asked only about images it has: a listing of many images
+    # costs one call for all of them, and one more for each that Docker has.
+    if tag is not None and docker_tags is not None and tag in docker_tags:
         users.extend(f"docker:{n}" for n in docker_side.containers_from(tag))
     return users
 
 
 def inspect(name: str) -> ImageInfo:
+    return _inspect(name, _bubblewrap_lowers(), _docker_tags())
+
+
+def _inspect(name: str, lowers: dict[str, list[str]], docker_tags: set[str] | None) -> ImageInfo:
     directory = _directory(name)
     try:
         with open(os.path.join(directory, "image.json")) as fh:
@@ -321,7 +340,7 @@ def inspect(name: str) -> ImageInfo:
     return ImageInfo(
         str(data["name"]), str(data["source"]), int(data["size_bytes"]),
         float(data["created_unix"]), [str(p) for p in data.get("packages") or []],
-        _users(os.path.join(directory, "rootfs"), tag and str(tag)),
+        _users(os.path.join(directory, "rootfs"), tag and str(tag), lowers, docker_tags),
         docker_tag=tag and str(tag),
     )
 
@@ -331,12 +350,13 @@ def list_images() -> list[ImageInfo]:
         names = sorted(os.listdir(images_home()))
     except FileNotFoundError:
         return []
+    lowers, docker_tags = _bubblewrap_lowers(), _docker_tags()
     out = []
     for entry in names:
         if entry.startswith("."):
             continue
         with contextlib.suppress(NotFound, InvalidArgument):
-            out.append(inspect(entry.replace("@", ":")))
+            out.append(_inspect(entry.replace("@", ":"), lowers, docker_tags))
     return out
 
 

@@ -69,6 +69,17 @@ def containers_from(tag: str) -> list[str]:
     return [str(c["Names"][0]).lstrip("/") for c in listed if c.get("Names")]
 
 
+def tags_labelled(label: str) -> set[str]:
+    """Every tag of the images carrying ``label`` (``key=value``), also
+    without its ``:latest``: one call for a listing of many images."""
+    tags = set()
+    for image in engine().images(filters={"label": label}):
+        for tag in image.get("RepoTags") or []:
+            tags.add(str(tag))
+            tags.add(str(tag).removesuffix(":latest"))
+    return tags
+
+
 def remove_image(tag: str) -> None:
     """Remove Docker image ``tag`` (forced), if it is there."""
     import docker.errors
