@@ -44,7 +44,7 @@ from ._process import (
     kill_shielded,
     release_output,
 )
-from ._refwire import check_ref_lifetime
+from ._refwire import attachment_json, check_ref_lifetime
 from ._sandbox_paths import sandbox_path
 from ._snapshots import Fork, Snapshot, new_snapshot_id, snapshot_record
 from ._types import (
@@ -59,6 +59,7 @@ from ._types import (
     GrepMatch,
 )
 from ._values import check_command, check_text
+from .core.refs import ref_serving
 from .lifecycle.state import SandboxState
 from .providers._grep import grep_output_budget
 from .providers.base import (
@@ -73,9 +74,9 @@ from .providers.base import (
 
 if TYPE_CHECKING:
     from .config import SandboxSpec
+    from .core.refs import RefServer
     from .lifecycle.engine import LifecycleRecord, SandboxStatus
     from .lifecycle.gate import LifecycleGate
-    from .server.owner import OwnerServer
     from .store import RefRow
 
 
@@ -96,7 +97,7 @@ class _Live:
         #: session id -> an attached (non-owning) session.
         self.attached: dict[str, Sandbox] = {}
         #: What serves it to the holders of its refs, once its owner handed one out.
-        self.server: OwnerServer | None = None
+        self.server: RefServer | None = None
         self.server_lock = asyncio.Lock()
 
 
@@ -713,8 +714,6 @@ class Sandbox:
     def _attachments(self) -> list[dict[str, Any]]:
         """The sessions attached now: in this process, and through the server
         that serves it to other processes (whose refs still work)."""
-        from .server.daemon import attachment_json
-
         server = self._live.server
         working = None if server is None else {r.id for r in server.open_refs()}
         here = [
@@ -848,9 +847,7 @@ class Sandbox:
             if self._live.closed:
                 raise SandboxUnavailable(closed_message(self.id))
             if self._live.server is None:
-                from .server.owner import OwnerServer
-
-                self._live.server = await OwnerServer.start(self)
+                self._live.server = await ref_serving().start(self)
             server = self._live.server
         return await server.hand_out(expires_in)
 
