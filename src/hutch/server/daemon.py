@@ -65,8 +65,8 @@ from ..definitions.ensure import (
     this_program,
 )
 from ..lifecycle.engine import LifecycleEngine, expiry_error
-from ..lifecycle.state import SandboxState
-from ..providers.base import ProviderSnapshot, RuntimeNotice, RuntimeState, SandboxBackend
+from ..lifecycle.state import SandboxState, found_state
+from ..providers.base import ProviderSnapshot, RuntimeNotice, SandboxBackend
 from ..providers.registry import available_providers, get_provider
 from ..store import (
     InstanceRow,
@@ -1599,17 +1599,6 @@ class Daemon:
             self.store.set_meta(CLEAN_STOP, str(time.time()))
         finally:
             self.store.close()
-
-
-def found_state(recorded: SandboxState, observed: RuntimeState) -> SandboxState | None:
-    """The state a sandbox found again is in: its runtime's own, where the
-    provider can tell it; the record's where it cannot tell running from
-    paused (or up from suspended). None: nothing of it is left."""
-    if observed is RuntimeState.GONE:
-        return None
-    if observed is RuntimeState.LIVE:
-        return recorded if recorded is not SandboxState.CREATING else SandboxState.RUNNING
-    return SandboxState(observed.value)
 
 
 def _state_label(workspace: str) -> str:
