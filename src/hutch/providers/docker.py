@@ -1205,7 +1205,7 @@ def commit_state(
     ``fault``: the fault point (:mod:`hutch._faults`) of the step, inside its freeze.
     """
     depth = len(api.inspect_image(base_image)["RootFS"].get("Layers") or [])
-    if flatten or depth >= MAX_SUSPEND_LAYERS:
+    if _layers.flattens(depth, asked=flatten, limit=MAX_SUSPEND_LAYERS):
         config = api.inspect_container(container)["Config"]
         return _flatten(api, container, config, labels, repository, tag)
     if stopped:  # the caller holds the container paused (and its freeze guard)
