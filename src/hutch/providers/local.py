@@ -162,7 +162,7 @@ class LocalSandbox(NativeBackend, FilesRuntime):
                     self._chain, self._adopted = [snapshot_id], True
                     return size
             return layers.capture(snapshot_id, self.sandbox_id, self.workdir, self._chain,
-                                   diff=diff)
+                                  diff=diff)
 
         size = await anyio.to_thread.run_sync(capture)
         return ProviderSnapshot(snapshot_id, self.provider, size)
