@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from hutch.providers import docker, layers
+from hutch.providers import layers
+from hutch.providers.docker.sandbox import MAX_SUSPEND_LAYERS
 from hutch.providers.layers import flattening
 
 
@@ -18,7 +19,7 @@ def test_a_chain_flattens_when_asked_or_at_its_ceiling() -> None:
 
 def test_each_system_has_its_own_ceiling() -> None:
     # docker's images: overlay2 stops at 128, so a commit flattens at 100.
-    limit = docker.MAX_SUSPEND_LAYERS
+    limit = MAX_SUSPEND_LAYERS
     assert not layers.flattens(limit - 1, asked=False, limit=limit)
     assert layers.flattens(limit, asked=False, limit=limit)
     # bubblewrap's: no ceiling by depth, only when asked.

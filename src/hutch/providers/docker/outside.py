@@ -17,9 +17,9 @@ import contextlib
 import logging
 import threading
 
-from .._paths import sandbox_workdir
-from . import layers
-from ._diskcap import unmount_capped
+from ..._paths import sandbox_workdir
+from .. import layers
+from .._diskcap import unmount_capped
 
 log = logging.getLogger("hutch.docker")
 
