@@ -46,7 +46,7 @@ from ._process import (
 )
 from ._refwire import attachment_json, check_ref_lifetime
 from ._sandbox_paths import sandbox_path
-from ._snapshots import Fork, Snapshot, new_snapshot_id, snapshot_record
+from ._snapshots import Fork, SandboxFactory, Snapshot, new_snapshot_id, snapshot_record
 from ._types import (
     DEFAULT_OUTPUT_LIMIT,
     DEFAULT_READ_LIMIT,
@@ -119,8 +119,11 @@ class Sandbox:
         read_before_write: bool = True,
         output_limit: int = DEFAULT_OUTPUT_LIMIT,
         gate: LifecycleGate | None = None,
+        factory: SandboxFactory | None = None,
     ) -> None:
         self.id = sandbox_id or backend.sandbox_id
+        #: What starts its forks' branches (None: it cannot be forked here).
+        self._factory = factory
         self._live = _Live(backend, gate)
         self.output_limit = output_limit
         self._guard = ReadBeforeWriteGuard(read_before_write)
@@ -145,6 +148,7 @@ class Sandbox:
         session._ref = ref
         session.id = self.id
         session._live = self._live
+        session._factory = self._factory
         session.output_limit = self.output_limit
         session._guard = ReadBeforeWriteGuard(self._guard.enabled)
         session.created_at = time.time()
@@ -770,12 +774,13 @@ class Sandbox:
         self.require("fork")
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise InvalidArgument(f"fork count must be a non-negative integer, not {count!r}")
+        if self._factory is None:
+            raise SandboxUnavailable(
+                f"sandbox {self.id} was made without a factory for its branches: "
+                "make it with hutch.create_sandbox to fork it"
+            )
         snapshot = await self.snapshot(label)
-        from .lifecycle.engine import LifecycleEngine
-
-        # Branches join the engine that tracks their origin (its clock, its timers).
-        engine = self._gate if isinstance(self._gate, LifecycleEngine) else None
-        fork = Fork(snapshot, engine)
+        fork = Fork(snapshot, self._factory)
         for _ in range(count):
             await fork.attach()
         return fork
