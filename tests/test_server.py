@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from hutch.server.app import ServerSettings, create_app
+from hutch.server import ServerSettings, create_app
 from hutch.server.daemon import Daemon
 from hutch.server.policy import OperatorPolicy
 from tests.daemon_fixture import DaemonProcess
