@@ -7,48 +7,37 @@ import os
 import re
 from typing import Any
 
-from pydantic import BaseModel, Field
-
 from .._errors import (
     ERRORS_BY_CODE,
     HutchError,
 )
+from ..wire import ErrorBody
 
 log = logging.getLogger("hutch.server")
 
 
 
-class ErrorDetail(BaseModel):
-    """``code`` and ``message``, and the details of errors that carry some
-    (``setup_failed``: the step, its exit code and the end of its output)."""
-
-    code: str
-    message: str
-    step: str | None = Field(default=None, description="setup_failed: the failing step")
-    exit_code: int | None = Field(default=None, description="setup_failed: its exit code")
-    output_tail: str | None = Field(
-        default=None, description="setup_failed: the end of its output"
-    )
-
-
-class ErrorBody(BaseModel):
-    """Every error's body: ``{"error": {"code", "message", ...details}}``."""
-
-    error: ErrorDetail
-
-
-def error_responses() -> dict[int | str, dict[str, Any]]:
+def error_responses(*, by_ref: bool = False) -> dict[int | str, dict[str, Any]]:
     """The OpenAPI ``responses`` of every error status the API answers with,
     from the one table of codes (hutch._errors); 500 is no answer of hutch's
-    but a bug, and so undocumented."""
+    but a bug, and so undocumented. ``by_ref``: as JSON whatever the route's
+    media type (the model named by its schema's reference, not given)."""
     by_status: dict[int, list[str]] = {}
     for code, cls in sorted(ERRORS_BY_CODE.items()):
         if cls.http_status != 500:
             by_status.setdefault(cls.http_status, []).append(code)
+    body: dict[str, Any] = (
+        {"content": {"application/json": {"schema": {"$ref": ERROR_BODY_REF}}}}
+        if by_ref else {"model": ErrorBody}
+    )
     return {
-        status: {"model": ErrorBody, "description": "error: " + ", ".join(codes)}
+        status: {**body, "description": "error: " + ", ".join(codes)}
         for status, codes in sorted(by_status.items())
     }
+
+
+#: Where the OpenAPI document keeps the error body's schema.
+ERROR_BODY_REF = "#/components/schemas/ErrorBody"
 
 
 def error_json(exc: HutchError) -> dict[str, Any]:

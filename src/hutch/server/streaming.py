@@ -17,8 +17,9 @@ from typing import IO, Any
 import anyio
 from fastapi import Response
 from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel
 
-from .. import _membudget
+from .. import _membudget, wire
 from .._errors import (
     ExecTimeout,
     HutchError,
@@ -32,7 +33,7 @@ from .._types import (
 )
 from .asgi import Send, render_json, respond
 from .bodies import ExecBody
-from .errors import error_json
+from .errors import error_json, error_responses
 
 log = logging.getLogger("hutch.server")
 
@@ -249,3 +250,43 @@ async def opened_file(
 
 
 
+
+
+# -- how the OpenAPI document tells the answers that are not one JSON body -------------------
+
+
+class NDJSONLines(JSONResponse):
+    """The response class a route that answers NDJSON declares, so that the
+    OpenAPI document gives its lines' model under ``application/x-ndjson``;
+    the route itself answers with a :class:`StreamingResponse` of them."""
+
+    media_type = "application/x-ndjson"
+
+
+class FileBytes(Response):
+    """The response class of a file's bytes, for the OpenAPI document."""
+
+    media_type = "application/octet-stream"
+
+
+def ndjson_lines(line: type[BaseModel], description: str) -> dict[str, Any]:
+    """A route's arguments for an answer of NDJSON lines of ``line``. Its
+    errors (before the stream starts) are JSON: referred to by hand, since
+    FastAPI gives an error model the route's own media type."""
+    return {
+        "response_class": NDJSONLines, "response_model": line,
+        "response_description": description, "responses": error_responses(by_ref=True),
+    }
+
+
+#: A route's arguments for an answer of a stream's events.
+NDJSON_LINES = ndjson_lines(
+    wire.StreamLine, "NDJSON, a line an event: output, then the exit (or an error)"
+)
+
+#: A route's arguments for an answer of a file's bytes.
+FILE_BYTES: dict[str, Any] = {
+    "response_class": FileBytes, "response_description": "the file's bytes",
+    "responses": {**error_responses(by_ref=True), 200: {"content": {"application/octet-stream": {
+        "schema": {"type": "string", "format": "binary"}}}}},
+}

@@ -11,35 +11,37 @@ import anyio
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from ... import wire
 from ..._errors import HutchError
+from ...definitions.model import Definition
 from ..bodies import ENSURE_STREAM_BUFFER, ThreadBody
 from ..errors import error_json
+from ..streaming import ndjson_lines
 from . import DaemonGetter, v1_router
 
 
 def router(daemon: DaemonGetter) -> APIRouter:
     v1 = v1_router()
 
-    @v1.put("/definitions/{definition_id}")
+    @v1.put("/definitions/{definition_id}", response_model=Definition)
     async def put_definition(definition_id: str, body: dict[str, Any]) -> JSONResponse:
         d = daemon()
         return JSONResponse(d.definition_json(d.put_definition(definition_id, body)))
 
-    @v1.get("/definitions")
+    @v1.get("/definitions", response_model=wire.DefinitionList)
     async def list_definitions() -> JSONResponse:
         d = daemon()
         return JSONResponse(
             {"definitions": [d.definition_json(x) for x in d.definitions.all()]}
         )
 
-    @v1.post("/definitions/{definition_id}/ensure")
+    @v1.post("/definitions/{definition_id}/ensure", response_model=wire.EnsureAnswer)
     async def ensure(definition_id: str, body: ThreadBody) -> JSONResponse:
         return JSONResponse(await daemon().ensure(definition_id, body.thread_id, body.tenant))
 
     @v1.post(
-        "/definitions/{definition_id}/ensure/stream", response_class=StreamingResponse,
-        responses={200: {"description": "NDJSON: steps, setup output, then the result",
-                         "content": {"application/x-ndjson": {"schema": {"type": "string"}}}}},
+        "/definitions/{definition_id}/ensure/stream",
+        **ndjson_lines(wire.EnsureLine, "NDJSON: steps, setup output, then the result"),
     )
     async def ensure_stream(definition_id: str, body: ThreadBody) -> StreamingResponse:
         """As ensure, told as it goes in NDJSON: ``{"step"}`` as each step
@@ -74,7 +76,7 @@ def router(daemon: DaemonGetter) -> APIRouter:
 
         return StreamingResponse(events(), media_type="application/x-ndjson")
 
-    @v1.post("/definitions/{definition_id}/complete")
+    @v1.post("/definitions/{definition_id}/complete", response_model=wire.Completed)
     async def complete(definition_id: str, body: ThreadBody) -> JSONResponse:
         destroyed = await daemon().definitions.complete(definition_id, body.thread_id,
                                                         body.tenant)

@@ -7,16 +7,17 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from ... import wire
 from ..._types import DEFAULT_READ_LIMIT, MAX_READ_LIMIT
 from ..bodies import GlobBody, GrepBody
-from ..streaming import file_json, new_spool, opened_file
+from ..streaming import FILE_BYTES, file_json, new_spool, opened_file
 from . import DaemonGetter, session_sandbox, v1_router
 
 
 def router(daemon: DaemonGetter) -> APIRouter:
     v1 = v1_router()
 
-    @v1.get("/sandboxes/{sandbox_id}/files")
+    @v1.get("/sandboxes/{sandbox_id}/files", **FILE_BYTES)
     async def read_file(
         request: Request, sandbox_id: str, path: str = Query(),
         limit: int = Query(default=DEFAULT_READ_LIMIT, gt=0, le=MAX_READ_LIMIT),
@@ -55,17 +56,17 @@ def router(daemon: DaemonGetter) -> APIRouter:
         await session_sandbox(daemon(), request, sandbox_id).remove(path, recursive=recursive)
         return Response(status_code=204)
 
-    @v1.get("/sandboxes/{sandbox_id}/stat")
+    @v1.get("/sandboxes/{sandbox_id}/stat", response_model=wire.FileStat)
     async def stat(request: Request, sandbox_id: str, path: str = Query()) -> JSONResponse:
         info = await session_sandbox(daemon(), request, sandbox_id).stat(path)
         return JSONResponse(file_json(info))
 
-    @v1.get("/sandboxes/{sandbox_id}/list")
+    @v1.get("/sandboxes/{sandbox_id}/list", response_model=wire.FileList)
     async def list_dir(request: Request, sandbox_id: str, path: str = ".") -> JSONResponse:
         entries = await session_sandbox(daemon(), request, sandbox_id).list_dir(path)
         return JSONResponse({"entries": [file_json(e) for e in entries]})
 
-    @v1.post("/sandboxes/{sandbox_id}/grep")
+    @v1.post("/sandboxes/{sandbox_id}/grep", response_model=wire.GrepAnswer)
     async def grep(request: Request, sandbox_id: str, body: GrepBody) -> JSONResponse:
         matches = await session_sandbox(daemon(), request, sandbox_id).grep(
             body.pattern, body.path, glob=body.glob, ignore_case=body.ignore_case,
@@ -75,14 +76,14 @@ def router(daemon: DaemonGetter) -> APIRouter:
             {"path": m.path, "line_number": m.line_number, "line": m.line} for m in matches
         ]})
 
-    @v1.get("/sandboxes/{sandbox_id}/preview_url")
+    @v1.get("/sandboxes/{sandbox_id}/preview_url", response_model=wire.PreviewUrl)
     async def preview_url(
         request: Request, sandbox_id: str, port: int = Query(gt=0, lt=65536)
     ) -> JSONResponse:
         url = await session_sandbox(daemon(), request, sandbox_id).preview_url(port)
         return JSONResponse({"url": url})
 
-    @v1.post("/sandboxes/{sandbox_id}/glob")
+    @v1.post("/sandboxes/{sandbox_id}/glob", response_model=wire.GlobAnswer)
     async def glob(request: Request, sandbox_id: str, body: GlobBody) -> JSONResponse:
         paths = await session_sandbox(daemon(), request, sandbox_id).glob(
             body.pattern, body.path, timeout=body.timeout

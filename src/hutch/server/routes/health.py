@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 
+from ... import wire
 from ..bodies import MAX_EVENTS
 from ..errors import error_responses
 from . import DaemonGetter, v1_router
@@ -13,7 +14,7 @@ from . import DaemonGetter, v1_router
 def router(daemon: DaemonGetter) -> APIRouter:
     v1 = v1_router()
 
-    @v1.get("/events")
+    @v1.get("/events", response_model=wire.EventList)
     async def events(
         subject: str | None = None, limit: int = Query(default=100, gt=0, le=MAX_EVENTS)
     ) -> JSONResponse:
@@ -25,8 +26,8 @@ def router(daemon: DaemonGetter) -> APIRouter:
 def health_router() -> APIRouter:
     root = APIRouter()
 
-    @root.get("/healthz", responses={401: error_responses()[401]})
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+    @root.get("/healthz", response_model=wire.Health, responses={401: error_responses()[401]})
+    async def healthz() -> JSONResponse:
+        return JSONResponse({"status": "ok"})
 
     return root

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
+from ... import wire
 from ..bodies import RefBody
 from . import DaemonGetter, v1_router
 
@@ -12,7 +13,7 @@ from . import DaemonGetter, v1_router
 def router(daemon: DaemonGetter) -> APIRouter:
     v1 = v1_router()
 
-    @v1.post("/sandboxes/{sandbox_id}/refs", status_code=201)
+    @v1.post("/sandboxes/{sandbox_id}/refs", status_code=201, response_model=wire.RefHandedOut)
     async def create_ref(
         request: Request, sandbox_id: str, body: RefBody | None = None
     ) -> JSONResponse:

@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 
+from ... import wire
 from ..._errors import InvalidArgument
 from ...store import RefRow
 from ..asgi import header
@@ -18,11 +19,11 @@ from . import DaemonGetter, v1_router
 def router(daemon: DaemonGetter) -> APIRouter:
     v1 = v1_router()
 
-    @v1.get("/sandboxes/{sandbox_id}")
+    @v1.get("/sandboxes/{sandbox_id}", response_model=wire.SandboxInfo)
     async def get_sandbox(sandbox_id: str) -> JSONResponse:
         return JSONResponse(await daemon().describe(sandbox_id))
 
-    @v1.get("/sandboxes")
+    @v1.get("/sandboxes", response_model=wire.SandboxList)
     async def list_sandboxes(
         all: bool = Query(default=False, description=(
             "Also list sandboxes that ended (terminated or failed) within the retention "
@@ -31,7 +32,7 @@ def router(daemon: DaemonGetter) -> APIRouter:
     ) -> JSONResponse:
         return JSONResponse({"sandboxes": await daemon().list_infos(include_ended=all)})
 
-    @v1.post("/sandboxes", status_code=201)
+    @v1.post("/sandboxes", status_code=201, response_model=wire.SandboxInfo)
     async def create_sandbox(body: dict[str, Any]) -> JSONResponse:
         d = daemon()
         body = dict(body)
@@ -60,34 +61,34 @@ def router(daemon: DaemonGetter) -> APIRouter:
         await getattr(sandbox, action)()
         return JSONResponse(await d.info(sandbox))
 
-    @v1.post("/sandboxes/{sandbox_id}/pause")
+    @v1.post("/sandboxes/{sandbox_id}/pause", response_model=wire.SandboxInfo)
     async def pause(sandbox_id: str) -> JSONResponse:
         return await lifecycle(sandbox_id, "pause")
 
-    @v1.post("/sandboxes/{sandbox_id}/suspend")
+    @v1.post("/sandboxes/{sandbox_id}/suspend", response_model=wire.SandboxInfo)
     async def suspend(sandbox_id: str) -> JSONResponse:
         return await lifecycle(sandbox_id, "suspend")
 
-    @v1.post("/sandboxes/{sandbox_id}/resume")
+    @v1.post("/sandboxes/{sandbox_id}/resume", response_model=wire.SandboxInfo)
     async def resume(sandbox_id: str) -> JSONResponse:
         return await lifecycle(sandbox_id, "resume")
 
-    @v1.post("/sandboxes/{sandbox_id}/set_timeout")
+    @v1.post("/sandboxes/{sandbox_id}/set_timeout", response_model=wire.Deadline)
     async def set_timeout(sandbox_id: str, body: SetTimeoutBody) -> JSONResponse:
         deadline = await daemon().set_timeout(sandbox_id, body.timeout_seconds)
         return JSONResponse({"deadline_unix": deadline})
 
     # The seed-named endpoints other tools already speak.
-    @v1.post("/set_timeout")
+    @v1.post("/set_timeout", response_model=wire.Deadline)
     async def set_timeout_named(body: SetTimeoutRef) -> JSONResponse:
         deadline = await daemon().set_timeout(body.sandbox, body.timeout_seconds)
         return JSONResponse({"deadline_unix": deadline})
 
-    @v1.post("/pause")
+    @v1.post("/pause", response_model=wire.SandboxInfo)
     async def pause_named(body: SandboxRef) -> JSONResponse:
         return await lifecycle(body.sandbox, "pause")
 
-    @v1.post("/resume")
+    @v1.post("/resume", response_model=wire.SandboxInfo)
     async def resume_named(body: SandboxRef) -> JSONResponse:
         return await lifecycle(body.sandbox, "resume")
 

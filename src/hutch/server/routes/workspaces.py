@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 
+from ... import wire
 from ..bodies import WorkspaceSuspendBody
 from . import DaemonGetter, v1_router
 
@@ -14,18 +15,18 @@ from . import DaemonGetter, v1_router
 def router(daemon: DaemonGetter) -> APIRouter:
     v1 = v1_router()
 
-    @v1.get("/workspaces")
+    @v1.get("/workspaces", response_model=wire.WorkspaceList)
     async def list_workspaces() -> JSONResponse:
         d = daemon()
         return JSONResponse({"workspaces": [d.workspace_json(w) for w in d.list_workspaces()]})
 
-    @v1.post("/workspaces", status_code=201)
+    @v1.post("/workspaces", status_code=201, response_model=wire.WorkspaceInfo)
     async def create_workspace(body: dict[str, Any]) -> JSONResponse:
         d = daemon()
         row = await d.create_workspace(body)
         return JSONResponse(d.workspace_json(row), status_code=201)
 
-    @v1.get("/workspaces/{name}")
+    @v1.get("/workspaces/{name}", response_model=wire.WorkspaceInfo)
     async def get_workspace(name: str) -> JSONResponse:
         d = daemon()
         return JSONResponse(d.workspace_json(d.get_workspace(name)))
@@ -35,7 +36,7 @@ def router(daemon: DaemonGetter) -> APIRouter:
         await daemon().delete_workspace(name)
         return Response(status_code=204)
 
-    @v1.post("/workspaces/{name}/suspend")
+    @v1.post("/workspaces/{name}/suspend", response_model=wire.WorkspaceInfo)
     async def suspend_workspace(
         name: str, body: WorkspaceSuspendBody | None = None
     ) -> JSONResponse:
@@ -43,7 +44,7 @@ def router(daemon: DaemonGetter) -> APIRouter:
         row = await d.suspend_workspace(name, diff=bool(body and body.diff))
         return JSONResponse(d.workspace_json(row))
 
-    @v1.post("/workspaces/{name}/resume")
+    @v1.post("/workspaces/{name}/resume", response_model=wire.WorkspaceInfo)
     async def resume_workspace(name: str) -> JSONResponse:
         d = daemon()
         return JSONResponse(d.workspace_json(await d.resume_workspace(name)))
