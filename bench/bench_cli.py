@@ -11,6 +11,7 @@ hutch (``python -c pass``): what is left above them is the command's own cost
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -29,14 +30,20 @@ SANDBOXES = 1000
 RUNS = 9
 
 
-def timed(argv: list[str], env: dict[str, str]) -> Callable[[], float]:
+def timed(argv: list[str], env: dict[str, str], cpu: bool = False) -> Callable[[], float]:
+    """One run's wall time, or with ``cpu`` the CPU time it used (user and
+    system): on a machine shared with other work, the steadier figure."""
     def once() -> float:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
         done = subprocess.run(argv, env=env, capture_output=True, stdin=subprocess.DEVNULL,
                               check=False)
         took = time.perf_counter() - started
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
         if done.returncode != 0:
             raise RuntimeError(f"{argv} failed: {done.stderr.decode()}")
+        if cpu:
+            return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         return took
     return once
 
@@ -67,6 +74,9 @@ async def main() -> None:
             row("ls (table, piped) vs curl GET", ls_table, get)
         row("ls --json vs python -c pass", ls_json, bare)
         row("ls (table, piped) vs python -c pass", ls_table, bare)
+        ls_json_cpu = median_of(timed([*hutch_cmd, "ls", "--json"], env, cpu=True))
+        bare_cpu = median_of(timed([sys.executable, "-c", "pass"], env, cpu=True))
+        row("ls --json CPU time vs python -c pass's", ls_json_cpu, bare_cpu)
     finally:
         daemon.close()
 

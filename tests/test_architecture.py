@@ -10,15 +10,6 @@ import grimp
 #: component. The redesign removes them; a new cycle, or a module joining
 #: one, fails this test.
 KNOWN_CYCLES: list[set[str]] = [
-    {"hutch._api", "hutch._sandbox", "hutch._snapshots", "hutch._sync", "hutch.definitions",
-     "hutch.definitions.ensure", "hutch.lifecycle.engine", "hutch.server.app",
-     "hutch.server.daemon", "hutch.server.owner",
-     # hutch.server.app's pieces (one router per resource), in the knot as it was
-     "hutch.server.hot", "hutch.server.middleware", "hutch.server.settings",
-     "hutch.server.streaming", "hutch.server.routes", "hutch.server.routes.definitions",
-     "hutch.server.routes.exec", "hutch.server.routes.files", "hutch.server.routes.health",
-     "hutch.server.routes.pty", "hutch.server.routes.refs", "hutch.server.routes.sandboxes",
-     "hutch.server.routes.snapshots", "hutch.server.routes.workspaces"},
     {"hutch.client._core", "hutch.client._shell", "hutch.client._transports"},
     {"hutch.cli.images", "hutch.cli.main"},
 ]

@@ -12,6 +12,7 @@ import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
+import docker
 import httpx
 import pytest
 
@@ -296,13 +297,17 @@ anyio.run(main)
 """
 
 
-def _daemon_s_thread_is_taken_once_it_dies(daemon: DaemonProcess, definition_id: str) -> None:
+def _daemon_s_thread_is_taken_once_it_dies(
+    daemon: DaemonProcess, definition_id: str, *, left_frozen: bool = False,
+) -> None:
     """A daemon holding a thread's sandbox is killed (SIGKILL: nothing of it
     runs after): a program that ensures that thread in-process on its store
     sees the holder is dead and takes the sandbox over, the daemon's work in
     it, as the daemon does with a dead program's. The daemon started again
     finds it held in-process by a program that lives: it neither adopts it
-    nor frees it as an orphan."""
+    nor frees it as an orphan. ``left_frozen``: the daemon died with the
+    container frozen (a suspend's commit cut short): the program finds it
+    as it is, not as recorded, and brings it back."""
     with hutch.Client(daemon.url, token=daemon.token) as c:
         body = next(d for d in c.definitions() if d["id"] == definition_id)
         held = c.ensure(definition_id, "t-dead-daemon")
@@ -310,6 +315,8 @@ def _daemon_s_thread_is_taken_once_it_dies(daemon: DaemonProcess, definition_id:
         deadline = held.sandbox.set_timeout(3600)
         created = held.sandbox.status().created_at_unix
     daemon.kill()
+    if left_frozen:
+        docker.APIClient().pause(f"hutch-{held.sandbox.id}")
     program = subprocess.Popen(
         [sys.executable, "-c", _TAKING_PROGRAM, json.dumps(body), "t-dead-daemon"], text=True,
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -349,9 +356,12 @@ def test_a_dead_daemon_s_thread_is_taken_in_process_local(daemon: DaemonProcess)
 
 
 @pytest.mark.docker
-def test_a_dead_daemon_s_thread_is_taken_in_process_docker(daemon: DaemonProcess) -> None:
+@pytest.mark.parametrize("left_frozen", [False, True], ids=["running", "left-frozen"])
+def test_a_dead_daemon_s_thread_is_taken_in_process_docker(
+    daemon: DaemonProcess, left_frozen: bool,
+) -> None:
     with hutch.Client(daemon.url, token=daemon.token) as c:
         c.put_definition({"id": "docker-agent",
                           "provider": {"type": "docker", "image": TEST_IMAGE, "runtime": "native"},
                           "workspace": {"setup": ["echo ran >> .setup-runs"]}})
-    _daemon_s_thread_is_taken_once_it_dies(daemon, "docker-agent")
+    _daemon_s_thread_is_taken_once_it_dies(daemon, "docker-agent", left_frozen=left_frozen)

@@ -231,7 +231,7 @@ async def test_a_program_dying_in_a_capture_leaves_nothing_stopped_or_unmounted(
                 if dies_at == "before the move":
                     _layers.freeze = lambda *args, **kwargs: os._exit(9)  # type: ignore[assignment]
                 else:
-                    _layers.os.rename = lambda *args, **kwargs: os._exit(9)  # type: ignore[assignment]
+                    os.rename = lambda *args, **kwargs: os._exit(9)  # type: ignore[assignment]
                 backend._freeze_and_commit("snap-dies", True, "hutch-never", {})
             finally:
                 os._exit(0)

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from hutch.providers import _layers
+from hutch.providers.layers import captures, freezing
 
 
 @pytest.fixture
@@ -110,7 +111,7 @@ def test_a_directory_a_process_is_in_is_not_frozen(sandbox_id: str) -> None:
 def test_a_chain_at_its_cap_is_flattened_into_one_layer(
     sandbox_id: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_layers, "MAX_LAYERS", 2)
+    monkeypatch.setattr(freezing, "MAX_LAYERS", 2)
     write(sandbox_id, "a.txt", "A")
     write(sandbox_id, "gone.txt", "G")
     _layers.freeze("snap-f1", sandbox_id, flatten=False, holder=None)
@@ -151,7 +152,7 @@ def test_a_crash_after_the_move_is_finished_and_its_layer_kept_while_used(
     sandbox_id: str,
 ) -> None:
     write(sandbox_id, "a.txt", "A")
-    crash_during_freeze(sandbox_id, "snap-c3", _layers, "_finish_freeze")
+    crash_during_freeze(sandbox_id, "snap-c3", freezing, "_finish_freeze")
     _layers.before_start(sandbox_id)
     _layers.after_start(sandbox_id)
     assert read(sandbox_id, "a.txt") == "A"
@@ -173,14 +174,14 @@ def test_a_collector_running_while_a_snapshot_is_made_leaves_it_be(
     workdir = tmp_path / "plain"
     workdir.mkdir()
     (workdir / "a.txt").write_text("A")
-    copy = _layers._copy_tree
+    copy = captures._copy_tree
 
     def copy_while_collecting(source: str, target: str) -> None:
         _layers.collect_garbage()
         copy(source, target)
         _layers.collect_garbage()
 
-    monkeypatch.setattr(_layers, "_copy_tree", copy_while_collecting)
+    monkeypatch.setattr(captures, "_copy_tree", copy_while_collecting)
     size = _layers.capture("snap-gc", "sb-plain", str(workdir), None, diff=True)
     assert size >= 1 and "snap-gc" in _layers.held()
     with open(os.path.join(_layers.snapshot_dir("snap-gc"), "tree", "a.txt")) as fh:

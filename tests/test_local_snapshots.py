@@ -19,6 +19,7 @@ import pytest
 import hutch
 from hutch._sandbox import backend_of
 from hutch.providers import _layers
+from hutch.providers.layers import giveback, overlay
 from hutch.providers.local import LocalSandbox
 
 pytestmark = pytest.mark.anyio
@@ -274,18 +275,18 @@ def give_back_dying_at(sandbox_id: str, owner: Any, name: str, *, after: bool) -
 #: deletion; before a directory is moved), and, with a branch running, in
 #: the middle of the copy and after it, before it is renamed into place.
 CRASH_POINTS = [
-    ("snapshot-kept", _layers, "_archive", False),
+    ("snapshot-kept", giveback, "_archive", False),
     ("snapshot-kept", subprocess, "run", True),
-    ("snapshot-kept", _layers, "_archive", True),
-    ("snapshot-kept", _layers, "_put_in_place", False),
-    ("snapshot-kept", _layers, "_put_in_place", True),
-    ("snapshot-kept", _layers, "_remove", True),
-    ("snapshot-kept", _layers, "_scrub", False),
-    ("snapshot-removed", _layers, "_put_in_place", False),
-    ("snapshot-removed", _layers, "_remove", True),
-    ("branch-running", _layers, "_copy_tree", False),
-    ("branch-running", _layers, "_merge_copy", True),
-    ("branch-running", _layers, "_remove", True),
+    ("snapshot-kept", giveback, "_archive", True),
+    ("snapshot-kept", giveback, "_put_in_place", False),
+    ("snapshot-kept", giveback, "_put_in_place", True),
+    ("snapshot-kept", overlay, "_remove", True),
+    ("snapshot-kept", overlay, "_scrub", False),
+    ("snapshot-removed", giveback, "_put_in_place", False),
+    ("snapshot-removed", overlay, "_remove", True),
+    ("branch-running", giveback, "_copy_tree", False),
+    ("branch-running", giveback, "_merge_copy", True),
+    ("branch-running", overlay, "_remove", True),
 ]
 
 
@@ -343,13 +344,13 @@ def test_a_branch_started_while_the_archive_is_made_keeps_the_layer(
     assert _layers.adopt(snapshot_id, sandbox_id, tree) is not None
     subprocess.run(["bash", "-c", CHANGES], cwd=tree, check=True)
     seen = state_of(tree)
-    real = _layers._archive
+    real = giveback._archive
 
     def archive_while_a_branch_starts(layer: str) -> bool:
         _layers.start_branch(branch, snapshot_id)
         return real(layer)
 
-    monkeypatch.setattr(_layers, "_archive", archive_while_a_branch_starts)
+    monkeypatch.setattr(giveback, "_archive", archive_while_a_branch_starts)
     _layers.end_adopted(sandbox_id, keep=True)
     assert state_of(tree) == seen
     assert os.stat(os.path.join(tree, "src", "f1.txt")).st_ino != untouched  # a copy
@@ -372,7 +373,7 @@ async def test_a_close_cut_short_is_finished_when_its_sandbox_is_reconnected(tre
     assert (await sb.exec(CHANGES)).exit_code == 0
     seen = state_of(tree)
     description = backend_of(sb).describe()
-    give_back_dying_at(sb.id, _layers, "_apply_upper", after=False)
+    give_back_dying_at(sb.id, giveback, "_apply_upper", after=False)
     with pytest.raises(hutch.SandboxUnavailable, match="was being closed"):
         await LocalSandbox.reconnect(sb.id, description)
     assert state_of(tree) == seen
@@ -399,7 +400,7 @@ async def test_a_close_cut_short_whose_record_ended_is_finished_by_the_reaper(
     seen = state_of(tree)
     running = f"sb-running-{uuid.uuid4().hex[:8]}"
     _layers.start_branch(running, snapshot_id)  # a live sandbox, left alone
-    give_back_dying_at(sandbox_id, _layers, "_put_in_place", after=False)
+    give_back_dying_at(sandbox_id, giveback, "_put_in_place", after=False)
     assert await LocalSandbox.reap_orphans({sandbox_id, running}) == [sandbox_id]
     assert state_of(tree) == seen
     assert _layers.branches() == [running]

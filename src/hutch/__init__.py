@@ -16,6 +16,7 @@ if TYPE_CHECKING:  # the names, for type checkers; at run time each is imported 
         create_sandbox_sync,
         remove_snapshot,
     )
+    from ._attach import attach, attach_sync
     from ._errors import (
         CapabilityUnsupported,
         DaemonBusy,
@@ -42,7 +43,6 @@ if TYPE_CHECKING:  # the names, for type checkers; at run time each is imported 
         Unauthorized,
     )
     from ._process import ExitStatus, Process
-    from ._refs import attach, attach_sync
     from ._sandbox import Sandbox
     from ._snapshots import Fork, Snapshot, SnapshotDependent
     from ._types import Capabilities, ExecResult, FileInfo, FileType, GrepMatch, OutputChunk
@@ -82,8 +82,8 @@ _LAZY = {
     "Unauthorized": "._errors",
     "ExitStatus": "._process",
     "Process": "._process",
-    "attach": "._refs",
-    "attach_sync": "._refs",
+    "attach": "._attach",
+    "attach_sync": "._attach",
     "Sandbox": "._sandbox",
     "Fork": "._snapshots",
     "Snapshot": "._snapshots",

@@ -56,15 +56,18 @@ async def _track(
     deadline_unix: float | None = None,
 ) -> Sandbox:
     opts = spec.options
+    engine = engine or default_engine()
     sandbox = Sandbox(
         backend,
         sandbox_id=backend.sandbox_id,
         read_before_write=opts.read_before_write,
         output_limit=opts.output_limit,
+        # Branches join the engine that tracks their origin (its clock, its timers).
+        factory=InProcessFactory(engine),
     )
     sandbox.spec = spec
     try:
-        await (engine or default_engine()).attach(
+        await engine.attach(
             sandbox, opts, state=state, created_unix=created_unix, deadline_unix=deadline_unix
         )
     except BaseException:
@@ -138,6 +141,23 @@ async def remove_snapshot(snapshot: Snapshot) -> None:
             f"snapshot {snapshot.id} is held by a daemon: remove it through its client"
         )
     await get_provider(snapshot.provider).remove_snapshot(snapshot.handle)
+
+
+class InProcessFactory:
+    """Starts a fork's branches in this process, tracked by ``engine``, and
+    frees its snapshot (the :class:`~hutch._snapshots.SandboxFactory` of the
+    sandboxes made here)."""
+
+    def __init__(self, engine: LifecycleEngine) -> None:
+        self.engine = engine
+
+    async def from_snapshot(
+        self, snapshot: Snapshot, options: Mapping[str, Any] | None
+    ) -> Sandbox:
+        return await create_sandbox_from_snapshot(snapshot, options=options, engine=self.engine)
+
+    async def remove_snapshot(self, snapshot: Snapshot) -> None:
+        await remove_snapshot(snapshot)
 
 
 def create_sandbox_sync(provider: str | None = None, **kwargs: Any) -> SyncProxy:

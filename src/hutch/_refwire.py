@@ -11,6 +11,7 @@ import base64
 import binascii
 import json
 from dataclasses import dataclass
+from typing import Any, Protocol
 from urllib.parse import quote, unquote
 
 from ._errors import InvalidArgument
@@ -79,3 +80,21 @@ def check_ref_lifetime(expires_in: float) -> None:
             f"expires_in must be a number of seconds above 0 and at most {MAX_REF_SECONDS:g}, "
             f"got {expires_in!r}"
         )
+
+
+class RefFields(Protocol):
+    """What an attachment's listing needs of its ref (a store's ``RefRow``)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def expires_at_unix(self) -> float | None: ...
+
+
+def attachment_json(
+    session: str, ref: RefFields, attached_at_unix: float, last_used_unix: float | None
+) -> dict[str, Any]:
+    """One attached session as SandboxInfo lists it, in-process or through a server."""
+    return {"session": session, "ref_id": ref.id, "attached_at_unix": attached_at_unix,
+            "last_used_unix": last_used_unix, "expires_at_unix": ref.expires_at_unix}

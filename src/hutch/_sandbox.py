@@ -44,9 +44,9 @@ from ._process import (
     kill_shielded,
     release_output,
 )
-from ._refwire import check_ref_lifetime
+from ._refwire import attachment_json, check_ref_lifetime
 from ._sandbox_paths import sandbox_path
-from ._snapshots import Fork, Snapshot, new_snapshot_id, snapshot_record
+from ._snapshots import Fork, SandboxFactory, Snapshot, new_snapshot_id, snapshot_record
 from ._types import (
     DEFAULT_OUTPUT_LIMIT,
     DEFAULT_READ_LIMIT,
@@ -59,6 +59,7 @@ from ._types import (
     GrepMatch,
 )
 from ._values import check_command, check_text
+from .core.refs import ref_serving
 from .lifecycle.state import SandboxState
 from .providers._grep import grep_output_budget
 from .providers.base import (
@@ -73,9 +74,9 @@ from .providers.base import (
 
 if TYPE_CHECKING:
     from .config import SandboxSpec
+    from .core.refs import RefServer
     from .lifecycle.engine import LifecycleRecord, SandboxStatus
     from .lifecycle.gate import LifecycleGate
-    from .server.owner import OwnerServer
     from .store import RefRow
 
 
@@ -96,7 +97,7 @@ class _Live:
         #: session id -> an attached (non-owning) session.
         self.attached: dict[str, Sandbox] = {}
         #: What serves it to the holders of its refs, once its owner handed one out.
-        self.server: OwnerServer | None = None
+        self.server: RefServer | None = None
         self.server_lock = asyncio.Lock()
 
 
@@ -118,8 +119,11 @@ class Sandbox:
         read_before_write: bool = True,
         output_limit: int = DEFAULT_OUTPUT_LIMIT,
         gate: LifecycleGate | None = None,
+        factory: SandboxFactory | None = None,
     ) -> None:
         self.id = sandbox_id or backend.sandbox_id
+        #: What starts its forks' branches (None: it cannot be forked here).
+        self._factory = factory
         self._live = _Live(backend, gate)
         self.output_limit = output_limit
         self._guard = ReadBeforeWriteGuard(read_before_write)
@@ -144,6 +148,7 @@ class Sandbox:
         session._ref = ref
         session.id = self.id
         session._live = self._live
+        session._factory = self._factory
         session.output_limit = self.output_limit
         session._guard = ReadBeforeWriteGuard(self._guard.enabled)
         session.created_at = time.time()
@@ -713,8 +718,6 @@ class Sandbox:
     def _attachments(self) -> list[dict[str, Any]]:
         """The sessions attached now: in this process, and through the server
         that serves it to other processes (whose refs still work)."""
-        from .server.daemon import attachment_json
-
         server = self._live.server
         working = None if server is None else {r.id for r in server.open_refs()}
         here = [
@@ -771,12 +774,13 @@ class Sandbox:
         self.require("fork")
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise InvalidArgument(f"fork count must be a non-negative integer, not {count!r}")
+        if self._factory is None:
+            raise SandboxUnavailable(
+                f"sandbox {self.id} was made without a factory for its branches: "
+                "make it with hutch.create_sandbox to fork it"
+            )
         snapshot = await self.snapshot(label)
-        from .lifecycle.engine import LifecycleEngine
-
-        # Branches join the engine that tracks their origin (its clock, its timers).
-        engine = self._gate if isinstance(self._gate, LifecycleEngine) else None
-        fork = Fork(snapshot, engine)
+        fork = Fork(snapshot, self._factory)
         for _ in range(count):
             await fork.attach()
         return fork
@@ -848,9 +852,7 @@ class Sandbox:
             if self._live.closed:
                 raise SandboxUnavailable(closed_message(self.id))
             if self._live.server is None:
-                from .server.owner import OwnerServer
-
-                self._live.server = await OwnerServer.start(self)
+                self._live.server = await ref_serving().start(self)
             server = self._live.server
         return await server.hand_out(expires_in)
 

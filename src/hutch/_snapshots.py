@@ -16,11 +16,10 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from ._sandbox import Sandbox
-    from .lifecycle.engine import LifecycleEngine
     from .providers.base import ProviderSnapshot
 
 
@@ -103,6 +102,21 @@ def snapshot_record(
     )
 
 
+class SandboxFactory(Protocol):
+    """What starts a fork's branches and frees its snapshot: handed to a
+    :class:`Fork` by whoever made the sandbox it forks (``hutch._api``
+    in-process), so that forks need not know how sandboxes are made."""
+
+    async def from_snapshot(
+        self, snapshot: Snapshot, options: Mapping[str, Any] | None
+    ) -> Sandbox:
+        """A new sandbox started from ``snapshot``, with ``options`` (sandbox
+        options) replacing its origin's."""
+
+    async def remove_snapshot(self, snapshot: Snapshot) -> None:
+        """Free the snapshot's storage. Idempotent."""
+
+
 class Fork:
     """A snapshot and the means to start branches from it.
 
@@ -111,30 +125,24 @@ class Fork:
     sandbox the snapshot came from.
     """
 
-    def __init__(self, snapshot: Snapshot, engine: LifecycleEngine | None = None) -> None:
+    def __init__(self, snapshot: Snapshot, factory: SandboxFactory) -> None:
         self.snapshot = snapshot
-        self._engine = engine
+        self._factory = factory
         self.branches: list[Sandbox] = []
 
     async def attach(self, **options: Any) -> Sandbox:
         """A new sandbox from the snapshot; ``options`` are sandbox options
         (``idle_timeout``, ``max_lifetime``...) that replace the origin's."""
-        from ._api import create_sandbox_from_snapshot
-
-        sandbox = await create_sandbox_from_snapshot(
-            self.snapshot, options=options or None, engine=self._engine
-        )
+        sandbox = await self._factory.from_snapshot(self.snapshot, options or None)
         self.branches.append(sandbox)
         return sandbox
 
     async def close(self) -> None:
         """End every branch this handle started, then remove its snapshot and
         free its storage. Idempotent."""
-        from ._api import remove_snapshot
-
         while self.branches:
             await self.branches.pop().close()
-        await remove_snapshot(self.snapshot)
+        await self._factory.remove_snapshot(self.snapshot)
 
     def __repr__(self) -> str:
         return f"<Fork of {self.snapshot.id} ({len(self.branches)} branches)>"

@@ -45,7 +45,7 @@ from .._snapshots import Snapshot
 from ..config import SandboxOptions, SandboxSpec
 from ..lifecycle.engine import DEFAULT_TIMEOUT_CEILING, LifecycleEngine
 from ..lifecycle.shared import SharedLimits, SharedView
-from ..lifecycle.state import FINAL, SandboxState
+from ..lifecycle.state import FINAL, SandboxState, found_state
 from ..providers.base import ProviderSnapshot
 from ..providers.registry import get_provider
 from ..store import DefinitionRow, InstanceRow, SnapshotRow, Store
@@ -682,12 +682,12 @@ class LocalHost(SandboxHost):
         backend_cls = get_provider(row.provider)
         try:
             backend = await backend_cls.reconnect(row.sandbox_id, description)
-            if recorded is SandboxState.SUSPENDED or await backend.is_alive():
-                state = recorded
-            elif await backend.is_suspended():
-                state = SandboxState.SUSPENDED  # suspended since it was recorded
-            else:
+            # As its runtime is now (suspended since it was recorded, or a
+            # step cut short by the death of the program that held it).
+            found = found_state(recorded, await backend.observed_state())
+            if found is None:
                 return None
+            state = found
         except HutchError:
             return None
         if from_daemon:

@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass
 
 from .._errors import InvalidState
+from ..providers.base import RuntimeState
 
 
 class SandboxState(enum.StrEnum):
@@ -61,3 +62,14 @@ class SandboxStatus:
             "deadline_unix": self.deadline_unix,
             "meter": dict(self.meter),
         }
+
+
+def found_state(recorded: SandboxState, observed: RuntimeState) -> SandboxState | None:
+    """The state a sandbox found again is in: its runtime's own, where the
+    provider can tell it; the record's where it cannot tell running from
+    paused (or up from suspended). None: nothing of it is left."""
+    if observed is RuntimeState.GONE:
+        return None
+    if observed is RuntimeState.LIVE:
+        return recorded if recorded is not SandboxState.CREATING else SandboxState.RUNNING
+    return SandboxState(observed.value)

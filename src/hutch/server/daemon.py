@@ -45,7 +45,7 @@ from .._errors import (
 from .._faults import fault_point
 from .._guardrail import ReadBeforeWriteGuard, session_guard
 from .._paths import hutch_home
-from .._refwire import DaemonRef, check_ref_lifetime, decode_ref
+from .._refwire import DaemonRef, attachment_json, check_ref_lifetime, decode_ref
 from .._sandbox import (
     Sandbox,
     backend_of,
@@ -65,8 +65,8 @@ from ..definitions.ensure import (
     this_program,
 )
 from ..lifecycle.engine import LifecycleEngine, expiry_error
-from ..lifecycle.state import SandboxState
-from ..providers.base import ProviderSnapshot, RuntimeNotice, RuntimeState, SandboxBackend
+from ..lifecycle.state import SandboxState, found_state
+from ..providers.base import ProviderSnapshot, RuntimeNotice, SandboxBackend
 from ..providers.registry import available_providers, get_provider
 from ..store import (
     InstanceRow,
@@ -119,14 +119,6 @@ class AttachedSession:
     session: str
     attached_at_unix: float
     last_used_unix: float
-
-
-def attachment_json(
-    session: str, ref: RefRow, attached_at_unix: float, last_used_unix: float | None
-) -> dict[str, Any]:
-    """One attached session as SandboxInfo lists it, in-process or through a server."""
-    return {"session": session, "ref_id": ref.id, "attached_at_unix": attached_at_unix,
-            "last_used_unix": last_used_unix, "expires_at_unix": ref.expires_at_unix}
 
 
 def default_data_dir() -> str:
@@ -1607,17 +1599,6 @@ class Daemon:
             self.store.set_meta(CLEAN_STOP, str(time.time()))
         finally:
             self.store.close()
-
-
-def found_state(recorded: SandboxState, observed: RuntimeState) -> SandboxState | None:
-    """The state a sandbox found again is in: its runtime's own, where the
-    provider can tell it; the record's where it cannot tell running from
-    paused (or up from suspended). None: nothing of it is left."""
-    if observed is RuntimeState.GONE:
-        return None
-    if observed is RuntimeState.LIVE:
-        return recorded if recorded is not SandboxState.CREATING else SandboxState.RUNNING
-    return SandboxState(observed.value)
 
 
 def _state_label(workspace: str) -> str:

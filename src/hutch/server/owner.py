@@ -36,6 +36,7 @@ import uvicorn
 from .._errors import HutchError
 from .._liveness import still_running, this_process
 from .._refwire import decode_ref, unix_url
+from ..core.refs import register_ref_serving
 from ..store import RefRow
 from .app import create_app
 from .connections import guarded_protocol
@@ -228,6 +229,19 @@ def served_here(ref: str) -> OwnerServer | None:
     """The server in this process that handed ``ref`` out, if any."""
     decoded = decode_ref(ref) if isinstance(ref, str) else None
     return None if decoded is None else _SERVED.get(decoded.url)
+
+
+class _OwnerServing:
+    """Owner servers, as the core finds them (:mod:`hutch.core.refs`)."""
+
+    async def start(self, sandbox: Sandbox) -> OwnerServer:
+        return await OwnerServer.start(sandbox)
+
+    def served_here(self, ref: str) -> OwnerServer | None:
+        return served_here(ref)
+
+
+register_ref_serving(_OwnerServing())
 
 
 @atexit.register
