@@ -600,11 +600,11 @@ class Daemon:
 
     @staticmethod
     def snapshot_json(row: SnapshotRow) -> dict[str, Any]:
-        return {
-            "id": row.id, "label": row.label, "sandbox_id": row.sandbox_id,
-            "parent_id": row.parent_id, "size_bytes": row.size_bytes,
-            "created_at_unix": row.created_at_unix, "provider": row.provider,
-        }
+        """The wire form, as :meth:`Snapshot.as_dict` has it (the one builder)."""
+        return Snapshot(
+            id=row.id, label=row.label, sandbox_id=row.sandbox_id, parent_id=row.parent_id,
+            size_bytes=row.size_bytes, created_at_unix=row.created_at_unix, provider=row.provider,
+        ).as_dict()
 
     async def snapshot_sandbox(
         self, sandbox_id: str, label: str | None, *, diff: bool = True
