@@ -45,7 +45,17 @@ from .daemon import Daemon, default_data_dir
 from .errors import error_json, unexpected_error_json
 from .hot import HotRoutes
 from .middleware import BodyBudget, BodyLimit, CancelOnDisconnect, TokenAuth
-from .routes import definitions, exec, files, pty, refs, sandboxes, snapshots, workspaces
+from .routes import (
+    definitions,
+    exec,
+    files,
+    processes,
+    pty,
+    refs,
+    sandboxes,
+    snapshots,
+    workspaces,
+)
 from .routes.health import health_router
 from .routes.health import router as events_router
 from .settings import ServerSettings
@@ -60,7 +70,7 @@ HOT_HANDLERS = {"exec_": "_exec", "read_file": "_read", "write_file": "_write",
 #: them): the busiest first.
 ROUTERS = [
     exec.router, files.router, sandboxes.router, definitions.router, snapshots.router,
-    refs.router, pty.router, workspaces.router, events_router,
+    refs.router, processes.router, pty.router, workspaces.router, events_router,
 ]
 
 
