@@ -41,7 +41,7 @@ from .._errors import (
     InvalidArgument,
     error_from_code,
 )
-from .daemon import Daemon, default_data_dir
+from ..daemon import Daemon, default_data_dir
 from .errors import error_json, unexpected_error_json
 from .hot import HotRoutes
 from .middleware import BodyBudget, BodyLimit, CancelOnDisconnect, TokenAuth

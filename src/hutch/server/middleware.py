@@ -29,7 +29,7 @@ from .._refwire import REF_PREFIX
 from .._values import check_text
 from ..store import RefRow
 from .asgi import ASGIApp, Message, Receive, Scope, Send, header, is_json, render_json, respond
-from .daemon import Daemon
+from ..daemon import Daemon
 from .errors import error_json
 
 log = logging.getLogger("hutch.server")

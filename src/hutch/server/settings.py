@@ -11,8 +11,7 @@ from .. import _membudget
 from .._types import (
     MAX_READ_LIMIT,
 )
-from .daemon import DEFAULT_RETENTION_SECONDS
-from .policy import OperatorPolicy
+from ..daemon import DEFAULT_RETENTION_SECONDS, OperatorPolicy
 
 log = logging.getLogger("hutch.server")
 
@@ -37,10 +36,10 @@ class ServerSettings(BaseModel):
     providers: list[str] = []
     #: The provider of requests that name none (``hutch serve --provider``),
     #: where the sandbox defaults name none; unset: the daemon picks one that
-    #: isolates (see hutch.server.policy).
+    #: isolates (see hutch.daemon.policy).
     default_provider: str | None = None
     #: Resource limits (memory, cpus, pids) for requests that set none, and
-    #: the most a request may ask for; see hutch.server.policy.
+    #: the most a request may ask for; see hutch.daemon.policy.
     limits: dict[str, Any] = {}
     ceilings: dict[str, Any] = {}
     #: The operator's sandbox definitions (``[definitions.NAME]`` in hutch.toml).

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from fastapi import APIRouter, Request
 
 from ..._sandbox import Sandbox
-from ..daemon import Daemon
+from ...daemon import Daemon
 from ..errors import error_responses
 from ..middleware import TextBodiesRoute, session_of
 
