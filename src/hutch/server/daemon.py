@@ -51,6 +51,7 @@ from .._sandbox import (
     backend_of,
     guard_enabled,
     lifecycle_record,
+    live_of,
     new_sandbox_id,
 )
 from .._snapshots import Snapshot, SnapshotDependent, new_snapshot_id
@@ -409,7 +410,7 @@ class Daemon:
         if workspace is not None:
             self.workspace_of[sid] = workspace
         try:
-            await self.engine.attach(sandbox, spec.options)
+            await self.engine.attach(live_of(sandbox), spec.options)
         except BaseException:
             self.sandboxes.pop(sid, None)
             with anyio.CancelScope(shield=True):
@@ -454,7 +455,7 @@ class Daemon:
         sandbox = self._wrap(backend, spec)
         self.sandboxes[sandbox_id] = sandbox
         try:
-            await self.engine.attach(sandbox, spec.options, state=state,
+            await self.engine.attach(live_of(sandbox), spec.options, state=state,
                                      created_unix=row.created_at_unix,
                                      deadline_unix=deadline_unix)
         except BaseException:
@@ -519,7 +520,7 @@ class Daemon:
         while True:
             try:
                 failed = await self.engine.runtime_died(
-                    sandbox, notice.message, of_suspended=notice.of_suspended
+                    live_of(sandbox), notice.message, of_suspended=notice.of_suspended
                 )
             except StoreUnavailable as exc:
                 # Not recorded, so not failed yet: tried again until the store
@@ -626,7 +627,7 @@ class Daemon:
         previous_base = sandbox.base_snapshot_id
         try:
             # Held as it is (no transition meanwhile), as Sandbox.snapshot does.
-            async with self.engine.held(sandbox):
+            async with self.engine.held(live_of(sandbox)):
                 handle = await backend_of(sandbox).capture(row.id, diff=diff)
             fault_point("snapshot.captured")
             row.status, row.size_bytes, row.handle = "ready", handle.size_bytes, handle.as_dict()
@@ -1446,7 +1447,7 @@ class Daemon:
             key = f"{state.value}_s"
             meter[key] = meter.get(key, 0.0) + max(0.0, time.time() - row.updated_at_unix)
         await self.engine.attach(
-            sandbox, spec.options, state=state, created_unix=row.created_at_unix,
+            live_of(sandbox), spec.options, state=state, created_unix=row.created_at_unix,
             deadline_unix=row.deadline_unix, meter=meter,
             # After a crash the last activity on record may be long out of
             # date (activity is not written per call): the idle clock starts
