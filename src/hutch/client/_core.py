@@ -40,7 +40,7 @@ from .._types import (
     GrepMatch,
     OutputChunk,
 )
-from ..lifecycle.state import FINAL, SandboxState, SandboxStatus
+from ..states import FINAL, SandboxState, SandboxStatus
 
 SESSION_HEADER = "X-Hutch-Session"
 

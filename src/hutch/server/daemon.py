@@ -65,9 +65,10 @@ from ..definitions.ensure import (
     this_program,
 )
 from ..lifecycle.engine import LifecycleEngine, expiry_error
-from ..lifecycle.state import SandboxState, found_state
+from ..lifecycle.state import found_state
 from ..providers.base import ProviderSnapshot, RuntimeNotice, SandboxBackend
 from ..providers.registry import available_providers, get_provider
+from ..states import FINAL, HELD, SandboxState
 from ..store import (
     InstanceRow,
     RefRow,
@@ -90,7 +91,6 @@ CLEAN_STOP = "clean_stop_unix"
 SETTING_UP = "definition_setups"
 #: A ref's use is an event at most this often (its first use after a start always is).
 REF_USE_EVENT_SECONDS = 60.0
-FINAL_STATES = (SandboxState.TERMINATED, SandboxState.FAILED)
 #: The git sources an API client may give a definition (nothing on the host).
 REMOTE_GIT_SCHEMES = ("https://", "http://", "git://")
 #: How soon a change the store could not keep (a runtime's death) is recorded again.
@@ -235,7 +235,7 @@ class Daemon:
                 # Within the resume, before it is acknowledged: no new command
                 # can have started that this would take for a leftover.
                 await self._end_leftover_commands(sandbox)
-        if new in FINAL_STATES:
+        if new in FINAL:
             self._forget(sandbox_id)
             if reason not in (None, "closed"):
                 log.warning("sandbox %s reaped: %s", sandbox_id, reason)
@@ -796,7 +796,7 @@ class Daemon:
             return self.sandboxes[sandbox_id]
         except KeyError:
             row = self.store.get_sandbox(sandbox_id)
-            if row is not None and row.state in ("terminated", "failed"):
+            if row is not None and row.state in FINAL:
                 raise expiry_error(row.id, SandboxState(row.state), row.reason) from None
             raise NotFound(f"no sandbox {sandbox_id}") from None
 
@@ -1019,7 +1019,7 @@ class Daemon:
         if sandbox is not None:
             return await self.info(sandbox)
         row = self.store.get_sandbox(sandbox_id)
-        if row is None or row.state not in FINAL_STATES:
+        if row is None or row.state not in FINAL:
             raise NotFound(f"no sandbox {sandbox_id}")
         return self.ended_info(row)
 
@@ -1031,7 +1031,7 @@ class Daemon:
             return live
         ended = [
             self.ended_info(row) for row in self.store.list_sandboxes(include_final=True)
-            if row.state in FINAL_STATES and row.id not in self.sandboxes
+            if row.state in FINAL and row.id not in self.sandboxes
         ]
         return sorted([*live, *ended], key=lambda info: float(info["created_at_unix"] or 0))
 
@@ -1043,7 +1043,7 @@ class Daemon:
         sandbox = self.sandboxes.get(sandbox_id)
         if sandbox is None:
             row = self.store.get_sandbox(sandbox_id)
-            if row is not None and row.state in FINAL_STATES:
+            if row is not None and row.state in FINAL:
                 await self._free_failed(row)  # its kept working directory goes now
                 return
             raise NotFound(f"no sandbox {sandbox_id}")
@@ -1230,7 +1230,7 @@ class Daemon:
             row = self._workspace(name)
             live = self.sandboxes.get(row.live_sandbox_id or "")
             if row.status == "running" and live is not None:
-                if live.state in (SandboxState.SUSPENDED, SandboxState.PAUSED):
+                if live.state in HELD:
                     await live.resume()
                     return row
                 raise InvalidState(f"workspace {name!r} is already running")
@@ -1590,7 +1590,7 @@ class Daemon:
         rows = []
         for sandbox_id, sandbox in list(self.sandboxes.items()):
             row = self.store.get_sandbox(sandbox_id)
-            if row is None or row.state in ("terminated", "failed"):
+            if row is None or row.state in FINAL:
                 continue
             self._snapshot(row, sandbox)
             rows.append(row)
@@ -1620,9 +1620,9 @@ class _DaemonHost(SandboxHost):
         sandbox = self.daemon.sandboxes.get(row.sandbox_id or "")
         if sandbox is None and row.description.get("held_by") != HELD_BY_DAEMON:
             sandbox = await self._take_over(row)
-        if sandbox is None or sandbox.closed or sandbox.state in FINAL_STATES:
+        if sandbox is None or sandbox.closed or sandbox.state in FINAL:
             return None
-        if sandbox.state in (SandboxState.SUSPENDED, SandboxState.PAUSED):
+        if sandbox.state in HELD:
             await sandbox.resume()
         return sandbox
 
@@ -1634,7 +1634,7 @@ class _DaemonHost(SandboxHost):
             recorded = SandboxState(row.state)
         except ValueError:
             recorded = SandboxState.RUNNING
-        if recorded in FINAL_STATES or row.sandbox_id is None:
+        if recorded in FINAL or row.sandbox_id is None:
             return None
         holders = await anyio.to_thread.run_sync(live_holders, self.store, row.key)
         if holders:
