@@ -45,7 +45,7 @@ import anyio
 import anyio.to_thread
 from pydantic import AfterValidator, ConfigDict, Field
 
-from .._errors import (
+from ..._errors import (
     HutchError,
     InvalidArgument,
     NoSuchUser,
@@ -58,10 +58,10 @@ from .._errors import (
     SandboxPermissionDenied,
     SandboxUnavailable,
 )
-from .._faults import fault_point
-from .._globmatch import compile_glob
-from .._paths import hutch_home, sandbox_workdir
-from .._types import (
+from ..._faults import fault_point
+from ..._globmatch import compile_glob
+from ..._paths import hutch_home, sandbox_workdir
+from ..._types import (
     KILL_GRACE_SECONDS,
     Capabilities,
     FileInfo,
@@ -69,24 +69,20 @@ from .._types import (
     GrepMatch,
     OutputChunk,
 )
-from . import _dockernet, _layers
-from ._diskcap import image_for, mount_capped, unmount_capped
-from ._docker_engine import call as _call
-from ._docker_engine import engine
-from ._docker_engine import explanation as _explanation
-from ._docker_engine import status_of as _status
-from ._docker_outside import (
-    kept_for_preserved_container,
-    preserved_container_removed,
-)
-from ._grep import GREP_OUTPUT_LIMIT
-from ._grepfilter import LINE_BREAKS as _LINE_BREAKS
-from ._grepfilter import required_literals as _required_literals
-from ._grepstream import GrepStream
-from ._hostproc import EXEC_MARKER, SANDBOX_MARKER
-from .agent import AgentFailure, AgentRuntime, AgentUnavailable, agent_binary
-from .agent import workload as _workload
-from .base import (
+from .. import _layers
+from .._diskcap import image_for, mount_capped, unmount_capped
+from .._docker_engine import call as _call
+from .._docker_engine import engine
+from .._docker_engine import explanation as _explanation
+from .._docker_engine import status_of as _status
+from .._grep import GREP_OUTPUT_LIMIT
+from .._grepfilter import LINE_BREAKS as _LINE_BREAKS
+from .._grepfilter import required_literals as _required_literals
+from .._grepstream import GrepStream
+from .._hostproc import EXEC_MARKER, SANDBOX_MARKER
+from ..agent import AgentFailure, AgentRuntime, AgentUnavailable, agent_binary
+from ..agent import workload as _workload
+from ..base import (
     FutureExitProcess,
     NativeBackend,
     ProcessRequest,
@@ -99,8 +95,8 @@ from .base import (
     SandboxRuntime,
     bounded_pieces,
 )
-from .network import NetworkPolicy
-from .policy import (
+from ..network import NetworkPolicy
+from ..policy import (
     DiskSize,
     ImageName,
     Limit,
@@ -113,6 +109,11 @@ from .policy import (
     no_key_prefix,
     one_of,
     parse_bytes,
+)
+from . import netguard
+from .outside import (
+    kept_for_preserved_container,
+    preserved_container_removed,
 )
 
 log = logging.getLogger("hutch.docker")
@@ -668,7 +669,7 @@ def _own_image_bytes(api: Any, image_id: str) -> int:
 def configured_image(config: DockerConfig) -> str:
     """The Docker image ``config.image`` names: this home's hutch image of that
     name (its tag is scoped to the home), else Docker's own."""
-    from .images import docker_reference
+    from ..images import docker_reference
 
     return docker_reference(config.image)
 
@@ -1205,7 +1206,7 @@ def commit_state(
     ``fault``: the fault point (:mod:`hutch._faults`) of the step, inside its freeze.
     """
     depth = len(api.inspect_image(base_image)["RootFS"].get("Layers") or [])
-    if flatten or depth >= MAX_SUSPEND_LAYERS:
+    if _layers.flattens(depth, asked=flatten, limit=MAX_SUSPEND_LAYERS):
         config = api.inspect_container(container)["Config"]
         return _flatten(api, container, config, labels, repository, tag)
     if stopped:  # the caller holds the container paused (and its freeze guard)
@@ -1721,7 +1722,7 @@ class DockerSandbox(NativeBackend):
         """Install the sandbox's network policy in its container's namespace and
         on the host, from the host: the sandbox (no CAP_NET_ADMIN) cannot change it."""
         if self._polices_network():
-            _dockernet.enforce(api, container, self.sandbox_id, self.config.network)
+            netguard.enforce(api, container, self.sandbox_id, self.config.network)
 
     def _release_network_policy(self) -> None:
         """Remove the host's rules of a container gone: its address goes to
@@ -1729,7 +1730,7 @@ class DockerSandbox(NativeBackend):
         if not self._polices_network():
             return
         try:
-            _dockernet.release(self.sandbox_id)
+            netguard.release(self.sandbox_id)
         except ProviderError as exc:
             log.warning("docker sandbox %s: %s", self.sandbox_id, exc)
 
@@ -2605,7 +2606,7 @@ class DockerSandbox(NativeBackend):
             if ours and labels.get(HOME_LABEL) == hutch_home():
                 api.remove_container(name, force=True)
                 with contextlib.suppress(ProviderError):
-                    _dockernet.release(sandbox_id)
+                    netguard.release(sandbox_id)
 
         await _call(remove)
         await anyio.to_thread.run_sync(_layers.end_branch, sandbox_id)
@@ -2630,10 +2631,10 @@ class DockerSandbox(NativeBackend):
                 drop_start_locks(container["Id"])
                 if sandbox_id:
                     with contextlib.suppress(ProviderError):
-                        await anyio.to_thread.run_sync(_dockernet.release, sandbox_id)
+                        await anyio.to_thread.run_sync(netguard.release, sandbox_id)
                 removed.append(sandbox_id or container["Id"][:12])
         with contextlib.suppress(HutchError):
-            for sandbox_id in await _call(_dockernet.sweep, api, "hutch-"):
+            for sandbox_id in await _call(netguard.sweep, api, "hutch-"):
                 removed.append(f"{sandbox_id} (its network policy's host rules)")
         for sandbox_id in await anyio.to_thread.run_sync(_layers.branches):
             if sandbox_id not in known:
