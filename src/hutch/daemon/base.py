@@ -31,7 +31,7 @@ from ..definitions import Definition, Definitions
 from ..lifecycle.engine import LifecycleEngine, expiry_error
 from ..providers.base import SandboxBackend
 from ..providers.registry import get_provider
-from ..states import FINAL, SandboxState
+from ..states import FINAL, SandboxState, WorkspaceStatus
 from ..store import (
     RefRow,
     SandboxRow,
@@ -171,7 +171,7 @@ class DaemonBase:
         state, as after a death found at start. Never raises: the failure
         is recorded already, and the last state stays if this cannot be done."""
         ws = self.store.get_workspace(row.workspace or "")
-        if ws is None or ws.live_sandbox_id != row.id or ws.status != "running":
+        if ws is None or ws.live_sandbox_id != row.id or ws.status != WorkspaceStatus.RUNNING:
             return  # a suspend or a delete under way lets it go on purpose
         try:
             await self._salvage_workspace(row, backend_of(sandbox))
@@ -228,9 +228,9 @@ class DaemonBase:
         ws = self.store.get_workspace(name)
         # A suspend or a delete under way lets the sandbox go on purpose, and
         # has already moved the row on.
-        if ws is None or ws.live_sandbox_id != sandbox_id or ws.status != "running":
+        if ws is None or ws.live_sandbox_id != sandbox_id or ws.status != WorkspaceStatus.RUNNING:
             return
-        ws.status, ws.live_sandbox_id = "stale", None
+        ws.status, ws.live_sandbox_id = WorkspaceStatus.STALE, None
         self.store.put_workspace(ws)
         self.store.log_event(
             name, "workspace",
