@@ -19,10 +19,10 @@ from ..definitions.ensure import (
     program_alive,
     this_program,
 )
-from ..lifecycle.state import SandboxState, found_state
+from ..lifecycle.state import found_state
 from ..providers.base import ProviderSnapshot, SandboxBackend
 from ..providers.registry import available_providers, get_provider
-from ..states import SnapshotStatus, WorkspaceStatus
+from ..states import SandboxState, SnapshotStatus, WorkspaceStatus
 from ..store import (
     SandboxRow,
     SnapshotRow,
