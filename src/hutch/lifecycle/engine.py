@@ -41,6 +41,8 @@ from .._faults import fault_point
 from .._inflight import CallMark
 from ..core.live import closed_message
 from ..providers.base import RuntimeLost
+from ..states import FINAL, SandboxState, check_transition
+from ..states import SandboxStatus as SandboxStatus  # its home was here
 from .clock import Clock, RealClock, VirtualClock
 from .scheduler import Scheduler
 from .shared import (
@@ -53,8 +55,6 @@ from .shared import (
     SharedLimits,
     SharedView,
 )
-from .state import FINAL, SandboxState, check_transition
-from .state import SandboxStatus as SandboxStatus  # its home was here
 
 if TYPE_CHECKING:
     from ..config import SandboxOptions
