@@ -6,9 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, ConfigDict, Field
 
-from ..base import (
-    ProviderSettings,
-)
+from ..base import ProviderSettings
 from ..network import NetworkPolicy
 from ..policy import (
     DiskSize,

@@ -26,25 +26,15 @@ from ..._errors import (
     SandboxPermissionDenied,
 )
 from ..._globmatch import compile_glob
-from ..._types import (
-    KILL_GRACE_SECONDS,
-    FileInfo,
-    FileType,
-    GrepMatch,
-)
+from ..._types import KILL_GRACE_SECONDS, FileInfo, FileType, GrepMatch
 from .._docker_engine import call as _call
 from .._docker_engine import engine
 from .._grep import GREP_OUTPUT_LIMIT
 from .._grepfilter import LINE_BREAKS as _LINE_BREAKS
 from .._grepfilter import required_literals as _required_literals
 from .._grepstream import GrepStream
-from ..base import (
-    ProcessRequest,
-    bounded_pieces,
-)
-from .process import (
-    DockerProcesses,
-)
+from ..base import ProcessRequest, bounded_pieces
+from .process import DockerProcesses
 
 #: Candidate lines a container's grep may send back for one search, bytes.
 GREP_CANDIDATE_LIMIT = 16 * GREP_OUTPUT_LIMIT

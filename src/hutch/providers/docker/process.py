@@ -32,25 +32,14 @@ from ..._errors import (
     SandboxPermissionDenied,
     SandboxUnavailable,
 )
-from ..._types import (
-    KILL_GRACE_SECONDS,
-    OutputChunk,
-)
+from ..._types import KILL_GRACE_SECONDS, OutputChunk
 from .._docker_engine import call as _call
 from .._docker_engine import engine
 from .._hostproc import EXEC_MARKER, SANDBOX_MARKER
-from ..base import (
-    FutureExitProcess,
-    ProcessRequest,
-)
+from ..base import FutureExitProcess, ProcessRequest
 from .cgroups import cgroup_dir, oom_kills, pids_refusals
-from .freeze import (
-    FreezeGuard,
-    freeze_guard,
-)
-from .provisioning import (
-    DockerProvisioning,
-)
+from .freeze import FreezeGuard, freeze_guard
+from .provisioning import DockerProvisioning
 
 log = logging.getLogger("hutch.docker")
 

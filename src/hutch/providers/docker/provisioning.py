@@ -16,13 +16,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from ..._errors import (
-    HutchError,
-    InvalidArgument,
-    NotFound,
-    ProviderError,
-    SandboxUnavailable,
-)
+from ..._errors import HutchError, InvalidArgument, NotFound, ProviderError, SandboxUnavailable
 from ..._paths import hutch_home
 from .. import _layers
 from .._diskcap import mount_capped, unmount_capped
@@ -33,36 +27,14 @@ from .._docker_engine import status_of as _status
 from .._hostproc import SANDBOX_MARKER
 from ..agent import AgentFailure, AgentRuntime, AgentUnavailable, agent_binary
 from ..agent import workload as _workload
-from ..base import (
-    NativeBackend,
-    RuntimeLost,
-    RuntimeNotice,
-    RuntimeReport,
-    SandboxRuntime,
-)
-from ..policy import (
-    parse_bytes,
-)
+from ..base import NativeBackend, RuntimeLost, RuntimeNotice, RuntimeReport, SandboxRuntime
+from ..policy import parse_bytes
 from . import netguard
 from .cgroups import cgroup_dir
 from .config import DockerConfig
-from .freeze import (
-    FreezeGuard,
-    freeze_guard,
-)
-from .labels import (
-    HOME_LABEL,
-    MANAGED_LABEL,
-    PRESERVE_LABEL,
-    SANDBOX_LABEL,
-    SUSPENDED_REPOSITORY,
-)
-from .watch import (
-    _TELLING,
-    _WATCHERS,
-    _death_reason,
-    _suspended_state_removed,
-)
+from .freeze import FreezeGuard, freeze_guard
+from .labels import HOME_LABEL, MANAGED_LABEL, PRESERVE_LABEL, SANDBOX_LABEL, SUSPENDED_REPOSITORY
+from .watch import TELLING, WATCHERS, death_reason, suspended_state_removed
 
 log = logging.getLogger("hutch.docker")
 
@@ -124,7 +96,7 @@ def _own_network_namespace(network_mode: str) -> bool:
     return network_mode not in ("host", "none") and not network_mode.startswith("container:")
 
 
-def _disk_cap(config: DockerConfig) -> int | None:
+def disk_cap(config: DockerConfig) -> int | None:
     return int(parse_bytes(config.disk)) if config.disk is not None else None
 
 
@@ -240,11 +212,11 @@ class DockerProvisioning(NativeBackend):
             f"the OOM killer killed a process in it: it reached its memory limit{within}",
             may_have_died=False,
         )
-        for loop, report in list(_WATCHERS):
+        for loop, report in list(WATCHERS):
             def tell(report: RuntimeReport = report) -> None:
                 task = asyncio.ensure_future(report(notice))
-                _TELLING.add(task)
-                task.add_done_callback(_TELLING.discard)
+                TELLING.add(task)
+                task.add_done_callback(TELLING.discard)
 
             with contextlib.suppress(RuntimeError):  # that loop is closed
                 loop.call_soon_threadsafe(tell)
@@ -364,7 +336,7 @@ class DockerProvisioning(NativeBackend):
                 # so (the sandbox fails) is the truth; a restart would hide it.
                 raise SandboxUnavailable(
                     f"docker sandbox {self.sandbox_id}: "
-                    f"{await _death_reason(container, 'die')}"
+                    f"{await death_reason(container, 'die')}"
                 )
             else:
                 log.warning("docker sandbox %s: its agent is gone (%s, exit code %s); "
@@ -465,7 +437,7 @@ class DockerProvisioning(NativeBackend):
                 if image == self.suspended_image:
                     # Its state, which no registry has: never a pull.
                     raise RuntimeLost(
-                        _suspended_state_removed(image, self.sandbox_id)
+                        suspended_state_removed(image, self.sandbox_id)
                     ) from None
                 if not cfg.pull_if_missing or image.startswith(SUSPENDED_REPOSITORY):
                     raise NotFound(f"image {image!r} is not on this Docker Engine") from None

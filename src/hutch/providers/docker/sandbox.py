@@ -23,53 +23,27 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from ..._errors import (
-    HutchError,
-    ProviderError,
-    SandboxUnavailable,
-)
+from ..._errors import HutchError, ProviderError, SandboxUnavailable
 from ..._faults import fault_point
 from ..._paths import sandbox_workdir
-from ..._types import (
-    Capabilities,
-)
+from ..._types import Capabilities
 from .. import _layers
 from .._docker_engine import call as _call
 from .._docker_engine import engine
-from ..base import (
-    ProviderSnapshot,
-    RuntimeReport,
-    RuntimeState,
-)
+from ..base import ProviderSnapshot, RuntimeReport, RuntimeState
 from .config import DockerConfig
-from .files import (
-    DockerFiles,
-)
-from .freeze import (
-    drop_start_locks,
-    freeze_guard,
-)
+from .files import DockerFiles
+from .freeze import drop_start_locks, freeze_guard
 from .labels import (
     SANDBOX_LABEL,
     SUSPENDED_REPOSITORY,
     list_managed_containers,
     snapshot_repository,
 )
-from .outside import (
-    kept_for_preserved_container,
-)
-from .provisioning import (
-    _disk_cap,
-    configured_image,
-)
-from .snapshots import (
-    SNAPSHOT_REMOVAL_TIMEOUT,
-    DockerSnapshots,
-    free_untagged_images,
-)
-from .watch import (
-    watch_runtimes,
-)
+from .outside import kept_for_preserved_container
+from .provisioning import configured_image, disk_cap
+from .snapshots import SNAPSHOT_REMOVAL_TIMEOUT, DockerSnapshots, free_untagged_images
+from .watch import watch_runtimes
 
 log = logging.getLogger("hutch.docker")
 
@@ -109,7 +83,7 @@ class DockerSandbox(DockerSnapshots, DockerFiles):
             # Layered from the start, so that its first snapshot moves the
             # tree instead of copying it.
             host_workdir, chain = await anyio.to_thread.run_sync(
-                functools.partial(_layers.prepare, sandbox_id, None, cap=_disk_cap(config))
+                functools.partial(_layers.prepare, sandbox_id, None, cap=disk_cap(config))
             )
             owns = layered = True
         else:
@@ -285,7 +259,7 @@ class DockerSandbox(DockerSnapshots, DockerFiles):
         # Layered where overlayfs mounts; a copy of the snapshot's where not.
         layered = await anyio.to_thread.run_sync(_layers.overlay_available)
         start = (
-            functools.partial(_layers.prepare, cap=_disk_cap(config)) if layered
+            functools.partial(_layers.prepare, cap=disk_cap(config)) if layered
             else _layers.start_branch
         )
         workdir, chain = await anyio.to_thread.run_sync(start, sandbox_id, snapshot.snapshot_id)

@@ -16,10 +16,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from ..._errors import (
-    HutchError,
-    ProviderError,
-)
+from ..._errors import HutchError, ProviderError
 from ..._faults import fault_point
 from ..._paths import hutch_home, sandbox_workdir
 from .. import _layers
@@ -27,14 +24,9 @@ from .._diskcap import image_for, unmount_capped
 from .._docker_engine import call as _call
 from .._docker_engine import engine
 from .._docker_engine import status_of as _status
-from ..base import (
-    ProviderSnapshot,
-)
+from ..base import ProviderSnapshot
 from . import netguard
-from .freeze import (
-    drop_start_locks,
-    freeze_guard,
-)
+from .freeze import drop_start_locks, freeze_guard
 from .labels import (
     HOME_LABEL,
     MANAGED_LABEL,
@@ -44,9 +36,7 @@ from .labels import (
     SUSPENDED_REPOSITORY,
     snapshot_repository,
 )
-from .process import (
-    DockerProcesses,
-)
+from .process import DockerProcesses
 
 log = logging.getLogger("hutch.docker")
 

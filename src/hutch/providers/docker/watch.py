@@ -12,31 +12,19 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from ..._errors import (
-    HutchError,
-    SandboxUnavailable,
-)
+from ..._errors import HutchError, SandboxUnavailable
 from .._docker_engine import call as _call
 from .._docker_engine import engine
-from ..base import (
-    RuntimeNotice,
-    RuntimeReport,
-)
-from .labels import (
-    MANAGED_LABEL,
-    SANDBOX_LABEL,
-    SUSPENDED_REPOSITORY,
-)
-from .outside import (
-    preserved_container_removed,
-)
+from ..base import RuntimeNotice, RuntimeReport
+from .labels import MANAGED_LABEL, SANDBOX_LABEL, SUSPENDED_REPOSITORY
+from .outside import preserved_container_removed
 
 log = logging.getLogger("hutch.docker")
 
 
 #: The running watchers (``watch_runtimes``): their loops and report callbacks.
-_WATCHERS: list[tuple[asyncio.AbstractEventLoop, RuntimeReport]] = []
-_TELLING: set[asyncio.Future[None]] = set()
+WATCHERS: list[tuple[asyncio.AbstractEventLoop, RuntimeReport]] = []
+TELLING: set[asyncio.Future[None]] = set()
 
 
 async def _oom_message(container_id: str) -> str:
@@ -49,13 +37,13 @@ async def _oom_message(container_id: str) -> str:
     return f"the OOM killer killed a process in it: it reached its memory limit{within}"
 
 
-def _suspended_state_removed(image_id: str, sandbox_id: str) -> str:
+def suspended_state_removed(image_id: str, sandbox_id: str) -> str:
     """The reason a sandbox whose suspend image went fails."""
     return (f"its suspended state (image {image_id.removeprefix('sha256:')[:12]}, "
             f"{SUSPENDED_REPOSITORY}:{sandbox_id}) was removed outside hutch")
 
 
-async def _death_reason(container_id: str, action: str) -> str:
+async def death_reason(container_id: str, action: str) -> str:
     """What happened to a container that died or went, in words for a person."""
     short = container_id[:12]
     removed = f"its container {short} was removed outside hutch"
@@ -150,7 +138,7 @@ async def watch_runtimes(report: RuntimeReport) -> None:
                 # Told of every image of the sandbox's; it fails only if this
                 # was the state it is suspended in (checked by is_suspended).
                 await report(RuntimeNotice(
-                    sandbox_id, _suspended_state_removed(container_id, sandbox_id),
+                    sandbox_id, suspended_state_removed(container_id, sandbox_id),
                     of_suspended=True,
                 ))
             elif action == "oom":
@@ -160,7 +148,7 @@ async def watch_runtimes(report: RuntimeReport) -> None:
                 ))
             else:
                 await report(RuntimeNotice(
-                    sandbox_id, await _death_reason(container_id, action)
+                    sandbox_id, await death_reason(container_id, action)
                 ))
         except Exception:
             log.exception("sandbox %s: reporting its container's %s failed",
@@ -170,7 +158,7 @@ async def watch_runtimes(report: RuntimeReport) -> None:
     thread.start()
     tasks: set[asyncio.Task[None]] = set()
     watcher = (loop, report)
-    _WATCHERS.append(watcher)
+    WATCHERS.append(watcher)
     try:
         while True:
             sandbox_id, container_id, action = await deaths.get()
@@ -178,7 +166,7 @@ async def watch_runtimes(report: RuntimeReport) -> None:
             tasks.add(task)
             task.add_done_callback(tasks.discard)
     finally:
-        _WATCHERS.remove(watcher)
+        WATCHERS.remove(watcher)
         stop.set()
         for stream in current:
             with contextlib.suppress(Exception):
