@@ -9,6 +9,10 @@ model) costs nothing when docker is not used.
 Suspend commits the container's changes to an image and removes the
 container: memory is freed, files survive (the working directory never left
 the host), processes do not, and the capabilities say so.
+
+:class:`DockerSandbox` ties the package's parts together (its mixins, one
+module each: provisioning, process, files, snapshots) and keeps what spans
+them: creation, reconnection, the lifecycle primitives and close.
 """
 
 from __future__ import annotations
