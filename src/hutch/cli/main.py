@@ -680,7 +680,7 @@ def workspace_resume(name: str) -> None:
 
 
 WORKSPACE_COLUMNS = (
-    Column("NAME", cut=True), Column("STATUS"), Column("SANDBOX", drop=1),
+    Column("NAME"), Column("STATUS"), Column("SANDBOX", drop=1),
     Column("STATE SNAPSHOT", drop=4), Column("FROM", cut=True, drop=5), Column("AGE", drop=3),
     Column("LAST ACTIVE", drop=2),
 )

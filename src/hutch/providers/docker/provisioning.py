@@ -18,7 +18,7 @@ import anyio.to_thread
 
 from ..._errors import HutchError, InvalidArgument, NotFound, ProviderError, SandboxUnavailable
 from ..._paths import hutch_home
-from .. import _layers
+from .. import layers
 from .._diskcap import mount_capped, unmount_capped
 from .._docker_engine import call as _call
 from .._docker_engine import engine
@@ -140,10 +140,10 @@ class DockerProvisioning(NativeBackend):
         #: The image the container started from: the configured one, or a snapshot's.
         self.base_image = base_image or configured_image(config)
         #: Started from a snapshot: the working directory is a branch mounted
-        #: on ``chain`` (see ``_layers``), never shared with another sandbox.
+        #: on ``chain`` (see ``layers``), never shared with another sandbox.
         self.branch = branch
         self.chain = chain
-        #: The working directory is layered (``_layers.prepare``): the
+        #: The working directory is layered (``layers.prepare``): the
         #: container binds its anchor, its overlay reaches it by propagation,
         #: and a snapshot moves what changed instead of copying it.
         self.layered = layered
@@ -451,12 +451,12 @@ class DockerProvisioning(NativeBackend):
         def run() -> str:
             self._cap_workdir()
             if self.layered:
-                _layers.before_start(self.sandbox_id)
+                layers.before_start(self.sandbox_id)
             container = create(self._container_spec(image))
             try:
                 api.start(container)
                 if self.layered:
-                    _layers.after_start(self.sandbox_id)
+                    layers.after_start(self.sandbox_id)
                 self._enforce_network_policy(api, container)
             except BaseException:
                 api.remove_container(container, force=True)
@@ -537,7 +537,7 @@ class DockerProvisioning(NativeBackend):
         """Free the working directory hutch made (a layered one, a branch's,
         or a plain one); a given one is the caller's and stays."""
         if self.branch or self.layered:
-            _layers.end_branch(self.sandbox_id)
+            layers.end_branch(self.sandbox_id)
             return
         if not self.owns_workdir:
             return

@@ -31,7 +31,7 @@ from ..._errors import HutchError, ProviderError, SandboxUnavailable
 from ..._faults import fault_point
 from ..._paths import sandbox_workdir
 from ..._types import Capabilities
-from .. import _layers
+from .. import layers
 from .._docker_engine import call as _call
 from .._docker_engine import engine
 from ..base import ProviderSnapshot, RuntimeReport, RuntimeState
@@ -83,11 +83,11 @@ class DockerSandbox(DockerSnapshots, DockerFiles):
         if config.host_workdir:
             host_workdir, owns = os.path.abspath(config.host_workdir), False
             os.makedirs(host_workdir, exist_ok=True)
-        elif await anyio.to_thread.run_sync(_layers.overlay_available):
+        elif await anyio.to_thread.run_sync(layers.overlay_available):
             # Layered from the start, so that its first snapshot moves the
             # tree instead of copying it.
             host_workdir, chain = await anyio.to_thread.run_sync(
-                functools.partial(_layers.prepare, sandbox_id, None, cap=disk_cap(config))
+                functools.partial(layers.prepare, sandbox_id, None, cap=disk_cap(config))
             )
             owns = layered = True
         else:
@@ -261,10 +261,10 @@ class DockerSandbox(DockerSnapshots, DockerFiles):
                     f"{snapshot.snapshot_id}")
         # Its own working directory always: a branch never shares the origin's.
         # Layered where overlayfs mounts; a copy of the snapshot's where not.
-        layered = await anyio.to_thread.run_sync(_layers.overlay_available)
+        layered = await anyio.to_thread.run_sync(layers.overlay_available)
         start = (
-            functools.partial(_layers.prepare, cap=disk_cap(config)) if layered
-            else _layers.start_branch
+            functools.partial(layers.prepare, cap=disk_cap(config)) if layered
+            else layers.start_branch
         )
         workdir, chain = await anyio.to_thread.run_sync(start, sandbox_id, snapshot.snapshot_id)
         config = config.model_copy(update={"host_workdir": None})
@@ -274,7 +274,7 @@ class DockerSandbox(DockerSnapshots, DockerFiles):
             await sandbox._launch(image)
         except BaseException:
             await anyio.to_thread.run_sync(sandbox._remove_agent_dir)
-            await anyio.to_thread.run_sync(_layers.end_branch, sandbox_id)
+            await anyio.to_thread.run_sync(layers.end_branch, sandbox_id)
             raise
         return sandbox
 
@@ -294,7 +294,7 @@ class DockerSandbox(DockerSnapshots, DockerFiles):
         if self.container_id is None:
             if self.layered:
                 try:
-                    await anyio.to_thread.run_sync(_layers.after_start, self.sandbox_id)
+                    await anyio.to_thread.run_sync(layers.after_start, self.sandbox_id)
                 except (OSError, HutchError) as exc:  # kept at rest: its files are still there
                     log.warning("sandbox %s: its working directory stays at rest: %s",
                                 self.sandbox_id, exc)
@@ -325,7 +325,7 @@ class DockerSandbox(DockerSnapshots, DockerFiles):
                 )
             elif self.suspended_image is not None:
                 if self.layered:  # at rest while suspended: mounted again, to be bound
-                    await anyio.to_thread.run_sync(_layers.after_start, self.sandbox_id)
+                    await anyio.to_thread.run_sync(layers.after_start, self.sandbox_id)
                 log.warning(
                     "sandbox %s kept suspended (preserve): docker run -it --rm -v %s:%s %s bash",
                     self.sandbox_id, self.host_workdir, self.config.mount_point,

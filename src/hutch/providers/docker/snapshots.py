@@ -1,6 +1,6 @@
 """A docker sandbox's state as images: suspend (a commit, or a flatten past the
 layer cap), snapshots (the container's file system as an image, the working
-directory as layers, see ``_layers``), their removal, and what is held or orphaned."""
+directory as layers, see ``layers``), their removal, and what is held or orphaned."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import anyio.to_thread
 from ..._errors import HutchError, ProviderError
 from ..._faults import fault_point
 from ..._paths import hutch_home, sandbox_workdir
-from .. import _layers
+from .. import layers
 from .._diskcap import image_for, unmount_capped
 from .._docker_engine import call as _call
 from .._docker_engine import engine
@@ -91,7 +91,7 @@ def commit_state(
     ``fault``: the fault point (:mod:`hutch._faults`) of the step, inside its freeze.
     """
     depth = len(api.inspect_image(base_image)["RootFS"].get("Layers") or [])
-    if flatten or depth >= MAX_SUSPEND_LAYERS:
+    if layers.flattens(depth, asked=flatten, limit=MAX_SUSPEND_LAYERS):
         config = api.inspect_container(container)["Config"]
         return _flatten(api, container, config, labels, repository, tag)
     if stopped:  # the caller holds the container paused (and its freeze guard)
@@ -209,7 +209,7 @@ class DockerSnapshots(DockerProcesses):
         await anyio.to_thread.run_sync(self._release_network_policy)
         if self.layered:
             # Nothing runs on its working directory now: it holds no mounted store.
-            await anyio.to_thread.run_sync(_layers.rest, self.sandbox_id)
+            await anyio.to_thread.run_sync(layers.rest, self.sandbox_id)
         if self._agent is not None:
             self._agent.drop_connections()
         if previous and previous != image_id:
@@ -219,7 +219,7 @@ class DockerSnapshots(DockerProcesses):
                 await _call(api.remove_image, previous)
 
     # -- snapshots: the container's file system as an image, the working
-    # -- directory as layers (see _layers) ------------------------------------------------
+    # -- directory as layers (see layers) ------------------------------------------------
     async def capture(self, snapshot_id: str, *, diff: bool = True) -> ProviderSnapshot:
         """The container's file system (committed; a layer on its image, or
         flattened past the layer cap) and the working directory (a layer of
@@ -242,18 +242,18 @@ class DockerSnapshots(DockerProcesses):
             size, image_id = frozen
         else:
             size = await anyio.to_thread.run_sync(
-                lambda: _layers.capture(snapshot_id, self.sandbox_id, self.host_workdir,
+                lambda: layers.capture(snapshot_id, self.sandbox_id, self.host_workdir,
                                         self._current_chain(), diff=diff)
             )
             try:
                 image_id = await _call(self._commit, snapshot_id, diff, repository, labels)
             except BaseException:
-                await anyio.to_thread.run_sync(_layers.remove, snapshot_id)
+                await anyio.to_thread.run_sync(layers.remove, snapshot_id)
                 raise
         try:
             image_bytes = await _call(_own_image_bytes, api, image_id)
         except BaseException:
-            await anyio.to_thread.run_sync(_layers.remove, snapshot_id)
+            await anyio.to_thread.run_sync(layers.remove, snapshot_id)
             raise
         return ProviderSnapshot(
             snapshot_id, self.provider, size + image_bytes,
@@ -276,14 +276,14 @@ class DockerSnapshots(DockerProcesses):
 
     def _current_chain(self) -> list[str] | None:
         if self.layered:
-            self.chain = _layers.mounted_chain(self.sandbox_id)
+            self.chain = layers.mounted_chain(self.sandbox_id)
         return self.chain
 
     def _freeze_and_commit(
         self, snapshot_id: str, diff: bool, repository: str, labels: Mapping[str, str]
     ) -> tuple[int, str] | None:
         """Capture the layered working directory by moving what changed into
-        the snapshot (``_layers.freeze``), and commit the container, in one
+        the snapshot (``layers.freeze``), and commit the container, in one
         stop of it (paused as by docker pause, unless it is already): a
         process that wrote in the directory during the move would write into
         the snapshot, or be lost, and the two are taken at the same instant.
@@ -293,17 +293,17 @@ class DockerSnapshots(DockerProcesses):
         container = self.container_id
 
         def freeze_then_commit(holder: int | None) -> tuple[int, str] | None:
-            if not _layers.freeze(snapshot_id, self.sandbox_id, flatten=not diff,
+            if not layers.freeze(snapshot_id, self.sandbox_id, flatten=not diff,
                                   holder=holder):
                 return None
             self._current_chain()
             with concurrent.futures.ThreadPoolExecutor(1) as pool:
                 # Counting the layer's size (a stat a file) while the commit runs.
-                size = pool.submit(_layers.layer_size, snapshot_id)
+                size = pool.submit(layers.layer_size, snapshot_id)
                 try:
                     image_id = self._commit(snapshot_id, diff, repository, labels, stopped=True)
                 except BaseException:
-                    _layers.remove(snapshot_id)  # the sandbox goes on over its layer
+                    layers.remove(snapshot_id)  # the sandbox goes on over its layer
                     raise
                 return size.result(), image_id
 
@@ -312,7 +312,7 @@ class DockerSnapshots(DockerProcesses):
         # Held across the pause: a program that dies inside it leaves the
         # container paused and the marker saying so, for the next one that
         # takes the lock (``_mend_capture_cut_short``) to unpause.
-        with _layers.sandbox_lock(self.sandbox_id):
+        with layers.sandbox_lock(self.sandbox_id):
             state = api.inspect_container(container)["State"]
             holder = int(state.get("Pid") or 0) or None
             if not state.get("Running"):
@@ -324,7 +324,7 @@ class DockerSnapshots(DockerProcesses):
                 return freeze_then_commit(holder)
 
     def _paused_for_capture(self) -> str:
-        return os.path.join(_layers.mount_dir(self.sandbox_id), "paused-for-capture")
+        return os.path.join(layers.mount_dir(self.sandbox_id), "paused-for-capture")
 
     async def _mend_capture_cut_short(self) -> None:
         """A program that died in the middle of a capture may have left the
@@ -333,13 +333,13 @@ class DockerSnapshots(DockerProcesses):
         import docker.errors
 
         def mend() -> None:
-            with _layers.sandbox_lock(self.sandbox_id):
-                if _layers.mounted_chain(self.sandbox_id) is None:
+            with layers.sandbox_lock(self.sandbox_id):
+                if layers.mounted_chain(self.sandbox_id) is None:
                     return  # its directory is gone: nothing to mend
                 if self.container_id is None:
-                    _layers.rest(self.sandbox_id)  # suspended: its directory at rest
+                    layers.rest(self.sandbox_id)  # suspended: its directory at rest
                 else:
-                    _layers.after_start(self.sandbox_id)
+                    layers.after_start(self.sandbox_id)
                 marker = self._paused_for_capture()
                 if os.path.exists(marker):
                     if self.container_id is not None:
@@ -397,7 +397,7 @@ class DockerSnapshots(DockerProcesses):
             log.warning("removing snapshot image %s: the Docker Engine did not answer in "
                         "%.0f s; left for the next reconciliation", reference,
                         SNAPSHOT_REMOVAL_TIMEOUT)
-        await anyio.to_thread.run_sync(_layers.remove, snapshot.snapshot_id)
+        await anyio.to_thread.run_sync(layers.remove, snapshot.snapshot_id)
 
     @classmethod
     async def held_snapshots(cls) -> list[str]:
@@ -428,7 +428,7 @@ class DockerSnapshots(DockerProcesses):
                     netguard.release(sandbox_id)
 
         await _call(remove)
-        await anyio.to_thread.run_sync(_layers.end_branch, sandbox_id)
+        await anyio.to_thread.run_sync(layers.end_branch, sandbox_id)
         await anyio.to_thread.run_sync(_release_own_dir, sandbox_id)
 
     @classmethod
@@ -455,9 +455,9 @@ class DockerSnapshots(DockerProcesses):
         with contextlib.suppress(HutchError):
             for sandbox_id in await _call(netguard.sweep, api, "hutch-"):
                 removed.append(f"{sandbox_id} (its network policy's host rules)")
-        for sandbox_id in await anyio.to_thread.run_sync(_layers.branches):
+        for sandbox_id in await anyio.to_thread.run_sync(layers.branches):
             if sandbox_id not in known:
-                await anyio.to_thread.run_sync(_layers.end_branch, sandbox_id)
+                await anyio.to_thread.run_sync(layers.end_branch, sandbox_id)
         for sandbox_id in await anyio.to_thread.run_sync(_capped_sandbox_dirs):
             if sandbox_id not in known:
                 await anyio.to_thread.run_sync(_release_own_dir, sandbox_id)
