@@ -20,6 +20,7 @@ from .._faults import fault_point
 from .._sandbox import (
     Sandbox,
     backend_of,
+    live_of,
 )
 from .._snapshots import Snapshot, SnapshotDependent, new_snapshot_id
 from ..config import OPTION_KEYS, SandboxSpec
@@ -77,7 +78,7 @@ class Snapshots(Sandboxes):
         previous_base = sandbox.base_snapshot_id
         try:
             # Held as it is (no transition meanwhile), as Sandbox.snapshot does.
-            async with self.engine.held(sandbox):
+            async with self.engine.held(live_of(sandbox)):
                 handle = await backend_of(sandbox).capture(row.id, diff=diff)
             fault_point("snapshot.captured")
             row.status, row.size_bytes, row.handle = (
