@@ -22,9 +22,9 @@ from .._types import (
     DEFAULT_READ_LIMIT,
     MAX_READ_LIMIT,
 )
+from ..daemon import Daemon
 from .asgi import ASGIApp, Message, Receive, Scope, Send, is_json, render_json, respond
 from .bodies import ExecBody
-from ..daemon import Daemon
 from .errors import error_json, unexpected_error_json
 from .middleware import session_of
 from .streaming import new_spool, opened_file, run_exec, send_exec

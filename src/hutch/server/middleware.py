@@ -27,9 +27,9 @@ from .._errors import (
 )
 from .._refwire import REF_PREFIX
 from .._values import check_text
+from ..daemon import Daemon
 from ..store import RefRow
 from .asgi import ASGIApp, Message, Receive, Scope, Send, header, is_json, render_json, respond
-from ..daemon import Daemon
 from .errors import error_json
 
 log = logging.getLogger("hutch.server")
