@@ -38,7 +38,7 @@ from .._types import (
     Snapshot,
     SnapshotDependent,
 )
-from ..lifecycle.state import FINAL, SandboxState, SandboxStatus
+from ..states import FINAL, SandboxState, SandboxStatus
 from ._http import Call
 
 #: Headroom on top of a command's own timeout before the HTTP call gives up.

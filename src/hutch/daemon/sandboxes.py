@@ -17,6 +17,7 @@ from .._errors import (
 )
 from .._sandbox import (
     Sandbox,
+    live_of,
     new_sandbox_id,
 )
 from ..config import SandboxSpec
@@ -24,15 +25,15 @@ from ..definitions import Definition, DirSource, GitSource
 from ..definitions.ensure import (
     Progress,
 )
-from ..lifecycle.state import SandboxState, found_state
+from ..lifecycle.state import found_state
 from ..providers.base import ProviderSnapshot
 from ..providers.registry import get_provider
+from ..states import FINAL, SandboxState
 from ..store import (
     SandboxRow,
     SnapshotRow,
 )
 from .common import (
-    FINAL_STATES,
     REMOTE_GIT_SCHEMES,
     log,
 )
@@ -83,7 +84,7 @@ class Sandboxes(Refs):
         if workspace is not None:
             self.workspace_of[sid] = workspace
         try:
-            await self.engine.attach(sandbox, spec.options)
+            await self.engine.attach(live_of(sandbox), spec.options)
         except BaseException:
             self.sandboxes.pop(sid, None)
             with anyio.CancelScope(shield=True):
@@ -128,7 +129,7 @@ class Sandboxes(Refs):
         sandbox = self._wrap(backend, spec)
         self.sandboxes[sandbox_id] = sandbox
         try:
-            await self.engine.attach(sandbox, spec.options, state=state,
+            await self.engine.attach(live_of(sandbox), spec.options, state=state,
                                      created_unix=row.created_at_unix,
                                      deadline_unix=deadline_unix)
         except BaseException:
@@ -231,7 +232,7 @@ class Sandboxes(Refs):
         if sandbox is not None:
             return await self.info(sandbox)
         row = self.store.get_sandbox(sandbox_id)
-        if row is None or row.state not in FINAL_STATES:
+        if row is None or row.state not in FINAL:
             raise NotFound(f"no sandbox {sandbox_id}")
         return self.ended_info(row)
 
@@ -243,7 +244,7 @@ class Sandboxes(Refs):
             return live
         ended = [
             self.ended_info(row) for row in self.store.list_sandboxes(include_final=True)
-            if row.state in FINAL_STATES and row.id not in self.sandboxes
+            if row.state in FINAL and row.id not in self.sandboxes
         ]
         return sorted([*live, *ended], key=lambda info: float(info["created_at_unix"] or 0))
 
@@ -255,7 +256,7 @@ class Sandboxes(Refs):
         sandbox = self.sandboxes.get(sandbox_id)
         if sandbox is None:
             row = self.store.get_sandbox(sandbox_id)
-            if row is not None and row.state in FINAL_STATES:
+            if row is not None and row.state in FINAL:
                 await self._free_failed(row)  # its kept working directory goes now
                 return
             raise NotFound(f"no sandbox {sandbox_id}")

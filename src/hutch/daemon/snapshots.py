@@ -20,11 +20,13 @@ from .._faults import fault_point
 from .._sandbox import (
     Sandbox,
     backend_of,
+    live_of,
 )
 from .._snapshots import Snapshot, SnapshotDependent, new_snapshot_id
 from ..config import OPTION_KEYS, SandboxSpec
 from ..providers.base import ProviderSnapshot
 from ..providers.registry import get_provider
+from ..states import SnapshotStatus
 from ..store import (
     SnapshotRow,
 )
@@ -40,20 +42,20 @@ class Snapshots(Sandboxes):
     # -- snapshots and forks -------------------------------------------------------------
     def get_snapshot(self, snapshot_id: str) -> SnapshotRow:
         row = self.store.get_snapshot(snapshot_id)
-        if row is None or row.status != "ready":
+        if row is None or row.status != SnapshotStatus.READY:
             raise NotFound(f"no snapshot {snapshot_id}")
         return row
 
     def list_snapshots(self) -> list[SnapshotRow]:
-        return [r for r in self.store.list_snapshots() if r.status == "ready"]
+        return [r for r in self.store.list_snapshots() if r.status == SnapshotStatus.READY]
 
     @staticmethod
     def snapshot_json(row: SnapshotRow) -> dict[str, Any]:
-        return {
-            "id": row.id, "label": row.label, "sandbox_id": row.sandbox_id,
-            "parent_id": row.parent_id, "size_bytes": row.size_bytes,
-            "created_at_unix": row.created_at_unix, "provider": row.provider,
-        }
+        """The wire form, as :meth:`Snapshot.as_dict` has it (the one builder)."""
+        return Snapshot(
+            id=row.id, label=row.label, sandbox_id=row.sandbox_id, parent_id=row.parent_id,
+            size_bytes=row.size_bytes, created_at_unix=row.created_at_unix, provider=row.provider,
+        ).as_dict()
 
     async def snapshot_sandbox(
         self, sandbox_id: str, label: str | None, *, diff: bool = True
@@ -65,7 +67,8 @@ class Snapshots(Sandboxes):
         if label is not None and (not isinstance(label, str) or len(label) > MAX_LABEL):
             raise InvalidArgument(f"a snapshot label is a string of at most {MAX_LABEL} characters")
         row = SnapshotRow(
-            id=new_snapshot_id(), provider=sandbox.provider, status="capturing", label=label,
+            id=new_snapshot_id(), provider=sandbox.provider, status=SnapshotStatus.CAPTURING,
+            label=label,
             sandbox_id=sandbox_id, parent_id=sandbox.base_snapshot_id,
             created_at_unix=time.time(),
             spec=sandbox.spec.model_dump() if sandbox.spec is not None else {},
@@ -75,10 +78,11 @@ class Snapshots(Sandboxes):
         previous_base = sandbox.base_snapshot_id
         try:
             # Held as it is (no transition meanwhile), as Sandbox.snapshot does.
-            async with self.engine.held(sandbox):
+            async with self.engine.held(live_of(sandbox)):
                 handle = await backend_of(sandbox).capture(row.id, diff=diff)
             fault_point("snapshot.captured")
-            row.status, row.size_bytes, row.handle = "ready", handle.size_bytes, handle.as_dict()
+            row.status, row.size_bytes, row.handle = (
+                SnapshotStatus.READY, handle.size_bytes, handle.as_dict())
             await self._name_base(sandbox, row.id)
             await anyio.to_thread.run_sync(self.store.put_snapshot, row)
         except BaseException:
@@ -110,7 +114,7 @@ class Snapshots(Sandboxes):
             try:
                 if sandbox.base_snapshot_id == row.id:
                     await self._name_base(sandbox, previous_base)
-                row.status = "removing"  # a daemon killed now finishes it at start
+                row.status = SnapshotStatus.REMOVING  # a daemon killed now finishes it at start
                 await anyio.to_thread.run_sync(self.store.put_snapshot, row)
                 await self._free_snapshot_storage(row)
                 self.store.delete_snapshot(row.id)
@@ -182,7 +186,7 @@ class Snapshots(Sandboxes):
         it or kept in it, live sandboxes started from it. (A child's storage
         never needs its parent's record: providers keep shared layers alive.)"""
         needs = [SnapshotDependent("snapshot", r.id) for r in self.store.list_snapshots()
-                 if children and r.parent_id == snapshot_id and r.status != "removing"]
+                 if children and r.parent_id == snapshot_id and r.status != SnapshotStatus.REMOVING]
         for ws in self.store.list_workspaces():
             if snapshot_id in (ws.source_snapshot_id, ws.state_snapshot_id):
                 needs.append(SnapshotDependent("workspace", ws.name))
@@ -214,7 +218,7 @@ class Snapshots(Sandboxes):
     async def _remove_snapshot(self, row: SnapshotRow) -> None:
         """Remove one snapshot: recorded first, storage freed, row dropped;
         its children take its parent as theirs, so the tree stays whole."""
-        row.status = "removing"
+        row.status = SnapshotStatus.REMOVING
         await anyio.to_thread.run_sync(self.store.put_snapshot, row)
         await self._free_snapshot_storage(row)
         for child in self.store.list_snapshots():

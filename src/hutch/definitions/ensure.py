@@ -40,14 +40,16 @@ from .._faults import fault_point
 from .._inflight import CallMark, InFlightCalls
 from .._liveness import still_running, this_process
 from .._process import ExitStatus
-from .._sandbox import Sandbox, backend_of, rebind
+from .._sandbox import Sandbox, backend_of, live_of
 from .._snapshots import Snapshot
 from ..config import SandboxOptions, SandboxSpec
+from ..core.live import LiveSandbox
 from ..lifecycle.engine import DEFAULT_TIMEOUT_CEILING, LifecycleEngine
 from ..lifecycle.shared import SharedLimits, SharedView
-from ..lifecycle.state import FINAL, SandboxState, found_state
+from ..lifecycle.state import found_state
 from ..providers.base import ProviderSnapshot
 from ..providers.registry import get_provider
+from ..states import FINAL, HELD, SandboxState, SnapshotStatus
 from ..store import DefinitionRow, InstanceRow, SnapshotRow, Store
 from .model import Definition, DirSource, GitSource
 
@@ -265,7 +267,7 @@ class Definitions:
             else -1.0
         good = [
             s for s in self.host.store.list_snapshots()
-            if s.label == label and s.status == "ready" and s.created_at_unix > oldest
+            if s.label == label and s.status == SnapshotStatus.READY and s.created_at_unix > oldest
         ]
         return max(good, key=lambda s: s.created_at_unix) if good else None
 
@@ -591,7 +593,7 @@ class LocalHost(SandboxHost):
             log.warning("sandbox %s: %s -> %s here not recorded: another program holds it "
                         "now", sandbox_id, old.value, new.value)
 
-    async def refresh(self, sandbox: Sandbox) -> SandboxState | None:
+    async def refresh(self, sandbox: LiveSandbox) -> SandboxState | None:
         row = await anyio.to_thread.run_sync(self.store.instance_of_sandbox, sandbox.id)
         if row is None or row.description.get("held_by") == HELD_BY_DAEMON:
             return None  # ended and dropped, or a daemon's now
@@ -602,7 +604,7 @@ class LocalHost(SandboxHost):
         if state not in FINAL:
             # The sandbox as that program left it (a container it resumed
             # from its suspend image, say), in place of what this handle knew.
-            rebind(sandbox, await get_provider(row.provider).reconnect(
+            sandbox.rebind(await get_provider(row.provider).reconnect(
                 sandbox.id, row.description))
         self._recorded[sandbox.id] = (row.state, _canonical(row.description))
         return state
@@ -615,7 +617,7 @@ class LocalHost(SandboxHost):
         self._checked.pop(sandbox.id, None)
         self._limits_checked.pop(sandbox.id, None)
         self._calls.drop(sandbox.id, ended=False)
-        self.engine().forget(sandbox)
+        self.engine().forget(live_of(sandbox))
 
     async def find_live(self, row: InstanceRow) -> Sandbox | None:
         assert row.sandbox_id is not None
@@ -627,7 +629,7 @@ class LocalHost(SandboxHost):
                 and (row.state, _canonical(row.description)) == self._recorded.get(sandbox.id)
             )
             if not ended and current:
-                if sandbox.state in (SandboxState.SUSPENDED, SandboxState.PAUSED):
+                if sandbox.state in HELD:
                     await sandbox.resume()
                 return sandbox
             self._forget(sandbox)
@@ -736,7 +738,7 @@ class LocalHost(SandboxHost):
         record = await sandbox.snapshot(label)
         # Recorded only once captured whole: a capture cut short names nothing.
         self.store.put_snapshot(SnapshotRow(
-            id=record.id, provider=record.provider, status="ready", label=label,
+            id=record.id, provider=record.provider, status=SnapshotStatus.READY.value, label=label,
             sandbox_id=record.sandbox_id, parent_id=record.parent_id,
             size_bytes=record.size_bytes, created_at_unix=record.created_at_unix,
             handle=record.handle.as_dict() if record.handle is not None else {},
