@@ -266,7 +266,7 @@ def release_leftovers(root: str) -> list[str]:
     if done:  # their network policy's host rules, which went with no close
         import docker
 
-        from hutch.providers import _dockernet
+        from hutch.providers.docker import netguard as _dockernet
 
         _dockernet.sweep(docker.APIClient(), "hutch-")
     for point in mounts_under(root):

@@ -29,6 +29,7 @@ from hutch._sandbox import backend_of
 from hutch.providers import _docker_engine as docker_engine
 from hutch.providers import docker as docker_provider
 from hutch.providers.docker import DockerSandbox
+from hutch.providers.docker import sandbox as docker_exec
 from tests.test_docker_freeze import sb  # noqa: F401 - a fixture: a native docker sandbox
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]
@@ -130,7 +131,7 @@ async def test_an_exec_whose_stream_never_ends_fails_once_its_process_is_gone(
     assert isinstance(backend, DockerSandbox)
     broken = EngineThatNeverEnds(docker_provider.engine(), lose_exit=lose_exit)
     monkeypatch.setattr(docker_engine, "_api_client", broken)
-    monkeypatch.setattr(docker_provider, "EXEC_DRAIN_SECONDS", 1.0)
+    monkeypatch.setattr(docker_exec, "EXEC_DRAIN_SECONDS", 1.0)
     try:
         with anyio.fail_after(60):  # without the guard: forever
             with pytest.raises(hutch.HutchError) as caught:
@@ -151,7 +152,7 @@ async def test_a_quiet_command_and_one_that_closed_its_output_are_waited_for(
     sb: Any, monkeypatch: pytest.MonkeyPatch  # noqa: F811
 ) -> None:
     # Far past the drain time while the process is there: still waited for.
-    monkeypatch.setattr(docker_provider, "EXEC_DRAIN_SECONDS", 0.5)
+    monkeypatch.setattr(docker_exec, "EXEC_DRAIN_SECONDS", 0.5)
     quiet = await sb.exec(["sh", "-c", "sleep 2; echo done"])
     assert (quiet.exit_code, quiet.stdout) == (0, "done\n"), quiet
     # Its stream ends at once; its exit status comes two seconds later.

@@ -257,9 +257,10 @@ async def test_a_snapshot_keeps_the_users_pause_and_undoes_its_own(sb: Any) -> N
 _STARTER = """
 import asyncio, json, sys, time
 from hutch.providers import docker as provider
+from hutch.providers.docker import sandbox as exec_start
 from hutch.providers.base import ProcessRequest
 
-real = provider.wait_until_started
+real = exec_start.wait_until_started
 
 def slow(api, exec_id):
     pid = real(api, exec_id)
@@ -268,7 +269,7 @@ def slow(api, exec_id):
     print("left", time.time(), flush=True)
     return pid
 
-provider.wait_until_started = slow
+exec_start.wait_until_started = slow
 
 async def main():
     backend = await provider.DockerSandbox.reconnect(sys.argv[1], json.loads(sys.argv[2]))

@@ -26,9 +26,9 @@ import pytest
 import hutch
 from hutch._sandbox import backend_of
 from hutch.providers import _diskcap
-from hutch.providers import docker as docker_provider
 from hutch.providers.agent.workload import MEMORY_RESERVE, PIDS_RESERVE
 from hutch.providers.docker import DockerSandbox, list_managed_containers
+from hutch.providers.docker import sandbox as docker_snapshots
 from tests.conftest import TEST_IMAGE
 from tests.hazards import loop_devices_left, workload_limits
 
@@ -426,7 +426,7 @@ async def test_suspend_frees_the_container_and_resume_restores_files(
 async def test_many_suspend_cycles_keep_files_and_flatten_before_the_layer_cap(
     api: docker.APIClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(docker_provider, "MAX_SUSPEND_LAYERS", 3)
+    monkeypatch.setattr(docker_snapshots, "MAX_SUSPEND_LAYERS", 3)
     sandbox = await hutch.create_sandbox(
         "docker", image=TEST_IMAGE, env={"FROM_CONFIG": "yes"}, read_before_write=False
     )

@@ -31,7 +31,7 @@ import pytest
 
 import hutch
 from hutch._sandbox import backend_of
-from hutch.providers import _dockernet
+from hutch.providers.docker import netguard as _dockernet
 from hutch.providers.network import guard_chains, installed_rules
 from tests.conftest import TEST_IMAGE
 

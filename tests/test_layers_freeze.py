@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from hutch.providers import _layers
-from hutch.providers.layers import captures, freezing
+from hutch.providers.layers import captures, flattening, freezing
 
 
 @pytest.fixture
@@ -111,7 +111,7 @@ def test_a_directory_a_process_is_in_is_not_frozen(sandbox_id: str) -> None:
 def test_a_chain_at_its_cap_is_flattened_into_one_layer(
     sandbox_id: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(freezing, "MAX_LAYERS", 2)
+    monkeypatch.setattr(flattening, "MAX_LAYERS", 2)
     write(sandbox_id, "a.txt", "A")
     write(sandbox_id, "gone.txt", "G")
     _layers.freeze("snap-f1", sandbox_id, flatten=False, holder=None)

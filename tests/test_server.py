@@ -11,9 +11,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from hutch.daemon import Daemon, OperatorPolicy
 from hutch.server.app import ServerSettings, create_app
-from hutch.server.daemon import Daemon
-from hutch.server.policy import OperatorPolicy
 from tests.daemon_fixture import DaemonProcess
 
 #: The fast path takes application/json; FastAPI also takes any +json type, so

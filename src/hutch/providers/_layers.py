@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from .layers import (
     MAX_LAYERS,
+    NO_CEILING,
     adopt,
     adopted,
     after_start,
@@ -16,6 +17,7 @@ from .layers import (
     end_adopted,
     end_branch,
     ensure_mounted,
+    flattens,
     freeze,
     giving_back,
     held,
@@ -36,6 +38,7 @@ from .layers import (
 
 __all__ = [
     "MAX_LAYERS",
+    "NO_CEILING",
     "adopt",
     "adopted",
     "after_start",
@@ -47,6 +50,7 @@ __all__ = [
     "end_adopted",
     "end_branch",
     "ensure_mounted",
+    "flattens",
     "freeze",
     "giving_back",
     "held",

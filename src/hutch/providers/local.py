@@ -22,7 +22,7 @@ from pydantic import ConfigDict
 from .._errors import SandboxUnavailable
 from .._paths import sandbox_workdir
 from .._types import Capabilities, GrepMatch
-from . import _layers
+from . import layers
 from ._hostfs import HostFiles
 from ._hostproc import EXEC_MARKER, SANDBOX_MARKER, HostProcess, pids_with_env, spawn
 from .base import FilesRuntime, NativeBackend, ProcessRequest, ProviderSettings, ProviderSnapshot
@@ -100,11 +100,11 @@ class LocalSandbox(NativeBackend, FilesRuntime):
         #: hutch made the working directory, so it goes with the sandbox.
         self._owns_workdir = owns_workdir
         #: Started from a snapshot: the working directory is a branch (see
-        #: ``_layers``), mounted on ``chain`` (None: a plain copy).
+        #: ``layers``), mounted on ``chain`` (None: a plain copy).
         self._branch = branch
         self._chain = chain
         #: The working directory was adopted by its first snapshot: moved into
-        #: that snapshot's layer, an overlay mounted in its place (``_layers.adopt``).
+        #: that snapshot's layer, an overlay mounted in its place (``layers.adopt``).
         self._adopted = False
         self.files: HostFiles = HostFiles()
         self._has_bash = shutil.which("bash") is not None
@@ -134,35 +134,35 @@ class LocalSandbox(NativeBackend, FilesRuntime):
             description.get("chain"),
         )
         # Adopted after its description was written: what is on disk says so.
-        found = await anyio.to_thread.run_sync(_layers.adopted, sandbox_id)
-        if found is not None and await anyio.to_thread.run_sync(_layers.giving_back, sandbox_id):
+        found = await anyio.to_thread.run_sync(layers.adopted, sandbox_id)
+        if found is not None and await anyio.to_thread.run_sync(layers.giving_back, sandbox_id):
             # Its close had begun when the process died: finished now, and ended.
             await anyio.to_thread.run_sync(
-                lambda: _layers.end_adopted(sandbox_id, keep=True))
+                lambda: layers.end_adopted(sandbox_id, keep=True))
             raise SandboxUnavailable(
                 f"sandbox {sandbox_id} was being closed when its program stopped; its "
                 f"working directory {sandbox.workdir} has been given back")
         if found is not None:
             sandbox._chain, sandbox._adopted = found[1], True
         if sandbox._chain:
-            await anyio.to_thread.run_sync(_layers.ensure_mounted, sandbox_id)
+            await anyio.to_thread.run_sync(layers.ensure_mounted, sandbox_id)
         return sandbox
 
-    # -- snapshots: the working directory, as layers (see _layers) ---------------------
+    # -- snapshots: the working directory, as layers (see layers) ---------------------
     async def capture(self, snapshot_id: str, *, diff: bool = True) -> ProviderSnapshot:
         """A plain directory's first capture moves it into the snapshot's layer
         and goes on over an overlay (one rename, whatever the tree's size; see
-        ``_layers.adopt``); later ones copy what changed since (the upper
+        ``layers.adopt``); later ones copy what changed since (the upper
         directory). A copy of the whole tree only where overlayfs cannot serve."""
 
         def capture() -> int:
             if self._chain is None and not self._branch:
-                size = _layers.adopt(snapshot_id, self.sandbox_id, self.workdir)
+                size = layers.adopt(snapshot_id, self.sandbox_id, self.workdir)
                 if size is not None:
                     self._chain, self._adopted = [snapshot_id], True
                     return size
-            return _layers.capture(snapshot_id, self.sandbox_id, self.workdir, self._chain,
-                                   diff=diff)
+            return layers.capture(snapshot_id, self.sandbox_id, self.workdir, self._chain,
+                                  diff=diff)
 
         size = await anyio.to_thread.run_sync(capture)
         return ProviderSnapshot(snapshot_id, self.provider, size)
@@ -173,30 +173,30 @@ class LocalSandbox(NativeBackend, FilesRuntime):
     ) -> LocalSandbox:
         # Never the origin's directory: a branch gets one of its own.
         workdir, chain = await anyio.to_thread.run_sync(
-            _layers.start_branch, sandbox_id, snapshot.snapshot_id
+            layers.start_branch, sandbox_id, snapshot.snapshot_id
         )
         return cls(sandbox_id, workdir, config.env, True, True, chain)
 
     @classmethod
     async def remove_snapshot(cls, snapshot: ProviderSnapshot) -> None:
-        await anyio.to_thread.run_sync(_layers.remove, snapshot.snapshot_id)
+        await anyio.to_thread.run_sync(layers.remove, snapshot.snapshot_id)
 
     @classmethod
     async def held_snapshots(cls) -> list[str]:
-        return await anyio.to_thread.run_sync(_layers.held)
+        return await anyio.to_thread.run_sync(layers.held)
 
     @classmethod
     async def discard(cls, sandbox_id: str) -> None:
-        await anyio.to_thread.run_sync(_layers.end_branch, sandbox_id)
+        await anyio.to_thread.run_sync(layers.end_branch, sandbox_id)
 
     @classmethod
     async def reap_orphans(cls, known: set[str]) -> list[str]:
         """Free the working directories of sandboxes no record names, and
         finish every give-back cut short, named or not: its close had begun
         (a record ended before its close is done)."""
-        branches = await anyio.to_thread.run_sync(_layers.branches)
+        branches = await anyio.to_thread.run_sync(layers.branches)
         ended = [s for s in branches
-                 if s not in known or await anyio.to_thread.run_sync(_layers.giving_back, s)]
+                 if s not in known or await anyio.to_thread.run_sync(layers.giving_back, s)]
         for sandbox_id in ended:
             await cls.discard(sandbox_id)
         return ended
@@ -234,10 +234,10 @@ class LocalSandbox(NativeBackend, FilesRuntime):
             # hutch's own goes with the sandbox.
             keep = not self._owns_workdir
             await anyio.to_thread.run_sync(
-                lambda: _layers.end_adopted(self.sandbox_id, keep=keep)
+                lambda: layers.end_adopted(self.sandbox_id, keep=keep)
             )
         if self._branch:
-            await anyio.to_thread.run_sync(_layers.end_branch, self.sandbox_id)
+            await anyio.to_thread.run_sync(layers.end_branch, self.sandbox_id)
             return
         if self._owns_workdir:
             sandbox_dir = os.path.dirname(self.workdir)

@@ -78,9 +78,8 @@ from .._types import (
     OutputChunk,
 )
 from .._values import check_text
+from ..daemon import DEFAULT_RETENTION_SECONDS, Daemon, OperatorPolicy, default_data_dir
 from ..store import RefRow
-from .daemon import DEFAULT_RETENTION_SECONDS, Daemon, default_data_dir
-from .policy import OperatorPolicy
 
 log = logging.getLogger("hutch.server")
 
@@ -111,10 +110,10 @@ class ServerSettings(BaseModel):
     providers: list[str] = []
     #: The provider of requests that name none (``hutch serve --provider``),
     #: where the sandbox defaults name none; unset: the daemon picks one that
-    #: isolates (see hutch.server.policy).
+    #: isolates (see hutch.daemon.policy).
     default_provider: str | None = None
     #: Resource limits (memory, cpus, pids) for requests that set none, and
-    #: the most a request may ask for; see hutch.server.policy.
+    #: the most a request may ask for; see hutch.daemon.policy.
     limits: dict[str, Any] = {}
     ceilings: dict[str, Any] = {}
     #: The operator's sandbox definitions (``[definitions.NAME]`` in hutch.toml).

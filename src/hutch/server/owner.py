@@ -37,10 +37,10 @@ from .._errors import HutchError
 from .._liveness import still_running, this_process
 from .._refwire import decode_ref, unix_url
 from ..core.refs import register_ref_serving
+from ..daemon import Daemon
 from ..store import RefRow
 from .app import ServerSettings, create_app
 from .connections import guarded_protocol
-from .daemon import Daemon
 
 if TYPE_CHECKING:
     from collections.abc import Generator

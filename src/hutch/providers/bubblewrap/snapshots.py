@@ -9,7 +9,10 @@ under a fresh, empty upper layer: nothing is copied (copy-on-write), so
 starting one costs the same whatever the snapshot holds.
 
 ``diff=False`` copies the snapshot layers below too, so that the new snapshot
-depends on no other (only on the root file system, which images own).
+depends on no other (only on the root file system, which images own): this
+system's flatten, by the one rule (:func:`hutch.providers.layers.flattens`),
+with no ceiling by depth (the overlay's options are checked when mounted).
+It keeps each layer apart: the chain stands alone, as deep as before.
 
 A removed snapshot whose layers another snapshot or a live sandbox still
 stands on is only marked removed; its layers go when nothing names them.
@@ -25,6 +28,7 @@ from typing import Any
 
 from ..._errors import InvalidArgument, NotFound
 from ..._faults import fault_point
+from ..layers import NO_CEILING, flattens
 from . import freezes
 from .cgroups import SandboxCgroup
 from .provisioning import Layers, bubblewrap_home, copy_tree
@@ -76,7 +80,7 @@ def capture(layers: Layers, cgroup: SandboxCgroup, snapshot_id: str, *, diff: bo
         own = [os.path.join(final, "layer-0")]
         stack = [own[0]]
         below = layers.lowers
-        if diff:
+        if not flattens(len(below), asked=not diff, limit=NO_CEILING):
             stack.extend(below)
         else:
             for index, lower in enumerate(below[:-1], 1):

@@ -53,7 +53,8 @@ A capture of a branch (or an adopted directory) copies its upper directory
 (what changed since it was started, overlayfs whiteouts included) into a new
 layer on its chain; a capture of a plain directory that cannot be adopted,
 or ``diff=False``, or a chain past :data:`MAX_LAYERS`, copies the merged view
-into a single layer (the one flattening rule for directories). A snapshot's
+into a single layer (:func:`flattens`: the one flattening rule, every layer
+system's). A snapshot's
 own layer stays on disk, after its removal, while any other snapshot's chain
 or any mounted branch still stacks it: :func:`collect_garbage` frees it when
 nothing does.
@@ -72,7 +73,7 @@ from .adoption import adopt, adopted
 from .branching import branches, ensure_mounted, start_branch
 from .captures import capture
 from .chain import chain_of, held, remove
-from .flattening import MAX_LAYERS
+from .flattening import MAX_LAYERS, NO_CEILING, flattens
 from .freezing import (
     after_start,
     before_start,
@@ -91,6 +92,7 @@ from .stores import store_dir
 
 __all__ = [
     "MAX_LAYERS",
+    "NO_CEILING",
     "adopt",
     "adopted",
     "after_start",
@@ -102,6 +104,7 @@ __all__ = [
     "end_adopted",
     "end_branch",
     "ensure_mounted",
+    "flattens",
     "freeze",
     "giving_back",
     "held",

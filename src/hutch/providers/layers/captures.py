@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from .flattening import MAX_LAYERS
+from . import flattening
 from .freezing import _awake
 from .records import _copy_tree, _creating, _size, _tree, _write_json
 from .stores import _in_hand, _upper_work
@@ -32,7 +32,8 @@ def _capture(
         pass
     with _creating(snapshot_id) as target:
         upper = _upper_work(sandbox_id)[0] if chain else None
-        if chain and diff and len(chain) < MAX_LAYERS and upper and os.path.isdir(upper):
+        if (chain and not flattening.flattens(len(chain), asked=not diff)
+                and upper and os.path.isdir(upper)):
             _copy_tree(upper, _tree(snapshot_id))
             layers = [snapshot_id, *chain]
         else:

@@ -28,8 +28,8 @@ from collections.abc import Iterator
 
 from ..._errors import SandboxUnavailable
 from .. import _mounts
+from . import flattening
 from .chain import chain_of
-from .flattening import MAX_LAYERS
 from .garbage import collect_garbage
 from .giveback import end_branch
 from .overlay import _anchor, _mount, _overlay_on_top, _stack, _umount
@@ -120,7 +120,7 @@ def freeze(snapshot_id: str, sandbox_id: str, *, flatten: bool, holder: int | No
     :func:`layer_size` (a stat a file: done apart, off the moment the
     caller stops the sandbox for).
 
-    ``flatten`` (asked for, or the chain at :data:`MAX_LAYERS`): the merged
+    ``flatten`` (asked for, or the chain at its ceiling: :func:`.flattening.flattens`): the merged
     view is copied into a single layer, and the sandbox goes on over that one
     alone. The caller stops every process that may write in the directory
     first; ``holder`` is a process of the container whose mount namespace
@@ -133,7 +133,7 @@ def freeze(snapshot_id: str, sandbox_id: str, *, flatten: bool, holder: int | No
         chain = _read_chain(os.path.join(base, "chain.json"))
         if chain is None or not _overlay_on_top(merged):
             return False
-        flatten = flatten or len(chain) >= MAX_LAYERS
+        flatten = flattening.flattens(len(chain), asked=flatten)
         with _creating(snapshot_id) as target:
             return _freeze(snapshot_id, sandbox_id, chain, target, flatten=flatten,
                            holder=holder)

@@ -17,9 +17,9 @@ import contextlib
 import logging
 import threading
 
-from .._paths import sandbox_workdir
-from . import _layers
-from ._diskcap import unmount_capped
+from ..._paths import sandbox_workdir
+from .. import layers
+from .._diskcap import unmount_capped
 
 log = logging.getLogger("hutch.docker")
 
@@ -44,7 +44,7 @@ def preserved_container_removed(sandbox_id: str) -> bool:
         if sandbox_id not in _preserved:
             return False
         _preserved.discard(sandbox_id)
-    _layers.let_go(sandbox_id)
+    layers.let_go(sandbox_id)
     with contextlib.suppress(OSError):  # a plain capped directory (no overlay here)
         unmount_capped(sandbox_workdir(sandbox_id))
     log.info("sandbox %s: its preserved container was removed; its mounts are released "

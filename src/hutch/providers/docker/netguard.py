@@ -16,8 +16,8 @@ import os
 import subprocess
 from typing import Any
 
-from .._errors import ProviderError
-from .network import (
+from ..._errors import ProviderError
+from ..network import (
     HostMatch,
     IPNetwork,
     NetworkPolicy,

@@ -1,0 +1,274 @@
+"""Sandboxes: made, taken over, described, listed and ended; and sandbox
+definitions put by API clients."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import anyio.to_thread
+
+from .._errors import (
+    HutchError,
+    NotFound,
+    SandboxPermissionDenied,
+)
+from .._sandbox import (
+    Sandbox,
+    new_sandbox_id,
+)
+from ..config import SandboxSpec
+from ..definitions import Definition, DirSource, GitSource
+from ..definitions.ensure import (
+    Progress,
+)
+from ..lifecycle.state import found_state
+from ..providers.base import ProviderSnapshot
+from ..providers.registry import get_provider
+from ..states import FINAL, SandboxState
+from ..store import (
+    SandboxRow,
+    SnapshotRow,
+)
+from .common import (
+    REMOTE_GIT_SCHEMES,
+    log,
+)
+from .refs import Refs
+
+
+class Sandboxes(Refs):
+    async def create_sandbox(
+        self,
+        spec: SandboxSpec,
+        *,
+        workspace: str | None = None,
+        sandbox_id: str | None = None,
+        from_snapshot: SnapshotRow | None = None,
+    ) -> Sandbox:
+        """Make a sandbox from ``spec``, or start one from ``from_snapshot``
+        (whose own settings ``spec`` then is, with its options as asked)."""
+        sid = sandbox_id or new_sandbox_id()
+        now = time.time()
+        row = SandboxRow(
+            id=sid, provider=spec.provider_name, state=SandboxState.CREATING.value,
+            spec=spec.model_dump(), workspace=workspace, created_at_unix=now,
+            base_snapshot_id=from_snapshot.id if from_snapshot else None,
+            origin_snapshot_id=from_snapshot.id if from_snapshot else None,
+        )
+        # Intent first: a daemon killed mid-create finds this row and cleans up.
+        await anyio.to_thread.run_sync(self.store.put_sandbox, row)
+        backend_cls = get_provider(spec.provider_name)
+        try:
+            if from_snapshot is not None:
+                backend = await backend_cls.create_from_snapshot(
+                    spec.provider, sid, ProviderSnapshot.from_dict(from_snapshot.handle)
+                )
+            else:
+                backend = await backend_cls.create(spec.provider, sid)
+        except BaseException:
+            # Failed or cancelled (a caller gone) part-way: what it made goes
+            # now, not at the next start (shielded, or a cancel would skip it).
+            with anyio.CancelScope(shield=True):
+                with contextlib.suppress(HutchError):
+                    await backend_cls.discard(sid)
+                self.store.delete_sandbox(sid)
+            raise
+        sandbox = self._wrap(backend, spec)
+        sandbox.base_snapshot_id = row.base_snapshot_id
+        sandbox.origin_snapshot_id = row.origin_snapshot_id
+        self.sandboxes[sid] = sandbox
+        if workspace is not None:
+            self.workspace_of[sid] = workspace
+        try:
+            await self.engine.attach(sandbox, spec.options)
+        except BaseException:
+            self.sandboxes.pop(sid, None)
+            with anyio.CancelScope(shield=True):
+                await backend.close()
+                self.store.delete_sandbox(sid)
+            raise
+        self._note(sid, "created", f"{spec.provider_name} sandbox created")
+        self._watch(type(backend))
+        return sandbox
+
+    async def adopt_left_sandbox(
+        self, sandbox_id: str, provider: str, description: Mapping[str, Any],
+        spec: SandboxSpec, state: SandboxState, *,
+        created_unix: float | None = None, deadline_unix: float | None = None,
+    ) -> Sandbox | None:
+        """Take over a sandbox a program on this store made in-process and
+        left when it ended (killed, crashed): tracked, stored and reaped as
+        the daemon's own from here, in the state it was left in (a suspended
+        one by its own suspended state), its time limits as that program
+        recorded them (max_lifetime from ``created_unix``, the set_timeout
+        ``deadline_unix``). None if nothing of it is left."""
+        try:
+            backend = await get_provider(provider).reconnect(sandbox_id, dict(description))
+            # What it is now (another program may have suspended it since it
+            # was recorded, or died in the middle of a step).
+            found = found_state(state, await backend.observed_state())
+            if found is None:
+                return None
+            state = found
+        except HutchError as exc:
+            log.info("sandbox %s a program left cannot be found again: %s", sandbox_id, exc)
+            return None
+        row = SandboxRow(
+            id=sandbox_id, provider=provider, spec=spec.model_dump(),
+            description=backend.describe(),
+            created_at_unix=created_unix if created_unix is not None else time.time(),
+            deadline_unix=deadline_unix,
+            # A running one comes up through the engine, as a new one does.
+            state=(SandboxState.CREATING if state is SandboxState.RUNNING else state).value,
+        )
+        await anyio.to_thread.run_sync(self.store.put_sandbox, row)
+        sandbox = self._wrap(backend, spec)
+        self.sandboxes[sandbox_id] = sandbox
+        try:
+            await self.engine.attach(sandbox, spec.options, state=state,
+                                     created_unix=row.created_at_unix,
+                                     deadline_unix=deadline_unix)
+        except BaseException:
+            self.sandboxes.pop(sandbox_id, None)
+            self.store.delete_sandbox(sandbox_id)
+            raise
+        self._note(sandbox_id, "adopted",
+                   f"taken over as {state.value} from the program that made it, now gone")
+        log.info("took over sandbox %s (%s) from a program that ended", sandbox_id, state.value)
+        self._watch(type(backend))
+        if sandbox.capabilities.processes:
+            if state is SandboxState.RUNNING:
+                await self._end_leftover_commands(sandbox)
+            elif state is SandboxState.PAUSED:
+                self._leftovers.add(sandbox_id)
+        return sandbox
+
+    # -- sandbox definitions ---------------------------------------------------------------
+    def put_definition(self, definition_id: str, body: Mapping[str, Any]) -> Definition:
+        """A definition from an API client: its provider settings as the
+        operator's policy admits them; a source on the daemon's host (a
+        directory, a file:// repository) is the operator's alone."""
+        d = Definition.parse(body, definition_id=definition_id)
+        source = d.workspace.source
+        if isinstance(source, DirSource) or (
+            isinstance(source, GitSource)
+            and not source.git.lower().startswith(REMOTE_GIT_SCHEMES)
+        ):
+            # A directory, a local path or file:// reads the host's files; ssh
+            # and scp-like addresses use its keys; ext:: runs its commands.
+            raise SandboxPermissionDenied(
+                f"definition {definition_id!r}: source {source} reaches the daemon's host; "
+                f"an API client may give a git URL of {', '.join(REMOTE_GIT_SCHEMES)} only. "
+                "Other sources are the operator's: put the definition in the daemon's hutch.toml"
+            )
+        settings = d.provider.model_dump(exclude_unset=True, exclude={"type"})
+        # A definition that names no provider gets the daemon's default, not
+        # the in-process one (local).
+        named = {"provider": d.provider.type} if "provider" in d.model_fields_set else {}
+        admitted = self.spec_from_request({**settings, **named})
+        d = d.model_copy(update={"provider": admitted.provider})
+        return self.definitions.put(d)
+
+    @staticmethod
+    def definition_json(d: Definition) -> dict[str, Any]:
+        return d.model_dump(mode="json")
+
+    async def ensure(
+        self, definition_id: str, thread_id: str, tenant: str | None,
+        *, progress: Progress | None = None,
+    ) -> dict[str, Any]:
+        ensured = await self.definitions.ensure(definition_id, thread_id, tenant,
+                                                progress=progress)
+        return {
+            "sandbox": await self.info(ensured.sandbox),
+            "path": ensured.path,
+            "steps": [step.as_dict() for step in ensured.steps],
+            "snapshot_id": ensured.snapshot_id,
+        }
+
+    async def info(self, sandbox: Sandbox) -> dict[str, Any]:
+        """The sandbox's own description, and what the daemon knows around it."""
+        info = await sandbox.info()
+        if sandbox.id not in self._hosted:  # a hosted one's own lists come from here already
+            info["attachments"] = self.attachments(sandbox.id)
+            info["refs"] = self.refs_json(sandbox.id)
+        return {**info, "workspace": self.workspace_of.get(sandbox.id), "ended_at_unix": None}
+
+    @staticmethod
+    def ended_info(row: SandboxRow) -> dict[str, Any]:
+        """What :meth:`info` answers, for a sandbox that ended and is known
+        only from the store (for the retention period)."""
+        try:
+            capabilities = get_provider(row.provider).capabilities.as_dict()
+        except (HutchError, KeyError):
+            capabilities = {}
+        return {
+            "id": row.id,
+            "provider": row.provider,
+            "state": row.state,
+            "reason": row.reason,
+            "workdir": row.description.get("workdir"),
+            "capabilities": capabilities,
+            "created_at_unix": row.created_at_unix,
+            "last_active_unix": row.last_active_unix,
+            "idle_seconds": None,
+            "deadline_unix": None,
+            "meter": dict(row.meter),
+            "memory_bytes": None,
+            "open_operations": 0,
+            "attachments": [],
+            "refs": [],
+            "workspace": row.workspace,
+            "ended_at_unix": row.updated_at_unix,
+        }
+
+    async def describe(self, sandbox_id: str) -> dict[str, Any]:
+        """A sandbox's state and reason: a live one's, or an ended one's from the store."""
+        sandbox = self.sandboxes.get(sandbox_id)
+        if sandbox is not None:
+            return await self.info(sandbox)
+        row = self.store.get_sandbox(sandbox_id)
+        if row is None or row.state not in FINAL:
+            raise NotFound(f"no sandbox {sandbox_id}")
+        return self.ended_info(row)
+
+    async def list_infos(self, *, include_ended: bool = False) -> list[dict[str, Any]]:
+        """Live sandboxes; with ``include_ended`` also those that ended within
+        the retention period, oldest first."""
+        live = [await self.info(s) for s in list(self.sandboxes.values())]
+        if not include_ended:
+            return live
+        ended = [
+            self.ended_info(row) for row in self.store.list_sandboxes(include_final=True)
+            if row.state in FINAL and row.id not in self.sandboxes
+        ]
+        return sorted([*live, *ended], key=lambda info: float(info["created_at_unix"] or 0))
+
+    async def delete_sandbox(self, sandbox_id: str) -> None:
+        """End a sandbox. Idempotent: one that already ended (expired, failed,
+        deleted) and is still on record is not an error. A workspace's work is
+        not lost with its sandbox: its state is captured first, and the
+        workspace (stale) resumes from it."""
+        sandbox = self.sandboxes.get(sandbox_id)
+        if sandbox is None:
+            row = self.store.get_sandbox(sandbox_id)
+            if row is not None and row.state in FINAL:
+                await self._free_failed(row)  # its kept working directory goes now
+                return
+            raise NotFound(f"no sandbox {sandbox_id}")
+        workspace = self.workspace_of.get(sandbox_id)
+        if workspace is not None and sandbox.capabilities.snapshot:
+            async with self._lock(workspace):
+                with contextlib.suppress(HutchError):
+                    await self._save_workspace_state(workspace, sandbox_id, diff=True)
+                await sandbox.close()
+        else:
+            await sandbox.close()
+        self._forget(sandbox_id)
+
+    async def set_timeout(self, sandbox_id: str, seconds: float) -> float:
+        """Set the deadline; it takes effect once recorded, and outlives a restart."""
+        return await self.get(sandbox_id).set_timeout(seconds)
