@@ -21,9 +21,10 @@ import anyio.to_thread
 
 from .._errors import HutchError, SandboxUnavailable
 from .._inflight import CallMark, InFlightCalls
-from .._sandbox import Sandbox, backend_of, rebind
+from .._sandbox import Sandbox, backend_of, live_of
 from .._snapshots import Snapshot
 from ..config import SandboxSpec
+from ..core.live import LiveSandbox
 from ..lifecycle.engine import DEFAULT_TIMEOUT_CEILING, LifecycleEngine
 from ..lifecycle.shared import SharedLimits, SharedView
 from ..lifecycle.state import found_state
@@ -231,7 +232,7 @@ class LocalHost(SandboxHost):
             log.warning("sandbox %s: %s -> %s here not recorded: another program holds it "
                         "now", sandbox_id, old.value, new.value)
 
-    async def refresh(self, sandbox: Sandbox) -> SandboxState | None:
+    async def refresh(self, sandbox: LiveSandbox) -> SandboxState | None:
         row = await anyio.to_thread.run_sync(self.store.instance_of_sandbox, sandbox.id)
         if row is None or row.description.get("held_by") == HELD_BY_DAEMON:
             return None  # ended and dropped, or a daemon's now
@@ -242,7 +243,7 @@ class LocalHost(SandboxHost):
         if state not in FINAL:
             # The sandbox as that program left it (a container it resumed
             # from its suspend image, say), in place of what this handle knew.
-            rebind(sandbox, await get_provider(row.provider).reconnect(
+            sandbox.rebind(await get_provider(row.provider).reconnect(
                 sandbox.id, row.description))
         self._recorded[sandbox.id] = (row.state, _canonical(row.description))
         return state
@@ -255,7 +256,7 @@ class LocalHost(SandboxHost):
         self._checked.pop(sandbox.id, None)
         self._limits_checked.pop(sandbox.id, None)
         self._calls.drop(sandbox.id, ended=False)
-        self.engine().forget(sandbox)
+        self.engine().forget(live_of(sandbox))
 
     async def find_live(self, row: InstanceRow) -> Sandbox | None:
         assert row.sandbox_id is not None
