@@ -15,7 +15,7 @@ from .._errors import (
 from .._sandbox import live_of
 from .._snapshots import new_snapshot_id
 from ..config import SandboxSpec
-from ..definitions.ensure import (
+from ..definitions.holders import (
     HELD_BY_DAEMON,
     program_alive,
     this_program,

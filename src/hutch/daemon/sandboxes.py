@@ -22,7 +22,7 @@ from .._sandbox import (
 )
 from ..config import SandboxSpec
 from ..definitions import Definition, DirSource, GitSource
-from ..definitions.ensure import (
+from ..definitions.sources import (
     Progress,
 )
 from ..lifecycle.state import found_state
