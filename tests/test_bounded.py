@@ -679,7 +679,7 @@ def provider_settings(kind: str) -> Iterator[tuple[dict[str, object], tuple[str,
     try:
         yield ({**settings, "destination": ALIAS, "working_directory": workdir,
                 "config_file": shared_server().config_file},
-               ("--allow", "destination", "--allow", "config_file"))
+               ("--allow-provider", "ssh", "--allow", "destination", "--allow", "config_file"))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -24,6 +24,7 @@ import pytest
 
 import hutch
 from hutch._refwire import decode_ref
+from hutch.cli._listing import Column, table_lines
 from hutch.images import ImageInfo
 from tests.daemon_fixture import DaemonProcess
 
@@ -204,3 +205,14 @@ def test_refs_of_a_sandbox_are_listed_whole(empty: Home) -> None:
             assert len(lines) == 4 and all(len(line) <= 80 for line in lines), lines
         finally:
             c.delete_sandbox(sb.id)
+
+
+def test_a_terminal_line_leaves_columns_out_before_it_cuts_an_id() -> None:
+    columns = (Column("ID"), Column("NOTE", cut=True), Column("EXTRA", drop=1))
+    rows = [["sb-" + "a" * 12, "x" * 100, "e" * 30]]
+    header, line = table_lines(columns, rows, 40)
+    assert "EXTRA" not in header and len(line) == 40
+    # The note is cut only as far as it has to be, once EXTRA is out of the way.
+    assert line == "sb-" + "a" * 12 + "  " + "x" * 22 + "…"
+    # In a pipe nothing is cut or left out.
+    assert table_lines(columns, rows, None)[1].endswith("x" * 100 + "  " + "e" * 30)

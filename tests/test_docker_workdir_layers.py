@@ -214,7 +214,7 @@ async def test_a_program_dying_in_a_capture_leaves_nothing_stopped_or_unmounted(
     move, the directory unmounted): the next one to reconnect mends both."""
     from hutch._sandbox import backend_of
     from hutch.providers import _docker_engine as docker_engine
-    from hutch.providers import _layers
+    from hutch.providers import layers
     from hutch.providers.docker import DockerSandbox
 
     origin = await hutch.create_sandbox(
@@ -229,7 +229,7 @@ async def test_a_program_dying_in_a_capture_leaves_nothing_stopped_or_unmounted(
             try:
                 docker_engine._api_client = None  # a connection of its own
                 if dies_at == "before the move":
-                    _layers.freeze = lambda *args, **kwargs: os._exit(9)  # type: ignore[assignment]
+                    layers.freeze = lambda *args, **kwargs: os._exit(9)  # type: ignore[assignment]
                 else:
                     os.rename = lambda *args, **kwargs: os._exit(9)  # type: ignore[assignment]
                 backend._freeze_and_commit("snap-dies", True, "hutch-never", {})

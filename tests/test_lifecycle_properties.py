@@ -14,9 +14,13 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 import hutch
 from hutch.lifecycle.clock import VirtualClock
 from hutch.lifecycle.engine import LifecycleEngine
-from hutch.lifecycle.state import ALLOWED, FINAL, SandboxState
+from hutch.states import ALLOWED, FINAL, HELD, SandboxState
 
 T = TypeVar("T")
+#: The state each transition the machine tries asks for.
+ACTION_TARGETS = {
+    "pause": SandboxState.PAUSED, "suspend": SandboxState.SUSPENDED, "resume": SandboxState.RUNNING,
+}
 NAMES = st.sampled_from(["a.txt", "dir/b.bin", "dir/sub/c", "odd name ü.txt"])
 
 
@@ -76,10 +80,17 @@ class LifecycleMachine(RuleBasedStateMachine):
     @rule(action=st.sampled_from(["pause", "suspend", "resume"]))
     def transition(self, action: str) -> None:
         before = self.sandbox.state
+        target = ACTION_TARGETS[action]
         try:
             self.run(getattr(self.sandbox, action)())
         except hutch.InvalidState:
             assert self.sandbox.state == before, "a refused transition changed the state"
+            # The engine refuses only what hutch.states forbids.
+            assert target not in ALLOWED[before], f"{before} -> {target} refused"
+        else:
+            if self.sandbox.state != before:
+                assert self.sandbox.state == target
+                assert target in ALLOWED[before], f"{before} -> {target} allowed"
 
     @precondition(lambda self: self.alive)
     @rule(seconds=st.integers(min_value=-5, max_value=1200))
@@ -164,3 +175,13 @@ LifecycleMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestLifecycleProperties = LifecycleMachine.TestCase
+
+
+def test_the_states_module_is_the_one_table() -> None:
+    # The lifecycle's names are hutch.states', not copies.
+    from hutch.lifecycle import state
+    assert state.ALLOWED is ALLOWED and state.FINAL is FINAL and state.HELD is HELD
+    assert state.SandboxState is SandboxState and hutch.SandboxState is SandboxState
+    # Nothing leaves a final state; every held one resumes or ends.
+    assert all(not ALLOWED[s] for s in FINAL)
+    assert all(SandboxState.RUNNING in ALLOWED[s] and ALLOWED[s] >= FINAL for s in HELD)

@@ -49,8 +49,8 @@ if TYPE_CHECKING:  # the names, for type checkers; at run time each is imported 
     from .client import AsyncClient, Client
     from .config import SandboxOptions, SandboxSpec
     from .lifecycle.clock import RealClock, VirtualClock
-    from .lifecycle.engine import LifecycleEngine, SandboxStatus, default_engine
-    from .lifecycle.state import SandboxState
+    from .lifecycle.engine import LifecycleEngine, default_engine
+    from .states import SandboxState, SandboxStatus
 
 _LAZY = {
     "create_sandbox": "._api",
@@ -101,9 +101,9 @@ _LAZY = {
     "RealClock": ".lifecycle.clock",
     "VirtualClock": ".lifecycle.clock",
     "LifecycleEngine": ".lifecycle.engine",
-    "SandboxStatus": ".lifecycle.engine",
+    "SandboxStatus": ".states",
     "default_engine": ".lifecycle.engine",
-    "SandboxState": ".lifecycle.state",
+    "SandboxState": ".states",
 }
 
 __version__ = "0.1.0"

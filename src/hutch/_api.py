@@ -11,9 +11,9 @@ from ._snapshots import Snapshot
 from ._sync import SyncProxy, run_sync_factory
 from .config import SandboxOptions, SandboxSpec, resolve_spec
 from .lifecycle.engine import LifecycleEngine, default_engine
-from .lifecycle.state import SandboxState
 from .providers.base import SandboxBackend
 from .providers.registry import get_provider
+from .states import SandboxState
 
 
 async def create_sandbox(

@@ -60,7 +60,6 @@ from ._types import (
 )
 from ._values import check_command, check_text
 from .core.refs import ref_serving
-from .lifecycle.state import SandboxState
 from .providers._grep import grep_output_budget
 from .providers.base import (
     BackendProcess,
@@ -71,6 +70,7 @@ from .providers.base import (
     UnstartedProcess,
     within,
 )
+from .states import FINAL, SandboxState
 
 if TYPE_CHECKING:
     from .config import SandboxSpec
@@ -691,7 +691,7 @@ class Sandbox:
         Reading it is not activity.
         """
         memory = None
-        if self.state not in (SandboxState.TERMINATED, SandboxState.FAILED):
+        if self.state not in FINAL:
             try:
                 memory = await self._backend.memory_bytes()
             except Exception:  # a figure for a dashboard: its absence is an answer

@@ -55,23 +55,27 @@ def table_lines(
     """Columns padded to their widest cell, a line a row; fitted to ``width``
     (see the module's doc) when it is a terminal's."""
     keep = list(range(len(columns)))
-    widths = [max([len(c.header), *(len(r[i]) for r in rows)]) for i, c in enumerate(columns)]
+    natural = [max([len(c.header), *(len(r[i]) for r in rows)]) for i, c in enumerate(columns)]
+    widths = list(natural)
 
     def total() -> int:
         return sum(widths[i] for i in keep) + len(GAP) * (len(keep) - 1)
 
-    if width is not None:
-        # Free text first, down to its header's width (at least 8).
-        for i in sorted(keep, key=lambda i: -widths[i]):
-            if columns[i].cut and total() > width:
-                floor = max(len(columns[i].header), 8)
-                widths[i] = max(floor, widths[i] - (total() - width))
-        # Then the least useful columns, as long as they are in the way.
+    if width is not None and total() > width:
+        # Free text down to its header's width (at least 8) ...
+        for i in keep:
+            if columns[i].cut:
+                widths[i] = min(natural[i], max(len(columns[i].header), 8))
+        # ... then the least useful columns, as long as they are in the way ...
         for i in sorted((i for i in keep if columns[i].drop is not None),
                         key=lambda i: -(columns[i].drop or 0)):
             if total() <= width:
                 break
             keep.remove(i)
+        # ... and the room that leaves goes back to the free text, left first.
+        for i in keep:
+            if columns[i].cut and total() < width:
+                widths[i] = min(natural[i], widths[i] + width - total())
     lines = []
     for cells in [[c.header for c in columns], *rows]:
         shown = [shorten(cells[i], widths[i]) for i in keep]

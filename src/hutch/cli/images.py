@@ -7,17 +7,14 @@ from __future__ import annotations
 import time
 
 import typer
-from rich.console import Console
 
-from .. import images
+from ._common import console, err_console, reports_errors
 from ._listing import Column, print_json, print_table
 
 image_app = typer.Typer(
     help="Images: environments built once, used by name by docker and bubblewrap.",
     no_args_is_help=True,
 )
-console = Console()
-err_console = Console(stderr=True)
 
 
 def _size(n: int) -> str:
@@ -40,7 +37,7 @@ def build(
     rebuild: bool = typer.Option(False, help="Build again even if it was built."),
 ) -> None:
     """Build image NAME from a Dockerfile or a list of Debian packages."""
-    from .main import reports_errors
+    from .. import images
 
     wanted = [p.strip() for p in (packages or "").split(",") if p.strip()]
     started = time.monotonic()
@@ -71,6 +68,8 @@ def list_(
     as_json: bool = typer.Option(False, "--json", help="Print them as JSON."),
 ) -> None:
     """Images with their sizes and the sandboxes that use them, one line each."""
+    from .. import images
+
     found = images.list_images()
     if as_json:
         print_json([info.as_dict() for info in found])
@@ -89,7 +88,7 @@ def remove(
     force: bool = typer.Option(False, help="Remove it even while sandboxes use it."),
 ) -> None:
     """Remove image NAME (refused while sandboxes use it, unless forced)."""
-    from .main import reports_errors
+    from .. import images
 
     @reports_errors
     def run() -> None:

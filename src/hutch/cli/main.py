@@ -15,33 +15,36 @@ Exit codes scripts can rely on:
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import typer
-from rich.console import Console
 
 from .._errors import HutchError
+from ._common import (
+    EXIT_CODES,
+    ago,
+    app,
+    client,
+    console,
+    duration,
+    err_console,
+    exit_code_for,
+    reports_errors,
+    size,
+    snapshot_app,
+    workspace_app,
+)
 from ._listing import Column, print_json, print_lines, print_table
 from .images import image_app
 
-F = TypeVar("F", bound=Callable[..., Any])
-
 HELP = __doc__
-app = typer.Typer(help=HELP, no_args_is_help=True, add_completion=False)
-workspace_app = typer.Typer(help="Named workspaces that outlive the daemon.", no_args_is_help=True)
 app.add_typer(workspace_app, name="workspace")
 app.add_typer(image_app, name="image")
-snapshot_app = typer.Typer(help="Snapshots of sandboxes, as a lineage tree.",
-                           no_args_is_help=True)
 app.add_typer(snapshot_app, name="snapshot")
-console = Console()
-err_console = Console(stderr=True)
 
 
 def _print_version(value: bool) -> None:
@@ -52,7 +55,7 @@ def _print_version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
+@app.callback(help=HELP)
 def main(
     version: bool = typer.Option(
         False, "--version", callback=_print_version, is_eager=True,
@@ -61,66 +64,8 @@ def main(
 ) -> None:
     pass
 
-EXIT_CODES = {
-    "invalid_argument": 2, "timeout_too_large": 2, "invalid_state": 2,
-    "not_found": 3, "file_not_found": 3,
-    "sandbox_unavailable": 4, "idle_timeout": 4, "max_lifetime_exceeded": 4,
-    "timeout_expired": 4,
-    "unauthorized": 5,
-}
 
-
-def exit_code_for(exc: HutchError) -> int:
-    return EXIT_CODES.get(exc.code, 1)
-
-
-def reports_errors(fn: F) -> F:
-    """Turn a typed error into a one-line message and its documented exit code."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except HutchError as exc:
-            err_console.print(f"[red]error[/red] ({exc.code}): {exc}")
-            raise typer.Exit(exit_code_for(exc)) from None
-
-    return wrapper  # type: ignore[return-value]
-
-
-def client() -> Any:
-    from ..client import Client
-
-    return Client()
-
-
-def ago(unix: float | None) -> str:
-    if unix is None:
-        return "-"
-    return duration(time.time() - unix)
-
-
-def duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = max(0.0, seconds)
-    if seconds < 90:
-        return f"{seconds:.0f}s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f}m"
-    if seconds < 172800:
-        return f"{seconds / 3600:.1f}h"
-    return f"{seconds / 86400:.1f}d"
-
-
-def size(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024:
-            return f"{n:.0f}{unit}"
-        n = int(n / 1024)
-    return f"{n}TiB"
+__all__ = ["EXIT_CODES", "app", "client", "exit_code_for", "reports_errors"]
 
 
 @app.command()
@@ -680,7 +625,7 @@ def workspace_resume(name: str) -> None:
 
 
 WORKSPACE_COLUMNS = (
-    Column("NAME", cut=True), Column("STATUS"), Column("SANDBOX", drop=1),
+    Column("NAME"), Column("STATUS"), Column("SANDBOX", drop=1),
     Column("STATE SNAPSHOT", drop=4), Column("FROM", cut=True, drop=5), Column("AGE", drop=3),
     Column("LAST ACTIVE", drop=2),
 )

@@ -14,7 +14,6 @@ from .._errors import Unauthorized
 from .._refwire import DaemonRef, decode_ref
 from .._snapshots import Snapshot
 from ._core import (
-    Call,
     ClientOps,
     EnsureProgress,
     ForkOps,
@@ -24,6 +23,7 @@ from ._core import (
     build_async,
     build_sync,
 )
+from ._http import Call
 from ._transports import AsyncTransport, SyncTransport
 
 

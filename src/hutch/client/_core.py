@@ -13,12 +13,9 @@ from __future__ import annotations
 
 import base64
 import functools
-import json
 from collections.abc import Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import IO, Any
-
-import httpx
 
 from .._errors import (
     CapabilityUnsupported,
@@ -27,7 +24,7 @@ from .._errors import (
     SandboxUnavailable,
     error_from_wire,
 )
-from .._refwire import check_ref_lifetime, decode_ref, unix_socket_of
+from .._refwire import check_ref_lifetime, decode_ref
 from .._sandbox_paths import sandbox_path
 from .._snapshots import Snapshot, SnapshotDependent
 from .._types import (
@@ -40,9 +37,13 @@ from .._types import (
     GrepMatch,
     OutputChunk,
 )
-from ..lifecycle.state import FINAL, SandboxState, SandboxStatus
+from ..states import FINAL, SandboxState, SandboxStatus
+from ._http import Call
 
-SESSION_HEADER = "X-Hutch-Session"
+#: Headroom on top of a command's own timeout before the HTTP call gives up.
+HTTP_GRACE_SECONDS = 30.0
+
+Op = Generator[Call, Any, Any]
 
 
 def _write_params(path: str, overwrite: bool) -> dict[str, str]:
@@ -50,59 +51,7 @@ def _write_params(path: str, overwrite: bool) -> dict[str, str]:
     return {"path": path, "overwrite": "true"} if overwrite else {"path": path}
 
 
-DEFAULT_URL = "http://127.0.0.1:8787"
-#: Headroom on top of a command's own timeout before the HTTP call gives up.
-HTTP_GRACE_SECONDS = 30.0
-
-
-@dataclass
-class Call:
-    method: str
-    path: str
-    params: dict[str, Any] | None = None
-    json: Any = None
-    #: The request body: bytes, or a binary file sent a piece at a time from
-    #: its position on (never read whole).
-    content: bytes | IO[bytes] | None = None
-    #: Seconds to wait for the answer; None waits as long as it takes.
-    timeout: float | None = 60.0
-    #: The answer is NDJSON events, handed to the caller as they come.
-    stream: bool = False
-    #: The answer is raw bytes rather than JSON.
-    raw: bool = False
-    headers: dict[str, str] = field(default_factory=dict)
-
-
-Op = Generator[Call, Any, Any]
-
-
 # -- decoding ---------------------------------------------------------------------------
-
-
-def raise_for_error(status: int, body: bytes) -> None:
-    if status < 400:
-        return
-    try:
-        error = json.loads(body)["error"]
-        if not isinstance(error, dict) or "code" not in error or "message" not in error:
-            raise TypeError("not an error body")
-    except (ValueError, KeyError, TypeError):
-        raise HutchError(f"daemon answered {status}: {body[:200]!r}") from None
-    raise error_from_wire(error)
-
-
-def unreachable(url: str, exc: Exception) -> SandboxUnavailable:
-    path = unix_socket_of(url)
-    if path is not None:
-        # Only an in-process owner serves on a socket, and it stops with its owner.
-        return SandboxUnavailable(
-            f"the sandbox this ref names is no longer served at {path}: its owner's "
-            f"cleanup ended it, or the owner's process is gone ({type(exc).__name__})"
-        )
-    return SandboxUnavailable(
-        f"the hutch daemon at {url} is not reachable ({type(exc).__name__}); "
-        "start it with `hutch serve`"
-    )
 
 
 def _bytes_field(data: Mapping[str, Any], key: str) -> bytes:
@@ -805,27 +754,6 @@ def build_sync(ops_cls: type, name: str) -> type:
             return method
         namespace[attr] = make()
     return type(name, (ops_cls,), namespace)
-
-
-def check_answer(response: httpx.Response) -> None:
-    raise_for_error(response.status_code, response.content)
-
-
-def decode_answer(call: Call, response: httpx.Response) -> Any:
-    if call.raw:
-        return response.content
-    if response.status_code == 204 or not response.content:
-        return None
-    return response.json()
-
-
-def request_kwargs(call: Call) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {"params": call.params, "timeout": call.timeout}
-    if call.json is not None:
-        kwargs["json"] = call.json
-    if call.content is not None:
-        kwargs["content"] = call.content
-    return kwargs
 
 
 def step(gen: Op, answer: Any = None, error: BaseException | None = None) -> tuple[bool, Any]:

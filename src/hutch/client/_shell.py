@@ -23,8 +23,7 @@ from urllib.parse import quote
 from .._errors import HutchError, error_from_wire
 from .._refwire import UNIX_HOST, unix_socket_of
 from .._types import OutputChunk
-from ._core import SESSION_HEADER, raise_for_error, unreachable
-from ._transports import client_headers, client_url
+from ._http import SESSION_HEADER, client_headers, client_url, raise_for_error, unreachable
 
 #: The largest message either side sends (the daemon's own bound is the same).
 MAX_MESSAGE = 16 * 1024 * 1024

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import functools
-import ipaddress
 import json
-import os
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import IO, Any
 
@@ -14,111 +11,30 @@ import anyio.to_thread
 import httpx
 
 from .._errors import HutchError
-from .._paths import token_file_path
-from .._refwire import UNIX_HOST, unix_socket_of
 from ._core import (
-    DEFAULT_URL,
-    SESSION_HEADER,
     BranchRef,
-    Call,
     EnsuredRef,
     ForkRef,
     Op,
     ProcessRef,
     RemoteEnsured,
     SandboxRef,
-    check_answer,
-    decode_answer,
     decode_event,
     note_exit,
-    request_kwargs,
     step,
+)
+from ._http import (
+    Call,
+    PlainCalls,
+    check_answer,
+    client_headers,
+    client_url,
+    decode_answer,
+    http_target,
+    request_kwargs,
+    tls_verify,
     unreachable,
 )
-
-
-def client_headers(token: str | None, url: str) -> dict[str, str]:
-    """A client's headers for the daemon at ``url``: its token is ``token``,
-    else ``HUTCH_TOKEN``, else (for a daemon on this host) the one the daemon
-    made in its data directory, if this user can read it (:func:`local_token`)."""
-    headers = {SESSION_HEADER: uuid.uuid4().hex}
-    if token is None:
-        token = os.environ.get("HUTCH_TOKEN") or local_token(url)
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    return headers
-
-
-def local_token(url: str) -> str | None:
-    """The token a daemon of this host made for itself, found where the daemon
-    keeps it (``$HUTCH_HOME``, else ``~/.local/share/hutch``: its default data
-    directory), for a loopback ``url`` only: a remote daemon is never sent a
-    local one's token. None if there is none this user may read."""
-    host = httpx.URL(url).host if "://" in url else ""
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback:
-        return None
-    try:
-        with open(token_file_path(), encoding="utf-8") as fh:
-            return fh.read().strip() or None
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
-def client_url(url: str | None) -> str:
-    return (url or os.environ.get("HUTCH_URL") or DEFAULT_URL).rstrip("/")
-
-
-def http_target(url: str) -> tuple[str, str | None]:
-    """The base URL requests go to, and the unix socket that carries them
-    (for an in-process owner's address, ``http+unix://``), else None."""
-    path = unix_socket_of(url)
-    return (url, None) if path is None else (f"http://{UNIX_HOST}", path)
-
-
-def tls_verify(base: str) -> bool:
-    """Check certificates for an https daemon. A plain-http one has none to
-    check, and loading the CA bundle costs each command (twice) more than
-    its request."""
-    return base.lower().startswith("https:")
-
-
-def _env_proxies() -> bool:
-    """Whether the environment names a proxy (httpx's client honours it)."""
-    return any(
-        name.lower() in ("http_proxy", "https_proxy", "all_proxy") and value
-        for name, value in os.environ.items()
-    )
-
-
-class _PlainCalls:
-    """A call answered whole (not streamed) goes straight to an httpx
-    transport, with the request built here: httpx's client would merge the
-    base URL, cookies, auth and event hooks into it first, a third of the
-    SDK's own time per exec, for nothing this client uses. Where the
-    environment names a proxy, the client (which honours it) sends them."""
-
-    def __init__(self, base: str, headers: httpx.Headers) -> None:
-        self.base = base
-        self.headers = headers
-        self.direct = not _env_proxies()
-        self._urls: dict[str, httpx.URL] = {}
-
-    def request(self, call: Call, content: Any) -> httpx.Request:
-        url = self._urls.get(call.path)
-        if url is None:
-            url = httpx.URL(self.base + call.path)
-            if len(self._urls) < 256:
-                self._urls[call.path] = url
-        if call.params:
-            url = url.copy_merge_params(call.params)
-        return httpx.Request(
-            call.method, url, headers=self.headers, json=call.json, content=content,
-            extensions={"timeout": httpx.Timeout(call.timeout).as_dict()},
-        )
 
 
 class _Transport:
@@ -167,7 +83,7 @@ class AsyncTransport(_Transport):
             base_url=base, headers=client_headers(token, self.url), verify=tls_verify(base),
             transport=None if uds is None else self.pool,
         )
-        self.plain = _PlainCalls(base, self.http.headers)
+        self.plain = PlainCalls(base, self.http.headers)
 
     async def send(self, call: Call) -> Any:
         kwargs = request_kwargs(call)
@@ -243,7 +159,7 @@ class SyncTransport(_Transport):
             base_url=base, headers=client_headers(token, self.url), verify=tls_verify(base),
             transport=None if uds is None else self.pool,
         )
-        self.plain = _PlainCalls(base, self.http.headers)
+        self.plain = PlainCalls(base, self.http.headers)
 
     def send(self, call: Call) -> Any:
         kwargs = request_kwargs(call)

@@ -28,9 +28,9 @@ from .._sandbox import (
 from ..config import SandboxSpec, requested_provider, resolve_spec
 from ..definitions import Definition, Definitions
 from ..lifecycle.engine import LifecycleEngine, expiry_error
-from ..lifecycle.state import SandboxState
 from ..providers.base import SandboxBackend
 from ..providers.registry import get_provider
+from ..states import FINAL, SandboxState, WorkspaceStatus
 from ..store import (
     AsyncStore,
     RefRow,
@@ -41,7 +41,6 @@ from ..store import (
 )
 from .common import (
     DEFAULT_RETENTION_SECONDS,
-    FINAL_STATES,
     AttachedSession,
     default_data_dir,
     log,
@@ -154,7 +153,7 @@ class DaemonBase:
                 # Within the resume, before it is acknowledged: no new command
                 # can have started that this would take for a leftover.
                 await self._end_leftover_commands(sandbox)
-        if new in FINAL_STATES:
+        if new in FINAL:
             self._forget(sandbox_id)
             if reason not in (None, "closed"):
                 log.warning("sandbox %s reaped: %s", sandbox_id, reason)
@@ -174,7 +173,7 @@ class DaemonBase:
         state, as after a death found at start. Never raises: the failure
         is recorded already, and the last state stays if this cannot be done."""
         ws = await self.astore.get_workspace(row.workspace or "")
-        if ws is None or ws.live_sandbox_id != row.id or ws.status != "running":
+        if ws is None or ws.live_sandbox_id != row.id or ws.status != WorkspaceStatus.RUNNING:
             return  # a suspend or a delete under way lets it go on purpose
         try:
             await self._salvage_workspace(row, backend_of(sandbox))
@@ -231,9 +230,9 @@ class DaemonBase:
         ws = await self.astore.get_workspace(name)
         # A suspend or a delete under way lets the sandbox go on purpose, and
         # has already moved the row on.
-        if ws is None or ws.live_sandbox_id != sandbox_id or ws.status != "running":
+        if ws is None or ws.live_sandbox_id != sandbox_id or ws.status != WorkspaceStatus.RUNNING:
             return
-        ws.status, ws.live_sandbox_id = "stale", None
+        ws.status, ws.live_sandbox_id = WorkspaceStatus.STALE, None
         await self.astore.put_workspace(ws)
         await self.astore.log_event(
             name, "workspace",
@@ -301,7 +300,7 @@ class DaemonBase:
             return self.sandboxes[sandbox_id]
         except KeyError:
             row = self.store.get_sandbox(sandbox_id)
-            if row is not None and row.state in ("terminated", "failed"):
+            if row is not None and row.state in FINAL:
                 raise expiry_error(row.id, SandboxState(row.state), row.reason) from None
             raise NotFound(f"no sandbox {sandbox_id}") from None
 

@@ -9,7 +9,6 @@ import re
 from dataclasses import dataclass
 
 from .._paths import hutch_home
-from ..lifecycle.state import SandboxState
 
 log = logging.getLogger("hutch.daemon")
 
@@ -22,7 +21,6 @@ CLEAN_STOP = "clean_stop_unix"
 SETTING_UP = "definition_setups"
 #: A ref's use is an event at most this often (its first use after a start always is).
 REF_USE_EVENT_SECONDS = 60.0
-FINAL_STATES = (SandboxState.TERMINATED, SandboxState.FAILED)
 #: The git sources an API client may give a definition (nothing on the host).
 REMOTE_GIT_SCHEMES = ("https://", "http://", "git://")
 #: How soon a change the store could not keep (a runtime's death) is recorded again.

@@ -18,6 +18,7 @@ import time
 
 import anyio.to_thread
 
+from ..states import FINAL
 from .common import (
     CLEAN_STOP,
     log,
@@ -56,7 +57,7 @@ class Daemon(Reconciling):
         rows = []
         for sandbox_id, sandbox in list(self.sandboxes.items()):
             row = await self.astore.get_sandbox(sandbox_id)
-            if row is None or row.state in ("terminated", "failed"):
+            if row is None or row.state in FINAL:
                 continue
             self._snapshot(row, sandbox)
             rows.append(row)

@@ -20,13 +20,10 @@ from ..definitions.ensure import (
     live_holders,
     this_program,
 )
-from ..lifecycle.state import SandboxState
+from ..states import FINAL, HELD, SandboxState
 from ..store import (
     InstanceRow,
     SnapshotRow,
-)
-from .common import (
-    FINAL_STATES,
 )
 
 if TYPE_CHECKING:
@@ -48,9 +45,9 @@ class _DaemonHost(SandboxHost):
         sandbox = self.daemon.sandboxes.get(row.sandbox_id or "")
         if sandbox is None and row.description.get("held_by") != HELD_BY_DAEMON:
             sandbox = await self._take_over(row)
-        if sandbox is None or sandbox.closed or sandbox.state in FINAL_STATES:
+        if sandbox is None or sandbox.closed or sandbox.state in FINAL:
             return None
-        if sandbox.state in (SandboxState.SUSPENDED, SandboxState.PAUSED):
+        if sandbox.state in HELD:
             await sandbox.resume()
         return sandbox
 
@@ -62,7 +59,7 @@ class _DaemonHost(SandboxHost):
             recorded = SandboxState(row.state)
         except ValueError:
             recorded = SandboxState.RUNNING
-        if recorded in FINAL_STATES or row.sandbox_id is None:
+        if recorded in FINAL or row.sandbox_id is None:
             return None
         holders = await anyio.to_thread.run_sync(live_holders, self.store, row.key)
         if holders:

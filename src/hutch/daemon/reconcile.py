@@ -19,9 +19,10 @@ from ..definitions.ensure import (
     program_alive,
     this_program,
 )
-from ..lifecycle.state import SandboxState, found_state
+from ..lifecycle.state import found_state
 from ..providers.base import ProviderSnapshot, SandboxBackend
 from ..providers.registry import available_providers, get_provider
+from ..states import SandboxState, SnapshotStatus, WorkspaceStatus
 from ..store import (
     SandboxRow,
     SnapshotRow,
@@ -105,9 +106,10 @@ class Reconciling(Workspaces):
         row whose storage is gone is dropped, storage no row names is freed."""
         rows = {r.id: r for r in await self.astore.list_snapshots()}
         for row in list(rows.values()):
-            if row.status in ("capturing", "removing"):
+            if row.status in (SnapshotStatus.CAPTURING, SnapshotStatus.REMOVING):
                 log.warning("snapshot %s: its %s was cut short; freeing what it left",
-                            row.id, "capture" if row.status == "capturing" else "removal")
+                            row.id,
+                            "capture" if row.status == SnapshotStatus.CAPTURING else "removal")
                 with contextlib.suppress(HutchError):
                     await self._free_snapshot_storage(row)
                 await self.astore.delete_snapshot(row.id)
@@ -241,7 +243,7 @@ class Reconciling(Workspaces):
         if ws is None or not backend.capabilities.snapshot:
             return
         snap = SnapshotRow(
-            id=new_snapshot_id(), provider=row.provider, status="capturing",
+            id=new_snapshot_id(), provider=row.provider, status=SnapshotStatus.CAPTURING,
             label=f"workspace {ws.name} state (salvaged)", sandbox_id=row.id,
             parent_id=row.base_snapshot_id, created_at_unix=time.time(), spec=row.spec,
         )
@@ -254,7 +256,8 @@ class Reconciling(Workspaces):
             await self._free_snapshot_storage(snap)
             await self.astore.delete_snapshot(snap.id)
             return
-        snap.status, snap.size_bytes, snap.handle = "ready", handle.size_bytes, handle.as_dict()
+        snap.status, snap.size_bytes, snap.handle = (
+            SnapshotStatus.READY, handle.size_bytes, handle.as_dict())
         await self.astore.put_snapshot(snap)
         previous, ws.state_snapshot_id = ws.state_snapshot_id, snap.id
         await self.astore.put_workspace(ws)
@@ -270,29 +273,32 @@ class Reconciling(Workspaces):
 
     async def _reconcile_workspace(self, ws: WorkspaceRow) -> None:
         live = ws.live_sandbox_id in self.sandboxes
-        if ws.status == "deleting":
+        if ws.status == WorkspaceStatus.DELETING:
             log.warning("finishing the delete of workspace %s, cut short", ws.name)
             await self._finish_delete(ws)
             return
-        if ws.status == "creating":
+        if ws.status == WorkspaceStatus.CREATING:
             if ws.live_sandbox_id and ws.live_sandbox_id in self.sandboxes:
-                ws.status = "running"  # the create finished; only its last write did not
+                # The create finished; only its last write did not.
+                ws.status = WorkspaceStatus.RUNNING
                 await self.astore.put_workspace(ws)
             else:
                 await self.astore.delete_workspace(ws.name)
                 log.warning("dropped workspace %s: its create was cut short", ws.name)
             return
-        if ws.status == "suspending":
+        if ws.status == WorkspaceStatus.SUSPENDING:
             await self._settle_cut_suspend(ws, live=live)
-        if ws.status in ("running", "suspending", "resuming") and not live:
+        if not live and ws.status in (
+            WorkspaceStatus.RUNNING, WorkspaceStatus.SUSPENDING, WorkspaceStatus.RESUMING
+        ):
             # A suspend whose state snapshot was written is a suspend; one cut
             # short left the last state (or none), from which resume starts.
-            ws.status = "stale"
+            ws.status = WorkspaceStatus.STALE
             ws.live_sandbox_id = None
             await self.astore.put_workspace(ws)
             log.warning("workspace %s is %s: its sandbox is gone", ws.name, ws.status)
-        elif ws.status in ("suspending", "resuming") and live:
-            ws.status = "running"
+        elif ws.status in (WorkspaceStatus.SUSPENDING, WorkspaceStatus.RESUMING) and live:
+            ws.status = WorkspaceStatus.RUNNING
             await self.astore.put_workspace(ws)
         if ws.state_snapshot_id and await self.astore.get_snapshot(ws.state_snapshot_id) is None:
             log.warning("workspace %s: its state snapshot %s is gone", ws.name,
@@ -306,7 +312,7 @@ class Reconciling(Workspaces):
         goes (the sandbox has all of it, and goes on); with the sandbox gone,
         it is the latest state there is, and becomes the workspace's."""
         cut = [s for s in await self.astore.list_snapshots()
-               if s.status == "ready" and s.sandbox_id == ws.live_sandbox_id
+               if s.status == SnapshotStatus.READY and s.sandbox_id == ws.live_sandbox_id
                and s.label == _state_label(ws.name)
                and s.id not in (ws.state_snapshot_id, ws.source_snapshot_id)]
         if not cut:

@@ -15,6 +15,7 @@ from .._errors import (
     Unauthorized,
 )
 from .._refwire import DaemonRef, attachment_json, check_ref_lifetime, decode_ref
+from ..states import RESUMABLE
 from ..store import (
     RefRow,
 )
@@ -104,7 +105,7 @@ class Refs(Watching):
             raise SandboxUnavailable(
                 f"workspace {workspace} was deleted: its owner's cleanup ended it"
             )
-        if row.status in ("suspended", "stale"):
+        if row.status in RESUMABLE:
             raise SandboxUnavailable(
                 f"workspace {workspace} is {row.status}: its sandbox comes back when its "
                 f"owner resumes it (hutch workspace resume {workspace})"

@@ -24,15 +24,15 @@ from ..definitions import Definition, DirSource, GitSource
 from ..definitions.ensure import (
     Progress,
 )
-from ..lifecycle.state import SandboxState, found_state
+from ..lifecycle.state import found_state
 from ..providers.base import ProviderSnapshot
 from ..providers.registry import get_provider
+from ..states import FINAL, SandboxState
 from ..store import (
     SandboxRow,
     SnapshotRow,
 )
 from .common import (
-    FINAL_STATES,
     REMOTE_GIT_SCHEMES,
     log,
 )
@@ -231,7 +231,7 @@ class Sandboxes(Refs):
         if sandbox is not None:
             return await self.info(sandbox)
         row = await self.astore.get_sandbox(sandbox_id)
-        if row is None or row.state not in FINAL_STATES:
+        if row is None or row.state not in FINAL:
             raise NotFound(f"no sandbox {sandbox_id}")
         return self.ended_info(row)
 
@@ -243,7 +243,7 @@ class Sandboxes(Refs):
             return live
         ended = [
             self.ended_info(row) for row in await self.astore.list_sandboxes(include_final=True)
-            if row.state in FINAL_STATES and row.id not in self.sandboxes
+            if row.state in FINAL and row.id not in self.sandboxes
         ]
         return sorted([*live, *ended], key=lambda info: float(info["created_at_unix"] or 0))
 
@@ -255,7 +255,7 @@ class Sandboxes(Refs):
         sandbox = self.sandboxes.get(sandbox_id)
         if sandbox is None:
             row = await self.astore.get_sandbox(sandbox_id)
-            if row is not None and row.state in FINAL_STATES:
+            if row is not None and row.state in FINAL:
                 await self._free_failed(row)  # its kept working directory goes now
                 return
             raise NotFound(f"no sandbox {sandbox_id}")

@@ -25,6 +25,7 @@ from .._snapshots import Snapshot, SnapshotDependent, new_snapshot_id
 from ..config import OPTION_KEYS, SandboxSpec
 from ..providers.base import ProviderSnapshot
 from ..providers.registry import get_provider
+from ..states import SnapshotStatus
 from ..store import (
     SnapshotRow,
 )
@@ -40,12 +41,12 @@ class Snapshots(Sandboxes):
     # -- snapshots and forks -------------------------------------------------------------
     def get_snapshot(self, snapshot_id: str) -> SnapshotRow:
         row = self.store.get_snapshot(snapshot_id)
-        if row is None or row.status != "ready":
+        if row is None or row.status != SnapshotStatus.READY:
             raise NotFound(f"no snapshot {snapshot_id}")
         return row
 
     def list_snapshots(self) -> list[SnapshotRow]:
-        return [r for r in self.store.list_snapshots() if r.status == "ready"]
+        return [r for r in self.store.list_snapshots() if r.status == SnapshotStatus.READY]
 
     @staticmethod
     def snapshot_json(row: SnapshotRow) -> dict[str, Any]:
@@ -65,7 +66,8 @@ class Snapshots(Sandboxes):
         if label is not None and (not isinstance(label, str) or len(label) > MAX_LABEL):
             raise InvalidArgument(f"a snapshot label is a string of at most {MAX_LABEL} characters")
         row = SnapshotRow(
-            id=new_snapshot_id(), provider=sandbox.provider, status="capturing", label=label,
+            id=new_snapshot_id(), provider=sandbox.provider, status=SnapshotStatus.CAPTURING,
+            label=label,
             sandbox_id=sandbox_id, parent_id=sandbox.base_snapshot_id,
             created_at_unix=time.time(),
             spec=sandbox.spec.model_dump() if sandbox.spec is not None else {},
@@ -78,7 +80,8 @@ class Snapshots(Sandboxes):
             async with self.engine.held(sandbox):
                 handle = await backend_of(sandbox).capture(row.id, diff=diff)
             fault_point("snapshot.captured")
-            row.status, row.size_bytes, row.handle = "ready", handle.size_bytes, handle.as_dict()
+            row.status, row.size_bytes, row.handle = (
+                SnapshotStatus.READY, handle.size_bytes, handle.as_dict())
             await self._name_base(sandbox, row.id)
             await self.astore.put_snapshot(row)
         except BaseException:
@@ -110,7 +113,7 @@ class Snapshots(Sandboxes):
             try:
                 if sandbox.base_snapshot_id == row.id:
                     await self._name_base(sandbox, previous_base)
-                row.status = "removing"  # a daemon killed now finishes it at start
+                row.status = SnapshotStatus.REMOVING  # a daemon killed now finishes it at start
                 await self.astore.put_snapshot(row)
                 await self._free_snapshot_storage(row)
                 await self.astore.delete_snapshot(row.id)
@@ -182,7 +185,7 @@ class Snapshots(Sandboxes):
         it or kept in it, live sandboxes started from it. (A child's storage
         never needs its parent's record: providers keep shared layers alive.)"""
         needs = [SnapshotDependent("snapshot", r.id) for r in self.store.list_snapshots()
-                 if children and r.parent_id == snapshot_id and r.status != "removing"]
+                 if children and r.parent_id == snapshot_id and r.status != SnapshotStatus.REMOVING]
         for ws in self.store.list_workspaces():
             if snapshot_id in (ws.source_snapshot_id, ws.state_snapshot_id):
                 needs.append(SnapshotDependent("workspace", ws.name))
@@ -214,7 +217,7 @@ class Snapshots(Sandboxes):
     async def _remove_snapshot(self, row: SnapshotRow) -> None:
         """Remove one snapshot: recorded first, storage freed, row dropped;
         its children take its parent as theirs, so the tree stays whole."""
-        row.status = "removing"
+        row.status = SnapshotStatus.REMOVING
         await self.astore.put_snapshot(row)
         await self._free_snapshot_storage(row)
         for child in await self.astore.list_snapshots():

@@ -17,8 +17,8 @@ from .._sandbox import (
     new_sandbox_id,
 )
 from ..config import SandboxSpec
-from ..lifecycle.state import SandboxState
 from ..providers.registry import get_provider
+from ..states import HELD, RESUMABLE, SandboxState, WorkspaceStatus
 from ..store import (
     SnapshotRow,
     WorkspaceRow,
@@ -50,9 +50,9 @@ class Workspaces(Snapshots):
     def workspace_json(self, row: WorkspaceRow) -> dict[str, Any]:
         status = row.status
         live = self.sandboxes.get(row.live_sandbox_id or "")
-        if status == "running" and live is not None:
+        if status == WorkspaceStatus.RUNNING and live is not None:
             if live.state is SandboxState.SUSPENDED:
-                status = "suspended"  # suspended on idle; the next call resumes it
+                status = WorkspaceStatus.SUSPENDED  # suspended on idle; the next call resumes it
             if lifecycle_record(live) is not None:
                 row.last_active_unix = live.status().last_active_unix
         return {
@@ -103,7 +103,7 @@ class Workspaces(Snapshots):
             now = time.time()
             sid = new_sandbox_id()
             row = WorkspaceRow(
-                name=name, status="creating", provider=spec.provider_name,
+                name=name, status=WorkspaceStatus.CREATING, provider=spec.provider_name,
                 spec=spec.model_dump(), live_sandbox_id=sid,
                 source_snapshot_id=source.id if source else None,
                 created_at_unix=now, last_active_unix=now,
@@ -115,7 +115,7 @@ class Workspaces(Snapshots):
             except BaseException:
                 await self.astore.delete_workspace(name)
                 raise
-            row.status = "running"
+            row.status = WorkspaceStatus.RUNNING
             await self.astore.put_workspace(row)
             await self.astore.log_event(
                 name, "workspace",
@@ -135,22 +135,23 @@ class Workspaces(Snapshots):
         async with self._lock(name):
             row = self._workspace(name)
             sandbox = self.sandboxes.get(row.live_sandbox_id or "")
-            if row.status != "running" or sandbox is None:
+            if row.status != WorkspaceStatus.RUNNING or sandbox is None:
                 raise InvalidState(
                     f"workspace {name!r} is {row.status}; only a running one suspends"
                 )
-            row.status = "suspending"
+            row.status = WorkspaceStatus.SUSPENDING
             await self.astore.put_workspace(row)
             fault_point("workspace-suspend.marked")
             previous = row.state_snapshot_id
             try:
                 state = await self.snapshot_sandbox(sandbox.id, _state_label(name), diff=diff)
             except BaseException:
-                row.status = "running"
+                row.status = WorkspaceStatus.RUNNING
                 await self.astore.put_workspace(row)
                 raise
             fault_point("workspace-suspend.captured")
-            row.status, row.state_snapshot_id, row.live_sandbox_id = "suspended", state.id, None
+            row.status, row.state_snapshot_id, row.live_sandbox_id = (
+                WorkspaceStatus.SUSPENDED, state.id, None)
             row.last_active_unix = time.time()
             await self.astore.put_workspace(row)
             fault_point("workspace-suspend.recorded")
@@ -169,29 +170,29 @@ class Workspaces(Snapshots):
         async with self._lock(name):
             row = self._workspace(name)
             live = self.sandboxes.get(row.live_sandbox_id or "")
-            if row.status == "running" and live is not None:
-                if live.state in (SandboxState.SUSPENDED, SandboxState.PAUSED):
+            if row.status == WorkspaceStatus.RUNNING and live is not None:
+                if live.state in HELD:
                     await live.resume()
                     return row
                 raise InvalidState(f"workspace {name!r} is already running")
-            if row.status not in ("suspended", "stale"):
+            if row.status not in RESUMABLE:
                 raise InvalidState(f"workspace {name!r} is {row.status}; it cannot resume")
             start_id = row.state_snapshot_id or row.source_snapshot_id
             start = await self.astore.get_snapshot(start_id) if start_id else None
             spec = SandboxSpec.model_validate(row.spec)
             sid = new_sandbox_id()
-            row.live_sandbox_id, row.status = sid, "resuming"
+            row.live_sandbox_id, row.status = sid, WorkspaceStatus.RESUMING
             await self.astore.put_workspace(row)
             fault_point("workspace-resume.marked")
             try:
                 await self.create_sandbox(spec, workspace=name, sandbox_id=sid,
                                           from_snapshot=start)
             except BaseException:
-                row.live_sandbox_id, row.status = None, "stale"
+                row.live_sandbox_id, row.status = None, WorkspaceStatus.STALE
                 await self.astore.put_workspace(row)
                 raise
             fault_point("workspace-resume.created")
-            row.status, row.last_active_unix = "running", time.time()
+            row.status, row.last_active_unix = WorkspaceStatus.RUNNING, time.time()
             await self.astore.put_workspace(row)
             await self.astore.log_event(
                 name, "workspace",
@@ -203,7 +204,7 @@ class Workspaces(Snapshots):
         async with self._lock(name):
             row = self._workspace(name)
             # Recorded first: a daemon killed half-way finishes the delete at start.
-            row.status = "deleting"
+            row.status = WorkspaceStatus.DELETING
             await self.astore.put_workspace(row)
             await self._finish_delete(row)
 

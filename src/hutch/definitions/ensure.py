@@ -45,9 +45,10 @@ from .._snapshots import Snapshot
 from ..config import SandboxOptions, SandboxSpec
 from ..lifecycle.engine import DEFAULT_TIMEOUT_CEILING, LifecycleEngine
 from ..lifecycle.shared import SharedLimits, SharedView
-from ..lifecycle.state import FINAL, SandboxState, found_state
+from ..lifecycle.state import found_state
 from ..providers.base import ProviderSnapshot
 from ..providers.registry import get_provider
+from ..states import FINAL, HELD, SandboxState, SnapshotStatus
 from ..store import DefinitionRow, InstanceRow, SnapshotRow, Store
 from .model import Definition, DirSource, GitSource
 
@@ -265,7 +266,7 @@ class Definitions:
             else -1.0
         good = [
             s for s in self.host.store.list_snapshots()
-            if s.label == label and s.status == "ready" and s.created_at_unix > oldest
+            if s.label == label and s.status == SnapshotStatus.READY and s.created_at_unix > oldest
         ]
         return max(good, key=lambda s: s.created_at_unix) if good else None
 
@@ -627,7 +628,7 @@ class LocalHost(SandboxHost):
                 and (row.state, _canonical(row.description)) == self._recorded.get(sandbox.id)
             )
             if not ended and current:
-                if sandbox.state in (SandboxState.SUSPENDED, SandboxState.PAUSED):
+                if sandbox.state in HELD:
                     await sandbox.resume()
                 return sandbox
             self._forget(sandbox)
@@ -736,7 +737,7 @@ class LocalHost(SandboxHost):
         record = await sandbox.snapshot(label)
         # Recorded only once captured whole: a capture cut short names nothing.
         self.store.put_snapshot(SnapshotRow(
-            id=record.id, provider=record.provider, status="ready", label=label,
+            id=record.id, provider=record.provider, status=SnapshotStatus.READY.value, label=label,
             sandbox_id=record.sandbox_id, parent_id=record.parent_id,
             size_bytes=record.size_bytes, created_at_unix=record.created_at_unix,
             handle=record.handle.as_dict() if record.handle is not None else {},

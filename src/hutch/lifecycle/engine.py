@@ -49,6 +49,8 @@ from .._sandbox import (
     track,
 )
 from ..providers.base import RuntimeLost
+from ..states import FINAL, SandboxState, check_transition
+from ..states import SandboxStatus as SandboxStatus  # its home was here
 from .clock import Clock, RealClock, VirtualClock
 from .scheduler import Scheduler
 from .shared import (
@@ -61,8 +63,6 @@ from .shared import (
     SharedLimits,
     SharedView,
 )
-from .state import FINAL, SandboxState, check_transition
-from .state import SandboxStatus as SandboxStatus  # its home was here
 
 if TYPE_CHECKING:
     from .._sandbox import Sandbox

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from .._sandbox import Sandbox
-    from .state import SandboxState
+    from ..states import SandboxState
 
 
 class LifecycleGate(Protocol):

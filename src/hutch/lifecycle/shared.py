@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from .._inflight import CallMark
     from .._sandbox import Sandbox
-    from .state import SandboxState
+    from ..states import SandboxState
 
 #: An engine writes its activity at most once per this share of the
 #: shortest idle window (and always within it of the activity). Another

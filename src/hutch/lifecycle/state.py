@@ -1,67 +1,15 @@
-"""The sandbox state machine (SPEC §2) and its one transition check."""
+"""The sandbox state machine (SPEC §2): its states and transitions are
+:mod:`hutch.states`'s (re-exported here); this module adds how a sandbox
+found again is read from its runtime."""
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass
-
-from .._errors import InvalidState
 from ..providers.base import RuntimeState
+from ..states import ALLOWED, FINAL, HELD, SandboxState, SandboxStatus, check_transition
 
-
-class SandboxState(enum.StrEnum):
-    CREATING = "creating"
-    RUNNING = "running"
-    PAUSED = "paused"
-    SUSPENDED = "suspended"
-    TERMINATED = "terminated"
-    FAILED = "failed"
-
-
-S = SandboxState
-ALLOWED: dict[SandboxState, frozenset[SandboxState]] = {
-    S.CREATING: frozenset({S.RUNNING, S.TERMINATED, S.FAILED}),
-    S.RUNNING: frozenset({S.PAUSED, S.SUSPENDED, S.TERMINATED, S.FAILED}),
-    S.PAUSED: frozenset({S.RUNNING, S.TERMINATED, S.FAILED}),
-    S.SUSPENDED: frozenset({S.RUNNING, S.TERMINATED, S.FAILED}),
-    S.TERMINATED: frozenset(),
-    S.FAILED: frozenset(),
-}
-
-FINAL = frozenset({S.TERMINATED, S.FAILED})
-
-
-def check_transition(sandbox_id: str, old: SandboxState, new: SandboxState) -> None:
-    if new not in ALLOWED[old]:
-        raise InvalidState(f"sandbox {sandbox_id} is {old.value}; it cannot become {new.value}")
-
-
-@dataclass(frozen=True)
-class SandboxStatus:
-    """What a dashboard shows; reading it is not activity."""
-
-    id: str
-    state: SandboxState
-    reason: str | None
-    created_at_unix: float
-    last_active_unix: float
-    #: None once the sandbox has ended: nothing is idle any more.
-    idle_seconds: float | None
-    deadline_unix: float | None
-    meter: dict[str, float]
-
-    def as_dict(self) -> dict[str, object]:
-        """Plain JSON-ready data (for the wire and ``hutch ls``)."""
-        return {
-            "id": self.id,
-            "state": self.state.value,
-            "reason": self.reason,
-            "created_at_unix": self.created_at_unix,
-            "last_active_unix": self.last_active_unix,
-            "idle_seconds": self.idle_seconds,
-            "deadline_unix": self.deadline_unix,
-            "meter": dict(self.meter),
-        }
+__all__ = [
+    "ALLOWED", "FINAL", "HELD", "SandboxState", "SandboxStatus", "check_transition", "found_state",
+]
 
 
 def found_state(recorded: SandboxState, observed: RuntimeState) -> SandboxState | None:

@@ -1,7 +1,7 @@
 """Mounts on this host by system call: a ``mount(8)`` process costs a few
 milliseconds a call, the system call microseconds. Used where hutch mounts
 for its sandboxes (bubblewrap's layers, the working directory layers of
-``_layers``); errors are ``OSError`` with the kernel's errno."""
+``layers``); errors are ``OSError`` with the kernel's errno."""
 
 from __future__ import annotations
 

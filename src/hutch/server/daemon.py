@@ -6,7 +6,6 @@ from __future__ import annotations
 from ..daemon.common import (
     CLEAN_STOP,
     DEFAULT_RETENTION_SECONDS,
-    FINAL_STATES,
     MAX_FORK,
     MAX_LABEL,
     MAX_SESSION_ID,
@@ -25,7 +24,7 @@ from ..daemon.common import (
 from ..daemon.core import Daemon
 
 __all__ = [
-    "CLEAN_STOP", "DEFAULT_RETENTION_SECONDS", "FINAL_STATES", "MAX_FORK", "MAX_LABEL",
+    "CLEAN_STOP", "DEFAULT_RETENTION_SECONDS", "MAX_FORK", "MAX_LABEL",
     "MAX_SESSIONS", "MAX_SESSION_ID", "NOTICE_BURST_SECONDS", "REF_USE_EVENT_SECONDS",
     "REMOTE_GIT_SCHEMES", "SETTING_UP", "STORE_RETRY_SECONDS", "WORKSPACE_NAME",
     "AttachedSession", "Daemon", "default_data_dir", "make_private_dir", "make_private_file",

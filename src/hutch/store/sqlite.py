@@ -18,6 +18,7 @@ from typing import Any
 
 from .._errors import StoreUnavailable
 from .._liveness import still_running
+from ..states import FINAL_VALUES
 from .base import (
     DefinitionRow,
     InstanceRow,
@@ -27,8 +28,6 @@ from .base import (
     Store,
     WorkspaceRow,
 )
-
-FINAL_STATES = ("terminated", "failed")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sandboxes (
@@ -327,7 +326,7 @@ class SQLiteStore(Store):
         else:
             rows = self._read(
                 "SELECT * FROM sandboxes WHERE state NOT IN (?, ?) ORDER BY created_at_unix",
-                FINAL_STATES,
+                FINAL_VALUES,
             )
         return [self._sandbox(r) for r in rows]
 
@@ -338,7 +337,7 @@ class SQLiteStore(Store):
         with self._transaction() as db:
             ids = [r["id"] for r in db.execute(
                 "SELECT id FROM sandboxes WHERE state IN (?, ?) AND updated_at_unix < ?",
-                (*FINAL_STATES, ended_before_unix),
+                (*FINAL_VALUES, ended_before_unix),
             )]
             for sandbox_id in ids:
                 db.execute("DELETE FROM events WHERE subject = ?", (sandbox_id,))

@@ -7,8 +7,7 @@ import io
 from typing import Any
 
 import hutch
-from hutch.lifecycle.engine import SandboxStatus
-from hutch.lifecycle.state import SandboxState
+from hutch.states import SandboxState, SandboxStatus
 
 from ._support import Case, raises, refused, settle
 

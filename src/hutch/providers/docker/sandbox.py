@@ -69,7 +69,7 @@ from ..._types import (
     GrepMatch,
     OutputChunk,
 )
-from .. import _layers
+from .. import layers
 from .._diskcap import image_for, mount_capped, unmount_capped
 from .._docker_engine import call as _call
 from .._docker_engine import engine
@@ -1206,7 +1206,7 @@ def commit_state(
     ``fault``: the fault point (:mod:`hutch._faults`) of the step, inside its freeze.
     """
     depth = len(api.inspect_image(base_image)["RootFS"].get("Layers") or [])
-    if _layers.flattens(depth, asked=flatten, limit=MAX_SUSPEND_LAYERS):
+    if layers.flattens(depth, asked=flatten, limit=MAX_SUSPEND_LAYERS):
         config = api.inspect_container(container)["Config"]
         return _flatten(api, container, config, labels, repository, tag)
     if stopped:  # the caller holds the container paused (and its freeze guard)
@@ -1347,10 +1347,10 @@ class DockerSandbox(NativeBackend):
         #: The image the container started from: the configured one, or a snapshot's.
         self.base_image = base_image or configured_image(config)
         #: Started from a snapshot: the working directory is a branch mounted
-        #: on ``chain`` (see ``_layers``), never shared with another sandbox.
+        #: on ``chain`` (see ``layers``), never shared with another sandbox.
         self.branch = branch
         self.chain = chain
-        #: The working directory is layered (``_layers.prepare``): the
+        #: The working directory is layered (``layers.prepare``): the
         #: container binds its anchor, its overlay reaches it by propagation,
         #: and a snapshot moves what changed instead of copying it.
         self.layered = layered
@@ -1568,11 +1568,11 @@ class DockerSandbox(NativeBackend):
         if config.host_workdir:
             host_workdir, owns = os.path.abspath(config.host_workdir), False
             os.makedirs(host_workdir, exist_ok=True)
-        elif await anyio.to_thread.run_sync(_layers.overlay_available):
+        elif await anyio.to_thread.run_sync(layers.overlay_available):
             # Layered from the start, so that its first snapshot moves the
             # tree instead of copying it.
             host_workdir, chain = await anyio.to_thread.run_sync(
-                functools.partial(_layers.prepare, sandbox_id, None, cap=_disk_cap(config))
+                functools.partial(layers.prepare, sandbox_id, None, cap=_disk_cap(config))
             )
             owns = layered = True
         else:
@@ -1683,12 +1683,12 @@ class DockerSandbox(NativeBackend):
         def run() -> str:
             self._cap_workdir()
             if self.layered:
-                _layers.before_start(self.sandbox_id)
+                layers.before_start(self.sandbox_id)
             container = create(self._container_spec(image))
             try:
                 api.start(container)
                 if self.layered:
-                    _layers.after_start(self.sandbox_id)
+                    layers.after_start(self.sandbox_id)
                 self._enforce_network_policy(api, container)
             except BaseException:
                 api.remove_container(container, force=True)
@@ -2332,7 +2332,7 @@ class DockerSandbox(NativeBackend):
         await anyio.to_thread.run_sync(self._release_network_policy)
         if self.layered:
             # Nothing runs on its working directory now: it holds no mounted store.
-            await anyio.to_thread.run_sync(_layers.rest, self.sandbox_id)
+            await anyio.to_thread.run_sync(layers.rest, self.sandbox_id)
         if self._agent is not None:
             self._agent.drop_connections()
         if previous and previous != image_id:
@@ -2375,7 +2375,7 @@ class DockerSandbox(NativeBackend):
         return bool(state.get("Running") or state.get("Paused"))
 
     # -- snapshots: the container's file system as an image, the working
-    # -- directory as layers (see _layers) ------------------------------------------------
+    # -- directory as layers (see layers) ------------------------------------------------
     async def capture(self, snapshot_id: str, *, diff: bool = True) -> ProviderSnapshot:
         """The container's file system (committed; a layer on its image, or
         flattened past the layer cap) and the working directory (a layer of
@@ -2398,18 +2398,18 @@ class DockerSandbox(NativeBackend):
             size, image_id = frozen
         else:
             size = await anyio.to_thread.run_sync(
-                lambda: _layers.capture(snapshot_id, self.sandbox_id, self.host_workdir,
+                lambda: layers.capture(snapshot_id, self.sandbox_id, self.host_workdir,
                                         self._current_chain(), diff=diff)
             )
             try:
                 image_id = await _call(self._commit, snapshot_id, diff, repository, labels)
             except BaseException:
-                await anyio.to_thread.run_sync(_layers.remove, snapshot_id)
+                await anyio.to_thread.run_sync(layers.remove, snapshot_id)
                 raise
         try:
             image_bytes = await _call(_own_image_bytes, api, image_id)
         except BaseException:
-            await anyio.to_thread.run_sync(_layers.remove, snapshot_id)
+            await anyio.to_thread.run_sync(layers.remove, snapshot_id)
             raise
         return ProviderSnapshot(
             snapshot_id, self.provider, size + image_bytes,
@@ -2432,14 +2432,14 @@ class DockerSandbox(NativeBackend):
 
     def _current_chain(self) -> list[str] | None:
         if self.layered:
-            self.chain = _layers.mounted_chain(self.sandbox_id)
+            self.chain = layers.mounted_chain(self.sandbox_id)
         return self.chain
 
     def _freeze_and_commit(
         self, snapshot_id: str, diff: bool, repository: str, labels: Mapping[str, str]
     ) -> tuple[int, str] | None:
         """Capture the layered working directory by moving what changed into
-        the snapshot (``_layers.freeze``), and commit the container, in one
+        the snapshot (``layers.freeze``), and commit the container, in one
         stop of it (paused as by docker pause, unless it is already): a
         process that wrote in the directory during the move would write into
         the snapshot, or be lost, and the two are taken at the same instant.
@@ -2449,17 +2449,17 @@ class DockerSandbox(NativeBackend):
         container = self.container_id
 
         def freeze_then_commit(holder: int | None) -> tuple[int, str] | None:
-            if not _layers.freeze(snapshot_id, self.sandbox_id, flatten=not diff,
+            if not layers.freeze(snapshot_id, self.sandbox_id, flatten=not diff,
                                   holder=holder):
                 return None
             self._current_chain()
             with concurrent.futures.ThreadPoolExecutor(1) as pool:
                 # Counting the layer's size (a stat a file) while the commit runs.
-                size = pool.submit(_layers.layer_size, snapshot_id)
+                size = pool.submit(layers.layer_size, snapshot_id)
                 try:
                     image_id = self._commit(snapshot_id, diff, repository, labels, stopped=True)
                 except BaseException:
-                    _layers.remove(snapshot_id)  # the sandbox goes on over its layer
+                    layers.remove(snapshot_id)  # the sandbox goes on over its layer
                     raise
                 return size.result(), image_id
 
@@ -2468,7 +2468,7 @@ class DockerSandbox(NativeBackend):
         # Held across the pause: a program that dies inside it leaves the
         # container paused and the marker saying so, for the next one that
         # takes the lock (``_mend_capture_cut_short``) to unpause.
-        with _layers.sandbox_lock(self.sandbox_id):
+        with layers.sandbox_lock(self.sandbox_id):
             state = api.inspect_container(container)["State"]
             holder = int(state.get("Pid") or 0) or None
             if not state.get("Running"):
@@ -2480,7 +2480,7 @@ class DockerSandbox(NativeBackend):
                 return freeze_then_commit(holder)
 
     def _paused_for_capture(self) -> str:
-        return os.path.join(_layers.mount_dir(self.sandbox_id), "paused-for-capture")
+        return os.path.join(layers.mount_dir(self.sandbox_id), "paused-for-capture")
 
     async def _mend_capture_cut_short(self) -> None:
         """A program that died in the middle of a capture may have left the
@@ -2489,13 +2489,13 @@ class DockerSandbox(NativeBackend):
         import docker.errors
 
         def mend() -> None:
-            with _layers.sandbox_lock(self.sandbox_id):
-                if _layers.mounted_chain(self.sandbox_id) is None:
+            with layers.sandbox_lock(self.sandbox_id):
+                if layers.mounted_chain(self.sandbox_id) is None:
                     return  # its directory is gone: nothing to mend
                 if self.container_id is None:
-                    _layers.rest(self.sandbox_id)  # suspended: its directory at rest
+                    layers.rest(self.sandbox_id)  # suspended: its directory at rest
                 else:
-                    _layers.after_start(self.sandbox_id)
+                    layers.after_start(self.sandbox_id)
                 marker = self._paused_for_capture()
                 if os.path.exists(marker):
                     if self.container_id is not None:
@@ -2526,10 +2526,10 @@ class DockerSandbox(NativeBackend):
                     f"{snapshot.snapshot_id}")
         # Its own working directory always: a branch never shares the origin's.
         # Layered where overlayfs mounts; a copy of the snapshot's where not.
-        layered = await anyio.to_thread.run_sync(_layers.overlay_available)
+        layered = await anyio.to_thread.run_sync(layers.overlay_available)
         start = (
-            functools.partial(_layers.prepare, cap=_disk_cap(config)) if layered
-            else _layers.start_branch
+            functools.partial(layers.prepare, cap=_disk_cap(config)) if layered
+            else layers.start_branch
         )
         workdir, chain = await anyio.to_thread.run_sync(start, sandbox_id, snapshot.snapshot_id)
         config = config.model_copy(update={"host_workdir": None})
@@ -2539,7 +2539,7 @@ class DockerSandbox(NativeBackend):
             await sandbox._launch(image)
         except BaseException:
             await anyio.to_thread.run_sync(sandbox._remove_agent_dir)
-            await anyio.to_thread.run_sync(_layers.end_branch, sandbox_id)
+            await anyio.to_thread.run_sync(layers.end_branch, sandbox_id)
             raise
         return sandbox
 
@@ -2578,7 +2578,7 @@ class DockerSandbox(NativeBackend):
             log.warning("removing snapshot image %s: the Docker Engine did not answer in "
                         "%.0f s; left for the next reconciliation", reference,
                         SNAPSHOT_REMOVAL_TIMEOUT)
-        await anyio.to_thread.run_sync(_layers.remove, snapshot.snapshot_id)
+        await anyio.to_thread.run_sync(layers.remove, snapshot.snapshot_id)
 
     @classmethod
     async def held_snapshots(cls) -> list[str]:
@@ -2609,7 +2609,7 @@ class DockerSandbox(NativeBackend):
                     netguard.release(sandbox_id)
 
         await _call(remove)
-        await anyio.to_thread.run_sync(_layers.end_branch, sandbox_id)
+        await anyio.to_thread.run_sync(layers.end_branch, sandbox_id)
         await anyio.to_thread.run_sync(_release_own_dir, sandbox_id)
 
     @classmethod
@@ -2636,9 +2636,9 @@ class DockerSandbox(NativeBackend):
         with contextlib.suppress(HutchError):
             for sandbox_id in await _call(netguard.sweep, api, "hutch-"):
                 removed.append(f"{sandbox_id} (its network policy's host rules)")
-        for sandbox_id in await anyio.to_thread.run_sync(_layers.branches):
+        for sandbox_id in await anyio.to_thread.run_sync(layers.branches):
             if sandbox_id not in known:
-                await anyio.to_thread.run_sync(_layers.end_branch, sandbox_id)
+                await anyio.to_thread.run_sync(layers.end_branch, sandbox_id)
         for sandbox_id in await anyio.to_thread.run_sync(_capped_sandbox_dirs):
             if sandbox_id not in known:
                 await anyio.to_thread.run_sync(_release_own_dir, sandbox_id)
@@ -2761,7 +2761,7 @@ class DockerSandbox(NativeBackend):
         if self.container_id is None:
             if self.layered:
                 try:
-                    await anyio.to_thread.run_sync(_layers.after_start, self.sandbox_id)
+                    await anyio.to_thread.run_sync(layers.after_start, self.sandbox_id)
                 except (OSError, HutchError) as exc:  # kept at rest: its files are still there
                     log.warning("sandbox %s: its working directory stays at rest: %s",
                                 self.sandbox_id, exc)
@@ -2792,7 +2792,7 @@ class DockerSandbox(NativeBackend):
                 )
             elif self.suspended_image is not None:
                 if self.layered:  # at rest while suspended: mounted again, to be bound
-                    await anyio.to_thread.run_sync(_layers.after_start, self.sandbox_id)
+                    await anyio.to_thread.run_sync(layers.after_start, self.sandbox_id)
                 log.warning(
                     "sandbox %s kept suspended (preserve): docker run -it --rm -v %s:%s %s bash",
                     self.sandbox_id, self.host_workdir, self.config.mount_point,
@@ -2837,7 +2837,7 @@ class DockerSandbox(NativeBackend):
         """Free the working directory hutch made (a layered one, a branch's,
         or a plain one); a given one is the caller's and stays."""
         if self.branch or self.layered:
-            _layers.end_branch(self.sandbox_id)
+            layers.end_branch(self.sandbox_id)
             return
         if not self.owns_workdir:
             return
