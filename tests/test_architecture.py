@@ -4,6 +4,11 @@ the test command; this test is the no-cycle rule they cannot state."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import grimp
 
 #: Modules that import each other in a circle today, by strongly connected
@@ -85,3 +90,48 @@ def test_only_the_cli_imports_the_http_server() -> None:
                      if not m.startswith(("hutch.server.", "hutch.cli.")) and m not in
                      ("hutch.server", "hutch.cli"))
     assert outside == []
+
+
+#: What the client and the command must not load: the in-process core and
+#: everything under it (issue 21: "light where it should be").
+HEAVY = ("hutch.providers", "hutch.lifecycle", "hutch.server", "hutch.daemon", "hutch.store",
+         "hutch.core", "hutch.definitions", "hutch.config", "hutch.images", "hutch._sandbox",
+         "hutch._snapshots", "hutch._process", "hutch._api")
+
+
+def loaded_by(code: str) -> list[str]:
+    """The modules a fresh interpreter holds after running ``code``."""
+    done = subprocess.run(
+        [sys.executable, "-c", f"{code}\nimport sys, json\nprint(json.dumps(sorted(sys.modules)))"],
+        capture_output=True, text=True, timeout=120, check=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    modules: list[str] = json.loads(done.stdout.splitlines()[-1])
+    return modules
+
+
+def heavy(modules: list[str]) -> list[str]:
+    return [m for m in modules if any(m == h or m.startswith(h + ".") for h in HEAVY)]
+
+
+def test_import_hutch_client_loads_no_provider_lifecycle_or_server() -> None:
+    modules = loaded_by("import hutch.client")
+    assert "hutch.client" in modules
+    assert heavy(modules) == []
+
+
+def test_import_hutch_loads_its_names_on_first_use() -> None:
+    modules = loaded_by("import hutch")
+    assert [m for m in modules if m.startswith("hutch")] == ["hutch"]
+    used = loaded_by("import hutch\nhutch.Client")
+    assert "hutch.client" in used and heavy(used) == []
+
+
+def test_hutch_help_loads_no_http_client_provider_or_server() -> None:
+    modules = loaded_by(
+        "import sys\nsys.argv = ['hutch', '--help']\nfrom hutch.cli.main import app\n"
+        "try:\n    app()\nexcept SystemExit:\n    pass"
+    )
+    assert "hutch.cli.main" in modules
+    assert heavy(modules) == []
+    assert [m for m in modules if m == "httpx" or m.startswith("hutch.client")] == []

@@ -29,7 +29,7 @@ from hutch._sandbox import backend_of
 from hutch.providers import _docker_engine as docker_engine
 from hutch.providers import docker as docker_provider
 from hutch.providers.docker import DockerSandbox
-from hutch.providers.docker import sandbox as docker_exec
+from hutch.providers.docker import process as docker_exec
 from tests.test_docker_freeze import sb  # noqa: F401 - a fixture: a native docker sandbox
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]

@@ -257,7 +257,7 @@ async def test_a_snapshot_keeps_the_users_pause_and_undoes_its_own(sb: Any) -> N
 _STARTER = """
 import asyncio, json, sys, time
 from hutch.providers import docker as provider
-from hutch.providers.docker import sandbox as exec_start
+from hutch.providers.docker import process as exec_start
 from hutch.providers.base import ProcessRequest
 
 real = exec_start.wait_until_started

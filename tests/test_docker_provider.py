@@ -28,7 +28,7 @@ from hutch._sandbox import backend_of
 from hutch.providers import _diskcap
 from hutch.providers.agent.workload import MEMORY_RESERVE, PIDS_RESERVE
 from hutch.providers.docker import DockerSandbox, list_managed_containers
-from hutch.providers.docker import sandbox as docker_snapshots
+from hutch.providers.docker import snapshots as docker_snapshots
 from tests.conftest import TEST_IMAGE
 from tests.hazards import loop_devices_left, workload_limits
 

@@ -321,7 +321,8 @@ def test_an_answer_read_from_its_spool_is_the_json_of_the_whole(
     renders of the whole result, byte for byte (text and base64 alike)."""
     from hutch._process import ExecOutput, OutputSpool
     from hutch._types import ExecResult, OutputChunk
-    from hutch.server.app import exec_json, exec_json_pieces, render_json
+    from hutch.server.asgi import render_json
+    from hutch.server.streaming import exec_json, exec_json_pieces
 
     spool = OutputSpool()
     # Odd pieces, the two streams' runs interleaved.

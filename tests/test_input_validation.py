@@ -245,7 +245,7 @@ def test_no_error_shows_a_path_in_the_data_directory(
     name, keeping what follows (the file a caller named); a path that only
     starts alike is not touched."""
     from hutch._errors import ProviderError
-    from hutch.server.app import error_json
+    from hutch.server.errors import error_json
 
     home = str(tmp_path / "home")
     monkeypatch.setenv("HUTCH_HOME", home)

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 import hutch
+from hutch._sandbox import live_of
 from hutch._types import Capabilities
 from hutch.lifecycle.clock import RealClock, VirtualClock
 from hutch.lifecycle.engine import LifecycleEngine
@@ -65,7 +66,7 @@ async def engine() -> AsyncIterator[LifecycleEngine]:
 async def busy_sandbox(engine: LifecycleEngine, **options: Any) -> tuple[Any, BusyVirtual]:
     backend = BusyVirtual(f"sb-busy-{id(options)}")
     sandbox = hutch.Sandbox(backend, read_before_write=False)
-    await engine.attach(sandbox, hutch.SandboxOptions(**options))
+    await engine.attach(live_of(sandbox), hutch.SandboxOptions(**options))
     return sandbox, backend
 
 
@@ -266,8 +267,8 @@ async def test_state_for_the_daemon(engine: LifecycleEngine) -> None:
     await engine.advance(3)
     await sb.write_text("x", "y")
     await engine.advance(4)
-    deadline = await engine.set_timeout(sb, 100)
-    view = engine.state(sb)
+    deadline = await engine.set_timeout(live_of(sb), 100)
+    view = engine.state(live_of(sb))
     assert view.state is SandboxState.RUNNING
     assert view.deadline_unix == deadline == engine.clock.time() + 100
     assert view.created_at_unix == engine.clock.time() - 7
@@ -472,7 +473,7 @@ async def test_adopting_after_a_restart_keeps_every_bound(engine: LifecycleEngin
 
     async def adopt(**persisted: Any) -> Any:
         sandbox = hutch.Sandbox(BusyVirtual(f"sb-adopted-{len(persisted)}"))
-        await engine.attach(sandbox, options, created_unix=wall - 50, **persisted)
+        await engine.attach(live_of(sandbox), options, created_unix=wall - 50, **persisted)
         return sandbox
 
     sb = await adopt(deadline_unix=wall + 30, last_active_unix=wall - 20, meter=meter)

@@ -199,7 +199,7 @@ def route_table() -> list[tuple[str, str, str]]:
     parameter filled in)."""
     from starlette.routing import BaseRoute, WebSocketRoute
 
-    from hutch.server.app import ServerSettings, create_app
+    from hutch.server import ServerSettings, create_app
 
     found: list[tuple[str, str, str]] = []
 

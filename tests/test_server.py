@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from hutch.daemon import Daemon, OperatorPolicy
-from hutch.server.app import ServerSettings, create_app
+from hutch.server import ServerSettings, create_app
 from tests.daemon_fixture import DaemonProcess
 
 #: The fast path takes application/json; FastAPI also takes any +json type, so
@@ -128,3 +128,36 @@ async def test_the_fast_path_takes_the_route_fastapi_would(tmp_path: pathlib.Pat
                 await client.delete(f"/v1/sandboxes/{sandbox_id}")
     finally:
         await daemon.stop()
+
+
+def test_live_answers_are_as_their_wire_models_say(http: tuple[httpx.Client, str]) -> None:
+    """What the daemon's builders make (a live sandbox's info, its files, its
+    processes, the daemon's lists) parses as the routes' models, no key more."""
+    from pydantic import BaseModel
+
+    from hutch import wire
+
+    client, sandbox_id = http
+    base = f"/v1/sandboxes/{sandbox_id}"
+    client.put(f"{base}/files", params={"path": "w.txt", "overwrite": "true"}, content=b"x")
+    started = client.post(f"{base}/processes", json={"cmd": "true"})
+    answers: list[tuple[type[BaseModel], httpx.Response]] = [
+        (wire.SandboxInfo, client.get(base)),
+        (wire.SandboxList, client.get("/v1/sandboxes", params={"all": "true"})),
+        (wire.ExecAnswer, client.post(f"{base}/exec", json={"cmd": "printf hi"})),
+        (wire.FileStat, client.get(f"{base}/stat", params={"path": "w.txt"})),
+        (wire.FileList, client.get(f"{base}/list")),
+        (wire.GlobAnswer, client.post(f"{base}/glob", json={"pattern": "*.txt"})),
+        (wire.GrepAnswer, client.post(f"{base}/grep", json={"pattern": "x"})),
+        (wire.ProcessInfo, started),
+        (wire.ProcessList, client.get(f"{base}/processes")),
+        (wire.Deadline, client.post(f"{base}/set_timeout", json={"timeout_seconds": 600})),
+        (wire.SnapshotList, client.get("/v1/snapshots")),
+        (wire.WorkspaceList, client.get("/v1/workspaces")),
+        (wire.DefinitionList, client.get("/v1/definitions")),
+        (wire.EventList, client.get("/v1/events")),
+    ]
+    for model, answer in answers:
+        assert answer.status_code in (200, 201), answer.text
+        body = answer.json()
+        assert model.model_validate(body).model_dump(include=set(body)) == body, model

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ._errors import InvalidArgument
-from ._sandbox import Sandbox, new_sandbox_id
+from ._sandbox import Sandbox, live_of, new_sandbox_id
 from ._snapshots import Snapshot
 from ._sync import SyncProxy, run_sync_factory
 from .config import SandboxOptions, SandboxSpec, resolve_spec
@@ -68,7 +68,8 @@ async def _track(
     sandbox.spec = spec
     try:
         await engine.attach(
-            sandbox, opts, state=state, created_unix=created_unix, deadline_unix=deadline_unix
+            live_of(sandbox), opts, state=state, created_unix=created_unix,
+            deadline_unix=deadline_unix,
         )
     except BaseException:
         await backend.close()

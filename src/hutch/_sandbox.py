@@ -59,6 +59,7 @@ from ._types import (
     GrepMatch,
 )
 from ._values import check_command, check_text
+from .core.live import Attachment, LiveSandbox, closed_message
 from .core.refs import ref_serving
 from .providers._grep import grep_output_budget
 from .providers.base import (
@@ -74,32 +75,9 @@ from .states import FINAL, SandboxState
 
 if TYPE_CHECKING:
     from .config import SandboxSpec
-    from .core.refs import RefServer
     from .lifecycle.engine import LifecycleRecord, SandboxStatus
     from .lifecycle.gate import LifecycleGate
     from .store import RefRow
-
-
-class _Live:
-    """What every session on one live sandbox shares: the backend, the
-    background commands, the open operations, the lifecycle record, and who
-    is attached. Each :class:`Sandbox` object is one session on it."""
-
-    def __init__(self, backend: SandboxBackend, gate: LifecycleGate | None) -> None:
-        self.backend = backend
-        self.gate = gate
-        self.processes: dict[str, Process] = {}
-        self.open_ops = 0
-        self.closed = False
-        #: Set once a close (or a reap) has released the backend.
-        self.released = asyncio.Event()
-        self.record: LifecycleRecord | None = None
-        #: session id -> an attached (non-owning) session.
-        self.attached: dict[str, Sandbox] = {}
-        #: What serves it to the holders of its refs, once its owner handed one out.
-        self.server: RefServer | None = None
-        self.server_lock = asyncio.Lock()
-
 
 
 class Sandbox:
@@ -124,7 +102,7 @@ class Sandbox:
         self.id = sandbox_id or backend.sandbox_id
         #: What starts its forks' branches (None: it cannot be forked here).
         self._factory = factory
-        self._live = _Live(backend, gate)
+        self._live = LiveSandbox(self.id, backend, gate)
         self.output_limit = output_limit
         self._guard = ReadBeforeWriteGuard(read_before_write)
         self.created_at = time.time()
@@ -159,7 +137,9 @@ class Sandbox:
         session.spec = self.spec
         session.base_snapshot_id = self.base_snapshot_id
         session.origin_snapshot_id = self.origin_snapshot_id
-        self._live.attached[session.session_id] = session
+        self._live.attached[session.session_id] = Attachment(
+            session.session_id, ref, session.created_at
+        )
         return session
 
     # -- what the sessions share -------------------------------------------------
@@ -214,7 +194,7 @@ class Sandbox:
     @property
     def open_operations(self) -> int:
         """Execs, streams and running background commands open right now."""
-        return self._open_ops + sum(1 for p in self._processes.values() if p.running)
+        return self._live.open_operations
 
     def require(self, capability: str) -> None:
         if not self.capabilities.supports(capability):
@@ -232,7 +212,7 @@ class Sandbox:
             self._ref.check_usable(time.time())
         if self._gate is not None:
             # The gate knows why a sandbox is gone (expired, closed) and says so.
-            await self._gate.enter(self, name, activity=activity)
+            await self._gate.enter(self._live, name, activity=activity)
         try:
             if self._live.closed:
                 raise SandboxUnavailable(closed_message(self.id))
@@ -250,7 +230,7 @@ class Sandbox:
         finally:
             # Every call the gate let in is let out (it may have marked it in flight).
             if self._gate is not None:
-                self._gate.leave(self, name, activity=activity)
+                self._gate.leave(self._live, name, activity=activity)
 
     def path(self, path: str) -> str:
         """The absolute path inside the sandbox that ``path`` names."""
@@ -392,7 +372,7 @@ class Sandbox:
 
     def _process_exited(self, process: Process) -> None:
         if self._gate is not None:
-            self._gate.touch(self)
+            self._gate.touch(self._live)
         self._forget_finished()
 
     def _forget_finished(self) -> None:
@@ -681,7 +661,7 @@ class Sandbox:
 
     def status(self) -> SandboxStatus:
         """State, reason, deadline, idle time and meter. Reading it is not activity."""
-        status: SandboxStatus = self._engine().status(self)
+        status: SandboxStatus = self._engine().status(self._live)
         return status
 
     async def info(self) -> dict[str, Any]:
@@ -721,9 +701,9 @@ class Sandbox:
         server = self._live.server
         working = None if server is None else {r.id for r in server.open_refs()}
         here = [
-            attachment_json(s.session_id, s._ref, s.created_at, None)
-            for s in self._live.attached.values()
-            if s._ref is not None and (working is None or s._ref.id in working)
+            attachment_json(a.session_id, a.ref, a.attached_at_unix, None)
+            for a in self._live.attached.values()
+            if working is None or a.ref.id in working
         ]
         return here + ([] if server is None else server.attachments())
 
@@ -735,16 +715,16 @@ class Sandbox:
     async def pause(self) -> None:
         """Hold the sandbox as it is: processes and memory stay, no CPU is used."""
         self.require("pause")
-        await self._engine().pause(self)
+        await self._engine().pause(self._live)
 
     async def suspend(self) -> None:
         """Free the sandbox's memory and keep its state on disk until resume."""
         self.require("suspend")
-        await self._engine().suspend(self)
+        await self._engine().suspend(self._live)
 
     async def resume(self) -> None:
         """Bring a paused or suspended sandbox back to running."""
-        await self._engine().resume(self)
+        await self._engine().resume(self._live)
 
     # -- snapshots and forks ------------------------------------------------------------
     async def snapshot(self, label: str | None = None, *, diff: bool = True) -> Snapshot:
@@ -754,7 +734,7 @@ class Sandbox:
         self.require("snapshot")
         sid = new_snapshot_id()
         if self._gate is not None:
-            async with self._gate.held(self):
+            async with self._gate.held(self._live):
                 handle = await self._backend.capture(sid, diff=diff)
         else:
             if self._live.closed:
@@ -787,28 +767,8 @@ class Sandbox:
 
     async def set_timeout(self, seconds: float) -> float:
         """Make the sandbox's deadline now + ``seconds``; returns it as Unix time."""
-        deadline: float = await self._engine().set_timeout(self, seconds)
+        deadline: float = await self._engine().set_timeout(self._live, seconds)
         return deadline
-
-    async def _end_processes(self) -> None:
-        for process in list(self._processes.values()):
-            await process.kill()
-        self._processes.clear()
-
-    async def _reap(self) -> None:
-        """Release the backend, once; a second caller waits until it is.
-        Shielded: a release cut by cancellation would leave the sandbox's
-        runtime or its files held with nothing left to free them."""
-        if self._live.closed:
-            await self._live.released.wait()
-            return
-        self._live.closed = True
-        try:
-            with anyio.CancelScope(shield=True):
-                await self._end_processes()
-                await self._backend.close()
-        finally:
-            self._live.released.set()
 
     async def close(self) -> None:
         """The owner's close kills background commands and releases the sandbox
@@ -825,8 +785,8 @@ class Sandbox:
             # (a client gone) leaves neither a live record nor a runtime behind.
             with anyio.CancelScope(shield=True):
                 if self._gate is not None:
-                    await self._gate.closed(self)
-                await self._reap()
+                    await self._gate.closed(self._live)
+                await self._live.reap()
         finally:
             server, self._live.server = self._live.server, None
             if server is not None:
@@ -877,14 +837,6 @@ class Sandbox:
         return f"<Sandbox {self.id} provider={self.provider}>"
 
 
-def closed_message(sandbox_id: str) -> str:
-    """Why a closed sandbox answers no more, to its owner and to attached sessions."""
-    return (
-        f"sandbox {sandbox_id} has been closed: its owner's cleanup ended it "
-        "(make a new sandbox, or attach to a live one)"
-    )
-
-
 def attach_session(owner: Sandbox, ref: RefRow) -> Sandbox:
     """A new attached session on the live sandbox ``owner`` owns, through
     ``ref`` (checked by the caller)."""
@@ -897,46 +849,15 @@ def attach_session(owner: Sandbox, ref: RefRow) -> Sandbox:
 # an in-process sandbox; a sandbox's callers never need it, a remote one has none.
 
 
-def track(sandbox: Sandbox, gate: LifecycleGate, record: LifecycleRecord) -> None:
-    """Put the live sandbox (every session on it) under ``gate``, which keeps
-    ``record`` of it."""
-    sandbox._live.gate = gate
-    sandbox._live.record = record
-
-
-def rebind(sandbox: Sandbox, backend: SandboxBackend) -> None:
-    """Put ``backend`` under the live sandbox (every session on it): the same
-    sandbox, found again through its provider after another program moved it
-    (suspended or resumed it), which the old backend object no longer
-    describes. The old one is dropped, not closed: closing would end the
-    sandbox itself."""
-    sandbox._live.backend = backend
+def live_of(sandbox: Sandbox) -> LiveSandbox:
+    """The live sandbox under a session: what a lifecycle engine (and the
+    daemon over it) tracks and drives; a remote sandbox has none."""
+    return sandbox._live
 
 
 def lifecycle_record(sandbox: Sandbox) -> LifecycleRecord | None:
     """The lifecycle engine's record of the live sandbox (None: untracked)."""
     return sandbox._live.record
-
-
-async def end_processes(sandbox: Sandbox) -> None:
-    """Kill every background command and forget them (a suspend that does
-    not keep processes ends them)."""
-    await sandbox._end_processes()
-
-
-async def reap(sandbox: Sandbox) -> None:
-    """Kill what runs and free the backend, for every session on it (the
-    engine's reaping; an attached session's close only detaches)."""
-    await sandbox._reap()
-
-
-async def release_runtime(sandbox: Sandbox) -> None:
-    """Its runtime died outside hutch: end what was started in it and free
-    what the runtime held, its working directory's files kept until it is
-    closed (deleted). Shielded, as a reaping is."""
-    with anyio.CancelScope(shield=True):
-        await sandbox._end_processes()
-        await sandbox._backend.release_runtime()
 
 
 async def exec_output(

@@ -5,9 +5,11 @@ A :class:`Snapshot` is hutch's record of one captured state: its id, label,
 the sandbox it came from, its parent in the lineage tree (the snapshot that
 sandbox was started from or last captured), its size and time, plus the
 provider's own handle (:class:`~hutch.providers.base.ProviderSnapshot`) and
-the settings of the sandbox it came from, which an attach starts from.
-Nothing here knows a provider: the capture and the attach are the provider
-seam's (``SandboxBackend.capture`` / ``create_from_snapshot``).
+the settings of the sandbox it came from, which an attach starts from. The
+record is plain data in the leaf :mod:`hutch._types` (the client reads it
+too); it is named here as well. Nothing here knows a provider: the capture
+and the attach are the provider seam's (``SandboxBackend.capture`` /
+``create_from_snapshot``).
 """
 
 from __future__ import annotations
@@ -15,76 +17,18 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
+
+from ._types import ProviderSnapshot
+from ._types import Snapshot as Snapshot
+from ._types import SnapshotDependent as SnapshotDependent
 
 if TYPE_CHECKING:
     from ._sandbox import Sandbox
-    from .providers.base import ProviderSnapshot
 
 
 def new_snapshot_id() -> str:
     return "snap-" + uuid.uuid4().hex[:12]
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """One captured state and its place in the lineage tree."""
-
-    id: str
-    label: str | None
-    sandbox_id: str | None
-    parent_id: str | None
-    size_bytes: int
-    created_at_unix: float
-    provider: str
-    #: The provider's handle: what an attach and a removal need (in-process
-    #: only; a snapshot the daemon holds is named by its id alone).
-    handle: ProviderSnapshot | None = field(default=None, repr=False)
-    #: The settings (a ``SandboxSpec`` dump) of the sandbox it came from.
-    spec: Mapping[str, Any] = field(default_factory=dict, repr=False)
-
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> Snapshot:
-        return cls(
-            id=str(data["id"]), label=data.get("label"), sandbox_id=data.get("sandbox_id"),
-            parent_id=data.get("parent_id"), size_bytes=int(data.get("size_bytes") or 0),
-            created_at_unix=float(data.get("created_at_unix") or 0.0),
-            provider=str(data.get("provider", "")),
-        )
-
-    def as_dict(self) -> dict[str, Any]:
-        """The wire form (``GET /v1/snapshots/{id}``)."""
-        return {
-            "id": self.id,
-            "label": self.label,
-            "sandbox_id": self.sandbox_id,
-            "parent_id": self.parent_id,
-            "size_bytes": self.size_bytes,
-            "created_at_unix": self.created_at_unix,
-            "provider": self.provider,
-        }
-
-
-@dataclass(frozen=True)
-class SnapshotDependent:
-    """Something that needs a snapshot: a ``snapshot`` (a child), a
-    ``workspace`` (made from it or kept in it) or a ``sandbox`` (started from
-    it, with no state of its own captured since). A forced removal answers
-    with the ones it broke."""
-
-    kind: str
-    id: str
-
-    def __str__(self) -> str:
-        return f"{self.kind} {self.id}"
-
-    def as_dict(self) -> dict[str, str]:
-        return {"kind": self.kind, "id": self.id}
-
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> SnapshotDependent:
-        return cls(kind=str(data["kind"]), id=str(data["id"]))
 
 
 def snapshot_record(

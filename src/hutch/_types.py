@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import enum
 import stat
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 #: A command: an argv list run as is, or a string run by ``bash -c`` (``sh -c``
 #: where the sandbox has no bash).
@@ -167,3 +167,101 @@ class ExitStatus:
     exit_code: int
     #: As ``ExecResult.oom_killed``.
     oom_killed: bool = False
+
+
+# -- snapshots: the provider's handle, and hutch's record of one captured state ----------
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderSnapshot:
+    """A captured sandbox state, as the provider that holds it knows it.
+
+    ``snapshot_id`` is hutch's id for it (the provider names its storage by
+    it, so that :meth:`SandboxBackend.held_snapshots` can answer in those
+    ids); ``data`` is whatever the provider needs to start a sandbox from the
+    state or to remove it, JSON-serialisable (the daemon stores it verbatim);
+    ``size_bytes`` what the state costs the provider on disk (or in memory);
+    ``includes_memory`` whether processes and memory were captured too, or
+    only the file system.
+    """
+
+    snapshot_id: str
+    provider: str
+    size_bytes: int
+    data: Mapping[str, Any] = field(default_factory=dict)
+    includes_memory: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "snapshot_id": self.snapshot_id, "provider": self.provider,
+            "size_bytes": self.size_bytes, "data": dict(self.data),
+            "includes_memory": self.includes_memory,
+        }
+
+    @classmethod
+    def from_dict(cls, value: Mapping[str, Any]) -> ProviderSnapshot:
+        return cls(
+            snapshot_id=str(value["snapshot_id"]), provider=str(value["provider"]),
+            size_bytes=int(value.get("size_bytes") or 0), data=dict(value.get("data") or {}),
+            includes_memory=bool(value.get("includes_memory", False)),
+        )
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One captured state and its place in the lineage tree."""
+
+    id: str
+    label: str | None
+    sandbox_id: str | None
+    parent_id: str | None
+    size_bytes: int
+    created_at_unix: float
+    provider: str
+    #: The provider's handle: what an attach and a removal need (in-process
+    #: only; a snapshot the daemon holds is named by its id alone).
+    handle: ProviderSnapshot | None = field(default=None, repr=False)
+    #: The settings (a ``SandboxSpec`` dump) of the sandbox it came from.
+    spec: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> Snapshot:
+        return cls(
+            id=str(data["id"]), label=data.get("label"), sandbox_id=data.get("sandbox_id"),
+            parent_id=data.get("parent_id"), size_bytes=int(data.get("size_bytes") or 0),
+            created_at_unix=float(data.get("created_at_unix") or 0.0),
+            provider=str(data.get("provider", "")),
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """The wire form (``GET /v1/snapshots/{id}``)."""
+        return {
+            "id": self.id,
+            "label": self.label,
+            "sandbox_id": self.sandbox_id,
+            "parent_id": self.parent_id,
+            "size_bytes": self.size_bytes,
+            "created_at_unix": self.created_at_unix,
+            "provider": self.provider,
+        }
+
+
+@dataclass(frozen=True)
+class SnapshotDependent:
+    """Something that needs a snapshot: a ``snapshot`` (a child), a
+    ``workspace`` (made from it or kept in it) or a ``sandbox`` (started from
+    it, with no state of its own captured since). A forced removal answers
+    with the ones it broke."""
+
+    kind: str
+    id: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.id}"
+
+    def as_dict(self) -> dict[str, str]:
+        return {"kind": self.kind, "id": self.id}
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> SnapshotDependent:
+        return cls(kind=str(data["kind"]), id=str(data["id"]))

@@ -12,7 +12,7 @@ from typing import Any
 
 from .._errors import Unauthorized
 from .._refwire import DaemonRef, decode_ref
-from .._snapshots import Snapshot
+from .._types import Snapshot
 from ._core import (
     ClientOps,
     EnsureProgress,

@@ -26,7 +26,6 @@ from .._errors import (
 )
 from .._refwire import check_ref_lifetime, decode_ref
 from .._sandbox_paths import sandbox_path
-from .._snapshots import Snapshot, SnapshotDependent
 from .._types import (
     DEFAULT_SEARCH_TIMEOUT,
     Capabilities,
@@ -36,6 +35,8 @@ from .._types import (
     FileType,
     GrepMatch,
     OutputChunk,
+    Snapshot,
+    SnapshotDependent,
 )
 from ..states import FINAL, SandboxState, SandboxStatus
 from ._http import Call

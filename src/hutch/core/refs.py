@@ -12,23 +12,27 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .._errors import HutchError
 
 if TYPE_CHECKING:
-    from .._sandbox import Sandbox
     from ..store import RefRow
+
+#: The sandbox a server serves (``hutch.Sandbox``; a parameter, so that the
+#: core's seams need not import the sandbox class).
+SandboxT = TypeVar("SandboxT")
+SandboxT_co = TypeVar("SandboxT_co", covariant=True)
 
 #: The module that registers the ref serving when it is imported.
 DEFAULT_SERVING = "hutch.server.owner"
 
 
-class RefServer(Protocol):
+class RefServer(Protocol[SandboxT_co]):
     """One in-process sandbox served to the holders of its refs."""
 
     @property
-    def sandbox(self) -> Sandbox:
+    def sandbox(self) -> SandboxT_co:
         """The owner's sandbox it serves."""
 
     @property
@@ -57,27 +61,27 @@ class RefServer(Protocol):
         """Stop answering and remove what it made."""
 
 
-class RefServing(Protocol):
+class RefServing(Protocol[SandboxT]):
     """How this process serves its sandboxes to their refs' holders."""
 
-    async def start(self, sandbox: Sandbox) -> RefServer:
+    async def start(self, sandbox: SandboxT) -> RefServer[SandboxT]:
         """Start serving ``sandbox``."""
 
-    def served_here(self, ref: str) -> RefServer | None:
+    def served_here(self, ref: str) -> RefServer[SandboxT] | None:
         """The server in this process that handed ``ref`` out, if any."""
 
 
-_serving: RefServing | None = None
+_serving: RefServing[Any] | None = None
 
 
-def register_ref_serving(serving: RefServing) -> None:
+def register_ref_serving(serving: RefServing[Any]) -> None:
     """Make ``serving`` the one that serves this process's refs (the HTTP
     layer calls it when imported)."""
     global _serving
     _serving = serving
 
 
-def ref_serving() -> RefServing:
+def ref_serving() -> RefServing[Any]:
     """The registered serving, its module imported on first use."""
     if _serving is None:
         importlib.import_module(DEFAULT_SERVING)
@@ -86,7 +90,7 @@ def ref_serving() -> RefServing:
     return _serving
 
 
-def served_here(ref: str) -> RefServer | None:
+def served_here(ref: str) -> RefServer[Any] | None:
     """The server in this process that handed ``ref`` out, if any. Nothing
     registered: no ref was handed out here, and nothing is loaded to say so."""
     return None if _serving is None else _serving.served_here(ref)

@@ -14,7 +14,7 @@ from .._sandbox import (
 )
 from ..config import SandboxSpec
 from ..definitions import SandboxHost
-from ..definitions.ensure import (
+from ..definitions.holders import (
     HELD_BY_DAEMON,
     held_elsewhere,
     live_holders,

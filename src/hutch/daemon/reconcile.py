@@ -12,9 +12,10 @@ import anyio.to_thread
 from .._errors import (
     HutchError,
 )
+from .._sandbox import live_of
 from .._snapshots import new_snapshot_id
 from ..config import SandboxSpec
-from ..definitions.ensure import (
+from ..definitions.holders import (
     HELD_BY_DAEMON,
     program_alive,
     this_program,
@@ -217,7 +218,7 @@ class Reconciling(Workspaces):
             key = f"{state.value}_s"
             meter[key] = meter.get(key, 0.0) + max(0.0, time.time() - row.updated_at_unix)
         await self.engine.attach(
-            sandbox, spec.options, state=state, created_unix=row.created_at_unix,
+            live_of(sandbox), spec.options, state=state, created_unix=row.created_at_unix,
             deadline_unix=row.deadline_unix, meter=meter,
             # After a crash the last activity on record may be long out of
             # date (activity is not written per call): the idle clock starts

@@ -17,11 +17,12 @@ from .._errors import (
 )
 from .._sandbox import (
     Sandbox,
+    live_of,
     new_sandbox_id,
 )
 from ..config import SandboxSpec
 from ..definitions import Definition, DirSource, GitSource
-from ..definitions.ensure import (
+from ..definitions.sources import (
     Progress,
 )
 from ..lifecycle.state import found_state
@@ -83,7 +84,7 @@ class Sandboxes(Refs):
         if workspace is not None:
             self.workspace_of[sid] = workspace
         try:
-            await self.engine.attach(sandbox, spec.options)
+            await self.engine.attach(live_of(sandbox), spec.options)
         except BaseException:
             self.sandboxes.pop(sid, None)
             with anyio.CancelScope(shield=True):
@@ -128,7 +129,7 @@ class Sandboxes(Refs):
         sandbox = self._wrap(backend, spec)
         self.sandboxes[sandbox_id] = sandbox
         try:
-            await self.engine.attach(sandbox, spec.options, state=state,
+            await self.engine.attach(live_of(sandbox), spec.options, state=state,
                                      created_unix=row.created_at_unix,
                                      deadline_unix=deadline_unix)
         except BaseException:

@@ -20,6 +20,7 @@ from .._faults import fault_point
 from .._sandbox import (
     Sandbox,
     backend_of,
+    live_of,
 )
 from .._snapshots import Snapshot, SnapshotDependent, new_snapshot_id
 from ..config import OPTION_KEYS, SandboxSpec
@@ -50,11 +51,11 @@ class Snapshots(Sandboxes):
 
     @staticmethod
     def snapshot_json(row: SnapshotRow) -> dict[str, Any]:
-        return {
-            "id": row.id, "label": row.label, "sandbox_id": row.sandbox_id,
-            "parent_id": row.parent_id, "size_bytes": row.size_bytes,
-            "created_at_unix": row.created_at_unix, "provider": row.provider,
-        }
+        """The wire form, as :meth:`Snapshot.as_dict` has it (the one builder)."""
+        return Snapshot(
+            id=row.id, label=row.label, sandbox_id=row.sandbox_id, parent_id=row.parent_id,
+            size_bytes=row.size_bytes, created_at_unix=row.created_at_unix, provider=row.provider,
+        ).as_dict()
 
     async def snapshot_sandbox(
         self, sandbox_id: str, label: str | None, *, diff: bool = True
@@ -77,7 +78,7 @@ class Snapshots(Sandboxes):
         previous_base = sandbox.base_snapshot_id
         try:
             # Held as it is (no transition meanwhile), as Sandbox.snapshot does.
-            async with self.engine.held(sandbox):
+            async with self.engine.held(live_of(sandbox)):
                 handle = await backend_of(sandbox).capture(row.id, diff=diff)
             fault_point("snapshot.captured")
             row.status, row.size_bytes, row.handle = (

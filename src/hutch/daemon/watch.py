@@ -10,6 +10,7 @@ import anyio.to_thread
 from .._errors import (
     StoreUnavailable,
 )
+from .._sandbox import live_of
 from ..providers.base import RuntimeNotice, SandboxBackend
 from .base import DaemonBase
 from .common import (
@@ -67,7 +68,7 @@ class Watching(DaemonBase):
         while True:
             try:
                 failed = await self.engine.runtime_died(
-                    sandbox, notice.message, of_suspended=notice.of_suspended
+                    live_of(sandbox), notice.message, of_suspended=notice.of_suspended
                 )
             except StoreUnavailable as exc:
                 # Not recorded, so not failed yet: tried again until the store

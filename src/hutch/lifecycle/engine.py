@@ -39,15 +39,7 @@ from .._errors import (
 )
 from .._faults import fault_point
 from .._inflight import CallMark
-from .._sandbox import (
-    backend_of,
-    closed_message,
-    end_processes,
-    lifecycle_record,
-    reap,
-    release_runtime,
-    track,
-)
+from ..core.live import closed_message
 from ..providers.base import RuntimeLost
 from ..states import FINAL, SandboxState, check_transition
 from ..states import SandboxStatus as SandboxStatus  # its home was here
@@ -65,8 +57,8 @@ from .shared import (
 )
 
 if TYPE_CHECKING:
-    from .._sandbox import Sandbox
     from ..config import SandboxOptions
+    from ..core.live import LiveSandbox
 
 log = logging.getLogger("hutch.lifecycle")
 
@@ -202,7 +194,7 @@ class LifecycleEngine:
         self.scheduler = Scheduler(
             self.clock, self._evaluate, drive=not isinstance(self.clock, VirtualClock)
         )
-        self._sandboxes: dict[str, Sandbox] = {}
+        self._sandboxes: dict[str, LiveSandbox] = {}
         #: Sandboxes whose dead runtime is released and whose failure is not
         #: yet recorded (the store refused it; a retry follows).
         self._released: set[str] = set()
@@ -210,7 +202,7 @@ class LifecycleEngine:
     # -- registration --------------------------------------------------------------
     async def attach(
         self,
-        sandbox: Sandbox,
+        sandbox: LiveSandbox,
         options: SandboxOptions,
         *,
         state: SandboxState = SandboxState.RUNNING,
@@ -250,7 +242,7 @@ class LifecycleEngine:
                 except ValueError:
                     continue  # a key from a newer daemon: not ours to count
                 record.meter.seconds[counted] = float(value)
-        track(sandbox, self, record)
+        sandbox.track(self, record)
         self._sandboxes[sandbox.id] = sandbox
         if state is SandboxState.RUNNING:
             try:
@@ -271,14 +263,14 @@ class LifecycleEngine:
         return len(self._sandboxes)
 
     @staticmethod
-    def _record(sandbox: Sandbox) -> LifecycleRecord:
-        record = lifecycle_record(sandbox)
+    def _record(sandbox: LiveSandbox) -> LifecycleRecord:
+        record = sandbox.record
         if record is None:
             raise SandboxUnavailable(f"sandbox {sandbox.id} is not tracked by a lifecycle engine")
         return record
 
     # -- the gate (hot path) -----------------------------------------------------------
-    async def enter(self, sandbox: Sandbox, op: str, *, activity: bool) -> None:
+    async def enter(self, sandbox: LiveSandbox, op: str, *, activity: bool) -> None:
         record = self._record(sandbox)
         shared = self.shared
         if shared is None:
@@ -313,7 +305,7 @@ class LifecycleEngine:
         if activity:
             self._active(sandbox, record)
 
-    async def _enter_slow(self, sandbox: Sandbox, record: LifecycleRecord, op: str) -> None:
+    async def _enter_slow(self, sandbox: LiveSandbox, record: LifecycleRecord, op: str) -> None:
         # The lock waits out a transition under way; the claim, one another program takes.
         async with record.lock, self._claimed(sandbox, record):
             state = record.state
@@ -336,18 +328,18 @@ class LifecycleEngine:
                 return
             raise SandboxUnavailable(f"sandbox {record.sandbox_id} is {state.value}")
 
-    def leave(self, sandbox: Sandbox, op: str, *, activity: bool) -> None:
+    def leave(self, sandbox: LiveSandbox, op: str, *, activity: bool) -> None:
         if self.shared is not None:
             self.shared.end_call(sandbox.id)
         if activity:
             self.touch(sandbox)
 
-    def touch(self, sandbox: Sandbox) -> None:
-        record = lifecycle_record(sandbox)
+    def touch(self, sandbox: LiveSandbox) -> None:
+        record = sandbox.record
         if record is not None:
             self._active(sandbox, record)
 
-    def _active(self, sandbox: Sandbox, record: LifecycleRecord) -> None:
+    def _active(self, sandbox: LiveSandbox, record: LifecycleRecord) -> None:
         """Activity now: the idle clock restarts, here and for every program
         that shares the sandbox."""
         record.last_activity_mono = self.clock.monotonic()
@@ -356,7 +348,7 @@ class LifecycleEngine:
 
     # -- activity shared with other programs -------------------------------------------
     @asynccontextmanager
-    async def _claimed(self, sandbox: Sandbox, record: LifecycleRecord) -> AsyncIterator[bool]:
+    async def _claimed(self, sandbox: LiveSandbox, record: LifecycleRecord) -> AsyncIterator[bool]:
         """With other programs sharing the sandbox: hold the claim while a
         transition is taken and recorded, after bringing a handle another
         program has moved since up to date (its state becomes the recorded
@@ -383,7 +375,9 @@ class LifecycleEngine:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.5)
 
-    async def _follow(self, sandbox: Sandbox, record: LifecycleRecord, view: SharedView) -> None:
+    async def _follow(
+        self, sandbox: LiveSandbox, record: LifecycleRecord, view: SharedView
+    ) -> None:
         """Another program moved the sandbox: take its record as this
         handle's state (nothing is written: that program wrote it). One it
         ended on a time limit ends here with the same reason, so that its
@@ -411,7 +405,7 @@ class LifecycleEngine:
             return None
         return max(MIN_PUBLISH_SECONDS, min(windows) * PUBLISH_SHARE)
 
-    def _publish(self, sandbox: Sandbox, record: LifecycleRecord) -> None:
+    def _publish(self, sandbox: LiveSandbox, record: LifecycleRecord) -> None:
         """Have the activity written: at once if none was written for an
         interval, else once the interval is over (the latest by then), and
         again each interval while an operation stays open here."""
@@ -424,7 +418,7 @@ class LifecycleEngine:
         self._publishers.add(task)
         task.add_done_callback(self._publishers.discard)
 
-    async def _publishing(self, sandbox: Sandbox, record: LifecycleRecord) -> None:
+    async def _publishing(self, sandbox: LiveSandbox, record: LifecycleRecord) -> None:
         shared = self.shared
         try:
             while shared is not None:
@@ -460,7 +454,7 @@ class LifecycleEngine:
 
     # -- transitions ----------------------------------------------------------------------
     async def _transition(
-        self, sandbox: Sandbox, new: SandboxState, reason: str | None
+        self, sandbox: LiveSandbox, new: SandboxState, reason: str | None
     ) -> None:
         record = self._record(sandbox)
         old = record.state
@@ -502,7 +496,7 @@ class LifecycleEngine:
 
     async def _step(
         self,
-        sandbox: Sandbox,
+        sandbox: LiveSandbox,
         record: LifecycleRecord,
         step: Callable[[], Awaitable[None]],
         undo: Callable[[], Awaitable[None]],
@@ -536,7 +530,7 @@ class LifecycleEngine:
                 raise
 
     @asynccontextmanager
-    async def held(self, sandbox: Sandbox) -> AsyncIterator[SandboxState]:
+    async def held(self, sandbox: LiveSandbox) -> AsyncIterator[SandboxState]:
         """Hold the sandbox in its present state (running, paused or
         suspended) while the caller works on it as a whole (a snapshot):
         no transition runs meanwhile and operations wait. Yields the state."""
@@ -549,17 +543,17 @@ class LifecycleEngine:
             finally:
                 record.transitioning = False
 
-    async def pause(self, sandbox: Sandbox) -> None:
+    async def pause(self, sandbox: LiveSandbox) -> None:
         record = self._record(sandbox)
         async with record.lock, self._claimed(sandbox, record):
             self._check_live(record)
             check_transition(record.sandbox_id, record.state, SandboxState.PAUSED)
-            backend = backend_of(sandbox)
+            backend = sandbox.backend
             await self._step(sandbox, record, backend.pause, backend.unpause,
                              SandboxState.PAUSED, None, fault="pause.paused")
         self._reschedule(sandbox)
 
-    async def suspend(self, sandbox: Sandbox, reason: str | None = None) -> None:
+    async def suspend(self, sandbox: LiveSandbox, reason: str | None = None) -> None:
         record = self._record(sandbox)
         async with record.lock, self._claimed(sandbox, record), self._calls_held_off(record):
             await self._suspend_locked(sandbox, record, reason)
@@ -592,7 +586,7 @@ class LifecycleEngine:
             delay = min(delay * 2, 0.1)
 
     async def _suspend_locked(
-        self, sandbox: Sandbox, record: LifecycleRecord, reason: str | None
+        self, sandbox: LiveSandbox, record: LifecycleRecord, reason: str | None
     ) -> None:
         self._check_live(record)
         check_transition(record.sandbox_id, record.state, SandboxState.SUSPENDED)
@@ -602,24 +596,24 @@ class LifecycleEngine:
         try:
             if not sandbox.capabilities.suspend_keeps_processes:
                 # They die with the suspend; end them rather than leave handles hanging.
-                await end_processes(sandbox)
+                await sandbox.end_processes()
         finally:
             record.transitioning = False
-        backend = backend_of(sandbox)
+        backend = sandbox.backend
         await self._step(sandbox, record, backend.suspend, backend.resume,
                          SandboxState.SUSPENDED, reason, fault="suspend.suspended")
 
-    async def resume(self, sandbox: Sandbox) -> None:
+    async def resume(self, sandbox: LiveSandbox) -> None:
         record = self._record(sandbox)
         async with record.lock, self._claimed(sandbox, record) as followed:
             if not (followed and record.state is SandboxState.RUNNING):
                 await self._resume_locked(sandbox, record)
         self._reschedule(sandbox)
 
-    async def _resume_locked(self, sandbox: Sandbox, record: LifecycleRecord) -> None:
+    async def _resume_locked(self, sandbox: LiveSandbox, record: LifecycleRecord) -> None:
         self._check_live(record)
         check_transition(record.sandbox_id, record.state, SandboxState.RUNNING)
-        backend = backend_of(sandbox)
+        backend = sandbox.backend
         if record.state is SandboxState.PAUSED:
             await self._step(sandbox, record, backend.unpause, backend.pause,
                              SandboxState.RUNNING, None, fault="resume.unpaused")
@@ -628,7 +622,7 @@ class LifecycleEngine:
                              SandboxState.RUNNING, None, fault="resume.resumed")
 
     async def _guarded(
-        self, sandbox: Sandbox, record: LifecycleRecord, step: Callable[[], Awaitable[None]]
+        self, sandbox: LiveSandbox, record: LifecycleRecord, step: Callable[[], Awaitable[None]]
     ) -> None:
         record.transitioning = True
         try:
@@ -646,7 +640,7 @@ class LifecycleEngine:
         finally:
             record.transitioning = False
 
-    async def terminate(self, sandbox: Sandbox, reason: str) -> None:
+    async def terminate(self, sandbox: LiveSandbox, reason: str) -> None:
         """End a sandbox with ``reason``; later calls fail with its typed error."""
         record = self._record(sandbox)
         async with record.lock:
@@ -654,10 +648,10 @@ class LifecycleEngine:
                 return
             await self._terminate_locked(sandbox, record, reason)
         self._forget(record)
-        await reap(sandbox)
+        await sandbox.reap()
 
     async def runtime_died(
-        self, sandbox: Sandbox, reason: str, *, of_suspended: bool = False
+        self, sandbox: LiveSandbox, reason: str, *, of_suspended: bool = False
     ) -> bool:
         """The provider says the sandbox's runtime died outside hutch: if it
         did (the backend confirms it is gone) and the sandbox was meant to be
@@ -673,7 +667,7 @@ class LifecycleEngine:
             if record.state not in meant:
                 return False
             if record.sandbox_id not in self._released:
-                backend = backend_of(sandbox)
+                backend = sandbox.backend
                 try:
                     kept = await (backend.is_suspended() if of_suspended
                                   else backend.is_alive())
@@ -687,7 +681,7 @@ class LifecycleEngine:
         self._forget(record)
         return True
 
-    async def _fail_lost(self, sandbox: Sandbox, record: LifecycleRecord, reason: str) -> None:
+    async def _fail_lost(self, sandbox: LiveSandbox, record: LifecycleRecord, reason: str) -> None:
         """Under the lock: the runtime is gone outside hutch. What it held is
         freed first, its working directory's files kept (until the sandbox
         is closed), so that the failure's record says where they are now;
@@ -696,7 +690,7 @@ class LifecycleEngine:
         needs no second look at the backend, which no longer looks dead."""
         if record.sandbox_id not in self._released:
             try:
-                await release_runtime(sandbox)
+                await sandbox.release_runtime()
             except Exception:
                 log.exception("sandbox %s: releasing its dead runtime failed",
                               record.sandbox_id)
@@ -706,7 +700,7 @@ class LifecycleEngine:
         self.scheduler.cancel(record.sandbox_id)
 
     async def _terminate_locked(
-        self, sandbox: Sandbox, record: LifecycleRecord, reason: str
+        self, sandbox: LiveSandbox, record: LifecycleRecord, reason: str
     ) -> None:
         await self._transition(sandbox, SandboxState.TERMINATED, reason)
         log.warning("sandbox %s terminated: %s", record.sandbox_id, reason)
@@ -715,18 +709,18 @@ class LifecycleEngine:
         self.scheduler.cancel(record.sandbox_id)
         self._sandboxes.pop(record.sandbox_id, None)
 
-    def forget(self, sandbox: Sandbox) -> None:
+    def forget(self, sandbox: LiveSandbox) -> None:
         """Stop tracking ``sandbox`` without touching it: its timers stop and
         nothing is recorded. For a handle another program has since taken
         over (it suspended or resumed the sandbox): acting on it here would
         undo that program's work."""
-        record = lifecycle_record(sandbox)
+        record = sandbox.record
         if record is not None and self._sandboxes.get(sandbox.id) is sandbox:
             self._forget(record)
 
-    async def closed(self, sandbox: Sandbox) -> None:
+    async def closed(self, sandbox: LiveSandbox) -> None:
         """The owner closed the sandbox: forget its timers."""
-        record = lifecycle_record(sandbox)
+        record = sandbox.record
         if record is None:
             return
         async with record.lock:
@@ -737,7 +731,7 @@ class LifecycleEngine:
         self._sandboxes.pop(record.sandbox_id, None)
 
     # -- time limits ------------------------------------------------------------------------
-    async def set_timeout(self, sandbox: Sandbox, seconds: float) -> float:
+    async def set_timeout(self, sandbox: LiveSandbox, seconds: float) -> float:
         """Make the deadline now + ``seconds``; return it as Unix time.
 
         A deadline in the past reaps the sandbox; one above the ceiling is
@@ -769,7 +763,7 @@ class LifecycleEngine:
             self._check_live(record)  # another program may have ended it
             return await self._set_deadline(sandbox, record, seconds)
 
-    async def _set_deadline(self, sandbox: Sandbox, record: LifecycleRecord,
+    async def _set_deadline(self, sandbox: LiveSandbox, record: LifecycleRecord,
                             seconds: float) -> float:
         deadline_unix = self.clock.time() + seconds
         if self.shared is not None:
@@ -790,11 +784,11 @@ class LifecycleEngine:
             self.scheduler.schedule(record.sandbox_id, self.clock.monotonic())
         return deadline_unix
 
-    def state(self, sandbox: Sandbox) -> SandboxStatus:
+    def state(self, sandbox: LiveSandbox) -> SandboxStatus:
         """State, reason, deadline, timestamps and meter (the daemon's view)."""
         return self.status(sandbox)
 
-    def status(self, sandbox: Sandbox) -> SandboxStatus:
+    def status(self, sandbox: LiveSandbox) -> SandboxStatus:
         """What :meth:`state` returns. Reading it is not activity."""
         record = self._record(sandbox)
         if self.shared is not None and record.state not in FINAL:
@@ -852,8 +846,8 @@ class LifecycleEngine:
             windows.append((opts.idle_timeout, "terminate"))
         return windows
 
-    def _reschedule(self, sandbox: Sandbox) -> None:
-        record = lifecycle_record(sandbox)
+    def _reschedule(self, sandbox: LiveSandbox) -> None:
+        record = sandbox.record
         if record is None or record.state in FINAL:
             return
         now = self.clock.monotonic()
@@ -867,12 +861,12 @@ class LifecycleEngine:
         else:
             self.scheduler.cancel(record.sandbox_id)
 
-    async def _is_busy(self, sandbox: Sandbox) -> bool:
+    async def _is_busy(self, sandbox: LiveSandbox) -> bool:
         if sandbox.open_operations:
             return True
         if sandbox.capabilities.processes:
             try:
-                return await backend_of(sandbox).runtime.count_busy_processes() > 0
+                return await sandbox.backend.runtime.count_busy_processes() > 0
             except Exception:  # an unreachable backend is not proof of idleness
                 log.exception("sandbox %s: could not count its processes", sandbox.id)
                 return True
@@ -907,7 +901,7 @@ class LifecycleEngine:
         if verdict == "release" or record.state is SandboxState.TERMINATED:
             self._forget(record)
             try:
-                await reap(sandbox)
+                await sandbox.reap()
             except Exception:
                 log.exception("sandbox %s: releasing it after %s failed", sandbox_id, record.reason)
             return
@@ -927,7 +921,7 @@ class LifecycleEngine:
                 if idle_for >= window]
 
     async def _decide(
-        self, sandbox: Sandbox, record: LifecycleRecord
+        self, sandbox: LiveSandbox, record: LifecycleRecord
     ) -> tuple[_Verdict, float | None]:
         """(what becomes of the sandbox's timers and backend, when to look
         again or None for the usual time)."""
@@ -1010,7 +1004,7 @@ class LifecycleEngine:
             record.live_deadline_mono = now + (limits.deadline_unix - wall)
 
     async def _expire_shared(
-        self, sandbox: Sandbox, record: LifecycleRecord
+        self, sandbox: LiveSandbox, record: LifecycleRecord
     ) -> tuple[_Verdict, float | None]:
         """A time limit is due by this program's timer: act only if the
         store says so too, under the claim (compare and set: two programs'
@@ -1030,7 +1024,7 @@ class LifecycleEngine:
             return "release", None
 
     async def _still_working(
-        self, sandbox: Sandbox, record: LifecycleRecord
+        self, sandbox: LiveSandbox, record: LifecycleRecord
     ) -> tuple[_Verdict, float | None] | None:
         """When an idle window is due: None if the sandbox is idle indeed,
         else when to look again (it is working, or an operation came in)."""
@@ -1047,7 +1041,7 @@ class LifecycleEngine:
         return None
 
     async def _idle_step(
-        self, sandbox: Sandbox, record: LifecycleRecord
+        self, sandbox: LiveSandbox, record: LifecycleRecord
     ) -> tuple[_Verdict, float | None]:
         """Take the idle action due, unless another program sharing the
         sandbox has a call in flight (its activity not written yet): then
@@ -1059,7 +1053,7 @@ class LifecycleEngine:
                 return "keep", self._busy_recheck(record)
             return await self._idle_action(sandbox, record), None
 
-    async def _idle_action(self, sandbox: Sandbox, record: LifecycleRecord) -> _Verdict:
+    async def _idle_action(self, sandbox: LiveSandbox, record: LifecycleRecord) -> _Verdict:
         """Reap (idle_timeout) or suspend."""
         if "terminate" in self._due(record):
             await self._terminate_locked(sandbox, record, "idle_timeout")

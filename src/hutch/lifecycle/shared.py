@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from .._inflight import CallMark
-    from .._sandbox import Sandbox
+    from ..core.live import LiveSandbox
     from ..states import SandboxState
 
 #: An engine writes its activity at most once per this share of the
@@ -112,7 +112,7 @@ class SharedActivity(Protocol):
         under the claim, around a step that takes the sandbox down), if none
         is in flight; yields whether it did (never blocks)."""
 
-    async def refresh(self, sandbox: Sandbox) -> SandboxState | None:
+    async def refresh(self, sandbox: LiveSandbox) -> SandboxState | None:
         """Bring this program's handle of ``sandbox`` up to what another
         program recorded since (called under the claim): its backend found
         again as recorded, and the state the record names; None if it is no

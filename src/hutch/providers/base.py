@@ -54,6 +54,7 @@ from .._sandbox_paths import join_path as join_path  # their home was here
 from .._sandbox_paths import sandbox_path as sandbox_path
 from .._sandbox_paths import within as within
 from .._types import Capabilities, FileInfo, FileType, GrepMatch, OutputChunk
+from .._types import ProviderSnapshot as ProviderSnapshot  # its home was here
 from .._values import text_problems
 from ._grep import GrepBatches
 
@@ -129,40 +130,6 @@ class FutureExitProcess(BackendProcess):
     def oom_killed(self) -> bool:
         return self._oom_killed
 
-
-@dataclass(frozen=True, slots=True)
-class ProviderSnapshot:
-    """A captured sandbox state, as the provider that holds it knows it.
-
-    ``snapshot_id`` is hutch's id for it (the provider names its storage by
-    it, so that :meth:`SandboxBackend.held_snapshots` can answer in those
-    ids); ``data`` is whatever the provider needs to start a sandbox from the
-    state or to remove it, JSON-serialisable (the daemon stores it verbatim);
-    ``size_bytes`` what the state costs the provider on disk (or in memory);
-    ``includes_memory`` whether processes and memory were captured too, or
-    only the file system.
-    """
-
-    snapshot_id: str
-    provider: str
-    size_bytes: int
-    data: Mapping[str, Any] = field(default_factory=dict)
-    includes_memory: bool = False
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "snapshot_id": self.snapshot_id, "provider": self.provider,
-            "size_bytes": self.size_bytes, "data": dict(self.data),
-            "includes_memory": self.includes_memory,
-        }
-
-    @classmethod
-    def from_dict(cls, value: Mapping[str, Any]) -> ProviderSnapshot:
-        return cls(
-            snapshot_id=str(value["snapshot_id"]), provider=str(value["provider"]),
-            size_bytes=int(value.get("size_bytes") or 0), data=dict(value.get("data") or {}),
-            includes_memory=bool(value.get("includes_memory", False)),
-        )
 
 class RuntimeState(enum.Enum):
     """A sandbox's runtime as its provider sees it (:meth:`SandboxBackend.observed_state`)."""

@@ -25,8 +25,9 @@ from ..config import CONFIG_FILE_NAME, load_config_data, load_config_file
 from ..daemon import default_data_dir
 from ..definitions import definitions_from_config
 from ..providers.registry import available_providers, provider_known
-from .app import ServerSettings, create_app
+from .app import create_app
 from .connections import connection_cap, guarded_protocol
+from .settings import ServerSettings
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8787

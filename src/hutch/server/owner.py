@@ -39,8 +39,9 @@ from .._refwire import decode_ref, unix_url
 from ..core.refs import register_ref_serving
 from ..daemon import Daemon
 from ..store import RefRow
-from .app import ServerSettings, create_app
+from .app import create_app
 from .connections import guarded_protocol
+from .settings import ServerSettings
 
 if TYPE_CHECKING:
     from collections.abc import Generator

@@ -1,0 +1,113 @@
+"""Bench: what the hutch command and the SDK cost to start.
+
+``hutch --help`` (as ``python -m hutch.cli.main`` and as the ``hutch``
+console script) against an interpreter that imports nothing (``python -c
+pass``): it needs no HTTP client, provider or server, so what is left above
+the floor is the CLI library and the command table. Goal: 100 ms at most.
+
+``hutch ls`` against a daemon holding no sandbox, and ``import hutch.client``,
+against ``python -c "import httpx"``: the client's own cost above the HTTP
+library it is built on. Goal: ``ls`` ≤ 1.5 times ``import httpx``.
+
+A new process each run, so the figures include the interpreter's start and
+every import, as a person or a script pays them. Each is given as wall time
+and as CPU time (user + system), the steadier figure on a shared machine.
+With ``HUTCH_BASELINE_SRC`` naming another checkout's ``src`` (today's main,
+say), each hutch row is measured for it too, in the same run.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from tests.daemon_fixture import DaemonProcess
+
+from _common import header, median_ms, row, run
+
+RUNS = 21
+OURS = os.path.join(os.path.dirname(__file__), "..", "src")
+
+
+def timed(argv: list[str], env: dict[str, str], cpu: bool) -> Callable[[], float]:
+    """One run's wall time, or with ``cpu`` the CPU time it used."""
+    def once() -> float:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        started = time.perf_counter()
+        done = subprocess.run(argv, env=env, capture_output=True, stdin=subprocess.DEVNULL,
+                              check=False)
+        took = time.perf_counter() - started
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        if done.returncode != 0:
+            raise RuntimeError(f"{argv} failed: {done.stderr.decode()}")
+        if cpu:
+            return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        return took
+    return once
+
+
+def medians(measures: dict[str, Callable[[], float]]) -> dict[str, float]:
+    """Each measure's median, the runs taken in turn (one of each, then again),
+    so that a machine that slows down or speeds up moves them all alike."""
+    samples: dict[str, list[float]] = {name: [] for name in measures}
+    for measure in measures.values():
+        measure()  # warm: the page cache, the bytecode cache, the daemon's first answer
+    for _ in range(RUNS):
+        for name, measure in measures.items():
+            samples[name].append(measure())
+    return {name: median_ms(found) for name, found in samples.items()}
+
+
+def with_src(env: dict[str, str], src: str) -> dict[str, str]:
+    return dict(env, PYTHONPATH=os.path.abspath(src))
+
+
+async def main() -> None:
+    daemon = DaemonProcess().start()
+    try:
+        env = dict(os.environ, HUTCH_URL=daemon.url, HUTCH_TOKEN=daemon.token, COLUMNS="100")
+        python = sys.executable
+        script = os.path.join(os.path.dirname(python), "hutch")
+        sources = {"": OURS}
+        if os.environ.get("HUTCH_BASELINE_SRC"):
+            sources[" (baseline)"] = os.environ["HUTCH_BASELINE_SRC"]
+        for cpu in (False, True):
+            kind = "CPU time" if cpu else "wall time"
+            measures = {
+                "pass": timed([python, "-c", "pass"], env, cpu),
+                "httpx": timed([python, "-c", "import httpx"], env, cpu),
+            }
+            for tag, src in sources.items():
+                ours = with_src(env, src)
+                measures["help" + tag] = timed([python, "-m", "hutch.cli.main", "--help"],
+                                               ours, cpu)
+                if os.path.exists(script):
+                    measures["script" + tag] = timed([script, "--help"], ours, cpu)
+                measures["ls" + tag] = timed([python, "-m", "hutch.cli.main", "ls"], ours, cpu)
+                measures["client" + tag] = timed([python, "-c", "import hutch.client"], ours,
+                                                 cpu)
+            got = medians(measures)
+            header(f"the hutch command's start, {kind} (a new process each run, {RUNS} runs)")
+            for tag in sources:
+                row(f"hutch --help{tag} vs python -c pass", got["help" + tag], got["pass"],
+                    "goal: <= 100 ms")
+                if "script" + tag in got:
+                    row(f"hutch --help (console script){tag} vs pass", got["script" + tag],
+                        got["pass"], "goal: <= 100 ms")
+                row(f"hutch ls, empty daemon{tag} vs import httpx", got["ls" + tag],
+                    got["httpx"], "goal: <= 1.5x")
+                row(f"import hutch.client{tag} vs import httpx", got["client" + tag],
+                    got["httpx"])
+    finally:
+        daemon.close()
+
+
+if __name__ == "__main__":
+    run(main)

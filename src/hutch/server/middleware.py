@@ -1,0 +1,414 @@
+"""The ASGI middleware around the routes: the token (and refs), the body's
+size and memory, a caller gone; and the route class that checks request text."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import re
+from collections.abc import (
+    Callable,
+    Coroutine,
+)
+from typing import Any
+
+import anyio
+from fastapi import Request, Response
+from fastapi.routing import APIRoute
+
+from .. import _membudget
+from .._errors import (
+    DaemonBusy,
+    HutchError,
+    OutputLimitExceeded,
+    SandboxPermissionDenied,
+    Unauthorized,
+)
+from .._refwire import REF_PREFIX
+from .._values import check_text
+from ..daemon import Daemon
+from ..store import RefRow
+from .asgi import ASGIApp, Message, Receive, Scope, Send, header, is_json, render_json, respond
+from .errors import error_json
+
+log = logging.getLogger("hutch.server")
+
+SESSION_HEADER = "x-hutch-session"
+
+
+
+# -- authentication -----------------------------------------------------------------------
+
+
+#: Where the validated ref of a request is kept in its ASGI scope.
+REF_SCOPE_KEY = "hutch.ref"
+
+
+def bearer_credential(scope: Scope) -> bytes | None:
+    """The credential of a request's ``Authorization: Bearer <credential>``
+    (the scheme in any case, as RFC 9110 says), else None."""
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            scheme, _, credential = value.strip().partition(b" ")
+            return credential.strip() if scheme.lower() == b"bearer" else None
+    return None
+
+
+#: What a ref may do in its sandbox: work in it and drive its lifecycle. Not
+#: hand out refs, nor make daemon-wide things (snapshots, forks): a list of
+#: what is allowed, so that a route added later is closed to refs until said.
+REF_OPERATIONS = frozenset({
+    "exec", "files", "list", "stat", "grep", "glob", "processes", "preview_url", "pty",
+    "pause", "suspend", "resume", "set_timeout",
+})
+
+
+def ref_route_sandbox(path: str) -> str | None:
+    """The sandbox a request path names when the route is one a ref may take
+    (:data:`REF_OPERATIONS` of one sandbox), else None."""
+    parts = path.split("/")
+    if (
+        len(parts) >= 4 and parts[1] == "v1" and parts[2] == "sandboxes" and parts[3]
+        and not any(p in ("..", ".") for p in parts)
+        and (len(parts) == 4 or parts[4] in REF_OPERATIONS)
+    ):
+        return parts[3]
+    return None
+
+
+def _retarget(scope: Scope, named: str, target: str) -> None:
+    """Send a request naming sandbox ``named`` to sandbox ``target`` instead."""
+    prefix = f"/v1/sandboxes/{named}"
+    scope["path"] = f"/v1/sandboxes/{target}" + scope["path"][len(prefix):]
+    raw = scope.get("raw_path")
+    if isinstance(raw, bytes) and raw.startswith(prefix.encode()):
+        scope["raw_path"] = f"/v1/sandboxes/{target}".encode() + raw[len(prefix):]
+
+
+def session_of(scope: Scope) -> str | None:
+    """The session a request speaks for: a ref's sessions are the ref's own,
+    so that no read of the owner's counts for them (read-before-write)."""
+    session = header(scope, SESSION_HEADER.encode())
+    ref: RefRow | None = scope.get(REF_SCOPE_KEY)
+    if ref is None:
+        return session
+    return f"{ref.id}/{session or ''}"
+
+
+class TokenAuth:
+    """Pure ASGI middleware: every request, streams and websockets included,
+    needs the bearer token or a ref (a credential for one sandbox). With no
+    token set, only refs are taken: nothing is answered without a credential."""
+
+    def __init__(
+        self, app: ASGIApp, token: str | None, daemon: Callable[[], Daemon | None]
+    ) -> None:
+        self.app = app
+        self.expected = token.encode() if token else None
+        self.daemon = daemon
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        given = bearer_credential(scope)
+        if given is not None and given.startswith(REF_PREFIX.encode()):
+            await self._with_ref(given, scope, receive, send)
+            return
+        # Constant time: how much of a guess matched must not show in the timing.
+        if (
+            self.expected is None or given is None
+            or not hmac.compare_digest(given, self.expected)
+        ):
+            await self._refuse(scope, send, Unauthorized(
+                "missing or wrong token: set HUTCH_TOKEN to the daemon's token (its "
+                "operator's, or the one it made in the file api-token of its data directory, "
+                "which its own user's clients read on their own); clients send it as "
+                "Authorization: Bearer <token>"
+            ))
+            return
+        await self.app(scope, receive, send)
+
+    async def _with_ref(self, given: bytes, scope: Scope, receive: Receive, send: Send) -> None:
+        daemon = self.daemon()
+        if daemon is None:
+            await self._refuse(scope, send, Unauthorized("the daemon is not ready for refs"))
+            return
+        try:
+            ref = daemon.check_ref(given.decode("latin-1"))
+        except HutchError as exc:
+            await self._refuse(scope, send, exc)
+            return
+        if scope["path"] != "/healthz":
+            named = ref_route_sandbox(scope["path"])
+            try:
+                # A ref that follows a workspace reaches the sandbox serving it now.
+                target = None if named is None else daemon.ref_target(ref, named)
+            except HutchError as exc:
+                await self._refuse(scope, send, exc)
+                return
+            if named is None or target is None:
+                await self._refuse(scope, send, SandboxPermissionDenied(
+                    f"ref {ref.id} works only in sandbox {ref.sandbox_id}"
+                    + (f" (and those of workspace {ref.workspace})" if ref.workspace else "")
+                    + ", and cannot hand out refs, snapshot or fork it"
+                ))
+                return
+            if target != named:
+                _retarget(scope, named, target)
+            daemon.ref_session(ref, target, header(scope, SESSION_HEADER.encode()))
+        scope[REF_SCOPE_KEY] = ref
+        await self.app(scope, receive, send)
+
+    @staticmethod
+    async def _refuse(scope: Scope, send: Send, exc: HutchError) -> None:
+        body = render_json(error_json(exc))
+        headers = [(b"content-type", b"application/json"),
+                   (b"content-length", str(len(body)).encode())]
+        if exc.http_status == 401:
+            headers.append((b"www-authenticate", b"Bearer"))
+        prefix = "http"
+        if scope["type"] == "websocket":
+            if "websocket.http.response" not in scope.get("extensions", {}):
+                # A server that cannot answer a handshake with a status: a close
+                # before accepting (the client sees 403), its code saying the status.
+                await send({"type": "websocket.close", "code": 4000 + exc.http_status})
+                return
+            # The handshake answered with the error's own status and body.
+            prefix = "websocket.http"
+        await send({"type": f"{prefix}.response.start", "status": exc.http_status,
+                    "headers": headers})
+        await send({"type": f"{prefix}.response.body", "body": body})
+
+
+# -- request bodies ------------------------------------------------------------------------------
+
+
+class BodyLimit:
+    """Pure ASGI middleware: no request body past ``max_bytes``.
+
+    A body announced as larger is refused before a byte of it is read; one
+    that grows past the cap while it arrives (chunked) is cut off there. So
+    a caller's upload can never hold more than the cap of the daemon's memory.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    def _too_large(self, size: int | None) -> OutputLimitExceeded:
+        told = f" ({size} bytes)" if size is not None else ""
+        return OutputLimitExceeded(
+            f"request body{told} is over the cap of {self.max_bytes} bytes; "
+            "send large files in parts"
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        announced = header(scope, b"content-length")
+        if announced is not None and announced.isdigit() and int(announced) > self.max_bytes:
+            exc = self._too_large(int(announced))
+            await respond(send, exc.http_status, render_json(error_json(exc)),
+                           b"application/json")
+            return
+        received = 0
+
+        async def counted() -> Message:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.max_bytes:
+                raise self._too_large(None)
+            return message
+
+        await self.app(scope, counted, send)
+
+
+#: Memory a request body costs while its call runs, per byte of it: the
+#: pieces received, joined, parsed (a JSON string), and decoded (stdin).
+BODY_MEMORY_FACTOR = 4
+
+
+def _streams_body(scope: Scope) -> bool:
+    """Whether the route spools its body to disk as it comes (an upload):
+    that body costs the spool's memory, which the spool takes itself."""
+    return scope["method"] == "PUT" and str(scope["path"]).endswith("/files")
+
+
+class BodyBudget:
+    """Pure ASGI middleware: a request body held in memory (a JSON body,
+    exec's ``stdin_b64`` with it) is taken from the process's memory budget
+    (hutch._membudget) as it comes, and given back when the call ends.
+
+    A body the budget has no room for is refused with ``daemon_busy`` before
+    anything is done: announced, before a byte of it is read; chunked, when
+    the piece that does not fit comes (whatever the route made of that, the
+    caller is told ``daemon_busy``; nothing has started by then: a handler
+    reads its whole body first).
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or _streams_body(scope):
+            await self.app(scope, receive, send)
+            return
+        budget = _membudget.budget()
+        what = f"the body of {scope['method']} {scope['path']}"
+        taken = 0
+        announced = header(scope, b"content-length")
+        if announced is not None and announced.isdigit() and int(announced) > 0:
+            taken = int(announced) * BODY_MEMORY_FACTOR
+            try:
+                budget.take(taken, what)
+            except DaemonBusy as exc:
+                await respond(send, exc.http_status, render_json(error_json(exc)),
+                               b"application/json")
+                return
+        received = 0
+        refused: DaemonBusy | None = None
+        started = False
+
+        async def counted() -> Message:
+            nonlocal received, taken, refused
+            message = await receive()
+            received += len(message.get("body", b""))
+            more = received * BODY_MEMORY_FACTOR - taken
+            if more > 0:
+                try:
+                    budget.take(more, what)
+                except DaemonBusy as exc:
+                    refused = exc
+                    raise
+                taken += more
+            return message
+
+        async def sending(message: Message) -> None:
+            nonlocal started
+            if refused is not None and not started:
+                return  # the route's answer to a refused body: ours goes instead
+            started = True
+            await send(message)
+
+        try:
+            await self.app(scope, counted, sending)
+        except Exception:
+            if refused is None or started:
+                raise
+        finally:
+            budget.give(taken)
+        if refused is not None and not started:
+            await respond(send, refused.http_status, render_json(error_json(refused)),
+                           b"application/json")
+
+
+# -- a caller gone ------------------------------------------------------------------------------
+
+
+class CancelOnDisconnect:
+    """Pure ASGI middleware: a request whose client goes away is cancelled.
+
+    Every HTTP request, whatever its method and whether its handler reads a
+    body or not: a pump owns the server's ``receive`` from the start, hands
+    the body on to the handler (one message at a time, so an upload is still
+    read only as fast as it is consumed), and once the body is in, waits for
+    the disconnect. If it comes before the response is complete, the handler
+    is cancelled, so what the call started inside a sandbox (a command, a
+    grep, a helper a listing or a removal runs) is killed rather than left
+    running for no one. Transitions shield themselves (see the lifecycle
+    engine): a pause or a suspend whose caller left still finishes.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        # One message may wait for the handler: the last piece of a body it
+        # has not read (a GET's empty one) waits there while the pump listens.
+        handed, taken = anyio.create_memory_object_stream[Message](1)
+        answered = False
+
+        async def answering(message: Message) -> None:
+            nonlocal answered
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                answered = True
+            await send(message)
+
+        async def body() -> Message:
+            try:
+                return await taken.receive()
+            except anyio.EndOfStream:
+                return {"type": "http.disconnect"}
+
+        failure: Exception | None = None
+        async with anyio.create_task_group() as group:
+
+            async def pump() -> None:
+                async with handed:
+                    while True:
+                        message = await receive()
+                        if message["type"] == "http.disconnect":
+                            # After the answer the server says "disconnect"
+                            # to every receive: only before it is the caller gone.
+                            if not answered:
+                                group.cancel_scope.cancel()
+                            return
+                        try:
+                            await handed.send(message)
+                        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                            return  # the handler is done with the body
+
+            group.start_soon(pump)
+            try:
+                async with taken:
+                    await self.app(scope, body, answering)
+            except Exception as exc:
+                failure = exc  # raised as itself below, not inside a group
+            finally:
+                group.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
+
+
+
+
+
+
+
+
+
+# -- text in request bodies ---------------------------------------------------------------------
+
+#: A JSON escape of a UTF-16 surrogate: the only way a body can carry a lone one.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+class TextBodiesRoute(APIRoute):
+    """A route whose JSON body holds no string a system call refuses (a lone
+    surrogate, which JSON can spell and no UTF-8 encodes): ``invalid_argument``
+    naming the field, for every route and field at once, before the handler
+    or any model sees the body."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def checked(request: Request) -> Response:
+            if is_json(request.scope):
+                body = await request.body()  # kept: the handler reads it again
+                if _SURROGATE_ESCAPE.search(body):
+                    try:
+                        data = json.loads(body)
+                    except ValueError:
+                        data = None  # the handler's own error says what is wrong
+                    check_text(data, "", nul=False)
+            return await handler(request)
+
+        return checked
+

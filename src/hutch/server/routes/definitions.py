@@ -1,0 +1,85 @@
+"""Sandbox definitions: put, list, ensure (whole or streamed), complete."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from ... import wire
+from ..._errors import HutchError
+from ...definitions.model import Definition
+from ..bodies import ENSURE_STREAM_BUFFER, ThreadBody
+from ..errors import error_json
+from ..streaming import ndjson_lines
+from . import DaemonGetter, v1_router
+
+
+def router(daemon: DaemonGetter) -> APIRouter:
+    v1 = v1_router()
+
+    @v1.put("/definitions/{definition_id}", response_model=Definition)
+    async def put_definition(definition_id: str, body: dict[str, Any]) -> JSONResponse:
+        d = daemon()
+        return JSONResponse(d.definition_json(d.put_definition(definition_id, body)))
+
+    @v1.get("/definitions", response_model=wire.DefinitionList)
+    async def list_definitions() -> JSONResponse:
+        d = daemon()
+        return JSONResponse(
+            {"definitions": [d.definition_json(x) for x in d.definitions.all()]}
+        )
+
+    @v1.post("/definitions/{definition_id}/ensure", response_model=wire.EnsureAnswer)
+    async def ensure(definition_id: str, body: ThreadBody) -> JSONResponse:
+        return JSONResponse(await daemon().ensure(definition_id, body.thread_id, body.tenant))
+
+    @v1.post(
+        "/definitions/{definition_id}/ensure/stream",
+        **ndjson_lines(wire.EnsureLine, "NDJSON: steps, setup output, then the result"),
+    )
+    async def ensure_stream(definition_id: str, body: ThreadBody) -> StreamingResponse:
+        """As ensure, told as it goes in NDJSON: ``{"step"}`` as each step
+        starts, ``{"output"}`` as setup prints, then ``{"result": <as ensure>}``
+        or ``{"error"}``. Output a slow reader cannot take is dropped (the
+        steps and the result never are), so the daemon holds a bounded amount."""
+        d = daemon()
+        d.definitions.get(definition_id)  # a 404 before the 200
+        send, receive = anyio.create_memory_object_stream[bytes](ENSURE_STREAM_BUFFER)
+
+        def line(value: Any) -> bytes:
+            return json.dumps(value).encode() + b"\n"
+
+        def told(kind: str, text: str) -> None:
+            with contextlib.suppress(anyio.WouldBlock):
+                send.send_nowait(line({kind: text}))
+
+        async def run() -> None:
+            async with send:
+                try:
+                    answer = await d.ensure(definition_id, body.thread_id, body.tenant,
+                                            progress=told)
+                    await send.send(line({"result": answer}))
+                except HutchError as exc:
+                    await send.send(line(error_json(exc)))
+
+        async def events() -> AsyncIterator[bytes]:
+            async with anyio.create_task_group() as tg, receive:
+                tg.start_soon(run)
+                async for chunk in receive:
+                    yield chunk
+
+        return StreamingResponse(events(), media_type="application/x-ndjson")
+
+    @v1.post("/definitions/{definition_id}/complete", response_model=wire.Completed)
+    async def complete(definition_id: str, body: ThreadBody) -> JSONResponse:
+        destroyed = await daemon().definitions.complete(definition_id, body.thread_id,
+                                                        body.tenant)
+        return JSONResponse({"destroyed": destroyed})
+
+    return v1
