@@ -10,7 +10,6 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
-import anyio.to_thread
 from pydantic import BaseModel
 
 from .._errors import (
@@ -33,6 +32,7 @@ from ..providers.base import SandboxBackend
 from ..providers.registry import get_provider
 from ..states import FINAL, SandboxState, WorkspaceStatus
 from ..store import (
+    AsyncStore,
     RefRow,
     SandboxRow,
     SQLiteStore,
@@ -81,6 +81,8 @@ class DaemonBase:
         if store is None:
             store = SQLiteStore(make_private_file(os.path.join(self.data_dir, "hutch.db")))
         self.store = store
+        #: The same store, off the event loop: what the daemon's coroutines use.
+        self.astore = AsyncStore(store)
         self.sandbox_defaults = dict(sandbox_defaults or {})
         #: The provider of requests that name none (see default_provider()).
         self._default_provider = default_provider
@@ -132,7 +134,7 @@ class DaemonBase:
         self, sandbox_id: str, old: SandboxState, new: SandboxState, reason: str | None
     ) -> None:
         """Write a transition durably; the engine acknowledges it only after this."""
-        row = self.store.get_sandbox(sandbox_id)
+        row = await self.astore.get_sandbox(sandbox_id)
         sandbox = self.sandboxes.get(sandbox_id)
         if row is None:
             return
@@ -143,7 +145,7 @@ class DaemonBase:
         event = ("transition", f"{old.value} -> {new.value}" + (f" ({reason})" if reason else ""))
         # The row and its event in one transaction; StoreUnavailable if the
         # store cannot keep them, and then the engine undoes the transition.
-        await anyio.to_thread.run_sync(self.store.put_sandbox, row, event)
+        await self.astore.put_sandbox(row, event)
         # Durable from here: nothing below may undo it.
         if sandbox_id in self._leftovers and new is not SandboxState.PAUSED:
             self._leftovers.discard(sandbox_id)
@@ -160,7 +162,7 @@ class DaemonBase:
                     # Before it is marked stale: a resume then starts from what it kept.
                     await self._salvage_failed_workspace(row, sandbox)
                 try:
-                    self._workspace_lost_its_sandbox(row.workspace, sandbox_id, reason)
+                    await self._workspace_lost_its_sandbox(row.workspace, sandbox_id, reason)
                 except StoreUnavailable as exc:
                     # The next start finds the workspace's sandbox ended and marks it stale.
                     log.warning("workspace %s: could not record it stale: %s", row.workspace, exc)
@@ -170,7 +172,7 @@ class DaemonBase:
         working directory (``release_runtime``): that becomes the workspace's
         state, as after a death found at start. Never raises: the failure
         is recorded already, and the last state stays if this cannot be done."""
-        ws = self.store.get_workspace(row.workspace or "")
+        ws = await self.astore.get_workspace(row.workspace or "")
         if ws is None or ws.live_sandbox_id != row.id or ws.status != WorkspaceStatus.RUNNING:
             return  # a suspend or a delete under way lets it go on purpose
         try:
@@ -193,13 +195,13 @@ class DaemonBase:
 
     async def _persist_deadline(self, sandbox_id: str, deadline_unix: float) -> None:
         """Record a set_timeout deadline; the engine applies it only after this."""
-        await anyio.to_thread.run_sync(self.store.set_sandbox_deadline, sandbox_id, deadline_unix)
+        await self.astore.set_sandbox_deadline(sandbox_id, deadline_unix)
 
-    def _note(self, subject: str, kind: str, message: str) -> None:
+    async def _note(self, subject: str, kind: str, message: str) -> None:
         """Log an event that tells of a change already recorded (best effort:
         a store that cannot take it loses the note, never the change)."""
         try:
-            self.store.log_event(subject, kind, message)
+            await self.astore.log_event(subject, kind, message)
         except StoreUnavailable as exc:
             log.warning("event for %s not recorded (%s: %s): %s", subject, kind, message, exc)
 
@@ -221,18 +223,18 @@ class DaemonBase:
             self._refs.pop(ref.id, None)
             self._ref_used.pop(ref.id, None)
 
-    def _workspace_lost_its_sandbox(
+    async def _workspace_lost_its_sandbox(
         self, name: str, sandbox_id: str, reason: str | None
     ) -> None:
         """A workspace whose sandbox ended (reaped, deleted) is stale, not running."""
-        ws = self.store.get_workspace(name)
+        ws = await self.astore.get_workspace(name)
         # A suspend or a delete under way lets the sandbox go on purpose, and
         # has already moved the row on.
         if ws is None or ws.live_sandbox_id != sandbox_id or ws.status != WorkspaceStatus.RUNNING:
             return
         ws.status, ws.live_sandbox_id = WorkspaceStatus.STALE, None
-        self.store.put_workspace(ws)
-        self.store.log_event(
+        await self.astore.put_workspace(ws)
+        await self.astore.log_event(
             name, "workspace",
             f"stale: its sandbox {sandbox_id} ended ({reason}); "
             "resume brings it back from its last state",
@@ -338,12 +340,12 @@ class DaemonBase:
         try:
             ended = await backend_of(sandbox).runtime.end_leftover_commands()
         except Exception as exc:
-            self._note(sandbox.id, "adopted",
+            await self._note(sandbox.id, "adopted",
                        f"could not end the commands left running before the restart: {exc}")
             log.warning("sandbox %s: could not end leftover commands: %s", sandbox.id, exc)
             return
         if ended:
-            self._note(sandbox.id, "adopted",
+            await self._note(sandbox.id, "adopted",
                        f"killed {ended} processes of commands started before the restart "
                        "(their output and exit cannot be re-attached)")
             log.warning("sandbox %s: killed %d leftover processes", sandbox.id, ended)

@@ -31,8 +31,8 @@ class Daemon(Reconciling):
     async def start(self) -> None:
         # Whether the last run stopped cleanly; from now on, until our own
         # clean stop, it did not.
-        clean = self.store.get_meta(CLEAN_STOP) is not None
-        self.store.set_meta(CLEAN_STOP, None)
+        clean = await self.astore.get_meta(CLEAN_STOP) is not None
+        await self.astore.set_meta(CLEAN_STOP, None)
         default = await anyio.to_thread.run_sync(self.default_provider)
         log.info("requests that name no provider get %r", default)
         await self.reconcile(after_clean_stop=clean)
@@ -56,13 +56,13 @@ class Daemon(Reconciling):
         await self.engine.close()
         rows = []
         for sandbox_id, sandbox in list(self.sandboxes.items()):
-            row = self.store.get_sandbox(sandbox_id)
+            row = await self.astore.get_sandbox(sandbox_id)
             if row is None or row.state in FINAL:
                 continue
             self._snapshot(row, sandbox)
             rows.append(row)
         try:
-            await anyio.to_thread.run_sync(self.store.put_sandboxes, rows)
-            self.store.set_meta(CLEAN_STOP, str(time.time()))
+            await self.astore.put_sandboxes(rows)
+            await self.astore.set_meta(CLEAN_STOP, str(time.time()))
         finally:
-            self.store.close()
+            await self.astore.close()

@@ -37,6 +37,7 @@ class _DaemonHost(SandboxHost):
     def __init__(self, daemon: Daemon) -> None:
         self.daemon = daemon
         self.store = daemon.store
+        self.astore = daemon.astore
         #: (instance key, sandbox id) this daemon has recorded its hold of.
         self._holding: set[tuple[str, str]] = set()
 
@@ -71,7 +72,7 @@ class _DaemonHost(SandboxHost):
         if sandbox is not None:
             row.description, row.state = self.describe(sandbox), sandbox.state.value
             row.updated_at_unix = time.time()
-            await anyio.to_thread.run_sync(self.store.put_instance, row)
+            await self.astore.put_instance(row)
         return sandbox
 
     async def hold(self, key: str, sandbox: Sandbox) -> None:
@@ -79,21 +80,21 @@ class _DaemonHost(SandboxHost):
         # thread over only once this daemon is gone (killed: its hold dies
         # with it). Written once per sandbox of the key, and again by a
         # restarted daemon that adopts it (see Daemon._reconcile_sandbox).
-        self.daemon.setting_up(sandbox.id, made=True)  # its thread's now, on record
+        await self.daemon.setting_up(sandbox.id, made=True)  # its thread's now, on record
         if (key, sandbox.id) in self._holding:
             return
-        await anyio.to_thread.run_sync(self.store.hold_instance, key, this_program())
+        await self.astore.hold_instance(key, this_program())
         self._holding.add((key, sandbox.id))
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
         sandbox_id = new_sandbox_id()
-        self.daemon.setting_up(sandbox_id, made=False)  # before it exists: see SETTING_UP
+        await self.daemon.setting_up(sandbox_id, made=False)  # before it exists: see SETTING_UP
         return await self.daemon.create_sandbox(spec, sandbox_id=sandbox_id)
 
     async def restore(self, snapshot: SnapshotRow, spec: SandboxSpec) -> Sandbox:
         attach = self.daemon.attach_spec(snapshot, spec.options.model_dump())
         sandbox_id = new_sandbox_id()
-        self.daemon.setting_up(sandbox_id, made=False)
+        await self.daemon.setting_up(sandbox_id, made=False)
         return await self.daemon.create_sandbox(attach, from_snapshot=snapshot,
                                                 sandbox_id=sandbox_id)
 
@@ -102,7 +103,7 @@ class _DaemonHost(SandboxHost):
 
     async def destroy(self, sandbox: Sandbox) -> None:
         await self.daemon.delete_sandbox(sandbox.id)
-        self.daemon.setting_up(sandbox.id, made=True)
+        await self.daemon.setting_up(sandbox.id, made=True)
 
     async def drop_snapshot(self, snapshot: SnapshotRow) -> None:
         await self.daemon.delete_snapshot(snapshot.id)  # refused while something needs it

@@ -40,7 +40,7 @@ class Reconciling(Workspaces):
     async def _free_failed_to_be_pruned(self) -> None:
         """The failed sandboxes the next prune forgets free what they kept first."""
         cutoff = time.time() - self.retention_seconds
-        for row in self.store.list_sandboxes(include_final=True):
+        for row in await self.astore.list_sandboxes(include_final=True):
             if row.state == SandboxState.FAILED.value and row.updated_at_unix < cutoff:
                 await self._free_failed(row)
 
@@ -63,32 +63,33 @@ class Reconciling(Workspaces):
                 log.exception("pruning ended sandboxes failed; tried again in %.0f s", interval)
 
     async def reconcile(self, *, after_clean_stop: bool = False) -> None:
-        for row in self.store.list_sandboxes():
+        for row in await self.astore.list_sandboxes():
             await self._reconcile_sandbox(row, after_clean_stop=after_clean_stop)
         await self._drop_cut_setups()
         await self._reconcile_snapshots()
-        for ws in self.store.list_workspaces():
+        for ws in await self.astore.list_workspaces():
             await self._reconcile_workspace(ws)
         await self._reap_orphans()
 
-    def setting_up(self, sandbox_id: str, *, made: bool) -> None:
+    async def setting_up(self, sandbox_id: str, *, made: bool) -> None:
         """Record that a definition's ensure is making ``sandbox_id`` (until
         it is its thread's, or gone: ``made``)."""
-        ids = set(json.loads(self.store.get_meta(SETTING_UP) or "[]"))
+        ids = set(json.loads(await self.astore.get_meta(SETTING_UP) or "[]"))
         ids = ids - {sandbox_id} if made else ids | {sandbox_id}
-        self.store.set_meta(SETTING_UP, json.dumps(sorted(ids)) if ids else None)
+        await self.astore.set_meta(SETTING_UP, json.dumps(sorted(ids)) if ids else None)
 
     async def _drop_cut_setups(self) -> None:
         """Remove the sandboxes an ensure cut short by the restart was making:
         half set up, and no thread's (one it recorded as its thread's stays)."""
-        for sandbox_id in json.loads(self.store.get_meta(SETTING_UP) or "[]"):
-            if sandbox_id in self.sandboxes and self.store.instance_of_sandbox(sandbox_id) is None:
+        for sandbox_id in json.loads(await self.astore.get_meta(SETTING_UP) or "[]"):
+            if (sandbox_id in self.sandboxes
+                    and await self.astore.instance_of_sandbox(sandbox_id) is None):
                 log.warning("sandbox %s: a definition's setup was cut short; removing it",
                             sandbox_id)
                 with contextlib.suppress(HutchError):
                     await self.delete_sandbox(sandbox_id)
-                self._note(sandbox_id, "setup", "removed: the ensure making it was cut short")
-            self.setting_up(sandbox_id, made=True)
+                await self._note(sandbox_id, "setup", "removed: the ensure making it was cut short")
+            await self.setting_up(sandbox_id, made=True)
 
     def _providers_in_use(self) -> list[type[SandboxBackend]]:
         """Every provider that can be loaded here, each asked about what it holds."""
@@ -104,7 +105,7 @@ class Reconciling(Workspaces):
         """Make the store and the providers agree on snapshots: a capture or a
         removal cut short is finished (its storage freed, its row dropped), a
         row whose storage is gone is dropped, storage no row names is freed."""
-        rows = {r.id: r for r in self.store.list_snapshots()}
+        rows = {r.id: r for r in await self.astore.list_snapshots()}
         for row in list(rows.values()):
             if row.status in (SnapshotStatus.CAPTURING, SnapshotStatus.REMOVING):
                 log.warning("snapshot %s: its %s was cut short; freeing what it left",
@@ -112,7 +113,7 @@ class Reconciling(Workspaces):
                             "capture" if row.status == SnapshotStatus.CAPTURING else "removal")
                 with contextlib.suppress(HutchError):
                     await self._free_snapshot_storage(row)
-                self.store.delete_snapshot(row.id)
+                await self.astore.delete_snapshot(row.id)
                 del rows[row.id]
         for provider in self._providers_in_use():
             try:
@@ -131,15 +132,15 @@ class Reconciling(Workspaces):
                 if row.provider == provider.provider and row.id not in held:
                     log.warning("snapshot %s is gone from %s; dropping its record",
                                 row.id, row.provider)
-                    self.store.delete_snapshot(row.id)
-                    self.store.log_event(row.id, "snapshot", "lost: its storage is gone")
+                    await self.astore.delete_snapshot(row.id)
+                    await self.astore.log_event(row.id, "snapshot", "lost: its storage is gone")
 
     async def _reap_orphans(self) -> None:
         """Ask every provider to free what it made for sandboxes no row names
         (nor an instance: a program on this store holds it in-process, or
         left it for the next ``ensure`` of its thread)."""
-        known = {r.id for r in self.store.list_sandboxes(include_final=True)}
-        known |= self.store.instance_sandbox_ids()
+        known = {r.id for r in await self.astore.list_sandboxes(include_final=True)}
+        known |= await self.astore.instance_sandbox_ids()
         for provider in self._providers_in_use():
             try:
                 removed = await provider.reap_orphans(known)
@@ -147,26 +148,26 @@ class Reconciling(Workspaces):
                 log.info("cannot reconcile with %s (%s)", provider.provider, exc)
                 continue
             for what in removed:
-                self.store.log_event(what, "orphan", f"removed an orphan {provider.provider} "
-                                     "resource")
+                await self.astore.log_event(what, "orphan",
+                                            f"removed an orphan {provider.provider} resource")
                 log.warning("removed orphan %s resource %s", provider.provider, what)
 
     async def _reconcile_sandbox(self, row: SandboxRow, *, after_clean_stop: bool) -> None:
-        instance = self.store.instance_of_sandbox(row.id)
-        if instance is not None and not self.store.claim_instance(
+        instance = await self.astore.instance_of_sandbox(row.id)
+        if instance is not None and not await self.astore.claim_instance(
             instance.key, row.id, this_program(), was={"held_by": HELD_BY_DAEMON},
             alive=program_alive,
         ):
             # A program took the thread's sandbox over in-process while the
             # daemon was down (it found the earlier daemon dead): its now,
             # not this daemon's to adopt, nor to free.
-            self.store.delete_sandbox(row.id)
+            await self.astore.delete_sandbox(row.id)
             log.info("sandbox %s: a program on this store holds it now; not adopted", row.id)
             return
         if row.state == SandboxState.CREATING.value:
             with contextlib.suppress(HutchError):
                 await get_provider(row.provider).discard(row.id)
-            self.store.delete_sandbox(row.id)
+            await self.astore.delete_sandbox(row.id)
             log.warning("dropped sandbox %s: its create was cut short", row.id)
             return
         try:
@@ -174,14 +175,14 @@ class Reconciling(Workspaces):
             backend = await backend_cls.reconnect(row.id, row.description)
             spec = SandboxSpec.model_validate(row.spec)
         except (HutchError, KeyError, ValueError) as exc:
-            self._mark_lost(row, f"lost: cannot reconnect after a restart ({exc})")
+            await self._mark_lost(row, f"lost: cannot reconnect after a restart ({exc})")
             return
         recorded = SandboxState(row.state)
         try:
             state = found_state(recorded, await backend.observed_state())
         except HutchError as exc:
             if recorded is not SandboxState.SUSPENDED:
-                self._mark_lost(row, f"lost: its runtime cannot be reached ({exc})")
+                await self._mark_lost(row, f"lost: its runtime cannot be reached ({exc})")
                 return
             state = recorded  # its state is on disk: resume tells what is wrong
         if state is None:
@@ -191,7 +192,7 @@ class Reconciling(Workspaces):
             with contextlib.suppress(HutchError):
                 await backend.release_runtime()
             row.description = backend.describe()
-            self._mark_lost(row, "lost: its runtime died while the daemon was down")
+            await self._mark_lost(row, "lost: its runtime died while the daemon was down")
             if row.workspace is not None:
                 await self._salvage_workspace(row, backend)
             return
@@ -202,7 +203,7 @@ class Reconciling(Workspaces):
             row.state, row.reason, row.description = state.value, None, backend.describe()
             told = (f"found {state.value} though recorded {recorded.value}: a step was cut "
                     "short by the restart")
-            await anyio.to_thread.run_sync(self.store.put_sandbox, row, ("adopted", told))
+            await self.astore.put_sandbox(row, ("adopted", told))
             log.warning("sandbox %s %s", row.id, told)
         sandbox = self._wrap(backend, spec)
         sandbox.base_snapshot_id = row.base_snapshot_id
@@ -224,7 +225,7 @@ class Reconciling(Workspaces):
             # again rather than reaping work that may have gone on until the end.
             last_active_unix=row.last_active_unix if after_clean_stop else None,
         )
-        self._note(row.id, "adopted", f"adopted after restart as {state.value}")
+        await self._note(row.id, "adopted", f"adopted after restart as {state.value}")
         log.info("adopted sandbox %s (%s)", row.id, state.value)
         self._watch(type(backend))
         if sandbox.capabilities.processes:
@@ -239,7 +240,7 @@ class Reconciling(Workspaces):
         survives (a working directory on the host) becomes the workspace's
         state, where the provider can capture it; otherwise the last state stays."""
         name = row.workspace
-        ws = self.store.get_workspace(name) if name else None
+        ws = await self.astore.get_workspace(name) if name else None
         if ws is None or not backend.capabilities.snapshot:
             return
         snap = SnapshotRow(
@@ -247,28 +248,28 @@ class Reconciling(Workspaces):
             label=f"workspace {ws.name} state (salvaged)", sandbox_id=row.id,
             parent_id=row.base_snapshot_id, created_at_unix=time.time(), spec=row.spec,
         )
-        self.store.put_snapshot(snap)
+        await self.astore.put_snapshot(snap)
         try:
             handle = await backend.capture(snap.id, diff=True)
         except Exception as exc:
             log.warning("workspace %s: nothing of its lost sandbox could be kept (%s)",
                         ws.name, exc)
             await self._free_snapshot_storage(snap)
-            self.store.delete_snapshot(snap.id)
+            await self.astore.delete_snapshot(snap.id)
             return
         snap.status, snap.size_bytes, snap.handle = (
             SnapshotStatus.READY, handle.size_bytes, handle.as_dict())
-        self.store.put_snapshot(snap)
+        await self.astore.put_snapshot(snap)
         previous, ws.state_snapshot_id = ws.state_snapshot_id, snap.id
-        self.store.put_workspace(ws)
+        await self.astore.put_workspace(ws)
         await self._release_snapshot(previous)
-        self.store.log_event(ws.name, "workspace",
+        await self.astore.log_event(ws.name, "workspace",
                              f"kept what survived of its lost sandbox {row.id} as {snap.id}")
 
-    def _mark_lost(self, row: SandboxRow, reason: str) -> None:
+    async def _mark_lost(self, row: SandboxRow, reason: str) -> None:
         row.state, row.reason = SandboxState.FAILED.value, reason
-        self.store.put_sandbox(row)
-        self.store.log_event(row.id, "lost", reason)
+        await self.astore.put_sandbox(row)
+        await self.astore.log_event(row.id, "lost", reason)
         log.warning("sandbox %s %s", row.id, reason)
 
     async def _reconcile_workspace(self, ws: WorkspaceRow) -> None:
@@ -281,9 +282,9 @@ class Reconciling(Workspaces):
             if ws.live_sandbox_id and ws.live_sandbox_id in self.sandboxes:
                 # The create finished; only its last write did not.
                 ws.status = WorkspaceStatus.RUNNING
-                self.store.put_workspace(ws)
+                await self.astore.put_workspace(ws)
             else:
-                self.store.delete_workspace(ws.name)
+                await self.astore.delete_workspace(ws.name)
                 log.warning("dropped workspace %s: its create was cut short", ws.name)
             return
         if ws.status == WorkspaceStatus.SUSPENDING:
@@ -295,23 +296,23 @@ class Reconciling(Workspaces):
             # short left the last state (or none), from which resume starts.
             ws.status = WorkspaceStatus.STALE
             ws.live_sandbox_id = None
-            self.store.put_workspace(ws)
+            await self.astore.put_workspace(ws)
             log.warning("workspace %s is %s: its sandbox is gone", ws.name, ws.status)
         elif ws.status in (WorkspaceStatus.SUSPENDING, WorkspaceStatus.RESUMING) and live:
             ws.status = WorkspaceStatus.RUNNING
-            self.store.put_workspace(ws)
-        if ws.state_snapshot_id and self.store.get_snapshot(ws.state_snapshot_id) is None:
+            await self.astore.put_workspace(ws)
+        if ws.state_snapshot_id and await self.astore.get_snapshot(ws.state_snapshot_id) is None:
             log.warning("workspace %s: its state snapshot %s is gone", ws.name,
                         ws.state_snapshot_id)
             ws.state_snapshot_id = None
-            self.store.put_workspace(ws)
+            await self.astore.put_workspace(ws)
 
     async def _settle_cut_suspend(self, ws: WorkspaceRow, *, live: bool) -> None:
         """A suspend cut short after it recorded the new state snapshot and
         before the workspace named it: with its sandbox alive, that snapshot
         goes (the sandbox has all of it, and goes on); with the sandbox gone,
         it is the latest state there is, and becomes the workspace's."""
-        cut = [s for s in self.store.list_snapshots()
+        cut = [s for s in await self.astore.list_snapshots()
                if s.status == SnapshotStatus.READY and s.sandbox_id == ws.live_sandbox_id
                and s.label == _state_label(ws.name)
                and s.id not in (ws.state_snapshot_id, ws.source_snapshot_id)]
@@ -320,7 +321,7 @@ class Reconciling(Workspaces):
         newest = max(cut, key=lambda s: s.created_at_unix)
         if not live:
             previous, ws.state_snapshot_id = ws.state_snapshot_id, newest.id
-            self.store.put_workspace(ws)
+            await self.astore.put_workspace(ws)
             log.warning("workspace %s: its suspend was cut short; its state is %s",
                         ws.name, newest.id)
             await self._release_snapshot(previous)

@@ -9,8 +9,6 @@ import secrets
 import time
 from typing import Any
 
-import anyio.to_thread
-
 from .._errors import (
     NotFound,
     SandboxUnavailable,
@@ -48,10 +46,10 @@ class Refs(Watching):
             workspace=self.workspace_of.get(sandbox_id),
         )
         known = self._sandbox_refs(sandbox_id)  # read before the new row is in the store
-        await anyio.to_thread.run_sync(self.store.put_ref, row)
+        await self.astore.put_ref(row)
         known.append(row)
         self._refs[row.id] = row
-        self.store.log_event(
+        await self.astore.log_event(
             sandbox_id, "ref",
             f"ref {row.id} handed out"
             + ("" if expires_in is None else f", expires in {expires_in:g} s")
@@ -69,8 +67,8 @@ class Refs(Watching):
         if row.revoked_at_unix is not None:
             return
         row.revoked_at_unix = time.time()
-        await anyio.to_thread.run_sync(self.store.put_ref, row)
-        self.store.log_event(sandbox_id, "ref", f"ref {ref_id} revoked")
+        await self.astore.put_ref(row)
+        await self.astore.log_event(sandbox_id, "ref", f"ref {ref_id} revoked")
 
     def _sandbox_refs(self, sandbox_id: str) -> list[RefRow]:
         refs = self._refs_of.get(sandbox_id)

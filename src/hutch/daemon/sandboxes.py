@@ -60,7 +60,7 @@ class Sandboxes(Refs):
             origin_snapshot_id=from_snapshot.id if from_snapshot else None,
         )
         # Intent first: a daemon killed mid-create finds this row and cleans up.
-        await anyio.to_thread.run_sync(self.store.put_sandbox, row)
+        await self.astore.put_sandbox(row)
         backend_cls = get_provider(spec.provider_name)
         try:
             if from_snapshot is not None:
@@ -75,7 +75,7 @@ class Sandboxes(Refs):
             with anyio.CancelScope(shield=True):
                 with contextlib.suppress(HutchError):
                     await backend_cls.discard(sid)
-                self.store.delete_sandbox(sid)
+                await self.astore.delete_sandbox(sid)
             raise
         sandbox = self._wrap(backend, spec)
         sandbox.base_snapshot_id = row.base_snapshot_id
@@ -89,9 +89,9 @@ class Sandboxes(Refs):
             self.sandboxes.pop(sid, None)
             with anyio.CancelScope(shield=True):
                 await backend.close()
-                self.store.delete_sandbox(sid)
+                await self.astore.delete_sandbox(sid)
             raise
-        self._note(sid, "created", f"{spec.provider_name} sandbox created")
+        await self._note(sid, "created", f"{spec.provider_name} sandbox created")
         self._watch(type(backend))
         return sandbox
 
@@ -125,7 +125,7 @@ class Sandboxes(Refs):
             # A running one comes up through the engine, as a new one does.
             state=(SandboxState.CREATING if state is SandboxState.RUNNING else state).value,
         )
-        await anyio.to_thread.run_sync(self.store.put_sandbox, row)
+        await self.astore.put_sandbox(row)
         sandbox = self._wrap(backend, spec)
         self.sandboxes[sandbox_id] = sandbox
         try:
@@ -134,9 +134,9 @@ class Sandboxes(Refs):
                                      deadline_unix=deadline_unix)
         except BaseException:
             self.sandboxes.pop(sandbox_id, None)
-            self.store.delete_sandbox(sandbox_id)
+            await self.astore.delete_sandbox(sandbox_id)
             raise
-        self._note(sandbox_id, "adopted",
+        await self._note(sandbox_id, "adopted",
                    f"taken over as {state.value} from the program that made it, now gone")
         log.info("took over sandbox %s (%s) from a program that ended", sandbox_id, state.value)
         self._watch(type(backend))
@@ -231,7 +231,7 @@ class Sandboxes(Refs):
         sandbox = self.sandboxes.get(sandbox_id)
         if sandbox is not None:
             return await self.info(sandbox)
-        row = self.store.get_sandbox(sandbox_id)
+        row = await self.astore.get_sandbox(sandbox_id)
         if row is None or row.state not in FINAL:
             raise NotFound(f"no sandbox {sandbox_id}")
         return self.ended_info(row)
@@ -243,7 +243,7 @@ class Sandboxes(Refs):
         if not include_ended:
             return live
         ended = [
-            self.ended_info(row) for row in self.store.list_sandboxes(include_final=True)
+            self.ended_info(row) for row in await self.astore.list_sandboxes(include_final=True)
             if row.state in FINAL and row.id not in self.sandboxes
         ]
         return sorted([*live, *ended], key=lambda info: float(info["created_at_unix"] or 0))
@@ -255,7 +255,7 @@ class Sandboxes(Refs):
         workspace (stale) resumes from it."""
         sandbox = self.sandboxes.get(sandbox_id)
         if sandbox is None:
-            row = self.store.get_sandbox(sandbox_id)
+            row = await self.astore.get_sandbox(sandbox_id)
             if row is not None and row.state in FINAL:
                 await self._free_failed(row)  # its kept working directory goes now
                 return

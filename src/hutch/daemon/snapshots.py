@@ -73,7 +73,7 @@ class Snapshots(Sandboxes):
             created_at_unix=time.time(),
             spec=sandbox.spec.model_dump() if sandbox.spec is not None else {},
         )
-        await anyio.to_thread.run_sync(self.store.put_snapshot, row)
+        await self.astore.put_snapshot(row)
         fault_point("snapshot.recorded")
         previous_base = sandbox.base_snapshot_id
         try:
@@ -84,13 +84,13 @@ class Snapshots(Sandboxes):
             row.status, row.size_bytes, row.handle = (
                 SnapshotStatus.READY, handle.size_bytes, handle.as_dict())
             await self._name_base(sandbox, row.id)
-            await anyio.to_thread.run_sync(self.store.put_snapshot, row)
+            await self.astore.put_snapshot(row)
         except BaseException:
             # A caller gone (cancelled) or a failure: nothing of it stays,
             # and the sandbox's base is the one it had.
             await self._undo_snapshot(row, sandbox, previous_base)
             raise
-        self._note(
+        await self._note(
             sandbox_id, "snapshot", f"captured {row.id}" + (f" ({label})" if label else "")
         )
         return row
@@ -99,10 +99,10 @@ class Snapshots(Sandboxes):
         """Make ``snapshot_id`` the state ``sandbox`` stands on (the parent of
         its next snapshot), in memory and in its record."""
         sandbox.base_snapshot_id = snapshot_id
-        sandbox_row = self.store.get_sandbox(sandbox.id)
+        sandbox_row = await self.astore.get_sandbox(sandbox.id)
         if sandbox_row is not None and sandbox_row.base_snapshot_id != snapshot_id:
             sandbox_row.base_snapshot_id = snapshot_id
-            await anyio.to_thread.run_sync(self.store.put_sandbox, sandbox_row)
+            await self.astore.put_sandbox(sandbox_row)
 
     async def _undo_snapshot(
         self, row: SnapshotRow, sandbox: Sandbox, previous_base: str | None
@@ -115,9 +115,9 @@ class Snapshots(Sandboxes):
                 if sandbox.base_snapshot_id == row.id:
                     await self._name_base(sandbox, previous_base)
                 row.status = SnapshotStatus.REMOVING  # a daemon killed now finishes it at start
-                await anyio.to_thread.run_sync(self.store.put_snapshot, row)
+                await self.astore.put_snapshot(row)
                 await self._free_snapshot_storage(row)
-                self.store.delete_snapshot(row.id)
+                await self.astore.delete_snapshot(row.id)
             except Exception as exc:  # the next start's reconciliation frees it
                 log.warning("snapshot %s: undoing it failed: %s", row.id, exc)
 
@@ -147,7 +147,7 @@ class Snapshots(Sandboxes):
         self.admit_provider(snapshot.provider)
         spec = self.attach_spec(snapshot, body)
         sandbox = await self.create_sandbox(spec, from_snapshot=snapshot)
-        self.store.log_event(sandbox.id, "attached", f"started from snapshot {snapshot.id}")
+        await self.astore.log_event(sandbox.id, "attached", f"started from snapshot {snapshot.id}")
         return sandbox
 
     async def fork_sandbox(
@@ -211,7 +211,7 @@ class Snapshots(Sandboxes):
             )
         await self._remove_snapshot(row)
         if needs:
-            self.store.log_event(snapshot_id, "snapshot",
+            await self.astore.log_event(snapshot_id, "snapshot",
                                  f"removed by force; it was needed by {named}")
         return needs
 
@@ -219,21 +219,21 @@ class Snapshots(Sandboxes):
         """Remove one snapshot: recorded first, storage freed, row dropped;
         its children take its parent as theirs, so the tree stays whole."""
         row.status = SnapshotStatus.REMOVING
-        await anyio.to_thread.run_sync(self.store.put_snapshot, row)
+        await self.astore.put_snapshot(row)
         await self._free_snapshot_storage(row)
-        for child in self.store.list_snapshots():
+        for child in await self.astore.list_snapshots():
             if child.parent_id == row.id:
                 child.parent_id = row.parent_id
-                self.store.put_snapshot(child)
-        self.store.delete_snapshot(row.id)
-        self.store.log_event(row.id, "snapshot", "removed")
+                await self.astore.put_snapshot(child)
+        await self.astore.delete_snapshot(row.id)
+        await self.astore.log_event(row.id, "snapshot", "removed")
 
     async def _release_snapshot(self, snapshot_id: str | None) -> None:
         """Drop a snapshot hutch made for its own use (a workspace's state)
         unless something else now depends on it."""
         if not snapshot_id:
             return
-        row = self.store.get_snapshot(snapshot_id)
+        row = await self.astore.get_snapshot(snapshot_id)
         if row is None or self.snapshot_dependents(snapshot_id, children=False):
             return
         await self._remove_snapshot(row)

@@ -54,7 +54,7 @@ class Watching(DaemonBase):
         count, took = int(burst[0]), burst[1] - began
         told = message if count == 1 else f"{message} ({count} times in {took:.0f} s)"
         if sandbox_id in self.sandboxes:
-            self._note(sandbox_id, "runtime", told)
+            await self._note(sandbox_id, "runtime", told)
         log.warning("sandbox %s: %s", sandbox_id, told)
 
     async def _runtime_notice(self, notice: RuntimeNotice) -> None:

@@ -43,7 +43,7 @@ class Workspaces(Snapshots):
         state = await self.snapshot_sandbox(sandbox_id, f"workspace {name} state", diff=diff)
         row = self._workspace(name)
         row.state_snapshot_id = state.id
-        self.store.put_workspace(row)
+        await self.astore.put_workspace(row)
         await self._release_snapshot(previous)
         return state.id
 
@@ -98,7 +98,7 @@ class Workspaces(Snapshots):
         if not provider.capabilities.snapshot:
             raise CapabilityUnsupported.for_provider(spec.provider_name, "workspaces (snapshot)")
         async with self._lock(name):
-            if self.store.get_workspace(name) is not None:
+            if await self.astore.get_workspace(name) is not None:
                 raise InvalidState(f"workspace {name!r} already exists")
             now = time.time()
             sid = new_sandbox_id()
@@ -108,16 +108,16 @@ class Workspaces(Snapshots):
                 source_snapshot_id=source.id if source else None,
                 created_at_unix=now, last_active_unix=now,
             )
-            self.store.put_workspace(row)
+            await self.astore.put_workspace(row)
             try:
                 await self.create_sandbox(spec, workspace=name, sandbox_id=sid,
                                           from_snapshot=source)
             except BaseException:
-                self.store.delete_workspace(name)
+                await self.astore.delete_workspace(name)
                 raise
             row.status = WorkspaceStatus.RUNNING
-            self.store.put_workspace(row)
-            self.store.log_event(
+            await self.astore.put_workspace(row)
+            await self.astore.log_event(
                 name, "workspace",
                 f"created from snapshot {source.id}" if source else
                 f"created fresh on {spec.provider_name}",
@@ -140,27 +140,27 @@ class Workspaces(Snapshots):
                     f"workspace {name!r} is {row.status}; only a running one suspends"
                 )
             row.status = WorkspaceStatus.SUSPENDING
-            self.store.put_workspace(row)
+            await self.astore.put_workspace(row)
             fault_point("workspace-suspend.marked")
             previous = row.state_snapshot_id
             try:
                 state = await self.snapshot_sandbox(sandbox.id, _state_label(name), diff=diff)
             except BaseException:
                 row.status = WorkspaceStatus.RUNNING
-                self.store.put_workspace(row)
+                await self.astore.put_workspace(row)
                 raise
             fault_point("workspace-suspend.captured")
             row.status, row.state_snapshot_id, row.live_sandbox_id = (
                 WorkspaceStatus.SUSPENDED, state.id, None)
             row.last_active_unix = time.time()
-            self.store.put_workspace(row)
+            await self.astore.put_workspace(row)
             fault_point("workspace-suspend.recorded")
             await sandbox.close()
             self._forget(sandbox.id)
             # The old state goes unless something else was made from it (a
             # workspace, a branch): then it stays, as their source.
             await self._release_snapshot(previous)
-            self.store.log_event(
+            await self.astore.log_event(
                 name, "workspace", f"suspended into {state.id} ({'diff' if diff else 'full'})"
                 + (f", replacing {previous}" if previous else "")
             )
@@ -178,23 +178,23 @@ class Workspaces(Snapshots):
             if row.status not in RESUMABLE:
                 raise InvalidState(f"workspace {name!r} is {row.status}; it cannot resume")
             start_id = row.state_snapshot_id or row.source_snapshot_id
-            start = self.store.get_snapshot(start_id) if start_id else None
+            start = await self.astore.get_snapshot(start_id) if start_id else None
             spec = SandboxSpec.model_validate(row.spec)
             sid = new_sandbox_id()
             row.live_sandbox_id, row.status = sid, WorkspaceStatus.RESUMING
-            self.store.put_workspace(row)
+            await self.astore.put_workspace(row)
             fault_point("workspace-resume.marked")
             try:
                 await self.create_sandbox(spec, workspace=name, sandbox_id=sid,
                                           from_snapshot=start)
             except BaseException:
                 row.live_sandbox_id, row.status = None, WorkspaceStatus.STALE
-                self.store.put_workspace(row)
+                await self.astore.put_workspace(row)
                 raise
             fault_point("workspace-resume.created")
             row.status, row.last_active_unix = WorkspaceStatus.RUNNING, time.time()
-            self.store.put_workspace(row)
-            self.store.log_event(
+            await self.astore.put_workspace(row)
+            await self.astore.log_event(
                 name, "workspace",
                 f"resumed from {start.id}" if start else "resumed fresh (no state kept)",
             )
@@ -205,7 +205,7 @@ class Workspaces(Snapshots):
             row = self._workspace(name)
             # Recorded first: a daemon killed half-way finishes the delete at start.
             row.status = WorkspaceStatus.DELETING
-            self.store.put_workspace(row)
+            await self.astore.put_workspace(row)
             await self._finish_delete(row)
 
     async def _finish_delete(self, row: WorkspaceRow) -> None:
@@ -214,8 +214,8 @@ class Workspaces(Snapshots):
             await live.close()
             self._forget(live.id)
         state = row.state_snapshot_id
-        self.store.delete_workspace(row.name)
+        await self.astore.delete_workspace(row.name)
         # Its own state goes, unless another workspace or a branch was made
         # from it; the snapshot it was made from is never its to remove.
         await self._release_snapshot(state)
-        self.store.log_event(row.name, "workspace", "deleted (its source is kept)")
+        await self.astore.log_event(row.name, "workspace", "deleted (its source is kept)")
