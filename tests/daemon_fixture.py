@@ -13,10 +13,11 @@ import sys
 import tempfile
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import httpx
+import pytest
 
 from hutch._paths import token_file_path
 from hutch.providers import _mounts
@@ -277,3 +278,21 @@ def release_leftovers(root: str) -> list[str]:
         subprocess.run(["losetup", "--detach", device], capture_output=True, check=False)
         done.append(f"loop device {device} ({back})")
     return done
+
+
+@pytest.fixture(name="daemon")
+def cleaned_daemon() -> Iterator[DaemonProcess]:
+    """A daemon for one test; whatever the test left on the engine (containers,
+    images) goes with it, so later tests start from an empty engine."""
+    d = DaemonProcess().start()
+    yield d
+    try:
+        d.remove_everything()
+    finally:
+        d.close()
+
+
+def client(d: DaemonProcess) -> hutch.Client:
+    import hutch
+
+    return hutch.Client(d.url, token=d.token)

@@ -23,23 +23,8 @@ from hutch.client import AsyncRemoteSandbox, RemoteSandbox
 from hutch.providers import _diskcap
 from hutch.store.sqlite import SQLiteStore
 from tests.conftest import TEST_IMAGE
-from tests.daemon_fixture import DaemonProcess, mounts_under
+from tests.daemon_fixture import DaemonProcess, cleaned_daemon, client, mounts_under  # noqa: F401 - cleaned_daemon is the daemon fixture
 from tests.hazards import loop_devices_left
-
-
-@pytest.fixture
-def daemon() -> Iterator[DaemonProcess]:
-    d = DaemonProcess().start()
-    yield d
-    # Whatever a test left, clean it so later tests start from an empty engine.
-    try:
-        d.remove_everything()
-    finally:
-        d.close()
-
-
-def client(d: DaemonProcess) -> hutch.Client:
-    return hutch.Client(d.url, token=d.token)
 
 
 def managed_containers(data_dir: str | None = None) -> dict[str, str]:

@@ -25,24 +25,11 @@ import pytest
 
 import hutch
 from tests.conftest import TEST_IMAGE
-from tests.daemon_fixture import DaemonProcess, loops_under, mounts_under
+from tests.daemon_fixture import DaemonProcess, cleaned_daemon, client, loops_under, mounts_under  # noqa: F401 - cleaned_daemon is the daemon fixture
 
 #: SPEC §3: a runtime that dies outside hutch is failed "within seconds"; the brief's bound.
 NOTICED_WITHIN = 5.0
 
-
-@pytest.fixture
-def daemon() -> Iterator[DaemonProcess]:
-    d = DaemonProcess().start()
-    yield d
-    try:
-        d.remove_everything()
-    finally:
-        d.close()
-
-
-def client(d: DaemonProcess) -> hutch.Client:
-    return hutch.Client(d.url, token=d.token)
 
 
 def stored_description(d: DaemonProcess, sandbox_id: str) -> dict[str, Any]:

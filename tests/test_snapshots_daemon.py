@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -16,7 +15,7 @@ import pytest
 import hutch
 from hutch.providers import _layers
 from tests.conftest import TEST_IMAGE
-from tests.daemon_fixture import DaemonProcess, end_everything
+from tests.daemon_fixture import DaemonProcess, cleaned_daemon, client, end_everything  # noqa: F401 - cleaned_daemon is the daemon fixture
 
 PROVIDERS = [
     pytest.param({"provider": "local", "read_before_write": False}, id="local"),
@@ -25,20 +24,6 @@ PROVIDERS = [
                  marks=pytest.mark.docker),
 ]
 
-
-@pytest.fixture
-def daemon() -> Iterator[DaemonProcess]:
-    d = DaemonProcess().start()
-    yield d
-    # Whatever a failing test left on the engine (images, containers) goes too.
-    try:
-        d.remove_everything()
-    finally:
-        d.close()
-
-
-def client(d: DaemonProcess) -> hutch.Client:
-    return hutch.Client(d.url, token=d.token)
 
 
 def held(d: DaemonProcess, provider: str) -> set[str]:
