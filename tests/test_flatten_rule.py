@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hutch.providers import layers
-from hutch.providers.docker.sandbox import MAX_SUSPEND_LAYERS
+from hutch.providers.docker.snapshots import MAX_SUSPEND_LAYERS
 from hutch.providers.layers import flattening
 
 
