@@ -55,8 +55,8 @@ def preview_app() -> ASGIApp:
             sandbox = caller.daemon.get(caller.sandbox_id)
             base = await sandbox.preview_url(port)
         except HutchError as exc:
-            status, body = control_error(exc)
-            await send_control_error(send, status if status != 500 else 502, body["message"])
+            status, error = control_error(exc)
+            await send_control_error(send, status if status != 500 else 502, error["message"])
             return
         target = base.rstrip("/") + scope.get("raw_path", scope["path"].encode()).decode(
             "latin-1")
