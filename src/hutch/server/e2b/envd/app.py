@@ -12,7 +12,8 @@ from typing import Any
 import anyio
 from starlette.requests import Request
 
-from ...._errors import HutchError, NotFound, SandboxExpired
+from ...._errors import HutchError, NotFound, SandboxExpired, SandboxUnavailable
+from ...._guardrail import ReadBeforeWriteGuard, session_guard
 from ...._sandbox import Sandbox
 from ....daemon import Daemon
 from ...asgi import Receive, Scope, Send, header
@@ -111,9 +112,14 @@ class EnvdApp:
             return
         try:
             sandbox = daemon.get(sandbox_id)
-        except (NotFound, SandboxExpired):
-            await gone_response(sandbox_id)(scope, receive, send)
+        except (NotFound, SandboxExpired, SandboxUnavailable) as exc:
+            # Gone (or never there): as E2B's proxy says it, which the SDKs
+            # turn into "the sandbox is not running".
+            await gone_response(sandbox_id, f": {exc.message}")(scope, receive, send)
             return
+        # E2B's callers know no read-before-write: their writes and removals
+        # are a person's, made on purpose (this request's and what it starts).
+        session_guard.set(ReadBeforeWriteGuard(enabled=False))
         path, method = scope["path"], scope["method"]
         if path == "/health":
             await (await health(sandbox))(scope, receive, send)

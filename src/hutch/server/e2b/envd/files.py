@@ -19,6 +19,7 @@ from ...._errors import (
     OutputLimitExceeded,
     ResourceExhausted,
     SandboxExpired,
+    SandboxUnavailable,
 )
 from ...._sandbox import Sandbox
 from ...._types import MAX_READ_LIMIT
@@ -45,7 +46,7 @@ def gone_response(sandbox_id: str, why: str = "") -> Response:
 
 
 def hutch_error_response(exc: HutchError) -> Response:
-    if isinstance(exc, NotFound | SandboxExpired):
+    if isinstance(exc, NotFound | SandboxExpired | SandboxUnavailable):
         return error_response(502, f"{exc.message} (the sandbox was not found)")
     if isinstance(exc, FileNotFoundError):
         return error_response(404, exc.message)
