@@ -33,6 +33,7 @@ from .connect import (
 from .files import error_response, gone_response, health, read_file, write_files
 from .filesystem import FilesystemService
 from .process import ProcessService, ProcessTable
+from .watch import WatchService
 
 log = logging.getLogger("hutch.server.e2b")
 
@@ -87,12 +88,15 @@ class EnvdApp:
         self.processes = ProcessTable()
         process = ProcessService(self.processes)
         filesystem = FilesystemService()
+        watch = WatchService()
         self.unary: dict[str, Unary] = {
             **{f"/process.Process/{name}": rpc for name, rpc in process.unary().items()},
             **{f"/filesystem.Filesystem/{name}": rpc for name, rpc in filesystem.unary().items()},
+            **{f"/filesystem.Filesystem/{name}": rpc for name, rpc in watch.unary().items()},
         }
         self.server_streams: dict[str, ServerStream] = {
-            f"/process.Process/{name}": rpc for name, rpc in process.streams().items()
+            **{f"/process.Process/{name}": rpc for name, rpc in process.streams().items()},
+            **{f"/filesystem.Filesystem/{name}": rpc for name, rpc in watch.streams().items()},
         }
         self.client_streams: dict[str, ClientStream] = {
             "/process.Process/StreamInput": process.stream_input,
