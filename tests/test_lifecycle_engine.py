@@ -23,8 +23,8 @@ from hutch._types import Capabilities
 from hutch.lifecycle.clock import RealClock, VirtualClock
 from hutch.lifecycle.engine import LifecycleEngine
 from hutch.lifecycle.scheduler import Scheduler
-from hutch.lifecycle.state import ALLOWED, FINAL, SandboxState, check_transition
 from hutch.providers.virtual import VirtualSandbox
+from hutch.states import ALLOWED, FINAL, SandboxState, check_transition
 
 pytestmark = pytest.mark.anyio
 

@@ -18,8 +18,7 @@ import anyio
 
 from ._errors import ExecTimeout, InvalidArgument, NotFound, OutputLimitExceeded, StdinClosed
 from ._membudget import MemoryHold, Spool
-from ._types import KILL_GRACE_SECONDS, ExecResult, OutputChunk
-from ._types import ExitStatus as ExitStatus  # its home was here
+from ._types import KILL_GRACE_SECONDS, ExecResult, ExitStatus, OutputChunk
 from ._values import check_text
 from .providers.base import BackendProcess
 

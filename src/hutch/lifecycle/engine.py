@@ -41,8 +41,7 @@ from .._faults import fault_point
 from .._inflight import CallMark
 from ..core.live import closed_message
 from ..providers.base import RuntimeLost
-from ..states import FINAL, SandboxState, check_transition
-from ..states import SandboxStatus as SandboxStatus  # its home was here
+from ..states import FINAL, SandboxState, SandboxStatus, check_transition
 from .clock import Clock, RealClock, VirtualClock
 from .scheduler import Scheduler
 from .shared import (
