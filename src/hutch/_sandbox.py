@@ -75,8 +75,8 @@ from .states import FINAL, SandboxState
 
 if TYPE_CHECKING:
     from .config import SandboxSpec
-    from .lifecycle.engine import LifecycleRecord
     from .lifecycle.gate import LifecycleGate
+    from .lifecycle.records import LifecycleRecord
     from .states import SandboxStatus
     from .store import RefRow
 

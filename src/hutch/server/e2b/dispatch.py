@@ -31,9 +31,7 @@ from ...store import RefRow
 from ..asgi import ASGIApp, Receive, Scope, Send, header
 from .errors import send_connect_error, send_control_error
 from .keys import credential_of, is_envd_access_token
-
-#: The port the SDKs name for the in-sandbox API (``E2b-Sandbox-Port``).
-ENVD_PORT = 49983
+from .versions import ENVD_PORT
 
 #: Where a request's E2B context is kept in its ASGI scope.
 CALLER_SCOPE_KEY = "hutch.e2b.caller"
