@@ -13,7 +13,6 @@ if TYPE_CHECKING:  # the names, for type checkers; at run time each is imported 
     from ._api import (
         create_sandbox,
         create_sandbox_from_snapshot,
-        create_sandbox_sync,
         remove_snapshot,
     )
     from ._attach import attach, attach_sync
@@ -45,6 +44,13 @@ if TYPE_CHECKING:  # the names, for type checkers; at run time each is imported 
     from ._process import ExitStatus, Process
     from ._sandbox import Sandbox
     from ._snapshots import Fork, Snapshot, SnapshotDependent
+    from ._sync_generated import (
+        SyncFork,
+        SyncProcess,
+        SyncPtyProcess,
+        SyncSandbox,
+        create_sandbox_sync,
+    )
     from ._types import Capabilities, ExecResult, FileInfo, FileType, GrepMatch, OutputChunk
     from .client import AsyncClient, Client
     from .config import SandboxOptions, SandboxSpec
@@ -55,7 +61,11 @@ if TYPE_CHECKING:  # the names, for type checkers; at run time each is imported 
 _LAZY = {
     "create_sandbox": "._api",
     "create_sandbox_from_snapshot": "._api",
-    "create_sandbox_sync": "._api",
+    "create_sandbox_sync": "._sync_generated",
+    "SyncFork": "._sync_generated",
+    "SyncProcess": "._sync_generated",
+    "SyncPtyProcess": "._sync_generated",
+    "SyncSandbox": "._sync_generated",
     "remove_snapshot": "._api",
     "CapabilityUnsupported": "._errors",
     "DaemonBusy": "._errors",
@@ -138,6 +148,10 @@ __all__ = [
     "ProviderError",
     "SetupFailed",
     "StoreUnavailable",
+    "SyncFork",
+    "SyncProcess",
+    "SyncPtyProcess",
+    "SyncSandbox",
     "ReadBeforeWrite",
     "ResourceExhausted",
     "RealClock",
