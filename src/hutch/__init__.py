@@ -41,9 +41,9 @@ if TYPE_CHECKING:  # the names, for type checkers; at run time each is imported 
         TimeoutTooLarge,
         Unauthorized,
     )
-    from ._process import ExitStatus, Process
+    from ._process import Process
     from ._sandbox import Sandbox
-    from ._snapshots import Fork, Snapshot, SnapshotDependent
+    from ._snapshots import Fork
     from ._sync_generated import (
         SyncFork,
         SyncProcess,
@@ -51,7 +51,17 @@ if TYPE_CHECKING:  # the names, for type checkers; at run time each is imported 
         SyncSandbox,
         create_sandbox_sync,
     )
-    from ._types import Capabilities, ExecResult, FileInfo, FileType, GrepMatch, OutputChunk
+    from ._types import (
+        Capabilities,
+        ExecResult,
+        ExitStatus,
+        FileInfo,
+        FileType,
+        GrepMatch,
+        OutputChunk,
+        Snapshot,
+        SnapshotDependent,
+    )
     from .client import AsyncClient, Client
     from .config import SandboxOptions, SandboxSpec
     from .lifecycle.clock import RealClock, VirtualClock
@@ -90,14 +100,14 @@ _LAZY = {
     "TimeoutExpired": "._errors",
     "TimeoutTooLarge": "._errors",
     "Unauthorized": "._errors",
-    "ExitStatus": "._process",
+    "ExitStatus": "._types",
     "Process": "._process",
     "attach": "._attach",
     "attach_sync": "._attach",
     "Sandbox": "._sandbox",
     "Fork": "._snapshots",
-    "Snapshot": "._snapshots",
-    "SnapshotDependent": "._snapshots",
+    "Snapshot": "._types",
+    "SnapshotDependent": "._types",
     "Capabilities": "._types",
     "ExecResult": "._types",
     "FileInfo": "._types",

@@ -10,7 +10,7 @@ from typing import Any
 
 from ._errors import InvalidArgument
 from ._sandbox import Sandbox, live_of, new_sandbox_id
-from ._snapshots import Snapshot
+from ._types import Snapshot
 from .config import SandboxOptions, SandboxSpec, resolve_spec
 from .lifecycle.engine import LifecycleEngine, default_engine
 from .providers.base import SandboxBackend

@@ -17,8 +17,7 @@ import anyio
 
 from ._errors import ExecTimeout, NotFound, OutputLimitExceeded
 from ._membudget import MemoryHold, Spool
-from ._types import KILL_GRACE_SECONDS, ExecResult, OutputChunk
-from ._types import ExitStatus as ExitStatus  # its home was here
+from ._types import KILL_GRACE_SECONDS, ExecResult, ExitStatus, OutputChunk
 from .providers.base import BackendProcess
 
 StreamEvent = OutputChunk | ExitStatus

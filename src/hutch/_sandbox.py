@@ -37,7 +37,6 @@ from ._guardrail import ReadBeforeWriteGuard, session_guard
 from ._membudget import MemoryHold
 from ._process import (
     ExecOutput,
-    ExitStatus,
     Process,
     StreamEvent,
     collect_output,
@@ -45,8 +44,8 @@ from ._process import (
     release_output,
 )
 from ._refwire import attachment_json, check_ref_lifetime
-from ._sandbox_paths import sandbox_path
-from ._snapshots import Fork, SandboxFactory, Snapshot, new_snapshot_id, snapshot_record
+from ._sandbox_paths import sandbox_path, within
+from ._snapshots import Fork, SandboxFactory, new_snapshot_id, snapshot_record
 from ._types import (
     DEFAULT_OUTPUT_LIMIT,
     DEFAULT_READ_LIMIT,
@@ -54,9 +53,11 @@ from ._types import (
     Capabilities,
     Command,
     ExecResult,
+    ExitStatus,
     FileInfo,
     FileType,
     GrepMatch,
+    Snapshot,
 )
 from ._values import check_command, check_text
 from .core.live import Attachment, LiveSandbox, closed_message
@@ -69,14 +70,14 @@ from .providers.base import (
     SandboxBackend,
     SandboxRuntime,
     UnstartedProcess,
-    within,
 )
 from .states import FINAL, SandboxState
 
 if TYPE_CHECKING:
     from .config import SandboxSpec
-    from .lifecycle.engine import LifecycleRecord, SandboxStatus
     from .lifecycle.gate import LifecycleGate
+    from .lifecycle.records import LifecycleRecord
+    from .states import SandboxStatus
     from .store import RefRow
 
 

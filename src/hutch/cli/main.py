@@ -40,11 +40,13 @@ from ._common import (
 )
 from ._listing import Column, print_json, print_lines, print_table
 from .images import image_app
+from .mcp_server import mcp
 
 HELP = __doc__
 app.add_typer(workspace_app, name="workspace")
 app.add_typer(image_app, name="image")
 app.add_typer(snapshot_app, name="snapshot")
+app.command("mcp")(mcp)
 
 
 def _print_version(value: bool) -> None:
@@ -356,7 +358,7 @@ def stream_command(
     output_limit: int | None, forward_stdin: bool,
 ) -> int:
     """Run ``command`` in ``sb``, its output streamed to ours; its exit code."""
-    from .._process import ExitStatus
+    from .._types import ExitStatus
 
     cmd: str | list[str] = command[0] if len(command) == 1 else command
     stdin = None

@@ -13,9 +13,10 @@ import asyncio
 import contextlib
 import os
 import pwd
+import shutil
 import signal
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .._errors import (
     NoSuchUser,
@@ -24,6 +25,7 @@ from .._errors import (
 )
 from .._types import OutputChunk
 from ._pipes import OutputPipes
+from ._signals import default_signals_prefix
 from .base import EXEC_MARKER, SANDBOX_MARKER, BackendProcess, ProcessRequest
 
 __all__ = ["EXEC_MARKER", "SANDBOX_MARKER", "HostProcess", "pids_with_env", "spawn"]
@@ -115,25 +117,55 @@ async def spawn(request: ProcessRequest, *, exec_id: str) -> HostProcess:
     argv, cwd, stdin = list(request.argv), request.cwd, request.stdin
     if not os.path.isdir(cwd):
         raise SandboxFileNotFound(f"working directory {cwd} does not exist")
+    # Through env(1) when this thread ignores or blocks a signal the command
+    # would inherit (see _signals); found first, so a missing or unrunnable
+    # command is the same error as without it.
+    reset = default_signals_prefix()
+    preexec: Callable[[], None] | None = None
+    if reset and request.user is None:
+        argv[0] = _found(argv[0], request.env.get("PATH", os.defpath), cwd)
+        if "=" in argv[0]:  # env would read it as an assignment
+            reset, preexec = [], _default_signals
     if request.user is not None:
         # setpriv (util-linux), not user= or preexec_fn: uvloop (the daemon's
         # loop) has no user=, and switches before it enters cwd.
         argv = [*_as_user(request.user), *argv]
     try:
         proc = await asyncio.create_subprocess_exec(
-            *argv,
+            *reset, *argv,
             cwd=cwd,
             env=dict(request.env),
             stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
+            preexec_fn=preexec,
         )
     except PermissionError:
         raise SandboxPermissionDenied(f"cannot execute {argv[0]}: permission denied") from None
     except FileNotFoundError:
         raise SandboxFileNotFound(f"command not found: {argv[0]}") from None
     return HostProcess(proc, exec_id, stdin)
+
+
+def _found(command: str, path: str, cwd: str) -> str:
+    """``command`` as exec would find it, or the error exec would give."""
+    if "/" in command:
+        found: str | None = os.path.join(cwd, command)
+    else:
+        found = shutil.which(command, mode=os.F_OK, path=path)
+    if found is None or not os.path.exists(found):
+        raise SandboxFileNotFound(f"command not found: {command}")
+    if os.path.isdir(found) or not os.access(found, os.X_OK):
+        raise SandboxPermissionDenied(f"cannot execute {command}: permission denied")
+    return found
+
+
+def _default_signals() -> None:
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
+    for signum in signal.valid_signals():
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(signum, signal.SIG_DFL)
 
 
 def _as_user(user: str) -> list[str]:

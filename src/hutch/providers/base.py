@@ -50,11 +50,7 @@ from .._errors import (
     SandboxUnavailable,
 )
 from .._globmatch import compile_glob
-from .._sandbox_paths import join_path as join_path  # their home was here
-from .._sandbox_paths import sandbox_path as sandbox_path
-from .._sandbox_paths import within as within
-from .._types import Capabilities, FileInfo, FileType, GrepMatch, OutputChunk
-from .._types import ProviderSnapshot as ProviderSnapshot  # its home was here
+from .._types import Capabilities, FileInfo, FileType, GrepMatch, OutputChunk, ProviderSnapshot
 from .._values import text_problems
 from ._grep import GrepBatches
 

@@ -24,10 +24,11 @@ from .._errors import (
     ExecTimeout,
     HutchError,
 )
-from .._process import ExecOutput, ExitStatus, Process, Stream
+from .._process import ExecOutput, Process, Stream
 from .._sandbox import Sandbox, exec_output
 from .._types import (
     ExecResult,
+    ExitStatus,
     FileInfo,
     OutputChunk,
 )

@@ -42,6 +42,7 @@ from ..._errors import (
 )
 from ..._types import OutputChunk
 from .._hostproc import EXEC_MARKER, SANDBOX_MARKER, HostProcess
+from .._signals import default_signals_prefix
 from ..agent.runtime import AgentRuntime, Recover
 from ..base import BackendProcess, FilesRuntime, ProcessRequest
 from . import userns
@@ -394,7 +395,7 @@ class BubblewrapRuntime(FilesRuntime):
             }
             try:
                 proc = await asyncio.create_subprocess_exec(
-                    *command,
+                    *default_signals_prefix(), *command,
                     cwd="/",
                     env=host_env,
                     stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
