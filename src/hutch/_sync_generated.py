@@ -142,10 +142,18 @@ class SyncSandbox:
         stdin: bytes | str | None = None,
         user: str | None = None,
         output_limit: int | None = None,
+        keep_stdin: bool = False,
     ) -> SyncProcess:
-        """Start ``cmd`` in the background; the handle waits, streams or kills."""
+        """Start ``cmd`` in the background; the handle waits, streams or kills.
+
+        ``stdin`` is fed to it and then closed, unless ``keep_stdin``: then
+        its stdin stays open after those bytes, for the handle's
+        ``write_stdin`` and ``close_stdin`` (a command that reads it waits
+        for more until it is closed).
+        """
         value = self._loop.call(self._target.start(
-            cmd, cwd=cwd, env=env, stdin=stdin, user=user, output_limit=output_limit
+            cmd, cwd=cwd, env=env, stdin=stdin, user=user, output_limit=output_limit,
+            keep_stdin=keep_stdin
         ))
         return SyncProcess(value, self._loop)
 
@@ -433,6 +441,22 @@ class SyncProcess:
     def ended_at(self, value: float | None) -> None:
         self._target.ended_at = value
 
+    def write_stdin(self, data: bytes | str) -> None:
+        """Write ``data`` (text as UTF-8) to the command's stdin. Returns once
+        its pipe took them: a command that does not read makes this wait (as
+        a full pipe does), until it reads, ends or is killed. ``StdinClosed``
+        unless it was started with ``keep_stdin`` and its stdin is still
+        open; the bytes of writes made one after another arrive in order.
+        """
+        self._loop.call(self._target.write_stdin(data))
+
+    def close_stdin(self) -> None:
+        """Close the command's stdin: it reads its end of file (``cat`` ends).
+        Closing it again, or once the command ended, does nothing;
+        ``StdinClosed`` for a command started without ``keep_stdin``.
+        """
+        self._loop.call(self._target.close_stdin())
+
     def wait(self, timeout: float | None = None) -> ExecResult:
         """Wait for the command to end; ``ExecTimeout`` if it outlives ``timeout``
         (the command keeps running: kill it if that is what you want).
@@ -454,6 +478,13 @@ class SyncProcess:
     @property
     def exit_code(self) -> int | None:
         return self._target.exit_code
+
+    @property
+    def stdin_open(self) -> bool:
+        """Whether :meth:`write_stdin` can write: started with ``keep_stdin``,
+        not closed since, still running.
+        """
+        return self._target.stdin_open
 
 
 class SyncFork:
@@ -522,6 +553,22 @@ class SyncPtyProcess:
 
     def kill(self, grace: float) -> None:
         self._loop.call(self._target.kill(grace))
+
+    def write_stdin(self, data: bytes) -> None:
+        """Write ``data`` to the command's stdin, kept open at its start
+        (``ProcessRequest.keep_stdin``): returns once its pipe took them (a
+        command that does not read makes it wait, as a full pipe does), and
+        raises :class:`StdinClosed` once the command closed its stdin or
+        ended. Called only by :class:`hutch.Process`, which checks first that
+        stdin was kept open and not closed, one write at a time.
+        """
+        self._loop.call(self._target.write_stdin(data))
+
+    def close_stdin(self) -> None:
+        """Close the command's stdin (it reads its end of file). Idempotent
+        on a command that has ended.
+        """
+        self._loop.call(self._target.close_stdin())
 
     @property
     def returncode(self) -> int | None:
