@@ -42,6 +42,10 @@ bash scripts/ensure-e2b-sdks.sh .venv/bin/python
 log "building hutch's agent (Go, cached by its source's hash)"
 bash scripts/build-agent.sh .venv/bin/python
 
+log "TypeScript SDK: build, and its wire types current (scripts/gen_ts_types.py --check)"
+bash scripts/build-ts-sdk.sh
+.venv/bin/python scripts/gen_ts_types.py --check
+
 log "ruff"
 .venv/bin/ruff check src tests bench
 log "import contracts (docs/architecture.md)"
