@@ -36,6 +36,9 @@ fi
 log "installing hutch and its test dependencies"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
 
+log "the E2B SDKs the E2B wire's tests drive (Python 2.45, npm; cached under .cache)"
+bash scripts/ensure-e2b-sdks.sh .venv/bin/python
+
 log "building hutch's agent (Go, cached by its source's hash)"
 bash scripts/build-agent.sh .venv/bin/python
 
