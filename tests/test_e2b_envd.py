@@ -423,3 +423,73 @@ def test_health_answers_502_once_the_sandbox_is_gone(served: DaemonProcess) -> N
     assert gone.status_code == 502
     assert "was not found" in gone.json()["message"]
     assert sandbox.unary("process.Process/List", {}).status_code == 502
+
+
+@pytest.mark.docker
+def test_a_watched_directory_streams_its_changes(envd: Envd) -> None:
+    envd.ok("filesystem.Filesystem/MakeDir", {"path": "/tmp/watched"})
+    body = json.dumps({"path": "/tmp/watched", "recursive": True}).encode()
+    headers = {"Content-Type": STREAM, "Connect-Timeout-Ms": "20000"}
+    with envd.http.stream("POST", "/filesystem.Filesystem/WatchDir", headers=headers,
+                          content=struct.pack(">BI", 0, len(body)) + body) as watched:
+        assert watched.headers["content-type"] == STREAM
+        live = read_frames(watched.iter_bytes())
+        assert next(live) == (0, {"start": {}})
+        envd.run("mkdir /tmp/watched/sub; printf x > /tmp/watched/sub/new.txt")
+        seen: list[tuple[str, str]] = []
+        for _, message in live:
+            if "filesystem" in message:
+                seen.append((message["filesystem"]["name"], message["filesystem"]["type"]))
+            if ("sub/new.txt", "EVENT_TYPE_WRITE") in seen:
+                break
+    assert ("sub", "EVENT_TYPE_CREATE") in seen
+    assert seen.index(("sub/new.txt", "EVENT_TYPE_CREATE")) < seen.index(
+        ("sub/new.txt", "EVENT_TYPE_WRITE"))
+
+
+@pytest.mark.docker
+def test_a_polled_watcher_hands_over_what_happened_since_the_last_poll(envd: Envd) -> None:
+    envd.ok("filesystem.Filesystem/MakeDir", {"path": "/tmp/polled"})
+    envd.run("printf old > /tmp/polled/gone.txt")
+    missing = envd.unary("filesystem.Filesystem/CreateWatcher", {"path": "/tmp/none"})
+    assert missing.status_code == 404
+    watcher = envd.ok("filesystem.Filesystem/CreateWatcher",
+                      {"path": "/tmp/polled", "includeEntry": True})["watcherId"]
+    envd.run("rm /tmp/polled/gone.txt; printf abc > /tmp/polled/made.txt")
+    events: list[dict[str, Any]] = []
+    for _ in range(100):  # until the watch has looked (it looks every fraction of a second)
+        events += envd.ok("filesystem.Filesystem/GetWatcherEvents",
+                          {"watcherId": watcher})["events"]
+        if len(events) >= 3:
+            break
+        envd.run("sleep 0.1")
+    assert [(e["name"], e["type"]) for e in events] == [
+        ("gone.txt", "EVENT_TYPE_REMOVE"), ("made.txt", "EVENT_TYPE_CREATE"),
+        ("made.txt", "EVENT_TYPE_WRITE")]
+    assert events[1]["entry"]["path"] == "/tmp/polled/made.txt"
+    assert "entry" not in events[0]
+    assert envd.ok("filesystem.Filesystem/RemoveWatcher", {"watcherId": watcher}) == {}
+    after = envd.unary("filesystem.Filesystem/GetWatcherEvents", {"watcherId": watcher})
+    assert (after.status_code, after.json()["code"]) == (404, "not_found")
+
+
+@pytest.mark.docker
+def test_what_envd_changes_is_told_to_watches_as_it_is_done(envd: Envd) -> None:
+    """Made, renamed and removed between two looks: still every event, in
+    order, as inotify gives them (a rename: the old name renamed, the new
+    one created)."""
+    envd.ok("filesystem.Filesystem/MakeDir", {"path": "/tmp/told"})
+    watcher = envd.ok("filesystem.Filesystem/CreateWatcher",
+                      {"path": "/tmp/told", "recursive": True})["watcherId"]
+    envd.http.post("/files", files={"file": ("/tmp/told/sub/one.txt", b"1")})
+    envd.ok("filesystem.Filesystem/Move",
+            {"source": "/tmp/told/sub/one.txt", "destination": "/tmp/told/two.txt"})
+    envd.ok("filesystem.Filesystem/Remove", {"path": "/tmp/told/two.txt"})
+    envd.ok("filesystem.Filesystem/MakeDir", {"path": "/tmp/told/dir"})
+    events = envd.ok("filesystem.Filesystem/GetWatcherEvents", {"watcherId": watcher})["events"]
+    assert [(e["name"], e["type"]) for e in events] == [
+        ("sub", "EVENT_TYPE_CREATE"), ("sub/one.txt", "EVENT_TYPE_CREATE"),
+        ("sub/one.txt", "EVENT_TYPE_WRITE"), ("sub/one.txt", "EVENT_TYPE_RENAME"),
+        ("two.txt", "EVENT_TYPE_CREATE"), ("two.txt", "EVENT_TYPE_REMOVE"),
+        ("dir", "EVENT_TYPE_CREATE")]
+    envd.ok("filesystem.Filesystem/RemoveWatcher", {"watcherId": watcher})

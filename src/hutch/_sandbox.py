@@ -84,6 +84,11 @@ class Sandbox:
     which :func:`hutch.attach` opens another, non-owning session on it.
     """
 
+    id: str
+    #: When this session was opened (Unix time), and its id.
+    created_at: float
+    session_id: str
+
     def __init__(
         self,
         backend: SandboxBackend,
@@ -283,20 +288,31 @@ class Sandbox:
         stdin: bytes | str | None = None,
         user: str | None = None,
         output_limit: int | None = None,
+        keep_stdin: bool = False,
     ) -> Process:
-        """Start ``cmd`` in the background; the handle waits, streams or kills."""
+        """Start ``cmd`` in the background; the handle waits, streams or kills.
+
+        ``stdin`` is fed to it and then closed, unless ``keep_stdin``: then
+        its stdin stays open after those bytes, for the handle's
+        ``write_stdin`` and ``close_stdin`` (a command that reads it waits
+        for more until it is closed)."""
+        if not isinstance(keep_stdin, bool):
+            raise InvalidArgument(f"keep_stdin must be true or false, not {keep_stdin!r}")
         # Its stdin stays in memory until the command takes it, which may be
         # never, so it counts against the memory budget until the command ends.
         hold = MemoryHold(len(stdin) if stdin else 0, "the stdin of a background command")
         try:
             async with self._operation("start"):
-                proc = await self._start_backend(ExecCall(cmd, cwd, env, stdin, user))
+                proc = await self._start_backend(
+                    ExecCall(cmd, cwd, env, stdin, user, keep_stdin=keep_stdin)
+                )
                 process = Process(
                     proc,
                     command=cmd if isinstance(cmd, str) else shlex.join(cmd),
                     output_limit=output_limit or self.output_limit,
                     on_exit=self._process_exited,
                     hold=hold,
+                    keep_stdin=keep_stdin and not isinstance(proc, UnstartedProcess),
                 )
         except BaseException:
             hold.release()

@@ -41,6 +41,8 @@ class ExecCall:
     user: str | None = None
     timeout: float | None = None
     output_limit: int | None = None
+    #: ``start``'s: its stdin stays open after ``stdin`` (see ``Sandbox.start``).
+    keep_stdin: bool = False
 
 
 def command_argv(runtime: SandboxRuntime, cmd: Command) -> list[str]:
@@ -79,6 +81,7 @@ def process_request(runtime: SandboxRuntime, workdir: str, call: ExecCall) -> Pr
         env=variables,
         stdin=bytes(stdin) if stdin is not None else None,
         user=user,
+        keep_stdin=call.keep_stdin,
     )
 
 

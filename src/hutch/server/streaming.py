@@ -169,7 +169,7 @@ def event_line(event: OutputChunk | ExitStatus) -> bytes:
 
 def process_json(process: Process) -> dict[str, Any]:
     return {"id": process.id, "running": process.running, "exit_code": process.exit_code,
-            "command": process.command}
+            "command": process.command, "stdin_open": process.stdin_open}
 
 
 async def ndjson(process: Process, timeout: float | None) -> AsyncIterator[bytes]:
