@@ -52,6 +52,8 @@ log "import contracts (docs/architecture.md)"
 .venv/bin/lint-imports
 log "mypy (strict)"
 .venv/bin/mypy
+log "the generated sync faces are up to date (scripts/gen_sync.py)"
+.venv/bin/python scripts/gen_sync.py --check
 log "pytest"
 # Three workers: most of a test's time is spent waiting on the Engine, a
 # daemon or a sandbox, not on this machine's two cores.
