@@ -340,7 +340,7 @@ class SyncSandbox:
         (for every session); an attached session's only detaches it. Idempotent.
         """
         try:
-            self._loop.call(self._target.close())
+            self._loop.closing(self._target.close())
         finally:
             self._loop.release(self)
 
@@ -367,7 +367,7 @@ class SyncSandbox:
 
     def __exit__(self, *exc: object) -> None:
         try:
-            self._loop.call(self._target.__aexit__(*exc))
+            self._loop.closing(self._target.__aexit__(*exc))
         finally:
             self._loop.release(self)
 
@@ -525,7 +525,7 @@ class SyncFork:
         free its storage. Idempotent.
         """
         try:
-            self._loop.call(self._target.close())
+            self._loop.closing(self._target.close())
         finally:
             self._loop.release(self)
 
