@@ -493,3 +493,45 @@ def test_what_envd_changes_is_told_to_watches_as_it_is_done(envd: Envd) -> None:
         ("two.txt", "EVENT_TYPE_CREATE"), ("two.txt", "EVENT_TYPE_REMOVE"),
         ("dir", "EVENT_TYPE_CREATE")]
     envd.ok("filesystem.Filesystem/RemoveWatcher", {"watcherId": watcher})
+
+
+@pytest.mark.docker
+def test_stdin_of_a_running_command_is_written_streamed_and_closed(envd: Envd) -> None:
+    body = json.dumps({"process": {"cmd": "/bin/bash", "args": ["-l", "-c", "cat"]},
+                       "stdin": True}).encode()
+    with envd.http.stream("POST", "/process.Process/Start",
+                          content=struct.pack(">BI", 0, len(body)) + body,
+                          headers={"Content-Type": STREAM}) as started:
+        live = read_frames(started.iter_bytes())
+        pid = next(live)[1]["event"]["start"]["pid"]
+        first = base64.b64encode(b"one\n").decode()
+        assert envd.ok("process.Process/SendInput",
+                       {"process": {"pid": pid}, "input": {"stdin": first}}) == {}
+
+        def requests() -> Iterator[bytes]:
+            for message in ({"start": {"process": {"pid": pid}}},
+                            {"data": {"input": {"stdin": base64.b64encode(b"two\n").decode()}}}):
+                data = json.dumps(message).encode()
+                yield struct.pack(">BI", 0, len(data)) + data
+
+        streamed = envd.http.post("/process.Process/StreamInput", content=requests(),
+                                  headers={"Content-Type": STREAM})
+        assert frames(streamed.content) == [{}, ("end", {})]
+        assert envd.ok("process.Process/CloseStdin", {"process": {"pid": pid}}) == {}
+        rest = [m for _, m in live]
+    assert output(rest[:-1], "stdout") == b"one\ntwo\n"
+    assert rest[-2] == {"event": {"end": {"exited": True, "status": "exit status 0"}}}
+
+
+@pytest.mark.docker
+def test_stdin_not_asked_for_cannot_be_written(envd: Envd) -> None:
+    body = json.dumps({"process": {"cmd": "/bin/bash", "args": ["-l", "-c", "sleep 30"]},
+                       "stdin": False}).encode()
+    with envd.http.stream("POST", "/process.Process/Start",
+                          content=struct.pack(">BI", 0, len(body)) + body,
+                          headers={"Content-Type": STREAM}) as started:
+        pid = next(read_frames(started.iter_bytes()))[1]["event"]["start"]["pid"]
+        refused = envd.unary("process.Process/SendInput", {
+            "process": {"pid": pid}, "input": {"stdin": base64.b64encode(b"x").decode()}})
+        assert (refused.status_code, refused.json()["code"]) == (400, "failed_precondition")
+        envd.ok("process.Process/SendSignal", {"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"})
