@@ -35,6 +35,11 @@ def build(
         help="Debian packages to install on a bookworm minbase, comma separated.",
     ),
     rebuild: bool = typer.Option(False, help="Build again even if it was built."),
+    sudo_user: str | None = typer.Option(
+        None, "--sudo-user", metavar="USER",
+        help="Also make USER (uid 1000) with passwordless sudo: E2B's templates' shape "
+        "is --sudo-user user.",
+    ),
 ) -> None:
     """Build image NAME from a Dockerfile or a list of Debian packages."""
     from .. import images
@@ -50,7 +55,7 @@ def build(
     def run() -> None:
         info = images.build(
             name, dockerfile=file, context=context, packages=wanted, progress=progress,
-            rebuild=rebuild,
+            rebuild=rebuild, sudo_user=sudo_user,
         )
         console.print(f"{info.name}  {_size(info.size_bytes)}  ({info.source})")
 
