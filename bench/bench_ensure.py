@@ -29,10 +29,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 import hutch
 from _common import header, row, run, scratch_dir
 from hutch._paths import hutch_home
-from hutch._snapshots import Snapshot
+from hutch._types import ProviderSnapshot, Snapshot
 from hutch.definitions import Definition, Definitions, LocalHost
 from hutch.definitions.ensure import fetch_source
-from hutch.providers.base import ProviderSnapshot
 from hutch.store import SnapshotRow, SQLiteStore
 
 RUNS = int(os.environ.get("HUTCH_BENCH_RUNS", "5"))

@@ -16,7 +16,7 @@ since: how workspaces and forks of forks run). A local plain directory's
 first snapshot adopts it (moves it into the snapshot's layer and goes on over
 an overlay), measured on its own beside ``cp -a`` and ``cp -al``; later forks
 of it are diffs. Docker's own working directory is layered from the start
-(see hutch.providers._layers.freeze): its first snapshot moves the tree into
+(see hutch.providers.layers.freeze): its first snapshot moves the tree into
 the snapshot's layer; measured on fresh sandboxes ("first fork"), each
 filled before the clock starts. Also printed: local attach alone (goal
 <= 50 ms), and docker's forks with 1 000 files beside 10 000 (the working
@@ -310,10 +310,10 @@ async def bench_docker_attach_idle_store(files: int) -> None:
     its store, which nothing stacks, is unmounted (idle) and mounted again
     on demand by the attach; beside the same attach with the store mounted
     (another branch of the snapshot holds it, off the clock), alternately."""
-    from hutch.providers import _layers
+    from hutch.providers import layers
 
     origin = await filled_docker_sandbox(files, "4g")
-    store = _layers.store_dir(origin.id)
+    store = layers.store_dir(origin.id)
     try:
         seed = await origin.snapshot("seed")
     finally:

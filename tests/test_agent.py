@@ -19,9 +19,9 @@ import pytest
 
 import hutch
 from hutch._sandbox import backend_of
-from hutch.lifecycle.state import SandboxState
 from hutch.providers.agent import AgentFailure, AgentRuntime
 from hutch.providers.agent.wire import Channel, connect_socket
+from hutch.states import SandboxState
 from tests.conftest import TEST_IMAGE
 from tests.hazards import fill_with_processes
 

@@ -158,3 +158,67 @@ async def test_a_quiet_command_and_one_that_closed_its_output_are_waited_for(
     # Its stream ends at once; its exit status comes two seconds later.
     closed = await sb.exec(["sh", "-c", "exec >&- 2>&-; sleep 2; exit 3"])
     assert (closed.exit_code, closed.stdout, closed.stderr) == (3, "", ""), closed
+
+
+
+class StreamWithGaps(StreamHeldOpen):
+    """An exec's hijacked connection that takes everything the Engine sends
+    at once (so the command ends at once), then passes it on in pieces with
+    pauses, as a loaded Engine and a slow reader do, and ends."""
+
+    def _relay(self, engine_side: socket.socket) -> None:
+        engine_side.settimeout(None)
+        held = bytearray()
+        while data := engine_side.recv(65536):
+            held += data
+        engine_side.close()
+        for start in range(0, len(held), 65536):
+            time.sleep(0.3)
+            self._far.sendall(held[start:start + 65536])
+        self._far.close()
+
+
+class EngineWithGaps(EngineThatNeverEnds):
+    def exec_start(self, *args: Any, **kwargs: Any) -> Any:
+        held = StreamWithGaps(self._real.exec_start(*args, **kwargs))
+        self.held.append(held)
+        return held
+
+
+async def test_output_still_flowing_after_its_process_is_gone_is_read_whole(
+    sb: Any, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
+    """The drain time is for a stream that has gone quiet, not a limit on how
+    long the rest of the output may take to arrive once the command has
+    ended. Seen in CI: four 50 MB outputs at once through a loaded daemon,
+    each cut off with provider_error 15 s after its command ended while its
+    bytes were still arriving."""
+    monkeypatch.setattr(docker_exec, "EXEC_DRAIN_SECONDS", 1.0)
+    monkeypatch.setattr(docker_engine, "_api_client",
+                        EngineWithGaps(docker_provider.engine(), lose_exit=False))
+    size = 1 << 20
+    with anyio.fail_after(120):
+        result = await sb.exec(["head", "-c", str(size), "/dev/zero"])
+    assert (result.exit_code, len(result.stdout_bytes)) == (0, size)
+
+
+async def test_a_reader_that_stalls_past_the_drain_time_still_gets_everything(
+    sb: Any, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
+    """While the reader is stalled the exec's thread waits for room, not for
+    the stream: bytes waiting when it looks again are not a quiet stream."""
+    monkeypatch.setattr(docker_exec, "EXEC_DRAIN_SECONDS", 1.0)
+    monkeypatch.setattr(docker_engine, "_api_client",
+                        EngineWithGaps(docker_provider.engine(), lose_exit=False))
+    size = 2 << 20
+    got, stalled = 0, False
+    with anyio.fail_after(120):
+        async for event in sb.exec_stream(["head", "-c", str(size), "/dev/zero"]):
+            if isinstance(event, hutch.OutputChunk):
+                got += len(event.data)
+                if not stalled and got >= size // 4:
+                    stalled = True
+                    await anyio.sleep(3)
+            elif isinstance(event, hutch.ExitStatus):
+                assert event.exit_code == 0, event
+    assert got == size

@@ -115,7 +115,7 @@ async def test_config_env_reaches_every_exec(sb: Any) -> None:
 async def test_working_directory_is_the_host_bind_mount(sb: Any) -> None:
     await sb.write_text("from-sandbox.txt", "inside")
     host = backend_of(sb).host_workdir
-    # Hutch's own, layered (see _layers.prepare): the host sees what the sandbox does.
+    # Hutch's own, layered (see layers.prepare): the host sees what the sandbox does.
     assert host.endswith(os.path.join("layers", "mounts", sb.id, "merged"))
     with open(os.path.join(host, "from-sandbox.txt")) as fh:
         assert fh.read() == "inside"

@@ -171,12 +171,12 @@ async def test_suspend_resume_and_branches_of_branches_keep_moving(origin: Any) 
 
 
 async def test_a_capped_directory_moves_within_its_cap_and_outlives_its_sandbox() -> None:
-    from hutch.providers import _diskcap, _layers
+    from hutch.providers import _diskcap, layers
 
     origin = await hutch.create_sandbox(
         "docker", image=TEST_IMAGE, disk="64m", read_before_write=False
     )
-    store = _layers.store_dir(origin.id)
+    store = layers.store_dir(origin.id)
     try:
         await fill(origin, 20)
         full = await origin.exec("head -c 80m /dev/zero > big; echo $?; rm -f big")
@@ -185,7 +185,7 @@ async def test_a_capped_directory_moves_within_its_cap_and_outlives_its_sandbox(
         fork = await origin.fork("capped")
         branch = await fork.attach()
         # The branch is capped too, in a store of its own.
-        assert os.path.ismount(_layers.store_dir(branch.id))
+        assert os.path.ismount(layers.store_dir(branch.id))
         over = await branch.exec("head -c 80m /dev/zero > big; echo $?; rm -f big")
         assert "No space left" in over.stderr
         assert await inode(branch, "src/f5.txt") == before, "the snapshot copied the files"
@@ -257,12 +257,12 @@ async def test_a_capped_directory_nothing_runs_on_holds_no_mounted_store() -> No
     """A store costs host memory and a kernel thread while mounted: a
     suspended sandbox's, and a closed one's its snapshot still holds, are
     unmounted (no loop device left), and everything reads back from them."""
-    from hutch.providers import _diskcap, _layers
+    from hutch.providers import _diskcap, layers
 
     origin = await hutch.create_sandbox(
         "docker", image=TEST_IMAGE, disk="64m", read_before_write=False
     )
-    store = _layers.store_dir(origin.id)
+    store = layers.store_dir(origin.id)
     image = _diskcap.image_for(store)
 
     def idle() -> bool:

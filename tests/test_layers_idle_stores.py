@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from hutch.providers import _diskcap, _layers
+from hutch.providers import _diskcap, layers
 from tests.hazards import loop_devices_left
 
 CAP = 64 * 1024 * 1024
@@ -34,11 +34,11 @@ def made() -> Iterator[tuple[list[str], list[str]]]:
     snapshots: list[str] = []
     yield sandboxes, snapshots
     for sandbox_id in sandboxes:
-        _layers.end_branch(sandbox_id)
+        layers.end_branch(sandbox_id)
     for snapshot_id in snapshots:
-        _layers.remove(snapshot_id)
+        layers.remove(snapshot_id)
     for sandbox_id in sandboxes:
-        store = _layers.store_dir(sandbox_id)
+        store = layers.store_dir(sandbox_id)
         assert not os.path.exists(store)
         assert loop_devices_left(_diskcap.image_for(store)) == []
 
@@ -46,13 +46,13 @@ def made() -> Iterator[tuple[list[str], list[str]]]:
 def start(made: tuple[list[str], list[str]], snapshot_id: str | None) -> str:
     sandbox_id = new_id("sb")
     made[0].append(sandbox_id)
-    _layers.prepare(sandbox_id, snapshot_id, cap=CAP)
-    _layers.after_start(sandbox_id)
+    layers.prepare(sandbox_id, snapshot_id, cap=CAP)
+    layers.after_start(sandbox_id)
     return sandbox_id
 
 
 def path(sandbox_id: str, name: str) -> str:
-    return os.path.join(_layers.mount_dir(sandbox_id), "merged", name)
+    return os.path.join(layers.mount_dir(sandbox_id), "merged", name)
 
 
 def write(sandbox_id: str, name: str, text: str) -> None:
@@ -67,7 +67,7 @@ def read(sandbox_id: str, name: str) -> str:
 
 def freeze(made: tuple[list[str], list[str]], sandbox_id: str, *, flatten: bool = False) -> str:
     snapshot_id = f"snap-idle-{uuid.uuid4().hex[:8]}"
-    assert _layers.freeze(snapshot_id, sandbox_id, flatten=flatten, holder=None)
+    assert layers.freeze(snapshot_id, sandbox_id, flatten=flatten, holder=None)
     made[1].append(snapshot_id)
     return snapshot_id
 
@@ -75,7 +75,7 @@ def freeze(made: tuple[list[str], list[str]], sandbox_id: str, *, flatten: bool 
 def idle(sandbox_id: str) -> bool:
     """Whether ``sandbox_id``'s store is kept (its image there) but not
     mounted, and no loop device is left backing it."""
-    store = _layers.store_dir(sandbox_id)
+    store = layers.store_dir(sandbox_id)
     image = _diskcap.image_for(store)
     return (os.path.exists(image) and not os.path.ismount(store)
             and loop_devices_left(image) == [])
@@ -87,23 +87,23 @@ def test_a_closed_sandboxs_store_is_unmounted_and_mounted_again_when_read(
     origin = start(made, None)
     write(origin, "a.txt", "A")
     snapshot = freeze(made, origin)
-    _layers.end_branch(origin)
+    layers.end_branch(origin)
     # The snapshot still holds its layer: the image stays, the mount goes.
     assert idle(origin)
-    assert os.path.isdir(_layers.snapshot_dir(snapshot))
+    assert os.path.isdir(layers.snapshot_dir(snapshot))
     # Its size is read from the store, mounted for the read only.
-    assert _layers.layer_size(snapshot) >= 1
+    assert layers.layer_size(snapshot) >= 1
     assert idle(origin)
     branch = start(made, snapshot)
     assert read(branch, "a.txt") == "A"
     # Stacked by a live branch: never unmounted, however often collected.
     for _ in range(3):
-        _layers.collect_garbage()
-        assert os.path.ismount(_layers.store_dir(origin))
+        layers.collect_garbage()
+        assert os.path.ismount(layers.store_dir(origin))
     assert read(branch, "a.txt") == "A"
     write(branch, "b.txt", "B")
     child = freeze(made, branch)
-    _layers.end_branch(branch)
+    layers.end_branch(branch)
     assert idle(origin) and idle(branch)
     # A branch of a branch, on two unmounted stores.
     grandchild = start(made, child)
@@ -118,17 +118,17 @@ def test_a_flatten_reads_every_unmounted_store(made: tuple[list[str], list[str]]
         if step:
             os.unlink(path(sandbox_id, f"f{step - 1}.txt"))  # a whiteout over the layer below
         snapshot = freeze(made, sandbox_id)
-        _layers.end_branch(sandbox_id)
+        layers.end_branch(sandbox_id)
     assert all(idle(s) for s in made[0])
-    assert snapshot is not None and len(_layers.chain_of(snapshot)) == 3
+    assert snapshot is not None and len(layers.chain_of(snapshot)) == 3
     last = start(made, snapshot)
     flat = freeze(made, last, flatten=True)
-    assert _layers.chain_of(flat) == [flat]
-    _layers.end_branch(last)
+    assert layers.chain_of(flat) == [flat]
+    layers.end_branch(last)
     for snapshot_id in made[1][:-1]:
-        _layers.remove(snapshot_id)
+        layers.remove(snapshot_id)
     # Only the flattened layer is left; it reads alone.
-    assert [s for s in made[0] if os.path.exists(_layers.store_dir(s))] == []
+    assert [s for s in made[0] if os.path.exists(layers.store_dir(s))] == []
     again = start(made, flat)
     assert sorted(os.listdir(os.path.dirname(path(again, "x")))) == ["f2.txt"]
     assert read(again, "f2.txt") == "2"
@@ -138,15 +138,15 @@ def test_a_store_a_process_is_in_stays_mounted(made: tuple[list[str], list[str]]
     origin = start(made, None)
     write(origin, "a.txt", "A")
     snapshot = freeze(made, origin)
-    store = _layers.store_dir(origin)
+    store = layers.store_dir(origin)
     inside = os.open(os.path.join(store, "frozen", snapshot, "a.txt"), os.O_RDONLY)
     try:
-        _layers.end_branch(origin)  # a plain unmount, refused: left mounted
+        layers.end_branch(origin)  # a plain unmount, refused: left mounted
         assert os.path.ismount(store)
         assert os.pread(inside, 1, 0) == b"A"
     finally:
         os.close(inside)
-    _layers.collect_garbage()
+    layers.collect_garbage()
     assert idle(origin)
 
 
@@ -160,13 +160,13 @@ def test_a_collector_in_another_process_never_empties_a_branch(
     for i in range(20):
         write(origin, f"f{i}.txt", str(i))
     snapshot = freeze(made, origin)
-    _layers.end_branch(origin)
-    image = _diskcap.image_for(_layers.store_dir(origin))
+    layers.end_branch(origin)
+    image = _diskcap.image_for(layers.store_dir(origin))
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the collecting program
         try:
             while True:
-                _layers.collect_garbage()
+                layers.collect_garbage()
         finally:
             os._exit(0)
     try:
@@ -180,18 +180,18 @@ def test_a_collector_in_another_process_never_empties_a_branch(
             )
             assert read(branch, "f7.txt") == "7"
             # Suspended and resumed (its stores unmounted, mounted again) as well.
-            _layers.rest(branch)
-            _layers.before_start(branch)
-            _layers.after_start(branch)
+            layers.rest(branch)
+            layers.before_start(branch)
+            layers.after_start(branch)
             assert read(branch, "f13.txt") == "13"
-            _layers.end_branch(branch)
+            layers.end_branch(branch)
             made[0].remove(branch)
             attached += 1
             assert time.monotonic() < deadline
     finally:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
-    _layers.collect_garbage()
+    layers.collect_garbage()
     assert idle(origin)
 
 
@@ -207,33 +207,33 @@ def test_a_directory_at_rest_holds_no_store_and_comes_back_whole(
     write(branch, "b.txt", "B")
     freeze(made, branch)
     write(branch, "c.txt", "C")  # in its upper directory, in its own store
-    _layers.end_branch(origin)
-    assert os.path.ismount(_layers.store_dir(origin)), "a live branch stacks it"
-    _layers.rest(branch)
+    layers.end_branch(origin)
+    assert os.path.ismount(layers.store_dir(origin)), "a live branch stacks it"
+    layers.rest(branch)
     assert idle(origin) and idle(branch)
     # Captured at rest: moved (a freeze), and copied whole (no diff).
     moved = freeze(made, branch)
     assert idle(origin) and idle(branch)
     copied = f"snap-idle-{uuid.uuid4().hex[:8]}"
-    chain = _layers.mounted_chain(branch)
-    _layers.capture(copied, branch, os.path.dirname(path(branch, "x")), chain, diff=False)
+    chain = layers.mounted_chain(branch)
+    layers.capture(copied, branch, os.path.dirname(path(branch, "x")), chain, diff=False)
     made[1].append(copied)
     assert idle(origin) and idle(branch)
-    assert sorted(os.listdir(os.path.join(_layers.snapshot_dir(copied), "tree"))) == [
+    assert sorted(os.listdir(os.path.join(layers.snapshot_dir(copied), "tree"))) == [
         "a.txt", "b.txt", "c.txt"]
     for snapshot in (moved, copied):
         again = start(made, snapshot)
         assert [read(again, n) for n in ("a.txt", "b.txt", "c.txt")] == ["A", "B", "C"]
-        _layers.end_branch(again)
+        layers.end_branch(again)
     # Resumed: everything mounted again, its writes going on in its own store.
-    _layers.before_start(branch)
-    _layers.after_start(branch)
+    layers.before_start(branch)
+    layers.after_start(branch)
     assert [read(branch, n) for n in ("a.txt", "b.txt", "c.txt")] == ["A", "B", "C"]
     write(branch, "d.txt", "D")
-    _layers.collect_garbage()
-    assert os.path.ismount(_layers.store_dir(branch))
-    assert os.path.ismount(_layers.store_dir(origin))
-    assert os.path.exists(os.path.join(_layers.store_dir(branch), "upper", "d.txt"))
+    layers.collect_garbage()
+    assert os.path.ismount(layers.store_dir(branch))
+    assert os.path.ismount(layers.store_dir(origin))
+    assert os.path.exists(os.path.join(layers.store_dir(branch), "upper", "d.txt"))
 
 
 def test_a_store_whose_mount_lingers_elsewhere_is_mounted_on_its_own_loop_device(
@@ -246,7 +246,7 @@ def test_a_store_whose_mount_lingers_elsewhere_is_mounted_on_its_own_loop_device
     origin = start(made, None)
     write(origin, "a.txt", "A")
     snapshot = freeze(made, origin)
-    image = _diskcap.image_for(_layers.store_dir(origin))
+    image = _diskcap.image_for(layers.store_dir(origin))
     holder = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sleep", "120"])
     try:
         mine = os.readlink("/proc/self/ns/mnt")
@@ -258,8 +258,8 @@ def test_a_store_whose_mount_lingers_elsewhere_is_mounted_on_its_own_loop_device
         while os.readlink(f"/proc/{holder.pid}/exe") != sleep:
             assert time.monotonic() < deadline  # unshare has made its namespace
             time.sleep(0.01)
-        _layers.end_branch(origin)
-        assert not os.path.ismount(_layers.store_dir(origin))
+        layers.end_branch(origin)
+        assert not os.path.ismount(layers.store_dir(origin))
         devices = _diskcap.loop_devices_backed_by(image)
         assert len(devices) == 1, "the other namespace's copy holds it"
         branch = start(made, snapshot)

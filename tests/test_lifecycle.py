@@ -10,7 +10,7 @@ import pytest
 import hutch
 from hutch.lifecycle.clock import VirtualClock
 from hutch.lifecycle.engine import LifecycleEngine
-from hutch.lifecycle.state import SandboxState
+from hutch.states import SandboxState
 
 pytestmark = pytest.mark.anyio
 

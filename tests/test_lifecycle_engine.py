@@ -23,8 +23,8 @@ from hutch._types import Capabilities
 from hutch.lifecycle.clock import RealClock, VirtualClock
 from hutch.lifecycle.engine import LifecycleEngine
 from hutch.lifecycle.scheduler import Scheduler
-from hutch.lifecycle.state import ALLOWED, FINAL, SandboxState, check_transition
 from hutch.providers.virtual import VirtualSandbox
+from hutch.states import ALLOWED, FINAL, SandboxState, check_transition
 
 pytestmark = pytest.mark.anyio
 
@@ -379,7 +379,7 @@ async def test_default_engine_ceiling_from_the_environment(
 
 
 def test_expiry_error_for_a_sandbox_known_only_from_a_store() -> None:
-    from hutch.lifecycle.engine import expiry_error
+    from hutch.lifecycle.records import expiry_error
 
     err = expiry_error("sb-1", SandboxState.TERMINATED, "idle_timeout")
     assert isinstance(err, hutch.IdleTimeoutExpired) and "make a new sandbox" in str(err)

@@ -12,7 +12,7 @@ import pytest
 
 import hutch
 from hutch._sandbox import backend_of
-from hutch.lifecycle.state import SandboxState
+from hutch.states import SandboxState
 from tests.conftest import TEST_IMAGE
 
 pytestmark = pytest.mark.anyio

@@ -18,7 +18,7 @@ import pytest
 
 import hutch
 from hutch._sandbox import backend_of
-from hutch.providers import _layers
+from hutch.providers import layers
 from hutch.providers.layers import giveback, overlay
 from hutch.providers.local import LocalSandbox
 
@@ -45,7 +45,7 @@ async def test_first_snapshot_moves_the_tree_and_the_directory_comes_back(tree: 
     snap = await sb.snapshot("first")
     try:
         # Moved, not copied: the layer holds the very same file.
-        layer_file = os.path.join(_layers.snapshot_dir(snap.id), "tree", "src", "f7.txt")
+        layer_file = os.path.join(layers.snapshot_dir(snap.id), "tree", "src", "f7.txt")
         assert os.stat(layer_file).st_ino == inode
         assert os.path.ismount(tree)
         assert os.stat(tree).st_mode & 0o777 == 0o750
@@ -89,9 +89,9 @@ async def test_first_snapshot_moves_the_tree_and_the_directory_comes_back(tree: 
     assert await later.read_text("src/f7.txt") == "file 7\n"
     await later.close()
     await hutch.remove_snapshot(snap)
-    assert not os.path.exists(_layers.snapshot_dir(snap.id))
+    assert not os.path.exists(layers.snapshot_dir(snap.id))
     # (Only this test's: other programs' sandboxes may share the home.)
-    assert not {sb.id, branch.id, restored.id, later.id} & set(_layers.branches())
+    assert not {sb.id, branch.id, restored.id, later.id} & set(layers.branches())
 
 
 async def test_a_directory_of_its_own_goes_with_the_sandbox() -> None:
@@ -102,9 +102,9 @@ async def test_a_directory_of_its_own_goes_with_the_sandbox() -> None:
     assert os.path.ismount(workdir)
     await sb.close()
     assert not os.path.exists(workdir)
-    assert sb.id not in _layers.branches()
+    assert sb.id not in layers.branches()
     await hutch.remove_snapshot(snap)
-    assert not os.path.exists(_layers.snapshot_dir(snap.id))
+    assert not os.path.exists(layers.snapshot_dir(snap.id))
 
 
 async def test_a_directory_a_process_is_in_is_copied_not_moved(tree: str) -> None:
@@ -118,7 +118,7 @@ async def test_a_directory_a_process_is_in_is_copied_not_moved(tree: str) -> Non
                                               read_before_write=False) as sb:
             snap = await sb.snapshot()
             assert not os.path.ismount(tree)
-            layer_file = os.path.join(_layers.snapshot_dir(snap.id), "tree", "src", "f7.txt")
+            layer_file = os.path.join(layers.snapshot_dir(snap.id), "tree", "src", "f7.txt")
             assert os.stat(layer_file).st_ino != inode
             await sb.write_text("src/f7.txt", "changed\n")
             with open(layer_file) as fh:
@@ -244,7 +244,7 @@ async def test_giving_back_applies_every_kind_of_change(tree: str, how: str) -> 
         assert state_of(later.workdir) == captured
         await later.close()
         await hutch.remove_snapshot(snap)
-    assert not os.path.exists(_layers.snapshot_dir(snap.id))
+    assert not os.path.exists(layers.snapshot_dir(snap.id))
     assert [n for n in os.listdir(os.path.dirname(tree)) if ".hutch-" in n] == []
 
 
@@ -262,7 +262,7 @@ def give_back_dying_at(sandbox_id: str, owner: Any, name: str, *, after: bool) -
                 os._exit(9)
 
             setattr(owner, name, die)
-            _layers.end_adopted(sandbox_id, keep=True)
+            layers.end_adopted(sandbox_id, keep=True)
         finally:
             os._exit(0)
     _, status = os.waitpid(pid, 0)
@@ -303,31 +303,31 @@ async def test_a_give_back_cut_short_is_finished_by_the_next_start(
     fill(tree)
     captured = state_of(tree)
     sandbox_id, snapshot_id = f"sb-give-{uuid.uuid4().hex[:8]}", f"snap-{uuid.uuid4().hex[:8]}"
-    assert _layers.adopt(snapshot_id, sandbox_id, tree) is not None
+    assert layers.adopt(snapshot_id, sandbox_id, tree) is not None
     subprocess.run(["bash", "-c", CHANGES], cwd=tree, check=True)
     seen = state_of(tree)
     branch = f"sb-branch-{uuid.uuid4().hex[:8]}"
     if how == "branch-running":
-        _layers.start_branch(branch, snapshot_id)
+        layers.start_branch(branch, snapshot_id)
     elif how == "snapshot-removed":
-        _layers.remove(snapshot_id)
+        layers.remove(snapshot_id)
     give_back_dying_at(sandbox_id, owner, step, after=after)
     # A restart (the reaper, or the close after a reconnect) finishes it.
-    _layers.ensure_mounted(sandbox_id)
+    layers.ensure_mounted(sandbox_id)
     await LocalSandbox.discard(sandbox_id)
     assert not os.path.ismount(tree)
     assert state_of(tree) == seen
-    assert sandbox_id not in _layers.branches()
+    assert sandbox_id not in layers.branches()
     if how == "branch-running":
-        assert state_of(os.path.join(_layers.mount_dir(branch), "merged")) == captured
-        _layers.end_branch(branch)
+        assert state_of(os.path.join(layers.mount_dir(branch), "merged")) == captured
+        layers.end_branch(branch)
     if how != "snapshot-removed":
         again = f"sb-again-{uuid.uuid4().hex[:8]}"
-        workdir, _ = _layers.start_branch(again, snapshot_id)
+        workdir, _ = layers.start_branch(again, snapshot_id)
         assert state_of(workdir) == captured
-        _layers.end_branch(again)
-        _layers.remove(snapshot_id)
-    assert not os.path.exists(_layers.snapshot_dir(snapshot_id))
+        layers.end_branch(again)
+        layers.remove(snapshot_id)
+    assert not os.path.exists(layers.snapshot_dir(snapshot_id))
 
 
 def test_a_branch_started_while_the_archive_is_made_keeps_the_layer(
@@ -341,25 +341,25 @@ def test_a_branch_started_while_the_archive_is_made_keeps_the_layer(
     untouched = os.stat(os.path.join(tree, "src", "f1.txt")).st_ino
     sandbox_id, snapshot_id = f"sb-give-{uuid.uuid4().hex[:8]}", f"snap-{uuid.uuid4().hex[:8]}"
     branch = f"sb-branch-{uuid.uuid4().hex[:8]}"
-    assert _layers.adopt(snapshot_id, sandbox_id, tree) is not None
+    assert layers.adopt(snapshot_id, sandbox_id, tree) is not None
     subprocess.run(["bash", "-c", CHANGES], cwd=tree, check=True)
     seen = state_of(tree)
     real = giveback._archive
 
     def archive_while_a_branch_starts(layer: str) -> bool:
-        _layers.start_branch(branch, snapshot_id)
+        layers.start_branch(branch, snapshot_id)
         return real(layer)
 
     monkeypatch.setattr(giveback, "_archive", archive_while_a_branch_starts)
-    _layers.end_adopted(sandbox_id, keep=True)
+    layers.end_adopted(sandbox_id, keep=True)
     assert state_of(tree) == seen
     assert os.stat(os.path.join(tree, "src", "f1.txt")).st_ino != untouched  # a copy
     with open(os.path.join(tree, "src", "f1.txt"), "a") as fh:
         fh.write("the caller writes on\n")
-    assert state_of(os.path.join(_layers.mount_dir(branch), "merged")) == captured
-    _layers.end_branch(branch)
-    _layers.remove(snapshot_id)
-    assert not os.path.exists(_layers.snapshot_dir(snapshot_id))
+    assert state_of(os.path.join(layers.mount_dir(branch), "merged")) == captured
+    layers.end_branch(branch)
+    layers.remove(snapshot_id)
+    assert not os.path.exists(layers.snapshot_dir(snapshot_id))
 
 
 async def test_a_close_cut_short_is_finished_when_its_sandbox_is_reconnected(tree: str) -> None:
@@ -377,7 +377,7 @@ async def test_a_close_cut_short_is_finished_when_its_sandbox_is_reconnected(tre
     with pytest.raises(hutch.SandboxUnavailable, match="was being closed"):
         await LocalSandbox.reconnect(sb.id, description)
     assert state_of(tree) == seen
-    assert sb.id not in _layers.branches()
+    assert sb.id not in layers.branches()
     await sb.close()
     later = await hutch.create_sandbox_from_snapshot(snap)
     assert state_of(later.workdir) == captured
@@ -395,18 +395,18 @@ async def test_a_close_cut_short_whose_record_ended_is_finished_by_the_reaper(
     monkeypatch.setenv("HUTCH_HOME", str(tmp_path / "home"))
     fill(tree)
     sandbox_id, snapshot_id = f"sb-give-{uuid.uuid4().hex[:8]}", f"snap-{uuid.uuid4().hex[:8]}"
-    assert _layers.adopt(snapshot_id, sandbox_id, tree) is not None
+    assert layers.adopt(snapshot_id, sandbox_id, tree) is not None
     subprocess.run(["bash", "-c", CHANGES], cwd=tree, check=True)
     seen = state_of(tree)
     running = f"sb-running-{uuid.uuid4().hex[:8]}"
-    _layers.start_branch(running, snapshot_id)  # a live sandbox, left alone
+    layers.start_branch(running, snapshot_id)  # a live sandbox, left alone
     give_back_dying_at(sandbox_id, giveback, "_put_in_place", after=False)
     assert await LocalSandbox.reap_orphans({sandbox_id, running}) == [sandbox_id]
     assert state_of(tree) == seen
-    assert _layers.branches() == [running]
-    _layers.end_branch(running)
-    _layers.remove(snapshot_id)
-    assert _layers.held() == []
+    assert layers.branches() == [running]
+    layers.end_branch(running)
+    layers.remove(snapshot_id)
+    assert layers.held() == []
 
 
 @pytest.mark.parametrize("moved", [True, False], ids=["moved", "copied"])
@@ -417,22 +417,22 @@ def test_a_give_back_journal_from_before_the_modes_is_finished(tree: str, moved:
     fill(tree)
     captured = state_of(tree)
     sandbox_id, snapshot_id = f"sb-give-{uuid.uuid4().hex[:8]}", f"snap-{uuid.uuid4().hex[:8]}"
-    assert _layers.adopt(snapshot_id, sandbox_id, tree) is not None
+    assert layers.adopt(snapshot_id, sandbox_id, tree) is not None
     subprocess.run(["bash", "-c", CHANGES], cwd=tree, check=True)
     seen = state_of(tree)
     if moved:  # that hutch moved the layer when no snapshot held it
-        _layers.remove(snapshot_id)
+        layers.remove(snapshot_id)
     # Where it stopped: the journal written, the mount point gone, nothing moved.
     subprocess.run(["umount", tree], check=True)
-    with open(os.path.join(_layers.mount_dir(sandbox_id), "giving-back.json"), "w") as fh:
+    with open(os.path.join(layers.mount_dir(sandbox_id), "giving-back.json"), "w") as fh:
         json.dump({"moved": moved}, fh)
     os.rmdir(tree)
-    _layers.end_adopted(sandbox_id, keep=True)
+    layers.end_adopted(sandbox_id, keep=True)
     assert state_of(tree) == seen
     if not moved:
         again = f"sb-again-{uuid.uuid4().hex[:8]}"
-        workdir, _ = _layers.start_branch(again, snapshot_id)
+        workdir, _ = layers.start_branch(again, snapshot_id)
         assert state_of(workdir) == captured
-        _layers.end_branch(again)
-        _layers.remove(snapshot_id)
-    assert not os.path.exists(_layers.snapshot_dir(snapshot_id))
+        layers.end_branch(again)
+        layers.remove(snapshot_id)
+    assert not os.path.exists(layers.snapshot_dir(snapshot_id))

@@ -27,14 +27,14 @@ pytestmark = [pytest.mark.anyio, pytest.mark.docker]
 async def test_a_capped_store_is_released_on_suspend_while_later_sandboxes_live(
     runtime: str,
 ) -> None:
-    from hutch.providers import _diskcap, _layers
+    from hutch.providers import _diskcap, layers
 
     origin = await hutch.create_sandbox(
         "docker", image=TEST_IMAGE, disk="64m", read_before_write=False
     )
     later: list[Any] = []
     try:
-        store = _layers.store_dir(origin.id)
+        store = layers.store_dir(origin.id)
         image = _diskcap.image_for(store)
         await origin.write_text("a.txt", "a")
         assert loop_devices_left(image) != [], "the store is mounted while it runs"

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import hutch
-from hutch.providers import _layers
+from hutch.providers import layers
 from tests.conftest import TEST_IMAGE
 
 pytestmark = pytest.mark.anyio
@@ -34,8 +34,8 @@ async def assert_freed(snapshot: hutch.Snapshot, *sandboxes: hutch.Sandbox) -> N
     """The snapshot's storage is gone, and the working directories of
     ``sandboxes`` (this test's: other programs' may share the home)."""
     assert snapshot.id not in await hutch.providers.get_provider(snapshot.provider).held_snapshots()
-    assert not os.path.exists(_layers.snapshot_dir(snapshot.id))
-    assert not {sb.id for sb in sandboxes} & set(_layers.branches())
+    assert not os.path.exists(layers.snapshot_dir(snapshot.id))
+    assert not {sb.id for sb in sandboxes} & set(layers.branches())
     if snapshot.provider == "docker":
         assert images_of(snapshot.id) == []
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 import hutch
-from hutch.providers import _layers
+from hutch.providers import layers
 from tests.conftest import TEST_IMAGE
 from tests.daemon_fixture import DaemonProcess, cleaned_daemon, client, end_everything  # noqa: F401 - cleaned_daemon is the daemon fixture
 
@@ -191,7 +191,7 @@ def test_sigkill_during_a_snapshot_or_a_fork(
         old = os.environ.get("HUTCH_HOME")
         os.environ["HUTCH_HOME"] = daemon.data_dir
         try:
-            assert set(_layers.branches()) <= {s["id"] for s in c.list_sandboxes()}
+            assert set(layers.branches()) <= {s["id"] for s in c.list_sandboxes()}
         finally:
             if old is None:
                 os.environ.pop("HUTCH_HOME", None)

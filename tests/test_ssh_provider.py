@@ -23,12 +23,12 @@ from hypothesis import strategies as st
 
 import hutch
 from hutch._sandbox import backend_of
-from hutch.lifecycle.state import SandboxState
 from hutch.providers._hostproc import pids_with_env
 from hutch.providers.ssh.config import SshConfig
 from hutch.providers.ssh.connection import SshTarget, acquire, release
 from hutch.providers.ssh.gitsource import GitSource, current_source, https_url
 from hutch.providers.ssh.provider import SshSandbox
+from hutch.states import SandboxState
 from hutch.testing._support import settle
 from tests.daemon_fixture import DaemonProcess
 from tests.ssh_server import ALIAS, SshServer, shared_server

@@ -13,8 +13,16 @@ from pydantic import BaseModel
 from hutch import wire
 from hutch._errors import SetupFailed
 from hutch._refwire import attachment_json
-from hutch._snapshots import Snapshot, SnapshotDependent
-from hutch._types import Capabilities, ExecResult, ExitStatus, FileInfo, FileType, OutputChunk
+from hutch._types import (
+    Capabilities,
+    ExecResult,
+    ExitStatus,
+    FileInfo,
+    FileType,
+    OutputChunk,
+    Snapshot,
+    SnapshotDependent,
+)
 from hutch.definitions.ensure import Step
 from hutch.server.asgi import render_json
 from hutch.server.errors import error_json

@@ -19,9 +19,7 @@ import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ._types import ProviderSnapshot
-from ._types import Snapshot as Snapshot
-from ._types import SnapshotDependent as SnapshotDependent
+from ._types import ProviderSnapshot, Snapshot
 
 if TYPE_CHECKING:
     from ._sandbox import Sandbox

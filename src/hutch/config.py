@@ -60,6 +60,10 @@ IMAGE_PROVIDER = "docker"
 CONFIG_FILE_NAME = "hutch.toml"
 
 
+MetadataKey = Annotated[str, Field(min_length=1, max_length=256)]
+MetadataValue = Annotated[str, Field(max_length=4096)]
+
+
 class SandboxOptions(BaseModel):
     """What hutch does around a sandbox, whatever provider runs it.
 
@@ -82,6 +86,9 @@ class SandboxOptions(BaseModel):
     read_before_write: bool = True
     #: Cap on one command's output, bytes.
     output_limit: int = Field(default=16 * 1024 * 1024, gt=0, le=MAX_OUTPUT_LIMIT)
+    #: A caller's own labels, kept with the sandbox and given back with it
+    #: (E2B's ``metadata``, which its lists filter on).
+    metadata: dict[MetadataKey, MetadataValue] = Field(default_factory=dict, max_length=64)
 
 
 OPTION_KEYS = frozenset(SandboxOptions.model_fields)

@@ -61,6 +61,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
                     "The daemon's sandbox definitions, one line each."),
     "complete": ("definitions:complete",
                  "A thread's run ended: its sandbox is destroyed if the definition says so."),
+    "mcp": ("mcp_server:mcp", "Serve a hutch sandbox as MCP tools to a coding assistant "
+            "(stdio, or --http)."),
+    "token": ("tokens:token",
+              "Print the daemon's token (or a ref), e.g. as E2B_API_KEY for the E2B SDKs."),
     "workspace": ("workspaces:workspace", "Named workspaces that outlive the daemon."),
     "image": ("images:image",
               "Images: environments built once, used by name by docker and bubblewrap."),

@@ -47,7 +47,7 @@ def stream_command(
     output_limit: int | None, forward_stdin: bool,
 ) -> int:
     """Run ``command`` in ``sb``, its output streamed to ours; its exit code."""
-    from .._process import ExitStatus
+    from .._types import ExitStatus
 
     cmd: str | list[str] = command[0] if len(command) == 1 else command
     stdin = None

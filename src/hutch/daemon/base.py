@@ -27,7 +27,8 @@ from .._sandbox import (
 )
 from ..config import SandboxSpec, requested_provider, resolve_spec
 from ..definitions import Definition, Definitions
-from ..lifecycle.engine import LifecycleEngine, expiry_error
+from ..lifecycle.engine import LifecycleEngine
+from ..lifecycle.records import expiry_error
 from ..providers.base import SandboxBackend
 from ..providers.registry import get_provider
 from ..states import FINAL, SandboxState, WorkspaceStatus

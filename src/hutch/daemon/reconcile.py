@@ -14,6 +14,7 @@ from .._errors import (
 )
 from .._sandbox import live_of
 from .._snapshots import new_snapshot_id
+from .._types import ProviderSnapshot
 from ..config import SandboxSpec
 from ..definitions.holders import (
     HELD_BY_DAEMON,
@@ -21,7 +22,7 @@ from ..definitions.holders import (
     this_program,
 )
 from ..lifecycle.state import found_state
-from ..providers.base import ProviderSnapshot, SandboxBackend
+from ..providers.base import SandboxBackend
 from ..providers.registry import available_providers, get_provider
 from ..states import SandboxState, SnapshotStatus, WorkspaceStatus
 from ..store import (

@@ -20,13 +20,13 @@ from .._sandbox import (
     live_of,
     new_sandbox_id,
 )
+from .._types import ProviderSnapshot
 from ..config import SandboxSpec
 from ..definitions import Definition, DirSource, GitSource
 from ..definitions.sources import (
     Progress,
 )
 from ..lifecycle.state import found_state
-from ..providers.base import ProviderSnapshot
 from ..providers.registry import get_provider
 from ..states import FINAL, SandboxState
 from ..store import (

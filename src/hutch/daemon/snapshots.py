@@ -22,9 +22,9 @@ from .._sandbox import (
     backend_of,
     live_of,
 )
-from .._snapshots import Snapshot, SnapshotDependent, new_snapshot_id
+from .._snapshots import new_snapshot_id
+from .._types import ProviderSnapshot, Snapshot, SnapshotDependent
 from ..config import OPTION_KEYS, SandboxSpec
-from ..providers.base import ProviderSnapshot
 from ..providers.registry import get_provider
 from ..states import SnapshotStatus
 from ..store import (

@@ -22,13 +22,12 @@ import anyio.to_thread
 from .._errors import HutchError, SandboxUnavailable
 from .._inflight import CallMark, InFlightCalls
 from .._sandbox import Sandbox, backend_of, live_of
-from .._snapshots import Snapshot
+from .._types import ProviderSnapshot, Snapshot
 from ..config import SandboxSpec
 from ..core.live import LiveSandbox
 from ..lifecycle.engine import DEFAULT_TIMEOUT_CEILING, LifecycleEngine
 from ..lifecycle.shared import SharedLimits, SharedView
 from ..lifecycle.state import found_state
-from ..providers.base import ProviderSnapshot
 from ..providers.registry import get_provider
 from ..states import FINAL, HELD, SandboxState, SnapshotStatus
 from ..store import InstanceRow, SnapshotRow, Store

@@ -14,8 +14,8 @@ import anyio
 import anyio.to_thread
 
 from .._errors import InvalidArgument, SandboxUnavailable, SetupFailed
-from .._process import ExitStatus
 from .._sandbox import Sandbox
+from .._types import ExitStatus
 from .model import DirSource, GitSource
 
 #: How much of a failed setup step's output its error carries.

@@ -1,15 +1,10 @@
-"""The sandbox state machine (SPEC §2): its states and transitions are
-:mod:`hutch.states`'s (re-exported here); this module adds how a sandbox
-found again is read from its runtime."""
+"""How a sandbox found again is read from its runtime (SPEC §2): the
+states and their transitions are :mod:`hutch.states`'s."""
 
 from __future__ import annotations
 
 from ..providers.base import RuntimeState
-from ..states import ALLOWED, FINAL, HELD, SandboxState, SandboxStatus, check_transition
-
-__all__ = [
-    "ALLOWED", "FINAL", "HELD", "SandboxState", "SandboxStatus", "check_transition", "found_state",
-]
+from ..states import SandboxState
 
 
 def found_state(recorded: SandboxState, observed: RuntimeState) -> SandboxState | None:

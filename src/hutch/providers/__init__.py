@@ -1,9 +1,9 @@
 """Sandbox providers: one interface (:mod:`.base`), many backends."""
 
+from .._types import ProviderSnapshot
 from .base import (
     BackendProcess,
     ProcessRequest,
-    ProviderSnapshot,
     PtyProcess,
     SandboxBackend,
     SandboxRuntime,

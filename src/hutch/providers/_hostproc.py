@@ -13,17 +13,20 @@ import asyncio
 import contextlib
 import os
 import pwd
+import shutil
 import signal
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .._errors import (
     NoSuchUser,
     SandboxFileNotFound,
     SandboxPermissionDenied,
+    StdinClosed,
 )
 from .._types import OutputChunk
 from ._pipes import OutputPipes
+from ._signals import default_signals_prefix
 from .base import EXEC_MARKER, SANDBOX_MARKER, BackendProcess, ProcessRequest
 
 __all__ = ["EXEC_MARKER", "SANDBOX_MARKER", "HostProcess", "pids_with_env", "spawn"]
@@ -60,21 +63,54 @@ def _signal_all(pids: Sequence[int], pgid: int | None, sig: int) -> None:
 
 
 class HostProcess(BackendProcess):
-    def __init__(self, proc: asyncio.subprocess.Process, exec_id: str, stdin: bytes | None) -> None:
+    def __init__(
+        self, proc: asyncio.subprocess.Process, exec_id: str, stdin: bytes | None,
+        keep_stdin: bool = False,
+    ) -> None:
         self._proc = proc
         self._exec_id = exec_id
         assert proc.stdout is not None and proc.stderr is not None
         self._output = OutputPipes(proc.stdout, proc.stderr)
-        if stdin is not None:
-            self._output.tasks.append(asyncio.get_running_loop().create_task(self._feed(stdin)))
+        #: What feeds the bytes given at the start (writes wait for it).
+        self._fed: asyncio.Task[None] | None = None
+        if stdin is not None or keep_stdin:
+            self._fed = asyncio.get_running_loop().create_task(
+                self._feed(stdin or b"", close=not keep_stdin))
+            self._output.tasks.append(self._fed)
 
-    async def _feed(self, data: bytes) -> None:
+    async def _feed(self, data: bytes, *, close: bool) -> None:
         stdin = self._proc.stdin
         assert stdin is not None
         # A command that exits without reading its stdin is not an error.
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            if data:
+                stdin.write(data)
+                await stdin.drain()
+        if close:
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                stdin.close()
+
+    async def write_stdin(self, data: bytes) -> None:
+        stdin = self._proc.stdin
+        if stdin is None or self._fed is None:
+            raise StdinClosed("this command's stdin is not a pipe hutch writes")
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(self._fed)
+        try:
+            if stdin.is_closing():
+                raise BrokenPipeError
             stdin.write(data)
             await stdin.drain()
+        except (BrokenPipeError, ConnectionResetError):
+            raise StdinClosed("the command has closed its stdin, or ended") from None
+
+    async def close_stdin(self) -> None:
+        stdin = self._proc.stdin
+        if stdin is None:
+            return
+        if self._fed is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(self._fed)
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             stdin.close()
 
@@ -115,25 +151,55 @@ async def spawn(request: ProcessRequest, *, exec_id: str) -> HostProcess:
     argv, cwd, stdin = list(request.argv), request.cwd, request.stdin
     if not os.path.isdir(cwd):
         raise SandboxFileNotFound(f"working directory {cwd} does not exist")
+    # Through env(1) when this thread ignores or blocks a signal the command
+    # would inherit (see _signals); found first, so a missing or unrunnable
+    # command is the same error as without it.
+    reset = default_signals_prefix()
+    preexec: Callable[[], None] | None = None
+    if reset and request.user is None:
+        argv[0] = _found(argv[0], request.env.get("PATH", os.defpath), cwd)
+        if "=" in argv[0]:  # env would read it as an assignment
+            reset, preexec = [], _default_signals
     if request.user is not None:
         # setpriv (util-linux), not user= or preexec_fn: uvloop (the daemon's
         # loop) has no user=, and switches before it enters cwd.
         argv = [*_as_user(request.user), *argv]
     try:
         proc = await asyncio.create_subprocess_exec(
-            *argv,
+            *reset, *argv,
             cwd=cwd,
             env=dict(request.env),
-            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdin=subprocess.PIPE if request.stdin_piped else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
+            preexec_fn=preexec,
         )
     except PermissionError:
         raise SandboxPermissionDenied(f"cannot execute {argv[0]}: permission denied") from None
     except FileNotFoundError:
         raise SandboxFileNotFound(f"command not found: {argv[0]}") from None
-    return HostProcess(proc, exec_id, stdin)
+    return HostProcess(proc, exec_id, stdin, request.keep_stdin)
+
+
+def _found(command: str, path: str, cwd: str) -> str:
+    """``command`` as exec would find it, or the error exec would give."""
+    if "/" in command:
+        found: str | None = os.path.join(cwd, command)
+    else:
+        found = shutil.which(command, mode=os.F_OK, path=path)
+    if found is None or not os.path.exists(found):
+        raise SandboxFileNotFound(f"command not found: {command}")
+    if os.path.isdir(found) or not os.access(found, os.X_OK):
+        raise SandboxPermissionDenied(f"cannot execute {command}: permission denied")
+    return found
+
+
+def _default_signals() -> None:
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
+    for signum in signal.valid_signals():
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(signum, signal.SIG_DFL)
 
 
 def _as_user(user: str) -> list[str]:

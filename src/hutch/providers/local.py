@@ -21,11 +21,11 @@ from pydantic import ConfigDict
 
 from .._errors import SandboxUnavailable
 from .._paths import sandbox_workdir
-from .._types import Capabilities, GrepMatch
+from .._types import Capabilities, GrepMatch, ProviderSnapshot
 from . import layers
 from ._hostfs import HostFiles
 from ._hostproc import EXEC_MARKER, SANDBOX_MARKER, HostProcess, pids_with_env, spawn
-from .base import FilesRuntime, NativeBackend, ProcessRequest, ProviderSettings, ProviderSnapshot
+from .base import FilesRuntime, NativeBackend, ProcessRequest, ProviderSettings
 
 SECRET_SUFFIXES = ("_API_KEY", "_SECRET", "_TOKEN", "_PASSWORD", "_CREDENTIAL")
 #: A name containing any of these (case-insensitively) is a secret's.

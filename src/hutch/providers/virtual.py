@@ -24,8 +24,8 @@ from .._errors import (
     SandboxIsADirectory,
     SandboxUnavailable,
 )
-from .._types import Capabilities, FileInfo, FileType
-from .base import NativeBackend, ProviderSettings, ProviderSnapshot
+from .._types import Capabilities, FileInfo, FileType, ProviderSnapshot
+from .base import NativeBackend, ProviderSettings
 
 
 class VirtualConfig(ProviderSettings):

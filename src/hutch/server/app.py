@@ -42,6 +42,7 @@ from .._errors import (
     error_from_code,
 )
 from ..daemon import Daemon, default_data_dir
+from . import e2b
 from .errors import error_json, unexpected_error_json
 from .hot import HotRoutes
 from .middleware import BodyBudget, BodyLimit, CancelOnDisconnect, TokenAuth
@@ -195,4 +196,7 @@ def create_app(
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(CancelOnDisconnect)
     app.add_middleware(TokenAuth, token=settings.token, daemon=lambda: holder.get("daemon"))
+    # Outermost: E2B's requests carry E2B's credentials, not the bearer token.
+    e2b.mount(app, daemon=lambda: holder.get("daemon"), token=settings.token,
+              max_body_bytes=settings.max_body_bytes)
     return app

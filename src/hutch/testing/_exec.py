@@ -294,13 +294,33 @@ async def check_a_command_killed_by_a_signal_exits_128_plus_n(sandbox: Any) -> N
         return
     assert (await sandbox.exec("kill -TERM $$")).exit_code == 128 + 15
     assert (await sandbox.exec(["sh", "-c", "kill -KILL $$"])).exit_code == 128 + 9
-    # SIGUSR1, not SIGINT: a host process may run with SIGINT ignored (a
-    # background job, a test worker) and local commands inherit that.
-    streamed = [e async for e in sandbox.exec_stream("kill -USR1 $$")
+    streamed = [e async for e in sandbox.exec_stream("kill -INT $$")
                 if isinstance(e, hutch.ExitStatus)]
-    assert [e.exit_code for e in streamed] == [128 + 10]
+    assert [e.exit_code for e in streamed] == [128 + 2]
     started = await sandbox.start(["sh", "-c", "kill -HUP $$"])
     assert (await started.wait()).exit_code == 128 + 1
+
+
+async def check_commands_start_with_default_signals(sandbox: Any) -> None:
+    """No signal ignored or blocked in a command, whatever the process that
+    started it does with its own (a daemon under nohup ignores SIGHUP, an
+    agent ignores SIGPIPE for itself): otherwise ``yes | head`` complains
+    of a broken pipe and an interrupt does not interrupt."""
+    if not await runs_processes(sandbox):
+        return
+    for run in ("exec", "start"):
+        argv = ["grep", "-E", "^Sig(Ign|Blk):", "/proc/self/status"]
+        if run == "exec":
+            result = await sandbox.exec(argv)
+        else:
+            result = await (await sandbox.start(argv)).wait()
+        assert result.exit_code == 0, result
+        fields = dict(line.split(":", 1) for line in result.stdout.splitlines())
+        assert {name: int(value, 16) for name, value in fields.items()} == {
+            "SigIgn": 0, "SigBlk": 0,
+        }, (run, result.stdout)
+    piped = await sandbox.exec("yes | head -n 1")
+    assert (piped.exit_code, piped.stdout, piped.stderr) == (0, "y\n", "")
 
 
 EXEC_CASES: list[Case] = [
@@ -335,4 +355,5 @@ EXEC_CASES: list[Case] = [
     check_invalid_timeout_is_rejected,
     check_empty_command_is_rejected,
     check_a_command_killed_by_a_signal_exits_128_plus_n,
+    check_commands_start_with_default_signals,
 ]

@@ -60,6 +60,7 @@ from ..._errors import InvalidArgument, ProviderError, SandboxUnavailable
 from ..._liveness import process_start_time, still_running
 from ..._paths import hutch_home
 from .. import _mounts
+from .._signals import default_signals_prefix
 from . import mountns, userns
 from .cgroups import JOIN_AND_EXEC, SandboxCgroup, leave_thread, thread_home
 from .seccomp import compile_filter
@@ -653,6 +654,8 @@ def start_keeper(
         KEEPER_MARKER: "1",
     }
 
+    reset_signals = default_signals_prefix(always=True)
+
     def mount_and_start(joined: bool) -> subprocess.Popen[bytes]:
         # The keeper inherits the starter's new mount namespace, then holds it
         # alone; and is born in the sandbox's cgroups, or joins them first.
@@ -662,6 +665,9 @@ def start_keeper(
         # Of the host's mounts copied in, only what runs here uses stays.
         mountns.keep_only((SHARED_POINTS, layers.sandbox_dir))
         argv = bwrap if joined else ["/bin/sh", "-c", JOIN_AND_EXEC, "hutch-keeper", *bwrap]
+        # The keeper outlives this call and starts every agent command: it
+        # starts with default signals, whatever this program ignores.
+        argv = [*reset_signals, *argv]
         with open(log_path, "ab") as log:
             return subprocess.Popen(
                 argv, env=env, stdin=block_r, stdout=log if agent else ready_w, stderr=log,

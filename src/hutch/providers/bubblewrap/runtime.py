@@ -42,6 +42,7 @@ from ..._errors import (
 )
 from ..._types import OutputChunk
 from .._hostproc import EXEC_MARKER, SANDBOX_MARKER, HostProcess
+from .._signals import default_signals_prefix
 from ..agent.runtime import AgentRuntime, Recover
 from ..base import BackendProcess, FilesRuntime, ProcessRequest
 from . import userns
@@ -98,6 +99,12 @@ class OomWatch(BackendProcess):
 
     async def kill(self, grace: float) -> None:
         await self._inner.kill(grace)
+
+    async def write_stdin(self, data: bytes) -> None:
+        await self._inner.write_stdin(data)
+
+    async def close_stdin(self) -> None:
+        await self._inner.close_stdin()
 
     async def read(self) -> OutputChunk | None:
         chunk = await self._inner.read()
@@ -209,6 +216,12 @@ class CommandRan(BackendProcess):
         self._killed = True
         await self._inner.kill(grace)
         self._status.close()
+
+    async def write_stdin(self, data: bytes) -> None:
+        await self._inner.write_stdin(data)
+
+    async def close_stdin(self) -> None:
+        await self._inner.close_stdin()
 
 
 def not_started_error(name: str, sandbox_id: str, said: bytes, status: int | None) -> HutchError:
@@ -394,10 +407,10 @@ class BubblewrapRuntime(FilesRuntime):
             }
             try:
                 proc = await asyncio.create_subprocess_exec(
-                    *command,
+                    *default_signals_prefix(), *command,
                     cwd="/",
                     env=host_env,
-                    stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                    stdin=subprocess.PIPE if request.stdin_piped else subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     start_new_session=True,
@@ -409,7 +422,7 @@ class BubblewrapRuntime(FilesRuntime):
         finally:
             for fd in fds:
                 os.close(fd)
-        process = HostProcess(proc, exec_id, stdin)
+        process = HostProcess(proc, exec_id, stdin, request.keep_stdin)
         try:
             status = await BwrapStatus.open(started_read)
         except BaseException:

@@ -33,12 +33,11 @@ from ..._errors import (
 )
 from ..._faults import fault_point
 from ..._liveness import still_running, this_process
-from ..._types import Capabilities
+from ..._types import Capabilities, ProviderSnapshot
 from .._hostproc import SANDBOX_MARKER
 from ..agent import AgentFailure, AgentUnavailable, agent_binary
 from ..base import (
     ProviderSettings,
-    ProviderSnapshot,
     RuntimeReport,
     RuntimeState,
     SandboxBackend,

@@ -31,6 +31,7 @@ from ..._errors import (
     SandboxFileNotFound,
     SandboxPermissionDenied,
     SandboxUnavailable,
+    StdinClosed,
 )
 from ..._types import KILL_GRACE_SECONDS, OutputChunk
 from .._docker_engine import call as _call
@@ -166,8 +167,8 @@ def _oci_error(message: str, request: ProcessRequest, *, pids_refused: bool) -> 
     return ProviderError(f"docker exec failed: {message.strip()}")
 
 
-#: How long an exec's output stream may stay open, and the Engine may take to
-#: record its exit, once its process is gone. The Engine itself ends the
+#: How long an exec's output stream may stay open with nothing on it, and the
+#: Engine may take to record its exit, once its process is gone. The Engine itself ends the
 #: stream at most 2 s after the exit (cutting off what orphans still hold);
 #: the rest is room for a loaded host. Past it the exec fails, said so.
 EXEC_DRAIN_SECONDS = 15.0
@@ -226,6 +227,9 @@ class DockerProcess(FutureExitProcess):
         self._host_sees = started.host_sees
         #: When the exec's process was first seen gone (monotonic).
         self._gone_at: float | None = None
+        #: When the stream last had bytes: the drain time runs from the later
+        #: of this and the process's end, so a slow stream is never cut off.
+        self._heard_at = 0.0
         #: What was asked, for the error a failed start says.
         self._request = request
         self._loop = asyncio.get_running_loop()
@@ -242,20 +246,50 @@ class DockerProcess(FutureExitProcess):
         self._room = threading.Semaphore(EXEC_QUEUE_CHUNKS)
         #: Set by kill: nobody may read on, so the thread stops waiting for room.
         self._abandoned = threading.Event()
+        #: Writes to its stdin, one at a time in order, off the event loop
+        #: (a send blocks while the command does not read).
+        self._stdin_turn = threading.Lock()
         if request.stdin is not None:
-            threading.Thread(target=self._feed, args=(request.stdin,), daemon=True).start()
+            self._stdin_turn.acquire()  # the first bytes go first
+            threading.Thread(
+                target=self._feed, args=(request.stdin, not request.keep_stdin), daemon=True
+            ).start()
         threading.Thread(target=self._pump, daemon=True).start()
 
-    def _feed(self, data: bytes) -> None:
+    def _feed(self, data: bytes, close: bool) -> None:
         try:
-            view = memoryview(data)
-            while view:
-                sent = self._sock.send(view[: 1 << 20])
-                view = view[sent:]
+            self._send_all(data)
         except OSError:
             pass  # the command exited without reading all of its stdin
-        with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_WR)
+        finally:
+            if close:
+                with contextlib.suppress(OSError):
+                    self._sock.shutdown(socket.SHUT_WR)
+            self._stdin_turn.release()
+
+    def _send_all(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            sent = self._sock.send(view[: 1 << 20])
+            view = view[sent:]
+
+    def _send_stdin(self, data: bytes | None) -> None:
+        """``data`` to the command's stdin, or its end (None), after what went before."""
+        with self._stdin_turn:
+            try:
+                if data is None:
+                    self._sock.shutdown(socket.SHUT_WR)
+                else:
+                    self._send_all(data)
+            except OSError:
+                if data is not None:
+                    raise StdinClosed("the command has closed its stdin, or ended") from None
+
+    async def write_stdin(self, data: bytes) -> None:
+        await asyncio.to_thread(self._send_stdin, data)
+
+    async def close_stdin(self) -> None:
+        await asyncio.to_thread(self._send_stdin, None)
 
     def _post(self, item: OutputChunk | BaseException | None) -> None:
         # The loop may be gone (a sync caller's loop ended): nobody is left to tell.
@@ -286,6 +320,10 @@ class DockerProcess(FutureExitProcess):
         if gone:
             self._gone_at = time.monotonic()
 
+    def _drain_deadline(self) -> float:
+        assert self._gone_at is not None
+        return max(self._gone_at, self._heard_at) + EXEC_DRAIN_SECONDS
+
     def _never_ended(self) -> ProviderError:
         info = engine().exec_inspect(self._exec_id)
         name = self._request.argv[0] if self._request.argv else "the command"
@@ -295,24 +333,28 @@ class DockerProcess(FutureExitProcess):
             said = "is gone, but the Engine still says it runs (it lost its exit)"
         return ProviderError(
             f"docker exec of {name} in sandbox {self._sandbox.sandbox_id}: its process "
-            f"{said}, and its output stream was still open {EXEC_DRAIN_SECONDS:.0f} s "
-            "later; its output may be incomplete, run it again"
+            f"{said}, and its output stream stayed open with nothing on it for "
+            f"{EXEC_DRAIN_SECONDS:.0f} s; its output may be incomplete, run it again"
         )
 
     def _await_readable(self, poller: select.poll) -> None:
         """Return once the socket has bytes or its end to read. While it is
         quiet, look now and then whether the process is still there; once it
-        is gone, the stream has :data:`EXEC_DRAIN_SECONDS` to end."""
+        is gone, the stream may go quiet for :data:`EXEC_DRAIN_SECONDS` at
+        most before it ends (however long its bytes take to arrive)."""
         quiet = 0.2
         while True:
             if self._gone_at is None:
                 wait = quiet
             else:
-                wait = self._gone_at + EXEC_DRAIN_SECONDS - time.monotonic()
-                if wait <= 0:
-                    raise self._never_ended()
+                # Bytes already waiting count even past the deadline: the
+                # time this thread waited for a slow reader is not quiet.
+                wait = max(0.0, self._drain_deadline() - time.monotonic())
             if poller.poll(wait * 1000):
+                self._heard_at = time.monotonic()
                 return
+            if self._gone_at is not None and time.monotonic() >= self._drain_deadline():
+                raise self._never_ended()
             quiet = min(quiet * 2, EXEC_CHECK_MAX_SECONDS)
             self._note_if_gone()
 
@@ -384,8 +426,7 @@ class DockerProcess(FutureExitProcess):
                 return int(info["ExitCode"])
             if self._gone_at is None and self._host_says_gone():
                 self._gone_at = time.monotonic()
-            if self._gone_at is not None and (
-                    time.monotonic() - self._gone_at > EXEC_DRAIN_SECONDS):
+            if self._gone_at is not None and time.monotonic() > self._drain_deadline():
                 name = self._request.argv[0] if self._request.argv else "the command"
                 raise ProviderError(
                     f"docker exec of {name} in sandbox {self._sandbox.sandbox_id}: its "
@@ -490,7 +531,7 @@ class DockerProcesses(DockerProvisioning):
                 while True:
                     try:
                         created = api.exec_create(
-                            container, list(request.argv), stdin=request.stdin is not None,
+                            container, list(request.argv), stdin=request.stdin_piped,
                             environment=full_env, workdir=request.cwd,
                             user=request.user or "",
                         )

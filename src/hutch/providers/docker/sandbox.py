@@ -30,11 +30,11 @@ import anyio.to_thread
 from ..._errors import HutchError, ProviderError, SandboxUnavailable
 from ..._faults import fault_point
 from ..._paths import sandbox_workdir
-from ..._types import Capabilities
+from ..._types import Capabilities, ProviderSnapshot
 from .. import layers
 from .._docker_engine import call as _call
 from .._docker_engine import engine
-from ..base import ProviderSnapshot, RuntimeReport, RuntimeState
+from ..base import RuntimeReport, RuntimeState
 from .config import DockerConfig
 from .files import DockerFiles
 from .freeze import drop_start_locks, freeze_guard

@@ -19,12 +19,12 @@ import anyio.to_thread
 from ..._errors import HutchError, ProviderError
 from ..._faults import fault_point
 from ..._paths import hutch_home, sandbox_workdir
+from ..._types import ProviderSnapshot
 from .. import layers
 from .._diskcap import image_for, unmount_capped
 from .._docker_engine import call as _call
 from .._docker_engine import engine
 from .._docker_engine import status_of as _status
-from ..base import ProviderSnapshot
 from . import netguard
 from .freeze import drop_start_locks, freeze_guard
 from .labels import (

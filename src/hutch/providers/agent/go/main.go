@@ -46,7 +46,11 @@ func main() {
 	startSpawner()
 	signals := make(chan os.Signal, 1)
 	signal.Notify(signals, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
-	signal.Ignore(syscall.SIGPIPE)
+	// A broken pipe is an EPIPE from the write, not the agent's death. Asked
+	// for, not ignored: an ignored signal stays ignored in every command the
+	// agent starts (`yes | head` would then complain instead of ending),
+	// while a caught one is reset to its default by exec.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 
 	var listener *net.UnixListener
 	var err error

@@ -1,0 +1,73 @@
+"""Default signals for the commands hutch starts on this host.
+
+Ignored signal dispositions and the signal mask survive ``fork`` and
+``exec``. A program that runs hutch may ignore some (``nohup`` ignores SIGHUP,
+a test runner's workers ignore SIGINT) or block one it waits for; a command a
+host-spawning provider starts as a plain child would inherit that, and then
+``kill -INT`` or an agent's Ctrl-C would not end it. A sandbox's commands
+start with every signal at its default instead, whatever their host process
+does with its own.
+
+Python's ``subprocess`` resets only SIGPIPE and SIGXFSZ (``restore_signals``),
+and a ``preexec_fn`` would make it ``fork`` the whole process (about 40 ms
+under a 200 MB heap, against ~1 ms). So the reset is done by exec'ing through
+``env --default-signal`` (coreutils 8.31 and later: every signal back to its
+default and the mask cleared), and only when the calling thread holds state a
+child would inherit: an ignored signal or a non-empty mask.
+"""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import signal
+import subprocess
+
+from .._errors import ProviderError
+
+__all__ = ["default_signals_prefix", "inherits_signal_state", "resetting_env"]
+
+# Python itself ignores these and Popen's restore_signals resets them in
+# every child; neither stops and kill can be ignored or blocked.
+_NOT_INHERITED = {signal.SIGPIPE, signal.SIGXFSZ, signal.SIGKILL, signal.SIGSTOP}
+_CHECKED = tuple(s for s in signal.valid_signals() if s not in _NOT_INHERITED)
+
+
+def inherits_signal_state() -> bool:
+    """Whether a child started from this thread now would inherit an ignored
+    signal or a blocked one."""
+    if signal.pthread_sigmask(signal.SIG_BLOCK, ()):
+        return True
+    for signum in _CHECKED:
+        try:
+            if signal.getsignal(signum) is signal.SIG_IGN:
+                return True
+        except ValueError:  # a number the interpreter does not know
+            continue
+    return False
+
+
+@functools.cache
+def resetting_env() -> str:
+    """The ``env`` that resets every signal, checked once."""
+    env = shutil.which("env", path="/usr/bin:/bin")
+    if env is not None:
+        probe = subprocess.run([env, "--default-signal", "true"], capture_output=True,
+                               check=False)
+        if probe.returncode == 0:
+            return env
+    raise ProviderError(
+        "this host's env(1) cannot reset signals (--default-signal needs coreutils 8.31 or "
+        "later), and this program ignores or blocks signals its sandboxes' commands would "
+        "inherit"
+    )
+
+
+def default_signals_prefix(*, always: bool = False) -> list[str]:
+    """The argv prefix that starts a command with default signals: empty when
+    nothing would be inherited (the common case, costing no exec), unless
+    ``always`` (for a long-lived process started from elsewhere than the
+    calling thread, such as a sandbox's keeper)."""
+    if always or inherits_signal_state():
+        return [resetting_env(), "--default-signal"]
+    return []

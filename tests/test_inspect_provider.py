@@ -1,0 +1,142 @@
+"""The ``hutch`` sandbox environment of inspect_ai: an eval of a small task
+with ``sandbox="hutch"`` on docker end to end (mockllm: no network), and
+inspect's own provider self-check suite through the environment, on docker
+and on bubblewrap, in-process as a user gets it by default.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("inspect_ai")
+
+from inspect_ai import Task, eval
+from inspect_ai.dataset import Sample
+from inspect_ai.model import ModelOutput
+from inspect_ai.scorer import includes
+from inspect_ai.solver import Generate, TaskState, solver
+from inspect_ai.util import SandboxEnvironment, SandboxEnvironmentSpec, sandbox
+from inspect_ai.util._sandbox.self_check import *  # noqa: F403
+
+from hutch.inspect import HutchSandboxConfig, HutchSandboxEnvironment
+from tests.conftest import TEST_IMAGE
+
+pytestmark = [pytest.mark.docker]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+#: Checks that need the sandbox's user to be subject to file modes: hutch's
+#: docker sandboxes run as root, whom a mode does not stop (inspect's own
+#: docker provider reads the mode bits and pretends).
+AS_ROOT: dict[str, set[str]] = {
+    "docker": {"test_read_file_not_allowed", "test_write_text_file_without_permissions",
+               "test_write_binary_file_without_permissions"},
+    "bubblewrap": {"test_read_file_not_allowed", "test_write_text_file_without_permissions",
+                   "test_write_binary_file_without_permissions"},
+}
+
+
+# -- inspect's self-check suite ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module", params=["docker", "bubblewrap"])
+async def held(request: pytest.FixtureRequest, anyio_backend: str) -> AsyncIterator[Any]:
+    """One sandbox for a provider's whole run of the suite (each check cleans
+    up its own files), made and ended as a sample's is."""
+    config = HutchSandboxConfig(provider=request.param, image=TEST_IMAGE)
+    environments = await HutchSandboxEnvironment.sample_init("self-check", config, {})
+    try:
+        yield request.param, environments["default"]
+    finally:
+        await HutchSandboxEnvironment.sample_cleanup("self-check", config, environments, False)
+        await HutchSandboxEnvironment.task_cleanup("self-check", config, True)
+
+
+@pytest.fixture
+async def sandbox_env(
+    held: tuple[str, SandboxEnvironment], request: pytest.FixtureRequest
+) -> SandboxEnvironment:
+    provider, environment = held
+    if request.node.originalname in AS_ROOT[provider]:
+        request.applymarker(pytest.mark.xfail(
+            strict=True, reason=f"{provider}'s sandboxes run as root: no file mode stops root"))
+    return environment
+
+
+# -- an eval end to end ------------------------------------------------------------------
+
+
+@solver
+def write_and_run() -> Any:
+    async def solve(state: TaskState, generate: Generate) -> TaskState:
+        box = sandbox()
+        await box.write_file("work/answer.py", "print(6 * 7)\n")
+        ran = await box.exec(["python3", "answer.py"], cwd="work")
+        assert ran.success, ran.stderr
+        state.metadata["sandbox_id"] = box.as_type(HutchSandboxEnvironment).sandbox.id
+        state.output = ModelOutput.from_content("mockllm/model", ran.stdout)
+        return state
+
+    return solve
+
+
+def _containers(name: str) -> list[str]:
+    done = subprocess.run(["docker", "ps", "-aq", "--filter", f"name={name}"],
+                          capture_output=True, text=True, check=True)
+    return done.stdout.split()
+
+
+def test_an_eval_with_sandbox_hutch_runs_on_docker(tmp_path: Any) -> None:
+    task = Task(
+        dataset=[Sample(input="what is 6 * 7?", target="42", id=n) for n in (1, 2)],
+        solver=write_and_run(), scorer=includes(),
+        sandbox=SandboxEnvironmentSpec(
+            "hutch", HutchSandboxConfig(provider="docker", image=TEST_IMAGE)),
+    )
+    [log] = eval(task, model="mockllm/model", log_dir=str(tmp_path), display="none")
+    assert log.status == "success", log.error
+    assert log.samples is not None and len(log.samples) == 2
+    assert all(s.scores and s.scores["includes"].value == "C" for s in log.samples)
+    made = {s.metadata["sandbox_id"] for s in log.samples}
+    assert len(made) == 2  # one sandbox a sample
+    for sandbox_id in made:  # and each removed with its sample
+        assert not _containers(f"hutch-{sandbox_id}")
+
+
+def test_a_hutch_toml_beside_the_task_configures_it(tmp_path: Any) -> None:
+    config = tmp_path / "hutch.toml"
+    config.write_text(f'[sandbox]\nprovider = "docker"\nimage = "{TEST_IMAGE}"\n'
+                      '[inspect]\ndaemon = false\n')
+    task = Task(dataset=[Sample(input="6 * 7?", target="42")], solver=write_and_run(),
+                scorer=includes(), sandbox=("hutch", str(config)))
+    [log] = eval(task, model="mockllm/model", log_dir=str(tmp_path / "logs"), display="none")
+    assert log.status == "success", log.error
+    assert log.samples and log.samples[0].scores["includes"].value == "C"
+
+
+def test_installing_hutch_registers_the_environment_by_its_entry_point() -> None:
+    """In a fresh interpreter, nothing of hutch imported: inspect finds
+    ``hutch`` through the ``inspect_ai`` entry point of hutch's metadata."""
+    code = ("from inspect_ai.util._sandbox.registry import registry_find_sandboxenv\n"
+            "print(registry_find_sandboxenv('hutch').__module__)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=False,
+                          env={**os.environ, "PYTHONPATH": os.path.join(ROOT, "src")})
+    assert done.stdout.strip() == "hutch.inspect.environment", done.stderr
+
+
+@pytest.fixture
+def no_leftover_samples() -> Iterator[None]:
+    yield
+    assert not any(HutchSandboxEnvironment._held.values())
