@@ -83,6 +83,25 @@ class BackendProcess(abc.ABC):
         """Whether the kernel's OOM killer ended it, where the provider can tell."""
         return False
 
+    async def write_stdin(self, data: bytes) -> None:
+        """Write ``data`` to the command's stdin, kept open at its start
+        (``ProcessRequest.keep_stdin``): returns once its pipe took them (a
+        command that does not read makes it wait, as a full pipe does), and
+        raises :class:`StdinClosed` once the command closed its stdin or
+        ended. Called only by :class:`hutch.Process`, which checks first that
+        stdin was kept open and not closed, one write at a time."""
+        raise CapabilityUnsupported(
+            f"{type(self).__name__} cannot write to a running command's stdin"
+        )
+
+    async def close_stdin(self) -> None:
+        """Close the command's stdin (it reads its end of file). Idempotent
+        on a command that has ended."""
+        raise CapabilityUnsupported(
+            f"{type(self).__name__} cannot close a running command's stdin"
+        )
+
+
 class UnstartedProcess(BackendProcess):
     """A command that could not start (its user does not exist): as on every
     other execution API, a process that said why on stderr and exited 126."""
@@ -184,14 +203,22 @@ class PtyProcess(BackendProcess):
 class ProcessRequest:
     """A command a runtime is asked to start: ``argv`` in ``cwd`` (absolute,
     inside the sandbox), with ``env`` over the sandbox's own environment,
-    ``stdin`` fed and then closed (None: no input), as ``user`` (None: the
-    sandbox's default user)."""
+    ``stdin`` fed and then closed (None: no input, its stdin at end of file),
+    as ``user`` (None: the sandbox's default user). With ``keep_stdin`` its
+    stdin is a pipe left open after ``stdin``'s bytes, for
+    :meth:`BackendProcess.write_stdin` and ``close_stdin``."""
 
     argv: Sequence[str]
     cwd: str
     env: Mapping[str, str] = field(default_factory=dict)
     stdin: bytes | None = None
     user: str | None = None
+    keep_stdin: bool = False
+
+    @property
+    def stdin_piped(self) -> bool:
+        """Whether the command's stdin is a pipe hutch writes (not /dev/null)."""
+        return self.stdin is not None or self.keep_stdin
 
 
 #: In the environment of every command hutch starts: its own id, and its sandbox's.

@@ -68,6 +68,13 @@ class ExecBody(BaseModel):
         return self.stdin.encode()
 
 
+class StartBody(ExecBody):
+    """A background command: as an exec, and its stdin kept open after
+    ``stdin`` (for ``.../stdin`` writes and its close) when ``keep_stdin``."""
+
+    keep_stdin: bool = False
+
+
 class SandboxRef(BaseModel):
     sandbox: str
 

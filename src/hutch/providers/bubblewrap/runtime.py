@@ -100,6 +100,12 @@ class OomWatch(BackendProcess):
     async def kill(self, grace: float) -> None:
         await self._inner.kill(grace)
 
+    async def write_stdin(self, data: bytes) -> None:
+        await self._inner.write_stdin(data)
+
+    async def close_stdin(self) -> None:
+        await self._inner.close_stdin()
+
     async def read(self) -> OutputChunk | None:
         chunk = await self._inner.read()
         if chunk is None and not self._ended:
@@ -225,6 +231,12 @@ class CommandRan(BackendProcess):
         self._killed = True
         await self._inner.kill(grace)
         self._status.close()
+
+    async def write_stdin(self, data: bytes) -> None:
+        await self._inner.write_stdin(data)
+
+    async def close_stdin(self) -> None:
+        await self._inner.close_stdin()
 
 
 def not_started_error(name: str, sandbox_id: str, said: bytes, status: int | None) -> HutchError:
@@ -415,7 +427,7 @@ class BubblewrapRuntime(FilesRuntime):
                     *default_signals_prefix(), *command,
                     cwd="/",
                     env=host_env,
-                    stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                    stdin=subprocess.PIPE if request.stdin_piped else subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     start_new_session=True,
@@ -427,7 +439,7 @@ class BubblewrapRuntime(FilesRuntime):
         finally:
             for fd in fds:
                 os.close(fd)
-        process = HostProcess(proc, exec_id, stdin)
+        process = HostProcess(proc, exec_id, stdin, request.keep_stdin)
         try:
             status = await BwrapStatus.open(started_read)
         except BaseException:
