@@ -9,6 +9,7 @@ import base64
 import gzip
 import json
 import struct
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -535,3 +536,31 @@ def test_stdin_not_asked_for_cannot_be_written(envd: Envd) -> None:
             "process": {"pid": pid}, "input": {"stdin": base64.b64encode(b"x").decode()}})
         assert (refused.status_code, refused.json()["code"]) == (400, "failed_precondition")
         envd.ok("process.Process/SendSignal", {"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"})
+
+
+@pytest.mark.docker
+def test_a_watch_does_not_wake_a_paused_sandbox(served: DaemonProcess) -> None:
+    sandbox = new_sandbox(served)
+    api = httpx.Client(base_url=served.url, headers={"X-API-KEY": served.token}, timeout=60)
+    try:
+        sandbox.ok("filesystem.Filesystem/MakeDir", {"path": "/tmp/asleep"})
+        watcher = sandbox.ok("filesystem.Filesystem/CreateWatcher",
+                             {"path": "/tmp/asleep"})["watcherId"]
+        assert api.post(f"/sandboxes/{sandbox.sandbox_id}/pause", json={}).status_code == 204
+        for _ in range(10):  # several of the watch's looks (one every 0.3 s)
+            time.sleep(0.3)
+            assert api.get(f"/sandboxes/{sandbox.sandbox_id}").json()["state"] == "paused"
+        resumed = api.post(f"/sandboxes/{sandbox.sandbox_id}/connect", json={"timeout": 60})
+        assert resumed.status_code == 201
+        sandbox.run("touch /tmp/asleep/after")
+        events: list[dict[str, Any]] = []
+        for _ in range(100):
+            events += sandbox.ok("filesystem.Filesystem/GetWatcherEvents",
+                                 {"watcherId": watcher})["events"]
+            if events:
+                break
+            time.sleep(0.1)
+        assert [(e["name"], e["type"]) for e in events] == [("after", "EVENT_TYPE_CREATE")]
+    finally:
+        api.delete(f"/sandboxes/{sandbox.sandbox_id}")
+        api.close()
