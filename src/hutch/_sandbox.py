@@ -29,7 +29,9 @@ from ._errors import (
     NoSuchUser,
     NotFound,
     ProviderError,
+    SandboxFileExists,
     SandboxIsADirectory,
+    SandboxNotADirectory,
     SandboxPermissionDenied,
     SandboxUnavailable,
 )
@@ -598,6 +600,83 @@ class Sandbox:
                     raise self._session_guard.refuse(full, "delete")
             await self._runtime.remove(full, recursive)
         self._session_guard.forget(full)
+
+    def _not_the_workdir(self, path: str, full: str, what: str) -> None:
+        if within(self.workdir, full):
+            # Every command runs there, on every provider: it stays where it is.
+            raise InvalidArgument(
+                f"{path!r} is the sandbox's working directory ({self.workdir}) or holds "
+                f"it: not a file to {what}"
+            )
+
+    async def mkdir(self, path: str, *, parents: bool = False, exist_ok: bool = False) -> None:
+        """Make the directory ``path`` (mode 0755), as ``pathlib.Path.mkdir``:
+        its missing parents too with ``parents`` (else SandboxFileNotFound
+        when its parent is missing); a directory already there is
+        SandboxFileExists unless ``exist_ok``; anything else there (a file)
+        is SandboxFileExists always, and a file where a parent must be is
+        SandboxNotADirectory."""
+        full = self.path(path)
+        async with self._operation("mkdir"):
+            try:
+                info = await self._runtime.stat(full)
+            except FileNotFoundError:
+                info = None
+            if info is not None:
+                if info.type == FileType.DIRECTORY and exist_ok:
+                    return
+                kind = "directory" if info.type == FileType.DIRECTORY else "file"
+                raise SandboxFileExists(f"{full} already exists (a {kind})")
+            try:
+                await self._runtime.make_dir(full, parents)
+            except SandboxFileExists:
+                # Made meanwhile (by a command, another session): as if found above.
+                if not exist_ok or (await self._runtime.stat(full)).type != FileType.DIRECTORY:
+                    raise
+
+    async def rename(self, source: str, destination: str, *, overwrite: bool = False) -> None:
+        """Move ``source`` to ``destination`` inside the sandbox (a file or a
+        whole directory, in one step where the file system can). The
+        destination's directory must exist. Something already at
+        ``destination`` is SandboxFileExists unless ``overwrite``; then, as
+        rename(2): a file replaces a file, a directory an empty directory
+        (a directory onto a file is SandboxNotADirectory, a file onto a
+        directory SandboxIsADirectory, onto a non-empty one
+        SandboxFileExists). A directory into itself, and the working
+        directory (or one that holds it) either way, are InvalidArgument."""
+        full_source, full_destination = self.path(source), self.path(destination)
+        self._not_the_workdir(source, full_source, "rename")
+        self._not_the_workdir(destination, full_destination, "replace")
+        async with self._operation("rename"):
+            source_info = await self._runtime.stat(full_source)  # file_not_found if missing
+            if full_source == full_destination:
+                return
+            source_is_dir = source_info.type == FileType.DIRECTORY
+            if source_is_dir and within(full_destination, full_source):
+                raise InvalidArgument(
+                    f"cannot move {full_source} into itself ({full_destination})")
+            try:
+                there = await self._runtime.stat(full_destination)
+            except FileNotFoundError:
+                there = None
+            if there is not None:
+                if not overwrite:
+                    raise SandboxFileExists(
+                        f"{full_destination} already exists; pass overwrite=True to replace it"
+                    )
+                if there.type == FileType.DIRECTORY and not source_is_dir:
+                    raise SandboxIsADirectory(
+                        f"{full_destination} is a directory: a file cannot replace it")
+                if source_is_dir and there.type != FileType.DIRECTORY:
+                    raise SandboxNotADirectory(
+                        f"{full_destination} is not a directory: a directory cannot replace it")
+            await self._runtime.rename(full_source, full_destination)
+        # What this session had read, it knows under its new name.
+        if self._session_guard.needs_check(full_source):
+            self._session_guard.forget(full_destination)
+        else:
+            self._session_guard.mark_read(full_destination)
+        self._session_guard.forget(full_source)
 
     async def grep(
         self,
