@@ -471,3 +471,25 @@ def test_a_polled_watcher_hands_over_what_happened_since_the_last_poll(envd: Env
     assert envd.ok("filesystem.Filesystem/RemoveWatcher", {"watcherId": watcher}) == {}
     after = envd.unary("filesystem.Filesystem/GetWatcherEvents", {"watcherId": watcher})
     assert (after.status_code, after.json()["code"]) == (404, "not_found")
+
+
+@pytest.mark.docker
+def test_what_envd_changes_is_told_to_watches_as_it_is_done(envd: Envd) -> None:
+    """Made, renamed and removed between two looks: still every event, in
+    order, as inotify gives them (a rename: the old name renamed, the new
+    one created)."""
+    envd.ok("filesystem.Filesystem/MakeDir", {"path": "/tmp/told"})
+    watcher = envd.ok("filesystem.Filesystem/CreateWatcher",
+                      {"path": "/tmp/told", "recursive": True})["watcherId"]
+    envd.http.post("/files", files={"file": ("/tmp/told/sub/one.txt", b"1")})
+    envd.ok("filesystem.Filesystem/Move",
+            {"source": "/tmp/told/sub/one.txt", "destination": "/tmp/told/two.txt"})
+    envd.ok("filesystem.Filesystem/Remove", {"path": "/tmp/told/two.txt"})
+    envd.ok("filesystem.Filesystem/MakeDir", {"path": "/tmp/told/dir"})
+    events = envd.ok("filesystem.Filesystem/GetWatcherEvents", {"watcherId": watcher})["events"]
+    assert [(e["name"], e["type"]) for e in events] == [
+        ("sub", "EVENT_TYPE_CREATE"), ("sub/one.txt", "EVENT_TYPE_CREATE"),
+        ("sub/one.txt", "EVENT_TYPE_WRITE"), ("sub/one.txt", "EVENT_TYPE_RENAME"),
+        ("two.txt", "EVENT_TYPE_CREATE"), ("two.txt", "EVENT_TYPE_REMOVE"),
+        ("dir", "EVENT_TYPE_CREATE")]
+    envd.ok("filesystem.Filesystem/RemoveWatcher", {"watcherId": watcher})

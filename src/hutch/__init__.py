@@ -13,7 +13,6 @@ if TYPE_CHECKING:  # the names, for type checkers; at run time each is imported 
     from ._api import (
         create_sandbox,
         create_sandbox_from_snapshot,
-        create_sandbox_sync,
         remove_snapshot,
     )
     from ._attach import attach, attach_sync
@@ -48,6 +47,13 @@ if TYPE_CHECKING:  # the names, for type checkers; at run time each is imported 
     from ._process import Process
     from ._sandbox import Sandbox
     from ._snapshots import Fork
+    from ._sync_generated import (
+        SyncFork,
+        SyncProcess,
+        SyncPtyProcess,
+        SyncSandbox,
+        create_sandbox_sync,
+    )
     from ._types import (
         Capabilities,
         ExecResult,
@@ -68,7 +74,11 @@ if TYPE_CHECKING:  # the names, for type checkers; at run time each is imported 
 _LAZY = {
     "create_sandbox": "._api",
     "create_sandbox_from_snapshot": "._api",
-    "create_sandbox_sync": "._api",
+    "create_sandbox_sync": "._sync_generated",
+    "SyncFork": "._sync_generated",
+    "SyncProcess": "._sync_generated",
+    "SyncPtyProcess": "._sync_generated",
+    "SyncSandbox": "._sync_generated",
     "remove_snapshot": "._api",
     "CapabilityUnsupported": "._errors",
     "DaemonBusy": "._errors",
@@ -154,6 +164,10 @@ __all__ = [
     "ProviderError",
     "SetupFailed",
     "StoreUnavailable",
+    "SyncFork",
+    "SyncProcess",
+    "SyncPtyProcess",
+    "SyncSandbox",
     "ReadBeforeWrite",
     "ResourceExhausted",
     "RealClock",

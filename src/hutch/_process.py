@@ -223,6 +223,8 @@ class Process:
     Once its owner forgets it (:meth:`release`), its output is gone.
     """
 
+    id: str
+
     def __init__(
         self,
         backend_proc: BackendProcess,

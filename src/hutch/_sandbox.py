@@ -92,6 +92,11 @@ class Sandbox:
     which :func:`hutch.attach` opens another, non-owning session on it.
     """
 
+    id: str
+    #: When this session was opened (Unix time), and its id.
+    created_at: float
+    session_id: str
+
     def __init__(
         self,
         backend: SandboxBackend,

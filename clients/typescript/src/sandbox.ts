@@ -10,6 +10,7 @@ import {
   HutchError,
   InvalidArgument,
   SandboxUnavailable,
+  StdinClosed,
 } from "./generated/errors.js";
 import { decodeRef, errorFromWire, HTTP_GRACE_SECONDS, text, toBase64, type Transport, utf8 } from "./http.js";
 import {
@@ -53,7 +54,10 @@ export interface ExecOptions {
   outputLimit?: number;
 }
 
-export type StartOptions = Omit<ExecOptions, "timeout">;
+export interface StartOptions extends Omit<ExecOptions, "timeout"> {
+  /** Keep its stdin open after `stdin`, for `writeStdin` and `closeStdin`. */
+  keepStdin?: boolean;
+}
 
 export interface ReadOptions {
   /** Bytes at most (`OutputLimitExceeded` past it). */
@@ -239,8 +243,16 @@ export class Sandbox {
 
   /** Start a command in the background: `wait`, `stream` or `kill` it. */
   async start(cmd: Command, options: StartOptions = {}): Promise<Process> {
+    const { keepStdin } = options;
+    if (keepStdin !== undefined && typeof keepStdin !== "boolean") {
+      throw new InvalidArgument(`keepStdin must be true or false, not ${String(keepStdin)}`);
+    }
+    const body: Schemas["StartBody"] = execBody(cmd, options);
+    if (keepStdin) {
+      body.keep_stdin = true;
+    }
     const info = await this.transport.json(route("post", "/v1/sandboxes/{sandbox_id}/processes", this.target()), {
-      json: execBody(cmd, options),
+      json: body,
     });
     return new Process(this.transport, this.id, info);
   }
@@ -506,6 +518,7 @@ export class Process {
   readonly command: string;
   private running_: boolean;
   private exitCode_: number | null;
+  private stdinOpen_: boolean;
 
   /** @internal */
   constructor(
@@ -518,6 +531,15 @@ export class Process {
     this.command = info.command;
     this.running_ = info.running;
     this.exitCode_ = info.exit_code;
+    this.stdinOpen_ = Boolean(info.stdin_open);
+  }
+
+  /**
+   * Whether its stdin was kept open and is (as last seen; the daemon has the
+   * last word: a write to a closed one throws `StdinClosed`).
+   */
+  get stdinOpen(): boolean {
+    return this.stdinOpen_ && this.running_;
   }
 
   get running(): boolean {
@@ -577,6 +599,36 @@ export class Process {
       }
       yield event;
     }
+  }
+
+  /**
+   * Write `data` (text as UTF-8) to the command's stdin; resolves once its
+   * pipe took them. `StdinClosed` unless it was started with `keepStdin`
+   * and its stdin is still open.
+   */
+  async writeStdin(data: string | Uint8Array): Promise<void> {
+    const bytes = typeof data === "string" ? utf8(data) : data;
+    checkBytes(bytes);
+    try {
+      await this.transport.send(
+        route("post", "/v1/sandboxes/{sandbox_id}/processes/{process_id}/stdin", this.params()),
+        { body: bytes, timeout: null },
+      );
+    } catch (error) {
+      if (error instanceof StdinClosed) {
+        this.stdinOpen_ = false;
+      }
+      throw error;
+    }
+  }
+
+  /** Close the command's stdin: it reads its end of file. */
+  async closeStdin(): Promise<void> {
+    await this.transport.send(
+      route("delete", "/v1/sandboxes/{sandbox_id}/processes/{process_id}/stdin", this.params()),
+      { timeout: 60 },
+    );
+    this.stdinOpen_ = false;
   }
 
   /** End the command's whole process tree (SIGTERM, a grace, SIGKILL). */

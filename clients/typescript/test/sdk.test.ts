@@ -137,6 +137,22 @@ describe("background commands", () => {
     assert.notEqual(result.exitCode, 0);
   });
 
+  test("stdin kept open: written, closed, then refused", async () => {
+    const job = await sb.start(["cat"], { keepStdin: true, stdin: "first " });
+    assert.equal(job.stdinOpen, true);
+    await job.writeStdin("second ");
+    await job.writeStdin(new Uint8Array([0x74, 0x68, 0x69, 0x72, 0x64])); // "third"
+    await job.closeStdin();
+    assert.equal(job.stdinOpen, false);
+    const result = await job.wait(60);
+    assert.equal(result.stdout, "first second third");
+    await rejectsWith(job.writeStdin("late"), hutch.StdinClosed, "stdin_closed");
+    const plain = await sb.start(["sleep", "30"]);
+    assert.equal(plain.stdinOpen, false);
+    await rejectsWith(plain.writeStdin("x"), hutch.StdinClosed, "stdin_closed");
+    await plain.kill();
+  });
+
   test("wait past its timeout: ExecTimeout, and the command goes on", async () => {
     const job = await sb.start("sleep 30");
     await rejectsWith(job.wait(0.5), hutch.ExecTimeout, "exec_timeout");

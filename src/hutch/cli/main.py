@@ -41,12 +41,14 @@ from ._common import (
 from ._listing import Column, print_json, print_lines, print_table
 from .images import image_app
 from .mcp_server import mcp
+from .tokens import token_
 
 HELP = __doc__
 app.add_typer(workspace_app, name="workspace")
 app.add_typer(image_app, name="image")
 app.add_typer(snapshot_app, name="snapshot")
 app.command("mcp")(mcp)
+app.command("token")(token_)
 
 
 def _print_version(value: bool) -> None:

@@ -24,6 +24,22 @@ export class SandboxPermissionDenied extends HutchError {
   static override readonly httpStatus: number = 403;
 }
 
+/**
+ * A mkdir or a rename found something already where it would put its own.
+ */
+export class SandboxFileExists extends HutchError {
+  static override readonly code: string = "file_exists";
+  static override readonly httpStatus: number = 409;
+}
+
+/**
+ * A path goes through (or must be) a directory, and a file is there.
+ */
+export class SandboxNotADirectory extends HutchError {
+  static override readonly code: string = "not_a_directory";
+  static override readonly httpStatus: number = 400;
+}
+
 export class ExecTimeout extends HutchError {
   static override readonly code: string = "exec_timeout";
   static override readonly httpStatus: number = 408;
@@ -41,6 +57,16 @@ export class SandboxUnavailable extends HutchError {
 
 export class ReadBeforeWrite extends HutchError {
   static override readonly code: string = "read_before_write";
+  static override readonly httpStatus: number = 409;
+}
+
+/**
+ * A write to (or close of) a background command's stdin that cannot be
+ * done: the command was started without its stdin kept open, its stdin
+ * was closed, or it has ended.
+ */
+export class StdinClosed extends HutchError {
+  static override readonly code: string = "stdin_closed";
   static override readonly httpStatus: number = 409;
 }
 
@@ -150,5 +176,5 @@ export class SetupFailed extends HutchError {
 
 /** Every error class by its wire code. */
 export const ERRORS_BY_CODE: ReadonlyMap<string, typeof HutchError> = new Map(
-  [HutchError, NotFound, SandboxFileNotFound, SandboxIsADirectory, SandboxPermissionDenied, ExecTimeout, OutputLimitExceeded, SandboxUnavailable, ReadBeforeWrite, InvalidState, TimeoutTooLarge, InvalidArgument, SandboxExpired, IdleTimeoutExpired, MaxLifetimeExceeded, TimeoutExpired, Unauthorized, CapabilityUnsupported, ProviderError, ResourceExhausted, StoreUnavailable, DaemonBusy, SetupFailed].map((cls) => [cls.code, cls]),
+  [HutchError, NotFound, SandboxFileNotFound, SandboxIsADirectory, SandboxPermissionDenied, SandboxFileExists, SandboxNotADirectory, ExecTimeout, OutputLimitExceeded, SandboxUnavailable, ReadBeforeWrite, StdinClosed, InvalidState, TimeoutTooLarge, InvalidArgument, SandboxExpired, IdleTimeoutExpired, MaxLifetimeExceeded, TimeoutExpired, Unauthorized, CapabilityUnsupported, ProviderError, ResourceExhausted, StoreUnavailable, DaemonBusy, SetupFailed].map((cls) => [cls.code, cls]),
 );

@@ -403,6 +403,31 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sandboxes/{sandbox_id}/processes/{process_id}/stdin": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Write Stdin
+         * @description The request's body (bytes) written to the command's stdin, kept
+         *     open at its start (``keep_stdin``); answered once its pipe took them.
+         */
+        post: operations["write_stdin_v1_sandboxes__sandbox_id__processes__process_id__stdin_post"];
+        /**
+         * Close Stdin
+         * @description Close the command's stdin: it reads its end of file.
+         */
+        delete: operations["close_stdin_v1_sandboxes__sandbox_id__processes__process_id__stdin_delete"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sandboxes/{sandbox_id}/processes/{process_id}/stream": {
         parameters: {
             query?: never;
@@ -1039,6 +1064,12 @@ export interface components {
             id: string;
             /** Running */
             running: boolean;
+            /**
+             * Stdin Open
+             * @description its stdin was kept open at its start, and still is
+             * @default false
+             */
+            stdin_open?: boolean;
         };
         /** ProcessList */
         ProcessList: {
@@ -1193,6 +1224,36 @@ export interface components {
             snapshots: components["schemas"]["SnapshotInfo"][];
         };
         /**
+         * StartBody
+         * @description A background command: as an exec, and its stdin kept open after
+         *     ``stdin`` (for ``.../stdin`` writes and its close) when ``keep_stdin``.
+         */
+        StartBody: {
+            /** Cmd */
+            cmd: string | string[];
+            /** Cwd */
+            cwd?: string | null;
+            /** Env */
+            env?: {
+                [key: string]: string;
+            } | null;
+            /**
+             * Keep Stdin
+             * @default false
+             */
+            keep_stdin?: boolean;
+            /** Output Limit */
+            output_limit?: number | null;
+            /** Stdin */
+            stdin?: string | null;
+            /** Stdin B64 */
+            stdin_b64?: string | null;
+            /** Timeout */
+            timeout?: number | null;
+            /** User */
+            user?: string | null;
+        };
+        /**
          * StreamLine
          * @description One NDJSON line of a process's stream: output, then its exit (or an error).
          */
@@ -1322,7 +1383,7 @@ export interface operations {
                     "application/json": components["schemas"]["DefinitionList"];
                 };
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1367,7 +1428,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -1467,7 +1528,7 @@ export interface operations {
                     "application/json": components["schemas"]["Definition"];
                 };
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1512,7 +1573,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -1610,7 +1671,7 @@ export interface operations {
                     "application/json": components["schemas"]["Completed"];
                 };
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1655,7 +1716,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -1753,7 +1814,7 @@ export interface operations {
                     "application/json": components["schemas"]["EnsureAnswer"];
                 };
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1798,7 +1859,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -1896,7 +1957,7 @@ export interface operations {
                     "application/x-ndjson": components["schemas"]["EnsureLine"];
                 };
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1941,7 +2002,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -2036,7 +2097,7 @@ export interface operations {
                     "application/json": components["schemas"]["EventList"];
                 };
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2081,7 +2142,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -2177,7 +2238,7 @@ export interface operations {
                     "application/json": components["schemas"]["SandboxInfo"];
                 };
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2222,7 +2283,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -2318,7 +2379,7 @@ export interface operations {
                     "application/json": components["schemas"]["SandboxInfo"];
                 };
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2363,7 +2424,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -2458,7 +2519,7 @@ export interface operations {
                     "application/json": components["schemas"]["SandboxList"];
                 };
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2503,7 +2564,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -2601,7 +2662,7 @@ export interface operations {
                     "application/json": components["schemas"]["SandboxInfo"];
                 };
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2646,7 +2707,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -2740,7 +2801,7 @@ export interface operations {
                     "application/json": components["schemas"]["SandboxInfo"];
                 };
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2785,7 +2846,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -2877,7 +2938,7 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2922,7 +2983,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -3020,7 +3081,7 @@ export interface operations {
                     "application/json": components["schemas"]["ExecAnswer"];
                 };
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -3065,7 +3126,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -3163,7 +3224,7 @@ export interface operations {
                     "application/x-ndjson": components["schemas"]["StreamLine"];
                 };
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -3208,7 +3269,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -3305,7 +3366,7 @@ export interface operations {
                     "application/octet-stream": string;
                 };
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -3350,7 +3411,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -3446,7 +3507,7 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -3491,7 +3552,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -3586,7 +3647,7 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -3631,7 +3692,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -3729,7 +3790,7 @@ export interface operations {
                     "application/json": components["schemas"]["ForkAnswer"];
                 };
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -3774,7 +3835,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -3872,7 +3933,7 @@ export interface operations {
                     "application/json": components["schemas"]["GlobAnswer"];
                 };
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -3917,7 +3978,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -4015,7 +4076,7 @@ export interface operations {
                     "application/json": components["schemas"]["GrepAnswer"];
                 };
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -4060,7 +4121,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -4156,7 +4217,7 @@ export interface operations {
                     "application/json": components["schemas"]["FileList"];
                 };
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -4201,7 +4262,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -4295,7 +4356,7 @@ export interface operations {
                     "application/json": components["schemas"]["SandboxInfo"];
                 };
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -4340,7 +4401,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -4436,7 +4497,7 @@ export interface operations {
                     "application/json": components["schemas"]["PreviewUrl"];
                 };
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -4481,7 +4542,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -4575,7 +4636,7 @@ export interface operations {
                     "application/json": components["schemas"]["ProcessList"];
                 };
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -4620,7 +4681,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -4705,7 +4766,7 @@ export interface operations {
         };
         requestBody: {
             content: {
-                "application/json": components["schemas"]["ExecBody"];
+                "application/json": components["schemas"]["StartBody"];
             };
         };
         responses: {
@@ -4718,7 +4779,7 @@ export interface operations {
                     "application/json": components["schemas"]["ProcessInfo"];
                 };
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -4763,7 +4824,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -4858,7 +4919,7 @@ export interface operations {
                     "application/json": components["schemas"]["ProcessInfo"];
                 };
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -4903,7 +4964,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -4996,7 +5057,7 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -5041,7 +5102,287 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description error: idle_timeout, max_lifetime_exceeded, sandbox_expired, timeout_expired */
+            410: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description error: output_limit_exceeded */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description error: setup_failed */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description error: resource_exhausted */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description error: capability_unsupported */
+            501: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description error: provider_error */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description error: daemon_busy, store_unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    write_stdin_v1_sandboxes__sandbox_id__processes__process_id__stdin_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                process_id: string;
+                sandbox_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/octet-stream": string;
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description error: unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description error: permission_denied */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description error: file_not_found, not_found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description error: exec_timeout */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description error: idle_timeout, max_lifetime_exceeded, sandbox_expired, timeout_expired */
+            410: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description error: output_limit_exceeded */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description error: setup_failed */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description error: resource_exhausted */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description error: capability_unsupported */
+            501: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description error: provider_error */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description error: daemon_busy, store_unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    close_stdin_v1_sandboxes__sandbox_id__processes__process_id__stdin_delete: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                process_id: string;
+                sandbox_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description error: unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description error: permission_denied */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description error: file_not_found, not_found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description error: exec_timeout */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -5136,7 +5477,7 @@ export interface operations {
                     "application/x-ndjson": components["schemas"]["StreamLine"];
                 };
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -5181,7 +5522,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -5280,7 +5621,7 @@ export interface operations {
                     "application/json": components["schemas"]["ExecAnswer"];
                 };
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -5325,7 +5666,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -5423,7 +5764,7 @@ export interface operations {
                     "application/json": components["schemas"]["RefHandedOut"];
                 };
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -5468,7 +5809,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -5561,7 +5902,7 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -5606,7 +5947,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -5700,7 +6041,7 @@ export interface operations {
                     "application/json": components["schemas"]["SandboxInfo"];
                 };
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -5745,7 +6086,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -5843,7 +6184,7 @@ export interface operations {
                     "application/json": components["schemas"]["Deadline"];
                 };
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -5888,7 +6229,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -5986,7 +6327,7 @@ export interface operations {
                     "application/json": components["schemas"]["SnapshotInfo"];
                 };
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -6031,7 +6372,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -6127,7 +6468,7 @@ export interface operations {
                     "application/json": components["schemas"]["FileStat"];
                 };
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -6172,7 +6513,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -6266,7 +6607,7 @@ export interface operations {
                     "application/json": components["schemas"]["SandboxInfo"];
                 };
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -6311,7 +6652,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -6407,7 +6748,7 @@ export interface operations {
                     "application/json": components["schemas"]["Deadline"];
                 };
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -6452,7 +6793,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -6544,7 +6885,7 @@ export interface operations {
                     "application/json": components["schemas"]["SnapshotList"];
                 };
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -6589,7 +6930,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -6683,7 +7024,7 @@ export interface operations {
                     "application/json": components["schemas"]["SnapshotInfo"];
                 };
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -6728,7 +7069,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -6831,7 +7172,7 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -6876,7 +7217,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -6968,7 +7309,7 @@ export interface operations {
                     "application/json": components["schemas"]["WorkspaceList"];
                 };
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -7013,7 +7354,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -7111,7 +7452,7 @@ export interface operations {
                     "application/json": components["schemas"]["WorkspaceInfo"];
                 };
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -7156,7 +7497,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -7250,7 +7591,7 @@ export interface operations {
                     "application/json": components["schemas"]["WorkspaceInfo"];
                 };
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -7295,7 +7636,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -7387,7 +7728,7 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -7432,7 +7773,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -7526,7 +7867,7 @@ export interface operations {
                     "application/json": components["schemas"]["WorkspaceInfo"];
                 };
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -7571,7 +7912,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -7669,7 +8010,7 @@ export interface operations {
                     "application/json": components["schemas"]["WorkspaceInfo"];
                 };
             };
-            /** @description error: invalid_argument, is_a_directory, timeout_too_large */
+            /** @description error: invalid_argument, is_a_directory, not_a_directory, timeout_too_large */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -7714,7 +8055,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description error: invalid_state, read_before_write, sandbox_unavailable */
+            /** @description error: file_exists, invalid_state, read_before_write, sandbox_unavailable, stdin_closed */
             409: {
                 headers: {
                     [name: string]: unknown;
