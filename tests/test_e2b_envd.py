@@ -9,6 +9,7 @@ import base64
 import gzip
 import json
 import struct
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -493,3 +494,73 @@ def test_what_envd_changes_is_told_to_watches_as_it_is_done(envd: Envd) -> None:
         ("two.txt", "EVENT_TYPE_CREATE"), ("two.txt", "EVENT_TYPE_REMOVE"),
         ("dir", "EVENT_TYPE_CREATE")]
     envd.ok("filesystem.Filesystem/RemoveWatcher", {"watcherId": watcher})
+
+
+@pytest.mark.docker
+def test_stdin_of_a_running_command_is_written_streamed_and_closed(envd: Envd) -> None:
+    body = json.dumps({"process": {"cmd": "/bin/bash", "args": ["-l", "-c", "cat"]},
+                       "stdin": True}).encode()
+    with envd.http.stream("POST", "/process.Process/Start",
+                          content=struct.pack(">BI", 0, len(body)) + body,
+                          headers={"Content-Type": STREAM}) as started:
+        live = read_frames(started.iter_bytes())
+        pid = next(live)[1]["event"]["start"]["pid"]
+        first = base64.b64encode(b"one\n").decode()
+        assert envd.ok("process.Process/SendInput",
+                       {"process": {"pid": pid}, "input": {"stdin": first}}) == {}
+
+        def requests() -> Iterator[bytes]:
+            for message in ({"start": {"process": {"pid": pid}}},
+                            {"data": {"input": {"stdin": base64.b64encode(b"two\n").decode()}}}):
+                data = json.dumps(message).encode()
+                yield struct.pack(">BI", 0, len(data)) + data
+
+        streamed = envd.http.post("/process.Process/StreamInput", content=requests(),
+                                  headers={"Content-Type": STREAM})
+        assert frames(streamed.content) == [{}, ("end", {})]
+        assert envd.ok("process.Process/CloseStdin", {"process": {"pid": pid}}) == {}
+        rest = [m for _, m in live]
+    assert output(rest[:-1], "stdout") == b"one\ntwo\n"
+    assert rest[-2] == {"event": {"end": {"exited": True, "status": "exit status 0"}}}
+
+
+@pytest.mark.docker
+def test_stdin_not_asked_for_cannot_be_written(envd: Envd) -> None:
+    body = json.dumps({"process": {"cmd": "/bin/bash", "args": ["-l", "-c", "sleep 30"]},
+                       "stdin": False}).encode()
+    with envd.http.stream("POST", "/process.Process/Start",
+                          content=struct.pack(">BI", 0, len(body)) + body,
+                          headers={"Content-Type": STREAM}) as started:
+        pid = next(read_frames(started.iter_bytes()))[1]["event"]["start"]["pid"]
+        refused = envd.unary("process.Process/SendInput", {
+            "process": {"pid": pid}, "input": {"stdin": base64.b64encode(b"x").decode()}})
+        assert (refused.status_code, refused.json()["code"]) == (400, "failed_precondition")
+        envd.ok("process.Process/SendSignal", {"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"})
+
+
+@pytest.mark.docker
+def test_a_watch_does_not_wake_a_paused_sandbox(served: DaemonProcess) -> None:
+    sandbox = new_sandbox(served)
+    api = httpx.Client(base_url=served.url, headers={"X-API-KEY": served.token}, timeout=60)
+    try:
+        sandbox.ok("filesystem.Filesystem/MakeDir", {"path": "/tmp/asleep"})
+        watcher = sandbox.ok("filesystem.Filesystem/CreateWatcher",
+                             {"path": "/tmp/asleep"})["watcherId"]
+        assert api.post(f"/sandboxes/{sandbox.sandbox_id}/pause", json={}).status_code == 204
+        for _ in range(10):  # several of the watch's looks (one every 0.3 s)
+            time.sleep(0.3)
+            assert api.get(f"/sandboxes/{sandbox.sandbox_id}").json()["state"] == "paused"
+        resumed = api.post(f"/sandboxes/{sandbox.sandbox_id}/connect", json={"timeout": 60})
+        assert resumed.status_code == 201
+        sandbox.run("touch /tmp/asleep/after")
+        events: list[dict[str, Any]] = []
+        for _ in range(100):
+            events += sandbox.ok("filesystem.Filesystem/GetWatcherEvents",
+                                 {"watcherId": watcher})["events"]
+            if events:
+                break
+            time.sleep(0.1)
+        assert [(e["name"], e["type"]) for e in events] == [("after", "EVENT_TYPE_CREATE")]
+    finally:
+        api.delete(f"/sandboxes/{sandbox.sandbox_id}")
+        api.close()

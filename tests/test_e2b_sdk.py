@@ -182,6 +182,23 @@ def test_pause_and_connect_resume_with_files_intact(daemon: DaemonProcess) -> No
     """)
 
 
+def test_auto_pause_at_the_timeout(daemon: DaemonProcess) -> None:
+    run_python(daemon, """
+        import time
+        from e2b import Sandbox, SandboxState
+        sbx = Sandbox.create(timeout=3, lifecycle={"on_timeout": "pause"})
+        sbx.files.write("/tmp/kept.txt", "paused, not killed")
+        for _ in range(300):
+            if sbx.get_info().state == SandboxState.PAUSED:
+                break
+            time.sleep(0.1)
+        assert sbx.get_info().state == SandboxState.PAUSED
+        again = Sandbox.connect(sbx.sandbox_id, timeout=60)
+        assert again.files.read("/tmp/kept.txt") == "paused, not killed"
+        again.kill()
+    """)
+
+
 # -- commands ------------------------------------------------------------------------------------
 
 

@@ -363,7 +363,7 @@ class SyncSandbox:
         (for every session); an attached session's only detaches it. Idempotent.
         """
         try:
-            self._loop.call(self._target.close())
+            self._loop.closing(self._target.close())
         finally:
             self._loop.release(self)
 
@@ -390,7 +390,7 @@ class SyncSandbox:
 
     def __exit__(self, *exc: object) -> None:
         try:
-            self._loop.call(self._target.__aexit__(*exc))
+            self._loop.closing(self._target.__aexit__(*exc))
         finally:
             self._loop.release(self)
 
@@ -548,7 +548,7 @@ class SyncFork:
         free its storage. Idempotent.
         """
         try:
-            self._loop.call(self._target.close())
+            self._loop.closing(self._target.close())
         finally:
             self._loop.release(self)
 

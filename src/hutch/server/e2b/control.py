@@ -6,7 +6,8 @@ same document).
 What E2B names maps onto hutch's own operations: a template is a hutch
 image (``base``: the daemon's default one), ``metadata`` the sandbox's
 ``metadata`` option, ``envVars`` the provider's ``env``, ``timeout`` a
-``set_timeout`` deadline (E2B's 300 s when create names none), pause a
+``set_timeout`` deadline (E2B's 300 s when create names none; ``autoPause``:
+the deadline suspends instead of ending it, ``on_timeout``), pause a
 pause (or a suspend where the sandbox cannot pause, or when the caller asks
 to drop memory), connect a resume, ``autoResume`` hutch's ``auto_resume``.
 """
@@ -186,6 +187,8 @@ class Control:
             flags["env"] = envs
         if body.get("allow_internet_access") is False:
             flags["network"] = "none"
+        if body.get("autoPause") is True:
+            flags["on_timeout"] = "suspend"
         auto_resume = body.get("autoResume")
         if isinstance(auto_resume, Mapping) and auto_resume.get("enabled") is False:
             flags["auto_resume"] = False

@@ -238,6 +238,7 @@ class ProcessService:
     ) -> None:
         process = await call.sandbox.start(
             argv, cwd=cwd, env=envs, user=call.user, output_limit=MAX_OUTPUT_LIMIT,
+            keep_stdin=stdin,
         )
         entry.process = process
 
@@ -362,20 +363,17 @@ class ProcessService:
         return {}
 
     async def _write_stdin(self, entry: EnvdProcess, data: bytes) -> None:
-        raise ConnectError(
-            "unimplemented", f"process {entry.pid}: writing to a running command's stdin is "
-            "not available in this hutch yet",
-        )
+        if entry.process is None:
+            raise ConnectError("failed_precondition", f"process {entry.pid} has no stdin")
+        await entry.process.write_stdin(data)
 
     async def close_stdin(self, call: Call, request: dict[str, Any]) -> dict[str, Any]:
         entry = self.table.find(call.sandbox, submessage(request, "process"))
         if entry.pty is not None:
             await entry.pty.write(b"\x04")  # a terminal's end of input
-            return {}
-        raise ConnectError(
-            "unimplemented", f"process {entry.pid}: closing a running command's stdin is "
-            "not available in this hutch yet",
-        )
+        elif entry.process is not None:
+            await entry.process.close_stdin()
+        return {}
 
     async def update(self, call: Call, request: dict[str, Any]) -> dict[str, Any]:
         entry = self.table.find(call.sandbox, submessage(request, "process"))
