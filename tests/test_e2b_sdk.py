@@ -350,6 +350,38 @@ def test_watch_dir_sync_and_async(daemon: DaemonProcess, shared: str) -> None:
     """, SANDBOX=shared)
 
 
+# -- templates ---------------------------------------------------------------------------------
+
+
+def test_a_template_with_e2b_s_user_shape(daemon: DaemonProcess) -> None:
+    # E2B's templates run as `user`, with passwordless sudo: hutch image build
+    # --sudo-user user makes that shape, and its name is a template ID.
+    name = f"e2b-shape-{os.getpid()}"
+    cli = [sys.executable, "-m", "hutch.cli.main", "image"]
+    home = {**os.environ, "HUTCH_HOME": daemon.data_dir}
+    built = subprocess.run([*cli, "build", name, "--packages", "python3-minimal",
+                            "--sudo-user", "user"], env=home, capture_output=True, text=True,
+                           timeout=600, check=False)
+    assert built.returncode == 0, built.stderr
+    try:
+        run_python(daemon, """
+            import os
+            from e2b import Sandbox
+            sbx = Sandbox.create(template=os.environ["TEMPLATE"])
+            assert sbx.get_info().template_id == os.environ["TEMPLATE"]
+            r = sbx.commands.run("id -un; sudo -n id -un; echo $HOME", user="user")
+            assert r.stdout == "user\\nroot\\n/home/user\\n", r
+            assert sbx.commands.run("id -un", user="root").stdout == "root\\n"
+            sbx.files.write("/home/user/mine.txt", "x", user="user")
+            info = sbx.files.get_info("/home/user/mine.txt")
+            assert info.owner == "user", info
+            sbx.kill()
+        """, TEMPLATE=name)
+    finally:
+        subprocess.run([*cli, "rm", "--force", name], env=home, capture_output=True,
+                       check=False)
+
+
 # -- a server in the sandbox ---------------------------------------------------------------------
 
 

@@ -193,6 +193,11 @@ class Control:
         if isinstance(auto_resume, Mapping) and auto_resume.get("enabled") is False:
             flags["auto_resume"] = False
         spec = self.daemon.spec_from_request(flags)
+        if getattr(spec.provider, "no_new_privileges", False):
+            # E2B's templates' user has passwordless sudo (hutch image build
+            # --sudo-user user), which no-new-privileges would stop.
+            spec = spec.model_copy(update={
+                "provider": spec.provider.model_copy(update={"no_new_privileges": False})})
         sandbox = await self.daemon.create_sandbox(spec)
         try:
             await sandbox.set_timeout(timeout)
