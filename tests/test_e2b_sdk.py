@@ -199,6 +199,36 @@ def test_auto_pause_at_the_timeout(daemon: DaemonProcess) -> None:
     """)
 
 
+def test_snapshots_and_forks(daemon: DaemonProcess) -> None:
+    run_python(daemon, """
+        from e2b import Sandbox
+        origin = Sandbox.create(metadata={"case": "fork"})
+        origin.files.write("/tmp/state.txt", "before")
+        snap = origin.create_snapshot(name="setup-done")
+        assert snap.snapshot_id and snap.names == ["setup-done"], snap
+        listed = Sandbox.list_snapshots(sandbox_id=origin.sandbox_id).next_items()
+        assert [s.snapshot_id for s in listed] == [snap.snapshot_id], listed
+        origin.files.write("/tmp/state.txt", "after")
+        from_snapshot = Sandbox.create(template=snap.snapshot_id)
+        assert from_snapshot.files.read("/tmp/state.txt") == "before"
+        branches = origin.fork(count=2)
+        assert len(branches) == 2 and all(isinstance(b, Sandbox) for b in branches), branches
+        branches[0].files.write("/tmp/state.txt", "branch 0")
+        assert branches[1].files.read("/tmp/state.txt") == "after"
+        assert origin.files.read("/tmp/state.txt") == "after"
+        for sbx in [origin, from_snapshot, *branches]:
+            sbx.kill()
+        # The fork captured the origin too: its snapshot is listed, newest first,
+        # and stands on the named one (removed first: hutch keeps a parent its
+        # children need).
+        made = Sandbox.list_snapshots(sandbox_id=origin.sandbox_id).next_items()
+        assert len(made) == 2 and made[1].snapshot_id == snap.snapshot_id, made
+        for one in made:
+            assert Sandbox.delete_snapshot(one.snapshot_id) is True
+        assert Sandbox.delete_snapshot(snap.snapshot_id) is False
+    """)
+
+
 # -- commands ------------------------------------------------------------------------------------
 
 
@@ -348,6 +378,38 @@ def test_watch_dir_sync_and_async(daemon: DaemonProcess, shared: str) -> None:
         assert asyncio.run(watch_async())
         sbx.files.remove("/tmp/watched")
     """, SANDBOX=shared)
+
+
+# -- templates ---------------------------------------------------------------------------------
+
+
+def test_a_template_with_e2b_s_user_shape(daemon: DaemonProcess) -> None:
+    # E2B's templates run as `user`, with passwordless sudo: hutch image build
+    # --sudo-user user makes that shape, and its name is a template ID.
+    name = f"e2b-shape-{os.getpid()}"
+    cli = [sys.executable, "-m", "hutch.cli.main", "image"]
+    home = {**os.environ, "HUTCH_HOME": daemon.data_dir}
+    built = subprocess.run([*cli, "build", name, "--packages", "python3-minimal",
+                            "--sudo-user", "user"], env=home, capture_output=True, text=True,
+                           timeout=600, check=False)
+    assert built.returncode == 0, built.stderr
+    try:
+        run_python(daemon, """
+            import os
+            from e2b import Sandbox
+            sbx = Sandbox.create(template=os.environ["TEMPLATE"])
+            assert sbx.get_info().template_id == os.environ["TEMPLATE"]
+            r = sbx.commands.run("id -un; sudo -n id -un; echo $HOME", user="user")
+            assert r.stdout == "user\\nroot\\n/home/user\\n", r
+            assert sbx.commands.run("id -un", user="root").stdout == "root\\n"
+            sbx.files.write("/home/user/mine.txt", "x", user="user")
+            info = sbx.files.get_info("/home/user/mine.txt")
+            assert info.owner == "user", info
+            sbx.kill()
+        """, TEMPLATE=name)
+    finally:
+        subprocess.run([*cli, "rm", "--force", name], env=home, capture_output=True,
+                       check=False)
 
 
 # -- a server in the sandbox ---------------------------------------------------------------------
