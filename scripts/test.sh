@@ -39,8 +39,15 @@ fi
 log "installing hutch and its test dependencies"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
 
+log "the E2B SDKs the E2B wire's tests drive (Python 2.45, npm; cached under .cache)"
+bash scripts/ensure-e2b-sdks.sh .venv/bin/python
+
 log "building hutch's agent (Go, cached by its source's hash)"
 bash scripts/build-agent.sh .venv/bin/python
+
+log "TypeScript SDK: build, and its wire types current (scripts/gen_ts_types.py --check)"
+bash scripts/build-ts-sdk.sh
+.venv/bin/python scripts/gen_ts_types.py --check
 
 log "ruff"
 .venv/bin/ruff check src tests bench
@@ -48,6 +55,8 @@ log "import contracts (docs/architecture.md)"
 .venv/bin/lint-imports
 log "mypy (strict)"
 .venv/bin/mypy
+log "the generated sync faces are up to date (scripts/gen_sync.py)"
+.venv/bin/python scripts/gen_sync.py --check
 log "pytest"
 # Three workers: most of a test's time is spent waiting on the Engine, a
 # daemon or a sandbox, not on this machine's two cores.

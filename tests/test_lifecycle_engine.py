@@ -379,7 +379,7 @@ async def test_default_engine_ceiling_from_the_environment(
 
 
 def test_expiry_error_for_a_sandbox_known_only_from_a_store() -> None:
-    from hutch.lifecycle.engine import expiry_error
+    from hutch.lifecycle.records import expiry_error
 
     err = expiry_error("sb-1", SandboxState.TERMINATED, "idle_timeout")
     assert isinstance(err, hutch.IdleTimeoutExpired) and "make a new sandbox" in str(err)

@@ -1,8 +1,10 @@
 """The README is a test: every code block in it runs as a new user would paste
 it. Shell blocks run in a fresh home against a real daemon of their own,
 Python blocks run as files, TOML blocks are loaded as `hutch serve` loads
-its hutch.toml. A block that cannot run says so in the README, with the
-reason, in a comment on the line before it:
+its hutch.toml, TypeScript blocks are compiled by tsc in a package that
+depends on the SDK and run by node against a real daemon. A block that
+cannot run says so in the README, with the reason, in a comment on the line
+before it:
 
     <!-- readme-test: skip: REASON -->
 """
@@ -30,7 +32,7 @@ FENCE = re.compile(
     r"^```(?P<language>[\w-]*)\n(?P<code>.*?)^```\s*$",
     flags=re.S | re.M,
 )
-RUNNERS = ("sh", "python", "toml")
+RUNNERS = ("sh", "python", "toml", "ts")
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,8 @@ BLOCKS = readme_blocks()
 
 
 def _params(language: str) -> list[object]:
-    marks = {"sh": [pytest.mark.slow], "python": [pytest.mark.slow], "toml": []}[language]
+    marks = {"sh": [pytest.mark.slow], "python": [pytest.mark.slow], "toml": [],
+             "ts": [pytest.mark.slow]}[language]
     return [
         pytest.param(b, id=b.name, marks=[*marks, *(
             [pytest.mark.docker] if "docker" in b.code or "image build" in b.code else [])])
@@ -185,3 +188,40 @@ def test_toml_block_is_loaded_by_serve(block: Block, tmp_path: os.PathLike[str])
         fh.write(block.code)
     loaded = load_server_config(path)
     assert loaded, block.code
+
+
+@pytest.mark.parametrize("block", _params("ts"))
+def test_typescript_block_runs_against_a_daemon(block: Block, fresh: str) -> None:
+    """Saved in an ES module package that depends on the SDK (a link, as
+    ``npm install path/to/clients/typescript`` makes), compiled by the SDK's
+    tsc and run by node, with a daemon as quickstart.sh starts it: no token
+    given, the SDK finds the one the daemon made (HUTCH_HOME)."""
+    _skip_if_said(block)
+    from tests.test_typescript_sdk import build_sdk
+
+    sdk = build_sdk()
+    package = os.path.join(fresh, "app")
+    os.makedirs(os.path.join(package, "node_modules"))
+    os.symlink(sdk, os.path.join(package, "node_modules", "hutch"))
+    with open(os.path.join(package, "package.json"), "w") as fh:
+        fh.write('{"name": "app", "private": true, "type": "module"}\n')
+    with open(os.path.join(package, "example.ts"), "w") as fh:
+        fh.write(block.code)
+    compiled = subprocess.run(
+        [str(sdk / "node_modules" / ".bin" / "tsc"), "--strict", "--target", "es2022",
+         "--module", "nodenext", "--moduleResolution", "nodenext",
+         "--typeRoots", str(sdk / "node_modules" / "@types"), "--types", "node", "example.ts"],
+        cwd=package, capture_output=True, text=True, timeout=300, check=False)
+    assert compiled.returncode == 0, (block.line, compiled.stdout, compiled.stderr)
+    daemon = DaemonProcess(token=None, provider=None,
+                           extra_args=["--allow-provider", "local"]).start()
+    env = {k: v for k, v in os.environ.items() if k not in ("HUTCH_TOKEN", "HUTCH_URL")}
+    env.update(HOME=fresh, HUTCH_URL=daemon.url, HUTCH_HOME=daemon.data_dir)
+    try:
+        ran = subprocess.run(["node", "example.js"], cwd=package, env=env, capture_output=True,
+                             text=True, timeout=600, stdin=subprocess.DEVNULL, check=False)
+        assert ran.returncode == 0, (block.line, ran.stdout, ran.stderr)
+        if "echo hello; exit 3" in block.code:
+            assert ran.stdout.startswith('3 "hello\\n"\n'), ran.stdout
+    finally:
+        daemon.close()

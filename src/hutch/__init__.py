@@ -13,7 +13,6 @@ if TYPE_CHECKING:  # the names, for type checkers; at run time each is imported 
     from ._api import (
         create_sandbox,
         create_sandbox_from_snapshot,
-        create_sandbox_sync,
         remove_snapshot,
     )
     from ._attach import attach, attach_sync
@@ -32,11 +31,14 @@ if TYPE_CHECKING:  # the names, for type checkers; at run time each is imported 
         ReadBeforeWrite,
         ResourceExhausted,
         SandboxExpired,
+        SandboxFileExists,
         SandboxFileNotFound,
         SandboxIsADirectory,
+        SandboxNotADirectory,
         SandboxPermissionDenied,
         SandboxUnavailable,
         SetupFailed,
+        StdinClosed,
         StoreUnavailable,
         TimeoutExpired,
         TimeoutTooLarge,
@@ -45,6 +47,13 @@ if TYPE_CHECKING:  # the names, for type checkers; at run time each is imported 
     from ._process import Process
     from ._sandbox import Sandbox
     from ._snapshots import Fork
+    from ._sync_generated import (
+        SyncFork,
+        SyncProcess,
+        SyncPtyProcess,
+        SyncSandbox,
+        create_sandbox_sync,
+    )
     from ._types import (
         Capabilities,
         ExecResult,
@@ -65,7 +74,11 @@ if TYPE_CHECKING:  # the names, for type checkers; at run time each is imported 
 _LAZY = {
     "create_sandbox": "._api",
     "create_sandbox_from_snapshot": "._api",
-    "create_sandbox_sync": "._api",
+    "create_sandbox_sync": "._sync_generated",
+    "SyncFork": "._sync_generated",
+    "SyncProcess": "._sync_generated",
+    "SyncPtyProcess": "._sync_generated",
+    "SyncSandbox": "._sync_generated",
     "remove_snapshot": "._api",
     "CapabilityUnsupported": "._errors",
     "DaemonBusy": "._errors",
@@ -81,7 +94,10 @@ _LAZY = {
     "ReadBeforeWrite": "._errors",
     "ResourceExhausted": "._errors",
     "SandboxExpired": "._errors",
+    "SandboxFileExists": "._errors",
     "SandboxFileNotFound": "._errors",
+    "SandboxNotADirectory": "._errors",
+    "StdinClosed": "._errors",
     "SandboxIsADirectory": "._errors",
     "SandboxPermissionDenied": "._errors",
     "SandboxUnavailable": "._errors",
@@ -148,12 +164,19 @@ __all__ = [
     "ProviderError",
     "SetupFailed",
     "StoreUnavailable",
+    "SyncFork",
+    "SyncProcess",
+    "SyncPtyProcess",
+    "SyncSandbox",
     "ReadBeforeWrite",
     "ResourceExhausted",
     "RealClock",
     "Sandbox",
     "SandboxExpired",
+    "SandboxFileExists",
     "SandboxFileNotFound",
+    "SandboxNotADirectory",
+    "StdinClosed",
     "SandboxIsADirectory",
     "SandboxOptions",
     "SandboxPermissionDenied",

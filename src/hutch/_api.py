@@ -1,4 +1,7 @@
-"""Making sandboxes in-process (no daemon): ``create_sandbox`` and its sync twin."""
+"""Making sandboxes in-process (no daemon): ``create_sandbox`` and the rest.
+
+Their sync twins (``create_sandbox_sync``) are generated, in
+:mod:`hutch._sync_generated`."""
 
 from __future__ import annotations
 
@@ -7,7 +10,6 @@ from typing import Any
 
 from ._errors import InvalidArgument
 from ._sandbox import Sandbox, live_of, new_sandbox_id
-from ._sync import SyncProxy, run_sync_factory
 from ._types import Snapshot
 from .config import SandboxOptions, SandboxSpec, resolve_spec
 from .lifecycle.engine import LifecycleEngine, default_engine
@@ -160,7 +162,3 @@ class InProcessFactory:
     async def remove_snapshot(self, snapshot: Snapshot) -> None:
         await remove_snapshot(snapshot)
 
-
-def create_sandbox_sync(provider: str | None = None, **kwargs: Any) -> SyncProxy:
-    """``create_sandbox`` for synchronous code: the same sandbox behind a sync face."""
-    return run_sync_factory(create_sandbox, provider, **kwargs)

@@ -10,10 +10,15 @@ The tree::
     │                                   is_a_directory    400
     ├── SandboxPermissionDenied (PermissionError)
     │                                   permission_denied 403
+    ├── SandboxFileExists (FileExistsError)
+    │                                   file_exists       409
+    ├── SandboxNotADirectory (NotADirectoryError)
+    │                                   not_a_directory   400
     ├── ExecTimeout (TimeoutError)      exec_timeout      408
     ├── OutputLimitExceeded             output_limit_exceeded 413
     ├── SandboxUnavailable              sandbox_unavailable   409
     ├── ReadBeforeWrite                 read_before_write     409
+    ├── StdinClosed                     stdin_closed          409
     ├── InvalidState                    invalid_state         409
     ├── TimeoutTooLarge                 timeout_too_large     400
     ├── InvalidArgument (ValueError)    invalid_argument      400
@@ -103,6 +108,20 @@ class SandboxPermissionDenied(HutchError, PermissionError):
     http_status = 403
 
 
+class SandboxFileExists(HutchError, FileExistsError):
+    """A mkdir or a rename found something already where it would put its own."""
+
+    code = "file_exists"
+    http_status = 409
+
+
+class SandboxNotADirectory(HutchError, NotADirectoryError):
+    """A path goes through (or must be) a directory, and a file is there."""
+
+    code = "not_a_directory"
+    http_status = 400
+
+
 class ExecTimeout(HutchError, TimeoutError):
     code = "exec_timeout"
     http_status = 408
@@ -120,6 +139,15 @@ class SandboxUnavailable(HutchError):
 
 class ReadBeforeWrite(HutchError):
     code = "read_before_write"
+    http_status = 409
+
+
+class StdinClosed(HutchError):
+    """A write to (or close of) a background command's stdin that cannot be
+    done: the command was started without its stdin kept open, its stdin
+    was closed, or it has ended."""
+
+    code = "stdin_closed"
     http_status = 409
 
 

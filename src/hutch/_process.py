@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, Literal
 
 import anyio
 
-from ._errors import ExecTimeout, NotFound, OutputLimitExceeded
+from ._errors import ExecTimeout, InvalidArgument, NotFound, OutputLimitExceeded, StdinClosed
 from ._membudget import MemoryHold, Spool
 from ._types import KILL_GRACE_SECONDS, ExecResult, ExitStatus, OutputChunk
+from ._values import check_text
 from .providers.base import BackendProcess
 
 StreamEvent = OutputChunk | ExitStatus
@@ -221,6 +223,8 @@ class Process:
     Once its owner forgets it (:meth:`release`), its output is gone.
     """
 
+    id: str
+
     def __init__(
         self,
         backend_proc: BackendProcess,
@@ -229,8 +233,14 @@ class Process:
         output_limit: int,
         on_exit: Callable[[Process], None] | None = None,
         hold: MemoryHold | None = None,
+        keep_stdin: bool = False,
     ) -> None:
         self.id = uuid.uuid4().hex[:12]
+        #: Its stdin: "open" (kept open at its start, not closed since),
+        #: "closed" (by close_stdin) or "none" (not kept open).
+        self._stdin = "open" if keep_stdin else "none"
+        #: One write (or close) at a time, in the order they were asked for.
+        self._stdin_turn = asyncio.Lock()
         #: Memory it holds of the budget while it runs (its stdin), given back at its end.
         self._hold = hold
         self.command = command
@@ -254,6 +264,71 @@ class Process:
     @property
     def exit_code(self) -> int | None:
         return self._exit_code
+
+    @property
+    def stdin_open(self) -> bool:
+        """Whether :meth:`write_stdin` can write: started with ``keep_stdin``,
+        not closed since, still running."""
+        return self._stdin == "open" and self.running
+
+    def _stdin_refusal(self, what: str) -> StdinClosed:
+        if self._stdin == "none":
+            why = "it was started without keep_stdin (start it with keep_stdin=True to write to it)"
+        elif not self.running:
+            why = "it has ended"
+        else:
+            why = "its stdin was closed"
+        return StdinClosed(f"cannot {what} the stdin of background command {self.id}: {why}")
+
+    async def write_stdin(self, data: bytes | str) -> None:
+        """Write ``data`` (text as UTF-8) to the command's stdin. Returns once
+        its pipe took them: a command that does not read makes this wait (as
+        a full pipe does), until it reads, ends or is killed. ``StdinClosed``
+        unless it was started with ``keep_stdin`` and its stdin is still
+        open; the bytes of writes made one after another arrive in order."""
+        if isinstance(data, str):
+            check_text(data, "stdin", nul=False)
+            data = data.encode()
+        elif isinstance(data, bytearray | memoryview):
+            data = bytes(data)
+        elif not isinstance(data, bytes):
+            raise InvalidArgument(f"stdin must be bytes or text, not {type(data).__name__}")
+        async with self._stdin_turn:
+            if not self.stdin_open:
+                raise self._stdin_refusal("write to")
+            await self._until_done(self._proc.write_stdin(data), "write to")
+
+    async def close_stdin(self) -> None:
+        """Close the command's stdin: it reads its end of file (``cat`` ends).
+        Closing it again, or once the command ended, does nothing;
+        ``StdinClosed`` for a command started without ``keep_stdin``."""
+        async with self._stdin_turn:
+            if self._stdin == "none":
+                raise self._stdin_refusal("close")
+            if not self.stdin_open:
+                return
+            self._stdin = "closed"
+            with contextlib.suppress(StdinClosed):  # it ended meanwhile: closed anyway
+                await self._until_done(self._proc.close_stdin(), "close")
+
+    async def _until_done(self, step: Awaitable[None], what: str) -> None:
+        """``step`` on the command's stdin, given up (StdinClosed) if the
+        command ends first: a write waiting on a pipe nobody reads any more."""
+        task = asyncio.ensure_future(step)
+        ended = asyncio.ensure_future(self._done.wait())
+        try:
+            await asyncio.wait({task, ended}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ended.cancel()
+        if task.done():
+            task.result()
+            return
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+        raise StdinClosed(
+            f"cannot {what} the stdin of background command {self.id}: it has ended"
+        )
 
     async def _pump(self) -> None:
         try:

@@ -1,139 +1,219 @@
-"""The sync face: one proxy over the async core, not a hand-kept copy.
+"""What the generated sync faces run on: an event loop in a thread of its own.
 
-:class:`SyncProxy` runs every coroutine method of the object it wraps on an
-event loop in a background thread (an anyio blocking portal), turns async
-iterators into plain iterators, and wraps returned hutch objects (background
-processes, sandboxes) the same way. Each async method therefore has exactly
-one implementation, and the sync face cannot drift from it.
+The async core is the one implementation; :mod:`hutch._sync_generated`
+(written by ``scripts/gen_sync.py`` from the async classes' source) gives
+each async class a typed sync twin whose methods hand their coroutine to a
+:class:`LoopThread` and wait for its outcome. The loop keeps running between
+calls, so what a sandbox does on its own (background commands' output read
+as it comes, idle timers, a ref served to other processes) goes on while the
+caller does something else, as it does on the async face.
+
+A call is one handoff each way: the coroutine is scheduled with
+``call_soon_threadsafe`` and the caller waits on a plain lock the loop
+releases when the task is done (cheaper than a ``concurrent.futures`` future
+or an anyio portal, which start a task group's worth of machinery per call).
 """
 
 from __future__ import annotations
 
+import _thread
+import asyncio
 import atexit
-import functools
-import inspect
 import threading
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import AbstractContextManager
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
+from contextlib import AbstractAsyncContextManager, contextmanager
+from typing import Any, Protocol, TypeVar
 
-from anyio.from_thread import BlockingPortal, start_blocking_portal
+from ._errors import SandboxUnavailable
 
-_WRAPPED_TYPES: tuple[type, ...] = ()
-
-
-def _wrapped_types() -> tuple[type, ...]:
-    global _WRAPPED_TYPES
-    if not _WRAPPED_TYPES:
-        from ._process import Process
-        from ._sandbox import Sandbox
-        from ._snapshots import Fork
-
-        _WRAPPED_TYPES = (Process, Sandbox, Fork)
-    return _WRAPPED_TYPES
+T = TypeVar("T")
 
 
-class SyncProxy:
-    def __init__(
-        self,
-        target: Any,
-        portal: BlockingPortal,
-        portal_cm: AbstractContextManager[BlockingPortal] | None = None,
-    ) -> None:
-        object.__setattr__(self, "_target", target)
-        object.__setattr__(self, "_portal", portal)
-        object.__setattr__(self, "_portal_cm", portal_cm)
+class _Closable(Protocol):
+    def close(self) -> None: ...
 
-    def _wrap(self, value: Any) -> Any:
-        if isinstance(value, _wrapped_types()):
-            return SyncProxy(value, self._portal)
-        if isinstance(value, list) and value and isinstance(value[0], _wrapped_types()):
-            return [SyncProxy(v, self._portal) for v in value]
-        return value
 
-    def _iterate(self, agen: AsyncIterator[Any]) -> Iterator[Any]:
-        while True:
-            try:
-                item = self._portal.call(agen.__anext__)
-            except StopAsyncIteration:
-                return
-            yield self._wrap(item)
+S = TypeVar("S", bound=_Closable)
 
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._target, name)
-        if inspect.isasyncgenfunction(attr):
 
-            @functools.wraps(attr)
-            def iterate(*args: Any, **kwargs: Any) -> Iterator[Any]:
-                return self._iterate(attr(*args, **kwargs))
+class LoopThread:
+    """An asyncio event loop running in a (non-daemon) thread until :meth:`stop`."""
 
-            return iterate
-        if inspect.iscoroutinefunction(attr):
+    loop: asyncio.AbstractEventLoop
 
-            @functools.wraps(attr)
-            def call(*args: Any, **kwargs: Any) -> Any:
-                return self._wrap(self._portal.call(functools.partial(attr, *args, **kwargs)))
+    def __init__(self) -> None:
+        started = threading.Event()
+        self._stopping: asyncio.Future[None] | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(started,), name="hutch-sync-loop", daemon=False
+        )
+        self._thread.start()
+        started.wait()
+        #: The sync object whose close ends this loop (the sandbox made with it).
+        self.owner: object | None = None
 
-            return call
-        return self._wrap(attr)
+    def _run(self, started: threading.Event) -> None:
+        async def serve() -> None:
+            self.loop = asyncio.get_running_loop()
+            self._stopping = self.loop.create_future()
+            started.set()
+            await self._stopping
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._target, name, value)
+        # asyncio.run: on the way out, what is left is cancelled, async
+        # generators finalized and the default executor shut down.
+        asyncio.run(serve())
 
-    def __dir__(self) -> list[str]:
-        return sorted(set(dir(type(self))) | set(dir(self._target)))
+    @property
+    def running(self) -> bool:
+        return self._stopping is not None and not self._stopping.done()
 
-    def __repr__(self) -> str:
-        return f"<sync {self._target!r}>"
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the loop and wait for its result (or its exception)."""
+        if threading.get_ident() == self._thread.ident:
+            coro.close()
+            raise RuntimeError("a sync face was called from its own event loop's thread")
+        waiter = _thread.allocate_lock()
+        waiter.acquire()
+        box: list[asyncio.Task[T]] = []
 
-    def close(self) -> None:
+        def begin() -> None:
+            task = self.loop.create_task(coro)
+            box.append(task)
+            task.add_done_callback(lambda _: waiter.release())
+
         try:
-            closer = getattr(self._target, "close", None)
-            if closer is not None and inspect.iscoroutinefunction(closer):
-                self._portal.call(closer)
+            if not self.running:
+                raise RuntimeError
+            self.loop.call_soon_threadsafe(begin)
+        except RuntimeError:
+            coro.close()
+            raise SandboxUnavailable(
+                "closed: the event loop of this sync face stopped when its sandbox was closed"
+            ) from None
+        try:
+            waiter.acquire()
+        except BaseException:
+            # Interrupted (Ctrl-C): the call is cancelled rather than left running.
+            self.loop.call_soon_threadsafe(lambda: box and box[0].cancel())
+            raise
+        return box[0].result()
+
+    def closing(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run a close on the loop; once the loop has stopped (its owner
+        closed), there is nothing left to close: closing is idempotent."""
+        if not self.running:
+            coro.close()
+            return
+        self.call(coro)
+
+    def iterate(self, agen: AsyncIterator[T]) -> Iterator[T]:
+        """The items of an async iterator, each fetched on the loop; closing
+        the iterator early closes the async one there."""
+
+        async def step() -> T:
+            return await agen.__anext__()
+
+        finished = False
+        try:
+            while True:
+                try:
+                    item = self.call(step())
+                except StopAsyncIteration:
+                    finished = True
+                    return
+                except BaseException:
+                    finished = True
+                    raise
+                yield item
         finally:
-            cm = self._portal_cm
-            if cm is not None:
-                object.__setattr__(self, "_portal_cm", None)
-                cm.__exit__(None, None, None)
+            aclose: Callable[[], Awaitable[None]] | None = getattr(agen, "aclose", None)
+            if not finished and aclose is not None and self.running:
 
-    def __enter__(self) -> SyncProxy:
-        return self
+                async def close() -> None:
+                    await aclose()
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+                self.call(close())
+
+    @contextmanager
+    def enter(self, manager: AbstractAsyncContextManager[T]) -> Iterator[T]:
+        """An async context manager, entered and left on the loop."""
+
+        async def enter() -> T:
+            return await manager.__aenter__()
+
+        value = self.call(enter())
+        try:
+            yield value
+        except BaseException as exc:
+            error = exc
+
+            async def leave_raising() -> bool | None:
+                return await manager.__aexit__(type(error), error, error.__traceback__)
+
+            if not self.call(leave_raising()):
+                raise
+        else:
+
+            async def leave() -> bool | None:
+                return await manager.__aexit__(None, None, None)
+
+            self.call(leave())
+
+    def release(self, closed: object) -> None:
+        """``closed`` has been closed: the loop stops if it was its owner's."""
+        if closed is self.owner:
+            self.stop()
+
+    def stop(self) -> None:
+        """Stop the loop (what still runs on it is cancelled) and join its thread."""
+        stopping = self._stopping
+        if stopping is not None and self.running:
+
+            def finish() -> None:
+                if not stopping.done():
+                    stopping.set_result(None)
+
+            try:
+                self.loop.call_soon_threadsafe(finish)
+            except RuntimeError:  # already closed
+                pass
+        if threading.get_ident() != self._thread.ident:
+            self._thread.join()
 
 
-def run_sync_factory(factory: Callable[..., Any], *args: Any, **kwargs: Any) -> SyncProxy:
-    """Start a portal, build the async object on its loop, and proxy it."""
-    cm = start_blocking_portal()
-    portal = cm.__enter__()
+def start(
+    factory: Callable[[], Coroutine[Any, Any, T]], face: Callable[[T, LoopThread], S]
+) -> S:
+    """Start a loop thread, make the async object on it with ``factory`` and
+    give its sync face (``face(target, loop)``), the owner of the loop: its
+    close stops it. A script that never closes it still exits (see below)."""
+    loop = LoopThread()
     try:
-        target = portal.call(functools.partial(factory, *args, **kwargs))
+        target = loop.call(factory())
     except BaseException:
-        cm.__exit__(None, None, None)
+        loop.stop()
         raise
-    proxy = SyncProxy(target, portal, cm)
-    # A script that never closes its sandbox must still exit: the portal's
-    # thread is not a daemon thread, so close it at interpreter exit.
-    _unclosed.add(proxy)
-    return proxy
+    sync = face(target, loop)
+    loop.owner = sync
+    _unclosed.add(sync)
+    return sync
 
 
-_unclosed: weakref.WeakSet[SyncProxy] = weakref.WeakSet()
+_unclosed: weakref.WeakSet[_Closable] = weakref.WeakSet()
 
 
 def _close_unclosed() -> None:
-    for proxy in list(_unclosed):
+    for sync in list(_unclosed):
         try:
-            proxy.close()
+            sync.close()
         except Exception:
             pass
 
 
-# Non-daemon threads are joined before atexit handlers run; threading's own
-# pre-join hook (what concurrent.futures uses) runs in time.
+# The loop's thread is not a daemon thread, and non-daemon threads are joined
+# before atexit handlers run; threading's own pre-join hook (what
+# concurrent.futures uses) runs in time to close what a script left open.
 _register = getattr(threading, "_register_atexit", None)
 if _register is not None:
     _register(_close_unclosed)

@@ -23,9 +23,11 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 #: Linux kernel passes to a program (MAX_ARG_STRLEN, 32 pages), bytes.
 MAX_ARG_BYTES = 128 * 1024 - 1
 #: The most a command (its arguments and the variables it is given) may
-#: hold, bytes: half the kernel's usual total (a quarter of an 8 MiB
-#: stack), the other half left for the sandbox's own environment.
-MAX_COMMAND_BYTES = 1024 * 1024
+#: hold, bytes: three quarters of the kernel's usual total (a quarter of an
+#: 8 MiB stack), the rest left for the sandbox's own environment. A command
+#: of 1 MiB of arguments (inspect_ai's provider check sends 16 of 64 KiB)
+#: must fit with room to spare.
+MAX_COMMAND_BYTES = 1536 * 1024
 
 
 def text_problem(text: str, *, nul: bool = True) -> str | None:

@@ -126,6 +126,8 @@ class ProcessInfo(BaseModel):
     running: bool
     exit_code: int | None
     command: str
+    stdin_open: bool = Field(
+        default=False, description="its stdin was kept open at its start, and still is")
 
 
 class ProcessList(BaseModel):

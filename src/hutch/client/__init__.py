@@ -42,6 +42,7 @@ class _ProcessState(ProcessOps):
         self.command = str(info.get("command", ""))
         self._running = bool(info.get("running", True))
         self._exit_code = info.get("exit_code")
+        self._stdin_open = bool(info.get("stdin_open", False))
 
     def __repr__(self) -> str:
         return f"<remote process {self.id} in {self.sandbox_id}>"

@@ -22,6 +22,7 @@ from .._errors import (
     HutchError,
     InvalidArgument,
     SandboxUnavailable,
+    StdinClosed,
     error_from_wire,
 )
 from .._refwire import check_ref_lifetime, decode_ref
@@ -398,9 +399,13 @@ class SandboxOps:
     def start(
         self, cmd: str | Sequence[str], *, cwd: str | None = None,
         env: Mapping[str, str] | None = None, stdin: bytes | str | None = None,
-        user: str | None = None, output_limit: int | None = None,
+        user: str | None = None, output_limit: int | None = None, keep_stdin: bool = False,
     ) -> Op:
         body = exec_body(cmd, cwd, env, stdin, user, None, output_limit)
+        if not isinstance(keep_stdin, bool):
+            raise InvalidArgument(f"keep_stdin must be true or false, not {keep_stdin!r}")
+        if keep_stdin:
+            body["keep_stdin"] = True
         return ProcessRef(self.id, (yield Call("POST", self._path("/processes"), json=body)))
 
     @op
@@ -482,6 +487,17 @@ class SandboxOps:
     def remove(self, path: str, *, recursive: bool = False) -> Op:
         yield Call("DELETE", self._path("/files"),
                    params={"path": path, "recursive": str(recursive).lower()})
+
+    @op
+    def mkdir(self, path: str, *, parents: bool = False, exist_ok: bool = False) -> Op:
+        yield Call("POST", self._path("/mkdir"),
+                   json={"path": path, "parents": parents, "exist_ok": exist_ok}, timeout=120)
+
+    @op
+    def rename(self, source: str, destination: str, *, overwrite: bool = False) -> Op:
+        yield Call("POST", self._path("/rename"), json={
+            "source": source, "destination": destination, "overwrite": overwrite,
+        }, timeout=600)
 
     @op
     def grep(
@@ -671,6 +687,7 @@ class ProcessOps:
     command: str
     _running: bool
     _exit_code: int | None
+    _stdin_open: bool
 
     def _path(self, suffix: str = "") -> str:
         return f"/v1/sandboxes/{self.sandbox_id}/processes/{self.id}{suffix}"
@@ -699,6 +716,33 @@ class ProcessOps:
     def kill(self) -> Op:
         yield Call("POST", self._path("/kill"), timeout=60)
         self._running = False
+
+    @property
+    def stdin_open(self) -> bool:
+        """Whether its stdin was kept open and is (as last seen; the daemon
+        has the last word: a write to a closed one raises ``StdinClosed``)."""
+        return self._stdin_open and self._running
+
+    @op
+    def write_stdin(self, data: bytes | str) -> Op:
+        """Write ``data`` (text as UTF-8) to the command's stdin; returns once
+        its pipe took them. ``StdinClosed`` unless it was started with
+        ``keep_stdin`` and its stdin is still open."""
+        if isinstance(data, str):
+            data = data.encode()
+        elif not isinstance(data, bytes | bytearray | memoryview):
+            raise InvalidArgument(f"stdin must be bytes or text, not {type(data).__name__}")
+        try:
+            yield Call("POST", self._path("/stdin"), content=bytes(data), timeout=None)
+        except StdinClosed:
+            self._stdin_open = False
+            raise
+
+    @op
+    def close_stdin(self) -> Op:
+        """Close the command's stdin: it reads its end of file."""
+        yield Call("DELETE", self._path("/stdin"), timeout=60)
+        self._stdin_open = False
 
 
 def note_exit(owner: object, event: object) -> None:

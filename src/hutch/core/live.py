@@ -19,8 +19,8 @@ import anyio
 if TYPE_CHECKING:
     from .._process import Process
     from .._types import Capabilities
-    from ..lifecycle.engine import LifecycleRecord
     from ..lifecycle.gate import LifecycleGate
+    from ..lifecycle.records import LifecycleRecord
     from ..providers.base import SandboxBackend
     from ..store import RefRow
     from .refs import RefServer

@@ -27,9 +27,10 @@ from .._sandbox import (
 )
 from ..config import SandboxSpec, requested_provider, resolve_spec
 from ..definitions import Definition, Definitions
-from ..lifecycle.engine import LifecycleEngine, expiry_error
+from ..lifecycle.engine import LifecycleEngine
+from ..lifecycle.records import expiry_error
 from ..providers.base import SandboxBackend
-from ..providers.registry import get_provider
+from ..providers.registry import get_provider, pick_default_provider
 from ..states import FINAL, SandboxState, WorkspaceStatus
 from ..store import (
     AsyncStore,
@@ -48,7 +49,7 @@ from .common import (
     make_private_file,
 )
 from .host import _DaemonHost
-from .policy import OperatorPolicy, pick_default_provider
+from .policy import OperatorPolicy
 
 if TYPE_CHECKING:
     from .core import Daemon

@@ -22,6 +22,7 @@ from .._errors import (
     NoSuchUser,
     SandboxFileNotFound,
     SandboxPermissionDenied,
+    StdinClosed,
 )
 from .._types import OutputChunk
 from ._pipes import OutputPipes
@@ -62,21 +63,54 @@ def _signal_all(pids: Sequence[int], pgid: int | None, sig: int) -> None:
 
 
 class HostProcess(BackendProcess):
-    def __init__(self, proc: asyncio.subprocess.Process, exec_id: str, stdin: bytes | None) -> None:
+    def __init__(
+        self, proc: asyncio.subprocess.Process, exec_id: str, stdin: bytes | None,
+        keep_stdin: bool = False,
+    ) -> None:
         self._proc = proc
         self._exec_id = exec_id
         assert proc.stdout is not None and proc.stderr is not None
         self._output = OutputPipes(proc.stdout, proc.stderr)
-        if stdin is not None:
-            self._output.tasks.append(asyncio.get_running_loop().create_task(self._feed(stdin)))
+        #: What feeds the bytes given at the start (writes wait for it).
+        self._fed: asyncio.Task[None] | None = None
+        if stdin is not None or keep_stdin:
+            self._fed = asyncio.get_running_loop().create_task(
+                self._feed(stdin or b"", close=not keep_stdin))
+            self._output.tasks.append(self._fed)
 
-    async def _feed(self, data: bytes) -> None:
+    async def _feed(self, data: bytes, *, close: bool) -> None:
         stdin = self._proc.stdin
         assert stdin is not None
         # A command that exits without reading its stdin is not an error.
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            if data:
+                stdin.write(data)
+                await stdin.drain()
+        if close:
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                stdin.close()
+
+    async def write_stdin(self, data: bytes) -> None:
+        stdin = self._proc.stdin
+        if stdin is None or self._fed is None:
+            raise StdinClosed("this command's stdin is not a pipe hutch writes")
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(self._fed)
+        try:
+            if stdin.is_closing():
+                raise BrokenPipeError
             stdin.write(data)
             await stdin.drain()
+        except (BrokenPipeError, ConnectionResetError):
+            raise StdinClosed("the command has closed its stdin, or ended") from None
+
+    async def close_stdin(self) -> None:
+        stdin = self._proc.stdin
+        if stdin is None:
+            return
+        if self._fed is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(self._fed)
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             stdin.close()
 
@@ -135,7 +169,7 @@ async def spawn(request: ProcessRequest, *, exec_id: str) -> HostProcess:
             *reset, *argv,
             cwd=cwd,
             env=dict(request.env),
-            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdin=subprocess.PIPE if request.stdin_piped else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
@@ -145,7 +179,7 @@ async def spawn(request: ProcessRequest, *, exec_id: str) -> HostProcess:
         raise SandboxPermissionDenied(f"cannot execute {argv[0]}: permission denied") from None
     except FileNotFoundError:
         raise SandboxFileNotFound(f"command not found: {argv[0]}") from None
-    return HostProcess(proc, exec_id, stdin)
+    return HostProcess(proc, exec_id, stdin, request.keep_stdin)
 
 
 def _found(command: str, path: str, cwd: str) -> str:

@@ -68,6 +68,32 @@ class ExecBody(BaseModel):
         return self.stdin.encode()
 
 
+class StartBody(ExecBody):
+    """A background command: as an exec, and its stdin kept open after
+    ``stdin`` (for ``.../stdin`` writes and its close) when ``keep_stdin``."""
+
+    keep_stdin: bool = False
+
+
+class MkdirBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    path: str
+    #: Make its missing parents too.
+    parents: bool = False
+    #: A directory already there is no error.
+    exist_ok: bool = False
+
+
+class RenameBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    source: str
+    destination: str
+    #: Replace what is at ``destination`` (as rename(2) does).
+    overwrite: bool = False
+
+
 class SandboxRef(BaseModel):
     sandbox: str
 

@@ -38,9 +38,12 @@ from ..._errors import (
     OutputLimitExceeded,
     ProviderError,
     ResourceExhausted,
+    SandboxFileExists,
     SandboxFileNotFound,
     SandboxIsADirectory,
+    SandboxNotADirectory,
     SandboxPermissionDenied,
+    StdinClosed,
 )
 from ..._globmatch import compile_glob
 from ..._types import FileInfo, FileType, GrepMatch, OutputChunk
@@ -78,6 +81,8 @@ _ERRORS: dict[str, type[HutchError]] = {
     "permission_denied": SandboxPermissionDenied,
     "invalid_argument": InvalidArgument,
     "no_such_user": NoSuchUser,
+    "file_exists": SandboxFileExists,
+    "not_a_directory": SandboxNotADirectory,
     "output_limit_exceeded": OutputLimitExceeded,
     "resource_exhausted": ResourceExhausted,
 }
@@ -183,6 +188,12 @@ def _listing(reply: Header) -> list[FileInfo]:
     return sorted((_info(e) for e in entries), key=lambda e: e.path)
 
 
+def _predates(exc: InvalidArgument) -> bool:
+    """An agent built before the operation (a sandbox started by an earlier
+    hutch) says it does not know it: the runtime's command does it then."""
+    return exc.message == "unknown operation"
+
+
 def _ok(reply: Header) -> None:
     if reply["t"] != "ok":
         raise AgentFailure(f"the agent answered {reply['t']!r} where ok was due")
@@ -195,7 +206,7 @@ class AgentProcess(FutureExitProcess, PtyProcess):
 
     def __init__(
         self, runtime: AgentRuntime, channel: Channel, marker: str, pid: int,
-        stdin: bytes | None, *, reusable: bool = False,
+        stdin: bytes | None, *, reusable: bool = False, keep_stdin: bool = False,
     ) -> None:
         self._runtime = runtime
         self._channel = channel
@@ -212,14 +223,40 @@ class AgentProcess(FutureExitProcess, PtyProcess):
         #: A plain command's connection serves again once it exits (see _pump).
         self._reusable = reusable
         self._tasks = [loop.create_task(self._pump())]
+        #: What feeds the bytes given at the start (writes wait for it).
+        self._fed: asyncio.Task[None] | None = None
         if stdin is not None:
-            self._tasks.append(loop.create_task(self._feed(stdin)))
+            self._fed = loop.create_task(self._feed(stdin, close=not keep_stdin))
+            self._tasks.append(self._fed)
 
-    async def _feed(self, data: bytes) -> None:
-        view = memoryview(data)
+    async def _feed(self, data: bytes, *, close: bool) -> None:
         with contextlib.suppress(AgentFailure):
-            for start in range(0, len(view), MAX_PAYLOAD):
-                await self._channel.send({"t": "in"}, view[start:start + MAX_PAYLOAD])
+            await self._send_input(data)
+            if close:
+                await self._channel.send({"t": "eof"})
+
+    async def _send_input(self, data: bytes) -> None:
+        view = memoryview(data)
+        for start in range(0, len(view), MAX_PAYLOAD):
+            await self._channel.send({"t": "in"}, view[start:start + MAX_PAYLOAD])
+
+    async def _fed_first(self) -> None:
+        if self._fed is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(self._fed)
+
+    async def write_stdin(self, data: bytes) -> None:
+        await self._fed_first()
+        if self._exit.done():
+            raise StdinClosed("the command has ended")
+        try:
+            await self._send_input(data)
+        except AgentFailure:
+            raise StdinClosed("the command has ended (its connection closed)") from None
+
+    async def close_stdin(self) -> None:
+        await self._fed_first()
+        with contextlib.suppress(AgentFailure):
             await self._channel.send({"t": "eof"})
 
     async def _put(self, item: OutputChunk | BaseException | None) -> None:
@@ -436,12 +473,12 @@ class AgentRuntime(SandboxRuntime):
         # A command with no stdin and no PTY: the host sends nothing while it
         # runs, so an agent that can (version 2 on) keeps its connection for
         # the next request once the exit is sent.
-        reuse = stdin is None and pty is None and self.keeps_exec_connections
+        reuse = not request.stdin_piped and pty is None and self.keeps_exec_connections
         header: Header = {
             "op": "exec", "argv": list(argv), "cwd": request.cwd,
             "env": {**request.env, EXEC_MARKER: marker},
             "user": request.user or self.default_user or "",
-            "stdin": stdin is not None or pty is not None,
+            "stdin": request.stdin_piped or pty is not None,
             "shell_fallback": bool(argv) and argv[0] == "bash",
             "marker": f"{EXEC_MARKER}={marker}", "reuse": reuse,
         }
@@ -463,7 +500,8 @@ class AgentRuntime(SandboxRuntime):
         except BaseException:
             channel.close()
             raise
-        return AgentProcess(self, channel, marker, pid, stdin, reusable=reuse)
+        return AgentProcess(self, channel, marker, pid, stdin, reusable=reuse,
+                            keep_stdin=request.keep_stdin)
 
     async def start_pty(self, request: ProcessRequest, rows: int, cols: int) -> AgentProcess:
         # What is typed is written: no stdin is fed.
@@ -581,6 +619,22 @@ class AgentRuntime(SandboxRuntime):
     async def remove(self, path: str, recursive: bool) -> None:
         await self.request({"op": "remove", "path": path, "recursive": recursive}, _ok,
                            timeout=ANSWER_TIMEOUT * 8)
+
+    async def make_dir(self, path: str, parents: bool) -> None:
+        try:
+            await self.request({"op": "mkdir", "path": path, "parents": parents}, _ok)
+        except InvalidArgument as exc:
+            if not _predates(exc):
+                raise
+            await super().make_dir(path, parents)
+
+    async def rename(self, source: str, destination: str) -> None:
+        try:
+            await self.request({"op": "rename", "src": source, "dst": destination}, _ok)
+        except InvalidArgument as exc:
+            if not _predates(exc):
+                raise
+            await super().rename(source, destination)
 
     async def walk_files(self, root: str) -> list[str]:
         async with self._channel() as channel:

@@ -44,7 +44,7 @@ from ..._types import OutputChunk
 from .._hostproc import EXEC_MARKER, SANDBOX_MARKER, HostProcess
 from .._signals import default_signals_prefix
 from ..agent.runtime import AgentRuntime, Recover
-from ..base import BackendProcess, FilesRuntime, ProcessRequest
+from ..base import BackendProcess, FilesRuntime, ProcessRequest, PtyProcess
 from . import userns
 from .cgroups import JOIN_AND_EXEC, SandboxCgroup
 from .files import RootFiles
@@ -100,6 +100,12 @@ class OomWatch(BackendProcess):
     async def kill(self, grace: float) -> None:
         await self._inner.kill(grace)
 
+    async def write_stdin(self, data: bytes) -> None:
+        await self._inner.write_stdin(data)
+
+    async def close_stdin(self) -> None:
+        await self._inner.close_stdin()
+
     async def read(self) -> OutputChunk | None:
         chunk = await self._inner.read()
         if chunk is None and not self._ended:
@@ -115,6 +121,21 @@ class OomWatch(BackendProcess):
                     f"limit{said}\n".encode(),
                 )
         return chunk
+
+
+class PtyOomWatch(OomWatch, PtyProcess):
+    """A command on a pseudo-terminal, watched as :class:`OomWatch` watches
+    any: what is typed and the window's size still reach its terminal."""
+
+    def __init__(self, inner: PtyProcess, cgroup: SandboxCgroup) -> None:
+        super().__init__(inner, cgroup)
+        self._terminal = inner
+
+    async def write(self, data: bytes) -> None:
+        await self._terminal.write(data)
+
+    async def resize(self, rows: int, cols: int) -> None:
+        await self._terminal.resize(rows, cols)
 
 
 class BwrapStatus:
@@ -211,6 +232,12 @@ class CommandRan(BackendProcess):
         await self._inner.kill(grace)
         self._status.close()
 
+    async def write_stdin(self, data: bytes) -> None:
+        await self._inner.write_stdin(data)
+
+    async def close_stdin(self) -> None:
+        await self._inner.close_stdin()
+
 
 def not_started_error(name: str, sandbox_id: str, said: bytes, status: int | None) -> HutchError:
     """The error of an exec whose command never ran, from what bwrap (or the
@@ -249,6 +276,8 @@ class AgentWithNativeUsers(AgentRuntime):
             return await self._native.start_process(request)
         request = dataclasses.replace(request, env={**self._native.parts.env, **request.env})
         inner = await super().start_process(request, pty=pty)
+        if isinstance(inner, PtyProcess):
+            return PtyOomWatch(inner, self._native.parts.cgroup)
         return OomWatch(inner, self._native.parts.cgroup)
 
 
@@ -398,7 +427,7 @@ class BubblewrapRuntime(FilesRuntime):
                     *default_signals_prefix(), *command,
                     cwd="/",
                     env=host_env,
-                    stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                    stdin=subprocess.PIPE if request.stdin_piped else subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     start_new_session=True,
@@ -410,7 +439,7 @@ class BubblewrapRuntime(FilesRuntime):
         finally:
             for fd in fds:
                 os.close(fd)
-        process = HostProcess(proc, exec_id, stdin)
+        process = HostProcess(proc, exec_id, stdin, request.keep_stdin)
         try:
             status = await BwrapStatus.open(started_read)
         except BaseException:

@@ -31,6 +31,7 @@ from ..._errors import (
     SandboxFileNotFound,
     SandboxPermissionDenied,
     SandboxUnavailable,
+    StdinClosed,
 )
 from ..._types import KILL_GRACE_SECONDS, OutputChunk
 from .._docker_engine import call as _call
@@ -245,20 +246,50 @@ class DockerProcess(FutureExitProcess):
         self._room = threading.Semaphore(EXEC_QUEUE_CHUNKS)
         #: Set by kill: nobody may read on, so the thread stops waiting for room.
         self._abandoned = threading.Event()
+        #: Writes to its stdin, one at a time in order, off the event loop
+        #: (a send blocks while the command does not read).
+        self._stdin_turn = threading.Lock()
         if request.stdin is not None:
-            threading.Thread(target=self._feed, args=(request.stdin,), daemon=True).start()
+            self._stdin_turn.acquire()  # the first bytes go first
+            threading.Thread(
+                target=self._feed, args=(request.stdin, not request.keep_stdin), daemon=True
+            ).start()
         threading.Thread(target=self._pump, daemon=True).start()
 
-    def _feed(self, data: bytes) -> None:
+    def _feed(self, data: bytes, close: bool) -> None:
         try:
-            view = memoryview(data)
-            while view:
-                sent = self._sock.send(view[: 1 << 20])
-                view = view[sent:]
+            self._send_all(data)
         except OSError:
             pass  # the command exited without reading all of its stdin
-        with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_WR)
+        finally:
+            if close:
+                with contextlib.suppress(OSError):
+                    self._sock.shutdown(socket.SHUT_WR)
+            self._stdin_turn.release()
+
+    def _send_all(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            sent = self._sock.send(view[: 1 << 20])
+            view = view[sent:]
+
+    def _send_stdin(self, data: bytes | None) -> None:
+        """``data`` to the command's stdin, or its end (None), after what went before."""
+        with self._stdin_turn:
+            try:
+                if data is None:
+                    self._sock.shutdown(socket.SHUT_WR)
+                else:
+                    self._send_all(data)
+            except OSError:
+                if data is not None:
+                    raise StdinClosed("the command has closed its stdin, or ended") from None
+
+    async def write_stdin(self, data: bytes) -> None:
+        await asyncio.to_thread(self._send_stdin, data)
+
+    async def close_stdin(self) -> None:
+        await asyncio.to_thread(self._send_stdin, None)
 
     def _post(self, item: OutputChunk | BaseException | None) -> None:
         # The loop may be gone (a sync caller's loop ended): nobody is left to tell.
@@ -500,7 +531,7 @@ class DockerProcesses(DockerProvisioning):
                 while True:
                     try:
                         created = api.exec_create(
-                            container, list(request.argv), stdin=request.stdin is not None,
+                            container, list(request.argv), stdin=request.stdin_piped,
                             environment=full_env, workdir=request.cwd,
                             user=request.user or "",
                         )

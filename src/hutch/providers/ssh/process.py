@@ -33,6 +33,7 @@ from ..._errors import (
     ProviderError,
     SandboxFileNotFound,
     SandboxPermissionDenied,
+    StdinClosed,
 )
 from ..._types import OutputChunk
 from .._pipes import READ_SIZE, OutputPipes
@@ -159,6 +160,7 @@ class SshProcess(BackendProcess):
         stdin: bytes | None,
         *,
         interactive: bool = False,
+        keep_stdin: bool = False,
     ) -> None:
         self._kept = kept
         self._conn = conn
@@ -166,15 +168,38 @@ class SshProcess(BackendProcess):
         self._exec_id = exec_id
         self._killed = False
         self._output = OutputPipes(process.stdout, process.stderr, CHANNEL_ERRORS)
+        #: What feeds the bytes given at the start (writes wait for it).
+        self._fed: asyncio.Task[None] | None = None
         if not interactive:  # a terminal's input stays open for what is typed
-            self._output.tasks.append(asyncio.get_running_loop().create_task(self._feed(stdin)))
+            self._fed = asyncio.get_running_loop().create_task(
+                self._feed(stdin, close=not keep_stdin))
+            self._output.tasks.append(self._fed)
 
-    async def _feed(self, data: bytes | None) -> None:
+    async def _feed(self, data: bytes | None, *, close: bool) -> None:
         # A command that exits without reading its stdin is not an error.
         with contextlib.suppress(*CHANNEL_ERRORS):
             if data:
                 self._proc.stdin.write(data)
                 await self._proc.stdin.drain()
+            if close:
+                self._proc.stdin.write_eof()
+
+    async def _fed_first(self) -> None:
+        if self._fed is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(self._fed)
+
+    async def write_stdin(self, data: bytes) -> None:
+        await self._fed_first()
+        try:
+            self._proc.stdin.write(data)
+            await self._proc.stdin.drain()
+        except CHANNEL_ERRORS:
+            raise StdinClosed("the command has closed its stdin, or ended") from None
+
+    async def close_stdin(self) -> None:
+        await self._fed_first()
+        with contextlib.suppress(*CHANNEL_ERRORS):
             self._proc.stdin.write_eof()
 
     async def read(self) -> OutputChunk | None:

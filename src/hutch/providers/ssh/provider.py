@@ -181,7 +181,8 @@ class SshSandbox(NativeBackend, FilesRuntime):
             ) from None
         if term_size is not None:
             return SshPtyProcess(self._kept, conn, process, exec_id, None, interactive=True)
-        return SshProcess(self._kept, conn, process, exec_id, request.stdin)
+        return SshProcess(self._kept, conn, process, exec_id, request.stdin,
+                          keep_stdin=request.keep_stdin)
 
     async def count_busy_processes(self) -> int:
         # A failure propagates: the lifecycle engine takes "cannot tell" as busy.

@@ -4,8 +4,8 @@
 E2B's own keys are ``e2b_`` and hex, and SDKs up to 2.45 refuse any other
 shape before sending it (``^e2b_[0-9a-f]+$`` in their ``api/__init__.py``),
 so any hutch credential can also be written that way: ``e2b_`` followed by
-the hex of its UTF-8 bytes (:func:`e2b_key`, what ``hutch token --e2b``
-prints). The server reads both forms.
+the hex of its UTF-8 bytes (:func:`hutch._e2bkey.e2b_key`, what
+``hutch token --e2b`` prints). The server reads both forms.
 
 The in-sandbox API carries no API key: the SDKs send the
 ``envdAccessToken`` that create and connect answered, as ``X-Access-Token``.
@@ -16,33 +16,13 @@ connect was made with, when it was (so that revoking the ref closes it too).
 
 from __future__ import annotations
 
-import binascii
 import hashlib
 import hmac
-import re
 
-E2B_KEY_PREFIX = "e2b_"
-_E2B_KEY = re.compile(r"\Ae2b_((?:[0-9a-f]{2})+)\Z")
+from ..._e2bkey import E2B_KEY_PREFIX, credential_of, e2b_key
+
 #: Marks an envd access token that is an HMAC (not a ref).
 ACCESS_TOKEN_PREFIX = "hutch-envd-"
-
-
-def e2b_key(credential: str) -> str:
-    """``credential`` (a hutch token or ref) in E2B's key format."""
-    return E2B_KEY_PREFIX + credential.encode().hex()
-
-
-def credential_of(api_key: str) -> list[str]:
-    """The hutch credentials an ``X-API-KEY`` may stand for, the likeliest
-    first: an ``e2b_<hex>`` key decoded, then the key as it came."""
-    match = _E2B_KEY.match(api_key)
-    if match is None:
-        return [api_key]
-    try:
-        decoded = binascii.unhexlify(match.group(1)).decode()
-    except (binascii.Error, UnicodeDecodeError):
-        return [api_key]
-    return [decoded, api_key]
 
 
 def envd_access_token(secret: bytes, sandbox_id: str) -> str:
@@ -54,3 +34,7 @@ def envd_access_token(secret: bytes, sandbox_id: str) -> str:
 def is_envd_access_token(secret: bytes, sandbox_id: str, given: str) -> bool:
     """Whether ``given`` is :func:`envd_access_token` of ``sandbox_id`` (in constant time)."""
     return hmac.compare_digest(given.encode(), envd_access_token(secret, sandbox_id).encode())
+
+
+__all__ = ["ACCESS_TOKEN_PREFIX", "E2B_KEY_PREFIX", "credential_of", "e2b_key",
+           "envd_access_token", "is_envd_access_token"]

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from ... import wire
 from ..._process import Process, wait_output
 from ..._sandbox import forget_process
-from ..bodies import ExecBody, WaitBody
+from ..bodies import ExecBody, StartBody, WaitBody
 from ..streaming import NDJSON_LINES, exec_response, ndjson, process_json
 from . import DaemonGetter, session_sandbox, v1_router
 
@@ -18,11 +18,13 @@ from . import DaemonGetter, session_sandbox, v1_router
 def router(daemon: DaemonGetter) -> APIRouter:
     v1 = v1_router()
 
-    async def start_process(request: Request, sandbox_id: str, body: ExecBody) -> Process:
+    async def start_process(
+        request: Request, sandbox_id: str, body: ExecBody, *, keep_stdin: bool = False
+    ) -> Process:
         sandbox = session_sandbox(daemon(), request, sandbox_id)
         return await sandbox.start(
             body.cmd, cwd=body.cwd, env=body.env, stdin=body.stdin_bytes(), user=body.user,
-            output_limit=body.output_limit,
+            output_limit=body.output_limit, keep_stdin=keep_stdin,
         )
 
     @v1.post("/sandboxes/{sandbox_id}/exec/stream", **NDJSON_LINES)
@@ -45,8 +47,8 @@ def router(daemon: DaemonGetter) -> APIRouter:
 
     @v1.post("/sandboxes/{sandbox_id}/processes", status_code=201,
              response_model=wire.ProcessInfo)
-    async def start(request: Request, sandbox_id: str, body: ExecBody) -> JSONResponse:
-        process = await start_process(request, sandbox_id, body)
+    async def start(request: Request, sandbox_id: str, body: StartBody) -> JSONResponse:
+        process = await start_process(request, sandbox_id, body, keep_stdin=body.keep_stdin)
         return JSONResponse(process_json(process), status_code=201)
 
     @v1.get("/sandboxes/{sandbox_id}/processes", response_model=wire.ProcessList)
@@ -74,4 +76,24 @@ def router(daemon: DaemonGetter) -> APIRouter:
         await daemon().get(sandbox_id).process(process_id).kill()
         return Response(status_code=204)
 
+    @v1.post("/sandboxes/{sandbox_id}/processes/{process_id}/stdin", status_code=204,
+             openapi_extra=STDIN_BYTES)
+    async def write_stdin(request: Request, sandbox_id: str, process_id: str) -> Response:
+        """The request's body (bytes) written to the command's stdin, kept
+        open at its start (``keep_stdin``); answered once its pipe took them."""
+        process = daemon().get(sandbox_id).process(process_id)
+        await process.write_stdin(await request.body())
+        return Response(status_code=204)
+
+    @v1.delete("/sandboxes/{sandbox_id}/processes/{process_id}/stdin", status_code=204)
+    async def close_stdin(sandbox_id: str, process_id: str) -> Response:
+        """Close the command's stdin: it reads its end of file."""
+        await daemon().get(sandbox_id).process(process_id).close_stdin()
+        return Response(status_code=204)
+
     return v1
+
+
+#: The stdin route's body in the OpenAPI document: the bytes, as they are.
+STDIN_BYTES = {"requestBody": {"required": True, "content": {
+    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}}
