@@ -123,8 +123,8 @@ async def _open(task_name: str, config: HutchSandboxConfig) -> Holding:
         known = definitions_from_config(file_data)
         definition = known.get(config.definition) or definitions.get(config.definition)
         thread = _thread_of(task_name)
-        ensured = await definitions.ensure(definition, thread)
-        return Holding(ensured.sandbox, config, definitions=definitions, thread=thread)
+        here = await definitions.ensure(definition, thread)
+        return Holding(here.sandbox, config, definitions=definitions, thread=thread)
     from .._api import create_sandbox
     from ..config import load_config_file, resolve_spec
 
