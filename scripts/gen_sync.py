@@ -418,7 +418,7 @@ def method(
         return Member("__enter__", [def_line, *body])
     if isinstance(node, ast.AsyncFunctionDef) and node.name == "__aexit__":
         def_line, passes = _signature(node, src, imports, name="__exit__", returns="None")
-        body = ["        try:", *emit(12, "self._loop.call(", call, passes, ")"),
+        body = ["        try:", *emit(12, "self._loop.closing(", call, passes, ")"),
                 "        finally:", "            self._loop.release(self)"]
         return Member("__exit__", [def_line, *body])
     if "asynccontextmanager" in decorators or "contextlib.asynccontextmanager" in decorators:
@@ -455,6 +455,8 @@ def method(
     if node.name == "close":
         if returns != "None":
             raise GenError(f"{face.name}.close returns something")
+        if before:
+            before = "self._loop.closing("
         body = [*doc, "        try:", *emit(12, before, call, passes, after), "        finally:",
                 "            self._loop.release(self)"]
         return Member(node.name, [def_line, *body])

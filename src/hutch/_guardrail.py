@@ -8,8 +8,13 @@ look first. Creating a new file is always allowed.
 from __future__ import annotations
 
 from contextvars import ContextVar
+from typing import TYPE_CHECKING
 
-from ._errors import ReadBeforeWrite
+from ._errors import ReadBeforeWrite, SandboxIsADirectory
+from ._types import FileType
+
+if TYPE_CHECKING:
+    from .providers.base import SandboxRuntime
 
 #: The guard of the session making the current call, when a server runs
 #: several sessions over one sandbox (each has its own read set).
@@ -38,3 +43,26 @@ class ReadBeforeWriteGuard:
             f"refusing to {action} {path}: it exists and this session has not read it; "
             "read it (or find it with grep) first, or turn off read_before_write"
         )
+
+    async def check_write(self, runtime: SandboxRuntime, path: str, overwrite: bool) -> None:
+        """Before a write to ``path``: refused if it is a directory, or an
+        existing file this session has not read (unless told to overwrite)."""
+        if not self.needs_check(path):
+            return
+        try:
+            info = await runtime.stat(path)
+        except FileNotFoundError:
+            return
+        if info.type == FileType.DIRECTORY:
+            raise SandboxIsADirectory(f"{path} is a directory")
+        if not overwrite:
+            raise self.refuse(path, "overwrite")
+
+    async def check_delete(self, runtime: SandboxRuntime, path: str) -> None:
+        """Before ``path`` is removed: an existing file this session has not
+        read is refused (a directory is not read, so not checked);
+        FileNotFoundError if it is missing."""
+        if self.needs_check(path):
+            info = await runtime.stat(path)
+            if info.type != FileType.DIRECTORY:
+                raise self.refuse(path, "delete")

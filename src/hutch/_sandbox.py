@@ -9,7 +9,6 @@ where the lifecycle engine tracks activity and resumes a suspended sandbox.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import re
 import shlex
@@ -29,7 +28,6 @@ from ._errors import (
     NoSuchUser,
     NotFound,
     ProviderError,
-    SandboxIsADirectory,
     SandboxPermissionDenied,
     SandboxUnavailable,
 )
@@ -41,7 +39,6 @@ from ._process import (
     StreamEvent,
     collect_output,
     kill_shielded,
-    release_output,
 )
 from ._refwire import attachment_json, check_ref_lifetime
 from ._sandbox_paths import sandbox_path, within
@@ -53,19 +50,17 @@ from ._types import (
     Capabilities,
     Command,
     ExecResult,
-    ExitStatus,
     FileInfo,
-    FileType,
     GrepMatch,
     Snapshot,
 )
-from ._values import check_command, check_text
+from .core.commands import ExecCall, events_until_exit, forget_finished, process_request
+from .core.fileops import make_directory, not_the_workdir, rename_entry
 from .core.live import Attachment, LiveSandbox, closed_message
 from .core.refs import ref_serving
 from .providers._grep import grep_output_budget
 from .providers.base import (
     BackendProcess,
-    ProcessRequest,
     PtyProcess,
     SandboxBackend,
     SandboxRuntime,
@@ -243,68 +238,16 @@ class Sandbox:
         return sandbox_path(self.workdir, path)
 
     # -- exec ---------------------------------------------------------------------
-    def _argv(self, cmd: Command) -> list[str]:
-        if isinstance(cmd, str):
-            if not cmd.strip():
-                raise InvalidArgument("command is empty")
-            return self._runtime.shell_argv(cmd)
-        argv = list(cmd)
-        if not argv or not all(isinstance(a, str) for a in argv):
-            raise InvalidArgument("command must be a non-empty string or list of strings")
-        return argv
-
-    async def _start_backend(
-        self,
-        cmd: Command,
-        cwd: str | None,
-        env: Mapping[str, str] | None,
-        stdin: bytes | str | None,
-        user: str | None,
-        keep_stdin: bool = False,
-    ) -> BackendProcess:
+    async def _start_backend(self, call: ExecCall) -> BackendProcess:
         self.require("processes")
-        if user is not None:
+        if call.user is not None:
             self.require("users")
-        request = self._request(cmd, cwd, env, stdin, user, keep_stdin)
+        request = process_request(self._runtime, self.workdir, call)
         try:
             return await self._runtime.start_process(request)
         except NoSuchUser as exc:
             # A command that could not start, as every execution API says it.
             return UnstartedProcess(exc.message)
-
-    def _request(
-        self,
-        cmd: Command,
-        cwd: str | None,
-        env: Mapping[str, str] | None,
-        stdin: bytes | str | None,
-        user: str | None,
-        keep_stdin: bool = False,
-    ) -> ProcessRequest:
-        """A command as a runtime is given it, every part checked first
-        (text a program can be given, within the kernel's limits)."""
-        argv = self._argv(cmd)
-        variables = dict(env or {})
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in variables.items()):
-            raise InvalidArgument("env must map names to strings")
-        check_command(argv, variables)
-        if user is not None:
-            if not isinstance(user, str) or not user:
-                raise InvalidArgument("user must be a user name or uid (a string)")
-            check_text(user, "user")
-        if isinstance(stdin, str):
-            check_text(stdin, "stdin", nul=False)
-            stdin = stdin.encode()
-        elif stdin is not None and not isinstance(stdin, bytes | bytearray | memoryview):
-            raise InvalidArgument(f"stdin must be bytes or text, not {type(stdin).__name__}")
-        return ProcessRequest(
-            argv,
-            cwd=self.path(cwd) if cwd is not None else self.workdir,
-            env=variables,
-            stdin=bytes(stdin) if stdin is not None else None,
-            user=user,
-            keep_stdin=keep_stdin,
-        )
 
     async def exec(
         self,
@@ -323,30 +266,18 @@ class Sandbox:
         ``ExecTimeout``; output past ``output_limit`` bytes kills it and raises
         ``OutputLimitExceeded``.
         """
-        with await self._exec_output(
-            cmd, cwd=cwd, env=env, stdin=stdin, user=user, timeout=timeout,
-            output_limit=output_limit,
-        ) as output:
+        call = ExecCall(cmd, cwd, env, stdin, user, timeout, output_limit)
+        with await self._exec_output(call) as output:
             return output.result()
 
-    async def _exec_output(
-        self,
-        cmd: Command,
-        *,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bytes | str | None = None,
-        user: str | None = None,
-        timeout: float | None = None,
-        output_limit: int | None = None,
-    ) -> ExecOutput:
+    async def _exec_output(self, call: ExecCall) -> ExecOutput:
         """As :meth:`exec`, its output left spooled (see :func:`exec_output`)."""
-        if timeout is not None and timeout <= 0:
-            raise InvalidArgument(f"timeout must be positive, got {timeout}")
+        if call.timeout is not None and call.timeout <= 0:
+            raise InvalidArgument(f"timeout must be positive, got {call.timeout}")
         async with self._operation("exec"):
-            proc = await self._start_backend(cmd, cwd, env, stdin, user)
+            proc = await self._start_backend(call)
             return await collect_output(
-                proc, timeout=timeout, output_limit=output_limit or self.output_limit
+                proc, timeout=call.timeout, output_limit=call.output_limit or self.output_limit
             )
 
     async def start(
@@ -373,7 +304,9 @@ class Sandbox:
         hold = MemoryHold(len(stdin) if stdin else 0, "the stdin of a background command")
         try:
             async with self._operation("start"):
-                proc = await self._start_backend(cmd, cwd, env, stdin, user, keep_stdin)
+                proc = await self._start_backend(
+                    ExecCall(cmd, cwd, env, stdin, user, keep_stdin=keep_stdin)
+                )
                 process = Process(
                     proc,
                     command=cmd if isinstance(cmd, str) else shlex.join(cmd),
@@ -391,31 +324,17 @@ class Sandbox:
     def _process_exited(self, process: Process) -> None:
         if self._gate is not None:
             self._gate.touch(self._live)
-        self._forget_finished()
-
-    def _forget_finished(self) -> None:
-        """Drop ended background commands past their retention, or past the
-        most kept, oldest first: their output is not held for ever."""
-        ended = sorted(
-            (p for p in self._processes.values() if p.ended_at is not None),
-            key=lambda p: p.ended_at or 0.0,
-        )
-        cutoff = time.monotonic() - FINISHED_PROCESS_RETENTION
-        excess = len(ended) - MAX_FINISHED_PROCESSES
-        for index, process in enumerate(ended):
-            if index < excess or (process.ended_at or 0.0) < cutoff:
-                self._processes.pop(process.id, None)
-                release_output(process)
+        forget_finished(self._processes)
 
     def process(self, process_id: str) -> Process:
-        self._forget_finished()
+        forget_finished(self._processes)
         try:
             return self._processes[process_id]
         except KeyError:
             raise NotFound(f"no background command {process_id} in sandbox {self.id}") from None
 
     def processes(self) -> list[Process]:
-        self._forget_finished()
+        forget_finished(self._processes)
         return list(self._processes.values())
 
     @asynccontextmanager
@@ -438,10 +357,10 @@ class Sandbox:
         self.require("processes")
         if user is not None:
             self.require("users")
-        request = self._request(
+        request = process_request(self._runtime, self.workdir, ExecCall(
             ["bash"] if cmd is None else cmd, cwd, {"TERM": "xterm-256color", **(env or {})},
-            None, user,
-        )
+            user=user,
+        ))
         async with self._operation("pty"):
             proc = await self._runtime.start_pty(request, rows=rows, cols=cols)
             try:
@@ -464,46 +383,18 @@ class Sandbox:
         """Run ``cmd`` and yield its output as it is produced, then its exit status."""
         # One call from start to exit, as exec is: in flight all along for
         # the other programs sharing the sandbox (their suspend waits for it).
-        async with self._operation("exec"), aclosing(
-            self._stream(cmd, cwd, env, stdin, user, timeout, output_limit)
-        ) as events:
-            async for event in events:
-                yield event
-
-    async def _stream(
-        self,
-        cmd: Command,
-        cwd: str | None,
-        env: Mapping[str, str] | None,
-        stdin: bytes | str | None,
-        user: str | None,
-        timeout: float | None,
-        output_limit: int | None,
-    ) -> AsyncGenerator[StreamEvent, None]:
-        process = await self.start(
-            cmd, cwd=cwd, env=env, stdin=stdin, user=user, output_limit=output_limit
-        )
-        try:
-            deadline = None if timeout is None else time.monotonic() + timeout
-            stream = process.stream()
-            while True:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                try:
-                    event = await asyncio.wait_for(anext(stream), remaining)
-                except StopAsyncIteration:
-                    return
-                except TimeoutError:
+        async with self._operation("exec"):
+            process = await self.start(
+                cmd, cwd=cwd, env=env, stdin=stdin, user=user, output_limit=output_limit
+            )
+            try:
+                async with aclosing(events_until_exit(process, timeout)) as events:
+                    async for event in events:
+                        yield event
+            finally:
+                if process.running:
                     await process.kill()
-                    raise ExecTimeout(
-                        f"command timed out after {timeout} s; its whole process tree was killed"
-                    ) from None
-                yield event
-                if isinstance(event, ExitStatus):
-                    return
-        finally:
-            if process.running:
-                await process.kill()
-            self._processes.pop(process.id, None)
+                self._processes.pop(process.id, None)
 
     # -- files --------------------------------------------------------------------
     async def read_bytes(self, path: str, *, limit: int = DEFAULT_READ_LIMIT) -> bytes:
@@ -556,16 +447,7 @@ class Sandbox:
     ) -> None:
         """A write, under the read-before-write guard (unless told to overwrite)."""
         async with self._operation("write"):
-            if self._session_guard.needs_check(full):
-                try:
-                    info = await self._runtime.stat(full)
-                except FileNotFoundError:
-                    pass
-                else:
-                    if info.type == FileType.DIRECTORY:
-                        raise SandboxIsADirectory(f"{full} is a directory")
-                    if not overwrite:
-                        raise self._session_guard.refuse(full, "overwrite")
+            await self._session_guard.check_write(self._runtime, full, overwrite)
             await write()
         # What this session wrote, it knows: it may overwrite it again.
         self._session_guard.mark_read(full)
@@ -597,12 +479,42 @@ class Sandbox:
                 "it: not a file to delete; remove what is in it instead"
             )
         async with self._operation("remove"):
-            if self._session_guard.needs_check(full):
-                info = await self._runtime.stat(full)  # FileNotFoundError if missing
-                if info.type != FileType.DIRECTORY:
-                    raise self._session_guard.refuse(full, "delete")
+            await self._session_guard.check_delete(self._runtime, full)
             await self._runtime.remove(full, recursive)
         self._session_guard.forget(full)
+
+    async def mkdir(self, path: str, *, parents: bool = False, exist_ok: bool = False) -> None:
+        """Make the directory ``path`` (mode 0755), as ``pathlib.Path.mkdir``:
+        its missing parents too with ``parents`` (else SandboxFileNotFound
+        when its parent is missing); a directory already there is
+        SandboxFileExists unless ``exist_ok``; anything else there (a file)
+        is SandboxFileExists always, and a file where a parent must be is
+        SandboxNotADirectory."""
+        full = self.path(path)
+        async with self._operation("mkdir"):
+            await make_directory(self._runtime, full, parents=parents, exist_ok=exist_ok)
+
+    async def rename(self, source: str, destination: str, *, overwrite: bool = False) -> None:
+        """Move ``source`` to ``destination`` inside the sandbox (a file or a
+        whole directory, in one step where the file system can). The
+        destination's directory must exist. Something already at
+        ``destination`` is SandboxFileExists unless ``overwrite``; then, as
+        rename(2): a file replaces a file, a directory an empty directory
+        (a directory onto a file is SandboxNotADirectory, a file onto a
+        directory SandboxIsADirectory, onto a non-empty one
+        SandboxFileExists). A directory into itself, and the working
+        directory (or one that holds it) either way, are InvalidArgument."""
+        full_source, full_destination = self.path(source), self.path(destination)
+        not_the_workdir(self.workdir, source, full_source, "rename")
+        not_the_workdir(self.workdir, destination, full_destination, "replace")
+        async with self._operation("rename"):
+            await rename_entry(self._runtime, full_source, full_destination, overwrite=overwrite)
+        # What this session had read, it knows under its new name.
+        if self._session_guard.needs_check(full_source):
+            self._session_guard.forget(full_destination)
+        else:
+            self._session_guard.mark_read(full_destination)
+        self._session_guard.forget(full_source)
 
     async def grep(
         self,
@@ -878,27 +790,14 @@ def lifecycle_record(sandbox: Sandbox) -> LifecycleRecord | None:
     return sandbox._live.record
 
 
-async def exec_output(
-    sandbox: Sandbox,
-    cmd: Command,
-    *,
-    cwd: str | None = None,
-    env: Mapping[str, str] | None = None,
-    stdin: bytes | None = None,
-    user: str | None = None,
-    timeout: float | None = None,
-    output_limit: int | None = None,
-) -> ExecOutput:
+async def exec_output(sandbox: Sandbox, call: ExecCall) -> ExecOutput:
     """As ``sandbox.exec``, its output left spooled (memory, then disk) to be
     read in pieces: what a server answering with a large output uses, so
     that the output is never whole in its memory. Close the answer.
 
     A function, not a method: a caller holding a sandbox (in-process or
     remote) takes ``exec``'s bytes; only the daemon needs the spool."""
-    return await sandbox._exec_output(
-        cmd, cwd=cwd, env=env, stdin=stdin, user=user, timeout=timeout,
-        output_limit=output_limit,
-    )
+    return await sandbox._exec_output(call)
 
 
 def forget_process(sandbox: Sandbox, process_id: str) -> None:
@@ -920,12 +819,6 @@ def backend_of(sandbox: Sandbox) -> SandboxBackend:
     and a remote sandbox has none.
     """
     return sandbox._backend
-
-
-#: How long an ended background command (and its output) is kept, seconds.
-FINISHED_PROCESS_RETENTION = 600.0
-#: The most ended background commands one sandbox keeps.
-MAX_FINISHED_PROCESSES = 64
 
 
 def new_sandbox_id() -> str:

@@ -88,7 +88,9 @@ class LoopThread:
             self.loop.call_soon_threadsafe(begin)
         except RuntimeError:
             coro.close()
-            raise SandboxUnavailable("closed: its sync face's event loop has stopped") from None
+            raise SandboxUnavailable(
+                "closed: the event loop of this sync face stopped when its sandbox was closed"
+            ) from None
         try:
             waiter.acquire()
         except BaseException:
@@ -96,6 +98,14 @@ class LoopThread:
             self.loop.call_soon_threadsafe(lambda: box and box[0].cancel())
             raise
         return box[0].result()
+
+    def closing(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run a close on the loop; once the loop has stopped (its owner
+        closed), there is nothing left to close: closing is idempotent."""
+        if not self.running:
+            coro.close()
+            return
+        self.call(coro)
 
     def iterate(self, agen: AsyncIterator[T]) -> Iterator[T]:
         """The items of an async iterator, each fetched on the loop; closing

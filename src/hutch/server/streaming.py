@@ -32,6 +32,7 @@ from .._types import (
     FileInfo,
     OutputChunk,
 )
+from ..core.commands import ExecCall
 from .asgi import Send, render_json, respond
 from .bodies import ExecBody
 from .errors import error_json, error_responses
@@ -201,10 +202,10 @@ async def ndjson(process: Process, timeout: float | None) -> AsyncIterator[bytes
 
 
 async def run_exec(sandbox: Sandbox, body: ExecBody) -> ExecOutput:
-    return await exec_output(
-        sandbox, body.cmd, cwd=body.cwd, env=body.env, stdin=body.stdin_bytes(), user=body.user,
+    return await exec_output(sandbox, ExecCall(
+        body.cmd, cwd=body.cwd, env=body.env, stdin=body.stdin_bytes(), user=body.user,
         timeout=body.timeout, output_limit=body.output_limit,
-    )
+    ))
 
 
 

@@ -33,7 +33,7 @@ from .connect import (
 from .files import error_response, gone_response, health, read_file, write_files
 from .filesystem import FilesystemService
 from .process import ProcessService, ProcessTable
-from .watch import WatchService
+from .watch import WatchHub, WatchService
 
 log = logging.getLogger("hutch.server.e2b")
 
@@ -87,8 +87,9 @@ class EnvdApp:
         self.sandbox_id = sandbox_id
         self.processes = ProcessTable()
         process = ProcessService(self.processes)
-        filesystem = FilesystemService()
-        watch = WatchService()
+        self.watches = WatchHub()
+        filesystem = FilesystemService(self.watches)
+        watch = WatchService(self.watches)
         self.unary: dict[str, Unary] = {
             **{f"/process.Process/{name}": rpc for name, rpc in process.unary().items()},
             **{f"/filesystem.Filesystem/{name}": rpc for name, rpc in filesystem.unary().items()},
@@ -130,7 +131,8 @@ class EnvdApp:
         elif path == "/files" and method in ("GET", "HEAD"):
             await (await read_file(Request(scope, receive), sandbox))(scope, receive, send)
         elif path == "/files" and method == "POST":
-            await (await write_files(Request(scope, receive), sandbox))(scope, receive, send)
+            written = await write_files(Request(scope, receive), sandbox, self.watches)
+            await written(scope, receive, send)
         elif path in self.unary or path in self.server_streams or path in self.client_streams:
             await self._rpc(scope, receive, send, sandbox)
         else:

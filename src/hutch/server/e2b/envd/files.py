@@ -26,6 +26,7 @@ from ...._types import MAX_READ_LIMIT
 from ....states import FINAL, HELD
 from ...asgi import render_json
 from ...streaming import new_spool, opened_file
+from .watch import WatchHub
 
 #: Files one multipart upload may carry.
 MAX_UPLOAD_FILES = 1000
@@ -112,15 +113,16 @@ def _written(sandbox: Sandbox, path: str) -> dict[str, Any]:
     return {"name": full.rstrip("/").rsplit("/", 1)[-1], "type": "file", "path": full}
 
 
-async def write_files(request: Request, sandbox: Sandbox) -> Response:
+async def write_files(request: Request, sandbox: Sandbox, hub: WatchHub) -> Response:
     path = request.query_params.get("path") or None
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     try:
         if content_type == "multipart/form-data":
-            return await _write_parts(request, sandbox, path)
+            return await _write_parts(request, sandbox, path, hub)
         if path is None:
             return error_response(400, "path is required for an octet-stream upload")
         await _write_body(request, sandbox, path)
+        await hub.wrote(sandbox, sandbox.path(path))
         return Response(render_json([_written(sandbox, path)]), media_type="application/json")
     except HutchError as exc:
         return hutch_error_response(exc)
@@ -151,7 +153,9 @@ async def _write_body(request: Request, sandbox: Sandbox, path: str) -> None:
         await sandbox.write_from(path, spool, overwrite=True)
 
 
-async def _write_parts(request: Request, sandbox: Sandbox, path: str | None) -> Response:
+async def _write_parts(
+    request: Request, sandbox: Sandbox, path: str | None, hub: WatchHub,
+) -> Response:
     async with request.form(max_files=MAX_UPLOAD_FILES) as form:
         uploads = [value for _, value in form.multi_items() if isinstance(value, UploadFile)]
         if not uploads:
@@ -164,5 +168,6 @@ async def _write_parts(request: Request, sandbox: Sandbox, path: str | None) -> 
             if not target:
                 return error_response(400, "a file part has no file name to write it to")
             await sandbox.write_from(target, upload.file, overwrite=True)
+            await hub.wrote(sandbox, sandbox.path(target))
             written.append(_written(sandbox, target))
     return Response(render_json(written), media_type="application/json")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import stat as stat_mod
 from collections.abc import Callable
 from typing import Any
 
@@ -10,48 +9,12 @@ from ...._errors import SandboxFileNotFound
 from ...._sandbox import Sandbox
 from ...._types import FileInfo, FileType
 from .calls import Call
-from .connect import ConnectError, int64, text, timestamp, uint
-
-#: envd's FileType by hutch's.
-FILE_TYPES = {
-    FileType.FILE: "FILE_TYPE_FILE", FileType.DIRECTORY: "FILE_TYPE_DIRECTORY",
-    FileType.SYMLINK: "FILE_TYPE_SYMLINK", FileType.OTHER: "FILE_TYPE_UNSPECIFIED",
-}
+from .connect import ConnectError, text, uint
+from .entries import entry_info
+from .watch import WatchHub
 
 #: The deepest ListDir walks (a caller's depth is bounded, as every number is).
 MAX_DEPTH = 64
-
-#: What ``ls -l`` writes first for each type.
-_TYPE_LETTER = {FileType.DIRECTORY: "d", FileType.SYMLINK: "L", FileType.OTHER: "?"}
-
-
-def permissions(info: FileInfo) -> str:
-    """The mode as Go's ``FileMode.String`` writes it (``-rw-r--r--``, ``drwxr-xr-x``)."""
-    bits = "".join(
-        letter if info.mode & mask else "-"
-        for letter, mask in zip("rwxrwxrwx", (
-            stat_mod.S_IRUSR, stat_mod.S_IWUSR, stat_mod.S_IXUSR,
-            stat_mod.S_IRGRP, stat_mod.S_IWGRP, stat_mod.S_IXGRP,
-            stat_mod.S_IROTH, stat_mod.S_IWOTH, stat_mod.S_IXOTH,
-        ), strict=True)
-    )
-    return _TYPE_LETTER.get(info.type, "-") + bits
-
-
-def entry_info(info: FileInfo) -> dict[str, Any]:
-    """An EntryInfo, proto3 JSON: zero values left out, as protojson does."""
-    entry: dict[str, Any] = {
-        "name": info.name, "type": FILE_TYPES[info.type], "path": info.path,
-    }
-    if info.size:
-        entry["size"] = int64(info.size)
-    if info.mode:
-        entry["mode"] = info.mode & 0o7777
-    entry["permissions"] = permissions(info)
-    entry["modifiedTime"] = timestamp(info.mtime)
-    if info.type == FileType.SYMLINK:
-        entry["isSymlink"] = True
-    return entry
 
 
 async def _stat(sandbox: Sandbox, path: str) -> FileInfo:
@@ -62,6 +25,10 @@ async def _stat(sandbox: Sandbox, path: str) -> FileInfo:
 
 
 class FilesystemService:
+    def __init__(self, hub: WatchHub) -> None:
+        #: Told of every change made here, for the watches.
+        self.hub = hub
+
     async def stat(self, call: Call, request: dict[str, Any]) -> dict[str, Any]:
         path = text(request, "path", required=True)
         return {"entry": entry_info(await _stat(call.sandbox, path))}
@@ -97,7 +64,8 @@ class FilesystemService:
         try:
             await call.sandbox.remove(path, recursive=True)
         except (FileNotFoundError, SandboxFileNotFound):
-            pass  # already gone: what was asked holds
+            return {}  # already gone: what was asked holds
+        self.hub.removed(call.sandbox, call.sandbox.path(path))
         return {}
 
     async def make_dir(self, call: Call, request: dict[str, Any]) -> dict[str, Any]:
@@ -105,6 +73,7 @@ class FilesystemService:
         if await call.sandbox.exists(path):
             raise ConnectError("already_exists", f"directory {path} already exists")
         await self._run(call, ["mkdir", "-p", "--", call.sandbox.path(path)], path)
+        await self.hub.made_dir(call.sandbox, call.sandbox.path(path))
         return {"entry": entry_info(await _stat(call.sandbox, path))}
 
     async def move(self, call: Call, request: dict[str, Any]) -> dict[str, Any]:
@@ -113,6 +82,8 @@ class FilesystemService:
         await _stat(call.sandbox, source)
         await self._run(call, ["mv", "-f", "--", call.sandbox.path(source),
                                call.sandbox.path(destination)], source)
+        await self.hub.moved(call.sandbox, call.sandbox.path(source),
+                             call.sandbox.path(destination))
         return {"entry": entry_info(await _stat(call.sandbox, destination))}
 
     @staticmethod
