@@ -322,7 +322,7 @@ export class Transport {
     return new Promise((resolve, reject) => {
       const request = module.request({ method, host, port, socketPath, path, headers, agent }, resolve);
       request.once("error", (error: Error & { code?: string; staleConnection?: boolean }) => {
-        error.staleConnection = request.reusedSocket && error.code === "ECONNRESET";
+        error.staleConnection = request.reusedSocket && (error.code === "ECONNRESET" || error.code === "EPIPE");
         reject(error);
       });
       if (seconds !== null) {
