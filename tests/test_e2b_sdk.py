@@ -9,6 +9,8 @@ daemon serves the module; the cases that allow it share one sandbox.
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import shutil
 import subprocess
@@ -148,6 +150,37 @@ def test_create_info_list_timeout_kill(daemon: DaemonProcess) -> None:
         assert b.sandbox_id not in [s.sandbox_id for s in paused]
         b.kill()
     """)
+
+
+def test_every_control_plane_error_is_a_json_code_and_message(
+    daemon: DaemonProcess, shared: str,
+) -> None:
+    # The SDKs' generated client parses every error status as {code, message}.
+    key = {"X-API-KEY": e2b_key(daemon.token)}
+    url = daemon.url
+    answers = {
+        401: httpx.get(f"{url}/v2/sandboxes"),
+        404: httpx.get(f"{url}/sandboxes/sb-000000000000", headers=key),
+        400: httpx.post(f"{url}/sandboxes/{shared}/timeout", json={"timeout": "soon"},
+                        headers=key),
+    }
+    # A body announced past the daemon's cap is refused before any of it is sent.
+    connection = http.client.HTTPConnection("127.0.0.1", daemon.port)
+    connection.putrequest("POST", "/v2/sandboxes")
+    connection.putheader("X-API-KEY", key["X-API-KEY"])
+    connection.putheader("Content-Length", str(10**12))
+    connection.endheaders()
+    refused = connection.getresponse()
+    assert refused.status == 413
+    body = json.loads(refused.read())
+    assert body["code"] == 413 and "over the cap" in body["message"], body
+    connection.close()
+    answers[405] = httpx.put(f"{url}/sandboxes/{shared}/pause", headers=key)
+    for status, answer in answers.items():
+        assert answer.status_code == status, (status, answer.text)
+        body = answer.json()
+        assert body["code"] == status and isinstance(body["message"], str), body
+        assert "error" not in body
 
 
 def test_wrong_key_is_refused(daemon: DaemonProcess) -> None:
