@@ -529,6 +529,17 @@ class SandboxOps:
                    params={"path": path, "recursive": str(recursive).lower()})
 
     @op
+    def mkdir(self, path: str, *, parents: bool = False, exist_ok: bool = False) -> Op[None]:
+        yield Call("POST", self._path("/mkdir"),
+                   json={"path": path, "parents": parents, "exist_ok": exist_ok}, timeout=120)
+
+    @op
+    def rename(self, source: str, destination: str, *, overwrite: bool = False) -> Op[None]:
+        yield Call("POST", self._path("/rename"), json={
+            "source": source, "destination": destination, "overwrite": overwrite,
+        }, timeout=600)
+
+    @op
     def grep(
         self, pattern: str, path: str = ".", *, glob: str | None = None,
         ignore_case: bool = False, limit: int = 256 * 1024 * 1024,

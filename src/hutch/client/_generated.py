@@ -532,6 +532,14 @@ class AsyncSandboxFace(SandboxOps):
         operation = SandboxOps.remove(self, path, recursive=recursive)
         await self._transport.drive(operation, self)
 
+    async def mkdir(self, path: str, *, parents: bool = False, exist_ok: bool = False) -> None:
+        operation = SandboxOps.mkdir(self, path, parents=parents, exist_ok=exist_ok)
+        await self._transport.drive(operation, self)
+
+    async def rename(self, source: str, destination: str, *, overwrite: bool = False) -> None:
+        operation = SandboxOps.rename(self, source, destination, overwrite=overwrite)
+        await self._transport.drive(operation, self)
+
     async def grep(
         self,
         pattern: str,
@@ -755,6 +763,14 @@ class SandboxFace(SandboxOps):
 
     def remove(self, path: str, *, recursive: bool = False) -> None:
         operation = SandboxOps.remove(self, path, recursive=recursive)
+        self._transport.drive(operation, self)
+
+    def mkdir(self, path: str, *, parents: bool = False, exist_ok: bool = False) -> None:
+        operation = SandboxOps.mkdir(self, path, parents=parents, exist_ok=exist_ok)
+        self._transport.drive(operation, self)
+
+    def rename(self, source: str, destination: str, *, overwrite: bool = False) -> None:
+        operation = SandboxOps.rename(self, source, destination, overwrite=overwrite)
         self._transport.drive(operation, self)
 
     def grep(
