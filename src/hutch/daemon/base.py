@@ -93,6 +93,9 @@ class DaemonBase:
             )
         self.retention_seconds = retention_seconds
         self._pruner: asyncio.Task[None] | None = None
+        #: This daemon's hold of the store (SERVING_LEASE), once started.
+        self._store_holder: str | None = None
+        self._store_hold: asyncio.Task[None] | None = None
         #: One watcher per provider in use, telling of runtimes that die outside hutch.
         self._watchers: dict[type[SandboxBackend], asyncio.Task[None]] = {}
         #: Sandboxes adopted paused, whose earlier daemon's commands are ended on resume.
