@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import socket
 import struct
 import time
 from collections.abc import Iterator
@@ -564,3 +565,36 @@ def test_a_watch_does_not_wake_a_paused_sandbox(served: DaemonProcess) -> None:
     finally:
         api.delete(f"/sandboxes/{sandbox.sandbox_id}")
         api.close()
+
+
+@pytest.mark.docker
+def test_a_stream_not_read_holds_up_neither_the_command_nor_the_others(
+    served: DaemonProcess, envd: Envd,
+) -> None:
+    body = json.dumps({"process": {"cmd": "/bin/bash", "args": [
+        "-l", "-c", "head -c 40000000 /dev/zero | tr '\\0' x; sleep 1"]},
+        "tag": "unread"}).encode()
+    request = (
+        f"POST /process.Process/Start HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"E2b-Sandbox-Id: {envd.sandbox_id}\r\n"
+        f"X-Access-Token: {envd.http.headers['X-Access-Token']}\r\n"
+        f"Content-Type: {STREAM}\r\nContent-Length: {len(body) + 5}\r\n\r\n"
+    ).encode() + struct.pack(">BI", 0, len(body)) + body
+    # A caller that reads nothing: its window (a small receive buffer) fills.
+    with socket.socket() as caller:
+        caller.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        caller.connect(("127.0.0.1", served.port))
+        caller.sendall(request)
+        pid = None
+        for _ in range(200):
+            listed = envd.ok("process.Process/List", {})["processes"]
+            if pid is None:
+                pid = next((p["pid"] for p in listed if p.get("tag") == "unread"), None)
+            if pid is not None and pid not in [p["pid"] for p in listed]:
+                break
+            time.sleep(0.1)
+        # The command ended all the same, and was forgotten as it ended.
+        assert pid is not None and pid not in [p["pid"] for p in listed]
+        gone = envd.unary("process.Process/SendSignal",
+                          {"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"})
+        assert gone.status_code == 404

@@ -30,8 +30,11 @@ def _size(n: int) -> str:
 @click.option("--packages", "-p",
               help="Debian packages to install on a bookworm minbase, comma separated.")
 @click.option("--rebuild/--no-rebuild", help="Build again even if it was built.")
+@click.option("--sudo-user", metavar="USER",
+              help="Also make USER (uid 1000) with passwordless sudo: E2B's templates' shape "
+              "is --sudo-user user.")
 def build(name: str, file: str | None, context: str | None, packages: str | None,
-          rebuild: bool) -> None:
+          rebuild: bool, sudo_user: str | None) -> None:
     """Build image NAME from a Dockerfile or a list of Debian packages."""
     from .. import images
 
@@ -46,7 +49,7 @@ def build(name: str, file: str | None, context: str | None, packages: str | None
     def run() -> None:
         info = images.build(
             name, dockerfile=file, context=context, packages=wanted, progress=progress,
-            rebuild=rebuild,
+            rebuild=rebuild, sudo_user=sudo_user,
         )
         console.print(f"{info.name}  {_size(info.size_bytes)}  ({info.source})")
 
