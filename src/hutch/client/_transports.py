@@ -105,7 +105,7 @@ class AsyncTransport(_Transport):
         check_answer(response)
         return decode_answer(call, response)
 
-    async def drive(self, gen: Op, owner: Any) -> Any:
+    async def drive(self, gen: Op[Any], owner: Any) -> Any:
         done, value = step(gen)
         while not done:
             try:
@@ -116,7 +116,7 @@ class AsyncTransport(_Transport):
             done, value = step(gen, answer)
         return self.wrap(value)
 
-    def drive_stream(self, gen: Op, owner: Any) -> AsyncIterator[Any]:
+    def drive_stream(self, gen: Op[Any], owner: Any) -> AsyncIterator[Any]:
         async def events() -> AsyncIterator[Any]:
             _, call = step(gen)
             try:
@@ -183,7 +183,7 @@ class SyncTransport(_Transport):
         check_answer(response)
         return decode_answer(call, response)
 
-    def drive(self, gen: Op, owner: Any) -> Any:
+    def drive(self, gen: Op[Any], owner: Any) -> Any:
         done, value = step(gen)
         while not done:
             try:
@@ -199,7 +199,7 @@ class SyncTransport(_Transport):
 
         return open_sync_pty(self.url, self.http.headers, sandbox_id, start)
 
-    def drive_stream(self, gen: Op, owner: Any) -> Iterator[Any]:
+    def drive_stream(self, gen: Op[Any], owner: Any) -> Iterator[Any]:
         def events() -> Iterator[Any]:
             _, call = step(gen)
             try:

@@ -128,8 +128,8 @@ async def _open(task_name: str, config: HutchSandboxConfig) -> Holding:
         if definition is None:
             definition = definitions.get(config.definition)
         thread = _thread_of(task_name)
-        ensured = await definitions.ensure(definition, thread)
-        return Holding(ensured.sandbox, config, definitions=definitions, definition=definition,
+        here = await definitions.ensure(definition, thread)
+        return Holding(here.sandbox, config, definitions=definitions, definition=definition,
                        thread=thread)
     from .._api import create_sandbox
 
