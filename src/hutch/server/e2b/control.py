@@ -81,17 +81,17 @@ class Control:
         self.daemon: Daemon = caller.daemon
 
     # -- who may do what ----------------------------------------------------------------
-    def sandbox(self, sandbox_id: str) -> Sandbox:
+    async def sandbox(self, sandbox_id: str) -> Sandbox:
         """The live sandbox ``sandbox_id`` names, if the caller may reach it."""
         ref = self.caller.ref
         if ref is not None:
-            target = self.daemon.ref_target(ref, sandbox_id)
+            target = await self.daemon.ref_target(ref, sandbox_id)
             if target is None:
                 raise SandboxPermissionDenied(
                     f"ref {ref.id} works only in sandbox {ref.sandbox_id}")
             sandbox_id = target
         try:
-            sandbox = self.daemon.get(sandbox_id)
+            sandbox = await self.daemon.get(sandbox_id)
         except (SandboxUnavailable, SandboxExpired) as exc:
             raise NotFound(exc.message) from None  # E2B forgets sandboxes that ended
         if sandbox.state in FINAL:
@@ -200,7 +200,7 @@ class Control:
 
     async def connect(self, sandbox_id: str, body: Mapping[str, Any]) -> tuple[Sandbox, bool]:
         """Resume the sandbox if it is paused; (it, whether it was resumed)."""
-        sandbox = self.sandbox(sandbox_id)
+        sandbox = await self.sandbox(sandbox_id)
         resumed = sandbox.state.value in ("paused", "suspended")
         if resumed:
             await sandbox.resume()
@@ -216,7 +216,7 @@ class Control:
     async def pause(self, sandbox_id: str, body: Mapping[str, Any]) -> bool:
         """Pause (memory kept) or suspend (``memory: false``, or a sandbox that
         cannot pause); False when it already was."""
-        sandbox = self.sandbox(sandbox_id)
+        sandbox = await self.sandbox(sandbox_id)
         if sandbox.state.value in ("paused", "suspended"):
             return False
         keep_memory = body.get("memory") is not False
@@ -231,10 +231,10 @@ class Control:
     async def kill(self, sandbox_id: str, session: str | None) -> None:
         ref = self.caller.ref
         if ref is not None:
-            sandbox = self.sandbox(sandbox_id)
-            self.daemon.detach(ref, sandbox.id, session)
+            sandbox = await self.sandbox(sandbox_id)
+            await self.daemon.detach(ref, sandbox.id, session)
             return
-        self.sandbox(sandbox_id)  # an ended one is 404, as E2B forgets them
+        await self.sandbox(sandbox_id)  # an ended one is 404, as E2B forgets them
         await self.daemon.delete_sandbox(sandbox_id)
 
     async def list(self, query: Mapping[str, str]) -> tuple[list[dict[str, Any]], str | None]:
@@ -253,7 +253,7 @@ class Control:
         ref = self.caller.ref
         rows: list[tuple[float, str, Sandbox]] = []
         for sandbox_id in list(self.daemon.sandboxes):
-            if ref is not None and self.daemon.ref_target(ref, sandbox_id) != sandbox_id:
+            if ref is not None and await self.daemon.ref_target(ref, sandbox_id) != sandbox_id:
                 continue
             sandbox = self.daemon.sandboxes.get(sandbox_id)
             if sandbox is None or sandbox.state in FINAL:
@@ -399,7 +399,7 @@ def control_app() -> FastAPI:
     @app.get("/sandboxes/{sandbox_id}")
     async def get_sandbox(request: Request, sandbox_id: str) -> JSONResponse:
         c = control(request)
-        return JSONResponse(await c.detail(c.sandbox(sandbox_id)))
+        return JSONResponse(await c.detail(await c.sandbox(sandbox_id)))
 
     @app.delete("/sandboxes/{sandbox_id}")
     async def kill(request: Request, sandbox_id: str) -> Response:
@@ -412,7 +412,7 @@ def control_app() -> FastAPI:
         timeout = (await _json_body(request)).get("timeout")
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0:
             raise InvalidArgument("timeout must be a number of seconds")
-        await c.sandbox(sandbox_id).set_timeout(timeout)
+        await (await c.sandbox(sandbox_id)).set_timeout(timeout)
         return Response(status_code=204)
 
     @app.post("/sandboxes/{sandbox_id}/pause")
@@ -434,7 +434,7 @@ def control_app() -> FastAPI:
 
     @app.get("/sandboxes/{sandbox_id}/metrics")
     async def metrics(request: Request, sandbox_id: str) -> JSONResponse:
-        control(request).sandbox(sandbox_id)
+        await control(request).sandbox(sandbox_id)
         return JSONResponse([])
 
     return app
