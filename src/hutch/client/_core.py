@@ -204,6 +204,15 @@ def stream_op(fn: OpFunction) -> OpFunction:
     return fn
 
 
+Function = TypeVar("Function", bound=Callable[..., Any])
+
+
+def terminal_op(fn: Function) -> Function:
+    """A terminal's first message: its faces' methods open the terminal with
+    it (a context manager; ``async with`` on the async face)."""
+    return fn
+
+
 class ClientOps:
     """Operations of the client itself (sandboxes by id, workspaces)."""
 
@@ -421,18 +430,18 @@ class SandboxOps:
         return (yield Call("POST", self._path("/exec/stream"), json=body, stream=True,
                            timeout=None))
 
+    @terminal_op
     def pty(
         self, cmd: str | Sequence[str] | None = None, *, rows: int = 24, cols: int = 80,
         cwd: str | None = None, env: Mapping[str, str] | None = None, user: str | None = None,
-    ) -> Any:
+    ) -> dict[str, Any]:
         """An interactive command (a shell by default) on a PTY in the sandbox,
         through the daemon's websocket route: a context manager (``async with``
         on the async face) whose terminal reads, writes, resizes and waits."""
         from ._shell import pty_start
 
         command = cmd if cmd is None or isinstance(cmd, str) else list(cmd)
-        start = pty_start(command, rows, cols, cwd, env, user)
-        return self._transport.open_pty(self.id, start)  # type: ignore[attr-defined]
+        return pty_start(command, rows, cols, cwd, env, user)
 
     @op
     def start(
