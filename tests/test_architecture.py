@@ -154,3 +154,16 @@ def test_hutch_help_loads_no_http_client_provider_or_server() -> None:
     assert "hutch.cli.main" in modules
     assert heavy(modules) == []
     assert [m for m in modules if m == "httpx" or m.startswith("hutch.client")] == []
+
+
+def test_hutch_help_builds_no_command_and_loads_no_rich() -> None:
+    """``hutch --help`` lists the commands from ``main.COMMANDS``: it imports
+    no command module, and draws its panels without rich (whose import and
+    layout cost more than the rest of it) or pydantic (typer's coercion)."""
+    modules = loaded_by(
+        "import sys\nsys.argv = ['hutch', '--help']\nfrom hutch.cli.main import app\n"
+        "try:\n    app()\nexcept SystemExit:\n    pass"
+    )
+    cli = sorted(m for m in modules if m.startswith("hutch.cli."))
+    assert cli == ["hutch.cli._common", "hutch.cli._help", "hutch.cli.main"]
+    assert [m for m in modules if m.split(".")[0] in ("rich", "typer", "pydantic")] == []

@@ -16,8 +16,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import click
 import pytest
-import typer.main
 
 from hutch import __version__
 from hutch.cli.main import app
@@ -167,15 +167,19 @@ def test_ls_is_one_line_a_sandbox_at_80_columns(daemon: DaemonProcess,
             hutch(daemon, "kill", sid)
 
 
-def _options() -> Iterator[tuple[str, Any]]:
-    """Every option of every command (typer's own click: read by shape)."""
-    def walk(command: Any, path: str) -> Iterator[tuple[str, Any]]:
+def _options() -> Iterator[tuple[str, click.Option]]:
+    """Every option of every command (the lazy ones loaded)."""
+    def walk(command: click.Command, path: str) -> Iterator[tuple[str, click.Option]]:
         for param in command.params:
-            if param.param_type_name == "option" and param.name != "help":
+            if isinstance(param, click.Option) and param.name != "help":
                 yield f"{path} {param.opts[0]}", param
-        for name, sub in getattr(command, "commands", {}).items():
-            yield from walk(sub, f"{path} {name}")
-    yield from walk(typer.main.get_command(app), "hutch")
+        if isinstance(command, click.Group):
+            ctx = click.Context(command)
+            for name in command.list_commands(ctx):
+                sub = command.get_command(ctx, name)
+                assert sub is not None, f"{path} {name}"
+                yield from walk(sub, f"{path} {name}")
+    yield from walk(app, "hutch")
 
 
 def test_every_option_is_described_with_its_unit() -> None:
@@ -183,7 +187,7 @@ def test_every_option_is_described_with_its_unit() -> None:
     assert len(options) > 20
     for where, option in options:
         assert option.help, f"{where} has no help"
-        if option.type_descriptor.annotation in (float, int):
+        if isinstance(option.type, click.types.FloatParamType | click.types.IntParamType):
             assert re.search(r"\b(seconds|bytes|TCP port|how many)\b", option.help, re.I), (
                 f"{where}: {option.help!r} does not say its unit")
 
@@ -403,3 +407,30 @@ def test_cp_streams_a_large_file_both_ways(daemon: DaemonProcess) -> None:
     finally:
         hutch(daemon, "kill", sid)
         shutil.rmtree(local, ignore_errors=True)
+
+
+def test_the_command_table_names_every_command_with_its_own_line() -> None:
+    """``hutch --help`` lists the commands from ``main.COMMANDS`` without
+    importing them: each entry's line is its command's own first paragraph,
+    and every command the modules of ``hutch.cli`` define has an entry."""
+    import importlib
+    import pkgutil
+
+    import hutch.cli
+    from hutch.cli._help import short_help
+    from hutch.cli.main import COMMANDS
+
+    ctx = click.Context(app)
+    for name, (_, line) in COMMANDS.items():
+        found = app.get_command(ctx, name)
+        assert found is not None and found.name == name
+        assert short_help(found) == line, name
+    defined = set()
+    for info in pkgutil.iter_modules(hutch.cli.__path__):
+        module = importlib.import_module(f"hutch.cli.{info.name}")
+        for value in vars(module).values():
+            if isinstance(value, click.Command) and value is not app and (
+                    value.callback is None or value.callback.__module__ == module.__name__):
+                defined.add(value)
+    grouped = {sub for g in defined if isinstance(g, click.Group) for sub in g.commands.values()}
+    assert {c.name for c in defined - grouped} == set(COMMANDS)

@@ -9,7 +9,7 @@ import subprocess
 from collections.abc import Iterator
 
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 import hutch
 from hutch import images

@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -91,6 +92,15 @@ def write_and_run() -> Any:
     return solve
 
 
+def run_eval(task: Task, log_dir: str) -> Any:
+    """inspect's ``eval`` runs its own event loop: in a thread of its own, away
+    from the loop this module's self-check fixtures keep running."""
+    with ThreadPoolExecutor(1) as pool:
+        [log] = pool.submit(eval, task, model="mockllm/model", log_dir=log_dir,
+                            display="none").result()
+    return log
+
+
 def _containers(name: str) -> list[str]:
     done = subprocess.run(["docker", "ps", "-aq", "--filter", f"name={name}"],
                           capture_output=True, text=True, check=True)
@@ -104,7 +114,7 @@ def test_an_eval_with_sandbox_hutch_runs_on_docker(tmp_path: Any) -> None:
         sandbox=SandboxEnvironmentSpec(
             "hutch", HutchSandboxConfig(provider="docker", image=TEST_IMAGE)),
     )
-    [log] = eval(task, model="mockllm/model", log_dir=str(tmp_path), display="none")
+    log = run_eval(task, str(tmp_path))
     assert log.status == "success", log.error
     assert log.samples is not None and len(log.samples) == 2
     assert all(s.scores and s.scores["includes"].value == "C" for s in log.samples)
@@ -120,7 +130,7 @@ def test_a_hutch_toml_beside_the_task_configures_it(tmp_path: Any) -> None:
                       '[inspect]\ndaemon = false\n')
     task = Task(dataset=[Sample(input="6 * 7?", target="42")], solver=write_and_run(),
                 scorer=includes(), sandbox=("hutch", str(config)))
-    [log] = eval(task, model="mockllm/model", log_dir=str(tmp_path / "logs"), display="none")
+    log = run_eval(task, str(tmp_path / "logs"))
     assert log.status == "success", log.error
     assert log.samples and log.samples[0].scores["includes"].value == "C"
 
@@ -136,7 +146,109 @@ def test_installing_hutch_registers_the_environment_by_its_entry_point() -> None
     assert done.stdout.strip() == "hutch.inspect.environment", done.stderr
 
 
-@pytest.fixture
-def no_leftover_samples() -> Iterator[None]:
-    yield
-    assert not any(HutchSandboxEnvironment._held.values())
+# -- connection, daemon, definitions ------------------------------------------------------
+
+
+async def _shell_through(command: str) -> tuple[int, str]:
+    """Run what ``connection()`` says to type, with a script for its stdin."""
+    import anyio
+
+    env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "src"),
+           "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
+    done = await anyio.run_process(["bash", "-c", command], input=b"echo shell-says-hi; exit 3\n",
+                                   env=env, check=False)
+    return done.returncode, (done.stdout + done.stderr).decode(errors="replace")
+
+
+async def test_connection_opens_a_shell_in_the_sandbox(
+    held: tuple[str, SandboxEnvironment],
+) -> None:
+    _, environment = held
+    connection = await environment.connection()
+    assert connection.type == "hutch" and "hutch shell" in connection.command
+    code, output = await _shell_through(connection.command)
+    assert (code, "shell-says-hi" in output) == (3, True), output
+
+
+async def test_through_a_daemon_each_sample_gets_one_and_nothing_stays(
+    held: tuple[str, SandboxEnvironment],
+) -> None:
+    from tests.daemon_fixture import DaemonProcess, client
+
+    if held[0] != "docker":
+        pytest.skip("the daemon's part is provider-blind: once is enough")
+    d = DaemonProcess().start()
+    try:
+        config = HutchSandboxConfig(url=d.url, token=d.token, provider="docker",
+                                    image=TEST_IMAGE)
+        environments = await HutchSandboxEnvironment.sample_init("via-daemon", config, {})
+        box = environments["default"]
+        await box.write_file("a/b.txt", "through the daemon")
+        assert await box.read_file("a/b.txt") == "through the daemon"
+        assert (await box.exec(["cat", "b.txt"], cwd="a")).stdout == "through the daemon"
+        with pytest.raises(TimeoutError):
+            await box.exec(["sleep", "30"], timeout=1)
+        code, output = await _shell_through(
+            f"HUTCH_TOKEN={d.token} " + (await box.connection()).command)
+        assert (code, "shell-says-hi" in output) == (3, True), output
+        await HutchSandboxEnvironment.sample_cleanup("via-daemon", config, environments, False)
+        await HutchSandboxEnvironment.task_cleanup("via-daemon", config, True)
+        with client(d) as c:
+            assert not c.list_sandboxes()
+    finally:
+        d.close()
+
+
+async def test_a_definition_is_ensured_per_sample_and_completed(
+    held: tuple[str, SandboxEnvironment], tmp_path: Any,
+) -> None:
+    if held[0] != "docker":
+        pytest.skip("definitions are provider-blind here: once is enough")
+    config_file = tmp_path / "hutch.toml"
+    config_file.write_text(
+        '[definitions.prepared]\nprovider = "local"\n'
+        '[definitions.prepared.workspace]\nsetup = ["echo set up > ready.txt"]\n'
+        '[definitions.prepared.lifecycle]\ndestroy_on_complete = true\n'
+        '[inspect]\ndefinition = "prepared"\n')
+    config = HutchSandboxConfig(config_file=str(config_file))
+    environments = await HutchSandboxEnvironment.sample_init("defined", config, {})
+    box = environments["default"]
+    assert await box.read_file("ready.txt") == "set up\n"
+    sandbox = box.as_type(HutchSandboxEnvironment).sandbox
+    await HutchSandboxEnvironment.sample_cleanup("defined", config, environments, False)
+    assert sandbox.closed
+
+
+async def test_with_no_provider_named_a_sample_gets_an_isolating_one(
+    held: tuple[str, SandboxEnvironment],
+) -> None:
+    if held[0] != "docker":
+        pytest.skip("the default is one rule: once is enough")
+    environments = await HutchSandboxEnvironment.sample_init("default", None, {})
+    try:
+        box = environments["default"].as_type(HutchSandboxEnvironment)
+        # The Engine answers here: docker, as a daemon would pick (never local).
+        assert box.sandbox.provider == "docker"  # type: ignore[attr-defined]
+    finally:
+        await HutchSandboxEnvironment.sample_cleanup("default", None, environments, False)
+
+
+async def test_a_bad_config_fails_the_task_before_its_samples(
+    held: tuple[str, SandboxEnvironment],
+) -> None:
+    from hutch import InvalidArgument
+
+    if held[0] != "docker":
+        pytest.skip("once is enough")
+    with pytest.raises(InvalidArgument, match="unknown provider"):
+        await HutchSandboxEnvironment.task_init("bad", HutchSandboxConfig(provider="nope"))
+
+
+def test_a_bad_config_is_a_clear_error(tmp_path: Any) -> None:
+    from hutch import InvalidArgument
+    from hutch.inspect.config import config_of
+
+    with pytest.raises(InvalidArgument, match="does not exist"):
+        config_of(str(tmp_path / "absent.toml"))
+    with pytest.raises(ValueError, match="extra"):
+        config_of({"provider": "docker", "imgae": "typo"})

@@ -170,6 +170,20 @@ async def test_live_deadline_has_authority_over_idle_clock(engine: LifecycleEngi
         await sb.read_text("x")
 
 
+async def test_deadline_suspends_when_on_timeout_says_so(engine: LifecycleEngine) -> None:
+    # E2B's autoPause: the deadline suspends the sandbox instead of ending it.
+    sb = await make(engine, on_timeout="suspend")
+    await sb.write_text("kept.txt", "still here")
+    await sb.set_timeout(30)
+    await engine.advance(31)
+    assert sb.state == SandboxState.SUSPENDED
+    assert sb.status().reason == "timeout" and sb.status().deadline_unix is None
+    assert await sb.read_text("kept.txt") == "still here"  # resumed by the operation
+    assert sb.state == SandboxState.RUNNING
+    await engine.advance(3600)
+    assert sb.state == SandboxState.RUNNING  # the deadline was spent
+
+
 async def test_past_deadline_reaps(engine: LifecycleEngine) -> None:
     sb = await make(engine)
     await sb.set_timeout(-1)

@@ -42,8 +42,9 @@ def read_until(fd: int, wanted: bytes, within: float = 20) -> bytes:
 
 @pytest.mark.anyio
 @pytest.mark.docker
-async def test_pty_in_process_types_reads_and_resizes() -> None:
-    async with await hutch.create_sandbox("docker", image=TEST_IMAGE, runtime="agent") as sb:
+@pytest.mark.parametrize("provider", ["docker", "bubblewrap"])
+async def test_pty_in_process_types_reads_and_resizes(provider: str) -> None:
+    async with await hutch.create_sandbox(provider, image=TEST_IMAGE, runtime="agent") as sb:
         async with sb.pty(rows=30, cols=100) as term:
             assert sb.open_operations == 1  # an open shell keeps the sandbox busy
             await term.write(b"stty size; echo hi-$((40+2))\r")

@@ -55,6 +55,7 @@ from ._types import (
     Snapshot,
 )
 from .core.commands import ExecCall, events_until_exit, forget_finished, process_request
+from .core.fileops import make_directory, not_the_workdir, rename_entry
 from .core.live import Attachment, LiveSandbox, closed_message
 from .core.refs import ref_serving
 from .providers._grep import grep_output_budget
@@ -481,6 +482,39 @@ class Sandbox:
             await self._session_guard.check_delete(self._runtime, full)
             await self._runtime.remove(full, recursive)
         self._session_guard.forget(full)
+
+    async def mkdir(self, path: str, *, parents: bool = False, exist_ok: bool = False) -> None:
+        """Make the directory ``path`` (mode 0755), as ``pathlib.Path.mkdir``:
+        its missing parents too with ``parents`` (else SandboxFileNotFound
+        when its parent is missing); a directory already there is
+        SandboxFileExists unless ``exist_ok``; anything else there (a file)
+        is SandboxFileExists always, and a file where a parent must be is
+        SandboxNotADirectory."""
+        full = self.path(path)
+        async with self._operation("mkdir"):
+            await make_directory(self._runtime, full, parents=parents, exist_ok=exist_ok)
+
+    async def rename(self, source: str, destination: str, *, overwrite: bool = False) -> None:
+        """Move ``source`` to ``destination`` inside the sandbox (a file or a
+        whole directory, in one step where the file system can). The
+        destination's directory must exist. Something already at
+        ``destination`` is SandboxFileExists unless ``overwrite``; then, as
+        rename(2): a file replaces a file, a directory an empty directory
+        (a directory onto a file is SandboxNotADirectory, a file onto a
+        directory SandboxIsADirectory, onto a non-empty one
+        SandboxFileExists). A directory into itself, and the working
+        directory (or one that holds it) either way, are InvalidArgument."""
+        full_source, full_destination = self.path(source), self.path(destination)
+        not_the_workdir(self.workdir, source, full_source, "rename")
+        not_the_workdir(self.workdir, destination, full_destination, "replace")
+        async with self._operation("rename"):
+            await rename_entry(self._runtime, full_source, full_destination, overwrite=overwrite)
+        # What this session had read, it knows under its new name.
+        if self._session_guard.needs_check(full_source):
+            self._session_guard.forget(full_destination)
+        else:
+            self._session_guard.mark_read(full_destination)
+        self._session_guard.forget(full_source)
 
     async def grep(
         self,

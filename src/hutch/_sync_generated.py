@@ -256,6 +256,29 @@ class SyncSandbox:
     def remove(self, path: str, *, recursive: bool = False) -> None:
         self._loop.call(self._target.remove(path, recursive=recursive))
 
+    def mkdir(self, path: str, *, parents: bool = False, exist_ok: bool = False) -> None:
+        """Make the directory ``path`` (mode 0755), as ``pathlib.Path.mkdir``:
+        its missing parents too with ``parents`` (else SandboxFileNotFound
+        when its parent is missing); a directory already there is
+        SandboxFileExists unless ``exist_ok``; anything else there (a file)
+        is SandboxFileExists always, and a file where a parent must be is
+        SandboxNotADirectory.
+        """
+        self._loop.call(self._target.mkdir(path, parents=parents, exist_ok=exist_ok))
+
+    def rename(self, source: str, destination: str, *, overwrite: bool = False) -> None:
+        """Move ``source`` to ``destination`` inside the sandbox (a file or a
+        whole directory, in one step where the file system can). The
+        destination's directory must exist. Something already at
+        ``destination`` is SandboxFileExists unless ``overwrite``; then, as
+        rename(2): a file replaces a file, a directory an empty directory
+        (a directory onto a file is SandboxNotADirectory, a file onto a
+        directory SandboxIsADirectory, onto a non-empty one
+        SandboxFileExists). A directory into itself, and the working
+        directory (or one that holds it) either way, are InvalidArgument.
+        """
+        self._loop.call(self._target.rename(source, destination, overwrite=overwrite))
+
     def grep(
         self,
         pattern: str,

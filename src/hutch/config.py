@@ -25,7 +25,7 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -86,6 +86,10 @@ class SandboxOptions(BaseModel):
     read_before_write: bool = True
     #: Cap on one command's output, bytes.
     output_limit: int = Field(default=16 * 1024 * 1024, gt=0, le=MAX_OUTPUT_LIMIT)
+    #: What the set_timeout deadline does when it passes: end the sandbox
+    #: (``terminate``), or ``suspend`` it until a resume (E2B's autoPause;
+    #: where the provider cannot suspend, it ends all the same).
+    on_timeout: Literal["terminate", "suspend"] = "terminate"
     #: A caller's own labels, kept with the sandbox and given back with it
     #: (E2B's ``metadata``, which its lists filter on).
     metadata: dict[MetadataKey, MetadataValue] = Field(default_factory=dict, max_length=64)

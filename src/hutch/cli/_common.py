@@ -1,8 +1,8 @@
-"""What the hutch command's modules share: the typer apps commands hang on,
-the consoles, the typed-error-to-exit-code rule, the client and the small
-formatters. Command modules (``main``, ``images``...) import this and never
-each other, and it imports nothing heavy: ``hutch --help`` loads no HTTP
-client, provider or server, and a command loads what it uses when it runs.
+"""What the hutch command's modules share: the command classes (click, with
+hutch's help), the consoles, the typed-error-to-exit-code rule, the client and
+the small formatters. Command modules import this and never each other, and it
+imports nothing heavy: ``hutch --help`` loads no HTTP client, provider, server
+or rich, and a command loads what it uses when it runs.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-import typer
+import click
 
 from .._errors import HutchError
 
@@ -23,11 +23,42 @@ if TYPE_CHECKING:
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: The hutch command; its help is ``hutch.cli.main``'s docstring, given with its callback.
-app = typer.Typer(no_args_is_help=True, add_completion=False)
-workspace_app = typer.Typer(help="Named workspaces that outlive the daemon.", no_args_is_help=True)
-snapshot_app = typer.Typer(help="Snapshots of sandboxes, as a lineage tree.",
-                           no_args_is_help=True)
+
+class HutchCommand(click.Command):
+    """A command whose ``--help`` is laid out by :mod:`hutch.cli._help`."""
+
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        from ._help import render
+
+        formatter.write(render(self, ctx))
+
+
+class HutchGroup(click.Group):
+    """A group of commands (``hutch workspace``...), its help as its commands'."""
+
+    command_class = HutchCommand
+
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        from ._help import render
+
+        formatter.write(render(self, ctx))
+
+    def short_help_of(self, ctx: click.Context, name: str) -> str | None:
+        """A command's line in this group's help (None: hidden or unknown)."""
+        from ._help import short_help
+
+        found = self.get_command(ctx, name)
+        return None if found is None or found.hidden else short_help(found)
+
+
+#: ``@command("ls")``: a top-level command, hung on ``hutch`` by ``main``'s table.
+command = cast("Callable[..., Callable[[Callable[..., Any]], HutchCommand]]",
+               functools.partial(click.command, cls=HutchCommand))
+
+
+def group(name: str, help: str) -> HutchGroup:
+    """A group of commands (``hutch NAME ...``), hung on ``hutch`` by ``main``'s table."""
+    return HutchGroup(name, help=help, no_args_is_help=True)
 
 
 class _LazyConsole:
@@ -62,6 +93,11 @@ def exit_code_for(exc: HutchError) -> int:
     return EXIT_CODES.get(exc.code, 1)
 
 
+def exit_with(code: int) -> click.exceptions.Exit:
+    """The exception that ends the command with ``code`` (raise it)."""
+    return click.exceptions.Exit(code)
+
+
 def reports_errors(fn: F) -> F:
     """Turn a typed error into a one-line message and its documented exit code."""
 
@@ -71,7 +107,7 @@ def reports_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except HutchError as exc:
             err_console.print(f"[red]error[/red] ({exc.code}): {exc}")
-            raise typer.Exit(exit_code_for(exc)) from None
+            raise exit_with(exit_code_for(exc)) from None
 
     return wrapper  # type: ignore[return-value]
 

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import time
 
-import typer
+import click
 
-from ._common import console, err_console, reports_errors
+from ._common import console, err_console, group, reports_errors
 from ._listing import Column, print_json, print_table
 
-image_app = typer.Typer(
-    help="Images: environments built once, used by name by docker and bubblewrap.",
-    no_args_is_help=True,
-)
+image = group("image",
+              help="Images: environments built once, used by name by docker and bubblewrap.")
 
 
 def _size(n: int) -> str:
@@ -25,17 +23,18 @@ def _size(n: int) -> str:
     return f"{n} GiB"
 
 
-@image_app.command("build")
-def build(
-    name: str,
-    file: str | None = typer.Option(None, "--file", "-f", help="A Dockerfile to build."),
-    context: str | None = typer.Option(None, help="The Dockerfile's build context."),
-    packages: str | None = typer.Option(
-        None, "--packages", "-p",
-        help="Debian packages to install on a bookworm minbase, comma separated.",
-    ),
-    rebuild: bool = typer.Option(False, help="Build again even if it was built."),
-) -> None:
+@image.command("build")
+@click.argument("name")
+@click.option("--file", "-f", help="A Dockerfile to build.")
+@click.option("--context", help="The Dockerfile's build context.")
+@click.option("--packages", "-p",
+              help="Debian packages to install on a bookworm minbase, comma separated.")
+@click.option("--rebuild/--no-rebuild", help="Build again even if it was built.")
+@click.option("--sudo-user", metavar="USER",
+              help="Also make USER (uid 1000) with passwordless sudo: E2B's templates' shape "
+              "is --sudo-user user.")
+def build(name: str, file: str | None, context: str | None, packages: str | None,
+          rebuild: bool, sudo_user: str | None) -> None:
     """Build image NAME from a Dockerfile or a list of Debian packages."""
     from .. import images
 
@@ -50,7 +49,7 @@ def build(
     def run() -> None:
         info = images.build(
             name, dockerfile=file, context=context, packages=wanted, progress=progress,
-            rebuild=rebuild,
+            rebuild=rebuild, sudo_user=sudo_user,
         )
         console.print(f"{info.name}  {_size(info.size_bytes)}  ({info.source})")
 
@@ -63,10 +62,9 @@ IMAGE_COLUMNS = (
 )
 
 
-@image_app.command("ls")
-def list_(
-    as_json: bool = typer.Option(False, "--json", help="Print them as JSON."),
-) -> None:
+@image.command("ls")
+@click.option("--json", "as_json", is_flag=True, help="Print them as JSON.")
+def list_(as_json: bool) -> None:
     """Images with their sizes and the sandboxes that use them, one line each."""
     from .. import images
 
@@ -82,11 +80,10 @@ def list_(
     ])
 
 
-@image_app.command("rm")
-def remove(
-    name: str,
-    force: bool = typer.Option(False, help="Remove it even while sandboxes use it."),
-) -> None:
+@image.command("rm")
+@click.argument("name")
+@click.option("--force/--no-force", help="Remove it even while sandboxes use it.")
+def remove(name: str, force: bool) -> None:
     """Remove image NAME (refused while sandboxes use it, unless forced)."""
     from .. import images
 

@@ -5,36 +5,40 @@ from __future__ import annotations
 
 import json
 
-import typer
+import click
 
-from ._common import err_console
+from ._common import command, err_console, exit_with
 
 
+@command("mcp")
+@click.option("--provider",
+              help="The provider of the sandboxes this server makes (default: the daemon's).")
+@click.option("--image",
+              help="The image of the sandboxes this server makes (docker, bubblewrap).")
+@click.option("--set", "setting", multiple=True, metavar="KEY=VALUE",
+              help="A setting of the sandboxes this server makes, as hutch.toml names it "
+              "(memory=1g, idle_timeout=600, ...); the value is JSON where it parses as JSON; "
+              "repeatable.")
+@click.option("--sandbox",
+              help="Start on this existing sandbox (default: one is made on first use).")
+@click.option("--keep/--no-keep",
+              help="Keep the sandboxes this server made when it stops (default: killed).")
+@click.option("--read-before-write/--no-read-before-write", default=True, show_default=True,
+              help="Refuse to replace a file the assistant has not read in this session "
+              "(hutch's guardrail).")
+@click.option("--output-cap", type=click.IntRange(min=64), default=30_000, show_default=True,
+              help="Bytes of each output stream a command's answer keeps (the first and last "
+              "halves; the middle is cut with a note).")
+@click.option("--http", is_flag=True,
+              help="Serve streamable HTTP at http://HOST:PORT/mcp instead of stdio (every "
+              "request needs 'Authorization: Bearer $HUTCH_MCP_TOKEN').")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="With --http: the address to bind.")
+@click.option("--port", type=int, default=8790, show_default=True,
+              help="With --http: the TCP port.")
 def mcp(
-    provider: str | None = typer.Option(
-        None, help="The provider of the sandboxes this server makes (default: the daemon's)."),
-    image: str | None = typer.Option(
-        None, help="The image of the sandboxes this server makes (docker, bubblewrap)."),
-    setting: list[str] = typer.Option(
-        [], "--set", metavar="KEY=VALUE",
-        help="A setting of the sandboxes this server makes, as hutch.toml names it "
-        "(memory=1g, idle_timeout=600, ...); the value is JSON where it parses as JSON; "
-        "repeatable."),
-    sandbox: str | None = typer.Option(
-        None, help="Start on this existing sandbox (default: one is made on first use)."),
-    keep: bool = typer.Option(
-        False, help="Keep the sandboxes this server made when it stops (default: killed)."),
-    read_before_write: bool = typer.Option(
-        True, help="Refuse to replace a file the assistant has not read in this session "
-        "(hutch's guardrail)."),
-    output_cap: int = typer.Option(
-        30_000, min=64, help="Bytes of each output stream a command's answer keeps (the "
-        "first and last halves; the middle is cut with a note)."),
-    http: bool = typer.Option(
-        False, "--http", help="Serve streamable HTTP at http://HOST:PORT/mcp instead of stdio "
-        "(every request needs 'Authorization: Bearer $HUTCH_MCP_TOKEN')."),
-    host: str = typer.Option("127.0.0.1", help="With --http: the address to bind."),
-    port: int = typer.Option(8790, help="With --http: the TCP port."),
+    provider: str | None, image: str | None, setting: tuple[str, ...], sandbox: str | None,
+    keep: bool, read_before_write: bool, output_cap: int, http: bool, host: str, port: int,
 ) -> None:
     """Serve a hutch sandbox as MCP tools to a coding assistant (stdio, or --http).
 
@@ -48,14 +52,14 @@ def mcp(
     except ImportError as exc:
         err_console.print(f"[red]error[/red]: hutch mcp needs the MCP SDK: pip install "
                           f"'hutch[mcp]' ({exc})")
-        raise typer.Exit(1) from None
+        raise exit_with(1) from None
     settings = {}
     for item in setting:
         key, sep, raw = item.partition("=")
         if not sep or not key:
             err_console.print(f"[red]error[/red] (invalid_argument): --set {item!r} is not "
                               "KEY=VALUE")
-            raise typer.Exit(2)
+            raise exit_with(2)
         try:
             settings[key] = json.loads(raw)
         except ValueError:

@@ -5,22 +5,20 @@ from __future__ import annotations
 
 import os
 
-import typer
+import click
 
-from ._common import reports_errors
+from ._common import command, reports_errors
 
 
+@command("token")
+@click.option("--e2b", is_flag=True,
+              help="In E2B's API key format (e2b_ and hex), for E2B_API_KEY: the E2B SDKs up "
+              "to 2.45 refuse keys of any other shape.")
+@click.argument("credential", required=False,
+                help="A credential to print (a ref from `hutch ref`); default: the daemon's "
+                "token, from HUTCH_TOKEN or the file the local daemon made.")
 @reports_errors
-def token_(
-    e2b: bool = typer.Option(
-        False, "--e2b", help="In E2B's API key format (e2b_ and hex), for E2B_API_KEY: "
-        "the E2B SDKs up to 2.45 refuse keys of any other shape."
-    ),
-    credential: str | None = typer.Argument(
-        None, help="A credential to print (a ref from `hutch ref`); default: the daemon's "
-        "token, from HUTCH_TOKEN or the file the local daemon made."
-    ),
-) -> None:
+def token(e2b: bool, credential: str | None) -> None:
     """Print the daemon's token (or a ref), e.g. as E2B_API_KEY for the E2B SDKs."""
     from .._e2bkey import e2b_key
     from .._errors import Unauthorized

@@ -1,7 +1,8 @@
 """The Python SDK: ``hutch.Client`` and ``hutch.AsyncClient``.
 
-Both faces are built from one table of operations (:mod:`._core`), so they
-have the same methods with the same signatures, and the sandboxes they return
+Both faces are generated from one table of operations (:mod:`._core`, by
+``scripts/gen_sync.py`` into :mod:`._generated`), so they have the same
+methods with the same signatures, typed, and the sandboxes they return
 behave like in-process :class:`hutch.Sandbox` objects: the same results, the
 same typed errors. ``HUTCH_URL`` and ``HUTCH_TOKEN`` are read when not given.
 """
@@ -20,8 +21,16 @@ from ._core import (
     ProcessOps,
     RemoteEnsured,
     SandboxOps,
-    build_async,
-    build_sync,
+)
+from ._generated import (
+    AsyncClientFace,
+    AsyncForkFace,
+    AsyncProcessFace,
+    AsyncSandboxFace,
+    ClientFace,
+    ForkFace,
+    ProcessFace,
+    SandboxFace,
 )
 from ._http import Call
 from ._transports import AsyncTransport, SyncTransport
@@ -69,21 +78,29 @@ class _ForkState(ForkOps):
         return f"<remote fork of {self.snapshot.id} ({len(self.branches)} branches)>"
 
 
-AsyncRemoteFork = build_async(_ForkState, "AsyncRemoteFork")
-RemoteFork = build_sync(_ForkState, "RemoteFork")
-AsyncRemoteProcess = build_async(_ProcessState, "AsyncRemoteProcess")
-RemoteProcess = build_sync(_ProcessState, "RemoteProcess")
-_AsyncRemoteSandbox = build_async(_SandboxState, "AsyncRemoteSandbox")
-_RemoteSandbox = build_sync(_SandboxState, "RemoteSandbox")
+class AsyncRemoteFork(AsyncForkFace, _ForkState):
+    """A fork through the daemon, from async code."""
 
 
-class AsyncRemoteSandbox(_AsyncRemoteSandbox):  # type: ignore[misc, valid-type]
+class RemoteFork(ForkFace, _ForkState):
+    """A fork through the daemon, from sync code."""
+
+
+class AsyncRemoteProcess(AsyncProcessFace, _ProcessState):
+    """A background command through the daemon, from async code."""
+
+
+class RemoteProcess(ProcessFace, _ProcessState):
+    """A background command through the daemon, from sync code."""
+
+
+class AsyncRemoteSandbox(AsyncSandboxFace, _SandboxState):
     """A sandbox owned by the daemon, used from async code."""
 
     #: A session attached with a ref has a connection of its own, closed with it.
     _own_transport: AsyncTransport | None = None
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # type: ignore[override]  # the face's, not the operation
         await super().close()
         if self._own_transport is not None:
             await self._own_transport.close()
@@ -95,12 +112,12 @@ class AsyncRemoteSandbox(_AsyncRemoteSandbox):  # type: ignore[misc, valid-type]
         await self.close()
 
 
-class RemoteSandbox(_RemoteSandbox):  # type: ignore[misc, valid-type]
+class RemoteSandbox(SandboxFace, _SandboxState):
     """A sandbox owned by the daemon, used from sync code."""
 
     _own_transport: SyncTransport | None = None
 
-    def close(self) -> None:
+    def close(self) -> None:  # type: ignore[override]  # the face's, not the operation
         super().close()
         if self._own_transport is not None:
             self._own_transport.close()
@@ -155,11 +172,7 @@ class _ClientState(ClientOps):
     pass
 
 
-_AsyncClient = build_async(_ClientState, "AsyncClient")
-_Client = build_sync(_ClientState, "Client")
-
-
-class AsyncClient(_AsyncClient):  # type: ignore[misc, valid-type]
+class AsyncClient(AsyncClientFace, _ClientState):
     """The daemon, from async code: ``async with hutch.AsyncClient() as client``."""
 
     def __init__(self, url: str | None = None, *, token: str | None = None) -> None:
@@ -187,7 +200,7 @@ class AsyncClient(_AsyncClient):  # type: ignore[misc, valid-type]
         await self.aclose()
 
 
-class Client(_Client):  # type: ignore[misc, valid-type]
+class Client(ClientFace, _ClientState):
     """The daemon, from sync code: ``with hutch.Client() as client``."""
 
     def __init__(self, url: str | None = None, *, token: str | None = None) -> None:

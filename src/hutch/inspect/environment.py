@@ -66,19 +66,22 @@ class Holding:
     ``complete``, a client to close."""
 
     def __init__(self, sandbox: HutchSandbox, config: HutchSandboxConfig, *,
-                 client: Any = None, definitions: Any = None, thread: str | None = None,
-                 ) -> None:
+                 client: Any = None, definitions: Any = None, definition: Any = None,
+                 thread: str | None = None) -> None:
         self.sandbox = sandbox
         self.config = config
         self.client = client
+        #: In-process: the definitions and the definition (which the config
+        #: file may hold without the store knowing it); through a daemon, its id.
         self.definitions = definitions
+        self.definition = definition if definition is not None else config.definition
         self.thread = thread
 
     async def end(self) -> None:
         try:
-            if self.config.definition is not None and self.thread is not None:
+            if self.definition is not None and self.thread is not None:
                 owner = self.client if self.client is not None else self.definitions
-                await owner.complete(self.config.definition, self.thread)
+                await owner.complete(self.definition, self.thread)
             else:
                 await self.sandbox.close()
         finally:
@@ -121,16 +124,28 @@ async def _open(task_name: str, config: HutchSandboxConfig) -> Holding:
 
         definitions = open_definitions()
         known = definitions_from_config(file_data)
-        definition = known.get(config.definition) or definitions.get(config.definition)
+        definition = known.get(config.definition)
+        if definition is None:
+            definition = definitions.get(config.definition)
         thread = _thread_of(task_name)
-        ensured = await definitions.ensure(definition, thread)
-        return Holding(ensured.sandbox, config, definitions=definitions, thread=thread)
+        here = await definitions.ensure(definition, thread)
+        return Holding(here.sandbox, config, definitions=definitions, definition=definition,
+                       thread=thread)
     from .._api import create_sandbox
+
+    return Holding(await create_sandbox(spec=_spec(config)), config)
+
+
+def _spec(config: HutchSandboxConfig) -> Any:
+    """An in-process sandbox's spec: the fields over the config file; where
+    neither names a provider, an isolating one (as a daemon picks it), never
+    ``local``: an eval runs code no one has read."""
     from ..config import load_config_file, resolve_spec
+    from ..providers.registry import pick_default_provider
 
     file_layer = load_config_file(config.config_file) if config.config_file else None
-    spec = resolve_spec(flags=config.flags(), config_file=file_layer)
-    return Holding(await create_sandbox(spec=spec), config)
+    return resolve_spec(flags=config.flags(), config_file=file_layer,
+                        default_provider=pick_default_provider())
 
 
 @sandboxenv(name="hutch")
@@ -158,6 +173,13 @@ class HutchSandboxEnvironment(SandboxEnvironment):
     @classmethod
     def config_deserialize(cls, config: dict[str, Any]) -> BaseModel:
         return HutchSandboxConfig(**config)
+
+    @classmethod
+    async def task_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None) -> None:
+        """A bad configuration fails the task before its first sample."""
+        resolved = config_of(config)
+        if not resolved.through_daemon and resolved.definition is None:
+            _spec(resolved)
 
     @classmethod
     async def sample_init(

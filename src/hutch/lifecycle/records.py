@@ -38,6 +38,9 @@ class LifecycleOptions(Protocol):
     @property
     def max_lifetime(self) -> float | None: ...
 
+    @property
+    def on_timeout(self) -> str: ...
+
 
 #: Makes a transition durable (sandbox id, old state, new state, reason).
 TransitionHook = Callable[[str, SandboxState, SandboxState, str | None], Awaitable[None] | None]

@@ -141,6 +141,9 @@ class Timers(Transitions):
             if limits is not None:  # another program wrote since: its deadline too
                 self._take_limits(record, limits)
         expiry = self._expiry(record)
+        if (expiry == "timeout_expired" and record.options.on_timeout == "suspend"
+                and record.can_suspend):
+            return await self._suspend_at_deadline(sandbox, record)
         if expiry is not None:
             if self.shared is not None:
                 return await self._expire_shared(sandbox, record)
@@ -191,6 +194,17 @@ class Timers(Transitions):
             if busy is not None:
                 return busy
             return await self._idle_step(sandbox, record)
+
+    async def _suspend_at_deadline(
+        self, sandbox: LiveSandbox, record: LifecycleRecord
+    ) -> tuple[_Verdict, float | None]:
+        """The deadline of a sandbox whose options say ``on_timeout =
+        "suspend"``: it is spent, and the sandbox suspended until a resume
+        (one already held, paused or suspended, stays as it is)."""
+        record.live_deadline_mono = None
+        if record.state is SandboxState.RUNNING:
+            await self._suspend_locked(sandbox, record, "timeout")
+        return "keep", None
 
     def _expiry(self, record: LifecycleRecord) -> str | None:
         """The time limit the sandbox has crossed (its expiry reason), if any."""

@@ -18,8 +18,10 @@ from .._errors import (
     InvalidArgument,
     OutputLimitExceeded,
     ProviderError,
+    SandboxFileExists,
     SandboxFileNotFound,
     SandboxIsADirectory,
+    SandboxNotADirectory,
     SandboxPermissionDenied,
 )
 from .._types import FileInfo, FileType, GrepMatch
@@ -47,6 +49,22 @@ def map_oserror(exc: OSError, path: str) -> HutchError:
     if code == errno.ENAMETOOLONG:
         return InvalidArgument(f"file name too long: {path}")
     return ProviderError(f"{path}: {exc.strerror or exc}")
+
+
+def map_tree_error(exc: OSError, path: str) -> HutchError:
+    """An OSError of a mkdir or a rename: as :func:`map_oserror`, and what
+    only these meet said as such (a file where a directory must be,
+    something in the way, a directory into itself, two file systems)."""
+    code = exc.errno
+    if code == errno.ENOTDIR:
+        return SandboxNotADirectory(f"{path}: a file is where a directory must be")
+    if code in (errno.EEXIST, errno.ENOTEMPTY):
+        return SandboxFileExists(f"{path}: something is already there")
+    if code == errno.EINVAL:
+        return InvalidArgument(f"{path}: cannot move a directory into itself")
+    if code == errno.EXDEV:
+        return InvalidArgument(f"{path}: cannot rename across file systems; copy, then remove")
+    return map_oserror(exc, path)
 
 
 def call_mapped(
@@ -242,6 +260,22 @@ class HostFiles(SandboxFiles):
                 os.unlink(host)
 
         call_mapped(rm, path)
+
+    async def make_dir(self, path: str, parents: bool) -> None:
+        host = self.to_host(path)
+
+        def make() -> None:
+            if parents:
+                os.makedirs(host, 0o755)
+            else:
+                os.mkdir(host, 0o755)
+
+        call_mapped(make, path, map_tree_error)
+
+    async def rename(self, source: str, destination: str) -> None:
+        host_source, host_destination = self.to_host(source), self.to_host(destination)
+        call_mapped(lambda: os.rename(host_source, host_destination),
+                    f"{source} -> {destination}", map_tree_error)
 
     async def walk_files(self, root: str) -> list[str]:
         """The regular files below ``root`` (and links to them), as os.walk finds

@@ -43,10 +43,15 @@ from pydantic import BaseModel, model_validator
 
 from .._errors import (
     CapabilityUnsupported,
+    HutchError,
     InvalidArgument,
     OutputLimitExceeded,
     ProviderError,
+    SandboxFileExists,
+    SandboxFileNotFound,
     SandboxIsADirectory,
+    SandboxNotADirectory,
+    SandboxPermissionDenied,
     SandboxUnavailable,
 )
 from .._globmatch import compile_glob
@@ -315,6 +320,50 @@ class SandboxFiles(abc.ABC):
         links to regular files too; never a FIFO, device or socket (a read of
         one may never end)."""
 
+    async def make_dir(self, path: str, parents: bool) -> None:
+        """Make the directory ``path`` (mode 0755), and its missing parents
+        too when ``parents``. Typed errors: SandboxFileExists (something is
+        there), SandboxFileNotFound (no parent, without ``parents``),
+        SandboxNotADirectory (a parent is a file). :meth:`hutch.Sandbox.mkdir`
+        has checked what it could first (``exist_ok``)."""
+        raise CapabilityUnsupported(f"{type(self).__name__} cannot make directories")
+
+    async def rename(self, source: str, destination: str) -> None:
+        """Move ``source`` to ``destination`` as rename(2) does: a file
+        replaces a file, a directory an empty directory. Typed errors:
+        SandboxFileNotFound (no source, no destination directory),
+        SandboxFileExists (a non-empty directory in the way),
+        SandboxIsADirectory / SandboxNotADirectory (a file onto a directory,
+        a directory onto a file), InvalidArgument (a directory into itself).
+        :meth:`hutch.Sandbox.rename` has checked what it could first (an
+        existing destination without ``overwrite``)."""
+        raise CapabilityUnsupported(f"{type(self).__name__} cannot rename files")
+
+
+#: What mkdir and mv (GNU coreutils, busybox) say, to the error it means;
+#: the first that matches wins.
+_TREE_ERRORS: tuple[tuple[str, type[HutchError]], ...] = (
+    ("cannot overwrite directory", SandboxIsADirectory),
+    ("cannot overwrite non-directory", SandboxNotADirectory),
+    ("subdirectory of itself", InvalidArgument),
+    ("Not a directory", SandboxNotADirectory),
+    ("File exists", SandboxFileExists),
+    ("Directory not empty", SandboxFileExists),
+    ("No such file", SandboxFileNotFound),
+    ("Permission denied", SandboxPermissionDenied),
+    ("not permitted", SandboxPermissionDenied),
+    ("Read-only", SandboxPermissionDenied),
+    ("Is a directory", SandboxIsADirectory),
+)
+
+
+def tree_command_error(said: str, what: str) -> HutchError:
+    """The typed error of a failed ``mkdir`` or ``mv`` from what it said."""
+    for needle, kind in _TREE_ERRORS:
+        if needle in said:
+            return kind(f"{what}: {said.strip()[-500:]}")
+    return ProviderError(f"{what} failed: {said.strip()[-500:] or 'no reason given'}")
+
 
 async def bounded_pieces(
     read: Callable[[], Awaitable[bytes]], path: str, limit: int
@@ -383,6 +432,26 @@ class SandboxRuntime(SandboxPart, SandboxFiles):
         )
 
     # -- files: SandboxFiles, and what is built on them -----------------------------
+    async def make_dir(self, path: str, parents: bool) -> None:
+        """By ``mkdir`` in the sandbox, where a runtime has nothing closer."""
+        await self._tree_command(
+            ["mkdir", *(["-p"] if parents else []), "--", path], f"mkdir {path}")
+
+    async def rename(self, source: str, destination: str) -> None:
+        """By ``mv -T`` in the sandbox (across file systems it copies), where
+        a runtime has nothing closer."""
+        await self._tree_command(
+            ["mv", "-T", "--", source, destination], f"rename {source} to {destination}")
+
+    async def _tree_command(self, argv: list[str], what: str) -> None:
+        proc = await self.start_process(ProcessRequest(argv, cwd="/", env={"LC_ALL": "C"}))
+        said = []
+        while (chunk := await proc.read()) is not None:
+            if chunk.stream == "stderr":
+                said.append(chunk.data)
+        if await proc.wait() != 0:
+            raise tree_command_error(b"".join(said).decode("utf-8", "replace"), what)
+
     async def exists(self, path: str) -> bool:
         try:
             await self.stat(path)
@@ -467,6 +536,12 @@ class FilesRuntime(SandboxRuntime):
 
     async def walk_files(self, root: str) -> list[str]:
         return await self.files.walk_files(root)
+
+    async def make_dir(self, path: str, parents: bool) -> None:
+        await self.files.make_dir(path, parents)
+
+    async def rename(self, source: str, destination: str) -> None:
+        await self.files.rename(source, destination)
 
 
 class SandboxBackend(SandboxPart):

@@ -20,8 +20,10 @@ from pydantic import ConfigDict
 from .._errors import (
     InvalidArgument,
     OutputLimitExceeded,
+    SandboxFileExists,
     SandboxFileNotFound,
     SandboxIsADirectory,
+    SandboxNotADirectory,
     SandboxUnavailable,
 )
 from .._types import Capabilities, FileInfo, FileType, ProviderSnapshot
@@ -137,6 +139,61 @@ class VirtualSandbox(NativeBackend):
         for d in subdirs:
             self.dirs.discard(d)
         self.dirs.discard(path)
+
+    def _parent_dir(self, path: str) -> str:
+        """``path``'s parent, which must be a directory (typed errors otherwise)."""
+        parent = posixpath.dirname(path)
+        if parent in self.files:
+            raise SandboxNotADirectory(f"{parent} is a file, not a directory")
+        if parent not in self.dirs:
+            raise SandboxFileNotFound(f"no such directory: {parent}")
+        return parent
+
+    async def make_dir(self, path: str, parents: bool) -> None:
+        self._live()
+        if path in self.dirs or path in self.files:
+            raise SandboxFileExists(f"{path} already exists")
+        if parents:
+            walked = posixpath.dirname(path)
+            missing = []
+            while walked not in self.dirs:
+                if walked in self.files:
+                    raise SandboxNotADirectory(f"{walked} is a file, not a directory")
+                missing.append(walked)
+                walked = posixpath.dirname(walked)
+            self.dirs.update(missing)
+        else:
+            self._parent_dir(path)
+        self.dirs.add(path)
+
+    async def rename(self, source: str, destination: str) -> None:
+        self._live()
+        await self.stat(source)
+        self._parent_dir(destination)
+        if source == destination:
+            return
+        prefix = source.rstrip("/") + "/"
+        if source in self.files:
+            if destination in self.dirs:
+                raise SandboxIsADirectory(f"{destination} is a directory")
+            self.files[destination] = self.files.pop(source)
+            return
+        if destination.startswith(prefix):
+            raise InvalidArgument(f"cannot move {source} into itself")
+        if destination in self.files:
+            raise SandboxNotADirectory(f"{destination} is not a directory")
+        if destination in self.dirs:
+            if self._children(destination):
+                raise SandboxFileExists(f"{destination} is a directory that is not empty")
+            self.dirs.discard(destination)
+        moved = destination.rstrip("/") + "/"
+        for old in [p for p in self.files if p.startswith(prefix)]:
+            self.files[moved + old[len(prefix):]] = self.files.pop(old)
+        for old in [d for d in self.dirs if d.startswith(prefix)]:
+            self.dirs.discard(old)
+            self.dirs.add(moved + old[len(prefix):])
+        self.dirs.discard(source)
+        self.dirs.add(destination)
 
     async def walk_files(self, root: str) -> list[str]:
         self._live()

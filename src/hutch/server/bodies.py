@@ -75,6 +75,25 @@ class StartBody(ExecBody):
     keep_stdin: bool = False
 
 
+class MkdirBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    path: str
+    #: Make its missing parents too.
+    parents: bool = False
+    #: A directory already there is no error.
+    exist_ok: bool = False
+
+
+class RenameBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    source: str
+    destination: str
+    #: Replace what is at ``destination`` (as rename(2) does).
+    overwrite: bool = False
+
+
 class SandboxRef(BaseModel):
     sandbox: str
 

@@ -60,7 +60,7 @@ def bearer_credential(scope: Scope) -> bytes | None:
 #: what is allowed, so that a route added later is closed to refs until said.
 REF_OPERATIONS = frozenset({
     "exec", "files", "list", "stat", "grep", "glob", "processes", "preview_url", "pty",
-    "pause", "suspend", "resume", "set_timeout",
+    "pause", "suspend", "resume", "set_timeout", "mkdir", "rename", "watch", "watchers",
 })
 
 

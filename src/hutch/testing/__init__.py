@@ -25,6 +25,7 @@ with ``capability_unsupported``. Nothing is skipped.
 from __future__ import annotations
 
 from ._exec import EXEC_CASES
+from ._fileops import FILE_OP_CASES
 from ._files import FILE_CASES
 from ._lifecycle import LIFECYCLE_CASES
 from ._stdin import STDIN_CASES
@@ -33,8 +34,8 @@ from ._surface import SURFACE_CASES
 
 #: Every case, in the order they are best run.
 CASES: list[Case] = [
-    *FILE_CASES, *SURFACE_CASES, *EXEC_CASES, *STDIN_CASES, *LIFECYCLE_CASES,
+    *FILE_CASES, *FILE_OP_CASES, *SURFACE_CASES, *EXEC_CASES, *STDIN_CASES, *LIFECYCLE_CASES,
 ]
 
-__all__ = ["CASES", "EXEC_CASES", "FILE_CASES", "LIFECYCLE_CASES", "STDIN_CASES",
+__all__ = ["CASES", "EXEC_CASES", "FILE_CASES", "FILE_OP_CASES", "LIFECYCLE_CASES", "STDIN_CASES",
            "SURFACE_CASES", "Case", "raises", "refused"]

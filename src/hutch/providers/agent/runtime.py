@@ -38,8 +38,10 @@ from ..._errors import (
     OutputLimitExceeded,
     ProviderError,
     ResourceExhausted,
+    SandboxFileExists,
     SandboxFileNotFound,
     SandboxIsADirectory,
+    SandboxNotADirectory,
     SandboxPermissionDenied,
     StdinClosed,
 )
@@ -79,6 +81,8 @@ _ERRORS: dict[str, type[HutchError]] = {
     "permission_denied": SandboxPermissionDenied,
     "invalid_argument": InvalidArgument,
     "no_such_user": NoSuchUser,
+    "file_exists": SandboxFileExists,
+    "not_a_directory": SandboxNotADirectory,
     "output_limit_exceeded": OutputLimitExceeded,
     "resource_exhausted": ResourceExhausted,
 }
@@ -182,6 +186,12 @@ def _listing(reply: Header) -> list[FileInfo]:
     if not isinstance(entries, list):
         raise AgentFailure("the agent sent a listing without entries")
     return sorted((_info(e) for e in entries), key=lambda e: e.path)
+
+
+def _predates(exc: InvalidArgument) -> bool:
+    """An agent built before the operation (a sandbox started by an earlier
+    hutch) says it does not know it: the runtime's command does it then."""
+    return exc.message == "unknown operation"
 
 
 def _ok(reply: Header) -> None:
@@ -609,6 +619,22 @@ class AgentRuntime(SandboxRuntime):
     async def remove(self, path: str, recursive: bool) -> None:
         await self.request({"op": "remove", "path": path, "recursive": recursive}, _ok,
                            timeout=ANSWER_TIMEOUT * 8)
+
+    async def make_dir(self, path: str, parents: bool) -> None:
+        try:
+            await self.request({"op": "mkdir", "path": path, "parents": parents}, _ok)
+        except InvalidArgument as exc:
+            if not _predates(exc):
+                raise
+            await super().make_dir(path, parents)
+
+    async def rename(self, source: str, destination: str) -> None:
+        try:
+            await self.request({"op": "rename", "src": source, "dst": destination}, _ok)
+        except InvalidArgument as exc:
+            if not _predates(exc):
+                raise
+            await super().rename(source, destination)
 
     async def walk_files(self, root: str) -> list[str]:
         async with self._channel() as channel:

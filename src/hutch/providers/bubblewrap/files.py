@@ -29,6 +29,7 @@ from ..._errors import (
     InvalidArgument,
     SandboxFileNotFound,
     SandboxIsADirectory,
+    SandboxNotADirectory,
     SandboxUnavailable,
 )
 from ..._types import FileInfo
@@ -36,6 +37,7 @@ from .._hostfs import (
     call_mapped,
     info_from_stat,
     map_oserror,
+    map_tree_error,
     read_open_file,
     read_open_file_pieces,
     run_mapped,
@@ -100,6 +102,14 @@ def _map_error(exc: OSError, path: str) -> HutchError:
     if exc.errno == errno.ELOOP:
         return SandboxFileNotFound(f"{path}: too many levels of symbolic links")
     return map_oserror(exc, path)
+
+
+def _map_tree_error(exc: OSError, path: str) -> HutchError:
+    """A mkdir's or a rename's, as on the host; a path the kernel refused to
+    resolve inside the root is not there (not two file systems)."""
+    if exc.errno in (errno.EXDEV, errno.ELOOP):
+        return _map_error(exc, path)
+    return map_tree_error(exc, path)
 
 
 class RootFiles(SandboxFiles):
@@ -344,6 +354,43 @@ class RootFiles(SandboxFiles):
 
     async def remove(self, path: str, recursive: bool) -> None:
         await self._maybe_thread(lambda: self._remove(path, recursive), path, recursive)
+
+    # -- mkdir and rename ---------------------------------------------------------
+    def _make_dir(self, path: str, parents: bool) -> None:
+        if parents:
+            parent, _ = _split(path)
+            with self._root_fd() as root:
+                try:
+                    self._makedirs(root, parent, path)
+                except SandboxFileNotFound as exc:  # a file where a parent must be
+                    raise SandboxNotADirectory(exc.message) from None
+        with self._parent(path) as (parent_fd, name):
+            os.mkdir(name, 0o755, dir_fd=parent_fd)
+            with self._open(path, os.O_RDONLY | os.O_DIRECTORY) as made:
+                self._own(made)
+                os.fchmod(made, 0o755)  # the mode asked for, whatever our umask
+
+    async def make_dir(self, path: str, parents: bool) -> None:
+        call_mapped(lambda: self._make_dir(path, parents), path, _map_tree_error)
+
+    def _rename(self, source: str, destination: str) -> None:
+        with self._parent(source) as (from_fd, from_name), \
+                self._parent(destination) as (to_fd, to_name):
+            try:
+                os.rename(from_name, to_name, src_dir_fd=from_fd, dst_dir_fd=to_fd)
+            except OSError as exc:
+                if exc.errno != errno.EXDEV:
+                    raise
+                # overlayfs moves no directory of its lower layers (without
+                # redirect_dir): mv copies it instead.
+                raise InvalidArgument(
+                    f"cannot rename {source}: a directory from the sandbox's image, "
+                    "which its overlay cannot move; copy it (mv in the sandbox does)"
+                ) from None
+
+    async def rename(self, source: str, destination: str) -> None:
+        call_mapped(lambda: self._rename(source, destination),
+                    f"{source} -> {destination}", _map_tree_error)
 
     # -- walk ------------------------------------------------------------------
     def _walk(self, root_path: str) -> list[str]:

@@ -44,7 +44,7 @@ from ..._types import OutputChunk
 from .._hostproc import EXEC_MARKER, SANDBOX_MARKER, HostProcess
 from .._signals import default_signals_prefix
 from ..agent.runtime import AgentRuntime, Recover
-from ..base import BackendProcess, FilesRuntime, ProcessRequest
+from ..base import BackendProcess, FilesRuntime, ProcessRequest, PtyProcess
 from . import userns
 from .cgroups import JOIN_AND_EXEC, SandboxCgroup
 from .files import RootFiles
@@ -121,6 +121,21 @@ class OomWatch(BackendProcess):
                     f"limit{said}\n".encode(),
                 )
         return chunk
+
+
+class PtyOomWatch(OomWatch, PtyProcess):
+    """A command on a pseudo-terminal, watched as :class:`OomWatch` watches
+    any: what is typed and the window's size still reach its terminal."""
+
+    def __init__(self, inner: PtyProcess, cgroup: SandboxCgroup) -> None:
+        super().__init__(inner, cgroup)
+        self._terminal = inner
+
+    async def write(self, data: bytes) -> None:
+        await self._terminal.write(data)
+
+    async def resize(self, rows: int, cols: int) -> None:
+        await self._terminal.resize(rows, cols)
 
 
 class BwrapStatus:
@@ -261,6 +276,8 @@ class AgentWithNativeUsers(AgentRuntime):
             return await self._native.start_process(request)
         request = dataclasses.replace(request, env={**self._native.parts.env, **request.env})
         inner = await super().start_process(request, pty=pty)
+        if isinstance(inner, PtyProcess):
+            return PtyOomWatch(inner, self._native.parts.cgroup)
         return OomWatch(inner, self._native.parts.cgroup)
 
 

@@ -93,6 +93,11 @@ class DockerConfig(ProviderSettings):
             keeps_dropped(DEFAULT_CAP_DROP),
         ),
     ] = Field(default_factory=lambda: list(DEFAULT_CAP_DROP))
+    #: Docker's ``no-new-privileges``: setuid programs (sudo) cannot raise a
+    #: user's privileges inside the container. Off for images whose user has
+    #: passwordless sudo (E2B's templates' shape): a caller may run as root
+    #: in the container anyway, so it gives nothing beyond that.
+    no_new_privileges: bool = True
     #: Docker's init (tini) as PID 1, the keeper under it: orphans a kill
     #: leaves behind are reaped, where ``sleep`` as PID 1 would keep them as
     #: zombies (filling the pids limit, and looking busy forever).

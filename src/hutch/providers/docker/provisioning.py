@@ -402,7 +402,7 @@ class DockerProvisioning(NativeBackend):
             nano_cpus=int(cfg.cpus * 1e9) if cfg.cpus else None,
             pids_limit=pids_limit,
             init=cfg.init,
-            security_opt=["no-new-privileges"],
+            security_opt=["no-new-privileges"] if cfg.no_new_privileges else [],
             cap_drop=cfg.cap_drop,
         )
         labels = {**cfg.labels, MANAGED_LABEL: "1", SANDBOX_LABEL: self.sandbox_id,

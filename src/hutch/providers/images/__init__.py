@@ -46,6 +46,8 @@ from . import in_docker as docker_side
 
 #: Names Docker takes as a repository (and hutch as a directory).
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}(:[A-Za-z0-9_.-]{1,64})?$")
+#: A user name useradd takes (Debian's default NAME_REGEX, no capitals).
+_USER = re.compile(r"\A[a-z_][a-z0-9_-]{0,31}\Z")
 _PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.-]*(=[A-Za-z0-9.+~:-]+)?$")
 MINBASE_TAR = os.path.join(
     os.environ.get("HUTCH_CACHE_DIR", "/var/cache/hutch"), "bookworm-minbase.tar"
@@ -170,11 +172,27 @@ def build(
     packages: Sequence[str] = (),
     progress: Progress = lambda _line: None,
     rebuild: bool = False,
+    sudo_user: str | None = None,
 ) -> ImageInfo:
-    """Build image ``name`` once; an image already built is reused unless ``rebuild``."""
+    """Build image ``name`` once; an image already built is reused unless ``rebuild``.
+
+    ``sudo_user``: also make that user (uid 1000, a home, bash) with
+    passwordless sudo, the shape of E2B's templates (whose user is ``user``).
+    """
     directory = _directory(name)
     if (dockerfile is None) == (not packages):
         raise InvalidArgument("build an image from a Dockerfile or from packages, not both")
+    if sudo_user is not None:
+        if not _USER.match(sudo_user):
+            raise InvalidArgument(f"{sudo_user!r} is not a user name (lowercase, a-z0-9_-)")
+        if dockerfile is not None:
+            raise InvalidArgument(
+                "a Dockerfile makes its own users; for a user with passwordless sudo add:\n"
+                f"RUN apt-get update && apt-get install -y sudo && useradd -m -s /bin/bash "
+                f"-u 1000 {sudo_user} && echo '{sudo_user} ALL=(ALL) NOPASSWD:ALL' > "
+                f"/etc/sudoers.d/{sudo_user} && chmod 0440 /etc/sudoers.d/{sudo_user}"
+            )
+        packages = [*packages, "sudo"] if "sudo" not in packages else list(packages)
     for package in packages:
         if not _PACKAGE.match(package):
             raise InvalidArgument(f"{package!r} is not a Debian package name")
@@ -200,6 +218,8 @@ def build(
         else:
             source = "packages"
             _from_packages(list(packages), rootfs, progress)
+            if sudo_user is not None:
+                _add_sudo_user(rootfs, sudo_user, progress)
             in_docker = _docker_available()
             if in_docker:
                 progress(f"importing {name} into Docker")
@@ -272,6 +292,17 @@ def _from_packages(packages: list[str], rootfs: str, progress: Progress) -> None
     _run([*inside, "apt-get", "clean"], "apt-get clean", progress)
     shutil.rmtree(os.path.join(rootfs, "var/lib/apt/lists"), ignore_errors=True)
     os.makedirs(os.path.join(rootfs, "var/lib/apt/lists/partial"), exist_ok=True)
+
+
+def _add_sudo_user(rootfs: str, user: str, progress: Progress) -> None:
+    """``user`` (uid 1000, a home, bash) with passwordless sudo, in ``rootfs``."""
+    progress(f"adding user {user} with passwordless sudo")
+    _run([*_apt_sandbox(rootfs), "useradd", "--create-home", "--shell", "/bin/bash",
+          "--uid", "1000", "--user-group", user], "useradd", progress)
+    sudoers = os.path.join(rootfs, "etc", "sudoers.d", user)
+    with open(sudoers, "w") as fh:
+        fh.write(f"{user} ALL=(ALL:ALL) NOPASSWD: ALL\n")
+    os.chmod(sudoers, 0o440)
 
 
 def _apt_sandbox(rootfs: str) -> list[str]:

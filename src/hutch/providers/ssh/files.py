@@ -15,10 +15,13 @@ from ..._errors import (
     InvalidArgument,
     OutputLimitExceeded,
     ProviderError,
+    SandboxFileExists,
     SandboxFileNotFound,
     SandboxIsADirectory,
+    SandboxNotADirectory,
     SandboxPermissionDenied,
 )
+from ..._sandbox_paths import within
 from ..._types import FileInfo, FileType
 from ..base import SandboxFiles, bounded_pieces, require_regular
 from .connection import KeptConnection, lost
@@ -219,6 +222,65 @@ class SftpFiles(SandboxFiles):
             await sftp.makedirs(path, exist_ok=True)
 
         await self._call(path, op)
+
+    async def make_dir(self, path: str, parents: bool) -> None:
+        async def op(sftp: asyncssh.SFTPClient) -> None:
+            try:
+                if parents:
+                    await sftp.makedirs(path, attrs=asyncssh.SFTPAttrs(permissions=0o755))
+                else:
+                    await sftp.mkdir(path, asyncssh.SFTPAttrs(permissions=0o755))
+            except (asyncssh.SFTPFailure, asyncssh.SFTPFileAlreadyExists,
+                    asyncssh.SFTPNoSuchFile, asyncssh.SFTPNoSuchPath) as exc:
+                # SFTP v3 says "failure" for what is in the way: look.
+                raise await self._tree_error(sftp, path, exc) from None
+
+        await self._call(path, op)
+
+    async def rename(self, source: str, destination: str) -> None:
+        async def op(sftp: asyncssh.SFTPClient) -> None:
+            try:
+                # OpenSSH's posix-rename: rename(2), replacing as it does.
+                await sftp.posix_rename(source, destination)
+            except (asyncssh.SFTPFailure, asyncssh.SFTPFileAlreadyExists,
+                    asyncssh.SFTPNoSuchFile, asyncssh.SFTPNoSuchPath) as exc:
+                raise await self._tree_error(sftp, destination, exc, source) from None
+
+        await self._call(source, op)
+
+    async def _tree_error(
+        self, sftp: asyncssh.SFTPClient, path: str, exc: asyncssh.SFTPError,
+        source: str | None = None,
+    ) -> HutchError:
+        """What stopped a mkdir or a rename at ``path``, found by looking: SFTP
+        v3 names few errors (a "failure" is anything)."""
+        if source is not None and not await sftp.exists(source):
+            return SandboxFileNotFound(f"no such file or directory on {self._dest}: {source}")
+        parent = posixpath.dirname(path.rstrip("/")) or "/"
+        walked = "/"
+        for part in [p for p in parent.split("/") if p]:
+            walked = posixpath.join(walked, part)
+            try:
+                attrs = await sftp.stat(walked)
+            except (asyncssh.SFTPNoSuchFile, asyncssh.SFTPNoSuchPath):
+                return SandboxFileNotFound(f"no such directory on {self._dest}: {walked}")
+            if not stat_mod.S_ISDIR(attrs.permissions or 0):
+                return SandboxNotADirectory(f"{walked} is a file, not a directory")
+        try:
+            attrs = await sftp.lstat(path)
+        except (asyncssh.SFTPNoSuchFile, asyncssh.SFTPNoSuchPath):
+            return self._error(exc, path)
+        if source is not None:
+            source_is_dir = await sftp.isdir(source)
+            here_is_dir = stat_mod.S_ISDIR(attrs.permissions or 0)
+            if here_is_dir and not source_is_dir:
+                return SandboxIsADirectory(f"{path} is a directory")
+            if source_is_dir and not here_is_dir:
+                return SandboxNotADirectory(f"{path} is not a directory")
+            if source_is_dir and within(path, source):
+                return InvalidArgument(f"cannot move {source} into itself")
+            return SandboxFileExists(f"{path} is a directory that is not empty")
+        return SandboxFileExists(f"{path} already exists")
 
     async def walk_files(self, root: str) -> list[str]:
         """The regular files below ``root`` and links to them (never a FIFO or a

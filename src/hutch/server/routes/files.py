@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from ... import wire
 from ..._types import DEFAULT_READ_LIMIT, MAX_READ_LIMIT
-from ..bodies import GlobBody, GrepBody
+from ..bodies import GlobBody, GrepBody, MkdirBody, RenameBody
 from ..streaming import FILE_BYTES, file_json, new_spool, opened_file
 from . import DaemonGetter, session_sandbox, v1_router
 
@@ -55,6 +55,24 @@ def router(daemon: DaemonGetter) -> APIRouter:
     ) -> Response:
         sandbox = await session_sandbox(daemon(), request, sandbox_id)
         await sandbox.remove(path, recursive=recursive)
+        return Response(status_code=204)
+
+    @v1.post("/sandboxes/{sandbox_id}/mkdir", status_code=204)
+    async def mkdir(request: Request, sandbox_id: str, body: MkdirBody) -> Response:
+        """Make a directory (``parents``: and its missing parents; ``exist_ok``:
+        one already there is no error)."""
+        sandbox = await session_sandbox(daemon(), request, sandbox_id)
+        await sandbox.mkdir(
+            body.path, parents=body.parents, exist_ok=body.exist_ok)
+        return Response(status_code=204)
+
+    @v1.post("/sandboxes/{sandbox_id}/rename", status_code=204)
+    async def rename(request: Request, sandbox_id: str, body: RenameBody) -> Response:
+        """Move a file or a directory inside the sandbox (``overwrite``: replace
+        what is at the destination, as rename(2) does)."""
+        sandbox = await session_sandbox(daemon(), request, sandbox_id)
+        await sandbox.rename(
+            body.source, body.destination, overwrite=body.overwrite)
         return Response(status_code=204)
 
     @v1.get("/sandboxes/{sandbox_id}/stat", response_model=wire.FileStat)

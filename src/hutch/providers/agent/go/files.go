@@ -319,6 +319,65 @@ func handleRemove(c *conn, h header) error {
 	return c.send(header{"t": "ok"}, nil)
 }
 
+// treeCode: the error code of a failed mkdir or rename, where they differ
+// from the other operations' (a file where a directory must be, something
+// in the way, a directory into itself, two file systems).
+func treeCode(err error) (string, string) {
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		switch errno {
+		case syscall.ENOTDIR:
+			return "not_a_directory", "a file is where a directory must be"
+		case syscall.EEXIST, syscall.ENOTEMPTY:
+			return "file_exists", "something is already there"
+		case syscall.EINVAL:
+			return "invalid_argument", "cannot move a directory into itself"
+		case syscall.EXDEV:
+			return "invalid_argument", "cannot rename across file systems; copy, then remove"
+		}
+	}
+	return "", ""
+}
+
+func failTree(c *conn, err error, path string) error {
+	if code, msg := treeCode(err); code != "" {
+		return c.fail(code, path+": "+msg)
+	}
+	return failPath(c, err, path)
+}
+
+// handleMkdir: the directory path (0755, whatever the umask), and its
+// missing parents when asked.
+func handleMkdir(c *conn, h header) error {
+	path := str(h, "path")
+	var err error
+	if boolean(h, "parents") {
+		if _, statErr := os.Lstat(path); statErr == nil {
+			err = syscall.EEXIST
+		} else {
+			err = os.MkdirAll(path, 0o755)
+		}
+	} else {
+		err = syscall.Mkdir(path, 0o755)
+	}
+	if err == nil {
+		err = os.Chmod(path, 0o755)
+	}
+	if err != nil {
+		return failTree(c, err, path)
+	}
+	return c.send(header{"t": "ok"}, nil)
+}
+
+// handleRename: rename(2), replacing a file or an empty directory.
+func handleRename(c *conn, h header) error {
+	src, dst := str(h, "src"), str(h, "dst")
+	if err := syscall.Rename(src, dst); err != nil {
+		return failTree(c, err, src+" -> "+dst)
+	}
+	return c.send(header{"t": "ok"}, nil)
+}
+
 // walk calls visit with every regular file below root, and every link to
 // one: never a FIFO, device or socket (a read of one may never end).
 // Directories are entered (links to them are not), the root followed if it

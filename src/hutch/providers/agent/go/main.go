@@ -184,6 +184,10 @@ func serve(nc *net.UnixConn) {
 			opErr = handleList(c, h)
 		case "remove":
 			opErr = handleRemove(c, h)
+		case "mkdir":
+			opErr = handleMkdir(c, h)
+		case "rename":
+			opErr = handleRename(c, h)
 		case "walk":
 			opErr = handleWalk(c, h)
 		case "grep":

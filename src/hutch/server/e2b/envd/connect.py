@@ -27,10 +27,13 @@ from ...._errors import (
     OutputLimitExceeded,
     ResourceExhausted,
     SandboxExpired,
+    SandboxFileExists,
     SandboxFileNotFound,
     SandboxIsADirectory,
+    SandboxNotADirectory,
     SandboxPermissionDenied,
     SandboxUnavailable,
+    StdinClosed,
     Unauthorized,
 )
 
@@ -83,6 +86,9 @@ _CODES: list[tuple[type[HutchError], str]] = [
     (SandboxFileNotFound, "not_found"),
     (NotFound, "not_found"),
     (SandboxIsADirectory, "invalid_argument"),
+    (SandboxFileExists, "already_exists"),
+    (SandboxNotADirectory, "invalid_argument"),
+    (StdinClosed, "failed_precondition"),
     (SandboxPermissionDenied, "permission_denied"),
     (ExecTimeout, "deadline_exceeded"),
     (OutputLimitExceeded, "resource_exhausted"),

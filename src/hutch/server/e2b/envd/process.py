@@ -13,6 +13,7 @@ its streams end with ``deadline_exceeded``.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import time
@@ -38,8 +39,9 @@ from .connect import (
     unb64,
 )
 
-#: Events a watcher may fall behind by before the command waits for it.
-WATCHER_BACKLOG = 64
+#: Bytes of events a stream may fall behind by; past them it is cut off
+#: (its end says so) rather than hold the command or the daemon's memory.
+MAX_BACKLOG_BYTES = 32 * 1024 * 1024
 
 #: Signals by the names envd's enum gives them (and their numbers).
 SIGNALS = {"SIGNAL_SIGKILL": 9, "SIGNAL_SIGTERM": 15, 9: 9, 15: 15}
@@ -49,17 +51,42 @@ Item = dict[str, Any] | ConnectError
 
 
 class Watcher:
-    """One stream's view of a command's events."""
+    """One stream's view of a command's events: those not yet sent. Handing
+    them over never waits for the stream (a caller that reads slowly, or
+    not at all, holds neither the command nor the others watching it)."""
 
     def __init__(self) -> None:
-        self.queue: asyncio.Queue[Item] = asyncio.Queue(WATCHER_BACKLOG)
+        self.backlog: collections.deque[tuple[Item, int]] = collections.deque()
+        self.backlog_bytes = 0
+        self.ready = asyncio.Event()
         self.gone = False
 
+    def put(self, item: Item, size: int) -> None:
+        if self.gone:
+            return
+        if self.backlog_bytes + size > MAX_BACKLOG_BYTES:
+            self.backlog.clear()
+            self.backlog_bytes = 0
+            self.gone = True
+            item, size = ConnectError(
+                "resource_exhausted", f"the stream fell more than {MAX_BACKLOG_BYTES} bytes "
+                "behind the command and was cut off (the command runs on: connect again)"), 0
+        self.backlog.append((item, size))
+        self.backlog_bytes += size
+        self.ready.set()
+
+    async def get(self) -> Item:
+        while not self.backlog:
+            self.ready.clear()
+            await self.ready.wait()
+        item, size = self.backlog.popleft()
+        self.backlog_bytes -= size
+        return item
+
     def leave(self) -> None:
-        """Stop watching; a publisher waiting on the full queue is let go."""
         self.gone = True
-        while not self.queue.empty():
-            self.queue.get_nowait()
+        self.backlog.clear()
+        self.backlog_bytes = 0
 
 
 @dataclass
@@ -88,10 +115,10 @@ class EnvdProcess:
         self.watchers.discard(watcher)
         watcher.leave()
 
-    async def publish(self, item: Item) -> None:
+    def publish(self, item: Item, size: int = 0) -> None:
+        """Hand ``item`` (of ``size`` bytes of output) to every stream watching."""
         for watcher in list(self.watchers):
-            if not watcher.gone:
-                await watcher.queue.put(item)
+            watcher.put(item, size)
 
     def info(self) -> dict[str, Any]:
         out: dict[str, Any] = {"config": self.config, "pid": self.pid}
@@ -238,6 +265,7 @@ class ProcessService:
     ) -> None:
         process = await call.sandbox.start(
             argv, cwd=cwd, env=envs, user=call.user, output_limit=MAX_OUTPUT_LIMIT,
+            keep_stdin=stdin,
         )
         entry.process = process
 
@@ -245,12 +273,12 @@ class ProcessService:
             try:
                 async for event in process.stream():
                     if isinstance(event, OutputChunk):
-                        await entry.publish({"data": {event.stream: b64(event.data)}})
+                        entry.publish({"data": {event.stream: b64(event.data)}}, len(event.data))
                     elif isinstance(event, ExitStatus):
-                        await entry.publish(entry.end_item(
+                        entry.publish(entry.end_item(
                             event.exit_code, oom_killed=event.oom_killed))
             except HutchError as exc:
-                await entry.publish(
+                entry.publish(
                     entry.end_item(-1) if entry.expired else connect_error(exc))
             finally:
                 self._ended(entry)
@@ -272,14 +300,14 @@ class ProcessService:
                     entry.pty = proc
                     started.set_result(None)
                     while (chunk := await proc.read()) is not None:
-                        await entry.publish({"data": {"pty": b64(chunk.data)}})
+                        entry.publish({"data": {"pty": b64(chunk.data)}}, len(chunk.data))
                     code = await proc.wait()
-                    await entry.publish(entry.end_item(code))
+                    entry.publish(entry.end_item(code))
             except BaseException as exc:
                 if not started.done():
                     started.set_exception(exc)
                 elif isinstance(exc, Exception):
-                    await entry.publish(connect_error(exc))
+                    entry.publish(connect_error(exc))
                 else:
                     raise
             finally:
@@ -308,7 +336,7 @@ class ProcessService:
             while True:
                 waits = [w for w in (call.keepalive, call.timeout) if w is not None]
                 try:
-                    item = await asyncio.wait_for(watcher.queue.get(), min(waits, default=None))
+                    item = await asyncio.wait_for(watcher.get(), min(waits, default=None))
                 except TimeoutError:
                     if call.deadline is not None and time.monotonic() >= call.deadline:
                         if kills:
@@ -362,20 +390,17 @@ class ProcessService:
         return {}
 
     async def _write_stdin(self, entry: EnvdProcess, data: bytes) -> None:
-        raise ConnectError(
-            "unimplemented", f"process {entry.pid}: writing to a running command's stdin is "
-            "not available in this hutch yet",
-        )
+        if entry.process is None:
+            raise ConnectError("failed_precondition", f"process {entry.pid} has no stdin")
+        await entry.process.write_stdin(data)
 
     async def close_stdin(self, call: Call, request: dict[str, Any]) -> dict[str, Any]:
         entry = self.table.find(call.sandbox, submessage(request, "process"))
         if entry.pty is not None:
             await entry.pty.write(b"\x04")  # a terminal's end of input
-            return {}
-        raise ConnectError(
-            "unimplemented", f"process {entry.pid}: closing a running command's stdin is "
-            "not available in this hutch yet",
-        )
+        elif entry.process is not None:
+            await entry.process.close_stdin()
+        return {}
 
     async def update(self, call: Call, request: dict[str, Any]) -> dict[str, Any]:
         entry = self.table.find(call.sandbox, submessage(request, "process"))

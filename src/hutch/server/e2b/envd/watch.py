@@ -31,6 +31,7 @@ from typing import Any
 from ...._errors import HutchError
 from ...._sandbox import Sandbox
 from ...._types import FileInfo, FileType
+from ....states import FINAL, HELD
 from .calls import Call
 from .connect import ConnectError, connect_error, flag, text
 from .entries import entry_info
@@ -149,6 +150,12 @@ class Watch:
         try:
             while True:
                 await asyncio.sleep(POLL_SECONDS)
+                state = self.sandbox.state
+                if state in FINAL:
+                    raise ConnectError(
+                        "unavailable", f"the sandbox {self.sandbox.id} was not found ({state})")
+                if state in HELD:
+                    continue  # a look would resume it: a watch is no reason to
                 told = self.told
                 try:
                     now = await _look(self.sandbox, self.root, self.recursive)
