@@ -720,6 +720,9 @@ def client_face(face: ClientFace, side: int, imports: Imports) -> str:
     for item in cls_node.body:
         if not isinstance(item, ast.FunctionDef):
             continue
+        if "terminal_op" in _decorators(item):
+            lines += ["", *terminal(item, face, side, src, imports)]
+            continue
         kind = {"op": "call", "stream_op": "stream"}.keys() & _decorators(item)
         if not kind:
             continue
@@ -759,6 +762,21 @@ def client_face(face: ClientFace, side: int, imports: Imports) -> str:
             body += [assignment, "        return value"]
         lines += ["", def_line, *doc, *body]
     return "\n".join(lines) + "\n"
+
+
+def terminal(
+    item: ast.FunctionDef, face: ClientFace, side: int, src: Source, imports: Imports,
+) -> list[str]:
+    """A method opening a terminal with the first message its operation makes."""
+    pty = ("AsyncRemotePty", "RemotePty")[side]
+    manager = ("AbstractAsyncContextManager", "AbstractContextManager")[side]
+    imports.add("hutch.client._shell", pty, runtime=False)
+    imports.add("contextlib", manager, runtime=True)
+    def_line, passes = _signature(item, src, imports, returns=f"{manager}[{pty}]")
+    passes = ", ".join(["self", *([passes] if passes else [])])
+    return [def_line, *_docstring(item, "        "),
+            *emit(8, "start = ", f"{face.ops}.{item.name}", passes, ""),
+            "        return self._transport.open_pty(self.id, start)"]
 
 
 def generate_client() -> str:

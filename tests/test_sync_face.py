@@ -127,6 +127,7 @@ def _client_twin(annotation: Any) -> Any:
     if annotation is inspect.Parameter.empty:
         return annotation
     text = re.sub(r"\bAsyncIterator\[", "Iterator[", str(annotation))
+    text = re.sub(r"\bAbstractAsyncContextManager\[", "AbstractContextManager[", text)
     return re.sub(r"\bAsync(Remote\w+|Client)\b", r"\1", text)
 
 
@@ -159,8 +160,9 @@ def test_the_clients_faces_are_twins_member_for_member(async_cls: type, sync_cls
         assert theirs.return_annotation is not inspect.Parameter.empty, f"{where} is typed"
         assert not inspect.iscoroutinefunction(twin), where
         returns = str(ours.return_annotation)
-        assert inspect.iscoroutinefunction(member) or returns.startswith("AsyncIterator[") \
-            or name == "pty", f"{async_cls.__name__}.{name} is awaited or iterated"
+        assert inspect.iscoroutinefunction(member) or returns.startswith(
+            ("AsyncIterator[", "AbstractAsyncContextManager[")
+        ), f"{async_cls.__name__}.{name} is awaited, iterated or entered"
 
 
 def test_the_faces_are_exported_and_typed() -> None:

@@ -14,6 +14,7 @@ and give the same results, typed.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import IO, TYPE_CHECKING, Any
 
 from .._types import DEFAULT_SEARCH_TIMEOUT
@@ -39,7 +40,8 @@ if TYPE_CHECKING:
         RemoteProcess,
         RemoteSandbox,
     )
-    from ._core import EnsureProgress
+    from ._answers import EnsureProgress
+    from ._shell import AsyncRemotePty, RemotePty
     from ._transports import AsyncTransport, SyncTransport
 
 
@@ -436,6 +438,23 @@ class AsyncSandboxFace(SandboxOps):
         value = self._transport.drive_stream(operation, self)
         return value
 
+    def pty(
+        self,
+        cmd: str | Sequence[str] | None = None,
+        *,
+        rows: int = 24,
+        cols: int = 80,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        user: str | None = None,
+    ) -> AbstractAsyncContextManager[AsyncRemotePty]:
+        """An interactive command (a shell by default) on a PTY in the sandbox,
+        through the daemon's websocket route: a context manager (``async with``
+        on the async face) whose terminal reads, writes, resizes and waits.
+        """
+        start = SandboxOps.pty(self, cmd, rows=rows, cols=cols, cwd=cwd, env=env, user=user)
+        return self._transport.open_pty(self.id, start)
+
     async def start(
         self,
         cmd: str | Sequence[str],
@@ -668,6 +687,23 @@ class SandboxFace(SandboxOps):
         )
         value: Iterator[OutputChunk | ExitStatus] = self._transport.drive_stream(operation, self)
         return value
+
+    def pty(
+        self,
+        cmd: str | Sequence[str] | None = None,
+        *,
+        rows: int = 24,
+        cols: int = 80,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        user: str | None = None,
+    ) -> AbstractContextManager[RemotePty]:
+        """An interactive command (a shell by default) on a PTY in the sandbox,
+        through the daemon's websocket route: a context manager (``async with``
+        on the async face) whose terminal reads, writes, resizes and waits.
+        """
+        start = SandboxOps.pty(self, cmd, rows=rows, cols=cols, cwd=cwd, env=env, user=user)
+        return self._transport.open_pty(self.id, start)
 
     def start(
         self,
