@@ -14,9 +14,9 @@ from typing import Any
 from .._errors import Unauthorized
 from .._refwire import DaemonRef, decode_ref
 from .._types import Snapshot
+from ._answers import EnsureProgress
 from ._core import (
     ClientOps,
-    EnsureProgress,
     ForkOps,
     ProcessOps,
     RemoteEnsured,

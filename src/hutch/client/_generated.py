@@ -40,7 +40,7 @@ if TYPE_CHECKING:
         RemoteProcess,
         RemoteSandbox,
     )
-    from ._core import EnsureProgress
+    from ._answers import EnsureProgress
     from ._shell import AsyncRemotePty, RemotePty
     from ._transports import AsyncTransport, SyncTransport
 
