@@ -626,10 +626,11 @@ class SandboxOps:
         caps = self._info.get("capabilities", {})
         known: dict[str, Any] = {
             k: bool(v) for k, v in caps.items()
-            if k in Capabilities.__dataclass_fields__ and k not in ("extra", "runtime")
+            if k in Capabilities.__dataclass_fields__ and k not in ("extra", "runtime", "watch")
         }
         extra = frozenset(k for k, v in caps.items() if k not in known and v is True)
-        return Capabilities(**known, runtime=str(caps.get("runtime", "native")), extra=extra)
+        return Capabilities(**known, runtime=str(caps.get("runtime", "native")),
+                            watch=str(caps.get("watch", "poll")), extra=extra)
 
     @property
     def state(self) -> SandboxState:
