@@ -45,6 +45,7 @@ FACES = [
     Face("hutch._process", "Process", "SyncProcess"),
     Face("hutch._snapshots", "Fork", "SyncFork"),
     Face("hutch.providers.base", "PtyProcess", "SyncPtyProcess"),
+    Face("hutch._watch", "Watcher", "SyncWatcher"),
 ]
 
 

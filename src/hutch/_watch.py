@@ -40,6 +40,13 @@ class Watcher:
     unread) raised to its reader once the events before it are read.
     """
 
+    id: str
+    #: The directory it watches (absolute, in the sandbox).
+    path: str
+    recursive: bool
+    #: How it learns of changes: ``inotify`` or ``poll``.
+    kind: str
+
     def __init__(
         self, backend: BackendWatch, path: str, recursive: bool, kind: str,
         on_close: Callable[[Watcher], None] | None = None,

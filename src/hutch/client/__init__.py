@@ -8,11 +8,12 @@ same typed errors. ``HUTCH_URL`` and ``HUTCH_TOKEN`` are read when not given.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from .._errors import Unauthorized
 from .._refwire import DaemonRef, decode_ref
-from .._types import Snapshot
+from .._types import FileEvent, Snapshot
 from ._core import (
     ClientOps,
     EnsureProgress,
@@ -20,6 +21,7 @@ from ._core import (
     ProcessOps,
     RemoteEnsured,
     SandboxOps,
+    WatcherOps,
     build_async,
     build_sync,
 )
@@ -46,6 +48,53 @@ class _ProcessState(ProcessOps):
 
     def __repr__(self) -> str:
         return f"<remote process {self.id} in {self.sandbox_id}>"
+
+
+class _WatcherState(WatcherOps):
+    def __init__(self, transport: Any, sandbox_id: str, info: dict[str, Any]) -> None:
+        self._transport = transport
+        self.sandbox_id = sandbox_id
+        self.id = str(info["id"])
+        self.path = str(info["path"])
+        self.recursive = bool(info["recursive"])
+        self.kind = str(info["kind"])
+        self._active = bool(info["active"])
+
+    def __repr__(self) -> str:
+        return f"<remote watch {self.id} of {self.path} in {self.sandbox_id}>"
+
+
+_AsyncRemoteWatcher = build_async(_WatcherState, "AsyncRemoteWatcher")
+_RemoteWatcher = build_sync(_WatcherState, "RemoteWatcher")
+
+
+class AsyncRemoteWatcher(_AsyncRemoteWatcher):  # type: ignore[misc, valid-type]
+    """A watch the daemon holds, from async code: ``async for event in watcher``."""
+
+    async def __aiter__(self) -> AsyncIterator[FileEvent]:
+        while batch := await self.events(wait=None):
+            for event in batch:
+                yield event
+
+    async def __aenter__(self) -> AsyncRemoteWatcher:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class RemoteWatcher(_RemoteWatcher):  # type: ignore[misc, valid-type]
+    """A watch the daemon holds, from sync code: ``for event in watcher``."""
+
+    def __iter__(self) -> Iterator[FileEvent]:
+        while batch := self.events(wait=None):
+            yield from batch
+
+    def __enter__(self) -> RemoteWatcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class _SandboxState(SandboxOps):
@@ -115,7 +164,8 @@ class RemoteSandbox(_RemoteSandbox):  # type: ignore[misc, valid-type]
 async def _attach_async(url: str, ref: str) -> AsyncRemoteSandbox:
     decoded = _parse_ref(ref)
     transport = AsyncTransport(
-        url, ref, {"sandbox": AsyncRemoteSandbox, "process": AsyncRemoteProcess}
+        url, ref, {"sandbox": AsyncRemoteSandbox, "process": AsyncRemoteProcess,
+                    "watcher": AsyncRemoteWatcher}
     )
     try:
         info = await transport.send(Call("GET", f"/v1/sandboxes/{decoded.sandbox_id}"))
@@ -129,7 +179,8 @@ async def _attach_async(url: str, ref: str) -> AsyncRemoteSandbox:
 
 def _attach_sync(url: str, ref: str) -> RemoteSandbox:
     decoded = _parse_ref(ref)
-    transport = SyncTransport(url, ref, {"sandbox": RemoteSandbox, "process": RemoteProcess})
+    transport = SyncTransport(url, ref, {"sandbox": RemoteSandbox, "process": RemoteProcess,
+                    "watcher": RemoteWatcher})
     try:
         info = transport.send(Call("GET", f"/v1/sandboxes/{decoded.sandbox_id}"))
     except BaseException:
@@ -165,7 +216,7 @@ class AsyncClient(_AsyncClient):  # type: ignore[misc, valid-type]
     def __init__(self, url: str | None = None, *, token: str | None = None) -> None:
         self._transport = AsyncTransport(
             url, token, {"sandbox": AsyncRemoteSandbox, "process": AsyncRemoteProcess,
-             "fork": AsyncRemoteFork}
+             "fork": AsyncRemoteFork, "watcher": AsyncRemoteWatcher}
         )
 
     @property
@@ -192,7 +243,8 @@ class Client(_Client):  # type: ignore[misc, valid-type]
 
     def __init__(self, url: str | None = None, *, token: str | None = None) -> None:
         self._transport = SyncTransport(
-            url, token, {"sandbox": RemoteSandbox, "process": RemoteProcess, "fork": RemoteFork}
+            url, token, {"sandbox": RemoteSandbox, "process": RemoteProcess, "fork": RemoteFork,
+                         "watcher": RemoteWatcher}
         )
 
     @property
@@ -217,5 +269,6 @@ class Client(_Client):  # type: ignore[misc, valid-type]
 __all__ = [
     "EnsureProgress", "RemoteEnsured",
     "AsyncClient", "AsyncRemoteFork", "AsyncRemoteProcess", "AsyncRemoteSandbox", "Client",
-    "RemoteFork", "RemoteProcess", "RemoteSandbox", "attach_remote", "attach_remote_async",
+    "AsyncRemoteWatcher", "RemoteFork", "RemoteProcess", "RemoteSandbox", "RemoteWatcher",
+    "attach_remote", "attach_remote_async",
 ]
