@@ -91,7 +91,8 @@ class Imports:
         table = self.runtime if runtime else self.typing
         table.setdefault(module, set()).add(name)
 
-    def render(self) -> str:
+    def render(self, here: str) -> str:
+        """The import lines of a module in package ``here``."""
         stdlib = {m: n for m, n in self.runtime.items() if not m.startswith(PACKAGE)}
         ours = {m: n for m, n in self.runtime.items() if m.startswith(PACKAGE)}
         typing_ours = {
@@ -105,24 +106,31 @@ class Imports:
         stdlib.setdefault("typing", set()).add("TYPE_CHECKING")
         for module, names in typing_std.items():
             stdlib.setdefault(module, set()).update(names)  # stdlib: cheap, import plainly
+
+        def key(module: str) -> tuple[int, str]:
+            relative = _relative(module, here)
+            dots = len(relative) - len(relative.lstrip("."))
+            return (-dots, relative.lstrip("."))  # ruff's isort: furthest first
+
         lines = ["from __future__ import annotations", ""]
         lines += [_from(m, stdlib[m]) for m in sorted(stdlib) if stdlib[m]]
         lines.append("")
-        lines += [_from(_relative(m), ours[m]) for m in sorted(ours, key=_relative_key) if ours[m]]
+        lines += [_from(_relative(m, here), ours[m]) for m in sorted(ours, key=key) if ours[m]]
         lines += ["", "if TYPE_CHECKING:"]
         lines += [
-            "    " + _from(_relative(m), typing_ours[m], indent=4)
-            for m in sorted(typing_ours, key=_relative_key) if typing_ours[m]
+            "    " + _from(_relative(m, here), typing_ours[m], indent=4)
+            for m in sorted(typing_ours, key=key) if typing_ours[m]
         ]
         return "\n".join(lines) + "\n"
 
 
-def _relative(module: str) -> str:
-    return "." + module[len(PACKAGE) + 1:]
-
-
-def _relative_key(module: str) -> str:
-    return _relative(module)
+def _relative(module: str, here: str = PACKAGE) -> str:
+    """``module`` as a relative import from a module of package ``here``."""
+    up = ""
+    while module != here and not module.startswith(here + "."):
+        here = here.rpartition(".")[0]
+        up += "."
+    return "." + up + module[len(here) + 1:]
 
 
 def _name_key(name: str) -> tuple[int, str]:
@@ -211,12 +219,15 @@ def source(module: str) -> Source:
     return _SOURCES[module]
 
 
-def need_names(expr: ast.AST, src: Source, imports: Imports, *, runtime: bool) -> None:
+def need_names(
+    expr: ast.AST, src: Source, imports: Imports, *, runtime: bool,
+    skip: frozenset[str] = frozenset(),
+) -> None:
     """Import every name ``expr`` uses, from where ``src`` has it."""
     for node in ast.walk(expr):
         if not isinstance(node, ast.Name) or hasattr(builtins, node.id):
             continue
-        if node.id in WRAPPED.values():
+        if node.id in WRAPPED.values() or node.id in skip:
             continue
         origin = src.origins.get(node.id)
         if origin is None:
@@ -326,7 +337,7 @@ def wraps_result(expr: ast.expr | None, value: str) -> str | None:
 
 def _signature(
     node: ast.FunctionDef | ast.AsyncFunctionDef, src: Source, imports: Imports,
-    *, name: str | None = None, returns: str,
+    *, name: str | None = None, returns: str, prefix: str = "",
 ) -> tuple[str, str]:
     """The sync twin's ``def`` line(s), and the arguments that pass its
     parameters on, in the same form."""
@@ -368,7 +379,7 @@ def _signature(
     if args.kwarg is not None:
         params.append(one(args.kwarg, None, "**"))
         passes.append(f"**{args.kwarg.arg}")
-    head = f"    def {name or node.name}("
+    head = f"    {prefix}def {name or node.name}("
     tail = f") -> {returns}:"
     flat = head + ", ".join(params) + tail
     if len(flat) <= 100:
@@ -626,12 +637,161 @@ def generate() -> str:
     functions = [factory_function(factory, imports) for factory in FACTORIES]
     names = sorted([f.sync_name for f in FACES] + [f.sync_name for f in FACTORIES])
     exported = "".join(f'    "{n}",\n' for n in names)
-    parts = [HEADER, imports.render(), "", *["\n" + c for c in classes],
+    parts = [HEADER, imports.render(PACKAGE), "", *["\n" + c for c in classes],
              *["\n" + f for f in functions], f"\n__all__ = [\n{exported}]\n"]
     text = "\n".join(parts)
     while "\n\n\n\n" in text:
         text = text.replace("\n\n\n\n", "\n\n\n")
     return text.replace('"""\n\nfrom __future__', '"""\n\nfrom __future__')
+
+
+# -- the client's two faces, from its one table of operations --------------------------------
+
+CLIENT_TARGET = os.path.join(ROOT, "src", "hutch", "client", "_generated.py")
+CLIENT_MODULE = "hutch.client._core"
+CLIENT_PACKAGE = "hutch.client"
+
+
+@dataclass(frozen=True)
+class ClientFace:
+    ops: str
+    async_name: str
+    sync_name: str
+
+
+#: The client's operation classes (I/O-free generators, :mod:`hutch.client._core`)
+#: and the faces written for them; ``hutch.client`` adds their state.
+CLIENT_FACES = [
+    ClientFace("ClientOps", "AsyncClientFace", "ClientFace"),
+    ClientFace("SandboxOps", "AsyncSandboxFace", "SandboxFace"),
+    ClientFace("ProcessOps", "AsyncProcessFace", "ProcessFace"),
+    ClientFace("ForkOps", "AsyncForkFace", "ForkFace"),
+    ClientFace("WatcherOps", "AsyncWatcherFace", "WatcherFace"),
+]
+
+#: What an operation's ``*Ref`` result is on each face (async, sync).
+CLIENT_RESULTS = {
+    "SandboxRef": ("AsyncRemoteSandbox", "RemoteSandbox"),
+    "BranchRef": ("AsyncRemoteSandbox", "RemoteSandbox"),
+    "ProcessRef": ("AsyncRemoteProcess", "RemoteProcess"),
+    "ForkRef": ("AsyncRemoteFork", "RemoteFork"),
+    "WatcherRef": ("AsyncRemoteWatcher", "RemoteWatcher"),
+    "EnsuredRef": ("RemoteEnsured", "RemoteEnsured"),
+}
+
+CLIENT_HEADER = '''# Each method shadows the operation it drives (which it reaches through its
+# class, ``SandboxOps.exec``): a face's methods are not the operations' type.
+# mypy: disable-error-code="override"
+"""The client's async and sync faces. GENERATED by scripts/gen_sync.py from
+the operations of :mod:`hutch.client._core`: do not edit; change an operation
+and run ``python scripts/gen_sync.py`` (CI runs it with ``--check``).
+
+Each operation is written once, as an I/O-free generator; its two methods
+here drive it, over ``httpx.AsyncClient`` and ``httpx.Client``
+(:mod:`hutch.client._transports`), so the faces take the same parameters
+and give the same results, typed.
+"""
+'''
+
+
+class _Results(ast.NodeTransformer):
+    def __init__(self, side: int) -> None:
+        self.side = side
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        if node.id in CLIENT_RESULTS:
+            return ast.copy_location(ast.Name(CLIENT_RESULTS[node.id][self.side], ast.Load()),
+                                     node)
+        return node
+
+
+def client_face(face: ClientFace, side: int, imports: Imports) -> str:
+    """One face (``side`` 0: async, 1: sync) of an operations class."""
+    src = source(CLIENT_MODULE)
+    cls_node = src.class_node(face.ops)
+    name = (face.async_name, face.sync_name)[side]
+    transport = ("AsyncTransport", "SyncTransport")[side]
+    imports.add(CLIENT_MODULE, face.ops, runtime=True)
+    imports.add("hutch.client._transports", transport, runtime=False)
+    faces = frozenset(n for pair in CLIENT_RESULTS.values() for n in pair)
+    lines = [
+        f"class {name}({face.ops}):",
+        f'    """The {("async", "sync")[side]} face of :class:`{face.ops}`."""',
+        "",
+        f"    _transport: {transport}",
+    ]
+    for item in cls_node.body:
+        if not isinstance(item, ast.FunctionDef):
+            continue
+        if "terminal_op" in _decorators(item):
+            lines += ["", *terminal(item, face, side, src, imports)]
+            continue
+        kind = {"op": "call", "stream_op": "stream"}.keys() & _decorators(item)
+        if not kind:
+            continue
+        returns = item.returns
+        if not (isinstance(returns, ast.Subscript) and isinstance(returns.value, ast.Name)
+                and returns.value.id in ("Op", "Events")):
+            raise GenError(f"{face.ops}.{item.name}: annotate it Op[...] or Events[...] "
+                           "(what its caller gets)")
+        stream = returns.value.id == "Events"
+        if stream != ("stream_op" in kind):
+            raise GenError(f"{face.ops}.{item.name}: a @stream_op gives Events[...]")
+        result = _Results(side).visit(_copy(returns.slice))
+        for node in ast.walk(result):
+            if isinstance(node, ast.Name) and node.id in faces:
+                imports.add(CLIENT_PACKAGE, node.id, runtime=False)
+        need_names(result, src, imports, runtime=False, skip=faces)
+        typed = ast.unparse(result)
+        if stream:
+            iterator = ("AsyncIterator", "Iterator")[side]
+            imports.add("collections.abc", iterator, runtime=True)
+            typed = f"{iterator}[{typed}]"
+        def_line, passes = _signature(item, src, imports, returns=typed,
+                                      prefix="async " if side == 0 and not stream else "")
+        drive = "self._transport." + ("drive_stream" if stream else "drive")
+        call = f"{face.ops}.{item.name}"
+        passes = ", ".join(["self", *([passes] if passes else [])])
+        wait = "await " if side == 0 and not stream else ""
+        doc = _docstring(item, "        ")
+        body = emit(8, "operation = ", call, passes, "")
+        if typed == "None":
+            body.append(f"        {wait}{drive}(operation, self)")
+        else:
+            assignment = f"        value: {typed} = {wait}{drive}(operation, self)"
+            if len(assignment) > 100:
+                assignment = (f"        value: {typed}\n"
+                              f"        value = {wait}{drive}(operation, self)")
+            body += [assignment, "        return value"]
+        lines += ["", def_line, *doc, *body]
+    return "\n".join(lines) + "\n"
+
+
+def terminal(
+    item: ast.FunctionDef, face: ClientFace, side: int, src: Source, imports: Imports,
+) -> list[str]:
+    """A method opening a terminal with the first message its operation makes."""
+    pty = ("AsyncRemotePty", "RemotePty")[side]
+    manager = ("AbstractAsyncContextManager", "AbstractContextManager")[side]
+    imports.add("hutch.client._shell", pty, runtime=False)
+    imports.add("contextlib", manager, runtime=True)
+    def_line, passes = _signature(item, src, imports, returns=f"{manager}[{pty}]")
+    passes = ", ".join(["self", *([passes] if passes else [])])
+    return [def_line, *_docstring(item, "        "),
+            *emit(8, "start = ", f"{face.ops}.{item.name}", passes, ""),
+            "        return self._transport.open_pty(self.id, start)"]
+
+
+def generate_client() -> str:
+    imports = Imports()
+    classes = [client_face(face, side, imports) for face in CLIENT_FACES for side in (0, 1)]
+    names = sorted(n for f in CLIENT_FACES for n in (f.async_name, f.sync_name))
+    exported = "".join(f'    "{n}",\n' for n in names)
+    text = "\n".join([CLIENT_HEADER, imports.render(CLIENT_PACKAGE), "",
+                      *["\n" + c for c in classes], f"\n__all__ = [\n{exported}]\n"])
+    while "\n\n\n\n" in text:
+        text = text.replace("\n\n\n\n", "\n\n\n")
+    return text
 
 
 def main(argv: list[str]) -> int:
@@ -640,24 +800,26 @@ def main(argv: list[str]) -> int:
                         help="exit 1 if the generated file is stale; write nothing")
     options = parser.parse_args(argv)
     try:
-        text = generate()
+        written = {TARGET: generate(), CLIENT_TARGET: generate_client()}
     except GenError as exc:
         print(f"gen_sync: {exc}", file=sys.stderr)
         return 2
-    current = None
-    if os.path.exists(TARGET):
-        with open(TARGET, encoding="utf-8") as fh:
-            current = fh.read()
-    if options.check:
-        if current != text:
-            rel = os.path.relpath(TARGET, ROOT)
+    stale = 0
+    for target, text in written.items():
+        current = None
+        if os.path.exists(target):
+            with open(target, encoding="utf-8") as fh:
+                current = fh.read()
+        if current == text:
+            continue
+        if options.check:
+            rel = os.path.relpath(target, ROOT)
             print(f"gen_sync: {rel} is stale: run python scripts/gen_sync.py", file=sys.stderr)
-            return 1
-        return 0
-    if current != text:
-        with open(TARGET, "w", encoding="utf-8") as fh:
+            stale = 1
+            continue
+        with open(target, "w", encoding="utf-8") as fh:
             fh.write(text)
-    return 0
+    return stale
 
 
 if __name__ == "__main__":

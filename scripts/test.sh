@@ -18,6 +18,9 @@ command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 # size-capped working directories.
 command -v iptables-restore >/dev/null 2>&1 || need+=(iptables)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
+# PostgreSQL's server: the PostgreSQL store's tests start a throwaway cluster
+# of their own (tests/postgres_fixture.py), on a private socket directory.
+compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || need+=(postgresql)
 if [ ${#need[@]} -gt 0 ]; then
   log "installing ${need[*]}"
   apt-get update -qq

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import socket
 import struct
 import time
 from collections.abc import Iterator
@@ -564,3 +565,87 @@ def test_a_watch_does_not_wake_a_paused_sandbox(served: DaemonProcess) -> None:
     finally:
         api.delete(f"/sandboxes/{sandbox.sandbox_id}")
         api.close()
+
+
+@pytest.mark.docker
+def test_a_stream_not_read_holds_up_neither_the_command_nor_the_others(
+    served: DaemonProcess, envd: Envd,
+) -> None:
+    body = json.dumps({"process": {"cmd": "/bin/bash", "args": [
+        "-l", "-c", "head -c 40000000 /dev/zero | tr '\\0' x; sleep 1"]},
+        "tag": "unread"}).encode()
+    request = (
+        f"POST /process.Process/Start HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"E2b-Sandbox-Id: {envd.sandbox_id}\r\n"
+        f"X-Access-Token: {envd.http.headers['X-Access-Token']}\r\n"
+        f"Content-Type: {STREAM}\r\nContent-Length: {len(body) + 5}\r\n\r\n"
+    ).encode() + struct.pack(">BI", 0, len(body)) + body
+    # A caller that reads nothing: its window (a small receive buffer) fills.
+    with socket.socket() as caller:
+        caller.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        caller.connect(("127.0.0.1", served.port))
+        caller.sendall(request)
+        pid = None
+        for _ in range(200):
+            listed = envd.ok("process.Process/List", {})["processes"]
+            if pid is None:
+                pid = next((p["pid"] for p in listed if p.get("tag") == "unread"), None)
+            if pid is not None and pid not in [p["pid"] for p in listed]:
+                break
+            time.sleep(0.1)
+        # The command ended all the same, and was forgotten as it ended.
+        assert pid is not None and pid not in [p["pid"] for p in listed]
+        gone = envd.unary("process.Process/SendSignal",
+                          {"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"})
+        assert gone.status_code == 404
+
+
+@pytest.mark.docker
+def test_entries_name_their_owner_and_a_user_s_files_are_theirs(envd: Envd) -> None:
+    envd.run("id -u hutchling >/dev/null 2>&1 || useradd -m hutchling")
+    as_user = {"Authorization": "Basic " + base64.b64encode(b"hutchling:").decode()}
+    written = envd.http.post("/files", params={"path": "/tmp/own/deep/er/f.txt",
+                                               "username": "hutchling"},
+                             files={"file": ("f.txt", b"mine")})
+    assert written.status_code == 200, written.text
+    entries = envd.ok("filesystem.Filesystem/ListDir", {"path": "/tmp/own", "depth": 4})
+    assert {(e["path"], e["owner"], e["group"]) for e in entries["entries"]} == {
+        ("/tmp/own/deep", "hutchling", "hutchling"),
+        ("/tmp/own/deep/er", "hutchling", "hutchling"),
+        ("/tmp/own/deep/er/f.txt", "hutchling", "hutchling")}
+    made = envd.unary("filesystem.Filesystem/MakeDir", {"path": "/tmp/own/d1/d2"}, **as_user)
+    assert made.json()["entry"]["owner"] == "hutchling"
+    assert envd.ok("filesystem.Filesystem/Stat", {"path": "/tmp/own/d1"})["entry"]["owner"] \
+        == "hutchling"
+    assert envd.ok("filesystem.Filesystem/Stat", {"path": "/tmp"})["entry"]["owner"] == "root"
+    envd.ok("filesystem.Filesystem/Remove", {"path": "/tmp/own"})
+    nobody = envd.http.post("/files", params={"path": "/tmp/nobody.txt", "username": "nosuch"},
+                            files={"file": ("x", b"x")})
+    assert nobody.status_code == 400
+
+
+@pytest.mark.docker
+def test_malformed_requests_are_invalid_arguments(envd: Envd) -> None:
+    for method, message in [
+        ("filesystem.Filesystem/Stat", {"path": 5}),
+        ("filesystem.Filesystem/ListDir", {"path": "/", "depth": "deep"}),
+        ("filesystem.Filesystem/ListDir", {"path": "/", "depth": 1e300}),
+        ("process.Process/SendSignal", {"process": "1", "signal": "SIGNAL_SIGKILL"}),
+        ("process.Process/SendInput", {"process": {"pid": 1000}, "input": {"stdin": "*"}}),
+    ]:
+        answer = envd.unary(method, message)
+        assert answer.status_code in (400, 404), (method, answer.text)
+        assert answer.json()["code"] in ("invalid_argument", "not_found"), answer.text
+    not_json = envd.http.post("/filesystem.Filesystem/Stat", content=b"{",
+                              headers={"Content-Type": "application/json"})
+    assert (not_json.status_code, not_json.json()["code"]) == (400, "invalid_argument")
+    for start in [{"process": {"cmd": "/bin/true", "args": "x"}},
+                  {"process": {"cmd": "/bin/true", "envs": {"A": 1}}},
+                  {"process": {"cmd": "/bin/true"}, "pty": {"size": {"rows": 0, "cols": 9}}},
+                  {"process": {}}]:
+        events = envd.stream("process.Process/Start", start)
+        assert events[-1][0] == "end"
+        assert events[-1][1]["error"]["code"] == "invalid_argument", events
+    half = envd.http.post("/process.Process/Start", content=b"\x00\x00\x00\x00\x09{}",
+                          headers={"Content-Type": STREAM})
+    assert frames(half.content)[-1][1]["error"]["code"] == "invalid_argument"

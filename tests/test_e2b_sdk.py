@@ -9,6 +9,8 @@ daemon serves the module; the cases that allow it share one sandbox.
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import shutil
 import subprocess
@@ -150,6 +152,37 @@ def test_create_info_list_timeout_kill(daemon: DaemonProcess) -> None:
     """)
 
 
+def test_every_control_plane_error_is_a_json_code_and_message(
+    daemon: DaemonProcess, shared: str,
+) -> None:
+    # The SDKs' generated client parses every error status as {code, message}.
+    key = {"X-API-KEY": e2b_key(daemon.token)}
+    url = daemon.url
+    answers = {
+        401: httpx.get(f"{url}/v2/sandboxes"),
+        404: httpx.get(f"{url}/sandboxes/sb-000000000000", headers=key),
+        400: httpx.post(f"{url}/sandboxes/{shared}/timeout", json={"timeout": "soon"},
+                        headers=key),
+    }
+    # A body announced past the daemon's cap is refused before any of it is sent.
+    connection = http.client.HTTPConnection("127.0.0.1", daemon.port)
+    connection.putrequest("POST", "/v2/sandboxes")
+    connection.putheader("X-API-KEY", key["X-API-KEY"])
+    connection.putheader("Content-Length", str(10**12))
+    connection.endheaders()
+    refused = connection.getresponse()
+    assert refused.status == 413
+    body = json.loads(refused.read())
+    assert body["code"] == 413 and "over the cap" in body["message"], body
+    connection.close()
+    answers[405] = httpx.put(f"{url}/sandboxes/{shared}/pause", headers=key)
+    for status, answer in answers.items():
+        assert answer.status_code == status, (status, answer.text)
+        body = answer.json()
+        assert body["code"] == status and isinstance(body["message"], str), body
+        assert "error" not in body
+
+
 def test_wrong_key_is_refused(daemon: DaemonProcess) -> None:
     run_python(daemon, """
         from e2b import Sandbox
@@ -196,6 +229,36 @@ def test_auto_pause_at_the_timeout(daemon: DaemonProcess) -> None:
         again = Sandbox.connect(sbx.sandbox_id, timeout=60)
         assert again.files.read("/tmp/kept.txt") == "paused, not killed"
         again.kill()
+    """)
+
+
+def test_snapshots_and_forks(daemon: DaemonProcess) -> None:
+    run_python(daemon, """
+        from e2b import Sandbox
+        origin = Sandbox.create(metadata={"case": "fork"})
+        origin.files.write("/tmp/state.txt", "before")
+        snap = origin.create_snapshot(name="setup-done")
+        assert snap.snapshot_id and snap.names == ["setup-done"], snap
+        listed = Sandbox.list_snapshots(sandbox_id=origin.sandbox_id).next_items()
+        assert [s.snapshot_id for s in listed] == [snap.snapshot_id], listed
+        origin.files.write("/tmp/state.txt", "after")
+        from_snapshot = Sandbox.create(template=snap.snapshot_id)
+        assert from_snapshot.files.read("/tmp/state.txt") == "before"
+        branches = origin.fork(count=2)
+        assert len(branches) == 2 and all(isinstance(b, Sandbox) for b in branches), branches
+        branches[0].files.write("/tmp/state.txt", "branch 0")
+        assert branches[1].files.read("/tmp/state.txt") == "after"
+        assert origin.files.read("/tmp/state.txt") == "after"
+        for sbx in [origin, from_snapshot, *branches]:
+            sbx.kill()
+        # The fork captured the origin too: its snapshot is listed, newest first,
+        # and stands on the named one (removed first: hutch keeps a parent its
+        # children need).
+        made = Sandbox.list_snapshots(sandbox_id=origin.sandbox_id).next_items()
+        assert len(made) == 2 and made[1].snapshot_id == snap.snapshot_id, made
+        for one in made:
+            assert Sandbox.delete_snapshot(one.snapshot_id) is True
+        assert Sandbox.delete_snapshot(snap.snapshot_id) is False
     """)
 
 

@@ -219,6 +219,31 @@ async def test_a_definition_is_ensured_per_sample_and_completed(
     assert sandbox.closed
 
 
+async def test_with_no_provider_named_a_sample_gets_an_isolating_one(
+    held: tuple[str, SandboxEnvironment],
+) -> None:
+    if held[0] != "docker":
+        pytest.skip("the default is one rule: once is enough")
+    environments = await HutchSandboxEnvironment.sample_init("default", None, {})
+    try:
+        box = environments["default"].as_type(HutchSandboxEnvironment)
+        # The Engine answers here: docker, as a daemon would pick (never local).
+        assert box.sandbox.provider == "docker"  # type: ignore[attr-defined]
+    finally:
+        await HutchSandboxEnvironment.sample_cleanup("default", None, environments, False)
+
+
+async def test_a_bad_config_fails_the_task_before_its_samples(
+    held: tuple[str, SandboxEnvironment],
+) -> None:
+    from hutch import InvalidArgument
+
+    if held[0] != "docker":
+        pytest.skip("once is enough")
+    with pytest.raises(InvalidArgument, match="unknown provider"):
+        await HutchSandboxEnvironment.task_init("bad", HutchSandboxConfig(provider="nope"))
+
+
 def test_a_bad_config_is_a_clear_error(tmp_path: Any) -> None:
     from hutch import InvalidArgument
     from hutch.inspect.config import config_of

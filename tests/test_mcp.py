@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -242,3 +243,39 @@ def test_the_readme_configures_common_mcp_clients() -> None:
     servers = [json.loads(b)["mcpServers"]["hutch"] for b in blocks if "mcpServers" in b]
     assert servers and all(s["command"] == "hutch" and s["args"][0] == "mcp" for s in servers)
     assert "claude mcp add hutch -- hutch mcp" in readme
+
+
+def test_a_sigterm_kills_what_it_made_and_ends_it(daemon: DaemonProcess) -> None:
+    """An MCP client that stops the server with SIGTERM (its stdin still
+    open, read by a thread no cancellation reaches) leaves nothing behind."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hutch.cli.main", "mcp", "--provider", "local"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        env={**os.environ, **_env(daemon)})
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        for message in (
+            {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18", "capabilities": {},
+                "clientInfo": {"name": "test", "version": "0"}}},
+            {"jsonrpc": "2.0", "method": "notifications/initialized"},
+            {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+             "params": {"name": "sandbox_create", "arguments": {}}},
+        ):
+            proc.stdin.write((json.dumps(message) + "\n").encode())
+            proc.stdin.flush()
+        answers = [json.loads(proc.stdout.readline()) for _ in range(2)]
+        made = answers[1]["result"]["content"][0]["text"]
+        sandbox_id = re.search(r"sandbox (sb-\w+)", made)[1]  # type: ignore[index]
+        with client(daemon) as c:
+            assert sandbox_id in {s["id"] for s in c.list_sandboxes()}
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        with client(daemon) as c:
+            assert sandbox_id not in {s["id"] for s in c.list_sandboxes()}
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        proc.stdin.close()
+        proc.stdout.close()

@@ -114,6 +114,57 @@ def test_every_async_member_has_a_sync_twin_with_its_signature(
     assert all(isinstance(inspect.getattr_static(sync_cls, n), property) for n in extra), extra
 
 
+CLIENT_TWINS = [
+    (hutch.client.AsyncClient, hutch.client.Client),
+    (hutch.client.AsyncRemoteSandbox, hutch.client.RemoteSandbox),
+    (hutch.client.AsyncRemoteProcess, hutch.client.RemoteProcess),
+    (hutch.client.AsyncRemoteFork, hutch.client.RemoteFork),
+]
+
+
+def _client_twin(annotation: Any) -> Any:
+    """A client's async annotation as its sync face says it."""
+    if annotation is inspect.Parameter.empty:
+        return annotation
+    text = re.sub(r"\bAsyncIterator\[", "Iterator[", str(annotation))
+    text = re.sub(r"\bAbstractAsyncContextManager\[", "AbstractContextManager[", text)
+    return re.sub(r"\bAsync(Remote\w+|Client)\b", r"\1", text)
+
+
+@pytest.mark.parametrize(("async_cls", "sync_cls"), CLIENT_TWINS,
+                         ids=[s.__name__ for _, s in CLIENT_TWINS])
+def test_the_clients_faces_are_twins_member_for_member(async_cls: type, sync_cls: type) -> None:
+    renamed = {"__aenter__": "__enter__", "__aexit__": "__exit__", "aclose": "close"}
+    async_names = {n for n in dir(async_cls) if not n.startswith("_")} | {"__aenter__"}
+    sync_names = {n for n in dir(sync_cls) if not n.startswith("_")} | {"__enter__"}
+    assert {renamed.get(n, n) for n in async_names if hasattr(async_cls, n)} == \
+        {n for n in sync_names if hasattr(sync_cls, n)}
+    for name in async_names:
+        if not hasattr(async_cls, name):
+            continue
+        member = inspect.getattr_static(async_cls, name)
+        twin = inspect.getattr_static(sync_cls, renamed.get(name, name))
+        where = f"{sync_cls.__name__}.{renamed.get(name, name)}"
+        if isinstance(member, property):
+            assert isinstance(twin, property), where
+            continue
+        if not inspect.isfunction(member):
+            continue
+        if member is twin:  # a check made on the spot (path, require): one function for both
+            continue
+        ours, theirs = inspect.signature(member), inspect.signature(twin)
+        assert [(p.name, p.kind, p.default, _client_twin(p.annotation))
+                for p in ours.parameters.values()] == \
+            [(p.name, p.kind, p.default, p.annotation) for p in theirs.parameters.values()], where
+        assert _client_twin(ours.return_annotation) == theirs.return_annotation, where
+        assert theirs.return_annotation is not inspect.Parameter.empty, f"{where} is typed"
+        assert not inspect.iscoroutinefunction(twin), where
+        returns = str(ours.return_annotation)
+        assert inspect.iscoroutinefunction(member) or returns.startswith(
+            ("AsyncIterator[", "AbstractAsyncContextManager[")
+        ), f"{async_cls.__name__}.{name} is awaited, iterated or entered"
+
+
 def test_the_faces_are_exported_and_typed() -> None:
     assert hutch.SyncSandbox is generated.SyncSandbox
     assert hutch.create_sandbox_sync is generated.create_sandbox_sync

@@ -100,3 +100,30 @@ def test_the_sdk_on_local(sdk: Path, daemon: DaemonProcess) -> None:
 @pytest.mark.docker
 def test_the_sdk_on_docker(sdk: Path, daemon: DaemonProcess) -> None:
     run_node_tests(sdk, daemon, "docker", {"image": TEST_IMAGE})
+
+
+def test_a_ref_of_an_in_process_owner(sdk: Path) -> None:
+    """A ref from a sandbox made in-process names the owner's unix socket: the
+    SDK attaches through it (``attach(ref)``), works in the same files, and
+    its close only detaches."""
+    import hutch
+
+    owner = hutch.create_sandbox_sync("local")
+    try:
+        owner.write_text("owner.txt", "from the owner")
+        script = (
+            'import { attach } from "hutch";'
+            "const sb = await attach(process.argv[1]);"
+            'console.log(await sb.readText("owner.txt"));'
+            'await sb.writeText("node.txt", "from node");'
+            "await sb.close();"
+        )
+        ran = subprocess.run(["node", "--input-type=module", "-e", script, owner.ref()],
+                             cwd=sdk, capture_output=True, text=True, timeout=120,
+                             stdin=subprocess.DEVNULL, check=False)
+        assert ran.returncode == 0, ran.stderr
+        assert ran.stdout == "from the owner\n"
+        assert owner.read_text("node.txt") == "from node"
+        assert owner.exec("true").exit_code == 0  # the owner's sandbox goes on
+    finally:
+        owner.close()

@@ -23,11 +23,20 @@ import threading
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from contextlib import AbstractAsyncContextManager, contextmanager
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from ._errors import SandboxUnavailable
 
 T = TypeVar("T")
+
+
+class _Raised:
+    """What a call raised, carried back to its caller's thread."""
+
+    __slots__ = ("exception",)
+
+    def __init__(self, exception: BaseException) -> None:
+        self.exception = exception
 
 
 class _Closable(Protocol):
@@ -75,12 +84,23 @@ class LoopThread:
             raise RuntimeError("a sync face was called from its own event loop's thread")
         waiter = _thread.allocate_lock()
         waiter.acquire()
-        box: list[asyncio.Task[T]] = []
+        tasks: list[asyncio.Task[None]] = []
+        outcome: list[Any] = []
+
+        async def run() -> None:
+            # The waiter is let go from the task itself, not from a done
+            # callback (which would wait for one more turn of the loop).
+            try:
+                outcome.append(await coro)
+            except BaseException as exc:
+                outcome.append(_Raised(exc))
+                if not isinstance(exc, Exception):
+                    raise
+            finally:
+                waiter.release()
 
         def begin() -> None:
-            task = self.loop.create_task(coro)
-            box.append(task)
-            task.add_done_callback(lambda _: waiter.release())
+            tasks.append(self.loop.create_task(run()))
 
         try:
             if not self.running:
@@ -95,9 +115,12 @@ class LoopThread:
             waiter.acquire()
         except BaseException:
             # Interrupted (Ctrl-C): the call is cancelled rather than left running.
-            self.loop.call_soon_threadsafe(lambda: box and box[0].cancel())
+            self.loop.call_soon_threadsafe(lambda: tasks and tasks[0].cancel())
             raise
-        return box[0].result()
+        value = outcome[0]
+        if isinstance(value, _Raised):
+            raise value.exception
+        return cast(T, value)
 
     def closing(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run a close on the loop; once the loop has stopped (its owner

@@ -197,14 +197,11 @@ export class Client {
    * setup snapshot, or created (setup run).
    */
   async ensure(definitionId: string, threadId: string, options: { tenant?: string } = {}): Promise<Ensured> {
-    // Through the stream: a setup longer than fetch's 300 s wait for an
-    // answer's headers is still answered.
-    for await (const event of this.ensureStream(definitionId, threadId, options)) {
-      if (event.kind === "result") {
-        return event;
-      }
-    }
-    throw new InvalidArgument(`the daemon's ensure of ${definitionId} ended without a result`);
+    const answer = await this.transport.json(
+      route("post", "/v1/definitions/{definition_id}/ensure", { definition_id: definitionId }),
+      { json: { thread_id: threadId, tenant: options.tenant ?? null }, timeout: null },
+    );
+    return { kind: "result", sandbox: this.sandboxOf(answer.sandbox), path: answer.path, steps: answer.steps };
   }
 
   /** As `ensure`, told as it goes: each step, setup's output, then the ensured sandbox. */

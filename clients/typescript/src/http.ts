@@ -1,10 +1,17 @@
 /**
  * The SDK's HTTP leaf: where the daemon is, how a client proves who it is,
- * how a request is sent with the platform's `fetch` and its answer or error
+ * how a request is sent (Node's own HTTP client) and its answer or error
  * decoded. Nothing here knows the SDK's objects.
  */
+import { randomUUID } from "node:crypto";
+import { readFile } from "node:fs/promises";
+import http from "node:http";
+import https from "node:https";
+import { homedir } from "node:os";
+import { join } from "node:path";
+
 import type { Answer, JsonBody, Method, Query, Route, Target } from "./api.js";
-import { CapabilityUnsupported, ERRORS_BY_CODE, HutchError, SandboxUnavailable } from "./generated/errors.js";
+import { ERRORS_BY_CODE, HutchError, InvalidArgument, SandboxUnavailable } from "./generated/errors.js";
 
 export const DEFAULT_URL = "http://127.0.0.1:8787";
 export const SESSION_HEADER = "X-Hutch-Session";
@@ -13,6 +20,8 @@ export const DEFAULT_CALL_SECONDS = 60;
 /** Headroom on top of a command's own timeout before the call gives up. */
 export const HTTP_GRACE_SECONDS = 30;
 const REF_PREFIX = "hutch-ref:";
+/** An in-process owner's address: its unix socket's path, quoted. */
+const UNIX_SCHEME = "http+unix://";
 const TOKEN_FILE_NAME = "api-token";
 
 type QueryValue = string | number | boolean | null | undefined;
@@ -21,7 +30,7 @@ export interface Call<M extends Method, P extends Route<M>> {
   query?: Query<M, P>;
   json?: JsonBody<M, P>;
   /** A raw body (a file's bytes), sent as `application/octet-stream`. */
-  body?: Uint8Array | ReadableStream<Uint8Array>;
+  body?: Uint8Array | ReadableStream<Uint8Array> | AsyncIterable<Uint8Array>;
   /** Seconds to wait for the answer; `null` waits as long as it takes. */
   timeout?: number | null;
 }
@@ -33,14 +42,7 @@ function env(name: string): string | undefined {
 
 /** The daemon's address: `url`, else `HUTCH_URL`, else hutch's default. */
 export function clientUrl(url?: string): string {
-  const chosen = (url ?? env("HUTCH_URL") ?? DEFAULT_URL).replace(/\/+$/, "");
-  if (chosen.startsWith("http+unix:")) {
-    throw new CapabilityUnsupported(
-      `${chosen} is an in-process owner's unix socket: the TypeScript SDK reaches ` +
-        "daemons over http(s) (use the Python SDK to attach to an in-process owner's ref)",
-    );
-  }
-  return chosen;
+  return (url ?? env("HUTCH_URL") ?? DEFAULT_URL).replace(/\/+$/, "");
 }
 
 function isLoopback(url: string): boolean {
@@ -57,18 +59,13 @@ function isLoopback(url: string): boolean {
  * The token a daemon of this host made for itself (`$HUTCH_HOME/api-token`,
  * else `~/.local/share/hutch/api-token`), for a loopback `url` only: a remote
  * daemon is never sent a local one's token. Undefined if this user cannot read
- * one (or the platform has no file system).
+ * one.
  */
 export async function localToken(url: string): Promise<string | undefined> {
   if (!isLoopback(url)) {
     return undefined;
   }
   try {
-    const [{ readFile }, { homedir }, { join }] = await Promise.all([
-      import("node:fs/promises"),
-      import("node:os"),
-      import("node:path"),
-    ]);
     const home = env("HUTCH_HOME") ?? join(homedir(), ".local", "share", "hutch");
     const token = (await readFile(join(home, TOKEN_FILE_NAME), "utf8")).trim();
     return token || undefined;
@@ -143,28 +140,117 @@ export function errorFromWire(error: unknown): HutchError {
   return new cls(String(detail.message), detail);
 }
 
-async function raiseForError(response: Response): Promise<void> {
-  if (response.status < 400) {
+// -- the transport ----------------------------------------------------------------------
+
+/** Sockets kept alive between calls, as one HTTP/1.1 client keeps them (idle ones unref'd). */
+const AGENTS = { http: new http.Agent({ keepAlive: true }), https: new https.Agent({ keepAlive: true }) };
+
+type Body = Uint8Array | ReadableStream<Uint8Array> | AsyncIterable<Uint8Array>;
+
+/** The connection details of a daemon's address: over TCP (http, https) or a unix socket. */
+interface Endpoint {
+  module: typeof http | typeof https;
+  agent: http.Agent;
+  host: string;
+  port: number | undefined;
+  socketPath: string | undefined;
+  basePath: string;
+}
+
+function endpointOf(url: string): Endpoint {
+  if (url.startsWith(UNIX_SCHEME)) {
+    // An in-process owner's address: the socket's path, quoted whole.
+    const socketPath = decodeURIComponent(url.slice(UNIX_SCHEME.length));
+    return { module: http, agent: AGENTS.http, host: "hutch-owner", port: undefined, socketPath, basePath: "" };
+  }
+  const parsed = new URL(url);
+  const secure = parsed.protocol === "https:";
+  if (!secure && parsed.protocol !== "http:") {
+    throw new InvalidArgument(`the daemon's address is http(s)://HOST:PORT, not ${url}`);
+  }
+  return {
+    module: secure ? https : http,
+    agent: secure ? AGENTS.https : AGENTS.http,
+    host: parsed.hostname.replace(/^\[|\]$/g, ""),
+    port: parsed.port ? Number(parsed.port) : undefined,
+    socketPath: undefined,
+    basePath: parsed.pathname.replace(/\/+$/, ""),
+  };
+}
+
+function isReplayable(body: Body | string | undefined): body is Uint8Array | string | undefined {
+  return body === undefined || typeof body === "string" || body instanceof Uint8Array;
+}
+
+async function sendBody(request: http.ClientRequest, body: Body | string | undefined): Promise<void> {
+  if (isReplayable(body)) {
+    request.end(body);
     return;
   }
-  const body = await response.text();
+  const pieces = body instanceof ReadableStream ? streamPieces(body) : body;
+  for await (const piece of pieces) {
+    if (!request.write(piece)) {
+      await new Promise<void>((resolve, reject) => {
+        const failed = (error: Error) => reject(error);
+        request.once("error", failed);
+        request.once("drain", () => {
+          request.off("error", failed);
+          resolve();
+        });
+      });
+    }
+  }
+  request.end();
+}
+
+async function* streamPieces(stream: ReadableStream<Uint8Array>): AsyncGenerator<Uint8Array> {
+  const reader = stream.getReader();
+  try {
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done) {
+        return;
+      }
+      yield value;
+    }
+  } finally {
+    reader.releaseLock();
+  }
+}
+
+function readAll(response: http.IncomingMessage): Promise<Buffer> {
+  // Listeners, not the stream's async iterator: a third less CPU for a file's pieces.
+  return new Promise((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    response.on("data", (chunk: Buffer) => chunks.push(chunk));
+    response.once("error", reject);
+    response.once("aborted", () => reject(new Error("the answer was cut off")));
+    response.once("end", () => resolve(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks)));
+  });
+}
+
+function raiseForError(status: number, body: Buffer): void {
   let error: unknown;
   try {
-    error = (JSON.parse(body) as { error?: unknown }).error;
+    error = (JSON.parse(body.toString("utf8")) as { error?: unknown }).error;
   } catch {
     error = undefined;
   }
   if (error && typeof error === "object" && "code" in error && "message" in error) {
     throw errorFromWire(error);
   }
-  throw new HutchError(`daemon answered ${response.status}: ${body.slice(0, 200)}`);
+  throw new HutchError(`daemon answered ${status}: ${body.toString("utf8", 0, 200)}`);
 }
 
-// -- the transport ----------------------------------------------------------------------
-
-/** One client's connection to a daemon: its address, credential and session. */
+/**
+ * One client's connection to a daemon: its address, credential and session,
+ * over Node's own HTTP client (a kept connection; a call costs a third of
+ * what the same call through `fetch` costs, and no answer is cut off after
+ * 300 s as `fetch`'s are).
+ */
 export class Transport {
   readonly url: string;
+  private readonly endpoint: Endpoint;
   private readonly token: string | undefined;
   private headers: Promise<Record<string, string>> | undefined;
   private readonly session = sessionId();
@@ -172,6 +258,7 @@ export class Transport {
   /** `token`: the daemon's token or a ref (else `HUTCH_TOKEN`, else a loopback daemon's own). */
   constructor(url?: string, token?: string) {
     this.url = clientUrl(url);
+    this.endpoint = endpointOf(this.url);
     this.token = token;
   }
 
@@ -184,14 +271,14 @@ export class Transport {
     return headers;
   }
 
-  /** Send a call; an error answer is thrown as its typed error. */
-  async send<M extends Method, P extends Route<M>>(
+  /** The answer's head and body stream; an error answer is thrown as its typed error. */
+  private async open<M extends Method, P extends Route<M>>(
     target: Target<M, P>,
-    call: Call<M, P> = {},
-  ): Promise<Response> {
+    call: Call<M, P>,
+  ): Promise<http.IncomingMessage> {
     this.headers ??= this.resolveHeaders();
     const headers = { ...(await this.headers) };
-    let body: RequestInit["body"];
+    let body: Body | string | undefined;
     if (call.json !== undefined) {
       headers["content-type"] = "application/json";
       body = JSON.stringify(call.json);
@@ -199,24 +286,61 @@ export class Transport {
       headers["content-type"] = "application/octet-stream";
       body = call.body;
     }
+    if (typeof body === "string" || body instanceof Uint8Array) {
+      headers["content-length"] = String(Buffer.byteLength(body));
+    }
     const seconds = call.timeout === undefined ? DEFAULT_CALL_SECONDS : call.timeout;
-    const init: RequestInit & { duplex?: "half" } = {
-      method: target.method,
-      headers,
-      body,
-      signal: seconds === null ? null : AbortSignal.timeout(seconds * 1000),
-    };
-    if (call.body instanceof ReadableStream) {
-      init.duplex = "half"; // fetch's word for a body sent as it is read
+    const path = this.endpoint.basePath + target.path + queryString(call.query);
+    let response: http.IncomingMessage;
+    for (let attempt = 0; ; attempt++) {
+      try {
+        response = await this.exchange(target.method, path, headers, body, seconds);
+        break;
+      } catch (error) {
+        // A kept connection the daemon closed as the call went out (its idle
+        // timeout): nothing was read, so the call goes again on a new one.
+        const stale = (error as { staleConnection?: boolean }).staleConnection === true;
+        if (!(stale && attempt === 0 && isReplayable(body))) {
+          throw this.unreachable(error, seconds);
+        }
+      }
     }
-    let response: Response;
-    try {
-      response = await fetch(this.url + target.path + queryString(call.query), init);
-    } catch (error) {
-      throw this.unreachable(error, seconds);
+    if (response.statusCode! >= 400) {
+      raiseForError(response.statusCode!, await this.read(() => readAll(response)));
     }
-    await raiseForError(response);
     return response;
+  }
+
+  private exchange(
+    method: string,
+    path: string,
+    headers: Record<string, string>,
+    body: Body | string | undefined,
+    seconds: number | null,
+  ): Promise<http.IncomingMessage> {
+    const { module, agent, host, port, socketPath } = this.endpoint;
+    return new Promise((resolve, reject) => {
+      const request = module.request({ method, host, port, socketPath, path, headers, agent }, resolve);
+      request.once("error", (error: Error & { code?: string; staleConnection?: boolean }) => {
+        error.staleConnection = request.reusedSocket && (error.code === "ECONNRESET" || error.code === "EPIPE");
+        reject(error);
+      });
+      if (seconds !== null) {
+        // Seconds without a byte from the daemon, as the Python SDK's read timeout.
+        request.setTimeout(seconds * 1000, () => {
+          const error = new Error(`no answer within ${seconds} s`);
+          error.name = "TimeoutError";
+          request.destroy(error);
+        });
+      }
+      sendBody(request, body).catch((error: Error) => request.destroy(error));
+    });
+  }
+
+  /** Send a call and drain its answer (for calls answered with nothing to read). */
+  async send<M extends Method, P extends Route<M>>(target: Target<M, P>, call: Call<M, P> = {}): Promise<void> {
+    const response = await this.open(target, call);
+    await this.read(() => readAll(response));
   }
 
   /** A call answered with JSON. */
@@ -224,9 +348,9 @@ export class Transport {
     target: Target<M, P>,
     call: Call<M, P> = {},
   ): Promise<Answer<M, P>> {
-    const response = await this.send(target, call);
-    const body = await this.read(response, () => response.text());
-    return (body ? JSON.parse(body) : undefined) as Answer<M, P>;
+    const response = await this.open(target, call);
+    const body = await this.read(() => readAll(response));
+    return (body.length ? JSON.parse(body.toString("utf8")) : undefined) as Answer<M, P>;
   }
 
   /** A call answered with raw bytes (a file). */
@@ -234,8 +358,9 @@ export class Transport {
     target: Target<M, P>,
     call: Call<M, P> = {},
   ): Promise<Uint8Array> {
-    const response = await this.send(target, call);
-    return new Uint8Array(await this.read(response, () => response.arrayBuffer()));
+    const response = await this.open(target, call);
+    const body = await this.read(() => readAll(response));
+    return new Uint8Array(body.buffer, body.byteOffset, body.byteLength);
   }
 
   /** A call answered with raw bytes, handed on in pieces as they come. */
@@ -243,19 +368,22 @@ export class Transport {
     target: Target<M, P>,
     call: Call<M, P> = {},
   ): AsyncGenerator<Uint8Array> {
-    const response = await this.send(target, call);
-    const reader = response.body!.getReader();
+    const response = await this.open(target, call);
+    const iterator = response[Symbol.asyncIterator]();
     try {
       for (;;) {
-        const { done, value } = await this.read(response, () => reader.read());
+        const { done, value } = await this.read(() => iterator.next());
         if (done) {
           return;
         }
-        yield value;
+        const chunk = value as Buffer;
+        yield new Uint8Array(chunk.buffer, chunk.byteOffset, chunk.byteLength);
       }
     } finally {
       // A caller that stops early closes the connection: the daemon sees it go.
-      await reader.cancel().catch(() => undefined);
+      if (!response.complete) {
+        response.destroy();
+      }
     }
   }
 
@@ -283,44 +411,43 @@ export class Transport {
     }
   }
 
-  private async read<T>(response: Response, reading: () => Promise<T>): Promise<T> {
+  private async read<T>(reading: () => Promise<T>): Promise<T> {
     try {
       return await reading();
     } catch (error) {
-      throw this.unreachable(error, null, response);
+      throw this.unreachable(error, null, true);
     }
   }
 
-  private unreachable(error: unknown, seconds: number | null, response?: Response): HutchError {
+  private unreachable(error: unknown, seconds: number | null, answering = false): HutchError {
     if (error instanceof HutchError) {
       return error;
     }
     const name = error instanceof Error ? error.name : String(error);
+    const code = (error as { code?: string }).code;
+    const why = code ? `${name} ${code}` : name;
     if (name === "TimeoutError" && seconds !== null) {
+      return new SandboxUnavailable(`the hutch daemon at ${this.url} did not answer within ${seconds} s`);
+    }
+    if (this.endpoint.socketPath !== undefined && !answering) {
+      // Only an in-process owner serves on a socket, and it stops with its owner.
       return new SandboxUnavailable(
-        `the hutch daemon at ${this.url} did not answer within ${seconds} s`,
+        `the sandbox this ref names is no longer served at ${this.endpoint.socketPath}: its owner's ` +
+          `cleanup ended it, or the owner's process is gone (${why})`,
       );
     }
-    const cause = error instanceof Error && error.cause instanceof Error ? `: ${error.cause.message}` : "";
-    if (response !== undefined) {
-      return new SandboxUnavailable(
-        `the answer of the hutch daemon at ${this.url} was cut off (${name}${cause})`,
-      );
+    if (answering) {
+      return new SandboxUnavailable(`the answer of the hutch daemon at ${this.url} was cut off (${why})`);
     }
     return new SandboxUnavailable(
-      `the hutch daemon at ${this.url} is not reachable (${name}${cause}); ` +
-        "start it with `hutch serve`",
+      `the hutch daemon at ${this.url} is not reachable (${why}); start it with \`hutch serve\``,
     );
   }
 }
 
 /** A new session's id: random, as the Python SDK's (uuid4's hex). */
 function sessionId(): string {
-  const random = globalThis.crypto?.randomUUID?.();
-  if (random) {
-    return random.replace(/-/g, "");
-  }
-  return Array.from({ length: 32 }, () => Math.floor(Math.random() * 16).toString(16)).join("");
+  return randomUUID().replace(/-/g, "");
 }
 
 function queryString(query: unknown): string {

@@ -6,7 +6,6 @@
 import { route, type Schemas } from "./api.js";
 import {
   CapabilityUnsupported,
-  ExecTimeout,
   HutchError,
   InvalidArgument,
   SandboxUnavailable,
@@ -34,11 +33,6 @@ export const DEFAULT_READ_LIMIT = 256 * 1024 * 1024;
 export const DEFAULT_SEARCH_TIMEOUT = 60;
 /** Longest a ref may live: a year, as every duration the API takes. */
 export const MAX_REF_SECONDS = 365 * 86400;
-/**
- * The longest one wait asks the daemon for: `fetch` (undici) gives up on an
- * answer whose headers take 300 s, so a longer `wait` is made of several.
- */
-const WAIT_SLICE_SECONDS = 240;
 /** Errors that say a sandbox is already gone: closing it again is not an error. */
 const GONE = new Set(["not_found", "sandbox_unavailable", "idle_timeout", "max_lifetime_exceeded", "timeout_expired"]);
 
@@ -110,26 +104,6 @@ function checkBytes(data: unknown): asserts data is Uint8Array {
   if (!(data instanceof Uint8Array)) {
     throw new InvalidArgument(`data must be bytes (a Uint8Array), not ${typeof data}`);
   }
-}
-
-function asStream(source: ReadableStream<Uint8Array> | AsyncIterable<Uint8Array>): ReadableStream<Uint8Array> {
-  if (source instanceof ReadableStream) {
-    return source;
-  }
-  const pieces = source[Symbol.asyncIterator]();
-  return new ReadableStream<Uint8Array>({
-    async pull(controller) {
-      const { done, value } = await pieces.next();
-      if (done) {
-        controller.close();
-      } else {
-        controller.enqueue(value);
-      }
-    },
-    async cancel() {
-      await pieces.return?.();
-    },
-  });
 }
 
 /** A sandbox owned by the daemon (or, through a ref, shared with its owner). */
@@ -345,7 +319,7 @@ export class Sandbox {
   ): Promise<void> {
     await this.transport.send(route("put", "/v1/sandboxes/{sandbox_id}/files", this.target()), {
       query: options.overwrite ? { path, overwrite: true } : { path },
-      body: asStream(source),
+      body: source,
       timeout: 600,
     });
   }
@@ -559,30 +533,14 @@ export class Process {
    * seconds (the command keeps running: kill it if that is what you want).
    */
   async wait(timeout: number | null = null): Promise<ExecResult> {
-    let left = timeout ?? Infinity;
-    const deadline = Date.now() + left * 1000;
-    for (;;) {
-      const slice = Math.min(left, WAIT_SLICE_SECONDS);
-      try {
-        const answer = await this.transport.json(
-          route("post", "/v1/sandboxes/{sandbox_id}/processes/{process_id}/wait", this.params()),
-          { json: { timeout: slice }, timeout: slice + HTTP_GRACE_SECONDS },
-        );
-        const result = new ExecResult(answer);
-        this.running_ = false;
-        this.exitCode_ = result.exitCode;
-        return result;
-      } catch (error) {
-        if (!(error instanceof ExecTimeout)) {
-          throw error;
-        }
-        if (left > slice) {
-          left = Math.max(0.001, (deadline - Date.now()) / 1000);
-          continue; // one slice of a longer wait
-        }
-        throw slice === timeout ? error : new ExecTimeout(`background command ${this.id} still running after ${timeout} s`);
-      }
-    }
+    const answer = await this.transport.json(
+      route("post", "/v1/sandboxes/{sandbox_id}/processes/{process_id}/wait", this.params()),
+      { json: { timeout }, timeout: timeout === null ? null : timeout + HTTP_GRACE_SECONDS },
+    );
+    const result = new ExecResult(answer);
+    this.running_ = false;
+    this.exitCode_ = result.exitCode;
+    return result;
   }
 
   /** Every output chunk from the start, live, then the `ExitStatus`. */

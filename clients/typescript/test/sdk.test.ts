@@ -262,6 +262,15 @@ describe("lifecycle", () => {
     await rejectsWith(sb.setTimeout(-1), hutch.InvalidArgument, "invalid_argument");
   });
 
+  test("previewUrl: a port's address, as the provider gives it", async () => {
+    await rejectsWith(sb.previewUrl(0), hutch.InvalidArgument, "invalid_argument");
+    if (sb.supports("preview_url")) {
+      assert.match(await sb.previewUrl(8000), /^https?:\/\/[^/]+:8000/);
+    } else {
+      await rejectsWith(sb.previewUrl(8000), hutch.CapabilityUnsupported, "capability_unsupported");
+    }
+  });
+
   test("pause, suspend and resume, as the provider can", async () => {
     await sb.writeText("kept.txt", "kept");
     if (sb.supports("pause")) {

@@ -1,7 +1,8 @@
 """The Python SDK: ``hutch.Client`` and ``hutch.AsyncClient``.
 
-Both faces are built from one table of operations (:mod:`._core`), so they
-have the same methods with the same signatures, and the sandboxes they return
+Both faces are generated from one table of operations (:mod:`._core`, by
+``scripts/gen_sync.py`` into :mod:`._generated`), so they have the same
+methods with the same signatures, typed, and the sandboxes they return
 behave like in-process :class:`hutch.Sandbox` objects: the same results, the
 same typed errors. ``HUTCH_URL`` and ``HUTCH_TOKEN`` are read when not given.
 """
@@ -22,8 +23,18 @@ from ._core import (
     RemoteEnsured,
     SandboxOps,
     WatcherOps,
-    build_async,
-    build_sync,
+)
+from ._generated import (
+    AsyncClientFace,
+    AsyncForkFace,
+    AsyncProcessFace,
+    AsyncSandboxFace,
+    AsyncWatcherFace,
+    ClientFace,
+    ForkFace,
+    ProcessFace,
+    SandboxFace,
+    WatcherFace,
 )
 from ._http import Call
 from ._transports import AsyncTransport, SyncTransport
@@ -64,39 +75,6 @@ class _WatcherState(WatcherOps):
         return f"<remote watch {self.id} of {self.path} in {self.sandbox_id}>"
 
 
-_AsyncRemoteWatcher = build_async(_WatcherState, "AsyncRemoteWatcher")
-_RemoteWatcher = build_sync(_WatcherState, "RemoteWatcher")
-
-
-class AsyncRemoteWatcher(_AsyncRemoteWatcher):  # type: ignore[misc, valid-type]
-    """A watch the daemon holds, from async code: ``async for event in watcher``."""
-
-    async def __aiter__(self) -> AsyncIterator[FileEvent]:
-        while batch := await self.events(wait=None):
-            for event in batch:
-                yield event
-
-    async def __aenter__(self) -> AsyncRemoteWatcher:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-
-class RemoteWatcher(_RemoteWatcher):  # type: ignore[misc, valid-type]
-    """A watch the daemon holds, from sync code: ``for event in watcher``."""
-
-    def __iter__(self) -> Iterator[FileEvent]:
-        while batch := self.events(wait=None):
-            yield from batch
-
-    def __enter__(self) -> RemoteWatcher:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
 class _SandboxState(SandboxOps):
     def __init__(self, transport: Any, info: dict[str, Any]) -> None:
         self._transport = transport
@@ -118,21 +96,58 @@ class _ForkState(ForkOps):
         return f"<remote fork of {self.snapshot.id} ({len(self.branches)} branches)>"
 
 
-AsyncRemoteFork = build_async(_ForkState, "AsyncRemoteFork")
-RemoteFork = build_sync(_ForkState, "RemoteFork")
-AsyncRemoteProcess = build_async(_ProcessState, "AsyncRemoteProcess")
-RemoteProcess = build_sync(_ProcessState, "RemoteProcess")
-_AsyncRemoteSandbox = build_async(_SandboxState, "AsyncRemoteSandbox")
-_RemoteSandbox = build_sync(_SandboxState, "RemoteSandbox")
+class AsyncRemoteFork(AsyncForkFace, _ForkState):
+    """A fork through the daemon, from async code."""
 
 
-class AsyncRemoteSandbox(_AsyncRemoteSandbox):  # type: ignore[misc, valid-type]
+class RemoteFork(ForkFace, _ForkState):
+    """A fork through the daemon, from sync code."""
+
+
+class AsyncRemoteProcess(AsyncProcessFace, _ProcessState):
+    """A background command through the daemon, from async code."""
+
+
+class RemoteProcess(ProcessFace, _ProcessState):
+    """A background command through the daemon, from sync code."""
+
+
+class AsyncRemoteWatcher(AsyncWatcherFace, _WatcherState):
+    """A watch the daemon holds, from async code: ``async for event in watcher``."""
+
+    async def __aiter__(self) -> AsyncIterator[FileEvent]:
+        while batch := await self.events(wait=None):
+            for event in batch:
+                yield event
+
+    async def __aenter__(self) -> AsyncRemoteWatcher:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class RemoteWatcher(WatcherFace, _WatcherState):
+    """A watch the daemon holds, from sync code: ``for event in watcher``."""
+
+    def __iter__(self) -> Iterator[FileEvent]:
+        while batch := self.events(wait=None):
+            yield from batch
+
+    def __enter__(self) -> RemoteWatcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncRemoteSandbox(AsyncSandboxFace, _SandboxState):
     """A sandbox owned by the daemon, used from async code."""
 
     #: A session attached with a ref has a connection of its own, closed with it.
     _own_transport: AsyncTransport | None = None
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # type: ignore[override]  # the face's, not the operation
         await super().close()
         if self._own_transport is not None:
             await self._own_transport.close()
@@ -144,12 +159,12 @@ class AsyncRemoteSandbox(_AsyncRemoteSandbox):  # type: ignore[misc, valid-type]
         await self.close()
 
 
-class RemoteSandbox(_RemoteSandbox):  # type: ignore[misc, valid-type]
+class RemoteSandbox(SandboxFace, _SandboxState):
     """A sandbox owned by the daemon, used from sync code."""
 
     _own_transport: SyncTransport | None = None
 
-    def close(self) -> None:
+    def close(self) -> None:  # type: ignore[override]  # the face's, not the operation
         super().close()
         if self._own_transport is not None:
             self._own_transport.close()
@@ -206,11 +221,7 @@ class _ClientState(ClientOps):
     pass
 
 
-_AsyncClient = build_async(_ClientState, "AsyncClient")
-_Client = build_sync(_ClientState, "Client")
-
-
-class AsyncClient(_AsyncClient):  # type: ignore[misc, valid-type]
+class AsyncClient(AsyncClientFace, _ClientState):
     """The daemon, from async code: ``async with hutch.AsyncClient() as client``."""
 
     def __init__(self, url: str | None = None, *, token: str | None = None) -> None:
@@ -238,7 +249,7 @@ class AsyncClient(_AsyncClient):  # type: ignore[misc, valid-type]
         await self.aclose()
 
 
-class Client(_Client):  # type: ignore[misc, valid-type]
+class Client(ClientFace, _ClientState):
     """The daemon, from sync code: ``with hutch.Client() as client``."""
 
     def __init__(self, url: str | None = None, *, token: str | None = None) -> None:

@@ -3,19 +3,18 @@
 An operation yields :class:`Call` objects (what to send) and receives the
 decoded answer; it returns the value the caller gets. A *driver* does the
 I/O: the async one over ``httpx.AsyncClient``, the sync one over
-``httpx.Client``. :func:`build_facades` turns the one table of operations
-into the async and the sync classes, so the two faces have the same methods
-with the same signatures by construction, and there is one place where a
-request is built or an answer decoded.
+``httpx.Client``. ``scripts/gen_sync.py`` writes the async and the sync
+classes from this one table of operations (:mod:`hutch.client._generated`),
+so the two faces have the same methods with the same signatures, typed, and
+there is one place where a request is built or an answer decoded.
 """
 
 from __future__ import annotations
 
 import base64
-import functools
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from .._errors import (
     CapabilityUnsupported,
@@ -46,7 +45,14 @@ from ._http import Call
 #: Headroom on top of a command's own timeout before the HTTP call gives up.
 HTTP_GRACE_SECONDS = 30.0
 
-Op = Generator[Call, Any, Any]
+T = TypeVar("T")
+
+#: An operation whose caller gets a T (a ``*Ref`` becomes the face's own
+#: object): what ``scripts/gen_sync.py`` types the faces' methods with.
+Op = Generator[Call, Any, T]
+#: A streamed operation: it yields its one call, and its caller iterates Ts
+#: (what the generator itself returns is never read).
+Events = Generator[Call, Any, T | Any]
 
 
 def _write_params(path: str, overwrite: bool) -> dict[str, str]:
@@ -191,13 +197,26 @@ class WatcherRef:
 # -- the operations ----------------------------------------------------------------------
 
 
-def op(fn: Callable[..., Op]) -> Callable[..., Op]:
-    fn.__hutch_op__ = "call"  # type: ignore[attr-defined]
+OpFunction = TypeVar("OpFunction", bound=Callable[..., Generator[Call, Any, Any]])
+
+
+def op(fn: OpFunction) -> OpFunction:
+    """An operation: its faces' methods return what it returns
+    (``scripts/gen_sync.py`` writes them from these marks)."""
     return fn
 
 
-def stream_op(fn: Callable[..., Op]) -> Callable[..., Op]:
-    fn.__hutch_op__ = "stream"  # type: ignore[attr-defined]
+def stream_op(fn: OpFunction) -> OpFunction:
+    """A streamed operation: its faces' methods iterate its events."""
+    return fn
+
+
+Function = TypeVar("Function", bound=Callable[..., Any])
+
+
+def terminal_op(fn: Function) -> Function:
+    """A terminal's first message: its faces' methods open the terminal with
+    it (a context manager; ``async with`` on the async face)."""
     return fn
 
 
@@ -205,57 +224,71 @@ class ClientOps:
     """Operations of the client itself (sandboxes by id, workspaces)."""
 
     @op
-    def create_sandbox(self, provider: str | None = None, **settings: Any) -> Op:
+    def create_sandbox(self, provider: str | None = None, **settings: Any) -> Op[SandboxRef]:
         body = dict(settings)
         if provider is not None:
             body["provider"] = provider
         return SandboxRef((yield Call("POST", "/v1/sandboxes", json=body, timeout=600)))
 
     @op
-    def get_sandbox(self, sandbox_id: str) -> Op:
+    def get_sandbox(self, sandbox_id: str) -> Op[SandboxRef]:
         return SandboxRef((yield Call("GET", f"/v1/sandboxes/{sandbox_id}")))
 
     @op
-    def list_sandboxes(self, *, include_ended: bool = False) -> Op:
+    def list_sandboxes(self, *, include_ended: bool = False) -> Op[list[dict[str, Any]]]:
         """Live sandboxes; with ``include_ended`` also those that ended within
         the daemon's retention period (state and reason say how)."""
         params = {"all": "true"} if include_ended else None
-        return (yield Call("GET", "/v1/sandboxes", params=params))["sandboxes"]
+        value: list[dict[str, Any]] = (yield Call(
+            "GET", "/v1/sandboxes", params=params
+        ))["sandboxes"]
+        return value
 
     @op
-    def delete_sandbox(self, sandbox_id: str) -> Op:
+    def delete_sandbox(self, sandbox_id: str) -> Op[None]:
         yield Call("DELETE", f"/v1/sandboxes/{sandbox_id}", timeout=120)
 
     @op
-    def pause(self, sandbox_id: str) -> Op:
-        return (yield Call("POST", "/v1/pause", json={"sandbox": sandbox_id}, timeout=120))
+    def pause(self, sandbox_id: str) -> Op[dict[str, Any]]:
+        value: dict[str, Any] = (yield Call(
+            "POST", "/v1/pause", json={"sandbox": sandbox_id}, timeout=120
+        ))
+        return value
 
     @op
-    def resume(self, sandbox_id: str) -> Op:
-        return (yield Call("POST", "/v1/resume", json={"sandbox": sandbox_id}, timeout=600))
+    def resume(self, sandbox_id: str) -> Op[dict[str, Any]]:
+        value: dict[str, Any] = (yield Call(
+            "POST", "/v1/resume", json={"sandbox": sandbox_id}, timeout=600
+        ))
+        return value
 
     @op
-    def suspend(self, sandbox_id: str) -> Op:
-        return (yield Call("POST", f"/v1/sandboxes/{sandbox_id}/suspend", timeout=600))
+    def suspend(self, sandbox_id: str) -> Op[dict[str, Any]]:
+        value: dict[str, Any] = (yield Call(
+            "POST", f"/v1/sandboxes/{sandbox_id}/suspend", timeout=600
+        ))
+        return value
 
     @op
-    def set_timeout(self, sandbox_id: str, seconds: float) -> Op:
+    def set_timeout(self, sandbox_id: str, seconds: float) -> Op[float]:
         answer = yield Call("POST", "/v1/set_timeout",
                             json={"sandbox": sandbox_id, "timeout_seconds": seconds})
         return float(answer["deadline_unix"])
 
     @op
-    def snapshots(self) -> Op:
+    def snapshots(self) -> Op[list[Snapshot]]:
         """Every snapshot the daemon holds (the lineage tree, by ``parent_id``)."""
         answer = yield Call("GET", "/v1/snapshots")
         return [Snapshot.from_wire(s) for s in answer["snapshots"]]
 
     @op
-    def get_snapshot(self, snapshot_id: str) -> Op:
+    def get_snapshot(self, snapshot_id: str) -> Op[Snapshot]:
         return Snapshot.from_wire((yield Call("GET", f"/v1/snapshots/{snapshot_id}")))
 
     @op
-    def delete_snapshot(self, snapshot_id: str, *, force: bool = False) -> Op:
+    def delete_snapshot(
+        self, snapshot_id: str, *, force: bool = False
+    ) -> Op[list[SnapshotDependent]]:
         """Remove a snapshot; refused while something needs it unless
         ``force``. Returns what a forced removal broke (empty: nothing)."""
         answer = yield Call("DELETE", f"/v1/snapshots/{snapshot_id}",
@@ -263,18 +296,24 @@ class ClientOps:
         return [SnapshotDependent.from_wire(b) for b in (answer or {}).get("broken", [])]
 
     @op
-    def put_definition(self, definition: Mapping[str, Any]) -> Op:
+    def put_definition(self, definition: Mapping[str, Any]) -> Op[dict[str, Any]]:
         """Register (or replace) a sandbox definition; its id is ``definition["id"]``."""
         if not isinstance(definition, Mapping) or not isinstance(definition.get("id"), str):
             raise InvalidArgument("a definition is a mapping with an \"id\" string")
-        return (yield Call("PUT", f"/v1/definitions/{definition['id']}", json=dict(definition)))
+        value: dict[str, Any] = (yield Call(
+            "PUT", f"/v1/definitions/{definition['id']}", json=dict(definition)
+        ))
+        return value
 
     @op
-    def definitions(self) -> Op:
-        return (yield Call("GET", "/v1/definitions"))["definitions"]
+    def definitions(self) -> Op[list[dict[str, Any]]]:
+        value: list[dict[str, Any]] = (yield Call("GET", "/v1/definitions"))["definitions"]
+        return value
 
     @op
-    def ensure(self, definition_id: str, thread_id: str, *, tenant: str | None = None) -> Op:
+    def ensure(
+        self, definition_id: str, thread_id: str, *, tenant: str | None = None
+    ) -> Op[EnsuredRef]:
         """The sandbox of ``thread_id`` for a definition: resumed, restored from
         its setup snapshot, or created (setup run); see SPEC §6."""
         answer = yield Call("POST", f"/v1/definitions/{definition_id}/ensure",
@@ -284,7 +323,7 @@ class ClientOps:
     @stream_op
     def ensure_stream(
         self, definition_id: str, thread_id: str, *, tenant: str | None = None
-    ) -> Op:
+    ) -> Events[EnsureProgress | EnsuredRef]:
         """As :meth:`ensure`, told as it goes: ``EnsureProgress`` events (each
         step, setup's output), then the ensured sandbox as the last event."""
         return (yield Call("POST", f"/v1/definitions/{definition_id}/ensure/stream",
@@ -292,7 +331,9 @@ class ClientOps:
                            timeout=None))
 
     @op
-    def complete(self, definition_id: str, thread_id: str, *, tenant: str | None = None) -> Op:
+    def complete(
+        self, definition_id: str, thread_id: str, *, tenant: str | None = None
+    ) -> Op[bool]:
         """The thread's run ended: honour destroy_on_complete and keep_alive.
         Whether its sandbox was destroyed."""
         answer = yield Call("POST", f"/v1/definitions/{definition_id}/complete",
@@ -303,7 +344,7 @@ class ClientOps:
     def create_workspace(
         self, name: str, *, image: str | None = None, snapshot_tag: str | None = None,
         **settings: Any,
-    ) -> Op:
+    ) -> Op[dict[str, Any]]:
         """A workspace from a snapshot (``snapshot_tag``: its id) or fresh from
         sandbox settings; with ``image`` and no ``provider``, the daemon's
         configuration says which provider (see :func:`hutch.config.resolve_spec`)."""
@@ -312,35 +353,42 @@ class ClientOps:
             body["image"] = image
         if snapshot_tag is not None:
             body["snapshot_tag"] = snapshot_tag
-        return (yield Call("POST", "/v1/workspaces", json=body, timeout=600))
+        value: dict[str, Any] = (yield Call("POST", "/v1/workspaces", json=body, timeout=600))
+        return value
 
     @op
-    def get_workspace(self, name: str) -> Op:
-        return (yield Call("GET", f"/v1/workspaces/{name}"))
+    def get_workspace(self, name: str) -> Op[dict[str, Any]]:
+        value: dict[str, Any] = (yield Call("GET", f"/v1/workspaces/{name}"))
+        return value
 
     @op
-    def list_workspaces(self) -> Op:
-        return (yield Call("GET", "/v1/workspaces"))["workspaces"]
+    def list_workspaces(self) -> Op[list[dict[str, Any]]]:
+        value: list[dict[str, Any]] = (yield Call("GET", "/v1/workspaces"))["workspaces"]
+        return value
 
     @op
-    def suspend_workspace(self, name: str, *, diff: bool = False) -> Op:
-        return (yield Call("POST", f"/v1/workspaces/{name}/suspend", json={"diff": diff},
-                           timeout=600))
+    def suspend_workspace(self, name: str, *, diff: bool = False) -> Op[dict[str, Any]]:
+        value: dict[str, Any] = yield Call(
+            "POST", f"/v1/workspaces/{name}/suspend", json={"diff": diff}, timeout=600
+        )
+        return value
 
     @op
-    def resume_workspace(self, name: str) -> Op:
-        return (yield Call("POST", f"/v1/workspaces/{name}/resume", timeout=600))
+    def resume_workspace(self, name: str) -> Op[dict[str, Any]]:
+        value: dict[str, Any] = (yield Call("POST", f"/v1/workspaces/{name}/resume", timeout=600))
+        return value
 
     @op
-    def delete_workspace(self, name: str) -> Op:
+    def delete_workspace(self, name: str) -> Op[None]:
         yield Call("DELETE", f"/v1/workspaces/{name}", timeout=600)
 
     @op
-    def events(self, subject: str | None = None, limit: int = 100) -> Op:
+    def events(self, subject: str | None = None, limit: int = 100) -> Op[list[dict[str, Any]]]:
         params: dict[str, Any] = {"limit": limit}
         if subject is not None:
             params["subject"] = subject
-        return (yield Call("GET", "/v1/events", params=params))["events"]
+        value: list[dict[str, Any]] = (yield Call("GET", "/v1/events", params=params))["events"]
+        return value
 
 
 class SandboxOps:
@@ -356,14 +404,14 @@ class SandboxOps:
         return f"/v1/sandboxes/{self.id}{suffix}"
 
     @op
-    def info(self) -> Op:
+    def info(self) -> Op[dict[str, Any]]:
         """What the sandbox is and how it is now (the daemon's description)."""
-        info = yield Call("GET", self._path(""))
+        info: dict[str, Any] = yield Call("GET", self._path(""))
         self._absorb(info)
         return info
 
     @op
-    def status(self) -> Op:
+    def status(self) -> Op[SandboxStatus]:
         """State, reason, deadline, idle time and meter. Reading it is not activity."""
         info = yield Call("GET", self._path(""))
         self._absorb(info)
@@ -374,7 +422,7 @@ class SandboxOps:
         self, cmd: str | Sequence[str], *, cwd: str | None = None,
         env: Mapping[str, str] | None = None, stdin: bytes | str | None = None,
         user: str | None = None, timeout: float | None = None, output_limit: int | None = None,
-    ) -> Op:
+    ) -> Op[ExecResult]:
         body = exec_body(cmd, cwd, env, stdin, user, timeout, output_limit)
         return decode_exec((yield Call("POST", self._path("/exec"), json=body,
                                        timeout=http_timeout(timeout))))
@@ -384,30 +432,30 @@ class SandboxOps:
         self, cmd: str | Sequence[str], *, cwd: str | None = None,
         env: Mapping[str, str] | None = None, stdin: bytes | str | None = None,
         user: str | None = None, timeout: float | None = None, output_limit: int | None = None,
-    ) -> Op:
+    ) -> Events[OutputChunk | ExitStatus]:
         body = exec_body(cmd, cwd, env, stdin, user, timeout, output_limit)
         return (yield Call("POST", self._path("/exec/stream"), json=body, stream=True,
                            timeout=None))
 
+    @terminal_op
     def pty(
         self, cmd: str | Sequence[str] | None = None, *, rows: int = 24, cols: int = 80,
         cwd: str | None = None, env: Mapping[str, str] | None = None, user: str | None = None,
-    ) -> Any:
+    ) -> dict[str, Any]:
         """An interactive command (a shell by default) on a PTY in the sandbox,
         through the daemon's websocket route: a context manager (``async with``
         on the async face) whose terminal reads, writes, resizes and waits."""
         from ._shell import pty_start
 
         command = cmd if cmd is None or isinstance(cmd, str) else list(cmd)
-        start = pty_start(command, rows, cols, cwd, env, user)
-        return self._transport.open_pty(self.id, start)  # type: ignore[attr-defined]
+        return pty_start(command, rows, cols, cwd, env, user)
 
     @op
     def start(
         self, cmd: str | Sequence[str], *, cwd: str | None = None,
         env: Mapping[str, str] | None = None, stdin: bytes | str | None = None,
         user: str | None = None, output_limit: int | None = None, keep_stdin: bool = False,
-    ) -> Op:
+    ) -> Op[ProcessRef]:
         body = exec_body(cmd, cwd, env, stdin, user, None, output_limit)
         if not isinstance(keep_stdin, bool):
             raise InvalidArgument(f"keep_stdin must be true or false, not {keep_stdin!r}")
@@ -416,16 +464,16 @@ class SandboxOps:
         return ProcessRef(self.id, (yield Call("POST", self._path("/processes"), json=body)))
 
     @op
-    def processes(self) -> Op:
+    def processes(self) -> Op[list[ProcessRef]]:
         answer = yield Call("GET", self._path("/processes"))
         return [ProcessRef(self.id, p) for p in answer["processes"]]
 
     @op
-    def process(self, process_id: str) -> Op:
+    def process(self, process_id: str) -> Op[ProcessRef]:
         return ProcessRef(self.id, (yield Call("GET", self._path(f"/processes/{process_id}"))))
 
     @op
-    def preview_url(self, port: int) -> Op:
+    def preview_url(self, port: int) -> Op[str]:
         if not 0 < port < 65536:
             raise InvalidArgument(f"port must be 1..65535, got {port}")
         self.require("preview_url")
@@ -434,12 +482,13 @@ class SandboxOps:
         return str(answer["url"])
 
     @op
-    def read_bytes(self, path: str, *, limit: int = 256 * 1024 * 1024) -> Op:
-        return (yield Call("GET", self._path("/files"), params={"path": path, "limit": limit},
-                           raw=True, timeout=600))
+    def read_bytes(self, path: str, *, limit: int = 256 * 1024 * 1024) -> Op[bytes]:
+        data: bytes = yield Call("GET", self._path("/files"),
+                                 params={"path": path, "limit": limit}, raw=True, timeout=600)
+        return data
 
     @stream_op
-    def read_pieces(self, path: str, *, limit: int = 256 * 1024 * 1024) -> Op:
+    def read_pieces(self, path: str, *, limit: int = 256 * 1024 * 1024) -> Events[bytes]:
         """The bytes of ``path`` in pieces as they arrive, never whole in memory."""
         return (yield Call("GET", self._path("/files"), params={"path": path, "limit": limit},
                            raw=True, stream=True, timeout=600))
@@ -447,20 +496,20 @@ class SandboxOps:
     @op
     def read_text(
         self, path: str, *, limit: int = 256 * 1024 * 1024, encoding: str = "utf-8"
-    ) -> Op:
+    ) -> Op[str]:
         data = yield Call("GET", self._path("/files"), params={"path": path, "limit": limit},
                           raw=True, timeout=600)
         return bytes(data).decode(encoding)
 
     @op
-    def write_bytes(self, path: str, data: bytes, *, overwrite: bool = False) -> Op:
+    def write_bytes(self, path: str, data: bytes, *, overwrite: bool = False) -> Op[None]:
         if not isinstance(data, bytes | bytearray | memoryview):
             raise InvalidArgument(f"data must be bytes, not {type(data).__name__}")
         yield Call("PUT", self._path("/files"), params=_write_params(path, overwrite),
                    content=bytes(data), timeout=600)
 
     @op
-    def write_from(self, path: str, source: IO[bytes], *, overwrite: bool = False) -> Op:
+    def write_from(self, path: str, source: IO[bytes], *, overwrite: bool = False) -> Op[None]:
         """Write what the binary file ``source`` holds, from its position on, to
         ``path``: sent a piece at a time, never whole in memory."""
         yield Call("PUT", self._path("/files"), params=_write_params(path, overwrite),
@@ -469,16 +518,16 @@ class SandboxOps:
     @op
     def write_text(
         self, path: str, text: str, *, encoding: str = "utf-8", overwrite: bool = False
-    ) -> Op:
+    ) -> Op[None]:
         yield Call("PUT", self._path("/files"), params=_write_params(path, overwrite),
                    content=text.encode(encoding), timeout=600)
 
     @op
-    def stat(self, path: str) -> Op:
+    def stat(self, path: str) -> Op[FileInfo]:
         return decode_file((yield Call("GET", self._path("/stat"), params={"path": path})))
 
     @op
-    def exists(self, path: str) -> Op:
+    def exists(self, path: str) -> Op[bool]:
         try:
             yield Call("GET", self._path("/stat"), params={"path": path})
         except FileNotFoundError:
@@ -486,28 +535,28 @@ class SandboxOps:
         return True
 
     @op
-    def list_dir(self, path: str = ".") -> Op:
+    def list_dir(self, path: str = ".") -> Op[list[FileInfo]]:
         answer = yield Call("GET", self._path("/list"), params={"path": path})
         return [decode_file(e) for e in answer["entries"]]
 
     @op
-    def remove(self, path: str, *, recursive: bool = False) -> Op:
+    def remove(self, path: str, *, recursive: bool = False) -> Op[None]:
         yield Call("DELETE", self._path("/files"),
                    params={"path": path, "recursive": str(recursive).lower()})
 
     @op
-    def mkdir(self, path: str, *, parents: bool = False, exist_ok: bool = False) -> Op:
+    def mkdir(self, path: str, *, parents: bool = False, exist_ok: bool = False) -> Op[None]:
         yield Call("POST", self._path("/mkdir"),
                    json={"path": path, "parents": parents, "exist_ok": exist_ok}, timeout=120)
 
     @op
-    def rename(self, source: str, destination: str, *, overwrite: bool = False) -> Op:
+    def rename(self, source: str, destination: str, *, overwrite: bool = False) -> Op[None]:
         yield Call("POST", self._path("/rename"), json={
             "source": source, "destination": destination, "overwrite": overwrite,
         }, timeout=600)
 
     @op
-    def watch(self, path: str = ".", *, recursive: bool = False) -> Op:
+    def watch(self, path: str = ".", *, recursive: bool = False) -> Op[WatcherRef]:
         """Watch the directory ``path`` from now on (the daemon holds the
         watch): the watcher's ``events(wait=...)`` are those since the last
         look, and iterating it gives them as they come."""
@@ -522,7 +571,7 @@ class SandboxOps:
         self, pattern: str, path: str = ".", *, glob: str | None = None,
         ignore_case: bool = False, limit: int = 256 * 1024 * 1024,
         timeout: float = DEFAULT_SEARCH_TIMEOUT,
-    ) -> Op:
+    ) -> Op[list[GrepMatch]]:
         answer = yield Call("POST", self._path("/grep"), json={
             "pattern": pattern, "path": path, "glob": glob, "ignore_case": ignore_case,
             "timeout": timeout,
@@ -532,7 +581,7 @@ class SandboxOps:
     @op
     def glob(
         self, pattern: str, path: str = ".", *, timeout: float = DEFAULT_SEARCH_TIMEOUT
-    ) -> Op:
+    ) -> Op[list[str]]:
         answer = yield Call(
             "POST", self._path("/glob"),
             json={"pattern": pattern, "path": path, "timeout": timeout},
@@ -541,31 +590,31 @@ class SandboxOps:
         return list(answer["paths"])
 
     @op
-    def pause(self) -> Op:
+    def pause(self) -> Op[None]:
         self._absorb((yield Call("POST", self._path("/pause"), timeout=120)))
 
     @op
-    def suspend(self) -> Op:
+    def suspend(self) -> Op[None]:
         self._absorb((yield Call("POST", self._path("/suspend"), timeout=600)))
 
     @op
-    def resume(self) -> Op:
+    def resume(self) -> Op[None]:
         self._absorb((yield Call("POST", self._path("/resume"), timeout=600)))
 
     @op
-    def set_timeout(self, seconds: float) -> Op:
+    def set_timeout(self, seconds: float) -> Op[float]:
         answer = yield Call("POST", self._path("/set_timeout"), json={"timeout_seconds": seconds})
         return float(answer["deadline_unix"])
 
     @op
-    def snapshot(self, label: str | None = None, *, diff: bool = True) -> Op:
+    def snapshot(self, label: str | None = None, *, diff: bool = True) -> Op[Snapshot]:
         self._require("snapshot")
         answer = yield Call("POST", self._path("/snapshots"),
                             json={"label": label, "diff": diff}, timeout=600)
         return Snapshot.from_wire(answer)
 
     @op
-    def fork(self, label: str | None = None, *, count: int = 0) -> Op:
+    def fork(self, label: str | None = None, *, count: int = 0) -> Op[ForkRef]:
         """Snapshot + a handle whose ``attach()`` starts branches; ``count``
         branches are started at once (``fork.branches``)."""
         self._require("fork")
@@ -578,7 +627,7 @@ class SandboxOps:
             raise CapabilityUnsupported.for_provider(self.provider, capability)
 
     @op
-    def ref(self, *, expires_in: float | None = None) -> Op:
+    def ref(self, *, expires_in: float | None = None) -> Op[str]:
         """A ref to this sandbox for ``hutch.attach``: it carries the daemon's
         address and is a credential for this sandbox alone. Only the owner
         (a client with the daemon's token) hands them out."""
@@ -588,14 +637,14 @@ class SandboxOps:
         return str(answer["ref"])
 
     @op
-    def revoke_ref(self, ref: str) -> Op:
+    def revoke_ref(self, ref: str) -> Op[None]:
         """End a ref this sandbox handed out (the ref itself, or its id). Idempotent."""
         decoded = decode_ref(ref)
         ref_id = decoded.ref_id if decoded is not None else ref
         yield Call("DELETE", self._path(f"/refs/{ref_id}"))
 
     @op
-    def close(self) -> Op:
+    def close(self) -> Op[None]:
         if self._detached:
             return
         if self._attached:
@@ -679,13 +728,13 @@ class ForkOps:
     branches: list[Any]
 
     @op
-    def attach(self, **options: Any) -> Op:
+    def attach(self, **options: Any) -> Op[BranchRef]:
         body = {"from_snapshot": self.snapshot.id, **options}
         info = yield Call("POST", "/v1/sandboxes", json=body, timeout=600)
         return BranchRef(self, info)
 
     @op
-    def close(self) -> Op:
+    def close(self) -> Op[None]:
         """End every branch this handle started, then remove its snapshot
         (refused while something else needs it, as ``delete_snapshot`` is).
         Idempotent."""
@@ -720,7 +769,7 @@ class ProcessOps:
         return self._exit_code
 
     @op
-    def wait(self, timeout: float | None = None) -> Op:
+    def wait(self, timeout: float | None = None) -> Op[ExecResult]:
         answer = yield Call("POST", self._path("/wait"), json={"timeout": timeout},
                             timeout=http_timeout(timeout))
         result = decode_exec(answer)
@@ -728,11 +777,11 @@ class ProcessOps:
         return result
 
     @stream_op
-    def stream(self) -> Op:
+    def stream(self) -> Events[OutputChunk | ExitStatus]:
         return (yield Call("GET", self._path("/stream"), stream=True, timeout=None))
 
     @op
-    def kill(self) -> Op:
+    def kill(self) -> Op[None]:
         yield Call("POST", self._path("/kill"), timeout=60)
         self._running = False
 
@@ -743,7 +792,7 @@ class ProcessOps:
         return self._stdin_open and self._running
 
     @op
-    def write_stdin(self, data: bytes | str) -> Op:
+    def write_stdin(self, data: bytes | str) -> Op[None]:
         """Write ``data`` (text as UTF-8) to the command's stdin; returns once
         its pipe took them. ``StdinClosed`` unless it was started with
         ``keep_stdin`` and its stdin is still open."""
@@ -758,7 +807,7 @@ class ProcessOps:
             raise
 
     @op
-    def close_stdin(self) -> Op:
+    def close_stdin(self) -> Op[None]:
         """Close the command's stdin: it reads its end of file."""
         yield Call("DELETE", self._path("/stdin"), timeout=60)
         self._stdin_open = False
@@ -787,7 +836,7 @@ class WatcherOps:
         return self._active
 
     @op
-    def events(self, wait: float | None = 0.0) -> Op:
+    def events(self, wait: float | None = 0.0) -> Op[list[FileEvent]]:
         """The events since the last call, waiting up to ``wait`` seconds
         (None: as long as it takes) for the first when there are none yet."""
         if wait is not None and (isinstance(wait, bool) or not wait >= 0):
@@ -812,7 +861,7 @@ class WatcherOps:
                 return events
 
     @op
-    def close(self) -> Op:
+    def close(self) -> Op[None]:
         """Stop watching. Idempotent."""
         self._active = False
         try:
@@ -829,56 +878,10 @@ def note_exit(owner: object, event: object) -> None:
         owner._running, owner._exit_code = False, event.exit_code
 
 
-# -- drivers and facades ---------------------------------------------------------------------
+# -- driving an operation ---------------------------------------------------------------------
 
 
-def _ops(cls: type) -> dict[str, tuple[str, Callable[..., Op]]]:
-    found: dict[str, tuple[str, Callable[..., Op]]] = {}
-    for klass in reversed(cls.__mro__):
-        for name, fn in vars(klass).items():
-            if callable(fn) and hasattr(fn, "__hutch_op__"):
-                found[name] = (fn.__hutch_op__, fn)
-    return found
-
-
-def build_async(ops_cls: type, name: str) -> type:
-    """The async facade: one coroutine method per operation."""
-    namespace: dict[str, Any] = {}
-    for attr, (kind, fn) in _ops(ops_cls).items():
-        if kind == "stream":
-            def make_stream(fn: Callable[..., Op] = fn) -> Callable[..., Any]:
-                @functools.wraps(fn)
-                def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-                    return self._transport.drive_stream(fn(self, *args, **kwargs), self)
-                return method
-            namespace[attr] = make_stream()
-        else:
-            def make_call(fn: Callable[..., Op] = fn) -> Callable[..., Any]:
-                @functools.wraps(fn)
-                async def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-                    return await self._transport.drive(fn(self, *args, **kwargs), self)
-                return method
-            namespace[attr] = make_call()
-    return type(name, (ops_cls,), namespace)
-
-
-def build_sync(ops_cls: type, name: str) -> type:
-    """The sync facade: one blocking method per operation."""
-    namespace: dict[str, Any] = {}
-    for attr, (kind, fn) in _ops(ops_cls).items():
-        def make(fn: Callable[..., Op] = fn, kind: str = kind) -> Callable[..., Any]:
-            @functools.wraps(fn)
-            def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-                gen = fn(self, *args, **kwargs)
-                if kind == "stream":
-                    return self._transport.drive_stream(gen, self)
-                return self._transport.drive(gen, self)
-            return method
-        namespace[attr] = make()
-    return type(name, (ops_cls,), namespace)
-
-
-def step(gen: Op, answer: Any = None, error: BaseException | None = None) -> tuple[bool, Any]:
+def step(gen: Op[Any], answer: Any = None, error: BaseException | None = None) -> tuple[bool, Any]:
     """Advance an operation: (done, value) where value is its result or next Call."""
     try:
         if error is not None:

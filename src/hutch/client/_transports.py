@@ -5,7 +5,8 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import AsyncIterator, Iterator
-from typing import IO, Any
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from typing import IO, TYPE_CHECKING, Any
 
 import anyio.to_thread
 import httpx
@@ -36,6 +37,9 @@ from ._http import (
     tls_verify,
     unreachable,
 )
+
+if TYPE_CHECKING:
+    from ._shell import AsyncRemotePty, RemotePty
 
 
 class _Transport:
@@ -108,7 +112,7 @@ class AsyncTransport(_Transport):
         check_answer(response)
         return decode_answer(call, response)
 
-    async def drive(self, gen: Op, owner: Any) -> Any:
+    async def drive(self, gen: Op[Any], owner: Any) -> Any:
         done, value = step(gen)
         while not done:
             try:
@@ -119,7 +123,7 @@ class AsyncTransport(_Transport):
             done, value = step(gen, answer)
         return self.wrap(value)
 
-    def drive_stream(self, gen: Op, owner: Any) -> AsyncIterator[Any]:
+    def drive_stream(self, gen: Op[Any], owner: Any) -> AsyncIterator[Any]:
         async def events() -> AsyncIterator[Any]:
             _, call = step(gen)
             try:
@@ -143,7 +147,9 @@ class AsyncTransport(_Transport):
 
         return events()
 
-    def open_pty(self, sandbox_id: str, start: dict[str, Any]) -> Any:
+    def open_pty(
+        self, sandbox_id: str, start: dict[str, Any]
+    ) -> AbstractAsyncContextManager[AsyncRemotePty]:
         from ._shell import open_async_pty
 
         return open_async_pty(self.url, self.http.headers, sandbox_id, start)
@@ -186,7 +192,7 @@ class SyncTransport(_Transport):
         check_answer(response)
         return decode_answer(call, response)
 
-    def drive(self, gen: Op, owner: Any) -> Any:
+    def drive(self, gen: Op[Any], owner: Any) -> Any:
         done, value = step(gen)
         while not done:
             try:
@@ -197,12 +203,12 @@ class SyncTransport(_Transport):
             done, value = step(gen, answer)
         return self.wrap(value)
 
-    def open_pty(self, sandbox_id: str, start: dict[str, Any]) -> Any:
+    def open_pty(self, sandbox_id: str, start: dict[str, Any]) -> AbstractContextManager[RemotePty]:
         from ._shell import open_sync_pty
 
         return open_sync_pty(self.url, self.http.headers, sandbox_id, start)
 
-    def drive_stream(self, gen: Op, owner: Any) -> Iterator[Any]:
+    def drive_stream(self, gen: Op[Any], owner: Any) -> Iterator[Any]:
         def events() -> Iterator[Any]:
             _, call = step(gen)
             try:

@@ -30,7 +30,7 @@ from ..definitions import Definition, Definitions
 from ..lifecycle.engine import LifecycleEngine
 from ..lifecycle.records import expiry_error
 from ..providers.base import SandboxBackend
-from ..providers.registry import get_provider
+from ..providers.registry import get_provider, pick_default_provider
 from ..states import FINAL, SandboxState, WorkspaceStatus
 from ..store import (
     AsyncStore,
@@ -49,7 +49,7 @@ from .common import (
     make_private_file,
 )
 from .host import _DaemonHost
-from .policy import OperatorPolicy, pick_default_provider
+from .policy import OperatorPolicy
 
 if TYPE_CHECKING:
     from .core import Daemon
@@ -93,6 +93,9 @@ class DaemonBase:
             )
         self.retention_seconds = retention_seconds
         self._pruner: asyncio.Task[None] | None = None
+        #: This daemon's hold of the store (SERVING_LEASE), once started.
+        self._store_holder: str | None = None
+        self._store_hold: asyncio.Task[None] | None = None
         #: One watcher per provider in use, telling of runtimes that die outside hutch.
         self._watchers: dict[type[SandboxBackend], asyncio.Task[None]] = {}
         #: Sandboxes adopted paused, whose earlier daemon's commands are ended on resume.

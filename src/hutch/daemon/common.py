@@ -15,6 +15,13 @@ log = logging.getLogger("hutch.daemon")
 WORKSPACE_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 #: Store key written by a clean stop, cleared at start: after a crash it is absent.
 CLEAN_STOP = "clean_stop_unix"
+#: The lease of the daemon serving a store: one daemon a store, until
+#: sandboxes have owners (issue 24's fleet); a second daemon started on the
+#: same store is refused instead of adopting the first one's sandboxes as
+#: its own. Renewed every third of its length; a daemon killed on this host
+#: frees it at once (its holder is gone), one on another host once it lapses.
+SERVING_LEASE = "daemon"
+SERVING_LEASE_SECONDS = 30.0
 #: Store key: the sandboxes a definition's ensure is making (a JSON list),
 #: not yet recorded as its thread's: a daemon killed part-way leaves them
 #: half set up, and its next start removes them.

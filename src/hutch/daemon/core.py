@@ -18,9 +18,13 @@ import time
 
 import anyio.to_thread
 
+from .._errors import StoreUnavailable
+from ..definitions.holders import lease_holder
 from ..states import FINAL
 from .common import (
     CLEAN_STOP,
+    SERVING_LEASE,
+    SERVING_LEASE_SECONDS,
     log,
 )
 from .reconcile import Reconciling
@@ -29,6 +33,26 @@ from .reconcile import Reconciling
 class Daemon(Reconciling):
     # -- start-up and shut-down ------------------------------------------------------------
     async def start(self) -> None:
+        holder = lease_holder()
+        if not await self.astore.take_lease(SERVING_LEASE, holder, SERVING_LEASE_SECONDS):
+            other = await self.astore.lease_holder(SERVING_LEASE)
+            raise StoreUnavailable(
+                f"another daemon ({other}) serves this store; one daemon serves a store "
+                "at a time: stop that one, or give this one a data directory (or "
+                "database) of its own"
+            )
+        self._store_holder = holder
+        self._store_hold = asyncio.get_running_loop().create_task(self._keep_serving(holder))
+        try:
+            await self._start_serving()
+        except BaseException:
+            self._store_hold.cancel()
+            self._store_holder = None
+            with anyio.CancelScope(shield=True):
+                await self.astore.release_lease(SERVING_LEASE, holder)
+            raise
+
+    async def _start_serving(self) -> None:
         # Whether the last run stopped cleanly; from now on, until our own
         # clean stop, it did not.
         clean = await self.astore.get_meta(CLEAN_STOP) is not None
@@ -40,6 +64,19 @@ class Daemon(Reconciling):
         self.prune_ended()
         self._pruner = asyncio.get_running_loop().create_task(self._prune_periodically())
 
+    async def _keep_serving(self, holder: str) -> None:
+        while True:
+            await anyio.sleep(SERVING_LEASE_SECONDS / 3)
+            try:
+                kept = await self.astore.take_lease(SERVING_LEASE, holder,
+                                                    SERVING_LEASE_SECONDS)
+            except Exception:
+                log.exception("renewing this daemon's hold of its store failed; tried again")
+                continue
+            if not kept:
+                log.error("another daemon took this daemon's store over (this one stalled "
+                          "past its lease); its writes may now conflict: stop this daemon")
+
     async def stop(self) -> None:
         """Stop the daemon, leaving every sandbox running for the next start to adopt.
 
@@ -47,13 +84,18 @@ class Daemon(Reconciling):
         activity) is written first, in one transaction, and the stop is
         marked clean, so the next start goes on exactly from here.
         """
-        for task in [self._pruner, *self._watchers.values()]:
+        for task in [self._pruner, self._store_hold, *self._watchers.values()]:
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
         self._watchers.clear()
         await self.engine.close()
+        if self._store_holder is None:
+            # It never served (refused, or its start failed): the store is
+            # not its own to write.
+            await self.astore.close()
+            return
         rows = []
         for sandbox_id, sandbox in list(self.sandboxes.items()):
             row = await self.astore.get_sandbox(sandbox_id)
@@ -64,5 +106,7 @@ class Daemon(Reconciling):
         try:
             await self.astore.put_sandboxes(rows)
             await self.astore.set_meta(CLEAN_STOP, str(time.time()))
+            if self._store_holder is not None:
+                await self.astore.release_lease(SERVING_LEASE, self._store_holder)
         finally:
             await self.astore.close()

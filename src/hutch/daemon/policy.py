@@ -14,7 +14,8 @@ Provider-neutral: it reads the marks each provider puts on its config model
   under ``[server]``) or made it the daemon's default provider.
 - A request that names no provider gets the operator's default provider
   (``[sandbox] provider`` in hutch.toml, or ``hutch serve --provider``), else
-  the first of :data:`ISOLATING_DEFAULTS` whose engine answers: never one that
+  the first of ``providers.registry.ISOLATING_DEFAULTS`` whose engine answers
+  (``pick_default_provider``, the rule every caller shares): never one that
   runs on the host unless the operator chose it.
 - Resource limits a request leaves unset get the server's defaults; a value
   over the operator's ceiling is refused with ``invalid_argument``.
@@ -57,10 +58,6 @@ DEFAULT_CEILINGS: dict[str, float] = {
     "disk": 256 * 1024**3,
 }
 
-#: The default providers of a daemon whose operator names none, by preference:
-#: the first whose engine answers here, else the last.
-ISOLATING_DEFAULTS = ("docker", "bubblewrap")
-
 _HOW_TO_ALLOW_PROVIDER = (
     "start the daemon with `hutch serve --allow-provider {name}`, or add \"{name}\" to "
     "`providers` under [server] in hutch.toml"
@@ -84,19 +81,6 @@ def host_reaching_setting_names() -> set[str]:
             if any(isinstance(m, ReachesHost) for m in field.metadata):
                 names.add(name)
     return names
-
-
-def pick_default_provider() -> str:
-    """The provider of requests that name none where the operator chose none:
-    the first of :data:`ISOLATING_DEFAULTS` whose engine answers, else the last."""
-    for name in ISOLATING_DEFAULTS[:-1]:
-        try:
-            provider = get_provider(name)
-        except InvalidArgument:  # its client library is not installed
-            continue
-        if not provider.capabilities.runs_on_host and provider.answers_here():
-            return name
-    return ISOLATING_DEFAULTS[-1]
 
 
 def parse_limit(kind: str, value: Any) -> float:

@@ -26,8 +26,8 @@ class HutchSandboxConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     #: The provider (``docker``, ``bubblewrap``, ...); unset: the config
-    #: file's, else hutch's default (in-process: ``local``, or the image
-    #: provider where an image is named; through a daemon: the daemon's).
+    #: file's, else, in-process, docker where its Engine answers, else
+    #: bubblewrap (never ``local`` unless named); through a daemon, the daemon's.
     provider: str | None = None
     #: The image of docker or bubblewrap sandboxes.
     image: str | None = None

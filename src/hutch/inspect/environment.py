@@ -128,15 +128,24 @@ async def _open(task_name: str, config: HutchSandboxConfig) -> Holding:
         if definition is None:
             definition = definitions.get(config.definition)
         thread = _thread_of(task_name)
-        ensured = await definitions.ensure(definition, thread)
-        return Holding(ensured.sandbox, config, definitions=definitions, definition=definition,
+        here = await definitions.ensure(definition, thread)
+        return Holding(here.sandbox, config, definitions=definitions, definition=definition,
                        thread=thread)
     from .._api import create_sandbox
+
+    return Holding(await create_sandbox(spec=_spec(config)), config)
+
+
+def _spec(config: HutchSandboxConfig) -> Any:
+    """An in-process sandbox's spec: the fields over the config file; where
+    neither names a provider, an isolating one (as a daemon picks it), never
+    ``local``: an eval runs code no one has read."""
     from ..config import load_config_file, resolve_spec
+    from ..providers.registry import pick_default_provider
 
     file_layer = load_config_file(config.config_file) if config.config_file else None
-    spec = resolve_spec(flags=config.flags(), config_file=file_layer)
-    return Holding(await create_sandbox(spec=spec), config)
+    return resolve_spec(flags=config.flags(), config_file=file_layer,
+                        default_provider=pick_default_provider())
 
 
 @sandboxenv(name="hutch")
@@ -164,6 +173,13 @@ class HutchSandboxEnvironment(SandboxEnvironment):
     @classmethod
     def config_deserialize(cls, config: dict[str, Any]) -> BaseModel:
         return HutchSandboxConfig(**config)
+
+    @classmethod
+    async def task_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None) -> None:
+        """A bad configuration fails the task before its first sample."""
+        resolved = config_of(config)
+        if not resolved.through_daemon and resolved.definition is None:
+            _spec(resolved)
 
     @classmethod
     async def sample_init(

@@ -81,3 +81,22 @@ def get_provider(name: str) -> type[SandboxBackend]:
             raise InvalidArgument(f"entry point {name!r} is not a SandboxBackend subclass")
     _loaded[name] = cls
     return cls
+
+
+#: The providers a sandbox gets where no one named one (a daemon whose
+#: operator chose none, the inspect_ai environment), by preference: the
+#: first whose engine answers here, else the last. Never one that runs on
+#: the host: that is the operator's choice to make.
+ISOLATING_DEFAULTS = ("docker", "bubblewrap")
+
+
+def pick_default_provider() -> str:
+    """The first of :data:`ISOLATING_DEFAULTS` whose engine answers, else the last."""
+    for name in ISOLATING_DEFAULTS[:-1]:
+        try:
+            provider = get_provider(name)
+        except InvalidArgument:  # its client library is not installed
+            continue
+        if not provider.capabilities.runs_on_host and provider.answers_here():
+            return name
+    return ISOLATING_DEFAULTS[-1]

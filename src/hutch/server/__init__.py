@@ -25,6 +25,7 @@ from ..config import CONFIG_FILE_NAME, load_config_data, load_config_file
 from ..daemon import default_data_dir
 from ..definitions import definitions_from_config
 from ..providers.registry import available_providers, provider_known
+from ..store import reach_store
 from .app import create_app
 from .connections import connection_cap, guarded_protocol
 from .settings import ServerSettings
@@ -32,6 +33,8 @@ from .settings import ServerSettings
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8787
 TOKEN_ENV = "HUTCH_TOKEN"
+#: Where the daemon keeps its state (hutch.store.open_store), when no flag says.
+STORE_ENV = "HUTCH_STORE"
 PR_SET_DUMPABLE = 4
 
 
@@ -69,6 +72,7 @@ def load_server_config(path: str | None) -> dict[str, Any]:
         allow = ["mounts"]          # host-reaching settings clients may set
         providers = ["local"]       # providers that run on the host clients may use
         memory_budget = 536870912   # bytes of callers' data held in memory at once
+        store = "postgresql://hutch@db.example/hutch"   # default: SQLite in the data dir
         [server.limits]             # for requests that set none
         memory = "2g"
         cpus = 1
@@ -93,11 +97,12 @@ def load_server_config(path: str | None) -> dict[str, Any]:
             name: d.model_dump(mode="json", exclude_unset=True)
             for name, d in definitions_from_config(load_config_data(candidate)).items()
         }
-    unknown = set(server) - {"allow", "providers", "limits", "ceilings", "memory_budget"}
+    known = {"allow", "providers", "limits", "ceilings", "memory_budget", "store"}
+    unknown = set(server) - known
     if unknown:
         raise InvalidArgument(
             f"unknown [server] settings in {candidate}: {', '.join(sorted(unknown))} "
-            "(known: allow, providers, limits, ceilings, memory_budget)"
+            f"(known: {', '.join(sorted(known))})"
         )
     if file:
         server["sandbox_defaults"] = file
@@ -132,6 +137,15 @@ def take_token(token_file: str | None) -> str | None:
     os.environ.pop(TOKEN_ENV, None)
     if token_file is not None:
         return read_token_file(token_file)
+    return from_env
+
+
+def take_store_location() -> str | None:
+    """``HUTCH_STORE``, taken out of this process's environment as the token
+    is (a PostgreSQL URL may carry a password)."""
+    from_env = os.environ.get(STORE_ENV) or None
+    _scrub_initial_environ(STORE_ENV)
+    os.environ.pop(STORE_ENV, None)
     return from_env
 
 
@@ -171,6 +185,7 @@ def serve(
     max_connections: int | None = None,
     allow_providers: Sequence[str] = (),
     provider: str | None = None,
+    store: str | None = None,
 ) -> None:
     """Run the daemon until interrupted. Refuses a non-loopback bind without a token.
 
@@ -181,7 +196,9 @@ def serve(
     host which clients may set, ``allow_providers`` providers that run on the
     host which they may use, on top of the config file's (``hutch.toml``: see
     :func:`load_server_config`); ``provider`` is the provider of requests
-    that name none (over the file's ``[sandbox] provider``). Everything
+    that name none (over the file's ``[sandbox] provider``); ``store`` where it
+keeps its state (over ``HUTCH_STORE``, over the file's ``[server] store``;
+default SQLite in the data directory). Everything
     that can be refused (the address, the data directory, the settings) is
     checked before the daemon starts; ``on_ready(url, data_dir)`` is called
     once it serves.
@@ -199,6 +216,12 @@ def serve(
         # Over the file's [sandbox] provider, as a flag is over the file.
         server_config.get("sandbox_defaults", {}).pop("provider", None)
         server_config["default_provider"] = provider
+
+    store = store or take_store_location()
+    if store is not None:
+        server_config["store"] = store
+    if server_config.get("store") is not None:
+        reach_store(server_config["store"])
 
     taken = take_token(token_file)
     token = token or taken

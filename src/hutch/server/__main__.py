@@ -41,12 +41,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-connections", type=int, default=None,
                         help="most client connections at once (default 4096, or half "
                         "the open-files limit)")
+    parser.add_argument("--store", default=None, metavar="URL",
+                        help="where the daemon keeps its state: a postgresql:// URL (also "
+                        "HUTCH_STORE, or [server] store in hutch.toml); default: SQLite in "
+                        "the data directory")
     args = parser.parse_args(argv)
     try:
         serve(args.host, args.port, data_dir=args.data_dir, retention_seconds=args.retention,
               token_file=args.token_file, allow=args.allow, config_file=args.config,
               max_connections=args.max_connections, allow_providers=args.allow_provider,
-              provider=args.provider)
+              provider=args.provider, store=args.store)
     except HutchError as exc:
         print(f"hutch serve: {exc}", file=sys.stderr)
         return 2

@@ -42,6 +42,7 @@ from .._errors import (
     error_from_code,
 )
 from ..daemon import Daemon, default_data_dir
+from ..store import open_store
 from . import e2b
 from .errors import error_json, unexpected_error_json
 from .hot import HotRoutes
@@ -131,6 +132,8 @@ def create_app(
                              os.path.join(os.environ["HUTCH_HOME"], "spool"))
         daemon = Daemon(
             settings.data_dir, sandbox_defaults=settings.sandbox_defaults,
+            store=None if settings.store is None else open_store(
+                settings.store, os.environ["HUTCH_HOME"]),
             timeout_ceiling=settings.timeout_ceiling,
             retention_seconds=settings.retention_seconds, policy=settings.policy(),
             definitions=settings.definitions, default_provider=settings.default_provider,

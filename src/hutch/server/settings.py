@@ -42,6 +42,9 @@ class ServerSettings(BaseModel):
     #: the most a request may ask for; see hutch.daemon.policy.
     limits: dict[str, Any] = {}
     ceilings: dict[str, Any] = {}
+    #: Where the daemon keeps its state (hutch.store.open_store): None for
+    #: SQLite in the data directory, or a ``postgresql://`` URL.
+    store: str | None = None
     #: The operator's sandbox definitions (``[definitions.NAME]`` in hutch.toml).
     definitions: dict[str, dict[str, Any]] = {}
 

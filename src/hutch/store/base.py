@@ -9,11 +9,13 @@ several daemons) joins by implementing :class:`Store`.
 from __future__ import annotations
 
 import abc
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .._errors import Unauthorized
+from .._liveness import still_running
 
 
 @dataclass
@@ -347,3 +349,23 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def release_lease(self, name: str, holder: str) -> None:
         """Give the lease back (only ``holder``'s own)."""
+
+
+def holder_alive(holder: str) -> bool:
+    """A holder is ``host:pid:start:nonce`` (``host:pid:nonce`` from an older
+    hutch); one of this host whose process is gone left its lease behind (it
+    was killed): the lease is free. With its start time, a pid the kernel
+    has since given to another process does not hold it either."""
+    host, *fields = holder.split(":")
+    pid_text = fields[0] if fields else ""
+    if host != os.uname().nodename or not pid_text.isdigit():
+        return True  # another host's: only its expiry frees it
+    if len(fields) == 3 and fields[1].isdigit():
+        return still_running(int(pid_text), int(fields[1]))
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -17,7 +17,6 @@ from contextlib import contextmanager
 from typing import Any
 
 from .._errors import StoreUnavailable
-from .._liveness import still_running
 from ..states import FINAL_VALUES
 from .base import (
     DefinitionRow,
@@ -27,6 +26,7 @@ from .base import (
     SnapshotRow,
     Store,
     WorkspaceRow,
+    holder_alive,
 )
 
 _SCHEMA = """
@@ -579,7 +579,7 @@ class SQLiteStore(Store):
             rows = list(db.execute("SELECT holder, expires_at_unix FROM leases WHERE name = ?",
                                    (name,)))
             if rows and rows[0]["holder"] != holder and rows[0]["expires_at_unix"] > now \
-                    and _holder_alive(rows[0]["holder"]):
+                    and holder_alive(rows[0]["holder"]):
                 return False
             db.execute(
                 "INSERT OR REPLACE INTO leases (name, holder, expires_at_unix) VALUES (?, ?, ?)",
@@ -600,23 +600,3 @@ def _instance(r: sqlite3.Row) -> InstanceRow:
         n: json.loads(r[n]) if n in ("description", "spec") else r[n]
         for n in _INSTANCE_COLUMNS
     })
-
-
-def _holder_alive(holder: str) -> bool:
-    """A holder is ``host:pid:start:nonce`` (``host:pid:nonce`` from an older
-    hutch); one of this host whose process is gone left its lease behind (it
-    was killed): the lease is free. With its start time, a pid the kernel
-    has since given to another process does not hold it either."""
-    host, *fields = holder.split(":")
-    pid_text = fields[0] if fields else ""
-    if host != os.uname().nodename or not pid_text.isdigit():
-        return True  # another host's: only its expiry frees it
-    if len(fields) == 3 and fields[1].isdigit():
-        return still_running(int(pid_text), int(fields[1]))
-    try:
-        os.kill(int(pid_text), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

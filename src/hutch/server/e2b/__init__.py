@@ -9,17 +9,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI
 
 from ...daemon import Daemon
-from ..asgi import ASGIApp
+from ..asgi import ASGIApp, Receive, Scope, Send, header
 from ..middleware import BodyLimit, CancelOnDisconnect
 from .control import control_app
 from .dispatch import E2BWire
 from .envd import envd_app
+from .errors import send_connect_error, send_control_error
 from .preview import preview_app
+
+Refusal = Callable[[Send, str], Awaitable[None]]
 
 
 def mount(
@@ -30,12 +33,32 @@ def mount(
     credentials, not hutch's bearer token)."""
     control = control_app()
 
-    def guarded(inner: ASGIApp) -> ASGIApp:
-        return CancelOnDisconnect(BodyLimit(inner, max_bytes=max_body_bytes))
+    def guarded(inner: ASGIApp, refuse: Refusal) -> ASGIApp:
+        # A body announced too large is refused in the wire's own error shape
+        # before BodyLimit (hutch's shape) sees it; one that grows past the
+        # cap raises inside the app, whose handlers give the wire's shape.
+        limited = BodyLimit(inner, max_bytes=max_body_bytes)
+
+        async def app(scope: Scope, receive: Receive, send: Send) -> None:
+            announced = header(scope, b"content-length")
+            if announced is not None and announced.isdigit() and int(
+                    announced) > max_body_bytes:
+                await refuse(send, f"request body ({announced} bytes) is over the cap of "
+                             f"{max_body_bytes} bytes")
+                return
+            await limited(scope, receive, send)
+
+        return CancelOnDisconnect(app)
+
+    async def control_refusal(send: Send, message: str) -> None:
+        await send_control_error(send, 413, message)
+
+    async def envd_refusal(send: Send, message: str) -> None:
+        await send_connect_error(send, "resource_exhausted", message)
 
     app.add_middleware(
-        E2BWire, daemon=daemon, token=token, control=guarded(control),
-        envd=guarded(envd_app()), preview=CancelOnDisconnect(preview_app()),
+        E2BWire, daemon=daemon, token=token, control=guarded(control, control_refusal),
+        envd=guarded(envd_app(), envd_refusal), preview=CancelOnDisconnect(preview_app()),
     )
 
 

@@ -1,5 +1,5 @@
 """The E2B control plane (REST, JSON): create, connect, list, pause, kill and
-timeouts, as the E2B SDKs' generated clients send and parse them
+timeouts, snapshots and forks, as the E2B SDKs' generated clients send and parse them
 (``e2b/api/client/models`` in the Python SDK; the npm SDK's schema is the
 same document).
 
@@ -192,6 +192,15 @@ class Control:
         auto_resume = body.get("autoResume")
         if isinstance(auto_resume, Mapping) and auto_resume.get("enabled") is False:
             flags["auto_resume"] = False
+        snapshot = self._snapshot_named(template)
+        if snapshot is not None:
+            # A snapshot's ID is a template (E2B's create_snapshot): the
+            # sandbox starts from its state, with its origin's settings.
+            options = {k: v for k, v in flags.items() if k in ("metadata", "on_timeout",
+                                                                "auto_resume")}
+            sandbox = await self.daemon.create_from_snapshot(snapshot, options)
+            await self._timed(sandbox, timeout)
+            return sandbox
         spec = self.daemon.spec_from_request(flags)
         if getattr(spec.provider, "no_new_privileges", False):
             # E2B's templates' user has passwordless sudo (hutch image build
@@ -199,12 +208,63 @@ class Control:
             spec = spec.model_copy(update={
                 "provider": spec.provider.model_copy(update={"no_new_privileges": False})})
         sandbox = await self.daemon.create_sandbox(spec)
+        await self._timed(sandbox, timeout)
+        return sandbox
+
+    async def _timed(self, sandbox: Sandbox, timeout: float) -> None:
+        """Give a new sandbox its deadline, or end it."""
         try:
             await sandbox.set_timeout(timeout)
         except BaseException:
             await self.daemon.delete_sandbox(sandbox.id)
             raise
-        return sandbox
+
+    def _snapshot_named(self, template: str) -> str | None:
+        try:
+            return self.daemon.get_snapshot(template).id
+        except HutchError:
+            return None
+
+    # -- snapshots and forks ------------------------------------------------------------
+    async def snapshot(self, sandbox_id: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Capture the sandbox: its snapshot is a template for create."""
+        self.owner_only("snapshot a sandbox")
+        sandbox = self.sandbox(sandbox_id)
+        name = body.get("name")
+        if name is not None and not isinstance(name, str):
+            raise InvalidArgument("name must be a string")
+        row = await self.daemon.snapshot_sandbox(sandbox.id, name)
+        return snapshot_info(row.id, row.label)
+
+    def snapshots(self, query: Mapping[str, str]) -> list[dict[str, Any]]:
+        self.owner_only("list snapshots")
+        rows = [r for r in self.daemon.list_snapshots()
+                if (not query.get("sandboxID") or r.sandbox_id == query["sandboxID"])
+                and (not query.get("name") or r.label == query["name"])]
+        rows.sort(key=lambda r: r.created_at_unix, reverse=True)
+        return [snapshot_info(r.id, r.label) for r in rows[:_limit(query.get("limit"))]]
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        self.owner_only("remove snapshots")
+        self.daemon.get_snapshot(snapshot_id)  # 404 for what is no snapshot
+        await self.daemon.delete_snapshot(snapshot_id)
+
+    async def fork(self, sandbox_id: str, body: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """``count`` sandboxes started from this one's state now."""
+        self.owner_only("fork a sandbox")
+        sandbox = self.sandbox(sandbox_id)
+        count = body.get("count", 1)
+        timeout = body.get("timeout", DEFAULT_TIMEOUT)
+        if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout <= 0:
+            raise InvalidArgument(f"timeout must be a positive number of seconds, not {timeout!r}")
+        options = {k: v for k, v in sandbox.spec.options.model_dump().items()
+                   if k in ("metadata", "on_timeout", "auto_resume")} if sandbox.spec else {}
+        _, branches = await self.daemon.fork_sandbox(sandbox.id, None, count, options)
+        results = []
+        for branch in branches:
+            await self._timed(branch, timeout)
+            results.append({"sandbox": self.created(branch)})
+        return results
 
     async def connect(self, sandbox_id: str, body: Mapping[str, Any]) -> tuple[Sandbox, bool]:
         """Resume the sandbox if it is paused; (it, whether it was resumed)."""
@@ -288,6 +348,11 @@ class Control:
 
 
 # -- request values -----------------------------------------------------------------------
+
+
+def snapshot_info(snapshot_id: str, name: str | None) -> dict[str, Any]:
+    """The ``SnapshotInfo`` model."""
+    return {"snapshotID": snapshot_id, "names": [name] if name else []}
 
 
 def _string_map(value: Any, name: str) -> dict[str, str]:
@@ -439,6 +504,27 @@ def control_app() -> FastAPI:
             return JSONResponse(control_body(409, f"sandbox {sandbox_id} is already running"),
                                 status_code=409)
         return JSONResponse(c.created(sandbox), status_code=201)
+
+    @app.post("/sandboxes/{sandbox_id}/snapshots")
+    async def snapshot(request: Request, sandbox_id: str) -> JSONResponse:
+        c = control(request)
+        return JSONResponse(await c.snapshot(sandbox_id, await _json_body(request)),
+                            status_code=201)
+
+    @app.get("/snapshots")
+    async def snapshots(request: Request) -> JSONResponse:
+        return JSONResponse(control(request).snapshots(request.query_params))
+
+    @app.delete("/templates/{template_id}")
+    async def delete_snapshot(request: Request, template_id: str) -> Response:
+        await control(request).delete_snapshot(template_id)
+        return Response(status_code=204)
+
+    @app.post("/sandboxes/{sandbox_id}/fork")
+    async def fork(request: Request, sandbox_id: str) -> JSONResponse:
+        c = control(request)
+        return JSONResponse(await c.fork(sandbox_id, await _json_body(request)),
+                            status_code=201)
 
     @app.get("/sandboxes/{sandbox_id}/metrics")
     async def metrics(request: Request, sandbox_id: str) -> JSONResponse:

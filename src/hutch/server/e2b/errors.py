@@ -37,7 +37,7 @@ CONTROL_STATUS: dict[str, int] = {
     "daemon_busy": 429,
     "resource_exhausted": 429,
     "capability_unsupported": 400,
-    "output_limit_exceeded": 400,
+    "output_limit_exceeded": 413,
 }
 
 

@@ -3,7 +3,7 @@
 A command started through it is a hutch background command (or, with a
 ``pty``, a terminal) known by a number, its pid, as envd's callers name it.
 It lives on its own, apart from the stream that started it: that stream (or
-one made later by ``Connect``) only watches it, and a watcher gone leaves it
+one made later by ``Connect``) only follows it, and a follower gone leaves it
 running, as envd does. Its output is handed to the streams watching it as it
 comes, from the moment each began to watch. The deadline of the ``Start``
 call is the command's: at it the command's whole process tree is killed and
@@ -13,6 +13,7 @@ its streams end with ``deadline_exceeded``.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import time
@@ -38,28 +39,54 @@ from .connect import (
     unb64,
 )
 
-#: Events a watcher may fall behind by before the command waits for it.
-WATCHER_BACKLOG = 64
+#: Bytes of events a stream may fall behind by; past them it is cut off
+#: (its end says so) rather than hold the command or the daemon's memory.
+MAX_BACKLOG_BYTES = 32 * 1024 * 1024
 
 #: Signals by the names envd's enum gives them (and their numbers).
 SIGNALS = {"SIGNAL_SIGKILL": 9, "SIGNAL_SIGTERM": 15, 9: 9, 15: 15}
 
-#: An event for watchers: a ProcessEvent, or the error their stream ends with.
+#: An event for followers: a ProcessEvent, or the error their stream ends with.
 Item = dict[str, Any] | ConnectError
 
 
-class Watcher:
-    """One stream's view of a command's events."""
+class Follower:
+    """One stream's view of a command's events: those not yet sent. Handing
+    them over never waits for the stream (a caller that reads slowly, or
+    not at all, holds neither the command nor the others watching it)."""
 
     def __init__(self) -> None:
-        self.queue: asyncio.Queue[Item] = asyncio.Queue(WATCHER_BACKLOG)
+        self.backlog: collections.deque[tuple[Item, int]] = collections.deque()
+        self.backlog_bytes = 0
+        self.ready = asyncio.Event()
         self.gone = False
 
+    def put(self, item: Item, size: int) -> None:
+        if self.gone:
+            return
+        if self.backlog_bytes + size > MAX_BACKLOG_BYTES:
+            self.backlog.clear()
+            self.backlog_bytes = 0
+            self.gone = True
+            item, size = ConnectError(
+                "resource_exhausted", f"the stream fell more than {MAX_BACKLOG_BYTES} bytes "
+                "behind the command and was cut off (the command runs on: connect again)"), 0
+        self.backlog.append((item, size))
+        self.backlog_bytes += size
+        self.ready.set()
+
+    async def get(self) -> Item:
+        while not self.backlog:
+            self.ready.clear()
+            await self.ready.wait()
+        item, size = self.backlog.popleft()
+        self.backlog_bytes -= size
+        return item
+
     def leave(self) -> None:
-        """Stop watching; a publisher waiting on the full queue is let go."""
         self.gone = True
-        while not self.queue.empty():
-            self.queue.get_nowait()
+        self.backlog.clear()
+        self.backlog_bytes = 0
 
 
 @dataclass
@@ -72,26 +99,26 @@ class EnvdProcess:
     tag: str | None
     process: Process | None = None
     pty: PtyProcess | None = None
-    watchers: set[Watcher] = field(default_factory=set)
+    followers: set[Follower] = field(default_factory=set)
     #: Set when its Start call's deadline killed it.
     expired: bool = False
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
     deadline_task: asyncio.Task[None] | None = None
 
-    def watch(self) -> Watcher:
-        watcher = Watcher()
-        self.watchers.add(watcher)
-        return watcher
+    def follow(self) -> Follower:
+        follower = Follower()
+        self.followers.add(follower)
+        return follower
 
-    def unwatch(self, watcher: Watcher) -> None:
-        self.watchers.discard(watcher)
-        watcher.leave()
+    def unfollow(self, follower: Follower) -> None:
+        self.followers.discard(follower)
+        follower.leave()
 
-    async def publish(self, item: Item) -> None:
-        for watcher in list(self.watchers):
-            if not watcher.gone:
-                await watcher.queue.put(item)
+    def publish(self, item: Item, size: int = 0) -> None:
+        """Hand ``item`` (of ``size`` bytes of output) to every stream watching."""
+        for follower in list(self.followers):
+            follower.put(item, size)
 
     def info(self) -> dict[str, Any]:
         out: dict[str, Any] = {"config": self.config, "pid": self.pid}
@@ -221,7 +248,7 @@ class ProcessService:
             config={"cmd": cmd, "args": args, "envs": envs, **({"cwd": cwd} if cwd else {})},
         )
         argv = [cmd, *args]
-        watcher = entry.watch()
+        follower = entry.follow()
         if pty is not None:
             size = submessage(pty, "size") or {}
             rows, cols = uint(size, "rows", default=24), uint(size, "cols", default=80)
@@ -230,7 +257,7 @@ class ProcessService:
             await self._start_command(entry, call, argv, envs, cwd, stdin)
         self.table.add(entry)
         entry.arm_deadline(call.timeout)
-        return self._events(entry, watcher, call, kills=True)
+        return self._events(entry, follower, call, kills=True)
 
     async def _start_command(
         self, entry: EnvdProcess, call: Call, argv: list[str], envs: dict[str, str],
@@ -246,12 +273,12 @@ class ProcessService:
             try:
                 async for event in process.stream():
                     if isinstance(event, OutputChunk):
-                        await entry.publish({"data": {event.stream: b64(event.data)}})
+                        entry.publish({"data": {event.stream: b64(event.data)}}, len(event.data))
                     elif isinstance(event, ExitStatus):
-                        await entry.publish(entry.end_item(
+                        entry.publish(entry.end_item(
                             event.exit_code, oom_killed=event.oom_killed))
             except HutchError as exc:
-                await entry.publish(
+                entry.publish(
                     entry.end_item(-1) if entry.expired else connect_error(exc))
             finally:
                 self._ended(entry)
@@ -273,14 +300,14 @@ class ProcessService:
                     entry.pty = proc
                     started.set_result(None)
                     while (chunk := await proc.read()) is not None:
-                        await entry.publish({"data": {"pty": b64(chunk.data)}})
+                        entry.publish({"data": {"pty": b64(chunk.data)}}, len(chunk.data))
                     code = await proc.wait()
-                    await entry.publish(entry.end_item(code))
+                    entry.publish(entry.end_item(code))
             except BaseException as exc:
                 if not started.done():
                     started.set_exception(exc)
                 elif isinstance(exc, Exception):
-                    await entry.publish(connect_error(exc))
+                    entry.publish(connect_error(exc))
                 else:
                     raise
             finally:
@@ -297,10 +324,10 @@ class ProcessService:
 
     async def connect(self, call: Call, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         entry = self.table.find(call.sandbox, submessage(request, "process"))
-        return self._events(entry, entry.watch(), call, kills=False)
+        return self._events(entry, entry.follow(), call, kills=False)
 
     async def _events(
-        self, entry: EnvdProcess, watcher: Watcher, call: Call, *, kills: bool,
+        self, entry: EnvdProcess, follower: Follower, call: Call, *, kills: bool,
     ) -> AsyncIterator[dict[str, Any]]:
         """A stream's messages: the start, the command's events as they come
         (keepalives between them when asked for), its end."""
@@ -309,7 +336,7 @@ class ProcessService:
             while True:
                 waits = [w for w in (call.keepalive, call.timeout) if w is not None]
                 try:
-                    item = await asyncio.wait_for(watcher.queue.get(), min(waits, default=None))
+                    item = await asyncio.wait_for(follower.get(), min(waits, default=None))
                 except TimeoutError:
                     if call.deadline is not None and time.monotonic() >= call.deadline:
                         if kills:
@@ -329,7 +356,7 @@ class ProcessService:
                 if "end" in item:
                     return
         finally:
-            entry.unwatch(watcher)
+            entry.unfollow(follower)
 
     # unary calls ------------------------------------------------------------------------------
     async def list(self, call: Call, request: dict[str, Any]) -> dict[str, Any]:
