@@ -40,7 +40,7 @@ from ._process import (
     collect_output,
     kill_shielded,
 )
-from ._refwire import attachment_json, check_ref_lifetime
+from ._refwire import check_ref_lifetime
 from ._sandbox_paths import sandbox_path, within
 from ._snapshots import Fork, SandboxFactory, new_snapshot_id, snapshot_record
 from ._types import (
@@ -653,21 +653,9 @@ class Sandbox:
             "meter": status.meter,
             "memory_bytes": memory,
             "open_operations": self.open_operations,
-            "attachments": self._attachments(),
+            "attachments": self._live.attachments_json(),
             "refs": [] if self._live.server is None else self._live.server.refs_json(),
         }
-
-    def _attachments(self) -> list[dict[str, Any]]:
-        """The sessions attached now: in this process, and through the server
-        that serves it to other processes (whose refs still work)."""
-        server = self._live.server
-        working = None if server is None else {r.id for r in server.open_refs()}
-        here = [
-            attachment_json(a.session_id, a.ref, a.attached_at_unix, None)
-            for a in self._live.attached.values()
-            if working is None or a.ref.id in working
-        ]
-        return here + ([] if server is None else server.attachments())
 
     @property
     def meter(self) -> dict[str, float]:

@@ -246,15 +246,6 @@ class Snapshot:
     #: The settings (a ``SandboxSpec`` dump) of the sandbox it came from.
     spec: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> Snapshot:
-        return cls(
-            id=str(data["id"]), label=data.get("label"), sandbox_id=data.get("sandbox_id"),
-            parent_id=data.get("parent_id"), size_bytes=int(data.get("size_bytes") or 0),
-            created_at_unix=float(data.get("created_at_unix") or 0.0),
-            provider=str(data.get("provider", "")),
-        )
-
     def as_dict(self) -> dict[str, Any]:
         """The wire form (``GET /v1/snapshots/{id}``)."""
         return {
@@ -283,7 +274,3 @@ class SnapshotDependent:
 
     def as_dict(self) -> dict[str, str]:
         return {"kind": self.kind, "id": self.id}
-
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> SnapshotDependent:
-        return cls(kind=str(data["kind"]), id=str(data["id"]))

@@ -15,9 +15,9 @@ from typing import Any
 from .._errors import Unauthorized
 from .._refwire import DaemonRef, decode_ref
 from .._types import FileEvent, Snapshot
+from ._answers import EnsureProgress
 from ._core import (
     ClientOps,
-    EnsureProgress,
     ForkOps,
     ProcessOps,
     RemoteEnsured,

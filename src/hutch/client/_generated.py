@@ -43,7 +43,7 @@ if TYPE_CHECKING:
         RemoteSandbox,
         RemoteWatcher,
     )
-    from ._core import EnsureProgress
+    from ._answers import EnsureProgress
     from ._shell import AsyncRemotePty, RemotePty
     from ._transports import AsyncTransport, SyncTransport
 

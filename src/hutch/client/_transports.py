@@ -12,16 +12,15 @@ import anyio.to_thread
 import httpx
 
 from .._errors import HutchError
+from ._answers import EnsuredRef, decode_event
 from ._core import (
     BranchRef,
-    EnsuredRef,
     ForkRef,
     Op,
     ProcessRef,
     RemoteEnsured,
     SandboxRef,
     WatcherRef,
-    decode_event,
     note_exit,
     step,
 )

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from .._refwire import attachment_json
+
 if TYPE_CHECKING:
     from .._process import Process
     from .._types import Capabilities
@@ -121,6 +123,18 @@ class LiveSandbox:
             await self.end_watches()
             await self.end_processes()
             await self.backend.release_runtime()
+
+    def attachments_json(self) -> list[dict[str, Any]]:
+        """The sessions attached now: in this process, and through the server
+        that serves it to other processes (whose refs still work)."""
+        server = self.server
+        working = None if server is None else {r.id for r in server.open_refs()}
+        here = [
+            attachment_json(a.session_id, a.ref, a.attached_at_unix, None)
+            for a in self.attached.values()
+            if working is None or a.ref.id in working
+        ]
+        return here + ([] if server is None else server.attachments())
 
 
 def closed_message(sandbox_id: str) -> str:

@@ -46,7 +46,7 @@ def router(daemon: DaemonGetter) -> APIRouter:
              response_model=wire.WatcherInfo)
     async def create_watcher(request: Request, sandbox_id: str, body: WatchBody) -> JSONResponse:
         """Watch a directory from now on; read its events with ``.../events``."""
-        sandbox = session_sandbox(daemon(), request, sandbox_id)
+        sandbox = await session_sandbox(daemon(), request, sandbox_id)
         watcher = await sandbox.watch(body.path, recursive=body.recursive)
         return JSONResponse(watcher_json(watcher), status_code=201)
 
@@ -58,14 +58,14 @@ def router(daemon: DaemonGetter) -> APIRouter:
             "Seconds to wait for the first event when there is none yet.")),
     ) -> JSONResponse:
         """The events since the last look (each told once)."""
-        watcher = daemon().get(sandbox_id).watcher(watcher_id)
+        watcher = (await daemon().get(sandbox_id)).watcher(watcher_id)
         events = await watcher.events(wait=wait)
         return JSONResponse({"events": [event_json(e) for e in events],
                              "active": watcher.active})
 
     @v1.delete("/sandboxes/{sandbox_id}/watchers/{watcher_id}", status_code=204)
     async def close_watcher(sandbox_id: str, watcher_id: str) -> Response:
-        await daemon().get(sandbox_id).watcher(watcher_id).close()
+        await (await daemon().get(sandbox_id)).watcher(watcher_id).close()
         return Response(status_code=204)
 
     @v1.get("/sandboxes/{sandbox_id}/watch", **WATCH_LINES)
@@ -75,8 +75,8 @@ def router(daemon: DaemonGetter) -> APIRouter:
     ) -> StreamingResponse:
         """One watch as a stream, closed when the caller goes."""
         # Started before the answer: a missing directory is its status, not a line.
-        watcher = await session_sandbox(daemon(), request, sandbox_id).watch(
-            path, recursive=recursive)
+        sandbox = await session_sandbox(daemon(), request, sandbox_id)
+        watcher = await sandbox.watch(path, recursive=recursive)
 
         async def lines() -> AsyncIterator[bytes]:
             try:

@@ -116,7 +116,7 @@ class EnvdApp:
             await error_response(400, "E2b-Sandbox-Id names no sandbox")(scope, receive, send)
             return
         try:
-            sandbox = daemon.get(sandbox_id)
+            sandbox = await daemon.get(sandbox_id)
         except (NotFound, SandboxExpired, SandboxUnavailable) as exc:
             # Gone (or never there): as E2B's proxy says it, which the SDKs
             # turn into "the sandbox is not running".
