@@ -622,3 +622,30 @@ def test_entries_name_their_owner_and_a_user_s_files_are_theirs(envd: Envd) -> N
     nobody = envd.http.post("/files", params={"path": "/tmp/nobody.txt", "username": "nosuch"},
                             files={"file": ("x", b"x")})
     assert nobody.status_code == 400
+
+
+@pytest.mark.docker
+def test_malformed_requests_are_invalid_arguments(envd: Envd) -> None:
+    for method, message in [
+        ("filesystem.Filesystem/Stat", {"path": 5}),
+        ("filesystem.Filesystem/ListDir", {"path": "/", "depth": "deep"}),
+        ("filesystem.Filesystem/ListDir", {"path": "/", "depth": 1e300}),
+        ("process.Process/SendSignal", {"process": "1", "signal": "SIGNAL_SIGKILL"}),
+        ("process.Process/SendInput", {"process": {"pid": 1000}, "input": {"stdin": "*"}}),
+    ]:
+        answer = envd.unary(method, message)
+        assert answer.status_code in (400, 404), (method, answer.text)
+        assert answer.json()["code"] in ("invalid_argument", "not_found"), answer.text
+    not_json = envd.http.post("/filesystem.Filesystem/Stat", content=b"{",
+                              headers={"Content-Type": "application/json"})
+    assert (not_json.status_code, not_json.json()["code"]) == (400, "invalid_argument")
+    for start in [{"process": {"cmd": "/bin/true", "args": "x"}},
+                  {"process": {"cmd": "/bin/true", "envs": {"A": 1}}},
+                  {"process": {"cmd": "/bin/true"}, "pty": {"size": {"rows": 0, "cols": 9}}},
+                  {"process": {}}]:
+        events = envd.stream("process.Process/Start", start)
+        assert events[-1][0] == "end"
+        assert events[-1][1]["error"]["code"] == "invalid_argument", events
+    half = envd.http.post("/process.Process/Start", content=b"\x00\x00\x00\x00\x09{}",
+                          headers={"Content-Type": STREAM})
+    assert frames(half.content)[-1][1]["error"]["code"] == "invalid_argument"

@@ -40,7 +40,7 @@ from ._process import (
     collect_output,
     kill_shielded,
 )
-from ._refwire import attachment_json, check_ref_lifetime
+from ._refwire import check_ref_lifetime
 from ._sandbox_paths import sandbox_path, within
 from ._snapshots import Fork, SandboxFactory, new_snapshot_id, snapshot_record
 from ._types import (
@@ -54,6 +54,7 @@ from ._types import (
     GrepMatch,
     Snapshot,
 )
+from ._watch import Watcher
 from .core.commands import ExecCall, events_until_exit, forget_finished, process_request
 from .core.fileops import make_directory, not_the_workdir, rename_entry
 from .core.live import Attachment, LiveSandbox, closed_message
@@ -516,6 +517,37 @@ class Sandbox:
             self._session_guard.mark_read(full_destination)
         self._session_guard.forget(full_source)
 
+    async def watch(self, path: str = ".", *, recursive: bool = False) -> Watcher:
+        """Watch the directory ``path`` for changes below it (in every
+        directory below it too when ``recursive``), from the moment this
+        returns: a :class:`~hutch._watch.Watcher` whose events (created,
+        written, removed, renamed) come as a stream (``async for``) or
+        collected since the last look (``await watcher.events(wait=...)``).
+        SandboxFileNotFound when ``path`` is missing, SandboxNotADirectory
+        when it is not a directory. ``capabilities.watch`` says how the
+        sandbox's runtime learns of changes (``inotify`` or ``poll``).
+        Watching is not activity: it keeps no idle sandbox awake."""
+        if not isinstance(recursive, bool):
+            raise InvalidArgument(f"recursive must be true or false, not {recursive!r}")
+        full = self.path(path)
+        async with self._operation("watch", activity=False):
+            runtime = self._runtime
+            backend = await runtime.watch(full, recursive)
+        watcher = Watcher(backend, full, recursive, runtime.watch_kind,
+                          on_close=self._watch_closed)
+        self._live.watchers[watcher.id] = watcher
+        return watcher
+
+    def _watch_closed(self, watcher: Watcher) -> None:
+        self._live.watchers.pop(watcher.id, None)
+
+    def watcher(self, watcher_id: str) -> Watcher:
+        """A watch of this sandbox by its id (NotFound once closed)."""
+        try:
+            return self._live.watchers[watcher_id]
+        except KeyError:
+            raise NotFound(f"no watch {watcher_id} in sandbox {self.id}") from None
+
     async def grep(
         self,
         pattern: str,
@@ -621,21 +653,9 @@ class Sandbox:
             "meter": status.meter,
             "memory_bytes": memory,
             "open_operations": self.open_operations,
-            "attachments": self._attachments(),
+            "attachments": self._live.attachments_json(),
             "refs": [] if self._live.server is None else self._live.server.refs_json(),
         }
-
-    def _attachments(self) -> list[dict[str, Any]]:
-        """The sessions attached now: in this process, and through the server
-        that serves it to other processes (whose refs still work)."""
-        server = self._live.server
-        working = None if server is None else {r.id for r in server.open_refs()}
-        here = [
-            attachment_json(a.session_id, a.ref, a.attached_at_unix, None)
-            for a in self._live.attached.values()
-            if working is None or a.ref.id in working
-        ]
-        return here + ([] if server is None else server.attachments())
 
     @property
     def meter(self) -> dict[str, float]:

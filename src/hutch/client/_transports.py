@@ -12,15 +12,15 @@ import anyio.to_thread
 import httpx
 
 from .._errors import HutchError
+from ._answers import EnsuredRef, decode_event
 from ._core import (
     BranchRef,
-    EnsuredRef,
     ForkRef,
     Op,
     ProcessRef,
     RemoteEnsured,
     SandboxRef,
-    decode_event,
+    WatcherRef,
     note_exit,
     step,
 )
@@ -63,6 +63,8 @@ class _Transport:
             return self.factories["fork"](self, value.snapshot, branches)
         if isinstance(value, ProcessRef):
             return self.factories["process"](self, value.sandbox_id, value.info)
+        if isinstance(value, WatcherRef):
+            return self.factories["watcher"](self, value.sandbox_id, value.info)
         if isinstance(value, list) and value and isinstance(value[0], SandboxRef | ProcessRef):
             return [self.wrap(v) for v in value]
         return value

@@ -52,7 +52,7 @@ def preview_app() -> ASGIApp:
             await send_control_error(send, 404, "no sandbox named")
             return
         try:
-            sandbox = caller.daemon.get(caller.sandbox_id)
+            sandbox = await caller.daemon.get(caller.sandbox_id)
             base = await sandbox.preview_url(port)
         except HutchError as exc:
             status, error = control_error(exc)
