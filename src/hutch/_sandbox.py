@@ -52,6 +52,7 @@ from ._types import (
     GrepMatch,
     Snapshot,
 )
+from ._watch import Watcher
 from .core.commands import ExecCall, events_until_exit, forget_finished, process_request
 from .core.fileops import make_directory, not_the_workdir, rename_entry, search_bounded
 from .core.live import Attachment, LiveSandbox, closed_message
@@ -513,6 +514,37 @@ class Sandbox:
         else:
             self._session_guard.mark_read(full_destination)
         self._session_guard.forget(full_source)
+
+    async def watch(self, path: str = ".", *, recursive: bool = False) -> Watcher:
+        """Watch the directory ``path`` for changes below it (in every
+        directory below it too when ``recursive``), from the moment this
+        returns: a :class:`~hutch._watch.Watcher` whose events (created,
+        written, removed, renamed) come as a stream (``async for``) or
+        collected since the last look (``await watcher.events(wait=...)``).
+        SandboxFileNotFound when ``path`` is missing, SandboxNotADirectory
+        when it is not a directory. ``capabilities.watch`` says how the
+        sandbox's runtime learns of changes (``inotify`` or ``poll``).
+        Watching is not activity: it keeps no idle sandbox awake."""
+        if not isinstance(recursive, bool):
+            raise InvalidArgument(f"recursive must be true or false, not {recursive!r}")
+        full = self.path(path)
+        async with self._operation("watch", activity=False):
+            runtime = self._runtime
+            backend = await runtime.watch(full, recursive)
+        watcher = Watcher(backend, full, recursive, runtime.watch_kind,
+                          on_close=self._watch_closed)
+        self._live.watchers[watcher.id] = watcher
+        return watcher
+
+    def _watch_closed(self, watcher: Watcher) -> None:
+        self._live.watchers.pop(watcher.id, None)
+
+    def watcher(self, watcher_id: str) -> Watcher:
+        """A watch of this sandbox by its id (NotFound once closed)."""
+        try:
+            return self._live.watchers[watcher_id]
+        except KeyError:
+            raise NotFound(f"no watch {watcher_id} in sandbox {self.id}") from None
 
     async def grep(
         self,

@@ -367,6 +367,31 @@ export class Sandbox {
     });
   }
 
+  /**
+   * Make the directory `path`, as `fs.mkdir`/`pathlib`: its missing parents
+   * too with `parents`; one already there is `SandboxFileExists` unless
+   * `existOk`; a file where a parent must be is `SandboxNotADirectory`.
+   */
+  async mkdir(path: string, options: { parents?: boolean; existOk?: boolean } = {}): Promise<void> {
+    await this.transport.send(route("post", "/v1/sandboxes/{sandbox_id}/mkdir", this.target()), {
+      json: { path, parents: Boolean(options.parents), exist_ok: Boolean(options.existOk) },
+      timeout: 120,
+    });
+  }
+
+  /**
+   * Move `source` to `destination` inside the sandbox (a file or a whole
+   * directory). Something at `destination` is `SandboxFileExists` unless
+   * `overwrite`; then as rename(2) (a file replaces a file, a directory an
+   * empty directory).
+   */
+  async rename(source: string, destination: string, options: { overwrite?: boolean } = {}): Promise<void> {
+    await this.transport.send(route("post", "/v1/sandboxes/{sandbox_id}/rename", this.target()), {
+      json: { source, destination, overwrite: Boolean(options.overwrite) },
+      timeout: 600,
+    });
+  }
+
   /** Lines matching the regular expression `pattern` in the files under `path`. */
   async grep(pattern: string, path = ".", options: GrepOptions = {}): Promise<GrepMatch[]> {
     const timeout = options.timeout ?? DEFAULT_SEARCH_TIMEOUT;

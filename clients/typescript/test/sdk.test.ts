@@ -215,6 +215,25 @@ describe("files", () => {
     assert.equal(await sb.exists("tree"), false);
   });
 
+  test("mkdir and rename", async () => {
+    await sb.mkdir("made/deep/er", { parents: true });
+    assert.equal((await sb.stat("made/deep/er")).type, "directory");
+    await rejectsWith(sb.mkdir("made"), hutch.SandboxFileExists, "file_exists");
+    await sb.mkdir("made", { existOk: true });
+    await rejectsWith(sb.mkdir("none/such"), hutch.SandboxFileNotFound, "file_not_found");
+    await sb.writeText("made/file.txt", "moved");
+    await rejectsWith(sb.mkdir("made/file.txt/sub", { parents: true }), hutch.SandboxNotADirectory, "not_a_directory");
+    await sb.rename("made/file.txt", "made/deep/moved.txt");
+    assert.equal(await sb.readText("made/deep/moved.txt"), "moved");
+    assert.equal(await sb.exists("made/file.txt"), false);
+    await sb.writeText("made/other.txt", "other");
+    await rejectsWith(sb.rename("made/other.txt", "made/deep/moved.txt"), hutch.SandboxFileExists, "file_exists");
+    await sb.rename("made/other.txt", "made/deep/moved.txt", { overwrite: true });
+    assert.equal(await sb.readText("made/deep/moved.txt"), "other");
+    await sb.rename("made/deep", "made/renamed");
+    assert.deepEqual((await sb.list("made/renamed")).map((e) => e.name).sort(), ["er", "moved.txt"]);
+  });
+
   test("grep and glob", async () => {
     await sb.writeText("src/app.py", "def main():\n    return 42\n");
     await sb.writeText("src/lib/util.py", "def helper():\n    pass\n");

@@ -21,6 +21,7 @@ from .._refwire import attachment_json
 if TYPE_CHECKING:
     from .._process import Process
     from .._types import Capabilities
+    from .._watch import Watcher
     from ..lifecycle.gate import LifecycleGate
     from ..lifecycle.records import LifecycleRecord
     from ..providers.base import SandboxBackend
@@ -48,6 +49,8 @@ class LiveSandbox:
         self.backend = backend
         self.gate = gate
         self.processes: dict[str, Process] = {}
+        #: Its directories watched (``Sandbox.watch``), by id.
+        self.watchers: dict[str, Watcher] = {}
         self.open_ops = 0
         self.closed = False
         #: Set once a close (or a reap) has released the backend.
@@ -89,6 +92,12 @@ class LiveSandbox:
             await process.kill()
         self.processes.clear()
 
+    async def end_watches(self) -> None:
+        """Stop every watch of its directories (the sandbox is going away)."""
+        for watcher in list(self.watchers.values()):
+            await watcher.close()
+        self.watchers.clear()
+
     async def reap(self) -> None:
         """Kill what runs and free the backend, for every session on it, once;
         a second caller waits until it is (the engine's reaping; an attached
@@ -101,6 +110,7 @@ class LiveSandbox:
         self.closed = True
         try:
             with anyio.CancelScope(shield=True):
+                await self.end_watches()
                 await self.end_processes()
                 await self.backend.close()
         finally:
@@ -111,6 +121,7 @@ class LiveSandbox:
         what the runtime held, its working directory's files kept until it is
         closed (deleted). Shielded, as a reaping is."""
         with anyio.CancelScope(shield=True):
+            await self.end_watches()
             await self.end_processes()
             await self.backend.release_runtime()
 
