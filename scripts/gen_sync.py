@@ -45,6 +45,7 @@ FACES = [
     Face("hutch._process", "Process", "SyncProcess"),
     Face("hutch._snapshots", "Fork", "SyncFork"),
     Face("hutch.providers.base", "PtyProcess", "SyncPtyProcess"),
+    Face("hutch._watch", "Watcher", "SyncWatcher"),
 ]
 
 
@@ -665,6 +666,7 @@ CLIENT_FACES = [
     ClientFace("SandboxOps", "AsyncSandboxFace", "SandboxFace"),
     ClientFace("ProcessOps", "AsyncProcessFace", "ProcessFace"),
     ClientFace("ForkOps", "AsyncForkFace", "ForkFace"),
+    ClientFace("WatcherOps", "AsyncWatcherFace", "WatcherFace"),
 ]
 
 #: What an operation's ``*Ref`` result is on each face (async, sync).
@@ -673,6 +675,7 @@ CLIENT_RESULTS = {
     "BranchRef": ("AsyncRemoteSandbox", "RemoteSandbox"),
     "ProcessRef": ("AsyncRemoteProcess", "RemoteProcess"),
     "ForkRef": ("AsyncRemoteFork", "RemoteFork"),
+    "WatcherRef": ("AsyncRemoteWatcher", "RemoteWatcher"),
     "EnsuredRef": ("RemoteEnsured", "RemoteEnsured"),
 }
 

@@ -64,6 +64,9 @@ class AsyncAdapter:
     def __init__(self, target: Any) -> None:
         self._target = target
 
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return _Deferred(lambda: self._target, (), {}).__aiter__()
+
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._target, name)
         # A check made on the spot (path, require) is the same plain function
@@ -78,12 +81,13 @@ _ASYNC_TWIN: dict[type, type] = {
     hutch.client.RemoteSandbox: hutch.client.AsyncRemoteSandbox,
     hutch.client.RemoteProcess: hutch.client.AsyncRemoteProcess,
     hutch.client.RemoteFork: hutch.client.AsyncRemoteFork,
+    hutch.client.RemoteWatcher: hutch.client.AsyncRemoteWatcher,
 }
 
 
 def adapt(value: Any) -> Any:
     if isinstance(value, hutch.client.RemoteSandbox | hutch.client.RemoteProcess
-                  | hutch.client.RemoteFork):
+                  | hutch.client.RemoteFork | hutch.client.RemoteWatcher):
         return AsyncAdapter(value)
     if isinstance(value, list):
         return [adapt(v) for v in value]

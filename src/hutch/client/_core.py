@@ -30,6 +30,7 @@ from .._types import (
     Capabilities,
     ExecResult,
     ExitStatus,
+    FileEvent,
     FileInfo,
     GrepMatch,
     OutputChunk,
@@ -134,6 +135,12 @@ class RemoteEnsured:
 
 @dataclass
 class ProcessRef:
+    sandbox_id: str
+    info: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class WatcherRef:
     sandbox_id: str
     info: dict[str, Any]
 
@@ -500,6 +507,17 @@ class SandboxOps:
         }, timeout=600)
 
     @op
+    def watch(self, path: str = ".", *, recursive: bool = False) -> Op[WatcherRef]:
+        """Watch the directory ``path`` from now on (the daemon holds the
+        watch): the watcher's ``events(wait=...)`` are those since the last
+        look, and iterating it gives them as they come."""
+        if not isinstance(recursive, bool):
+            raise InvalidArgument(f"recursive must be true or false, not {recursive!r}")
+        info = yield Call("POST", self._path("/watchers"),
+                          json={"path": path, "recursive": recursive}, timeout=120)
+        return WatcherRef(self.id, info)
+
+    @op
     def grep(
         self, pattern: str, path: str = ".", *, glob: str | None = None,
         ignore_case: bool = False, limit: int = 256 * 1024 * 1024,
@@ -626,10 +644,11 @@ class SandboxOps:
         caps = self._info.get("capabilities", {})
         known: dict[str, Any] = {
             k: bool(v) for k, v in caps.items()
-            if k in Capabilities.__dataclass_fields__ and k not in ("extra", "runtime")
+            if k in Capabilities.__dataclass_fields__ and k not in ("extra", "runtime", "watch")
         }
         extra = frozenset(k for k, v in caps.items() if k not in known and v is True)
-        return Capabilities(**known, runtime=str(caps.get("runtime", "native")), extra=extra)
+        return Capabilities(**known, runtime=str(caps.get("runtime", "native")),
+                            watch=str(caps.get("watch", "poll")), extra=extra)
 
     @property
     def state(self) -> SandboxState:
@@ -743,6 +762,64 @@ class ProcessOps:
         """Close the command's stdin: it reads its end of file."""
         yield Call("DELETE", self._path("/stdin"), timeout=60)
         self._stdin_open = False
+
+
+#: The longest one look at a watcher's events waits on the daemon (its bound).
+WATCH_LOOK_SECONDS = 30.0
+
+
+class WatcherOps:
+    """Operations on a watch the daemon holds; the same as hutch.Watcher."""
+
+    id: str
+    sandbox_id: str
+    path: str
+    recursive: bool
+    kind: str
+    _active: bool
+
+    def _path(self, suffix: str = "") -> str:
+        return f"/v1/sandboxes/{self.sandbox_id}/watchers/{self.id}{suffix}"
+
+    @property
+    def active(self) -> bool:
+        """Still watching, as of the last answer."""
+        return self._active
+
+    @op
+    def events(self, wait: float | None = 0.0) -> Op[list[FileEvent]]:
+        """The events since the last call, waiting up to ``wait`` seconds
+        (None: as long as it takes) for the first when there are none yet."""
+        if wait is not None and (isinstance(wait, bool) or not wait >= 0):
+            raise InvalidArgument(f"wait must be a number of seconds >= 0, got {wait!r}")
+        left = wait
+        while True:
+            look = WATCH_LOOK_SECONDS if left is None else min(left, WATCH_LOOK_SECONDS)
+            try:
+                answer = yield Call("GET", self._path("/events"), params={"wait": look},
+                                    timeout=look + HTTP_GRACE_SECONDS)
+            except HutchError as exc:
+                self._active = False
+                if exc.code == "not_found":
+                    return []  # closed
+                raise
+            self._active = bool(answer["active"])
+            events = [FileEvent(e["type"], str(e["path"]), e.get("new_path"))
+                      for e in answer["events"]]
+            if left is not None:
+                left -= look
+            if events or not self._active or (left is not None and left <= 0):
+                return events
+
+    @op
+    def close(self) -> Op[None]:
+        """Stop watching. Idempotent."""
+        self._active = False
+        try:
+            yield Call("DELETE", self._path(), timeout=60)
+        except HutchError as exc:
+            if exc.code != "not_found":
+                raise
 
 
 def note_exit(owner: object, event: object) -> None:

@@ -18,12 +18,13 @@ from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import IO, TYPE_CHECKING, Any
 
 from .._types import DEFAULT_SEARCH_TIMEOUT
-from ._core import ClientOps, ForkOps, ProcessOps, SandboxOps
+from ._core import ClientOps, ForkOps, ProcessOps, SandboxOps, WatcherOps
 
 if TYPE_CHECKING:
     from .._types import (
         ExecResult,
         ExitStatus,
+        FileEvent,
         FileInfo,
         GrepMatch,
         OutputChunk,
@@ -35,10 +36,12 @@ if TYPE_CHECKING:
         AsyncRemoteFork,
         AsyncRemoteProcess,
         AsyncRemoteSandbox,
+        AsyncRemoteWatcher,
         RemoteEnsured,
         RemoteFork,
         RemoteProcess,
         RemoteSandbox,
+        RemoteWatcher,
     )
     from ._answers import EnsureProgress
     from ._shell import AsyncRemotePty, RemotePty
@@ -559,6 +562,15 @@ class AsyncSandboxFace(SandboxOps):
         operation = SandboxOps.rename(self, source, destination, overwrite=overwrite)
         await self._transport.drive(operation, self)
 
+    async def watch(self, path: str = '.', *, recursive: bool = False) -> AsyncRemoteWatcher:
+        """Watch the directory ``path`` from now on (the daemon holds the
+        watch): the watcher's ``events(wait=...)`` are those since the last
+        look, and iterating it gives them as they come.
+        """
+        operation = SandboxOps.watch(self, path, recursive=recursive)
+        value: AsyncRemoteWatcher = await self._transport.drive(operation, self)
+        return value
+
     async def grep(
         self,
         pattern: str,
@@ -809,6 +821,15 @@ class SandboxFace(SandboxOps):
         operation = SandboxOps.rename(self, source, destination, overwrite=overwrite)
         self._transport.drive(operation, self)
 
+    def watch(self, path: str = '.', *, recursive: bool = False) -> RemoteWatcher:
+        """Watch the directory ``path`` from now on (the daemon holds the
+        watch): the watcher's ``events(wait=...)`` are those since the last
+        look, and iterating it gives them as they come.
+        """
+        operation = SandboxOps.watch(self, path, recursive=recursive)
+        value: RemoteWatcher = self._transport.drive(operation, self)
+        return value
+
     def grep(
         self,
         pattern: str,
@@ -990,13 +1011,53 @@ class ForkFace(ForkOps):
         self._transport.drive(operation, self)
 
 
+class AsyncWatcherFace(WatcherOps):
+    """The async face of :class:`WatcherOps`."""
+
+    _transport: AsyncTransport
+
+    async def events(self, wait: float | None = 0.0) -> list[FileEvent]:
+        """The events since the last call, waiting up to ``wait`` seconds
+        (None: as long as it takes) for the first when there are none yet.
+        """
+        operation = WatcherOps.events(self, wait)
+        value: list[FileEvent] = await self._transport.drive(operation, self)
+        return value
+
+    async def close(self) -> None:
+        """Stop watching. Idempotent."""
+        operation = WatcherOps.close(self)
+        await self._transport.drive(operation, self)
+
+
+class WatcherFace(WatcherOps):
+    """The sync face of :class:`WatcherOps`."""
+
+    _transport: SyncTransport
+
+    def events(self, wait: float | None = 0.0) -> list[FileEvent]:
+        """The events since the last call, waiting up to ``wait`` seconds
+        (None: as long as it takes) for the first when there are none yet.
+        """
+        operation = WatcherOps.events(self, wait)
+        value: list[FileEvent] = self._transport.drive(operation, self)
+        return value
+
+    def close(self) -> None:
+        """Stop watching. Idempotent."""
+        operation = WatcherOps.close(self)
+        self._transport.drive(operation, self)
+
+
 __all__ = [
     "AsyncClientFace",
     "AsyncForkFace",
     "AsyncProcessFace",
     "AsyncSandboxFace",
+    "AsyncWatcherFace",
     "ClientFace",
     "ForkFace",
     "ProcessFace",
     "SandboxFace",
+    "WatcherFace",
 ]

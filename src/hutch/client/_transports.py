@@ -20,6 +20,7 @@ from ._core import (
     ProcessRef,
     RemoteEnsured,
     SandboxRef,
+    WatcherRef,
     note_exit,
     step,
 )
@@ -62,6 +63,8 @@ class _Transport:
             return self.factories["fork"](self, value.snapshot, branches)
         if isinstance(value, ProcessRef):
             return self.factories["process"](self, value.sandbox_id, value.info)
+        if isinstance(value, WatcherRef):
+            return self.factories["watcher"](self, value.sandbox_id, value.info)
         if isinstance(value, list) and value and isinstance(value[0], SandboxRef | ProcessRef):
             return [self.wrap(v) for v in value]
         return value

@@ -31,11 +31,13 @@ from ._lifecycle import LIFECYCLE_CASES
 from ._stdin import STDIN_CASES
 from ._support import Case, raises, refused
 from ._surface import SURFACE_CASES
+from ._watching import WATCH_CASES
 
 #: Every case, in the order they are best run.
 CASES: list[Case] = [
-    *FILE_CASES, *FILE_OP_CASES, *SURFACE_CASES, *EXEC_CASES, *STDIN_CASES, *LIFECYCLE_CASES,
+    *FILE_CASES, *FILE_OP_CASES, *SURFACE_CASES, *EXEC_CASES, *STDIN_CASES, *WATCH_CASES,
+    *LIFECYCLE_CASES,
 ]
 
 __all__ = ["CASES", "EXEC_CASES", "FILE_CASES", "FILE_OP_CASES", "LIFECYCLE_CASES", "STDIN_CASES",
-           "SURFACE_CASES", "Case", "raises", "refused"]
+           "SURFACE_CASES", "WATCH_CASES", "Case", "raises", "refused"]

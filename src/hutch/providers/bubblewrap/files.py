@@ -32,7 +32,7 @@ from ..._errors import (
     SandboxNotADirectory,
     SandboxUnavailable,
 )
-from ..._types import FileInfo
+from ..._types import FileInfo, FileType
 from .._hostfs import (
     call_mapped,
     info_from_stat,
@@ -43,6 +43,7 @@ from .._hostfs import (
     run_mapped,
 )
 from ..base import SandboxFiles
+from ..watching import BackendWatch, HostInotifyWatch
 
 T = TypeVar("T")
 
@@ -391,6 +392,24 @@ class RootFiles(SandboxFiles):
     async def rename(self, source: str, destination: str) -> None:
         call_mapped(lambda: self._rename(source, destination),
                     f"{source} -> {destination}", _map_tree_error)
+
+    # -- watch -----------------------------------------------------------------
+    async def watch(self, path: str, recursive: bool) -> BackendWatch:
+        """By inotify from the host, on each directory opened inside the root
+        (a link in the sandbox never leads the watch out of it)."""
+        @contextmanager
+        def host_dir(sandbox_dir: str) -> Iterator[str]:
+            try:
+                with self._open(sandbox_dir, os.O_PATH | os.O_DIRECTORY) as fd:
+                    yield f"/proc/self/fd/{fd}"
+            except OSError as exc:
+                raise _map_tree_error(exc, sandbox_dir) from None
+
+        def entries(sandbox_dir: str) -> list[tuple[str, bool]]:
+            return [(info.name, info.type == FileType.DIRECTORY)
+                    for info in self._run(lambda: self._list(sandbox_dir), sandbox_dir)]
+
+        return HostInotifyWatch(path, recursive, host_dir, entries).start()
 
     # -- walk ------------------------------------------------------------------
     def _walk(self, root_path: str) -> list[str]:

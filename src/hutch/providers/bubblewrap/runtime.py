@@ -283,6 +283,7 @@ class AgentWithNativeUsers(AgentRuntime):
 
 class BubblewrapRuntime(FilesRuntime):
     provider = "bubblewrap"
+    watch_kind = "inotify"
 
     def __init__(self, sandbox_id: str, workdir: str, parts: SandboxParts) -> None:
         super().__init__(sandbox_id, workdir)

@@ -189,7 +189,7 @@ func handleWrite(c *conn, h header) error {
 				fail(func() error { return failPath(c, err, path) })
 			}
 		} else {
-			tmp, err = os.CreateTemp(dir, ".hutch-write-*")
+			tmp, err = os.CreateTemp(dir, writeTempPrefix+"*")
 			if err != nil {
 				fail(func() error { return failPath(c, err, path) })
 			}
