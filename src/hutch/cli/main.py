@@ -98,6 +98,22 @@ class LazyGroup(HutchGroup):
             self.commands[cmd_name] = found
         return self.commands.get(cmd_name)
 
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError as exc:
+            import difflib
+
+            close = difflib.get_close_matches(args[0], self.list_commands(ctx)) if args else []
+            if not close:
+                raise
+            # As typer said it: "No such command 'lss'. Did you mean 'ls'?"
+            raise click.UsageError(
+                exc.message.rstrip(".") + ". Did you mean "
+                + ", ".join(repr(name) for name in close) + "?", ctx=exc.ctx) from None
+
     def short_help_of(self, ctx: click.Context, name: str) -> str | None:
         if name in COMMANDS and name not in self.commands:
             return COMMANDS[name][1]

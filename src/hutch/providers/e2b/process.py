@@ -73,6 +73,7 @@ class Envd:
         return len(answer.processes)
 
     def selector(self, pid: int) -> Any:
+        # The stubs type a oneof's field name as a Literal that a call cannot spell.
         return process_pb.ProcessSelector(selector=Oneof("pid", pid))  # type: ignore[arg-type]
 
 

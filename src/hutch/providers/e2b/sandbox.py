@@ -10,6 +10,8 @@ as bytes.
 
 from __future__ import annotations
 
+import hashlib
+import os
 from typing import Any, ClassVar
 
 from e2b import AsyncSandbox
@@ -19,9 +21,11 @@ from ..._errors import (
     HutchError,
     InvalidArgument,
     OutputLimitExceeded,
+    ProviderError,
     SandboxFileNotFound,
     SandboxIsADirectory,
 )
+from ..._paths import hutch_home
 from ..._types import Capabilities, FileInfo, FileType, ProviderSnapshot
 from ..base import BackendProcess, NativeBackend, ProcessRequest
 from .config import E2BConfig
@@ -39,6 +43,12 @@ def _connection(config: E2BConfig) -> dict[str, Any]:
     given = {"api_key": config.api_key, "api_url": config.api_url,
              "sandbox_url": config.sandbox_url, "domain": config.domain}
     return {k: v for k, v in given.items() if v}
+
+
+def home_tag() -> str:
+    """Names this hutch home's snapshots on E2B (an account may serve several)."""
+    home = os.path.realpath(hutch_home()).encode()
+    return "hutch-" + hashlib.sha256(home).hexdigest()[:12]
 
 
 def _file_info(entry: Any) -> FileInfo:
@@ -62,8 +72,8 @@ class E2BSandbox(NativeBackend):
         users=True, preview_url=True,
     )
     config_model = E2BConfig
-    #: Where a snapshot's storage is, by hutch's snapshot id: E2B's own id.
-    _ids: ClassVar[dict[str, str]] = {}
+    #: The E2B connections (settings given) this process has used.
+    _reached: ClassVar[set[tuple[tuple[str, Any], ...]]] = set()
 
     def __init__(self, sandbox_id: str, config: E2BConfig, e2b: Any) -> None:
         super().__init__(sandbox_id, config.workdir)
@@ -77,7 +87,7 @@ class E2BSandbox(NativeBackend):
             e2b = await AsyncSandbox.create(
                 template=template, timeout=config.e2b_timeout,
                 metadata={**config.metadata, SANDBOX_KEY: sandbox_id}, envs=config.env,
-                **_connection(config),
+                **cls._reach(config),
             )
         sandbox = cls(sandbox_id, config, e2b)
         try:
@@ -98,7 +108,7 @@ class E2BSandbox(NativeBackend):
     async def reconnect(cls, sandbox_id: str, description: Any) -> E2BSandbox:
         config = E2BConfig.model_validate(description["config"])
         with mapped(f"reach E2B sandbox {description['e2b_id']}"):
-            e2b = await AsyncSandbox.connect(description["e2b_id"], **_connection(config))
+            e2b = await AsyncSandbox.connect(description["e2b_id"], **cls._reach(config))
         return cls(sandbox_id, config, e2b)
 
     async def preview_url(self, port: int) -> str:
@@ -129,8 +139,7 @@ class E2BSandbox(NativeBackend):
     # -- snapshots ------------------------------------------------------------------------
     async def capture(self, snapshot_id: str, *, diff: bool = True) -> ProviderSnapshot:
         with mapped(f"snapshot E2B sandbox {self.e2b.sandbox_id}"):
-            info = await self.e2b.create_snapshot(name=snapshot_id)
-        self._ids[snapshot_id] = info.snapshot_id
+            info = await self.e2b.create_snapshot(name=f"{home_tag()}-{snapshot_id}")
         return ProviderSnapshot(snapshot_id, self.provider, await self._workdir_bytes(),
                                 {"e2b_snapshot": info.snapshot_id, "config":
                                  self.config.model_dump()})
@@ -160,16 +169,38 @@ class E2BSandbox(NativeBackend):
 
     @classmethod
     async def remove_snapshot(cls, snapshot: ProviderSnapshot) -> None:
+        if "e2b_snapshot" not in snapshot.data:
+            return  # nothing of E2B's is known by that id
         settings = E2BConfig.model_validate(snapshot.data.get("config") or {})
         with mapped(f"remove E2B snapshot {snapshot.data.get('e2b_snapshot')}"):
             await AsyncSandbox.delete_snapshot(str(snapshot.data["e2b_snapshot"]),
-                                               **_connection(settings))
-        cls._ids.pop(snapshot.snapshot_id, None)
+                                               **cls._reach(settings))
 
     @classmethod
     async def held_snapshots(cls) -> list[str]:
-        # E2B names a snapshot by hutch's id (capture): those this process made.
-        return sorted(cls._ids)
+        """This hutch home's snapshots on every E2B account this process has
+        reached (and the SDK environment's): those named with its tag."""
+        connections = set(cls._reached)
+        if os.environ.get("E2B_API_KEY"):
+            connections.add(())
+        if not connections:
+            raise ProviderError("no E2B account reached yet: its snapshots cannot be listed")
+        prefix = home_tag() + "-"
+        held: set[str] = set()
+        for connection in sorted(connections):
+            with mapped("list E2B snapshots"):
+                pages = AsyncSandbox.list_snapshots(**dict(connection))
+                while pages.has_next:
+                    for info in await pages.next_items():
+                        held.update(n[len(prefix):] for n in info.names if n.startswith(prefix))
+        return sorted(held)
+
+    @classmethod
+    def _reach(cls, config: E2BConfig) -> dict[str, Any]:
+        """The connection options of ``config``, remembered for held_snapshots."""
+        connection = _connection(config)
+        cls._reached.add(tuple(sorted(connection.items())))
+        return connection
 
     # -- processes ------------------------------------------------------------------------
     async def start_process(self, request: ProcessRequest) -> BackendProcess:
