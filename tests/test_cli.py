@@ -434,3 +434,11 @@ def test_the_command_table_names_every_command_with_its_own_line() -> None:
                 defined.add(value)
     grouped = {sub for g in defined if isinstance(g, click.Group) for sub in g.commands.values()}
     assert {c.name for c in defined - grouped} == set(COMMANDS)
+
+
+def test_a_mistyped_command_is_usage_with_the_commands_it_is_close_to() -> None:
+    typo = hutch(None, "lss")
+    assert typo.returncode == 2
+    assert "No such command 'lss'. Did you mean 'ls'?" in typo.stderr
+    unknown = hutch(None, "zzzz")
+    assert unknown.returncode == 2 and "Did you mean" not in unknown.stderr

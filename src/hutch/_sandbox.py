@@ -9,7 +9,6 @@ where the lifecycle engine tracks activity and resumes a suspended sandbox.
 
 from __future__ import annotations
 
-import math
 import re
 import shlex
 import time
@@ -22,7 +21,6 @@ import anyio
 
 from ._errors import (
     CapabilityUnsupported,
-    ExecTimeout,
     HutchError,
     InvalidArgument,
     NoSuchUser,
@@ -56,7 +54,7 @@ from ._types import (
 )
 from ._watch import Watcher
 from .core.commands import ExecCall, events_until_exit, forget_finished, process_request
-from .core.fileops import make_directory, not_the_workdir, rename_entry
+from .core.fileops import make_directory, not_the_workdir, rename_entry, search_bounded
 from .core.live import Attachment, LiveSandbox, closed_message
 from .core.refs import ref_serving
 from .providers._grep import grep_output_budget
@@ -568,7 +566,7 @@ class Sandbox:
             regex = re.compile(pattern, re.IGNORECASE if ignore_case else 0)
         except re.error as exc:
             raise InvalidArgument(f"bad regular expression {pattern!r}: {exc}") from None
-        async with self._operation("grep"), self._bounded("grep", timeout):
+        async with self._operation("grep"), search_bounded("grep", timeout):
             with grep_output_budget():
                 matches = await self._runtime.grep(regex, self.path(path), glob, limit)
         for match in matches:
@@ -581,23 +579,8 @@ class Sandbox:
         """Files below ``path`` whose relative path matches ``pattern``, as
         ``pathlib.Path.glob`` matches: ``*.py`` is the top level only,
         ``**/*.py`` every depth."""
-        async with self._operation("glob"), self._bounded("glob", timeout):
+        async with self._operation("glob"), search_bounded("glob", timeout):
             return await self._runtime.glob(pattern, self.path(path))
-
-    @staticmethod
-    @asynccontextmanager
-    async def _bounded(what: str, timeout: float) -> AsyncIterator[None]:
-        """Stop the body after ``timeout`` s (cancelling what it started) with ExecTimeout."""
-        if not 0 < timeout < math.inf:
-            raise InvalidArgument(f"timeout must be a positive number, got {timeout}")
-        try:
-            with anyio.fail_after(timeout):
-                yield
-        except TimeoutError:
-            raise ExecTimeout(
-                f"{what} timed out after {timeout:g} s and was stopped "
-                "(narrow the path or the glob, or simplify the pattern)"
-            ) from None
 
     async def preview_url(self, port: int) -> str:
         if not 0 < port < 65536:
@@ -638,24 +621,7 @@ class Sandbox:
                 memory = await self._backend.memory_bytes()
             except Exception:  # a figure for a dashboard: its absence is an answer
                 memory = None
-        status = self.status()
-        return {
-            "id": self.id,
-            "provider": self.provider,
-            "state": status.state.value,
-            "reason": status.reason,
-            "workdir": self.workdir,
-            "capabilities": self.capabilities.as_dict(),
-            "created_at_unix": status.created_at_unix,
-            "last_active_unix": status.last_active_unix,
-            "idle_seconds": status.idle_seconds,
-            "deadline_unix": status.deadline_unix,
-            "meter": status.meter,
-            "memory_bytes": memory,
-            "open_operations": self.open_operations,
-            "attachments": self._live.attachments_json(),
-            "refs": [] if self._live.server is None else self._live.server.refs_json(),
-        }
+        return self._live.info_json(self.status(), memory)
 
     @property
     def meter(self) -> dict[str, float]:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from ..lifecycle.gate import LifecycleGate
     from ..lifecycle.records import LifecycleRecord
     from ..providers.base import SandboxBackend
+    from ..states import SandboxStatus
     from ..store import RefRow
     from .refs import RefServer
 
@@ -135,6 +136,27 @@ class LiveSandbox:
             if working is None or a.ref.id in working
         ]
         return here + ([] if server is None else server.attachments())
+
+    def info_json(self, status: SandboxStatus, memory: int | None) -> dict[str, Any]:
+        """What the sandbox is and how it is (``Sandbox.info``), with its
+        ``status`` and ``memory`` as its session read them."""
+        return {
+            "id": self.id,
+            "provider": self.backend.provider,
+            "state": status.state.value,
+            "reason": status.reason,
+            "workdir": self.backend.workdir,
+            "capabilities": self.capabilities.as_dict(),
+            "created_at_unix": status.created_at_unix,
+            "last_active_unix": status.last_active_unix,
+            "idle_seconds": status.idle_seconds,
+            "deadline_unix": status.deadline_unix,
+            "meter": status.meter,
+            "memory_bytes": memory,
+            "open_operations": self.open_operations,
+            "attachments": self.attachments_json(),
+            "refs": [] if self.server is None else self.server.refs_json(),
+        }
 
 
 def closed_message(sandbox_id: str) -> str:
