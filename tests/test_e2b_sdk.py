@@ -524,6 +524,63 @@ def test_npm_sdk(daemon: DaemonProcess) -> None:
     assert out.strip().endswith("ok")
 
 
+def test_npm_sdk_in_the_sandbox(daemon: DaemonProcess, shared: str) -> None:
+    # The in-sandbox half of the acceptance list through the npm SDK.
+    out = run_node(daemon, """
+        import { Sandbox, CommandExitError, TimeoutError } from 'e2b'
+        import assert from 'node:assert/strict'
+        const sbx = await Sandbox.connect(process.env.SANDBOX)
+        // stdin to a background command, then closed
+        const cat = await sbx.commands.run('cat', { background: true, stdin: true })
+        await sbx.commands.sendStdin(cat.pid, 'to node\\n')
+        await sbx.commands.closeStdin(cat.pid)
+        assert.equal((await cat.wait()).stdout, 'to node\\n')
+        // a non-zero exit, list and kill
+        await assert.rejects(sbx.commands.run('exit 4'), (e) => e instanceof CommandExitError
+          && e.exitCode === 4)
+        const sleeper = await sbx.commands.run('sleep 300', { background: true })
+        assert.ok((await sbx.commands.list()).some((p) => p.pid === sleeper.pid))
+        assert.equal(await sbx.commands.kill(sleeper.pid), true)
+        // over its timeout: killed, deadline_exceeded
+        await assert.rejects(sbx.commands.run('sleep 60', { timeoutMs: 1500 }),
+          (e) => e instanceof TimeoutError)
+        // a terminal, resized
+        let typed = ''
+        const pty = await sbx.pty.create({ cols: 80, rows: 24,
+          onData: (d) => { typed += new TextDecoder().decode(d) } })
+        await sbx.pty.resize(pty.pid, { cols: 120, rows: 40 })
+        await sbx.pty.sendInput(pty.pid, new TextEncoder().encode('stty size; exit\\n'))
+        await pty.wait()
+        assert.match(typed, /40 120/)
+        // files: several at once, bytes, info, rename, make_dir, remove
+        const root = '/tmp/node files'
+        await sbx.files.write([{ path: `${root}/a.txt`, data: 'a' },
+                               { path: `${root}/b.bin`, data: new Uint8Array([0, 255]) }])
+        const bytes = await sbx.files.read(`${root}/b.bin`, { format: 'bytes' })
+        assert.deepEqual(Array.from(bytes), [0, 255])
+        assert.equal((await sbx.files.getInfo(`${root}/a.txt`)).size, 1)
+        await sbx.files.rename(`${root}/a.txt`, `${root}/c.txt`)
+        assert.equal(await sbx.files.exists(`${root}/a.txt`), false)
+        assert.equal(await sbx.files.makeDir(`${root}/d/e`), true)
+        assert.equal(await sbx.files.makeDir(`${root}/d/e`), false)
+        const deep = (await sbx.files.list(root, { depth: 2 })).map((e) => e.path)
+        assert.ok(deep.includes(`${root}/d/e`), deep)
+        // watching a directory
+        const seen = []
+        const watcher = await sbx.files.watchDir(root, (event) => { seen.push(event) })
+        await sbx.files.write(`${root}/watched.txt`, 'w')
+        for (let i = 0; i < 100 && !seen.some((e) => e.name === 'watched.txt'); i++) {
+          await new Promise((resolve) => setTimeout(resolve, 100))
+        }
+        await watcher.stop()
+        assert.ok(seen.some((e) => e.name === 'watched.txt'), JSON.stringify(seen))
+        await sbx.files.remove(root)
+        assert.equal(await sbx.files.exists(root), false)
+        console.log('ok')
+    """, SANDBOX=shared)
+    assert out.strip().endswith("ok")
+
+
 def test_a_ref_opens_its_one_sandbox(daemon: DaemonProcess, shared: str) -> None:
     answer = httpx.post(f"{daemon.url}/v1/sandboxes/{shared}/refs", json={},
                         headers={"Authorization": f"Bearer {daemon.token}"})
