@@ -65,6 +65,11 @@ func (w *treeWatch) watchTree(path string, told *[]header) error {
 		}
 		for _, e := range entries {
 			child := joinPath(dir, e.Name())
+			if strings.HasPrefix(e.Name(), writeTempPrefix) && !e.IsDir() {
+				// A write of the agent's under way in a directory it made: its
+				// file is told when it is put in place, never its temporary one.
+				continue
+			}
 			if told != nil {
 				*told = append(*told, header{"k": "created", "p": child})
 			}
