@@ -3,6 +3,8 @@
  * Python SDK's `RemoteSandbox`, `RemoteProcess` and `RemoteFork`, with the
  * same operations, results and errors (names camelCased).
  */
+import { posix } from "node:path";
+
 import { route, type Schemas } from "./api.js";
 import {
   CapabilityUnsupported,
@@ -179,6 +181,17 @@ export class Sandbox {
     if (!this.supports(capability)) {
       throw new CapabilityUnsupported(`provider '${this.provider}' does not support '${capability}'`);
     }
+  }
+
+  /** The absolute path inside the sandbox that `path` names (relative ones: to its workdir). */
+  path(path: string): string {
+    if (typeof path !== "string") {
+      throw new InvalidArgument(`path must be a string, not ${typeof path}`);
+    }
+    if (path.includes("\0")) {
+      throw new InvalidArgument(`path ${JSON.stringify(path)} has a NUL character`);
+    }
+    return posix.resolve(this.workdir ?? "/", path || ".");
   }
 
   private absorb(info: SandboxInfo): void {

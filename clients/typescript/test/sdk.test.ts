@@ -201,6 +201,9 @@ describe("files", () => {
     assert.equal(info.size, 5);
     assert.equal(info.name, "x.txt");
     assert.equal((await sb.stat("tree")).type, "directory");
+    assert.equal(sb.path("tree//x.txt"), `${sb.workdir}/tree/x.txt`);
+    assert.equal(sb.path("/etc/hosts"), "/etc/hosts");
+    assert.throws(() => sb.path("a\0b"), hutch.InvalidArgument);
     assert.equal(await sb.exists("tree/x.txt"), true);
     assert.equal(await sb.exists("tree/none"), false);
     const names = (await sb.list("tree")).map((e) => e.name).sort();
