@@ -50,6 +50,33 @@ PORT_SERVER = textwrap.dedent("""\
 """)
 
 
+#: A websocket echo server for port 8001, on sockets alone (RFC 6455: the
+#: handshake, then one masked text frame of under 126 bytes echoed back).
+WEBSOCKET_SERVER = textwrap.dedent("""\
+    import base64, hashlib, socket
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", 8001))
+    s.listen()
+    while True:
+        c, _ = s.accept()
+        head = c.recv(65536).decode()
+        key = [l.split(":", 1)[1].strip() for l in head.split("\\r\\n")
+               if l.lower().startswith("sec-websocket-key:")][0]
+        accept = base64.b64encode(hashlib.sha1(
+            (key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest()).decode()
+        c.sendall(("HTTP/1.1 101 Switching Protocols\\r\\nUpgrade: websocket\\r\\n"
+                   "Connection: Upgrade\\r\\nSec-WebSocket-Accept: " + accept
+                   + "\\r\\n\\r\\n").encode())
+        frame = c.recv(65536)
+        length, mask = frame[1] & 0x7F, frame[2:6]
+        text = bytes(b ^ mask[i % 4] for i, b in enumerate(frame[6:6 + length]))
+        reply = b"echo: " + text
+        c.sendall(bytes([0x81, len(reply)]) + reply)
+        c.close()
+""")
+
+
 @pytest.fixture(scope="module")
 def sdks() -> None:
     subprocess.run(["bash", str(ROOT / "scripts" / "ensure-e2b-sdks.sh"), sys.executable],
@@ -466,6 +493,27 @@ def test_get_host_reaches_a_server_in_the_sandbox(daemon: DaemonProcess, shared:
             time.sleep(0.1)
         assert answer.text == "hello from /some/page?x=1", answer.text
         server.kill()
+
+        # A websocket too, through the same host scheme.
+        sbx.files.write("/tmp/ws_server.py", {WEBSOCKET_SERVER!r})
+        ws_server = sbx.commands.run("python3 /tmp/ws_server.py", background=True)
+        import socket
+        from websockets.exceptions import InvalidStatus
+        from websockets.sync.client import connect
+        port = int(hutch.rsplit(":", 1)[1])
+        for _ in range(50):
+            try:
+                # The host's name, the daemon's address (as a hosts line would make it).
+                with connect(f"ws://{{sbx.get_host(8001)}}/chat",
+                             sock=socket.create_connection(("127.0.0.1", port))) as ws:
+                    ws.send("hi")
+                    assert ws.recv() == "echo: hi"
+                break
+            except (OSError, InvalidStatus):  # refused until the server listens
+                time.sleep(0.1)
+        else:
+            raise AssertionError("no websocket reached the sandbox")
+        ws_server.kill()
     """, SANDBOX=shared)
 
 
