@@ -30,6 +30,7 @@ from ._errors import (
     SandboxPermissionDenied,
     SandboxUnavailable,
 )
+from ._faults import fault_point
 from ._guardrail import ReadBeforeWriteGuard, session_guard
 from ._membudget import MemoryHold
 from ._process import (
@@ -707,6 +708,7 @@ class Sandbox:
             with anyio.CancelScope(shield=True):
                 if self._gate is not None:
                     await self._gate.closed(self._live)
+                    fault_point("delete.recorded")
                 await self._live.reap()
         finally:
             server, self._live.server = self._live.server, None

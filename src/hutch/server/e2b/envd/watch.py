@@ -2,7 +2,9 @@
 events) and ``CreateWatcher`` / ``GetWatcherEvents`` / ``RemoveWatcher`` (the
 same events, polled by the sync Python SDK).
 
-Events come two ways, on every provider:
+Where the sandbox's runtime has inotify (``capabilities.watch``), a watch
+follows hutch's own (:meth:`hutch.Sandbox.watch`): every change as the kernel
+tells it. Elsewhere events come two ways:
 
 - what a caller changes through envd itself (a write, a removal, a rename, a
   new directory) is told to the sandbox's watches as it is done
