@@ -54,6 +54,12 @@ async def main() -> None:
     daemon = DaemonProcess().start()
     try:
         env = dict(os.environ, HUTCH_URL=daemon.url, HUTCH_TOKEN=daemon.token, COLUMNS="100")
+        # Each run finds its modules' bytecode compiled, as an installed hutch
+        # has it (pip compiles on install): with PYTHONDONTWRITEBYTECODE the
+        # warm-up run could not write it, and every run would compile every
+        # module changed since its cache was written (the floors' packages
+        # are compiled: the rows would not compare like with like).
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         python = sys.executable
         script = os.path.join(os.path.dirname(python), "hutch")
         sources = {"": OURS}

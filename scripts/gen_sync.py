@@ -449,7 +449,8 @@ def method(
         need_names(item, src, imports, runtime=False)
         imports.add("collections.abc", "Iterator", runtime=True)
         returns = f"Iterator[{sync_annotation(item)}]"
-        def_line, passes = _signature(node, src, imports, returns=returns)
+        def_line, passes = _signature(node, src, imports, returns=returns,
+                                      name="__iter__" if node.name == "__aiter__" else None)
         wrapped = wraps_result(item, "item")
         if wrapped is None:
             body = [*doc, *emit(8, "return self._loop.iterate(", call, passes, ")")]
@@ -499,7 +500,7 @@ def attribute(
 
 
 def _public(name: str) -> bool:
-    return not name.startswith("_") or name in ("__aenter__", "__aexit__")
+    return not name.startswith("_") or name in ("__aenter__", "__aexit__", "__aiter__")
 
 
 def instance_attributes(

@@ -199,6 +199,25 @@ def new_sandbox(daemon: DaemonProcess) -> Envd:
     return Envd(daemon.url, made.json()["sandboxID"], made.json()["envdAccessToken"])
 
 
+@pytest.fixture(scope="module", params=["agent", "native"])
+def watched(request: pytest.FixtureRequest, served: DaemonProcess) -> Iterator[Envd]:
+    """A sandbox for the watch cases on each of docker's runtimes: the
+    agent's (hutch's own watch, by inotify) and docker's own exec (envd's
+    looks), opened with a ref as its access token."""
+    api = httpx.Client(base_url=served.url, timeout=120,
+                       headers={"Authorization": f"Bearer {served.token}"})
+    made = api.post("/v1/sandboxes", json={"provider": "docker", "image": TEST_IMAGE,
+                                           "runtime": request.param})
+    assert made.status_code == 201, made.text
+    sandbox_id = made.json()["id"]
+    assert made.json()["capabilities"]["watch"] == (
+        "inotify" if request.param == "agent" else "poll")
+    ref = api.post(f"/v1/sandboxes/{sandbox_id}/refs", json={}).json()["ref"]
+    yield Envd(served.url, sandbox_id, ref)
+    api.delete(f"/v1/sandboxes/{sandbox_id}")
+    api.close()
+
+
 @pytest.fixture(scope="module")
 def envd(served: DaemonProcess) -> Iterator[Envd]:
     sandbox = new_sandbox(served)
@@ -428,16 +447,16 @@ def test_health_answers_502_once_the_sandbox_is_gone(served: DaemonProcess) -> N
 
 
 @pytest.mark.docker
-def test_a_watched_directory_streams_its_changes(envd: Envd) -> None:
-    envd.ok("filesystem.Filesystem/MakeDir", {"path": "/tmp/watched"})
+def test_a_watched_directory_streams_its_changes(watched: Envd) -> None:
+    watched.ok("filesystem.Filesystem/MakeDir", {"path": "/tmp/watched"})
     body = json.dumps({"path": "/tmp/watched", "recursive": True}).encode()
     headers = {"Content-Type": STREAM, "Connect-Timeout-Ms": "20000"}
-    with envd.http.stream("POST", "/filesystem.Filesystem/WatchDir", headers=headers,
-                          content=struct.pack(">BI", 0, len(body)) + body) as watched:
-        assert watched.headers["content-type"] == STREAM
-        live = read_frames(watched.iter_bytes())
+    with watched.http.stream("POST", "/filesystem.Filesystem/WatchDir", headers=headers,
+                             content=struct.pack(">BI", 0, len(body)) + body) as answer:
+        assert answer.headers["content-type"] == STREAM
+        live = read_frames(answer.iter_bytes())
         assert next(live) == (0, {"start": {}})
-        envd.run("mkdir /tmp/watched/sub; printf x > /tmp/watched/sub/new.txt")
+        watched.run("mkdir /tmp/watched/sub; printf x > /tmp/watched/sub/new.txt")
         seen: list[tuple[str, str]] = []
         for _, message in live:
             if "filesystem" in message:
@@ -450,51 +469,51 @@ def test_a_watched_directory_streams_its_changes(envd: Envd) -> None:
 
 
 @pytest.mark.docker
-def test_a_polled_watcher_hands_over_what_happened_since_the_last_poll(envd: Envd) -> None:
-    envd.ok("filesystem.Filesystem/MakeDir", {"path": "/tmp/polled"})
-    envd.run("printf old > /tmp/polled/gone.txt")
-    missing = envd.unary("filesystem.Filesystem/CreateWatcher", {"path": "/tmp/none"})
+def test_a_polled_watcher_hands_over_what_happened_since_the_last_poll(watched: Envd) -> None:
+    watched.ok("filesystem.Filesystem/MakeDir", {"path": "/tmp/polled"})
+    watched.run("printf old > /tmp/polled/gone.txt")
+    missing = watched.unary("filesystem.Filesystem/CreateWatcher", {"path": "/tmp/none"})
     assert missing.status_code == 404
-    watcher = envd.ok("filesystem.Filesystem/CreateWatcher",
+    watcher = watched.ok("filesystem.Filesystem/CreateWatcher",
                       {"path": "/tmp/polled", "includeEntry": True})["watcherId"]
-    envd.run("rm /tmp/polled/gone.txt; printf abc > /tmp/polled/made.txt")
+    watched.run("rm /tmp/polled/gone.txt; printf abc > /tmp/polled/made.txt")
     events: list[dict[str, Any]] = []
     for _ in range(100):  # until the watch has looked (it looks every fraction of a second)
-        events += envd.ok("filesystem.Filesystem/GetWatcherEvents",
+        events += watched.ok("filesystem.Filesystem/GetWatcherEvents",
                           {"watcherId": watcher})["events"]
         if len(events) >= 3:
             break
-        envd.run("sleep 0.1")
+        watched.run("sleep 0.1")
     assert [(e["name"], e["type"]) for e in events] == [
         ("gone.txt", "EVENT_TYPE_REMOVE"), ("made.txt", "EVENT_TYPE_CREATE"),
         ("made.txt", "EVENT_TYPE_WRITE")]
     assert events[1]["entry"]["path"] == "/tmp/polled/made.txt"
     assert "entry" not in events[0]
-    assert envd.ok("filesystem.Filesystem/RemoveWatcher", {"watcherId": watcher}) == {}
-    after = envd.unary("filesystem.Filesystem/GetWatcherEvents", {"watcherId": watcher})
+    assert watched.ok("filesystem.Filesystem/RemoveWatcher", {"watcherId": watcher}) == {}
+    after = watched.unary("filesystem.Filesystem/GetWatcherEvents", {"watcherId": watcher})
     assert (after.status_code, after.json()["code"]) == (404, "not_found")
 
 
 @pytest.mark.docker
-def test_what_envd_changes_is_told_to_watches_as_it_is_done(envd: Envd) -> None:
+def test_what_envd_changes_is_told_to_watches_as_it_is_done(watched: Envd) -> None:
     """Made, renamed and removed between two looks: still every event, in
     order, as inotify gives them (a rename: the old name renamed, the new
     one created)."""
-    envd.ok("filesystem.Filesystem/MakeDir", {"path": "/tmp/told"})
-    watcher = envd.ok("filesystem.Filesystem/CreateWatcher",
+    watched.ok("filesystem.Filesystem/MakeDir", {"path": "/tmp/told"})
+    watcher = watched.ok("filesystem.Filesystem/CreateWatcher",
                       {"path": "/tmp/told", "recursive": True})["watcherId"]
-    envd.http.post("/files", files={"file": ("/tmp/told/sub/one.txt", b"1")})
-    envd.ok("filesystem.Filesystem/Move",
+    watched.http.post("/files", files={"file": ("/tmp/told/sub/one.txt", b"1")})
+    watched.ok("filesystem.Filesystem/Move",
             {"source": "/tmp/told/sub/one.txt", "destination": "/tmp/told/two.txt"})
-    envd.ok("filesystem.Filesystem/Remove", {"path": "/tmp/told/two.txt"})
-    envd.ok("filesystem.Filesystem/MakeDir", {"path": "/tmp/told/dir"})
-    events = envd.ok("filesystem.Filesystem/GetWatcherEvents", {"watcherId": watcher})["events"]
+    watched.ok("filesystem.Filesystem/Remove", {"path": "/tmp/told/two.txt"})
+    watched.ok("filesystem.Filesystem/MakeDir", {"path": "/tmp/told/dir"})
+    events = watched.ok("filesystem.Filesystem/GetWatcherEvents", {"watcherId": watcher})["events"]
     assert [(e["name"], e["type"]) for e in events] == [
         ("sub", "EVENT_TYPE_CREATE"), ("sub/one.txt", "EVENT_TYPE_CREATE"),
         ("sub/one.txt", "EVENT_TYPE_WRITE"), ("sub/one.txt", "EVENT_TYPE_RENAME"),
         ("two.txt", "EVENT_TYPE_CREATE"), ("two.txt", "EVENT_TYPE_REMOVE"),
         ("dir", "EVENT_TYPE_CREATE")]
-    envd.ok("filesystem.Filesystem/RemoveWatcher", {"watcherId": watcher})
+    watched.ok("filesystem.Filesystem/RemoveWatcher", {"watcherId": watcher})
 
 
 @pytest.mark.docker

@@ -26,6 +26,7 @@ from ._errors import (
     NoSuchUser,
     NotFound,
     ProviderError,
+    ResourceExhausted,
     SandboxPermissionDenied,
     SandboxUnavailable,
 )
@@ -52,7 +53,7 @@ from ._types import (
     GrepMatch,
     Snapshot,
 )
-from ._watch import Watcher
+from ._watch import MAX_WATCHES, Watcher
 from .core.commands import ExecCall, events_until_exit, forget_finished, process_request
 from .core.fileops import make_directory, not_the_workdir, rename_entry, search_bounded
 from .core.live import Attachment, LiveSandbox, closed_message
@@ -528,6 +529,10 @@ class Sandbox:
         if not isinstance(recursive, bool):
             raise InvalidArgument(f"recursive must be true or false, not {recursive!r}")
         full = self.path(path)
+        if len(self._live.watchers) >= MAX_WATCHES:
+            raise ResourceExhausted(
+                f"sandbox {self.id} has {MAX_WATCHES} watches open: close one first"
+            )
         async with self._operation("watch", activity=False):
             runtime = self._runtime
             backend = await runtime.watch(full, recursive)

@@ -687,6 +687,9 @@ class SyncWatcher:
         """
         return self._loop.call(self._target.events(wait))
 
+    def __iter__(self) -> Iterator[FileEvent]:
+        return self._loop.iterate(self._target.__aiter__())
+
     def close(self) -> None:
         """Stop watching; what was not read is dropped. Idempotent."""
         try:

@@ -25,6 +25,9 @@ from .providers.watching import BackendWatch
 
 #: Events a watch holds unread before it gives up (and says so).
 MAX_PENDING_EVENTS = 10_000
+#: Watches one sandbox may have open at once (each holds kernel watches and
+#: up to MAX_PENDING_EVENTS events): past it, resource_exhausted.
+MAX_WATCHES = 64
 
 
 class Watcher:

@@ -38,6 +38,9 @@ class HutchGroup(click.Group):
 
     command_class = HutchCommand
 
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self.commands)  # in the order they are written, not sorted
+
     def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         from ._help import render
 

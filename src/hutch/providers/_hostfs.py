@@ -276,8 +276,21 @@ class HostFiles(SandboxFiles):
 
     async def rename(self, source: str, destination: str) -> None:
         host_source, host_destination = self.to_host(source), self.to_host(destination)
-        call_mapped(lambda: os.rename(host_source, host_destination),
-                    f"{source} -> {destination}", map_tree_error)
+
+        def move() -> None:
+            try:
+                os.rename(host_source, host_destination)
+            except OSError as exc:
+                if exc.errno != errno.EXDEV:
+                    raise
+                # Two file systems (or a directory of an overlay's lower
+                # layer): copied, then the source removed, as mv does.
+                if os.path.isdir(host_destination) and not os.path.islink(host_destination):
+                    os.rmdir(host_destination)  # replaced: empty, as rename(2) wants
+                shutil.move(host_source, host_destination)
+
+        await anyio.to_thread.run_sync(
+            lambda: call_mapped(move, f"{source} -> {destination}", map_tree_error))
 
     async def watch(self, path: str, recursive: bool) -> BackendWatch:
         """By inotify on the host path."""

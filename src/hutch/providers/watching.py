@@ -19,6 +19,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import errno
 import os
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -28,6 +29,8 @@ from .._errors import (
     HutchError,
     InvalidArgument,
     OutputLimitExceeded,
+    ProviderError,
+    ResourceExhausted,
     SandboxFileNotFound,
     SandboxNotADirectory,
 )
@@ -292,7 +295,10 @@ class HostInotifyWatch(BackendWatch):
     ) -> None:
         from inotify_simple import INotify
 
-        self._inotify = INotify(nonblocking=True)
+        try:
+            self._inotify = INotify(nonblocking=True)
+        except OSError as exc:
+            raise _inotify_limit(exc) from None
         self._host_dir = host_dir
         self._events = InotifyEvents(root, recursive, self._add, self._inotify.rm_watch, entries)
         self._ready = asyncio.Event()
@@ -304,11 +310,11 @@ class HostInotifyWatch(BackendWatch):
             try:
                 return int(self._inotify.add_watch(host, WATCH_MASK))
             except OSError as exc:
-                if exc.errno == 20:  # ENOTDIR
+                if exc.errno == errno.ENOTDIR:
                     raise SandboxNotADirectory(f"{path} is not a directory to watch") from None
-                if exc.errno == 2:  # ENOENT
+                if exc.errno == errno.ENOENT:
                     raise SandboxFileNotFound(f"no such directory: {path}") from None
-                raise
+                raise _inotify_limit(exc) from None
 
     def start(self) -> HostInotifyWatch:
         try:
@@ -344,6 +350,17 @@ class HostInotifyWatch(BackendWatch):
         with contextlib.suppress(ValueError, OSError):
             self._loop.remove_reader(self._inotify.fileno())
         self._inotify.close()
+
+
+def _inotify_limit(exc: OSError) -> HutchError:
+    """The kernel's inotify limits (instances, watches per user) reached: the
+    host is full of watches, not the caller's mistake."""
+    if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOSPC, errno.ENOMEM):
+        return ResourceExhausted(
+            f"this host watches all it may ({exc.strerror}: fs.inotify.max_user_instances "
+            "or max_user_watches); close other watches, or watch a smaller tree"
+        )
+    return ProviderError(f"watching failed: {exc.strerror or exc}")
 
 
 @contextlib.contextmanager

@@ -9,8 +9,9 @@ A provider (a third party's too) runs them on sandboxes it makes::
     async def test_conformance(case, my_sandbox):
         await case(my_sandbox)
 
-The cases cover exec (foreground, streamed, background, timeouts, caps),
-files, grep and glob, the sandbox's own surface (status, processes, preview
+The cases cover exec (foreground, streamed, background, timeouts, caps, a
+running command's stdin), files (mkdir and rename too), watching a directory,
+grep and glob, the sandbox's own surface (status, processes, preview
 URL, paths, capabilities), and the lifecycle (pause, suspend/resume cycles,
 snapshots, forks).
 Each case takes one running sandbox (in-process ``hutch.Sandbox`` or a

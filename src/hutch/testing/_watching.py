@@ -107,6 +107,25 @@ async def check_recursive_watch_sees_every_level(sandbox: Any) -> None:
         await watcher.close()
 
 
+async def check_a_write_that_makes_directories_tells_only_its_file(sandbox: Any) -> None:
+    """A write into directories it makes: the directories and the file, and
+    nothing of how the write is done (a runtime's temporary file, found in
+    a new directory as its watch is added, is no file of the caller's)."""
+    await sandbox.mkdir("made-by-write")
+    watcher = await sandbox.watch("made-by-write", recursive=True)
+    try:
+        seen: list[hutch.FileEvent] = []
+        for n in range(5):
+            await sandbox.write_text(f"made-by-write/d{n}/e/f.txt", "x")
+            await _until(watcher, _is("created", sandbox.path(f"made-by-write/d{n}/e/f.txt")),
+                         seen)
+        written = {sandbox.path(f"made-by-write/d{n}{tail}") for n in range(5)
+                   for tail in ("", "/e", "/e/f.txt")}
+        assert {e.path for e in seen} <= written, seen
+    finally:
+        await watcher.close()
+
+
 async def check_watch_without_recursive_stays_at_its_level(sandbox: Any) -> None:
     await sandbox.write_text("level/below/old.txt", "x")
     watcher = await sandbox.watch("level")
@@ -143,6 +162,7 @@ WATCH_CASES: list[Case] = [
     check_watch_pairs_a_rename,
     check_watch_sees_what_commands_change,
     check_recursive_watch_sees_every_level,
+    check_a_write_that_makes_directories_tells_only_its_file,
     check_watch_without_recursive_stays_at_its_level,
     check_watch_errors_and_close,
 ]

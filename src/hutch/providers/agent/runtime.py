@@ -77,6 +77,10 @@ _THREAD_BYTES = 4 << 20
 #: Output chunks a process holds before its reader waits for the consumer.
 _QUEUE_CHUNKS = 64
 
+class CrossDevice(InvalidArgument):
+    """A rename the kernel refused with EXDEV (the runtime copies instead)."""
+
+
 _ERRORS: dict[str, type[HutchError]] = {
     "file_not_found": SandboxFileNotFound,
     "is_a_directory": SandboxIsADirectory,
@@ -85,6 +89,7 @@ _ERRORS: dict[str, type[HutchError]] = {
     "no_such_user": NoSuchUser,
     "file_exists": SandboxFileExists,
     "not_a_directory": SandboxNotADirectory,
+    "cross_device": CrossDevice,
     "output_limit_exceeded": OutputLimitExceeded,
     "resource_exhausted": ResourceExhausted,
 }
@@ -682,6 +687,10 @@ class AgentRuntime(SandboxRuntime):
     async def rename(self, source: str, destination: str) -> None:
         try:
             await self.request({"op": "rename", "src": source, "dst": destination}, _ok)
+        except CrossDevice:
+            # Two file systems, or a directory of an overlay's lower layer
+            # (the image's): mv in the sandbox copies it.
+            await super().rename(source, destination)
         except InvalidArgument as exc:
             if not _predates(exc):
                 raise

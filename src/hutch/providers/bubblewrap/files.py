@@ -105,6 +105,10 @@ def _map_error(exc: OSError, path: str) -> HutchError:
     return map_oserror(exc, path)
 
 
+class CrossesLayers(InvalidArgument):
+    """A rename overlayfs refuses (EXDEV): a directory of a lower layer."""
+
+
 def _map_tree_error(exc: OSError, path: str) -> HutchError:
     """A mkdir's or a rename's, as on the host; a path the kernel refused to
     resolve inside the root is not there (not two file systems)."""
@@ -383,8 +387,8 @@ class RootFiles(SandboxFiles):
                 if exc.errno != errno.EXDEV:
                     raise
                 # overlayfs moves no directory of its lower layers (without
-                # redirect_dir): mv copies it instead.
-                raise InvalidArgument(
+                # redirect_dir): the runtime's mv copies it instead.
+                raise CrossesLayers(
                     f"cannot rename {source}: a directory from the sandbox's image, "
                     "which its overlay cannot move; copy it (mv in the sandbox does)"
                 ) from None

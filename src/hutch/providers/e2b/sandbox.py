@@ -24,10 +24,11 @@ from ..._errors import (
     ProviderError,
     SandboxFileNotFound,
     SandboxIsADirectory,
+    SandboxUnavailable,
 )
 from ..._paths import hutch_home
 from ..._types import Capabilities, FileInfo, FileType, ProviderSnapshot
-from ..base import BackendProcess, NativeBackend, ProcessRequest
+from ..base import BackendProcess, NativeBackend, ProcessRequest, RuntimeState
 from .config import E2BConfig
 from .errors import mapped
 from .process import Envd
@@ -75,11 +76,27 @@ class E2BSandbox(NativeBackend):
     #: The E2B connections (settings given) this process has used.
     _reached: ClassVar[set[tuple[tuple[str, Any], ...]]] = set()
 
-    def __init__(self, sandbox_id: str, config: E2BConfig, e2b: Any) -> None:
+    def __init__(self, sandbox_id: str, config: E2BConfig, e2b_id: str,
+                 e2b: Any | None) -> None:
         super().__init__(sandbox_id, config.workdir)
         self.config = config
-        self.e2b = e2b
-        self.envd = Envd(e2b)
+        self.e2b_id = e2b_id
+        #: The SDK's sandbox, once reached: a sandbox found paused after a
+        #: restart is reached by its resume (the SDK's connect resumes).
+        self._e2b = e2b
+        self._envd = None if e2b is None else Envd(e2b)
+
+    @property
+    def e2b(self) -> Any:
+        if self._e2b is None:
+            raise SandboxUnavailable(f"E2B sandbox {self.e2b_id} is paused: resume it first")
+        return self._e2b
+
+    @property
+    def envd(self) -> Envd:
+        if self._envd is None:
+            raise SandboxUnavailable(f"E2B sandbox {self.e2b_id} is paused: resume it first")
+        return self._envd
 
     @classmethod
     async def _start(cls, config: E2BConfig, sandbox_id: str, template: str) -> E2BSandbox:
@@ -89,7 +106,7 @@ class E2BSandbox(NativeBackend):
                 metadata={**config.metadata, SANDBOX_KEY: sandbox_id}, envs=config.env,
                 **cls._reach(config),
             )
-        sandbox = cls(sandbox_id, config, e2b)
+        sandbox = cls(sandbox_id, config, e2b.sandbox_id, e2b)
         try:
             await sandbox.make_dir(config.workdir, parents=True)
         except OSError:
@@ -101,15 +118,33 @@ class E2BSandbox(NativeBackend):
         return await cls._start(config, sandbox_id, config.template)
 
     def describe(self) -> dict[str, Any]:
-        return {"e2b_id": self.e2b.sandbox_id, "config": self.config.model_dump(),
+        return {"e2b_id": self.e2b_id, "config": self.config.model_dump(),
                 "workdir": self.workdir}
 
     @classmethod
     async def reconnect(cls, sandbox_id: str, description: Any) -> E2BSandbox:
+        """Find the sandbox again; a paused one stays paused (the SDK's
+        connect would resume it) until hutch resumes it."""
         config = E2BConfig.model_validate(description["config"])
-        with mapped(f"reach E2B sandbox {description['e2b_id']}"):
-            e2b = await AsyncSandbox.connect(description["e2b_id"], **cls._reach(config))
-        return cls(sandbox_id, config, e2b)
+        sandbox = cls(sandbox_id, config, str(description["e2b_id"]), None)
+        if await sandbox._e2b_state() == "running":
+            await sandbox._connect()
+        return sandbox
+
+    async def _e2b_state(self) -> str:
+        """E2B's state of the sandbox: ``running``, ``paused`` or ``gone``."""
+        try:
+            with mapped(f"E2B sandbox {self.e2b_id}"):
+                info = await AsyncSandbox.get_info(self.e2b_id, **self._reach(self.config))
+        except (SandboxUnavailable, FileNotFoundError):
+            return "gone"
+        return str(getattr(info.state, "value", info.state))
+
+    async def _connect(self) -> None:
+        with mapped(f"reach E2B sandbox {self.e2b_id}"):
+            e2b = await AsyncSandbox.connect(self.e2b_id, timeout=self.config.e2b_timeout,
+                                             **self._reach(self.config))
+        self._e2b, self._envd = e2b, Envd(e2b)
 
     async def preview_url(self, port: int) -> str:
         scheme = "http" if (self.config.sandbox_url or "").startswith("http:") else "https"
@@ -117,24 +152,27 @@ class E2BSandbox(NativeBackend):
 
     # -- lifecycle: E2B's pause keeps memory; connect resumes ---------------------------
     async def suspend(self) -> None:
-        with mapped(f"pause E2B sandbox {self.e2b.sandbox_id}"):
+        with mapped(f"pause E2B sandbox {self.e2b_id}"):
             await self.e2b.pause()
 
     async def resume(self) -> None:
-        with mapped(f"resume E2B sandbox {self.e2b.sandbox_id}"):
-            await self.e2b.connect(timeout=self.config.e2b_timeout)
+        await self._connect()
 
     async def is_alive(self) -> bool:
-        try:
-            with mapped("E2B sandbox state"):
-                info = await self.e2b.get_info()
-        except Exception:  # gone, or unreachable: not alive as far as hutch can tell
-            return False
-        return str(getattr(info.state, "value", info.state)) in ("running", "paused")
+        return await self._e2b_state() == "running"
+
+    async def is_suspended(self) -> bool:
+        return await self._e2b_state() == "paused"
+
+    async def observed_state(self) -> RuntimeState:
+        state = await self._e2b_state()
+        if state == "running":
+            return RuntimeState.RUNNING
+        return RuntimeState.SUSPENDED if state == "paused" else RuntimeState.GONE
 
     async def close(self) -> None:
-        with mapped(f"kill E2B sandbox {self.e2b.sandbox_id}"):
-            await self.e2b.kill()
+        with mapped(f"kill E2B sandbox {self.e2b_id}"):
+            await AsyncSandbox.kill(self.e2b_id, **self._reach(self.config))
 
     # -- snapshots ------------------------------------------------------------------------
     async def capture(self, snapshot_id: str, *, diff: bool = True) -> ProviderSnapshot:

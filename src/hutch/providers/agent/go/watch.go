@@ -65,6 +65,11 @@ func (w *treeWatch) watchTree(path string, told *[]header) error {
 		}
 		for _, e := range entries {
 			child := joinPath(dir, e.Name())
+			if strings.HasPrefix(e.Name(), writeTempPrefix) && !e.IsDir() {
+				// A write of the agent's under way in a directory it made: its
+				// file is told when it is put in place, never its temporary one.
+				continue
+			}
 			if told != nil {
 				*told = append(*told, header{"k": "created", "p": child})
 			}
@@ -201,8 +206,7 @@ func handleWatch(c *conn, h header) error {
 	}
 	fd, err := syscall.InotifyInit1(syscall.IN_NONBLOCK | syscall.IN_CLOEXEC)
 	if err != nil {
-		_ = c.fail("provider_error", "inotify: "+err.Error())
-		return err
+		return failWatchLimit(c, err)
 	}
 	// Nonblocking, so the runtime's poller serves it: a read with a
 	// deadline (for the heartbeat), and a close that ends a read under way.
@@ -210,6 +214,9 @@ func handleWatch(c *conn, h header) error {
 	defer events.Close()
 	w := &treeWatch{fd: fd, root: root, recursive: boolean(h, "recursive"), dirs: map[int32]string{}}
 	if err := w.watchTree(root, nil); err != nil {
+		if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.ENOMEM) {
+			return failWatchLimit(c, err)
+		}
 		return failPath(c, err, root)
 	}
 	if err := c.send(header{"t": "ok"}, nil); err != nil {
@@ -260,4 +267,17 @@ func handleWatch(c *conn, h header) error {
 			return errors.New("watch ended")
 		}
 	}
+}
+
+// failWatchLimit: the kernel's inotify limits reached (instances or watches
+// per user), or another failure to watch.
+func failWatchLimit(c *conn, err error) error {
+	if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) ||
+		errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.ENOMEM) {
+		_ = c.fail("resource_exhausted", "the sandbox watches all it may ("+err.Error()+
+			"): close other watches, or watch a smaller tree")
+	} else {
+		_ = c.fail("provider_error", "inotify: "+err.Error())
+	}
+	return err
 }
