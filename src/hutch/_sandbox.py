@@ -28,6 +28,7 @@ from ._errors import (
     SandboxPermissionDenied,
     SandboxUnavailable,
 )
+from ._faults import fault_point
 from ._guardrail import ReadBeforeWriteGuard
 from ._membudget import MemoryHold
 from ._process import (
@@ -619,6 +620,7 @@ class Sandbox(SandboxSession):
             with anyio.CancelScope(shield=True):
                 if self._gate is not None:
                     await self._gate.closed(self._live)
+                    fault_point("delete.recorded")
                 await self._live.reap()
         finally:
             server, self._live.server = self._live.server, None
