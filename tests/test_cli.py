@@ -459,3 +459,11 @@ def test_ls_loads_no_pydantic_provider_or_server(daemon: DaemonProcess) -> None:
     assert [m for m in modules if m.split(".")[0] in ("pydantic", "typer")] == []
     assert [m for m in modules if m.startswith(("hutch.providers", "hutch.server",
                                                 "hutch.daemon", "hutch.core", "hutch.wire"))] == []
+
+
+def test_hutch_alone_prints_its_help_on_standard_output() -> None:
+    shown = hutch(None)
+    assert shown.returncode == 2 and shown.stderr == ""
+    assert "Usage:" in shown.stdout and "ls" in shown.stdout
+    group = hutch(None, "workspace")
+    assert group.returncode == 2 and "suspend" in group.stdout
