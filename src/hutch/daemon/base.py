@@ -49,6 +49,7 @@ from .common import (
     make_private_file,
 )
 from .host import _DaemonHost
+from .metrics import DaemonMetrics
 from .policy import OperatorPolicy
 
 if TYPE_CHECKING:
@@ -82,8 +83,11 @@ class DaemonBase:
         if store is None:
             store = SQLiteStore(make_private_file(os.path.join(self.data_dir, "hutch.db")))
         self.store = store
+        #: Its metrics (the server renders them at /metrics).
+        self.metrics = DaemonMetrics(
+            lambda: [(s.provider, s.state) for s in list(self.sandboxes.values())])
         #: The same store, off the event loop: what the daemon's coroutines use.
-        self.astore = AsyncStore(store)
+        self.astore = AsyncStore(store, observe=self.metrics.store_call)
         self.sandbox_defaults = dict(sandbox_defaults or {})
         #: The provider of requests that name none (see default_provider()).
         self._default_provider = default_provider
@@ -151,6 +155,7 @@ class DaemonBase:
         # store cannot keep them, and then the engine undoes the transition.
         await self.astore.put_sandbox(row, event)
         # Durable from here: nothing below may undo it.
+        self.metrics.transition(row.provider, old, new, reason)
         if sandbox_id in self._leftovers and new is not SandboxState.PAUSED:
             self._leftovers.discard(sandbox_id)
             if new is SandboxState.RUNNING and sandbox is not None:

@@ -46,11 +46,13 @@ from ..store import open_store
 from . import e2b
 from .errors import error_json, unexpected_error_json
 from .hot import HotRoutes
+from .metrics import OperationMetrics
 from .middleware import BodyBudget, BodyLimit, CancelOnDisconnect, TokenAuth
 from .routes import (
     definitions,
     exec,
     files,
+    metrics,
     processes,
     pty,
     refs,
@@ -74,6 +76,7 @@ HOT_HANDLERS = {"exec_": "_exec", "read_file": "_read", "write_file": "_write",
 ROUTERS = [
     exec.router, files.router, sandboxes.router, definitions.router, snapshots.router,
     refs.router, processes.router, pty.router, workspaces.router, watch.router, events_router,
+    metrics.router,
 ]
 
 
@@ -199,6 +202,7 @@ def create_app(
     app.add_middleware(BodyBudget)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(CancelOnDisconnect)
+    app.add_middleware(OperationMetrics, daemon=lambda: holder.get("daemon"))
     app.add_middleware(TokenAuth, token=settings.token, daemon=lambda: holder.get("daemon"))
     # Outermost: E2B's requests carry E2B's credentials, not the bearer token.
     e2b.mount(app, daemon=lambda: holder.get("daemon"), token=settings.token,
