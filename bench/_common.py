@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -82,6 +83,27 @@ async def time_async(fn: Callable[[], Awaitable[object]], runs: int, warmup: int
         await fn()
         samples.append(time.perf_counter() - t)
     return median_ms(samples)
+
+
+def timed_command(
+    argv: list[str], env: dict[str, str], cpu: bool = False
+) -> Callable[[], float]:
+    """A measure of one run of ``argv``: its wall time, or with ``cpu`` the
+    CPU time it used (user and system): on a machine shared with other
+    work, the steadier figure."""
+    def once() -> float:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        started = time.perf_counter()
+        done = subprocess.run(argv, env=env, capture_output=True, stdin=subprocess.DEVNULL,
+                              check=False)
+        took = time.perf_counter() - started
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        if done.returncode != 0:
+            raise RuntimeError(f"{argv} failed: {done.stderr.decode()}")
+        if cpu:
+            return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        return took
+    return once
 
 
 def header(title: str) -> None:

@@ -11,11 +11,8 @@ hutch (``python -c pass``): what is left above them is the command's own cost
 from __future__ import annotations
 
 import os
-import resource
 import shutil
-import subprocess
 import sys
-import time
 from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -25,27 +22,10 @@ from tests.daemon_fixture import DaemonProcess
 
 import hutch
 from _common import header, median_ms, row, run
+from _common import timed_command as timed
 
 SANDBOXES = 1000
 RUNS = 9
-
-
-def timed(argv: list[str], env: dict[str, str], cpu: bool = False) -> Callable[[], float]:
-    """One run's wall time, or with ``cpu`` the CPU time it used (user and
-    system): on a machine shared with other work, the steadier figure."""
-    def once() -> float:
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        started = time.perf_counter()
-        done = subprocess.run(argv, env=env, capture_output=True, stdin=subprocess.DEVNULL,
-                              check=False)
-        took = time.perf_counter() - started
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        if done.returncode != 0:
-            raise RuntimeError(f"{argv} failed: {done.stderr.decode()}")
-        if cpu:
-            return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-        return took
-    return once
 
 
 def median_of(measure: Callable[[], float]) -> float:

@@ -19,10 +19,7 @@ say), each hutch row is measured for it too, in the same run.
 from __future__ import annotations
 
 import os
-import resource
-import subprocess
 import sys
-import time
 from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -31,26 +28,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from tests.daemon_fixture import DaemonProcess
 
 from _common import header, median_ms, row, run
+from _common import timed_command as timed
 
 RUNS = 21
 OURS = os.path.join(os.path.dirname(__file__), "..", "src")
-
-
-def timed(argv: list[str], env: dict[str, str], cpu: bool) -> Callable[[], float]:
-    """One run's wall time, or with ``cpu`` the CPU time it used."""
-    def once() -> float:
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        started = time.perf_counter()
-        done = subprocess.run(argv, env=env, capture_output=True, stdin=subprocess.DEVNULL,
-                              check=False)
-        took = time.perf_counter() - started
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        if done.returncode != 0:
-            raise RuntimeError(f"{argv} failed: {done.stderr.decode()}")
-        if cpu:
-            return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-        return took
-    return once
 
 
 def medians(measures: dict[str, Callable[[], float]]) -> dict[str, float]:
@@ -73,6 +54,12 @@ async def main() -> None:
     daemon = DaemonProcess().start()
     try:
         env = dict(os.environ, HUTCH_URL=daemon.url, HUTCH_TOKEN=daemon.token, COLUMNS="100")
+        # Each run finds its modules' bytecode compiled, as an installed hutch
+        # has it (pip compiles on install): with PYTHONDONTWRITEBYTECODE the
+        # warm-up run could not write it, and every run would compile every
+        # module changed since its cache was written (the floors' packages
+        # are compiled: the rows would not compare like with like).
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         python = sys.executable
         script = os.path.join(os.path.dirname(python), "hutch")
         sources = {"": OURS}

@@ -19,6 +19,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import hutch
 from _common import header, median_ms, row, run, scratch_dir
+from hutch._sync import LoopThread
 from hutch.providers.bubblewrap.rootfs import resolve_rootfs
 
 IMAGE = os.environ.get("HUTCH_TEST_IMAGE", "hutch-test:bookworm")
@@ -68,8 +69,45 @@ async def exec_sync_beside_async(provider: str) -> None:
         median_ms(async_samples), "goal: +0.3 ms at most")
 
 
+async def handoff_alone() -> None:
+    """What a sync call adds, without a sandbox: a coroutine that returns at
+    once, handed to a face's loop thread, beside the same coroutine awaited."""
+
+    async def nothing() -> None:
+        return None
+
+    loop = LoopThread()
+    try:
+        def sync_block() -> list[float]:
+            samples = []
+            for _ in range(BLOCK * 10):
+                start = time.perf_counter()
+                loop.call(nothing())
+                samples.append(time.perf_counter() - start)
+            return samples
+
+        async def async_block() -> list[float]:
+            samples = []
+            for _ in range(BLOCK * 10):
+                start = time.perf_counter()
+                await nothing()
+                samples.append(time.perf_counter() - start)
+            return samples
+
+        sync_samples: list[float] = []
+        async_samples: list[float] = []
+        for _ in range(ROUNDS):
+            async_samples += await async_block()
+            sync_samples += await asyncio.to_thread(sync_block)
+    finally:
+        loop.stop()
+    row("the handoff alone (a coroutine that returns)", median_ms(sync_samples),
+        median_ms(async_samples))
+
+
 async def main() -> None:
     header("the sync face (floor: the same call on the async face, in-process)")
+    await handoff_alone()
     wanted = sys.argv[1:] or ["local", "bubblewrap", "docker"]
     for provider in wanted:
         await exec_sync_beside_async(provider)

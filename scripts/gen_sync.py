@@ -45,6 +45,7 @@ FACES = [
     Face("hutch._process", "Process", "SyncProcess"),
     Face("hutch._snapshots", "Fork", "SyncFork"),
     Face("hutch.providers.base", "PtyProcess", "SyncPtyProcess"),
+    Face("hutch._watch", "Watcher", "SyncWatcher"),
 ]
 
 
@@ -448,7 +449,8 @@ def method(
         need_names(item, src, imports, runtime=False)
         imports.add("collections.abc", "Iterator", runtime=True)
         returns = f"Iterator[{sync_annotation(item)}]"
-        def_line, passes = _signature(node, src, imports, returns=returns)
+        def_line, passes = _signature(node, src, imports, returns=returns,
+                                      name="__iter__" if node.name == "__aiter__" else None)
         wrapped = wraps_result(item, "item")
         if wrapped is None:
             body = [*doc, *emit(8, "return self._loop.iterate(", call, passes, ")")]
@@ -498,7 +500,7 @@ def attribute(
 
 
 def _public(name: str) -> bool:
-    return not name.startswith("_") or name in ("__aenter__", "__aexit__")
+    return not name.startswith("_") or name in ("__aenter__", "__aexit__", "__aiter__")
 
 
 def instance_attributes(
@@ -665,6 +667,7 @@ CLIENT_FACES = [
     ClientFace("SandboxOps", "AsyncSandboxFace", "SandboxFace"),
     ClientFace("ProcessOps", "AsyncProcessFace", "ProcessFace"),
     ClientFace("ForkOps", "AsyncForkFace", "ForkFace"),
+    ClientFace("WatcherOps", "AsyncWatcherFace", "WatcherFace"),
 ]
 
 #: What an operation's ``*Ref`` result is on each face (async, sync).
@@ -673,6 +676,7 @@ CLIENT_RESULTS = {
     "BranchRef": ("AsyncRemoteSandbox", "RemoteSandbox"),
     "ProcessRef": ("AsyncRemoteProcess", "RemoteProcess"),
     "ForkRef": ("AsyncRemoteFork", "RemoteFork"),
+    "WatcherRef": ("AsyncRemoteWatcher", "RemoteWatcher"),
     "EnsuredRef": ("RemoteEnsured", "RemoteEnsured"),
 }
 
@@ -720,6 +724,9 @@ def client_face(face: ClientFace, side: int, imports: Imports) -> str:
     for item in cls_node.body:
         if not isinstance(item, ast.FunctionDef):
             continue
+        if "terminal_op" in _decorators(item):
+            lines += ["", *terminal(item, face, side, src, imports)]
+            continue
         kind = {"op": "call", "stream_op": "stream"}.keys() & _decorators(item)
         if not kind:
             continue
@@ -759,6 +766,21 @@ def client_face(face: ClientFace, side: int, imports: Imports) -> str:
             body += [assignment, "        return value"]
         lines += ["", def_line, *doc, *body]
     return "\n".join(lines) + "\n"
+
+
+def terminal(
+    item: ast.FunctionDef, face: ClientFace, side: int, src: Source, imports: Imports,
+) -> list[str]:
+    """A method opening a terminal with the first message its operation makes."""
+    pty = ("AsyncRemotePty", "RemotePty")[side]
+    manager = ("AbstractAsyncContextManager", "AbstractContextManager")[side]
+    imports.add("hutch.client._shell", pty, runtime=False)
+    imports.add("contextlib", manager, runtime=True)
+    def_line, passes = _signature(item, src, imports, returns=f"{manager}[{pty}]")
+    passes = ", ".join(["self", *([passes] if passes else [])])
+    return [def_line, *_docstring(item, "        "),
+            *emit(8, "start = ", f"{face.ops}.{item.name}", passes, ""),
+            "        return self._transport.open_pty(self.id, start)"]
 
 
 def generate_client() -> str:

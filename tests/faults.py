@@ -27,7 +27,7 @@ import pytest
 
 SOURCE = Path(__file__).resolve().parent.parent / "src" / "hutch"
 #: A point's name where the source gives it.
-_POINT = re.compile(r'(?:fault_point\(|fault=|fault: str = )"([a-z0-9-]+(?:\.[a-z0-9-]+)+)"')
+_POINT = re.compile(r'(?:\bfault_point\(|\bfault=|\bfault: str = )"([a-z0-9-]+(?:\.[a-z0-9-]+)+)"')
 PROVIDERS = ("docker", "bubblewrap", "local")
 #: The providers each step applies to (the steps the harness knows how to drive).
 STEPS: dict[str, tuple[str, ...]] = {
@@ -39,6 +39,7 @@ STEPS: dict[str, tuple[str, ...]] = {
     "workspace-suspend": ("docker", "bubblewrap", "local"),
     "workspace-resume": ("docker", "bubblewrap", "local"),
     "definition-ensure": ("docker", "bubblewrap", "local"),
+    "delete": ("docker", "bubblewrap", "local"),
     # Runs in the program that builds (the CLI), on the host and its Engine.
     "image-build": ("host",),
 }

@@ -132,6 +132,13 @@ def test_import_hutch_client_loads_no_provider_lifecycle_or_server() -> None:
     assert heavy(modules) == []
 
 
+def test_import_hutch_client_leaves_the_wire_models_for_the_first_answer() -> None:
+    # The client decodes answers through hutch.wire (pydantic), imported by the
+    # first answer it decodes: a command that decodes none does not pay for it.
+    modules = loaded_by("import hutch.client")
+    assert [m for m in modules if m in ("hutch.wire", "pydantic.main")] == []
+
+
 def test_import_hutch_loads_its_names_on_first_use() -> None:
     modules = loaded_by("import hutch")
     assert [m for m in modules if m.startswith("hutch")] == ["hutch"]

@@ -434,3 +434,36 @@ def test_the_command_table_names_every_command_with_its_own_line() -> None:
                 defined.add(value)
     grouped = {sub for g in defined if isinstance(g, click.Group) for sub in g.commands.values()}
     assert {c.name for c in defined - grouped} == set(COMMANDS)
+
+
+def test_a_mistyped_command_is_usage_with_the_commands_it_is_close_to() -> None:
+    typo = hutch(None, "lss")
+    assert typo.returncode == 2
+    assert "No such command 'lss'. Did you mean 'ls'?" in typo.stderr
+    unknown = hutch(None, "zzzz")
+    assert unknown.returncode == 2 and "Did you mean" not in unknown.stderr
+
+
+def test_ls_loads_no_pydantic_provider_or_server(daemon: DaemonProcess) -> None:
+    """``hutch ls`` prints the daemon's JSON as it came: it decodes no wire
+    model (pydantic costs as much again as the rest of the command) and
+    loads nothing of the in-process core."""
+    code = ("import sys, json\nfrom hutch.cli.main import app\n"
+            "try:\n    app(['ls'])\nexcept SystemExit:\n    pass\n"
+            "print(json.dumps(sorted(sys.modules)))")
+    env = dict(os.environ, HUTCH_URL=daemon.url, HUTCH_TOKEN=daemon.token)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=120, check=True)
+    modules = json.loads(done.stdout.splitlines()[-1])
+    assert "hutch.client" in modules and "hutch.cli.sandboxes" in modules
+    assert [m for m in modules if m.split(".")[0] in ("pydantic", "typer")] == []
+    assert [m for m in modules if m.startswith(("hutch.providers", "hutch.server",
+                                                "hutch.daemon", "hutch.core", "hutch.wire"))] == []
+
+
+def test_hutch_alone_prints_its_help_on_standard_output() -> None:
+    shown = hutch(None)
+    assert shown.returncode == 2 and shown.stderr == ""
+    assert "Usage:" in shown.stdout and "ls" in shown.stdout
+    group = hutch(None, "workspace")
+    assert group.returncode == 2 and "suspend" in group.stdout

@@ -472,13 +472,17 @@ def test_sync_and_async_have_the_same_methods(sync_cls: type, async_cls: type) -
     for name, signature in sync_methods.items():
         twin = async_methods[name]
         assert signature.parameters == twin.parameters, name
-        # The same result, each face's own class of it (RemoteSandbox / AsyncRemoteSandbox).
+        # The same result, each face's own class of it (RemoteSandbox /
+        # AsyncRemoteSandbox, an iterator / an async iterator, a context
+        # manager / an async one).
         assert str(signature.return_annotation) == str(twin.return_annotation).replace(
-            "AsyncRemote", "Remote"), name
+            "AsyncRemote", "Remote").replace("AsyncIterator[", "Iterator[").replace(
+            "AbstractAsyncContextManager[", "AbstractContextManager["), name
         # Asynchronous where it talks to the daemon; a check made on the spot
         # (path, require) is one plain function shared by both faces.
         shared = getattr(async_cls, name) is getattr(sync_cls, name)
-        streams = getattr(getattr(async_cls, name), "__hutch_op__", None) == "stream"
+        streams = str(twin.return_annotation).startswith(
+            ("AsyncIterator[", "AbstractAsyncContextManager["))
         assert inspect.iscoroutinefunction(getattr(async_cls, name)) or shared or streams, name
 
 

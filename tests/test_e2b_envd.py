@@ -199,6 +199,25 @@ def new_sandbox(daemon: DaemonProcess) -> Envd:
     return Envd(daemon.url, made.json()["sandboxID"], made.json()["envdAccessToken"])
 
 
+@pytest.fixture(scope="module", params=["agent", "native"])
+def watched(request: pytest.FixtureRequest, served: DaemonProcess) -> Iterator[Envd]:
+    """A sandbox for the watch cases on each of docker's runtimes: the
+    agent's (hutch's own watch, by inotify) and docker's own exec (envd's
+    looks), opened with a ref as its access token."""
+    api = httpx.Client(base_url=served.url, timeout=120,
+                       headers={"Authorization": f"Bearer {served.token}"})
+    made = api.post("/v1/sandboxes", json={"provider": "docker", "image": TEST_IMAGE,
+                                           "runtime": request.param})
+    assert made.status_code == 201, made.text
+    sandbox_id = made.json()["id"]
+    assert made.json()["capabilities"]["watch"] == (
+        "inotify" if request.param == "agent" else "poll")
+    ref = api.post(f"/v1/sandboxes/{sandbox_id}/refs", json={}).json()["ref"]
+    yield Envd(served.url, sandbox_id, ref)
+    api.delete(f"/v1/sandboxes/{sandbox_id}")
+    api.close()
+
+
 @pytest.fixture(scope="module")
 def envd(served: DaemonProcess) -> Iterator[Envd]:
     sandbox = new_sandbox(served)
@@ -428,16 +447,16 @@ def test_health_answers_502_once_the_sandbox_is_gone(served: DaemonProcess) -> N
 
 
 @pytest.mark.docker
-def test_a_watched_directory_streams_its_changes(envd: Envd) -> None:
-    envd.ok("filesystem.Filesystem/MakeDir", {"path": "/tmp/watched"})
+def test_a_watched_directory_streams_its_changes(watched: Envd) -> None:
+    watched.ok("filesystem.Filesystem/MakeDir", {"path": "/tmp/watched"})
     body = json.dumps({"path": "/tmp/watched", "recursive": True}).encode()
     headers = {"Content-Type": STREAM, "Connect-Timeout-Ms": "20000"}
-    with envd.http.stream("POST", "/filesystem.Filesystem/WatchDir", headers=headers,
-                          content=struct.pack(">BI", 0, len(body)) + body) as watched:
-        assert watched.headers["content-type"] == STREAM
-        live = read_frames(watched.iter_bytes())
+    with watched.http.stream("POST", "/filesystem.Filesystem/WatchDir", headers=headers,
+                             content=struct.pack(">BI", 0, len(body)) + body) as answer:
+        assert answer.headers["content-type"] == STREAM
+        live = read_frames(answer.iter_bytes())
         assert next(live) == (0, {"start": {}})
-        envd.run("mkdir /tmp/watched/sub; printf x > /tmp/watched/sub/new.txt")
+        watched.run("mkdir /tmp/watched/sub; printf x > /tmp/watched/sub/new.txt")
         seen: list[tuple[str, str]] = []
         for _, message in live:
             if "filesystem" in message:
@@ -450,51 +469,51 @@ def test_a_watched_directory_streams_its_changes(envd: Envd) -> None:
 
 
 @pytest.mark.docker
-def test_a_polled_watcher_hands_over_what_happened_since_the_last_poll(envd: Envd) -> None:
-    envd.ok("filesystem.Filesystem/MakeDir", {"path": "/tmp/polled"})
-    envd.run("printf old > /tmp/polled/gone.txt")
-    missing = envd.unary("filesystem.Filesystem/CreateWatcher", {"path": "/tmp/none"})
+def test_a_polled_watcher_hands_over_what_happened_since_the_last_poll(watched: Envd) -> None:
+    watched.ok("filesystem.Filesystem/MakeDir", {"path": "/tmp/polled"})
+    watched.run("printf old > /tmp/polled/gone.txt")
+    missing = watched.unary("filesystem.Filesystem/CreateWatcher", {"path": "/tmp/none"})
     assert missing.status_code == 404
-    watcher = envd.ok("filesystem.Filesystem/CreateWatcher",
+    watcher = watched.ok("filesystem.Filesystem/CreateWatcher",
                       {"path": "/tmp/polled", "includeEntry": True})["watcherId"]
-    envd.run("rm /tmp/polled/gone.txt; printf abc > /tmp/polled/made.txt")
+    watched.run("rm /tmp/polled/gone.txt; printf abc > /tmp/polled/made.txt")
     events: list[dict[str, Any]] = []
     for _ in range(100):  # until the watch has looked (it looks every fraction of a second)
-        events += envd.ok("filesystem.Filesystem/GetWatcherEvents",
+        events += watched.ok("filesystem.Filesystem/GetWatcherEvents",
                           {"watcherId": watcher})["events"]
         if len(events) >= 3:
             break
-        envd.run("sleep 0.1")
+        watched.run("sleep 0.1")
     assert [(e["name"], e["type"]) for e in events] == [
         ("gone.txt", "EVENT_TYPE_REMOVE"), ("made.txt", "EVENT_TYPE_CREATE"),
         ("made.txt", "EVENT_TYPE_WRITE")]
     assert events[1]["entry"]["path"] == "/tmp/polled/made.txt"
     assert "entry" not in events[0]
-    assert envd.ok("filesystem.Filesystem/RemoveWatcher", {"watcherId": watcher}) == {}
-    after = envd.unary("filesystem.Filesystem/GetWatcherEvents", {"watcherId": watcher})
+    assert watched.ok("filesystem.Filesystem/RemoveWatcher", {"watcherId": watcher}) == {}
+    after = watched.unary("filesystem.Filesystem/GetWatcherEvents", {"watcherId": watcher})
     assert (after.status_code, after.json()["code"]) == (404, "not_found")
 
 
 @pytest.mark.docker
-def test_what_envd_changes_is_told_to_watches_as_it_is_done(envd: Envd) -> None:
+def test_what_envd_changes_is_told_to_watches_as_it_is_done(watched: Envd) -> None:
     """Made, renamed and removed between two looks: still every event, in
     order, as inotify gives them (a rename: the old name renamed, the new
     one created)."""
-    envd.ok("filesystem.Filesystem/MakeDir", {"path": "/tmp/told"})
-    watcher = envd.ok("filesystem.Filesystem/CreateWatcher",
+    watched.ok("filesystem.Filesystem/MakeDir", {"path": "/tmp/told"})
+    watcher = watched.ok("filesystem.Filesystem/CreateWatcher",
                       {"path": "/tmp/told", "recursive": True})["watcherId"]
-    envd.http.post("/files", files={"file": ("/tmp/told/sub/one.txt", b"1")})
-    envd.ok("filesystem.Filesystem/Move",
+    watched.http.post("/files", files={"file": ("/tmp/told/sub/one.txt", b"1")})
+    watched.ok("filesystem.Filesystem/Move",
             {"source": "/tmp/told/sub/one.txt", "destination": "/tmp/told/two.txt"})
-    envd.ok("filesystem.Filesystem/Remove", {"path": "/tmp/told/two.txt"})
-    envd.ok("filesystem.Filesystem/MakeDir", {"path": "/tmp/told/dir"})
-    events = envd.ok("filesystem.Filesystem/GetWatcherEvents", {"watcherId": watcher})["events"]
+    watched.ok("filesystem.Filesystem/Remove", {"path": "/tmp/told/two.txt"})
+    watched.ok("filesystem.Filesystem/MakeDir", {"path": "/tmp/told/dir"})
+    events = watched.ok("filesystem.Filesystem/GetWatcherEvents", {"watcherId": watcher})["events"]
     assert [(e["name"], e["type"]) for e in events] == [
         ("sub", "EVENT_TYPE_CREATE"), ("sub/one.txt", "EVENT_TYPE_CREATE"),
         ("sub/one.txt", "EVENT_TYPE_WRITE"), ("sub/one.txt", "EVENT_TYPE_RENAME"),
         ("two.txt", "EVENT_TYPE_CREATE"), ("two.txt", "EVENT_TYPE_REMOVE"),
         ("dir", "EVENT_TYPE_CREATE")]
-    envd.ok("filesystem.Filesystem/RemoveWatcher", {"watcherId": watcher})
+    watched.ok("filesystem.Filesystem/RemoveWatcher", {"watcherId": watcher})
 
 
 @pytest.mark.docker
@@ -598,3 +617,54 @@ def test_a_stream_not_read_holds_up_neither_the_command_nor_the_others(
         gone = envd.unary("process.Process/SendSignal",
                           {"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"})
         assert gone.status_code == 404
+
+
+@pytest.mark.docker
+def test_entries_name_their_owner_and_a_user_s_files_are_theirs(envd: Envd) -> None:
+    envd.run("id -u hutchling >/dev/null 2>&1 || useradd -m hutchling")
+    as_user = {"Authorization": "Basic " + base64.b64encode(b"hutchling:").decode()}
+    written = envd.http.post("/files", params={"path": "/tmp/own/deep/er/f.txt",
+                                               "username": "hutchling"},
+                             files={"file": ("f.txt", b"mine")})
+    assert written.status_code == 200, written.text
+    entries = envd.ok("filesystem.Filesystem/ListDir", {"path": "/tmp/own", "depth": 4})
+    assert {(e["path"], e["owner"], e["group"]) for e in entries["entries"]} == {
+        ("/tmp/own/deep", "hutchling", "hutchling"),
+        ("/tmp/own/deep/er", "hutchling", "hutchling"),
+        ("/tmp/own/deep/er/f.txt", "hutchling", "hutchling")}
+    made = envd.unary("filesystem.Filesystem/MakeDir", {"path": "/tmp/own/d1/d2"}, **as_user)
+    assert made.json()["entry"]["owner"] == "hutchling"
+    assert envd.ok("filesystem.Filesystem/Stat", {"path": "/tmp/own/d1"})["entry"]["owner"] \
+        == "hutchling"
+    assert envd.ok("filesystem.Filesystem/Stat", {"path": "/tmp"})["entry"]["owner"] == "root"
+    envd.ok("filesystem.Filesystem/Remove", {"path": "/tmp/own"})
+    nobody = envd.http.post("/files", params={"path": "/tmp/nobody.txt", "username": "nosuch"},
+                            files={"file": ("x", b"x")})
+    assert nobody.status_code == 400
+
+
+@pytest.mark.docker
+def test_malformed_requests_are_invalid_arguments(envd: Envd) -> None:
+    for method, message in [
+        ("filesystem.Filesystem/Stat", {"path": 5}),
+        ("filesystem.Filesystem/ListDir", {"path": "/", "depth": "deep"}),
+        ("filesystem.Filesystem/ListDir", {"path": "/", "depth": 1e300}),
+        ("process.Process/SendSignal", {"process": "1", "signal": "SIGNAL_SIGKILL"}),
+        ("process.Process/SendInput", {"process": {"pid": 1000}, "input": {"stdin": "*"}}),
+    ]:
+        answer = envd.unary(method, message)
+        assert answer.status_code in (400, 404), (method, answer.text)
+        assert answer.json()["code"] in ("invalid_argument", "not_found"), answer.text
+    not_json = envd.http.post("/filesystem.Filesystem/Stat", content=b"{",
+                              headers={"Content-Type": "application/json"})
+    assert (not_json.status_code, not_json.json()["code"]) == (400, "invalid_argument")
+    for start in [{"process": {"cmd": "/bin/true", "args": "x"}},
+                  {"process": {"cmd": "/bin/true", "envs": {"A": 1}}},
+                  {"process": {"cmd": "/bin/true"}, "pty": {"size": {"rows": 0, "cols": 9}}},
+                  {"process": {}}]:
+        events = envd.stream("process.Process/Start", start)
+        assert events[-1][0] == "end"
+        assert events[-1][1]["error"]["code"] == "invalid_argument", events
+    half = envd.http.post("/process.Process/Start", content=b"\x00\x00\x00\x00\x09{}",
+                          headers={"Content-Type": STREAM})
+    assert frames(half.content)[-1][1]["error"]["code"] == "invalid_argument"

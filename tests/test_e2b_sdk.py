@@ -50,6 +50,33 @@ PORT_SERVER = textwrap.dedent("""\
 """)
 
 
+#: A websocket echo server for port 8001, on sockets alone (RFC 6455: the
+#: handshake, then one masked text frame of under 126 bytes echoed back).
+WEBSOCKET_SERVER = textwrap.dedent("""\
+    import base64, hashlib, socket
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", 8001))
+    s.listen()
+    while True:
+        c, _ = s.accept()
+        head = c.recv(65536).decode()
+        key = [l.split(":", 1)[1].strip() for l in head.split("\\r\\n")
+               if l.lower().startswith("sec-websocket-key:")][0]
+        accept = base64.b64encode(hashlib.sha1(
+            (key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest()).decode()
+        c.sendall(("HTTP/1.1 101 Switching Protocols\\r\\nUpgrade: websocket\\r\\n"
+                   "Connection: Upgrade\\r\\nSec-WebSocket-Accept: " + accept
+                   + "\\r\\n\\r\\n").encode())
+        frame = c.recv(65536)
+        length, mask = frame[1] & 0x7F, frame[2:6]
+        text = bytes(b ^ mask[i % 4] for i, b in enumerate(frame[6:6 + length]))
+        reply = b"echo: " + text
+        c.sendall(bytes([0x81, len(reply)]) + reply)
+        c.close()
+""")
+
+
 @pytest.fixture(scope="module")
 def sdks() -> None:
     subprocess.run(["bash", str(ROOT / "scripts" / "ensure-e2b-sdks.sh"), sys.executable],
@@ -466,6 +493,27 @@ def test_get_host_reaches_a_server_in_the_sandbox(daemon: DaemonProcess, shared:
             time.sleep(0.1)
         assert answer.text == "hello from /some/page?x=1", answer.text
         server.kill()
+
+        # A websocket too, through the same host scheme.
+        sbx.files.write("/tmp/ws_server.py", {WEBSOCKET_SERVER!r})
+        ws_server = sbx.commands.run("python3 /tmp/ws_server.py", background=True)
+        import socket
+        from websockets.exceptions import InvalidStatus
+        from websockets.sync.client import connect
+        port = int(hutch.rsplit(":", 1)[1])
+        for _ in range(50):
+            try:
+                # The host's name, the daemon's address (as a hosts line would make it).
+                with connect(f"ws://{{sbx.get_host(8001)}}/chat",
+                             sock=socket.create_connection(("127.0.0.1", port))) as ws:
+                    ws.send("hi")
+                    assert ws.recv() == "echo: hi"
+                break
+            except (OSError, InvalidStatus):  # refused until the server listens
+                time.sleep(0.1)
+        else:
+            raise AssertionError("no websocket reached the sandbox")
+        ws_server.kill()
     """, SANDBOX=shared)
 
 
@@ -521,6 +569,63 @@ def test_npm_sdk(daemon: DaemonProcess) -> None:
         assert.equal(await Sandbox.kill(sbx.sandboxId), false)
         console.log('ok')
     """)
+    assert out.strip().endswith("ok")
+
+
+def test_npm_sdk_in_the_sandbox(daemon: DaemonProcess, shared: str) -> None:
+    # The in-sandbox half of the acceptance list through the npm SDK.
+    out = run_node(daemon, """
+        import { Sandbox, CommandExitError, TimeoutError } from 'e2b'
+        import assert from 'node:assert/strict'
+        const sbx = await Sandbox.connect(process.env.SANDBOX)
+        // stdin to a background command, then closed
+        const cat = await sbx.commands.run('cat', { background: true, stdin: true })
+        await sbx.commands.sendStdin(cat.pid, 'to node\\n')
+        await sbx.commands.closeStdin(cat.pid)
+        assert.equal((await cat.wait()).stdout, 'to node\\n')
+        // a non-zero exit, list and kill
+        await assert.rejects(sbx.commands.run('exit 4'), (e) => e instanceof CommandExitError
+          && e.exitCode === 4)
+        const sleeper = await sbx.commands.run('sleep 300', { background: true })
+        assert.ok((await sbx.commands.list()).some((p) => p.pid === sleeper.pid))
+        assert.equal(await sbx.commands.kill(sleeper.pid), true)
+        // over its timeout: killed, deadline_exceeded
+        await assert.rejects(sbx.commands.run('sleep 60', { timeoutMs: 1500 }),
+          (e) => e instanceof TimeoutError)
+        // a terminal, resized
+        let typed = ''
+        const pty = await sbx.pty.create({ cols: 80, rows: 24,
+          onData: (d) => { typed += new TextDecoder().decode(d) } })
+        await sbx.pty.resize(pty.pid, { cols: 120, rows: 40 })
+        await sbx.pty.sendInput(pty.pid, new TextEncoder().encode('stty size; exit\\n'))
+        await pty.wait()
+        assert.match(typed, /40 120/)
+        // files: several at once, bytes, info, rename, make_dir, remove
+        const root = '/tmp/node files'
+        await sbx.files.write([{ path: `${root}/a.txt`, data: 'a' },
+                               { path: `${root}/b.bin`, data: new Uint8Array([0, 255]) }])
+        const bytes = await sbx.files.read(`${root}/b.bin`, { format: 'bytes' })
+        assert.deepEqual(Array.from(bytes), [0, 255])
+        assert.equal((await sbx.files.getInfo(`${root}/a.txt`)).size, 1)
+        await sbx.files.rename(`${root}/a.txt`, `${root}/c.txt`)
+        assert.equal(await sbx.files.exists(`${root}/a.txt`), false)
+        assert.equal(await sbx.files.makeDir(`${root}/d/e`), true)
+        assert.equal(await sbx.files.makeDir(`${root}/d/e`), false)
+        const deep = (await sbx.files.list(root, { depth: 2 })).map((e) => e.path)
+        assert.ok(deep.includes(`${root}/d/e`), deep)
+        // watching a directory
+        const seen = []
+        const watcher = await sbx.files.watchDir(root, (event) => { seen.push(event) })
+        await sbx.files.write(`${root}/watched.txt`, 'w')
+        for (let i = 0; i < 100 && !seen.some((e) => e.name === 'watched.txt'); i++) {
+          await new Promise((resolve) => setTimeout(resolve, 100))
+        }
+        await watcher.stop()
+        assert.ok(seen.some((e) => e.name === 'watched.txt'), JSON.stringify(seen))
+        await sbx.files.remove(root)
+        assert.equal(await sbx.files.exists(root), false)
+        console.log('ok')
+    """, SANDBOX=shared)
     assert out.strip().endswith("ok")
 
 

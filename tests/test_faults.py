@@ -147,7 +147,14 @@ def check_after_restart(daemon: DaemonProcess, case: FaultCase, token: str,
             info = _answer(daemon, f"/v1/sandboxes/{row['id']}")
             state = info["state"]
             if state == "terminated" and info.get("reason") == "closed":
-                continue  # ended on purpose (a branch of a fork undone)
+                # Ended on purpose (deleted, or a branch of a fork undone):
+                # what it ran is gone, not kept for good by a record that
+                # says it ended.
+                real = faults.real_state(case.provider, row["id"], daemon.data_dir)
+                assert real in (None, "gone"), (
+                    f"sandbox {row['id']} is recorded ended, yet its runtime is {real} "
+                    f"after the kill at {case.point}")
+                continue
             assert state in ("running", "paused", "suspended"), (
                 f"sandbox {row['id']} is {state} ({info.get('reason')}) after the kill at "
                 f"{case.point}: nothing outside hutch died, so nothing may be lost")
@@ -199,6 +206,11 @@ def drive(case: FaultCase, harness: Armed, scratch: str, token: str) -> dict[str
                 act = lambda: c.resume_workspace("faulted")  # noqa: E731
             else:
                 act = lambda: c.suspend_workspace("faulted", diff=True)  # noqa: E731
+        elif step == "delete":
+            sb = c.create_sandbox(provider, **made)
+            sb.write_text("keep.txt", token)
+            files = {}  # deleted on purpose: nothing of it is to be kept
+            act = lambda: c.delete_sandbox(sb.id)  # noqa: E731
         elif step == "definition-ensure":
             c.put_definition({
                 "id": "faulted", "provider": {"type": provider, **made},

@@ -59,7 +59,8 @@ def _iterated(annotation: Any) -> str:
 
 
 def _public(cls: type) -> dict[str, Any]:
-    names = {n for n in dir(cls) if not n.startswith("_")} | {"__aenter__", "__aexit__"}
+    names = {n for n in dir(cls) if not n.startswith("_")} | {"__aenter__", "__aexit__",
+                                                              "__aiter__"}
     return {n: inspect.getattr_static(cls, n) for n in names if hasattr(cls, n)}
 
 
@@ -78,7 +79,8 @@ def test_every_async_member_has_a_sync_twin_with_its_signature(
 ) -> None:
     assert "__getattr__" not in vars(sync_cls), "a face says its members, it does not proxy"
     for name, member in _public(async_cls).items():
-        sync_name = {"__aenter__": "__enter__", "__aexit__": "__exit__"}.get(name, name)
+        sync_name = {"__aenter__": "__enter__", "__aexit__": "__exit__",
+                     "__aiter__": "__iter__"}.get(name, name)
         twin = inspect.getattr_static(sync_cls, sync_name, None)
         assert twin is not None, f"{sync_cls.__name__} has no {sync_name}"
         where = f"{sync_cls.__name__}.{sync_name}"
@@ -108,7 +110,8 @@ def test_every_async_member_has_a_sync_twin_with_its_signature(
         assert theirs.return_annotation == expected, where
         if inspect.isasyncgenfunction(wrapped):
             assert inspect.isgeneratorfunction(getattr(twin, "__wrapped__", None)), where
-    extra = set(_public(sync_cls)) - set(_public(async_cls)) - {"__enter__", "__exit__"}
+    extra = set(_public(sync_cls)) - set(_public(async_cls)) - {"__enter__", "__exit__",
+                                                                  "__iter__"}
     # Beyond the class's own members, its instances' public attributes (the
     # behaviour test below checks those against real objects).
     assert all(isinstance(inspect.getattr_static(sync_cls, n), property) for n in extra), extra
@@ -127,6 +130,7 @@ def _client_twin(annotation: Any) -> Any:
     if annotation is inspect.Parameter.empty:
         return annotation
     text = re.sub(r"\bAsyncIterator\[", "Iterator[", str(annotation))
+    text = re.sub(r"\bAbstractAsyncContextManager\[", "AbstractContextManager[", text)
     return re.sub(r"\bAsync(Remote\w+|Client)\b", r"\1", text)
 
 
@@ -159,8 +163,9 @@ def test_the_clients_faces_are_twins_member_for_member(async_cls: type, sync_cls
         assert theirs.return_annotation is not inspect.Parameter.empty, f"{where} is typed"
         assert not inspect.iscoroutinefunction(twin), where
         returns = str(ours.return_annotation)
-        assert inspect.iscoroutinefunction(member) or returns.startswith("AsyncIterator[") \
-            or name == "pty", f"{async_cls.__name__}.{name} is awaited or iterated"
+        assert inspect.iscoroutinefunction(member) or returns.startswith(
+            ("AsyncIterator[", "AbstractAsyncContextManager[")
+        ), f"{async_cls.__name__}.{name} is awaited, iterated or entered"
 
 
 def test_the_faces_are_exported_and_typed() -> None:

@@ -93,3 +93,19 @@ def test_a_large_exec_answer_in_pieces_is_the_whole() -> None:
     whole = b"".join(exec_json_pieces(Output()))  # type: ignore[arg-type]
     assert whole == render_json(exec_json(result))
     conforms(wire.ExecAnswer, json.loads(whole))
+
+
+def test_the_client_decodes_answers_through_the_wire_models() -> None:
+    from hutch._errors import HutchError
+    from hutch.client._answers import decode_exec, decode_file, decode_snapshots
+
+    assert decode_exec({"exit_code": 3, "stdout": "é", "stderr_b64": "/w=="}) == ExecResult(
+        3, "é".encode(), b"\xff")
+    snapshot = Snapshot("snap-1", "l", "sb-1", None, 10, 2.0, "local")
+    assert decode_snapshots({"snapshots": [snapshot.as_dict()]}) == [snapshot]
+    # A body that is not its model's is the daemon's fault, said with a typed error.
+    for bad in ({"exit_code": "three"}, {"stdout": "no exit code"}):
+        with pytest.raises(HutchError, match="does not fit ExecAnswer"):
+            decode_exec(bad)
+    with pytest.raises(HutchError, match="does not fit FileStat"):
+        decode_file({"path": "a"})

@@ -58,6 +58,7 @@ if TYPE_CHECKING:  # the names, for type checkers; at run time each is imported 
         Capabilities,
         ExecResult,
         ExitStatus,
+        FileEvent,
         FileInfo,
         FileType,
         GrepMatch,
@@ -65,6 +66,7 @@ if TYPE_CHECKING:  # the names, for type checkers; at run time each is imported 
         Snapshot,
         SnapshotDependent,
     )
+    from ._watch import Watcher
     from .client import AsyncClient, Client
     from .config import SandboxOptions, SandboxSpec
     from .lifecycle.clock import RealClock, VirtualClock
@@ -116,7 +118,9 @@ _LAZY = {
     "SnapshotDependent": "._types",
     "Capabilities": "._types",
     "ExecResult": "._types",
+    "FileEvent": "._types",
     "FileInfo": "._types",
+    "Watcher": "._watch",
     "FileType": "._types",
     "GrepMatch": "._types",
     "OutputChunk": "._types",
@@ -148,7 +152,9 @@ __all__ = [
     "ExecTimeout",
     "DaemonBusy",
     "ExitStatus",
+    "FileEvent",
     "FileInfo",
+    "Watcher",
     "FileType",
     "GrepMatch",
     "HutchError",

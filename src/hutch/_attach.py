@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 async def attach(ref: str) -> Sandbox | AsyncRemoteSandbox:
     """Attach to the sandbox ``ref`` names. Closing the session only detaches it."""
-    here = attach_here(ref)
+    here = await attach_here(ref)
     if here is not None:
         return here
     from .client import attach_remote_async

@@ -13,13 +13,13 @@ from ._sandbox import Sandbox, attach_session
 from .core.refs import served_here
 
 
-def attach_here(ref: str) -> Sandbox | None:
+async def attach_here(ref: str) -> Sandbox | None:
     """An attached session if ``ref`` is served in this process on the
     running loop; None if it must be attached through its server."""
     server = served_here(ref)
     if server is not None and server.loop is asyncio.get_running_loop():
         # Revoked, expired or forged: refused as the server refuses it.
-        return attach_session(server.sandbox, server.check(ref))
+        return attach_session(server.sandbox, await server.check(ref))
     # Another process's sandbox, or one served on another loop of this process
     # (whose objects cannot be used from this one): through its server.
     return None

@@ -9,7 +9,6 @@ where the lifecycle engine tracks activity and resumes a suspended sandbox.
 
 from __future__ import annotations
 
-import math
 import re
 import shlex
 import time
@@ -22,15 +21,16 @@ import anyio
 
 from ._errors import (
     CapabilityUnsupported,
-    ExecTimeout,
     HutchError,
     InvalidArgument,
     NoSuchUser,
     NotFound,
     ProviderError,
+    ResourceExhausted,
     SandboxPermissionDenied,
     SandboxUnavailable,
 )
+from ._faults import fault_point
 from ._guardrail import ReadBeforeWriteGuard, session_guard
 from ._membudget import MemoryHold
 from ._process import (
@@ -40,7 +40,7 @@ from ._process import (
     collect_output,
     kill_shielded,
 )
-from ._refwire import attachment_json, check_ref_lifetime
+from ._refwire import check_ref_lifetime
 from ._sandbox_paths import sandbox_path, within
 from ._snapshots import Fork, SandboxFactory, new_snapshot_id, snapshot_record
 from ._types import (
@@ -54,8 +54,9 @@ from ._types import (
     GrepMatch,
     Snapshot,
 )
+from ._watch import MAX_WATCHES, Watcher
 from .core.commands import ExecCall, events_until_exit, forget_finished, process_request
-from .core.fileops import make_directory, not_the_workdir, rename_entry
+from .core.fileops import make_directory, not_the_workdir, rename_entry, search_bounded
 from .core.live import Attachment, LiveSandbox, closed_message
 from .core.refs import ref_serving
 from .providers._grep import grep_output_budget
@@ -516,6 +517,41 @@ class Sandbox:
             self._session_guard.mark_read(full_destination)
         self._session_guard.forget(full_source)
 
+    async def watch(self, path: str = ".", *, recursive: bool = False) -> Watcher:
+        """Watch the directory ``path`` for changes below it (in every
+        directory below it too when ``recursive``), from the moment this
+        returns: a :class:`~hutch._watch.Watcher` whose events (created,
+        written, removed, renamed) come as a stream (``async for``) or
+        collected since the last look (``await watcher.events(wait=...)``).
+        SandboxFileNotFound when ``path`` is missing, SandboxNotADirectory
+        when it is not a directory. ``capabilities.watch`` says how the
+        sandbox's runtime learns of changes (``inotify`` or ``poll``).
+        Watching is not activity: it keeps no idle sandbox awake."""
+        if not isinstance(recursive, bool):
+            raise InvalidArgument(f"recursive must be true or false, not {recursive!r}")
+        full = self.path(path)
+        if len(self._live.watchers) >= MAX_WATCHES:
+            raise ResourceExhausted(
+                f"sandbox {self.id} has {MAX_WATCHES} watches open: close one first"
+            )
+        async with self._operation("watch", activity=False):
+            runtime = self._runtime
+            backend = await runtime.watch(full, recursive)
+        watcher = Watcher(backend, full, recursive, runtime.watch_kind,
+                          on_close=self._watch_closed)
+        self._live.watchers[watcher.id] = watcher
+        return watcher
+
+    def _watch_closed(self, watcher: Watcher) -> None:
+        self._live.watchers.pop(watcher.id, None)
+
+    def watcher(self, watcher_id: str) -> Watcher:
+        """A watch of this sandbox by its id (NotFound once closed)."""
+        try:
+            return self._live.watchers[watcher_id]
+        except KeyError:
+            raise NotFound(f"no watch {watcher_id} in sandbox {self.id}") from None
+
     async def grep(
         self,
         pattern: str,
@@ -536,7 +572,7 @@ class Sandbox:
             regex = re.compile(pattern, re.IGNORECASE if ignore_case else 0)
         except re.error as exc:
             raise InvalidArgument(f"bad regular expression {pattern!r}: {exc}") from None
-        async with self._operation("grep"), self._bounded("grep", timeout):
+        async with self._operation("grep"), search_bounded("grep", timeout):
             with grep_output_budget():
                 matches = await self._runtime.grep(regex, self.path(path), glob, limit)
         for match in matches:
@@ -549,23 +585,8 @@ class Sandbox:
         """Files below ``path`` whose relative path matches ``pattern``, as
         ``pathlib.Path.glob`` matches: ``*.py`` is the top level only,
         ``**/*.py`` every depth."""
-        async with self._operation("glob"), self._bounded("glob", timeout):
+        async with self._operation("glob"), search_bounded("glob", timeout):
             return await self._runtime.glob(pattern, self.path(path))
-
-    @staticmethod
-    @asynccontextmanager
-    async def _bounded(what: str, timeout: float) -> AsyncIterator[None]:
-        """Stop the body after ``timeout`` s (cancelling what it started) with ExecTimeout."""
-        if not 0 < timeout < math.inf:
-            raise InvalidArgument(f"timeout must be a positive number, got {timeout}")
-        try:
-            with anyio.fail_after(timeout):
-                yield
-        except TimeoutError:
-            raise ExecTimeout(
-                f"{what} timed out after {timeout:g} s and was stopped "
-                "(narrow the path or the glob, or simplify the pattern)"
-            ) from None
 
     async def preview_url(self, port: int) -> str:
         if not 0 < port < 65536:
@@ -606,36 +627,7 @@ class Sandbox:
                 memory = await self._backend.memory_bytes()
             except Exception:  # a figure for a dashboard: its absence is an answer
                 memory = None
-        status = self.status()
-        return {
-            "id": self.id,
-            "provider": self.provider,
-            "state": status.state.value,
-            "reason": status.reason,
-            "workdir": self.workdir,
-            "capabilities": self.capabilities.as_dict(),
-            "created_at_unix": status.created_at_unix,
-            "last_active_unix": status.last_active_unix,
-            "idle_seconds": status.idle_seconds,
-            "deadline_unix": status.deadline_unix,
-            "meter": status.meter,
-            "memory_bytes": memory,
-            "open_operations": self.open_operations,
-            "attachments": self._attachments(),
-            "refs": [] if self._live.server is None else self._live.server.refs_json(),
-        }
-
-    def _attachments(self) -> list[dict[str, Any]]:
-        """The sessions attached now: in this process, and through the server
-        that serves it to other processes (whose refs still work)."""
-        server = self._live.server
-        working = None if server is None else {r.id for r in server.open_refs()}
-        here = [
-            attachment_json(a.session_id, a.ref, a.attached_at_unix, None)
-            for a in self._live.attached.values()
-            if working is None or a.ref.id in working
-        ]
-        return here + ([] if server is None else server.attachments())
+        return self._live.info_json(self.status(), memory)
 
     @property
     def meter(self) -> dict[str, float]:
@@ -716,6 +708,7 @@ class Sandbox:
             with anyio.CancelScope(shield=True):
                 if self._gate is not None:
                     await self._gate.closed(self._live)
+                    fault_point("delete.recorded")
                 await self._live.reap()
         finally:
             server, self._live.server = self._live.server, None

@@ -151,7 +151,8 @@ class LoopThread:
                 yield item
         finally:
             aclose: Callable[[], Awaitable[None]] | None = getattr(agen, "aclose", None)
-            if not finished and aclose is not None and self.running:
+            if (not finished and aclose is not None and self.running
+                    and threading.get_ident() != self._thread.ident):
 
                 async def close() -> None:
                     await aclose()

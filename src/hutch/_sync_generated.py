@@ -23,11 +23,13 @@ if TYPE_CHECKING:
         Capabilities,
         Command,
         ExecResult,
+        FileEvent,
         FileInfo,
         GrepMatch,
         OutputChunk,
         Snapshot,
     )
+    from ._watch import Watcher
     from .config import SandboxOptions, SandboxSpec
     from .lifecycle.engine import LifecycleEngine
     from .providers.base import PtyProcess
@@ -278,6 +280,25 @@ class SyncSandbox:
         directory (or one that holds it) either way, are InvalidArgument.
         """
         self._loop.call(self._target.rename(source, destination, overwrite=overwrite))
+
+    def watch(self, path: str = '.', *, recursive: bool = False) -> SyncWatcher:
+        """Watch the directory ``path`` for changes below it (in every
+        directory below it too when ``recursive``), from the moment this
+        returns: a :class:`~hutch._watch.Watcher` whose events (created,
+        written, removed, renamed) come as a stream (``async for``) or
+        collected since the last look (``await watcher.events(wait=...)``).
+        SandboxFileNotFound when ``path`` is missing, SandboxNotADirectory
+        when it is not a directory. ``capabilities.watch`` says how the
+        sandbox's runtime learns of changes (``inotify`` or ``poll``).
+        Watching is not activity: it keeps no idle sandbox awake.
+        """
+        value = self._loop.call(self._target.watch(path, recursive=recursive))
+        return SyncWatcher(value, self._loop)
+
+    def watcher(self, watcher_id: str) -> SyncWatcher:
+        """A watch of this sandbox by its id (NotFound once closed)."""
+        value = self._target.watcher(watcher_id)
+        return SyncWatcher(value, self._loop)
 
     def grep(
         self,
@@ -610,6 +631,88 @@ class SyncPtyProcess:
         self._loop.call(self._target.resize(rows, cols))
 
 
+class SyncWatcher:
+    """The sync face of :class:`hutch.Watcher`. Changes below one directory of a sandbox,
+    from the moment ``Sandbox.watch`` returned it: ``async for event in watcher`` (until it
+    is closed or ends), or ``await watcher.events(wait=...)`` for those since the last call.
+    Close it (or use ``async with``) when done; the sandbox's close closes it too.
+    """
+
+    __slots__ = ("__weakref__", "_loop", "_target")
+
+    def __init__(self, target: Watcher, loop: LoopThread) -> None:
+        self._target = target
+        self._loop = loop
+
+    def __repr__(self) -> str:
+        return f"<sync {self._target!r}>"
+
+    @property
+    def id(self) -> str:
+        return self._target.id
+
+    @id.setter
+    def id(self, value: str) -> None:
+        self._target.id = value
+
+    @property
+    def path(self) -> str:
+        return self._target.path
+
+    @path.setter
+    def path(self, value: str) -> None:
+        self._target.path = value
+
+    @property
+    def recursive(self) -> bool:
+        return self._target.recursive
+
+    @recursive.setter
+    def recursive(self, value: bool) -> None:
+        self._target.recursive = value
+
+    @property
+    def kind(self) -> str:
+        return self._target.kind
+
+    @kind.setter
+    def kind(self, value: str) -> None:
+        self._target.kind = value
+
+    def events(self, wait: float | None = 0.0) -> list[FileEvent]:
+        """The events since the last call (or since it started), waiting up
+        to ``wait`` seconds (None: as long as it takes) for the first one when
+        there are none yet; ``[]`` when none came. Once it has ended, its last
+        events, then its error if it failed, then ``[]``.
+        """
+        return self._loop.call(self._target.events(wait))
+
+    def __iter__(self) -> Iterator[FileEvent]:
+        return self._loop.iterate(self._target.__aiter__())
+
+    def close(self) -> None:
+        """Stop watching; what was not read is dropped. Idempotent."""
+        try:
+            self._loop.closing(self._target.close())
+        finally:
+            self._loop.release(self)
+
+    def __enter__(self) -> SyncWatcher:
+        self._loop.call(self._target.__aenter__())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self._loop.closing(self._target.__aexit__(*exc))
+        finally:
+            self._loop.release(self)
+
+    @property
+    def active(self) -> bool:
+        """Still watching (not closed, not ended)."""
+        return self._target.active
+
+
 def create_sandbox_sync(
     provider: str | None = None,
     *,
@@ -632,5 +735,6 @@ __all__ = [
     "SyncProcess",
     "SyncPtyProcess",
     "SyncSandbox",
+    "SyncWatcher",
     "create_sandbox_sync",
 ]

@@ -91,6 +91,21 @@ class FileInfo:
         return self.path.rstrip("/").rsplit("/", 1)[-1]
 
 
+#: What a watch tells of a change below the directory it watches.
+FileEventType = Literal["created", "written", "removed", "renamed"]
+
+
+@dataclass(frozen=True, slots=True)
+class FileEvent:
+    """One change a watch saw: ``path`` (absolute, in the sandbox) was
+    created, written, removed, or renamed to ``new_path`` (both below the
+    watched directory; a move out of it is a removal, into it a creation)."""
+
+    type: FileEventType
+    path: str
+    new_path: str | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class GrepMatch:
     path: str
@@ -124,6 +139,11 @@ class Capabilities:
     ``runtime``: what executes and moves files in this sandbox: ``native``
     (the provider's own transport: docker exec, a subprocess, ssh) or
     ``agent`` (hutch's agent inside the sandbox, on a kept connection).
+    ``watch``: how ``Sandbox.watch`` learns of changes: ``inotify`` (the
+    kernel tells each change as it is made: every event, renames paired) or
+    ``poll`` (the directory is looked at again and again and compared: a
+    change undone between two looks is missed, a rename is guessed from a
+    removal and a creation alike).
     """
 
     processes: bool = True
@@ -140,6 +160,7 @@ class Capabilities:
     preview_url: bool = False
     runs_on_host: bool = False
     runtime: str = "native"
+    watch: str = "poll"
     extra: frozenset[str] = field(default_factory=frozenset)
 
     def supports(self, capability: str) -> bool:
@@ -157,6 +178,7 @@ class Capabilities:
         out: dict[str, bool | str] = {n: bool(getattr(self, n)) for n in names}
         out.update({n: True for n in self.extra})
         out["runtime"] = self.runtime
+        out["watch"] = self.watch
         return out
 
 
@@ -224,15 +246,6 @@ class Snapshot:
     #: The settings (a ``SandboxSpec`` dump) of the sandbox it came from.
     spec: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> Snapshot:
-        return cls(
-            id=str(data["id"]), label=data.get("label"), sandbox_id=data.get("sandbox_id"),
-            parent_id=data.get("parent_id"), size_bytes=int(data.get("size_bytes") or 0),
-            created_at_unix=float(data.get("created_at_unix") or 0.0),
-            provider=str(data.get("provider", "")),
-        )
-
     def as_dict(self) -> dict[str, Any]:
         """The wire form (``GET /v1/snapshots/{id}``)."""
         return {
@@ -261,7 +274,3 @@ class SnapshotDependent:
 
     def as_dict(self) -> dict[str, str]:
         return {"kind": self.kind, "id": self.id}
-
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> SnapshotDependent:
-        return cls(kind=str(data["kind"]), id=str(data["id"]))

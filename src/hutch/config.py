@@ -230,9 +230,13 @@ def resolve_spec(
 
 def load_config_file(path: str | Path | None = None) -> dict[str, Any]:
     """The run config file: ``path``, else ``./hutch.toml`` if present, else empty."""
-    data = load_config_data(path)
-    sandbox = data.get("sandbox", {})
-    return {**sandbox, "providers": data.get("providers", {})}
+    return sandbox_layer(load_config_data(path))
+
+
+def sandbox_layer(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The sandbox settings of a parsed ``hutch.toml``: its ``[sandbox]`` and
+    ``[providers]`` tables, as one layer for :func:`resolve_spec`."""
+    return {**data.get("sandbox", {}), "providers": data.get("providers", {})}
 
 
 def load_config_data(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:

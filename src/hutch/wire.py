@@ -149,6 +149,43 @@ class FileList(BaseModel):
     entries: list[FileStat]
 
 
+class WatcherInfo(BaseModel):
+    """A directory watched: its id (for its events and its close), how it
+    learns of changes (``inotify`` or ``poll``), and whether it still watches."""
+
+    id: str
+    path: str
+    recursive: bool
+    kind: str = Field(description="inotify or poll")
+    active: bool
+
+
+class FileEventLine(BaseModel):
+    """One change: ``path`` created, written, removed, or renamed to ``new_path``."""
+
+    type: str = Field(description="created, written, removed or renamed")
+    path: str
+    new_path: str | None = None
+
+
+class WatchEvents(BaseModel):
+    """The events since the last look, and whether the watch still watches."""
+
+    events: list[FileEventLine]
+    active: bool
+
+
+class WatchLine(BaseModel):
+    """One NDJSON line of a watch's stream: first the watch (``watching``),
+    then its events, one a line, and an error as its last line if it fails."""
+
+    watching: WatcherInfo | None = None
+    type: str | None = None
+    path: str | None = None
+    new_path: str | None = None
+    error: ErrorDetail | None = None
+
+
 class GrepLine(BaseModel):
     path: str
     line_number: int

@@ -109,6 +109,28 @@ async def _ssh() -> AsyncIterator[Harness]:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+_e2b_standin: Any = None
+
+
+@asynccontextmanager
+async def _e2b() -> AsyncIterator[Harness]:
+    # E2B's service is a second hutch serve (docker) speaking the E2B wire:
+    # one hutch drives another through the unmodified e2b SDK.
+    global _e2b_standin
+    if _e2b_standin is None:
+        from tests.daemon_fixture import DaemonProcess
+
+        _e2b_standin = DaemonProcess(provider="docker", for_session=True).start()
+    from hutch._e2bkey import e2b_key
+
+    d = _e2b_standin
+    async with await hutch.create_sandbox(
+        "e2b", template=TEST_IMAGE, api_url=d.url, sandbox_url=d.url,
+        api_key=e2b_key(d.token), domain=f"e2b.local:{d.port}", read_before_write=False,
+    ) as sb:
+        yield Harness(sb, "e2b")
+
+
 #: provider -> (maker, its files are in a host directory the test can reach,
 #: pytest marks). Every provider runs every case of the suite; what a case
 #: needs beyond files is asked of the sandbox's capabilities, never named here.
@@ -120,6 +142,7 @@ MAKERS: dict[str, tuple[Maker, bool, list[pytest.MarkDecorator]]] = {
     "bubblewrap": (_bubblewrap("agent"), True, [pytest.mark.docker]),
     "bubblewrap-native": (_bubblewrap("native"), True, [pytest.mark.docker]),
     "ssh": (_ssh, True, []),
+    "e2b": (_e2b, False, [pytest.mark.docker]),
 }
 
 # Remote makers (through hutch.Client / AsyncClient against a live daemon) are

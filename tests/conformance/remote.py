@@ -8,6 +8,7 @@ a worker thread so the async tests can await it.
 from __future__ import annotations
 
 import atexit
+import inspect
 import shutil
 import tempfile
 from collections.abc import AsyncIterator
@@ -18,6 +19,8 @@ import anyio.to_thread
 import pytest
 
 import hutch
+import hutch._sync_generated as _sync_faces
+from hutch._watch import Watcher
 from tests.conformance.conftest import Harness
 from tests.conftest import TEST_IMAGE
 from tests.daemon_fixture import DaemonProcess
@@ -64,26 +67,47 @@ class AsyncAdapter:
     def __init__(self, target: Any) -> None:
         self._target = target
 
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return _Deferred(lambda: self._target, (), {}).__aiter__()
+
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._target, name)
         # A check made on the spot (path, require) is the same plain function
         # on both faces: it is called as it is, not awaited.
         async_twin = getattr(_ASYNC_TWIN[type(self._target)], name, None)
-        if callable(attr) and getattr(type(self._target), name, None) is not async_twin:
+        if callable(attr) and getattr(type(self._target), name, None) is not async_twin \
+                and _talks(async_twin):
             return lambda *a, **k: _Deferred(attr, a, k)
         return attr
+
+
+def _talks(async_twin: Any) -> bool:
+    """Whether the async face awaits, iterates or enters this member (a
+    check made on the spot, ``path`` or ``status``, is a plain call on both)."""
+    if async_twin is None:
+        return True
+    if inspect.iscoroutinefunction(async_twin) or inspect.isasyncgenfunction(async_twin) \
+            or inspect.isasyncgenfunction(getattr(async_twin, "__wrapped__", None)):
+        return True
+    returns = str(inspect.signature(async_twin).return_annotation)
+    return returns.startswith(("AsyncIterator", "AbstractAsyncContextManager"))
 
 
 _ASYNC_TWIN: dict[type, type] = {
     hutch.client.RemoteSandbox: hutch.client.AsyncRemoteSandbox,
     hutch.client.RemoteProcess: hutch.client.AsyncRemoteProcess,
     hutch.client.RemoteFork: hutch.client.AsyncRemoteFork,
+    hutch.client.RemoteWatcher: hutch.client.AsyncRemoteWatcher,
+    # The in-process sync faces (hutch._sync_generated) over their async classes.
+    hutch.SyncSandbox: hutch.Sandbox,
+    hutch.SyncProcess: hutch.Process,
+    hutch.SyncFork: hutch.Fork,
+    _sync_faces.SyncWatcher: Watcher,
 }
 
 
 def adapt(value: Any) -> Any:
-    if isinstance(value, hutch.client.RemoteSandbox | hutch.client.RemoteProcess
-                  | hutch.client.RemoteFork):
+    if isinstance(value, tuple(_ASYNC_TWIN)):
         return AsyncAdapter(value)
     if isinstance(value, list):
         return [adapt(v) for v in value]
@@ -190,7 +214,25 @@ def _keeper_pid(sandbox_id: str) -> int:
     raise LookupError(f"no keeper for {sandbox_id}")
 
 
+@asynccontextmanager
+async def _local_sync() -> AsyncIterator[Harness]:
+    """The in-process sync face (``hutch.create_sandbox_sync``), each call
+    made from a worker thread, as remote-sync's are."""
+    workdir = tempfile.mkdtemp(prefix="hutch-conf-sync-")
+    try:
+        sb = await anyio.to_thread.run_sync(
+            lambda: hutch.create_sandbox_sync("local", workdir=workdir, read_before_write=False)
+        )
+        try:
+            yield Harness(AsyncAdapter(sb), "local-sync", workdir)
+        finally:
+            await anyio.to_thread.run_sync(sb.close)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
 REMOTE_MAKERS: dict[str, tuple[Any, bool, list[pytest.MarkDecorator]]] = {
+    "local-sync": (_local_sync, True, []),
     "remote-async": (_remote_async, True, []),
     "remote-sync": (_remote_sync, True, []),
     "remote-bubblewrap": (_remote_bubblewrap, True, [pytest.mark.docker]),

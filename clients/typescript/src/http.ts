@@ -36,8 +36,7 @@ export interface Call<M extends Method, P extends Route<M>> {
 }
 
 function env(name: string): string | undefined {
-  const value = globalThis.process?.env?.[name];
-  return value ? value : undefined;
+  return process.env[name] || undefined;
 }
 
 /** The daemon's address: `url`, else `HUTCH_URL`, else hutch's default. */
@@ -83,7 +82,7 @@ export function decodeRef(
   }
   try {
     const data = JSON.parse(
-      new TextDecoder().decode(fromBase64(ref.slice(REF_PREFIX.length), true)),
+      new TextDecoder().decode(fromBase64(ref.slice(REF_PREFIX.length))),
     ) as Record<string, unknown>;
     const { url, sandbox, id, secret } = data;
     if ([url, sandbox, id, secret].every((v) => typeof v === "string")) {
@@ -110,24 +109,13 @@ export function text(bytes: Uint8Array): string {
 }
 
 export function toBase64(bytes: Uint8Array): string {
-  if (globalThis.Buffer) {
-    return globalThis.Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength).toString("base64");
-  }
-  let binary = "";
-  for (const byte of bytes) {
-    binary += String.fromCharCode(byte);
-  }
-  return btoa(binary);
+  return Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength).toString("base64");
 }
 
-export function fromBase64(data: string, urlSafe = false): Uint8Array {
-  const standard = urlSafe ? data.replace(/-/g, "+").replace(/_/g, "/") : data;
-  if (globalThis.Buffer) {
-    const buffer = globalThis.Buffer.from(standard, "base64");
-    return new Uint8Array(buffer.buffer, buffer.byteOffset, buffer.byteLength);
-  }
-  const binary = atob(standard + "=".repeat((4 - (standard.length % 4)) % 4));
-  return Uint8Array.from(binary, (c) => c.charCodeAt(0));
+/** Bytes of base64, the standard alphabet or the URL-safe one (a ref's). */
+export function fromBase64(data: string): Uint8Array {
+  const buffer = Buffer.from(data, "base64");
+  return new Uint8Array(buffer.buffer, buffer.byteOffset, buffer.byteLength);
 }
 
 // -- errors -----------------------------------------------------------------------------

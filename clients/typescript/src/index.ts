@@ -11,7 +11,7 @@
  */
 export { attach, Client } from "./client.js";
 export type { ClientOptions, Ensured, SandboxSettings } from "./client.js";
-export { Fork, Process, Sandbox } from "./sandbox.js";
+export { Fork, Process, Sandbox, Watcher } from "./sandbox.js";
 export type { ExecOptions, GrepOptions, ReadOptions, StartOptions, WriteOptions } from "./sandbox.js";
 export { ExecResult, ExitStatus, FileInfo, OutputChunk } from "./types.js";
 export type {
@@ -19,6 +19,8 @@ export type {
   Definition,
   EnsureProgress,
   EnsureStep,
+  FileEvent,
+  FileEventType,
   FileType,
   GrepMatch,
   SandboxInfo,

@@ -3,6 +3,8 @@
  * Python SDK's `RemoteSandbox`, `RemoteProcess` and `RemoteFork`, with the
  * same operations, results and errors (names camelCased).
  */
+import { posix } from "node:path";
+
 import { route, type Schemas } from "./api.js";
 import {
   CapabilityUnsupported,
@@ -15,6 +17,8 @@ import { decodeRef, errorFromWire, HTTP_GRACE_SECONDS, text, toBase64, type Tran
 import {
   ExecResult,
   ExitStatus,
+  type FileEvent,
+  fileEventOf,
   FileInfo,
   type GrepMatch,
   OutputChunk,
@@ -33,6 +37,8 @@ export const DEFAULT_READ_LIMIT = 256 * 1024 * 1024;
 export const DEFAULT_SEARCH_TIMEOUT = 60;
 /** Longest a ref may live: a year, as every duration the API takes. */
 export const MAX_REF_SECONDS = 365 * 86400;
+/** The longest one look at a watcher's events waits on the daemon (its bound). */
+const WATCH_LOOK_SECONDS = 30;
 /** Errors that say a sandbox is already gone: closing it again is not an error. */
 const GONE = new Set(["not_found", "sandbox_unavailable", "idle_timeout", "max_lifetime_exceeded", "timeout_expired"]);
 
@@ -175,6 +181,17 @@ export class Sandbox {
     if (!this.supports(capability)) {
       throw new CapabilityUnsupported(`provider '${this.provider}' does not support '${capability}'`);
     }
+  }
+
+  /** The absolute path inside the sandbox that `path` names (relative ones: to its workdir). */
+  path(path: string): string {
+    if (typeof path !== "string") {
+      throw new InvalidArgument(`path must be a string, not ${typeof path}`);
+    }
+    if (path.includes("\0")) {
+      throw new InvalidArgument(`path ${JSON.stringify(path)} has a NUL character`);
+    }
+    return posix.resolve(this.workdir ?? "/", path || ".");
   }
 
   private absorb(info: SandboxInfo): void {
@@ -365,6 +382,48 @@ export class Sandbox {
     await this.transport.send(route("delete", "/v1/sandboxes/{sandbox_id}/files", this.target()), {
       query: { path, recursive: Boolean(options.recursive) },
     });
+  }
+
+  /**
+   * Make the directory `path`, as `fs.mkdir`/`pathlib`: its missing parents
+   * too with `parents`; one already there is `SandboxFileExists` unless
+   * `existOk`; a file where a parent must be is `SandboxNotADirectory`.
+   */
+  async mkdir(path: string, options: { parents?: boolean; existOk?: boolean } = {}): Promise<void> {
+    await this.transport.send(route("post", "/v1/sandboxes/{sandbox_id}/mkdir", this.target()), {
+      json: { path, parents: Boolean(options.parents), exist_ok: Boolean(options.existOk) },
+      timeout: 120,
+    });
+  }
+
+  /**
+   * Move `source` to `destination` inside the sandbox (a file or a whole
+   * directory). Something at `destination` is `SandboxFileExists` unless
+   * `overwrite`; then as rename(2) (a file replaces a file, a directory an
+   * empty directory).
+   */
+  async rename(source: string, destination: string, options: { overwrite?: boolean } = {}): Promise<void> {
+    await this.transport.send(route("post", "/v1/sandboxes/{sandbox_id}/rename", this.target()), {
+      json: { source, destination, overwrite: Boolean(options.overwrite) },
+      timeout: 600,
+    });
+  }
+
+  /**
+   * Watch the directory `path` from now on (the daemon holds the watch): the
+   * watcher's `events({wait})` are those since the last look, and iterating
+   * it (`for await`) gives them as they come.
+   */
+  async watch(path = ".", options: { recursive?: boolean } = {}): Promise<Watcher> {
+    const { recursive } = options;
+    if (recursive !== undefined && typeof recursive !== "boolean") {
+      throw new InvalidArgument(`recursive must be true or false, not ${String(recursive)}`);
+    }
+    const info = await this.transport.json(route("post", "/v1/sandboxes/{sandbox_id}/watchers", this.target()), {
+      json: { path, recursive: Boolean(recursive) },
+      timeout: 120,
+    });
+    return new Watcher(this.transport, this.id, info);
   }
 
   /** Lines matching the regular expression `pattern` in the files under `path`. */
@@ -596,6 +655,98 @@ export class Process {
       { timeout: 60 },
     );
     this.running_ = false;
+  }
+}
+
+/** A watch the daemon holds on a directory of a sandbox. */
+export class Watcher implements AsyncIterable<FileEvent> {
+  readonly id: string;
+  readonly sandboxId: string;
+  readonly path: string;
+  readonly recursive: boolean;
+  /** How it learns of changes: `inotify` or `poll`. */
+  readonly kind: string;
+  private active_: boolean;
+
+  /** @internal */
+  constructor(
+    private readonly transport: Transport,
+    sandboxId: string,
+    info: Schemas["WatcherInfo"],
+  ) {
+    this.id = info.id;
+    this.sandboxId = sandboxId;
+    this.path = info.path;
+    this.recursive = info.recursive;
+    this.kind = info.kind;
+    this.active_ = info.active;
+  }
+
+  /** Still watching, as of the last answer. */
+  get active(): boolean {
+    return this.active_;
+  }
+
+  private params(): { sandbox_id: string; watcher_id: string } {
+    return { sandbox_id: this.sandboxId, watcher_id: this.id };
+  }
+
+  /**
+   * The events since the last call, waiting up to `wait` seconds (`null`: as
+   * long as it takes) for the first when there are none yet. A closed watch
+   * has none.
+   */
+  async events(options: { wait?: number | null } = {}): Promise<FileEvent[]> {
+    const wait = options.wait === undefined ? 0 : options.wait;
+    if (wait !== null && !(typeof wait === "number" && wait >= 0)) {
+      throw new InvalidArgument(`wait must be a number of seconds >= 0, got ${String(wait)}`);
+    }
+    let left = wait;
+    for (;;) {
+      const look = left === null ? WATCH_LOOK_SECONDS : Math.min(left, WATCH_LOOK_SECONDS);
+      let answer: Schemas["WatchEvents"];
+      try {
+        answer = await this.transport.json(
+          route("get", "/v1/sandboxes/{sandbox_id}/watchers/{watcher_id}/events", this.params()),
+          { query: { wait: look }, timeout: look + HTTP_GRACE_SECONDS },
+        );
+      } catch (error) {
+        this.active_ = false;
+        if (error instanceof HutchError && error.code === "not_found") {
+          return []; // closed
+        }
+        throw error;
+      }
+      this.active_ = answer.active;
+      const events = answer.events.map(fileEventOf);
+      if (left !== null) {
+        left -= look;
+      }
+      if (events.length || !this.active_ || (left !== null && left <= 0)) {
+        return events;
+      }
+    }
+  }
+
+  /** Every event as it comes, until the watch is closed. */
+  async *[Symbol.asyncIterator](): AsyncGenerator<FileEvent> {
+    for (let batch = await this.events({ wait: null }); batch.length; batch = await this.events({ wait: null })) {
+      yield* batch;
+    }
+  }
+
+  /** Stop watching. Idempotent. */
+  async close(): Promise<void> {
+    this.active_ = false;
+    try {
+      await this.transport.send(route("delete", "/v1/sandboxes/{sandbox_id}/watchers/{watcher_id}", this.params()), {
+        timeout: 60,
+      });
+    } catch (error) {
+      if (!(error instanceof HutchError && error.code === "not_found")) {
+        throw error;
+      }
+    }
   }
 }
 

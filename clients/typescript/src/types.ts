@@ -196,3 +196,20 @@ export interface EnsureProgress {
   kind: "step" | "output";
   text: string;
 }
+
+export type FileEventType = "created" | "written" | "removed" | "renamed";
+
+/**
+ * One change a watch saw: `path` (absolute, in the sandbox) was created,
+ * written, removed, or renamed to `newPath` (both below the watched
+ * directory; a move out of it is a removal, into it a creation).
+ */
+export interface FileEvent {
+  type: FileEventType;
+  path: string;
+  newPath: string | null;
+}
+
+export function fileEventOf(line: Schemas["FileEventLine"]): FileEvent {
+  return { type: line.type as FileEventType, path: line.path, newPath: line.new_path ?? null };
+}

@@ -201,6 +201,9 @@ describe("files", () => {
     assert.equal(info.size, 5);
     assert.equal(info.name, "x.txt");
     assert.equal((await sb.stat("tree")).type, "directory");
+    assert.equal(sb.path("tree//x.txt"), `${sb.workdir}/tree/x.txt`);
+    assert.equal(sb.path("/etc/hosts"), "/etc/hosts");
+    assert.throws(() => sb.path("a\0b"), hutch.InvalidArgument);
     assert.equal(await sb.exists("tree/x.txt"), true);
     assert.equal(await sb.exists("tree/none"), false);
     const names = (await sb.list("tree")).map((e) => e.name).sort();
@@ -213,6 +216,52 @@ describe("files", () => {
     await sb.readText("tree/deeper/y.txt");
     await sb.remove("tree", { recursive: true });
     assert.equal(await sb.exists("tree"), false);
+  });
+
+  test("mkdir and rename", async () => {
+    await sb.mkdir("made/deep/er", { parents: true });
+    assert.equal((await sb.stat("made/deep/er")).type, "directory");
+    await rejectsWith(sb.mkdir("made"), hutch.SandboxFileExists, "file_exists");
+    await sb.mkdir("made", { existOk: true });
+    await rejectsWith(sb.mkdir("none/such"), hutch.SandboxFileNotFound, "file_not_found");
+    await sb.writeText("made/file.txt", "moved");
+    await rejectsWith(sb.mkdir("made/file.txt/sub", { parents: true }), hutch.SandboxNotADirectory, "not_a_directory");
+    await sb.rename("made/file.txt", "made/deep/moved.txt");
+    assert.equal(await sb.readText("made/deep/moved.txt"), "moved");
+    assert.equal(await sb.exists("made/file.txt"), false);
+    await sb.writeText("made/other.txt", "other");
+    await rejectsWith(sb.rename("made/other.txt", "made/deep/moved.txt"), hutch.SandboxFileExists, "file_exists");
+    await sb.rename("made/other.txt", "made/deep/moved.txt", { overwrite: true });
+    assert.equal(await sb.readText("made/deep/moved.txt"), "other");
+    await sb.rename("made/deep", "made/renamed");
+    assert.deepEqual((await sb.list("made/renamed")).map((e) => e.name).sort(), ["er", "moved.txt"]);
+  });
+
+  test("watch: what changed since the last look, and as it comes", async () => {
+    await sb.mkdir("watched", { existOk: true });
+    const watcher = await sb.watch("watched", { recursive: true });
+    assert.equal(watcher.active, true);
+    assert.ok(["inotify", "poll"].includes(watcher.kind));
+    assert.deepEqual(await watcher.events(), []);
+    await sb.writeText("watched/new.txt", "hello");
+    const seen: hutch.FileEvent[] = [];
+    // Until the creation is seen: a polling watch sees it at its next look.
+    for (let looks = 0; looks < 20 && !seen.some((e) => e.path.endsWith("/watched/new.txt")); looks++) {
+      seen.push(...(await watcher.events({ wait: 30 })));
+    }
+    assert.ok(seen.some((e) => e.path.endsWith("/watched/new.txt") && ["created", "written"].includes(e.type)), JSON.stringify(seen));
+    await sb.readText("watched/new.txt");
+    await sb.remove("watched/new.txt");
+    for await (const event of watcher) {
+      if (event.type === "removed" && event.path.endsWith("/watched/new.txt")) {
+        break;
+      }
+    }
+    await watcher.close();
+    assert.equal(watcher.active, false);
+    assert.deepEqual(await watcher.events(), []);
+    await watcher.close(); // again: not an error
+    await rejectsWith(sb.watch("no/such/dir"), hutch.SandboxFileNotFound, "file_not_found");
   });
 
   test("grep and glob", async () => {

@@ -38,6 +38,17 @@ class HutchGroup(click.Group):
 
     command_class = HutchCommand
 
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self.commands)  # in the order they are written, not sorted
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if not args and self.no_args_is_help and not ctx.resilient_parsing:
+            # The help on standard output, where it was asked for by name
+            # (click's usage error would put it on standard error); exit 2.
+            click.echo(ctx.get_help(), color=ctx.color)
+            ctx.exit(2)
+        return super().parse_args(ctx, args)
+
     def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         from ._help import render
 

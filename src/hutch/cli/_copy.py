@@ -18,7 +18,6 @@ import posixpath
 import re
 import stat
 import sys
-import tarfile
 import tempfile
 from collections import defaultdict
 from typing import Any
@@ -166,16 +165,14 @@ def _refuse_special(info: Any) -> None:
 def _safe_mode(info: Any, relative: str) -> int:
     """The mode a copy of ``info`` (at ``relative`` inside the copy) gets
     here, by the standard library's rules for untrusted archives."""
-    member = tarfile.TarInfo(relative)
-    member.type = tarfile.DIRTYPE if info.type == FileType.DIRECTORY else tarfile.REGTYPE
-    member.mode = stat.S_IMODE(info.mode) or 0o644
+    import tarfile
+
+    from .._tar import copied_out_mode
+
     try:
-        # A destination that is never written: only the member's own name
-        # and mode are judged (the names were checked one by one above).
-        safe = tarfile.data_filter(member, "/nonexistent-hutch-cp")
+        return copied_out_mode(relative, info.type == FileType.DIRECTORY, info.mode)
     except tarfile.FilterError as exc:
         raise InvalidArgument(f"{info.path} in the sandbox cannot be copied out: {exc}") from None
-    return 0o755 if safe.mode is None else safe.mode
 
 
 def _fetch(sandbox: Any, remote: str, mode: int, local: str) -> None:

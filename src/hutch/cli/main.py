@@ -45,7 +45,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
                "Run a command in the sandbox a ref names, as an attached session."),
     "shell": ("run:shell", "An interactive shell in a sandbox (bash, else sh), on a "
               "pseudo-terminal inside it; exit with the shell's exit code."),
+    "start": ("processes:start", "Start a command in the background in a sandbox; print its id."),
+    "stdin": ("processes:stdin", "Send our standard input, as it comes, to a background command "
+              "started with --keep-stdin; at its end, close the command's (unless --keep-open)."),
+    "wait": ("processes:wait", "Wait for a background command to end; print its output and "
+             "exit with its exit code."),
     "cp": ("files:cp", "Copy a file or a directory into or out of a sandbox."),
+    "mkdir": ("fileops:mkdir",
+              "Make a directory in a sandbox (relative to its working directory)."),
+    "mv": ("fileops:mv", "Move (rename) a file or a directory inside a sandbox."),
+    "watch": ("fileops:watch", "Print what changes below a directory of a sandbox, a line an "
+              "event: created, written, removed or renamed, then the path (and the new path)."),
     "pause": ("sandboxes:pause",
               "Hold a sandbox as it is (processes and memory stay, no CPU)."),
     "suspend": ("sandboxes:suspend", "Free a sandbox's memory, keeping its state on disk."),
@@ -87,6 +97,22 @@ class LazyGroup(HutchGroup):
             assert isinstance(found, click.Command), COMMANDS[cmd_name]
             self.commands[cmd_name] = found
         return self.commands.get(cmd_name)
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError as exc:
+            import difflib
+
+            close = difflib.get_close_matches(args[0], self.list_commands(ctx)) if args else []
+            if not close:
+                raise
+            # As typer said it: "No such command 'lss'. Did you mean 'ls'?"
+            raise click.UsageError(
+                exc.message.rstrip(".") + ". Did you mean "
+                + ", ".join(repr(name) for name in close) + "?", ctx=exc.ctx) from None
 
     def short_help_of(self, ctx: click.Context, name: str) -> str | None:
         if name in COMMANDS and name not in self.commands:

@@ -9,28 +9,32 @@ same typed errors. ``HUTCH_URL`` and ``HUTCH_TOKEN`` are read when not given.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from .._errors import Unauthorized
 from .._refwire import DaemonRef, decode_ref
-from .._types import Snapshot
+from .._types import FileEvent, Snapshot
+from ._answers import EnsureProgress
 from ._core import (
     ClientOps,
-    EnsureProgress,
     ForkOps,
     ProcessOps,
     RemoteEnsured,
     SandboxOps,
+    WatcherOps,
 )
 from ._generated import (
     AsyncClientFace,
     AsyncForkFace,
     AsyncProcessFace,
     AsyncSandboxFace,
+    AsyncWatcherFace,
     ClientFace,
     ForkFace,
     ProcessFace,
     SandboxFace,
+    WatcherFace,
 )
 from ._http import Call
 from ._transports import AsyncTransport, SyncTransport
@@ -55,6 +59,20 @@ class _ProcessState(ProcessOps):
 
     def __repr__(self) -> str:
         return f"<remote process {self.id} in {self.sandbox_id}>"
+
+
+class _WatcherState(WatcherOps):
+    def __init__(self, transport: Any, sandbox_id: str, info: dict[str, Any]) -> None:
+        self._transport = transport
+        self.sandbox_id = sandbox_id
+        self.id = str(info["id"])
+        self.path = str(info["path"])
+        self.recursive = bool(info["recursive"])
+        self.kind = str(info["kind"])
+        self._active = bool(info["active"])
+
+    def __repr__(self) -> str:
+        return f"<remote watch {self.id} of {self.path} in {self.sandbox_id}>"
 
 
 class _SandboxState(SandboxOps):
@@ -92,6 +110,35 @@ class AsyncRemoteProcess(AsyncProcessFace, _ProcessState):
 
 class RemoteProcess(ProcessFace, _ProcessState):
     """A background command through the daemon, from sync code."""
+
+
+class AsyncRemoteWatcher(AsyncWatcherFace, _WatcherState):
+    """A watch the daemon holds, from async code: ``async for event in watcher``."""
+
+    async def __aiter__(self) -> AsyncIterator[FileEvent]:
+        while batch := await self.events(wait=None):
+            for event in batch:
+                yield event
+
+    async def __aenter__(self) -> AsyncRemoteWatcher:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class RemoteWatcher(WatcherFace, _WatcherState):
+    """A watch the daemon holds, from sync code: ``for event in watcher``."""
+
+    def __iter__(self) -> Iterator[FileEvent]:
+        while batch := self.events(wait=None):
+            yield from batch
+
+    def __enter__(self) -> RemoteWatcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class AsyncRemoteSandbox(AsyncSandboxFace, _SandboxState):
@@ -132,7 +179,8 @@ class RemoteSandbox(SandboxFace, _SandboxState):
 async def _attach_async(url: str, ref: str) -> AsyncRemoteSandbox:
     decoded = _parse_ref(ref)
     transport = AsyncTransport(
-        url, ref, {"sandbox": AsyncRemoteSandbox, "process": AsyncRemoteProcess}
+        url, ref, {"sandbox": AsyncRemoteSandbox, "process": AsyncRemoteProcess,
+                    "watcher": AsyncRemoteWatcher}
     )
     try:
         info = await transport.send(Call("GET", f"/v1/sandboxes/{decoded.sandbox_id}"))
@@ -146,7 +194,8 @@ async def _attach_async(url: str, ref: str) -> AsyncRemoteSandbox:
 
 def _attach_sync(url: str, ref: str) -> RemoteSandbox:
     decoded = _parse_ref(ref)
-    transport = SyncTransport(url, ref, {"sandbox": RemoteSandbox, "process": RemoteProcess})
+    transport = SyncTransport(url, ref, {"sandbox": RemoteSandbox, "process": RemoteProcess,
+                    "watcher": RemoteWatcher})
     try:
         info = transport.send(Call("GET", f"/v1/sandboxes/{decoded.sandbox_id}"))
     except BaseException:
@@ -178,7 +227,7 @@ class AsyncClient(AsyncClientFace, _ClientState):
     def __init__(self, url: str | None = None, *, token: str | None = None) -> None:
         self._transport = AsyncTransport(
             url, token, {"sandbox": AsyncRemoteSandbox, "process": AsyncRemoteProcess,
-             "fork": AsyncRemoteFork}
+             "fork": AsyncRemoteFork, "watcher": AsyncRemoteWatcher}
         )
 
     @property
@@ -205,7 +254,8 @@ class Client(ClientFace, _ClientState):
 
     def __init__(self, url: str | None = None, *, token: str | None = None) -> None:
         self._transport = SyncTransport(
-            url, token, {"sandbox": RemoteSandbox, "process": RemoteProcess, "fork": RemoteFork}
+            url, token, {"sandbox": RemoteSandbox, "process": RemoteProcess, "fork": RemoteFork,
+                         "watcher": RemoteWatcher}
         )
 
     @property
@@ -230,5 +280,6 @@ class Client(ClientFace, _ClientState):
 __all__ = [
     "EnsureProgress", "RemoteEnsured",
     "AsyncClient", "AsyncRemoteFork", "AsyncRemoteProcess", "AsyncRemoteSandbox", "Client",
-    "RemoteFork", "RemoteProcess", "RemoteSandbox", "attach_remote", "attach_remote_async",
+    "AsyncRemoteWatcher", "RemoteFork", "RemoteProcess", "RemoteSandbox", "RemoteWatcher",
+    "attach_remote", "attach_remote_async",
 ]

@@ -22,7 +22,6 @@ from .._errors import (
     InvalidArgument,
     SandboxUnavailable,
     StdinClosed,
-    error_from_wire,
 )
 from .._refwire import check_ref_lifetime, decode_ref
 from .._sandbox_paths import sandbox_path
@@ -31,14 +30,33 @@ from .._types import (
     Capabilities,
     ExecResult,
     ExitStatus,
+    FileEvent,
     FileInfo,
-    FileType,
     GrepMatch,
     OutputChunk,
     Snapshot,
     SnapshotDependent,
 )
 from ..states import FINAL, SandboxState, SandboxStatus
+from ._answers import (
+    EnsuredRef,
+    EnsureProgress,
+    decode_broken,
+    decode_completed,
+    decode_deadline,
+    decode_exec,
+    decode_file,
+    decode_files,
+    decode_fork,
+    decode_matches,
+    decode_paths,
+    decode_ref_token,
+    decode_snapshot,
+    decode_snapshots,
+    decode_status,
+    decode_url,
+    ensured_ref,
+)
 from ._http import Call
 
 #: Headroom on top of a command's own timeout before the HTTP call gives up.
@@ -59,49 +77,7 @@ def _write_params(path: str, overwrite: bool) -> dict[str, str]:
     return {"path": path, "overwrite": "true"} if overwrite else {"path": path}
 
 
-# -- decoding ---------------------------------------------------------------------------
-
-
-def _bytes_field(data: Mapping[str, Any], key: str) -> bytes:
-    if f"{key}_b64" in data:
-        return base64.b64decode(data[f"{key}_b64"])
-    return str(data.get(key, "")).encode()
-
-
-def decode_exec(data: Mapping[str, Any]) -> ExecResult:
-    return ExecResult(int(data["exit_code"]), _bytes_field(data, "stdout"),
-                      _bytes_field(data, "stderr"), oom_killed=bool(data.get("oom_killed")))
-
-
-@dataclass(frozen=True)
-class EnsureProgress:
-    """A streamed ensure's progress: ``kind`` is ``step`` (a step starts: its
-    name) or ``output`` (what setup printed)."""
-
-    kind: str
-    text: str
-
-
-def decode_event(
-    data: Mapping[str, Any],
-) -> OutputChunk | ExitStatus | EnsureProgress | EnsuredRef:
-    if "error" in data:
-        raise error_from_wire(data["error"])
-    if "result" in data:
-        return ensured_ref(data["result"])
-    for kind in ("step", "output"):
-        if kind in data:
-            return EnsureProgress(kind, str(data[kind]))
-    if "exit_code" in data:
-        return ExitStatus(int(data["exit_code"]), oom_killed=bool(data.get("oom_killed")))
-    if data.get("stream") == "stderr":
-        return OutputChunk("stderr", _bytes_field(data, "data"))
-    return OutputChunk("stdout", _bytes_field(data, "data"))
-
-
-def decode_file(data: Mapping[str, Any]) -> FileInfo:
-    return FileInfo(str(data["path"]), FileType(data["type"]), int(data["size"]),
-                    int(data["mode"]), float(data["mtime"]))
+# -- requests ----------------------------------------------------------------------------
 
 
 def exec_body(
@@ -119,17 +95,6 @@ def exec_body(
     elif stdin is not None:
         body["stdin_b64"] = base64.b64encode(bytes(stdin)).decode()
     return body
-
-
-def decode_status(info: Mapping[str, Any]) -> SandboxStatus:
-    return SandboxStatus(
-        id=str(info["id"]), state=SandboxState(info["state"]), reason=info.get("reason"),
-        created_at_unix=float(info["created_at_unix"]),
-        last_active_unix=float(info["last_active_unix"]),
-        idle_seconds=None if info.get("idle_seconds") is None else float(info["idle_seconds"]),
-        deadline_unix=None if info.get("deadline_unix") is None else float(info["deadline_unix"]),
-        meter={str(k): float(v) for k, v in dict(info.get("meter") or {}).items()},
-    )
 
 
 def http_timeout(timeout: float | None) -> float | None:
@@ -159,19 +124,6 @@ class ForkRef:
 
 
 @dataclass
-class EnsuredRef:
-    """A definition's ``ensure`` answer: the sandbox, the path, the steps."""
-
-    sandbox: dict[str, Any]
-    path: str
-    steps: list[dict[str, Any]]
-
-
-def ensured_ref(answer: Mapping[str, Any]) -> EnsuredRef:
-    return EnsuredRef(dict(answer["sandbox"]), str(answer["path"]), list(answer["steps"]))
-
-
-@dataclass
 class RemoteEnsured:
     """What a client's ``ensure`` gives: the sandbox (a client sandbox), the
     path taken (``resumed``, ``restored`` or ``created``) and each step's seconds."""
@@ -183,6 +135,12 @@ class RemoteEnsured:
 
 @dataclass
 class ProcessRef:
+    sandbox_id: str
+    info: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class WatcherRef:
     sandbox_id: str
     info: dict[str, Any]
 
@@ -201,6 +159,15 @@ def op(fn: OpFunction) -> OpFunction:
 
 def stream_op(fn: OpFunction) -> OpFunction:
     """A streamed operation: its faces' methods iterate its events."""
+    return fn
+
+
+Function = TypeVar("Function", bound=Callable[..., Any])
+
+
+def terminal_op(fn: Function) -> Function:
+    """A terminal's first message: its faces' methods open the terminal with
+    it (a context manager; ``async with`` on the async face)."""
     return fn
 
 
@@ -257,17 +224,17 @@ class ClientOps:
     def set_timeout(self, sandbox_id: str, seconds: float) -> Op[float]:
         answer = yield Call("POST", "/v1/set_timeout",
                             json={"sandbox": sandbox_id, "timeout_seconds": seconds})
-        return float(answer["deadline_unix"])
+        return decode_deadline(answer)
 
     @op
     def snapshots(self) -> Op[list[Snapshot]]:
         """Every snapshot the daemon holds (the lineage tree, by ``parent_id``)."""
         answer = yield Call("GET", "/v1/snapshots")
-        return [Snapshot.from_wire(s) for s in answer["snapshots"]]
+        return decode_snapshots(answer)
 
     @op
     def get_snapshot(self, snapshot_id: str) -> Op[Snapshot]:
-        return Snapshot.from_wire((yield Call("GET", f"/v1/snapshots/{snapshot_id}")))
+        return decode_snapshot((yield Call("GET", f"/v1/snapshots/{snapshot_id}")))
 
     @op
     def delete_snapshot(
@@ -277,7 +244,7 @@ class ClientOps:
         ``force``. Returns what a forced removal broke (empty: nothing)."""
         answer = yield Call("DELETE", f"/v1/snapshots/{snapshot_id}",
                             params={"force": "true"} if force else None, timeout=600)
-        return [SnapshotDependent.from_wire(b) for b in (answer or {}).get("broken", [])]
+        return decode_broken(answer)
 
     @op
     def put_definition(self, definition: Mapping[str, Any]) -> Op[dict[str, Any]]:
@@ -322,7 +289,7 @@ class ClientOps:
         Whether its sandbox was destroyed."""
         answer = yield Call("POST", f"/v1/definitions/{definition_id}/complete",
                             json={"thread_id": thread_id, "tenant": tenant}, timeout=600)
-        return bool(answer["destroyed"])
+        return decode_completed(answer)
 
     @op
     def create_workspace(
@@ -421,18 +388,18 @@ class SandboxOps:
         return (yield Call("POST", self._path("/exec/stream"), json=body, stream=True,
                            timeout=None))
 
+    @terminal_op
     def pty(
         self, cmd: str | Sequence[str] | None = None, *, rows: int = 24, cols: int = 80,
         cwd: str | None = None, env: Mapping[str, str] | None = None, user: str | None = None,
-    ) -> Any:
+    ) -> dict[str, Any]:
         """An interactive command (a shell by default) on a PTY in the sandbox,
         through the daemon's websocket route: a context manager (``async with``
         on the async face) whose terminal reads, writes, resizes and waits."""
         from ._shell import pty_start
 
         command = cmd if cmd is None or isinstance(cmd, str) else list(cmd)
-        start = pty_start(command, rows, cols, cwd, env, user)
-        return self._transport.open_pty(self.id, start)  # type: ignore[attr-defined]
+        return pty_start(command, rows, cols, cwd, env, user)
 
     @op
     def start(
@@ -463,7 +430,7 @@ class SandboxOps:
         self.require("preview_url")
         answer = yield Call("GET", self._path("/preview_url"), params={"port": port},
                             timeout=600)
-        return str(answer["url"])
+        return decode_url(answer)
 
     @op
     def read_bytes(self, path: str, *, limit: int = 256 * 1024 * 1024) -> Op[bytes]:
@@ -521,7 +488,7 @@ class SandboxOps:
     @op
     def list_dir(self, path: str = ".") -> Op[list[FileInfo]]:
         answer = yield Call("GET", self._path("/list"), params={"path": path})
-        return [decode_file(e) for e in answer["entries"]]
+        return decode_files(answer)
 
     @op
     def remove(self, path: str, *, recursive: bool = False) -> Op[None]:
@@ -540,6 +507,17 @@ class SandboxOps:
         }, timeout=600)
 
     @op
+    def watch(self, path: str = ".", *, recursive: bool = False) -> Op[WatcherRef]:
+        """Watch the directory ``path`` from now on (the daemon holds the
+        watch): the watcher's ``events(wait=...)`` are those since the last
+        look, and iterating it gives them as they come."""
+        if not isinstance(recursive, bool):
+            raise InvalidArgument(f"recursive must be true or false, not {recursive!r}")
+        info = yield Call("POST", self._path("/watchers"),
+                          json={"path": path, "recursive": recursive}, timeout=120)
+        return WatcherRef(self.id, info)
+
+    @op
     def grep(
         self, pattern: str, path: str = ".", *, glob: str | None = None,
         ignore_case: bool = False, limit: int = 256 * 1024 * 1024,
@@ -549,7 +527,7 @@ class SandboxOps:
             "pattern": pattern, "path": path, "glob": glob, "ignore_case": ignore_case,
             "timeout": timeout,
         }, timeout=timeout + HTTP_GRACE_SECONDS)
-        return [GrepMatch(m["path"], int(m["line_number"]), m["line"]) for m in answer["matches"]]
+        return decode_matches(answer)
 
     @op
     def glob(
@@ -560,7 +538,7 @@ class SandboxOps:
             json={"pattern": pattern, "path": path, "timeout": timeout},
             timeout=timeout + HTTP_GRACE_SECONDS,
         )
-        return list(answer["paths"])
+        return decode_paths(answer)
 
     @op
     def pause(self) -> Op[None]:
@@ -577,14 +555,14 @@ class SandboxOps:
     @op
     def set_timeout(self, seconds: float) -> Op[float]:
         answer = yield Call("POST", self._path("/set_timeout"), json={"timeout_seconds": seconds})
-        return float(answer["deadline_unix"])
+        return decode_deadline(answer)
 
     @op
     def snapshot(self, label: str | None = None, *, diff: bool = True) -> Op[Snapshot]:
         self._require("snapshot")
         answer = yield Call("POST", self._path("/snapshots"),
                             json={"label": label, "diff": diff}, timeout=600)
-        return Snapshot.from_wire(answer)
+        return decode_snapshot(answer)
 
     @op
     def fork(self, label: str | None = None, *, count: int = 0) -> Op[ForkRef]:
@@ -593,7 +571,7 @@ class SandboxOps:
         self._require("fork")
         answer = yield Call("POST", self._path("/fork"),
                             json={"label": label, "count": count}, timeout=600)
-        return ForkRef(Snapshot.from_wire(answer["snapshot"]), list(answer["sandboxes"]))
+        return ForkRef(*decode_fork(answer))
 
     def _require(self, capability: str) -> None:
         if not self.capabilities.supports(capability):
@@ -607,7 +585,7 @@ class SandboxOps:
         if expires_in is not None:
             check_ref_lifetime(expires_in)  # as in-process; JSON could not carry some
         answer = yield Call("POST", self._path("/refs"), json={"expires_in": expires_in})
-        return str(answer["ref"])
+        return decode_ref_token(answer)
 
     @op
     def revoke_ref(self, ref: str) -> Op[None]:
@@ -666,10 +644,11 @@ class SandboxOps:
         caps = self._info.get("capabilities", {})
         known: dict[str, Any] = {
             k: bool(v) for k, v in caps.items()
-            if k in Capabilities.__dataclass_fields__ and k not in ("extra", "runtime")
+            if k in Capabilities.__dataclass_fields__ and k not in ("extra", "runtime", "watch")
         }
         extra = frozenset(k for k, v in caps.items() if k not in known and v is True)
-        return Capabilities(**known, runtime=str(caps.get("runtime", "native")), extra=extra)
+        return Capabilities(**known, runtime=str(caps.get("runtime", "native")),
+                            watch=str(caps.get("watch", "poll")), extra=extra)
 
     @property
     def state(self) -> SandboxState:
@@ -783,6 +762,64 @@ class ProcessOps:
         """Close the command's stdin: it reads its end of file."""
         yield Call("DELETE", self._path("/stdin"), timeout=60)
         self._stdin_open = False
+
+
+#: The longest one look at a watcher's events waits on the daemon (its bound).
+WATCH_LOOK_SECONDS = 30.0
+
+
+class WatcherOps:
+    """Operations on a watch the daemon holds; the same as hutch.Watcher."""
+
+    id: str
+    sandbox_id: str
+    path: str
+    recursive: bool
+    kind: str
+    _active: bool
+
+    def _path(self, suffix: str = "") -> str:
+        return f"/v1/sandboxes/{self.sandbox_id}/watchers/{self.id}{suffix}"
+
+    @property
+    def active(self) -> bool:
+        """Still watching, as of the last answer."""
+        return self._active
+
+    @op
+    def events(self, wait: float | None = 0.0) -> Op[list[FileEvent]]:
+        """The events since the last call, waiting up to ``wait`` seconds
+        (None: as long as it takes) for the first when there are none yet."""
+        if wait is not None and (isinstance(wait, bool) or not wait >= 0):
+            raise InvalidArgument(f"wait must be a number of seconds >= 0, got {wait!r}")
+        left = wait
+        while True:
+            look = WATCH_LOOK_SECONDS if left is None else min(left, WATCH_LOOK_SECONDS)
+            try:
+                answer = yield Call("GET", self._path("/events"), params={"wait": look},
+                                    timeout=look + HTTP_GRACE_SECONDS)
+            except HutchError as exc:
+                self._active = False
+                if exc.code == "not_found":
+                    return []  # closed
+                raise
+            self._active = bool(answer["active"])
+            events = [FileEvent(e["type"], str(e["path"]), e.get("new_path"))
+                      for e in answer["events"]]
+            if left is not None:
+                left -= look
+            if events or not self._active or (left is not None and left <= 0):
+                return events
+
+    @op
+    def close(self) -> Op[None]:
+        """Stop watching. Idempotent."""
+        self._active = False
+        try:
+            yield Call("DELETE", self._path(), timeout=60)
+        except HutchError as exc:
+            if exc.code != "not_found":
+                raise
 
 
 def note_exit(owner: object, event: object) -> None:

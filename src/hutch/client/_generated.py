@@ -14,15 +14,17 @@ and give the same results, typed.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import IO, TYPE_CHECKING, Any
 
 from .._types import DEFAULT_SEARCH_TIMEOUT
-from ._core import ClientOps, ForkOps, ProcessOps, SandboxOps
+from ._core import ClientOps, ForkOps, ProcessOps, SandboxOps, WatcherOps
 
 if TYPE_CHECKING:
     from .._types import (
         ExecResult,
         ExitStatus,
+        FileEvent,
         FileInfo,
         GrepMatch,
         OutputChunk,
@@ -34,12 +36,15 @@ if TYPE_CHECKING:
         AsyncRemoteFork,
         AsyncRemoteProcess,
         AsyncRemoteSandbox,
+        AsyncRemoteWatcher,
         RemoteEnsured,
         RemoteFork,
         RemoteProcess,
         RemoteSandbox,
+        RemoteWatcher,
     )
-    from ._core import EnsureProgress
+    from ._answers import EnsureProgress
+    from ._shell import AsyncRemotePty, RemotePty
     from ._transports import AsyncTransport, SyncTransport
 
 
@@ -436,6 +441,23 @@ class AsyncSandboxFace(SandboxOps):
         value = self._transport.drive_stream(operation, self)
         return value
 
+    def pty(
+        self,
+        cmd: str | Sequence[str] | None = None,
+        *,
+        rows: int = 24,
+        cols: int = 80,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        user: str | None = None,
+    ) -> AbstractAsyncContextManager[AsyncRemotePty]:
+        """An interactive command (a shell by default) on a PTY in the sandbox,
+        through the daemon's websocket route: a context manager (``async with``
+        on the async face) whose terminal reads, writes, resizes and waits.
+        """
+        start = SandboxOps.pty(self, cmd, rows=rows, cols=cols, cwd=cwd, env=env, user=user)
+        return self._transport.open_pty(self.id, start)
+
     async def start(
         self,
         cmd: str | Sequence[str],
@@ -539,6 +561,15 @@ class AsyncSandboxFace(SandboxOps):
     async def rename(self, source: str, destination: str, *, overwrite: bool = False) -> None:
         operation = SandboxOps.rename(self, source, destination, overwrite=overwrite)
         await self._transport.drive(operation, self)
+
+    async def watch(self, path: str = '.', *, recursive: bool = False) -> AsyncRemoteWatcher:
+        """Watch the directory ``path`` from now on (the daemon holds the
+        watch): the watcher's ``events(wait=...)`` are those since the last
+        look, and iterating it gives them as they come.
+        """
+        operation = SandboxOps.watch(self, path, recursive=recursive)
+        value: AsyncRemoteWatcher = await self._transport.drive(operation, self)
+        return value
 
     async def grep(
         self,
@@ -669,6 +700,23 @@ class SandboxFace(SandboxOps):
         value: Iterator[OutputChunk | ExitStatus] = self._transport.drive_stream(operation, self)
         return value
 
+    def pty(
+        self,
+        cmd: str | Sequence[str] | None = None,
+        *,
+        rows: int = 24,
+        cols: int = 80,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        user: str | None = None,
+    ) -> AbstractContextManager[RemotePty]:
+        """An interactive command (a shell by default) on a PTY in the sandbox,
+        through the daemon's websocket route: a context manager (``async with``
+        on the async face) whose terminal reads, writes, resizes and waits.
+        """
+        start = SandboxOps.pty(self, cmd, rows=rows, cols=cols, cwd=cwd, env=env, user=user)
+        return self._transport.open_pty(self.id, start)
+
     def start(
         self,
         cmd: str | Sequence[str],
@@ -772,6 +820,15 @@ class SandboxFace(SandboxOps):
     def rename(self, source: str, destination: str, *, overwrite: bool = False) -> None:
         operation = SandboxOps.rename(self, source, destination, overwrite=overwrite)
         self._transport.drive(operation, self)
+
+    def watch(self, path: str = '.', *, recursive: bool = False) -> RemoteWatcher:
+        """Watch the directory ``path`` from now on (the daemon holds the
+        watch): the watcher's ``events(wait=...)`` are those since the last
+        look, and iterating it gives them as they come.
+        """
+        operation = SandboxOps.watch(self, path, recursive=recursive)
+        value: RemoteWatcher = self._transport.drive(operation, self)
+        return value
 
     def grep(
         self,
@@ -954,13 +1011,53 @@ class ForkFace(ForkOps):
         self._transport.drive(operation, self)
 
 
+class AsyncWatcherFace(WatcherOps):
+    """The async face of :class:`WatcherOps`."""
+
+    _transport: AsyncTransport
+
+    async def events(self, wait: float | None = 0.0) -> list[FileEvent]:
+        """The events since the last call, waiting up to ``wait`` seconds
+        (None: as long as it takes) for the first when there are none yet.
+        """
+        operation = WatcherOps.events(self, wait)
+        value: list[FileEvent] = await self._transport.drive(operation, self)
+        return value
+
+    async def close(self) -> None:
+        """Stop watching. Idempotent."""
+        operation = WatcherOps.close(self)
+        await self._transport.drive(operation, self)
+
+
+class WatcherFace(WatcherOps):
+    """The sync face of :class:`WatcherOps`."""
+
+    _transport: SyncTransport
+
+    def events(self, wait: float | None = 0.0) -> list[FileEvent]:
+        """The events since the last call, waiting up to ``wait`` seconds
+        (None: as long as it takes) for the first when there are none yet.
+        """
+        operation = WatcherOps.events(self, wait)
+        value: list[FileEvent] = self._transport.drive(operation, self)
+        return value
+
+    def close(self) -> None:
+        """Stop watching. Idempotent."""
+        operation = WatcherOps.close(self)
+        self._transport.drive(operation, self)
+
+
 __all__ = [
     "AsyncClientFace",
     "AsyncForkFace",
     "AsyncProcessFace",
     "AsyncSandboxFace",
+    "AsyncWatcherFace",
     "ClientFace",
     "ForkFace",
     "ProcessFace",
     "SandboxFace",
+    "WatcherFace",
 ]

@@ -5,21 +5,22 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import AsyncIterator, Iterator
-from typing import IO, Any
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from typing import IO, TYPE_CHECKING, Any
 
 import anyio.to_thread
 import httpx
 
 from .._errors import HutchError
+from ._answers import EnsuredRef, decode_event
 from ._core import (
     BranchRef,
-    EnsuredRef,
     ForkRef,
     Op,
     ProcessRef,
     RemoteEnsured,
     SandboxRef,
-    decode_event,
+    WatcherRef,
     note_exit,
     step,
 )
@@ -35,6 +36,9 @@ from ._http import (
     tls_verify,
     unreachable,
 )
+
+if TYPE_CHECKING:
+    from ._shell import AsyncRemotePty, RemotePty
 
 
 class _Transport:
@@ -59,6 +63,8 @@ class _Transport:
             return self.factories["fork"](self, value.snapshot, branches)
         if isinstance(value, ProcessRef):
             return self.factories["process"](self, value.sandbox_id, value.info)
+        if isinstance(value, WatcherRef):
+            return self.factories["watcher"](self, value.sandbox_id, value.info)
         if isinstance(value, list) and value and isinstance(value[0], SandboxRef | ProcessRef):
             return [self.wrap(v) for v in value]
         return value
@@ -140,7 +146,9 @@ class AsyncTransport(_Transport):
 
         return events()
 
-    def open_pty(self, sandbox_id: str, start: dict[str, Any]) -> Any:
+    def open_pty(
+        self, sandbox_id: str, start: dict[str, Any]
+    ) -> AbstractAsyncContextManager[AsyncRemotePty]:
         from ._shell import open_async_pty
 
         return open_async_pty(self.url, self.http.headers, sandbox_id, start)
@@ -194,7 +202,7 @@ class SyncTransport(_Transport):
             done, value = step(gen, answer)
         return self.wrap(value)
 
-    def open_pty(self, sandbox_id: str, start: dict[str, Any]) -> Any:
+    def open_pty(self, sandbox_id: str, start: dict[str, Any]) -> AbstractContextManager[RemotePty]:
         from ._shell import open_sync_pty
 
         return open_sync_pty(self.url, self.http.headers, sandbox_id, start)

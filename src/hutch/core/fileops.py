@@ -1,13 +1,25 @@
 """mkdir and rename as every sandbox does them: the rules (what is already
 there, what may replace what, the working directory left where it is)
 checked once here against the runtime's ``stat``, before the runtime's own
-``make_dir`` or ``rename`` does the change."""
+``make_dir`` or ``rename`` does the change; and the time bound of a search
+(grep, glob)."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
-from .._errors import InvalidArgument, SandboxFileExists, SandboxIsADirectory, SandboxNotADirectory
+import anyio
+
+from .._errors import (
+    ExecTimeout,
+    InvalidArgument,
+    SandboxFileExists,
+    SandboxIsADirectory,
+    SandboxNotADirectory,
+)
 from .._sandbox_paths import within
 from .._types import FileInfo, FileType
 
@@ -72,3 +84,18 @@ async def rename_entry(
             raise SandboxNotADirectory(
                 f"{destination} is not a directory: a directory cannot replace it")
     await runtime.rename(source, destination)
+
+
+@asynccontextmanager
+async def search_bounded(what: str, timeout: float) -> AsyncIterator[None]:
+    """Stop the body after ``timeout`` s (cancelling what it started) with ExecTimeout."""
+    if not 0 < timeout < math.inf:
+        raise InvalidArgument(f"timeout must be a positive number, got {timeout}")
+    try:
+        with anyio.fail_after(timeout):
+            yield
+    except TimeoutError:
+        raise ExecTimeout(
+            f"{what} timed out after {timeout:g} s and was stopped "
+            "(narrow the path or the glob, or simplify the pattern)"
+        ) from None

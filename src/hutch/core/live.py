@@ -16,12 +16,16 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from .._refwire import attachment_json
+
 if TYPE_CHECKING:
     from .._process import Process
     from .._types import Capabilities
+    from .._watch import Watcher
     from ..lifecycle.gate import LifecycleGate
     from ..lifecycle.records import LifecycleRecord
     from ..providers.base import SandboxBackend
+    from ..states import SandboxStatus
     from ..store import RefRow
     from .refs import RefServer
 
@@ -45,6 +49,8 @@ class LiveSandbox:
         self.backend = backend
         self.gate = gate
         self.processes: dict[str, Process] = {}
+        #: Its directories watched (``Sandbox.watch``), by id.
+        self.watchers: dict[str, Watcher] = {}
         self.open_ops = 0
         self.closed = False
         #: Set once a close (or a reap) has released the backend.
@@ -86,6 +92,12 @@ class LiveSandbox:
             await process.kill()
         self.processes.clear()
 
+    async def end_watches(self) -> None:
+        """Stop every watch of its directories (the sandbox is going away)."""
+        for watcher in list(self.watchers.values()):
+            await watcher.close()
+        self.watchers.clear()
+
     async def reap(self) -> None:
         """Kill what runs and free the backend, for every session on it, once;
         a second caller waits until it is (the engine's reaping; an attached
@@ -98,6 +110,7 @@ class LiveSandbox:
         self.closed = True
         try:
             with anyio.CancelScope(shield=True):
+                await self.end_watches()
                 await self.end_processes()
                 await self.backend.close()
         finally:
@@ -108,8 +121,42 @@ class LiveSandbox:
         what the runtime held, its working directory's files kept until it is
         closed (deleted). Shielded, as a reaping is."""
         with anyio.CancelScope(shield=True):
+            await self.end_watches()
             await self.end_processes()
             await self.backend.release_runtime()
+
+    def attachments_json(self) -> list[dict[str, Any]]:
+        """The sessions attached now: in this process, and through the server
+        that serves it to other processes (whose refs still work)."""
+        server = self.server
+        working = None if server is None else {r.id for r in server.open_refs()}
+        here = [
+            attachment_json(a.session_id, a.ref, a.attached_at_unix, None)
+            for a in self.attached.values()
+            if working is None or a.ref.id in working
+        ]
+        return here + ([] if server is None else server.attachments())
+
+    def info_json(self, status: SandboxStatus, memory: int | None) -> dict[str, Any]:
+        """What the sandbox is and how it is (``Sandbox.info``), with its
+        ``status`` and ``memory`` as its session read them."""
+        return {
+            "id": self.id,
+            "provider": self.backend.provider,
+            "state": status.state.value,
+            "reason": status.reason,
+            "workdir": self.backend.workdir,
+            "capabilities": self.capabilities.as_dict(),
+            "created_at_unix": status.created_at_unix,
+            "last_active_unix": status.last_active_unix,
+            "idle_seconds": status.idle_seconds,
+            "deadline_unix": status.deadline_unix,
+            "meter": status.meter,
+            "memory_bytes": memory,
+            "open_operations": self.open_operations,
+            "attachments": self.attachments_json(),
+            "refs": [] if self.server is None else self.server.refs_json(),
+        }
 
 
 def closed_message(sandbox_id: str) -> str:

@@ -45,7 +45,7 @@ class RefServer(Protocol[SandboxT_co]):
     async def revoke(self, ref: str) -> None:
         """End a ref (the ref itself, or its id)."""
 
-    def check(self, ref: str) -> RefRow:
+    async def check(self, ref: str) -> RefRow:
         """The ref's row if it is one of this sandbox's, unrevoked and unexpired."""
 
     def open_refs(self) -> list[RefRow]:

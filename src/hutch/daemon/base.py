@@ -330,14 +330,16 @@ class DaemonBase:
         sandbox.spec = spec
         return sandbox
 
-    def get(self, sandbox_id: str) -> Sandbox:
-        try:
-            return self.sandboxes[sandbox_id]
-        except KeyError:
-            row = self.store.get_sandbox(sandbox_id)
-            if row is not None and row.state in FINAL:
-                raise expiry_error(row.id, SandboxState(row.state), row.reason) from None
-            raise NotFound(f"no sandbox {sandbox_id}") from None
+    async def get(self, sandbox_id: str) -> Sandbox:
+        """The live sandbox, or the typed error of why there is none (read
+        from the store, off the event loop, when it is not live here)."""
+        sandbox = self.sandboxes.get(sandbox_id)
+        if sandbox is not None:
+            return sandbox
+        row = await self.astore.get_sandbox(sandbox_id)
+        if row is not None and row.state in FINAL:
+            raise expiry_error(row.id, SandboxState(row.state), row.reason)
+        raise NotFound(f"no sandbox {sandbox_id}")
 
     def host(self, sandbox: Sandbox) -> None:
         """Answer for ``sandbox``, which this process made outside the daemon
@@ -346,9 +348,10 @@ class DaemonBase:
         self.sandboxes[sandbox.id] = sandbox
         self._hosted.add(sandbox.id)
 
-    def session(self, sandbox_id: str, session: str | None) -> Sandbox:
-        """The sandbox, with the calling session's read-before-write guard in effect."""
-        sandbox = self.get(sandbox_id)
+    async def session(self, sandbox_id: str, session: str | None) -> Sandbox:
+        """The sandbox, with the calling session's read-before-write guard in
+        effect (in the caller's context: awaited, not run as a task)."""
+        sandbox = await self.get(sandbox_id)
         if session:
             key = (sandbox_id, session)
             guard = self._guards.get(key)

@@ -158,8 +158,13 @@ class Reconciling(Workspaces):
     async def _reap_orphans(self) -> None:
         """Ask every provider to free what it made for sandboxes no row names
         (nor an instance: a program on this store holds it in-process, or
-        left it for the next ``ensure`` of its thread)."""
-        known = {r.id for r in await self.astore.list_sandboxes(include_final=True)}
+        left it for the next ``ensure`` of its thread). A row that says
+        terminated names nothing to keep: a close records the end before it
+        releases the runtime, and a daemon killed between the two left a
+        runtime no call would ever free (a failed one keeps its files until
+        it is deleted, so it still names them)."""
+        known = {r.id for r in await self.astore.list_sandboxes(include_final=True)
+                 if r.state != SandboxState.TERMINATED.value}
         known |= await self.astore.instance_sandbox_ids()
         for provider in self._providers_in_use():
             try:

@@ -34,7 +34,7 @@ class Refs(Watching):
         self, sandbox_id: str, expires_in: float | None, daemon_url: str
     ) -> dict[str, Any]:
         """Hand out a ref to a live sandbox; only a hash of its secret is kept."""
-        self.get(sandbox_id)  # a live sandbox, or the typed error of why not
+        await self.get(sandbox_id)  # a live sandbox, or the typed error of why not
         if expires_in is not None:
             check_ref_lifetime(expires_in)
         now = time.time()
@@ -61,7 +61,7 @@ class Refs(Watching):
 
     async def revoke_ref(self, sandbox_id: str, ref_id: str) -> None:
         """End a ref: it is refused from now on. Idempotent."""
-        row = self._ref_row(ref_id)
+        row = await self._ref_row(ref_id)
         if row is None or row.sandbox_id != sandbox_id:
             raise NotFound(f"no ref {ref_id} for sandbox {sandbox_id}")
         if row.revoked_at_unix is not None:
@@ -78,7 +78,7 @@ class Refs(Watching):
             self._refs_of[sandbox_id] = refs
         return refs
 
-    def ref_target(self, ref: RefRow, sandbox_id: str) -> str | None:
+    async def ref_target(self, ref: RefRow, sandbox_id: str) -> str | None:
         """The sandbox a request through ``ref`` that names ``sandbox_id`` is
         for; None when the ref does not reach it.
 
@@ -90,17 +90,17 @@ class Refs(Watching):
         if ref.workspace is None:
             return sandbox_id if sandbox_id == ref.sandbox_id else None
         if sandbox_id != ref.sandbox_id and self.workspace_of.get(sandbox_id) != ref.workspace:
-            row = self.store.get_sandbox(sandbox_id)
+            row = await self.astore.get_sandbox(sandbox_id)
             if row is None or row.workspace != ref.workspace:
                 return None
-        return self._serving(ref.workspace)
+        return await self._serving(ref.workspace)
 
-    def _serving(self, workspace: str) -> str:
+    async def _serving(self, workspace: str) -> str:
         """The live sandbox serving ``workspace``, or the typed error of why none is."""
         for sandbox_id, name in self.workspace_of.items():
             if name == workspace:
                 return sandbox_id
-        row = self.store.get_workspace(workspace)
+        row = await self.astore.get_workspace(workspace)
         if row is None:
             raise SandboxUnavailable(
                 f"workspace {workspace} was deleted: its owner's cleanup ended it"
@@ -114,21 +114,21 @@ class Refs(Watching):
             f"workspace {workspace} is {row.status}: no sandbox serves it yet; try again"
         )
 
-    def _ref_row(self, ref_id: str) -> RefRow | None:
+    async def _ref_row(self, ref_id: str) -> RefRow | None:
         row = self._refs.get(ref_id)
         if row is None:
-            row = self.store.get_ref(ref_id)
+            row = await self.astore.get_ref(ref_id)
             if row is not None:
                 self._refs[ref_id] = row
         return row
 
-    def check_ref(self, token: str) -> RefRow:
+    async def check_ref(self, token: str) -> RefRow:
         """The ref ``token`` presents, if it is genuine, unrevoked and unexpired.
 
         Its use is an event (at most once a minute a ref).
         """
         ref = decode_ref(token)
-        row = None if ref is None else self._ref_row(ref.ref_id)
+        row = None if ref is None else await self._ref_row(ref.ref_id)
         digest = hashlib.sha256((ref.secret if ref else "").encode()).hexdigest()
         # Constant time, whatever part is wrong.
         if (
@@ -141,7 +141,7 @@ class Refs(Watching):
         row.check_usable(now)
         if now - self._ref_used.get(row.id, -math.inf) >= REF_USE_EVENT_SECONDS:
             self._ref_used[row.id] = now
-            self.store.log_event(row.sandbox_id, "ref", f"ref {row.id} used")
+            await self.astore.log_event(row.sandbox_id, "ref", f"ref {row.id} used")
         return row
 
     def ref_session(self, ref: RefRow, sandbox_id: str, session: str | None) -> None:
@@ -158,11 +158,13 @@ class Refs(Watching):
             del sessions[min(sessions, key=lambda k: sessions[k].last_used_unix)]
         sessions[key] = AttachedSession(ref.id, (session or "")[:MAX_SESSION_ID], now, now)
 
-    def detach(self, ref: RefRow, sandbox_id: str, session: str | None) -> None:
+    async def detach(self, ref: RefRow, sandbox_id: str, session: str | None) -> None:
         """A session holding a ref closed: it leaves; the sandbox stays."""
         self._sessions.get(sandbox_id, {}).pop(f"{ref.id}/{(session or '')[:MAX_SESSION_ID]}",
                                                None)
-        self.store.log_event(ref.sandbox_id, "ref", f"a session holding ref {ref.id} detached")
+        await self.astore.log_event(
+            ref.sandbox_id, "ref", f"a session holding ref {ref.id} detached"
+        )
 
     def open_refs(self, sandbox_id: str) -> list[RefRow]:
         """The refs that can still attach to a sandbox (unrevoked, unexpired)."""

@@ -282,4 +282,4 @@ class Sandboxes(Refs):
 
     async def set_timeout(self, sandbox_id: str, seconds: float) -> float:
         """Set the deadline; it takes effect once recorded, and outlives a restart."""
-        return await self.get(sandbox_id).set_timeout(seconds)
+        return await (await self.get(sandbox_id)).set_timeout(seconds)

@@ -40,14 +40,15 @@ from .sandboxes import Sandboxes
 
 class Snapshots(Sandboxes):
     # -- snapshots and forks -------------------------------------------------------------
-    def get_snapshot(self, snapshot_id: str) -> SnapshotRow:
-        row = self.store.get_snapshot(snapshot_id)
+    async def get_snapshot(self, snapshot_id: str) -> SnapshotRow:
+        row = await self.astore.get_snapshot(snapshot_id)
         if row is None or row.status != SnapshotStatus.READY:
             raise NotFound(f"no snapshot {snapshot_id}")
         return row
 
-    def list_snapshots(self) -> list[SnapshotRow]:
-        return [r for r in self.store.list_snapshots() if r.status == SnapshotStatus.READY]
+    async def list_snapshots(self) -> list[SnapshotRow]:
+        return [r for r in await self.astore.list_snapshots()
+                if r.status == SnapshotStatus.READY]
 
     @staticmethod
     def snapshot_json(row: SnapshotRow) -> dict[str, Any]:
@@ -62,7 +63,7 @@ class Snapshots(Sandboxes):
     ) -> SnapshotRow:
         """Capture a sandbox's state. The intent is recorded first: a daemon
         killed mid-capture frees whatever the provider wrote, at start."""
-        sandbox = self.get(sandbox_id)
+        sandbox = await self.get(sandbox_id)
         sandbox.require("snapshot")
         if label is not None and (not isinstance(label, str) or len(label) > MAX_LABEL):
             raise InvalidArgument(f"a snapshot label is a string of at most {MAX_LABEL} characters")
@@ -143,7 +144,7 @@ class Snapshots(Sandboxes):
     async def create_from_snapshot(
         self, snapshot_id: str, body: Mapping[str, Any]
     ) -> Sandbox:
-        snapshot = self.get_snapshot(snapshot_id)
+        snapshot = await self.get_snapshot(snapshot_id)
         self.admit_provider(snapshot.provider)
         spec = self.attach_spec(snapshot, body)
         sandbox = await self.create_sandbox(spec, from_snapshot=snapshot)
@@ -156,7 +157,7 @@ class Snapshots(Sandboxes):
         """Snapshot + ``count`` sandboxes started from it."""
         if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_FORK:
             raise InvalidArgument(f"fork count must be an integer from 0 to {MAX_FORK}")
-        origin = self.get(sandbox_id)
+        origin = await self.get(sandbox_id)
         origin.require("fork")
         self.admit_provider(origin.provider)
         previous_base = origin.base_snapshot_id
@@ -201,7 +202,7 @@ class Snapshots(Sandboxes):
         """Remove a snapshot and free its provider storage; refused while
         something depends on it unless ``force``. Returns what it broke (what
         needed it and was removed from under)."""
-        row = self.get_snapshot(snapshot_id)
+        row = await self.get_snapshot(snapshot_id)
         needs = self.snapshot_dependents(snapshot_id)
         named = ", ".join(map(str, needs))
         if needs and not force:

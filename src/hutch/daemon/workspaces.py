@@ -10,6 +10,7 @@ from .._errors import (
     CapabilityUnsupported,
     InvalidArgument,
     InvalidState,
+    NotFound,
 )
 from .._faults import fault_point
 from .._sandbox import (
@@ -66,11 +67,14 @@ class Workspaces(Snapshots):
             "last_active_unix": row.last_active_unix,
         }
 
-    def list_workspaces(self) -> list[WorkspaceRow]:
-        return self.store.list_workspaces()
+    async def list_workspaces(self) -> list[WorkspaceRow]:
+        return await self.astore.list_workspaces()
 
-    def get_workspace(self, name: str) -> WorkspaceRow:
-        return self._workspace(name)
+    async def get_workspace(self, name: str) -> WorkspaceRow:
+        row = await self.astore.get_workspace(name)
+        if row is None:
+            raise NotFound(f"no workspace {name!r}")
+        return row
 
     async def create_workspace(self, body: Mapping[str, Any]) -> WorkspaceRow:
         """A workspace from a snapshot (``snapshot_tag``, a snapshot id) or
@@ -89,7 +93,7 @@ class Workspaces(Snapshots):
         if source_id is not None:
             if not isinstance(source_id, str):
                 raise InvalidArgument("snapshot_tag: a snapshot id (a string)")
-            source = self.get_snapshot(source_id)
+            source = await self.get_snapshot(source_id)
             self.admit_provider(source.provider)
             spec = self.attach_spec(source, body)
         else:

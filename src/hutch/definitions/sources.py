@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
-import tarfile
 import tempfile
 from collections.abc import Callable
 
@@ -15,6 +14,7 @@ import anyio.to_thread
 
 from .._errors import InvalidArgument, SandboxUnavailable, SetupFailed
 from .._sandbox import Sandbox
+from .._tar import pack_tree
 from .._types import ExitStatus
 from .model import DirSource, GitSource
 
@@ -58,9 +58,7 @@ def _pack_source(source: GitSource | DirSource, scratch: str, archive: str) -> N
         tree = source.dir
         if not os.path.isdir(tree):
             raise InvalidArgument(f"source directory {tree} does not exist")
-    with tarfile.open(archive, "w") as tar:
-        for name in sorted(os.listdir(tree)):
-            tar.add(os.path.join(tree, name), arcname=name)
+    pack_tree(tree, archive)
 
 
 def _git(args: list[str], url: str) -> None:

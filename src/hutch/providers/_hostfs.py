@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
 import shutil
 import stat as stat_mod
 import threading
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Iterator
 from typing import IO, TypeVar
 
 import anyio.to_thread
@@ -27,6 +28,7 @@ from .._errors import (
 from .._types import FileInfo, FileType, GrepMatch
 from ._grep import grep_host_files
 from .base import SandboxFiles, bounded_pieces, require_regular
+from .watching import BackendWatch, HostInotifyWatch, host_entries
 
 T = TypeVar("T")
 
@@ -274,8 +276,31 @@ class HostFiles(SandboxFiles):
 
     async def rename(self, source: str, destination: str) -> None:
         host_source, host_destination = self.to_host(source), self.to_host(destination)
-        call_mapped(lambda: os.rename(host_source, host_destination),
-                    f"{source} -> {destination}", map_tree_error)
+
+        def move() -> None:
+            try:
+                os.rename(host_source, host_destination)
+            except OSError as exc:
+                if exc.errno != errno.EXDEV:
+                    raise
+                # Two file systems (or a directory of an overlay's lower
+                # layer): copied, then the source removed, as mv does.
+                if os.path.isdir(host_destination) and not os.path.islink(host_destination):
+                    os.rmdir(host_destination)  # replaced: empty, as rename(2) wants
+                shutil.move(host_source, host_destination)
+
+        await anyio.to_thread.run_sync(
+            lambda: call_mapped(move, f"{source} -> {destination}", map_tree_error))
+
+    async def watch(self, path: str, recursive: bool) -> BackendWatch:
+        """By inotify on the host path."""
+        @contextlib.contextmanager
+        def host_dir(sandbox_dir: str) -> Iterator[str]:
+            yield self.to_host(sandbox_dir)
+
+        return HostInotifyWatch(
+            path, recursive, host_dir, lambda p: host_entries(self.to_host(p))
+        ).start()
 
     async def walk_files(self, root: str) -> list[str]:
         """The regular files below ``root`` (and links to them), as os.walk finds

@@ -58,6 +58,7 @@ from .._globmatch import compile_glob
 from .._types import Capabilities, FileInfo, FileType, GrepMatch, OutputChunk, ProviderSnapshot
 from .._values import text_problems
 from ._grep import GrepBatches
+from .watching import BackendWatch, PollWatch
 
 
 class BackendProcess(abc.ABC):
@@ -339,6 +340,14 @@ class SandboxFiles(abc.ABC):
         existing destination without ``overwrite``)."""
         raise CapabilityUnsupported(f"{type(self).__name__} cannot rename files")
 
+    async def watch(self, path: str, recursive: bool) -> BackendWatch:
+        """Watch the directory ``path`` (and every directory below it when
+        ``recursive``) from now on: SandboxFileNotFound when it is missing,
+        SandboxNotADirectory when it is not a directory. By looking again
+        and again (:class:`~.watching.PollWatch`) where a runtime has
+        nothing better; its :attr:`SandboxRuntime.watch_kind` says which."""
+        return await PollWatch(self, path, recursive).start()
+
 
 #: What mkdir and mv (GNU coreutils, busybox) say, to the error it means;
 #: the first that matches wins.
@@ -386,6 +395,9 @@ class SandboxRuntime(SandboxPart, SandboxFiles):
 
     #: Which runtime this is, as ``Capabilities.runtime`` reports it.
     runtime_name: ClassVar[str] = "native"
+    #: How its :meth:`watch` learns of changes, as ``Capabilities.watch``
+    #: reports it: ``inotify`` or ``poll``.
+    watch_kind: ClassVar[str] = "poll"
 
     # -- processes ---------------------------------------------------------
     def shell_argv(self, command: str) -> list[str]:
@@ -543,6 +555,9 @@ class FilesRuntime(SandboxRuntime):
     async def rename(self, source: str, destination: str) -> None:
         await self.files.rename(source, destination)
 
+    async def watch(self, path: str, recursive: bool) -> BackendWatch:
+        return await self.files.watch(path, recursive)
+
 
 class SandboxBackend(SandboxPart):
     """One sandbox, as a provider provisions it and runs its lifecycle.
@@ -614,7 +629,8 @@ class SandboxBackend(SandboxPart):
 
     def sandbox_capabilities(self) -> Capabilities:
         """This sandbox's capabilities: the provider's, naming its runtime."""
-        return dataclasses.replace(self.capabilities, runtime=self.runtime.runtime_name)
+        return dataclasses.replace(self.capabilities, runtime=self.runtime.runtime_name,
+                                   watch=self.runtime.watch_kind)
 
     # -- provisioning ------------------------------------------------------
     @classmethod

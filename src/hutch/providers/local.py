@@ -85,6 +85,7 @@ class LocalSandbox(NativeBackend, FilesRuntime):
         runs_on_host=True,
     )
     config_model = LocalConfig
+    watch_kind = "inotify"
 
     def __init__(
         self,

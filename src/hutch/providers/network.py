@@ -380,14 +380,14 @@ def _restore(version: Version, text: str) -> None:
 
 def _apply(version: Version, build: Callable[[str], str]) -> None:
     """Read the host's rules and apply what ``build`` makes of them; again on a
-    failure, as another hutch may have changed them in between."""
-    for attempt in range(3):
-        try:
+    failure (three tries in all, at once), as another hutch may have changed
+    them in between; the last failure is raised as it is."""
+    from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
+
+    for attempt in Retrying(stop=stop_after_attempt(3), reraise=True,
+                            retry=retry_if_exception_type(subprocess.CalledProcessError)):
+        with attempt:
             _restore(version, build(_listing(version)))
-            return
-        except subprocess.CalledProcessError:
-            if attempt == 2:
-                raise
 
 
 def guard_host(key: str, reach: Reach, match: HostMatch) -> None:

@@ -22,6 +22,7 @@ BUILTIN_PROVIDERS: dict[str, tuple[str, str | None]] = {
     "docker": ("hutch.providers.docker:DockerSandbox", "pip install 'hutch[docker]'"),
     "ssh": ("hutch.providers.ssh.provider:SshSandbox", "pip install asyncssh"),
     "bubblewrap": ("hutch.providers.bubblewrap:BubblewrapSandbox", None),
+    "e2b": ("hutch.providers.e2b:E2BSandbox", "pip install 'hutch[e2b]'"),
 }
 
 ENTRY_POINT_GROUP = "hutch.providers"

@@ -13,7 +13,6 @@ import secrets
 import socket
 import stat
 import tempfile
-import tomllib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -21,7 +20,7 @@ from pydantic import ValidationError
 
 from .._errors import HutchError, InvalidArgument
 from .._paths import token_file_path
-from ..config import CONFIG_FILE_NAME, load_config_data, load_config_file
+from ..config import CONFIG_FILE_NAME, load_config_data, sandbox_layer
 from ..daemon import default_data_dir
 from ..definitions import definitions_from_config
 from ..providers.registry import available_providers, provider_known
@@ -83,19 +82,17 @@ def load_server_config(path: str | None) -> dict[str, Any]:
     The file's ``[sandbox]`` and ``[providers]`` tables are the server's
     sandbox defaults (the operator's: settings there are allowed).
     """
-    file = load_config_file(path)
     candidate = path or CONFIG_FILE_NAME
-    server: dict[str, Any] = {}
-    if os.path.exists(candidate):
-        with open(candidate, "rb") as fh:
-            server = dict(tomllib.load(fh).get("server", {}))
+    data = load_config_data(path)  # read once: {} when ./hutch.toml is not there
+    file = sandbox_layer(data)
+    server: dict[str, Any] = dict(data.get("server", {}))
     definitions: dict[str, Any] = {}
-    if os.path.exists(candidate):
+    if data:
         # Validated here, so that a bad definition stops the daemon before it listens.
         definitions = {
             # As written: a definition that names no provider gets the daemon's default.
             name: d.model_dump(mode="json", exclude_unset=True)
-            for name, d in definitions_from_config(load_config_data(candidate)).items()
+            for name, d in definitions_from_config(data).items()
         }
     known = {"allow", "providers", "limits", "ceilings", "memory_budget", "store"}
     unknown = set(server) - known

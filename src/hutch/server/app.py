@@ -57,6 +57,7 @@ from .routes import (
     refs,
     sandboxes,
     snapshots,
+    watch,
     workspaces,
 )
 from .routes.health import health_router
@@ -73,7 +74,7 @@ HOT_HANDLERS = {"exec_": "_exec", "read_file": "_read", "write_file": "_write",
 #: them): the busiest first.
 ROUTERS = [
     exec.router, files.router, sandboxes.router, definitions.router, snapshots.router,
-    refs.router, processes.router, pty.router, workspaces.router, events_router,
+    refs.router, processes.router, pty.router, workspaces.router, watch.router, events_router,
 ]
 
 

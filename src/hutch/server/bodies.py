@@ -94,6 +94,15 @@ class RenameBody(BaseModel):
     overwrite: bool = False
 
 
+class WatchBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    #: The directory to watch.
+    path: str = "."
+    #: Every directory below it too.
+    recursive: bool = False
+
+
 class SandboxRef(BaseModel):
     sandbox: str
 

@@ -194,7 +194,7 @@ class HotRoutes:
             body = ExecBody.model_validate_json(raw)
         except ValidationError:
             raise _FallThrough(raw) from None
-        sandbox = daemon.session(sandbox_id, self._session(scope))
+        sandbox = await daemon.session(sandbox_id, self._session(scope))
         await send_exec(send, await run_exec(sandbox, body))
 
     async def _read(
@@ -207,7 +207,7 @@ class HotRoutes:
         limit = int(limit_text) if limit_text is not None else DEFAULT_READ_LIMIT
         if not 0 < limit <= MAX_READ_LIMIT:
             raise _FallThrough()
-        sandbox = daemon.session(sandbox_id, self._session(scope))
+        sandbox = await daemon.session(sandbox_id, self._session(scope))
         first, rest = await opened_file(sandbox.read_pieces(path, limit=limit))
         if rest is None:
             await respond(send, 200, first, b"application/octet-stream")
@@ -235,7 +235,7 @@ class HotRoutes:
         if spool is None:
             return
         with spool:
-            sandbox = daemon.session(sandbox_id, self._session(scope))
+            sandbox = await daemon.session(sandbox_id, self._session(scope))
             await sandbox.write_from(path, spool, overwrite=overwrite == "true")
         await respond(send, 204, b"", b"")
 

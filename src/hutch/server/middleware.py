@@ -136,7 +136,7 @@ class TokenAuth:
             await self._refuse(scope, send, Unauthorized("the daemon is not ready for refs"))
             return
         try:
-            ref = daemon.check_ref(given.decode("latin-1"))
+            ref = await daemon.check_ref(given.decode("latin-1"))
         except HutchError as exc:
             await self._refuse(scope, send, exc)
             return
@@ -144,7 +144,7 @@ class TokenAuth:
             named = ref_route_sandbox(scope["path"])
             try:
                 # A ref that follows a workspace reaches the sandbox serving it now.
-                target = None if named is None else daemon.ref_target(ref, named)
+                target = None if named is None else await daemon.ref_target(ref, named)
             except HutchError as exc:
                 await self._refuse(scope, send, exc)
                 return

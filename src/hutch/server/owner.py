@@ -195,9 +195,9 @@ class OwnerServer:
         decoded = decode_ref(ref)
         await self.core.revoke_ref(self.sandbox.id, decoded.ref_id if decoded else ref)
 
-    def check(self, ref: str) -> RefRow:
+    async def check(self, ref: str) -> RefRow:
         """The ref's row if it is one of this sandbox's, unrevoked and unexpired."""
-        return self.core.check_ref(ref)
+        return await self.core.check_ref(ref)
 
     def open_refs(self) -> list[RefRow]:
         return self.core.open_refs(self.sandbox.id)

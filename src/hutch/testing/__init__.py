@@ -9,8 +9,9 @@ A provider (a third party's too) runs them on sandboxes it makes::
     async def test_conformance(case, my_sandbox):
         await case(my_sandbox)
 
-The cases cover exec (foreground, streamed, background, timeouts, caps),
-files, grep and glob, the sandbox's own surface (status, processes, preview
+The cases cover exec (foreground, streamed, background, timeouts, caps, a
+running command's stdin), files (mkdir and rename too), watching a directory,
+grep and glob, the sandbox's own surface (status, processes, preview
 URL, paths, capabilities), and the lifecycle (pause, suspend/resume cycles,
 snapshots, forks).
 Each case takes one running sandbox (in-process ``hutch.Sandbox`` or a
@@ -31,11 +32,13 @@ from ._lifecycle import LIFECYCLE_CASES
 from ._stdin import STDIN_CASES
 from ._support import Case, raises, refused
 from ._surface import SURFACE_CASES
+from ._watching import WATCH_CASES
 
 #: Every case, in the order they are best run.
 CASES: list[Case] = [
-    *FILE_CASES, *FILE_OP_CASES, *SURFACE_CASES, *EXEC_CASES, *STDIN_CASES, *LIFECYCLE_CASES,
+    *FILE_CASES, *FILE_OP_CASES, *SURFACE_CASES, *EXEC_CASES, *STDIN_CASES, *WATCH_CASES,
+    *LIFECYCLE_CASES,
 ]
 
 __all__ = ["CASES", "EXEC_CASES", "FILE_CASES", "FILE_OP_CASES", "LIFECYCLE_CASES", "STDIN_CASES",
-           "SURFACE_CASES", "Case", "raises", "refused"]
+           "SURFACE_CASES", "WATCH_CASES", "Case", "raises", "refused"]

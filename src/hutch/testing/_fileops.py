@@ -131,6 +131,33 @@ async def check_the_working_directory_is_not_renamed(sandbox: Any) -> None:
     assert await sandbox.read_text("keep.txt") == "k"
 
 
+async def check_rename_a_directory_of_the_image(sandbox: Any) -> None:
+    """Outside the working directory, on an isolating provider: a directory
+    that came with the image (on overlayfs, of a lower layer, which rename(2)
+    refuses to move) is moved all the same, what is in it kept."""
+    caps = sandbox.capabilities
+    if caps.runs_on_host or not caps.processes:
+        return  # the host's own directories are not the suite's to move
+    made = await sandbox.exec(
+        "d=$(mktemp -d /usr/local/hutch-image-dir.XXXXXX) && echo kept > $d/f && echo $d")
+    assert made.exit_code == 0, made.stderr
+    # Made by a command, in the container's upper layer: the image's own
+    # directory is its parent, /usr/local, whose subdirectory is renamed below.
+    image_dir = "/usr/local/share"
+    if not await sandbox.exists(image_dir):
+        return
+    await sandbox.rename(image_dir, "/usr/local/share-moved")
+    try:
+        assert not await sandbox.exists(image_dir)
+        assert (await sandbox.stat("/usr/local/share-moved")).type == hutch.FileType.DIRECTORY
+    finally:
+        await sandbox.rename("/usr/local/share-moved", image_dir)
+    moved = made.stdout.strip() + "-moved"
+    await sandbox.rename(made.stdout.strip(), moved)
+    assert await sandbox.read_text(moved + "/f") == "kept\n"
+    await sandbox.remove(moved, recursive=True)
+
+
 FILE_OP_CASES: list[Case] = [
     check_mkdir_makes_a_directory,
     check_mkdir_parents,
@@ -140,4 +167,5 @@ FILE_OP_CASES: list[Case] = [
     check_rename_onto_something_there,
     check_rename_errors,
     check_the_working_directory_is_not_renamed,
+    check_rename_a_directory_of_the_image,
 ]

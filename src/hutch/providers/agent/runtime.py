@@ -43,10 +43,11 @@ from ..._errors import (
     SandboxIsADirectory,
     SandboxNotADirectory,
     SandboxPermissionDenied,
+    SandboxUnavailable,
     StdinClosed,
 )
 from ..._globmatch import compile_glob
-from ..._types import FileInfo, FileType, GrepMatch, OutputChunk
+from ..._types import FileEvent, FileInfo, FileType, GrepMatch, OutputChunk
 from .._grep import GrepBatches
 from .._grepfilter import required_literals
 from .._hostproc import EXEC_MARKER
@@ -57,6 +58,7 @@ from ..base import (
     SandboxRuntime,
     bounded_pieces,
 )
+from ..watching import BackendWatch
 from .wire import MAX_PAYLOAD, AgentFailure, Channel, Header, connect_socket
 from .workload import WORKLOAD_NAME, open_task_files
 
@@ -75,6 +77,10 @@ _THREAD_BYTES = 4 << 20
 #: Output chunks a process holds before its reader waits for the consumer.
 _QUEUE_CHUNKS = 64
 
+class CrossDevice(InvalidArgument):
+    """A rename the kernel refused with EXDEV (the runtime copies instead)."""
+
+
 _ERRORS: dict[str, type[HutchError]] = {
     "file_not_found": SandboxFileNotFound,
     "is_a_directory": SandboxIsADirectory,
@@ -83,6 +89,7 @@ _ERRORS: dict[str, type[HutchError]] = {
     "no_such_user": NoSuchUser,
     "file_exists": SandboxFileExists,
     "not_a_directory": SandboxNotADirectory,
+    "cross_device": CrossDevice,
     "output_limit_exceeded": OutputLimitExceeded,
     "resource_exhausted": ResourceExhausted,
 }
@@ -343,10 +350,59 @@ class AgentProcess(FutureExitProcess, PtyProcess):
             self._channel.close()  # an orphan kept the output open: stop listening
 
 
+class AgentWatch(BackendWatch):
+    """A directory the agent watches, its events read off their connection."""
+
+    def __init__(self, channel: Channel, sandbox_id: str) -> None:
+        self._channel = channel
+        self._sandbox_id = sandbox_id
+
+    async def batch(self) -> list[FileEvent] | None:
+        while True:
+            try:
+                header, _ = await self._channel.recv(EXEC_SILENCE_TIMEOUT)
+            except AgentFailure as exc:
+                self._channel.close()
+                raise SandboxUnavailable(
+                    f"the watch in sandbox {self._sandbox_id} ended: its agent went away "
+                    f"({exc}); watch again once the sandbox runs"
+                ) from None
+            kind = header["t"]
+            if kind == "hb":
+                continue
+            if kind == "end":
+                self._channel.close()
+                return None
+            if kind == "err":
+                self._channel.close()
+                raise _typed_error(header)
+            events = header.get("events")
+            if kind != "ev" or not isinstance(events, list):
+                self._channel.close()
+                raise ProviderError(f"the agent sent {kind!r} in a watch")
+            return [_file_event(e) for e in events]
+
+    async def close(self) -> None:
+        self._channel.close()
+
+
+def _file_event(item: Any) -> FileEvent:
+    if not isinstance(item, dict) or item.get("k") not in _EVENT_KINDS:
+        raise ProviderError("the agent sent a malformed watch event")
+    path, new_path = item.get("p"), item.get("n")
+    if not isinstance(path, str) or not (new_path is None or isinstance(new_path, str)):
+        raise ProviderError("the agent sent a malformed watch event")
+    return FileEvent(item["k"], path, new_path)
+
+
+_EVENT_KINDS = ("created", "written", "removed", "renamed")
+
+
 class AgentRuntime(SandboxRuntime):
     """A sandbox's runtime served by hutch's agent inside it."""
 
     runtime_name = "agent"
+    watch_kind = "inotify"
 
     def __init__(
         self,
@@ -631,10 +687,34 @@ class AgentRuntime(SandboxRuntime):
     async def rename(self, source: str, destination: str) -> None:
         try:
             await self.request({"op": "rename", "src": source, "dst": destination}, _ok)
+        except CrossDevice:
+            # Two file systems, or a directory of an overlay's lower layer
+            # (the image's): mv in the sandbox copies it.
+            await super().rename(source, destination)
         except InvalidArgument as exc:
             if not _predates(exc):
                 raise
             await super().rename(source, destination)
+
+    async def watch(self, path: str, recursive: bool) -> BackendWatch:
+        """By inotify, in the agent (``go/watch.go``), on a connection of its own."""
+        channel = await self._connect()
+        try:
+            await channel.send({"op": "watch", "path": path, "recursive": recursive})
+            reply, _ = await self._answer(channel)
+            _ok(reply)
+        except InvalidArgument as exc:
+            channel.close()
+            if not _predates(exc):
+                raise
+            return await super().watch(path, recursive)
+        except AgentFailure as exc:
+            channel.close()
+            raise await self.failed(exc) from None
+        except BaseException:
+            channel.close()
+            raise
+        return AgentWatch(channel, self.sandbox_id)
 
     async def walk_files(self, root: str) -> list[str]:
         async with self._channel() as channel:

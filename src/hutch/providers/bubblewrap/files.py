@@ -32,7 +32,7 @@ from ..._errors import (
     SandboxNotADirectory,
     SandboxUnavailable,
 )
-from ..._types import FileInfo
+from ..._types import FileInfo, FileType
 from .._hostfs import (
     call_mapped,
     info_from_stat,
@@ -43,6 +43,7 @@ from .._hostfs import (
     run_mapped,
 )
 from ..base import SandboxFiles
+from ..watching import BackendWatch, HostInotifyWatch
 
 T = TypeVar("T")
 
@@ -102,6 +103,10 @@ def _map_error(exc: OSError, path: str) -> HutchError:
     if exc.errno == errno.ELOOP:
         return SandboxFileNotFound(f"{path}: too many levels of symbolic links")
     return map_oserror(exc, path)
+
+
+class CrossesLayers(InvalidArgument):
+    """A rename overlayfs refuses (EXDEV): a directory of a lower layer."""
 
 
 def _map_tree_error(exc: OSError, path: str) -> HutchError:
@@ -382,8 +387,8 @@ class RootFiles(SandboxFiles):
                 if exc.errno != errno.EXDEV:
                     raise
                 # overlayfs moves no directory of its lower layers (without
-                # redirect_dir): mv copies it instead.
-                raise InvalidArgument(
+                # redirect_dir): the runtime's mv copies it instead.
+                raise CrossesLayers(
                     f"cannot rename {source}: a directory from the sandbox's image, "
                     "which its overlay cannot move; copy it (mv in the sandbox does)"
                 ) from None
@@ -391,6 +396,24 @@ class RootFiles(SandboxFiles):
     async def rename(self, source: str, destination: str) -> None:
         call_mapped(lambda: self._rename(source, destination),
                     f"{source} -> {destination}", _map_tree_error)
+
+    # -- watch -----------------------------------------------------------------
+    async def watch(self, path: str, recursive: bool) -> BackendWatch:
+        """By inotify from the host, on each directory opened inside the root
+        (a link in the sandbox never leads the watch out of it)."""
+        @contextmanager
+        def host_dir(sandbox_dir: str) -> Iterator[str]:
+            try:
+                with self._open(sandbox_dir, os.O_PATH | os.O_DIRECTORY) as fd:
+                    yield f"/proc/self/fd/{fd}"
+            except OSError as exc:
+                raise _map_tree_error(exc, sandbox_dir) from None
+
+        def entries(sandbox_dir: str) -> list[tuple[str, bool]]:
+            return [(info.name, info.type == FileType.DIRECTORY)
+                    for info in self._run(lambda: self._list(sandbox_dir), sandbox_dir)]
+
+        return HostInotifyWatch(path, recursive, host_dir, entries).start()
 
     # -- walk ------------------------------------------------------------------
     def _walk(self, root_path: str) -> list[str]:

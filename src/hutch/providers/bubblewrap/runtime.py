@@ -44,10 +44,10 @@ from ..._types import OutputChunk
 from .._hostproc import EXEC_MARKER, SANDBOX_MARKER, HostProcess
 from .._signals import default_signals_prefix
 from ..agent.runtime import AgentRuntime, Recover
-from ..base import BackendProcess, FilesRuntime, ProcessRequest, PtyProcess
+from ..base import BackendProcess, FilesRuntime, ProcessRequest, PtyProcess, SandboxRuntime
 from . import userns
 from .cgroups import JOIN_AND_EXEC, SandboxCgroup
-from .files import RootFiles
+from .files import CrossesLayers, RootFiles
 from .provisioning import (
     KEEPER_MARKER,
     Keeper,
@@ -283,6 +283,14 @@ class AgentWithNativeUsers(AgentRuntime):
 
 class BubblewrapRuntime(FilesRuntime):
     provider = "bubblewrap"
+    watch_kind = "inotify"
+
+    async def rename(self, source: str, destination: str) -> None:
+        try:
+            await self.files.rename(source, destination)
+        except CrossesLayers:
+            # A directory of the image: mv in the sandbox copies it.
+            await SandboxRuntime.rename(self, source, destination)
 
     def __init__(self, sandbox_id: str, workdir: str, parts: SandboxParts) -> None:
         super().__init__(sandbox_id, workdir)

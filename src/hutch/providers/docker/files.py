@@ -7,9 +7,7 @@ import base64
 import io
 import json
 import re
-import tarfile
 import tempfile
-import time
 from collections.abc import AsyncGenerator, Generator, Iterator, Mapping
 from datetime import datetime
 from typing import IO, Any
@@ -26,6 +24,7 @@ from ..._errors import (
     SandboxPermissionDenied,
 )
 from ..._globmatch import compile_glob
+from ..._tar import first_member, one_file_archive
 from ..._types import KILL_GRACE_SECONDS, FileInfo, FileType, GrepMatch
 from .._docker_engine import call as _call
 from .._docker_engine import engine
@@ -187,13 +186,11 @@ class DockerFiles(DockerProcesses):
                         f"{path} is {size} bytes, over the read limit of {limit} bytes"
                     )
                 # Read on after this returns; closing the stream under it ends it.
-                tar = tarfile.open(  # noqa: SIM115
-                    fileobj=_ChunkReader(stream), mode="r|", bufsize=_READ_PIECE
-                )
-                member = tar.next()
-                if member is None:
-                    raise ProviderError(f"docker returned an empty archive for {path}")
-                return stream, tar.extractfile(member)
+                try:
+                    _, content = first_member(_ChunkReader(stream), _READ_PIECE)
+                except LookupError:
+                    raise ProviderError(f"docker returned an empty archive for {path}") from None
+                return stream, content
             except BaseException:
                 stream.close()
                 raise
@@ -263,14 +260,8 @@ class DockerFiles(DockerProcesses):
                 start = source.tell()
                 size = source.seek(0, io.SEEK_END) - start
                 source.seek(start)
-                # PAX headers carry any name (spaces, quotes, newlines, non-ASCII)
-                # byte for byte; relative to / so missing parents are created.
-                with tarfile.open(fileobj=archive, mode="w", format=tarfile.PAX_FORMAT) as tar:
-                    member = tarfile.TarInfo(target.lstrip("/"))
-                    member.size = size
-                    member.mode = mode
-                    member.mtime = int(time.time())
-                    tar.addfile(member, source)
+                # Relative to / so missing parents are created.
+                one_file_archive(archive, target, source, size, mode)
                 archive.seek(0)
                 if not api.put_archive(container, "/", archive):
                     raise ProviderError(f"docker refused to write {path}")

@@ -2,10 +2,10 @@
 Dockerfile, import a root file system, export an image's file system, read
 its labels, find the containers standing on it, remove it.
 
-File systems travel as tar streams: unpacked with :mod:`tarfile` as ``tar
--x --numeric-owner`` did as root (numeric owners, devices, hard links, modes
-and times kept; "fully_trusted": the image is the operator's own build), and
-packed for an import by GNU tar, which is ten times faster at it.
+File systems travel as tar streams: unpacked by :func:`hutch._tar.unpack_rootfs`
+as ``tar -x --numeric-owner`` did as root (numeric owners, devices, hard
+links, modes and times kept), never outside its directory, and packed for an
+import by GNU tar, which is ten times faster at it.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ..._errors import InvalidArgument, ProviderError
+from ..._tar import unpack_rootfs
 from .._docker_engine import engine, engine_available, explanation
 
 Progress = Callable[[str], None]
@@ -210,10 +211,8 @@ class _Chunks(io.RawIOBase):
 def unpack(chunks: Iterable[bytes], into: str) -> None:
     """Unpack a tar stream into the directory ``into`` as ``tar -x
     --numeric-owner`` as root did."""
-    with io.BufferedReader(_Chunks(chunks), 1 << 20) as stream, tarfile.open(
-        fileobj=stream, mode="r|"
-    ) as tar:
-        tar.extractall(into, numeric_owner=True, filter="fully_trusted")
+    with io.BufferedReader(_Chunks(chunks), 1 << 20) as stream:
+        unpack_rootfs(stream, into)
 
 
 def export_rootfs(image: str, into: str) -> None:

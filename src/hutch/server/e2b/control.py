@@ -82,17 +82,17 @@ class Control:
         self.daemon: Daemon = caller.daemon
 
     # -- who may do what ----------------------------------------------------------------
-    def sandbox(self, sandbox_id: str) -> Sandbox:
+    async def sandbox(self, sandbox_id: str) -> Sandbox:
         """The live sandbox ``sandbox_id`` names, if the caller may reach it."""
         ref = self.caller.ref
         if ref is not None:
-            target = self.daemon.ref_target(ref, sandbox_id)
+            target = await self.daemon.ref_target(ref, sandbox_id)
             if target is None:
                 raise SandboxPermissionDenied(
                     f"ref {ref.id} works only in sandbox {ref.sandbox_id}")
             sandbox_id = target
         try:
-            sandbox = self.daemon.get(sandbox_id)
+            sandbox = await self.daemon.get(sandbox_id)
         except (SandboxUnavailable, SandboxExpired) as exc:
             raise NotFound(exc.message) from None  # E2B forgets sandboxes that ended
         if sandbox.state in FINAL:
@@ -192,7 +192,7 @@ class Control:
         auto_resume = body.get("autoResume")
         if isinstance(auto_resume, Mapping) and auto_resume.get("enabled") is False:
             flags["auto_resume"] = False
-        snapshot = self._snapshot_named(template)
+        snapshot = await self._snapshot_named(template)
         if snapshot is not None:
             # A snapshot's ID is a template (E2B's create_snapshot): the
             # sandbox starts from its state, with its origin's settings.
@@ -219,9 +219,9 @@ class Control:
             await self.daemon.delete_sandbox(sandbox.id)
             raise
 
-    def _snapshot_named(self, template: str) -> str | None:
+    async def _snapshot_named(self, template: str) -> str | None:
         try:
-            return self.daemon.get_snapshot(template).id
+            return (await self.daemon.get_snapshot(template)).id
         except HutchError:
             return None
 
@@ -229,16 +229,16 @@ class Control:
     async def snapshot(self, sandbox_id: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """Capture the sandbox: its snapshot is a template for create."""
         self.owner_only("snapshot a sandbox")
-        sandbox = self.sandbox(sandbox_id)
+        sandbox = await self.sandbox(sandbox_id)
         name = body.get("name")
         if name is not None and not isinstance(name, str):
             raise InvalidArgument("name must be a string")
         row = await self.daemon.snapshot_sandbox(sandbox.id, name)
         return snapshot_info(row.id, row.label)
 
-    def snapshots(self, query: Mapping[str, str]) -> list[dict[str, Any]]:
+    async def snapshots(self, query: Mapping[str, str]) -> list[dict[str, Any]]:
         self.owner_only("list snapshots")
-        rows = [r for r in self.daemon.list_snapshots()
+        rows = [r for r in await self.daemon.list_snapshots()
                 if (not query.get("sandboxID") or r.sandbox_id == query["sandboxID"])
                 and (not query.get("name") or r.label == query["name"])]
         rows.sort(key=lambda r: r.created_at_unix, reverse=True)
@@ -246,13 +246,13 @@ class Control:
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
         self.owner_only("remove snapshots")
-        self.daemon.get_snapshot(snapshot_id)  # 404 for what is no snapshot
+        await self.daemon.get_snapshot(snapshot_id)  # 404 for what is no snapshot
         await self.daemon.delete_snapshot(snapshot_id)
 
     async def fork(self, sandbox_id: str, body: Mapping[str, Any]) -> list[dict[str, Any]]:
         """``count`` sandboxes started from this one's state now."""
         self.owner_only("fork a sandbox")
-        sandbox = self.sandbox(sandbox_id)
+        sandbox = await self.sandbox(sandbox_id)
         count = body.get("count", 1)
         timeout = body.get("timeout", DEFAULT_TIMEOUT)
         if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout <= 0:
@@ -268,7 +268,7 @@ class Control:
 
     async def connect(self, sandbox_id: str, body: Mapping[str, Any]) -> tuple[Sandbox, bool]:
         """Resume the sandbox if it is paused; (it, whether it was resumed)."""
-        sandbox = self.sandbox(sandbox_id)
+        sandbox = await self.sandbox(sandbox_id)
         resumed = sandbox.state.value in ("paused", "suspended")
         if resumed:
             await sandbox.resume()
@@ -284,7 +284,7 @@ class Control:
     async def pause(self, sandbox_id: str, body: Mapping[str, Any]) -> bool:
         """Pause (memory kept) or suspend (``memory: false``, or a sandbox that
         cannot pause); False when it already was."""
-        sandbox = self.sandbox(sandbox_id)
+        sandbox = await self.sandbox(sandbox_id)
         if sandbox.state.value in ("paused", "suspended"):
             return False
         keep_memory = body.get("memory") is not False
@@ -299,10 +299,10 @@ class Control:
     async def kill(self, sandbox_id: str, session: str | None) -> None:
         ref = self.caller.ref
         if ref is not None:
-            sandbox = self.sandbox(sandbox_id)
-            self.daemon.detach(ref, sandbox.id, session)
+            sandbox = await self.sandbox(sandbox_id)
+            await self.daemon.detach(ref, sandbox.id, session)
             return
-        self.sandbox(sandbox_id)  # an ended one is 404, as E2B forgets them
+        await self.sandbox(sandbox_id)  # an ended one is 404, as E2B forgets them
         await self.daemon.delete_sandbox(sandbox_id)
 
     async def list(self, query: Mapping[str, str]) -> tuple[list[dict[str, Any]], str | None]:
@@ -321,7 +321,7 @@ class Control:
         ref = self.caller.ref
         rows: list[tuple[float, str, Sandbox]] = []
         for sandbox_id in list(self.daemon.sandboxes):
-            if ref is not None and self.daemon.ref_target(ref, sandbox_id) != sandbox_id:
+            if ref is not None and await self.daemon.ref_target(ref, sandbox_id) != sandbox_id:
                 continue
             sandbox = self.daemon.sandboxes.get(sandbox_id)
             if sandbox is None or sandbox.state in FINAL:
@@ -472,7 +472,7 @@ def control_app() -> FastAPI:
     @app.get("/sandboxes/{sandbox_id}")
     async def get_sandbox(request: Request, sandbox_id: str) -> JSONResponse:
         c = control(request)
-        return JSONResponse(await c.detail(c.sandbox(sandbox_id)))
+        return JSONResponse(await c.detail(await c.sandbox(sandbox_id)))
 
     @app.delete("/sandboxes/{sandbox_id}")
     async def kill(request: Request, sandbox_id: str) -> Response:
@@ -485,7 +485,7 @@ def control_app() -> FastAPI:
         timeout = (await _json_body(request)).get("timeout")
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0:
             raise InvalidArgument("timeout must be a number of seconds")
-        await c.sandbox(sandbox_id).set_timeout(timeout)
+        await (await c.sandbox(sandbox_id)).set_timeout(timeout)
         return Response(status_code=204)
 
     @app.post("/sandboxes/{sandbox_id}/pause")
@@ -513,7 +513,7 @@ def control_app() -> FastAPI:
 
     @app.get("/snapshots")
     async def snapshots(request: Request) -> JSONResponse:
-        return JSONResponse(control(request).snapshots(request.query_params))
+        return JSONResponse(await control(request).snapshots(request.query_params))
 
     @app.delete("/templates/{template_id}")
     async def delete_snapshot(request: Request, template_id: str) -> Response:
@@ -528,7 +528,7 @@ def control_app() -> FastAPI:
 
     @app.get("/sandboxes/{sandbox_id}/metrics")
     async def metrics(request: Request, sandbox_id: str) -> JSONResponse:
-        control(request).sandbox(sandbox_id)
+        await control(request).sandbox(sandbox_id)
         return JSONResponse([])
 
     return app

@@ -99,7 +99,7 @@ class E2BWire:
             return
         host = header(scope, b"host") or ""
         match = _PREVIEW_HOST.match(host)
-        if match is not None and self._knows(match.group(2)):
+        if match is not None and await self._knows(match.group(2)):
             scope["hutch.e2b.port"] = int(match.group(1))
             await self._to(self.preview, match.group(2), None, scope, receive, send)
             return
@@ -109,12 +109,12 @@ class E2BWire:
             return
         await self.app(scope, receive, send)
 
-    def _knows(self, sandbox_id: str) -> bool:
+    async def _knows(self, sandbox_id: str) -> bool:
         daemon = self.daemon()
         if daemon is None:
             return False
         try:
-            daemon.get(sandbox_id)
+            await daemon.get(sandbox_id)
         except HutchError:
             return False
         return True
@@ -146,8 +146,8 @@ class E2BWire:
             return
         if given.startswith(REF_PREFIX):
             try:
-                ref = daemon.check_ref(given)
-                target = daemon.ref_target(ref, sandbox_id)
+                ref = await daemon.check_ref(given)
+                target = await daemon.ref_target(ref, sandbox_id)
             except HutchError as exc:
                 await send_connect_error(send, "unauthenticated", exc.message)
                 return
@@ -187,7 +187,7 @@ class E2BWire:
         for credential in credential_of(api_key):
             if credential.startswith(REF_PREFIX):
                 try:
-                    ref = daemon.check_ref(credential)
+                    ref = await daemon.check_ref(credential)
                 except HutchError:
                     continue
                 scope[CALLER_SCOPE_KEY] = Caller(daemon, self.secret, ref, credential)

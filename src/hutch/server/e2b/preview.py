@@ -5,14 +5,18 @@
 
 The request goes on, streamed both ways, to the address the sandbox's
 provider gives for that port (``preview_url``); hop-by-hop headers and the
-E2B wire's own credentials stay here.
+E2B wire's own credentials stay here. A websocket is opened to the sandbox's
+port first and accepted here once it is.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
+import anyio
 import httpx
+from websockets.asyncio.client import connect
+from websockets.exceptions import WebSocketException
 
 from ..._errors import HutchError
 from ..asgi import ASGIApp, Receive, Scope, Send
@@ -42,9 +46,8 @@ def preview_app() -> ASGIApp:
         return client[0]
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await send({"type": "websocket.close", "code": 1011,
-                        "reason": "websockets are not proxied to sandbox ports"})
+        if scope["type"] == "websocket":
+            await _websocket(scope, receive, send)
             return
         caller = caller_of(scope)
         port: int = scope[PORT_SCOPE_KEY]
@@ -52,7 +55,7 @@ def preview_app() -> ASGIApp:
             await send_control_error(send, 404, "no sandbox named")
             return
         try:
-            sandbox = caller.daemon.get(caller.sandbox_id)
+            sandbox = await caller.daemon.get(caller.sandbox_id)
             base = await sandbox.preview_url(port)
         except HutchError as exc:
             status, error = control_error(exc)
@@ -101,3 +104,79 @@ def preview_app() -> ASGIApp:
             await answer.aclose()
 
     return app
+
+
+async def _target(scope: Scope) -> str | None:
+    """The sandbox's address for the request's port and path, or None."""
+    caller = caller_of(scope)
+    if caller.sandbox_id is None:
+        return None
+    try:
+        sandbox = await caller.daemon.get(caller.sandbox_id)
+        base = await sandbox.preview_url(scope[PORT_SCOPE_KEY])
+    except HutchError:
+        return None
+    target: str = base.rstrip("/") + scope.get("raw_path", scope["path"].encode()).decode(
+        "latin-1")
+    if scope.get("query_string"):
+        target += "?" + scope["query_string"].decode("latin-1")
+    return target
+
+
+#: A websocket's own handshake headers, which its client library makes anew.
+_WEBSOCKET_OWN = frozenset({
+    b"sec-websocket-key", b"sec-websocket-version", b"sec-websocket-extensions",
+    b"sec-websocket-protocol",
+})
+
+
+async def _websocket(scope: Scope, receive: Receive, send: Send) -> None:
+    """A websocket to the sandbox's port: opened there first, then accepted
+    here with the subprotocol the sandbox chose; messages go both ways until
+    either side closes."""
+    if (await receive())["type"] != "websocket.connect":
+        return
+    target = await _target(scope)
+    headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]
+               if k.lower() not in _NOT_FORWARDED and k.lower() not in _WEBSOCKET_OWN]
+    try:
+        if target is None:
+            raise OSError("no such sandbox or port")
+        upstream = await connect(
+            "ws" + target.removeprefix("http"), subprotocols=scope.get("subprotocols") or None,
+            additional_headers=headers, open_timeout=10, max_size=None, proxy=None,
+        )
+    except (OSError, WebSocketException, TimeoutError):
+        await send({"type": "websocket.close", "code": 1011,
+                    "reason": "nothing answers a websocket on that port of the sandbox"})
+        return
+    async with upstream:
+        await send({"type": "websocket.accept", "subprotocol": upstream.subprotocol})
+
+        async def from_client() -> None:
+            while True:
+                message = await receive()
+                if message["type"] == "websocket.disconnect":
+                    await upstream.close()
+                    return
+                if message.get("bytes") is not None:
+                    await upstream.send(message["bytes"])
+                elif message.get("text") is not None:
+                    await upstream.send(message["text"])
+
+        async def from_sandbox() -> None:
+            try:
+                async for data in upstream:
+                    key = "bytes" if isinstance(data, bytes) else "text"
+                    await send({"type": "websocket.send", key: data})
+            except WebSocketException:
+                pass
+            await send({"type": "websocket.close", "code": upstream.close_code or 1000})
+
+        async with anyio.create_task_group() as group:
+            async def one_way(pump: Callable[[], Awaitable[None]]) -> None:
+                await pump()
+                group.cancel_scope.cancel()
+
+            group.start_soon(one_way, from_client)
+            group.start_soon(one_way, from_sandbox)

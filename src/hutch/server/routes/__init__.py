@@ -26,6 +26,6 @@ def v1_router() -> APIRouter:
     return APIRouter(prefix="/v1", responses=error_responses(), route_class=TextBodiesRoute)
 
 
-def session_sandbox(daemon: Daemon, request: Request, sandbox_id: str) -> Sandbox:
+async def session_sandbox(daemon: Daemon, request: Request, sandbox_id: str) -> Sandbox:
     """The sandbox a request names, seen by the session it speaks for."""
-    return daemon.session(sandbox_id, session_of(request.scope))
+    return await daemon.session(sandbox_id, session_of(request.scope))

@@ -15,6 +15,7 @@ def router(daemon: DaemonGetter) -> APIRouter:
 
     @v1.post("/sandboxes/{sandbox_id}/exec", response_model=wire.ExecAnswer)
     async def exec_(request: Request, sandbox_id: str, body: ExecBody) -> Response:
-        return exec_response(await run_exec(session_sandbox(daemon(), request, sandbox_id), body))
+        sandbox = await session_sandbox(daemon(), request, sandbox_id)
+        return exec_response(await run_exec(sandbox, body))
 
     return v1

@@ -22,7 +22,7 @@ def router(daemon: DaemonGetter) -> APIRouter:
         request: Request, sandbox_id: str, path: str = Query(),
         limit: int = Query(default=DEFAULT_READ_LIMIT, gt=0, le=MAX_READ_LIMIT),
     ) -> Response:
-        sandbox = session_sandbox(daemon(), request, sandbox_id)
+        sandbox = await session_sandbox(daemon(), request, sandbox_id)
         first, rest = await opened_file(sandbox.read_pieces(path, limit=limit))
         if rest is None:
             return Response(first, media_type="application/octet-stream")
@@ -41,7 +41,7 @@ def router(daemon: DaemonGetter) -> APIRouter:
             "Replace an existing file even if this session has not read it "
             "(read_before_write is for agents; a person's copy overwrites).")),
     ) -> Response:
-        sandbox = session_sandbox(daemon(), request, sandbox_id)
+        sandbox = await session_sandbox(daemon(), request, sandbox_id)
         with new_spool() as spool:
             async for piece in request.stream():
                 spool.write(piece)
@@ -53,14 +53,16 @@ def router(daemon: DaemonGetter) -> APIRouter:
     async def remove_file(
         request: Request, sandbox_id: str, path: str = Query(), recursive: bool = False
     ) -> Response:
-        await session_sandbox(daemon(), request, sandbox_id).remove(path, recursive=recursive)
+        sandbox = await session_sandbox(daemon(), request, sandbox_id)
+        await sandbox.remove(path, recursive=recursive)
         return Response(status_code=204)
 
     @v1.post("/sandboxes/{sandbox_id}/mkdir", status_code=204)
     async def mkdir(request: Request, sandbox_id: str, body: MkdirBody) -> Response:
         """Make a directory (``parents``: and its missing parents; ``exist_ok``:
         one already there is no error)."""
-        await session_sandbox(daemon(), request, sandbox_id).mkdir(
+        sandbox = await session_sandbox(daemon(), request, sandbox_id)
+        await sandbox.mkdir(
             body.path, parents=body.parents, exist_ok=body.exist_ok)
         return Response(status_code=204)
 
@@ -68,23 +70,24 @@ def router(daemon: DaemonGetter) -> APIRouter:
     async def rename(request: Request, sandbox_id: str, body: RenameBody) -> Response:
         """Move a file or a directory inside the sandbox (``overwrite``: replace
         what is at the destination, as rename(2) does)."""
-        await session_sandbox(daemon(), request, sandbox_id).rename(
+        sandbox = await session_sandbox(daemon(), request, sandbox_id)
+        await sandbox.rename(
             body.source, body.destination, overwrite=body.overwrite)
         return Response(status_code=204)
 
     @v1.get("/sandboxes/{sandbox_id}/stat", response_model=wire.FileStat)
     async def stat(request: Request, sandbox_id: str, path: str = Query()) -> JSONResponse:
-        info = await session_sandbox(daemon(), request, sandbox_id).stat(path)
+        info = await (await session_sandbox(daemon(), request, sandbox_id)).stat(path)
         return JSONResponse(file_json(info))
 
     @v1.get("/sandboxes/{sandbox_id}/list", response_model=wire.FileList)
     async def list_dir(request: Request, sandbox_id: str, path: str = ".") -> JSONResponse:
-        entries = await session_sandbox(daemon(), request, sandbox_id).list_dir(path)
+        entries = await (await session_sandbox(daemon(), request, sandbox_id)).list_dir(path)
         return JSONResponse({"entries": [file_json(e) for e in entries]})
 
     @v1.post("/sandboxes/{sandbox_id}/grep", response_model=wire.GrepAnswer)
     async def grep(request: Request, sandbox_id: str, body: GrepBody) -> JSONResponse:
-        matches = await session_sandbox(daemon(), request, sandbox_id).grep(
+        matches = await (await session_sandbox(daemon(), request, sandbox_id)).grep(
             body.pattern, body.path, glob=body.glob, ignore_case=body.ignore_case,
             timeout=body.timeout,
         )
@@ -96,12 +99,12 @@ def router(daemon: DaemonGetter) -> APIRouter:
     async def preview_url(
         request: Request, sandbox_id: str, port: int = Query(gt=0, lt=65536)
     ) -> JSONResponse:
-        url = await session_sandbox(daemon(), request, sandbox_id).preview_url(port)
+        url = await (await session_sandbox(daemon(), request, sandbox_id)).preview_url(port)
         return JSONResponse({"url": url})
 
     @v1.post("/sandboxes/{sandbox_id}/glob", response_model=wire.GlobAnswer)
     async def glob(request: Request, sandbox_id: str, body: GlobBody) -> JSONResponse:
-        paths = await session_sandbox(daemon(), request, sandbox_id).glob(
+        paths = await (await session_sandbox(daemon(), request, sandbox_id)).glob(
             body.pattern, body.path, timeout=body.timeout
         )
         return JSONResponse({"paths": paths})

@@ -21,7 +21,7 @@ def router(daemon: DaemonGetter) -> APIRouter:
     async def start_process(
         request: Request, sandbox_id: str, body: ExecBody, *, keep_stdin: bool = False
     ) -> Process:
-        sandbox = session_sandbox(daemon(), request, sandbox_id)
+        sandbox = await session_sandbox(daemon(), request, sandbox_id)
         return await sandbox.start(
             body.cmd, cwd=body.cwd, env=body.env, stdin=body.stdin_bytes(), user=body.user,
             output_limit=body.output_limit, keep_stdin=keep_stdin,
@@ -32,7 +32,7 @@ def router(daemon: DaemonGetter) -> APIRouter:
         # Started before the response, so that a command that cannot start
         # answers with its error's status rather than a 200 and an error line.
         process = await start_process(request, sandbox_id, body)
-        sandbox = daemon().get(sandbox_id)
+        sandbox = await daemon().get(sandbox_id)
 
         async def events() -> AsyncIterator[bytes]:
             try:
@@ -53,27 +53,27 @@ def router(daemon: DaemonGetter) -> APIRouter:
 
     @v1.get("/sandboxes/{sandbox_id}/processes", response_model=wire.ProcessList)
     async def processes(sandbox_id: str) -> JSONResponse:
-        sandbox = daemon().get(sandbox_id)
+        sandbox = await daemon().get(sandbox_id)
         return JSONResponse({"processes": [process_json(p) for p in sandbox.processes()]})
 
     @v1.get("/sandboxes/{sandbox_id}/processes/{process_id}", response_model=wire.ProcessInfo)
     async def process(sandbox_id: str, process_id: str) -> JSONResponse:
-        return JSONResponse(process_json(daemon().get(sandbox_id).process(process_id)))
+        return JSONResponse(process_json((await daemon().get(sandbox_id)).process(process_id)))
 
     @v1.post("/sandboxes/{sandbox_id}/processes/{process_id}/wait",
              response_model=wire.ExecAnswer)
     async def wait(sandbox_id: str, process_id: str, body: WaitBody) -> Response:
-        process = daemon().get(sandbox_id).process(process_id)
+        process = (await daemon().get(sandbox_id)).process(process_id)
         return exec_response(await wait_output(process, timeout=body.timeout))
 
     @v1.get("/sandboxes/{sandbox_id}/processes/{process_id}/stream", **NDJSON_LINES)
     async def process_stream(sandbox_id: str, process_id: str) -> StreamingResponse:
-        proc = daemon().get(sandbox_id).process(process_id)
+        proc = (await daemon().get(sandbox_id)).process(process_id)
         return StreamingResponse(ndjson(proc, None), media_type="application/x-ndjson")
 
     @v1.post("/sandboxes/{sandbox_id}/processes/{process_id}/kill", status_code=204)
     async def kill(sandbox_id: str, process_id: str) -> Response:
-        await daemon().get(sandbox_id).process(process_id).kill()
+        await (await daemon().get(sandbox_id)).process(process_id).kill()
         return Response(status_code=204)
 
     @v1.post("/sandboxes/{sandbox_id}/processes/{process_id}/stdin", status_code=204,
@@ -81,14 +81,14 @@ def router(daemon: DaemonGetter) -> APIRouter:
     async def write_stdin(request: Request, sandbox_id: str, process_id: str) -> Response:
         """The request's body (bytes) written to the command's stdin, kept
         open at its start (``keep_stdin``); answered once its pipe took them."""
-        process = daemon().get(sandbox_id).process(process_id)
+        process = (await daemon().get(sandbox_id)).process(process_id)
         await process.write_stdin(await request.body())
         return Response(status_code=204)
 
     @v1.delete("/sandboxes/{sandbox_id}/processes/{process_id}/stdin", status_code=204)
     async def close_stdin(sandbox_id: str, process_id: str) -> Response:
         """Close the command's stdin: it reads its end of file."""
-        await daemon().get(sandbox_id).process(process_id).close_stdin()
+        await (await daemon().get(sandbox_id)).process(process_id).close_stdin()
         return Response(status_code=204)
 
     return v1

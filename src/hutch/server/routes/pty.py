@@ -36,7 +36,7 @@ def router(daemon: DaemonGetter) -> APIRouter:
                 start = PtyStart.model_validate_json(first)
             except (ValidationError, TimeoutError, KeyError) as exc:
                 raise InvalidArgument(f"a terminal starts with a PtyStart message: {exc}") from None
-            sandbox = daemon().get(sandbox_id)
+            sandbox = await daemon().get(sandbox_id)
             async with sandbox.pty(
                 start.cmd, rows=start.rows, cols=start.cols, cwd=start.cwd, env=start.env,
                 user=start.user,

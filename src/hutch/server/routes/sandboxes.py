@@ -50,14 +50,14 @@ def router(daemon: DaemonGetter) -> APIRouter:
         ref: RefRow | None = request.scope.get(REF_SCOPE_KEY)
         if ref is not None:
             # An attached session leaves; the owner's sandbox stays.
-            daemon().detach(ref, sandbox_id, header(request.scope, SESSION_HEADER.encode()))
+            await daemon().detach(ref, sandbox_id, header(request.scope, SESSION_HEADER.encode()))
         else:
             await daemon().delete_sandbox(sandbox_id)
         return Response(status_code=204)
 
     async def lifecycle(sandbox_id: str, action: str) -> JSONResponse:
         d = daemon()
-        sandbox = d.get(sandbox_id)
+        sandbox = await d.get(sandbox_id)
         await getattr(sandbox, action)()
         return JSONResponse(await d.info(sandbox))
 

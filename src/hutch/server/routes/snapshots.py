@@ -37,12 +37,12 @@ def router(daemon: DaemonGetter) -> APIRouter:
     @v1.get("/snapshots", response_model=wire.SnapshotList)
     async def list_snapshots() -> JSONResponse:
         d = daemon()
-        return JSONResponse({"snapshots": [d.snapshot_json(r) for r in d.list_snapshots()]})
+        return JSONResponse({"snapshots": [d.snapshot_json(r) for r in await d.list_snapshots()]})
 
     @v1.get("/snapshots/{snapshot_id}", response_model=wire.SnapshotInfo)
     async def get_snapshot(snapshot_id: str) -> JSONResponse:
         d = daemon()
-        return JSONResponse(d.snapshot_json(d.get_snapshot(snapshot_id)))
+        return JSONResponse(d.snapshot_json(await d.get_snapshot(snapshot_id)))
 
     @v1.delete("/snapshots/{snapshot_id}", status_code=204, responses={
         200: {"model": wire.ForcedRemoval,

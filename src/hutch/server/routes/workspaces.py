@@ -18,7 +18,8 @@ def router(daemon: DaemonGetter) -> APIRouter:
     @v1.get("/workspaces", response_model=wire.WorkspaceList)
     async def list_workspaces() -> JSONResponse:
         d = daemon()
-        return JSONResponse({"workspaces": [d.workspace_json(w) for w in d.list_workspaces()]})
+        rows = await d.list_workspaces()
+        return JSONResponse({"workspaces": [d.workspace_json(w) for w in rows]})
 
     @v1.post("/workspaces", status_code=201, response_model=wire.WorkspaceInfo)
     async def create_workspace(body: dict[str, Any]) -> JSONResponse:
@@ -29,7 +30,7 @@ def router(daemon: DaemonGetter) -> APIRouter:
     @v1.get("/workspaces/{name}", response_model=wire.WorkspaceInfo)
     async def get_workspace(name: str) -> JSONResponse:
         d = daemon()
-        return JSONResponse(d.workspace_json(d.get_workspace(name)))
+        return JSONResponse(d.workspace_json(await d.get_workspace(name)))
 
     @v1.delete("/workspaces/{name}", status_code=204)
     async def delete_workspace(name: str) -> Response:

@@ -189,7 +189,7 @@ func handleWrite(c *conn, h header) error {
 				fail(func() error { return failPath(c, err, path) })
 			}
 		} else {
-			tmp, err = os.CreateTemp(dir, ".hutch-write-*")
+			tmp, err = os.CreateTemp(dir, writeTempPrefix+"*")
 			if err != nil {
 				fail(func() error { return failPath(c, err, path) })
 			}
@@ -333,7 +333,7 @@ func treeCode(err error) (string, string) {
 		case syscall.EINVAL:
 			return "invalid_argument", "cannot move a directory into itself"
 		case syscall.EXDEV:
-			return "invalid_argument", "cannot rename across file systems; copy, then remove"
+			return "cross_device", "cannot rename across file systems (or a directory of an overlay's lower layer)"
 		}
 	}
 	return "", ""

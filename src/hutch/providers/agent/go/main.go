@@ -188,6 +188,8 @@ func serve(nc *net.UnixConn) {
 			opErr = handleMkdir(c, h)
 		case "rename":
 			opErr = handleRename(c, h)
+		case "watch":
+			opErr = handleWatch(c, h)
 		case "walk":
 			opErr = handleWalk(c, h)
 		case "grep":

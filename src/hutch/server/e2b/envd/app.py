@@ -116,7 +116,7 @@ class EnvdApp:
             await error_response(400, "E2b-Sandbox-Id names no sandbox")(scope, receive, send)
             return
         try:
-            sandbox = daemon.get(sandbox_id)
+            sandbox = await daemon.get(sandbox_id)
         except (NotFound, SandboxExpired, SandboxUnavailable) as exc:
             # Gone (or never there): as E2B's proxy says it, which the SDKs
             # turn into "the sandbox is not running".
@@ -178,6 +178,10 @@ class EnvdApp:
         except (ConnectError, HutchError) as exc:
             await _unary_error(send, connect_error(exc))
             return
+        except Exception as exc:
+            log.exception("envd call %s failed", scope["path"])
+            await _unary_error(send, connect_error(exc))
+            return
         await _send_json(send, 200, encode(answer), UNARY_JSON)
 
     @staticmethod
@@ -200,7 +204,9 @@ class EnvdApp:
             if len(messages) != 1 or messages[0][0] != 0:
                 raise ConnectError("invalid_argument", "a server stream takes one request message")
             items = await rpc(call, decode(messages[0][1]))
-        except (ConnectError, HutchError) as exc:
+        except Exception as exc:
+            if not isinstance(exc, ConnectError | HutchError):
+                log.exception("envd stream failed to start")
             await self._stream_start(send)
             await send({"type": "http.response.body", "body": end_stream(connect_error(exc))})
             return
@@ -258,7 +264,9 @@ class EnvdApp:
         except TimeoutError:
             answer = end_stream(
                 ConnectError("deadline_exceeded", "the input stream ran past its deadline"))
-        except (ConnectError, HutchError) as exc:
+        except Exception as exc:
+            if not isinstance(exc, ConnectError | HutchError):
+                log.exception("envd input stream failed")
             answer = end_stream(connect_error(exc))
         await self._stream_start(send)
         await send({"type": "http.response.body", "body": answer})

@@ -31,8 +31,9 @@ def permissions(info: FileInfo) -> str:
     return _TYPE_LETTER.get(info.type, "-") + bits
 
 
-def entry_info(info: FileInfo) -> dict[str, Any]:
-    """An EntryInfo, proto3 JSON: zero values left out, as protojson does."""
+def entry_info(info: FileInfo, owner: tuple[str, str] | None = None) -> dict[str, Any]:
+    """An EntryInfo, proto3 JSON: zero values left out, as protojson does.
+    ``owner``: its owner and group, when known."""
     entry: dict[str, Any] = {
         "name": info.name, "type": FILE_TYPES[info.type], "path": info.path,
     }
@@ -41,6 +42,8 @@ def entry_info(info: FileInfo) -> dict[str, Any]:
     if info.mode:
         entry["mode"] = info.mode & 0o7777
     entry["permissions"] = permissions(info)
+    if owner is not None:
+        entry["owner"], entry["group"] = owner
     entry["modifiedTime"] = timestamp(info.mtime)
     if info.type == FileType.SYMLINK:
         entry["isSymlink"] = True

@@ -4,9 +4,10 @@ gzipped or not) and ``GET /health``."""
 
 from __future__ import annotations
 
+import posixpath
 import zlib
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import IO, Any
 
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
@@ -26,6 +27,9 @@ from ...._types import MAX_READ_LIMIT
 from ....states import FINAL, HELD
 from ...asgi import render_json
 from ...streaming import new_spool, opened_file
+from .calls import user_of
+from .connect import ConnectError
+from .ownership import hand_over, missing_parents
 from .watch import WatchHub
 
 #: Files one multipart upload may carry.
@@ -108,27 +112,43 @@ async def read_file(request: Request, sandbox: Sandbox) -> Response:
     return StreamingResponse(whole(), media_type="application/octet-stream")
 
 
-def _written(sandbox: Sandbox, path: str) -> dict[str, Any]:
-    full = sandbox.path(path)
-    return {"name": full.rstrip("/").rsplit("/", 1)[-1], "type": "file", "path": full}
+class Writer:
+    """Where an upload's files go: each written, given to the user the
+    upload names (``username``, or a Basic authorization) with the
+    directories made for it, and told to the watches."""
+
+    def __init__(self, request: Request, sandbox: Sandbox, hub: WatchHub) -> None:
+        self.sandbox = sandbox
+        self.hub = hub
+        self.user = request.query_params.get("username") or user_of(request.scope)
+
+    async def write(self, path: str, source: IO[bytes]) -> dict[str, Any]:
+        full = self.sandbox.path(path)
+        made = await missing_parents(self.sandbox, full) if self.user else []
+        await self.sandbox.write_from(full, source, overwrite=True)
+        await hand_over(self.sandbox, self.user, [*made, full])
+        await self.hub.wrote(self.sandbox, full)
+        return {"name": posixpath.basename(full), "type": "file", "path": full}
 
 
 async def write_files(request: Request, sandbox: Sandbox, hub: WatchHub) -> Response:
     path = request.query_params.get("path") or None
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     try:
+        writer = Writer(request, sandbox, hub)
         if content_type == "multipart/form-data":
-            return await _write_parts(request, sandbox, path, hub)
+            return await _write_parts(request, writer, path)
         if path is None:
             return error_response(400, "path is required for an octet-stream upload")
-        await _write_body(request, sandbox, path)
-        await hub.wrote(sandbox, sandbox.path(path))
-        return Response(render_json([_written(sandbox, path)]), media_type="application/json")
+        written = await _write_body(request, writer, path)
+        return Response(render_json([written]), media_type="application/json")
+    except ConnectError as exc:
+        return error_response(exc.http_status, exc.message)
     except HutchError as exc:
         return hutch_error_response(exc)
 
 
-async def _write_body(request: Request, sandbox: Sandbox, path: str) -> None:
+async def _write_body(request: Request, writer: Writer, path: str) -> dict[str, Any]:
     encoding = request.headers.get("content-encoding", "").strip().lower()
     if encoding not in ("", "identity", "gzip"):
         raise InvalidArgument(f"Content-Encoding {encoding!r} is not taken (gzip is)")
@@ -150,12 +170,10 @@ async def _write_body(request: Request, sandbox: Sandbox, path: str) -> None:
         if unpacker is not None and not unpacker.eof:
             raise InvalidArgument("the gzipped upload ends before its end")
         spool.seek(0)
-        await sandbox.write_from(path, spool, overwrite=True)
+        return await writer.write(path, spool)
 
 
-async def _write_parts(
-    request: Request, sandbox: Sandbox, path: str | None, hub: WatchHub,
-) -> Response:
+async def _write_parts(request: Request, writer: Writer, path: str | None) -> Response:
     async with request.form(max_files=MAX_UPLOAD_FILES) as form:
         uploads = [value for _, value in form.multi_items() if isinstance(value, UploadFile)]
         if not uploads:
@@ -167,7 +185,5 @@ async def _write_parts(
             target = path if path is not None and len(uploads) == 1 else upload.filename
             if not target:
                 return error_response(400, "a file part has no file name to write it to")
-            await sandbox.write_from(target, upload.file, overwrite=True)
-            await hub.wrote(sandbox, sandbox.path(target))
-            written.append(_written(sandbox, target))
+            written.append(await writer.write(target, upload.file))
     return Response(render_json(written), media_type="application/json")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Callable
 from typing import Any
 
@@ -11,6 +12,7 @@ from ...._types import FileInfo, FileType
 from .calls import Call
 from .connect import ConnectError, text, uint
 from .entries import entry_info
+from .ownership import hand_over, missing_parents, owners
 from .watch import WatchHub
 
 #: The deepest ListDir walks (a caller's depth is bounded, as every number is).
@@ -24,14 +26,18 @@ async def _stat(sandbox: Sandbox, path: str) -> FileInfo:
         raise ConnectError("not_found", f"path {path} does not exist") from None
 
 
+async def _entry(sandbox: Sandbox, path: str) -> dict[str, Any]:
+    info = await _stat(sandbox, path)
+    return entry_info(info, (await owners(sandbox, [info.path])).get(info.path))
+
+
 class FilesystemService:
     def __init__(self, hub: WatchHub) -> None:
         #: Told of every change made here, for the watches.
         self.hub = hub
 
     async def stat(self, call: Call, request: dict[str, Any]) -> dict[str, Any]:
-        path = text(request, "path", required=True)
-        return {"entry": entry_info(await _stat(call.sandbox, path))}
+        return {"entry": await _entry(call.sandbox, text(request, "path", required=True))}
 
     async def list_dir(self, call: Call, request: dict[str, Any]) -> dict[str, Any]:
         path = text(request, "path", required=True)
@@ -41,23 +47,24 @@ class FilesystemService:
         top = await _stat(call.sandbox, path)
         if top.type != FileType.DIRECTORY:
             raise ConnectError("invalid_argument", f"path {path} is not a directory")
-        entries: list[dict[str, Any]] = []
+        found: list[FileInfo] = []
         level = [top.path]
         for _ in range(depth):
             below: list[str] = []
             for directory in level:
                 try:
-                    found = await call.sandbox.list_dir(directory)
+                    listed = await call.sandbox.list_dir(directory)
                 except FileNotFoundError:
                     continue  # gone while the walk went on
-                for info in sorted(found, key=lambda i: i.path):
-                    entries.append(entry_info(info))
+                for info in sorted(listed, key=lambda i: i.path):
+                    found.append(info)
                     if info.type == FileType.DIRECTORY:
                         below.append(info.path)
             level = below
             if not level:
                 break
-        return {"entries": entries}
+        whose = await owners(call.sandbox, [info.path for info in found])
+        return {"entries": [entry_info(info, whose.get(info.path)) for info in found]}
 
     async def remove(self, call: Call, request: dict[str, Any]) -> dict[str, Any]:
         path = text(request, "path", required=True)
@@ -69,30 +76,28 @@ class FilesystemService:
         return {}
 
     async def make_dir(self, call: Call, request: dict[str, Any]) -> dict[str, Any]:
-        path = text(request, "path", required=True)
-        if await call.sandbox.exists(path):
-            raise ConnectError("already_exists", f"directory {path} already exists")
-        await self._run(call, ["mkdir", "-p", "--", call.sandbox.path(path)], path)
-        await self.hub.made_dir(call.sandbox, call.sandbox.path(path))
-        return {"entry": entry_info(await _stat(call.sandbox, path))}
+        """The directory and its missing parents (``already_exists`` when it
+        is there), the caller's user's when one is named."""
+        full = call.sandbox.path(text(request, "path", required=True))
+        made = await missing_parents(call.sandbox, full) if call.user else []
+        await call.sandbox.mkdir(full, parents=True)
+        await hand_over(call.sandbox, call.user, [*made, full])
+        await self.hub.made_dir(call.sandbox, full)
+        return {"entry": await _entry(call.sandbox, full)}
 
     async def move(self, call: Call, request: dict[str, Any]) -> dict[str, Any]:
-        source = text(request, "source", required=True)
-        destination = text(request, "destination", required=True)
+        """As envd: the destination's directory made first, then a rename
+        that replaces what rename(2) replaces."""
+        source = call.sandbox.path(text(request, "source", required=True))
+        destination = call.sandbox.path(text(request, "destination", required=True))
         await _stat(call.sandbox, source)
-        await self._run(call, ["mv", "-f", "--", call.sandbox.path(source),
-                               call.sandbox.path(destination)], source)
-        await self.hub.moved(call.sandbox, call.sandbox.path(source),
-                             call.sandbox.path(destination))
-        return {"entry": entry_info(await _stat(call.sandbox, destination))}
-
-    @staticmethod
-    async def _run(call: Call, argv: list[str], path: str) -> None:
-        result = await call.sandbox.exec(argv, user=call.user, timeout=60)
-        if result.exit_code:
-            why = result.stderr.strip() or f"{argv[0]} exited {result.exit_code}"
-            code = "permission_denied" if "ermission denied" in why else "invalid_argument"
-            raise ConnectError(code, f"{path}: {why}")
+        parent = posixpath.dirname(destination)
+        made = await missing_parents(call.sandbox, destination) if call.user else []
+        await call.sandbox.mkdir(parent, parents=True, exist_ok=True)
+        await hand_over(call.sandbox, call.user, made)
+        await call.sandbox.rename(source, destination, overwrite=True)
+        await self.hub.moved(call.sandbox, source, destination)
+        return {"entry": await _entry(call.sandbox, destination)}
 
     def unary(self) -> dict[str, Callable[[Call, dict[str, Any]], Any]]:
         return {

@@ -3,7 +3,7 @@
 A command started through it is a hutch background command (or, with a
 ``pty``, a terminal) known by a number, its pid, as envd's callers name it.
 It lives on its own, apart from the stream that started it: that stream (or
-one made later by ``Connect``) only watches it, and a watcher gone leaves it
+one made later by ``Connect``) only follows it, and a follower gone leaves it
 running, as envd does. Its output is handed to the streams watching it as it
 comes, from the moment each began to watch. The deadline of the ``Start``
 call is the command's: at it the command's whole process tree is killed and
@@ -46,11 +46,11 @@ MAX_BACKLOG_BYTES = 32 * 1024 * 1024
 #: Signals by the names envd's enum gives them (and their numbers).
 SIGNALS = {"SIGNAL_SIGKILL": 9, "SIGNAL_SIGTERM": 15, 9: 9, 15: 15}
 
-#: An event for watchers: a ProcessEvent, or the error their stream ends with.
+#: An event for followers: a ProcessEvent, or the error their stream ends with.
 Item = dict[str, Any] | ConnectError
 
 
-class Watcher:
+class Follower:
     """One stream's view of a command's events: those not yet sent. Handing
     them over never waits for the stream (a caller that reads slowly, or
     not at all, holds neither the command nor the others watching it)."""
@@ -99,26 +99,26 @@ class EnvdProcess:
     tag: str | None
     process: Process | None = None
     pty: PtyProcess | None = None
-    watchers: set[Watcher] = field(default_factory=set)
+    followers: set[Follower] = field(default_factory=set)
     #: Set when its Start call's deadline killed it.
     expired: bool = False
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
     deadline_task: asyncio.Task[None] | None = None
 
-    def watch(self) -> Watcher:
-        watcher = Watcher()
-        self.watchers.add(watcher)
-        return watcher
+    def follow(self) -> Follower:
+        follower = Follower()
+        self.followers.add(follower)
+        return follower
 
-    def unwatch(self, watcher: Watcher) -> None:
-        self.watchers.discard(watcher)
-        watcher.leave()
+    def unfollow(self, follower: Follower) -> None:
+        self.followers.discard(follower)
+        follower.leave()
 
     def publish(self, item: Item, size: int = 0) -> None:
         """Hand ``item`` (of ``size`` bytes of output) to every stream watching."""
-        for watcher in list(self.watchers):
-            watcher.put(item, size)
+        for follower in list(self.followers):
+            follower.put(item, size)
 
     def info(self) -> dict[str, Any]:
         out: dict[str, Any] = {"config": self.config, "pid": self.pid}
@@ -248,7 +248,7 @@ class ProcessService:
             config={"cmd": cmd, "args": args, "envs": envs, **({"cwd": cwd} if cwd else {})},
         )
         argv = [cmd, *args]
-        watcher = entry.watch()
+        follower = entry.follow()
         if pty is not None:
             size = submessage(pty, "size") or {}
             rows, cols = uint(size, "rows", default=24), uint(size, "cols", default=80)
@@ -257,7 +257,7 @@ class ProcessService:
             await self._start_command(entry, call, argv, envs, cwd, stdin)
         self.table.add(entry)
         entry.arm_deadline(call.timeout)
-        return self._events(entry, watcher, call, kills=True)
+        return self._events(entry, follower, call, kills=True)
 
     async def _start_command(
         self, entry: EnvdProcess, call: Call, argv: list[str], envs: dict[str, str],
@@ -324,10 +324,10 @@ class ProcessService:
 
     async def connect(self, call: Call, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         entry = self.table.find(call.sandbox, submessage(request, "process"))
-        return self._events(entry, entry.watch(), call, kills=False)
+        return self._events(entry, entry.follow(), call, kills=False)
 
     async def _events(
-        self, entry: EnvdProcess, watcher: Watcher, call: Call, *, kills: bool,
+        self, entry: EnvdProcess, follower: Follower, call: Call, *, kills: bool,
     ) -> AsyncIterator[dict[str, Any]]:
         """A stream's messages: the start, the command's events as they come
         (keepalives between them when asked for), its end."""
@@ -336,7 +336,7 @@ class ProcessService:
             while True:
                 waits = [w for w in (call.keepalive, call.timeout) if w is not None]
                 try:
-                    item = await asyncio.wait_for(watcher.get(), min(waits, default=None))
+                    item = await asyncio.wait_for(follower.get(), min(waits, default=None))
                 except TimeoutError:
                     if call.deadline is not None and time.monotonic() >= call.deadline:
                         if kills:
@@ -356,7 +356,7 @@ class ProcessService:
                 if "end" in item:
                     return
         finally:
-            entry.unwatch(watcher)
+            entry.unfollow(follower)
 
     # unary calls ------------------------------------------------------------------------------
     async def list(self, call: Call, request: dict[str, Any]) -> dict[str, Any]:

@@ -2,7 +2,9 @@
 events) and ``CreateWatcher`` / ``GetWatcherEvents`` / ``RemoveWatcher`` (the
 same events, polled by the sync Python SDK).
 
-Events come two ways, on every provider:
+Where the sandbox's runtime has inotify (``capabilities.watch``), a watch
+follows hutch's own (:meth:`hutch.Sandbox.watch`): every change as the kernel
+tells it. Elsewhere events come two ways:
 
 - what a caller changes through envd itself (a write, a removal, a rename, a
   new directory) is told to the sandbox's watches as it is done
@@ -22,15 +24,19 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import posixpath
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import anyio
+
 from ...._errors import HutchError
 from ...._sandbox import Sandbox
-from ...._types import FileInfo, FileType
+from ...._types import FileEvent, FileInfo, FileType
+from ...._watch import Watcher
 from ....states import FINAL, HELD
 from .calls import Call
 from .connect import ConnectError, connect_error, flag, text
@@ -42,6 +48,9 @@ POLL_SECONDS = 0.3
 MAX_WATCHED_ENTRIES = 20_000
 #: Events a watch keeps until they are read; the oldest go past it.
 MAX_PENDING_EVENTS = 10_000
+#: envd's event for each of hutch's own.
+_KERNEL_EVENTS = {"created": "CREATE", "written": "WRITE", "removed": "REMOVE",
+                  "renamed": "RENAME"}
 #: A polled watcher nobody has read for this long is removed (its caller forgot it).
 FORGOTTEN_AFTER_SECONDS = 600.0
 
@@ -111,9 +120,12 @@ class Watch:
 
     def __init__(
         self, sandbox: Sandbox, root: str, *, recursive: bool, with_entry: bool,
-        first: dict[str, FileInfo],
+        first: dict[str, FileInfo], kernel: Watcher | None = None,
     ) -> None:
         self.sandbox = sandbox
+        #: hutch's own watch, where the sandbox's runtime has inotify: its
+        #: events are the kernel's, every one (envd tells it nothing).
+        self.kernel = kernel
         self.root = root
         self.recursive = recursive
         self.with_entry = with_entry
@@ -129,11 +141,13 @@ class Watch:
         self.task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        self.task = asyncio.get_running_loop().create_task(self._poll())
+        loop = asyncio.get_running_loop()
+        self.task = loop.create_task(
+            self._poll() if self.kernel is None else self._follow(self.kernel))
 
     def stop(self) -> None:
         if self.task is not None:
-            self.task.cancel()
+            self.task.cancel()  # the kernel's watch, if any, is closed as it ends
 
     def emit(self, events: list[dict[str, Any]]) -> None:
         if events:
@@ -168,6 +182,42 @@ class Watch:
         except (ConnectError, HutchError) as exc:
             self.failure = connect_error(exc)
             self.woken.set()
+
+    async def _follow(self, kernel: Watcher) -> None:
+        try:
+            while True:
+                batch = await kernel.events(wait=None)
+                if not batch:  # it ended: its directory is gone
+                    raise ConnectError(
+                        "not_found", f"the watched directory {self.root} was removed")
+                events: list[dict[str, Any]] = []
+                for event in batch:
+                    events += await self._told_by_kernel(event)
+                self.emit(events)
+        except (ConnectError, HutchError) as exc:
+            self.failure = connect_error(exc)
+            self.woken.set()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await kernel.close()
+
+    async def _told_by_kernel(self, event: FileEvent) -> list[dict[str, Any]]:
+        """envd's events for one of hutch's: a rename is the old name
+        renamed and the new one created (when the watch sees it)."""
+        kinds = [(event.path, _KERNEL_EVENTS[event.type])]
+        if event.type == "renamed" and event.new_path is not None:
+            kinds.append((event.new_path, "CREATE"))
+        events = []
+        for path, kind in kinds:
+            name = self.name_of(path)
+            if name is None:
+                continue
+            info = None
+            if self.with_entry and kind != "REMOVE" and kind != "RENAME":
+                with contextlib.suppress(FileNotFoundError):
+                    info = await self.sandbox.stat(path)
+            events.append(_event(name, kind, info, self.with_entry))
+        return events
 
     # what envd's own operations tell ---------------------------------------------------------
     def name_of(self, path: str) -> str | None:
@@ -234,10 +284,11 @@ class WatchHub:
                 del self._watches[watch.sandbox.id]
 
     def _seeing(self, sandbox: Sandbox, *paths: str) -> list[Watch]:
-        """The watches that see any of ``paths``; each is told at once that
-        a change is coming (its look under way is not compared)."""
+        """The watches that look (the kernel tells the others) and see any
+        of ``paths``; each is told at once that a change is coming (its
+        look under way is not compared)."""
         watches = [w for w in self._watches.get(sandbox.id, ())
-                   if any(w.name_of(p) is not None for p in paths)]
+                   if w.kernel is None and any(w.name_of(p) is not None for p in paths)]
         for watch in watches:
             watch.told += 1
         return watches
@@ -310,9 +361,14 @@ class WatchService:
     async def _watch(self, call: Call, request: dict[str, Any]) -> Watch:
         root = await _directory(call, request)
         recursive = flag(request, "recursive")
-        watch = Watch(call.sandbox, root, recursive=recursive,
-                      with_entry=flag(request, "includeEntry"),
-                      first=await _look(call.sandbox, root, recursive))
+        with_entry = flag(request, "includeEntry")
+        if call.sandbox.capabilities.watch == "inotify":
+            kernel = await call.sandbox.watch(root, recursive=recursive)
+            watch = Watch(call.sandbox, root, recursive=recursive, with_entry=with_entry,
+                          first={}, kernel=kernel)
+        else:
+            watch = Watch(call.sandbox, root, recursive=recursive, with_entry=with_entry,
+                          first=await _look(call.sandbox, root, recursive))
         self.hub.add(watch)
         return watch
 

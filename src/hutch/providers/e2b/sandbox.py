@@ -1,0 +1,305 @@
+"""``e2b``: sandboxes on E2B's service (or anything speaking its wire, such as
+another ``hutch serve``), through the ``e2b`` SDK.
+
+hutch's lifecycle over E2B's: suspend is E2B's pause (memory and processes
+kept), resume its connect; snapshots are E2B's snapshots (a snapshot's ID is
+a template), and so forks. Files move through the SDK's ``files``; commands
+through its envd process client (:mod:`.process`), which keeps their output
+as bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any, ClassVar
+
+from e2b import AsyncSandbox
+from e2b.sandbox.filesystem.filesystem import FileType as E2BFileType
+
+from ..._errors import (
+    HutchError,
+    InvalidArgument,
+    OutputLimitExceeded,
+    ProviderError,
+    SandboxFileNotFound,
+    SandboxIsADirectory,
+    SandboxUnavailable,
+)
+from ..._paths import hutch_home
+from ..._types import Capabilities, FileInfo, FileType, ProviderSnapshot
+from ..base import BackendProcess, NativeBackend, ProcessRequest, RuntimeState
+from .config import E2BConfig
+from .errors import mapped
+from .process import Envd
+
+#: How deep a walk of the file tree goes (envd lists to a depth).
+WALK_DEPTH = 64
+#: The metadata key that names the hutch sandbox an E2B sandbox serves.
+SANDBOX_KEY = "hutch_sandbox"
+
+
+def _connection(config: E2BConfig) -> dict[str, Any]:
+    """The SDK's connection options the settings give (the rest from its environment)."""
+    given = {"api_key": config.api_key, "api_url": config.api_url,
+             "sandbox_url": config.sandbox_url, "domain": config.domain}
+    return {k: v for k, v in given.items() if v}
+
+
+def home_tag() -> str:
+    """Names this hutch home's snapshots on E2B (an account may serve several)."""
+    home = os.path.realpath(hutch_home()).encode()
+    return "hutch-" + hashlib.sha256(home).hexdigest()[:12]
+
+
+def _file_info(entry: Any) -> FileInfo:
+    kind = entry.type
+    if getattr(entry, "symlink_target", None):
+        file_type = FileType.SYMLINK
+    elif kind == E2BFileType.DIR:
+        file_type = FileType.DIRECTORY
+    elif kind == E2BFileType.FILE:
+        file_type = FileType.FILE
+    else:
+        file_type = FileType.OTHER
+    return FileInfo(entry.path, file_type, int(entry.size or 0), int(entry.mode or 0),
+                    entry.modified_time.timestamp())
+
+
+class E2BSandbox(NativeBackend):
+    provider = "e2b"
+    capabilities = Capabilities(
+        processes=True, suspend=True, suspend_keeps_processes=True, snapshot=True, fork=True,
+        users=True, preview_url=True,
+    )
+    config_model = E2BConfig
+    #: The E2B connections (settings given) this process has used.
+    _reached: ClassVar[set[tuple[tuple[str, Any], ...]]] = set()
+
+    def __init__(self, sandbox_id: str, config: E2BConfig, e2b_id: str,
+                 e2b: Any | None) -> None:
+        super().__init__(sandbox_id, config.workdir)
+        self.config = config
+        self.e2b_id = e2b_id
+        #: The SDK's sandbox, once reached: a sandbox found paused after a
+        #: restart is reached by its resume (the SDK's connect resumes).
+        self._e2b = e2b
+        self._envd = None if e2b is None else Envd(e2b)
+
+    @property
+    def e2b(self) -> Any:
+        if self._e2b is None:
+            raise SandboxUnavailable(f"E2B sandbox {self.e2b_id} is paused: resume it first")
+        return self._e2b
+
+    @property
+    def envd(self) -> Envd:
+        if self._envd is None:
+            raise SandboxUnavailable(f"E2B sandbox {self.e2b_id} is paused: resume it first")
+        return self._envd
+
+    @classmethod
+    async def _start(cls, config: E2BConfig, sandbox_id: str, template: str) -> E2BSandbox:
+        with mapped(f"create an E2B sandbox from {template}"):
+            e2b = await AsyncSandbox.create(
+                template=template, timeout=config.e2b_timeout,
+                metadata={**config.metadata, SANDBOX_KEY: sandbox_id}, envs=config.env,
+                **cls._reach(config),
+            )
+        sandbox = cls(sandbox_id, config, e2b.sandbox_id, e2b)
+        try:
+            await sandbox.make_dir(config.workdir, parents=True)
+        except OSError:
+            pass  # it is there already
+        return sandbox
+
+    @classmethod
+    async def create(cls, config: E2BConfig, sandbox_id: str) -> E2BSandbox:
+        return await cls._start(config, sandbox_id, config.template)
+
+    def describe(self) -> dict[str, Any]:
+        return {"e2b_id": self.e2b_id, "config": self.config.model_dump(),
+                "workdir": self.workdir}
+
+    @classmethod
+    async def reconnect(cls, sandbox_id: str, description: Any) -> E2BSandbox:
+        """Find the sandbox again; a paused one stays paused (the SDK's
+        connect would resume it) until hutch resumes it."""
+        config = E2BConfig.model_validate(description["config"])
+        sandbox = cls(sandbox_id, config, str(description["e2b_id"]), None)
+        if await sandbox._e2b_state() == "running":
+            await sandbox._connect()
+        return sandbox
+
+    async def _e2b_state(self) -> str:
+        """E2B's state of the sandbox: ``running``, ``paused`` or ``gone``."""
+        try:
+            with mapped(f"E2B sandbox {self.e2b_id}"):
+                info = await AsyncSandbox.get_info(self.e2b_id, **self._reach(self.config))
+        except (SandboxUnavailable, FileNotFoundError):
+            return "gone"
+        return str(getattr(info.state, "value", info.state))
+
+    async def _connect(self) -> None:
+        with mapped(f"reach E2B sandbox {self.e2b_id}"):
+            e2b = await AsyncSandbox.connect(self.e2b_id, timeout=self.config.e2b_timeout,
+                                             **self._reach(self.config))
+        self._e2b, self._envd = e2b, Envd(e2b)
+
+    async def preview_url(self, port: int) -> str:
+        scheme = "http" if (self.config.sandbox_url or "").startswith("http:") else "https"
+        return f"{scheme}://{self.e2b.get_host(port)}"
+
+    # -- lifecycle: E2B's pause keeps memory; connect resumes ---------------------------
+    async def suspend(self) -> None:
+        with mapped(f"pause E2B sandbox {self.e2b_id}"):
+            await self.e2b.pause()
+
+    async def resume(self) -> None:
+        await self._connect()
+
+    async def is_alive(self) -> bool:
+        return await self._e2b_state() == "running"
+
+    async def is_suspended(self) -> bool:
+        return await self._e2b_state() == "paused"
+
+    async def observed_state(self) -> RuntimeState:
+        state = await self._e2b_state()
+        if state == "running":
+            return RuntimeState.RUNNING
+        return RuntimeState.SUSPENDED if state == "paused" else RuntimeState.GONE
+
+    async def close(self) -> None:
+        with mapped(f"kill E2B sandbox {self.e2b_id}"):
+            await AsyncSandbox.kill(self.e2b_id, **self._reach(self.config))
+
+    # -- snapshots ------------------------------------------------------------------------
+    async def capture(self, snapshot_id: str, *, diff: bool = True) -> ProviderSnapshot:
+        with mapped(f"snapshot E2B sandbox {self.e2b.sandbox_id}"):
+            info = await self.e2b.create_snapshot(name=f"{home_tag()}-{snapshot_id}")
+        return ProviderSnapshot(snapshot_id, self.provider, await self._workdir_bytes(),
+                                {"e2b_snapshot": info.snapshot_id, "config":
+                                 self.config.model_dump()})
+
+    async def _workdir_bytes(self) -> int:
+        """What the working directory holds, bytes: E2B says nothing of a
+        snapshot's size, and this is the part of it that is the caller's."""
+        try:
+            result = await self.runtime.start_process(ProcessRequest(
+                ["du", "-sb", "--", self.workdir], cwd="/"))
+            out = []
+            while (chunk := await result.read()) is not None:
+                if chunk.stream == "stdout":
+                    out.append(chunk.data)
+            await result.wait()
+            return int(b"".join(out).split()[0])
+        except (HutchError, ValueError, IndexError):
+            return 0
+
+    @classmethod
+    async def create_from_snapshot(
+        cls, config: Any, sandbox_id: str, snapshot: ProviderSnapshot
+    ) -> E2BSandbox:
+        settings = config if isinstance(config, E2BConfig) else E2BConfig.model_validate(
+            snapshot.data.get("config") or {})
+        return await cls._start(settings, sandbox_id, str(snapshot.data["e2b_snapshot"]))
+
+    @classmethod
+    async def remove_snapshot(cls, snapshot: ProviderSnapshot) -> None:
+        if "e2b_snapshot" not in snapshot.data:
+            return  # nothing of E2B's is known by that id
+        settings = E2BConfig.model_validate(snapshot.data.get("config") or {})
+        with mapped(f"remove E2B snapshot {snapshot.data.get('e2b_snapshot')}"):
+            await AsyncSandbox.delete_snapshot(str(snapshot.data["e2b_snapshot"]),
+                                               **cls._reach(settings))
+
+    @classmethod
+    async def held_snapshots(cls) -> list[str]:
+        """This hutch home's snapshots on every E2B account this process has
+        reached (and the SDK environment's): those named with its tag."""
+        connections = set(cls._reached)
+        if os.environ.get("E2B_API_KEY"):
+            connections.add(())
+        if not connections:
+            raise ProviderError("no E2B account reached yet: its snapshots cannot be listed")
+        prefix = home_tag() + "-"
+        held: set[str] = set()
+        for connection in sorted(connections):
+            with mapped("list E2B snapshots"):
+                pages = AsyncSandbox.list_snapshots(**dict(connection))
+                while pages.has_next:
+                    for info in await pages.next_items():
+                        held.update(n[len(prefix):] for n in info.names if n.startswith(prefix))
+        return sorted(held)
+
+    @classmethod
+    def _reach(cls, config: E2BConfig) -> dict[str, Any]:
+        """The connection options of ``config``, remembered for held_snapshots."""
+        connection = _connection(config)
+        cls._reached.add(tuple(sorted(connection.items())))
+        return connection
+
+    # -- processes ------------------------------------------------------------------------
+    async def start_process(self, request: ProcessRequest) -> BackendProcess:
+        return await self.envd.start(request)
+
+    async def count_busy_processes(self) -> int:
+        return await self.envd.count()
+
+    # -- files ----------------------------------------------------------------------------
+    async def stat(self, path: str) -> FileInfo:
+        with mapped(f"stat {path}"):
+            return _file_info(await self.e2b.files.get_info(path))
+
+    async def read_file(self, path: str, limit: int) -> bytes:
+        info = await self.stat(path)
+        if info.type == FileType.DIRECTORY:
+            raise SandboxIsADirectory(f"{path} is a directory")
+        if info.size > limit:
+            raise OutputLimitExceeded(
+                f"{path} is {info.size} bytes, over the read limit of {limit} bytes")
+        with mapped(f"read {path}"):
+            data: bytes = bytes(await self.e2b.files.read(path, format="bytes"))
+        if len(data) > limit:
+            raise OutputLimitExceeded(f"{path} is over the read limit of {limit} bytes")
+        return data
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        try:
+            if (await self.stat(path)).type == FileType.DIRECTORY:
+                raise SandboxIsADirectory(f"{path} is a directory")
+        except FileNotFoundError:
+            pass
+        with mapped(f"write {path}"):
+            await self.e2b.files.write(path, data)
+
+    async def list_dir(self, path: str) -> list[FileInfo]:
+        info = await self.stat(path)
+        if info.type != FileType.DIRECTORY:
+            raise InvalidArgument(f"{path} is not a directory")
+        with mapped(f"list {path}"):
+            entries = await self.e2b.files.list(path, depth=1)
+        return [_file_info(e) for e in entries]
+
+    async def remove(self, path: str, recursive: bool) -> None:
+        info = await self.stat(path)  # a missing path is file_not_found, not E2B's no-op
+        if info.type == FileType.DIRECTORY and not recursive and await self.list_dir(path):
+            raise SandboxIsADirectory(f"{path} is a non-empty directory; pass recursive=True")
+        with mapped(f"remove {path}"):
+            await self.e2b.files.remove(path)
+
+    async def walk_files(self, root: str) -> list[str]:
+        info = await self.stat(root)
+        if info.type != FileType.DIRECTORY:
+            return [root]
+        with mapped(f"walk {root}"):
+            entries = await self.e2b.files.list(root, depth=WALK_DEPTH)
+        return sorted(e.path for e in entries if e.type == E2BFileType.FILE)
+
+    async def exists(self, path: str) -> bool:
+        try:
+            await self.stat(path)
+        except SandboxFileNotFound:
+            return False
+        return True

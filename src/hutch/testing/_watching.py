@@ -1,0 +1,168 @@
+"""Watching a directory: created, written, removed and renamed, seen the
+same way on every provider (by inotify or by looking again; the sandbox's
+``capabilities.watch`` says which)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import hutch
+
+from ._support import Case, raises
+
+#: How long a case waits for an event before it fails (a bound against a
+#: hang, not a speed: a polling watch looks every half second).
+EVENT_PATIENCE = 60.0
+
+Match = Callable[[hutch.FileEvent], bool]
+
+
+async def _until(watcher: Any, match: Match, seen: list[hutch.FileEvent]) -> hutch.FileEvent:
+    """Read ``watcher`` (adding to ``seen``) until an event ``match``es."""
+    deadline = time.monotonic() + EVENT_PATIENCE
+    while True:
+        for event in seen:
+            if match(event):
+                return event
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"the awaited event never came; the watch told {seen}")
+        seen.extend(await watcher.events(wait=min(left, 5.0)))
+
+
+def _is(kind: str, path: str, new_path: str | None = None) -> Match:
+    return lambda e: e.type == kind and e.path == path and (
+        new_path is None or e.new_path == new_path)
+
+
+async def check_watch_sees_files_created_written_and_removed(sandbox: Any) -> None:
+    assert sandbox.capabilities.watch in ("inotify", "poll")
+    await sandbox.write_text("watched/was-there.txt", "old")
+    watcher = await sandbox.watch("watched")
+    try:
+        assert watcher.active
+        seen: list[hutch.FileEvent] = []
+        await sandbox.write_text("watched/new file ü.txt", "new")
+        await _until(watcher, _is("created", sandbox.path("watched/new file ü.txt")), seen)
+        await sandbox.write_text("watched/was-there.txt", "written again, longer", overwrite=True)
+        await _until(watcher, _is("written", sandbox.path("watched/was-there.txt")), seen)
+        await sandbox.remove("watched/new file ü.txt")
+        await _until(watcher, _is("removed", sandbox.path("watched/new file ü.txt")), seen)
+        await sandbox.mkdir("watched/made")
+        await _until(watcher, _is("created", sandbox.path("watched/made")), seen)
+        assert all(e.path.startswith(sandbox.path("watched") + "/") for e in seen)
+    finally:
+        await watcher.close()
+
+
+async def check_watch_pairs_a_rename(sandbox: Any) -> None:
+    await sandbox.write_text("moves/before.txt", "contents")
+    watcher = await sandbox.watch("moves")
+    try:
+        await sandbox.rename("moves/before.txt", "moves/after.txt")
+        seen: list[hutch.FileEvent] = []
+        await _until(watcher, _is("renamed", sandbox.path("moves/before.txt"),
+                                  sandbox.path("moves/after.txt")), seen)
+    finally:
+        await watcher.close()
+
+
+async def check_watch_sees_what_commands_change(sandbox: Any) -> None:
+    """Changes made by processes in the sandbox, not only through hutch."""
+    if not sandbox.capabilities.processes:
+        return
+    await sandbox.mkdir("by-commands")
+    watcher = await sandbox.watch("by-commands")
+    try:
+        seen: list[hutch.FileEvent] = []
+        await sandbox.exec("echo one > by-commands/made.log")
+        await _until(watcher, _is("created", sandbox.path("by-commands/made.log")), seen)
+        await sandbox.exec("echo two more >> by-commands/made.log")
+        await _until(watcher, _is("written", sandbox.path("by-commands/made.log")), seen)
+        await sandbox.exec("mv by-commands/made.log by-commands/moved.log")
+        await _until(watcher, _is("renamed", sandbox.path("by-commands/made.log"),
+                                  sandbox.path("by-commands/moved.log")), seen)
+        await sandbox.exec("rm by-commands/moved.log")
+        await _until(watcher, _is("removed", sandbox.path("by-commands/moved.log")), seen)
+    finally:
+        await watcher.close()
+
+
+async def check_recursive_watch_sees_every_level(sandbox: Any) -> None:
+    await sandbox.write_text("tree/deep/er/file.txt", "x")
+    watcher = await sandbox.watch("tree", recursive=True)
+    try:
+        assert watcher.recursive
+        seen: list[hutch.FileEvent] = []
+        await sandbox.write_text("tree/deep/er/other.txt", "y")
+        await _until(watcher, _is("created", sandbox.path("tree/deep/er/other.txt")), seen)
+        # A directory made after the watch began is watched too.
+        await sandbox.mkdir("tree/later/on", parents=True)
+        await _until(watcher, _is("created", sandbox.path("tree/later/on")), seen)
+        await sandbox.write_text("tree/later/on/new.txt", "z")
+        await _until(watcher, _is("created", sandbox.path("tree/later/on/new.txt")), seen)
+    finally:
+        await watcher.close()
+
+
+async def check_a_write_that_makes_directories_tells_only_its_file(sandbox: Any) -> None:
+    """A write into directories it makes: the directories and the file, and
+    nothing of how the write is done (a runtime's temporary file, found in
+    a new directory as its watch is added, is no file of the caller's)."""
+    await sandbox.mkdir("made-by-write")
+    watcher = await sandbox.watch("made-by-write", recursive=True)
+    try:
+        seen: list[hutch.FileEvent] = []
+        for n in range(5):
+            await sandbox.write_text(f"made-by-write/d{n}/e/f.txt", "x")
+            await _until(watcher, _is("created", sandbox.path(f"made-by-write/d{n}/e/f.txt")),
+                         seen)
+        written = {sandbox.path(f"made-by-write/d{n}{tail}") for n in range(5)
+                   for tail in ("", "/e", "/e/f.txt")}
+        assert {e.path for e in seen} <= written, seen
+    finally:
+        await watcher.close()
+
+
+async def check_watch_without_recursive_stays_at_its_level(sandbox: Any) -> None:
+    await sandbox.write_text("level/below/old.txt", "x")
+    watcher = await sandbox.watch("level")
+    try:
+        assert not watcher.recursive
+        seen: list[hutch.FileEvent] = []
+        await sandbox.write_text("level/below/new.txt", "not told")
+        await sandbox.write_text("level/marker.txt", "told")
+        await _until(watcher, _is("created", sandbox.path("level/marker.txt")), seen)
+        below = sandbox.path("level/below") + "/"
+        assert not [e for e in seen if e.path.startswith(below)], seen
+    finally:
+        await watcher.close()
+
+
+async def check_watch_errors_and_close(sandbox: Any) -> None:
+    with raises(FileNotFoundError, code="file_not_found"):
+        await sandbox.watch("no-such-directory")
+    await sandbox.write_text("a-file.txt", "x")
+    with raises(NotADirectoryError, code="not_a_directory"):
+        await sandbox.watch("a-file.txt")
+    await sandbox.mkdir("closing")
+    watcher = await sandbox.watch("closing")
+    await watcher.close()
+    assert not watcher.active
+    await sandbox.write_text("closing/after.txt", "x")
+    assert await watcher.events() == []
+    assert [e async for e in watcher] == []
+    await watcher.close()  # again: nothing to do
+
+
+WATCH_CASES: list[Case] = [
+    check_watch_sees_files_created_written_and_removed,
+    check_watch_pairs_a_rename,
+    check_watch_sees_what_commands_change,
+    check_recursive_watch_sees_every_level,
+    check_a_write_that_makes_directories_tells_only_its_file,
+    check_watch_without_recursive_stays_at_its_level,
+    check_watch_errors_and_close,
+]

@@ -1,0 +1,90 @@
+"""Watching, below the conformance suite: the polling watch's comparison,
+inotify's events as hutch's, and the bounds (watches per sandbox)."""
+
+from __future__ import annotations
+
+import tempfile
+
+import pytest
+
+from hutch._types import FileEvent, FileInfo, FileType
+from hutch.providers.watching import (
+    IN_CREATE,
+    IN_ISDIR,
+    IN_MODIFY,
+    IN_MOVED_FROM,
+    IN_MOVED_TO,
+    InotifyEvents,
+    compare,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+def _file(path: str, size: int = 1, mtime: float = 1.0) -> FileInfo:
+    return FileInfo(path, FileType.FILE, size, 0o644, mtime)
+
+
+def _dir(path: str, mtime: float = 1.0) -> FileInfo:
+    return FileInfo(path, FileType.DIRECTORY, 0, 0o755, mtime)
+
+
+def test_polling_tells_changes_and_guesses_renames() -> None:
+    before = {p.path: p for p in (_file("/w/a", 3, 5.0), _file("/w/b"), _dir("/w/d"),
+                                  _file("/w/d/x"), _file("/w/gone", 9, 9.0))}
+    after = {p.path: p for p in (_file("/w/a2", 3, 5.0), _file("/w/b", 2, 2.0), _dir("/w/e"),
+                                 _file("/w/e/x"), _file("/w/new", 7, 7.0))}
+    events = compare(before, after)
+    assert FileEvent("renamed", "/w/a", "/w/a2") in events
+    assert FileEvent("renamed", "/w/d", "/w/e") in events
+    assert FileEvent("written", "/w/b") in events
+    assert FileEvent("removed", "/w/gone") in events
+    assert FileEvent("created", "/w/new") in events
+    # What moved with its directory is not told again.
+    assert not [e for e in events if e.path.startswith("/w/d/") or e.path.startswith("/w/e/")]
+    # A directory whose time changed (something made in it) is not "written".
+    assert compare({"/w/d": _dir("/w/d", 1.0)}, {"/w/d": _dir("/w/d", 2.0)}) == []
+
+
+def test_inotify_events_pair_renames_and_follow_new_directories() -> None:
+    watched: dict[int, str] = {}
+
+    def add(path: str) -> int:
+        watched[len(watched) + 1] = path
+        return len(watched)
+
+    events = InotifyEvents("/w", True, add, lambda wd: None,
+                           lambda path: [("inside", False)] if path == "/w/sub" else [])
+    events.watch_tree("/w")
+    told = events.translate([
+        (1, IN_CREATE, 0, "f"), (1, IN_MODIFY, 0, "f"), (1, IN_MODIFY, 0, "f"),
+        (1, IN_MOVED_FROM, 7, "f"), (1, IN_MOVED_TO, 7, "g"),
+        (1, IN_MOVED_FROM, 8, "out"),  # moved out of the tree: a removal
+        (1, IN_MOVED_TO, 9, "in"),     # moved in: a creation
+        (1, IN_CREATE | IN_ISDIR, 0, "sub"),
+    ])
+    assert told == [
+        FileEvent("created", "/w/f"), FileEvent("written", "/w/f"),
+        FileEvent("renamed", "/w/f", "/w/g"), FileEvent("removed", "/w/out"),
+        FileEvent("created", "/w/in"), FileEvent("created", "/w/sub"),
+        FileEvent("created", "/w/sub/inside"),  # made before its watch was
+    ]
+    assert "/w/sub" in watched.values()
+
+
+async def test_a_sandbox_holds_so_many_watches(monkeypatch: pytest.MonkeyPatch) -> None:
+    import hutch._sandbox
+
+    monkeypatch.setattr(hutch._sandbox, "MAX_WATCHES", 2)
+    with tempfile.TemporaryDirectory() as workdir:
+        async with await hutch.create_sandbox("local", workdir=workdir) as sb:
+            first, second = await sb.watch("."), await sb.watch(".")
+            with pytest.raises(hutch.ResourceExhausted):
+                await sb.watch(".")
+            await first.close()
+            third = await sb.watch(".")
+            assert sb.watcher(third.id) is third
+            with pytest.raises(hutch.NotFound):
+                sb.watcher(first.id)
+        # The sandbox's close ended the rest.
+        assert not second.active and not third.active
