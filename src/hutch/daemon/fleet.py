@@ -52,8 +52,11 @@ class Fleet(Reconciling):
     _fleet_read = 0.0
 
     async def _join_fleet(self) -> None:
-        """Write as this daemon from now on, and register it."""
-        self.store.act_as(self.daemon_id, fleet_lease_seconds())
+        """Write as this daemon from now on, and register it. On a store
+        only one daemon serves (SQLite), its rows never lapse: no other
+        daemon could take them over."""
+        self.store.act_as(self.daemon_id,
+                          fleet_lease_seconds() if self.store.shared else _NEVER_LAPSES)
         assert self.daemon_id is not None
         await self.astore.register_daemon(self.daemon_id, self.advertise_url or "",
                                           self.store.lease_seconds)
@@ -171,5 +174,7 @@ class Fleet(Reconciling):
         return known.url
 
 
+#: A lease (seconds) that does not lapse in practice (about 30 years).
+_NEVER_LAPSES = 1e9
 #: A request path's first part -> the kind of row its second names.
 _ROUTED = {"sandboxes": "sandbox", "workspaces": "workspace", "snapshots": "snapshot"}
