@@ -88,3 +88,24 @@ async def test_a_sandbox_holds_so_many_watches(monkeypatch: pytest.MonkeyPatch) 
                 sb.watcher(first.id)
         # The sandbox's close ended the rest.
         assert not second.active and not third.active
+
+
+async def test_a_polling_watch_outlasts_a_pause(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Looks made while the sandbox is paused fail (sandbox_unavailable):
+    skipped, and the watch tells what changed once it runs again."""
+    import asyncio
+
+    import hutch.providers.watching
+
+    monkeypatch.setattr(hutch.providers.watching, "POLL_INTERVAL", 0.01)
+    async with await hutch.create_sandbox("virtual") as sb:
+        assert sb.capabilities.watch == "poll"
+        watcher = await sb.watch(".")
+        await sb.pause()
+        await asyncio.sleep(0.2)  # looks at the paused sandbox come and go
+        assert watcher.active
+        await sb.resume()
+        await sb.write_text("after.txt", "x")
+        events = await watcher.events(wait=30)
+        assert hutch.FileEvent("created", sb.path("after.txt")) in events
+        await watcher.close()

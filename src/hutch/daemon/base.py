@@ -52,6 +52,7 @@ from .common import (
     make_private_file,
 )
 from .host import _DaemonHost
+from .metrics import DaemonMetrics
 from .policy import OperatorPolicy
 
 if TYPE_CHECKING:
@@ -90,8 +91,11 @@ class DaemonBase:
         #: where the fleet's other daemons reach it (set by start()).
         self.daemon_id: str | None = None
         self.advertise_url = advertise_url
+        #: Its metrics (the server renders them at /metrics).
+        self.metrics = DaemonMetrics(
+            lambda: [(s.provider, s.state) for s in list(self.sandboxes.values())])
         #: The same store, off the event loop: what the daemon's coroutines use.
-        self.astore = AsyncStore(store)
+        self.astore = AsyncStore(store, observe=self.metrics.store_call)
         self.sandbox_defaults = dict(sandbox_defaults or {})
         #: The provider of requests that name none (see default_provider()).
         self._default_provider = default_provider
@@ -165,6 +169,7 @@ class DaemonBase:
             self._forget_lost(sandbox_id, str(exc))
             raise
         # Durable from here: nothing below may undo it.
+        self.metrics.transition(row.provider, old, new, reason)
         if sandbox_id in self._leftovers and new is not SandboxState.PAUSED:
             self._leftovers.discard(sandbox_id)
             if new is SandboxState.RUNNING and sandbox is not None:

@@ -33,6 +33,7 @@ from .._errors import (
     ResourceExhausted,
     SandboxFileNotFound,
     SandboxNotADirectory,
+    SandboxUnavailable,
 )
 from .._types import FileEvent, FileInfo, FileType
 
@@ -137,6 +138,10 @@ class PollWatch(BackendWatch):
             except (FileNotFoundError, InvalidArgument):
                 self._ended = True
                 return [FileEvent("removed", path) for path in sorted(self._seen)]
+            except SandboxUnavailable:
+                # Paused or suspended: nothing changes meanwhile; the next look
+                # after its resume compares (the sandbox's end ends the watch).
+                continue
             events = compare(self._seen, now)
             self._seen = now
             if events:

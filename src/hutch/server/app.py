@@ -47,11 +47,13 @@ from . import e2b
 from .errors import error_json, unexpected_error_json
 from .forward import Forward
 from .hot import HotRoutes
+from .metrics import OperationMetrics
 from .middleware import BodyBudget, BodyLimit, CancelOnDisconnect, TokenAuth
 from .routes import (
     definitions,
     exec,
     files,
+    metrics,
     processes,
     pty,
     refs,
@@ -75,6 +77,7 @@ HOT_HANDLERS = {"exec_": "_exec", "read_file": "_read", "write_file": "_write",
 ROUTERS = [
     exec.router, files.router, sandboxes.router, definitions.router, snapshots.router,
     refs.router, processes.router, pty.router, workspaces.router, watch.router, events_router,
+    metrics.router,
 ]
 
 
@@ -201,7 +204,9 @@ def create_app(
     app.add_middleware(BodyBudget)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(CancelOnDisconnect)
-    # Inside the credential check: another daemon's sandbox is served by it.
+    app.add_middleware(OperationMetrics, daemon=lambda: holder.get("daemon"))
+    # Inside the credential check: another daemon's sandbox is served by it
+    # (and counted there).
     app.add_middleware(Forward, daemon=lambda: holder.get("daemon"))
     app.add_middleware(TokenAuth, token=settings.token, daemon=lambda: holder.get("daemon"))
     # Outermost: E2B's requests carry E2B's credentials, not the bearer token.
