@@ -51,6 +51,7 @@ from .common import (
     make_private_dir,
     make_private_file,
 )
+from .events import EventFeed
 from .host import _DaemonHost
 from .metrics import DaemonMetrics
 from .policy import OperatorPolicy
@@ -94,8 +95,15 @@ class DaemonBase:
         #: Its metrics (the server renders them at /metrics).
         self.metrics = DaemonMetrics(
             lambda: [(s.provider, s.state) for s in list(self.sandboxes.values())])
+        #: Its event log, followed live (woken by the store calls that write events).
+        self.event_feed = EventFeed(lambda subject, limit: self.astore.events(subject, limit))
+
+        def observe(call: str, seconds: float) -> None:
+            self.metrics.store_call(call, seconds)
+            self.event_feed.store_call(call)
+
         #: The same store, off the event loop: what the daemon's coroutines use.
-        self.astore = AsyncStore(store, observe=self.metrics.store_call)
+        self.astore = AsyncStore(store, observe=observe)
         self.sandbox_defaults = dict(sandbox_defaults or {})
         #: The provider of requests that name none (see default_provider()).
         self._default_provider = default_provider
