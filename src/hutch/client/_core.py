@@ -341,6 +341,19 @@ class ClientOps:
         value: list[dict[str, Any]] = (yield Call("GET", "/v1/events", params=params))["events"]
         return value
 
+    @stream_op
+    def follow_events(
+        self, subject: str | None = None, limit: int = 10
+    ) -> Events[dict[str, Any]]:
+        """The newest ``limit`` events (of ``subject``, a sandbox id or
+        workspace name, or all), then each as it happens, until the caller
+        stops iterating."""
+        params: dict[str, Any] = {"limit": limit}
+        if subject is not None:
+            params["subject"] = subject
+        return (yield Call("GET", "/v1/events/follow", params=params, stream=True,
+                           timeout=None))
+
 
 class SandboxOps:
     """Operations on one sandbox; the same names and results as hutch.Sandbox."""

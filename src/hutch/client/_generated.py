@@ -224,6 +224,19 @@ class AsyncClientFace(ClientOps):
         value: list[dict[str, Any]] = await self._transport.drive(operation, self)
         return value
 
+    def follow_events(
+        self,
+        subject: str | None = None,
+        limit: int = 10,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The newest ``limit`` events (of ``subject``, a sandbox id or
+        workspace name, or all), then each as it happens, until the caller
+        stops iterating.
+        """
+        operation = ClientOps.follow_events(self, subject, limit)
+        value: AsyncIterator[dict[str, Any]] = self._transport.drive_stream(operation, self)
+        return value
+
 
 class ClientFace(ClientOps):
     """The sync face of :class:`ClientOps`."""
@@ -384,6 +397,19 @@ class ClientFace(ClientOps):
     def events(self, subject: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
         operation = ClientOps.events(self, subject, limit)
         value: list[dict[str, Any]] = self._transport.drive(operation, self)
+        return value
+
+    def follow_events(
+        self,
+        subject: str | None = None,
+        limit: int = 10,
+    ) -> Iterator[dict[str, Any]]:
+        """The newest ``limit`` events (of ``subject``, a sandbox id or
+        workspace name, or all), then each as it happens, until the caller
+        stops iterating.
+        """
+        operation = ClientOps.follow_events(self, subject, limit)
+        value: Iterator[dict[str, Any]] = self._transport.drive_stream(operation, self)
         return value
 
 
