@@ -554,6 +554,13 @@ class SandboxOps:
         return WatcherRef(self.id, info)
 
     @op
+    def watcher(self, watcher_id: str) -> Op[WatcherRef]:
+        """A watch of this sandbox by its id (NotFound once closed), as
+        :meth:`watch` made it, here or in another session."""
+        info = yield Call("GET", self._path(f"/watchers/{watcher_id}"))
+        return WatcherRef(self.id, info)
+
+    @op
     def grep(
         self, pattern: str, path: str = ".", *, glob: str | None = None,
         ignore_case: bool = False, limit: int = 256 * 1024 * 1024,

@@ -647,6 +647,14 @@ class AsyncSandboxFace(SandboxOps):
         value: AsyncRemoteWatcher = await self._transport.drive(operation, self)
         return value
 
+    async def watcher(self, watcher_id: str) -> AsyncRemoteWatcher:
+        """A watch of this sandbox by its id (NotFound once closed), as
+        :meth:`watch` made it, here or in another session.
+        """
+        operation = SandboxOps.watcher(self, watcher_id)
+        value: AsyncRemoteWatcher = await self._transport.drive(operation, self)
+        return value
+
     async def grep(
         self,
         pattern: str,
@@ -903,6 +911,14 @@ class SandboxFace(SandboxOps):
         look, and iterating it gives them as they come.
         """
         operation = SandboxOps.watch(self, path, recursive=recursive)
+        value: RemoteWatcher = self._transport.drive(operation, self)
+        return value
+
+    def watcher(self, watcher_id: str) -> RemoteWatcher:
+        """A watch of this sandbox by its id (NotFound once closed), as
+        :meth:`watch` made it, here or in another session.
+        """
+        operation = SandboxOps.watcher(self, watcher_id)
         value: RemoteWatcher = self._transport.drive(operation, self)
         return value
 

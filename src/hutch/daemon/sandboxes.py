@@ -208,6 +208,15 @@ class Sandboxes(Refs):
             info["refs"] = self.refs_json(sandbox.id)
         return {**info, "workspace": self.workspace_of.get(sandbox.id), "ended_at_unix": None}
 
+    @classmethod
+    def stored_info(cls, row: SandboxRow) -> dict[str, Any]:
+        """What :meth:`info` answers for a sandbox another daemon of a fleet
+        serves (or that ended), as the store has it."""
+        info = cls.ended_info(row)
+        if row.state not in FINAL:
+            info["ended_at_unix"] = None
+        return info
+
     @staticmethod
     def ended_info(row: SandboxRow) -> dict[str, Any]:
         """What :meth:`info` answers, for a sandbox that ended and is known
@@ -250,13 +259,14 @@ class Sandboxes(Refs):
         """Live sandboxes; with ``include_ended`` also those that ended within
         the retention period, oldest first."""
         live = [await self.info(s) for s in list(self.sandboxes.values())]
-        if not include_ended:
-            return live
-        ended = [
-            self.ended_info(row) for row in await self.astore.list_sandboxes(include_final=True)
-            if row.state in FINAL and row.id not in self.sandboxes
+        # A fleet's other daemons' sandboxes (and ended ones), as the store
+        # has them: every sandbox once, whoever serves it.
+        others = [
+            self.stored_info(row)
+            for row in await self.astore.list_sandboxes(include_final=include_ended)
+            if row.id not in self.sandboxes
         ]
-        return sorted([*live, *ended], key=lambda info: float(info["created_at_unix"] or 0))
+        return sorted([*live, *others], key=lambda info: float(info["created_at_unix"] or 0))
 
     async def delete_sandbox(self, sandbox_id: str) -> None:
         """End a sandbox. Idempotent: one that already ended (expired, failed,

@@ -45,6 +45,9 @@ class ServerSettings(BaseModel):
     #: Where the daemon keeps its state (hutch.store.open_store): None for
     #: SQLite in the data directory, or a ``postgresql://`` URL.
     store: str | None = None
+    #: Where the other daemons of a fleet reach this one (``--advertise-url``;
+    #: default: the address it listens on).
+    advertise_url: str | None = None
     #: The operator's sandbox definitions (``[definitions.NAME]`` in hutch.toml).
     definitions: dict[str, dict[str, Any]] = {}
     #: Warm pools (``[pools.NAME]`` in hutch.toml: ``size`` and a create's settings).
