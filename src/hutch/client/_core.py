@@ -341,6 +341,29 @@ class ClientOps:
         value: list[dict[str, Any]] = (yield Call("GET", "/v1/events", params=params))["events"]
         return value
 
+    @op
+    def list_pools(self) -> Op[list[dict[str, Any]]]:
+        """The daemon's warm pools: name, provider, settings, size, ready, hits."""
+        value: list[dict[str, Any]] = (yield Call("GET", "/v1/pools"))["pools"]
+        return value
+
+    @op
+    def set_pool(
+        self, name: str, size: int, settings: dict[str, Any] | None = None
+    ) -> Op[dict[str, Any]]:
+        """Make or resize a warm pool of ``size`` sandboxes made with
+        ``settings`` (a create's: ``{"provider": "docker", "image": ...}``);
+        a create with the same provider settings takes one of them."""
+        value: dict[str, Any] = yield Call(
+            "PUT", f"/v1/pools/{name}", json={"size": size, "settings": settings or {}},
+            timeout=600)
+        return value
+
+    @op
+    def remove_pool(self, name: str) -> Op[None]:
+        """Remove a warm pool and the sandboxes it kept ready."""
+        yield Call("DELETE", f"/v1/pools/{name}", timeout=600)
+
     @stream_op
     def follow_events(
         self, subject: str | None = None, limit: int = 10
@@ -528,6 +551,13 @@ class SandboxOps:
             raise InvalidArgument(f"recursive must be true or false, not {recursive!r}")
         info = yield Call("POST", self._path("/watchers"),
                           json={"path": path, "recursive": recursive}, timeout=120)
+        return WatcherRef(self.id, info)
+
+    @op
+    def watcher(self, watcher_id: str) -> Op[WatcherRef]:
+        """A watch of this sandbox by its id (NotFound once closed), as
+        :meth:`watch` made it, here or in another session."""
+        info = yield Call("GET", self._path(f"/watchers/{watcher_id}"))
         return WatcherRef(self.id, info)
 
     @op
