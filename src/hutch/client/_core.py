@@ -280,6 +280,29 @@ class ClientOps:
         value: list[dict[str, Any]] = (yield Call("GET", "/v1/events", params=params))["events"]
         return value
 
+    @op
+    def list_pools(self) -> Op[list[dict[str, Any]]]:
+        """The daemon's warm pools: name, provider, settings, size, ready, hits."""
+        value: list[dict[str, Any]] = (yield Call("GET", "/v1/pools"))["pools"]
+        return value
+
+    @op
+    def set_pool(
+        self, name: str, size: int, settings: dict[str, Any] | None = None
+    ) -> Op[dict[str, Any]]:
+        """Make or resize a warm pool of ``size`` sandboxes made with
+        ``settings`` (a create's: ``{"provider": "docker", "image": ...}``);
+        a create with the same provider settings takes one of them."""
+        value: dict[str, Any] = yield Call(
+            "PUT", f"/v1/pools/{name}", json={"size": size, "settings": settings or {}},
+            timeout=600)
+        return value
+
+    @op
+    def remove_pool(self, name: str) -> Op[None]:
+        """Remove a warm pool and the sandboxes it kept ready."""
+        yield Call("DELETE", f"/v1/pools/{name}", timeout=600)
+
     @stream_op
     def follow_events(
         self, subject: str | None = None, limit: int = 10

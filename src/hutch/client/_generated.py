@@ -224,6 +224,31 @@ class AsyncClientFace(ClientOps):
         value: list[dict[str, Any]] = await self._transport.drive(operation, self)
         return value
 
+    async def list_pools(self) -> list[dict[str, Any]]:
+        """The daemon's warm pools: name, provider, settings, size, ready, hits."""
+        operation = ClientOps.list_pools(self)
+        value: list[dict[str, Any]] = await self._transport.drive(operation, self)
+        return value
+
+    async def set_pool(
+        self,
+        name: str,
+        size: int,
+        settings: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Make or resize a warm pool of ``size`` sandboxes made with
+        ``settings`` (a create's: ``{"provider": "docker", "image": ...}``);
+        a create with the same provider settings takes one of them.
+        """
+        operation = ClientOps.set_pool(self, name, size, settings)
+        value: dict[str, Any] = await self._transport.drive(operation, self)
+        return value
+
+    async def remove_pool(self, name: str) -> None:
+        """Remove a warm pool and the sandboxes it kept ready."""
+        operation = ClientOps.remove_pool(self, name)
+        await self._transport.drive(operation, self)
+
     def follow_events(
         self,
         subject: str | None = None,
@@ -398,6 +423,31 @@ class ClientFace(ClientOps):
         operation = ClientOps.events(self, subject, limit)
         value: list[dict[str, Any]] = self._transport.drive(operation, self)
         return value
+
+    def list_pools(self) -> list[dict[str, Any]]:
+        """The daemon's warm pools: name, provider, settings, size, ready, hits."""
+        operation = ClientOps.list_pools(self)
+        value: list[dict[str, Any]] = self._transport.drive(operation, self)
+        return value
+
+    def set_pool(
+        self,
+        name: str,
+        size: int,
+        settings: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Make or resize a warm pool of ``size`` sandboxes made with
+        ``settings`` (a create's: ``{"provider": "docker", "image": ...}``);
+        a create with the same provider settings takes one of them.
+        """
+        operation = ClientOps.set_pool(self, name, size, settings)
+        value: dict[str, Any] = self._transport.drive(operation, self)
+        return value
+
+    def remove_pool(self, name: str) -> None:
+        """Remove a warm pool and the sandboxes it kept ready."""
+        operation = ClientOps.remove_pool(self, name)
+        self._transport.drive(operation, self)
 
     def follow_events(
         self,

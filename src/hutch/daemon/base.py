@@ -58,6 +58,7 @@ from .policy import OperatorPolicy
 
 if TYPE_CHECKING:
     from .core import Daemon
+    from .pools import Pool
 
 
 class DaemonBase:
@@ -128,6 +129,8 @@ class DaemonBase:
             on_deadline=self._persist_deadline,
         )
         self.sandboxes: dict[str, Sandbox] = {}
+        #: Warm pools by name (see .pools).
+        self._pools: dict[str, Pool] = {}
         #: sandbox id -> the workspace it serves, for the sandboxes that serve one.
         self.workspace_of: dict[str, str] = {}
         self._guards: dict[tuple[str, str], ReadBeforeWriteGuard] = {}

@@ -27,6 +27,7 @@ from ..definitions.sources import (
     Progress,
 )
 from ..lifecycle.state import found_state
+from ..providers.base import SandboxBackend
 from ..providers.registry import get_provider
 from ..states import FINAL, SandboxState
 from ..store import (
@@ -51,7 +52,10 @@ class Sandboxes(Refs):
     ) -> Sandbox:
         """Make a sandbox from ``spec``, or start one from ``from_snapshot``
         (whose own settings ``spec`` then is, with its options as asked)."""
-        sid = sandbox_id or new_sandbox_id()
+        # A warm pool's runtime, when the create is a plain one of a pool's settings.
+        pooled = (self._take_pooled(spec)
+                  if sandbox_id is None and workspace is None and from_snapshot is None else None)
+        sid = pooled[0] if pooled else sandbox_id or new_sandbox_id()
         now = time.time()
         row = SandboxRow(
             id=sid, provider=spec.provider_name, state=SandboxState.CREATING.value,
@@ -63,7 +67,9 @@ class Sandboxes(Refs):
         await self.astore.put_sandbox(row)
         backend_cls = get_provider(spec.provider_name)
         try:
-            if from_snapshot is not None:
+            if pooled is not None:
+                backend = pooled[1]
+            elif from_snapshot is not None:
                 backend = await backend_cls.create_from_snapshot(
                     spec.provider, sid, ProviderSnapshot.from_dict(from_snapshot.handle)
                 )
@@ -94,6 +100,10 @@ class Sandboxes(Refs):
         await self._note(sid, "created", f"{spec.provider_name} sandbox created")
         self._watch(type(backend))
         return sandbox
+
+    def _take_pooled(self, spec: SandboxSpec) -> tuple[str, SandboxBackend] | None:
+        """A warm pool's runtime made with ``spec``'s provider settings (see .pools)."""
+        return None
 
     async def adopt_left_sandbox(
         self, sandbox_id: str, provider: str, description: Mapping[str, Any],
