@@ -20,7 +20,16 @@ from typing import Any, TypeVar
 
 import anyio.to_thread
 
-from .base import DefinitionRow, InstanceRow, RefRow, SandboxRow, SnapshotRow, Store, WorkspaceRow
+from .base import (
+    DaemonRow,
+    DefinitionRow,
+    InstanceRow,
+    RefRow,
+    SandboxRow,
+    SnapshotRow,
+    Store,
+    WorkspaceRow,
+)
 
 T = TypeVar("T")
 
@@ -52,6 +61,21 @@ class AsyncStore:
 
     async def close(self) -> None:
         await self._run(self.store.close)
+
+    async def register_daemon(self, daemon_id: str, url: str, seconds: float) -> None:
+        return await self._run(self.store.register_daemon, daemon_id, url, seconds)
+
+    async def daemons(self) -> list[DaemonRow]:
+        return await self._run(self.store.daemons)
+
+    async def lapsed_sandboxes(self) -> list[SandboxRow]:
+        return await self._run(self.store.lapsed_sandboxes)
+
+    async def take_over(self, kind: str, key: str) -> bool:
+        return await self._run(self.store.take_over, kind, key)
+
+    async def take_over_lapsed(self, kind: str) -> list[str]:
+        return await self._run(self.store.take_over_lapsed, kind)
 
     async def put_sandbox(self, row: SandboxRow, event: tuple[str, str] | None = None) -> None:
         return await self._run(self.store.put_sandbox, row, event)
