@@ -20,6 +20,7 @@ import pytest
 from hutch.store import (
     DefinitionRow,
     InstanceRow,
+    OwnershipLost,
     RefRow,
     SandboxRow,
     SnapshotRow,
@@ -338,3 +339,133 @@ def test_another_programs_change_is_seen_and_ones_own_is_not(open_store: OpenSto
     while store.changes_by_others() == seen and time.monotonic() < deadline:
         time.sleep(0.02)
     assert store.changes_by_others() != seen
+
+
+# -- a fleet: owners, leases and fencing -------------------------------------------------
+def test_daemons_register_and_their_heartbeat_lapses(open_store: OpenStore) -> None:
+    store = open_store()
+    store.register_daemon("d-1", "http://a:1", 30)
+    store.register_daemon("d-2", "http://b:2", 0.2)
+    time.sleep(0.5)
+    seen = {d.id: (d.url, d.alive) for d in open_store().daemons()}
+    assert seen == {"d-1": ("http://a:1", True), "d-2": ("http://b:2", False)}
+
+
+def test_owned_rows_are_written_by_their_owner_alone(open_store: OpenStore) -> None:
+    mine, theirs = open_store(), open_store()
+    mine.act_as("d-1", 30)
+    theirs.act_as("d-2", 30)
+    row = sandbox_row()
+    mine.put_sandbox(row)
+    assert (row.owner, row.epoch, row.version) == ("d-1", 1, 1)
+    stored = theirs.get_sandbox("sb-1")
+    assert stored is not None and stored.owner == "d-1" and stored.lease_expires_at_unix
+    # Another daemon's write of it, its deadline or its delete: refused, nothing kept.
+    stored.state = "paused"
+    with pytest.raises(OwnershipLost, match="served by daemon d-1"):
+        theirs.put_sandbox(stored, event=("transition", "running -> paused"))
+    with pytest.raises(OwnershipLost):
+        theirs.set_sandbox_deadline("sb-1", 5.0)
+    with pytest.raises(OwnershipLost):
+        theirs.delete_sandbox("sb-1")
+    after = mine.get_sandbox("sb-1")
+    assert after is not None and (after.state, after.deadline_unix, after.version) == (
+        "running", 123.5, 1)
+    assert theirs.events("sb-1") == []
+    # Its owner writes on, each write counted.
+    after.state = "paused"
+    mine.put_sandbox(after)
+    assert after.version == 2
+    # Workspaces and snapshots alike.
+    ws = WorkspaceRow(name="w", status="running", provider="docker", spec={})
+    mine.put_workspace(ws)
+    with pytest.raises(OwnershipLost):
+        theirs.put_workspace(WorkspaceRow(name="w", status="stale", provider="docker", spec={}))
+    snap = SnapshotRow(id="snap-1", provider="docker", status="ready")
+    mine.put_snapshot(snap)
+    with pytest.raises(OwnershipLost):
+        theirs.delete_snapshot("snap-1")
+    # An ownerless (legacy) row is anyone's: the first daemon to write it owns it.
+    legacy = open_store()
+    legacy.put_sandbox(sandbox_row("sb-old"))
+    old = theirs.get_sandbox("sb-old")
+    assert old is not None and old.owner is None
+    theirs.put_sandbox(old)
+    assert old.owner == "d-2"
+
+
+def test_a_lapsed_owner_is_taken_over_and_its_late_writes_refused(
+        open_store: OpenStore) -> None:
+    dead, live = open_store(), open_store()
+    dead.act_as("d-dead", 0.3)
+    live.act_as("d-live", 30)
+    dead.register_daemon("d-dead", "http://dead", 0.3)
+    row = sandbox_row()
+    dead.put_sandbox(row)
+    assert not live.take_over("sandbox", "sb-1"), "its lease holds"
+    assert live.lapsed_sandboxes() == []
+    time.sleep(0.6)
+    assert [r.id for r in live.lapsed_sandboxes()] == ["sb-1"]
+    # A daemon whose lease lapsed cannot write, even before anyone took over.
+    row.state = "paused"
+    with pytest.raises(OwnershipLost, match="lapsed"):
+        dead.put_sandbox(row)
+    assert live.take_over("sandbox", "sb-1")
+    taken = live.get_sandbox("sb-1")
+    assert taken is not None and (taken.owner, taken.epoch, taken.state) == (
+        "d-live", 2, "running")
+    assert live.lapsed_sandboxes() == []
+    # The dead daemon back (its heartbeat renewed): the row is not its own any more.
+    dead.register_daemon("d-dead", "http://dead", 30)
+    with pytest.raises(OwnershipLost, match="served by daemon d-live"):
+        dead.put_sandbox(row)
+    assert not dead.take_over("sandbox", "sb-1")
+    # The new owner's own stale copy (from before an epoch it was not in) is refused too.
+    stale = sandbox_row()
+    stale.owner, stale.epoch = "d-live", 1
+    with pytest.raises(OwnershipLost, match="changed hands"):
+        live.put_sandbox(stale)
+    live.put_sandbox(taken)
+    assert taken.version == 3
+
+
+def test_one_daemon_takes_a_lapsed_row_over_when_several_race(open_store: OpenStore) -> None:
+    dead = open_store()
+    dead.act_as("d-dead", 0.2)
+    dead.put_sandbox(sandbox_row())
+    time.sleep(0.4)
+    stores = [open_store() for _ in range(3)]
+    won: list[str] = []
+    go = threading.Barrier(3)
+
+    def take(store: Store, daemon_id: str) -> None:
+        store.act_as(daemon_id, 30)
+        go.wait()
+        if store.take_over("sandbox", "sb-1"):
+            won.append(daemon_id)
+
+    threads = [threading.Thread(target=take, args=(s, f"d-{i}")) for i, s in enumerate(stores)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(won) == 1, won
+    final = stores[0].get_sandbox("sb-1")
+    assert final is not None and final.owner == won[0] and final.epoch == 2
+
+
+def test_lapsed_workspaces_and_snapshots_are_taken_over_at_once(open_store: OpenStore) -> None:
+    dead, live = open_store(), open_store()
+    dead.act_as("d-dead", 0.2)
+    live.act_as("d-live", 30)
+    dead.put_workspace(WorkspaceRow(name="w", status="running", provider="docker", spec={}))
+    dead.put_snapshot(SnapshotRow(id="snap-1", provider="docker", status="ready"))
+    live.put_snapshot(SnapshotRow(id="snap-2", provider="docker", status="ready"))
+    assert live.take_over_lapsed("snapshot") == []
+    time.sleep(0.4)
+    assert live.take_over_lapsed("snapshot") == ["snap-1"]
+    assert live.take_over_lapsed("workspace") == ["w"]
+    ws = live.get_workspace("w")
+    assert ws is not None and (ws.owner, ws.epoch) == ("d-live", 2)
+    live.delete_snapshot("snap-1")
+    assert live.get_snapshot("snap-1") is None

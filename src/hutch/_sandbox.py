@@ -13,7 +13,7 @@ import re
 import shlex
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from contextlib import aclosing, asynccontextmanager
 from typing import IO, TYPE_CHECKING, Any
 
@@ -21,17 +21,15 @@ import anyio
 
 from ._errors import (
     CapabilityUnsupported,
-    HutchError,
     InvalidArgument,
     NoSuchUser,
     NotFound,
-    ProviderError,
     ResourceExhausted,
     SandboxPermissionDenied,
     SandboxUnavailable,
 )
 from ._faults import fault_point
-from ._guardrail import ReadBeforeWriteGuard, session_guard
+from ._guardrail import ReadBeforeWriteGuard
 from ._membudget import MemoryHold
 from ._process import (
     ExecOutput,
@@ -59,12 +57,12 @@ from .core.commands import ExecCall, events_until_exit, forget_finished, process
 from .core.fileops import make_directory, not_the_workdir, rename_entry, search_bounded
 from .core.live import Attachment, LiveSandbox, closed_message
 from .core.refs import ref_serving
+from .core.session import SandboxSession
 from .providers._grep import grep_output_budget
 from .providers.base import (
     BackendProcess,
     PtyProcess,
     SandboxBackend,
-    SandboxRuntime,
     UnstartedProcess,
 )
 from .states import FINAL, SandboxState
@@ -77,7 +75,7 @@ if TYPE_CHECKING:
     from .store import RefRow
 
 
-class Sandbox:
+class Sandbox(SandboxSession):
     """One sandbox: exec, files, grep, glob, and its lifecycle.
 
     Make one with :func:`hutch.create_sandbox`; use it as an async context
@@ -144,27 +142,6 @@ class Sandbox:
         )
         return session
 
-    # -- what the sessions share -------------------------------------------------
-    @property
-    def _backend(self) -> SandboxBackend:
-        return self._live.backend
-
-    @property
-    def _processes(self) -> dict[str, Process]:
-        return self._live.processes
-
-    @property
-    def _gate(self) -> LifecycleGate | None:
-        return self._live.gate
-
-    @property
-    def _open_ops(self) -> int:
-        return self._live.open_ops
-
-    @_open_ops.setter
-    def _open_ops(self, count: int) -> None:
-        self._live.open_ops = count
-
     # -- identity -------------------------------------------------------------
     @property
     def provider(self) -> str:
@@ -175,18 +152,8 @@ class Sandbox:
         return self._backend.sandbox_capabilities()
 
     @property
-    def _runtime(self) -> SandboxRuntime:
-        """What executes and moves files here now (see providers.base)."""
-        return self._backend.runtime
-
-    @property
     def workdir(self) -> str:
         return self._backend.workdir
-
-    @property
-    def _session_guard(self) -> ReadBeforeWriteGuard:
-        """The read-before-write guard of the session making this call."""
-        return session_guard.get() or self._guard
 
     @property
     def closed(self) -> bool:
@@ -201,38 +168,6 @@ class Sandbox:
     def require(self, capability: str) -> None:
         if not self.capabilities.supports(capability):
             raise CapabilityUnsupported.for_provider(self.provider, capability)
-
-    # -- the gate ---------------------------------------------------------------
-    @asynccontextmanager
-    async def _operation(self, name: str, *, activity: bool = True) -> AsyncIterator[None]:
-        if self._detached:
-            raise SandboxUnavailable(
-                f"this session detached from sandbox {self.id}; attach again with a ref"
-            )
-        if self._ref is not None and not self._live.closed:
-            # As through a server: a revoked or expired ref is refused at every call.
-            self._ref.check_usable(time.time())
-        if self._gate is not None:
-            # The gate knows why a sandbox is gone (expired, closed) and says so.
-            await self._gate.enter(self._live, name, activity=activity)
-        try:
-            if self._live.closed:
-                raise SandboxUnavailable(closed_message(self.id))
-            self._open_ops += 1
-            try:
-                yield
-            except HutchError:
-                raise
-            except (OSError, ValueError, NotImplementedError, TimeoutError):
-                raise
-            except Exception as exc:  # a backend failure that is not ours
-                raise ProviderError(f"{self.provider} sandbox {self.id}: {exc}") from exc
-            finally:
-                self._open_ops -= 1
-        finally:
-            # Every call the gate let in is let out (it may have marked it in flight).
-            if self._gate is not None:
-                self._gate.leave(self._live, name, activity=activity)
 
     def path(self, path: str) -> str:
         """The absolute path inside the sandbox that ``path`` names."""
@@ -321,11 +256,6 @@ class Sandbox:
             raise
         self._processes[process.id] = process
         return process
-
-    def _process_exited(self, process: Process) -> None:
-        if self._gate is not None:
-            self._gate.touch(self._live)
-        forget_finished(self._processes)
 
     def process(self, process_id: str) -> Process:
         forget_finished(self._processes)
@@ -443,16 +373,6 @@ class Sandbox:
         full = self.path(path)
         await self._write(full, lambda: self._runtime.write_file_from(full, source), overwrite)
 
-    async def _write(
-        self, full: str, write: Callable[[], Awaitable[None]], overwrite: bool
-    ) -> None:
-        """A write, under the read-before-write guard (unless told to overwrite)."""
-        async with self._operation("write"):
-            await self._session_guard.check_write(self._runtime, full, overwrite)
-            await write()
-        # What this session wrote, it knows: it may overwrite it again.
-        self._session_guard.mark_read(full)
-
     async def write_text(
         self, path: str, text: str, *, encoding: str = "utf-8", overwrite: bool = False
     ) -> None:
@@ -542,9 +462,6 @@ class Sandbox:
         self._live.watchers[watcher.id] = watcher
         return watcher
 
-    def _watch_closed(self, watcher: Watcher) -> None:
-        self._live.watchers.pop(watcher.id, None)
-
     def watcher(self, watcher_id: str) -> Watcher:
         """A watch of this sandbox by its id (NotFound once closed)."""
         try:
@@ -599,11 +516,6 @@ class Sandbox:
             return await self._backend.preview_url(port)
 
     # -- lifecycle ------------------------------------------------------------------
-    def _engine(self) -> Any:
-        if self._gate is None:
-            raise SandboxUnavailable(f"sandbox {self.id} has no lifecycle engine")
-        return self._gate
-
     @property
     def state(self) -> SandboxState:
         if self._live.record is not None:

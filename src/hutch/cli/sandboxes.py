@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
@@ -69,27 +70,38 @@ def list_sandboxes(as_json: bool, wide: bool, include_ended: bool) -> None:
 @command("events")
 @click.argument("subject", required=False,
                 help="A sandbox id or workspace name; all subjects when omitted.")
-@click.option("--limit", default=100, type=int, show_default=True,
-              help="How many of the newest events to show.")
+@click.option("--limit", default=None, type=int,
+              help="How many of the newest events to show (default 100; 10 with -f).")
+@click.option("-f", "--follow", is_flag=True,
+              help="Keep going: print each event as it happens, until interrupted.")
 @click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 @reports_errors
-def events(subject: str | None, limit: int, as_json: bool) -> None:
+def events(subject: str | None, limit: int | None, follow: bool, as_json: bool) -> None:
     """What happened to a sandbox or workspace, and why (reaped, failed, adopted...)."""
+    if follow:
+        with client() as c:
+            for event in c.follow_events(subject, limit=10 if limit is None else limit):
+                if as_json:
+                    click.echo(json.dumps(event))
+                else:
+                    click.echo(_event_line(event, subject))
+        return
     with client() as c:
-        found = c.events(subject, limit=limit)
+        found = c.events(subject, limit=100 if limit is None else limit)
     if as_json:
         print_json(found)
         return
     if not found:
         err_console.print(f"no events{f' for {subject}' if subject else ''}")
         return
-    lines = []
-    for event in found:
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(event["at_unix"])))
-        who = "" if subject else f"{event['subject']}  "
-        # Plain text: an event's message is data, not rich markup.
-        lines.append(f"{when}  {who}{event['kind']}: {event['message']}")
-    print_lines(lines)
+    # Plain text: an event's message is data, not rich markup.
+    print_lines([_event_line(event, subject) for event in found])
+
+
+def _event_line(event: dict[str, Any], subject: str | None) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(event["at_unix"])))
+    who = "" if subject else f"{event['subject']}  "
+    return f"{when}  {who}{event['kind']}: {event['message']}"
 
 
 @command("create")

@@ -40,10 +40,14 @@ from ._common import command, console, err_console, exit_code_for, exit_with, re
 @click.option("--max-connections", type=int,
               help="How many client connections at once, at most (default 4096, or half the "
               "open-files limit); past it the longest-idle one is closed.")
+@click.option("--advertise-url", metavar="URL",
+              help="Where the other daemons sharing the store reach this one (also "
+              "HUTCH_ADVERTISE_URL); default: the address it listens on.")
 def serve(
     host: str, port: int, token_file: str | None, data_dir: str | None,
     retention: float | None, allow: tuple[str, ...], allow_provider: tuple[str, ...],
     provider: str | None, config: str | None, max_connections: int | None,
+    advertise_url: str | None,
 ) -> None:
     """Run the daemon: the HTTP API, the state store, the timers.
 
@@ -60,7 +64,8 @@ def serve(
     try:
         run(host, port, data_dir=data_dir, token_file=token_file, retention_seconds=retention,
             allow=list(allow), config_file=config, max_connections=max_connections,
-            allow_providers=list(allow_provider), provider=provider, on_ready=announce)
+            allow_providers=list(allow_provider), provider=provider, on_ready=announce,
+            advertise_url=advertise_url)
     except HutchError as exc:
         err_console.print(f"[red]error[/red] ({exc.code}): {exc}")
         raise exit_with(exit_code_for(exc)) from None

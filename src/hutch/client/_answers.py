@@ -93,11 +93,13 @@ def ensured_ref(data: Mapping[str, Any]) -> EnsuredRef:
 
 def decode_event(
     data: Mapping[str, Any],
-) -> OutputChunk | ExitStatus | EnsureProgress | EnsuredRef:
-    """One NDJSON line: a process's output or exit, or an ensure's progress
-    or result (either may be an error)."""
+) -> OutputChunk | ExitStatus | EnsureProgress | EnsuredRef | dict[str, Any]:
+    """One NDJSON line: a process's output or exit, an ensure's progress
+    or result (either may be an error), or an entry of the event log."""
     if "error" in data:
         raise error_from_wire(data["error"])
+    if "seq" in data and "subject" in data:  # the event log, as /v1/events lists it
+        return dict(valid(_wire().Event, data).model_dump())
     if "result" in data:
         return ensured_ref(data["result"])
     for kind in ("step", "output"):

@@ -5,6 +5,7 @@ before they are acknowledged."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 from collections.abc import Mapping
@@ -24,6 +25,7 @@ from .._sandbox import (
     backend_of,
     guard_enabled,
     lifecycle_record,
+    live_of,
 )
 from ..config import SandboxSpec, requested_provider, resolve_spec
 from ..definitions import Definition, Definitions
@@ -34,6 +36,7 @@ from ..providers.registry import get_provider, pick_default_provider
 from ..states import FINAL, SandboxState, WorkspaceStatus
 from ..store import (
     AsyncStore,
+    OwnershipLost,
     RefRow,
     SandboxRow,
     SQLiteStore,
@@ -48,11 +51,14 @@ from .common import (
     make_private_dir,
     make_private_file,
 )
+from .events import EventFeed
 from .host import _DaemonHost
+from .metrics import DaemonMetrics
 from .policy import OperatorPolicy
 
 if TYPE_CHECKING:
     from .core import Daemon
+    from .pools import Pool
 
 
 class DaemonBase:
@@ -74,6 +80,7 @@ class DaemonBase:
         policy: OperatorPolicy | None = None,
         definitions: Mapping[str, Mapping[str, Any]] | None = None,
         default_provider: str | None = None,
+        advertise_url: str | None = None,
     ) -> None:
         #: What API clients may ask for: host-reaching settings, limits.
         self.policy = policy or OperatorPolicy()
@@ -82,8 +89,23 @@ class DaemonBase:
         if store is None:
             store = SQLiteStore(make_private_file(os.path.join(self.data_dir, "hutch.db")))
         self.store = store
+        #: This daemon in its fleet (the owner of the rows it writes), and
+        #: where the fleet's other daemons reach it (set by start()).
+        self.daemon_id: str | None = None
+        self.advertise_url = advertise_url
+        #: Its metrics (the server renders them at /metrics).
+        self.metrics = DaemonMetrics(
+            lambda: [(s.provider, s.state) for s in list(self.sandboxes.values())],
+            lambda: [(p.name, p.size, len(p.ready), p.hits) for p in list(self._pools.values())])
+        #: Its event log, followed live (woken by the store calls that write events).
+        self.event_feed = EventFeed(lambda subject, limit: self.astore.events(subject, limit))
+
+        def observe(call: str, seconds: float) -> None:
+            self.metrics.store_call(call, seconds)
+            self.event_feed.store_call(call)
+
         #: The same store, off the event loop: what the daemon's coroutines use.
-        self.astore = AsyncStore(store)
+        self.astore = AsyncStore(store, observe=observe)
         self.sandbox_defaults = dict(sandbox_defaults or {})
         #: The provider of requests that name none (see default_provider()).
         self._default_provider = default_provider
@@ -108,6 +130,8 @@ class DaemonBase:
             on_deadline=self._persist_deadline,
         )
         self.sandboxes: dict[str, Sandbox] = {}
+        #: Warm pools by name (see .pools).
+        self._pools: dict[str, Pool] = {}
         #: sandbox id -> the workspace it serves, for the sandboxes that serve one.
         self.workspace_of: dict[str, str] = {}
         self._guards: dict[tuple[str, str], ReadBeforeWriteGuard] = {}
@@ -149,8 +173,15 @@ class DaemonBase:
         event = ("transition", f"{old.value} -> {new.value}" + (f" ({reason})" if reason else ""))
         # The row and its event in one transaction; StoreUnavailable if the
         # store cannot keep them, and then the engine undoes the transition.
-        await self.astore.put_sandbox(row, event)
+        try:
+            await self.astore.put_sandbox(row, event)
+        except OwnershipLost as exc:
+            # Another daemon serves it now (this one stalled past its lease):
+            # nothing of it is this daemon's to act on any more.
+            self._forget_lost(sandbox_id, str(exc))
+            raise
         # Durable from here: nothing below may undo it.
+        self.metrics.transition(row.provider, old, new, reason)
         if sandbox_id in self._leftovers and new is not SandboxState.PAUSED:
             self._leftovers.discard(sandbox_id)
             if new is SandboxState.RUNNING and sandbox is not None:
@@ -217,6 +248,23 @@ class DaemonBase:
         status = sandbox.status()
         row.meter = dict(status.meter)
         row.last_active_unix = status.last_active_unix
+
+    def _own(self, owner: str | None) -> bool:
+        """Whether a row is this daemon's to reconcile: its own, or no
+        daemon's yet (one written before daemons had owners). Another
+        daemon's is that one's, or, once its lease lapses, taken over
+        (``Fleet``)."""
+        return owner is None or owner == self.daemon_id
+
+    def _forget_lost(self, sandbox_id: str, why: str) -> None:
+        """Stop serving ``sandbox_id`` (another daemon owns it) without touching it."""
+        sandbox = self.sandboxes.get(sandbox_id)
+        if sandbox is None:
+            return
+        with contextlib.suppress(HutchError, KeyError):
+            self.engine.forget(live_of(sandbox))
+        self._forget(sandbox_id)
+        log.warning("sandbox %s: no longer served here (%s)", sandbox_id, why)
 
     def _forget(self, sandbox_id: str) -> None:
         self.sandboxes.pop(sandbox_id, None)

@@ -22,6 +22,24 @@ CLEAN_STOP = "clean_stop_unix"
 #: frees it at once (its holder is gone), one on another host once it lapses.
 SERVING_LEASE = "daemon"
 SERVING_LEASE_SECONDS = 30.0
+#: A fleet (issue 24): how long a daemon's registration, and the rows it
+#: owns, hold without its heartbeat (renewed every third of it); a dead
+#: daemon's sandboxes are taken over (or failed) within this and a second.
+#: ``HUTCH_FLEET_LEASE_SECONDS`` shortens it (tests).
+FLEET_LEASE_SECONDS = 15.0
+#: The lease of the one daemon of a fleet that prunes ended sandboxes.
+PRUNING_LEASE = "pruning"
+#: Why a sandbox only its dead daemon's host could reach failed.
+HOST_GONE = "its host is gone"
+#: The file in the data directory naming this daemon in its fleet.
+DAEMON_ID_FILE = "daemon-id"
+
+
+def fleet_lease_seconds() -> float:
+    text = os.environ.get("HUTCH_FLEET_LEASE_SECONDS")
+    return float(text) if text else FLEET_LEASE_SECONDS
+
+
 #: Store key: the sandboxes a definition's ensure is making (a JSON list),
 #: not yet recorded as its thread's: a daemon killed part-way leaves them
 #: half set up, and its next start removes them.

@@ -27,12 +27,25 @@ from .common import (
     SERVING_LEASE_SECONDS,
     log,
 )
-from .reconcile import Reconciling
+from .fleet import Fleet, daemon_id_of
 
 
-class Daemon(Reconciling):
+class Daemon(Fleet):
     # -- start-up and shut-down ------------------------------------------------------------
     async def start(self) -> None:
+        self.daemon_id = await anyio.to_thread.run_sync(daemon_id_of, self.data_dir)
+        if self.store.shared:
+            # A fleet: any number of daemons, each serving the rows it owns.
+            await self._join_fleet()
+            self._store_holder = self.daemon_id
+            self._store_hold = asyncio.get_running_loop().create_task(self._keep_in_fleet())
+            try:
+                await self._start_serving()
+            except BaseException:
+                self._store_hold.cancel()
+                self._store_holder = None
+                raise
+            return
         holder = lease_holder()
         if not await self.astore.take_lease(SERVING_LEASE, holder, SERVING_LEASE_SECONDS):
             other = await self.astore.lease_holder(SERVING_LEASE)
@@ -44,6 +57,7 @@ class Daemon(Reconciling):
         self._store_holder = holder
         self._store_hold = asyncio.get_running_loop().create_task(self._keep_serving(holder))
         try:
+            await self._join_fleet()
             await self._start_serving()
         except BaseException:
             self._store_hold.cancel()
@@ -55,16 +69,29 @@ class Daemon(Reconciling):
     async def _start_serving(self) -> None:
         # Whether the last run stopped cleanly; from now on, until our own
         # clean stop, it did not.
-        clean = await self.astore.get_meta(CLEAN_STOP) is not None
-        await self.astore.set_meta(CLEAN_STOP, None)
+        clean = await self.astore.get_meta(self._clean_stop_key()) is not None
+        await self.astore.set_meta(self._clean_stop_key(), None)
         default = await anyio.to_thread.run_sync(self.default_provider)
         log.info("requests that name no provider get %r", default)
         await self.reconcile(after_clean_stop=clean)
         await self._free_failed_to_be_pruned()
-        self.prune_ended()
+        await anyio.to_thread.run_sync(self.prune_ended)
         self._pruner = asyncio.get_running_loop().create_task(self._prune_periodically())
 
+    def _clean_stop_key(self) -> str:
+        # A fleet's daemons start and stop on their own: whether the last
+        # run stopped cleanly is each one's, not the store's.
+        return f"{CLEAN_STOP}:{self.daemon_id}" if self.store.shared else CLEAN_STOP
+
     async def _keep_serving(self, holder: str) -> None:
+        """The embedded store's one daemon: its hold renewed, with its heartbeat."""
+        heartbeat = asyncio.get_running_loop().create_task(self._keep_in_fleet())
+        try:
+            await self._renew_serving(holder)
+        finally:
+            heartbeat.cancel()
+
+    async def _renew_serving(self, holder: str) -> None:
         while True:
             await anyio.sleep(SERVING_LEASE_SECONDS / 3)
             try:
@@ -84,6 +111,8 @@ class Daemon(Reconciling):
         activity) is written first, in one transaction, and the stop is
         marked clean, so the next start goes on exactly from here.
         """
+        if self._store_holder is not None:
+            await self.drain_pools()  # before the store lets go: their rows go too
         for task in [self._pruner, self._store_hold, *self._watchers.values()]:
             if task is not None:
                 task.cancel()
@@ -105,8 +134,8 @@ class Daemon(Reconciling):
             rows.append(row)
         try:
             await self.astore.put_sandboxes(rows)
-            await self.astore.set_meta(CLEAN_STOP, str(time.time()))
-            if self._store_holder is not None:
+            await self.astore.set_meta(self._clean_stop_key(), str(time.time()))
+            if self._store_holder is not None and not self.store.shared:
                 await self.astore.release_lease(SERVING_LEASE, self._store_holder)
         finally:
             await self.astore.close()

@@ -31,10 +31,15 @@ from ..store import (
     WorkspaceRow,
 )
 from .common import (
+    PRUNING_LEASE,
     SETTING_UP,
     log,
 )
 from .workspaces import Workspaces, _state_label
+
+
+def _dead_daemon_holds_nothing(_holder: str) -> bool:
+    return False
 
 
 class Reconciling(Workspaces):
@@ -42,19 +47,27 @@ class Reconciling(Workspaces):
         """The failed sandboxes the next prune forgets free what they kept first."""
         cutoff = time.time() - self.retention_seconds
         for row in await self.astore.list_sandboxes(include_final=True):
-            if row.state == SandboxState.FAILED.value and row.updated_at_unix < cutoff:
+            if row.state == SandboxState.FAILED.value and row.updated_at_unix < cutoff \
+                    and self._own(row.owner):
                 await self._free_failed(row)
 
     def prune_ended(self) -> None:
-        """Forget sandboxes that ended longer ago than the retention period."""
+        """Forget sandboxes that ended longer ago than the retention period
+        (one daemon of a fleet at a time: the holder of its pruning lease)."""
+        if self.daemon_id is not None and not self.store.take_lease(
+                PRUNING_LEASE, self.daemon_id, max(60.0, self._prune_interval() * 3)):
+            return
         pruned = self.store.prune_ended(time.time() - self.retention_seconds)
         if pruned:
             log.info("pruned %d sandboxes that ended over %.0f s ago",
                      len(pruned), self.retention_seconds)
 
-    async def _prune_periodically(self) -> None:
+    def _prune_interval(self) -> float:
         # Often enough that nothing outlives its retention by more than ~10 %.
-        interval = min(600.0, max(0.5, self.retention_seconds / 10))
+        return min(600.0, max(0.5, self.retention_seconds / 10))
+
+    async def _prune_periodically(self) -> None:
+        interval = self._prune_interval()
         while True:
             await anyio.sleep(interval)
             try:
@@ -65,11 +78,13 @@ class Reconciling(Workspaces):
 
     async def reconcile(self, *, after_clean_stop: bool = False) -> None:
         for row in await self.astore.list_sandboxes():
-            await self._reconcile_sandbox(row, after_clean_stop=after_clean_stop)
+            if self._own(row.owner):
+                await self._reconcile_sandbox(row, after_clean_stop=after_clean_stop)
         await self._drop_cut_setups()
         await self._reconcile_snapshots()
         for ws in await self.astore.list_workspaces():
-            await self._reconcile_workspace(ws)
+            if self._own(ws.owner):
+                await self._reconcile_workspace(ws)
         await self._reap_orphans()
 
     async def setting_up(self, sandbox_id: str, *, made: bool) -> None:
@@ -106,7 +121,11 @@ class Reconciling(Workspaces):
         """Make the store and the providers agree on snapshots: a capture or a
         removal cut short is finished (its storage freed, its row dropped), a
         row whose storage is gone is dropped, storage no row names is freed."""
-        rows = {r.id: r for r in await self.astore.list_snapshots()}
+        every = await self.astore.list_snapshots()
+        # Another daemon's captures and removals are its own to finish; its
+        # rows still name storage (no orphan of ours), never dropped here.
+        others = {r.id for r in every if not self._own(r.owner)}
+        rows = {r.id: r for r in every if r.id not in others}
         for row in list(rows.values()):
             if row.status in (SnapshotStatus.CAPTURING, SnapshotStatus.REMOVING):
                 log.warning("snapshot %s: its %s was cut short; freeing what it left",
@@ -122,7 +141,7 @@ class Reconciling(Workspaces):
             except HutchError as exc:
                 log.info("cannot ask %s what snapshots it holds (%s)", provider.provider, exc)
                 continue
-            for snapshot_id in sorted(held - set(rows)):
+            for snapshot_id in sorted(held - set(rows) - others):
                 log.warning("freeing %s snapshot %s: no record names it",
                             provider.provider, snapshot_id)
                 with contextlib.suppress(HutchError):
@@ -158,11 +177,14 @@ class Reconciling(Workspaces):
                                             f"removed an orphan {provider.provider} resource")
                 log.warning("removed orphan %s resource %s", provider.provider, what)
 
-    async def _reconcile_sandbox(self, row: SandboxRow, *, after_clean_stop: bool) -> None:
+    async def _reconcile_sandbox(self, row: SandboxRow, *, after_clean_stop: bool,
+                                 taken_over: bool = False) -> None:
+        """Adopt the sandbox of ``row`` (after a restart; ``taken_over``: from
+        a daemon whose lease lapsed, whose hold of its instance is void)."""
         instance = await self.astore.instance_of_sandbox(row.id)
         if instance is not None and not await self.astore.claim_instance(
             instance.key, row.id, this_program(), was={"held_by": HELD_BY_DAEMON},
-            alive=program_alive,
+            alive=_dead_daemon_holds_nothing if taken_over else program_alive,
         ):
             # A program took the thread's sandbox over in-process while the
             # daemon was down (it found the earlier daemon dead): its now,

@@ -115,6 +115,13 @@ class Definitions:
         return definition
 
     def get(self, definition_id: str) -> Definition:
+        if definition_id not in self._definitions:
+            # Put since through another program on the store (a fleet's daemon).
+            for row in self.host.store.list_definitions():
+                if row.id == definition_id:
+                    with contextlib.suppress(InvalidArgument):
+                        self._definitions[row.id] = Definition.parse(row.body,
+                                                                     definition_id=row.id)
         try:
             return self._definitions[definition_id]
         except KeyError:

@@ -607,6 +607,12 @@ class SandboxBackend(SandboxPart):
     capabilities: ClassVar[Capabilities]
     #: The pydantic model ``create`` takes (``type: Literal[provider]``).
     config_model: ClassVar[type[ProviderSettings]]
+    #: Whether a daemon on another host sharing the store can find this
+    #: provider's sandboxes again from their description (a Docker Engine
+    #: they share, an ssh host): a fleet's live daemon then takes over a dead
+    #: one's sandboxes; otherwise (only the host that made them can: local,
+    #: bubblewrap, in memory) they fail with their host.
+    reachable_from_any_host: ClassVar[bool] = False
 
     @classmethod
     def answers_here(cls) -> bool:

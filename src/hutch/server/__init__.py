@@ -105,6 +105,12 @@ def load_server_config(path: str | None) -> dict[str, Any]:
         server["sandbox_defaults"] = file
     if definitions:
         server["definitions"] = definitions
+    pools = data.get("pools", {})
+    for name, table in pools.items():
+        if not isinstance(table, dict) or not isinstance(table.get("size"), int):
+            raise InvalidArgument(f"[pools.{name}] in {candidate} needs a size (a whole number)")
+    if pools:
+        server["pools"] = pools
     return server
 
 
@@ -183,6 +189,7 @@ def serve(
     allow_providers: Sequence[str] = (),
     provider: str | None = None,
     store: str | None = None,
+    advertise_url: str | None = None,
 ) -> None:
     """Run the daemon until interrupted. Refuses a non-loopback bind without a token.
 
@@ -195,7 +202,9 @@ def serve(
     :func:`load_server_config`); ``provider`` is the provider of requests
     that name none (over the file's ``[sandbox] provider``); ``store`` where it
 keeps its state (over ``HUTCH_STORE``, over the file's ``[server] store``;
-default SQLite in the data directory). Everything
+default SQLite in the data directory); ``advertise_url`` where a fleet's
+other daemons reach this one (over ``HUTCH_ADVERTISE_URL``; default: the
+address it listens on). Everything
     that can be refused (the address, the data directory, the settings) is
     checked before the daemon starts; ``on_ready(url, data_dir)`` is called
     once it serves.
@@ -250,6 +259,8 @@ default SQLite in the data directory). Everything
     if retention_seconds is not None:
         settings.retention_seconds = retention_seconds
     url = f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
+    settings.advertise_url = (advertise_url or os.environ.get("HUTCH_ADVERTISE_URL")
+                              or url).rstrip("/")
     app = create_app(
         settings,
         on_ready=None if on_ready is None else lambda d: on_ready(url, d.data_dir),

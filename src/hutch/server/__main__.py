@@ -45,12 +45,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="where the daemon keeps its state: a postgresql:// URL (also "
                         "HUTCH_STORE, or [server] store in hutch.toml); default: SQLite in "
                         "the data directory")
+    parser.add_argument("--advertise-url", default=None, metavar="URL",
+                        help="where the other daemons sharing the store reach this one "
+                        "(also HUTCH_ADVERTISE_URL); default: the address it listens on")
     args = parser.parse_args(argv)
     try:
         serve(args.host, args.port, data_dir=args.data_dir, retention_seconds=args.retention,
               token_file=args.token_file, allow=args.allow, config_file=args.config,
               max_connections=args.max_connections, allow_providers=args.allow_provider,
-              provider=args.provider, store=args.store)
+              provider=args.provider, store=args.store, advertise_url=args.advertise_url)
     except HutchError as exc:
         print(f"hutch serve: {exc}", file=sys.stderr)
         return 2

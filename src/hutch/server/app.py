@@ -45,12 +45,16 @@ from ..daemon import Daemon, default_data_dir
 from ..store import open_store
 from . import e2b
 from .errors import error_json, unexpected_error_json
+from .forward import Forward
 from .hot import HotRoutes
+from .metrics import OperationMetrics
 from .middleware import BodyBudget, BodyLimit, CancelOnDisconnect, TokenAuth
 from .routes import (
     definitions,
     exec,
     files,
+    metrics,
+    pools,
     processes,
     pty,
     refs,
@@ -74,6 +78,7 @@ HOT_HANDLERS = {"exec_": "_exec", "read_file": "_read", "write_file": "_write",
 ROUTERS = [
     exec.router, files.router, sandboxes.router, definitions.router, snapshots.router,
     refs.router, processes.router, pty.router, workspaces.router, watch.router, events_router,
+    metrics.router, pools.router,
 ]
 
 
@@ -137,9 +142,13 @@ def create_app(
             timeout_ceiling=settings.timeout_ceiling,
             retention_seconds=settings.retention_seconds, policy=settings.policy(),
             definitions=settings.definitions, default_provider=settings.default_provider,
+            advertise_url=settings.advertise_url,
         )
         try:
             await daemon.start()
+            for name, table in settings.pools.items():  # [pools.NAME] in hutch.toml
+                table = dict(table)
+                await daemon.set_pool(name, table, int(table.pop("size")))
             holder["daemon"] = daemon
             if on_ready is not None:
                 on_ready(daemon)
@@ -199,6 +208,10 @@ def create_app(
     app.add_middleware(BodyBudget)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(CancelOnDisconnect)
+    app.add_middleware(OperationMetrics, daemon=lambda: holder.get("daemon"))
+    # Inside the credential check: another daemon's sandbox is served by it
+    # (and counted there).
+    app.add_middleware(Forward, daemon=lambda: holder.get("daemon"))
     app.add_middleware(TokenAuth, token=settings.token, daemon=lambda: holder.get("daemon"))
     # Outermost: E2B's requests carry E2B's credentials, not the bearer token.
     e2b.mount(app, daemon=lambda: holder.get("daemon"), token=settings.token,

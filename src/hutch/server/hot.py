@@ -141,7 +141,8 @@ class HotRoutes:
         if daemon is None or found is None:
             await self.app(scope, receive, send)
             return
-        handler, sandbox_id = found
+        handler, sandbox_id, route = found
+        scope["route"] = route  # as the router would: the route taken, for the metrics
         try:
             await handler(daemon, sandbox_id, scope, receive, send)
         except _FallThrough as fall:
@@ -155,7 +156,7 @@ class HotRoutes:
             await respond(send, 500, render_json(unexpected_error_json(exc)),
                            b"application/json")
 
-    def _handler(self, scope: Scope) -> tuple[_HotHandler, str] | None:
+    def _handler(self, scope: Scope) -> tuple[_HotHandler, str, BaseRoute] | None:
         """The hot handler of the route FastAPI would take, and its sandbox id."""
         probe = dict(scope)  # matching may note things in the scope: not in the real one
         for route, handler in self._route_table():
@@ -164,7 +165,7 @@ class HotRoutes:
                 sandbox_id = (child.get("path_params") or {}).get("sandbox_id")
                 if handler is None or not isinstance(sandbox_id, str):
                     return None
-                return handler, sandbox_id
+                return handler, sandbox_id, route
         return None
 
     @staticmethod

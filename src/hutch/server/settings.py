@@ -45,8 +45,13 @@ class ServerSettings(BaseModel):
     #: Where the daemon keeps its state (hutch.store.open_store): None for
     #: SQLite in the data directory, or a ``postgresql://`` URL.
     store: str | None = None
+    #: Where the other daemons of a fleet reach this one (``--advertise-url``;
+    #: default: the address it listens on).
+    advertise_url: str | None = None
     #: The operator's sandbox definitions (``[definitions.NAME]`` in hutch.toml).
     definitions: dict[str, dict[str, Any]] = {}
+    #: Warm pools (``[pools.NAME]`` in hutch.toml: ``size`` and a create's settings).
+    pools: dict[str, dict[str, Any]] = {}
 
     def policy(self) -> OperatorPolicy:
         return OperatorPolicy(self.allow, self.limits, self.ceilings, self.providers)

@@ -7,12 +7,23 @@ import os
 
 from .._errors import InvalidArgument
 from .aio import AsyncStore
-from .base import DefinitionRow, InstanceRow, RefRow, SandboxRow, SnapshotRow, Store, WorkspaceRow
+from .base import (
+    DaemonRow,
+    DefinitionRow,
+    InstanceRow,
+    OwnershipLost,
+    RefRow,
+    SandboxRow,
+    SnapshotRow,
+    Store,
+    WorkspaceRow,
+)
 from .sqlite import SQLiteStore
 
 __all__ = [
-    "AsyncStore", "DefinitionRow", "InstanceRow", "RefRow", "SQLiteStore", "SandboxRow",
-    "SnapshotRow", "Store", "WorkspaceRow", "check_store_location", "open_store", "reach_store",
+    "AsyncStore", "DaemonRow", "DefinitionRow", "InstanceRow", "OwnershipLost", "RefRow",
+    "SQLiteStore", "SandboxRow", "SnapshotRow", "Store", "WorkspaceRow", "check_store_location",
+    "open_store", "reach_store",
 ]
 
 _POSTGRES_SCHEMES = ("postgresql://", "postgres://")

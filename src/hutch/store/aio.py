@@ -14,12 +14,22 @@ without a hand-made shield.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import anyio.to_thread
 
-from .base import DefinitionRow, InstanceRow, RefRow, SandboxRow, SnapshotRow, Store, WorkspaceRow
+from .base import (
+    DaemonRow,
+    DefinitionRow,
+    InstanceRow,
+    RefRow,
+    SandboxRow,
+    SnapshotRow,
+    Store,
+    WorkspaceRow,
+)
 
 T = TypeVar("T")
 
@@ -28,18 +38,44 @@ class AsyncStore:
     """A :class:`Store` whose every call is awaited, run in a worker thread.
 
     ``store`` is the synchronous store it runs; code that is not on an event
-    loop (start-up, a worker thread) may still call it directly.
+    loop (start-up, a worker thread) may still call it directly. ``observe``,
+    if given, is told of each call's name and how long it took (seconds, the
+    wait for a worker thread included), whether it succeeded or not.
     """
 
-    def __init__(self, store: Store) -> None:
+    def __init__(
+        self, store: Store, observe: Callable[[str, float], None] | None = None
+    ) -> None:
         self.store = store
+        self._observe = observe
 
-    @staticmethod
-    async def _run(call: Callable[..., T], *args: Any) -> T:
-        return await anyio.to_thread.run_sync(call, *args)
+    async def _run(self, call: Callable[..., T], *args: Any) -> T:
+        if self._observe is None:
+            return await anyio.to_thread.run_sync(call, *args)
+        started = time.perf_counter()
+        try:
+            return await anyio.to_thread.run_sync(call, *args)
+        finally:
+            named = getattr(call, "func", call)  # a functools.partial: the call it wraps
+            self._observe(getattr(named, "__name__", "call"), time.perf_counter() - started)
 
     async def close(self) -> None:
         await self._run(self.store.close)
+
+    async def register_daemon(self, daemon_id: str, url: str, seconds: float) -> None:
+        return await self._run(self.store.register_daemon, daemon_id, url, seconds)
+
+    async def daemons(self) -> list[DaemonRow]:
+        return await self._run(self.store.daemons)
+
+    async def lapsed_sandboxes(self) -> list[SandboxRow]:
+        return await self._run(self.store.lapsed_sandboxes)
+
+    async def take_over(self, kind: str, key: str) -> bool:
+        return await self._run(self.store.take_over, kind, key)
+
+    async def take_over_lapsed(self, kind: str) -> list[str]:
+        return await self._run(self.store.take_over_lapsed, kind)
 
     async def put_sandbox(self, row: SandboxRow, event: tuple[str, str] | None = None) -> None:
         return await self._run(self.store.put_sandbox, row, event)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._errors import Unauthorized
+from .._errors import StoreUnavailable, Unauthorized
 from .._liveness import still_running
 
 
@@ -40,6 +40,13 @@ class SandboxRow:
     base_snapshot_id: str | None = None
     #: The snapshot it was started from, if it was (a branch, a resumed workspace).
     origin_snapshot_id: str | None = None
+    #: Who owns the row (a daemon's id; None: no daemon yet, a legacy row),
+    #: until when by the store's clock (its owner's heartbeat renews it),
+    #: how many times it changed hands (``epoch``) and was written (``version``).
+    owner: str | None = None
+    lease_expires_at_unix: float | None = None
+    epoch: int = 0
+    version: int = 0
 
 
 @dataclass
@@ -60,6 +67,13 @@ class WorkspaceRow:
     source_snapshot_id: str | None = None
     created_at_unix: float = 0.0
     last_active_unix: float = 0.0
+    #: Who owns the row (a daemon's id; None: no daemon yet, a legacy row),
+    #: until when by the store's clock (its owner's heartbeat renews it),
+    #: how many times it changed hands (``epoch``) and was written (``version``).
+    owner: str | None = None
+    lease_expires_at_unix: float | None = None
+    epoch: int = 0
+    version: int = 0
 
 
 @dataclass
@@ -81,10 +95,64 @@ class SnapshotRow:
     handle: dict[str, Any] = field(default_factory=dict)
     #: The settings of the sandbox it was taken of (a ``SandboxSpec`` dump).
     spec: dict[str, Any] = field(default_factory=dict)
+    #: Who owns the row (a daemon's id; None: no daemon yet, a legacy row),
+    #: until when by the store's clock (its owner's heartbeat renews it),
+    #: how many times it changed hands (``epoch``) and was written (``version``).
+    owner: str | None = None
+    lease_expires_at_unix: float | None = None
+    epoch: int = 0
+    version: int = 0
+
+
+#: The columns that say who owns a sandbox, workspace or snapshot row.
+OWNED_COLUMNS = ("owner", "lease_expires_at_unix", "epoch", "version")
+
+
+class OwnershipLost(StoreUnavailable):
+    """A write to a row this daemon no longer owns (another daemon took it
+    over, or this one's lease lapsed): refused, nothing of it kept. The
+    writer stops serving the row (without touching its runtime)."""
+
+
+@dataclass
+class DaemonRow:
+    """A daemon of a fleet sharing one store: where it is reached, and until
+    when its heartbeat holds (the store's clock)."""
+
+    id: str
+    url: str
+    expires_at_unix: float
+    #: Whether its heartbeat holds now, by the store's clock.
+    alive: bool
+
+
+def check_fence(
+    what: str,
+    writer: str,
+    found: Mapping[str, Any],
+    row: SandboxRow | WorkspaceRow | SnapshotRow | None,
+    now: float,
+) -> None:
+    """Refuse (``OwnershipLost``) ``writer``'s write of ``row`` over the stored
+    ``found`` (its owner, epoch and lease): only the owner whose lease holds
+    writes, and only from the epoch it read (an ownerless row is anyone's)."""
+    owner = found["owner"]
+    if owner is None:
+        return
+    if owner != writer:
+        raise OwnershipLost(f"{what} is served by daemon {owner} now, not by {writer}")
+    if row is not None and row.owner is not None and row.epoch != found["epoch"]:
+        raise OwnershipLost(f"{what} changed hands since daemon {writer} read it "
+                            f"(epoch {row.epoch}, now {found['epoch']})")
+    lease = found["lease_expires_at_unix"]
+    if lease is not None and lease < now:
+        raise OwnershipLost(f"daemon {writer}'s lease of {what} lapsed; it may no longer "
+                            "write it")
 
 
 @dataclass
 class RefRow:
+
     """A reference to one sandbox, handed out by its owner: a credential for it alone.
 
     Only a hash of its secret is kept, so the store does not hold a usable
@@ -150,6 +218,48 @@ class DefinitionRow:
 
 
 class Store(abc.ABC):
+    #: Whether several daemons may serve this store at once (a fleet).
+    shared: bool = False
+    #: The daemon writing through this store (set by :meth:`act_as`), and how
+    #: long a write holds the rows it writes.
+    writer: str | None = None
+    lease_seconds: float = 30.0
+
+    def act_as(self, daemon_id: str | None, lease_seconds: float = 30.0) -> None:
+        """From now on write as ``daemon_id``: the sandbox, workspace and
+        snapshot rows it makes are its own, and its writes are fenced (a
+        row another daemon owns, or whose lease lapsed, raises
+        ``OwnershipLost``). None: unfenced (a program in-process, tests)."""
+        self.writer, self.lease_seconds = daemon_id, lease_seconds
+
+    # -- the fleet -------------------------------------------------------------------------
+    @abc.abstractmethod
+    def register_daemon(self, daemon_id: str, url: str, seconds: float) -> None:
+        """The daemon's heartbeat: it lives, reached at ``url``, for
+        ``seconds`` more (the store's clock); the leases of the rows it owns
+        are renewed with it."""
+
+    @abc.abstractmethod
+    def daemons(self) -> list[DaemonRow]:
+        """Every registered daemon, alive or not, by id."""
+
+    @abc.abstractmethod
+    def lapsed_sandboxes(self) -> list[SandboxRow]:
+        """Sandboxes not ended whose owner's lease lapsed: for a live daemon
+        to take over (or to record failed)."""
+
+    @abc.abstractmethod
+    def take_over(self, kind: str, key: str) -> bool:
+        """The writer takes the row (``kind``: sandbox, workspace or snapshot)
+        if it is ownerless, its own, or its owner's lease lapsed: owner set,
+        epoch bumped, lease renewed. Whether it is now the writer's."""
+
+    # -- sandboxes ---------------------------------------------------------------------
+    @abc.abstractmethod
+    def take_over_lapsed(self, kind: str) -> list[str]:
+        """The writer takes every row of ``kind`` (workspace, snapshot) whose
+        owner's lease lapsed, at once (each goes to one taker); their keys."""
+
     # -- sandboxes ---------------------------------------------------------------------
     @abc.abstractmethod
     def put_sandbox(self, row: SandboxRow, event: tuple[str, str] | None = None) -> None:

@@ -36,13 +36,17 @@ from psycopg_pool import ConnectionPool
 from .._errors import InvalidArgument, StoreUnavailable
 from ..states import FINAL_VALUES
 from .base import (
+    OWNED_COLUMNS,
+    DaemonRow,
     DefinitionRow,
     InstanceRow,
+    OwnershipLost,
     RefRow,
     SandboxRow,
     SnapshotRow,
     Store,
     WorkspaceRow,
+    check_fence,
     holder_alive,
 )
 
@@ -160,6 +164,24 @@ $$ LANGUAGE plpgsql;
         for table in ("sandboxes", "workspaces", "snapshots", "refs", "definitions",
                       "instances", "instance_holders", "leases")
     )),
+    # A fleet: daemons register; every sandbox, workspace and snapshot row
+    # has an owner, a lease (the database's clock), an epoch and a version.
+    (3, "".join(
+        f"ALTER TABLE {table} ADD COLUMN owner TEXT, "
+        "ADD COLUMN lease_expires_at_unix DOUBLE PRECISION, "
+        "ADD COLUMN epoch BIGINT NOT NULL DEFAULT 0, "
+        "ADD COLUMN version BIGINT NOT NULL DEFAULT 0;\n"
+        f"CREATE INDEX {table}_owner ON {table}(owner);\n"
+        for table in ("sandboxes", "workspaces", "snapshots")
+    ) + """
+CREATE TABLE daemons (
+    id TEXT PRIMARY KEY,
+    url TEXT NOT NULL,
+    expires_at_unix DOUBLE PRECISION NOT NULL
+);
+CREATE TRIGGER daemons_changed AFTER INSERT OR UPDATE OR DELETE ON daemons
+    FOR EACH STATEMENT EXECUTE FUNCTION hutch_notify_change();
+"""),
 )
 
 #: The advisory lock migrations run under (any fixed number; "hutch" in ASCII).
@@ -200,9 +222,15 @@ def _upsert(table: str, columns: Sequence[str], key: str) -> str:
     )
 
 
-_PUT_SANDBOX = _upsert("sandboxes", _SANDBOX_COLUMNS, "id")
-_PUT_WORKSPACE = _upsert("workspaces", _WORKSPACE_COLUMNS, "name")
-_PUT_SNAPSHOT = _upsert("snapshots", _SNAPSHOT_COLUMNS, "id")
+def _update(table: str, columns: Sequence[str], key: str) -> str:
+    """One statement writing a row's columns but its key (the first), its version counted."""
+    sets = ", ".join(f"{c} = %s" for c in columns[1:])
+    return f"UPDATE {table} SET {sets}, version = version + 1 WHERE {key} = %s"
+
+
+#: kind -> (table, key column) of the rows daemons own.
+_OWNED_TABLES = {"sandbox": ("sandboxes", "id"), "workspace": ("workspaces", "name"),
+                 "snapshot": ("snapshots", "id")}
 _PUT_REF = _upsert("refs", _REF_COLUMNS, "id")
 _PUT_INSTANCE = _upsert("instances", _INSTANCE_COLUMNS, "key")
 _LOG_EVENT = "INSERT INTO events (at_unix, subject, kind, message) VALUES (%s, %s, %s, %s)"
@@ -220,6 +248,8 @@ class PostgresStore(Store):
     ``postgresql://`` URL or a libpq keyword string). ``local_root`` is the
     directory on this host for what the programs sharing the store here
     keep outside it (:meth:`local_dir`)."""
+
+    shared = True
 
     def __init__(self, conninfo: str, *, local_root: str, max_connections: int = 8) -> None:
         self.conninfo = conninfo
@@ -313,10 +343,124 @@ class PostgresStore(Store):
         self._listener.join(5)
 
     # -- sandboxes ---------------------------------------------------------------------
+    # -- fenced writes of owned rows ---------------------------------------------------
+    def _fenced_put(self, conn: psycopg.Connection[Row], table: str, key: str,
+                    columns: Sequence[str], row: Any) -> None:
+        """Write ``row`` (a sandbox, workspace or snapshot) as a compare and
+        set on its owner, epoch and lease: a new row is the writer's; an
+        existing one is written only by its owner within its lease, from
+        the epoch it read (``check_fence``), its version counted up."""
+        values = _values(row, columns)
+        ident = getattr(row, key)
+        found = conn.execute(
+            f"SELECT owner, epoch, version, lease_expires_at_unix, {_DB_NOW} AS now "
+            f"FROM {table} WHERE {key} = %s FOR UPDATE", (ident,)).fetchone()
+        if self.writer is None:  # unfenced: a program in-process, or a test
+            if found is None:
+                conn.execute(_upsert(table, (*columns, "version"), key),  # type: ignore[arg-type]
+                             (*values, 1))
+                row.version = 1
+            else:
+                conn.execute(_update(table, columns, key), (*values[1:], ident))
+                row.version = found["version"] + 1
+            return
+        if found is None:
+            epoch = max(row.epoch, 1)
+            inserted = conn.execute(
+                f"INSERT INTO {table} ({', '.join((*columns, *OWNED_COLUMNS))}) "
+                f"VALUES ({', '.join('%s' for _ in columns)}, %s, {_DB_NOW} + %s, %s, 1) "
+                f"ON CONFLICT ({key}) DO NOTHING RETURNING lease_expires_at_unix",
+                (*values, self.writer, self.lease_seconds, epoch)).fetchone()
+            if inserted is None:
+                raise OwnershipLost(f"{table[:-1]} {ident} was made by another daemon at once")
+            row.owner, row.epoch, row.version = self.writer, epoch, 1
+            row.lease_expires_at_unix = inserted["lease_expires_at_unix"]
+            return
+        check_fence(f"{table[:-1]} {ident}", self.writer, found, row, found["now"])
+        epoch = found["epoch"] or 1
+        done = conn.execute(
+            f"UPDATE {table} SET {', '.join(f'{c} = %s' for c in columns[1:])}, "
+            f"owner = %s, epoch = %s, version = version + 1, "
+            f"lease_expires_at_unix = {_DB_NOW} + %s WHERE {key} = %s "
+            "RETURNING version, lease_expires_at_unix",
+            (*values[1:], self.writer, epoch, self.lease_seconds, ident)).fetchone()
+        assert done is not None
+        row.owner, row.epoch, row.version = self.writer, epoch, done["version"]
+        row.lease_expires_at_unix = done["lease_expires_at_unix"]
+
+    def _fenced_delete(self, table: str, key: str, ident: str) -> None:
+        with self._transaction() as conn:
+            found = conn.execute(
+                f"SELECT owner, epoch, lease_expires_at_unix, {_DB_NOW} AS now "
+                f"FROM {table} WHERE {key} = %s FOR UPDATE", (ident,)).fetchone()
+            if found is None:
+                return
+            if self.writer is not None:
+                check_fence(f"{table[:-1]} {ident}", self.writer, found, None, found["now"])
+            conn.execute(f"DELETE FROM {table} WHERE {key} = %s", (ident,))  # type: ignore[arg-type]
+
+    # -- the fleet ---------------------------------------------------------------------
+    def register_daemon(self, daemon_id: str, url: str, seconds: float) -> None:
+        with self._transaction() as conn:
+            conn.execute(
+                "INSERT INTO daemons (id, url, expires_at_unix) "
+                f"VALUES (%s, %s, {_DB_NOW} + %s) ON CONFLICT (id) DO UPDATE SET "
+                "url = EXCLUDED.url, expires_at_unix = EXCLUDED.expires_at_unix",
+                (daemon_id, url, seconds))
+            for table in ("sandboxes", "workspaces", "snapshots"):
+                conn.execute(
+                    f"UPDATE {table} SET lease_expires_at_unix = {_DB_NOW} + %s "  # type: ignore[arg-type]
+                    "WHERE owner = %s", (seconds, daemon_id))
+
+    def daemons(self) -> list[DaemonRow]:
+        return [DaemonRow(r["id"], r["url"], r["expires_at_unix"], r["alive"])
+                for r in self._read(f"SELECT id, url, expires_at_unix, expires_at_unix > "
+                                    f"{_DB_NOW} AS alive FROM daemons ORDER BY id")]
+
+    def lapsed_sandboxes(self) -> list[SandboxRow]:
+        rows = self._read(
+            "SELECT * FROM sandboxes WHERE state <> ALL(%s) AND owner IS NOT NULL "
+            f"AND lease_expires_at_unix < {_DB_NOW} ORDER BY created_at_unix, id",
+            (list(FINAL_VALUES),))
+        return [self._sandbox(r) for r in rows]
+
+    def take_over(self, kind: str, key: str) -> bool:
+        table, column = _OWNED_TABLES[kind]
+        if self.writer is None:
+            raise InvalidArgument("only a daemon (act_as) takes rows over")
+        with self._transaction() as conn:
+            found = conn.execute(
+                f"SELECT owner, lease_expires_at_unix < {_DB_NOW} AS lapsed "
+                f"FROM {table} WHERE {column} = %s FOR UPDATE", (key,)).fetchone()
+            if found is None:
+                return False
+            if found["owner"] not in (None, self.writer) and not found["lapsed"]:
+                return False
+            conn.execute(
+                f"UPDATE {table} SET owner = %s, epoch = epoch + 1, version = version + 1, "  # type: ignore[arg-type]
+                f"lease_expires_at_unix = {_DB_NOW} + %s WHERE {column} = %s",
+                (self.writer, self.lease_seconds, key))
+            return True
+
+    def take_over_lapsed(self, kind: str) -> list[str]:
+        table, column = _OWNED_TABLES[kind]
+        if self.writer is None:
+            raise InvalidArgument("only a daemon (act_as) takes rows over")
+        return [r[column] for r in self._read_write(
+            f"UPDATE {table} SET owner = %s, epoch = epoch + 1, version = version + 1, "
+            f"lease_expires_at_unix = {_DB_NOW} + %s WHERE owner IS NOT NULL AND owner <> %s "
+            f"AND lease_expires_at_unix < {_DB_NOW} RETURNING {column}",
+            (self.writer, self.lease_seconds, self.writer))]
+
+    def _read_write(self, sql: str, params: Sequence[Any]) -> list[Row]:
+        with self._transaction() as conn:
+            return conn.execute(sql, params).fetchall()  # type: ignore[arg-type]
+
+    # -- sandboxes ---------------------------------------------------------------------
     def put_sandbox(self, row: SandboxRow, event: tuple[str, str] | None = None) -> None:
         row.updated_at_unix = time.time()
         with self._transaction() as conn:
-            conn.execute(_PUT_SANDBOX, _values(row, _SANDBOX_COLUMNS))
+            self._fenced_put(conn, "sandboxes", "id", _SANDBOX_COLUMNS, row)
             if event is not None:
                 conn.execute(_LOG_EVENT, (time.time(), row.id, *event))
 
@@ -324,16 +468,25 @@ class PostgresStore(Store):
         now = time.time()
         for row in rows:
             row.updated_at_unix = now
-        with self._transaction() as conn, conn.cursor() as cur:
-            cur.executemany(_PUT_SANDBOX, [_values(r, _SANDBOX_COLUMNS) for r in rows])
+        with self._transaction() as conn:
+            for row in rows:
+                self._fenced_put(conn, "sandboxes", "id", _SANDBOX_COLUMNS, row)
 
     def set_sandbox_deadline(self, sandbox_id: str, deadline_unix: float | None) -> None:
-        self._write("UPDATE sandboxes SET deadline_unix = %s WHERE id = %s",
-                    (deadline_unix, sandbox_id))
+        with self._transaction() as conn:
+            found = conn.execute(
+                f"SELECT owner, epoch, lease_expires_at_unix, {_DB_NOW} AS now "
+                "FROM sandboxes WHERE id = %s FOR UPDATE", (sandbox_id,)).fetchone()
+            if found is None:
+                return
+            if self.writer is not None:
+                check_fence(f"sandbox {sandbox_id}", self.writer, found, None, found["now"])
+            conn.execute("UPDATE sandboxes SET deadline_unix = %s, version = version + 1 "
+                         "WHERE id = %s", (deadline_unix, sandbox_id))
 
     @staticmethod
     def _sandbox(r: Row) -> SandboxRow:
-        return SandboxRow(**{c: r[c] for c in _SANDBOX_COLUMNS})
+        return SandboxRow(**{c: r[c] for c in (*_SANDBOX_COLUMNS, *OWNED_COLUMNS)})
 
     def get_sandbox(self, sandbox_id: str) -> SandboxRow | None:
         rows = self._read("SELECT * FROM sandboxes WHERE id = %s", (sandbox_id,))
@@ -350,7 +503,7 @@ class PostgresStore(Store):
         return [self._sandbox(r) for r in rows]
 
     def delete_sandbox(self, sandbox_id: str) -> None:
-        self._write("DELETE FROM sandboxes WHERE id = %s", (sandbox_id,))
+        self._fenced_delete("sandboxes", "id", sandbox_id)
 
     def prune_ended(self, ended_before_unix: float) -> list[str]:
         with self._transaction() as conn:
@@ -367,33 +520,35 @@ class PostgresStore(Store):
 
     # -- workspaces --------------------------------------------------------------------
     def put_workspace(self, row: WorkspaceRow) -> None:
-        self._write(_PUT_WORKSPACE, _values(row, _WORKSPACE_COLUMNS))
+        with self._transaction() as conn:
+            self._fenced_put(conn, "workspaces", "name", _WORKSPACE_COLUMNS, row)
 
     def get_workspace(self, name: str) -> WorkspaceRow | None:
         rows = self._read("SELECT * FROM workspaces WHERE name = %s", (name,))
-        return WorkspaceRow(**{c: rows[0][c] for c in _WORKSPACE_COLUMNS}) if rows else None
+        return _workspace(rows[0]) if rows else None
 
     def list_workspaces(self) -> list[WorkspaceRow]:
-        return [WorkspaceRow(**{c: r[c] for c in _WORKSPACE_COLUMNS})
+        return [_workspace(r)
                 for r in self._read("SELECT * FROM workspaces ORDER BY name")]
 
     def delete_workspace(self, name: str) -> None:
-        self._write("DELETE FROM workspaces WHERE name = %s", (name,))
+        self._fenced_delete("workspaces", "name", name)
 
     # -- snapshots ---------------------------------------------------------------------
     def put_snapshot(self, row: SnapshotRow) -> None:
-        self._write(_PUT_SNAPSHOT, _values(row, _SNAPSHOT_COLUMNS))
+        with self._transaction() as conn:
+            self._fenced_put(conn, "snapshots", "id", _SNAPSHOT_COLUMNS, row)
 
     def get_snapshot(self, snapshot_id: str) -> SnapshotRow | None:
         rows = self._read("SELECT * FROM snapshots WHERE id = %s", (snapshot_id,))
-        return SnapshotRow(**{c: rows[0][c] for c in _SNAPSHOT_COLUMNS}) if rows else None
+        return _snapshot(rows[0]) if rows else None
 
     def list_snapshots(self) -> list[SnapshotRow]:
-        return [SnapshotRow(**{c: r[c] for c in _SNAPSHOT_COLUMNS})
+        return [_snapshot(r)
                 for r in self._read("SELECT * FROM snapshots ORDER BY created_at_unix, id")]
 
     def delete_snapshot(self, snapshot_id: str) -> None:
-        self._write("DELETE FROM snapshots WHERE id = %s", (snapshot_id,))
+        self._fenced_delete("snapshots", "id", snapshot_id)
 
     # -- events and meta ---------------------------------------------------------------
     def log_event(self, subject: str, kind: str, message: str) -> None:
@@ -577,6 +732,14 @@ def probe(conninfo: str) -> None:
         raise StoreUnavailable(
             f"cannot reach the PostgreSQL store {_masked(conninfo)}: {str(exc).strip()}"
         ) from None
+
+
+def _workspace(r: Row) -> WorkspaceRow:
+    return WorkspaceRow(**{c: r[c] for c in (*_WORKSPACE_COLUMNS, *OWNED_COLUMNS)})
+
+
+def _snapshot(r: Row) -> SnapshotRow:
+    return SnapshotRow(**{c: r[c] for c in (*_SNAPSHOT_COLUMNS, *OWNED_COLUMNS)})
 
 
 def _instance(r: Row) -> InstanceRow:

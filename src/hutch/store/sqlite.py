@@ -16,9 +16,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from .._errors import StoreUnavailable
+from .._errors import InvalidArgument, StoreUnavailable
 from ..states import FINAL_VALUES
 from .base import (
+    OWNED_COLUMNS,
+    DaemonRow,
     DefinitionRow,
     InstanceRow,
     RefRow,
@@ -26,6 +28,7 @@ from .base import (
     SnapshotRow,
     Store,
     WorkspaceRow,
+    check_fence,
     holder_alive,
 )
 
@@ -128,6 +131,11 @@ CREATE TABLE IF NOT EXISTS leases (
     holder TEXT NOT NULL,
     expires_at_unix REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS daemons (
+    id TEXT PRIMARY KEY,
+    url TEXT NOT NULL,
+    expires_at_unix REAL NOT NULL
+);
 """
 _INSTANCE_COLUMNS = (
     "key", "definition_id", "thread_id", "tenant", "provider", "sandbox_id", "description",
@@ -140,6 +148,13 @@ _REF_COLUMNS = (
     "revoked_at_unix", "workspace",
 )
 
+#: Who owns a row (issue 24's fleet), on every sandbox, workspace and snapshot.
+_OWNED_DECL = {"owner": "TEXT", "lease_expires_at_unix": "REAL",
+               "epoch": "INTEGER NOT NULL DEFAULT 0", "version": "INTEGER NOT NULL DEFAULT 0"}
+#: kind -> (table, key column) of the rows daemons own.
+_OWNED_TABLES = {"sandbox": ("sandboxes", "id"), "workspace": ("workspaces", "name"),
+                 "snapshot": ("snapshots", "id")}
+
 #: Columns added after the first release, for data directories made before them.
 _ADDED_COLUMNS = {
     "sandboxes": {
@@ -148,10 +163,12 @@ _ADDED_COLUMNS = {
         "meter": "TEXT NOT NULL DEFAULT '{}'",
         "base_snapshot_id": "TEXT",
         "origin_snapshot_id": "TEXT",
+        **_OWNED_DECL,
     },
     # Workspaces on snapshots (provider-neutral); columns of the Docker-only
     # rows of older data directories are left unread.
-    "workspaces": {"state_snapshot_id": "TEXT", "source_snapshot_id": "TEXT"},
+    "workspaces": {"state_snapshot_id": "TEXT", "source_snapshot_id": "TEXT", **_OWNED_DECL},
+    "snapshots": dict(_OWNED_DECL),
     # The workspace a ref follows.
     "refs": {"workspace": "TEXT"},
     # The state of an instance's sandbox, kept with its description.
@@ -169,24 +186,24 @@ _SANDBOX_COLUMNS = (
     "base_snapshot_id", "origin_snapshot_id",
 )
 _PUT_SANDBOX = (
-    f"INSERT OR REPLACE INTO sandboxes ({', '.join(_SANDBOX_COLUMNS)}) "
-    f"VALUES ({', '.join('?' for _ in _SANDBOX_COLUMNS)})"
+    f"INSERT OR REPLACE INTO sandboxes ({', '.join((*_SANDBOX_COLUMNS, *OWNED_COLUMNS))}) "
+    f"VALUES ({', '.join('?' for _ in (*_SANDBOX_COLUMNS, *OWNED_COLUMNS))})"
 )
 _WORKSPACE_COLUMNS = (
     "name", "status", "provider", "spec", "live_sandbox_id", "state_snapshot_id",
     "source_snapshot_id", "created_at_unix", "last_active_unix",
 )
 _PUT_WORKSPACE = (
-    f"INSERT OR REPLACE INTO workspaces ({', '.join(_WORKSPACE_COLUMNS)}) "
-    f"VALUES ({', '.join('?' for _ in _WORKSPACE_COLUMNS)})"
+    f"INSERT OR REPLACE INTO workspaces ({', '.join((*_WORKSPACE_COLUMNS, *OWNED_COLUMNS))}) "
+    f"VALUES ({', '.join('?' for _ in (*_WORKSPACE_COLUMNS, *OWNED_COLUMNS))})"
 )
 _SNAPSHOT_COLUMNS = (
     "id", "provider", "status", "label", "sandbox_id", "parent_id", "size_bytes",
     "created_at_unix", "handle", "spec",
 )
 _PUT_SNAPSHOT = (
-    f"INSERT OR REPLACE INTO snapshots ({', '.join(_SNAPSHOT_COLUMNS)}) "
-    f"VALUES ({', '.join('?' for _ in _SNAPSHOT_COLUMNS)})"
+    f"INSERT OR REPLACE INTO snapshots ({', '.join((*_SNAPSHOT_COLUMNS, *OWNED_COLUMNS))}) "
+    f"VALUES ({', '.join('?' for _ in (*_SNAPSHOT_COLUMNS, *OWNED_COLUMNS))})"
 )
 
 _LOG_EVENT = "INSERT INTO events (at_unix, subject, kind, message) VALUES (?, ?, ?, ?)"
@@ -287,22 +304,117 @@ class SQLiteStore(Store):
             row.base_snapshot_id, row.origin_snapshot_id,
         )
 
+    # -- fenced writes of owned rows -----------------------------------------------
+    def _fence(self, db: sqlite3.Connection, table: str, key: str, ident: str,
+               row: SandboxRow | WorkspaceRow | SnapshotRow | None) -> tuple[Any, ...] | None:
+        """The owned columns (owner, lease, epoch, version) the writer writes
+        ``row`` with, as a compare and set on the stored ones (``check_fence``;
+        None: no row is stored)."""
+        found = db.execute(
+            f"SELECT owner, epoch, version, lease_expires_at_unix FROM {table} WHERE {key} = ?",
+            (ident,)).fetchone()
+        now = time.time()
+        if self.writer is None:  # unfenced: a program in-process, or a test
+            if found is None:
+                return (None, None, 0, 1) if row is None else (
+                    row.owner, row.lease_expires_at_unix, row.epoch, 1)
+            return (found["owner"], found["lease_expires_at_unix"], found["epoch"],
+                    found["version"] + 1)
+        if found is None:
+            return (self.writer, now + self.lease_seconds,
+                    max(row.epoch if row is not None else 0, 1), 1)
+        check_fence(f"{table[:-1]} {ident}", self.writer, found, row, now)
+        return (self.writer, now + self.lease_seconds, found["epoch"] or 1,
+                found["version"] + 1)
+
+    def _put_owned(self, db: sqlite3.Connection, statement: str, table: str, key: str,
+                   row: SandboxRow | WorkspaceRow | SnapshotRow, values: tuple[Any, ...]) -> None:
+        owned = self._fence(db, table, key, values[0], row)
+        assert owned is not None
+        db.execute(statement, (*values, *owned))
+        row.owner, row.lease_expires_at_unix, row.epoch, row.version = owned
+
+    def _delete_owned(self, table: str, key: str, ident: str) -> None:
+        with self._transaction() as db:
+            if db.execute(f"SELECT 1 FROM {table} WHERE {key} = ?", (ident,)).fetchone():
+                self._fence(db, table, key, ident, None)
+                db.execute(f"DELETE FROM {table} WHERE {key} = ?", (ident,))
+
+    # -- the fleet -----------------------------------------------------------------------
+    def register_daemon(self, daemon_id: str, url: str, seconds: float) -> None:
+        until = time.time() + seconds
+        with self._transaction() as db:
+            db.execute("INSERT OR REPLACE INTO daemons (id, url, expires_at_unix) "
+                       "VALUES (?, ?, ?)", (daemon_id, url, until))
+            for table, _ in _OWNED_TABLES.values():
+                db.execute(f"UPDATE {table} SET lease_expires_at_unix = ? WHERE owner = ?",
+                           (until, daemon_id))
+
+    def daemons(self) -> list[DaemonRow]:
+        now = time.time()
+        return [DaemonRow(r["id"], r["url"], r["expires_at_unix"], r["expires_at_unix"] > now)
+                for r in self._read("SELECT * FROM daemons ORDER BY id")]
+
+    def lapsed_sandboxes(self) -> list[SandboxRow]:
+        rows = self._read(
+            "SELECT * FROM sandboxes WHERE state NOT IN (?, ?) AND owner IS NOT NULL "
+            "AND lease_expires_at_unix < ? ORDER BY created_at_unix",
+            (*FINAL_VALUES, time.time()))
+        return [self._sandbox(r) for r in rows]
+
+    def take_over(self, kind: str, key: str) -> bool:
+        table, column = _OWNED_TABLES[kind]
+        if self.writer is None:
+            raise InvalidArgument("only a daemon (act_as) takes rows over")
+        now = time.time()
+        with self._transaction() as db:
+            found = db.execute(f"SELECT owner, lease_expires_at_unix FROM {table} "
+                               f"WHERE {column} = ?", (key,)).fetchone()
+            if found is None:
+                return False
+            lapsed = (found["lease_expires_at_unix"] or 0) < now
+            if found["owner"] not in (None, self.writer) and not lapsed:
+                return False
+            db.execute(f"UPDATE {table} SET owner = ?, epoch = epoch + 1, "
+                       f"version = version + 1, lease_expires_at_unix = ? WHERE {column} = ?",
+                       (self.writer, now + self.lease_seconds, key))
+            return True
+
+    def take_over_lapsed(self, kind: str) -> list[str]:
+        table, column = _OWNED_TABLES[kind]
+        if self.writer is None:
+            raise InvalidArgument("only a daemon (act_as) takes rows over")
+        now = time.time()
+        with self._transaction() as db:
+            keys = [r[column] for r in db.execute(
+                f"SELECT {column} FROM {table} WHERE owner IS NOT NULL AND owner <> ? "
+                "AND lease_expires_at_unix < ?", (self.writer, now))]
+            for key in keys:
+                db.execute(f"UPDATE {table} SET owner = ?, epoch = epoch + 1, "
+                           f"version = version + 1, lease_expires_at_unix = ? "
+                           f"WHERE {column} = ?", (self.writer, now + self.lease_seconds, key))
+        return keys
+
+    # -- sandboxes -----------------------------------------------------------------------
     def put_sandbox(self, row: SandboxRow, event: tuple[str, str] | None = None) -> None:
         with self._transaction() as db:
-            db.execute(_PUT_SANDBOX, self._sandbox_values(row))
+            self._put_owned(db, _PUT_SANDBOX, "sandboxes", "id", row, self._sandbox_values(row))
             if event is not None:
                 db.execute(_LOG_EVENT, (time.time(), row.id, *event))
 
     def put_sandboxes(self, rows: Sequence[SandboxRow]) -> None:
-        values = [self._sandbox_values(row) for row in rows]
         # One transaction: one fsync for all of them.
         with self._transaction() as db:
-            db.executemany(_PUT_SANDBOX, values)
+            for row in rows:
+                self._put_owned(db, _PUT_SANDBOX, "sandboxes", "id", row,
+                                self._sandbox_values(row))
 
     def set_sandbox_deadline(self, sandbox_id: str, deadline_unix: float | None) -> None:
-        self._write(
-            "UPDATE sandboxes SET deadline_unix = ? WHERE id = ?", (deadline_unix, sandbox_id)
-        )
+        with self._transaction() as db:
+            if db.execute("SELECT 1 FROM sandboxes WHERE id = ?", (sandbox_id,)).fetchone():
+                self._fence(db, "sandboxes", "id", sandbox_id, None)
+                db.execute("UPDATE sandboxes SET deadline_unix = ?, version = version + 1 "
+                           "WHERE id = ?", (deadline_unix, sandbox_id))
 
     @staticmethod
     def _sandbox(r: sqlite3.Row) -> SandboxRow:
@@ -314,6 +426,7 @@ class SQLiteStore(Store):
             last_active_unix=r["last_active_unix"], meter=json.loads(r["meter"] or "{}"),
             base_snapshot_id=r["base_snapshot_id"],
             origin_snapshot_id=r["origin_snapshot_id"],
+            **{c: r[c] for c in OWNED_COLUMNS},
         )
 
     def get_sandbox(self, sandbox_id: str) -> SandboxRow | None:
@@ -331,7 +444,7 @@ class SQLiteStore(Store):
         return [self._sandbox(r) for r in rows]
 
     def delete_sandbox(self, sandbox_id: str) -> None:
-        self._write("DELETE FROM sandboxes WHERE id = ?", (sandbox_id,))
+        self._delete_owned("sandboxes", "id", sandbox_id)
 
     def prune_ended(self, ended_before_unix: float) -> list[str]:
         with self._transaction() as db:
@@ -351,15 +464,16 @@ class SQLiteStore(Store):
 
     # -- workspaces --------------------------------------------------------------------
     def put_workspace(self, row: WorkspaceRow) -> None:
-        self._write(_PUT_WORKSPACE, (
+        with self._transaction() as db:
+            self._put_owned(db, _PUT_WORKSPACE, "workspaces", "name", row, (
             row.name, row.status, row.provider, json.dumps(row.spec), row.live_sandbox_id,
             row.state_snapshot_id, row.source_snapshot_id, row.created_at_unix,
             row.last_active_unix,
-        ))
+            ))
 
     @staticmethod
     def _workspace(r: sqlite3.Row) -> WorkspaceRow:
-        values = {name: r[name] for name in _WORKSPACE_COLUMNS}
+        values = {name: r[name] for name in (*_WORKSPACE_COLUMNS, *OWNED_COLUMNS)}
         values["spec"] = json.loads(values["spec"])
         return WorkspaceRow(**values)
 
@@ -371,18 +485,20 @@ class SQLiteStore(Store):
         return [self._workspace(r) for r in self._read("SELECT * FROM workspaces ORDER BY name")]
 
     def delete_workspace(self, name: str) -> None:
-        self._write("DELETE FROM workspaces WHERE name = ?", (name,))
+        self._delete_owned("workspaces", "name", name)
 
     # -- snapshots ---------------------------------------------------------------------
     def put_snapshot(self, row: SnapshotRow) -> None:
-        self._write(_PUT_SNAPSHOT, (
-            row.id, row.provider, row.status, row.label, row.sandbox_id, row.parent_id,
-            row.size_bytes, row.created_at_unix, json.dumps(row.handle), json.dumps(row.spec),
-        ))
+        with self._transaction() as db:
+            self._put_owned(db, _PUT_SNAPSHOT, "snapshots", "id", row, (
+                row.id, row.provider, row.status, row.label, row.sandbox_id, row.parent_id,
+                row.size_bytes, row.created_at_unix, json.dumps(row.handle),
+                json.dumps(row.spec),
+            ))
 
     @staticmethod
     def _snapshot(r: sqlite3.Row) -> SnapshotRow:
-        values = {name: r[name] for name in _SNAPSHOT_COLUMNS}
+        values = {name: r[name] for name in (*_SNAPSHOT_COLUMNS, *OWNED_COLUMNS)}
         values["handle"] = json.loads(values["handle"])
         values["spec"] = json.loads(values["spec"])
         return SnapshotRow(**values)
@@ -396,7 +512,7 @@ class SQLiteStore(Store):
         return [self._snapshot(r) for r in rows]
 
     def delete_snapshot(self, snapshot_id: str) -> None:
-        self._write("DELETE FROM snapshots WHERE id = ?", (snapshot_id,))
+        self._delete_owned("snapshots", "id", snapshot_id)
 
     # -- events and meta -------------------------------------------------------------------
     def log_event(self, subject: str, kind: str, message: str) -> None:

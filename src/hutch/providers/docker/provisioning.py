@@ -113,6 +113,10 @@ def _parse_mount(spec: str) -> tuple[str, dict[str, str]]:
 class DockerProvisioning(NativeBackend):
     """The container and its runtime, beneath what a docker sandbox does with them."""
 
+    #: Its runtime is found again from its description by any daemon that
+    #: reaches the same Docker Engine (a fleet's takes it over when its daemon dies).
+    reachable_from_any_host = True
+
     def __init__(
         self,
         sandbox_id: str,

@@ -66,6 +66,9 @@ _START_TIMEOUT = 60.0
 
 class SshSandbox(NativeBackend, FilesRuntime):
     provider = "ssh"
+    #: Its runtime is found again from its description by any daemon that
+    #: reaches the same host (a fleet's takes it over when its daemon dies).
+    reachable_from_any_host = True
     # ``host_outlives_sandbox``: no lifecycle on the host; close leaves the
     # host and its files as they are. ``preview_url`` only for a sandbox
     # with preview_url_base (see sandbox_capabilities).
