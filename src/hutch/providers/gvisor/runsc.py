@@ -103,3 +103,18 @@ def remove(container: str) -> None:
         argv("delete", "--force", container), capture_output=True, check=False, timeout=60,
         stdin=subprocess.DEVNULL,
     )
+
+
+def pids(container: str) -> set[int]:
+    """The pids of the container's processes, as runsc ps lists them."""
+    result = subprocess.run(
+        argv("ps", "--format", "json", container), capture_output=True, text=True,
+        check=False, timeout=30, stdin=subprocess.DEVNULL,
+    )
+    if result.returncode != 0:
+        return set()
+    try:
+        listed = json.loads(result.stdout) or []
+    except ValueError:
+        return set()
+    return {int(item["PID"]) for item in listed if isinstance(item, dict) and "PID" in item}

@@ -4,14 +4,15 @@ directly (not through Docker, whose checkpoint needs an experimental daemon).
 Each sandbox is an OCI bundle over a hutch image's root file system: the
 host's copy is shared and never written; the sandbox writes to an overlay in
 its own memory (``--overlay2=root:memory``), so its working directory and
-everything else it writes are its own. hutch's agent is the keeper (pid 1),
-serving exec and files on a socket it makes on the host through gVisor's
+everything else it writes are its own. hutch's agent, started beside the
+keeper, serves exec and files on a socket it makes on the host through gVisor's
 gofer (``--host-uds=create``), in a directory of the sandbox's own.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -39,7 +40,7 @@ from ..policy import (
     format_bytes,
     parse_bytes,
 )
-from . import bundle, runsc
+from . import bundle, checkpoints, runsc
 
 DEFAULT_IMAGE = "hutch-test:bookworm"
 AGENT_START_TIMEOUT = 15.0
@@ -87,15 +88,21 @@ class GvisorSandbox(SandboxBackend):
     own network stack (``--network=sandbox``) on this kind of kernel, and
     ``--network=host`` would hand the sandbox the host's; a newer runsc
     (``HUTCH_RUNSC``) would add it. Pause is runsc's own (the sandbox's
-    kernel stops its tasks). Suspend, snapshots and fork are not offered
-    yet: ``runsc checkpoint`` refuses a sandbox holding a host socket, which
-    the agent's listening socket is (see the README).
+    kernel stops its tasks). Suspend is ``runsc checkpoint`` (memory freed,
+    processes kept) and resume ``runsc restore``, under the same bundle,
+    flags and build; the agent lets go of its host sockets first (a
+    checkpoint refuses them) and listens again after. A command streaming
+    through the agent across a suspend loses its connection; processes
+    keep running. Snapshots and fork are not offered yet.
     """
 
     provider = "gvisor"
     capabilities = Capabilities(
         processes=True,
         pause=True,
+        # runsc checkpoint / restore: processes, memory and the root overlay.
+        suspend=True,
+        suspend_keeps_processes=True,
         network_isolation=True,
         resource_limits=True,
         # The agent runs as root in the sandbox's own kernel, able to switch users.
@@ -116,6 +123,10 @@ class GvisorSandbox(SandboxBackend):
     @property
     def bundle_dir(self) -> str:
         return os.path.join(self.sandbox_dir, "bundle")
+
+    @property
+    def checkpoint_dir(self) -> str:
+        return os.path.join(self.sandbox_dir, "checkpoint")
 
     @property
     def run_dir(self) -> str:
@@ -166,6 +177,7 @@ class GvisorSandbox(SandboxBackend):
             bundle.write(sandbox.bundle_dir, spec)
             runsc.run("run", "--detach", "--bundle", sandbox.bundle_dir, sandbox_id,
                       what=f"starting sandbox {sandbox_id}")
+            checkpoints.start_agent(sandbox_id, bundle.env_of(spec))
 
         try:
             await anyio.to_thread.run_sync(provision)
@@ -221,8 +233,32 @@ class GvisorSandbox(SandboxBackend):
     async def unpause(self) -> None:
         await runsc.run_async("resume", self.sandbox_id, what=f"unpausing {self.sandbox_id}")
 
+    async def suspend(self) -> None:
+        self._agent.drop_connections()
+        await anyio.to_thread.run_sync(
+            lambda: checkpoints.checkpoint(self.sandbox_id, self.checkpoint_dir, self.agent_socket)
+        )
+
+    async def resume(self) -> None:
+        await anyio.to_thread.run_sync(
+            lambda: checkpoints.restore(self.sandbox_id, self.checkpoint_dir, self.bundle_dir)
+        )
+        env = await anyio.to_thread.run_sync(self._agent_env)
+        await anyio.to_thread.run_sync(lambda: checkpoints.start_agent(self.sandbox_id, env))
+        await self._await_agent()
+        await anyio.to_thread.run_sync(
+            lambda: shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
+        )
+
+    def _agent_env(self) -> list[str]:
+        with open(os.path.join(self.bundle_dir, "config.json")) as spec:
+            return bundle.env_of(json.load(spec))
+
     async def is_alive(self) -> bool:
         return await self._status() in ("running", "paused", "created")
+
+    async def is_suspended(self) -> bool:
+        return checkpoints.held(self.checkpoint_dir) and not await self.is_alive()
 
     async def observed_state(self) -> RuntimeState:
         status = await self._status()
@@ -230,6 +266,8 @@ class GvisorSandbox(SandboxBackend):
             return RuntimeState.RUNNING
         if status == "paused":
             return RuntimeState.PAUSED
+        if checkpoints.held(self.checkpoint_dir):
+            return RuntimeState.SUSPENDED
         return RuntimeState.GONE
 
     async def close(self) -> None:
