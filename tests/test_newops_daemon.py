@@ -129,3 +129,19 @@ def test_watchers_by_polling_and_through_a_ref(daemon: DaemonProcess, sandbox: A
         assert http.delete(f"{base}/watchers/{watcher['id']}").status_code == 204
         gone = http.get(f"{base}/watchers/{watcher['id']}/events")
         assert gone.json()["error"]["code"] == "not_found"
+
+
+def test_a_watch_is_found_again_by_its_id(daemon: DaemonProcess, sandbox: Any) -> None:
+    """Another session (here a second client) picks up a watch by its id."""
+    sandbox.mkdir("found")
+    made = sandbox.watch("found")
+    with hutch.Client(daemon.url, token=daemon.token) as other:
+        again = other.get_sandbox(sandbox.id).watcher(made.id)
+        assert (again.id, again.path, again.recursive) == (made.id, made.path, made.recursive)
+        sandbox.write_text("found/new.txt", "x")
+        events = again.events(wait=5)
+        assert [(e.type, e.path.rsplit("/", 1)[-1]) for e in events][:1] == [
+            ("created", "new.txt")], events
+        again.close()
+        with pytest.raises(hutch.NotFound):
+            other.get_sandbox(sandbox.id).watcher(made.id)

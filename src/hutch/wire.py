@@ -306,3 +306,25 @@ class EventList(BaseModel):
 
 class Health(BaseModel):
     status: str
+
+
+class Pool(BaseModel):
+    name: str
+    provider: str
+    settings: dict[str, Any] = Field(description="the create request's settings it makes")
+    size: int = Field(description="how many it keeps ready")
+    ready: int = Field(description="how many are ready now")
+    hits: int = Field(description="creates that took one of its sandboxes")
+
+
+class PoolList(BaseModel):
+    pools: list[Pool]
+
+
+class PoolBody(BaseModel):
+    model_config = {"extra": "forbid"}
+
+    settings: dict[str, Any] = Field(
+        default_factory=dict,
+        description="a create request's provider and settings (POST /v1/sandboxes' body)")
+    size: int = Field(ge=0, le=1000)

@@ -288,4 +288,21 @@ export class Client {
     });
     return answer.events;
   }
+
+  /**
+   * The newest `limit` events (of `subject`, a sandbox id or workspace name,
+   * or all), then each as it happens, until the caller stops iterating.
+   */
+  async *followEvents(options: { subject?: string; limit?: number } = {}): AsyncGenerator<DaemonEvent> {
+    const lines = this.transport.lines(route("get", "/v1/events/follow", {}), {
+      query: { limit: options.limit ?? 10, ...(options.subject === undefined ? {} : { subject: options.subject }) },
+      timeout: null,
+    });
+    for await (const line of lines) {
+      if (line.error) {
+        throw errorFromWire(line.error);
+      }
+      yield line as DaemonEvent;
+    }
+  }
 }

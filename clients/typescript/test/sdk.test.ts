@@ -514,4 +514,21 @@ describe("events", () => {
     assert.ok(events.length > 0);
     assert.ok(events.every((e) => e.subject === sb.id));
   });
+
+  test("followEvents: the newest, then each as it happens", async () => {
+    const doomed = await client.createSandbox({ provider, ...settings });
+    const seen: hutch.DaemonEvent[] = [];
+    const following = (async () => {
+      for await (const event of client.followEvents({ subject: doomed.id, limit: 5 })) {
+        seen.push(event);
+        if (event.kind === "terminated" || /terminat|deleted|closed/.test(event.message)) {
+          return; // stops iterating: the stream is closed
+        }
+      }
+    })();
+    await doomed.close();
+    await following;
+    assert.ok(seen.length >= 2, JSON.stringify(seen));
+    assert.ok(seen.every((e) => e.subject === doomed.id));
+  });
 });

@@ -76,6 +76,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "token": ("tokens:token",
               "Print the daemon's token (or a ref), e.g. as E2B_API_KEY for the E2B SDKs."),
     "workspace": ("workspaces:workspace", "Named workspaces that outlive the daemon."),
+    "pool": ("pools:pool", "Warm pools: sandboxes made ahead, which a create takes ready."),
     "image": ("images:image",
               "Images: environments built once, used by name by docker and bubblewrap."),
     "snapshot": ("snapshots:snapshot", "Snapshots of sandboxes, as a lineage tree."),

@@ -20,7 +20,6 @@ from ._core import (
     ClientOps,
     ForkOps,
     ProcessOps,
-    RemoteEnsured,
     SandboxOps,
     WatcherOps,
 )
@@ -37,6 +36,7 @@ from ._generated import (
     WatcherFace,
 )
 from ._http import Call
+from ._refs import RemoteEnsured
 from ._transports import AsyncTransport, SyncTransport
 
 

@@ -12,8 +12,7 @@ there is one place where a request is built or an answer decoded.
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Generator, Mapping, Sequence
 from typing import IO, Any, TypeVar
 
 from .._errors import (
@@ -58,6 +57,16 @@ from ._answers import (
     ensured_ref,
 )
 from ._http import Call
+from ._refs import (
+    BranchRef,
+    ForkRef,
+    ProcessRef,
+    SandboxRef,
+    WatcherRef,
+    op,
+    stream_op,
+    terminal_op,
+)
 
 #: Headroom on top of a command's own timeout before the HTTP call gives up.
 HTTP_GRACE_SECONDS = 30.0
@@ -99,76 +108,6 @@ def exec_body(
 
 def http_timeout(timeout: float | None) -> float | None:
     return None if timeout is None else timeout + HTTP_GRACE_SECONDS
-
-
-# -- references the drivers turn into facade objects ------------------------------------
-
-
-@dataclass
-class SandboxRef:
-    info: dict[str, Any]
-
-
-@dataclass
-class BranchRef:
-    """A sandbox a fork's ``attach`` started: it joins that fork's ``branches``."""
-
-    fork: Any
-    info: dict[str, Any]
-
-
-@dataclass
-class ForkRef:
-    snapshot: Snapshot
-    sandboxes: list[dict[str, Any]]
-
-
-@dataclass
-class RemoteEnsured:
-    """What a client's ``ensure`` gives: the sandbox (a client sandbox), the
-    path taken (``resumed``, ``restored`` or ``created``) and each step's seconds."""
-
-    sandbox: Any
-    path: str
-    steps: list[dict[str, Any]]
-
-
-@dataclass
-class ProcessRef:
-    sandbox_id: str
-    info: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class WatcherRef:
-    sandbox_id: str
-    info: dict[str, Any]
-
-
-# -- the operations ----------------------------------------------------------------------
-
-
-OpFunction = TypeVar("OpFunction", bound=Callable[..., Generator[Call, Any, Any]])
-
-
-def op(fn: OpFunction) -> OpFunction:
-    """An operation: its faces' methods return what it returns
-    (``scripts/gen_sync.py`` writes them from these marks)."""
-    return fn
-
-
-def stream_op(fn: OpFunction) -> OpFunction:
-    """A streamed operation: its faces' methods iterate its events."""
-    return fn
-
-
-Function = TypeVar("Function", bound=Callable[..., Any])
-
-
-def terminal_op(fn: Function) -> Function:
-    """A terminal's first message: its faces' methods open the terminal with
-    it (a context manager; ``async with`` on the async face)."""
-    return fn
 
 
 class ClientOps:
@@ -340,6 +279,29 @@ class ClientOps:
             params["subject"] = subject
         value: list[dict[str, Any]] = (yield Call("GET", "/v1/events", params=params))["events"]
         return value
+
+    @op
+    def list_pools(self) -> Op[list[dict[str, Any]]]:
+        """The daemon's warm pools: name, provider, settings, size, ready, hits."""
+        value: list[dict[str, Any]] = (yield Call("GET", "/v1/pools"))["pools"]
+        return value
+
+    @op
+    def set_pool(
+        self, name: str, size: int, settings: dict[str, Any] | None = None
+    ) -> Op[dict[str, Any]]:
+        """Make or resize a warm pool of ``size`` sandboxes made with
+        ``settings`` (a create's: ``{"provider": "docker", "image": ...}``);
+        a create with the same provider settings takes one of them."""
+        value: dict[str, Any] = yield Call(
+            "PUT", f"/v1/pools/{name}", json={"size": size, "settings": settings or {}},
+            timeout=600)
+        return value
+
+    @op
+    def remove_pool(self, name: str) -> Op[None]:
+        """Remove a warm pool and the sandboxes it kept ready."""
+        yield Call("DELETE", f"/v1/pools/{name}", timeout=600)
 
     @stream_op
     def follow_events(
@@ -528,6 +490,13 @@ class SandboxOps:
             raise InvalidArgument(f"recursive must be true or false, not {recursive!r}")
         info = yield Call("POST", self._path("/watchers"),
                           json={"path": path, "recursive": recursive}, timeout=120)
+        return WatcherRef(self.id, info)
+
+    @op
+    def watcher(self, watcher_id: str) -> Op[WatcherRef]:
+        """A watch of this sandbox by its id (NotFound once closed), as
+        :meth:`watch` made it, here or in another session."""
+        info = yield Call("GET", self._path(f"/watchers/{watcher_id}"))
         return WatcherRef(self.id, info)
 
     @op
@@ -840,16 +809,3 @@ def note_exit(owner: object, event: object) -> None:
     stream came from (so that its ``running`` and ``exit_code`` agree)."""
     if isinstance(owner, ProcessOps) and isinstance(event, ExitStatus):
         owner._running, owner._exit_code = False, event.exit_code
-
-
-# -- driving an operation ---------------------------------------------------------------------
-
-
-def step(gen: Op[Any], answer: Any = None, error: BaseException | None = None) -> tuple[bool, Any]:
-    """Advance an operation: (done, value) where value is its result or next Call."""
-    try:
-        if error is not None:
-            return False, gen.throw(error)
-        return False, gen.send(answer)
-    except StopIteration as stop:
-        return True, stop.value

@@ -58,6 +58,7 @@ from .policy import OperatorPolicy
 
 if TYPE_CHECKING:
     from .core import Daemon
+    from .pools import Pool
 
 
 class DaemonBase:
@@ -94,7 +95,8 @@ class DaemonBase:
         self.advertise_url = advertise_url
         #: Its metrics (the server renders them at /metrics).
         self.metrics = DaemonMetrics(
-            lambda: [(s.provider, s.state) for s in list(self.sandboxes.values())])
+            lambda: [(s.provider, s.state) for s in list(self.sandboxes.values())],
+            lambda: [(p.name, p.size, len(p.ready), p.hits) for p in list(self._pools.values())])
         #: Its event log, followed live (woken by the store calls that write events).
         self.event_feed = EventFeed(lambda subject, limit: self.astore.events(subject, limit))
 
@@ -128,6 +130,8 @@ class DaemonBase:
             on_deadline=self._persist_deadline,
         )
         self.sandboxes: dict[str, Sandbox] = {}
+        #: Warm pools by name (see .pools).
+        self._pools: dict[str, Pool] = {}
         #: sandbox id -> the workspace it serves, for the sandboxes that serve one.
         self.workspace_of: dict[str, str] = {}
         self._guards: dict[tuple[str, str], ReadBeforeWriteGuard] = {}

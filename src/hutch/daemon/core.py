@@ -111,6 +111,8 @@ class Daemon(Fleet):
         activity) is written first, in one transaction, and the stop is
         marked clean, so the next start goes on exactly from here.
         """
+        if self._store_holder is not None:
+            await self.drain_pools()  # before the store lets go: their rows go too
         for task in [self._pruner, self._store_hold, *self._watchers.values()]:
             if task is not None:
                 task.cancel()

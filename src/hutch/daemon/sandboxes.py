@@ -27,6 +27,7 @@ from ..definitions.sources import (
     Progress,
 )
 from ..lifecycle.state import found_state
+from ..providers.base import SandboxBackend
 from ..providers.registry import get_provider
 from ..states import FINAL, SandboxState
 from ..store import (
@@ -51,7 +52,10 @@ class Sandboxes(Refs):
     ) -> Sandbox:
         """Make a sandbox from ``spec``, or start one from ``from_snapshot``
         (whose own settings ``spec`` then is, with its options as asked)."""
-        sid = sandbox_id or new_sandbox_id()
+        # A warm pool's runtime, when the create is a plain one of a pool's settings.
+        pooled = (await self._take_pooled(spec)
+                  if sandbox_id is None and workspace is None and from_snapshot is None else None)
+        sid = pooled[0] if pooled else sandbox_id or new_sandbox_id()
         now = time.time()
         row = SandboxRow(
             id=sid, provider=spec.provider_name, state=SandboxState.CREATING.value,
@@ -63,7 +67,9 @@ class Sandboxes(Refs):
         await self.astore.put_sandbox(row)
         backend_cls = get_provider(spec.provider_name)
         try:
-            if from_snapshot is not None:
+            if pooled is not None:
+                backend = pooled[1]
+            elif from_snapshot is not None:
                 backend = await backend_cls.create_from_snapshot(
                     spec.provider, sid, ProviderSnapshot.from_dict(from_snapshot.handle)
                 )
@@ -94,6 +100,14 @@ class Sandboxes(Refs):
         await self._note(sid, "created", f"{spec.provider_name} sandbox created")
         self._watch(type(backend))
         return sandbox
+
+    def _pooled_ids(self) -> set[str]:
+        """The ids of the runtimes warm pools keep ready (see .pools)."""
+        return set()
+
+    async def _take_pooled(self, spec: SandboxSpec) -> tuple[str, SandboxBackend] | None:
+        """A warm pool's runtime made with ``spec``'s provider settings (see .pools)."""
+        return None
 
     async def adopt_left_sandbox(
         self, sandbox_id: str, provider: str, description: Mapping[str, Any],
@@ -249,12 +263,13 @@ class Sandboxes(Refs):
         """Live sandboxes; with ``include_ended`` also those that ended within
         the retention period, oldest first."""
         live = [await self.info(s) for s in list(self.sandboxes.values())]
+        kept_ready = self._pooled_ids()  # made ahead, not sandboxes until taken
         # A fleet's other daemons' sandboxes (and ended ones), as the store
         # has them: every sandbox once, whoever serves it.
         others = [
             self.stored_info(row)
             for row in await self.astore.list_sandboxes(include_final=include_ended)
-            if row.id not in self.sandboxes
+            if row.id not in self.sandboxes and row.id not in kept_ready
         ]
         return sorted([*live, *others], key=lambda info: float(info["created_at_unix"] or 0))
 

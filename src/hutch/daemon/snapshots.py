@@ -35,10 +35,10 @@ from .common import (
     MAX_LABEL,
     log,
 )
-from .sandboxes import Sandboxes
+from .pools import Pooling
 
 
-class Snapshots(Sandboxes):
+class Snapshots(Pooling):
     # -- snapshots and forks -------------------------------------------------------------
     async def get_snapshot(self, snapshot_id: str) -> SnapshotRow:
         row = await self.astore.get_snapshot(snapshot_id)

@@ -105,6 +105,12 @@ def load_server_config(path: str | None) -> dict[str, Any]:
         server["sandbox_defaults"] = file
     if definitions:
         server["definitions"] = definitions
+    pools = data.get("pools", {})
+    for name, table in pools.items():
+        if not isinstance(table, dict) or not isinstance(table.get("size"), int):
+            raise InvalidArgument(f"[pools.{name}] in {candidate} needs a size (a whole number)")
+    if pools:
+        server["pools"] = pools
     return server
 
 

@@ -54,6 +54,7 @@ from .routes import (
     exec,
     files,
     metrics,
+    pools,
     processes,
     pty,
     refs,
@@ -77,7 +78,7 @@ HOT_HANDLERS = {"exec_": "_exec", "read_file": "_read", "write_file": "_write",
 ROUTERS = [
     exec.router, files.router, sandboxes.router, definitions.router, snapshots.router,
     refs.router, processes.router, pty.router, workspaces.router, watch.router, events_router,
-    metrics.router,
+    metrics.router, pools.router,
 ]
 
 
@@ -145,6 +146,9 @@ def create_app(
         )
         try:
             await daemon.start()
+            for name, table in settings.pools.items():  # [pools.NAME] in hutch.toml
+                table = dict(table)
+                await daemon.set_pool(name, table, int(table.pop("size")))
             holder["daemon"] = daemon
             if on_ready is not None:
                 on_ready(daemon)

@@ -50,6 +50,8 @@ class ServerSettings(BaseModel):
     advertise_url: str | None = None
     #: The operator's sandbox definitions (``[definitions.NAME]`` in hutch.toml).
     definitions: dict[str, dict[str, Any]] = {}
+    #: Warm pools (``[pools.NAME]`` in hutch.toml: ``size`` and a create's settings).
+    pools: dict[str, dict[str, Any]] = {}
 
     def policy(self) -> OperatorPolicy:
         return OperatorPolicy(self.allow, self.limits, self.ceilings, self.providers)

@@ -50,6 +50,12 @@ def router(daemon: DaemonGetter) -> APIRouter:
         watcher = await sandbox.watch(body.path, recursive=body.recursive)
         return JSONResponse(watcher_json(watcher), status_code=201)
 
+    @v1.get("/sandboxes/{sandbox_id}/watchers/{watcher_id}",
+            response_model=wire.WatcherInfo)
+    async def get_watcher(sandbox_id: str, watcher_id: str) -> JSONResponse:
+        """A watch made earlier (by this caller or another session), by its id."""
+        return JSONResponse(watcher_json((await daemon().get(sandbox_id)).watcher(watcher_id)))
+
     @v1.get("/sandboxes/{sandbox_id}/watchers/{watcher_id}/events",
             response_model=wire.WatchEvents)
     async def watcher_events(
