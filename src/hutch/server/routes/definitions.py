@@ -96,9 +96,17 @@ def router(daemon: DaemonGetter) -> APIRouter:
         return StreamingResponse(events(), media_type="application/x-ndjson")
 
     @v1.post("/definitions/{definition_id}/complete", response_model=wire.Completed)
-    async def complete(definition_id: str, body: ThreadBody) -> JSONResponse:
-        destroyed = await daemon().definitions.complete(definition_id, body.thread_id,
-                                                        body.tenant)
+    async def complete(definition_id: str, body: ThreadBody, request: Request) -> Response:
+        d = daemon()
+        try:
+            destroyed = await d.definitions.complete(definition_id, body.thread_id, body.tenant)
+        except ServedElsewhere as elsewhere:
+            # The thread's sandbox is another daemon's of the fleet: it ends it.
+            answer = await call_owner(request.scope["headers"], d.daemon_id or "",
+                                      elsewhere.url + request.url.path,
+                                      body.model_dump_json().encode())
+            return Response(answer.content, status_code=answer.status_code,
+                            media_type=answer.headers.get("content-type"))
         return JSONResponse({"destroyed": destroyed})
 
     return v1
