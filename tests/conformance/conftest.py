@@ -94,6 +94,14 @@ def _bubblewrap(runtime: str) -> Maker:
 
 
 @asynccontextmanager
+async def _gvisor() -> AsyncIterator[Harness]:
+    async with await hutch.create_sandbox(
+        "gvisor", image=TEST_IMAGE, read_before_write=False
+    ) as sb:
+        yield Harness(sb, "gvisor")
+
+
+@asynccontextmanager
 async def _ssh() -> AsyncIterator[Harness]:
     # The host is this machine, through a real sshd on loopback: the working
     # directory is a host directory the test can also reach directly.
@@ -161,6 +169,7 @@ MAKERS: dict[str, tuple[Maker, bool, list[pytest.MarkDecorator]]] = {
     "bubblewrap": (_bubblewrap("agent"), True, [pytest.mark.docker]),
     "bubblewrap-native": (_bubblewrap("native"), True, [pytest.mark.docker]),
     "ssh": (_ssh, True, []),
+    "gvisor": (_gvisor, False, [pytest.mark.docker]),
     "e2b": (_e2b, False, [pytest.mark.docker]),
 }
 
