@@ -358,6 +358,10 @@ class AgentRuntime(SandboxRuntime):
         #: The agent keeps an exec's connection for the next request (its
         #: version, learnt from its ping, is 2 or later).
         self.keeps_exec_connections = False
+        #: The agent hands open files' descriptors over (read and written
+        #: here, not through the socket); not where its descriptors are not
+        #: the host's (gVisor's user-space kernel): the bytes travel in frames.
+        self.hands_over_fds = True
 
     # -- connections ----------------------------------------------------------------
     async def _connect(self) -> Channel:
@@ -504,7 +508,9 @@ class AgentRuntime(SandboxRuntime):
         """The agent opens the file and hands its descriptor over: the bytes
         are read here, straight from the page cache, not through the socket."""
         async with self._channel() as channel:
-            await channel.send({"op": "read", "path": path, "limit": limit, "fd": True})
+            await channel.send(
+                {"op": "read", "path": path, "limit": limit, "fd": self.hands_over_fds}
+            )
             parts: list[bytes] = []
             total = 0
             while True:
@@ -526,6 +532,9 @@ class AgentRuntime(SandboxRuntime):
     async def read_file_pieces(self, path: str, limit: int) -> AsyncGenerator[bytes, None]:
         """The file in pieces of at most a frame's size, read here from the
         descriptor the agent hands over: never whole in memory."""
+        if not self.hands_over_fds:
+            yield await self.read_file(path, limit)
+            return
         async with self._channel() as channel:
             await channel.send({"op": "read", "path": path, "limit": limit, "fd": True})
             header, _ = await self._answer(channel)
@@ -552,7 +561,7 @@ class AgentRuntime(SandboxRuntime):
             os.close(fd)
 
     async def write_file(self, path: str, data: bytes) -> None:
-        if len(data) > FD_WRITE_THRESHOLD:
+        if len(data) > FD_WRITE_THRESHOLD and self.hands_over_fds:
             await self._write_through_fd(path, lambda fd: _write_all(fd, data), len(data))
             return
         view = memoryview(data)
@@ -561,6 +570,9 @@ class AgentRuntime(SandboxRuntime):
     async def write_file_from(self, path: str, source: IO[bytes]) -> None:
         # Piece by piece from the source (an upload spooled to disk) into the
         # handed-over file: never the whole file in memory.
+        if not self.hands_over_fds:
+            await self._write(path, iter(lambda: source.read(MAX_PAYLOAD), b""))
+            return
         await self._write_through_fd(path, lambda fd: _copy_into(fd, source), _THREAD_BYTES + 1)
 
     async def _write_through_fd(
