@@ -3,9 +3,9 @@
 Both faces are generated from one table of operations (:mod:`._core`, by
 ``scripts/gen_sync.py`` into :mod:`._generated_async` and
 :mod:`._generated_sync`), so they have the same methods with the same
-signatures, typed, and the sandboxes they return behave like in-process :class:`hutch.Sandbox` objects: the same results, the
-same typed errors. ``HUTCH_URL`` and ``HUTCH_TOKEN`` are read when not given.
-"""
+signatures, typed, and the sandboxes they return behave like in-process
+:class:`hutch.Sandbox` objects: the same results, the same typed errors.
+``HUTCH_URL`` and ``HUTCH_TOKEN`` are read when not given."""
 
 from __future__ import annotations
 

@@ -1,13 +1,13 @@
 """The SDK's I/O-free core: every operation written once, as a generator.
 
 An operation yields :class:`Call` objects (what to send) and receives the
-decoded answer; it returns the value the caller gets. A *driver* does the
-I/O: the async one over ``httpx.AsyncClient``, the sync one over
-``httpx.Client``. ``scripts/gen_sync.py`` writes the async and the sync
-classes from this one table of operations (:mod:`hutch.client._generated_async`
-and :mod:`hutch.client._generated_sync`), so the two faces have the same
-methods with the same signatures, typed, and there is one place where a request is built or an answer decoded.
-"""
+decoded answer; it returns the value the caller gets. A *driver* does the I/O:
+the async one over ``httpx.AsyncClient``, the sync one over ``httpx.Client``.
+``scripts/gen_sync.py`` writes the async and the sync classes from this one
+table of operations (:mod:`hutch.client._generated_async` and
+:mod:`hutch.client._generated_sync`), so the two faces have the same methods
+with the same signatures, typed, and there is one place where a request is
+built or an answer decoded."""
 
 from __future__ import annotations
 
