@@ -13,6 +13,8 @@ command -v chattr >/dev/null 2>&1 || need+=(e2fsprogs)
 command -v ps >/dev/null 2>&1 || need+=(procps)
 # bubblewrap: the bubblewrap provider's sandboxes (nsenter is util-linux's).
 command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
+# runsc: the gvisor provider's sandboxes (Debian's gVisor build).
+command -v runsc >/dev/null 2>&1 || need+=(runsc)
 # iptables: docker's network policy, installed in each sandbox's namespace;
 # iproute2 (ip): the host's own addresses it blocks; mkfs.ext4 (e2fsprogs):
 # size-capped working directories.

@@ -24,6 +24,9 @@ FAMILIES = {
     "hutch_reaps": "counter",
     "hutch_store_call_duration_seconds": "histogram",
     "hutch_daemon_process_resident_memory_bytes": "gauge",
+    "hutch_pool_size": "gauge",
+    "hutch_pool_ready": "gauge",
+    "hutch_pool_hits": "counter",
 }
 
 

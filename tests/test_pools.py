@@ -10,7 +10,9 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 import hutch
 from tests.daemon_fixture import DaemonProcess
@@ -42,6 +44,13 @@ def pool(c: hutch.Client, name: str) -> dict[str, object]:
     return next(p for p in c.list_pools() if p["name"] == name)
 
 
+def scrape_pool_hits(d: DaemonProcess, name: str) -> float:
+    answer = httpx.get(f"{d.url}/metrics", headers={"Authorization": f"Bearer {d.token}"})
+    return sum(s.value for f in text_string_to_metric_families(answer.text)
+               for s in f.samples
+               if s.name == "hutch_pool_hits_total" and s.labels == {"pool": name})
+
+
 def test_a_create_takes_a_ready_sandbox_and_the_pool_refills(daemon: DaemonProcess) -> None:
     with hutch.Client(daemon.url, token=daemon.token) as c:
         until("the pool is full", lambda: pool(c, "warm")["ready"] == 2)
@@ -51,6 +60,7 @@ def test_a_create_takes_a_ready_sandbox_and_the_pool_refills(daemon: DaemonProce
         cold = c.create_sandbox("bubblewrap", max_lifetime=300, memory="512m")  # no pool's
         try:
             assert pool(c, "warm")["hits"] == 1
+            assert scrape_pool_hits(daemon, "warm") == 1
             info = warm.info()
             # Fresh: made now as far as anyone sees, its deadline from now, nothing run in it.
             assert info["created_at_unix"] >= before

@@ -94,6 +94,14 @@ def _bubblewrap(runtime: str) -> Maker:
 
 
 @asynccontextmanager
+async def _gvisor() -> AsyncIterator[Harness]:
+    async with await hutch.create_sandbox(
+        "gvisor", image=TEST_IMAGE, read_before_write=False
+    ) as sb:
+        yield Harness(sb, "gvisor")
+
+
+@asynccontextmanager
 async def _ssh() -> AsyncIterator[Harness]:
     # The host is this machine, through a real sshd on loopback: the working
     # directory is a host directory the test can also reach directly.
@@ -131,6 +139,25 @@ async def _e2b() -> AsyncIterator[Harness]:
         yield Harness(sb, "e2b")
 
 
+_kube_standin: Any = None
+
+
+@asynccontextmanager
+async def _kubernetes() -> AsyncIterator[Harness]:
+    # The API server is tests/kube_standin.py: pods as local docker containers.
+    global _kube_standin
+    if _kube_standin is None:
+        from tests.kube_standin import KubeStandin
+
+        _kube_standin = KubeStandin().start()
+        _kube_standin.write_kubeconfig(tempfile.mkstemp(prefix="hutch-kubeconfig-")[1])
+    async with await hutch.create_sandbox(
+        "kubernetes", kubeconfig=_kube_standin.kubeconfig, image=TEST_IMAGE,
+        read_before_write=False,
+    ) as sb:
+        yield Harness(sb, "kubernetes")
+
+
 #: provider -> (maker, its files are in a host directory the test can reach,
 #: pytest marks). Every provider runs every case of the suite; what a case
 #: needs beyond files is asked of the sandbox's capabilities, never named here.
@@ -142,8 +169,15 @@ MAKERS: dict[str, tuple[Maker, bool, list[pytest.MarkDecorator]]] = {
     "bubblewrap": (_bubblewrap("agent"), True, [pytest.mark.docker]),
     "bubblewrap-native": (_bubblewrap("native"), True, [pytest.mark.docker]),
     "ssh": (_ssh, True, []),
+    "gvisor": (_gvisor, False, [pytest.mark.docker]),
     "e2b": (_e2b, False, [pytest.mark.docker]),
 }
+
+# kubernetes (against tests/kube_standin.py) runs the whole suite only when
+# named in HUTCH_CONFORMANCE_PROVIDERS: a pod per case costs minutes on CI's
+# two cores; tests/test_kubernetes.py covers it on every run.
+if "kubernetes" in os.environ.get("HUTCH_CONFORMANCE_PROVIDERS", "").split(","):
+    MAKERS["kubernetes"] = (_kubernetes, False, [pytest.mark.docker])
 
 # Remote makers (through hutch.Client / AsyncClient against a live daemon) are
 # added by tests/conformance/remote.py when the daemon is available.

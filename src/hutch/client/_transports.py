@@ -13,17 +13,8 @@ import httpx
 
 from .._errors import HutchError
 from ._answers import EnsuredRef, decode_event
-from ._core import (
-    BranchRef,
-    ForkRef,
-    Op,
-    ProcessRef,
-    RemoteEnsured,
-    SandboxRef,
-    WatcherRef,
-    note_exit,
-    step,
-)
+from ._core import Op
+from ._handles import note_exit
 from ._http import (
     Call,
     PlainCalls,
@@ -36,9 +27,20 @@ from ._http import (
     tls_verify,
     unreachable,
 )
+from ._refs import BranchRef, ForkRef, ProcessRef, RemoteEnsured, SandboxRef, WatcherRef
 
 if TYPE_CHECKING:
     from ._shell import AsyncRemotePty, RemotePty
+
+
+def step(gen: Op[Any], answer: Any = None, error: BaseException | None = None) -> tuple[bool, Any]:
+    """Advance an operation: (done, value) where value is its result or next Call."""
+    try:
+        if error is not None:
+            return False, gen.throw(error)
+        return False, gen.send(answer)
+    except StopIteration as stop:
+        return True, stop.value
 
 
 class _Transport:

@@ -95,7 +95,8 @@ class DaemonBase:
         self.advertise_url = advertise_url
         #: Its metrics (the server renders them at /metrics).
         self.metrics = DaemonMetrics(
-            lambda: [(s.provider, s.state) for s in list(self.sandboxes.values())])
+            lambda: [(s.provider, s.state) for s in list(self.sandboxes.values())],
+            lambda: [(p.name, p.size, len(p.ready), p.hits) for p in list(self._pools.values())])
         #: Its event log, followed live (woken by the store calls that write events).
         self.event_feed = EventFeed(lambda subject, limit: self.astore.events(subject, limit))
 

@@ -18,7 +18,7 @@ from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
@@ -69,13 +69,50 @@ class _SandboxesCollector(Collector):
         yield family
 
 
+#: A warm pool as the metrics read it: name, size, ready now, creates that took one.
+PoolCounts = tuple[str, int, int, int]
+
+
+class _PoolsCollector(Collector):
+    """Warm pools' sizes, what they hold ready and their hits, read at scrape time."""
+
+    def __init__(self, pools: Callable[[], Iterable[PoolCounts]]) -> None:
+        self._pools = pools
+
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, CounterMetricFamily]:
+        return (
+            GaugeMetricFamily("hutch_pool_size", "Sandboxes a warm pool keeps ready.",
+                              labels=["pool"]),
+            GaugeMetricFamily("hutch_pool_ready", "Sandboxes a warm pool holds ready now.",
+                              labels=["pool"]),
+            CounterMetricFamily("hutch_pool_hits", "Creates that took a warm pool's sandbox.",
+                                labels=["pool"]),
+        )
+
+    def describe(self) -> Iterator[Metric]:
+        yield from self._families()
+
+    def collect(self) -> Iterator[Metric]:
+        size, ready, hits = self._families()
+        for name, wanted, held, taken in self._pools():
+            size.add_metric([name], wanted)
+            ready.add_metric([name], held)
+            hits.add_metric([name], taken)
+        yield from (size, ready, hits)
+
+
 class DaemonMetrics:
     """One daemon's metrics; ``registry`` is what the server renders."""
 
-    def __init__(self, sandboxes: Callable[[], Iterable[tuple[str, SandboxState]]]) -> None:
+    def __init__(
+        self, sandboxes: Callable[[], Iterable[tuple[str, SandboxState]]],
+        pools: Callable[[], Iterable[PoolCounts]] = tuple,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         r.register(_SandboxesCollector(sandboxes))
+        r.register(_PoolsCollector(pools))
         # process_resident_memory_bytes and friends (from /proc; nothing where there is none).
         ProcessCollector(namespace="hutch_daemon", registry=r)
         self.operations = Histogram(

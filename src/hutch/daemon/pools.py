@@ -49,6 +49,8 @@ class Pool:
     #: Runtimes made and waiting: (sandbox id, backend).
     ready: list[tuple[str, SandboxBackend]] = field(default_factory=list)
     hits: int = 0
+    #: The id of the runtime being made for it, if one is.
+    making: str | None = None
     filler: asyncio.Task[None] | None = None
     #: Set to wake the filler (a runtime taken, the size changed).
     wanted: asyncio.Event = field(default_factory=asyncio.Event)
@@ -113,13 +115,25 @@ class Pooling(Sandboxes):
             await self._drain(self._pools.pop(name))
 
     # -- taking and filling ------------------------------------------------------------------
-    def _take_pooled(self, spec: SandboxSpec) -> tuple[str, SandboxBackend] | None:
-        for pool in self._pools.values():
-            if pool.ready and pool.spec.provider == spec.provider:
-                taken = pool.ready.pop(0)
-                pool.hits += 1
+    def _pooled_ids(self) -> set[str]:
+        return {sid for pool in self._pools.values()
+                for sid in [*(s for s, _ in pool.ready), *([pool.making] if pool.making else [])]}
+
+    async def _take_pooled(self, spec: SandboxSpec) -> tuple[str, SandboxBackend] | None:
+        for pool in list(self._pools.values()):  # a pool may come or go while we wait
+            while pool.ready and pool.spec.provider == spec.provider:
+                sid, backend = pool.ready.pop(0)
                 pool.wanted.set()
-                return taken
+                try:
+                    alive = await backend.is_alive()
+                except HutchError:
+                    alive = False
+                if alive:
+                    pool.hits += 1
+                    return sid, backend
+                # Its runtime died while it waited (removed outside hutch): never handed out.
+                log.warning("pool %s: sandbox %s died while kept ready", pool.name, sid)
+                await self._discard(sid, backend)
         return None
 
     async def _fill(self, pool: Pool) -> None:
@@ -129,27 +143,31 @@ class Pooling(Sandboxes):
                 await pool.wanted.wait()
                 continue
             try:
-                pool.ready.append(await self._make_pooled(pool.spec))
+                pool.ready.append(await self._make_pooled(pool))
             except HutchError as exc:
                 log.warning("pool %s: making a sandbox failed (tried again in %gs): %s",
                             pool.name, RETRY_SECONDS, exc)
                 await anyio.sleep(RETRY_SECONDS)
 
-    async def _make_pooled(self, spec: SandboxSpec) -> tuple[str, SandboxBackend]:
-        sid = new_sandbox_id()
-        # Recorded before it is made, as any create: a crash leaves a row the next start frees.
-        await self.astore.put_sandbox(SandboxRow(
-            id=sid, provider=spec.provider_name, state=SandboxState.CREATING.value,
-            spec=spec.model_dump(), created_at_unix=time.time()))
-        backend_cls = get_provider(spec.provider_name)
+    async def _make_pooled(self, pool: Pool) -> tuple[str, SandboxBackend]:
+        spec, sid = pool.spec, new_sandbox_id()
+        pool.making = sid  # not listed while it is made
         try:
-            return sid, await backend_cls.create(spec.provider, sid)
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                with contextlib.suppress(HutchError):
-                    await backend_cls.discard(sid)
-                await self.astore.delete_sandbox(sid)
-            raise
+            # Recorded before it is made, as any create: a crash leaves a row the next start frees.
+            await self.astore.put_sandbox(SandboxRow(
+                id=sid, provider=spec.provider_name, state=SandboxState.CREATING.value,
+                spec=spec.model_dump(), created_at_unix=time.time()))
+            backend_cls = get_provider(spec.provider_name)
+            try:
+                return sid, await backend_cls.create(spec.provider, sid)
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    with contextlib.suppress(HutchError):
+                        await backend_cls.discard(sid)
+                    await self.astore.delete_sandbox(sid)
+                raise
+        finally:
+            pool.making = None
 
     async def _discard(self, sid: str, backend: SandboxBackend) -> None:
         with anyio.CancelScope(shield=True):

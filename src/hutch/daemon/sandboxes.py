@@ -53,7 +53,7 @@ class Sandboxes(Refs):
         """Make a sandbox from ``spec``, or start one from ``from_snapshot``
         (whose own settings ``spec`` then is, with its options as asked)."""
         # A warm pool's runtime, when the create is a plain one of a pool's settings.
-        pooled = (self._take_pooled(spec)
+        pooled = (await self._take_pooled(spec)
                   if sandbox_id is None and workspace is None and from_snapshot is None else None)
         sid = pooled[0] if pooled else sandbox_id or new_sandbox_id()
         now = time.time()
@@ -101,7 +101,11 @@ class Sandboxes(Refs):
         self._watch(type(backend))
         return sandbox
 
-    def _take_pooled(self, spec: SandboxSpec) -> tuple[str, SandboxBackend] | None:
+    def _pooled_ids(self) -> set[str]:
+        """The ids of the runtimes warm pools keep ready (see .pools)."""
+        return set()
+
+    async def _take_pooled(self, spec: SandboxSpec) -> tuple[str, SandboxBackend] | None:
         """A warm pool's runtime made with ``spec``'s provider settings (see .pools)."""
         return None
 
@@ -259,12 +263,13 @@ class Sandboxes(Refs):
         """Live sandboxes; with ``include_ended`` also those that ended within
         the retention period, oldest first."""
         live = [await self.info(s) for s in list(self.sandboxes.values())]
+        kept_ready = self._pooled_ids()  # made ahead, not sandboxes until taken
         # A fleet's other daemons' sandboxes (and ended ones), as the store
         # has them: every sandbox once, whoever serves it.
         others = [
             self.stored_info(row)
             for row in await self.astore.list_sandboxes(include_final=include_ended)
-            if row.id not in self.sandboxes
+            if row.id not in self.sandboxes and row.id not in kept_ready
         ]
         return sorted([*live, *others], key=lambda info: float(info["created_at_unix"] or 0))
 

@@ -23,6 +23,9 @@ BUILTIN_PROVIDERS: dict[str, tuple[str, str | None]] = {
     "ssh": ("hutch.providers.ssh.provider:SshSandbox", "pip install asyncssh"),
     "bubblewrap": ("hutch.providers.bubblewrap:BubblewrapSandbox", None),
     "e2b": ("hutch.providers.e2b:E2BSandbox", "pip install 'hutch[e2b]'"),
+    "gvisor": ("hutch.providers.gvisor:GvisorSandbox", None),
+    "kubernetes": ("hutch.providers.kubernetes:KubernetesSandbox",
+                   "pip install 'hutch[kubernetes]'"),
 }
 
 ENTRY_POINT_GROUP = "hutch.providers"

@@ -308,7 +308,10 @@ async def check_commands_start_with_default_signals(sandbox: Any) -> None:
     of a broken pipe and an interrupt does not interrupt."""
     if not await runs_processes(sandbox):
         return
-    for run in ("exec", "start"):
+    # Where the kernel reports them: gVisor's /proc (2022) has no Sig lines,
+    # and there the behaviour they cause is checked below all the same.
+    reported = await sandbox.exec(["grep", "-c", "^Sig", "/proc/self/status"])
+    for run in ("exec", "start") if reported.stdout.strip() != "0" else ():
         argv = ["grep", "-E", "^Sig(Ign|Blk):", "/proc/self/status"]
         if run == "exec":
             result = await sandbox.exec(argv)

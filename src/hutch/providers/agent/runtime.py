@@ -27,27 +27,20 @@ from collections.abc import (
     Iterator,
     Mapping,
 )
-from typing import IO, Any, TypeVar
+from typing import IO, TypeVar
 
 import anyio.to_thread
 
 from ..._errors import (
     HutchError,
     InvalidArgument,
-    NoSuchUser,
     OutputLimitExceeded,
     ProviderError,
-    ResourceExhausted,
-    SandboxFileExists,
-    SandboxFileNotFound,
-    SandboxIsADirectory,
-    SandboxNotADirectory,
-    SandboxPermissionDenied,
     SandboxUnavailable,
     StdinClosed,
 )
 from ..._globmatch import compile_glob
-from ..._types import FileEvent, FileInfo, FileType, GrepMatch, OutputChunk
+from ..._types import FileEvent, FileInfo, GrepMatch, OutputChunk
 from .._grep import GrepBatches
 from .._grepfilter import required_literals
 from .._hostproc import EXEC_MARKER
@@ -59,6 +52,16 @@ from ..base import (
     bounded_pieces,
 )
 from ..watching import BackendWatch
+from .replies import (
+    CrossDevice,
+    file_event,
+    file_info,
+    listing,
+    number,
+    ok,
+    predates,
+    typed_error,
+)
 from .wire import MAX_PAYLOAD, AgentFailure, Channel, Header, connect_socket
 from .workload import WORKLOAD_NAME, open_task_files
 
@@ -77,54 +80,12 @@ _THREAD_BYTES = 4 << 20
 #: Output chunks a process holds before its reader waits for the consumer.
 _QUEUE_CHUNKS = 64
 
-class CrossDevice(InvalidArgument):
-    """A rename the kernel refused with EXDEV (the runtime copies instead)."""
-
-
-_ERRORS: dict[str, type[HutchError]] = {
-    "file_not_found": SandboxFileNotFound,
-    "is_a_directory": SandboxIsADirectory,
-    "permission_denied": SandboxPermissionDenied,
-    "invalid_argument": InvalidArgument,
-    "no_such_user": NoSuchUser,
-    "file_exists": SandboxFileExists,
-    "not_a_directory": SandboxNotADirectory,
-    "cross_device": CrossDevice,
-    "output_limit_exceeded": OutputLimitExceeded,
-    "resource_exhausted": ResourceExhausted,
-}
-_TYPES = {t.value: t for t in FileType}
-
 #: The provider's answer to a failed agent: True (or None) when it brought
 #: the agent back (restarted: what ran is gone), False when the agent still
 #: answers (the failure was the request's: slow, or its connection); raises
 #: when the sandbox is lost.
 Recover = Callable[[str], Awaitable[bool | None]]
 T = TypeVar("T")
-
-
-def _typed_error(header: Header) -> HutchError:
-    message = str(header.get("msg", ""))[:2000] or "the agent refused the request"
-    return _ERRORS.get(str(header.get("code")), ProviderError)(message)
-
-
-def _number(header: Header, key: str) -> float:
-    value = header.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise AgentFailure(f"the agent sent a frame without a number {key!r}")
-    return float(value)
-
-
-def _info(header: Any) -> FileInfo:
-    if not isinstance(header, dict) or not isinstance(header.get("path"), str):
-        raise AgentFailure("the agent sent a malformed file entry")
-    kind = _TYPES.get(str(header.get("type")))
-    if kind is None:
-        raise AgentFailure("the agent sent an unknown file type")
-    return FileInfo(
-        header["path"], kind, int(_number(header, "size")), int(_number(header, "mode")) & 0o7777,
-        _number(header, "mtime"),
-    )
 
 
 def _regular(fd: int) -> os.stat_result:
@@ -186,24 +147,6 @@ def _write_all(fd: int, data: bytes) -> None:
 def _copy_into(fd: int, source: IO[bytes]) -> None:
     while piece := source.read(MAX_PAYLOAD):
         _write_all(fd, piece)
-
-
-def _listing(reply: Header) -> list[FileInfo]:
-    entries = reply.get("entries")
-    if not isinstance(entries, list):
-        raise AgentFailure("the agent sent a listing without entries")
-    return sorted((_info(e) for e in entries), key=lambda e: e.path)
-
-
-def _predates(exc: InvalidArgument) -> bool:
-    """An agent built before the operation (a sandbox started by an earlier
-    hutch) says it does not know it: the runtime's command does it then."""
-    return exc.message == "unknown operation"
-
-
-def _ok(reply: Header) -> None:
-    if reply["t"] != "ok":
-        raise AgentFailure(f"the agent answered {reply['t']!r} where ok was due")
 
 
 class AgentProcess(FutureExitProcess, PtyProcess):
@@ -284,7 +227,7 @@ class AgentProcess(FutureExitProcess, PtyProcess):
                     chunk = OutputChunk("stderr" if header.get("s") == 2 else "stdout", payload)
                     await self._put(chunk)
                 elif kind == "exit":
-                    code = int(_number(header, "code"))
+                    code = int(number(header, "code"))
                     self._exit_code = code
                     self._oom_killed = header.get("oom") is True
                     if self._oom_killed and self._runtime.on_oom is not None:
@@ -342,7 +285,7 @@ class AgentProcess(FutureExitProcess, PtyProcess):
             await self._runtime.request(
                 {"op": "kill", "pid": self._pid, "marker": f"{EXEC_MARKER}={self._marker}",
                  "grace": grace},
-                _ok, timeout=grace + ANSWER_TIMEOUT,
+                ok, timeout=grace + ANSWER_TIMEOUT,
             )
         with contextlib.suppress(TimeoutError, HutchError):
             await asyncio.wait_for(asyncio.shield(self._exit), 5)
@@ -375,27 +318,15 @@ class AgentWatch(BackendWatch):
                 return None
             if kind == "err":
                 self._channel.close()
-                raise _typed_error(header)
+                raise typed_error(header)
             events = header.get("events")
             if kind != "ev" or not isinstance(events, list):
                 self._channel.close()
                 raise ProviderError(f"the agent sent {kind!r} in a watch")
-            return [_file_event(e) for e in events]
+            return [file_event(e) for e in events]
 
     async def close(self) -> None:
         self._channel.close()
-
-
-def _file_event(item: Any) -> FileEvent:
-    if not isinstance(item, dict) or item.get("k") not in _EVENT_KINDS:
-        raise ProviderError("the agent sent a malformed watch event")
-    path, new_path = item.get("p"), item.get("n")
-    if not isinstance(path, str) or not (new_path is None or isinstance(new_path, str)):
-        raise ProviderError("the agent sent a malformed watch event")
-    return FileEvent(item["k"], path, new_path)
-
-
-_EVENT_KINDS = ("created", "written", "removed", "renamed")
 
 
 class AgentRuntime(SandboxRuntime):
@@ -427,6 +358,10 @@ class AgentRuntime(SandboxRuntime):
         #: The agent keeps an exec's connection for the next request (its
         #: version, learnt from its ping, is 2 or later).
         self.keeps_exec_connections = False
+        #: The agent hands open files' descriptors over (read and written
+        #: here, not through the socket); not where its descriptors are not
+        #: the host's (gVisor's user-space kernel): the bytes travel in frames.
+        self.hands_over_fds = True
 
     # -- connections ----------------------------------------------------------------
     async def _connect(self) -> Channel:
@@ -514,7 +449,7 @@ class AgentRuntime(SandboxRuntime):
             if header["t"] == "hb":
                 continue
             if header["t"] == "err":
-                raise _typed_error(header)
+                raise typed_error(header)
             return header, payload
 
     # -- processes -------------------------------------------------------------------
@@ -549,7 +484,7 @@ class AgentRuntime(SandboxRuntime):
             reply, _ = await self._answer(channel)
             if reply["t"] != "started":
                 raise AgentFailure(f"the agent answered an exec with {reply['t']!r}")
-            pid = int(_number(reply, "pid"))
+            pid = int(number(reply, "pid"))
         except AgentFailure as exc:
             channel.close()
             raise await self.failed(exc) from None
@@ -566,14 +501,16 @@ class AgentRuntime(SandboxRuntime):
         )
 
     async def count_busy_processes(self) -> int:
-        return await self.request({"op": "busy"}, lambda r: max(0, int(_number(r, "count"))))
+        return await self.request({"op": "busy"}, lambda r: max(0, int(number(r, "count"))))
 
     # -- files --------------------------------------------------------------------------
     async def read_file(self, path: str, limit: int) -> bytes:
         """The agent opens the file and hands its descriptor over: the bytes
         are read here, straight from the page cache, not through the socket."""
         async with self._channel() as channel:
-            await channel.send({"op": "read", "path": path, "limit": limit, "fd": True})
+            await channel.send(
+                {"op": "read", "path": path, "limit": limit, "fd": self.hands_over_fds}
+            )
             parts: list[bytes] = []
             total = 0
             while True:
@@ -595,6 +532,9 @@ class AgentRuntime(SandboxRuntime):
     async def read_file_pieces(self, path: str, limit: int) -> AsyncGenerator[bytes, None]:
         """The file in pieces of at most a frame's size, read here from the
         descriptor the agent hands over: never whole in memory."""
+        if not self.hands_over_fds:
+            yield await self.read_file(path, limit)
+            return
         async with self._channel() as channel:
             await channel.send({"op": "read", "path": path, "limit": limit, "fd": True})
             header, _ = await self._answer(channel)
@@ -621,7 +561,7 @@ class AgentRuntime(SandboxRuntime):
             os.close(fd)
 
     async def write_file(self, path: str, data: bytes) -> None:
-        if len(data) > FD_WRITE_THRESHOLD:
+        if len(data) > FD_WRITE_THRESHOLD and self.hands_over_fds:
             await self._write_through_fd(path, lambda fd: _write_all(fd, data), len(data))
             return
         view = memoryview(data)
@@ -630,6 +570,9 @@ class AgentRuntime(SandboxRuntime):
     async def write_file_from(self, path: str, source: IO[bytes]) -> None:
         # Piece by piece from the source (an upload spooled to disk) into the
         # handed-over file: never the whole file in memory.
+        if not self.hands_over_fds:
+            await self._write(path, iter(lambda: source.read(MAX_PAYLOAD), b""))
+            return
         await self._write_through_fd(path, lambda fd: _copy_into(fd, source), _THREAD_BYTES + 1)
 
     async def _write_through_fd(
@@ -655,7 +598,7 @@ class AgentRuntime(SandboxRuntime):
                 os.close(fd)
             await channel.send({"t": "eof"})
             reply, _ = await self._answer(channel, ANSWER_TIMEOUT * 2)
-            _ok(reply)
+            ok(reply)
 
     async def _write(self, path: str, pieces: Iterator[bytes | memoryview]) -> None:
         async with self._channel() as channel:
@@ -664,35 +607,35 @@ class AgentRuntime(SandboxRuntime):
                 await channel.send({"t": "in"}, piece)
             await channel.send({"t": "eof"})
             reply, _ = await self._answer(channel, ANSWER_TIMEOUT * 2)
-            _ok(reply)
+            ok(reply)
 
     async def stat(self, path: str) -> FileInfo:
-        return await self.request({"op": "stat", "path": path}, _info)
+        return await self.request({"op": "stat", "path": path}, file_info)
 
     async def list_dir(self, path: str) -> list[FileInfo]:
-        return await self.request({"op": "list", "path": path}, _listing)
+        return await self.request({"op": "list", "path": path}, listing)
 
     async def remove(self, path: str, recursive: bool) -> None:
-        await self.request({"op": "remove", "path": path, "recursive": recursive}, _ok,
+        await self.request({"op": "remove", "path": path, "recursive": recursive}, ok,
                            timeout=ANSWER_TIMEOUT * 8)
 
     async def make_dir(self, path: str, parents: bool) -> None:
         try:
-            await self.request({"op": "mkdir", "path": path, "parents": parents}, _ok)
+            await self.request({"op": "mkdir", "path": path, "parents": parents}, ok)
         except InvalidArgument as exc:
-            if not _predates(exc):
+            if not predates(exc):
                 raise
             await super().make_dir(path, parents)
 
     async def rename(self, source: str, destination: str) -> None:
         try:
-            await self.request({"op": "rename", "src": source, "dst": destination}, _ok)
+            await self.request({"op": "rename", "src": source, "dst": destination}, ok)
         except CrossDevice:
             # Two file systems, or a directory of an overlay's lower layer
             # (the image's): mv in the sandbox copies it.
             await super().rename(source, destination)
         except InvalidArgument as exc:
-            if not _predates(exc):
+            if not predates(exc):
                 raise
             await super().rename(source, destination)
 
@@ -702,10 +645,10 @@ class AgentRuntime(SandboxRuntime):
         try:
             await channel.send({"op": "watch", "path": path, "recursive": recursive})
             reply, _ = await self._answer(channel)
-            _ok(reply)
+            ok(reply)
         except InvalidArgument as exc:
             channel.close()
-            if not _predates(exc):
+            if not predates(exc):
                 raise
             return await super().watch(path, recursive)
         except AgentFailure as exc:
@@ -793,7 +736,7 @@ class AgentRuntime(SandboxRuntime):
                     f"{self.provider_name} sandbox {self.sandbox_id}: its agent could not "
                     f"enter the workload's cgroup: {str(reply.get('msg', ''))[:500]}"
                 )
-            _ok(reply)
+            ok(reply)
         finally:
             for fd in fds:
                 os.close(fd)
@@ -810,6 +753,6 @@ class AgentRuntime(SandboxRuntime):
                 raise AgentFailure("the agent did not answer a ping")
             version = str(reply.get("version", ""))
             self.keeps_exec_connections = version.isdigit() and int(version) >= 2
-            return int(_number(reply, "pid"))
+            return int(number(reply, "pid"))
         finally:
             channel.close()

@@ -33,9 +33,10 @@ func main() {
 		fmt.Println(version)
 		return
 	}
-	if len(os.Args) != 3 || (os.Args[1] != "serve" && os.Args[1] != "serve-fd") {
-		fmt.Fprintln(os.Stderr,
-			"usage: hutch-agent serve SOCKET | hutch-agent serve-fd FD | hutch-agent version")
+	if len(os.Args) != 3 || (os.Args[1] != "serve" && os.Args[1] != "serve-fd" &&
+		os.Args[1] != "serve-shared") {
+		fmt.Fprintln(os.Stderr, "usage: hutch-agent serve SOCKET | hutch-agent serve-fd FD | "+
+			"hutch-agent serve-shared SOCKET | hutch-agent version")
 		os.Exit(2)
 	}
 	if os.Getpid() != 1 {
@@ -72,7 +73,11 @@ func main() {
 		if err != nil {
 			continue
 		}
-		if !fromOutside(c) {
+		// serve-shared: under a user-space kernel (gVisor) the host's
+		// connections carry that kernel's credentials, not pid 0, so the
+		// check cannot tell them apart; the socket's directory (root's,
+		// mode 0700) keeps other users inside out instead.
+		if os.Args[1] != "serve-shared" && !fromOutside(c) {
 			c.Close()
 			continue
 		}

@@ -1,0 +1,71 @@
+"""The OCI bundle of a gvisor sandbox: its ``config.json`` over a hutch
+image's root file system (shared, read-only on the host: the sandbox writes
+to an overlay in its own memory), the agent's binary and the directory its
+socket is made in."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+#: Inside: the agent's binary and the directory of its socket.
+AGENT_BINARY_PATH = "/.hutch/bin/hutch-agent"
+AGENT_RUN_DIR = "/.hutch/run"
+AGENT_SOCKET = "agent.sock"
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_CAPS = [
+    "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_SETGID",
+    "CAP_SETUID", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_MKNOD",
+    "CAP_AUDIT_WRITE", "CAP_SETFCAP",
+]
+
+
+def spec(
+    *, rootfs: str, agent: str, run_dir: str, env: Mapping[str, str], hostname: str,
+    sandbox_id: str, memory: int | None, pids: int | None, cpus: float | None,
+) -> dict[str, Any]:
+    resources: dict[str, Any] = {}
+    if memory is not None:
+        resources["memory"] = {"limit": memory}
+    if pids is not None:
+        resources["pids"] = {"limit": pids}
+    if cpus is not None:
+        resources["cpu"] = {"quota": int(cpus * 100_000), "period": 100_000}
+    return {
+        "ociVersion": "1.0.0",
+        "process": {
+            "terminal": False,
+            "user": {"uid": 0, "gid": 0},
+            "args": [AGENT_BINARY_PATH, "serve-shared", f"{AGENT_RUN_DIR}/{AGENT_SOCKET}"],
+            "env": [f"{k}={v}" for k, v in {"PATH": DEFAULT_PATH, "HOME": "/root",
+                                            "LANG": "C.UTF-8", **env}.items()],
+            "cwd": "/",
+            "capabilities": {k: list(_CAPS) for k in ("bounding", "effective", "permitted")},
+        },
+        "root": {"path": rootfs, "readonly": False},
+        "hostname": hostname,
+        "mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc"},
+            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs"},
+            {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs"},
+            {"destination": AGENT_BINARY_PATH, "type": "bind", "source": agent,
+             "options": ["rbind", "ro"]},
+            {"destination": AGENT_RUN_DIR, "type": "bind", "source": run_dir,
+             "options": ["rbind", "rw"]},
+        ],
+        "linux": {
+            "cgroupsPath": f"/hutch-gvisor/{sandbox_id}",
+            "resources": resources,
+            "namespaces": [{"type": t} for t in ("pid", "ipc", "uts", "mount", "network")],
+        },
+    }
+
+
+def write(bundle_dir: str, config: Mapping[str, Any]) -> None:
+    os.makedirs(bundle_dir, exist_ok=True)
+    tmp = os.path.join(bundle_dir, "config.json.tmp")
+    with open(tmp, "w") as out:
+        json.dump(config, out)
+    os.replace(tmp, os.path.join(bundle_dir, "config.json"))

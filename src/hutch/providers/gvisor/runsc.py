@@ -1,0 +1,105 @@
+"""The ``runsc`` command line: one place that names its flags.
+
+Every call carries the same global flags: a checkpoint restores only under
+the flags, bundle and binary it was made with."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from typing import Any
+
+import anyio.to_thread
+
+from ..._errors import InvalidArgument, ProviderError
+from ..._paths import hutch_home
+
+#: The binary: ``$HUTCH_RUNSC`` (a newer build), else ``runsc`` on PATH.
+RUNSC_ENV = "HUTCH_RUNSC"
+#: Debian's 2022 build runs without a network only on this kind of kernel;
+#: the root is an overlay held in the sandbox's memory (saved in a
+#: checkpoint); the agent makes its socket on the host through the gofer.
+GLOBAL_FLAGS = ("--network=none", "--overlay2=root:memory", "--host-uds=create")
+INSTALL_HINT = "apt-get install runsc (Debian), or set HUTCH_RUNSC to a runsc binary"
+
+
+def gvisor_home() -> str:
+    return os.path.join(hutch_home(), "gvisor")
+
+
+def state_root() -> str:
+    """runsc's own state directory (``--root``), hutch's alone."""
+    return os.path.join(gvisor_home(), "state")
+
+
+def runsc_binary() -> str:
+    configured = os.environ.get(RUNSC_ENV)
+    found = configured or shutil.which("runsc")
+    if not found or not os.access(found, os.X_OK):
+        raise InvalidArgument(f"the gvisor provider needs runsc: {INSTALL_HINT}")
+    return found
+
+
+def runsc_build() -> str:
+    """The build, as ``runsc --version`` says it (checkpoints are tied to it)."""
+    result = subprocess.run(
+        [runsc_binary(), "--version"], capture_output=True, text=True, check=False, timeout=30
+    )
+    return result.stdout.strip()
+
+
+def argv(*args: str) -> list[str]:
+    return [runsc_binary(), "--root", state_root(), *GLOBAL_FLAGS, *args]
+
+
+def run(*args: str, what: str, timeout: float = 120.0) -> str:
+    """Run a runsc command to its end (blocking); ProviderError with its words."""
+    # Into a file, not a pipe: a detached sandbox inherits runsc's output
+    # and would hold a pipe open long after runsc returned.
+    with tempfile.TemporaryFile() as output:
+        try:
+            result = subprocess.run(
+                argv(*args), stdout=output, stderr=output, check=False, timeout=timeout,
+                stdin=subprocess.DEVNULL,
+            )
+        except subprocess.TimeoutExpired:
+            raise ProviderError(
+                f"gvisor: {what}: runsc did not finish in {timeout:g}s"
+            ) from None
+        output.seek(0)
+        text = output.read().decode(errors="replace")
+    if result.returncode != 0:
+        said = text.strip().splitlines()
+        raise ProviderError(f"gvisor: {what}: {' '.join(said[:3])[:600]}")
+    return text
+
+
+async def run_async(*args: str, what: str, timeout: float = 120.0) -> str:
+    return await anyio.to_thread.run_sync(lambda: run(*args, what=what, timeout=timeout))
+
+
+def state(container: str) -> dict[str, Any] | None:
+    """runsc's state of ``container`` (``status``: running, paused, stopped),
+    or None where runsc knows none by that name."""
+    result = subprocess.run(
+        argv("state", container), capture_output=True, text=True, check=False, timeout=30,
+        stdin=subprocess.DEVNULL,
+    )
+    if result.returncode != 0:
+        return None
+    try:
+        found = json.loads(result.stdout)
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def remove(container: str) -> None:
+    """The container gone, whatever its state (blocking)."""
+    subprocess.run(
+        argv("delete", "--force", container), capture_output=True, check=False, timeout=60,
+        stdin=subprocess.DEVNULL,
+    )

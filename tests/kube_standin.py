@@ -1,0 +1,297 @@
+"""A stand-in for a Kubernetes API server, for the ``kubernetes`` provider's tests.
+
+No API server can be installed on the machines these tests run on, so this
+serves the part of the API's documented contract the provider uses, for one
+namespace: Pods and PersistentVolumeClaims (create, get, list, delete),
+``metadata.resourceVersion`` and ``uid`` set by the server, 409 AlreadyExists
+on a create of a name that exists, 409 Conflict on a delete whose
+``preconditions.uid`` does not match, 404 NotFound as a ``Status`` object;
+and ``pods/{name}/exec`` over WebSocket with the ``v5.channel.k8s.io`` (and
+``v4``) subprotocol: one channel byte per frame (0 stdin, 1 stdout, 2 stderr,
+3 the final ``Status`` as JSON, 255 close, v5 only), reaching a real process.
+
+A pod's container really runs: a local docker container of the pod's image
+and command; exec is ``docker exec`` in it. Not covered (yet): watches,
+bookmarks and 410 Gone, authentication, admission, scheduling, other kinds.
+Every behaviour here is one the real API server has.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import threading
+import uuid
+from typing import Any
+
+import docker
+from aiohttp import WSMsgType, web
+
+#: The label of the docker containers the stand-in runs as pods: the hutch
+#: home of the tests that made them (the suite's leftover check reads it).
+STANDIN_LABEL = "hutch-test.kube-standin"
+PROTOCOLS = ("v5.channel.k8s.io", "v4.channel.k8s.io")
+
+
+def _status(code: int, reason: str, message: str) -> web.Response:
+    return web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {},
+                              "status": "Failure", "message": message, "reason": reason,
+                              "code": code}, status=code)
+
+
+class KubeStandin:
+    """The server, on a loopback port, in a thread of its own."""
+
+    def __init__(self, namespace: str = "default") -> None:
+        self.namespace = namespace
+        self.objects: dict[str, dict[str, dict[str, Any]]] = {
+            "pods": {}, "persistentvolumeclaims": {}}
+        #: The kubeconfig written for it (write_kubeconfig), for the tests.
+        self.kubeconfig = ""
+        self.version = 0
+        self.docker = docker.from_env()
+        self._loop = asyncio.new_event_loop()
+        self._lock = threading.Lock()
+        self.port = 0
+        self._runner: web.AppRunner | None = None
+
+    # -- life of the server ----------------------------------------------------------
+    def start(self) -> KubeStandin:
+        app = web.Application()
+        base = "/api/v1/namespaces/{ns}/{kind}"
+        app.router.add_get(base, self.list)
+        app.router.add_post(base, self.create)
+        app.router.add_get(base + "/{name}", self.get)
+        app.router.add_delete(base + "/{name}", self.delete)
+        app.router.add_route("*", base + "/{name}/exec", self.exec)
+        self._runner = web.AppRunner(app)
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        ready = threading.Event()
+
+        async def serve() -> None:
+            assert self._runner is not None
+            await self._runner.setup()
+            await web.SockSite(self._runner, sock).start()
+            ready.set()
+
+        threading.Thread(target=self._loop.run_forever, daemon=True).start()
+        asyncio.run_coroutine_threadsafe(serve(), self._loop)
+        ready.wait(10)
+        return self
+
+    def stop(self) -> None:
+        for pod in list(self.objects["pods"].values()):
+            self._remove_container(pod)
+        if self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def write_kubeconfig(self, path: str) -> str:
+        config = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "standin",
+            "clusters": [{"name": "standin", "cluster": {"server": self.url}}],
+            "users": [{"name": "standin", "user": {"token": "standin-token"}}],
+            "contexts": [{"name": "standin", "context": {
+                "cluster": "standin", "user": "standin", "namespace": self.namespace}}],
+        }
+        with open(path, "w") as f:
+            json.dump(config, f)  # JSON is YAML
+        self.kubeconfig = path
+        return path
+
+    # -- the REST side ---------------------------------------------------------------
+    def _store(self, request: web.Request) -> dict[str, dict[str, Any]] | None:
+        if request.match_info["ns"] != self.namespace:
+            return None
+        return self.objects.get(request.match_info["kind"])
+
+    def _next_version(self) -> str:
+        self.version += 1
+        return str(self.version)
+
+    async def list(self, request: web.Request) -> web.Response:
+        store = self._store(request)
+        if store is None:
+            return _status(404, "NotFound", "the server could not find the requested resource")
+        kind = request.match_info["kind"]
+        selector = request.query.get("labelSelector", "")
+        wanted = dict(p.split("=", 1) for p in selector.split(",") if "=" in p)
+        items = [o for o in store.values()
+                 if all(o["metadata"].get("labels", {}).get(k) == v for k, v in wanted.items())]
+        list_kind = "PodList" if kind == "pods" else "PersistentVolumeClaimList"
+        return web.json_response({"kind": list_kind, "apiVersion": "v1",
+                                  "metadata": {"resourceVersion": str(self.version)},
+                                  "items": items})
+
+    async def get(self, request: web.Request) -> web.Response:
+        store = self._store(request)
+        name = request.match_info["name"]
+        if store is None or name not in store:
+            return _status(404, "NotFound", f'{request.match_info["kind"]} "{name}" not found')
+        obj = store[name]
+        if request.match_info["kind"] == "pods":
+            obj["status"] = await asyncio.to_thread(self._pod_status, obj)
+        return web.json_response(obj)
+
+    async def create(self, request: web.Request) -> web.Response:
+        store = self._store(request)
+        if store is None:
+            return _status(404, "NotFound", "the server could not find the requested resource")
+        obj = await request.json()
+        kind = request.match_info["kind"]
+        meta = obj.setdefault("metadata", {})
+        name = meta.get("name")
+        if not name:
+            return _status(422, "Invalid", "metadata.name: Required value")
+        with self._lock:
+            if name in store:
+                return _status(409, "AlreadyExists", f'{kind} "{name}" already exists')
+            meta.update(namespace=self.namespace, uid=str(uuid.uuid4()),
+                        resourceVersion=self._next_version())
+            store[name] = obj
+        if kind == "pods":
+            try:
+                await asyncio.to_thread(self._run_container, obj)
+            except docker.errors.APIError as exc:
+                del store[name]
+                return _status(422, "Invalid", f"the pod's container cannot run: {exc}")
+            obj["status"] = await asyncio.to_thread(self._pod_status, obj)
+        else:
+            obj["status"] = {"phase": "Bound"}
+        return web.json_response(obj, status=201)
+
+    async def delete(self, request: web.Request) -> web.Response:
+        store = self._store(request)
+        name = request.match_info["name"]
+        kind = request.match_info["kind"]
+        if store is None or name not in store:
+            return _status(404, "NotFound", f'{kind} "{name}" not found')
+        body = await request.json() if request.can_read_body else {}
+        uid = (body.get("preconditions") or {}).get("uid")
+        obj = store[name]
+        if uid is not None and uid != obj["metadata"]["uid"]:
+            return _status(409, "Conflict", (
+                f"Precondition failed: UID in precondition: {uid}, "
+                f"UID in object meta: {obj['metadata']['uid']}"))
+        del store[name]
+        obj["metadata"]["resourceVersion"] = self._next_version()
+        if kind == "pods":
+            await asyncio.to_thread(self._remove_container, obj)
+        return web.json_response(obj)
+
+    # -- pods as docker containers -----------------------------------------------------
+    def _container_name(self, pod: dict[str, Any]) -> str:
+        return f"kube-standin-{pod['metadata']['uid']}"
+
+    def _run_container(self, pod: dict[str, Any]) -> None:
+        spec = pod["spec"]["containers"][0]
+        self.docker.containers.run(
+            spec["image"], command=(spec.get("command") or []) + (spec.get("args") or []) or None,
+            name=self._container_name(pod), detach=True,
+            labels={STANDIN_LABEL: os.environ.get("HUTCH_HOME", "")},
+            environment={e["name"]: e.get("value", "") for e in spec.get("env") or []},
+            working_dir=spec.get("workingDir"),
+        )
+
+    def _remove_container(self, pod: dict[str, Any]) -> None:
+        try:
+            self.docker.api.remove_container(self._container_name(pod), force=True)
+        except docker.errors.NotFound:
+            pass
+
+    def _pod_status(self, pod: dict[str, Any]) -> dict[str, Any]:
+        try:
+            state = self.docker.api.inspect_container(self._container_name(pod))["State"]
+        except docker.errors.NotFound:
+            return {"phase": "Failed", "reason": "ContainerGone"}
+        spec = pod["spec"]["containers"][0]
+        running = bool(state["Running"])
+        phase = "Running" if running else ("Succeeded" if state["ExitCode"] == 0 else "Failed")
+        container_state = ({"running": {"startedAt": state["StartedAt"][:19] + "Z"}} if running
+                           else {"terminated": {"exitCode": state["ExitCode"]}})
+        return {"phase": phase, "conditions": [
+                    {"type": "Ready", "status": "True" if running else "False"}],
+                "containerStatuses": [{
+                    "name": spec["name"], "image": spec["image"], "imageID": "",
+                    "ready": running, "restartCount": 0, "started": running,
+                    "state": container_state}]}
+
+    # -- pods/exec over WebSocket ------------------------------------------------------
+    async def exec(self, request: web.Request) -> web.StreamResponse:
+        store = self._store(request)
+        name = request.match_info["name"]
+        if store is None or request.match_info["kind"] != "pods" or name not in store:
+            return _status(404, "NotFound", f'pods "{name}" not found')
+        pod = store[name]
+        command = request.query.getall("command", [])
+        stdin = request.query.get("stdin") in ("true", "1")
+        ws = web.WebSocketResponse(protocols=PROTOCOLS)
+        await ws.prepare(request)
+        v5 = ws.ws_protocol == PROTOCOLS[0]
+        api = self.docker.api
+        try:
+            exec_id = (await asyncio.to_thread(
+                api.exec_create, self._container_name(pod), command, stdin=stdin))["Id"]
+            hijacked = await asyncio.to_thread(api.exec_start, exec_id, socket=True)
+        except docker.errors.APIError as exc:
+            await ws.send_bytes(b"\x03" + json.dumps({
+                "metadata": {}, "status": "Failure", "reason": "InternalError",
+                "message": str(exc)}).encode())
+            await ws.close()
+            return ws
+        sock = hijacked._sock
+
+        def recv_exact(n: int) -> bytes | None:
+            data = b""
+            while len(data) < n:
+                piece = sock.recv(n - len(data))
+                if not piece:
+                    return None
+                data += piece
+            return data
+
+        async def pump_out() -> None:
+            while True:
+                header = await asyncio.to_thread(recv_exact, 8)
+                if header is None:
+                    return
+                body = await asyncio.to_thread(recv_exact, int.from_bytes(header[4:], "big"))
+                if body is None:
+                    return
+                await ws.send_bytes(bytes([header[0]]) + body)
+
+        async def pump_in() -> None:
+            async for msg in ws:
+                if msg.type != WSMsgType.BINARY or not msg.data:
+                    continue
+                channel, data = msg.data[0], msg.data[1:]
+                if channel == 0 and stdin:
+                    await asyncio.to_thread(sock.sendall, data)
+                elif channel == 255 and v5 and data[:1] == b"\x00":
+                    await asyncio.to_thread(sock.shutdown, socket.SHUT_WR)
+
+        reader = asyncio.ensure_future(pump_in())
+        try:
+            await pump_out()
+        finally:
+            reader.cancel()
+            sock.close()
+        code = (await asyncio.to_thread(api.exec_inspect, exec_id))["ExitCode"] or 0
+        if code == 0:
+            status: dict[str, Any] = {"metadata": {}, "status": "Success"}
+        else:
+            status = {"metadata": {}, "status": "Failure", "reason": "NonZeroExitCode",
+                      "message": f"command terminated with non-zero exit code: {code}",
+                      "details": {"causes": [{"reason": "ExitCode", "message": str(code)}]}}
+        if not ws.closed:
+            await ws.send_bytes(b"\x03" + json.dumps(status).encode())
+            await ws.close()
+        return ws
