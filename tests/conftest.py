@@ -181,6 +181,17 @@ def _leftovers(roots: list[str]) -> list[str]:
         home = rest.split(" ")[0]
         if any(home == r or home.startswith(r + "/") for r in roots):
             left.append(f"container {cid} ({rest})")
+    # The Kubernetes API stand-in's pods (tests/kube_standin.py), by the home it served.
+    pods = subprocess.run(
+        ["docker", "ps", "-a", "--filter", "label=hutch-test.kube-standin",
+         "--format", '{{.ID}} {{.Label "hutch-test.kube-standin"}} {{.Names}}'],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    for line in pods.stdout.splitlines():
+        cid, _, rest = line.partition(" ")
+        home = rest.split(" ")[0]
+        if any(home == r or home.startswith(r + "/") for r in roots):
+            left.append(f"stand-in pod container {cid} ({rest})")
     for root in roots:
         left += [f"mount {point}" for point in mounts_under(root)]
         left += [f"loop device {dev} backed by {back}" for dev, back in loops_under(root)]

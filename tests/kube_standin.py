@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import threading
 import uuid
@@ -28,7 +29,8 @@ from typing import Any
 import docker
 from aiohttp import WSMsgType, web
 
-#: Labels that mark the docker containers the stand-in runs as pods.
+#: The label of the docker containers the stand-in runs as pods: the hutch
+#: home of the tests that made them (the suite's leftover check reads it).
 STANDIN_LABEL = "hutch-test.kube-standin"
 PROTOCOLS = ("v5.channel.k8s.io", "v4.channel.k8s.io")
 
@@ -193,7 +195,8 @@ class KubeStandin:
         spec = pod["spec"]["containers"][0]
         self.docker.containers.run(
             spec["image"], command=(spec.get("command") or []) + (spec.get("args") or []) or None,
-            name=self._container_name(pod), detach=True, labels={STANDIN_LABEL: "1"},
+            name=self._container_name(pod), detach=True,
+            labels={STANDIN_LABEL: os.environ.get("HUTCH_HOME", "")},
             environment={e["name"]: e.get("value", "") for e in spec.get("env") or []},
             working_dir=spec.get("workingDir"),
         )

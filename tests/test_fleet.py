@@ -129,6 +129,25 @@ def test_a_ref_minted_on_one_daemon_is_used_on_another(fleet: list[DaemonProcess
         assert c.get_sandbox(sb.id).read_text("from-worker.txt") == "w"
 
 
+def test_two_daemons_racing_ensure_for_one_thread_make_one_sandbox(
+    fleet: list[DaemonProcess],
+) -> None:
+    with client(fleet[0]) as c:
+        c.put_definition({"id": "agent",
+                          "provider": {"type": "docker", "image": TEST_IMAGE, "runtime": "native"},
+                          "workspace": {"setup": ["echo ready > ready.txt"]}})
+
+    def ensure(d: DaemonProcess) -> str:
+        with client(d) as c:
+            return str(c.ensure("agent", "thread-1").sandbox.id)
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(ensure, [fleet[0], fleet[1], fleet[0], fleet[1]]))
+    assert len(set(got)) == 1, got
+    for d in fleet:
+        assert listed_ids(d) == [got[0]]
+
+
 def wait_for(what: str, check: object, seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while True:

@@ -12,6 +12,7 @@ import {
   type Definition,
   type EnsureProgress,
   type EnsureStep,
+  type Pool,
   type SandboxInfo,
   type Snapshot,
   type SnapshotDependent,
@@ -277,6 +278,30 @@ export class Client {
 
   async deleteWorkspace(name: string): Promise<void> {
     await this.transport.send(route("delete", "/v1/workspaces/{name}", { name }), { timeout: 600 });
+  }
+
+  // -- warm pools --------------------------------------------------------------------------
+
+  /** The daemon's warm pools: name, provider, settings, size, ready, hits. */
+  async listPools(): Promise<Pool[]> {
+    return (await this.transport.json(route("get", "/v1/pools", {}))).pools;
+  }
+
+  /**
+   * Make or resize a warm pool of `size` sandboxes made with `settings` (a
+   * create's: `{provider: "docker", image}`); a create with the same
+   * provider settings takes one of them.
+   */
+  async setPool(name: string, size: number, settings: SandboxSettings = {}): Promise<Pool> {
+    return this.transport.json(route("put", "/v1/pools/{name}", { name }), {
+      json: { size, settings: wireSettings(settings) },
+      timeout: 600,
+    });
+  }
+
+  /** Remove a warm pool and the sandboxes it kept ready. */
+  async removePool(name: string): Promise<void> {
+    await this.transport.send(route("delete", "/v1/pools/{name}", { name }), { timeout: 600 });
   }
 
   // -- the daemon --------------------------------------------------------------------------

@@ -23,6 +23,7 @@ export type {
   FileEventType,
   FileType,
   GrepMatch,
+  Pool,
   SandboxInfo,
   SandboxState,
   SandboxStatus,

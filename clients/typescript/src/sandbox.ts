@@ -426,6 +426,14 @@ export class Sandbox {
     return new Watcher(this.transport, this.id, info);
   }
 
+  /** A watch of this sandbox by its id (`NotFound` once closed), as `watch` made it, here or in another session. */
+  async watcher(watcherId: string): Promise<Watcher> {
+    const info = await this.transport.json(
+      route("get", "/v1/sandboxes/{sandbox_id}/watchers/{watcher_id}", { ...this.target(), watcher_id: watcherId }),
+    );
+    return new Watcher(this.transport, this.id, info);
+  }
+
   /** Lines matching the regular expression `pattern` in the files under `path`. */
   async grep(pattern: string, path = ".", options: GrepOptions = {}): Promise<GrepMatch[]> {
     const timeout = options.timeout ?? DEFAULT_SEARCH_TIMEOUT;

@@ -12,6 +12,8 @@ export type WorkspaceInfo = Schemas["WorkspaceInfo"];
 export type Definition = Schemas["Definition"];
 export type DaemonEvent = Schemas["Event"];
 export type EnsureStep = Schemas["EnsureStep"];
+/** A warm pool: name, provider, settings, size, ready, hits. */
+export type Pool = Schemas["Pool"];
 
 /** One stream of a command's output: held as the daemon sent it (text or bytes). */
 class Output {

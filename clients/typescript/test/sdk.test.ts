@@ -257,8 +257,10 @@ describe("files", () => {
         break;
       }
     }
+    assert.equal((await sb.watcher(watcher.id)).path, watcher.path);
     await watcher.close();
     assert.equal(watcher.active, false);
+    await rejectsWith(sb.watcher(watcher.id), hutch.NotFound, "not_found");
     assert.deepEqual(await watcher.events(), []);
     await watcher.close(); // again: not an error
     await rejectsWith(sb.watch("no/such/dir"), hutch.SandboxFileNotFound, "file_not_found");
@@ -505,6 +507,19 @@ describe("workspaces and definitions", () => {
     assert.equal(error.step, "echo partial; exit 7");
     assert.match(error.outputTail, /partial/);
     await rejectsWith(client.ensure("no-such-definition", "t"), hutch.NotFound, "not_found");
+  });
+});
+
+describe("warm pools", () => {
+  test("a pool: set, listed, removed", async () => {
+    const name = unique("ts-pool");
+    const pool = await client.setPool(name, 1, { provider, ...settings });
+    assert.equal(pool.name, name);
+    assert.equal(pool.size, 1);
+    assert.ok((await client.listPools()).some((p) => p.name === name));
+    await client.removePool(name);
+    assert.ok(!(await client.listPools()).some((p) => p.name === name));
+    await rejectsWith(client.removePool(name), hutch.NotFound, "not_found");
   });
 });
 

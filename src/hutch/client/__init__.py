@@ -1,11 +1,11 @@
 """The Python SDK: ``hutch.Client`` and ``hutch.AsyncClient``.
 
 Both faces are generated from one table of operations (:mod:`._core`, by
-``scripts/gen_sync.py`` into :mod:`._generated`), so they have the same
-methods with the same signatures, typed, and the sandboxes they return
-behave like in-process :class:`hutch.Sandbox` objects: the same results, the
-same typed errors. ``HUTCH_URL`` and ``HUTCH_TOKEN`` are read when not given.
-"""
+``scripts/gen_sync.py`` into :mod:`._generated_async` and
+:mod:`._generated_sync`), so they have the same methods with the same
+signatures, typed, and the sandboxes they return behave like in-process
+:class:`hutch.Sandbox` objects: the same results, the same typed errors.
+``HUTCH_URL`` and ``HUTCH_TOKEN`` are read when not given."""
 
 from __future__ import annotations
 
@@ -16,25 +16,16 @@ from .._errors import Unauthorized
 from .._refwire import DaemonRef, decode_ref
 from .._types import FileEvent, Snapshot
 from ._answers import EnsureProgress
-from ._core import (
-    ClientOps,
-    ForkOps,
-    ProcessOps,
-    SandboxOps,
-    WatcherOps,
-)
-from ._generated import (
+from ._core import ClientOps, SandboxOps
+from ._generated_async import (
     AsyncClientFace,
     AsyncForkFace,
     AsyncProcessFace,
     AsyncSandboxFace,
     AsyncWatcherFace,
-    ClientFace,
-    ForkFace,
-    ProcessFace,
-    SandboxFace,
-    WatcherFace,
 )
+from ._generated_sync import ClientFace, ForkFace, ProcessFace, SandboxFace, WatcherFace
+from ._handles import ForkOps, ProcessOps, WatcherOps
 from ._http import Call
 from ._refs import RemoteEnsured
 from ._transports import AsyncTransport, SyncTransport

@@ -13,7 +13,8 @@ import httpx
 
 from .._errors import HutchError
 from ._answers import EnsuredRef, decode_event
-from ._core import Op, note_exit
+from ._core import Op
+from ._handles import note_exit
 from ._http import (
     Call,
     PlainCalls,

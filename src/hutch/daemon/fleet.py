@@ -46,10 +46,22 @@ def daemon_id_of(data_dir: str) -> str:
     return made
 
 
+class ServedElsewhere(Exception):  # not an error: a redirection
+    """What was asked is served by another daemon of the fleet, at ``url``:
+    the server sends the request there (the daemon has no HTTP of its own)."""
+
+    def __init__(self, daemon_id: str, url: str) -> None:
+        super().__init__(f"served by daemon {daemon_id} at {url}")
+        self.daemon_id, self.url = daemon_id, url
+
+
 class Fleet(Reconciling):
     #: The fleet's daemons as last read, and when (monotonic).
     _fleet: dict[str, DaemonRow] = {}  # replaced, never changed in place
     _fleet_read = 0.0
+    #: sandbox id -> (the other daemon serving it, or None, when read (monotonic)):
+    #: forwarding looks it up in the store at most this often.
+    _owners: dict[str, tuple[str | None, float]]
 
     async def _join_fleet(self) -> None:
         """Write as this daemon from now on, and register it. On a store
@@ -58,6 +70,7 @@ class Fleet(Reconciling):
         self.store.act_as(self.daemon_id,
                           fleet_lease_seconds() if self.store.shared else _NEVER_LAPSES)
         assert self.daemon_id is not None
+        self._owners = {}
         await self.astore.register_daemon(self.daemon_id, self.advertise_url or "",
                                           self.store.lease_seconds)
 
@@ -145,8 +158,16 @@ class Fleet(Reconciling):
         if kind == "sandbox":
             if key in self.sandboxes:
                 return None
+            cached = self._owners.get(key)
+            if cached is not None and time.monotonic() - cached[1] < _OWNER_SECONDS:
+                owner = cached[0]
+                return None if owner is None else (owner, await self.daemon_url(owner))
             row = await self.astore.get_sandbox(key)
-            owner = None if row is None or row.state in FINAL else row.owner
+            owner = None if row is None or row.state in FINAL or self._own(row.owner) \
+                else row.owner
+            if len(self._owners) > 10000:
+                self._owners = {}
+            self._owners[key] = (owner, time.monotonic())
         elif kind == "workspace":
             ws = await self.astore.get_workspace(key)
             owner = None if ws is None else ws.owner
@@ -156,6 +177,16 @@ class Fleet(Reconciling):
         if owner is None or owner == self.daemon_id:
             return None
         return owner, await self.daemon_url(owner)
+
+    async def raise_if_served_elsewhere(self, sandbox_id: str) -> None:
+        """ServedElsewhere where another live daemon owns ``sandbox_id``."""
+        if sandbox_id in self.sandboxes or not self.store.shared:
+            return
+        row = await self.astore.get_sandbox(sandbox_id)
+        if row is None or row.state in FINAL or self._own(row.owner):
+            return
+        assert row.owner is not None
+        raise ServedElsewhere(row.owner, await self.daemon_url(row.owner))
 
     async def daemon_url(self, daemon_id: str) -> str:
         """Where the fleet's daemon ``daemon_id`` is reached, while its
@@ -174,6 +205,9 @@ class Fleet(Reconciling):
         return known.url
 
 
+#: How long forwarding trusts a sandbox's owner as read (a takeover within
+#: it: the old owner answers not found, or the call waits for its lapse).
+_OWNER_SECONDS = 1.0
 #: A lease (seconds) that does not lapse in practice (about 30 years).
 _NEVER_LAPSES = 1e9
 #: A request path's first part -> the kind of row its second names.

@@ -43,6 +43,9 @@ class _DaemonHost(SandboxHost):
 
     async def find_live(self, row: InstanceRow) -> Sandbox | None:
         sandbox = self.daemon.sandboxes.get(row.sandbox_id or "")
+        if sandbox is None and row.sandbox_id is not None:
+            # A fleet's other daemon serves the thread's sandbox: the ensure goes there.
+            await self.daemon.raise_if_served_elsewhere(row.sandbox_id)
         if sandbox is None and row.description.get("held_by") != HELD_BY_DAEMON:
             sandbox = await self._take_over(row)
         if sandbox is None or sandbox.closed or sandbox.state in FINAL:

@@ -182,7 +182,7 @@ class Definitions:
         async with self._key_held(key):
             steps: list[Step] = []
             if d.lifecycle.reuse == "thread":
-                row = self.host.store.get_instance(key)
+                row = await anyio.to_thread.run_sync(self.host.store.get_instance, key)
                 if row is not None and row.sandbox_id is not None:
                     tell("step", "resume")
                     started = time.monotonic()
@@ -192,17 +192,17 @@ class Definitions:
                         await self.host.hold(key, sandbox)
                         return Ensured(sandbox, "resumed", key, steps)
             spec = self._spec(d)
-            snapshot = self._newest_snapshot(d, key)
+            snapshot = await anyio.to_thread.run_sync(self._newest_snapshot, d, key)
             if snapshot is not None:
                 tell("step", "restore")
                 started = time.monotonic()
                 sandbox = await self.host.restore(snapshot, spec)
                 steps.append(Step("restore", time.monotonic() - started))
-                self._record(d, key, thread_id, tenant, sandbox)
+                await self._record(d, key, thread_id, tenant, sandbox)
                 await self.host.hold(key, sandbox)
                 return Ensured(sandbox, "restored", key, steps, snapshot.id)
             sandbox, snapshot_id = await self._bootstrap(d, key, spec, steps, tell)
-            self._record(d, key, thread_id, tenant, sandbox)
+            await self._record(d, key, thread_id, tenant, sandbox)
             fault_point("definition-ensure.recorded")
             await self.host.hold(key, sandbox)
             return Ensured(sandbox, "created", key, steps, snapshot_id)
@@ -295,9 +295,9 @@ class Definitions:
         while self._cleanups:
             await asyncio.gather(*self._cleanups, return_exceptions=True)
 
-    def _record(self, d: Definition, key: str, thread_id: str, tenant: str | None,
-                sandbox: Sandbox) -> None:
-        self.host.store.put_instance(InstanceRow(
+    async def _record(self, d: Definition, key: str, thread_id: str, tenant: str | None,
+                      sandbox: Sandbox) -> None:
+        await anyio.to_thread.run_sync(self.host.store.put_instance, InstanceRow(
             key=key, definition_id=d.id, thread_id=thread_id,
             tenant=tenant if tenant is not None else d.tenant, provider=d.provider.type,
             sandbox_id=sandbox.id, description=self.host.describe(sandbox),
@@ -317,7 +317,7 @@ class Definitions:
         d = definition if isinstance(definition, Definition) else self.get(definition)
         key = d.instance_key(thread_id, tenant)
         async with self._key_held(key):
-            row = self.host.store.get_instance(key)
+            row = await anyio.to_thread.run_sync(self.host.store.get_instance, key)
             if row is None or row.sandbox_id is None:
                 return False
             if not (d.lifecycle.destroy_on_complete or d.lifecycle.reuse == "none"):
@@ -325,7 +325,7 @@ class Definitions:
             sandbox = await self.host.find_live(row)
             if sandbox is not None:
                 await self.host.destroy(sandbox)
-            self.host.store.delete_instance(key)
+            await anyio.to_thread.run_sync(self.host.store.delete_instance, key)
             return sandbox is not None
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import socket
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -49,9 +50,14 @@ class Forward:
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
+            limits = httpx.Limits(max_connections=512, max_keepalive_connections=64)
             self._client = httpx.AsyncClient(
                 timeout=httpx.Timeout(connect=10.0, read=None, write=60.0, pool=30.0),
-                limits=httpx.Limits(max_connections=512, max_keepalive_connections=64),
+                # No Nagle: a request's head and body go at once, not one
+                # delayed ACK (40 ms) apart.
+                transport=httpx.AsyncHTTPTransport(
+                    limits=limits,
+                    socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]),
             )
         return self._client
 
@@ -112,7 +118,9 @@ class Forward:
         headers.append((FORWARDED_HEADER, me.encode()))
         length = header(scope, b"content-length")
         body: bytes | AsyncIterator[bytes]
-        if length is not None and int(length) <= 1 << 20:
+        if length is None and header(scope, b"transfer-encoding") is None:
+            body = b""  # none (a GET): never sent chunked, which would cost a round trip
+        elif length is not None and int(length) <= 1 << 20:
             body = await _whole_body(receive)
         else:
             body = _body_stream(receive)
@@ -226,3 +234,26 @@ async def _forward_websocket(
 
         tasks.start_soon(from_client)
         tasks.start_soon(from_owner)
+
+
+async def call_owner(
+    request_headers: list[tuple[bytes, bytes]], me: str, url: str, body: bytes,
+) -> httpx.Response:
+    """One call (a JSON body) to the daemon that serves what it asks for, its
+    answer read whole; for a route that learns who serves it only as it runs."""
+    headers = [(k, v) for k, v in request_headers if k not in _HOP]
+    headers.append((FORWARDED_HEADER, me.encode()))
+    async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0)) as http:
+        return await http.post(url, headers=headers, content=body)
+
+
+async def stream_owner(
+    request_headers: list[tuple[bytes, bytes]], me: str, url: str, body: bytes,
+) -> AsyncIterator[bytes]:
+    """As :func:`call_owner`, its answer's body as it comes."""
+    headers = [(k, v) for k, v in request_headers if k not in _HOP]
+    headers.append((FORWARDED_HEADER, me.encode()))
+    async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0)) as http, \
+            http.stream("POST", url, headers=headers, content=body) as answer:
+        async for chunk in answer.aiter_raw():
+            yield chunk

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field
 
 from ..base import ProviderSettings
+from ..policy import ReachesHost
 
 
 class KubernetesConfig(ProviderSettings):
@@ -17,11 +18,17 @@ class KubernetesConfig(ProviderSettings):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     type: Literal["kubernetes"] = "kubernetes"
-    kubeconfig: str | None = None
+    #: Through the daemon these reach its host (a file of the caller's
+    #: choosing, the daemon's own service account): the operator's to allow.
+    kubeconfig: Annotated[
+        str | None, ReachesHost("reads a host file of the caller's choosing as a kubeconfig")
+    ] = None
     #: The kubeconfig's context (its current one when unset).
     context: str | None = None
     #: Use the pod's service account (hutch running inside the cluster).
-    in_cluster: bool = False
+    in_cluster: Annotated[
+        bool, ReachesHost("acts with the daemon's own service account", lambda v: not v)
+    ] = False
     #: The namespace (the context's when unset, else ``default``).
     namespace: str | None = None
     image: str = "debian:bookworm-slim"

@@ -74,6 +74,14 @@ class KubernetesSandbox(CommandFiles, NativeBackend):
         except ApiError as exc:
             await cluster.close()
             raise ProviderError(f"creating pod {name} failed: {exc.status.message}") from exc
+        except BaseException:
+            # The server may have made it (the answer was lost or unreadable):
+            # the name is this sandbox's alone, so it goes.
+            try:
+                await cluster.delete_pod(name, None)
+            finally:
+                await cluster.close()
+            raise
         sandbox = cls(sandbox_id, config, cluster, name,
                       made.metadata.uid if made.metadata else None)
         try:

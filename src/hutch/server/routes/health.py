@@ -22,7 +22,7 @@ def router(daemon: DaemonGetter) -> APIRouter:
     async def events(
         subject: str | None = None, limit: int = Query(default=100, gt=0, le=MAX_EVENTS)
     ) -> JSONResponse:
-        return JSONResponse({"events": daemon().store.events(subject, limit)})
+        return JSONResponse({"events": await daemon().astore.events(subject, limit)})
 
     @v1.get("/events/follow", **ndjson_lines(
         wire.Event, "NDJSON, a line an event: the newest `limit`, then each as it happens"))
