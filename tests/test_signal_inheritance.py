@@ -38,6 +38,8 @@ SCRIPT = textwrap.dedent("""
         options.setdefault("read_before_write", False)
         async with await hutch.create_sandbox(provider, **options) as sb:
             status = await sb.exec(["grep", "-E", "^Sig(Ign|Blk):", "/proc/self/status"])
+            # The command is started as given: its argv[0] is not rewritten.
+            argv0 = await sb.exec(["sh", "-c", "xargs -0 < /proc/$$/cmdline"])
             killed = await sb.exec("kill -INT $$; echo survived")
             background = await sb.start("kill -INT $$; echo survived")
             waited = await background.wait()
@@ -47,6 +49,7 @@ SCRIPT = textwrap.dedent("""
             await check_executing_a_non_executable_is_permission_denied(sb)
         print(json.dumps({
             "status": status.stdout,
+            "argv0": argv0.stdout,
             "killed": [killed.exit_code, killed.stdout],
             "background": [waited.exit_code, waited.stdout],
         }))
@@ -82,5 +85,6 @@ def test_commands_start_with_default_signals_under_a_host_that_ignores_and_block
     fields = dict(line.split(":\t") for line in seen["status"].splitlines())
     assert int(fields["SigIgn"], 16) == 0, seen
     assert int(fields["SigBlk"], 16) == 0, seen
+    assert seen["argv0"].startswith("sh -c "), seen
     assert seen["killed"] == [130, ""], seen
     assert seen["background"] == [130, ""], seen

@@ -157,7 +157,9 @@ async def spawn(request: ProcessRequest, *, exec_id: str) -> HostProcess:
     reset = default_signals_prefix()
     preexec: Callable[[], None] | None = None
     if reset and request.user is None:
-        argv[0] = _found(argv[0], request.env.get("PATH", os.defpath), cwd)
+        # Looked up only for the error: the command keeps its argv[0] as
+        # given (ps, /proc/PID/cmdline), and env(1) finds it the same way.
+        _found(argv[0], request.env.get("PATH", os.defpath), cwd)
         if "=" in argv[0]:  # env would read it as an assignment
             reset, preexec = [], _default_signals
     if request.user is not None:
