@@ -1,4 +1,5 @@
-"""The SQLite store: what it keeps, that a write is durable once it returns, migrations."""
+"""The SQLite store's own: WAL and full sync, that a write is durable once it
+returns, migrations. What every store keeps is tests/test_store_suite.py's."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hutch.store import SandboxRow, SnapshotRow, SQLiteStore, WorkspaceRow
+from hutch.store import SandboxRow, SQLiteStore
 
 
 def sandbox_row(sandbox_id: str = "sb-1", state: str = "running") -> SandboxRow:
@@ -22,75 +23,6 @@ def sandbox_row(sandbox_id: str = "sb-1", state: str = "running") -> SandboxRow:
         description={"container_id": "abc"}, workspace="ws", created_at_unix=1.0,
         deadline_unix=123.5, last_active_unix=99.0, meter={"running_s": 4.0},
     )
-
-
-def test_rows_round_trip(tmp_path: Path) -> None:
-    store = SQLiteStore(str(tmp_path / "hutch.db"))
-    store.put_sandbox(sandbox_row())
-    store.put_sandbox(sandbox_row("sb-2", state="terminated"))
-    got = store.get_sandbox("sb-1")
-    assert got is not None
-    assert (got.description, got.deadline_unix, got.meter) == (
-        {"container_id": "abc"}, 123.5, {"running_s": 4.0}
-    )
-    assert got.updated_at_unix > 0
-    assert [r.id for r in store.list_sandboxes()] == ["sb-1"]
-    assert {r.id for r in store.list_sandboxes(include_final=True)} == {"sb-1", "sb-2"}
-
-    before = got.updated_at_unix
-    store.set_sandbox_deadline("sb-1", 456.0)
-    again = store.get_sandbox("sb-1")
-    assert again is not None and again.deadline_unix == 456.0
-    assert again.updated_at_unix == before, "a deadline is not a snapshot of the meter"
-
-    rows = [sandbox_row(f"sb-batch-{i}") for i in range(50)]
-    store.put_sandboxes(rows)
-    assert len(store.list_sandboxes()) == 51
-
-    ws = WorkspaceRow(name="ws", status="running", provider="docker", spec={"a": 1},
-                      live_sandbox_id="sb-1", state_snapshot_id="snap-2",
-                      source_snapshot_id="snap-1")
-    store.put_workspace(ws)
-    assert store.get_workspace("ws") == ws
-    store.delete_workspace("ws")
-    assert store.get_workspace("ws") is None
-
-    for i in range(5):
-        store.log_event("sb-1", "transition", f"step {i}")
-    store.log_event("other", "orphan", "removed")
-    assert [e["message"] for e in store.events("sb-1", limit=2)] == ["step 3", "step 4"]
-    assert store.events(limit=1)[0]["subject"] == "other"
-
-    store.set_meta("k", "v")
-    assert store.get_meta("k") == "v"
-    store.set_meta("k", None)
-    assert store.get_meta("k") is None
-    store.close()
-
-
-def test_snapshot_rows_round_trip_with_lineage(tmp_path: Path) -> None:
-    store = SQLiteStore(str(tmp_path / "hutch.db"))
-    root = SnapshotRow(
-        id="snap-a", provider="local", status="ready", label="setup", sandbox_id="sb-1",
-        size_bytes=42, created_at_unix=1.0, handle={"data": {"layers": ["x"]}},
-        spec={"provider": {"type": "local"}},
-    )
-    child = SnapshotRow(id="snap-b", provider="local", status="capturing", parent_id="snap-a",
-                        created_at_unix=2.0)
-    store.put_snapshot(child)
-    store.put_snapshot(root)
-    assert store.get_snapshot("snap-a") == root
-    assert [r.id for r in store.list_snapshots()] == ["snap-a", "snap-b"]
-    child.status = "ready"
-    store.put_snapshot(child)
-    got = store.get_snapshot("snap-b")
-    assert got is not None and (got.status, got.parent_id) == ("ready", "snap-a")
-    store.delete_snapshot("snap-a")
-    assert store.get_snapshot("snap-a") is None
-    store.close()
-    reopened = SQLiteStore(str(tmp_path / "hutch.db"))
-    assert [r.id for r in reopened.list_snapshots()] == ["snap-b"]
-    reopened.close()
 
 
 def test_wal_and_full_sync(tmp_path: Path) -> None:
