@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from typing import Any
 
 import anyio
@@ -89,16 +90,25 @@ async def watch_runtimes(report: RuntimeReport) -> None:
 
     def pump() -> None:
         backoff = 0.5
+        # From when the watch began, and after a reconnect from the last
+        # event seen: the Engine replays what came before the stream was
+        # open, so a death (an OOM kill) between the first sandbox's start
+        # and this thread's connection, or during a reconnect, is not lost.
+        since_ns = time.time_ns()
         while not stop.is_set():
             try:
                 # No label filter: an image's delete event has no labels to match.
-                stream = engine().events(decode=True, filters={
+                stream = engine().events(decode=True, since=f"{since_ns / 1e9:.9f}", filters={
                     "type": ["container", "image"],
                     "event": ["die", "destroy", "oom", "untag", "delete"],
                 })
                 current[:] = [stream]
                 backoff = 0.5
                 for event in stream:
+                    at_ns = int(event.get("timeNano") or 0)
+                    if at_ns and at_ns < since_ns:
+                        continue  # told before the reconnect
+                    since_ns = max(since_ns, at_ns + 1)
                     actor = event.get("Actor") or {}
                     attributes = actor.get("Attributes") or {}
                     thing = str(actor.get("ID") or "")
