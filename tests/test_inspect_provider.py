@@ -170,13 +170,10 @@ async def test_connection_opens_a_shell_in_the_sandbox(
     assert (code, "shell-says-hi" in output) == (3, True), output
 
 
-async def test_through_a_daemon_each_sample_gets_one_and_nothing_stays(
-    held: tuple[str, SandboxEnvironment],
-) -> None:
+@pytest.mark.anyio
+async def test_through_a_daemon_each_sample_gets_one_and_nothing_stays() -> None:
     from tests.daemon_fixture import DaemonProcess, client
 
-    if held[0] != "docker":
-        pytest.skip("the daemon's part is provider-blind: once is enough")
     d = DaemonProcess().start()
     try:
         config = HutchSandboxConfig(url=d.url, token=d.token, provider="docker",
@@ -199,11 +196,8 @@ async def test_through_a_daemon_each_sample_gets_one_and_nothing_stays(
         d.close()
 
 
-async def test_a_definition_is_ensured_per_sample_and_completed(
-    held: tuple[str, SandboxEnvironment], tmp_path: Any,
-) -> None:
-    if held[0] != "docker":
-        pytest.skip("definitions are provider-blind here: once is enough")
+@pytest.mark.anyio
+async def test_a_definition_is_ensured_per_sample_and_completed(tmp_path: Any) -> None:
     config_file = tmp_path / "hutch.toml"
     config_file.write_text(
         '[definitions.prepared]\nprovider = "local"\n'
@@ -219,11 +213,8 @@ async def test_a_definition_is_ensured_per_sample_and_completed(
     assert sandbox.closed
 
 
-async def test_with_no_provider_named_a_sample_gets_an_isolating_one(
-    held: tuple[str, SandboxEnvironment],
-) -> None:
-    if held[0] != "docker":
-        pytest.skip("the default is one rule: once is enough")
+@pytest.mark.anyio
+async def test_with_no_provider_named_a_sample_gets_an_isolating_one() -> None:
     environments = await HutchSandboxEnvironment.sample_init("default", None, {})
     try:
         box = environments["default"].as_type(HutchSandboxEnvironment)
@@ -233,13 +224,10 @@ async def test_with_no_provider_named_a_sample_gets_an_isolating_one(
         await HutchSandboxEnvironment.sample_cleanup("default", None, environments, False)
 
 
-async def test_a_bad_config_fails_the_task_before_its_samples(
-    held: tuple[str, SandboxEnvironment],
-) -> None:
+@pytest.mark.anyio
+async def test_a_bad_config_fails_the_task_before_its_samples() -> None:
     from hutch import InvalidArgument
 
-    if held[0] != "docker":
-        pytest.skip("once is enough")
     with pytest.raises(InvalidArgument, match="unknown provider"):
         await HutchSandboxEnvironment.task_init("bad", HutchSandboxConfig(provider="nope"))
 
