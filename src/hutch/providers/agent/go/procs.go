@@ -540,7 +540,9 @@ func handleKill(c *conn, h header) error {
 
 // countBusy: live processes in the sandbox other than its keepers (this agent
 // and the inits above it); zombies are not alive.
-func countBusy() int {
+// countBusy: the processes alive but the agent and its ancestors; with
+// running, only those on a CPU or in uninterruptible I/O (R, D).
+func countBusy(running bool) int {
 	keepers := map[int]bool{}
 	for pid := os.Getpid(); pid > 0 && !keepers[pid]; {
 		keepers[pid] = true
@@ -559,6 +561,9 @@ func countBusy() int {
 		}
 		end := bytes.LastIndexByte(data, ')')
 		if end < 0 || end+2 >= len(data) || data[end+2] == 'Z' || data[end+2] == 'X' {
+			continue
+		}
+		if running && data[end+2] != 'R' && data[end+2] != 'D' {
 			continue
 		}
 		n++
