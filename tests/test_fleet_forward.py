@@ -111,10 +111,13 @@ def test_the_e2b_sdk_through_a_daemon_that_does_not_own_the_sandbox(
     """).split()[-1]
     run_e2b(other, """
         import os, socket, time, httpx
-        from e2b import Sandbox, SandboxState
+        from e2b import Sandbox, SandboxQuery, SandboxState
         from websockets.exceptions import InvalidStatus
         from websockets.sync.client import connect
         sid = os.environ["SANDBOX"]
+        # Listed by the daemon that does not serve it, once, with its metadata.
+        listed = Sandbox.list(query=SandboxQuery(metadata={"case": "fleet"})).next_items()
+        assert [s.sandbox_id for s in listed] == [sid], listed
         # The control plane (/sandboxes/{id}/connect, GET /sandboxes/{id}, timeout).
         sbx = Sandbox.connect(sid)
         info = sbx.get_info()

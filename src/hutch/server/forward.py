@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
+import httpcore
 import httpx
 
 from .._errors import HutchError
@@ -80,7 +81,9 @@ class Forwarder:
 
     def __init__(self, daemon: Callable[[], Daemon | None]) -> None:
         self.daemon = daemon
-        self._client: httpx.AsyncClient | None = None
+        self._connections: httpcore.AsyncConnectionPool | None = None
+        #: Each owner's URL, split as httpcore takes it.
+        self._origins: dict[str, tuple[bytes, bytes, int | None, bytes]] = {}
         #: The calls under way, by the daemon they went to.
         self._calls: dict[str, set[_Call]] = {}
         self._watcher: asyncio.Task[None] | None = None
@@ -148,20 +151,18 @@ class Forwarder:
 
         await here(scope, replay, send)
 
-    def _http(self) -> httpx.AsyncClient:
-        if self._client is None:
-            limits = httpx.Limits(max_connections=512, max_keepalive_connections=64)
-            self._client = httpx.AsyncClient(
-                timeout=httpx.Timeout(connect=10.0, read=None, write=60.0, pool=30.0),
-                # The fleet's daemons reach each other directly, never through a proxy.
-                trust_env=False,
+    def _pool(self) -> httpcore.AsyncConnectionPool:
+        # httpcore, under httpx: a forwarded call passes the client's head and
+        # body on as they are, so httpx's request and response models (URL
+        # parsing, header objects) would be cost and nothing else.
+        if self._connections is None:
+            self._connections = httpcore.AsyncConnectionPool(
+                max_connections=512, max_keepalive_connections=64,
                 # No Nagle: a request's head and body go at once, not one
                 # delayed ACK (40 ms) apart.
-                transport=httpx.AsyncHTTPTransport(
-                    limits=limits,
-                    socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]),
+                socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
             )
-        return self._client
+        return self._connections
 
     async def forward(
         self, daemon: Daemon, served: tuple[str, str], scope: Scope, receive: Receive,
@@ -211,13 +212,27 @@ class Forwarder:
                 except Exception:  # the store's trouble: tried again next time
                     log.exception("could not tell whether daemon %s still answers", owner)
 
+    def _origin(self, target: str) -> tuple[bytes, bytes, int | None, bytes]:
+        origin = self._origins.get(target)
+        if origin is None:
+            split = urllib.parse.urlsplit(target)
+            origin = (split.scheme.encode(), (split.hostname or "").encode(), split.port,
+                      split.netloc.encode())
+            if len(self._origins) > 1000:
+                self._origins.clear()
+            self._origins[target] = origin
+        return origin
+
     async def _forward_http(
         self, target: str, me: str, call: _Call, scope: Scope, receive: Receive, send: Send,
         whole: bytes | None,
     ) -> None:
-        query = scope.get("query_string", b"")
-        url = target + scope["path"] + ("?" + query.decode("latin-1") if query else "")
+        scheme, host, port, netloc = self._origin(target)
+        query: bytes = scope.get("query_string", b"")
+        path: bytes = scope.get("raw_path") or scope["path"].encode()
         headers = [(k, v) for k, v in scope["headers"] if k not in _HOP]
+        if not any(k == b"host" for k, _ in headers):
+            headers.append((b"host", netloc))
         headers.append((FORWARDED_HEADER, me.encode()))
         length = header(scope, b"content-length")
         body: bytes | AsyncIterator[bytes]
@@ -229,30 +244,45 @@ class Forwarder:
             body = await _whole_body(receive)
         else:
             body = _body_stream(receive)
-        http = self._http()
-        request = http.build_request(scope["method"], url, headers=headers, content=body)
+        if isinstance(body, bytes):
+            if body or length is not None:
+                headers.append((b"content-length", str(len(body)).encode()))
+        else:
+            headers.append((b"transfer-encoding", b"chunked"))
+        request = httpcore.Request(
+            scope["method"].encode(),
+            httpcore.URL(scheme=scheme, host=host, port=port,
+                         target=path + (b"?" + query if query else b"")),
+            headers=headers, content=body, extensions={"timeout": _TIMEOUTS},
+        )
         try:
-            answer = await http.send(request, stream=True)
-        except httpx.HTTPError as exc:
+            answer = await self._pool().handle_async_request(request)
+        except _UNREACHABLE as exc:
             from .._errors import SandboxUnavailable
 
             await _refuse(scope, receive, send, SandboxUnavailable(
-                f"the daemon serving it ({target}) cannot be reached: {exc}; a live daemon "
-                "takes its sandboxes over once its lease lapses"))
+                f"the daemon serving it ({target}) cannot be reached: {exc!r}; a live "
+                "daemon takes its sandboxes over once its lease lapses"))
             return
         call.started = True
         try:
             await send({
-                "type": "http.response.start", "status": answer.status_code,
-                "headers": [(k, v) for k, v in answer.headers.raw if k.lower() not in _HOP]
-                + ([(b"content-length", answer.headers["content-length"].encode())]
-                   if "content-length" in answer.headers else []),
+                "type": "http.response.start", "status": answer.status,
+                "headers": [(k, v) for k, v in answer.headers
+                            if k.lower() not in _HOP or k.lower() == b"content-length"],
             })
-            async for chunk in answer.aiter_raw():
+            async for chunk in answer.aiter_stream():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b""})
         finally:
             await answer.aclose()
+
+
+#: A forwarded call's time limits: none to read (an exec may run for hours).
+_TIMEOUTS = {"connect": 10.0, "read": None, "write": 60.0, "pool": 30.0}
+#: What says the owner could not be reached (or its connection broke first).
+_UNREACHABLE = (httpcore.NetworkError, httpcore.TimeoutException, httpcore.ProtocolError,
+                httpcore.UnsupportedProtocol)
 
 
 class Forward:
