@@ -14,7 +14,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from lightkube import ApiError
-from lightkube.models.core_v1 import Container, EnvVar, PodSpec
+from lightkube.models.core_v1 import (
+    Capabilities as ContainerCapabilities,
+)
+from lightkube.models.core_v1 import (
+    Container,
+    EnvVar,
+    PodSpec,
+    SeccompProfile,
+    SecurityContext,
+)
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod
 
@@ -36,6 +45,18 @@ from .api import CONTAINER, HOME_LABEL, SANDBOX_LABEL, Cluster, home_tag, pod_na
 from .config import KubernetesConfig
 from .execws import ExecSession, kill_argv, wrapped
 from .files import CommandFiles
+
+#: What the pod's container may not do, whatever the cluster's defaults: the
+#: docker provider's rule (the runtime's default capabilities less raw
+#: sockets, mknod, audit writes, chroot and file capabilities; no setuid
+#: program raises a user; the runtime's default seccomp filter).
+SECURITY_CONTEXT = SecurityContext(
+    capabilities=ContainerCapabilities(
+        drop=["NET_RAW", "MKNOD", "AUDIT_WRITE", "SYS_CHROOT", "SETFCAP"]),
+    allowPrivilegeEscalation=False,
+    privileged=False,
+    seccompProfile=SeccompProfile(type="RuntimeDefault"),
+)
 
 
 class KubernetesSandbox(CommandFiles, NativeBackend):
@@ -66,7 +87,10 @@ class KubernetesSandbox(CommandFiles, NativeBackend):
                     # The pod's keeper: it waits, commands come through exec.
                     command=["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait; done"],
                     env=[EnvVar(name=k, value=v) for k, v in config.env.items()],
+                    securityContext=SECURITY_CONTEXT,
                 )],
+                # The service account's token stays out of reach of what runs inside.
+                automountServiceAccountToken=False,
             ),
         )
         try:
