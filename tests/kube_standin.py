@@ -10,6 +10,12 @@ and ``pods/{name}/exec`` over WebSocket with the ``v5.channel.k8s.io`` (and
 ``v4``) subprotocol: one channel byte per frame (0 stdin, 1 stdout, 2 stderr,
 3 the final ``Status`` as JSON, 255 close, v5 only), reaching a real process.
 
+Scheduling is the scheduler's rule on one node (``standin-node``, with the
+labels and taints given): a pod whose ``nodeSelector`` the node's labels do
+not match, or that does not tolerate one of its NoSchedule or NoExecute
+taints, stays Pending with ``PodScheduled`` False (``Unschedulable``); a pod
+that fits gets ``spec.nodeName``. Image pull secrets are kept, not used.
+
 A pod's container really runs: a local docker container of the pod's image
 and command; exec is ``docker exec`` in it. Not covered (yet): watches,
 bookmarks and 410 Gone, authentication, admission, scheduling, other kinds.
@@ -33,6 +39,7 @@ from aiohttp import WSMsgType, web
 #: home of the tests that made them (the suite's leftover check reads it).
 STANDIN_LABEL = "hutch-test.kube-standin"
 PROTOCOLS = ("v5.channel.k8s.io", "v4.channel.k8s.io")
+NODE = "standin-node"
 
 
 def _status(code: int, reason: str, message: str) -> web.Response:
@@ -41,11 +48,29 @@ def _status(code: int, reason: str, message: str) -> web.Response:
                               "code": code}, status=code)
 
 
+def _tolerates(toleration: dict[str, Any], taint: dict[str, str]) -> bool:
+    """core/v1 Toleration's rule: the effect (if set) is the taint's; Exists
+    matches the key (any key when unset), Equal the key and the value."""
+    if toleration.get("effect") and toleration["effect"] != taint.get("effect"):
+        return False
+    if toleration.get("operator", "Equal") == "Exists":
+        return not toleration.get("key") or toleration["key"] == taint.get("key")
+    return (toleration.get("key") == taint.get("key")
+            and (toleration.get("value") or "") == (taint.get("value") or ""))
+
+
 class KubeStandin:
     """The server, on a loopback port, in a thread of its own."""
 
-    def __init__(self, namespace: str = "default") -> None:
+    def __init__(self, namespace: str = "default", node_labels: dict[str, str] | None = None,
+                 node_taints: list[dict[str, str]] | None = None) -> None:
         self.namespace = namespace
+        #: The one node pods are scheduled on, as the scheduler does: its
+        #: labels must match a pod's nodeSelector, and a pod must tolerate
+        #: its NoSchedule and NoExecute taints; else the pod stays Pending.
+        self.node_labels = {"kubernetes.io/hostname": NODE, "kubernetes.io/os": "linux",
+                            **(node_labels or {})}
+        self.node_taints = list(node_taints or [])
         self.objects: dict[str, dict[str, dict[str, Any]]] = {
             "pods": {}, "persistentvolumeclaims": {}}
         #: The kubeconfig written for it (write_kubeconfig), for the tests.
@@ -137,7 +162,7 @@ class KubeStandin:
         if store is None or name not in store:
             return _status(404, "NotFound", f'{request.match_info["kind"]} "{name}" not found')
         obj = store[name]
-        if request.match_info["kind"] == "pods":
+        if request.match_info["kind"] == "pods" and obj["spec"].get("nodeName"):
             obj["status"] = await asyncio.to_thread(self._pod_status, obj)
         return web.json_response(obj)
 
@@ -157,7 +182,12 @@ class KubeStandin:
             meta.update(namespace=self.namespace, uid=str(uuid.uuid4()),
                         resourceVersion=self._next_version())
             store[name] = obj
-        if kind == "pods":
+        if kind == "pods" and (unschedulable := self._unschedulable(obj)):
+            obj["status"] = {"phase": "Pending", "conditions": [{
+                "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                "message": f"0/1 nodes are available: 1 {unschedulable}."}]}
+        elif kind == "pods":
+            obj["spec"]["nodeName"] = NODE
             try:
                 await asyncio.to_thread(self._run_container, obj)
             except docker.errors.APIError as exc:
@@ -188,6 +218,20 @@ class KubeStandin:
         return web.json_response(obj)
 
     # -- pods as docker containers -----------------------------------------------------
+    def _unschedulable(self, pod: dict[str, Any]) -> str:
+        """Why the node does not fit the pod (the scheduler's words), or ''."""
+        spec = pod.get("spec") or {}
+        selector = spec.get("nodeSelector") or {}
+        if any(self.node_labels.get(k) != v for k, v in selector.items()):
+            return "node(s) didn't match Pod's node affinity/selector"
+        tolerations = spec.get("tolerations") or []
+        for taint in self.node_taints:
+            if taint.get("effect") not in ("NoSchedule", "NoExecute"):
+                continue
+            if not any(_tolerates(t, taint) for t in tolerations):
+                return f"node(s) had untolerated taint {{{taint['key']}: {taint.get('value', '')}}}"
+        return ""
+
     def _container_name(self, pod: dict[str, Any]) -> str:
         return f"kube-standin-{pod['metadata']['uid']}"
 

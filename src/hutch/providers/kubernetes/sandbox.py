@@ -14,17 +14,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from lightkube import ApiError
-from lightkube.models.core_v1 import (
-    Capabilities as ContainerCapabilities,
-)
-from lightkube.models.core_v1 import (
-    Container,
-    EnvVar,
-    PodSpec,
-    SeccompProfile,
-    SecurityContext,
-)
-from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod
 
 from ..._errors import (
@@ -41,22 +30,11 @@ from ..base import (
     RuntimeState,
     UnstartedProcess,
 )
-from .api import CONTAINER, HOME_LABEL, SANDBOX_LABEL, Cluster, home_tag, pod_name
+from .api import Cluster, pod_name
 from .config import KubernetesConfig
 from .execws import ExecSession, kill_argv, wrapped
 from .files import CommandFiles
-
-#: What the pod's container may not do, whatever the cluster's defaults: the
-#: docker provider's rule (the runtime's default capabilities less raw
-#: sockets, mknod, audit writes, chroot and file capabilities; no setuid
-#: program raises a user; the runtime's default seccomp filter).
-SECURITY_CONTEXT = SecurityContext(
-    capabilities=ContainerCapabilities(
-        drop=["NET_RAW", "MKNOD", "AUDIT_WRITE", "SYS_CHROOT", "SETFCAP"]),
-    allowPrivilegeEscalation=False,
-    privileged=False,
-    seccompProfile=SeccompProfile(type="RuntimeDefault"),
-)
+from .podspec import sandbox_pod
 
 
 class KubernetesSandbox(CommandFiles, NativeBackend):
@@ -77,22 +55,9 @@ class KubernetesSandbox(CommandFiles, NativeBackend):
     async def create(cls, config: KubernetesConfig, sandbox_id: str) -> KubernetesSandbox:
         cluster = Cluster(config)
         name = pod_name(sandbox_id)
-        pod = Pod(
-            metadata=ObjectMeta(name=name, labels={SANDBOX_LABEL: sandbox_id.lower(),
-                                                   HOME_LABEL: home_tag()}),
-            spec=PodSpec(
-                restartPolicy="Never", terminationGracePeriodSeconds=0,
-                containers=[Container(
-                    name=CONTAINER, image=config.image,
-                    # The pod's keeper: it waits, commands come through exec.
-                    command=["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait; done"],
-                    env=[EnvVar(name=k, value=v) for k, v in config.env.items()],
-                    securityContext=SECURITY_CONTEXT,
-                )],
-                # The service account's token stays out of reach of what runs inside.
-                automountServiceAccountToken=False,
-            ),
-        )
+        # The pod's keeper: it waits, commands come through exec.
+        pod = sandbox_pod(config, sandbox_id, name, [
+            "sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait; done"])
         try:
             made = await cluster.client.create(pod)
         except ApiError as exc:
@@ -117,32 +82,38 @@ class KubernetesSandbox(CommandFiles, NativeBackend):
             raise
         return sandbox
 
-    async def _phase(self) -> tuple[str, bool]:
-        """The pod's phase and readiness; ``Gone`` when it is not there (or not ours)."""
+    async def _phase(self) -> tuple[str, bool, str]:
+        """The pod's phase, readiness and what holds it back (a condition's
+        message: unschedulable, say); ``Gone`` when it is not there (or not ours)."""
         try:
             pod = await self.cluster.client.get(Pod, self.pod)
         except ApiError as exc:
             if exc.status.code == 404:
-                return "Gone", False
+                return "Gone", False, ""
             raise ProviderError(f"reading pod {self.pod} failed: {exc.status.message}") from exc
         if self.uid and pod.metadata and pod.metadata.uid != self.uid:
-            return "Gone", False
+            return "Gone", False, ""
         status = pod.status
-        ready = any(c.type == "Ready" and c.status == "True"
-                    for c in (status.conditions or [])) if status else False
-        return (status.phase or "Pending") if status else "Pending", ready
+        if status is None:
+            return "Pending", False, ""
+        conditions = status.conditions or []
+        ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
+        held = "; ".join(f"{c.reason}: {c.message}" for c in conditions
+                         if c.status == "False" and c.message)
+        return status.phase or "Pending", ready, held
 
     async def _until_ready(self) -> None:
         deadline = time.monotonic() + self.config.ready_timeout
         while True:
-            phase, ready = await self._phase()
+            phase, ready, held = await self._phase()
             if ready:
                 return
             if phase in ("Failed", "Succeeded", "Gone"):
                 raise SandboxUnavailable(f"pod {self.pod} did not start: it is {phase}")
             if time.monotonic() > deadline:
                 raise SandboxUnavailable(
-                    f"pod {self.pod} was not ready within {self.config.ready_timeout} s")
+                    f"pod {self.pod} was not ready within {self.config.ready_timeout} s"
+                    + (f" ({held})" if held else ""))
             await asyncio.sleep(0.2)
 
     def describe(self) -> dict[str, Any]:
@@ -158,11 +129,11 @@ class KubernetesSandbox(CommandFiles, NativeBackend):
 
     # -- lifecycle ----------------------------------------------------------------------
     async def is_alive(self) -> bool:
-        phase, _ = await self._phase()
+        phase, _, _ = await self._phase()
         return phase == "Running"
 
     async def observed_state(self) -> RuntimeState:
-        phase, _ = await self._phase()
+        phase, _, _ = await self._phase()
         return RuntimeState.RUNNING if phase in ("Running", "Pending") else RuntimeState.GONE
 
     async def close(self) -> None:
