@@ -7,6 +7,7 @@ $HUTCH_TEST_ARTIFACTS (default /tmp/hutch-artifacts), outside the repository."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -81,6 +82,14 @@ def test_login_refuses_a_wrong_or_missing_token(daemon: DaemonProcess, body: obj
     assert answer.status_code in (400, 401)
     assert "set-cookie" not in answer.headers
     assert answer.json()["error"]["code"] in ("unauthorized", "invalid_argument")
+
+
+def test_login_takes_json_only(daemon: DaemonProcess) -> None:
+    """Another site's form (text/plain, urlencoded) cannot log a browser in."""
+    for content_type in ("text/plain", "application/x-www-form-urlencoded"):
+        answer = httpx.post(f"{daemon.url}/ui/login", headers={"content-type": content_type},
+                            content=json.dumps({"token": daemon.token}))
+        assert answer.status_code == 400 and "set-cookie" not in answer.headers
 
 
 def test_the_session_counts_only_with_the_dashboards_header(daemon: DaemonProcess) -> None:
