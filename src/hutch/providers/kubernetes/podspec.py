@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from lightkube.models.core_v1 import (
+    Capabilities,
     Container,
     EnvVar,
     LocalObjectReference,
     PodSpec,
+    SeccompProfile,
+    SecurityContext,
     Toleration,
 )
 from lightkube.models.meta_v1 import ObjectMeta
@@ -14,6 +17,17 @@ from lightkube.resources.core_v1 import Pod
 
 from .api import CONTAINER, HOME_LABEL, SANDBOX_LABEL, home_tag
 from .config import KubernetesConfig
+
+#: What the pod's container may not do, whatever the cluster's defaults: the
+#: docker provider's rule (the runtime's default capabilities less raw
+#: sockets, mknod, audit writes, chroot and file capabilities; no setuid
+#: program raises a user; the runtime's default seccomp filter).
+SECURITY_CONTEXT = SecurityContext(
+    capabilities=Capabilities(drop=["NET_RAW", "MKNOD", "AUDIT_WRITE", "SYS_CHROOT", "SETFCAP"]),
+    allowPrivilegeEscalation=False,
+    privileged=False,
+    seccompProfile=SeccompProfile(type="RuntimeDefault"),
+)
 
 
 def sandbox_pod(config: KubernetesConfig, sandbox_id: str, name: str,
@@ -29,7 +43,10 @@ def sandbox_pod(config: KubernetesConfig, sandbox_id: str, name: str,
             containers=[Container(
                 name=CONTAINER, image=config.image, command=keeper,
                 env=[EnvVar(name=k, value=v) for k, v in config.env.items()],
+                securityContext=SECURITY_CONTEXT,
             )],
+            # The service account's token stays out of reach of what runs inside.
+            automountServiceAccountToken=False,
             nodeSelector=dict(config.node_selector) or None,
             tolerations=[
                 Toleration(key=t.key, operator=t.operator, value=t.value, effect=t.effect,
