@@ -43,9 +43,12 @@ NODE = "standin-node"
 
 
 def _status(code: int, reason: str, message: str) -> web.Response:
-    return web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {},
-                              "status": "Failure", "message": message, "reason": reason,
-                              "code": code}, status=code)
+    # The API server's Content-Type is application/json with no charset
+    # (clients such as lightkube read a Status only from exactly that).
+    body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": message, "reason": reason, "code": code}
+    return web.Response(body=json.dumps(body).encode(), status=code,
+                        headers={"Content-Type": "application/json"})
 
 
 def _tolerates(toleration: dict[str, Any], taint: dict[str, str]) -> bool:
