@@ -25,6 +25,7 @@ Every behaviour here is one the real API server has.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -42,13 +43,17 @@ PROTOCOLS = ("v5.channel.k8s.io", "v4.channel.k8s.io")
 NODE = "standin-node"
 
 
-def _status(code: int, reason: str, message: str) -> web.Response:
-    # The API server's Content-Type is application/json with no charset
-    # (clients such as lightkube read a Status only from exactly that).
-    body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": message, "reason": reason, "code": code}
-    return web.Response(body=json.dumps(body).encode(), status=code,
+def _json(obj: Any, status: int = 200) -> web.Response:
+    # The API server's Content-Type is exactly application/json (no charset):
+    # clients (lightkube) read a Status as one only then.
+    return web.Response(body=json.dumps(obj).encode(), status=status,
                         headers={"Content-Type": "application/json"})
+
+
+def _status(code: int, reason: str, message: str) -> web.Response:
+    return _json({"kind": "Status", "apiVersion": "v1", "metadata": {},
+                              "status": "Failure", "message": message, "reason": reason,
+                              "code": code}, status=code)
 
 
 def _tolerates(toleration: dict[str, Any], taint: dict[str, str]) -> bool:
@@ -84,6 +89,9 @@ class KubeStandin:
         self._lock = threading.Lock()
         self.port = 0
         self._runner: web.AppRunner | None = None
+        #: Every pods/exec served, its command (as an audit log records them).
+        self.execs: list[list[str]] = []
+        self._open_execs: set[web.WebSocketResponse] = set()
 
     # -- life of the server ----------------------------------------------------------
     def start(self) -> KubeStandin:
@@ -155,7 +163,7 @@ class KubeStandin:
         items = [o for o in store.values()
                  if all(o["metadata"].get("labels", {}).get(k) == v for k, v in wanted.items())]
         list_kind = "PodList" if kind == "pods" else "PersistentVolumeClaimList"
-        return web.json_response({"kind": list_kind, "apiVersion": "v1",
+        return _json({"kind": list_kind, "apiVersion": "v1",
                                   "metadata": {"resourceVersion": str(self.version)},
                                   "items": items})
 
@@ -167,7 +175,7 @@ class KubeStandin:
         obj = store[name]
         if request.match_info["kind"] == "pods" and obj["spec"].get("nodeName"):
             obj["status"] = await asyncio.to_thread(self._pod_status, obj)
-        return web.json_response(obj)
+        return _json(obj)
 
     async def create(self, request: web.Request) -> web.Response:
         store = self._store(request)
@@ -199,7 +207,7 @@ class KubeStandin:
             obj["status"] = await asyncio.to_thread(self._pod_status, obj)
         else:
             obj["status"] = {"phase": "Bound"}
-        return web.json_response(obj, status=201)
+        return _json(obj, status=201)
 
     async def delete(self, request: web.Request) -> web.Response:
         store = self._store(request)
@@ -218,7 +226,7 @@ class KubeStandin:
         obj["metadata"]["resourceVersion"] = self._next_version()
         if kind == "pods":
             await asyncio.to_thread(self._remove_container, obj)
-        return web.json_response(obj)
+        return _json(obj)
 
     # -- pods as docker containers -----------------------------------------------------
     def _unschedulable(self, pod: dict[str, Any]) -> str:
@@ -282,6 +290,18 @@ class KubeStandin:
                     "state": container_state}]}
 
     # -- pods/exec over WebSocket ------------------------------------------------------
+    def drop_execs(self) -> int:
+        """Every open pods/exec connection closed by the server, as an API
+        server's restart (or a cut in the network) closes them; how many."""
+
+        async def drop() -> int:
+            open_now = list(self._open_execs)
+            for ws in open_now:
+                await ws.close()
+            return len(open_now)
+
+        return asyncio.run_coroutine_threadsafe(drop(), self._loop).result(10)
+
     async def exec(self, request: web.Request) -> web.StreamResponse:
         store = self._store(request)
         name = request.match_info["name"]
@@ -290,8 +310,17 @@ class KubeStandin:
         pod = store[name]
         command = request.query.getall("command", [])
         stdin = request.query.get("stdin") in ("true", "1")
+        self.execs.append(list(command))
         ws = web.WebSocketResponse(protocols=PROTOCOLS)
         await ws.prepare(request)
+        self._open_execs.add(ws)
+        try:
+            return await self._exec_session(ws, pod, command, stdin)
+        finally:
+            self._open_execs.discard(ws)
+
+    async def _exec_session(self, ws: web.WebSocketResponse, pod: dict[str, Any],
+                            command: list[str], stdin: bool) -> web.WebSocketResponse:
         v5 = ws.ws_protocol == PROTOCOLS[0]
         api = self.docker.api
         try:
@@ -323,6 +352,8 @@ class KubeStandin:
                 body = await asyncio.to_thread(recv_exact, int.from_bytes(header[4:], "big"))
                 if body is None:
                     return
+                if ws.closed:
+                    return  # the client went: the command's output has nowhere to go
                 await ws.send_bytes(bytes([header[0]]) + body)
 
         async def pump_in() -> None:
@@ -334,6 +365,10 @@ class KubeStandin:
                     await asyncio.to_thread(sock.sendall, data)
                 elif channel == 255 and v5 and data[:1] == b"\x00":
                     await asyncio.to_thread(sock.shutdown, socket.SHUT_WR)
+            # The client went (or closed): the command's stdin ends.
+            if stdin:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_WR)
 
         reader = asyncio.ensure_future(pump_in())
         try:
