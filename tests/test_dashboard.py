@@ -330,5 +330,25 @@ def test_a_sandboxs_page_browses_files_forks_and_kills(
             page.click(f"a[data-nav={name}]")
             expect(page.locator("main h1")).to_have_text(name.capitalize(), timeout=HANG_GUARD_MS)
             expect(page.locator("main .error")).to_have_count(0)
+
+        # A pool, resized and removed from its page.
+        with hutch.Client(daemon.url, token=daemon.token) as c:
+            c.set_pool("dash", 0, {"provider": "local"})
+            try:
+                page.reload()
+                row = page.locator("#pools tr[data-name=dash]")
+                expect(row).to_be_visible(timeout=HANG_GUARD_MS)
+                row.locator("button", has_text="Resize").click()
+                page.fill("#ask-input", "1")
+                page.click("#ask-ok")
+                expect(row.locator("td").nth(2)).to_have_text("1", timeout=HANG_GUARD_MS)
+                assert [p["size"] for p in c.list_pools() if p["name"] == "dash"] == [1]
+                row.locator("button", has_text="Remove").click()
+                page.click("#ask-ok")
+                expect(row).to_have_count(0, timeout=HANG_GUARD_MS)
+                assert not [p for p in c.list_pools() if p["name"] == "dash"]
+            finally:
+                if [p for p in c.list_pools() if p["name"] == "dash"]:
+                    c.remove_pool("dash")
     finally:
         context.close()
