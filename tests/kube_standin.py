@@ -10,6 +10,12 @@ and ``pods/{name}/exec`` over WebSocket with the ``v5.channel.k8s.io`` (and
 ``v4``) subprotocol: one channel byte per frame (0 stdin, 1 stdout, 2 stderr,
 3 the final ``Status`` as JSON, 255 close, v5 only), reaching a real process.
 
+Scheduling is the scheduler's rule on one node (``standin-node``, with the
+labels and taints given): a pod whose ``nodeSelector`` the node's labels do
+not match, or that does not tolerate one of its NoSchedule or NoExecute
+taints, stays Pending with ``PodScheduled`` False (``Unschedulable``); a pod
+that fits gets ``spec.nodeName``. Image pull secrets are kept, not used.
+
 A pod's container really runs: a local docker container of the pod's image
 and command; exec is ``docker exec`` in it. Not covered (yet): watches,
 bookmarks and 410 Gone, authentication, admission, scheduling, other kinds.
@@ -19,6 +25,7 @@ Every behaviour here is one the real API server has.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -33,19 +40,45 @@ from aiohttp import WSMsgType, web
 #: home of the tests that made them (the suite's leftover check reads it).
 STANDIN_LABEL = "hutch-test.kube-standin"
 PROTOCOLS = ("v5.channel.k8s.io", "v4.channel.k8s.io")
+NODE = "standin-node"
+
+
+def _json(obj: Any, status: int = 200) -> web.Response:
+    # The API server's Content-Type is exactly application/json (no charset):
+    # clients (lightkube) read a Status as one only then.
+    return web.Response(body=json.dumps(obj).encode(), status=status,
+                        headers={"Content-Type": "application/json"})
 
 
 def _status(code: int, reason: str, message: str) -> web.Response:
-    return web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {},
+    return _json({"kind": "Status", "apiVersion": "v1", "metadata": {},
                               "status": "Failure", "message": message, "reason": reason,
                               "code": code}, status=code)
+
+
+def _tolerates(toleration: dict[str, Any], taint: dict[str, str]) -> bool:
+    """core/v1 Toleration's rule: the effect (if set) is the taint's; Exists
+    matches the key (any key when unset), Equal the key and the value."""
+    if toleration.get("effect") and toleration["effect"] != taint.get("effect"):
+        return False
+    if toleration.get("operator", "Equal") == "Exists":
+        return not toleration.get("key") or toleration["key"] == taint.get("key")
+    return (toleration.get("key") == taint.get("key")
+            and (toleration.get("value") or "") == (taint.get("value") or ""))
 
 
 class KubeStandin:
     """The server, on a loopback port, in a thread of its own."""
 
-    def __init__(self, namespace: str = "default") -> None:
+    def __init__(self, namespace: str = "default", node_labels: dict[str, str] | None = None,
+                 node_taints: list[dict[str, str]] | None = None) -> None:
         self.namespace = namespace
+        #: The one node pods are scheduled on, as the scheduler does: its
+        #: labels must match a pod's nodeSelector, and a pod must tolerate
+        #: its NoSchedule and NoExecute taints; else the pod stays Pending.
+        self.node_labels = {"kubernetes.io/hostname": NODE, "kubernetes.io/os": "linux",
+                            **(node_labels or {})}
+        self.node_taints = list(node_taints or [])
         self.objects: dict[str, dict[str, dict[str, Any]]] = {
             "pods": {}, "persistentvolumeclaims": {}}
         #: The kubeconfig written for it (write_kubeconfig), for the tests.
@@ -56,6 +89,9 @@ class KubeStandin:
         self._lock = threading.Lock()
         self.port = 0
         self._runner: web.AppRunner | None = None
+        #: Every pods/exec served, its command (as an audit log records them).
+        self.execs: list[list[str]] = []
+        self._open_execs: set[web.WebSocketResponse] = set()
 
     # -- life of the server ----------------------------------------------------------
     def start(self) -> KubeStandin:
@@ -127,7 +163,7 @@ class KubeStandin:
         items = [o for o in store.values()
                  if all(o["metadata"].get("labels", {}).get(k) == v for k, v in wanted.items())]
         list_kind = "PodList" if kind == "pods" else "PersistentVolumeClaimList"
-        return web.json_response({"kind": list_kind, "apiVersion": "v1",
+        return _json({"kind": list_kind, "apiVersion": "v1",
                                   "metadata": {"resourceVersion": str(self.version)},
                                   "items": items})
 
@@ -137,9 +173,9 @@ class KubeStandin:
         if store is None or name not in store:
             return _status(404, "NotFound", f'{request.match_info["kind"]} "{name}" not found')
         obj = store[name]
-        if request.match_info["kind"] == "pods":
+        if request.match_info["kind"] == "pods" and obj["spec"].get("nodeName"):
             obj["status"] = await asyncio.to_thread(self._pod_status, obj)
-        return web.json_response(obj)
+        return _json(obj)
 
     async def create(self, request: web.Request) -> web.Response:
         store = self._store(request)
@@ -157,7 +193,12 @@ class KubeStandin:
             meta.update(namespace=self.namespace, uid=str(uuid.uuid4()),
                         resourceVersion=self._next_version())
             store[name] = obj
-        if kind == "pods":
+        if kind == "pods" and (unschedulable := self._unschedulable(obj)):
+            obj["status"] = {"phase": "Pending", "conditions": [{
+                "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                "message": f"0/1 nodes are available: 1 {unschedulable}."}]}
+        elif kind == "pods":
+            obj["spec"]["nodeName"] = NODE
             try:
                 await asyncio.to_thread(self._run_container, obj)
             except docker.errors.APIError as exc:
@@ -166,7 +207,7 @@ class KubeStandin:
             obj["status"] = await asyncio.to_thread(self._pod_status, obj)
         else:
             obj["status"] = {"phase": "Bound"}
-        return web.json_response(obj, status=201)
+        return _json(obj, status=201)
 
     async def delete(self, request: web.Request) -> web.Response:
         store = self._store(request)
@@ -185,16 +226,40 @@ class KubeStandin:
         obj["metadata"]["resourceVersion"] = self._next_version()
         if kind == "pods":
             await asyncio.to_thread(self._remove_container, obj)
-        return web.json_response(obj)
+        return _json(obj)
 
     # -- pods as docker containers -----------------------------------------------------
+    def _unschedulable(self, pod: dict[str, Any]) -> str:
+        """Why the node does not fit the pod (the scheduler's words), or ''."""
+        spec = pod.get("spec") or {}
+        selector = spec.get("nodeSelector") or {}
+        if any(self.node_labels.get(k) != v for k, v in selector.items()):
+            return "node(s) didn't match Pod's node affinity/selector"
+        tolerations = spec.get("tolerations") or []
+        for taint in self.node_taints:
+            if taint.get("effect") not in ("NoSchedule", "NoExecute"):
+                continue
+            if not any(_tolerates(t, taint) for t in tolerations):
+                return f"node(s) had untolerated taint {{{taint['key']}: {taint.get('value', '')}}}"
+        return ""
+
     def _container_name(self, pod: dict[str, Any]) -> str:
         return f"kube-standin-{pod['metadata']['uid']}"
 
     def _run_container(self, pod: dict[str, Any]) -> None:
         spec = pod["spec"]["containers"][0]
+        # The container's securityContext, as a kubelet hands it to its
+        # runtime: capabilities dropped and added, privileged, and
+        # allowPrivilegeEscalation false as no_new_privs.
+        security = spec.get("securityContext") or {}
+        caps = security.get("capabilities") or {}
         self.docker.containers.run(
-            spec["image"], command=(spec.get("command") or []) + (spec.get("args") or []) or None,
+            cap_drop=caps.get("drop") or None, cap_add=caps.get("add") or None,
+            privileged=bool(security.get("privileged")),
+            security_opt=(["no-new-privileges"]
+                          if security.get("allowPrivilegeEscalation") is False else None),
+            image=spec["image"],
+            command=(spec.get("command") or []) + (spec.get("args") or []) or None,
             name=self._container_name(pod), detach=True,
             labels={STANDIN_LABEL: os.environ.get("HUTCH_HOME", "")},
             environment={e["name"]: e.get("value", "") for e in spec.get("env") or []},
@@ -225,6 +290,18 @@ class KubeStandin:
                     "state": container_state}]}
 
     # -- pods/exec over WebSocket ------------------------------------------------------
+    def drop_execs(self) -> int:
+        """Every open pods/exec connection closed by the server, as an API
+        server's restart (or a cut in the network) closes them; how many."""
+
+        async def drop() -> int:
+            open_now = list(self._open_execs)
+            for ws in open_now:
+                await ws.close()
+            return len(open_now)
+
+        return asyncio.run_coroutine_threadsafe(drop(), self._loop).result(10)
+
     async def exec(self, request: web.Request) -> web.StreamResponse:
         store = self._store(request)
         name = request.match_info["name"]
@@ -233,8 +310,17 @@ class KubeStandin:
         pod = store[name]
         command = request.query.getall("command", [])
         stdin = request.query.get("stdin") in ("true", "1")
+        self.execs.append(list(command))
         ws = web.WebSocketResponse(protocols=PROTOCOLS)
         await ws.prepare(request)
+        self._open_execs.add(ws)
+        try:
+            return await self._exec_session(ws, pod, command, stdin)
+        finally:
+            self._open_execs.discard(ws)
+
+    async def _exec_session(self, ws: web.WebSocketResponse, pod: dict[str, Any],
+                            command: list[str], stdin: bool) -> web.WebSocketResponse:
         v5 = ws.ws_protocol == PROTOCOLS[0]
         api = self.docker.api
         try:
@@ -266,6 +352,8 @@ class KubeStandin:
                 body = await asyncio.to_thread(recv_exact, int.from_bytes(header[4:], "big"))
                 if body is None:
                     return
+                if ws.closed:
+                    return  # the client went: the command's output has nowhere to go
                 await ws.send_bytes(bytes([header[0]]) + body)
 
         async def pump_in() -> None:
@@ -277,6 +365,10 @@ class KubeStandin:
                     await asyncio.to_thread(sock.sendall, data)
                 elif channel == 255 and v5 and data[:1] == b"\x00":
                     await asyncio.to_thread(sock.shutdown, socket.SHUT_WR)
+            # The client went (or closed): the command's stdin ends.
+            if stdin:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_WR)
 
         reader = asyncio.ensure_future(pump_in())
         try:

@@ -211,7 +211,8 @@ class Sandboxes(Refs):
             await self._load_refs(sandbox.id)
             info["attachments"] = self.attachments(sandbox.id)
             info["refs"] = self.refs_json(sandbox.id)
-        return {**info, "workspace": self.workspace_of.get(sandbox.id), "ended_at_unix": None}
+        return {**info, "workspace": self.workspace_of.get(sandbox.id), "ended_at_unix": None,
+                "origin_snapshot_id": sandbox.origin_snapshot_id}
 
     @classmethod
     def stored_info(cls, row: SandboxRow) -> dict[str, Any]:
@@ -243,11 +244,13 @@ class Sandboxes(Refs):
             "deadline_unix": None,
             "meter": dict(row.meter),
             "memory_bytes": None,
+            "disk_bytes": None,
             "open_operations": 0,
             "attachments": [],
             "refs": [],
             "workspace": row.workspace,
             "ended_at_unix": row.updated_at_unix,
+            "origin_snapshot_id": row.origin_snapshot_id,
         }
 
     async def describe(self, sandbox_id: str) -> dict[str, Any]:
