@@ -18,7 +18,7 @@ that fits gets ``spec.nodeName``. Image pull secrets are kept, not used.
 
 A pod's container really runs: a local docker container of the pod's image
 and command; exec is ``docker exec`` in it. Not covered (yet): watches,
-bookmarks and 410 Gone, authentication, admission, scheduling, other kinds.
+bookmarks and 410 Gone, authentication, admission, other kinds.
 Every behaviour here is one the real API server has.
 """
 
