@@ -37,3 +37,14 @@ class KubernetesConfig(ProviderSettings):
     env: dict[str, str] = {}
     #: How long a new pod may take to be ready, seconds.
     ready_timeout: float = Field(default=120.0, gt=0, le=3600)
+    #: The working directory on a PersistentVolumeClaim of its own, so that
+    #: suspend deletes the pod and keeps the files (and resume starts a new
+    #: pod on them); false: the pod's own file system, gone with the pod,
+    #: and the sandbox cannot suspend.
+    persistent: bool = True
+    #: The claim's requested size (a Kubernetes quantity).
+    volume_size: str = Field(default="1Gi", pattern=r"^[0-9]+(\.[0-9]+)?([KMGTPE]i?|[kmgtpe])?$")
+    #: The VolumeSnapshotClass of snapshots where the cluster offers
+    #: ``snapshot.storage.k8s.io`` (its default class when unset);
+    #: elsewhere snapshots are the working directory as an archive.
+    snapshot_class: str | None = None
