@@ -221,16 +221,35 @@ def _leftovers(roots: list[str]) -> list[str]:
     return left
 
 
+#: When each test of this process began (wall clock, node id), in order: a
+#: leftover is told with the test that was running when it was made.
+_TESTS_BEGUN: list[tuple[float, str]] = []
+
+
+def pytest_runtest_logstart(nodeid: str, location: object) -> None:
+    _TESTS_BEGUN.append((time.time(), nodeid))
+
+
+def _made_by(when: float | None) -> str:
+    if when is None:
+        return ""
+    running = [nodeid for began, nodeid in _TESTS_BEGUN if began <= when]
+    return f" (made during {running[-1]})" if running else " (made before the first test)"
+
+
 def _snapshot_leftovers() -> list[str]:
     """This process's snapshot storage left behind: images labelled with its
     homes, snapshot layers or branch directories under them. Whatever is found
-    is reported, then freed."""
+    is reported with the test that made it, then freed."""
     homes = [SESSION_HOME, *DaemonProcess.data_dirs]
     images = snapshot_leaks.leftover_images(homes)
     layers = snapshot_leaks.leftover_layers(homes)
+    when = snapshot_leaks.made_at(images, layers)
     snapshot_leaks.free(images, layers)
-    return ([f"snapshot image {tags} ({image_id[7:19]}), now freed" for image_id, tags in images]
-            + [f"snapshot layer directory {path}, now freed" for path in layers])
+    return ([f"snapshot image {tags} ({image_id[7:19]}){_made_by(when.get(image_id))}, now freed"
+             for image_id, tags in images]
+            + [f"snapshot layer directory {path}{_made_by(when.get(path))}, now freed"
+               for path in layers])
 
 
 #: What each xdist worker found it left (its daemons and homes are its own).

@@ -25,6 +25,11 @@ namespace:
   scheduler leaves it. A claim in use is deleted only once no pod uses it
   (the ``kubernetes.io/pvc-protection`` finalizer). A claim whose
   ``dataSource`` is a VolumeSnapshot starts with the snapshot's files.
+- Scheduling, the scheduler's rule on one node (``standin-node``, with the
+  labels and taints given): a pod whose ``nodeSelector`` the node's labels
+  do not match, or that does not tolerate one of its NoSchedule or NoExecute
+  taints, stays Pending with ``PodScheduled`` False (``Unschedulable``); a
+  pod that fits gets ``spec.nodeName``. Image pull secrets are kept, not used.
 - The kubelet's part: a pod's container really runs (a local docker
   container of the pod's image and command; a claim is a docker volume, its
   data kept while the claim is); a container that dies makes its pod
@@ -61,6 +66,7 @@ from aiohttp import WSMsgType, web
 STANDIN_LABEL = "hutch-test.kube-standin"
 PROTOCOLS = ("v5.channel.k8s.io", "v4.channel.k8s.io")
 SNAPSHOT_GROUP = "snapshot.storage.k8s.io"
+NODE = "standin-node"
 _KINDS = {"pods": "Pod", "persistentvolumeclaims": "PersistentVolumeClaim",
           "volumesnapshots": "VolumeSnapshot"}
 
@@ -84,13 +90,31 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
+def _tolerates(toleration: dict[str, Any], taint: dict[str, str]) -> bool:
+    """core/v1 Toleration's rule: the effect (if set) is the taint's; Exists
+    matches the key (any key when unset), Equal the key and the value."""
+    if toleration.get("effect") and toleration["effect"] != taint.get("effect"):
+        return False
+    if toleration.get("operator", "Equal") == "Exists":
+        return not toleration.get("key") or toleration["key"] == taint.get("key")
+    return (toleration.get("key") == taint.get("key")
+            and (toleration.get("value") or "") == (taint.get("value") or ""))
+
+
 class KubeStandin:
     """The server, on a loopback port, in a thread of its own."""
 
-    def __init__(self, namespace: str = "default", *, snapshots: bool = False,
+    def __init__(self, namespace: str = "default", node_labels: dict[str, str] | None = None,
+                 node_taints: list[dict[str, str]] | None = None, *, snapshots: bool = False,
                  bookmark_interval: float = 1.0,
                  helper_image: str | None = None) -> None:
         self.namespace = namespace
+        #: The one node pods are scheduled on, as the scheduler does: its
+        #: labels must match a pod's nodeSelector, and a pod must tolerate
+        #: its NoSchedule and NoExecute taints; else the pod stays Pending.
+        self.node_labels = {"kubernetes.io/hostname": NODE, "kubernetes.io/os": "linux",
+                            **(node_labels or {})}
+        self.node_taints = list(node_taints or [])
         self.snapshots = snapshots
         self.bookmark_interval = bookmark_interval
         #: The image of the short-lived containers that copy a volume's files.
@@ -333,16 +357,18 @@ class KubeStandin:
         store[name] = obj
         try:
             if kind == "pods":
-                obj["status"] = {"phase": "Pending"}
                 claims = [self.objects["persistentvolumeclaims"].get(c) for c in _claims(obj)]
-                if all(c is not None and "deletionTimestamp" not in c["metadata"]
-                       for c in claims):
+                unschedulable = self._unschedulable(obj) or (
+                    "" if all(c is not None and "deletionTimestamp" not in c["metadata"]
+                              for c in claims) else "persistentvolumeclaim not found")
+                if unschedulable:
+                    obj["status"] = {"phase": "Pending", "conditions": [{
+                        "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                        "message": f"0/1 nodes are available: 1 {unschedulable}."}]}
+                else:
+                    obj["spec"]["nodeName"] = NODE
                     await asyncio.to_thread(self._run_container, obj)
                     obj["status"] = await asyncio.to_thread(self._pod_status, obj)
-                else:
-                    obj["status"]["conditions"] = [{
-                        "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                        "message": "persistentvolumeclaim not found"}]
             elif kind == "persistentvolumeclaims":
                 await asyncio.to_thread(self._make_claim_volume, obj)
                 obj["status"] = {"phase": "Bound"}
@@ -406,6 +432,20 @@ class KubeStandin:
         pod["status"] = status
         pod["metadata"]["resourceVersion"] = self._next_version()
         self._changed("pods", "MODIFIED", pod)
+
+    def _unschedulable(self, pod: dict[str, Any]) -> str:
+        """Why the node does not fit the pod (the scheduler's words), or ''."""
+        spec = pod.get("spec") or {}
+        selector = spec.get("nodeSelector") or {}
+        if any(self.node_labels.get(k) != v for k, v in selector.items()):
+            return "node(s) didn't match Pod's node affinity/selector"
+        tolerations = spec.get("tolerations") or []
+        for taint in self.node_taints:
+            if taint.get("effect") not in ("NoSchedule", "NoExecute"):
+                continue
+            if not any(_tolerates(t, taint) for t in tolerations):
+                return f"node(s) had untolerated taint {{{taint['key']}: {taint.get('value', '')}}}"
+        return ""
 
     # -- the kubelet: pods as docker containers, claims as docker volumes ------------------
     def _container_name(self, pod: dict[str, Any]) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +19,7 @@ import pytest
 
 import hutch
 from tests.conftest import TEST_IMAGE
+from tests.daemon_fixture import DaemonProcess
 from tests.kube_standin import KubeStandin
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]
@@ -81,3 +83,132 @@ def test_the_standin_keeps_the_api_contract(standin: KubeStandin) -> None:
                             json={"preconditions": {"uid": uid}}).status_code == 200
         gone = http.get(base + "/hutch-contract")
         assert (gone.status_code, gone.json()["reason"]) == (404, "NotFound")
+
+
+# -- configuration ---------------------------------------------------------------------
+
+PLACEMENT = {
+    "node_selector": {"hutch-test/pool": "sandboxes"},
+    "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "agents",
+                     "effect": "NoSchedule"}],
+    "image_pull_secrets": ["hutch-test-regcred"],
+}
+
+
+@pytest.fixture(scope="module")
+def tainted_standin() -> Iterator[KubeStandin]:
+    """A cluster whose one node is labelled for sandboxes and reserved for agents."""
+    server = KubeStandin(node_labels={"hutch-test/pool": "sandboxes"},
+                         node_taints=[{"key": "dedicated", "value": "agents",
+                                       "effect": "NoSchedule"}]).start()
+    fd, path = tempfile.mkstemp(prefix="hutch-kubeconfig-")
+    os.close(fd)
+    server.write_kubeconfig(path)
+    try:
+        yield server
+    finally:
+        server.stop()
+        os.unlink(path)
+
+
+async def test_the_pod_carries_where_it_runs_and_what_it_pulls_with(
+        tainted_standin: KubeStandin) -> None:
+    async with await hutch.create_sandbox(
+            "kubernetes", kubeconfig=tainted_standin.kubeconfig, image=TEST_IMAGE,
+            **PLACEMENT) as sb:
+        assert (await sb.exec(["echo", "placed"])).stdout == "placed\n"
+        (pod,) = tainted_standin.objects["pods"].values()
+        spec = pod["spec"]
+        assert spec["nodeSelector"] == {"hutch-test/pool": "sandboxes"}
+        assert spec["tolerations"] == [{"key": "dedicated", "operator": "Equal",
+                                        "value": "agents", "effect": "NoSchedule"}]
+        assert spec["imagePullSecrets"] == [{"name": "hutch-test-regcred"}]
+    # Without the toleration the node does not take the pod: it stays
+    # Pending, and the sandbox is refused with the scheduler's reason, its pod gone.
+    with pytest.raises(hutch.SandboxUnavailable, match="untolerated taint"):
+        await hutch.create_sandbox(
+            "kubernetes", kubeconfig=tainted_standin.kubeconfig, image=TEST_IMAGE,
+            node_selector=PLACEMENT["node_selector"], ready_timeout=2)
+    assert tainted_standin.objects["pods"] == {}
+
+
+def test_settings_are_validated() -> None:
+    from hutch.providers.kubernetes.config import KubernetesConfig
+
+    for bad in ({"namespace": "Not_A_Namespace"}, {"image_pull_secrets": ["UPPER"]},
+                {"tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]},
+                {"tolerations": [{"operator": "Equal"}]},
+                {"in_cluster": True, "kubeconfig": "/x"}):
+        with pytest.raises(ValueError):
+            KubernetesConfig.model_validate(bad)
+
+
+def _daemon_with(*args: str, server_toml: str = "",
+                 extra_env: dict[str, str] | None = None) -> DaemonProcess:
+    config = os.path.join(tempfile.mkdtemp(prefix="hutch-conf-"), "hutch.toml")
+    with open(config, "w") as fh:
+        fh.write(server_toml)
+    return DaemonProcess(token=f"tok-{uuid.uuid4().hex}", provider=None,
+                         extra_args=["--config", config, *args], extra_env=extra_env).start()
+
+
+def _refused(d: DaemonProcess, body: dict[str, Any], setting: str) -> None:
+    answer = httpx.post(f"{d.url}/v1/sandboxes", json={"provider": "kubernetes", **body},
+                        headers={"Authorization": f"Bearer {d.token}"}, timeout=60)
+    assert answer.status_code == 403, answer.text
+    error = answer.json()["error"]
+    assert error["code"] == "permission_denied"
+    assert repr(setting) in error["message"] and f"--allow {setting}" in error["message"]
+
+
+def test_through_the_daemon_the_cluster_and_placement_are_the_operators(
+        tainted_standin: KubeStandin) -> None:
+    kubeconfig = tainted_standin.kubeconfig
+    # An operator who named no cluster: neither the daemon user's default
+    # kubeconfig (here $KUBECONFIG, the stand-in's), nor a file of the
+    # client's choosing, nor the daemon's service account is a client's to use.
+    d = _daemon_with(extra_env={"KUBECONFIG": kubeconfig})
+    try:
+        _refused(d, {"image": TEST_IMAGE}, "kubeconfig")
+        _refused(d, {"image": TEST_IMAGE, "kubeconfig": kubeconfig}, "kubeconfig")
+        _refused(d, {"image": TEST_IMAGE, "in_cluster": True}, "in_cluster")
+    finally:
+        d.close()
+    # The operator names the cluster: clients use it, but where pods go, what
+    # they pull with, and another cluster or namespace stay the operator's.
+    operators = (f'[providers.kubernetes]\nkubeconfig = "{kubeconfig}"\n'
+                 f'image = "{TEST_IMAGE}"\ntolerations = [{{key = "dedicated", '
+                 'operator = "Equal", value = "agents", effect = "NoSchedule"}]\n')
+    d = _daemon_with(server_toml=operators)
+    try:
+        for setting, value in [("node_selector", PLACEMENT["node_selector"]),
+                               ("tolerations", [{"operator": "Exists"}]),
+                               ("image_pull_secrets", PLACEMENT["image_pull_secrets"]),
+                               ("namespace", "elsewhere"), ("context", "other"),
+                               ("storage_class", "fast-ssd"),
+                               ("kubeconfig", "/etc/hutch-test-other-kubeconfig")]:
+            _refused(d, {setting: value}, setting)
+        with hutch.Client(d.url, token=d.token) as client:
+            # The operator's own settings, left as they are or asked for alike.
+            sb = client.create_sandbox("kubernetes", tolerations=PLACEMENT["tolerations"])
+            try:
+                assert sb.exec("echo ok").stdout == "ok\n"
+            finally:
+                sb.close()
+    finally:
+        d.close()
+    d = _daemon_with("--allow", "node_selector", "--allow", "tolerations",
+                     "--allow", "image_pull_secrets", server_toml=operators)
+    try:
+        with hutch.Client(d.url, token=d.token) as client:
+            sb = client.create_sandbox("kubernetes", **PLACEMENT)
+            try:
+                assert sb.exec("echo placed").stdout == "placed\n"
+                (pod,) = tainted_standin.objects["pods"].values()
+                assert pod["spec"]["nodeSelector"] == PLACEMENT["node_selector"]
+                assert pod["spec"]["imagePullSecrets"] == [{"name": "hutch-test-regcred"}]
+                assert pod["spec"]["tolerations"][0]["key"] == "dedicated"
+            finally:
+                sb.close()
+    finally:
+        d.close()

@@ -49,6 +49,15 @@ def home_tag() -> str:
     return hashlib.sha256(home).hexdigest()[:16]
 
 
+def default_kubeconfig() -> str:
+    """The kubeconfig kubectl reads: ``$KUBECONFIG``'s first file, else
+    ``~/.kube/config``. Never the service account unasked (lightkube's
+    ``from_env`` tries that first: in a pod, ``in_cluster`` would not be
+    the operator's choice any more)."""
+    listed = [p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
+    return listed[0] if listed else os.path.expanduser("~/.kube/config")
+
+
 def pod_name(sandbox_id: str) -> str:
     return "hutch-" + sandbox_id.lower().replace("_", "-")[:50]
 
@@ -60,10 +69,9 @@ class Cluster:
         try:
             if config.in_cluster:
                 single = KubeConfig.from_service_account().get()
-            elif config.kubeconfig:
-                single = KubeConfig.from_file(config.kubeconfig).get(config.context)
             else:
-                single = KubeConfig.from_env().get(config.context)
+                single = KubeConfig.from_file(
+                    config.kubeconfig or default_kubeconfig()).get(config.context)
         except Exception as exc:  # lightkube's ConfigError, a missing file, bad YAML
             raise InvalidArgument(f"the kubernetes configuration cannot be read: {exc}") from exc
         if single is None:

@@ -9,7 +9,7 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from ..._errors import HutchError, InvalidArgument, ProviderError, SandboxUnavailable
 from ..._types import Capabilities
@@ -89,17 +89,27 @@ class PodLifecycle(CommandFiles, NativeBackend):
             if claim is not None:
                 await make_claim(cluster, config, sandbox_id, from_snapshot)
             await sandbox._start_pod()
-            await sandbox._checked(["mkdir", "-p", "--", config.workdir],
-                                   f"mkdir {config.workdir}")
         except BaseException:
             with contextlib.suppress(Exception):
                 await sandbox.close()
             raise
         return sandbox
 
+    #: What the pod's container runs: it waits, commands come through exec.
+    keeper: ClassVar[list[str]] = [
+        "sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait; done"]
+
     async def _start_pod(self) -> None:
-        self.uid = await make_pod(self.cluster, self.config, self.sandbox_id, self.claim)
+        """A pod (at create, at each resume), ready, then :meth:`_pod_started`."""
+        self.uid = await make_pod(self.cluster, self.config, self.sandbox_id, self.keeper,
+                                  self.claim)
         await until_ready(self.cluster, self.sandbox_id, self.uid, self.config.ready_timeout)
+        await self._pod_started()
+
+    async def _pod_started(self) -> None:
+        """A new pod is ready: its working directory is made if missing."""
+        await self._checked(["mkdir", "-p", "--", self.config.workdir],
+                            f"mkdir {self.config.workdir}")
 
     def describe(self) -> dict[str, Any]:
         return {"provider": self.provider, "workdir": self.workdir, "pod": self.pod,

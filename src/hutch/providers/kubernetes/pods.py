@@ -9,52 +9,16 @@ import time
 from typing import Any
 
 from lightkube import ApiError
-from lightkube.models.core_v1 import (
-    Container,
-    EnvVar,
-    PersistentVolumeClaimVolumeSource,
-    PodSpec,
-    Volume,
-    VolumeMount,
-)
-from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Pod
 
 from ..._errors import ProviderError, SandboxUnavailable
-from .api import CONTAINER, SANDBOX_ID_ANNOTATION, SNAPSHOT_API, Cluster, labels, ours, pod_name
+from .api import SANDBOX_ID_ANNOTATION, SNAPSHOT_API, Cluster, labels, ours, pod_name
 from .config import KubernetesConfig
-
-#: The pod's volume that holds the working directory.
-WORKDIR_VOLUME = "workdir"
+from .podspec import sandbox_pod
 
 
 def claim_name(sandbox_id: str) -> str:
     """The claim of a sandbox's working directory (the pod's name: another kind)."""
     return pod_name(sandbox_id)
-
-
-def pod_manifest(config: KubernetesConfig, sandbox_id: str, claim: str | None) -> Pod:
-    """The pod of ``sandbox_id``, its working directory on ``claim`` if given."""
-    volumes, mounts = [], []
-    if claim is not None:
-        volumes.append(Volume(name=WORKDIR_VOLUME, persistentVolumeClaim=(
-            PersistentVolumeClaimVolumeSource(claimName=claim))))
-        mounts.append(VolumeMount(name=WORKDIR_VOLUME, mountPath=config.workdir))
-    return Pod(
-        metadata=ObjectMeta(name=pod_name(sandbox_id), labels=labels(sandbox_id),
-                            annotations={SANDBOX_ID_ANNOTATION: sandbox_id}),
-        spec=PodSpec(
-            restartPolicy="Never", terminationGracePeriodSeconds=0,
-            containers=[Container(
-                name=CONTAINER, image=config.image,
-                # The pod's keeper: it waits, commands come through exec.
-                command=["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait; done"],
-                env=[EnvVar(name=k, value=v) for k, v in config.env.items()],
-                volumeMounts=mounts or None,
-            )],
-            volumes=volumes or None,
-        ),
-    )
 
 
 def claim_manifest(config: KubernetesConfig, sandbox_id: str,
@@ -63,6 +27,8 @@ def claim_manifest(config: KubernetesConfig, sandbox_id: str,
     (a VolumeSnapshot's name) starts it with that snapshot's files."""
     spec: dict[str, Any] = {"accessModes": ["ReadWriteOnce"],
                             "resources": {"requests": {"storage": config.volume_size}}}
+    if config.storage_class is not None:
+        spec["storageClassName"] = config.storage_class
     if from_snapshot is not None:
         spec["dataSource"] = {"apiGroup": SNAPSHOT_API.split("/")[0], "kind": "VolumeSnapshot",
                               "name": from_snapshot}
@@ -86,12 +52,13 @@ async def make_claim(cluster: Cluster, config: KubernetesConfig, sandbox_id: str
 
 
 async def make_pod(cluster: Cluster, config: KubernetesConfig, sandbox_id: str,
-                   claim: str | None) -> str:
-    """Make the pod; its uid. A create whose outcome is unknown (the answer
-    lost or unreadable) is undone: the name is this sandbox's alone."""
+                   keeper: list[str], claim: str | None) -> str:
+    """Make the pod, running ``keeper``; its uid. A create whose outcome is
+    unknown (the answer lost or unreadable) is undone: the name is this
+    sandbox's alone."""
     name = pod_name(sandbox_id)
     try:
-        made = await cluster.client.create(pod_manifest(config, sandbox_id, claim))
+        made = await cluster.client.create(sandbox_pod(config, sandbox_id, name, keeper, claim))
     except ApiError as exc:
         raise ProviderError(f"creating pod {name} failed: {exc.status.message}") from exc
     except BaseException:
@@ -143,7 +110,12 @@ async def until_ready(cluster: Cluster, sandbox_id: str, uid: str, timeout: floa
             raise SandboxUnavailable(
                 f"pod {name} did not start: {why_not_running(pod, name)}")
         if time.monotonic() > deadline:
-            raise SandboxUnavailable(f"pod {name} was not ready within {timeout} s")
+            held = "; ".join(
+                f"{c.get('reason')}: {c.get('message')}"
+                for c in ((pod or {}).get("status") or {}).get("conditions") or []
+                if c.get("status") == "False" and c.get("message"))
+            raise SandboxUnavailable(f"pod {name} was not ready within {timeout} s"
+                                     + (f" ({held})" if held else ""))
         await asyncio.sleep(0.2)
 
 
