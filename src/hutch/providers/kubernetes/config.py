@@ -117,11 +117,11 @@ class KubernetesConfig(ProviderSettings):
     #: pod on them); false: the pod's own file system, gone with the pod,
     #: and the sandbox cannot suspend.
     persistent: bool = True
-    #: The claim's requested size (a Kubernetes quantity).
+    #: The claim's requested size (a Kubernetes quantity; unset: 1Gi).
     volume_size: Annotated[
-        str, OperatorsChoice("sizes the volumes (and their cost)"),
+        str | None, OperatorsChoice("sizes the volumes (and their cost)"),
         Field(pattern=r"^[0-9]+(\.[0-9]+)?([KMGTPE]i?|[kmgtpe])?$"),
-    ] = "1Gi"
+    ] = None
     #: The VolumeSnapshotClass of snapshots where the cluster offers
     #: ``snapshot.storage.k8s.io`` (its default class when unset);
     #: elsewhere snapshots are the working directory as an archive.

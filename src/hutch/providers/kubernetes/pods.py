@@ -26,7 +26,7 @@ def claim_manifest(config: KubernetesConfig, sandbox_id: str,
     """The claim of ``sandbox_id``'s working directory; ``from_snapshot``
     (a VolumeSnapshot's name) starts it with that snapshot's files."""
     spec: dict[str, Any] = {"accessModes": ["ReadWriteOnce"],
-                            "resources": {"requests": {"storage": config.volume_size}}}
+                            "resources": {"requests": {"storage": config.volume_size or "1Gi"}}}
     if config.storage_class is not None:
         spec["storageClassName"] = config.storage_class
     if from_snapshot is not None:
