@@ -467,9 +467,20 @@ class KubeStandin:
             if claim:
                 binds[self._volume_name(claims[claim["claimName"]])] = {
                     "bind": mount["mountPath"], "mode": "rw"}
+        # The container's securityContext, as a kubelet hands it to its
+        # runtime: capabilities dropped and added, privileged, and
+        # allowPrivilegeEscalation false as no_new_privs.
+        security = spec.get("securityContext") or {}
+        caps = security.get("capabilities") or {}
         self.docker.containers.run(
-            spec["image"], command=(spec.get("command") or []) + (spec.get("args") or []) or None,
-            name=self._container_name(pod), detach=True, labels=self._labels(),
+            cap_drop=caps.get("drop") or None, cap_add=caps.get("add") or None,
+            privileged=bool(security.get("privileged")),
+            security_opt=(["no-new-privileges"]
+                          if security.get("allowPrivilegeEscalation") is False else None),
+            image=spec["image"],
+            command=(spec.get("command") or []) + (spec.get("args") or []) or None,
+            name=self._container_name(pod), detach=True,
+            labels=self._labels(),
             environment={e["name"]: e.get("value", "") for e in spec.get("env") or []},
             working_dir=spec.get("workingDir"), volumes=binds,
         )

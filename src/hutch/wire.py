@@ -76,6 +76,8 @@ class SandboxInfo(BaseModel):
     refs: list[RefInfo]
     workspace: str | None = None
     ended_at_unix: float | None = None
+    origin_snapshot_id: str | None = Field(
+        default=None, description="the snapshot it was started from (a fork's, an attach's)")
 
 
 class SandboxList(BaseModel):

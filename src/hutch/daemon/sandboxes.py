@@ -210,7 +210,8 @@ class Sandboxes(Refs):
         if sandbox.id not in self._hosted:  # a hosted one's own lists come from here already
             info["attachments"] = self.attachments(sandbox.id)
             info["refs"] = self.refs_json(sandbox.id)
-        return {**info, "workspace": self.workspace_of.get(sandbox.id), "ended_at_unix": None}
+        return {**info, "workspace": self.workspace_of.get(sandbox.id), "ended_at_unix": None,
+                "origin_snapshot_id": sandbox.origin_snapshot_id}
 
     @classmethod
     def stored_info(cls, row: SandboxRow) -> dict[str, Any]:
@@ -247,6 +248,7 @@ class Sandboxes(Refs):
             "refs": [],
             "workspace": row.workspace,
             "ended_at_unix": row.updated_at_unix,
+            "origin_snapshot_id": row.origin_snapshot_id,
         }
 
     async def describe(self, sandbox_id: str) -> dict[str, Any]:

@@ -60,6 +60,7 @@ from .routes import (
     refs,
     sandboxes,
     snapshots,
+    ui,
     watch,
     workspaces,
 )
@@ -199,6 +200,7 @@ def create_app(
                    if isinstance(route, APIRoute) and route.name in HOT_HANDLERS)
         app.include_router(router)
     app.include_router(health_router())
+    ui.mount(app, settings.token)  # the dashboard: its pages and login (its data is /v1's)
 
     # The last added is the outermost: the token is checked before the fast path.
     app.add_middleware(

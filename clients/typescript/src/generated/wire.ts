@@ -1440,6 +1440,11 @@ export interface components {
             };
             /** Open Operations */
             open_operations: number;
+            /**
+             * Origin Snapshot Id
+             * @description the snapshot it was started from (a fork's, an attach's)
+             */
+            origin_snapshot_id?: string | null;
             /** Provider */
             provider: string;
             /** Reason */

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from lightkube.models.core_v1 import (
+    Capabilities,
     Container,
     EnvVar,
     LocalObjectReference,
     PersistentVolumeClaimVolumeSource,
     PodSpec,
+    SeccompProfile,
+    SecurityContext,
     Toleration,
     Volume,
     VolumeMount,
@@ -20,6 +23,17 @@ from .config import KubernetesConfig
 
 #: The pod's volume that holds the working directory.
 WORKDIR_VOLUME = "workdir"
+
+#: What the pod's container may not do, whatever the cluster's defaults: the
+#: docker provider's rule (the runtime's default capabilities less raw
+#: sockets, mknod, audit writes, chroot and file capabilities; no setuid
+#: program raises a user; the runtime's default seccomp filter).
+SECURITY_CONTEXT = SecurityContext(
+    capabilities=Capabilities(drop=["NET_RAW", "MKNOD", "AUDIT_WRITE", "SYS_CHROOT", "SETFCAP"]),
+    allowPrivilegeEscalation=False,
+    privileged=False,
+    seccompProfile=SeccompProfile(type="RuntimeDefault"),
+)
 
 
 def sandbox_pod(config: KubernetesConfig, sandbox_id: str, name: str,
@@ -40,9 +54,12 @@ def sandbox_pod(config: KubernetesConfig, sandbox_id: str, name: str,
             containers=[Container(
                 name=CONTAINER, image=config.image, command=keeper,
                 env=[EnvVar(name=k, value=v) for k, v in config.env.items()],
+                securityContext=SECURITY_CONTEXT,
                 volumeMounts=mounts or None,
             )],
             volumes=volumes or None,
+            # The service account's token stays out of reach of what runs inside.
+            automountServiceAccountToken=False,
             nodeSelector=dict(config.node_selector) or None,
             tolerations=[
                 Toleration(key=t.key, operator=t.operator, value=t.value, effect=t.effect,

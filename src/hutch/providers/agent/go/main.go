@@ -53,36 +53,30 @@ func main() {
 	// while a caught one is reset to its default by exec.
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 
-	var listener *net.UnixListener
-	var err error
-	if os.Args[1] == "serve-fd" {
-		listener, err = inheritedListener(os.Args[2])
-	} else {
-		listener, err = listenAt(os.Args[2])
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "hutch-agent:", err)
-		os.Exit(1)
-	}
 	go func() {
 		<-signals
 		os.Exit(0)
 	}()
-	for {
-		c, err := listener.AcceptUnix()
+	if os.Args[1] == "serve-fd" {
+		listener, err := inheritedListener(os.Args[2])
 		if err != nil {
-			continue
+			fmt.Fprintln(os.Stderr, "hutch-agent:", err)
+			os.Exit(1)
 		}
-		// serve-shared: under a user-space kernel (gVisor) the host's
-		// connections carry that kernel's credentials, not pid 0, so the
-		// check cannot tell them apart; the socket's directory (root's,
-		// mode 0700) keeps other users inside out instead.
-		if os.Args[1] != "serve-shared" && !fromOutside(c) {
-			c.Close()
-			continue
-		}
-		go serve(c)
+		served.listener = listener
+		served.accept(listener, false)
+		return
 	}
+	served.path = os.Args[2]
+	shared := os.Args[1] == "serve-shared"
+	if shared {
+		served.handOverOnSignals()
+	}
+	if err := served.listen(shared); err != nil {
+		fmt.Fprintln(os.Stderr, "hutch-agent:", err)
+		os.Exit(1)
+	}
+	select {}
 }
 
 // listenAt: a socket of our own at socketPath, owned by the owner of the

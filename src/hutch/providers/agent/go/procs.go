@@ -382,6 +382,10 @@ func handleExec(c *conn, h header) bool {
 				n, err := f.Read(buf)
 				if n > 0 {
 					if c.send(header{"t": "out", "s": stream}, buf[:n]) != nil {
+						// The host is gone (or the agent let go of it): the
+						// command's next write fails rather than blocking on
+						// a pipe no one reads.
+						f.Close()
 						return
 					}
 				}
