@@ -48,6 +48,7 @@ update. Every behaviour here is one the real API server has.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
 import os
@@ -71,8 +72,15 @@ _KINDS = {"pods": "Pod", "persistentvolumeclaims": "PersistentVolumeClaim",
           "volumesnapshots": "VolumeSnapshot"}
 
 
+def _json(obj: Any, status: int = 200) -> web.Response:
+    # The API server's Content-Type is exactly application/json (no charset):
+    # clients (lightkube) read a Status as one only then.
+    return web.Response(body=json.dumps(obj).encode(), status=status,
+                        headers={"Content-Type": "application/json"})
+
+
 def _status(code: int, reason: str, message: str) -> web.Response:
-    return web.json_response(_status_object(code, reason, message), status=code)
+    return _json(_status_object(code, reason, message), status=code)
 
 
 def _status_object(code: int, reason: str, message: str) -> dict[str, Any]:
@@ -135,6 +143,9 @@ class KubeStandin:
         self._kubelet_stop = threading.Event()
         self._events: Any = None
         self._refreshing: set[asyncio.Future[None]] = set()
+        #: Every pods/exec served, its command (as an audit log records them).
+        self.execs: list[list[str]] = []
+        self._open_execs: set[web.WebSocketResponse] = set()
 
     # -- life of the server ----------------------------------------------------------
     def start(self) -> KubeStandin:
@@ -314,7 +325,7 @@ class KubeStandin:
     async def discovery(self, request: web.Request) -> web.Response:
         if not self.snapshots:
             return _status(404, "NotFound", "the server could not find the requested resource")
-        return web.json_response({
+        return _json({
             "kind": "APIResourceList", "apiVersion": "v1", "groupVersion": f"{SNAPSHOT_GROUP}/v1",
             "resources": [{"name": "volumesnapshots", "singularName": "volumesnapshot",
                            "namespaced": True, "kind": "VolumeSnapshot",
@@ -329,7 +340,7 @@ class KubeStandin:
             return await self._watch(request, kind)
         selector = request.query.get("labelSelector", "")
         items = [self._public(o) for o in store.values() if _selected(o, selector)]
-        return web.json_response({"kind": _KINDS[kind] + "List", "apiVersion": "v1",
+        return _json({"kind": _KINDS[kind] + "List", "apiVersion": "v1",
                                   "metadata": {"resourceVersion": str(self.version)},
                                   "items": items})
 
@@ -338,7 +349,7 @@ class KubeStandin:
         name = request.match_info["name"]
         if store is None or name not in store:
             return _status(404, "NotFound", f'{request.match_info["kind"]} "{name}" not found')
-        return web.json_response(self._public(store[name]))
+        return _json(self._public(store[name]))
 
     async def create(self, request: web.Request) -> web.Response:
         store = self._store(request)
@@ -386,7 +397,7 @@ class KubeStandin:
             return _status(422, "Invalid", f"the stand-in cannot make it: {exc}")
         meta["resourceVersion"] = self._next_version()
         self._changed(kind, "ADDED", obj)
-        return web.json_response(self._public(obj), status=201)
+        return _json(self._public(obj), status=201)
 
     async def delete(self, request: web.Request) -> web.Response:
         store = self._store(request)
@@ -402,7 +413,7 @@ class KubeStandin:
                 f"Precondition failed: UID in precondition: {uid}, "
                 f"UID in object meta: {obj['metadata']['uid']}"))
         await self._delete(kind, obj)
-        return web.json_response(self._public(obj))
+        return _json(self._public(obj))
 
     async def _delete(self, kind: str, obj: dict[str, Any]) -> None:
         name = obj["metadata"]["name"]
@@ -561,6 +572,18 @@ class KubeStandin:
         self._set_status(pod, await asyncio.to_thread(self._pod_status, pod))
 
     # -- pods/exec over WebSocket ------------------------------------------------------
+    def drop_execs(self) -> int:
+        """Every open pods/exec connection closed by the server, as an API
+        server's restart (or a cut in the network) closes them; how many."""
+
+        async def drop() -> int:
+            open_now = list(self._open_execs)
+            for ws in open_now:
+                await ws.close()
+            return len(open_now)
+
+        return asyncio.run_coroutine_threadsafe(drop(), self._loop).result(10)
+
     async def exec(self, request: web.Request) -> web.StreamResponse:
         store = self._store(request)
         name = request.match_info["name"]
@@ -569,8 +592,17 @@ class KubeStandin:
         pod = store[name]
         command = request.query.getall("command", [])
         stdin = request.query.get("stdin") in ("true", "1")
+        self.execs.append(list(command))
         ws = web.WebSocketResponse(protocols=PROTOCOLS)
         await ws.prepare(request)
+        self._open_execs.add(ws)
+        try:
+            return await self._exec_session(ws, pod, command, stdin)
+        finally:
+            self._open_execs.discard(ws)
+
+    async def _exec_session(self, ws: web.WebSocketResponse, pod: dict[str, Any],
+                            command: list[str], stdin: bool) -> web.WebSocketResponse:
         v5 = ws.ws_protocol == PROTOCOLS[0]
         api = self.docker.api
         try:
@@ -602,6 +634,8 @@ class KubeStandin:
                 body = await asyncio.to_thread(recv_exact, int.from_bytes(header[4:], "big"))
                 if body is None:
                     return
+                if ws.closed:
+                    return  # the client went: the command's output has nowhere to go
                 await ws.send_bytes(bytes([header[0]]) + body)
 
         async def pump_in() -> None:
@@ -613,6 +647,10 @@ class KubeStandin:
                     await asyncio.to_thread(sock.sendall, data)
                 elif channel == 255 and v5 and data[:1] == b"\x00":
                     await asyncio.to_thread(sock.shutdown, socket.SHUT_WR)
+            # The client went (or closed): the command's stdin ends.
+            if stdin:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_WR)
 
         reader = asyncio.ensure_future(pump_in())
         try:

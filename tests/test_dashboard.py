@@ -7,7 +7,9 @@ $HUTCH_TEST_ARTIFACTS (default /tmp/hutch-artifacts), outside the repository."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import socket
 import time
@@ -19,7 +21,7 @@ import pytest
 import hutch
 from hutch.server.uisession import COOKIE_NAME, SESSION_SECONDS, new_session
 from tests.conftest import TEST_IMAGE
-from tests.daemon_fixture import DaemonProcess
+from tests.daemon_fixture import DaemonProcess, end_everything
 
 CHROMIUM = "/usr/bin/chromium"
 #: How long a page may take to show what the test waits for (a hang guard),
@@ -82,6 +84,14 @@ def test_login_refuses_a_wrong_or_missing_token(daemon: DaemonProcess, body: obj
     assert answer.json()["error"]["code"] in ("unauthorized", "invalid_argument")
 
 
+def test_login_takes_json_only(daemon: DaemonProcess) -> None:
+    """Another site's form (text/plain, urlencoded) cannot log a browser in."""
+    for content_type in ("text/plain", "application/x-www-form-urlencoded"):
+        answer = httpx.post(f"{daemon.url}/ui/login", headers={"content-type": content_type},
+                            content=json.dumps({"token": daemon.token}))
+        assert answer.status_code == 400 and "set-cookie" not in answer.headers
+
+
 def test_the_session_counts_only_with_the_dashboards_header(daemon: DaemonProcess) -> None:
     cookies = _login(daemon)
     ui = {"x-hutch-ui": "1"}
@@ -126,6 +136,30 @@ def test_logout_ends_the_browsers_session(daemon: DaemonProcess) -> None:
     answer = httpx.post(f"{daemon.url}/ui/logout")
     assert answer.status_code == 204
     assert "Max-Age=0" in answer.headers["set-cookie"]
+
+
+def test_a_bubblewrap_sandbox_tells_the_disk_its_files_take(daemon: DaemonProcess) -> None:
+    """The Disk column's figure: running (its tmpfs), suspended (its directory)."""
+    with hutch.Client(daemon.url, token=daemon.token) as c:
+        sandbox = c.create_sandbox("bubblewrap", image=TEST_IMAGE)
+        try:
+            before = sandbox.info()["disk_bytes"]
+            assert isinstance(before, int)
+            sandbox.exec("head -c 3000000 /dev/urandom > blob")
+            running = sandbox.info()["disk_bytes"]
+            assert running >= before + 3_000_000
+            sandbox.suspend()
+            suspended = sandbox.info()
+            assert suspended["state"] == "suspended"
+            assert suspended["disk_bytes"] >= 3_000_000
+            listed = {s["id"]: s for s in c.list_sandboxes()}[sandbox.id]
+            assert listed["disk_bytes"] == suspended["disk_bytes"]
+            sandbox.exec("rm blob")  # resumes it
+            assert sandbox.info()["disk_bytes"] < 3_000_000
+        finally:
+            c.delete_sandbox(sandbox.id)
+        ended = c.list_sandboxes(include_ended=True)
+        assert {s["id"]: s for s in ended}[sandbox.id]["disk_bytes"] is None
 
 
 # -- the pages, in a browser -----------------------------------------------------------------
@@ -197,6 +231,7 @@ def test_dashboard_shows_a_new_sandbox_live_and_suspends_it(
                 # The issue's figure: the page shows it within 2 s of its creation.
                 expect(row).to_be_visible(timeout=APPEARS_WITHIN_MS)
                 expect(row.locator("td.col-state")).to_have_text("running")
+                expect(row.locator("td.col-disk")).to_have_text(re.compile(r"\d+(\.\d)? [KMG]?i?B"))
                 sandbox.exec("echo hello > note.txt")
                 page.screenshot(path=os.path.join(artifacts, "dashboard-sandboxes.png"),
                                 full_page=True)
@@ -228,3 +263,75 @@ def test_dashboard_shows_a_new_sandbox_live_and_suspends_it(
         context.close()
     # No credential in any address the page asked for.
     assert not [u for u in requests if daemon.token in u]
+
+
+def test_a_sandboxs_page_browses_files_forks_and_kills(
+    daemon: DaemonProcess, browser: object,
+) -> None:
+    """The page's other tools: its files (browsed, downloaded), processes, a
+    fork through its dialog and the lineage that shows it, and a kill that
+    asks first; and the workspaces, definitions and pools pages."""
+    from playwright.sync_api import Browser, expect
+
+    assert isinstance(browser, Browser)
+    context = browser.new_context(accept_downloads=True)
+    try:
+        page = context.new_page()
+        page.goto(f"{daemon.url}/ui/")
+        page.fill("#token", daemon.token)
+        page.click("#login button[type=submit]")
+        expect(page.locator("#sandboxes")).to_be_visible(timeout=HANG_GUARD_MS)
+        with hutch.Client(daemon.url, token=daemon.token) as c:
+            sandbox = c.create_sandbox("bubblewrap", image=TEST_IMAGE)
+            forks: list[str] = []
+            try:
+                sandbox.exec("mkdir -p docs && echo 'hello from the sandbox' > docs/note.txt")
+                sandbox.start("sleep 300")
+                page.goto(f"{daemon.url}/ui/#/sandboxes/{sandbox.id}")
+                expect(page.locator("#sandbox-state [data-state]")).to_have_text(
+                    "running", timeout=HANG_GUARD_MS)
+
+                page.click("#tab-processes")
+                expect(page.locator("#processes")).to_contain_text(
+                    "sleep 300", timeout=HANG_GUARD_MS)
+
+                page.click("#tab-files")
+                page.locator("#files a", has_text="docs/").click()
+                row = page.locator("#files tr", has_text="note.txt")
+                expect(row).to_be_visible(timeout=HANG_GUARD_MS)
+                with page.expect_download(timeout=HANG_GUARD_MS) as download:
+                    row.locator("button", has_text="Download").click()
+                saved = download.value.path()
+                with open(saved) as fh:
+                    assert fh.read() == "hello from the sandbox\n"
+                assert download.value.suggested_filename == "note.txt"
+
+                page.click("#do-fork")
+                page.fill("#ask-input", "from the page")
+                page.click("#ask-ok")
+                expect(page.locator("#toast")).to_contain_text("Forked", timeout=HANG_GUARD_MS)
+                forks = [s["id"] for s in c.list_sandboxes() if s["id"] != sandbox.id]
+                assert len(forks) == 1
+                page.click("#tab-lineage")
+                tree = page.locator("#lineage")
+                expect(tree.locator(f"[data-sandbox='{forks[0]}']")).to_be_visible(
+                    timeout=HANG_GUARD_MS)
+                expect(tree).to_contain_text("from the page")
+
+                # Kill asks first: cancelled, nothing happens; confirmed, it ends.
+                page.click("#do-kill")
+                page.locator("#ask button[value=cancel]").click()
+                assert sandbox.info()["state"] == "running"
+                page.click("#do-kill")
+                page.click("#ask-ok")
+                expect(page.locator("#sandbox-state [data-state]")).to_have_text(
+                    "terminated", timeout=HANG_GUARD_MS)
+            finally:
+                end_everything(c, force=True)
+
+        for name in ("workspaces", "definitions", "pools"):
+            page.click(f"a[data-nav={name}]")
+            expect(page.locator("main h1")).to_have_text(name.capitalize(), timeout=HANG_GUARD_MS)
+            expect(page.locator("main .error")).to_have_count(0)
+    finally:
+        context.close()

@@ -243,6 +243,7 @@ class Sandboxes(Refs):
             "deadline_unix": None,
             "meter": dict(row.meter),
             "memory_bytes": None,
+            "disk_bytes": None,
             "open_operations": 0,
             "attachments": [],
             "refs": [],

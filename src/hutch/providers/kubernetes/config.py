@@ -110,6 +110,11 @@ class KubernetesConfig(ProviderSettings):
     #: The working directory (made if missing).
     workdir: str = "/workspace"
     env: dict[str, str] = {}
+    #: ``agent``: hutch's agent is the pod's keeper (copied in over exec at
+    #: its start), and exec, files, grep, glob and processes go through it
+    #: on one kept ``pods/exec``; ``native``: a ``pods/exec`` per command,
+    #: files through commands; ``auto``: the agent where it is built here.
+    runtime: Literal["auto", "agent", "native"] = "auto"
     #: How long a new pod may take to be ready, seconds.
     ready_timeout: float = Field(default=120.0, gt=0, le=3600)
     #: The working directory on a PersistentVolumeClaim of its own, so that

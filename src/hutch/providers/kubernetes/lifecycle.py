@@ -5,19 +5,19 @@ starting up frees (the pods and claims of this home that no record names)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import logging
 from collections.abc import AsyncIterator, Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 from ..._errors import HutchError, InvalidArgument, ProviderError, SandboxUnavailable
 from ..._types import Capabilities
-from ..base import NativeBackend, RuntimeReport, RuntimeState
+from ..base import RuntimeReport, RuntimeState, SandboxBackend
 from . import clusters
 from .api import SANDBOX_LABEL, Cluster, home_selector, ours, pod_name
 from .config import KubernetesConfig
-from .files import CommandFiles
 from .pods import (
     claim_name,
     make_claim,
@@ -52,8 +52,11 @@ async def reached_clusters() -> AsyncIterator[list[Cluster]]:
                 await cluster.close()
 
 
-class PodLifecycle(CommandFiles, NativeBackend):
-    """The pod and its claim, from create to close."""
+class PodLifecycle(SandboxBackend):
+    """The pod and its claim, from create to close. What runs in the pod (a
+    plain keeper, or hutch's agent) is the subclass's: :meth:`_keeper`,
+    :meth:`_pod_started` (each new pod, at create and resume) and
+    :meth:`_pod_stopping` (before the pod is deleted)."""
 
     provider = "kubernetes"
     config_model = KubernetesConfig
@@ -61,8 +64,11 @@ class PodLifecycle(CommandFiles, NativeBackend):
     reachable_from_any_host = True
 
     def __init__(self, sandbox_id: str, config: KubernetesConfig, cluster: Cluster,
-                 name: str, uid: str | None, claim: str | None = None) -> None:
+                 name: str, uid: str | None, claim: str | None = None, *,
+                 agent: bool = False) -> None:
         super().__init__(sandbox_id, config.workdir)
+        #: Whether hutch's agent is the pod's keeper (and serves the sandbox).
+        self.uses_agent = agent
         self.config = config
         self.cluster = cluster
         self.pod = name
@@ -81,10 +87,12 @@ class PodLifecycle(CommandFiles, NativeBackend):
                          from_snapshot: str | None) -> PodLifecycle:
         """A new sandbox: its claim (from a VolumeSnapshot if named), its pod,
         ready, its working directory made."""
+        agent = await asyncio.to_thread(cls.wants_agent, config)
         cluster = Cluster(config)
         clusters.remember(config)
         claim = claim_name(sandbox_id) if config.persistent else None
-        sandbox = cls(sandbox_id, config, cluster, pod_name(sandbox_id), None, claim)
+        sandbox = cls(sandbox_id, config, cluster, pod_name(sandbox_id), None, claim,
+                      agent=agent)
         try:
             if claim is not None:
                 await make_claim(cluster, config, sandbox_id, from_snapshot)
@@ -95,25 +103,32 @@ class PodLifecycle(CommandFiles, NativeBackend):
             raise
         return sandbox
 
-    #: What the pod's container runs: it waits, commands come through exec.
-    keeper: ClassVar[list[str]] = [
-        "sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait; done"]
+    @classmethod
+    def wants_agent(cls, config: KubernetesConfig) -> bool:
+        """Whether a new sandbox of ``config`` gets hutch's agent (blocking)."""
+        return False
+
+    def _keeper(self) -> list[str]:
+        """What the pod's container runs."""
+        return ["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait; done"]
+
+    async def _pod_started(self) -> None:
+        """A new pod is ready (its working directory is made here)."""
+
+    async def _pod_stopping(self) -> None:
+        """The pod is about to be deleted."""
 
     async def _start_pod(self) -> None:
         """A pod (at create, at each resume), ready, then :meth:`_pod_started`."""
-        self.uid = await make_pod(self.cluster, self.config, self.sandbox_id, self.keeper,
+        self.uid = await make_pod(self.cluster, self.config, self.sandbox_id, self._keeper(),
                                   self.claim)
         await until_ready(self.cluster, self.sandbox_id, self.uid, self.config.ready_timeout)
         await self._pod_started()
 
-    async def _pod_started(self) -> None:
-        """A new pod is ready: its working directory is made if missing."""
-        await self._checked(["mkdir", "-p", "--", self.config.workdir],
-                            f"mkdir {self.config.workdir}")
-
     def describe(self) -> dict[str, Any]:
         return {"provider": self.provider, "workdir": self.workdir, "pod": self.pod,
-                "uid": self.uid, "claim": self.claim, "config": self.config.model_dump()}
+                "uid": self.uid, "claim": self.claim, "config": self.config.model_dump(),
+                "agent": self.uses_agent}
 
     @classmethod
     async def reconnect(cls, sandbox_id: str, description: Mapping[str, Any]
@@ -123,8 +138,10 @@ class PodLifecycle(CommandFiles, NativeBackend):
         config = KubernetesConfig.model_validate(description["config"])
         cluster = Cluster(config)
         clusters.remember(config)
+        # The agent, if any, runs on in the pod: its relay opens on first use.
         sandbox = cls(sandbox_id, config, cluster, str(description["pod"]),
-                      description.get("uid"), description.get("claim"))
+                      description.get("uid"), description.get("claim"),
+                      agent=bool(description.get("agent")))
         try:
             pod = await our_pod(cluster, sandbox_id)
         except ProviderError:
@@ -187,6 +204,7 @@ class PodLifecycle(CommandFiles, NativeBackend):
         await self._start_pod()
 
     async def _delete_pod(self) -> None:
+        await self._pod_stopping()
         uid = self.uid
         if uid is None:
             pod = await our_pod(self.cluster, self.sandbox_id)

@@ -1,65 +1,76 @@
-"""``kubernetes``: one Pod per sandbox, its commands through ``pods/exec``.
+"""``kubernetes``: one Pod per sandbox, reached through the API server.
 
-Processes run and files move through exec; the pod's life (its claim,
-suspend to nothing, the watch for pods lost outside hutch) is
-:mod:`.lifecycle`'s.
+hutch's agent is the pod's keeper and serves exec, files, grep, glob and
+processes on one kept ``pods/exec`` (:mod:`.agentpod`); with
+``runtime = "native"`` (or no agent built here) each command is a
+``pods/exec`` of its own and files go through commands (:mod:`.execruntime`).
+The pod's life (its claim, suspend to nothing, the watch for pods lost
+outside hutch, adoption after a restart) is :mod:`.lifecycle`'s.
 """
 
 from __future__ import annotations
 
-import uuid
+import logging
 
-from ..._errors import (
-    SandboxFileNotFound,
-    SandboxPermissionDenied,
-)
+from ..._errors import SandboxUnavailable
 from ..._types import Capabilities
-from ..base import (
-    BackendProcess,
-    ProcessRequest,
-    UnstartedProcess,
-)
-from .execws import ExecSession, kill_argv, wrapped
+from ..agent import AgentUnavailable, agent_binary
+from ..base import SandboxRuntime
+from .agentpod import PodAgent, keeper_command
+from .api import Cluster
+from .config import KubernetesConfig
+from .execruntime import PodExecRuntime
 from .lifecycle import PodLifecycle
+from .pods import phase_of
+
+log = logging.getLogger("hutch.kubernetes")
 
 
 class KubernetesSandbox(PodLifecycle):
-    """One pod (and its claim) per sandbox: its life in :mod:`.lifecycle`,
-    its commands here."""
-
     capabilities = Capabilities(processes=True, users=True, suspend=True)
 
-    # -- processes ------------------------------------------------------------------------
-    async def start_process(self, request: ProcessRequest) -> BackendProcess:
-        exec_id = uuid.uuid4().hex
+    def __init__(self, sandbox_id: str, config: KubernetesConfig, cluster: Cluster,
+                 name: str, uid: str | None, claim: str | None = None, *,
+                 agent: bool = False) -> None:
+        super().__init__(sandbox_id, config, cluster, name, uid, claim, agent=agent)
+        self.pod_exec = PodExecRuntime(sandbox_id, config.workdir, cluster, name)
+        #: The agent in the pod, when it serves the sandbox.
+        self.agent = (PodAgent(sandbox_id, config.workdir, self.pod_exec, self._still_running)
+                      if agent else None)
 
-        async def kill(signal: str) -> None:
-            await self.run(kill_argv(exec_id, signal))
+    @property
+    def runtime(self) -> SandboxRuntime:
+        return self.agent.runtime if self.agent is not None else self.pod_exec
 
-        session = await ExecSession.open(
-            self.cluster.http, self.cluster.pod_path(self.pod),
-            wrapped(request, exec_id, {}), stdin=request.stdin,
-            keep_stdin=request.keep_stdin, kill=kill, marked=True)
-        said = await session.started
-        if said in ("ok", ""):
-            return session
-        await session.wait()
-        command = request.argv[0] if request.argv else ""
-        if said == "nouser":
-            return UnstartedProcess(f"no such user {request.user!r}")
-        if said == "nocwd":
-            raise SandboxFileNotFound(f"working directory {request.cwd} does not exist")
-        if said == "notfound":
-            raise SandboxFileNotFound(f"{command}: command not found")
-        raise SandboxPermissionDenied(f"{command}: not executable")
+    @classmethod
+    def wants_agent(cls, config: KubernetesConfig) -> bool:
+        if config.runtime == "native":
+            return False
+        try:
+            agent_binary()
+        except AgentUnavailable as exc:
+            if config.runtime == "agent":
+                raise
+            log.warning("kubernetes: a pods/exec per command (%s)", exc)
+            return False
+        return True
 
-    async def run(self, argv: list[str], stdin: bytes | None = None) -> tuple[int, bytes, bytes]:
-        session = await ExecSession.open(
-            self.cluster.http, self.cluster.pod_path(self.pod), argv,
-            stdin=stdin if stdin is not None else None, keep_stdin=False,
-            kill=None)
-        out: list[bytes] = []
-        err: list[bytes] = []
-        while (chunk := await session.read()) is not None:
-            (out if chunk.stream == "stdout" else err).append(chunk.data)
-        return await session.wait(), b"".join(out), b"".join(err)
+    def _keeper(self) -> list[str]:
+        return keeper_command() if self.agent is not None else super()._keeper()
+
+    async def _pod_started(self) -> None:
+        if self.agent is not None:
+            await self.agent.start()
+        await self.runtime.make_dir(self.config.workdir, True)
+
+    async def _pod_stopping(self) -> None:
+        if self.agent is not None:
+            await self.agent.close()
+
+    async def _still_running(self, reason: str) -> None:
+        """Returns while the pod runs; else the sandbox is lost, and says why."""
+        phase, _ = phase_of(await self._pod())
+        if phase != "Running":
+            raise SandboxUnavailable(
+                f"kubernetes sandbox {self.sandbox_id}: its pod {self.pod} is {phase} "
+                f"({reason})")
