@@ -10,9 +10,10 @@ outside hutch, adoption after a restart) is :mod:`.lifecycle`'s.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
-from ..._errors import SandboxUnavailable
+from ..._errors import SandboxFileExists, SandboxUnavailable
 from ..._types import Capabilities
 from ..agent import AgentUnavailable, agent_binary
 from ..base import SandboxRuntime
@@ -61,7 +62,8 @@ class KubernetesSandbox(PodLifecycle):
     async def _pod_started(self) -> None:
         if self.agent is not None:
             await self.agent.start()
-        await self.runtime.make_dir(self.config.workdir, True)
+        with contextlib.suppress(SandboxFileExists):  # the claim is mounted there
+            await self.runtime.make_dir(self.config.workdir, True)
 
     async def _pod_stopping(self) -> None:
         if self.agent is not None:
