@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests import snapshot_leaks
+from tests import artifacts, snapshot_leaks
 from tests.daemon_fixture import DaemonProcess
 
 TEST_IMAGE = os.environ.get("HUTCH_TEST_IMAGE", "hutch-test:bookworm")
@@ -304,7 +304,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: object) -> None:
-    """The fault harness's table: kills survived per step and provider."""
+    """The fault harness's table: kills survived per step and provider; the
+    artifacts the run saved (tests/artifacts.py)."""
     from tests.faults import summary
 
     summary(terminalreporter)
+    artifacts.summary(terminalreporter)

@@ -90,6 +90,18 @@ async def test_the_agent_serves_everything_over_one_kept_exec(standin: KubeStand
         assert len(standin.execs) == served
 
 
+async def test_a_stream_nobody_reads_holds_back_only_itself(standin: KubeStandin) -> None:
+    async with await _sandbox(standin) as sb:
+        # 64 MiB of output nobody reads: far past the relay's window and
+        # the runtime's queue, so its stream stops; the others go on.
+        flood = await sb.start(["sh", "-c", "head -c 67108864 /dev/zero"])
+        for i in range(5):
+            done = await asyncio.wait_for(sb.exec(["echo", str(i)]), 60)
+            assert done.stdout == f"{i}\n"
+        assert await asyncio.wait_for(sb.read_text("/etc/hostname"), 60)
+        await flood.kill()
+
+
 async def test_the_relay_opens_again_when_its_exec_drops(standin: KubeStandin) -> None:
     from hutch._sandbox import backend_of
 
