@@ -109,6 +109,24 @@ def test_the_session_counts_only_with_the_dashboards_header(daemon: DaemonProces
     assert httpx.get(url, cookies=other, headers=ui).status_code == 401
 
 
+def test_every_route_refuses_half_a_session(daemon: DaemonProcess) -> None:
+    """On every route of the API: the cookie without the header, the header
+    without the cookie, or a forged cookie with it is no credential."""
+    session = f"{COOKIE_NAME}={_login(daemon)[COOKIE_NAME]}"
+    forged = f"{COOKIE_NAME}={int(time.time()) + 3600}.{'0' * 64}"
+    schema = httpx.get(f"{daemon.url}/openapi.json",
+                       headers={"Authorization": f"Bearer {daemon.token}"}).json()
+    routes = [(m.upper(), p) for p, ops in schema["paths"].items() for m in ops]
+    assert len(routes) > 25
+    with httpx.Client(base_url=daemon.url, timeout=60) as http:
+        for method, path in [*routes, ("GET", "/openapi.json"), ("GET", "/metrics")]:
+            url = re.sub(r"\{[^}]+\}", "x", path)
+            for headers in ({"cookie": session}, {"x-hutch-ui": "1"},
+                            {"cookie": forged, "x-hutch-ui": "1"}):
+                answer = http.request(method, url, headers=headers, json={})
+                assert answer.status_code == 401, (method, path, headers, answer.status_code)
+
+
 def test_the_open_pages_open_no_path_to_the_api(daemon: DaemonProcess) -> None:
     for target in (b"/ui/../v1/sandboxes", b"/ui/static/../../v1/sandboxes",
                    b"/ui/static/%2e%2e/%2e%2e/v1/sandboxes", b"/ui/..%2fv1/sandboxes"):
