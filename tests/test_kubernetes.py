@@ -279,3 +279,17 @@ def test_through_the_daemon_the_cluster_and_placement_are_the_operators(
                 sb.close()
     finally:
         d.close()
+
+
+def test_the_agent_is_built_for_the_machine_the_pod_runs_on() -> None:
+    """A cluster's nodes need not be the daemon's machine (arm64 nodes, an
+    amd64 daemon): the pod says its ``uname -m`` and gets the agent for it,
+    cross-built by Go (its standard library only) and cached beside the host's."""
+    from hutch.providers.agent import AgentUnavailable, agent_binary
+    from hutch.providers.agent.build import host_arch
+
+    arm = agent_binary(arch="arm64").read_bytes()
+    assert arm[:4] == b"\x7fELF" and int.from_bytes(arm[18:20], "little") == 183  # EM_AARCH64
+    assert agent_binary(arch=host_arch()) == agent_binary()
+    with pytest.raises(AgentUnavailable, match="vax"):
+        agent_binary(arch="vax")
