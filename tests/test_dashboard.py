@@ -227,9 +227,11 @@ def test_dashboard_shows_a_new_sandbox_live_and_suspends_it(
     artifacts = artifacts_dir()
     context = browser.new_context(viewport={"width": 1400, "height": 800})
     requests: list[str] = []
+    failures: list[str] = []
     try:
         page = context.new_page()
         page.on("request", lambda r: requests.append(r.url))
+        page.on("pageerror", lambda error: failures.append(str(error)))
         page.goto(f"{daemon.url}/ui/")
         page.fill("#token", daemon.token)
         page.click("#login button[type=submit]")
@@ -276,8 +278,9 @@ def test_dashboard_shows_a_new_sandbox_live_and_suspends_it(
               f"{artifacts}/dashboard-sandbox.png")
     finally:
         context.close()
-    # No credential in any address the page asked for.
+    # No credential in any address the page asked for; no script failed.
     assert not [u for u in requests if daemon.token in u]
+    assert failures == []
 
 
 def test_a_sandboxs_page_browses_files_forks_and_kills(
@@ -290,8 +293,10 @@ def test_a_sandboxs_page_browses_files_forks_and_kills(
 
     assert isinstance(browser, Browser)
     context = browser.new_context(accept_downloads=True)
+    failures: list[str] = []
     try:
         page = context.new_page()
+        page.on("pageerror", lambda error: failures.append(str(error)))
         page.goto(f"{daemon.url}/ui/")
         page.fill("#token", daemon.token)
         page.click("#login button[type=submit]")
@@ -383,3 +388,4 @@ def test_a_sandboxs_page_browses_files_forks_and_kills(
                     c.remove_pool("dash")
     finally:
         context.close()
+    assert failures == []
