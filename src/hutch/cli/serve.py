@@ -60,7 +60,7 @@ def serve(
 
     def announce(url: str, where: str) -> None:
         # Said only once the port is ours and the daemon has started.
-        console.print(f"hutch serving on {url} (state in {where})")
+        console.print(f"hutch serving on {url} (state in {where}); dashboard at {url}/ui/")
 
     try:
         run(host, port, data_dir=data_dir, token_file=token_file, retention_seconds=retention,

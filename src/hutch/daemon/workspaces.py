@@ -40,10 +40,10 @@ class Workspaces(Snapshots):
     async def _save_workspace_state(self, name: str, sandbox_id: str, *, diff: bool) -> str:
         """Snapshot a workspace's sandbox as the workspace's one state snapshot,
         replacing (and releasing) the last one. Under the workspace's lock."""
-        row = self._workspace(name)
+        row = await self._workspace(name)
         previous = row.state_snapshot_id
         state = await self.snapshot_sandbox(sandbox_id, f"workspace {name} state", diff=diff)
-        row = self._workspace(name)
+        row = await self._workspace(name)
         row.state_snapshot_id = state.id
         await self.astore.put_workspace(row)
         await self._release_snapshot(previous)
@@ -145,7 +145,7 @@ class Workspaces(Snapshots):
         state is written whole.
         """
         async with self._lock(name):
-            row = self._workspace(name)
+            row = await self._workspace(name)
             sandbox = self.sandboxes.get(row.live_sandbox_id or "")
             if row.status != WorkspaceStatus.RUNNING or sandbox is None:
                 raise InvalidState(
@@ -180,7 +180,7 @@ class Workspaces(Snapshots):
 
     async def resume_workspace(self, name: str) -> WorkspaceRow:
         async with self._lock(name):
-            row = self._workspace(name)
+            row = await self._workspace(name)
             live = self.sandboxes.get(row.live_sandbox_id or "")
             if row.status == WorkspaceStatus.RUNNING and live is not None:
                 if live.state in HELD:
@@ -214,7 +214,7 @@ class Workspaces(Snapshots):
 
     async def delete_workspace(self, name: str) -> None:
         async with self._lock(name):
-            row = self._workspace(name)
+            row = await self._workspace(name)
             # Recorded first: a daemon killed half-way finishes the delete at start.
             row.status = WorkspaceStatus.DELETING
             await self.astore.put_workspace(row)
