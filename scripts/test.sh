@@ -66,4 +66,4 @@ log "the generated sync faces are up to date (scripts/gen_sync.py)"
 log "pytest"
 # Three workers: most of a test's time is spent waiting on the Engine, a
 # daemon or a sandbox, not on this machine's two cores.
-exec .venv/bin/python -m pytest -q -p no:cacheprovider -n "${HUTCH_TEST_WORKERS:-3}" "$@"
+exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=30 -n "${HUTCH_TEST_WORKERS:-3}" "$@"

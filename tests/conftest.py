@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests import snapshot_leaks
+from tests import artifacts, snapshot_leaks
 from tests.daemon_fixture import DaemonProcess
 
 TEST_IMAGE = os.environ.get("HUTCH_TEST_IMAGE", "hutch-test:bookworm")
@@ -192,6 +192,16 @@ def _leftovers(roots: list[str]) -> list[str]:
         home = rest.split(" ")[0]
         if any(home == r or home.startswith(r + "/") for r in roots):
             left.append(f"stand-in pod container {cid} ({rest})")
+    # Its claims' and snapshots' volumes.
+    volumes = subprocess.run(
+        ["docker", "volume", "ls", "--filter", "label=hutch-test.kube-standin",
+         "--format", '{{.Name}} {{.Label "hutch-test.kube-standin"}}'],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    for line in volumes.stdout.splitlines():
+        name, _, home = line.partition(" ")
+        if any(home == r or home.startswith(r + "/") for r in roots):
+            left.append(f"stand-in volume {name} ({home})")
     for root in roots:
         left += [f"mount {point}" for point in mounts_under(root)]
         left += [f"loop device {dev} backed by {back}" for dev, back in loops_under(root)]
@@ -294,7 +304,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: object) -> None:
-    """The fault harness's table: kills survived per step and provider."""
+    """The fault harness's table: kills survived per step and provider; the
+    artifacts the run saved (tests/artifacts.py)."""
     from tests.faults import summary
 
     summary(terminalreporter)
+    artifacts.summary(terminalreporter)

@@ -8,6 +8,7 @@ parts of the API contract the provider leans on.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import tempfile
 import uuid
@@ -38,14 +39,17 @@ def standin() -> Iterator[KubeStandin]:
         os.unlink(path)
 
 
-async def _sandbox(standin: KubeStandin) -> Any:
+async def _sandbox(standin: KubeStandin, runtime: str = "agent") -> Any:
     return await hutch.create_sandbox(
-        "kubernetes", kubeconfig=standin.kubeconfig, image=TEST_IMAGE, read_before_write=False)
+        "kubernetes", kubeconfig=standin.kubeconfig, image=TEST_IMAGE, read_before_write=False,
+        runtime=runtime)
 
 
+@pytest.mark.parametrize("runtime", ["agent", "native"])
 async def test_a_sandbox_is_a_pod_that_runs_commands_and_holds_files(
-        standin: KubeStandin) -> None:
-    async with await _sandbox(standin) as sb:
+        standin: KubeStandin, runtime: str) -> None:
+    async with await _sandbox(standin, runtime) as sb:
+        assert sb.capabilities.runtime == runtime
         pods = list(standin.objects["pods"].values())
         assert len(pods) == 1
         labels = pods[0]["metadata"]["labels"]
@@ -64,6 +68,69 @@ async def test_a_sandbox_is_a_pod_that_runs_commands_and_holds_files(
         assert (await process.wait()).exit_code != 0
     # Closed: the pod and its container are gone.
     assert standin.objects["pods"] == {}
+
+
+async def test_the_agent_serves_everything_over_one_kept_exec(standin: KubeStandin) -> None:
+    async with await _sandbox(standin) as sb:
+        # The pod's start: the agent copied in, then its relay.
+        relays = [c for c in standin.execs if c[1:2] == ["relay"]]
+        assert relays and relays[-1][0] == "/.hutch/bin/hutch-agent"
+        served = len(standin.execs)
+        for i in range(20):
+            assert (await sb.exec(["sh", "-c", f"echo {i}"])).stdout == f"{i}\n"
+        await sb.write_text("src/a.py", "needle = 1\n")
+        await sb.write_bytes("big.bin", os.urandom(3 << 20))  # past one frame and one window
+        assert len(await sb.read_bytes("big.bin")) == 3 << 20
+        assert [m.path for m in await sb.grep("needle", ".")] == [f"{sb.workdir}/src/a.py"]
+        assert await sb.glob("**/*.py") == [f"{sb.workdir}/src/a.py"]
+        process = await sb.start(["sh", "-c", "read line; echo got $line"], keep_stdin=True)
+        await process.write_stdin("it\n")
+        assert (await process.wait()).stdout == "got it\n"
+        # Not one pods/exec more: everything went over the relay.
+        assert len(standin.execs) == served
+
+
+async def test_a_stream_nobody_reads_holds_back_only_itself(standin: KubeStandin) -> None:
+    async with await _sandbox(standin) as sb:
+        # 64 MiB of output nobody reads: far past the relay's window and
+        # the runtime's queue, so its stream stops; the others go on.
+        flood = await sb.start(["sh", "-c", "head -c 67108864 /dev/zero"])
+        for i in range(5):
+            done = await asyncio.wait_for(sb.exec(["echo", str(i)]), 60)
+            assert done.stdout == f"{i}\n"
+        assert await asyncio.wait_for(sb.read_text("/etc/hostname"), 60)
+        await flood.kill()
+
+
+async def test_the_relay_opens_again_when_its_exec_drops(standin: KubeStandin) -> None:
+    from hutch._sandbox import backend_of
+
+    async with await _sandbox(standin) as sb:
+        agent = backend_of(sb).agent
+        sleeper = await sb.start(["sleep", "301"])
+        await sb.write_text("kept.txt", "kept\n")
+        relays = sum(c[1:2] == ["relay"] for c in standin.execs)
+        assert standin.drop_execs() >= 1
+        for _ in range(1000):  # the tunnel sees its exec end (or was opened anew)
+            if not agent.connected or sum(c[1:2] == ["relay"] for c in standin.execs) > relays:
+                break
+            await asyncio.sleep(0.01)
+        # The next request opens a new relay; the agent ran on, and so did
+        # what it runs (only connections were lost).
+        assert (await sb.exec(["cat", "kept.txt"])).stdout == "kept\n"
+        assert agent.connected and sum(c[1:2] == ["relay"] for c in standin.execs) > relays
+        busy = await sb.exec(["sh", "-c", "pgrep -fc '^sleep 301$' || true"])
+        assert busy.stdout.strip() == "1"
+        del sleeper
+        # A pod deleted outside hutch: the sandbox is lost, and says so.
+        (pod,) = standin.objects["pods"].values()
+        async with httpx.AsyncClient() as http:  # as kubectl delete does
+            gone = await http.delete(f"{standin.url}/api/v1/namespaces/{standin.namespace}"
+                                     f"/pods/{pod['metadata']['name']}")
+            assert gone.status_code == 200
+        with pytest.raises(hutch.SandboxUnavailable, match=r"is (Gone|Failed)"):
+            for _ in range(3):
+                await sb.exec(["true"])
 
 
 def test_the_standin_keeps_the_api_contract(standin: KubeStandin) -> None:
@@ -212,3 +279,17 @@ def test_through_the_daemon_the_cluster_and_placement_are_the_operators(
                 sb.close()
     finally:
         d.close()
+
+
+def test_the_agent_is_built_for_the_machine_the_pod_runs_on() -> None:
+    """A cluster's nodes need not be the daemon's machine (arm64 nodes, an
+    amd64 daemon): the pod says its ``uname -m`` and gets the agent for it,
+    cross-built by Go (its standard library only) and cached beside the host's."""
+    from hutch.providers.agent import AgentUnavailable, agent_binary
+    from hutch.providers.agent.build import host_arch
+
+    arm = agent_binary(arch="arm64").read_bytes()
+    assert arm[:4] == b"\x7fELF" and int.from_bytes(arm[18:20], "little") == 183  # EM_AARCH64
+    assert agent_binary(arch=host_arch()) == agent_binary()
+    with pytest.raises(AgentUnavailable, match="vax"):
+        agent_binary(arch="vax")

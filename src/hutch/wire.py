@@ -71,6 +71,9 @@ class SandboxInfo(BaseModel):
     deadline_unix: float | None
     meter: dict[str, float]
     memory_bytes: int | None
+    disk_bytes: int | None = Field(
+        default=None, description="disk its own files take (what it wrote over its image), "
+        "where its provider can tell")
     open_operations: int
     attachments: list[Attachment]
     refs: list[RefInfo]

@@ -47,6 +47,7 @@ from .base import (
     Store,
     WorkspaceRow,
     check_fence,
+    check_off_loop,
     holder_alive,
 )
 
@@ -252,6 +253,7 @@ class PostgresStore(Store):
     shared = True
 
     def __init__(self, conninfo: str, *, local_root: str, max_connections: int = 8) -> None:
+        check_off_loop("opening a PostgreSQL store")
         self.conninfo = conninfo
         self._local_root = os.path.abspath(local_root)
         #: Who this store is in the change notices (its connections' application_name).
@@ -298,6 +300,7 @@ class PostgresStore(Store):
 
     @contextlib.contextmanager
     def _connection(self) -> Iterator[psycopg.Connection[Row]]:
+        check_off_loop("a PostgreSQL round trip")
         try:
             with self._pool.connection() as conn:
                 yield conn
@@ -338,6 +341,7 @@ class PostgresStore(Store):
                 self._closed.wait(1.0)
 
     def close(self) -> None:
+        check_off_loop("close")
         self._closed.set()
         self._pool.close()
         self._listener.join(5)

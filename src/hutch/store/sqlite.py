@@ -29,6 +29,7 @@ from .base import (
     Store,
     WorkspaceRow,
     check_fence,
+    check_off_loop,
     holder_alive,
 )
 
@@ -224,6 +225,7 @@ def _while_locked(statement: Callable[[], object], seconds: float = 30.0) -> Non
 
 class SQLiteStore(Store):
     def __init__(self, path: str) -> None:
+        check_off_loop(f"opening {path}")
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self.path = path
         self._lock = threading.Lock()
@@ -264,6 +266,7 @@ class SQLiteStore(Store):
         """One durable transaction; a write the file cannot take (a full
         disk, an unwritable file) is rolled back whole and raised as
         ``StoreUnavailable``, so a caller never acknowledges what is not kept."""
+        check_off_loop("a write transaction")
         with self._lock:
             try:
                 self._db.execute("BEGIN IMMEDIATE")
@@ -290,6 +293,7 @@ class SQLiteStore(Store):
             db.execute(sql, params)
 
     def _read(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
+        check_off_loop(sql)
         with self._lock:
             return list(self._db.execute(sql, params))
 
@@ -539,6 +543,7 @@ class SQLiteStore(Store):
             self._write("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
 
     def close(self) -> None:
+        check_off_loop("close")
         with self._lock:
             self._db.close()
 

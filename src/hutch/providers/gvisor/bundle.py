@@ -15,10 +15,11 @@ AGENT_BINARY_PATH = "/.hutch/bin/hutch-agent"
 AGENT_RUN_DIR = "/.hutch/run"
 AGENT_SOCKET = "agent.sock"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: Docker's defaults less what the docker provider drops too (raw sockets,
+#: mknod, audit writes, chroot, file capabilities): agents have no use for them.
 _CAPS = [
     "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_SETGID",
-    "CAP_SETUID", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_MKNOD",
-    "CAP_AUDIT_WRITE", "CAP_SETFCAP",
+    "CAP_SETUID", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE",
 ]
 
 
@@ -47,6 +48,9 @@ def spec(
                                             "LANG": "C.UTF-8", **env}.items()],
             "cwd": "/",
             "capabilities": {k: list(_CAPS) for k in ("bounding", "effective", "permitted")},
+            # A setuid program run by another user does not raise it (docker's
+            # no-new-privileges); root's own setuid() still switches users.
+            "noNewPrivileges": True,
         },
         "root": {"path": rootfs, "readonly": False},
         "hostname": hostname,

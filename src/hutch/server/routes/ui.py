@@ -18,7 +18,7 @@ from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Resp
 from starlette.staticfiles import StaticFiles
 
 from ..._errors import InvalidArgument, Unauthorized
-from ..asgi import ASGIApp, Message, Receive, Scope, Send
+from ..asgi import ASGIApp, Message, Receive, Scope, Send, is_json
 from ..errors import error_json
 from ..uisession import clear_cookie_header, new_session, set_cookie_header
 
@@ -74,10 +74,13 @@ def router(token: str | None) -> APIRouter:
     @ui.post("/login")
     async def login(request: Request) -> Response:
         """The token, in a JSON body ``{"token": ...}``, for a session cookie."""
-        try:
-            body = await request.json()
-        except ValueError:
-            body = None
+        body = None
+        # JSON only: a form of another site (text/plain, urlencoded) cannot log a browser in.
+        if is_json(request.scope):
+            try:
+                body = await request.json()
+            except ValueError:
+                body = None
         given = body.get("token") if isinstance(body, dict) else None
         if not isinstance(given, str) or not given:
             exc: InvalidArgument | Unauthorized = InvalidArgument(

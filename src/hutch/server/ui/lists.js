@@ -63,10 +63,11 @@ export function definitionsView(main, { onEvent }) {
   return listPage(main, onEvent, {
     title: "Definitions", path: "/v1/definitions", key: "definitions",
     note: "Sandbox definitions: how to make a sandbox ready (hutch.toml's and those PUT).",
-    draw: (rows) => table("definitions", ["ID", "Provider", "Definition"],
+    draw: (rows) => table("definitions", ["ID", "Provider", "Tenant", "Definition"],
       rows.map((d) => h("tr", { dataset: { id: d.id ?? "" } },
-        h("td", { class: "mono" }, d.id ?? d.name ?? "–"),
+        h("td", { class: "mono" }, d.id ?? "–"),
         h("td", {}, (d.provider && (d.provider.type || d.provider)) || "–"),
+        h("td", {}, d.tenant ?? "–"),
         h("td", {}, h("details", {}, h("summary", {}, "settings"),
           h("pre", { class: "json" }, JSON.stringify(d, null, 2))))))),
   });
@@ -76,12 +77,29 @@ export function poolsView(main, { onEvent }) {
   return listPage(main, onEvent, {
     title: "Pools", path: "/v1/pools", key: "pools",
     note: "Warm pools keep sandboxes ready: a create that matches one takes a sandbox from it.",
-    draw: (rows) => table("pools", ["Name", "Provider", "Size", "Ready", "Hits", "Settings"],
+    draw: (rows, again) => table("pools", ["Name", "Provider", "Size", "Ready", "Hits", "Settings", ""],
       rows.map((p) => h("tr", { dataset: { name: p.name } },
         h("td", { class: "mono" }, p.name), h("td", {}, p.provider),
         h("td", { class: "num" }, p.size), h("td", { class: "num" }, p.ready),
         h("td", { class: "num" }, p.hits),
         h("td", {}, h("details", {}, h("summary", {}, "settings"),
-          h("pre", { class: "json" }, JSON.stringify(p.settings, null, 2))))))),
+          h("pre", { class: "json" }, JSON.stringify(p.settings, null, 2)))),
+        h("td", {},
+          h("button", { type: "button", class: "quiet", onclick: async () => {
+            const size = await ask("Resize the pool", `How many sandboxes should ${p.name} keep ready?`,
+              { okLabel: "Resize", field: "Size" });
+            if (size === null) return;
+            if (!/^\d+$/.test(size)) { toast("The size is a whole number.", true); return; }
+            try {
+              await api("PUT", `/v1/pools/${enc(p.name)}`, { settings: p.settings, size: Number(size) });
+            } catch (f) { toast(f.message, true); }
+            again();
+          } }, "Resize…"), " ",
+          h("button", { type: "button", class: "quiet", onclick: async () => {
+            if (await ask("Remove the pool", `Remove ${p.name} and free the sandboxes it keeps?`,
+              { okLabel: "Remove", danger: true }) === null) return;
+            try { await api("DELETE", `/v1/pools/${enc(p.name)}`); } catch (f) { toast(f.message, true); }
+            again();
+          } }, "Remove…"))))),
   });
 }

@@ -29,6 +29,10 @@ func main() {
 		become(os.Args[2:])
 		return
 	}
+	if len(os.Args) == 3 && os.Args[1] == "relay" {
+		runRelay(os.Args[2]) // see relay.go: connections to the agent over stdin and stdout
+		return
+	}
 	if len(os.Args) >= 2 && os.Args[1] == "version" {
 		fmt.Println(version)
 		return
@@ -36,7 +40,7 @@ func main() {
 	if len(os.Args) != 3 || (os.Args[1] != "serve" && os.Args[1] != "serve-fd" &&
 		os.Args[1] != "serve-shared") {
 		fmt.Fprintln(os.Stderr, "usage: hutch-agent serve SOCKET | hutch-agent serve-fd FD | "+
-			"hutch-agent serve-shared SOCKET | hutch-agent version")
+			"hutch-agent serve-shared SOCKET | hutch-agent relay SOCKET | hutch-agent version")
 		os.Exit(2)
 	}
 	if os.Getpid() != 1 {
