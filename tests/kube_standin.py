@@ -71,8 +71,11 @@ class KubeStandin:
     """The server, on a loopback port, in a thread of its own."""
 
     def __init__(self, namespace: str = "default", node_labels: dict[str, str] | None = None,
-                 node_taints: list[dict[str, str]] | None = None) -> None:
+                 node_taints: list[dict[str, str]] | None = None,
+                 protocols: tuple[str, ...] = PROTOCOLS) -> None:
         self.namespace = namespace
+        #: The exec subprotocols it speaks (an API server before 1.30 speaks v4, not v5).
+        self.protocols = protocols
         #: The one node pods are scheduled on, as the scheduler does: its
         #: labels must match a pod's nodeSelector, and a pod must tolerate
         #: its NoSchedule and NoExecute taints; else the pod stays Pending.
@@ -311,7 +314,7 @@ class KubeStandin:
         command = request.query.getall("command", [])
         stdin = request.query.get("stdin") in ("true", "1")
         self.execs.append(list(command))
-        ws = web.WebSocketResponse(protocols=PROTOCOLS)
+        ws = web.WebSocketResponse(protocols=self.protocols)
         await ws.prepare(request)
         self._open_execs.add(ws)
         try:
