@@ -344,10 +344,23 @@ def test_a_sandboxs_page_browses_files_forks_and_kills(
             finally:
                 end_everything(c, force=True)
 
-        for name in ("workspaces", "definitions", "pools"):
-            page.click(f"a[data-nav={name}]")
-            expect(page.locator("main h1")).to_have_text(name.capitalize(), timeout=HANG_GUARD_MS)
-            expect(page.locator("main .error")).to_have_count(0)
+        with hutch.Client(daemon.url, token=daemon.token) as c:
+            c.put_definition({"id": "dash-def", "provider": "local"})
+            c.create_workspace("dash-ws", provider="bubblewrap", image=TEST_IMAGE)
+            try:
+                for name in ("workspaces", "definitions", "pools"):
+                    page.click(f"a[data-nav={name}]")
+                    expect(page.locator("main h1")).to_have_text(
+                        name.capitalize(), timeout=HANG_GUARD_MS)
+                    expect(page.locator("main .error")).to_have_count(0)
+                    if name == "definitions":
+                        expect(page.locator("#definitions tr[data-id=dash-def] td").nth(1)
+                               ).to_have_text("local", timeout=HANG_GUARD_MS)
+                    if name == "workspaces":
+                        expect(page.locator("#workspaces tr[data-name=dash-ws] td").nth(1)
+                               ).to_have_text("running", timeout=HANG_GUARD_MS)
+            finally:
+                end_everything(c, force=True)
 
         # A pool, resized and removed from its page.
         with hutch.Client(daemon.url, token=daemon.token) as c:
