@@ -152,9 +152,12 @@ def test_state_changes_take_the_session_on_post_only_with_the_header(
 
 
 def test_logout_ends_the_browsers_session(daemon: DaemonProcess) -> None:
-    answer = httpx.post(f"{daemon.url}/ui/logout")
+    answer = httpx.post(f"{daemon.url}/ui/logout", headers={"x-hutch-ui": "1"})
     assert answer.status_code == 204
     assert "Max-Age=0" in answer.headers["set-cookie"]
+    # Another site's form (no header) cannot end a session.
+    forged = httpx.post(f"{daemon.url}/ui/logout")
+    assert forged.status_code == 400 and "set-cookie" not in forged.headers
 
 
 def test_a_bubblewrap_sandbox_tells_the_disk_its_files_take(daemon: DaemonProcess) -> None:
@@ -227,9 +230,11 @@ def test_dashboard_shows_a_new_sandbox_live_and_suspends_it(
     artifacts = artifacts_dir()
     context = browser.new_context(viewport={"width": 1400, "height": 800})
     requests: list[str] = []
+    failures: list[str] = []
     try:
         page = context.new_page()
         page.on("request", lambda r: requests.append(r.url))
+        page.on("pageerror", lambda error: failures.append(str(error)))
         page.goto(f"{daemon.url}/ui/")
         page.fill("#token", daemon.token)
         page.click("#login button[type=submit]")
@@ -276,8 +281,9 @@ def test_dashboard_shows_a_new_sandbox_live_and_suspends_it(
               f"{artifacts}/dashboard-sandbox.png")
     finally:
         context.close()
-    # No credential in any address the page asked for.
+    # No credential in any address the page asked for; no script failed.
     assert not [u for u in requests if daemon.token in u]
+    assert failures == []
 
 
 def test_a_sandboxs_page_browses_files_forks_and_kills(
@@ -290,8 +296,10 @@ def test_a_sandboxs_page_browses_files_forks_and_kills(
 
     assert isinstance(browser, Browser)
     context = browser.new_context(accept_downloads=True)
+    failures: list[str] = []
     try:
         page = context.new_page()
+        page.on("pageerror", lambda error: failures.append(str(error)))
         page.goto(f"{daemon.url}/ui/")
         page.fill("#token", daemon.token)
         page.click("#login button[type=submit]")
@@ -381,5 +389,10 @@ def test_a_sandboxs_page_browses_files_forks_and_kills(
             finally:
                 if [p for p in c.list_pools() if p["name"] == "dash"]:
                     c.remove_pool("dash")
+
+        page.click("#logout")
+        expect(page.locator("#login")).to_be_visible(timeout=HANG_GUARD_MS)
+        assert context.cookies() == []
     finally:
         context.close()
+    assert failures == []
