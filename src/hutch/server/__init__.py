@@ -72,6 +72,7 @@ def load_server_config(path: str | None) -> dict[str, Any]:
         providers = ["local"]       # providers that run on the host clients may use
         memory_budget = 536870912   # bytes of callers' data held in memory at once
         store = "postgresql://hutch@db.example/hutch"   # default: SQLite in the data dir
+        max_sandboxes = 100         # served at once, warm pools' included (default: no limit)
         [server.limits]             # for requests that set none
         memory = "2g"
         cpus = 1
@@ -94,7 +95,8 @@ def load_server_config(path: str | None) -> dict[str, Any]:
             name: d.model_dump(mode="json", exclude_unset=True)
             for name, d in definitions_from_config(data).items()
         }
-    known = {"allow", "providers", "limits", "ceilings", "memory_budget", "store"}
+    known = {"allow", "providers", "limits", "ceilings", "memory_budget", "store",
+             "max_sandboxes"}
     unknown = set(server) - known
     if unknown:
         raise InvalidArgument(

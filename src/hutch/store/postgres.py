@@ -457,11 +457,11 @@ class PostgresStore(Store):
             return conn.execute(sql, params).fetchall()  # type: ignore[arg-type]
 
     # -- sandboxes ---------------------------------------------------------------------
-    def put_sandbox(self, row: SandboxRow, event: tuple[str, str] | None = None) -> None:
+    def put_sandbox(self, row: SandboxRow, *events: tuple[str, str]) -> None:
         row.updated_at_unix = time.time()
         with self._transaction() as conn:
             self._fenced_put(conn, "sandboxes", "id", _SANDBOX_COLUMNS, row)
-            if event is not None:
+            for event in events:
                 conn.execute(_LOG_EVENT, (time.time(), row.id, *event))
 
     def put_sandboxes(self, rows: Sequence[SandboxRow]) -> None:

@@ -396,10 +396,10 @@ class SQLiteStore(Store):
         return keys
 
     # -- sandboxes -----------------------------------------------------------------------
-    def put_sandbox(self, row: SandboxRow, event: tuple[str, str] | None = None) -> None:
+    def put_sandbox(self, row: SandboxRow, *events: tuple[str, str]) -> None:
         with self._transaction() as db:
             self._put_owned(db, _PUT_SANDBOX, "sandboxes", "id", row, self._sandbox_values(row))
-            if event is not None:
+            for event in events:
                 db.execute(_LOG_EVENT, (time.time(), row.id, *event))
 
     def put_sandboxes(self, rows: Sequence[SandboxRow]) -> None:
