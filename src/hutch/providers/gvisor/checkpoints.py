@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from ..._errors import InvalidState, ProviderError
+from ..._faults import fault_point
 from . import runsc
 
 log = logging.getLogger("hutch.gvisor")
@@ -69,26 +70,49 @@ def release_agent(container: str, socket_path: str) -> None:
         os.unlink(socket_path)
 
 
-def checkpoint(container: str, directory: str, socket_path: str) -> None:
+def checkpoint(container: str, directory: str, socket_path: str, *, fault: str) -> None:
     """The container's state into ``directory``, the container gone (its
     memory freed). Blocking. The agent has let go when it returns, also
-    when it fails (the caller asks it to listen again)."""
+    when it fails (the caller asks it to listen again).
+
+    The image is written beside ``directory`` (``.partial``), with its
+    record written first: should hutch die once runsc has written it (the
+    sandbox stopped, its state only there), :func:`settle` finds it whole
+    and puts it in place, so that nothing is lost."""
     work = directory + ".partial"
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     try:
-        build = runsc.runsc_build()
+        write_json(os.path.join(work, META),
+                   {"runsc_build": runsc.runsc_build(), "at": time.time()})
         release_agent(container, socket_path)
         runsc.run("checkpoint", "--image-path", work, container,
                   what=f"checkpointing {container}")
-        with open(os.path.join(work, META), "w") as out:
-            json.dump({"runsc_build": build, "at": time.time()}, out)
-        shutil.rmtree(directory, ignore_errors=True)
-        os.rename(work, directory)
+        fault_point(fault)
+        _put_in_place(work, directory)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
     runsc.remove(container)
+
+
+def _put_in_place(work: str, directory: str) -> None:
+    shutil.rmtree(directory, ignore_errors=True)
+    os.rename(work, directory)
+
+
+def settle(container: str, directory: str) -> None:
+    """A checkpoint runsc finished writing while hutch was gone (its
+    ``.partial`` holds the image and its record, and the sandbox no longer
+    runs: runsc stops it only once the image is written) put in place.
+    Blocking; nothing to do otherwise."""
+    work = directory + ".partial"
+    if not held(work):
+        return
+    found = runsc.state(container)
+    if found is not None and found.get("status") in ("running", "paused", "created"):
+        return  # still being written, or a checkpoint that failed and left it running
+    _put_in_place(work, directory)
 
 
 def check_build(directory: str, what: str) -> None:
@@ -108,7 +132,8 @@ def restore(container: str, directory: str, bundle_dir: str, log_path: str) -> N
     """The container running again from ``directory``, its agent not yet
     listening (the caller wakes it). Blocking."""
     check_build(directory, f"{container}'s checkpoint")
-    runsc.remove(container)  # a stopped leftover of the same name
+    if runsc.state(container) is not None:
+        runsc.remove(container)  # a stopped leftover of the same name
     runsc.start("restore", "--image-path", directory, "--bundle", bundle_dir, container,
                 container=container, log_path=log_path, what=f"restoring {container}")
 

@@ -25,6 +25,7 @@ import anyio.to_thread
 from pydantic import ConfigDict, Field
 
 from ..._errors import InvalidArgument, NotFound, ProviderError, SandboxUnavailable
+from ..._faults import fault_point
 from ..._types import Capabilities, ProviderSnapshot
 from .._hostproc import SANDBOX_MARKER
 from ..agent import AgentFailure, AgentRuntime, agent_binary
@@ -122,6 +123,9 @@ class GvisorSandbox(SandboxBackend):
         )
         # Its descriptors are the user-space kernel's, not the host's.
         self._agent.hands_over_fds = False
+        # Its processes live through a suspend: one waiting (a server, a
+        # REPL) lets the sandbox go idle; one working keeps it awake.
+        self._agent.busy_means_running = True
 
     @property
     def bundle_dir(self) -> str:
@@ -219,6 +223,13 @@ class GvisorSandbox(SandboxBackend):
             )
         if status == "paused":
             raise SandboxUnavailable(f"gvisor sandbox {self.sandbox_id} is paused")
+        if status == "running" and not os.path.lexists(self.agent_socket):
+            # Let go for a checkpoint, or restored, by a hutch that died
+            # before it asked the agent to listen again: it is asked now
+            # (its processes were kept throughout).
+            await anyio.to_thread.run_sync(lambda: checkpoints.listen_again(self.sandbox_id))
+            await self._await_agent()
+            return True
         return False
 
     def describe(self) -> dict[str, Any]:
@@ -247,7 +258,8 @@ class GvisorSandbox(SandboxBackend):
         try:
             await anyio.to_thread.run_sync(
                 lambda: checkpoints.checkpoint(
-                    self.sandbox_id, self.checkpoint_dir, self.agent_socket
+                    self.sandbox_id, self.checkpoint_dir, self.agent_socket,
+                    fault="suspend.gvisor.checkpointed",
                 )
             )
         except BaseException:
@@ -265,17 +277,19 @@ class GvisorSandbox(SandboxBackend):
             await self._await_agent()
 
     async def resume(self) -> None:
-        await self._restore_from(self.checkpoint_dir)
+        await self._restore_from(self.checkpoint_dir, fault="resume.gvisor.restored")
         await anyio.to_thread.run_sync(
             lambda: shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
         )
 
-    async def _restore_from(self, directory: str) -> None:
+    async def _restore_from(self, directory: str, fault: str | None = None) -> None:
         """Running from a checkpoint, its agent answering."""
         await anyio.to_thread.run_sync(
             lambda: checkpoints.restore(self.sandbox_id, directory, self.bundle_dir,
                                         self.log_path)
         )
+        if fault is not None:
+            fault_point(fault)
         await anyio.to_thread.run_sync(lambda: checkpoints.listen_again(self.sandbox_id))
         await self._await_agent()
 
@@ -313,16 +327,28 @@ class GvisorSandbox(SandboxBackend):
         if paused:
             await self.unpause()
         self._agent.drop_connections()
+        # Into the sandbox's own checkpoint first, then linked into the
+        # snapshot: should hutch die before the origin runs again, its state
+        # is where a suspended sandbox's is (found suspended, resumed), not
+        # only in a snapshot that may never be recorded.
         try:
             await anyio.to_thread.run_sync(
-                lambda: checkpoints.checkpoint(self.sandbox_id, image, self.agent_socket)
+                lambda: checkpoints.checkpoint(self.sandbox_id, self.checkpoint_dir,
+                                               self.agent_socket,
+                                               fault="snapshot.gvisor.checkpointed")
             )
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self._wake_after_failure()
             raise
-        # The origin goes on from the state it was captured in.
-        await self._restore_from(image)
+        try:
+            await anyio.to_thread.run_sync(
+                lambda: checkpoints.copy_image(self.checkpoint_dir, image))
+        finally:
+            # The origin goes on from the state it was captured in.
+            await self._restore_from(self.checkpoint_dir)
+        await anyio.to_thread.run_sync(
+            lambda: shutil.rmtree(self.checkpoint_dir, ignore_errors=True))
         if paused:
             await self.pause()
 
@@ -386,7 +412,11 @@ class GvisorSandbox(SandboxBackend):
         return await self._status() in ("running", "paused", "created")
 
     async def is_suspended(self) -> bool:
-        return checkpoints.held(self.checkpoint_dir) and not await self.is_alive()
+        if await self.is_alive():
+            return False
+        await anyio.to_thread.run_sync(
+            lambda: checkpoints.settle(self.sandbox_id, self.checkpoint_dir))
+        return checkpoints.held(self.checkpoint_dir)
 
     async def observed_state(self) -> RuntimeState:
         status = await self._status()
@@ -394,6 +424,8 @@ class GvisorSandbox(SandboxBackend):
             return RuntimeState.RUNNING
         if status == "paused":
             return RuntimeState.PAUSED
+        await anyio.to_thread.run_sync(
+            lambda: checkpoints.settle(self.sandbox_id, self.checkpoint_dir))
         if checkpoints.held(self.checkpoint_dir):
             return RuntimeState.SUSPENDED
         return RuntimeState.GONE

@@ -33,6 +33,9 @@ OPEN, DATA, CLOSE, CREDIT = 1, 2, 3, 4
 WINDOW = 1 << 20
 #: The largest payload of one frame (the relay's too).
 MAX_FRAME = 1 << 16
+#: Credit goes back in pieces of at least this much (the relay's too): a
+#: credit frame after every answer would double the messages.
+CREDIT_STEP = WINDOW // 4
 _HEAD = struct.Struct(">IBI")
 _CREDIT = struct.Struct(">I")
 
@@ -51,6 +54,10 @@ class _Stream:
         self.inbound: asyncio.Queue[bytes | None] = asyncio.Queue()
         self.tasks: list[asyncio.Task[None]] = []
         self.closed = False
+        #: Bytes the relay sent that this side has not credited back yet:
+        #: never past the window (a relay that ignores its credit is cut off
+        #: rather than buffered without bound).
+        self.owed = 0
 
 
 class AgentTunnel:
@@ -134,6 +141,9 @@ class AgentTunnel:
         if stream is None:
             return  # closed here already
         if kind == DATA:
+            stream.owed += len(payload)
+            if stream.owed > WINDOW:
+                raise AgentFailure(f"the relay sent stream {stream_id} past its credit")
             stream.inbound.put_nowait(payload)
         elif kind == CLOSE:
             if payload:
@@ -168,11 +178,15 @@ class AgentTunnel:
 
     async def _inbound(self, stream: _Stream) -> None:
         """What the relay sends, to the runtime's end, credited once written."""
+        uncredited = 0
         with contextlib.suppress(OSError, Exception):
             while (data := await stream.inbound.get()) is not None:
                 await self._loop.sock_sendall(stream.near, data)
-                if self.up:
-                    await self._send(stream.id, CREDIT, _CREDIT.pack(len(data)))
+                uncredited += len(data)
+                if uncredited >= CREDIT_STEP and self.up:
+                    stream.owed -= uncredited
+                    await self._send(stream.id, CREDIT, _CREDIT.pack(uncredited))
+                    uncredited = 0
         # Closed by the relay (or the tunnel is down): the runtime's end
         # reads what came, then the end.
         with contextlib.suppress(OSError):

@@ -38,6 +38,9 @@ const (
 	relayWindow = 1 << 20
 	// The largest payload of a frame either side sends or takes.
 	relayMaxFrame = 1 << 16
+	// Credit is given back in pieces of at least this much (a frame each
+	// way per request would double the messages on the connection).
+	relayCreditStep = relayWindow / 4
 )
 
 type relayStream struct {
@@ -51,6 +54,8 @@ type relayStream struct {
 	// How many more bytes this side may send the host.
 	window int
 	done   bool // conn's reading side ended: the host has been told
+	// Bytes written to conn and not yet credited to the host.
+	uncredited int
 }
 
 type relay struct {
@@ -168,9 +173,13 @@ func (r *relay) toAgent(s *relayStream) {
 		if _, err := s.conn.Write(piece); err != nil {
 			break
 		}
-		var credit [4]byte
-		binary.BigEndian.PutUint32(credit[:], uint32(len(piece)))
-		r.send(s.id, relayCredit, credit[:])
+		s.uncredited += len(piece)
+		if s.uncredited >= relayCreditStep {
+			var credit [4]byte
+			binary.BigEndian.PutUint32(credit[:], uint32(s.uncredited))
+			s.uncredited = 0
+			r.send(s.id, relayCredit, credit[:])
+		}
 	}
 	s.conn.Close()
 	r.forget(s)
