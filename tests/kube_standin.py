@@ -115,8 +115,11 @@ class KubeStandin:
     def __init__(self, namespace: str = "default", node_labels: dict[str, str] | None = None,
                  node_taints: list[dict[str, str]] | None = None, *, snapshots: bool = False,
                  bookmark_interval: float = 1.0,
-                 helper_image: str | None = None) -> None:
+                 helper_image: str | None = None,
+                 protocols: tuple[str, ...] = PROTOCOLS) -> None:
         self.namespace = namespace
+        #: The exec subprotocols it speaks (an API server before 1.30 speaks v4, not v5).
+        self.protocols = protocols
         #: The one node pods are scheduled on, as the scheduler does: its
         #: labels must match a pod's nodeSelector, and a pod must tolerate
         #: its NoSchedule and NoExecute taints; else the pod stays Pending.
@@ -593,7 +596,7 @@ class KubeStandin:
         command = request.query.getall("command", [])
         stdin = request.query.get("stdin") in ("true", "1")
         self.execs.append(list(command))
-        ws = web.WebSocketResponse(protocols=PROTOCOLS)
+        ws = web.WebSocketResponse(protocols=self.protocols)
         await ws.prepare(request)
         self._open_execs.add(ws)
         try:

@@ -133,6 +133,32 @@ async def test_the_relay_opens_again_when_its_exec_drops(standin: KubeStandin) -
                 await sb.exec(["true"])
 
 
+@pytest.fixture(scope="module")
+def v4_standin() -> Iterator[KubeStandin]:
+    """An API server before v5.channel.k8s.io (Kubernetes 1.29 and older)."""
+    server = KubeStandin(protocols=("v4.channel.k8s.io",)).start()
+    fd, path = tempfile.mkstemp(prefix="hutch-kubeconfig-")
+    os.close(fd)
+    server.write_kubeconfig(path)
+    try:
+        yield server
+    finally:
+        server.stop()
+        os.unlink(path)
+
+
+@pytest.mark.parametrize("runtime", ["agent", "native"])
+async def test_an_api_server_that_speaks_only_v4(v4_standin: KubeStandin, runtime: str) -> None:
+    # v4 cannot close a command's stdin: the agent is copied in by size, its
+    # relay never needs to, and the native runtime writes files by size too.
+    async with await _sandbox(v4_standin, runtime) as sb:
+        assert (await sb.exec(["echo", "v4"])).stdout == "v4\n"
+        await sb.write_text("d/f.txt", "on v4\n")
+        assert await sb.read_text("d/f.txt") == "on v4\n"
+        if runtime == "agent":
+            assert (await sb.exec(["cat"], stdin="fed")).stdout == "fed"
+
+
 def test_the_standin_keeps_the_api_contract(standin: KubeStandin) -> None:
     base = f"{standin.url}/api/v1/namespaces/{standin.namespace}/persistentvolumeclaims"
     claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",

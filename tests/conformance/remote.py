@@ -182,6 +182,19 @@ async def _remote_docker_agent() -> AsyncIterator[Harness]:
 
 
 @asynccontextmanager
+async def _remote_gvisor() -> AsyncIterator[Harness]:
+    # gVisor through the daemon: its agent on a socket under the daemon's
+    # data directory, its files in the sandbox's own memory (no host side).
+    d = daemon()
+    async with hutch.AsyncClient(d.url, token=d.token) as client:
+        sb = await client.create_sandbox("gvisor", image=TEST_IMAGE, read_before_write=False)
+        try:
+            yield Harness(sb, "remote-gvisor")
+        finally:
+            await sb.close()
+
+
+@asynccontextmanager
 async def _remote_ssh() -> AsyncIterator[Harness]:
     # The ssh provider through the daemon: the daemon holds the kept connection.
     d = daemon()
@@ -256,6 +269,7 @@ REMOTE_MAKERS: dict[str, tuple[Any, bool, list[pytest.MarkDecorator]]] = {
     "remote-bubblewrap": (_remote_bubblewrap, True, [pytest.mark.docker]),
     "remote-docker": (_remote_docker_agent, True, [pytest.mark.docker]),
     "remote-ssh": (_remote_ssh, True, []),
+    "remote-gvisor": (_remote_gvisor, False, [pytest.mark.docker]),
 }
 # As in-process kubernetes: only when named in HUTCH_CONFORMANCE_PROVIDERS.
 if "remote-kubernetes" in os.environ.get("HUTCH_CONFORMANCE_PROVIDERS", "").split(","):
