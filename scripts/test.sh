@@ -23,6 +23,9 @@ command -v ip >/dev/null 2>&1 || need+=(iproute2)
 # PostgreSQL's server: the PostgreSQL store's tests start a throwaway cluster
 # of their own (tests/postgres_fixture.py), on a private socket directory.
 compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || need+=(postgresql)
+# chromium: the dashboard's browser test (tests/test_dashboard.py) drives Debian's
+# build through Playwright, which never downloads a browser of its own here.
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
 if [ ${#need[@]} -gt 0 ]; then
   log "installing ${need[*]}"
   apt-get update -qq
@@ -39,6 +42,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 log "installing hutch and its test dependencies"
+export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
 
 log "the E2B SDKs the E2B wire's tests drive (Python 2.45, npm; cached under .cache)"
@@ -62,4 +66,4 @@ log "the generated sync faces are up to date (scripts/gen_sync.py)"
 log "pytest"
 # Three workers: most of a test's time is spent waiting on the Engine, a
 # daemon or a sandbox, not on this machine's two cores.
-exec .venv/bin/python -m pytest -q -p no:cacheprovider -n "${HUTCH_TEST_WORKERS:-3}" "$@"
+exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=30 -n "${HUTCH_TEST_WORKERS:-3}" "$@"

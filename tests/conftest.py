@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests import snapshot_leaks
+from tests import artifacts, snapshot_leaks
 from tests.daemon_fixture import DaemonProcess
 
 TEST_IMAGE = os.environ.get("HUTCH_TEST_IMAGE", "hutch-test:bookworm")
@@ -192,6 +192,16 @@ def _leftovers(roots: list[str]) -> list[str]:
         home = rest.split(" ")[0]
         if any(home == r or home.startswith(r + "/") for r in roots):
             left.append(f"stand-in pod container {cid} ({rest})")
+    # Its claims' and snapshots' volumes.
+    volumes = subprocess.run(
+        ["docker", "volume", "ls", "--filter", "label=hutch-test.kube-standin",
+         "--format", '{{.Name}} {{.Label "hutch-test.kube-standin"}}'],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    for line in volumes.stdout.splitlines():
+        name, _, home = line.partition(" ")
+        if any(home == r or home.startswith(r + "/") for r in roots):
+            left.append(f"stand-in volume {name} ({home})")
     for root in roots:
         left += [f"mount {point}" for point in mounts_under(root)]
         left += [f"loop device {dev} backed by {back}" for dev, back in loops_under(root)]
@@ -211,16 +221,35 @@ def _leftovers(roots: list[str]) -> list[str]:
     return left
 
 
+#: When each test of this process began (wall clock, node id), in order: a
+#: leftover is told with the test that was running when it was made.
+_TESTS_BEGUN: list[tuple[float, str]] = []
+
+
+def pytest_runtest_logstart(nodeid: str, location: object) -> None:
+    _TESTS_BEGUN.append((time.time(), nodeid))
+
+
+def _made_by(when: float | None) -> str:
+    if when is None:
+        return ""
+    running = [nodeid for began, nodeid in _TESTS_BEGUN if began <= when]
+    return f" (made during {running[-1]})" if running else " (made before the first test)"
+
+
 def _snapshot_leftovers() -> list[str]:
     """This process's snapshot storage left behind: images labelled with its
     homes, snapshot layers or branch directories under them. Whatever is found
-    is reported, then freed."""
+    is reported with the test that made it, then freed."""
     homes = [SESSION_HOME, *DaemonProcess.data_dirs]
     images = snapshot_leaks.leftover_images(homes)
     layers = snapshot_leaks.leftover_layers(homes)
+    when = snapshot_leaks.made_at(images, layers)
     snapshot_leaks.free(images, layers)
-    return ([f"snapshot image {tags} ({image_id[7:19]}), now freed" for image_id, tags in images]
-            + [f"snapshot layer directory {path}, now freed" for path in layers])
+    return ([f"snapshot image {tags} ({image_id[7:19]}){_made_by(when.get(image_id))}, now freed"
+             for image_id, tags in images]
+            + [f"snapshot layer directory {path}{_made_by(when.get(path))}, now freed"
+               for path in layers])
 
 
 #: What each xdist worker found it left (its daemons and homes are its own).
@@ -275,7 +304,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: object) -> None:
-    """The fault harness's table: kills survived per step and provider."""
+    """The fault harness's table: kills survived per step and provider; the
+    artifacts the run saved (tests/artifacts.py)."""
     from tests.faults import summary
 
     summary(terminalreporter)
+    artifacts.summary(terminalreporter)

@@ -28,13 +28,13 @@ import pytest
 SOURCE = Path(__file__).resolve().parent.parent / "src" / "hutch"
 #: A point's name where the source gives it.
 _POINT = re.compile(r'(?:\bfault_point\(|\bfault=|\bfault: str = )"([a-z0-9-]+(?:\.[a-z0-9-]+)+)"')
-PROVIDERS = ("docker", "bubblewrap", "local")
+PROVIDERS = ("docker", "bubblewrap", "gvisor", "local")
 #: The providers each step applies to (the steps the harness knows how to drive).
 STEPS: dict[str, tuple[str, ...]] = {
-    "pause": ("docker", "bubblewrap"),
-    "suspend": ("docker", "bubblewrap"),
-    "resume": ("docker", "bubblewrap"),
-    "snapshot": ("docker", "bubblewrap", "local"),
+    "pause": ("docker", "bubblewrap", "gvisor"),
+    "suspend": ("docker", "bubblewrap", "gvisor"),
+    "resume": ("docker", "bubblewrap", "gvisor"),
+    "snapshot": ("docker", "bubblewrap", "gvisor", "local"),
     "fork": ("docker", "bubblewrap", "local"),
     "workspace-suspend": ("docker", "bubblewrap", "local"),
     "workspace-resume": ("docker", "bubblewrap", "local"),
@@ -124,12 +124,33 @@ def bubblewrap_state(sandbox_id: str, data_dir: str) -> str:
     return "suspended" if upper.is_dir() else "gone"
 
 
+def gvisor_state(sandbox_id: str, data_dir: str) -> str:
+    """The same for a gvisor sandbox, as runsc has it (under the daemon's
+    state root): running or paused, else suspended where its checkpoint
+    (the image runsc wrote) is in its place."""
+    import json
+    import subprocess
+
+    from hutch.providers.gvisor.runsc import runsc_binary
+
+    home = Path(data_dir) / "gvisor"
+    found = subprocess.run([runsc_binary(), "--root", str(home / "state"), "state", sandbox_id],
+                           capture_output=True, text=True, timeout=30, check=False)
+    status = json.loads(found.stdout).get("status") if found.returncode == 0 else None
+    if status in ("running", "paused"):
+        return str(status)
+    image = home / "sandboxes" / sandbox_id / "checkpoint" / "checkpoint.img"
+    return "suspended" if image.is_file() else "gone"
+
+
 def real_state(provider: str, sandbox_id: str, data_dir: str) -> str | None:
     """What the runtime is, or None where the provider has no such states."""
     if provider == "docker":
         return docker_state(sandbox_id)
     if provider == "bubblewrap":
         return bubblewrap_state(sandbox_id, data_dir)
+    if provider == "gvisor":
+        return gvisor_state(sandbox_id, data_dir)
     return None
 
 

@@ -21,11 +21,13 @@ HOME_LABEL = "hutch.home"
 
 
 def leftover_layers(homes: Iterable[str]) -> list[str]:
-    """Snapshot layers and branch working directories under ``homes``."""
+    """Snapshot layers, branch working directories and gvisor checkpoints
+    under ``homes``."""
     found = []
     for home in homes:
-        for kind in ("snapshots", "mounts"):
-            base = os.path.join(home, "layers", kind)
+        # The gvisor provider's snapshots are checkpoints of their own.
+        for base in [os.path.join(home, "layers", kind) for kind in ("snapshots", "mounts")] \
+                + [os.path.join(home, "gvisor", "snapshots")]:
             with contextlib.suppress(FileNotFoundError):
                 found += [os.path.join(base, name) for name in sorted(os.listdir(base))]
     return found
@@ -49,6 +51,33 @@ def leftover_images(homes: Iterable[str]) -> list[tuple[str, str]]:
         for image in images
         if (image.get("Labels") or {}).get(HOME_LABEL) in wanted
     ]
+
+
+def made_at(images: list[tuple[str, str]], layers: list[str]) -> dict[str, float]:
+    """When each leftover was made (an image's creation, a directory's
+    change time), keyed by image id or path: the run names the test that was
+    running then, so a leak is told with the test that made it."""
+    when: dict[str, float] = {}
+    if images:
+        import docker
+
+        api = docker.APIClient(timeout=30)
+        for image_id, _ in images:
+            with contextlib.suppress(Exception):
+                created = api.inspect_image(image_id)["Created"]
+                when[image_id] = _rfc3339(created)
+    for path in layers:
+        with contextlib.suppress(OSError):
+            when[path] = os.stat(path).st_ctime
+    return when
+
+
+def _rfc3339(stamp: str) -> float:
+    from datetime import datetime
+
+    # Docker gives nanoseconds; fromisoformat takes at most microseconds.
+    head, _, frac = stamp.rstrip("Z").partition(".")
+    return datetime.fromisoformat(f"{head}.{(frac + '000000')[:6]}+00:00").timestamp()
 
 
 def free(images: list[tuple[str, str]], layers: list[str]) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -40,6 +41,10 @@ ANSWER_SECONDS = 5.0
 
 def _param(case: FaultCase) -> Any:
     marks = [pytest.mark.docker] if case.provider in ("docker", "host") else []
+    if case.provider == "gvisor":
+        marks.append(pytest.mark.skipif(shutil.which("runsc") is None and
+                                        not os.environ.get("HUTCH_RUNSC"),
+                                        reason="runsc is not installed"))
     return pytest.param(case, marks=marks, id=case.id)
 
 
@@ -52,7 +57,7 @@ def settings(provider: str, point: str, scratch: str) -> dict[str, Any]:
             # frozen by the container's own commit (the layered one is moved).
             found["host_workdir"] = os.path.join(scratch, "workdir")
         return found
-    if provider == "bubblewrap":
+    if provider in ("bubblewrap", "gvisor"):
         return {"image": TEST_IMAGE}
     return {}
 

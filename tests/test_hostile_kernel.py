@@ -1,6 +1,6 @@
 """The hostile suite, kernel part: root inside every isolating provider's
-sandbox (docker and bubblewrap, on each runtime) goes at the host's kernel
-and is refused each time, and the host is as it was.
+sandbox (docker and bubblewrap, on each runtime, gvisor, kubernetes) goes at
+the host's kernel and is refused each time, and the host is as it was.
 
 What is tried (``tests/hostile_probe.py`` and ``.pl``, run inside as root): every file
 under /proc/sys and /sys with a write bit, written with its own current value
@@ -24,14 +24,12 @@ from typing import Any
 import pytest
 
 import hutch
-from tests.conftest import TEST_IMAGE
+from tests import isolating
+from tests.isolating import kube_standin  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.docker
 
 HERE = os.path.dirname(__file__)
-#: Every isolating provider, on each runtime it has.
-KINDS = [("docker", "agent"), ("docker", "native"), ("bubblewrap", "agent"),
-         ("bubblewrap", "native")]
 #: Host settings that change on their own (the kernel lowers the perf sample
 #: rate under load; the last PID moves with every process the host starts).
 _VOLATILE = {"kernel/ns_last_pid", "kernel/perf_event_max_sample_rate"}
@@ -69,12 +67,8 @@ def _restore(before: dict[str, bytes], after: dict[str, bytes]) -> None:
                 fh.write(before[key])
 
 
-async def _probe(provider: str, runtime: str, host_pid: int) -> dict[str, Any]:
-    settings: dict[str, Any] = {"image": TEST_IMAGE, "runtime": runtime,
-                                "read_before_write": False}
-    if provider == "bubblewrap":
-        settings["ephemeral"] = True
-    async with await hutch.create_sandbox(provider, **settings) as sb:
+async def _probe(settings: dict[str, Any], host_pid: int) -> dict[str, Any]:
+    async with await hutch.create_sandbox(**settings, read_before_write=False) as sb:
         for name in ("hostile_probe.py", "hostile_probe.pl"):
             with open(os.path.join(HERE, name), "rb") as fh:
                 await sb.write_bytes(f"/tmp/{name}", fh.read())
@@ -99,16 +93,18 @@ def _parse(said: str) -> dict[str, Any]:
     return answers
 
 
-@pytest.fixture(scope="module", params=KINDS, ids=lambda k: "-".join(k))
+@pytest.fixture(scope="module", params=isolating.params())
 def attempt(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
     """One sandbox of a kind, probed once: what it answered, and the host's
     state around it."""
-    provider, runtime = request.param
+    kind = request.param
+    standin = request.getfixturevalue("kube_standin") if kind == "kubernetes" else None
+    settings = isolating.settings(kind, standin)
     bystander = subprocess.Popen(["sleep", "600"])
     try:
         before = host_settings()
         try:
-            answers = asyncio.run(_probe(provider, runtime, bystander.pid))
+            answers = asyncio.run(_probe(settings, bystander.pid))
         finally:
             after = host_settings()
             _restore(before, after)
@@ -121,6 +117,22 @@ def attempt(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
         bystander.wait()
 
 
+#: The kinds whose sandboxes run on the host's kernel. A gvisor sandbox's
+#: kernel is gVisor's own (the Sentry, in user space): its /proc/sys, its
+#: namespaces are that kernel's, and a write or an unshare there reaches the
+#: sandbox's kernel only, never the host's. What gvisor lets through is
+#: judged by the host's state around it (its settings, devices, processes).
+HOST_KERNEL = [k for k in isolating.KINDS if k != "gvisor"]
+#: Calls whose refusal is a rule of the host's kernel surface only.
+HOST_KERNEL_CALLS = {"unshare user namespace", "unshare mount namespace"}
+CALLS = [
+    "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load",
+    "keyctl", "add_key", "request_key", "bpf", "perf_event_open", "userfaultfd",
+    "unshare user namespace", "unshare mount namespace",
+]
+
+
+@pytest.mark.parametrize("attempt", isolating.params(*HOST_KERNEL), indirect=True)
 def test_no_kernel_setting_takes_a_write(attempt: dict[str, Any]) -> None:
     answers = attempt["answers"]
     assert int(answers["knobs-tried"]) > 100, answers  # /proc/sys was walked
@@ -137,6 +149,11 @@ def test_the_hosts_kernel_settings_are_unchanged(attempt: dict[str, Any]) -> Non
     assert len(before) > 100
 
 
+#: A node made in a gvisor sandbox names a device of gVisor's own kernel,
+#: which backs only its own (null, zero, random...): a host device's numbers
+#: open nothing (ENXIO), so making one gives nothing of the host's. The host
+#: kernel's rule (no CAP_MKNOD, as docker) is the other kinds'.
+@pytest.mark.parametrize("attempt", isolating.params(*HOST_KERNEL), indirect=True)
 def test_no_device_node_is_made(attempt: dict[str, Any]) -> None:
     assert "accepted" not in attempt["answers"]["mknod"].values(), attempt["answers"]["mknod"]
 
@@ -153,10 +170,10 @@ def test_no_host_process_is_traced(attempt: dict[str, Any]) -> None:
     assert attempt["bystander_alive"]
 
 
-@pytest.mark.parametrize("call", [
-    "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load",
-    "keyctl", "add_key", "request_key", "bpf", "perf_event_open", "userfaultfd",
-    "unshare user namespace", "unshare mount namespace",
-])
+@pytest.mark.parametrize("attempt, call", [
+    pytest.param(kind.values[0], call, id=f"{kind.id}-{call}", marks=kind.marks)
+    for kind in isolating.params() for call in CALLS
+    if call not in HOST_KERNEL_CALLS or kind.values[0] in HOST_KERNEL
+], indirect=["attempt"])
 def test_kernel_surfaces_are_refused(attempt: dict[str, Any], call: str) -> None:
     assert attempt["answers"]["call"][call] != "accepted", attempt["answers"]["call"]

@@ -27,8 +27,10 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import TEST_IMAGE
+from tests import isolating
 from tests.daemon_fixture import DaemonProcess
+from tests.isolating import kube_standin  # noqa: F401  (a fixture)
+from tests.kube_standin import KubeStandin
 
 pytestmark = pytest.mark.docker  # both providers run the test image
 
@@ -40,11 +42,11 @@ GROWTH_CAP = 64 << 20
 #: The budget of the daemon that refuses input: under one caller's stdin.
 SMALL_BUDGET = 4 << 20
 
-PROVIDERS = [
-    pytest.param(("bubblewrap", "native"), id="bubblewrap-native"),
-    pytest.param(("docker", "native"), id="docker-native"),
-    pytest.param(("bubblewrap", "agent"), id="bubblewrap-agent"),
-]
+#: The kinds whose outputs come through a path of their own: the native
+#: runtimes (a subprocess's pipes, docker exec's stream, pods/exec's
+#: WebSocket) and the agent's (bubblewrap's; gvisor's through gVisor's gofer).
+PROVIDERS = isolating.params("bubblewrap-native", "docker-native", "bubblewrap-agent",
+                             "gvisor", "kubernetes")
 
 
 def _config(tmp: str, budget: int | None) -> list[str]:
@@ -58,7 +60,8 @@ def _config(tmp: str, budget: int | None) -> list[str]:
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    d = DaemonProcess(token=f"tok-{uuid.uuid4().hex}").start()
+    d = DaemonProcess(token=f"tok-{uuid.uuid4().hex}",
+                      extra_args=isolating.DAEMON_ALLOWS).start()
     yield d
     d.close()
 
@@ -75,10 +78,10 @@ def _headers(d: DaemonProcess) -> dict[str, str]:
     return {"Authorization": f"Bearer {d.token}"}
 
 
-def _sandbox(d: DaemonProcess, provider: str, runtime: str) -> str:
-    settings: dict[str, Any] = {"provider": provider, "image": TEST_IMAGE, "runtime": runtime}
-    if provider == "bubblewrap":
-        settings["ephemeral"] = True
+def _sandbox(d: DaemonProcess, kind: str, request: pytest.FixtureRequest | None = None) -> str:
+    standin: KubeStandin | None = (
+        request.getfixturevalue("kube_standin") if request and kind == "kubernetes" else None)
+    settings = isolating.settings(kind, standin)
     answer = httpx.post(f"{d.url}/v1/sandboxes", json=settings, headers=_headers(d),
                         timeout=300)
     assert answer.status_code == 201, answer.text
@@ -218,11 +221,11 @@ def _serves(d: DaemonProcess, sandbox_id: str) -> None:
     assert answer.json()["stdout"] == "still here\n"
 
 
-@pytest.mark.parametrize("where", PROVIDERS)
+@pytest.mark.parametrize("kind", PROVIDERS)
 def test_concurrent_large_outputs_are_answered_and_the_daemon_stays_bounded(
-    daemon: DaemonProcess, where: tuple[str, str]
+    daemon: DaemonProcess, kind: str, request: pytest.FixtureRequest
 ) -> None:
-    sandbox_id = _sandbox(daemon, *where)
+    sandbox_id = _sandbox(daemon, kind, request)
     try:
         callers = Callers()
         for i in range(2):
@@ -263,7 +266,7 @@ def test_input_over_the_memory_budget_is_refused_and_output_spills(
     caller gets ``daemon_busy``; outputs larger than the budget still come
     whole (they are on disk, not in memory), and the daemon serves on."""
     d = small_daemon
-    sandbox_id = _sandbox(d, "bubblewrap", "native")
+    sandbox_id = _sandbox(d, "bubblewrap-native")
     try:
         callers = Callers()
         stdin = os.urandom(SMALL_BUDGET)
@@ -346,7 +349,7 @@ def test_background_commands_hold_their_unread_stdin_within_the_budget(
     starting more such commands is refused (``daemon_busy``) before the
     budget is passed, and once they end the budget is whole again."""
     d = small_daemon
-    sandbox_id = _sandbox(d, "bubblewrap", "native")
+    sandbox_id = _sandbox(d, "bubblewrap-native")
     base = f"{d.url}/v1/sandboxes/{sandbox_id}/processes"
     stdin = base64.b64encode(os.urandom(SMALL_BUDGET // 16)).decode()
     started: list[str] = []
@@ -378,20 +381,22 @@ def test_background_commands_hold_their_unread_stdin_within_the_budget(
         _delete(d, sandbox_id)
 
 
-@pytest.mark.parametrize("where", [
-    pytest.param(("bubblewrap", "native"), id="bubblewrap-native"),
+@pytest.mark.parametrize("kind", [
+    "bubblewrap-native",
     # grep -F in the container sends every line back as a candidate.
-    pytest.param(("docker", "native"), id="docker-native"),
+    "docker-native",
+    # So does grep through pods/exec.
+    "kubernetes",
 ])
 def test_a_grep_matching_millions_of_empty_lines_is_cut_at_its_cap(
-    daemon: DaemonProcess, where: tuple[str, str]
+    daemon: DaemonProcess, kind: str, request: pytest.FixtureRequest
 ) -> None:
     """Each match costs the answer its place, not only its line's
     characters: a file of empty lines that all match is cut at the grep's
     cap (``output_limit_exceeded``), not answered as millions of matches
     held in the daemon's memory; docker's candidate lines are matched as
     they come, never all held at once."""
-    sandbox_id = _sandbox(daemon, *where)
+    sandbox_id = _sandbox(daemon, kind, request)
     try:
         made = _exec(daemon, sandbox_id,
                      {"cmd": "head -c 4000000 /dev/zero | tr '\\0' '\\n' > empty-lines"})

@@ -197,7 +197,12 @@ async def test_through_a_daemon_each_sample_gets_one_and_nothing_stays() -> None
 
 
 @pytest.mark.anyio
-async def test_a_definition_is_ensured_per_sample_and_completed(tmp_path: Any) -> None:
+async def test_a_definition_is_ensured_per_sample_and_completed(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A home of its own: the definition's set-up snapshot is kept there for
+    # the next ensure (as a user's would be), and goes with the test's files.
+    monkeypatch.setenv("HUTCH_HOME", str(tmp_path / "home"))
     config_file = tmp_path / "hutch.toml"
     config_file.write_text(
         '[definitions.prepared]\nprovider = "local"\n'

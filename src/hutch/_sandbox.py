@@ -533,13 +533,14 @@ class Sandbox(SandboxSession):
         Plain JSON-ready data, the same a daemon answers for the sandbox.
         Reading it is not activity.
         """
-        memory = None
+        memory = disk = None
         if self.state not in FINAL:
             try:
                 memory = await self._backend.memory_bytes()
+                disk = await self._backend.disk_bytes()
             except Exception:  # a figure for a dashboard: its absence is an answer
-                memory = None
-        return self._live.info_json(self.status(), memory)
+                pass
+        return self._live.info_json(self.status(), memory, disk)
 
     @property
     def meter(self) -> dict[str, float]:

@@ -71,11 +71,16 @@ class SandboxInfo(BaseModel):
     deadline_unix: float | None
     meter: dict[str, float]
     memory_bytes: int | None
+    disk_bytes: int | None = Field(
+        default=None, description="disk its own files take (what it wrote over its image), "
+        "where its provider can tell")
     open_operations: int
     attachments: list[Attachment]
     refs: list[RefInfo]
     workspace: str | None = None
     ended_at_unix: float | None = None
+    origin_snapshot_id: str | None = Field(
+        default=None, description="the snapshot it was started from (a fork's, an attach's)")
 
 
 class SandboxList(BaseModel):

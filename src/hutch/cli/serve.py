@@ -42,7 +42,8 @@ from ._common import command, console, err_console, exit_code_for, exit_with, re
               "open-files limit); past it the longest-idle one is closed.")
 @click.option("--advertise-url", metavar="URL",
               help="Where the other daemons sharing the store reach this one (also "
-              "HUTCH_ADVERTISE_URL); default: the address it listens on.")
+              "HUTCH_ADVERTISE_URL, or [server] advertise_url in hutch.toml); default: the "
+              "address it listens on.")
 def serve(
     host: str, port: int, token_file: str | None, data_dir: str | None,
     retention: float | None, allow: tuple[str, ...], allow_provider: tuple[str, ...],
@@ -59,7 +60,7 @@ def serve(
 
     def announce(url: str, where: str) -> None:
         # Said only once the port is ours and the daemon has started.
-        console.print(f"hutch serving on {url} (state in {where})")
+        console.print(f"hutch serving on {url} (state in {where}); dashboard at {url}/ui/")
 
     try:
         run(host, port, data_dir=data_dir, token_file=token_file, retention_seconds=retention,

@@ -7,10 +7,9 @@ not edit; change an operation and run ``python scripts/gen_sync.py`` (CI runs
 it with ``--check``).
 
 Each operation is written once, as an I/O-free generator; its method here
-and its twin on the other side drive it, over ``httpx.AsyncClient``
-(:mod:`._generated_async`) and ``httpx.Client`` (:mod:`._generated_sync`;
-:mod:`hutch.client._transports`), so the faces take the same parameters and
-give the same results, typed.
+and its twin on the other side drive it, over ``httpx.AsyncClient`` (here)
+and ``httpx.Client`` (:mod:`._generated_sync`; :mod:`hutch.client._transports`),
+so the faces take the same parameters and give the same results, typed.
 """
 
 from __future__ import annotations

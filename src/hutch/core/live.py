@@ -137,9 +137,11 @@ class LiveSandbox:
         ]
         return here + ([] if server is None else server.attachments())
 
-    def info_json(self, status: SandboxStatus, memory: int | None) -> dict[str, Any]:
+    def info_json(
+        self, status: SandboxStatus, memory: int | None, disk: int | None = None
+    ) -> dict[str, Any]:
         """What the sandbox is and how it is (``Sandbox.info``), with its
-        ``status`` and ``memory`` as its session read them."""
+        ``status``, ``memory`` and ``disk`` as its session read them."""
         return {
             "id": self.id,
             "provider": self.backend.provider,
@@ -153,6 +155,7 @@ class LiveSandbox:
             "deadline_unix": status.deadline_unix,
             "meter": status.meter,
             "memory_bytes": memory,
+            "disk_bytes": disk,
             "open_operations": self.open_operations,
             "attachments": self.attachments_json(),
             "refs": [] if self.server is None else self.server.refs_json(),

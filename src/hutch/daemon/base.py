@@ -390,8 +390,8 @@ class DaemonBase:
     def _lock(self, name: str) -> asyncio.Lock:
         return self._workspace_locks.setdefault(name, asyncio.Lock())
 
-    def _workspace(self, name: str) -> WorkspaceRow:
-        row = self.store.get_workspace(name)
+    async def _workspace(self, name: str) -> WorkspaceRow:
+        row = await self.astore.get_workspace(name)
         if row is None:
             raise NotFound(f"no workspace {name!r}")
         return row

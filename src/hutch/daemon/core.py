@@ -75,7 +75,7 @@ class Daemon(Fleet):
         log.info("requests that name no provider get %r", default)
         await self.reconcile(after_clean_stop=clean)
         await self._free_failed_to_be_pruned()
-        await anyio.to_thread.run_sync(self.prune_ended)
+        await self.prune_ended()
         self._pruner = asyncio.get_running_loop().create_task(self._prune_periodically())
 
     def _clean_stop_key(self) -> str:

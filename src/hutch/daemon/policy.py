@@ -170,8 +170,10 @@ class OperatorPolicy:
         for name, why in host_reaching(requested).items():
             if name in self.allow:
                 continue
-            if name in operator_set and getattr(requested, name) == getattr(operators, name):
-                continue  # the operator's own default
+            if (name in operator_set and operators is not None
+                    and name in operators.model_fields_set
+                    and getattr(requested, name) == getattr(operators, name)):
+                continue  # the operator's own setting (not a default nobody set)
             raise SandboxPermissionDenied(
                 f"the {getattr(requested, 'type', 'provider')} setting {name!r} {why}; "
                 f"through the daemon only its operator may set it. To allow it, "

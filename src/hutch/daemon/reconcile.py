@@ -7,7 +7,7 @@ import contextlib
 import json
 import time
 
-import anyio.to_thread
+import anyio
 
 from .._errors import (
     HutchError,
@@ -51,13 +51,13 @@ class Reconciling(Workspaces):
                     and self._own(row.owner):
                 await self._free_failed(row)
 
-    def prune_ended(self) -> None:
+    async def prune_ended(self) -> None:
         """Forget sandboxes that ended longer ago than the retention period
         (one daemon of a fleet at a time: the holder of its pruning lease)."""
-        if self.daemon_id is not None and not self.store.take_lease(
+        if self.daemon_id is not None and not await self.astore.take_lease(
                 PRUNING_LEASE, self.daemon_id, max(60.0, self._prune_interval() * 3)):
             return
-        pruned = self.store.prune_ended(time.time() - self.retention_seconds)
+        pruned = await self.astore.prune_ended(time.time() - self.retention_seconds)
         if pruned:
             log.info("pruned %d sandboxes that ended over %.0f s ago",
                      len(pruned), self.retention_seconds)
@@ -72,7 +72,7 @@ class Reconciling(Workspaces):
             await anyio.sleep(interval)
             try:
                 await self._free_failed_to_be_pruned()
-                await anyio.to_thread.run_sync(self.prune_ended)
+                await self.prune_ended()
             except Exception:
                 log.exception("pruning ended sandboxes failed; tried again in %.0f s", interval)
 

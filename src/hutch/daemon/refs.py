@@ -45,7 +45,7 @@ class Refs(Watching):
             expires_at_unix=None if expires_in is None else now + expires_in,
             workspace=self.workspace_of.get(sandbox_id),
         )
-        known = self._sandbox_refs(sandbox_id)  # read before the new row is in the store
+        known = await self._load_refs(sandbox_id)  # read before the new row is in the store
         await self.astore.put_ref(row)
         known.append(row)
         self._refs[row.id] = row
@@ -70,12 +70,14 @@ class Refs(Watching):
         await self.astore.put_ref(row)
         await self.astore.log_event(sandbox_id, "ref", f"ref {ref_id} revoked")
 
-    def _sandbox_refs(self, sandbox_id: str) -> list[RefRow]:
+    async def _load_refs(self, sandbox_id: str) -> list[RefRow]:
+        """A sandbox's refs, read from the store (off the loop) once, then
+        kept: what :meth:`open_refs` answers from."""
         refs = self._refs_of.get(sandbox_id)
         if refs is None:
-            refs = [self._refs.setdefault(r.id, r) for r in
-                    self.store.list_refs(sandbox_id, self.workspace_of.get(sandbox_id))]
-            self._refs_of[sandbox_id] = refs
+            stored = await self.astore.list_refs(sandbox_id, self.workspace_of.get(sandbox_id))
+            refs = self._refs_of.setdefault(
+                sandbox_id, [self._refs.setdefault(r.id, r) for r in stored])
         return refs
 
     async def ref_target(self, ref: RefRow, sandbox_id: str) -> str | None:
@@ -167,10 +169,12 @@ class Refs(Watching):
         )
 
     def open_refs(self, sandbox_id: str) -> list[RefRow]:
-        """The refs that can still attach to a sandbox (unrevoked, unexpired)."""
+        """The refs that can still attach to a sandbox (unrevoked, unexpired),
+        of those loaded (:meth:`_load_refs`: by :meth:`info` and every ref
+        handed out; a sandbox none was handed out for here has none loaded)."""
         now = time.time()
         return [
-            r for r in self._sandbox_refs(sandbox_id)
+            r for r in self._refs_of.get(sandbox_id, ())
             if r.revoked_at_unix is None and (r.expires_at_unix is None or r.expires_at_unix > now)
         ]
 

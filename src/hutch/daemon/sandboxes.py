@@ -208,7 +208,7 @@ class Sandboxes(Refs):
         return sandbox
 
     # -- sandbox definitions ---------------------------------------------------------------
-    def put_definition(self, definition_id: str, body: Mapping[str, Any]) -> Definition:
+    async def put_definition(self, definition_id: str, body: Mapping[str, Any]) -> Definition:
         """A definition from an API client: its provider settings as the
         operator's policy admits them; a source on the daemon's host (a
         directory, a file:// repository) is the operator's alone."""
@@ -231,7 +231,7 @@ class Sandboxes(Refs):
         named = {"provider": d.provider.type} if "provider" in d.model_fields_set else {}
         admitted = self.spec_from_request({**settings, **named})
         d = d.model_copy(update={"provider": admitted.provider})
-        return self.definitions.put(d)
+        return await self.definitions.add(d)
 
     @staticmethod
     def definition_json(d: Definition) -> dict[str, Any]:
@@ -254,9 +254,11 @@ class Sandboxes(Refs):
         """The sandbox's own description, and what the daemon knows around it."""
         info = await sandbox.info()
         if sandbox.id not in self._hosted:  # a hosted one's own lists come from here already
+            await self._load_refs(sandbox.id)
             info["attachments"] = self.attachments(sandbox.id)
             info["refs"] = self.refs_json(sandbox.id)
-        return {**info, "workspace": self.workspace_of.get(sandbox.id), "ended_at_unix": None}
+        return {**info, "workspace": self.workspace_of.get(sandbox.id), "ended_at_unix": None,
+                "origin_snapshot_id": sandbox.origin_snapshot_id}
 
     @classmethod
     def stored_info(cls, row: SandboxRow) -> dict[str, Any]:
@@ -288,11 +290,13 @@ class Sandboxes(Refs):
             "deadline_unix": None,
             "meter": dict(row.meter),
             "memory_bytes": None,
+            "disk_bytes": None,
             "open_operations": 0,
             "attachments": [],
             "refs": [],
             "workspace": row.workspace,
             "ended_at_unix": row.updated_at_unix,
+            "origin_snapshot_id": row.origin_snapshot_id,
         }
 
     async def describe(self, sandbox_id: str) -> dict[str, Any]:

@@ -180,15 +180,15 @@ class Snapshots(Pooling):
             raise
         return snapshot, branches
 
-    def snapshot_dependents(
+    async def snapshot_dependents(
         self, snapshot_id: str, *, children: bool = True
     ) -> list[SnapshotDependent]:
         """What still needs a snapshot: child snapshots, workspaces made from
         it or kept in it, live sandboxes started from it. (A child's storage
         never needs its parent's record: providers keep shared layers alive.)"""
-        needs = [SnapshotDependent("snapshot", r.id) for r in self.store.list_snapshots()
+        needs = [SnapshotDependent("snapshot", r.id) for r in await self.astore.list_snapshots()
                  if children and r.parent_id == snapshot_id and r.status != SnapshotStatus.REMOVING]
-        for ws in self.store.list_workspaces():
+        for ws in await self.astore.list_workspaces():
             if snapshot_id in (ws.source_snapshot_id, ws.state_snapshot_id):
                 needs.append(SnapshotDependent("workspace", ws.name))
         # A branch started from it that has not captured a state of its own since.
@@ -203,7 +203,7 @@ class Snapshots(Pooling):
         something depends on it unless ``force``. Returns what it broke (what
         needed it and was removed from under)."""
         row = await self.get_snapshot(snapshot_id)
-        needs = self.snapshot_dependents(snapshot_id)
+        needs = await self.snapshot_dependents(snapshot_id)
         named = ", ".join(map(str, needs))
         if needs and not force:
             raise InvalidState(
@@ -235,7 +235,7 @@ class Snapshots(Pooling):
         if not snapshot_id:
             return
         row = await self.astore.get_snapshot(snapshot_id)
-        if row is None or self.snapshot_dependents(snapshot_id, children=False):
+        if row is None or await self.snapshot_dependents(snapshot_id, children=False):
             return
         await self._remove_snapshot(row)
 

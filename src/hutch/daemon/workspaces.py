@@ -21,6 +21,7 @@ from ..config import SandboxSpec
 from ..providers.registry import get_provider
 from ..states import HELD, RESUMABLE, SandboxState, WorkspaceStatus
 from ..store import (
+    OwnershipLost,
     SnapshotRow,
     WorkspaceRow,
 )
@@ -39,10 +40,10 @@ class Workspaces(Snapshots):
     async def _save_workspace_state(self, name: str, sandbox_id: str, *, diff: bool) -> str:
         """Snapshot a workspace's sandbox as the workspace's one state snapshot,
         replacing (and releasing) the last one. Under the workspace's lock."""
-        row = self._workspace(name)
+        row = await self._workspace(name)
         previous = row.state_snapshot_id
         state = await self.snapshot_sandbox(sandbox_id, f"workspace {name} state", diff=diff)
-        row = self._workspace(name)
+        row = await self._workspace(name)
         row.state_snapshot_id = state.id
         await self.astore.put_workspace(row)
         await self._release_snapshot(previous)
@@ -112,7 +113,14 @@ class Workspaces(Snapshots):
                 source_snapshot_id=source.id if source else None,
                 created_at_unix=now, last_active_unix=now,
             )
-            await self.astore.put_workspace(row)
+            try:
+                await self.astore.put_workspace(row)
+            except OwnershipLost:
+                # Another daemon of the fleet made it between the look and
+                # this write (the lock above is this daemon's only): its row.
+                if await self.astore.get_workspace(name) is not None:
+                    raise InvalidState(f"workspace {name!r} already exists") from None
+                raise
             try:
                 await self.create_sandbox(spec, workspace=name, sandbox_id=sid,
                                           from_snapshot=source)
@@ -137,7 +145,7 @@ class Workspaces(Snapshots):
         state is written whole.
         """
         async with self._lock(name):
-            row = self._workspace(name)
+            row = await self._workspace(name)
             sandbox = self.sandboxes.get(row.live_sandbox_id or "")
             if row.status != WorkspaceStatus.RUNNING or sandbox is None:
                 raise InvalidState(
@@ -172,7 +180,7 @@ class Workspaces(Snapshots):
 
     async def resume_workspace(self, name: str) -> WorkspaceRow:
         async with self._lock(name):
-            row = self._workspace(name)
+            row = await self._workspace(name)
             live = self.sandboxes.get(row.live_sandbox_id or "")
             if row.status == WorkspaceStatus.RUNNING and live is not None:
                 if live.state in HELD:
@@ -206,7 +214,7 @@ class Workspaces(Snapshots):
 
     async def delete_workspace(self, name: str) -> None:
         async with self._lock(name):
-            row = self._workspace(name)
+            row = await self._workspace(name)
             # Recorded first: a daemon killed half-way finishes the delete at start.
             row.status = WorkspaceStatus.DELETING
             await self.astore.put_workspace(row)

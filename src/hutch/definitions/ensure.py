@@ -114,14 +114,31 @@ class Definitions:
         self._definitions[definition.id] = definition
         return definition
 
+    async def add(self, definition: Definition | Mapping[str, Any]) -> Definition:
+        """:meth:`put`, its store write in a worker thread (off the event loop)."""
+        return await anyio.to_thread.run_sync(self.put, definition)
+
     def get(self, definition_id: str) -> Definition:
         if definition_id not in self._definitions:
-            # Put since through another program on the store (a fleet's daemon).
-            for row in self.host.store.list_definitions():
-                if row.id == definition_id:
-                    with contextlib.suppress(InvalidArgument):
-                        self._definitions[row.id] = Definition.parse(row.body,
-                                                                     definition_id=row.id)
+            self._reload(definition_id)
+        return self._known(definition_id)
+
+    async def find(self, definition_id: str) -> Definition:
+        """:meth:`get`, its store read (a definition not known here yet) in a
+        worker thread (off the event loop)."""
+        if definition_id not in self._definitions:
+            await anyio.to_thread.run_sync(self._reload, definition_id)
+        return self._known(definition_id)
+
+    def _reload(self, definition_id: str) -> None:
+        """Read ``definition_id`` from the store: put since through another
+        program on the store (a fleet's daemon)."""
+        for row in self.host.store.list_definitions():
+            if row.id == definition_id:
+                with contextlib.suppress(InvalidArgument):
+                    self._definitions[row.id] = Definition.parse(row.body, definition_id=row.id)
+
+    def _known(self, definition_id: str) -> Definition:
         try:
             return self._definitions[definition_id]
         except KeyError:
@@ -174,7 +191,7 @@ class Definitions:
         *,
         progress: Progress | None = None,
     ) -> Ensured:
-        d = definition if isinstance(definition, Definition) else self.get(definition)
+        d = definition if isinstance(definition, Definition) else await self.find(definition)
         if not isinstance(thread_id, str) or not thread_id or len(thread_id) > 256:
             raise InvalidArgument("thread_id must be a non-empty string of at most 256 characters")
         key = d.instance_key(thread_id, tenant)
@@ -257,7 +274,7 @@ class Definitions:
                 snapshot_id = await self.host.snapshot(sandbox, label_for(key))
                 steps.append(Step("snapshot", time.monotonic() - started))
                 fault_point("definition-ensure.snapshotted")
-                self._drop_replaced(key, snapshot_id)
+                await self._drop_replaced(key, snapshot_id)
         except BaseException:
             # A half-made environment is neither kept nor recorded.
             with anyio.CancelScope(shield=True):
@@ -265,13 +282,13 @@ class Definitions:
             raise
         return sandbox, snapshot_id
 
-    def _drop_replaced(self, key: str, newest: str) -> None:
+    async def _drop_replaced(self, key: str, newest: str) -> None:
         """The key's older snapshots (stale, or of a sandbox since rebuilt) are
         never restored again: free them rather than keep them for ever. In the
         background: freeing storage is not on the way to the sandbox (an
         engine busy deleting images must not hold ``ensure`` up)."""
         replaced = [
-            row for row in self.host.store.list_snapshots()
+            row for row in await anyio.to_thread.run_sync(self.host.store.list_snapshots)
             if row.label == label_for(key) and row.id != newest
         ]
         if not replaced:
@@ -314,7 +331,7 @@ class Definitions:
         """The run ended: destroy the sandbox when the definition says so
         (``destroy_on_complete``, or ``reuse: none``); else it stays, under
         its keep_alive rule. Whether a sandbox was destroyed."""
-        d = definition if isinstance(definition, Definition) else self.get(definition)
+        d = definition if isinstance(definition, Definition) else await self.find(definition)
         key = d.instance_key(thread_id, tenant)
         async with self._key_held(key):
             row = await anyio.to_thread.run_sync(self.host.store.get_instance, key)

@@ -375,7 +375,7 @@ class LocalHost(SandboxHost):
     async def snapshot(self, sandbox: Sandbox, label: str) -> str:
         record = await sandbox.snapshot(label)
         # Recorded only once captured whole: a capture cut short names nothing.
-        self.store.put_snapshot(SnapshotRow(
+        await anyio.to_thread.run_sync(self.store.put_snapshot, SnapshotRow(
             id=record.id, provider=record.provider, status=SnapshotStatus.READY.value, label=label,
             sandbox_id=record.sandbox_id, parent_id=record.parent_id,
             size_bytes=record.size_bytes, created_at_unix=record.created_at_unix,
@@ -396,7 +396,7 @@ class LocalHost(SandboxHost):
         from .._api import remove_snapshot
 
         # The record first: a removal cut short leaves storage, never a record of nothing.
-        self.store.delete_snapshot(snapshot.id)
+        await anyio.to_thread.run_sync(self.store.delete_snapshot, snapshot.id)
         await remove_snapshot(_snapshot_of(snapshot))
 
     def describe(self, sandbox: Sandbox) -> dict[str, Any]:

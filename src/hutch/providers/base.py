@@ -656,6 +656,11 @@ class SandboxBackend(SandboxPart):
         """Memory the sandbox holds now, where the provider can tell."""
         return None
 
+    async def disk_bytes(self) -> int | None:
+        """Disk the sandbox's own files take now (what it wrote over its image),
+        where the provider can tell cheaply; None where it cannot."""
+        return None
+
 
     async def preview_url(self, port: int) -> str:
         raise CapabilityUnsupported.for_provider(self.provider, "preview_url")

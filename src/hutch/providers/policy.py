@@ -45,6 +45,22 @@ class ReachesHost:
     why: str
     #: Whether a value leaves the host alone (by default: unset or empty).
     is_safe: Callable[[Any], bool] = _unset
+    #: Instead of ``is_safe``, where it depends on other settings too: whether
+    #: the whole config leaves the host alone as far as this setting goes.
+    safe_in: Callable[[Any], bool] | None = None
+
+    def reaches(self, config: BaseModel, value: Any) -> bool:
+        if self.safe_in is not None:
+            return not self.safe_in(config)
+        return not self.is_safe(value)
+
+
+@dataclass(frozen=True)
+class OperatorsChoice(ReachesHost):
+    """A setting that spends what the operator holds rather than the host
+    (a cluster's namespaces, nodes, storage classes and registry secrets,
+    reached with the operator's credentials): refused through the daemon as
+    a host-reaching setting is, allowed by name alike."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +84,7 @@ def host_reaching(config: BaseModel) -> dict[str, str]:
     """The settings of ``config`` whose values reach the host: name -> why."""
     return {
         name: mark.why for name, mark in _marked(config, ReachesHost)
-        if not mark.is_safe(getattr(config, name))
+        if mark.reaches(config, getattr(config, name))
     }
 
 

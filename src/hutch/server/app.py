@@ -29,6 +29,7 @@ from collections.abc import (
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio.to_thread
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -45,7 +46,7 @@ from ..daemon import Daemon, default_data_dir
 from ..store import open_store
 from . import e2b
 from .errors import error_json, unexpected_error_json
-from .forward import Forward
+from .forward import Forward, Forwarder
 from .hot import HotRoutes
 from .metrics import OperationMetrics
 from .middleware import BodyBudget, BodyLimit, CancelOnDisconnect, TokenAuth
@@ -60,6 +61,7 @@ from .routes import (
     refs,
     sandboxes,
     snapshots,
+    ui,
     watch,
     workspaces,
 )
@@ -135,15 +137,20 @@ def create_app(
         # /tmp that may be memory itself).
         _membudget.configure(settings.memory_budget,
                              os.path.join(os.environ["HUTCH_HOME"], "spool"))
-        daemon = Daemon(
-            settings.data_dir, sandbox_defaults=settings.sandbox_defaults,
-            store=None if settings.store is None else open_store(
-                settings.store, os.environ["HUTCH_HOME"]),
-            timeout_ceiling=settings.timeout_ceiling,
-            retention_seconds=settings.retention_seconds, policy=settings.policy(),
-            definitions=settings.definitions, default_provider=settings.default_provider,
-            advertise_url=settings.advertise_url,
-        )
+
+        def make_daemon() -> Daemon:
+            return Daemon(
+                settings.data_dir, sandbox_defaults=settings.sandbox_defaults,
+                store=None if settings.store is None else open_store(
+                    settings.store, os.environ["HUTCH_HOME"]),
+                timeout_ceiling=settings.timeout_ceiling,
+                retention_seconds=settings.retention_seconds, policy=settings.policy(),
+                definitions=settings.definitions, default_provider=settings.default_provider,
+                advertise_url=settings.advertise_url,
+            )
+
+        # Off the loop: opening the store reads (and may migrate) it.
+        daemon = await anyio.to_thread.run_sync(make_daemon)
         try:
             await daemon.start()
             await daemon.start_pools(settings.pools)  # hutch.toml's, then the API's
@@ -197,6 +204,7 @@ def create_app(
                    if isinstance(route, APIRoute) and route.name in HOT_HANDLERS)
         app.include_router(router)
     app.include_router(health_router())
+    ui.mount(app, settings.token)  # the dashboard: its pages and login (its data is /v1's)
 
     # The last added is the outermost: the token is checked before the fast path.
     app.add_middleware(
@@ -209,9 +217,10 @@ def create_app(
     app.add_middleware(OperationMetrics, daemon=lambda: holder.get("daemon"))
     # Inside the credential check: another daemon's sandbox is served by it
     # (and counted there).
-    app.add_middleware(Forward, daemon=lambda: holder.get("daemon"))
+    forwarder = Forwarder(lambda: holder.get("daemon"))
+    app.add_middleware(Forward, forwarder=forwarder)
     app.add_middleware(TokenAuth, token=settings.token, daemon=lambda: holder.get("daemon"))
     # Outermost: E2B's requests carry E2B's credentials, not the bearer token.
     e2b.mount(app, daemon=lambda: holder.get("daemon"), token=settings.token,
-              max_body_bytes=settings.max_body_bytes)
+              max_body_bytes=settings.max_body_bytes, forwarder=forwarder)
     return app

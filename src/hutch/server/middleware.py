@@ -31,6 +31,7 @@ from ..daemon import Daemon
 from ..store import RefRow
 from .asgi import ASGIApp, Message, Receive, Scope, Send, header, is_json, render_json, respond
 from .errors import error_json
+from .uisession import session_authorizes
 
 log = logging.getLogger("hutch.server")
 
@@ -96,10 +97,18 @@ def session_of(scope: Scope) -> str | None:
     return f"{ref.id}/{session or ''}"
 
 
+def is_dashboard_page(path: str) -> bool:
+    """Whether a path is the dashboard's own (``/ui``): its static files and
+    its login, which hold no data; every call it makes for data is ``/v1``'s."""
+    return (path == "/ui" or path.startswith("/ui/")) and ".." not in path.split("/")
+
+
 class TokenAuth:
     """Pure ASGI middleware: every request, streams and websockets included,
-    needs the bearer token or a ref (a credential for one sandbox). With no
-    token set, only refs are taken: nothing is answered without a credential."""
+    needs the bearer token or a ref (a credential for one sandbox), or a
+    dashboard session of the token (:mod:`hutch.server.uisession`). With no
+    token set, only refs are taken: nothing is answered without a credential.
+    The dashboard's pages (static, no data) and its login are open."""
 
     def __init__(
         self, app: ASGIApp, token: str | None, daemon: Callable[[], Daemon | None]
@@ -115,6 +124,12 @@ class TokenAuth:
         given = bearer_credential(scope)
         if given is not None and given.startswith(REF_PREFIX.encode()):
             await self._with_ref(given, scope, receive, send)
+            return
+        if given is None and scope["type"] == "http" and (
+            is_dashboard_page(scope["path"])
+            or (self.expected is not None and session_authorizes(scope, self.expected))
+        ):
+            await self.app(scope, receive, send)
             return
         # Constant time: how much of a guess matched must not show in the timing.
         if (

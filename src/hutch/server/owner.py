@@ -31,6 +31,7 @@ import socket
 import tempfile
 from typing import TYPE_CHECKING, Any
 
+import anyio.to_thread
 import uvicorn
 
 from .._errors import HutchError
@@ -151,7 +152,7 @@ class OwnerServer:
     async def start(cls, sandbox: Sandbox) -> OwnerServer:
         directory = _private_directory()
         try:
-            core = Daemon(directory)
+            core = await anyio.to_thread.run_sync(Daemon, directory)  # opens its store
             core.host(sandbox)
             server = cls(sandbox, directory, core)
             await server._serve()

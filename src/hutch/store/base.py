@@ -9,6 +9,8 @@ several daemons) joins by implementing :class:`Store`.
 from __future__ import annotations
 
 import abc
+import asyncio
+import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -112,6 +114,33 @@ class OwnershipLost(StoreUnavailable):
     """A write to a row this daemon no longer owns (another daemon took it
     over, or this one's lease lapsed): refused, nothing of it kept. The
     writer stops serving the row (without touching its runtime)."""
+
+
+class StoreCallOnLoop(RuntimeError):
+    """A store call made on the thread running an event loop, while
+    ``HUTCH_STORE_OFF_LOOP_CHECK`` asks for them to be refused: a bug (the
+    call belongs behind :class:`~hutch.store.aio.AsyncStore` or a worker
+    thread), never an answer to a client."""
+
+
+#: Whether a store call on an event loop's thread is refused (set in tests:
+#: a daemon that makes one fails the request, and says so in its log).
+_REFUSE_ON_LOOP = os.environ.get("HUTCH_STORE_OFF_LOOP_CHECK") == "1"
+_log = logging.getLogger("hutch.store")
+
+
+def check_off_loop(what: str) -> None:
+    """Refuse (``StoreCallOnLoop``) a store call on the thread running an
+    event loop, when the check is on: a disk or a database round trip there
+    stalls every other request. Each store's calls pass through here."""
+    if not _REFUSE_ON_LOOP:
+        return
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return  # a worker thread, or a program with no loop
+    _log.error("store call on the event loop: %s", what, stack_info=True)
+    raise StoreCallOnLoop(f"store call on the event loop's thread: {what}")
 
 
 @dataclass

@@ -1424,6 +1424,11 @@ export interface components {
             created_at_unix: number | null;
             /** Deadline Unix */
             deadline_unix: number | null;
+            /**
+             * Disk Bytes
+             * @description disk its own files take (what it wrote over its image), where its provider can tell
+             */
+            disk_bytes?: number | null;
             /** Ended At Unix */
             ended_at_unix?: number | null;
             /** Id */
@@ -1440,6 +1445,11 @@ export interface components {
             };
             /** Open Operations */
             open_operations: number;
+            /**
+             * Origin Snapshot Id
+             * @description the snapshot it was started from (a fork's, an attach's)
+             */
+            origin_snapshot_id?: string | null;
             /** Provider */
             provider: string;
             /** Reason */

@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import os
 import re
+import socket
 import stat
 import uuid
 from collections.abc import (
@@ -27,7 +28,7 @@ from collections.abc import (
     Iterator,
     Mapping,
 )
-from typing import IO, TypeVar
+from typing import IO, Any, TypeVar
 
 import anyio.to_thread
 
@@ -345,9 +346,13 @@ class AgentRuntime(SandboxRuntime):
         recover: Recover,
         default_user: str | None = None,
         on_oom: Callable[[], None] | None = None,
+        connect: Callable[[], socket.socket] | None = None,
     ) -> None:
         super().__init__(sandbox_id, workdir)
         self.socket_path = socket_path
+        #: How a connection is made, where the agent is not behind a socket
+        #: file here (a pod's, through a relay): AgentFailure when it cannot be.
+        self._connect_by = connect
         #: Told when the OOM killer ended a command (where the provider's own
         #: watch cannot see it: in the workload's cgroup).
         self.on_oom = on_oom
@@ -362,17 +367,27 @@ class AgentRuntime(SandboxRuntime):
         #: here, not through the socket); not where its descriptors are not
         #: the host's (gVisor's user-space kernel): the bytes travel in frames.
         self.hands_over_fds = True
+        #: Only processes on a CPU (running, or in uninterruptible I/O) keep
+        #: the sandbox busy, not any alive: where a suspend keeps processes
+        #: (gVisor's checkpoint), a server waiting for a connection costs
+        #: nothing if suspended, while work in progress would be held up.
+        self.busy_means_running = False
 
     # -- connections ----------------------------------------------------------------
+    def _dial(self) -> socket.socket:
+        if self._connect_by is not None:
+            return self._connect_by()
+        return connect_socket(self.socket_path)
+
     async def _connect(self) -> Channel:
         """A fresh connection; when there is none to be had, the provider is
         asked to bring the agent back and it is tried once more."""
         try:
-            return Channel(connect_socket(self.socket_path))
+            return Channel(self._dial())
         except AgentFailure as exc:
             await self._recover(str(exc))
         try:
-            return Channel(connect_socket(self.socket_path))
+            return Channel(self._dial())
         except AgentFailure as exc:
             raise await self.failed(exc) from None
 
@@ -398,7 +413,7 @@ class AgentRuntime(SandboxRuntime):
         if self._idle:
             return
         try:
-            self._idle.append(Channel(connect_socket(self.socket_path)))
+            self._idle.append(Channel(self._dial()))
         except AgentFailure:
             pass  # the next request finds out, and recovers
 
@@ -504,7 +519,10 @@ class AgentRuntime(SandboxRuntime):
         )
 
     async def count_busy_processes(self) -> int:
-        return await self.request({"op": "busy"}, lambda r: max(0, int(number(r, "count"))))
+        ask: dict[str, Any] = {"op": "busy"}
+        if self.busy_means_running:
+            ask["running"] = True
+        return await self.request(ask, lambda r: max(0, int(number(r, "count"))))
 
     # -- files --------------------------------------------------------------------------
     async def read_file(self, path: str, limit: int) -> bytes:
@@ -731,7 +749,7 @@ class AgentRuntime(SandboxRuntime):
         fds = open_task_files(dirs)
         channel: Channel | None = None
         try:
-            channel = Channel(connect_socket(self.socket_path))
+            channel = Channel(self._dial())
             await channel.send_fds({"op": "workload", "name": WORKLOAD_NAME}, fds)
             reply, _ = await channel.recv(timeout)
             if reply["t"] == "err":
@@ -748,7 +766,7 @@ class AgentRuntime(SandboxRuntime):
 
     async def ping(self, timeout: float = ANSWER_TIMEOUT) -> int:
         """The agent's pid, once it answers (AgentFailure if it does not)."""
-        channel = Channel(connect_socket(self.socket_path))
+        channel = Channel(self._dial())
         try:
             await channel.send({"op": "ping"})
             reply, _ = await channel.recv(timeout)

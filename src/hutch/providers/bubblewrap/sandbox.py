@@ -174,6 +174,8 @@ class BubblewrapSandbox(SandboxBackend):
         self.hostname = hostname
         self.ephemeral = ephemeral
         self._keeper_process = keeper_process
+        #: A suspended upper layer's use, by which directory it was (its inode and ctime).
+        self._disk_seen: tuple[tuple[int, int], int] | None = None
         self._runtime = BubblewrapRuntime(sandbox_id, workdir, parts)
         #: hutch's agent as the keeper and runtime, or None for the native one.
         self._agent: AgentWithNativeUsers | None = None
@@ -553,6 +555,29 @@ class BubblewrapSandbox(SandboxBackend):
 
     async def memory_bytes(self) -> int | None:
         return self.parts.cgroup.memory_usage()
+
+    async def disk_bytes(self) -> int | None:
+        layers = self.parts.layers
+        if layers.upper_on == "hot":
+            if not layers.view:
+                return None
+            # A running upper layer is a tmpfs of its own: its use is one statvfs.
+            try:
+                fs = os.statvfs(layers.view + layers.hot)
+            except OSError:
+                return None
+            return (fs.f_blocks - fs.f_bfree) * fs.f_frsize
+        # Suspended: a directory, which does not change until the resume
+        # copies it back (a new directory then): walked once per suspend.
+        try:
+            here = os.stat(layers.disk_upper)
+        except OSError:
+            return None
+        key = (here.st_ino, here.st_ctime_ns)
+        if self._disk_seen is None or self._disk_seen[0] != key:
+            used = await anyio.to_thread.run_sync(snapshots.disk_usage, [layers.disk_upper])
+            self._disk_seen = (key, used)
+        return self._disk_seen[1]
 
     async def is_alive(self) -> bool:
         keeper = self.parts.keeper

@@ -50,7 +50,8 @@ def snapshot_path(snapshot_id: str) -> str:
     return os.path.join(snapshots_dir(), snapshot_id)
 
 
-def _disk_usage(paths: list[str]) -> int:
+def disk_usage(paths: list[str]) -> int:
+    """Bytes the files under ``paths`` take on disk (their blocks, not their sizes)."""
     total = 0
     for top in paths:
         for dirpath, _dirs, files in os.walk(top):
@@ -95,7 +96,7 @@ def capture(layers: Layers, cgroup: SandboxCgroup, snapshot_id: str, *, diff: bo
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
-    return {"layers": stack, "size_bytes": _disk_usage(own)}
+    return {"layers": stack, "size_bytes": disk_usage(own)}
 
 
 def layers_of(snapshot_id: str, data: dict[str, Any]) -> list[str]:

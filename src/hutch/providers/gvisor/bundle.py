@@ -15,10 +15,11 @@ AGENT_BINARY_PATH = "/.hutch/bin/hutch-agent"
 AGENT_RUN_DIR = "/.hutch/run"
 AGENT_SOCKET = "agent.sock"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: Docker's defaults less what the docker provider drops too (raw sockets,
+#: mknod, audit writes, chroot, file capabilities): agents have no use for them.
 _CAPS = [
     "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_SETGID",
-    "CAP_SETUID", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_MKNOD",
-    "CAP_AUDIT_WRITE", "CAP_SETFCAP",
+    "CAP_SETUID", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE",
 ]
 
 
@@ -38,13 +39,18 @@ def spec(
         "process": {
             "terminal": False,
             "user": {"uid": 0, "gid": 0},
-            # The keeper holds nothing a checkpoint cannot save; the agent
-            # (whose socket is a host socket) runs beside it: see agent_argv.
-            "args": ["sleep", "infinity"],
+            # hutch's agent is pid 1: it reaps orphans as an init does, and
+            # lets go of its host socket (which a checkpoint refuses) when
+            # asked, keeping every process it started (see the agent's
+            # shared.go).
+            "args": agent_argv(),
             "env": [f"{k}={v}" for k, v in {"PATH": DEFAULT_PATH, "HOME": "/root",
                                             "LANG": "C.UTF-8", **env}.items()],
             "cwd": "/",
             "capabilities": {k: list(_CAPS) for k in ("bounding", "effective", "permitted")},
+            # A setuid program run by another user does not raise it (docker's
+            # no-new-privileges); root's own setuid() still switches users.
+            "noNewPrivileges": True,
         },
         "root": {"path": rootfs, "readonly": False},
         "hostname": hostname,
@@ -74,11 +80,16 @@ def write(bundle_dir: str, config: Mapping[str, Any]) -> None:
 
 
 def agent_argv() -> list[str]:
-    # Through sh: runsc exec --detach (2022) appends a --pid-file argument of
-    # its own to the command, which lands in sh's $1 here, unused.
-    return ["/bin/sh", "-c",
-            f"exec {AGENT_BINARY_PATH} serve-shared {AGENT_RUN_DIR}/{AGENT_SOCKET}", "sh"]
+    return [AGENT_BINARY_PATH, "serve-shared", f"{AGENT_RUN_DIR}/{AGENT_SOCKET}"]
 
 
-def env_of(config: Mapping[str, Any]) -> list[str]:
-    return [str(item) for item in config["process"]["env"]]
+def for_branch(config: Mapping[str, Any], *, run_dir: str, sandbox_id: str) -> dict[str, Any]:
+    """A snapshot's bundle for a sandbox restored from it: the same root,
+    mounts and flags (a checkpoint restores under nothing else), its own
+    agent directory and cgroup."""
+    branch: dict[str, Any] = json.loads(json.dumps(config))
+    for mount in branch["mounts"]:
+        if mount.get("destination") == AGENT_RUN_DIR:
+            mount["source"] = run_dir
+    branch["linux"]["cgroupsPath"] = f"/hutch-gvisor/{sandbox_id}"
+    return branch

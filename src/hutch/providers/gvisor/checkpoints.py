@@ -1,7 +1,12 @@
 """Checkpoints: a running sandbox's whole state (processes, memory, its
 in-memory root overlay) written by ``runsc checkpoint`` and brought back by
 ``runsc restore``. Each records the runsc build that wrote it: another build
-cannot read it, and says so before trying."""
+cannot read it, and says so before trying.
+
+The sandbox's pid 1 is hutch's agent, whose socket is a host socket (made
+through gVisor's gofer), which a checkpoint refuses: the agent lets go of it
+before (SIGUSR1) and listens again after a restore (SIGUSR2), its processes
+kept throughout."""
 
 from __future__ import annotations
 
@@ -11,9 +16,11 @@ import logging
 import os
 import shutil
 import time
+from typing import Any
 
 from ..._errors import InvalidState, ProviderError
-from . import bundle, runsc
+from ..._faults import fault_point
+from . import runsc
 
 log = logging.getLogger("hutch.gvisor")
 META = "hutch-checkpoint.json"
@@ -33,65 +40,127 @@ def held(directory: str) -> bool:
     )
 
 
-def start_agent(container: str, env: list[str]) -> None:
-    """hutch's agent, started beside the keeper (blocking)."""
-    flags = [f"--env={item}" for item in env]
-    try:
-        runsc.run("exec", "--detach", "--cwd", "/", *flags, container, *bundle.agent_argv(),
-                  what=f"starting {container}'s agent")
-    except ProviderError as exc:
-        # Debian's build (2022) passes its own --pid-file to the command
-        # rather than to itself and then fails waiting for that file, with
-        # the command started all the same: whether the agent came up is
-        # told by its answer (the caller waits for it), this kept for then.
-        log.debug("runsc exec --detach: %s", exc)
+def size_of(directory: str) -> int:
+    total = 0
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.scandir(directory):
+            if entry.is_file(follow_symlinks=False):
+                total += entry.stat(follow_symlinks=False).st_size
+    return total
+
+
+def listen_again(container: str) -> None:
+    """The agent (pid 1) listening on its socket again (blocking; the caller
+    waits for its answer)."""
+    runsc.run("kill", container, "USR2", what=f"waking {container}'s agent")
 
 
 def release_agent(container: str, socket_path: str) -> None:
-    """The agent ended (its socket is a host socket, which a checkpoint
-    refuses); what it started lives on under the keeper. Blocking."""
-    try:
-        with open(socket_path + ".pid") as found:
-            pid = int(found.read().strip())
-    except (OSError, ValueError):
-        return
-    runsc.run("kill", "--pid", str(pid), container, "KILL", what=f"ending {container}'s agent")
+    """The agent holding no host socket (it removes its pid file last); what
+    it started lives on. Blocking."""
+    runsc.run("kill", container, "USR1", what=f"asking {container}'s agent to let go")
     deadline = time.monotonic() + RELEASE_TIMEOUT
-    while pid in runsc.pids(container):
+    while os.path.lexists(socket_path + ".pid"):
         if time.monotonic() >= deadline:
-            raise ProviderError(f"gvisor: {container}'s agent did not end")
-        time.sleep(0.005)
+            raise ProviderError(f"gvisor: {container}'s agent did not let go of its socket")
+        time.sleep(0.002)
+    # Not always removable from inside (a gofer-made socket): the agent's
+    # next listen would find it in its way.
     with contextlib.suppress(FileNotFoundError):
         os.unlink(socket_path)
 
 
-def checkpoint(container: str, directory: str, socket_path: str) -> None:
+def checkpoint(container: str, directory: str, socket_path: str, *, fault: str) -> None:
     """The container's state into ``directory``, the container gone (its
-    memory freed). Blocking."""
-    shutil.rmtree(directory, ignore_errors=True)
-    os.makedirs(directory)
-    build = runsc.runsc_build()
-    release_agent(container, socket_path)
-    runsc.run("checkpoint", "--image-path", directory, container,
-              what=f"checkpointing {container}")
+    memory freed). Blocking. The agent has let go when it returns, also
+    when it fails (the caller asks it to listen again).
+
+    The image is written beside ``directory`` (``.partial``), with its
+    record written first: should hutch die once runsc has written it (the
+    sandbox stopped, its state only there), :func:`settle` finds it whole
+    and puts it in place, so that nothing is lost."""
+    work = directory + ".partial"
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    try:
+        write_json(os.path.join(work, META),
+                   {"runsc_build": runsc.runsc_build(), "at": time.time()})
+        release_agent(container, socket_path)
+        runsc.run("checkpoint", "--image-path", work, container,
+                  what=f"checkpointing {container}")
+        fault_point(fault)
+        _put_in_place(work, directory)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
     runsc.remove(container)
-    with open(os.path.join(directory, META), "w") as out:
-        json.dump({"runsc_build": build, "at": time.time()}, out)
 
 
-def restore(container: str, directory: str, bundle_dir: str) -> None:
-    """The container running again from ``directory`` (with no agent: the
-    caller starts one). Blocking."""
+def _put_in_place(work: str, directory: str) -> None:
+    shutil.rmtree(directory, ignore_errors=True)
+    os.rename(work, directory)
+
+
+def settle(container: str, directory: str) -> None:
+    """A checkpoint runsc finished writing while hutch was gone (its
+    ``.partial`` holds the image and its record, and the sandbox no longer
+    runs: runsc stops it only once the image is written) put in place.
+    Blocking; nothing to do otherwise."""
+    work = directory + ".partial"
+    if not held(work):
+        return
+    found = runsc.state(container)
+    if found is not None and found.get("status") in ("running", "paused", "created"):
+        return  # still being written, or a checkpoint that failed and left it running
+    _put_in_place(work, directory)
+
+
+def check_build(directory: str, what: str) -> None:
     with open(os.path.join(directory, META)) as meta:
         recorded = str(json.load(meta).get("runsc_build", ""))
     build = runsc.runsc_build()
     if recorded != build:
         raise CheckpointBuildMismatch(
-            f"gvisor: {container}'s checkpoint was written by another runsc build "
+            f"gvisor: {what} was written by another runsc build "
             f"({recorded.splitlines()[0] if recorded else 'unknown'}; this is "
             f"{build.splitlines()[0] if build else 'unknown'}): a checkpoint restores only "
             "under the build that wrote it"
         )
-    runsc.remove(container)  # a stopped leftover of the same name
-    runsc.run("restore", "--detach", "--image-path", directory, "--bundle", bundle_dir,
-              container, what=f"restoring {container}")
+
+
+def restore(container: str, directory: str, bundle_dir: str, log_path: str) -> None:
+    """The container running again from ``directory``, its agent not yet
+    listening (the caller wakes it). Blocking."""
+    check_build(directory, f"{container}'s checkpoint")
+    if runsc.state(container) is not None:
+        runsc.remove(container)  # a stopped leftover of the same name
+    runsc.start("restore", "--image-path", directory, "--bundle", bundle_dir, container,
+                container=container, log_path=log_path, what=f"restoring {container}")
+
+
+def copy_image(source: str, target: str) -> None:
+    """A checkpoint's files under ``target`` too: hard links where the file
+    system allows (a checkpoint's files are never written again), else
+    copies. Blocking."""
+    work = target + ".partial"
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    try:
+        for entry in os.scandir(source):
+            if entry.is_file(follow_symlinks=False):
+                into = os.path.join(work, entry.name)
+                try:
+                    os.link(entry.path, into)
+                except OSError:
+                    shutil.copy2(entry.path, into)
+        os.rename(work, target)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+
+
+def write_json(path: str, value: Any) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as out:
+        json.dump(value, out)
+    os.replace(tmp, path)

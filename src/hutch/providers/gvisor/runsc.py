@@ -10,6 +10,8 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
+import time
 from typing import Any
 
 import anyio.to_thread
@@ -43,12 +45,21 @@ def runsc_binary() -> str:
     return found
 
 
+_builds: dict[tuple[str, int, int], str] = {}
+
+
 def runsc_build() -> str:
-    """The build, as ``runsc --version`` says it (checkpoints are tied to it)."""
-    result = subprocess.run(
-        [runsc_binary(), "--version"], capture_output=True, text=True, check=False, timeout=30
-    )
-    return result.stdout.strip()
+    """The build, as ``runsc --version`` says it (checkpoints are tied to it);
+    asked once per binary file (a new one, a package upgrade, is asked again)."""
+    binary = runsc_binary()
+    found = os.stat(binary)
+    key = (os.path.realpath(binary), found.st_mtime_ns, found.st_size)
+    if key not in _builds:
+        result = subprocess.run(
+            [binary, "--version"], capture_output=True, text=True, check=False, timeout=30
+        )
+        _builds[key] = result.stdout.strip()
+    return _builds[key]
 
 
 def argv(*args: str) -> list[str]:
@@ -81,6 +92,44 @@ async def run_async(*args: str, what: str, timeout: float = 120.0) -> str:
     return await anyio.to_thread.run_sync(lambda: run(*args, what=what, timeout=timeout))
 
 
+def start(*args: str, container: str, log_path: str, what: str,
+          timeout: float = 120.0) -> None:
+    """``runsc run`` or ``runsc restore`` of ``container``, returning once it
+    runs (blocking). Not ``--detach``: runsc stays the sandbox's parent and
+    reaps it the moment it ends (a checkpoint, a delete), and then deletes
+    the container itself. A detached sandbox is reaped by whatever adopts
+    it, and ``runsc delete`` waits for that: seconds where pid 1 reaps
+    lazily. Its output (and the sandbox's) goes to ``log_path``."""
+    with open(log_path, "ab") as log_file:
+        process = subprocess.Popen(
+            argv(*args), stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + timeout
+    while True:
+        found = state(container)
+        if found is not None and found.get("status") == "running":
+            break
+        if process.poll() is not None:
+            raise ProviderError(f"gvisor: {what}: {_tail(log_path)}")
+        if time.monotonic() >= deadline:
+            process.kill()
+            process.wait()
+            raise ProviderError(f"gvisor: {what}: not running after {timeout:g}s")
+        time.sleep(0.01)
+    threading.Thread(target=process.wait, name=f"runsc {container}", daemon=True).start()
+
+
+def _tail(path: str) -> str:
+    try:
+        with open(path, "rb") as found:
+            found.seek(max(0, os.path.getsize(path) - 2000))
+            said = found.read().decode(errors="replace").strip().splitlines()
+    except OSError:
+        said = []
+    return " ".join(said[-3:])[:600] or "runsc ended"
+
+
 def state(container: str) -> dict[str, Any] | None:
     """runsc's state of ``container`` (``status``: running, paused, stopped),
     or None where runsc knows none by that name."""
@@ -99,6 +148,18 @@ def state(container: str) -> dict[str, Any] | None:
 
 def remove(container: str) -> None:
     """The container gone, whatever its state (blocking)."""
+    # Killed first: the runsc that started it reaps it and deletes it at
+    # once, where a delete of a running sandbox waits seconds for its end.
+    subprocess.run(
+        argv("kill", container, "KILL"), capture_output=True, check=False, timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        found = state(container)
+        if found is None or found.get("status") == "stopped":
+            break
+        time.sleep(0.01)
     subprocess.run(
         argv("delete", "--force", container), capture_output=True, check=False, timeout=60,
         stdin=subprocess.DEVNULL,

@@ -24,8 +24,9 @@ from typing import Annotated, Any, Literal
 import anyio.to_thread
 from pydantic import ConfigDict, Field
 
-from ..._errors import InvalidArgument, ProviderError, SandboxUnavailable
-from ..._types import Capabilities
+from ..._errors import InvalidArgument, NotFound, ProviderError, SandboxUnavailable
+from ..._faults import fault_point
+from ..._types import Capabilities, ProviderSnapshot
 from .._hostproc import SANDBOX_MARKER
 from ..agent import AgentFailure, AgentRuntime, agent_binary
 from ..base import ProviderSettings, RuntimeState, SandboxBackend, SandboxRuntime
@@ -103,6 +104,9 @@ class GvisorSandbox(SandboxBackend):
         # runsc checkpoint / restore: processes, memory and the root overlay.
         suspend=True,
         suspend_keeps_processes=True,
+        # A checkpoint restored as often as asked: processes and memory too.
+        snapshot=True,
+        fork=True,
         network_isolation=True,
         resource_limits=True,
         # The agent runs as root in the sandbox's own kernel, able to switch users.
@@ -119,6 +123,9 @@ class GvisorSandbox(SandboxBackend):
         )
         # Its descriptors are the user-space kernel's, not the host's.
         self._agent.hands_over_fds = False
+        # Its processes live through a suspend: one waiting (a server, a
+        # REPL) lets the sandbox go idle; one working keeps it awake.
+        self._agent.busy_means_running = True
 
     @property
     def bundle_dir(self) -> str:
@@ -127,6 +134,11 @@ class GvisorSandbox(SandboxBackend):
     @property
     def checkpoint_dir(self) -> str:
         return os.path.join(self.sandbox_dir, "checkpoint")
+
+    @property
+    def log_path(self) -> str:
+        """runsc's output and the sandbox's own (its agent's)."""
+        return os.path.join(self.sandbox_dir, "runsc.log")
 
     @property
     def run_dir(self) -> str:
@@ -175,9 +187,8 @@ class GvisorSandbox(SandboxBackend):
             os.makedirs(sandbox.run_dir, mode=0o700)
             os.chmod(sandbox.run_dir, 0o700)
             bundle.write(sandbox.bundle_dir, spec)
-            runsc.run("run", "--detach", "--bundle", sandbox.bundle_dir, sandbox_id,
-                      what=f"starting sandbox {sandbox_id}")
-            checkpoints.start_agent(sandbox_id, bundle.env_of(spec))
+            runsc.start("run", "--bundle", sandbox.bundle_dir, sandbox_id, container=sandbox_id,
+                        log_path=sandbox.log_path, what=f"starting sandbox {sandbox_id}")
 
         try:
             await anyio.to_thread.run_sync(provision)
@@ -212,6 +223,13 @@ class GvisorSandbox(SandboxBackend):
             )
         if status == "paused":
             raise SandboxUnavailable(f"gvisor sandbox {self.sandbox_id} is paused")
+        if status == "running" and not os.path.lexists(self.agent_socket):
+            # Let go for a checkpoint, or restored, by a hutch that died
+            # before it asked the agent to listen again: it is asked now
+            # (its processes were kept throughout).
+            await anyio.to_thread.run_sync(lambda: checkpoints.listen_again(self.sandbox_id))
+            await self._await_agent()
+            return True
         return False
 
     def describe(self) -> dict[str, Any]:
@@ -234,31 +252,171 @@ class GvisorSandbox(SandboxBackend):
         await runsc.run_async("resume", self.sandbox_id, what=f"unpausing {self.sandbox_id}")
 
     async def suspend(self) -> None:
+        if await self._status() == "paused":
+            await self.unpause()  # the agent lets go of its socket first: it must run
         self._agent.drop_connections()
-        await anyio.to_thread.run_sync(
-            lambda: checkpoints.checkpoint(self.sandbox_id, self.checkpoint_dir, self.agent_socket)
-        )
+        try:
+            await anyio.to_thread.run_sync(
+                lambda: checkpoints.checkpoint(
+                    self.sandbox_id, self.checkpoint_dir, self.agent_socket,
+                    fault="suspend.gvisor.checkpointed",
+                )
+            )
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self._wake_after_failure()
+            raise
+
+    async def _wake_after_failure(self) -> None:
+        """A checkpoint that failed leaves the sandbox running with its agent
+        let go: it listens again (when the sandbox is still there)."""
+        if await self._status() != "running":
+            return
+        with contextlib.suppress(ProviderError):
+            await anyio.to_thread.run_sync(lambda: checkpoints.listen_again(self.sandbox_id))
+            await self._await_agent()
 
     async def resume(self) -> None:
-        await anyio.to_thread.run_sync(
-            lambda: checkpoints.restore(self.sandbox_id, self.checkpoint_dir, self.bundle_dir)
-        )
-        env = await anyio.to_thread.run_sync(self._agent_env)
-        await anyio.to_thread.run_sync(lambda: checkpoints.start_agent(self.sandbox_id, env))
-        await self._await_agent()
+        await self._restore_from(self.checkpoint_dir, fault="resume.gvisor.restored")
         await anyio.to_thread.run_sync(
             lambda: shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
         )
 
-    def _agent_env(self) -> list[str]:
-        with open(os.path.join(self.bundle_dir, "config.json")) as spec:
-            return bundle.env_of(json.load(spec))
+    async def _restore_from(self, directory: str, fault: str | None = None) -> None:
+        """Running from a checkpoint, its agent answering."""
+        await anyio.to_thread.run_sync(
+            lambda: checkpoints.restore(self.sandbox_id, directory, self.bundle_dir,
+                                        self.log_path)
+        )
+        if fault is not None:
+            fault_point(fault)
+        await anyio.to_thread.run_sync(lambda: checkpoints.listen_again(self.sandbox_id))
+        await self._await_agent()
+
+    # -- snapshots and fork -------------------------------------------------------------
+    async def capture(self, snapshot_id: str, *, diff: bool = True) -> ProviderSnapshot:
+        """The whole state, processes and memory too (``diff`` is moot: a
+        checkpoint is always whole). A running or paused sandbox is
+        checkpointed and restored from the same image (Debian's runsc's
+        ``--leave-running`` is unreliable), and left as it was."""
+        if not _SAFE_ID.match(snapshot_id):
+            raise InvalidArgument(f"snapshot id {snapshot_id!r} cannot name a directory")
+        target = os.path.join(snapshots_dir(), snapshot_id)
+        image = os.path.join(target, "image")
+        await anyio.to_thread.run_sync(lambda: _begin_snapshot(target, self.bundle_dir))
+        try:
+            status = await self._status()
+            if status in (None, "stopped") and checkpoints.held(self.checkpoint_dir):
+                # Suspended: its checkpoint is the state, as it is.
+                await anyio.to_thread.run_sync(
+                    lambda: checkpoints.copy_image(self.checkpoint_dir, image)
+                )
+            else:
+                await self._checkpoint_in_place(image, paused=status == "paused")
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(lambda: shutil.rmtree(target, ignore_errors=True))
+            raise
+        size = await anyio.to_thread.run_sync(lambda: checkpoints.size_of(image))
+        return ProviderSnapshot(
+            snapshot_id=snapshot_id, provider=self.provider, size_bytes=size,
+            data={"directory": target, "workdir": self.workdir}, includes_memory=True,
+        )
+
+    async def _checkpoint_in_place(self, image: str, *, paused: bool) -> None:
+        if paused:
+            await self.unpause()
+        self._agent.drop_connections()
+        # Into the sandbox's own checkpoint first, then linked into the
+        # snapshot: should hutch die before the origin runs again, its state
+        # is where a suspended sandbox's is (found suspended, resumed), not
+        # only in a snapshot that may never be recorded.
+        try:
+            await anyio.to_thread.run_sync(
+                lambda: checkpoints.checkpoint(self.sandbox_id, self.checkpoint_dir,
+                                               self.agent_socket,
+                                               fault="snapshot.gvisor.checkpointed")
+            )
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self._wake_after_failure()
+            raise
+        try:
+            await anyio.to_thread.run_sync(
+                lambda: checkpoints.copy_image(self.checkpoint_dir, image))
+        finally:
+            # The origin goes on from the state it was captured in.
+            await self._restore_from(self.checkpoint_dir)
+        await anyio.to_thread.run_sync(
+            lambda: shutil.rmtree(self.checkpoint_dir, ignore_errors=True))
+        if paused:
+            await self.pause()
+
+    @classmethod
+    async def create_from_snapshot(
+        cls, config: GvisorConfig, sandbox_id: str, snapshot: ProviderSnapshot
+    ) -> GvisorSandbox:
+        """A restore of the snapshot's checkpoint under a bundle of its own
+        (its own agent directory and cgroup; the root overlay, the working
+        directory in it, is the checkpoint's copy, never shared): the same
+        process tree, going on from where it was captured."""
+        if not _SAFE_ID.match(sandbox_id):
+            raise InvalidArgument(f"sandbox id {sandbox_id!r} cannot name a directory")
+        source = str(snapshot.data.get("directory", ""))
+        image = os.path.join(source, "image")
+        if not checkpoints.held(image):
+            raise NotFound(f"gvisor snapshot {snapshot.snapshot_id}'s checkpoint is gone")
+        runsc.runsc_binary()
+        sandbox_dir = os.path.join(sandboxes_dir(), sandbox_id)
+        if os.path.exists(sandbox_dir):
+            raise InvalidArgument(f"sandbox {sandbox_id} already exists")
+        sandbox = cls(sandbox_id, str(snapshot.data.get("workdir") or config.workdir),
+                      sandbox_dir)
+
+        def provision() -> None:
+            with open(os.path.join(source, "config.json")) as found:
+                spec = bundle.for_branch(json.load(found), run_dir=sandbox.run_dir,
+                                         sandbox_id=sandbox_id)
+            os.makedirs(sandbox.run_dir, mode=0o700)
+            os.chmod(sandbox.run_dir, 0o700)
+            bundle.write(sandbox.bundle_dir, spec)
+
+        try:
+            await anyio.to_thread.run_sync(provision)
+            await sandbox._restore_from(image)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(lambda: _discard(sandbox_id))
+            raise
+        return sandbox
+
+    @classmethod
+    async def remove_snapshot(cls, snapshot: ProviderSnapshot) -> None:
+        if not _SAFE_ID.match(snapshot.snapshot_id):
+            return
+        target = os.path.join(snapshots_dir(), snapshot.snapshot_id)
+        await anyio.to_thread.run_sync(lambda: shutil.rmtree(target, ignore_errors=True))
+
+    @classmethod
+    async def held_snapshots(cls) -> list[str]:
+        def held() -> list[str]:
+            try:
+                names = os.listdir(snapshots_dir())
+            except FileNotFoundError:
+                return []
+            return sorted(n for n in names if _SAFE_ID.match(n) and not n.endswith(".partial")
+                          and checkpoints.held(os.path.join(snapshots_dir(), n, "image")))
+        return await anyio.to_thread.run_sync(held)
 
     async def is_alive(self) -> bool:
         return await self._status() in ("running", "paused", "created")
 
     async def is_suspended(self) -> bool:
-        return checkpoints.held(self.checkpoint_dir) and not await self.is_alive()
+        if await self.is_alive():
+            return False
+        await anyio.to_thread.run_sync(
+            lambda: checkpoints.settle(self.sandbox_id, self.checkpoint_dir))
+        return checkpoints.held(self.checkpoint_dir)
 
     async def observed_state(self) -> RuntimeState:
         status = await self._status()
@@ -266,6 +424,8 @@ class GvisorSandbox(SandboxBackend):
             return RuntimeState.RUNNING
         if status == "paused":
             return RuntimeState.PAUSED
+        await anyio.to_thread.run_sync(
+            lambda: checkpoints.settle(self.sandbox_id, self.checkpoint_dir))
         if checkpoints.held(self.checkpoint_dir):
             return RuntimeState.SUSPENDED
         return RuntimeState.GONE
@@ -296,6 +456,19 @@ class GvisorSandbox(SandboxBackend):
                 _discard(name)
             return freed
         return await anyio.to_thread.run_sync(reap)
+
+
+def snapshots_dir() -> str:
+    return os.path.join(runsc.gvisor_home(), "snapshots")
+
+
+def _begin_snapshot(target: str, bundle_dir: str) -> None:
+    """A snapshot's directory, holding the bundle its checkpoint restores
+    under (a branch's is made from it)."""
+    if os.path.exists(target):
+        raise InvalidArgument(f"snapshot {os.path.basename(target)} already exists")
+    os.makedirs(target)
+    shutil.copy2(os.path.join(bundle_dir, "config.json"), os.path.join(target, "config.json"))
 
 
 def _discard(sandbox_id: str) -> None:

@@ -197,6 +197,19 @@ class ExecSession(FutureExitProcess):
         if self._v5:
             await self._ws.send_bytes(bytes([CLOSE, STDIN]))
 
+    async def close(self) -> None:
+        """The WebSocket closed, whatever runs: the API server ends the
+        command's streams (it reads the end of its stdin)."""
+        if self._pump_task is not None and not self._pump_task.done():
+            self._pump_task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._pump_task
+        if not self._exit.done():
+            self._exit.set_exception(ProviderError("pods/exec closed"))
+            self._exit.exception()  # retrieved: nobody need wait for it
+        with contextlib.suppress(asyncio.QueueFull):
+            self._queue.put_nowait(None)  # a reader waiting ends
+
     async def kill(self, grace: float) -> None:
         if self._exit.done() or self._kill is None:
             return

@@ -1,183 +1,80 @@
-"""``kubernetes``: one Pod per sandbox, its commands through ``pods/exec``.
+"""``kubernetes``: one Pod per sandbox, reached through the API server.
 
-This first slice runs processes and moves files through exec; suspend (the
-pod deleted, its PVC kept), snapshots, the agent inside the pod and a watch
-for pods lost outside hutch are still to come, and declared false.
+hutch's agent is the pod's keeper and serves exec, files, grep, glob and
+processes on one kept ``pods/exec`` (:mod:`.agentpod`); with
+``runtime = "native"`` (or no agent built here) each command is a
+``pods/exec`` of its own and files go through commands (:mod:`.execruntime`).
+The pod's life (its claim, suspend to nothing, the watch for pods lost
+outside hutch, adoption after a restart) is :mod:`.lifecycle`'s, its
+snapshots and forks :mod:`.snapshots`'.
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
-import uuid
-from collections.abc import Mapping
-from typing import Any
+import contextlib
+import logging
 
-from lightkube import ApiError
-from lightkube.models.core_v1 import Container, EnvVar, PodSpec
-from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Pod
-
-from ..._errors import (
-    ProviderError,
-    SandboxFileNotFound,
-    SandboxPermissionDenied,
-    SandboxUnavailable,
-)
+from ..._errors import SandboxFileExists, SandboxUnavailable
 from ..._types import Capabilities
-from ..base import (
-    BackendProcess,
-    NativeBackend,
-    ProcessRequest,
-    RuntimeState,
-    UnstartedProcess,
-)
-from .api import CONTAINER, HOME_LABEL, SANDBOX_LABEL, Cluster, home_tag, pod_name
+from ..agent import AgentUnavailable, agent_binary
+from ..base import SandboxRuntime
+from .agentpod import PodAgent, keeper_command
+from .api import Cluster
 from .config import KubernetesConfig
-from .execws import ExecSession, kill_argv, wrapped
-from .files import CommandFiles
+from .execruntime import PodExecRuntime
+from .pods import phase_of
+from .snapshots import PodSnapshots
+
+log = logging.getLogger("hutch.kubernetes")
 
 
-class KubernetesSandbox(CommandFiles, NativeBackend):
-    provider = "kubernetes"
-    capabilities = Capabilities(processes=True, users=True)
-    config_model = KubernetesConfig
+class KubernetesSandbox(PodSnapshots):
+    capabilities = Capabilities(processes=True, users=True, suspend=True, snapshot=True,
+                                fork=True)
 
     def __init__(self, sandbox_id: str, config: KubernetesConfig, cluster: Cluster,
-                 name: str, uid: str | None) -> None:
-        super().__init__(sandbox_id, config.workdir)
-        self.config = config
-        self.cluster = cluster
-        self.pod = name
-        self.uid = uid
+                 name: str, uid: str | None, claim: str | None = None, *,
+                 agent: bool = False) -> None:
+        super().__init__(sandbox_id, config, cluster, name, uid, claim, agent=agent)
+        self.pod_exec = PodExecRuntime(sandbox_id, config.workdir, cluster, name)
+        #: The agent in the pod, when it serves the sandbox.
+        self.agent = (PodAgent(sandbox_id, config.workdir, self.pod_exec, self._still_running)
+                      if agent else None)
 
-    # -- provisioning -------------------------------------------------------------------
-    @classmethod
-    async def create(cls, config: KubernetesConfig, sandbox_id: str) -> KubernetesSandbox:
-        cluster = Cluster(config)
-        name = pod_name(sandbox_id)
-        pod = Pod(
-            metadata=ObjectMeta(name=name, labels={SANDBOX_LABEL: sandbox_id.lower(),
-                                                   HOME_LABEL: home_tag()}),
-            spec=PodSpec(
-                restartPolicy="Never", terminationGracePeriodSeconds=0,
-                containers=[Container(
-                    name=CONTAINER, image=config.image,
-                    # The pod's keeper: it waits, commands come through exec.
-                    command=["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait; done"],
-                    env=[EnvVar(name=k, value=v) for k, v in config.env.items()],
-                )],
-            ),
-        )
-        try:
-            made = await cluster.client.create(pod)
-        except ApiError as exc:
-            await cluster.close()
-            raise ProviderError(f"creating pod {name} failed: {exc.status.message}") from exc
-        except BaseException:
-            # The server may have made it (the answer was lost or unreadable):
-            # the name is this sandbox's alone, so it goes.
-            try:
-                await cluster.delete_pod(name, None)
-            finally:
-                await cluster.close()
-            raise
-        sandbox = cls(sandbox_id, config, cluster, name,
-                      made.metadata.uid if made.metadata else None)
-        try:
-            await sandbox._until_ready()
-            await sandbox._checked(["mkdir", "-p", "--", config.workdir],
-                                   f"mkdir {config.workdir}")
-        except BaseException:
-            await sandbox.close()
-            raise
-        return sandbox
-
-    async def _phase(self) -> tuple[str, bool]:
-        """The pod's phase and readiness; ``Gone`` when it is not there (or not ours)."""
-        try:
-            pod = await self.cluster.client.get(Pod, self.pod)
-        except ApiError as exc:
-            if exc.status.code == 404:
-                return "Gone", False
-            raise ProviderError(f"reading pod {self.pod} failed: {exc.status.message}") from exc
-        if self.uid and pod.metadata and pod.metadata.uid != self.uid:
-            return "Gone", False
-        status = pod.status
-        ready = any(c.type == "Ready" and c.status == "True"
-                    for c in (status.conditions or [])) if status else False
-        return (status.phase or "Pending") if status else "Pending", ready
-
-    async def _until_ready(self) -> None:
-        deadline = time.monotonic() + self.config.ready_timeout
-        while True:
-            phase, ready = await self._phase()
-            if ready:
-                return
-            if phase in ("Failed", "Succeeded", "Gone"):
-                raise SandboxUnavailable(f"pod {self.pod} did not start: it is {phase}")
-            if time.monotonic() > deadline:
-                raise SandboxUnavailable(
-                    f"pod {self.pod} was not ready within {self.config.ready_timeout} s")
-            await asyncio.sleep(0.2)
-
-    def describe(self) -> dict[str, Any]:
-        return {"provider": self.provider, "workdir": self.workdir, "pod": self.pod,
-                "uid": self.uid, "config": self.config.model_dump()}
+    @property
+    def runtime(self) -> SandboxRuntime:
+        return self.agent.runtime if self.agent is not None else self.pod_exec
 
     @classmethod
-    async def reconnect(cls, sandbox_id: str, description: Mapping[str, Any]
-                        ) -> KubernetesSandbox:
-        config = KubernetesConfig.model_validate(description["config"])
-        return cls(sandbox_id, config, Cluster(config), str(description["pod"]),
-                   description.get("uid"))
-
-    # -- lifecycle ----------------------------------------------------------------------
-    async def is_alive(self) -> bool:
-        phase, _ = await self._phase()
-        return phase == "Running"
-
-    async def observed_state(self) -> RuntimeState:
-        phase, _ = await self._phase()
-        return RuntimeState.RUNNING if phase in ("Running", "Pending") else RuntimeState.GONE
-
-    async def close(self) -> None:
+    def wants_agent(cls, config: KubernetesConfig) -> bool:
+        if config.runtime == "native":
+            return False
         try:
-            await self.cluster.delete_pod(self.pod, self.uid)
-        finally:
-            await self.cluster.close()
+            agent_binary()
+        except AgentUnavailable as exc:
+            if config.runtime == "agent":
+                raise
+            log.warning("kubernetes: a pods/exec per command (%s)", exc)
+            return False
+        return True
 
-    # -- processes ------------------------------------------------------------------------
-    async def start_process(self, request: ProcessRequest) -> BackendProcess:
-        exec_id = uuid.uuid4().hex
+    def _keeper(self) -> list[str]:
+        return keeper_command() if self.agent is not None else super()._keeper()
 
-        async def kill(signal: str) -> None:
-            await self.run(kill_argv(exec_id, signal))
+    async def _pod_started(self) -> None:
+        if self.agent is not None:
+            await self.agent.start()
+        with contextlib.suppress(SandboxFileExists):  # the claim is mounted there
+            await self.runtime.make_dir(self.config.workdir, True)
 
-        session = await ExecSession.open(
-            self.cluster.http, self.cluster.pod_path(self.pod),
-            wrapped(request, exec_id, {}), stdin=request.stdin,
-            keep_stdin=request.keep_stdin, kill=kill, marked=True)
-        said = await session.started
-        if said in ("ok", ""):
-            return session
-        await session.wait()
-        command = request.argv[0] if request.argv else ""
-        if said == "nouser":
-            return UnstartedProcess(f"no such user {request.user!r}")
-        if said == "nocwd":
-            raise SandboxFileNotFound(f"working directory {request.cwd} does not exist")
-        if said == "notfound":
-            raise SandboxFileNotFound(f"{command}: command not found")
-        raise SandboxPermissionDenied(f"{command}: not executable")
+    async def _pod_stopping(self) -> None:
+        if self.agent is not None:
+            await self.agent.close()
 
-    async def run(self, argv: list[str], stdin: bytes | None = None) -> tuple[int, bytes, bytes]:
-        session = await ExecSession.open(
-            self.cluster.http, self.cluster.pod_path(self.pod), argv,
-            stdin=stdin if stdin is not None else None, keep_stdin=False,
-            kill=None)
-        out: list[bytes] = []
-        err: list[bytes] = []
-        while (chunk := await session.read()) is not None:
-            (out if chunk.stream == "stdout" else err).append(chunk.data)
-        return await session.wait(), b"".join(out), b"".join(err)
+    async def _still_running(self, reason: str) -> None:
+        """Returns while the pod runs; else the sandbox is lost, and says why."""
+        phase, _ = phase_of(await self._pod())
+        if phase != "Running":
+            raise SandboxUnavailable(
+                f"kubernetes sandbox {self.sandbox_id}: its pod {self.pod} is {phase} "
+                f"({reason})")

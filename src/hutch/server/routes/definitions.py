@@ -28,7 +28,7 @@ def router(daemon: DaemonGetter) -> APIRouter:
     @v1.put("/definitions/{definition_id}", response_model=Definition)
     async def put_definition(definition_id: str, body: dict[str, Any]) -> JSONResponse:
         d = daemon()
-        return JSONResponse(d.definition_json(d.put_definition(definition_id, body)))
+        return JSONResponse(d.definition_json(await d.put_definition(definition_id, body)))
 
     @v1.get("/definitions", response_model=wire.DefinitionList)
     async def list_definitions() -> JSONResponse:
@@ -62,7 +62,7 @@ def router(daemon: DaemonGetter) -> APIRouter:
         or ``{"error"}``. Output a slow reader cannot take is dropped (the
         steps and the result never are), so the daemon holds a bounded amount."""
         d = daemon()
-        d.definitions.get(definition_id)  # a 404 before the 200
+        await d.definitions.find(definition_id)  # a 404 before the 200
         send, receive = anyio.create_memory_object_stream[bytes](ENSURE_STREAM_BUFFER)
 
         def line(value: Any) -> bytes:

@@ -29,6 +29,10 @@ func main() {
 		become(os.Args[2:])
 		return
 	}
+	if len(os.Args) == 3 && os.Args[1] == "relay" {
+		runRelay(os.Args[2]) // see relay.go: connections to the agent over stdin and stdout
+		return
+	}
 	if len(os.Args) >= 2 && os.Args[1] == "version" {
 		fmt.Println(version)
 		return
@@ -36,7 +40,7 @@ func main() {
 	if len(os.Args) != 3 || (os.Args[1] != "serve" && os.Args[1] != "serve-fd" &&
 		os.Args[1] != "serve-shared") {
 		fmt.Fprintln(os.Stderr, "usage: hutch-agent serve SOCKET | hutch-agent serve-fd FD | "+
-			"hutch-agent serve-shared SOCKET | hutch-agent version")
+			"hutch-agent serve-shared SOCKET | hutch-agent relay SOCKET | hutch-agent version")
 		os.Exit(2)
 	}
 	if os.Getpid() != 1 {
@@ -53,36 +57,30 @@ func main() {
 	// while a caught one is reset to its default by exec.
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 
-	var listener *net.UnixListener
-	var err error
-	if os.Args[1] == "serve-fd" {
-		listener, err = inheritedListener(os.Args[2])
-	} else {
-		listener, err = listenAt(os.Args[2])
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "hutch-agent:", err)
-		os.Exit(1)
-	}
 	go func() {
 		<-signals
 		os.Exit(0)
 	}()
-	for {
-		c, err := listener.AcceptUnix()
+	if os.Args[1] == "serve-fd" {
+		listener, err := inheritedListener(os.Args[2])
 		if err != nil {
-			continue
+			fmt.Fprintln(os.Stderr, "hutch-agent:", err)
+			os.Exit(1)
 		}
-		// serve-shared: under a user-space kernel (gVisor) the host's
-		// connections carry that kernel's credentials, not pid 0, so the
-		// check cannot tell them apart; the socket's directory (root's,
-		// mode 0700) keeps other users inside out instead.
-		if os.Args[1] != "serve-shared" && !fromOutside(c) {
-			c.Close()
-			continue
-		}
-		go serve(c)
+		served.listener = listener
+		served.accept(listener, false)
+		return
 	}
+	served.path = os.Args[2]
+	shared := os.Args[1] == "serve-shared"
+	if shared {
+		served.handOverOnSignals()
+	}
+	if err := served.listen(shared); err != nil {
+		fmt.Fprintln(os.Stderr, "hutch-agent:", err)
+		os.Exit(1)
+	}
+	select {}
 }
 
 // listenAt: a socket of our own at socketPath, owned by the owner of the
@@ -178,7 +176,7 @@ func serve(nc *net.UnixConn) {
 		case "workload":
 			opErr = handleWorkload(c, h)
 		case "busy":
-			opErr = c.send(header{"t": "ok", "count": countBusy()}, nil)
+			opErr = c.send(header{"t": "ok", "count": countBusy(boolean(h, "running"))}, nil)
 		case "read":
 			opErr = handleRead(c, h)
 		case "write":
