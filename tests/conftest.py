@@ -192,6 +192,16 @@ def _leftovers(roots: list[str]) -> list[str]:
         home = rest.split(" ")[0]
         if any(home == r or home.startswith(r + "/") for r in roots):
             left.append(f"stand-in pod container {cid} ({rest})")
+    # Its claims' and snapshots' volumes.
+    volumes = subprocess.run(
+        ["docker", "volume", "ls", "--filter", "label=hutch-test.kube-standin",
+         "--format", '{{.Name}} {{.Label "hutch-test.kube-standin"}}'],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    for line in volumes.stdout.splitlines():
+        name, _, home = line.partition(" ")
+        if any(home == r or home.startswith(r + "/") for r in roots):
+            left.append(f"stand-in volume {name} ({home})")
     for root in roots:
         left += [f"mount {point}" for point in mounts_under(root)]
         left += [f"loop device {dev} backed by {back}" for dev, back in loops_under(root)]

@@ -109,6 +109,24 @@ def test_the_session_counts_only_with_the_dashboards_header(daemon: DaemonProces
     assert httpx.get(url, cookies=other, headers=ui).status_code == 401
 
 
+def test_every_route_refuses_half_a_session(daemon: DaemonProcess) -> None:
+    """On every route of the API: the cookie without the header, the header
+    without the cookie, or a forged cookie with it is no credential."""
+    session = f"{COOKIE_NAME}={_login(daemon)[COOKIE_NAME]}"
+    forged = f"{COOKIE_NAME}={int(time.time()) + 3600}.{'0' * 64}"
+    schema = httpx.get(f"{daemon.url}/openapi.json",
+                       headers={"Authorization": f"Bearer {daemon.token}"}).json()
+    routes = [(m.upper(), p) for p, ops in schema["paths"].items() for m in ops]
+    assert len(routes) > 25
+    with httpx.Client(base_url=daemon.url, timeout=60) as http:
+        for method, path in [*routes, ("GET", "/openapi.json"), ("GET", "/metrics")]:
+            url = re.sub(r"\{[^}]+\}", "x", path)
+            for headers in ({"cookie": session}, {"x-hutch-ui": "1"},
+                            {"cookie": forged, "x-hutch-ui": "1"}):
+                answer = http.request(method, url, headers=headers, json={})
+                assert answer.status_code == 401, (method, path, headers, answer.status_code)
+
+
 def test_the_open_pages_open_no_path_to_the_api(daemon: DaemonProcess) -> None:
     for target in (b"/ui/../v1/sandboxes", b"/ui/static/../../v1/sandboxes",
                    b"/ui/static/%2e%2e/%2e%2e/v1/sandboxes", b"/ui/..%2fv1/sandboxes"):
@@ -134,9 +152,12 @@ def test_state_changes_take_the_session_on_post_only_with_the_header(
 
 
 def test_logout_ends_the_browsers_session(daemon: DaemonProcess) -> None:
-    answer = httpx.post(f"{daemon.url}/ui/logout")
+    answer = httpx.post(f"{daemon.url}/ui/logout", headers={"x-hutch-ui": "1"})
     assert answer.status_code == 204
     assert "Max-Age=0" in answer.headers["set-cookie"]
+    # Another site's form (no header) cannot end a session.
+    forged = httpx.post(f"{daemon.url}/ui/logout")
+    assert forged.status_code == 400 and "set-cookie" not in forged.headers
 
 
 def test_a_bubblewrap_sandbox_tells_the_disk_its_files_take(daemon: DaemonProcess) -> None:
@@ -209,9 +230,11 @@ def test_dashboard_shows_a_new_sandbox_live_and_suspends_it(
     artifacts = artifacts_dir()
     context = browser.new_context(viewport={"width": 1400, "height": 800})
     requests: list[str] = []
+    failures: list[str] = []
     try:
         page = context.new_page()
         page.on("request", lambda r: requests.append(r.url))
+        page.on("pageerror", lambda error: failures.append(str(error)))
         page.goto(f"{daemon.url}/ui/")
         page.fill("#token", daemon.token)
         page.click("#login button[type=submit]")
@@ -258,8 +281,9 @@ def test_dashboard_shows_a_new_sandbox_live_and_suspends_it(
               f"{artifacts}/dashboard-sandbox.png")
     finally:
         context.close()
-    # No credential in any address the page asked for.
+    # No credential in any address the page asked for; no script failed.
     assert not [u for u in requests if daemon.token in u]
+    assert failures == []
 
 
 def test_a_sandboxs_page_browses_files_forks_and_kills(
@@ -272,8 +296,10 @@ def test_a_sandboxs_page_browses_files_forks_and_kills(
 
     assert isinstance(browser, Browser)
     context = browser.new_context(accept_downloads=True)
+    failures: list[str] = []
     try:
         page = context.new_page()
+        page.on("pageerror", lambda error: failures.append(str(error)))
         page.goto(f"{daemon.url}/ui/")
         page.fill("#token", daemon.token)
         page.click("#login button[type=submit]")
@@ -326,10 +352,23 @@ def test_a_sandboxs_page_browses_files_forks_and_kills(
             finally:
                 end_everything(c, force=True)
 
-        for name in ("workspaces", "definitions", "pools"):
-            page.click(f"a[data-nav={name}]")
-            expect(page.locator("main h1")).to_have_text(name.capitalize(), timeout=HANG_GUARD_MS)
-            expect(page.locator("main .error")).to_have_count(0)
+        with hutch.Client(daemon.url, token=daemon.token) as c:
+            c.put_definition({"id": "dash-def", "provider": "local"})
+            c.create_workspace("dash-ws", provider="bubblewrap", image=TEST_IMAGE)
+            try:
+                for name in ("workspaces", "definitions", "pools"):
+                    page.click(f"a[data-nav={name}]")
+                    expect(page.locator("main h1")).to_have_text(
+                        name.capitalize(), timeout=HANG_GUARD_MS)
+                    expect(page.locator("main .error")).to_have_count(0)
+                    if name == "definitions":
+                        expect(page.locator("#definitions tr[data-id=dash-def] td").nth(1)
+                               ).to_have_text("local", timeout=HANG_GUARD_MS)
+                    if name == "workspaces":
+                        expect(page.locator("#workspaces tr[data-name=dash-ws] td").nth(1)
+                               ).to_have_text("running", timeout=HANG_GUARD_MS)
+            finally:
+                end_everything(c, force=True)
 
         # A pool, resized and removed from its page.
         with hutch.Client(daemon.url, token=daemon.token) as c:
@@ -350,5 +389,10 @@ def test_a_sandboxs_page_browses_files_forks_and_kills(
             finally:
                 if [p for p in c.list_pools() if p["name"] == "dash"]:
                     c.remove_pool("dash")
+
+        page.click("#logout")
+        expect(page.locator("#login")).to_be_visible(timeout=HANG_GUARD_MS)
+        assert context.cookies() == []
     finally:
         context.close()
+    assert failures == []

@@ -25,6 +25,8 @@ from tests.daemon_fixture import DaemonProcess
 
 #: Short leases, so a killed daemon's sandboxes move on within seconds.
 LEASE_SECONDS = 5
+#: Sandboxes made at once through the fleet (the acceptance's count).
+SANDBOXES = 300
 
 
 @pytest.fixture(scope="module")
@@ -66,15 +68,23 @@ def listed_ids(d: DaemonProcess) -> list[str]:
 def test_sandboxes_made_through_three_daemons_are_listed_once_by_each(
     fleet: list[DaemonProcess],
 ) -> None:
-    def make(i: int) -> str:
-        with client(fleet[i % 3]) as c:
-            if i % 8 == 0:
-                return c.create_sandbox("docker", image=TEST_IMAGE).id
-            return c.create_sandbox("virtual").id
+    """The acceptance's 300, made concurrently through all three (a few on
+    docker, the rest virtual, so that the test stays quick)."""
+    clients = [client(d) for d in fleet]
 
-    with concurrent.futures.ThreadPoolExecutor(12) as pool:
-        made = sorted(pool.map(make, range(24)))
-    assert len(set(made)) == 24
+    def make(i: int) -> str:
+        c = clients[i % 3]
+        if i % 25 == 0:
+            return c.create_sandbox("docker", image=TEST_IMAGE).id
+        return c.create_sandbox("virtual").id
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(12) as pool:
+            made = sorted(pool.map(make, range(SANDBOXES)))
+    finally:
+        for c in clients:
+            c.close()
+    assert len(set(made)) == SANDBOXES
     for d in fleet:
         assert listed_ids(d) == made
     # Each is served by whichever daemon is asked.
@@ -148,6 +158,60 @@ def test_two_daemons_racing_ensure_for_one_thread_make_one_sandbox(
         assert listed_ids(d) == [got[0]]
 
 
+def test_workspace_locks_hold_across_daemons(fleet: list[DaemonProcess]) -> None:
+    """Three daemons racing to make one workspace make one (the others are
+    told it exists), and its suspends raced through two daemons run one at
+    a time (by its owner): one sandbox, then none, never two."""
+
+    def create(d: DaemonProcess) -> str | hutch.HutchError:
+        with client(d) as c:
+            try:
+                return str(c.create_workspace("shared", provider="virtual")["live_sandbox_id"])
+            except hutch.HutchError as exc:
+                return exc
+
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        got = list(pool.map(create, [*fleet, *fleet]))
+    made = [g for g in got if isinstance(g, str)]
+    refused = [g for g in got if not isinstance(g, str)]
+    assert len(made) == 1, got
+    for exc in refused:
+        assert isinstance(exc, hutch.InvalidState) and "already exists" in str(exc), exc
+    for d in fleet:
+        assert listed_ids(d) == made
+        with client(d) as c:
+            assert [w["name"] for w in c.list_workspaces()] == ["shared"]
+
+    def suspend(d: DaemonProcess) -> str:
+        with client(d) as c:
+            try:
+                return str(c.suspend_workspace("shared")["status"])
+            except hutch.InvalidState as exc:
+                return f"refused: {exc}"
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        outcomes = list(pool.map(suspend, [fleet[1], fleet[2]]))
+    assert "suspended" in outcomes, outcomes
+    for d in fleet:
+        assert listed_ids(d) == []
+        with client(d) as c:
+            assert c.get_workspace("shared")["status"] == "suspended"
+
+    def resume(d: DaemonProcess) -> str:
+        with client(d) as c:
+            try:
+                return str(c.resume_workspace("shared")["live_sandbox_id"])
+            except hutch.InvalidState as exc:
+                assert "already running" in str(exc), exc
+                return "refused"
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        resumed = sorted(set(pool.map(resume, [fleet[2], fleet[0]])) - {"refused"})
+    assert len(resumed) == 1, resumed
+    for d in fleet:
+        assert listed_ids(d) == resumed
+
+
 def wait_for(what: str, check: object, seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while True:
@@ -169,6 +233,7 @@ def test_a_killed_daemon_s_sandboxes_are_taken_over_or_failed(
         docker_sb = c.create_sandbox("docker", image=TEST_IMAGE)
         docker_sb.write_text("kept.txt", "intact")
         local_sb = c.create_sandbox("local", read_before_write=False)
+        bwrap_sb = c.create_sandbox("bubblewrap", image=TEST_IMAGE, read_before_write=False)
     dead.kill()
     killed_at = time.monotonic()
 
@@ -181,13 +246,21 @@ def test_a_killed_daemon_s_sandboxes_are_taken_over_or_failed(
     # must at least have lapsed first.
     assert time.monotonic() - killed_at >= LEASE_SECONDS - 1
 
-    def local_failed() -> bool:
+    def host_bound_failed() -> bool:
+        # Those only the dead host could reach (local, bubblewrap): failed, once each.
         with client(live) as c:
-            rows = [s for s in c.list_sandboxes(include_ended=True) if s["id"] == local_sb.id]
+            listed = c.list_sandboxes(include_ended=True)
+        for sandbox_id in (local_sb.id, bwrap_sb.id):
+            rows = [s for s in listed if s["id"] == sandbox_id]
             assert len(rows) == 1, rows
-            return bool(rows[0]["state"] == "failed" and rows[0]["reason"] == "its host is gone")
+            if not (rows[0]["state"] == "failed" and rows[0]["reason"] == "its host is gone"):
+                return False
+        return True
 
-    wait_for("the local sandbox recorded failed", local_failed, 60)
+    wait_for("the local and bubblewrap sandboxes recorded failed", host_bound_failed, 60)
+    # Nothing listed twice or lost while the dead one is down.
+    for d in fleet[1:]:
+        assert listed_ids(d) == [docker_sb.id]
     # The killed daemon back: it serves nothing it lost, lists each sandbox
     # once, and what it is asked of the taken-over sandbox goes to the new owner.
     dead.start()

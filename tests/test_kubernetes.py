@@ -90,6 +90,18 @@ async def test_the_agent_serves_everything_over_one_kept_exec(standin: KubeStand
         assert len(standin.execs) == served
 
 
+async def test_a_stream_nobody_reads_holds_back_only_itself(standin: KubeStandin) -> None:
+    async with await _sandbox(standin) as sb:
+        # 64 MiB of output nobody reads: far past the relay's window and
+        # the runtime's queue, so its stream stops; the others go on.
+        flood = await sb.start(["sh", "-c", "head -c 67108864 /dev/zero"])
+        for i in range(5):
+            done = await asyncio.wait_for(sb.exec(["echo", str(i)]), 60)
+            assert done.stdout == f"{i}\n"
+        assert await asyncio.wait_for(sb.read_text("/etc/hostname"), 60)
+        await flood.kill()
+
+
 async def test_the_relay_opens_again_when_its_exec_drops(standin: KubeStandin) -> None:
     from hutch._sandbox import backend_of
 
@@ -119,6 +131,32 @@ async def test_the_relay_opens_again_when_its_exec_drops(standin: KubeStandin) -
         with pytest.raises(hutch.SandboxUnavailable, match=r"is (Gone|Failed)"):
             for _ in range(3):
                 await sb.exec(["true"])
+
+
+@pytest.fixture(scope="module")
+def v4_standin() -> Iterator[KubeStandin]:
+    """An API server before v5.channel.k8s.io (Kubernetes 1.29 and older)."""
+    server = KubeStandin(protocols=("v4.channel.k8s.io",)).start()
+    fd, path = tempfile.mkstemp(prefix="hutch-kubeconfig-")
+    os.close(fd)
+    server.write_kubeconfig(path)
+    try:
+        yield server
+    finally:
+        server.stop()
+        os.unlink(path)
+
+
+@pytest.mark.parametrize("runtime", ["agent", "native"])
+async def test_an_api_server_that_speaks_only_v4(v4_standin: KubeStandin, runtime: str) -> None:
+    # v4 cannot close a command's stdin: the agent is copied in by size, its
+    # relay never needs to, and the native runtime writes files by size too.
+    async with await _sandbox(v4_standin, runtime) as sb:
+        assert (await sb.exec(["echo", "v4"])).stdout == "v4\n"
+        await sb.write_text("d/f.txt", "on v4\n")
+        assert await sb.read_text("d/f.txt") == "on v4\n"
+        if runtime == "agent":
+            assert (await sb.exec(["cat"], stdin="fed")).stdout == "fed"
 
 
 def test_the_standin_keeps_the_api_contract(standin: KubeStandin) -> None:
@@ -267,3 +305,17 @@ def test_through_the_daemon_the_cluster_and_placement_are_the_operators(
                 sb.close()
     finally:
         d.close()
+
+
+def test_the_agent_is_built_for_the_machine_the_pod_runs_on() -> None:
+    """A cluster's nodes need not be the daemon's machine (arm64 nodes, an
+    amd64 daemon): the pod says its ``uname -m`` and gets the agent for it,
+    cross-built by Go (its standard library only) and cached beside the host's."""
+    from hutch.providers.agent import AgentUnavailable, agent_binary
+    from hutch.providers.agent.build import host_arch
+
+    arm = agent_binary(arch="arm64").read_bytes()
+    assert arm[:4] == b"\x7fELF" and int.from_bytes(arm[18:20], "little") == 183  # EM_AARCH64
+    assert agent_binary(arch=host_arch()) == agent_binary()
+    with pytest.raises(AgentUnavailable, match="vax"):
+        agent_binary(arch="vax")

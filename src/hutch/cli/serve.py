@@ -42,7 +42,8 @@ from ._common import command, console, err_console, exit_code_for, exit_with, re
               "open-files limit); past it the longest-idle one is closed.")
 @click.option("--advertise-url", metavar="URL",
               help="Where the other daemons sharing the store reach this one (also "
-              "HUTCH_ADVERTISE_URL); default: the address it listens on.")
+              "HUTCH_ADVERTISE_URL, or [server] advertise_url in hutch.toml); default: the "
+              "address it listens on.")
 def serve(
     host: str, port: int, token_file: str | None, data_dir: str | None,
     retention: float | None, allow: tuple[str, ...], allow_provider: tuple[str, ...],

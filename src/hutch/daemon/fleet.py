@@ -146,15 +146,22 @@ class Fleet(Reconciling):
     # -- who serves what ---------------------------------------------------------------
     async def served_by(self, path: str) -> tuple[str, str] | None:
         """The daemon of the fleet (its id and URL) that serves what a
-        request ``path`` names (a sandbox, workspace or snapshot another
-        daemon owns); None where this one answers (its own, or nobody's)."""
+        request ``path`` of hutch's API names (a sandbox, workspace or
+        snapshot another daemon owns); None where this one answers (its own,
+        or nobody's)."""
         parts = path.split("/")
         if len(parts) < 4 or parts[1] != "v1" or not parts[3]:
             return None
-        kind, key = _ROUTED.get(parts[2]), parts[3]
-        owner: str | None
-        if kind is None:
+        kind = _ROUTED.get(parts[2])
+        return None if kind is None else await self.owner_serving(kind, parts[3])
+
+    async def owner_serving(self, kind: str, key: str) -> tuple[str, str] | None:
+        """The other daemon of the fleet (its id and URL) that serves the
+        ``kind`` ("sandbox", "workspace" or "snapshot") named ``key``; None
+        where this one answers (its own, or nobody's, or no fleet)."""
+        if not self.store.shared:
             return None
+        owner: str | None
         if kind == "sandbox":
             if key in self.sandboxes:
                 return None
@@ -171,9 +178,11 @@ class Fleet(Reconciling):
         elif kind == "workspace":
             ws = await self.astore.get_workspace(key)
             owner = None if ws is None else ws.owner
-        else:
+        elif kind == "snapshot":
             snap = await self.astore.get_snapshot(key)
             owner = None if snap is None else snap.owner
+        else:
+            raise ValueError(f"no kind {kind!r}")
         if owner is None or owner == self.daemon_id:
             return None
         return owner, await self.daemon_url(owner)

@@ -21,6 +21,7 @@ from ..config import SandboxSpec
 from ..providers.registry import get_provider
 from ..states import HELD, RESUMABLE, SandboxState, WorkspaceStatus
 from ..store import (
+    OwnershipLost,
     SnapshotRow,
     WorkspaceRow,
 )
@@ -112,7 +113,14 @@ class Workspaces(Snapshots):
                 source_snapshot_id=source.id if source else None,
                 created_at_unix=now, last_active_unix=now,
             )
-            await self.astore.put_workspace(row)
+            try:
+                await self.astore.put_workspace(row)
+            except OwnershipLost:
+                # Another daemon of the fleet made it between the look and
+                # this write (the lock above is this daemon's only): its row.
+                if await self.astore.get_workspace(name) is not None:
+                    raise InvalidState(f"workspace {name!r} already exists") from None
+                raise
             try:
                 await self.create_sandbox(spec, workspace=name, sandbox_id=sid,
                                           from_snapshot=source)

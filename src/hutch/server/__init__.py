@@ -72,6 +72,7 @@ def load_server_config(path: str | None) -> dict[str, Any]:
         providers = ["local"]       # providers that run on the host clients may use
         memory_budget = 536870912   # bytes of callers' data held in memory at once
         store = "postgresql://hutch@db.example/hutch"   # default: SQLite in the data dir
+        advertise_url = "http://host-a:8787"   # where a fleet's other daemons reach this one
         [server.limits]             # for requests that set none
         memory = "2g"
         cpus = 1
@@ -94,7 +95,8 @@ def load_server_config(path: str | None) -> dict[str, Any]:
             name: d.model_dump(mode="json", exclude_unset=True)
             for name, d in definitions_from_config(data).items()
         }
-    known = {"allow", "providers", "limits", "ceilings", "memory_budget", "store"}
+    known = {"allow", "providers", "limits", "ceilings", "memory_budget", "store",
+             "advertise_url"}
     unknown = set(server) - known
     if unknown:
         raise InvalidArgument(
@@ -260,7 +262,7 @@ address it listens on). Everything
         settings.retention_seconds = retention_seconds
     url = f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
     settings.advertise_url = (advertise_url or os.environ.get("HUTCH_ADVERTISE_URL")
-                              or url).rstrip("/")
+                              or settings.advertise_url or url).rstrip("/")
     app = create_app(
         settings,
         on_ready=None if on_ready is None else lambda d: on_ready(url, d.data_dir),

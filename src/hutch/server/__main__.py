@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
                         "the data directory")
     parser.add_argument("--advertise-url", default=None, metavar="URL",
                         help="where the other daemons sharing the store reach this one "
-                        "(also HUTCH_ADVERTISE_URL); default: the address it listens on")
+                        "(also HUTCH_ADVERTISE_URL, or [server] advertise_url in hutch.toml); "
+                        "default: the address it listens on")
     args = parser.parse_args(argv)
     try:
         serve(args.host, args.port, data_dir=args.data_dir, retention_seconds=args.retention,

@@ -46,7 +46,7 @@ from ..daemon import Daemon, default_data_dir
 from ..store import open_store
 from . import e2b
 from .errors import error_json, unexpected_error_json
-from .forward import Forward
+from .forward import Forward, Forwarder
 from .hot import HotRoutes
 from .metrics import OperationMetrics
 from .middleware import BodyBudget, BodyLimit, CancelOnDisconnect, TokenAuth
@@ -219,9 +219,10 @@ def create_app(
     app.add_middleware(OperationMetrics, daemon=lambda: holder.get("daemon"))
     # Inside the credential check: another daemon's sandbox is served by it
     # (and counted there).
-    app.add_middleware(Forward, daemon=lambda: holder.get("daemon"))
+    forwarder = Forwarder(lambda: holder.get("daemon"))
+    app.add_middleware(Forward, forwarder=forwarder)
     app.add_middleware(TokenAuth, token=settings.token, daemon=lambda: holder.get("daemon"))
     # Outermost: E2B's requests carry E2B's credentials, not the bearer token.
     e2b.mount(app, daemon=lambda: holder.get("daemon"), token=settings.token,
-              max_body_bytes=settings.max_body_bytes)
+              max_body_bytes=settings.max_body_bytes, forwarder=forwarder)
     return app

@@ -12,62 +12,296 @@ lost the sandbox answers not found, as any daemon would).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 import logging
 import socket
+import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
+import httpcore
 import httpx
 
 from .._errors import HutchError
 from ..daemon import Daemon
-from .asgi import ASGIApp, Receive, Scope, Send, header, render_json
+from .asgi import ASGIApp, Message, Receive, Scope, Send, header, render_json
 from .errors import error_json
 
 log = logging.getLogger("hutch.server")
 
 FORWARDED_HEADER = b"x-hutch-forwarded"
 #: Hop-by-hop headers (RFC 9110 §7.6.1) and those the next hop sets itself.
+#: ``host`` goes on as the client gave it: the owner answers as the daemon
+#: the client asked (its base URL in the refs it hands out, the E2B wire's
+#: ``{port}-{id}.{domain}`` hosts).
 _HOP = frozenset({
     b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
-    b"trailer", b"transfer-encoding", b"upgrade", b"host", b"content-length",
+    b"trailer", b"transfer-encoding", b"upgrade", b"content-length",
 })
 _WS_HANDSHAKE = frozenset({
     b"sec-websocket-key", b"sec-websocket-version", b"sec-websocket-extensions",
-    b"sec-websocket-protocol", b"sec-websocket-accept",
+    b"sec-websocket-protocol", b"sec-websocket-accept", b"host",
 })
+#: Calls of hutch's API (all POST) that name what they act on in their JSON
+#: body, not their path: the kind of row, and the body's keys that may name it
+#: (a sandbox for the seed-named lifecycle calls; the snapshot a sandbox or
+#: workspace is made from, whose files its owner holds).
+NAMED_IN_BODY: dict[str, tuple[str, tuple[str, ...]]] = {
+    "/v1/pause": ("sandbox", ("sandbox",)),
+    "/v1/resume": ("sandbox", ("sandbox",)),
+    "/v1/set_timeout": ("sandbox", ("sandbox",)),
+    "/v1/sandboxes": ("snapshot", ("from_snapshot",)),
+    "/v1/workspaces": ("snapshot", ("snapshot_tag", "from_snapshot")),
+}
+#: The most of such a body read to find the sandbox it names: theirs are a
+#: few dozen bytes; a larger one goes on to the route, which refuses it.
+_NAMING_BODY_BYTES = 64 * 1024
 
 
-class Forward:
-    def __init__(self, app: ASGIApp, daemon: Callable[[], Daemon | None]) -> None:
-        self.app = app
+class _Call:
+    """One forwarded call under way: cut if its owner's registration lapses."""
+
+    __slots__ = ("lapsed", "scope", "started")
+
+    def __init__(self, scope: anyio.CancelScope) -> None:
+        self.scope = scope
+        self.started = False
+        self.lapsed: HutchError | None = None
+
+
+class Forwarder:
+    """Sends a request to the daemon of the fleet that serves what it names,
+    and its answer back. One per application: its connections to the other
+    daemons are kept between calls, and one watcher cuts the calls of an
+    owner whose registration lapsed (it died, or stalled), instead of a
+    watcher per call."""
+
+    def __init__(self, daemon: Callable[[], Daemon | None]) -> None:
         self.daemon = daemon
-        self._client: httpx.AsyncClient | None = None
-        #: Requests (by their scope) whose answer has begun going out.
-        self._started: dict[int, bool] = {}
+        self._connections: httpcore.AsyncConnectionPool | None = None
+        #: Each owner's URL, split as httpcore takes it.
+        self._origins: dict[str, tuple[bytes, bytes, int | None, bytes]] = {}
+        #: The calls under way, by the daemon they went to.
+        self._calls: dict[str, set[_Call]] = {}
+        self._watcher: asyncio.Task[None] | None = None
 
-    def _http(self) -> httpx.AsyncClient:
-        if self._client is None:
-            limits = httpx.Limits(max_connections=512, max_keepalive_connections=64)
-            self._client = httpx.AsyncClient(
-                timeout=httpx.Timeout(connect=10.0, read=None, write=60.0, pool=30.0),
-                # No Nagle: a request's head and body go at once, not one
-                # delayed ACK (40 ms) apart.
-                transport=httpx.AsyncHTTPTransport(
-                    limits=limits,
-                    socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]),
-            )
-        return self._client
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    def fleet_daemon(self, scope: Scope) -> Daemon | None:
+        """The daemon, where ``scope`` may be forwarded: a request (HTTP or
+        websocket) to a daemon of a fleet that no daemon forwarded already."""
         daemon = self.daemon()
         if (
             scope["type"] not in ("http", "websocket") or daemon is None
             or not daemon.store.shared or header(scope, FORWARDED_HEADER) is not None
         ):
+            return None
+        return daemon
+
+    async def forwarded(
+        self, kind: str, key: str, scope: Scope, receive: Receive, send: Send,
+    ) -> bool:
+        """Forward the request if another daemon serves the ``kind`` named
+        ``key`` (see :meth:`Fleet.owner_serving`); False where this one answers."""
+        daemon = self.fleet_daemon(scope)
+        if daemon is None:
+            return False
+        try:
+            served = await daemon.owner_serving(kind, key)
+        except HutchError as exc:
+            await _refuse(scope, receive, send, exc)
+            return True
+        if served is None:
+            return False
+        await self.forward(daemon, served, scope, receive, send)
+        return True
+
+    async def forwarded_by_body(
+        self, kind: str, keys: tuple[str, ...], scope: Scope, receive: Receive, send: Send,
+        here: ASGIApp,
+    ) -> None:
+        """Forward a call that names the ``kind`` it acts on in its JSON body
+        (under one of ``keys``) to the daemon that serves it, or let ``here``
+        answer it (the body read for the look replayed to it)."""
+        daemon = self.fleet_daemon(scope)
+        length = header(scope, b"content-length")
+        if daemon is None or scope["type"] != "http" or scope["method"] != "POST" or (
+                length is None or not length.isdigit() or int(length) > _NAMING_BODY_BYTES):
+            await here(scope, receive, send)
+            return
+        body = await _whole_body(receive)
+        key = _named(body, keys)
+        try:
+            served = None if key is None else await daemon.owner_serving(kind, key)
+        except HutchError as exc:
+            await _refuse(scope, receive, send, exc)
+            return
+        if served is not None:
+            await self.forward(daemon, served, scope, receive, send, body)
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await here(scope, replay, send)
+
+    def _pool(self) -> httpcore.AsyncConnectionPool:
+        # httpcore, under httpx: a forwarded call passes the client's head and
+        # body on as they are, so httpx's request and response models (URL
+        # parsing, header objects) would be cost and nothing else.
+        if self._connections is None:
+            self._connections = httpcore.AsyncConnectionPool(
+                max_connections=512, max_keepalive_connections=64,
+                # No Nagle: a request's head and body go at once, not one
+                # delayed ACK (40 ms) apart.
+                socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
+            )
+        return self._connections
+
+    async def forward(
+        self, daemon: Daemon, served: tuple[str, str], scope: Scope, receive: Receive,
+        send: Send, body: bytes | None = None,
+    ) -> None:
+        """Send the request to ``served`` (the owner's id and URL) and its
+        answer back; ``body``: the request's body where it was read already."""
+        owner, target = served
+        assert daemon.daemon_id is not None
+        with anyio.CancelScope() as cancel:
+            call = _Call(cancel)
+            self._calls.setdefault(owner, set()).add(call)
+            self._watch(daemon)
+            try:
+                if scope["type"] == "http":
+                    await self._forward_http(
+                        target, daemon.daemon_id, call, scope, receive, send, body)
+                else:
+                    # The handshake is the owner's to answer; one cut short just closes.
+                    call.started = True
+                    await _forward_websocket(target, daemon.daemon_id, scope, receive, send)
+            finally:
+                calls = self._calls.get(owner)
+                if calls is not None:
+                    calls.discard(call)
+                    if not calls:
+                        del self._calls[owner]
+        if call.lapsed is not None and not call.started:
+            await _refuse(scope, receive, send, call.lapsed)
+
+    def _watch(self, daemon: Daemon) -> None:
+        if self._watcher is None or self._watcher.done():
+            self._watcher = asyncio.get_running_loop().create_task(self._watch_owners(daemon))
+
+    async def _watch_owners(self, daemon: Daemon) -> None:
+        """While calls are under way: a second apart, cut those whose owner
+        stopped answering (its registration lapsed), so none hangs on it."""
+        while self._calls:
+            await anyio.sleep(1.0)
+            for owner in list(self._calls):
+                try:
+                    await daemon.daemon_url(owner)
+                except HutchError as exc:
+                    for call in self._calls.get(owner, ()):
+                        call.lapsed = exc
+                        call.scope.cancel()
+                except Exception:  # the store's trouble: tried again next time
+                    log.exception("could not tell whether daemon %s still answers", owner)
+
+    def _origin(self, target: str) -> tuple[bytes, bytes, int | None, bytes]:
+        origin = self._origins.get(target)
+        if origin is None:
+            split = urllib.parse.urlsplit(target)
+            origin = (split.scheme.encode(), (split.hostname or "").encode(), split.port,
+                      split.netloc.encode())
+            if len(self._origins) > 1000:
+                self._origins.clear()
+            self._origins[target] = origin
+        return origin
+
+    async def _forward_http(
+        self, target: str, me: str, call: _Call, scope: Scope, receive: Receive, send: Send,
+        whole: bytes | None,
+    ) -> None:
+        scheme, host, port, netloc = self._origin(target)
+        query: bytes = scope.get("query_string", b"")
+        path: bytes = scope.get("raw_path") or scope["path"].encode()
+        headers = [(k, v) for k, v in scope["headers"] if k not in _HOP]
+        if not any(k == b"host" for k, _ in headers):
+            headers.append((b"host", netloc))
+        headers.append((FORWARDED_HEADER, me.encode()))
+        length = header(scope, b"content-length")
+        body: bytes | AsyncIterator[bytes]
+        if whole is not None:
+            body = whole
+        elif length is None and header(scope, b"transfer-encoding") is None:
+            body = b""  # none (a GET): never sent chunked, which would cost a round trip
+        elif length is not None and length.isdigit() and int(length) <= 1 << 20:
+            body = await _whole_body(receive)
+        else:
+            body = _body_stream(receive)
+        if isinstance(body, bytes):
+            if body or length is not None:
+                headers.append((b"content-length", str(len(body)).encode()))
+        else:
+            headers.append((b"transfer-encoding", b"chunked"))
+        request = httpcore.Request(
+            scope["method"].encode(),
+            httpcore.URL(scheme=scheme, host=host, port=port,
+                         target=path + (b"?" + query if query else b"")),
+            headers=headers, content=body, extensions={"timeout": _TIMEOUTS},
+        )
+        try:
+            answer = await self._pool().handle_async_request(request)
+        except _UNREACHABLE as exc:
+            from .._errors import SandboxUnavailable
+
+            await _refuse(scope, receive, send, SandboxUnavailable(
+                f"the daemon serving it ({target}) cannot be reached: {exc!r}; a live "
+                "daemon takes its sandboxes over once its lease lapses"))
+            return
+        call.started = True
+        try:
+            await send({
+                "type": "http.response.start", "status": answer.status,
+                "headers": [(k, v) for k, v in answer.headers
+                            if k.lower() not in _HOP or k.lower() == b"content-length"],
+            })
+            async for chunk in answer.aiter_stream():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        finally:
+            await answer.aclose()
+
+
+#: A forwarded call's time limits: none to read (an exec may run for hours).
+_TIMEOUTS = {"connect": 10.0, "read": None, "write": 60.0, "pool": 30.0}
+#: What says the owner could not be reached (or its connection broke first).
+_UNREACHABLE = (httpcore.NetworkError, httpcore.TimeoutException, httpcore.ProtocolError,
+                httpcore.UnsupportedProtocol)
+
+
+class Forward:
+    """Pure ASGI middleware over hutch's own API: a request that names
+    another daemon's sandbox, workspace or snapshot (in its path, or for
+    :data:`NAMED_IN_BODY` in its body) is answered by that daemon."""
+
+    def __init__(self, app: ASGIApp, forwarder: Forwarder) -> None:
+        self.app = app
+        self.forwarder = forwarder
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        daemon = self.forwarder.fleet_daemon(scope)
+        if daemon is None:
             await self.app(scope, receive, send)
+            return
+        named = NAMED_IN_BODY.get(scope["path"]) if scope["type"] == "http" else None
+        if named is not None and scope["method"] == "POST":
+            await self.forwarder.forwarded_by_body(*named, scope, receive, send, self.app)
             return
         try:
             served = await daemon.served_by(scope["path"])
@@ -77,76 +311,22 @@ class Forward:
         if served is None:
             await self.app(scope, receive, send)
             return
-        owner, target = served
-        assert daemon.daemon_id is not None
-        me = daemon.daemon_id
-        lapsed: list[HutchError] = []
-        async with anyio.create_task_group() as tasks:
-            async def watch_owner() -> None:
-                # An owner that stalls (or dies) never answers; once its
-                # registration lapses, the call is cut instead of hanging.
-                while True:
-                    await anyio.sleep(1.0)
-                    try:
-                        await daemon.daemon_url(owner)
-                    except HutchError as exc:
-                        lapsed.append(exc)
-                        tasks.cancel_scope.cancel()
-                        return
+        await self.forwarder.forward(daemon, served, scope, receive, send)
 
-            async def forward() -> None:
-                if scope["type"] == "http":
-                    await self._forward_http(target, me, scope, receive, send)
-                else:
-                    # The handshake is the owner's to answer; one cut short just closes.
-                    self._started[id(scope)] = True
-                    await _forward_websocket(target, me, scope, receive, send)
-                tasks.cancel_scope.cancel()
 
-            tasks.start_soon(watch_owner)
-            tasks.start_soon(forward)
-        if lapsed and not self._started.get(id(scope)):
-            await _refuse(scope, receive, send, lapsed[0])
-        self._started.pop(id(scope), None)
-
-    async def _forward_http(
-        self, target: str, me: str, scope: Scope, receive: Receive, send: Send
-    ) -> None:
-        query = scope.get("query_string", b"")
-        url = target + scope["path"] + ("?" + query.decode("latin-1") if query else "")
-        headers = [(k, v) for k, v in scope["headers"] if k not in _HOP]
-        headers.append((FORWARDED_HEADER, me.encode()))
-        length = header(scope, b"content-length")
-        body: bytes | AsyncIterator[bytes]
-        if length is None and header(scope, b"transfer-encoding") is None:
-            body = b""  # none (a GET): never sent chunked, which would cost a round trip
-        elif length is not None and int(length) <= 1 << 20:
-            body = await _whole_body(receive)
-        else:
-            body = _body_stream(receive)
-        request = self._http().build_request(scope["method"], url, headers=headers, content=body)
-        try:
-            answer = await self._http().send(request, stream=True)
-        except httpx.HTTPError as exc:
-            from .._errors import SandboxUnavailable
-
-            await _refuse(scope, receive, send, SandboxUnavailable(
-                f"the daemon serving it ({target}) cannot be reached: {exc}; a live daemon "
-                "takes its sandboxes over once its lease lapses"))
-            return
-        self._started[id(scope)] = True
-        try:
-            await send({
-                "type": "http.response.start", "status": answer.status_code,
-                "headers": [(k, v) for k, v in answer.headers.raw if k.lower() not in _HOP]
-                + ([(b"content-length", answer.headers["content-length"].encode())]
-                   if "content-length" in answer.headers else []),
-            })
-            async for chunk in answer.aiter_raw():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b""})
-        finally:
-            await answer.aclose()
+def _named(body: bytes, keys: tuple[str, ...]) -> str | None:
+    """The first of ``keys`` a JSON object ``body`` holds a string at."""
+    try:
+        named = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(named, dict):
+        return None
+    for key in keys:
+        value = named.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return None
 
 
 async def _whole_body(receive: Receive) -> bytes:
@@ -194,15 +374,22 @@ async def _forward_websocket(
     if message["type"] != "websocket.connect":
         return
     query = scope.get("query_string", b"")
-    url = ("ws" + target.removeprefix("http") + scope["path"]
+    owner = urllib.parse.urlsplit(target)
+    # The URL names the host the client asked (its Host header goes on, as
+    # for HTTP); the connection goes to the owner.
+    host = header(scope, b"host") or owner.netloc
+    url = ("ws" + owner.scheme.removeprefix("http") + "://" + host + scope["path"]
            + ("?" + query.decode("latin-1") if query else ""))
     headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]
                if k not in _HOP and k not in _WS_HANDSHAKE]
     headers.append((FORWARDED_HEADER.decode(), me))
     subprotocols: Any = scope.get("subprotocols") or None
     try:
-        upstream = await connect(url, additional_headers=headers, subprotocols=subprotocols,
-                                 max_size=None, open_timeout=10, compression=None)
+        upstream = await connect(
+            url, additional_headers=headers, subprotocols=subprotocols, max_size=None,
+            open_timeout=10, compression=None, proxy=None,
+            host=owner.hostname, port=owner.port or (443 if owner.scheme == "https" else 80),
+            server_hostname=owner.hostname if owner.scheme == "https" else None)
     except (InvalidStatus, OSError, TimeoutError) as exc:
         await send({"type": "websocket.close", "code": 1011,
                     "reason": f"the daemon serving it cannot be reached: {exc}"[:120]})

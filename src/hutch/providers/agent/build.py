@@ -19,6 +19,7 @@ import fcntl
 import hashlib
 import logging
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -70,22 +71,36 @@ def source_hash(go: str | None) -> str:
 
 
 _built: dict[str, Path] = {}
+#: ``uname -m`` of the machines Go builds for, as Go names them (GOARCH).
+MACHINE_ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64",
+                "armv7l": "arm", "armv6l": "arm", "i686": "386", "i386": "386",
+                "ppc64le": "ppc64le", "s390x": "s390x", "riscv64": "riscv64"}
 
 
-def agent_binary(*, build: bool = True) -> Path:
-    """The agent executable for the current source, built if missing.
+def host_arch() -> str:
+    return MACHINE_ARCH.get(platform.machine(), platform.machine())
+
+
+def agent_binary(*, build: bool = True, arch: str | None = None) -> Path:
+    """The agent executable for the current source, built if missing; for
+    another machine's architecture (``arch``, as Go names it: ``arm64``)
+    where the sandbox runs on one (a cluster's node), cross-built.
 
     Raises :class:`AgentUnavailable` when it is not built and cannot be.
-    One answer per process: the source of a running hutch does not change.
+    One answer per process and architecture: the source of a running hutch
+    does not change.
     """
-    if "current" in _built:
-        return _built["current"]
+    target = "current" if arch is None or arch == host_arch() else arch
+    if target in _built:
+        return _built[target]
+    if target != "current" and target not in set(MACHINE_ARCH.values()):
+        raise AgentUnavailable(f"hutch's agent is not built for {target!r} machines")
     go = go_toolchain()
-    key = source_hash(go)
+    key = source_hash(go) + ("" if target == "current" else f"-{target}")
     root = cache_root()
     binary = root / key / BINARY_NAME
     if binary.is_file():
-        _built["current"] = binary
+        _built[target] = binary
         return binary
     if go is None:
         raise AgentUnavailable(
@@ -98,12 +113,12 @@ def agent_binary(*, build: bool = True) -> Path:
     with open(root / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time; the others wait for it
         if not binary.is_file():
-            _build(go, binary, root)
-    _built["current"] = binary
+            _build(go, binary, root, None if target == "current" else target)
+    _built[target] = binary
     return binary
 
 
-def _build(go: str, binary: Path, root: Path) -> None:
+def _build(go: str, binary: Path, root: Path, arch: str | None = None) -> None:
     log.info("building hutch's agent into %s", binary)
     env = {
         **os.environ,
@@ -114,6 +129,8 @@ def _build(go: str, binary: Path, root: Path) -> None:
         "GOPROXY": "off",
         "GOTOOLCHAIN": "local",
     }
+    if arch is not None:
+        env["GOARCH"] = arch  # Go's standard library cross-builds with no more than this
     env.setdefault("HOME", str(root))
     fd, tmp = tempfile.mkstemp(prefix=".build-", dir=binary.parent)
     os.close(fd)

@@ -28,7 +28,7 @@ from collections.abc import (
     Iterator,
     Mapping,
 )
-from typing import IO, TypeVar
+from typing import IO, Any, TypeVar
 
 import anyio.to_thread
 
@@ -367,6 +367,11 @@ class AgentRuntime(SandboxRuntime):
         #: here, not through the socket); not where its descriptors are not
         #: the host's (gVisor's user-space kernel): the bytes travel in frames.
         self.hands_over_fds = True
+        #: Only processes on a CPU (running, or in uninterruptible I/O) keep
+        #: the sandbox busy, not any alive: where a suspend keeps processes
+        #: (gVisor's checkpoint), a server waiting for a connection costs
+        #: nothing if suspended, while work in progress would be held up.
+        self.busy_means_running = False
 
     # -- connections ----------------------------------------------------------------
     def _dial(self) -> socket.socket:
@@ -511,7 +516,10 @@ class AgentRuntime(SandboxRuntime):
         )
 
     async def count_busy_processes(self) -> int:
-        return await self.request({"op": "busy"}, lambda r: max(0, int(number(r, "count"))))
+        ask: dict[str, Any] = {"op": "busy"}
+        if self.busy_means_running:
+            ask["running"] = True
+        return await self.request(ask, lambda r: max(0, int(number(r, "count"))))
 
     # -- files --------------------------------------------------------------------------
     async def read_file(self, path: str, limit: int) -> bytes:

@@ -132,7 +132,8 @@ def restore(container: str, directory: str, bundle_dir: str, log_path: str) -> N
     """The container running again from ``directory``, its agent not yet
     listening (the caller wakes it). Blocking."""
     check_build(directory, f"{container}'s checkpoint")
-    runsc.remove(container)  # a stopped leftover of the same name
+    if runsc.state(container) is not None:
+        runsc.remove(container)  # a stopped leftover of the same name
     runsc.start("restore", "--image-path", directory, "--bundle", bundle_dir, container,
                 container=container, log_path=log_path, what=f"restoring {container}")
 

@@ -45,12 +45,21 @@ def runsc_binary() -> str:
     return found
 
 
+_builds: dict[tuple[str, int, int], str] = {}
+
+
 def runsc_build() -> str:
-    """The build, as ``runsc --version`` says it (checkpoints are tied to it)."""
-    result = subprocess.run(
-        [runsc_binary(), "--version"], capture_output=True, text=True, check=False, timeout=30
-    )
-    return result.stdout.strip()
+    """The build, as ``runsc --version`` says it (checkpoints are tied to it);
+    asked once per binary file (a new one, a package upgrade, is asked again)."""
+    binary = runsc_binary()
+    found = os.stat(binary)
+    key = (os.path.realpath(binary), found.st_mtime_ns, found.st_size)
+    if key not in _builds:
+        result = subprocess.run(
+            [binary, "--version"], capture_output=True, text=True, check=False, timeout=30
+        )
+        _builds[key] = result.stdout.strip()
+    return _builds[key]
 
 
 def argv(*args: str) -> list[str]:

@@ -123,6 +123,9 @@ class GvisorSandbox(SandboxBackend):
         )
         # Its descriptors are the user-space kernel's, not the host's.
         self._agent.hands_over_fds = False
+        # Its processes live through a suspend: one waiting (a server, a
+        # REPL) lets the sandbox go idle; one working keeps it awake.
+        self._agent.busy_means_running = True
 
     @property
     def bundle_dir(self) -> str:

@@ -25,6 +25,7 @@ import anyio.to_thread
 
 from ..._errors import ProviderError
 from ..agent import AgentFailure, AgentRuntime, agent_binary
+from ..agent.build import MACHINE_ARCH
 from .execruntime import PodExecRuntime
 from .tunnel import AgentTunnel
 
@@ -42,10 +43,16 @@ trap 'exit 0' TERM
 while [ ! -x {AGENT_PATH} ]; do sleep 0.05; done
 exec {AGENT_PATH} serve-shared {AGENT_SOCKET}
 """
-#: Writes stdin to the agent's path, whole or not at all.
+#: Says the pod's machine (its node's: the agent is built for it), reads
+#: the executable's size on a line, then that many bytes into the agent's
+#: path, whole or not at all. Sized rather than read to the end of stdin:
+#: the v4 channel protocol cannot close a command's stdin.
 _INSTALL = f"""
-mkdir -p {HUTCH_DIR}/bin && cat > {AGENT_PATH}.part && chmod 755 {AGENT_PATH}.part \
-  && mv -f {AGENT_PATH}.part {AGENT_PATH}
+uname -m
+read -r size || exit 1
+mkdir -p {HUTCH_DIR}/bin && head -c "$size" > {AGENT_PATH}.part \
+  && [ "$(wc -c < {AGENT_PATH}.part)" -eq "$size" ] \
+  && chmod 755 {AGENT_PATH}.part && mv -f {AGENT_PATH}.part {AGENT_PATH}
 """
 
 
@@ -79,14 +86,38 @@ class PodAgent:
     async def start(self, timeout: float = AGENT_START_TIMEOUT) -> None:
         """Into a new pod (its keeper waiting): the executable copied in, the
         relay opened, and the agent answering."""
-        binary = await anyio.to_thread.run_sync(lambda: agent_binary().read_bytes())
-        code, _, err = await self._pod_exec.run(["sh", "-c", _INSTALL], binary)
+        await self._install()
+        await self._reopen(timeout)
+
+    async def _install(self) -> None:
+        """The agent built for the pod's machine, copied in over one exec:
+        it says ``uname -m``, then takes the executable on its stdin."""
+        session = await self._pod_exec.open_exec(["sh", "-c", _INSTALL], keep_stdin=True)
+        out, err = bytearray(), bytearray()
+        try:
+            while b"\n" not in out and (chunk := await session.read()) is not None:
+                (out if chunk.stream == "stdout" else err).extend(chunk.data)
+            machine = bytes(out).partition(b"\n")[0].decode("ascii", "replace").strip()
+            arch = MACHINE_ARCH.get(machine)
+            if arch is None:
+                raise ProviderError(
+                    f"the pod's machine is {machine or 'unknown'!r}: hutch's agent is not built "
+                    "for it (runtime='native' needs no agent)")
+            binary = await anyio.to_thread.run_sync(
+                lambda: agent_binary(arch=arch).read_bytes())
+            await session.write_stdin(b"%d\n" % len(binary) + binary)
+            await session.close_stdin()
+            while (chunk := await session.read()) is not None:
+                if chunk.stream == "stderr":
+                    err.extend(chunk.data)
+            code = await session.wait()
+        finally:
+            await session.close()
         if code != 0:
             raise ProviderError(
-                "copying hutch's agent into the pod failed (its image needs sh, cat, chmod "
-                f"and mv and a writable {HUTCH_DIR}; runtime='native' needs none): "
+                "copying hutch's agent into the pod failed (its image needs sh, uname, head, "
+                f"wc, chmod and mv and a writable {HUTCH_DIR}; runtime='native' needs none): "
                 f"{err.decode('utf-8', 'replace')[:500]}")
-        await self._reopen(timeout)
 
     async def _reopen(self, timeout: float) -> None:
         await self.close()

@@ -23,7 +23,25 @@ from .config import KubernetesConfig
 #: belongs to (daemons sharing a cluster never touch each other's pods).
 SANDBOX_LABEL = "hutch.dev/sandbox"
 HOME_LABEL = "hutch.dev/home"
+#: The sandbox's id as it is (a label value is lower-cased, for its name's sake).
+SANDBOX_ID_ANNOTATION = "hutch.dev/sandbox-id"
 CONTAINER = "sandbox"
+SNAPSHOT_API = "snapshot.storage.k8s.io/v1"
+
+
+def home_selector() -> str:
+    """The label selector of what this hutch home made."""
+    return f"{HOME_LABEL}={home_tag()}"
+
+
+def labels(sandbox_id: str) -> dict[str, str]:
+    return {SANDBOX_LABEL: sandbox_id.lower(), HOME_LABEL: home_tag()}
+
+
+def ours(obj: dict[str, Any] | None, sandbox_id: str) -> bool:
+    """Whether ``obj`` is one this home made for ``sandbox_id``."""
+    found = ((obj or {}).get("metadata") or {}).get("labels") or {}
+    return found == {**found, **labels(sandbox_id)}
 
 
 def home_tag() -> str:
@@ -62,25 +80,74 @@ class Cluster:
         self.namespace = config.namespace or single.namespace or "default"
         self.client = AsyncClient(config=single, namespace=self.namespace)
         self.http: httpx2.AsyncClient = adapted_http_client(single, ConnectionParams())
+        self._snapshots: bool | None = None
 
     def pod_path(self, name: str) -> str:
         return f"/api/v1/namespaces/{self.namespace}/pods/{name}"
 
-    async def delete_pod(self, name: str, uid: str | None) -> None:
-        """Foreground deletion, only of the pod ``uid`` names (a pod of the
+    def kind_path(self, kind: str, name: str = "") -> str:
+        """The path of ``kind`` (``pods``, ``persistentvolumeclaims``,
+        ``volumesnapshots``) in the namespace, or of one object of it."""
+        group = (f"/apis/{SNAPSHOT_API}" if kind == "volumesnapshots" else "/api/v1")
+        return f"{group}/namespaces/{self.namespace}/{kind}" + (f"/{name}" if name else "")
+
+    async def call(self, method: str, path: str, *, body: Any = None,
+                   params: dict[str, str] | None = None) -> dict[str, Any] | None:
+        """One API call; its JSON answer, None where the object is not
+        there (404); ProviderError for any other failure, with the server's word."""
+        try:
+            response = await self.http.request(method, path, json=body, params=params)
+        except httpx2.HTTPError as exc:
+            raise ProviderError(f"{method} {path} failed: {exc}") from exc
+        if response.status_code == 404:
+            return None
+        if response.status_code >= 300:
+            try:
+                said = response.json().get("message") or response.text
+            except ValueError:
+                said = response.text
+            raise ProviderError(f"{method} {path} failed: {response.status_code} {said[:500]}")
+        answer: dict[str, Any] = response.json()
+        return answer
+
+    async def get(self, kind: str, name: str) -> dict[str, Any] | None:
+        return await self.call("GET", self.kind_path(kind, name))
+
+    async def listed(self, kind: str, selector: str) -> dict[str, Any]:
+        """The list of ``kind`` matching the label ``selector`` (with its resourceVersion)."""
+        listed = await self.call("GET", self.kind_path(kind), params={"labelSelector": selector})
+        return listed or {"items": [], "metadata": {}}
+
+    async def delete(self, kind: str, name: str, uid: str | None) -> None:
+        """Foreground deletion, only of the object ``uid`` names (one of the
         same name made since is someone else's); gone already is done."""
         body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1",
                                 "propagationPolicy": "Foreground", "gracePeriodSeconds": 0}
         if uid:
             body["preconditions"] = {"uid": uid}
         try:
-            response = await self.http.request("DELETE", self.pod_path(name), json=body)
+            response = await self.http.request(
+                "DELETE", self.kind_path(kind, name), json=body)
         except httpx2.HTTPError as exc:
-            raise ProviderError(f"deleting pod {name} failed: {exc}") from exc
+            raise ProviderError(f"deleting {kind} {name} failed: {exc}") from exc
         if response.status_code in (200, 202, 404):
             return
-        raise ProviderError(f"deleting pod {name} failed: {response.status_code} "
+        if response.status_code == 409 and uid:
+            return  # the precondition failed: what is there now is not the one meant
+        raise ProviderError(f"deleting {kind} {name} failed: {response.status_code} "
                             f"{response.text[:500]}")
+
+    async def delete_pod(self, name: str, uid: str | None) -> None:
+        await self.delete("pods", name, uid)
+
+    async def offers_snapshots(self) -> bool:
+        """Whether the cluster serves ``snapshot.storage.k8s.io/v1`` (a CSI
+        snapshotter is installed), asked once."""
+        if self._snapshots is None:
+            found = await self.call("GET", f"/apis/{SNAPSHOT_API}") or {}
+            self._snapshots = any(
+                r.get("name") == "volumesnapshots" for r in found.get("resources") or [])
+        return self._snapshots
 
     async def close(self) -> None:
         await self.http.aclose()

@@ -117,6 +117,23 @@ class KubernetesConfig(ProviderSettings):
     runtime: Literal["auto", "agent", "native"] = "auto"
     #: How long a new pod may take to be ready, seconds.
     ready_timeout: float = Field(default=120.0, gt=0, le=3600)
+    #: The working directory on a PersistentVolumeClaim of its own, so that
+    #: suspend deletes the pod and keeps the files (and resume starts a new
+    #: pod on them); false: the pod's own file system, gone with the pod,
+    #: and the sandbox cannot suspend.
+    persistent: bool = True
+    #: The claim's requested size (a Kubernetes quantity; unset: 1Gi).
+    volume_size: Annotated[
+        str | None, OperatorsChoice("sizes the volumes (and their cost)"),
+        Field(pattern=r"^[0-9]+(\.[0-9]+)?([KMGTPE]i?|[kmgtpe])?$"),
+    ] = None
+    #: The VolumeSnapshotClass of snapshots where the cluster offers
+    #: ``snapshot.storage.k8s.io`` (its default class when unset);
+    #: elsewhere snapshots are the working directory as an archive.
+    snapshot_class: Annotated[
+        str | None, OperatorsChoice("picks the snapshot class (and its cost) of snapshots"),
+        Field(pattern=_OBJECT_NAME),
+    ] = None
 
     @model_validator(mode="after")
     def _one_source_of_credentials(self) -> KubernetesConfig:

@@ -7,16 +7,22 @@ from lightkube.models.core_v1 import (
     Container,
     EnvVar,
     LocalObjectReference,
+    PersistentVolumeClaimVolumeSource,
     PodSpec,
     SeccompProfile,
     SecurityContext,
     Toleration,
+    Volume,
+    VolumeMount,
 )
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod
 
-from .api import CONTAINER, HOME_LABEL, SANDBOX_LABEL, home_tag
+from .api import CONTAINER, SANDBOX_ID_ANNOTATION, labels
 from .config import KubernetesConfig
+
+#: The pod's volume that holds the working directory.
+WORKDIR_VOLUME = "workdir"
 
 #: What the pod's container may not do, whatever the cluster's defaults: the
 #: docker provider's rule (the runtime's default capabilities less raw
@@ -31,20 +37,27 @@ SECURITY_CONTEXT = SecurityContext(
 
 
 def sandbox_pod(config: KubernetesConfig, sandbox_id: str, name: str,
-                keeper: list[str]) -> Pod:
+                keeper: list[str], claim: str | None = None) -> Pod:
     """The pod: one container running ``keeper`` (commands come in through
     exec), labelled with the sandbox and hutch's home, placed and pulled as
-    the settings say."""
+    the settings say, its working directory on ``claim`` if given."""
+    volumes, mounts = [], []
+    if claim is not None:
+        volumes.append(Volume(name=WORKDIR_VOLUME, persistentVolumeClaim=(
+            PersistentVolumeClaimVolumeSource(claimName=claim))))
+        mounts.append(VolumeMount(name=WORKDIR_VOLUME, mountPath=config.workdir))
     return Pod(
-        metadata=ObjectMeta(name=name, labels={SANDBOX_LABEL: sandbox_id.lower(),
-                                               HOME_LABEL: home_tag()}),
+        metadata=ObjectMeta(name=name, labels=labels(sandbox_id),
+                            annotations={SANDBOX_ID_ANNOTATION: sandbox_id}),
         spec=PodSpec(
             restartPolicy="Never", terminationGracePeriodSeconds=0,
             containers=[Container(
                 name=CONTAINER, image=config.image, command=keeper,
                 env=[EnvVar(name=k, value=v) for k, v in config.env.items()],
                 securityContext=SECURITY_CONTEXT,
+                volumeMounts=mounts or None,
             )],
+            volumes=volumes or None,
             # The service account's token stays out of reach of what runs inside.
             automountServiceAccountToken=False,
             nodeSelector=dict(config.node_selector) or None,

@@ -54,6 +54,10 @@ class _Stream:
         self.inbound: asyncio.Queue[bytes | None] = asyncio.Queue()
         self.tasks: list[asyncio.Task[None]] = []
         self.closed = False
+        #: Bytes the relay sent that this side has not credited back yet:
+        #: never past the window (a relay that ignores its credit is cut off
+        #: rather than buffered without bound).
+        self.owed = 0
 
 
 class AgentTunnel:
@@ -137,6 +141,9 @@ class AgentTunnel:
         if stream is None:
             return  # closed here already
         if kind == DATA:
+            stream.owed += len(payload)
+            if stream.owed > WINDOW:
+                raise AgentFailure(f"the relay sent stream {stream_id} past its credit")
             stream.inbound.put_nowait(payload)
         elif kind == CLOSE:
             if payload:
@@ -177,6 +184,7 @@ class AgentTunnel:
                 await self._loop.sock_sendall(stream.near, data)
                 uncredited += len(data)
                 if uncredited >= CREDIT_STEP and self.up:
+                    stream.owed -= uncredited
                     await self._send(stream.id, CREDIT, _CREDIT.pack(uncredited))
                     uncredited = 0
         # Closed by the relay (or the tunnel is down): the runtime's end

@@ -15,6 +15,7 @@ from fastapi import FastAPI
 
 from ...daemon import Daemon
 from ..asgi import ASGIApp, Receive, Scope, Send, header
+from ..forward import Forwarder
 from ..middleware import BodyLimit, CancelOnDisconnect
 from .control import control_app
 from .dispatch import E2BWire
@@ -27,10 +28,12 @@ Refusal = Callable[[Send, str], Awaitable[None]]
 
 def mount(
     app: FastAPI, *, daemon: Callable[[], Daemon | None], token: str | None, max_body_bytes: int,
+    forwarder: Forwarder,
 ) -> None:
     """Answer the E2B wire on ``app``'s port: call it after the app's other
     middleware, so that it comes first (E2B requests carry E2B's
-    credentials, not hutch's bearer token)."""
+    credentials, not hutch's bearer token). ``forwarder`` sends a request
+    for another daemon's sandbox to it (a fleet)."""
     control = control_app()
 
     def guarded(inner: ASGIApp, refuse: Refusal) -> ASGIApp:
@@ -57,7 +60,8 @@ def mount(
         await send_connect_error(send, "resource_exhausted", message)
 
     app.add_middleware(
-        E2BWire, daemon=daemon, token=token, control=guarded(control, control_refusal),
+        E2BWire, daemon=daemon, token=token, forwarder=forwarder,
+        control=guarded(control, control_refusal),
         envd=guarded(envd_app(), envd_refusal), preview=CancelOnDisconnect(preview_app()),
     )
 

@@ -38,9 +38,11 @@ from ..._errors import (
     SandboxUnavailable,
 )
 from ..._sandbox import Sandbox
+from ...config import SandboxSpec
 from ...daemon import Daemon
 from ...images import hutch_image_rootfs
 from ...states import FINAL
+from ...store import SandboxRow
 from .dispatch import Caller, caller_of
 from .errors import control_body, control_error
 from .keys import envd_access_token
@@ -114,16 +116,10 @@ class Control:
 
     @staticmethod
     def metadata_of(sandbox: Sandbox) -> dict[str, str]:
-        if sandbox.spec is None:
-            return {}
-        return dict(sandbox.spec.options.metadata)
+        return _metadata(sandbox.spec)
 
     def template_of(self, sandbox: Sandbox) -> str:
-        template = self.metadata_of(sandbox).get(TEMPLATE_KEY)
-        if template:
-            return template
-        image = getattr(sandbox.spec.provider, "image", None) if sandbox.spec else None
-        return str(image) if image else BASE_TEMPLATE
+        return _template(sandbox.spec)
 
     def created(self, sandbox: Sandbox) -> dict[str, Any]:
         """The ``Sandbox`` model: create's and connect's answer."""
@@ -135,17 +131,23 @@ class Control:
             "envdAccessToken": self.access_token(sandbox.id),
         }
 
-    async def listed(self, sandbox: Sandbox) -> dict[str, Any]:
-        """The ``ListedSandbox`` model."""
-        info = await sandbox.info()
-        provider = sandbox.spec.provider if sandbox.spec is not None else None
+    async def listed(self, sandbox: Sandbox | SandboxRow) -> dict[str, Any]:
+        """The ``ListedSandbox`` model, of a sandbox served here or (in a
+        fleet) of another daemon's, as the store has it."""
+        if isinstance(sandbox, SandboxRow):
+            spec = _spec_of(sandbox)
+            info: Mapping[str, Any] = {
+                "created_at_unix": sandbox.created_at_unix,
+                "deadline_unix": sandbox.deadline_unix, "state": sandbox.state}
+        else:
+            spec, info = sandbox.spec, await sandbox.info()
+        provider = spec.provider if spec is not None else None
         cpus = getattr(provider, "cpus", None)
         started = info.get("created_at_unix")
         deadline = info.get("deadline_unix")
-        metadata = {k: v for k, v in self.metadata_of(sandbox).items()
-                    if not k.startswith("hutch.")}
+        metadata = {k: v for k, v in _metadata(spec).items() if not k.startswith("hutch.")}
         return {
-            "templateID": self.template_of(sandbox),
+            "templateID": _template(spec),
             "sandboxID": sandbox.id,
             "clientID": CLIENT_ID,
             "startedAt": _time(started),
@@ -319,7 +321,27 @@ class Control:
         started_after = query.get("startedAfter")
         since = _parse_time(started_after) if started_after else None
         ref = self.caller.ref
-        rows: list[tuple[float, str, Sandbox]] = []
+        rows: list[tuple[float, str, Sandbox | SandboxRow]] = []
+        if self.daemon.store.shared:
+            # A fleet's other daemons' sandboxes, as the store has them: each
+            # listed once, whichever daemon is asked.
+            for row in await self.daemon.astore.list_sandboxes():
+                if row.id in self.daemon.sandboxes or row.state in FINAL or (
+                        ref is not None
+                        and await self.daemon.ref_target(ref, row.id) != row.id):
+                    continue
+                spec = _spec_of(row)
+                state = E2B_STATE.get(row.state)
+                if state is None or (states and state not in states):
+                    continue
+                metadata = _metadata(spec)
+                if any(metadata.get(k) != v for k, v in wanted_meta.items()):
+                    continue
+                if template and _template(spec) != template:
+                    continue
+                if since is not None and row.created_at_unix <= since:
+                    continue
+                rows.append((row.created_at_unix, row.id, row))
         for sandbox_id in list(self.daemon.sandboxes):
             if ref is not None and await self.daemon.ref_target(ref, sandbox_id) != sandbox_id:
                 continue
@@ -345,6 +367,28 @@ class Control:
         page = rows[:limit]
         next_token = _token(page[-1][0], page[-1][1]) if len(rows) > limit else None
         return [await self.listed(sandbox) for _, _, sandbox in page], next_token
+
+
+# -- the sandbox as E2B describes it, from its spec ---------------------------------------
+
+
+def _spec_of(row: SandboxRow) -> SandboxSpec | None:
+    try:
+        return SandboxSpec.model_validate(row.spec)
+    except ValueError:
+        return None
+
+
+def _metadata(spec: SandboxSpec | None) -> dict[str, str]:
+    return {} if spec is None else dict(spec.options.metadata)
+
+
+def _template(spec: SandboxSpec | None) -> str:
+    template = _metadata(spec).get(TEMPLATE_KEY)
+    if template:
+        return template
+    image = getattr(spec.provider, "image", None) if spec is not None else None
+    return str(image) if image else BASE_TEMPLATE
 
 
 # -- request values -----------------------------------------------------------------------

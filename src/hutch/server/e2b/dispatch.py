@@ -13,6 +13,10 @@ One port serves hutch's own API and the E2B wire (docs/e2b.md):
   with ``X-API-KEY`` holding a hutch token or a ref (either as it is or in
   E2B's ``e2b_<hex>`` form);
 - anything else is hutch's own API, untouched.
+
+In a fleet, a request for a sandbox (or template) another daemon serves is
+sent to it once its credential has been checked here (:mod:`..forward`):
+the E2B SDKs may talk to any daemon of the fleet.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from ..._refwire import REF_PREFIX
 from ...daemon import Daemon
 from ...store import RefRow
 from ..asgi import ASGIApp, Receive, Scope, Send, header
+from ..forward import Forwarder
 from .errors import send_connect_error, send_control_error
 from .keys import credential_of, is_envd_access_token
 from .versions import ENVD_PORT
@@ -79,10 +84,11 @@ class E2BWire:
 
     def __init__(
         self, app: ASGIApp, *, daemon: Callable[[], Daemon | None], token: str | None,
-        control: ASGIApp, envd: ASGIApp, preview: ASGIApp,
+        forwarder: Forwarder, control: ASGIApp, envd: ASGIApp, preview: ASGIApp,
     ) -> None:
         self.app = app
         self.daemon = daemon
+        self.forwarder = forwarder
         self.expected = token.encode() if token else None
         self.secret = secret_of(token)
         self.control = control
@@ -99,6 +105,9 @@ class E2BWire:
             return
         host = header(scope, b"host") or ""
         match = _PREVIEW_HOST.match(host)
+        if match is not None and await self.forwarder.forwarded(
+                "sandbox", match.group(2), scope, receive, send):
+            return
         if match is not None and await self._knows(match.group(2)):
             scope["hutch.e2b.port"] = int(match.group(1))
             await self._to(self.preview, match.group(2), None, scope, receive, send)
@@ -166,6 +175,8 @@ class E2BWire:
             app = self.preview
         else:
             app = self.envd
+        if await self.forwarder.forwarded("sandbox", sandbox_id, scope, receive, send):
+            return
         scope[CALLER_SCOPE_KEY] = Caller(daemon, self.secret, ref, given, sandbox_id)
         await app(scope, receive, send)
 
@@ -191,14 +202,45 @@ class E2BWire:
                 except HutchError:
                     continue
                 scope[CALLER_SCOPE_KEY] = Caller(daemon, self.secret, ref, credential)
-                await self.control(scope, receive, send)
+                await self._control_here_or_forwarded(scope, receive, send)
                 return
             if self.expected is not None and hmac.compare_digest(
                 credential.encode(), self.expected
             ):
                 scope[CALLER_SCOPE_KEY] = Caller(daemon, self.secret, None, credential)
-                await self.control(scope, receive, send)
+                await self._control_here_or_forwarded(scope, receive, send)
                 return
         await send_control_error(
             send, 401, "wrong X-API-KEY: set E2B_API_KEY to the daemon's token or a "
             "sandbox's ref (`hutch token --e2b` prints it in E2B's key format)")
+
+    async def _control_here_or_forwarded(
+        self, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """A control-plane call, forwarded where another daemon serves what
+        it is for: one sandbox (``/sandboxes/{id}/...``, ``/v2/sandboxes/{id}/...``),
+        a template (``DELETE /templates/{id}``; a template is a snapshot), or
+        the snapshot a create names as its ``templateID``."""
+        method, path = scope["method"], scope["path"]
+        if method == "POST" and path in ("/sandboxes", "/v2/sandboxes"):
+            await self.forwarder.forwarded_by_body(
+                "snapshot", ("templateID",), scope, receive, send, self.control)
+            return
+        named = control_target(method, path)
+        if named is not None and await self.forwarder.forwarded(*named, scope, receive, send):
+            return
+        await self.control(scope, receive, send)
+
+
+def control_target(method: str, path: str) -> tuple[str, str] | None:
+    """What one control-plane call is for: ("sandbox", id) or ("snapshot",
+    id) (a template is a snapshot); None for the calls that make or list."""
+    parts = path.split("/")[1:]
+    if parts[:1] == ["v2"]:
+        parts = parts[1:]
+    if len(parts) >= 2 and parts[1]:
+        if parts[0] == "sandboxes":
+            return "sandbox", parts[1]
+        if parts[0] == "templates" and method == "DELETE":
+            return "snapshot", parts[1]
+    return None

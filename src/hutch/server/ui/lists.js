@@ -63,10 +63,11 @@ export function definitionsView(main, { onEvent }) {
   return listPage(main, onEvent, {
     title: "Definitions", path: "/v1/definitions", key: "definitions",
     note: "Sandbox definitions: how to make a sandbox ready (hutch.toml's and those PUT).",
-    draw: (rows) => table("definitions", ["ID", "Provider", "Definition"],
+    draw: (rows) => table("definitions", ["ID", "Provider", "Tenant", "Definition"],
       rows.map((d) => h("tr", { dataset: { id: d.id ?? "" } },
-        h("td", { class: "mono" }, d.id ?? d.name ?? "–"),
+        h("td", { class: "mono" }, d.id ?? "–"),
         h("td", {}, (d.provider && (d.provider.type || d.provider)) || "–"),
+        h("td", {}, d.tenant ?? "–"),
         h("td", {}, h("details", {}, h("summary", {}, "settings"),
           h("pre", { class: "json" }, JSON.stringify(d, null, 2))))))),
   });

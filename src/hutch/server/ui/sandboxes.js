@@ -10,6 +10,9 @@ import { bytes, duration, h, now, replace, stateBadge } from "./dom.js";
 const ENDED = new Set(["terminated", "failed"]);
 /** How often the list is read again without an event (memory moves on its own). */
 const FIGURES_SECONDS = 15;
+/** After an event, how long to wait for the others of its burst; and the least gap between reads. */
+const EVENT_SETTLE_MS = 100;
+const READ_GAP_MS = 500;
 
 /** A sandbox's clocks as of `at`, from a description read at `read`. */
 export function clocks(info, read, at = now()) {
@@ -111,10 +114,12 @@ export function sandboxesView(main, { onEvent }) {
     notice.textContent = error ? `Could not read the sandboxes: ${error}` : "";
   }
 
-  // Reading the list: one at a time; asked for again while one runs, once more after it.
-  let reading = null, again = false, timer = null;
+  // Reading the list: one at a time; asked for again while one runs, once more after it;
+  // for events, at most one read every READ_GAP_MS however busy the log is.
+  let reading = null, again = false, timer = null, lastRead = 0;
   async function read() {
     if (reading) { again = true; return reading; }
+    lastRead = Date.now();
     reading = (async () => {
       try {
         const answer = await api("GET", `/v1/sandboxes${ended.checked ? "?all=true" : ""}`);
@@ -133,7 +138,9 @@ export function sandboxesView(main, { onEvent }) {
     if (again) { again = false; read(); }
   }
   function soon() {
-    if (timer === null) timer = setTimeout(() => { timer = null; read(); }, 100);
+    if (timer !== null) return;
+    const wait = Math.max(EVENT_SETTLE_MS, lastRead + READ_GAP_MS - Date.now());
+    timer = setTimeout(() => { timer = null; read(); }, wait);
   }
 
   text.addEventListener("input", draw);

@@ -176,7 +176,7 @@ func serve(nc *net.UnixConn) {
 		case "workload":
 			opErr = handleWorkload(c, h)
 		case "busy":
-			opErr = c.send(header{"t": "ok", "count": countBusy()}, nil)
+			opErr = c.send(header{"t": "ok", "count": countBusy(boolean(h, "running"))}, nil)
 		case "read":
 			opErr = handleRead(c, h)
 		case "write":

@@ -539,13 +539,17 @@ func handleKill(c *conn, h header) error {
 // -- the busy count -------------------------------------------------------------------
 
 // countBusy: live processes in the sandbox other than its keepers (this agent
-// and the inits above it); zombies are not alive.
-func countBusy() int {
+// and the inits above it) and hutch's own relays to it (this executable, run
+// through the pod's exec: the kept connection is no work of the sandbox's);
+// zombies are not alive. With running, only those on a CPU or in
+// uninterruptible I/O (R, D) count.
+func countBusy(running bool) int {
 	keepers := map[int]bool{}
 	for pid := os.Getpid(); pid > 0 && !keepers[pid]; {
 		keepers[pid] = true
 		pid = parentOf(pid)
 	}
+	self, _ := os.Stat("/proc/self/exe")
 	entries, _ := os.ReadDir("/proc")
 	n := 0
 	for _, e := range entries {
@@ -553,12 +557,20 @@ func countBusy() int {
 		if err != nil || keepers[pid] {
 			continue
 		}
+		if self != nil {
+			if exe, err := os.Stat("/proc/" + e.Name() + "/exe"); err == nil && os.SameFile(self, exe) {
+				continue
+			}
+		}
 		data, err := os.ReadFile("/proc/" + e.Name() + "/stat")
 		if err != nil {
 			continue
 		}
 		end := bytes.LastIndexByte(data, ')')
 		if end < 0 || end+2 >= len(data) || data[end+2] == 'Z' || data[end+2] == 'X' {
+			continue
+		}
+		if running && data[end+2] != 'R' && data[end+2] != 'D' {
 			continue
 		}
 		n++
