@@ -417,6 +417,9 @@ class AgentRuntime(SandboxRuntime):
         except AgentFailure:
             pass  # the next request finds out, and recovers
 
+    def warm(self) -> None:
+        self._top_up()
+
     def keep(self, channel: Channel) -> None:
         """A connection in step with the agent, for the next request."""
         if channel.usable and len(self._idle) < POOL_SIZE:
