@@ -115,8 +115,9 @@ def test_pools_from_the_cli(daemon: DaemonProcess) -> None:
         until("the new pool fills", lambda: pool(c, "small")["ready"] == 1)
         listed = hutch_cli("ls")
         assert "small" in listed and "memory=256m" in listed and "warm" in listed
-        hutch_cli("set", "small", "0")
+        hutch_cli("set", "small", "0")  # a resize: its settings stay
         assert pool(c, "small")["ready"] == 0
+        assert pool(c, "small")["settings"] == {"provider": "bubblewrap", "memory": "256m"}
         hutch_cli("rm", "small")
         assert [p["name"] for p in c.list_pools()] == ["warm"]
         with pytest.raises(hutch.NotFound):
