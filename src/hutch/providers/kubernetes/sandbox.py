@@ -28,7 +28,8 @@ log = logging.getLogger("hutch.kubernetes")
 
 
 class KubernetesSandbox(PodLifecycle):
-    capabilities = Capabilities(processes=True, users=True, suspend=True)
+    # resource_limits: memory and CPU as the container's limits, held by the kubelet.
+    capabilities = Capabilities(processes=True, users=True, suspend=True, resource_limits=True)
 
     def __init__(self, sandbox_id: str, config: KubernetesConfig, cluster: Cluster,
                  name: str, uid: str | None, claim: str | None = None, *,
