@@ -5,7 +5,8 @@ processes on one kept ``pods/exec`` (:mod:`.agentpod`); with
 ``runtime = "native"`` (or no agent built here) each command is a
 ``pods/exec`` of its own and files go through commands (:mod:`.execruntime`).
 The pod's life (its claim, suspend to nothing, the watch for pods lost
-outside hutch, adoption after a restart) is :mod:`.lifecycle`'s.
+outside hutch, adoption after a restart) is :mod:`.lifecycle`'s, its
+snapshots and forks :mod:`.snapshots`'.
 """
 
 from __future__ import annotations
@@ -21,15 +22,16 @@ from .agentpod import PodAgent, keeper_command
 from .api import Cluster
 from .config import KubernetesConfig
 from .execruntime import PodExecRuntime
-from .lifecycle import PodLifecycle
 from .pods import phase_of
+from .snapshots import PodSnapshots
 
 log = logging.getLogger("hutch.kubernetes")
 
 
-class KubernetesSandbox(PodLifecycle):
+class KubernetesSandbox(PodSnapshots):
     # resource_limits: memory and CPU as the container's limits, held by the kubelet.
-    capabilities = Capabilities(processes=True, users=True, suspend=True, resource_limits=True)
+    capabilities = Capabilities(processes=True, users=True, suspend=True, snapshot=True,
+                                fork=True, resource_limits=True)
 
     def __init__(self, sandbox_id: str, config: KubernetesConfig, cluster: Cluster,
                  name: str, uid: str | None, claim: str | None = None, *,
