@@ -593,6 +593,11 @@ class KubeStandin:
         self._set_status(pod, await asyncio.to_thread(self._pod_status, pod))
 
     # -- pods/exec over WebSocket ------------------------------------------------------
+    @property
+    def open_execs(self) -> int:
+        """How many pods/exec connections are open now."""
+        return len(self._open_execs)
+
     def drop_execs(self) -> int:
         """Every open pods/exec connection closed by the server, as an API
         server's restart (or a cut in the network) closes them; how many."""

@@ -160,6 +160,19 @@ async def test_an_api_server_that_speaks_only_v4(v4_standin: KubeStandin, runtim
             assert (await sb.exec(["cat"], stdin="fed")).stdout == "fed"
 
 
+async def test_a_relay_closed_ends_its_exec_even_on_v4(v4_standin: KubeStandin) -> None:
+    from hutch._sandbox import backend_of
+
+    async with await _sandbox(v4_standin) as sb:
+        await backend_of(sb).agent.close()
+        for _ in range(1000):  # the server sees the connection close
+            if v4_standin.open_execs == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert v4_standin.open_execs == 0
+        assert (await sb.exec(["echo", "again"])).stdout == "again\n"  # a new relay
+
+
 def test_the_standin_keeps_the_api_contract(standin: KubeStandin) -> None:
     base = f"{standin.url}/api/v1/namespaces/{standin.namespace}/persistentvolumeclaims"
     claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
