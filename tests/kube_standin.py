@@ -30,6 +30,8 @@ namespace:
   do not match, or that does not tolerate one of its NoSchedule or NoExecute
   taints, stays Pending with ``PodScheduled`` False (``Unschedulable``); a
   pod that fits gets ``spec.nodeName``. Image pull secrets are kept, not used.
+A container's memory and CPU limits are its docker container's, as the
+kubelet's cgroup holds them.
 - The kubelet's part: a pod's container really runs (a local docker
   container of the pod's image and command; a claim is a docker volume, its
   data kept while the claim is); a container that dies makes its pod
@@ -96,6 +98,18 @@ def _selected(obj: dict[str, Any], selector: str) -> bool:
 
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+_QUANTITY_SUFFIXES = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40,
+                      "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "m": 1e-3}
+
+
+def _quantity(text: str) -> float:
+    """A resource.Quantity (``512Mi``, ``500m``, ``2``) as a number."""
+    for suffix in sorted(_QUANTITY_SUFFIXES, key=len, reverse=True):
+        if text.endswith(suffix):
+            return float(text[:-len(suffix)]) * _QUANTITY_SUFFIXES[suffix]
+    return float(text)
 
 
 def _tolerates(toleration: dict[str, Any], taint: dict[str, str]) -> bool:
@@ -486,7 +500,11 @@ class KubeStandin:
         # allowPrivilegeEscalation false as no_new_privs.
         security = spec.get("securityContext") or {}
         caps = security.get("capabilities") or {}
+        # Its resource limits, as the kubelet's cgroup holds them.
+        limits = (spec.get("resources") or {}).get("limits") or {}
         self.docker.containers.run(
+            mem_limit=int(_quantity(limits["memory"])) if "memory" in limits else None,
+            nano_cpus=int(_quantity(limits["cpu"]) * 1e9) if "cpu" in limits else None,
             cap_drop=caps.get("drop") or None, cap_add=caps.get("add") or None,
             privileged=bool(security.get("privileged")),
             security_opt=(["no-new-privileges"]

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import docker
 import httpx
 import pytest
 
@@ -208,10 +209,17 @@ async def test_the_pod_carries_where_it_runs_and_what_it_pulls_with(
         tainted_standin: KubeStandin) -> None:
     async with await hutch.create_sandbox(
             "kubernetes", kubeconfig=tainted_standin.kubeconfig, image=TEST_IMAGE,
-            **PLACEMENT) as sb:
+            memory="256m", cpus=0.5, **PLACEMENT) as sb:
+        assert sb.capabilities.resource_limits
         assert (await sb.exec(["echo", "placed"])).stdout == "placed\n"
         (pod,) = tainted_standin.objects["pods"].values()
         spec = pod["spec"]
+        assert spec["containers"][0]["resources"] == {
+            "limits": {"memory": str(256 << 20), "cpu": "500m"}}
+        # Held where the container runs (the stand-in's kubelet: docker's cgroup).
+        host = docker.from_env().api.inspect_container(
+            f"kube-standin-{pod['metadata']['uid']}")["HostConfig"]
+        assert (host["Memory"], host["NanoCpus"]) == (256 << 20, 500_000_000)
         assert spec["nodeSelector"] == {"hutch-test/pool": "sandboxes"}
         assert spec["tolerations"] == [{"key": "dedicated", "operator": "Equal",
                                         "value": "agents", "effect": "NoSchedule"}]
@@ -301,6 +309,9 @@ def test_through_the_daemon_the_cluster_and_placement_are_the_operators(
                 assert pod["spec"]["nodeSelector"] == PLACEMENT["node_selector"]
                 assert pod["spec"]["imagePullSecrets"] == [{"name": "hutch-test-regcred"}]
                 assert pod["spec"]["tolerations"][0]["key"] == "dedicated"
+                # A request that set no limits gets the daemon's.
+                assert pod["spec"]["containers"][0]["resources"]["limits"] == {
+                    "memory": str(2 << 30), "cpu": "1000m"}
             finally:
                 sb.close()
     finally:

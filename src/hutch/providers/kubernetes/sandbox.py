@@ -29,8 +29,9 @@ log = logging.getLogger("hutch.kubernetes")
 
 
 class KubernetesSandbox(PodSnapshots):
+    # resource_limits: memory and CPU as the container's limits, held by the kubelet.
     capabilities = Capabilities(processes=True, users=True, suspend=True, snapshot=True,
-                                fork=True)
+                                fork=True, resource_limits=True)
 
     def __init__(self, sandbox_id: str, config: KubernetesConfig, cluster: Cluster,
                  name: str, uid: str | None, claim: str | None = None, *,
