@@ -706,3 +706,22 @@ def _claims(pod: dict[str, Any]) -> Iterable[str]:
         claim = volume.get("persistentVolumeClaim")
         if claim:
             yield claim["claimName"]
+
+
+_shared: KubeStandin | None = None
+
+
+def shared() -> KubeStandin:
+    """One stand-in for the whole test session (with a CSI snapshotter),
+    started on first use: the conformance suite's and the fault harness's."""
+    global _shared
+    if _shared is None:
+        import atexit
+        import tempfile
+
+        _shared = KubeStandin(snapshots=True).start()
+        fd, path = tempfile.mkstemp(prefix="hutch-kubeconfig-")
+        os.close(fd)
+        _shared.write_kubeconfig(path)
+        atexit.register(os.unlink, path)
+    return _shared
