@@ -30,17 +30,18 @@ namespace:
   do not match, or that does not tolerate one of its NoSchedule or NoExecute
   taints, stays Pending with ``PodScheduled`` False (``Unschedulable``); a
   pod that fits gets ``spec.nodeName``. Image pull secrets are kept, not used.
-A container's memory and CPU limits are its docker container's, as the
-kubelet's cgroup holds them.
 - The kubelet's part: a pod's container really runs (a local docker
   container of the pod's image and command; a claim is a docker volume, its
   data kept while the claim is); a container that dies makes its pod
   Failed or Succeeded (a MODIFIED event); :meth:`evict` is a node-pressure
-  eviction (the container killed, the pod Failed with reason ``Evicted``).
+  eviction (the container killed, the pod Failed with reason ``Evicted``);
+  a container's memory and CPU limits are its docker container's, as the
+  kubelet's cgroup holds them.
 - ``pods/{name}/exec`` over WebSocket with the ``v5.channel.k8s.io`` (and
   ``v4``) subprotocol: one channel byte per frame (0 stdin, 1 stdout,
   2 stderr, 3 the final ``Status`` as JSON, 255 close, v5 only), reaching a
-  real process (``docker exec``).
+  real process (``docker exec``); a client that goes ends the command's
+  stdin. ``protocols=("v4.channel.k8s.io",)`` is an API server before 1.30.
 
 Not covered: authentication, admission, scheduling across nodes, graceful
 termination periods (every delete is immediate), other kinds, patch and
