@@ -12,6 +12,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import anyio.to_thread
@@ -25,6 +26,8 @@ RUNSC_ENV = "HUTCH_RUNSC"
 #: the root is an overlay held in the sandbox's memory (saved in a
 #: checkpoint); the agent makes its socket on the host through the gofer.
 GLOBAL_FLAGS = ("--network=none", "--overlay2=root:memory", "--host-uds=create")
+#: How long a start waits for its ``ready`` sign before asking runsc too.
+READY_GRACE = 2.0
 INSTALL_HINT = "apt-get install runsc (Debian), or set HUTCH_RUNSC to a runsc binary"
 
 
@@ -93,30 +96,37 @@ async def run_async(*args: str, what: str, timeout: float = 120.0) -> str:
 
 
 def start(*args: str, container: str, log_path: str, what: str,
-          timeout: float = 120.0) -> None:
+          ready: Callable[[], bool] | None = None, timeout: float = 120.0) -> None:
     """``runsc run`` or ``runsc restore`` of ``container``, returning once it
     runs (blocking). Not ``--detach``: runsc stays the sandbox's parent and
     reaps it the moment it ends (a checkpoint, a delete), and then deletes
     the container itself. A detached sandbox is reaped by whatever adopts
     it, and ``runsc delete`` waits for that: seconds where pid 1 reaps
-    lazily. Its output (and the sandbox's) goes to ``log_path``."""
+    lazily. Its output (and the sandbox's) goes to ``log_path``.
+
+    ``ready``: a cheaper sign that it runs (its agent's pid file), looked at
+    first; runsc's state is asked too once it has not come for a while."""
     with open(log_path, "ab") as log_file:
         process = subprocess.Popen(
             argv(*args), stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
             start_new_session=True,
         )
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    deadline = started + timeout
     while True:
-        found = state(container)
-        if found is not None and found.get("status") == "running":
+        if ready is not None and ready():
             break
+        if ready is None or time.monotonic() - started >= READY_GRACE:
+            found = state(container)
+            if found is not None and found.get("status") == "running":
+                break
         if process.poll() is not None:
             raise ProviderError(f"gvisor: {what}: {_tail(log_path)}")
         if time.monotonic() >= deadline:
             process.kill()
             process.wait()
             raise ProviderError(f"gvisor: {what}: not running after {timeout:g}s")
-        time.sleep(0.01)
+        time.sleep(0.002 if ready is not None else 0.01)
     threading.Thread(target=process.wait, name=f"runsc {container}", daemon=True).start()
 
 
