@@ -139,20 +139,13 @@ async def _e2b() -> AsyncIterator[Harness]:
         yield Harness(sb, "e2b")
 
 
-_kube_standin: Any = None
-
-
 def kube_standin() -> Any:
     """The session's Kubernetes API stand-in (tests/kube_standin.py: pods as
     local docker containers), with a CSI snapshotter: snapshots are
     VolumeSnapshots (tests/test_kubernetes_lifecycle.py covers archives)."""
-    global _kube_standin
-    if _kube_standin is None:
-        from tests.kube_standin import KubeStandin
+    from tests.kube_standin import shared
 
-        _kube_standin = KubeStandin(snapshots=True).start()
-        _kube_standin.write_kubeconfig(tempfile.mkstemp(prefix="hutch-kubeconfig-")[1])
-    return _kube_standin
+    return shared()
 
 
 @asynccontextmanager
