@@ -14,7 +14,7 @@ import sys
 HERE = pathlib.Path(__file__).parent
 ORDER = [
     "local", "docker", "agent", "bwrap", "lifecycle", "daemon", "ssh", "fork", "ensure",
-    "memory", "cli", "startup", "e2b", "tssdk", "sync", "fleet", "pools", "kubernetes",
+    "memory", "cli", "startup", "e2b", "tssdk", "sync", "fleet", "pools", "kubernetes", "gvisor",
 ]
 
 

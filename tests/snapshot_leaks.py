@@ -21,11 +21,13 @@ HOME_LABEL = "hutch.home"
 
 
 def leftover_layers(homes: Iterable[str]) -> list[str]:
-    """Snapshot layers and branch working directories under ``homes``."""
+    """Snapshot layers, branch working directories and gvisor checkpoints
+    under ``homes``."""
     found = []
     for home in homes:
-        for kind in ("snapshots", "mounts"):
-            base = os.path.join(home, "layers", kind)
+        # The gvisor provider's snapshots are checkpoints of their own.
+        for base in [os.path.join(home, "layers", kind) for kind in ("snapshots", "mounts")] \
+                + [os.path.join(home, "gvisor", "snapshots")]:
             with contextlib.suppress(FileNotFoundError):
                 found += [os.path.join(base, name) for name in sorted(os.listdir(base))]
     return found

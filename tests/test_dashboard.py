@@ -152,9 +152,12 @@ def test_state_changes_take_the_session_on_post_only_with_the_header(
 
 
 def test_logout_ends_the_browsers_session(daemon: DaemonProcess) -> None:
-    answer = httpx.post(f"{daemon.url}/ui/logout")
+    answer = httpx.post(f"{daemon.url}/ui/logout", headers={"x-hutch-ui": "1"})
     assert answer.status_code == 204
     assert "Max-Age=0" in answer.headers["set-cookie"]
+    # Another site's form (no header) cannot end a session.
+    forged = httpx.post(f"{daemon.url}/ui/logout")
+    assert forged.status_code == 400 and "set-cookie" not in forged.headers
 
 
 def test_a_bubblewrap_sandbox_tells_the_disk_its_files_take(daemon: DaemonProcess) -> None:
@@ -386,6 +389,10 @@ def test_a_sandboxs_page_browses_files_forks_and_kills(
             finally:
                 if [p for p in c.list_pools() if p["name"] == "dash"]:
                     c.remove_pool("dash")
+
+        page.click("#logout")
+        expect(page.locator("#login")).to_be_visible(timeout=HANG_GUARD_MS)
+        assert context.cookies() == []
     finally:
         context.close()
     assert failures == []

@@ -10,6 +10,7 @@ import shutil
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import pytest
 
 import hutch
@@ -236,3 +237,67 @@ async def test_fork_into_3_branches_each_continues_the_process_tree_on_its_own()
             await fork.close()
         assert fork.snapshot.id not in await backend_of(origin).held_snapshots()
         assert not os.path.exists(os.path.join(snapshots_dir(), fork.snapshot.id))
+
+
+# -- through the daemon: an idle suspend keeps an agent's processes ---------------------
+
+SERVER = r"""
+import os, socket
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind(("127.0.0.1", 8765))
+server.listen(4)
+open("/tmp/server.ready", "w").write(str(os.getpid()))
+while True:
+    conn, _ = server.accept()
+    conn.sendall(b"server %d says %s" % (os.getpid(), conn.recv(100)))
+    conn.close()
+"""
+CLIENT = ("python3 -c \"import socket; c = socket.create_connection(('127.0.0.1', 8765)); "
+          "c.sendall(b'hello'); print(c.recv(200).decode())\"")
+
+
+async def test_an_idle_suspend_through_the_daemon_keeps_a_background_server() -> None:
+    from tests.conformance.remote import daemon
+
+    d = daemon()
+    async with hutch.AsyncClient(d.url, token=d.token) as client:
+        sb = await client.create_sandbox(
+            "gvisor", image=TEST_IMAGE, read_before_write=False, idle_suspend_after=1,
+        )
+        try:
+            await sb.write_text("/tmp/server.py", SERVER)
+            await sb.exec("nohup python3 /tmp/server.py >/tmp/server.log 2>&1 &")
+            ready = await sb.exec("i=0; while [ ! -s /tmp/server.ready ] && [ $i -lt 1000 ]; "
+                                  "do sleep 0.02; i=$((i+1)); done; cat /tmp/server.ready")
+            pid = ready.stdout.strip()
+            assert pid
+            first = await sb.exec(CLIENT)
+            assert first.stdout.strip() == f"server {pid} says hello"
+            # Left alone, the daemon suspends it (its memory freed).
+            for _ in range(300):
+                if (await sb.status()).state.value == "suspended":
+                    break
+                await anyio.sleep(0.1)
+            assert (await sb.status()).state.value == "suspended"
+            # The next call resumes it: the same server answers.
+            after = await sb.exec(CLIENT)
+            assert after.stdout.strip() == f"server {pid} says hello"
+        finally:
+            await sb.close()
+
+
+async def test_a_process_at_work_keeps_the_sandbox_awake_one_waiting_does_not() -> None:
+    async with await hutch.create_sandbox(
+        "gvisor", image=TEST_IMAGE, read_before_write=False, idle_suspend_after=1,
+    ) as sb:
+        await sb.exec("nohup sh -c 'while :; do :; done' >/dev/null 2>&1 & echo $! > /tmp/busy")
+        await anyio.sleep(3)  # three idle windows: each look finds it at work
+        assert sb.status().state.value == "running"
+        await sb.exec("kill $(cat /tmp/busy); nohup sleep 600 >/dev/null 2>&1 &")
+        for _ in range(300):
+            if sb.status().state.value == "suspended":
+                break
+            await anyio.sleep(0.1)
+        assert sb.status().state.value == "suspended"
+        assert (await sb.exec("pgrep -x sleep")).exit_code == 0  # it was kept

@@ -96,7 +96,8 @@ class DaemonBase:
         #: Its metrics (the server renders them at /metrics).
         self.metrics = DaemonMetrics(
             lambda: [(s.provider, s.state) for s in list(self.sandboxes.values())],
-            lambda: [(p.name, p.size, len(p.ready), p.hits) for p in list(self._pools.values())])
+            lambda: [(p.name, p.size, len(p.ready), p.hits, p.misses)
+                     for p in list(self._pools.values())])
         #: Its event log, followed live (woken by the store calls that write events).
         self.event_feed = EventFeed(lambda subject, limit: self.astore.events(subject, limit))
 
@@ -130,8 +131,15 @@ class DaemonBase:
             on_deadline=self._persist_deadline,
         )
         self.sandboxes: dict[str, Sandbox] = {}
+        #: sandbox id -> its row as made and the events that tell of its
+        #: making, for a sandbox being made: its first transition (creating ->
+        #: running) writes them, in one store write, rather than reading the
+        #: row it just wrote and logging the events after it.
+        self._births: dict[str, tuple[SandboxRow, tuple[tuple[str, str], ...]]] = {}
         #: Warm pools by name (see .pools).
         self._pools: dict[str, Pool] = {}
+        #: Creates under way outside warm pools, counted toward max_sandboxes.
+        self._starting = 0
         #: sandbox id -> the workspace it serves, for the sandboxes that serve one.
         self.workspace_of: dict[str, str] = {}
         self._guards: dict[tuple[str, str], ReadBeforeWriteGuard] = {}
@@ -162,7 +170,8 @@ class DaemonBase:
         self, sandbox_id: str, old: SandboxState, new: SandboxState, reason: str | None
     ) -> None:
         """Write a transition durably; the engine acknowledges it only after this."""
-        row = await self.astore.get_sandbox(sandbox_id)
+        birth = self._births.pop(sandbox_id, None) if old is SandboxState.CREATING else None
+        row = birth[0] if birth is not None else await self.astore.get_sandbox(sandbox_id)
         sandbox = self.sandboxes.get(sandbox_id)
         if row is None:
             return
@@ -171,10 +180,10 @@ class DaemonBase:
             row.description = backend_of(sandbox).describe()
             self._snapshot(row, sandbox)
         event = ("transition", f"{old.value} -> {new.value}" + (f" ({reason})" if reason else ""))
-        # The row and its event in one transaction; StoreUnavailable if the
+        # The row and its events in one transaction; StoreUnavailable if the
         # store cannot keep them, and then the engine undoes the transition.
         try:
-            await self.astore.put_sandbox(row, event)
+            await self.astore.put_sandbox(row, event, *(birth[1] if birth is not None else ()))
         except OwnershipLost as exc:
             # Another daemon serves it now (this one stalled past its lease):
             # nothing of it is this daemon's to act on any more.

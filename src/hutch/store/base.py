@@ -291,12 +291,13 @@ class Store(abc.ABC):
 
     # -- sandboxes ---------------------------------------------------------------------
     @abc.abstractmethod
-    def put_sandbox(self, row: SandboxRow, event: tuple[str, str] | None = None) -> None:
+    def put_sandbox(self, row: SandboxRow, *events: tuple[str, str]) -> None:
         """Insert or replace a sandbox row, durably; sets ``updated_at_unix``.
 
-        ``event`` (kind, message) is logged for the sandbox in the same
-        transaction: both are kept, or neither. A store that cannot write
-        raises ``StoreUnavailable`` and keeps nothing of the call.
+        ``events`` (each a kind and a message) are logged for the sandbox, in
+        order, in the same transaction: the row and they are kept, or none.
+        A store that cannot write raises ``StoreUnavailable`` and keeps
+        nothing of the call.
         """
 
     @abc.abstractmethod

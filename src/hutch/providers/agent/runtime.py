@@ -28,7 +28,7 @@ from collections.abc import (
     Iterator,
     Mapping,
 )
-from typing import IO, TypeVar
+from typing import IO, Any, TypeVar
 
 import anyio.to_thread
 
@@ -367,6 +367,11 @@ class AgentRuntime(SandboxRuntime):
         #: here, not through the socket); not where its descriptors are not
         #: the host's (gVisor's user-space kernel): the bytes travel in frames.
         self.hands_over_fds = True
+        #: Only processes on a CPU (running, or in uninterruptible I/O) keep
+        #: the sandbox busy, not any alive: where a suspend keeps processes
+        #: (gVisor's checkpoint), a server waiting for a connection costs
+        #: nothing if suspended, while work in progress would be held up.
+        self.busy_means_running = False
 
     # -- connections ----------------------------------------------------------------
     def _dial(self) -> socket.socket:
@@ -411,6 +416,9 @@ class AgentRuntime(SandboxRuntime):
             self._idle.append(Channel(self._dial()))
         except AgentFailure:
             pass  # the next request finds out, and recovers
+
+    def warm(self) -> None:
+        self._top_up()
 
     def keep(self, channel: Channel) -> None:
         """A connection in step with the agent, for the next request."""
@@ -511,7 +519,10 @@ class AgentRuntime(SandboxRuntime):
         )
 
     async def count_busy_processes(self) -> int:
-        return await self.request({"op": "busy"}, lambda r: max(0, int(number(r, "count"))))
+        ask: dict[str, Any] = {"op": "busy"}
+        if self.busy_means_running:
+            ask["running"] = True
+        return await self.request(ask, lambda r: max(0, int(number(r, "count"))))
 
     # -- files --------------------------------------------------------------------------
     async def read_file(self, path: str, limit: int) -> bytes:
@@ -752,6 +763,21 @@ class AgentRuntime(SandboxRuntime):
                 os.close(fd)
             if channel is not None:
                 channel.close()
+
+    async def let_go(self, timeout: float = ANSWER_TIMEOUT) -> None:
+        """An agent serving shared (under gVisor) closes its socket and every
+        connection, its processes kept, until its sandbox wakes it again (a
+        checkpoint refuses the host sockets it holds). AgentFailure where it
+        did not say it would."""
+        self.drop_connections()
+        channel = Channel(self._dial())
+        try:
+            await channel.send({"op": "release"})
+            reply, _ = await channel.recv(timeout)
+            if reply["t"] != "ok":
+                raise AgentFailure(f"the agent did not let go: {reply.get('message', '')}")
+        finally:
+            channel.close()
 
     async def ping(self, timeout: float = ANSWER_TIMEOUT) -> int:
         """The agent's pid, once it answers (AgentFailure if it does not)."""

@@ -43,12 +43,16 @@ trap 'exit 0' TERM
 while [ ! -x {AGENT_PATH} ]; do sleep 0.05; done
 exec {AGENT_PATH} serve-shared {AGENT_SOCKET}
 """
-#: Says the pod's machine (its node's: the agent is built for it), then
-#: writes stdin to the agent's path, whole or not at all.
+#: Says the pod's machine (its node's: the agent is built for it), reads
+#: the executable's size on a line, then that many bytes into the agent's
+#: path, whole or not at all. Sized rather than read to the end of stdin:
+#: the v4 channel protocol cannot close a command's stdin.
 _INSTALL = f"""
 uname -m
-mkdir -p {HUTCH_DIR}/bin && cat > {AGENT_PATH}.part && chmod 755 {AGENT_PATH}.part \
-  && mv -f {AGENT_PATH}.part {AGENT_PATH}
+read -r size || exit 1
+mkdir -p {HUTCH_DIR}/bin && head -c "$size" > {AGENT_PATH}.part \
+  && [ "$(wc -c < {AGENT_PATH}.part)" -eq "$size" ] \
+  && chmod 755 {AGENT_PATH}.part && mv -f {AGENT_PATH}.part {AGENT_PATH}
 """
 
 
@@ -101,7 +105,7 @@ class PodAgent:
                     "for it (runtime='native' needs no agent)")
             binary = await anyio.to_thread.run_sync(
                 lambda: agent_binary(arch=arch).read_bytes())
-            await session.write_stdin(binary)
+            await session.write_stdin(b"%d\n" % len(binary) + binary)
             await session.close_stdin()
             while (chunk := await session.read()) is not None:
                 if chunk.stream == "stderr":
@@ -111,8 +115,8 @@ class PodAgent:
             await session.close()
         if code != 0:
             raise ProviderError(
-                "copying hutch's agent into the pod failed (its image needs sh, uname, cat, "
-                f"chmod and mv and a writable {HUTCH_DIR}; runtime='native' needs none): "
+                "copying hutch's agent into the pod failed (its image needs sh, uname, head, "
+                f"wc, chmod and mv and a writable {HUTCH_DIR}; runtime='native' needs none): "
                 f"{err.decode('utf-8', 'replace')[:500]}")
 
     async def _reopen(self, timeout: float) -> None:

@@ -77,9 +77,12 @@ class CommandFiles(abc.ABC):
         return data
 
     async def write_file(self, path: str, data: bytes) -> None:
+        # Sized, not read to the end of stdin: the v4 channel protocol
+        # cannot close a command's stdin.
         code, _, err = await self.run(
             ["sh", "-c", 'if [ -d "$1" ]; then echo "$1: Is a directory" >&2; exit 1; fi; '
-             'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"', "hutch-write", path], data)
+             'mkdir -p -- "$(dirname -- "$1")" && head -c "$2" > "$1"', "hutch-write", path,
+             str(len(data))], data)
         if code != 0:
             said = err.decode("utf-8", "replace")
             if "Is a directory" in said:

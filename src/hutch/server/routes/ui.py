@@ -18,9 +18,9 @@ from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Resp
 from starlette.staticfiles import StaticFiles
 
 from ..._errors import InvalidArgument, Unauthorized
-from ..asgi import ASGIApp, Message, Receive, Scope, Send, is_json
+from ..asgi import ASGIApp, Message, Receive, Scope, Send, header, is_json
 from ..errors import error_json
-from ..uisession import clear_cookie_header, new_session, set_cookie_header
+from ..uisession import UI_HEADER, clear_cookie_header, new_session, set_cookie_header
 
 #: Where the dashboard's files are, in the installed package.
 STATIC_DIR = Path(str(files("hutch.server") / "ui"))
@@ -97,6 +97,10 @@ def router(token: str | None) -> APIRouter:
 
     @ui.post("/logout")
     async def logout(request: Request) -> Response:
+        if header(request.scope, UI_HEADER) is None:
+            # The dashboard's own call only: another site's form cannot end a session.
+            exc = InvalidArgument(f"the logout is the dashboard's: it sends {UI_HEADER.decode()}")
+            return JSONResponse(error_json(exc), status_code=exc.http_status)
         answer = Response(status_code=204)
         answer.headers["set-cookie"] = clear_cookie_header(secure=_over_tls(request))
         return answer

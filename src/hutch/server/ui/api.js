@@ -58,7 +58,7 @@ export async function login(token) {
 }
 
 export async function logout() {
-  await fetch("/ui/logout", { method: "POST", credentials: "same-origin" });
+  await fetch("/ui/logout", { method: "POST", credentials: "same-origin", headers: headers() });
 }
 
 /**

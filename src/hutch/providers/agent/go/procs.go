@@ -541,8 +541,9 @@ func handleKill(c *conn, h header) error {
 // countBusy: live processes in the sandbox other than its keepers (this agent
 // and the inits above it) and hutch's own relays to it (this executable, run
 // through the pod's exec: the kept connection is no work of the sandbox's);
-// zombies are not alive.
-func countBusy() int {
+// zombies are not alive. With running, only those on a CPU or in
+// uninterruptible I/O (R, D) count.
+func countBusy(running bool) int {
 	keepers := map[int]bool{}
 	for pid := os.Getpid(); pid > 0 && !keepers[pid]; {
 		keepers[pid] = true
@@ -567,6 +568,9 @@ func countBusy() int {
 		}
 		end := bytes.LastIndexByte(data, ')')
 		if end < 0 || end+2 >= len(data) || data[end+2] == 'Z' || data[end+2] == 'X' {
+			continue
+		}
+		if running && data[end+2] != 'R' && data[end+2] != 'D' {
 			continue
 		}
 		n++
