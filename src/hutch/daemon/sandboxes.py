@@ -63,6 +63,11 @@ class Sandboxes(Refs):
             base_snapshot_id=from_snapshot.id if from_snapshot else None,
             origin_snapshot_id=from_snapshot.id if from_snapshot else None,
         )
+        if pooled is not None:
+            # The pool recorded it as it made it: this write follows on that one.
+            kept = await self.astore.get_sandbox(sid)
+            if kept is not None:
+                row.version, row.owner, row.epoch = kept.version, kept.owner, kept.epoch
         # Intent first: a daemon killed mid-create finds this row and cleans up.
         await self.astore.put_sandbox(row)
         backend_cls = get_provider(spec.provider_name)
