@@ -28,21 +28,23 @@ import pytest
 SOURCE = Path(__file__).resolve().parent.parent / "src" / "hutch"
 #: A point's name where the source gives it.
 _POINT = re.compile(r'(?:\bfault_point\(|\bfault=|\bfault: str = )"([a-z0-9-]+(?:\.[a-z0-9-]+)+)"')
-PROVIDERS = ("docker", "bubblewrap", "gvisor", "local")
+PROVIDERS = ("docker", "bubblewrap", "gvisor", "local", "kubernetes")
 #: The providers each step applies to (the steps the harness knows how to drive).
 STEPS: dict[str, tuple[str, ...]] = {
     "pause": ("docker", "bubblewrap", "gvisor"),
-    "suspend": ("docker", "bubblewrap", "gvisor"),
-    "resume": ("docker", "bubblewrap", "gvisor"),
-    "snapshot": ("docker", "bubblewrap", "gvisor", "local"),
-    "fork": ("docker", "bubblewrap", "local"),
-    "workspace-suspend": ("docker", "bubblewrap", "local"),
-    "workspace-resume": ("docker", "bubblewrap", "local"),
-    "definition-ensure": ("docker", "bubblewrap", "local"),
-    "delete": ("docker", "bubblewrap", "local"),
+    "suspend": ("docker", "bubblewrap", "gvisor", "kubernetes"),
+    "resume": ("docker", "bubblewrap", "gvisor", "kubernetes"),
+    "snapshot": ("docker", "bubblewrap", "gvisor", "local", "kubernetes"),
+    "fork": ("docker", "bubblewrap", "local", "kubernetes"),
+    "workspace-suspend": ("docker", "bubblewrap", "local", "kubernetes"),
+    "workspace-resume": ("docker", "bubblewrap", "local", "kubernetes"),
+    "definition-ensure": ("docker", "bubblewrap", "local", "kubernetes"),
+    "delete": ("docker", "bubblewrap", "local", "kubernetes"),
     # Runs in the program that builds (the CLI), on the host and its Engine.
     "image-build": ("host",),
 }
+#: Points of a step that only some of its providers reach (a resume from a pause).
+POINTS: dict[str, tuple[str, ...]] = {"resume.unpaused": STEPS["pause"]}
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,7 @@ def plan() -> list[FaultCase]:
         if len(parts) > 2 and parts[1] in PROVIDERS:
             providers: tuple[str, ...] = (parts[1],)
         else:
-            providers = STEPS[step]
+            providers = POINTS.get(point, STEPS[step])
         chosen = providers if every else (rng.choice(providers),)
         cases.extend(FaultCase(point, p) for p in chosen)
     return cases
@@ -143,8 +145,25 @@ def gvisor_state(sandbox_id: str, data_dir: str) -> str:
     return "suspended" if image.is_file() else "gone"
 
 
+def kubernetes_state(sandbox_id: str) -> str:
+    """The same for a kubernetes sandbox, as the API stand-in has it: its
+    pod running, else suspended where its claim is kept."""
+    from tests.kube_standin import shared
+
+    def of_sandbox(kind: str) -> list[dict[str, Any]]:
+        return [o for o in list(shared().objects[kind].values())
+                if o["metadata"].get("labels", {}).get("hutch.dev/sandbox") == sandbox_id.lower()]
+
+    pods = of_sandbox("pods")
+    if pods:
+        return "running" if pods[0].get("status", {}).get("phase") == "Running" else "gone"
+    return "suspended" if of_sandbox("persistentvolumeclaims") else "gone"
+
+
 def real_state(provider: str, sandbox_id: str, data_dir: str) -> str | None:
     """What the runtime is, or None where the provider has no such states."""
+    if provider == "kubernetes":
+        return kubernetes_state(sandbox_id)
     if provider == "docker":
         return docker_state(sandbox_id)
     if provider == "bubblewrap":

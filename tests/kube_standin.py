@@ -34,11 +34,14 @@ namespace:
   container of the pod's image and command; a claim is a docker volume, its
   data kept while the claim is); a container that dies makes its pod
   Failed or Succeeded (a MODIFIED event); :meth:`evict` is a node-pressure
-  eviction (the container killed, the pod Failed with reason ``Evicted``).
+  eviction (the container killed, the pod Failed with reason ``Evicted``);
+  a container's memory and CPU limits are its docker container's, as the
+  kubelet's cgroup holds them.
 - ``pods/{name}/exec`` over WebSocket with the ``v5.channel.k8s.io`` (and
   ``v4``) subprotocol: one channel byte per frame (0 stdin, 1 stdout,
   2 stderr, 3 the final ``Status`` as JSON, 255 close, v5 only), reaching a
-  real process (``docker exec``).
+  real process (``docker exec``); a client that goes ends the command's
+  stdin. ``protocols=("v4.channel.k8s.io",)`` is an API server before 1.30.
 
 Not covered: authentication, admission, scheduling across nodes, graceful
 termination periods (every delete is immediate), other kinds, patch and
@@ -96,6 +99,18 @@ def _selected(obj: dict[str, Any], selector: str) -> bool:
 
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+_QUANTITY_SUFFIXES = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40,
+                      "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "m": 1e-3}
+
+
+def _quantity(text: str) -> float:
+    """A resource.Quantity (``512Mi``, ``500m``, ``2``) as a number."""
+    for suffix in sorted(_QUANTITY_SUFFIXES, key=len, reverse=True):
+        if text.endswith(suffix):
+            return float(text[:-len(suffix)]) * _QUANTITY_SUFFIXES[suffix]
+    return float(text)
 
 
 def _tolerates(toleration: dict[str, Any], taint: dict[str, str]) -> bool:
@@ -486,7 +501,11 @@ class KubeStandin:
         # allowPrivilegeEscalation false as no_new_privs.
         security = spec.get("securityContext") or {}
         caps = security.get("capabilities") or {}
+        # Its resource limits, as the kubelet's cgroup holds them.
+        limits = (spec.get("resources") or {}).get("limits") or {}
         self.docker.containers.run(
+            mem_limit=int(_quantity(limits["memory"])) if "memory" in limits else None,
+            nano_cpus=int(_quantity(limits["cpu"]) * 1e9) if "cpu" in limits else None,
             cap_drop=caps.get("drop") or None, cap_add=caps.get("add") or None,
             privileged=bool(security.get("privileged")),
             security_opt=(["no-new-privileges"]
@@ -575,6 +594,11 @@ class KubeStandin:
         self._set_status(pod, await asyncio.to_thread(self._pod_status, pod))
 
     # -- pods/exec over WebSocket ------------------------------------------------------
+    @property
+    def open_execs(self) -> int:
+        """How many pods/exec connections are open now."""
+        return len(self._open_execs)
+
     def drop_execs(self) -> int:
         """Every open pods/exec connection closed by the server, as an API
         server's restart (or a cut in the network) closes them; how many."""
@@ -683,3 +707,22 @@ def _claims(pod: dict[str, Any]) -> Iterable[str]:
         claim = volume.get("persistentVolumeClaim")
         if claim:
             yield claim["claimName"]
+
+
+_shared: KubeStandin | None = None
+
+
+def shared() -> KubeStandin:
+    """One stand-in for the whole test session (with a CSI snapshotter),
+    started on first use: the conformance suite's and the fault harness's."""
+    global _shared
+    if _shared is None:
+        import atexit
+        import tempfile
+
+        _shared = KubeStandin(snapshots=True).start()
+        fd, path = tempfile.mkstemp(prefix="hutch-kubeconfig-")
+        os.close(fd)
+        _shared.write_kubeconfig(path)
+        atexit.register(os.unlink, path)
+    return _shared

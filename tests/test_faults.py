@@ -40,7 +40,7 @@ ANSWER_SECONDS = 5.0
 
 
 def _param(case: FaultCase) -> Any:
-    marks = [pytest.mark.docker] if case.provider in ("docker", "host") else []
+    marks = [pytest.mark.docker] if case.provider in ("docker", "host", "kubernetes") else []
     if case.provider == "gvisor":
         marks.append(pytest.mark.skipif(shutil.which("runsc") is None and
                                         not os.environ.get("HUTCH_RUNSC"),
@@ -59,6 +59,10 @@ def settings(provider: str, point: str, scratch: str) -> dict[str, Any]:
         return found
     if provider in ("bubblewrap", "gvisor"):
         return {"image": TEST_IMAGE}
+    if provider == "kubernetes":
+        from tests.kube_standin import shared
+
+        return {"image": TEST_IMAGE, "kubeconfig": shared().kubeconfig}
     return {}
 
 
@@ -71,7 +75,8 @@ class Armed:
         self.file = os.path.join(directory, "fault")
         Path(self.file).write_text("")
         self.daemon = DaemonProcess(
-            extra_args=["--allow", "host_workdir", "--allow-provider", "local"],
+            extra_args=["--allow", "host_workdir", "--allow-provider", "local",
+                        "--allow", "kubeconfig"],
             extra_env={"HUTCH_FAULT": f"file:{self.file}"},
         )
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -32,15 +32,12 @@ pytestmark = [pytest.mark.docker]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-#: Checks that need the sandbox's user to be subject to file modes: hutch's
-#: docker sandboxes run as root, whom a mode does not stop (inspect's own
-#: docker provider reads the mode bits and pretends).
-AS_ROOT: dict[str, set[str]] = {
-    "docker": {"test_read_file_not_allowed", "test_write_text_file_without_permissions",
-               "test_write_binary_file_without_permissions"},
-    "bubblewrap": {"test_read_file_not_allowed", "test_write_text_file_without_permissions",
-                   "test_write_binary_file_without_permissions"},
-}
+#: An image of the test image's with a user of E2B's shape (``user``, uid
+#: 1000), built as ``hutch image build`` builds one from a Dockerfile: the
+#: self-check runs as that user, whom file modes stop (root they do not).
+USER_IMAGE = "hutch-inspect-user"
+USER_DOCKERFILE = (f"FROM {TEST_IMAGE}\n"
+                   "RUN useradd --create-home --shell /bin/bash --uid 1000 --user-group user\n")
 
 
 # -- inspect's self-check suite ----------------------------------------------------------
@@ -51,11 +48,27 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+@pytest.fixture(scope="module")
+def user_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from hutch import images
+
+    dockerfile = tmp_path_factory.mktemp("user-image") / "Dockerfile"
+    dockerfile.write_text(USER_DOCKERFILE)
+    images.build(USER_IMAGE, dockerfile=str(dockerfile), rebuild=True)
+    try:
+        yield USER_IMAGE
+    finally:
+        images.remove(USER_IMAGE, force=True)
+
+
 @pytest.fixture(scope="module", params=["docker", "bubblewrap"])
-async def held(request: pytest.FixtureRequest, anyio_backend: str) -> AsyncIterator[Any]:
+async def held(
+    request: pytest.FixtureRequest, anyio_backend: str, user_image: str
+) -> AsyncIterator[Any]:
     """One sandbox for a provider's whole run of the suite (each check cleans
-    up its own files), made and ended as a sample's is."""
-    config = HutchSandboxConfig(provider=request.param, image=TEST_IMAGE)
+    up its own files), made and ended as a sample's is, its commands and
+    files the non-root ``user``'s."""
+    config = HutchSandboxConfig(provider=request.param, image=user_image, user="user")
     environments = await HutchSandboxEnvironment.sample_init("self-check", config, {})
     try:
         yield request.param, environments["default"]
@@ -65,14 +78,25 @@ async def held(request: pytest.FixtureRequest, anyio_backend: str) -> AsyncItera
 
 
 @pytest.fixture
-async def sandbox_env(
-    held: tuple[str, SandboxEnvironment], request: pytest.FixtureRequest
-) -> SandboxEnvironment:
-    provider, environment = held
-    if request.node.originalname in AS_ROOT[provider]:
-        request.applymarker(pytest.mark.xfail(
-            strict=True, reason=f"{provider}'s sandboxes run as root: no file mode stops root"))
-    return environment
+async def sandbox_env(held: tuple[str, SandboxEnvironment]) -> SandboxEnvironment:
+    return held[1]
+
+
+async def test_a_configured_user_runs_commands_and_owns_what_it_writes(
+    held: tuple[str, SandboxEnvironment],
+) -> None:
+    _, environment = held
+    assert (await environment.exec(["id", "-un"])).stdout.strip() == "user"
+    assert (await environment.exec(["id", "-un"], user="root")).stdout.strip() == "root"
+    await environment.write_file("mine/owned.txt", "by user")
+    owner = await environment.exec(["stat", "-c", "%U %G", "mine/owned.txt", "mine", "."])
+    assert owner.stdout.split("\n")[:3] == ["user user"] * 3, owner
+    await environment.exec(["rm", "-rf", "mine"])
+
+
+def test_a_configured_user_is_a_user_name() -> None:
+    with pytest.raises(ValueError, match="user"):
+        HutchSandboxConfig(user="no body; rm -rf /")
 
 
 # -- an eval end to end ------------------------------------------------------------------

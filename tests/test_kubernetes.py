@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import docker
 import httpx
 import pytest
 
@@ -159,6 +160,19 @@ async def test_an_api_server_that_speaks_only_v4(v4_standin: KubeStandin, runtim
             assert (await sb.exec(["cat"], stdin="fed")).stdout == "fed"
 
 
+async def test_a_relay_closed_ends_its_exec_even_on_v4(v4_standin: KubeStandin) -> None:
+    from hutch._sandbox import backend_of
+
+    async with await _sandbox(v4_standin) as sb:
+        await backend_of(sb).agent.close()
+        for _ in range(1000):  # the server sees the connection close
+            if v4_standin.open_execs == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert v4_standin.open_execs == 0
+        assert (await sb.exec(["echo", "again"])).stdout == "again\n"  # a new relay
+
+
 def test_the_standin_keeps_the_api_contract(standin: KubeStandin) -> None:
     base = f"{standin.url}/api/v1/namespaces/{standin.namespace}/persistentvolumeclaims"
     claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
@@ -208,10 +222,17 @@ async def test_the_pod_carries_where_it_runs_and_what_it_pulls_with(
         tainted_standin: KubeStandin) -> None:
     async with await hutch.create_sandbox(
             "kubernetes", kubeconfig=tainted_standin.kubeconfig, image=TEST_IMAGE,
-            **PLACEMENT) as sb:
+            memory="256m", cpus=0.5, **PLACEMENT) as sb:
+        assert sb.capabilities.resource_limits
         assert (await sb.exec(["echo", "placed"])).stdout == "placed\n"
         (pod,) = tainted_standin.objects["pods"].values()
         spec = pod["spec"]
+        assert spec["containers"][0]["resources"] == {
+            "limits": {"memory": str(256 << 20), "cpu": "500m"}}
+        # Held where the container runs (the stand-in's kubelet: docker's cgroup).
+        host = docker.from_env().api.inspect_container(
+            f"kube-standin-{pod['metadata']['uid']}")["HostConfig"]
+        assert (host["Memory"], host["NanoCpus"]) == (256 << 20, 500_000_000)
         assert spec["nodeSelector"] == {"hutch-test/pool": "sandboxes"}
         assert spec["tolerations"] == [{"key": "dedicated", "operator": "Equal",
                                         "value": "agents", "effect": "NoSchedule"}]
@@ -301,6 +322,9 @@ def test_through_the_daemon_the_cluster_and_placement_are_the_operators(
                 assert pod["spec"]["nodeSelector"] == PLACEMENT["node_selector"]
                 assert pod["spec"]["imagePullSecrets"] == [{"name": "hutch-test-regcred"}]
                 assert pod["spec"]["tolerations"][0]["key"] == "dedicated"
+                # A request that set no limits gets the daemon's.
+                assert pod["spec"]["containers"][0]["resources"]["limits"] == {
+                    "memory": str(2 << 30), "cpu": "1000m"}
             finally:
                 sb.close()
     finally:

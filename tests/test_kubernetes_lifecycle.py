@@ -188,3 +188,63 @@ def test_a_restarted_daemon_adopts_its_pods_and_claims_and_reaps_orphans(
     finally:
         standin.delete_outside("persistentvolumeclaims", "hutch-sb-other")
         d.close()
+
+
+@pytest.fixture(scope="module")
+def plain_standin() -> Iterator[KubeStandin]:
+    """A cluster without a CSI snapshotter (no snapshot.storage.k8s.io)."""
+    server = KubeStandin(snapshots=False).start()
+    fd, path = tempfile.mkstemp(prefix="hutch-kubeconfig-")
+    os.close(fd)
+    server.write_kubeconfig(path)
+    try:
+        yield server
+    finally:
+        server.stop()
+        os.unlink(path)
+
+
+@pytest.mark.parametrize("csi", [True, False], ids=["volume-snapshot", "archive"])
+async def test_snapshots_and_forks_of_a_running_and_a_suspended_sandbox(
+        standin: KubeStandin, plain_standin: KubeStandin, csi: bool) -> None:
+    from hutch.providers.kubernetes import KubernetesSandbox
+
+    cluster = standin if csi else plain_standin
+    async with await hutch.create_sandbox(
+            "kubernetes", kubeconfig=cluster.kubeconfig, image=TEST_IMAGE,
+            read_before_write=False) as sb:
+        assert sb.capabilities.snapshot and sb.capabilities.fork
+        await sb.write_text("deep/a.txt", "origin\n")
+        await sb.exec(["sh", "-c", "chmod 640 deep/a.txt && ln -s deep/a.txt link"])
+        snapshot = await sb.snapshot("first")
+        try:
+            held = cluster.objects["volumesnapshots"]
+            assert (len(held) == 1) is csi, "a VolumeSnapshot only where the cluster has them"
+            assert snapshot.id in await KubernetesSandbox.held_snapshots()
+            await sb.write_text("deep/a.txt", "changed later\n")
+            branch = await hutch.create_sandbox_from_snapshot(snapshot)
+            try:
+                assert await branch.read_text("deep/a.txt") == "origin\n"
+                said = (await branch.exec(["stat", "-c", "%a", "deep/a.txt"])).stdout.strip()
+                assert said == "640"
+                assert (await branch.exec(["readlink", "link"])).stdout.strip() == "deep/a.txt"
+                await branch.write_text("deep/a.txt", "branch\n")
+            finally:
+                await branch.close()
+            assert await sb.read_text("deep/a.txt") == "changed later\n"
+        finally:
+            await hutch.remove_snapshot(snapshot)
+        await hutch.remove_snapshot(snapshot)  # idempotent
+        assert snapshot.id not in await KubernetesSandbox.held_snapshots()
+        assert cluster.objects["volumesnapshots"] == {}
+        # A suspended sandbox is forked as it rests: no pod is left running.
+        await sb.suspend()
+        fork = await sb.fork("resting")
+        try:
+            assert _pods_of(cluster, sb.id) == []
+            assert sb.state == hutch.SandboxState.SUSPENDED
+            branch = await fork.attach()
+            assert await branch.read_text("deep/a.txt") == "changed later\n"
+        finally:
+            await fork.close()
+        assert _pods_of(cluster, branch.id) == [] and _claims_of(cluster, branch.id) == []

@@ -27,6 +27,7 @@ FAMILIES = {
     "hutch_pool_size": "gauge",
     "hutch_pool_ready": "gauge",
     "hutch_pool_hits": "counter",
+    "hutch_pool_misses": "counter",
 }
 
 

@@ -81,7 +81,7 @@ def sandbox_row(sandbox_id: str = "sb-1", state: str = "running",
 
 def test_sandbox_rows_round_trip(open_store: OpenStore) -> None:
     store = open_store()
-    store.put_sandbox(sandbox_row(), event=("transition", "created"))
+    store.put_sandbox(sandbox_row(), ("transition", "created"))
     store.put_sandbox(sandbox_row("sb-2", state="terminated", created=2.0))
     got = store.get_sandbox("sb-1")
     assert got is not None
@@ -94,6 +94,13 @@ def test_sandbox_rows_round_trip(open_store: OpenStore) -> None:
     assert [r.id for r in store.list_sandboxes()] == ["sb-1"]
     assert [r.id for r in store.list_sandboxes(include_final=True)] == ["sb-1", "sb-2"]
     assert [e["message"] for e in store.events("sb-1")] == ["created"]
+
+    # Several events with one write: all kept, in order.
+    store.put_sandbox(got, ("transition", "creating -> running"), ("created", "made"))
+    assert [e["message"] for e in store.events("sb-1")] == [
+        "created", "creating -> running", "made"]
+    got = store.get_sandbox("sb-1")
+    assert got is not None
 
     before = got.updated_at_unix
     store.set_sandbox_deadline("sb-1", 456.0)
@@ -365,7 +372,7 @@ def test_owned_rows_are_written_by_their_owner_alone(open_store: OpenStore) -> N
     # Another daemon's write of it, its deadline or its delete: refused, nothing kept.
     stored.state = "paused"
     with pytest.raises(OwnershipLost, match="served by daemon d-1"):
-        theirs.put_sandbox(stored, event=("transition", "running -> paused"))
+        theirs.put_sandbox(stored, ("transition", "running -> paused"))
     with pytest.raises(OwnershipLost):
         theirs.set_sandbox_deadline("sb-1", 5.0)
     with pytest.raises(OwnershipLost):

@@ -216,7 +216,9 @@ class ProviderError(HutchError):
 class ResourceExhausted(HutchError):
     """The sandbox is sound but full: a command could not start because its
     pids limit is reached (the kernel said EAGAIN to the fork). It starts
-    once something in the sandbox ends.
+    once something in the sandbox ends. Or the daemon is: it serves as many
+    sandboxes as its operator allows (``max_sandboxes``); a create succeeds
+    once one ends.
 
     429, as gRPC's RESOURCE_EXHAUSTED maps to HTTP: the caller has used up
     its own quota and may retry once it frees some. Not 502 (the provider

@@ -139,20 +139,19 @@ async def _e2b() -> AsyncIterator[Harness]:
         yield Harness(sb, "e2b")
 
 
-_kube_standin: Any = None
+def kube_standin() -> Any:
+    """The session's Kubernetes API stand-in (tests/kube_standin.py: pods as
+    local docker containers), with a CSI snapshotter: snapshots are
+    VolumeSnapshots (tests/test_kubernetes_lifecycle.py covers archives)."""
+    from tests.kube_standin import shared
+
+    return shared()
 
 
 @asynccontextmanager
 async def _kubernetes() -> AsyncIterator[Harness]:
-    # The API server is tests/kube_standin.py: pods as local docker containers.
-    global _kube_standin
-    if _kube_standin is None:
-        from tests.kube_standin import KubeStandin
-
-        _kube_standin = KubeStandin().start()
-        _kube_standin.write_kubeconfig(tempfile.mkstemp(prefix="hutch-kubeconfig-")[1])
     async with await hutch.create_sandbox(
-        "kubernetes", kubeconfig=_kube_standin.kubeconfig, image=TEST_IMAGE,
+        "kubernetes", kubeconfig=kube_standin().kubeconfig, image=TEST_IMAGE,
         read_before_write=False,
     ) as sb:
         yield Harness(sb, "kubernetes")

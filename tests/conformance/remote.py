@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import inspect
+import os
 import shutil
 import tempfile
 from collections.abc import AsyncIterator
@@ -36,7 +37,7 @@ def daemon() -> DaemonProcess:
         # file (the ssh harness's test server).
         _daemon = DaemonProcess(
             extra_args=["--allow-provider", "ssh", "--allow", "destination",
-                        "--allow", "config_file"],
+                        "--allow", "config_file", "--allow", "kubeconfig"],
             for_session=True,
         ).start()
         atexit.register(_daemon.stop)
@@ -213,6 +214,23 @@ async def _remote_ssh() -> AsyncIterator[Harness]:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+@asynccontextmanager
+async def _remote_kubernetes() -> AsyncIterator[Harness]:
+    # The kubernetes provider through the daemon, against the API stand-in
+    # the in-process harness uses (tests/kube_standin.py).
+    from tests.conformance.conftest import kube_standin
+
+    d = daemon()
+    async with hutch.AsyncClient(d.url, token=d.token) as client:
+        sb = await client.create_sandbox(
+            "kubernetes", kubeconfig=kube_standin().kubeconfig, image=TEST_IMAGE,
+            read_before_write=False)
+        try:
+            yield Harness(sb, "remote-kubernetes")
+        finally:
+            await sb.close()
+
+
 def _keeper_pid(sandbox_id: str) -> int:
     """The outer bwrap of a bubblewrap sandbox: the one process in its cgroup
     whose parent is not in it."""
@@ -253,3 +271,6 @@ REMOTE_MAKERS: dict[str, tuple[Any, bool, list[pytest.MarkDecorator]]] = {
     "remote-ssh": (_remote_ssh, True, []),
     "remote-gvisor": (_remote_gvisor, False, [pytest.mark.docker]),
 }
+# As in-process kubernetes: only when named in HUTCH_CONFORMANCE_PROVIDERS.
+if "remote-kubernetes" in os.environ.get("HUTCH_CONFORMANCE_PROVIDERS", "").split(","):
+    REMOTE_MAKERS["remote-kubernetes"] = (_remote_kubernetes, False, [pytest.mark.docker])

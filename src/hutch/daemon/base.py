@@ -98,7 +98,8 @@ class DaemonBase:
         #: Its metrics (the server renders them at /metrics).
         self.metrics = DaemonMetrics(
             lambda: [(s.provider, s.state) for s in list(self.sandboxes.values())],
-            lambda: [(p.name, p.size, len(p.ready), p.hits) for p in list(self._pools.values())])
+            lambda: [(p.name, p.size, len(p.ready), p.hits, p.misses)
+                     for p in list(self._pools.values())])
         #: Its event log, followed live (woken by the store calls that write events).
         self.event_feed = EventFeed(lambda subject, limit: self.astore.events(subject, limit))
 
@@ -132,8 +133,15 @@ class DaemonBase:
             on_deadline=self._persist_deadline,
         )
         self.sandboxes: dict[str, Sandbox] = {}
+        #: sandbox id -> its row as made and the events that tell of its
+        #: making, for a sandbox being made: its first transition (creating ->
+        #: running) writes them, in one store write, rather than reading the
+        #: row it just wrote and logging the events after it.
+        self._births: dict[str, tuple[SandboxRow, tuple[tuple[str, str], ...]]] = {}
         #: Warm pools by name (see .pools).
         self._pools: dict[str, Pool] = {}
+        #: Creates under way outside warm pools, counted toward max_sandboxes.
+        self._starting = 0
         #: sandbox id -> the workspace it serves, for the sandboxes that serve one.
         self.workspace_of: dict[str, str] = {}
         self._guards: dict[tuple[str, str], ReadBeforeWriteGuard] = {}
@@ -164,6 +172,7 @@ class DaemonBase:
         self, sandbox_id: str, old: SandboxState, new: SandboxState, reason: str | None
     ) -> None:
         """Write a transition durably; the engine acknowledges it only after this."""
+        birth = self._births.pop(sandbox_id, None) if old is SandboxState.CREATING else None
         sandbox = self.sandboxes.get(sandbox_id)
 
         def transition(row: SandboxRow) -> bool:
@@ -174,10 +183,12 @@ class DaemonBase:
             return True
 
         event = ("transition", f"{old.value} -> {new.value}" + (f" ({reason})" if reason else ""))
-        # The row and its event in one transaction; StoreUnavailable if the
+        # The row and its events in one transaction; StoreUnavailable if the
         # store cannot keep them, and then the engine undoes the transition.
         try:
-            row = await self._rewrite_sandbox(sandbox_id, transition, event)
+            row = await self._rewrite_sandbox(
+                sandbox_id, transition, event, *(birth[1] if birth is not None else ()),
+                known=birth[0] if birth is not None else None)
         except OwnershipLost as exc:
             # Another daemon serves it now (this one stalled past its lease):
             # nothing of it is this daemon's to act on any more.
@@ -209,21 +220,23 @@ class DaemonBase:
 
     async def _rewrite_sandbox(
         self, sandbox_id: str, change: Callable[[SandboxRow], bool],
-        event: tuple[str, str] | None = None,
+        *events: tuple[str, str], known: SandboxRow | None = None,
     ) -> SandboxRow | None:
-        """Make ``change`` on the sandbox's row as the store has it, and write
-        it (with ``event``) as a compare and set: read again and made again
-        while another write (a deadline set meanwhile) came between. The row
-        as written (not written if ``change`` said it changed nothing), or
-        None when there is none."""
+        """Make ``change`` on the sandbox's row, ``known`` (as this daemon
+        last wrote it) or as the store has it, and write it (with
+        ``events``) as a compare and set: read again and made again while
+        another write (a deadline set meanwhile) came between. The row as
+        written (not written if ``change`` said it changed nothing), or None
+        when there is none."""
         for _ in range(CONFLICT_TRIES):
-            row = await self.astore.get_sandbox(sandbox_id)
+            row = known if known is not None else await self.astore.get_sandbox(sandbox_id)
+            known = None
             if row is None:
                 return None
             if not change(row):
                 return row
             try:
-                await self.astore.put_sandbox(row, event)
+                await self.astore.put_sandbox(row, *events)
             except WriteConflict:
                 continue
             return row

@@ -90,9 +90,16 @@ class _DaemonHost(SandboxHost):
         self._holding.add((key, sandbox.id))
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
-        sandbox_id = new_sandbox_id()
-        await self.daemon.setting_up(sandbox_id, made=False)  # before it exists: see SETTING_UP
-        return await self.daemon.create_sandbox(spec, sandbox_id=sandbox_id)
+        # A warm pool of the definition's settings gives its runtime, and its id.
+        pooled = await self.daemon.take_pooled(spec)
+        sandbox_id = pooled.sandbox_id if pooled is not None else new_sandbox_id()
+        try:
+            await self.daemon.setting_up(sandbox_id, made=False)  # before it exists: SETTING_UP
+        except BaseException:
+            if pooled is not None:
+                await self.daemon.return_pooled(pooled)
+            raise
+        return await self.daemon.create_sandbox(spec, sandbox_id=sandbox_id, pooled=pooled)
 
     async def restore(self, snapshot: SnapshotRow, spec: SandboxSpec) -> Sandbox:
         attach = self.daemon.attach_spec(snapshot, spec.options.model_dump())

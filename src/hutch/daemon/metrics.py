@@ -69,8 +69,9 @@ class _SandboxesCollector(Collector):
         yield family
 
 
-#: A warm pool as the metrics read it: name, size, ready now, creates that took one.
-PoolCounts = tuple[str, int, int, int]
+#: A warm pool as the metrics read it: name, size, ready now, creates that
+#: took one, creates of its settings that found it empty.
+PoolCounts = tuple[str, int, int, int, int]
 
 
 class _PoolsCollector(Collector):
@@ -80,7 +81,8 @@ class _PoolsCollector(Collector):
         self._pools = pools
 
     @staticmethod
-    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, CounterMetricFamily]:
+    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, CounterMetricFamily,
+                             CounterMetricFamily]:
         return (
             GaugeMetricFamily("hutch_pool_size", "Sandboxes a warm pool keeps ready.",
                               labels=["pool"]),
@@ -88,18 +90,22 @@ class _PoolsCollector(Collector):
                               labels=["pool"]),
             CounterMetricFamily("hutch_pool_hits", "Creates that took a warm pool's sandbox.",
                                 labels=["pool"]),
+            CounterMetricFamily("hutch_pool_misses",
+                                "Creates of a warm pool's settings that found it empty.",
+                                labels=["pool"]),
         )
 
     def describe(self) -> Iterator[Metric]:
         yield from self._families()
 
     def collect(self) -> Iterator[Metric]:
-        size, ready, hits = self._families()
-        for name, wanted, held, taken in self._pools():
+        size, ready, hits, misses = self._families()
+        for name, wanted, held, taken, missed in self._pools():
             size.add_metric([name], wanted)
             ready.add_metric([name], held)
             hits.add_metric([name], taken)
-        yield from (size, ready, hits)
+            misses.add_metric([name], missed)
+        yield from (size, ready, hits, misses)
 
 
 class DaemonMetrics:

@@ -19,6 +19,9 @@ Provider-neutral: it reads the marks each provider puts on its config model
   runs on the host unless the operator chose it.
 - Resource limits a request leaves unset get the server's defaults; a value
   over the operator's ceiling is refused with ``invalid_argument``.
+- The daemon serves at most ``max_sandboxes`` at once (``[server]`` in
+  hutch.toml; unset: no limit), the runtimes warm pools keep ready included
+  (hutch.daemon.pools): past it a create is ``resource_exhausted``.
 """
 
 from __future__ import annotations
@@ -107,7 +110,13 @@ class OperatorPolicy:
         limit_defaults: Mapping[str, Any] | None = None,
         limit_ceilings: Mapping[str, Any] | None = None,
         providers: Collection[str] = (),
+        *,
+        max_sandboxes: int | None = None,
     ) -> None:
+        if max_sandboxes is not None and max_sandboxes < 1:
+            raise InvalidArgument(f"max_sandboxes must be 1 or more, got {max_sandboxes}")
+        #: The most sandboxes served at once, pooled ones included (None: no limit).
+        self.max_sandboxes = max_sandboxes
         unknown_providers = sorted(p for p in set(providers) if not provider_known(p))
         if unknown_providers:
             raise InvalidArgument(

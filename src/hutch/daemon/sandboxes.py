@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import anyio.to_thread
@@ -41,6 +42,18 @@ from .common import (
 from .refs import Refs
 
 
+@dataclass(frozen=True)
+class PooledRuntime:
+    """A runtime a warm pool made ahead (see .pools): made by its provider
+    under ``sandbox_id``, its row in the store ``creating``, no sandbox yet."""
+
+    sandbox_id: str
+    backend: SandboxBackend
+    pool: str
+    #: The version its row was written at (the next write compares it).
+    version: int = 1
+
+
 class Sandboxes(Refs):
     async def create_sandbox(
         self,
@@ -49,13 +62,28 @@ class Sandboxes(Refs):
         workspace: str | None = None,
         sandbox_id: str | None = None,
         from_snapshot: SnapshotRow | None = None,
+        pooled: PooledRuntime | None = None,
     ) -> Sandbox:
         """Make a sandbox from ``spec``, or start one from ``from_snapshot``
-        (whose own settings ``spec`` then is, with its options as asked)."""
-        # A warm pool's runtime, when the create is a plain one of a pool's settings.
-        pooled = (await self._take_pooled(spec)
-                  if sandbox_id is None and workspace is None and from_snapshot is None else None)
-        sid = pooled[0] if pooled else sandbox_id or new_sandbox_id()
+        (whose own settings ``spec`` then is, with its options as asked), or
+        from ``pooled`` (a warm pool's runtime taken for ``spec``, under its id).
+
+        A plain create (no id, workspace nor snapshot) of a warm pool's
+        settings takes that pool's runtime: what the provider made ahead
+        becomes this sandbox with one store write, as a made one does from
+        there (its options, its clocks from now)."""
+        if pooled is None and sandbox_id is None and workspace is None and from_snapshot is None:
+            pooled = await self._take_pooled(spec)
+        if pooled is not None:  # in the room its pool held
+            return await self._create(spec, workspace, from_snapshot, pooled.sandbox_id, pooled)
+        async with self._room():
+            return await self._create(spec, workspace, from_snapshot,
+                                      sandbox_id or new_sandbox_id(), None)
+
+    async def _create(
+        self, spec: SandboxSpec, workspace: str | None, from_snapshot: SnapshotRow | None,
+        sid: str, pooled: PooledRuntime | None,
+    ) -> Sandbox:
         now = time.time()
         row = SandboxRow(
             id=sid, provider=spec.provider_name, state=SandboxState.CREATING.value,
@@ -64,16 +92,16 @@ class Sandboxes(Refs):
             origin_snapshot_id=from_snapshot.id if from_snapshot else None,
         )
         if pooled is not None:
-            # The pool recorded it as it made it: this write follows on that one.
-            kept = await self.astore.get_sandbox(sid)
-            if kept is not None:
-                row.version, row.owner, row.epoch = kept.version, kept.owner, kept.epoch
-        # Intent first: a daemon killed mid-create finds this row and cleans up.
-        await self.astore.put_sandbox(row)
+            # Its row was written as the pool made it: the running one follows on that.
+            row.version = pooled.version
         backend_cls = get_provider(spec.provider_name)
+        if pooled is None:
+            # Intent first: a daemon killed mid-create finds this row and
+            # cleans up (a pooled runtime's row was written when it was made).
+            await self.astore.put_sandbox(row)
         try:
             if pooled is not None:
-                backend = pooled[1]
+                backend = pooled.backend
             elif from_snapshot is not None:
                 backend = await backend_cls.create_from_snapshot(
                     spec.provider, sid, ProviderSnapshot.from_dict(from_snapshot.handle)
@@ -94,6 +122,10 @@ class Sandboxes(Refs):
         self.sandboxes[sid] = sandbox
         if workspace is not None:
             self.workspace_of[sid] = workspace
+        made = f"{spec.provider_name} sandbox created" + (
+            f" (made ahead by warm pool {pooled.pool})" if pooled is not None else "")
+        # Its running state and the events of its making: one store write.
+        self._births[sid] = (row, (("created", made),))
         try:
             await self.engine.attach(live_of(sandbox), spec.options)
         except BaseException:
@@ -102,17 +134,31 @@ class Sandboxes(Refs):
                 await backend.close()
                 await self.astore.delete_sandbox(sid)
             raise
-        await self._note(sid, "created", f"{spec.provider_name} sandbox created")
+        finally:
+            self._births.pop(sid, None)
         self._watch(type(backend))
         return sandbox
+
+    def _room(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """Room for one more sandbox under the operator's limits, held while
+        it is made (see .pools)."""
+        return contextlib.nullcontext()
+
+    async def take_pooled(self, spec: SandboxSpec) -> PooledRuntime | None:
+        """A warm pool's runtime for ``spec``, for a create that needs its id
+        first (a definition's ensure records it before it makes it)."""
+        return await self._take_pooled(spec)
 
     def _pooled_ids(self) -> set[str]:
         """The ids of the runtimes warm pools keep ready (see .pools)."""
         return set()
 
-    async def _take_pooled(self, spec: SandboxSpec) -> tuple[str, SandboxBackend] | None:
+    async def _take_pooled(self, spec: SandboxSpec) -> PooledRuntime | None:
         """A warm pool's runtime made with ``spec``'s provider settings (see .pools)."""
         return None
+
+    async def return_pooled(self, pooled: PooledRuntime) -> None:
+        """Free a runtime taken from a warm pool that no sandbox became (see .pools)."""
 
     async def adopt_left_sandbox(
         self, sandbox_id: str, provider: str, description: Mapping[str, Any],

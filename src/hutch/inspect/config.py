@@ -31,6 +31,12 @@ class HutchSandboxConfig(BaseModel):
     provider: str | None = None
     #: The image of docker or bubblewrap sandboxes.
     image: str | None = None
+    #: The user commands and file operations run as when a call names none
+    #: (an eval's tools then meet file modes as a non-root user does); the
+    #: sample's working directory is made that user's. Unset: the sandbox's
+    #: default user (root in hutch's images). On providers that run users.
+    user: str | None = Field(default=None, min_length=1, max_length=32,
+                             pattern=r"^[a-z_][a-z0-9_.-]*\$?$")
     #: More settings, as hutch.toml's ``[sandbox]`` names them: the provider's
     #: (``memory``, ``cpus``, ``pids``, ``network``...) and the sandbox
     #: options (``idle_timeout``, ``max_lifetime``, ``output_limit``...).

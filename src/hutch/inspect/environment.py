@@ -37,6 +37,7 @@ from pydantic import BaseModel
 
 from .._errors import CapabilityUnsupported, HutchError, OutputLimitExceeded, SandboxUnavailable
 from .._refwire import decode_ref
+from . import as_user
 from .config import HutchSandboxConfig, config_of
 
 log = logging.getLogger("hutch.inspect")
@@ -165,6 +166,11 @@ class HutchSandboxEnvironment(SandboxEnvironment):
     def sandbox(self) -> HutchSandbox:
         return self.holding.sandbox
 
+    @property
+    def user(self) -> str | None:
+        """The configured default user (None: the sandbox's own)."""
+        return self.holding.config.user
+
     # -- the lifecycle inspect drives -------------------------------------------------
     @classmethod
     def config_files(cls) -> list[str]:
@@ -186,7 +192,14 @@ class HutchSandboxEnvironment(SandboxEnvironment):
         cls, task_name: str, config: SandboxEnvironmentConfigType | None,
         metadata: dict[str, str],
     ) -> dict[str, SandboxEnvironment]:
-        holding = await _open(task_name, config_of(config))
+        resolved = config_of(config)
+        holding = await _open(task_name, resolved)
+        if resolved.user is not None:
+            try:
+                await as_user.init_workdir(holding.sandbox, resolved.user)
+            except BaseException:
+                await holding.end()
+                raise
         environment = cls(task_name, holding)
         cls._held.setdefault(task_name, set()).add(environment)
         return {"default": environment}
@@ -241,10 +254,11 @@ class HutchSandboxEnvironment(SandboxEnvironment):
         try:
             # Both streams under one cap of twice inspect's per-stream limit.
             result = await self.sandbox.exec(
-                list(cmd), cwd=cwd, env=env, stdin=input, user=user,
+                list(cmd), cwd=cwd, env=env, stdin=input,
+                user=user if user is not None else self.user,
                 timeout=timeout, output_limit=2 * limit)
         except CapabilityUnsupported as exc:
-            if user is not None:
+            if user is not None or self.user is not None:
                 raise SandboxUserUnsupportedError(str(exc)) from exc
             raise
         except OutputLimitExceeded as exc:
@@ -258,7 +272,10 @@ class HutchSandboxEnvironment(SandboxEnvironment):
     async def write_file(self, file: str, contents: str | bytes) -> None:
         data = contents.encode("utf-8") if isinstance(contents, str) else bytes(contents)
         try:
-            await self.sandbox.write_bytes(file, data, overwrite=True)
+            if self.user is not None:
+                await as_user.write_file(self.sandbox, file, data, self.user)
+            else:
+                await self.sandbox.write_bytes(file, data, overwrite=True)
         except SandboxUnavailable as exc:
             raise SandboxUnavailableError(str(exc)) from exc
 
@@ -269,9 +286,12 @@ class HutchSandboxEnvironment(SandboxEnvironment):
     async def read_file(self, file: str, text: Literal[False]) -> bytes: ...
 
     async def read_file(self, file: str, text: bool = True) -> str | bytes:
+        limit = SandboxEnvironmentLimits.MAX_READ_FILE_SIZE
         try:
-            data = await self.sandbox.read_bytes(
-                file, limit=SandboxEnvironmentLimits.MAX_READ_FILE_SIZE)
+            if self.user is not None:
+                data = await as_user.read_file(self.sandbox, file, self.user, limit)
+            else:
+                data = await self.sandbox.read_bytes(file, limit=limit)
         except OutputLimitExceeded as exc:
             raise OutputLimitExceededError(
                 SandboxEnvironmentLimits.MAX_READ_FILE_SIZE_STR, None) from exc

@@ -411,6 +411,11 @@ class SandboxRuntime(SandboxPart, SandboxFiles):
         """Processes alive in the sandbox other than its own keeper."""
         return 0
 
+    def warm(self) -> None:
+        """Open ahead what the next request would open on its way (a
+        connection to its agent), for a sandbox made to wait for its first
+        (a warm pool's). Nothing, where nothing is opened per request."""
+
     async def end_leftover_commands(self) -> int:
         """SIGKILL every process of a command hutch started in this sandbox
         (an earlier daemon's, whose handles died with it); return how many.

@@ -73,6 +73,7 @@ def load_server_config(path: str | None) -> dict[str, Any]:
         memory_budget = 536870912   # bytes of callers' data held in memory at once
         store = "postgresql://hutch@db.example/hutch"   # default: SQLite in the data dir
         advertise_url = "http://host-a:8787"   # where a fleet's other daemons reach this one
+        max_sandboxes = 100         # served at once, warm pools' included (default: no limit)
         [server.limits]             # for requests that set none
         memory = "2g"
         cpus = 1
@@ -96,7 +97,7 @@ def load_server_config(path: str | None) -> dict[str, Any]:
             for name, d in definitions_from_config(data).items()
         }
     known = {"allow", "providers", "limits", "ceilings", "memory_budget", "store",
-             "advertise_url"}
+             "advertise_url", "max_sandboxes"}
     unknown = set(server) - known
     if unknown:
         raise InvalidArgument(

@@ -153,9 +153,7 @@ def create_app(
         daemon = await anyio.to_thread.run_sync(make_daemon)
         try:
             await daemon.start()
-            for name, table in settings.pools.items():  # [pools.NAME] in hutch.toml
-                table = dict(table)
-                await daemon.set_pool(name, table, int(table.pop("size")))
+            await daemon.start_pools(settings.pools)  # hutch.toml's, then the API's
             holder["daemon"] = daemon
             if on_ready is not None:
                 on_ready(daemon)

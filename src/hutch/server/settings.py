@@ -42,6 +42,9 @@ class ServerSettings(BaseModel):
     #: the most a request may ask for; see hutch.daemon.policy.
     limits: dict[str, Any] = {}
     ceilings: dict[str, Any] = {}
+    #: The most sandboxes the daemon serves at once, warm pools' included
+    #: (see hutch.daemon.pools); None: no limit.
+    max_sandboxes: int | None = Field(default=None, gt=0)
     #: Where the daemon keeps its state (hutch.store.open_store): None for
     #: SQLite in the data directory, or a ``postgresql://`` URL.
     store: str | None = None
@@ -54,5 +57,6 @@ class ServerSettings(BaseModel):
     pools: dict[str, dict[str, Any]] = {}
 
     def policy(self) -> OperatorPolicy:
-        return OperatorPolicy(self.allow, self.limits, self.ceilings, self.providers)
+        return OperatorPolicy(self.allow, self.limits, self.ceilings, self.providers,
+                              max_sandboxes=self.max_sandboxes)
 

@@ -77,8 +77,8 @@ class AsyncStore:
     async def take_over_lapsed(self, kind: str) -> list[str]:
         return await self._run(self.store.take_over_lapsed, kind)
 
-    async def put_sandbox(self, row: SandboxRow, event: tuple[str, str] | None = None) -> None:
-        return await self._run(self.store.put_sandbox, row, event)
+    async def put_sandbox(self, row: SandboxRow, *events: tuple[str, str]) -> None:
+        return await self._run(self.store.put_sandbox, row, *events)
 
     async def put_sandboxes(self, rows: Sequence[SandboxRow]) -> None:
         return await self._run(self.store.put_sandboxes, rows)

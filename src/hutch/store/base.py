@@ -299,7 +299,7 @@ class Store(abc.ABC):
 
     # -- sandboxes ---------------------------------------------------------------------
     @abc.abstractmethod
-    def put_sandbox(self, row: SandboxRow, event: tuple[str, str] | None = None) -> None:
+    def put_sandbox(self, row: SandboxRow, *events: tuple[str, str]) -> None:
         """Write a sandbox row, durably, as a compare and set; sets
         ``updated_at_unix``, and the row's version (counted up), owner,
         lease and epoch as written. A new row (``version`` 0) is inserted
@@ -309,9 +309,10 @@ class Store(abc.ABC):
         that); a row another daemon owns, or whose lease lapsed, is
         ``OwnershipLost``.
 
-        ``event`` (kind, message) is logged for the sandbox in the same
-        transaction: both are kept, or neither. A store that cannot write
-        raises ``StoreUnavailable`` and keeps nothing of the call.
+        ``events`` (each a kind and a message) are logged for the sandbox, in
+        order, in the same transaction: the row and they are kept, or none.
+        A store that cannot write raises ``StoreUnavailable`` and keeps
+        nothing of the call.
         """
 
     @abc.abstractmethod

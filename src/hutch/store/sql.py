@@ -296,11 +296,11 @@ class SQLStore(Store):
             (writer, self.lease_seconds, writer))]
 
     # -- sandboxes -----------------------------------------------------------------------
-    def put_sandbox(self, row: SandboxRow, event: tuple[str, str] | None = None) -> None:
+    def put_sandbox(self, row: SandboxRow, *events: tuple[str, str]) -> None:
         row.updated_at_unix = time.time()
         with self._transaction() as db:
             self._fenced_put(db, "sandboxes", "id", SANDBOX_COLUMNS, row)
-            if event is not None:
+            for event in events:
                 db.execute(_LOG_EVENT, (time.time(), row.id, *event))
 
     def put_sandboxes(self, rows: Sequence[SandboxRow]) -> None:

@@ -417,6 +417,9 @@ class AgentRuntime(SandboxRuntime):
         except AgentFailure:
             pass  # the next request finds out, and recovers
 
+    def warm(self) -> None:
+        self._top_up()
+
     def keep(self, channel: Channel) -> None:
         """A connection in step with the agent, for the next request."""
         if channel.usable and len(self._idle) < POOL_SIZE:
@@ -760,6 +763,21 @@ class AgentRuntime(SandboxRuntime):
                 os.close(fd)
             if channel is not None:
                 channel.close()
+
+    async def let_go(self, timeout: float = ANSWER_TIMEOUT) -> None:
+        """An agent serving shared (under gVisor) closes its socket and every
+        connection, its processes kept, until its sandbox wakes it again (a
+        checkpoint refuses the host sockets it holds). AgentFailure where it
+        did not say it would."""
+        self.drop_connections()
+        channel = Channel(self._dial())
+        try:
+            await channel.send({"op": "release"})
+            reply, _ = await channel.recv(timeout)
+            if reply["t"] != "ok":
+                raise AgentFailure(f"the agent did not let go: {reply.get('message', '')}")
+        finally:
+            channel.close()
 
     async def ping(self, timeout: float = ANSWER_TIMEOUT) -> int:
         """The agent's pid, once it answers (AgentFailure if it does not)."""

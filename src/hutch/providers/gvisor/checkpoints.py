@@ -27,6 +27,12 @@ META = "hutch-checkpoint.json"
 IMAGE = "checkpoint.img"
 #: How long the agent has to let go of its host sockets.
 RELEASE_TIMEOUT = 10.0
+#: How long an agent that said it would let go has before it is signalled.
+ASKED_TIMEOUT = 2.0
+#: How long a restore waits for the stopped sandbox of the same name to go.
+RESTORE_WAIT = 30.0
+#: What runsc says of a restore whose container, or sandbox, is not gone yet.
+_NOT_YET_GONE = ("already exists", "address already in use")
 
 
 class CheckpointBuildMismatch(InvalidState):
@@ -55,14 +61,20 @@ def listen_again(container: str) -> None:
     runsc.run("kill", container, "USR2", what=f"waking {container}'s agent")
 
 
-def release_agent(container: str, socket_path: str) -> None:
+def release_agent(container: str, socket_path: str, *, asked: bool = False) -> None:
     """The agent holding no host socket (it removes its pid file last); what
-    it started lives on. Blocking."""
-    runsc.run("kill", container, "USR1", what=f"asking {container}'s agent to let go")
+    it started lives on. ``asked``: the agent said it would (on its socket);
+    otherwise, or where it takes too long, it is signalled. Blocking."""
+    if not asked:
+        runsc.run("kill", container, "USR1", what=f"asking {container}'s agent to let go")
     deadline = time.monotonic() + RELEASE_TIMEOUT
+    signal_at = time.monotonic() + ASKED_TIMEOUT
     while os.path.lexists(socket_path + ".pid"):
         if time.monotonic() >= deadline:
             raise ProviderError(f"gvisor: {container}'s agent did not let go of its socket")
+        if asked and time.monotonic() >= signal_at:
+            asked = False
+            runsc.run("kill", container, "USR1", what=f"asking {container}'s agent to let go")
         time.sleep(0.002)
     # Not always removable from inside (a gofer-made socket): the agent's
     # next listen would find it in its way.
@@ -70,7 +82,9 @@ def release_agent(container: str, socket_path: str) -> None:
         os.unlink(socket_path)
 
 
-def checkpoint(container: str, directory: str, socket_path: str, *, fault: str) -> None:
+def checkpoint(
+    container: str, directory: str, socket_path: str, *, fault: str, asked: bool = False
+) -> None:
     """The container's state into ``directory``, the container gone (its
     memory freed). Blocking. The agent has let go when it returns, also
     when it fails (the caller asks it to listen again).
@@ -85,7 +99,7 @@ def checkpoint(container: str, directory: str, socket_path: str, *, fault: str) 
     try:
         write_json(os.path.join(work, META),
                    {"runsc_build": runsc.runsc_build(), "at": time.time()})
-        release_agent(container, socket_path)
+        release_agent(container, socket_path, asked=asked)
         runsc.run("checkpoint", "--image-path", work, container,
                   what=f"checkpointing {container}")
         fault_point(fault)
@@ -93,7 +107,9 @@ def checkpoint(container: str, directory: str, socket_path: str, *, fault: str) 
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
-    runsc.remove(container)
+    # Not removed here: the runsc that started it reaps the stopped sandbox
+    # and deletes it (a delete now would wait seconds for a big sandbox's
+    # memory to be given back); a restore or a close removes what is left.
 
 
 def _put_in_place(work: str, directory: str) -> None:
@@ -128,14 +144,42 @@ def check_build(directory: str, what: str) -> None:
         )
 
 
-def restore(container: str, directory: str, bundle_dir: str, log_path: str) -> None:
-    """The container running again from ``directory``, its agent not yet
-    listening (the caller wakes it). Blocking."""
+def restore(
+    container: str, directory: str, bundle_dir: str, log_path: str, socket_path: str
+) -> None:
+    """The container running again from ``directory``. Its agent listens
+    again by itself once it finds the wake file made here first (returns
+    once it does, or once runsc says the container runs: the caller then
+    wakes it, see :func:`listening`). Blocking."""
     check_build(directory, f"{container}'s checkpoint")
-    if runsc.state(container) is not None:
-        runsc.remove(container)  # a stopped leftover of the same name
-    runsc.start("restore", "--image-path", directory, "--bundle", bundle_dir, container,
-                container=container, log_path=log_path, what=f"restoring {container}")
+    for stale in (socket_path, socket_path + ".pid"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(stale)
+    with open(socket_path + ".wake", "w"):
+        pass
+    # The sandbox this container was (a checkpoint's, stopped) gone first.
+    runsc.await_end(container, RESTORE_WAIT)
+    deadline = time.monotonic() + RESTORE_WAIT
+    while True:
+        try:
+            runsc.start("restore", "--image-path", directory, "--bundle", bundle_dir, container,
+                        container=container, log_path=log_path, what=f"restoring {container}",
+                        ready=lambda: listening(socket_path))
+            return
+        except ProviderError as exc:
+            # One started by another process (a daemon before a restart)
+            # may still be stopping: removed, and tried again.
+            if not any(said in str(exc) for said in _NOT_YET_GONE) \
+                    or time.monotonic() >= deadline:
+                raise
+        if runsc.state(container) is not None:
+            runsc.remove(container)
+        time.sleep(0.05)
+
+
+def listening(socket_path: str) -> bool:
+    """Whether the agent has said it listens (its pid file, written once it does)."""
+    return os.path.exists(socket_path + ".pid")
 
 
 def copy_image(source: str, target: str) -> None:

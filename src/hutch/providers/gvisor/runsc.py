@@ -12,6 +12,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import anyio.to_thread
@@ -25,6 +26,8 @@ RUNSC_ENV = "HUTCH_RUNSC"
 #: the root is an overlay held in the sandbox's memory (saved in a
 #: checkpoint); the agent makes its socket on the host through the gofer.
 GLOBAL_FLAGS = ("--network=none", "--overlay2=root:memory", "--host-uds=create")
+#: How long a start waits for its ``ready`` sign before asking runsc too.
+READY_GRACE = 2.0
 INSTALL_HINT = "apt-get install runsc (Debian), or set HUTCH_RUNSC to a runsc binary"
 
 
@@ -93,37 +96,73 @@ async def run_async(*args: str, what: str, timeout: float = 120.0) -> str:
 
 
 def start(*args: str, container: str, log_path: str, what: str,
-          timeout: float = 120.0) -> None:
+          ready: Callable[[], bool] | None = None, timeout: float = 120.0) -> None:
     """``runsc run`` or ``runsc restore`` of ``container``, returning once it
     runs (blocking). Not ``--detach``: runsc stays the sandbox's parent and
     reaps it the moment it ends (a checkpoint, a delete), and then deletes
     the container itself. A detached sandbox is reaped by whatever adopts
     it, and ``runsc delete`` waits for that: seconds where pid 1 reaps
-    lazily. Its output (and the sandbox's) goes to ``log_path``."""
+    lazily. Its output (and the sandbox's) goes to ``log_path``.
+
+    ``ready``: a cheaper sign that it runs (its agent's pid file), looked at
+    first; runsc's state is asked too once it has not come for a while."""
     with open(log_path, "ab") as log_file:
+        said_from = log_file.tell()  # what this start says, not an earlier one
         process = subprocess.Popen(
             argv(*args), stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
             start_new_session=True,
         )
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    deadline = started + timeout
     while True:
-        found = state(container)
-        if found is not None and found.get("status") == "running":
+        if ready is not None and ready():
             break
+        if ready is None or time.monotonic() - started >= READY_GRACE:
+            found = state(container)
+            if found is not None and found.get("status") == "running":
+                break
         if process.poll() is not None:
-            raise ProviderError(f"gvisor: {what}: {_tail(log_path)}")
+            raise ProviderError(f"gvisor: {what}: {_tail(log_path, said_from)}")
         if time.monotonic() >= deadline:
             process.kill()
             process.wait()
             raise ProviderError(f"gvisor: {what}: not running after {timeout:g}s")
-        time.sleep(0.01)
-    threading.Thread(target=process.wait, name=f"runsc {container}", daemon=True).start()
+        time.sleep(0.002 if ready is not None else 0.01)
+    ended = threading.Event()
+    with _parents_lock:
+        _parents[container] = ended
+
+    def reap() -> None:
+        process.wait()
+        ended.set()
+        with _parents_lock:
+            if _parents.get(container) is ended:
+                del _parents[container]
+
+    threading.Thread(target=reap, name=f"runsc {container}", daemon=True).start()
 
 
-def _tail(path: str) -> str:
+#: The runsc that started each container, while it runs: set once it has
+#: ended (the sandbox reaped, gone to its last byte, and the container deleted).
+_parents: dict[str, threading.Event] = {}
+_parents_lock = threading.Lock()
+
+
+def await_end(container: str, timeout: float) -> None:
+    """Until the runsc this process started ``container`` with has ended
+    (a stopped sandbox lets go of its memory and its control socket only
+    then: a big one takes seconds after its checkpoint). Blocking; at once
+    where there is none."""
+    with _parents_lock:
+        ended = _parents.get(container)
+    if ended is not None:
+        ended.wait(timeout)
+
+
+def _tail(path: str, start: int) -> str:
     try:
         with open(path, "rb") as found:
-            found.seek(max(0, os.path.getsize(path) - 2000))
+            found.seek(max(start, os.path.getsize(path) - 2000))
             said = found.read().decode(errors="replace").strip().splitlines()
     except OSError:
         said = []

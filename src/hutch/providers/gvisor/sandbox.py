@@ -126,6 +126,8 @@ class GvisorSandbox(SandboxBackend):
         # Its processes live through a suspend: one waiting (a server, a
         # REPL) lets the sandbox go idle; one working keeps it awake.
         self._agent.busy_means_running = True
+        #: Whether hutch paused it (None: not known, runsc is asked).
+        self._paused: bool | None = None
 
     @property
     def bundle_dir(self) -> str:
@@ -188,11 +190,13 @@ class GvisorSandbox(SandboxBackend):
             os.chmod(sandbox.run_dir, 0o700)
             bundle.write(sandbox.bundle_dir, spec)
             runsc.start("run", "--bundle", sandbox.bundle_dir, sandbox_id, container=sandbox_id,
-                        log_path=sandbox.log_path, what=f"starting sandbox {sandbox_id}")
+                        log_path=sandbox.log_path, what=f"starting sandbox {sandbox_id}",
+                        ready=lambda: checkpoints.listening(sandbox.agent_socket))
 
         try:
             await anyio.to_thread.run_sync(provision)
             await sandbox._await_agent()
+            sandbox._paused = False
             await sandbox._agent.make_dir(config.workdir, True)
         except BaseException:
             await anyio.to_thread.run_sync(lambda: _discard(sandbox_id))
@@ -246,20 +250,35 @@ class GvisorSandbox(SandboxBackend):
 
     async def pause(self) -> None:
         self._agent.drop_connections()
+        self._paused = None
         await runsc.run_async("pause", self.sandbox_id, what=f"pausing {self.sandbox_id}")
+        self._paused = True
 
     async def unpause(self) -> None:
+        self._paused = None
         await runsc.run_async("resume", self.sandbox_id, what=f"unpausing {self.sandbox_id}")
+        self._paused = False
 
     async def suspend(self) -> None:
-        if await self._status() == "paused":
+        if self._paused is not False and await self._status() == "paused":
             await self.unpause()  # the agent lets go of its socket first: it must run
-        self._agent.drop_connections()
+        await self._checkpoint_into(self.checkpoint_dir, fault="suspend.gvisor.checkpointed")
+
+    async def _checkpoint_into(self, directory: str, *, fault: str) -> None:
+        """The running sandbox checkpointed into ``directory`` (and stopped);
+        on a failure, running on with its agent awake."""
+        # Asked on its socket (a runsc kill costs a process or two): where
+        # it cannot answer, the checkpoint signals it instead.
+        try:
+            await self._agent.let_go()
+            asked = True
+        except (AgentFailure, OSError) as exc:
+            log.debug("gvisor %s: the agent did not let go when asked: %s", self.sandbox_id, exc)
+            asked = False
         try:
             await anyio.to_thread.run_sync(
                 lambda: checkpoints.checkpoint(
-                    self.sandbox_id, self.checkpoint_dir, self.agent_socket,
-                    fault="suspend.gvisor.checkpointed",
+                    self.sandbox_id, directory, self.agent_socket, fault=fault, asked=asked,
                 )
             )
         except BaseException:
@@ -286,12 +305,15 @@ class GvisorSandbox(SandboxBackend):
         """Running from a checkpoint, its agent answering."""
         await anyio.to_thread.run_sync(
             lambda: checkpoints.restore(self.sandbox_id, directory, self.bundle_dir,
-                                        self.log_path)
+                                        self.log_path, self.agent_socket)
         )
         if fault is not None:
             fault_point(fault)
-        await anyio.to_thread.run_sync(lambda: checkpoints.listen_again(self.sandbox_id))
+        if not checkpoints.listening(self.agent_socket):
+            # Not woken by its file (an agent of an older build, say): signalled.
+            await anyio.to_thread.run_sync(lambda: checkpoints.listen_again(self.sandbox_id))
         await self._await_agent()
+        self._paused = False
 
     # -- snapshots and fork -------------------------------------------------------------
     async def capture(self, snapshot_id: str, *, diff: bool = True) -> ProviderSnapshot:
@@ -326,21 +348,11 @@ class GvisorSandbox(SandboxBackend):
     async def _checkpoint_in_place(self, image: str, *, paused: bool) -> None:
         if paused:
             await self.unpause()
-        self._agent.drop_connections()
         # Into the sandbox's own checkpoint first, then linked into the
         # snapshot: should hutch die before the origin runs again, its state
         # is where a suspended sandbox's is (found suspended, resumed), not
         # only in a snapshot that may never be recorded.
-        try:
-            await anyio.to_thread.run_sync(
-                lambda: checkpoints.checkpoint(self.sandbox_id, self.checkpoint_dir,
-                                               self.agent_socket,
-                                               fault="snapshot.gvisor.checkpointed")
-            )
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await self._wake_after_failure()
-            raise
+        await self._checkpoint_into(self.checkpoint_dir, fault="snapshot.gvisor.checkpointed")
         try:
             await anyio.to_thread.run_sync(
                 lambda: checkpoints.copy_image(self.checkpoint_dir, image))

@@ -16,7 +16,15 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..base import ProviderSettings
-from ..policy import OperatorsChoice, ReachesHost
+from ..policy import (
+    Limit,
+    MemorySize,
+    NotBool,
+    OperatorsChoice,
+    ReachesHost,
+    format_bytes,
+    parse_bytes,
+)
 
 #: A Kubernetes object name (RFC 1123 DNS subdomain), as secrets and storage
 #: classes are named.
@@ -107,6 +115,11 @@ class KubernetesConfig(ProviderSettings):
         Field(max_length=32),
     ] = []
     image: str = "debian:bookworm-slim"
+    #: The container's memory limit (``512m``, ``2g``): the kubelet's cgroup
+    #: holds it; through the daemon its default and ceiling apply.
+    memory: Annotated[MemorySize | None, Limit("memory", parse_bytes, format_bytes)] = None
+    #: The container's CPU limit, in CPUs (``0.5``).
+    cpus: Annotated[float | None, Limit("cpus"), NotBool] = Field(default=None, gt=0, le=1024)
     #: The working directory (made if missing).
     workdir: str = "/workspace"
     env: dict[str, str] = {}

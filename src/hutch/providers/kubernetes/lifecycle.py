@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from ..._errors import HutchError, InvalidArgument, ProviderError, SandboxUnavailable
+from ..._faults import fault_point
 from ..._types import Capabilities
 from ..base import RuntimeReport, RuntimeState, SandboxBackend
 from . import clusters
@@ -118,10 +119,16 @@ class PodLifecycle(SandboxBackend):
     async def _pod_stopping(self) -> None:
         """The pod is about to be deleted."""
 
-    async def _start_pod(self) -> None:
+    async def _pod_adopted(self) -> None:
+        """The pod, found running after a restart, is this sandbox's again
+        (a resume cut short may have made it and done no more)."""
+
+    async def _start_pod(self, *, fault: str = "") -> None:
         """A pod (at create, at each resume), ready, then :meth:`_pod_started`."""
         self.uid = await make_pod(self.cluster, self.config, self.sandbox_id, self._keeper(),
                                   self.claim)
+        if fault:
+            fault_point(fault)
         await until_ready(self.cluster, self.sandbox_id, self.uid, self.config.ready_timeout)
         await self._pod_started()
 
@@ -148,6 +155,9 @@ class PodLifecycle(SandboxBackend):
             pod = None  # unreachable now: observed_state says so
         if pod is not None:
             sandbox.uid = (pod.get("metadata") or {}).get("uid") or sandbox.uid
+            if phase_of(pod)[1]:
+                with contextlib.suppress(HutchError):  # observed_state tells what is wrong
+                    await sandbox._pod_adopted()
         return sandbox
 
     # -- what the cluster says ------------------------------------------------------------
@@ -191,7 +201,7 @@ class PodLifecycle(SandboxBackend):
         if self.claim is None:
             raise SandboxUnavailable(
                 f"sandbox {self.sandbox_id} has no claim to keep its files (persistent=false)")
-        await self._delete_pod()
+        await self._delete_pod(fault="suspend.kubernetes.deleted")
 
     async def resume(self) -> None:
         """A new pod on the same claim, ready."""
@@ -201,9 +211,9 @@ class PodLifecycle(SandboxBackend):
             raise SandboxUnavailable(
                 f"the claim {self.claim} of sandbox {self.sandbox_id} is gone: "
                 "its files cannot be resumed")
-        await self._start_pod()
+        await self._start_pod(fault="resume.kubernetes.started")
 
-    async def _delete_pod(self) -> None:
+    async def _delete_pod(self, *, fault: str = "") -> None:
         await self._pod_stopping()
         uid = self.uid
         if uid is None:
@@ -212,6 +222,8 @@ class PodLifecycle(SandboxBackend):
             if uid is None:
                 return
         await self.cluster.delete("pods", self.pod, uid)
+        if fault:
+            fault_point(fault)
         await until_gone(self.cluster, "pods", self.pod, uid, GONE_TIMEOUT)
         self.uid = None
 

@@ -9,6 +9,7 @@ from lightkube.models.core_v1 import (
     LocalObjectReference,
     PersistentVolumeClaimVolumeSource,
     PodSpec,
+    ResourceRequirements,
     SeccompProfile,
     SecurityContext,
     Toleration,
@@ -18,6 +19,7 @@ from lightkube.models.core_v1 import (
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod
 
+from ..policy import parse_bytes
 from .api import CONTAINER, SANDBOX_ID_ANNOTATION, labels
 from .config import KubernetesConfig
 
@@ -34,6 +36,17 @@ SECURITY_CONTEXT = SecurityContext(
     privileged=False,
     seccompProfile=SeccompProfile(type="RuntimeDefault"),
 )
+
+
+def resources(config: KubernetesConfig) -> ResourceRequirements | None:
+    """The container's limits from hutch's (requests default to them: the
+    pod is scheduled where they fit, and its QoS class is Guaranteed)."""
+    limits = {}
+    if config.memory is not None:
+        limits["memory"] = str(int(parse_bytes(config.memory)))
+    if config.cpus is not None:
+        limits["cpu"] = f"{max(1, round(config.cpus * 1000))}m"
+    return ResourceRequirements(limits=limits) if limits else None
 
 
 def sandbox_pod(config: KubernetesConfig, sandbox_id: str, name: str,
@@ -56,6 +69,7 @@ def sandbox_pod(config: KubernetesConfig, sandbox_id: str, name: str,
                 env=[EnvVar(name=k, value=v) for k, v in config.env.items()],
                 securityContext=SECURITY_CONTEXT,
                 volumeMounts=mounts or None,
+                resources=resources(config),
             )],
             volumes=volumes or None,
             # The service account's token stays out of reach of what runs inside.

@@ -5,7 +5,8 @@ processes on one kept ``pods/exec`` (:mod:`.agentpod`); with
 ``runtime = "native"`` (or no agent built here) each command is a
 ``pods/exec`` of its own and files go through commands (:mod:`.execruntime`).
 The pod's life (its claim, suspend to nothing, the watch for pods lost
-outside hutch, adoption after a restart) is :mod:`.lifecycle`'s.
+outside hutch, adoption after a restart) is :mod:`.lifecycle`'s, its
+snapshots and forks :mod:`.snapshots`'.
 """
 
 from __future__ import annotations
@@ -17,18 +18,20 @@ from ..._errors import SandboxFileExists, SandboxUnavailable
 from ..._types import Capabilities
 from ..agent import AgentUnavailable, agent_binary
 from ..base import SandboxRuntime
-from .agentpod import PodAgent, keeper_command
+from .agentpod import AGENT_PATH, PodAgent, keeper_command
 from .api import Cluster
 from .config import KubernetesConfig
 from .execruntime import PodExecRuntime
-from .lifecycle import PodLifecycle
 from .pods import phase_of
+from .snapshots import PodSnapshots
 
 log = logging.getLogger("hutch.kubernetes")
 
 
-class KubernetesSandbox(PodLifecycle):
-    capabilities = Capabilities(processes=True, users=True, suspend=True)
+class KubernetesSandbox(PodSnapshots):
+    # resource_limits: memory and CPU as the container's limits, held by the kubelet.
+    capabilities = Capabilities(processes=True, users=True, suspend=True, snapshot=True,
+                                fork=True, resource_limits=True)
 
     def __init__(self, sandbox_id: str, config: KubernetesConfig, cluster: Cluster,
                  name: str, uid: str | None, claim: str | None = None, *,
@@ -68,6 +71,13 @@ class KubernetesSandbox(PodLifecycle):
     async def _pod_stopping(self) -> None:
         if self.agent is not None:
             await self.agent.close()
+
+    async def _pod_adopted(self) -> None:
+        # A pod whose resume was cut before the agent was copied in waits
+        # for it still: copied in now, as at its start.
+        if self.agent is not None and (await self.pod_exec.run(
+                ["test", "-x", AGENT_PATH]))[0] != 0:
+            await self._pod_started()
 
     async def _still_running(self, reason: str) -> None:
         """Returns while the pod runs; else the sandbox is lost, and says why."""

@@ -219,5 +219,7 @@ class AgentTunnel:
         self._reader.cancel()
         with contextlib.suppress(BaseException):
             await self._reader
+        # The WebSocket closed too: on v4, which cannot close stdin, the
+        # relay would otherwise run on (and its exec stay open) until the pod goes.
         with contextlib.suppress(Exception):
-            await self._session.kill(0)
+            await self._session.close()

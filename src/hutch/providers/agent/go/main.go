@@ -73,6 +73,7 @@ func main() {
 	}
 	served.path = os.Args[2]
 	shared := os.Args[1] == "serve-shared"
+	served.shared = shared
 	if shared {
 		served.handOverOnSignals()
 	}
@@ -165,6 +166,17 @@ func serve(nc *net.UnixConn) {
 		_ = payload
 		var opErr error
 		switch str(h, "op") {
+		case "release":
+			// serve-shared: let go of every host socket (see shared.go),
+			// this connection's too, once the host has the answer.
+			if !served.shared {
+				opErr = c.fail("invalid_argument", "release: only when serving shared")
+				break
+			}
+			if c.send(header{"t": "ok"}, nil) == nil {
+				served.release()
+			}
+			return
 		case "ping":
 			opErr = c.send(header{"t": "ok", "version": version, "pid": os.Getpid()}, nil)
 		case "exec":

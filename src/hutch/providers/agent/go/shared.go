@@ -3,11 +3,12 @@ package main
 // serve-shared under gVisor: the agent is the sandbox's pid 1 and its socket
 // is a host socket made through gVisor's gofer, which `runsc checkpoint`
 // refuses to save. So the host asks the agent to let go of its sockets before
-// a checkpoint (SIGUSR1: the listener and every connection closed, the pid
-// file removed last, which the host waits for) and to listen again after a
-// restore (SIGUSR2). What the agent started lives on meanwhile, and pid 1
-// stays pid 1: a restored sandbox (or each branch of a fork) continues the
-// same process tree.
+// a checkpoint (the "release" request, or SIGUSR1: the listener and every
+// connection closed, the pid file removed last, which the host waits for)
+// and to listen again after a restore (a wake file appearing, or SIGUSR2).
+// What the agent started lives on meanwhile, and pid 1 stays pid 1: a
+// restored sandbox (or each branch of a fork) continues the same process
+// tree.
 
 import (
 	"errors"
@@ -17,6 +18,7 @@ import (
 	"os/signal"
 	"sync"
 	"syscall"
+	"time"
 )
 
 type sockets struct {
@@ -24,6 +26,8 @@ type sockets struct {
 	path     string
 	listener *net.UnixListener
 	conns    map[*net.UnixConn]struct{}
+	// shared: serve-shared, whose host may ask it to let go.
+	shared bool
 }
 
 var served = &sockets{conns: map[*net.UnixConn]struct{}{}}
@@ -63,6 +67,30 @@ func (s *sockets) release() {
 	// the pid file, removed last, tells the host the agent has let go.
 	_ = os.Remove(s.path)
 	_ = os.Remove(s.path + ".pid")
+	go s.awaitWake(s.path + ".wake")
+}
+
+// awaitWake: listening again once the host has made the wake file (before
+// it restores the sandbox: the first look after the restore finds it, and
+// no runsc kill is needed). The host removes any before it asks for a
+// release; SIGUSR2 wakes the agent as well.
+func (s *sockets) awaitWake(wake string) {
+	for {
+		s.mu.Lock()
+		listening := s.listener != nil
+		s.mu.Unlock()
+		if listening {
+			return
+		}
+		if _, err := os.Stat(wake); err == nil {
+			_ = os.Remove(wake)
+			if err := s.listen(true); err != nil {
+				fmt.Fprintln(os.Stderr, "hutch-agent: listening again:", err)
+			}
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // listen: a socket at path again (after a release, or the first time).
