@@ -41,11 +41,16 @@ def pool_ls(as_json: bool) -> None:
 @click.option("--image", help="Image: a Docker image or a hutch image (docker, bubblewrap).")
 @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
               help="Another setting of the provider (a string), e.g. --set network=none.")
+@click.option("--definition", help="A sandbox definition whose settings the pool's are "
+              "(an ensure that makes its thread's sandbox takes one).")
 @reports_errors
 def pool_set(name: str, size: int, provider: str | None, image: str | None,
-             settings: tuple[str, ...]) -> None:
-    """Make or resize a pool of SIZE sandboxes; new settings replace those it kept."""
+             settings: tuple[str, ...], definition: str | None) -> None:
+    """Make or resize a pool of SIZE sandboxes; new settings replace those it
+    kept (with none given, a pool that exists keeps its own)."""
     body: dict[str, Any] = {}
+    if definition is not None:
+        body["definition"] = definition
     if provider is not None:
         body["provider"] = provider
     if image is not None:
@@ -56,6 +61,8 @@ def pool_set(name: str, size: int, provider: str | None, image: str | None,
             raise click.BadParameter(f"{setting!r} is not KEY=VALUE", param_hint="--set")
         body[key] = value
     with client() as c:
+        if not body:  # a resize
+            body = next((dict(p["settings"]) for p in c.list_pools() if p["name"] == name), {})
         made = c.set_pool(name, size, body)
     console.print(f"pool {made['name']}: {made['provider']}, {made['size']} kept ready")
 

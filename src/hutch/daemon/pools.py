@@ -59,6 +59,12 @@ from .sandboxes import PooledRuntime, Sandboxes
 MAX_POOL_SIZE = 1000
 #: How long a pool waits after a failed make before it tries again.
 RETRY_SECONDS = 5.0
+#: How long after a take its pool starts the refill: the taken sandbox's
+#: first requests (its create's answer, its first exec) come within it, and a
+#: make (processes started, mounts, a store write) would compete with them
+#: for the host's CPUs. A pool of one refills this much later; a larger one
+#: has the rest ready meanwhile.
+REFILL_AFTER_SECONDS = 0.05
 #: The store's meta key of the pools set through the API (name -> its
 #: settings and size, or None: removed), per daemon of a fleet.
 POOLS_META = "pools"
@@ -83,6 +89,8 @@ class Pool:
     filler: asyncio.Task[None] | None = None
     #: Set to wake the filler (a runtime taken or dead, the size changed, room freed).
     wanted: asyncio.Event = field(default_factory=asyncio.Event)
+    #: When a create last took one of its runtimes (monotonic), if one did.
+    taken_at: float | None = None
 
 
 def check_pool_name(name: str) -> None:
@@ -222,6 +230,7 @@ class Pooling(Sandboxes):
             if pool.spec.provider == spec.provider:
                 if pool.ready:
                     pool.hits += 1
+                    pool.taken_at = time.monotonic()
                     pool.wanted.set()
                     return pool.ready.pop(0)
                 pool.misses += 1
@@ -238,6 +247,12 @@ class Pooling(Sandboxes):
                 pool.wanted.clear()
                 await pool.wanted.wait()
                 continue
+            if pool.taken_at is not None:
+                # Behind the take, not beside its first requests (once per take).
+                await anyio.sleep(max(0.0, pool.taken_at + REFILL_AFTER_SECONDS
+                                      - time.monotonic()))
+                pool.taken_at = None
+                continue  # what it wants may have changed meanwhile
             try:
                 made = await self._make_pooled(pool)
             except HutchError as exc:
@@ -255,9 +270,10 @@ class Pooling(Sandboxes):
         pool.making = sid  # not listed while it is made
         try:
             # Recorded before it is made, as any create: a crash leaves a row the next start frees.
-            await self.astore.put_sandbox(SandboxRow(
+            row = SandboxRow(
                 id=sid, provider=spec.provider_name, state=SandboxState.CREATING.value,
-                spec=spec.model_dump(), created_at_unix=time.time()))
+                spec=spec.model_dump(), created_at_unix=time.time())
+            await self.astore.put_sandbox(row)
             backend_cls = get_provider(spec.provider_name)
             try:
                 backend = await backend_cls.create(spec.provider, sid)
@@ -269,7 +285,7 @@ class Pooling(Sandboxes):
                 raise
             self._watch(backend_cls)  # its death while it waits is told, as a sandbox's
             backend.runtime.warm()  # its first exec goes over a connection already up
-            return PooledRuntime(sid, backend, pool.name)
+            return PooledRuntime(sid, backend, pool.name, row.version)
         finally:
             pool.making = None
 
