@@ -13,6 +13,7 @@ fails with a clear error instead of waiting forever.
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import io
 import socket
@@ -132,6 +133,7 @@ async def test_an_exec_whose_stream_never_ends_fails_once_its_process_is_gone(
     broken = EngineThatNeverEnds(docker_provider.engine(), lose_exit=lose_exit)
     monkeypatch.setattr(docker_engine, "_api_client", broken)
     monkeypatch.setattr(docker_exec, "EXEC_DRAIN_SECONDS", 1.0)
+    monkeypatch.setattr(docker_exec, "EXEC_DRAIN_LOAD_FACTOR", 1)
     try:
         with anyio.fail_after(60):  # without the guard: forever
             with pytest.raises(hutch.HutchError) as caught:
@@ -153,6 +155,7 @@ async def test_a_quiet_command_and_one_that_closed_its_output_are_waited_for(
 ) -> None:
     # Far past the drain time while the process is there: still waited for.
     monkeypatch.setattr(docker_exec, "EXEC_DRAIN_SECONDS", 0.5)
+    monkeypatch.setattr(docker_exec, "EXEC_DRAIN_LOAD_FACTOR", 1)
     quiet = await sb.exec(["sh", "-c", "sleep 2; echo done"])
     assert (quiet.exit_code, quiet.stdout) == (0, "done\n"), quiet
     # Its stream ends at once; its exit status comes two seconds later.
@@ -194,6 +197,7 @@ async def test_output_still_flowing_after_its_process_is_gone_is_read_whole(
     each cut off with provider_error 15 s after its command ended while its
     bytes were still arriving."""
     monkeypatch.setattr(docker_exec, "EXEC_DRAIN_SECONDS", 1.0)
+    monkeypatch.setattr(docker_exec, "EXEC_DRAIN_LOAD_FACTOR", 1)
     monkeypatch.setattr(docker_engine, "_api_client",
                         EngineWithGaps(docker_provider.engine(), lose_exit=False))
     size = 1 << 20
@@ -208,6 +212,7 @@ async def test_a_reader_that_stalls_past_the_drain_time_still_gets_everything(
     """While the reader is stalled the exec's thread waits for room, not for
     the stream: bytes waiting when it looks again are not a quiet stream."""
     monkeypatch.setattr(docker_exec, "EXEC_DRAIN_SECONDS", 1.0)
+    monkeypatch.setattr(docker_exec, "EXEC_DRAIN_LOAD_FACTOR", 1)
     monkeypatch.setattr(docker_engine, "_api_client",
                         EngineWithGaps(docker_provider.engine(), lose_exit=False))
     size = 2 << 20
@@ -222,3 +227,90 @@ async def test_a_reader_that_stalls_past_the_drain_time_still_gets_everything(
             elif isinstance(event, hutch.ExitStatus):
                 assert event.exit_code == 0, event
     assert got == size
+
+
+class StreamEndedInTurn(StreamHeldOpen):
+    """An exec's hijacked connection that passes on all the Engine sends,
+    then stays open until :class:`EngineWithQueuedExits` ends it."""
+
+    def __init__(self, real: Any) -> None:
+        self.relayed = threading.Event()
+        super().__init__(real)
+
+    def _relay(self, engine_side: socket.socket) -> None:
+        try:
+            super()._relay(engine_side)
+        finally:
+            self.relayed.set()
+
+
+class EngineWithQueuedExits(EngineThatNeverEnds):
+    """The Engine handles a container's exec exits one at a time, each
+    waiting up to 2 s for its stream's copy before it ends the stream and
+    records the exit (moby's ProcessEvent, on a queue per container): with
+    many execs ending together under load, the last one's end comes many
+    seconds after its process's, behind the others'. Here each end takes
+    ``gap`` seconds, in turn."""
+
+    def __init__(self, real: Any, gap: float) -> None:
+        super().__init__(real, lose_exit=False)
+        self.gap = gap
+        self.ended: set[str] = set()
+        self._turn = threading.Lock()
+
+    def exec_start(self, exec_id: Any, *args: Any, **kwargs: Any) -> Any:
+        held = StreamEndedInTurn(self._real.exec_start(exec_id, *args, **kwargs))
+        self.held.append(held)
+        name = exec_id["Id"] if isinstance(exec_id, dict) else str(exec_id)
+        threading.Thread(target=self._end_in_turn, args=(name, held), daemon=True).start()
+        return held
+
+    def _end_in_turn(self, exec_id: str, held: StreamEndedInTurn) -> None:
+        held.relayed.wait(60)
+        while self._real.exec_inspect(exec_id)["Running"]:
+            time.sleep(0.01)
+        with self._turn:
+            time.sleep(self.gap)
+            self.ended.add(exec_id)
+            held.close()
+
+    def exec_inspect(self, exec_id: str) -> Any:
+        state = dict(self._real.exec_inspect(exec_id))
+        if exec_id not in self.ended:
+            state.update(Running=True, ExitCode=None)
+        return state
+
+
+async def test_execs_ending_together_wait_their_turn_for_the_engine(
+    sb: Any, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
+    """Execs of one sandbox that end together have their ends told one at a
+    time: while the Engine goes on ending the sandbox's other execs, an exec
+    whose turn has not come is not one whose exit was lost. Seen in CI under
+    load: seven large outputs at once in one container, one failed 'the
+    Engine still says it runs' 15 s after its process ended."""
+    # Room for the real Engine's own end of the first; the last one's comes
+    # more than twice the drain time after its process's.
+    monkeypatch.setattr(docker_exec, "EXEC_DRAIN_SECONDS", 3.0)
+    monkeypatch.setattr(docker_exec, "EXEC_DRAIN_LOAD_FACTOR", 1)
+    engine = EngineWithQueuedExits(docker_provider.engine(), gap=1.0)
+    monkeypatch.setattr(docker_engine, "_api_client", engine)
+    try:
+        with anyio.fail_after(120):
+            results = await asyncio.gather(*(
+                sb.exec(["sh", "-c", f"echo turn-{n}"]) for n in range(6)))
+    finally:
+        for held in engine.held:
+            held.close()
+    assert [(r.exit_code, r.stdout) for r in results] == [
+        (0, f"turn-{n}\n") for n in range(6)]
+
+
+def test_the_drain_time_stretches_with_the_hosts_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Engine's steps from an exit to its stream's end wait for a CPU as
+    everything does: on an oversubscribed host the drain time is longer, by
+    as much (up to a bound), and never shorter than on an idle one."""
+    monkeypatch.setattr(docker_exec.os, "cpu_count", lambda: 2)
+    for load, stretched in ((0.3, 1.0), (2.0, 1.0), (6.0, 3.0), (24.0, 8.0), (400.0, 8.0)):
+        monkeypatch.setattr(docker_exec.os, "getloadavg", lambda load=load: (load, 0.0, 0.0))
+        assert docker_exec.drain_seconds() == docker_exec.EXEC_DRAIN_SECONDS * stretched, load

@@ -323,3 +323,23 @@ def test_pools_count_toward_the_operators_max_sandboxes(tmp_path: Path) -> None:
             until("the pool fills again", lambda: pool(c, "warm")["ready"] == 2)
     finally:
         d.close()
+
+
+def test_a_pool_killed_with_its_daemon_is_freed_at_the_next_start(tmp_path: Path) -> None:
+    config = tmp_path / "hutch.toml"
+    config.write_text('[pools.warm]\nsize = 2\nprovider = "bubblewrap"\n')
+    d = DaemonProcess(extra_args=["--config", str(config)]).start()
+    try:
+        with hutch.Client(d.url, token=d.token) as c:
+            until("the pool is full", lambda: pool(c, "warm")["ready"] == 2)
+        d.kill()  # no drain: its runtimes and their records stay
+        assert len(left_behind(d)) >= 2
+        d.start()
+        with hutch.Client(d.url, token=d.token) as c:
+            until("the pool is full again", lambda: pool(c, "warm")["ready"] == 2)
+            assert c.list_sandboxes() == []
+        d.stop()
+        # What the killed daemon's pool made was freed at the start; the new one's on stop.
+        assert left_behind(d) == []
+    finally:
+        d.close()

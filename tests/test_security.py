@@ -1,4 +1,5 @@
-"""Tests that try to get out of a docker sandbox, and the daemon's safe defaults."""
+"""Tests that try to get out of a sandbox of every isolating provider (docker
+and bubblewrap on each runtime, gvisor, kubernetes), one sandbox a kind."""
 
 from __future__ import annotations
 
@@ -10,16 +11,23 @@ from typing import Any
 import pytest
 
 import hutch
-from tests.conftest import TEST_IMAGE
+from tests import isolating
+from tests.isolating import kube_standin  # noqa: F401  (a fixture)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]
 
 
-@pytest.fixture
-async def sb(docker_runtime: str) -> AsyncIterator[Any]:
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module", params=isolating.params())
+async def sb(request: pytest.FixtureRequest, anyio_backend: str) -> AsyncIterator[Any]:
+    kind = request.param
+    standin = request.getfixturevalue("kube_standin") if kind == "kubernetes" else None
     async with await hutch.create_sandbox(
-        "docker", image=TEST_IMAGE, runtime=docker_runtime
-    ) as sandbox:
+        **isolating.settings(kind, standin), read_before_write=False) as sandbox:
         yield sandbox
 
 

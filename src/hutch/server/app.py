@@ -160,6 +160,7 @@ def create_app(
             yield
         finally:
             holder.pop("daemon", None)
+            await forwarder.close()
             await daemon.stop()
             restore_watcher()
 

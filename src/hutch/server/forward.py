@@ -16,23 +16,23 @@ import asyncio
 import contextlib
 import json
 import logging
-import socket
 import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
-import httpcore
 import httpx
 
-from .._errors import HutchError
+from .._errors import HutchError, SandboxUnavailable
 from ..daemon import Daemon
 from .asgi import ASGIApp, Message, Receive, Scope, Send, header, render_json
 from .errors import error_json
+from .peers import Peers, PeerUnreachable
 
 log = logging.getLogger("hutch.server")
 
 FORWARDED_HEADER = b"x-hutch-forwarded"
+_FORWARDED_NAME = FORWARDED_HEADER.decode()
 #: Hop-by-hop headers (RFC 9110 §7.6.1) and those the next hop sets itself.
 #: ``host`` goes on as the client gave it: the owner answers as the daemon
 #: the client asked (its base URL in the refs it hands out, the E2B wire's
@@ -81,9 +81,7 @@ class Forwarder:
 
     def __init__(self, daemon: Callable[[], Daemon | None]) -> None:
         self.daemon = daemon
-        self._connections: httpcore.AsyncConnectionPool | None = None
-        #: Each owner's URL, split as httpcore takes it.
-        self._origins: dict[str, tuple[bytes, bytes, int | None, bytes]] = {}
+        self.peers = Peers()
         #: The calls under way, by the daemon they went to.
         self._calls: dict[str, set[_Call]] = {}
         self._watcher: asyncio.Task[None] | None = None
@@ -151,18 +149,9 @@ class Forwarder:
 
         await here(scope, replay, send)
 
-    def _pool(self) -> httpcore.AsyncConnectionPool:
-        # httpcore, under httpx: a forwarded call passes the client's head and
-        # body on as they are, so httpx's request and response models (URL
-        # parsing, header objects) would be cost and nothing else.
-        if self._connections is None:
-            self._connections = httpcore.AsyncConnectionPool(
-                max_connections=512, max_keepalive_connections=64,
-                # No Nagle: a request's head and body go at once, not one
-                # delayed ACK (40 ms) apart.
-                socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
-            )
-        return self._connections
+    async def close(self) -> None:
+        """Close the connections to the other daemons."""
+        await self.peers.close()
 
     async def forward(
         self, daemon: Daemon, served: tuple[str, str], scope: Scope, receive: Receive,
@@ -212,77 +201,45 @@ class Forwarder:
                 except Exception:  # the store's trouble: tried again next time
                     log.exception("could not tell whether daemon %s still answers", owner)
 
-    def _origin(self, target: str) -> tuple[bytes, bytes, int | None, bytes]:
-        origin = self._origins.get(target)
-        if origin is None:
-            split = urllib.parse.urlsplit(target)
-            origin = (split.scheme.encode(), (split.hostname or "").encode(), split.port,
-                      split.netloc.encode())
-            if len(self._origins) > 1000:
-                self._origins.clear()
-            self._origins[target] = origin
-        return origin
-
     async def _forward_http(
         self, target: str, me: str, call: _Call, scope: Scope, receive: Receive, send: Send,
         whole: bytes | None,
     ) -> None:
-        scheme, host, port, netloc = self._origin(target)
         query: bytes = scope.get("query_string", b"")
         path: bytes = scope.get("raw_path") or scope["path"].encode()
-        headers = [(k, v) for k, v in scope["headers"] if k not in _HOP]
-        if not any(k == b"host" for k, _ in headers):
-            headers.append((b"host", netloc))
-        headers.append((FORWARDED_HEADER, me.encode()))
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]
+                   if k not in _HOP]
+        headers.append((_FORWARDED_NAME, me))
         length = header(scope, b"content-length")
-        body: bytes | AsyncIterator[bytes]
+        body: bytes | AsyncIterator[bytes] | None
         if whole is not None:
             body = whole
         elif length is None and header(scope, b"transfer-encoding") is None:
-            body = b""  # none (a GET): never sent chunked, which would cost a round trip
+            body = None  # none (a GET): never sent chunked, which would cost a round trip
         elif length is not None and length.isdigit() and int(length) <= 1 << 20:
             body = await _whole_body(receive)
         else:
             body = _body_stream(receive)
-        if isinstance(body, bytes):
-            if body or length is not None:
-                headers.append((b"content-length", str(len(body)).encode()))
-        else:
-            headers.append((b"transfer-encoding", b"chunked"))
-        request = httpcore.Request(
-            scope["method"].encode(),
-            httpcore.URL(scheme=scheme, host=host, port=port,
-                         target=path + (b"?" + query if query else b"")),
-            headers=headers, content=body, extensions={"timeout": _TIMEOUTS},
-        )
+        url = target + (path + (b"?" + query if query else b"")).decode("latin-1")
         try:
-            answer = await self._pool().handle_async_request(request)
-        except _UNREACHABLE as exc:
-            from .._errors import SandboxUnavailable
-
+            answer = await self.peers.request(scope["method"], url, headers, body)
+        except PeerUnreachable as exc:
             await _refuse(scope, receive, send, SandboxUnavailable(
-                f"the daemon serving it ({target}) cannot be reached: {exc!r}; a live "
+                f"the daemon serving it ({target}) cannot be reached: {exc}; a live "
                 "daemon takes its sandboxes over once its lease lapses"))
             return
         call.started = True
         try:
             await send({
                 "type": "http.response.start", "status": answer.status,
-                "headers": [(k, v) for k, v in answer.headers
+                "headers": [(k, v) for k, v in answer.raw_headers
                             if k.lower() not in _HOP or k.lower() == b"content-length"],
             })
-            async for chunk in answer.aiter_stream():
+            async for chunk in answer.content.iter_any():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b""})
         finally:
-            await answer.aclose()
-
-
-#: A forwarded call's time limits: none to read (an exec may run for hours).
-_TIMEOUTS = {"connect": 10.0, "read": None, "write": 60.0, "pool": 30.0}
-#: What says the owner could not be reached (or its connection broke first).
-_UNREACHABLE = (httpcore.NetworkError, httpcore.TimeoutException, httpcore.ProtocolError,
-                httpcore.UnsupportedProtocol)
+            answer.release()
 
 
 class Forward:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import select
@@ -172,11 +173,46 @@ def _oci_error(message: str, request: ProcessRequest, *, pids_refused: bool) -> 
 #: stream at most 2 s after the exit (cutting off what orphans still hold);
 #: the rest is room for a loaded host. Past it the exec fails, said so.
 EXEC_DRAIN_SECONDS = 15.0
+#: The Engine ends a container's execs one at a time (each may wait 2 s for
+#: its stream's copy), so an exec's end may come long after its process's,
+#: behind the container's other execs: while the Engine goes on ending them,
+#: the drain time runs from its last end, up to this many drain times from
+#: the exec's own end (the bound on a lost exit in a container whose other
+#: execs keep ending).
+EXEC_DRAIN_QUEUE_FACTOR = 10
+#: The most the drain time stretches on a loaded host (see drain_seconds).
+EXEC_DRAIN_LOAD_FACTOR = 8
+
+
+def drain_seconds() -> float:
+    """:data:`EXEC_DRAIN_SECONDS`, stretched by how far the host's run queue
+    is past its CPUs (at most :data:`EXEC_DRAIN_LOAD_FACTOR`-fold): the
+    Engine's steps from an exit to its stream's end (the shim's, containerd's,
+    its own) wait their turn for a CPU like everything else, so on a host
+    twelve times oversubscribed they take many times as long (seen in CI at
+    a load of 24 on 2 CPUs: every exec of a busy container silent 15 s after
+    its process ended, healthy all the same)."""
+    try:
+        load = os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:
+        load = 1.0
+    return EXEC_DRAIN_SECONDS * min(max(load, 1.0), float(EXEC_DRAIN_LOAD_FACTOR))
 #: The longest a quiet exec goes without a look at whether its process is there.
 EXEC_CHECK_MAX_SECONDS = 2.0
 #: Output pieces an exec's reader thread hands on before it waits for them
 #: to be taken: a consumer slower than the command holds this much, not all.
 EXEC_QUEUE_CHUNKS = 16
+
+
+class EngineProgress:
+    """When the Engine last ended an exec's stream in one sandbox (see
+    :data:`EXEC_DRAIN_QUEUE_FACTOR`): its execs' ends are told in turn."""
+
+    def __init__(self) -> None:
+        self.at = 0.0
+
+    def note(self) -> None:
+        self.at = time.monotonic()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -322,7 +358,12 @@ class DockerProcess(FutureExitProcess):
 
     def _drain_deadline(self) -> float:
         assert self._gone_at is not None
-        return max(self._gone_at, self._heard_at) + EXEC_DRAIN_SECONDS
+        own = max(self._gone_at, self._heard_at)
+        drain = drain_seconds()
+        # The Engine still ending the sandbox's other execs is not one that
+        # lost this exec's end: its turn may not have come.
+        queued = max(own, self._sandbox.engine_progress.at)
+        return min(queued, own + drain * (EXEC_DRAIN_QUEUE_FACTOR - 1)) + drain
 
     def _never_ended(self) -> ProviderError:
         info = engine().exec_inspect(self._exec_id)
@@ -334,7 +375,7 @@ class DockerProcess(FutureExitProcess):
         return ProviderError(
             f"docker exec of {name} in sandbox {self._sandbox.sandbox_id}: its process "
             f"{said}, and its output stream stayed open with nothing on it for "
-            f"{EXEC_DRAIN_SECONDS:.0f} s; its output may be incomplete, run it again"
+            f"{drain_seconds():.0f} s; its output may be incomplete, run it again"
         )
 
     def _await_readable(self, poller: select.poll) -> None:
@@ -381,6 +422,7 @@ class DockerProcess(FutureExitProcess):
             while True:
                 header = self._recv_exact(8, poller)
                 if header is None:
+                    self._sandbox.engine_progress.note()
                     break
                 kind, size = header[0], struct.unpack(">I", header[4:])[0]
                 payload = self._recv_exact(size, poller)
@@ -431,7 +473,7 @@ class DockerProcess(FutureExitProcess):
                 raise ProviderError(
                     f"docker exec of {name} in sandbox {self._sandbox.sandbox_id}: its "
                     f"process is gone, but the Engine still says it runs "
-                    f"{EXEC_DRAIN_SECONDS:.0f} s later (it lost its exit): exit status unknown"
+                    f"{drain_seconds():.0f} s later (it lost its exit): exit status unknown"
                 )
             time.sleep(delay)
             delay = min(delay * 2, EXEC_CHECK_MAX_SECONDS)
@@ -502,6 +544,10 @@ class DockerProcess(FutureExitProcess):
 
 class DockerProcesses(DockerProvisioning):
     """Starting, running and killing a docker sandbox's processes."""
+
+    @functools.cached_property
+    def engine_progress(self) -> EngineProgress:
+        return EngineProgress()
 
     # -- processes -----------------------------------------------------------------
     def shell_argv(self, command: str) -> list[str]:

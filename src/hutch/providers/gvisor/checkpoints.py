@@ -29,6 +29,10 @@ IMAGE = "checkpoint.img"
 RELEASE_TIMEOUT = 10.0
 #: How long an agent that said it would let go has before it is signalled.
 ASKED_TIMEOUT = 2.0
+#: How long a restore waits for the stopped sandbox of the same name to go.
+RESTORE_WAIT = 30.0
+#: What runsc says of a restore whose container, or sandbox, is not gone yet.
+_NOT_YET_GONE = ("already exists", "address already in use")
 
 
 class CheckpointBuildMismatch(InvalidState):
@@ -148,16 +152,29 @@ def restore(
     once it does, or once runsc says the container runs: the caller then
     wakes it, see :func:`listening`). Blocking."""
     check_build(directory, f"{container}'s checkpoint")
-    if runsc.state(container) is not None:
-        runsc.remove(container)  # a stopped leftover of the same name
     for stale in (socket_path, socket_path + ".pid"):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(stale)
     with open(socket_path + ".wake", "w"):
         pass
-    runsc.start("restore", "--image-path", directory, "--bundle", bundle_dir, container,
-                container=container, log_path=log_path, what=f"restoring {container}",
-                ready=lambda: listening(socket_path))
+    # The sandbox this container was (a checkpoint's, stopped) gone first.
+    runsc.await_end(container, RESTORE_WAIT)
+    deadline = time.monotonic() + RESTORE_WAIT
+    while True:
+        try:
+            runsc.start("restore", "--image-path", directory, "--bundle", bundle_dir, container,
+                        container=container, log_path=log_path, what=f"restoring {container}",
+                        ready=lambda: listening(socket_path))
+            return
+        except ProviderError as exc:
+            # One started by another process (a daemon before a restart)
+            # may still be stopping: removed, and tried again.
+            if not any(said in str(exc) for said in _NOT_YET_GONE) \
+                    or time.monotonic() >= deadline:
+                raise
+        if runsc.state(container) is not None:
+            runsc.remove(container)
+        time.sleep(0.05)
 
 
 def listening(socket_path: str) -> bool:

@@ -107,6 +107,7 @@ def start(*args: str, container: str, log_path: str, what: str,
     ``ready``: a cheaper sign that it runs (its agent's pid file), looked at
     first; runsc's state is asked too once it has not come for a while."""
     with open(log_path, "ab") as log_file:
+        said_from = log_file.tell()  # what this start says, not an earlier one
         process = subprocess.Popen(
             argv(*args), stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
             start_new_session=True,
@@ -121,19 +122,47 @@ def start(*args: str, container: str, log_path: str, what: str,
             if found is not None and found.get("status") == "running":
                 break
         if process.poll() is not None:
-            raise ProviderError(f"gvisor: {what}: {_tail(log_path)}")
+            raise ProviderError(f"gvisor: {what}: {_tail(log_path, said_from)}")
         if time.monotonic() >= deadline:
             process.kill()
             process.wait()
             raise ProviderError(f"gvisor: {what}: not running after {timeout:g}s")
         time.sleep(0.002 if ready is not None else 0.01)
-    threading.Thread(target=process.wait, name=f"runsc {container}", daemon=True).start()
+    ended = threading.Event()
+    with _parents_lock:
+        _parents[container] = ended
+
+    def reap() -> None:
+        process.wait()
+        ended.set()
+        with _parents_lock:
+            if _parents.get(container) is ended:
+                del _parents[container]
+
+    threading.Thread(target=reap, name=f"runsc {container}", daemon=True).start()
 
 
-def _tail(path: str) -> str:
+#: The runsc that started each container, while it runs: set once it has
+#: ended (the sandbox reaped, gone to its last byte, and the container deleted).
+_parents: dict[str, threading.Event] = {}
+_parents_lock = threading.Lock()
+
+
+def await_end(container: str, timeout: float) -> None:
+    """Until the runsc this process started ``container`` with has ended
+    (a stopped sandbox lets go of its memory and its control socket only
+    then: a big one takes seconds after its checkpoint). Blocking; at once
+    where there is none."""
+    with _parents_lock:
+        ended = _parents.get(container)
+    if ended is not None:
+        ended.wait(timeout)
+
+
+def _tail(path: str, start: int) -> str:
     try:
         with open(path, "rb") as found:
-            found.seek(max(0, os.path.getsize(path) - 2000))
+            found.seek(max(start, os.path.getsize(path) - 2000))
             said = found.read().decode(errors="replace").strip().splitlines()
     except OSError:
         said = []

@@ -126,6 +126,8 @@ class GvisorSandbox(SandboxBackend):
         # Its processes live through a suspend: one waiting (a server, a
         # REPL) lets the sandbox go idle; one working keeps it awake.
         self._agent.busy_means_running = True
+        #: Whether hutch paused it (None: not known, runsc is asked).
+        self._paused: bool | None = None
 
     @property
     def bundle_dir(self) -> str:
@@ -194,6 +196,7 @@ class GvisorSandbox(SandboxBackend):
         try:
             await anyio.to_thread.run_sync(provision)
             await sandbox._await_agent()
+            sandbox._paused = False
             await sandbox._agent.make_dir(config.workdir, True)
         except BaseException:
             await anyio.to_thread.run_sync(lambda: _discard(sandbox_id))
@@ -247,13 +250,17 @@ class GvisorSandbox(SandboxBackend):
 
     async def pause(self) -> None:
         self._agent.drop_connections()
+        self._paused = None
         await runsc.run_async("pause", self.sandbox_id, what=f"pausing {self.sandbox_id}")
+        self._paused = True
 
     async def unpause(self) -> None:
+        self._paused = None
         await runsc.run_async("resume", self.sandbox_id, what=f"unpausing {self.sandbox_id}")
+        self._paused = False
 
     async def suspend(self) -> None:
-        if await self._status() == "paused":
+        if self._paused is not False and await self._status() == "paused":
             await self.unpause()  # the agent lets go of its socket first: it must run
         await self._checkpoint_into(self.checkpoint_dir, fault="suspend.gvisor.checkpointed")
 
@@ -306,6 +313,7 @@ class GvisorSandbox(SandboxBackend):
             # Not woken by its file (an agent of an older build, say): signalled.
             await anyio.to_thread.run_sync(lambda: checkpoints.listen_again(self.sandbox_id))
         await self._await_agent()
+        self._paused = False
 
     # -- snapshots and fork -------------------------------------------------------------
     async def capture(self, snapshot_id: str, *, diff: bool = True) -> ProviderSnapshot:
