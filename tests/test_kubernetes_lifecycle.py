@@ -121,7 +121,8 @@ def test_idle_suspend_through_the_daemon_and_the_next_exec_resumes(
     assert _claims_of(standin, sb.id) == [] and _pods_of(standin, sb.id) == []
 
 
-@pytest.mark.parametrize("how", ["evicted", "deleted", "deleted after a 410"])
+@pytest.mark.parametrize("how", ["evicted", "deleted", "deleted after a 410",
+                                 "suspended, its claim deleted"])
 def test_a_pod_lost_outside_hutch_fails_its_sandbox_with_the_reason(
         standin: KubeStandin, daemon: DaemonProcess, how: str) -> None:
     with hutch.Client(daemon.url, token=daemon.token) as client:
@@ -137,12 +138,18 @@ def test_a_pod_lost_outside_hutch_fails_its_sandbox_with_the_reason(
                 standin.end_watches()
             if how == "evicted":
                 standin.evict(pod, "The node was low on resource: memory.")
+            elif how.startswith("suspended"):
+                sb.suspend()
+                standin.delete_outside("persistentvolumeclaims", _claims_of(standin, sb.id)[0])
             else:
                 standin.delete_outside("pods", pod)
             _wait(lambda: sb.status().state == "failed", f"the sandbox whose pod was {how} failed")
             reason = sb.status().reason or ""
             if how == "evicted":
                 assert "evicted" in reason and "low on resource: memory" in reason, reason
+            elif how.startswith("suspended"):
+                assert f"claim {pod}" in reason and "deleted outside hutch" in reason, reason
+                return
             else:
                 assert f"pod {pod} was deleted outside hutch" in reason, reason
             # Its files stay on the claim until it is deleted.

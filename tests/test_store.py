@@ -81,6 +81,11 @@ def test_an_older_data_dir_is_migrated(tmp_path: Path) -> None:
     store = SQLiteStore(str(path))
     old = store.get_sandbox("sb-old")
     assert old is not None and old.meter == {} and old.deadline_unix is None
+    # A row from before versions were counted is written on from its first.
+    assert old.version == 1
+    old.state = "paused"
+    store.put_sandbox(old)
+    assert old.version == 2
     store.put_sandbox(sandbox_row())
     assert store.get_sandbox("sb-1") is not None
     store.close()

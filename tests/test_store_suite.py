@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,6 +28,7 @@ from hutch.store import (
     SQLiteStore,
     Store,
     WorkspaceRow,
+    WriteConflict,
 )
 from tests import postgres_fixture
 
@@ -476,3 +478,110 @@ def test_lapsed_workspaces_and_snapshots_are_taken_over_at_once(open_store: Open
     assert ws is not None and (ws.owner, ws.epoch) == ("d-live", 2)
     live.delete_snapshot("snap-1")
     assert live.get_snapshot("snap-1") is None
+
+
+def owned_rows() -> list[tuple[str, Callable[[], SandboxRow | WorkspaceRow | SnapshotRow]]]:
+    return [
+        ("sandbox", sandbox_row),
+        ("workspace", lambda: WorkspaceRow(name="ws", status="running", provider="docker",
+                                           spec={})),
+        ("snapshot", lambda: SnapshotRow(id="snap-1", provider="docker", status="ready")),
+    ]
+
+
+def _put(store: Store, row: SandboxRow | WorkspaceRow | SnapshotRow) -> None:
+    if isinstance(row, SandboxRow):
+        store.put_sandbox(row)
+    elif isinstance(row, WorkspaceRow):
+        store.put_workspace(row)
+    else:
+        store.put_snapshot(row)
+
+
+def _get(store: Store, row: SandboxRow | WorkspaceRow | SnapshotRow) -> Any:
+    if isinstance(row, SandboxRow):
+        return store.get_sandbox(row.id)
+    if isinstance(row, WorkspaceRow):
+        return store.get_workspace(row.name)
+    return store.get_snapshot(row.id)
+
+
+@pytest.mark.parametrize("fenced", [False, True], ids=["unfenced", "one-daemon"])
+@pytest.mark.parametrize("kind", ["sandbox", "workspace", "snapshot"])
+def test_a_write_from_a_stale_read_is_refused_not_lost(
+    open_store: OpenStore, kind: str, fenced: bool,
+) -> None:
+    """Two writers read one row, each changes it: the second write is a
+    compare and set on the version it read, refused (typed) for the first
+    one's change, which stays; read again, its own change goes on top."""
+    one, two = open_store(), open_store()
+    if fenced:  # two tasks of one daemon: the same owner, the same epoch
+        one.act_as("d-1", 30)
+        two.act_as("d-1", 30)
+    made = dict(owned_rows())[kind]()
+    _put(one, made)
+    first, second = _get(one, made), _get(two, made)
+    assert first.version == second.version == 1
+    first.spec = {"by": "first"}
+    _put(one, first)
+    assert first.version == 2
+    second.spec = {"by": "second"}
+    with pytest.raises(WriteConflict, match="changed since"):
+        _put(two, second)
+    kept = _get(one, made)
+    assert (kept.spec, kept.version) == ({"by": "first"}, 2), "the first write stays whole"
+    again = _get(two, made)
+    again.spec = {**again.spec, "and": "second"}
+    _put(two, again)
+    final = _get(one, made)
+    assert (final.spec, final.version) == ({"by": "first", "and": "second"}, 3)
+    # A row made again from nothing over a stored one replaces nothing.
+    with pytest.raises(WriteConflict, match="exists"):
+        _put(two, dict(owned_rows())[kind]())
+    # A write of a row removed since it was read does not bring it back.
+    if isinstance(made, SandboxRow):
+        one.delete_sandbox(made.id)
+    elif isinstance(made, WorkspaceRow):
+        one.delete_workspace(made.name)
+    else:
+        one.delete_snapshot(made.id)
+    with pytest.raises(WriteConflict, match="removed"):
+        _put(two, final)
+    assert _get(one, made) is None
+
+
+def test_writers_racing_on_one_row_lose_no_update(open_store: OpenStore) -> None:
+    """Writers on several threads and stores each count their own key up in
+    one sandbox row's meter, read-modify-write, again on a conflict: every
+    count is there at the end (a whole-row replacement would lose some)."""
+    first = open_store()
+    first.put_sandbox(sandbox_row())
+    writers, rounds = 4, 15
+    stores = [open_store() for _ in range(writers)]
+    go = threading.Barrier(writers)
+    conflicts: list[int] = []
+
+    def count(store: Store, name: str) -> None:
+        go.wait()
+        for _ in range(rounds):
+            while True:
+                row = store.get_sandbox("sb-1")
+                assert row is not None
+                row.meter[name] = row.meter.get(name, 0) + 1
+                try:
+                    store.put_sandbox(row)
+                    break
+                except WriteConflict:
+                    conflicts.append(1)
+
+    threads = [threading.Thread(target=count, args=(s, f"w{i}"))
+               for i, s in enumerate(stores)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    final = first.get_sandbox("sb-1")
+    assert final is not None
+    assert {k: v for k, v in final.meter.items() if k.startswith("w")} == {
+        f"w{i}": rounds for i in range(writers)}
+    assert final.version == 1 + writers * rounds

@@ -170,13 +170,11 @@ MAKERS: dict[str, tuple[Maker, bool, list[pytest.MarkDecorator]]] = {
     "ssh": (_ssh, True, []),
     "gvisor": (_gvisor, False, [pytest.mark.docker]),
     "e2b": (_e2b, False, [pytest.mark.docker]),
+    # Against tests/kube_standin.py: a pod (a docker container) and a claim
+    # (a docker volume) per case, about 2 s of a worker's time each.
+    "kubernetes": (_kubernetes, False, [pytest.mark.docker]),
 }
 
-# kubernetes (against tests/kube_standin.py) runs the whole suite only when
-# named in HUTCH_CONFORMANCE_PROVIDERS: a pod per case costs minutes on CI's
-# two cores; tests/test_kubernetes.py covers it on every run.
-if "kubernetes" in os.environ.get("HUTCH_CONFORMANCE_PROVIDERS", "").split(","):
-    MAKERS["kubernetes"] = (_kubernetes, False, [pytest.mark.docker])
 
 # Remote makers (through hutch.Client / AsyncClient against a live daemon) are
 # added by tests/conformance/remote.py when the daemon is available.

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import atexit
 import inspect
-import os
 import shutil
 import tempfile
 from collections.abc import AsyncIterator
@@ -270,7 +269,5 @@ REMOTE_MAKERS: dict[str, tuple[Any, bool, list[pytest.MarkDecorator]]] = {
     "remote-docker": (_remote_docker_agent, True, [pytest.mark.docker]),
     "remote-ssh": (_remote_ssh, True, []),
     "remote-gvisor": (_remote_gvisor, False, [pytest.mark.docker]),
+    "remote-kubernetes": (_remote_kubernetes, False, [pytest.mark.docker]),
 }
-# As in-process kubernetes: only when named in HUTCH_CONFORMANCE_PROVIDERS.
-if "remote-kubernetes" in os.environ.get("HUTCH_CONFORMANCE_PROVIDERS", "").split(","):
-    REMOTE_MAKERS["remote-kubernetes"] = (_remote_kubernetes, False, [pytest.mark.docker])

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import BaseModel
@@ -42,8 +42,10 @@ from ..store import (
     SQLiteStore,
     Store,
     WorkspaceRow,
+    WriteConflict,
 )
 from .common import (
+    CONFLICT_TRIES,
     DEFAULT_RETENTION_SECONDS,
     AttachedSession,
     default_data_dir,
@@ -171,24 +173,29 @@ class DaemonBase:
     ) -> None:
         """Write a transition durably; the engine acknowledges it only after this."""
         birth = self._births.pop(sandbox_id, None) if old is SandboxState.CREATING else None
-        row = birth[0] if birth is not None else await self.astore.get_sandbox(sandbox_id)
         sandbox = self.sandboxes.get(sandbox_id)
-        if row is None:
-            return
-        row.state, row.reason = new.value, reason
-        if sandbox is not None:
-            row.description = backend_of(sandbox).describe()
-            self._snapshot(row, sandbox)
+
+        def transition(row: SandboxRow) -> bool:
+            row.state, row.reason = new.value, reason
+            if sandbox is not None:
+                row.description = backend_of(sandbox).describe()
+                self._snapshot(row, sandbox)
+            return True
+
         event = ("transition", f"{old.value} -> {new.value}" + (f" ({reason})" if reason else ""))
         # The row and its events in one transaction; StoreUnavailable if the
         # store cannot keep them, and then the engine undoes the transition.
         try:
-            await self.astore.put_sandbox(row, event, *(birth[1] if birth is not None else ()))
+            row = await self._rewrite_sandbox(
+                sandbox_id, transition, event, *(birth[1] if birth is not None else ()),
+                known=birth[0] if birth is not None else None)
         except OwnershipLost as exc:
             # Another daemon serves it now (this one stalled past its lease):
             # nothing of it is this daemon's to act on any more.
             self._forget_lost(sandbox_id, str(exc))
             raise
+        if row is None:
+            return
         # Durable from here: nothing below may undo it.
         self.metrics.transition(row.provider, old, new, reason)
         if sandbox_id in self._leftovers and new is not SandboxState.PAUSED:
@@ -210,6 +217,31 @@ class DaemonBase:
                 except StoreUnavailable as exc:
                     # The next start finds the workspace's sandbox ended and marks it stale.
                     log.warning("workspace %s: could not record it stale: %s", row.workspace, exc)
+
+    async def _rewrite_sandbox(
+        self, sandbox_id: str, change: Callable[[SandboxRow], bool],
+        *events: tuple[str, str], known: SandboxRow | None = None,
+    ) -> SandboxRow | None:
+        """Make ``change`` on the sandbox's row, ``known`` (as this daemon
+        last wrote it) or as the store has it, and write it (with
+        ``events``) as a compare and set: read again and made again while
+        another write (a deadline set meanwhile) came between. The row as
+        written (not written if ``change`` said it changed nothing), or None
+        when there is none."""
+        for _ in range(CONFLICT_TRIES):
+            row = known if known is not None else await self.astore.get_sandbox(sandbox_id)
+            known = None
+            if row is None:
+                return None
+            if not change(row):
+                return row
+            try:
+                await self.astore.put_sandbox(row, *events)
+            except WriteConflict:
+                continue
+            return row
+        raise WriteConflict(f"sandbox {sandbox_id} changed under each of {CONFLICT_TRIES} "
+                            "writes of it; not written")
 
     async def _salvage_failed_workspace(self, row: SandboxRow, sandbox: Sandbox) -> None:
         """A workspace's sandbox whose runtime died outside hutch kept its

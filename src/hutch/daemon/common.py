@@ -48,6 +48,9 @@ SETTING_UP = "definition_setups"
 REF_USE_EVENT_SECONDS = 60.0
 #: The git sources an API client may give a definition (nothing on the host).
 REMOTE_GIT_SCHEMES = ("https://", "http://", "git://")
+#: How many times a change of a row is read and made again while other
+#: writes of it come between (each a compare and set on its version).
+CONFLICT_TRIES = 20
 #: How soon a change the store could not keep (a runtime's death) is recorded again.
 STORE_RETRY_SECONDS = 2.0
 #: A runtime's notices of a sandbox (not deaths) that say the same with

@@ -270,9 +270,10 @@ class Pooling(Sandboxes):
         pool.making = sid  # not listed while it is made
         try:
             # Recorded before it is made, as any create: a crash leaves a row the next start frees.
-            await self.astore.put_sandbox(SandboxRow(
+            row = SandboxRow(
                 id=sid, provider=spec.provider_name, state=SandboxState.CREATING.value,
-                spec=spec.model_dump(), created_at_unix=time.time()))
+                spec=spec.model_dump(), created_at_unix=time.time())
+            await self.astore.put_sandbox(row)
             backend_cls = get_provider(spec.provider_name)
             try:
                 backend = await backend_cls.create(spec.provider, sid)
@@ -284,7 +285,7 @@ class Pooling(Sandboxes):
                 raise
             self._watch(backend_cls)  # its death while it waits is told, as a sandbox's
             backend.runtime.warm()  # its first exec goes over a connection already up
-            return PooledRuntime(sid, backend, pool.name)
+            return PooledRuntime(sid, backend, pool.name, row.version)
         finally:
             pool.making = None
 

@@ -50,6 +50,8 @@ class PooledRuntime:
     sandbox_id: str
     backend: SandboxBackend
     pool: str
+    #: The version its row was written at (the next write compares it).
+    version: int = 1
 
 
 class Sandboxes(Refs):
@@ -89,6 +91,9 @@ class Sandboxes(Refs):
             base_snapshot_id=from_snapshot.id if from_snapshot else None,
             origin_snapshot_id=from_snapshot.id if from_snapshot else None,
         )
+        if pooled is not None:
+            # Its row was written as the pool made it: the running one follows on that.
+            row.version = pooled.version
         backend_cls = get_provider(spec.provider_name)
         if pooled is None:
             # Intent first: a daemon killed mid-create finds this row and

@@ -28,6 +28,7 @@ from ..config import OPTION_KEYS, SandboxSpec
 from ..providers.registry import get_provider
 from ..states import SnapshotStatus
 from ..store import (
+    SandboxRow,
     SnapshotRow,
 )
 from .common import (
@@ -100,10 +101,13 @@ class Snapshots(Pooling):
         """Make ``snapshot_id`` the state ``sandbox`` stands on (the parent of
         its next snapshot), in memory and in its record."""
         sandbox.base_snapshot_id = snapshot_id
-        sandbox_row = await self.astore.get_sandbox(sandbox.id)
-        if sandbox_row is not None and sandbox_row.base_snapshot_id != snapshot_id:
-            sandbox_row.base_snapshot_id = snapshot_id
-            await self.astore.put_sandbox(sandbox_row)
+
+        def name_base(row: SandboxRow) -> bool:
+            changed = row.base_snapshot_id != snapshot_id
+            row.base_snapshot_id = snapshot_id
+            return changed
+
+        await self._rewrite_sandbox(sandbox.id, name_base)
 
     async def _undo_snapshot(
         self, row: SnapshotRow, sandbox: Sandbox, previous_base: str | None

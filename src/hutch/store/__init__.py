@@ -17,13 +17,14 @@ from .base import (
     SnapshotRow,
     Store,
     WorkspaceRow,
+    WriteConflict,
 )
 from .sqlite import SQLiteStore
 
 __all__ = [
     "AsyncStore", "DaemonRow", "DefinitionRow", "InstanceRow", "OwnershipLost", "RefRow",
-    "SQLiteStore", "SandboxRow", "SnapshotRow", "Store", "WorkspaceRow", "check_store_location",
-    "open_store", "reach_store",
+    "SQLiteStore", "SandboxRow", "SnapshotRow", "Store", "WorkspaceRow", "WriteConflict",
+    "check_store_location", "open_store", "reach_store",
 ]
 
 _POSTGRES_SCHEMES = ("postgresql://", "postgres://")

@@ -116,6 +116,14 @@ class OwnershipLost(StoreUnavailable):
     writer stops serving the row (without touching its runtime)."""
 
 
+class WriteConflict(StoreUnavailable):
+    """A write of a sandbox, workspace or snapshot row from a version another
+    writer has changed since it was read (or of a new row whose key is taken,
+    or of a row removed since): refused, nothing of it kept, the other
+    writer's change whole. The writer reads the row again and makes its
+    change on that (or reports the conflict)."""
+
+
 class StoreCallOnLoop(RuntimeError):
     """A store call made on the thread running an event loop, while
     ``HUTCH_STORE_OFF_LOOP_CHECK`` asks for them to be refused: a bug (the
@@ -292,7 +300,14 @@ class Store(abc.ABC):
     # -- sandboxes ---------------------------------------------------------------------
     @abc.abstractmethod
     def put_sandbox(self, row: SandboxRow, *events: tuple[str, str]) -> None:
-        """Insert or replace a sandbox row, durably; sets ``updated_at_unix``.
+        """Write a sandbox row, durably, as a compare and set; sets
+        ``updated_at_unix``, and the row's version (counted up), owner,
+        lease and epoch as written. A new row (``version`` 0) is inserted
+        only where none is stored; a stored one is written only from the
+        version the writer read: another write since, a row removed since or
+        a key taken is ``WriteConflict`` (read it again, make the change on
+        that); a row another daemon owns, or whose lease lapsed, is
+        ``OwnershipLost``.
 
         ``events`` (each a kind and a message) are logged for the sandbox, in
         order, in the same transaction: the row and they are kept, or none.
@@ -302,7 +317,8 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def put_sandboxes(self, rows: Sequence[SandboxRow]) -> None:
-        """Insert or replace many rows in one durable transaction."""
+        """Write many rows (each as :meth:`put_sandbox` does) in one durable
+        transaction: all of them, or none."""
 
     @abc.abstractmethod
     def set_sandbox_deadline(self, sandbox_id: str, deadline_unix: float | None) -> None:
@@ -325,7 +341,8 @@ class Store(abc.ABC):
 
     # -- workspaces --------------------------------------------------------------------
     @abc.abstractmethod
-    def put_workspace(self, row: WorkspaceRow) -> None: ...
+    def put_workspace(self, row: WorkspaceRow) -> None:
+        """Write a workspace row, durably, as a compare and set (see :meth:`put_sandbox`)."""
 
     @abc.abstractmethod
     def get_workspace(self, name: str) -> WorkspaceRow | None: ...
@@ -339,7 +356,7 @@ class Store(abc.ABC):
     # -- snapshots ---------------------------------------------------------------------
     @abc.abstractmethod
     def put_snapshot(self, row: SnapshotRow) -> None:
-        """Insert or replace a snapshot row, durably."""
+        """Write a snapshot row, durably, as a compare and set (see :meth:`put_sandbox`)."""
 
     @abc.abstractmethod
     def get_snapshot(self, snapshot_id: str) -> SnapshotRow | None: ...

@@ -169,6 +169,10 @@ CREATE TABLE daemons (
 CREATE TRIGGER daemons_changed AFTER INSERT OR UPDATE OR DELETE ON daemons
     FOR EACH STATEMENT EXECUTE FUNCTION hutch_notify_change();
 """),
+    # Writes compare and set on the version: a stored row is at version 1 at
+    # least (0 is a row not stored yet).
+    (4, "".join(f"UPDATE {table} SET version = 1 WHERE version = 0;\n"
+                for table in ("sandboxes", "workspaces", "snapshots"))),
 )
 
 #: The advisory lock migrations run under (any fixed number; "hutch" in ASCII).

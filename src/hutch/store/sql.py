@@ -37,6 +37,7 @@ from .base import (
     SnapshotRow,
     Store,
     WorkspaceRow,
+    WriteConflict,
     check_fence,
     holder_alive,
 )
@@ -158,49 +159,71 @@ class SQLStore(Store):
     def _fenced_put(self, db: Executor, table: str, key: str, columns: Sequence[str],
                     row: SandboxRow | WorkspaceRow | SnapshotRow) -> None:
         """Write ``row`` (a sandbox, workspace or snapshot) as a compare and
-        set on its owner, epoch and lease: a new row is the writer's; an
-        existing one is written only by its owner within its lease, from
-        the epoch it read (``check_fence``), its version counted up."""
+        set, never a whole-row replacement: a new row (``version`` 0) only
+        where none is stored; a stored one only from the version the writer
+        read (``WriteConflict`` otherwise), and, for a daemon, only by its
+        owner within its lease from the epoch it read (``check_fence``:
+        ``OwnershipLost``). Its version is counted up, and ``row`` updated
+        to what was written."""
         values = self._values(row, columns)
         ident = getattr(row, key)
+        what = f"{table[:-1]} {ident}"
         found = db.execute(
             f"SELECT owner, epoch, version, lease_expires_at_unix, {self.now_sql} AS now "
             f"FROM {table} WHERE {key} = ?{self.for_update}", (ident,)).fetchone()
-        sets = ", ".join(f"{c} = ?" for c in columns[1:])
-        if self.writer is None:  # unfenced: a program in-process, or a test
-            if found is None:
-                db.execute(f"INSERT INTO {table} ({', '.join((*columns, *OWNED_COLUMNS))}) "
-                           f"VALUES ({marks(columns)}, ?, ?, ?, 1)",
-                           (*values, row.owner, row.lease_expires_at_unix, row.epoch))
-                row.version = 1
-            else:
-                db.execute(f"UPDATE {table} SET {sets}, version = version + 1 "
-                           f"WHERE {key} = ?", (*values[1:], ident))
-                row.owner, row.lease_expires_at_unix, row.epoch, row.version = (
-                    found["owner"], found["lease_expires_at_unix"], found["epoch"],
-                    found["version"] + 1)
-            return
         if found is None:
-            epoch = max(row.epoch, 1)
-            inserted = db.execute(
-                f"INSERT INTO {table} ({', '.join((*columns, *OWNED_COLUMNS))}) "
-                f"VALUES ({marks(columns)}, ?, {self.now_sql} + ?, ?, 1) "
-                f"ON CONFLICT ({key}) DO NOTHING RETURNING lease_expires_at_unix",
-                (*values, self.writer, self.lease_seconds, epoch)).fetchone()
-            if inserted is None:
-                raise OwnershipLost(f"{table[:-1]} {ident} was made by another daemon at once")
-            row.owner, row.epoch, row.version = self.writer, epoch, 1
-            row.lease_expires_at_unix = inserted["lease_expires_at_unix"]
+            if row.version:
+                raise WriteConflict(f"{what} was removed since it was read "
+                                    f"(at version {row.version})")
+            self._insert(db, table, key, columns, row, values)
             return
-        check_fence(f"{table[:-1]} {ident}", self.writer, found, row, found["now"])
-        epoch = found["epoch"] or 1
+        if self.writer is not None:
+            check_fence(what, self.writer, found, row, found["now"])
+        if not row.version:
+            raise WriteConflict(f"{what} exists already (version {found['version']}): "
+                                "another writer made it")
+        if row.version != found["version"]:
+            raise WriteConflict(f"{what} changed since it was read (version {row.version}, "
+                                f"now {found['version']}): read it again")
+        sets = ", ".join(f"{c} = ?" for c in columns[1:])
+        params: tuple[Any, ...] = ()
+        if self.writer is None:  # unfenced (a program in-process, a test): owner kept
+            owned = ""
+        else:
+            owned = f", owner = ?, epoch = ?, lease_expires_at_unix = {self.now_sql} + ?"
+            params = (self.writer, found["epoch"] or 1, self.lease_seconds)
         done = db.execute(
-            f"UPDATE {table} SET {sets}, owner = ?, epoch = ?, version = version + 1, "
-            f"lease_expires_at_unix = {self.now_sql} + ? WHERE {key} = ? "
-            "RETURNING version, lease_expires_at_unix",
-            (*values[1:], self.writer, epoch, self.lease_seconds, ident)).fetchone()
-        row.owner, row.epoch, row.version = self.writer, epoch, done["version"]
-        row.lease_expires_at_unix = done["lease_expires_at_unix"]
+            f"UPDATE {table} SET {sets}{owned}, version = version + 1 "
+            f"WHERE {key} = ? AND version = ? "
+            "RETURNING owner, lease_expires_at_unix, epoch, version",
+            (*values[1:], *params, ident, row.version)).fetchone()
+        if done is None:  # not for a locked row; said rather than assumed
+            raise WriteConflict(f"{what} changed while it was written: read it again")
+        row.owner, row.lease_expires_at_unix, row.epoch, row.version = (
+            done["owner"], done["lease_expires_at_unix"], done["epoch"], done["version"])
+
+    def _insert(self, db: Executor, table: str, key: str, columns: Sequence[str],
+                row: SandboxRow | WorkspaceRow | SnapshotRow, values: tuple[Any, ...]) -> None:
+        """A new owned row, the writer's (unfenced: as ``row`` says), at version 1."""
+        params: tuple[Any, ...]
+        if self.writer is None:
+            owned, params = "?, ?, ?", (row.owner, row.lease_expires_at_unix, row.epoch)
+        else:
+            owned = f"?, {self.now_sql} + ?, ?"
+            params = (self.writer, self.lease_seconds, max(row.epoch, 1))
+        done = db.execute(
+            f"INSERT INTO {table} ({', '.join((*columns, *OWNED_COLUMNS))}) "
+            f"VALUES ({marks(columns)}, {owned}, 1) ON CONFLICT ({key}) DO NOTHING "
+            "RETURNING owner, lease_expires_at_unix, epoch, version",
+            (*values, *params)).fetchone()
+        if done is None:
+            if self.writer is not None:
+                raise OwnershipLost(f"{table[:-1]} {getattr(row, key)} was made by another "
+                                    "daemon at once")
+            raise WriteConflict(f"{table[:-1]} {getattr(row, key)} was made by another writer "
+                                "at once")
+        row.owner, row.lease_expires_at_unix, row.epoch, row.version = (
+            done["owner"], done["lease_expires_at_unix"], done["epoch"], done["version"])
 
     def _fence_only(self, db: Executor, table: str, key: str, ident: str) -> bool:
         """Whether the row is stored; refused (``OwnershipLost``) if the

@@ -207,6 +207,10 @@ class SQLiteStore(SQLStore):
                 for name, decl in columns.items():
                     if name not in have:
                         self._db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
+            for table in ("sandboxes", "workspaces", "snapshots"):
+                # A row stored before versions were counted is at its first:
+                # version 0 is a row not stored yet (see SQLStore._fenced_put).
+                self._db.execute(f"UPDATE {table} SET version = 1 WHERE version = 0")
             self._db.execute("COMMIT")
         except BaseException:
             self._db.execute("ROLLBACK")

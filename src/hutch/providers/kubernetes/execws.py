@@ -175,6 +175,11 @@ class ExecSession(FutureExitProcess):
             return rest
         return data
 
+    @property
+    def closes_stdin(self) -> bool:
+        """Whether the command can be told its stdin ended (v5; v4 cannot)."""
+        return self._v5
+
     async def read(self) -> OutputChunk | None:
         item = await self._queue.get()
         if item is None:
@@ -201,6 +206,11 @@ class ExecSession(FutureExitProcess):
         """The WebSocket closed, whatever runs: the API server ends the
         command's streams (it reads the end of its stdin)."""
         if self._pump_task is not None and not self._pump_task.done():
+            if self._ws is not None:
+                # A close frame first: the server ends its side at once
+                # rather than wait out its close timeout for one.
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self._ws.close(), 2)
             self._pump_task.cancel()
             with contextlib.suppress(BaseException):
                 await self._pump_task

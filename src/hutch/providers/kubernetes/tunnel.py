@@ -214,8 +214,12 @@ class AgentTunnel:
         """The relay's exec ended, every connection with it."""
         self.up = False
         self.reason = "closed"
-        with contextlib.suppress(Exception):
-            await self._session.close_stdin()
+        if self._session.closes_stdin:
+            with contextlib.suppress(Exception):
+                await self._session.close_stdin()
+                # The relay ends at the end of its stdin, and the exec with
+                # it; v4 cannot say so: the WebSocket is closed from here.
+                await asyncio.wait_for(asyncio.shield(self._reader), 2)
         self._reader.cancel()
         with contextlib.suppress(BaseException):
             await self._reader
