@@ -4,6 +4,7 @@ suspend, and checkpoints tied to the runsc build that wrote them."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -14,6 +15,7 @@ import anyio
 import pytest
 
 import hutch
+from hutch._errors import ProviderError
 from hutch._sandbox import backend_of
 from hutch.providers.gvisor.checkpoints import META, CheckpointBuildMismatch
 from hutch.providers.gvisor.sandbox import snapshots_dir
@@ -301,3 +303,17 @@ async def test_a_process_at_work_keeps_the_sandbox_awake_one_waiting_does_not() 
             await anyio.sleep(0.1)
         assert sb.status().state.value == "suspended"
         assert (await sb.exec("pgrep -x sleep")).exit_code == 0  # it was kept
+
+
+async def test_an_agent_told_to_let_go_from_inside_is_woken_by_the_next_call(
+    sandbox: Any,
+) -> None:
+    # Root in the sandbox can signal its pid 1 (the agent), which then lets
+    # go of its socket as before a checkpoint: hutch's next call wakes it.
+    # (The call that sends it loses its own connection with the rest.)
+    with contextlib.suppress(ProviderError):
+        await sandbox.exec("kill -USR1 1")
+    assert (await sandbox.exec("echo still here")).stdout == "still here\n"
+    with contextlib.suppress(ProviderError):
+        await sandbox.exec("kill -USR1 1; kill -USR2 1; kill -USR1 1")
+    assert (await sandbox.exec("echo and here")).stdout == "and here\n"

@@ -55,9 +55,13 @@ def size_of(directory: str) -> int:
     return total
 
 
-def listen_again(container: str) -> None:
+def listen_again(container: str, socket_path: str) -> None:
     """The agent (pid 1) listening on its socket again (blocking; the caller
-    waits for its answer)."""
+    waits for its answer). A socket file it left (not always removable from
+    inside) is removed first: it would be in the way."""
+    if not listening(socket_path):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(socket_path)
     runsc.run("kill", container, "USR2", what=f"waking {container}'s agent")
 
 

@@ -227,14 +227,21 @@ class GvisorSandbox(SandboxBackend):
             )
         if status == "paused":
             raise SandboxUnavailable(f"gvisor sandbox {self.sandbox_id} is paused")
-        if status == "running" and not os.path.lexists(self.agent_socket):
+        if status == "running" and not checkpoints.listening(self.agent_socket):
             # Let go for a checkpoint, or restored, by a hutch that died
-            # before it asked the agent to listen again: it is asked now
-            # (its processes were kept throughout).
-            await anyio.to_thread.run_sync(lambda: checkpoints.listen_again(self.sandbox_id))
+            # before it asked the agent to listen again, or asked to let go
+            # from inside (root there can signal it): it is asked now (its
+            # processes were kept throughout).
+            await self._wake_agent()
             await self._await_agent()
             return True
         return False
+
+    async def _wake_agent(self) -> None:
+        """The agent asked to listen again (a signal)."""
+        await anyio.to_thread.run_sync(
+            lambda: checkpoints.listen_again(self.sandbox_id, self.agent_socket)
+        )
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "sandbox_dir": self.sandbox_dir}
@@ -292,7 +299,7 @@ class GvisorSandbox(SandboxBackend):
         if await self._status() != "running":
             return
         with contextlib.suppress(ProviderError):
-            await anyio.to_thread.run_sync(lambda: checkpoints.listen_again(self.sandbox_id))
+            await self._wake_agent()
             await self._await_agent()
 
     async def resume(self) -> None:
@@ -311,7 +318,7 @@ class GvisorSandbox(SandboxBackend):
             fault_point(fault)
         if not checkpoints.listening(self.agent_socket):
             # Not woken by its file (an agent of an older build, say): signalled.
-            await anyio.to_thread.run_sync(lambda: checkpoints.listen_again(self.sandbox_id))
+            await self._wake_agent()
         await self._await_agent()
         self._paused = False
 
