@@ -724,5 +724,6 @@ def shared() -> KubeStandin:
         fd, path = tempfile.mkstemp(prefix="hutch-kubeconfig-")
         os.close(fd)
         _shared.write_kubeconfig(path)
-        atexit.register(os.unlink, path)
+        # The run's temporary directory may be gone first (conftest removes it).
+        atexit.register(lambda: os.path.exists(path) and os.unlink(path))
     return _shared

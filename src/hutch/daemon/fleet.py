@@ -59,8 +59,10 @@ class Fleet(Reconciling):
     #: The fleet's daemons as last read, and when (monotonic).
     _fleet: dict[str, DaemonRow] = {}  # replaced, never changed in place
     _fleet_read = 0.0
-    #: sandbox id -> (the other daemon serving it, or None, when read (monotonic)):
-    #: forwarding looks it up in the store at most this often.
+    #: sandbox id -> (the other daemon serving it, or None, when read
+    #: (monotonic)): forwarding trusts another daemon's ownership while that
+    #: daemon's registration holds (for a lease at most, and until a
+    #: takeover is seen), so a forwarded call costs no read of the store.
     _owners: dict[str, tuple[str | None, float]]
 
     async def _join_fleet(self) -> None:
@@ -109,7 +111,10 @@ class Fleet(Reconciling):
         for kind in ("workspace", "snapshot"):
             for key in await self.astore.take_over_lapsed(kind):
                 log.info("took over %s %s: its daemon's lease lapsed", kind, key)
-        for row in await self.astore.lapsed_sandboxes():
+        lapsed = await self.astore.lapsed_sandboxes()
+        if lapsed:
+            self._owners = {}  # some change hands now: forwarding reads their owners again
+        for row in lapsed:
             if not await self.astore.take_over("sandbox", row.id):
                 continue  # another live daemon did
             taken = await self.astore.get_sandbox(row.id)
@@ -166,9 +171,17 @@ class Fleet(Reconciling):
             if key in self.sandboxes:
                 return None
             cached = self._owners.get(key)
-            if cached is not None and time.monotonic() - cached[1] < _OWNER_SECONDS:
-                owner = cached[0]
-                return None if owner is None else (owner, await self.daemon_url(owner))
+            if cached is not None:
+                owner, age = cached[0], time.monotonic() - cached[1]
+                if owner is None and age < _NOBODY_SECONDS:
+                    return None
+                if owner is not None and age < self.store.lease_seconds:
+                    # Another daemon's sandbox stays its own while its
+                    # registration holds: it changes hands only once that lapses.
+                    try:
+                        return owner, await self.daemon_url(owner)
+                    except SandboxUnavailable:
+                        pass  # lapsed: whoever took it over is read below
             row = await self.astore.get_sandbox(key)
             owner = None if row is None or row.state in FINAL or self._own(row.owner) \
                 else row.owner
@@ -214,9 +227,9 @@ class Fleet(Reconciling):
         return known.url
 
 
-#: How long forwarding trusts a sandbox's owner as read (a takeover within
-#: it: the old owner answers not found, or the call waits for its lapse).
-_OWNER_SECONDS = 1.0
+#: How long forwarding trusts that a sandbox is nobody else's (this
+#: daemon's, ended, or unknown) as read: it answers those itself, from the store.
+_NOBODY_SECONDS = 1.0
 #: A lease (seconds) that does not lapse in practice (about 30 years).
 _NEVER_LAPSES = 1e9
 #: A request path's first part -> the kind of row its second names.

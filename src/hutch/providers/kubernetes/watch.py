@@ -97,6 +97,7 @@ class _Seen:
         if kind == "DELETED":
             self.objects.pop(uid, None)
             self.gone(uid, sandbox, name)
+            self.told.discard(uid)  # a uid is never seen again once deleted
             return
         self.objects[uid] = (sandbox, name)
         if self.kind == "pods":
@@ -119,6 +120,7 @@ class _Seen:
             if uid not in now:
                 del self.objects[uid]
                 self.gone(uid, sandbox, name)
+                self.told.discard(uid)
         for item in items:
             self.event("ADDED", item)
 
