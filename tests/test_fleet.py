@@ -306,3 +306,43 @@ def test_a_stalled_daemon_s_late_writes_are_refused(fleet: list[DaemonProcess]) 
     wait_for("the stalled daemon sends its requests to the owner", stalled_forwards, 30)
     for d in fleet:
         assert listed_ids(d) == [sb.id]
+
+
+@pytest.mark.docker
+def test_a_killed_daemon_s_e2b_sandboxes_are_taken_over(
+    cluster: postgres_fixture.PostgresCluster,
+) -> None:
+    """A remote provider's sandboxes (E2B's, here a second ``hutch serve``
+    standing in for its service) are reachable from any daemon that has the
+    service's key: a live daemon takes them over, files intact, rather than
+    recording them failed with the dead one's host."""
+    from hutch._e2bkey import e2b_key
+
+    standin = DaemonProcess(provider="docker").start()
+    store = cluster.url(cluster.new_database())
+    env = {"E2B_API_URL": standin.url, "E2B_SANDBOX_URL": standin.url,
+           "E2B_API_KEY": e2b_key(standin.token), "HUTCH_STORE": store,
+           "HUTCH_FLEET_LEASE_SECONDS": str(LEASE_SECONDS)}
+    dead, live = (DaemonProcess(provider="e2b", extra_env=env) for _ in range(2))
+    try:
+        dead.start()
+        live.start()
+        with client(dead) as c:
+            sb = c.create_sandbox("e2b", template=TEST_IMAGE, read_before_write=False)
+            sb.write_text("kept.txt", "intact")
+        dead.kill()
+
+        def served_by_live() -> bool:
+            with client(live) as c:
+                return c.get_sandbox(sb.id).read_text("kept.txt") == "intact"
+
+        wait_for("the e2b sandbox served by the live daemon", served_by_live, 60)
+        with client(live) as c:
+            info = c.get_sandbox(sb.id).status()
+            assert info.state.value == "running", info
+            c.get_sandbox(sb.id).close()
+        with client(standin) as c:
+            assert c.list_sandboxes() == []  # the one E2B sandbox, ended by its new owner
+    finally:
+        for d in (dead, live, standin):
+            d.close()

@@ -73,6 +73,10 @@ class E2BSandbox(NativeBackend):
         users=True, preview_url=True,
     )
     config_model = E2BConfig
+    # E2B's service is reached by its address and key, from any host that has
+    # them (a fleet's daemons share their environment): a live daemon finds a
+    # dead one's sandboxes again from their description.
+    reachable_from_any_host = True
     #: The E2B connections (settings given) this process has used.
     _reached: ClassVar[set[tuple[tuple[str, Any], ...]]] = set()
 
