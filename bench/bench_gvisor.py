@@ -2,13 +2,18 @@
 
 Floors, measured alternately with hutch in the same run, on a bare runsc
 container over the same root file system with the same global flags (its
-own state directory):
+own state directory), running the same agent binary (serving on a socket
+inside, which a checkpoint keeps) beside the same process:
 
 - suspend / resume of a sandbox holding a small process (a shell loop) and
   one holding 200 MB (a Python process with a 200 MB buffer) beside bare
   ``runsc checkpoint`` / ``runsc restore --detach`` of a container running
   the same process (goal <= 1.2x). hutch adds: the agent letting go of its
   socket and listening again, the build record, and its answer.
+  A resume right after a suspend (as here) also waits for the stopped
+  sandbox to be gone (runsc refuses a container name still in use; a 200 MB
+  one takes a while to give its memory back): the floor restores under a
+  new name each time and does not.
 - fork + 3 branches to first exec (``exec true`` having run in each) beside
   ``runsc checkpoint``, a restore of the origin and of 3 branches, and
   ``runsc exec true`` in each.
@@ -19,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -30,6 +34,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import hutch
 from _common import header, median_ms, row, run, scratch_dir
+from hutch.providers.agent import agent_binary
 from hutch.providers.gvisor import bundle, runsc
 from hutch.providers.images.exported import docker_image_rootfs
 
@@ -55,11 +60,16 @@ class Bare:
         self.serial = 0
         self.names: list[str] = []
         self.branches: list[str] = []
-        spec = bundle.spec(rootfs=rootfs, agent=shutil.which("true") or "/bin/true",
+        spec = bundle.spec(rootfs=rootfs, agent=str(agent_binary()),
                            run_dir=scratch_dir("hutch-bench-gvisor-run-"), env={},
                            hostname="bare", sandbox_id=f"bare-{os.getpid()}", memory=None,
                            pids=None, cpus=None)
-        spec["process"]["args"] = argv
+        # The same agent as hutch's sandboxes run (its memory is checkpointed
+        # too), serving on a socket inside: one a checkpoint keeps.
+        spec["process"]["args"] = [
+            "sh", "-c", f"{bundle.AGENT_BINARY_PATH} serve /tmp/bare-agent.sock & exec \"$@\"",
+            "sh", *argv,
+        ]
         bundle.write(self.bundle, spec)
         self.name = self._next()
         self._runsc("run", "--detach", "--bundle", self.bundle, self.name)
