@@ -11,6 +11,7 @@ import hutch
 from hutch.lifecycle.clock import VirtualClock
 from hutch.lifecycle.engine import LifecycleEngine
 from hutch.states import SandboxState
+from tests.conftest import TEST_IMAGE
 
 pytestmark = pytest.mark.anyio
 
@@ -220,3 +221,28 @@ async def test_transition_hook_sees_every_transition(engine: LifecycleEngine) ->
         ("running", "suspended", "idle"),
         ("suspended", "terminated", "idle_timeout"),
     ]
+
+
+async def test_a_backend_that_cannot_count_its_processes_is_kept_and_told_plainly(
+    engine: LifecycleEngine, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An idle check whose backend answers with a typed error (its container
+    removed outside hutch, its agent gone) keeps the sandbox (unreachable is
+    not idle) and logs one line: an expected refusal is no crash to trace."""
+    from hutch._sandbox import backend_of
+
+    sb = await hutch.create_sandbox("bubblewrap", engine=engine, image=TEST_IMAGE,
+                                    idle_suspend_after=60)
+    assert sb.capabilities.processes
+
+    async def refuse() -> int:
+        raise hutch.SandboxUnavailable(f"{sb.id}: its container was removed outside hutch")
+
+    monkeypatch.setattr(backend_of(sb).runtime, "count_busy_processes", refuse)
+    with caplog.at_level("WARNING", logger="hutch.lifecycle"):
+        await engine.advance(61)
+    assert sb.state == SandboxState.RUNNING
+    told = [r for r in caplog.records if "count its processes" in r.getMessage()]
+    assert told and "removed outside hutch" in told[0].getMessage()
+    assert all(r.exc_info is None for r in caplog.records), "a typed refusal logged a traceback"
+    await sb.close()

@@ -8,7 +8,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Literal
 
-from .._errors import InvalidArgument
+from .._errors import HutchError, InvalidArgument
 from ..states import FINAL, SandboxState
 from .clock import VirtualClock
 from .records import LifecycleRecord
@@ -19,6 +19,17 @@ if TYPE_CHECKING:
     from ..core.live import LiveSandbox
 
 log = logging.getLogger("hutch.lifecycle")
+
+
+def _told(exc: Exception, message: str, *args: object) -> None:
+    """Log a failed timer step: a typed refusal (a runtime gone outside
+    hutch, which its provider's watcher tells) is a known state, said in one
+    line with its reason; anything else is a fault, logged with its trace."""
+    if isinstance(exc, HutchError):
+        log.warning(message + ": %s", *args, exc)
+    else:
+        log.exception(message, *args)
+
 
 #: What an idle timer's evaluation makes of a sandbox: its timers go on
 #: (``keep``), it ended here and its backend is freed (``release``), or
@@ -74,10 +85,11 @@ class Timers(Transitions):
         if sandbox.open_operations:
             return True
         if sandbox.capabilities.processes:
+            # An unreachable backend is not proof of idleness: kept either way.
             try:
                 return await sandbox.backend.runtime.count_busy_processes() > 0
-            except Exception:  # an unreachable backend is not proof of idleness
-                log.exception("sandbox %s: could not count its processes", sandbox.id)
+            except Exception as exc:
+                _told(exc, "sandbox %s: could not count its processes", sandbox.id)
                 return True
         return False
 
@@ -94,10 +106,10 @@ class Timers(Transitions):
             # an operation) instead of racing it or polling until it is over.
             async with record.lock:
                 verdict, next_due = await self._decide(sandbox, record)
-        except Exception:
+        except Exception as exc:
             # A failed step (a backend that could not suspend) is retried
             # later; the sandbox is never silently dropped from the timers.
-            log.exception("sandbox %s: lifecycle step failed", sandbox_id)
+            _told(exc, "sandbox %s: lifecycle step failed", sandbox_id)
             next_due = self.clock.monotonic() + self.retry_after
         if next_due is not None and self.shared is not None:
             next_due = min(next_due, self.clock.monotonic() + LIMITS_POLL_SECONDS)
@@ -111,8 +123,8 @@ class Timers(Transitions):
             self._forget(record)
             try:
                 await sandbox.reap()
-            except Exception:
-                log.exception("sandbox %s: releasing it after %s failed", sandbox_id, record.reason)
+            except Exception as exc:
+                _told(exc, "sandbox %s: releasing it after %s failed", sandbox_id, record.reason)
             return
         if record.state in FINAL:
             self._forget(record)
