@@ -42,6 +42,16 @@ namespace:
   2 stderr, 3 the final ``Status`` as JSON, 255 close, v5 only), reaching a
   real process (``docker exec``); a client that goes ends the command's
   stdin. ``protocols=("v4.channel.k8s.io",)`` is an API server before 1.30.
+- ``pods/{name}/portforward`` over WebSocket (``v4.channel.k8s.io`` or
+  ``portforward.k8s.io``), as the API server relays it to the kubelet: one
+  ``?ports=`` port per WebSocket here, one TCP connection to the pod's port
+  (the docker container's address); channel 0 its data, channel 1 its
+  errors, the server's first frame on each the port as two little-endian
+  bytes; a connection refused is said on the error channel, and the
+  WebSocket closes when the pod's side of the connection ends.
+- Services: create, get, list, delete as any object, ``spec.clusterIP``
+  set by the server (kube-proxy's routing to the selected pods is not
+  served: nothing in the cluster calls the Service here).
 
 Not covered: authentication, admission, scheduling across nodes, graceful
 termination periods (every delete is immediate), other kinds, patch and
@@ -72,7 +82,8 @@ PROTOCOLS = ("v5.channel.k8s.io", "v4.channel.k8s.io")
 SNAPSHOT_GROUP = "snapshot.storage.k8s.io"
 NODE = "standin-node"
 _KINDS = {"pods": "Pod", "persistentvolumeclaims": "PersistentVolumeClaim",
-          "volumesnapshots": "VolumeSnapshot"}
+          "volumesnapshots": "VolumeSnapshot", "services": "Service"}
+PORTFORWARD_PROTOCOLS = ("v4.channel.k8s.io", "portforward.k8s.io")
 
 
 def _json(obj: Any, status: int = 200) -> web.Response:
@@ -175,6 +186,8 @@ class KubeStandin:
             app.router.add_get(base + "/{name}", self.get)
             app.router.add_delete(base + "/{name}", self.delete)
         app.router.add_route("*", "/api/v1/namespaces/{ns}/{kind}/{name}/exec", self.exec)
+        app.router.add_route("*", "/api/v1/namespaces/{ns}/{kind}/{name}/portforward",
+                             self.portforward)
         app.router.add_get(f"/apis/{SNAPSHOT_GROUP}/v1", self.discovery)
         self._runner = web.AppRunner(app)
         sock = socket.socket()
@@ -398,6 +411,8 @@ class KubeStandin:
                     obj["spec"]["nodeName"] = NODE
                     await asyncio.to_thread(self._run_container, obj)
                     obj["status"] = await asyncio.to_thread(self._pod_status, obj)
+            elif kind == "services":
+                obj.setdefault("spec", {})["clusterIP"] = f"10.96.0.{len(store) % 250 + 2}"
             elif kind == "persistentvolumeclaims":
                 await asyncio.to_thread(self._make_claim_volume, obj)
                 obj["status"] = {"phase": "Bound"}
@@ -447,7 +462,7 @@ class KubeStandin:
         obj["metadata"]["resourceVersion"] = self._next_version()
         if kind == "pods":
             await asyncio.to_thread(self._remove_container, obj)
-        else:
+        elif kind != "services":
             await asyncio.to_thread(self._remove_volume, obj)
         self._changed(kind, "DELETED", obj)
         if kind == "pods":
@@ -698,6 +713,65 @@ class KubeStandin:
         if not ws.closed:
             await ws.send_bytes(b"\x03" + json.dumps(status).encode())
             await ws.close()
+        return ws
+
+
+    # -- pods/portforward over WebSocket -----------------------------------------------
+    async def portforward(self, request: web.Request) -> web.StreamResponse:
+        store = self._store(request)
+        name = request.match_info["name"]
+        if store is None or request.match_info["kind"] != "pods" or name not in store:
+            return _status(404, "NotFound", f'pods "{name}" not found')
+        try:
+            port = int(request.query.get("ports", ""))
+            if not 0 < port < 65536:
+                raise ValueError
+        except ValueError:
+            return _status(400, "BadRequest", "invalid port in ports query")
+        try:
+            details = await asyncio.to_thread(
+                self.docker.api.inspect_container, self._container_name(store[name]))
+        except docker.errors.NotFound:
+            return _status(400, "BadRequest", f'pod "{name}" is not running')
+        address = next((n["IPAddress"] for n in (
+            details["NetworkSettings"].get("Networks") or {}).values()
+            if n.get("IPAddress")), "")
+        ws = web.WebSocketResponse(protocols=PORTFORWARD_PROTOCOLS)
+        await ws.prepare(request)
+        prefix = port.to_bytes(2, "little")
+        await ws.send_bytes(b"\x00" + prefix)
+        await ws.send_bytes(b"\x01" + prefix)
+        try:
+            reader, writer = await asyncio.open_connection(address, port)
+        except OSError as exc:
+            await ws.send_bytes(b"\x01" + (
+                f"an error occurred forwarding {port} -> {port}: error forwarding port "
+                f"{port} to pod {name}: {exc}").encode())
+            await ws.close()
+            return ws
+
+        async def pump_in() -> None:
+            async for msg in ws:
+                if msg.type == WSMsgType.BINARY and msg.data[:1] == b"\x00":
+                    writer.write(msg.data[1:])
+                    await writer.drain()
+            writer.close()  # the client went: the connection ends
+
+        relay = asyncio.ensure_future(pump_in())
+        try:
+            while data := await reader.read(1 << 16):
+                if ws.closed:
+                    break
+                await ws.send_bytes(b"\x00" + data)
+        except OSError:
+            pass
+        finally:
+            relay.cancel()
+            with contextlib.suppress(BaseException):
+                await relay
+            writer.close()
+            if not ws.closed:
+                await ws.close()
         return ws
 
 

@@ -7,6 +7,7 @@ them, archives elsewhere)."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import tempfile
@@ -14,6 +15,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
@@ -255,3 +257,96 @@ async def test_snapshots_and_forks_of_a_running_and_a_suspended_sandbox(
         finally:
             await fork.close()
         assert _pods_of(cluster, branch.id) == [] and _claims_of(cluster, branch.id) == []
+
+
+#: A directory listing on port 8000, a thread per connection (the test
+#: image's Python is python3-minimal: no http.server).
+LISTING_SERVER = """\
+import os, socket, threading
+def serve(c):
+    data = b""
+    while b"\\r\\n\\r\\n" not in data:
+        piece = c.recv(65536)
+        if not piece:
+            c.close()
+            return
+        data += piece
+    names = "".join(f"<li>{n}</li>\\n" for n in sorted(os.listdir(".")))
+    body = ("<h1>Directory listing for /</h1>\\n" + names).encode()
+    c.sendall(b"HTTP/1.0 200 OK\\r\\nContent-Length: %d\\r\\n\\r\\n%s" % (len(body), body))
+    c.close()
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 8000))
+s.listen()
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"""
+
+
+async def _listing(sb: hutch.Sandbox) -> str:
+    """The preview URL of port 8000 once the server in ``sb`` answers on it."""
+    await sb.start(["python3", "serve.py"])
+    url = await sb.preview_url(8000)
+    async with httpx.AsyncClient(trust_env=False) as client:
+        for _ in range(100):
+            try:
+                answer = await client.get(url + "/", timeout=10)
+            except httpx.HTTPError:
+                answer = None
+            if answer is not None and answer.status_code == 200:
+                assert "Directory listing for /" in answer.text
+                assert "<li>serve.py</li>" in answer.text
+                return url
+            await anyio.sleep(0.1)
+    raise AssertionError("the preview URL never answered")
+
+
+async def _raw_get(url: str, path: str) -> tuple[Any, Any]:
+    """A connection to ``url`` with a request begun, not finished."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(f"GET {path} HTTP/1.0\r\n".encode())
+    await writer.drain()
+    return reader, writer
+
+
+async def test_preview_url_forwards_through_portforward_and_a_service(
+        standin: KubeStandin) -> None:
+    async with await hutch.create_sandbox(
+            "kubernetes", kubeconfig=standin.kubeconfig, image=TEST_IMAGE) as sb:
+        assert sb.capabilities.preview_url
+        await sb.write_text("serve.py", LISTING_SERVER)
+        url = await _listing(sb)
+        assert url.startswith("http://127.0.0.1:")
+        assert await sb.preview_url(8000) == url  # one listener per port
+        services = [s for s in standin.objects["services"].values()
+                    if s["metadata"]["labels"].get("hutch.dev/sandbox") == sb.id.lower()]
+        assert [s["spec"]["ports"][0]["port"] for s in services] == [8000]
+        assert services[0]["spec"]["selector"]["hutch.dev/sandbox"] == sb.id.lower()
+        assert services[0]["spec"]["type"] == "ClusterIP"
+
+        # Two connections at once, each its own port-forward: the second
+        # is answered while the first is still open, its request unfinished.
+        first_reader, first = await _raw_get(url, "/")
+        second_reader, second = await _raw_get(url, "/")
+        second.write(b"\r\n")
+        assert b"<li>serve.py</li>" in await second_reader.read()
+        first.write(b"\r\n")
+        assert b"<li>serve.py</li>" in await first_reader.read()
+        for writer in (first, second):
+            writer.close()
+
+        # Suspend closes the listener; the next preview_url opens another.
+        await sb.suspend()
+        with pytest.raises(httpx.ConnectError):
+            async with httpx.AsyncClient(trust_env=False) as client:
+                await client.get(url + "/", timeout=10)
+        await sb.resume()
+        url = await _listing(sb)
+    with pytest.raises(httpx.ConnectError):
+        async with httpx.AsyncClient(trust_env=False) as client:
+            await client.get(url + "/", timeout=10)
+    assert [s for s in standin.objects["services"].values()
+            if s["metadata"]["labels"].get("hutch.dev/sandbox") == sb.id.lower()] == []

@@ -28,6 +28,7 @@ from .pods import (
     until_gone,
     until_ready,
 )
+from .preview import delete_services
 from .watch import watch_runtimes
 
 log = logging.getLogger("hutch.kubernetes")
@@ -236,6 +237,7 @@ class PodLifecycle(SandboxBackend):
         """Foreground deletion of the pod, then of its claim, each by its uid."""
         try:
             await self._delete_pod()
+            await delete_services(self.cluster, self.sandbox_id)
             if self.claim is not None:
                 claim = await self.cluster.get("persistentvolumeclaims", self.claim)
                 if ours(claim, self.sandbox_id):
@@ -276,10 +278,10 @@ class PodLifecycle(SandboxBackend):
 
 
 async def _remove_of(cluster: Cluster, sandboxes: set[str], *, exclude: bool) -> list[str]:
-    """Delete this home's pods and claims in ``cluster`` of ``sandboxes`` (or,
+    """Delete this home's pods, services and claims in ``cluster`` of ``sandboxes`` (or,
     ``exclude``, of every other sandbox); what was deleted."""
     removed = []
-    for kind in ("pods", "persistentvolumeclaims"):
+    for kind in ("pods", "services", "persistentvolumeclaims"):
         listed = await cluster.listed(kind, home_selector())
         for item in listed.get("items") or []:
             meta = item.get("metadata") or {}

@@ -11,10 +11,11 @@ snapshots and forks :mod:`.snapshots`'.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 
-from ..._errors import SandboxFileExists, SandboxUnavailable
+from ..._errors import InvalidArgument, SandboxFileExists, SandboxUnavailable
 from ..._types import Capabilities
 from ..agent import AgentUnavailable, agent_binary
 from ..base import SandboxRuntime
@@ -23,6 +24,7 @@ from .api import Cluster
 from .config import KubernetesConfig
 from .execruntime import PodExecRuntime
 from .pods import phase_of
+from .preview import PortForward, ensure_service
 from .snapshots import PodSnapshots
 
 log = logging.getLogger("hutch.kubernetes")
@@ -30,8 +32,9 @@ log = logging.getLogger("hutch.kubernetes")
 
 class KubernetesSandbox(PodSnapshots):
     # resource_limits: memory and CPU as the container's limits, held by the kubelet.
+    # preview_url: a listener on the daemon's host, through pods/portforward.
     capabilities = Capabilities(processes=True, users=True, suspend=True, snapshot=True,
-                                fork=True, resource_limits=True)
+                                fork=True, resource_limits=True, preview_url=True)
 
     def __init__(self, sandbox_id: str, config: KubernetesConfig, cluster: Cluster,
                  name: str, uid: str | None, claim: str | None = None, *,
@@ -41,6 +44,9 @@ class KubernetesSandbox(PodSnapshots):
         #: The agent in the pod, when it serves the sandbox.
         self.agent = (PodAgent(sandbox_id, config.workdir, self.pod_exec, self._still_running)
                       if agent else None)
+        #: The listeners of the ports previewed, while the pod runs: port -> (its URL, it).
+        self._forwards: dict[int, tuple[str, PortForward]] = {}
+        self._forwards_lock = asyncio.Lock()
 
     @property
     def runtime(self) -> SandboxRuntime:
@@ -69,8 +75,25 @@ class KubernetesSandbox(PodSnapshots):
             await self.runtime.make_dir(self.config.workdir, True)
 
     async def _pod_stopping(self) -> None:
+        async with self._forwards_lock:
+            forwards, self._forwards = self._forwards, {}
+        for _, forward in forwards.values():
+            await forward.close()
         if self.agent is not None:
             await self.agent.close()
+
+    async def preview_url(self, port: int) -> str:
+        """A URL on the daemon's host forwarded to ``port`` of the pod (its
+        listener opened on first use, again after a resume), and the port's
+        Service for callers inside the cluster."""
+        if not 0 < port < 65536:
+            raise InvalidArgument(f"port {port} is not a TCP port (1-65535)")
+        async with self._forwards_lock:
+            if port not in self._forwards:
+                await ensure_service(self.cluster, self.sandbox_id, port)
+                forward = PortForward(self.cluster, self.pod, port)
+                self._forwards[port] = (await forward.open(), forward)
+            return self._forwards[port][0]
 
     async def _pod_adopted(self) -> None:
         # A pod whose resume was cut before the agent was copied in waits
