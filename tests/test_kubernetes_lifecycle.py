@@ -172,14 +172,19 @@ def test_a_restarted_daemon_adopts_its_pods_and_claims_and_reaps_orphans(
             resting = client.create_sandbox("kubernetes", kubeconfig=standin.kubeconfig,
                                             image=TEST_IMAGE, read_before_write=False)
             running.write_text("a.txt", "running\n")
+            running.write_text("serve.py", LISTING_SERVER)
+            running.preview_url(8000)  # its Service, which a record names
             resting.write_text("b.txt", "resting\n")
             resting.suspend()
-        # Orphans of this home (no record names them), and another home's claim.
+        # Orphans of this home (no record names them), and another home's claim
+        # and Service.
         with httpx.Client() as http:
             for home, name in ((d.data_dir, "hutch-sb-orphan"), ("/elsewhere", "hutch-sb-other")):
                 labels = {"hutch.dev/home": _home_tag(home), "hutch.dev/sandbox": name[6:]}
-                assert http.post(f"{base}/persistentvolumeclaims", json={
-                    "metadata": {"name": name, "labels": labels}, "spec": {}}).status_code == 201
+                for kind in ("persistentvolumeclaims", "services"):
+                    assert http.post(f"{base}/{kind}", json={
+                        "metadata": {"name": name, "labels": labels},
+                        "spec": {}}).status_code == 201
         d.kill()
         d.start()
         with hutch.Client(d.url, token=d.token) as client:
@@ -189,14 +194,30 @@ def test_a_restarted_daemon_adopts_its_pods_and_claims_and_reaps_orphans(
             rested = client.get_sandbox(resting.id)
             assert rested.status().state == "suspended"
             assert rested.exec(["cat", "b.txt"]).stdout == "resting\n"
-            assert "hutch-sb-orphan" not in standin.objects["persistentvolumeclaims"]
-            assert "hutch-sb-other" in standin.objects["persistentvolumeclaims"]
+            for kind in ("persistentvolumeclaims", "services"):
+                assert "hutch-sb-orphan" not in standin.objects[kind]
+                assert "hutch-sb-other" in standin.objects[kind]
+            assert f"hutch-{running.id.lower()}-8000" in standin.objects["services"]
+            # The restarted daemon forwards the adopted pod's port.
+            again.start(["python3", "serve.py"])
+            url = again.preview_url(8000)
+            with httpx.Client(trust_env=False) as http:
+                _wait(lambda: _answers(http, url), "the adopted sandbox's preview URL answered")
             # The restarted daemon watches its pods again.
             standin.delete_outside("pods", _pods_of(standin, running.id)[0])
             _wait(lambda: again.status().state == "failed", "the adopted sandbox failed")
     finally:
         standin.delete_outside("persistentvolumeclaims", "hutch-sb-other")
+        standin.delete_outside("services", "hutch-sb-other")
         d.close()
+
+
+def _answers(http: httpx.Client, url: str) -> bool:
+    try:
+        answer = http.get(url + "/", timeout=10)
+    except httpx.HTTPError:
+        return False
+    return answer.status_code == 200 and "<li>serve.py</li>" in answer.text
 
 
 @pytest.fixture(scope="module")
@@ -337,6 +358,12 @@ async def test_preview_url_forwards_through_portforward_and_a_service(
         assert b"<li>serve.py</li>" in await first_reader.read()
         for writer in (first, second):
             writer.close()
+
+        # A port nothing listens on: the API's error ends the connection.
+        closed_port = await sb.preview_url(8001)
+        async with httpx.AsyncClient(trust_env=False) as client:
+            with pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)):
+                await client.get(closed_port + "/", timeout=60)
 
         # Suspend closes the listener; the next preview_url opens another.
         await sb.suspend()

@@ -105,7 +105,7 @@ class PortForward:
         self._connections.add(task)
         try:
             await self._forward(reader, writer)
-        except (OSError, httpx2.HTTPError, ProviderError) as exc:
+        except Exception as exc:  # the API refused, the pod went, the port is closed
             log.info("kubernetes: port-forward to %s:%d ended: %s", self.pod, self.port, exc)
         finally:
             self._connections.discard(task)
