@@ -129,7 +129,9 @@ export class ProviderError extends HutchError {
 /**
  * The sandbox is sound but full: a command could not start because its
  * pids limit is reached (the kernel said EAGAIN to the fork). It starts
- * once something in the sandbox ends.
+ * once something in the sandbox ends. Or the daemon is: it serves as many
+ * sandboxes as its operator allows (`max_sandboxes`); a create succeeds
+ * once one ends.
  */
 export class ResourceExhausted extends HutchError {
   static override readonly code: string = "resource_exhausted";
