@@ -136,7 +136,10 @@ def gvisor_state(sandbox_id: str, data_dir: str) -> str:
     from hutch.providers.gvisor.runsc import runsc_binary
 
     home = Path(data_dir) / "gvisor"
-    found = subprocess.run([runsc_binary(), "--root", str(home / "state"), "state", sandbox_id],
+    # Each restore runs under a new container id, recorded in the sandbox's directory.
+    record = home / "sandboxes" / sandbox_id / "container"
+    container = record.read_text().strip() if record.is_file() else sandbox_id
+    found = subprocess.run([runsc_binary(), "--root", str(home / "state"), "state", container],
                            capture_output=True, text=True, timeout=30, check=False)
     status = json.loads(found.stdout).get("status") if found.returncode == 0 else None
     if status in ("running", "paused"):

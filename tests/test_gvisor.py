@@ -18,7 +18,9 @@ import hutch
 from hutch._errors import ProviderError
 from hutch._sandbox import backend_of
 from hutch.providers.gvisor.checkpoints import META, CheckpointBuildMismatch
-from hutch.providers.gvisor.sandbox import snapshots_dir
+from hutch.providers.gvisor.runsc import list_ids
+from hutch.providers.gvisor.runsc import state as runsc_state
+from hutch.providers.gvisor.sandbox import GvisorSandbox, snapshots_dir
 from tests.conftest import TEST_IMAGE
 
 pytestmark = [
@@ -319,3 +321,32 @@ async def test_an_agent_told_to_let_go_from_inside_is_woken_by_the_next_call(
         with contextlib.suppress(ProviderError):
             await sandbox.exec("true")
         assert (await sandbox.exec("echo still here")).stdout == "still here\n"
+
+
+async def test_each_restore_runs_under_a_new_container_which_a_restarted_daemon_finds(
+    sandbox: Any,
+) -> None:
+    # A new runsc container id per restore: none waits for the stopped
+    # sandbox before it to be gone (runsc refuses a name still in use).
+    backend = backend_of(sandbox)
+    stale = backend.describe()
+    await sandbox.suspend()
+    await sandbox.resume()
+    assert backend.container != stale["container"]
+    assert backend.describe()["container"] == backend.container
+    # A daemon that died before it saved the new description finds the
+    # container in the sandbox's record, not under the stopped one's id.
+    again = await GvisorSandbox.reconnect(sandbox.id, stale)
+    assert again.container == backend.container
+    assert (await again.observed_state()).name == "RUNNING"
+    # The stopped one's leftovers are removed, in the background: runsc
+    # knows only the running container of this sandbox once it is done.
+    for _ in range(300):
+        if [c for c in list_ids() if sandbox.id in c] == [backend.container]:
+            break
+        await anyio.sleep(0.1)
+    assert [c for c in list_ids() if sandbox.id in c] == [backend.container]
+    # runsc takes a name it does not know as another's prefix: the stopped
+    # one's is none of the running one's.
+    assert runsc_state(stale["container"]) is None
+    assert (await sandbox.exec("echo here")).stdout == "here\n"

@@ -64,7 +64,7 @@ def spec(
              "options": ["rbind", "rw"]},
         ],
         "linux": {
-            "cgroupsPath": f"/hutch-gvisor/{sandbox_id}",
+            "cgroupsPath": cgroup_path(sandbox_id),
             "resources": resources,
             "namespaces": [{"type": t} for t in ("pid", "ipc", "uts", "mount", "network")],
         },
@@ -91,5 +91,20 @@ def for_branch(config: Mapping[str, Any], *, run_dir: str, sandbox_id: str) -> d
     for mount in branch["mounts"]:
         if mount.get("destination") == AGENT_RUN_DIR:
             mount["source"] = run_dir
-    branch["linux"]["cgroupsPath"] = f"/hutch-gvisor/{sandbox_id}"
+    branch["linux"]["cgroupsPath"] = cgroup_path(sandbox_id)
     return branch
+
+
+def cgroup_path(container: str) -> str:
+    return f"/hutch-gvisor/{container}"
+
+
+def for_container(bundle_dir: str, container: str) -> None:
+    """The bundle's cgroup that of ``container`` (a restore under a new
+    container id, beside the previous one still giving its memory back)."""
+    path = os.path.join(bundle_dir, "config.json")
+    with open(path) as found:
+        config: dict[str, Any] = json.load(found)
+    if config["linux"].get("cgroupsPath") != cgroup_path(container):
+        config["linux"]["cgroupsPath"] = cgroup_path(container)
+        write(bundle_dir, config)

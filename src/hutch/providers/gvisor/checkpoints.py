@@ -20,7 +20,7 @@ from typing import Any
 
 from ..._errors import InvalidState, ProviderError
 from ..._faults import fault_point
-from . import runsc
+from . import bundle, runsc
 
 log = logging.getLogger("hutch.gvisor")
 META = "hutch-checkpoint.json"
@@ -29,7 +29,7 @@ IMAGE = "checkpoint.img"
 RELEASE_TIMEOUT = 10.0
 #: How long an agent that said it would let go has before it is signalled.
 ASKED_TIMEOUT = 2.0
-#: How long a restore waits for the stopped sandbox of the same name to go.
+#: How long a restore retries where its container id is still in use.
 RESTORE_WAIT = 30.0
 #: What runsc says of a restore whose container, or sandbox, is not gone yet.
 _NOT_YET_GONE = ("already exists", "address already in use")
@@ -149,36 +149,42 @@ def check_build(directory: str, what: str) -> None:
 
 
 def restore(
-    container: str, directory: str, bundle_dir: str, log_path: str, socket_path: str
+    container: str, directory: str, bundle_dir: str, log_path: str, socket_path: str,
+    *, previous: str | None = None,
 ) -> None:
-    """The container running again from ``directory``. Its agent listens
-    again by itself once it finds the wake file made here first (returns
-    once it does, or once runsc says the container runs: the caller then
-    wakes it, see :func:`listening`). Blocking."""
+    """The container running again from ``directory``, under the id
+    ``container``: a new one each time, so that it need not wait for
+    ``previous`` (the stopped sandbox its checkpoint came from, giving its
+    memory back for seconds where it is big) to be gone; ``previous`` is
+    removed in the background. Its agent listens again by itself once it
+    finds the wake file made here first (returns once it does, or once
+    runsc says the container runs: the caller then wakes it, see
+    :func:`listening`). Blocking."""
     check_build(directory, f"{container}'s checkpoint")
     for stale in (socket_path, socket_path + ".pid"):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(stale)
     with open(socket_path + ".wake", "w"):
         pass
-    # The sandbox this container was (a checkpoint's, stopped) gone first.
-    runsc.await_end(container, RESTORE_WAIT)
+    bundle.for_container(bundle_dir, container)
     deadline = time.monotonic() + RESTORE_WAIT
     while True:
         try:
             runsc.start("restore", "--image-path", directory, "--bundle", bundle_dir, container,
                         container=container, log_path=log_path, what=f"restoring {container}",
                         ready=lambda: listening(socket_path))
-            return
+            break
         except ProviderError as exc:
-            # One started by another process (a daemon before a restart)
-            # may still be stopping: removed, and tried again.
+            # Left by an attempt that died half-way (a daemon before a
+            # restart): removed, and tried again.
             if not any(said in str(exc) for said in _NOT_YET_GONE) \
                     or time.monotonic() >= deadline:
                 raise
         if runsc.state(container) is not None:
             runsc.remove(container)
         time.sleep(0.05)
+    if previous is not None and previous != container:
+        runsc.remove_when_ended(previous)
 
 
 def listening(socket_path: str) -> bool:
@@ -205,6 +211,21 @@ def copy_image(source: str, target: str) -> None:
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
+
+
+def write_text(path: str, value: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as out:
+        out.write(value)
+    os.replace(tmp, path)
+
+
+def read_text(path: str) -> str | None:
+    try:
+        with open(path) as found:
+            return found.read().strip() or None
+    except FileNotFoundError:
+        return None
 
 
 def write_json(path: str, value: Any) -> None:

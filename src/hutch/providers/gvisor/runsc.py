@@ -134,29 +134,52 @@ def start(*args: str, container: str, log_path: str, what: str,
 
     def reap() -> None:
         process.wait()
-        ended.set()
-        with _parents_lock:
-            if _parents.get(container) is ended:
-                del _parents[container]
+        ended.set()  # kept until the container is removed (see forget)
 
     threading.Thread(target=reap, name=f"runsc {container}", daemon=True).start()
 
 
-#: The runsc that started each container, while it runs: set once it has
-#: ended (the sandbox reaped, gone to its last byte, and the container deleted).
+#: The runsc that started each container: set once it has ended (the
+#: sandbox reaped, gone to its last byte, and the container deleted).
 _parents: dict[str, threading.Event] = {}
 _parents_lock = threading.Lock()
 
 
-def await_end(container: str, timeout: float) -> None:
+def await_end(container: str, timeout: float) -> bool:
     """Until the runsc this process started ``container`` with has ended
     (a stopped sandbox lets go of its memory and its control socket only
     then: a big one takes seconds after its checkpoint). Blocking; at once
-    where there is none."""
+    where there is none. Whether it has ended (False where there was none)."""
     with _parents_lock:
         ended = _parents.get(container)
-    if ended is not None:
-        ended.wait(timeout)
+    return ended is not None and ended.wait(timeout)
+
+
+def remove_when_ended(container: str) -> None:
+    """``container`` gone in the background: the runsc this process started
+    it with deletes it as it ends; one without (a daemon before a restart
+    started it) is removed here."""
+
+    def reap() -> None:
+        if not await_end(container, 600.0):
+            remove(container)
+        forget(container)
+
+    threading.Thread(target=reap, name=f"runsc reap {container}", daemon=True).start()
+
+
+def forget(container: str) -> None:
+    with _parents_lock:
+        _parents.pop(container, None)
+
+
+def list_ids() -> list[str]:
+    """The ids of the containers runsc knows under hutch's state root."""
+    result = subprocess.run(
+        argv("list", "--quiet"), capture_output=True, text=True, check=False, timeout=30,
+        stdin=subprocess.DEVNULL,
+    )
+    return result.stdout.split() if result.returncode == 0 else []
 
 
 def _tail(path: str, start: int) -> str:
@@ -171,7 +194,8 @@ def _tail(path: str, start: int) -> str:
 
 def state(container: str) -> dict[str, Any] | None:
     """runsc's state of ``container`` (``status``: running, paused, stopped),
-    or None where runsc knows none by that name."""
+    or None where runsc knows none by that name (runsc answers a name it
+    does not know with the container it is the prefix of: not that one)."""
     result = subprocess.run(
         argv("state", container), capture_output=True, text=True, check=False, timeout=30,
         stdin=subprocess.DEVNULL,
@@ -182,11 +206,14 @@ def state(container: str) -> dict[str, Any] | None:
         found = json.loads(result.stdout)
     except ValueError:
         return None
-    return found if isinstance(found, dict) else None
+    return found if isinstance(found, dict) and found.get("id") == container else None
 
 
 def remove(container: str) -> None:
     """The container gone, whatever its state (blocking)."""
+    if state(container) is None:
+        forget(container)
+        return  # runsc would take the name as another's prefix
     # Killed first: the runsc that started it reaps it and deletes it at
     # once, where a delete of a running sandbox waits seconds for its end.
     subprocess.run(
@@ -203,6 +230,7 @@ def remove(container: str) -> None:
         argv("delete", "--force", container), capture_output=True, check=False, timeout=60,
         stdin=subprocess.DEVNULL,
     )
+    forget(container)
 
 
 def pids(container: str) -> set[int]:

@@ -114,9 +114,17 @@ class GvisorSandbox(SandboxBackend):
     )
     config_model = GvisorConfig
 
-    def __init__(self, sandbox_id: str, workdir: str, sandbox_dir: str) -> None:
+    def __init__(self, sandbox_id: str, workdir: str, sandbox_dir: str,
+                 container: str | None = None) -> None:
         super().__init__(sandbox_id, workdir)
         self.sandbox_dir = sandbox_dir
+        #: runsc's id of the sandbox's container: its own id at first, a new
+        #: one at each restore (see :func:`checkpoints.restore`).
+        self.container = container or sandbox_id
+        #: The container this process checkpointed (stopped for good: ids
+        #: are never reused), which runsc may still call running for a while
+        #: (its sandbox process not yet reaped).
+        self._checkpointed: str | None = None
         self._agent = AgentRuntime(
             sandbox_id, workdir, self.agent_socket, provider_name="gvisor",
             recover=self._recover_agent,
@@ -136,6 +144,22 @@ class GvisorSandbox(SandboxBackend):
     @property
     def checkpoint_dir(self) -> str:
         return os.path.join(self.sandbox_dir, "checkpoint")
+
+    @property
+    def container_record(self) -> str:
+        """The container id, written before each restore under a new one."""
+        return os.path.join(self.sandbox_dir, "container")
+
+    def _next_container(self) -> str:
+        """A container id runsc has not seen for this sandbox: ``N+ID``.
+        Not ``ID+N``: runsc takes a name it does not know as the prefix of
+        one it does, and a call naming a gone container would reach the one
+        that followed it (``+`` is in no sandbox id: no sandbox's ids are
+        another's)."""
+        serial, _, _ = self.container.partition("+")
+        following = f"{int(serial) + 1 if serial.isdigit() else 1}+{self.sandbox_id}"
+        checkpoints.write_text(self.container_record, following)
+        return following
 
     @property
     def log_path(self) -> str:
@@ -240,30 +264,42 @@ class GvisorSandbox(SandboxBackend):
     async def _wake_agent(self) -> None:
         """The agent asked to listen again (a signal)."""
         await anyio.to_thread.run_sync(
-            lambda: checkpoints.listen_again(self.sandbox_id, self.agent_socket)
+            lambda: checkpoints.listen_again(self.container, self.agent_socket)
         )
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "sandbox_dir": self.sandbox_dir}
+        return {**super().describe(), "sandbox_dir": self.sandbox_dir,
+                "container": self.container}
 
     @classmethod
     async def reconnect(cls, sandbox_id: str, description: Mapping[str, Any]) -> GvisorSandbox:
-        return cls(sandbox_id, str(description["workdir"]), str(description["sandbox_dir"]))
+        sandbox = cls(sandbox_id, str(description["workdir"]), str(description["sandbox_dir"]),
+                      str(description.get("container") or sandbox_id))
+        # The record wins: written before a restore the description may not
+        # have been saved after (hutch died in between).
+        recorded = await anyio.to_thread.run_sync(
+            lambda: checkpoints.read_text(sandbox.container_record))
+        if recorded:
+            sandbox.container = recorded
+        return sandbox
 
     # -- lifecycle --------------------------------------------------------------------
     async def _status(self) -> str | None:
-        found = await anyio.to_thread.run_sync(lambda: runsc.state(self.sandbox_id))
+        container = self.container
+        if container == self._checkpointed:
+            return "stopped"
+        found = await anyio.to_thread.run_sync(lambda: runsc.state(container))
         return None if found is None else str(found.get("status", ""))
 
     async def pause(self) -> None:
         self._agent.drop_connections()
         self._paused = None
-        await runsc.run_async("pause", self.sandbox_id, what=f"pausing {self.sandbox_id}")
+        await runsc.run_async("pause", self.container, what=f"pausing {self.sandbox_id}")
         self._paused = True
 
     async def unpause(self) -> None:
         self._paused = None
-        await runsc.run_async("resume", self.sandbox_id, what=f"unpausing {self.sandbox_id}")
+        await runsc.run_async("resume", self.container, what=f"unpausing {self.sandbox_id}")
         self._paused = False
 
     async def suspend(self) -> None:
@@ -282,12 +318,14 @@ class GvisorSandbox(SandboxBackend):
         except (AgentFailure, OSError) as exc:
             log.debug("gvisor %s: the agent did not let go when asked: %s", self.sandbox_id, exc)
             asked = False
+        container = self.container
         try:
             await anyio.to_thread.run_sync(
                 lambda: checkpoints.checkpoint(
-                    self.sandbox_id, directory, self.agent_socket, fault=fault, asked=asked,
+                    container, directory, self.agent_socket, fault=fault, asked=asked,
                 )
             )
+            self._checkpointed = container
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self._wake_after_failure()
@@ -310,16 +348,26 @@ class GvisorSandbox(SandboxBackend):
 
     async def _restore_from(self, directory: str, fault: str | None = None) -> None:
         """Running from a checkpoint, its agent answering."""
-        await anyio.to_thread.run_sync(
-            lambda: checkpoints.restore(self.sandbox_id, directory, self.bundle_dir,
-                                        self.log_path, self.agent_socket)
-        )
+        previous = self.container
+
+        def restore() -> None:
+            following = self._next_container()
+            self.container = following
+            checkpoints.restore(following, directory, self.bundle_dir, self.log_path,
+                                self.agent_socket, previous=previous)
+
+        await anyio.to_thread.run_sync(restore)
         if fault is not None:
             fault_point(fault)
-        if not checkpoints.listening(self.agent_socket):
+        if checkpoints.listening(self.agent_socket) and self._agent.keeps_exec_connections:
+            # Woken by its file: it listens (the pid file, removed before
+            # the restore, is the restored agent's), and its version is
+            # known (a ping told it): no round trip needed.
+            self._agent.drop_connections()
+        else:
             # Not woken by its file (an agent of an older build, say): signalled.
             await self._wake_agent()
-        await self._await_agent()
+            await self._await_agent()
         self._paused = False
 
     # -- snapshots and fork -------------------------------------------------------------
@@ -434,7 +482,7 @@ class GvisorSandbox(SandboxBackend):
         if await self.is_alive():
             return False
         await anyio.to_thread.run_sync(
-            lambda: checkpoints.settle(self.sandbox_id, self.checkpoint_dir))
+            lambda: checkpoints.settle(self.container, self.checkpoint_dir))
         return checkpoints.held(self.checkpoint_dir)
 
     async def observed_state(self) -> RuntimeState:
@@ -444,7 +492,7 @@ class GvisorSandbox(SandboxBackend):
         if status == "paused":
             return RuntimeState.PAUSED
         await anyio.to_thread.run_sync(
-            lambda: checkpoints.settle(self.sandbox_id, self.checkpoint_dir))
+            lambda: checkpoints.settle(self.container, self.checkpoint_dir))
         if checkpoints.held(self.checkpoint_dir):
             return RuntimeState.SUSPENDED
         return RuntimeState.GONE
@@ -455,7 +503,8 @@ class GvisorSandbox(SandboxBackend):
 
     async def release_runtime(self) -> None:
         self._agent.drop_connections()
-        await anyio.to_thread.run_sync(lambda: runsc.remove(self.sandbox_id))
+        container = self.container
+        await anyio.to_thread.run_sync(lambda: runsc.remove(container))
 
     # -- reconciliation ---------------------------------------------------------------
     @classmethod
@@ -491,7 +540,10 @@ def _begin_snapshot(target: str, bundle_dir: str) -> None:
 
 
 def _discard(sandbox_id: str) -> None:
-    """The container and the sandbox's directory gone (blocking, idempotent)."""
+    """The sandbox's containers (each restore's) and its directory gone
+    (blocking, idempotent)."""
     with contextlib.suppress(InvalidArgument):
-        runsc.remove(sandbox_id)
+        for container in runsc.list_ids():
+            if container == sandbox_id or container.endswith("+" + sandbox_id):
+                runsc.remove(container)
     shutil.rmtree(os.path.join(sandboxes_dir(), sandbox_id), ignore_errors=True)
