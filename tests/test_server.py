@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import pathlib
 import shutil
 import tempfile
@@ -58,6 +59,60 @@ def test_exec_fast_path_and_route_agree(http: tuple[httpx.Client, str], body: di
     client, sid = http
     fast, routed = both_ways(client, f"/v1/sandboxes/{sid}/exec", body)
     assert (fast.status_code, fast.json()) == (routed.status_code, routed.json())
+
+
+@pytest.mark.parametrize("body", [
+    {"provider": "nope"},  # an error of the daemon's: the same either way
+    {"provider": "local", "bogus": 1},
+    {"provider": "local", "timeout": "soon"},
+    {"from_snapshot": 3},  # a create from a snapshot: FastAPI's route answers
+    [1, 2],  # not an object: FastAPI's validation answers
+])
+def test_create_fast_path_and_route_agree_on_errors(
+    http: tuple[httpx.Client, str], body: object
+) -> None:
+    client, _ = http
+    raw = json.dumps(body).encode()  # ASCII: a lone surrogate as its escape
+    fast = client.post("/v1/sandboxes", content=raw,
+                       headers={"content-type": "application/json"})
+    routed = client.post("/v1/sandboxes", content=raw, headers={"content-type": VIA_FASTAPI})
+    assert fast.status_code == routed.status_code
+    assert fast.status_code != 201
+    assert fast.json() == routed.json()
+
+
+def test_create_with_a_lone_surrogate_is_refused_naming_its_field(
+    http: tuple[httpx.Client, str]
+) -> None:
+    # TextBodiesRoute's check (application/json bodies only): the fast path leaves it that.
+    client, _ = http
+    raw = json.dumps({"provider": "local", "workdir": "/tmp", "env": {"X": "\ud800"}}).encode()
+    answer = client.post("/v1/sandboxes", content=raw,
+                         headers={"content-type": "application/json"})
+    assert answer.status_code == 400
+    assert answer.json()["error"]["message"].startswith("env.X is not valid text")
+
+
+def test_create_fast_path_and_route_make_alike(http: tuple[httpx.Client, str]) -> None:
+    client, _ = http
+    workdir = tempfile.mkdtemp()
+    try:
+        made = both_ways(client, "/v1/sandboxes", {"provider": "local", "workdir": workdir,
+                                                    "env": {"X": "1"}})
+        assert [m.status_code for m in made] == [201, 201], [m.text for m in made]
+        fast, routed = (m.json() for m in made)
+        assert fast["id"] != routed["id"]
+        varying = {"id", "created_at_unix", "deadline_unix", "last_active_unix", "meter",
+                   "memory_bytes", "disk_bytes", "description", "status", "idle_seconds"}
+        assert {k: v for k, v in fast.items() if k not in varying} == {
+            k: v for k, v in routed.items() if k not in varying}
+        assert set(fast) == set(routed)
+        for info in (fast, routed):
+            ran = client.post(f"/v1/sandboxes/{info['id']}/exec", json={"cmd": "echo $X"})
+            assert ran.json()["stdout"] == "1\n"
+            assert client.delete(f"/v1/sandboxes/{info['id']}").status_code == 204
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def test_missing_sandbox_reads_alike(http: tuple[httpx.Client, str]) -> None:

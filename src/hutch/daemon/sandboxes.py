@@ -122,6 +122,10 @@ class Sandboxes(Refs):
         self.sandboxes[sid] = sandbox
         if workspace is not None:
             self.workspace_of[sid] = workspace
+        else:
+            # A new id has no refs yet (a workspace's may): its info, the
+            # create's answer, need not read the store for them.
+            self._refs_of[sid] = []
         made = f"{spec.provider_name} sandbox created" + (
             f" (made ahead by warm pool {pooled.pool})" if pooled is not None else "")
         # Its running state and the events of its making: one store write.
@@ -130,6 +134,7 @@ class Sandboxes(Refs):
             await self.engine.attach(live_of(sandbox), spec.options)
         except BaseException:
             self.sandboxes.pop(sid, None)
+            self._refs_of.pop(sid, None)
             with anyio.CancelScope(shield=True):
                 await backend.close()
                 await self.astore.delete_sandbox(sid)

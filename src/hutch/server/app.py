@@ -5,15 +5,17 @@ validate input and document it in the OpenAPI schema. Every error leaves as
 ``{"error": {"code", "message"}}`` (and the details of errors that carry some,
 ``HutchError.wire``) with the status of its code.
 
-The four calls an agent makes most (exec, read a file, write a file, read a
-sandbox's status) are answered by :class:`HotRoutes` once the application's
-own route table says they are theirs: FastAPI resolves each endpoint's
-parameters (~130 µs a request), which would be most of what the daemon adds
-to an exec. There is one route table, FastAPI's: the fast path matches a
-request against it, in its order, and answers only when the route it would
-take is a hot one. Anything the fast path is not sure of falls through to
-the FastAPI route with the body replayed, so both answer alike and the
-OpenAPI document stays the one reference.
+The calls an agent makes most (exec, read a file, write a file, read a
+sandbox's status, and a plain create, which a warm pool makes a few ms) are
+answered by :class:`HotRoutes` once the application's own route table says
+they are theirs: FastAPI resolves each endpoint's parameters (~130 µs a
+request; ~1 ms for a create's free-form body), which would be most of what
+the daemon adds to an exec or a pool's take. There is one route table,
+FastAPI's: the fast path matches a request against it, in its order, and
+answers only when the route it would take is a hot one. Anything the fast
+path is not sure of falls through to the FastAPI route with the body
+replayed, so both answer alike and the OpenAPI document stays the one
+reference.
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ log = logging.getLogger("hutch.server")
 
 #: The hot routes' endpoints, by name, and the fast path's handler of each.
 HOT_HANDLERS = {"exec_": "_exec", "read_file": "_read", "write_file": "_write",
-                "get_sandbox": "_status"}
+                "get_sandbox": "_status", "create_sandbox": "_create"}
 
 #: The API's routers, in the order FastAPI tries them (and the fast path walks
 #: them): the busiest first.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import (
     Awaitable,
@@ -26,7 +27,7 @@ from ..daemon import Daemon
 from .asgi import ASGIApp, Message, Receive, Scope, Send, is_json, render_json, respond
 from .bodies import ExecBody
 from .errors import error_json, unexpected_error_json
-from .middleware import session_of
+from .middleware import may_hold_surrogate, session_of
 from .streaming import new_spool, opened_file, run_exec, send_exec
 
 log = logging.getLogger("hutch.server")
@@ -87,7 +88,7 @@ async def _spool_body(receive: Receive) -> IO[bytes] | None:
 
 
 class HotRoutes:
-    """Answers exec, file read/write and status reads without FastAPI's
+    """Answers exec, file read/write, status reads and plain creates without FastAPI's
     parameter resolution, on FastAPI's own routes.
 
     Sits inside :class:`TokenAuth` (the token is checked first). A request is
@@ -162,7 +163,8 @@ class HotRoutes:
         for route, handler in self._route_table():
             match, child = route.matches(probe)
             if match is Match.FULL:
-                sandbox_id = (child.get("path_params") or {}).get("sandbox_id")
+                # A route of no sandbox (create) has "" for its id.
+                sandbox_id = (child.get("path_params") or {}).get("sandbox_id", "")
                 if handler is None or not isinstance(sandbox_id, str):
                     return None
                 return handler, sandbox_id, route
@@ -182,6 +184,28 @@ class HotRoutes:
     ) -> None:
         info = await daemon.describe(sandbox_id)
         await respond(send, 200, render_json(info), b"application/json")
+
+    async def _create(
+        self, daemon: Daemon, sandbox_id: str, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        # A plain create (a warm pool's take is ~2 ms of daemon work: FastAPI's
+        # body resolution would be half as much again); one from a snapshot,
+        # or a body that is not a JSON object, is FastAPI's.
+        if not is_json(scope):
+            raise _FallThrough()
+        raw = await _read_body(receive)
+        if raw is None:
+            return
+        if may_hold_surrogate(raw):
+            raise _FallThrough(raw)  # TextBodiesRoute says which field
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            raise _FallThrough(raw) from None
+        if not isinstance(body, dict) or "from_snapshot" in body:
+            raise _FallThrough(raw)
+        sandbox = await daemon.create_sandbox(daemon.spec_from_request(body))
+        await respond(send, 201, render_json(await daemon.info(sandbox)), b"application/json")
 
     async def _exec(
         self, daemon: Daemon, sandbox_id: str, scope: Scope, receive: Receive, send: Send
