@@ -52,13 +52,18 @@ async def check_processes_are_listed_and_found(sandbox: Any) -> None:
         await settle(sandbox.process("nothing"))
 
 
-async def check_preview_url_names_the_port(sandbox: Any) -> None:
+async def check_preview_url_addresses_each_port(sandbox: Any) -> None:
     if not sandbox.capabilities.supports("preview_url"):
         with raises(hutch.CapabilityUnsupported):
             await sandbox.preview_url(8000)
         return
     url = await sandbox.preview_url(8000)
-    assert isinstance(url, str) and url.startswith("http") and "8000" in url
+    # An address of the port: the sandbox's own (docker, bubblewrap) or a
+    # forward the provider keeps (kubernetes' port-forward on a local port),
+    # the same for one port each time it is asked, another for another port.
+    assert isinstance(url, str) and url.startswith("http")
+    assert await sandbox.preview_url(8000) == url
+    assert await sandbox.preview_url(8001) != url
     with raises(hutch.InvalidArgument, match="65535"):
         await sandbox.preview_url(70000)
 
@@ -100,7 +105,7 @@ SURFACE_CASES: list[Case] = [
     check_status_is_a_sandbox_status,
     check_info_describes_the_sandbox,
     check_processes_are_listed_and_found,
-    check_preview_url_names_the_port,
+    check_preview_url_addresses_each_port,
     check_paths_and_capabilities_are_checked_alike,
     check_write_from_a_file_object,
     check_read_pieces_streams_a_file,

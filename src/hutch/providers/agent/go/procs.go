@@ -433,7 +433,7 @@ func handleExec(c *conn, h header) bool {
 	// sandbox's cgroup counting more OOM kills than at the start: the
 	// kernel's OOM killer ended it (or what it ran).
 	oom := exitCode(status) == 128+int(syscall.SIGKILL) && oomBefore >= 0 &&
-		oomKills() > oomBefore
+		oomCountedSince(oomBefore)
 	if c.send(header{"t": "exit", "code": exitCode(status), "oom": oom}, nil) != nil {
 		closeAll(parentEnds)
 		return false
@@ -680,6 +680,22 @@ func fail(what string, err error) {
 		os.Exit(127)
 	}
 	os.Exit(126)
+}
+
+// oomCountedSince: whether the OOM kill count has passed before, given a
+// moment to: the kernel counts a kill (memory.events, memory.oom_control)
+// after it sends the SIGKILL, so a victim reaped at once can be seen dead
+// before its kill is counted. Only a SIGKILLed command pays the wait.
+func oomCountedSince(before int) bool {
+	for i := 0; ; i++ {
+		if oomKills() > before {
+			return true
+		}
+		if i == 20 {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // oomKills: the OOM kills the memory cgroup of what the agent runs has
