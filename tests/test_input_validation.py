@@ -179,7 +179,10 @@ def test_the_sdk_in_process_checks_the_same(tmp_path: Any) -> None:
     try:
         for call in (lambda: sb.exec("cat", stdin="\ud800"), lambda: sb.exec(["echo", "\udc00"]),
                      lambda: sb.exec("true " + "x" * 200_000),
-                     lambda: sb.exec("env", env={"A": "\0"})):
+                     lambda: sb.exec("env", env={"A": "\0"}),
+                     # stdin of a type it cannot be, to a background command as to exec
+                     lambda: sb.start("cat", stdin=True),  # type: ignore[arg-type]
+                     lambda: sb.start("cat", stdin=5)):  # type: ignore[arg-type]
             with pytest.raises(hutch.InvalidArgument):
                 call()
         assert sb.exec("pwd").stdout.strip() == str(tmp_path)

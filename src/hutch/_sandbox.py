@@ -237,7 +237,10 @@ class Sandbox(SandboxSession):
             raise InvalidArgument(f"keep_stdin must be true or false, not {keep_stdin!r}")
         # Its stdin stays in memory until the command takes it, which may be
         # never, so it counts against the memory budget until the command ends.
-        hold = MemoryHold(len(stdin) if stdin else 0, "the stdin of a background command")
+        # Sized only for what stdin may be: anything else is refused, typed,
+        # by the one check of a call (process_request) below.
+        held = len(stdin) if isinstance(stdin, bytes | bytearray | memoryview | str) else 0
+        hold = MemoryHold(held, "the stdin of a background command")
         try:
             async with self._operation("start"):
                 proc = await self._start_backend(
