@@ -90,12 +90,12 @@ def pooled_ids(data_dir: str) -> list[str]:
         return [r[0] for r in con.execute("SELECT id FROM sandboxes WHERE state = 'creating'")]
 
 
-def sandboxes_cpu_seconds(sandbox_ids: list[str]) -> float:
-    """CPU the bubblewrap sandboxes' processes used, by their cgroups."""
+def cgroup_cpu_seconds(candidates: list[tuple[str, str]]) -> float:
+    """CPU used by each cgroup named by its (cgroup v1 ``cpuacct``
+    directory, cgroup v2 directory) pair: the first of the two that exists."""
     total = 0.0
-    for sid in sandbox_ids:
-        for path, scale in ((f"/sys/fs/cgroup/cpuacct/hutch/{sid}/cpuacct.usage", 1e-9),
-                            (f"/sys/fs/cgroup/hutch/{sid}/cpu.stat", 1e-6)):
+    for v1, v2 in candidates:
+        for path, scale in ((f"{v1}/cpuacct.usage", 1e-9), (f"{v2}/cpu.stat", 1e-6)):
             try:
                 with open(path) as fh:
                     text = fh.read()
@@ -109,26 +109,22 @@ def sandboxes_cpu_seconds(sandbox_ids: list[str]) -> float:
     return total
 
 
+def sandboxes_cpu_seconds(sandbox_ids: list[str]) -> float:
+    """CPU the bubblewrap sandboxes' processes used, by their cgroups."""
+    return cgroup_cpu_seconds([
+        (f"/sys/fs/cgroup/cpuacct/hutch/{sid}", f"/sys/fs/cgroup/hutch/{sid}")
+        for sid in sandbox_ids
+    ])
+
+
 def containers_cpu_seconds(data_dir: str) -> tuple[int, float]:
     """How many containers a daemon made, and the CPU they used (their cgroups)."""
     ids = subprocess.run(
         ["docker", "ps", "-q", "--no-trunc", "--filter", f"label=hutch.home={data_dir}"],
         capture_output=True, text=True, check=True, timeout=60).stdout.split()
-    total = 0.0
-    for cid in ids:
-        for path, scale in ((f"/sys/fs/cgroup/cpuacct/docker/{cid}/cpuacct.usage", 1e-9),
-                            (f"/sys/fs/cgroup/system.slice/docker-{cid}.scope/cpu.stat", 1e-6)):
-            try:
-                with open(path) as fh:
-                    text = fh.read()
-            except OSError:
-                continue
-            if path.endswith("cpu.stat"):
-                text = next(line.split()[1] for line in text.splitlines()
-                            if line.startswith("usage_usec"))
-            total += int(text) * scale
-            break
-    return len(ids), total
+    return len(ids), cgroup_cpu_seconds(
+        [(f"/sys/fs/cgroup/cpuacct/docker/{cid}", f"/sys/fs/cgroup/system.slice/docker-{cid}.scope")
+         for cid in ids])
 
 
 def idle_docker_pool_cpu(c: hutch.Client, daemon: DaemonProcess) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from ..._errors import ProviderError
 
@@ -118,6 +118,20 @@ def oom_kill_count(text: str) -> int | None:
     """The ``oom_kill`` count of a memory cgroup's ``memory.events`` (v2) or
     ``memory.oom_control`` (v1) text, or None where it has none."""
     return event_count(text, "oom_kill")
+
+
+def oom_counted_since(read: Callable[[], int | None], before: int) -> bool:
+    """Whether the OOM kill count ``read`` gives has passed ``before``, given
+    a moment to: the kernel counts a kill after it sends the SIGKILL, so a
+    victim reaped at once is seen dead before its kill is counted. Blocks up
+    to 100 ms; only a SIGKILLed command asks."""
+    for attempt in range(21):
+        now = read()
+        if now is not None and now > before:
+            return True
+        if attempt < 20:
+            time.sleep(0.005)
+    return False
 
 
 def oom_kills(dirs: Mapping[str, str]) -> int:

@@ -43,6 +43,7 @@ from ..._errors import (
 from ..._types import OutputChunk
 from .._hostproc import EXEC_MARKER, SANDBOX_MARKER, HostProcess
 from .._signals import default_signals_prefix
+from ..agent import workload as _workload
 from ..agent.runtime import AgentRuntime, Recover
 from ..base import BackendProcess, FilesRuntime, ProcessRequest, PtyProcess, SandboxRuntime
 from . import userns
@@ -106,22 +107,14 @@ class OomWatch(BackendProcess):
     async def close_stdin(self) -> None:
         await self._inner.close_stdin()
 
-    async def _oom_counted(self) -> bool:
-        """Whether the OOM kill count passed the one at the start, given a
-        moment to: the kernel counts a kill after it sends the SIGKILL, so a
-        victim reaped at once is seen dead before its kill is counted."""
-        for _ in range(20):
-            if self._cgroup.oom_kills() > self._oom_kills_before:
-                return True
-            await asyncio.sleep(0.005)
-        return self._cgroup.oom_kills() > self._oom_kills_before
-
     async def read(self) -> OutputChunk | None:
         chunk = await self._inner.read()
         if chunk is None and not self._ended:
             self._ended = True
             code = await self._inner.wait()
-            if code == 128 + 9 and await self._oom_counted():
+            if code == 128 + 9 and await asyncio.to_thread(
+                _workload.oom_counted_since, self._cgroup.oom_kills, self._oom_kills_before
+            ):
                 self._oom_killed = True
                 limit = self._cgroup.memory_limit()
                 said = f" of {limit} bytes" if limit is not None else ""

@@ -38,6 +38,7 @@ from ..._types import KILL_GRACE_SECONDS, OutputChunk
 from .._docker_engine import call as _call
 from .._docker_engine import engine
 from .._hostproc import EXEC_MARKER, SANDBOX_MARKER
+from ..agent import workload as _workload
 from ..base import FutureExitProcess, ProcessRequest
 from .cgroups import cgroup_dir, oom_kills, pids_refusals
 from .freeze import FreezeGuard, freeze_guard
@@ -432,8 +433,9 @@ class DockerProcess(FutureExitProcess):
                     self._post(OutputChunk("stderr" if kind == 2 else "stdout", payload))
             code = self._inspect_exit_code()
             if code == 128 + 9 and self._oom_before is not None:
-                after = oom_kills(self._sandbox.container_id or "")
-                self._oom_killed = after is not None and after > self._oom_before
+                container = self._sandbox.container_id or ""
+                self._oom_killed = _workload.oom_counted_since(
+                    lambda: oom_kills(container), self._oom_before)
         except HutchError as exc:  # the reader and a waiter both learn it
             failure = exc
             self._post(exc)
