@@ -492,3 +492,21 @@ def test_hutch_alone_prints_its_help_on_standard_output() -> None:
     assert "Usage:" in shown.stdout and "ls" in shown.stdout
     group = hutch(None, "workspace")
     assert group.returncode == 2 and "suspend" in group.stdout
+
+
+def test_a_relative_workdir_is_the_callers_directory_not_the_daemons(
+        daemon: DaemonProcess) -> None:
+    # The daemon runs elsewhere (its own working directory): `--workdir sub`
+    # typed in a directory means that directory's `sub`, as `--rootfs` does.
+    here = tempfile.mkdtemp(prefix="hutch-cli-cwd-")
+    try:
+        made = hutch(daemon, "create", "--provider", "local", "--workdir", "sub", cwd=here)
+        assert made.returncode == 0, made.stderr
+        sid = made.stdout.strip()
+        try:
+            ran = hutch(daemon, "exec", sid, "--", "pwd")
+            assert ran.stdout.strip() == os.path.join(here, "sub"), ran.stderr
+        finally:
+            hutch(daemon, "kill", sid)
+    finally:
+        shutil.rmtree(here, ignore_errors=True)
