@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import IO, TYPE_CHECKING, Any
 
-from .._types import DEFAULT_SEARCH_TIMEOUT
+from .._limits import DEFAULT_SEARCH_TIMEOUT
 from ._core import ClientOps, SandboxOps
 from ._handles import ForkOps, ProcessOps, WatcherOps
 
