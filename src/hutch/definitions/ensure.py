@@ -124,17 +124,25 @@ class Definitions:
         return self._known(definition_id)
 
     async def find(self, definition_id: str) -> Definition:
-        """:meth:`get`, its store read (a definition not known here yet) in a
-        worker thread (off the event loop)."""
-        if definition_id not in self._definitions:
+        """:meth:`get`, its store read (a definition not known here yet, or
+        any in a fleet, where another daemon may have put a new version
+        since) in a worker thread (off the event loop)."""
+        if self.host.store.shared or definition_id not in self._definitions:
             await anyio.to_thread.run_sync(self._reload, definition_id)
         return self._known(definition_id)
 
-    def _reload(self, definition_id: str) -> None:
-        """Read ``definition_id`` from the store: put since through another
-        program on the store (a fleet's daemon)."""
+    async def listed(self) -> list[Definition]:
+        """:meth:`all`; in a fleet, as the store has them now (read off the
+        event loop): put through any of its daemons."""
+        if self.host.store.shared:
+            await anyio.to_thread.run_sync(self._reload, None)
+        return self.all()
+
+    def _reload(self, definition_id: str | None) -> None:
+        """Read ``definition_id`` (None: every one) from the store: put since
+        through another program on the store (a fleet's daemon)."""
         for row in self.host.store.list_definitions():
-            if row.id == definition_id:
+            if definition_id is None or row.id == definition_id:
                 with contextlib.suppress(InvalidArgument):
                     self._definitions[row.id] = Definition.parse(row.body, definition_id=row.id)
 
