@@ -62,6 +62,7 @@ def bearer_credential(scope: Scope) -> bytes | None:
 REF_OPERATIONS = frozenset({
     "exec", "files", "list", "stat", "grep", "glob", "processes", "preview_url", "pty",
     "pause", "suspend", "resume", "set_timeout", "mkdir", "rename", "watch", "watchers",
+    "meters",
 })
 
 
