@@ -31,11 +31,11 @@ DEFAULT_REF = "bc2d03a"
 #: Rows renamed since the old commit: old name -> new name (none yet).
 RENAMED: dict[str, str] = {}
 TOLERANCE = 0.05
-_ROW = re.compile(
-    r"^(?P<name>.*?)\s+(?P<hutch>\S+)ms\s+(?P<floor>\S+)ms\s+\S+x\s+[+-]?\S+ms(?:\s.*)?$"
-)
+#: A row: its name, hutch's figure and the floor's, in one unit (ms, s, MiB; or /s, a rate).
+_ROW = re.compile(r"^\s*(?P<name>\S.*?)\s+(?P<hutch>[\d.]+)(?P<unit>ms|s|/s|MiB)"
+                  r"(?:\s+(?P<floor>[\d.]+)(?P=unit))?(?:\s.*)?$")
 
-Key = tuple[str, str, str]  # bench, section, row name
+Key = tuple[str, str, str, str]  # bench, section, row name, unit
 
 
 #: One side's figures for one row: (hutch ms, floor ms) by the round that printed it.
@@ -54,11 +54,11 @@ def parse(bench: str, output: str) -> dict[Key, tuple[float, float]]:
         if found is None or line.startswith("measure "):
             continue
         try:
-            figures = float(found["hutch"]), float(found["floor"])
+            figures = float(found["hutch"]), float(found["floor"] or 0)
         except ValueError:
             continue
         name = found["name"].strip()
-        rows[(bench, section, RENAMED.get(name, name))] = figures
+        rows[(bench, section, RENAMED.get(name, name), found["unit"])] = figures
     return rows
 
 
@@ -107,6 +107,10 @@ def verdict(change: float) -> str:
     return "within 5%"
 
 
+def _cost(figure: float, unit: str) -> float:
+    return 1 / figure if unit == "/s" else figure
+
+
 def _medians(old: Figures, new: Figures, rounds: list[int]) -> tuple[float, ...]:
     """Old hutch, new hutch, old floor, new floor: each a median over ``rounds``."""
     return tuple(statistics.median(side[i][at] for i in rounds)
@@ -118,7 +122,7 @@ def table(old: dict[Key, Figures], new: dict[Key, Figures]) -> None:
           f" {'ratio/':>7}  verdict")
     shown = ""
     for key in sorted(old.keys() & new.keys(), key=list(old).index):
-        bench, section, name = key
+        bench, section, name, unit = key
         if f"{bench}: {section}" != shown:
             shown = f"{bench}: {section}"
             print(f"-- {shown}")
@@ -127,18 +131,21 @@ def table(old: dict[Key, Figures], new: dict[Key, Figures]) -> None:
         rounds = sorted(o.keys() & n.keys())
         if not rounds:
             continue
+        # A rate's cost is its inverse: new/old > 1 is worse either way.
         change = statistics.median(
-            n[i][0] / o[i][0] if o[i][0] else float("inf") for i in rounds)
-        ratios = [(n[i][0] / n[i][1]) / (o[i][0] / o[i][1])
-                  for i in rounds if n[i][1] and o[i][1] and o[i][0]]
+            _cost(n[i][0], unit) / _cost(o[i][0], unit) if o[i][0] and n[i][0]
+            else float("inf") for i in rounds)
+        ratios = [_cost(n[i][0] / n[i][1], unit) / _cost(o[i][0] / o[i][1], unit)
+                  for i in rounds if n[i][1] and o[i][1] and o[i][0] and n[i][0]]
         ratio = f"{statistics.median(ratios):>6.2f}x" if ratios else f"{'-':>7}"
         mid = _medians(o, n, rounds)
-        print(f"{name[:52]:<52} {mid[0]:>9.3f} {mid[1]:>9.3f} {change:>6.2f}x "
+        label = f"{name} ({unit})"
+        print(f"{label[:52]:<52} {mid[0]:>9.3f} {mid[1]:>9.3f} {change:>6.2f}x "
               f"{mid[2]:>9.3f} {mid[3]:>9.3f} {ratio}  {verdict(change)}")
     for key in old.keys() - new.keys():
-        print(f"only before: {' / '.join(key)}")
+        print(f"only before: {' / '.join(key[:3])}")
     for key in new.keys() - old.keys():
-        print(f"only now: {' / '.join(key)}")
+        print(f"only now: {' / '.join(key[:3])}")
 
 
 def main(argv: list[str]) -> int:
