@@ -601,8 +601,11 @@ class Sandbox(SandboxSession):
             )
         snapshot = await self.snapshot(label)
         fork = Fork(snapshot, self._factory)
-        for _ in range(count):
-            await fork.attach()
+        if count > 1 and self._backend.branches_concurrently:
+            await fork.attach_together(count)
+        else:
+            for _ in range(count):
+                await fork.attach()
         return fork
 
     async def set_timeout(self, seconds: float) -> float:

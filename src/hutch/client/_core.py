@@ -338,6 +338,15 @@ class SandboxOps:
         return info
 
     @op
+    def meter_history(self) -> Op[list[dict[str, Any]]]:
+        """Its memory and disk over the last hour, as the daemon sampled them
+        while it ran: ``{"at_unix", "memory_bytes", "disk_bytes"}``, oldest
+        first (none once it ended). Reading them is not activity."""
+        answer: dict[str, Any] = yield Call("GET", self._path("/meters"))
+        samples: list[dict[str, Any]] = answer["samples"]
+        return samples
+
+    @op
     def status(self) -> Op[SandboxStatus]:
         """State, reason, deadline, idle time and meter. Reading it is not activity."""
         info = yield Call("GET", self._path(""))

@@ -272,6 +272,15 @@ class AsyncSandboxFace(SandboxOps):
         value: dict[str, Any] = await self._transport.drive(operation, self)
         return value
 
+    async def meter_history(self) -> list[dict[str, Any]]:
+        """Its memory and disk over the last hour, as the daemon sampled them
+        while it ran: ``{"at_unix", "memory_bytes", "disk_bytes"}``, oldest
+        first (none once it ended). Reading them is not activity.
+        """
+        operation = SandboxOps.meter_history(self)
+        value: list[dict[str, Any]] = await self._transport.drive(operation, self)
+        return value
+
     async def status(self) -> SandboxStatus:
         """State, reason, deadline, idle time and meter. Reading it is not activity."""
         operation = SandboxOps.status(self)
