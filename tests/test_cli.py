@@ -444,21 +444,46 @@ def test_a_mistyped_command_is_usage_with_the_commands_it_is_close_to() -> None:
     assert unknown.returncode == 2 and "Did you mean" not in unknown.stderr
 
 
+def _modules_after_ls(daemon: DaemonProcess, then: str = "") -> list[str]:
+    """The modules a ``hutch ls`` process has loaded when the command is done
+    (and ``then``, Python run after it in the same process, has run)."""
+    code = ("import sys, json\nfrom hutch.cli.main import app\n"
+            "try:\n    app(['ls'])\nexcept SystemExit:\n    pass\n"
+            f"{then}\nprint(json.dumps(sorted(sys.modules)))")
+    env = dict(os.environ, HUTCH_URL=daemon.url, HUTCH_TOKEN=daemon.token)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=120, check=True)
+    modules: list[str] = json.loads(done.stdout.splitlines()[-1])
+    return modules
+
+
 def test_ls_loads_no_pydantic_provider_or_server(daemon: DaemonProcess) -> None:
     """``hutch ls`` prints the daemon's JSON as it came: it decodes no wire
     model (pydantic costs as much again as the rest of the command) and
     loads nothing of the in-process core."""
-    code = ("import sys, json\nfrom hutch.cli.main import app\n"
-            "try:\n    app(['ls'])\nexcept SystemExit:\n    pass\n"
-            "print(json.dumps(sorted(sys.modules)))")
-    env = dict(os.environ, HUTCH_URL=daemon.url, HUTCH_TOKEN=daemon.token)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=env, timeout=120, check=True)
-    modules = json.loads(done.stdout.splitlines()[-1])
+    modules = _modules_after_ls(daemon)
     assert "hutch.client" in modules and "hutch.cli.sandboxes" in modules
     assert [m for m in modules if m.split(".")[0] in ("pydantic", "typer")] == []
     assert [m for m in modules if m.startswith(("hutch.providers", "hutch.server",
                                                 "hutch.daemon", "hutch.core", "hutch.wire"))] == []
+
+
+def test_ls_builds_no_value_class_and_loads_no_http2(daemon: DaemonProcess) -> None:
+    """``hutch ls`` prints dicts: it imports none of the classes answers are
+    decoded into (``hutch._types``, ``hutch.states``: their data classes take
+    milliseconds to build), nor HTTP/2 (``h2``, which httpcore imports whenever
+    it is installed and the command never speaks), nor anyio's threads (the
+    async client's uploads). HTTP/2 is there all the same for what runs next
+    in the process: a connection that negotiates it gets httpcore's real one."""
+    modules = _modules_after_ls(daemon)
+    assert "hutch.client._core" in modules
+    assert [m for m in modules if m in ("hutch._types", "hutch.states", "anyio.to_thread")
+            or m.split(".")[0] in ("h2", "hpack", "hyperframe")] == []
+    pytest.importorskip("h2")
+    after = _modules_after_ls(daemon, then=(
+        "import httpcore\nfrom httpcore._sync.http2 import HTTP2Connection\n"
+        "HTTP2Connection(origin=httpcore.Origin(b'http', b'localhost', 80), stream=None)"))
+    assert "h2.connection" in after
 
 
 def test_hutch_alone_prints_its_help_on_standard_output() -> None:
@@ -467,3 +492,21 @@ def test_hutch_alone_prints_its_help_on_standard_output() -> None:
     assert "Usage:" in shown.stdout and "ls" in shown.stdout
     group = hutch(None, "workspace")
     assert group.returncode == 2 and "suspend" in group.stdout
+
+
+def test_a_relative_workdir_is_the_callers_directory_not_the_daemons(
+        daemon: DaemonProcess) -> None:
+    # The daemon runs elsewhere (its own working directory): `--workdir sub`
+    # typed in a directory means that directory's `sub`, as `--rootfs` does.
+    here = tempfile.mkdtemp(prefix="hutch-cli-cwd-")
+    try:
+        made = hutch(daemon, "create", "--provider", "local", "--workdir", "sub", cwd=here)
+        assert made.returncode == 0, made.stderr
+        sid = made.stdout.strip()
+        try:
+            ran = hutch(daemon, "exec", sid, "--", "pwd")
+            assert ran.stdout.strip() == os.path.join(here, "sub"), ran.stderr
+        finally:
+            hutch(daemon, "kill", sid)
+    finally:
+        shutil.rmtree(here, ignore_errors=True)

@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import socket
+import tempfile
 import time
 from collections.abc import Iterator
 
@@ -31,13 +32,22 @@ HANG_GUARD_MS = 30_000
 APPEARS_WITHIN_MS = 2_000
 
 
+#: The daemon's sampling of memory and disk (default 10 s): often, so that a
+#: sandbox has a history by the time the test opens its page.
+METER_INTERVAL = 0.3
+
+
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[DaemonProcess]:
-    d = DaemonProcess().start()
-    try:
-        yield d
-    finally:
-        d.close()
+    with tempfile.TemporaryDirectory() as config_dir:
+        config = os.path.join(config_dir, "hutch.toml")
+        with open(config, "w") as fh:
+            fh.write(f"[server]\nmeter_interval = {METER_INTERVAL}\n")
+        d = DaemonProcess(extra_args=["--config", config]).start()
+        try:
+            yield d
+        finally:
+            d.close()
 
 
 def _login(d: DaemonProcess) -> httpx.Cookies:
@@ -256,9 +266,23 @@ def test_dashboard_shows_a_new_sandbox_live_and_suspends_it(
                 page.screenshot(path=os.path.join(artifacts, "dashboard-sandboxes.png"),
                                 full_page=True)
 
+                # The daemon sampled it meanwhile: its page's plots start from that.
+                deadline = time.monotonic() + HANG_GUARD_MS / 1000
+                while len(sandbox.meter_history()) < 3 and time.monotonic() < deadline:
+                    time.sleep(METER_INTERVAL)
+                assert len(sandbox.meter_history()) >= 3
                 row.locator("a").click()
                 expect(page.locator("#facts")).to_contain_text("bubblewrap",
                                                                timeout=HANG_GUARD_MS)
+                page.click("#tab-usage")
+                for figure in ("memory", "disk"):
+                    plotted = page.locator(f"#usage figure[data-plot={figure}]")
+                    # At least the three samples the daemon had: the page alone has one.
+                    expect(plotted).to_have_attribute(
+                        "data-from-daemon", re.compile(r"^([3-9]|\d{2,})$"),
+                        timeout=HANG_GUARD_MS)
+                    expect(plotted.locator("path.line")).to_have_attribute(
+                        "d", re.compile(r"^M[\d.]+,[\d.]+( L[\d.]+,[\d.]+){2,}"))
                 page.click("#do-suspend")
                 expect(page.locator("#sandbox-state [data-state]")).to_have_text(
                     "suspended", timeout=HANG_GUARD_MS)

@@ -158,6 +158,33 @@ def test_two_daemons_racing_ensure_for_one_thread_make_one_sandbox(
         assert listed_ids(d) == [got[0]]
 
 
+def test_a_definition_put_through_one_daemon_is_the_fleets(
+    fleet: list[DaemonProcess],
+) -> None:
+    """Listed by every daemon, and a new version put through one is the one
+    every other lists and ensures by, not the one it saw first."""
+    first, other = fleet[0], fleet[1]
+
+    def listed(d: DaemonProcess) -> dict[str, list[str]]:
+        with client(d) as c:
+            return {x["id"]: x["workspace"]["setup"] for x in c.definitions()}
+
+    def put(setup: str) -> None:
+        with client(first) as c:
+            c.put_definition({"id": "shared", "provider": {"type": "docker", "image": TEST_IMAGE,
+                                                           "runtime": "native"},
+                              "workspace": {"setup": [setup]}})
+
+    put("echo one > made.txt")
+    assert listed(other) == {"shared": ["echo one > made.txt"]}
+    put("echo two > made.txt")
+    for d in fleet:
+        assert listed(d) == {"shared": ["echo two > made.txt"]}
+    with client(other) as c:
+        sb = c.ensure("shared", "thread-2").sandbox
+        assert sb.read_text("made.txt") == "two\n"
+
+
 def test_workspace_locks_hold_across_daemons(fleet: list[DaemonProcess]) -> None:
     """Three daemons racing to make one workspace make one (the others are
     told it exists), and its suspends raced through two daemons run one at

@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import shutil
+import subprocess
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,7 +19,7 @@ import hutch
 from hutch._errors import ProviderError
 from hutch._sandbox import backend_of
 from hutch.providers.gvisor.checkpoints import META, CheckpointBuildMismatch
-from hutch.providers.gvisor.runsc import list_ids
+from hutch.providers.gvisor.runsc import complete, list_ids
 from hutch.providers.gvisor.runsc import state as runsc_state
 from hutch.providers.gvisor.sandbox import GvisorSandbox, snapshots_dir
 from tests.conftest import TEST_IMAGE
@@ -350,3 +351,12 @@ async def test_each_restore_runs_under_a_new_container_which_a_restarted_daemon_
     # one's is none of the running one's.
     assert runsc_state(stale["container"]) is None
     assert (await sandbox.exec("echo here")).stdout == "here\n"
+
+
+
+def test_a_runsc_command_past_its_timeout_is_killed_and_said_so() -> None:
+    # runsc's commands are waited for without subprocess's timeout (which
+    # polls with sleeps): the timeout is kept by killing the command.
+    assert complete(["sh", "-c", "echo said; exit 3"], timeout=30) == (3, b"said\n")
+    with pytest.raises(subprocess.TimeoutExpired):
+        complete(["sleep", "30"], timeout=0.2)

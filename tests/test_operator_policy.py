@@ -206,6 +206,29 @@ def test_the_operator_allows_a_provider_on_the_host_by_flag_and_by_config_file()
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def test_a_relative_host_path_is_refused_through_the_daemon() -> None:
+    # A path on the daemon's host, relative, would resolve against the
+    # daemon's own working directory, which no client knows: refused as
+    # such, before anything is made, even where the setting is allowed.
+    d = start("--allow-provider", "local", "--allow", "rootfs")
+    try:
+        for body, setting in (
+            ({"provider": "local", "workdir": "sub"}, "workdir"),
+            ({"provider": "local", "workdir": "~/sub"}, "workdir"),
+            ({"provider": "local", "providers": {"local": {"workdir": "./sub"}}}, "workdir"),
+            ({"provider": "bubblewrap", "rootfs": "rootfs"}, "rootfs"),
+        ):
+            before = made(d)
+            answer = post(d, "/v1/sandboxes", body)
+            assert answer.status_code == 400, answer.text
+            error = answer.json()["error"]
+            assert error["code"] == "invalid_argument"
+            assert setting in error["message"] and "absolute" in error["message"]
+            assert made(d) == before
+    finally:
+        d.close()
+
+
 def test_an_unknown_provider_allowance_is_refused_at_start() -> None:
     d = DaemonProcess(provider=None, extra_args=["--allow-provider", "no-such-provider"])
     with pytest.raises(RuntimeError, match="no such provider"):

@@ -536,6 +536,8 @@ class Sandbox(SandboxSession):
         Plain JSON-ready data, the same a daemon answers for the sandbox.
         Reading it is not activity.
         """
+        # Limits another program holding the sandbox set: read off the loop here.
+        await self._engine().look_at_limits(self._live)
         memory = disk = None
         if self.state not in FINAL:
             try:
@@ -599,8 +601,11 @@ class Sandbox(SandboxSession):
             )
         snapshot = await self.snapshot(label)
         fork = Fork(snapshot, self._factory)
-        for _ in range(count):
-            await fork.attach()
+        if count > 1 and self._backend.branches_concurrently:
+            await fork.attach_together(count)
+        else:
+            for _ in range(count):
+                await fork.attach()
         return fork
 
     async def set_timeout(self, seconds: float) -> float:

@@ -8,24 +8,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+# The limits are read here too, where they were first written; their home is
+# hutch._limits (constants only: the client reads them without these classes).
+from ._limits import DEFAULT_OUTPUT_LIMIT as DEFAULT_OUTPUT_LIMIT
+from ._limits import DEFAULT_READ_LIMIT as DEFAULT_READ_LIMIT
+from ._limits import DEFAULT_SEARCH_TIMEOUT as DEFAULT_SEARCH_TIMEOUT
+from ._limits import KILL_GRACE_SECONDS as KILL_GRACE_SECONDS
+from ._limits import MAX_DURATION as MAX_DURATION
+from ._limits import MAX_OUTPUT_LIMIT as MAX_OUTPUT_LIMIT
+from ._limits import MAX_READ_LIMIT as MAX_READ_LIMIT
+
 #: A command: an argv list run as is, or a string run by ``bash -c`` (``sh -c``
 #: where the sandbox has no bash).
 Command = str | Sequence[str]
-
-DEFAULT_OUTPUT_LIMIT = 16 * 1024 * 1024
-DEFAULT_READ_LIMIT = 256 * 1024 * 1024
-# Ceilings on what a caller may ask for: every number hutch takes is finite and
-# bounded, so that no request can make the daemon hold more than this.
-#: The largest output cap one command may ask for, bytes.
-MAX_OUTPUT_LIMIT = 256 * 1024 * 1024
-#: The largest file read (and request body) hutch moves at once, bytes.
-MAX_READ_LIMIT = DEFAULT_READ_LIMIT
-#: The longest duration any setting takes (timeouts, lifetimes), seconds: a year.
-MAX_DURATION = 365 * 24 * 3600.0
-#: How long a grep or glob may run before it is stopped (``exec_timeout``).
-DEFAULT_SEARCH_TIMEOUT = 60.0
-#: What a timed-out or killed command gets between SIGTERM and SIGKILL.
-KILL_GRACE_SECONDS = 1.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -87,6 +87,24 @@ class SandboxList(BaseModel):
     sandboxes: list[SandboxInfo]
 
 
+class MeterSample(BaseModel):
+    """A running sandbox's figures at one moment (None: its provider cannot tell)."""
+
+    at_unix: float
+    memory_bytes: int | None
+    disk_bytes: int | None
+
+
+class MeterHistory(BaseModel):
+    """A sandbox's memory and disk over time, as the daemon sampled them:
+    a running sandbox every ``interval_seconds``, the last hour kept, oldest
+    first (none while it was paused or suspended; none once it ended)."""
+
+    id: str
+    interval_seconds: float
+    samples: list[MeterSample]
+
+
 class Deadline(BaseModel):
     deadline_unix: float | None
 

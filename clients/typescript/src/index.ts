@@ -23,6 +23,7 @@ export type {
   FileEventType,
   FileType,
   GrepMatch,
+  MeterSample,
   Pool,
   SandboxInfo,
   SandboxState,

@@ -14,6 +14,8 @@ export type DaemonEvent = Schemas["Event"];
 export type EnsureStep = Schemas["EnsureStep"];
 /** A warm pool: name, provider, settings, size, ready, hits. */
 export type Pool = Schemas["Pool"];
+/** A running sandbox's memory and disk at one moment, as the daemon sampled them. */
+export type MeterSample = Schemas["MeterSample"];
 
 /** One stream of a command's output: held as the daemon sent it (text or bytes). */
 class Output {

@@ -8,6 +8,7 @@ or rich, and a command loads what it uses when it runs.
 from __future__ import annotations
 
 import functools
+import sys
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -124,9 +125,29 @@ def reports_errors(fn: F) -> F:
 
 
 def client() -> Client:
+    _import_httpcore_without_http2()
     from ..client import Client
 
     return Client()
+
+
+def _import_httpcore_without_http2() -> None:
+    """Import httpcore (the client's connections) with its HTTP/2 half left
+    for later: httpcore imports the ``h2`` package whenever it is installed
+    (the e2b extra brings it), a third of a command's imports, and the
+    command never speaks HTTP/2 (its client does not ask for it). httpcore
+    takes the package's absence as it was written to (a stand-in class that
+    says h2 is missing); a connection that does negotiate HTTP/2 imports its
+    real module when it needs it, h2 being importable again by then. Done
+    here, for the hutch command's own process, not in the SDK: another
+    library in a program may use httpcore's HTTP/2 class by its name."""
+    if "httpcore" in sys.modules or "h2" in sys.modules:
+        return
+    sys.modules["h2"] = None  # type: ignore[assignment]  # "import h2" raises ImportError
+    try:
+        import httpcore  # noqa: F401
+    finally:
+        del sys.modules["h2"]
 
 
 def ago(unix: float | None) -> str:

@@ -138,7 +138,8 @@ def create(
 
     layer = load_config_file(config)
     flags: dict[str, Any] = {
-        "provider": provider, "image": image, "workdir": workdir,
+        "provider": provider, "image": image,
+        "workdir": os.path.abspath(os.path.expanduser(workdir)) if workdir else None,
         "rootfs": os.path.abspath(rootfs) if rootfs else None,
         "destination": destination, "working_directory": working_directory,
         "config_file": os.path.abspath(ssh_config) if ssh_config else None,

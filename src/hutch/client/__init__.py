@@ -10,11 +10,10 @@ signatures, typed, and the sandboxes they return behave like in-process
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._errors import Unauthorized
 from .._refwire import DaemonRef, decode_ref
-from .._types import FileEvent, Snapshot
 from ._answers import EnsureProgress
 from ._core import ClientOps, SandboxOps
 from ._generated_async import (
@@ -29,6 +28,9 @@ from ._handles import ForkOps, ProcessOps, WatcherOps
 from ._http import Call
 from ._refs import RemoteEnsured
 from ._transports import AsyncTransport, SyncTransport
+
+if TYPE_CHECKING:
+    from .._types import FileEvent, Snapshot
 
 
 def _parse_ref(ref: str) -> DaemonRef:

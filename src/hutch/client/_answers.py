@@ -4,7 +4,10 @@ client), into the values the client's callers get.
 
 :mod:`hutch.wire` (pydantic) is imported by the first answer decoded, not by
 ``import hutch.client``: a command that decodes no model (``hutch ls``
-prints the sandboxes' JSON as it came) never loads it.
+prints the sandboxes' JSON as it came) never loads it. So are the values
+built of them (:mod:`hutch._types`' and :mod:`hutch.states`' data classes,
+a few milliseconds of class building that such a command would pay for
+nothing): each decoder imports what it builds.
 """
 
 from __future__ import annotations
@@ -15,22 +18,21 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._errors import HutchError, error_from_wire
-from .._types import (
-    ExecResult,
-    ExitStatus,
-    FileInfo,
-    FileType,
-    GrepMatch,
-    OutputChunk,
-    Snapshot,
-    SnapshotDependent,
-)
-from ..states import SandboxState, SandboxStatus
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
     from .. import wire
+    from .._types import (
+        ExecResult,
+        ExitStatus,
+        FileInfo,
+        GrepMatch,
+        OutputChunk,
+        Snapshot,
+        SnapshotDependent,
+    )
+    from ..states import SandboxStatus
 
 Model = TypeVar("Model", bound="BaseModel")
 
@@ -60,6 +62,8 @@ def _bytes_of(text: str | None, b64: str | None) -> bytes:
 
 
 def decode_exec(data: Mapping[str, Any]) -> ExecResult:
+    from .._types import ExecResult
+
     answer: wire.ExecAnswer = valid(_wire().ExecAnswer, data)
     return ExecResult(answer.exit_code, _bytes_of(answer.stdout, answer.stdout_b64),
                       _bytes_of(answer.stderr, answer.stderr_b64),
@@ -105,6 +109,8 @@ def decode_event(
     for kind in ("step", "output"):
         if kind in data:
             return EnsureProgress(kind, str(data[kind]))
+    from .._types import ExitStatus, OutputChunk
+
     line: wire.StreamLine = valid(_wire().StreamLine, data)
     if line.exit_code is not None:
         return ExitStatus(line.exit_code, oom_killed=bool(line.oom_killed))
@@ -113,6 +119,8 @@ def decode_event(
 
 
 def _file(stat: wire.FileStat) -> FileInfo:
+    from .._types import FileInfo, FileType
+
     return FileInfo(stat.path, FileType(stat.type), stat.size, stat.mode, stat.mtime)
 
 
@@ -126,6 +134,8 @@ def decode_files(data: Mapping[str, Any]) -> list[FileInfo]:
 
 
 def decode_status(data: Mapping[str, Any]) -> SandboxStatus:
+    from ..states import SandboxState, SandboxStatus
+
     info: wire.SandboxInfo = valid(_wire().SandboxInfo, data)
     if info.created_at_unix is None or info.last_active_unix is None:
         raise HutchError(f"daemon answered no status for sandbox {info.id}")
@@ -144,6 +154,8 @@ def decode_deadline(data: Mapping[str, Any]) -> float:
 
 
 def _snapshot(info: wire.SnapshotInfo) -> Snapshot:
+    from .._types import Snapshot
+
     return Snapshot(id=info.id, label=info.label, sandbox_id=info.sandbox_id,
                     parent_id=info.parent_id, size_bytes=info.size_bytes,
                     created_at_unix=info.created_at_unix, provider=info.provider)
@@ -165,6 +177,8 @@ def decode_fork(data: Mapping[str, Any]) -> tuple[Snapshot, list[dict[str, Any]]
 
 
 def decode_matches(data: Mapping[str, Any]) -> list[GrepMatch]:
+    from .._types import GrepMatch
+
     answer: wire.GrepAnswer = valid(_wire().GrepAnswer, data)
     return [GrepMatch(m.path, m.line_number, m.line) for m in answer.matches]
 
@@ -191,6 +205,8 @@ def decode_completed(data: Mapping[str, Any]) -> bool:
 
 def decode_broken(data: Mapping[str, Any] | None) -> list[SnapshotDependent]:
     """What a forced snapshot removal broke (no body: nothing)."""
+    from .._types import SnapshotDependent
+
     if not data:
         return []
     answer: wire.ForcedRemoval = valid(_wire().ForcedRemoval, data)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Generator, Mapping, Sequence
-from typing import IO, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from .._errors import (
     CapabilityUnsupported,
@@ -21,20 +21,9 @@ from .._errors import (
     InvalidArgument,
     SandboxUnavailable,
 )
+from .._limits import DEFAULT_SEARCH_TIMEOUT
 from .._refwire import check_ref_lifetime, decode_ref
 from .._sandbox_paths import sandbox_path
-from .._types import (
-    DEFAULT_SEARCH_TIMEOUT,
-    Capabilities,
-    ExecResult,
-    ExitStatus,
-    FileInfo,
-    GrepMatch,
-    OutputChunk,
-    Snapshot,
-    SnapshotDependent,
-)
-from ..states import FINAL, SandboxState, SandboxStatus
 from ._answers import (
     EnsuredRef,
     EnsureProgress,
@@ -64,6 +53,21 @@ from ._refs import (
     stream_op,
     terminal_op,
 )
+
+if TYPE_CHECKING:
+    # The values operations hand back are built where an answer is decoded
+    # (._answers): importing their classes is left to the first that needs one.
+    from .._types import (
+        Capabilities,
+        ExecResult,
+        ExitStatus,
+        FileInfo,
+        GrepMatch,
+        OutputChunk,
+        Snapshot,
+        SnapshotDependent,
+    )
+    from ..states import SandboxState, SandboxStatus
 
 #: Headroom on top of a command's own timeout before the HTTP call gives up.
 HTTP_GRACE_SECONDS = 30.0
@@ -332,6 +336,15 @@ class SandboxOps:
         info: dict[str, Any] = yield Call("GET", self._path(""))
         self._absorb(info)
         return info
+
+    @op
+    def meter_history(self) -> Op[list[dict[str, Any]]]:
+        """Its memory and disk over the last hour, as the daemon sampled them
+        while it ran: ``{"at_unix", "memory_bytes", "disk_bytes"}``, oldest
+        first (none once it ended). Reading them is not activity."""
+        answer: dict[str, Any] = yield Call("GET", self._path("/meters"))
+        samples: list[dict[str, Any]] = answer["samples"]
+        return samples
 
     @op
     def status(self) -> Op[SandboxStatus]:
@@ -620,6 +633,8 @@ class SandboxOps:
 
     @property
     def capabilities(self) -> Capabilities:
+        from .._types import Capabilities
+
         caps = self._info.get("capabilities", {})
         known: dict[str, Any] = {
             k: bool(v) for k, v in caps.items()
@@ -632,6 +647,8 @@ class SandboxOps:
     @property
     def state(self) -> SandboxState:
         """The state at the last answer; ``status()`` asks afresh."""
+        from ..states import SandboxState
+
         return SandboxState(self._info["state"])
 
     @property
@@ -648,4 +665,6 @@ class SandboxOps:
     def closed(self) -> bool:
         """Closed (or detached) through this handle, or ended, as far as the last
         answer knows."""
+        from ..states import FINAL
+
         return self._closed or self._detached or self.state in FINAL

@@ -8,7 +8,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import IO, TYPE_CHECKING, Any
 
-from .._types import DEFAULT_SEARCH_TIMEOUT
+from .._limits import DEFAULT_SEARCH_TIMEOUT
 from ._core import ClientOps, SandboxOps
 from ._handles import ForkOps, ProcessOps, WatcherOps
 
@@ -239,6 +239,15 @@ class SandboxFace(SandboxOps):
         """What the sandbox is and how it is now (the daemon's description)."""
         operation = SandboxOps.info(self)
         value: dict[str, Any] = self._transport.drive(operation, self)
+        return value
+
+    def meter_history(self) -> list[dict[str, Any]]:
+        """Its memory and disk over the last hour, as the daemon sampled them
+        while it ran: ``{"at_unix", "memory_bytes", "disk_bytes"}``, oldest
+        first (none once it ended). Reading them is not activity.
+        """
+        operation = SandboxOps.meter_history(self)
+        value: list[dict[str, Any]] = self._transport.drive(operation, self)
         return value
 
     def status(self) -> SandboxStatus:

@@ -6,19 +6,12 @@ background command's (its output, stdin, exit) and a watch's (its events).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._errors import (
     HutchError,
     InvalidArgument,
     StdinClosed,
-)
-from .._types import (
-    ExecResult,
-    ExitStatus,
-    FileEvent,
-    OutputChunk,
-    Snapshot,
 )
 from ._answers import (
     decode_exec,
@@ -30,6 +23,9 @@ from ._refs import (
     op,
     stream_op,
 )
+
+if TYPE_CHECKING:
+    from .._types import ExecResult, ExitStatus, FileEvent, OutputChunk, Snapshot
 
 
 class ForkOps:
@@ -152,6 +148,8 @@ class WatcherOps:
         (None: as long as it takes) for the first when there are none yet."""
         if wait is not None and (isinstance(wait, bool) or not wait >= 0):
             raise InvalidArgument(f"wait must be a number of seconds >= 0, got {wait!r}")
+        from .._types import FileEvent
+
         left = wait
         while True:
             look = WATCH_LOOK_SECONDS if left is None else min(left, WATCH_LOOK_SECONDS)
@@ -185,5 +183,7 @@ class WatcherOps:
 def note_exit(owner: object, event: object) -> None:
     """A stream's exit status, told to the background command's handle the
     stream came from (so that its ``running`` and ``exit_code`` agree)."""
+    from .._types import ExitStatus
+
     if isinstance(owner, ProcessOps) and isinstance(event, ExitStatus):
         owner._running, owner._exit_code = False, event.exit_code

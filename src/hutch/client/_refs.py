@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from .._types import Snapshot
 from ._http import Call
+
+if TYPE_CHECKING:
+    from .._types import Snapshot
 
 # -- references the drivers turn into facade objects ------------------------------------
 

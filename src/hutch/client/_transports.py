@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import IO, TYPE_CHECKING, Any
 
-import anyio.to_thread
 import httpx
 
 from .._errors import HutchError
@@ -78,6 +77,8 @@ _SEND_PIECE = 1024 * 1024
 
 async def _pieces_of(source: IO[bytes]) -> AsyncIterator[bytes]:
     """A binary file, from its position on, in pieces read off the event loop."""
+    import anyio.to_thread  # here: the sync client, and every command of the CLI, need none
+
     while piece := await anyio.to_thread.run_sync(source.read, _SEND_PIECE):
         yield piece
 

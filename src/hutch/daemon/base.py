@@ -55,6 +55,7 @@ from .common import (
 )
 from .events import EventFeed
 from .host import _DaemonHost
+from .meters import DEFAULT_METER_INTERVAL, MeterHistory
 from .metrics import DaemonMetrics
 from .policy import OperatorPolicy
 
@@ -83,6 +84,7 @@ class DaemonBase:
         definitions: Mapping[str, Mapping[str, Any]] | None = None,
         default_provider: str | None = None,
         advertise_url: str | None = None,
+        meter_interval: float = DEFAULT_METER_INTERVAL,
     ) -> None:
         #: What API clients may ask for: host-reaching settings, limits.
         self.policy = policy or OperatorPolicy()
@@ -117,6 +119,8 @@ class DaemonBase:
                 f"retention must be a positive number of seconds, got {retention_seconds!r}"
             )
         self.retention_seconds = retention_seconds
+        #: Its running sandboxes' memory and disk over time (sampled once started).
+        self.meters = MeterHistory(meter_interval)
         self._pruner: asyncio.Task[None] | None = None
         #: This daemon's hold of the store (SERVING_LEASE), once started.
         self._store_holder: str | None = None
@@ -309,6 +313,7 @@ class DaemonBase:
 
     def _forget(self, sandbox_id: str) -> None:
         self.sandboxes.pop(sandbox_id, None)
+        self.meters.forget(sandbox_id)
         self.workspace_of.pop(sandbox_id, None)
         self._guards = {k: v for k, v in self._guards.items() if k[0] != sandbox_id}
         self._sessions.pop(sandbox_id, None)

@@ -77,6 +77,7 @@ class Daemon(Fleet):
         await self._free_failed_to_be_pruned()
         await self.prune_ended()
         self._pruner = asyncio.get_running_loop().create_task(self._prune_periodically())
+        self.meters.start(lambda: [s for i, s in self.sandboxes.items() if i not in self._hosted])
 
     def _clean_stop_key(self) -> str:
         # A fleet's daemons start and stop on their own: whether the last
@@ -119,6 +120,7 @@ class Daemon(Fleet):
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
         self._watchers.clear()
+        await self.meters.stop()
         await self.engine.close()
         if self._store_holder is None:
             # It never served (refused, or its start failed): the store is

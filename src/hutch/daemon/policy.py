@@ -41,6 +41,7 @@ from ..providers.policy import (
     host_reaching,
     limits,
     parse_bytes,
+    relative_host_paths,
 )
 from ..providers.registry import available_providers, get_provider, provider_known
 
@@ -166,6 +167,13 @@ class OperatorPolicy:
         it: refused if it reaches the host beyond what the operator set
         (``operators``: the same provider's config from the server defaults
         alone) or allowed, limits filled in and held to their ceilings."""
+        for name in relative_host_paths(requested):
+            raise InvalidArgument(
+                f"the {getattr(requested, 'type', 'provider')} setting {name!r} is "
+                f"{getattr(requested, name)!r}, a path on the daemon's host that is not "
+                "absolute: the daemon's working directory is not the caller's; give an "
+                "absolute path"
+            )
         operator_set = host_reaching(operators) if operators is not None else {}
         for name, why in host_reaching(requested).items():
             if name in self.allow:

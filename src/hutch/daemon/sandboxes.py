@@ -319,6 +319,15 @@ class Sandboxes(Refs):
             raise NotFound(f"no sandbox {sandbox_id}")
         return self.ended_info(row)
 
+    async def meter_history(self, sandbox_id: str) -> dict[str, Any]:
+        """A sandbox's memory and disk over time, as the daemon sampled them
+        (see .meters): a live one's last hour; none of one that ended."""
+        if sandbox_id not in self.sandboxes:
+            row = await self.astore.get_sandbox(sandbox_id)
+            if row is None or row.state not in FINAL:
+                raise NotFound(f"no sandbox {sandbox_id}")
+        return self.meters.history_json(sandbox_id)
+
     async def list_infos(self, *, include_ended: bool = False) -> list[dict[str, Any]]:
         """Live sandboxes; with ``include_ended`` also those that ended within
         the retention period, oldest first."""

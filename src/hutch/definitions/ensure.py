@@ -124,17 +124,25 @@ class Definitions:
         return self._known(definition_id)
 
     async def find(self, definition_id: str) -> Definition:
-        """:meth:`get`, its store read (a definition not known here yet) in a
-        worker thread (off the event loop)."""
-        if definition_id not in self._definitions:
+        """:meth:`get`, its store read (a definition not known here yet, or
+        any in a fleet, where another daemon may have put a new version
+        since) in a worker thread (off the event loop)."""
+        if self.host.store.shared or definition_id not in self._definitions:
             await anyio.to_thread.run_sync(self._reload, definition_id)
         return self._known(definition_id)
 
-    def _reload(self, definition_id: str) -> None:
-        """Read ``definition_id`` from the store: put since through another
-        program on the store (a fleet's daemon)."""
+    async def listed(self) -> list[Definition]:
+        """:meth:`all`; in a fleet, as the store has them now (read off the
+        event loop): put through any of its daemons."""
+        if self.host.store.shared:
+            await anyio.to_thread.run_sync(self._reload, None)
+        return self.all()
+
+    def _reload(self, definition_id: str | None) -> None:
+        """Read ``definition_id`` (None: every one) from the store: put since
+        through another program on the store (a fleet's daemon)."""
         for row in self.host.store.list_definitions():
-            if row.id == definition_id:
+            if definition_id is None or row.id == definition_id:
                 with contextlib.suppress(InvalidArgument):
                     self._definitions[row.id] = Definition.parse(row.body, definition_id=row.id)
 
@@ -314,6 +322,10 @@ class Definitions:
 
     async def _record(self, d: Definition, key: str, thread_id: str, tenant: str | None,
                       sandbox: Sandbox) -> None:
+        # Its creation as this program's engine knows it, asked before the
+        # host records the sandbox: no other program knows of it yet, so the
+        # status has no record of another's to read (on this event loop).
+        created = sandbox.status().created_at_unix
         await anyio.to_thread.run_sync(self.host.store.put_instance, InstanceRow(
             key=key, definition_id=d.id, thread_id=thread_id,
             tenant=tenant if tenant is not None else d.tenant, provider=d.provider.type,
@@ -321,7 +333,7 @@ class Definitions:
             spec=self._spec(d).model_dump(mode="json"), updated_at_unix=time.time(),
             state=sandbox.state.value, last_active_unix=time.time(),
             # Every program's max_lifetime counts from here.
-            created_at_unix=sandbox.status().created_at_unix,
+            created_at_unix=created,
         ))
 
     # -- the run's end ---------------------------------------------------------------

@@ -618,6 +618,11 @@ class SandboxBackend(SandboxPart):
     #: one's sandboxes; otherwise (only the host that made them can: local,
     #: bubblewrap, in memory) they fail with their host.
     reachable_from_any_host: ClassVar[bool] = False
+    #: Whether several :meth:`create_from_snapshot` of one snapshot may run
+    #: at once (a fork's ``count`` branches started together): its branches
+    #: share nothing that is written while they start (gvisor: each restore
+    #: reads the one checkpoint image and writes only its own directory).
+    branches_concurrently: ClassVar[bool] = False
 
     @classmethod
     def answers_here(cls) -> bool:

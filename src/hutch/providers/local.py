@@ -14,7 +14,7 @@ import re
 import shutil
 import uuid
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import anyio.to_thread
 from pydantic import ConfigDict
@@ -26,6 +26,7 @@ from . import layers
 from ._hostfs import HostFiles
 from ._hostproc import EXEC_MARKER, SANDBOX_MARKER, HostProcess, pids_with_env, spawn
 from .base import FilesRuntime, NativeBackend, ProcessRequest, ProviderSettings
+from .policy import HostPath
 
 SECRET_SUFFIXES = ("_API_KEY", "_SECRET", "_TOKEN", "_PASSWORD", "_CREDENTIAL")
 #: A name containing any of these (case-insensitively) is a secret's.
@@ -73,7 +74,7 @@ class LocalConfig(ProviderSettings):
     #: The host directory commands run in and relative paths resolve from; a
     #: fresh one of the sandbox's own under hutch's data directory when unset
     #: (and then removed with the sandbox).
-    workdir: str | None = None
+    workdir: Annotated[str | None, HostPath()] = None
     #: Extra variables for every command (not filtered: you set them).
     env: dict[str, str] = {}
 

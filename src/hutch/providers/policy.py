@@ -7,6 +7,8 @@ metadata; the daemon reads the marks and never a provider's field names:
   shares the host's network, restores capabilities). Through the daemon only
   the operator may set it to a value that does; in-process use, where the
   caller is the operator, keeps it.
+- :class:`HostPath`: the setting names a path on the host; through the
+  daemon it must be absolute (the daemon's working directory is no caller's).
 - :class:`Limit`: the setting is a resource limit of one kind (memory, CPUs,
   pids, disk); the daemon fills it with its default when a request leaves it
   unset and refuses a value over its ceiling.
@@ -64,6 +66,13 @@ class OperatorsChoice(ReachesHost):
 
 
 @dataclass(frozen=True)
+class HostPath:
+    """A setting that names a path on the host. In process a relative one
+    is the caller's (its working directory); through the daemon it would be
+    the daemon's, which no client knows, so there it must be absolute."""
+
+
+@dataclass(frozen=True)
 class Limit:
     """A resource limit: ``measure`` turns the setting's value into the kind's
     unit (bytes, CPUs, processes), ``express`` turns such a number back."""
@@ -86,6 +95,15 @@ def host_reaching(config: BaseModel) -> dict[str, str]:
         name: mark.why for name, mark in _marked(config, ReachesHost)
         if mark.reaches(config, getattr(config, name))
     }
+
+
+def relative_host_paths(config: BaseModel) -> list[str]:
+    """The settings of ``config`` naming a host path that is not absolute
+    (``~`` included: it is the daemon user's home there)."""
+    return [
+        name for name, _mark in _marked(config, HostPath)
+        if isinstance(value := getattr(config, name), str) and not value.startswith("/")
+    ]
 
 
 def limits(config: BaseModel) -> dict[LimitKind, tuple[str, Limit]]:

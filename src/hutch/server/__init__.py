@@ -74,6 +74,7 @@ def load_server_config(path: str | None) -> dict[str, Any]:
         store = "postgresql://hutch@db.example/hutch"   # default: SQLite in the data dir
         advertise_url = "http://host-a:8787"   # where a fleet's other daemons reach this one
         max_sandboxes = 100         # served at once, warm pools' included (default: no limit)
+        meter_interval = 10         # seconds between samples of a sandbox's memory and disk
         [server.limits]             # for requests that set none
         memory = "2g"
         cpus = 1
@@ -97,7 +98,7 @@ def load_server_config(path: str | None) -> dict[str, Any]:
             for name, d in definitions_from_config(data).items()
         }
     known = {"allow", "providers", "limits", "ceilings", "memory_budget", "store",
-             "advertise_url", "max_sandboxes"}
+             "advertise_url", "max_sandboxes", "meter_interval"}
     unknown = set(server) - known
     if unknown:
         raise InvalidArgument(

@@ -148,7 +148,7 @@ def create_app(
                 timeout_ceiling=settings.timeout_ceiling,
                 retention_seconds=settings.retention_seconds, policy=settings.policy(),
                 definitions=settings.definitions, default_provider=settings.default_provider,
-                advertise_url=settings.advertise_url,
+                advertise_url=settings.advertise_url, meter_interval=settings.meter_interval,
             )
 
         # Off the loop: opening the store reads (and may migrate) it.

@@ -12,6 +12,7 @@ from .._types import (
     MAX_READ_LIMIT,
 )
 from ..daemon import DEFAULT_RETENTION_SECONDS, OperatorPolicy
+from ..daemon.meters import DEFAULT_METER_INTERVAL
 
 log = logging.getLogger("hutch.server")
 
@@ -53,6 +54,9 @@ class ServerSettings(BaseModel):
     advertise_url: str | None = None
     #: The operator's sandbox definitions (``[definitions.NAME]`` in hutch.toml).
     definitions: dict[str, dict[str, Any]] = {}
+    #: Seconds between two samples of a running sandbox's memory and disk
+    #: (the history the dashboard's plots start from; see hutch.daemon.meters).
+    meter_interval: float = Field(default=DEFAULT_METER_INTERVAL, gt=0, le=3600)
     #: Warm pools (``[pools.NAME]`` in hutch.toml: ``size`` and a create's settings).
     pools: dict[str, dict[str, Any]] = {}
 

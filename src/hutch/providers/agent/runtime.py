@@ -494,9 +494,8 @@ class AgentRuntime(SandboxRuntime):
         if pty is not None:
             header["pty"] = {"rows": pty[0], "cols": pty[1]}
         # A kept connection, already accepted, saves the agent's accept on
-        # this command's path; the pool is topped up once it has started.
+        # this command's path.
         channel = self._idle.pop() if self._idle else await self._connect()
-        asyncio.get_running_loop().call_soon(self._top_up)
         try:
             await channel.send(header)
             reply, _ = await self._answer(channel)
@@ -509,6 +508,11 @@ class AgentRuntime(SandboxRuntime):
         except BaseException:
             channel.close()
             raise
+        if not reuse:
+            # Topped up once the command has started (a dial and an accept
+            # beside its start would slow it). A kept connection comes back
+            # when its command exits: the next request after it takes that.
+            self._top_up()
         return AgentProcess(self, channel, marker, pid, stdin, reusable=reuse,
                             keep_stdin=request.keep_stdin)
 

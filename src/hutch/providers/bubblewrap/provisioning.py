@@ -461,9 +461,10 @@ class _Starter:
     thread moves itself into the sandbox's cgroups (see
     :meth:`SandboxCgroup.enter_thread`) and the keeper is born there, and
     it enters a fresh network namespace (loopback up, nothing else) that the
-    keeper inherits: made while the thread is idle (see :func:`_new_netns`),
-    because bringing a loopback up takes the kernel's network lock, which the
-    teardown of ended sandboxes' namespaces holds for milliseconds at a time.
+    keeper inherits: made ahead while the thread has no start to do (see
+    :func:`_new_netns`), because bringing a loopback up takes the kernel's
+    network lock, which the teardown of ended sandboxes' namespaces holds
+    for milliseconds at a time.
     Each namespace serves one sandbox only, as bwrap's ``--unshare-net``
     would. One long-lived thread rather than one per sandbox, because a
     keeper started with ``--die-with-parent`` dies when the *thread* that
@@ -475,8 +476,6 @@ class _Starter:
 
     #: Network namespaces kept ready (each is a few kilobytes of the kernel's).
     SPARE_NETNS = 2
-    #: How long the thread must be idle before it makes a spare one.
-    IDLE_BEFORE_SPARE = 0.02
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -512,9 +511,11 @@ class _Starter:
         while True:
             wanted = refill and not broken and len(spares) < self.SPARE_NETNS
             try:
-                job, cgroup, own_network, done = jobs.get(
-                    timeout=self.IDLE_BEFORE_SPARE if wanted else None
-                )
+                # A spare is made as soon as no start waits: right after the
+                # start that took one, while its sandbox is still coming up
+                # (its agent starting), not later, when the sandbox's first
+                # requests come (a warm pool's sandbox is taken at once).
+                job, cgroup, own_network, done = jobs.get(block=not wanted)
             except queue.Empty:
                 try:
                     spares.append(_new_netns(host_net))

@@ -46,6 +46,7 @@ from ..base import (
 from ..network import AllowList, NetworkPolicy
 from ..policy import (
     DiskSize,
+    HostPath,
     ImageName,
     Limit,
     MemorySize,
@@ -97,7 +98,8 @@ class BubblewrapConfig(ProviderSettings):
     type: Literal["bubblewrap"] = "bubblewrap"
     #: A host directory to use as the (read-only, shared) root file system.
     rootfs: Annotated[
-        str | None, ReachesHost("uses a host directory as the sandbox's root file system")
+        str | None, ReachesHost("uses a host directory as the sandbox's root file system"),
+        HostPath(),
     ] = None
     #: A hutch image, or a Docker image exported once and cached; the test
     #: image when neither this nor ``rootfs`` is set.

@@ -10,6 +10,7 @@ from ..base import ProviderSettings
 from ..network import NetworkPolicy
 from ..policy import (
     DiskSize,
+    HostPath,
     ImageName,
     Limit,
     MemorySize,
@@ -51,7 +52,7 @@ class DockerConfig(ProviderSettings):
     #: Host directory bound at the mount point; a fresh one under hutch's data
     #: directory when unset (and then removed with the sandbox).
     host_workdir: Annotated[
-        str | None, ReachesHost("binds a host directory of the caller's choosing")
+        str | None, ReachesHost("binds a host directory of the caller's choosing"), HostPath()
     ] = None
     network_mode: Annotated[
         str, ReachesHost("shares a network namespace not its own (the host's or another "

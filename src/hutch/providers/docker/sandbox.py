@@ -36,6 +36,7 @@ from .._docker_engine import call as _call
 from .._docker_engine import engine
 from ..base import RuntimeReport, RuntimeState
 from .config import DockerConfig
+from .disk import DiskMeter
 from .files import DockerFiles
 from .freeze import drop_start_locks, freeze_guard
 from .labels import (
@@ -68,6 +69,8 @@ class DockerSandbox(DockerSnapshots, DockerFiles):
         preview_url=True,
     )
     config_model = DockerConfig
+    #: Its disk figure's measurer (made on first use).
+    _disk: DiskMeter | None = None
 
     @classmethod
     def answers_here(cls) -> bool:
@@ -242,6 +245,15 @@ class DockerSandbox(DockerSnapshots, DockerFiles):
             except (OSError, ValueError):
                 continue
         return None
+
+    async def disk_bytes(self) -> int | None:
+        if self._disk is None:
+            self._disk = DiskMeter()
+        own = ([layers.upper_dir(self.sandbox_id)] if self.layered
+               else [self.host_workdir] if self.owns_workdir else [])
+        # The image it runs from: a suspend's commit, over the one it started from.
+        return await self._disk.measure(
+            self.container_id, self.suspended_image, self.base_image, own)
 
     async def is_alive(self) -> bool:
         if self.container_id is None:

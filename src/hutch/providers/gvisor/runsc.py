@@ -13,7 +13,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import IO, Any
 
 import anyio.to_thread
 
@@ -58,15 +58,42 @@ def runsc_build() -> str:
     found = os.stat(binary)
     key = (os.path.realpath(binary), found.st_mtime_ns, found.st_size)
     if key not in _builds:
-        result = subprocess.run(
-            [binary, "--version"], capture_output=True, text=True, check=False, timeout=30
-        )
-        _builds[key] = result.stdout.strip()
+        _, said = complete([binary, "--version"], timeout=30)
+        _builds[key] = said.decode(errors="replace").strip()
     return _builds[key]
 
 
 def argv(*args: str) -> list[str]:
     return [runsc_binary(), "--root", state_root(), *GLOBAL_FLAGS, *args]
+
+
+def complete(
+    args: list[str], *, timeout: float, stdout: IO[bytes] | int = subprocess.PIPE,
+    stderr: IO[bytes] | int = subprocess.DEVNULL,
+) -> tuple[int, bytes]:
+    """``args`` run to their end (blocking): the exit status and what they
+    wrote to ``stdout`` where it is a pipe. Waited for with a blocking
+    ``waitpid``, which returns the moment the command ends: subprocess's
+    own wait with a timeout polls with sleeps growing to 50 ms (a runsc
+    checkpoint came back 25 ms late on average). The timeout kills it from
+    a timer instead; ``subprocess.TimeoutExpired`` then."""
+    process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr)
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
+        process.kill()
+
+    timer = threading.Timer(timeout, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        said, _ = process.communicate()
+    finally:
+        timer.cancel()
+    if expired.is_set():
+        raise subprocess.TimeoutExpired(args, timeout)
+    return process.returncode, said or b""
 
 
 def run(*args: str, what: str, timeout: float = 120.0) -> str:
@@ -75,17 +102,14 @@ def run(*args: str, what: str, timeout: float = 120.0) -> str:
     # and would hold a pipe open long after runsc returned.
     with tempfile.TemporaryFile() as output:
         try:
-            result = subprocess.run(
-                argv(*args), stdout=output, stderr=output, check=False, timeout=timeout,
-                stdin=subprocess.DEVNULL,
-            )
+            returncode, _ = complete(argv(*args), stdout=output, stderr=output, timeout=timeout)
         except subprocess.TimeoutExpired:
             raise ProviderError(
                 f"gvisor: {what}: runsc did not finish in {timeout:g}s"
             ) from None
         output.seek(0)
         text = output.read().decode(errors="replace")
-    if result.returncode != 0:
+    if returncode != 0:
         said = text.strip().splitlines()
         raise ProviderError(f"gvisor: {what}: {' '.join(said[:3])[:600]}")
     return text
@@ -175,11 +199,8 @@ def forget(container: str) -> None:
 
 def list_ids() -> list[str]:
     """The ids of the containers runsc knows under hutch's state root."""
-    result = subprocess.run(
-        argv("list", "--quiet"), capture_output=True, text=True, check=False, timeout=30,
-        stdin=subprocess.DEVNULL,
-    )
-    return result.stdout.split() if result.returncode == 0 else []
+    returncode, said = complete(argv("list", "--quiet"), timeout=30)
+    return said.decode(errors="replace").split() if returncode == 0 else []
 
 
 def _tail(path: str, start: int) -> str:
@@ -196,14 +217,11 @@ def state(container: str) -> dict[str, Any] | None:
     """runsc's state of ``container`` (``status``: running, paused, stopped),
     or None where runsc knows none by that name (runsc answers a name it
     does not know with the container it is the prefix of: not that one)."""
-    result = subprocess.run(
-        argv("state", container), capture_output=True, text=True, check=False, timeout=30,
-        stdin=subprocess.DEVNULL,
-    )
-    if result.returncode != 0:
+    returncode, said = complete(argv("state", container), timeout=30)
+    if returncode != 0:
         return None
     try:
-        found = json.loads(result.stdout)
+        found = json.loads(said)
     except ValueError:
         return None
     return found if isinstance(found, dict) and found.get("id") == container else None
@@ -216,33 +234,24 @@ def remove(container: str) -> None:
         return  # runsc would take the name as another's prefix
     # Killed first: the runsc that started it reaps it and deletes it at
     # once, where a delete of a running sandbox waits seconds for its end.
-    subprocess.run(
-        argv("kill", container, "KILL"), capture_output=True, check=False, timeout=60,
-        stdin=subprocess.DEVNULL,
-    )
+    complete(argv("kill", container, "KILL"), stdout=subprocess.DEVNULL, timeout=60)
     deadline = time.monotonic() + 5.0
     while time.monotonic() < deadline:
         found = state(container)
         if found is None or found.get("status") == "stopped":
             break
         time.sleep(0.01)
-    subprocess.run(
-        argv("delete", "--force", container), capture_output=True, check=False, timeout=60,
-        stdin=subprocess.DEVNULL,
-    )
+    complete(argv("delete", "--force", container), stdout=subprocess.DEVNULL, timeout=60)
     forget(container)
 
 
 def pids(container: str) -> set[int]:
     """The pids of the container's processes, as runsc ps lists them."""
-    result = subprocess.run(
-        argv("ps", "--format", "json", container), capture_output=True, text=True,
-        check=False, timeout=30, stdin=subprocess.DEVNULL,
-    )
-    if result.returncode != 0:
+    returncode, said = complete(argv("ps", "--format", "json", container), timeout=30)
+    if returncode != 0:
         return set()
     try:
-        listed = json.loads(result.stdout) or []
+        listed = json.loads(said) or []
     except ValueError:
         return set()
     return {int(item["PID"]) for item in listed if isinstance(item, dict) and "PID" in item}

@@ -113,6 +113,9 @@ class GvisorSandbox(SandboxBackend):
         users=True,
     )
     config_model = GvisorConfig
+    # Each branch's restore reads the snapshot's image and writes only its
+    # own directory, bundle and container: runsc restores them side by side.
+    branches_concurrently = True
 
     def __init__(self, sandbox_id: str, workdir: str, sandbox_dir: str,
                  container: str | None = None) -> None:
@@ -291,6 +294,18 @@ class GvisorSandbox(SandboxBackend):
         found = await anyio.to_thread.run_sync(lambda: runsc.state(container))
         return None if found is None else str(found.get("status", ""))
 
+    def _known_status(self) -> str | None:
+        """The container's status as hutch left it, without asking runsc
+        (a process, some 20 ms): stopped once checkpointed here, running or
+        paused as hutch made it; None where hutch does not know (found
+        after a restart, a pause under way). One that died meanwhile is
+        found by the runsc call that follows."""
+        if self.container == self._checkpointed:
+            return "stopped"
+        if self._paused is None:
+            return None
+        return "paused" if self._paused else "running"
+
     async def pause(self) -> None:
         self._agent.drop_connections()
         self._paused = None
@@ -346,9 +361,12 @@ class GvisorSandbox(SandboxBackend):
             lambda: shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
         )
 
-    async def _restore_from(self, directory: str, fault: str | None = None) -> None:
-        """Running from a checkpoint, its agent answering."""
-        previous = self.container
+    async def _restore_from(
+        self, directory: str, fault: str | None = None, *, first: bool = False
+    ) -> None:
+        """Running from a checkpoint, its agent answering. ``first``: the
+        sandbox's first container (a branch's): none ran before it."""
+        previous = None if first else self.container
 
         def restore() -> None:
             following = self._next_container()
@@ -359,11 +377,15 @@ class GvisorSandbox(SandboxBackend):
         await anyio.to_thread.run_sync(restore)
         if fault is not None:
             fault_point(fault)
-        if checkpoints.listening(self.agent_socket) and self._agent.keeps_exec_connections:
+        if checkpoints.listening(self.agent_socket):
             # Woken by its file: it listens (the pid file, removed before
-            # the restore, is the restored agent's), and its version is
-            # known (a ping told it): no round trip needed.
-            self._agent.drop_connections()
+            # the restore, is the restored agent's). Where its version is
+            # known (a ping told it) no round trip is needed; a branch's
+            # agent is pinged once (a runsc kill would cost a process).
+            if self._agent.keeps_exec_connections:
+                self._agent.drop_connections()
+            else:
+                await self._await_agent()
         else:
             # Not woken by its file (an agent of an older build, say): signalled.
             await self._wake_agent()
@@ -382,7 +404,7 @@ class GvisorSandbox(SandboxBackend):
         image = os.path.join(target, "image")
         await anyio.to_thread.run_sync(lambda: _begin_snapshot(target, self.bundle_dir))
         try:
-            status = await self._status()
+            status = self._known_status() or await self._status()
             if status in (None, "stopped") and checkpoints.held(self.checkpoint_dir):
                 # Suspended: its checkpoint is the state, as it is.
                 await anyio.to_thread.run_sync(
@@ -450,7 +472,7 @@ class GvisorSandbox(SandboxBackend):
 
         try:
             await anyio.to_thread.run_sync(provision)
-            await sandbox._restore_from(image)
+            await sandbox._restore_from(image, first=True)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(lambda: _discard(sandbox_id))

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..base import ProviderSettings
 from ..policy import (
+    HostPath,
     Limit,
     MemorySize,
     NotBool,
@@ -77,6 +78,7 @@ class KubernetesConfig(ProviderSettings):
         str | None,
         ReachesHost("reads a kubeconfig on the daemon's host (unset: the daemon user's own)",
                     safe_in=_uses_service_account),
+        HostPath(),
     ] = None
     #: The kubeconfig's context (its current one when unset): another
     #: context may be another cluster, so it is the operator's too.

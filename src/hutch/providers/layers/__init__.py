@@ -88,7 +88,7 @@ from .garbage import collect_garbage
 from .giveback import end_adopted, end_branch, giving_back
 from .overlay import overlay_available
 from .records import mount_dir, root, sandbox_lock, snapshot_dir
-from .stores import store_dir
+from .stores import store_dir, upper_dir
 
 __all__ = [
     "MAX_LAYERS",
@@ -121,4 +121,5 @@ __all__ = [
     "snapshot_dir",
     "start_branch",
     "store_dir",
+    "upper_dir",
 ]

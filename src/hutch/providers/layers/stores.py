@@ -97,6 +97,12 @@ def _upper_work(sandbox_id: str) -> tuple[str, str]:
     return os.path.join(home, "upper"), os.path.join(home, "work")
 
 
+def upper_dir(sandbox_id: str) -> str:
+    """Where a layered working directory keeps what its sandbox wrote (its
+    overlay's upper directory; in its store, mounted while it runs, if capped)."""
+    return _upper_work(sandbox_id)[0]
+
+
 def _frozen_path(sandbox_id: str, snapshot_id: str) -> str:
     """Where a freeze moves the upper directory: the snapshot's layer, or in
     a capped one's store (same file system: a rename)."""

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from ..base import ProviderSettings
-from ..policy import ReachesHost
+from ..policy import HostPath, ReachesHost
 
 # A destination is ``user@host``, a host name or an ssh config alias: one
 # token, never an option (a leading dash) and never whitespace.
@@ -36,13 +36,15 @@ class SshConfig(ProviderSettings):
     config_file: Annotated[
         str | None, ReachesHost("runs ssh with a host file of the caller's choosing as its "
                                 "config (a ProxyCommand there runs on the daemon's host)"),
+        HostPath(),
     ] = None
     #: Where the host's ports are reachable: ``{preview_url_base}:{port}``.
     preview_url_base: str | None = None
     #: A known_hosts file to check the host key against (default: the
     #: config's UserKnownHostsFile, else ~/.ssh/known_hosts).
     known_hosts: Annotated[
-        str | None, ReachesHost("reads a host file of the caller's choosing as known_hosts")
+        str | None, ReachesHost("reads a host file of the caller's choosing as known_hosts"),
+        HostPath(),
     ] = None
     #: Refuse a host whose key is not in known_hosts. Turning this off lets
     #: anyone on the path impersonate the host.

@@ -34,7 +34,7 @@ def router(daemon: DaemonGetter) -> APIRouter:
     async def list_definitions() -> JSONResponse:
         d = daemon()
         return JSONResponse(
-            {"definitions": [d.definition_json(x) for x in d.definitions.all()]}
+            {"definitions": [d.definition_json(x) for x in await d.definitions.listed()]}
         )
 
     @v1.post("/definitions/{definition_id}/ensure", response_model=wire.EnsureAnswer)

@@ -23,6 +23,10 @@ def router(daemon: DaemonGetter) -> APIRouter:
     async def get_sandbox(sandbox_id: str) -> JSONResponse:
         return JSONResponse(await daemon().describe(sandbox_id))
 
+    @v1.get("/sandboxes/{sandbox_id}/meters", response_model=wire.MeterHistory)
+    async def meter_history(sandbox_id: str) -> JSONResponse:
+        return JSONResponse(await daemon().meter_history(sandbox_id))
+
     @v1.get("/sandboxes", response_model=wire.SandboxList)
     async def list_sandboxes(
         all: bool = Query(default=False, description=(

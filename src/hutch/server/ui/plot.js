@@ -1,11 +1,13 @@
-// Memory and disk over time: samples taken from every description the page
-// reads (the list's, a sandbox's), kept while the dashboard is open, drawn
-// as small inline SVG plots.
+// Memory and disk over time: the daemon's own samples of the last hour
+// (GET /v1/sandboxes/{id}/meters, read when a sandbox's page opens), and
+// those taken from every description the page reads after (the list's, a
+// sandbox's), kept while the dashboard is open, drawn as small inline SVG
+// plots.
 
 import { h, svg } from "./dom.js";
 
-/** The most samples kept per sandbox (an hour at one every 10 s). */
-const KEEP = 360;
+/** The most samples kept per sandbox (an hour at one every 5 s). */
+const KEEP = 720;
 const history = new Map();
 
 /** Keep a sandbox's figures of a description read at `at` (unix seconds). */
@@ -18,6 +20,23 @@ export function recordSample(info, at) {
   if (samples.length > KEEP) samples.splice(0, samples.length - KEEP);
 }
 
+/**
+ * Take in the daemon's samples of a sandbox (its meters history, oldest
+ * first): over the time they span they are the figures, the page's own kept
+ * only before and after it.
+ */
+export function recordHistory(id, samples) {
+  if (samples.length === 0) return;
+  const first = samples[0].at_unix, last = samples[samples.length - 1].at_unix;
+  const kept = history.get(id) || [];
+  history.set(id, [
+    ...kept.filter((k) => k.at < first),
+    ...samples.map((s) => ({ at: s.at_unix, memory: s.memory_bytes ?? null,
+      disk: s.disk_bytes ?? null, daemon: true })),
+    ...kept.filter((k) => k.at > last),
+  ].slice(-KEEP));
+}
+
 export function samplesOf(id) {
   return history.get(id) || [];
 }
@@ -28,7 +47,10 @@ export function samplesOf(id) {
  */
 export function plot(title, points, show, { width = 320, height = 90 } = {}) {
   const known = points.filter((p) => p.value !== null && p.value !== undefined);
-  const box = h("figure", { class: "plot", "data-plot": title.toLowerCase() }, h("figcaption", {}, title));
+  const box = h("figure", { class: "plot", "data-plot": title.toLowerCase(),
+    "data-samples": String(known.length),
+    "data-from-daemon": String(known.filter((p) => p.daemon).length) },
+  h("figcaption", {}, title));
   if (known.length === 0) {
     box.append(h("p", { class: "muted" }, "No figure reported yet."));
     return box;

@@ -3,7 +3,7 @@
 
 import { api, apiBlob, ApiError, enc } from "./api.js";
 import { ask, bytes, duration, h, now, replace, stateBadge, toast, when } from "./dom.js";
-import { plot, recordSample, samplesOf } from "./plot.js";
+import { plot, recordHistory, recordSample, samplesOf } from "./plot.js";
 import { clocks } from "./sandboxes.js";
 
 const ENDED = new Set(["terminated", "failed"]);
@@ -133,6 +133,17 @@ export function sandboxView(main, { params: [id], onEvent }) {
     for (const b of tabs.children) b.classList.toggle("current", b.dataset.tab === key);
     ({ events: drawEvents, processes: showProcesses, files: () => showFiles(null),
       lineage: showLineage, usage: drawUsage })[key]();
+  }
+
+  // The daemon's samples from before this page opened: the plots start from them.
+  async function readHistory() {
+    try {
+      recordHistory(id, (await api("GET", `${base}/meters`)).samples);
+    } catch (failure) {
+      if (!(failure instanceof ApiError && failure.status === 401)) toast(failure.message, true);
+      return;
+    }
+    if (tab === "usage") drawUsage();
   }
 
   async function readEvents() {
@@ -283,10 +294,11 @@ export function sandboxView(main, { params: [id], onEvent }) {
   function drawUsage() {
     const samples = samplesOf(id);
     replace(panel, h("div", { class: "plots", id: "usage" },
-      plot("Memory", samples.map((s) => ({ at: s.at, value: s.memory })), bytes),
-      plot("Disk", samples.map((s) => ({ at: s.at, value: s.disk })), bytes)),
-    h("p", { class: "muted" }, `Sampled every ${SAMPLE_SECONDS} s while this page is open, ` +
-      "and whenever the sandboxes page reads the list."));
+      plot("Memory", samples.map((s) => ({ at: s.at, value: s.memory, daemon: s.daemon })), bytes),
+      plot("Disk", samples.map((s) => ({ at: s.at, value: s.disk, daemon: s.daemon })), bytes)),
+    h("p", { class: "muted" }, "The daemon's samples of the last hour while it ran, then " +
+      `every ${SAMPLE_SECONDS} s while this page is open and whenever the sandboxes page ` +
+      "reads the list."));
   }
 
   // -- kept current -----------------------------------------------------------------------------
@@ -302,6 +314,7 @@ export function sandboxView(main, { params: [id], onEvent }) {
   const sampler = setInterval(() => { if (info && !ENDED.has(info.state)) read(); }, SAMPLE_SECONDS * 1000);
   read().then(() => showTab("events"));
   readEvents();
+  readHistory();
   return () => {
     stopEvents();
     clearInterval(tick);
