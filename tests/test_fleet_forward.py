@@ -13,13 +13,16 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
 
 from hutch.server.e2b.keys import e2b_key
 from tests import postgres_fixture
+from tests.conftest import TEST_IMAGE
 from tests.daemon_fixture import DaemonProcess
 from tests.test_e2b_sdk import PORT_SERVER, WEBSOCKET_SERVER
 from tests.test_fleet import LEASE_SECONDS, client, cluster, fleet  # noqa: F401 (fixtures)
@@ -181,3 +184,62 @@ def test_the_e2b_sdk_through_a_daemon_that_does_not_own_the_sandbox(
         assert [s["id"] for s in c.list_sandboxes()] == []
     assert httpx.get(f"{other.url}/sandboxes/{made}",
                      headers={"X-API-KEY": e2b_key(other.token)}).status_code == 404
+
+
+# -- a caller gone ---------------------------------------------------------------------------------
+
+
+def _sleepers(marker: str) -> list[str]:
+    """The host's processes running ``sleep marker`` (a container's are the host's too)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                if fh.read() == f"sleep\0{marker}\0".encode():
+                    found.append(entry)
+        except OSError:
+            continue
+    return found
+
+
+def _wait_for(what: str, check: Callable[[], bool], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("route", ["exec", "exec/stream"])
+def test_a_caller_gone_through_another_daemon_cancels_what_its_call_started(
+    fleet: list[DaemonProcess], route: str,  # noqa: F811
+) -> None:
+    """As through the owner itself (tests/test_bounded.py): the daemon in the
+    middle hangs up on the owner when its caller hangs up on it, whether
+    the answer had begun (a stream) or not."""
+    owner, other = fleet[0], fleet[1]
+    with client(owner) as c:
+        sid = c.create_sandbox("docker", image=TEST_IMAGE).id
+    marker = f"{time.time_ns() % 10**6 + 1000}.25"  # a sleep no one else runs
+    headers = {"Authorization": f"Bearer {other.token}"}
+    url = f"{other.url}/v1/sandboxes/{sid}/{route}"
+    body = {"cmd": f"echo started; sleep {marker}"}
+    with httpx.Client(headers=headers, timeout=5) as http:
+        if route == "exec":
+            def call() -> None:
+                with pytest.raises(httpx.ReadTimeout):  # the client gives up and goes
+                    http.post(url, json=body, timeout=3)
+
+            caller = threading.Thread(target=call)
+            caller.start()
+            _wait_for("the command did not start", lambda: bool(_sleepers(marker)), 10)
+            caller.join()
+        else:
+            with http.stream("POST", url, json=body) as answer:
+                assert answer.status_code == 200
+                # Kept: a line iterator let go closes the answer (a hang-up).
+                lines = answer.iter_lines()
+                first = next(lines)
+                assert "started" in first, first
+                _wait_for("the command did not start", lambda: bool(_sleepers(marker)), 10)
+    # The caller is gone: so is its command, within a few seconds.
+    _wait_for("the command outlived its caller", lambda: not _sleepers(marker), 10)

@@ -536,6 +536,8 @@ class Sandbox(SandboxSession):
         Plain JSON-ready data, the same a daemon answers for the sandbox.
         Reading it is not activity.
         """
+        # Limits another program holding the sandbox set: read off the loop here.
+        await self._engine().look_at_limits(self._live)
         memory = disk = None
         if self.state not in FINAL:
             try:

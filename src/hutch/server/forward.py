@@ -62,7 +62,8 @@ _NAMING_BODY_BYTES = 64 * 1024
 
 
 class _Call:
-    """One forwarded call under way: cut if its owner's registration lapses."""
+    """One forwarded call under way: cut if its owner's registration lapses, or
+    its caller hangs up."""
 
     __slots__ = ("lapsed", "scope", "started")
 
@@ -221,6 +222,22 @@ class Forwarder:
         else:
             body = _body_stream(receive)
         url = target + (path + (b"?" + query if query else b"")).decode("latin-1")
+        async with anyio.create_task_group() as watching:
+            if not isinstance(body, AsyncIterator):
+                # The request is read whole: what the caller sends next is its
+                # hang-up, which cuts the call (a streamed body's end is a
+                # hang-up the owner sees already).
+                watching.start_soon(_cut_when_gone, receive, call.scope)
+            try:
+                await self._relay(target, url, headers, body, call, scope, receive, send)
+            finally:
+                watching.cancel_scope.cancel()
+
+    async def _relay(
+        self, target: str, url: str, headers: list[tuple[str, str]],
+        body: bytes | AsyncIterator[bytes] | None, call: _Call, scope: Scope, receive: Receive,
+        send: Send,
+    ) -> None:
         try:
             answer = await self.peers.request(scope["method"], url, headers, body)
         except PeerUnreachable as exc:
@@ -229,6 +246,7 @@ class Forwarder:
                 "daemon takes its sandboxes over once its lease lapses"))
             return
         call.started = True
+        whole = False
         try:
             await send({
                 "type": "http.response.start", "status": answer.status,
@@ -237,9 +255,13 @@ class Forwarder:
             })
             async for chunk in answer.content.iter_any():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            whole = True
             await send({"type": "http.response.body", "body": b""})
         finally:
-            answer.release()
+            if whole:
+                answer.release()
+            else:  # the call cut: the owner sees the hang-up as its caller's
+                answer.close()
 
 
 class Forward:
@@ -284,6 +306,14 @@ def _named(body: bytes, keys: tuple[str, ...]) -> str | None:
         if isinstance(value, str) and value:
             return value
     return None
+
+
+async def _cut_when_gone(receive: Receive, call: anyio.CancelScope) -> None:
+    """Cut ``call`` when its caller hangs up, as a route the owner answers
+    itself is cut: what the call started there ends with it."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    call.cancel()
 
 
 async def _whole_body(receive: Receive) -> bytes:

@@ -3,6 +3,7 @@ size and memory, a caller gone; and the route class that checks request text."""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -325,6 +326,34 @@ class BodyBudget:
 # -- a caller gone ------------------------------------------------------------------------------
 
 
+class _BodyHandoff:
+    """The request's messages from the pump to the handler, one waiting at
+    most (an upload is read only as fast as it is consumed); once the pump
+    has ended, what waits, then ``http.disconnect`` to every read."""
+
+    def __init__(self) -> None:
+        self._waiting: asyncio.Queue[Message] = asyncio.Queue(1)
+        self._ended = False
+
+    async def put(self, message: Message) -> None:
+        await self._waiting.put(message)
+
+    def end(self) -> None:
+        self._ended = True
+        if self._waiting.empty():
+            self._waiting.put_nowait({"type": "http.disconnect"})  # wakes a read waiting
+
+    async def get(self) -> Message:
+        if self._ended and self._waiting.empty():
+            return {"type": "http.disconnect"}
+        return await self._waiting.get()
+
+
+def _pump_ended(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("reading a request failed: %r", task.exception())
+
+
 class CancelOnDisconnect:
     """Pure ASGI middleware: a request whose client goes away is cancelled.
 
@@ -337,6 +366,11 @@ class CancelOnDisconnect:
     grep, a helper a listing or a removal runs) is killed rather than left
     running for no one. Transitions shield themselves (see the lifecycle
     engine): a pause or a suspend whose caller left still finishes.
+
+    The handler runs in the request's own task, under a cancel scope (which
+    what it shields is safe from); the pump is a plain task of its own that
+    only listens, ended when the handler is: on every request, a task
+    group and a memory stream cost several times the rest of this.
     """
 
     def __init__(self, app: ASGIApp) -> None:
@@ -346,9 +380,8 @@ class CancelOnDisconnect:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        # One message may wait for the handler: the last piece of a body it
-        # has not read (a GET's empty one) waits there while the pump listens.
-        handed, taken = anyio.create_memory_object_stream[Message](1)
+        handoff = _BodyHandoff()
+        cancel = anyio.CancelScope()
         answered = False
 
         async def answering(message: Message) -> None:
@@ -357,47 +390,27 @@ class CancelOnDisconnect:
                 answered = True
             await send(message)
 
-        async def body() -> Message:
+        async def pump() -> None:
             try:
-                return await taken.receive()
-            except anyio.EndOfStream:
-                return {"type": "http.disconnect"}
-
-        failure: Exception | None = None
-        async with anyio.create_task_group() as group:
-
-            async def pump() -> None:
-                async with handed:
-                    while True:
-                        message = await receive()
-                        if message["type"] == "http.disconnect":
-                            # After the answer the server says "disconnect"
-                            # to every receive: only before it is the caller gone.
-                            if not answered:
-                                group.cancel_scope.cancel()
-                            return
-                        try:
-                            await handed.send(message)
-                        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                            return  # the handler is done with the body
-
-            group.start_soon(pump)
-            try:
-                async with taken:
-                    await self.app(scope, body, answering)
-            except Exception as exc:
-                failure = exc  # raised as itself below, not inside a group
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        # After the answer the server says "disconnect" to
+                        # every receive: only before it is the caller gone.
+                        if not answered:
+                            cancel.cancel()
+                        return
+                    await handoff.put(message)
             finally:
-                group.cancel_scope.cancel()
-        if failure is not None:
-            raise failure
+                handoff.end()
 
-
-
-
-
-
-
+        pumping = asyncio.get_running_loop().create_task(pump())
+        pumping.add_done_callback(_pump_ended)
+        try:
+            with cancel:
+                await self.app(scope, handoff.get, answering)
+        finally:
+            pumping.cancel()  # done with the body, answered or failed: nothing to listen for
 
 
 # -- text in request bodies ---------------------------------------------------------------------
