@@ -8,10 +8,12 @@ with the same typed reason for both."""
 from __future__ import annotations
 
 import json
+import os
 import selectors
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +37,8 @@ logging.getLogger("hutch.lifecycle").addHandler(Noted())
 logging.getLogger("hutch.lifecycle").setLevel(logging.INFO)
 
 async def main():
-    definitions = open_definitions()
+    # Opened off the event loop, as a program that checks its loop does.
+    definitions = await anyio.to_thread.run_sync(open_definitions)
     store = definitions.host.store
     e = None
     while True:
@@ -49,6 +52,14 @@ async def main():
             answer = {"deadline": await e.sandbox.set_timeout(float(command[1]))}
         elif command[0] == "status":
             answer = {"deadline": e.sandbox.status().deadline_unix}
+        elif command[0] == "info":
+            answer = {"deadline": (await e.sandbox.info())["deadline_unix"]}
+        elif command[0] == "read":  # an operation on the sandbox, after a pause
+            await anyio.sleep(float(command[1]) if command[1:] else 0)
+            try:
+                answer = {"read": await e.sandbox.read_text(".setup-runs")}
+            except Exception as exc:
+                answer = {"read": type(exc).__name__, "error": str(exc)}
         elif command[0] == "wait":  # until the sandbox has ended, then a call on it
             until = time.monotonic() + (float(command[1]) if command[1:] else 60)
             while store.get_instance(e.key).state != "terminated" \\
@@ -73,10 +84,11 @@ anyio.run(main)
 class Program:
     """One OS program holding the thread's sandbox, told what to do line by line."""
 
-    def __init__(self, definition: dict[str, Any]) -> None:
+    def __init__(self, definition: dict[str, Any], env: Mapping[str, str] | None = None) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-c", _PROGRAM, json.dumps(definition)], text=True,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=None if env is None else {**os.environ, **env})
 
     def ask(self, command: str, timeout: float = 120.0) -> dict[str, Any]:
         assert self.proc.stdin is not None and self.proc.stdout is not None

@@ -23,6 +23,9 @@ import hutch
 from tests import postgres_fixture
 from tests.daemon_fixture import DaemonProcess
 
+from .test_definitions import home  # noqa: F401 - a fixture
+from .test_shared_deadline import Program, _definition
+
 #: What the daemon logs for a store call on its event loop (hutch.store.base).
 ON_LOOP = "store call on the event loop"
 #: A hang guard for what the daemon does in the background (not a timing check).
@@ -168,3 +171,33 @@ def test_no_store_call_runs_on_the_daemons_event_loop(daemon: DaemonProcess) -> 
         for s in c.snapshots():
             c.delete_snapshot(s.id, force=True)
     assert calls_on_loop(daemon) == [], "\n".join(calls_on_loop(daemon))
+
+
+def test_no_store_call_of_a_shared_sandbox_runs_on_a_programs_event_loop(
+    home: Path,  # noqa: F811
+) -> None:
+    """In-process, no daemon: two programs hold one thread's sandbox, each
+    with its own engine over the store they share, the off-loop check on in
+    both. One moves the deadline; the other's next operation (which looks
+    whether another program moved the sandbox) and its timer (which looks
+    whether one moved its limits), and its info (which says the deadline
+    just set), read the store off their event loop: the operation succeeds,
+    and neither program logs a store call on its loop."""
+    check = {"HUTCH_STORE_OFF_LOOP_CHECK": "1"}
+    a = Program(_definition({}), env=check)
+    b = None
+    try:
+        assert a.ask("ensure")["path"] == "created"
+        b = Program(_definition({}), env=check)
+        assert b.ask("ensure")["path"] == "resumed"
+        b.ask("timeout 600")
+        # Past a timer poll (LIMITS_POLL_SECONDS) too, then an operation.
+        assert a.ask("read 1.5") == {"read": "ran\n"}
+        deadline = b.ask("timeout 900")["deadline"]
+        assert b.ask("read") == {"read": "ran\n"}
+        # What the other program just set, read off the loop by the async info().
+        assert a.ask("info")["deadline"] == pytest.approx(deadline, abs=0.01)
+        assert a.ask("read") == {"read": "ran\n"}
+    finally:
+        logs = [p.stderr() for p in (a, b) if p is not None]
+    assert [line for log in logs for line in log.splitlines() if ON_LOOP in line] == [], logs

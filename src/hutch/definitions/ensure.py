@@ -322,6 +322,10 @@ class Definitions:
 
     async def _record(self, d: Definition, key: str, thread_id: str, tenant: str | None,
                       sandbox: Sandbox) -> None:
+        # Its creation as this program's engine knows it, asked before the
+        # host records the sandbox: no other program knows of it yet, so the
+        # status has no record of another's to read (on this event loop).
+        created = sandbox.status().created_at_unix
         await anyio.to_thread.run_sync(self.host.store.put_instance, InstanceRow(
             key=key, definition_id=d.id, thread_id=thread_id,
             tenant=tenant if tenant is not None else d.tenant, provider=d.provider.type,
@@ -329,7 +333,7 @@ class Definitions:
             spec=self._spec(d).model_dump(mode="json"), updated_at_unix=time.time(),
             state=sandbox.state.value, last_active_unix=time.time(),
             # Every program's max_lifetime counts from here.
-            created_at_unix=sandbox.status().created_at_unix,
+            created_at_unix=created,
         ))
 
     # -- the run's end ---------------------------------------------------------------

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import functools
 import json
 import logging
 import os
@@ -31,6 +30,7 @@ from ..lifecycle.state import found_state
 from ..providers.registry import get_provider
 from ..states import FINAL, HELD, SandboxState, SnapshotStatus
 from ..store import InstanceRow, SnapshotRow, Store
+from ..store.aio import AsyncStore
 from .holders import (
     CLAIM_SECONDS,
     HELD_BY_DAEMON,
@@ -95,6 +95,9 @@ class LocalHost(SandboxHost):
 
     def __init__(self, store: Store) -> None:
         self.store = store
+        #: The store's async face: every call this host makes from async code
+        #: runs off the caller's event loop, as the daemon's do.
+        self.aio = AsyncStore(store)
         self._live: dict[str, Sandbox] = {}
         #: The state and description (canonical JSON) this host last recorded
         #: or found of each of its sandboxes: a record that says otherwise was
@@ -131,23 +134,26 @@ class LocalHost(SandboxHost):
         # goes only with its instance, whose next sandbox is another).
         if (key, sandbox.id) in self._holding:
             return
-        await anyio.to_thread.run_sync(self.store.hold_instance, key, this_program())
+        await self.aio.hold_instance(key, this_program())
         self._holding.add((key, sandbox.id))
 
     # -- the idle rule, shared with the other programs holding a sandbox ----------------
-    def moved(self, sandbox_id: str) -> bool:
+    async def moved(self, sandbox_id: str) -> bool:
         known = self._recorded.get(sandbox_id)
         if known is None:
             return False  # in no instance: this program's own
+        # The store's counter, read at once (it never waits, nor reads the
+        # disk): what follows reads the record, off the loop, only when
+        # another program wrote since.
         version = self.store.changes_by_others()
         if version is None:
             return True  # cannot tell at once: looked at under the claim
         if self._checked.get(sandbox_id) == version:
             return False  # no other program wrote anything since
-        row = self.store.instance_of_sandbox(sandbox_id)
+        row = await self.aio.instance_of_sandbox(sandbox_id)
         if row is None or (row.state, _canonical(row.description)) != known:
             return True
-        if self.store.lease_holder(claim_name(sandbox_id)) is not None:
+        if await self.aio.lease_holder(claim_name(sandbox_id)) is not None:
             # Another program is changing it now (suspending it, say): the
             # call waits for that under the claim, then follows, rather than
             # reach a container going down.
@@ -165,34 +171,47 @@ class LocalHost(SandboxHost):
         return self._calls.held_off(sandbox_id)
 
     async def publish(self, sandbox_id: str, last_active_unix: float) -> None:
-        await anyio.to_thread.run_sync(
-            self.store.note_instance_activity, sandbox_id, last_active_unix
-        )
+        await self.aio.note_instance_activity(sandbox_id, last_active_unix)
 
-    def limits(self, sandbox_id: str) -> SharedLimits | None:
+    async def limits(self, sandbox_id: str) -> SharedLimits | None:
+        version, changed = self._limits_version(sandbox_id)
+        if not changed:
+            return None
+        return self._limits_read(sandbox_id, version,
+                                 await self.aio.instance_of_sandbox(sandbox_id))
+
+    def limits_now(self, sandbox_id: str) -> SharedLimits | None:
+        version, changed = self._limits_version(sandbox_id)
+        if not changed:
+            return None
+        return self._limits_read(sandbox_id, version, self.store.instance_of_sandbox(sandbox_id))
+
+    def _limits_version(self, sandbox_id: str) -> tuple[int | None, bool]:
+        """The store's counter, and whether another program may have written
+        the sandbox's limits since this host last read them."""
         if sandbox_id not in self._recorded:
-            return None  # in no instance: this program's own
+            return None, False  # in no instance: this program's own
         version = self.store.changes_by_others()
-        if version is not None and self._limits_checked.get(sandbox_id) == version:
-            return None  # no other program wrote anything since
-        row = self.store.instance_of_sandbox(sandbox_id)
+        return version, version is None or self._limits_checked.get(sandbox_id) != version
+
+    def _limits_read(
+        self, sandbox_id: str, version: int | None, row: InstanceRow | None
+    ) -> SharedLimits | None:
         if version is not None:
             self._limits_checked[sandbox_id] = version
         return None if row is None else SharedLimits(row.created_at_unix, row.deadline_unix)
 
     async def record_deadline(self, sandbox_id: str, deadline_unix: float) -> None:
-        await anyio.to_thread.run_sync(self.store.set_instance_deadline, sandbox_id, deadline_unix)
+        await self.aio.set_instance_deadline(sandbox_id, deadline_unix)
 
     @asynccontextmanager
     async def claim(self, sandbox_id: str) -> AsyncIterator[SharedView | None]:
         name, holder = claim_name(sandbox_id), lease_holder()
-        if not await anyio.to_thread.run_sync(
-            self.store.take_lease, name, holder, CLAIM_SECONDS
-        ):
+        if not await self.aio.take_lease(name, holder, CLAIM_SECONDS):
             yield None
             return
         try:
-            row = await anyio.to_thread.run_sync(self.store.instance_of_sandbox, sandbox_id)
+            row = await self.aio.instance_of_sandbox(sandbox_id)
             known = self._recorded.get(sandbox_id)
             if known is None:  # in no instance: this program's own
                 yield SharedView(current=True, last_active_unix=None)
@@ -207,7 +226,7 @@ class LocalHost(SandboxHost):
                 )
         finally:
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(self.store.release_lease, name, holder)
+                await self.aio.release_lease(name, holder)
 
     async def _record_transition(
         self, sandbox_id: str, old: SandboxState, new: SandboxState, reason: str | None
@@ -219,10 +238,10 @@ class LocalHost(SandboxHost):
         if sandbox is None or known is None:
             return  # not in an instance yet (being made): its record comes with it
         description = backend_of(sandbox).describe()
-        written = await anyio.to_thread.run_sync(functools.partial(
-            self.store.record_instance_sandbox, sandbox_id, new.value, description,
-            was=(known[0], json.loads(known[1])), reason=reason,
-        ))
+        written = await self.aio.record_instance_sandbox(
+            sandbox_id, new.value, description, was=(known[0], json.loads(known[1])),
+            reason=reason,
+        )
         if written:
             self._recorded[sandbox_id] = (new.value, _canonical(description))
         else:
@@ -232,7 +251,7 @@ class LocalHost(SandboxHost):
                         "now", sandbox_id, old.value, new.value)
 
     async def refresh(self, sandbox: LiveSandbox) -> SandboxState | None:
-        row = await anyio.to_thread.run_sync(self.store.instance_of_sandbox, sandbox.id)
+        row = await self.aio.instance_of_sandbox(sandbox.id)
         if row is None or row.description.get("held_by") == HELD_BY_DAEMON:
             return None  # ended and dropped, or a daemon's now
         try:
@@ -288,24 +307,31 @@ class LocalHost(SandboxHost):
             recorded = SandboxState.RUNNING
         if recorded in FINAL:
             return None
+        # Its limits as recorded now (another program may have moved its
+        # deadline since ``row`` was read), as of the store's counter read
+        # first: the status of the sandbox found reads them again only once
+        # another program writes after this.
+        version = self.store.changes_by_others()
+        latest = await self.aio.get_instance(row.key)
+        limits = latest if latest is not None and latest.sandbox_id == row.sandbox_id else row
         description, created_unix, deadline_unix = (
-            row.description, row.created_at_unix, row.deadline_unix)
+            row.description, limits.created_at_unix, limits.deadline_unix)
         from_daemon = row.description.get("held_by") == HELD_BY_DAEMON
         if from_daemon:
             # The daemon's while it lives (its hold is recorded as any
             # program's); one killed left it to whoever asks next: this
             # program takes it, as the daemon itself takes a dead program's.
-            if not await anyio.to_thread.run_sync(functools.partial(
-                self.store.claim_instance, row.key, row.sandbox_id, this_program(),
-                was=row.description, alive=program_alive,
-            )):
+            if not await self.aio.claim_instance(
+                row.key, row.sandbox_id, this_program(), was=row.description,
+                alive=program_alive,
+            ):
                 raise SandboxUnavailable(
                     f"the sandbox of thread {row.thread_id!r} of definition "
                     f"{row.definition_id!r} ({row.sandbox_id}) is held by the hutch daemon "
                     "whose store this is: ensure it through the daemon's client "
                     "(hutch.Client(...).ensure)"
                 )
-            kept = await anyio.to_thread.run_sync(self.store.get_sandbox, row.sandbox_id)
+            kept = await self.aio.get_sandbox(row.sandbox_id)
             if kept is None:
                 return None  # the daemon ended it and was killed before it said so
             try:
@@ -337,8 +363,8 @@ class LocalHost(SandboxHost):
             row.description, row.state = backend.describe(), state.value
             row.created_at_unix, row.deadline_unix = created_unix, deadline_unix
             row.updated_at_unix = time.time()
-            await anyio.to_thread.run_sync(self.store.put_instance, row)
-            await anyio.to_thread.run_sync(self.store.delete_sandbox, row.sandbox_id)
+            await self.aio.put_instance(row)
+            await self.aio.delete_sandbox(row.sandbox_id)
         sandbox = await adopt_sandbox(
             backend, SandboxSpec.model_validate(row.spec), self.engine(), state=state,
             # Its time limits are the sandbox's, not this program's: max_lifetime
@@ -347,6 +373,8 @@ class LocalHost(SandboxHost):
         )
         self._live[sandbox.id] = sandbox
         self._recorded[sandbox.id] = (row.state, _canonical(row.description))
+        if version is not None:
+            self._limits_checked[sandbox.id] = version
         if state is not SandboxState.RUNNING:
             try:
                 await sandbox.resume()
@@ -375,7 +403,7 @@ class LocalHost(SandboxHost):
     async def snapshot(self, sandbox: Sandbox, label: str) -> str:
         record = await sandbox.snapshot(label)
         # Recorded only once captured whole: a capture cut short names nothing.
-        await anyio.to_thread.run_sync(self.store.put_snapshot, SnapshotRow(
+        await self.aio.put_snapshot(SnapshotRow(
             id=record.id, provider=record.provider, status=SnapshotStatus.READY.value, label=label,
             sandbox_id=record.sandbox_id, parent_id=record.parent_id,
             size_bytes=record.size_bytes, created_at_unix=record.created_at_unix,
@@ -396,13 +424,18 @@ class LocalHost(SandboxHost):
         from .._api import remove_snapshot
 
         # The record first: a removal cut short leaves storage, never a record of nothing.
-        await anyio.to_thread.run_sync(self.store.delete_snapshot, snapshot.id)
+        await self.aio.delete_snapshot(snapshot.id)
         await remove_snapshot(_snapshot_of(snapshot))
 
     def describe(self, sandbox: Sandbox) -> dict[str, Any]:
         description = backend_of(sandbox).describe()
         # What the instance is recorded with (the state beside it is the sandbox's).
         self._recorded[sandbox.id] = (sandbox.state.value, _canonical(description))
+        # Made here: its limits are this program's engine's, and only a later
+        # write by another program (the counter moves) can change them.
+        version = self.store.changes_by_others()
+        if version is not None:
+            self._limits_checked.setdefault(sandbox.id, version)
         return description
 
 

@@ -159,15 +159,16 @@ class LifecycleEngine(Timers):
         while True:
             mark = shared.begin_call(record.sandbox_id)
             if mark is not CallMark.REFUSED:
-                if record.state is SandboxState.RUNNING and not record.transitioning and (
+                if _ready(record) and (
                     # Just brought up to date under the claim; or riding on
                     # this program's calls in flight, which no other program's
                     # suspend passes (and which may be waiting on this one:
                     # a call made inside another must not wait for a claim).
                     followed or mark is CallMark.JOINED
                     # Another program may have suspended or ended it since:
-                    # the slow way follows the record first.
-                    or not shared.moved(record.sandbox_id)
+                    # the slow way follows the record first. (The look may
+                    # wait for the store: the state is asked again after it.)
+                    or (not await shared.moved(record.sandbox_id) and _ready(record))
                 ):
                     break
                 shared.end_call(record.sandbox_id)
@@ -371,14 +372,26 @@ class LifecycleEngine(Timers):
         """State, reason, deadline, timestamps and meter (the daemon's view)."""
         return self.status(sandbox)
 
+    async def look_at_limits(self, sandbox: LiveSandbox) -> None:
+        """Take the time limits another program may have recorded since this
+        one's timer last looked, reading them off the event loop: async code
+        about to read the status calls this first, so that the status has
+        nothing left to read on the loop."""
+        record = self._record(sandbox)
+        if self.shared is not None and record.state not in FINAL:
+            limits = await self.shared.limits(record.sandbox_id)
+            if limits is not None:
+                self._take_limits(record, limits)
+                self._reschedule(sandbox)
+
     def status(self, sandbox: LiveSandbox) -> SandboxStatus:
         """What :meth:`state` returns. Reading it is not activity."""
         record = self._record(sandbox)
         if self.shared is not None and record.state not in FINAL:
-            # Another program may have moved its deadline since this one's
-            # timer last looked: the status says the recorded one (cheap
-            # when none did), and the timer goes by it from now.
-            limits = self.shared.limits(record.sandbox_id)
+            # Another program may have moved its deadline since this one last
+            # looked: the status says the recorded one (cheap when none did),
+            # and the timer goes by it from now.
+            limits = self.shared.limits_now(record.sandbox_id)
             if limits is not None:
                 self._take_limits(record, limits)
                 self._reschedule(sandbox)
@@ -406,6 +419,11 @@ class LifecycleEngine(Timers):
         for task in list(self._publishers):
             task.cancel()
         self._sandboxes.clear()
+
+
+def _ready(record: LifecycleRecord) -> bool:
+    """A call may go straight on: running, and no transition under way."""
+    return record.state is SandboxState.RUNNING and not record.transitioning
 
 
 _ENGINE_ATTRIBUTE = "_hutch_lifecycle_engine"

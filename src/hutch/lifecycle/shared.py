@@ -76,19 +76,29 @@ class SharedView:
 class SharedActivity(Protocol):
     """Where a sandbox's activity and idle transitions are shared (a store)."""
 
-    def moved(self, sandbox_id: str) -> bool:
+    async def moved(self, sandbox_id: str) -> bool:
         """Whether another program may have moved the sandbox since this one
         last knew it (then the caller looks under the claim). Cheap: asked
-        on every operation."""
+        on every operation, it reads the store (off the caller's event loop)
+        only when another program has written since."""
 
     async def publish(self, sandbox_id: str, last_active_unix: float) -> None:
         """Record activity seen by this program; the record keeps the latest
         of every program's (an older time never moves it back)."""
 
-    def limits(self, sandbox_id: str) -> SharedLimits | None:
+    async def limits(self, sandbox_id: str) -> SharedLimits | None:
         """The sandbox's time limits as recorded, if another program may
         have changed them since this one last looked; None if none did (or
-        it is this program's alone). Cheap: asked at every timer poll."""
+        it is this program's alone). Cheap: asked at every timer poll, it
+        reads the store (off the caller's event loop) only when another
+        program has written since."""
+
+    def limits_now(self, sandbox_id: str) -> SharedLimits | None:
+        """:meth:`limits`, for a synchronous status: the truth at once (a
+        deadline another program has just set), read on the caller's thread
+        when another program has written since the last look. The engine's
+        asynchronous paths look first (each operation, each timer poll), so
+        that a status read after them finds nothing new to read."""
 
     async def record_deadline(self, sandbox_id: str, deadline_unix: float) -> None:
         """Record a set_timeout deadline made here (called under the claim,

@@ -149,7 +149,7 @@ class Timers(Transitions):
         if record.state in FINAL:
             return "keep", None
         if self.shared is not None:
-            limits = self.shared.limits(record.sandbox_id)
+            limits = await self.shared.limits(record.sandbox_id)
             if limits is not None:  # another program wrote since: its deadline too
                 self._take_limits(record, limits)
         expiry = self._expiry(record)
@@ -173,7 +173,7 @@ class Timers(Transitions):
                 return busy
             return await self._idle_step(sandbox, record)
         counted = False
-        if not self.shared.moved(record.sandbox_id):
+        if not await self.shared.moved(record.sandbox_id):
             # Working here is told without the claim (no store write while a
             # long command runs); a handle moved elsewhere is followed first,
             # for its processes may not be where it thinks.
