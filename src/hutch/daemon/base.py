@@ -112,6 +112,8 @@ class DaemonBase:
         #: The same store, off the event loop: what the daemon's coroutines use.
         self.astore = AsyncStore(store, observe=observe)
         self.sandbox_defaults = dict(sandbox_defaults or {})
+        #: provider -> the operator's own settings for it (see _operators_settings).
+        self._operator_settings: dict[str, BaseModel | None] = {}
         #: The provider of requests that name none (see default_provider()).
         self._default_provider = default_provider
         if not 0 < retention_seconds < math.inf:
@@ -370,17 +372,24 @@ class DaemonBase:
         ))
         spec = resolve_spec(flags=body, server_defaults=self.sandbox_defaults,
                             default_provider=default)
-        try:  # the operator's own settings for this provider, if they stand alone
-            operators: BaseModel | None = resolve_spec(
-                flags={"provider": spec.provider_name}, server_defaults=self.sandbox_defaults
-            ).provider
-        except InvalidArgument:
-            operators = None  # a provider with required settings the operator left out
-        provider = self.policy.admit(spec.provider, operators)
+        provider = self.policy.admit(spec.provider, self._operators_settings(spec.provider_name))
         if daemon_settings:
             provider = provider.model_copy(update=dict(daemon_settings))
         spec = spec.model_copy(update={"provider": provider})
         return spec
+
+    def _operators_settings(self, provider: str) -> BaseModel | None:
+        """The operator's own settings for ``provider``, if they stand alone
+        (from the server defaults alone, which do not change: made once)."""
+        if provider not in self._operator_settings:
+            try:
+                found: BaseModel | None = resolve_spec(
+                    flags={"provider": provider}, server_defaults=self.sandbox_defaults
+                ).provider
+            except InvalidArgument:
+                found = None  # a provider with required settings the operator left out
+            self._operator_settings[provider] = found
+        return self._operator_settings[provider]
 
     @staticmethod
     def _wrap(backend: SandboxBackend, spec: SandboxSpec) -> Sandbox:
