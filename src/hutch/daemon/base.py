@@ -9,6 +9,7 @@ import contextlib
 import math
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import BaseModel
@@ -62,6 +63,24 @@ from .policy import OperatorPolicy
 if TYPE_CHECKING:
     from .core import Daemon
     from .pools import Pool
+
+
+def transition_event(old: SandboxState, new: SandboxState, reason: str | None) -> tuple[str, str]:
+    """The event that tells of a transition, written with its row."""
+    return ("transition", f"{old.value} -> {new.value}" + (f" ({reason})" if reason else ""))
+
+
+@dataclass
+class Birth:
+    """A sandbox being made: its row as made and the events that tell of its
+    making, which its first transition (creating -> running) writes in one
+    store write rather than reading the row it just wrote and logging the
+    events after it; or, for a warm pool's take, that write itself, started
+    ahead (``written``), which the transition waits for."""
+
+    row: SandboxRow
+    events: tuple[tuple[str, str], ...]
+    written: asyncio.Task[None] | None = None
 
 
 class DaemonBase:
@@ -139,11 +158,8 @@ class DaemonBase:
             on_deadline=self._persist_deadline,
         )
         self.sandboxes: dict[str, Sandbox] = {}
-        #: sandbox id -> its row as made and the events that tell of its
-        #: making, for a sandbox being made: its first transition (creating ->
-        #: running) writes them, in one store write, rather than reading the
-        #: row it just wrote and logging the events after it.
-        self._births: dict[str, tuple[SandboxRow, tuple[tuple[str, str], ...]]] = {}
+        #: sandbox id -> what its first transition writes, for a sandbox being made.
+        self._births: dict[str, Birth] = {}
         #: Warm pools by name (see .pools).
         self._pools: dict[str, Pool] = {}
         #: Creates under way outside warm pools, counted toward max_sandboxes.
@@ -188,13 +204,17 @@ class DaemonBase:
                 self._snapshot(row, sandbox)
             return True
 
-        event = ("transition", f"{old.value} -> {new.value}" + (f" ({reason})" if reason else ""))
+        event = transition_event(old, new, reason)
         # The row and its events in one transaction; StoreUnavailable if the
         # store cannot keep them, and then the engine undoes the transition.
         try:
-            row = await self._rewrite_sandbox(
-                sandbox_id, transition, event, *(birth[1] if birth is not None else ()),
-                known=birth[0] if birth is not None else None)
+            if birth is not None and birth.written is not None:
+                row: SandboxRow | None = await self._written_ahead(
+                    birth, birth.written, transition, event)
+            else:
+                row = await self._rewrite_sandbox(
+                    sandbox_id, transition, event, *(birth.events if birth is not None else ()),
+                    known=birth.row if birth is not None else None)
         except OwnershipLost as exc:
             # Another daemon serves it now (this one stalled past its lease):
             # nothing of it is this daemon's to act on any more.
@@ -223,6 +243,19 @@ class DaemonBase:
                 except StoreUnavailable as exc:
                     # The next start finds the workspace's sandbox ended and marks it stale.
                     log.warning("workspace %s: could not record it stale: %s", row.workspace, exc)
+
+    async def _written_ahead(
+        self, birth: Birth, written: asyncio.Task[None],
+        change: Callable[[SandboxRow], bool], event: tuple[str, str],
+    ) -> SandboxRow | None:
+        """A birth's row, once the write started ahead of its transition is
+        durable; written again from the store's row if another write came
+        between (as any transition's is)."""
+        try:
+            await asyncio.shield(written)  # a caller gone does not cut the write short
+        except WriteConflict:
+            return await self._rewrite_sandbox(birth.row.id, change, event, *birth.events)
+        return birth.row
 
     async def _rewrite_sandbox(
         self, sandbox_id: str, change: Callable[[SandboxRow], bool],
