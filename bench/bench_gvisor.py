@@ -23,6 +23,8 @@ inside, which a checkpoint keeps) beside the same process:
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import glob
 import os
 import subprocess
 import sys
@@ -71,6 +73,7 @@ class Bare:
             "sh", *argv,
         ]
         bundle.write(self.bundle, spec)
+        self.cgroup = str(spec["linux"]["cgroupsPath"]).strip("/")
         self.name = self._next()
         self._runsc("run", "--detach", "--bundle", self.bundle, self.name)
 
@@ -138,6 +141,12 @@ class Bare:
 
     def close(self) -> None:
         self.delete(self.names)
+        # Made by the first container, which runsc leaves behind when its
+        # restores (under the same bundle) joined it.
+        made = f"/sys/fs/cgroup/{self.cgroup}"
+        for left in [*glob.glob(f"/sys/fs/cgroup/*/{self.cgroup}"), made]:
+            with contextlib.suppress(OSError):
+                os.rmdir(left)
 
 
 async def timed(fn: Callable[[], Awaitable[Any]]) -> float:

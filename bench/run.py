@@ -2,7 +2,8 @@
 
 Each bench prints hutch's figure beside the raw floor and their ratio. The
 docker, lifecycle and daemon benches need a Docker Engine
-(``scripts/ensure-docker.sh``).
+(``scripts/ensure-docker.sh``). ``bench/compare.py [--ref REF] [name ...]``
+runs the benches beside another commit's, in turns, row by row.
 """
 
 from __future__ import annotations

@@ -292,6 +292,33 @@ async def test_an_idle_suspend_through_the_daemon_keeps_a_background_server() ->
             await sb.close()
 
 
+async def test_a_fork_through_the_daemon_starts_its_branches_together_each_its_own() -> None:
+    # The daemon restores a gvisor fork's branches side by side: each is
+    # made whole, with the process tree, and none sees another's writes.
+    from tests.conformance.remote import daemon
+
+    d = daemon()
+    async with hutch.AsyncClient(d.url, token=d.token) as client:
+        origin = await client.create_sandbox("gvisor", image=TEST_IMAGE, read_before_write=False)
+        try:
+            await origin.exec(COUNTER)
+            await origin.exec("sleep 0.2")
+            pid, _ = await _counter(origin)
+            fork = await origin.fork("together", count=3)
+            try:
+                assert len({b.id for b in fork.branches}) == 3
+                for index, branch in enumerate(fork.branches):
+                    assert (await _counter(branch))[0] == pid
+                    await branch.write_text("mine.txt", f"branch {index}")
+                for index, branch in enumerate(fork.branches):
+                    assert await branch.read_text("mine.txt") == f"branch {index}"
+                assert not await origin.exists("mine.txt")
+            finally:
+                await fork.close()
+        finally:
+            await origin.close()
+
+
 async def test_a_process_at_work_keeps_the_sandbox_awake_one_waiting_does_not() -> None:
     async with await hutch.create_sandbox(
         "gvisor", image=TEST_IMAGE, read_before_write=False, idle_suspend_after=1,

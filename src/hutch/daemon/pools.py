@@ -284,7 +284,7 @@ class Pooling(Sandboxes):
                     await self.astore.delete_sandbox(sid)
                 raise
             self._watch(backend_cls)  # its death while it waits is told, as a sandbox's
-            backend.runtime.warm()  # its first exec goes over a connection already up
+            await backend.runtime.warm()  # what its first exec would open or pay first
             return PooledRuntime(sid, backend, pool.name, row.version)
         finally:
             pool.making = None

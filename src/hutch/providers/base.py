@@ -411,10 +411,12 @@ class SandboxRuntime(SandboxPart, SandboxFiles):
         """Processes alive in the sandbox other than its own keeper."""
         return 0
 
-    def warm(self) -> None:
+    async def warm(self) -> None:
         """Open ahead what the next request would open on its way (a
-        connection to its agent), for a sandbox made to wait for its first
-        (a warm pool's). Nothing, where nothing is opened per request."""
+        connection to its agent), and pay ahead what only the first command
+        pays, for a sandbox made to wait for its first request (a warm
+        pool's). Nothing, where nothing is opened per request. Never raises:
+        what it fails to do is only not saved."""
 
     async def end_leftover_commands(self) -> int:
         """SIGKILL every process of a command hutch started in this sandbox

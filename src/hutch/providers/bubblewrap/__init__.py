@@ -1,5 +1,6 @@
 """The ``bubblewrap`` provider: namespaces, an overlay, cgroups (see .sandbox)."""
 
-from .sandbox import BubblewrapConfig, BubblewrapSandbox
+from .config import BubblewrapConfig
+from .sandbox import BubblewrapSandbox
 
 __all__ = ["BubblewrapConfig", "BubblewrapSandbox"]

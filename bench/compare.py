@@ -1,0 +1,191 @@
+"""Compare this checkout's benches with another commit's, in one run.
+
+``.venv/bin/python bench/compare.py [--ref REF] [--rounds N] [bench ...]``
+
+It checks ``REF`` (default bc2d03a, main before issue 21's redesign) out
+detached in a temporary directory, builds that code's agent, then runs each
+bench present in both, old and new in turn (the order flipped each round, so
+that a machine whose load changes during the run weighs on both alike). It
+matches the rows each prints (``_common.row``) by bench, section and name,
+and prints per row the medians over the rounds of hutch's figure, old and
+new, the median of the rounds' new/old, both floors (a floor that moved
+says the machine did), the new hutch/floor ratio over the old one (which
+cancels load), and a verdict: within 5 %, better, or worse.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = pathlib.Path(__file__).resolve().parent
+NEW = HERE.parent
+DEFAULT_REF = "bc2d03a"
+#: Rows renamed since the old commit: old name -> new name (none yet).
+RENAMED: dict[str, str] = {}
+TOLERANCE = 0.05
+#: A row: its name, hutch's figure and the floor's, in one unit (ms, s, MiB; or /s, a rate).
+_ROW = re.compile(r"^\s*(?P<name>\S.*?)\s+(?P<hutch>[\d.]+)(?P<unit>ms|s|/s|MiB)"
+                  r"(?:\s+(?P<floor>[\d.]+)(?P=unit))?(?:\s.*)?$")
+
+Key = tuple[str, str, str, str]  # bench, section, row name, unit
+
+
+#: One side's figures for one row: (hutch ms, floor ms) by the round that printed it.
+Figures = dict[int, tuple[float, float]]
+
+
+def parse(bench: str, output: str) -> dict[Key, tuple[float, float]]:
+    """The rows a bench printed: (hutch ms, floor ms) by bench, section and name."""
+    rows: dict[Key, tuple[float, float]] = {}
+    section = ""
+    for line in output.splitlines():
+        if line.startswith("== "):
+            section = line[3:].strip()
+            continue
+        found = _ROW.match(line)
+        if found is None or line.startswith("measure "):
+            continue
+        try:
+            figures = float(found["hutch"]), float(found["floor"] or 0)
+        except ValueError:
+            continue
+        name = found["name"].strip()
+        rows[(bench, section, RENAMED.get(name, name), found["unit"])] = figures
+    return rows
+
+
+def checkout(ref: str, into: pathlib.Path) -> pathlib.Path:
+    tree = into / "old"
+    subprocess.run(["git", "-C", str(NEW), "worktree", "add", "--detach", "-q", str(tree), ref],
+                   check=True)
+    return tree
+
+
+def run_bench(tree: pathlib.Path, bench: str) -> str:
+    """One bench's output, run from ``tree`` with that tree's sources."""
+    env = dict(os.environ, PYTHONPATH=str(tree / "src"))
+    env.pop("HUTCH_HOME", None)
+    child = subprocess.Popen([sys.executable, str(tree / "bench" / f"bench_{bench}.py")],
+                             cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    try:
+        out, err = child.communicate()
+    except BaseException:
+        # Interrupted: the bench removes what it made on SIGINT (its own finally).
+        child.send_signal(signal.SIGINT)
+        child.communicate()
+        raise
+    if child.returncode != 0:
+        tail = "\n".join(err.splitlines()[-15:])
+        print(f"!! bench_{bench} in {tree} failed ({child.returncode}):\n{tail}", file=sys.stderr)
+    return out
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def build_agent(tree: pathlib.Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(tree / "src"))
+    subprocess.run([sys.executable, "-m", "hutch.providers.agent"], cwd=tree, env=env,
+                   capture_output=True, check=False)
+
+
+def verdict(change: float) -> str:
+    if change > 1 + TOLERANCE:
+        return "WORSE"
+    if change < 1 - TOLERANCE:
+        return "better"
+    return "within 5%"
+
+
+def _cost(figure: float, unit: str) -> float:
+    return 1 / figure if unit == "/s" else figure
+
+
+def _medians(old: Figures, new: Figures, rounds: list[int]) -> tuple[float, ...]:
+    """Old hutch, new hutch, old floor, new floor: each a median over ``rounds``."""
+    return tuple(statistics.median(side[i][at] for i in rounds)
+                 for at, side in ((0, old), (0, new), (1, old), (1, new)))
+
+
+def table(old: dict[Key, Figures], new: dict[Key, Figures]) -> None:
+    print(f"{'row':<52} {'old':>9} {'new':>9} {'new/old':>7} {'old flr':>9} {'new flr':>9}"
+          f" {'ratio/':>7}  verdict")
+    shown = ""
+    for key in sorted(old.keys() & new.keys(), key=list(old).index):
+        bench, section, name, unit = key
+        if f"{bench}: {section}" != shown:
+            shown = f"{bench}: {section}"
+            print(f"-- {shown}")
+        o, n = old[key], new[key]
+        # Each round's new/old, paired: both ran under that round's load.
+        rounds = sorted(o.keys() & n.keys())
+        if not rounds:
+            continue
+        # A rate's cost is its inverse: new/old > 1 is worse either way.
+        change = statistics.median(
+            _cost(n[i][0], unit) / _cost(o[i][0], unit) if o[i][0] and n[i][0]
+            else float("inf") for i in rounds)
+        ratios = [_cost(n[i][0] / n[i][1], unit) / _cost(o[i][0] / o[i][1], unit)
+                  for i in rounds if n[i][1] and o[i][1] and o[i][0] and n[i][0]]
+        ratio = f"{statistics.median(ratios):>6.2f}x" if ratios else f"{'-':>7}"
+        mid = _medians(o, n, rounds)
+        label = f"{name} ({unit})"
+        print(f"{label[:52]:<52} {mid[0]:>9.3f} {mid[1]:>9.3f} {change:>6.2f}x "
+              f"{mid[2]:>9.3f} {mid[3]:>9.3f} {ratio}  {verdict(change)}")
+    for key in old.keys() - new.keys():
+        print(f"only before: {' / '.join(key[:3])}")
+    for key in new.keys() - old.keys():
+        print(f"only now: {' / '.join(key[:3])}")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("benches", nargs="*", help="bench names (default: all both have)")
+    parser.add_argument("--ref", default=DEFAULT_REF)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)  # a kill still removes the checkout
+    with tempfile.TemporaryDirectory(prefix="hutch-compare-", dir="/var/tmp") as scratch:
+        tree = checkout(args.ref, pathlib.Path(scratch))
+        try:
+            ours = {p.stem.removeprefix("bench_") for p in HERE.glob("bench_*.py")}
+            theirs = {p.stem.removeprefix("bench_") for p in (tree / "bench").glob("bench_*.py")}
+            benches = args.benches or sorted(ours & theirs)
+            for name in set(benches) - (ours & theirs):
+                print(f"!! {name}: not a bench in both", file=sys.stderr)
+            benches = [b for b in benches if b in ours & theirs]
+            build_agent(tree)
+            build_agent(NEW)
+            old: dict[Key, Figures] = {}
+            new: dict[Key, Figures] = {}
+            for turn in range(args.rounds):
+                for bench in benches:
+                    sides = [(tree, old), (NEW, new)]
+                    for where, into in sides if turn % 2 == 0 else reversed(sides):
+                        output = run_bench(where, bench)
+                        # The raw rows on stderr, as they come: the table is stdout's.
+                        print(f"\n## round {turn + 1}: {bench} ("
+                              f"{'old' if into is old else 'new'}){output}", file=sys.stderr,
+                              flush=True)
+                        for key, figures in parse(bench, output).items():
+                            into.setdefault(key, {})[turn] = figures
+            print(f"\n{args.ref} (old) beside {NEW} (new), {args.rounds} rounds, ms")
+            table(old, new)
+        finally:
+            subprocess.run(["git", "-C", str(NEW), "worktree", "remove", "--force", str(tree)],
+                           check=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
