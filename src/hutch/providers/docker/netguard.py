@@ -3,10 +3,10 @@ from the host when its container starts and removed when the container goes.
 
 In the container's own namespace: the denied ranges, the Engine's networks
 (where other containers live, whatever their addresses), and no packet from an
-address not the container's own. On the host, for what comes from the
-container's addresses: nothing to the host itself, to another sandbox's
-interface or to a denied range. The container has no CAP_NET_ADMIN, so it
-changes neither.
+address not the container's own (its IPv6 link-local one to its link only).
+On the host, for what comes from the container's addresses: nothing to the
+host itself, to another sandbox's interface or to a denied range. The
+container has no CAP_NET_ADMIN, so it changes neither.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from ..._faults import fault_point
 from ..._types import Capabilities, ProviderSnapshot
 from .._hostproc import SANDBOX_MARKER
 from ..agent import AgentFailure, AgentRuntime, agent_binary
-from ..base import ProviderSettings, RuntimeState, SandboxBackend, SandboxRuntime
+from ..base import ProviderSettings, RuntimeReport, RuntimeState, SandboxBackend, SandboxRuntime
 from ..images import hutch_image_rootfs
 from ..images.exported import docker_image_rootfs
 from ..policy import (
@@ -41,7 +41,7 @@ from ..policy import (
     format_bytes,
     parse_bytes,
 )
-from . import bundle, checkpoints, runsc
+from . import bundle, checkpoints, deaths, runsc
 
 DEFAULT_IMAGE = "hutch-test:bookworm"
 AGENT_START_TIMEOUT = 15.0
@@ -255,7 +255,9 @@ class GvisorSandbox(SandboxBackend):
     async def _recover_agent(self, reason: str) -> bool:
         status = await self._status()
         if status is None or status == "stopped":
+            said = await anyio.to_thread.run_sync(lambda: deaths.death_reason(self.sandbox_dir))
             raise SandboxUnavailable(
+                f"gvisor sandbox {self.sandbox_id} ended: {said}" if said else
                 f"gvisor sandbox {self.sandbox_id}: its agent is gone ({reason}); "
                 "the sandbox ended outside hutch"
             )
@@ -537,6 +539,11 @@ class GvisorSandbox(SandboxBackend):
         await anyio.to_thread.run_sync(lambda: runsc.remove(container))
 
     # -- reconciliation ---------------------------------------------------------------
+    @classmethod
+    async def watch_runtimes(cls, report: RuntimeReport) -> None:
+        """Sandboxes whose kernel died (:func:`.deaths.watch_runtimes`)."""
+        await deaths.watch_runtimes(report)
+
     @classmethod
     async def discard(cls, sandbox_id: str) -> None:
         if _SAFE_ID.match(sandbox_id):
