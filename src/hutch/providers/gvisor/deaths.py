@@ -26,9 +26,9 @@ from . import runsc
 
 log = logging.getLogger("hutch.gvisor")
 
-#: What the sentry's panic says when the host refused it a process or thread
-#: (EAGAIN: the cgroup's pids limit, or the host's own).
-_REFUSED = "resource temporarily unavailable"
+#: What the sentry's panic says when the host refused it a process (a stub)
+#: or a thread (Go's runtime): EAGAIN, the cgroup's pids limit.
+_REFUSED = ("resource temporarily unavailable", "errno=11", "failed to create new os thread")
 _PANIC_HEAD = 4096
 
 
@@ -60,7 +60,7 @@ def death_reason(sandbox_dir: str) -> str | None:
     panic = _panic(sandbox_dir)
     if not panic:
         return None
-    if _REFUSED in panic.lower():
+    if any(sign in panic.lower() for sign in _REFUSED):
         limit = _pids_limit(sandbox_dir)
         named = f"pids_limit {limit}" if limit is not None else "its pids_limit"
         return (f"its processes reached the process limit ({named}): gVisor's kernel "
