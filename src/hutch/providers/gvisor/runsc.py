@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import subprocess
 import tempfile
@@ -225,6 +226,35 @@ def remove_when_ended(container: str) -> None:
 def forget(container: str) -> None:
     with _parents_lock:
         _parents.pop(container, None)
+
+
+def sandbox_process(pid_file: str) -> int | None:
+    """A pidfd of the sandbox process whose pid runsc wrote to ``pid_file``
+    (``--pid-file`` of a run or restore): held before a checkpoint, it says
+    when that process has ended, its memory freed. None where there is none
+    to be had (no file, the process gone, or the pid since taken by another
+    process: not a runsc sandbox)."""
+    try:
+        with open(pid_file) as found:
+            pid = int(found.read().strip())
+        pidfd = os.pidfd_open(pid)
+    except (OSError, ValueError):
+        return None
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as found:
+            program = found.read().split(b"\0", 1)[0]
+    except OSError:
+        program = b""
+    if not program.endswith(b"runsc-sandbox"):
+        os.close(pidfd)
+        return None
+    return pidfd
+
+
+def await_exit(pidfd: int, timeout: float) -> bool:
+    """Until the process of ``pidfd`` has ended (blocking); whether it has."""
+    ready, _, _ = select.select([pidfd], [], [], timeout)
+    return bool(ready)
 
 
 def list_ids() -> list[str]:

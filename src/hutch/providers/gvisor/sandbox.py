@@ -170,6 +170,12 @@ class GvisorSandbox(SandboxBackend):
         return os.path.join(self.sandbox_dir, "runsc.log")
 
     @property
+    def pid_file(self) -> str:
+        """The pid of the running container's sandbox process (runsc's
+        ``--pid-file``), rewritten by each restore."""
+        return os.path.join(self.sandbox_dir, "sandbox.pid")
+
+    @property
     def run_dir(self) -> str:
         """Host side of the agent's socket directory (root's, mode 0700)."""
         return os.path.join(self.sandbox_dir, "run")
@@ -216,7 +222,8 @@ class GvisorSandbox(SandboxBackend):
             os.makedirs(sandbox.run_dir, mode=0o700)
             os.chmod(sandbox.run_dir, 0o700)
             bundle.write(sandbox.bundle_dir, spec)
-            runsc.start("run", "--bundle", sandbox.bundle_dir, sandbox_id, container=sandbox_id,
+            runsc.start("run", "--bundle", sandbox.bundle_dir, "--pid-file", sandbox.pid_file,
+                        sandbox_id, container=sandbox_id,
                         log_path=sandbox.log_path, what=f"starting sandbox {sandbox_id}",
                         ready=lambda: checkpoints.listening(sandbox.agent_socket))
 
@@ -340,6 +347,7 @@ class GvisorSandbox(SandboxBackend):
             await anyio.to_thread.run_sync(
                 lambda: checkpoints.checkpoint(
                     container, directory, self.agent_socket, fault=fault, asked=asked,
+                    pid_file=self.pid_file,
                 )
             )
             self._checkpointed = container
@@ -374,7 +382,7 @@ class GvisorSandbox(SandboxBackend):
             following = self._next_container()
             self.container = following
             checkpoints.restore(following, directory, self.bundle_dir, self.log_path,
-                                self.agent_socket, previous=previous)
+                                self.agent_socket, pid_file=self.pid_file, previous=previous)
 
         await anyio.to_thread.run_sync(restore)
         if fault is not None:
