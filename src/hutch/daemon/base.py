@@ -80,7 +80,7 @@ class Birth:
 
     row: SandboxRow
     events: tuple[tuple[str, str], ...]
-    written: asyncio.Task[None] | None = None
+    written: asyncio.Future[None] | None = None
 
 
 class DaemonBase:
@@ -245,7 +245,7 @@ class DaemonBase:
                     log.warning("workspace %s: could not record it stale: %s", row.workspace, exc)
 
     async def _written_ahead(
-        self, birth: Birth, written: asyncio.Task[None],
+        self, birth: Birth, written: asyncio.Future[None],
         change: Callable[[SandboxRow], bool], event: tuple[str, str],
     ) -> SandboxRow | None:
         """A birth's row, once the write started ahead of its transition is

@@ -99,19 +99,20 @@ class Sandboxes(Refs):
             base_snapshot_id=from_snapshot.id if from_snapshot else None,
             origin_snapshot_id=from_snapshot.id if from_snapshot else None,
         )
-        written: asyncio.Task[None] | None = None
+        written: asyncio.Future[None] | None = None
         if pooled is not None:
             # Its row was written as the pool made it: the running one
             # follows on that, with the events of its making. All of it is
-            # known now, so the write starts now, beside the bookkeeping
-            # below; its transition is acknowledged (and the create answered)
-            # only once it is durable, as any sandbox's.
+            # known now, so the write is handed to a worker thread now,
+            # beside the bookkeeping below; its transition is acknowledged
+            # (and the create answered) only once it is durable, as any
+            # sandbox's.
             row.version = pooled.version
             row.state, row.last_active_unix = SandboxState.RUNNING.value, now
             row.description = pooled.backend.describe()
-            written = asyncio.get_running_loop().create_task(self.astore.put_sandbox(
+            written = self.astore.start_put_sandbox(
                 row, transition_event(SandboxState.CREATING, SandboxState.RUNNING, None),
-                ("created", _made(spec, pooled))))
+                ("created", _made(spec, pooled)))
         backend_cls = get_provider(spec.provider_name)
         if pooled is None:
             # Intent first: a daemon killed mid-create finds this row and
