@@ -8,9 +8,15 @@ from __future__ import annotations
 
 import os
 
+#: ``PF_EXITING`` in /proc/PID/stat's flags: the process has begun its exit.
+_PF_EXITING = 0x4
+
 
 def process_start_time(pid: int) -> int | None:
-    """When ``pid`` started, or None if no such process lives (a zombie is dead)."""
+    """When ``pid`` started, or None if no such process lives. A zombie is
+    dead, and so is one that has begun to exit: a killed sandbox's init
+    stays in its exit while the kernel ends the processes of its namespace,
+    and their connections break before it is a zombie."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             stat = fh.read()
@@ -18,7 +24,7 @@ def process_start_time(pid: int) -> int | None:
         return None
     # The command name (in parentheses) may hold spaces: count after its end.
     fields = stat[stat.rindex(b")") + 2:].split()
-    if fields[0] == b"Z":
+    if fields[0] in (b"Z", b"X") or int(fields[6]) & _PF_EXITING:
         return None
     return int(fields[19])
 

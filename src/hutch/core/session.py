@@ -78,12 +78,15 @@ class SandboxSession:
         if self._gate is not None:
             # The gate knows why a sandbox is gone (expired, closed) and says so.
             await self._gate.enter(self._live, name, activity=activity)
+        unavailable: SandboxUnavailable | None = None
         try:
             if self._live.closed:
                 raise SandboxUnavailable(closed_message(self._live.id))
             self._open_ops += 1
             try:
                 yield
+            except SandboxUnavailable as exc:
+                unavailable = exc  # asked about below, once the call is let out
             except HutchError:
                 raise
             except (OSError, ValueError, NotImplementedError, TimeoutError):
@@ -98,6 +101,15 @@ class SandboxSession:
             # Every call the gate let in is let out (it may have marked it in flight).
             if self._gate is not None:
                 self._gate.leave(self._live, name, activity=activity)
+        if unavailable is not None:
+            # The call found the sandbox unavailable: if its runtime is gone
+            # for good, the sandbox fails saying so (out of the call: a
+            # suspend waiting for calls in flight holds what failing takes).
+            failed = None if self._gate is None else await self._gate.lost(
+                self._live, str(unavailable))
+            if failed is not None:
+                raise failed from unavailable
+            raise unavailable
 
     def _process_exited(self, process: Process) -> None:
         if self._gate is not None:

@@ -31,8 +31,9 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from .._errors import InvalidArgument, SandboxUnavailable, TimeoutTooLarge
+from .._errors import HutchError, InvalidArgument, SandboxUnavailable, TimeoutTooLarge
 from .._inflight import CallMark
+from ..providers.base import RuntimeState
 from ..states import FINAL, SandboxState, SandboxStatus, check_transition
 from .clock import Clock, RealClock, VirtualClock
 from .records import DeadlineHook, LifecycleOptions, LifecycleRecord, Meter, TransitionHook
@@ -291,6 +292,27 @@ class LifecycleEngine(Timers):
             await self._fail_lost(sandbox, record, reason)
         self._forget(record)
         return True
+
+    async def lost(self, sandbox: LiveSandbox, found: str) -> HutchError | None:
+        """An operation found the sandbox unavailable (``found``: what the
+        provider said): if the provider sees its runtime gone for good, the
+        sandbox fails with that as its reason, as a watch would have it fail
+        (in process no watch runs; in a daemon the call may come first), and
+        the error of its failure is returned, which every later call gets
+        too. None where the runtime is there, or cannot be told: the call's
+        own error stands and nothing changes."""
+        record = sandbox.record
+        if record is None or record.state is not SandboxState.RUNNING:
+            return None
+        try:
+            if await sandbox.backend.observed_state() is not RuntimeState.GONE:
+                return None
+            failed = await self.runtime_died(sandbox, f"its runtime ended outside hutch: {found}")
+        except Exception as exc:  # cannot tell, or cannot record: never fail on a guess
+            log.info("sandbox %s: could not tell whether its runtime is gone: %s",
+                     record.sandbox_id, exc)
+            return None
+        return self.expired_error(record) if failed else None
 
     def forget(self, sandbox: LiveSandbox) -> None:
         """Stop tracking ``sandbox`` without touching it: its timers stop and

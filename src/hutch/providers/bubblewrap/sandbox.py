@@ -188,9 +188,10 @@ class BubblewrapSandbox(SandboxBackend):
                     ) from None
                 await anyio.sleep(0.01)  # a refusal comes at once: not a busy loop
 
-    async def _recover_agent(self, reason: str) -> None:
+    async def _recover_agent(self, reason: str) -> bool:
         """The agent failed a request: a frozen sandbox's agent is held, a dead
-        keeper is a lost sandbox; otherwise the connection was at fault."""
+        keeper is a lost sandbox; otherwise the connection was at fault
+        (False: nothing was restarted, the agent answers)."""
         keeper = self.parts.keeper
         if keeper is None or not keeper.alive():
             raise SandboxUnavailable(
@@ -199,6 +200,7 @@ class BubblewrapSandbox(SandboxBackend):
             )
         if self.parts.cgroup.frozen():
             raise SandboxUnavailable(f"bubblewrap sandbox {self.sandbox_id} is paused")
+        return False
 
     # -- provisioning ----------------------------------------------------------------
     @classmethod
