@@ -78,6 +78,26 @@ async def test_a_process_holding_state_in_memory_survives_suspend_with_its_pid(
     assert alive.exit_code == 0
 
 
+async def test_a_suspend_answers_once_the_sandbox_process_has_ended(sandbox: Any) -> None:
+    # runsc answers a checkpoint once its image is written; the sandbox
+    # process (holding the memory) ends a little later. The suspend's
+    # answer waits for that: its memory is freed when it says so.
+    backend = backend_of(sandbox)
+    for _ in range(3):
+        found_state = runsc_state(backend.container)
+        assert found_state is not None
+        pid = int(found_state["pid"])
+        await sandbox.suspend()
+        try:
+            with open(f"/proc/{pid}/stat") as found:
+                stat = found.read()
+            state = stat[stat.rindex(")") + 2]
+        except FileNotFoundError:
+            state = "gone"
+        assert state in ("Z", "X", "gone")
+        await sandbox.resume()
+
+
 async def test_files_written_before_a_suspend_are_there_after(sandbox: Any) -> None:
     await sandbox.write_text("kept.txt", "in the memory overlay")
     await sandbox.suspend()

@@ -317,3 +317,26 @@ async def test_another_sandbox_over_ipv6_is_out_of_reach_unless_allowed(
                 assert await reaches(open_sb, address, 8000), what
                 assert not await reaches(sb, address, 8000), what
                 assert not await reaches(sb, address, 8000, own_link_local), what
+
+
+async def test_the_hosts_rules_refuse_the_sandbox_over_ipv6_without_its_namespaces(
+    v6_network: V6Network, listener: Listener6
+) -> None:
+    """The host's rules are the second place: with the sandbox's own
+    namespace rules gone (a runtime that sends past them), what it sends
+    the host from its link-local address or its global one is refused still."""
+    async with sandbox(v6_network) as sb:
+        own_link_local = await link_local(sb)
+        wait_usable(v6_network.bridge, v6_network.gateway)
+        pid = int(docker.APIClient().inspect_container(f"hutch-{sb.id}")["State"]["Pid"])
+        for table in ("raw", "filter"):
+            subprocess.run(["nsenter", "-t", str(pid), "-n", "ip6tables", "-t", table, "-F"],
+                           check=True)
+        targets = {
+            "the host's link-local address on the sandbox's link":
+                f"{host_link_local(v6_network.bridge)}%eth0",
+            "the bridge's own address": v6_network.gateway,
+        }
+        for what, target in targets.items():
+            assert not await reaches(sb, target, listener.port), what
+            assert not await reaches(sb, target, listener.port, own_link_local), what
