@@ -109,6 +109,10 @@ class LocalHost(SandboxHost):
         self._checked: dict[str, int] = {}
         #: The same, for the time limits a timer last read (see :meth:`limits`).
         self._limits_checked: dict[str, int] = {}
+        #: sandbox id -> (the store's count, the record read off the loop at
+        #: that count): what a synchronous status takes rather than read the
+        #: store on the caller's loop (see :meth:`limits_now`).
+        self._seen: dict[str, tuple[int, InstanceRow | None]] = {}
         #: (instance key, sandbox id) this program has recorded its hold of.
         self._holding: set[tuple[str, str]] = set()
         #: This program's calls in flight, as the others sharing the store see them.
@@ -152,6 +156,7 @@ class LocalHost(SandboxHost):
         if self._checked.get(sandbox_id) == version:
             return False  # no other program wrote anything since
         row = await self.astore.instance_of_sandbox(sandbox_id)
+        self._seen[sandbox_id] = (version, row)
         if row is None or (row.state, _canonical(row.description)) != known:
             return True
         if await self.astore.lease_holder(claim_name(sandbox_id)) is not None:
@@ -178,13 +183,20 @@ class LocalHost(SandboxHost):
         version, changed = self._limits_version(sandbox_id)
         if not changed:
             return None
-        return self._limits_read(sandbox_id, version,
-                                 await self.astore.instance_of_sandbox(sandbox_id))
+        row = await self.astore.instance_of_sandbox(sandbox_id)
+        if version is not None:
+            self._seen[sandbox_id] = (version, row)
+        return self._limits_read(sandbox_id, version, row)
 
     def limits_now(self, sandbox_id: str) -> SharedLimits | None:
         version, changed = self._limits_version(sandbox_id)
         if not changed:
             return None
+        seen = self._seen.get(sandbox_id)
+        if version is not None and seen is not None and seen[0] == version:
+            # Read off the loop since the last write of another program (an
+            # operation's look): the record as it is now, without a read here.
+            return self._limits_read(sandbox_id, version, seen[1])
         return self._limits_read(sandbox_id, version, self.store.instance_of_sandbox(sandbox_id))
 
     def _limits_version(self, sandbox_id: str) -> tuple[int | None, bool]:
@@ -274,6 +286,7 @@ class LocalHost(SandboxHost):
         self._recorded.pop(sandbox.id, None)
         self._checked.pop(sandbox.id, None)
         self._limits_checked.pop(sandbox.id, None)
+        self._seen.pop(sandbox.id, None)
         self._calls.drop(sandbox.id, ended=False)
         self.engine().forget(live_of(sandbox))
 
@@ -419,6 +432,7 @@ class LocalHost(SandboxHost):
         self._recorded.pop(sandbox.id, None)
         self._checked.pop(sandbox.id, None)
         self._limits_checked.pop(sandbox.id, None)
+        self._seen.pop(sandbox.id, None)
         self._calls.drop(sandbox.id, ended=True)
 
     async def drop_snapshot(self, snapshot: SnapshotRow) -> None:
