@@ -8,8 +8,10 @@ inside, which a checkpoint keeps) beside the same process:
 - suspend / resume of a sandbox holding a small process (a shell loop) and
   one holding 200 MB (a Python process with a 200 MB buffer) beside bare
   ``runsc checkpoint`` / ``runsc restore --detach`` of a container running
-  the same process (goal <= 1.2x). hutch adds: the agent letting go of its
-  socket and listening again, the build record, and its answer.
+  the same process (goal <= 1.2x). Both suspends end once the stopped
+  sandbox's process has ended, its memory freed (runsc answers a little
+  before). hutch adds: the agent letting go of its socket and listening
+  again, the build record, and its answer.
   A resume right after a suspend (as here) also waits for the stopped
   sandbox to be gone (runsc refuses a container name still in use; a 200 MB
   one takes a while to give its memory back): the floor restores under a
@@ -23,6 +25,8 @@ inside, which a checkpoint keeps) beside the same process:
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import glob
 import os
 import subprocess
 import sys
@@ -71,8 +75,10 @@ class Bare:
             "sh", *argv,
         ]
         bundle.write(self.bundle, spec)
+        self.cgroup = str(spec["linux"]["cgroupsPath"]).strip("/")
         self.name = self._next()
-        self._runsc("run", "--detach", "--bundle", self.bundle, self.name)
+        self._runsc("run", "--detach", "--bundle", self.bundle, "--pid-file",
+                    self.pid_file(self.name), self.name)
 
     def _next(self) -> str:
         self.serial += 1
@@ -87,17 +93,30 @@ class Bare:
             stderr=subprocess.DEVNULL,
         )
 
+    def pid_file(self, name: str) -> str:
+        """The pid of ``name``'s sandbox process (runsc's ``--pid-file``)."""
+        return os.path.join(self.root, f"{name}.pid")
+
     def image(self) -> str:
         return os.path.join(self.images, self.name)
 
     def checkpoint(self) -> None:
+        """Until the stopped sandbox's process has ended (its memory freed)."""
         os.makedirs(self.image())
-        self._runsc("checkpoint", "--image-path", self.image(), self.name)
+        sandbox = runsc.sandbox_process(self.pid_file(self.name))
+        try:
+            self._runsc("checkpoint", "--image-path", self.image(), self.name)
+            if sandbox is not None:
+                runsc.await_exit(sandbox, 60)
+        finally:
+            if sandbox is not None:
+                os.close(sandbox)
 
     def restore(self, image: str | None = None) -> str:
         image = image or self.image()
         name = self._next()
-        self._runsc("restore", "--detach", "--image-path", image, "--bundle", self.bundle, name)
+        self._runsc("restore", "--detach", "--image-path", image, "--bundle", self.bundle,
+                    "--pid-file", self.pid_file(name), name)
         self.name = name
         return name
 
@@ -138,6 +157,12 @@ class Bare:
 
     def close(self) -> None:
         self.delete(self.names)
+        # Made by the first container, which runsc leaves behind when its
+        # restores (under the same bundle) joined it.
+        made = f"/sys/fs/cgroup/{self.cgroup}"
+        for left in [*glob.glob(f"/sys/fs/cgroup/*/{self.cgroup}"), made]:
+            with contextlib.suppress(OSError):
+                os.rmdir(left)
 
 
 async def timed(fn: Callable[[], Awaitable[Any]]) -> float:

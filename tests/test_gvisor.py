@@ -78,6 +78,26 @@ async def test_a_process_holding_state_in_memory_survives_suspend_with_its_pid(
     assert alive.exit_code == 0
 
 
+async def test_a_suspend_answers_once_the_sandbox_process_has_ended(sandbox: Any) -> None:
+    # runsc answers a checkpoint once its image is written; the sandbox
+    # process (holding the memory) ends a little later. The suspend's
+    # answer waits for that: its memory is freed when it says so.
+    backend = backend_of(sandbox)
+    for _ in range(3):
+        found_state = runsc_state(backend.container)
+        assert found_state is not None
+        pid = int(found_state["pid"])
+        await sandbox.suspend()
+        try:
+            with open(f"/proc/{pid}/stat") as found:
+                stat = found.read()
+            state = stat[stat.rindex(")") + 2]
+        except (FileNotFoundError, ProcessLookupError):  # reaped, also while read
+            state = "gone"
+        assert state in ("Z", "X", "gone")
+        await sandbox.resume()
+
+
 async def test_files_written_before_a_suspend_are_there_after(sandbox: Any) -> None:
     await sandbox.write_text("kept.txt", "in the memory overlay")
     await sandbox.suspend()
@@ -290,6 +310,33 @@ async def test_an_idle_suspend_through_the_daemon_keeps_a_background_server() ->
             assert after.stdout.strip() == f"server {pid} says hello"
         finally:
             await sb.close()
+
+
+async def test_a_fork_through_the_daemon_starts_its_branches_together_each_its_own() -> None:
+    # The daemon restores a gvisor fork's branches side by side: each is
+    # made whole, with the process tree, and none sees another's writes.
+    from tests.conformance.remote import daemon
+
+    d = daemon()
+    async with hutch.AsyncClient(d.url, token=d.token) as client:
+        origin = await client.create_sandbox("gvisor", image=TEST_IMAGE, read_before_write=False)
+        try:
+            await origin.exec(COUNTER)
+            await origin.exec("sleep 0.2")
+            pid, _ = await _counter(origin)
+            fork = await origin.fork("together", count=3)
+            try:
+                assert len({b.id for b in fork.branches}) == 3
+                for index, branch in enumerate(fork.branches):
+                    assert (await _counter(branch))[0] == pid
+                    await branch.write_text("mine.txt", f"branch {index}")
+                for index, branch in enumerate(fork.branches):
+                    assert await branch.read_text("mine.txt") == f"branch {index}"
+                assert not await origin.exists("mine.txt")
+            finally:
+                await fork.close()
+        finally:
+            await origin.close()
 
 
 async def test_a_process_at_work_keeps_the_sandbox_awake_one_waiting_does_not() -> None:

@@ -387,6 +387,8 @@ async def test_the_host_over_ipv6_link_local_is_out_of_reach(provider: str) -> N
     try:
         async with sandbox(provider) as sb, sandbox(provider, {"allow": ["fe80::/10"]}) as open_sb:
             if await _link_local(sb) is None:
+                # docker's default bridge here has no IPv6: test_hostile_network_ipv6
+                # tries docker on an IPv6 network of its own.
                 pytest.skip(f"a {provider} sandbox here has no IPv6")
             assert await _link_local(open_sb)
             target = f"{_host_link_local(_host_end(sb))}%eth0"

@@ -343,3 +343,49 @@ def test_a_pool_killed_with_its_daemon_is_freed_at_the_next_start(tmp_path: Path
         assert left_behind(d) == []
     finally:
         d.close()
+
+
+def test_a_take_the_store_cannot_record_hands_nothing_out(tmp_path: Path) -> None:
+    """A take's one store write is started ahead of its bookkeeping: when the
+    store cannot keep it (a full disk), the create is refused as any
+    transition is, no sandbox is left that the store does not know, and once
+    the store has room again a create works."""
+    mount = str(tmp_path / "full")
+    os.mkdir(mount)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m,mode=0700", "tmpfs", mount],
+                   check=True)
+    config = tmp_path / "hutch.toml"
+    config.write_text('[pools.warm]\nsize = 1\nprovider = "virtual"\n')
+    d = DaemonProcess(data_dir=mount, log_path=str(tmp_path / "daemon.log"),
+                      extra_args=["--config", str(config)])
+    try:
+        d.start()
+        with hutch.Client(d.url, token=d.token) as c:
+            until("the pool is full", lambda: pool(c, "warm")["ready"] == 1)
+            filler = fill(mount)
+            with pytest.raises(hutch.StoreUnavailable) as refused:
+                c.create_sandbox("virtual")
+            assert "hutch.db" in str(refused.value)
+            # Nothing handed out (its half-made record, which the full disk
+            # kept too, is freed at the next start as any create's).
+            assert [s for s in c.list_sandboxes() if s["state"] != "creating"] == []
+            os.remove(filler)
+            sb = c.create_sandbox("virtual")
+            assert sb.info()["state"] == "running"
+            assert [s["id"] for s in c.list_sandboxes() if s["state"] == "running"] == [sb.id]
+            c.delete_sandbox(sb.id)
+    finally:
+        d.close()
+        subprocess.run(["umount", mount], check=False)
+
+
+def fill(directory: str) -> str:
+    """Fill the file system ``directory`` is on; return the filler's path."""
+    path = os.path.join(directory, "filler")
+    chunk = b"\0" * (1 << 20)
+    with open(path, "wb", buffering=0) as fh:
+        for size in (len(chunk), 4096, 1):  # what a big write cannot take, small ones do
+            with contextlib.suppress(OSError):
+                while fh.write(chunk[:size]):
+                    pass
+    return path

@@ -14,7 +14,7 @@ import shlex
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
-from contextlib import aclosing, asynccontextmanager
+from contextlib import aclosing, asynccontextmanager, suppress
 from typing import IO, TYPE_CHECKING, Any
 
 import anyio
@@ -602,11 +602,43 @@ class Sandbox(SandboxSession):
         snapshot = await self.snapshot(label)
         fork = Fork(snapshot, self._factory)
         if count > 1 and self._backend.branches_concurrently:
-            await fork.attach_together(count)
+            fork.branches.extend(await self._branch_together(self._factory, snapshot, count))
         else:
             for _ in range(count):
                 await fork.attach()
         return fork
+
+    @staticmethod
+    async def _branch_together(
+        factory: SandboxFactory, snapshot: Snapshot, count: int
+    ) -> list[Sandbox]:
+        """``count`` sandboxes from ``snapshot`` started at once (a provider
+        whose branches may start side by side); all or none: where one fails
+        (or the caller gives up), those started are closed and the first
+        failure raised."""
+        started: list[Sandbox | None] = [None] * count
+        failures: list[Exception] = []
+
+        async def one(index: int) -> None:
+            try:
+                started[index] = await factory.from_snapshot(snapshot, None)
+            except Exception as exc:  # raised below, once every start has ended
+                failures.append(exc)
+
+        try:
+            async with anyio.create_task_group() as group:
+                for index in range(count):
+                    group.start_soon(one, index)
+            if failures:
+                raise failures[0]
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                for made in started:
+                    if made is not None:
+                        with suppress(Exception):
+                            await made.close()
+            raise
+        return [made for made in started if made is not None]
 
     async def set_timeout(self, seconds: float) -> float:
         """Make the sandbox's deadline now + ``seconds``; returns it as Unix time."""

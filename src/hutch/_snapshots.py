@@ -14,13 +14,10 @@ and the attach are the provider seam's (``SandboxBackend.capture`` /
 
 from __future__ import annotations
 
-import contextlib
 import time
 import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
-
-import anyio
 
 from ._types import ProviderSnapshot, Snapshot
 
@@ -81,37 +78,6 @@ class Fork:
         sandbox = await self._factory.from_snapshot(self.snapshot, options or None)
         self.branches.append(sandbox)
         return sandbox
-
-    async def attach_together(self, count: int) -> list[Sandbox]:
-        """``count`` new sandboxes from the snapshot, started at once (for a
-        provider whose branches may start side by side); all or none: where
-        one fails (or the caller gives up), those started are closed and the
-        first failure raised."""
-        started: list[Sandbox | None] = [None] * count
-        failures: list[Exception] = []
-
-        async def one(index: int) -> None:
-            try:
-                started[index] = await self._factory.from_snapshot(self.snapshot, None)
-            except Exception as exc:  # raised below, once every start has ended
-                failures.append(exc)
-
-        made: list[Sandbox] = []
-        try:
-            async with anyio.create_task_group() as group:
-                for index in range(count):
-                    group.start_soon(one, index)
-            made = [sandbox for sandbox in started if sandbox is not None]
-            if failures:
-                raise failures[0]
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                for sandbox in (s for s in started if s is not None):
-                    with contextlib.suppress(Exception):
-                        await sandbox.close()
-            raise
-        self.branches.extend(made)
-        return made
 
     async def close(self) -> None:
         """End every branch this handle started, then remove its snapshot and

@@ -564,15 +564,6 @@ class SyncFork:
         value = self._loop.call(self._target.attach(**options))
         return SyncSandbox(value, self._loop)
 
-    def attach_together(self, count: int) -> list[SyncSandbox]:
-        """``count`` new sandboxes from the snapshot, started at once (for a
-        provider whose branches may start side by side); all or none: where
-        one fails (or the caller gives up), those started are closed and the
-        first failure raised.
-        """
-        value = self._loop.call(self._target.attach_together(count))
-        return [SyncSandbox(item, self._loop) for item in value]
-
     def close(self) -> None:
         """End every branch this handle started, then remove its snapshot and
         free its storage. Idempotent.

@@ -13,15 +13,13 @@ import json
 import shutil
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 ELLIPSIS = "…"
 GAP = "  "
 
 
-@dataclass(frozen=True)
-class Column:
+class Column(NamedTuple):  # not a data class: a third of the cost to make, at each start
     header: str
     #: Free text that may be shortened on a terminal (a path, a reason).
     cut: bool = False

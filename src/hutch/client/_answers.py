@@ -15,7 +15,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from .._errors import HutchError, error_from_wire
 
@@ -79,9 +79,9 @@ class EnsureProgress:
     text: str
 
 
-@dataclass
-class EnsuredRef:
-    """A definition's ``ensure`` answer: the sandbox, the path, the steps."""
+class EnsuredRef(NamedTuple):
+    """A definition's ``ensure`` answer: the sandbox, the path, the steps
+    (for the driver to wrap, as :mod:`._refs`' are)."""
 
     sandbox: dict[str, Any]
     path: str

@@ -23,7 +23,6 @@ from .._errors import (
 )
 from .._limits import DEFAULT_SEARCH_TIMEOUT
 from .._refwire import check_ref_lifetime, decode_ref
-from .._sandbox_paths import sandbox_path
 from ._answers import (
     EnsuredRef,
     EnsureProgress,
@@ -610,6 +609,8 @@ class SandboxOps:
     # -- checks made here, as the in-process sandbox makes them ----------------------------
     def path(self, path: str) -> str:
         """The absolute path inside the sandbox that ``path`` names."""
+        from .._sandbox_paths import sandbox_path  # its checks load only with a path op
+
         return sandbox_path(self.workdir, path)
 
     def require(self, capability: str) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from ._http import Call
 
@@ -15,23 +15,22 @@ if TYPE_CHECKING:
     from .._types import Snapshot
 
 # -- references the drivers turn into facade objects ------------------------------------
+# Named tuples, not data classes: read once by the driver that wraps them, and
+# a third of the cost to make at import (every command of the CLI imports them).
 
 
-@dataclass
-class SandboxRef:
+class SandboxRef(NamedTuple):
     info: dict[str, Any]
 
 
-@dataclass
-class BranchRef:
+class BranchRef(NamedTuple):
     """A sandbox a fork's ``attach`` started: it joins that fork's ``branches``."""
 
     fork: Any
     info: dict[str, Any]
 
 
-@dataclass
-class ForkRef:
+class ForkRef(NamedTuple):
     snapshot: Snapshot
     sandboxes: list[dict[str, Any]]
 
@@ -46,14 +45,12 @@ class RemoteEnsured:
     steps: list[dict[str, Any]]
 
 
-@dataclass
-class ProcessRef:
+class ProcessRef(NamedTuple):
     sandbox_id: str
     info: dict[str, Any]
 
 
-@dataclass(frozen=True)
-class WatcherRef:
+class WatcherRef(NamedTuple):
     sandbox_id: str
     info: dict[str, Any]
 

@@ -9,6 +9,7 @@ import contextlib
 import math
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import BaseModel
@@ -64,6 +65,24 @@ if TYPE_CHECKING:
     from .pools import Pool
 
 
+def transition_event(old: SandboxState, new: SandboxState, reason: str | None) -> tuple[str, str]:
+    """The event that tells of a transition, written with its row."""
+    return ("transition", f"{old.value} -> {new.value}" + (f" ({reason})" if reason else ""))
+
+
+@dataclass
+class Birth:
+    """A sandbox being made: its row as made and the events that tell of its
+    making, which its first transition (creating -> running) writes in one
+    store write rather than reading the row it just wrote and logging the
+    events after it; or, for a warm pool's take, that write itself, started
+    ahead (``written``), which the transition waits for."""
+
+    row: SandboxRow
+    events: tuple[tuple[str, str], ...]
+    written: asyncio.Future[None] | None = None
+
+
 class DaemonBase:
     if TYPE_CHECKING:  # defined by the parts below (see hutch.daemon.core.Daemon)
         async def _salvage_workspace(self, row: SandboxRow, backend: SandboxBackend) -> None: ...
@@ -112,6 +131,8 @@ class DaemonBase:
         #: The same store, off the event loop: what the daemon's coroutines use.
         self.astore = AsyncStore(store, observe=observe)
         self.sandbox_defaults = dict(sandbox_defaults or {})
+        #: provider -> the operator's own settings for it (see _operators_settings).
+        self._operator_settings: dict[str, BaseModel | None] = {}
         #: The provider of requests that name none (see default_provider()).
         self._default_provider = default_provider
         if not 0 < retention_seconds < math.inf:
@@ -137,11 +158,8 @@ class DaemonBase:
             on_deadline=self._persist_deadline,
         )
         self.sandboxes: dict[str, Sandbox] = {}
-        #: sandbox id -> its row as made and the events that tell of its
-        #: making, for a sandbox being made: its first transition (creating ->
-        #: running) writes them, in one store write, rather than reading the
-        #: row it just wrote and logging the events after it.
-        self._births: dict[str, tuple[SandboxRow, tuple[tuple[str, str], ...]]] = {}
+        #: sandbox id -> what its first transition writes, for a sandbox being made.
+        self._births: dict[str, Birth] = {}
         #: Warm pools by name (see .pools).
         self._pools: dict[str, Pool] = {}
         #: Creates under way outside warm pools, counted toward max_sandboxes.
@@ -186,13 +204,17 @@ class DaemonBase:
                 self._snapshot(row, sandbox)
             return True
 
-        event = ("transition", f"{old.value} -> {new.value}" + (f" ({reason})" if reason else ""))
+        event = transition_event(old, new, reason)
         # The row and its events in one transaction; StoreUnavailable if the
         # store cannot keep them, and then the engine undoes the transition.
         try:
-            row = await self._rewrite_sandbox(
-                sandbox_id, transition, event, *(birth[1] if birth is not None else ()),
-                known=birth[0] if birth is not None else None)
+            if birth is not None and birth.written is not None:
+                row: SandboxRow | None = await self._written_ahead(
+                    birth, birth.written, transition, event)
+            else:
+                row = await self._rewrite_sandbox(
+                    sandbox_id, transition, event, *(birth.events if birth is not None else ()),
+                    known=birth.row if birth is not None else None)
         except OwnershipLost as exc:
             # Another daemon serves it now (this one stalled past its lease):
             # nothing of it is this daemon's to act on any more.
@@ -221,6 +243,19 @@ class DaemonBase:
                 except StoreUnavailable as exc:
                     # The next start finds the workspace's sandbox ended and marks it stale.
                     log.warning("workspace %s: could not record it stale: %s", row.workspace, exc)
+
+    async def _written_ahead(
+        self, birth: Birth, written: asyncio.Future[None],
+        change: Callable[[SandboxRow], bool], event: tuple[str, str],
+    ) -> SandboxRow | None:
+        """A birth's row, once the write started ahead of its transition is
+        durable; written again from the store's row if another write came
+        between (as any transition's is)."""
+        try:
+            await asyncio.shield(written)  # a caller gone does not cut the write short
+        except WriteConflict:
+            return await self._rewrite_sandbox(birth.row.id, change, event, *birth.events)
+        return birth.row
 
     async def _rewrite_sandbox(
         self, sandbox_id: str, change: Callable[[SandboxRow], bool],
@@ -370,17 +405,24 @@ class DaemonBase:
         ))
         spec = resolve_spec(flags=body, server_defaults=self.sandbox_defaults,
                             default_provider=default)
-        try:  # the operator's own settings for this provider, if they stand alone
-            operators: BaseModel | None = resolve_spec(
-                flags={"provider": spec.provider_name}, server_defaults=self.sandbox_defaults
-            ).provider
-        except InvalidArgument:
-            operators = None  # a provider with required settings the operator left out
-        provider = self.policy.admit(spec.provider, operators)
+        provider = self.policy.admit(spec.provider, self._operators_settings(spec.provider_name))
         if daemon_settings:
             provider = provider.model_copy(update=dict(daemon_settings))
         spec = spec.model_copy(update={"provider": provider})
         return spec
+
+    def _operators_settings(self, provider: str) -> BaseModel | None:
+        """The operator's own settings for ``provider``, if they stand alone
+        (from the server defaults alone, which do not change: made once)."""
+        if provider not in self._operator_settings:
+            try:
+                found: BaseModel | None = resolve_spec(
+                    flags={"provider": provider}, server_defaults=self.sandbox_defaults
+                ).provider
+            except InvalidArgument:
+                found = None  # a provider with required settings the operator left out
+            self._operator_settings[provider] = found
+        return self._operator_settings[provider]
 
     @staticmethod
     def _wrap(backend: SandboxBackend, spec: SandboxSpec) -> Sandbox:

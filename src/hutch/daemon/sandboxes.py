@@ -3,6 +3,7 @@ definitions put by API clients."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import Mapping
@@ -35,6 +36,7 @@ from ..store import (
     SandboxRow,
     SnapshotRow,
 )
+from .base import Birth, transition_event
 from .common import (
     REMOTE_GIT_SCHEMES,
     log,
@@ -52,6 +54,12 @@ class PooledRuntime:
     pool: str
     #: The version its row was written at (the next write compares it).
     version: int = 1
+
+
+def _made(spec: SandboxSpec, pooled: PooledRuntime | None) -> str:
+    """The event message of a sandbox's making."""
+    return f"{spec.provider_name} sandbox created" + (
+        f" (made ahead by warm pool {pooled.pool})" if pooled is not None else "")
 
 
 class Sandboxes(Refs):
@@ -91,9 +99,20 @@ class Sandboxes(Refs):
             base_snapshot_id=from_snapshot.id if from_snapshot else None,
             origin_snapshot_id=from_snapshot.id if from_snapshot else None,
         )
+        written: asyncio.Future[None] | None = None
         if pooled is not None:
-            # Its row was written as the pool made it: the running one follows on that.
+            # Its row was written as the pool made it: the running one
+            # follows on that, with the events of its making. All of it is
+            # known now, so the write is handed to a worker thread now,
+            # beside the bookkeeping below; its transition is acknowledged
+            # (and the create answered) only once it is durable, as any
+            # sandbox's.
             row.version = pooled.version
+            row.state, row.last_active_unix = SandboxState.RUNNING.value, now
+            row.description = pooled.backend.describe()
+            written = self.astore.start_put_sandbox(
+                row, transition_event(SandboxState.CREATING, SandboxState.RUNNING, None),
+                ("created", _made(spec, pooled)))
         backend_cls = get_provider(spec.provider_name)
         if pooled is None:
             # Intent first: a daemon killed mid-create finds this row and
@@ -126,10 +145,8 @@ class Sandboxes(Refs):
             # A new id has no refs yet (a workspace's may): its info, the
             # create's answer, need not read the store for them.
             self._refs_of[sid] = []
-        made = f"{spec.provider_name} sandbox created" + (
-            f" (made ahead by warm pool {pooled.pool})" if pooled is not None else "")
         # Its running state and the events of its making: one store write.
-        self._births[sid] = (row, (("created", made),))
+        self._births[sid] = Birth(row, (("created", _made(spec, pooled)),), written)
         try:
             await self.engine.attach(live_of(sandbox), spec.options)
         except BaseException:
@@ -137,6 +154,10 @@ class Sandboxes(Refs):
             self._refs_of.pop(sid, None)
             with anyio.CancelScope(shield=True):
                 await backend.close()
+                if written is not None:
+                    # Done first: a write landing after the delete would bring the row back.
+                    with contextlib.suppress(Exception):
+                        await written
                 await self.astore.delete_sandbox(sid)
             raise
         finally:

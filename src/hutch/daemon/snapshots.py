@@ -8,6 +8,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import anyio
 import anyio.to_thread
 
 from .._api import spec_for_attach
@@ -170,9 +171,12 @@ class Snapshots(Pooling):
         try:
             fault_point("fork.captured")
             spec = self.attach_spec(snapshot, options)
-            for _ in range(count):
-                branches.append(await self.create_sandbox(spec, from_snapshot=snapshot))
-                fault_point("fork.branched")
+            if count > 1 and get_provider(origin.provider).branches_concurrently:
+                await self._branch_together(spec, snapshot, count, branches)
+            else:
+                for _ in range(count):
+                    branches.append(await self.create_sandbox(spec, from_snapshot=snapshot))
+                    fault_point("fork.branched")
         except BaseException:
             # All or nothing: a caller gone (cancelled) never learns of the
             # branches or the snapshot, so neither stays to leak.
@@ -183,6 +187,27 @@ class Snapshots(Pooling):
                 await self._undo_snapshot(snapshot, origin, previous_base)
             raise
         return snapshot, branches
+
+    async def _branch_together(
+        self, spec: SandboxSpec, snapshot: SnapshotRow, count: int, branches: list[Sandbox]
+    ) -> None:
+        """``count`` branches started at once (a provider whose branches may
+        start side by side), each put in ``branches`` as it is made; the
+        first failure raised once every start has ended."""
+        failures: list[Exception] = []
+
+        async def one() -> None:
+            try:
+                branches.append(await self.create_sandbox(spec, from_snapshot=snapshot))
+                fault_point("fork.branched")
+            except Exception as exc:  # raised below, once every start has ended
+                failures.append(exc)
+
+        async with anyio.create_task_group() as group:
+            for _ in range(count):
+                group.start_soon(one)
+        if failures:
+            raise failures[0]
 
     async def snapshot_dependents(
         self, snapshot_id: str, *, children: bool = True

@@ -90,6 +90,11 @@ SANDBOX_INTERFACES: tuple[str, ...] = ("hb+", "docker0", "br-+")
 #: and advertisement): without it a sandbox has no IPv6 at all.
 _NEIGHBOUR_DISCOVERY = (133, 135, 136)
 
+#: The IPv6 sources a sandbox uses on its link only (source, destination):
+#: its link-local address to link-local and link-scope multicast ones, and
+#: none at all (duplicate address detection, multicast listener reports).
+_LINK_SCOPE = (("fe80::/10", "fe80::/10"), ("fe80::/10", "ff02::/16"), ("::/128", "ff02::/16"))
+
 
 class AllowList(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -210,10 +215,14 @@ def ruleset(
     if sources is not None:
         lines += ["*raw", ":PREROUTING ACCEPT [0:0]", ":OUTPUT ACCEPT [0:0]",
                   "-A OUTPUT -o lo -j RETURN"]
-        own = [n for n in sources if n.version == version]
-        if version == 6:  # its link-local addresses, and none while it gets one
-            own += [ipaddress.ip_network("fe80::/10"), ipaddress.ip_network("::/128")]
-        lines += [f"-A OUTPUT -s {n} -j RETURN" for n in own]
+        lines += [f"-A OUTPUT -s {n} -j RETURN" for n in sources if n.version == version]
+        if version == 6:
+            # Its link-local addresses, and none while it gets one, only
+            # to its link: the host's rules know the sandbox by its global
+            # address, so a packet from its link-local one (a socket bound
+            # to it) to a routed address would pass them unrecognised.
+            lines += [f"-A OUTPUT -s {source} -d {destination} -j RETURN"
+                      for source, destination in _LINK_SCOPE]
         lines += ["-A OUTPUT -j DROP", "COMMIT"]
     lines += [
         "*filter",
@@ -318,6 +327,10 @@ def host_ruleset(
             lines += _neighbour_discovery(into_host, "RETURN", version)
             lines += reach.exceptions(into_host, "RETURN", version)
             lines.append(f"-A {into_host} -j REJECT")  # the host itself, any address
+            # Neighbour discovery between containers on one bridge passes
+            # FORWARD (bridged, with br_netfilter): without it an allowed
+            # neighbour is unreachable over IPv6; it is never routed on.
+            lines += _neighbour_discovery(through_host, "RETURN", version)
             lines += reach.exceptions(through_host, "RETURN", version)
             lines += [f"-A {through_host} -o {name} -j REJECT" for name in SANDBOX_INTERFACES]
             lines += [f"-A {through_host} -d {n} -j REJECT" for n in reach.denied(version)]

@@ -45,6 +45,8 @@ class VirtualSandbox(NativeBackend):
         processes=False, pause=True, suspend=True, snapshot=True, fork=True
     )
     config_model = VirtualConfig
+    # A branch reads its snapshot's held files and writes only its own.
+    branches_concurrently = True
     #: snapshot id -> (files, directories, working directory): the captured states.
     _held: ClassVar[dict[str, tuple[dict[str, tuple[bytes, float]], set[str], str]]] = {}
 

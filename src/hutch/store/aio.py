@@ -13,6 +13,7 @@ without a hand-made shield.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -79,6 +80,22 @@ class AsyncStore:
 
     async def put_sandbox(self, row: SandboxRow, *events: tuple[str, str]) -> None:
         return await self._run(self.store.put_sandbox, row, *events)
+
+    def start_put_sandbox(
+        self, row: SandboxRow, *events: tuple[str, str]
+    ) -> asyncio.Future[None]:
+        """:meth:`put_sandbox`, handed to a worker thread now (not at the
+        event loop's next turns, as an awaited call is): a write whose caller
+        has work of its own to do before it waits for it. It runs to its end
+        whatever becomes of the future (await it shielded)."""
+        started = time.perf_counter()
+        written = asyncio.get_running_loop().run_in_executor(
+            None, functools.partial(self.store.put_sandbox, row, *events))
+        if self._observe is not None:
+            observe = self._observe
+            written.add_done_callback(
+                lambda _: observe("put_sandbox", time.perf_counter() - started))
+        return written
 
     async def put_sandboxes(self, rows: Sequence[SandboxRow]) -> None:
         return await self._run(self.store.put_sandboxes, rows)

@@ -3,10 +3,10 @@ from the host when its container starts and removed when the container goes.
 
 In the container's own namespace: the denied ranges, the Engine's networks
 (where other containers live, whatever their addresses), and no packet from an
-address not the container's own. On the host, for what comes from the
-container's addresses: nothing to the host itself, to another sandbox's
-interface or to a denied range. The container has no CAP_NET_ADMIN, so it
-changes neither.
+address not the container's own (its IPv6 link-local one to its link only).
+On the host, for what comes from the container's addresses: nothing to the
+host itself, to another sandbox's interface or to a denied range. The
+container has no CAP_NET_ADMIN, so it changes neither.
 """
 
 from __future__ import annotations
@@ -57,6 +57,22 @@ def _addresses(info: dict[str, Any]) -> list[IPNetwork]:
     return found
 
 
+def _link_locals(pid: int) -> list[IPNetwork]:
+    """The IPv6 link-local addresses of the namespace of process ``pid``
+    (from the host's /proc: the kernel lists that namespace's), loopback's
+    aside: the host sees a packet from one on the sandbox's bridge."""
+    try:
+        with open(f"/proc/{pid}/net/if_inet6") as listing:
+            lines = listing.read().splitlines()
+    except OSError:
+        return []  # no IPv6 in it
+    found: list[IPNetwork] = []
+    for words in (line.split() for line in lines):
+        if len(words) == 6 and words[5] != "lo" and words[3] == "20":  # scope: link
+            found.append(ipaddress.ip_network(int(words[0], 16).to_bytes(16, "big")))
+    return found
+
+
 def _engine_networks(api: Any) -> list[IPNetwork]:
     blocked: set[IPNetwork] = set()
     for network in api.networks():
@@ -76,7 +92,9 @@ def enforce(api: Any, container: str, sandbox_id: str, policy: NetworkPolicy) ->
     reach = Reach(policy, _resolvers(info), _engine_networks(api))
     try:
         apply_in_namespace(pid, policy, reach.blocked, resolvers=reach.resolvers, sources=own)
-        guard_host(guard_key(sandbox_id), reach, HostMatch(sources=own))
+        # The host knows its link-local addresses too (the namespace's rules
+        # keep them to its link): a second place for what it sends the host.
+        guard_host(guard_key(sandbox_id), reach, HostMatch(sources=own + _link_locals(pid)))
     except (OSError, subprocess.SubprocessError) as exc:
         detail = getattr(exc, "stderr", "") or exc
         raise ProviderError(

@@ -15,7 +15,9 @@ import json
 import logging
 import os
 import shutil
+import threading
 import time
+import uuid
 from typing import Any
 
 from ..._errors import InvalidState, ProviderError
@@ -29,6 +31,8 @@ IMAGE = "checkpoint.img"
 RELEASE_TIMEOUT = 10.0
 #: How long an agent that said it would let go has before it is signalled.
 ASKED_TIMEOUT = 2.0
+#: How long a checkpoint waits for the stopped sandbox's process to end.
+EXIT_WAIT = 60.0
 #: How long a restore retries where its container id is still in use.
 RESTORE_WAIT = 30.0
 #: What runsc says of a restore whose container, or sandbox, is not gone yet.
@@ -87,11 +91,15 @@ def release_agent(container: str, socket_path: str, *, asked: bool = False) -> N
 
 
 def checkpoint(
-    container: str, directory: str, socket_path: str, *, fault: str, asked: bool = False
+    container: str, directory: str, socket_path: str, *, fault: str, pid_file: str,
+    asked: bool = False,
 ) -> None:
     """The container's state into ``directory``, the container gone (its
-    memory freed). Blocking. The agent has let go when it returns, also
-    when it fails (the caller asks it to listen again).
+    memory freed: runsc answers once the image is written, and its sandbox
+    process ends a little later, tens of milliseconds for a big one; it is
+    waited for, by the pid runsc wrote to ``pid_file``). Blocking. The agent
+    has let go when it returns, also when it fails (the caller asks it to
+    listen again).
 
     The image is written beside ``directory`` (``.partial``), with its
     record written first: should hutch die once runsc has written it (the
@@ -100,6 +108,7 @@ def checkpoint(
     work = directory + ".partial"
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
+    sandbox = runsc.sandbox_process(pid_file)
     try:
         write_json(os.path.join(work, META),
                    {"runsc_build": runsc.runsc_build(), "at": time.time()})
@@ -108,12 +117,32 @@ def checkpoint(
                   what=f"checkpointing {container}")
         fault_point(fault)
         _put_in_place(work, directory)
+        if sandbox is not None and not runsc.await_exit(sandbox, EXIT_WAIT):
+            log.warning("gvisor: %s's sandbox process still runs %gs after its checkpoint",
+                        container, EXIT_WAIT)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
+    finally:
+        if sandbox is not None:
+            os.close(sandbox)
     # Not removed here: the runsc that started it reaps the stopped sandbox
     # and deletes it (a delete now would wait seconds for a big sandbox's
     # memory to be given back); a restore or a close removes what is left.
+
+
+def discard(directory: str) -> None:
+    """A checkpoint no longer needed gone: renamed aside at once (the next
+    checkpoint may take its place), its files removed in the background
+    (unlinking a 200 MB image takes some 80 ms a resume need not wait for).
+    What is left of it at a crash goes with the sandbox's directory."""
+    aside = f"{directory}.gone-{uuid.uuid4().hex[:8]}"
+    try:
+        os.rename(directory, aside)
+    except FileNotFoundError:
+        return
+    threading.Thread(target=shutil.rmtree, args=(aside,), kwargs={"ignore_errors": True},
+                     name="gvisor checkpoint removal", daemon=True).start()
 
 
 def _put_in_place(work: str, directory: str) -> None:
@@ -150,7 +179,7 @@ def check_build(directory: str, what: str) -> None:
 
 def restore(
     container: str, directory: str, bundle_dir: str, log_path: str, socket_path: str,
-    *, previous: str | None = None,
+    *, pid_file: str, previous: str | None = None,
 ) -> None:
     """The container running again from ``directory``, under the id
     ``container``: a new one each time, so that it need not wait for
@@ -161,7 +190,8 @@ def restore(
     runsc says the container runs: the caller then wakes it, see
     :func:`listening`). Blocking."""
     check_build(directory, f"{container}'s checkpoint")
-    for stale in (socket_path, socket_path + ".pid"):
+    # The previous sandbox's pid goes too: never waited for in another's stead.
+    for stale in (socket_path, socket_path + ".pid", pid_file):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(stale)
     with open(socket_path + ".wake", "w"):
@@ -170,7 +200,8 @@ def restore(
     deadline = time.monotonic() + RESTORE_WAIT
     while True:
         try:
-            runsc.start("restore", "--image-path", directory, "--bundle", bundle_dir, container,
+            runsc.start("restore", "--image-path", directory, "--bundle", bundle_dir,
+                        "--pid-file", pid_file, container,
                         container=container, log_path=log_path, what=f"restoring {container}",
                         ready=lambda: listening(socket_path))
             break

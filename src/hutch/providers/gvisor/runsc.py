@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import subprocess
 import tempfile
@@ -26,6 +27,9 @@ RUNSC_ENV = "HUTCH_RUNSC"
 #: the root is an overlay held in the sandbox's memory (saved in a
 #: checkpoint); the agent makes its socket on the host through the gofer.
 GLOBAL_FLAGS = ("--network=none", "--overlay2=root:memory", "--host-uds=create")
+#: Where a started sandbox's kernel writes its panic, beside its log: a
+#: sentry that dies says why there (and nowhere else: its log stays empty).
+PANIC_LOG = "panic.log"
 #: How long a start waits for its ``ready`` sign before asking runsc too.
 READY_GRACE = 2.0
 INSTALL_HINT = "apt-get install runsc (Debian), or set HUTCH_RUNSC to a runsc binary"
@@ -129,12 +133,16 @@ def start(*args: str, container: str, log_path: str, what: str,
     lazily. Its output (and the sandbox's) goes to ``log_path``.
 
     ``ready``: a cheaper sign that it runs (its agent's pid file), looked at
-    first; runsc's state is asked too once it has not come for a while."""
+    first; runsc's state is asked too once it has not come for a while.
+    Go's runtime messages (a panic of the sandbox's kernel) go to
+    :data:`PANIC_LOG` beside ``log_path``; the listeners of :func:`on_end`
+    are told when this runsc ends."""
+    panic_log = os.path.join(os.path.dirname(log_path), PANIC_LOG)
     with open(log_path, "ab") as log_file:
         said_from = log_file.tell()  # what this start says, not an earlier one
         process = subprocess.Popen(
-            argv(*args), stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
-            start_new_session=True,
+            argv(f"--panic-log={panic_log}", *args), stdin=subprocess.DEVNULL,
+            stdout=log_file, stderr=log_file, start_new_session=True,
         )
     started = time.monotonic()
     deadline = started + timeout
@@ -159,8 +167,31 @@ def start(*args: str, container: str, log_path: str, what: str,
     def reap() -> None:
         process.wait()
         ended.set()  # kept until the container is removed (see forget)
+        with _parents_lock:
+            listeners = list(_end_listeners)
+        for listener in listeners:
+            listener(container, panic_log)
 
     threading.Thread(target=reap, name=f"runsc {container}", daemon=True).start()
+
+
+#: Told (from a reaping thread) of each runsc :func:`start` started that
+#: ended: its container and where its kernel's panic would be.
+EndListener = Callable[[str, str], None]
+_end_listeners: list[EndListener] = []
+
+
+def on_end(listener: EndListener) -> Callable[[], None]:
+    """``listener`` told of each started runsc that ends, from now until the
+    function this returns is called."""
+    with _parents_lock:
+        _end_listeners.append(listener)
+
+    def stop() -> None:
+        with _parents_lock:
+            _end_listeners.remove(listener)
+
+    return stop
 
 
 #: The runsc that started each container: set once it has ended (the
@@ -195,6 +226,35 @@ def remove_when_ended(container: str) -> None:
 def forget(container: str) -> None:
     with _parents_lock:
         _parents.pop(container, None)
+
+
+def sandbox_process(pid_file: str) -> int | None:
+    """A pidfd of the sandbox process whose pid runsc wrote to ``pid_file``
+    (``--pid-file`` of a run or restore): held before a checkpoint, it says
+    when that process has ended, its memory freed. None where there is none
+    to be had (no file, the process gone, or the pid since taken by another
+    process: not a runsc sandbox)."""
+    try:
+        with open(pid_file) as found:
+            pid = int(found.read().strip())
+        pidfd = os.pidfd_open(pid)
+    except (OSError, ValueError):
+        return None
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as found:
+            program = found.read().split(b"\0", 1)[0]
+    except OSError:
+        program = b""
+    if not program.endswith(b"runsc-sandbox"):
+        os.close(pidfd)
+        return None
+    return pidfd
+
+
+def await_exit(pidfd: int, timeout: float) -> bool:
+    """Until the process of ``pidfd`` has ended (blocking); whether it has."""
+    ready, _, _ = select.select([pidfd], [], [], timeout)
+    return bool(ready)
 
 
 def list_ids() -> list[str]:

@@ -29,7 +29,7 @@ from ..._faults import fault_point
 from ..._types import Capabilities, ProviderSnapshot
 from .._hostproc import SANDBOX_MARKER
 from ..agent import AgentFailure, AgentRuntime, agent_binary
-from ..base import ProviderSettings, RuntimeState, SandboxBackend, SandboxRuntime
+from ..base import ProviderSettings, RuntimeReport, RuntimeState, SandboxBackend, SandboxRuntime
 from ..images import hutch_image_rootfs
 from ..images.exported import docker_image_rootfs
 from ..policy import (
@@ -41,7 +41,7 @@ from ..policy import (
     format_bytes,
     parse_bytes,
 )
-from . import bundle, checkpoints, runsc
+from . import bundle, checkpoints, deaths, runsc
 
 DEFAULT_IMAGE = "hutch-test:bookworm"
 AGENT_START_TIMEOUT = 15.0
@@ -170,6 +170,12 @@ class GvisorSandbox(SandboxBackend):
         return os.path.join(self.sandbox_dir, "runsc.log")
 
     @property
+    def pid_file(self) -> str:
+        """The pid of the running container's sandbox process (runsc's
+        ``--pid-file``), rewritten by each restore."""
+        return os.path.join(self.sandbox_dir, "sandbox.pid")
+
+    @property
     def run_dir(self) -> str:
         """Host side of the agent's socket directory (root's, mode 0700)."""
         return os.path.join(self.sandbox_dir, "run")
@@ -216,7 +222,8 @@ class GvisorSandbox(SandboxBackend):
             os.makedirs(sandbox.run_dir, mode=0o700)
             os.chmod(sandbox.run_dir, 0o700)
             bundle.write(sandbox.bundle_dir, spec)
-            runsc.start("run", "--bundle", sandbox.bundle_dir, sandbox_id, container=sandbox_id,
+            runsc.start("run", "--bundle", sandbox.bundle_dir, "--pid-file", sandbox.pid_file,
+                        sandbox_id, container=sandbox_id,
                         log_path=sandbox.log_path, what=f"starting sandbox {sandbox_id}",
                         ready=lambda: checkpoints.listening(sandbox.agent_socket))
 
@@ -248,7 +255,9 @@ class GvisorSandbox(SandboxBackend):
     async def _recover_agent(self, reason: str) -> bool:
         status = await self._status()
         if status is None or status == "stopped":
+            said = await anyio.to_thread.run_sync(lambda: deaths.death_reason(self.sandbox_dir))
             raise SandboxUnavailable(
+                f"gvisor sandbox {self.sandbox_id} ended: {said}" if said else
                 f"gvisor sandbox {self.sandbox_id}: its agent is gone ({reason}); "
                 "the sandbox ended outside hutch"
             )
@@ -338,6 +347,7 @@ class GvisorSandbox(SandboxBackend):
             await anyio.to_thread.run_sync(
                 lambda: checkpoints.checkpoint(
                     container, directory, self.agent_socket, fault=fault, asked=asked,
+                    pid_file=self.pid_file,
                 )
             )
             self._checkpointed = container
@@ -358,7 +368,7 @@ class GvisorSandbox(SandboxBackend):
     async def resume(self) -> None:
         await self._restore_from(self.checkpoint_dir, fault="resume.gvisor.restored")
         await anyio.to_thread.run_sync(
-            lambda: shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
+            lambda: checkpoints.discard(self.checkpoint_dir)
         )
 
     async def _restore_from(
@@ -372,7 +382,7 @@ class GvisorSandbox(SandboxBackend):
             following = self._next_container()
             self.container = following
             checkpoints.restore(following, directory, self.bundle_dir, self.log_path,
-                                self.agent_socket, previous=previous)
+                                self.agent_socket, pid_file=self.pid_file, previous=previous)
 
         await anyio.to_thread.run_sync(restore)
         if fault is not None:
@@ -437,7 +447,7 @@ class GvisorSandbox(SandboxBackend):
             # The origin goes on from the state it was captured in.
             await self._restore_from(self.checkpoint_dir)
         await anyio.to_thread.run_sync(
-            lambda: shutil.rmtree(self.checkpoint_dir, ignore_errors=True))
+            lambda: checkpoints.discard(self.checkpoint_dir))
         if paused:
             await self.pause()
 
@@ -529,6 +539,11 @@ class GvisorSandbox(SandboxBackend):
         await anyio.to_thread.run_sync(lambda: runsc.remove(container))
 
     # -- reconciliation ---------------------------------------------------------------
+    @classmethod
+    async def watch_runtimes(cls, report: RuntimeReport) -> None:
+        """Sandboxes whose kernel died (:func:`.deaths.watch_runtimes`)."""
+        await deaths.watch_runtimes(report)
+
     @classmethod
     async def discard(cls, sandbox_id: str) -> None:
         if _SAFE_ID.match(sandbox_id):

@@ -1,0 +1,103 @@
+"""A fork bomb in a sandbox, on every isolating provider. On docker and
+bubblewrap the pids limit refuses the bomb's forks and the sandbox lives on; on this runsc (Debian's
+2022 build, ptrace platform) each process of the sandbox is a host process
+too, in the sandbox's host cgroup, and nothing bounds them below its pids
+limit (no RLIMIT_NPROC, no pids controller in gVisor's own cgroups): the
+host refuses one, gVisor's kernel panics, and the whole sandbox ends. The
+outcome is told as it is: the sandbox failed, and its reason says the
+process limit ended it; the host keeps nothing of it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import pytest
+
+import hutch
+from hutch._sandbox import backend_of
+from hutch.providers.gvisor.runsc import list_ids
+from tests import isolating
+from tests.daemon_fixture import DaemonProcess, cleaned_daemon, client  # noqa: F401 - cleaned_daemon is the daemon fixture
+
+RUNSC_MISSING = pytest.mark.skipif(shutil.which("runsc") is None, reason="runsc is not installed")
+
+BOMB = "f() { f | f & }; f; sleep 20"
+PIDS_LIMIT = 64
+
+
+def host_processes_naming(word: str) -> list[int]:
+    """Host processes whose command line names ``word`` (runsc's carry the
+    sandbox's id)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                    if word.encode() in fh.read():
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.anyio
+@pytest.mark.docker
+@pytest.mark.parametrize(
+    # Not gvisor (below: the bomb ends it), nor kubernetes (a pod's limits
+    # are its cluster's, not hutch's).
+    "kind", isolating.params("docker-agent", "docker-native", "bubblewrap-agent",
+                             "bubblewrap-native"),
+)
+async def test_a_fork_bomb_leaves_the_sandbox_usable(kind: str) -> None:
+    async with await hutch.create_sandbox(
+        **isolating.settings(kind, pids_limit=PIDS_LIMIT), read_before_write=False
+    ) as sb:
+        with pytest.raises(hutch.ExecTimeout):  # its forks refused; its timeout ends it
+            await sb.exec(BOMB, timeout=8)
+        assert (await sb.exec("echo alive", timeout=30)).stdout == "alive\n"
+
+
+@pytest.mark.anyio
+@RUNSC_MISSING
+async def test_a_fork_bomb_ends_a_gvisor_sandbox_saying_the_process_limit_did() -> None:
+    sb = await hutch.create_sandbox("gvisor", pids_limit=PIDS_LIMIT)
+    try:
+        sandbox_dir = backend_of(sb).describe()["sandbox_dir"]
+        assert (await sb.exec("echo up")).stdout == "up\n"
+        with pytest.raises(hutch.SandboxUnavailable) as bomb:
+            await sb.exec(BOMB, timeout=8)
+        said = str(bomb.value)
+        assert f"process limit (pids_limit {PIDS_LIMIT})" in said, said
+        # Every later call says the same, typed.
+        with pytest.raises(hutch.SandboxUnavailable, match="process limit"):
+            await sb.exec("true")
+    finally:
+        await sb.close()
+    # The host keeps nothing of it: no runsc process, no container, no directory.
+    assert host_processes_naming(sb.id) == []
+    assert not [c for c in list_ids() if sb.id in c]
+    assert not os.path.exists(sandbox_dir)
+
+
+@RUNSC_MISSING
+def test_the_daemon_fails_a_gvisor_sandbox_its_fork_bomb_ended(daemon: DaemonProcess) -> None:
+    with client(daemon) as c:
+        sb = c.create_sandbox("gvisor", pids_limit=PIDS_LIMIT)
+        with pytest.raises(hutch.SandboxUnavailable):
+            sb.exec(BOMB, timeout=8)
+        deadline = time.monotonic() + 10
+        while (info := c.get_sandbox(sb.id).info())["state"] != "failed":
+            assert time.monotonic() < deadline, info
+            time.sleep(0.1)
+        assert "process limit" in str(info["reason"]), info
+        with pytest.raises(hutch.SandboxUnavailable):
+            sb.exec("true")
+        # The daemon and its other sandboxes work on.
+        other = c.create_sandbox("gvisor", pids_limit=PIDS_LIMIT)
+        assert other.exec("echo ok").stdout == "ok\n"
+        c.delete_sandbox(other.id)
+        c.delete_sandbox(sb.id)
+    assert host_processes_naming(sb.id) == []
