@@ -10,7 +10,8 @@ matches the rows each prints (``_common.row``) by bench, section and name,
 and prints per row the medians over the rounds of hutch's figure, old and
 new, the median of the rounds' new/old, both floors (a floor that moved
 says the machine did), the new hutch/floor ratio over the old one (which
-cancels load), and a verdict: within 5 %, better, or worse.
+cancels load), and a verdict: within 5 %, better, or worse. Each bench's raw
+output goes to stderr as it comes; ``--log FILE...`` tables saved ones.
 """
 
 from __future__ import annotations
@@ -99,12 +100,14 @@ def build_agent(tree: pathlib.Path) -> None:
                    capture_output=True, check=False)
 
 
-def verdict(change: float) -> str:
-    if change > 1 + TOLERANCE:
-        return "WORSE"
+def verdict(change: float, ratio: float | None) -> str:
     if change < 1 - TOLERANCE:
         return "better"
-    return "within 5%"
+    if change <= 1 + TOLERANCE:
+        return "within 5%"
+    if ratio is not None and ratio <= 1 + TOLERANCE:
+        return "worse, its floor too"  # the machine's load moved, most likely
+    return "WORSE"
 
 
 def _cost(figure: float, unit: str) -> float:
@@ -137,15 +140,30 @@ def table(old: dict[Key, Figures], new: dict[Key, Figures]) -> None:
             else float("inf") for i in rounds)
         ratios = [_cost(n[i][0] / n[i][1], unit) / _cost(o[i][0] / o[i][1], unit)
                   for i in rounds if n[i][1] and o[i][1] and o[i][0] and n[i][0]]
-        ratio = f"{statistics.median(ratios):>6.2f}x" if ratios else f"{'-':>7}"
+        ratio = statistics.median(ratios) if ratios else None
+        shown_ratio = f"{ratio:>6.2f}x" if ratio is not None else f"{'-':>7}"
         mid = _medians(o, n, rounds)
         label = f"{name} ({unit})"
         print(f"{label[:52]:<52} {mid[0]:>9.3f} {mid[1]:>9.3f} {change:>6.2f}x "
-              f"{mid[2]:>9.3f} {mid[3]:>9.3f} {ratio}  {verdict(change)}")
+              f"{mid[2]:>9.3f} {mid[3]:>9.3f} {shown_ratio}  {verdict(change, ratio)}")
     for key in old.keys() - new.keys():
         print(f"only before: {' / '.join(key[:3])}")
     for key in new.keys() - old.keys():
         print(f"only now: {' / '.join(key[:3])}")
+
+
+def from_logs(logs: list[str]) -> tuple[dict[Key, Figures], dict[Key, Figures]]:
+    """The old and new rows of saved runs' stderr (an interrupted run's too)."""
+    sides: dict[str, dict[Key, Figures]] = {"old": {}, "new": {}}
+    for log in logs:
+        for block in log.split("\n## round ")[1:]:
+            head, _, output = block.partition("\n")
+            found = re.match(r"(\d+): (\w+) \((old|new)\)", head)
+            if found is None:
+                continue
+            for key, figures in parse(found[2], output).items():
+                sides[found[3]].setdefault(key, {})[int(found[1]) - 1] = figures
+    return sides["old"], sides["new"]
 
 
 def main(argv: list[str]) -> int:
@@ -153,7 +171,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("benches", nargs="*", help="bench names (default: all both have)")
     parser.add_argument("--ref", default=DEFAULT_REF)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--log", nargs="+", metavar="FILE",
+                        help="run nothing: table the rows of saved runs' stderr")
     args = parser.parse_args(argv)
+    if args.log:
+        table(*from_logs([pathlib.Path(p).read_text() for p in args.log]))
+        return 0
     signal.signal(signal.SIGTERM, _interrupt)  # a kill still removes the checkout
     with tempfile.TemporaryDirectory(prefix="hutch-compare-", dir="/var/tmp") as scratch:
         tree = checkout(args.ref, pathlib.Path(scratch))

@@ -92,7 +92,7 @@ async def test_a_suspend_answers_once_the_sandbox_process_has_ended(sandbox: Any
             with open(f"/proc/{pid}/stat") as found:
                 stat = found.read()
             state = stat[stat.rindex(")") + 2]
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):  # reaped, also while read
             state = "gone"
         assert state in ("Z", "X", "gone")
         await sandbox.resume()

@@ -494,3 +494,62 @@ async def test_adopting_after_a_restart_keeps_every_bound(engine: LifecycleEngin
     late = await adopt(deadline_unix=engine.clock.time() - 1)  # passed while the daemon was down
     await engine.advance(0)
     assert late.status().reason == "timeout_expired"
+
+
+# -- a sandbox shared with other programs ---------------------------------------------
+
+
+class _SlowLook:
+    """Shared activity whose look at the store (``moved``) waits until let go:
+    a store read taking its time off the loop, as the real one may."""
+
+    def __init__(self) -> None:
+        self.looking = asyncio.Event()
+        self.let_go = asyncio.Event()
+        self.marks = 0
+
+    async def moved(self, sandbox_id: str) -> bool:
+        self.looking.set()
+        await self.let_go.wait()
+        return False
+
+    def begin_call(self, sandbox_id: str) -> Any:
+        from hutch._inflight import CallMark
+
+        self.marks += 1
+        return CallMark.FIRST
+
+    def end_call(self, sandbox_id: str) -> None:
+        self.marks -= 1
+
+    async def limits(self, sandbox_id: str) -> None:
+        return None
+
+    def limits_now(self, sandbox_id: str) -> None:
+        return None
+
+    async def publish(self, sandbox_id: str, last_active_unix: float) -> None:
+        return None
+
+
+async def test_a_call_cancelled_while_it_looks_at_the_store_leaves_no_mark() -> None:
+    """The look whether another program moved a shared sandbox reads the
+    store off the loop, and may take its time: a call cancelled meanwhile
+    never started, and leaves no mark that would hold back another
+    program's suspend (which waits for this program's marked calls)."""
+    shared = _SlowLook()
+    eng = LifecycleEngine(clock=VirtualClock(), shared=shared)  # type: ignore[arg-type]
+    try:
+        sandbox, _ = await busy_sandbox(eng)
+        call = asyncio.ensure_future(eng.enter(live_of(sandbox), "exec", activity=True))
+        await shared.looking.wait()
+        assert shared.marks == 1
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert shared.marks == 0
+        shared.let_go.set()
+        await eng.enter(live_of(sandbox), "exec", activity=True)  # a call that looks whole
+        assert shared.marks == 1  # its mark ends with the call (end_call, not enter's)
+    finally:
+        await eng.close()

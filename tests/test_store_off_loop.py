@@ -181,8 +181,9 @@ def test_no_store_call_of_a_shared_sandbox_runs_on_a_programs_event_loop(
     both. One moves the deadline; the other's next operation (which looks
     whether another program moved the sandbox) and its timer (which looks
     whether one moved its limits), and its info (which says the deadline
-    just set), read the store off their event loop: the operation succeeds,
-    and neither program logs a store call on its loop."""
+    just set), read the store off their event loop, and a status after an
+    operation says the deadline from what the operation read: the
+    operations succeed, and neither program logs a store call on its loop."""
     check = {"HUTCH_STORE_OFF_LOOP_CHECK": "1"}
     a = Program(_definition({}), env=check)
     b = None
@@ -197,7 +198,11 @@ def test_no_store_call_of_a_shared_sandbox_runs_on_a_programs_event_loop(
         assert b.ask("read") == {"read": "ran\n"}
         # What the other program just set, read off the loop by the async info().
         assert a.ask("info")["deadline"] == pytest.approx(deadline, abs=0.01)
+        deadline = b.ask("timeout 1200")["deadline"]
+        # An operation's look read the record off the loop: the status after
+        # it says the new deadline without reading it again on the loop.
         assert a.ask("read") == {"read": "ran\n"}
+        assert a.ask("status")["deadline"] == pytest.approx(deadline, abs=0.01)
     finally:
         logs = [p.stderr() for p in (a, b) if p is not None]
     assert [line for log in logs for line in log.splitlines() if ON_LOOP in line] == [], logs

@@ -165,8 +165,8 @@ class Definitions:
             holder = lease_holder()
             name = f"instance:{key}"
             delay = 0.02
-            store, seconds = self.host.store, self.lease_seconds
-            while not await anyio.to_thread.run_sync(store.take_lease, name, holder, seconds):
+            store, seconds = self.host.astore, self.lease_seconds
+            while not await store.take_lease(name, holder, seconds):
                 await anyio.sleep(delay)
                 delay = min(delay * 2, 0.5)
 
@@ -175,7 +175,7 @@ class Definitions:
                 while True:
                     await anyio.sleep(seconds / 3)
                     try:
-                        await anyio.to_thread.run_sync(store.take_lease, name, holder, seconds)
+                        await store.take_lease(name, holder, seconds)
                     except HutchError as exc:  # the store hiccups: try again next round
                         log.warning("lease %s not renewed: %s", name, exc)
 
@@ -189,7 +189,7 @@ class Definitions:
                 with anyio.CancelScope(shield=True):
                     with contextlib.suppress(asyncio.CancelledError):
                         await renewing
-                    await anyio.to_thread.run_sync(store.release_lease, name, holder)
+                    await store.release_lease(name, holder)
 
     async def ensure(
         self,
@@ -207,7 +207,7 @@ class Definitions:
         async with self._key_held(key):
             steps: list[Step] = []
             if d.lifecycle.reuse == "thread":
-                row = await anyio.to_thread.run_sync(self.host.store.get_instance, key)
+                row = await self.host.astore.get_instance(key)
                 if row is not None and row.sandbox_id is not None:
                     tell("step", "resume")
                     started = time.monotonic()
@@ -296,7 +296,7 @@ class Definitions:
         background: freeing storage is not on the way to the sandbox (an
         engine busy deleting images must not hold ``ensure`` up)."""
         replaced = [
-            row for row in await anyio.to_thread.run_sync(self.host.store.list_snapshots)
+            row for row in await self.host.astore.list_snapshots()
             if row.label == label_for(key) and row.id != newest
         ]
         if not replaced:
@@ -326,7 +326,7 @@ class Definitions:
         # host records the sandbox: no other program knows of it yet, so the
         # status has no record of another's to read (on this event loop).
         created = sandbox.status().created_at_unix
-        await anyio.to_thread.run_sync(self.host.store.put_instance, InstanceRow(
+        await self.host.astore.put_instance(InstanceRow(
             key=key, definition_id=d.id, thread_id=thread_id,
             tenant=tenant if tenant is not None else d.tenant, provider=d.provider.type,
             sandbox_id=sandbox.id, description=self.host.describe(sandbox),
@@ -346,7 +346,7 @@ class Definitions:
         d = definition if isinstance(definition, Definition) else await self.find(definition)
         key = d.instance_key(thread_id, tenant)
         async with self._key_held(key):
-            row = await anyio.to_thread.run_sync(self.host.store.get_instance, key)
+            row = await self.host.astore.get_instance(key)
             if row is None or row.sandbox_id is None:
                 return False
             if not (d.lifecycle.destroy_on_complete or d.lifecycle.reuse == "none"):
@@ -354,7 +354,7 @@ class Definitions:
             sandbox = await self.host.find_live(row)
             if sandbox is not None:
                 await self.host.destroy(sandbox)
-            await anyio.to_thread.run_sync(self.host.store.delete_instance, key)
+            await self.host.astore.delete_instance(key)
             return sandbox is not None
 
 

@@ -16,7 +16,6 @@ from contextlib import AbstractContextManager, asynccontextmanager
 from typing import Any
 
 import anyio
-import anyio.to_thread
 
 from .._errors import HutchError, SandboxUnavailable
 from .._inflight import CallMark, InFlightCalls
@@ -47,6 +46,8 @@ class SandboxHost(abc.ABC):
     """Where ensure makes and finds sandboxes and their snapshots."""
 
     store: Store
+    #: The store's async face: what async code calls, off the event loop.
+    astore: AsyncStore
 
     @abc.abstractmethod
     async def find_live(self, row: InstanceRow) -> Sandbox | None:
@@ -97,7 +98,7 @@ class LocalHost(SandboxHost):
         self.store = store
         #: The store's async face: every call this host makes from async code
         #: runs off the caller's event loop, as the daemon's do.
-        self.aio = AsyncStore(store)
+        self.astore = AsyncStore(store)
         self._live: dict[str, Sandbox] = {}
         #: The state and description (canonical JSON) this host last recorded
         #: or found of each of its sandboxes: a record that says otherwise was
@@ -108,6 +109,10 @@ class LocalHost(SandboxHost):
         self._checked: dict[str, int] = {}
         #: The same, for the time limits a timer last read (see :meth:`limits`).
         self._limits_checked: dict[str, int] = {}
+        #: sandbox id -> (the store's count, the record read off the loop at
+        #: that count): what a synchronous status takes rather than read the
+        #: store on the caller's loop (see :meth:`limits_now`).
+        self._seen: dict[str, tuple[int, InstanceRow | None]] = {}
         #: (instance key, sandbox id) this program has recorded its hold of.
         self._holding: set[tuple[str, str]] = set()
         #: This program's calls in flight, as the others sharing the store see them.
@@ -134,7 +139,7 @@ class LocalHost(SandboxHost):
         # goes only with its instance, whose next sandbox is another).
         if (key, sandbox.id) in self._holding:
             return
-        await self.aio.hold_instance(key, this_program())
+        await self.astore.hold_instance(key, this_program())
         self._holding.add((key, sandbox.id))
 
     # -- the idle rule, shared with the other programs holding a sandbox ----------------
@@ -150,10 +155,11 @@ class LocalHost(SandboxHost):
             return True  # cannot tell at once: looked at under the claim
         if self._checked.get(sandbox_id) == version:
             return False  # no other program wrote anything since
-        row = await self.aio.instance_of_sandbox(sandbox_id)
+        row = await self.astore.instance_of_sandbox(sandbox_id)
+        self._seen[sandbox_id] = (version, row)
         if row is None or (row.state, _canonical(row.description)) != known:
             return True
-        if await self.aio.lease_holder(claim_name(sandbox_id)) is not None:
+        if await self.astore.lease_holder(claim_name(sandbox_id)) is not None:
             # Another program is changing it now (suspending it, say): the
             # call waits for that under the claim, then follows, rather than
             # reach a container going down.
@@ -171,19 +177,26 @@ class LocalHost(SandboxHost):
         return self._calls.held_off(sandbox_id)
 
     async def publish(self, sandbox_id: str, last_active_unix: float) -> None:
-        await self.aio.note_instance_activity(sandbox_id, last_active_unix)
+        await self.astore.note_instance_activity(sandbox_id, last_active_unix)
 
     async def limits(self, sandbox_id: str) -> SharedLimits | None:
         version, changed = self._limits_version(sandbox_id)
         if not changed:
             return None
-        return self._limits_read(sandbox_id, version,
-                                 await self.aio.instance_of_sandbox(sandbox_id))
+        row = await self.astore.instance_of_sandbox(sandbox_id)
+        if version is not None:
+            self._seen[sandbox_id] = (version, row)
+        return self._limits_read(sandbox_id, version, row)
 
     def limits_now(self, sandbox_id: str) -> SharedLimits | None:
         version, changed = self._limits_version(sandbox_id)
         if not changed:
             return None
+        seen = self._seen.get(sandbox_id)
+        if version is not None and seen is not None and seen[0] == version:
+            # Read off the loop since the last write of another program (an
+            # operation's look): the record as it is now, without a read here.
+            return self._limits_read(sandbox_id, version, seen[1])
         return self._limits_read(sandbox_id, version, self.store.instance_of_sandbox(sandbox_id))
 
     def _limits_version(self, sandbox_id: str) -> tuple[int | None, bool]:
@@ -202,16 +215,16 @@ class LocalHost(SandboxHost):
         return None if row is None else SharedLimits(row.created_at_unix, row.deadline_unix)
 
     async def record_deadline(self, sandbox_id: str, deadline_unix: float) -> None:
-        await self.aio.set_instance_deadline(sandbox_id, deadline_unix)
+        await self.astore.set_instance_deadline(sandbox_id, deadline_unix)
 
     @asynccontextmanager
     async def claim(self, sandbox_id: str) -> AsyncIterator[SharedView | None]:
         name, holder = claim_name(sandbox_id), lease_holder()
-        if not await self.aio.take_lease(name, holder, CLAIM_SECONDS):
+        if not await self.astore.take_lease(name, holder, CLAIM_SECONDS):
             yield None
             return
         try:
-            row = await self.aio.instance_of_sandbox(sandbox_id)
+            row = await self.astore.instance_of_sandbox(sandbox_id)
             known = self._recorded.get(sandbox_id)
             if known is None:  # in no instance: this program's own
                 yield SharedView(current=True, last_active_unix=None)
@@ -226,7 +239,7 @@ class LocalHost(SandboxHost):
                 )
         finally:
             with anyio.CancelScope(shield=True):
-                await self.aio.release_lease(name, holder)
+                await self.astore.release_lease(name, holder)
 
     async def _record_transition(
         self, sandbox_id: str, old: SandboxState, new: SandboxState, reason: str | None
@@ -238,7 +251,7 @@ class LocalHost(SandboxHost):
         if sandbox is None or known is None:
             return  # not in an instance yet (being made): its record comes with it
         description = backend_of(sandbox).describe()
-        written = await self.aio.record_instance_sandbox(
+        written = await self.astore.record_instance_sandbox(
             sandbox_id, new.value, description, was=(known[0], json.loads(known[1])),
             reason=reason,
         )
@@ -251,7 +264,7 @@ class LocalHost(SandboxHost):
                         "now", sandbox_id, old.value, new.value)
 
     async def refresh(self, sandbox: LiveSandbox) -> SandboxState | None:
-        row = await self.aio.instance_of_sandbox(sandbox.id)
+        row = await self.astore.instance_of_sandbox(sandbox.id)
         if row is None or row.description.get("held_by") == HELD_BY_DAEMON:
             return None  # ended and dropped, or a daemon's now
         try:
@@ -273,6 +286,7 @@ class LocalHost(SandboxHost):
         self._recorded.pop(sandbox.id, None)
         self._checked.pop(sandbox.id, None)
         self._limits_checked.pop(sandbox.id, None)
+        self._seen.pop(sandbox.id, None)
         self._calls.drop(sandbox.id, ended=False)
         self.engine().forget(live_of(sandbox))
 
@@ -312,7 +326,7 @@ class LocalHost(SandboxHost):
         # first: the status of the sandbox found reads them again only once
         # another program writes after this.
         version = self.store.changes_by_others()
-        latest = await self.aio.get_instance(row.key)
+        latest = await self.astore.get_instance(row.key)
         limits = latest if latest is not None and latest.sandbox_id == row.sandbox_id else row
         description, created_unix, deadline_unix = (
             row.description, limits.created_at_unix, limits.deadline_unix)
@@ -321,7 +335,7 @@ class LocalHost(SandboxHost):
             # The daemon's while it lives (its hold is recorded as any
             # program's); one killed left it to whoever asks next: this
             # program takes it, as the daemon itself takes a dead program's.
-            if not await self.aio.claim_instance(
+            if not await self.astore.claim_instance(
                 row.key, row.sandbox_id, this_program(), was=row.description,
                 alive=program_alive,
             ):
@@ -331,7 +345,7 @@ class LocalHost(SandboxHost):
                     "whose store this is: ensure it through the daemon's client "
                     "(hutch.Client(...).ensure)"
                 )
-            kept = await self.aio.get_sandbox(row.sandbox_id)
+            kept = await self.astore.get_sandbox(row.sandbox_id)
             if kept is None:
                 return None  # the daemon ended it and was killed before it said so
             try:
@@ -363,8 +377,8 @@ class LocalHost(SandboxHost):
             row.description, row.state = backend.describe(), state.value
             row.created_at_unix, row.deadline_unix = created_unix, deadline_unix
             row.updated_at_unix = time.time()
-            await self.aio.put_instance(row)
-            await self.aio.delete_sandbox(row.sandbox_id)
+            await self.astore.put_instance(row)
+            await self.astore.delete_sandbox(row.sandbox_id)
         sandbox = await adopt_sandbox(
             backend, SandboxSpec.model_validate(row.spec), self.engine(), state=state,
             # Its time limits are the sandbox's, not this program's: max_lifetime
@@ -403,7 +417,7 @@ class LocalHost(SandboxHost):
     async def snapshot(self, sandbox: Sandbox, label: str) -> str:
         record = await sandbox.snapshot(label)
         # Recorded only once captured whole: a capture cut short names nothing.
-        await self.aio.put_snapshot(SnapshotRow(
+        await self.astore.put_snapshot(SnapshotRow(
             id=record.id, provider=record.provider, status=SnapshotStatus.READY.value, label=label,
             sandbox_id=record.sandbox_id, parent_id=record.parent_id,
             size_bytes=record.size_bytes, created_at_unix=record.created_at_unix,
@@ -418,13 +432,14 @@ class LocalHost(SandboxHost):
         self._recorded.pop(sandbox.id, None)
         self._checked.pop(sandbox.id, None)
         self._limits_checked.pop(sandbox.id, None)
+        self._seen.pop(sandbox.id, None)
         self._calls.drop(sandbox.id, ended=True)
 
     async def drop_snapshot(self, snapshot: SnapshotRow) -> None:
         from .._api import remove_snapshot
 
         # The record first: a removal cut short leaves storage, never a record of nothing.
-        await self.aio.delete_snapshot(snapshot.id)
+        await self.astore.delete_snapshot(snapshot.id)
         await remove_snapshot(_snapshot_of(snapshot))
 
     def describe(self, sandbox: Sandbox) -> dict[str, Any]:

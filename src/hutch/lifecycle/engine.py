@@ -160,17 +160,24 @@ class LifecycleEngine(Timers):
         while True:
             mark = shared.begin_call(record.sandbox_id)
             if mark is not CallMark.REFUSED:
-                if _ready(record) and (
-                    # Just brought up to date under the claim; or riding on
-                    # this program's calls in flight, which no other program's
-                    # suspend passes (and which may be waiting on this one:
-                    # a call made inside another must not wait for a claim).
-                    followed or mark is CallMark.JOINED
-                    # Another program may have suspended or ended it since:
-                    # the slow way follows the record first. (The look may
-                    # wait for the store: the state is asked again after it.)
-                    or (not await shared.moved(record.sandbox_id) and _ready(record))
-                ):
+                try:
+                    go = _ready(record) and (
+                        # Just brought up to date under the claim; or riding on
+                        # this program's calls in flight, which no other program's
+                        # suspend passes (and which may be waiting on this one:
+                        # a call made inside another must not wait for a claim).
+                        followed or mark is CallMark.JOINED
+                        # Another program may have suspended or ended it since:
+                        # the slow way follows the record first. (The look may
+                        # wait for the store: the state is asked again after it.)
+                        or (not await shared.moved(record.sandbox_id) and _ready(record))
+                    )
+                except BaseException:
+                    # The look cut short (cancelled, the store failing): the
+                    # call never started, and its mark holds no suspend back.
+                    shared.end_call(record.sandbox_id)
+                    raise
+                if go:
                     break
                 shared.end_call(record.sandbox_id)
             # Never waited for with the mark held: a suspend under way in

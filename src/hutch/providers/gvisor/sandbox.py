@@ -368,7 +368,7 @@ class GvisorSandbox(SandboxBackend):
     async def resume(self) -> None:
         await self._restore_from(self.checkpoint_dir, fault="resume.gvisor.restored")
         await anyio.to_thread.run_sync(
-            lambda: shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
+            lambda: checkpoints.discard(self.checkpoint_dir)
         )
 
     async def _restore_from(
@@ -447,7 +447,7 @@ class GvisorSandbox(SandboxBackend):
             # The origin goes on from the state it was captured in.
             await self._restore_from(self.checkpoint_dir)
         await anyio.to_thread.run_sync(
-            lambda: shutil.rmtree(self.checkpoint_dir, ignore_errors=True))
+            lambda: checkpoints.discard(self.checkpoint_dir))
         if paused:
             await self.pause()
 
