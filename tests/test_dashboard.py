@@ -268,9 +268,9 @@ def test_dashboard_shows_a_new_sandbox_live_and_suspends_it(
 
                 # The daemon sampled it meanwhile: its page's plots start from that.
                 deadline = time.monotonic() + HANG_GUARD_MS / 1000
-                while len(sandbox.meter_history()) < 3 and time.monotonic() < deadline:
+                while len(c.meter_history(sandbox.id)) < 3 and time.monotonic() < deadline:
                     time.sleep(METER_INTERVAL)
-                assert len(sandbox.meter_history()) >= 3
+                assert len(c.meter_history(sandbox.id)) >= 3
                 row.locator("a").click()
                 expect(page.locator("#facts")).to_contain_text("bubblewrap",
                                                                timeout=HANG_GUARD_MS)

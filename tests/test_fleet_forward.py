@@ -41,7 +41,7 @@ def test_calls_naming_their_sandbox_in_the_body_are_served_by_its_owner(
         assert c.resume(made.id)["state"] == "running"
         deadline = c.set_timeout(made.id, 300)
         # A path's call too: its owner's samples (another daemon has none, and no such sandbox).
-        assert c.get_sandbox(made.id).meter_history() == []
+        assert c.meter_history(made.id) == []
     with client(owner) as c:
         sb = c.get_sandbox(made.id)
         assert sb.state.value == "running"

@@ -12,6 +12,7 @@ import {
   type Definition,
   type EnsureProgress,
   type EnsureStep,
+  type MeterSample,
   type Pool,
   type SandboxInfo,
   type Snapshot,
@@ -312,6 +313,16 @@ export class Client {
       query: { limit: options.limit ?? 100, ...(options.subject === undefined ? {} : { subject: options.subject }) },
     });
     return answer.events;
+  }
+
+  /**
+   * A sandbox's memory and disk over the last hour, as the daemon sampled
+   * them while it ran, oldest first (none once it ended): the daemon's record,
+   * as its events are. Reading them is not activity.
+   */
+  async meterHistory(sandboxId: string): Promise<MeterSample[]> {
+    const answer = await this.transport.json(route("get", "/v1/sandboxes/{sandbox_id}/meters", { sandbox_id: sandboxId }));
+    return answer.samples;
   }
 
   /**

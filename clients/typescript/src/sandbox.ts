@@ -21,7 +21,6 @@ import {
   fileEventOf,
   FileInfo,
   type GrepMatch,
-  type MeterSample,
   OutputChunk,
   type SandboxInfo,
   type SandboxState,
@@ -204,15 +203,6 @@ export class Sandbox {
     const info = await this.transport.json(route("get", "/v1/sandboxes/{sandbox_id}", this.target()));
     this.absorb(info);
     return info;
-  }
-
-  /**
-   * Its memory and disk over the last hour, as the daemon sampled them while
-   * it ran, oldest first (none once it ended). Reading them is not activity.
-   */
-  async meterHistory(): Promise<MeterSample[]> {
-    const answer = await this.transport.json(route("get", "/v1/sandboxes/{sandbox_id}/meters", this.target()));
-    return answer.samples;
   }
 
   /** State, reason, deadline, idle time and meter. Reading it is not activity. */

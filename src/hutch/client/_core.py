@@ -281,6 +281,16 @@ class ClientOps:
         return value
 
     @op
+    def meter_history(self, sandbox_id: str) -> Op[list[dict[str, Any]]]:
+        """A sandbox's memory and disk over the last hour, as the daemon
+        sampled them while it ran: ``{"at_unix", "memory_bytes",
+        "disk_bytes"}``, oldest first (none once it ended). The daemon's
+        record, as its events are; reading it is not activity."""
+        answer: dict[str, Any] = yield Call("GET", f"/v1/sandboxes/{sandbox_id}/meters")
+        samples: list[dict[str, Any]] = answer["samples"]
+        return samples
+
+    @op
     def list_pools(self) -> Op[list[dict[str, Any]]]:
         """The daemon's warm pools: name, provider, settings, size, ready, hits."""
         value: list[dict[str, Any]] = (yield Call("GET", "/v1/pools"))["pools"]
@@ -335,15 +345,6 @@ class SandboxOps:
         info: dict[str, Any] = yield Call("GET", self._path(""))
         self._absorb(info)
         return info
-
-    @op
-    def meter_history(self) -> Op[list[dict[str, Any]]]:
-        """Its memory and disk over the last hour, as the daemon sampled them
-        while it ran: ``{"at_unix", "memory_bytes", "disk_bytes"}``, oldest
-        first (none once it ended). Reading them is not activity."""
-        answer: dict[str, Any] = yield Call("GET", self._path("/meters"))
-        samples: list[dict[str, Any]] = answer["samples"]
-        return samples
 
     @op
     def status(self) -> Op[SandboxStatus]:

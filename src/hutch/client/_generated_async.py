@@ -222,6 +222,16 @@ class AsyncClientFace(ClientOps):
         value: list[dict[str, Any]] = await self._transport.drive(operation, self)
         return value
 
+    async def meter_history(self, sandbox_id: str) -> list[dict[str, Any]]:
+        """A sandbox's memory and disk over the last hour, as the daemon
+        sampled them while it ran: ``{"at_unix", "memory_bytes",
+        "disk_bytes"}``, oldest first (none once it ended). The daemon's
+        record, as its events are; reading it is not activity.
+        """
+        operation = ClientOps.meter_history(self, sandbox_id)
+        value: list[dict[str, Any]] = await self._transport.drive(operation, self)
+        return value
+
     async def list_pools(self) -> list[dict[str, Any]]:
         """The daemon's warm pools: name, provider, settings, size, ready, hits."""
         operation = ClientOps.list_pools(self)
@@ -270,15 +280,6 @@ class AsyncSandboxFace(SandboxOps):
         """What the sandbox is and how it is now (the daemon's description)."""
         operation = SandboxOps.info(self)
         value: dict[str, Any] = await self._transport.drive(operation, self)
-        return value
-
-    async def meter_history(self) -> list[dict[str, Any]]:
-        """Its memory and disk over the last hour, as the daemon sampled them
-        while it ran: ``{"at_unix", "memory_bytes", "disk_bytes"}``, oldest
-        first (none once it ended). Reading them is not activity.
-        """
-        operation = SandboxOps.meter_history(self)
-        value: list[dict[str, Any]] = await self._transport.drive(operation, self)
         return value
 
     async def status(self) -> SandboxStatus:

@@ -191,6 +191,16 @@ class ClientFace(ClientOps):
         value: list[dict[str, Any]] = self._transport.drive(operation, self)
         return value
 
+    def meter_history(self, sandbox_id: str) -> list[dict[str, Any]]:
+        """A sandbox's memory and disk over the last hour, as the daemon
+        sampled them while it ran: ``{"at_unix", "memory_bytes",
+        "disk_bytes"}``, oldest first (none once it ended). The daemon's
+        record, as its events are; reading it is not activity.
+        """
+        operation = ClientOps.meter_history(self, sandbox_id)
+        value: list[dict[str, Any]] = self._transport.drive(operation, self)
+        return value
+
     def list_pools(self) -> list[dict[str, Any]]:
         """The daemon's warm pools: name, provider, settings, size, ready, hits."""
         operation = ClientOps.list_pools(self)
@@ -239,15 +249,6 @@ class SandboxFace(SandboxOps):
         """What the sandbox is and how it is now (the daemon's description)."""
         operation = SandboxOps.info(self)
         value: dict[str, Any] = self._transport.drive(operation, self)
-        return value
-
-    def meter_history(self) -> list[dict[str, Any]]:
-        """Its memory and disk over the last hour, as the daemon sampled them
-        while it ran: ``{"at_unix", "memory_bytes", "disk_bytes"}``, oldest
-        first (none once it ended). Reading them is not activity.
-        """
-        operation = SandboxOps.meter_history(self)
-        value: list[dict[str, Any]] = self._transport.drive(operation, self)
         return value
 
     def status(self) -> SandboxStatus:
