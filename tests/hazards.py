@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -65,3 +66,17 @@ def loop_devices_left(image: str, within: float = 10.0) -> list[str]:
     while (devices := _diskcap.loop_devices_backed_by(image)) and time.monotonic() < deadline:
         time.sleep(0.02)
     return devices
+
+
+def sleepers(marker: str) -> list[str]:
+    """The host's processes running ``sleep marker`` (a sandbox's are the
+    host's too), by pid: a command a test starts, to see it outlive its caller or not."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                if fh.read() == f"sleep\0{marker}\0".encode():
+                    found.append(entry)
+        except OSError:
+            continue
+    return found

@@ -23,6 +23,7 @@ import pytest
 import hutch
 from tests.conftest import TEST_IMAGE
 from tests.daemon_fixture import DaemonProcess
+from tests.hazards import sleepers
 
 
 @pytest.fixture(scope="module")
@@ -481,17 +482,6 @@ def test_a_client_gone_cancels_what_its_call_started(
 ) -> None:
     marker = f"{time.time_ns() % 10**6 + 1000}.5"  # a sleep no one else runs
 
-    def sleepers() -> list[str]:
-        found = []
-        for entry in os.listdir("/proc"):
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                    if fh.read() == f"sleep\0{marker}\0".encode():
-                        found.append(entry)
-            except OSError:
-                continue
-        return found
-
     def call() -> None:
         with pytest.raises(httpx.ReadTimeout):  # the client gives up and goes
             http.post(f"/v1/sandboxes/{local_sandbox}/exec",
@@ -500,12 +490,12 @@ def test_a_client_gone_cancels_what_its_call_started(
     caller = threading.Thread(target=call)
     caller.start()
     deadline = time.monotonic() + 3
-    while not sleepers():
+    while not sleepers(marker):
         assert time.monotonic() < deadline, "the command did not start"
         time.sleep(0.05)
     caller.join()
     deadline = time.monotonic() + 10
-    while sleepers():
+    while sleepers(marker):
         assert time.monotonic() < deadline, "the command outlived its caller"
         time.sleep(0.2)
 

@@ -24,6 +24,7 @@ from hutch.server.e2b.keys import e2b_key
 from tests import postgres_fixture
 from tests.conftest import TEST_IMAGE
 from tests.daemon_fixture import DaemonProcess
+from tests.hazards import sleepers
 from tests.test_e2b_sdk import PORT_SERVER, WEBSOCKET_SERVER
 from tests.test_fleet import LEASE_SECONDS, client, cluster, fleet  # noqa: F401 (fixtures)
 
@@ -189,19 +190,6 @@ def test_the_e2b_sdk_through_a_daemon_that_does_not_own_the_sandbox(
 # -- a caller gone ---------------------------------------------------------------------------------
 
 
-def _sleepers(marker: str) -> list[str]:
-    """The host's processes running ``sleep marker`` (a container's are the host's too)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                if fh.read() == f"sleep\0{marker}\0".encode():
-                    found.append(entry)
-        except OSError:
-            continue
-    return found
-
-
 def _wait_for(what: str, check: Callable[[], bool], seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while not check():
@@ -231,7 +219,7 @@ def test_a_caller_gone_through_another_daemon_cancels_what_its_call_started(
 
             caller = threading.Thread(target=call)
             caller.start()
-            _wait_for("the command did not start", lambda: bool(_sleepers(marker)), 10)
+            _wait_for("the command did not start", lambda: bool(sleepers(marker)), 10)
             caller.join()
         else:
             with http.stream("POST", url, json=body) as answer:
@@ -240,6 +228,6 @@ def test_a_caller_gone_through_another_daemon_cancels_what_its_call_started(
                 lines = answer.iter_lines()
                 first = next(lines)
                 assert "started" in first, first
-                _wait_for("the command did not start", lambda: bool(_sleepers(marker)), 10)
+                _wait_for("the command did not start", lambda: bool(sleepers(marker)), 10)
     # The caller is gone: so is its command, within a few seconds.
-    _wait_for("the command outlived its caller", lambda: not _sleepers(marker), 10)
+    _wait_for("the command outlived its caller", lambda: not sleepers(marker), 10)

@@ -37,6 +37,7 @@ import hutch
 from hutch.providers.docker import netguard
 from hutch.providers.network import guard_chains, installed_rules
 from tests.conftest import TEST_IMAGE
+from tests.test_hostile_network import host_link_local, sandbox_link_local
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]
 
@@ -195,32 +196,10 @@ def global_address(sb: Any, network: V6Network) -> str:
 
 
 async def link_local(sb: Any) -> str:
-    """The sandbox's own link-local address on eth0 once it is usable
-    (duplicate address detection over)."""
-    for _ in range(100):
-        lines = (await sb.exec("cat /proc/net/if_inet6")).stdout
-        entries = [line.split() for line in lines.splitlines()]
-        found = [e for e in entries if len(e) == 6 and e[5] == "eth0" and e[0].startswith("fe80")]
-        assert found, f"the sandbox has no IPv6 link-local address: {lines}"
-        if not int(found[0][4], 16) & 0x40:  # IFA_F_TENTATIVE
-            return str(ipaddress.ip_address(int(found[0][0], 16)))
-        await anyio.sleep(0.1)
-    raise AssertionError("the sandbox's link-local address stayed tentative")
-
-
-def host_link_local(interface: str) -> str:
-    """The host's usable link-local address on ``interface``."""
-    for _ in range(100):
-        listing = json.loads(subprocess.run(
-            ["ip", "-j", "-6", "addr", "show", "dev", interface],
-            capture_output=True, text=True, check=True,
-        ).stdout)
-        infos = [i for entry in listing for i in entry.get("addr_info") or []
-                 if str(i.get("local", "")).startswith("fe80")]
-        if infos and not infos[0].get("tentative"):
-            return str(infos[0]["local"])
-        time.sleep(0.1)
-    raise AssertionError(f"{interface} has no usable link-local address")
+    """The sandbox's own link-local address on eth0 once it is usable."""
+    address = await sandbox_link_local(sb)
+    assert address, "the sandbox has no IPv6 link-local address"
+    return address
 
 
 def wait_usable(interface: str, address: str) -> None:
