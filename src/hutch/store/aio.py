@@ -1,26 +1,28 @@
-"""The store's one async face: every call runs off the event loop, in a
-worker thread (``anyio.to_thread``), so a slow disk (an fsync, a lock held
-by another program on the same database) never stalls the daemon's other
+"""The store's one async face: every call runs off the event loop, in one
+of the store's worker threads, so a slow disk (an fsync, a lock held by
+another program on the same database) never stalls the daemon's other
 requests.
 
-A call runs to its end even if its caller is cancelled (as
-``anyio.to_thread.run_sync`` does): a write the caller stops waiting for is
-still whole, never half made. Measured against a dedicated single thread
-(``loop.run_in_executor`` on one worker) on the daemon's store calls, the
-worker pool cost the same within noise, and keeps the cancellation rule
-without a hand-made shield.
+A call runs to its end even if its caller is cancelled: a write the caller
+stops waiting for is still whole, never half made (the caller's
+cancellation comes once it is done). The workers are the store's own, not
+``anyio.to_thread``'s: handing a call to them and back costs about two
+thirds as much (measured here: 72-120 us against 110-165 us), which the
+sub-millisecond paths that make a dozen store calls pay at each.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-import anyio.to_thread
+import anyio
 
+from .._errors import StoreUnavailable
 from .base import (
     DaemonRow,
     DefinitionRow,
@@ -33,6 +35,10 @@ from .base import (
 )
 
 T = TypeVar("T")
+
+#: Store calls run at once: a store serializes its writers itself (SQLite's
+#: lock, a PostgreSQL row's), and readers of a fleet's store may overlap.
+STORE_WORKERS = 4
 
 
 class AsyncStore:
@@ -49,19 +55,41 @@ class AsyncStore:
     ) -> None:
         self.store = store
         self._observe = observe
+        #: The store's own workers (see the module's docstring).
+        self._workers = concurrent.futures.ThreadPoolExecutor(
+            max_workers=STORE_WORKERS, thread_name_prefix="hutch-store")
+
+    def _submit(self, call: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        try:
+            return asyncio.get_running_loop().run_in_executor(
+                self._workers, functools.partial(call, *args) if args else call)
+        except RuntimeError:  # its workers were let go: the store was closed
+            raise StoreUnavailable("the store is closed") from None
+
+    async def _off_loop(self, call: Callable[..., T], *args: Any) -> T:
+        """``call(*args)`` in a store worker, run to its end: a caller
+        cancelled meanwhile is cancelled once it is done, never half way
+        (a write is whole or not made)."""
+        done = self._submit(call, *args)
+        with anyio.CancelScope(shield=True):
+            result = await done
+        return result
 
     async def _run(self, call: Callable[..., T], *args: Any) -> T:
         if self._observe is None:
-            return await anyio.to_thread.run_sync(call, *args)
+            return await self._off_loop(call, *args)
         started = time.perf_counter()
         try:
-            return await anyio.to_thread.run_sync(call, *args)
+            return await self._off_loop(call, *args)
         finally:
             named = getattr(call, "func", call)  # a functools.partial: the call it wraps
             self._observe(getattr(named, "__name__", "call"), time.perf_counter() - started)
 
     async def close(self) -> None:
-        await self._run(self.store.close)
+        try:
+            await self._run(self.store.close)
+        finally:
+            self._workers.shutdown(wait=False)  # its idle threads end
 
     async def register_daemon(self, daemon_id: str, url: str, seconds: float) -> None:
         return await self._run(self.store.register_daemon, daemon_id, url, seconds)
@@ -89,8 +117,7 @@ class AsyncStore:
         has work of its own to do before it waits for it. It runs to its end
         whatever becomes of the future (await it shielded)."""
         started = time.perf_counter()
-        written = asyncio.get_running_loop().run_in_executor(
-            None, functools.partial(self.store.put_sandbox, row, *events))
+        written = self._submit(self.store.put_sandbox, row, *events)
         if self._observe is not None:
             observe = self._observe
             written.add_done_callback(
