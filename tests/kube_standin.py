@@ -189,7 +189,8 @@ class KubeStandin:
         app.router.add_route("*", "/api/v1/namespaces/{ns}/{kind}/{name}/portforward",
                              self.portforward)
         app.router.add_get(f"/apis/{SNAPSHOT_GROUP}/v1", self.discovery)
-        self._runner = web.AppRunner(app)
+        # A stop does not wait long for an exec still streaming: it closes them.
+        self._runner = web.AppRunner(app, shutdown_timeout=5)
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
@@ -217,9 +218,17 @@ class KubeStandin:
         for kind in ("persistentvolumeclaims", "volumesnapshots"):
             for obj in list(self.objects[kind].values()):
                 self._remove_volume(obj)
+        self._call(self._end_execs())
         if self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(30)
         self._loop.call_soon_threadsafe(self._loop.stop)
+
+    async def _end_execs(self) -> None:
+        """The API server goes away: its open exec streams are closed, as a
+        real one's connections are."""
+        for ws in list(self._open_execs):
+            with contextlib.suppress(Exception):
+                await ws.close(code=1001)
 
     def _call(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(60)

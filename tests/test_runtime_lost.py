@@ -42,8 +42,11 @@ def kill_keeper(sb: hutch.Sandbox) -> None:
     assert isinstance(backend, BubblewrapSandbox)
     keeper = backend.describe()["keeper"]
     os.kill(int(keeper["init_pid"]), signal.SIGKILL)
+    # Gone whole: its init, and the outer bwrap that waits on it (through
+    # which the host reaches the sandbox's files until it ends too).
     deadline = time.monotonic() + 10
-    while still_running(int(keeper["init_pid"]), int(keeper["start_time"])):
+    while (still_running(int(keeper["init_pid"]), int(keeper["start_time"]))
+           or os.path.exists(f"/proc/{int(keeper['outer_pid'])}/ns/mnt")):
         assert time.monotonic() < deadline, "the keeper outlived its SIGKILL"
         time.sleep(0.01)
 
