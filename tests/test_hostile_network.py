@@ -141,10 +141,13 @@ def assert_unguarded(key: str) -> None:
 
 
 class Listener:
-    """A TCP listener of the test's on the host, accepting and closing."""
+    """A TCP listener of the test's on the host, accepting and closing
+    (``"::"``: every address, IPv6 and IPv4)."""
 
     def __init__(self, host: str) -> None:
-        self.server = socket.create_server((host, 0))
+        self.server = (socket.create_server(("::", 0), family=socket.AF_INET6,
+                                            dualstack_ipv6=True) if host == "::"
+                       else socket.create_server((host, 0)))
         self.server.settimeout(0.5)
         self.port = int(self.server.getsockname()[1])
         self.done = threading.Event()
@@ -372,18 +375,8 @@ async def test_the_host_over_ipv6_link_local_is_out_of_reach(provider: str) -> N
     """Where the sandbox has IPv6 (bubblewrap's veth does; Docker turns it off
     in a container on a network without IPv6), the host's link-local address
     on the sandbox's link is the host too."""
-    server = socket.create_server(("::", 0), family=socket.AF_INET6, dualstack_ipv6=True)
-    server.settimeout(0.5)
-    done = threading.Event()
-
-    def serve() -> None:
-        while not done.is_set():
-            with contextlib.suppress(OSError):
-                server.accept()[0].close()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    port = int(server.getsockname()[1])
+    server = Listener("::")
+    port = server.port
     try:
         async with sandbox(provider) as sb, sandbox(provider, {"allow": ["fe80::/10"]}) as open_sb:
             if await sandbox_link_local(sb) is None:
@@ -400,8 +393,6 @@ async def test_the_host_over_ipv6_link_local_is_out_of_reach(provider: str) -> N
             rules = installed_rules(namespace_pid(sb))
             assert "-A OUTPUT -d fe80::/10 -j REJECT" in rules
     finally:
-        done.set()
-        thread.join(5)
         server.close()
 
 

@@ -20,9 +20,7 @@ import contextlib
 import ipaddress
 import json
 import secrets
-import socket
 import subprocess
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -37,7 +35,7 @@ import hutch
 from hutch.providers.docker import netguard
 from hutch.providers.network import guard_chains, installed_rules
 from tests.conftest import TEST_IMAGE
-from tests.test_hostile_network import host_link_local, sandbox_link_local
+from tests.test_hostile_network import Listener, host_link_local, sandbox_link_local
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]
 
@@ -106,33 +104,10 @@ def v6_network() -> Iterator[V6Network]:
         api.remove_network(created["Id"])
 
 
-class Listener6:
-    """A TCP listener of the test's on every host address, IPv6 and IPv4,
-    those added later included; accepts and closes."""
-
-    def __init__(self) -> None:
-        self.server = socket.create_server(("::", 0), family=socket.AF_INET6,
-                                           dualstack_ipv6=True)
-        self.server.settimeout(0.5)
-        self.port = int(self.server.getsockname()[1])
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self.serve, daemon=True)
-        self.thread.start()
-
-    def serve(self) -> None:
-        while not self.done.is_set():
-            with contextlib.suppress(OSError):
-                self.server.accept()[0].close()
-
-    def close(self) -> None:
-        self.done.set()
-        self.thread.join(5)
-        self.server.close()
-
-
 @pytest.fixture
-def listener() -> Iterator[Listener6]:
-    server = Listener6()
+def listener() -> Iterator[Listener]:
+    """On every host address, IPv6 and IPv4, those added later included."""
+    server = Listener("::")
     yield server
     server.close()
 
@@ -242,7 +217,7 @@ async def reaches(sb: Any, target: str, port: int, source: str | None = None) ->
 
 
 async def test_the_host_over_ipv6_is_out_of_reach_unless_allowed(
-    v6_network: V6Network, listener: Listener6, dummy: Callable[[str], None]
+    v6_network: V6Network, listener: Listener, dummy: Callable[[str], None]
 ) -> None:
     other = host_other_address6()
     named = [v6_network.gateway, LATE_PUBLIC6, METADATA6, *([other] if other else [])]
@@ -299,7 +274,7 @@ async def test_another_sandbox_over_ipv6_is_out_of_reach_unless_allowed(
 
 
 async def test_the_hosts_rules_refuse_the_sandbox_over_ipv6_without_its_namespaces(
-    v6_network: V6Network, listener: Listener6
+    v6_network: V6Network, listener: Listener
 ) -> None:
     """The host's rules are the second place: with the sandbox's own
     namespace rules gone (a runtime that sends past them), what it sends
