@@ -42,6 +42,8 @@ namespace:
   2 stderr, 3 the final ``Status`` as JSON, 255 close, v5 only), reaching a
   real process (``docker exec``); a client that goes ends the command's
   stdin. ``protocols=("v4.channel.k8s.io",)`` is an API server before 1.30.
+  ``exec_fault`` serves the failures a real cluster's exec has (see
+  :class:`ExecFault`) for the commands a test picks.
 - ``pods/{name}/portforward`` over WebSocket (``v4.channel.k8s.io`` or
   ``portforward.k8s.io``), as the API server relays it to the kubelet: one
   ``?ports=`` port per WebSocket here, one TCP connection to the pod's port
@@ -69,7 +71,8 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import docker
@@ -84,6 +87,21 @@ NODE = "standin-node"
 _KINDS = {"pods": "Pod", "persistentvolumeclaims": "PersistentVolumeClaim",
           "volumesnapshots": "VolumeSnapshot", "services": "Service"}
 PORTFORWARD_PROTOCOLS = ("v4.channel.k8s.io", "portforward.k8s.io")
+
+
+@dataclass(frozen=True)
+class ExecFault:
+    """A ``pods/exec`` that does not run as asked, as real clusters have
+    them: the API server's Failure ``Status`` on channel 3 and no output
+    (``status_message``: the kubelet unreachable, "error dialing backend"),
+    the WebSocket closed with no Status (``close_code``, ``close_reason``:
+    the API server or a proxy on the way going away), or ``command`` run
+    instead (an image that lacks what the command needs)."""
+
+    status_message: str = ""
+    close_code: int = 1000
+    close_reason: str = ""
+    command: list[str] | None = None
 
 
 def _json(obj: Any, status: int = 200) -> web.Response:
@@ -175,6 +193,8 @@ class KubeStandin:
         #: Every pods/exec served, its command (as an audit log records them).
         self.execs: list[list[str]] = []
         self._open_execs: set[web.WebSocketResponse] = set()
+        #: Given an exec's command, the fault to serve instead (None: serve it).
+        self.exec_fault: Callable[[list[str]], ExecFault | None] | None = None
 
     # -- life of the server ----------------------------------------------------------
     def start(self) -> KubeStandin:
@@ -644,10 +664,20 @@ class KubeStandin:
         command = request.query.getall("command", [])
         stdin = request.query.get("stdin") in ("true", "1")
         self.execs.append(list(command))
+        fault = self.exec_fault(list(command)) if self.exec_fault is not None else None
         ws = web.WebSocketResponse(protocols=self.protocols)
         await ws.prepare(request)
         self._open_execs.add(ws)
         try:
+            if fault is not None and fault.command is None:
+                if fault.status_message:
+                    await ws.send_bytes(b"\x03" + json.dumps({
+                        "metadata": {}, "status": "Failure", "reason": "InternalError",
+                        "message": fault.status_message}).encode())
+                await ws.close(code=fault.close_code, message=fault.close_reason.encode())
+                return ws
+            if fault is not None and fault.command is not None:
+                command = fault.command
             return await self._exec_session(ws, pod, command, stdin)
         finally:
             self._open_execs.discard(ws)

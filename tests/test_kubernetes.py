@@ -12,7 +12,7 @@ import asyncio
 import os
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import docker
@@ -22,7 +22,7 @@ import pytest
 import hutch
 from tests.conftest import TEST_IMAGE
 from tests.daemon_fixture import DaemonProcess
-from tests.kube_standin import KubeStandin
+from tests.kube_standin import ExecFault, KubeStandin
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]
 
@@ -171,6 +171,40 @@ async def test_a_relay_closed_ends_its_exec_even_on_v4(v4_standin: KubeStandin) 
             await asyncio.sleep(0.01)
         assert v4_standin.open_execs == 0
         assert (await sb.exec(["echo", "again"])).stdout == "again\n"  # a new relay
+
+
+def _install_exec(command: list[str]) -> bool:
+    """Whether ``command`` is the exec that copies the agent in (it says ``uname -m`` first)."""
+    return command[:2] == ["sh", "-c"] and command[2].lstrip().startswith("uname -m")
+
+
+def _without_uname(command: list[str]) -> ExecFault:
+    """The install's own script in an image that has no ``uname``."""
+    return ExecFault(command=[*command[:2], "PATH=/nonexistent\n" + command[2], *command[3:]])
+
+
+@pytest.mark.parametrize(("fault", "said"), [
+    # The API server could not reach the kubelet: its Failure Status, no output.
+    (lambda _: ExecFault(status_message="error dialing backend: dial tcp 10.0.0.7:10250: "
+                                        "connect: connection refused"),
+     r"error dialing backend: dial tcp 10\.0\.0\.7:10250"),
+    # The connection closed with no Status (the API server or a proxy went away).
+    (lambda _: ExecFault(close_code=1011, close_reason="standin: the proxy went away"),
+     r"1011.*the proxy went away"),
+    # An image without uname: the command's own exit status and stderr.
+    (_without_uname, r"exit status 127.*uname: not found"),
+], ids=["status", "closed", "no-uname"])
+async def test_an_agent_install_that_cannot_say_the_machine_says_why(
+        standin: KubeStandin, monkeypatch: pytest.MonkeyPatch,
+        fault: Callable[[list[str]], ExecFault], said: str) -> None:
+    """CI once got "the pod's machine is 'unknown'" where the exec itself had
+    failed: the error carries what the exec reported, and nothing hangs."""
+    monkeypatch.setattr(standin, "exec_fault",
+                        lambda command: fault(command) if _install_exec(command) else None)
+    with pytest.raises(hutch.ProviderError, match=said) as failed:
+        await asyncio.wait_for(_sandbox(standin), 120)
+    assert "unknown" not in str(failed.value)
+    assert standin.objects["pods"] == {}  # the pod made for it is gone
 
 
 def test_the_standin_keeps_the_api_contract(standin: KubeStandin) -> None:
