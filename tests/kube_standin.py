@@ -78,6 +78,8 @@ from typing import Any
 import docker
 from aiohttp import WSMsgType, web
 
+from hutch.providers.docker.process import read_ahead
+
 #: The label of the docker containers and volumes the stand-in makes: the
 #: hutch home of the tests that made them (the suite's leftover check reads it).
 STANDIN_LABEL = "hutch-test.kube-standin"
@@ -697,15 +699,26 @@ class KubeStandin:
             await ws.close()
             return ws
         sock = hijacked._sock
+        # What docker-py's HTTP client read past the response's headers is the
+        # stream's start: a thread slow to read them (a loaded machine) reads
+        # the command's first output with them, and the socket has it no more.
+        early = bytearray(await asyncio.to_thread(read_ahead, hijacked))
+        # docker-py's request timeout (60 s) would cut a command quiet that
+        # long (the agent's relay is quiet for minutes) with no Status.
+        sock.settimeout(None)
 
         def recv_exact(n: int) -> bytes | None:
-            data = b""
+            data = bytearray(early[:n])
+            del early[:n]
             while len(data) < n:
-                piece = sock.recv(n - len(data))
+                try:
+                    piece = sock.recv(n - len(data))
+                except OSError:  # shut down under it: the session is over
+                    return None
                 if not piece:
                     return None
                 data += piece
-            return data
+            return bytes(data)
 
         async def pump_out() -> None:
             while True:
@@ -738,13 +751,18 @@ class KubeStandin:
             await pump_out()
         finally:
             reader.cancel()
+            with contextlib.suppress(OSError):  # a reader still blocked on it wakes
+                sock.shutdown(socket.SHUT_RDWR)
             sock.close()
-        try:
-            code = (await asyncio.to_thread(api.exec_inspect, exec_id))["ExitCode"] or 0
-        except docker.errors.NotFound:  # the container went meanwhile
-            code = 137
-        if code == 0:
-            status: dict[str, Any] = {"metadata": {}, "status": "Success"}
+        if ws.closed:
+            return ws  # the client went: no Status to send
+        code = await asyncio.to_thread(self._exec_exit_code, exec_id)
+        if code is None:
+            status: dict[str, Any] = {
+                "metadata": {}, "status": "Failure", "reason": "InternalError",
+                "message": f"exec {exec_id[:12]}: its stream ended, docker still says it runs"}
+        elif code == 0:
+            status = {"metadata": {}, "status": "Success"}
         else:
             status = {"metadata": {}, "status": "Failure", "reason": "NonZeroExitCode",
                       "message": f"command terminated with non-zero exit code: {code}",
@@ -754,6 +772,21 @@ class KubeStandin:
             await ws.close()
         return ws
 
+    def _exec_exit_code(self, exec_id: str) -> int | None:
+        """An exec's exit code once docker has it (its stream may end a moment
+        before docker records the exit: never a Success it does not know of);
+        None if it never comes."""
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                state = self.docker.api.exec_inspect(exec_id)
+            except docker.errors.NotFound:  # the container went meanwhile
+                return 137
+            if not state.get("Running") and state.get("ExitCode") is not None:
+                return int(state["ExitCode"])
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.02)
 
     # -- pods/portforward over WebSocket -----------------------------------------------
     async def portforward(self, request: web.Request) -> web.StreamResponse:
