@@ -256,6 +256,19 @@ async def test_exec_output_that_came_with_the_headers_is_served(
         assert big.stdout_bytes == bytes(300000), len(big.stdout_bytes)
 
 
+@pytest.mark.parametrize("runtime", ["agent", "native"])
+async def test_a_command_quiet_longer_than_the_standins_docker_timeout_runs_on(
+        standin: KubeStandin, monkeypatch: pytest.MonkeyPatch, runtime: str) -> None:
+    """The stand-in's docker client times its requests out (60 s by default,
+    1 s here): an exec's stream is no request, and a quiet command (the
+    agent's relay is quiet for minutes) is not cut with no Status."""
+    async with await _sandbox(standin, runtime) as sb:
+        monkeypatch.setattr(standin.docker.api, "timeout", 1)
+        result = await sb.exec(["sh", "-c", "sleep 3; echo done"])
+        assert (result.exit_code, result.stdout) == (0, "done\n"), result
+        assert (await sb.exec(["echo", "after"])).stdout == "after\n"
+
+
 def test_the_standin_keeps_the_api_contract(standin: KubeStandin) -> None:
     base = f"{standin.url}/api/v1/namespaces/{standin.namespace}/persistentvolumeclaims"
     claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
