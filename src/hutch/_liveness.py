@@ -29,12 +29,19 @@ def process_start_time(pid: int) -> int | None:
     return int(fields[19])
 
 
+#: This process's pid and start time, read once (a child forked since reads its own).
+_this: tuple[int, int] | None = None
+
+
 def this_process() -> tuple[int, int]:
     """This process's pid and start time."""
+    global _this
     pid = os.getpid()
-    start = process_start_time(pid)
-    assert start is not None  # this process is running
-    return pid, start
+    if _this is None or _this[0] != pid:
+        start = process_start_time(pid)
+        assert start is not None  # this process is running
+        _this = pid, start
+    return _this
 
 
 def still_running(pid: int, start: int) -> bool:

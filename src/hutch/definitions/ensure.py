@@ -33,7 +33,7 @@ from .._sandbox import Sandbox
 from ..config import SandboxOptions, SandboxSpec
 from ..providers.registry import get_provider
 from ..states import SnapshotStatus
-from ..store import DefinitionRow, InstanceRow, SnapshotRow
+from ..store import DefinitionRow, InstanceRow, SnapshotRow, Store
 from .holders import (
     HELD_BY_DAEMON,
     held_elsewhere,
@@ -157,7 +157,11 @@ class Definitions:
 
     # -- ensure ------------------------------------------------------------------
     @asynccontextmanager
-    async def _key_held(self, key: str) -> AsyncIterator[None]:
+    async def _key_held(self, key: str) -> AsyncIterator[InstanceRow | None]:
+        """The key held (this program's lock, then the store's lease), its
+        instance as the store has it then: read with the lease taken, in the
+        same hand-off to a store worker (the resumed path's cost is mostly
+        such hand-offs)."""
         lock = self._locks.get(key)
         if lock is None:
             lock = self._locks[key] = anyio.Lock()
@@ -166,29 +170,43 @@ class Definitions:
             name = f"instance:{key}"
             delay = 0.02
             store, seconds = self.host.astore, self.lease_seconds
-            while not await store.take_lease(name, holder, seconds):
+
+            def take_lease_and_read(sync: Store) -> tuple[bool, InstanceRow | None]:
+                if not sync.take_lease(name, holder, seconds):
+                    return False, None
+                return True, sync.get_instance(key)
+
+            taken, row = await store.batch(take_lease_and_read)
+            while not taken:
                 await anyio.sleep(delay)
                 delay = min(delay * 2, 0.5)
+                taken, row = await store.batch(take_lease_and_read)
 
             async def renew() -> None:
                 # A setup longer than the lease keeps it: renewed well before it ends.
                 while True:
-                    await anyio.sleep(seconds / 3)
                     try:
                         await store.take_lease(name, holder, seconds)
                     except HutchError as exc:  # the store hiccups: try again next round
                         log.warning("lease %s not renewed: %s", name, exc)
+                    await anyio.sleep(seconds / 3)
 
             # A task of its own, not a task group around the body: the body's
             # errors reach the caller as they are, not in an exception group.
-            renewing = asyncio.get_running_loop().create_task(renew())
+            # Started only once the first renewal is due: a body shorter than
+            # that (a resumed sandbox's) makes no task.
+            loop = asyncio.get_running_loop()
+            renewing: list[asyncio.Task[None]] = []
+            due = loop.call_later(seconds / 3, lambda: renewing.append(loop.create_task(renew())))
             try:
-                yield
+                yield row
             finally:
-                renewing.cancel()
+                due.cancel()
                 with anyio.CancelScope(shield=True):
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await renewing
+                    for task in renewing:
+                        task.cancel()
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await task
                     await store.release_lease(name, holder)
 
     async def ensure(
@@ -204,18 +222,16 @@ class Definitions:
             raise InvalidArgument("thread_id must be a non-empty string of at most 256 characters")
         key = d.instance_key(thread_id, tenant)
         tell = progress or (lambda kind, text: None)
-        async with self._key_held(key):
+        async with self._key_held(key) as row:
             steps: list[Step] = []
-            if d.lifecycle.reuse == "thread":
-                row = await self.host.astore.get_instance(key)
-                if row is not None and row.sandbox_id is not None:
-                    tell("step", "resume")
-                    started = time.monotonic()
-                    sandbox = await self.host.find_live(row)
-                    if sandbox is not None:
-                        steps.append(Step("resume", time.monotonic() - started))
-                        await self.host.hold(key, sandbox)
-                        return Ensured(sandbox, "resumed", key, steps)
+            if d.lifecycle.reuse == "thread" and row is not None and row.sandbox_id is not None:
+                tell("step", "resume")
+                started = time.monotonic()
+                sandbox = await self.host.find_live(row)
+                if sandbox is not None:
+                    steps.append(Step("resume", time.monotonic() - started))
+                    await self.host.hold(key, sandbox)
+                    return Ensured(sandbox, "resumed", key, steps)
             spec = self._spec(d)
             snapshot = await anyio.to_thread.run_sync(self._newest_snapshot, d, key)
             if snapshot is not None:
@@ -345,8 +361,7 @@ class Definitions:
         its keep_alive rule. Whether a sandbox was destroyed."""
         d = definition if isinstance(definition, Definition) else await self.find(definition)
         key = d.instance_key(thread_id, tenant)
-        async with self._key_held(key):
-            row = await self.host.astore.get_instance(key)
+        async with self._key_held(key) as row:
             if row is None or row.sandbox_id is None:
                 return False
             if not (d.lifecycle.destroy_on_complete or d.lifecycle.reuse == "none"):

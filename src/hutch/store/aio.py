@@ -85,6 +85,13 @@ class AsyncStore:
             named = getattr(call, "func", call)  # a functools.partial: the call it wraps
             self._observe(getattr(named, "__name__", "call"), time.perf_counter() - started)
 
+    async def batch(self, calls: Callable[[Store], T]) -> T:
+        """``calls(store)``, whose store calls run one after another in one
+        worker thread: a path that makes several pays one hand-off, not one
+        each (each call is still its own transaction). Run to its end as any
+        call is; observed under ``calls``' name."""
+        return await self._run(calls, self.store)
+
     async def close(self) -> None:
         try:
             await self._run(self.store.close)
