@@ -42,6 +42,8 @@ namespace:
   2 stderr, 3 the final ``Status`` as JSON, 255 close, v5 only), reaching a
   real process (``docker exec``); a client that goes ends the command's
   stdin. ``protocols=("v4.channel.k8s.io",)`` is an API server before 1.30.
+  ``exec_fault`` serves the failures a real cluster's exec has (see
+  :class:`ExecFault`) for the commands a test picks.
 - ``pods/{name}/portforward`` over WebSocket (``v4.channel.k8s.io`` or
   ``portforward.k8s.io``), as the API server relays it to the kubelet: one
   ``?ports=`` port per WebSocket here, one TCP connection to the pod's port
@@ -69,11 +71,14 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import docker
 from aiohttp import WSMsgType, web
+
+from hutch.providers.docker.process import read_ahead
 
 #: The label of the docker containers and volumes the stand-in makes: the
 #: hutch home of the tests that made them (the suite's leftover check reads it).
@@ -84,6 +89,21 @@ NODE = "standin-node"
 _KINDS = {"pods": "Pod", "persistentvolumeclaims": "PersistentVolumeClaim",
           "volumesnapshots": "VolumeSnapshot", "services": "Service"}
 PORTFORWARD_PROTOCOLS = ("v4.channel.k8s.io", "portforward.k8s.io")
+
+
+@dataclass(frozen=True)
+class ExecFault:
+    """A ``pods/exec`` that does not run as asked, as real clusters have
+    them: the API server's Failure ``Status`` on channel 3 and no output
+    (``status_message``: the kubelet unreachable, "error dialing backend"),
+    the WebSocket closed with no Status (``close_code``, ``close_reason``:
+    the API server or a proxy on the way going away), or ``command`` run
+    instead (an image that lacks what the command needs)."""
+
+    status_message: str = ""
+    close_code: int = 1000
+    close_reason: str = ""
+    command: list[str] | None = None
 
 
 def _json(obj: Any, status: int = 200) -> web.Response:
@@ -175,6 +195,8 @@ class KubeStandin:
         #: Every pods/exec served, its command (as an audit log records them).
         self.execs: list[list[str]] = []
         self._open_execs: set[web.WebSocketResponse] = set()
+        #: Given an exec's command, the fault to serve instead (None: serve it).
+        self.exec_fault: Callable[[list[str]], ExecFault | None] | None = None
 
     # -- life of the server ----------------------------------------------------------
     def start(self) -> KubeStandin:
@@ -644,10 +666,20 @@ class KubeStandin:
         command = request.query.getall("command", [])
         stdin = request.query.get("stdin") in ("true", "1")
         self.execs.append(list(command))
+        fault = self.exec_fault(list(command)) if self.exec_fault is not None else None
         ws = web.WebSocketResponse(protocols=self.protocols)
         await ws.prepare(request)
         self._open_execs.add(ws)
         try:
+            if fault is not None and fault.command is None:
+                if fault.status_message:
+                    await ws.send_bytes(b"\x03" + json.dumps({
+                        "metadata": {}, "status": "Failure", "reason": "InternalError",
+                        "message": fault.status_message}).encode())
+                await ws.close(code=fault.close_code, message=fault.close_reason.encode())
+                return ws
+            if fault is not None and fault.command is not None:
+                command = fault.command
             return await self._exec_session(ws, pod, command, stdin)
         finally:
             self._open_execs.discard(ws)
@@ -667,15 +699,26 @@ class KubeStandin:
             await ws.close()
             return ws
         sock = hijacked._sock
+        # What docker-py's HTTP client read past the response's headers is the
+        # stream's start: a thread slow to read them (a loaded machine) reads
+        # the command's first output with them, and the socket has it no more.
+        early = bytearray(await asyncio.to_thread(read_ahead, hijacked))
+        # docker-py's request timeout (60 s) would cut a command quiet that
+        # long (the agent's relay is quiet for minutes) with no Status.
+        sock.settimeout(None)
 
         def recv_exact(n: int) -> bytes | None:
-            data = b""
+            data = bytearray(early[:n])
+            del early[:n]
             while len(data) < n:
-                piece = sock.recv(n - len(data))
+                try:
+                    piece = sock.recv(n - len(data))
+                except OSError:  # shut down under it: the session is over
+                    return None
                 if not piece:
                     return None
                 data += piece
-            return data
+            return bytes(data)
 
         async def pump_out() -> None:
             while True:
@@ -708,13 +751,18 @@ class KubeStandin:
             await pump_out()
         finally:
             reader.cancel()
+            with contextlib.suppress(OSError):  # a reader still blocked on it wakes
+                sock.shutdown(socket.SHUT_RDWR)
             sock.close()
-        try:
-            code = (await asyncio.to_thread(api.exec_inspect, exec_id))["ExitCode"] or 0
-        except docker.errors.NotFound:  # the container went meanwhile
-            code = 137
-        if code == 0:
-            status: dict[str, Any] = {"metadata": {}, "status": "Success"}
+        if ws.closed:
+            return ws  # the client went: no Status to send
+        code = await asyncio.to_thread(self._exec_exit_code, exec_id)
+        if code is None:
+            status: dict[str, Any] = {
+                "metadata": {}, "status": "Failure", "reason": "InternalError",
+                "message": f"exec {exec_id[:12]}: its stream ended, docker still says it runs"}
+        elif code == 0:
+            status = {"metadata": {}, "status": "Success"}
         else:
             status = {"metadata": {}, "status": "Failure", "reason": "NonZeroExitCode",
                       "message": f"command terminated with non-zero exit code: {code}",
@@ -724,6 +772,21 @@ class KubeStandin:
             await ws.close()
         return ws
 
+    def _exec_exit_code(self, exec_id: str) -> int | None:
+        """An exec's exit code once docker has it (its stream may end a moment
+        before docker records the exit: never a Success it does not know of);
+        None if it never comes."""
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                state = self.docker.api.exec_inspect(exec_id)
+            except docker.errors.NotFound:  # the container went meanwhile
+                return 137
+            if not state.get("Running") and state.get("ExitCode") is not None:
+                return int(state["ExitCode"])
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.02)
 
     # -- pods/portforward over WebSocket -----------------------------------------------
     async def portforward(self, request: web.Request) -> web.StreamResponse:

@@ -9,10 +9,13 @@ parts of the API contract the provider leans on.
 from __future__ import annotations
 
 import asyncio
+import http.client
 import os
 import tempfile
+import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import docker
@@ -22,7 +25,7 @@ import pytest
 import hutch
 from tests.conftest import TEST_IMAGE
 from tests.daemon_fixture import DaemonProcess
-from tests.kube_standin import KubeStandin
+from tests.kube_standin import ExecFault, KubeStandin
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]
 
@@ -171,6 +174,99 @@ async def test_a_relay_closed_ends_its_exec_even_on_v4(v4_standin: KubeStandin) 
             await asyncio.sleep(0.01)
         assert v4_standin.open_execs == 0
         assert (await sb.exec(["echo", "again"])).stdout == "again\n"  # a new relay
+
+
+def _install_exec(command: list[str]) -> bool:
+    """Whether ``command`` is the exec that copies the agent in (it says ``uname -m`` first)."""
+    return command[:2] == ["sh", "-c"] and command[2].lstrip().startswith("uname -m")
+
+
+def _without_uname(command: list[str]) -> ExecFault:
+    """The install's own script in an image that has no ``uname``."""
+    return ExecFault(command=[*command[:2], "PATH=/nonexistent\n" + command[2], *command[3:]])
+
+
+@pytest.mark.parametrize(("fault", "said"), [
+    # The API server could not reach the kubelet: its Failure Status, no output.
+    (lambda _: ExecFault(status_message="error dialing backend: dial tcp 10.0.0.7:10250: "
+                                        "connect: connection refused"),
+     r"error dialing backend: dial tcp 10\.0\.0\.7:10250"),
+    # The connection closed with no Status (the API server or a proxy went away).
+    (lambda _: ExecFault(close_code=1011, close_reason="standin: the proxy went away"),
+     r"1011.*the proxy went away"),
+    # An image without uname: the command's own exit status and stderr.
+    (_without_uname, r"exit status 127.*uname: not found"),
+], ids=["status", "closed", "no-uname"])
+async def test_an_agent_install_that_cannot_say_the_machine_says_why(
+        standin: KubeStandin, monkeypatch: pytest.MonkeyPatch,
+        fault: Callable[[list[str]], ExecFault], said: str) -> None:
+    """CI once got "the pod's machine is 'unknown'" where the exec itself had
+    failed: the error carries what the exec reported, and nothing hangs."""
+    monkeypatch.setattr(standin, "exec_fault",
+                        lambda command: fault(command) if _install_exec(command) else None)
+    with pytest.raises(hutch.ProviderError, match=said) as failed:
+        await asyncio.wait_for(_sandbox(standin), 120)
+    assert "unknown" not in str(failed.value)
+    assert standin.objects["pods"] == {}  # the pod made for it is gone
+
+
+class _HeadersReadLate:
+    """The stand-in's docker client, whose exec starts' answers are read late,
+    as a loaded machine's thread reads them: by then the command has run and
+    its first output waits on the connection behind the response's headers."""
+
+    def __init__(self, real: Any, late: threading.local) -> None:
+        self._real = real
+        self._late = late
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def exec_start(self, *args: Any, **kwargs: Any) -> Any:
+        self._late.on = True
+        try:
+            return self._real.exec_start(*args, **kwargs)
+        finally:
+            self._late.on = False
+
+
+@pytest.mark.parametrize("runtime", ["agent", "native"])
+async def test_exec_output_that_came_with_the_headers_is_served(
+        standin: KubeStandin, monkeypatch: pytest.MonkeyPatch, runtime: str) -> None:
+    """The stand-in's exec reads docker's hijacked connection: output read
+    with the response's headers by a slow thread is the stream's start, not
+    lost (CI: the agent install's ``uname -m`` gave nothing under load, and
+    the sandbox failed with "the pod's machine is 'unknown'")."""
+    late = threading.local()
+    read_headers = http.client.HTTPResponse.begin
+
+    def begin_late(response: http.client.HTTPResponse) -> None:
+        if getattr(late, "on", False):
+            time.sleep(0.5)  # the command runs and writes meanwhile
+        read_headers(response)
+
+    monkeypatch.setattr(http.client.HTTPResponse, "begin", begin_late)
+    monkeypatch.setattr(standin.docker, "api", _HeadersReadLate(standin.docker.api, late))
+    async with await _sandbox(standin, runtime) as sb:  # the agent's install reads late too
+        for n in range(2):
+            result = await sb.exec(["sh", "-c", f"echo out-{n}; echo err-{n} >&2"])
+            assert (result.exit_code, result.stdout, result.stderr) == (
+                0, f"out-{n}\n", f"err-{n}\n"), result
+        big = await sb.exec(["head", "-c", "300000", "/dev/zero"])  # past the reader's buffer
+        assert big.stdout_bytes == bytes(300000), len(big.stdout_bytes)
+
+
+@pytest.mark.parametrize("runtime", ["agent", "native"])
+async def test_a_command_quiet_longer_than_the_standins_docker_timeout_runs_on(
+        standin: KubeStandin, monkeypatch: pytest.MonkeyPatch, runtime: str) -> None:
+    """The stand-in's docker client times its requests out (60 s by default,
+    1 s here): an exec's stream is no request, and a quiet command (the
+    agent's relay is quiet for minutes) is not cut with no Status."""
+    async with await _sandbox(standin, runtime) as sb:
+        monkeypatch.setattr(standin.docker.api, "timeout", 1)
+        result = await sb.exec(["sh", "-c", "sleep 3; echo done"])
+        assert (result.exit_code, result.stdout) == (0, "done\n"), result
+        assert (await sb.exec(["echo", "after"])).stdout == "after\n"
 
 
 def test_the_standin_keeps_the_api_contract(standin: KubeStandin) -> None:

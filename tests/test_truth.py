@@ -221,6 +221,25 @@ def fill(directory: str) -> str:
     return path
 
 
+def host_views(data_dir: str, sandbox_id: str, d: DaemonProcess) -> str:
+    """What the host sees of a docker sandbox's layered working directory
+    (its upper directory, its overlay, the mounts naming it) and the daemon's
+    log: said when a file reads wrong, for a failure seen once in CI."""
+    base = os.path.join(data_dir, "layers", "mounts", sandbox_id)
+    lines = []
+    for where in ("upper/work.txt", "merged/work.txt"):
+        try:
+            with open(os.path.join(base, where), "rb") as fh:
+                lines.append(f"{where}: {fh.read()!r}")
+        except OSError as exc:
+            lines.append(f"{where}: {exc}")
+    with contextlib.suppress(OSError):
+        lines.append(f"{base}: {sorted(os.listdir(base))}")
+    with open("/proc/self/mountinfo") as fh:
+        lines += [line.strip() for line in fh if sandbox_id in line]
+    return "\n".join([*lines, d.log()])
+
+
 def stored_state(data_dir: str, sandbox_id: str) -> tuple[str, float | None]:
     """(state, deadline) as the daemon's SQLite file has them, read from outside."""
     with contextlib.closing(sqlite3.connect(f"file:{data_dir}/hutch.db?mode=ro", uri=True)) as db:
@@ -274,7 +293,8 @@ def test_a_full_store_refuses_transitions_and_nothing_is_half_done() -> None:
             # container is found though the record names the one before).
             d.restart()
             assert sb.info()["state"] == "running"
-            assert sb.exec("cat work.txt").stdout == "written before the disk filled"
+            seen = sb.exec("cat work.txt").stdout
+            assert seen == "written before the disk filled", host_views(mount, sb.id, d)
             sb.pause()
             assert stored_state(mount, sb.id)[0] == "paused"
             d.restart()  # a crash: what is adopted is what was acknowledged
@@ -335,7 +355,8 @@ def test_a_burst_of_oom_kills_is_told_once_with_its_count(daemon: DaemonProcess)
             told[:] = [e["message"] for e in c.events(sb.id) if "OOM killer" in e["message"]]
             return any(" times in " in m for m in told)
 
-        wait_until(counted, 10, f"the burst is told with its count ({told})")
+        # A burst is told once it has been quiet a while (at most 20 s after it began).
+        wait_until(counted, 25, f"the burst is told with its count ({told})")
         assert len(told) <= 2, told
         assert sb.info()["state"] == "running"
         sb.close()

@@ -213,6 +213,12 @@ class ProviderError(HutchError):
     http_status = 502
 
 
+class KillIncomplete(ProviderError):
+    """Processes of a command outlived the kill of its whole tree (held in
+    the kernel past the bound a kill waits): said, never waited for forever.
+    Travels as ``provider_error``."""
+
+
 class ResourceExhausted(HutchError):
     """The sandbox is sound but full: a command could not start because its
     pids limit is reached (the kernel said EAGAIN to the fork). It starts

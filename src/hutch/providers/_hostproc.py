@@ -16,7 +16,7 @@ import pwd
 import shutil
 import signal
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from .._errors import (
     NoSuchUser,
@@ -26,6 +26,7 @@ from .._errors import (
 )
 from .._types import OutputChunk
 from ._pipes import OutputPipes
+from ._proctree import ProcessTree
 from ._signals import default_signals_prefix
 from .base import EXEC_MARKER, SANDBOX_MARKER, BackendProcess, ProcessRequest
 
@@ -53,21 +54,18 @@ def pids_with_env(name: str, value: str) -> list[int]:
     return found
 
 
-def _signal_all(pids: Sequence[int], pgid: int | None, sig: int) -> None:
-    if pgid is not None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, sig)
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, sig)
-
-
 class HostProcess(BackendProcess):
     def __init__(
         self, proc: asyncio.subprocess.Process, exec_id: str, stdin: bytes | None,
-        keep_stdin: bool = False,
+        keep_stdin: bool = False, *, monitor: bool = False,
+        held: Callable[[], bool] | None = None,
     ) -> None:
+        """``monitor``: ``proc`` is not the command but what runs it and ends
+        with it (bwrap, whose child the command is); ``held``: whether its
+        sandbox is frozen (see :meth:`ProcessTree.kill`)."""
         self._proc = proc
+        self._monitor = monitor
+        self._held = held
         self._exec_id = exec_id
         assert proc.stdout is not None and proc.stderr is not None
         self._output = OutputPipes(proc.stdout, proc.stderr)
@@ -126,17 +124,27 @@ class HostProcess(BackendProcess):
         return None if code is None else signal_exit_code(code)
 
     async def kill(self, grace: float) -> None:
-        pgid = self._proc.pid
-        _signal_all(pids_with_env(EXEC_MARKER, self._exec_id), pgid, signal.SIGTERM)
+        # The whole tree, gone and reaped before this returns (see _proctree).
+        # A monitor (bwrap) is spared: it reaps the command and ends with it,
+        # where killed first it would leave the command's zombie to the host's init.
+        leader = self._proc.pid
+        tree = ProcessTree(
+            f"{EXEC_MARKER}={self._exec_id}",
+            group=None if self._monitor else leader,
+            spare=leader if self._monitor else None,
+            held=self._held,
+        )
         try:
-            await asyncio.wait_for(self._proc.wait(), grace)
-        except TimeoutError:
-            pass
-        # SIGTERM may be ignored by children even after the leader exits.
-        _signal_all(pids_with_env(EXEC_MARKER, self._exec_id), pgid, signal.SIGKILL)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._proc.wait(), 5)
-        self._output.cancel()
+            await tree.kill(grace)
+        finally:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._proc.wait(), 1 if self._monitor else 5)
+            if self._proc.returncode is None:  # a monitor still setting up
+                with contextlib.suppress(ProcessLookupError):
+                    self._proc.kill()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._proc.wait(), 5)
+            self._output.cancel()
 
 
 def signal_exit_code(code: int) -> int:

@@ -232,8 +232,10 @@ class CommandRan(BackendProcess):
 
     async def kill(self, grace: float) -> None:
         self._killed = True
-        await self._inner.kill(grace)
-        self._status.close()
+        try:
+            await self._inner.kill(grace)
+        finally:
+            self._status.close()
 
     async def write_stdin(self, data: bytes) -> None:
         await self._inner.write_stdin(data)
@@ -450,7 +452,8 @@ class BubblewrapRuntime(FilesRuntime):
         finally:
             for fd in fds:
                 os.close(fd)
-        process = HostProcess(proc, exec_id, stdin, request.keep_stdin)
+        process = HostProcess(proc, exec_id, stdin, request.keep_stdin, monitor=True,
+                              held=self.parts.cgroup.frozen)
         try:
             status = await BwrapStatus.open(started_read)
         except BaseException:

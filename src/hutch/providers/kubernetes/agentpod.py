@@ -27,6 +27,7 @@ from ..._errors import ProviderError
 from ..agent import AgentFailure, AgentRuntime, agent_binary
 from ..agent.build import MACHINE_ARCH
 from .execruntime import PodExecRuntime
+from .execws import ExecSession
 from .tunnel import AgentTunnel
 
 HUTCH_DIR = "/.hutch"
@@ -46,9 +47,11 @@ exec {AGENT_PATH} serve-shared {AGENT_SOCKET}
 #: Says the pod's machine (its node's: the agent is built for it), reads
 #: the executable's size on a line, then that many bytes into the agent's
 #: path, whole or not at all. Sized rather than read to the end of stdin:
-#: the v4 channel protocol cannot close a command's stdin.
+#: the v4 channel protocol cannot close a command's stdin. A ``uname`` that
+#: fails ends it (with its status), rather than leave it waiting for a size
+#: that never comes.
 _INSTALL = f"""
-uname -m
+uname -m || exit
 read -r size || exit 1
 mkdir -p {HUTCH_DIR}/bin && head -c "$size" > {AGENT_PATH}.part \
   && [ "$(wc -c < {AGENT_PATH}.part)" -eq "$size" ] \
@@ -58,6 +61,17 @@ mkdir -p {HUTCH_DIR}/bin && head -c "$size" > {AGENT_PATH}.part \
 
 def keeper_command() -> list[str]:
     return ["sh", "-c", _KEEPER]
+
+
+async def _outcome(session: ExecSession, stderr: bytes | bytearray) -> str:
+    """How an ended exec ended, for a person: its exit status and stderr, or
+    the API's own word when the command did not run or the stream broke."""
+    try:
+        said = f"exit status {await session.wait()}"
+    except ProviderError as exc:
+        said = str(exc)
+    text = bytes(stderr).decode("utf-8", "replace").strip()
+    return f"{said}; stderr: {text[:500]}" if text else f"{said}; no stderr"
 
 
 class PodAgent:
@@ -97,11 +111,15 @@ class PodAgent:
         try:
             while b"\n" not in out and (chunk := await session.read()) is not None:
                 (out if chunk.stream == "stdout" else err).extend(chunk.data)
+            if b"\n" not in out:  # the exec ended before its first line: say how
+                raise ProviderError(
+                    "copying hutch's agent into the pod failed: its exec ended before "
+                    f"`uname -m` said the machine ({await _outcome(session, err)})")
             machine = bytes(out).partition(b"\n")[0].decode("ascii", "replace").strip()
             arch = MACHINE_ARCH.get(machine)
             if arch is None:
                 raise ProviderError(
-                    f"the pod's machine is {machine or 'unknown'!r}: hutch's agent is not built "
+                    f"the pod's machine is {machine!r}: hutch's agent is not built "
                     "for it (runtime='native' needs no agent)")
             binary = await anyio.to_thread.run_sync(
                 lambda: agent_binary(arch=arch).read_bytes())

@@ -17,7 +17,7 @@ import json
 from typing import Any
 
 import httpx2
-from httpx2.websockets import WebSocketDisconnect
+from httpx2.websockets import WebSocketDisconnect, WebSocketNetworkError
 
 from ..._errors import ProviderError, SandboxUnavailable, StdinClosed
 from ..._types import OutputChunk
@@ -67,6 +67,14 @@ def wrapped(request: ProcessRequest, exec_id: str, sandbox_env: dict[str, str]) 
 
 def kill_argv(exec_id: str, signal: str) -> list[str]:
     return ["sh", "-c", _KILL_MARKED, "hutch-kill", f"{EXEC_MARKER}={exec_id}", signal]
+
+
+def _described(exc: BaseException) -> str:
+    """An exception for a person: a task group's own (the WebSocket session
+    runs in one) rather than the group, and its kind when it says nothing."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return str(exc) or type(exc).__name__
 
 
 def exit_code(status: dict[str, Any]) -> int:
@@ -132,9 +140,10 @@ class ExecSession(FutureExitProcess):
                 code = await self._frames(ws)
         except Exception as exc:  # it never opened, or the connection broke
             if not self._opened.done():
-                self._opened.set_exception(SandboxUnavailable(f"pods/exec failed: {exc}"))
+                self._opened.set_exception(
+                    SandboxUnavailable(f"pods/exec failed: {_described(exc)}"))
                 return
-            code = ProviderError(f"pods/exec broke: {exc}")
+            code = ProviderError(f"pods/exec broke: {_described(exc)}")
         finally:
             self._stdin_open = False
             if not self.started.done():
@@ -147,12 +156,19 @@ class ExecSession(FutureExitProcess):
         await self._queue.put(None)
 
     async def _frames(self, ws: Any) -> int | BaseException:
-        code: int | BaseException = ProviderError("pods/exec ended without a status")
+        code: int | BaseException | None = None
         while True:
             try:
                 frame = await ws.receive_bytes()
-            except WebSocketDisconnect:
-                return code
+            except (WebSocketDisconnect, WebSocketNetworkError) as closed:
+                if code is not None:  # the Status came: the command's end is known
+                    return code
+                if not isinstance(closed, WebSocketDisconnect):
+                    raise
+                # No Status: the close's code and reason are all the API said.
+                return ProviderError(
+                    "pods/exec ended without a status (closed with code "
+                    f"{closed.code}{': ' + closed.reason if closed.reason else ''})")
             if not frame:
                 continue
             channel, data = frame[0], frame[1:]

@@ -1,0 +1,151 @@
+"""A command's process tree as this host's /proc sees it, and its kill: a
+kill answers once the tree is gone, not once its signals are sent.
+
+A command's processes are those of its process group and every one whose
+environment carries its marker (``HUTCH_EXEC_ID=...``: children inherit
+it, wherever they go, another group or session). A kill is SIGTERM to all,
+a grace, then SIGKILL rounds until a look finds none alive (what forked
+between a look and its kill, a fork bomb's, is found by the next), then a
+wait until each process seen is reaped: a zombie still holds its pid (a
+sandbox's pids limit counts it) until its parent or the sandbox's init
+reaps it. Everything is bounded: what outlives the bound (a process stuck
+in the kernel) is said, as :class:`~hutch._errors.KillIncomplete`, never
+waited for forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .._errors import KillIncomplete
+
+#: Seconds a kill waits, past its grace, for its SIGKILLed processes to be
+#: gone and reaped: they go at once unless the kernel holds them.
+REAP_SECONDS = 10.0
+#: Between two looks at /proc while waiting.
+_POLL_SECONDS = 0.02
+
+
+@dataclass(frozen=True)
+class _Stat:
+    state: str
+    parent: int
+    group: int
+    #: Since boot, in clock ticks: a reused pid has another.
+    start: int
+
+
+def _stat(pid: int) -> _Stat | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(b")") + 2:].split()
+    return _Stat(fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[19]))
+
+
+def _carries(pid: int, needle: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            env = fh.read()
+    except OSError:
+        return False
+    return env.startswith(needle + b"\0") or b"\0" + needle + b"\0" in env or env == needle
+
+
+class ProcessTree:
+    """The processes of one command: its group ``group`` (None: none of its
+    own) and those carrying ``marker`` (``NAME=value``), but ``spare``
+    (a monitor above the command, such as bwrap, that reaps it and ends
+    with it: killed first, it would leave the command's zombie to the
+    host's init)."""
+
+    def __init__(self, marker: str, group: int | None = None, spare: int | None = None,
+                 held: Callable[[], bool] | None = None) -> None:
+        self._needle = marker.encode()
+        self._held = held or (lambda: False)
+        self._group = group
+        self._spare = spare
+        self._own = os.getpid()
+        #: pid -> start time of every process of the tree seen, to wait for.
+        self._seen: dict[int, int] = {}
+
+    def alive(self) -> list[int]:
+        """The tree's processes alive now (zombies are not), each remembered."""
+        found = []
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            pid = int(entry.name)
+            if pid in (self._own, self._spare):
+                continue
+            stat = _stat(pid)
+            if stat is None:
+                continue
+            if (self._group is not None and stat.group == self._group) or _carries(
+                pid, self._needle
+            ):
+                self._seen.setdefault(pid, stat.start)
+                if stat.state not in ("Z", "X"):
+                    found.append(pid)
+        return found
+
+    def signal(self, sig: int) -> int:
+        """Send ``sig`` to every process of the tree alive; how many there were."""
+        pids = self.alive()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        return len(pids)
+
+    def unreaped(self) -> list[int]:
+        """The processes seen that still hold their pid: alive, or zombies
+        not yet reaped. A zombie the host's init adopted is not waited for:
+        nothing of the sandbox's is held by it, and an init that is not one
+        (a container's first process) never reaps it."""
+        left = []
+        for pid, start in self._seen.items():
+            stat = _stat(pid)
+            if stat is None or stat.start != start:
+                continue
+            if stat.state in ("Z", "X") and stat.parent == 1:
+                continue
+            left.append(pid)
+        return left
+
+    async def kill(self, grace: float, *, bound: float = REAP_SECONDS) -> None:
+        """SIGTERM, ``grace`` for the tree to go, then SIGKILL until none is
+        alive and every one seen is reaped; raises :class:`KillIncomplete`
+        if some are still there ``bound`` seconds past the grace. While the
+        sandbox is held frozen (``held``: its user's pause), its processes
+        cannot end: the kill answers once its SIGKILLs are sent, and they
+        end at the thaw, before anything of theirs runs again."""
+        held = self._held
+        if self.signal(signal.SIGTERM):
+            await _until(lambda: not self.alive() or held(), time.monotonic() + grace)
+        until = time.monotonic() + bound
+        await _until(lambda: not self.signal(signal.SIGKILL) or held(), until, _POLL_SECONDS / 4)
+        await _until(lambda: not self.unreaped() or held(), until)
+        left = self.unreaped()
+        if left and not held():
+            states = {pid: (s.state if (s := _stat(pid)) else "?") for pid in left}
+            raise KillIncomplete(
+                f"{len(left)} processes of the command outlived its kill by {bound:g} s "
+                f"(pid: state {states}); they still hold their share of the sandbox"
+            )
+
+
+async def _until(done: Callable[[], bool], deadline: float,
+                 every: float = _POLL_SECONDS) -> None:
+    """Look at ``done`` every ``every`` s until it says so or ``deadline`` passes."""
+    while True:
+        if done() or time.monotonic() >= deadline:
+            return
+        await asyncio.sleep(every)
