@@ -30,8 +30,10 @@ import pytest
 import hutch
 from tests import isolating
 from tests.daemon_fixture import DaemonProcess, cleaned_daemon, client  # noqa: F401 - cleaned_daemon is the daemon fixture
+from tests.ssh_server import ALIAS, shared_server
 
-KINDS = ["local", *isolating.params("docker-agent", "docker-native", "bubblewrap-agent",
+#: local and ssh (its host is this one, through sshd on loopback) beside the isolating kinds.
+KINDS = ["local", "ssh", *isolating.params("docker-agent", "docker-native", "bubblewrap-agent",
                                     "bubblewrap-native")]
 
 #: The processes the tree's script starts, beside itself: 6 subshells
@@ -68,10 +70,11 @@ def named(tag: str) -> list[tuple[int, str, int]]:
 
 def remaining(kind: str, tag: str) -> list[tuple[int, str, int]]:
     """What is left of the tree. On local, a zombie adopted by the host's
-    PID 1 is left out: the local provider's orphans are the host's, and this
+    PID 1 is left out: the local (and ssh) provider's orphans are the host's, and this
     host's init (a container's) may never reap them; they hold no memory nor
     files, and no sandbox limit."""
-    return [p for p in named(tag) if not (kind == "local" and p[1] == "Z" and p[2] == 1)]
+    return [p for p in named(tag)
+            if not (kind in ("local", "ssh") and p[1] == "Z" and p[2] == 1)]
 
 
 @pytest.fixture
@@ -80,6 +83,14 @@ async def sandbox(request: pytest.FixtureRequest) -> AsyncIterator[hutch.Sandbox
     if kind == "local":
         workdir = tempfile.mkdtemp(prefix="hutch-reap-")
         async with await hutch.create_sandbox("local", workdir=workdir) as sb:
+            yield sb
+        shutil.rmtree(workdir, ignore_errors=True)
+    elif kind == "ssh":
+        workdir = tempfile.mkdtemp(prefix="hutch-reap-")
+        async with await hutch.create_sandbox(
+            "ssh", working_directory=workdir, read_before_write=False, destination=ALIAS,
+            config_file=shared_server().config_file,
+        ) as sb:
             yield sb
         shutil.rmtree(workdir, ignore_errors=True)
     else:
@@ -159,11 +170,14 @@ async def test_an_exec_timeout_answers_once_its_tree_is_gone(
 @pytest.mark.anyio
 @pytest.mark.docker
 @parametrized
+@pytest.mark.parametrize("leader", ["running", "ended"])
 async def test_a_killed_background_command_is_gone_when_its_kill_returns(
-    sandbox: hutch.Sandbox, request: Any
+    sandbox: hutch.Sandbox, request: Any, leader: str
 ) -> None:
     kind = request.node.callspec.params["sandbox"]
     tag, command = await _tree_command(sandbox)
+    if leader == "ended":  # its shell exits at once; the tree holds its output open
+        command = f"({command}) & exit 0"
     process = await sandbox.start(command)
     assert await _until_grown(tag) >= TREE_SIZE
     await process.kill()
