@@ -6,9 +6,11 @@ one in a session of its own.
 
 The tree's processes are found from the host, by name (their ``comm``,
 which a zombie keeps): every process of it runs a copy of bash or sleep
-named after the test. Not gvisor (its processes are runsc's on the host,
-not named as the command's), nor kubernetes (its stand-in's pods are docker
-containers, which docker covers).
+named after the test: on local and ssh (this host, through sshd on
+loopback), docker and bubblewrap (both runtimes) and kubernetes (the stand-in's
+pods are docker containers on this host). Not gvisor: its processes are
+runsc's on the host, not named as the command's (it runs hutch's agent, whose
+kill the agent kinds here test).
 """
 
 from __future__ import annotations
@@ -30,11 +32,12 @@ import pytest
 import hutch
 from tests import isolating
 from tests.daemon_fixture import DaemonProcess, cleaned_daemon, client  # noqa: F401 - cleaned_daemon is the daemon fixture
+from tests.isolating import kube_standin  # noqa: F401  (a fixture)
 from tests.ssh_server import ALIAS, shared_server
 
 #: local and ssh (its host is this one, through sshd on loopback) beside the isolating kinds.
 KINDS = ["local", "ssh", *isolating.params("docker-agent", "docker-native", "bubblewrap-agent",
-                                    "bubblewrap-native")]
+                                           "bubblewrap-native", "kubernetes")]
 
 #: The processes the tree's script starts, beside itself: 6 subshells
 #: ignoring SIGTERM with two sleeps each, 6 sleeps, a session of its own
@@ -94,8 +97,10 @@ async def sandbox(request: pytest.FixtureRequest) -> AsyncIterator[hutch.Sandbox
             yield sb
         shutil.rmtree(workdir, ignore_errors=True)
     else:
+        standin = request.getfixturevalue("kube_standin") if kind == "kubernetes" else None
         async with await hutch.create_sandbox(
-            **isolating.settings(kind, pids_limit=256), read_before_write=False
+            **isolating.settings(kind, standin, **({} if standin else {"pids_limit": 256})),
+            read_before_write=False
         ) as sb:
             yield sb
 
