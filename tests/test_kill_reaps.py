@@ -13,20 +13,27 @@ containers, which docker covers).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
+import threading
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 
 import hutch
 from tests import isolating
+from tests.daemon_fixture import DaemonProcess, cleaned_daemon, client  # noqa: F401 - cleaned_daemon is the daemon fixture
+from tests.ssh_server import ALIAS, shared_server
 
-KINDS = ["local", *isolating.params("docker-agent", "docker-native", "bubblewrap-agent",
+#: local and ssh (its host is this one, through sshd on loopback) beside the isolating kinds.
+KINDS = ["local", "ssh", *isolating.params("docker-agent", "docker-native", "bubblewrap-agent",
                                     "bubblewrap-native")]
 
 #: The processes the tree's script starts, beside itself: 6 subshells
@@ -63,10 +70,11 @@ def named(tag: str) -> list[tuple[int, str, int]]:
 
 def remaining(kind: str, tag: str) -> list[tuple[int, str, int]]:
     """What is left of the tree. On local, a zombie adopted by the host's
-    PID 1 is left out: the local provider's orphans are the host's, and this
+    PID 1 is left out: the local (and ssh) provider's orphans are the host's, and this
     host's init (a container's) may never reap them; they hold no memory nor
     files, and no sandbox limit."""
-    return [p for p in named(tag) if not (kind == "local" and p[1] == "Z" and p[2] == 1)]
+    return [p for p in named(tag)
+            if not (kind in ("local", "ssh") and p[1] == "Z" and p[2] == 1)]
 
 
 @pytest.fixture
@@ -77,6 +85,14 @@ async def sandbox(request: pytest.FixtureRequest) -> AsyncIterator[hutch.Sandbox
         async with await hutch.create_sandbox("local", workdir=workdir) as sb:
             yield sb
         shutil.rmtree(workdir, ignore_errors=True)
+    elif kind == "ssh":
+        workdir = tempfile.mkdtemp(prefix="hutch-reap-")
+        async with await hutch.create_sandbox(
+            "ssh", working_directory=workdir, read_before_write=False, destination=ALIAS,
+            config_file=shared_server().config_file,
+        ) as sb:
+            yield sb
+        shutil.rmtree(workdir, ignore_errors=True)
     else:
         async with await hutch.create_sandbox(
             **isolating.settings(kind, pids_limit=256), read_before_write=False
@@ -84,12 +100,29 @@ async def sandbox(request: pytest.FixtureRequest) -> AsyncIterator[hutch.Sandbox
             yield sb
 
 
+def _tree(name: str) -> tuple[str, str, str]:
+    """(tag, the tree's script, the command that runs it from ``name``)."""
+    tag = "rp" + uuid.uuid4().hex[:8]
+    return tag, TREE.format(tag=tag), (
+        f'cp "$(command -v bash)" ./{tag}a && cp "$(command -v sleep)" ./{tag}b '
+        f"&& exec ./{tag}a ./{name}")
+
+
 async def _tree_command(sb: hutch.Sandbox) -> tuple[str, str]:
     """(tag, the command that runs the tree)."""
-    tag = "rp" + uuid.uuid4().hex[:8]
-    await sb.write_text("tree.sh", TREE.format(tag=tag))
-    return tag, (f'cp "$(command -v bash)" ./{tag}a && cp "$(command -v sleep)" ./{tag}b '
-                 f"&& exec ./{tag}a ./tree.sh")
+    tag, script, command = _tree("tree.sh")
+    await sb.write_text("tree.sh", script)
+    return tag, command
+
+
+def _grown(tag: str) -> int:
+    """Wait (the thread) for the whole tree to be up; how many processes it had."""
+    deadline = time.monotonic() + 60
+    while (seen := len([p for p in named(tag) if p[1] != "Z"])) < TREE_SIZE:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    return seen
 
 
 async def _until_grown(tag: str) -> int:
@@ -137,11 +170,14 @@ async def test_an_exec_timeout_answers_once_its_tree_is_gone(
 @pytest.mark.anyio
 @pytest.mark.docker
 @parametrized
+@pytest.mark.parametrize("leader", ["running", "ended"])
 async def test_a_killed_background_command_is_gone_when_its_kill_returns(
-    sandbox: hutch.Sandbox, request: Any
+    sandbox: hutch.Sandbox, request: Any, leader: str
 ) -> None:
     kind = request.node.callspec.params["sandbox"]
     tag, command = await _tree_command(sandbox)
+    if leader == "ended":  # its shell exits at once; the tree holds its output open
+        command = f"({command}) & exit 0"
     process = await sandbox.start(command)
     assert await _until_grown(tag) >= TREE_SIZE
     await process.kill()
@@ -164,3 +200,50 @@ async def test_a_stream_closed_early_ends_once_its_tree_is_gone(
     finally:
         await stream.aclose()  # type: ignore[attr-defined]
     assert remaining(kind, tag) == []
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("kind", isolating.params("docker-agent", "docker-native",
+                                                  "bubblewrap-agent", "bubblewrap-native"))
+def test_through_the_daemon_a_timeout_or_a_caller_gone_ends_the_whole_tree(
+    daemon: DaemonProcess, kind: str
+) -> None:
+    with client(daemon) as c:
+        sb = c.create_sandbox(**isolating.settings(kind, pids_limit=256),
+                              read_before_write=False)
+        try:
+            # The daemon's answer to a timed-out exec comes once the tree is gone.
+            tag, script, command = _tree("timed.sh")
+            sb.write_text("timed.sh", script)
+            grown: list[int] = []
+            watcher = threading.Thread(target=lambda: grown.append(_grown(tag)))
+            watcher.start()
+            try:
+                with pytest.raises(hutch.ExecTimeout):
+                    sb.exec(command, timeout=8)
+                left = remaining(kind, tag)
+            finally:
+                watcher.join()
+            assert grown[0] >= TREE_SIZE, grown
+            assert left == [], left
+
+            # A caller that goes away mid-stream: the daemon kills the tree,
+            # and all of it goes (nothing left to the host's init, say).
+            tag, script, command = _tree("streamed.sh")
+            sb.write_text("streamed.sh", script)
+            with httpx.stream(
+                "POST", f"{daemon.url}/v1/sandboxes/{sb.id}/exec/stream",
+                json={"cmd": f"echo up; {command}"},
+                headers={"Authorization": f"Bearer {daemon.token}"}, timeout=60,
+            ) as answer:
+                assert answer.status_code == 200
+                lines = answer.iter_lines()
+                assert "stream" in json.loads(next(lines))
+                # (``lines`` is kept: dropped, its iterator would close the answer)
+                assert _grown(tag) >= TREE_SIZE
+            deadline = time.monotonic() + 60
+            while (left := remaining(kind, tag)) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert left == [], left
+        finally:
+            c.delete_sandbox(sb.id)

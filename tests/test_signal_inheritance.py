@@ -88,3 +88,52 @@ def test_commands_start_with_default_signals_under_a_host_that_ignores_and_block
     assert seen["argv0"].startswith("sh -c "), seen
     assert seen["killed"] == [130, ""], seen
     assert seen["background"] == [130, ""], seen
+
+
+def _proc_signals(pid: int) -> dict[str, int]:
+    with open(f"/proc/{pid}/status") as fh:
+        return {k: int(v, 16) for k, v in (line.split(":\t") for line in fh)
+                if k in ("SigIgn", "SigCgt")}
+
+
+def _bit(signum: int) -> int:
+    return 1 << (signum - 1)
+
+
+def test_a_daemon_started_ignoring_signals_shrugs_them_off_and_its_commands_do_not(
+    tmp_path: Path,
+) -> None:
+    # As nohup (SIGHUP) and a background shell job (SIGQUIT) start it: the
+    # daemon still lives through them, catching them rather than ignoring
+    # them, so its commands start with them at their defaults as plain
+    # children (no exec through env(1) to reset them).
+    import signal
+
+    import hutch
+    from tests.daemon_fixture import DaemonProcess
+
+    shrugged = (signal.SIGHUP, signal.SIGQUIT)
+    before = {s: signal.signal(s, signal.SIG_IGN) for s in shrugged}
+    try:
+        daemon = DaemonProcess().start()
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+    try:
+        assert daemon.proc is not None
+        seen = _proc_signals(daemon.proc.pid)
+        for s in shrugged:
+            assert not seen["SigIgn"] & _bit(s), seen
+            assert seen["SigCgt"] & _bit(s), seen
+        with hutch.Client(daemon.url, token=daemon.token) as client:
+            sb = client.create_sandbox("local", workdir=str(tmp_path))
+            status = sb.exec(["grep", "-E", "^SigIgn:", "/proc/self/status"])
+            assert int(status.stdout.split(":\t")[1], 16) == 0, status.stdout
+            hung_up = sb.exec("kill -HUP $$; echo survived")
+            assert (hung_up.exit_code, hung_up.stdout) == (128 + signal.SIGHUP, ""), hung_up
+            for s in shrugged:
+                daemon.proc.send_signal(s)
+            assert sb.exec(["true"]).exit_code == 0, "the daemon lives on"
+            sb.close()
+    finally:
+        daemon.close()

@@ -55,7 +55,9 @@ CONFLICT_TRIES = 20
 STORE_RETRY_SECONDS = 2.0
 #: A runtime's notices of a sandbox (not deaths) that say the same with
 #: less than this many seconds between them are noted once, with their count.
-NOTICE_BURST_SECONDS = 1.0
+#: Two, not one: on a loaded machine the OOM killer's kills of one flood came
+#: in waves more than a second apart, and one flood was told in three lines.
+NOTICE_BURST_SECONDS = 2.0
 #: Longest snapshot label, and most branches one fork request makes.
 MAX_LABEL = 200
 MAX_FORK = 64

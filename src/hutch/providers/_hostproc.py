@@ -58,11 +58,14 @@ class HostProcess(BackendProcess):
     def __init__(
         self, proc: asyncio.subprocess.Process, exec_id: str, stdin: bytes | None,
         keep_stdin: bool = False, *, monitor: bool = False,
+        held: Callable[[], bool] | None = None,
     ) -> None:
         """``monitor``: ``proc`` is not the command but what runs it and ends
-        with it (bwrap, whose child the command is)."""
+        with it (bwrap, whose child the command is); ``held``: whether its
+        sandbox is frozen (see :meth:`ProcessTree.kill`)."""
         self._proc = proc
         self._monitor = monitor
+        self._held = held
         self._exec_id = exec_id
         assert proc.stdout is not None and proc.stderr is not None
         self._output = OutputPipes(proc.stdout, proc.stderr)
@@ -129,6 +132,7 @@ class HostProcess(BackendProcess):
             f"{EXEC_MARKER}={self._exec_id}",
             group=None if self._monitor else leader,
             spare=leader if self._monitor else None,
+            held=self._held,
         )
         try:
             await tree.kill(grace)

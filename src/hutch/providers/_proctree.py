@@ -67,8 +67,10 @@ class ProcessTree:
     with it: killed first, it would leave the command's zombie to the
     host's init)."""
 
-    def __init__(self, marker: str, group: int | None = None, spare: int | None = None) -> None:
+    def __init__(self, marker: str, group: int | None = None, spare: int | None = None,
+                 held: Callable[[], bool] | None = None) -> None:
         self._needle = marker.encode()
+        self._held = held or (lambda: False)
         self._group = group
         self._spare = spare
         self._own = os.getpid()
@@ -121,14 +123,18 @@ class ProcessTree:
     async def kill(self, grace: float, *, bound: float = REAP_SECONDS) -> None:
         """SIGTERM, ``grace`` for the tree to go, then SIGKILL until none is
         alive and every one seen is reaped; raises :class:`KillIncomplete`
-        if some are still there ``bound`` seconds past the grace."""
+        if some are still there ``bound`` seconds past the grace. While the
+        sandbox is held frozen (``held``: its user's pause), its processes
+        cannot end: the kill answers once its SIGKILLs are sent, and they
+        end at the thaw, before anything of theirs runs again."""
+        held = self._held
         if self.signal(signal.SIGTERM):
-            await _until(lambda: not self.alive(), time.monotonic() + grace)
+            await _until(lambda: not self.alive() or held(), time.monotonic() + grace)
         until = time.monotonic() + bound
-        await _until(lambda: not self.signal(signal.SIGKILL), until, _POLL_SECONDS / 4)
-        await _until(lambda: not self.unreaped(), until)
+        await _until(lambda: not self.signal(signal.SIGKILL) or held(), until, _POLL_SECONDS / 4)
+        await _until(lambda: not self.unreaped() or held(), until)
         left = self.unreaped()
-        if left:
+        if left and not held():
             states = {pid: (s.state if (s := _stat(pid)) else "?") for pid in left}
             raise KillIncomplete(
                 f"{len(left)} processes of the command outlived its kill by {bound:g} s "

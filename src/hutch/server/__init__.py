@@ -13,6 +13,7 @@ import secrets
 import socket
 import stat
 import tempfile
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,6 +24,7 @@ from .._paths import token_file_path
 from ..config import CONFIG_FILE_NAME, load_config_data, sandbox_layer
 from ..daemon import default_data_dir
 from ..definitions import definitions_from_config
+from ..providers._signals import shrug_ignored_signals
 from ..providers.registry import available_providers, provider_known
 from ..store import reach_store
 from .app import create_app
@@ -269,6 +271,10 @@ address it listens on). Everything
         settings,
         on_ready=None if on_ready is None else lambda d: on_ready(url, d.data_dir),
     )
+    if threading.current_thread() is threading.main_thread():
+        # This process's own: its commands then start as its children, their
+        # signals at their defaults without a reset (see _signals).
+        shrug_ignored_signals()
     # The asyncio loop, not uvloop: uvloop notices a child's exit ~4 ms late,
     # which would be most of an exec's cost.
     server = uvicorn.Server(uvicorn.Config(

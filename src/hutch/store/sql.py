@@ -115,6 +115,18 @@ class SQLStore(Store):
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         """The rows one query reads."""
 
+    def _lease_transaction(self) -> AbstractContextManager[Executor]:
+        """The transaction of a lease's change: :meth:`_transaction`, unless
+        a database may keep it less durably (a database whose loss of it
+        ends every holder too: SQLite's, of one host's processes). A fleet's
+        daemons outlive their PostgreSQL server's crash, so theirs are
+        durable: a lease lost with it would let two of them act at once."""
+        return self._transaction()
+
+    def _lease_write(self, sql: str, params: Sequence[Any]) -> None:
+        """One statement changing a lease, as durably as :meth:`_lease_transaction`."""
+        self._write(sql, params)
+
     @staticmethod
     def json_in(value: Any) -> Any:
         """A JSON value as a statement's parameter."""
@@ -511,7 +523,7 @@ class SQLStore(Store):
 
     # -- leases (the store's clock) ------------------------------------------------------
     def take_lease(self, name: str, holder: str, seconds: float) -> bool:
-        with self._transaction() as db:
+        with self._lease_transaction() as db:
             found = None
             while found is None:
                 # A row to lock even for a lease never taken, so two takers
@@ -536,4 +548,4 @@ class SQLStore(Store):
         return str(rows[0]["holder"])
 
     def release_lease(self, name: str, holder: str) -> None:
-        self._write("DELETE FROM leases WHERE name = ? AND holder = ?", (name, holder))
+        self._lease_write("DELETE FROM leases WHERE name = ? AND holder = ?", (name, holder))

@@ -9,6 +9,7 @@ from typing import Any
 from ..._errors import (
     HutchError,
     InvalidArgument,
+    KillIncomplete,
     NoSuchUser,
     OutputLimitExceeded,
     ProviderError,
@@ -38,6 +39,7 @@ ERRORS: dict[str, type[HutchError]] = {
     "cross_device": CrossDevice,
     "output_limit_exceeded": OutputLimitExceeded,
     "resource_exhausted": ResourceExhausted,
+    "kill_incomplete": KillIncomplete,
 }
 TYPES = {t.value: t for t in FileType}
 

@@ -37,6 +37,7 @@ import anyio.to_thread
 from ..._errors import (
     HutchError,
     InvalidArgument,
+    KillIncomplete,
     OutputLimitExceeded,
     ProviderError,
     SandboxUnavailable,
@@ -47,6 +48,7 @@ from ..._types import FileEvent, FileInfo, GrepMatch, OutputChunk
 from .._grep import GrepBatches
 from .._grepfilter import required_literals
 from .._hostproc import EXEC_MARKER
+from .._proctree import REAP_SECONDS
 from ..base import (
     FutureExitProcess,
     ProcessRequest,
@@ -288,16 +290,25 @@ class AgentProcess(FutureExitProcess, PtyProcess):
             return
         self._killing = True
         self._space.set()
-        with contextlib.suppress(HutchError):
+        # The agent answers once the whole tree is gone and reaped, or says
+        # what outlived its bound (KillIncomplete, raised after the cleanup).
+        incomplete: KillIncomplete | None = None
+        try:
             await self._runtime.request(
                 {"op": "kill", "pid": self._pid, "marker": f"{EXEC_MARKER}={self._marker}",
                  "grace": grace},
-                ok, timeout=grace + ANSWER_TIMEOUT,
+                ok, timeout=grace + REAP_SECONDS + ANSWER_TIMEOUT,
             )
+        except KillIncomplete as exc:
+            incomplete = exc
+        except HutchError:
+            pass
         with contextlib.suppress(TimeoutError, HutchError):
             await asyncio.wait_for(asyncio.shield(self._exit), 5)
         if not self._exit.done():
             self._channel.close()  # an orphan kept the output open: stop listening
+        if incomplete is not None:
+            raise incomplete
 
 
 class AgentWatch(BackendWatch):

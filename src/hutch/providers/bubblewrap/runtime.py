@@ -452,7 +452,8 @@ class BubblewrapRuntime(FilesRuntime):
         finally:
             for fd in fds:
                 os.close(fd)
-        process = HostProcess(proc, exec_id, stdin, request.keep_stdin, monitor=True)
+        process = HostProcess(proc, exec_id, stdin, request.keep_stdin, monitor=True,
+                              held=self.parts.cgroup.frozen)
         try:
             status = await BwrapStatus.open(started_read)
         except BaseException:

@@ -21,6 +21,22 @@ def cgroup_dir(container_id: str, controller: str) -> str | None:
     return None
 
 
+def frozen(container_id: str) -> bool:
+    """Whether the kernel holds the container frozen (a pause): the truth
+    the Engine's flag lags."""
+    where = cgroup_dir(container_id, "freezer")
+    if where is None:
+        return False
+    for name, is_frozen in (("freezer.state", lambda s: s.strip() == "FROZEN"),  # v1
+                            ("cgroup.events", lambda s: "frozen 1" in s.splitlines())):  # v2
+        try:
+            with open(os.path.join(where, name)) as fh:
+                return bool(is_frozen(fh.read()))
+        except OSError:
+            continue
+    return False
+
+
 def oom_kills(container_id: str) -> int | None:
     """How many processes the OOM killer has killed in the container so far."""
     where = cgroup_dir(container_id, "memory")

@@ -38,9 +38,10 @@ from ..._types import KILL_GRACE_SECONDS, OutputChunk
 from .._docker_engine import call as _call
 from .._docker_engine import engine
 from .._hostproc import EXEC_MARKER, SANDBOX_MARKER
+from .._proctree import ProcessTree
 from ..agent import workload as _workload
 from ..base import FutureExitProcess, ProcessRequest
-from .cgroups import cgroup_dir, oom_kills, pids_refusals
+from .cgroups import cgroup_dir, frozen, oom_kills, pids_refusals
 from .freeze import FreezeGuard, freeze_guard
 from .provisioning import DockerProvisioning
 
@@ -527,6 +528,13 @@ class DockerProcess(FutureExitProcess):
         self._abandoned.set()
         if self._exit.done():
             return
+        # Each process of the command, as the host sees it (the daemon as root,
+        # the engine local; else none), taken before any is killed: the kill
+        # answers once each is reaped (by docker's init), and what forks on
+        # meets the SIGKILL rounds of its kill.
+        container = self._sandbox.container_id or ""
+        tree = ProcessTree(f"{EXEC_MARKER}={self._marker}", held=lambda: frozen(container))
+        await anyio.to_thread.run_sync(tree.alive)
         with contextlib.suppress(HutchError):
             await self._sandbox.run_quiet(
                 ["sh", "-c", _KILL_SCRIPT, "hutch-kill", f"{EXEC_MARKER}={self._marker}",
@@ -536,12 +544,15 @@ class DockerProcess(FutureExitProcess):
         # pids limit leaves no room to start one) is killed from the host.
         with contextlib.suppress(HutchError):
             await _call(self._sandbox.kill_marked_from_host, self._marker)
-        # Closing the socket ends the reader even if an orphan kept a pipe open.
-        with contextlib.suppress(TimeoutError, HutchError):
-            await asyncio.wait_for(asyncio.shield(self._exit), 5)
-        if not self._exit.done():
-            with contextlib.suppress(OSError):
-                self._sock.shutdown(socket.SHUT_RDWR)
+        try:
+            await tree.kill(0)
+        finally:
+            # Closing the socket ends the reader even if an orphan kept a pipe open.
+            with contextlib.suppress(TimeoutError, HutchError):
+                await asyncio.wait_for(asyncio.shield(self._exit), 5)
+            if not self._exit.done():
+                with contextlib.suppress(OSError):
+                    self._sock.shutdown(socket.SHUT_RDWR)
 
 
 class DockerProcesses(DockerProvisioning):

@@ -28,6 +28,7 @@ import asyncssh
 from ..._errors import (
     HutchError,
     InvalidArgument,
+    KillIncomplete,
     NoSuchUser,
     OutputLimitExceeded,
     ProviderError,
@@ -224,22 +225,31 @@ class SshProcess(BackendProcess):
         return code
 
     async def kill(self, grace: float) -> None:
-        if exit_code(self._proc) is None:
-            self._killed = True
-            with contextlib.suppress(HutchError, TimeoutError):
-                await asyncio.wait_for(
-                    run_helper(
-                        self._kept,
-                        ["sh", "-c", KILL_SCRIPT, "hutch-kill",
-                         f"{EXEC_MARKER}={self._exec_id}", str(max(1, int(grace * 10)))],
-                    ),
-                    grace + 15,
-                )
+        running = exit_code(self._proc) is None
+        self._killed = self._killed or running
+        # The whole tree, its leader ended or not: what it left running (its
+        # output still open) is as much the command's.
+        said = 0  # the kill script's exit status (3: processes outlived it)
+        with contextlib.suppress(HutchError, TimeoutError):
+            said, _, _ = await asyncio.wait_for(
+                run_helper(
+                    self._kept,
+                    ["sh", "-c", KILL_SCRIPT, "hutch-kill",
+                     f"{EXEC_MARKER}={self._exec_id}", str(max(1, int(grace * 10)))],
+                ),
+                grace + 15,
+            )
+        if running:
             with contextlib.suppress(TimeoutError, *CHANNEL_ERRORS):
                 await asyncio.wait_for(asyncio.shield(self._proc.wait_closed()), 5)
         # An escaped grandchild holding a pipe would keep the channel open.
         self._proc.close()
         self._output.cancel()
+        if said == 3:
+            raise KillIncomplete(
+                f"processes of the command on {self._kept.target.destination} outlived "
+                "its kill by 10 s; they still hold their share of the host"
+            )
 
 
 class SshPtyProcess(SshProcess, PtyProcess):
@@ -270,7 +280,12 @@ KILL_SCRIPT = (
     'kill -TERM $pids 2>/dev/null; '
     'i=0; while [ "$i" -lt "$grace" ]; do sleep 0.1; i=$((i + 1)); '
     'pids=$(marked); [ -z "$pids" ] && exit 0; done; '
-    'kill -KILL $(marked) 2>/dev/null; exit 0'
+    # SIGKILL rounds until none is alive (what forked between a look and its
+    # kill, the next look finds; a zombie's environ is empty), for at most
+    # 10 s: exit 3 says some outlived it.
+    'j=0; while pids=$(marked); [ -n "$pids" ]; do '
+    '[ "$j" -ge 400 ] && exit 3; kill -KILL $pids 2>/dev/null; sleep 0.025; j=$((j + 1)); '
+    'done; exit 0'
 )
 
 # Counts processes whose environment holds the marker ($1). Zombies have an

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"fmt"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -473,13 +474,52 @@ func readInput(c *conn, stdinW, ptyMaster *os.File) {
 
 // -- kill -------------------------------------------------------------------------
 
-// markedPids: every process whose environment carries marker (NAME=value),
-// wherever it went (another process group, another session).
-func markedPids(marker string) []int {
-	if marker == "" {
-		return nil
+// carries: whether process pid's environment holds needle (NAME=value\0).
+func carries(pid int, needle []byte) bool {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/environ")
+	if err != nil {
+		return false
 	}
-	needle := append([]byte(marker), 0)
+	return bytes.HasPrefix(data, needle) || bytes.Contains(data, append([]byte{0}, needle...))
+}
+
+// procStat: what /proc/PID/stat says of a process that a kill needs: its
+// state, process group and start time (a reused pid has another).
+type procStat struct {
+	state byte
+	group int
+	start uint64
+}
+
+func readStat(pid int) (procStat, bool) {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return procStat{}, false
+	}
+	end := bytes.LastIndexByte(data, ')')
+	if end < 0 || end+2 >= len(data) {
+		return procStat{}, false
+	}
+	fields := strings.Fields(string(data[end+2:]))
+	if len(fields) < 20 {
+		return procStat{}, false
+	}
+	group, _ := strconv.Atoi(fields[2])
+	start, _ := strconv.ParseUint(fields[19], 10, 64)
+	return procStat{fields[0][0], group, start}, true
+}
+
+// processTree: one command's processes, its process group (pid) and every
+// process carrying its marker, wherever it went (another group, another
+// session); each one seen is remembered, to wait until it is reaped.
+type processTree struct {
+	pid    int
+	needle []byte
+	seen   map[int]uint64
+}
+
+// alive: the tree's processes alive now (zombies are not).
+func (t *processTree) alive() []int {
 	entries, _ := os.ReadDir("/proc")
 	self := os.Getpid()
 	var pids []int
@@ -488,43 +528,73 @@ func markedPids(marker string) []int {
 		if err != nil || pid == self || pid == 1 {
 			continue
 		}
-		data, err := os.ReadFile("/proc/" + e.Name() + "/environ")
-		if err != nil {
+		st, ok := readStat(pid)
+		if !ok {
 			continue
 		}
-		if bytes.HasPrefix(data, needle) || bytes.Contains(data, append([]byte{0}, needle...)) {
-			pids = append(pids, pid)
+		if (t.pid > 0 && st.group == t.pid) || (t.needle != nil && carries(pid, t.needle)) {
+			if _, known := t.seen[pid]; !known {
+				t.seen[pid] = st.start
+			}
+			if st.state != 'Z' && st.state != 'X' {
+				pids = append(pids, pid)
+			}
 		}
 	}
 	return pids
 }
 
-// killTree: SIGTERM to the command's process group and every process marked
-// as its own, grace for them to go, then SIGKILL to what is left.
-func killTree(pid int, marker string, grace time.Duration) {
-	signalAll := func(sig syscall.Signal) int {
-		n := 0
-		if pid > 0 && syscall.Kill(-pid, sig) == nil {
+func (t *processTree) signal(sig syscall.Signal) int {
+	n := 0
+	for _, p := range t.alive() {
+		if syscall.Kill(p, sig) == nil {
 			n++
 		}
-		for _, p := range markedPids(marker) {
-			if syscall.Kill(p, sig) == nil {
-				n++
-			}
-		}
-		return n
 	}
-	if signalAll(syscall.SIGTERM) == 0 {
-		return
-	}
-	deadline := time.Now().Add(grace)
-	for time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-		if len(markedPids(marker)) == 0 && (pid <= 0 || syscall.Kill(-pid, 0) != nil) {
-			return
+	return n
+}
+
+// unreaped: the processes seen that still hold their pid (alive, or zombies
+// their parent or this agent has not reaped yet).
+func (t *processTree) unreaped() []int {
+	var left []int
+	for pid, start := range t.seen {
+		if st, ok := readStat(pid); ok && st.start == start {
+			left = append(left, pid)
 		}
 	}
-	signalAll(syscall.SIGKILL)
+	return left
+}
+
+// reapBound: how long a kill waits, past its grace, for its SIGKILLed
+// processes to be gone and reaped: they go at once unless the kernel holds them.
+const reapBound = 10 * time.Second
+
+// until: look at done every step until it says so or deadline passes.
+func until(done func() bool, deadline time.Time, step time.Duration) {
+	for !done() && time.Now().Before(deadline) {
+		time.Sleep(step)
+	}
+}
+
+// killTree: SIGTERM to the command's process group and every process marked
+// as its own, grace for them to go, then SIGKILL rounds until none is alive
+// (what forked between a look and its kill, a fork bomb's, the next finds),
+// then a wait until each one seen is reaped: a zombie holds its pid, which
+// the sandbox's pids limit counts. It answers once the tree is gone, or
+// after reapBound with how many processes are still there.
+func killTree(pid int, marker string, grace time.Duration) []int {
+	t := &processTree{pid: pid, seen: map[int]uint64{}}
+	if marker != "" {
+		t.needle = append([]byte(marker), 0)
+	}
+	if t.signal(syscall.SIGTERM) > 0 {
+		until(func() bool { return len(t.alive()) == 0 }, time.Now().Add(grace), 20*time.Millisecond)
+	}
+	deadline := time.Now().Add(reapBound)
+	until(func() bool { return t.signal(syscall.SIGKILL) == 0 }, deadline, 5*time.Millisecond)
+	until(func() bool { return len(t.unreaped()) == 0 }, deadline, 20*time.Millisecond)
+	return t.unreaped()
 }
 
 func handleKill(c *conn, h header) error {
@@ -532,7 +602,11 @@ func handleKill(c *conn, h header) error {
 	if grace < 0 || grace > 60*time.Second {
 		grace = time.Second
 	}
-	killTree(int(num(h, "pid")), str(h, "marker"), grace)
+	if left := killTree(int(num(h, "pid")), str(h, "marker"), grace); len(left) > 0 {
+		return c.fail("kill_incomplete", strconv.Itoa(len(left))+" processes of the command "+
+			"outlived its kill by "+reapBound.String()+" (pids "+fmt.Sprint(left)+
+			"); they still hold their share of the sandbox")
+	}
 	return c.send(header{"t": "ok"}, nil)
 }
 
