@@ -97,12 +97,14 @@ class ExecFault:
     them: the API server's Failure ``Status`` on channel 3 and no output
     (``status_message``: the kubelet unreachable, "error dialing backend"),
     the WebSocket closed with no Status (``close_code``, ``close_reason``:
-    the API server or a proxy on the way going away), or ``command`` run
-    instead (an image that lacks what the command needs)."""
+    the API server or a proxy on the way going away), its connection dropped
+    with no close at all (``drop``), or ``command`` run instead (an image
+    that lacks what the command needs)."""
 
     status_message: str = ""
     close_code: int = 1000
     close_reason: str = ""
+    drop: bool = False
     command: list[str] | None = None
 
 
@@ -676,7 +678,10 @@ class KubeStandin:
                     await ws.send_bytes(b"\x03" + json.dumps({
                         "metadata": {}, "status": "Failure", "reason": "InternalError",
                         "message": fault.status_message}).encode())
-                await ws.close(code=fault.close_code, message=fault.close_reason.encode())
+                if fault.drop and request.transport is not None:
+                    request.transport.abort()
+                else:
+                    await ws.close(code=fault.close_code, message=fault.close_reason.encode())
                 return ws
             if fault is not None and fault.command is not None:
                 command = fault.command

@@ -194,14 +194,22 @@ def _without_uname(command: list[str]) -> ExecFault:
     # The connection closed with no Status (the API server or a proxy went away).
     (lambda _: ExecFault(close_code=1011, close_reason="standin: the proxy went away"),
      r"1011.*the proxy went away"),
+    # The connection dropped with no close at all.
+    (lambda _: ExecFault(drop=True), r"connection dropped before its status"),
     # An image without uname: the command's own exit status and stderr.
     (_without_uname, r"exit status 127.*uname: not found"),
-], ids=["status", "closed", "no-uname"])
+    # An exec that never says a word: bounded (1 s here).
+    (lambda _: ExecFault(command=["sh", "-c", "echo stuck >&2; sleep 600"]),
+     r"said no machine in 1 s"),
+], ids=["status", "closed", "dropped", "no-uname", "silent"])
 async def test_an_agent_install_that_cannot_say_the_machine_says_why(
         standin: KubeStandin, monkeypatch: pytest.MonkeyPatch,
         fault: Callable[[list[str]], ExecFault], said: str) -> None:
     """CI once got "the pod's machine is 'unknown'" where the exec itself had
     failed: the error carries what the exec reported, and nothing hangs."""
+    from hutch.providers.kubernetes import agentpod
+
+    monkeypatch.setattr(agentpod, "MACHINE_ANSWER_TIMEOUT", 1.0)
     monkeypatch.setattr(standin, "exec_fault",
                         lambda command: fault(command) if _install_exec(command) else None)
     with pytest.raises(hutch.ProviderError, match=said) as failed:

@@ -35,6 +35,10 @@ AGENT_PATH = f"{HUTCH_DIR}/bin/hutch-agent"
 AGENT_SOCKET = f"{HUTCH_DIR}/run/agent.sock"
 #: How long a pod's agent has to answer once its executable is in.
 AGENT_START_TIMEOUT = 30.0
+#: How long the install's exec has to say the pod's machine (one word from
+#: ``uname -m``): past it the exec is stuck, and the install fails saying so
+#: rather than wait for ever.
+MACHINE_ANSWER_TIMEOUT = 60.0
 #: The container's command: wait for the agent, then become it. The socket's
 #: directory is the container user's alone (mode 0700): commands run as
 #: another user cannot reach the agent.
@@ -109,8 +113,15 @@ class PodAgent:
         session = await self._pod_exec.open_exec(["sh", "-c", _INSTALL], keep_stdin=True)
         out, err = bytearray(), bytearray()
         try:
-            while b"\n" not in out and (chunk := await session.read()) is not None:
-                (out if chunk.stream == "stdout" else err).extend(chunk.data)
+            try:
+                async with asyncio.timeout(MACHINE_ANSWER_TIMEOUT):
+                    while b"\n" not in out and (chunk := await session.read()) is not None:
+                        (out if chunk.stream == "stdout" else err).extend(chunk.data)
+            except TimeoutError:
+                said = bytes(err).decode("utf-8", "replace").strip()[:500] or "no stderr"
+                raise ProviderError(
+                    "copying hutch's agent into the pod failed: its exec said no machine in "
+                    f"{MACHINE_ANSWER_TIMEOUT:g} s (`uname -m`; {said})") from None
             if b"\n" not in out:  # the exec ended before its first line: say how
                 raise ProviderError(
                     "copying hutch's agent into the pod failed: its exec ended before "

@@ -164,7 +164,8 @@ class ExecSession(FutureExitProcess):
                 if code is not None:  # the Status came: the command's end is known
                     return code
                 if not isinstance(closed, WebSocketDisconnect):
-                    raise
+                    return ProviderError(
+                        "pods/exec's connection dropped before its status (no WebSocket close)")
                 # No Status: the close's code and reason are all the API said.
                 return ProviderError(
                     "pods/exec ended without a status (closed with code "
