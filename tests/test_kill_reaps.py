@@ -30,6 +30,8 @@ import httpx
 import pytest
 
 import hutch
+from hutch._errors import KillIncomplete
+from hutch.providers._proctree import ProcessTree
 from tests import isolating
 from tests.daemon_fixture import DaemonProcess, cleaned_daemon, client  # noqa: F401 - cleaned_daemon is the daemon fixture
 from tests.isolating import kube_standin  # noqa: F401  (a fixture)
@@ -252,3 +254,30 @@ def test_through_the_daemon_a_timeout_or_a_caller_gone_ends_the_whole_tree(
             assert left == [], left
         finally:
             c.delete_sandbox(sb.id)
+
+
+@pytest.mark.anyio
+async def test_a_tree_that_cannot_be_reaped_is_said_not_waited_for() -> None:
+    """A process the kernel holds (here: frozen in a freezer cgroup of the
+    test's own, which no kill thaws) outlives its SIGKILL: the kill says so,
+    typed, once its bound has passed, instead of waiting on."""
+    if not os.path.isdir("/sys/fs/cgroup/freezer") or os.geteuid() != 0:
+        pytest.skip("needs cgroup v1's freezer, as root")
+    freezer = f"/sys/fs/cgroup/freezer/hutch-test-{uuid.uuid4().hex[:8]}"
+    os.mkdir(freezer)
+    marker = f"HUTCH_EXEC_ID={uuid.uuid4().hex}"
+    held = await anyio.open_process(
+        ["sleep", "1000"], env={**os.environ, "HUTCH_EXEC_ID": marker.split("=", 1)[1]})
+    try:
+        with open(f"{freezer}/cgroup.procs", "w") as fh:
+            fh.write(str(held.pid))
+        with open(f"{freezer}/freezer.state", "w") as fh:
+            fh.write("FROZEN")
+        with pytest.raises(KillIncomplete, match="outlived its kill"):
+            await ProcessTree(marker).kill(0, bound=1)
+    finally:
+        with open(f"{freezer}/freezer.state", "w") as fh:
+            fh.write("THAWED")
+        held.kill()
+        await held.wait()
+        os.rmdir(freezer)
