@@ -39,7 +39,9 @@ from tests.ssh_server import ALIAS, shared_server
 
 #: local and ssh (its host is this one, through sshd on loopback) beside the isolating kinds.
 KINDS = ["local", "ssh", *isolating.params("docker-agent", "docker-native", "bubblewrap-agent",
-                                           "bubblewrap-native", "kubernetes")]
+                                           "bubblewrap-native", "kubernetes"),
+         # kubernetes on its native runtime too (pods/exec, no agent): a kind of this file's.
+         "kubernetes-native"]
 
 #: The processes the tree's script starts, beside itself: 6 subshells
 #: ignoring SIGTERM with two sleeps each, 6 sleeps, a session of its own
@@ -99,9 +101,13 @@ async def sandbox(request: pytest.FixtureRequest) -> AsyncIterator[hutch.Sandbox
             yield sb
         shutil.rmtree(workdir, ignore_errors=True)
     else:
-        standin = request.getfixturevalue("kube_standin") if kind == "kubernetes" else None
+        standin = (request.getfixturevalue("kube_standin") if kind.startswith("kubernetes")
+                   else None)
+        extra = {"pids_limit": 256} if standin is None else (
+            {"runtime": "native"} if kind == "kubernetes-native" else {})
         async with await hutch.create_sandbox(
-            **isolating.settings(kind, standin, **({} if standin else {"pids_limit": 256})),
+            **isolating.settings(kind.removesuffix("-native") if standin else kind, standin,
+                                 **extra),
             read_before_write=False
         ) as sb:
             yield sb

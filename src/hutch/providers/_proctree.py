@@ -29,7 +29,7 @@ from .._errors import KillIncomplete
 #: gone and reaped: they go at once unless the kernel holds them.
 REAP_SECONDS = 10.0
 #: Between two looks at /proc while waiting.
-_POLL_SECONDS = 0.02
+_POLL_SECONDS = 0.04
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,8 @@ class ProcessTree:
         cannot end: the kill answers once its SIGKILLs are sent, and they
         end at the thaw, before anything of theirs runs again."""
         held = self._held
-        if self.signal(signal.SIGTERM):
+        # Each look reads all of /proc: in a worker thread, never on the loop.
+        if await asyncio.to_thread(self.signal, signal.SIGTERM):
             await _until(lambda: not self.alive() or held(), time.monotonic() + grace)
         until = time.monotonic() + bound
         await _until(lambda: not self.signal(signal.SIGKILL) or held(), until, _POLL_SECONDS / 4)
@@ -144,8 +145,9 @@ class ProcessTree:
 
 async def _until(done: Callable[[], bool], deadline: float,
                  every: float = _POLL_SECONDS) -> None:
-    """Look at ``done`` every ``every`` s until it says so or ``deadline`` passes."""
+    """Look at ``done`` (in a worker thread) every ``every`` s until it says
+    so or ``deadline`` passes."""
     while True:
-        if done() or time.monotonic() >= deadline:
+        if await asyncio.to_thread(done) or time.monotonic() >= deadline:
             return
         await asyncio.sleep(every)

@@ -32,8 +32,10 @@ class PodExecRuntime(CommandFiles, SandboxRuntime):
     async def start_process(self, request: ProcessRequest) -> BackendProcess:
         exec_id = uuid.uuid4().hex
 
-        async def kill(signal: str) -> None:
-            await self.run(kill_argv(exec_id, signal))
+        async def kill(grace: float) -> int:
+            """The kill script's exit status (see execws._KILL_MARKED)."""
+            status, _, _ = await self.run(kill_argv(exec_id, grace))
+            return status
 
         session = await ExecSession.open(
             self.cluster.http, self.cluster.pod_path(self.pod),

@@ -19,7 +19,7 @@ from typing import Any
 import httpx2
 from httpx2.websockets import WebSocketDisconnect, WebSocketNetworkError
 
-from ..._errors import ProviderError, SandboxUnavailable, StdinClosed
+from ..._errors import KillIncomplete, ProviderError, SandboxUnavailable, StdinClosed
 from ..._types import OutputChunk
 from .._hostproc import EXEC_MARKER
 from ..base import FutureExitProcess, ProcessRequest
@@ -49,13 +49,32 @@ fi
 exec env "$@"
 """
 START_MARK = b"\036hutch-start:"
-#: Kills every process whose environment carries the marker given ($1).
+#: Kills every process whose environment carries the marker given ($1):
+#: SIGTERM, up to $2 tenths of a second for them to go, then SIGKILL rounds
+#: until none is alive (what forked between a look and its kill, the next
+#: look finds; a zombie's environ is empty), for at most 10 s: exit 3 says
+#: some outlived it. Its own processes do not carry the marker.
+KILL_TREE_OUTLIVED = 3
 _KILL_MARKED = r"""
-for d in /proc/[0-9]*; do
-  tr '\0' '\n' < "$d/environ" 2>/dev/null | grep -qxF -e "$1" || continue
-  kill -"$2" "${d#/proc/}" 2>/dev/null
+m=$1; grace=$2
+marked() {
+  for d in /proc/[0-9]*; do
+    tr '\0' '\n' < "$d/environ" 2>/dev/null | grep -qxF -e "$m" && echo "${d#/proc/}"
+  done
+}
+pids=$(marked); [ -z "$pids" ] && exit 0
+kill -TERM $pids 2>/dev/null
+i=0
+while [ "$i" -lt "$grace" ]; do
+  sleep 0.1; i=$((i + 1))
+  pids=$(marked); [ -z "$pids" ] && exit 0
 done
-true
+j=0
+while pids=$(marked); [ -n "$pids" ]; do
+  [ "$j" -ge 100 ] && exit 3
+  kill -KILL $pids 2>/dev/null; sleep 0.1; j=$((j + 1))
+done
+exit 0
 """
 
 
@@ -65,8 +84,9 @@ def wrapped(request: ProcessRequest, exec_id: str, sandbox_env: dict[str, str]) 
             *(f"{k}={v}" for k, v in env.items()), *request.argv]
 
 
-def kill_argv(exec_id: str, signal: str) -> list[str]:
-    return ["sh", "-c", _KILL_MARKED, "hutch-kill", f"{EXEC_MARKER}={exec_id}", signal]
+def kill_argv(exec_id: str, grace: float) -> list[str]:
+    return ["sh", "-c", _KILL_MARKED, "hutch-kill", f"{EXEC_MARKER}={exec_id}",
+            str(max(1, int(grace * 10)))]
 
 
 def _described(exc: BaseException) -> str:
@@ -238,10 +258,14 @@ class ExecSession(FutureExitProcess):
             self._queue.put_nowait(None)  # a reader waiting ends
 
     async def kill(self, grace: float) -> None:
-        if self._exit.done() or self._kill is None:
+        if self._kill is None:
             return
-        await self._kill("TERM")
+        # The whole tree, its leader ended or not (what it left running holds
+        # its output open), gone before this answers, or said not to be.
+        said = await self._kill(grace)
         with contextlib.suppress(asyncio.TimeoutError, Exception):
-            await asyncio.wait_for(asyncio.shield(self._exit), grace)
-            return
-        await self._kill("KILL")
+            await asyncio.wait_for(asyncio.shield(self._exit), 5)
+        if said == KILL_TREE_OUTLIVED:
+            raise KillIncomplete(
+                "processes of the command outlived its kill by 10 s; they still hold "
+                "their share of the pod")
