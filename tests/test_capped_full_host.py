@@ -60,8 +60,9 @@ def _write_back_and_evict(root: str, path: str) -> None:
 
 # Not strict: a write-back that happens to run between the write and the
 # fill (a loaded machine's flusher) saves the file, and the test passes.
-@pytest.mark.xfail(strict=False, reason="capped stores are sparse images: a full host disk "
-                   "loses what they had not yet written back (see the module's docstring)")
+@pytest.mark.xfail(strict=False, raises=AssertionError,
+                   reason="capped stores are sparse images: a full host disk loses what "
+                   "they had not yet written back (see the module's docstring)")
 def test_a_capped_directory_keeps_its_files_when_the_host_disk_fills() -> None:
     host = tempfile.mkdtemp(prefix="hutch-capped-full-")
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m,mode=0700", "tmpfs", host],
