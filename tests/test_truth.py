@@ -226,10 +226,12 @@ def host_views(data_dir: str, sandbox_id: str, d: DaemonProcess) -> str:
     (its upper directory, its overlay, the mounts naming it) and the daemon's
     log: said when a file reads wrong, for a failure seen once in CI."""
     base = os.path.join(data_dir, "layers", "mounts", sandbox_id)
+    # A capped one's upper directory is in its store (an ext4 image, loop-mounted).
+    store = os.path.join(data_dir, "layers", "stores", sandbox_id)
     lines = []
-    for where in ("upper/work.txt", "merged/work.txt"):
+    for where in (f"{base}/upper/work.txt", f"{store}/upper/work.txt", f"{base}/merged/work.txt"):
         try:
-            with open(os.path.join(base, where), "rb") as fh:
+            with open(where, "rb") as fh:
                 lines.append(f"{where}: {fh.read()!r}")
         except OSError as exc:
             lines.append(f"{where}: {exc}")
@@ -237,6 +239,9 @@ def host_views(data_dir: str, sandbox_id: str, d: DaemonProcess) -> str:
         lines.append(f"{base}: {sorted(os.listdir(base))}")
     with open("/proc/self/mountinfo") as fh:
         lines += [line.strip() for line in fh if sandbox_id in line]
+    # A write-back the store's image could not take (tests/test_capped_full_host.py).
+    kernel = subprocess.run(["dmesg"], capture_output=True, text=True, check=False).stdout
+    lines += [line for line in kernel.splitlines()[-200:] if "loop" in line or "EXT4" in line][-20:]
     return "\n".join([*lines, d.log()])
 
 
