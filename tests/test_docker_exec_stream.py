@@ -14,7 +14,6 @@ fails with a clear error instead of waiting forever.
 from __future__ import annotations
 
 import asyncio
-import http.client
 import io
 import socket
 import threading
@@ -31,46 +30,17 @@ from hutch.providers import _docker_engine as docker_engine
 from hutch.providers import docker as docker_provider
 from hutch.providers.docker import DockerSandbox
 from hutch.providers.docker import process as docker_exec
+from tests.late_headers import exec_headers_read_late
 from tests.test_docker_freeze import sb  # noqa: F401 - a fixture: a native docker sandbox
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]
 
 
-class SlowToReadHeaders:
-    """The real Engine, whose exec starts' answers are read late, as a loaded
-    client reads them: by then the command has run and its output waits on
-    the connection behind the response's headers."""
-
-    def __init__(self, real: Any, late: threading.local) -> None:
-        self._real = real
-        self._late = late
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._real, name)
-
-    def exec_start(self, *args: Any, **kwargs: Any) -> Any:
-        self._late.on = True
-        try:
-            return self._real.exec_start(*args, **kwargs)
-        finally:
-            self._late.on = False
-
-
 async def test_output_read_with_the_headers_is_kept(
     sb: Any, monkeypatch: pytest.MonkeyPatch  # noqa: F811
 ) -> None:
-    late = threading.local()
-    read_headers = http.client.HTTPResponse.begin
-
-    def begin_late(response: http.client.HTTPResponse) -> None:
-        if getattr(late, "on", False):
-            time.sleep(1.0)  # the command runs and writes meanwhile
-        read_headers(response)
-
-    monkeypatch.setattr(http.client.HTTPResponse, "begin", begin_late)
-    monkeypatch.setattr(
-        docker_engine, "_api_client", SlowToReadHeaders(docker_provider.engine(), late)
-    )
+    monkeypatch.setattr(docker_engine, "_api_client",
+                        exec_headers_read_late(monkeypatch, docker_provider.engine(), 1.0))
     for n in range(3):
         result = await sb.exec(["sh", "-c", f"echo out-{n}; echo err-{n} >&2"])
         assert (result.exit_code, result.stdout, result.stderr) == (

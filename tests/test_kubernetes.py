@@ -9,11 +9,8 @@ parts of the API contract the provider leans on.
 from __future__ import annotations
 
 import asyncio
-import http.client
 import os
 import tempfile
-import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -26,6 +23,7 @@ import hutch
 from tests.conftest import TEST_IMAGE
 from tests.daemon_fixture import DaemonProcess
 from tests.kube_standin import ExecFault, KubeStandin
+from tests.late_headers import exec_headers_read_late
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]
 
@@ -218,26 +216,6 @@ async def test_an_agent_install_that_cannot_say_the_machine_says_why(
     assert standin.objects["pods"] == {}  # the pod made for it is gone
 
 
-class _HeadersReadLate:
-    """The stand-in's docker client, whose exec starts' answers are read late,
-    as a loaded machine's thread reads them: by then the command has run and
-    its first output waits on the connection behind the response's headers."""
-
-    def __init__(self, real: Any, late: threading.local) -> None:
-        self._real = real
-        self._late = late
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._real, name)
-
-    def exec_start(self, *args: Any, **kwargs: Any) -> Any:
-        self._late.on = True
-        try:
-            return self._real.exec_start(*args, **kwargs)
-        finally:
-            self._late.on = False
-
-
 @pytest.mark.parametrize("runtime", ["agent", "native"])
 async def test_exec_output_that_came_with_the_headers_is_served(
         standin: KubeStandin, monkeypatch: pytest.MonkeyPatch, runtime: str) -> None:
@@ -245,16 +223,8 @@ async def test_exec_output_that_came_with_the_headers_is_served(
     with the response's headers by a slow thread is the stream's start, not
     lost (CI: the agent install's ``uname -m`` gave nothing under load, and
     the sandbox failed with "the pod's machine is 'unknown'")."""
-    late = threading.local()
-    read_headers = http.client.HTTPResponse.begin
-
-    def begin_late(response: http.client.HTTPResponse) -> None:
-        if getattr(late, "on", False):
-            time.sleep(0.5)  # the command runs and writes meanwhile
-        read_headers(response)
-
-    monkeypatch.setattr(http.client.HTTPResponse, "begin", begin_late)
-    monkeypatch.setattr(standin.docker, "api", _HeadersReadLate(standin.docker.api, late))
+    monkeypatch.setattr(standin.docker, "api",
+                        exec_headers_read_late(monkeypatch, standin.docker.api, 0.5))
     async with await _sandbox(standin, runtime) as sb:  # the agent's install reads late too
         for n in range(2):
             result = await sb.exec(["sh", "-c", f"echo out-{n}; echo err-{n} >&2"])

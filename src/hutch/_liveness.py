@@ -12,18 +12,27 @@ import os
 _PF_EXITING = 0x4
 
 
-def process_start_time(pid: int) -> int | None:
-    """When ``pid`` started, or None if no such process lives. A zombie is
-    dead, and so is one that has begun to exit: a killed sandbox's init
-    stays in its exit while the kernel ends the processes of its namespace,
-    and their connections break before it is a zombie."""
+def stat_fields(pid: int) -> list[bytes] | None:
+    """/proc/PID/stat's fields after the command name (the state first, then
+    the parent, the group, ...; the start time at index 19), or None if no
+    such process is there (a zombie still is)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             stat = fh.read()
     except OSError:
         return None
     # The command name (in parentheses) may hold spaces: count after its end.
-    fields = stat[stat.rindex(b")") + 2:].split()
+    return stat[stat.rindex(b")") + 2:].split()
+
+
+def process_start_time(pid: int) -> int | None:
+    """When ``pid`` started, or None if no such process lives. A zombie is
+    dead, and so is one that has begun to exit: a killed sandbox's init
+    stays in its exit while the kernel ends the processes of its namespace,
+    and their connections break before it is a zombie."""
+    fields = stat_fields(pid)
+    if fields is None:
+        return None
     if fields[0] in (b"Z", b"X") or int(fields[6]) & _PF_EXITING:
         return None
     return int(fields[19])

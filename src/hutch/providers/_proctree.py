@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .._errors import KillIncomplete
+from .._liveness import stat_fields
 
 #: Seconds a kill waits, past its grace, for its SIGKILLed processes to be
 #: gone and reaped: they go at once unless the kernel holds them.
@@ -42,12 +43,9 @@ class _Stat:
 
 
 def _stat(pid: int) -> _Stat | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            raw = fh.read()
-    except OSError:
+    fields = stat_fields(pid)
+    if fields is None:
         return None
-    fields = raw[raw.rindex(b")") + 2:].split()
     return _Stat(fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[19]))
 
 
