@@ -15,9 +15,11 @@ kill the agent kinds here test).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -287,3 +289,69 @@ async def test_a_tree_that_cannot_be_reaped_is_said_not_waited_for() -> None:
         held.kill()
         await held.wait()
         os.rmdir(freezer)
+
+
+def _agents_of(sandbox_id: str) -> list[int]:
+    """The host pids of the sandbox's agent (its environment names the sandbox)."""
+    needle = f"HUTCH_SANDBOX_ID={sandbox_id}".encode()
+    pids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/comm", "rb") as fh:
+                if fh.read().strip() != b"hutch-agent":
+                    continue
+            with open(f"/proc/{entry.name}/environ", "rb") as fh:
+                if needle in fh.read().split(b"\0"):
+                    pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+@pytest.mark.anyio
+@pytest.mark.docker
+@pytest.mark.parametrize("sandbox", isolating.params("docker-agent", "bubblewrap-agent"),
+                         indirect=True)
+async def test_a_kill_its_agent_never_confirms_is_not_said_done(
+    sandbox: hutch.Sandbox, request: Any
+) -> None:
+    """The agent answers a kill once the tree is gone. An agent that does not
+    answer (here: stopped from the host) has killed nothing: the timed-out
+    exec says so (KillIncomplete) while the tree lives on, or says it was
+    killed only once it is gone (docker restarts a wedged agent's container,
+    which ends every process in it)."""
+    kind = request.node.callspec.params["sandbox"]
+    agents = _agents_of(sandbox.id)
+    assert agents
+    tag, command = await _tree_command(sandbox)
+    outcome: list[BaseException] = []
+
+    async def timed_out() -> None:
+        try:
+            await sandbox.exec(command, timeout=4)
+        except BaseException as exc:  # what it raised is the subject
+            outcome.append(exc)
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(timed_out)
+            assert await _until_grown(tag) >= TREE_SIZE
+            for pid in agents:
+                os.kill(pid, signal.SIGSTOP)
+        # (Looked at before the agent goes on: it then does the kill it was sent.)
+        left = [p for p in remaining(kind, tag) if p[1] != "Z"]
+    finally:
+        for pid in agents:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    assert len(outcome) == 1
+    if isinstance(outcome[0], hutch.ExecTimeout):
+        assert left == [], left  # "its whole process tree was killed"
+    else:
+        assert isinstance(outcome[0], KillIncomplete), repr(outcome[0])
+        assert "did not confirm" in str(outcome[0])
+        assert len(left) >= TREE_SIZE, left
+    if kind.startswith("bubblewrap"):  # its agent runs on: nothing restarts it
+        assert isinstance(outcome[0], KillIncomplete), repr(outcome[0])

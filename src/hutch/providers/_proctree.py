@@ -96,7 +96,13 @@ class ProcessTree:
         return found
 
     def signal(self, sig: int) -> int:
-        """Send ``sig`` to every process of the tree alive; how many there were."""
+        """Send ``sig`` to the command's process group at once (the kernel
+        lets no member fork past a group's signal: a fork bomb's generation
+        in flight is caught with it), then to every process of the tree
+        alive, those that left the group among them; how many there were."""
+        if self._group is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._group, sig)
         pids = self.alive()
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):

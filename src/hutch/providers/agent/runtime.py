@@ -158,6 +158,12 @@ def _copy_into(fd: int, source: IO[bytes]) -> None:
         _write_all(fd, piece)
 
 
+class AgentUnconfirmed(ProviderError):
+    """A request the agent failed while it is alive (it answers a ping, or
+    its keeper runs): nothing was restarted, so whatever the request was to
+    do may or may not have been done."""
+
+
 class AgentProcess(FutureExitProcess, PtyProcess):
     """One command the agent runs: a reader task turns its frames into chunks.
     On a PTY, what is typed goes as it comes (``write``), and the window size
@@ -301,6 +307,12 @@ class AgentProcess(FutureExitProcess, PtyProcess):
             )
         except KillIncomplete as exc:
             incomplete = exc
+        except AgentUnconfirmed as exc:
+            # Not answered is not done: an agent alive but stopped, or starved
+            # of CPU, may not have sent a signal, and the tree may run on.
+            incomplete = KillIncomplete(
+                f"the sandbox's agent did not confirm the command's kill ({exc}); its "
+                "processes may still be running and holding their share of the sandbox")
         except HutchError:
             pass
         with contextlib.suppress(TimeoutError, HutchError):
@@ -417,7 +429,7 @@ class AgentRuntime(SandboxRuntime):
         except HutchError as lost:
             return lost
         if restarted is False:
-            return ProviderError(
+            return AgentUnconfirmed(
                 f"{self.provider_name} sandbox {self.sandbox_id}: {exc} (its agent is alive: "
                 "the request was too slow, or its connection broke)"
             )

@@ -544,7 +544,15 @@ func (t *processTree) alive() []int {
 	return pids
 }
 
+// signal: sig to the command's process group at once (the kernel lets no
+// member fork past a group's signal: a fork bomb's generation in flight
+// is caught with it, however starved of CPU this agent is), then to each
+// process of the tree alive, those that left the group among them; how
+// many the look found alive.
 func (t *processTree) signal(sig syscall.Signal) int {
+	if t.pid > 0 {
+		_ = syscall.Kill(-t.pid, sig)
+	}
 	n := 0
 	for _, p := range t.alive() {
 		if syscall.Kill(p, sig) == nil {
