@@ -355,3 +355,63 @@ async def test_a_kill_its_agent_never_confirms_is_not_said_done(
         assert len(left) >= TREE_SIZE, left
     if kind.startswith("bubblewrap"):  # its agent runs on: nothing restarts it
         assert isinstance(outcome[0], KillIncomplete), repr(outcome[0])
+
+
+def _sigkill_pending(pid: int) -> bool:
+    """Whether ``pid`` has a SIGKILL waiting (a frozen process holds one until its thaw)."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            fields = dict(line.split(":", 1) for line in fh if ":" in line)
+    except OSError:
+        return True  # gone
+    pending = int(fields.get("SigPnd", "0"), 16) | int(fields.get("ShdPnd", "0"), 16)
+    return bool(pending & (1 << (signal.SIGKILL - 1)))
+
+
+@pytest.mark.anyio
+@pytest.mark.docker
+@pytest.mark.parametrize("sandbox", isolating.params("docker-agent", "bubblewrap-agent",
+                                                     "docker-native", "bubblewrap-native"),
+                         indirect=True)
+@pytest.mark.parametrize("how", ["kill", "stream"])
+async def test_a_kill_in_a_paused_sandbox_dooms_the_tree_before_it_answers(
+    sandbox: hutch.Sandbox, request: Any, how: str
+) -> None:
+    """A paused sandbox's processes cannot end until it resumes, nor can its
+    agent answer; a kill of one of its commands (a background command's, a
+    stream closed early) answers with every process of the tree gone or
+    holding a SIGKILL (it dies at the thaw, before running again), and the
+    tree is gone once the sandbox resumes."""
+    kind = request.node.callspec.params["sandbox"]
+    tag, command = await _tree_command(sandbox)
+    process = None
+    stream = None
+    if how == "kill":
+        process = await sandbox.start(command)
+    else:
+        stream = sandbox.exec_stream(f"echo up; {command}")
+        async for _event in stream:  # its first output: the tree is starting
+            break
+    resumed = False
+    try:
+        assert await _until_grown(tag) >= TREE_SIZE
+        await sandbox.pause()
+        if process is not None:
+            await process.kill()
+        else:
+            assert stream is not None
+            await stream.aclose()  # type: ignore[attr-defined]
+        alive = [p for p in remaining(kind, tag) if p[1] not in ("Z", "X")]
+        doomed = [p for p in alive if _sigkill_pending(p[0])]
+        await sandbox.resume()
+        resumed = True
+    finally:
+        if not resumed:
+            await sandbox.resume()
+    assert alive == doomed, [p for p in alive if p not in doomed]
+    with anyio.move_on_after(30):  # the thaw: each ends, and is reaped
+        while True:
+            if not remaining(kind, tag):
+                break
+            await anyio.sleep(0.05)
+    assert remaining(kind, tag) == []
