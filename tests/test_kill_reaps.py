@@ -415,3 +415,47 @@ async def test_a_kill_in_a_paused_sandbox_dooms_the_tree_before_it_answers(
                 break
             await anyio.sleep(0.05)
     assert remaining(kind, tag) == []
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("kind", isolating.params("bubblewrap-agent"))
+def test_a_kill_that_left_processes_is_an_event_of_its_sandbox(
+    daemon: DaemonProcess, kind: str
+) -> None:
+    """A KillIncomplete is told to its caller and recorded in the sandbox's
+    events (``hutch events``), as an OOM kill is: here an agent stopped from
+    the host confirms no kill (its sandbox is not restarted: bubblewrap)."""
+    with client(daemon) as c:
+        sb = c.create_sandbox(**isolating.settings(kind), read_before_write=False)
+        agents = _agents_of(sb.id)
+        assert agents
+        try:
+            tag = "rp" + uuid.uuid4().hex[:8]
+            outcome: list[BaseException] = []
+
+            def timed_out() -> None:
+                try:
+                    sb.exec(f'cp "$(command -v sleep)" ./{tag} && exec ./{tag} 1000', timeout=4)
+                except BaseException as exc:  # what it raised is the subject
+                    outcome.append(exc)
+
+            runner = threading.Thread(target=timed_out)
+            runner.start()
+            try:
+                deadline = time.monotonic() + 60
+                while not named(tag) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                for pid in agents:
+                    os.kill(pid, signal.SIGSTOP)
+                runner.join()
+            finally:
+                for pid in agents:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGCONT)
+            # (KillIncomplete travels as provider_error)
+            assert len(outcome) == 1 and isinstance(outcome[0], hutch.ProviderError), outcome
+            assert "did not confirm" in str(outcome[0])
+            kills = [e for e in c.events(sb.id) if e["kind"] == "kill"]
+            assert [e["message"] for e in kills] == [outcome[0].message], kills
+        finally:
+            c.delete_sandbox(sb.id)
