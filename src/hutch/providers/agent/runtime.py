@@ -7,20 +7,19 @@ default, and a ``recover`` callback: when the agent is gone or wedged, the
 provider finds out why and brings it back (or says the sandbox is lost); a
 request that never reached the agent is then tried once more, one that did
 fails with a ``provider_error`` naming what happened. Nothing here waits
-without a deadline: the agent beats a heartbeat while it works.
+without a deadline: the agent beats a heartbeat while it works. A command
+it runs is an :class:`~.process.AgentProcess`, a watch an
+:class:`~.watch.AgentWatch`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import logging
 import os
 import re
-import signal
 import socket
-import stat
 import uuid
 from collections.abc import (
     AsyncGenerator,
@@ -38,29 +37,24 @@ import anyio.to_thread
 from ..._errors import (
     HutchError,
     InvalidArgument,
-    KillIncomplete,
     OutputLimitExceeded,
     ProviderError,
-    SandboxUnavailable,
-    StdinClosed,
 )
 from ..._globmatch import compile_glob
-from ..._types import FileEvent, FileInfo, GrepMatch, OutputChunk
+from ..._types import FileInfo, GrepMatch
 from .._grep import GrepBatches
 from .._grepfilter import required_literals
 from .._hostproc import EXEC_MARKER
-from .._proctree import REAP_SECONDS, ProcessTree
 from ..base import (
-    FutureExitProcess,
     ProcessRequest,
-    PtyProcess,
     SandboxRuntime,
     bounded_pieces,
 )
 from ..watching import BackendWatch
+from .handover import THREAD_BYTES, copy_into, read_handed_over, regular_file, write_all
+from .process import AgentProcess, AgentUnconfirmed
 from .replies import (
     CrossDevice,
-    file_event,
     file_info,
     listing,
     number,
@@ -68,15 +62,12 @@ from .replies import (
     predates,
     typed_error,
 )
-from .wire import MAX_PAYLOAD, AgentFailure, Channel, Header, connect_socket
+from .watch import AgentWatch
+from .wire import ANSWER_TIMEOUT, MAX_PAYLOAD, AgentFailure, Channel, Header, connect_socket
 from .workload import WORKLOAD_NAME, open_task_files
 
 log = logging.getLogger("hutch.agent")
 
-#: How long a request waits for the agent's next frame. The agent answers
-#: at once or beats a heartbeat every second (every two for a running command).
-ANSWER_TIMEOUT = 3.0
-EXEC_SILENCE_TIMEOUT = 6.0
 #: Idle connections kept for the next request.
 POOL_SIZE = 8
 #: How long a warm-up command may take (see AgentRuntime.warm).
@@ -85,10 +76,6 @@ WARM_SECONDS = 10.0
 MAX_WALK_BYTES = 256 << 20
 #: Past this size, a write hands the bytes over through a descriptor.
 FD_WRITE_THRESHOLD = 64 << 10
-#: Past this size, file I/O on a handed-over descriptor moves off the event loop.
-_THREAD_BYTES = 4 << 20
-#: Output chunks a process holds before its reader waits for the consumer.
-_QUEUE_CHUNKS = 64
 
 #: The provider's answer to a failed agent: True (or None) when it brought
 #: the agent back (restarted: what ran is gone), False when the agent still
@@ -96,300 +83,6 @@ _QUEUE_CHUNKS = 64
 #: when the sandbox is lost.
 Recover = Callable[[str], Awaitable[bool | None]]
 T = TypeVar("T")
-
-
-def _regular(fd: int) -> os.stat_result:
-    """The handed-over descriptor's stat, refused unless a regular file (a
-    pipe or a socket could block this process)."""
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
-        raise AgentFailure("the agent handed over a descriptor that is not a regular file")
-    return info
-
-
-async def _read_handed_over(fd: int, path: str, limit: int) -> bytes:
-    try:
-        size = _regular(fd).st_size
-        if size > limit:
-            raise OutputLimitExceeded(
-                f"{path} is {size} bytes, over the read limit of {limit} bytes"
-            )
-
-        def read() -> bytes:
-            # What fstat promised and a byte more, to notice a file still growing.
-            data = os.pread(fd, size + 1, 0)
-            if len(data) > size:
-                # It grew (or is a /proc file, which says 0): the rest in
-                # pieces, up to the limit and a byte, never the limit up front.
-                parts = [data]
-                total = len(data)
-                while total <= limit:
-                    piece = os.pread(fd, min(MAX_PAYLOAD, limit + 1 - total), total)
-                    if not piece:
-                        break
-                    parts.append(piece)
-                    total += len(piece)
-                data = b"".join(parts)
-            if len(data) > limit:
-                raise OutputLimitExceeded(f"{path} is over the read limit of {limit} bytes")
-            return data
-
-        try:
-            if size > _THREAD_BYTES:
-                return await anyio.to_thread.run_sync(read)
-            return read()
-        except OSError as exc:
-            # A procfs or sysfs file that cannot be read at an offset (EINVAL):
-            # not a file the file API reads (grep skips it), as a FIFO is not.
-            raise InvalidArgument(
-                f"{path} cannot be read as a file ({exc.strerror or exc}); read it with exec"
-            ) from None
-    finally:
-        os.close(fd)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def _copy_into(fd: int, source: IO[bytes]) -> None:
-    while piece := source.read(MAX_PAYLOAD):
-        _write_all(fd, piece)
-
-
-class AgentUnconfirmed(ProviderError):
-    """A request the agent failed while it is alive (it answers a ping, or
-    its keeper runs): nothing was restarted, so whatever the request was to
-    do may or may not have been done."""
-
-
-class AgentProcess(FutureExitProcess, PtyProcess):
-    """One command the agent runs: a reader task turns its frames into chunks.
-    On a PTY, what is typed goes as it comes (``write``), and the window size
-    can change (``resize``)."""
-
-    def __init__(
-        self, runtime: AgentRuntime, channel: Channel, marker: str, pid: int,
-        stdin: bytes | None, *, reusable: bool = False, keep_stdin: bool = False,
-    ) -> None:
-        self._runtime = runtime
-        self._channel = channel
-        self._marker = marker
-        self._pid = pid
-        loop = asyncio.get_running_loop()
-        self._queue: asyncio.Queue[OutputChunk | BaseException | None] = asyncio.Queue()
-        self._space = asyncio.Event()
-        self._exit: asyncio.Future[int] = loop.create_future()
-        self._exit_code: int | None = None
-        self._oom_killed = False
-        self._killing = False
-        self._eof = False
-        #: A plain command's connection serves again once it exits (see _pump).
-        self._reusable = reusable
-        self._tasks = [loop.create_task(self._pump())]
-        #: What feeds the bytes given at the start (writes wait for it).
-        self._fed: asyncio.Task[None] | None = None
-        if stdin is not None:
-            self._fed = loop.create_task(self._feed(stdin, close=not keep_stdin))
-            self._tasks.append(self._fed)
-
-    async def _feed(self, data: bytes, *, close: bool) -> None:
-        with contextlib.suppress(AgentFailure):
-            await self._send_input(data)
-            if close:
-                await self._channel.send({"t": "eof"})
-
-    async def _send_input(self, data: bytes) -> None:
-        view = memoryview(data)
-        for start in range(0, len(view), MAX_PAYLOAD):
-            await self._channel.send({"t": "in"}, view[start:start + MAX_PAYLOAD])
-
-    async def _fed_first(self) -> None:
-        if self._fed is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(self._fed)
-
-    async def write_stdin(self, data: bytes) -> None:
-        await self._fed_first()
-        if self._exit.done():
-            raise StdinClosed("the command has ended")
-        try:
-            await self._send_input(data)
-        except AgentFailure:
-            raise StdinClosed("the command has ended (its connection closed)") from None
-
-    async def close_stdin(self) -> None:
-        await self._fed_first()
-        with contextlib.suppress(AgentFailure):
-            await self._channel.send({"t": "eof"})
-
-    async def _put(self, item: OutputChunk | BaseException | None) -> None:
-        while self._queue.qsize() >= _QUEUE_CHUNKS and not self._killing and item is not None:
-            self._space.clear()
-            await self._space.wait()
-        if self._killing and isinstance(item, OutputChunk) and self._queue.qsize() >= _QUEUE_CHUNKS:
-            return  # being killed, nobody reading: its last output is dropped
-        self._queue.put_nowait(item)
-
-    async def _pump(self) -> None:
-        exited = False
-        try:
-            while True:
-                header, payload = await self._channel.recv(EXEC_SILENCE_TIMEOUT)
-                kind = header["t"]
-                if kind == "out":
-                    chunk = OutputChunk("stderr" if header.get("s") == 2 else "stdout", payload)
-                    await self._put(chunk)
-                elif kind == "exit":
-                    code = int(number(header, "code"))
-                    self._exit_code = code
-                    self._oom_killed = header.get("oom") is True
-                    if self._oom_killed and self._runtime.on_oom is not None:
-                        self._runtime.on_oom()
-                    if not self._exit.done():
-                        self._exit.set_result(code)
-                    exited = True
-                    break
-                elif kind != "hb":
-                    raise AgentFailure(f"the agent sent {kind!r} while running a command")
-        except AgentFailure as exc:
-            if self._killing and self._exit.done():
-                # Closed by a kill that settled the end itself (a frozen
-                # sandbox's, see _kill_frozen): the output ends here.
-                return
-            # Closed on purpose (a kill that an orphan outlived): no fault of the agent's.
-            failure = exc if self._killing else await self._runtime.failed(exc)
-            if not self._exit.done():
-                self._exit.set_exception(failure)
-                self._exit.exception()  # retrieved here; wait() raises it again
-            await self._put(failure)
-        finally:
-            reuse = exited and self._reusable and not self._killing
-            if not reuse:
-                self._channel.close()
-            await self._put(None)
-        if reuse:
-            # Declared at the start (see start_process): the agent sends
-            # nothing more for it, and serves the next request on it.
-            self._runtime.keep(self._channel)
-
-    async def read(self) -> OutputChunk | None:
-        if self._eof:
-            return None
-        item = await self._queue.get()
-        self._space.set()
-        if item is None:
-            self._eof = True
-            return None
-        if isinstance(item, BaseException):
-            self._eof = True
-            raise item
-        return item
-
-    async def write(self, data: bytes) -> None:
-        view = memoryview(data)
-        for start in range(0, len(view), MAX_PAYLOAD):
-            await self._channel.send({"t": "in"}, view[start:start + MAX_PAYLOAD])
-
-    async def resize(self, rows: int, cols: int) -> None:
-        await self._channel.send({"t": "resize", "rows": rows, "cols": cols})
-
-    async def kill(self, grace: float) -> None:
-        if self._exit_code is None and self._runtime.frozen_here():
-            # Also when its reader gave up on the frozen agent's silence: the
-            # tree is still there, held.
-            await self._kill_frozen(grace)
-            return
-        if self._exit.done():
-            return
-        self._killing = True
-        self._space.set()
-        # The agent answers once the whole tree is gone and reaped, or says
-        # what outlived its bound (KillIncomplete, raised after the cleanup).
-        incomplete: KillIncomplete | None = None
-        try:
-            await self._runtime.request(
-                {"op": "kill", "pid": self._pid, "marker": f"{EXEC_MARKER}={self._marker}",
-                 "grace": grace},
-                ok, timeout=grace + REAP_SECONDS + ANSWER_TIMEOUT,
-            )
-        except KillIncomplete as exc:
-            incomplete = exc
-        except AgentUnconfirmed as exc:
-            # Not answered is not done: an agent alive but stopped, or starved
-            # of CPU, may not have sent a signal, and the tree may run on.
-            incomplete = KillIncomplete(
-                f"the sandbox's agent did not confirm the command's kill ({exc}); its "
-                "processes may still be running and holding their share of the sandbox")
-        except HutchError:
-            pass
-        with contextlib.suppress(TimeoutError, HutchError):
-            await asyncio.wait_for(asyncio.shield(self._exit), 5)
-        if not self._exit.done():
-            self._channel.close()  # an orphan kept the output open: stop listening
-        if incomplete is not None:
-            raise incomplete
-
-    async def _kill_frozen(self, grace: float) -> None:
-        """The kill of a command in a sandbox held frozen (its user's pause),
-        sent from this host: the frozen agent can neither answer nor signal
-        until the thaw, but the tree's processes are this host's, and none
-        forks while frozen, so one look finds them all. It answers once each
-        has its SIGKILL, which ends it at the thaw before it runs again (see
-        :meth:`ProcessTree.kill`; a thaw meanwhile is waited out as any kill).
-        Its exit is then the SIGKILL's: the agent tells none until the thaw."""
-        self._killing = True
-        self._space.set()
-        frozen = self._runtime.frozen_here
-        tree = ProcessTree(f"{EXEC_MARKER}={self._marker}", held=frozen)
-        try:
-            await tree.kill(grace)
-        finally:
-            if not frozen():  # thawed meanwhile: the agent tells the exit
-                with contextlib.suppress(TimeoutError, HutchError, AgentFailure):
-                    await asyncio.wait_for(asyncio.shield(self._exit), 5)
-            if not self._exit.done():
-                self._exit_code = 128 + signal.SIGKILL
-                self._exit.set_result(self._exit_code)
-            self._channel.close()
-
-
-class AgentWatch(BackendWatch):
-    """A directory the agent watches, its events read off their connection."""
-
-    def __init__(self, channel: Channel, sandbox_id: str) -> None:
-        self._channel = channel
-        self._sandbox_id = sandbox_id
-
-    async def batch(self) -> list[FileEvent] | None:
-        while True:
-            try:
-                header, _ = await self._channel.recv(EXEC_SILENCE_TIMEOUT)
-            except AgentFailure as exc:
-                self._channel.close()
-                raise SandboxUnavailable(
-                    f"the watch in sandbox {self._sandbox_id} ended: its agent went away "
-                    f"({exc}); watch again once the sandbox runs"
-                ) from None
-            kind = header["t"]
-            if kind == "hb":
-                continue
-            if kind == "end":
-                self._channel.close()
-                return None
-            if kind == "err":
-                self._channel.close()
-                raise typed_error(header)
-            events = header.get("events")
-            if kind != "ev" or not isinstance(events, list):
-                self._channel.close()
-                raise ProviderError(f"the agent sent {kind!r} in a watch")
-            return [file_event(e) for e in events]
-
-    async def close(self) -> None:
-        self._channel.close()
 
 
 class AgentRuntime(SandboxRuntime):
@@ -626,7 +319,7 @@ class AgentRuntime(SandboxRuntime):
             while True:
                 header, payload = await self._answer(channel)
                 if header["t"] == "fd":
-                    return await _read_handed_over(channel.take_fd(), path, limit)
+                    return await read_handed_over(channel.take_fd(), path, limit)
                 if header["t"] == "end":
                     return b"".join(parts)
                 if header["t"] != "data":
@@ -652,7 +345,7 @@ class AgentRuntime(SandboxRuntime):
                 raise AgentFailure(f"the agent answered a read with {header['t']!r}")
             fd = channel.take_fd()
         try:
-            size = _regular(fd).st_size
+            size = regular_file(fd).st_size
             if size > limit:
                 raise OutputLimitExceeded(
                     f"{path} is {size} bytes, over the read limit of {limit} bytes"
@@ -672,7 +365,7 @@ class AgentRuntime(SandboxRuntime):
 
     async def write_file(self, path: str, data: bytes) -> None:
         if len(data) > FD_WRITE_THRESHOLD and self.hands_over_fds:
-            await self._write_through_fd(path, lambda fd: _write_all(fd, data), len(data))
+            await self._write_through_fd(path, lambda fd: write_all(fd, data), len(data))
             return
         view = memoryview(data)
         await self._write(path, (view[i:i + MAX_PAYLOAD] for i in range(0, len(view), MAX_PAYLOAD)))
@@ -683,7 +376,7 @@ class AgentRuntime(SandboxRuntime):
         if not self.hands_over_fds:
             await self._write(path, iter(lambda: source.read(MAX_PAYLOAD), b""))
             return
-        await self._write_through_fd(path, lambda fd: _copy_into(fd, source), _THREAD_BYTES + 1)
+        await self._write_through_fd(path, lambda fd: copy_into(fd, source), THREAD_BYTES + 1)
 
     async def _write_through_fd(
         self, path: str, fill: Callable[[int], None], size: int
@@ -697,8 +390,8 @@ class AgentRuntime(SandboxRuntime):
                 raise AgentFailure(f"the agent answered a write with {header['t']!r}")
             fd = channel.take_fd()
             try:
-                _regular(fd)
-                if size > _THREAD_BYTES:
+                regular_file(fd)
+                if size > THREAD_BYTES:
                     await anyio.to_thread.run_sync(fill, fd)
                 else:
                     fill(fd)

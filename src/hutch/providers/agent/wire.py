@@ -21,6 +21,10 @@ from ..._errors import ProviderError
 
 MAX_HEADER = 4 << 20
 MAX_PAYLOAD = 1 << 20
+#: How long a request waits for the agent's next frame. The agent answers
+#: at once or beats a heartbeat every second (every two for a running command).
+ANSWER_TIMEOUT = 3.0
+EXEC_SILENCE_TIMEOUT = 6.0
 #: Descriptors the agent may have handed over and not yet been asked for.
 MAX_PENDING_FDS = 2
 _ANCILLARY = socket.CMSG_SPACE(MAX_PENDING_FDS * 4)
