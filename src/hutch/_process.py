@@ -16,7 +16,14 @@ from typing import Any, Literal
 
 import anyio
 
-from ._errors import ExecTimeout, InvalidArgument, NotFound, OutputLimitExceeded, StdinClosed
+from ._errors import (
+    ExecTimeout,
+    InvalidArgument,
+    KillIncomplete,
+    NotFound,
+    OutputLimitExceeded,
+    StdinClosed,
+)
 from ._membudget import MemoryHold, Spool
 from ._types import KILL_GRACE_SECONDS, ExecResult, ExitStatus, OutputChunk
 from ._values import check_text
@@ -38,6 +45,18 @@ async def kill_shielded(proc: BackendProcess) -> None:
         await proc.kill(KILL_GRACE_SECONDS)
 
 
+async def kill_after(proc: BackendProcess, failure: BaseException) -> KillIncomplete | None:
+    """The cleanup kill on a failure's path: the failure stays what is
+    raised (a lost connection, a cancel); a kill that could not end the tree
+    is said beside it, as a note, and returned for whoever keeps the outcome."""
+    try:
+        await kill_shielded(proc)
+    except KillIncomplete as exc:
+        failure.add_note(str(exc))
+        return exc
+    return None
+
+
 async def collect_output(
     proc: BackendProcess, *, timeout: float | None, output_limit: int
 ) -> ExecOutput:
@@ -57,9 +76,9 @@ async def collect_output(
         raise ExecTimeout(
             f"command timed out after {timeout} s; its whole process tree was killed"
         ) from None
-    except BaseException:
+    except BaseException as failure:
         spool.close()
-        await kill_shielded(proc)
+        await kill_after(proc, failure)
         raise
     return ExecOutput(code, spool, oom_killed=proc.oom_killed)
 
@@ -339,12 +358,12 @@ class Process:
                     self._spool.append(chunk)
                     self._changed.notify_all()
             self._exit_code = await self._proc.wait()
-        except asyncio.CancelledError:
-            await kill_shielded(self._proc)
-            self._error = ExecTimeout("background command was cancelled and killed")
+        except asyncio.CancelledError as cancel:
+            left = await kill_after(self._proc, cancel)
+            self._error = left or ExecTimeout("background command was cancelled and killed")
             raise
         except BaseException as exc:
-            await kill_shielded(self._proc)
+            await kill_after(self._proc, exc)
             self._error = exc
             self._exit_code = self._proc.returncode
         finally:
