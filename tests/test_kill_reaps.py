@@ -413,3 +413,107 @@ async def test_a_kill_the_ssh_host_never_answers_is_not_said_done(
     assert isinstance(outcome[0], KillIncomplete), repr(outcome[0])
     assert "may still be running" in str(outcome[0])
     assert len(left) >= TREE_SIZE, left
+
+
+def _sigkill_pending(pid: int) -> bool:
+    """Whether ``pid`` has a SIGKILL waiting (a frozen process holds one until its thaw)."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            fields = dict(line.split(":", 1) for line in fh if ":" in line)
+    except OSError:
+        return True  # gone
+    pending = int(fields.get("SigPnd", "0"), 16) | int(fields.get("ShdPnd", "0"), 16)
+    return bool(pending & (1 << (signal.SIGKILL - 1)))
+
+
+@pytest.mark.anyio
+@pytest.mark.docker
+@pytest.mark.parametrize("sandbox", isolating.params("docker-agent", "bubblewrap-agent",
+                                                     "docker-native", "bubblewrap-native"),
+                         indirect=True)
+@pytest.mark.parametrize("how", ["kill", "stream"])
+async def test_a_kill_in_a_paused_sandbox_dooms_the_tree_before_it_answers(
+    sandbox: hutch.Sandbox, request: Any, how: str
+) -> None:
+    """A paused sandbox's processes cannot end until it resumes, nor can its
+    agent answer; a kill of one of its commands (a background command's, a
+    stream closed early) answers with every process of the tree gone or
+    holding a SIGKILL (it dies at the thaw, before running again), and the
+    tree is gone once the sandbox resumes."""
+    kind = request.node.callspec.params["sandbox"]
+    tag, command = await _tree_command(sandbox)
+    process = None
+    stream = None
+    if how == "kill":
+        process = await sandbox.start(command)
+    else:
+        stream = sandbox.exec_stream(f"echo up; {command}")
+        async for _event in stream:  # its first output: the tree is starting
+            break
+    resumed = False
+    try:
+        assert await _until_grown(tag) >= TREE_SIZE
+        await sandbox.pause()
+        if process is not None:
+            await process.kill()
+        else:
+            assert stream is not None
+            await stream.aclose()  # type: ignore[attr-defined]
+        alive = [p for p in remaining(kind, tag) if p[1] not in ("Z", "X")]
+        doomed = [p for p in alive if _sigkill_pending(p[0])]
+        await sandbox.resume()
+        resumed = True
+    finally:
+        if not resumed:
+            await sandbox.resume()
+    assert alive == doomed, [p for p in alive if p not in doomed]
+    with anyio.move_on_after(30):  # the thaw: each ends, and is reaped
+        while True:
+            if not remaining(kind, tag):
+                break
+            await anyio.sleep(0.05)
+    assert remaining(kind, tag) == []
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("kind", isolating.params("bubblewrap-agent"))
+def test_a_kill_that_left_processes_is_an_event_of_its_sandbox(
+    daemon: DaemonProcess, kind: str
+) -> None:
+    """A KillIncomplete is told to its caller and recorded in the sandbox's
+    events (``hutch events``), as an OOM kill is: here an agent stopped from
+    the host confirms no kill (its sandbox is not restarted: bubblewrap)."""
+    with client(daemon) as c:
+        sb = c.create_sandbox(**isolating.settings(kind), read_before_write=False)
+        agents = _agents_of(sb.id)
+        assert agents
+        try:
+            tag = "rp" + uuid.uuid4().hex[:8]
+            outcome: list[BaseException] = []
+
+            def timed_out() -> None:
+                try:
+                    sb.exec(f'cp "$(command -v sleep)" ./{tag} && exec ./{tag} 1000', timeout=4)
+                except BaseException as exc:  # what it raised is the subject
+                    outcome.append(exc)
+
+            runner = threading.Thread(target=timed_out)
+            runner.start()
+            try:
+                deadline = time.monotonic() + 60
+                while not named(tag) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                for pid in agents:
+                    os.kill(pid, signal.SIGSTOP)
+                runner.join()
+            finally:
+                for pid in agents:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGCONT)
+            # (KillIncomplete travels as provider_error)
+            assert len(outcome) == 1 and isinstance(outcome[0], hutch.ProviderError), outcome
+            assert "did not confirm" in str(outcome[0])
+            kills = [e for e in c.events(sb.id) if e["kind"] == "kill"]
+            assert [e["message"] for e in kills] == [outcome[0].message], kills
+        finally:
+            c.delete_sandbox(sb.id)

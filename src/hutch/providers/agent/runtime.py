@@ -18,6 +18,7 @@ import dataclasses
 import logging
 import os
 import re
+import signal
 import socket
 import stat
 import uuid
@@ -48,7 +49,7 @@ from ..._types import FileEvent, FileInfo, GrepMatch, OutputChunk
 from .._grep import GrepBatches
 from .._grepfilter import required_literals
 from .._hostproc import EXEC_MARKER
-from .._proctree import REAP_SECONDS
+from .._proctree import REAP_SECONDS, ProcessTree
 from ..base import (
     FutureExitProcess,
     ProcessRequest,
@@ -254,6 +255,10 @@ class AgentProcess(FutureExitProcess, PtyProcess):
                 elif kind != "hb":
                     raise AgentFailure(f"the agent sent {kind!r} while running a command")
         except AgentFailure as exc:
+            if self._killing and self._exit.done():
+                # Closed by a kill that settled the end itself (a frozen
+                # sandbox's, see _kill_frozen): the output ends here.
+                return
             # Closed on purpose (a kill that an orphan outlived): no fault of the agent's.
             failure = exc if self._killing else await self._runtime.failed(exc)
             if not self._exit.done():
@@ -292,6 +297,11 @@ class AgentProcess(FutureExitProcess, PtyProcess):
         await self._channel.send({"t": "resize", "rows": rows, "cols": cols})
 
     async def kill(self, grace: float) -> None:
+        if self._exit_code is None and self._runtime.frozen_here():
+            # Also when its reader gave up on the frozen agent's silence: the
+            # tree is still there, held.
+            await self._kill_frozen(grace)
+            return
         if self._exit.done():
             return
         self._killing = True
@@ -321,6 +331,29 @@ class AgentProcess(FutureExitProcess, PtyProcess):
             self._channel.close()  # an orphan kept the output open: stop listening
         if incomplete is not None:
             raise incomplete
+
+    async def _kill_frozen(self, grace: float) -> None:
+        """The kill of a command in a sandbox held frozen (its user's pause),
+        sent from this host: the frozen agent can neither answer nor signal
+        until the thaw, but the tree's processes are this host's, and none
+        forks while frozen, so one look finds them all. It answers once each
+        has its SIGKILL, which ends it at the thaw before it runs again (see
+        :meth:`ProcessTree.kill`; a thaw meanwhile is waited out as any kill).
+        Its exit is then the SIGKILL's: the agent tells none until the thaw."""
+        self._killing = True
+        self._space.set()
+        frozen = self._runtime.frozen_here
+        tree = ProcessTree(f"{EXEC_MARKER}={self._marker}", held=frozen)
+        try:
+            await tree.kill(grace)
+        finally:
+            if not frozen():  # thawed meanwhile: the agent tells the exit
+                with contextlib.suppress(TimeoutError, HutchError, AgentFailure):
+                    await asyncio.wait_for(asyncio.shield(self._exit), 5)
+            if not self._exit.done():
+                self._exit_code = 128 + signal.SIGKILL
+                self._exit.set_result(self._exit_code)
+            self._channel.close()
 
 
 class AgentWatch(BackendWatch):
@@ -376,6 +409,7 @@ class AgentRuntime(SandboxRuntime):
         default_user: str | None = None,
         on_oom: Callable[[], None] | None = None,
         connect: Callable[[], socket.socket] | None = None,
+        frozen: Callable[[], bool] | None = None,
     ) -> None:
         super().__init__(sandbox_id, workdir)
         self.socket_path = socket_path
@@ -388,6 +422,9 @@ class AgentRuntime(SandboxRuntime):
         self.provider_name = provider_name
         self.default_user = default_user
         self._recover = recover
+        #: Whether the sandbox is held frozen (a pause) with its processes
+        #: this host's to signal (see AgentProcess._kill_frozen).
+        self._frozen = frozen
         self._idle: list[Channel] = []
         #: The agent keeps an exec's connection for the next request (its
         #: version, learnt from its ping, is 2 or later).
@@ -401,6 +438,11 @@ class AgentRuntime(SandboxRuntime):
         #: (gVisor's checkpoint), a server waiting for a connection costs
         #: nothing if suspended, while work in progress would be held up.
         self.busy_means_running = False
+
+    def frozen_here(self) -> bool:
+        """Whether the sandbox is held frozen with its processes this host's
+        to signal: a kill then goes from here, not through the frozen agent."""
+        return self._frozen is not None and self._frozen()
 
     # -- connections ----------------------------------------------------------------
     def _dial(self) -> socket.socket:
