@@ -357,6 +357,64 @@ async def test_a_kill_its_agent_never_confirms_is_not_said_done(
         assert isinstance(outcome[0], KillIncomplete), repr(outcome[0])
 
 
+def _ancestor_named(pid: int, name: bytes) -> int | None:
+    """The nearest ancestor of ``pid`` whose name is ``name``."""
+    while pid > 1:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            return None
+        pid = int(stat[stat.rindex(b")") + 2:].split()[1])
+        try:
+            with open(f"/proc/{pid}/comm", "rb") as fh:
+                if fh.read().strip() == name:
+                    return pid
+        except OSError:
+            return None
+    return None
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("sandbox", ["ssh"], indirect=True)
+async def test_a_kill_the_ssh_host_never_answers_is_not_said_done(
+    sandbox: hutch.Sandbox,
+) -> None:
+    """The kill runs on the host over the sandbox's connection; when that
+    connection's server is stopped (here: its sshd process, from this host)
+    no kill runs, and the timed-out exec says so (KillIncomplete) while the
+    tree lives on, never that it was killed."""
+    tag, command = await _tree_command(sandbox)
+    outcome: list[BaseException] = []
+
+    async def timed_out() -> None:
+        try:
+            await sandbox.exec(command, timeout=4)
+        except BaseException as exc:  # what it raised is the subject
+            outcome.append(exc)
+
+    server: int | None = None
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(timed_out)
+            assert await _until_grown(tag) >= TREE_SIZE
+            leader = min(p[0] for p in named(tag))
+            server = _ancestor_named(leader, b"sshd")
+            assert server is not None
+            os.kill(server, signal.SIGSTOP)
+        left = [p for p in remaining("ssh", tag) if p[1] != "Z"]
+    finally:
+        if server is not None:
+            os.kill(server, signal.SIGCONT)
+        for pid, _state, _parent in named(tag):  # what the kill never reached
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert len(outcome) == 1
+    assert isinstance(outcome[0], KillIncomplete), repr(outcome[0])
+    assert "may still be running" in str(outcome[0])
+    assert len(left) >= TREE_SIZE, left
+
+
 def _sigkill_pending(pid: int) -> bool:
     """Whether ``pid`` has a SIGKILL waiting (a frozen process holds one until its thaw)."""
     try:

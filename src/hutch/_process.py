@@ -55,6 +55,20 @@ async def kill_shielded(proc: BackendProcess, left: KillLeft | None = None) -> N
             raise
 
 
+async def kill_after(
+    proc: BackendProcess, failure: BaseException, left: KillLeft | None = None
+) -> KillIncomplete | None:
+    """The cleanup kill on a failure's path: the failure stays what is
+    raised (a lost connection, a cancel); a kill that could not end the tree
+    is said beside it, as a note, and returned for whoever keeps the outcome."""
+    try:
+        await kill_shielded(proc, left)
+    except KillIncomplete as exc:
+        failure.add_note(str(exc))
+        return exc
+    return None
+
+
 async def collect_output(
     proc: BackendProcess, *, timeout: float | None, output_limit: int,
     kill_left: KillLeft | None = None,
@@ -75,9 +89,9 @@ async def collect_output(
         raise ExecTimeout(
             f"command timed out after {timeout} s; its whole process tree was killed"
         ) from None
-    except BaseException:
+    except BaseException as failure:
         spool.close()
-        await kill_shielded(proc, kill_left)
+        await kill_after(proc, failure, kill_left)
         raise
     return ExecOutput(code, spool, oom_killed=proc.oom_killed)
 
@@ -359,12 +373,12 @@ class Process:
                     self._spool.append(chunk)
                     self._changed.notify_all()
             self._exit_code = await self._proc.wait()
-        except asyncio.CancelledError:
-            await kill_shielded(self._proc, self._kill_left)
-            self._error = ExecTimeout("background command was cancelled and killed")
+        except asyncio.CancelledError as cancel:
+            left = await kill_after(self._proc, cancel, self._kill_left)
+            self._error = left or ExecTimeout("background command was cancelled and killed")
             raise
         except BaseException as exc:
-            await kill_shielded(self._proc, self._kill_left)
+            await kill_after(self._proc, exc, self._kill_left)
             self._error = exc
             self._exit_code = self._proc.returncode
         finally:
