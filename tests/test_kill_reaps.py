@@ -517,3 +517,44 @@ def test_a_kill_that_left_processes_is_an_event_of_its_sandbox(
             assert [e["message"] for e in kills] == [outcome[0].message], kills
         finally:
             c.delete_sandbox(sb.id)
+
+
+async def _inside(sandbox: hutch.Sandbox, tag: str) -> int:
+    """How many processes named ``tag`` the sandbox's own /proc shows alive."""
+    result = await sandbox.exec(
+        f"n=0; for s in /proc/[0-9]*/stat; do read -r line < $s 2>/dev/null || continue; "
+        f'case "$line" in *"({tag}) Z"*) ;; *"({tag}) "*) n=$((n+1));; esac; done; echo $n')
+    return int(result.stdout.strip())
+
+
+@pytest.mark.anyio
+@pytest.mark.docker
+@pytest.mark.parametrize("sandbox", isolating.params("gvisor"), indirect=True)
+async def test_a_kill_in_a_paused_gvisor_sandbox_is_said_not_done_and_done_at_resume(
+    sandbox: hutch.Sandbox,
+) -> None:
+    """gVisor's processes are its own kernel's, not this host's: a kill in a
+    paused sandbox cannot be sent from here, and its agent cannot act until
+    the sandbox resumes. The kill says so (KillIncomplete), not that it is
+    done, and its agent ends the tree once the sandbox resumes."""
+    tag = "rp" + uuid.uuid4().hex[:8]
+    process = await sandbox.start(
+        f'cp "$(command -v sleep)" ./{tag} && (./{tag} 1000 & ./{tag} 1000)')
+    with anyio.move_on_after(60):
+        while True:
+            if await _inside(sandbox, tag) >= 2:
+                break
+            await anyio.sleep(0.1)
+    assert await _inside(sandbox, tag) == 2
+    await sandbox.pause()
+    try:
+        with pytest.raises(KillIncomplete, match="paused"):
+            await process.kill()
+    finally:
+        await sandbox.resume()
+    with anyio.move_on_after(30):
+        while True:
+            if await _inside(sandbox, tag) == 0:
+                break
+            await anyio.sleep(0.1)
+    assert await _inside(sandbox, tag) == 0

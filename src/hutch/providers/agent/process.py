@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from ..._errors import HutchError, KillIncomplete, ProviderError, StdinClosed
 from ..._types import OutputChunk
@@ -14,7 +14,14 @@ from .._hostproc import EXEC_MARKER
 from .._proctree import REAP_SECONDS, ProcessTree
 from ..base import FutureExitProcess, PtyProcess
 from .replies import number, ok
-from .wire import ANSWER_TIMEOUT, EXEC_SILENCE_TIMEOUT, MAX_PAYLOAD, AgentFailure, Channel
+from .wire import (
+    ANSWER_TIMEOUT,
+    EXEC_SILENCE_TIMEOUT,
+    MAX_PAYLOAD,
+    AgentFailure,
+    Channel,
+    Header,
+)
 
 if TYPE_CHECKING:
     from .runtime import AgentRuntime
@@ -160,12 +167,18 @@ class AgentProcess(FutureExitProcess, PtyProcess):
     async def resize(self, rows: int, cols: int) -> None:
         await self._channel.send({"t": "resize", "rows": rows, "cols": cols})
 
+    def _kill_request(self, grace: float) -> Header:
+        return {"op": "kill", "pid": self._pid, "marker": f"{EXEC_MARKER}={self._marker}",
+                "grace": grace}
+
     async def kill(self, grace: float) -> None:
-        if self._exit_code is None and self._runtime.frozen_here():
+        if self._exit_code is None and self._runtime.frozen():
             # Also when its reader gave up on the frozen agent's silence: the
             # tree is still there, held.
-            await self._kill_frozen(grace)
-            return
+            if self._runtime.signals_here:
+                await self._kill_frozen(grace)
+                return
+            await self._kill_at_thaw(grace)
         if self._exit.done():
             return
         self._killing = True
@@ -175,9 +188,7 @@ class AgentProcess(FutureExitProcess, PtyProcess):
         incomplete: KillIncomplete | None = None
         try:
             await self._runtime.request(
-                {"op": "kill", "pid": self._pid, "marker": f"{EXEC_MARKER}={self._marker}",
-                 "grace": grace},
-                ok, timeout=grace + REAP_SECONDS + ANSWER_TIMEOUT,
+                self._kill_request(grace), ok, timeout=grace + REAP_SECONDS + ANSWER_TIMEOUT,
             )
         except KillIncomplete as exc:
             incomplete = exc
@@ -188,13 +199,37 @@ class AgentProcess(FutureExitProcess, PtyProcess):
                 f"the sandbox's agent did not confirm the command's kill ({exc}); its "
                 "processes may still be running and holding their share of the sandbox")
         except HutchError:
-            pass
+            if self._runtime.frozen():
+                # Paused while it was asked (the provider said so): nothing
+                # was confirmed, and the held tree is there.
+                if self._runtime.signals_here:
+                    await self._kill_frozen(grace)
+                    return
+                await self._kill_at_thaw(grace)
         with contextlib.suppress(TimeoutError, HutchError):
             await asyncio.wait_for(asyncio.shield(self._exit), 5)
         if not self._exit.done():
             self._channel.close()  # an orphan kept the output open: stop listening
         if incomplete is not None:
             raise incomplete
+
+    async def _kill_at_thaw(self, grace: float) -> NoReturn:
+        """The kill of a command in a sandbox held frozen whose processes are
+        not this host's to signal (gVisor's are its own kernel's): the kill
+        is left for the agent, which reads it at the thaw, and what is said
+        now is that it is not done (KillIncomplete): once the sandbox runs,
+        the tree would run beside the agent's kill, not die before it."""
+        self._killing = True
+        self._space.set()
+        runtime = self._runtime
+        where = f"{runtime.provider_name} sandbox {runtime.sandbox_id} is paused"
+        if await runtime.leave_request(self._kill_request(grace)):
+            raise KillIncomplete(
+                f"{where}: its agent ends the command's processes once it resumes (the kill "
+                "is sent); until then they hold their share of the sandbox")
+        raise KillIncomplete(
+            f"{where}, and its agent could not be sent the command's kill: its processes "
+            "run on once it resumes; kill them then")
 
     async def _kill_frozen(self, grace: float) -> None:
         """The kill of a command in a sandbox held frozen (its user's pause),

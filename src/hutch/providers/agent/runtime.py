@@ -103,6 +103,7 @@ class AgentRuntime(SandboxRuntime):
         on_oom: Callable[[], None] | None = None,
         connect: Callable[[], socket.socket] | None = None,
         frozen: Callable[[], bool] | None = None,
+        signals_here: bool = False,
     ) -> None:
         super().__init__(sandbox_id, workdir)
         self.socket_path = socket_path
@@ -115,9 +116,11 @@ class AgentRuntime(SandboxRuntime):
         self.provider_name = provider_name
         self.default_user = default_user
         self._recover = recover
-        #: Whether the sandbox is held frozen (a pause) with its processes
-        #: this host's to signal (see AgentProcess._kill_frozen).
+        #: Whether the sandbox is held frozen (a pause): its agent cannot answer.
         self._frozen = frozen
+        #: Its processes are this host's to signal (in its /proc, their
+        #: environments readable here): a frozen sandbox's kill goes from here.
+        self.signals_here = signals_here
         self._idle: list[Channel] = []
         #: The agent keeps an exec's connection for the next request (its
         #: version, learnt from its ping, is 2 or later).
@@ -132,10 +135,33 @@ class AgentRuntime(SandboxRuntime):
         #: nothing if suspended, while work in progress would be held up.
         self.busy_means_running = False
 
+    def frozen(self) -> bool:
+        """Whether the sandbox is held frozen (its user's pause, or hutch's):
+        its agent can neither answer nor act until the thaw."""
+        return self._frozen is not None and self._frozen()
+
     def frozen_here(self) -> bool:
         """Whether the sandbox is held frozen with its processes this host's
         to signal: a kill then goes from here, not through the frozen agent."""
-        return self._frozen is not None and self._frozen()
+        return self.signals_here and self.frozen()
+
+    async def leave_request(self, header: Header) -> bool:
+        """Send ``header`` on a connection of its own and hang up: a frozen
+        agent reads it when it runs again, and its answer goes to no one.
+        False where it could not be sent."""
+        try:
+            channel = Channel(self._dial())
+        except AgentFailure:
+            return False
+        try:
+            with anyio.move_on_after(ANSWER_TIMEOUT):
+                await channel.send(header)
+                return True
+            return False
+        except AgentFailure:
+            return False
+        finally:
+            channel.close()
 
     # -- connections ----------------------------------------------------------------
     def _dial(self) -> socket.socket:

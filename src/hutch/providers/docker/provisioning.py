@@ -170,15 +170,14 @@ class DockerProvisioning(NativeBackend):
             self.sandbox_id, self.workdir, self._agent_link(),
             provider_name=self.provider, recover=self._recover_agent,
             default_user=default_user or None, on_oom=self._workload_oom,
-            frozen=self._frozen_here,
+            # Its cgroup read here (the engine local): only root reads its
+            # processes' environments, to find a command's.
+            frozen=self._container_frozen, signals_here=os.geteuid() == 0,
         )
 
-    def _frozen_here(self) -> bool:
-        """Whether the container is paused with its processes this host's to
-        signal: its cgroup is read here (the engine is local), and only root
-        reads its processes' environments to find a command's."""
+    def _container_frozen(self) -> bool:
         container = self.container_id
-        return container is not None and os.geteuid() == 0 and frozen(container)
+        return container is not None and frozen(container)
 
     def _agent_link(self) -> str:
         """Where hutch reaches the agent's socket: a hard link made in a host
