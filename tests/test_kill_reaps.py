@@ -34,6 +34,7 @@ import pytest
 import hutch
 from hutch._errors import KillIncomplete
 from hutch.providers._proctree import ProcessTree
+from hutch.providers.agent.wire import EXEC_SILENCE_TIMEOUT
 from tests import isolating
 from tests.daemon_fixture import DaemonProcess, cleaned_daemon, client  # noqa: F401 - cleaned_daemon is the daemon fixture
 from tests.isolating import kube_standin  # noqa: F401  (a fixture)
@@ -558,3 +559,29 @@ async def test_a_kill_in_a_paused_gvisor_sandbox_is_said_not_done_and_done_at_re
                 break
             await anyio.sleep(0.1)
     assert await _inside(sandbox, tag) == 0
+
+
+@pytest.mark.anyio
+@pytest.mark.docker
+@pytest.mark.parametrize("sandbox", isolating.params("docker-agent", "bubblewrap-agent",
+                                                     "gvisor"), indirect=True)
+async def test_a_background_command_lives_through_a_long_pause(sandbox: hutch.Sandbox) -> None:
+    """A paused sandbox's agent is silent (frozen) for as long as the pause
+    lasts, past the bound its running commands' silence is allowed: the
+    command is held, not lost, nor killed; it runs on at the resume."""
+    tag = "rp" + uuid.uuid4().hex[:8]
+    process = await sandbox.start(
+        f'cp "$(command -v sleep)" ./{tag} && ./{tag} 1000 & wait; echo ended')
+    with anyio.move_on_after(60):
+        while True:
+            if await _inside(sandbox, tag) >= 1:
+                break
+            await anyio.sleep(0.1)
+    await sandbox.pause()
+    try:
+        await anyio.sleep(EXEC_SILENCE_TIMEOUT + 2)
+    finally:
+        await sandbox.resume()
+    assert await _inside(sandbox, tag) == 1
+    assert process.running
+    await process.kill()

@@ -108,7 +108,9 @@ class AgentProcess(FutureExitProcess, PtyProcess):
         exited = False
         try:
             while True:
-                header, payload = await self._channel.recv(EXEC_SILENCE_TIMEOUT)
+                # A paused sandbox's agent is silent as long as the pause lasts.
+                header, payload = await self._channel.recv(
+                    EXEC_SILENCE_TIMEOUT, held=self._runtime.frozen)
                 kind = header["t"]
                 if kind == "out":
                     chunk = OutputChunk("stderr" if header.get("s") == 2 else "stdout", payload)

@@ -486,7 +486,7 @@ class AgentRuntime(SandboxRuntime):
         except BaseException:
             channel.close()
             raise
-        return AgentWatch(channel, self.sandbox_id)
+        return AgentWatch(channel, self.sandbox_id, self.frozen)
 
     async def walk_files(self, root: str) -> list[str]:
         async with self._channel() as channel:

@@ -3,6 +3,8 @@ read off a connection of its own."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..._errors import ProviderError, SandboxUnavailable
 from ..._types import FileEvent
 from ..watching import BackendWatch
@@ -13,14 +15,18 @@ from .wire import EXEC_SILENCE_TIMEOUT, AgentFailure, Channel
 class AgentWatch(BackendWatch):
     """A directory the agent watches, its events read off their connection."""
 
-    def __init__(self, channel: Channel, sandbox_id: str) -> None:
+    def __init__(
+        self, channel: Channel, sandbox_id: str, held: Callable[[], bool] | None = None
+    ) -> None:
         self._channel = channel
         self._sandbox_id = sandbox_id
+        #: Whether the sandbox is held frozen: its agent's silence is then no failure.
+        self._held = held
 
     async def batch(self) -> list[FileEvent] | None:
         while True:
             try:
-                header, _ = await self._channel.recv(EXEC_SILENCE_TIMEOUT)
+                header, _ = await self._channel.recv(EXEC_SILENCE_TIMEOUT, held=self._held)
             except AgentFailure as exc:
                 self._channel.close()
                 raise SandboxUnavailable(

@@ -15,6 +15,7 @@ import os
 import socket
 import stat
 import struct
+from collections.abc import Callable
 from typing import Any
 
 from ..._errors import ProviderError
@@ -193,14 +194,22 @@ class Channel:
             raise AgentFailure("the agent sent a malformed frame")
         return header, payload
 
-    async def recv(self, timeout: float | None) -> tuple[Header, bytes]:
-        """The next frame; AgentFailure if none comes within ``timeout`` seconds."""
-        try:
-            async with asyncio.timeout(timeout):  # no task of its own, as wait_for makes
-                return await self._recv()
-        except TimeoutError:
-            self.close()
-            raise AgentFailure(f"the agent did not answer within {timeout} s") from None
+    async def recv(
+        self, timeout: float | None, *, held: Callable[[], bool] | None = None
+    ) -> tuple[Header, bytes]:
+        """The next frame; AgentFailure if none comes within ``timeout``
+        seconds, but while ``held`` says the agent is held frozen (a pause):
+        its silence then is no failure, and the wait goes on."""
+        while True:
+            try:
+                async with asyncio.timeout(timeout):  # no task of its own, as wait_for makes
+                    # Restartable: what a timed-out read took stays in the buffer.
+                    return await self._recv()
+            except TimeoutError:
+                if held is not None and held():
+                    continue
+                self.close()
+                raise AgentFailure(f"the agent did not answer within {timeout} s") from None
 
     def take_fd(self) -> int:
         """The descriptor that came with the frame just read (the caller owns it)."""
