@@ -23,7 +23,7 @@ from hutch.providers.agent import AgentFailure, AgentRuntime
 from hutch.providers.agent.wire import Channel, connect_socket
 from hutch.states import SandboxState
 from tests.conftest import TEST_IMAGE
-from tests.hazards import answers_beside_busy_loops, fill_with_processes
+from tests.hazards import answers_beside_busy_loops, cpu_cgroup, fill_with_processes
 
 pytestmark = pytest.mark.anyio
 
@@ -560,7 +560,15 @@ async def test_busy_loops_share_the_cpu_as_one_beside_the_agent() -> None:
         with open(f"{base}/cpu.cfs_quota_us") as fh:
             assert int(fh.read()) == 100_000  # the container's limit, above the workload
         await answers_beside_busy_loops(sb, await agent_pid(sb))
-    # Docker removes the container's cgroups, the workload's below them included.
+        # A suspend removes the container (its cgroups, the workload's below
+        # them included); the resumed one's agent places the workload again.
+        await sb.suspend()
+        assert not os.path.exists(base)
+        await sb.resume()
+        container = backend_of(sb).container_id
+        base = f"/sys/fs/cgroup/cpu/docker/{container}"
+        mine = cpu_cgroup((await sb.exec(["cat", "/proc/self/cgroup"])).stdout)
+        assert mine == f"/docker/{container}/hutch-workload", mine
     assert not os.path.exists(base)
 
 

@@ -418,6 +418,12 @@ async def test_busy_loops_share_the_cpu_as_one_beside_the_keeper(runtime: str) -
             agent = (await sb.exec(["pgrep", "-x", "hutch-agent"])).stdout.split()
             assert len(agent) == 1, agent
             await answers_beside_busy_loops(sb, int(agent[0]))
+        # A suspend ends every process and a resume starts a new keeper: the
+        # workload's cgroup holds what runs after it too.
+        await sb.suspend()
+        await sb.resume()
+        mine = cpu_cgroup((await sb.exec(["cat", "/proc/self/cgroup"])).stdout)
+        assert mine == "/hutch-workload", mine
     finally:
         await sb.close()
     assert not os.path.exists(base)
