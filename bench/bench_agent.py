@@ -160,17 +160,34 @@ async def under_load(api: docker.APIClient) -> None:
             lambda: sb.exec(["true"]), lambda: raw_exec(api, container), BUSY_RUNS
         )
         row("exec true, idle", ours, floor, "")
+        # The agent's own work (a grep it runs over 1000 files), the floor its
+        # time idle: beside the loops in one cpu cgroup it had 1/51 of the CPU.
+        await sb.exec("for d in $(seq 0 9); do mkdir -p tree/d$d; for f in $(seq 0 99); do "
+                      "echo 'hay a needle' > tree/d$d/f$f.txt; done; done", timeout=300)
+
+        async def grep_times(runs: int = 5) -> float:
+            samples = []
+            for _ in range(runs):
+                t = time.perf_counter()
+                assert len(await sb.grep("needle", "tree")) == 1000
+                samples.append(time.perf_counter() - t)
+            return median_ms(samples)
+
+        idle_grep = await grep_times()
         await sb.exec(["sh", "-c", BUSY_LOOPS])
         try:
             ours, floor = await blocks(
                 lambda: sb.exec(["true"]), lambda: raw_exec(api, container), BUSY_RUNS
             )
-            row("exec true beside 50 busy loops", ours, floor, "goal: <= 2x idle")
+            # ``true`` itself runs in the workload, among the loops.
+            row("exec true beside 50 busy loops", ours, floor, "")
             ours, floor = await blocks(
                 lambda: sb.read_text("/etc/os-release"),
                 lambda: b"".join(api.get_archive(container, "/etc/os-release")[0]), BUSY_RUNS
             )
             row("file read beside 50 busy loops", ours, floor, "")
+            row("grep 1000 files beside 50 busy loops (floor: idle)", await grep_times(),
+                idle_grep, "goal: <= 3x")
         finally:
             await sb.exec(["pkill", "-9", "-f", "busy.sh"])
 
