@@ -34,6 +34,7 @@ import pytest
 import hutch
 from hutch._errors import KillIncomplete
 from hutch.providers._proctree import ProcessTree
+from hutch.providers.agent.wire import EXEC_SILENCE_TIMEOUT
 from tests import isolating
 from tests.daemon_fixture import DaemonProcess, cleaned_daemon, client  # noqa: F401 - cleaned_daemon is the daemon fixture
 from tests.isolating import kube_standin  # noqa: F401  (a fixture)
@@ -355,3 +356,232 @@ async def test_a_kill_its_agent_never_confirms_is_not_said_done(
         assert len(left) >= TREE_SIZE, left
     if kind.startswith("bubblewrap"):  # its agent runs on: nothing restarts it
         assert isinstance(outcome[0], KillIncomplete), repr(outcome[0])
+
+
+def _ancestor_named(pid: int, name: bytes) -> int | None:
+    """The nearest ancestor of ``pid`` whose name is ``name``."""
+    while pid > 1:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            return None
+        pid = int(stat[stat.rindex(b")") + 2:].split()[1])
+        try:
+            with open(f"/proc/{pid}/comm", "rb") as fh:
+                if fh.read().strip() == name:
+                    return pid
+        except OSError:
+            return None
+    return None
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("sandbox", ["ssh"], indirect=True)
+async def test_a_kill_the_ssh_host_never_answers_is_not_said_done(
+    sandbox: hutch.Sandbox,
+) -> None:
+    """The kill runs on the host over the sandbox's connection; when that
+    connection's server is stopped (here: its sshd process, from this host)
+    no kill runs, and the timed-out exec says so (KillIncomplete) while the
+    tree lives on, never that it was killed."""
+    tag, command = await _tree_command(sandbox)
+    outcome: list[BaseException] = []
+
+    async def timed_out() -> None:
+        try:
+            await sandbox.exec(command, timeout=4)
+        except BaseException as exc:  # what it raised is the subject
+            outcome.append(exc)
+
+    server: int | None = None
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(timed_out)
+            assert await _until_grown(tag) >= TREE_SIZE
+            leader = min(p[0] for p in named(tag))
+            server = _ancestor_named(leader, b"sshd")
+            assert server is not None
+            os.kill(server, signal.SIGSTOP)
+        left = [p for p in remaining("ssh", tag) if p[1] != "Z"]
+    finally:
+        if server is not None:
+            os.kill(server, signal.SIGCONT)
+        for pid, _state, _parent in named(tag):  # what the kill never reached
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert len(outcome) == 1
+    assert isinstance(outcome[0], KillIncomplete), repr(outcome[0])
+    assert "may still be running" in str(outcome[0])
+    assert len(left) >= TREE_SIZE, left
+
+
+def _sigkill_pending(pid: int) -> bool:
+    """Whether ``pid`` has a SIGKILL waiting (a frozen process holds one until its thaw)."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            fields = dict(line.split(":", 1) for line in fh if ":" in line)
+    except OSError:
+        return True  # gone
+    pending = int(fields.get("SigPnd", "0"), 16) | int(fields.get("ShdPnd", "0"), 16)
+    return bool(pending & (1 << (signal.SIGKILL - 1)))
+
+
+@pytest.mark.anyio
+@pytest.mark.docker
+@pytest.mark.parametrize("sandbox", isolating.params("docker-agent", "bubblewrap-agent",
+                                                     "docker-native", "bubblewrap-native"),
+                         indirect=True)
+@pytest.mark.parametrize("how", ["kill", "stream"])
+async def test_a_kill_in_a_paused_sandbox_dooms_the_tree_before_it_answers(
+    sandbox: hutch.Sandbox, request: Any, how: str
+) -> None:
+    """A paused sandbox's processes cannot end until it resumes, nor can its
+    agent answer; a kill of one of its commands (a background command's, a
+    stream closed early) answers with every process of the tree gone or
+    holding a SIGKILL (it dies at the thaw, before running again), and the
+    tree is gone once the sandbox resumes."""
+    kind = request.node.callspec.params["sandbox"]
+    tag, command = await _tree_command(sandbox)
+    process = None
+    stream = None
+    if how == "kill":
+        process = await sandbox.start(command)
+    else:
+        stream = sandbox.exec_stream(f"echo up; {command}")
+        async for _event in stream:  # its first output: the tree is starting
+            break
+    resumed = False
+    try:
+        assert await _until_grown(tag) >= TREE_SIZE
+        await sandbox.pause()
+        if process is not None:
+            await process.kill()
+        else:
+            assert stream is not None
+            await stream.aclose()  # type: ignore[attr-defined]
+        alive = [p for p in remaining(kind, tag) if p[1] not in ("Z", "X")]
+        doomed = [p for p in alive if _sigkill_pending(p[0])]
+        await sandbox.resume()
+        resumed = True
+    finally:
+        if not resumed:
+            await sandbox.resume()
+    assert alive == doomed, [p for p in alive if p not in doomed]
+    with anyio.move_on_after(30):  # the thaw: each ends, and is reaped
+        while True:
+            if not remaining(kind, tag):
+                break
+            await anyio.sleep(0.05)
+    assert remaining(kind, tag) == []
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("kind", isolating.params("bubblewrap-agent"))
+def test_a_kill_that_left_processes_is_an_event_of_its_sandbox(
+    daemon: DaemonProcess, kind: str
+) -> None:
+    """A KillIncomplete is told to its caller and recorded in the sandbox's
+    events (``hutch events``), as an OOM kill is: here an agent stopped from
+    the host confirms no kill (its sandbox is not restarted: bubblewrap)."""
+    with client(daemon) as c:
+        sb = c.create_sandbox(**isolating.settings(kind), read_before_write=False)
+        agents = _agents_of(sb.id)
+        assert agents
+        try:
+            tag = "rp" + uuid.uuid4().hex[:8]
+            outcome: list[BaseException] = []
+
+            def timed_out() -> None:
+                try:
+                    sb.exec(f'cp "$(command -v sleep)" ./{tag} && exec ./{tag} 1000', timeout=4)
+                except BaseException as exc:  # what it raised is the subject
+                    outcome.append(exc)
+
+            runner = threading.Thread(target=timed_out)
+            runner.start()
+            try:
+                deadline = time.monotonic() + 60
+                while not named(tag) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                for pid in agents:
+                    os.kill(pid, signal.SIGSTOP)
+                runner.join()
+            finally:
+                for pid in agents:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGCONT)
+            # (KillIncomplete travels as provider_error)
+            assert len(outcome) == 1 and isinstance(outcome[0], hutch.ProviderError), outcome
+            assert "did not confirm" in str(outcome[0])
+            kills = [e for e in c.events(sb.id) if e["kind"] == "kill"]
+            assert [e["message"] for e in kills] == [outcome[0].message], kills
+        finally:
+            c.delete_sandbox(sb.id)
+
+
+async def _inside(sandbox: hutch.Sandbox, tag: str) -> int:
+    """How many processes named ``tag`` the sandbox's own /proc shows alive."""
+    result = await sandbox.exec(
+        f"n=0; for s in /proc/[0-9]*/stat; do read -r line < $s 2>/dev/null || continue; "
+        f'case "$line" in *"({tag}) Z"*) ;; *"({tag}) "*) n=$((n+1));; esac; done; echo $n')
+    return int(result.stdout.strip())
+
+
+@pytest.mark.anyio
+@pytest.mark.docker
+@pytest.mark.parametrize("sandbox", isolating.params("gvisor"), indirect=True)
+async def test_a_kill_in_a_paused_gvisor_sandbox_is_said_not_done_and_done_at_resume(
+    sandbox: hutch.Sandbox,
+) -> None:
+    """gVisor's processes are its own kernel's, not this host's: a kill in a
+    paused sandbox cannot be sent from here, and its agent cannot act until
+    the sandbox resumes. The kill says so (KillIncomplete), not that it is
+    done, and its agent ends the tree once the sandbox resumes."""
+    tag = "rp" + uuid.uuid4().hex[:8]
+    process = await sandbox.start(
+        f'cp "$(command -v sleep)" ./{tag} && (./{tag} 1000 & ./{tag} 1000)')
+    with anyio.move_on_after(60):
+        while True:
+            if await _inside(sandbox, tag) >= 2:
+                break
+            await anyio.sleep(0.1)
+    assert await _inside(sandbox, tag) == 2
+    await sandbox.pause()
+    try:
+        with pytest.raises(KillIncomplete, match="paused"):
+            await process.kill()
+    finally:
+        await sandbox.resume()
+    with anyio.move_on_after(30):
+        while True:
+            if await _inside(sandbox, tag) == 0:
+                break
+            await anyio.sleep(0.1)
+    assert await _inside(sandbox, tag) == 0
+
+
+@pytest.mark.anyio
+@pytest.mark.docker
+@pytest.mark.parametrize("sandbox", isolating.params("docker-agent", "bubblewrap-agent",
+                                                     "gvisor"), indirect=True)
+async def test_a_background_command_lives_through_a_long_pause(sandbox: hutch.Sandbox) -> None:
+    """A paused sandbox's agent is silent (frozen) for as long as the pause
+    lasts, past the bound its running commands' silence is allowed: the
+    command is held, not lost, nor killed; it runs on at the resume."""
+    tag = "rp" + uuid.uuid4().hex[:8]
+    process = await sandbox.start(
+        f'cp "$(command -v sleep)" ./{tag} && ./{tag} 1000 & wait; echo ended')
+    with anyio.move_on_after(60):
+        while True:
+            if await _inside(sandbox, tag) >= 1:
+                break
+            await anyio.sleep(0.1)
+    await sandbox.pause()
+    try:
+        await anyio.sleep(EXEC_SILENCE_TIMEOUT + 2)
+    finally:
+        await sandbox.resume()
+    assert await _inside(sandbox, tag) == 1
+    assert process.running
+    await process.kill()

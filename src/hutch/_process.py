@@ -16,7 +16,14 @@ from typing import Any, Literal
 
 import anyio
 
-from ._errors import ExecTimeout, InvalidArgument, NotFound, OutputLimitExceeded, StdinClosed
+from ._errors import (
+    ExecTimeout,
+    InvalidArgument,
+    KillIncomplete,
+    NotFound,
+    OutputLimitExceeded,
+    StdinClosed,
+)
 from ._membudget import MemoryHold, Spool
 from ._types import KILL_GRACE_SECONDS, ExecResult, ExitStatus, OutputChunk
 from ._values import check_text
@@ -32,14 +39,39 @@ def _limit_error(limit: int) -> OutputLimitExceeded:
     )
 
 
-async def kill_shielded(proc: BackendProcess) -> None:
+#: Told of a kill that left processes (to record it as an event of the
+#: sandbox), before the error goes on to the caller.
+KillLeft = Callable[[KillIncomplete], Awaitable[None]]
+
+
+async def kill_shielded(proc: BackendProcess, left: KillLeft | None = None) -> None:
     # Cleanup must finish even when the caller is being cancelled.
     with anyio.CancelScope(shield=True):
-        await proc.kill(KILL_GRACE_SECONDS)
+        try:
+            await proc.kill(KILL_GRACE_SECONDS)
+        except KillIncomplete as exc:
+            if left is not None:
+                await left(exc)
+            raise
+
+
+async def kill_after(
+    proc: BackendProcess, failure: BaseException, left: KillLeft | None = None
+) -> KillIncomplete | None:
+    """The cleanup kill on a failure's path: the failure stays what is
+    raised (a lost connection, a cancel); a kill that could not end the tree
+    is said beside it, as a note, and returned for whoever keeps the outcome."""
+    try:
+        await kill_shielded(proc, left)
+    except KillIncomplete as exc:
+        failure.add_note(str(exc))
+        return exc
+    return None
 
 
 async def collect_output(
-    proc: BackendProcess, *, timeout: float | None, output_limit: int
+    proc: BackendProcess, *, timeout: float | None, output_limit: int,
+    kill_left: KillLeft | None = None,
 ) -> ExecOutput:
     """A process's output (spooled: memory, then disk) and exit code,
     enforcing timeout and cap."""
@@ -53,13 +85,13 @@ async def collect_output(
             code = await proc.wait()
     except TimeoutError:
         spool.close()
-        await kill_shielded(proc)
+        await kill_shielded(proc, kill_left)
         raise ExecTimeout(
             f"command timed out after {timeout} s; its whole process tree was killed"
         ) from None
-    except BaseException:
+    except BaseException as failure:
         spool.close()
-        await kill_shielded(proc)
+        await kill_after(proc, failure, kill_left)
         raise
     return ExecOutput(code, spool, oom_killed=proc.oom_killed)
 
@@ -234,6 +266,7 @@ class Process:
         on_exit: Callable[[Process], None] | None = None,
         hold: MemoryHold | None = None,
         keep_stdin: bool = False,
+        kill_left: KillLeft | None = None,
     ) -> None:
         self.id = uuid.uuid4().hex[:12]
         #: Its stdin: "open" (kept open at its start, not closed since),
@@ -255,6 +288,7 @@ class Process:
         self._changed = asyncio.Condition()
         self._done = asyncio.Event()
         self._on_exit = on_exit
+        self._kill_left = kill_left
         self._pump_task = asyncio.get_running_loop().create_task(self._pump())
 
     @property
@@ -339,12 +373,12 @@ class Process:
                     self._spool.append(chunk)
                     self._changed.notify_all()
             self._exit_code = await self._proc.wait()
-        except asyncio.CancelledError:
-            await kill_shielded(self._proc)
-            self._error = ExecTimeout("background command was cancelled and killed")
+        except asyncio.CancelledError as cancel:
+            left = await kill_after(self._proc, cancel, self._kill_left)
+            self._error = left or ExecTimeout("background command was cancelled and killed")
             raise
         except BaseException as exc:
-            await kill_shielded(self._proc)
+            await kill_after(self._proc, exc, self._kill_left)
             self._error = exc
             self._exit_code = self._proc.returncode
         finally:
@@ -417,7 +451,7 @@ class Process:
         """End the command's whole process tree (SIGTERM, a grace, SIGKILL)."""
         if self._done.is_set():
             return
-        await kill_shielded(self._proc)
+        await kill_shielded(self._proc, self._kill_left)
         with anyio.move_on_after(KILL_GRACE_SECONDS + 5):
             await self._done.wait()
 

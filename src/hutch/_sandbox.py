@@ -22,6 +22,7 @@ import anyio
 from ._errors import (
     CapabilityUnsupported,
     InvalidArgument,
+    KillIncomplete,
     NoSuchUser,
     NotFound,
     ResourceExhausted,
@@ -174,6 +175,12 @@ class Sandbox(SandboxSession):
         return sandbox_path(self.workdir, path)
 
     # -- exec ---------------------------------------------------------------------
+    async def _kill_left(self, exc: KillIncomplete) -> None:
+        """A kill left processes: an event of the sandbox says so, beside
+        the error its caller gets."""
+        if self._gate is not None:
+            await self._gate.note(self._live, "kill", exc.message)
+
     async def _start_backend(self, call: ExecCall) -> BackendProcess:
         self.require("processes")
         if call.user is not None:
@@ -213,7 +220,8 @@ class Sandbox(SandboxSession):
         async with self._operation("exec"):
             proc = await self._start_backend(call)
             return await collect_output(
-                proc, timeout=call.timeout, output_limit=call.output_limit or self.output_limit
+                proc, timeout=call.timeout, output_limit=call.output_limit or self.output_limit,
+                kill_left=self._kill_left,
             )
 
     async def start(
@@ -253,6 +261,7 @@ class Sandbox(SandboxSession):
                     on_exit=self._process_exited,
                     hold=hold,
                     keep_stdin=keep_stdin and not isinstance(proc, UnstartedProcess),
+                    kill_left=self._kill_left,
                 )
         except BaseException:
             hold.release()
@@ -301,7 +310,7 @@ class Sandbox(SandboxSession):
                 yield proc
             finally:
                 if proc.returncode is None:
-                    await kill_shielded(proc)
+                    await kill_shielded(proc, self._kill_left)
 
     async def exec_stream(
         self,

@@ -155,7 +155,7 @@ class DaemonBase:
         self._notice_bursts: dict[tuple[str, str], list[float]] = {}
         self.engine = LifecycleEngine(
             timeout_ceiling=timeout_ceiling, on_transition=self._persist_transition,
-            on_deadline=self._persist_deadline,
+            on_deadline=self._persist_deadline, on_note=self._note,
         )
         self.sandboxes: dict[str, Sandbox] = {}
         #: sandbox id -> what its first transition writes, for a sandbox being made.

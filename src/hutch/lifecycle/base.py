@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from .._errors import HutchError, SandboxUnavailable
 from ..states import FINAL
 from .clock import Clock
-from .records import DeadlineHook, LifecycleRecord, TransitionHook, expiry_error
+from .records import DeadlineHook, LifecycleRecord, NoteHook, TransitionHook, expiry_error
 from .scheduler import Scheduler
 from .shared import SharedActivity
 
@@ -39,6 +39,8 @@ class EngineBase:
     on_transition: TransitionHook | None
     #: The same for a set_timeout deadline.
     on_deadline: DeadlineHook | None
+    #: Records what a sandbox's operations found, as its events (a daemon's store).
+    on_note: NoteHook | None
     #: Where other programs holding the same sandboxes share their
     #: activity and idle transitions (see :mod:`.shared`); None: this
     #: engine is the only one that times its sandboxes.

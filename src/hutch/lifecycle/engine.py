@@ -36,7 +36,14 @@ from .._inflight import CallMark
 from ..providers.base import RuntimeState
 from ..states import FINAL, SandboxState, SandboxStatus, check_transition
 from .clock import Clock, RealClock, VirtualClock
-from .records import DeadlineHook, LifecycleOptions, LifecycleRecord, Meter, TransitionHook
+from .records import (
+    DeadlineHook,
+    LifecycleOptions,
+    LifecycleRecord,
+    Meter,
+    NoteHook,
+    TransitionHook,
+)
 from .scheduler import Scheduler
 from .shared import SharedActivity
 from .timers import Timers
@@ -66,6 +73,7 @@ class LifecycleEngine(Timers):
         on_transition: TransitionHook | None = None,
         on_deadline: DeadlineHook | None = None,
         shared: SharedActivity | None = None,
+        on_note: NoteHook | None = None,
     ) -> None:
         # What each attribute is for: :class:`~.base.EngineBase`.
         self.clock = clock or RealClock()
@@ -74,6 +82,7 @@ class LifecycleEngine(Timers):
         self.retry_after = retry_after
         self.on_transition = on_transition
         self.on_deadline = on_deadline
+        self.on_note = on_note
         self.shared = shared
         self._publishers = set()
         # A virtual clock is driven by advance(), never by a sleeping task.
@@ -320,6 +329,12 @@ class LifecycleEngine(Timers):
                      record.sandbox_id, exc)
             return None
         return self.expired_error(record) if failed else None
+
+    async def note(self, sandbox: LiveSandbox, kind: str, message: str) -> None:
+        """Record what an operation found in ``sandbox`` as an event of it
+        (``on_note``; nothing where none records events)."""
+        if self.on_note is not None:
+            await self.on_note(sandbox.id, kind, message)
 
     def forget(self, sandbox: LiveSandbox) -> None:
         """Stop tracking ``sandbox`` without touching it: its timers stop and

@@ -46,6 +46,9 @@ class LifecycleOptions(Protocol):
 TransitionHook = Callable[[str, SandboxState, SandboxState, str | None], Awaitable[None] | None]
 #: Records a set_timeout deadline (sandbox id, Unix time) before it takes effect.
 DeadlineHook = Callable[[str, float], Awaitable[None] | None]
+#: Records what happened in a sandbox, as an event of it (sandbox id, kind,
+#: message): best effort, it never raises (a kill that left processes).
+NoteHook = Callable[[str, str, str], Awaitable[None]]
 
 #: The reasons a time limit ends a sandbox with: the typed error of each, and what to do.
 EXPIRY_ERRORS: dict[str, tuple[type[SandboxExpired], str]] = {

@@ -7,19 +7,19 @@ default, and a ``recover`` callback: when the agent is gone or wedged, the
 provider finds out why and brings it back (or says the sandbox is lost); a
 request that never reached the agent is then tried once more, one that did
 fails with a ``provider_error`` naming what happened. Nothing here waits
-without a deadline: the agent beats a heartbeat while it works.
+without a deadline: the agent beats a heartbeat while it works. A command
+it runs is an :class:`~.process.AgentProcess`, a watch an
+:class:`~.watch.AgentWatch`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import logging
 import os
 import re
 import socket
-import stat
 import uuid
 from collections.abc import (
     AsyncGenerator,
@@ -37,29 +37,24 @@ import anyio.to_thread
 from ..._errors import (
     HutchError,
     InvalidArgument,
-    KillIncomplete,
     OutputLimitExceeded,
     ProviderError,
-    SandboxUnavailable,
-    StdinClosed,
 )
 from ..._globmatch import compile_glob
-from ..._types import FileEvent, FileInfo, GrepMatch, OutputChunk
+from ..._types import FileInfo, GrepMatch
 from .._grep import GrepBatches
 from .._grepfilter import required_literals
 from .._hostproc import EXEC_MARKER
-from .._proctree import REAP_SECONDS
 from ..base import (
-    FutureExitProcess,
     ProcessRequest,
-    PtyProcess,
     SandboxRuntime,
     bounded_pieces,
 )
 from ..watching import BackendWatch
+from .handover import THREAD_BYTES, copy_into, read_handed_over, regular_file, write_all
+from .process import AgentProcess, AgentUnconfirmed
 from .replies import (
     CrossDevice,
-    file_event,
     file_info,
     listing,
     number,
@@ -67,15 +62,12 @@ from .replies import (
     predates,
     typed_error,
 )
-from .wire import MAX_PAYLOAD, AgentFailure, Channel, Header, connect_socket
+from .watch import AgentWatch
+from .wire import ANSWER_TIMEOUT, MAX_PAYLOAD, AgentFailure, Channel, Header, connect_socket
 from .workload import WORKLOAD_NAME, open_task_files
 
 log = logging.getLogger("hutch.agent")
 
-#: How long a request waits for the agent's next frame. The agent answers
-#: at once or beats a heartbeat every second (every two for a running command).
-ANSWER_TIMEOUT = 3.0
-EXEC_SILENCE_TIMEOUT = 6.0
 #: Idle connections kept for the next request.
 POOL_SIZE = 8
 #: How long a warm-up command may take (see AgentRuntime.warm).
@@ -84,10 +76,6 @@ WARM_SECONDS = 10.0
 MAX_WALK_BYTES = 256 << 20
 #: Past this size, a write hands the bytes over through a descriptor.
 FD_WRITE_THRESHOLD = 64 << 10
-#: Past this size, file I/O on a handed-over descriptor moves off the event loop.
-_THREAD_BYTES = 4 << 20
-#: Output chunks a process holds before its reader waits for the consumer.
-_QUEUE_CHUNKS = 64
 
 #: The provider's answer to a failed agent: True (or None) when it brought
 #: the agent back (restarted: what ran is gone), False when the agent still
@@ -95,268 +83,6 @@ _QUEUE_CHUNKS = 64
 #: when the sandbox is lost.
 Recover = Callable[[str], Awaitable[bool | None]]
 T = TypeVar("T")
-
-
-def _regular(fd: int) -> os.stat_result:
-    """The handed-over descriptor's stat, refused unless a regular file (a
-    pipe or a socket could block this process)."""
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
-        raise AgentFailure("the agent handed over a descriptor that is not a regular file")
-    return info
-
-
-async def _read_handed_over(fd: int, path: str, limit: int) -> bytes:
-    try:
-        size = _regular(fd).st_size
-        if size > limit:
-            raise OutputLimitExceeded(
-                f"{path} is {size} bytes, over the read limit of {limit} bytes"
-            )
-
-        def read() -> bytes:
-            # What fstat promised and a byte more, to notice a file still growing.
-            data = os.pread(fd, size + 1, 0)
-            if len(data) > size:
-                # It grew (or is a /proc file, which says 0): the rest in
-                # pieces, up to the limit and a byte, never the limit up front.
-                parts = [data]
-                total = len(data)
-                while total <= limit:
-                    piece = os.pread(fd, min(MAX_PAYLOAD, limit + 1 - total), total)
-                    if not piece:
-                        break
-                    parts.append(piece)
-                    total += len(piece)
-                data = b"".join(parts)
-            if len(data) > limit:
-                raise OutputLimitExceeded(f"{path} is over the read limit of {limit} bytes")
-            return data
-
-        try:
-            if size > _THREAD_BYTES:
-                return await anyio.to_thread.run_sync(read)
-            return read()
-        except OSError as exc:
-            # A procfs or sysfs file that cannot be read at an offset (EINVAL):
-            # not a file the file API reads (grep skips it), as a FIFO is not.
-            raise InvalidArgument(
-                f"{path} cannot be read as a file ({exc.strerror or exc}); read it with exec"
-            ) from None
-    finally:
-        os.close(fd)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def _copy_into(fd: int, source: IO[bytes]) -> None:
-    while piece := source.read(MAX_PAYLOAD):
-        _write_all(fd, piece)
-
-
-class AgentUnconfirmed(ProviderError):
-    """A request the agent failed while it is alive (it answers a ping, or
-    its keeper runs): nothing was restarted, so whatever the request was to
-    do may or may not have been done."""
-
-
-class AgentProcess(FutureExitProcess, PtyProcess):
-    """One command the agent runs: a reader task turns its frames into chunks.
-    On a PTY, what is typed goes as it comes (``write``), and the window size
-    can change (``resize``)."""
-
-    def __init__(
-        self, runtime: AgentRuntime, channel: Channel, marker: str, pid: int,
-        stdin: bytes | None, *, reusable: bool = False, keep_stdin: bool = False,
-    ) -> None:
-        self._runtime = runtime
-        self._channel = channel
-        self._marker = marker
-        self._pid = pid
-        loop = asyncio.get_running_loop()
-        self._queue: asyncio.Queue[OutputChunk | BaseException | None] = asyncio.Queue()
-        self._space = asyncio.Event()
-        self._exit: asyncio.Future[int] = loop.create_future()
-        self._exit_code: int | None = None
-        self._oom_killed = False
-        self._killing = False
-        self._eof = False
-        #: A plain command's connection serves again once it exits (see _pump).
-        self._reusable = reusable
-        self._tasks = [loop.create_task(self._pump())]
-        #: What feeds the bytes given at the start (writes wait for it).
-        self._fed: asyncio.Task[None] | None = None
-        if stdin is not None:
-            self._fed = loop.create_task(self._feed(stdin, close=not keep_stdin))
-            self._tasks.append(self._fed)
-
-    async def _feed(self, data: bytes, *, close: bool) -> None:
-        with contextlib.suppress(AgentFailure):
-            await self._send_input(data)
-            if close:
-                await self._channel.send({"t": "eof"})
-
-    async def _send_input(self, data: bytes) -> None:
-        view = memoryview(data)
-        for start in range(0, len(view), MAX_PAYLOAD):
-            await self._channel.send({"t": "in"}, view[start:start + MAX_PAYLOAD])
-
-    async def _fed_first(self) -> None:
-        if self._fed is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(self._fed)
-
-    async def write_stdin(self, data: bytes) -> None:
-        await self._fed_first()
-        if self._exit.done():
-            raise StdinClosed("the command has ended")
-        try:
-            await self._send_input(data)
-        except AgentFailure:
-            raise StdinClosed("the command has ended (its connection closed)") from None
-
-    async def close_stdin(self) -> None:
-        await self._fed_first()
-        with contextlib.suppress(AgentFailure):
-            await self._channel.send({"t": "eof"})
-
-    async def _put(self, item: OutputChunk | BaseException | None) -> None:
-        while self._queue.qsize() >= _QUEUE_CHUNKS and not self._killing and item is not None:
-            self._space.clear()
-            await self._space.wait()
-        if self._killing and isinstance(item, OutputChunk) and self._queue.qsize() >= _QUEUE_CHUNKS:
-            return  # being killed, nobody reading: its last output is dropped
-        self._queue.put_nowait(item)
-
-    async def _pump(self) -> None:
-        exited = False
-        try:
-            while True:
-                header, payload = await self._channel.recv(EXEC_SILENCE_TIMEOUT)
-                kind = header["t"]
-                if kind == "out":
-                    chunk = OutputChunk("stderr" if header.get("s") == 2 else "stdout", payload)
-                    await self._put(chunk)
-                elif kind == "exit":
-                    code = int(number(header, "code"))
-                    self._exit_code = code
-                    self._oom_killed = header.get("oom") is True
-                    if self._oom_killed and self._runtime.on_oom is not None:
-                        self._runtime.on_oom()
-                    if not self._exit.done():
-                        self._exit.set_result(code)
-                    exited = True
-                    break
-                elif kind != "hb":
-                    raise AgentFailure(f"the agent sent {kind!r} while running a command")
-        except AgentFailure as exc:
-            # Closed on purpose (a kill that an orphan outlived): no fault of the agent's.
-            failure = exc if self._killing else await self._runtime.failed(exc)
-            if not self._exit.done():
-                self._exit.set_exception(failure)
-                self._exit.exception()  # retrieved here; wait() raises it again
-            await self._put(failure)
-        finally:
-            reuse = exited and self._reusable and not self._killing
-            if not reuse:
-                self._channel.close()
-            await self._put(None)
-        if reuse:
-            # Declared at the start (see start_process): the agent sends
-            # nothing more for it, and serves the next request on it.
-            self._runtime.keep(self._channel)
-
-    async def read(self) -> OutputChunk | None:
-        if self._eof:
-            return None
-        item = await self._queue.get()
-        self._space.set()
-        if item is None:
-            self._eof = True
-            return None
-        if isinstance(item, BaseException):
-            self._eof = True
-            raise item
-        return item
-
-    async def write(self, data: bytes) -> None:
-        view = memoryview(data)
-        for start in range(0, len(view), MAX_PAYLOAD):
-            await self._channel.send({"t": "in"}, view[start:start + MAX_PAYLOAD])
-
-    async def resize(self, rows: int, cols: int) -> None:
-        await self._channel.send({"t": "resize", "rows": rows, "cols": cols})
-
-    async def kill(self, grace: float) -> None:
-        if self._exit.done():
-            return
-        self._killing = True
-        self._space.set()
-        # The agent answers once the whole tree is gone and reaped, or says
-        # what outlived its bound (KillIncomplete, raised after the cleanup).
-        incomplete: KillIncomplete | None = None
-        try:
-            await self._runtime.request(
-                {"op": "kill", "pid": self._pid, "marker": f"{EXEC_MARKER}={self._marker}",
-                 "grace": grace},
-                ok, timeout=grace + REAP_SECONDS + ANSWER_TIMEOUT,
-            )
-        except KillIncomplete as exc:
-            incomplete = exc
-        except AgentUnconfirmed as exc:
-            # Not answered is not done: an agent alive but stopped, or starved
-            # of CPU, may not have sent a signal, and the tree may run on.
-            incomplete = KillIncomplete(
-                f"the sandbox's agent did not confirm the command's kill ({exc}); its "
-                "processes may still be running and holding their share of the sandbox")
-        except HutchError:
-            pass
-        with contextlib.suppress(TimeoutError, HutchError):
-            await asyncio.wait_for(asyncio.shield(self._exit), 5)
-        if not self._exit.done():
-            self._channel.close()  # an orphan kept the output open: stop listening
-        if incomplete is not None:
-            raise incomplete
-
-
-class AgentWatch(BackendWatch):
-    """A directory the agent watches, its events read off their connection."""
-
-    def __init__(self, channel: Channel, sandbox_id: str) -> None:
-        self._channel = channel
-        self._sandbox_id = sandbox_id
-
-    async def batch(self) -> list[FileEvent] | None:
-        while True:
-            try:
-                header, _ = await self._channel.recv(EXEC_SILENCE_TIMEOUT)
-            except AgentFailure as exc:
-                self._channel.close()
-                raise SandboxUnavailable(
-                    f"the watch in sandbox {self._sandbox_id} ended: its agent went away "
-                    f"({exc}); watch again once the sandbox runs"
-                ) from None
-            kind = header["t"]
-            if kind == "hb":
-                continue
-            if kind == "end":
-                self._channel.close()
-                return None
-            if kind == "err":
-                self._channel.close()
-                raise typed_error(header)
-            events = header.get("events")
-            if kind != "ev" or not isinstance(events, list):
-                self._channel.close()
-                raise ProviderError(f"the agent sent {kind!r} in a watch")
-            return [file_event(e) for e in events]
-
-    async def close(self) -> None:
-        self._channel.close()
 
 
 class AgentRuntime(SandboxRuntime):
@@ -376,6 +102,8 @@ class AgentRuntime(SandboxRuntime):
         default_user: str | None = None,
         on_oom: Callable[[], None] | None = None,
         connect: Callable[[], socket.socket] | None = None,
+        frozen: Callable[[], bool] | None = None,
+        signals_here: bool = False,
     ) -> None:
         super().__init__(sandbox_id, workdir)
         self.socket_path = socket_path
@@ -388,6 +116,11 @@ class AgentRuntime(SandboxRuntime):
         self.provider_name = provider_name
         self.default_user = default_user
         self._recover = recover
+        #: Whether the sandbox is held frozen (a pause): its agent cannot answer.
+        self._frozen = frozen
+        #: Its processes are this host's to signal (in its /proc, their
+        #: environments readable here): a frozen sandbox's kill goes from here.
+        self.signals_here = signals_here
         self._idle: list[Channel] = []
         #: The agent keeps an exec's connection for the next request (its
         #: version, learnt from its ping, is 2 or later).
@@ -401,6 +134,34 @@ class AgentRuntime(SandboxRuntime):
         #: (gVisor's checkpoint), a server waiting for a connection costs
         #: nothing if suspended, while work in progress would be held up.
         self.busy_means_running = False
+
+    def frozen(self) -> bool:
+        """Whether the sandbox is held frozen (its user's pause, or hutch's):
+        its agent can neither answer nor act until the thaw."""
+        return self._frozen is not None and self._frozen()
+
+    def frozen_here(self) -> bool:
+        """Whether the sandbox is held frozen with its processes this host's
+        to signal: a kill then goes from here, not through the frozen agent."""
+        return self.signals_here and self.frozen()
+
+    async def leave_request(self, header: Header) -> bool:
+        """Send ``header`` on a connection of its own and hang up: a frozen
+        agent reads it when it runs again, and its answer goes to no one.
+        False where it could not be sent."""
+        try:
+            channel = Channel(self._dial())
+        except AgentFailure:
+            return False
+        try:
+            with anyio.move_on_after(ANSWER_TIMEOUT):
+                await channel.send(header)
+                return True
+            return False
+        except AgentFailure:
+            return False
+        finally:
+            channel.close()
 
     # -- connections ----------------------------------------------------------------
     def _dial(self) -> socket.socket:
@@ -584,7 +345,7 @@ class AgentRuntime(SandboxRuntime):
             while True:
                 header, payload = await self._answer(channel)
                 if header["t"] == "fd":
-                    return await _read_handed_over(channel.take_fd(), path, limit)
+                    return await read_handed_over(channel.take_fd(), path, limit)
                 if header["t"] == "end":
                     return b"".join(parts)
                 if header["t"] != "data":
@@ -610,7 +371,7 @@ class AgentRuntime(SandboxRuntime):
                 raise AgentFailure(f"the agent answered a read with {header['t']!r}")
             fd = channel.take_fd()
         try:
-            size = _regular(fd).st_size
+            size = regular_file(fd).st_size
             if size > limit:
                 raise OutputLimitExceeded(
                     f"{path} is {size} bytes, over the read limit of {limit} bytes"
@@ -630,7 +391,7 @@ class AgentRuntime(SandboxRuntime):
 
     async def write_file(self, path: str, data: bytes) -> None:
         if len(data) > FD_WRITE_THRESHOLD and self.hands_over_fds:
-            await self._write_through_fd(path, lambda fd: _write_all(fd, data), len(data))
+            await self._write_through_fd(path, lambda fd: write_all(fd, data), len(data))
             return
         view = memoryview(data)
         await self._write(path, (view[i:i + MAX_PAYLOAD] for i in range(0, len(view), MAX_PAYLOAD)))
@@ -641,7 +402,7 @@ class AgentRuntime(SandboxRuntime):
         if not self.hands_over_fds:
             await self._write(path, iter(lambda: source.read(MAX_PAYLOAD), b""))
             return
-        await self._write_through_fd(path, lambda fd: _copy_into(fd, source), _THREAD_BYTES + 1)
+        await self._write_through_fd(path, lambda fd: copy_into(fd, source), THREAD_BYTES + 1)
 
     async def _write_through_fd(
         self, path: str, fill: Callable[[int], None], size: int
@@ -655,8 +416,8 @@ class AgentRuntime(SandboxRuntime):
                 raise AgentFailure(f"the agent answered a write with {header['t']!r}")
             fd = channel.take_fd()
             try:
-                _regular(fd)
-                if size > _THREAD_BYTES:
+                regular_file(fd)
+                if size > THREAD_BYTES:
                     await anyio.to_thread.run_sync(fill, fd)
                 else:
                     fill(fd)
@@ -725,7 +486,7 @@ class AgentRuntime(SandboxRuntime):
         except BaseException:
             channel.close()
             raise
-        return AgentWatch(channel, self.sandbox_id)
+        return AgentWatch(channel, self.sandbox_id, self.frozen)
 
     async def walk_files(self, root: str) -> list[str]:
         async with self._channel() as channel:

@@ -15,12 +15,17 @@ import os
 import socket
 import stat
 import struct
+from collections.abc import Callable
 from typing import Any
 
 from ..._errors import ProviderError
 
 MAX_HEADER = 4 << 20
 MAX_PAYLOAD = 1 << 20
+#: How long a request waits for the agent's next frame. The agent answers
+#: at once or beats a heartbeat every second (every two for a running command).
+ANSWER_TIMEOUT = 3.0
+EXEC_SILENCE_TIMEOUT = 6.0
 #: Descriptors the agent may have handed over and not yet been asked for.
 MAX_PENDING_FDS = 2
 _ANCILLARY = socket.CMSG_SPACE(MAX_PENDING_FDS * 4)
@@ -189,14 +194,22 @@ class Channel:
             raise AgentFailure("the agent sent a malformed frame")
         return header, payload
 
-    async def recv(self, timeout: float | None) -> tuple[Header, bytes]:
-        """The next frame; AgentFailure if none comes within ``timeout`` seconds."""
-        try:
-            async with asyncio.timeout(timeout):  # no task of its own, as wait_for makes
-                return await self._recv()
-        except TimeoutError:
-            self.close()
-            raise AgentFailure(f"the agent did not answer within {timeout} s") from None
+    async def recv(
+        self, timeout: float | None, *, held: Callable[[], bool] | None = None
+    ) -> tuple[Header, bytes]:
+        """The next frame; AgentFailure if none comes within ``timeout``
+        seconds, but while ``held`` says the agent is held frozen (a pause):
+        its silence then is no failure, and the wait goes on."""
+        while True:
+            try:
+                async with asyncio.timeout(timeout):  # no task of its own, as wait_for makes
+                    # Restartable: what a timed-out read took stays in the buffer.
+                    return await self._recv()
+            except TimeoutError:
+                if held is not None and held():
+                    continue
+                self.close()
+                raise AgentFailure(f"the agent did not answer within {timeout} s") from None
 
     def take_fd(self) -> int:
         """The descriptor that came with the frame just read (the caller owns it)."""

@@ -56,6 +56,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from ..._atomic import write_json
 from ..._errors import InvalidArgument, ProviderError, SandboxUnavailable
 from ..._liveness import process_start_time, still_running
 from ..._paths import hutch_home
@@ -236,8 +237,7 @@ class Layers:
         shared_points()
         os.makedirs(self.hot, exist_ok=True)
         # What this sandbox stands on, for the snapshot garbage collector.
-        with open(os.path.join(self.sandbox_dir, "lowers.json"), "w") as fh:
-            json.dump(self.lowers, fh)
+        write_json(os.path.join(self.sandbox_dir, "lowers.json"), self.lowers, durable=False)
 
     @property
     def home(self) -> str:
@@ -311,7 +311,12 @@ class Layers:
         # sandbox after this one died takes for its suspended state.
         partial = self.disk_upper + ".partial"
         shutil.rmtree(partial, ignore_errors=True)
-        copy_tree(self.upper, partial)
+        try:
+            copy_tree(self.upper, partial)
+        except BaseException:
+            # A copy that failed midway (a full disk) holds its room no longer.
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
         shutil.rmtree(self.disk_upper, ignore_errors=True)
         os.rename(partial, self.disk_upper)
 

@@ -267,7 +267,7 @@ class AgentWithNativeUsers(AgentRuntime):
     def __init__(self, native: BubblewrapRuntime, socket_path: str, recover: Recover) -> None:
         super().__init__(
             native.sandbox_id, native.workdir, socket_path, provider_name="bubblewrap",
-            recover=recover,
+            recover=recover, frozen=lambda: native.parts.cgroup.frozen(), signals_here=True,
         )
         self._native = native
 

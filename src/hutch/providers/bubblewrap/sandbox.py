@@ -24,6 +24,7 @@ from typing import Any
 
 import anyio.to_thread
 
+from ..._atomic import write_json
 from ..._errors import (
     CapabilityUnsupported,
     InvalidArgument,
@@ -384,7 +385,7 @@ class BubblewrapSandbox(SandboxBackend):
         self._keeper_process = process
         # Found by a program that finds the sandbox after this one died
         # before its record named the keeper (a resume cut short).
-        _write_json(_keeper_file(self.parts.layers.sandbox_dir), keeper.to_dict())
+        write_json(_keeper_file(self.parts.layers.sandbox_dir), keeper.to_dict(), durable=False)
         self._pin_upper()
         keepers_changed()
         if self.net_index is not None:
@@ -692,13 +693,6 @@ class BubblewrapSandbox(SandboxBackend):
 
 def _keeper_file(sandbox_dir: str) -> str:
     return os.path.join(sandbox_dir, "keeper.json")
-
-
-def _write_json(path: str, data: Mapping[str, Any]) -> None:
-    """Write ``data`` to ``path`` whole or not at all (a rename)."""
-    with open(path + ".new", "w") as fh:
-        json.dump(data, fh)
-    os.rename(path + ".new", path)
 
 
 def _read_keeper(sandbox_dir: str) -> Keeper | None:

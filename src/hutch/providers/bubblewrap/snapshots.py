@@ -26,6 +26,7 @@ import os
 import shutil
 from typing import Any
 
+from ..._atomic import write_json
 from ..._errors import InvalidArgument, NotFound
 from ..._faults import fault_point
 from ..layers import NO_CEILING, flattens
@@ -140,10 +141,7 @@ def remove(snapshot_id: str) -> None:
     meta = _read_meta(directory)
     if meta is not None and not meta.get("removed"):
         meta["removed"] = True
-        tmp = os.path.join(directory, _META + ".tmp")
-        with open(tmp, "w") as fh:
-            json.dump(meta, fh)
-        os.replace(tmp, os.path.join(directory, _META))
+        write_json(os.path.join(directory, _META), meta, durable=False)
     collect_garbage()
 
 

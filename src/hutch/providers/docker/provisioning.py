@@ -30,7 +30,7 @@ from ..agent import workload as _workload
 from ..base import NativeBackend, RuntimeLost, RuntimeNotice, RuntimeReport, SandboxRuntime
 from ..policy import parse_bytes
 from . import netguard
-from .cgroups import cgroup_dir
+from .cgroups import cgroup_dir, frozen
 from .config import DockerConfig
 from .freeze import FreezeGuard, freeze_guard
 from .labels import HOME_LABEL, MANAGED_LABEL, PRESERVE_LABEL, SANDBOX_LABEL, SUSPENDED_REPOSITORY
@@ -170,7 +170,14 @@ class DockerProvisioning(NativeBackend):
             self.sandbox_id, self.workdir, self._agent_link(),
             provider_name=self.provider, recover=self._recover_agent,
             default_user=default_user or None, on_oom=self._workload_oom,
+            # Its cgroup read here (the engine local): only root reads its
+            # processes' environments, to find a command's.
+            frozen=self._container_frozen, signals_here=os.geteuid() == 0,
         )
+
+    def _container_frozen(self) -> bool:
+        container = self.container_id
+        return container is not None and frozen(container)
 
     def _agent_link(self) -> str:
         """Where hutch reaches the agent's socket: a hard link made in a host

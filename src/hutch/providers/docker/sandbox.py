@@ -32,6 +32,7 @@ from ..._faults import fault_point
 from ..._paths import sandbox_workdir
 from ..._types import Capabilities, ProviderSnapshot
 from .. import layers
+from .._diskcap import keep_growing
 from .._docker_engine import call as _call
 from .._docker_engine import engine
 from ..base import RuntimeReport, RuntimeState
@@ -165,6 +166,8 @@ class DockerSandbox(DockerSnapshots, DockerFiles):
                     sandbox.suspended_image = suspended
         if sandbox.layered:
             await sandbox._mend_capture_cut_short()
+        # Its capped store, mounted by the daemon before, is given room as it fills.
+        await anyio.to_thread.run_sync(keep_growing)
         if sandbox.container_id is not None and await sandbox._container_exists():
             # A freeze of hutch's own (a commit, a capture) that its program
             # died inside is undone: the container was never the user's to pause.

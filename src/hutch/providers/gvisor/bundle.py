@@ -10,6 +10,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from ..._atomic import write_json
+
 #: Inside: the agent's binary and the directory of its socket.
 AGENT_BINARY_PATH = "/.hutch/bin/hutch-agent"
 AGENT_RUN_DIR = "/.hutch/run"
@@ -73,10 +75,7 @@ def spec(
 
 def write(bundle_dir: str, config: Mapping[str, Any]) -> None:
     os.makedirs(bundle_dir, exist_ok=True)
-    tmp = os.path.join(bundle_dir, "config.json.tmp")
-    with open(tmp, "w") as out:
-        json.dump(config, out)
-    os.replace(tmp, os.path.join(bundle_dir, "config.json"))
+    write_json(os.path.join(bundle_dir, "config.json"), config, durable=False)
 
 
 def agent_argv() -> list[str]:

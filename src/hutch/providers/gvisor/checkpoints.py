@@ -18,8 +18,8 @@ import shutil
 import threading
 import time
 import uuid
-from typing import Any
 
+from ..._atomic import write_json
 from ..._errors import InvalidState, ProviderError
 from ..._faults import fault_point
 from . import bundle, runsc
@@ -111,7 +111,7 @@ def checkpoint(
     sandbox = runsc.sandbox_process(pid_file)
     try:
         write_json(os.path.join(work, META),
-                   {"runsc_build": runsc.runsc_build(), "at": time.time()})
+                   {"runsc_build": runsc.runsc_build(), "at": time.time()}, durable=False)
         release_agent(container, socket_path, asked=asked)
         runsc.run("checkpoint", "--image-path", work, container,
                   what=f"checkpointing {container}")
@@ -259,8 +259,3 @@ def read_text(path: str) -> str | None:
         return None
 
 
-def write_json(path: str, value: Any) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as out:
-        json.dump(value, out)
-    os.replace(tmp, path)

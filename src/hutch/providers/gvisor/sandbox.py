@@ -131,6 +131,9 @@ class GvisorSandbox(SandboxBackend):
         self._agent = AgentRuntime(
             sandbox_id, workdir, self.agent_socket, provider_name="gvisor",
             recover=self._recover_agent,
+            # Paused by hutch: its processes (its own kernel's, not signalled
+            # from here) are ended by the agent once it runs again.
+            frozen=lambda: self._paused is True,
         )
         # Its descriptors are the user-space kernel's, not the host's.
         self._agent.hands_over_fds = False

@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ..._atomic import write_json
 from ..._paths import hutch_home
 from .config import KubernetesConfig
 
@@ -45,9 +46,7 @@ def _locked() -> Iterator[list[dict[str, Any]]]:
         before = list(found)
         yield found
         if found != before:
-            with open(path + ".new", "w") as f:
-                json.dump(found, f)
-            os.replace(path + ".new", path)
+            write_json(path, found, durable=False)
 
 
 def remember(config: KubernetesConfig) -> None:

@@ -7,8 +7,9 @@ import json
 import os
 import shutil
 
+from ..._atomic import write_json
 from .overlay import _mount, _umount, overlay_available
-from .records import _creating, _listdir, _read_chain, _size, _tree, _write_json, mount_dir
+from .records import _creating, _listdir, _read_chain, _size, _tree, mount_dir
 
 
 def _used_by_a_process(path: str) -> bool:
@@ -59,8 +60,8 @@ def _adopt(snapshot_id: str, sandbox_id: str, workdir: str, target: str) -> int 
     # The overlay's root takes the upper directory's mode and owner.
     os.chmod(upper, st.st_mode & 0o7777)
     os.chown(upper, st.st_uid, st.st_gid)
-    _write_json(os.path.join(base, "chain.json"), [snapshot_id])
-    _write_json(os.path.join(base, "adopted.json"), workdir)
+    write_json(os.path.join(base, "chain.json"), [snapshot_id])
+    write_json(os.path.join(base, "adopted.json"), workdir)
     os.rename(workdir, _tree(snapshot_id))
     try:
         os.mkdir(workdir, st.st_mode & 0o7777)
@@ -75,7 +76,7 @@ def _adopt(snapshot_id: str, sandbox_id: str, workdir: str, target: str) -> int 
         shutil.rmtree(target, ignore_errors=True)
         raise
     size = _size(_tree(snapshot_id))
-    _write_json(os.path.join(target, "chain.json"), [snapshot_id])
+    write_json(os.path.join(target, "chain.json"), [snapshot_id])
     return size
 
 

@@ -38,12 +38,17 @@ def _archive(snapshot_id: str) -> bool:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(partial)
         return False
-    fd = os.open(partial, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(partial, archive)
+        fd = os.open(partial, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(partial, archive)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(partial)
+        raise
     return True
 
 

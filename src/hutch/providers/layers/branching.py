@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import shutil
 
+from ..._atomic import write_json
 from ..._errors import ProviderError
 from .adoption import adopted
 from .chain import _chain_of, chain_of
 from .giveback import giving_back
 from .overlay import _mount, overlay_available
-from .records import _copy_tree, _listdir, _lock, _read_chain, _tree, _write_json, mount_dir, root
+from .records import _copy_tree, _listdir, _lock, _read_chain, _tree, mount_dir, root
 from .stores import _in_hand, _make_upper
 
 
@@ -24,7 +25,7 @@ def start_branch(sandbox_id: str, snapshot_id: str) -> tuple[str, list[str] | No
             chain = _chain_of(snapshot_id)
             os.makedirs(merged, exist_ok=True)
             # Recorded before the mount: the layers it stacks are in use from now.
-            _write_json(os.path.join(base, "chain.json"), chain)
+            write_json(os.path.join(base, "chain.json"), chain)
         try:
             with _in_hand(chain) as lowers:
                 # The overlay's root is the upper directory: the snapshot's root's

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 
+from ..._atomic import write_json
 from . import flattening
 from .freezing import _awake
-from .records import _copy_tree, _creating, _size, _tree, _write_json
+from .records import _copy_tree, _creating, _size, _tree
 from .stores import _in_hand, _upper_work
 
 
@@ -40,5 +41,5 @@ def _capture(
             _copy_tree(workdir, _tree(snapshot_id))
             layers = [snapshot_id]
         size = _size(_tree(snapshot_id))
-        _write_json(os.path.join(target, "chain.json"), layers)
+        write_json(os.path.join(target, "chain.json"), layers)
     return size

@@ -26,6 +26,7 @@ import os
 import shutil
 from collections.abc import Iterator
 
+from ..._atomic import write_json
 from ..._errors import SandboxUnavailable
 from .. import _mounts
 from . import flattening
@@ -41,7 +42,6 @@ from .records import (
     _resting,
     _size,
     _tree,
-    _write_json,
     mount_dir,
     sandbox_lock,
     snapshot_dir,
@@ -63,11 +63,11 @@ def prepare(
     os.makedirs(merged, exist_ok=True)
     try:
         if cap is not None:
-            _write_json(os.path.join(base, "cap.json"), cap)
+            write_json(os.path.join(base, "cap.json"), cap)
         with _in_hand(chain[:1], sandbox_id):  # its store made; the top layer read
             _make_upper(sandbox_id, _tree(chain[0]) if chain else None)
             # Recorded before anything is mounted: the layers it stacks are in use from now.
-            _write_json(os.path.join(base, "chain.json"), chain)
+            write_json(os.path.join(base, "chain.json"), chain)
         _anchor(merged)
     except BaseException:
         end_branch(sandbox_id)
@@ -163,14 +163,14 @@ def _freeze(snapshot_id: str, sandbox_id: str, chain: list[str], target: str, *,
         moved = False
     if not moved:
         if flatten:  # the copy stands as the snapshot; the sandbox goes on as it was
-            _write_json(os.path.join(target, "chain.json"), new_chain)
+            write_json(os.path.join(target, "chain.json"), new_chain)
             return True
         shutil.rmtree(target, ignore_errors=True)
         return False
     try:
-        _write_json(os.path.join(base, "freezing.json"),
+        write_json(os.path.join(base, "freezing.json"),
                     {"snapshot": snapshot_id, "chain": chain, "flatten": flatten})
-        _write_json(os.path.join(base, "chain.json"), new_chain)
+        write_json(os.path.join(base, "chain.json"), new_chain)
         if flatten:
             os.rename(upper, os.path.join(os.path.dirname(upper), "discarded"))
         else:
@@ -178,7 +178,7 @@ def _freeze(snapshot_id: str, sandbox_id: str, chain: list[str], target: str, *,
             os.makedirs(os.path.dirname(frozen), exist_ok=True)
             os.rename(upper, frozen)
         _finish_freeze(sandbox_id, snapshot_id)
-        _write_json(os.path.join(target, "chain.json"), new_chain)
+        write_json(os.path.join(target, "chain.json"), new_chain)
     except BaseException:
         # Finished or undone as after a crash, and the sandbox's directory
         # mounted again either way: it must never be left on the anchor.
@@ -250,7 +250,7 @@ def _rest_locked(sandbox_id: str) -> bool:
     try:
         # Marked before the unmount: never an overlay unmounted that no
         # marker says is at rest (its stores would be kept mounted for good).
-        _write_json(_resting(sandbox_id), True)
+        write_json(_resting(sandbox_id), True)
     except OSError as exc:
         log.warning("sandbox %s stays mounted while suspended: %s", sandbox_id, exc)
         return False
@@ -330,6 +330,6 @@ def _recover_locked(sandbox_id: str) -> None:
     if moved:
         _finish_freeze(sandbox_id, snapshot_id)
         return
-    _write_json(os.path.join(base, "chain.json"), chain)
+    write_json(os.path.join(base, "chain.json"), chain)
     shutil.rmtree(snapshot_dir(snapshot_id), ignore_errors=True)
     os.unlink(journal)

@@ -7,6 +7,7 @@ import contextlib
 import os
 import shutil
 
+from ..._atomic import write_json
 from ..._errors import ProviderError
 from .adoption import adopted
 from .archive import _archive, _archive_path
@@ -19,7 +20,6 @@ from .records import (
     _stacked,
     _stacked_by_mounts,
     _tree,
-    _write_json,
     mount_dir,
 )
 from .stores import _in_hand
@@ -85,10 +85,10 @@ def _give_back(sandbox_id: str, where: str, chain: list[str]) -> None:
             state = {"mode": mode}
             if mode != "copy":  # the tree that goes back, known by its inode
                 state["tree"] = os.stat(_tree(chain[0])).st_ino
-            _write_json(marker, state)
+            write_json(marker, state)
         elif "mode" not in state:
             state = _journal_of_before_modes(state, where, chain)
-            _write_json(marker, state)
+            write_json(marker, state)
         mode = str(state.get("mode"))
         placed = _placed(where, state)
     # The archive is made without the lock (it reads the whole tree): a
@@ -103,7 +103,7 @@ def _give_back(sandbox_id: str, where: str, chain: list[str]) -> None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(_archive_path(chain[0]))
             mode, state = "copy", {"mode": "copy"}
-            _write_json(marker, state)
+            write_json(marker, state)
         if mode != "copy" and not placed:
             _put_in_place(_tree(chain[0]), where)
     if mode == "copy" and not placed:
@@ -111,7 +111,7 @@ def _give_back(sandbox_id: str, where: str, chain: list[str]) -> None:
             shutil.rmtree(staging, ignore_errors=True)
             _merge_copy(chain, staging)
             state["tree"] = os.stat(staging).st_ino
-            _write_json(marker, state)
+            write_json(marker, state)
         _put_in_place(staging, where)
     upper = os.path.join(base, "upper")
     if os.path.isdir(upper):

@@ -36,15 +36,6 @@ def _tree(snapshot_id: str) -> str:
     return os.path.join(snapshot_dir(snapshot_id), "tree")
 
 
-def _write_json(path: str, value: object) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
-        json.dump(value, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
 def _read_chain(path: str) -> list[str] | None:
     try:
         with open(path) as fh:

@@ -230,7 +230,8 @@ class SshProcess(BackendProcess):
         # The whole tree, its leader ended or not: what it left running (its
         # output still open) is as much the command's.
         said = 0  # the kill script's exit status (3: processes outlived it)
-        with contextlib.suppress(HutchError, TimeoutError):
+        unconfirmed = ""  # why no status came: the tree may run on
+        try:
             said, _, _ = await asyncio.wait_for(
                 run_helper(
                     self._kept,
@@ -239,6 +240,10 @@ class SshProcess(BackendProcess):
                 ),
                 grace + 15,
             )
+        except TimeoutError:
+            unconfirmed = f"its kill did not answer within {grace + 15:g} s"
+        except HutchError as exc:
+            unconfirmed = f"its kill could not run: {exc}"
         if running:
             with contextlib.suppress(TimeoutError, *CHANNEL_ERRORS):
                 await asyncio.wait_for(asyncio.shield(self._proc.wait_closed()), 5)
@@ -249,6 +254,11 @@ class SshProcess(BackendProcess):
             raise KillIncomplete(
                 f"processes of the command on {self._kept.target.destination} outlived "
                 "its kill by 10 s; they still hold their share of the host"
+            )
+        if unconfirmed:
+            raise KillIncomplete(
+                f"the command on {self._kept.target.destination} may still be running: "
+                f"{unconfirmed}"
             )
 
 

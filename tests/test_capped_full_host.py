@@ -1,0 +1,166 @@
+"""A capped directory (an ext4 image, loop-mounted: providers/_diskcap.py)
+keeps what was written to it when the host's disk fills, and says "disk
+full" (ENOSPC) instead of losing a write.
+
+The root cause of a failure seen once in CI
+(test_truth.py::test_a_full_store_refuses_transitions_and_nothing_is_half_done:
+``work.txt`` read back as 30 NUL bytes after the data directory had been
+full). Every docker sandbox the daemon makes is capped (a 4 GiB default).
+A sparse image takes host space only when the loop device writes a block
+back: a file written just before the host's disk filled was acknowledged,
+its write-back failed ("potential data loss!" in the kernel's log), the
+page was left clean, and once evicted the file read as the hole it was on
+disk. Here the write-back and the eviction are forced (``syncfs``, then
+``drop_caches``) so that they happen on every run. The host is a small
+tmpfs: it fills in a moment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import subprocess
+import tempfile
+from collections.abc import Iterator
+
+import pytest
+
+from hutch.providers import _diskcap
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="loop mounts need root")
+
+_libc = ctypes.CDLL(None, use_errno=True)
+CAP = 4 * 1024**3  # the daemon's default cap
+PATTERN = bytes(range(1, 256)) * 4111  # no NUL in it: a lost page reads as NULs
+
+
+def _fill(directory: str) -> str:
+    path = os.path.join(directory, "filler")
+    chunk = b"\1" * (1 << 20)
+    with open(path, "wb", buffering=0) as fh:
+        for size in (len(chunk), 4096, 1):  # what a big write cannot take, small ones do
+            with contextlib.suppress(OSError):
+                while fh.write(chunk[:size]):
+                    pass
+    return path
+
+
+def _write_all(fd: int, data: bytes, offset: int) -> None:
+    """All of ``data`` at ``offset``, or OSError (what a short write leaves
+    out is refused by the next write)."""
+    done = 0
+    while done < len(data):
+        done += os.pwrite(fd, data[done:], offset + done)
+
+
+def _syncfs(directory: str) -> int:
+    """Write back what is dirty in ``directory``'s file system: its errno, 0 if none."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return 0 if _libc.syncfs(fd) == 0 else ctypes.get_errno()
+    finally:
+        os.close(fd)
+
+
+def _write_back_and_evict(directory: str) -> None:
+    """What a flusher thread and memory pressure do, in order, now."""
+    _syncfs(directory)  # its result is the write-back's: the assertions read the files
+    with open("/proc/sys/vm/drop_caches", "w") as fh:
+        fh.write("3")
+
+
+@contextlib.contextmanager
+def _small_host(size: str) -> Iterator[str]:
+    host = tempfile.mkdtemp(prefix="hutch-capped-full-")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", host],
+                   check=True)
+    store = os.path.join(host, "store")
+    try:
+        yield store
+    finally:
+        with contextlib.suppress(OSError):
+            _diskcap.unmount_capped(store)
+        subprocess.run(["umount", "-l", host], check=False)
+        os.rmdir(host)
+
+
+def test_a_capped_directory_keeps_its_files_when_the_host_disk_fills() -> None:
+    with _small_host("400m") as store:
+        _diskcap.mount_capped(store, CAP)
+        path = os.path.join(store, "work.txt")
+        with open(path, "w") as fh:
+            fh.write("written before the disk filled")
+        filler = _fill(os.path.dirname(store))
+        _write_back_and_evict(store)
+        os.remove(filler)
+        with open(path, "rb") as fh:
+            assert fh.read() == b"written before the disk filled"
+        # Its file system did not go read-only: it takes writes again.
+        with open(os.path.join(store, "after.txt"), "w") as fh:
+            fh.write("after")
+        assert _syncfs(store) == 0
+
+
+def test_a_full_host_disk_is_disk_full_in_a_capped_directory_and_loses_nothing() -> None:
+    """Writing on while the host is full ends in ENOSPC (on a write or on the
+    fsync), and every byte acknowledged (written and fsynced) reads back."""
+    with _small_host("400m") as store:
+        _diskcap.mount_capped(store, CAP)
+        filler = _fill(os.path.dirname(store))
+        path = os.path.join(store, "big")
+        kept = 0  # bytes written and fsynced
+        refused = None
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            # At most twice the host's size: the cap is far above it.
+            for _ in range(2 * 400 * (1 << 20) // len(PATTERN)):
+                try:
+                    _write_all(fd, PATTERN, kept)
+                    os.fsync(fd)
+                except OSError as exc:
+                    refused = exc.errno
+                    break
+                kept += len(PATTERN)
+        finally:
+            os.close(fd)
+        assert refused == errno.ENOSPC
+        _write_back_and_evict(store)
+        os.remove(filler)
+        with open(path, "rb") as fh:
+            for offset in range(0, kept, len(PATTERN)):
+                assert fh.read(len(PATTERN)) == PATTERN, f"lost at {offset} of {kept}"
+
+
+def test_a_capped_directory_takes_host_disk_as_it_fills_up_to_its_cap() -> None:
+    """It is not reserved in full up front; it grows as it is written, to
+    its cap and not past it."""
+    cap = 512 << 20
+    with _small_host("1g") as store:
+        _diskcap.mount_capped(store, cap)
+        image = _diskcap.image_for(store)
+        assert os.stat(image).st_blocks * 512 < cap // 2
+        path = os.path.join(store, "big")
+        written = 0
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            while True:
+                try:
+                    _write_all(fd, PATTERN, written)
+                    os.fsync(fd)
+                except OSError as exc:
+                    assert exc.errno == errno.ENOSPC
+                    # Full for now: it takes more once it has grown, up to its cap.
+                    if not _diskcap.wait_for_room(store, timeout=10):
+                        break
+                    continue
+                written += len(PATTERN)
+        finally:
+            os.close(fd)
+        assert cap * 0.85 < written < cap
+        assert os.stat(image).st_blocks * 512 <= cap
+        _write_back_and_evict(store)
+        with open(path, "rb") as fh:
+            for offset in range(0, written, len(PATTERN)):
+                assert fh.read(len(PATTERN)) == PATTERN, f"lost at {offset} of {written}"
