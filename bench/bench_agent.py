@@ -35,6 +35,10 @@ from hutch._sandbox import backend_of
 IMAGE = os.environ.get("HUTCH_TEST_IMAGE", "hutch-test:bookworm")
 EXEC_RUNS = 200
 FILE_RUNS = 40
+BUSY_RUNS = 20
+#: 50 busy loops (each its own runnable process), started in the background.
+BUSY_LOOPS = ("echo 'while :; do :; done' > /tmp/busy.sh; "
+              "for i in $(seq 50); do sh /tmp/busy.sh >/dev/null 2>&1 & done")
 GREP_RUNS = 7
 MB = os.urandom(1024 * 1024)
 TREE_FILES = 10_000
@@ -145,6 +149,49 @@ async def in_process(api: docker.APIClient) -> None:
         row("busy count (floor: the Engine's top)", ours, floor, "goal: <= 1 ms")
 
 
+async def under_load(api: docker.APIClient) -> None:
+    header("agent runtime while the sandbox runs 50 busy loops, 1 CPU (floor: the docker SDK)")
+    async with await hutch.create_sandbox(
+        "docker", image=IMAGE, runtime="agent", cpus=1.0, read_before_write=False
+    ) as sb:
+        container = backend_of(sb).container_id
+        assert container is not None
+        ours, floor = await blocks(
+            lambda: sb.exec(["true"]), lambda: raw_exec(api, container), BUSY_RUNS
+        )
+        row("exec true, idle", ours, floor, "")
+        # The agent's own work (a grep it runs over 1000 files), the floor its
+        # time idle: beside the loops in one cpu cgroup it had 1/51 of the CPU.
+        await sb.exec("for d in $(seq 0 9); do mkdir -p tree/d$d; for f in $(seq 0 99); do "
+                      "echo 'hay a needle' > tree/d$d/f$f.txt; done; done", timeout=300)
+
+        async def grep_times(runs: int = 5) -> float:
+            samples = []
+            for _ in range(runs):
+                t = time.perf_counter()
+                assert len(await sb.grep("needle", "tree")) == 1000
+                samples.append(time.perf_counter() - t)
+            return median_ms(samples)
+
+        idle_grep = await grep_times()
+        await sb.exec(["sh", "-c", BUSY_LOOPS])
+        try:
+            ours, floor = await blocks(
+                lambda: sb.exec(["true"]), lambda: raw_exec(api, container), BUSY_RUNS
+            )
+            # ``true`` itself runs in the workload, among the loops.
+            row("exec true beside 50 busy loops", ours, floor, "")
+            ours, floor = await blocks(
+                lambda: sb.read_text("/etc/os-release"),
+                lambda: b"".join(api.get_archive(container, "/etc/os-release")[0]), BUSY_RUNS
+            )
+            row("file read beside 50 busy loops", ours, floor, "")
+            row("grep 1000 files beside 50 busy loops (floor: idle)", await grep_times(),
+                idle_grep, "goal: <= 3x")
+        finally:
+            await sb.exec(["pkill", "-9", "-f", "busy.sh"])
+
+
 def through_daemon(api: docker.APIClient) -> None:
     header("agent runtime through the daemon and the sync SDK (floor: the docker SDK)")
     daemon = DaemonProcess().start()
@@ -170,7 +217,11 @@ def through_daemon(api: docker.APIClient) -> None:
 
 async def main() -> None:
     api = docker.APIClient(version="auto")
+    if sys.argv[1:] == ["under-load"]:
+        await under_load(api)
+        return
     await in_process(api)
+    await under_load(api)
     await asyncio.to_thread(through_daemon, api)
 
 

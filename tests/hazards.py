@@ -26,6 +26,42 @@ FORK_BOMB = (
     "time.sleep(60)\n"
 )
 
+#: Busy loops that never end (50 of them, each its own runnable process),
+#: started in the background: the sandbox's CPU is all theirs until killed.
+BUSY_LOOPS = ("echo 'while :; do :; done' > /tmp/busy.sh; "
+              "for i in $(seq 50); do sh /tmp/busy.sh >/dev/null 2>&1 & done; echo started")
+
+
+def cpu_cgroup(proc_cgroup: str) -> str:
+    """The cpu controller's cgroup in a /proc/PID/cgroup text (``cpu`` may
+    share its hierarchy with ``cpuacct``)."""
+    for line in proc_cgroup.splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            return path
+    raise AssertionError(f"no cpu cgroup in {proc_cgroup!r}")
+
+
+async def answers_beside_busy_loops(sb: Any, agent_pid: int) -> None:
+    """Start :data:`BUSY_LOOPS` in ``sb``; see that they share one cpu cgroup
+    apart from the agent's (so that the agent competes with them as with one
+    process, not with 50), and that execs and file reads keep answering while
+    they run; then kill them."""
+    started = await sb.exec(["sh", "-c", BUSY_LOOPS])
+    assert started.stdout == "started\n", started
+    try:
+        loops = (await sb.exec(["pgrep", "-f", "busy.sh"])).stdout.split()
+        assert len(loops) >= 50, loops
+        agents = cpu_cgroup(await sb.read_text(f"/proc/{agent_pid}/cgroup"))
+        for pid in loops[:5]:
+            theirs = cpu_cgroup(await sb.read_text(f"/proc/{pid}/cgroup"))
+            assert theirs.endswith("/hutch-workload") and theirs != agents, (theirs, agents)
+        for i in range(20):
+            assert (await sb.exec(["echo", str(i)])).stdout == f"{i}\n"
+            assert "ID=" in await sb.read_text("/etc/os-release")
+    finally:
+        await sb.exec(["pkill", "-9", "-f", "busy.sh"])
+
 
 def workload_limits(container_id: str) -> tuple[int, int]:
     """(memory bytes, pids) of the cgroup that holds what a docker sandbox's

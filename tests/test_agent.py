@@ -23,7 +23,7 @@ from hutch.providers.agent import AgentFailure, AgentRuntime
 from hutch.providers.agent.wire import Channel, connect_socket
 from hutch.states import SandboxState
 from tests.conftest import TEST_IMAGE
-from tests.hazards import fill_with_processes
+from tests.hazards import answers_beside_busy_loops, cpu_cgroup, fill_with_processes
 
 pytestmark = pytest.mark.anyio
 
@@ -544,6 +544,32 @@ async def test_a_fork_bomb_leaves_the_agent_room_to_answer() -> None:
         assert (await sb.exec(["echo", "room again"])).stdout == "room again\n"
         pid = await agent_pid(sb)
         assert await sb.exec(["true"]) and await agent_pid(sb) == pid  # the same agent
+
+
+@pytest.mark.docker
+async def test_busy_loops_share_the_cpu_as_one_beside_the_agent() -> None:
+    # 50 busy loops once left the agent 1/51 of the container's CPU (every
+    # request waited behind them); in a cpu cgroup of their own, below the
+    # container's, they weigh as one against the agent's threads, and the
+    # container's CPU limit still holds them all.
+    async with await hutch.create_sandbox(
+        "docker", image=TEST_IMAGE, runtime="agent", cpus=1.0, read_before_write=False,
+    ) as sb:
+        container = backend_of(sb).container_id
+        base = f"/sys/fs/cgroup/cpu/docker/{container}"
+        with open(f"{base}/cpu.cfs_quota_us") as fh:
+            assert int(fh.read()) == 100_000  # the container's limit, above the workload
+        await answers_beside_busy_loops(sb, await agent_pid(sb))
+        # A suspend removes the container (its cgroups, the workload's below
+        # them included); the resumed one's agent places the workload again.
+        await sb.suspend()
+        assert not os.path.exists(base)
+        await sb.resume()
+        container = backend_of(sb).container_id
+        base = f"/sys/fs/cgroup/cpu/docker/{container}"
+        mine = cpu_cgroup((await sb.exec(["cat", "/proc/self/cgroup"])).stdout)
+        assert mine == f"/docker/{container}/hutch-workload", mine
+    assert not os.path.exists(base)
 
 
 @pytest.mark.docker

@@ -23,7 +23,7 @@ import pytest
 import hutch
 from hutch.providers.base import ProcessRequest
 from tests.conftest import TEST_IMAGE
-from tests.hazards import fill_with_processes
+from tests.hazards import answers_beside_busy_loops, cpu_cgroup, fill_with_processes
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]
 
@@ -400,6 +400,33 @@ async def test_commands_run_in_the_workload_cgroup_and_cannot_leave_it(runtime: 
         assert "pids:/hutch-workload" in escape.stdout, escape
     finally:
         await sb.close()
+
+
+@pytest.mark.parametrize("runtime", ["agent", "native"])
+async def test_busy_loops_share_the_cpu_as_one_beside_the_keeper(runtime: str) -> None:
+    # What runs in the sandbox has a cpu cgroup of its own below the
+    # sandbox's (which keeps the CPU limit): 50 busy loops weigh as one
+    # against the keeper (the agent, or bwrap's init), not as 50.
+    sb = await _make(runtime=runtime, cpus=1.0)
+    base = f"/sys/fs/cgroup/cpu/hutch/{sb.id}"
+    try:
+        with open(f"{base}/cpu.cfs_quota_us") as fh:
+            assert int(fh.read()) == 100_000
+        mine = cpu_cgroup((await sb.exec(["cat", "/proc/self/cgroup"])).stdout)
+        assert mine == "/hutch-workload", mine
+        if runtime == "agent":
+            agent = (await sb.exec(["pgrep", "-x", "hutch-agent"])).stdout.split()
+            assert len(agent) == 1, agent
+            await answers_beside_busy_loops(sb, int(agent[0]))
+        # A suspend ends every process and a resume starts a new keeper: the
+        # workload's cgroup holds what runs after it too.
+        await sb.suspend()
+        await sb.resume()
+        mine = cpu_cgroup((await sb.exec(["cat", "/proc/self/cgroup"])).stdout)
+        assert mine == "/hutch-workload", mine
+    finally:
+        await sb.close()
+    assert not os.path.exists(base)
 
 
 async def test_a_command_bwrap_could_not_start_is_an_error_not_its_exit_status() -> None:

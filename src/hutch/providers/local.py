@@ -9,6 +9,7 @@ its own under hutch's data directory, removed when the sandbox closes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 import shutil
@@ -109,7 +110,6 @@ class LocalSandbox(NativeBackend, FilesRuntime):
         #: that snapshot's layer, an overlay mounted in its place (``layers.adopt``).
         self._adopted = False
         self.files: HostFiles = HostFiles()
-        self._has_bash = shutil.which("bash") is not None
 
     @classmethod
     async def create(cls, config: LocalConfig, sandbox_id: str) -> LocalSandbox:
@@ -203,8 +203,14 @@ class LocalSandbox(NativeBackend, FilesRuntime):
             await cls.discard(sandbox_id)
         return ended
 
+    @functools.cached_property
+    def _shell(self) -> str:
+        # Looked up on the first shell command, not when the sandbox is made:
+        # a PATH walk (~30 us) that every attach of a branch paid, run or not.
+        return "bash" if shutil.which("bash") is not None else "sh"
+
     def shell_argv(self, command: str) -> list[str]:
-        return ["bash" if self._has_bash else "sh", "-c", command]
+        return [self._shell, "-c", command]
 
     async def start_process(self, request: ProcessRequest) -> HostProcess:
         exec_id = uuid.uuid4().hex

@@ -8,6 +8,14 @@ caller's limits plus a small reserve, and a child of each, the workload's
 cgroup, gets the caller's limits: every command the agent starts runs in it
 (see ``go/workload.go``), the agent itself in the reserve above.
 
+The workload has a ``cpu`` cgroup of its own too, with no limit of its own:
+the sandbox's CPU limit stays on the parent and bounds both. Its point is
+the weight: a child cgroup competes with its parent's threads as one
+entity, so 50 busy loops (or ``make -j64``, a fork bomb's thousand
+processes) share one agent thread's weight between them, where beside the
+agent in one cgroup they would have left it 1/51 of the sandbox's CPU and
+every request, a kill included, waiting behind them.
+
 The host makes the child (the sandbox cannot: its cgroup file system is
 read-only, or absent) and hands the agent descriptors of its ``tasks``
 files, which the agent uses once and closes. Elsewhere (the unified v2
@@ -26,8 +34,9 @@ from ..._errors import ProviderError
 CGROUP_ROOT = "/sys/fs/cgroup"
 #: The workload's cgroup, below the sandbox's in each controller's hierarchy.
 WORKLOAD_NAME = "hutch-workload"
-#: The controllers it is split in (cpu and the freezer stay the sandbox's).
-CONTROLLERS = ("pids", "memory")
+#: The controllers it is split in (the freezer stays the sandbox's: a pause
+#: holds everything; the CPU limit stays on the sandbox's cpu cgroup).
+CONTROLLERS = ("pids", "memory", "cpu")
 #: Tasks above the caller's pids limit, for the agent's threads (Go starts
 #: one per blocking call; ~10 is usual) and hutch's own probes.
 PIDS_RESERVE = 64

@@ -83,7 +83,7 @@ class SandboxCgroup:
             self._dirs = {"unified": os.path.join(CGROUP_ROOT, self.name)}
         else:
             self._dirs = {c: os.path.join(CGROUP_ROOT, c, self.name) for c in _V1_CONTROLLERS}
-        #: The workload's cgroups (pids, memory) below the sandbox's, where
+        #: The workload's cgroups (pids, memory, cpu) below the sandbox's, where
         #: the limits are split (cgroup v1); None where they are not.
         self.workload: dict[str, str] | None = (
             None if self.v2 or not _workload.splittable() else _workload.workload_dirs(self._dirs)

@@ -4,7 +4,9 @@ package main
 // in a cgroup of its own, below the sandbox's, while the agent keeps a small
 // reserve above it. A fork bomb or a memory hog then fills the workload's
 // cgroup, never the room the agent needs to answer (Go's threads count as
-// tasks too).
+// tasks too). The workload's cpu cgroup weighs as one against the agent's
+// threads, however many processes it runs, so that busy loops never leave the
+// agent a sliver of the CPU; the sandbox's CPU limit, above, bounds both.
 //
 // cgroup v1 places threads, not only processes, and a child starts in the
 // cgroups of the thread that forked it. So one OS thread of the agent, the
@@ -71,7 +73,7 @@ func forkExec(path string, argv []string, attr *syscall.ProcAttr) (int, error) {
 }
 
 // handleWorkload: the host's descriptors of the workload's `tasks` files
-// (pids and memory), and the workload cgroup's name for reading its OOM count.
+// (pids, memory and cpu), and the workload cgroup's name for reading its OOM count.
 func handleWorkload(c *conn, h header) error {
 	fds := c.takeFds()
 	name := str(h, "name")
