@@ -22,6 +22,7 @@ import ctypes
 import errno
 import os
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 
@@ -164,3 +165,31 @@ def test_a_capped_directory_takes_host_disk_as_it_fills_up_to_its_cap() -> None:
         with open(path, "rb") as fh:
             for offset in range(0, written, len(PATTERN)):
                 assert fh.read(len(PATTERN)) == PATTERN, f"lost at {offset} of {written}"
+
+
+def test_a_store_another_program_mounted_grows_here_too() -> None:
+    """A daemon started again makes room in the stores the one before it
+    mounted (its running sandboxes' working directories)."""
+    cap = 512 << 20
+    with _small_host("1g") as store:
+        subprocess.run(
+            [sys.executable, "-c", "import sys; from hutch.providers import _diskcap; "
+             "_diskcap.mount_capped(sys.argv[1], int(sys.argv[2]))", store, str(cap)],
+            check=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        )
+        _diskcap.keep_growing()
+        path = os.path.join(store, "big")
+        written = 0
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            while written < cap // 2:
+                try:
+                    _write_all(fd, PATTERN, written)
+                    os.fsync(fd)
+                except OSError as exc:
+                    assert exc.errno == errno.ENOSPC
+                    assert _diskcap.wait_for_room(store, timeout=10), written
+                    continue
+                written += len(PATTERN)
+        finally:
+            os.close(fd)

@@ -304,10 +304,19 @@ class _Grower:
         return True
 
     def _rescan(self) -> None:
+        """Watch the stores mounted here that this process did not mount;
+        forget the ones no longer mounted."""
+        for directory in list(self._watched):
+            if not os.path.ismount(directory):
+                self._forget(directory)
         for mount in _mounts.mountinfo():
             if mount.fstype == "ext4" and mount.point not in self._watched and \
                     os.path.exists(os.path.join(mount.point, BALLOON)):
                 self.watch(mount.point)
+
+    def _forget(self, directory: str) -> None:
+        with self._lock:
+            self._watched.pop(directory, None)
 
     def _run(self) -> None:
         polls = -1
@@ -319,18 +328,15 @@ class _Grower:
             with self._lock:
                 watched = list(self._watched.items())
             for directory, image in watched:
+                # One statvfs a store a poll; the rest only when it runs low.
                 try:
                     free = _free(directory)
-                    if free < FREE_LOW and _image_of(directory) == image:
-                        if _release(directory, image, FREE_TARGET - free):
-                            with self._room:
-                                self._room.notify_all()
-                    elif not os.path.ismount(directory):
-                        raise FileNotFoundError(directory)
+                    if free < FREE_LOW and _image_of(directory) == image and \
+                            _release(directory, image, FREE_TARGET - free):
+                        with self._room:
+                            self._room.notify_all()
                 except OSError:
-                    with self._lock:
-                        if self._watched.get(directory) == image:
-                            del self._watched[directory]
+                    self._forget(directory)
             time.sleep(POLL)
 
 
