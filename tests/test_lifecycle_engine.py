@@ -223,6 +223,44 @@ async def test_transition_hook_sees_pause_resume_and_close(engine: LifecycleEngi
     assert calls == ["running", "paused", "running", "terminated"]
 
 
+async def test_an_adopted_sandbox_is_said_in_its_recorded_state_while_it_is_written_again(
+    engine: LifecycleEngine,
+) -> None:
+    """A daemon adopting a running sandbox (after a restart, or taking over
+    a dead daemon's) finds it on record as running, and writes it again
+    (that write checks the daemon still owns it). Meanwhile calls already
+    reach the sandbox: its status says what the store says, running, never
+    the 'creating' it never was for its callers."""
+    writing, go_on = asyncio.Event(), asyncio.Event()
+
+    async def hook(sid: str, old: SandboxState, new: SandboxState, reason: str | None) -> None:
+        writing.set()
+        await go_on.wait()
+
+    engine.on_transition = hook
+    sandbox = hutch.Sandbox(VirtualSandbox("sb-adopted", "/workspace"), read_before_write=False)
+    adopting = asyncio.ensure_future(engine.attach(
+        live_of(sandbox), hutch.SandboxOptions(), state=SandboxState.RUNNING,
+        created_unix=time.time() - 60, meter={"running_s": 60.0}, recorded=True))
+    await writing.wait()
+    assert sandbox.status().state is SandboxState.RUNNING, "said creating while adopted"
+    go_on.set()
+    await adopting
+    assert sandbox.status().state is SandboxState.RUNNING
+    # A new sandbox's first state is on record as creating until its write is done.
+    writing.clear()
+    go_on.clear()
+    fresh = hutch.Sandbox(VirtualSandbox("sb-fresh", "/workspace"), read_before_write=False)
+    creating = asyncio.ensure_future(engine.attach(live_of(fresh), hutch.SandboxOptions()))
+    await writing.wait()
+    assert fresh.status().state is SandboxState.CREATING
+    go_on.set()
+    await creating
+    assert fresh.status().state is SandboxState.RUNNING
+    await sandbox.close()
+    await fresh.close()
+
+
 async def test_status_says_the_recorded_state_while_a_transition_is_written(
     engine: LifecycleEngine,
 ) -> None:

@@ -252,6 +252,7 @@ class Reconciling(Workspaces):
             # date (activity is not written per call): the idle clock starts
             # again rather than reaping work that may have gone on until the end.
             last_active_unix=row.last_active_unix if after_clean_stop else None,
+            recorded=True,
         )
         await self._note(row.id, "adopted", f"adopted after restart as {state.value}")
         log.info("adopted sandbox %s (%s)", row.id, state.value)

@@ -103,6 +103,7 @@ class LifecycleEngine(Timers):
         deadline_unix: float | None = None,
         last_active_unix: float | None = None,
         meter: Mapping[str, float] | None = None,
+        recorded: bool = False,
     ) -> LifecycleRecord:
         """Track a sandbox whose backend has just been created.
 
@@ -112,6 +113,8 @@ class LifecycleEngine(Timers):
         set_timeout deadline (``deadline_unix``; one that passed while the
         daemon was down reaps it at once), when it was last active (its idle
         clock goes on from there) and its ``meter`` (as ``SandboxStatus.meter``).
+        ``recorded``: ``state`` is on record already (an adoption); while a
+        running one is written again, its status says so, not creating.
         """
         now = self.clock.monotonic()
         wall = self.clock.time()
@@ -139,7 +142,8 @@ class LifecycleEngine(Timers):
         self._sandboxes[sandbox.id] = sandbox
         if state is SandboxState.RUNNING:
             try:
-                await self._transition(sandbox, SandboxState.RUNNING, None)
+                await self._transition(sandbox, SandboxState.RUNNING, None,
+                                       stored=SandboxState.RUNNING if recorded else None)
             except BaseException:
                 self._sandboxes.pop(sandbox.id, None)  # not recorded: not tracked
                 raise

@@ -26,8 +26,13 @@ log = logging.getLogger("hutch.lifecycle")
 
 class Transitions(Sharing):
     async def _transition(
-        self, sandbox: LiveSandbox, new: SandboxState, reason: str | None
+        self, sandbox: LiveSandbox, new: SandboxState, reason: str | None,
+        *, stored: SandboxState | None = None,
     ) -> None:
+        """Move to ``new``, acknowledged once ``on_transition`` has written
+        it; meanwhile the status says what the store still has: the old
+        state, or ``stored`` where the store has another (an adopted
+        sandbox, on record as it was found, tracked from creating)."""
         record = self._record(sandbox)
         old = record.state
         check_transition(record.sandbox_id, old, new)
@@ -47,7 +52,7 @@ class Transitions(Sharing):
             f" ({reason})" if reason else "",
         )
         if self.on_transition is not None:
-            record.recording = (old, before[0])
+            record.recording = (stored or old, before[0])
             try:
                 result = self.on_transition(record.sandbox_id, old, new, reason)
                 if inspect.isawaitable(result):
