@@ -29,23 +29,13 @@ from collections.abc import Iterator
 import pytest
 
 from hutch.providers import _diskcap
+from tests.diskfill import fill
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="loop mounts need root")
 
 _libc = ctypes.CDLL(None, use_errno=True)
 CAP = 4 * 1024**3  # the daemon's default cap
 PATTERN = bytes(range(1, 256)) * 4111  # no NUL in it: a lost page reads as NULs
-
-
-def _fill(directory: str) -> str:
-    path = os.path.join(directory, "filler")
-    chunk = b"\1" * (1 << 20)
-    with open(path, "wb", buffering=0) as fh:
-        for size in (len(chunk), 4096, 1):  # what a big write cannot take, small ones do
-            with contextlib.suppress(OSError):
-                while fh.write(chunk[:size]):
-                    pass
-    return path
 
 
 def _write_all(fd: int, data: bytes, offset: int) -> None:
@@ -93,7 +83,7 @@ def test_a_capped_directory_keeps_its_files_when_the_host_disk_fills() -> None:
         path = os.path.join(store, "work.txt")
         with open(path, "w") as fh:
             fh.write("written before the disk filled")
-        filler = _fill(os.path.dirname(store))
+        filler = fill(os.path.dirname(store), b"\1")
         _write_back_and_evict(store)
         os.remove(filler)
         with open(path, "rb") as fh:
@@ -109,7 +99,7 @@ def test_a_full_host_disk_is_disk_full_in_a_capped_directory_and_loses_nothing()
     fsync), and every byte acknowledged (written and fsynced) reads back."""
     with _small_host("400m") as store:
         _diskcap.mount_capped(store, CAP)
-        filler = _fill(os.path.dirname(store))
+        filler = fill(os.path.dirname(store), b"\1")
         path = os.path.join(store, "big")
         kept = 0  # bytes written and fsynced
         refused = None

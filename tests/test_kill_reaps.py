@@ -311,6 +311,16 @@ def _agents_of(sandbox_id: str) -> list[int]:
     return pids
 
 
+async def _exec_raising_into(sandbox: hutch.Sandbox, command: str,
+                             outcome: list[BaseException]) -> None:
+    """Run ``command`` with a 4 s timeout; what it raises goes into ``outcome``
+    (it is the subject of the test that reads it)."""
+    try:
+        await sandbox.exec(command, timeout=4)
+    except BaseException as exc:
+        outcome.append(exc)
+
+
 @pytest.mark.anyio
 @pytest.mark.docker
 @pytest.mark.parametrize("sandbox", isolating.params("docker-agent", "bubblewrap-agent"),
@@ -329,15 +339,9 @@ async def test_a_kill_its_agent_never_confirms_is_not_said_done(
     tag, command = await _tree_command(sandbox)
     outcome: list[BaseException] = []
 
-    async def timed_out() -> None:
-        try:
-            await sandbox.exec(command, timeout=4)
-        except BaseException as exc:  # what it raised is the subject
-            outcome.append(exc)
-
     try:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(timed_out)
+            tg.start_soon(_exec_raising_into, sandbox, command, outcome)
             assert await _until_grown(tag) >= TREE_SIZE
             for pid in agents:
                 os.kill(pid, signal.SIGSTOP)
@@ -388,16 +392,10 @@ async def test_a_kill_the_ssh_host_never_answers_is_not_said_done(
     tag, command = await _tree_command(sandbox)
     outcome: list[BaseException] = []
 
-    async def timed_out() -> None:
-        try:
-            await sandbox.exec(command, timeout=4)
-        except BaseException as exc:  # what it raised is the subject
-            outcome.append(exc)
-
     server: int | None = None
     try:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(timed_out)
+            tg.start_soon(_exec_raising_into, sandbox, command, outcome)
             assert await _until_grown(tag) >= TREE_SIZE
             leader = min(p[0] for p in named(tag))
             server = _ancestor_named(leader, b"sshd")

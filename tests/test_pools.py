@@ -25,6 +25,7 @@ from hutch.client import RemoteSandbox
 from hutch.store import SQLiteStore
 from tests.conftest import TEST_IMAGE
 from tests.daemon_fixture import DaemonProcess, containers_of, mounts_under
+from tests.diskfill import fill
 
 HUTCH = [sys.executable, "-m", "hutch.cli.main"]
 #: A hang guard for a pool to fill (not a timing check).
@@ -379,13 +380,3 @@ def test_a_take_the_store_cannot_record_hands_nothing_out(tmp_path: Path) -> Non
         subprocess.run(["umount", mount], check=False)
 
 
-def fill(directory: str) -> str:
-    """Fill the file system ``directory`` is on; return the filler's path."""
-    path = os.path.join(directory, "filler")
-    chunk = b"\0" * (1 << 20)
-    with open(path, "wb", buffering=0) as fh:
-        for size in (len(chunk), 4096, 1):  # what a big write cannot take, small ones do
-            with contextlib.suppress(OSError):
-                while fh.write(chunk[:size]):
-                    pass
-    return path

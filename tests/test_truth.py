@@ -25,6 +25,7 @@ import pytest
 import hutch
 from tests.conftest import TEST_IMAGE
 from tests.daemon_fixture import DaemonProcess
+from tests.diskfill import fill
 from tests.test_bounded import BACKTRACKING
 
 HUTCH = [sys.executable, "-m", "hutch.cli.main"]
@@ -207,18 +208,6 @@ def test_a_workspace_whose_container_is_removed_goes_stale(daemon: DaemonProcess
 
 
 # -- 2. the store is the truth, or the call fails ---------------------------------------
-
-
-def fill(directory: str) -> str:
-    """Fill the file system ``directory`` is on; return the filler's path."""
-    path = os.path.join(directory, "filler")
-    chunk = b"\0" * (1 << 20)
-    with open(path, "wb", buffering=0) as fh:
-        for size in (len(chunk), 4096, 1):  # what a big write cannot take, small ones do
-            with contextlib.suppress(OSError):
-                while fh.write(chunk[:size]):
-                    pass
-    return path
 
 
 def host_views(data_dir: str, sandbox_id: str, d: DaemonProcess) -> str:
