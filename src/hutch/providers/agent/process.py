@@ -177,10 +177,8 @@ class AgentProcess(FutureExitProcess, PtyProcess):
         if self._exit_code is None and self._runtime.frozen():
             # Also when its reader gave up on the frozen agent's silence: the
             # tree is still there, held.
-            if self._runtime.signals_here:
-                await self._kill_frozen(grace)
-                return
-            await self._kill_at_thaw(grace)
+            await self._kill_held(grace)
+            return
         if self._exit.done():
             return
         self._killing = True
@@ -204,16 +202,23 @@ class AgentProcess(FutureExitProcess, PtyProcess):
             if self._runtime.frozen():
                 # Paused while it was asked (the provider said so): nothing
                 # was confirmed, and the held tree is there.
-                if self._runtime.signals_here:
-                    await self._kill_frozen(grace)
-                    return
-                await self._kill_at_thaw(grace)
+                await self._kill_held(grace)
+                return
         with contextlib.suppress(TimeoutError, HutchError):
             await asyncio.wait_for(asyncio.shield(self._exit), 5)
         if not self._exit.done():
             self._channel.close()  # an orphan kept the output open: stop listening
         if incomplete is not None:
             raise incomplete
+
+    async def _kill_held(self, grace: float) -> None:
+        """The kill of a command in a sandbox held frozen: from this host
+        where its processes are this host's to signal, else left for the
+        agent at the thaw (and said not done)."""
+        if self._runtime.signals_here:
+            await self._kill_frozen(grace)
+        else:
+            await self._kill_at_thaw(grace)
 
     async def _kill_at_thaw(self, grace: float) -> NoReturn:
         """The kill of a command in a sandbox held frozen whose processes are
