@@ -533,7 +533,9 @@ class DockerProcess(FutureExitProcess):
         # answers once each is reaped (by docker's init), and what forks on
         # meets the SIGKILL rounds of its kill.
         container = self._sandbox.container_id or ""
-        tree = ProcessTree(f"{EXEC_MARKER}={self._marker}", held=lambda: frozen(container))
+        # Looked for among the container's processes (its cgroup's) alone.
+        tree = ProcessTree(f"{EXEC_MARKER}={self._marker}", held=lambda: frozen(container),
+                           cgroup=cgroup_dir(container, "pids") if container else None)
         await anyio.to_thread.run_sync(tree.alive)
         with contextlib.suppress(HutchError):
             await self._sandbox.run_quiet(
