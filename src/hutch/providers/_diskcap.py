@@ -34,6 +34,14 @@ zeroing of a short unwritten extent) into a hole punched in the image,
 which would undo the reservation. It is mounted ``noinit_itable`` (a fresh
 image reads as zeros anyway), its ``extent_max_zeroout_kb`` is 0, and each
 mount and growth reserves again everything outside the balloon.
+
+The balloon is at the file system's root, never in sight of a sandbox. A
+store (``layers``) keeps its layers in directories beside it at that root.
+A plain capped working directory (:func:`mount_capped_workdir`: what a
+sandbox binds as it is) is a bind of the subdirectory :data:`VIEW` of a
+file system mounted privately beside it (``<directory>.fs``): its listings,
+copies, snapshots and disk figure hold what the sandbox wrote, and nothing
+in it is in the sandbox's way (the balloon is immutable).
 """
 
 from __future__ import annotations
@@ -53,8 +61,26 @@ from . import _mounts
 IMAGE_SUFFIX = ".img"
 
 
+#: A plain capped working directory's file system is mounted here, beside it.
+PRIVATE_SUFFIX = ".fs"
+#: The directory in that file system that the working directory shows.
+VIEW = "view"
+
+
 def image_for(directory: str) -> str:
     return directory.rstrip("/") + IMAGE_SUFFIX
+
+
+def private_root(directory: str) -> str:
+    """Where a plain capped working directory's file system is mounted."""
+    return directory.rstrip("/") + PRIVATE_SUFFIX
+
+
+def _fs_root(directory: str) -> str:
+    """The root of the capped file system ``directory`` is (a store's) or
+    shows (a plain capped working directory's): where its balloon is."""
+    private = private_root(directory)
+    return private if os.path.ismount(private) else directory
 
 
 def _run(argv: list[str]) -> None:
@@ -84,14 +110,62 @@ _FIEMAP_BATCH = 256
 
 
 def mount_capped(directory: str, size: int) -> None:
-    """Make ``directory`` a mount of at most ``size`` bytes (idempotent: an
-    existing image is mounted again as it is, after a reboot say). OSError
-    (ENOSPC) if the host cannot reserve what the new file system needs to start."""
+    """Make ``directory`` a mount of at most ``size`` bytes, the balloon at
+    its root (idempotent: an existing image is mounted again as it is, after
+    a reboot say). OSError (ENOSPC) if the host cannot reserve what the new
+    file system needs to start."""
+    _mount_image(directory, image_for(directory), size)
+
+
+def mount_capped_workdir(directory: str, size: int) -> None:
+    """Make ``directory`` a working directory of at most ``size`` bytes
+    that shows only what is written in it: a bind of the :data:`VIEW` of a
+    capped file system mounted at :func:`private_root` (idempotent, as
+    :func:`mount_capped`). One capped before there was a view (the file
+    system's root itself) has its files moved into one as it is mounted
+    again; one still mounted so is left as it is."""
+    if os.path.ismount(directory):
+        _grower.watch(_fs_root(directory))
+        return
+    private = private_root(directory)
+    _mount_image(private, image_for(directory), size)
+    try:
+        view = _view(private)
+        os.makedirs(directory, exist_ok=True)
+        _mounts.mount(view, directory, None, _mounts.MS_BIND)
+    except OSError:
+        with contextlib.suppress(OSError):
+            _mounts.umount(private)
+        raise
+
+
+def _view(root: str) -> str:
+    """The view of the capped file system at ``root``: made on its first
+    mount, the root's mode and owner its own, with whatever the root holds
+    but the balloon moved into it (an older working directory's files).
+    Moved into a directory of another name, renamed last: a move cut short
+    is taken up again on the next mount."""
+    view = os.path.join(root, VIEW)
+    if os.path.isdir(view) and not os.path.islink(view):
+        return view
+    moving = os.path.join(root, VIEW + ".moving")
+    if not os.path.isdir(moving):
+        st = os.stat(root)
+        os.mkdir(moving, 0o700)
+        os.chown(moving, st.st_uid, st.st_gid)
+        os.chmod(moving, st.st_mode & 0o7777)
+    for name in os.listdir(root):
+        if name not in (BALLOON, VIEW + ".moving"):
+            os.rename(os.path.join(root, name), os.path.join(moving, name))
+    os.rename(moving, view)
+    return view
+
+
+def _mount_image(directory: str, image: str, size: int) -> None:
     if os.path.ismount(directory):
         _grower.watch(directory)
         return
     os.makedirs(directory, exist_ok=True)
-    image = image_for(directory)
     fresh = not os.path.exists(image)
     if fresh:
         fd = os.open(image, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o600)
@@ -165,7 +239,8 @@ def _extents(fd: int, start: int, length: int) -> list[tuple[int, int]]:
 
 def _set_immutable(fd: int, on: bool) -> None:
     """The balloon is immutable: a sandbox (no CAP_LINUX_IMMUTABLE) that
-    sees it (a plain capped directory) cannot free it."""
+    sees it (a working directory capped before there were views, still
+    mounted so) cannot free it."""
     flags = struct.unpack("=l", fcntl.ioctl(fd, _FS_IOC_GETFLAGS, struct.pack("=l", 0)))[0]
     flags = flags | _FS_IMMUTABLE_FL if on else flags & ~_FS_IMMUTABLE_FL
     fcntl.ioctl(fd, _FS_IOC_SETFLAGS, struct.pack("=l", flags))
@@ -293,9 +368,10 @@ class _Grower:
         """Wait until ``directory`` has room (FREE_LOW / 2): whether it has
         (not if it is at its cap, or the host stays full)."""
         deadline = time.monotonic() + timeout
+        root = _fs_root(directory)
         with self._room:
-            while _free(directory) <= FREE_LOW // 2:
-                if not os.path.exists(os.path.join(directory, BALLOON)):
+            while _free(root) <= FREE_LOW // 2:
+                if not os.path.exists(os.path.join(root, BALLOON)):
                     return False
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -375,17 +451,25 @@ def unescape_raw(field: str) -> str:
 
 
 def unmount_capped(directory: str) -> None:
-    """Unmount ``directory`` if it is a capped mount, and drop its image and
-    any loop device still backed by it."""
+    """Unmount ``directory`` if it is a capped mount (a working directory's
+    view, and the file system behind it), and drop its image and any loop
+    device still backed by it."""
     image = image_for(directory)
+    private = private_root(directory)
+    loop_mount = private if os.path.ismount(private) else directory
+    points = [directory, private] if loop_mount == private else [directory]
     clean = False
-    if os.path.ismount(directory):
+    for point in points:
+        if not os.path.ismount(point):
+            continue
         try:
-            _mounts.umount(directory)
+            _mounts.umount(point)
             # mount(8) set its loop device up to clear itself on this unmount.
-            clean = True
+            clean = point == loop_mount
         except OSError:
-            _mounts.umount(directory, detach=True)  # busy: detached now, freed when let go
+            _mounts.umount(point, detach=True)  # busy: detached now, freed when let go
+    with contextlib.suppress(OSError):
+        os.rmdir(private)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(image)
     if clean:
