@@ -24,9 +24,13 @@ that part, up to the cap. When the host cannot reserve them, nothing is
 released: the sandbox's file system is full, its writes fail with ENOSPC,
 and nothing it was told was written is lost. A sandbox writing faster than
 the grower keeps up (more than FREE_LOW in a poll) sees ENOSPC early too.
+Space freed in a store (files deleted) goes back to the host: past
+:data:`FREE_HIGH` free, the grower grows the balloon again (fallocated: it
+takes free blocks only, none the file system still writes) and punches the
+image's blocks under what it took (:func:`_give_back`).
 
 Host disk a store takes: what it holds, its metadata (the inode tables:
-64 MiB for 4 GiB, a 16 MiB journal) and up to FREE_TARGET free.
+64 MiB for 4 GiB, a 16 MiB journal) and FREE_TARGET to FREE_HIGH free.
 
 The inner file system is kept from punching holes in its image: a loop
 device turns the zeroing of a range (the lazy init of inode tables, the
@@ -34,11 +38,20 @@ zeroing of a short unwritten extent) into a hole punched in the image,
 which would undo the reservation. It is mounted ``noinit_itable`` (a fresh
 image reads as zeros anyway), its ``extent_max_zeroout_kb`` is 0, and each
 mount and growth reserves again everything outside the balloon.
+
+The balloon is at the file system's root, never in sight of a sandbox. A
+store (``layers``) keeps its layers in directories beside it at that root.
+A plain capped working directory (:func:`mount_capped_workdir`: what a
+sandbox binds as it is) is a bind of the subdirectory :data:`VIEW` of a
+file system mounted privately beside it (``<directory>.fs``): its listings,
+copies, snapshots and disk figure hold what the sandbox wrote, and nothing
+in it is in the sandbox's way (the balloon is immutable).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import os
 import re
@@ -53,8 +66,26 @@ from . import _mounts
 IMAGE_SUFFIX = ".img"
 
 
+#: A plain capped working directory's file system is mounted here, beside it.
+PRIVATE_SUFFIX = ".fs"
+#: The directory in that file system that the working directory shows.
+VIEW = "view"
+
+
 def image_for(directory: str) -> str:
     return directory.rstrip("/") + IMAGE_SUFFIX
+
+
+def private_root(directory: str) -> str:
+    """Where a plain capped working directory's file system is mounted."""
+    return directory.rstrip("/") + PRIVATE_SUFFIX
+
+
+def _fs_root(directory: str) -> str:
+    """The root of the capped file system ``directory`` is (a store's) or
+    shows (a plain capped working directory's): where its balloon is."""
+    private = private_root(directory)
+    return private if os.path.ismount(private) else directory
 
 
 def _run(argv: list[str]) -> None:
@@ -69,8 +100,17 @@ BALLOON = ".hutch-unreserved"
 FREE_TARGET = 128 << 20
 #: ... and below which the grower reserves more (up to the cap).
 FREE_LOW = 64 << 20
+#: Free space past which a store gives back to the host all but FREE_TARGET
+#: (files deleted): far enough above it that a sandbox writing and deleting
+#: does not have the same space taken and given at every turn.
+FREE_HIGH = 4 * FREE_TARGET
 #: How often the grower reads a mounted store's free space, in seconds.
 POLL = 0.05
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+_FALLOC_FL_KEEP_SIZE = 0x1
+_FALLOC_FL_PUNCH_HOLE = 0x2
 
 _FS_IOC_FIEMAP = 0xC020660B
 _FS_IOC_GETFLAGS = 0x80086601
@@ -84,14 +124,62 @@ _FIEMAP_BATCH = 256
 
 
 def mount_capped(directory: str, size: int) -> None:
-    """Make ``directory`` a mount of at most ``size`` bytes (idempotent: an
-    existing image is mounted again as it is, after a reboot say). OSError
-    (ENOSPC) if the host cannot reserve what the new file system needs to start."""
+    """Make ``directory`` a mount of at most ``size`` bytes, the balloon at
+    its root (idempotent: an existing image is mounted again as it is, after
+    a reboot say). OSError (ENOSPC) if the host cannot reserve what the new
+    file system needs to start."""
+    _mount_image(directory, image_for(directory), size)
+
+
+def mount_capped_workdir(directory: str, size: int) -> None:
+    """Make ``directory`` a working directory of at most ``size`` bytes
+    that shows only what is written in it: a bind of the :data:`VIEW` of a
+    capped file system mounted at :func:`private_root` (idempotent, as
+    :func:`mount_capped`). One capped before there was a view (the file
+    system's root itself) has its files moved into one as it is mounted
+    again; one still mounted so is left as it is."""
+    if os.path.ismount(directory):
+        _grower.watch(_fs_root(directory))
+        return
+    private = private_root(directory)
+    _mount_image(private, image_for(directory), size)
+    try:
+        view = _view(private)
+        os.makedirs(directory, exist_ok=True)
+        _mounts.mount(view, directory, None, _mounts.MS_BIND)
+    except OSError:
+        with contextlib.suppress(OSError):
+            _mounts.umount(private)
+        raise
+
+
+def _view(root: str) -> str:
+    """The view of the capped file system at ``root``: made on its first
+    mount, the root's mode and owner its own, with whatever the root holds
+    but the balloon moved into it (an older working directory's files).
+    Moved into a directory of another name, renamed last: a move cut short
+    is taken up again on the next mount."""
+    view = os.path.join(root, VIEW)
+    if os.path.isdir(view) and not os.path.islink(view):
+        return view
+    moving = os.path.join(root, VIEW + ".moving")
+    if not os.path.isdir(moving):
+        st = os.stat(root)
+        os.mkdir(moving, 0o700)
+        os.chown(moving, st.st_uid, st.st_gid)
+        os.chmod(moving, st.st_mode & 0o7777)
+    for name in os.listdir(root):
+        if name not in (BALLOON, VIEW + ".moving"):
+            os.rename(os.path.join(root, name), os.path.join(moving, name))
+    os.rename(moving, view)
+    return view
+
+
+def _mount_image(directory: str, image: str, size: int) -> None:
     if os.path.ismount(directory):
         _grower.watch(directory)
         return
     os.makedirs(directory, exist_ok=True)
-    image = image_for(directory)
     fresh = not os.path.exists(image)
     if fresh:
         fd = os.open(image, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o600)
@@ -165,7 +253,8 @@ def _extents(fd: int, start: int, length: int) -> list[tuple[int, int]]:
 
 def _set_immutable(fd: int, on: bool) -> None:
     """The balloon is immutable: a sandbox (no CAP_LINUX_IMMUTABLE) that
-    sees it (a plain capped directory) cannot free it."""
+    sees it (a working directory capped before there were views, still
+    mounted so) cannot free it."""
     flags = struct.unpack("=l", fcntl.ioctl(fd, _FS_IOC_GETFLAGS, struct.pack("=l", 0)))[0]
     flags = flags | _FS_IMMUTABLE_FL if on else flags & ~_FS_IMMUTABLE_FL
     fcntl.ioctl(fd, _FS_IOC_SETFLAGS, struct.pack("=l", flags))
@@ -255,14 +344,75 @@ def _release(directory: str, image: str, wanted: int) -> bool:
         os.close(fd)
 
 
-def _image_of(directory: str) -> str | None:
-    """The image a mounted capped directory is loop-mounted from."""
-    dev = os.stat(directory).st_dev
+def _give_back(directory: str, image: str) -> bool:
+    """Give the host back what a store holds free past FREE_TARGET (files
+    deleted): the balloon (made again if the store had grown to its cap)
+    takes that room, then the image's blocks under what it took are punched.
+    Safe: blocks the balloon holds are never written (unwritten extents,
+    nothing reads or writes the balloon), and ext4 reuses a freed block
+    only once the transaction that freed it is committed, so no write of
+    the file system lands in them after the punch. Done through the store's
+    root held open, checked to be ``image``'s: a store unmounted meanwhile
+    is not mistaken for the host directory under it. False if nothing was
+    given (a write took the room meanwhile)."""
+    root = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        if _backing_file(os.fstat(root).st_dev) != image:
+            return False
+        fd = os.open(BALLOON, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o400,
+                     dir_fd=root)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # one grower at a time (programs sharing a home)
+            held = os.fstat(fd).st_size
+            st = os.fstatvfs(root)
+            surplus = st.f_bavail * st.f_frsize - FREE_TARGET
+            surplus -= surplus % 4096
+            if surplus > FREE_HIGH - FREE_TARGET:
+                _set_immutable(fd, False)
+                try:
+                    writable = os.open(BALLOON, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW,
+                                       dir_fd=root)
+                    try:
+                        # ENOSPC: the sandbox wrote meanwhile; what was taken is given.
+                        with contextlib.suppress(OSError):
+                            os.posix_fallocate(writable, held, surplus)
+                    finally:
+                        os.close(writable)
+                finally:
+                    if os.fstat(fd).st_size:
+                        _set_immutable(fd, True)
+            grown = os.fstat(fd).st_size
+            if grown <= held:
+                if not held:  # none was there: none made
+                    os.unlink(BALLOON, dir_fd=root)
+                return False
+            image_fd = os.open(image, os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                for offset, length in _extents(fd, held, grown - held):
+                    if _libc.fallocate(image_fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE,
+                                       offset, length) != 0:
+                        break  # a host file system that cannot punch: kept reserved
+            finally:
+                os.close(image_fd)
+            return True
+        finally:
+            os.close(fd)
+    finally:
+        os.close(root)
+
+
+def _backing_file(dev: int) -> str | None:
+    """The image the loop device ``dev`` is backed by."""
     try:
         with open(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/loop/backing_file") as fh:
             return fh.read().rstrip("\n")
     except OSError:
         return None
+
+
+def _image_of(directory: str) -> str | None:
+    """The image a mounted capped directory is loop-mounted from."""
+    return _backing_file(os.stat(directory).st_dev)
 
 
 class _Grower:
@@ -293,9 +443,10 @@ class _Grower:
         """Wait until ``directory`` has room (FREE_LOW / 2): whether it has
         (not if it is at its cap, or the host stays full)."""
         deadline = time.monotonic() + timeout
+        root = _fs_root(directory)
         with self._room:
-            while _free(directory) <= FREE_LOW // 2:
-                if not os.path.exists(os.path.join(directory, BALLOON)):
+            while _free(root) <= FREE_LOW // 2:
+                if not os.path.exists(os.path.join(root, BALLOON)):
                     return False
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -335,6 +486,8 @@ class _Grower:
                             _release(directory, image, FREE_TARGET - free):
                         with self._room:
                             self._room.notify_all()
+                    elif free > FREE_HIGH and _image_of(directory) == image:
+                        _give_back(directory, image)
                 except OSError:
                     self._forget(directory)
             time.sleep(POLL)
@@ -375,17 +528,25 @@ def unescape_raw(field: str) -> str:
 
 
 def unmount_capped(directory: str) -> None:
-    """Unmount ``directory`` if it is a capped mount, and drop its image and
-    any loop device still backed by it."""
+    """Unmount ``directory`` if it is a capped mount (a working directory's
+    view, and the file system behind it), and drop its image and any loop
+    device still backed by it."""
     image = image_for(directory)
+    private = private_root(directory)
+    loop_mount = private if os.path.ismount(private) else directory
+    points = [directory, private] if loop_mount == private else [directory]
     clean = False
-    if os.path.ismount(directory):
+    for point in points:
+        if not os.path.ismount(point):
+            continue
         try:
-            _mounts.umount(directory)
+            _mounts.umount(point)
             # mount(8) set its loop device up to clear itself on this unmount.
-            clean = True
+            clean = point == loop_mount
         except OSError:
-            _mounts.umount(directory, detach=True)  # busy: detached now, freed when let go
+            _mounts.umount(point, detach=True)  # busy: detached now, freed when let go
+    with contextlib.suppress(OSError):
+        os.rmdir(private)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(image)
     if clean:

@@ -19,7 +19,7 @@ import anyio.to_thread
 from ..._errors import HutchError, InvalidArgument, NotFound, ProviderError, SandboxUnavailable
 from ..._paths import hutch_home
 from .. import layers
-from .._diskcap import mount_capped, unmount_capped
+from .._diskcap import mount_capped_workdir, unmount_capped
 from .._docker_engine import call as _call
 from .._docker_engine import engine
 from .._docker_engine import explanation as _explanation
@@ -489,7 +489,7 @@ class DockerProvisioning(NativeBackend):
         if self.config.disk is None or not self.owns_workdir or self.branch or self.layered:
             return
         try:
-            mount_capped(self.host_workdir, int(parse_bytes(self.config.disk)))
+            mount_capped_workdir(self.host_workdir, int(parse_bytes(self.config.disk)))
         except OSError as exc:
             raise ProviderError(
                 f"cannot cap the working directory of sandbox {self.sandbox_id} at "
