@@ -1,6 +1,6 @@
 """Compare this checkout's benches with another commit's, in one run.
 
-``.venv/bin/python bench/compare.py [--ref REF] [--rounds N] [bench ...]``
+``.venv/bin/python bench/compare.py [--ref REF] [--rounds N] [bench[:arg,...] ...]``
 
 It checks ``REF`` (default bc2d03a, main before issue 21's redesign) out
 detached in a temporary directory, builds that code's agent, then runs each
@@ -10,7 +10,10 @@ matches the rows each prints (``_common.row``) by bench, section and name,
 and prints per row the medians over the rounds of hutch's figure, old and
 new, the median of the rounds' new/old, both floors (a floor that moved
 says the machine did), the new hutch/floor ratio over the old one (which
-cancels load), and a verdict: within 5 %, better, or worse. Each bench's raw
+cancels load), in how many rounds new was the slower (a row slower in every
+round of many is slower, whatever its median says; one slower in half of
+them is noise), and a verdict: within 5 %, better, or worse. ``fork:docker``
+runs ``bench_fork.py docker`` (a bench's own arguments, both sides alike). Each bench's raw
 output goes to stderr as it comes; ``--log FILE...`` tables saved ones.
 """
 
@@ -70,11 +73,11 @@ def checkout(ref: str, into: pathlib.Path) -> pathlib.Path:
     return tree
 
 
-def run_bench(tree: pathlib.Path, bench: str) -> str:
+def run_bench(tree: pathlib.Path, bench: str, args: list[str]) -> str:
     """One bench's output, run from ``tree`` with that tree's sources."""
     env = dict(os.environ, PYTHONPATH=str(tree / "src"))
     env.pop("HUTCH_HOME", None)
-    child = subprocess.Popen([sys.executable, str(tree / "bench" / f"bench_{bench}.py")],
+    child = subprocess.Popen([sys.executable, str(tree / "bench" / f"bench_{bench}.py"), *args],
                              cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True)
     try:
@@ -122,7 +125,7 @@ def _medians(old: Figures, new: Figures, rounds: list[int]) -> tuple[float, ...]
 
 def table(old: dict[Key, Figures], new: dict[Key, Figures]) -> None:
     print(f"{'row':<52} {'old':>9} {'new':>9} {'new/old':>7} {'old flr':>9} {'new flr':>9}"
-          f" {'ratio/':>7}  verdict")
+          f" {'ratio/':>7} {'slower':>6}  verdict")
     shown = ""
     for key in sorted(old.keys() & new.keys(), key=list(old).index):
         bench, section, name, unit = key
@@ -142,10 +145,12 @@ def table(old: dict[Key, Figures], new: dict[Key, Figures]) -> None:
                   for i in rounds if n[i][1] and o[i][1] and o[i][0] and n[i][0]]
         ratio = statistics.median(ratios) if ratios else None
         shown_ratio = f"{ratio:>6.2f}x" if ratio is not None else f"{'-':>7}"
+        slower = sum(_cost(n[i][0], unit) > _cost(o[i][0], unit) for i in rounds)
         mid = _medians(o, n, rounds)
         label = f"{name} ({unit})"
         print(f"{label[:52]:<52} {mid[0]:>9.3f} {mid[1]:>9.3f} {change:>6.2f}x "
-              f"{mid[2]:>9.3f} {mid[3]:>9.3f} {shown_ratio}  {verdict(change, ratio)}")
+              f"{mid[2]:>9.3f} {mid[3]:>9.3f} {shown_ratio} {f'{slower}/{len(rounds)}':>6}  "
+              f"{verdict(change, ratio)}")
     for key in old.keys() - new.keys():
         print(f"only before: {' / '.join(key[:3])}")
     for key in new.keys() - old.keys():
@@ -168,7 +173,9 @@ def from_logs(logs: list[str]) -> tuple[dict[Key, Figures], dict[Key, Figures]]:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("benches", nargs="*", help="bench names (default: all both have)")
+    parser.add_argument("benches", nargs="*",
+                        help="bench names, each with its arguments after a colon, comma-"
+                             "separated (fork:docker); default: all both have")
     parser.add_argument("--ref", default=DEFAULT_REF)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--log", nargs="+", metavar="FILE",
@@ -183,19 +190,20 @@ def main(argv: list[str]) -> int:
         try:
             ours = {p.stem.removeprefix("bench_") for p in HERE.glob("bench_*.py")}
             theirs = {p.stem.removeprefix("bench_") for p in (tree / "bench").glob("bench_*.py")}
-            benches = args.benches or sorted(ours & theirs)
-            for name in set(benches) - (ours & theirs):
+            asked = {b.partition(":")[0]: [a for a in b.partition(":")[2].split(",") if a]
+                     for b in args.benches} or {b: [] for b in sorted(ours & theirs)}
+            for name in set(asked) - (ours & theirs):
                 print(f"!! {name}: not a bench in both", file=sys.stderr)
-            benches = [b for b in benches if b in ours & theirs]
+            benches = {b: a for b, a in asked.items() if b in ours & theirs}
             build_agent(tree)
             build_agent(NEW)
             old: dict[Key, Figures] = {}
             new: dict[Key, Figures] = {}
             for turn in range(args.rounds):
-                for bench in benches:
+                for bench, bench_args in benches.items():
                     sides = [(tree, old), (NEW, new)]
                     for where, into in sides if turn % 2 == 0 else reversed(sides):
-                        output = run_bench(where, bench)
+                        output = run_bench(where, bench, bench_args)
                         # The raw rows on stderr, as they come: the table is stdout's.
                         print(f"\n## round {turn + 1}: {bench} ("
                               f"{'old' if into is old else 'new'}){output}", file=sys.stderr,

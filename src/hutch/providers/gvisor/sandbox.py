@@ -521,10 +521,15 @@ class GvisorSandbox(SandboxBackend):
         return checkpoints.held(self.checkpoint_dir)
 
     async def observed_state(self) -> RuntimeState:
+        """runsc's word, which this handle goes by from here: one found
+        paused (after a restart, a takeover, another program's pause) is
+        known held, its commands' kills left for the thaw, as one paused here."""
         status = await self._status()
         if status == "running":
+            self._paused = False
             return RuntimeState.RUNNING
         if status == "paused":
+            self._paused = True
             return RuntimeState.PAUSED
         await anyio.to_thread.run_sync(
             lambda: checkpoints.settle(self.container, self.checkpoint_dir))
