@@ -95,6 +95,7 @@ def _capped(directory: str, size: int) -> Iterator[str]:
     finally:
         _diskcap.unmount_capped(directory)
     assert not os.path.ismount(directory)
+    assert not os.path.exists(_diskcap.private_root(directory))
     assert loop_devices_left(_diskcap.image_for(directory)) == []
 
 
