@@ -24,6 +24,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -183,3 +184,62 @@ def test_a_store_another_program_mounted_grows_here_too() -> None:
                 written += len(PATTERN)
         finally:
             os.close(fd)
+
+
+def _fill_store(fd: int, start: int, size: int, store: str) -> int:
+    """Write PATTERN from ``start`` until ``size`` bytes are (fsynced), or
+    the store is full for good; how far it got."""
+    at = start
+    while at < start + size:
+        try:
+            _write_all(fd, PATTERN, at)
+            os.fsync(fd)
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+            if not _diskcap.wait_for_room(store, timeout=10):
+                break
+            continue
+        at += len(PATTERN)
+    return at
+
+
+def test_space_freed_in_a_capped_directory_goes_back_to_the_host_and_nothing_is_lost() -> None:
+    """Files deleted in a store give their host blocks back (the balloon
+    takes their room again, the image's blocks under it punched); a full
+    host afterwards is still disk full in the store, and what was
+    acknowledged reads back."""
+    cap = 1 << 30
+    with _small_host("1g") as store:
+        _diskcap.mount_capped(store, cap)
+        image = _diskcap.image_for(store)
+        before = os.stat(image).st_blocks * 512
+        kept = os.path.join(store, "kept")
+        with open(kept, "wb") as fh:
+            fh.write(PATTERN)
+        fd = os.open(os.path.join(store, "big"), os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            assert _fill_store(fd, 0, 640 << 20, store) >= 640 << 20
+        finally:
+            os.close(fd)
+        assert os.stat(image).st_blocks * 512 >= before + (512 << 20)
+        os.remove(os.path.join(store, "big"))
+        deadline = time.monotonic() + 60
+        while os.stat(image).st_blocks * 512 > before + (64 << 20) and \
+                time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert os.stat(image).st_blocks * 512 <= before + (64 << 20)
+        # The host fills: the store is as full as the host, and loses nothing.
+        filler = fill(os.path.dirname(store), b"\1")
+        path = os.path.join(store, "after")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            written = _fill_store(fd, 0, 2 * cap, store)
+        finally:
+            os.close(fd)
+        assert written < 400 << 20
+        _write_back_and_evict(store)
+        os.remove(filler)
+        for name, size in (("kept", len(PATTERN)), ("after", written)):
+            with open(os.path.join(store, name), "rb") as fh:
+                for offset in range(0, size, len(PATTERN)):
+                    assert fh.read(len(PATTERN)) == PATTERN, f"{name}: lost at {offset}"

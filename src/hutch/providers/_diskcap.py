@@ -24,9 +24,13 @@ that part, up to the cap. When the host cannot reserve them, nothing is
 released: the sandbox's file system is full, its writes fail with ENOSPC,
 and nothing it was told was written is lost. A sandbox writing faster than
 the grower keeps up (more than FREE_LOW in a poll) sees ENOSPC early too.
+Space freed in a store (files deleted) goes back to the host: past
+:data:`FREE_HIGH` free, the grower grows the balloon again (fallocated: it
+takes free blocks only, none the file system still writes) and punches the
+image's blocks under what it took (:func:`_give_back`).
 
 Host disk a store takes: what it holds, its metadata (the inode tables:
-64 MiB for 4 GiB, a 16 MiB journal) and up to FREE_TARGET free.
+64 MiB for 4 GiB, a 16 MiB journal) and FREE_TARGET to FREE_HIGH free.
 
 The inner file system is kept from punching holes in its image: a loop
 device turns the zeroing of a range (the lazy init of inode tables, the
@@ -47,6 +51,7 @@ in it is in the sandbox's way (the balloon is immutable).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import os
 import re
@@ -95,8 +100,17 @@ BALLOON = ".hutch-unreserved"
 FREE_TARGET = 128 << 20
 #: ... and below which the grower reserves more (up to the cap).
 FREE_LOW = 64 << 20
+#: Free space past which a store gives back to the host all but FREE_TARGET
+#: (files deleted): far enough above it that a sandbox writing and deleting
+#: does not have the same space taken and given at every turn.
+FREE_HIGH = 4 * FREE_TARGET
 #: How often the grower reads a mounted store's free space, in seconds.
 POLL = 0.05
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+_FALLOC_FL_KEEP_SIZE = 0x1
+_FALLOC_FL_PUNCH_HOLE = 0x2
 
 _FS_IOC_FIEMAP = 0xC020660B
 _FS_IOC_GETFLAGS = 0x80086601
@@ -330,14 +344,75 @@ def _release(directory: str, image: str, wanted: int) -> bool:
         os.close(fd)
 
 
-def _image_of(directory: str) -> str | None:
-    """The image a mounted capped directory is loop-mounted from."""
-    dev = os.stat(directory).st_dev
+def _give_back(directory: str, image: str) -> bool:
+    """Give the host back what a store holds free past FREE_TARGET (files
+    deleted): the balloon (made again if the store had grown to its cap)
+    takes that room, then the image's blocks under what it took are punched.
+    Safe: blocks the balloon holds are never written (unwritten extents,
+    nothing reads or writes the balloon), and ext4 reuses a freed block
+    only once the transaction that freed it is committed, so no write of
+    the file system lands in them after the punch. Done through the store's
+    root held open, checked to be ``image``'s: a store unmounted meanwhile
+    is not mistaken for the host directory under it. False if nothing was
+    given (a write took the room meanwhile)."""
+    root = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        if _backing_file(os.fstat(root).st_dev) != image:
+            return False
+        fd = os.open(BALLOON, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o400,
+                     dir_fd=root)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # one grower at a time (programs sharing a home)
+            held = os.fstat(fd).st_size
+            st = os.fstatvfs(root)
+            surplus = st.f_bavail * st.f_frsize - FREE_TARGET
+            surplus -= surplus % 4096
+            if surplus > FREE_HIGH - FREE_TARGET:
+                _set_immutable(fd, False)
+                try:
+                    writable = os.open(BALLOON, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW,
+                                       dir_fd=root)
+                    try:
+                        # ENOSPC: the sandbox wrote meanwhile; what was taken is given.
+                        with contextlib.suppress(OSError):
+                            os.posix_fallocate(writable, held, surplus)
+                    finally:
+                        os.close(writable)
+                finally:
+                    if os.fstat(fd).st_size:
+                        _set_immutable(fd, True)
+            grown = os.fstat(fd).st_size
+            if grown <= held:
+                if not held:  # none was there: none made
+                    os.unlink(BALLOON, dir_fd=root)
+                return False
+            image_fd = os.open(image, os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                for offset, length in _extents(fd, held, grown - held):
+                    if _libc.fallocate(image_fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE,
+                                       offset, length) != 0:
+                        break  # a host file system that cannot punch: kept reserved
+            finally:
+                os.close(image_fd)
+            return True
+        finally:
+            os.close(fd)
+    finally:
+        os.close(root)
+
+
+def _backing_file(dev: int) -> str | None:
+    """The image the loop device ``dev`` is backed by."""
     try:
         with open(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/loop/backing_file") as fh:
             return fh.read().rstrip("\n")
     except OSError:
         return None
+
+
+def _image_of(directory: str) -> str | None:
+    """The image a mounted capped directory is loop-mounted from."""
+    return _backing_file(os.stat(directory).st_dev)
 
 
 class _Grower:
@@ -411,6 +486,8 @@ class _Grower:
                             _release(directory, image, FREE_TARGET - free):
                         with self._room:
                             self._room.notify_all()
+                    elif free > FREE_HIGH and _image_of(directory) == image:
+                        _give_back(directory, image)
                 except OSError:
                     self._forget(directory)
             time.sleep(POLL)

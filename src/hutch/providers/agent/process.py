@@ -250,7 +250,8 @@ class AgentProcess(FutureExitProcess, PtyProcess):
         self._killing = True
         self._space.set()
         frozen = self._runtime.frozen_here
-        tree = ProcessTree(f"{EXEC_MARKER}={self._marker}", held=frozen)
+        tree = ProcessTree(f"{EXEC_MARKER}={self._marker}", held=frozen,
+                           cgroup=self._runtime.host_cgroup())
         try:
             await tree.kill(grace)
         finally:

@@ -105,6 +105,7 @@ class AgentRuntime(SandboxRuntime):
         frozen: Callable[[], bool] | None = None,
         held_now: Callable[[], Awaitable[bool]] | None = None,
         signals_here: bool = False,
+        cgroup: Callable[[], str | None] | None = None,
     ) -> None:
         super().__init__(sandbox_id, workdir)
         self.socket_path = socket_path
@@ -126,6 +127,9 @@ class AgentRuntime(SandboxRuntime):
         #: Its processes are this host's to signal (in its /proc, their
         #: environments readable here): a frozen sandbox's kill goes from here.
         self.signals_here = signals_here
+        #: The host directory of the sandbox's cgroup (holding all its
+        #: processes), where a kill from here looks for a command's.
+        self._cgroup = cgroup
         self._idle: list[Channel] = []
         #: The agent keeps an exec's connection for the next request (its
         #: version, learnt from its ping, is 2 or later).
@@ -157,6 +161,12 @@ class AgentRuntime(SandboxRuntime):
         """Whether the sandbox is held frozen with its processes this host's
         to signal: a kill then goes from here, not through the frozen agent."""
         return self.signals_here and self.frozen()
+
+    def host_cgroup(self) -> str | None:
+        """The host directory of the sandbox's cgroup, where a kill from this
+        host looks for a command's processes; None where not known (every
+        process of this host's is looked at)."""
+        return None if self._cgroup is None else self._cgroup()
 
     async def leave_request(self, header: Header) -> bool:
         """Send ``header`` on a connection of its own and hang up: a frozen
