@@ -26,6 +26,9 @@ compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || need+=(postgresql)
 # chromium: the dashboard's browser test (tests/test_dashboard.py) drives Debian's
 # build through Playwright, which never downloads a browser of its own here.
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
+# strace: the SDK's requests are watched reaching the daemon's socket, a write
+# at a time (tests/test_client_writes.py).
+command -v strace >/dev/null 2>&1 || need+=(strace)
 if [ ${#need[@]} -gt 0 ]; then
   log "installing ${need[*]}"
   apt-get update -qq

@@ -58,12 +58,15 @@ class HostProcess(BackendProcess):
     def __init__(
         self, proc: asyncio.subprocess.Process, exec_id: str, stdin: bytes | None,
         keep_stdin: bool = False, *, monitor: bool = False,
-        held: Callable[[], bool] | None = None,
+        held: Callable[[], bool] | None = None, cgroup: str | None = None,
     ) -> None:
         """``monitor``: ``proc`` is not the command but what runs it and ends
         with it (bwrap, whose child the command is); ``held``: whether its
-        sandbox is frozen (see :meth:`ProcessTree.kill`)."""
+        sandbox is frozen (see :meth:`ProcessTree.kill`); ``cgroup``: its
+        sandbox's, where its kill looks for its processes (None: all of
+        this host's)."""
         self._proc = proc
+        self._cgroup = cgroup
         self._monitor = monitor
         self._held = held
         self._exec_id = exec_id
@@ -133,6 +136,7 @@ class HostProcess(BackendProcess):
             group=None if self._monitor else leader,
             spare=leader if self._monitor else None,
             held=self._held,
+            cgroup=self._cgroup,
         )
         try:
             await tree.kill(grace)

@@ -3,7 +3,12 @@ kill answers once the tree is gone, not once its signals are sent.
 
 A command's processes are those of its process group and every one whose
 environment carries its marker (``HUTCH_EXEC_ID=...``: children inherit
-it, wherever they go, another group or session). A kill is SIGTERM to all,
+it, wherever they go, another group or session). Where the sandbox's
+cgroup is known, they are looked for among its processes alone (its
+``cgroup.procs``, and its child cgroups'): a kill's cost is the sandbox's,
+not the host's, and nothing outside the sandbox is signalled, whatever its
+environment says. Elsewhere (the local provider's commands, the host's
+own), among every process of this host's /proc. A kill is SIGTERM to all,
 a grace, then SIGKILL rounds until a look finds none alive (what forked
 between a look and its kill, a fork bomb's, is found by the next), then a
 wait until each process seen is reaped: a zombie still holds its pid (a
@@ -49,6 +54,33 @@ def _stat(pid: int) -> _Stat | None:
     return _Stat(fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[19]))
 
 
+def cgroup_members(directory: str) -> list[int]:
+    """The processes in the cgroup ``directory`` and every cgroup below it
+    (a cgroup's ``cgroup.procs`` lists its own only: the workload's, a child,
+    holds a sandbox's commands); none once it is gone. A cgroup's members
+    stay in it whatever they do (a new session, a parent gone): only the
+    host moves them out."""
+    found: list[int] = []
+    below = [directory]
+    while below:
+        here = below.pop()
+        # The parent read before its children: a process moved down between
+        # the two reads (into the workload) is in one of them.
+        try:
+            with open(os.path.join(here, "cgroup.procs"), "rb") as fh:
+                found.extend(int(pid) for pid in fh.read().split())
+            with os.scandir(here) as entries:
+                below.extend(e.path for e in entries if e.is_dir(follow_symlinks=False))
+        except (OSError, ValueError):
+            continue
+    return list(dict.fromkeys(found))  # v1 may list a process twice
+
+
+def host_pids() -> list[int]:
+    """Every process of this host's /proc."""
+    return [int(entry.name) for entry in os.scandir("/proc") if entry.name.isdigit()]
+
+
 def _carries(pid: int, needle: bytes) -> bool:
     try:
         with open(f"/proc/{pid}/environ", "rb") as fh:
@@ -63,11 +95,14 @@ class ProcessTree:
     own) and those carrying ``marker`` (``NAME=value``), but ``spare``
     (a monitor above the command, such as bwrap, that reaps it and ends
     with it: killed first, it would leave the command's zombie to the
-    host's init)."""
+    host's init). ``cgroup``: the host directory of the sandbox's cgroup
+    (any hierarchy's, holding all its processes), whose members alone are
+    looked at; None: every process of this host's."""
 
     def __init__(self, marker: str, group: int | None = None, spare: int | None = None,
-                 held: Callable[[], bool] | None = None) -> None:
+                 held: Callable[[], bool] | None = None, cgroup: str | None = None) -> None:
         self._needle = marker.encode()
+        self._cgroup = cgroup
         self._held = held or (lambda: False)
         self._group = group
         self._spare = spare
@@ -77,11 +112,12 @@ class ProcessTree:
 
     def alive(self) -> list[int]:
         """The tree's processes alive now (zombies are not), each remembered."""
+        return [pid for pid, _ in self._look()]
+
+    def _look(self) -> list[tuple[int, int]]:
+        """(pid, start time) of the tree's processes alive now, each remembered."""
         found = []
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            pid = int(entry.name)
+        for pid in self.candidates():
             if pid in (self._own, self._spare):
                 continue
             stat = _stat(pid)
@@ -92,8 +128,13 @@ class ProcessTree:
             ):
                 self._seen.setdefault(pid, stat.start)
                 if stat.state not in ("Z", "X"):
-                    found.append(pid)
+                    found.append((pid, stat.start))
         return found
+
+    def candidates(self) -> list[int]:
+        """The processes the tree is looked for among: its sandbox's cgroup's,
+        where known, else this host's."""
+        return host_pids() if self._cgroup is None else cgroup_members(self._cgroup)
 
     def signal(self, sig: int) -> int:
         """Send ``sig`` to the command's process group at once (the kernel
@@ -103,11 +144,10 @@ class ProcessTree:
         if self._group is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self._group, sig)
-        pids = self.alive()
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
-        return len(pids)
+        found = self._look()
+        for pid, start in found:
+            _send(pid, start, sig)
+        return len(found)
 
     def unreaped(self) -> list[int]:
         """The processes seen that still hold their pid: alive, or zombies
@@ -132,7 +172,7 @@ class ProcessTree:
         cannot end: the kill answers once its SIGKILLs are sent, and they
         end at the thaw, before anything of theirs runs again."""
         held = self._held
-        # Each look reads all of /proc: in a worker thread, never on the loop.
+        # Each look reads many files of /proc: in a worker thread, never on the loop.
         if await asyncio.to_thread(self.signal, signal.SIGTERM):
             await _until(lambda: not self.alive() or held(), time.monotonic() + grace)
         until = time.monotonic() + bound
@@ -145,6 +185,31 @@ class ProcessTree:
                 f"{len(left)} processes of the command outlived its kill by {bound:g} s "
                 f"(pid: state {states}); they still hold their share of the sandbox"
             )
+
+
+def _send(pid: int, start: int, sig: int) -> None:
+    """``sig`` to ``pid`` if it is still the process seen, the one that
+    started at ``start``: pinned by a pidfd before its start is looked at
+    again, so that a pid freed since it was seen, and taken by a process
+    outside the tree (outside the sandbox), never gets it."""
+    try:
+        pinned = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return  # gone
+    except OSError:  # a kernel before pidfds (5.3): the check, then the kill
+        stat = _stat(pid)
+        if stat is not None and stat.start == start:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        return
+    try:
+        stat = _stat(pid)
+        if stat is not None and stat.start == start:
+            # Gone since it was pinned, it gets nothing (ESRCH), whoever took its pid.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                signal.pidfd_send_signal(pinned, sig)
+    finally:
+        os.close(pinned)
 
 
 async def _until(done: Callable[[], bool], deadline: float,

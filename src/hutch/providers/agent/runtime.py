@@ -103,7 +103,9 @@ class AgentRuntime(SandboxRuntime):
         on_oom: Callable[[], None] | None = None,
         connect: Callable[[], socket.socket] | None = None,
         frozen: Callable[[], bool] | None = None,
+        held_now: Callable[[], Awaitable[bool]] | None = None,
         signals_here: bool = False,
+        cgroup: Callable[[], str | None] | None = None,
     ) -> None:
         super().__init__(sandbox_id, workdir)
         self.socket_path = socket_path
@@ -118,9 +120,16 @@ class AgentRuntime(SandboxRuntime):
         self._recover = recover
         #: Whether the sandbox is held frozen (a pause): its agent cannot answer.
         self._frozen = frozen
+        #: The provider's own look at whether the sandbox is held now, where
+        #: ``frozen`` knows only this program's pauses (gVisor's: another
+        #: program on the host may have paused or resumed it since).
+        self._held_now = held_now
         #: Its processes are this host's to signal (in its /proc, their
         #: environments readable here): a frozen sandbox's kill goes from here.
         self.signals_here = signals_here
+        #: The host directory of the sandbox's cgroup (holding all its
+        #: processes), where a kill from here looks for a command's.
+        self._cgroup = cgroup
         self._idle: list[Channel] = []
         #: The agent keeps an exec's connection for the next request (its
         #: version, learnt from its ping, is 2 or later).
@@ -140,10 +149,24 @@ class AgentRuntime(SandboxRuntime):
         its agent can neither answer nor act until the thaw."""
         return self._frozen is not None and self._frozen()
 
+    async def held(self) -> bool:
+        """Whether the sandbox is held frozen now, asked before a command's
+        kill: the provider's own look where it has one (``frozen`` may not
+        know another program's pause), else :meth:`frozen`."""
+        if self._held_now is not None:
+            return await self._held_now()
+        return self.frozen()
+
     def frozen_here(self) -> bool:
         """Whether the sandbox is held frozen with its processes this host's
         to signal: a kill then goes from here, not through the frozen agent."""
         return self.signals_here and self.frozen()
+
+    def host_cgroup(self) -> str | None:
+        """The host directory of the sandbox's cgroup, where a kill from this
+        host looks for a command's processes; None where not known (every
+        process of this host's is looked at)."""
+        return None if self._cgroup is None else self._cgroup()
 
     async def leave_request(self, header: Header) -> bool:
         """Send ``header`` on a connection of its own and hang up: a frozen
@@ -486,7 +509,7 @@ class AgentRuntime(SandboxRuntime):
         except BaseException:
             channel.close()
             raise
-        return AgentWatch(channel, self.sandbox_id, self.frozen)
+        return AgentWatch(channel, self.sandbox_id, self.held)
 
     async def walk_files(self, root: str) -> list[str]:
         async with self._channel() as channel:

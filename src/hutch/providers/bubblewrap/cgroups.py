@@ -190,6 +190,12 @@ class SandboxCgroup:
         return all(os.path.isdir(d) for d in self._dirs.values())
 
     # -- reading -----------------------------------------------------------------
+    def root(self) -> str:
+        """The directory of the sandbox's cgroup (the pids hierarchy's) that
+        holds every process of it, the workload's in a child: where a kill
+        looks for a command's processes."""
+        return self._dir("pids")
+
     def pids(self) -> list[int]:
         """Every process in the sandbox, the workload's included."""
         dirs = [self._dir("pids")]

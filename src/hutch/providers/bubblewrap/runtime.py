@@ -268,6 +268,7 @@ class AgentWithNativeUsers(AgentRuntime):
         super().__init__(
             native.sandbox_id, native.workdir, socket_path, provider_name="bubblewrap",
             recover=recover, frozen=lambda: native.parts.cgroup.frozen(), signals_here=True,
+            cgroup=lambda: native.parts.cgroup.root(),
         )
         self._native = native
 
@@ -453,7 +454,7 @@ class BubblewrapRuntime(FilesRuntime):
             for fd in fds:
                 os.close(fd)
         process = HostProcess(proc, exec_id, stdin, request.keep_stdin, monitor=True,
-                              held=self.parts.cgroup.frozen)
+                              held=self.parts.cgroup.frozen, cgroup=self.parts.cgroup.root())
         try:
             status = await BwrapStatus.open(started_read)
         except BaseException:

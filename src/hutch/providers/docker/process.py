@@ -38,7 +38,7 @@ from ..._types import KILL_GRACE_SECONDS, OutputChunk
 from .._docker_engine import call as _call
 from .._docker_engine import engine
 from .._hostproc import EXEC_MARKER, SANDBOX_MARKER
-from .._proctree import ProcessTree
+from .._proctree import ProcessTree, cgroup_members
 from ..agent import workload as _workload
 from ..base import FutureExitProcess, ProcessRequest
 from .cgroups import cgroup_dir, frozen, oom_kills, pids_refusals
@@ -533,7 +533,9 @@ class DockerProcess(FutureExitProcess):
         # answers once each is reaped (by docker's init), and what forks on
         # meets the SIGKILL rounds of its kill.
         container = self._sandbox.container_id or ""
-        tree = ProcessTree(f"{EXEC_MARKER}={self._marker}", held=lambda: frozen(container))
+        # Looked for among the container's processes (its cgroup's) alone.
+        tree = ProcessTree(f"{EXEC_MARKER}={self._marker}", held=lambda: frozen(container),
+                           cgroup=cgroup_dir(container, "pids") if container else None)
         await anyio.to_thread.run_sync(tree.alive)
         with contextlib.suppress(HutchError):
             await self._sandbox.run_quiet(
@@ -661,15 +663,24 @@ class DockerProcesses(DockerProvisioning):
         api = engine()
         container = self._container()
         needle = f"{EXEC_MARKER}={marker}".encode()
+        where = cgroup_dir(container, "pids")
+
+        def members() -> list[int]:
+            # The container's cgroup, read here; the Engine's top runs ps over
+            # every process of the host where it is not found.
+            if where is not None:
+                return cgroup_members(where)
+            rows = api.top(container, ps_args="-e -o pid").get("Processes") or []
+            return [int(row[0]) for row in rows]
 
         def marked() -> list[int]:
             found = []
-            for row in api.top(container, ps_args="-e -o pid").get("Processes") or []:
+            for pid in members():
                 try:
-                    with open(f"/proc/{int(row[0])}/environ", "rb") as fh:
+                    with open(f"/proc/{pid}/environ", "rb") as fh:
                         if needle in fh.read().split(b"\0"):
-                            found.append(int(row[0]))
-                except (OSError, ValueError):
+                            found.append(pid)
+                except OSError:
                     continue
             return found
 

@@ -173,11 +173,16 @@ class DockerProvisioning(NativeBackend):
             # Its cgroup read here (the engine local): only root reads its
             # processes' environments, to find a command's.
             frozen=self._container_frozen, signals_here=os.geteuid() == 0,
+            cgroup=self._container_cgroup,
         )
 
     def _container_frozen(self) -> bool:
         container = self.container_id
         return container is not None and frozen(container)
+
+    def _container_cgroup(self) -> str | None:
+        container = self.container_id
+        return None if container is None else cgroup_dir(container, "pids")
 
     def _agent_link(self) -> str:
         """Where hutch reaches the agent's socket: a hard link made in a host
