@@ -14,13 +14,16 @@ import contextlib
 import json
 import os
 import sqlite3
+import uuid
 from typing import Any
 
 import anyio
 import pytest
 
 import hutch
+from hutch._errors import KillIncomplete
 from hutch._sandbox import backend_of
+from hutch.providers.agent.wire import EXEC_SILENCE_TIMEOUT
 from hutch.providers.base import RuntimeState
 from hutch.providers.registry import get_provider
 from tests import isolating
@@ -157,3 +160,75 @@ async def test_a_gvisor_sandbox_found_paused_is_known_held(kind: str) -> None:
             await sb.resume()
         assert await found.observed_state() is RuntimeState.RUNNING
         assert not found.runtime.frozen()
+
+
+@pytest.mark.anyio
+@pytest.mark.docker
+@pytest.mark.parametrize("kind", isolating.params("gvisor"))
+async def test_a_kill_in_a_gvisor_sandbox_another_program_paused_goes_the_held_way(
+    kind: str,
+) -> None:
+    """Paused by another program on the host (a handle of it found again, as
+    a program sharing the store has): a kill of this program's command there
+    is KillIncomplete at once, its kill left for the thaw, as in a sandbox
+    paused here; the command's tree ends once it resumes."""
+    settings = isolating.settings(kind)
+    settings.pop("provider")
+    async with await hutch.create_sandbox("gvisor", **settings,
+                                          read_before_write=False) as sb:
+        tag = "ah" + uuid.uuid4().hex[:8]
+        process = await sb.start(f'cp "$(command -v sleep)" ./{tag} && exec ./{tag} 1000')
+        await _until(sb, tag, 1)
+        other = await get_provider("gvisor").reconnect(sb.id, backend_of(sb).describe())
+        await other.pause()
+        try:
+            with pytest.raises(KillIncomplete, match="paused"):
+                await process.kill()
+        finally:
+            await other.unpause()
+        await _until(sb, tag, 0)
+        assert await _alive(sb, tag) == 0
+
+
+@pytest.mark.anyio
+@pytest.mark.docker
+@pytest.mark.parametrize("kind", isolating.params("gvisor"))
+async def test_a_gvisor_command_lives_through_another_programs_long_pause(kind: str) -> None:
+    """Paused by another program on the host for longer than a running
+    command's agent may be silent: the command is held, not lost (its
+    reader asks runsc, not only what this program did); it runs on at the
+    resume, and its kill then ends it."""
+    settings = isolating.settings(kind)
+    settings.pop("provider")
+    async with await hutch.create_sandbox("gvisor", **settings,
+                                          read_before_write=False) as sb:
+        tag = "ah" + uuid.uuid4().hex[:8]
+        process = await sb.start(f'cp "$(command -v sleep)" ./{tag} && ./{tag} 1000; echo ended')
+        await _until(sb, tag, 1)
+        other = await get_provider("gvisor").reconnect(sb.id, backend_of(sb).describe())
+        await other.pause()
+        try:
+            await anyio.sleep(EXEC_SILENCE_TIMEOUT + 2)
+        finally:
+            await other.unpause()
+        assert await _alive(sb, tag) == 1
+        assert process.running
+        await process.kill()
+        assert await _alive(sb, tag) == 0
+
+
+async def _alive(sb: hutch.Sandbox, name: str) -> int:
+    """How many processes named ``name`` the sandbox's own /proc shows alive."""
+    result = await sb.exec(
+        f"n=0; for s in /proc/[0-9]*/stat; do read -r line < $s 2>/dev/null || continue; "
+        f'case "$line" in *"({name}) Z"*) ;; *"({name}) "*) n=$((n+1));; esac; done; echo $n')
+    return int(result.stdout.strip())
+
+
+async def _until(sb: hutch.Sandbox, name: str, count: int) -> None:
+    """Until ``count`` processes named ``name`` are alive in the sandbox (a minute at most)."""
+    with anyio.move_on_after(60):
+        while True:
+            if await _alive(sb, name) == count:
+                break
+            await anyio.sleep(0.1)

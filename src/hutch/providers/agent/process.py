@@ -110,7 +110,7 @@ class AgentProcess(FutureExitProcess, PtyProcess):
             while True:
                 # A paused sandbox's agent is silent as long as the pause lasts.
                 header, payload = await self._channel.recv(
-                    EXEC_SILENCE_TIMEOUT, held=self._runtime.frozen)
+                    EXEC_SILENCE_TIMEOUT, held=self._runtime.held)
                 kind = header["t"]
                 if kind == "out":
                     chunk = OutputChunk("stderr" if header.get("s") == 2 else "stdout", payload)
@@ -174,9 +174,10 @@ class AgentProcess(FutureExitProcess, PtyProcess):
                 "grace": grace}
 
     async def kill(self, grace: float) -> None:
-        if self._exit_code is None and self._runtime.frozen():
+        if self._exit_code is None and await self._runtime.held():
             # Also when its reader gave up on the frozen agent's silence: the
-            # tree is still there, held.
+            # tree is still there, held. (Held by whoever paused it: this
+            # program, or another on the host the provider's look sees.)
             await self._kill_held(grace)
             return
         if self._exit.done():
@@ -199,7 +200,7 @@ class AgentProcess(FutureExitProcess, PtyProcess):
                 f"the sandbox's agent did not confirm the command's kill ({exc}); its "
                 "processes may still be running and holding their share of the sandbox")
         except HutchError:
-            if self._runtime.frozen():
+            if await self._runtime.held():
                 # Paused while it was asked (the provider said so): nothing
                 # was confirmed, and the held tree is there.
                 await self._kill_held(grace)

@@ -103,6 +103,7 @@ class AgentRuntime(SandboxRuntime):
         on_oom: Callable[[], None] | None = None,
         connect: Callable[[], socket.socket] | None = None,
         frozen: Callable[[], bool] | None = None,
+        held_now: Callable[[], Awaitable[bool]] | None = None,
         signals_here: bool = False,
         cgroup: Callable[[], str | None] | None = None,
     ) -> None:
@@ -119,6 +120,10 @@ class AgentRuntime(SandboxRuntime):
         self._recover = recover
         #: Whether the sandbox is held frozen (a pause): its agent cannot answer.
         self._frozen = frozen
+        #: The provider's own look at whether the sandbox is held now, where
+        #: ``frozen`` knows only this program's pauses (gVisor's: another
+        #: program on the host may have paused or resumed it since).
+        self._held_now = held_now
         #: Its processes are this host's to signal (in its /proc, their
         #: environments readable here): a frozen sandbox's kill goes from here.
         self.signals_here = signals_here
@@ -143,6 +148,14 @@ class AgentRuntime(SandboxRuntime):
         """Whether the sandbox is held frozen (its user's pause, or hutch's):
         its agent can neither answer nor act until the thaw."""
         return self._frozen is not None and self._frozen()
+
+    async def held(self) -> bool:
+        """Whether the sandbox is held frozen now, asked before a command's
+        kill: the provider's own look where it has one (``frozen`` may not
+        know another program's pause), else :meth:`frozen`."""
+        if self._held_now is not None:
+            return await self._held_now()
+        return self.frozen()
 
     def frozen_here(self) -> bool:
         """Whether the sandbox is held frozen with its processes this host's
@@ -496,7 +509,7 @@ class AgentRuntime(SandboxRuntime):
         except BaseException:
             channel.close()
             raise
-        return AgentWatch(channel, self.sandbox_id, self.frozen)
+        return AgentWatch(channel, self.sandbox_id, self.held)
 
     async def walk_files(self, root: str) -> list[str]:
         async with self._channel() as channel:

@@ -3,7 +3,7 @@ read off a connection of its own."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from ..._errors import ProviderError, SandboxUnavailable
 from ..._types import FileEvent
@@ -16,7 +16,8 @@ class AgentWatch(BackendWatch):
     """A directory the agent watches, its events read off their connection."""
 
     def __init__(
-        self, channel: Channel, sandbox_id: str, held: Callable[[], bool] | None = None
+        self, channel: Channel, sandbox_id: str,
+        held: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         self._channel = channel
         self._sandbox_id = sandbox_id

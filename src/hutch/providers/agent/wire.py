@@ -15,7 +15,7 @@ import os
 import socket
 import stat
 import struct
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..._errors import ProviderError
@@ -195,7 +195,7 @@ class Channel:
         return header, payload
 
     async def recv(
-        self, timeout: float | None, *, held: Callable[[], bool] | None = None
+        self, timeout: float | None, *, held: Callable[[], Awaitable[bool]] | None = None
     ) -> tuple[Header, bytes]:
         """The next frame; AgentFailure if none comes within ``timeout``
         seconds, but while ``held`` says the agent is held frozen (a pause):
@@ -206,7 +206,7 @@ class Channel:
                     # Restartable: what a timed-out read took stays in the buffer.
                     return await self._recv()
             except TimeoutError:
-                if held is not None and held():
+                if held is not None and await held():
                     continue
                 self.close()
                 raise AgentFailure(f"the agent did not answer within {timeout} s") from None

@@ -134,6 +134,9 @@ class GvisorSandbox(SandboxBackend):
             # Paused by hutch: its processes (its own kernel's, not signalled
             # from here) are ended by the agent once it runs again.
             frozen=lambda: self._paused is True,
+            # Another program on the host may have paused it (or resumed it)
+            # since: a kill asks runsc, whose word is the truth.
+            held_now=self._held_now,
         )
         # Its descriptors are the user-space kernel's, not the host's.
         self._agent.hands_over_fds = False
@@ -317,6 +320,10 @@ class GvisorSandbox(SandboxBackend):
         if self._paused is None:
             return None
         return "paused" if self._paused else "running"
+
+    async def _held_now(self) -> bool:
+        """Whether runsc holds it paused now, whoever paused it."""
+        return await self._status() == "paused"
 
     async def pause(self) -> None:
         self._agent.drop_connections()
