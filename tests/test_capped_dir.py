@@ -84,6 +84,29 @@ async def test_a_snapshot_and_a_fork_of_a_capped_directory_hold_no_placeholder(
         await hutch.remove_snapshot(fork.snapshot)
 
 
+@pytest.mark.anyio
+@pytest.mark.docker
+async def test_a_branch_of_a_capped_sandbox_is_capped_too(plain: Any) -> None:
+    """Where overlayfs cannot be mounted a branch is a copy of the snapshot:
+    in a capped directory of its own, the placeholder out of its sight."""
+    await plain.write_text("/workspace/kept.txt", "kept")
+    fork = await plain.fork("capped")
+    try:
+        branch = await fork.attach()
+        async with branch:
+            assert [f.name for f in await branch.list_dir("/workspace")] == ["kept.txt"]
+            assert await branch.read_text("/workspace/kept.txt") == "kept"
+            past_cap = await branch.exec("fallocate -l 2G /workspace/big")
+            assert past_cap.exit_code != 0, "a branch wrote past its sandbox's 1 GiB cap"
+            workdir = backend_of(branch).host_workdir
+            assert os.path.ismount(workdir)
+        assert not os.path.ismount(workdir)
+        assert not os.path.exists(_diskcap.private_root(workdir))
+        assert loop_devices_left(_diskcap.image_for(workdir)) == []
+    finally:
+        await hutch.remove_snapshot(fork.snapshot)
+
+
 # -- the mount itself -----------------------------------------------------------------
 
 
@@ -95,6 +118,7 @@ def _capped(directory: str, size: int) -> Iterator[str]:
     finally:
         _diskcap.unmount_capped(directory)
     assert not os.path.ismount(directory)
+    assert not os.path.exists(_diskcap.private_root(directory))
     assert loop_devices_left(_diskcap.image_for(directory)) == []
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import time
 import uuid
@@ -23,7 +24,8 @@ import anyio
 import pytest
 
 import hutch
-from hutch.providers._proctree import ProcessTree, cgroup_members
+from hutch._liveness import process_start_time
+from hutch.providers._proctree import ProcessTree, _send, cgroup_members
 from tests import isolating
 
 PIDS_ROOT = "/sys/fs/cgroup/pids"
@@ -144,6 +146,23 @@ def test_a_cgroup_gone_has_no_members() -> None:
     """A sandbox's cgroup removed (its processes all gone): nothing to kill,
     and not the host's processes instead."""
     assert cgroup_members(f"/sys/fs/cgroup/pids/hutch-test-gone-{uuid.uuid4().hex}") == []
+
+
+def test_a_pid_another_process_took_since_it_was_seen_gets_no_signal() -> None:
+    """A process of the tree seen, then gone, its pid taken by a process
+    outside the sandbox before the signal: the signal goes to the process
+    seen (the pid and its start time) or to none."""
+    other = subprocess.Popen(["sleep", "1000"], start_new_session=True)
+    try:
+        start = process_start_time(other.pid)
+        assert start is not None
+        _send(other.pid, start - 1, signal.SIGKILL)  # the one seen started earlier
+        assert other.poll() is None, "a process that took a seen pid was signalled"
+        _send(other.pid, start, signal.SIGKILL)  # the one seen
+        assert other.wait(10) == -signal.SIGKILL
+    finally:
+        other.kill()
+        other.wait()
 
 
 # -- from the providers ------------------------------------------------------------------

@@ -112,6 +112,10 @@ class ProcessTree:
 
     def alive(self) -> list[int]:
         """The tree's processes alive now (zombies are not), each remembered."""
+        return [pid for pid, _ in self._look()]
+
+    def _look(self) -> list[tuple[int, int]]:
+        """(pid, start time) of the tree's processes alive now, each remembered."""
         found = []
         for pid in self.candidates():
             if pid in (self._own, self._spare):
@@ -124,7 +128,7 @@ class ProcessTree:
             ):
                 self._seen.setdefault(pid, stat.start)
                 if stat.state not in ("Z", "X"):
-                    found.append(pid)
+                    found.append((pid, stat.start))
         return found
 
     def candidates(self) -> list[int]:
@@ -140,11 +144,10 @@ class ProcessTree:
         if self._group is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self._group, sig)
-        pids = self.alive()
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
-        return len(pids)
+        found = self._look()
+        for pid, start in found:
+            _send(pid, start, sig)
+        return len(found)
 
     def unreaped(self) -> list[int]:
         """The processes seen that still hold their pid: alive, or zombies
@@ -182,6 +185,31 @@ class ProcessTree:
                 f"{len(left)} processes of the command outlived its kill by {bound:g} s "
                 f"(pid: state {states}); they still hold their share of the sandbox"
             )
+
+
+def _send(pid: int, start: int, sig: int) -> None:
+    """``sig`` to ``pid`` if it is still the process seen, the one that
+    started at ``start``: pinned by a pidfd before its start is looked at
+    again, so that a pid freed since it was seen, and taken by a process
+    outside the tree (outside the sandbox), never gets it."""
+    try:
+        pinned = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return  # gone
+    except OSError:  # a kernel before pidfds (5.3): the check, then the kill
+        stat = _stat(pid)
+        if stat is not None and stat.start == start:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        return
+    try:
+        stat = _stat(pid)
+        if stat is not None and stat.start == start:
+            # Gone since it was pinned, it gets nothing (ESRCH), whoever took its pid.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                signal.pidfd_send_signal(pinned, sig)
+    finally:
+        os.close(pinned)
 
 
 async def _until(done: Callable[[], bool], deadline: float,

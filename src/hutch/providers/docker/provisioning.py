@@ -19,7 +19,7 @@ import anyio.to_thread
 from ..._errors import HutchError, InvalidArgument, NotFound, ProviderError, SandboxUnavailable
 from ..._paths import hutch_home
 from .. import layers
-from .._diskcap import mount_capped_workdir, unmount_capped
+from .._diskcap import image_for, mount_capped_workdir, unmount_capped
 from .._docker_engine import call as _call
 from .._docker_engine import engine
 from .._docker_engine import explanation as _explanation
@@ -485,8 +485,13 @@ class DockerProvisioning(NativeBackend):
 
     def _cap_workdir(self) -> None:
         """Mount the working directory hutch made at its size cap, if it has one
-        (again after a reboot: its image keeps the files)."""
-        if self.config.disk is None or not self.owns_workdir or self.branch or self.layered:
+        (again after a reboot: its image keeps the files). A layered one's
+        store is ``layers``'; a branch copied where overlayfs cannot be
+        mounted was capped as it was copied (``layers.start_branch``), one
+        copied before branches were has no image and stays as it is."""
+        if self.config.disk is None or not self.owns_workdir or self.layered:
+            return
+        if self.branch and not os.path.exists(image_for(self.host_workdir)):
             return
         try:
             mount_capped_workdir(self.host_workdir, int(parse_bytes(self.config.disk)))

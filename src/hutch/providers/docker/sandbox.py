@@ -279,7 +279,7 @@ class DockerSandbox(DockerSnapshots, DockerFiles):
         layered = await anyio.to_thread.run_sync(layers.overlay_available)
         start = (
             functools.partial(layers.prepare, cap=disk_cap(config)) if layered
-            else layers.start_branch
+            else functools.partial(layers.start_branch, cap=disk_cap(config))
         )
         workdir, chain = await anyio.to_thread.run_sync(start, sandbox_id, snapshot.snapshot_id)
         config = config.model_copy(update={"host_workdir": None})

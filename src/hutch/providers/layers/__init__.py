@@ -39,6 +39,9 @@ Layout under ``$HUTCH_HOME/layers``::
                                          (absent: removed, kept for its users)
     mounts/<sandbox id>/{upper,work,merged,chain.json}
                                          a branch's working directory
+    mounts/<sandbox id>/merged{.img,.fs} a capped copy's image and file
+                                         system (no overlayfs here: merged
+                                         is a capped working directory)
     mounts/<sandbox id>/adopted.json     an adopted directory: where its
                                          overlay is mounted (no ``merged``)
     mounts/<sandbox id>/giving-back.json its give-back under way (the journal)

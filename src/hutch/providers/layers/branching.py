@@ -7,6 +7,7 @@ import shutil
 
 from ..._atomic import write_json
 from ..._errors import ProviderError
+from .._diskcap import mount_capped_workdir, unmount_capped
 from .adoption import adopted
 from .chain import _chain_of, chain_of
 from .giveback import giving_back
@@ -15,9 +16,13 @@ from .records import _copy_tree, _listdir, _lock, _read_chain, _tree, mount_dir,
 from .stores import _in_hand, _make_upper
 
 
-def start_branch(sandbox_id: str, snapshot_id: str) -> tuple[str, list[str] | None]:
+def start_branch(
+    sandbox_id: str, snapshot_id: str, *, cap: int | None = None
+) -> tuple[str, list[str] | None]:
     """A working directory for a new sandbox started from ``snapshot_id``:
-    (its path, the chain it is mounted on, or None when it is a plain copy)."""
+    (its path, the chain it is mounted on, or None when it is a plain copy).
+    ``cap``: a plain copy's size cap (a capped working directory of its own,
+    as its sandbox would have had; a layered one is capped by ``prepare``)."""
     base = mount_dir(sandbox_id)
     merged = os.path.join(base, "merged")
     if overlay_available():
@@ -44,8 +49,20 @@ def start_branch(sandbox_id: str, snapshot_id: str) -> tuple[str, list[str] | No
             f"snapshot {snapshot_id} is layered and overlayfs cannot be mounted here"
         )
     os.makedirs(base, exist_ok=True)
-    with _in_hand(chain, read_only=True):
-        _copy_tree(_tree(chain[0]), merged)
+    try:
+        if cap is not None:
+            try:
+                mount_capped_workdir(merged, cap)
+            except OSError as exc:
+                raise ProviderError(f"cannot cap the working directory {merged} (a loop "
+                                    f"mount, which needs root): {exc}") from None
+        with _in_hand(chain, read_only=True):
+            _copy_tree(_tree(chain[0]), merged, into=cap is not None)
+    except BaseException:
+        if cap is not None:
+            unmount_capped(merged)
+        shutil.rmtree(base, ignore_errors=True)
+        raise
     return merged, None
 
 

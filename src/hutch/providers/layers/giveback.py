@@ -9,6 +9,7 @@ import shutil
 
 from ..._atomic import write_json
 from ..._errors import ProviderError
+from .._diskcap import image_for, private_root, unmount_capped
 from .adoption import adopted
 from .archive import _archive, _archive_path
 from .garbage import collect_garbage
@@ -184,6 +185,8 @@ def end_branch(sandbox_id: str) -> None:
         return
     base = mount_dir(sandbox_id)
     merged = os.path.join(base, "merged")
+    if os.path.exists(image_for(merged)) or os.path.ismount(private_root(merged)):
+        unmount_capped(merged)  # a capped copy (no overlayfs here): its file system too
     for _ in range(8):  # a layered one has its overlay on its anchor
         if not _stack(merged):
             break

@@ -44,12 +44,15 @@ def _read_chain(path: str) -> list[str] | None:
         return None
 
 
-def _copy_tree(source: str, target: str) -> None:
-    """Copy ``source``'s contents into ``target`` (new), keeping modes, owners,
-    times, links and xattrs (overlayfs's opaque markers among them)."""
+def _copy_tree(source: str, target: str, *, into: bool = False) -> None:
+    """Copy ``source``'s contents into ``target`` (new; or, ``into``, an
+    empty directory there already, a mount say), keeping modes, owners,
+    times, links and xattrs (overlayfs's opaque markers among them); the
+    root's too."""
     os.makedirs(os.path.dirname(target), exist_ok=True)
     result = subprocess.run(
-        ["cp", "-a", "--reflink=auto", "--", source, target],
+        ["cp", "-a", "--reflink=auto", "--", os.path.join(source, ".") if into else source,
+         target],
         capture_output=True, check=False,
     )
     if result.returncode != 0:
