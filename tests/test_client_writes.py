@@ -55,7 +55,7 @@ CLIENT_SCRIPT = textwrap.dedent("""
     import asyncio, io, sys, tempfile
     import hutch
 
-    url, token, workdir, face = sys.argv[1:5]
+    url, token, face, workdir = sys.argv[1:5]
     UPLOAD = 5 * 1024 * 1024 + 123
 
     def sync_calls():
@@ -79,16 +79,37 @@ CLIENT_SCRIPT = textwrap.dedent("""
     sync_calls() if face == "sync" else asyncio.run(async_calls())
 """)
 
-#: A write syscall to a TCP socket as ``strace -xx -yy`` shows it.
+TS_CLIENT_SCRIPT = """
+import { pathToFileURL } from "node:url";
+const [sdkPath, workdir] = process.argv.slice(1);
+const { Client } = await import(pathToFileURL(sdkPath).href);
+const UPLOAD = 5 * 1024 * 1024 + 123;
+const sandbox = await new Client().createSandbox("local", { workdir });
+if ((await sandbox.exec(["echo", "hi"])).stdout !== "hi\\n") throw new Error("exec");
+await sandbox.writeBytes("small", new Uint8Array(3000).fill(115));
+async function* pieces() {
+  for (let sent = 0; sent < UPLOAD; sent += 1024 * 1024) {
+    yield new Uint8Array(Math.min(1024 * 1024, UPLOAD - sent)).fill(76);
+  }
+}
+await sandbox.writeFrom("large", pieces());
+if ((await sandbox.readBytes("large")).length !== UPLOAD) throw new Error("read back");
+await sandbox.close();
+"""
+
+#: A write syscall to a loopback TCP port as ``strace -xx -yy`` shows it.
 _WRITE = re.compile(
-    r'^(?P<call>write|sendto|sendmsg|writev)\((?P<fd>\d+)<TCP:\[[^\]]*->127\.0\.0\.1:(?P<port>\d+)\]>'
-    r'(?:, "(?P<data>(?:\\x[0-9a-f]{2})*)"(?P<cut>\.\.\.)?, (?P<size>\d+))?'
+    r'^(?P<call>write|sendto|sendmsg|writev)\((?P<fd>\d+)'
+    r'<TCP:\[[^\]]*->127\.0\.0\.1:(?P<port>\d+)\]>, '
+    r'(?P<args>.*)\) += (?P<sent>-?\d+)'
 )
+#: A buffer's bytes as ``-xx`` prints them, and the length strace gives after it.
+_BUFFER = re.compile(r'"(?P<data>(?:\\x[0-9a-f]{2})*)"(?:\.\.\.)?(?:, iov_len=|, )(?P<size>\d+)')
 
 
-def socket_writes(trace_prefix: str, port: int) -> list[tuple[str, bytes, int]]:
-    """Each write syscall to the daemon's port, in each thread's order:
-    (syscall, its first bytes, how many bytes it asked to send)."""
+def socket_writes(trace_prefix: str, port: int) -> list[tuple[bytes, int]]:
+    """Each write syscall to the daemon's port (write, send, writev), in each
+    thread's order: its first bytes, and how many bytes it asked to send."""
     writes = []
     for path in sorted(glob.glob(trace_prefix + ".*")):
         with open(path, encoding="ascii") as fh:
@@ -96,17 +117,19 @@ def socket_writes(trace_prefix: str, port: int) -> list[tuple[str, bytes, int]]:
                 match = _WRITE.match(line)
                 if match is None or int(match["port"]) != port:
                     continue
-                data = bytes.fromhex((match["data"] or "").replace("\\x", ""))
-                writes.append((match["call"], data, int(match["size"] or -1)))
+                assert match["call"] != "sendmsg", line  # never seen: its iovecs are deeper
+                buffers = _BUFFER.findall(match["args"])
+                assert buffers, line
+                data = b"".join(bytes.fromhex(d.replace("\\x", "")) for d, _ in buffers)
+                writes.append((data, sum(int(size) for _, size in buffers)))
     return writes
 
 
-def requests_of(writes: list[tuple[str, bytes, int]]) -> list[tuple[bytes, list[int]]]:
+def requests_of(writes: list[tuple[bytes, int]]) -> list[tuple[bytes, list[int]]]:
     """The requests written: each one's head and body as written, and the
     sizes of the writes that carried it."""
     requests: list[tuple[bytes, list[int]]] = []
-    for call, data, size in writes:
-        assert call in ("write", "sendto"), f"a {call} to the daemon: {data[:80]!r}"
+    for data, size in writes:
         if data.startswith(METHODS):
             requests.append((data, [size]))
         else:
@@ -130,9 +153,9 @@ def daemon() -> Iterator[DaemonProcess]:
     d.close()
 
 
-@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
-@pytest.mark.parametrize("face", ["sync", "async"])
-def test_sdk_request_head_and_small_body_go_in_one_write(daemon: DaemonProcess, face: str) -> None:
+def traced_requests(daemon: DaemonProcess, command: list[str]) -> list[tuple[bytes, list[int]]]:
+    """Run ``command`` (a client, given a working directory as its last
+    argument) under strace, and the requests it wrote to the daemon."""
     scratch = tempfile.mkdtemp(prefix="hutch-writes-")
     try:
         prefix = os.path.join(scratch, "trace")
@@ -140,15 +163,19 @@ def test_sdk_request_head_and_small_body_go_in_one_write(daemon: DaemonProcess, 
         os.mkdir(workdir)
         run = subprocess.run(
             ["strace", "-f", "-ff", "-xx", "-yy", "-s", "8192", "-o", prefix,
-             "-e", "trace=write,sendto,sendmsg,writev", "-e", "signal=none",
-             sys.executable, "-c", CLIENT_SCRIPT, daemon.url, daemon.token, workdir, face],
+             "-e", "trace=write,sendto,sendmsg,writev", "-e", "signal=none", *command, workdir],
             capture_output=True, text=True, timeout=300,
+            env=dict(os.environ, HUTCH_URL=daemon.url, HUTCH_TOKEN=daemon.token),
         )
         assert run.returncode == 0, run.stderr[-3000:]
-        requests = requests_of(socket_writes(prefix, daemon.port))
+        return requests_of(socket_writes(prefix, daemon.port))
     finally:
         shutil.rmtree(scratch)
 
+
+def assert_written_whole(requests: list[tuple[bytes, list[int]]]) -> None:
+    """Every request with a small body went out in the write of its head; the
+    one upload (chunked, 5 MB) in pieces of about a MB, never held whole."""
     assert len(requests) >= 6, requests
     uploads = 0
     for data, sizes in requests:
@@ -156,17 +183,40 @@ def test_sdk_request_head_and_small_body_go_in_one_write(daemon: DaemonProcess, 
         length = content_length(head)
         line = head.split(b"\r\n")[0].decode()
         if length is not None and len(head) + 4 + length <= WRITE_BOUND:
-            # Head and body, whole, in the one write.
             assert sizes == [len(head) + 4 + length], (line, sizes)
             assert len(body) == length, line
         elif b"transfer-encoding: chunked" in head.lower():
-            # The 5 MB upload: streamed in pieces of the file's reads, none held whole.
             uploads += 1
             assert len(sizes) >= 5, (line, sizes)
-            assert max(sizes) <= SEND_PIECE + CHUNK_FRAMING, (line, sizes)
+            # A piece, its chunk's framing, and (in one) the head.
+            assert max(sizes) <= SEND_PIECE + CHUNK_FRAMING + len(head) + 4, (line, sizes)
         else:
             assert sizes == [len(head) + 4] and not body, (line, sizes)
     assert uploads == 1
+
+
+needs_strace = pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
+
+
+@needs_strace
+@pytest.mark.parametrize("face", ["sync", "async"])
+def test_sdk_request_head_and_small_body_go_in_one_write(daemon: DaemonProcess, face: str) -> None:
+    requests = traced_requests(
+        daemon, [sys.executable, "-c", CLIENT_SCRIPT, daemon.url, daemon.token, face])
+    assert_written_whole(requests)
+
+
+@needs_strace
+def test_typescript_sdk_request_head_and_small_body_go_in_one_write(
+        daemon: DaemonProcess) -> None:
+    """Node's http module sends a request's head with a body given whole (a
+    writev), and a streamed body's pieces as they come: held to it here."""
+    from tests.test_typescript_sdk import build_sdk
+
+    sdk = build_sdk() / "dist" / "index.js"
+    requests = traced_requests(
+        daemon, ["node", "--input-type=module", "-e", TS_CLIENT_SCRIPT, str(sdk)])
+    assert_written_whole(requests)
 
 
 # -- the network backend against a plain HTTP/1.1 server ---------------------------------
