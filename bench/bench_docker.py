@@ -1,28 +1,37 @@
 """Bench: the docker provider beside the docker SDK called directly.
 
 Floors: exec = exec_create + exec_start + exec_inspect; create-to-first-exec =
-create_container + start + one exec; files = put_archive / get_archive.
+create_container + start + one exec; files = put_archive / get_archive; a
+command's kill (the native runtime's: its tree, a shell and 8 sleeps) with
+2000 unrelated processes on the host = the same kill with none: a kill looks
+among the container's processes (its cgroup's), so the host's others cost it
+nothing.
 """
 
 from __future__ import annotations
 
 import io
 import os
+import subprocess
 import sys
 import tarfile
+import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
 import docker
 
 import hutch
-from _common import header, paired, row, run, time_async, time_sync
+from _common import header, median_ms, paired, row, run, time_async, time_sync
 from hutch._sandbox import backend_of
 
 IMAGE = os.environ.get("HUTCH_TEST_IMAGE", "hutch-test:bookworm")
 EXEC_RUNS = 60
 CREATE_RUNS = 10
 MB = os.urandom(1024 * 1024)
+KILL_RUNS = 15
+#: Unrelated host processes beside the killed tree.
+UNRELATED = 2000
 
 
 def raw_exec(api: docker.APIClient, container: str) -> None:
@@ -47,6 +56,38 @@ def tar_of(name: str, data: bytes) -> bytes:
         info.size = len(data)
         tar.addfile(info, io.BytesIO(data))
     return buffer.getvalue()
+
+
+def _start_others(count: int) -> list[subprocess.Popen[bytes]]:
+    return [subprocess.Popen(["sleep", "1000"]) for _ in range(count)]
+
+
+async def bench_kill() -> None:
+    async with await hutch.create_sandbox(
+        "docker", image=IMAGE, runtime="native", read_before_write=False
+    ) as sb:
+        async def kill_once() -> float:
+            stream = sb.exec_stream(
+                "for i in 1 2 3 4 5 6 7 8; do sleep 1000 & done; echo up; wait")
+            async for _event in stream:  # up: the tree is there
+                break
+            started = time.perf_counter()
+            await stream.aclose()  # type: ignore[attr-defined]
+            return time.perf_counter() - started
+
+        await kill_once()
+        floors = [await kill_once() for _ in range(KILL_RUNS)]
+        # Children of this process, reaped here, so none is left to an init that may not.
+        others = _start_others(UNRELATED)
+        try:
+            samples = [await kill_once() for _ in range(KILL_RUNS)]
+        finally:
+            for other in others:
+                other.kill()
+            for other in others:
+                other.wait()
+    row(f"kill a command's tree, {UNRELATED} other host procs", median_ms(samples),
+        median_ms(floors), "floor: none; goal: <= 1.1x")
 
 
 async def main() -> None:
@@ -75,6 +116,7 @@ async def main() -> None:
             time_sync(raw_write, 30))
         row("read 1 MB", await time_async(lambda: sb.read_bytes("/tmp/one.bin"), 30),
             time_sync(raw_read, 30))
+    await bench_kill()
 
     async def create_first_exec() -> None:
         async with await hutch.create_sandbox("docker", image=IMAGE) as fresh:

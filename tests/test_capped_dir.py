@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -185,3 +186,27 @@ def test_an_older_capped_workdir_keeps_its_files_and_loses_sight_of_its_placehol
         assert os.listdir(workdir) == ["sub"]
         with open(os.path.join(workdir, "sub", "f")) as fh:
             assert fh.read() == "kept"
+
+
+def test_a_file_a_sandbox_names_as_the_placeholder_is_never_taken_for_it(
+    tmp_path: Any,
+) -> None:
+    """A sandbox that sees the root of a capped file system (one capped before
+    there were views, still mounted so) can make a file of the placeholder's
+    name, but not an immutable one: the grower does not grow it and punch
+    the host blocks under it (the sandbox would write into the holes)."""
+    store = str(tmp_path / "store")
+    _diskcap.mount_capped(store, 1 << 30)
+    try:
+        balloon = os.path.join(store, BALLOON)
+        subprocess.run(["chattr", "-i", balloon], check=True)
+        os.unlink(balloon)  # the store grew to its cap, then its files went
+        with open(balloon, "wb") as fh:  # the sandbox's
+            fh.write(b"mine" * 1024)
+        image = _diskcap.image_for(store)
+        held = os.stat(image).st_blocks
+        assert not _diskcap._give_back(store, image)
+        assert os.path.getsize(balloon) == 4096
+        assert os.stat(image).st_blocks >= held
+    finally:
+        _diskcap.unmount_capped(store)

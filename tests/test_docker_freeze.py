@@ -315,3 +315,28 @@ async def test_a_pause_waits_for_another_program_s_exec_start(sb: Any) -> None:
         if starter.poll() is None:
             starter.kill()
         thaw(backend.container_id)
+
+
+async def test_a_pause_undone_or_made_by_another_program_is_the_kernels_word(sb: Any) -> None:
+    """What this process last made the Engine do is not the truth once
+    another program (a daemon, another program sharing the store, the docker
+    CLI) undid its pause or made one: an exec start then goes by the kernel's
+    freezer. Resumed elsewhere, the container takes execs (refused as paused
+    before, until this process unpaused a running container); paused
+    elsewhere, an exec is refused as paused at once."""
+    backend = backend_of(sb)
+    assert isinstance(backend, DockerSandbox) and backend.container_id is not None
+    container = backend.container_id
+    api = docker.APIClient(version="auto")
+    await backend.pause()
+    api.unpause(container)  # another program's resume
+    proc = await backend.start_process(ProcessRequest(["echo", "ran"], cwd="/"))
+    assert await proc.wait() == 0
+    api.pause(container)  # another program's pause
+    try:
+        with pytest.raises(hutch.SandboxUnavailable, match="paused"):
+            await backend.start_process(ProcessRequest(["true"], cwd="/"))
+    finally:
+        await backend.unpause()
+    assert not cgroup_frozen(container)
+    assert (await sb.exec(["echo", "alive"])).stdout == "alive\n"

@@ -301,6 +301,32 @@ def test_a_killed_daemon_s_sandboxes_are_taken_over_or_failed(
         assert c.get_sandbox(docker_sb.id).read_text("after.txt") == "x"
 
 
+def test_a_killed_daemon_s_paused_sandbox_is_taken_over_paused(
+    fleet: list[DaemonProcess],
+) -> None:
+    """A paused sandbox taken over from a killed daemon is said paused by
+    its new owner, refuses calls as a paused one does, and resumes."""
+    dead, live = fleet[0], fleet[1]
+    with client(dead) as c:
+        sb = c.create_sandbox("docker", image=TEST_IMAGE)
+        sb.write_text("kept.txt", "intact")
+        sb.pause()
+    dead.kill()
+
+    def taken_over_paused() -> bool:
+        with client(live) as c:
+            return c.get_sandbox(sb.id).status().state is hutch.SandboxState.PAUSED
+
+    wait_for("the paused sandbox served by a live daemon", taken_over_paused, 60)
+    with client(live) as c:
+        held = c.get_sandbox(sb.id)
+        with pytest.raises(hutch.SandboxUnavailable, match="paused"):
+            held.exec("echo no")
+        held.resume()
+        assert held.status().state is hutch.SandboxState.RUNNING
+        assert held.exec("cat kept.txt").stdout == "intact"
+
+
 def test_a_stalled_daemon_s_late_writes_are_refused(fleet: list[DaemonProcess]) -> None:
     """A daemon stopped (SIGSTOP) past its lease comes back to find its
     sandbox taken over: what it then tries of it is refused or sent to the

@@ -251,11 +251,19 @@ def _extents(fd: int, start: int, length: int) -> list[tuple[int, int]]:
     return found
 
 
+def _flags(fd: int) -> int:
+    return int(struct.unpack("=l", fcntl.ioctl(fd, _FS_IOC_GETFLAGS, struct.pack("=l", 0)))[0])
+
+
+def _immutable(fd: int) -> bool:
+    return bool(_flags(fd) & _FS_IMMUTABLE_FL)
+
+
 def _set_immutable(fd: int, on: bool) -> None:
     """The balloon is immutable: a sandbox (no CAP_LINUX_IMMUTABLE) that
     sees it (a working directory capped before there were views, still
     mounted so) cannot free it."""
-    flags = struct.unpack("=l", fcntl.ioctl(fd, _FS_IOC_GETFLAGS, struct.pack("=l", 0)))[0]
+    flags = _flags(fd)
     flags = flags | _FS_IMMUTABLE_FL if on else flags & ~_FS_IMMUTABLE_FL
     fcntl.ioctl(fd, _FS_IOC_SETFLAGS, struct.pack("=l", flags))
 
@@ -359,11 +367,19 @@ def _give_back(directory: str, image: str) -> bool:
     try:
         if _backing_file(os.fstat(root).st_dev) != image:
             return False
-        fd = os.open(BALLOON, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o400,
-                     dir_fd=root)
+        try:
+            fd = os.open(BALLOON, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=root)
+        except FileNotFoundError:  # the store had grown to its cap
+            fd = os.open(BALLOON, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o400,
+                         dir_fd=root)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # one grower at a time (programs sharing a home)
             held = os.fstat(fd).st_size
+            if held and not _immutable(fd):
+                # Not one hutch made (a sandbox that sees the root of an
+                # older capped directory could make a file of that name):
+                # its blocks are the sandbox's to write, never punched.
+                return False
             st = os.fstatvfs(root)
             surplus = st.f_bavail * st.f_frsize - FREE_TARGET
             surplus -= surplus % 4096

@@ -36,6 +36,8 @@ from .._liveness import stat_fields
 REAP_SECONDS = 10.0
 #: Between two looks at /proc while waiting.
 _POLL_SECONDS = 0.04
+#: The first wait between two looks; each next one doubles, up to the above.
+_FIRST_POLL_SECONDS = 0.002
 
 
 @dataclass(frozen=True)
@@ -214,9 +216,12 @@ def _send(pid: int, start: int, sig: int) -> None:
 
 async def _until(done: Callable[[], bool], deadline: float,
                  every: float = _POLL_SECONDS) -> None:
-    """Look at ``done`` (in a worker thread) every ``every`` s until it says
-    so or ``deadline`` passes."""
+    """Look at ``done`` (in a worker thread) until it says so or ``deadline``
+    passes: soon at first (a signalled process ends in a millisecond or
+    two, and a look at a sandbox's cgroup is cheap), then every ``every`` s."""
+    pause = min(every, _FIRST_POLL_SECONDS)
     while True:
         if await asyncio.to_thread(done) or time.monotonic() >= deadline:
             return
-        await asyncio.sleep(every)
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, every)

@@ -24,9 +24,15 @@ def cgroup_dir(container_id: str, controller: str) -> str | None:
 def frozen(container_id: str) -> bool:
     """Whether the kernel holds the container frozen (a pause): the truth
     the Engine's flag lags."""
+    return frozen_state(container_id) is True
+
+
+def frozen_state(container_id: str) -> bool | None:
+    """Whether the kernel holds the container frozen; None where its
+    freezer cannot be read here (no cgroup of it in this host's view)."""
     where = cgroup_dir(container_id, "freezer")
     if where is None:
-        return False
+        return None
     for name, is_frozen in (("freezer.state", lambda s: s.strip() == "FROZEN"),  # v1
                             ("cgroup.events", lambda s: "frozen 1" in s.splitlines())):  # v2
         try:
@@ -34,7 +40,7 @@ def frozen(container_id: str) -> bool:
                 return bool(is_frozen(fh.read()))
         except OSError:
             continue
-    return False
+    return None
 
 
 def oom_kills(container_id: str) -> int | None:

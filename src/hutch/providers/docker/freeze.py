@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..._paths import hutch_home
+from .cgroups import frozen_state
 
 
 class FreezeGuard:
@@ -62,7 +63,8 @@ class FreezeGuard:
         self._freezes_waiting = 0
         #: What this process last made the Engine do to the container: True
         #: pause, False unpause, None neither (a pause found on adoption is
-        #: someone else's). Written only under ``freezing``.
+        #: someone else's). Written under ``freezing``, or let go (None)
+        #: under ``starting`` once the kernel says another program undid it.
         self._paused: bool | None = None
 
     @contextlib.contextmanager
@@ -164,7 +166,9 @@ class FreezeGuard:
         for a program that finds it after this one died inside the block
         (by default the container's own, which :meth:`thaw_left_freeze` reads)."""
         with self.freezing():
-            if self._paused is True:  # the user's pause: already frozen, and theirs
+            if self.paused_here(frozen_state(container)):
+                # The user's pause (this program's or another's): already
+                # frozen, and theirs to undo.
                 yield
                 return
             marker = marker or _writable_marker(frozen_marker_path(container))
@@ -207,9 +211,18 @@ class FreezeGuard:
             os.unlink(marker)
             return True
 
-    def paused_here(self) -> bool:
-        """Whether this process holds the container paused (the user's pause).
-        Asked under ``starting``, when no freeze is under way."""
+    def paused_here(self, kernel_says: bool | None = None) -> bool:
+        """Whether the container is held paused (the user's pause): what this
+        process last made the Engine do, unless the kernel's freezer
+        (``kernel_says``, where it can be read) says otherwise, for another
+        program (a daemon, another program sharing the store, the docker
+        CLI) resumed or paused it since: what this process did is then no
+        longer what the Engine last did, and no refusal of it is a lag.
+        Asked under ``starting`` or ``freezing``, when no other freeze is
+        under way in any program."""
+        if kernel_says is not None and kernel_says != (self._paused is True):
+            self._paused = None
+            return kernel_says
         return self._paused is True
 
     def refusal_is_lag(self) -> bool:

@@ -41,7 +41,7 @@ from .._hostproc import EXEC_MARKER, SANDBOX_MARKER
 from .._proctree import ProcessTree, cgroup_members
 from ..agent import workload as _workload
 from ..base import FutureExitProcess, ProcessRequest
-from .cgroups import cgroup_dir, frozen, oom_kills, pids_refusals
+from .cgroups import cgroup_dir, frozen, frozen_state, oom_kills, pids_refusals
 from .freeze import FreezeGuard, freeze_guard
 from .provisioning import DockerProvisioning
 
@@ -583,7 +583,7 @@ class DockerProcesses(DockerProvisioning):
             pids_before = pids_refusals(container)
             guard = freeze_guard(container)
             with guard.starting():
-                if guard.paused_here():
+                if guard.paused_here(frozen_state(container)):
                     # Refused here, not by the Engine: its flag may lag to "running",
                     # and an exec it lets into the frozen container never returns.
                     raise SandboxUnavailable(f"docker sandbox {self.sandbox_id} is paused")
