@@ -32,8 +32,9 @@ import httpx
 import pytest
 
 import hutch
-from hutch._errors import KillIncomplete
+from hutch._errors import KillIncomplete, ProviderError
 from hutch.providers._proctree import ProcessTree
+from hutch.providers.agent.runtime import AgentRuntime
 from hutch.providers.agent.wire import EXEC_SILENCE_TIMEOUT
 from tests import isolating
 from tests.daemon_fixture import DaemonProcess, cleaned_daemon, client  # noqa: F401 - cleaned_daemon is the daemon fixture
@@ -360,6 +361,42 @@ async def test_a_kill_its_agent_never_confirms_is_not_said_done(
         assert len(left) >= TREE_SIZE, left
     if kind.startswith("bubblewrap"):  # its agent runs on: nothing restarts it
         assert isinstance(outcome[0], KillIncomplete), repr(outcome[0])
+
+
+@pytest.mark.anyio
+@pytest.mark.docker
+@pytest.mark.parametrize("sandbox", isolating.params("docker-agent", "bubblewrap-agent"),
+                         indirect=True)
+async def test_a_kill_its_agent_refuses_is_not_said_done(
+    sandbox: hutch.Sandbox, request: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kill request that fails (here: the agent's answer is an error, not
+    its kill) in a sandbox that is not held has confirmed nothing: the
+    timed-out exec says so (KillIncomplete) while the tree lives on, never
+    that the tree was killed."""
+    kind = request.node.callspec.params["sandbox"]
+    original = AgentRuntime.request
+
+    async def refusing(self: AgentRuntime, header: Any, parse: Any, **kw: Any) -> Any:
+        if header.get("op") == "kill":
+            raise ProviderError("the agent refused the kill (injected)")
+        return await original(self, header, parse, **kw)
+
+    tag, command = await _tree_command(sandbox)
+    outcome: list[BaseException] = []
+    monkeypatch.setattr(AgentRuntime, "request", refusing)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_exec_raising_into, sandbox, command, outcome)
+        assert await _until_grown(tag) >= TREE_SIZE
+    monkeypatch.undo()
+    left = [p for p in remaining(kind, tag) if p[1] != "Z"]
+    assert len(outcome) == 1
+    if isinstance(outcome[0], hutch.ExecTimeout):
+        assert left == [], left  # "its whole process tree was killed"
+    else:
+        assert isinstance(outcome[0], KillIncomplete), repr(outcome[0])
+        assert "refused the kill" in str(outcome[0])
+        assert len(left) >= TREE_SIZE, left
 
 
 def _ancestor_named(pid: int, name: bytes) -> int | None:

@@ -187,6 +187,7 @@ class AgentProcess(FutureExitProcess, PtyProcess):
         # The agent answers once the whole tree is gone and reaped, or says
         # what outlived its bound (KillIncomplete, raised after the cleanup).
         incomplete: KillIncomplete | None = None
+        failed: HutchError | None = None
         try:
             await self._runtime.request(
                 self._kill_request(grace), ok, timeout=grace + REAP_SECONDS + ANSWER_TIMEOUT,
@@ -199,16 +200,23 @@ class AgentProcess(FutureExitProcess, PtyProcess):
             incomplete = KillIncomplete(
                 f"the sandbox's agent did not confirm the command's kill ({exc}); its "
                 "processes may still be running and holding their share of the sandbox")
-        except HutchError:
+        except HutchError as exc:
             if await self._runtime.held():
                 # Paused while it was asked (the provider said so): nothing
                 # was confirmed, and the held tree is there.
                 await self._kill_held(grace)
                 return
+            failed = exc  # done only if the command is seen to end (its agent gone, say)
         with contextlib.suppress(TimeoutError, HutchError):
             await asyncio.wait_for(asyncio.shield(self._exit), 5)
         if not self._exit.done():
             self._channel.close()  # an orphan kept the output open: stop listening
+            if failed is not None:
+                # The kill failed and the command did not end: nothing says
+                # its processes are gone.
+                incomplete = KillIncomplete(
+                    f"the command's kill failed ({failed}) and it did not end: its "
+                    "processes may still be running and holding their share of the sandbox")
         if incomplete is not None:
             raise incomplete
 
