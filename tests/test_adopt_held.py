@@ -6,6 +6,11 @@ says what the sandbox really is).
 Every provider that can pause: docker (both runtimes), bubblewrap, gvisor.
 The pause and unpause behind the daemon's back are the provider's own
 (reconnected in this process, the daemon down), as another program's are.
+
+gvisor alone kept whether it was paused in memory (runsc's pause freezes no
+cgroup the host can read): a handle found again learns it from runsc, and a
+command's kill or its reader's silence asks runsc, for another program on
+the host may have paused it (docker's own case is in test_docker_freeze).
 """
 
 from __future__ import annotations
