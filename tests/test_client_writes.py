@@ -486,8 +486,9 @@ def test_a_large_upload_streams_in_bounded_pieces(server: PlainServer, face: str
     assert len(counted.writes) >= 100 + 8, len(counted.writes)
     assert max(counted.writes) <= SEND_PIECE + CHUNK_FRAMING
     assert counted.most_held <= WRITE_BOUND
-    # The 100 MB never sat in memory: a few pieces' worth at most.
-    assert peak < 8 * SEND_PIECE, peak
+    # The 100 MB never sat in memory: some pieces in flight, on both sides of
+    # the socket (this process runs the server too), a few MB in all.
+    assert peak < 25 * SEND_PIECE, peak
 
 
 @pytest.mark.parametrize("face", ["sync", "async"])
