@@ -59,6 +59,41 @@ def run(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
             print(f"the bench left behind: {', '.join(left)}", file=sys.stderr)
 
 
+#: Unrelated host processes beside a killed tree (:func:`kill_beside_others`).
+UNRELATED = 2000
+
+
+def _start_others(count: int) -> list[subprocess.Popen[bytes]]:
+    return [subprocess.Popen(["sleep", "1000"]) for _ in range(count)]
+
+
+async def kill_beside_others(sb: Any, runs: int = 15) -> None:
+    """The row of a command tree's kill (8 sleeps under a shell, ended by
+    closing its stream) with :data:`UNRELATED` other processes on the host,
+    beside the same kill with none: a host-side kill's cost is the sandbox's."""
+    async def kill_once() -> float:
+        stream = sb.exec_stream("for i in 1 2 3 4 5 6 7 8; do sleep 1000 & done; echo up; wait")
+        async for _event in stream:  # up: the tree is there
+            break
+        started = time.perf_counter()
+        await stream.aclose()
+        return time.perf_counter() - started
+
+    await kill_once()
+    floors = [await kill_once() for _ in range(runs)]
+    # Children of this process, reaped here, so none is left to an init that may not.
+    others = _start_others(UNRELATED)
+    try:
+        samples = [await kill_once() for _ in range(runs)]
+    finally:
+        for other in others:
+            other.kill()
+        for other in others:
+            other.wait()
+    row(f"kill a command's tree, {UNRELATED} other host procs", median_ms(samples),
+        median_ms(floors), "floor: none; goal: <= 1.1x")
+
+
 def median_ms(samples: list[float]) -> float:
     return statistics.median(samples) * 1000
 

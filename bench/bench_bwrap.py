@@ -26,7 +26,7 @@ import uuid
 sys.path.insert(0, os.path.dirname(__file__))
 
 import hutch
-from _common import header, median_ms, paired, row, run
+from _common import header, kill_beside_others, median_ms, paired, row, run
 from hutch._sandbox import backend_of
 from hutch.providers.bubblewrap.cgroups import JOIN_AND_EXEC, SandboxCgroup
 from hutch.providers.bubblewrap.rootfs import resolve_rootfs
@@ -38,9 +38,6 @@ EXEC_RUNS = 40
 FORK_RUNS = 15
 PAUSE_RUNS = 50
 FORK_FILES = 10_000
-KILL_RUNS = 15
-#: Unrelated host processes beside the killed tree.
-UNRELATED = 2000
 
 
 def bare_bwrap(root: str) -> None:
@@ -138,36 +135,11 @@ async def bench_fork(root: str) -> None:
         "goal: <= 30 ms")
 
 
-def _start_others(count: int) -> list[subprocess.Popen[bytes]]:
-    return [subprocess.Popen(["sleep", "1000"]) for _ in range(count)]
-
-
 async def bench_kill(root: str) -> None:
     async with await hutch.create_sandbox(
         "bubblewrap", rootfs=root, runtime="native", read_before_write=False
     ) as sb:
-        async def kill_once() -> float:
-            stream = sb.exec_stream(
-                "for i in 1 2 3 4 5 6 7 8; do sleep 1000 & done; echo up; wait")
-            async for _event in stream:  # up: the tree is there
-                break
-            started = time.perf_counter()
-            await stream.aclose()  # type: ignore[attr-defined]
-            return time.perf_counter() - started
-
-        await kill_once()
-        floors = [await kill_once() for _ in range(KILL_RUNS)]
-        # Children of this process, reaped here, so none is left to an init that may not.
-        others = _start_others(UNRELATED)
-        try:
-            samples = [await kill_once() for _ in range(KILL_RUNS)]
-        finally:
-            for other in others:
-                other.kill()
-            for other in others:
-                other.wait()
-    row(f"kill a command's tree, {UNRELATED} other host procs", median_ms(samples),
-        median_ms(floors), "floor: none; goal: <= 1.1x")
+        await kill_beside_others(sb)
 
 
 def _mem_available() -> int:

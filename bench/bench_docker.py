@@ -12,26 +12,21 @@ from __future__ import annotations
 
 import io
 import os
-import subprocess
 import sys
 import tarfile
-import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
 import docker
 
 import hutch
-from _common import header, median_ms, paired, row, run, time_async, time_sync
+from _common import header, kill_beside_others, paired, row, run, time_async, time_sync
 from hutch._sandbox import backend_of
 
 IMAGE = os.environ.get("HUTCH_TEST_IMAGE", "hutch-test:bookworm")
 EXEC_RUNS = 60
 CREATE_RUNS = 10
 MB = os.urandom(1024 * 1024)
-KILL_RUNS = 15
-#: Unrelated host processes beside the killed tree.
-UNRELATED = 2000
 
 
 def raw_exec(api: docker.APIClient, container: str) -> None:
@@ -58,36 +53,11 @@ def tar_of(name: str, data: bytes) -> bytes:
     return buffer.getvalue()
 
 
-def _start_others(count: int) -> list[subprocess.Popen[bytes]]:
-    return [subprocess.Popen(["sleep", "1000"]) for _ in range(count)]
-
-
 async def bench_kill() -> None:
     async with await hutch.create_sandbox(
         "docker", image=IMAGE, runtime="native", read_before_write=False
     ) as sb:
-        async def kill_once() -> float:
-            stream = sb.exec_stream(
-                "for i in 1 2 3 4 5 6 7 8; do sleep 1000 & done; echo up; wait")
-            async for _event in stream:  # up: the tree is there
-                break
-            started = time.perf_counter()
-            await stream.aclose()  # type: ignore[attr-defined]
-            return time.perf_counter() - started
-
-        await kill_once()
-        floors = [await kill_once() for _ in range(KILL_RUNS)]
-        # Children of this process, reaped here, so none is left to an init that may not.
-        others = _start_others(UNRELATED)
-        try:
-            samples = [await kill_once() for _ in range(KILL_RUNS)]
-        finally:
-            for other in others:
-                other.kill()
-            for other in others:
-                other.wait()
-    row(f"kill a command's tree, {UNRELATED} other host procs", median_ms(samples),
-        median_ms(floors), "floor: none; goal: <= 1.1x")
+        await kill_beside_others(sb)
 
 
 async def main() -> None:

@@ -23,7 +23,7 @@ from hutch._sandbox import backend_of
 from hutch.providers.gvisor.runsc import list_ids
 from tests import isolating
 from tests.daemon_fixture import DaemonProcess, cleaned_daemon, client  # noqa: F401 - cleaned_daemon is the daemon fixture
-from tests.test_kill_reaps import named
+from tests.hostprocs import named
 
 RUNSC_MISSING = pytest.mark.skipif(shutil.which("runsc") is None, reason="runsc is not installed")
 

@@ -38,6 +38,7 @@ from hutch.providers.agent.runtime import AgentRuntime
 from hutch.providers.agent.wire import EXEC_SILENCE_TIMEOUT
 from tests import isolating
 from tests.daemon_fixture import DaemonProcess, cleaned_daemon, client  # noqa: F401 - cleaned_daemon is the daemon fixture
+from tests.hostprocs import named
 from tests.isolating import kube_standin  # noqa: F401  (a fixture)
 from tests.ssh_server import ALIAS, shared_server
 
@@ -59,24 +60,6 @@ for i in 1 2 3 4 5 6; do ./{tag}b 1000 & done
 setsid ./{tag}a -c 'trap "" TERM; ./{tag}b 1000 & ./{tag}b 1000' &
 ./{tag}b 1000
 """
-
-
-def named(tag: str) -> list[tuple[int, str, int]]:
-    """(pid, state, parent) of the host's processes whose name starts with ``tag``."""
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as fh:
-                stat = fh.read().decode(errors="replace")
-        except OSError:
-            continue
-        comm = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2:].split()
-        if comm.startswith(tag):
-            found.append((int(entry.name), fields[0], int(fields[1])))
-    return found
 
 
 def remaining(kind: str, tag: str) -> list[tuple[int, str, int]]:

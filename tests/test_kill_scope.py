@@ -27,28 +27,13 @@ import hutch
 from hutch._liveness import process_start_time
 from hutch.providers._proctree import ProcessTree, _send, cgroup_members
 from tests import isolating
+from tests.hostprocs import named
 
 PIDS_ROOT = "/sys/fs/cgroup/pids"
 
 
-def _named(tag: str) -> list[tuple[int, str]]:
-    """(pid, state) of the host's processes whose name starts with ``tag``."""
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as fh:
-                stat = fh.read().decode(errors="replace")
-        except OSError:
-            continue
-        if stat[stat.index("(") + 1:stat.rindex(")")].startswith(tag):
-            found.append((int(entry.name), stat[stat.rindex(")") + 2:].split()[0]))
-    return found
-
-
 def _alive(tag: str) -> list[int]:
-    return [pid for pid, state in _named(tag) if state not in ("Z", "X")]
+    return [pid for pid, state, _parent in named(tag) if state not in ("Z", "X")]
 
 
 def _marker_of(pid: int) -> str:
@@ -219,5 +204,5 @@ async def test_a_kill_in_a_paused_sandbox_signals_nothing_outside_it(
         finally:
             await sandbox.resume()
         assert decoy.poll() is None, "a host process outside the sandbox was signalled"
-    await _until(lambda: not _named(tag))
+    await _until(lambda: not named(tag))
     assert _alive(tag) == []
