@@ -160,14 +160,18 @@ def table(old: dict[Key, Figures], new: dict[Key, Figures]) -> None:
 def from_logs(logs: list[str]) -> tuple[dict[Key, Figures], dict[Key, Figures]]:
     """The old and new rows of saved runs' stderr (an interrupted run's too)."""
     sides: dict[str, dict[Key, Figures]] = {"old": {}, "new": {}}
+    offset = 0  # each log's rounds after the ones before: runs pool
     for log in logs:
+        last = 0
         for block in log.split("\n## round ")[1:]:
             head, _, output = block.partition("\n")
             found = re.match(r"(\d+): (\w+) \((old|new)\)", head)
             if found is None:
                 continue
+            last = max(last, int(found[1]))
             for key, figures in parse(found[2], output).items():
-                sides[found[3]].setdefault(key, {})[int(found[1]) - 1] = figures
+                sides[found[3]].setdefault(key, {})[offset + int(found[1]) - 1] = figures
+        offset += last
     return sides["old"], sides["new"]
 
 
@@ -179,7 +183,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--ref", default=DEFAULT_REF)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--log", nargs="+", metavar="FILE",
-                        help="run nothing: table the rows of saved runs' stderr")
+                        help="run nothing: table the rows of saved runs' stderr, rounds pooled")
     args = parser.parse_args(argv)
     if args.log:
         table(*from_logs([pathlib.Path(p).read_text() for p in args.log]))
