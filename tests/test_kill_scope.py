@@ -166,6 +166,16 @@ def _command(tag: str) -> str:
             f"&& exec ./{tag} 1000")
 
 
+async def _started_pair(sandbox: hutch.Sandbox) -> tuple[str, Any, list[int]]:
+    """(tag, process, the host pids of its two sleeps) of :func:`_command` started."""
+    tag = "ks" + uuid.uuid4().hex[:8]
+    process = await sandbox.start(_command(tag))
+    await _until(lambda: len(_alive(tag)) >= 2)
+    inside = _alive(tag)
+    assert len(inside) == 2, inside
+    return tag, process, inside
+
+
 @pytest.mark.anyio
 @pytest.mark.docker
 @pytest.mark.parametrize("sandbox", isolating.params("docker-native", "bubblewrap-native"),
@@ -173,11 +183,7 @@ def _command(tag: str) -> str:
 async def test_a_kill_from_the_host_signals_nothing_outside_the_sandbox(
     sandbox: hutch.Sandbox,
 ) -> None:
-    tag = "ks" + uuid.uuid4().hex[:8]
-    process = await sandbox.start(_command(tag))
-    await _until(lambda: len(_alive(tag)) >= 2)
-    inside = _alive(tag)
-    assert len(inside) == 2, inside
+    tag, process, inside = await _started_pair(sandbox)
     with _decoy(_marker_of(inside[0])) as decoy:
         await process.kill()
         assert decoy.poll() is None, "a host process outside the sandbox was signalled"
@@ -192,11 +198,7 @@ async def test_a_kill_from_the_host_signals_nothing_outside_the_sandbox(
 async def test_a_kill_in_a_paused_sandbox_signals_nothing_outside_it(
     sandbox: hutch.Sandbox,
 ) -> None:
-    tag = "ks" + uuid.uuid4().hex[:8]
-    process = await sandbox.start(_command(tag))
-    await _until(lambda: len(_alive(tag)) >= 2)
-    inside = _alive(tag)
-    assert len(inside) == 2, inside
+    tag, process, inside = await _started_pair(sandbox)
     with _decoy(_marker_of(inside[0])) as decoy:
         await sandbox.pause()
         try:
