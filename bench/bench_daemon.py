@@ -6,12 +6,6 @@ within one loop (so a machine whose speed drifts moves them all alike): a bare
 sync SDK, and through the daemon with a bare keep-alive HTTP/1.1 client (what
 the daemon itself adds, without the SDK's HTTP client).
 
-A small POST (an exec's body) to the bare ASGI app below (reading the
-body, as a route does), on one kept
-connection, three ways in turn: the SDK's connection (hutch.client._coalesce:
-head and body in one write), httpx's own transport (head, then body: the
-server wakes twice), and the standard library's client (one write; the floor).
-
 Status GETs per second: wrk (2 threads, 32 connections) against one
 sandbox's status, beside the same daemon's /healthz (a FastAPI route) and a
 bare ASGI app on the same uvicorn settings (the server's floor). wrk shares
@@ -32,12 +26,10 @@ from collections.abc import Callable
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-import httpx
 from tests.daemon_fixture import DaemonProcess, free_port
 
 import hutch
 from _common import header, median_ms, row, run, scratch_dir
-from hutch.client._coalesce import PoolTransport
 
 RUNS = 300
 WARMUP = 20
@@ -45,15 +37,10 @@ LOAD_SECONDS = 4
 LOAD_ROUNDS = 2
 
 #: A trivial ASGI app on the daemon's own uvicorn settings: the server's floor.
-#: With "read" after its port it reads each request's body first, as a route
-#: that takes one (an exec's JSON) does: the body's arrival is on its path.
 BARE_SERVER = """
 import sys, uvicorn
 BODY = b'{"status":"ok"}'
-READ = sys.argv[2:] == ["read"]
 async def app(scope, receive, send):
-    while READ and (await receive()).get("more_body"):
-        pass
     await send({"type": "http.response.start", "status": 200, "headers": [
         (b"content-type", b"application/json"), (b"content-length", b"15")]})
     await send({"type": "http.response.body", "body": BODY})
@@ -138,51 +125,6 @@ async def exec_round_trips(daemon: DaemonProcess, workdir: str) -> str:
         return remote.id
 
 
-def small_posts() -> None:
-    header("small POST round trip, bare ASGI app, kept connection (floor: http.client)")
-    port = free_port()
-    bare = subprocess.Popen([sys.executable, "-c", BARE_SERVER, str(port), "read"])
-    try:
-        wait_for(port)
-        base = f"http://127.0.0.1:{port}"
-        path, body = "/v1/sandboxes/sb-bench/exec", {"cmd": ["true"]}
-        ours, httpxs = PoolTransport(base, None), httpx.HTTPTransport(verify=False)
-        connection = http.client.HTTPConnection("127.0.0.1", port)
-        encoded = json.dumps(body)
-
-        def through(transport: httpx.BaseTransport) -> Callable[[], object]:
-            def call() -> object:
-                answer = transport.handle_request(httpx.Request("POST", base + path, json=body))
-                answer.read()
-                answer.close()
-                return answer
-
-            return call
-
-        def floor() -> object:
-            connection.request("POST", path, encoded, {"Content-Type": "application/json"})
-            return connection.getresponse().read()
-
-        ways = [("sdk", through(ours)), ("httpx", through(httpxs)), ("floor", floor)]
-        samples: dict[str, list[float]] = {name: [] for name, _ in ways}
-        for i in range(10 * (RUNS + WARMUP)):
-            # Each first in turn: what ran just before one moves its figure.
-            for name, call in ways[i % 3:] + ways[:i % 3]:
-                t0 = time.perf_counter()
-                call()
-                if i >= 10 * WARMUP:
-                    samples[name].append(time.perf_counter() - t0)
-        ours.close()
-        httpxs.close()
-        connection.close()
-    finally:
-        bare.terminate()
-        bare.wait(10)
-    floor_ms = median_ms(samples["floor"])
-    row("the SDK's connection (one write)", median_ms(samples["sdk"]), floor_ms)
-    row("httpx's own transport (head, then body)", median_ms(samples["httpx"]), floor_ms)
-
-
 def throughput(daemon: DaemonProcess, sandbox_id: str) -> None:
     print("\n== requests per second (wrk, 2 threads, 32 connections, 2 cores shared)")
     port = free_port()
@@ -214,7 +156,6 @@ async def main() -> None:
     daemon = DaemonProcess().start()
     try:
         sandbox_id = await exec_round_trips(daemon, workdir)
-        small_posts()
         throughput(daemon, sandbox_id)
     finally:
         daemon.close()

@@ -12,7 +12,6 @@ import httpx
 
 from .._errors import HutchError
 from ._answers import EnsuredRef, decode_event
-from ._coalesce import AsyncPoolTransport, PoolTransport
 from ._core import Op
 from ._handles import note_exit
 from ._http import (
@@ -22,7 +21,6 @@ from ._http import (
     client_headers,
     client_url,
     decode_answer,
-    env_proxies,
     http_target,
     request_kwargs,
     tls_verify,
@@ -89,13 +87,10 @@ class AsyncTransport(_Transport):
     def __init__(self, url: str | None, token: str | None, factories: dict[str, Any]) -> None:
         super().__init__(url, factories)
         base, uds = http_target(self.url)
-        # Requests go out whole through this pool (._coalesce); where the
-        # environment names a proxy for a TCP daemon, httpx's client (which
-        # honours it) makes its own.
-        self.pool = AsyncPoolTransport(base, uds)
+        self.pool = httpx.AsyncHTTPTransport(uds=uds, verify=tls_verify(base))
         self.http = httpx.AsyncClient(
             base_url=base, headers=client_headers(token, self.url), verify=tls_verify(base),
-            transport=None if uds is None and env_proxies() else self.pool,
+            transport=None if uds is None else self.pool,
         )
         self.plain = PlainCalls(base, self.http.headers)
 
@@ -170,13 +165,10 @@ class SyncTransport(_Transport):
     def __init__(self, url: str | None, token: str | None, factories: dict[str, Any]) -> None:
         super().__init__(url, factories)
         base, uds = http_target(self.url)
-        # Requests go out whole through this pool (._coalesce); where the
-        # environment names a proxy for a TCP daemon, httpx's client (which
-        # honours it) makes its own.
-        self.pool = PoolTransport(base, uds)
+        self.pool = httpx.HTTPTransport(uds=uds, verify=tls_verify(base))
         self.http = httpx.Client(
             base_url=base, headers=client_headers(token, self.url), verify=tls_verify(base),
-            transport=None if uds is None and env_proxies() else self.pool,
+            transport=None if uds is None else self.pool,
         )
         self.plain = PlainCalls(base, self.http.headers)
 
