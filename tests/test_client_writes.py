@@ -169,6 +169,8 @@ def assert_written_whole(requests: list[tuple[bytes, list[int]]], *, head_apart:
             whole = [len(head) + 4 + length]
             apart = [len(head) + 4, length] if length else [len(head) + 4]
             assert sizes == whole or (head_apart and sizes == apart), (line, sizes)
+            if sizes == whole:
+                assert len(body) == length, line
         elif b"transfer-encoding: chunked" in head.lower():
             uploads += 1
             assert len(sizes) >= 5, (line, sizes)
