@@ -204,3 +204,62 @@ def test_typescript_sdk_request_head_and_small_body_go_in_one_write(
     requests = traced_requests(
         daemon, ["node", "--input-type=module", "-e", TS_CLIENT_SCRIPT, str(sdk)])
     assert_written_whole(requests, head_apart=False)
+
+
+# -- one connection for plain and streamed calls ------------------------------------------
+
+CONNECTIONS_SCRIPT = textwrap.dedent("""
+    import asyncio, sys
+    import hutch
+
+    url, token, face, workdir = sys.argv[1:5]
+
+    def sync_calls():
+        with hutch.Client(url, token=token) as client:
+            sandbox = client.create_sandbox("local", workdir=workdir)
+            for _ in range(2):
+                assert sandbox.exec(["echo", "hi"]).stdout == "hi\\n"
+                assert list(sandbox.exec_stream(["echo", "streamed"]))
+            sandbox.close()
+
+    async def async_calls():
+        async with hutch.AsyncClient(url, token=token) as client:
+            sandbox = await client.create_sandbox("local", workdir=workdir)
+            for _ in range(2):
+                assert (await sandbox.exec(["echo", "hi"])).stdout == "hi\\n"
+                assert [event async for event in sandbox.exec_stream(["echo", "streamed"])]
+            await sandbox.close()
+
+    sync_calls() if face == "sync" else asyncio.run(async_calls())
+""")
+
+#: A connect syscall to a loopback TCP port as ``strace -yy`` shows it.
+_CONNECT = re.compile(r'^connect\(\d+<TCP:[^>]*>, \{sa_family=AF_INET, sin_port=htons\((\d+)\)')
+
+
+@needs_strace
+@pytest.mark.parametrize("face", ["sync", "async"])
+def test_sdk_plain_and_streamed_calls_share_one_connection(
+        daemon: DaemonProcess, face: str) -> None:
+    """A client's calls answered whole and those streamed go through one
+    pool: one connection to the daemon, kept, not one for each kind."""
+    scratch = tempfile.mkdtemp(prefix="hutch-connections-")
+    try:
+        prefix = os.path.join(scratch, "trace")
+        workdir = os.path.join(scratch, "work")
+        os.mkdir(workdir)
+        run = subprocess.run(
+            ["strace", "-f", "-ff", "-yy", "-o", prefix, "-e", "trace=connect",
+             "-e", "signal=none", sys.executable, "-c", CONNECTIONS_SCRIPT, daemon.url,
+             daemon.token, face, workdir],
+            capture_output=True, text=True, timeout=300,
+        )
+        assert run.returncode == 0, run.stderr[-3000:]
+        connects = []
+        for path in glob.glob(prefix + ".*"):
+            with open(path, encoding="ascii") as fh:
+                connects += [line for line in fh
+                             if (m := _CONNECT.match(line)) and int(m[1]) == daemon.port]
+    finally:
+        shutil.rmtree(scratch)
+    assert len(connects) == 1, connects

@@ -95,7 +95,7 @@ def tls_verify(base: str) -> bool:
     return base.lower().startswith("https:")
 
 
-def _env_proxies() -> bool:
+def env_proxies() -> bool:
     """Whether the environment names a proxy (httpx's client honours it)."""
     return any(
         name.lower() in ("http_proxy", "https_proxy", "all_proxy") and value
@@ -116,7 +116,7 @@ class PlainCalls:
     def __init__(self, base: str, headers: httpx.Headers) -> None:
         self.base = base
         self.headers = headers
-        self.direct = not _env_proxies()
+        self.direct = not env_proxies()
         self._urls: dict[str, httpx.URL] = {}
 
     def request(self, call: Call, content: Any) -> httpx.Request:

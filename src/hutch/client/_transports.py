@@ -21,6 +21,7 @@ from ._http import (
     client_headers,
     client_url,
     decode_answer,
+    env_proxies,
     http_target,
     request_kwargs,
     tls_verify,
@@ -88,9 +89,12 @@ class AsyncTransport(_Transport):
         super().__init__(url, factories)
         base, uds = http_target(self.url)
         self.pool = httpx.AsyncHTTPTransport(uds=uds, verify=tls_verify(base))
+        # One pool for plain and streamed calls alike (one connection, not
+        # one each), except where the environment names a proxy: the client
+        # honours it only with a transport of its own making.
         self.http = httpx.AsyncClient(
             base_url=base, headers=client_headers(token, self.url), verify=tls_verify(base),
-            transport=None if uds is None else self.pool,
+            transport=self.pool if uds is not None or not env_proxies() else None,
         )
         self.plain = PlainCalls(base, self.http.headers)
 
@@ -166,9 +170,12 @@ class SyncTransport(_Transport):
         super().__init__(url, factories)
         base, uds = http_target(self.url)
         self.pool = httpx.HTTPTransport(uds=uds, verify=tls_verify(base))
+        # One pool for plain and streamed calls alike (one connection, not
+        # one each), except where the environment names a proxy: the client
+        # honours it only with a transport of its own making.
         self.http = httpx.Client(
             base_url=base, headers=client_headers(token, self.url), verify=tls_verify(base),
-            transport=None if uds is None else self.pool,
+            transport=self.pool if uds is not None or not env_proxies() else None,
         )
         self.plain = PlainCalls(base, self.http.headers)
 
