@@ -154,8 +154,33 @@ def _of_run(pid: int, roots: list[str]) -> bool:
     line = _cmdline(pid)
     if any(r + "/" in line for r in roots):
         return True
+    # Anywhere in its mount table: a sandbox's own root and working directory
+    # are overlays, whose directories show only in their options
+    # (``lowerdir=...,upperdir=...``), not as a mount's source or point.
     mounts = _private_mounts(pid)
-    return any(f" {r}/" in mounts for r in roots)
+    return any(r + "/" in mounts for r in roots)
+
+
+def _started_at(pid: int) -> float | None:
+    """When process ``pid`` started (wall clock), or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            ticks = int(fh.read().rsplit(b")", 1)[1].split()[19])
+        with open("/proc/stat", "rb") as fh:
+            boot = next(int(line.split()[1]) for line in fh if line.startswith(b"btime "))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _processes_of(homes: list[str]) -> list[str]:
+    """This worker's processes left running: those of its daemons' homes
+    (told with the test that was running when each started)."""
+    me = os.getpid()
+    return [f"process {entry}: {_cmdline(int(entry))[:160]}"
+            f"{_made_by(_started_at(int(entry)))}"
+            for entry in os.listdir("/proc")
+            if entry.isdigit() and int(entry) != me and _of_run(int(entry), homes)]
 
 
 _CGROUPS_AT_START: set[str] = set()
@@ -277,6 +302,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     left = _snapshot_leftovers()
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:  # an xdist worker: the controller reports
+        # Its own daemons' sandboxes, while it still knows which test ran when:
+        # the controller's check below finds them too, but cannot say who made them.
+        left += _processes_of([SESSION_HOME, *DaemonProcess.data_dirs])
         workeroutput["hutch_leftovers"] = left
         return
     left += _WORKERS_LEFT

@@ -10,7 +10,9 @@ recorded failed (those only its host reached).
 from __future__ import annotations
 
 import concurrent.futures
+import glob
 import os
+import pathlib
 import signal
 import time
 from collections.abc import Iterator
@@ -252,6 +254,22 @@ def wait_for(what: str, check: object, seconds: float) -> None:
         time.sleep(0.2)
 
 
+def sandbox_processes(sandbox_id: str) -> list[int]:
+    """This host's processes in a sandbox's cgroups (its keeper, its agent,
+    its commands), by their cgroup path: ``.../hutch/<sandbox id>``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cgroup", encoding="ascii") as fh:
+                if f"/hutch/{sandbox_id}\n" in fh.read() + "\n":
+                    found.append(int(entry))
+        except OSError:
+            continue  # ended meanwhile
+    return found
+
+
 def test_a_killed_daemon_s_sandboxes_are_taken_over_or_failed(
     fleet: list[DaemonProcess],
 ) -> None:
@@ -261,6 +279,8 @@ def test_a_killed_daemon_s_sandboxes_are_taken_over_or_failed(
         docker_sb.write_text("kept.txt", "intact")
         local_sb = c.create_sandbox("local", read_before_write=False)
         bwrap_sb = c.create_sandbox("bubblewrap", image=TEST_IMAGE, read_before_write=False)
+        bwrap_sb.write_text("written.txt", "before the kill")
+    assert sandbox_processes(bwrap_sb.id)
     dead.kill()
     killed_at = time.monotonic()
 
@@ -291,6 +311,15 @@ def test_a_killed_daemon_s_sandboxes_are_taken_over_or_failed(
     # The killed daemon back: it serves nothing it lost, lists each sandbox
     # once, and what it is asked of the taken-over sandbox goes to the new owner.
     dead.start()
+    # Its bubblewrap sandbox, recorded failed while its host was gone, still
+    # ran there: the host's daemon, back, ends what it runs (failed says
+    # ended), keeping what it wrote on the host.
+    wait_for("the failed bubblewrap sandbox's processes ended",
+             lambda: not sandbox_processes(bwrap_sb.id), 30)
+    kept = glob.glob(os.path.join(dead.data_dir, "bubblewrap", "sandboxes", bwrap_sb.id, "**",
+                                  "written.txt"), recursive=True)
+    assert [pathlib.Path(path).read_text(encoding="utf-8") for path in kept] == [
+        "before the kill"]
     for d in fleet:
         assert listed_ids(d) == [docker_sb.id]
     with client(dead) as c:

@@ -22,7 +22,7 @@ from ..definitions.holders import (
     this_program,
 )
 from ..lifecycle.state import found_state
-from ..providers.base import SandboxBackend
+from ..providers.base import RuntimeState, SandboxBackend
 from ..providers.registry import available_providers, get_provider
 from ..states import SandboxState, SnapshotStatus, WorkspaceStatus
 from ..store import (
@@ -31,6 +31,7 @@ from ..store import (
     WorkspaceRow,
 )
 from .common import (
+    HOST_GONE,
     PRUNING_LEASE,
     SETTING_UP,
     log,
@@ -85,7 +86,34 @@ class Reconciling(Workspaces):
         for ws in await self.astore.list_workspaces():
             if self._own(ws.owner):
                 await self._reconcile_workspace(ws)
+        await self._end_runtimes_of_host_gone()
         await self._reap_orphans()
+
+    async def _end_runtimes_of_host_gone(self) -> None:
+        """Sandboxes the fleet recorded failed while this host was gone (their
+        daemon's lease lapsed, and no other host could reach them) whose
+        runtimes ran on here all along: failed says ended, so what each
+        runtime holds goes, as for any failed sandbox (its files stay on the
+        host until it is deleted). The row is its new owner's: not written."""
+        for row in await self.astore.list_sandboxes(include_final=True):
+            if row.state != SandboxState.FAILED.value or row.reason != HOST_GONE:
+                continue
+            try:
+                backend_cls = get_provider(row.provider)
+                if not backend_cls.runtime_outlives_its_daemon:
+                    continue
+                backend = await backend_cls.reconnect(row.id, row.description)
+                if await backend.observed_state() is RuntimeState.GONE:
+                    continue  # nothing of it runs here (or this is not its host)
+                await backend.release_runtime()
+            except (HutchError, KeyError, ValueError) as exc:
+                log.info("sandbox %s: cannot reach what its lost host ran (%s)", row.id, exc)
+                continue
+            await self.astore.log_event(row.id, "sandbox",
+                                        f"ended what it ran on this host: {HOST_GONE} was "
+                                        "recorded while this host's daemon was down")
+            log.warning("sandbox %s: ended what it ran here (recorded failed: %s)",
+                        row.id, HOST_GONE)
 
     async def setting_up(self, sandbox_id: str, *, made: bool) -> None:
         """Record that a definition's ensure is making ``sandbox_id`` (until

@@ -620,6 +620,11 @@ class SandboxBackend(SandboxPart):
     #: one's sandboxes; otherwise (only the host that made them can: local,
     #: bubblewrap, in memory) they fail with their host.
     reachable_from_any_host: ClassVar[bool] = False
+    #: Whether a sandbox's runtime runs on when the daemon that made it dies
+    #: (a keeper, a container), ended by :meth:`release_runtime`: that
+    #: host's daemon, back, ends the runtimes of those a fleet recorded
+    #: failed while it was gone (``reachable_from_any_host`` False).
+    runtime_outlives_its_daemon: ClassVar[bool] = False
     #: Whether several :meth:`create_from_snapshot` of one snapshot may run
     #: at once (a fork's ``count`` branches started together): its branches
     #: share nothing that is written while they start (gvisor: each restore

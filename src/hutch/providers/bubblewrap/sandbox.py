@@ -68,6 +68,8 @@ _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 class BubblewrapSandbox(SandboxBackend):
     provider = "bubblewrap"
+    # Its keeper is started apart from the daemon, to outlive it (a restart adopts it).
+    runtime_outlives_its_daemon = True
     capabilities = Capabilities(
         processes=True,
         pause=True,

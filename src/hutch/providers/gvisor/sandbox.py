@@ -98,6 +98,8 @@ class GvisorSandbox(SandboxBackend):
     """
 
     provider = "gvisor"
+    # Its runsc sandbox runs apart from the daemon, to outlive it (a restart adopts it).
+    runtime_outlives_its_daemon = True
     capabilities = Capabilities(
         processes=True,
         pause=True,
