@@ -320,6 +320,11 @@ def test_a_killed_daemon_s_sandboxes_are_taken_over_or_failed(
                                   "written.txt"), recursive=True)
     assert [pathlib.Path(path).read_text(encoding="utf-8") for path in kept] == [
         "before the kill"]
+    # Told once: a later start finds nothing of it running (its files stay).
+    dead.restart()
+    with client(dead) as c:
+        ended = [e for e in c.events(bwrap_sb.id) if "ended what it ran" in e["message"]]
+    assert len(ended) == 1, ended
     for d in fleet:
         assert listed_ids(d) == [docker_sb.id]
     with client(dead) as c:

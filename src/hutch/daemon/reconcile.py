@@ -103,7 +103,8 @@ class Reconciling(Workspaces):
                 if not backend_cls.runtime_outlives_its_daemon:
                     continue
                 backend = await backend_cls.reconnect(row.id, row.description)
-                if await backend.observed_state() is RuntimeState.GONE:
+                if await backend.observed_state() in (RuntimeState.GONE,
+                                                      RuntimeState.SUSPENDED):
                     continue  # nothing of it runs here (or this is not its host)
                 await backend.release_runtime()
             except (HutchError, KeyError, ValueError) as exc:
