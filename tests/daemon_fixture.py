@@ -254,6 +254,23 @@ def loops_under(root: str) -> list[tuple[str, str]]:
     return found
 
 
+def sandbox_processes(sandbox_id: str) -> list[int]:
+    """This host's processes in a sandbox's cgroups (its keeper, its agent,
+    its commands), by their cgroup path: ``.../hutch/<sandbox id>[/...]``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cgroup", encoding="ascii") as fh:
+                paths = [line.rstrip("\n").split(":", 2)[-1] + "/" for line in fh]
+            if any(f"/hutch/{sandbox_id}/" in path for path in paths):
+                found.append(int(entry))
+        except OSError:
+            continue  # ended meanwhile
+    return found
+
+
 def release_leftovers(root: str) -> list[str]:
     """The last resort after a daemon on ``root`` is gone: remove its
     containers, unmount what is mounted under it and detach the loop devices

@@ -979,3 +979,22 @@ async def test_a_hutch_home_longer_than_a_socket_path(
         assert (await sandbox.exec(["echo", "again"])).stdout == "again\n"
     finally:
         await sandbox.close()
+
+
+@pytest.mark.parametrize("after", [0.01, 0.05, 0.1, 0.2, 0.4])
+async def test_an_in_process_create_cancelled_part_way_leaves_nothing(after: float) -> None:
+    """Cancelled at any point of its making (a caller's timeout), an
+    in-process create leaves no processes, cgroups or directories of the
+    sandbox: what was made is freed then, not never."""
+    from hutch.providers.bubblewrap.provisioning import bubblewrap_home
+    from tests.daemon_fixture import sandbox_processes
+
+    sandbox_id = "sb-" + secrets.token_hex(6)
+    with anyio.move_on_after(after):
+        sandbox = await hutch.create_sandbox("bubblewrap", image=TEST_IMAGE,
+                                             sandbox_id=sandbox_id)
+        await sandbox.close()  # made before the cancel came: closed as ever
+    assert sandbox_processes(sandbox_id) == []
+    assert not os.path.exists(os.path.join(bubblewrap_home(), "sandboxes", sandbox_id))
+    assert not [c for c in ("pids", "memory", "cpu", "freezer")
+                if os.path.exists(f"/sys/fs/cgroup/{c}/hutch/{sandbox_id}")]

@@ -23,7 +23,7 @@ import hutch
 from hutch._refwire import DaemonRef, decode_ref
 from tests import postgres_fixture
 from tests.conftest import TEST_IMAGE
-from tests.daemon_fixture import DaemonProcess
+from tests.daemon_fixture import DaemonProcess, sandbox_processes
 
 #: Short leases, so a killed daemon's sandboxes move on within seconds.
 LEASE_SECONDS = 5
@@ -252,22 +252,6 @@ def wait_for(what: str, check: object, seconds: float) -> None:
         if time.monotonic() > deadline:
             pytest.fail(f"not within {seconds} s: {what}")
         time.sleep(0.2)
-
-
-def sandbox_processes(sandbox_id: str) -> list[int]:
-    """This host's processes in a sandbox's cgroups (its keeper, its agent,
-    its commands), by their cgroup path: ``.../hutch/<sandbox id>``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cgroup", encoding="ascii") as fh:
-                if f"/hutch/{sandbox_id}\n" in fh.read() + "\n":
-                    found.append(int(entry))
-        except OSError:
-            continue  # ended meanwhile
-    return found
 
 
 def test_a_killed_daemon_s_sandboxes_are_taken_over_or_failed(

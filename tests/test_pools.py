@@ -8,6 +8,7 @@ drained on stop with nothing left behind."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import subprocess
@@ -24,7 +25,7 @@ import hutch
 from hutch.client import RemoteSandbox
 from hutch.store import SQLiteStore
 from tests.conftest import TEST_IMAGE
-from tests.daemon_fixture import DaemonProcess, containers_of, mounts_under
+from tests.daemon_fixture import DaemonProcess, containers_of, mounts_under, sandbox_processes
 from tests.diskfill import fill
 
 HUTCH = [sys.executable, "-m", "hutch.cli.main"]
@@ -380,3 +381,35 @@ def test_a_take_the_store_cannot_record_hands_nothing_out(tmp_path: Path) -> Non
         subprocess.run(["umount", mount], check=False)
 
 
+
+
+@pytest.mark.anyio
+async def test_a_pool_removed_while_it_warms_a_sandbox_ends_that_sandbox(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pool removed (its filler cancelled) once its provider has made a
+    sandbox, before the sandbox is ready: that sandbox goes too, runtime and
+    record, not left running where nothing lists it."""
+    from hutch.daemon import Daemon, OperatorPolicy
+    from hutch.providers.agent.runtime import AgentRuntime
+
+    warming = asyncio.Event()
+
+    async def warm_for_ever(self: AgentRuntime) -> None:
+        warming.set()
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(AgentRuntime, "warm", warm_for_ever)
+    data = str(tmp_path / "data")
+    monkeypatch.setenv("HUTCH_HOME", data)  # as the server sets it for its providers
+    daemon = Daemon(data, policy=OperatorPolicy(providers=["bubblewrap"]))
+    await daemon.start()
+    try:
+        await daemon.set_pool("warming", {"provider": "bubblewrap"}, 1, persist=False)
+        await asyncio.wait_for(warming.wait(), 120)
+        made = [row.id for row in await daemon.astore.list_sandboxes(include_final=True)]
+        assert len(made) == 1 and sandbox_processes(made[0])
+        await daemon.remove_pool("warming")
+        assert sandbox_processes(made[0]) == []
+        assert await daemon.astore.list_sandboxes(include_final=True) == []
+    finally:
+        await daemon.stop()

@@ -5,10 +5,13 @@ Their sync twins (``create_sandbox_sync``) are generated, in
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
-from ._errors import InvalidArgument
+import anyio
+
+from ._errors import HutchError, InvalidArgument
 from ._sandbox import Sandbox, live_of, new_sandbox_id
 from ._types import Snapshot
 from .config import SandboxOptions, SandboxSpec, resolve_spec
@@ -44,8 +47,21 @@ async def create_sandbox(
         spec = resolve_spec(flags=flags)
     backend_cls = get_provider(spec.provider_name)
     sid = sandbox_id or new_sandbox_id()
-    backend = await backend_cls.create(spec.provider, sid)
+    backend = await _made(backend_cls, sid, backend_cls.create(spec.provider, sid))
     return await _track(backend, spec, engine)
+
+
+async def _made(
+    backend_cls: type[SandboxBackend], sandbox_id: str, making: Awaitable[SandboxBackend]
+) -> SandboxBackend:
+    """The sandbox ``making`` provisions; if it fails or is cancelled part-way,
+    what it made goes now (shielded: a cancel would skip it), not never."""
+    try:
+        return await making
+    except BaseException:
+        with anyio.CancelScope(shield=True), contextlib.suppress(HutchError):
+            await backend_cls.discard(sandbox_id)
+        raise
 
 
 async def _track(
@@ -74,7 +90,8 @@ async def _track(
             deadline_unix=deadline_unix,
         )
     except BaseException:
-        await backend.close()
+        with anyio.CancelScope(shield=True):
+            await backend.close()
         raise
     return sandbox
 
@@ -130,7 +147,8 @@ async def create_sandbox_from_snapshot(
     spec = spec_for_attach(snapshot, options)
     backend_cls = get_provider(snapshot.provider)
     sid = sandbox_id or new_sandbox_id()
-    backend = await backend_cls.create_from_snapshot(spec.provider, sid, snapshot.handle)
+    backend = await _made(
+        backend_cls, sid, backend_cls.create_from_snapshot(spec.provider, sid, snapshot.handle))
     sandbox = await _track(backend, spec, engine)
     sandbox.base_snapshot_id = sandbox.origin_snapshot_id = snapshot.id
     return sandbox

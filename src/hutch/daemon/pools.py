@@ -283,9 +283,14 @@ class Pooling(Sandboxes):
                         await backend_cls.discard(sid)
                     await self.astore.delete_sandbox(sid)
                 raise
-            self._watch(backend_cls)  # its death while it waits is told, as a sandbox's
-            await backend.runtime.warm()  # what its first exec would open or pay first
-            return PooledRuntime(sid, backend, pool.name, row.version)
+            made = PooledRuntime(sid, backend, pool.name, row.version)
+            try:
+                self._watch(backend_cls)  # its death while it waits is told, as a sandbox's
+                await backend.runtime.warm()  # what its first exec would open or pay first
+            except BaseException:  # the pool removed meanwhile: what was made goes too
+                await self._discard(made)
+                raise
+            return made
         finally:
             pool.making = None
 
