@@ -89,21 +89,20 @@ _WRITE = re.compile(
 _BUFFER = re.compile(r'"(?P<data>(?:\\x[0-9a-f]{2})*)"(?:\.\.\.)?(?:, iov_len=|, )(?P<size>\d+)')
 
 
-def socket_writes(trace_prefix: str, port: int) -> list[tuple[bytes, int]]:
-    """Each write syscall to the daemon's port (write, send, writev), in each
-    thread's order: its first bytes, and how many bytes it asked to send."""
+def socket_writes(trace: list[str], port: int) -> list[tuple[bytes, int]]:
+    """Each write syscall to the daemon's port (write, send, writev) in a
+    trace's lines (each thread's in order): its first bytes, and how many
+    bytes it asked to send."""
     writes = []
-    for path in sorted(glob.glob(trace_prefix + ".*")):
-        with open(path, encoding="ascii") as fh:
-            for line in fh:
-                match = _WRITE.match(line)
-                if match is None or int(match["port"]) != port:
-                    continue
-                assert match["call"] != "sendmsg", line  # never seen: its iovecs are deeper
-                buffers = _BUFFER.findall(match["args"])
-                assert buffers, line
-                data = b"".join(bytes.fromhex(d.replace("\\x", "")) for d, _ in buffers)
-                writes.append((data, sum(int(size) for _, size in buffers)))
+    for line in trace:
+        match = _WRITE.match(line)
+        if match is None or int(match["port"]) != port:
+            continue
+        assert match["call"] != "sendmsg", line  # never seen: its iovecs are deeper
+        buffers = _BUFFER.findall(match["args"])
+        assert buffers, line
+        data = b"".join(bytes.fromhex(d.replace("\\x", "")) for d, _ in buffers)
+        writes.append((data, sum(int(size) for _, size in buffers)))
     return writes
 
 
@@ -135,24 +134,36 @@ def daemon() -> Iterator[DaemonProcess]:
     d.close()
 
 
-def traced_requests(daemon: DaemonProcess, command: list[str]) -> list[tuple[bytes, list[int]]]:
+def traced(daemon: DaemonProcess, command: list[str], strace_args: list[str]) -> list[str]:
     """Run ``command`` (a client, given a working directory as its last
-    argument) under strace, and the requests it wrote to the daemon."""
+    argument) under strace with ``strace_args``: the trace's lines, each
+    thread's in order."""
     scratch = tempfile.mkdtemp(prefix="hutch-writes-")
     try:
         prefix = os.path.join(scratch, "trace")
         workdir = os.path.join(scratch, "work")
         os.mkdir(workdir)
         run = subprocess.run(
-            ["strace", "-f", "-ff", "-xx", "-yy", "-s", "8192", "-o", prefix,
-             "-e", "trace=write,sendto,sendmsg,writev", "-e", "signal=none", *command, workdir],
+            ["strace", "-f", "-ff", "-yy", "-o", prefix, *strace_args, "-e", "signal=none",
+             *command, workdir],
             capture_output=True, text=True, timeout=300,
             env=dict(os.environ, HUTCH_URL=daemon.url, HUTCH_TOKEN=daemon.token),
         )
         assert run.returncode == 0, run.stderr[-3000:]
-        return requests_of(socket_writes(prefix, daemon.port))
+        lines = []
+        for path in sorted(glob.glob(prefix + ".*")):
+            with open(path, encoding="ascii") as fh:
+                lines += fh.readlines()
+        return lines
     finally:
         shutil.rmtree(scratch)
+
+
+def traced_requests(daemon: DaemonProcess, command: list[str]) -> list[tuple[bytes, list[int]]]:
+    """The requests ``command`` (see :func:`traced`) wrote to the daemon."""
+    trace = traced(daemon, command, ["-xx", "-s", "8192",
+                                     "-e", "trace=write,sendto,sendmsg,writev"])
+    return requests_of(socket_writes(trace, daemon.port))
 
 
 def assert_written_whole(requests: list[tuple[bytes, list[int]]], *, head_apart: bool) -> None:
@@ -243,23 +254,8 @@ def test_sdk_plain_and_streamed_calls_share_one_connection(
         daemon: DaemonProcess, face: str) -> None:
     """A client's calls answered whole and those streamed go through one
     pool: one connection to the daemon, kept, not one for each kind."""
-    scratch = tempfile.mkdtemp(prefix="hutch-connections-")
-    try:
-        prefix = os.path.join(scratch, "trace")
-        workdir = os.path.join(scratch, "work")
-        os.mkdir(workdir)
-        run = subprocess.run(
-            ["strace", "-f", "-ff", "-yy", "-o", prefix, "-e", "trace=connect",
-             "-e", "signal=none", sys.executable, "-c", CONNECTIONS_SCRIPT, daemon.url,
-             daemon.token, face, workdir],
-            capture_output=True, text=True, timeout=300,
-        )
-        assert run.returncode == 0, run.stderr[-3000:]
-        connects = []
-        for path in glob.glob(prefix + ".*"):
-            with open(path, encoding="ascii") as fh:
-                connects += [line for line in fh
-                             if (m := _CONNECT.match(line)) and int(m[1]) == daemon.port]
-    finally:
-        shutil.rmtree(scratch)
+    trace = traced(daemon, [sys.executable, "-c", CONNECTIONS_SCRIPT, daemon.url,
+                            daemon.token, face], ["-e", "trace=connect"])
+    connects = [line for line in trace
+                if (m := _CONNECT.match(line)) and int(m[1]) == daemon.port]
     assert len(connects) == 1, connects
