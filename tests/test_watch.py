@@ -15,6 +15,7 @@ from hutch.providers.watching import (
     IN_MOVED_FROM,
     IN_MOVED_TO,
     InotifyEvents,
+    WatchedEntry,
     compare,
 )
 
@@ -54,7 +55,9 @@ def test_inotify_events_pair_renames_and_follow_new_directories() -> None:
         return len(watched)
 
     events = InotifyEvents("/w", True, add, lambda wd: None,
-                           lambda path: [("inside", False)] if path == "/w/sub" else [])
+                           lambda path: [WatchedEntry("inside", False, False),
+                                         WatchedEntry("filled", False, True)]
+                           if path == "/w/sub" else [])
     events.watch_tree("/w")
     told = events.translate([
         (1, IN_CREATE, 0, "f"), (1, IN_MODIFY, 0, "f"), (1, IN_MODIFY, 0, "f"),
@@ -68,6 +71,8 @@ def test_inotify_events_pair_renames_and_follow_new_directories() -> None:
         FileEvent("renamed", "/w/f", "/w/g"), FileEvent("removed", "/w/out"),
         FileEvent("created", "/w/in"), FileEvent("created", "/w/sub"),
         FileEvent("created", "/w/sub/inside"),  # made before its watch was
+        FileEvent("created", "/w/sub/filled"),  # and written before it, too
+        FileEvent("written", "/w/sub/filled"),
     ]
     assert "/w/sub" in watched.values()
 

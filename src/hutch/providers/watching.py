@@ -4,7 +4,8 @@ the two ways a runtime can tell what changed below it.
 - :class:`InotifyEvents`: the kernel's word, as inotify gives it, turned into
   hutch's events (a rename's two halves paired by their cookie, a move out
   of the tree a removal, into it a creation; under a recursive watch, a new
-  directory watched and what was already made in it told as created). Host
+  directory watched and what was already made in it told as created, a file
+  already holding bytes as written too). Host
   runtimes use it through :class:`HostInotifyWatch`; the agent does the same
   in the sandbox (``go/watch.go``).
 - :class:`PollWatch`: the honest fallback where nothing can run inotify (ssh,
@@ -23,7 +24,7 @@ import errno
 import os
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from .._errors import (
     HutchError,
@@ -171,6 +172,16 @@ WATCH_MASK = (IN_CREATE | IN_MODIFY | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | 
               | IN_MOVE_SELF | IN_ONLYDIR | IN_EXCL_UNLINK)
 
 
+class WatchedEntry(NamedTuple):
+    """What is just below a directory a watch starts on."""
+
+    name: str
+    is_dir: bool
+    #: A regular file with bytes in it: they were written before the watch
+    #: could see them (a file made and written in a directory just made).
+    written: bool
+
+
 class InotifyEvents:
     """inotify's events, as hutch's, for one watched tree.
 
@@ -182,7 +193,7 @@ class InotifyEvents:
 
     def __init__(
         self, root: str, recursive: bool, add: Callable[[str], int],
-        remove: Callable[[int], None], entries: Callable[[str], list[tuple[str, bool]]],
+        remove: Callable[[int], None], entries: Callable[[str], list[WatchedEntry]],
     ) -> None:
         self.root = root.rstrip("/") or "/"
         self.recursive = recursive
@@ -198,7 +209,8 @@ class InotifyEvents:
     def watch_tree(self, path: str, told: list[FileEvent] | None = None) -> None:
         """Watch ``path`` (and, recursive, every directory below it); with
         ``told``, what is already in it is told as created (it was made
-        before its watch was)."""
+        before its watch was), and a file with bytes in it as written too
+        (they were written before the watch could see it)."""
         pending = [path]
         while pending:
             directory = pending.pop()
@@ -210,10 +222,12 @@ class InotifyEvents:
                 if directory == self.root:
                     raise
                 continue  # gone again already
-            for name, is_dir in listed:
+            for name, is_dir, written in listed:
                 child = self._join(directory, name)
                 if told is not None:
                     told.append(FileEvent("created", child))
+                    if written:
+                        told.append(FileEvent("written", child))
                 if is_dir and self.recursive:
                     pending.append(child)
 
@@ -291,12 +305,12 @@ class HostInotifyWatch(BackendWatch):
     (``local``; ``bubblewrap``'s root, reached through its keeper):
     ``host_dir(path)`` gives, for the time of a call, the host path of the
     sandbox directory ``path`` to watch (its links resolved inside the
-    sandbox), ``entries(path)`` what is in it (name, is a directory)."""
+    sandbox), ``entries(path)`` what is in it (:class:`WatchedEntry`)."""
 
     def __init__(
         self, root: str, recursive: bool,
         host_dir: Callable[[str], AbstractContextManager[str]],
-        entries: Callable[[str], list[tuple[str, bool]]],
+        entries: Callable[[str], list[WatchedEntry]],
     ) -> None:
         from inotify_simple import INotify
 
@@ -374,7 +388,10 @@ def same_path(path: str) -> Iterator[str]:
     yield path
 
 
-def host_entries(path: str) -> list[tuple[str, bool]]:
-    """What is just below the host directory ``path``: (name, is a directory)."""
+def host_entries(path: str) -> list[WatchedEntry]:
+    """What is just below the host directory ``path``."""
     with os.scandir(path) as it:
-        return [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+        return [WatchedEntry(e.name, e.is_dir(follow_symlinks=False),
+                             e.is_file(follow_symlinks=False)
+                             and e.stat(follow_symlinks=False).st_size > 0)
+                for e in it]

@@ -107,6 +107,30 @@ async def check_recursive_watch_sees_every_level(sandbox: Any) -> None:
         await watcher.close()
 
 
+async def check_recursive_watch_tells_files_that_came_filled(sandbox: Any) -> None:
+    """A directory moved in from outside the tree: its files are told made,
+    and one already holding bytes written too (nothing of the writing could
+    be seen: it happened before its directory was watched). A watch by
+    inotify only: a polling one tells what it finds at each look."""
+    if sandbox.capabilities.watch != "inotify":
+        return
+    await sandbox.write_text("outside/sub/filled.txt", "bytes")
+    await sandbox.write_text("outside/sub/empty.txt", "")
+    await sandbox.mkdir("arrivals")
+    watcher = await sandbox.watch("arrivals", recursive=True)
+    try:
+        seen: list[hutch.FileEvent] = []
+        await sandbox.rename("outside/sub", "arrivals/sub")
+        await _until(watcher, _is("created", sandbox.path("arrivals/sub/empty.txt")), seen)
+        await _until(watcher, _is("written", sandbox.path("arrivals/sub/filled.txt")), seen)
+        assert _is("created", sandbox.path("arrivals/sub/filled.txt"))(
+            seen[seen.index(hutch.FileEvent("written", sandbox.path("arrivals/sub/filled.txt")))
+                 - 1]), seen
+        assert hutch.FileEvent("written", sandbox.path("arrivals/sub/empty.txt")) not in seen
+    finally:
+        await watcher.close()
+
+
 async def check_a_write_that_makes_directories_tells_only_its_file(sandbox: Any) -> None:
     """A write into directories it makes: the directories and the file, and
     nothing of how the write is done (a runtime's temporary file, found in
@@ -162,6 +186,7 @@ WATCH_CASES: list[Case] = [
     check_watch_pairs_a_rename,
     check_watch_sees_what_commands_change,
     check_recursive_watch_sees_every_level,
+    check_recursive_watch_tells_files_that_came_filled,
     check_a_write_that_makes_directories_tells_only_its_file,
     check_watch_without_recursive_stays_at_its_level,
     check_watch_errors_and_close,

@@ -43,7 +43,7 @@ from .._hostfs import (
     run_mapped,
 )
 from ..base import SandboxFiles
-from ..watching import BackendWatch, HostInotifyWatch
+from ..watching import BackendWatch, HostInotifyWatch, WatchedEntry
 
 T = TypeVar("T")
 
@@ -409,8 +409,9 @@ class RootFiles(SandboxFiles):
             except OSError as exc:
                 raise _map_tree_error(exc, sandbox_dir) from None
 
-        def entries(sandbox_dir: str) -> list[tuple[str, bool]]:
-            return [(info.name, info.type == FileType.DIRECTORY)
+        def entries(sandbox_dir: str) -> list[WatchedEntry]:
+            return [WatchedEntry(info.name, info.type == FileType.DIRECTORY,
+                                 info.type == FileType.FILE and info.size > 0)
                     for info in self._run(lambda: self._list(sandbox_dir), sandbox_dir)]
 
         return HostInotifyWatch(path, recursive, host_dir, entries).start()

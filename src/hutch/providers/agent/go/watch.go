@@ -5,7 +5,8 @@ package main
 // (providers/watching.py's InotifyEvents): created, written, removed,
 // renamed (a rename's halves paired by their cookie; out of the tree a
 // removal, into it a creation), and under a recursive watch every new
-// directory watched, what was already made in it told as created.
+// directory watched, what was already made in it told as created (and a
+// file already holding bytes as written).
 //
 // The host asks {"op": "watch", "path", "recursive"} on a connection of its
 // own; the agent answers ok once the watch is set (or an error), then sends
@@ -72,6 +73,12 @@ func (w *treeWatch) watchTree(path string, told *[]header) error {
 			}
 			if told != nil {
 				*told = append(*told, header{"k": "created", "p": child})
+				// Bytes in it were written before the watch could see them.
+				if e.Type().IsRegular() {
+					if info, err := e.Info(); err == nil && info.Size() > 0 {
+						*told = append(*told, header{"k": "written", "p": child})
+					}
+				}
 			}
 			if e.IsDir() && w.recursive {
 				pending = append(pending, child)
