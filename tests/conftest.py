@@ -173,14 +173,18 @@ def _started_at(pid: int) -> float | None:
     return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
+def _pids_of_run(roots: list[str]) -> list[int]:
+    """The processes (this one aside) of the directories ``roots``."""
+    me = os.getpid()
+    return [int(entry) for entry in os.listdir("/proc")
+            if entry.isdigit() and int(entry) != me and _of_run(int(entry), roots)]
+
+
 def _processes_of(homes: list[str]) -> list[str]:
     """This worker's processes left running: those of its daemons' homes
     (told with the test that was running when each started)."""
-    me = os.getpid()
-    return [f"process {entry}: {_cmdline(int(entry))[:160]}"
-            f"{_made_by(_started_at(int(entry)))}"
-            for entry in os.listdir("/proc")
-            if entry.isdigit() and int(entry) != me and _of_run(int(entry), homes)]
+    return [f"process {pid}: {_cmdline(pid)[:160]}{_made_by(_started_at(pid))}"
+            for pid in _pids_of_run(homes)]
 
 
 _CGROUPS_AT_START: set[str] = set()
@@ -230,10 +234,7 @@ def _leftovers(roots: list[str]) -> list[str]:
     for root in roots:
         left += [f"mount {point}" for point in mounts_under(root)]
         left += [f"loop device {dev} backed by {back}" for dev, back in loops_under(root)]
-    me = os.getpid()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != me and _of_run(int(entry), roots):
-            left.append(f"process {entry}: {_cmdline(int(entry))[:200]}")
+    left += [f"process {pid}: {_cmdline(pid)[:200]}" for pid in _pids_of_run(roots)]
     # A cgroup cannot carry a run's name: one made during this run that still
     # holds a process of this run, or that stays empty (its sandbox gone), is left.
     new = _cgroups() - _CGROUPS_AT_START

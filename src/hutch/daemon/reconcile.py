@@ -86,16 +86,17 @@ class Reconciling(Workspaces):
         for ws in await self.astore.list_workspaces():
             if self._own(ws.owner):
                 await self._reconcile_workspace(ws)
-        await self._end_runtimes_of_host_gone()
-        await self._reap_orphans()
+        every_row = await self.astore.list_sandboxes(include_final=True)
+        await self._end_runtimes_of_host_gone(every_row)
+        await self._reap_orphans(every_row)
 
-    async def _end_runtimes_of_host_gone(self) -> None:
+    async def _end_runtimes_of_host_gone(self, rows: list[SandboxRow]) -> None:
         """Sandboxes the fleet recorded failed while this host was gone (their
         daemon's lease lapsed, and no other host could reach them) whose
         runtimes ran on here all along: failed says ended, so what each
         runtime holds goes, as for any failed sandbox (its files stay on the
         host until it is deleted). The row is its new owner's: not written."""
-        for row in await self.astore.list_sandboxes(include_final=True):
+        for row in rows:
             if row.state != SandboxState.FAILED.value or row.reason != HOST_GONE:
                 continue
             try:
@@ -184,16 +185,16 @@ class Reconciling(Workspaces):
                     await self.astore.delete_snapshot(row.id)
                     await self.astore.log_event(row.id, "snapshot", "lost: its storage is gone")
 
-    async def _reap_orphans(self) -> None:
+    async def _reap_orphans(self, rows: list[SandboxRow]) -> None:
         """Ask every provider to free what it made for sandboxes no row names
         (nor an instance: a program on this store holds it in-process, or
         left it for the next ``ensure`` of its thread). A row that says
         terminated names nothing to keep: a close records the end before it
         releases the runtime, and a daemon killed between the two left a
         runtime no call would ever free (a failed one keeps its files until
-        it is deleted, so it still names them)."""
-        known = {r.id for r in await self.astore.list_sandboxes(include_final=True)
-                 if r.state != SandboxState.TERMINATED.value}
+        it is deleted, so it still names them). ``rows``: every sandbox's, ended
+        ones too, read once the rest of the reconciliation is done."""
+        known = {r.id for r in rows if r.state != SandboxState.TERMINATED.value}
         known |= await self.astore.instance_sandbox_ids()
         for provider in self._providers_in_use():
             try:
