@@ -246,6 +246,11 @@ class ExecOutput:
         self.close()
 
 
+#: How long a stdin write still pending when its command ends is given to
+#: answer before it is called refused (a write blocked on a pipe nobody reads).
+STDIN_ANSWER_AFTER_END = 1.0
+
+
 class Process:
     """A command started in the background: wait on it, stream it, kill it.
 
@@ -354,6 +359,10 @@ class Process:
             await asyncio.wait({task, ended}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             ended.cancel()
+        if not task.done():
+            # The end may be heard before the step's own answer (over a wire):
+            # a step whose bytes were taken answers soon after, and is no refusal.
+            await asyncio.wait({task}, timeout=STDIN_ANSWER_AFTER_END)
         if task.done():
             task.result()
             return
