@@ -15,8 +15,8 @@ round of many is slower, whatever its median says; one slower in half of
 them is noise), and a verdict: within 5 %, better, or worse. ``fork:docker``
 runs ``bench_fork.py docker`` (a bench's own arguments, both sides alike). Each bench's raw
 output goes to stderr as it comes; ``--log FILE...`` tables saved ones.
-It will not run from a process that ignores a signal (``nohup``): see
-``ignored_signals``'s caller.
+It will not run from a process that ignores or blocks a signal (``nohup``):
+the rule is hutch's own (``inherits_signal_state``).
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
+
+from hutch.providers._signals import inherits_signal_state
 
 HERE = pathlib.Path(__file__).resolve().parent
 NEW = HERE.parent
@@ -177,16 +179,6 @@ def from_logs(logs: list[str]) -> tuple[dict[Key, Figures], dict[Key, Figures]]:
     return sides["old"], sides["new"]
 
 
-#: Ignored by Python itself at start, and restored for its children by subprocess.
-_PYTHONS_OWN = {signal.SIGPIPE, signal.SIGXFSZ}
-
-
-def ignored_signals() -> list[str]:
-    """The signals this process inherited ignored, by name."""
-    return sorted(signal.Signals(n).name for n in signal.valid_signals()
-                  if n not in _PYTHONS_OWN and signal.getsignal(n) is signal.SIG_IGN)
-
-
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("benches", nargs="*",
@@ -200,13 +192,12 @@ def main(argv: list[str]) -> int:
     if args.log:
         table(*from_logs([pathlib.Path(p).read_text() for p in args.log]))
         return 0
-    ignored = ignored_signals()
-    if ignored:
+    if inherits_signal_state():
         # hutch's exec starts a command with every signal at its default, by one
-        # exec more when the caller ignores any (nohup does: SIGHUP); bc2d03a's
-        # passed them on. The two would time different work.
-        print(f"compare: this process ignores {', '.join(ignored)} (nohup?): run it from a"
-              " shell that ignores no signal, or the old and new execs differ", file=sys.stderr)
+        # exec more when the caller ignores or blocks any (nohup ignores SIGHUP);
+        # bc2d03a's passed them on. The two would time different work.
+        print("compare: this process ignores or blocks a signal (nohup?): run it from a"
+              " shell that does neither, or the old and new execs differ", file=sys.stderr)
         return 2
     if subprocess.run(["git", "-C", str(NEW), "rev-parse", "-q", "--verify",
                        f"{args.ref}^{{commit}}"], capture_output=True).returncode != 0:
