@@ -352,7 +352,9 @@ class Process:
 
     async def _until_done(self, step: Awaitable[None], what: str) -> None:
         """``step`` on the command's stdin, given up (StdinClosed) if the
-        command ends first: a write waiting on a pipe nobody reads any more."""
+        command ends first and ``step`` has not answered
+        :data:`STDIN_ANSWER_AFTER_END` later: a write waiting on a pipe nobody
+        reads any more."""
         task = asyncio.ensure_future(step)
         ended = asyncio.ensure_future(self._done.wait())
         try:
