@@ -59,13 +59,17 @@ def test_inotify_events_pair_renames_and_follow_new_directories() -> None:
                                          WatchedEntry("filled", False, True)]
                            if path == "/w/sub" else [])
     events.watch_tree("/w")
-    told = events.translate([
+    # Held: "out"'s other half may come in the next read.
+    assert events.translate([
         (1, IN_CREATE, 0, "f"), (1, IN_MODIFY, 0, "f"), (1, IN_MODIFY, 0, "f"),
         (1, IN_MOVED_FROM, 7, "f"), (1, IN_MOVED_TO, 7, "g"),
         (1, IN_MOVED_FROM, 8, "out"),  # moved out of the tree: a removal
         (1, IN_MOVED_TO, 9, "in"),     # moved in: a creation
         (1, IN_CREATE | IN_ISDIR, 0, "sub"),
-    ])
+    ]) == []
+    assert events.awaiting_rename_half
+    told = events.flush()
+    assert not events.awaiting_rename_half
     assert told == [
         FileEvent("created", "/w/f"), FileEvent("written", "/w/f"),
         FileEvent("renamed", "/w/f", "/w/g"), FileEvent("removed", "/w/out"),
@@ -75,6 +79,32 @@ def test_inotify_events_pair_renames_and_follow_new_directories() -> None:
         FileEvent("written", "/w/sub/filled"),
     ]
     assert "/w/sub" in watched.values()
+
+
+def test_a_rename_read_in_two_halves_is_one_rename() -> None:
+    """The kernel queues a rename's IN_MOVED_FROM and IN_MOVED_TO one after
+    the other; a read between them gets the first alone. Seen in CI (the
+    agent's watch, on a loaded machine): told as removed and created."""
+    watched: dict[int, str] = {}
+
+    def add(path: str) -> int:
+        watched[len(watched) + 1] = path
+        return len(watched)
+
+    events = InotifyEvents("/w", True, add, lambda wd: None, lambda path: [])
+    events.watch_tree("/w")
+    assert events.translate([(1, IN_CREATE, 0, "a"), (1, IN_MOVED_FROM, 5, "before")]) == []
+    assert events.translate([(1, IN_MOVED_TO, 5, "after"), (1, IN_MODIFY, 0, "after")]) == [
+        FileEvent("created", "/w/a"), FileEvent("renamed", "/w/before", "/w/after"),
+        FileEvent("written", "/w/after"),
+    ]
+    assert not events.awaiting_rename_half and events.flush() == []
+    # A directory's rename, so split, moves its watches with it.
+    events.watch_tree("/w/d")
+    assert events.translate([(1, IN_MOVED_FROM | IN_ISDIR, 6, "d")]) == []
+    assert events.translate([(1, IN_MOVED_TO | IN_ISDIR, 6, "e")]) == [
+        FileEvent("renamed", "/w/d", "/w/e")]
+    assert "/w/e" in events.dirs.values() and "/w/d" not in events.dirs.values()
 
 
 async def test_a_sandbox_holds_so_many_watches(monkeypatch: pytest.MonkeyPatch) -> None:

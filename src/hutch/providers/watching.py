@@ -43,6 +43,12 @@ if TYPE_CHECKING:
 
 #: Seconds between two looks of a polling watch.
 POLL_INTERVAL = 0.5
+#: Seconds a batch holding a rename's first half waits for its second
+#: (:meth:`InotifyEvents.translate`): the kernel queues both in one rename,
+#: so they are apart only while the renaming thread is off its CPU. Past
+#: it, the first half was a move out of the tree. (The agent's is
+#: ``renameHalfWait`` in ``go/watch.go``.)
+RENAME_HALF_WAIT = 0.05
 
 
 class BackendWatch(abc.ABC):
@@ -202,6 +208,11 @@ class InotifyEvents:
         self._entries = entries
         self.dirs: dict[int, str] = {}
         self.ended = False
+        #: A batch held for a rename's second half (see :meth:`translate`).
+        self._held: list[FileEvent] = []
+        #: cookie -> (path, is a directory, where its placeholder is in the
+        #: held batch): renames whose IN_MOVED_TO has not been read yet.
+        self._moved_from: dict[int, tuple[str, bool, int]] = {}
 
     def _join(self, directory: str, name: str) -> str:
         return f"{directory.rstrip('/')}/{name}"
@@ -247,11 +258,25 @@ class InotifyEvents:
             elif directory.startswith(prefix):
                 self.dirs[wd] = new.rstrip("/") + "/" + directory[len(prefix):]
 
+    @property
+    def awaiting_rename_half(self) -> bool:
+        """A batch is held: it has a rename's IN_MOVED_FROM and not yet its
+        IN_MOVED_TO (read it again within :data:`RENAME_HALF_WAIT`, or
+        :meth:`flush`)."""
+        return bool(self._moved_from)
+
     def translate(self, raw: list[tuple[int, int, int, str]]) -> list[FileEvent]:
-        """One read's events (wd, mask, cookie, name) as hutch's."""
-        out: list[FileEvent] = []
-        #: cookie -> (path, is a directory, where its placeholder is in ``out``)
-        moved_from: dict[int, tuple[str, bool, int]] = {}
+        """One read's events (wd, mask, cookie, name) as hutch's: what is
+        told now.
+
+        The kernel queues a rename's two halves one after the other, and a
+        read can come between them: a batch with an IN_MOVED_FROM whose
+        IN_MOVED_TO has not come is held (``[]`` is returned), and the next
+        read's events join it, until its other half pairs it (told, in their
+        order, with a "renamed") or :meth:`flush` tells it moved out.
+        """
+        out = self._held
+        moved_from = self._moved_from
         for wd, mask, cookie, name in raw:
             if mask & IN_Q_OVERFLOW:
                 raise OutputLimitExceeded(
@@ -294,9 +319,20 @@ class InotifyEvents:
                 out[source[2]] = FileEvent("renamed", source[0], path)
                 if source[1] and self.recursive:
                     self._moved_below(source[0], path)
-        for path, is_dir, _ in moved_from.values():
+        if moved_from:
+            self._held = out
+            return []
+        self._held = []
+        return out
+
+    def flush(self) -> list[FileEvent]:
+        """The held batch, as it is: a rename half whose other half never
+        came was a move out of the tree, told as a removal."""
+        for path, is_dir, _ in self._moved_from.values():
             if is_dir:
                 self._forget_below(path, stop=True)  # moved out of the tree
+        self._moved_from.clear()
+        out, self._held = self._held, []
         return out
 
 
@@ -345,8 +381,21 @@ class HostInotifyWatch(BackendWatch):
         return self
 
     async def batch(self) -> list[FileEvent] | None:
+        #: When a batch held for a rename's second half is told without it.
+        held_until: float | None = None
         while not self._closed and not self._events.ended:
-            await self._ready.wait()
+            if self._events.awaiting_rename_half:
+                if held_until is None:
+                    held_until = self._loop.time() + RENAME_HALF_WAIT
+                left = held_until - self._loop.time()
+                if left > 0 and not self._ready.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._ready.wait(), left)
+                if left <= 0 or not self._ready.is_set():
+                    # Bounded even while other events keep coming.
+                    return self._events.flush()
+            else:
+                await self._ready.wait()
             self._ready.clear()
             try:
                 raw = [(e.wd, e.mask, e.cookie, e.name) for e in self._inotify.read(timeout=0)]
@@ -359,6 +408,8 @@ class HostInotifyWatch(BackendWatch):
             events = self._events.translate(raw)
             if events:
                 return events
+        if not self._closed and (held := self._events.flush()):
+            return held  # told before the end
         return None
 
     async def close(self) -> None:

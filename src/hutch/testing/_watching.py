@@ -69,6 +69,26 @@ async def check_watch_pairs_a_rename(sandbox: Any) -> None:
         await watcher.close()
 
 
+async def check_watch_tells_moves_out_and_in(sandbox: Any) -> None:
+    """A rename out of the watched tree is a removal, one into it a
+    creation (the other half of each is not watched), and the watch goes
+    on after them."""
+    await sandbox.write_text("leaving/here.txt", "x")
+    await sandbox.write_text("elsewhere/coming.txt", "y")
+    watcher = await sandbox.watch("leaving")
+    try:
+        seen: list[hutch.FileEvent] = []
+        await sandbox.rename("leaving/here.txt", "elsewhere/here.txt")
+        await _until(watcher, _is("removed", sandbox.path("leaving/here.txt")), seen)
+        await sandbox.rename("elsewhere/coming.txt", "leaving/coming.txt")
+        await _until(watcher, _is("created", sandbox.path("leaving/coming.txt")), seen)
+        await sandbox.write_text("leaving/after.txt", "z")
+        await _until(watcher, _is("created", sandbox.path("leaving/after.txt")), seen)
+        assert not [e for e in seen if e.type == "renamed"], seen
+    finally:
+        await watcher.close()
+
+
 async def check_watch_sees_what_commands_change(sandbox: Any) -> None:
     """Changes made by processes in the sandbox, not only through hutch."""
     if not sandbox.capabilities.processes:
@@ -184,6 +204,7 @@ async def check_watch_errors_and_close(sandbox: Any) -> None:
 WATCH_CASES: list[Case] = [
     check_watch_sees_files_created_written_and_removed,
     check_watch_pairs_a_rename,
+    check_watch_tells_moves_out_and_in,
     check_watch_sees_what_commands_change,
     check_recursive_watch_sees_every_level,
     check_recursive_watch_tells_files_that_came_filled,

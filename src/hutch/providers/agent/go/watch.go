@@ -30,12 +30,23 @@ const watchMask = syscall.IN_CREATE | syscall.IN_MODIFY | syscall.IN_DELETE |
 // writeTempPrefix names the temporary files handleWrite renames into place.
 const writeTempPrefix = ".hutch-write-"
 
+// renameHalfWait: how long a batch holding a rename's first half waits for
+// its second (see translate). The kernel queues both in one rename, so they
+// are apart only while the renaming thread is off its CPU; past it, the
+// first half was a move out of the tree. The host's is RENAME_HALF_WAIT
+// (providers/watching.py).
+const renameHalfWait = 50 * time.Millisecond
+
 type treeWatch struct {
 	fd        int
 	root      string
 	recursive bool
 	dirs      map[int32]string
 	ended     bool
+	// held: a batch held for a rename's second half; movedFrom: by cookie,
+	// the renames in it whose IN_MOVED_TO has not been read yet.
+	held      []header
+	movedFrom map[uint32]movedFrom
 }
 
 func joinPath(dir, name string) string {
@@ -115,10 +126,18 @@ type movedFrom struct {
 	at    int // its placeholder "removed" in the batch
 }
 
-// translate turns one read's events into hutch's; overflow is an error.
+// translate turns one read's events into hutch's: what is told now;
+// overflow is an error. The kernel queues a rename's two halves one after
+// the other, and a read can come between them: a batch with an
+// IN_MOVED_FROM whose IN_MOVED_TO has not come is held (nil is returned),
+// and the next read's events join it, until its other half pairs it or
+// flush tells it moved out.
 func (w *treeWatch) translate(buf []byte) ([]header, error) {
-	var out []header
-	pending := map[uint32]movedFrom{}
+	out := w.held
+	if w.movedFrom == nil {
+		w.movedFrom = map[uint32]movedFrom{}
+	}
+	pending := w.movedFrom
 	for off := 0; off+syscall.SizeofInotifyEvent <= len(buf); {
 		ev := (*syscall.InotifyEvent)(unsafe.Pointer(&buf[off]))
 		nameBytes := buf[off+syscall.SizeofInotifyEvent : off+syscall.SizeofInotifyEvent+int(ev.Len)]
@@ -190,12 +209,32 @@ func (w *treeWatch) translate(buf []byte) ([]header, error) {
 			}
 		}
 	}
-	for _, from := range pending {
+	if len(pending) > 0 {
+		w.held = out
+		return nil, nil
+	}
+	w.held = nil
+	return out, nil
+}
+
+// awaitingRenameHalf: a batch is held for a rename's second half.
+func (w *treeWatch) awaitingRenameHalf() bool {
+	return len(w.movedFrom) > 0
+}
+
+// flush: the held batch, as it is; a rename half whose other half never came
+// was a move out of the tree (told as a removal; an agent's temporary file,
+// not at all).
+func (w *treeWatch) flush() []header {
+	for cookie, from := range w.movedFrom {
 		if from.isDir {
 			w.forgetBelow(from.path) // moved out of the tree
 		}
+		delete(w.movedFrom, cookie)
 	}
-	return out, nil
+	out := w.held
+	w.held = nil
+	return out
 }
 
 func handleWatch(c *conn, h header) error {
@@ -236,8 +275,19 @@ func handleWatch(c *conn, h header) error {
 		events.Close()
 	}()
 	buf := make([]byte, 256<<10)
+	// When a batch held for a rename's second half is told without it
+	// (bounded even while other events keep coming).
+	var heldUntil time.Time
 	for {
-		_ = events.SetReadDeadline(time.Now().Add(time.Second))
+		var batch []header
+		if w.awaitingRenameHalf() && heldUntil.IsZero() {
+			heldUntil = time.Now().Add(renameHalfWait)
+		}
+		if !heldUntil.IsZero() {
+			_ = events.SetReadDeadline(heldUntil)
+		} else {
+			_ = events.SetReadDeadline(time.Now().Add(time.Second))
+		}
 		n, err := events.Read(buf)
 		if err != nil {
 			select {
@@ -245,35 +295,46 @@ func handleWatch(c *conn, h header) error {
 				return errors.New("watch ended")
 			default:
 			}
-			if errors.Is(err, os.ErrDeadlineExceeded) {
+			if !errors.Is(err, os.ErrDeadlineExceeded) {
+				_ = c.fail("provider_error", "reading the watch's events: "+err.Error())
+				return err
+			}
+			if heldUntil.IsZero() {
 				if err := c.send(header{"t": "hb"}, nil); err != nil {
 					return err
 				}
 				continue
 			}
-			_ = c.fail("provider_error", "reading the watch's events: "+err.Error())
-			return err
-		}
-		batch, err := w.translate(buf[:n])
-		if err != nil {
+		} else if batch, err = w.translate(buf[:n]); err != nil {
 			_ = c.fail("output_limit_exceeded",
 				"the watch fell behind and the kernel dropped events: watch a smaller tree, or read its events sooner")
 			return err
 		}
-		if len(batch) > 0 {
-			items := make([]interface{}, len(batch))
-			for i, e := range batch {
-				items[i] = e
-			}
-			if err := c.send(header{"t": "ev", "events": items}, nil); err != nil {
-				return err
-			}
+		if w.ended || (!heldUntil.IsZero() && !time.Now().Before(heldUntil)) {
+			batch = append(batch, w.flush()...)
+		}
+		if !w.awaitingRenameHalf() {
+			heldUntil = time.Time{}
+		}
+		if err := sendEvents(c, batch); err != nil {
+			return err
 		}
 		if w.ended {
 			_ = c.send(header{"t": "end"}, nil)
 			return errors.New("watch ended")
 		}
 	}
+}
+
+func sendEvents(c *conn, batch []header) error {
+	if len(batch) == 0 {
+		return nil
+	}
+	items := make([]interface{}, len(batch))
+	for i, e := range batch {
+		items[i] = e
+	}
+	return c.send(header{"t": "ev", "events": items}, nil)
 }
 
 // failWatchLimit: the kernel's inotify limits reached (instances or watches
