@@ -10,9 +10,11 @@ matches the rows each prints (``_common.row``) by bench, section and name,
 and prints per row the medians over the rounds of hutch's figure, old and
 new, the median of the rounds' new/old, both floors (a floor that moved
 says the machine did), the new hutch/floor ratio over the old one (which
-cancels load), in how many rounds new was the slower (a row slower in every
-round of many is slower, whatever its median says; one slower in half of
-them is noise), and a verdict: within 5 %, better, or worse. ``fork:docker``
+cancels load), in how many rounds new was the slower, the 90 % interval of
+new/old (from the rounds' paired ratios, see :func:`interval`), and a
+verdict read off that interval (:func:`verdict`): better, within 5 %,
+WORSE, or unsettled when the interval holds both 1.05 and less (the
+rounds disagree more than 5 %: run more of them). ``fork:docker``
 runs ``bench_fork.py docker`` (a bench's own arguments, both sides alike). Each bench's raw
 output goes to stderr as it comes; ``--log FILE...`` tables saved ones.
 It will not run from a process that ignores or blocks a signal (``nohup``):
@@ -22,6 +24,7 @@ the rule is hutch's own (``inherits_signal_state``).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import pathlib
 import re
@@ -107,14 +110,40 @@ def build_agent(tree: pathlib.Path) -> None:
                    capture_output=True, check=False)
 
 
-def verdict(change: float, ratio: float | None) -> str:
-    if change < 1 - TOLERANCE:
+#: Student's t, two-sided 90 %, by degrees of freedom (rounds - 1); a number
+#: of rounds between two listed takes the smaller's (the wider interval).
+_T90 = {1: 6.314, 2: 2.920, 3: 2.353, 4: 2.132, 5: 2.015, 6: 1.943, 7: 1.895, 8: 1.860,
+        9: 1.833, 10: 1.812, 12: 1.782, 15: 1.753, 20: 1.725, 30: 1.697}
+
+
+def interval(ratios: list[float]) -> tuple[float, float] | None:
+    """The 90 % interval of the typical new/old (their geometric mean), from
+    each round's paired new/old: a t interval on their logarithms, since a
+    round's load scales both sides alike. None under two rounds."""
+    if len(ratios) < 2 or not all(0 < r < math.inf for r in ratios):
+        return None
+    logs = [math.log(r) for r in ratios]
+    t = _T90[max(df for df in _T90 if df <= len(logs) - 1)]
+    half = t * statistics.stdev(logs) / math.sqrt(len(logs))
+    mean = statistics.fmean(logs)
+    return math.exp(mean - half), math.exp(mean + half)
+
+
+def verdict(bounds: tuple[float, float] | None, floor_bounds: tuple[float, float] | None) -> str:
+    """``bounds``: new/old's interval; ``floor_bounds``: that of new/old each
+    over its round's floor. Within 5 % only when the whole interval is."""
+    if bounds is None:
+        return "unsettled (one round)"
+    low, high = bounds
+    if high < 1 - TOLERANCE:
         return "better"
-    if change <= 1 + TOLERANCE:
+    if high <= 1 + TOLERANCE:
         return "within 5%"
-    if ratio is not None and ratio <= 1 + TOLERANCE:
-        return "worse, its floor too"  # the machine's load moved, most likely
-    return "WORSE"
+    if low > 1 + TOLERANCE:
+        if floor_bounds is not None and floor_bounds[1] <= 1 + TOLERANCE:
+            return "worse, its floor too"  # the machine's load moved, most likely
+        return "WORSE"
+    return "unsettled"
 
 
 def _cost(figure: float, unit: str) -> float:
@@ -129,7 +158,7 @@ def _medians(old: Figures, new: Figures, rounds: list[int]) -> tuple[float, ...]
 
 def table(old: dict[Key, Figures], new: dict[Key, Figures]) -> None:
     print(f"{'row':<52} {'old':>9} {'new':>9} {'new/old':>7} {'old flr':>9} {'new flr':>9}"
-          f" {'ratio/':>7} {'slower':>6}  verdict")
+          f" {'ratio/':>7} {'slower':>6} {'90% interval':>13}  verdict")
     shown = ""
     for key in sorted(old.keys() & new.keys(), key=list(old).index):
         bench, section, name, unit = key
@@ -142,19 +171,21 @@ def table(old: dict[Key, Figures], new: dict[Key, Figures]) -> None:
         if not rounds:
             continue
         # A rate's cost is its inverse: new/old > 1 is worse either way.
-        change = statistics.median(
-            _cost(n[i][0], unit) / _cost(o[i][0], unit) if o[i][0] and n[i][0]
-            else float("inf") for i in rounds)
+        changes = [_cost(n[i][0], unit) / _cost(o[i][0], unit) if o[i][0] and n[i][0]
+                   else math.inf for i in rounds]
+        change = statistics.median(changes)
         ratios = [_cost(n[i][0] / n[i][1], unit) / _cost(o[i][0] / o[i][1], unit)
                   for i in rounds if n[i][1] and o[i][1] and o[i][0] and n[i][0]]
         ratio = statistics.median(ratios) if ratios else None
         shown_ratio = f"{ratio:>6.2f}x" if ratio is not None else f"{'-':>7}"
         slower = sum(_cost(n[i][0], unit) > _cost(o[i][0], unit) for i in rounds)
         mid = _medians(o, n, rounds)
+        bounds = interval(changes)
+        shown_bounds = f"{bounds[0]:.2f}-{bounds[1]:.2f}x" if bounds else "-"
         label = f"{name} ({unit})"
         print(f"{label[:52]:<52} {mid[0]:>9.3f} {mid[1]:>9.3f} {change:>6.2f}x "
-              f"{mid[2]:>9.3f} {mid[3]:>9.3f} {shown_ratio} {f'{slower}/{len(rounds)}':>6}  "
-              f"{verdict(change, ratio)}")
+              f"{mid[2]:>9.3f} {mid[3]:>9.3f} {shown_ratio} {f'{slower}/{len(rounds)}':>6} "
+              f"{shown_bounds:>13}  {verdict(bounds, interval(ratios))}")
     for key in old.keys() - new.keys():
         print(f"only before: {' / '.join(key[:3])}")
     for key in new.keys() - old.keys():

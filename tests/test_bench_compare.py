@@ -1,11 +1,17 @@
-"""bench/compare.py refuses a run whose old and new sides would time different work."""
+"""bench/compare.py: it refuses a run whose old and new sides would time
+different work, and reads a verdict off the rounds' paired ratios."""
 
 from __future__ import annotations
 
+import importlib.util
+import math
 import pathlib
 import signal
 import subprocess
 import sys
+from typing import Any
+
+import pytest
 
 COMPARE = pathlib.Path(__file__).resolve().parent.parent / "bench" / "compare.py"
 
@@ -37,3 +43,46 @@ def test_a_compare_with_no_signal_ignored_goes_on_and_tells_a_ref_that_names_no_
     assert "ignores" not in ran.stderr
     assert ran.returncode == 2
     assert ran.stderr.strip() == "compare: 'no-such-ref' names no commit here"
+
+
+def _compare_module() -> Any:
+    spec = importlib.util.spec_from_file_location("bench_compare", COMPARE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_verdict_is_read_off_the_interval_of_the_rounds_paired_ratios() -> None:
+    compare = _compare_module()
+    # Rounds that agree: within 5 % only when all of the interval is.
+    steady = compare.interval([1.01, 1.03, 0.99, 1.02, 1.00, 1.02])
+    assert steady is not None and 0.99 < steady[0] < steady[1] < 1.04
+    assert compare.verdict(steady, None) == "within 5%"
+    # A median inside 5 % is not enough when the rounds disagree by more.
+    scattered = compare.interval([0.90, 1.04, 1.30, 0.95, 1.20, 1.03])
+    assert scattered is not None and scattered[0] < 1.05 < scattered[1]
+    assert compare.verdict(scattered, None) == "unsettled"
+    # Slower in every round, by more than 5 %: worse, whatever the floor did.
+    slower = compare.interval([1.20, 1.25, 1.22, 1.18])
+    assert slower is not None and slower[0] > 1.05
+    assert compare.verdict(slower, None) == "WORSE"
+    assert compare.verdict(slower, compare.interval([1.0, 1.01, 0.99, 1.0])) == (
+        "worse, its floor too")
+    assert compare.verdict(compare.interval([0.80, 0.85, 0.82]), None) == "better"
+    # One round has no interval; a round whose figure was missing neither.
+    assert compare.interval([1.0]) is None and compare.verdict(None, None).startswith("unsettled")
+    assert compare.interval([1.0, math.inf]) is None
+
+
+def test_the_table_tells_each_rows_interval_and_verdict(capsys: pytest.CaptureFixture[str]) -> None:
+    compare = _compare_module()
+    key = ("local", "local provider", "exec round trip (true)", "ms")
+    old = {key: {i: (2.0, 1.0) for i in range(4)}}
+    new = {key: {i: (2.0 * r, 1.0) for i, r in enumerate([1.3, 1.25, 1.28, 1.31])}}
+    compare.table(old, new)
+    row = next(line for line in capsys.readouterr().out.splitlines()
+               if line.startswith("exec round trip"))
+    assert row.endswith("WORSE") and " 4/4 " in row
+    low, high = (float(x) for x in row.split()[-2].rstrip("x").split("-"))
+    assert 1.2 < low < 1.28 < high < 1.35
