@@ -29,6 +29,9 @@ EXEC_SILENCE_TIMEOUT = 6.0
 #: Descriptors the agent may have handed over and not yet been asked for.
 MAX_PENDING_FDS = 2
 _ANCILLARY = socket.CMSG_SPACE(MAX_PENDING_FDS * 4)
+#: As a plain int: ``socket.MSG_CTRUNC`` is an IntFlag, and ``flags & it``
+#: builds a member each time (~1.7 us a frame, against ~20 ns).
+_MSG_CTRUNC = int(socket.MSG_CTRUNC)
 _LENGTHS = struct.Struct(">II")
 
 
@@ -164,7 +167,7 @@ class Channel:
                 raise AgentFailure(f"the agent's connection broke: {exc}") from None
             if ancillary:
                 self._take_fds(ancillary)
-            if flags & socket.MSG_CTRUNC:
+            if flags & _MSG_CTRUNC:
                 self.close()
                 raise AgentFailure("the agent handed over more descriptors than one frame holds")
             if not chunk:
