@@ -41,6 +41,10 @@ def test_polling_tells_changes_and_guesses_renames() -> None:
     assert FileEvent("written", "/w/b") in events
     assert FileEvent("removed", "/w/gone") in events
     assert FileEvent("created", "/w/new") in events
+    # It came with bytes in it: written too, right after (as inotify tells it).
+    made = events.index(FileEvent("created", "/w/new"))
+    assert events[made + 1] == FileEvent("written", "/w/new")
+    assert FileEvent("written", "/w/a2") not in events  # renamed, not written
     # What moved with its directory is not told again.
     assert not [e for e in events if e.path.startswith("/w/d/") or e.path.startswith("/w/e/")]
     # A directory whose time changed (something made in it) is not "written".

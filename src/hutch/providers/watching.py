@@ -10,9 +10,10 @@ the two ways a runtime can tell what changed below it.
   in the sandbox (``go/watch.go``).
 - :class:`PollWatch`: the honest fallback where nothing can run inotify (ssh,
   docker's native runtime, virtual): the tree is listed again and again and
-  compared; what changed and changed back between two looks is missed, and
-  a rename is guessed from a removal and a creation of the same kind, size
-  and time.
+  compared; what changed and changed back between two looks is missed, a
+  file that came with bytes in it is told created and written (as inotify
+  would), and a rename is guessed from a removal and a creation of the same
+  kind, size and time.
 """
 
 from __future__ import annotations
@@ -93,6 +94,9 @@ def compare(before: dict[str, FileInfo], after: dict[str, FileInfo]) -> list[Fil
         if any(path.startswith(moved + "/") for _, moved in renamed_dirs):
             continue
         events.append(FileEvent("created", path))
+        if after[path].type == FileType.FILE and after[path].size:
+            # Its bytes were written too, as inotify would tell.
+            events.append(FileEvent("written", path))
     for path in sorted(set(before) & set(after)):
         old, now = before[path], after[path]
         if old.type != now.type:
