@@ -632,17 +632,14 @@ func countBusy(running bool) int {
 		pid = parentOf(pid)
 	}
 	self, _ := os.Stat("/proc/self/exe")
+	selfStat, _ := os.ReadFile("/proc/self/stat")
+	selfName := commOf(selfStat)
 	entries, _ := os.ReadDir("/proc")
 	n := 0
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil || keepers[pid] {
 			continue
-		}
-		if self != nil {
-			if exe, err := os.Stat("/proc/" + e.Name() + "/exe"); err == nil && os.SameFile(self, exe) {
-				continue
-			}
 		}
 		data, err := os.ReadFile("/proc/" + e.Name() + "/stat")
 		if err != nil {
@@ -655,9 +652,33 @@ func countBusy(running bool) int {
 		if running && data[end+2] != 'R' && data[end+2] != 'D' {
 			continue
 		}
+		if runsThisExecutable(e.Name(), data, self, selfName) {
+			continue
+		}
 		n++
 	}
 	return n
+}
+
+// runsThisExecutable: whether process pid (stat: its /proc/N/stat line) runs
+// self, this executable (selfName: its name). A relay bears this name, so
+// only a process so named is worth the look at its executable (a stat).
+func runsThisExecutable(pid string, stat []byte, self os.FileInfo, selfName []byte) bool {
+	if self == nil || selfName == nil || !bytes.Equal(commOf(stat), selfName) {
+		return false
+	}
+	exe, err := os.Stat("/proc/" + pid + "/exe")
+	return err == nil && os.SameFile(self, exe)
+}
+
+// commOf: the name in a /proc/N/stat line (between its first '(' and last
+// ')'); nil when it has none.
+func commOf(stat []byte) []byte {
+	start, end := bytes.IndexByte(stat, '('), bytes.LastIndexByte(stat, ')')
+	if start < 0 || end <= start {
+		return nil
+	}
+	return stat[start+1 : end]
 }
 
 func parentOf(pid int) int {
