@@ -75,12 +75,11 @@ def resetting_env() -> str:
     )
 
 
-def default_signals_prefix(*, always: bool = False) -> list[str]:
+def default_signals_prefix() -> list[str]:
     """The argv prefix that starts a command with default signals: empty when
-    nothing would be inherited (the common case, costing no exec), unless
-    ``always`` (for a long-lived process started from elsewhere than the
-    calling thread, such as a sandbox's keeper)."""
-    if always or inherits_signal_state():
+    nothing would be inherited (the common case, costing no exec). Call it
+    on the thread that spawns the command: the mask is that thread's."""
+    if inherits_signal_state():
         return [resetting_env(), "--default-signal"]
     return []
 
