@@ -137,6 +137,36 @@ async def _until_grown(tag: str) -> int:
     return seen
 
 
+async def _what_became_of(
+    sb: hutch.Sandbox, process: Any | None, stream: AsyncIterator[Any] | None
+) -> str:
+    """For a tree that did not grow: what its command said and how it ended
+    (within a few seconds), and what the sandbox runs."""
+    said: list[str] = []
+    with anyio.move_on_after(5):
+        if process is not None:
+            result = await process.wait()
+            said.append(repr(result))
+        elif stream is not None:
+            async for event in stream:
+                said.append(repr(event))
+    with anyio.move_on_after(10):
+        listing = await sb.exec("ps -eo pid,stat,comm,args 2>&1 || ls /proc")
+        said.append(f"the sandbox runs: {listing.stdout}")
+    return "; ".join(said) or "nothing said"
+
+
+async def _grown_or_explained(
+    tag: str, sb: hutch.Sandbox, process: Any | None, stream: AsyncIterator[Any] | None
+) -> None:
+    """Wait for the whole tree of ``process`` (or ``stream``'s command) to be up;
+    a tree that does not grow fails the test with what became of its command."""
+    grown = await _until_grown(tag)
+    if grown < TREE_SIZE:
+        pytest.fail(f"the tree grew to {grown} of {TREE_SIZE} processes; "
+                    + await _what_became_of(sb, process, stream))
+
+
 parametrized = pytest.mark.parametrize("sandbox", KINDS, indirect=True)
 
 
@@ -179,7 +209,7 @@ async def test_a_killed_background_command_is_gone_when_its_kill_returns(
     if leader == "ended":  # its shell exits at once; the tree holds its output open
         command = f"({command}) & exit 0"
     process = await sandbox.start(command)
-    assert await _until_grown(tag) >= TREE_SIZE
+    await _grown_or_explained(tag, sandbox, process, None)
     await process.kill()
     assert remaining(kind, tag) == []
 
@@ -196,7 +226,7 @@ async def test_a_stream_closed_early_ends_once_its_tree_is_gone(
     try:
         async for _event in stream:  # its first output: the tree is starting
             break
-        assert await _until_grown(tag) >= TREE_SIZE
+        await _grown_or_explained(tag, sandbox, None, stream)
     finally:
         await stream.aclose()  # type: ignore[attr-defined]
     assert remaining(kind, tag) == []
@@ -469,10 +499,11 @@ async def test_a_kill_in_a_paused_sandbox_dooms_the_tree_before_it_answers(
         stream = sandbox.exec_stream(f"echo up; {command}")
         async for _event in stream:  # its first output: the tree is starting
             break
-    resumed = False
+    await _grown_or_explained(tag, sandbox, process, stream)
+    paused = False
     try:
-        assert await _until_grown(tag) >= TREE_SIZE
         await sandbox.pause()
+        paused = True
         if process is not None:
             await process.kill()
         else:
@@ -480,10 +511,8 @@ async def test_a_kill_in_a_paused_sandbox_dooms_the_tree_before_it_answers(
             await stream.aclose()  # type: ignore[attr-defined]
         alive = [p for p in remaining(kind, tag) if p[1] not in ("Z", "X")]
         doomed = [p for p in alive if _sigkill_pending(p[0])]
-        await sandbox.resume()
-        resumed = True
     finally:
-        if not resumed:
+        if paused:
             await sandbox.resume()
     assert alive == doomed, [p for p in alive if p not in doomed]
     with anyio.move_on_after(30):  # the thaw: each ends, and is reaped
