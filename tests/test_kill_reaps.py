@@ -143,16 +143,21 @@ async def _what_became_of(
     """For a tree that did not grow: what its command said and how it ended
     (within a few seconds), and what the sandbox runs."""
     said: list[str] = []
-    with anyio.move_on_after(5):
-        if process is not None:
-            result = await process.wait()
-            said.append(repr(result))
-        elif stream is not None:
-            async for event in stream:
-                said.append(repr(event))
-    with anyio.move_on_after(10):
-        listing = await sb.exec("ps -eo pid,stat,comm,args 2>&1 || ls /proc")
-        said.append(f"the sandbox runs: {listing.stdout}")
+    try:
+        with anyio.move_on_after(5):
+            if process is not None:
+                said.append(repr(await process.wait()))
+            elif stream is not None:
+                async for event in stream:
+                    said.append(repr(event))
+    except Exception as exc:  # how it ended is what is asked
+        said.append(f"it raised {exc!r}")
+    try:
+        with anyio.move_on_after(10):
+            listing = await sb.exec("ps -eo pid,stat,comm,args 2>&1 || ls /proc")
+            said.append(f"the sandbox runs: {listing.stdout}")
+    except Exception as exc:
+        said.append(f"the sandbox could not list its processes: {exc!r}")
     return "; ".join(said) or "nothing said"
 
 
