@@ -509,13 +509,24 @@ class _Starter:
         return done.result()
 
     def _serve(self, jobs: queue.Queue[_Job]) -> None:
+        # Nothing may end this thread while it lives: every ephemeral keeper
+        # it started dies with it (``--die-with-parent`` is the death of the
+        # thread that started the process), and a start waiting on it would
+        # wait for ever. An error fails one start (told to its caller) or
+        # stops the spares, never the thread.
         host_mnt = os.open("/proc/thread-self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
         host_net = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-        home = thread_home()
         spares: list[int] = []
         refill = True
+        broken = ""
+        home: list[str] = []
+        try:
+            home = thread_home()
+        except (OSError, ValueError) as exc:
+            broken = f"reading its own cgroups: {exc}"
         # A file system context of this thread's own: setns needs it unshared.
-        broken = "" if _libc.unshare(_CLONE_FS) == 0 else f"unshare(CLONE_FS): {_errno_text()}"
+        if not broken and _libc.unshare(_CLONE_FS) != 0:
+            broken = f"unshare(CLONE_FS): {_errno_text()}"
         while True:
             wanted = refill and not broken and len(spares) < self.SPARE_NETNS
             try:
@@ -527,48 +538,64 @@ class _Starter:
             except queue.Empty:
                 try:
                     spares.append(_new_netns(host_net))
-                except ProviderError as exc:
+                except Exception as exc:  # the thread lives on (see above)
                     # Each start makes its own then, and says what fails.
                     log.warning("bubblewrap starter: no spare network namespace: %s", exc)
                     refill = False
                 continue
-            if broken:
-                done.set_exception(ProviderError(f"cannot start a bubblewrap keeper: {broken}"))
-                continue
-            if _libc.unshare(_CLONE_NEWNS) != 0:
-                done.set_exception(ProviderError(f"unshare(CLONE_NEWNS): {_errno_text()}"))
-                continue
-            result: Any = None
-            error: Exception | None = None
             try:
-                _mount(None, "/", None, _MS_REC | _MS_PRIVATE, None)
-                if own_network:
-                    netns = spares.pop() if spares else _new_netns(host_net)
-                    try:
-                        _setns(netns, _CLONE_NEWNET)
-                    finally:
-                        os.close(netns)  # what the keeper starts in holds it now
-                result = job(cgroup.enter_thread())
-            except Exception as exc:
-                error = exc
-            # Home before the answer (also from half way in): while this
-            # thread is in the sandbox's cgroups, v1 lists this whole process
-            # among the sandbox's.
-            try:
-                leave_thread(home)
-                _setns(host_net, _CLONE_NEWNET)
-            except (OSError, ProviderError) as exc:
-                broken = f"going back to its own cgroups and network: {exc}"
-            if error is not None:
-                done.set_exception(error)
-            else:
-                done.set_result(result)
-            if _libc.setns(host_mnt, _CLONE_NEWNS) != 0:
-                broken = f"setns back to the host's mount namespace: {_errno_text()}"
+                broken = self._start(job, cgroup, own_network, done, spares, host_net,
+                                     host_mnt, home, broken)
+            except BaseException as exc:  # the thread lives on (see above)
+                if not done.done():
+                    done.set_exception(exc)
+                log.exception("bubblewrap starter: a start failed unexpectedly")
             if broken:
                 # Never start another sandbox from namespaces or cgroups not the host's.
                 log.error("bubblewrap starter: %s", broken)
-            os.chdir("/")
+
+    @staticmethod
+    def _start(
+        job: Callable[[bool], Any], cgroup: SandboxCgroup, own_network: bool,
+        done: Future[Any], spares: list[int], host_net: int, host_mnt: int,
+        home: list[str], broken: str,
+    ) -> str:
+        """One start, answered through ``done``; what is broken after it."""
+        if broken:
+            done.set_exception(ProviderError(f"cannot start a bubblewrap keeper: {broken}"))
+            return broken
+        if _libc.unshare(_CLONE_NEWNS) != 0:
+            done.set_exception(ProviderError(f"unshare(CLONE_NEWNS): {_errno_text()}"))
+            return broken
+        result: Any = None
+        error: BaseException | None = None
+        try:
+            _mount(None, "/", None, _MS_REC | _MS_PRIVATE, None)
+            if own_network:
+                netns = spares.pop() if spares else _new_netns(host_net)
+                try:
+                    _setns(netns, _CLONE_NEWNET)
+                finally:
+                    os.close(netns)  # what the keeper starts in holds it now
+            result = job(cgroup.enter_thread())
+        except BaseException as exc:  # told to the start's caller, whatever it is
+            error = exc
+        # Home before the answer (also from half way in): while this
+        # thread is in the sandbox's cgroups, v1 lists this whole process
+        # among the sandbox's.
+        try:
+            leave_thread(home)
+            _setns(host_net, _CLONE_NEWNET)
+        except (OSError, ProviderError) as exc:
+            broken = f"going back to its own cgroups and network: {exc}"
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(result)
+        if _libc.setns(host_mnt, _CLONE_NEWNS) != 0:
+            broken = f"setns back to the host's mount namespace: {_errno_text()}"
+        os.chdir("/")
+        return broken
 
 
 _Job = tuple[Callable[[bool], Any], SandboxCgroup, bool, "Future[Any]"]
@@ -586,7 +613,10 @@ def _new_netns(host_net: int) -> int:
     if _libc.unshare(_CLONE_NEWNET) != 0:
         raise ProviderError(f"unshare(CLONE_NEWNET): {_errno_text()}")
     try:
-        fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise ProviderError(f"opening a sandbox's network namespace: {exc}") from None
         try:
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
                 request = struct.pack("16sH14x", b"lo", 0)
