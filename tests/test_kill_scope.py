@@ -150,6 +150,56 @@ def test_a_pid_another_process_took_since_it_was_seen_gets_no_signal() -> None:
         other.wait()
 
 
+@pytest.mark.anyio
+async def test_a_later_group_under_the_command_s_group_number_is_spared() -> None:
+    """A command's group gone, its number taken since by another process's
+    group (the same number here, as once the pid space has gone round): the
+    command's kill neither counts that group's processes among its own nor
+    signals the group."""
+    later = await anyio.open_process(["sleep", "1000"], start_new_session=True)
+    try:
+        # The command's leader, which started before (it had another start).
+        start = process_start_time(later.pid)
+        assert start is not None
+        tree = ProcessTree(f"HUTCH_EXEC_ID={uuid.uuid4().hex}", group=later.pid,
+                           leader_start=start - 1)
+        assert tree.alive() == []
+        await tree.kill(0.1, bound=1)
+        assert later.returncode is None and process_start_time(later.pid) == start, (
+            "a later group under the same number was killed")
+    finally:
+        later.kill()
+        await later.wait()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("leader", ["marked", "cleared"])
+async def test_the_command_s_group_is_killed_while_the_command_holds_it(leader: str) -> None:
+    """While the command holds its group (its leader, known by its start, or
+    a member carrying its marker), every member is killed with it, one that
+    cleared its environment too; a leader that cleared its own as well."""
+    marker = f"HUTCH_EXEC_ID={uuid.uuid4().hex}"
+    env = {**os.environ, "HUTCH_EXEC_ID": marker.split("=", 1)[1]}
+    command = (["sh", "-c", "env -i sleep 1001 & wait"] if leader == "marked"
+               else ["env", "-i", "sleep", "1002"])
+    proc = await anyio.open_process(command, env=env, start_new_session=True)
+    try:
+        start = process_start_time(proc.pid)
+        assert start is not None
+        tree = ProcessTree(marker, group=proc.pid, leader_start=start)
+        await _until(lambda: len(tree.alive()) == (2 if leader == "marked" else 1))
+        members = tree.alive()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(proc.wait)  # its parent reaps it
+            await tree.kill(0.1, bound=5)
+        for pid in members:
+            assert process_start_time(pid) is None, f"{pid} outlived the kill"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+
+
 # -- from the providers ------------------------------------------------------------------
 @pytest.fixture
 async def sandbox(request: pytest.FixtureRequest) -> AsyncIterator[hutch.Sandbox]:

@@ -24,6 +24,7 @@ from .._errors import (
     SandboxPermissionDenied,
     StdinClosed,
 )
+from .._liveness import process_start_time
 from .._types import OutputChunk
 from ._pipes import OutputPipes
 from ._proctree import ProcessTree
@@ -66,6 +67,10 @@ class HostProcess(BackendProcess):
         sandbox's, where its kill looks for its processes (None: all of
         this host's)."""
         self._proc = proc
+        # Read now, while the leader is certainly the command (the pid of a
+        # child not yet reaped is not taken again): its kill tells its group
+        # from a later one under the same number (see ProcessTree).
+        self._leader_start = process_start_time(proc.pid)
         self._cgroup = cgroup
         self._monitor = monitor
         self._held = held
@@ -137,6 +142,7 @@ class HostProcess(BackendProcess):
             spare=leader if self._monitor else None,
             held=self._held,
             cgroup=self._cgroup,
+            leader_start=self._leader_start,
         )
         try:
             await tree.kill(grace)

@@ -102,15 +102,21 @@ class ProcessTree:
     looked at; None: every process of this host's."""
 
     def __init__(self, marker: str, group: int | None = None, spare: int | None = None,
-                 held: Callable[[], bool] | None = None, cgroup: str | None = None) -> None:
+                 held: Callable[[], bool] | None = None, cgroup: str | None = None,
+                 *, leader_start: int | None = None) -> None:
         self._needle = marker.encode()
         self._cgroup = cgroup
         self._held = held or (lambda: False)
         self._group = group
+        #: The start time of the group's leader (the process whose pid is
+        #: ``group``), read while it was certainly the command's: None if unknown.
+        self._leader_start = leader_start
         self._spare = spare
         self._own = os.getpid()
         #: pid -> start time of every process of the tree seen, to wait for.
         self._seen: dict[int, int] = {}
+        #: Whether the last look found ``group`` still held by the command.
+        self._group_held = False
 
     def alive(self) -> list[int]:
         """The tree's processes alive now (zombies are not), each remembered."""
@@ -118,20 +124,36 @@ class ProcessTree:
 
     def _look(self) -> list[tuple[int, int]]:
         """(pid, start time) of the tree's processes alive now, each remembered."""
+        looked = [(pid, stat) for pid in self.candidates()
+                  if pid not in (self._own, self._spare) and (stat := _stat(pid)) is not None]
+        known = {pid for pid, stat in looked if self._known(pid, stat)}
+        # The group's number is the command's only while a process known to
+        # be the command's still has it (a member keeps the number taken):
+        # once the group is gone, the number is free, and a process outside
+        # the sandbox that takes it is no member, nor is it signalled.
+        self._group_held = self._group is not None and (
+            any(stat.group == self._group for pid, stat in looked if pid in known)
+            or self._leader_holds_group())
         found = []
-        for pid in self.candidates():
-            if pid in (self._own, self._spare):
-                continue
-            stat = _stat(pid)
-            if stat is None:
-                continue
-            if (self._group is not None and stat.group == self._group) or _carries(
-                pid, self._needle
-            ):
+        for pid, stat in looked:
+            if pid in known or (self._group_held and stat.group == self._group):
                 self._seen.setdefault(pid, stat.start)
                 if stat.state not in ("Z", "X"):
                     found.append((pid, stat.start))
         return found
+
+    def _known(self, pid: int, stat: _Stat) -> bool:
+        """Whether ``pid`` is certainly the command's: seen before (the same
+        process: the same start), or carrying its marker."""
+        return self._seen.get(pid) == stat.start or _carries(pid, self._needle)
+
+    def _leader_holds_group(self) -> bool:
+        """Whether the group's leader (alive, or a zombie not reaped) still
+        holds its pid: the process that started when the command's did."""
+        if self._group is None or self._leader_start is None:
+            return False
+        stat = _stat(self._group)
+        return stat is not None and stat.start == self._leader_start
 
     def candidates(self) -> list[int]:
         """The processes the tree is looked for among: its sandbox's cgroup's,
@@ -139,14 +161,17 @@ class ProcessTree:
         return host_pids() if self._cgroup is None else cgroup_members(self._cgroup)
 
     def signal(self, sig: int) -> int:
-        """Send ``sig`` to the command's process group at once (the kernel
-        lets no member fork past a group's signal: a fork bomb's generation
-        in flight is caught with it), then to every process of the tree
-        alive, those that left the group among them; how many there were."""
-        if self._group is not None:
+        """Send ``sig`` to the command's process group while it is the
+        command's (the kernel lets no member fork past a group's signal: a
+        fork bomb's generation in flight is caught with it), then to every
+        process of the tree alive, those that left the group among them; how
+        many there were. The group is signalled just after a look found it
+        held by a process of the command's: its number cannot be taken
+        again before the whole pid space has been gone round."""
+        found = self._look()
+        if self._group is not None and self._group_held:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self._group, sig)
-        found = self._look()
         for pid, start in found:
             _send(pid, start, sig)
         return len(found)

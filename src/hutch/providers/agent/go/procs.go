@@ -18,7 +18,10 @@ import (
 // -- reaping ----------------------------------------------------------------
 
 var (
-	reapMu  sync.Mutex
+	reapMu sync.Mutex
+	// waiters: each child spawned and not reaped yet (the reaper reaps and
+	// drops it under reapMu): its pid, and so its process group's number,
+	// is its own while it is listed.
 	waiters = map[int]chan syscall.WaitStatus{}
 )
 
@@ -31,16 +34,19 @@ func startReaper() {
 		for range sigchld {
 			for {
 				var status syscall.WaitStatus
+				// Reaped and dropped at once: see waiters.
+				reapMu.Lock()
 				pid, err := syscall.Wait4(-1, &status, syscall.WNOHANG, nil)
+				if pid > 0 && err == nil {
+					if ch, ok := waiters[pid]; ok {
+						ch <- status
+						delete(waiters, pid)
+					}
+				}
+				reapMu.Unlock()
 				if pid <= 0 || err != nil {
 					break
 				}
-				reapMu.Lock()
-				if ch, ok := waiters[pid]; ok {
-					ch <- status
-					delete(waiters, pid)
-				}
-				reapMu.Unlock()
 			}
 		}
 	}()
@@ -57,6 +63,15 @@ func spawn(path string, argv []string, attr *syscall.ProcAttr) (int, chan syscal
 	ch := make(chan syscall.WaitStatus, 1)
 	waiters[pid] = ch
 	return pid, ch, nil
+}
+
+// unreaped: whether pid is a child of ours not reaped yet (alive, or a
+// zombie): its pid, and the process group it leads, are still its own.
+func unreapedChild(pid int) bool {
+	reapMu.Lock()
+	defer reapMu.Unlock()
+	_, ok := waiters[pid]
+	return ok
 }
 
 func exitCode(status syscall.WaitStatus) int {
@@ -511,18 +526,38 @@ func readStat(pid int) (procStat, bool) {
 
 // processTree: one command's processes, its process group (pid) and every
 // process carrying its marker, wherever it went (another group, another
-// session); each one seen is remembered, to wait until it is reaped.
+// session); each one seen is remembered, to wait until it is reaped. The
+// group is the command's only while a process known to be the command's
+// still has it (a member keeps the group's number taken): once the group is
+// gone its number is free, and a later command whose group takes it is no
+// member, nor is it signalled.
 type processTree struct {
 	pid    int
 	needle []byte
 	seen   map[int]uint64
+	// leaderHeld: whether the group's leader (pid) is this agent's child,
+	// not reaped yet (see unreapedChild).
+	leaderHeld func(pid int) bool
+	// groupHeld: whether the last look found the group still the command's.
+	groupHeld bool
+}
+
+// looked: a process seen by a look, and whether it is certainly the
+// command's (seen before with this start, or carrying the marker).
+type looked struct {
+	pid   int
+	st    procStat
+	known bool
 }
 
 // alive: the tree's processes alive now (zombies are not).
 func (t *processTree) alive() []int {
 	entries, _ := os.ReadDir("/proc")
 	self := os.Getpid()
-	var pids []int
+	var all []looked
+	// Its leader unreaped, the group is the command's (a session leader,
+	// as each command is, cannot leave its group).
+	t.groupHeld = t.pid > 0 && t.leaderHeld != nil && t.leaderHeld(t.pid)
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil || pid == self || pid == 1 {
@@ -532,29 +567,41 @@ func (t *processTree) alive() []int {
 		if !ok {
 			continue
 		}
-		if (t.pid > 0 && st.group == t.pid) || (t.needle != nil && carries(pid, t.needle)) {
-			if _, known := t.seen[pid]; !known {
-				t.seen[pid] = st.start
+		start, seen := t.seen[pid]
+		known := (seen && start == st.start) || (t.needle != nil && carries(pid, t.needle))
+		if known && t.pid > 0 && st.group == t.pid {
+			t.groupHeld = true
+		}
+		all = append(all, looked{pid, st, known})
+	}
+	var pids []int
+	for _, l := range all {
+		if l.known || (t.groupHeld && l.st.group == t.pid) {
+			if _, ok := t.seen[l.pid]; !ok {
+				t.seen[l.pid] = l.st.start
 			}
-			if st.state != 'Z' && st.state != 'X' {
-				pids = append(pids, pid)
+			if l.st.state != 'Z' && l.st.state != 'X' {
+				pids = append(pids, l.pid)
 			}
 		}
 	}
 	return pids
 }
 
-// signal: sig to the command's process group at once (the kernel lets no
-// member fork past a group's signal: a fork bomb's generation in flight
-// is caught with it, however starved of CPU this agent is), then to each
-// process of the tree alive, those that left the group among them; how
-// many the look found alive.
+// signal: sig to the command's process group while it is the command's
+// (the kernel lets no member fork past a group's signal: a fork bomb's
+// generation in flight is caught with it, however starved of CPU this
+// agent is), then to each process of the tree alive, those that left the
+// group among them; how many the look found alive. The group is signalled
+// just after a look found it held by a process of the command's: its number
+// cannot be taken again before the whole pid space has been gone round.
 func (t *processTree) signal(sig syscall.Signal) int {
-	if t.pid > 0 {
+	found := t.alive()
+	if t.pid > 0 && t.groupHeld {
 		_ = syscall.Kill(-t.pid, sig)
 	}
 	n := 0
-	for _, p := range t.alive() {
+	for _, p := range found {
 		if syscall.Kill(p, sig) == nil {
 			n++
 		}
@@ -592,7 +639,7 @@ func until(done func() bool, deadline time.Time, step time.Duration) {
 // the sandbox's pids limit counts. It answers once the tree is gone, or
 // after reapBound with how many processes are still there.
 func killTree(pid int, marker string, grace time.Duration) []int {
-	t := &processTree{pid: pid, seen: map[int]uint64{}}
+	t := &processTree{pid: pid, seen: map[int]uint64{}, leaderHeld: unreapedChild}
 	if marker != "" {
 		t.needle = append([]byte(marker), 0)
 	}

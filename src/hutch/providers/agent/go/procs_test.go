@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -64,5 +65,83 @@ func TestOnlyThisExecutablesProcessesAreRelays(t *testing.T) {
 		if got := runsThisExecutable(pid, stat, self, selfName); got != want {
 			t.Errorf("pid %s (%s): runs this executable: %v, want %v", pid, commOf(stat), got, want)
 		}
+	}
+}
+
+// aliveNow: whether pid is a process that has not ended (a zombie has).
+func aliveNow(pid int) bool {
+	st, ok := readStat(pid)
+	return ok && st.state != 'Z' && st.state != 'X'
+}
+
+// reaped: cmd's process waited for in the background, as the agent's
+// reaper would, so that a kill's wait for zombies ends.
+func reaped(t *testing.T, cmd *exec.Cmd) int {
+	t.Helper()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = cmd.Wait() }()
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	return cmd.Process.Pid
+}
+
+// A kill whose command's group is gone, its number taken since by another
+// command's group (the same number here, as after the pid space went
+// round), spares that group: no process of it is the command's.
+func TestAKillSparesALaterGroupUnderTheSameNumber(t *testing.T) {
+	later := exec.Command("sleep", "30")
+	later.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	pid := reaped(t, later)
+	time.Sleep(50 * time.Millisecond)
+	if left := killTree(pid, "HUTCH_EXEC_ID=gone-command", 0); len(left) != 0 {
+		t.Errorf("the kill says %v are left", left)
+	}
+	if !aliveNow(pid) {
+		t.Fatal("a later command's group was killed by an old command's kill")
+	}
+}
+
+// The command's group is its own while its leader (a child not reaped) or
+// a marked member holds it: a member that cleared its environment is
+// killed with it, and so is a leader that cleared its own.
+func TestAKillEndsTheGroupWhileTheCommandHoldsIt(t *testing.T) {
+	marker := "HUTCH_EXEC_ID=held-" + strconv.Itoa(os.Getpid())
+	marked := exec.Command("sh", "-c", "env -i sleep 31 & wait")
+	marked.Env = append(os.Environ(), marker)
+	marked.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	markedPid := reaped(t, marked)
+
+	unmarked := exec.Command("env", "-i", "sleep", "32")
+	unmarked.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	leader := reaped(t, unmarked)
+	time.Sleep(100 * time.Millisecond) // each has exec'd its program
+	reapMu.Lock()
+	waiters[leader] = make(chan syscall.WaitStatus, 1) // as spawn lists it
+	reapMu.Unlock()
+	defer func() { reapMu.Lock(); delete(waiters, leader); reapMu.Unlock() }()
+
+	members := func(group int) []int {
+		var found []int
+		entries, _ := os.ReadDir("/proc")
+		for _, e := range entries {
+			if p, err := strconv.Atoi(e.Name()); err == nil {
+				if s, ok := readStat(p); ok && s.group == group && aliveNow(p) {
+					found = append(found, p)
+				}
+			}
+		}
+		return found
+	}
+	if n := len(members(markedPid)); n != 2 {
+		t.Fatalf("the marked command's group has %d processes, want 2", n)
+	}
+	killTree(markedPid, marker, 0)
+	if left := members(markedPid); len(left) != 0 {
+		t.Errorf("left of the marked command's group: %v", left)
+	}
+	killTree(leader, "HUTCH_EXEC_ID=unmarked", 0)
+	if aliveNow(leader) {
+		t.Error("a leader that cleared its environment outlived its kill")
 	}
 }
