@@ -16,7 +16,7 @@ import pytest
 
 import hutch
 from hutch._errors import ProviderError
-from hutch.providers.bubblewrap import provisioning
+from hutch.providers.bubblewrap import provisioning, starter
 from tests.conftest import TEST_IMAGE
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]
@@ -45,14 +45,14 @@ async def test_an_error_of_the_starter_ends_no_sandbox_and_hangs_no_start(
 ) -> None:
     # A starter of this test's own: one that gave up its spares before
     # (after an error) would never meet this one.
-    monkeypatch.setattr(provisioning, "_STARTER", provisioning._Starter())
+    monkeypatch.setattr(provisioning, "STARTER", starter.Starter())
     running = await _make(runtime)
     try:
         assert (await running.exec("echo before")).stdout == "before\n"
         # The starter makes its spare network namespaces while no start
         # waits: from now on, each making fails.
-        real_new_netns = provisioning._new_netns
-        monkeypatch.setattr(provisioning, "_new_netns", _failing(error))
+        real_new_netns = starter.new_netns
+        monkeypatch.setattr(starter, "new_netns", _failing(error))
         started = time.monotonic()
         later: Any = None
         with anyio.fail_after(60):  # a start whose answer never came would hang here
@@ -69,7 +69,7 @@ async def test_an_error_of_the_starter_ends_no_sandbox_and_hangs_no_start(
         if later is not None:
             assert (await later.exec("echo later")).stdout == "later\n"
             await later.close()
-        monkeypatch.setattr(provisioning, "_new_netns", real_new_netns)
+        monkeypatch.setattr(starter, "new_netns", real_new_netns)
         fresh = await _make(runtime)
         try:
             assert (await fresh.exec("echo fresh")).stdout == "fresh\n"
