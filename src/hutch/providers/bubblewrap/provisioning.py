@@ -166,7 +166,7 @@ class Layers:
 
     The tmpfs under the upper layer and the overlay itself are mounted in a
     private mount namespace of the sandbox's own (the keeper's, see
-    :class:`_Starter`), never in the host's: every new mount namespace on the
+    :class:`~.starter.Starter`), never in the host's: every new mount namespace on the
     host (each bwrap, each container) copies the host's mount table, so two
     mounts a sandbox there would make every sandbox start slower as they
     grow in number (1000 extra mounts: a bare bwrap 19 ms -> 149 ms here).
@@ -254,7 +254,7 @@ class Layers:
     def mount(self) -> None:
         """Mount the sandbox's tmpfs (a suspended upper layer copied back onto
         it) and its overlay, in the calling thread's mount namespace: run by
-        the starter thread (:class:`_Starter`), never in the host's.
+        the starter thread (:class:`~.starter.Starter`), never in the host's.
 
         A lower layer stored in the host's ids (a root file system) is
         mounted through an idmapped mount of its own first, so that its root
