@@ -3,7 +3,9 @@ kill answers once the tree is gone, not once its signals are sent.
 
 A command's processes are those of its process group and every one whose
 environment carries its marker (``HUTCH_EXEC_ID=...``: children inherit
-it, wherever they go, another group or session). Where the sandbox's
+it, wherever they go, another group or session). The group counts while a
+process known to be the command's holds it (its leader, by its start time,
+or a marked one): once it is gone its number is free, and another's. Where the sandbox's
 cgroup is known, they are looked for among its processes alone (its
 ``cgroup.procs``, and its child cgroups'): a kill's cost is the sandbox's,
 not the host's, and nothing outside the sandbox is signalled, whatever its
