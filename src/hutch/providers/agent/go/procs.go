@@ -65,7 +65,7 @@ func spawn(path string, argv []string, attr *syscall.ProcAttr) (int, chan syscal
 	return pid, ch, nil
 }
 
-// unreaped: whether pid is a child of ours not reaped yet (alive, or a
+// unreapedChild: whether pid is a child of ours not reaped yet (alive, or a
 // zombie): its pid, and the process group it leads, are still its own.
 func unreapedChild(pid int) bool {
 	reapMu.Lock()
