@@ -30,6 +30,7 @@ import shutil
 from collections.abc import Iterable
 from functools import cache
 
+from ..._errors import ProviderError
 from .. import _mounts
 
 log = logging.getLogger("hutch.bubblewrap")
@@ -44,6 +45,15 @@ SYSTEM_TREES = (
 #: nsenter and the launcher's shell (a directory elsewhere is kept too).
 HOST_PROGRAMS = ("bwrap", "nsenter", "sh")
 _PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def mount(source: str | None, target: str, fstype: str | None, flags: int,
+          data: str | None) -> None:
+    """mount(2), its failure a :class:`ProviderError` saying why."""
+    try:
+        _mounts.mount(source, target, fstype, flags, data)
+    except OSError as exc:
+        raise ProviderError(exc.strerror or str(exc)) from None
 
 
 @cache

@@ -133,14 +133,6 @@ def seccomp_fd() -> int:
     return fd
 
 
-def _mount(source: str | None, target: str, fstype: str | None, flags: int,
-           data: str | None) -> None:
-    try:
-        _mounts.mount(source, target, fstype, flags, data)
-    except OSError as exc:
-        raise ProviderError(exc.strerror or str(exc)) from None
-
-
 def _umount(target: str) -> None:
     try:
         _mounts.umount(target, detach=True)
@@ -260,7 +252,7 @@ class Layers:
         mounted through an idmapped mount of its own first, so that its root
         owned files are root's inside (see :mod:`.userns`); the upper layer
         is the range's root's, as what the sandbox writes there is."""
-        _mount("hutch-upper", self.hot, "tmpfs", _MS_NOSUID | _MS_NODEV,
+        mountns.mount("hutch-upper", self.hot, "tmpfs", _MS_NOSUID | _MS_NODEV,
                f"size={self.disk_limit},mode=0700")
         upper, work = os.path.join(self.hot, "upper"), os.path.join(self.hot, "work")
         if self.upper_on == "disk":
@@ -283,7 +275,7 @@ class Layers:
         os.chdir(self.home)  # lower layers are named relative to it
         try:
             self.root_point = ROOT_POINT
-            _mount("hutch-overlay", self.merged, "overlay", 0, self.overlay_options(mounted))
+            mountns.mount("hutch-overlay", self.merged, "overlay", 0, self.overlay_options(mounted))
         finally:
             os.chdir("/")
 
@@ -504,7 +496,7 @@ def start_keeper(
         # alone; and is born in the sandbox's cgroups, or joins them first.
         layers.mount()
         if agent is not None:
-            _mount(agent[0], AGENT_POINT, None, _MS_BIND, None)
+            mountns.mount(agent[0], AGENT_POINT, None, _MS_BIND, None)
         # Of the host's mounts copied in, only what runs here uses stays.
         mountns.keep_only((SHARED_POINTS, layers.sandbox_dir))
         argv = bwrap if joined else ["/bin/sh", "-c", JOIN_AND_EXEC, "hutch-keeper", *bwrap]

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from ..._errors import ProviderError
 from .. import _mounts
+from . import mountns
 from .cgroups import SandboxCgroup, leave_thread, thread_home
 
 T = TypeVar("T")
@@ -145,7 +146,8 @@ class Starter:
         result: Any = None
         error: BaseException | None = None
         try:
-            _private_mounts()
+            # Nothing mounted for a sandbox propagates back to the host's.
+            mountns.mount(None, "/", None, _mounts.MS_REC | _mounts.MS_PRIVATE, None)
             if own_network:
                 netns = spares.pop() if spares else new_netns(host_net)
                 try:
@@ -207,15 +209,6 @@ def new_netns(host_net: int) -> int:
 
 def _errno_text() -> str:
     return os.strerror(ctypes.get_errno())
-
-
-def _private_mounts() -> None:
-    """Make every mount of the calling thread's namespace private: nothing
-    mounted for a sandbox propagates back to the host's."""
-    try:
-        _mounts.mount(None, "/", None, _mounts.MS_REC | _mounts.MS_PRIVATE, None)
-    except OSError as exc:
-        raise ProviderError(exc.strerror or str(exc)) from None
 
 
 STARTER = Starter()
