@@ -18,6 +18,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from tests import snapshot_leaks
 from tests.daemon_fixture import release_leftovers
 
+from _turns import TURNS_ENV, Turns
+
+TURNS = Turns(os.environ.pop(TURNS_ENV, None))
+#: Call between two samples in a bench's own timing loop.
+turn = TURNS.take
+
 #: Every directory this bench made (:func:`scratch_dir`): :func:`run` removes them.
 _SCRATCH: list[str] = []
 
@@ -80,11 +86,17 @@ async def kill_beside_others(sb: Any, runs: int = 15) -> None:
         return time.perf_counter() - started
 
     await kill_once()
-    floors = [await kill_once() for _ in range(runs)]
+    floors = []
+    for _ in range(runs):
+        turn()
+        floors.append(await kill_once())
     # Children of this process, reaped here, so none is left to an init that may not.
     others = _start_others(UNRELATED)
     try:
-        samples = [await kill_once() for _ in range(runs)]
+        samples = []
+        for _ in range(runs):
+            turn()
+            samples.append(await kill_once())
     finally:
         for other in others:
             other.kill()
@@ -103,6 +115,7 @@ def time_sync(fn: Callable[[], object], runs: int, warmup: int = 3) -> float:
         fn()
     samples = []
     for _ in range(runs):
+        turn()
         t = time.perf_counter()
         fn()
         samples.append(time.perf_counter() - t)
@@ -114,6 +127,7 @@ async def time_async(fn: Callable[[], Awaitable[object]], runs: int, warmup: int
         await fn()
     samples = []
     for _ in range(runs):
+        turn()
         t = time.perf_counter()
         await fn()
         samples.append(time.perf_counter() - t)
@@ -147,6 +161,7 @@ def header(title: str) -> None:
 
 
 def row(name: str, hutch_ms: float, floor_ms: float, goal: str = "") -> None:
+    turn()
     ratio = hutch_ms / floor_ms if floor_ms else float("inf")
     print(
         f"{name:<44} {hutch_ms:>9.3f}ms {floor_ms:>9.3f}ms {ratio:>6.2f}x "
@@ -167,6 +182,7 @@ async def paired(
         floor()
     ours_samples, floor_samples = [], []
     for _ in range(runs):
+        turn()
         t = time.perf_counter()
         floor()
         floor_samples.append(time.perf_counter() - t)

@@ -26,7 +26,7 @@ import uuid
 sys.path.insert(0, os.path.dirname(__file__))
 
 import hutch
-from _common import header, kill_beside_others, median_ms, paired, row, run
+from _common import header, kill_beside_others, median_ms, paired, row, run, turn
 from hutch._sandbox import backend_of
 from hutch.providers.bubblewrap.cgroups import JOIN_AND_EXEC, SandboxCgroup
 from hutch.providers.bubblewrap.rootfs import resolve_rootfs
@@ -65,6 +65,7 @@ async def bench_create(root: str) -> None:
     samples: list[float] = []
     floors: list[float] = []
     for _ in range(CREATE_RUNS):
+        turn()
         t = time.perf_counter()
         bare_bwrap(root)
         floors.append(time.perf_counter() - t)
@@ -121,6 +122,7 @@ async def bench_fork(root: str) -> None:
         floors: list[float] = []
         try:
             for _ in range(FORK_RUNS):
+                turn()
                 t = time.perf_counter()
                 bare_bwrap(root)
                 floors.append(time.perf_counter() - t)

@@ -25,7 +25,7 @@ import asyncssh
 from tests.ssh_server import ALIAS, SshServer
 
 import hutch
-from _common import header, median_ms, paired, row, run, scratch_dir
+from _common import header, median_ms, paired, row, run, scratch_dir, turn
 
 RUNS = 200
 MB = os.urandom(1024 * 1024)
@@ -43,6 +43,7 @@ async def paired_async(
         await floor()
     ours_samples, floor_samples = [], []
     for _ in range(runs):
+        turn()
         t = time.perf_counter()
         await floor()
         floor_samples.append(time.perf_counter() - t)

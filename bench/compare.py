@@ -3,9 +3,12 @@
 ``.venv/bin/python bench/compare.py [--ref REF] [--rounds N] [bench[:arg,...] ...]``
 
 It checks ``REF`` (default bc2d03a, main before issue 21's redesign) out
-detached in a temporary directory, builds that code's agent, then runs each
-bench present in both, old and new in turn (the order flipped each round, so
-that a machine whose load changes during the run weighs on both alike). It
+detached in a temporary directory and builds that code's agent. Each round
+then runs each bench present in both twice at once: this checkout's script,
+on the old code and on the new (``PYTHONPATH``), so both sides measure
+alike, in lockstep (``_turns.Turns``: one runs while the other waits, and
+they switch between two samples every 50 ms or so, the first mover flipped
+each round), so that a machine whose speed drifts weighs on both alike. It
 matches the rows each prints (``_common.row``) by bench, section and name,
 and prints per row the medians over the rounds of hutch's figure, old and
 new, the median of the rounds' new/old, both floors (a floor that moved
@@ -24,23 +27,28 @@ the rule is hutch's own (``inherits_signal_state``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import pathlib
 import re
+import select
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
+from typing import IO
 
 from hutch.providers._signals import inherits_signal_state
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from _turns import TURNS_ENV
 
 HERE = pathlib.Path(__file__).resolve().parent
 NEW = HERE.parent
 DEFAULT_REF = "bc2d03a"
-#: Rows renamed since the old commit: old name -> new name (none yet).
-RENAMED: dict[str, str] = {}
 TOLERANCE = 0.05
 #: A row: its name, hutch's figure and the floor's, in one unit (ms, s, MiB; or /s, a rate).
 _ROW = re.compile(r"^\s*(?P<name>\S.*?)\s+(?P<hutch>[\d.]+)(?P<unit>ms|s|/s|MiB)"
@@ -69,7 +77,7 @@ def parse(bench: str, output: str) -> dict[Key, tuple[float, float]]:
         except ValueError:
             continue
         name = found["name"].strip()
-        rows[(bench, section, RENAMED.get(name, name), found["unit"])] = figures
+        rows[(bench, section, name, found["unit"])] = figures
     return rows
 
 
@@ -80,24 +88,94 @@ def checkout(ref: str, into: pathlib.Path) -> pathlib.Path:
     return tree
 
 
-def run_bench(tree: pathlib.Path, bench: str, args: list[str]) -> str:
-    """One bench's output, run from ``tree`` with that tree's sources."""
-    env = dict(os.environ, PYTHONPATH=str(tree / "src"))
-    env.pop("HUTCH_HOME", None)
-    child = subprocess.Popen([sys.executable, str(tree / "bench" / f"bench_{bench}.py"), *args],
-                             cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
+class _Twin:
+    """One side of a lockstep run: its bench process, the pipe end that
+    gives it a turn and the one it says its turn is done on (EOF: it ended)."""
+
+    def __init__(self, tree: pathlib.Path, script: pathlib.Path, args: list[str]) -> None:
+        go_read, self.go = os.pipe()
+        self.done, done_write = os.pipe()
+        env = dict(os.environ, PYTHONPATH=str(tree / "src"),
+                   **{TURNS_ENV: f"{go_read},{done_write}"})
+        env.pop("HUTCH_HOME", None)
+        # This checkout's bench on that tree's code: both sides measure alike.
+        self.child = subprocess.Popen(
+            [sys.executable, str(script), *args], cwd=tree, env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            pass_fds=(go_read, done_write))
+        os.close(go_read)
+        os.close(done_write)
+        self.output: list[str] = []
+        self.errors: list[str] = []
+        self._readers = [threading.Thread(target=self._drain, args=(stream, into))
+                         for stream, into in ((self.child.stdout, self.output),
+                                              (self.child.stderr, self.errors))]
+        for reader in self._readers:
+            reader.start()
+
+    @staticmethod
+    def _drain(stream: IO[str] | None, into: list[str]) -> None:
+        assert stream is not None
+        into.append(stream.read())
+
+    def give_turn(self) -> None:
+        with contextlib.suppress(BrokenPipeError):  # it ended: its done pipe says so
+            os.write(self.go, b".")
+
+    def wait_turn_done(self) -> bool:
+        """False once it has ended (a process it forked may hold the pipe on)."""
+        while not select.select([self.done], [], [], 1.0)[0]:
+            if self.child.poll() is not None:
+                return False
+        return os.read(self.done, 1) == b"."
+
+    def finish(self, tree: pathlib.Path, script: pathlib.Path) -> str:
+        os.close(self.go)
+        os.close(self.done)
+        self.child.wait()
+        for reader in self._readers:
+            reader.join()
+        if self.child.returncode != 0:
+            tail = "\n".join("".join(self.errors).splitlines()[-15:])
+            print(f"!! {script.name} on {tree} failed ({self.child.returncode}):\n{tail}",
+                  file=sys.stderr)
+        return "".join(self.output)
+
+    def interrupt(self) -> None:
+        # The bench removes what it made on SIGINT (its own finally); a closed
+        # go pipe lets one waiting for its turn run on to that.
+        self.child.send_signal(signal.SIGINT)
+        with contextlib.suppress(OSError):
+            os.close(self.go)
+
+
+def run_twins(
+    trees: list[pathlib.Path], script: pathlib.Path, args: list[str]
+) -> tuple[list[str], int]:
+    """A bench ``script``'s output on each tree's code, the two run in lockstep
+    (``_turns.Turns``): only one runs at a time, and they take turns, the
+    first in ``trees`` first, until both have ended; and how many turns."""
+    twins = [_Twin(tree, script, args) for tree in trees]
+    turns = 0
     try:
-        out, err = child.communicate()
+        live = list(range(len(twins)))
+        holder = 0
+        twins[holder].give_turn()
+        while live:
+            turns += 1
+            if not twins[holder].wait_turn_done():
+                live.remove(holder)
+            after = [i for i in live if i != holder]
+            holder = after[0] if after else holder
+            if holder in live:
+                twins[holder].give_turn()
     except BaseException:
-        # Interrupted: the bench removes what it made on SIGINT (its own finally).
-        child.send_signal(signal.SIGINT)
-        child.communicate()
+        for twin in twins:
+            twin.interrupt()
+        for twin in twins:
+            twin.child.wait()
         raise
-    if child.returncode != 0:
-        tail = "\n".join(err.splitlines()[-15:])
-        print(f"!! bench_{bench} in {tree} failed ({child.returncode}):\n{tail}", file=sys.stderr)
-    return out
+    return [twin.finish(tree, script) for twin, tree in zip(twins, trees, strict=True)], turns
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -252,12 +330,15 @@ def main(argv: list[str]) -> int:
             for turn in range(args.rounds):
                 for bench, bench_args in benches.items():
                     sides = [(tree, old), (NEW, new)]
-                    for where, into in sides if turn % 2 == 0 else reversed(sides):
-                        output = run_bench(where, bench, bench_args)
+                    if turn % 2:
+                        sides.reverse()  # who moves first, flipped each round
+                    outputs, turns = run_twins([where for where, _ in sides],
+                                               HERE / f"bench_{bench}.py", bench_args)
+                    for (_, into), output in zip(sides, outputs, strict=True):
                         # The raw rows on stderr, as they come: the table is stdout's.
                         print(f"\n## round {turn + 1}: {bench} ("
-                              f"{'old' if into is old else 'new'}){output}", file=sys.stderr,
-                              flush=True)
+                              f"{'old' if into is old else 'new'}), {turns} turns{output}",
+                              file=sys.stderr, flush=True)
                         for key, figures in parse(bench, output).items():
                             into.setdefault(key, {})[turn] = figures
             print(f"\n{args.ref} (old) beside {NEW} (new), {args.rounds} rounds, ms")

@@ -4,6 +4,7 @@ different work, and reads a verdict off the rounds' paired ratios."""
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import math
 import pathlib
 import signal
@@ -86,3 +87,57 @@ def test_the_table_tells_each_rows_interval_and_verdict(capsys: pytest.CaptureFi
     assert row.endswith("WORSE") and " 4/4 " in row
     low, high = (float(x) for x in row.split()[-2].rstrip("x").split("-"))
     assert 1.2 < low < 1.28 < high < 1.35
+
+
+#: A bench stand-in: it logs each of its steps (its side, the step, when it
+#: began and ended) and takes a turn after each, as a bench does between samples.
+_TWIN_SCRIPT = """
+import os, subprocess, sys, time
+sys.path.insert(0, {bench!r})
+import _turns
+from _turns import TURNS_ENV, Turns
+turns = Turns(os.environ.pop(TURNS_ENV, None))
+_turns.TURN_S = 0.0  # a turn after every step
+side = os.path.basename(os.path.dirname(os.environ["PYTHONPATH"]))
+steps = int(sys.argv[1]) if side == "old" else 5
+# What a bench starts is not its twin: no turns, no pipe ends.
+leaked = subprocess.run(["sh", "-c", "echo ${{HUTCH_BENCH_TURNS:-none}}; ls /proc/self/fd"],
+                        capture_output=True, text=True).stdout.split()
+for step in range(steps):
+    began = time.perf_counter()
+    time.sleep(0.02)
+    with open({log!r}, "a") as log:
+        log.write(f"{{side}} {{step}} {{began}} {{time.perf_counter()}}\\n")
+    turns.take()
+print(f"{{side}} ran {{steps}} steps, leaked {{leaked}}")
+sys.exit(3 if side == "old" and steps < 5 else 0)
+"""
+
+
+@pytest.mark.parametrize("old_steps", [5, 2])
+def test_twins_take_turns_and_one_that_ends_early_leaves_the_other_to_run_on(
+    tmp_path: pathlib.Path, old_steps: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    compare = _compare_module()
+    log = tmp_path / "steps.log"
+    script = tmp_path / "bench_twin.py"
+    script.write_text(_TWIN_SCRIPT.format(bench=str(COMPARE.parent), log=str(log)))
+    trees = [tmp_path / "old", tmp_path / "new"]
+    for tree in trees:
+        (tree / "src").mkdir(parents=True)
+    outputs, turns = compare.run_twins(trees, script, [str(old_steps)])
+    assert outputs[0].startswith(f"old ran {old_steps} steps, leaked ['none', '0', '1', '2'")
+    assert outputs[1].startswith("new ran 5 steps, leaked ['none', '0', '1', '2'")
+    for output in outputs:  # sh's own 0, 1, 2 and ls's directory: nothing more
+        assert len(output.split("leaked ")[1].split(",")) == 5
+    steps = [line.split() for line in log.read_text().splitlines()]
+    # Old first, then strictly by turns while both run, the new alone after.
+    expected = [(side, str(n)) for n in range(old_steps) for side in ("old", "new")]
+    expected += [("new", str(n)) for n in range(old_steps, 5)]
+    assert [(side, n) for side, n, *_ in steps] == expected
+    # Never both at once: each step began after the one before it ended.
+    for before, after in itertools.pairwise(steps):
+        assert float(after[2]) >= float(before[3])
+    assert turns >= 2 * old_steps
+    failed = capsys.readouterr().err
+    assert ("bench_twin.py on" in failed and "failed (3)" in failed) == (old_steps < 5)
