@@ -141,6 +141,7 @@ def timed_command(
     CPU time it used (user and system): on a machine shared with other
     work, the steadier figure."""
     def once() -> float:
+        turn()
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
         done = subprocess.run(argv, env=env, capture_output=True, stdin=subprocess.DEVNULL,

@@ -27,7 +27,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(__file__))
 
 import hutch
-from _common import header, row, run, scratch_dir
+from _common import header, row, run, scratch_dir, turn
 from hutch._paths import hutch_home
 from hutch._types import ProviderSnapshot, Snapshot
 from hutch.definitions import Definition, Definitions, LocalHost
@@ -60,6 +60,7 @@ async def alternate(
     await floor()
     a, b = [], []
     for _ in range(runs):
+        turn()
         b.append(await floor())
         a.append(await ours())
     return statistics.median(a) * 1000, statistics.median(b) * 1000

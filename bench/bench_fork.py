@@ -40,7 +40,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(__file__))
 
 import hutch
-from _common import header, row, run, scratch_dir
+from _common import header, row, run, scratch_dir, turn
 from hutch._sandbox import backend_of
 
 FILES = 10_000
@@ -64,6 +64,7 @@ async def alternate(
     await floor()
     a, b = [], []
     for _ in range(runs):
+        turn()
         t = time.perf_counter()
         await floor()
         b.append(time.perf_counter() - t)
@@ -116,6 +117,7 @@ async def bench_local() -> None:
         snap = await origin.snapshot("attach")
         samples = []
         for _ in range(RUNS * 2):
+            turn()
             t = time.perf_counter()
             branch = await hutch.create_sandbox_from_snapshot(snap)
             samples.append(time.perf_counter() - t)
@@ -123,6 +125,7 @@ async def bench_local() -> None:
         await hutch.remove_snapshot(snap)
         copy_samples = []
         for _ in range(RUNS):
+            turn()
             target = os.path.join(scratch, "one")
             t = time.perf_counter()
             subprocess.run(["cp", "-a", tree, target], check=True)
@@ -175,6 +178,7 @@ async def bench_first_snapshot() -> None:
     try:
         for run in range(RUNS + 1):
             for case in cases:
+                turn()
                 tree = os.path.join(scratch, f"tree{run}")
                 make_tree(tree, FILES)
                 copy[case].append(timed_copy(["cp", "-a"], tree))
@@ -270,6 +274,7 @@ async def bench_docker_first_fork(files: int, disk: str | None = None) -> None:
     ``disk``: capped, as the daemon makes every sandbox by default."""
     ours, base = [], []
     for _ in range(RUNS + 1):  # the first pair is a warm-up
+        turn()
         sandbox = await filled_docker_sandbox(files, disk)
         try:
             container = backend_of(sandbox).container_id  # type: ignore[attr-defined]

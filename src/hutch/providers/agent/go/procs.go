@@ -499,9 +499,7 @@ func countBusy(running bool) int {
 		keepers[pid] = true
 		pid = parentOf(pid)
 	}
-	self, _ := os.Stat("/proc/self/exe")
-	selfStat, _ := os.ReadFile("/proc/self/stat")
-	selfName := commOf(selfStat)
+	self, selfName := thisExecutable()
 	entries, _ := os.ReadDir("/proc")
 	n := 0
 	for _, e := range entries {
@@ -526,6 +524,24 @@ func countBusy(running bool) int {
 		n++
 	}
 	return n
+}
+
+var (
+	thisExecutableOnce sync.Once
+	thisExe            os.FileInfo
+	thisName           []byte
+)
+
+// thisExecutable: the agent's own executable and its name (nil where they
+// cannot be read), looked up once: neither changes while it runs, and the
+// busy count, asked every few seconds, need not read them each time.
+func thisExecutable() (os.FileInfo, []byte) {
+	thisExecutableOnce.Do(func() {
+		thisExe, _ = os.Stat("/proc/self/exe")
+		stat, _ := os.ReadFile("/proc/self/stat")
+		thisName = commOf(stat)
+	})
+	return thisExe, thisName
 }
 
 // runsThisExecutable: whether process pid (stat: its /proc/N/stat line) runs
