@@ -3,7 +3,7 @@
 Each bench prints hutch's figure beside the raw floor and their ratio. The
 docker, lifecycle and daemon benches need a Docker Engine
 (``scripts/ensure-docker.sh``). ``bench/compare.py [--ref REF] [name ...]``
-runs the benches beside another commit's, in turns, row by row.
+runs each bench on this code and on another commit's at once, in lockstep.
 """
 
 from __future__ import annotations
