@@ -31,11 +31,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from tests.daemon_fixture import DaemonProcess
 
+import hutch
 from _common import header, median_ms, row, run
 from _common import timed_command as timed
 
 RUNS = 21
-OURS = os.path.join(os.path.dirname(__file__), "..", "src")
+#: The hutch the timed commands run: the one this bench imports, not the
+#: checkout the script lies in (compare.py runs it on another commit's code).
+OURS = os.path.dirname(os.path.dirname(os.path.abspath(hutch.__file__)))
 
 
 def sampled(measures: dict[str, Callable[[], float]]) -> dict[str, list[float]]:

@@ -8,7 +8,8 @@ then runs each bench present in both twice at once: this checkout's script,
 on the old code and on the new (``PYTHONPATH``), so both sides measure
 alike, in lockstep (``_turns.Turns``: one runs while the other waits, and
 they switch between two samples every 50 ms or so, the first mover flipped
-each round), so that a machine whose speed drifts weighs on both alike. It
+each round), so that a machine whose speed drifts weighs on both alike
+(fork's runs one side after the other: :data:`ONE_AFTER_THE_OTHER`). It
 matches the rows each prints (``_common.row``) by bench, section and name,
 and prints per row the medians over the rounds of hutch's figure, old and
 new, the median of the rounds' new/old, both floors (a floor that moved
@@ -89,20 +90,24 @@ def checkout(ref: str, into: pathlib.Path) -> pathlib.Path:
 
 
 class _Twin:
-    """One side of a lockstep run: its bench process, the pipe end that
-    gives it a turn and the one it says its turn is done on (EOF: it ended)."""
+    """One side of a run: its bench process and, in lockstep, the pipe end
+    that gives it a turn and the one it says its turn is done on (EOF: it
+    ended)."""
 
-    def __init__(self, tree: pathlib.Path, script: pathlib.Path, args: list[str]) -> None:
+    def __init__(
+        self, tree: pathlib.Path, script: pathlib.Path, args: list[str], lockstep: bool
+    ) -> None:
         go_read, self.go = os.pipe()
         self.done, done_write = os.pipe()
-        env = dict(os.environ, PYTHONPATH=str(tree / "src"),
-                   **{TURNS_ENV: f"{go_read},{done_write}"})
+        env = dict(os.environ, PYTHONPATH=str(tree / "src"))
+        if lockstep:
+            env[TURNS_ENV] = f"{go_read},{done_write}"
         env.pop("HUTCH_HOME", None)
         # This checkout's bench on that tree's code: both sides measure alike.
         self.child = subprocess.Popen(
             [sys.executable, str(script), *args], cwd=tree, env=env,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            pass_fds=(go_read, done_write))
+            pass_fds=(go_read, done_write) if lockstep else ())
         os.close(go_read)
         os.close(done_write)
         self.output: list[str] = []
@@ -149,13 +154,33 @@ class _Twin:
             os.close(self.go)
 
 
+#: Benches run one side after the other, not in lockstep: the kernel's work
+#: for what one made (writing back 10 000-file trees, docker's commits)
+#: goes on through the other's turns, and was timed as the other's (a
+#: ``cp -a`` floor 9x its twin's).
+ONE_AFTER_THE_OTHER = frozenset({"fork"})
+
+
 def run_twins(
-    trees: list[pathlib.Path], script: pathlib.Path, args: list[str]
+    trees: list[pathlib.Path], script: pathlib.Path, args: list[str], lockstep: bool = True
 ) -> tuple[list[str], int]:
     """A bench ``script``'s output on each tree's code, the two run in lockstep
     (``_turns.Turns``): only one runs at a time, and they take turns, the
-    first in ``trees`` first, until both have ended; and how many turns."""
-    twins = [_Twin(tree, script, args) for tree in trees]
+    first in ``trees`` first, until both have ended; and how many turns.
+    Without ``lockstep``, the first runs to its end, then the second."""
+    if not lockstep:
+        outputs = []
+        for tree in trees:
+            alone = _Twin(tree, script, args, lockstep=False)
+            try:
+                alone.child.wait()
+            except BaseException:
+                alone.interrupt()
+                alone.child.wait()
+                raise
+            outputs.append(alone.finish(tree, script))
+        return outputs, len(trees)
+    twins = [_Twin(tree, script, args, lockstep=True) for tree in trees]
     turns = 0
     try:
         live = list(range(len(twins)))
@@ -333,7 +358,8 @@ def main(argv: list[str]) -> int:
                     if turn % 2:
                         sides.reverse()  # who moves first, flipped each round
                     outputs, turns = run_twins([where for where, _ in sides],
-                                               HERE / f"bench_{bench}.py", bench_args)
+                                               HERE / f"bench_{bench}.py", bench_args,
+                                               lockstep=bench not in ONE_AFTER_THE_OTHER)
                     for (_, into), output in zip(sides, outputs, strict=True):
                         # The raw rows on stderr, as they come: the table is stdout's.
                         print(f"\n## round {turn + 1}: {bench} ("

@@ -141,3 +141,25 @@ def test_twins_take_turns_and_one_that_ends_early_leaves_the_other_to_run_on(
     assert turns >= 2 * old_steps
     failed = capsys.readouterr().err
     assert ("bench_twin.py on" in failed and "failed (3)" in failed) == (old_steps < 5)
+
+
+def test_a_bench_run_one_after_the_other_runs_each_side_whole_in_turn(
+    tmp_path: pathlib.Path,
+) -> None:
+    # fork's: the kernel's work for one side's trees would land in the other's turns.
+    compare = _compare_module()
+    assert "fork" in compare.ONE_AFTER_THE_OTHER
+    log = tmp_path / "steps.log"
+    script = tmp_path / "bench_twin.py"
+    script.write_text(_TWIN_SCRIPT.format(bench=str(COMPARE.parent), log=str(log)))
+    trees = [tmp_path / "new", tmp_path / "old"]
+    for tree in trees:
+        (tree / "src").mkdir(parents=True)
+    outputs, _ = compare.run_twins(trees, script, ["5"], lockstep=False)
+    assert [output.split(", leaked")[0] for output in outputs] == [
+        "new ran 5 steps", "old ran 5 steps"]
+    steps = [line.split() for line in log.read_text().splitlines()]
+    assert [(side, n) for side, n, *_ in steps] == (
+        [("new", str(n)) for n in range(5)] + [("old", str(n)) for n in range(5)])
+    for before, after in itertools.pairwise(steps):
+        assert float(after[2]) >= float(before[3])
