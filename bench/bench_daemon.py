@@ -56,8 +56,16 @@ def raw_exec(port: int, token: str, sandbox_id: str) -> Callable[[], object]:
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
 
     def call() -> object:
-        connection.request("POST", f"/v1/sandboxes/{sandbox_id}/exec", body, headers)
-        answer = connection.getresponse()
+        try:
+            connection.request("POST", f"/v1/sandboxes/{sandbox_id}/exec", body, headers)
+            answer = connection.getresponse()
+        except ConnectionError:
+            # The daemon closed the kept connection, idle past its keep-alive
+            # (uvicorn's 5 s; a lockstep twin's turn can last that long): again,
+            # on a new one.
+            connection.close()
+            connection.request("POST", f"/v1/sandboxes/{sandbox_id}/exec", body, headers)
+            answer = connection.getresponse()
         data = answer.read()
         if answer.status != 200:
             raise RuntimeError(data)
