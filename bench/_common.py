@@ -85,18 +85,19 @@ async def kill_beside_others(sb: Any, runs: int = 15) -> None:
         await stream.aclose()
         return time.perf_counter() - started
 
-    await kill_once()
-    floors = []
-    for _ in range(runs):
-        turn()
-        floors.append(await kill_once())
-    # Children of this process, reaped here, so none is left to an init that may not.
-    others = _start_others(UNRELATED)
-    try:
+    async def kills() -> list[float]:
         samples = []
         for _ in range(runs):
             turn()
             samples.append(await kill_once())
+        return samples
+
+    await kill_once()
+    floors = await kills()
+    # Children of this process, reaped here, so none is left to an init that may not.
+    others = _start_others(UNRELATED)
+    try:
+        samples = await kills()
     finally:
         for other in others:
             other.kill()

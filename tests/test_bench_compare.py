@@ -114,30 +114,45 @@ sys.exit(3 if side == "old" and steps < 5 else 0)
 """
 
 
+def _twins(
+    tmp_path: pathlib.Path, sides: tuple[str, str]
+) -> tuple[pathlib.Path, list[pathlib.Path]]:
+    """The stand-in's script and the two trees it runs on (``sides``, in the
+    order given); its steps go to ``steps.log`` beside them."""
+    script = tmp_path / "bench_twin.py"
+    script.write_text(_TWIN_SCRIPT.format(bench=str(COMPARE.parent),
+                                          log=str(tmp_path / "steps.log")))
+    trees = [tmp_path / side for side in sides]
+    for tree in trees:
+        (tree / "src").mkdir(parents=True)
+    return script, trees
+
+
+def _steps(tmp_path: pathlib.Path) -> list[list[str]]:
+    """The stand-ins' steps, each (side, step, began, ended), checked never
+    to overlap: each began after the one before it ended."""
+    steps = [line.split() for line in (tmp_path / "steps.log").read_text().splitlines()]
+    for before, after in itertools.pairwise(steps):
+        assert float(after[2]) >= float(before[3])
+    return steps
+
+
 @pytest.mark.parametrize("old_steps", [5, 2])
 def test_twins_take_turns_and_one_that_ends_early_leaves_the_other_to_run_on(
     tmp_path: pathlib.Path, old_steps: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
     compare = _compare_module()
-    log = tmp_path / "steps.log"
-    script = tmp_path / "bench_twin.py"
-    script.write_text(_TWIN_SCRIPT.format(bench=str(COMPARE.parent), log=str(log)))
-    trees = [tmp_path / "old", tmp_path / "new"]
-    for tree in trees:
-        (tree / "src").mkdir(parents=True)
+    script, trees = _twins(tmp_path, ("old", "new"))
     outputs, turns = compare.run_twins(trees, script, [str(old_steps)])
     assert outputs[0].startswith(f"old ran {old_steps} steps, leaked ['none', '0', '1', '2'")
     assert outputs[1].startswith("new ran 5 steps, leaked ['none', '0', '1', '2'")
     for output in outputs:  # sh's own 0, 1, 2 and ls's directory: nothing more
         assert len(output.split("leaked ")[1].split(",")) == 5
-    steps = [line.split() for line in log.read_text().splitlines()]
+    steps = _steps(tmp_path)  # never both at once
     # Old first, then strictly by turns while both run, the new alone after.
     expected = [(side, str(n)) for n in range(old_steps) for side in ("old", "new")]
     expected += [("new", str(n)) for n in range(old_steps, 5)]
     assert [(side, n) for side, n, *_ in steps] == expected
-    # Never both at once: each step began after the one before it ended.
-    for before, after in itertools.pairwise(steps):
-        assert float(after[2]) >= float(before[3])
     assert turns >= 2 * old_steps
     failed = capsys.readouterr().err
     assert ("bench_twin.py on" in failed and "failed (3)" in failed) == (old_steps < 5)
@@ -149,17 +164,9 @@ def test_a_bench_run_one_after_the_other_runs_each_side_whole_in_turn(
     # fork's: the kernel's work for one side's trees would land in the other's turns.
     compare = _compare_module()
     assert "fork" in compare.ONE_AFTER_THE_OTHER
-    log = tmp_path / "steps.log"
-    script = tmp_path / "bench_twin.py"
-    script.write_text(_TWIN_SCRIPT.format(bench=str(COMPARE.parent), log=str(log)))
-    trees = [tmp_path / "new", tmp_path / "old"]
-    for tree in trees:
-        (tree / "src").mkdir(parents=True)
+    script, trees = _twins(tmp_path, ("new", "old"))
     outputs, _ = compare.run_twins(trees, script, ["5"], lockstep=False)
     assert [output.split(", leaked")[0] for output in outputs] == [
         "new ran 5 steps", "old ran 5 steps"]
-    steps = [line.split() for line in log.read_text().splitlines()]
-    assert [(side, n) for side, n, *_ in steps] == (
+    assert [(side, n) for side, n, *_ in _steps(tmp_path)] == (
         [("new", str(n)) for n in range(5)] + [("old", str(n)) for n in range(5)])
-    for before, after in itertools.pairwise(steps):
-        assert float(after[2]) >= float(before[3])
