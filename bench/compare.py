@@ -3,7 +3,10 @@
 ``.venv/bin/python bench/compare.py [--ref REF] [--rounds N] [bench[:arg,...] ...]``
 
 It checks ``REF`` (default bc2d03a, main before issue 21's redesign) out
-detached in a temporary directory and builds that code's agent. Each round
+detached in a temporary directory and builds that code's agent; what that
+code depends on and this environment lacks (bc2d03a's CLI was built on
+typer) is installed once beside it (:func:`site_for`), so that its CLI and
+startup benches run too. Each round
 then runs each bench present in both twice at once: this checkout's script,
 on the old code and on the new (``PYTHONPATH``), so both sides measure
 alike, in lockstep (``_turns.Turns``: one runs while the other waits, and
@@ -29,6 +32,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
+import json
 import math
 import os
 import pathlib
@@ -40,7 +45,8 @@ import subprocess
 import sys
 import tempfile
 import threading
-from typing import IO
+import tomllib
+from typing import IO, NamedTuple
 
 from hutch.providers._signals import inherits_signal_state
 
@@ -50,6 +56,9 @@ from _turns import TURNS_ENV
 HERE = pathlib.Path(__file__).resolve().parent
 NEW = HERE.parent
 DEFAULT_REF = "bc2d03a"
+#: Where an old tree's dependencies this environment lacks are installed,
+#: one directory per list of them (typer, say: bc2d03a's CLI was built on it).
+SITES = pathlib.Path("/var/cache/hutch/bench-sites")
 TOLERANCE = 0.05
 #: A row: its name, hutch's figure and the floor's, in one unit (ms, s, MiB; or /s, a rate).
 _ROW = re.compile(r"^\s*(?P<name>\S.*?)\s+(?P<hutch>[\d.]+)(?P<unit>ms|s|/s|MiB)"
@@ -89,23 +98,56 @@ def checkout(ref: str, into: pathlib.Path) -> pathlib.Path:
     return tree
 
 
+class Code(NamedTuple):
+    """The code one side runs: a tree's ``src``, and the directory holding
+    what that tree depends on and this environment lacks (``site``), if any."""
+
+    tree: pathlib.Path
+    site: pathlib.Path | None = None
+
+    def pythonpath(self) -> str:
+        return os.pathsep.join(str(p) for p in (self.tree / "src", self.site) if p is not None)
+
+
+def site_for(tree: pathlib.Path, sites: pathlib.Path = SITES) -> pathlib.Path | None:
+    """A directory holding what ``tree``'s ``[project] dependencies`` need and
+    this environment lacks, installed there once, or None when it lacks
+    nothing. Only the missing distributions go there (pip's own answer to
+    what installing them here would add), not those this environment has:
+    the old side imports the same httpx, click and rich as the new."""
+    declared = tomllib.loads((tree / "pyproject.toml").read_text())["project"].get(
+        "dependencies", [])
+    where = sites / hashlib.sha256("\n".join(sorted(declared)).encode()).hexdigest()[:16]
+    if (where / ".complete").exists():
+        return where if any(p.name != ".complete" for p in where.iterdir()) else None
+    report = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--report", "-",
+         *declared], capture_output=True, text=True, check=True).stdout
+    pins = [f"{item['metadata']['name']}=={item['metadata']['version']}"
+            for item in json.loads(report)["install"]]
+    if pins:
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                        "--target", str(where), *pins], check=True)
+    where.mkdir(parents=True, exist_ok=True)
+    (where / ".complete").touch()
+    return where if pins else None
+
+
 class _Twin:
     """One side of a run: its bench process and, in lockstep, the pipe end
     that gives it a turn and the one it says its turn is done on (EOF: it
     ended)."""
 
-    def __init__(
-        self, tree: pathlib.Path, script: pathlib.Path, args: list[str], lockstep: bool
-    ) -> None:
+    def __init__(self, code: Code, script: pathlib.Path, args: list[str], lockstep: bool) -> None:
         go_read, self.go = os.pipe()
         self.done, done_write = os.pipe()
-        env = dict(os.environ, PYTHONPATH=str(tree / "src"))
+        env = dict(os.environ, PYTHONPATH=code.pythonpath())
         if lockstep:
             env[TURNS_ENV] = f"{go_read},{done_write}"
         env.pop("HUTCH_HOME", None)
         # This checkout's bench on that tree's code: both sides measure alike.
         self.child = subprocess.Popen(
-            [sys.executable, str(script), *args], cwd=tree, env=env,
+            [sys.executable, str(script), *args], cwd=code.tree, env=env,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             pass_fds=(go_read, done_write) if lockstep else ())
         os.close(go_read)
@@ -162,25 +204,25 @@ ONE_AFTER_THE_OTHER = frozenset({"fork"})
 
 
 def run_twins(
-    trees: list[pathlib.Path], script: pathlib.Path, args: list[str], lockstep: bool = True
+    codes: list[Code], script: pathlib.Path, args: list[str], lockstep: bool = True
 ) -> tuple[list[str], int]:
-    """A bench ``script``'s output on each tree's code, the two run in lockstep
+    """A bench ``script``'s output on each side's code, the two run in lockstep
     (``_turns.Turns``): only one runs at a time, and they take turns, the
-    first in ``trees`` first, until both have ended; and how many turns.
+    first in ``codes`` first, until both have ended; and how many turns.
     Without ``lockstep``, the first runs to its end, then the second."""
     if not lockstep:
         outputs = []
-        for tree in trees:
-            alone = _Twin(tree, script, args, lockstep=False)
+        for code in codes:
+            alone = _Twin(code, script, args, lockstep=False)
             try:
                 alone.child.wait()
             except BaseException:
                 alone.interrupt()
                 alone.child.wait()
                 raise
-            outputs.append(alone.finish(tree, script))
-        return outputs, len(trees)
-    twins = [_Twin(tree, script, args, lockstep=True) for tree in trees]
+            outputs.append(alone.finish(code.tree, script))
+        return outputs, len(codes)
+    twins = [_Twin(code, script, args, lockstep=True) for code in codes]
     turns = 0
     try:
         live = list(range(len(twins)))
@@ -200,7 +242,7 @@ def run_twins(
         for twin in twins:
             twin.child.wait()
         raise
-    return [twin.finish(tree, script) for twin, tree in zip(twins, trees, strict=True)], turns
+    return [twin.finish(code.tree, script) for twin, code in zip(twins, codes, strict=True)], turns
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -350,11 +392,12 @@ def main(argv: list[str]) -> int:
             benches = {b: a for b, a in asked.items() if b in ours & theirs}
             build_agent(tree)
             build_agent(NEW)
+            ref_code = Code(tree, site_for(tree))
             old: dict[Key, Figures] = {}
             new: dict[Key, Figures] = {}
             for turn in range(args.rounds):
                 for bench, bench_args in benches.items():
-                    sides = [(tree, old), (NEW, new)]
+                    sides = [(ref_code, old), (Code(NEW), new)]
                     if turn % 2:
                         sides.reverse()  # who moves first, flipped each round
                     outputs, turns = run_twins([where for where, _ in sides],

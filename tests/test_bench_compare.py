@@ -10,6 +10,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import zipfile
 from typing import Any
 
 import pytest
@@ -98,7 +99,7 @@ import _turns
 from _turns import TURNS_ENV, Turns
 turns = Turns(os.environ.pop(TURNS_ENV, None))
 _turns.TURN_S = 0.0  # a turn after every step
-side = os.path.basename(os.path.dirname(os.environ["PYTHONPATH"]))
+side = os.path.basename(os.path.dirname(os.environ["PYTHONPATH"].split(os.pathsep)[0]))
 steps = int(sys.argv[1]) if side == "old" else 5
 # What a bench starts is not its twin: no turns, no pipe ends.
 leaked = subprocess.run(["sh", "-c", "echo ${{HUTCH_BENCH_TURNS:-none}}; ls /proc/self/fd"],
@@ -143,7 +144,7 @@ def test_twins_take_turns_and_one_that_ends_early_leaves_the_other_to_run_on(
 ) -> None:
     compare = _compare_module()
     script, trees = _twins(tmp_path, ("old", "new"))
-    outputs, turns = compare.run_twins(trees, script, [str(old_steps)])
+    outputs, turns = compare.run_twins([compare.Code(t) for t in trees], script, [str(old_steps)])
     assert outputs[0].startswith(f"old ran {old_steps} steps, leaked ['none', '0', '1', '2'")
     assert outputs[1].startswith("new ran 5 steps, leaked ['none', '0', '1', '2'")
     for output in outputs:  # sh's own 0, 1, 2 and ls's directory: nothing more
@@ -165,8 +166,55 @@ def test_a_bench_run_one_after_the_other_runs_each_side_whole_in_turn(
     compare = _compare_module()
     assert "fork" in compare.ONE_AFTER_THE_OTHER
     script, trees = _twins(tmp_path, ("new", "old"))
-    outputs, _ = compare.run_twins(trees, script, ["5"], lockstep=False)
+    outputs, _ = compare.run_twins([compare.Code(t) for t in trees], script, ["5"],
+                                   lockstep=False)
     assert [output.split(", leaked")[0] for output in outputs] == [
         "new ran 5 steps", "old ran 5 steps"]
     assert [(side, n) for side, n, *_ in _steps(tmp_path)] == (
         [("new", str(n)) for n in range(5)] + [("old", str(n)) for n in range(5)])
+
+
+def _wheel(into: pathlib.Path, name: str, version: str) -> None:
+    """A wheel of one empty module ``name``, as pip installs it."""
+    info = f"{name}-{version}.dist-info"
+    with zipfile.ZipFile(into / f"{name}-{version}-py3-none-any.whl", "w") as wheel:
+        wheel.writestr(f"{name}/__init__.py", f"VERSION = {version!r}\n")
+        wheel.writestr(f"{info}/METADATA",
+                       f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        wheel.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: hand\n"
+                                        "Root-Is-Purelib: true\nTag: py3-none-any\n")
+        wheel.writestr(f"{info}/RECORD", "")
+
+
+def test_the_old_trees_missing_dependencies_go_beside_it_and_nothing_this_environment_has(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # bc2d03a's CLI imports typer, which today's environment lacks: its CLI and
+    # startup benches failed, and compared nothing.
+    compare = _compare_module()
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    _wheel(wheels, "hutch_bench_standin", "1.2")
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # nothing but the wheel here
+    monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
+    tree = tmp_path / "old"
+    tree.mkdir()
+    (tree / "pyproject.toml").write_text(
+        '[project]\nname = "old"\ndependencies = ["httpx>=0.20", "hutch_bench_standin>=1"]\n')
+    site = compare.site_for(tree, tmp_path / "sites")
+    assert site is not None
+    found = subprocess.run(
+        [sys.executable, "-c", "import hutch_bench_standin, httpx; "
+         "print(hutch_bench_standin.VERSION, httpx.__file__)"],
+        env={"PYTHONPATH": compare.Code(tree, site).pythonpath(), "PATH": "/usr/bin:/bin"},
+        capture_output=True, text=True, check=True).stdout.split()
+    assert found[0] == "1.2"
+    assert not found[1].startswith(str(site))  # httpx: this environment's own
+    assert sorted(p.name for p in site.iterdir() if not p.name.startswith(".")) == [
+        "hutch_bench_standin", "hutch_bench_standin-1.2.dist-info"]
+    # Installed once: the next run finds it without pip (here it could not).
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "none"))
+    assert compare.site_for(tree, tmp_path / "sites") == site
+    # A tree that needs nothing more gets no site.
+    (tree / "pyproject.toml").write_text('[project]\nname = "old"\ndependencies = ["httpx"]\n')
+    assert compare.site_for(tree, tmp_path / "sites") is None
