@@ -34,12 +34,12 @@ from hutch._sandbox import backend_of
 
 IMAGE = os.environ.get("HUTCH_TEST_IMAGE", "hutch-test:bookworm")
 EXEC_RUNS = 200
-FILE_RUNS = 40
+FILE_RUNS = 100
 BUSY_RUNS = 20
 #: 50 busy loops (each its own runnable process), started in the background.
 BUSY_LOOPS = ("echo 'while :; do :; done' > /tmp/busy.sh; "
               "for i in $(seq 50); do sh /tmp/busy.sh >/dev/null 2>&1 & done")
-GREP_RUNS = 7
+GREP_RUNS = 15
 MB = os.urandom(1024 * 1024)
 TREE_FILES = 10_000
 
