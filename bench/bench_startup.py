@@ -64,7 +64,10 @@ def paired_ratio(ours: list[float], floor: list[float]) -> str:
 
 
 def with_src(env: dict[str, str], src: str) -> dict[str, str]:
-    return dict(env, PYTHONPATH=os.path.abspath(src))
+    """``env`` with ``src``'s hutch first on the path; what the path held
+    stays after it (compare.py puts an old tree's missing dependencies there)."""
+    inherited = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return dict(env, PYTHONPATH=os.pathsep.join([os.path.abspath(src), *inherited]))
 
 
 async def main() -> None:
