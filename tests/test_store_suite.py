@@ -585,3 +585,27 @@ def test_writers_racing_on_one_row_lose_no_update(open_store: OpenStore) -> None
     assert {k: v for k, v in final.meter.items() if k.startswith("w")} == {
         f"w{i}": rounds for i in range(writers)}
     assert final.version == 1 + writers * rounds
+
+
+def test_a_daemons_listing_of_what_it_does_not_hold_leaves_out_its_own_made_rows(
+    open_store: OpenStore,
+) -> None:
+    # The daemon's listing reads only what it holds no live object for: every
+    # row of its own read and dropped cost 40 ms per 1000 sandboxes.
+    mine, theirs, nobodys = open_store(), open_store(), open_store()
+    mine.act_as("d-mine")
+    theirs.act_as("d-theirs")
+    mine.put_sandbox(sandbox_row("sb-mine", created=1.0))
+    mine.put_sandbox(sandbox_row("sb-mine-making", state="creating", created=2.0))
+    mine.put_sandbox(sandbox_row("sb-mine-ended", state="terminated", created=3.0))
+    theirs.put_sandbox(sandbox_row("sb-theirs", created=4.0))
+    theirs.put_sandbox(sandbox_row("sb-theirs-ended", state="failed", created=5.0))
+    nobodys.put_sandbox(sandbox_row("sb-nobodys", created=6.0))  # a program in-process
+    assert [r.id for r in mine.list_sandboxes(not_held_by="d-mine")] == [
+        "sb-mine-making", "sb-theirs", "sb-nobodys"]
+    assert [r.id for r in mine.list_sandboxes(include_final=True, not_held_by="d-mine")] == [
+        "sb-mine-making", "sb-theirs", "sb-theirs-ended", "sb-nobodys"]
+    assert [r.id for r in theirs.list_sandboxes(not_held_by="d-theirs")] == [
+        "sb-mine", "sb-mine-making", "sb-nobodys"]
+    assert [r.id for r in mine.list_sandboxes()] == [
+        "sb-mine", "sb-mine-making", "sb-theirs", "sb-nobodys"]

@@ -140,10 +140,11 @@ class AsyncStore:
     async def get_sandbox(self, sandbox_id: str) -> SandboxRow | None:
         return await self._run(self.store.get_sandbox, sandbox_id)
 
-    async def list_sandboxes(self, *, include_final: bool = False) -> list[SandboxRow]:
-        return await self._run(
-            functools.partial(self.store.list_sandboxes, include_final=include_final)
-        )
+    async def list_sandboxes(
+        self, *, include_final: bool = False, not_held_by: str | None = None
+    ) -> list[SandboxRow]:
+        return await self._run(functools.partial(
+            self.store.list_sandboxes, include_final=include_final, not_held_by=not_held_by))
 
     async def delete_sandbox(self, sandbox_id: str) -> None:
         return await self._run(self.store.delete_sandbox, sandbox_id)

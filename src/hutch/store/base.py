@@ -328,8 +328,13 @@ class Store(abc.ABC):
     def get_sandbox(self, sandbox_id: str) -> SandboxRow | None: ...
 
     @abc.abstractmethod
-    def list_sandboxes(self, *, include_final: bool = False) -> list[SandboxRow]:
-        """Sandboxes not yet terminated or failed (all of them with ``include_final``)."""
+    def list_sandboxes(
+        self, *, include_final: bool = False, not_held_by: str | None = None
+    ) -> list[SandboxRow]:
+        """Sandboxes not yet terminated or failed (all of them with ``include_final``),
+        oldest first. With ``not_held_by`` (a daemon's id), only those that
+        daemon holds no live object for: another daemon's rows, no daemon's,
+        and rows still being made (``creating``: its own too)."""
 
     @abc.abstractmethod
     def delete_sandbox(self, sandbox_id: str) -> None: ...

@@ -25,7 +25,7 @@ from contextlib import AbstractContextManager
 from typing import Any, ClassVar, Protocol
 
 from .._errors import InvalidArgument
-from ..states import FINAL_VALUES
+from ..states import FINAL_VALUES, SandboxState
 from .base import (
     OWNED_COLUMNS,
     DaemonRow,
@@ -334,12 +334,20 @@ class SQLStore(Store):
         rows = self._read("SELECT * FROM sandboxes WHERE id = ?", (sandbox_id,))
         return self._sandbox(rows[0]) if rows else None
 
-    def list_sandboxes(self, *, include_final: bool = False) -> list[SandboxRow]:
-        if include_final:
-            rows = self._read("SELECT * FROM sandboxes ORDER BY created_at_unix, id")
-        else:
-            rows = self._read(f"SELECT * FROM sandboxes WHERE state NOT IN {_FINAL_IN} "
-                              "ORDER BY created_at_unix, id", FINAL_VALUES)
+    def list_sandboxes(
+        self, *, include_final: bool = False, not_held_by: str | None = None
+    ) -> list[SandboxRow]:
+        where: list[str] = []
+        params: list[Any] = []
+        if not include_final:
+            where.append(f"state NOT IN {_FINAL_IN}")
+            params.extend(FINAL_VALUES)
+        if not_held_by is not None:
+            where.append("(owner IS NULL OR owner <> ? OR state = ?)")
+            params.extend((not_held_by, SandboxState.CREATING.value))
+        clause = f" WHERE {' AND '.join(where)}" if where else ""
+        rows = self._read(f"SELECT * FROM sandboxes{clause} ORDER BY created_at_unix, id",
+                          params)
         return [self._sandbox(r) for r in rows]
 
     def delete_sandbox(self, sandbox_id: str) -> None:
