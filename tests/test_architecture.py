@@ -146,24 +146,32 @@ def test_import_hutch_loads_its_names_on_first_use() -> None:
     assert "hutch.client" in used and heavy(used) == []
 
 
-def test_hutch_help_loads_no_http_client_provider_or_server() -> None:
-    modules = loaded_by(
-        "import sys\nsys.argv = ['hutch', '--help']\nfrom hutch.cli.main import app\n"
-        "try:\n    app()\nexcept SystemExit:\n    pass"
-    )
-    assert "hutch.cli.main" in modules
-    assert heavy(modules) == []
-    assert [m for m in modules if m == "httpx" or m.startswith("hutch.client")] == []
+def test_hutch_help_loads_no_cli_library_http_client_provider_or_server() -> None:
+    """``hutch --help`` (and ``hutch`` alone) is printed from the command
+    table: no click (most of what it cost), no command module, no HTTP client."""
+    for argv in (["hutch", "--help"], ["hutch"]):
+        modules = loaded_by(
+            f"import sys\nsys.argv = {argv!r}\nfrom hutch.cli.main import main\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass"
+        )
+        cli = sorted(m for m in modules if m.startswith("hutch.cli."))
+        assert cli == ["hutch.cli._commands", "hutch.cli._help", "hutch.cli.main"], argv
+        assert [m for m in modules if m.split(".")[0] in ("click", "typing", "httpx")] == []
+        assert heavy(modules) == []
 
 
-def test_hutch_help_builds_no_command_and_loads_no_rich() -> None:
-    """``hutch --help`` lists the commands from ``main.COMMANDS``: it imports
-    no command module, and draws its panels without rich (whose import and
-    layout cost more than the rest of it) or pydantic (typer's coercion)."""
+def test_the_groups_help_builds_no_command_and_loads_no_rich() -> None:
+    """The click group's own help (``hutch --version`` and every command go
+    through the group) lists the commands from the table without importing
+    them, and draws its panels without rich (whose import and layout cost more
+    than the rest of it) or pydantic (typer's coercion)."""
     modules = loaded_by(
-        "import sys\nsys.argv = ['hutch', '--help']\nfrom hutch.cli.main import app\n"
-        "try:\n    app()\nexcept SystemExit:\n    pass"
+        "from hutch.cli.main import app\n"
+        "try:\n    app(['--help'])\nexcept SystemExit:\n    pass"
     )
     cli = sorted(m for m in modules if m.startswith("hutch.cli."))
-    assert cli == ["hutch.cli._common", "hutch.cli._help", "hutch.cli.main"]
+    assert cli == ["hutch.cli._app", "hutch.cli._commands", "hutch.cli._common",
+                   "hutch.cli._help", "hutch.cli.main"]
     assert [m for m in modules if m.split(".")[0] in ("rich", "typer", "pydantic")] == []
+    assert heavy(modules) == []
+    assert [m for m in modules if m == "httpx" or m.startswith("hutch.client")] == []

@@ -410,14 +410,14 @@ def test_cp_streams_a_large_file_both_ways(daemon: DaemonProcess) -> None:
 
 
 def test_the_command_table_names_every_command_with_its_own_line() -> None:
-    """``hutch --help`` lists the commands from ``main.COMMANDS`` without
+    """``hutch --help`` lists the commands from ``_commands.COMMANDS`` without
     importing them: each entry's line is its command's own first paragraph,
     and every command the modules of ``hutch.cli`` define has an entry."""
     import importlib
     import pkgutil
 
     import hutch.cli
-    from hutch.cli._help import short_help
+    from hutch.cli._common import short_help
     from hutch.cli.main import COMMANDS
 
     ctx = click.Context(app)
@@ -486,6 +486,28 @@ def test_ls_builds_no_value_class_and_loads_no_http2(daemon: DaemonProcess) -> N
     assert "h2.connection" in after
 
 
+@pytest.mark.parametrize("args", [["--help"], []])
+def test_the_help_printed_without_click_is_the_groups_own(
+        args: list[str], capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``hutch --help`` and ``hutch`` alone are printed from the command table
+    with no click loaded; the click group lays out the same page (its own
+    ``--help`` path, taken by ``hutch --version``'s neighbours) from the same
+    table: the same text, to the character, and the same exit code."""
+    from hutch.cli.main import main
+
+    monkeypatch.setenv("COLUMNS", "93")
+    with pytest.raises(SystemExit) as fast:
+        main(args)
+    printed = capsys.readouterr()
+    with pytest.raises(SystemExit) as grouped:
+        app.main(args, prog_name="hutch")
+    by_click = capsys.readouterr()
+    assert printed.out == by_click.out and printed.err == by_click.err == ""
+    assert (fast.value.code or 0) == (grouped.value.code or 0) == (0 if args else 2)
+    assert "│ ls " in printed.out and "--version" in printed.out
+
+
 def test_hutch_alone_prints_its_help_on_standard_output() -> None:
     shown = hutch(None)
     assert shown.returncode == 2 and shown.stderr == ""
@@ -510,3 +532,17 @@ def test_a_relative_workdir_is_the_callers_directory_not_the_daemons(
             hutch(daemon, "kill", sid)
     finally:
         shutil.rmtree(here, ignore_errors=True)
+
+
+@pytest.mark.parametrize("columns", [None, "0", "57", "wide"])
+def test_the_helps_width_is_the_one_shutil_finds(
+        columns: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The help finds the terminal's width as :func:`shutil.get_terminal_size`
+    does (``COLUMNS``, else the terminal, else 80) without importing shutil."""
+    from hutch.cli._help import _columns
+
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
+    assert _columns() == shutil.get_terminal_size((80, 24)).columns

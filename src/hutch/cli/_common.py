@@ -8,6 +8,7 @@ or rich, and a command loads what it uses when it runs.
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 import time
 from collections.abc import Callable
@@ -25,13 +26,42 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def short_help(command: click.Command) -> str:
+    """A command's line in its group's help: its short help, else the first
+    paragraph of its help, on one line."""
+    if command.short_help:
+        return " ".join(command.short_help.split())
+    text = inspect.cleandoc(command.help or "").partition("\f")[0]
+    return " ".join(text.split("\n\n", 1)[0].split())
+
+
+def render_help(command: click.Command, ctx: click.Context) -> str:
+    """``command``'s help page (:func:`hutch.cli._help.page`), from what click
+    knows of it: its usage, text, parameters and, for a group, its commands."""
+    from ._help import page
+
+    arguments: list[tuple[str, str]] = []
+    options: list[tuple[str, str]] = []
+    for param in command.get_params(ctx):
+        record = param.get_help_record(ctx)
+        if record is not None:
+            (options if isinstance(param, click.Option) else arguments).append(record)
+    rows = []
+    if isinstance(command, HutchGroup):
+        for name in command.list_commands(ctx):
+            entry = command.short_help_of(ctx, name)
+            if entry is not None:
+                rows.append((name, entry))
+    return page(ctx.command_path, " ".join(command.collect_usage_pieces(ctx)),
+                inspect.cleandoc(command.help or "").partition("\f")[0],
+                arguments, options, rows)
+
+
 class HutchCommand(click.Command):
     """A command whose ``--help`` is laid out by :mod:`hutch.cli._help`."""
 
     def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        from ._help import render
-
-        formatter.write(render(self, ctx))
+        formatter.write(render_help(self, ctx))
 
 
 class HutchGroup(click.Group):
@@ -51,25 +81,21 @@ class HutchGroup(click.Group):
         return super().parse_args(ctx, args)
 
     def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        from ._help import render
-
-        formatter.write(render(self, ctx))
+        formatter.write(render_help(self, ctx))
 
     def short_help_of(self, ctx: click.Context, name: str) -> str | None:
         """A command's line in this group's help (None: hidden or unknown)."""
-        from ._help import short_help
-
         found = self.get_command(ctx, name)
         return None if found is None or found.hidden else short_help(found)
 
 
-#: ``@command("ls")``: a top-level command, hung on ``hutch`` by ``main``'s table.
+#: ``@command("ls")``: a top-level command, hung on ``hutch`` by the table in ``_commands``.
 command = cast("Callable[..., Callable[[Callable[..., Any]], HutchCommand]]",
                functools.partial(click.command, cls=HutchCommand))
 
 
 def group(name: str, help: str) -> HutchGroup:
-    """A group of commands (``hutch NAME ...``), hung on ``hutch`` by ``main``'s table."""
+    """A group of commands (``hutch NAME ...``), hung on ``hutch`` by the table in ``_commands``."""
     return HutchGroup(name, help=help, no_args_is_help=True)
 
 

@@ -7,18 +7,17 @@ tables and markdown parser and laying a table out cost more than everything
 else ``hutch --help`` does (about 60 % of its time, measured in
 ``bench/bench_startup.py``). The text of a command is printed line for line
 as its docstring has it (an exit-code table stays a table); only lines wider
-than the terminal are wrapped.
+than the terminal are wrapped. A page is laid out from plain rows, with no
+CLI library: ``hutch --help`` is printed from the command table without
+importing click, and click's help passes the rows it knows
+(:func:`hutch.cli._common.render_help`).
 """
 
 from __future__ import annotations
 
-import inspect
 import os
-import shutil
 import sys
 import textwrap
-
-import click
 
 #: Set from a terminal's width; a pipe gets 80 columns (``COLUMNS`` overrides both).
 MAX_WIDTH = 160
@@ -38,48 +37,46 @@ def _styled() -> _Style:
     return _Style(sys.stdout.isatty() and "NO_COLOR" not in os.environ)
 
 
-def short_help(command: click.Command) -> str:
-    """A command's line in its group's help: its short help, else the first
-    paragraph of its help, on one line."""
-    if command.short_help:
-        return " ".join(command.short_help.split())
-    text = inspect.cleandoc(command.help or "").partition("\f")[0]
-    return " ".join(text.split("\n\n", 1)[0].split())
-
-
-def render(command: click.Command, ctx: click.Context) -> str:
-    width = min(shutil.get_terminal_size((80, 24)).columns, MAX_WIDTH)
+def page(
+    path: str,
+    usage: str,
+    text: str,
+    arguments: list[tuple[str, str]],
+    options: list[tuple[str, str]],
+    commands: list[tuple[str, str]],
+) -> str:
+    """The help of the command ``path``: its usage line, ``text`` (cleaned, as
+    :func:`inspect.cleandoc` leaves it), then its arguments, options and
+    commands (each a name and its line) in panels."""
+    width = min(_columns(), MAX_WIDTH)
     style = _styled()
-    pieces = " ".join(command.collect_usage_pieces(ctx))
-    lines = ["", f" {style('Usage:', '33')} {style(ctx.command_path, '1')} {pieces}", ""]
-    text = inspect.cleandoc(command.help or "").partition("\f")[0]
+    lines = ["", f" {style('Usage:', '33')} {style(path, '1')} {usage}", ""]
     if text:
         for line in text.splitlines():
             wrapped = textwrap.wrap(line, width - 2, subsequent_indent=_indent(line),
                                     break_on_hyphens=False) if line.strip() else [""]
             lines += [f" {piece}" for piece in wrapped]
         lines.append("")
-    arguments: list[tuple[str, str]] = []
-    options: list[tuple[str, str]] = []
-    for param in command.get_params(ctx):
-        record = param.get_help_record(ctx)
-        if record is not None:
-            (options if isinstance(param, click.Option) else arguments).append(record)
     lines += _panel("Arguments", arguments, width, style)
     lines += _panel("Options", options, width, style)
-    if isinstance(command, click.Group):
-        rows = []
-        for name in command.list_commands(ctx):
-            entry: str | None
-            if hasattr(command, "short_help_of"):
-                entry = command.short_help_of(ctx, name)
-            else:
-                found = command.get_command(ctx, name)
-                entry = None if found is None or found.hidden else short_help(found)
-            if entry is not None:
-                rows.append((name, entry))
-        lines += _panel("Commands", rows, width, style)
+    lines += _panel("Commands", commands, width, style)
     return "\n".join(line.rstrip() for line in lines) + "\n"
+
+
+def _columns() -> int:
+    """The terminal's width as :func:`shutil.get_terminal_size` finds it
+    (``COLUMNS``, else standard output's terminal, else 80), without
+    importing shutil (its archive modules are a tenth of ``hutch --help``)."""
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns or 80
 
 
 def _indent(line: str) -> str:
