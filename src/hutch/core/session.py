@@ -120,11 +120,13 @@ class SandboxSession:
         self, full: str, write: Callable[[], Awaitable[None]], overwrite: bool
     ) -> None:
         """A write, under the read-before-write guard (unless told to overwrite)."""
+        guard = self._session_guard
         async with self._operation("write"):
-            await self._session_guard.check_write(self._runtime, full, overwrite)
+            if guard.needs_check(full):  # the runtime found only for a check
+                await guard.check_write(self._runtime, full, overwrite)
             await write()
         # What this session wrote, it knows: it may overwrite it again.
-        self._session_guard.mark_read(full)
+        guard.mark_read(full)
 
     def _watch_closed(self, watcher: Watcher) -> None:
         self._live.watchers.pop(watcher.id, None)
