@@ -227,6 +227,25 @@ def containers_of(data_dir: str) -> list[str]:
     return done.stdout.split() if done.returncode == 0 else []
 
 
+def images_of(data_dir: str) -> list[str]:
+    """The Docker images hutch built for the hutch home ``data_dir`` (a
+    daemon's): tagged under that home's prefix, labelled as hutch's. The
+    home's own record of them goes with the directory; these would stay."""
+    if shutil.which("docker") is None:
+        return []
+    from hutch.providers.images import docker_tag
+
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("HUTCH_HOME", data_dir)
+        prefix = docker_tag("x").removesuffix("x")
+    done = subprocess.run(
+        ["docker", "images", "--filter", "label=hutch.image=1",
+         "--format", "{{.Repository}}:{{.Tag}}"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    return [i for i in done.stdout.split() if i.startswith(prefix)] if done.returncode == 0 else []
+
+
 def mounts_under(root: str) -> list[str]:
     """Mount points at or under ``root`` in this mount namespace, deepest first
     (also those whose directory was deleted while mounted)."""
@@ -287,6 +306,10 @@ def release_leftovers(root: str) -> list[str]:
         from hutch.providers.docker import netguard as _dockernet
 
         _dockernet.sweep(docker.APIClient(), "hutch-")
+    for image in images_of(root):
+        subprocess.run(["docker", "rmi", "-f", image], capture_output=True, timeout=120,
+                       check=False)
+        done.append(f"image {image}")
     for point in mounts_under(root):
         if subprocess.run(["umount", point], capture_output=True, check=False).returncode:
             subprocess.run(["umount", "-l", point], capture_output=True, check=False)
