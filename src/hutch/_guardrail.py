@@ -7,6 +7,7 @@ look first. Creating a new file is always allowed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
@@ -44,13 +45,17 @@ class ReadBeforeWriteGuard:
             "read it (or find it with grep) first, or turn off read_before_write"
         )
 
-    async def check_write(self, runtime: SandboxRuntime, path: str, overwrite: bool) -> None:
+    async def check_write(
+        self, runtime: Callable[[], SandboxRuntime], path: str, overwrite: bool
+    ) -> None:
         """Before a write to ``path``: refused if it is a directory, or an
-        existing file this session has not read (unless told to overwrite)."""
+        existing file this session has not read (unless told to overwrite).
+        ``runtime`` is asked for only when there is a check to make: finding
+        it costs a write that needs none a few calls on its hot path."""
         if not self.needs_check(path):
             return
         try:
-            info = await runtime.stat(path)
+            info = await runtime().stat(path)
         except FileNotFoundError:
             return
         if info.type == FileType.DIRECTORY:

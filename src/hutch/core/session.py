@@ -122,8 +122,7 @@ class SandboxSession:
         """A write, under the read-before-write guard (unless told to overwrite)."""
         guard = self._session_guard
         async with self._operation("write"):
-            if guard.needs_check(full):  # the runtime found only for a check
-                await guard.check_write(self._runtime, full, overwrite)
+            await guard.check_write(lambda: self._runtime, full, overwrite)
             await write()
         # What this session wrote, it knows: it may overwrite it again.
         guard.mark_read(full)
