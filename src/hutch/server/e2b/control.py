@@ -323,10 +323,11 @@ class Control:
         ref = self.caller.ref
         rows: list[tuple[float, str, Sandbox | SandboxRow]] = []
         if self.daemon.store.shared:
-            # A fleet's other daemons' sandboxes, as the store has them: each
-            # listed once, whichever daemon is asked.
+            # A fleet's other daemons' sandboxes, as the store has them (none
+            # ended: the store leaves those out): each listed once, whichever
+            # daemon is asked.
             for row in await self.daemon.astore.list_sandboxes(not_held_by=self.daemon.daemon_id):
-                if row.id in self.daemon.sandboxes or row.state in FINAL or (
+                if row.id in self.daemon.sandboxes or (
                         ref is not None
                         and await self.daemon.ref_target(ref, row.id) != row.id):
                     continue
