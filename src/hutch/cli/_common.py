@@ -26,13 +26,17 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def help_text(command: click.Command) -> str:
+    """A command's help as its page prints it: cleaned, up to a ``\\f``."""
+    return inspect.cleandoc(command.help or "").partition("\f")[0]
+
+
 def short_help(command: click.Command) -> str:
     """A command's line in its group's help: its short help, else the first
     paragraph of its help, on one line."""
     if command.short_help:
         return " ".join(command.short_help.split())
-    text = inspect.cleandoc(command.help or "").partition("\f")[0]
-    return " ".join(text.split("\n\n", 1)[0].split())
+    return " ".join(help_text(command).split("\n\n", 1)[0].split())
 
 
 def render_help(command: click.Command, ctx: click.Context) -> str:
@@ -53,8 +57,7 @@ def render_help(command: click.Command, ctx: click.Context) -> str:
             if entry is not None:
                 rows.append((name, entry))
     return page(ctx.command_path, " ".join(command.collect_usage_pieces(ctx)),
-                inspect.cleandoc(command.help or "").partition("\f")[0],
-                arguments, options, rows)
+                help_text(command), arguments, options, rows)
 
 
 class HutchCommand(click.Command):
