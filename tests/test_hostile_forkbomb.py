@@ -10,17 +10,22 @@ process limit ended it; the host keeps nothing of it.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
+import subprocess
+import sys
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
 import hutch
 from hutch._sandbox import backend_of
-from hutch.providers.gvisor.runsc import list_ids
+from hutch.providers.gvisor import cgroups, deaths
+from hutch.providers.gvisor.runsc import PANIC_LOG, list_ids
 from tests import isolating
 from tests.daemon_fixture import DaemonProcess, cleaned_daemon, client  # noqa: F401 - cleaned_daemon is the daemon fixture
 from tests.hostprocs import named
@@ -112,3 +117,49 @@ def test_the_daemon_fails_a_gvisor_sandbox_its_fork_bomb_ended(daemon: DaemonPro
         c.delete_sandbox(other.id)
         c.delete_sandbox(sb.id)
     assert host_processes_naming(sb.id) == []
+
+
+def refused_a_fork(container: str) -> None:
+    """A process in ``container``'s held pids cgroup (limit 1) whose fork the
+    host refuses, as it refuses a gVisor kernel's stub at the limit."""
+    trying = subprocess.Popen(
+        [sys.executable, "-c", "import os, sys\nsys.stdin.readline()\n"
+         "try:\n    pid = os.fork()\nexcept OSError as exc:\n    print(exc.errno)\n"
+         "else:\n    pid or os._exit(0)\n    os.waitpid(pid, 0)\n    print(0)"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    where = Path(cgroups.PIDS_ROOT + "/hutch-gvisor", container)
+    (where / "cgroup.procs").write_text(str(trying.pid))
+    said, _ = trying.communicate("go\n", timeout=30)
+    assert said.strip() == "11"  # EAGAIN: the limit refused it
+
+
+@pytest.mark.skipif(not os.path.isdir(cgroups.PIDS_ROOT), reason="no cgroup v1 pids hierarchy")
+@pytest.mark.parametrize("refused", [True, False])
+def test_a_gvisor_death_is_named_by_the_hosts_refused_forks_whatever_its_panic_says(
+    tmp_path: Path, refused: bool,
+) -> None:
+    # Under a fork bomb the kernel's panic is at times not the refused fork
+    # but what it tripped on after it (seen in CI): the host's count tells.
+    container = "2+sb-" + uuid.uuid4().hex[:12]
+    sandbox_id = deaths.sandbox_of(container)
+    (tmp_path / "bundle").mkdir()
+    (tmp_path / "bundle" / "config.json").write_text(
+        json.dumps({"linux": {"resources": {"pids": {"limit": 1}}}}))
+    (tmp_path / PANIC_LOG).write_text(
+        "panic: trying to use inactive address space?\n\ngoroutine 82 [running]:\n")
+    cgroups.hold(container, str(tmp_path / "bundle"))
+    try:
+        if refused:
+            refused_a_fork(container)
+        said = deaths.death_reason(str(tmp_path), container)
+        assert said is not None
+        if refused:
+            assert said.startswith("its processes reached the process limit (pids_limit 1)"), said
+            assert "trying to use inactive address space?" in said
+        else:
+            assert said == "gVisor's kernel panicked: panic: trying to use inactive address space?"
+    finally:
+        cgroups.release(sandbox_id)
+    assert not os.path.exists(cgroups.PIDS_ROOT + "/hutch-gvisor/" + container)
+    assert cgroups.refused_forks(container) is None

@@ -22,7 +22,7 @@ import uuid
 from ..._atomic import write_json
 from ..._errors import InvalidState, ProviderError
 from ..._faults import fault_point
-from . import bundle, runsc
+from . import bundle, cgroups, deaths, runsc
 
 log = logging.getLogger("hutch.gvisor")
 META = "hutch-checkpoint.json"
@@ -197,6 +197,7 @@ def restore(
     with open(socket_path + ".wake", "w"):
         pass
     bundle.for_container(bundle_dir, container)
+    cgroups.hold(container, bundle_dir)
     deadline = time.monotonic() + RESTORE_WAIT
     while True:
         try:
@@ -216,6 +217,7 @@ def restore(
         time.sleep(0.05)
     if previous is not None and previous != container:
         runsc.remove_when_ended(previous)
+    cgroups.release(deaths.sandbox_of(container))  # earlier containers' (this one runs)
 
 
 def listening(socket_path: str) -> bool:

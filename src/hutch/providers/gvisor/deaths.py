@@ -11,6 +11,9 @@ it panics, and the whole sandbox ends. Nothing bounds the sandbox's own
 processes below that limit on this build (it neither enforces
 RLIMIT_NPROC nor has the pids controller in its own cgroups), so a fork
 bomb ends the sandbox where on docker and bubblewrap it only fails forks.
+The panic does not always say so (the sentry may trip on the address space
+it could not make before it says why), so the host's count of refused forks
+(:func:`.cgroups.refused_forks`) is asked first.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import logging
 import os
 
 from ..base import RuntimeNotice, RuntimeReport
-from . import runsc
+from . import cgroups, runsc
 
 log = logging.getLogger("hutch.gvisor")
 
@@ -54,13 +57,15 @@ def _pids_limit(sandbox_dir: str) -> int | None:
     return int(limit) if isinstance(limit, int) else None
 
 
-def death_reason(sandbox_dir: str) -> str | None:
-    """Why the sandbox kept in ``sandbox_dir`` ended, where its kernel said
-    (a panic); None where it said nothing."""
+def death_reason(sandbox_dir: str, container: str) -> str | None:
+    """Why the sandbox kept in ``sandbox_dir`` ended, running as
+    ``container``, where its kernel said (a panic); None where it said
+    nothing."""
     panic = _panic(sandbox_dir)
     if not panic:
         return None
-    if any(sign in panic.lower() for sign in _REFUSED):
+    if (cgroups.refused_forks(container) or 0) > 0 \
+            or any(sign in panic.lower() for sign in _REFUSED):
         limit = _pids_limit(sandbox_dir)
         named = f"pids_limit {limit}" if limit is not None else "its pids_limit"
         return (f"its processes reached the process limit ({named}): gVisor's kernel "
@@ -90,7 +95,8 @@ async def watch_runtimes(report: RuntimeReport) -> None:
     try:
         while True:
             container, panic_log = await ended.get()
-            reason = await asyncio.to_thread(death_reason, os.path.dirname(panic_log))
+            reason = await asyncio.to_thread(
+                death_reason, os.path.dirname(panic_log), container)
             if reason is None:
                 continue
             sandbox_id = sandbox_of(container)

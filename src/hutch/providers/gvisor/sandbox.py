@@ -41,7 +41,7 @@ from ..policy import (
     format_bytes,
     parse_bytes,
 )
-from . import bundle, checkpoints, deaths, runsc
+from . import bundle, cgroups, checkpoints, deaths, runsc
 
 DEFAULT_IMAGE = "hutch-test:bookworm"
 AGENT_START_TIMEOUT = 15.0
@@ -230,6 +230,7 @@ class GvisorSandbox(SandboxBackend):
             os.makedirs(sandbox.run_dir, mode=0o700)
             os.chmod(sandbox.run_dir, 0o700)
             bundle.write(sandbox.bundle_dir, spec)
+            cgroups.hold(sandbox_id, sandbox.bundle_dir)
             runsc.start("run", "--bundle", sandbox.bundle_dir, "--pid-file", sandbox.pid_file,
                         sandbox_id, container=sandbox_id,
                         log_path=sandbox.log_path, what=f"starting sandbox {sandbox_id}",
@@ -263,7 +264,8 @@ class GvisorSandbox(SandboxBackend):
     async def _recover_agent(self, reason: str) -> bool:
         status = await self._status()
         if status is None or status == "stopped":
-            said = await anyio.to_thread.run_sync(lambda: deaths.death_reason(self.sandbox_dir))
+            said = await anyio.to_thread.run_sync(
+                lambda: deaths.death_reason(self.sandbox_dir, self.container))
             raise SandboxUnavailable(
                 f"gvisor sandbox {self.sandbox_id} ended: {said}" if said else
                 f"gvisor sandbox {self.sandbox_id}: its agent is gone ({reason}); "
@@ -600,4 +602,5 @@ def _discard(sandbox_id: str) -> None:
         for container in runsc.list_ids():
             if container == sandbox_id or container.endswith("+" + sandbox_id):
                 runsc.remove(container)
+    cgroups.release(sandbox_id)
     shutil.rmtree(os.path.join(sandboxes_dir(), sandbox_id), ignore_errors=True)
