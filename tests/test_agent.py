@@ -385,12 +385,16 @@ async def test_the_image_user_is_the_default_and_root_is_asked_for() -> None:
                    conf={"User": "nobody"})
     finally:
         api.remove_container(container["Id"], force=True)
-    async with await hutch.create_sandbox("docker", image=image, runtime="agent") as sb:
-        assert (await sb.exec(["id", "-un"])).stdout.strip() == "nobody"
-        assert (await sb.exec(["id", "-un"], user="root")).stdout.strip() == "root"
-        await sb.suspend()
-        await sb.resume()
-        assert (await sb.exec(["id", "-un"])).stdout.strip() == "nobody"
+    try:
+        async with await hutch.create_sandbox("docker", image=image, runtime="agent") as sb:
+            assert (await sb.exec(["id", "-un"])).stdout.strip() == "nobody"
+            assert (await sb.exec(["id", "-un"], user="root")).stdout.strip() == "root"
+            await sb.suspend()
+            await sb.resume()
+            assert (await sb.exec(["id", "-un"])).stdout.strip() == "nobody"
+    finally:
+        # Each run's commit would leave the one before it untagged behind.
+        api.remove_image(image)
 
 
 # -- adoption -------------------------------------------------------------------------------
