@@ -423,9 +423,15 @@ class BubblewrapRuntime(FilesRuntime):
                 # others), as root there: see enter_user_namespace.
                 *([f"--user=/proc/self/fd/{namespaces['user']}"] if "user" in namespaces else []),
                 "--",
+                # No --die-with-parent: joining a pid namespace, bwrap forks
+                # once more and the parent exits at once, so the command's
+                # parent is that passing process; armed, the command was
+                # killed whenever that exit came after its start (exit 137,
+                # about 1 exec in 400 under load). The command ends with its
+                # sandbox's init (the keeper's) all the same.
                 "bwrap", "--pidns", str(namespaces["pid"]),
                 "--bind", self.parts.layers.merged, "/", *proc_args(), "--dev", "/dev",
-                *capability_args(), *caps, "--new-session", "--die-with-parent",
+                *capability_args(), *caps, "--new-session",
                 "--seccomp", str(filter_fd), "--json-status-fd", str(started_write),
                 "--clearenv", *setenv, "--chdir", cwd,
                 "--", *prefix, *argv,
