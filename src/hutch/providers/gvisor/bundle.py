@@ -94,6 +94,17 @@ def for_branch(config: Mapping[str, Any], *, run_dir: str, sandbox_id: str) -> d
     return branch
 
 
+def pids_limit(bundle_dir: str) -> int | None:
+    """The process limit the bundle in ``bundle_dir`` sets, or None (none, or
+    no bundle to read)."""
+    try:
+        with open(os.path.join(bundle_dir, "config.json")) as found:
+            limit = json.load(found)["linux"]["resources"]["pids"]["limit"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return limit if isinstance(limit, int) and limit > 0 else None
+
+
 def cgroup_path(container: str) -> str:
     return f"/hutch-gvisor/{container}"
 

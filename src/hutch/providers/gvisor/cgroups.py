@@ -18,7 +18,6 @@ runs its sandboxes under v1 here); elsewhere runsc makes it as before.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 
 from ..agent import workload as _workload
@@ -31,20 +30,11 @@ def _pids_dir(container: str) -> str:
     return PIDS_ROOT + bundle.cgroup_path(container)
 
 
-def _bundle_pids_limit(bundle_dir: str) -> int | None:
-    try:
-        with open(os.path.join(bundle_dir, "config.json")) as found:
-            limit = json.load(found)["linux"]["resources"]["pids"]["limit"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return limit if isinstance(limit, int) and limit > 0 else None
-
-
 def hold(container: str, bundle_dir: str) -> None:
     """The pids cgroup ``container`` will run in, made with its bundle's
     limit (blocking). Nothing where the bundle sets no limit (no fork is
     refused to count) or the host has no v1 pids hierarchy to make it in."""
-    limit = _bundle_pids_limit(bundle_dir)
+    limit = bundle.pids_limit(bundle_dir)
     if limit is None or not os.path.isdir(PIDS_ROOT):
         return
     where = _pids_dir(container)

@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 
 from ..base import RuntimeNotice, RuntimeReport
-from . import cgroups, runsc
+from . import bundle, cgroups, runsc
 
 log = logging.getLogger("hutch.gvisor")
 
@@ -48,15 +47,6 @@ def _panic(sandbox_dir: str) -> str:
     return ""
 
 
-def _pids_limit(sandbox_dir: str) -> int | None:
-    try:
-        with open(os.path.join(sandbox_dir, "bundle", "config.json")) as found:
-            limit = json.load(found)["linux"]["resources"]["pids"]["limit"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return int(limit) if isinstance(limit, int) else None
-
-
 def death_reason(sandbox_dir: str, container: str) -> str | None:
     """Why the sandbox kept in ``sandbox_dir`` ended, running as
     ``container``, where its kernel said (a panic); None where it said
@@ -66,7 +56,7 @@ def death_reason(sandbox_dir: str, container: str) -> str | None:
         return None
     if (cgroups.refused_forks(container) or 0) > 0 \
             or any(sign in panic.lower() for sign in _REFUSED):
-        limit = _pids_limit(sandbox_dir)
+        limit = bundle.pids_limit(os.path.join(sandbox_dir, "bundle"))
         named = f"pids_limit {limit}" if limit is not None else "its pids_limit"
         return (f"its processes reached the process limit ({named}): gVisor's kernel "
                 f"needs a host process for each one, and ended when the host refused "
