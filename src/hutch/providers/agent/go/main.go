@@ -18,13 +18,27 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime"
 	"strconv"
 	"syscall"
 )
 
 const version = "2"
 
+// init holds the main thread for the main goroutine (Go then runs main() on
+// it and nothing else): the spawner (workload.go) must be another thread.
+// cgroup v1 charges a process's memory to its main thread's memory cgroup,
+// and /proc/PID/cgroup shows that thread's cgroups; the spawner moves itself
+// into the workload's, where it would take the whole agent. Any goroutine
+// may otherwise run on the main thread while the main goroutine waits.
+func init() {
+	runtime.LockOSThread()
+}
+
 func main() {
+	if len(os.Args) >= 2 && (os.Args[1] == "become" || os.Args[1] == "relay") {
+		runtime.UnlockOSThread() // no spawner here: any thread will do
+	}
 	if len(os.Args) >= 2 && os.Args[1] == "become" {
 		become(os.Args[2:])
 		return
@@ -68,8 +82,13 @@ func main() {
 			os.Exit(1)
 		}
 		served.listener = listener
-		served.accept(listener, false)
-		return
+		// Accepted on a goroutine of its own: the main goroutine keeps the
+		// main thread, and a wakeup there would wait for that very thread.
+		go func() {
+			served.accept(listener, false)
+			os.Exit(0)
+		}()
+		select {}
 	}
 	served.path = os.Args[2]
 	shared := os.Args[1] == "serve-shared"

@@ -16,6 +16,9 @@ func TestMain(m *testing.M) {
 		time.Sleep(30 * time.Second)
 		os.Exit(0)
 	}
+	if os.Getenv("HUTCH_AGENT_TEST_SPAWNER") != "" {
+		placeSpawnerAndSayWhere() // on the main goroutine, as main() does
+	}
 	os.Exit(m.Run())
 }
 

@@ -55,7 +55,8 @@ func startSpawner() {
 					}
 					syscall.Close(fd)
 				}
-				req.reply <- spawnReply{err: failed}
+				// pid: the spawner's thread, for a test to see where it is.
+				req.reply <- spawnReply{pid: syscall.Gettid(), err: failed}
 				continue
 			}
 			pid, err := syscall.ForkExec(req.path, req.argv, req.attr)
