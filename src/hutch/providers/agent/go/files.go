@@ -11,7 +11,6 @@ import (
 	"strconv"
 	"sync"
 	"syscall"
-	"time"
 )
 
 func errCode(err error) string {
@@ -432,12 +431,10 @@ func walk(root string, visit func(string) error) error {
 	return descend(base)
 }
 
-// batcher sends NUL-separated paths in frames of up to a chunk, and a
-// heartbeat at least every second while a long walk finds nothing.
+// batcher sends NUL-separated paths in frames of up to a chunk.
 type batcher struct {
-	c    *conn
-	buf  []byte
-	last time.Time
+	c   *conn
+	buf []byte
 }
 
 func (b *batcher) add(path string) error {
@@ -457,27 +454,17 @@ func (b *batcher) flush() error {
 	}
 	err := b.c.send(header{"t": "data"}, b.buf)
 	b.buf = b.buf[:0]
-	b.last = time.Now()
 	return err
 }
 
-func (b *batcher) beat() error {
-	if time.Since(b.last) < time.Second {
-		return nil
-	}
-	b.last = time.Now()
-	return b.c.send(header{"t": "hb"}, nil)
-}
-
+// handleWalk sends every path below root, a chunk at a time, with a
+// heartbeat every second while it walks (see beatWhile).
 func handleWalk(c *conn, h header) error {
 	root := str(h, "root")
-	b := &batcher{c: c, last: time.Now()}
-	err := walk(root, func(p string) error {
-		if err := b.beat(); err != nil {
-			return err
-		}
-		return b.add(p)
-	})
+	b := &batcher{c: c}
+	stop := beatWhile(c, heartbeatEvery)
+	err := walk(root, b.add)
+	stop()
 	if err != nil {
 		if _, ok := err.(*fs.PathError); ok {
 			return failPath(c, err, root)
@@ -530,8 +517,6 @@ func handleGrep(c *conn, h header) error {
 	paths := make(chan string, 256)
 	var sendErr error
 	var errMu sync.Mutex
-	var beatMu sync.Mutex
-	last := time.Now()
 	setErr := func(err error) {
 		errMu.Lock()
 		if sendErr == nil {
@@ -545,14 +530,6 @@ func handleGrep(c *conn, h header) error {
 				return buf
 			}
 		}
-		beatMu.Lock()
-		if time.Since(last) > time.Second {
-			last = time.Now()
-			if err := c.send(header{"t": "hb"}, nil); err != nil {
-				setErr(err)
-			}
-		}
-		beatMu.Unlock()
 		fd, err := syscall.Open(path, syscall.O_RDONLY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
 		if err != nil {
 			return buf
@@ -641,6 +618,7 @@ func handleGrep(c *conn, h header) error {
 		paths <- p
 		return nil
 	}
+	stop := beatWhile(c, heartbeatEvery) // between files, and within a slow one
 	if st.IsDir() {
 		err = walk(root, feed)
 	} else {
@@ -649,6 +627,7 @@ func handleGrep(c *conn, h header) error {
 	}
 	close(paths)
 	workers.Wait()
+	stop()
 	if err == nil {
 		err = sendErr
 	}

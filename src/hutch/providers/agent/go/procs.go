@@ -410,23 +410,7 @@ func handleExec(c *conn, h header) bool {
 			}
 		}(f)
 	}
-	stop := make(chan struct{})
-	beating := make(chan struct{})
-	go func() { // a heartbeat: the host tells a quiet command from a wedged agent
-		ticker := time.NewTicker(2 * time.Second)
-		defer ticker.Stop()
-		defer close(beating)
-		for {
-			select {
-			case <-stop:
-				return
-			case <-ticker.C:
-				if c.send(header{"t": "hb"}, nil) != nil {
-					return
-				}
-			}
-		}
-	}()
+	stopBeating := beatWhile(c, 2*heartbeatEvery) // a quiet command is not a wedged agent
 	status := <-exited
 	if ptyMaster != nil {
 		// A PTY's master reads EIO once no process holds the slave; a
@@ -442,8 +426,7 @@ func handleExec(c *conn, h header) bool {
 	} else {
 		pumps.Wait()
 	}
-	close(stop)
-	<-beating // no heartbeat after the exit: the connection may serve again
+	stopBeating() // no heartbeat after the exit: the connection may serve again
 	// 137 (a SIGKILL, its own or a pipeline's last command's) with the
 	// sandbox's cgroup counting more OOM kills than at the start: the
 	// kernel's OOM killer ended it (or what it ran).

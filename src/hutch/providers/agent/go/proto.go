@@ -14,6 +14,7 @@ import (
 	"os"
 	"sync"
 	"syscall"
+	"time"
 )
 
 const (
@@ -205,4 +206,38 @@ func strMap(h header, key string) (map[string]string, bool) {
 		out[k] = s
 	}
 	return out, true
+}
+
+// heartbeatEvery: how often a long grep or walk says the agent is alive
+// (the host gives up on one silent for 3 s); an exec, whose host waits
+// 6 s, beats every two.
+var heartbeatEvery = time.Second
+
+// beatWhile sends a heartbeat on c every interval, by the clock, whatever
+// the operation is doing (finding nothing for long, waiting on a slow read,
+// running a quiet command): the host tells a slow operation from a wedged
+// agent. The stop it returns comes back once no heartbeat can follow, so
+// that the operation's last frame is the last on the connection.
+func beatWhile(c *conn, interval time.Duration) (stop func()) {
+	quit := make(chan struct{})
+	beating := make(chan struct{})
+	go func() {
+		defer close(beating)
+		ticker := time.NewTicker(interval)
+		defer ticker.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-ticker.C:
+				if c.send(header{"t": "hb"}, nil) != nil {
+					return
+				}
+			}
+		}
+	}()
+	return func() {
+		close(quit)
+		<-beating
+	}
 }
