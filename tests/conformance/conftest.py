@@ -4,6 +4,12 @@ A provider joins the suite by adding one entry to ``MAKERS``: an async
 context manager that yields a running sandbox with the guardrail off. Each
 runs the packaged suite (``hutch.testing``) once; tests that reach the
 sandbox's files from the host side use ``host_harness``.
+
+The suite's cases share a sandbox per provider (``Shelf``): making one costs
+more than most cases (a container, a pod, a daemon's round trips), so after a
+case that passed, ``ready_for_another_case`` empties its working directory and
+says whether it is as a fresh one; if not, or if the case failed, the next
+case gets a new sandbox.
 """
 
 from __future__ import annotations
@@ -12,13 +18,14 @@ import os
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 import hutch
+from hutch.testing import ready_for_another_case
 from tests.conftest import TEST_IMAGE
 from tests.ssh_server import ALIAS, shared_server
 
@@ -198,10 +205,65 @@ def _params(*, host_files: bool) -> list[Any]:
     ]
 
 
+class Shelf:
+    """The sandboxes kept between cases, one per provider, on the event loop
+    they were made on (the module's: see ``shelf``)."""
+
+    def __init__(self) -> None:
+        self._kept: dict[str, tuple[AsyncExitStack, Harness]] = {}
+
+    async def take(self, provider: str) -> tuple[AsyncExitStack, Harness]:
+        kept = self._kept.pop(provider, None)
+        if kept is not None:
+            return kept
+        stack = AsyncExitStack()
+        return stack, await stack.enter_async_context(MAKERS[provider][0]())
+
+    async def give_back(
+        self, provider: str, stack: AsyncExitStack, harness: Harness, case_passed: bool
+    ) -> None:
+        if case_passed and await ready_for_another_case(harness.sandbox):
+            self._kept[provider] = (stack, harness)
+        else:
+            await stack.aclose()
+
+    async def close(self) -> None:
+        while self._kept:
+            await self._kept.popitem()[1][0].aclose()
+
+
+@pytest.fixture(scope="module")
+async def shelf() -> AsyncIterator[Shelf]:
+    # Module-scoped, so the event loop the kept sandboxes run on lasts as long.
+    kept = Shelf()
+    try:
+        yield kept
+    finally:
+        await kept.close()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    if report.when == "call":
+        item.stash[_CASE_PASSED] = report.passed
+    return report
+
+
+_CASE_PASSED = pytest.StashKey[bool]()
+
+
 @pytest.fixture(params=_params(host_files=False))
-async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
-    async with MAKERS[request.param][0]() as h:
+async def harness(request: pytest.FixtureRequest, shelf: Shelf) -> AsyncIterator[Harness]:
+    stack, h = await shelf.take(request.param)
+    try:
         yield h
+    except BaseException:
+        await stack.aclose()
+        raise
+    await shelf.give_back(
+        request.param, stack, h, request.node.stash.get(_CASE_PASSED, False)
+    )
 
 
 @pytest.fixture(params=_params(host_files=True))

@@ -21,6 +21,10 @@ every snapshot it makes is removed and every branch it starts is ended
 (``Fork.close``), pass or fail. A case whose capability the
 provider does not declare checks the refusal instead: the operation must fail
 with ``capability_unsupported``. Nothing is skipped.
+
+A runner may give one sandbox many cases: after each, ``ready_for_another_case``
+empties its working directory and says whether it is as a fresh one would be
+(running, nothing left open); when it says no, the runner makes another.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from ._exec import EXEC_CASES
 from ._fileops import FILE_OP_CASES
 from ._files import FILE_CASES
 from ._lifecycle import LIFECYCLE_CASES
+from ._reuse import ready_for_another_case
 from ._stdin import STDIN_CASES
 from ._support import Case, raises, refused
 from ._surface import SURFACE_CASES
@@ -41,4 +46,5 @@ CASES: list[Case] = [
 ]
 
 __all__ = ["CASES", "EXEC_CASES", "FILE_CASES", "FILE_OP_CASES", "LIFECYCLE_CASES", "STDIN_CASES",
-           "SURFACE_CASES", "WATCH_CASES", "Case", "raises", "refused"]
+           "SURFACE_CASES", "WATCH_CASES", "Case", "raises", "ready_for_another_case",
+           "refused"]
