@@ -175,3 +175,32 @@ def test_the_groups_help_builds_no_command_and_loads_no_rich() -> None:
     assert [m for m in modules if m.split(".")[0] in ("rich", "typer", "pydantic")] == []
     assert heavy(modules) == []
     assert [m for m in modules if m == "httpx" or m.startswith("hutch.client")] == []
+
+
+def test_a_daemon_s_start_loads_no_cloud_sdk() -> None:
+    """A daemon's start loads every provider (its operator policy reads their
+    settings, its reconcile asks each what it holds): the E2B SDK, half a
+    second of imports, waits for the first call that talks to E2B."""
+    modules = loaded_by(
+        "from hutch.providers.registry import available_providers, get_provider\n"
+        "from hutch.daemon.policy import host_reaching_setting_names\n"
+        "host_reaching_setting_names()\n"
+        "[get_provider(name) for name in available_providers()]"
+    )
+    assert "hutch.providers.e2b.sandbox" in modules
+    assert [m for m in modules if m.split(".")[0] in ("e2b", "connectrpc")] == []
+
+
+def test_a_provider_whose_sdk_is_missing_names_what_to_install() -> None:
+    # A module set to None in sys.modules is one Python cannot import.
+    done = subprocess.run(
+        [sys.executable, "-c",
+         "import sys\nsys.modules['e2b'] = None\n"
+         "from hutch.providers.registry import get_provider\n"
+         "get_provider('e2b')"],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert done.returncode == 1
+    assert "provider 'e2b' needs a dependency that is missing (e2b)" in done.stderr
+    assert "pip install 'hutch[e2b]'" in done.stderr

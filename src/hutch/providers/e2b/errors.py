@@ -5,18 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from connectrpc.errors import ConnectError
-from e2b.exceptions import (
-    AuthenticationException,
-    InvalidArgumentException,
-    NotEnoughSpaceException,
-    NotFoundException,
-    SandboxException,
-    SandboxNotFoundException,
-    SandboxNotRunningException,
-    SandboxUnreachableException,
-)
-
 from ..._errors import (
     HutchError,
     InvalidArgument,
@@ -44,19 +32,43 @@ def mapped(what: str) -> Iterator[None]:
         yield
     except HutchError:
         raise
-    except ConnectError as exc:
-        raise BY_CODE.get(exc.code.value, ProviderError)(f"{what}: {exc.message}") from None
-    except SandboxNotFoundException as exc:
-        raise SandboxUnavailable(f"{what}: E2B has no such sandbox ({exc})") from None
-    except NotFoundException as exc:
-        raise SandboxFileNotFound(f"{what}: {exc}") from None
-    except (SandboxNotRunningException, SandboxUnreachableException) as exc:
-        raise SandboxUnavailable(f"{what}: {exc}") from None
-    except InvalidArgumentException as exc:
-        raise InvalidArgument(f"{what}: {exc}") from None
-    except NotEnoughSpaceException as exc:
-        raise ProviderError(f"{what}: E2B's sandbox is out of space ({exc})") from None
-    except AuthenticationException as exc:
-        raise ProviderError(f"{what}: E2B refused the API key ({exc})") from None
-    except SandboxException as exc:
-        raise ProviderError(f"{what}: {exc}") from None
+    except Exception as exc:
+        translated = _translated(what, exc)
+        if translated is None:
+            raise
+        raise translated from None
+
+
+def _translated(what: str, exc: Exception) -> HutchError | None:
+    """hutch's error for one of the SDK's, else None. The SDK is imported
+    here, not at the module's import (see sandbox.py): an error of its was
+    raised by it, so it is loaded already."""
+    from connectrpc.errors import ConnectError
+    from e2b.exceptions import (
+        AuthenticationException,
+        InvalidArgumentException,
+        NotEnoughSpaceException,
+        NotFoundException,
+        SandboxException,
+        SandboxNotFoundException,
+        SandboxNotRunningException,
+        SandboxUnreachableException,
+    )
+
+    if isinstance(exc, ConnectError):
+        return BY_CODE.get(exc.code.value, ProviderError)(f"{what}: {exc.message}")
+    if isinstance(exc, SandboxNotFoundException):
+        return SandboxUnavailable(f"{what}: E2B has no such sandbox ({exc})")
+    if isinstance(exc, NotFoundException):
+        return SandboxFileNotFound(f"{what}: {exc}")
+    if isinstance(exc, (SandboxNotRunningException, SandboxUnreachableException)):
+        return SandboxUnavailable(f"{what}: {exc}")
+    if isinstance(exc, InvalidArgumentException):
+        return InvalidArgument(f"{what}: {exc}")
+    if isinstance(exc, NotEnoughSpaceException):
+        return ProviderError(f"{what}: E2B's sandbox is out of space ({exc})")
+    if isinstance(exc, AuthenticationException):
+        return ProviderError(f"{what}: E2B refused the API key ({exc})")
+    if isinstance(exc, SandboxException):
+        return ProviderError(f"{what}: {exc}")
+    return None

@@ -11,11 +11,9 @@ as bytes.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
-from typing import Any, ClassVar
-
-from e2b import AsyncSandbox
-from e2b.sandbox.filesystem.filesystem import FileType as E2BFileType
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..._errors import (
     HutchError,
@@ -31,7 +29,18 @@ from ..._types import Capabilities, FileInfo, FileType, ProviderSnapshot
 from ..base import BackendProcess, NativeBackend, ProcessRequest, RuntimeState
 from .config import E2BConfig
 from .errors import mapped
-from .process import Envd
+
+if TYPE_CHECKING:
+    from e2b import AsyncSandbox
+
+    from .process import Envd
+
+# The SDK (and its envd client, protobuf and Connect) costs about half a
+# second to import, which every daemon would pay at its start (its operator
+# policy and reconcile load every provider): it is imported by the first
+# call that talks to E2B. Whether it is installed is known here, as cheaply.
+if importlib.util.find_spec("e2b") is None:
+    raise ModuleNotFoundError("No module named 'e2b'", name="e2b")
 
 #: How deep a walk of the file tree goes (envd lists to a depth).
 WALK_DEPTH = 64
@@ -52,7 +61,21 @@ def home_tag() -> str:
     return "hutch-" + hashlib.sha256(home).hexdigest()[:12]
 
 
+def _sdk() -> type[AsyncSandbox]:
+    from e2b import AsyncSandbox
+
+    return AsyncSandbox
+
+
+def _envd(e2b: Any) -> Envd:
+    from .process import Envd
+
+    return Envd(e2b)
+
+
 def _file_info(entry: Any) -> FileInfo:
+    from e2b.sandbox.filesystem.filesystem import FileType as E2BFileType
+
     kind = entry.type
     if getattr(entry, "symlink_target", None):
         file_type = FileType.SYMLINK
@@ -88,7 +111,7 @@ class E2BSandbox(NativeBackend):
         #: The SDK's sandbox, once reached: a sandbox found paused after a
         #: restart is reached by its resume (the SDK's connect resumes).
         self._e2b = e2b
-        self._envd = None if e2b is None else Envd(e2b)
+        self._envd = None if e2b is None else _envd(e2b)
 
     @property
     def e2b(self) -> Any:
@@ -105,7 +128,7 @@ class E2BSandbox(NativeBackend):
     @classmethod
     async def _start(cls, config: E2BConfig, sandbox_id: str, template: str) -> E2BSandbox:
         with mapped(f"create an E2B sandbox from {template}"):
-            e2b = await AsyncSandbox.create(
+            e2b = await _sdk().create(
                 template=template, timeout=config.e2b_timeout,
                 metadata={**config.metadata, SANDBOX_KEY: sandbox_id}, envs=config.env,
                 **cls._reach(config),
@@ -139,16 +162,16 @@ class E2BSandbox(NativeBackend):
         """E2B's state of the sandbox: ``running``, ``paused`` or ``gone``."""
         try:
             with mapped(f"E2B sandbox {self.e2b_id}"):
-                info = await AsyncSandbox.get_info(self.e2b_id, **self._reach(self.config))
+                info = await _sdk().get_info(self.e2b_id, **self._reach(self.config))
         except (SandboxUnavailable, FileNotFoundError):
             return "gone"
         return str(getattr(info.state, "value", info.state))
 
     async def _connect(self) -> None:
         with mapped(f"reach E2B sandbox {self.e2b_id}"):
-            e2b = await AsyncSandbox.connect(self.e2b_id, timeout=self.config.e2b_timeout,
+            e2b = await _sdk().connect(self.e2b_id, timeout=self.config.e2b_timeout,
                                              **self._reach(self.config))
-        self._e2b, self._envd = e2b, Envd(e2b)
+        self._e2b, self._envd = e2b, _envd(e2b)
 
     async def preview_url(self, port: int) -> str:
         scheme = "http" if (self.config.sandbox_url or "").startswith("http:") else "https"
@@ -176,7 +199,7 @@ class E2BSandbox(NativeBackend):
 
     async def close(self) -> None:
         with mapped(f"kill E2B sandbox {self.e2b_id}"):
-            await AsyncSandbox.kill(self.e2b_id, **self._reach(self.config))
+            await _sdk().kill(self.e2b_id, **self._reach(self.config))
 
     # -- snapshots ------------------------------------------------------------------------
     async def capture(self, snapshot_id: str, *, diff: bool = True) -> ProviderSnapshot:
@@ -215,7 +238,7 @@ class E2BSandbox(NativeBackend):
             return  # nothing of E2B's is known by that id
         settings = E2BConfig.model_validate(snapshot.data.get("config") or {})
         with mapped(f"remove E2B snapshot {snapshot.data.get('e2b_snapshot')}"):
-            await AsyncSandbox.delete_snapshot(str(snapshot.data["e2b_snapshot"]),
+            await _sdk().delete_snapshot(str(snapshot.data["e2b_snapshot"]),
                                                **cls._reach(settings))
 
     @classmethod
@@ -231,7 +254,7 @@ class E2BSandbox(NativeBackend):
         held: set[str] = set()
         for connection in sorted(connections):
             with mapped("list E2B snapshots"):
-                pages = AsyncSandbox.list_snapshots(**dict(connection))
+                pages = _sdk().list_snapshots(**dict(connection))
                 while pages.has_next:
                     for info in await pages.next_items():
                         held.update(n[len(prefix):] for n in info.names if n.startswith(prefix))
@@ -299,6 +322,8 @@ class E2BSandbox(NativeBackend):
             return [root]
         with mapped(f"walk {root}"):
             entries = await self.e2b.files.list(root, depth=WALK_DEPTH)
+        from e2b.sandbox.filesystem.filesystem import FileType as E2BFileType
+
         return sorted(e.path for e in entries if e.type == E2BFileType.FILE)
 
     async def exists(self, path: str) -> bool:
