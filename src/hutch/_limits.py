@@ -20,3 +20,13 @@ MAX_DURATION = 365 * 24 * 3600.0
 DEFAULT_SEARCH_TIMEOUT = 60.0
 #: What a timed-out or killed command gets between SIGTERM and SIGKILL.
 KILL_GRACE_SECONDS = 1.0
+#: How long hutch's client keeps an idle connection to a daemon for its next
+#: call (httpx's own default), seconds.
+CLIENT_IDLE_SECONDS = 5.0
+#: How long a hutch server (the daemon, a sandbox's ref server, ``hutch mcp``)
+#: keeps an idle connection open, seconds: well past its clients' own idle
+#: keep (hutch's and httpx's 5 s, Node's 4 s), so that a client never sends a
+#: call on a connection the server is closing at that moment. With both at 5 s
+#: (uvicorn's default) such a call failed as "not reachable", and a POST cannot
+#: be sent again (it may have been done).
+SERVER_IDLE_SECONDS = 60

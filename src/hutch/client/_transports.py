@@ -11,6 +11,7 @@ from typing import IO, TYPE_CHECKING, Any
 import httpx
 
 from .._errors import HutchError
+from .._limits import CLIENT_IDLE_SECONDS
 from ._answers import EnsuredRef, decode_event
 from ._core import Op
 from ._handles import note_exit
@@ -74,6 +75,8 @@ class _Transport:
 
 #: What one piece of a file sent as a request body holds.
 _SEND_PIECE = 1024 * 1024
+#: The pool's: an idle connection is dropped before a daemon would close it.
+LIMITS = httpx.Limits(keepalive_expiry=CLIENT_IDLE_SECONDS)
 
 
 async def _pieces_of(source: IO[bytes]) -> AsyncIterator[bytes]:
@@ -88,13 +91,14 @@ class AsyncTransport(_Transport):
     def __init__(self, url: str | None, token: str | None, factories: dict[str, Any]) -> None:
         super().__init__(url, factories)
         base, uds = http_target(self.url)
-        self.pool = httpx.AsyncHTTPTransport(uds=uds, verify=tls_verify(base))
+        self.pool = httpx.AsyncHTTPTransport(uds=uds, verify=tls_verify(base), limits=LIMITS)
         # One pool for plain and streamed calls alike (one connection, not
         # one each), except where the environment names a proxy: the client
         # honours it only with a transport of its own making.
         self.http = httpx.AsyncClient(
             base_url=base, headers=client_headers(token, self.url), verify=tls_verify(base),
             transport=self.pool if uds is not None or not env_proxies() else None,
+            limits=LIMITS,
         )
         self.plain = PlainCalls(base, self.http.headers)
 
@@ -169,13 +173,14 @@ class SyncTransport(_Transport):
     def __init__(self, url: str | None, token: str | None, factories: dict[str, Any]) -> None:
         super().__init__(url, factories)
         base, uds = http_target(self.url)
-        self.pool = httpx.HTTPTransport(uds=uds, verify=tls_verify(base))
+        self.pool = httpx.HTTPTransport(uds=uds, verify=tls_verify(base), limits=LIMITS)
         # One pool for plain and streamed calls alike (one connection, not
         # one each), except where the environment names a proxy: the client
         # honours it only with a transport of its own making.
         self.http = httpx.Client(
             base_url=base, headers=client_headers(token, self.url), verify=tls_verify(base),
             transport=self.pool if uds is not None or not env_proxies() else None,
+            limits=LIMITS,
         )
         self.plain = PlainCalls(base, self.http.headers)
 

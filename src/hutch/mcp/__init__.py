@@ -26,6 +26,7 @@ from typing import Any
 
 import anyio
 
+from .._limits import SERVER_IDLE_SECONDS
 from .tools import DEFAULT_EXEC_TIMEOUT, HutchTools, ServerDefaults, add_tools
 
 __all__ = ["DEFAULT_EXEC_TIMEOUT", "HutchTools", "ServerDefaults", "serve"]
@@ -105,7 +106,8 @@ async def _serve_http(server: Any, host: str, port: int) -> None:
         print(f"hutch mcp: the bearer token of http://{host}:{port}/mcp is {secret}",
               file=sys.stderr, flush=True)
     app = BearerToken(server.streamable_http_app(host=host), secret)
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on",
+                            timeout_keep_alive=SERVER_IDLE_SECONDS)
     # uvicorn answers SIGTERM and SIGINT by stopping, then raises the signal
     # again under the handler it found: a quiet one lets the sandboxes made
     # here be killed before the process ends.

@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from .._errors import HutchError, InvalidArgument
+from .._limits import SERVER_IDLE_SECONDS
 from .._paths import token_file_path
 from ..config import CONFIG_FILE_NAME, load_config_data, sandbox_layer
 from ..daemon import default_data_dir
@@ -280,6 +281,7 @@ address it listens on). Everything
     server = uvicorn.Server(uvicorn.Config(
         app, http=guarded_protocol(connection_cap(max_connections)), loop="asyncio",
         log_level="warning", access_log=False, timeout_graceful_shutdown=5,
+        timeout_keep_alive=SERVER_IDLE_SECONDS,
     ))
     server.run(sockets=[listener])
     if not server.started:

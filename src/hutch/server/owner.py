@@ -35,6 +35,7 @@ import anyio.to_thread
 import uvicorn
 
 from .._errors import HutchError
+from .._limits import SERVER_IDLE_SECONDS
 from .._liveness import still_running, this_process
 from .._refwire import decode_ref, unix_url
 from ..core.refs import register_ref_serving
@@ -179,6 +180,7 @@ class OwnerServer:
             app, http=guarded_protocol(MAX_CONNECTIONS), loop="asyncio", lifespan="off",
             log_config=None,
             log_level="warning", access_log=False, timeout_graceful_shutdown=GRACEFUL_SECONDS,
+            timeout_keep_alive=SERVER_IDLE_SECONDS,
         ))
         self._task = self.loop.create_task(self._server.serve(sockets=[listener]))
         while not self._server.started:
