@@ -22,8 +22,13 @@ DaemonGetter = Callable[[], Daemon]
 
 
 def v1_router() -> APIRouter:
-    """A router of the ``/v1`` API: every error status documented, request text checked."""
-    return APIRouter(prefix="/v1", responses=error_responses(), route_class=TextBodiesRoute)
+    """A router of the ``/v1`` API: every error status documented, request text checked.
+    The error body by reference: as a model, FastAPI would make a field (a
+    pydantic TypeAdapter) per route and status, most of what making the app
+    costs; the document says the same either way."""
+    return APIRouter(
+        prefix="/v1", responses=error_responses(by_ref=True), route_class=TextBodiesRoute
+    )
 
 
 async def session_sandbox(daemon: Daemon, request: Request, sandbox_id: str) -> Sandbox:
