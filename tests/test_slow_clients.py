@@ -113,24 +113,22 @@ def test_a_flood_of_idle_connections_is_capped_and_a_client_still_served() -> No
         d.stop()
 
 
-def test_a_connection_kept_alive_outlasts_the_client_s_idle_keep() -> None:
+def test_a_connection_kept_alive_outlasts_the_client_s_idle_keep(
+    daemon: DaemonProcess,
+) -> None:
     """A client keeps an idle connection for its next call up to its own idle
     expiry (httpx: 5 s), then drops it. The daemon keeps it open for longer:
     were both 5 s (uvicorn's own default), the daemon would close it at the
     moment a client sends its next call on it, and the call would fail as
     "not reachable" (a POST cannot be sent again: it may have been done)."""
-    d = DaemonProcess(token=f"tok-{uuid.uuid4().hex}").start()
     request = (b"GET /healthz HTTP/1.1\r\nHost: x\r\n"
-               + f"Authorization: Bearer {d.token}\r\n\r\n".encode())
-    try:
-        with connect(d) as sock:
-            sock.sendall(request)
-            assert sock.recv(4096).startswith(b"HTTP/1.1 200")
-            idle = CLIENT_IDLE_SECONDS + 1.5
-            assert wait_closed([sock], within=idle) == [sock], (
-                f"the daemon closed a connection idle for less than {idle} s")
-            sock.sendall(request)
-            assert sock.recv(4096).startswith(b"HTTP/1.1 200")
-    finally:
-        d.stop()
+               + f"Authorization: Bearer {daemon.token}\r\n\r\n".encode())
+    with connect(daemon) as sock:
+        sock.sendall(request)
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+        idle = CLIENT_IDLE_SECONDS + 1.5
+        assert wait_closed([sock], within=idle) == [sock], (
+            f"the daemon closed a connection idle for less than {idle} s")
+        sock.sendall(request)
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200")
 

@@ -32,6 +32,7 @@ from .errors import mapped
 
 if TYPE_CHECKING:
     from e2b import AsyncSandbox
+    from e2b.sandbox.filesystem.filesystem import FileType as E2BFileType
 
     from .process import Envd
 
@@ -67,6 +68,12 @@ def _sdk() -> type[AsyncSandbox]:
     return AsyncSandbox
 
 
+def _file_types() -> type[E2BFileType]:
+    from e2b.sandbox.filesystem.filesystem import FileType as E2BFileType
+
+    return E2BFileType
+
+
 def _envd(e2b: Any) -> Envd:
     from .process import Envd
 
@@ -74,14 +81,13 @@ def _envd(e2b: Any) -> Envd:
 
 
 def _file_info(entry: Any) -> FileInfo:
-    from e2b.sandbox.filesystem.filesystem import FileType as E2BFileType
-
     kind = entry.type
+    e2b_types = _file_types()
     if getattr(entry, "symlink_target", None):
         file_type = FileType.SYMLINK
-    elif kind == E2BFileType.DIR:
+    elif kind == e2b_types.DIR:
         file_type = FileType.DIRECTORY
-    elif kind == E2BFileType.FILE:
+    elif kind == e2b_types.FILE:
         file_type = FileType.FILE
     else:
         file_type = FileType.OTHER
@@ -170,7 +176,7 @@ class E2BSandbox(NativeBackend):
     async def _connect(self) -> None:
         with mapped(f"reach E2B sandbox {self.e2b_id}"):
             e2b = await _sdk().connect(self.e2b_id, timeout=self.config.e2b_timeout,
-                                             **self._reach(self.config))
+                                       **self._reach(self.config))
         self._e2b, self._envd = e2b, _envd(e2b)
 
     async def preview_url(self, port: int) -> str:
@@ -239,7 +245,7 @@ class E2BSandbox(NativeBackend):
         settings = E2BConfig.model_validate(snapshot.data.get("config") or {})
         with mapped(f"remove E2B snapshot {snapshot.data.get('e2b_snapshot')}"):
             await _sdk().delete_snapshot(str(snapshot.data["e2b_snapshot"]),
-                                               **cls._reach(settings))
+                                         **cls._reach(settings))
 
     @classmethod
     async def held_snapshots(cls) -> list[str]:
@@ -322,9 +328,7 @@ class E2BSandbox(NativeBackend):
             return [root]
         with mapped(f"walk {root}"):
             entries = await self.e2b.files.list(root, depth=WALK_DEPTH)
-        from e2b.sandbox.filesystem.filesystem import FileType as E2BFileType
-
-        return sorted(e.path for e in entries if e.type == E2BFileType.FILE)
+        return sorted(e.path for e in entries if e.type == _file_types().FILE)
 
     async def exists(self, path: str) -> bool:
         try:
