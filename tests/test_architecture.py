@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
 import grimp
+import pytest
 
 #: Modules that import each other in a circle today, by strongly connected
 #: component. The redesign removes them; a new cycle, or a module joining
@@ -177,30 +179,48 @@ def test_the_groups_help_builds_no_command_and_loads_no_rich() -> None:
     assert [m for m in modules if m == "httpx" or m.startswith("hutch.client")] == []
 
 
-def test_a_daemon_s_start_loads_no_cloud_sdk() -> None:
+def test_a_daemon_s_start_loads_no_client_library_of_a_remote_provider(
+    tmp_path: pathlib.Path,
+) -> None:
     """A daemon's start loads every provider (its operator policy reads their
-    settings, its reconcile asks each what it holds): the E2B SDK, half a
-    second of imports, waits for the first call that talks to E2B."""
+    settings, its reconcile asks each what it holds): the E2B SDK, asyncssh,
+    lightkube and httpx2 (about a second of imports between them) wait for
+    the first call that talks to E2B, an SSH host or a cluster."""
     modules = loaded_by(
+        f"import os; os.environ['HUTCH_HOME'] = {str(tmp_path)!r}\n"
+        "import asyncio\n"
         "from hutch.providers.registry import available_providers, get_provider\n"
         "from hutch.daemon.policy import host_reaching_setting_names\n"
         "host_reaching_setting_names()\n"
-        "[get_provider(name) for name in available_providers()]"
+        "[get_provider(name) for name in available_providers()]\n"
+        "for name in ('ssh', 'kubernetes'):\n"
+        "    asyncio.run(get_provider(name).held_snapshots())\n"
+        "    asyncio.run(get_provider(name).reap_orphans(set()))\n"
     )
-    assert "hutch.providers.e2b.sandbox" in modules
-    assert [m for m in modules if m.split(".")[0] in ("e2b", "connectrpc")] == []
+    for provider in ("e2b.sandbox", "ssh.provider", "kubernetes.sandbox"):
+        assert f"hutch.providers.{provider}" in modules
+    remote_clients = ("e2b", "connectrpc", "asyncssh", "lightkube", "httpx2")
+    assert [m for m in modules if m.split(".")[0] in remote_clients] == []
 
 
-def test_a_provider_whose_sdk_is_missing_names_what_to_install() -> None:
+@pytest.mark.parametrize(("provider", "library", "hint"), [
+    ("e2b", "e2b", "pip install 'hutch[e2b]'"),
+    ("ssh", "asyncssh", "pip install asyncssh"),
+    ("kubernetes", "lightkube", "pip install 'hutch[kubernetes]'"),
+    ("kubernetes", "httpx2", "pip install 'hutch[kubernetes]'"),
+])
+def test_a_provider_whose_client_library_is_missing_names_what_to_install(
+    provider: str, library: str, hint: str,
+) -> None:
     # A module set to None in sys.modules is one Python cannot import.
     done = subprocess.run(
         [sys.executable, "-c",
-         "import sys\nsys.modules['e2b'] = None\n"
+         f"import sys\nsys.modules[{library!r}] = None\n"
          "from hutch.providers.registry import get_provider\n"
-         "get_provider('e2b')"],
+         f"get_provider({provider!r})"],
         capture_output=True, text=True, timeout=120,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
     )
     assert done.returncode == 1
-    assert "provider 'e2b' needs a dependency that is missing (e2b)" in done.stderr
-    assert "pip install 'hutch[e2b]'" in done.stderr
+    assert f"provider {provider!r} needs a dependency that is missing ({library})" in done.stderr
+    assert hint in done.stderr

@@ -7,17 +7,22 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Any
-
-import httpx2
-from lightkube import AsyncClient, KubeConfig
-from lightkube.config.client_adapter import AsyncClient as adapted_http_client
-from lightkube.config.client_adapter import ConnectionParams
-from lightkube.config.kubeconfig import SingleConfig
+from typing import TYPE_CHECKING, Any
 
 from ..._errors import InvalidArgument, ProviderError
 from ..._paths import hutch_home
+from .._lazy import lazy_module
 from .config import KubernetesConfig
+
+if TYPE_CHECKING:
+    import httpx2
+    import lightkube
+    from lightkube.config import client_adapter
+    from lightkube.config.kubeconfig import SingleConfig
+else:  # imported at their first use: see .._lazy
+    httpx2 = lazy_module("httpx2")
+    lightkube = lazy_module("lightkube")
+    client_adapter = lazy_module("lightkube.config.client_adapter")
 
 #: The label naming the hutch sandbox a pod serves, and the hutch home it
 #: belongs to (daemons sharing a cluster never touch each other's pods).
@@ -68,9 +73,9 @@ class Cluster:
     def __init__(self, config: KubernetesConfig) -> None:
         try:
             if config.in_cluster:
-                single = KubeConfig.from_service_account().get()
+                single = lightkube.KubeConfig.from_service_account().get()
             else:
-                single = KubeConfig.from_file(
+                single = lightkube.KubeConfig.from_file(
                     config.kubeconfig or default_kubeconfig()).get(config.context)
         except Exception as exc:  # lightkube's ConfigError, a missing file, bad YAML
             raise InvalidArgument(f"the kubernetes configuration cannot be read: {exc}") from exc
@@ -78,8 +83,9 @@ class Cluster:
             raise InvalidArgument(f"no kubeconfig context {config.context!r}")
         self.single: SingleConfig = single
         self.namespace = config.namespace or single.namespace or "default"
-        self.client = AsyncClient(config=single, namespace=self.namespace)
-        self.http: httpx2.AsyncClient = adapted_http_client(single, ConnectionParams())
+        self.client = lightkube.AsyncClient(config=single, namespace=self.namespace)
+        self.http: httpx2.AsyncClient = client_adapter.AsyncClient(
+            single, client_adapter.ConnectionParams())
         self._snapshots: bool | None = None
 
     def pod_path(self, name: str) -> str:

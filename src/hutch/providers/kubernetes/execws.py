@@ -14,15 +14,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from typing import Any
-
-import httpx2
-from httpx2.websockets import WebSocketDisconnect, WebSocketNetworkError
+from typing import TYPE_CHECKING, Any
 
 from ..._errors import KillIncomplete, ProviderError, SandboxUnavailable, StdinClosed
 from ..._types import OutputChunk
 from .._hostproc import EXEC_MARKER
+from .._lazy import lazy_module
 from ..base import FutureExitProcess, ProcessRequest
+
+if TYPE_CHECKING:
+    import httpx2
+    from httpx2 import websockets as httpx2_websockets
+else:  # imported at their first use: see .._lazy
+    httpx2 = lazy_module("httpx2")
+    httpx2_websockets = lazy_module("httpx2.websockets")
 
 PROTOCOLS = ["v5.channel.k8s.io", "v4.channel.k8s.io"]
 STDIN, STDOUT, STDERR, STATUS, CLOSE = 0, 1, 2, 3, 255
@@ -180,10 +185,11 @@ class ExecSession(FutureExitProcess):
         while True:
             try:
                 frame = await ws.receive_bytes()
-            except (WebSocketDisconnect, WebSocketNetworkError) as closed:
+            except (httpx2_websockets.WebSocketDisconnect,
+                    httpx2_websockets.WebSocketNetworkError) as closed:
                 if code is not None:  # the Status came: the command's end is known
                     return code
-                if not isinstance(closed, WebSocketDisconnect):
+                if not isinstance(closed, httpx2_websockets.WebSocketDisconnect):
                     return ProviderError(
                         "pods/exec's connection dropped before its status (no WebSocket close)")
                 # No Status: the close's code and reason are all the API said.

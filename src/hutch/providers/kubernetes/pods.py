@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
-
-from lightkube import ApiError
+from typing import TYPE_CHECKING, Any
 
 from ..._errors import ProviderError, SandboxUnavailable
+from .._lazy import lazy_module
 from .api import SANDBOX_ID_ANNOTATION, SNAPSHOT_API, Cluster, labels, ours, pod_name
 from .config import KubernetesConfig
-from .podspec import sandbox_pod
+
+if TYPE_CHECKING:
+    import lightkube
+else:  # imported at their first use: see .._lazy
+    lightkube = lazy_module("lightkube")
 
 
 def claim_name(sandbox_id: str) -> str:
@@ -56,10 +59,13 @@ async def make_pod(cluster: Cluster, config: KubernetesConfig, sandbox_id: str,
     """Make the pod, running ``keeper``; its uid. A create whose outcome is
     unknown (the answer lost or unreadable) is undone: the name is this
     sandbox's alone."""
+    # Imported here: lightkube's models are of no use until a pod is made.
+    from .podspec import sandbox_pod
+
     name = pod_name(sandbox_id)
     try:
         made = await cluster.client.create(sandbox_pod(config, sandbox_id, name, keeper, claim))
-    except ApiError as exc:
+    except lightkube.ApiError as exc:
         raise ProviderError(f"creating pod {name} failed: {exc.status.message}") from exc
     except BaseException:
         await cluster.delete_pod(name, None)

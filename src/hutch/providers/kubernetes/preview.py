@@ -16,13 +16,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
-
-import httpx2
-from httpx2.websockets import WebSocketDisconnect
+from typing import TYPE_CHECKING, Any
 
 from ..._errors import ProviderError
+from .._lazy import lazy_module
 from .api import Cluster, labels, pod_name
+
+if TYPE_CHECKING:
+    import httpx2
+    from httpx2 import websockets as httpx2_websockets
+else:  # imported at their first use: see .._lazy
+    httpx2 = lazy_module("httpx2")
+    httpx2_websockets = lazy_module("httpx2.websockets")
 
 log = logging.getLogger("hutch.kubernetes")
 PROTOCOLS = ["v4.channel.k8s.io", "portforward.k8s.io"]
@@ -141,7 +146,7 @@ class PortForward:
         while True:
             try:
                 frame = await ws.receive_bytes()
-            except WebSocketDisconnect:
+            except httpx2_websockets.WebSocketDisconnect:
                 return
             if not frame or frame[0] not in prefixed:
                 continue

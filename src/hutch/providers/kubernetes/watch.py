@@ -16,16 +16,20 @@ import contextlib
 import json
 import logging
 from collections.abc import Coroutine
-from typing import Any
-
-import httpx2
+from typing import TYPE_CHECKING, Any
 
 from ..._errors import HutchError, InvalidArgument, ProviderError
+from .._lazy import lazy_module
 from ..base import RuntimeNotice, RuntimeReport
 from . import clusters
 from .api import SANDBOX_ID_ANNOTATION, SANDBOX_LABEL, Cluster, home_selector
 from .config import KubernetesConfig
 from .pods import why_not_running
+
+if TYPE_CHECKING:
+    import httpx2
+else:  # imported at their first use: see .._lazy
+    httpx2 = lazy_module("httpx2")
 
 log = logging.getLogger("hutch.kubernetes")
 #: How long the server may keep one watch open, seconds (it then ends it,

@@ -14,13 +14,17 @@ import contextlib
 import os
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-import asyncssh
-
 from ..._errors import HutchError, ProviderError, SandboxUnavailable
+from .._lazy import lazy_module
 from .config import SshConfig
+
+if TYPE_CHECKING:
+    import asyncssh
+else:
+    asyncssh = lazy_module("asyncssh")  # imported at its first use: see .._lazy
 
 #: Connections beside the kept one, made only when the host refuses more
 #: sessions on it (sshd's MaxSessions, 10 by default, counts each running

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import posixpath
 import stat as stat_mod
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
-from typing import IO, TypeVar
-
-import asyncssh
+from typing import IO, TYPE_CHECKING, TypeVar
 
 from ..._errors import (
     HutchError,
@@ -23,9 +22,15 @@ from ..._errors import (
 )
 from ..._sandbox_paths import within
 from ..._types import FileInfo, FileType
+from .._lazy import lazy_module
 from ..base import SandboxFiles, bounded_pieces, require_regular
 from .connection import KeptConnection, lost
 from .process import run_helper
+
+if TYPE_CHECKING:
+    import asyncssh
+else:
+    asyncssh = lazy_module("asyncssh")  # imported at its first use: see .._lazy
 
 T = TypeVar("T")
 
@@ -34,8 +39,11 @@ _MAX_WALK_BYTES = 256 << 20
 #: What one SFTP write of a streamed upload carries.
 _PIECE = 4 * 1024 * 1024
 
-_CONNECTION_ERRORS = (OSError, asyncssh.SFTPConnectionLost, asyncssh.SFTPNoConnection,
-                      asyncssh.ConnectionLost, asyncssh.DisconnectError, asyncssh.ChannelOpenError)
+@functools.cache
+def _connection_errors() -> tuple[type[BaseException], ...]:
+    """What a lost SFTP session raises (a function: asyncssh is imported lazily)."""
+    return (OSError, asyncssh.SFTPConnectionLost, asyncssh.SFTPNoConnection,
+            asyncssh.ConnectionLost, asyncssh.DisconnectError, asyncssh.ChannelOpenError)
 
 
 def _info(path: str, attrs: asyncssh.SFTPAttrs) -> FileInfo:
@@ -79,7 +87,7 @@ class SftpFiles(SandboxFiles):
             raise lost(self._kept.target, exc) from None
         except asyncssh.SFTPError as exc:
             raise self._error(exc, path) from None
-        except _CONNECTION_ERRORS as exc:
+        except _connection_errors() as exc:
             self._kept.forget_sftp(sftp)
             raise lost(self._kept.target, exc) from None
 
@@ -113,7 +121,7 @@ class SftpFiles(SandboxFiles):
             async for piece in bounded_pieces(read, path, limit):
                 yield piece
         finally:
-            with contextlib.suppress(*_CONNECTION_ERRORS, asyncssh.SFTPError):
+            with contextlib.suppress(*_connection_errors(), asyncssh.SFTPError):
                 await fh.close()
 
     async def read_file(self, path: str, limit: int) -> bytes:

@@ -20,10 +20,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import re
 from collections.abc import Iterator, Mapping, Sequence
-
-import asyncssh
+from typing import TYPE_CHECKING
 
 from ..._errors import (
     HutchError,
@@ -37,9 +37,15 @@ from ..._errors import (
     StdinClosed,
 )
 from ..._types import OutputChunk
+from .._lazy import lazy_module
 from .._pipes import READ_SIZE, OutputPipes
 from ..base import EXEC_MARKER, BackendProcess, PtyProcess
 from .connection import KeptConnection, lost
+
+if TYPE_CHECKING:
+    import asyncssh
+else:
+    asyncssh = lazy_module("asyncssh")  # imported at its first use: see .._lazy
 
 _PLAIN = re.compile(r"[A-Za-z0-9_./:@%+=,-]+")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -135,7 +141,10 @@ def exit_code(process: asyncssh.SSHClientProcess[bytes]) -> int | None:
     return 128 - code if code < 0 else code
 
 
-CHANNEL_ERRORS = (OSError, asyncssh.Error, asyncio.IncompleteReadError)
+@functools.cache
+def channel_errors() -> tuple[type[BaseException], ...]:
+    """What a broken channel raises (a function: asyncssh is imported lazily)."""
+    return (OSError, asyncssh.Error, asyncio.IncompleteReadError)
 
 
 async def open_process(
@@ -168,7 +177,7 @@ class SshProcess(BackendProcess):
         self._proc = process
         self._exec_id = exec_id
         self._killed = False
-        self._output = OutputPipes(process.stdout, process.stderr, CHANNEL_ERRORS)
+        self._output = OutputPipes(process.stdout, process.stderr, channel_errors())
         #: What feeds the bytes given at the start (writes wait for it).
         self._fed: asyncio.Task[None] | None = None
         if not interactive:  # a terminal's input stays open for what is typed
@@ -178,7 +187,7 @@ class SshProcess(BackendProcess):
 
     async def _feed(self, data: bytes | None, *, close: bool) -> None:
         # A command that exits without reading its stdin is not an error.
-        with contextlib.suppress(*CHANNEL_ERRORS):
+        with contextlib.suppress(*channel_errors()):
             if data:
                 self._proc.stdin.write(data)
                 await self._proc.stdin.drain()
@@ -195,19 +204,19 @@ class SshProcess(BackendProcess):
         try:
             self._proc.stdin.write(data)
             await self._proc.stdin.drain()
-        except CHANNEL_ERRORS:
+        except channel_errors():
             raise StdinClosed("the command has closed its stdin, or ended") from None
 
     async def close_stdin(self) -> None:
         await self._fed_first()
-        with contextlib.suppress(*CHANNEL_ERRORS):
+        with contextlib.suppress(*channel_errors()):
             self._proc.stdin.write_eof()
 
     async def read(self) -> OutputChunk | None:
         return await self._output.read()
 
     async def wait(self) -> int:
-        with contextlib.suppress(*CHANNEL_ERRORS):
+        with contextlib.suppress(*channel_errors()):
             await self._proc.wait_closed()
         code = exit_code(self._proc)
         if code is not None:
@@ -245,7 +254,7 @@ class SshProcess(BackendProcess):
         except HutchError as exc:
             unconfirmed = f"its kill could not run: {exc}"
         if running:
-            with contextlib.suppress(TimeoutError, *CHANNEL_ERRORS):
+            with contextlib.suppress(TimeoutError, *channel_errors()):
                 await asyncio.wait_for(asyncio.shield(self._proc.wait_closed()), 5)
         # An escaped grandchild holding a pipe would keep the channel open.
         self._proc.close()
@@ -269,13 +278,13 @@ class SshPtyProcess(SshProcess, PtyProcess):
         try:
             self._proc.stdin.write(data)
             await self._proc.stdin.drain()
-        except CHANNEL_ERRORS as exc:
+        except channel_errors() as exc:
             raise lost(self._kept.target, exc) from None
 
     async def resize(self, rows: int, cols: int) -> None:
         try:
             self._proc.change_terminal_size(cols, rows)
-        except CHANNEL_ERRORS as exc:
+        except channel_errors() as exc:
             raise lost(self._kept.target, exc) from None
 
 
@@ -316,7 +325,7 @@ def closed_on_failure(
     except (TimeoutError, HutchError):
         process.close()
         raise
-    except CHANNEL_ERRORS as exc:
+    except channel_errors() as exc:
         process.close()
         kept.forget(conn)
         raise lost(kept.target, exc) from None
