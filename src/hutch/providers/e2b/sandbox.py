@@ -11,7 +11,6 @@ as bytes.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -26,22 +25,19 @@ from ..._errors import (
 )
 from ..._paths import hutch_home
 from ..._types import Capabilities, FileInfo, FileType, ProviderSnapshot
+from .._lazy import lazy_module
 from ..base import BackendProcess, NativeBackend, ProcessRequest, RuntimeState
 from .config import E2BConfig
 from .errors import mapped
 
 if TYPE_CHECKING:
-    from e2b import AsyncSandbox
-    from e2b.sandbox.filesystem.filesystem import FileType as E2BFileType
+    import e2b as e2b_sdk
+    from e2b.sandbox.filesystem import filesystem as e2b_filesystem
 
     from .process import Envd
-
-# The SDK (and its envd client, protobuf and Connect) costs about half a
-# second to import, which every daemon would pay at its start (its operator
-# policy and reconcile load every provider): it is imported by the first
-# call that talks to E2B. Whether it is installed is known here, as cheaply.
-if importlib.util.find_spec("e2b") is None:
-    raise ModuleNotFoundError("No module named 'e2b'", name="e2b")
+else:  # the SDK (envd's client, protobuf, Connect: half a second) at its first use
+    e2b_sdk = lazy_module("e2b")
+    e2b_filesystem = lazy_module("e2b.sandbox.filesystem.filesystem")
 
 #: How deep a walk of the file tree goes (envd lists to a depth).
 WALK_DEPTH = 64
@@ -62,18 +58,6 @@ def home_tag() -> str:
     return "hutch-" + hashlib.sha256(home).hexdigest()[:12]
 
 
-def _sdk() -> type[AsyncSandbox]:
-    from e2b import AsyncSandbox
-
-    return AsyncSandbox
-
-
-def _file_types() -> type[E2BFileType]:
-    from e2b.sandbox.filesystem.filesystem import FileType as E2BFileType
-
-    return E2BFileType
-
-
 def _envd(e2b: Any) -> Envd:
     from .process import Envd
 
@@ -82,7 +66,7 @@ def _envd(e2b: Any) -> Envd:
 
 def _file_info(entry: Any) -> FileInfo:
     kind = entry.type
-    e2b_types = _file_types()
+    e2b_types = e2b_filesystem.FileType
     if getattr(entry, "symlink_target", None):
         file_type = FileType.SYMLINK
     elif kind == e2b_types.DIR:
@@ -134,7 +118,7 @@ class E2BSandbox(NativeBackend):
     @classmethod
     async def _start(cls, config: E2BConfig, sandbox_id: str, template: str) -> E2BSandbox:
         with mapped(f"create an E2B sandbox from {template}"):
-            e2b = await _sdk().create(
+            e2b = await e2b_sdk.AsyncSandbox.create(
                 template=template, timeout=config.e2b_timeout,
                 metadata={**config.metadata, SANDBOX_KEY: sandbox_id}, envs=config.env,
                 **cls._reach(config),
@@ -168,14 +152,14 @@ class E2BSandbox(NativeBackend):
         """E2B's state of the sandbox: ``running``, ``paused`` or ``gone``."""
         try:
             with mapped(f"E2B sandbox {self.e2b_id}"):
-                info = await _sdk().get_info(self.e2b_id, **self._reach(self.config))
+                info = await e2b_sdk.AsyncSandbox.get_info(self.e2b_id, **self._reach(self.config))
         except (SandboxUnavailable, FileNotFoundError):
             return "gone"
         return str(getattr(info.state, "value", info.state))
 
     async def _connect(self) -> None:
         with mapped(f"reach E2B sandbox {self.e2b_id}"):
-            e2b = await _sdk().connect(self.e2b_id, timeout=self.config.e2b_timeout,
+            e2b = await e2b_sdk.AsyncSandbox.connect(self.e2b_id, timeout=self.config.e2b_timeout,
                                        **self._reach(self.config))
         self._e2b, self._envd = e2b, _envd(e2b)
 
@@ -205,7 +189,7 @@ class E2BSandbox(NativeBackend):
 
     async def close(self) -> None:
         with mapped(f"kill E2B sandbox {self.e2b_id}"):
-            await _sdk().kill(self.e2b_id, **self._reach(self.config))
+            await e2b_sdk.AsyncSandbox.kill(self.e2b_id, **self._reach(self.config))
 
     # -- snapshots ------------------------------------------------------------------------
     async def capture(self, snapshot_id: str, *, diff: bool = True) -> ProviderSnapshot:
@@ -244,7 +228,7 @@ class E2BSandbox(NativeBackend):
             return  # nothing of E2B's is known by that id
         settings = E2BConfig.model_validate(snapshot.data.get("config") or {})
         with mapped(f"remove E2B snapshot {snapshot.data.get('e2b_snapshot')}"):
-            await _sdk().delete_snapshot(str(snapshot.data["e2b_snapshot"]),
+            await e2b_sdk.AsyncSandbox.delete_snapshot(str(snapshot.data["e2b_snapshot"]),
                                          **cls._reach(settings))
 
     @classmethod
@@ -260,7 +244,7 @@ class E2BSandbox(NativeBackend):
         held: set[str] = set()
         for connection in sorted(connections):
             with mapped("list E2B snapshots"):
-                pages = _sdk().list_snapshots(**dict(connection))
+                pages = e2b_sdk.AsyncSandbox.list_snapshots(**dict(connection))
                 while pages.has_next:
                     for info in await pages.next_items():
                         held.update(n[len(prefix):] for n in info.names if n.startswith(prefix))
@@ -328,7 +312,7 @@ class E2BSandbox(NativeBackend):
             return [root]
         with mapped(f"walk {root}"):
             entries = await self.e2b.files.list(root, depth=WALK_DEPTH)
-        return sorted(e.path for e in entries if e.type == _file_types().FILE)
+        return sorted(e.path for e in entries if e.type == e2b_filesystem.FileType.FILE)
 
     async def exists(self, path: str) -> bool:
         try:
