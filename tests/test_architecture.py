@@ -179,28 +179,40 @@ def test_the_groups_help_builds_no_command_and_loads_no_rich() -> None:
     assert [m for m in modules if m == "httpx" or m.startswith("hutch.client")] == []
 
 
-def test_a_daemon_s_start_loads_no_client_library_of_a_remote_provider(
+def test_a_daemon_s_start_and_first_answer_load_no_client_library_it_does_not_use(
     tmp_path: pathlib.Path,
 ) -> None:
     """A daemon's start loads every provider (its operator policy reads their
     settings, its reconcile asks each what it holds): the E2B SDK, asyncssh,
     lightkube and httpx2 (about a second of imports between them) wait for
-    the first call that talks to E2B, an SSH host or a cluster."""
+    the first call that talks to E2B, an SSH host or a cluster; httpx (with
+    its command line's rich and pygments) for the first forward to another
+    daemon of a fleet or to a sandbox's port."""
     modules = loaded_by(
-        f"import os; os.environ['HUTCH_HOME'] = {str(tmp_path)!r}\n"
         "import asyncio\n"
-        "from hutch.providers.registry import available_providers, get_provider\n"
-        "from hutch.daemon.policy import host_reaching_setting_names\n"
-        "host_reaching_setting_names()\n"
-        "[get_provider(name) for name in available_providers()]\n"
-        "for name in ('ssh', 'kubernetes'):\n"
-        "    asyncio.run(get_provider(name).held_snapshots())\n"
-        "    asyncio.run(get_provider(name).reap_orphans(set()))\n"
+        "from hutch.server.app import create_app\n"
+        "from hutch.server.settings import ServerSettings\n"
+        f"app = create_app(ServerSettings(data_dir={str(tmp_path)!r}, token='t'))\n"
+        "sent = []\n"
+        "async def receive():\n"
+        "    return {'type': 'http.request', 'body': b'', 'more_body': False}\n"
+        "async def send(message):\n"
+        "    sent.append(message)\n"
+        "async def main():\n"
+        "    async with app.router.lifespan_context(app):\n"
+        "        await app({'type': 'http', 'asgi': {'version': '3.0'}, 'http_version': '1.1',\n"
+        "                   'method': 'GET', 'scheme': 'http', 'path': '/v1/sandboxes',\n"
+        "                   'raw_path': b'/v1/sandboxes', 'query_string': b'', 'root_path': '',\n"
+        "                   'headers': [(b'authorization', b'Bearer t'), (b'host', b'h')],\n"
+        "                   'client': ('127.0.0.1', 1), 'server': ('127.0.0.1', 2)},\n"
+        "                  receive, send)\n"
+        "asyncio.run(main())\n"
+        "assert sent[0]['status'] == 200, sent\n"
     )
     for provider in ("e2b.sandbox", "ssh.provider", "kubernetes.sandbox"):
         assert f"hutch.providers.{provider}" in modules
-    remote_clients = ("e2b", "connectrpc", "asyncssh", "lightkube", "httpx2")
-    assert [m for m in modules if m.split(".")[0] in remote_clients] == []
+    unused = ("e2b", "connectrpc", "asyncssh", "lightkube", "httpx2", "httpx", "rich", "pygments")
+    assert [m for m in modules if m.split(".")[0] in unused] == []
 
 
 @pytest.mark.parametrize(("provider", "library", "hint"), [

@@ -18,16 +18,21 @@ import json
 import logging
 import urllib.parse
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
-import httpx
 
 from .._errors import HutchError, SandboxUnavailable
+from .._lazy import lazy_module
 from ..daemon import Daemon
 from .asgi import ASGIApp, Message, Receive, Scope, Send, header, render_json
 from .errors import error_json
 from .peers import Peers, PeerUnreachable
+
+if TYPE_CHECKING:
+    import httpx
+else:  # in a fleet, or for a sandbox's port, only: see hutch._lazy
+    httpx = lazy_module("httpx")
 
 log = logging.getLogger("hutch.server")
 

@@ -23,9 +23,9 @@ from ..._errors import (
     SandboxIsADirectory,
     SandboxUnavailable,
 )
+from ..._lazy import lazy_module
 from ..._paths import hutch_home
 from ..._types import Capabilities, FileInfo, FileType, ProviderSnapshot
-from .._lazy import lazy_module
 from ..base import BackendProcess, NativeBackend, ProcessRequest, RuntimeState
 from .config import E2BConfig
 from .errors import mapped

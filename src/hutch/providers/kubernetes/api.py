@@ -10,8 +10,8 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from ..._errors import InvalidArgument, ProviderError
+from ..._lazy import lazy_module
 from ..._paths import hutch_home
-from .._lazy import lazy_module
 from .config import KubernetesConfig
 
 if TYPE_CHECKING:
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     import lightkube
     from lightkube.config import client_adapter
     from lightkube.config.kubeconfig import SingleConfig
-else:  # imported at their first use: see .._lazy
+else:  # imported at their first use: see hutch._lazy
     httpx2 = lazy_module("httpx2")
     lightkube = lazy_module("lightkube")
     client_adapter = lazy_module("lightkube.config.client_adapter")

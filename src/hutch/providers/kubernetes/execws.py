@@ -17,15 +17,15 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from ..._errors import KillIncomplete, ProviderError, SandboxUnavailable, StdinClosed
+from ..._lazy import lazy_module
 from ..._types import OutputChunk
 from .._hostproc import EXEC_MARKER
-from .._lazy import lazy_module
 from ..base import FutureExitProcess, ProcessRequest
 
 if TYPE_CHECKING:
     import httpx2
     from httpx2 import websockets as httpx2_websockets
-else:  # imported at their first use: see .._lazy
+else:  # imported at their first use: see hutch._lazy
     httpx2 = lazy_module("httpx2")
     httpx2_websockets = lazy_module("httpx2.websockets")
 

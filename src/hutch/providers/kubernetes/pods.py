@@ -9,13 +9,13 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..._errors import ProviderError, SandboxUnavailable
-from .._lazy import lazy_module
+from ..._lazy import lazy_module
 from .api import SANDBOX_ID_ANNOTATION, SNAPSHOT_API, Cluster, labels, ours, pod_name
 from .config import KubernetesConfig
 
 if TYPE_CHECKING:
     import lightkube
-else:  # imported at their first use: see .._lazy
+else:  # imported at their first use: see hutch._lazy
     lightkube = lazy_module("lightkube")
 
 

@@ -19,13 +19,13 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from ..._errors import ProviderError
-from .._lazy import lazy_module
+from ..._lazy import lazy_module
 from .api import Cluster, labels, pod_name
 
 if TYPE_CHECKING:
     import httpx2
     from httpx2 import websockets as httpx2_websockets
-else:  # imported at their first use: see .._lazy
+else:  # imported at their first use: see hutch._lazy
     httpx2 = lazy_module("httpx2")
     httpx2_websockets = lazy_module("httpx2.websockets")
 

@@ -19,7 +19,7 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from ..._errors import HutchError, InvalidArgument, ProviderError
-from .._lazy import lazy_module
+from ..._lazy import lazy_module
 from ..base import RuntimeNotice, RuntimeReport
 from . import clusters
 from .api import SANDBOX_ID_ANNOTATION, SANDBOX_LABEL, Cluster, home_selector
@@ -28,7 +28,7 @@ from .pods import why_not_running
 
 if TYPE_CHECKING:
     import httpx2
-else:  # imported at their first use: see .._lazy
+else:  # imported at their first use: see hutch._lazy
     httpx2 = lazy_module("httpx2")
 
 log = logging.getLogger("hutch.kubernetes")

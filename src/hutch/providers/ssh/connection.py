@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from ..._errors import HutchError, ProviderError, SandboxUnavailable
-from .._lazy import lazy_module
+from ..._lazy import lazy_module
 from .config import SshConfig
 
 if TYPE_CHECKING:
     import asyncssh
 else:
-    asyncssh = lazy_module("asyncssh")  # imported at its first use: see .._lazy
+    asyncssh = lazy_module("asyncssh")  # imported at its first use: see hutch._lazy
 
 #: Connections beside the kept one, made only when the host refuses more
 #: sessions on it (sshd's MaxSessions, 10 by default, counts each running

@@ -20,9 +20,9 @@ from ..._errors import (
     SandboxNotADirectory,
     SandboxPermissionDenied,
 )
+from ..._lazy import lazy_module
 from ..._sandbox_paths import within
 from ..._types import FileInfo, FileType
-from .._lazy import lazy_module
 from ..base import SandboxFiles, bounded_pieces, require_regular
 from .connection import KeptConnection, lost
 from .process import run_helper
@@ -30,7 +30,7 @@ from .process import run_helper
 if TYPE_CHECKING:
     import asyncssh
 else:
-    asyncssh = lazy_module("asyncssh")  # imported at its first use: see .._lazy
+    asyncssh = lazy_module("asyncssh")  # imported at its first use: see hutch._lazy
 
 T = TypeVar("T")
 

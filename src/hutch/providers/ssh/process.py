@@ -36,8 +36,8 @@ from ..._errors import (
     SandboxPermissionDenied,
     StdinClosed,
 )
+from ..._lazy import lazy_module
 from ..._types import OutputChunk
-from .._lazy import lazy_module
 from .._pipes import READ_SIZE, OutputPipes
 from ..base import EXEC_MARKER, BackendProcess, PtyProcess
 from .connection import KeptConnection, lost
@@ -45,7 +45,7 @@ from .connection import KeptConnection, lost
 if TYPE_CHECKING:
     import asyncssh
 else:
-    asyncssh = lazy_module("asyncssh")  # imported at its first use: see .._lazy
+    asyncssh = lazy_module("asyncssh")  # imported at its first use: see hutch._lazy
 
 _PLAIN = re.compile(r"[A-Za-z0-9_./:@%+=,-]+")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

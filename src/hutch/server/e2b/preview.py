@@ -12,16 +12,22 @@ port first and accepted here once it is.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import anyio
-import httpx
 from websockets.asyncio.client import connect
 from websockets.exceptions import WebSocketException
 
 from ..._errors import HutchError
+from ..._lazy import lazy_module
 from ..asgi import ASGIApp, Receive, Scope, Send
 from .dispatch import caller_of
 from .errors import control_error, send_control_error
+
+if TYPE_CHECKING:
+    import httpx
+else:  # in a fleet, or for a sandbox's port, only: see hutch._lazy
+    httpx = lazy_module("httpx")
 
 #: Headers that belong to one hop (RFC 9110 §7.6.1), and the wire's own.
 _NOT_FORWARDED = frozenset({

@@ -1,11 +1,13 @@
-"""A provider's client library imported at its first use, not at the provider's.
+"""A library imported at its first use, not at its importer's.
 
 Every daemon loads every provider at its start (its operator policy reads
 their settings; its reconcile asks each what it holds), and most never talk
-to an SSH host or a Kubernetes cluster: asyncssh, lightkube and httpx2 cost
-about half a second of each start between them. Whether the library is
-installed is still known at the provider's import (``find_spec``), so a
-missing one names what to install, as before.
+to an SSH host, a Kubernetes cluster or E2B: asyncssh, lightkube, httpx2 and
+E2B's SDK cost about a second of each start between them. A daemon forwards
+to another over HTTP only in a fleet (httpx, which brings its own command
+line's rich and pygments). Whether the library is installed is still known
+at the importer's import (``find_spec``), so a missing one names what to
+install, as before.
 
 Use, with the real module for the type checker::
 
