@@ -34,8 +34,10 @@ import pytest
 import hutch
 from hutch._errors import KillIncomplete, ProviderError
 from hutch.providers._proctree import ProcessTree
+from hutch.providers.agent import process as agent_process
 from hutch.providers.agent.runtime import AgentRuntime
 from hutch.providers.agent.wire import EXEC_SILENCE_TIMEOUT
+from hutch.providers.ssh import process as ssh_process
 from tests import isolating
 from tests.daemon_fixture import DaemonProcess, cleaned_daemon, client  # noqa: F401 - cleaned_daemon is the daemon fixture
 from tests.hostprocs import named
@@ -345,13 +347,16 @@ async def _exec_raising_into(sandbox: hutch.Sandbox, command: str,
 @pytest.mark.parametrize("sandbox", isolating.params("docker-agent", "bubblewrap-agent"),
                          indirect=True)
 async def test_a_kill_its_agent_never_confirms_is_not_said_done(
-    sandbox: hutch.Sandbox, request: Any
+    sandbox: hutch.Sandbox, request: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The agent answers a kill once the tree is gone. An agent that does not
     answer (here: stopped from the host) has killed nothing: the timed-out
     exec says so (KillIncomplete) while the tree lives on, or says it was
     killed only once it is gone (docker restarts a wedged agent's container,
     which ends every process in it)."""
+    # A stopped agent never answers: its bounds, shortened, only end the wait sooner.
+    monkeypatch.setattr(agent_process, "REAP_SECONDS", 2.0)
+    monkeypatch.setattr(agent_process, "ENDED_AFTER_KILL_SECONDS", 1.0)
     kind = request.node.callspec.params["sandbox"]
     agents = _agents_of(sandbox.id)
     assert agents
@@ -438,12 +443,15 @@ def _ancestor_named(pid: int, name: bytes) -> int | None:
 @pytest.mark.anyio
 @pytest.mark.parametrize("sandbox", ["ssh"], indirect=True)
 async def test_a_kill_the_ssh_host_never_answers_is_not_said_done(
-    sandbox: hutch.Sandbox,
+    sandbox: hutch.Sandbox, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The kill runs on the host over the sandbox's connection; when that
     connection's server is stopped (here: its sshd process, from this host)
     no kill runs, and the timed-out exec says so (KillIncomplete) while the
     tree lives on, never that it was killed."""
+    # A stopped sshd never answers: the bounds, shortened, only end the wait sooner.
+    monkeypatch.setattr(ssh_process, "KILL_ANSWER_SECONDS", 3.0)
+    monkeypatch.setattr(ssh_process, "CLOSED_AFTER_KILL_SECONDS", 1.0)
     tag, command = await _tree_command(sandbox)
     outcome: list[BaseException] = []
 

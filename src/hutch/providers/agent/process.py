@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 #: Output chunks a process holds before its reader waits for the consumer.
 _QUEUE_CHUNKS = 64
+#: How long a command whose kill was answered (or not) has to be seen ended.
+ENDED_AFTER_KILL_SECONDS = 5.0
 
 
 class AgentUnconfirmed(ProviderError):
@@ -208,7 +210,7 @@ class AgentProcess(FutureExitProcess, PtyProcess):
                 return
             failed = exc  # done only if the command is seen to end (its agent gone, say)
         with contextlib.suppress(TimeoutError, HutchError):
-            await asyncio.wait_for(asyncio.shield(self._exit), 5)
+            await asyncio.wait_for(asyncio.shield(self._exit), ENDED_AFTER_KILL_SECONDS)
         if not self._exit.done():
             self._channel.close()  # an orphan kept the output open: stop listening
             if failed is not None:

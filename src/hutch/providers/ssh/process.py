@@ -48,6 +48,11 @@ else:
     asyncssh = lazy_module("asyncssh")  # imported at its first use: see hutch._lazy
 
 _PLAIN = re.compile(r"[A-Za-z0-9_./:@%+=,-]+")
+#: How long a kill may take past its grace to say how it went: the kill
+#: script's own SIGKILL rounds (10 s at most) and the round trip.
+KILL_ANSWER_SECONDS = 15.0
+#: How long a killed command's channel has to close.
+CLOSED_AFTER_KILL_SECONDS = 5.0
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 #: The status byte the wrapper writes before it execs the command.
@@ -247,15 +252,16 @@ class SshProcess(BackendProcess):
                     ["sh", "-c", KILL_SCRIPT, "hutch-kill",
                      f"{EXEC_MARKER}={self._exec_id}", str(max(1, int(grace * 10)))],
                 ),
-                grace + 15,
+                grace + KILL_ANSWER_SECONDS,
             )
         except TimeoutError:
-            unconfirmed = f"its kill did not answer within {grace + 15:g} s"
+            unconfirmed = f"its kill did not answer within {grace + KILL_ANSWER_SECONDS:g} s"
         except HutchError as exc:
             unconfirmed = f"its kill could not run: {exc}"
         if running:
             with contextlib.suppress(TimeoutError, *channel_errors()):
-                await asyncio.wait_for(asyncio.shield(self._proc.wait_closed()), 5)
+                await asyncio.wait_for(asyncio.shield(self._proc.wait_closed()),
+                                       CLOSED_AFTER_KILL_SECONDS)
         # An escaped grandchild holding a pipe would keep the channel open.
         self._proc.close()
         self._output.cancel()
