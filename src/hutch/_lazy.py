@@ -3,7 +3,7 @@
 Every daemon loads every provider at its start (its operator policy reads
 their settings; its reconcile asks each what it holds), and most never talk
 to an SSH host, a Kubernetes cluster or E2B: asyncssh, lightkube, httpx2 and
-E2B's SDK cost about a second of each start between them. A daemon forwards
+E2B's SDK cost about half a second of each start between them. A daemon forwards
 to another over HTTP only in a fleet (httpx, which brings its own command
 line's rich and pygments). Whether the library is installed is still known
 at the importer's import (``find_spec``), so a missing one names what to
