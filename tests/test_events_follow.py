@@ -9,6 +9,7 @@ import queue
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -63,6 +64,24 @@ class Follower:
                     event["message"]):
                 return seen
 
+    def wait_following(self, c: hutch.Client, made: list[str]) -> None:
+        """Return once the follow has begun: ``--limit 0`` shows nothing from
+        before it, and it begins when its process has connected, which a
+        loaded machine delays. Sandboxes are made (their ids go in ``made``,
+        for the caller to delete) until one's creation is seen, then read up
+        to the last one's: every one made after the follow began is seen."""
+        deadline = time.monotonic() + HANG_GUARD_SECONDS
+        while time.monotonic() < deadline:
+            made.append(c.create_sandbox("local").id)
+            try:
+                event = json.loads(self.lines.get(timeout=0.5))
+            except queue.Empty:
+                continue
+            if (event["subject"], event["kind"]) != (made[-1], "created"):
+                self.until(made[-1], "created")
+            return
+        raise AssertionError(f"the follow showed none of {made}")
+
     def close(self) -> None:
         self.proc.terminate()
         self.proc.wait(timeout=30)
@@ -76,10 +95,12 @@ def test_cli_follows_all_sandboxes_or_one(daemon: DaemonProcess) -> None:
         first = c.create_sandbox("local")
         everything = Follower(daemon, "--limit", "0")
         only_first = Follower(daemon, first.id, "--limit", "1")
+        probes: list[str] = []
         try:
             # The backlog of one: the first's newest event, from before the follow began.
             backlog = only_first.until(first.id, "created")
             assert [e["subject"] for e in backlog] == [first.id]
+            everything.wait_following(c, probes)
             second = c.create_sandbox("local")
             seen = everything.until(second.id, "created")
             # --limit 0: nothing from before the follow, so not the first's creation.
@@ -94,6 +115,8 @@ def test_cli_follows_all_sandboxes_or_one(daemon: DaemonProcess) -> None:
         finally:
             everything.close()
             only_first.close()
+            for probe in probes:
+                c.delete_sandbox(probe)
 
 
 def test_client_iterates_the_events_of_a_sandbox(daemon: DaemonProcess) -> None:
