@@ -154,7 +154,9 @@ class HostProcess(BackendProcess):
                     self._proc.kill()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._proc.wait(), 5)
-            self._output.cancel()
+            # Its pipes to their end, so the subprocess's transport closes
+            # (an escaped holder of one: given up after a second).
+            await self._output.discard(1.0)
 
 
 def signal_exit_code(code: int) -> int:

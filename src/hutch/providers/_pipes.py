@@ -5,6 +5,7 @@ hand back a stdout and a stderr reader (host subprocesses, ssh channels)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Literal, Protocol
 
 from .._types import OutputChunk
@@ -37,6 +38,7 @@ class OutputPipes:
         self._open_streams = 2
         self._errors = errors
         self.error: BaseException | None = None
+        self._readers = (stdout, stderr)
         loop = asyncio.get_running_loop()
         #: The readers' tasks; a process adds its own (feeding stdin) to cancel
         #: them together.
@@ -69,3 +71,19 @@ class OutputPipes:
         the cancelled readers still post their end of stream."""
         for task in self.tasks:
             task.cancel()
+
+    async def discard(self, timeout: float) -> None:
+        """Stop taking output, and read what is left of both streams to their
+        end and drop it, for at most ``timeout`` (then as :meth:`cancel`).
+        For a command whose processes are gone: a stream nobody reads stops
+        at a full buffer, never sees its end, and keeps its pipe (and the
+        process's transport) open until it is collected as garbage."""
+        self.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+        async def drop(reader: ByteReader) -> None:
+            while await reader.read(READ_SIZE):
+                pass
+
+        with contextlib.suppress(TimeoutError, *self._errors):
+            await asyncio.wait_for(asyncio.gather(*map(drop, self._readers)), timeout)
