@@ -89,7 +89,8 @@ rm -f "$mypy_log"
 log "the generated sync faces are up to date (scripts/gen_sync.py)"
 .venv/bin/python scripts/gen_sync.py --check
 log "pytest"
-# Four workers on two cores: much of a test's time is spent waiting on the
-# Engine, a daemon or a sandbox (or on purpose), and with three the cores
-# stood idle 7 % of a run, 4 % with four.
-exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=30 -n "${HUTCH_TEST_WORKERS:-4}" "$@"
+# Three workers: most of a test's time is spent waiting on the Engine, a
+# daemon or a sandbox, not on this machine's two cores (which stand idle
+# about 7 % of a run; four workers take that to 4 %, at more load on the
+# timing of every test).
+exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=30 -n "${HUTCH_TEST_WORKERS:-3}" "$@"

@@ -10,6 +10,13 @@ import subprocess
 import sys
 import tempfile
 import time
+
+# Imported now, not first by the warnings machinery inside a finalizer (a
+# ResourceWarning with a source imports it to say where the object was
+# made): on Python 3.11 an import that runs inside another import on the
+# same thread (a garbage collection during it) breaks the outer one's module
+# lock with a KeyError (gh-91351, fixed in 3.12).
+import tracemalloc  # noqa: F401
 from collections.abc import Iterator
 
 import pytest
