@@ -371,11 +371,12 @@ def test_owned_rows_are_written_by_their_owner_alone(open_store: OpenStore) -> N
     assert stored is not None and stored.owner == "d-1" and stored.lease_expires_at_unix
     # Another daemon's write of it, its deadline or its delete: refused, nothing kept.
     stored.state = "paused"
-    with pytest.raises(OwnershipLost, match="served by daemon d-1"):
+    # The refusal names the row as the user knows it ("sandbox sb-1").
+    with pytest.raises(OwnershipLost, match=r"^sandbox sb-1 is served by daemon d-1"):
         theirs.put_sandbox(stored, ("transition", "running -> paused"))
-    with pytest.raises(OwnershipLost):
+    with pytest.raises(OwnershipLost, match=r"^sandbox sb-1 is served"):
         theirs.set_sandbox_deadline("sb-1", 5.0)
-    with pytest.raises(OwnershipLost):
+    with pytest.raises(OwnershipLost, match=r"^sandbox sb-1 is served"):
         theirs.delete_sandbox("sb-1")
     after = mine.get_sandbox("sb-1")
     assert after is not None and (after.state, after.deadline_unix, after.version) == (
@@ -388,11 +389,11 @@ def test_owned_rows_are_written_by_their_owner_alone(open_store: OpenStore) -> N
     # Workspaces and snapshots alike.
     ws = WorkspaceRow(name="w", status="running", provider="docker", spec={})
     mine.put_workspace(ws)
-    with pytest.raises(OwnershipLost):
+    with pytest.raises(OwnershipLost, match=r"^workspace w is served"):
         theirs.put_workspace(WorkspaceRow(name="w", status="stale", provider="docker", spec={}))
     snap = SnapshotRow(id="snap-1", provider="docker", status="ready")
     mine.put_snapshot(snap)
-    with pytest.raises(OwnershipLost):
+    with pytest.raises(OwnershipLost, match=r"^snapshot snap-1 is served"):
         theirs.delete_snapshot("snap-1")
     # An ownerless (legacy) row is anyone's: the first daemon to write it owns it.
     legacy = open_store()

@@ -79,6 +79,14 @@ JSON_COLUMNS = frozenset({"spec", "description", "meter", "handle", "body"})
 #: kind -> (table, key column) of the rows daemons own.
 OWNED_TABLES = {"sandbox": ("sandboxes", "id"), "workspace": ("workspaces", "name"),
                 "snapshot": ("snapshots", "id")}
+#: table -> what one of its rows is called in an error ("sandbox sb-1").
+_ROW_NOUN = {table: kind for kind, (table, _key) in OWNED_TABLES.items()}
+
+
+
+def _row_named(table: str, ident: object) -> str:
+    return f"{_ROW_NOUN[table]} {ident}"
+
 
 _LOG_EVENT = "INSERT INTO events (at_unix, subject, kind, message) VALUES (?, ?, ?, ?)"
 _FINAL_IN = f"({', '.join('?' for _ in FINAL_VALUES)})"
@@ -179,7 +187,7 @@ class SQLStore(Store):
         to what was written."""
         values = self._values(row, columns)
         ident = getattr(row, key)
-        what = f"{table[:-1]} {ident}"
+        what = _row_named(table, ident)
         found = db.execute(
             f"SELECT owner, epoch, version, lease_expires_at_unix, {self.now_sql} AS now "
             f"FROM {table} WHERE {key} = ?{self.for_update}", (ident,)).fetchone()
@@ -229,11 +237,10 @@ class SQLStore(Store):
             "RETURNING owner, lease_expires_at_unix, epoch, version",
             (*values, *params)).fetchone()
         if done is None:
+            what = _row_named(table, getattr(row, key))
             if self.writer is not None:
-                raise OwnershipLost(f"{table[:-1]} {getattr(row, key)} was made by another "
-                                    "daemon at once")
-            raise WriteConflict(f"{table[:-1]} {getattr(row, key)} was made by another writer "
-                                "at once")
+                raise OwnershipLost(f"{what} was made by another daemon at once")
+            raise WriteConflict(f"{what} was made by another writer at once")
         row.owner, row.lease_expires_at_unix, row.epoch, row.version = (
             done["owner"], done["lease_expires_at_unix"], done["epoch"], done["version"])
 
@@ -246,7 +253,7 @@ class SQLStore(Store):
         if found is None:
             return False
         if self.writer is not None:
-            check_fence(f"{table[:-1]} {ident}", self.writer, found, None, found["now"])
+            check_fence(_row_named(table, ident), self.writer, found, None, found["now"])
         return True
 
     def _fenced_delete(self, table: str, key: str, ident: str) -> None:
