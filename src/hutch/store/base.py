@@ -289,13 +289,15 @@ class Store(abc.ABC):
     def take_over(self, kind: str, key: str) -> bool:
         """The writer takes the row (``kind``: sandbox, workspace or snapshot)
         if it is ownerless, its own, or its owner's lease lapsed: owner set,
-        epoch bumped, lease renewed. Whether it is now the writer's."""
+        epoch bumped, lease renewed. Whether it is now the writer's: not
+        while another transaction holds the row (its owner may be stalled in
+        its heartbeat), which is passed over at once, not waited on."""
 
-    # -- sandboxes ---------------------------------------------------------------------
     @abc.abstractmethod
     def take_over_lapsed(self, kind: str) -> list[str]:
         """The writer takes every row of ``kind`` (workspace, snapshot) whose
-        owner's lease lapsed, at once (each goes to one taker); their keys."""
+        owner's lease lapsed, at once (each goes to one taker); their keys.
+        Rows another transaction holds are passed over, as by :meth:`take_over`."""
 
     # -- sandboxes ---------------------------------------------------------------------
     @abc.abstractmethod

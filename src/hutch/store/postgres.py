@@ -180,6 +180,24 @@ _MIGRATION_LOCK = 0x6875746368
 
 _DB_NOW = "EXTRACT(EPOCH FROM clock_timestamp())::double precision"
 
+#: The longest a session of the store may sit inside a transaction between
+#: two statements, and the longest a statement waits for another's lock.
+#: hutch's transactions do nothing between their statements but the next
+#: one (a few ms), so a session still inside one after this long belongs to
+#: a program that stalled (stopped, paused, swapped out): the server ends
+#: the session, its transaction is undone and its row locks freed, so a
+#: stalled daemon keeps no row from the fleet (a daemon's heartbeat locks
+#: every row it owns). The stalled program's next call is refused
+#: (``StoreUnavailable``), never committed late.
+STALLED_TRANSACTION_SECONDS = 2.0
+#: Session settings every connection of the store starts with.
+_SESSION = (
+    f"SET idle_in_transaction_session_timeout = {int(STALLED_TRANSACTION_SECONDS * 1000)}; "
+    f"SET lock_timeout = {int(STALLED_TRANSACTION_SECONDS * 1000)}"
+)
+#: A migration waits this long for another program's (they run in turn).
+_MIGRATION_WAIT_MS = 60_000
+
 
 class _Placeholders:
     """A connection that takes :mod:`.sql`'s ``?`` placeholders (psycopg's are ``%s``)."""
@@ -201,6 +219,7 @@ class PostgresStore(SQLStore):
     #: The database's clock: daemons on several hosts agree on when a lease lapsed.
     now_sql = _DB_NOW
     for_update = " FOR UPDATE"
+    skip_locked = " FOR UPDATE SKIP LOCKED"
     greatest = "GREATEST"
 
     def __init__(self, conninfo: str, *, local_root: str, max_connections: int = 8) -> None:
@@ -215,7 +234,7 @@ class PostgresStore(SQLStore):
                 max_size=max_connections, open=True, timeout=30,
                 kwargs={"autocommit": True, "row_factory": dict_row,
                         "application_name": self._origin},
-                name=self._origin,
+                configure=_configure_session, name=self._origin,
             )
             self._pool.wait(timeout=30)
         except (psycopg.Error, psycopg_pool_errors()) as exc:
@@ -234,6 +253,7 @@ class PostgresStore(SQLStore):
     # -- plumbing ----------------------------------------------------------------------
     def _migrate(self) -> None:
         with self._connection() as conn, conn.transaction():
+            conn.execute(f"SET LOCAL lock_timeout = {_MIGRATION_WAIT_MS}")
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
             conn.execute("CREATE TABLE IF NOT EXISTS hutch_migrations ("
                          "version INTEGER PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL)")
@@ -307,6 +327,10 @@ class PostgresStore(SQLStore):
 
     def changes_by_others(self) -> int | None:
         return self._changes
+
+
+def _configure_session(conn: psycopg.Connection[Row]) -> None:
+    conn.execute(_SESSION)
 
 
 def probe(conninfo: str) -> None:

@@ -8,7 +8,8 @@ saying how it differs, in a few small members:
   on in its own style;
 - the clock (:attr:`SQLStore.now_sql`): the time leases are taken and judged by;
 - row locking (:attr:`SQLStore.for_update`): what a read that decides a write
-  adds to hold the row until the transaction ends;
+  adds to hold the row until the transaction ends (:attr:`SQLStore.skip_locked`
+  where a row another transaction holds is left for a later look);
 - JSON (:meth:`SQLStore.json_in`, :meth:`SQLStore.json_out`) and the larger
   of two values (:attr:`SQLStore.greatest`).
 
@@ -111,6 +112,12 @@ class SQLStore(Store):
     #: What a read that decides a write adds to lock its rows ("" where the
     #: transaction itself holds the database, as SQLite's ``BEGIN IMMEDIATE``).
     for_update: ClassVar[str] = ""
+    #: As :attr:`for_update`, for a takeover's reads: a row another
+    #: transaction holds now is passed over (taken on a later look), not
+    #: waited on. That holder may be its owner, stalled in the middle of its
+    #: heartbeat: a takeover waiting on it would keep the fleet from the
+    #: row, and the taker's own heartbeat with it, until the owner woke.
+    skip_locked: ClassVar[str] = ""
     #: The SQL function giving the larger of two values.
     greatest: ClassVar[str] = "MAX"
 
@@ -295,9 +302,9 @@ class SQLStore(Store):
         with self._transaction() as db:
             found = db.execute(
                 f"SELECT owner, COALESCE(lease_expires_at_unix, 0) < {self.now_sql} AS lapsed "
-                f"FROM {table} WHERE {column} = ?{self.for_update}", (key,)).fetchone()
+                f"FROM {table} WHERE {column} = ?{self.skip_locked}", (key,)).fetchone()
             if found is None:
-                return False
+                return False  # no such row, or another transaction holds it now
             if found["owner"] not in (None, writer) and not found["lapsed"]:
                 return False
             db.execute(f"UPDATE {table} SET owner = ?, epoch = epoch + 1, version = version + 1, "
@@ -310,8 +317,9 @@ class SQLStore(Store):
         writer = self._taker()
         return [r[column] for r in self._read_write(
             f"UPDATE {table} SET owner = ?, epoch = epoch + 1, version = version + 1, "
-            f"lease_expires_at_unix = {self.now_sql} + ? WHERE owner IS NOT NULL AND owner <> ? "
-            f"AND lease_expires_at_unix < {self.now_sql} RETURNING {column}",
+            f"lease_expires_at_unix = {self.now_sql} + ? WHERE {column} IN ("
+            f"SELECT {column} FROM {table} WHERE owner IS NOT NULL AND owner <> ? "
+            f"AND lease_expires_at_unix < {self.now_sql}{self.skip_locked}) RETURNING {column}",
             (writer, self.lease_seconds, writer))]
 
     # -- sandboxes -----------------------------------------------------------------------
