@@ -606,6 +606,14 @@ class BubblewrapSandbox(SandboxBackend):
             os.unlink(_keeper_file(self.parts.layers.sandbox_dir))
         self._unpin_upper()
 
+    def _drop_agent_connections(self) -> None:
+        """The agent ends with the sandbox's processes: the connections kept
+        to it for the next request are closed now, not found by garbage
+        collection. (Dropping them is harmless where the end then fails: a
+        request connects again.)"""
+        if self._agent is not None:
+            self._agent.drop_connections()
+
     async def release_runtime(self) -> None:
         """Its keeper ended outside hutch: what the sandbox wrote is saved
         from its tmpfs (held by :meth:`_pin_upper`) to the upper layer on
@@ -633,6 +641,7 @@ class BubblewrapSandbox(SandboxBackend):
                 except (OSError, ProviderError) as exc:
                     log.warning("sandbox %s: releasing its dead runtime: %s",
                                 self.sandbox_id, exc)
+        self._drop_agent_connections()
         await anyio.to_thread.run_sync(run)
 
     async def suspend(self) -> None:
@@ -647,6 +656,7 @@ class BubblewrapSandbox(SandboxBackend):
                 self._end_processes()
             fault_point("suspend.bubblewrap.ended")
             self.parts.layers.upper_on = "disk"
+        self._drop_agent_connections()
         await anyio.to_thread.run_sync(run)
 
     async def resume(self) -> None:
@@ -683,6 +693,7 @@ class BubblewrapSandbox(SandboxBackend):
                     errors.append(str(exc))
             if errors:
                 raise ProviderError(f"closing sandbox {self.sandbox_id}: {'; '.join(errors)}")
+        self._drop_agent_connections()
         await anyio.to_thread.run_sync(run)
 
     async def close(self) -> None:
