@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests import artifacts, snapshot_leaks
+from tests import artifacts, postgres_fixture, snapshot_leaks
 from tests.daemon_fixture import DaemonProcess
 
 TEST_IMAGE = os.environ.get("HUTCH_TEST_IMAGE", "hutch-test:bookworm")
@@ -90,6 +90,17 @@ def docker_runtime(request: pytest.FixtureRequest) -> str:
     """Each docker test that takes this runs on both runtimes: hutch's agent
     inside the container, and docker's own exec and archive API."""
     return str(request.param)
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster() -> Iterator[postgres_fixture.PostgresCluster]:
+    """A throwaway PostgreSQL server, one per worker: each test takes a
+    database of its own from it (``new_database``)."""
+    made = postgres_fixture.PostgresCluster()
+    try:
+        yield made
+    finally:
+        made.close()
 
 
 # -- hygiene -----------------------------------------------------------------------------

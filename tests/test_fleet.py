@@ -31,23 +31,14 @@ LEASE_SECONDS = 5
 SANDBOXES = 300
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[postgres_fixture.PostgresCluster]:
-    made = postgres_fixture.PostgresCluster()
-    try:
-        yield made
-    finally:
-        made.close()
-
-
 def fleet_daemon(store: str) -> DaemonProcess:
     return DaemonProcess(extra_env={"HUTCH_STORE": store,
                                     "HUTCH_FLEET_LEASE_SECONDS": str(LEASE_SECONDS)})
 
 
 @pytest.fixture
-def fleet(cluster: postgres_fixture.PostgresCluster) -> Iterator[list[DaemonProcess]]:
-    store = cluster.url(cluster.new_database())
+def fleet(postgres_cluster: postgres_fixture.PostgresCluster) -> Iterator[list[DaemonProcess]]:
+    store = postgres_cluster.url(postgres_cluster.new_database())
     daemons = [fleet_daemon(store) for _ in range(3)]
     try:
         for d in daemons:
@@ -381,7 +372,7 @@ def test_a_stalled_daemon_s_late_writes_are_refused(fleet: list[DaemonProcess]) 
 
 @pytest.mark.docker
 def test_a_killed_daemon_s_e2b_sandboxes_are_taken_over(
-    cluster: postgres_fixture.PostgresCluster,
+    postgres_cluster: postgres_fixture.PostgresCluster,
 ) -> None:
     """A remote provider's sandboxes (E2B's, here a second ``hutch serve``
     standing in for its service) are reachable from any daemon that has the
@@ -390,7 +381,7 @@ def test_a_killed_daemon_s_e2b_sandboxes_are_taken_over(
     from hutch._e2bkey import e2b_key
 
     standin = DaemonProcess(provider="docker").start()
-    store = cluster.url(cluster.new_database())
+    store = postgres_cluster.url(postgres_cluster.new_database())
     env = {"E2B_API_URL": standin.url, "E2B_SANDBOX_URL": standin.url,
            "E2B_API_KEY": e2b_key(standin.token), "HUTCH_STORE": store,
            "HUTCH_FLEET_LEASE_SECONDS": str(LEASE_SECONDS)}

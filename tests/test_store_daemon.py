@@ -9,22 +9,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 
 import pytest
 
 import hutch
 from tests import postgres_fixture
 from tests.daemon_fixture import DaemonProcess, free_port
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[postgres_fixture.PostgresCluster]:
-    made = postgres_fixture.PostgresCluster()
-    try:
-        yield made
-    finally:
-        made.close()
 
 
 def _refused(d: DaemonProcess) -> str:
@@ -53,9 +43,9 @@ def test_a_second_daemon_on_one_data_dir_is_refused_until_the_first_is_gone() ->
 
 
 def test_a_daemon_on_postgresql_keeps_its_sandboxes_across_restarts(
-    cluster: postgres_fixture.PostgresCluster,
+    postgres_cluster: postgres_fixture.PostgresCluster,
 ) -> None:
-    store = cluster.url(cluster.new_database())
+    store = postgres_cluster.url(postgres_cluster.new_database())
     d = DaemonProcess(extra_env={"HUTCH_STORE": store}).start()
     other = DaemonProcess(extra_env={"HUTCH_STORE": store})
     try:

@@ -32,20 +32,11 @@ ON_LOOP = "store call on the event loop"
 GUARD_SECONDS = 120
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[postgres_fixture.PostgresCluster]:
-    made = postgres_fixture.PostgresCluster()
-    try:
-        yield made
-    finally:
-        made.close()
-
-
 @pytest.fixture(params=["sqlite", "postgresql"])
 def daemon(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[DaemonProcess]:
     env = {"HUTCH_STORE_OFF_LOOP_CHECK": "1"}
     if request.param == "postgresql":
-        cluster: postgres_fixture.PostgresCluster = request.getfixturevalue("cluster")
+        cluster: postgres_fixture.PostgresCluster = request.getfixturevalue("postgres_cluster")
         env["HUTCH_STORE"] = cluster.url(cluster.new_database())
     config = tmp_path / "hutch.toml"
     config.write_text(textwrap.dedent("""

@@ -18,7 +18,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -44,15 +43,6 @@ except Exception as exc:
 """
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[postgres_fixture.PostgresCluster]:
-    made = postgres_fixture.PostgresCluster()
-    try:
-        yield made
-    finally:
-        made.close()
-
-
 def until(what: str, check: object, seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while not check():  # type: ignore[operator]
@@ -70,9 +60,9 @@ def session_state(conninfo: str, pid: int) -> tuple[str | None, str | None]:
 
 
 def test_a_daemon_stalled_inside_its_heartbeat_keeps_nothing_from_the_fleet(
-    cluster: postgres_fixture.PostgresCluster, tmp_path: Path,
+    postgres_cluster: postgres_fixture.PostgresCluster, tmp_path: Path,
 ) -> None:
-    conninfo = cluster.new_database()
+    conninfo = postgres_cluster.new_database()
     maker = PostgresStore(conninfo, local_root=str(tmp_path / "maker"))
     maker.act_as("d-stalled", 1.0)
     maker.put_sandbox(SandboxRow(id="sb-1", provider="docker", state="running", spec={},

@@ -30,18 +30,8 @@ from hutch.store import (
     WorkspaceRow,
     WriteConflict,
 )
-from tests import postgres_fixture
 
 OpenStore = Callable[[], Store]
-
-
-@pytest.fixture(scope="session")
-def postgres_cluster() -> Iterator[postgres_fixture.PostgresCluster]:
-    cluster = postgres_fixture.PostgresCluster()
-    try:
-        yield cluster
-    finally:
-        cluster.close()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
