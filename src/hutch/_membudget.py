@@ -144,3 +144,11 @@ class Spool(tempfile.SpooledTemporaryFile):  # type: ignore[type-arg]
             super().close()
         finally:
             self._release()
+
+    def __del__(self) -> None:
+        # A spool is dropped unread as a matter of course (the output of a
+        # background command whose handle nobody reads, the commands a
+        # sandbox's end forgets): collected, it is closed and its share given
+        # back, with no ResourceWarning (SpooledTemporaryFile's own warns).
+        if not self.closed:
+            self.close()
