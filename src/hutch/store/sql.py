@@ -84,7 +84,6 @@ OWNED_TABLES = {"sandbox": ("sandboxes", "id"), "workspace": ("workspaces", "nam
 _ROW_NOUN = {table: kind for kind, (table, _key) in OWNED_TABLES.items()}
 
 
-
 def _row_named(table: str, ident: object) -> str:
     return f"{_ROW_NOUN[table]} {ident}"
 
