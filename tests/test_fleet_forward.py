@@ -26,7 +26,7 @@ from tests.conftest import TEST_IMAGE
 from tests.daemon_fixture import DaemonProcess
 from tests.hazards import sleepers
 from tests.test_e2b_sdk import PORT_SERVER, WEBSOCKET_SERVER
-from tests.test_fleet import LEASE_SECONDS, client, cluster, fleet  # noqa: F401 (fixtures)
+from tests.test_fleet import LEASE_SECONDS, client, fleet  # noqa: F401 (fixtures)
 
 
 def test_calls_naming_their_sandbox_in_the_body_are_served_by_its_owner(
@@ -76,9 +76,9 @@ def test_sandboxes_and_workspaces_from_another_daemon_s_snapshot(
 
 @pytest.fixture
 def docker_fleet(
-    cluster: postgres_fixture.PostgresCluster,  # noqa: F811
+    postgres_cluster: postgres_fixture.PostgresCluster,
 ) -> Iterator[list[DaemonProcess]]:
-    store = cluster.url(cluster.new_database())
+    store = postgres_cluster.url(postgres_cluster.new_database())
     daemons = [DaemonProcess(provider="docker", extra_env={
         "HUTCH_STORE": store, "HUTCH_FLEET_LEASE_SECONDS": str(LEASE_SECONDS)})
         for _ in range(2)]
