@@ -225,16 +225,10 @@ class FreezeGuard:
             return kernel_says
         return self._paused is True
 
-    def refusal_is_lag(self, kernel_says: bool | None) -> bool:
-        """Whether the Engine refusing an exec as "paused" is its lag: the
-        kernel's freezer (``kernel_says``, read after the refusal) holds the
-        container running, whoever unpaused it (this process, or another
-        whose unpause the Engine's flag has not caught up with yet); where
-        the freezer cannot be read, what this process last made the Engine
-        do (an unpause). Asked under ``starting``, when no freeze is under
-        way in any program."""
-        if kernel_says is not None:
-            return not kernel_says
+    def refusal_is_lag(self) -> bool:
+        """Whether the Engine refusing an exec as "paused" contradicts what
+        this process last made it do (an unpause), and so is its lag. Asked
+        under ``starting``, when no freeze is under way."""
         return self._paused is False
 
 

@@ -599,10 +599,9 @@ class DockerProcesses(DockerProvisioning):
                         response = api.exec_start(created["Id"], socket=True)
                         break
                     except docker.errors.APIError as exc:
-                        # "is paused" just after an unpause (this process's or
-                        # another's): the Engine's flag lags (see FreezeGuard).
-                        if ("is paused" not in str(exc)
-                                or not guard.refusal_is_lag(frozen_state(container))
+                        # "is paused" just after this process unpaused it: the
+                        # Engine's flag lags (see FreezeGuard); it is running.
+                        if ("is paused" not in str(exc) or not guard.refusal_is_lag()
                                 or time.monotonic() > deadline):
                             raise
                         time.sleep(delay)
