@@ -1,5 +1,4 @@
-"""The import graph's cycles: none but today's known knot (issue 21), which may
-only shrink. Layer rules are import-linter contracts in pyproject.toml, run by
+"""The import graph has no cycle (issue 21 cut the last knot). Layer rules are import-linter contracts in pyproject.toml, run by
 the test command; this test is the no-cycle rule they cannot state."""
 
 from __future__ import annotations
@@ -12,12 +11,6 @@ import sys
 
 import grimp
 import pytest
-
-#: Modules that import each other in a circle today, by strongly connected
-#: component. The redesign removes them; a new cycle, or a module joining
-#: one, fails this test.
-KNOWN_CYCLES: list[set[str]] = []
-
 
 def _components(graph: grimp.ImportGraph) -> list[set[str]]:
     """Tarjan's strongly connected components of more than one module."""
@@ -71,11 +64,10 @@ def _components(graph: grimp.ImportGraph) -> list[set[str]]:
     return found
 
 
-def test_no_import_cycle_beyond_the_known_knot() -> None:
+def test_no_import_cycle() -> None:
     graph = grimp.build_graph("hutch", exclude_type_checking_imports=True)
-    components = _components(graph)
-    new = [sorted(c) for c in components if not any(c <= known for known in KNOWN_CYCLES)]
-    assert new == [], "import cycles beyond the known knot (docs/architecture.md)"
+    cycles = [sorted(c) for c in _components(graph)]
+    assert cycles == [], "modules that import each other in a circle (docs/architecture.md)"
 
 
 def test_only_the_cli_imports_the_http_server() -> None:

@@ -519,11 +519,15 @@ async def test_a_kill_in_a_paused_sandbox_dooms_the_tree_before_it_answers(
         paused = True
         if process is not None:
             await process.kill()
+            # Its end is the SIGKILL's, told now: nothing of it runs again.
+            assert (process.running, process.exit_code) == (False, 128 + 9)
         else:
             assert stream is not None
             await stream.aclose()  # type: ignore[attr-defined]
         alive = [p for p in remaining(kind, tag) if p[1] not in ("Z", "X")]
         doomed = [p for p in alive if _sigkill_pending(p[0])]
+        # Told while the sandbox is still paused: no command of it is left running.
+        assert [p.exit_code for p in sandbox.processes() if p.running] == []
     finally:
         if paused:
             await sandbox.resume()

@@ -74,6 +74,10 @@ class HostProcess(BackendProcess):
         self._cgroup = cgroup
         self._monitor = monitor
         self._held = held
+        #: Its end as settled by a kill in its frozen sandbox (the SIGKILL's,
+        #: told before the kernel tells it, at the thaw); where it can be frozen.
+        self._doomed: asyncio.Future[int] | None = (
+            None if held is None else asyncio.get_running_loop().create_future())
         self._exec_id = exec_id
         assert proc.stdout is not None and proc.stderr is not None
         self._output = OutputPipes(proc.stdout, proc.stderr)
@@ -124,11 +128,26 @@ class HostProcess(BackendProcess):
         return await self._output.read()
 
     async def wait(self) -> int:
-        return signal_exit_code(await self._proc.wait())
+        doomed = self._doomed
+        if doomed is None or self._proc.returncode is not None:
+            return signal_exit_code(await self._proc.wait())
+        if not doomed.done():
+            # Whichever is first: the kernel's end, or a kill's in its frozen sandbox.
+            ended = asyncio.ensure_future(self._proc.wait())
+            try:
+                await asyncio.wait((ended, doomed), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not ended.done():
+                    ended.cancel()
+            if ended.done() and not ended.cancelled():
+                return signal_exit_code(ended.result())
+        return doomed.result()
 
     @property
     def returncode(self) -> int | None:
         code = self._proc.returncode
+        if code is None and self._doomed is not None and self._doomed.done():
+            return self._doomed.result()
         return None if code is None else signal_exit_code(code)
 
     async def kill(self, grace: float) -> None:
@@ -144,19 +163,38 @@ class HostProcess(BackendProcess):
             cgroup=self._cgroup,
             leader_start=self._leader_start,
         )
+        doomed = False
         try:
-            await tree.kill(grace)
+            doomed = await tree.kill(grace)
         finally:
+            if doomed:
+                self._settle_doomed()
+            else:
+                await self._end_leader()
+
+    def _settle_doomed(self) -> None:
+        """The end of a command whose tree holds its SIGKILLs in a frozen
+        sandbox: the SIGKILL's, told now, as its output's end (the thaw
+        closes its pipes, whose readers have stopped; nothing of it is left
+        running)."""
+        assert self._doomed is not None  # a tree held only where it can be frozen
+        if not self._doomed.done():
+            self._doomed.set_result(128 + signal.SIGKILL)
+        self._output.cancel()
+
+    async def _end_leader(self) -> None:
+        """After a kill (a tree gone, or what outlived it said): the end of its
+        leader, and of its pipes."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._proc.wait(), 1 if self._monitor else 5)
+        if self._proc.returncode is None:  # a monitor still setting up
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.kill()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._proc.wait(), 1 if self._monitor else 5)
-            if self._proc.returncode is None:  # a monitor still setting up
-                with contextlib.suppress(ProcessLookupError):
-                    self._proc.kill()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._proc.wait(), 5)
-            # Its pipes to their end, so the subprocess's transport closes
-            # (an escaped holder of one: given up after a second).
-            await self._output.discard(1.0)
+                await asyncio.wait_for(self._proc.wait(), 5)
+        # Its pipes to their end, so the subprocess's transport closes
+        # (an escaped holder of one: given up after a second).
+        await self._output.discard(1.0)
 
 
 def signal_exit_code(code: int) -> int:

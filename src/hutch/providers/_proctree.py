@@ -193,13 +193,14 @@ class ProcessTree:
             left.append(pid)
         return left
 
-    async def kill(self, grace: float, *, bound: float = REAP_SECONDS) -> None:
+    async def kill(self, grace: float, *, bound: float = REAP_SECONDS) -> bool:
         """SIGTERM, ``grace`` for the tree to go, then SIGKILL until none is
         alive and every one seen is reaped; raises :class:`KillIncomplete`
         if some are still there ``bound`` seconds past the grace. While the
         sandbox is held frozen (``held``: its user's pause), its processes
         cannot end: the kill answers once its SIGKILLs are sent, and they
-        end at the thaw, before anything of theirs runs again."""
+        end at the thaw, before anything of theirs runs again. Returns
+        whether it answered so (True: the tree is doomed, held; False: gone)."""
         held = self._held
         # Each look reads many files of /proc: in a worker thread, never on the loop.
         if await asyncio.to_thread(self.signal, signal.SIGTERM):
@@ -208,12 +209,18 @@ class ProcessTree:
         await _until(lambda: not self.signal(signal.SIGKILL) or held(), until, _POLL_SECONDS / 4)
         await _until(lambda: not self.unreaped() or held(), until)
         left = self.unreaped()
-        if left and not held():
-            states = {pid: (s.state if (s := _stat(pid)) else "?") for pid in left}
-            raise KillIncomplete(
-                f"{len(left)} processes of the command outlived its kill by {bound:g} s "
-                f"(pid: state {states}); they still hold their share of the sandbox"
-            )
+        if not left:
+            return False
+        if held():
+            # One more round, looked for now that the sandbox is frozen: a
+            # process forked while it was freezing gets its SIGKILL too.
+            await asyncio.to_thread(self.signal, signal.SIGKILL)
+            return True
+        states = {pid: (s.state if (s := _stat(pid)) else "?") for pid in left}
+        raise KillIncomplete(
+            f"{len(left)} processes of the command outlived its kill by {bound:g} s "
+            f"(pid: state {states}); they still hold their share of the sandbox"
+        )
 
 
 def _send(pid: int, start: int, sig: int) -> None:

@@ -30,13 +30,11 @@ that is not one of them is wrapped as ``ProviderError`` by the caller.
 from __future__ import annotations
 
 import abc
-import asyncio
 import dataclasses
 import enum
 import re
 import stat
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from typing import IO, Any, ClassVar
 
 from pydantic import BaseModel, model_validator
@@ -55,101 +53,17 @@ from .._errors import (
     SandboxUnavailable,
 )
 from .._globmatch import compile_glob
-from .._types import Capabilities, FileInfo, FileType, GrepMatch, OutputChunk, ProviderSnapshot
+from .._types import Capabilities, FileInfo, FileType, GrepMatch, ProviderSnapshot
 from .._values import text_problems
 from ._grep import GrepBatches
+from .base_process import EXEC_MARKER as EXEC_MARKER
+from .base_process import SANDBOX_MARKER as SANDBOX_MARKER
+from .base_process import BackendProcess as BackendProcess
+from .base_process import FutureExitProcess as FutureExitProcess
+from .base_process import ProcessRequest as ProcessRequest
+from .base_process import PtyProcess as PtyProcess
+from .base_process import UnstartedProcess as UnstartedProcess
 from .watching import BackendWatch, PollWatch
-
-
-class BackendProcess(abc.ABC):
-    """A process running in a sandbox, as the backend sees it.
-
-    ``read`` returns output chunks in the order they were produced and
-    ``None`` once both streams are closed. ``kill`` ends the whole process
-    tree the command started (SIGTERM, ``grace`` seconds, SIGKILL), including
-    children that ignore SIGTERM or left the process group.
-    """
-
-    @abc.abstractmethod
-    async def read(self) -> OutputChunk | None: ...
-
-    @abc.abstractmethod
-    async def wait(self) -> int: ...
-
-    @abc.abstractmethod
-    async def kill(self, grace: float) -> None: ...
-
-    @property
-    def returncode(self) -> int | None:
-        """The exit code once known: ``128 + N`` for a command killed by signal N."""
-        return None
-
-    @property
-    def oom_killed(self) -> bool:
-        """Whether the kernel's OOM killer ended it, where the provider can tell."""
-        return False
-
-    async def write_stdin(self, data: bytes) -> None:
-        """Write ``data`` to the command's stdin, kept open at its start
-        (``ProcessRequest.keep_stdin``): returns once its pipe took them (a
-        command that does not read makes it wait, as a full pipe does), and
-        raises :class:`StdinClosed` once the command closed its stdin or
-        ended. Called only by :class:`hutch.Process`, which checks first that
-        stdin was kept open and not closed, one write at a time."""
-        raise CapabilityUnsupported(
-            f"{type(self).__name__} cannot write to a running command's stdin"
-        )
-
-    async def close_stdin(self) -> None:
-        """Close the command's stdin (it reads its end of file). Idempotent
-        on a command that has ended."""
-        raise CapabilityUnsupported(
-            f"{type(self).__name__} cannot close a running command's stdin"
-        )
-
-
-class UnstartedProcess(BackendProcess):
-    """A command that could not start (its user does not exist): as on every
-    other execution API, a process that said why on stderr and exited 126."""
-
-    EXIT_CODE = 126
-
-    def __init__(self, reason: str) -> None:
-        self._unread: list[OutputChunk] = [OutputChunk("stderr", f"{reason}\n".encode())]
-
-    async def read(self) -> OutputChunk | None:
-        return self._unread.pop() if self._unread else None
-
-    async def wait(self) -> int:
-        return self.EXIT_CODE
-
-    async def kill(self, grace: float) -> None:
-        return None
-
-    @property
-    def returncode(self) -> int | None:
-        return self.EXIT_CODE
-
-
-class FutureExitProcess(BackendProcess):
-    """A process whose reader settles its end: ``_exit`` (a future, given the
-    exit code or the failure), ``_exit_code`` and ``_oom_killed``, set by the
-    subclass; how they are answered is written once here."""
-
-    _exit: asyncio.Future[int]
-    _exit_code: int | None
-    _oom_killed: bool
-
-    async def wait(self) -> int:
-        return await asyncio.shield(self._exit)
-
-    @property
-    def returncode(self) -> int | None:
-        return self._exit_code
-
-    @property
-    def oom_killed(self) -> bool:
-        return self._oom_killed
 
 
 class RuntimeState(enum.Enum):
@@ -194,42 +108,6 @@ class RuntimeLost(SandboxUnavailable):
     ``_errors``, so that the code still names :class:`SandboxUnavailable`."""
 
 
-class PtyProcess(BackendProcess):
-    """A process on a pseudo-terminal: its output (one stream, ``stdout``) is
-    read as any process's; what is typed is written; the window resized."""
-
-    @abc.abstractmethod
-    async def write(self, data: bytes) -> None: ...
-
-    @abc.abstractmethod
-    async def resize(self, rows: int, cols: int) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class ProcessRequest:
-    """A command a runtime is asked to start: ``argv`` in ``cwd`` (absolute,
-    inside the sandbox), with ``env`` over the sandbox's own environment,
-    ``stdin`` fed and then closed (None: no input, its stdin at end of file),
-    as ``user`` (None: the sandbox's default user). With ``keep_stdin`` its
-    stdin is a pipe left open after ``stdin``'s bytes, for
-    :meth:`BackendProcess.write_stdin` and ``close_stdin``."""
-
-    argv: Sequence[str]
-    cwd: str
-    env: Mapping[str, str] = field(default_factory=dict)
-    stdin: bytes | None = None
-    user: str | None = None
-    keep_stdin: bool = False
-
-    @property
-    def stdin_piped(self) -> bool:
-        """Whether the command's stdin is a pipe hutch writes (not /dev/null)."""
-        return self.stdin is not None or self.keep_stdin
-
-
-#: In the environment of every command hutch starts: its own id, and its sandbox's.
-EXEC_MARKER = "HUTCH_EXEC_ID"
-SANDBOX_MARKER = "HUTCH_SANDBOX_ID"
 
 # Kills (SIGKILL) every process whose environment has an exec marker of any
 # value and the sandbox's marker ($1), except this script's own exec (and

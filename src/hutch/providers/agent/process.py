@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 from typing import TYPE_CHECKING, NoReturn
 
 from ..._errors import HutchError, KillIncomplete, ProviderError, StdinClosed
@@ -268,7 +267,5 @@ class AgentProcess(FutureExitProcess, PtyProcess):
             if not frozen():  # thawed meanwhile: the agent tells the exit
                 with contextlib.suppress(TimeoutError, HutchError, AgentFailure):
                     await asyncio.wait_for(asyncio.shield(self._exit), 5)
-            if not self._exit.done():
-                self._exit_code = 128 + signal.SIGKILL
-                self._exit.set_result(self._exit_code)
+            self._settle_doomed()
             self._channel.close()

@@ -284,6 +284,9 @@ class DockerProcess(FutureExitProcess):
         self._room = threading.Semaphore(EXEC_QUEUE_CHUNKS)
         #: Set by kill: nobody may read on, so the thread stops waiting for room.
         self._abandoned = threading.Event()
+        #: Set by a kill that left its tree holding SIGKILLs in the frozen
+        #: container: its end is settled, and the thread waits for no exit status.
+        self._doomed = threading.Event()
         #: Writes to its stdin, one at a time in order, off the event loop
         #: (a send blocks while the command does not read).
         self._stdin_turn = threading.Lock()
@@ -432,7 +435,7 @@ class DockerProcess(FutureExitProcess):
                     break
                 if self._wait_for_room():
                     self._post(OutputChunk("stderr" if kind == 2 else "stdout", payload))
-            code = self._inspect_exit_code()
+            code = 128 + signal.SIGKILL if self._doomed.is_set() else self._inspect_exit_code()
             if code == 128 + 9 and self._oom_before is not None:
                 container = self._sandbox.container_id or ""
                 self._oom_killed = _workload.oom_counted_since(
@@ -465,7 +468,7 @@ class DockerProcess(FutureExitProcess):
         process is there, and for :data:`EXEC_DRAIN_SECONDS` once it is gone."""
         api = engine()
         delay = 0.002
-        while True:
+        while not self._doomed.is_set():
             info = api.exec_inspect(self._exec_id)
             if not info["Running"] and info["ExitCode"] is not None:
                 return int(info["ExitCode"])
@@ -480,11 +483,12 @@ class DockerProcess(FutureExitProcess):
                 )
             time.sleep(delay)
             delay = min(delay * 2, EXEC_CHECK_MAX_SECONDS)
+        return 128 + signal.SIGKILL
 
     def _set_exit(self, code: int, failure: HutchError | None = None) -> None:
-        self._exit_code = None if failure is not None else code
-        if self._exit.done():
+        if self._exit.done():  # settled by a kill (_settle_doomed)
             return
+        self._exit_code = None if failure is not None else code
         if failure is not None:
             self._exit.set_exception(failure)
             self._exit.exception()  # retrieved here; wait() raises it again
@@ -546,13 +550,18 @@ class DockerProcess(FutureExitProcess):
         # pids limit leaves no room to start one) is killed from the host.
         with contextlib.suppress(HutchError):
             await _call(self._sandbox.kill_marked_from_host, self._marker)
+        doomed = False
         try:
-            await tree.kill(0)
+            doomed = await tree.kill(0)
         finally:
-            # Closing the socket ends the reader even if an orphan kept a pipe open.
+            if doomed:
+                self._doomed.set()
+                self._settle_doomed()
+            # Closing the socket ends the reader even if an orphan kept a pipe
+            # open, or the frozen tree holds it until the thaw.
             with contextlib.suppress(TimeoutError, HutchError):
                 await asyncio.wait_for(asyncio.shield(self._exit), 5)
-            if not self._exit.done():
+            if doomed or not self._exit.done():
                 with contextlib.suppress(OSError):
                     self._sock.shutdown(socket.SHUT_RDWR)
 
