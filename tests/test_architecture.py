@@ -1,5 +1,6 @@
-"""The import graph has no cycle (issue 21 cut the last knot). Layer rules are import-linter contracts in pyproject.toml, run by
-the test command; this test is the no-cycle rule they cannot state."""
+"""The import graph has no cycle (issue 21 cut the last knot). Layer rules
+are import-linter contracts in pyproject.toml, run by the test command; this
+test is the no-cycle rule they cannot state."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sys
 
 import grimp
 import pytest
+
 
 def _components(graph: grimp.ImportGraph) -> list[set[str]]:
     """Tarjan's strongly connected components of more than one module."""

@@ -66,8 +66,11 @@ async def test_twenty_pause_resume_cycles_keep_files_and_processes(docker_runtim
             await sb.pause()
             assert sb.state == SandboxState.PAUSED
             await sb.resume()
-            for j in range(i + 1):
-                assert await sb.read_text(f"/root/p-{j}.txt") == str(j)
+            # Every file so far, in one look (a read each costs an archive
+            # call apiece on the native runtime: 200 of them, 11 s).
+            listing = await sb.exec("for f in /root/p-*.txt; do echo \"$f=$(cat \"$f\")\"; done")
+            assert sorted(listing.stdout.split()) == sorted(
+                f"/root/p-{j}.txt={j}" for j in range(i + 1))
         assert "sleep 600" in (await sb.exec("ps -eo args")).stdout
 
 
