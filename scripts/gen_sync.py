@@ -44,7 +44,7 @@ FACES = [
     Face("hutch._sandbox", "Sandbox", "SyncSandbox"),
     Face("hutch._process", "Process", "SyncProcess"),
     Face("hutch._snapshots", "Fork", "SyncFork"),
-    Face("hutch.providers.base", "PtyProcess", "SyncPtyProcess"),
+    Face("hutch.providers.base_process", "PtyProcess", "SyncPtyProcess"),
     Face("hutch._watch", "Watcher", "SyncWatcher"),
 ]
 

@@ -88,7 +88,6 @@ def test_only_the_cli_imports_the_http_server() -> None:
     assert outside == []
 
 
-
 def test_no_import_contract_carries_an_ignore_list() -> None:
     """Issue 21: the contracts hold with no exception left; a wrong-way
     import is fixed where it is, never listed."""
@@ -99,6 +98,19 @@ def test_no_import_contract_carries_an_ignore_list() -> None:
     excused = {contract["id"]: contract["ignore_imports"]
                for contract in linter["contracts"] if contract.get("ignore_imports")}
     assert excused == {}
+
+
+#: Issue 21: no module of hutch's source grows past this many lines.
+MODULE_LINES = 800
+
+
+def test_no_module_is_longer_than_its_bound() -> None:
+    root = pathlib.Path(__file__).resolve().parent.parent / "src" / "hutch"
+    sizes = {str(path.relative_to(root)): len(path.read_text().splitlines())
+             for path in root.rglob("*.py")}
+    assert "providers/base.py" in sizes  # the walk found the source
+    assert {name: n for name, n in sizes.items() if n > MODULE_LINES} == {}
+
 
 #: What the client and the command must not load: the in-process core and
 #: everything under it (issue 21: "light where it should be").

@@ -8,7 +8,8 @@ import asyncio
 import pytest
 
 from hutch._process import Process
-from hutch.providers.base import BackendProcess, OutputChunk
+from hutch._types import OutputChunk
+from hutch.providers.base import BackendProcess
 
 pytestmark = pytest.mark.anyio
 

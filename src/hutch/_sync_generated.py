@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from ._watch import Watcher
     from .config import SandboxOptions, SandboxSpec
     from .lifecycle.engine import LifecycleEngine
-    from .providers.base import PtyProcess
+    from .providers.base_process import PtyProcess
     from .states import SandboxState, SandboxStatus
 
 
@@ -575,9 +575,9 @@ class SyncFork:
 
 
 class SyncPtyProcess:
-    """The sync face of :class:`hutch.providers.base.PtyProcess`. A process on a pseudo-
-    terminal: its output (one stream, ``stdout``) is read as any process's; what is typed is
-    written; the window resized.
+    """The sync face of :class:`hutch.providers.base_process.PtyProcess`. A process on a
+    pseudo-terminal: its output (one stream, ``stdout``) is read as any process's; what is
+    typed is written; the window resized.
     """
 
     __slots__ = ("__weakref__", "_loop", "_target")
