@@ -89,6 +89,8 @@ class DaemonProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         #: More ``hutch.server`` flags (``--retention 2``).
         self.extra_args = list(extra_args)
+        #: What the daemon's command runs under (``unshare ...``), if anything.
+        self.launcher: list[str] = []
         self.log_path = log_path or os.path.join(self.data_dir, "daemon.log")
         self.closed = False
         #: Shared by the whole run (made on first use): closed when the run ends,
@@ -104,7 +106,7 @@ class DaemonProcess:
         # The token goes in the environment: a command line is every user's to read.
         provider = ["--provider", self.provider] if self.provider else []
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "hutch.server", "--host", "127.0.0.1",
+            [*self.launcher, sys.executable, "-m", "hutch.server", "--host", "127.0.0.1",
              "--port", str(self.port), "--data-dir", self.data_dir, *provider,
              *self.extra_args],
             stdout=log, stderr=subprocess.STDOUT,

@@ -236,13 +236,15 @@ class Reconciling(Workspaces):
             await self._mark_lost(row, f"lost: cannot reconnect after a restart ({exc})")
             return
         recorded = SandboxState(row.state)
+        unreached: HutchError | None = None
         try:
             state = found_state(recorded, await backend.observed_state())
         except HutchError as exc:
-            if recorded is not SandboxState.SUSPENDED:
-                await self._mark_lost(row, f"lost: its runtime cannot be reached ({exc})")
-                return
-            state = recorded  # its state is on disk: resume tells what is wrong
+            # Cannot tell is not gone (a Docker Engine restarting, an ssh host
+            # down): the record stands, as the lifecycle never fails a
+            # sandbox on a guess; the first call, or the provider's watch,
+            # finds out what is left of it.
+            unreached, state = exc, recorded
         if state is None:
             # As a death seen while the daemon runs: what the runtime held
             # goes, its working directory stays (a workspace's becomes its
@@ -284,11 +286,17 @@ class Reconciling(Workspaces):
             last_active_unix=row.last_active_unix if after_clean_stop else None,
             recorded=True,
         )
-        await self._note(row.id, "adopted", f"adopted after restart as {state.value}")
-        log.info("adopted sandbox %s (%s)", row.id, state.value)
+        if unreached is None:
+            await self._note(row.id, "adopted", f"adopted after restart as {state.value}")
+            log.info("adopted sandbox %s (%s)", row.id, state.value)
+        else:
+            told = (f"adopted after restart as {state.value}, as recorded: its runtime could "
+                    f"not be reached to confirm it ({unreached}); calls say so until it can")
+            await self._note(row.id, "adopted", told)
+            log.warning("sandbox %s %s", row.id, told)
         self._watch(type(backend))
         if sandbox.capabilities.processes:
-            if state is SandboxState.RUNNING:
+            if state is SandboxState.RUNNING and unreached is None:
                 await self._end_leftover_commands(sandbox)
             elif state is SandboxState.PAUSED:
                 # Frozen now: ended when it is resumed, before anything new runs.

@@ -24,6 +24,14 @@ from .._errors import (
     SandboxUnavailable,
 )
 
+
+class ContainerGone(SandboxUnavailable):
+    """The Engine says the sandbox's container is not there (removed outside
+    hutch): gone, where an Engine that does not answer (a plain
+    :class:`SandboxUnavailable` or :class:`ProviderError`) cannot tell. Its
+    wire code stays ``sandbox_unavailable``."""
+
+
 _api_lock = threading.Lock()
 _api_client: Any = None
 
@@ -86,7 +94,7 @@ def map_engine_error(exc: BaseException, path: str | None = None) -> HutchError:
     if "no such container" in lowered:
         # The sandbox's container is gone (removed outside hutch): not a
         # missing file, whatever the call was about.
-        return SandboxUnavailable(f"docker: its container is gone ({text})")
+        return ContainerGone(f"docker: its container is gone ({text})")
     if path is not None:
         if status_of(exc) == 404 or "no such file" in lowered or "not a directory" in lowered:
             return SandboxFileNotFound(f"no such file or directory: {path}")

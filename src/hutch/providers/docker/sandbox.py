@@ -27,14 +27,14 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from ..._errors import HutchError, ProviderError, SandboxUnavailable
+from ..._errors import HutchError, ProviderError
 from ..._faults import fault_point
 from ..._paths import sandbox_workdir
 from ..._types import Capabilities, ProviderSnapshot
 from .. import layers
 from .._diskcap import keep_growing
+from .._docker_engine import ContainerGone, engine, engine_available
 from .._docker_engine import call as _call
-from .._docker_engine import engine
 from ..base import RuntimeReport, RuntimeState
 from .config import DockerConfig
 from .disk import DiskMeter
@@ -141,6 +141,25 @@ class DockerSandbox(DockerSnapshots, DockerFiles):
             description.get("chain"),
             bool(description.get("layered")),
         )
+        # Its capped store, mounted by the daemon before, is given room as it fills.
+        await anyio.to_thread.run_sync(keep_growing)
+        try:
+            await sandbox._find_again()
+        except HutchError as exc:
+            if isinstance(exc, ContainerGone) or await anyio.to_thread.run_sync(
+                    engine_available):
+                raise
+            # The Engine does not answer (restarting, say): the record stands,
+            # and observed_state says it cannot tell.
+            log.warning("sandbox %s: found again as recorded; the Docker Engine does not "
+                        "answer (%s)", sandbox_id, exc)
+        return sandbox
+
+    async def _find_again(self) -> None:
+        """What a sandbox found again after a restart is on the Engine: its
+        container (or one the record missed), its suspend image, and what a
+        program that died in the middle of a step left (a capture, a freeze)."""
+        sandbox, sandbox_id = self, self.sandbox_id
         if not await sandbox.is_alive():
             # The container on record is gone (or none is), but the sandbox
             # may have one under its name that the record missed (a suspend
@@ -148,7 +167,7 @@ class DockerSandbox(DockerSnapshots, DockerFiles):
             # after its container started)...
             try:
                 details = await _call(engine().inspect_container, sandbox.container_name)
-            except SandboxUnavailable:
+            except ContainerGone:
                 details = None
             labels = ((details or {}).get("Config") or {}).get("Labels") or {}
             state = (details or {}).get("State") or {}
@@ -166,14 +185,11 @@ class DockerSandbox(DockerSnapshots, DockerFiles):
                     sandbox.suspended_image = suspended
         if sandbox.layered:
             await sandbox._mend_capture_cut_short()
-        # Its capped store, mounted by the daemon before, is given room as it fills.
-        await anyio.to_thread.run_sync(keep_growing)
         if sandbox.container_id is not None and await sandbox._container_exists():
             # A freeze of hutch's own (a commit, a capture) that its program
             # died inside is undone: the container was never the user's to pause.
             await _call(freeze_guard(sandbox.container_id).thaw_left_freeze, engine(),
                         sandbox.container_id)
-        return sandbox
 
     async def observed_state(self) -> RuntimeState:
         """The container's own state: paused, running, or gone (stopped or
@@ -181,7 +197,7 @@ class DockerSandbox(DockerSnapshots, DockerFiles):
         if self.container_id is not None:
             try:
                 details = await _call(engine().inspect_container, self.container_id)
-            except SandboxUnavailable:
+            except ContainerGone:
                 details = None  # no such container
             if details is not None:
                 state = details.get("State") or {}
@@ -263,7 +279,7 @@ class DockerSandbox(DockerSnapshots, DockerFiles):
             return False
         try:
             details = await _call(engine().inspect_container, self.container_id)
-        except SandboxUnavailable:
+        except ContainerGone:
             return False  # no such container
         state = details.get("State", {})
         return bool(state.get("Running") or state.get("Paused"))
@@ -316,7 +332,7 @@ class DockerSandbox(DockerSnapshots, DockerFiles):
             return
         try:
             state = (await _call(engine().inspect_container, self.container_id))["State"]
-        except SandboxUnavailable:
+        except ContainerGone:
             state = {"Dead": True}  # no such container
         if state.get("Dead") or state.get("Status") == "removing":
             # Gone, or going (``docker rm -f``): nothing of it to keep or commit.

@@ -13,9 +13,9 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from ..._errors import HutchError, SandboxUnavailable
+from ..._errors import HutchError
+from .._docker_engine import ContainerGone, engine
 from .._docker_engine import call as _call
-from .._docker_engine import engine
 from ..base import RuntimeNotice, RuntimeReport
 from .labels import MANAGED_LABEL, SANDBOX_LABEL, SUSPENDED_REPOSITORY
 from .outside import preserved_container_removed
@@ -54,7 +54,7 @@ async def death_reason(container_id: str, action: str) -> str:
     for _ in range(20 if action == "die" else 1):
         try:
             details = await _call(engine().inspect_container, container_id)
-        except SandboxUnavailable:
+        except ContainerGone:
             return removed
         except HutchError as exc:
             return f"its container {short} {action}d ({exc})"
