@@ -20,6 +20,7 @@ from collections.abc import Iterator
 import pytest
 
 import hutch
+from hutch._e2bkey import e2b_key
 from tests.conftest import TEST_IMAGE
 from tests.daemon_fixture import DaemonProcess, client
 from tests.ssh_server import ALIAS, SshServer
@@ -128,3 +129,26 @@ def test_an_ssh_sandbox_adopted_while_its_host_is_down_is_kept(daemon: DaemonPro
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+
+
+@pytest.mark.docker
+def test_an_e2b_sandbox_adopted_while_e2b_is_down_is_kept() -> None:
+    """E2B's service (a second ``hutch serve`` stands in for it) down while
+    the daemon adopts the sandbox, then back."""
+    service = DaemonProcess(provider="docker").start()
+    env = {"E2B_API_URL": service.url, "E2B_SANDBOX_URL": service.url,
+           "E2B_API_KEY": e2b_key(service.token)}
+    d = DaemonProcess(provider="e2b", extra_env=env).start()
+    try:
+        with client(d) as c:
+            sb = c.create_sandbox("e2b", template=TEST_IMAGE, read_before_write=False)
+            sb.write_text("work.txt", "the agent's work\n")
+        d.kill()
+        service.stop()
+        d.start()
+        _adopted_unreached(d, sb.id, refused=True)
+        service.start()
+        _found_whole(d, sb.id)
+    finally:
+        d.close()
+        service.close()

@@ -15,6 +15,13 @@ from ..._errors import (
     SandboxUnavailable,
 )
 
+
+class E2BSandboxGone(SandboxUnavailable):
+    """E2B says it has no such sandbox: gone, where a service that does not
+    answer (a plain :class:`SandboxUnavailable`) cannot tell. Its wire code
+    stays ``sandbox_unavailable``."""
+
+
 #: envd's Connect codes and the hutch error of each (a file operation's).
 BY_CODE: dict[str, type[HutchError]] = {
     "not_found": SandboxFileNotFound,
@@ -43,6 +50,7 @@ def _translated(what: str, exc: Exception) -> HutchError | None:
     """hutch's error for one of the SDK's, else None. The SDK is imported
     here, not at the module's import (see sandbox.py): an error of its was
     raised by it, so it is loaded already."""
+    import httpx
     from connectrpc.errors import ConnectError
     from e2b.exceptions import (
         AuthenticationException,
@@ -58,7 +66,9 @@ def _translated(what: str, exc: Exception) -> HutchError | None:
     if isinstance(exc, ConnectError):
         return BY_CODE.get(exc.code.value, ProviderError)(f"{what}: {exc.message}")
     if isinstance(exc, SandboxNotFoundException):
-        return SandboxUnavailable(f"{what}: E2B has no such sandbox ({exc})")
+        return E2BSandboxGone(f"{what}: E2B has no such sandbox ({exc})")
+    if isinstance(exc, httpx.TransportError):
+        return SandboxUnavailable(f"{what}: E2B cannot be reached ({exc})")
     if isinstance(exc, NotFoundException):
         return SandboxFileNotFound(f"{what}: {exc}")
     if isinstance(exc, (SandboxNotRunningException, SandboxUnreachableException)):

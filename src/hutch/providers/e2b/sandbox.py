@@ -28,7 +28,7 @@ from ..._paths import hutch_home
 from ..._types import Capabilities, FileInfo, FileType, ProviderSnapshot
 from ..base import BackendProcess, NativeBackend, ProcessRequest, RuntimeState
 from .config import E2BConfig
-from .errors import mapped
+from .errors import E2BSandboxGone, mapped
 
 if TYPE_CHECKING:
     import e2b as e2b_sdk
@@ -102,17 +102,22 @@ class E2BSandbox(NativeBackend):
         #: restart is reached by its resume (the SDK's connect resumes).
         self._e2b = e2b
         self._envd = None if e2b is None else _envd(e2b)
+        #: Found again while E2B did not answer (its state unknown, running
+        #: on record): reached by the first call that needs it.
+        self._reach_later = False
 
-    @property
-    def e2b(self) -> Any:
+    async def _sdk_sandbox(self) -> Any:
+        """The SDK's sandbox, reached now if it was found again unreached."""
+        if self._e2b is None and self._reach_later:
+            await self._connect()
+            self._reach_later = False
         if self._e2b is None:
             raise SandboxUnavailable(f"E2B sandbox {self.e2b_id} is paused: resume it first")
         return self._e2b
 
-    @property
-    def envd(self) -> Envd:
-        if self._envd is None:
-            raise SandboxUnavailable(f"E2B sandbox {self.e2b_id} is paused: resume it first")
+    async def _envd_client(self) -> Envd:
+        await self._sdk_sandbox()
+        assert self._envd is not None  # set with the SDK's sandbox
         return self._envd
 
     @classmethod
@@ -144,7 +149,14 @@ class E2BSandbox(NativeBackend):
         connect would resume it) until hutch resumes it."""
         config = E2BConfig.model_validate(description["config"])
         sandbox = cls(sandbox_id, config, str(description["e2b_id"]), None)
-        if await sandbox._e2b_state() == "running":
+        try:
+            state = await sandbox._e2b_state()
+        except HutchError:
+            # E2B does not answer: the record stands (observed_state says it
+            # cannot tell), and the first call reaches the sandbox.
+            sandbox._reach_later = True
+            return sandbox
+        if state == "running":
             await sandbox._connect()
         return sandbox
 
@@ -153,7 +165,7 @@ class E2BSandbox(NativeBackend):
         try:
             with mapped(f"E2B sandbox {self.e2b_id}"):
                 info = await e2b_sdk.AsyncSandbox.get_info(self.e2b_id, **self._reach(self.config))
-        except (SandboxUnavailable, FileNotFoundError):
+        except (E2BSandboxGone, FileNotFoundError):
             return "gone"
         return str(getattr(info.state, "value", info.state))
 
@@ -165,12 +177,12 @@ class E2BSandbox(NativeBackend):
 
     async def preview_url(self, port: int) -> str:
         scheme = "http" if (self.config.sandbox_url or "").startswith("http:") else "https"
-        return f"{scheme}://{self.e2b.get_host(port)}"
+        return f"{scheme}://{(await self._sdk_sandbox()).get_host(port)}"
 
     # -- lifecycle: E2B's pause keeps memory; connect resumes ---------------------------
     async def suspend(self) -> None:
         with mapped(f"pause E2B sandbox {self.e2b_id}"):
-            await self.e2b.pause()
+            await (await self._sdk_sandbox()).pause()
 
     async def resume(self) -> None:
         await self._connect()
@@ -193,8 +205,9 @@ class E2BSandbox(NativeBackend):
 
     # -- snapshots ------------------------------------------------------------------------
     async def capture(self, snapshot_id: str, *, diff: bool = True) -> ProviderSnapshot:
-        with mapped(f"snapshot E2B sandbox {self.e2b.sandbox_id}"):
-            info = await self.e2b.create_snapshot(name=f"{home_tag()}-{snapshot_id}")
+        e2b = await self._sdk_sandbox()
+        with mapped(f"snapshot E2B sandbox {e2b.sandbox_id}"):
+            info = await e2b.create_snapshot(name=f"{home_tag()}-{snapshot_id}")
         return ProviderSnapshot(snapshot_id, self.provider, await self._workdir_bytes(),
                                 {"e2b_snapshot": info.snapshot_id, "config":
                                  self.config.model_dump()})
@@ -259,15 +272,15 @@ class E2BSandbox(NativeBackend):
 
     # -- processes ------------------------------------------------------------------------
     async def start_process(self, request: ProcessRequest) -> BackendProcess:
-        return await self.envd.start(request)
+        return await (await self._envd_client()).start(request)
 
     async def count_busy_processes(self) -> int:
-        return await self.envd.count()
+        return await (await self._envd_client()).count()
 
     # -- files ----------------------------------------------------------------------------
     async def stat(self, path: str) -> FileInfo:
         with mapped(f"stat {path}"):
-            return _file_info(await self.e2b.files.get_info(path))
+            return _file_info(await (await self._sdk_sandbox()).files.get_info(path))
 
     async def read_file(self, path: str, limit: int) -> bytes:
         info = await self.stat(path)
@@ -277,7 +290,7 @@ class E2BSandbox(NativeBackend):
             raise OutputLimitExceeded(
                 f"{path} is {info.size} bytes, over the read limit of {limit} bytes")
         with mapped(f"read {path}"):
-            data: bytes = bytes(await self.e2b.files.read(path, format="bytes"))
+            data: bytes = bytes(await (await self._sdk_sandbox()).files.read(path, format="bytes"))
         if len(data) > limit:
             raise OutputLimitExceeded(f"{path} is over the read limit of {limit} bytes")
         return data
@@ -289,14 +302,14 @@ class E2BSandbox(NativeBackend):
         except FileNotFoundError:
             pass
         with mapped(f"write {path}"):
-            await self.e2b.files.write(path, data)
+            await (await self._sdk_sandbox()).files.write(path, data)
 
     async def list_dir(self, path: str) -> list[FileInfo]:
         info = await self.stat(path)
         if info.type != FileType.DIRECTORY:
             raise InvalidArgument(f"{path} is not a directory")
         with mapped(f"list {path}"):
-            entries = await self.e2b.files.list(path, depth=1)
+            entries = await (await self._sdk_sandbox()).files.list(path, depth=1)
         return [_file_info(e) for e in entries]
 
     async def remove(self, path: str, recursive: bool) -> None:
@@ -304,14 +317,14 @@ class E2BSandbox(NativeBackend):
         if info.type == FileType.DIRECTORY and not recursive and await self.list_dir(path):
             raise SandboxIsADirectory(f"{path} is a non-empty directory; pass recursive=True")
         with mapped(f"remove {path}"):
-            await self.e2b.files.remove(path)
+            await (await self._sdk_sandbox()).files.remove(path)
 
     async def walk_files(self, root: str) -> list[str]:
         info = await self.stat(root)
         if info.type != FileType.DIRECTORY:
             return [root]
         with mapped(f"walk {root}"):
-            entries = await self.e2b.files.list(root, depth=WALK_DEPTH)
+            entries = await (await self._sdk_sandbox()).files.list(root, depth=WALK_DEPTH)
         return sorted(e.path for e in entries if e.type == e2b_filesystem.FileType.FILE)
 
     async def exists(self, path: str) -> bool:
