@@ -15,12 +15,13 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
 import hutch
 from hutch._e2bkey import e2b_key
+from hutch.client import RemoteSandbox
 from tests.conftest import TEST_IMAGE
 from tests.daemon_fixture import DaemonProcess, client
 from tests.ssh_server import ALIAS, SshServer
@@ -108,27 +109,37 @@ def test_a_docker_sandbox_adopted_while_its_engine_is_down_is_kept(
         assert (found["status"], found["live_sandbox_id"]) == ("running", in_ws)
 
 
+def _kept_through_an_outage(daemon: DaemonProcess, made: Callable[[hutch.Client], RemoteSandbox],
+                            down: Callable[[], object], up: Callable[[], object]) -> None:
+    """The sandbox ``made`` holds the agent's work; the daemon is killed,
+    ``down`` takes its runtime's service away, and the daemon adopts it on
+    its start; ``up`` brings the service back, and the same daemon's next
+    call finds the sandbox whole."""
+    with client(daemon) as c:
+        sb = made(c)
+        sb.write_text("work.txt", "the agent's work\n")
+    daemon.kill()
+    down()
+    daemon.start()
+    _adopted_unreached(daemon, sb.id, refused=True)
+    up()
+    _found_whole(daemon, sb.id)
+
+
 def test_an_ssh_sandbox_adopted_while_its_host_is_down_is_kept(daemon: DaemonProcess) -> None:
     server = SshServer().start()
     workdir = tempfile.mkdtemp(prefix="hutch-ssh-")
     try:
-        with client(daemon) as c:
-            sb = c.create_sandbox(provider="ssh", destination=ALIAS,
-                                  config_file=server.config_file, working_directory=workdir,
-                                  connect_timeout=3, read_before_write=False)
-            sb.write_text("work.txt", "the agent's work\n")
-        daemon.kill()
-        server.kill_all()
-        daemon.start()
-        _adopted_unreached(daemon, sb.id, refused=True)
-        server.start()
-        # The same daemon: the host back, the next call reaches it.
-        _found_whole(daemon, sb.id)
+        _kept_through_an_outage(
+            daemon,
+            lambda c: c.create_sandbox(provider="ssh", destination=ALIAS,
+                                       config_file=server.config_file,
+                                       working_directory=workdir, connect_timeout=3,
+                                       read_before_write=False),
+            server.kill_all, server.start)
     finally:
         server.cleanup()
         shutil.rmtree(workdir, ignore_errors=True)
-
-
 
 
 @pytest.mark.docker
@@ -140,15 +151,9 @@ def test_an_e2b_sandbox_adopted_while_e2b_is_down_is_kept() -> None:
            "E2B_API_KEY": e2b_key(service.token)}
     d = DaemonProcess(provider="e2b", extra_env=env).start()
     try:
-        with client(d) as c:
-            sb = c.create_sandbox("e2b", template=TEST_IMAGE, read_before_write=False)
-            sb.write_text("work.txt", "the agent's work\n")
-        d.kill()
-        service.stop()
-        d.start()
-        _adopted_unreached(d, sb.id, refused=True)
-        service.start()
-        _found_whole(d, sb.id)
+        _kept_through_an_outage(
+            d, lambda c: c.create_sandbox("e2b", template=TEST_IMAGE, read_before_write=False),
+            service.stop, service.start)
     finally:
         d.close()
         service.close()
