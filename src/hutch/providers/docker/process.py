@@ -435,7 +435,7 @@ class DockerProcess(FutureExitProcess):
                     break
                 if self._wait_for_room():
                     self._post(OutputChunk("stderr" if kind == 2 else "stdout", payload))
-            code = 128 + signal.SIGKILL if self._doomed.is_set() else self._inspect_exit_code()
+            code = self._inspect_exit_code()
             if code == 128 + 9 and self._oom_before is not None:
                 container = self._sandbox.container_id or ""
                 self._oom_killed = _workload.oom_counted_since(
@@ -465,7 +465,8 @@ class DockerProcess(FutureExitProcess):
         """The exit status the Engine records; it may come a moment after the
         stream ends, and the stream may end long before the process does (a
         command that closed its output and runs on): waited for while the
-        process is there, and for :data:`EXEC_DRAIN_SECONDS` once it is gone."""
+        process is there, and for :data:`EXEC_DRAIN_SECONDS` once it is gone;
+        the SIGKILL's, without asking, once a kill settled it (``_doomed``)."""
         api = engine()
         delay = 0.002
         while not self._doomed.is_set():
